@@ -1,0 +1,11 @@
+/* newt coordinator: not built yet (issue 6). */
+#include <stdio.h>
+
+#include "cli/cmds.h"
+
+int newt_cmd_coordinator(int argc, char **argv) {
+  (void)argc;
+  (void)argv;
+  fprintf(stderr, "newt coordinator: not built yet (issue 6)\n");
+  return 2;
+}

@@ -1,0 +1,11 @@
+/* newt train: not built yet (issue 4). */
+#include <stdio.h>
+
+#include "cli/cmds.h"
+
+int newt_cmd_train(int argc, char **argv) {
+  (void)argc;
+  (void)argv;
+  fprintf(stderr, "newt train: not built yet (issue 4)\n");
+  return 2;
+}

@@ -1,0 +1,11 @@
+/* newt worker: not built yet (issue 6). */
+#include <stdio.h>
+
+#include "cli/cmds.h"
+
+int newt_cmd_worker(int argc, char **argv) {
+  (void)argc;
+  (void)argv;
+  fprintf(stderr, "newt worker: not built yet (issue 6)\n");
+  return 2;
+}

@@ -1,0 +1,21 @@
+/* The `newt` subcommands. Each is `int newt_cmd_<name>(int argc, char **argv)` in
+ * cli/cmd_<name>.c, where argv[0] is the first argument after the subcommand's name; it
+ * returns the process's exit status (0 success, 1 failure, 2 usage error). */
+#ifndef NEWT_CLI_CMDS_H
+#define NEWT_CLI_CMDS_H
+
+int newt_cmd_run(int argc, char **argv);         /* single-host launcher */
+int newt_cmd_coordinator(int argc, char **argv); /* control plane */
+int newt_cmd_worker(int argc, char **argv);      /* one training process */
+int newt_cmd_status(int argc, char **argv);      /* job state from etcd */
+int newt_cmd_ckpt(int argc, char **argv);        /* ls / inspect / verify */
+int newt_cmd_bench(int argc, char **argv);       /* benchmarks, JSON lines */
+int newt_cmd_train(int argc, char **argv);       /* single process, no coordinator */
+int newt_cmd_data(int argc, char **argv);        /* data prepare */
+int newt_cmd_demo(int argc, char **argv);        /* the rendezvous demo */
+
+/* Common exit path for a subcommand's flag parsing: prints the error (if any) and maps
+ * the result to an exit status: --help gives 0, a bad flag 2. Returns -1 to go on. */
+int newt_cli_opts_exit(int res);
+
+#endif

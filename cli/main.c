@@ -1,0 +1,54 @@
+/* The `newt` binary: dispatches to a subcommand (see cli/cmds.h). */
+#include <stdio.h>
+#include <string.h>
+
+#include "cli/cmds.h"
+#include "common/err.h"
+#include "common/sys.h"
+
+static const struct {
+  const char *name;
+  int (*fn)(int, char **);
+  const char *help;
+} commands[] = {
+    {"run", newt_cmd_run, "start etcd, coordinators and workers on this host and train"},
+    {"coordinator", newt_cmd_coordinator, "run a coordinator (leader election, plans, failure detection)"},
+    {"worker", newt_cmd_worker, "run one training worker"},
+    {"status", newt_cmd_status, "print a job's state from etcd"},
+    {"train", newt_cmd_train, "train in one process, without a coordinator"},
+    {"ckpt", newt_cmd_ckpt, "list, inspect and verify checkpoints"},
+    {"data", newt_cmd_data, "prepare token files"},
+    {"bench", newt_cmd_bench, "benchmarks (JSON lines)"},
+    {"demo", newt_cmd_demo, "the rendezvous demo: workers register, a leader is elected, one dies"},
+};
+
+static void usage(FILE *f) {
+  fprintf(f, "usage: newt <command> [flags]   (newt <command> --help for its flags)\n\ncommands:\n");
+  for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
+    fprintf(f, "  %-12s %s\n", commands[i].name, commands[i].help);
+}
+
+int newt_cli_opts_exit(int res) {
+  if (res == NEWT_OK) return -1;
+  if (res == NEWT_ERR_ABORTED) return 0;
+  fprintf(stderr, "%s\n", newt_errmsg());
+  return 2;
+}
+
+int main(int argc, char **argv) {
+  if (argc < 2 || strcmp(argv[1], "--help") == 0 || strcmp(argv[1], "-h") == 0 ||
+      strcmp(argv[1], "help") == 0) {
+    usage(argc < 2 ? stderr : stdout);
+    return argc < 2 ? 2 : 0;
+  }
+  if (strcmp(argv[1], "--version") == 0 || strcmp(argv[1], "version") == 0) {
+    printf("newt %s\n", NEWT_VERSION);
+    return 0;
+  }
+  newt_signals_install();
+  for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
+    if (strcmp(argv[1], commands[i].name) == 0) return commands[i].fn(argc - 2, argv + 2);
+  fprintf(stderr, "newt: unknown command \"%s\"\n\n", argv[1]);
+  usage(stderr);
+  return 2;
+}

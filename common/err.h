@@ -1,0 +1,84 @@
+/* Result codes and the check macros every newt function uses.
+ *
+ * Every library function returns a newt_result_t. A failing function records a
+ * human-readable message in a thread-local slot with NEWT_ERR(code, fmt, ...) and
+ * returns the code; callers propagate it with NEWT_CHECK / NEWT_CHECK_GOTO, which
+ * log the call site at DEBUG level ("via file:line") so a failure can be traced
+ * without a debugger. The message of the last failure on this thread is
+ * newt_errmsg(). Library code never calls exit(). */
+#ifndef NEWT_COMMON_ERR_H
+#define NEWT_COMMON_ERR_H
+
+#include <stddef.h>
+
+typedef enum newt_result {
+  NEWT_OK = 0,
+  NEWT_ERR_INVALID,     /* bad argument, flag, spec, plan or file content */
+  NEWT_ERR_SYS,         /* a system call failed (errno in the message) */
+  NEWT_ERR_NOMEM,       /* allocation failed */
+  NEWT_ERR_TIMEOUT,     /* a deadline passed */
+  NEWT_ERR_ABORTED,     /* aborted from another thread or by a signal */
+  NEWT_ERR_PEER,        /* a remote peer failed (closed connection, bad proof) */
+  NEWT_ERR_NOTFOUND,    /* key, file or tensor does not exist */
+  NEWT_ERR_CONFLICT,    /* a guarded write lost (txn compare failed, lost leadership) */
+  NEWT_ERR_UNAVAILABLE, /* a service (etcd) cannot be reached */
+  NEWT_ERR_AUTH,        /* authentication or TLS verification failed */
+  NEWT_ERR_CORRUPT,     /* checksum mismatch, torn or malformed data */
+  NEWT_ERR_NOSPACE,     /* disk full */
+  NEWT_ERR_CUDA,        /* CUDA runtime or cuBLAS error */
+  NEWT_ERR_NCCL,        /* NCCL error */
+  NEWT_ERR_INTERNAL,    /* a bug: an invariant did not hold */
+  NEWT_ERR_UNSUPPORTED, /* not built in (no CUDA) or not available here */
+  NEWT_ERR__COUNT
+} newt_result_t;
+
+/* Short stable name of a code ("timeout", "peer", ...). */
+const char *newt_result_name(newt_result_t r);
+
+/* Records a formatted message for this thread and returns `code`. Use NEWT_ERR. */
+newt_result_t newt_err_set(newt_result_t code, const char *file, int line, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+
+/* Prefixes the current message with context ("loading ckpt/17: " + message). */
+newt_result_t newt_err_wrap(newt_result_t code, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
+
+/* Message of the last failure recorded on this thread ("" when none). */
+const char *newt_errmsg(void);
+
+/* Code of the last failure recorded on this thread. */
+newt_result_t newt_errcode(void);
+
+/* Clears this thread's message. */
+void newt_err_clear(void);
+
+/* Logs "via file:line: expr" at DEBUG level for the COMMON subsystem. */
+void newt_err_trace(newt_result_t r, const char *file, int line, const char *expr);
+
+#define NEWT_ERR(code, ...) newt_err_set((code), __FILE__, __LINE__, __VA_ARGS__)
+
+#define NEWT_CHECK(call)                                   \
+  do {                                                     \
+    newt_result_t res_ = (call);                           \
+    if (res_ != NEWT_OK) {                                 \
+      newt_err_trace(res_, __FILE__, __LINE__, #call);     \
+      return res_;                                         \
+    }                                                      \
+  } while (0)
+
+#define NEWT_CHECK_GOTO(call, res, label)                  \
+  do {                                                     \
+    (res) = (call);                                        \
+    if ((res) != NEWT_OK) {                                \
+      newt_err_trace((res), __FILE__, __LINE__, #call);    \
+      goto label;                                          \
+    }                                                      \
+  } while (0)
+
+/* Fails with NEWT_ERR_NOMEM when `ptr` is NULL. */
+#define NEWT_CHECK_ALLOC(ptr)                                                 \
+  do {                                                                        \
+    if ((ptr) == NULL) return NEWT_ERR(NEWT_ERR_NOMEM, "out of memory: %s", #ptr); \
+  } while (0)
+
+#endif

@@ -1,0 +1,179 @@
+/* Unit tests of common/: base64, sizes, JSON field access, atomic files, flags, processes,
+ * deadlines. */
+#include <signal.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "common/clock.h"
+#include "common/fs.h"
+#include "common/json.h"
+#include "common/opts.h"
+#include "common/proc.h"
+#include "common/strutil.h"
+#include "common/sys.h"
+#include "test.h"
+
+static void test_base64(void) {
+  const char *cases[][2] = {{"", ""},         {"f", "Zg=="},         {"fo", "Zm8="},
+                            {"foo", "Zm9v"},  {"foob", "Zm9vYg=="},  {"fooba", "Zm9vYmE="},
+                            {"foobar", "Zm9vYmFy"}};
+  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+    char *e = newt_base64_encode_alloc(cases[i][0], strlen(cases[i][0]));
+    T_CHECK_MSG(strcmp(e, cases[i][1]) == 0, "encode(%s) = %s", cases[i][0], e);
+    size_t n = 0;
+    char *d = newt_base64_decode_alloc(e, strlen(e), &n);
+    T_CHECK(d && n == strlen(cases[i][0]) && memcmp(d, cases[i][0], n) == 0);
+    free(e);
+    free(d);
+  }
+  unsigned char all[256];
+  for (int i = 0; i < 256; i++) all[i] = (unsigned char)i;
+  char *e = newt_base64_encode_alloc(all, sizeof all);
+  size_t n;
+  char *d = newt_base64_decode_alloc(e, strlen(e), &n);
+  T_CHECK(n == 256 && memcmp(d, all, 256) == 0);
+  free(e);
+  free(d);
+  T_CHECK(newt_base64_decode_alloc("Zm9v!", 5, &n) == NULL);
+  T_CHECK(newt_base64_decode_alloc("Z", 1, &n) == NULL);
+}
+
+static void test_parse(void) {
+  int64_t v;
+  T_CHECK(newt_parse_size("4096", &v) == 0 && v == 4096);
+  T_CHECK(newt_parse_size("64K", &v) == 0 && v == 65536);
+  T_CHECK(newt_parse_size("1G", &v) == 0 && v == 1073741824);
+  T_CHECK(newt_parse_size("2MiB", &v) == 0 && v == 2097152);
+  T_CHECK(newt_parse_size("12x", &v) != 0);
+  T_CHECK(newt_parse_size("", &v) != 0);
+  T_CHECK(newt_parse_int("-17", &v) == 0 && v == -17);
+  T_CHECK(newt_parse_int("17a", &v) != 0);
+  char hex[9];
+  unsigned char raw[4] = {0xde, 0xad, 0xbe, 0xef}, back[4];
+  newt_hex_encode(raw, 4, hex);
+  T_CHECK(strcmp(hex, "deadbeef") == 0);
+  T_CHECK(newt_hex_decode(hex, back, 4) == 0 && memcmp(raw, back, 4) == 0);
+  T_CHECK(newt_hex_decode("zz", back, 1) != 0);
+}
+
+static void test_json(void) {
+  const char *text = "{\"tp\":2,\"rev\":\"123456789012\",\"name\":\"x\",\"f\":1.5,\"b\":true,\"bad\":\"two\"}";
+  cJSON *j = NULL;
+  T_OK(newt_json_parse(text, strlen(text), "spec", &j));
+  int64_t tp = 0, rev = 0, missing = 7;
+  T_OK(newt_json_get_int(j, "spec", "tp", 1, &tp));
+  T_CHECK(tp == 2);
+  T_OK(newt_json_get_int(j, "spec", "rev", 1, &rev));
+  T_CHECK(rev == 123456789012LL);
+  T_OK(newt_json_get_int(j, "spec", "nope", 0, &missing));
+  T_CHECK(missing == 7);
+  T_ERR(NEWT_ERR_INVALID, newt_json_get_int(j, "spec", "nope", 1, &missing));
+  T_CHECK(strstr(newt_errmsg(), "spec.nope") != NULL);
+  T_ERR(NEWT_ERR_INVALID, newt_json_get_int(j, "spec", "bad", 1, &missing));
+  T_CHECK(strstr(newt_errmsg(), "spec.bad") && strstr(newt_errmsg(), "two"));
+  T_ERR(NEWT_ERR_INVALID, newt_json_get_int(j, "spec", "f", 1, &missing));
+  const char *known[] = {"tp", "rev", "name", "f", "b", NULL};
+  T_ERR(NEWT_ERR_INVALID, newt_json_check_fields(j, "spec", known));
+  T_CHECK(strstr(newt_errmsg(), "spec.bad: unknown field") != NULL);
+  cJSON_Delete(j);
+  T_ERR(NEWT_ERR_INVALID, newt_json_parse("{\"a\":", 5, "plan", &j));
+  T_CHECK(strstr(newt_errmsg(), "plan: malformed JSON") != NULL);
+}
+
+static void test_fs(void) {
+  char dir[] = "/tmp/newt-test-fs-XXXXXX";
+  T_CHECK(mkdtemp(dir) != NULL);
+  char path[256];
+  snprintf(path, sizeof path, "%s/a/b/c", dir);
+  T_OK(newt_fs_mkdirs(path, 0755));
+  T_CHECK(newt_fs_exists(path));
+  snprintf(path, sizeof path, "%s/a/file", dir);
+  T_OK(newt_fs_write_atomic(path, "hello", 5));
+  char *buf = NULL;
+  size_t n = 0;
+  T_OK(newt_fs_read_all(path, 100, &buf, &n));
+  T_CHECK(n == 5 && strcmp(buf, "hello") == 0);
+  free(buf);
+  T_ERR(NEWT_ERR_INVALID, newt_fs_read_all(path, 3, &buf, &n));
+  T_ERR(NEWT_ERR_NOTFOUND, newt_fs_read_all("/nonexistent/newt", 3, &buf, &n));
+  T_OK(newt_fs_rm_rf(dir));
+  T_CHECK(!newt_fs_exists(dir));
+  T_OK(newt_fs_rm_rf(dir));
+}
+
+static void test_opts(void) {
+  int64_t n = 4, sz = 0;
+  double lr = 0.1;
+  const char *name = "def";
+  int flag = 0;
+  newt_opt opts[] = {{"n", NEWT_OPT_INT, &n, "count"},
+                     {"size", NEWT_OPT_SIZE, &sz, "bytes"},
+                     {"lr", NEWT_OPT_DOUBLE, &lr, "rate"},
+                     {"name", NEWT_OPT_STR, &name, "name"},
+                     {"flag", NEWT_OPT_FLAG, &flag, "on"},
+                     NEWT_OPT_END};
+  char *argv[] = {"--n", "8", "--size=64M", "pos1", "--lr", "0.5", "--flag", "--name=x"};
+  char *pos[2];
+  int npos = 0;
+  T_OK(newt_opts_parse("t", NULL, opts, 8, argv, pos, 2, &npos));
+  T_CHECK(n == 8 && sz == 64 << 20 && lr == 0.5 && flag == 1 && strcmp(name, "x") == 0);
+  T_CHECK(npos == 1 && strcmp(pos[0], "pos1") == 0);
+  char *bad1[] = {"--nope"};
+  T_ERR(NEWT_ERR_INVALID, newt_opts_parse("t", NULL, opts, 1, bad1, pos, 2, &npos));
+  T_CHECK(strstr(newt_errmsg(), "--nope") != NULL);
+  char *bad2[] = {"--n", "eight"};
+  T_ERR(NEWT_ERR_INVALID, newt_opts_parse("t", NULL, opts, 2, bad2, pos, 2, &npos));
+  T_CHECK(strstr(newt_errmsg(), "--n expects an integer") != NULL);
+  char *bad3[] = {"--n"};
+  T_ERR(NEWT_ERR_INVALID, newt_opts_parse("t", NULL, opts, 1, bad3, pos, 2, &npos));
+}
+
+static void test_proc(void) {
+  const char *ok[] = {"sh", "-c", "exit 3", NULL};
+  pid_t pid;
+  int st = 0;
+  T_OK(newt_proc_spawn(ok, NULL, &pid));
+  T_OK(newt_proc_wait(pid, 5000, &st));
+  T_CHECK(WIFEXITED(st) && WEXITSTATUS(st) == 3);
+  const char *missing[] = {"/nonexistent/newt-binary", NULL};
+  T_ERR(NEWT_ERR_NOTFOUND, newt_proc_spawn(missing, NULL, &pid));
+  const char *sleeper[] = {"sleep", "30", NULL};
+  T_OK(newt_proc_spawn(sleeper, NULL, &pid));
+  T_CHECK(newt_proc_alive(pid));
+  T_ERR(NEWT_ERR_TIMEOUT, newt_proc_wait(pid, 50, &st));
+  kill(pid, SIGSTOP);
+  double t0 = newt_now_s();
+  T_OK(newt_proc_stop(pid, 2000)); /* stopped processes still get stopped */
+  T_CHECK(newt_now_s() - t0 < 5);
+  T_CHECK(!newt_proc_alive(pid));
+}
+
+static void test_clock(void) {
+  newt_deadline_t d = newt_deadline_in_ms(30);
+  T_CHECK(!newt_deadline_passed(d));
+  T_CHECK(newt_deadline_left_ms(d) <= 30);
+  newt_sleep_ms(40);
+  T_CHECK(newt_deadline_passed(d));
+  T_CHECK(newt_deadline_left_ms(d) == 0);
+  T_CHECK(!newt_deadline_passed(NEWT_DEADLINE_NONE));
+  T_CHECK(newt_deadline_in_ms(-1) == NEWT_DEADLINE_NONE);
+  int port = 0;
+  T_OK(newt_net_free_port(&port));
+  T_CHECK(port > 0 && port < 65536);
+  char hex[33];
+  T_OK(newt_random_hex(hex, 16));
+  T_CHECK(strlen(hex) == 32);
+}
+
+int main(void) {
+  T_RUN(test_base64);
+  T_RUN(test_parse);
+  T_RUN(test_json);
+  T_RUN(test_fs);
+  T_RUN(test_opts);
+  T_RUN(test_proc);
+  T_RUN(test_clock);
+  return T_DONE();
+}
