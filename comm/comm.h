@@ -1,0 +1,123 @@
+/* The collective interface: what every layer above (worker, model parallelism, ZeRO,
+ * checkpoint resharding) uses to talk to its peers, whatever the backend.
+ *
+ * A communicator is built from what a plan gives: this rank, the world size, every
+ * rank's address and host, the generation and its secret, a deadline. It is built anew
+ * for each generation; nothing from an older generation can join it (every connection
+ * proves generation and secret). Sub-communicators for data / tensor / pipeline groups
+ * come from comm_split.
+ *
+ * Failure model. Every operation either completes on every rank or fails on every
+ * surviving rank: a peer that dies (connection closed) is seen within milliseconds, one
+ * that stops (SIGSTOP, hung) when the operation's deadline passes. A failed or aborted
+ * communicator stays failed: every later operation returns the same error at once, and
+ * comm_status() says which peer failed and why. The only way on is a new communicator
+ * (next generation). comm_abort() may be called from any thread; every pending and
+ * later operation then fails within 100 ms. comm_free() after a failure or an abort
+ * releases everything.
+ *
+ * Buffers live where the backend computes: host memory for the CPU backend, device
+ * memory for NCCL. Counts are in elements. In-place operation (send == recv) is allowed
+ * for allreduce and broadcast; for reduce_scatter recv may point at
+ * send + rank * recvcount, for allgather send may point at recv + rank * sendcount, as
+ * in NCCL. */
+#ifndef NEWT_COMM_COMM_H
+#define NEWT_COMM_COMM_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "common/dtype.h"
+#include "common/err.h"
+
+typedef struct comm comm_t;
+typedef struct comm_req comm_req_t;
+
+typedef enum comm_backend {
+  COMM_BACKEND_CPU = 0, /* shared memory within a host, TCP between hosts */
+  COMM_BACKEND_NCCL = 1,
+} comm_backend;
+
+typedef enum comm_op { COMM_SUM = 0, COMM_AVG = 1, COMM_MAX = 2 } comm_op;
+
+#define COMM_SECRET_MAX 64
+#define COMM_NCCL_ID_BYTES 128
+
+typedef struct comm_config {
+  comm_backend backend;
+  int rank;
+  int size;
+  /* CPU backend: addrs[r] is "ip:port" where rank r listens (this rank binds its own);
+   * hosts[r] names r's host: ranks on the same host use shared memory. */
+  const char *const *addrs;
+  const char *const *hosts;
+  const char *job;     /* names shared-memory segments; any short identifier */
+  uint64_t generation; /* proven on every connection */
+  unsigned char secret[COMM_SECRET_MAX];
+  size_t secret_len;
+  int64_t timeout_ms;  /* build deadline, and the longest an operation may go without progress */
+  /* NCCL backend: the unique id from the plan, the CUDA device, the stream all
+   * operations are issued on (cudaStream_t; NULL: a stream of the communicator's own). */
+  unsigned char nccl_id[COMM_NCCL_ID_BYTES];
+  int device;
+  void *stream;
+} comm_config;
+
+/* Why a communicator failed. */
+typedef struct comm_status {
+  newt_result_t code; /* NEWT_OK while healthy */
+  int peer;           /* rank (in this communicator) that failed; -1 when unknown */
+  char msg[256];      /* "rank 2 (10.0.0.3:4012) closed the connection during allreduce" */
+} comm_status;
+
+/* Builds the communicator; collective over all `size` ranks; fails by cfg->timeout_ms
+ * naming the ranks that did not connect. */
+newt_result_t comm_create(const comm_config *cfg, comm_t **out);
+
+/* Collective over the parent: ranks with the same color form a sub-communicator,
+ * ordered by key (then by parent rank). color < 0: this rank gets *out = NULL. A failure
+ * of the parent fails its children, and of a child its parent. */
+newt_result_t comm_split(comm_t *parent, int color, int key, comm_t **out);
+
+int comm_rank(const comm_t *c);
+int comm_size(const comm_t *c);
+comm_backend comm_get_backend(const comm_t *c);
+
+newt_result_t comm_allreduce(comm_t *c, const void *send, void *recv, size_t count, newt_dtype dt,
+                             comm_op op);
+/* send holds size * recvcount elements; rank r receives the reduced block r. */
+newt_result_t comm_reduce_scatter(comm_t *c, const void *send, void *recv, size_t recvcount,
+                                  newt_dtype dt, comm_op op);
+/* recv holds size * sendcount elements, block r from rank r. */
+newt_result_t comm_allgather(comm_t *c, const void *send, void *recv, size_t sendcount,
+                             newt_dtype dt);
+newt_result_t comm_broadcast(comm_t *c, const void *send, void *recv, size_t count, newt_dtype dt,
+                             int root);
+newt_result_t comm_send(comm_t *c, const void *buf, size_t count, newt_dtype dt, int peer);
+newt_result_t comm_recv(comm_t *c, void *buf, size_t count, newt_dtype dt, int peer);
+newt_result_t comm_barrier(comm_t *c);
+
+/* Nonblocking forms: the operation is queued and progresses in the background (CPU: a
+ * progress thread per communicator; NCCL: the stream), in issue order; comm_wait returns
+ * its result and frees the request. Buffers must stay valid until then. Used to overlap
+ * gradient reduction with the backward pass. */
+newt_result_t comm_allreduce_async(comm_t *c, const void *send, void *recv, size_t count,
+                                   newt_dtype dt, comm_op op, comm_req_t **req);
+newt_result_t comm_reduce_scatter_async(comm_t *c, const void *send, void *recv, size_t recvcount,
+                                        newt_dtype dt, comm_op op, comm_req_t **req);
+newt_result_t comm_allgather_async(comm_t *c, const void *send, void *recv, size_t sendcount,
+                                   newt_dtype dt, comm_req_t **req);
+newt_result_t comm_wait(comm_req_t *req);
+
+/* Makes every pending and later operation fail (NEWT_ERR_ABORTED) within 100 ms.
+ * Async-signal-unsafe, thread-safe, idempotent. */
+void comm_abort(comm_t *c);
+
+/* Health of the communicator: code NEWT_OK while usable. */
+void comm_get_status(const comm_t *c, comm_status *st);
+
+/* Frees the communicator (aborting it first if operations are pending); children from
+ * comm_split must be freed before their parent. NULL is ignored. */
+void comm_free(comm_t *c);
+
+#endif
