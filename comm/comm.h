@@ -79,6 +79,18 @@ newt_result_t comm_create(const comm_config *cfg, comm_t **out);
  * of the parent fails its children, and of a child its parent. */
 newt_result_t comm_split(comm_t *parent, int color, int key, comm_t **out);
 
+/* Collective over the survivors of a failed (or healthy) communicator: every rank not in
+ * exclude[0..nexclude) calls it with the same list and gets a communicator without the
+ * excluded ranks (ranks renumbered in order), proving `generation` and `secret`. NCCL:
+ * ncclCommShrink(NCCL_SHRINK_ABORT) then abort of the parent. CPU: may reuse the
+ * survivors' connections. The parent must still be freed by the caller. */
+newt_result_t comm_shrink(comm_t *c, const int *exclude, int nexclude, uint64_t generation,
+                          const unsigned char *secret, size_t secret_len, comm_t **out);
+
+/* NCCL: a fresh unique id (ncclGetUniqueId) for a plan to distribute; the bytes fill
+ * comm_config.nccl_id. NEWT_ERR_UNSUPPORTED when built without CUDA. */
+newt_result_t comm_nccl_unique_id(unsigned char id[COMM_NCCL_ID_BYTES]);
+
 int comm_rank(const comm_t *c);
 int comm_size(const comm_t *c);
 comm_backend comm_get_backend(const comm_t *c);
