@@ -4,7 +4,7 @@
 BUILD ?= build
 JOBS ?= $(shell nproc)
 CMAKE_FLAGS ?= -DCMAKE_BUILD_TYPE=RelWithDebInfo -DNEWT_WERROR=ON
-CTEST_FLAGS ?=
+CTEST_FLAGS ?= -LE gpu
 
 .PHONY: all build deps-build deps-test deps-demo test demo asan clean
 
