@@ -96,7 +96,6 @@ void ckpt_codec_free(ckpt_codec *c) {
   ZSTD_freeCCtx(c->cctx);
   ZSTD_freeDCtx(c->dctx);
   free(c->tmp);
-  free(c->out);
   memset(c, 0, sizeof *c);
 }
 
@@ -124,14 +123,13 @@ newt_result_t ckpt_buf_grow(uint8_t **buf, size_t *cap, size_t need) {
 }
 
 newt_result_t ckpt_chunk_encode(ckpt_codec *c, const void *raw, size_t len, newt_dtype dt, int level,
-                                ckpt_chunk_hdr *h, size_t *block) {
+                                ckpt_chunk_hdr *h, uint8_t *out) {
   size_t es = newt_dtype_size(dt);
   memset(h, 0, sizeof *h);
   h->esize = (uint8_t)es;
   h->raw = len;
   h->xxh_raw = ckpt_hash(raw, len);
-  NEWT_CHECK(ckpt_buf_grow(&c->out, &c->out_cap, CKPT_CHUNK_HDR + len));
-  uint8_t *dst = c->out + CKPT_CHUNK_HDR;
+  uint8_t *dst = out + CKPT_CHUNK_HDR;
   int filter = es > 1 && len % es == 0 ? ckpt_filter_for(dt) : CKPT_FILTER_NONE;
   size_t cs = 0;
   if (level > 0 && len >= 64) {
@@ -165,9 +163,7 @@ newt_result_t ckpt_chunk_encode(ckpt_codec *c, const void *raw, size_t len, newt
     h->xxh_stored = h->xxh_raw;
     memcpy(dst, raw, len);
   }
-  ckpt_chunk_hdr_encode(h, c->out);
-  *block = ckpt_align_up(CKPT_CHUNK_HDR + h->stored);
-  memset(c->out + CKPT_CHUNK_HDR + h->stored, 0, *block - (CKPT_CHUNK_HDR + h->stored));
+  ckpt_chunk_hdr_encode(h, out);
   return NEWT_OK;
 }
 

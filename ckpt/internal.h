@@ -121,15 +121,13 @@ typedef struct ckpt_codec {
   ZSTD_DCtx *dctx;
   uint8_t *tmp;   /* filtered bytes */
   size_t tmp_cap;
-  uint8_t *out;   /* the encoded block (CKPT_ALIGN-aligned) */
-  size_t out_cap;
 } ckpt_codec;
 
 void ckpt_codec_free(ckpt_codec *c);
-/* Encodes raw bytes of dtype dt into c->out as one block ready to write: the chunk header,
- * the stored bytes, zeros up to a multiple of CKPT_ALIGN (*block is its length). */
+/* Encodes len raw bytes of dtype dt at dst (room for CKPT_CHUNK_HDR + len bytes): the
+ * chunk header, then the stored bytes (h->stored of them). */
 newt_result_t ckpt_chunk_encode(ckpt_codec *c, const void *raw, size_t len, newt_dtype dt, int level,
-                                ckpt_chunk_hdr *h, size_t *block);
+                                ckpt_chunk_hdr *h, uint8_t *dst);
 /* Grows a CKPT_ALIGN-aligned buffer to at least need bytes (contents are not kept). */
 newt_result_t ckpt_buf_grow(uint8_t **buf, size_t *cap, size_t need);
 static inline uint64_t ckpt_align_up(uint64_t n) { return (n + CKPT_ALIGN - 1) & ~(uint64_t)(CKPT_ALIGN - 1); }

@@ -7,9 +7,10 @@
  * too) and hands the save to a background thread. That copy is all the caller waits for.
  * One save is in flight at most: ckpt_save_begin waits for it or skips, by setting.
  *
- * Writing: each compression thread claims the next chunk, encodes it (codec.c) into one
- * block (header, stored bytes, zeros up to 4 KiB), takes the next free file offset under a
- * lock and writes the block there. The shard file is opened with O_DIRECT where the
+ * Writing: each compression thread claims the next chunk and encodes it (codec.c) into its
+ * own segment buffer, after the chunks already there; when the next chunk might not fit,
+ * it takes the next free file offset under a lock and writes the segment there as one
+ * block, padded to 4 KiB (small tensors share blocks, large chunks fill them). The shard file is opened with O_DIRECT where the
  * filesystem allows it (the page cache of a training host stays for training; on this
  * kind of VM, fresh page-cache pages are also slow to fault in), otherwise buffered, with
  * the writeback of each block started at once (sync_file_range). While one thread waits
@@ -56,6 +57,16 @@ typedef struct block {
   size_t cap;
 } block;
 
+/* A compression thread's segment: chunks encoded one after another into an aligned
+ * buffer, written out as one block when the next chunk might not fit. */
+typedef struct segment {
+  ckpt_codec codec;
+  uint8_t *buf;
+  size_t cap, len;
+  size_t *pending; /* pieces in the buffer; their meta.offset is relative until written */
+  size_t npending, pcap;
+} segment;
+
 struct ckpt_saver {
   char *dir, *layout_json;
   int rank, nranks, level, skip_if_busy, commit, keep;
@@ -64,7 +75,8 @@ struct ckpt_saver {
   uint64_t attempt;
 
   ckpt_pool *pool;
-  ckpt_codec *codecs;
+  segment *segs; /* one per pool worker */
+  int nsegs;
 
   block *blocks;
   size_t nblocks, cur_block, cur_used;
@@ -185,8 +197,11 @@ newt_result_t ckpt_saver_init(ckpt_saver **out, const ckpt_saver_opts *o) {
   newt_result_t r = NEWT_OK;
   if (!s->dir || !s->layout_json) r = NEWT_ERR(NEWT_ERR_NOMEM, "out of memory: ckpt saver");
   if (r == NEWT_OK) r = ckpt_pool_init(&s->pool, threads);
-  if (r == NEWT_OK && !(s->codecs = calloc((size_t)threads, sizeof *s->codecs)))
+  if (r == NEWT_OK && !(s->segs = calloc((size_t)threads, sizeof *s->segs)))
     r = NEWT_ERR(NEWT_ERR_NOMEM, "out of memory: ckpt saver");
+  if (r == NEWT_OK) s->nsegs = threads;
+  for (int i = 0; r == NEWT_OK && i < s->nsegs; i++)
+    r = ckpt_buf_grow(&s->segs[i].buf, &s->segs[i].cap, 2 * (CKPT_CHUNK_HDR + s->chunk_bytes) + CKPT_ALIGN);
   if (r == NEWT_OK && o->staging_bytes) r = staging_add_block(s, o->staging_bytes);
   if (r == NEWT_OK && posix_memalign((void **)&s->hdr_block, CKPT_ALIGN, CKPT_ALIGN) != 0)
     r = NEWT_ERR(NEWT_ERR_NOMEM, "out of memory: ckpt saver");
@@ -218,9 +233,12 @@ void ckpt_saver_free(ckpt_saver *s) {
     pthread_join(s->bg, NULL);
   }
   ckpt_pool_free(s->pool);
-  if (s->codecs)
-    for (int i = 0; s->pool && i < ckpt_pool_size(s->pool); i++) ckpt_codec_free(&s->codecs[i]);
-  free(s->codecs);
+  for (int i = 0; s->segs && i < s->nsegs; i++) {
+    ckpt_codec_free(&s->segs[i].codec);
+    free(s->segs[i].buf);
+    free(s->segs[i].pending);
+  }
+  free(s->segs);
   for (size_t i = 0; i < s->nblocks; i++) free(s->blocks[i].p);
   free(s->blocks);
   clear_entries(s);
@@ -374,6 +392,25 @@ static newt_result_t write_block(ckpt_saver *s, const uint8_t *buf, size_t len, 
   return NEWT_OK;
 }
 
+/* Writes a segment out at the next free offset of the file (padded to CKPT_ALIGN, which
+ * O_DIRECT needs) and gives its chunks their file offsets. */
+static newt_result_t flush_segment(ckpt_saver *s, segment *g) {
+  if (g->len == 0) return NEWT_OK;
+  size_t blk = ckpt_align_up(g->len);
+  memset(g->buf + g->len, 0, blk - g->len);
+  pthread_mutex_lock(&s->off_mu);
+  uint64_t off = s->next_off;
+  s->next_off += blk;
+  pthread_mutex_unlock(&s->off_mu);
+  NEWT_CHECK(write_block(s, g->buf, blk, off));
+  /* Buffered: start the writeback now, so the fsync at the end has little left to wait for. */
+  if (!atomic_load(&s->direct)) sync_file_range(s->fd, (off_t)off, (off_t)blk, SYNC_FILE_RANGE_WRITE);
+  for (size_t k = 0; k < g->npending; k++) s->pieces[g->pending[k]].meta.offset += off;
+  g->len = 0;
+  g->npending = 0;
+  return NEWT_OK;
+}
+
 static void write_piece(void *ctx, size_t i, int worker) {
   ckpt_saver *s = ctx;
   if (atomic_load(&s->err.code) != NEWT_OK) return;
@@ -383,29 +420,30 @@ static void write_piece(void *ctx, size_t i, int worker) {
   }
   piece *p = &s->pieces[i];
   const entry *e = &s->entries[p->entry];
-  ckpt_codec *c = &s->codecs[worker];
+  segment *g = &s->segs[worker];
+  newt_result_t r = NEWT_OK;
+  if (g->len + CKPT_CHUNK_HDR + p->bytes > g->cap) r = flush_segment(s, g);
+  if (r == NEWT_OK && g->npending == g->pcap) {
+    size_t cap = g->pcap ? g->pcap * 2 : 64, *np = realloc(g->pending, cap * sizeof *np);
+    if (!np) r = NEWT_ERR(NEWT_ERR_NOMEM, "out of memory: chunk list");
+    else g->pending = np, g->pcap = cap;
+  }
   ckpt_chunk_hdr h;
-  size_t blk;
-  newt_result_t r = ckpt_chunk_encode(c, p->data, p->bytes, e->t.dtype, s->level, &h, &blk);
+  if (r == NEWT_OK) r = ckpt_chunk_encode(&g->codec, p->data, p->bytes, e->t.dtype, s->level, &h, g->buf + g->len);
   if (r != NEWT_OK) {
     ckpt_job_err_set(&s->err, r);
     return;
   }
-  pthread_mutex_lock(&s->off_mu);
-  uint64_t off = s->next_off;
-  s->next_off += blk;
-  pthread_mutex_unlock(&s->off_mu);
-  r = write_block(s, c->out, blk, off);
-  if (r != NEWT_OK) {
-    ckpt_job_err_set(&s->err, r);
-    return;
-  }
-  /* Buffered: start the writeback now, so the fsync at the end has little left to wait for. */
-  if (!atomic_load(&s->direct)) sync_file_range(s->fd, (off_t)off, (off_t)blk, SYNC_FILE_RANGE_WRITE);
-  p->meta = (ckpt_chunk){.file = 0, .codec = h.codec, .filter = h.filter, .offset = off, .stored = h.stored,
+  p->meta = (ckpt_chunk){.file = 0, .codec = h.codec, .filter = h.filter, .offset = g->len, .stored = h.stored,
                          .raw = h.raw, .xxh_raw = h.xxh_raw, .xxh_stored = h.xxh_stored, .slice = p->slice};
+  g->pending[g->npending++] = i;
+  g->len += CKPT_CHUNK_HDR + h.stored;
   int64_t delay = newt_param_CkptTestChunkDelayMs();
-  if (delay > 0) newt_sleep_ms(delay);
+  if (delay > 0) {
+    r = flush_segment(s, g); /* a slowed save shows its progress on disk */
+    if (r != NEWT_OK) ckpt_job_err_set(&s->err, r);
+    newt_sleep_ms(delay);
+  }
 }
 
 /* Cuts every entry into chunks of at most chunk_bytes (whole elements). */
@@ -513,10 +551,12 @@ static newt_result_t write_shard(ckpt_saver *s, const char *stepdir, const char 
   s->next_off = CKPT_ALIGN;
   atomic_store(&s->err.code, NEWT_OK);
   uint64_t t0 = newt_now_ns();
+  for (int i = 0; i < s->nsegs; i++) s->segs[i].len = s->segs[i].npending = 0;
   if (r == NEWT_OK) {
     ckpt_pool_run(s->pool, s->npieces, write_piece, s);
     r = ckpt_job_err_raise(&s->err);
   }
+  for (int i = 0; r == NEWT_OK && i < s->nsegs; i++) r = flush_segment(s, &s->segs[i]);
   uint64_t t1 = newt_now_ns();
   if (r == NEWT_OK && fsync(s->fd) != 0) {
     int e = errno;

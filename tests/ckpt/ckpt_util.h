@@ -22,7 +22,7 @@ typedef struct tstate {
   size_t bytes[TS_MAX];
 } tstate;
 
-static uint64_t ts_mix(uint64_t x) {
+static inline uint64_t ts_mix(uint64_t x) {
   x ^= x >> 33;
   x *= 0xff51afd7ed558ccdULL;
   x ^= x >> 33;
@@ -30,7 +30,7 @@ static uint64_t ts_mix(uint64_t x) {
   return x ^ (x >> 33);
 }
 
-static void ts_add(tstate *s, const char *name, newt_dtype dt, int nd, int64_t a, int64_t b, uint64_t seed,
+static inline void ts_add(tstate *s, const char *name, newt_dtype dt, int nd, int64_t a, int64_t b, uint64_t seed,
                    int noise) {
   size_t i = s->n++;
   snprintf(s->names[i], sizeof s->names[i], "%s", name);
@@ -52,7 +52,7 @@ static void ts_add(tstate *s, const char *name, newt_dtype dt, int nd, int64_t a
 
 /* The state at `step`: the values change with the step. scale multiplies the sizes;
  * noise = 1 makes the float data incompressible. */
-static void ts_make(tstate *s, int64_t step, int64_t scale, int noise) {
+static inline void ts_make(tstate *s, int64_t step, int64_t scale, int noise) {
   memset(s, 0, sizeof *s);
   ts_add(s, "wte", NEWT_F32, 2, 97 * scale, 16, (uint64_t)step, noise);
   ts_add(s, "h.0.attn.qkv.w", NEWT_F32, 2, 48, 16 * scale, (uint64_t)step, noise);
@@ -64,24 +64,24 @@ static void ts_make(tstate *s, int64_t step, int64_t scale, int noise) {
   ts_add(s, "empty", NEWT_F32, 2, 0, 4, (uint64_t)step, noise);
 }
 
-static void ts_free(tstate *s) {
+static inline void ts_free(tstate *s) {
   for (size_t i = 0; i < s->n; i++) free(s->data[i]);
   memset(s, 0, sizeof *s);
 }
 
-static size_t ts_bytes(const tstate *s) {
+static inline size_t ts_bytes(const tstate *s) {
   size_t b = 0;
   for (size_t i = 0; i < s->n; i++) b += s->bytes[i];
   return b;
 }
 
-static void ts_state_json(int64_t step, char *out, size_t cap) {
+static inline void ts_state_json(int64_t step, char *out, size_t cap) {
   snprintf(out, cap, "{\"step\":%lld,\"cursor\":{\"shard\":0,\"pos\":%lld},\"rng\":\"%016llx\",\"lr_step\":%lld}",
            (long long)step, (long long)step * 64, (unsigned long long)ts_mix((uint64_t)step), (long long)step);
 }
 
 /* Adds the whole state to a begun save and ends it. */
-static newt_result_t ts_save_into(ckpt_saver *sv, const tstate *s, int64_t step) {
+static inline newt_result_t ts_save_into(ckpt_saver *sv, const tstate *s, int64_t step) {
   for (size_t i = 0; i < s->n; i++) NEWT_CHECK(ckpt_save_add(sv, &s->t[i], NULL, s->data[i]));
   char js[256];
   ts_state_json(step, js, sizeof js);
@@ -89,7 +89,7 @@ static newt_result_t ts_save_into(ckpt_saver *sv, const tstate *s, int64_t step)
 }
 
 /* One rank saves the state of `step` synchronously and commits it. */
-static newt_result_t ts_save(const char *dir, int64_t step, int64_t scale, int noise, size_t chunk) {
+static inline newt_result_t ts_save(const char *dir, int64_t step, int64_t scale, int noise, size_t chunk) {
   ckpt_saver_opts o = {.dir = dir, .rank = 0, .nranks = 1, .threads = 2, .level = 3, .chunk_bytes = chunk,
                        .commit = 1, .keep = 10};
   ckpt_saver *sv;
@@ -106,7 +106,7 @@ static newt_result_t ts_save(const char *dir, int64_t step, int64_t scale, int n
 
 /* Loads the newest usable checkpoint (<= max_step) and checks that it is the state of
  * `want_step` exactly; returns the loaded step (-1 on failure). */
-static int64_t ts_load_check(const char *dir, int64_t max_step, int64_t want_step, int64_t scale, int noise,
+static inline int64_t ts_load_check(const char *dir, int64_t max_step, int64_t want_step, int64_t scale, int noise,
                              int *fallbacks) {
   tstate want;
   ts_make(&want, want_step, scale, noise);
@@ -137,7 +137,7 @@ static int64_t ts_load_check(const char *dir, int64_t max_step, int64_t want_ste
   return got;
 }
 
-static void ts_tmpdir(char *out, size_t cap, const char *base, const char *name) {
+static inline void ts_tmpdir(char *out, size_t cap, const char *base, const char *name) {
   snprintf(out, cap, "%s/newt-test-%s-XXXXXX", base, name);
   if (!mkdtemp(out)) {
     perror("mkdtemp");

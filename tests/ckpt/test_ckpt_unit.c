@@ -23,24 +23,25 @@ static int64_t rnd_in(int64_t lo, int64_t hi) { return lo + (int64_t)(rnd() % (u
 static void roundtrip(newt_dtype dt, const void *raw, size_t len, int level, int expect_codec) {
   ckpt_codec enc = {0}, dec = {0};
   ckpt_chunk_hdr h;
-  size_t block = 0;
-  T_OK(ckpt_chunk_encode(&enc, raw, len, dt, level, &h, &block));
-  T_CHECK(block % CKPT_ALIGN == 0 && block >= CKPT_CHUNK_HDR + h.stored);
+  uint8_t *block = malloc(CKPT_CHUNK_HDR + len);
+  T_OK(ckpt_chunk_encode(&enc, raw, len, dt, level, &h, block));
   T_CHECK(h.raw == len);
   if (expect_codec >= 0) T_CHECK_MSG(h.codec == expect_codec, "%s, %zu bytes: codec %d, expected %d",
                                      newt_dtype_name(dt), len, h.codec, expect_codec);
   if (h.codec == CKPT_CODEC_ZSTD) T_CHECK(h.stored < len);
   ckpt_chunk_hdr back;
-  T_OK(ckpt_chunk_hdr_decode(enc.out, "test", &back));
-  T_CHECK(memcmp(&back, &h, sizeof h) == 0);
+  T_OK(ckpt_chunk_hdr_decode(block, "test", &back));
+  T_CHECK(back.codec == h.codec && back.filter == h.filter && back.esize == h.esize && back.raw == h.raw &&
+          back.stored == h.stored && back.xxh_raw == h.xxh_raw && back.xxh_stored == h.xxh_stored);
   void *out = malloc(len + 1);
-  T_OK(ckpt_chunk_decode(&dec, &h, enc.out + CKPT_CHUNK_HDR, out, "test"));
+  T_OK(ckpt_chunk_decode(&dec, &h, block + CKPT_CHUNK_HDR, out, "test"));
   T_CHECK(memcmp(out, raw, len) == 0);
   /* one flipped bit anywhere in the stored bytes is caught */
-  enc.out[CKPT_CHUNK_HDR + (rnd() % h.stored)] ^= 0x10;
-  T_ERR(NEWT_ERR_CORRUPT, ckpt_chunk_decode(&dec, &h, enc.out + CKPT_CHUNK_HDR, out, "test"));
+  block[CKPT_CHUNK_HDR + (rnd() % h.stored)] ^= 0x10;
+  T_ERR(NEWT_ERR_CORRUPT, ckpt_chunk_decode(&dec, &h, block + CKPT_CHUNK_HDR, out, "test"));
   T_CHECK(strstr(newt_errmsg(), "test: checksum mismatch") != NULL);
   free(out);
+  free(block);
   ckpt_codec_free(&enc);
   ckpt_codec_free(&dec);
 }
