@@ -28,8 +28,11 @@
  *   | 32     | 8    | attempt                                                     |
  *   | 40     | 16   | reserved, 0                                                 |
  *   | 56     | 8    | XXH3-64 of bytes 0..55                                      |
- *   | 64     | ...  | chunks, each a chunk header and its stored bytes, in the    |
- *   |        |      | order the compression threads finished them                 |
+ *   | 64     | 4032 | zeros                                                       |
+ *   | 4096   | ...  | blocks, each a multiple of 4096 bytes: chunks back to back  |
+ *   |        |      | (a chunk header, then its stored bytes), then zeros. Blocks |
+ *   |        |      | are in the order the compression threads wrote them; the    |
+ *   |        |      | manifest gives each chunk's offset (of its header)          |
  *
  * Chunk header (at the chunk's offset; the stored bytes follow it):
  *

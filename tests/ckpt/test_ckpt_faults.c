@@ -159,8 +159,10 @@ static void rewrite_manifest(const char *dir, int64_t step, const char *from, co
   }
   size_t bl = strlen(body) - strlen(from) + strlen(to);
   char *nb = malloc(bl + 1);
+  if (!nb) abort();
   sprintf(nb, "%.*s%s%s", (int)(at - body), body, to, at + strlen(from));
   char *out = malloc(bl + 128);
+  if (!out) abort();
   int hl = sprintf(out, "newt-ckpt manifest 1 %zu %016llx\n", bl, (unsigned long long)ckpt_hash(nb, bl));
   memcpy(out + hl, nb, bl);
   T_OK(newt_fs_write_atomic(mf, out, (size_t)hl + bl));

@@ -223,6 +223,7 @@ static char *sample_manifest(size_t *len) {
 static char *frame(const char *body, size_t *len) {
   size_t bl = strlen(body);
   char *out = malloc(bl + 128);
+  if (!out) abort();
   int hl = sprintf(out, "newt-ckpt manifest 1 %zu %016llx\n", bl, (unsigned long long)ckpt_hash(body, bl));
   memcpy(out + hl, body, bl + 1);
   *len = (size_t)hl + bl;
@@ -238,6 +239,7 @@ static void expect_rejected(const char *text, const char *from, const char *to, 
   if (!at) return;
   size_t pre = (size_t)(at - body);
   char *mod = malloc(strlen(body) + strlen(to) + 1);
+  if (!mod) abort();
   sprintf(mod, "%.*s%s%s", (int)pre, body, to, at + strlen(from));
   size_t len;
   char *framed = frame(mod, &len);
