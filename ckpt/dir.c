@@ -53,15 +53,8 @@ newt_result_t ckpt_scan_steps(const char *dir, int64_t **steps, size_t *n) {
   while ((e = readdir(d)) != NULL) {
     int64_t s = ckpt_parse_step_name(e->d_name);
     if (s < 0) continue;
-    if (*n == cap) {
-      cap = cap ? cap * 2 : 16;
-      int64_t *ns = realloc(*steps, cap * sizeof *ns);
-      if (!ns) {
-        r = NEWT_ERR(NEWT_ERR_NOMEM, "out of memory listing %s", dir);
-        break;
-      }
-      *steps = ns;
-    }
+    r = CKPT_RESERVE(*steps, cap, *n);
+    if (r != NEWT_OK) break;
     (*steps)[(*n)++] = s;
   }
   closedir(d);

@@ -218,13 +218,7 @@ const ckpt_tensor *ckpt_manifest_find(const ckpt_manifest *m, const char *name) 
 }
 
 newt_result_t ckpt_manifest_add_tensor(ckpt_manifest *m, const ckpt_tensor_desc *d, ckpt_tensor **out) {
-  if (m->ntensors == m->cap) {
-    size_t cap = m->cap ? m->cap * 2 : 64;
-    ckpt_tensor *nt = realloc(m->tensors, cap * sizeof *nt);
-    NEWT_CHECK_ALLOC(nt);
-    m->tensors = nt;
-    m->cap = cap;
-  }
+  NEWT_CHECK(CKPT_RESERVE(m->tensors, m->cap, m->ntensors));
   ckpt_tensor *t = &m->tensors[m->ntensors];
   memset(t, 0, sizeof *t);
   t->name = newt_strdup(d->name);
@@ -276,13 +270,7 @@ newt_result_t ckpt_manifest_sort(ckpt_manifest *m, int allow_dups, const char *w
 }
 
 newt_result_t ckpt_tensor_add_chunk(ckpt_tensor *t, const ckpt_chunk *c) {
-  if (t->nchunks == t->cap) {
-    size_t cap = t->cap ? t->cap * 2 : 4;
-    ckpt_chunk *nc = realloc(t->chunks, cap * sizeof *nc);
-    NEWT_CHECK_ALLOC(nc);
-    t->chunks = nc;
-    t->cap = cap;
-  }
+  NEWT_CHECK(CKPT_RESERVE(t->chunks, t->cap, t->nchunks));
   t->chunks[t->nchunks++] = *c;
   return NEWT_OK;
 }

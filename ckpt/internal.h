@@ -161,6 +161,10 @@ newt_result_t ckpt_job_err_raise(ckpt_job_err *e);
 
 /* ---- slice geometry (slice.c) ------------------------------------------------------- */
 
+/* Room for element n of a growable array (*arr of *cap elements of elem bytes; doubling). */
+newt_result_t ckpt_array_reserve(void **arr, size_t *cap, size_t n, size_t elem);
+#define CKPT_RESERVE(arr, cap, n) ckpt_array_reserve((void **)&(arr), &(cap), (n), sizeof *(arr))
+
 /* "(97,16)" */
 void ckpt_shape_str(int ndim, const int64_t *shape, char *out, size_t cap);
 /* Verifies that a tensor's chunks never overlap and (full = 1) cover every element. */

@@ -322,15 +322,8 @@ static newt_result_t run_requests(ckpt_reader *r, const ckpt_request *reqs, size
     res = check_request(r, &reqs[i], i, &t);
     for (size_t c = 0; res == NEWT_OK && c < t->nchunks; c++) {
       if (!ckpt_slices_may_overlap(&t->chunks[c].slice, &reqs[i].slice)) continue;
-      if (np == cap) {
-        cap = cap ? cap * 2 : 256;
-        pair *nps = realloc(j.pairs, cap * sizeof *nps);
-        if (!nps) {
-          res = NEWT_ERR(NEWT_ERR_NOMEM, "out of memory planning reads");
-          break;
-        }
-        j.pairs = nps;
-      }
+      res = CKPT_RESERVE(j.pairs, cap, np);
+      if (res != NEWT_OK) break;
       j.pairs[np++] = (pair){t, c, i};
     }
   }

@@ -323,13 +323,7 @@ static newt_result_t add_entry(ckpt_saver *s, const ckpt_tensor_desc *t, const c
     snprintf(what, sizeof what, "ckpt_save_add(\"%s\")", t->name);
     NEWT_CHECK(ckpt_slice_check(slice, t, what));
   }
-  if (s->nentries == s->ecap) {
-    size_t cap = s->ecap ? s->ecap * 2 : 64;
-    entry *ne = realloc(s->entries, cap * sizeof *ne);
-    NEWT_CHECK_ALLOC(ne);
-    s->entries = ne;
-    s->ecap = cap;
-  }
+  NEWT_CHECK(CKPT_RESERVE(s->entries, s->ecap, s->nentries));
   entry *e = &s->entries[s->nentries];
   memset(e, 0, sizeof *e);
   e->t = *t;
@@ -423,11 +417,7 @@ static void write_piece(void *ctx, size_t i, int worker) {
   segment *g = &s->segs[worker];
   newt_result_t r = NEWT_OK;
   if (g->len + CKPT_CHUNK_HDR + p->bytes > g->cap) r = flush_segment(s, g);
-  if (r == NEWT_OK && g->npending == g->pcap) {
-    size_t cap = g->pcap ? g->pcap * 2 : 64, *np = realloc(g->pending, cap * sizeof *np);
-    if (!np) r = NEWT_ERR(NEWT_ERR_NOMEM, "out of memory: chunk list");
-    else g->pending = np, g->pcap = cap;
-  }
+  if (r == NEWT_OK) r = CKPT_RESERVE(g->pending, g->pcap, g->npending);
   ckpt_chunk_hdr h;
   if (r == NEWT_OK) r = ckpt_chunk_encode(&g->codec, p->data, p->bytes, e->t.dtype, s->level, &h, g->buf + g->len);
   if (r != NEWT_OK) {
@@ -458,13 +448,7 @@ static newt_result_t make_pieces(ckpt_saver *s) {
     const uint8_t *data = e->staged ? e->staged : e->src;
     for (int64_t a = e->slice.begin; a < e->slice.end; a += per) {
       int64_t b = a + per < e->slice.end ? a + per : e->slice.end;
-      if (s->npieces == s->pcap) {
-        size_t cap = s->pcap ? s->pcap * 2 : 256;
-        piece *np = realloc(s->pieces, cap * sizeof *np);
-        NEWT_CHECK_ALLOC(np);
-        s->pieces = np;
-        s->pcap = cap;
-      }
+      NEWT_CHECK(CKPT_RESERVE(s->pieces, s->pcap, s->npieces));
       piece *p = &s->pieces[s->npieces++];
       p->entry = i;
       p->slice = e->slice;

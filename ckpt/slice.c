@@ -31,6 +31,17 @@ void ckpt_slice_whole(ckpt_slice *s, const ckpt_tensor_desc *t) { ckpt_slice_box
 
 int64_t ckpt_slice_numel(const ckpt_slice *s) { return s->end - s->begin; }
 
+newt_result_t ckpt_array_reserve(void **arr, size_t *cap, size_t n, size_t elem) {
+  if (n < *cap) return NEWT_OK;
+  size_t nc = *cap ? *cap * 2 : 16;
+  if (nc <= n) nc = n + 1;
+  void *na = realloc(*arr, nc * elem);
+  if (!na) return NEWT_ERR(NEWT_ERR_NOMEM, "out of memory: an array of %zu elements", nc);
+  *arr = na;
+  *cap = nc;
+  return NEWT_OK;
+}
+
 void ckpt_shape_str(int ndim, const int64_t *shape, char *out, size_t cap) {
   size_t used = (size_t)snprintf(out, cap, "(");
   for (int i = 0; i < ndim && i < CKPT_MAX_DIMS && used < cap; i++)
@@ -224,13 +235,7 @@ static newt_result_t push(ivec *iv, int64_t a, int64_t b, size_t chunk) {
     iv->v[iv->n - 1].b = b;
     return NEWT_OK;
   }
-  if (iv->n == iv->cap) {
-    size_t cap = iv->cap ? iv->cap * 2 : 64;
-    interval *nv = realloc(iv->v, cap * sizeof *nv);
-    NEWT_CHECK_ALLOC(nv);
-    iv->v = nv;
-    iv->cap = cap;
-  }
+  NEWT_CHECK(CKPT_RESERVE(iv->v, iv->cap, iv->n));
   iv->v[iv->n++] = (interval){a, b, chunk};
   return NEWT_OK;
 }

@@ -7,6 +7,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
 
 #include "ckpt/ckpt.h"
 #include "common/fs.h"
@@ -135,6 +136,32 @@ static inline int64_t ts_load_check(const char *dir, int64_t max_step, int64_t w
   for (size_t i = 0; i < want.n; i++) free(reqs[i].out);
   ts_free(&want);
   return got;
+}
+
+/* A saver with options o, and the begun save of the state of `step` in s (not ended). */
+static inline ckpt_saver *ts_begin(const ckpt_saver_opts *o, tstate *s, int64_t step, int64_t scale, int noise,
+                                   int async) {
+  ckpt_saver *sv = NULL;
+  T_OK(ckpt_saver_init(&sv, o));
+  if (!sv) exit(1);
+  ts_make(s, step, scale, noise);
+  int started = 0;
+  T_OK(ckpt_save_begin(sv, step, async, &started));
+  T_CHECK(started);
+  return sv;
+}
+
+/* Runs `$NEWT_BIN <args>`; returns its exit status, its output (stdout and stderr) in out. */
+static inline int ts_run_newt(const char *args, char *out, size_t cap) {
+  const char *bin = getenv("NEWT_BIN");
+  char cmd[2048];
+  snprintf(cmd, sizeof cmd, "%s %s 2>&1", bin ? bin : "newt", args);
+  FILE *p = popen(cmd, "r");
+  if (!p) return -1;
+  size_t n = fread(out, 1, cap - 1, p);
+  out[n] = '\0';
+  int st = pclose(p);
+  return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
 }
 
 static inline void ts_tmpdir(char *out, size_t cap, const char *base, const char *name) {

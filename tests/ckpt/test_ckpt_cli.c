@@ -1,28 +1,14 @@
 /* The tools and the benchmark, run as the user runs them: `newt ckpt ls / inspect /
  * verify` on a real checkpoint directory, and a small `newt bench ckpt` of each kind whose
  * JSON line must carry every field. */
-#include <sys/wait.h>
-
 #include "ckpt/internal.h"
 #include "ckpt_util.h"
 
 static char root[256];
 
-static int run_newt(const char *args, char *out, size_t cap) {
-  const char *bin = getenv("NEWT_BIN");
-  char cmd[2048];
-  snprintf(cmd, sizeof cmd, "%s %s 2>&1", bin ? bin : "newt", args);
-  FILE *p = popen(cmd, "r");
-  if (!p) return -1;
-  size_t n = fread(out, 1, cap - 1, p);
-  out[n] = '\0';
-  int st = pclose(p);
-  return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
-}
-
 #define EXPECT(rc_want, args, ...)                                                                  \
   do {                                                                                              \
-    int rc_ = run_newt(args, out, sizeof out);                                                      \
+    int rc_ = ts_run_newt(args, out, sizeof out);                                                      \
     const char *needles_[] = {__VA_ARGS__, NULL};                                                   \
     int ok_ = rc_ == (rc_want);                                                                     \
     for (const char **n_ = needles_; ok_ && *n_; n_++) ok_ = strstr(out, *n_) != NULL;              \

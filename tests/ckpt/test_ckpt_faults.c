@@ -131,19 +131,6 @@ static uint64_t file_hash(const char *path) {
   return h;
 }
 
-/* Runs `newt <args>`; returns its exit status and its output in out. */
-static int run_newt(const char *args, char *out, size_t cap) {
-  const char *bin = getenv("NEWT_BIN");
-  char cmd[2048];
-  snprintf(cmd, sizeof cmd, "%s %s 2>&1", bin ? bin : "newt", args);
-  FILE *p = popen(cmd, "r");
-  if (!p) return -1;
-  size_t n = fread(out, 1, cap - 1, p);
-  out[n] = '\0';
-  int st = pclose(p);
-  return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
-}
-
 static void rewrite_manifest(const char *dir, int64_t step, const char *from, const char *to) {
   char sd[400], mf[500];
   ckpt_step_dirname(sd, sizeof sd, dir, step);
@@ -258,11 +245,11 @@ static void test_flipped_byte(void) {
   T_ERR(NEWT_ERR_CORRUPT, ckpt_verify(sd, NULL, NULL, &vr));
   T_CHECK(vr.bad == 1 && vr.files == 1 && vr.chunks > 10);
   snprintf(cmd, sizeof cmd, "ckpt verify %s", sd);
-  int rc = run_newt(cmd, out, sizeof out);
+  int rc = ts_run_newt(cmd, out, sizeof out);
   T_CHECK_MSG(rc == 1 && strstr(out, "FAIL") && strstr(out, base) && strstr(out, "chunk 1 of tensor \"wte\""),
               "newt %s: exit %d, output:\n%s", cmd, rc, out);
   snprintf(cmd, sizeof cmd, "ckpt verify %s/1", dir);
-  rc = run_newt(cmd, out, sizeof out);
+  rc = ts_run_newt(cmd, out, sizeof out);
   T_CHECK_MSG(rc == 0 && strstr(out, "ok"), "newt %s: exit %d, output:\n%s", cmd, rc, out);
 
   /* the byte restored, then the damage elsewhere: the chunk header, the shard header */
@@ -323,11 +310,11 @@ static void test_bad_manifest(void) {
   T_CHECK(ckpt_reader_step(r) == 1);
   ckpt_close(r);
   snprintf(cmd, sizeof cmd, "ckpt ls %s", dir);
-  int rc = run_newt(cmd, out, sizeof out);
+  int rc = ts_run_newt(cmd, out, sizeof out);
   T_CHECK_MSG(rc == 0 && strstr(out, "step-0000000002  corrupt") && strstr(out, "step-0000000001  committed"),
               "newt %s:\n%s", cmd, out);
   snprintf(cmd, sizeof cmd, "ckpt verify %s", sd);
-  rc = run_newt(cmd, out, sizeof out);
+  rc = ts_run_newt(cmd, out, sizeof out);
   T_CHECK_MSG(rc == 1 && strstr(out, "truncated"), "newt %s: exit %d\n%s", cmd, rc, out);
 
   /* empty */
@@ -344,7 +331,7 @@ static void test_bad_manifest(void) {
   T_CHECK_MSG(strstr(newt_errmsg(), "MANIFEST.nranks: expected an integer, got \"one\"") != NULL, "message: %s",
               newt_errmsg());
   snprintf(cmd, sizeof cmd, "ckpt inspect %s", sd);
-  rc = run_newt(cmd, out, sizeof out);
+  rc = ts_run_newt(cmd, out, sizeof out);
   T_CHECK_MSG(rc == 1 && strstr(out, "MANIFEST.nranks"), "newt %s: exit %d\n%s", cmd, rc, out);
   T_OK(newt_fs_write_atomic(mf, text, len));
   rewrite_manifest(dir, 2, "\"dtype\":\"f32\"", "\"dtype\":\"float\"");
@@ -442,12 +429,8 @@ static void full_disk_body(const char *mnt) {
 
   /* in the background: reported through the status, the caller goes on */
   ckpt_saver_opts o = {.dir = dir, .rank = 0, .nranks = 1, .commit = 1, .keep = 10, .chunk_bytes = 65536};
-  ckpt_saver *sv;
-  T_OK(ckpt_saver_init(&sv, &o));
   tstate s;
-  ts_make(&s, 3, 128, 1);
-  int started;
-  T_OK(ckpt_save_begin(sv, 3, 1, &started));
+  ckpt_saver *sv = ts_begin(&o, &s, 3, 128, 1, 1);
   T_OK(ts_save_into(sv, &s, 3));
   T_ERR(NEWT_ERR_NOSPACE, ckpt_save_wait(sv, newt_deadline_in_ms(60000)));
   ckpt_save_status st;
@@ -457,6 +440,7 @@ static void full_disk_body(const char *mnt) {
   ts_free(&s);
   /* the failed saves removed their partial shards: a small save fits again */
   ts_make(&s, 4, 1, 1);
+  int started;
   T_OK(ckpt_save_begin(sv, 4, 1, &started));
   T_OK(ts_save_into(sv, &s, 4));
   T_OK(ckpt_save_wait(sv, newt_deadline_in_ms(60000)));

@@ -18,13 +18,9 @@ static void test_sync_async(void) {
   subdir(dir, sizeof dir, "sync_async");
   T_OK(ts_save(dir, 1, 1, 0, 1 << 20));
   ckpt_saver_opts o = {.dir = dir, .rank = 0, .nranks = 1, .commit = 1, .keep = 5, .chunk_bytes = 3000};
-  ckpt_saver *sv;
-  T_OK(ckpt_saver_init(&sv, &o));
   tstate s;
-  ts_make(&s, 2, 1, 0);
+  ckpt_saver *sv = ts_begin(&o, &s, 2, 1, 0, 1);
   int started = 0;
-  T_OK(ckpt_save_begin(sv, 2, 1, &started));
-  T_CHECK(started);
   T_OK(ts_save_into(sv, &s, 2));
   /* training goes on and overwrites its state: the snapshot is what gets saved */
   tstate later;
@@ -80,12 +76,9 @@ static void test_busy_and_timeout(void) {
   T_OK(ts_save(dir, 1, 1, 0, 1 << 20));
   ckpt_saver_opts o = {.dir = dir, .rank = 0, .nranks = 2, .commit = 1, .commit_timeout_ms = 1500,
                        .skip_if_busy = 1, .attempt = 77};
-  ckpt_saver *sv;
-  T_OK(ckpt_saver_init(&sv, &o));
   tstate s;
-  ts_make(&s, 2, 1, 0);
+  ckpt_saver *sv = ts_begin(&o, &s, 2, 1, 0, 1);
   int started = 0;
-  T_OK(ckpt_save_begin(sv, 2, 1, &started));
   T_OK(ts_save_into(sv, &s, 2));
   T_OK(ckpt_save_begin(sv, 3, 1, &started)); /* in flight: skipped */
   T_CHECK(!started);
@@ -137,13 +130,9 @@ static void test_failed_marker(void) {
   const char *marker = "0000000000000063\nwrite rank-00001: No space left on device\n";
   T_OK(newt_fs_write_atomic(path, marker, strlen(marker)));
   ckpt_saver_opts o = {.dir = dir, .rank = 0, .nranks = 2, .commit = 1, .commit_timeout_ms = 60000, .attempt = 0x63};
-  ckpt_saver *sv;
-  T_OK(ckpt_saver_init(&sv, &o));
-  tstate s;
-  ts_make(&s, 7, 1, 0);
-  int started;
   double t0 = newt_now_s();
-  T_OK(ckpt_save_begin(sv, 7, 0, &started));
+  tstate s;
+  ckpt_saver *sv = ts_begin(&o, &s, 7, 1, 0, 0);
   T_ERR(NEWT_ERR_PEER, ts_save_into(sv, &s, 7));
   T_CHECK(strstr(newt_errmsg(), "rank 1 could not write its shard: write rank-00001: No space") != NULL);
   T_CHECK(newt_now_s() - t0 < 20);
