@@ -506,6 +506,9 @@ static void write_failed_marker(ckpt_saver *s, const char *stepdir, const char *
 /* Writes this rank's shard and publishes its index. */
 static newt_result_t write_shard(ckpt_saver *s, const char *stepdir, const char *shard, uint64_t *raw_out) {
   NEWT_CHECK(newt_fs_mkdirs(stepdir, 0755));
+  char parent[4096];
+  newt_fs_dirname(s->dir, parent, sizeof parent);
+  NEWT_CHECK(newt_fs_fsync_dir(parent)); /* DIR itself may be new */
   NEWT_CHECK(newt_fs_fsync_dir(s->dir));
   char marker[64], path[4400];
   ckpt_failed_name(marker, sizeof marker, s->rank);
