@@ -118,6 +118,7 @@ int ckpt_plain_name(const char *name);
 
 typedef struct ckpt_codec {
   ZSTD_CCtx *cctx;
+  int cctx_mode; /* parameters set on cctx: level * 2 + entropy, or INT_MIN */
   ZSTD_DCtx *dctx;
   uint8_t *tmp;   /* filtered bytes */
   size_t tmp_cap;
