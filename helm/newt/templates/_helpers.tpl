@@ -126,9 +126,27 @@ used when tag is empty. */}}
 {{- end }}
 {{- end }}
 
-{{/* The etcd user comes from the Secret as an environment variable. */}}
+{{/* The same connection as environment variables (the flags' fallbacks), so that
+`kubectl exec ... -- newt status` works in any newt container; the etcd user comes from
+the Secret this way. */}}
 {{- define "newt.etcdClientEnv" -}}
+- name: NEWT_JOB
+  value: {{ include "newt.jobName" . | quote }}
+- name: NEWT_ETCD
+  value: {{ include "newt.etcdEndpoints" . | quote }}
+{{- if .Values.etcdClient.tls.enabled }}
+- name: NEWT_ETCD_CA
+  value: /etc/newt/etcd-tls/ca.crt
+{{- if .Values.etcdClient.tls.clientCert }}
+- name: NEWT_ETCD_CERT
+  value: /etc/newt/etcd-tls/tls.crt
+- name: NEWT_ETCD_KEY
+  value: /etc/newt/etcd-tls/tls.key
+{{- end }}
+{{- end }}
 {{- if .Values.etcdClient.auth.enabled }}
+- name: NEWT_ETCD_PASSWORD_FILE
+  value: /etc/newt/etcd-auth/password
 - name: NEWT_ETCD_USER
   valueFrom:
     secretKeyRef:
