@@ -18,8 +18,9 @@
 // Environment (set by ctest): NEWT_HELM_TOOLS (setup.sh's cache: bin/helm, node_modules),
 // NEWT_BIN, HELM_SPEC_CHECK, NEWT_SOURCE_DIR. Prints one line per check and closes with
 // "N passed, N failed"; exits 1 when any check failed.
-import { spawnSync } from "node:child_process";
-import { existsSync, mkdtempSync, readFileSync, readdirSync, rmSync, writeFileSync } from "node:fs";
+import { spawn, spawnSync } from "node:child_process";
+import { existsSync, mkdirSync, mkdtempSync, readFileSync, readdirSync, rmSync, writeFileSync } from "node:fs";
+import { createServer } from "node:net";
 import { createRequire } from "node:module";
 import { tmpdir } from "node:os";
 import { dirname, join, resolve } from "node:path";
@@ -494,6 +495,61 @@ async function checkSpec(docs, values, errors) {
   if (vol?.configMap?.name !== cm.metadata.name) errors.push(`the coordinators' --spec (${specArg}) is not the spec ConfigMap`);
 }
 
+// The auth bootstrap Job's script, run for real against a private etcd (Debian's etcd
+// 3.4 on loopback ports) with the Secrets' files under a temporary folder: it must turn
+// authentication on, confine the newt user to /newt/<job>/, and succeed when run again.
+async function checkAuthBootstrap(errors) {
+  const r = helm(["template", RELEASE, chart, "--namespace", NAMESPACE, "--kube-version", KUBE_VERSION,
+    "--show-only", "templates/etcd-auth-job.yaml", "--set", "etcdClient.auth.enabled=true",
+    "--set", "etcdClient.auth.secret=u", "--set", "etcdClient.auth.bootstrap.rootSecret=r"]);
+  if (r.code !== 0) return errors.push(r.err);
+  const c = YAML.parse(r.out).spec.template.spec.containers[0];
+  const dir = mkdtempSync(join(tmp, "auth-"));
+  const script = c.command[2].replaceAll("/etc/newt/", `${dir}/`);
+  for (const [sub, pw] of [["etcd-root", "rootpw"], ["etcd-auth", "userpw"]]) {
+    mkdirSync(join(dir, sub));
+    writeFileSync(join(dir, sub, "password"), pw);
+  }
+  const [client, peer] = [await freePort(), await freePort()];
+  const url = `http://127.0.0.1:${client}`;
+  const etcd = spawn("etcd", ["--name", "t", "--data-dir", join(dir, "data"), "--listen-client-urls", url,
+    "--advertise-client-urls", url, "--listen-peer-urls", `http://127.0.0.1:${peer}`,
+    "--initial-advertise-peer-urls", `http://127.0.0.1:${peer}`, "--initial-cluster", `t=http://127.0.0.1:${peer}`],
+    { stdio: "ignore" });
+  try {
+    const envOf = Object.fromEntries(c.env.filter((e) => "value" in e).map((e) => [e.name, e.value]));
+    const env = { ...process.env, ETCDCTL_API: "3", ETCDCTL_ENDPOINTS: url, NEWT_ETCD_USER: "newt", NEWT_JOB: envOf.NEWT_JOB, JOB_ROLE: envOf.JOB_ROLE };
+    const ctl = (...args) => run("etcdctl", ["--dial-timeout=2s", "--command-timeout=5s", ...args], { env });
+    const deadline = Date.now() + 20000;
+    while (ctl("endpoint", "health").code !== 0) {
+      if (Date.now() > deadline) return errors.push(`etcd did not start on ${url}`);
+      await new Promise((ok) => setTimeout(ok, 200));
+    }
+    for (const attempt of ["first", "second"]) {
+      const s = run("sh", ["-ec", script], { env, timeout: 60000 });
+      if (s.code !== 0) errors.push(`${attempt} run failed (${s.code}): ${s.out}${s.err}`);
+    }
+    const key = `/newt/${envOf.NEWT_JOB}/probe`;
+    if (ctl("user", "list").code === 0) errors.push("authentication is not enabled: an anonymous request succeeded");
+    if (ctl("--user", "newt:userpw", "put", key, "v").code !== 0) errors.push(`the newt user cannot write ${key}`);
+    if (ctl("--user", "newt:userpw", "get", key).out.trim() !== `${key}\nv`) errors.push(`the newt user cannot read ${key}`);
+    if (ctl("--user", "newt:userpw", "put", "/elsewhere", "v").code === 0) errors.push("the newt user can write outside /newt/<job>/");
+    if (ctl("--user", "newt:wrong", "get", key).code === 0) errors.push("a wrong password is accepted");
+  } finally {
+    etcd.kill("SIGKILL");
+  }
+}
+function freePort() {
+  return new Promise((ok, fail) => {
+    const srv = createServer();
+    srv.on("error", fail);
+    srv.listen(0, "127.0.0.1", () => {
+      const { port } = srv.address();
+      srv.close(() => ok(port));
+    });
+  });
+}
+
 // --- modes -------------------------------------------------------------------------------
 async function lint() {
   for (const f of [null, ...ciValueFiles()]) {
@@ -551,6 +607,7 @@ async function render() {
     await check(`${name}: the rendered spec passes newt's spec parser`, (errors) => checkSpec(docs, values, errors));
     await check(`${name}: wiring, labels, security settings`, (errors) => checkWiring(docs, values, errors));
   }
+  await check("the etcd auth bootstrap enables authentication on a real etcd, idempotently", checkAuthBootstrap);
   // The unknown-field check and the schema checks must be able to fail.
   await check("the validators catch a misspelt field, a bad enum and a bad flag", async (errors) => {
     const docs = YAML.parseAllDocuments(template([]).out).map((d) => d.toJS()).filter(Boolean);
