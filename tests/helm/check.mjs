@@ -406,6 +406,9 @@ function checkWiring(docs, values, errors) {
       if (JSON.stringify(sel.namespaces) !== JSON.stringify([NAMESPACE])) errors.push(`${d.kind}/${d.metadata.name}: namespaces ${sel.namespaces}`);
       if (!workloads.some((w) => matches(sel.labelSelectors, w.labels))) errors.push(`${d.kind}/${d.metadata.name}: selects no pod`);
     }
+    for (const name of spec.containerNames || [])
+      if (!workloads.some((w) => matches(spec.selector.labelSelectors, w.labels) && w.spec.containers.some((c) => c.name === name)))
+        errors.push(`${d.kind}/${d.metadata.name}: no selected pod has a container ${name}`);
   }
   checkEtcd(docs, values, errors);
   checkWorkers(docs, values, errors);
