@@ -268,7 +268,7 @@ const NEWT_LOG_ENV = new Set(["NEWT_DEBUG", "NEWT_DEBUG_SUBSYS", "NEWT_DEBUG_FIL
 function podSpecs(docs) {
   const out = [];
   for (const d of docs) {
-    const spec = d.kind === "Pod" ? d.spec : d.kind === "Job" ? d.spec?.template?.spec : d.spec?.template?.spec;
+    const spec = d.kind === "Pod" ? d.spec : d.spec?.template?.spec;
     if (spec && ["Pod", "Job", "Deployment", "StatefulSet"].includes(d.kind)) {
       const labels = d.kind === "Pod" ? d.metadata.labels : d.spec.template.metadata?.labels;
       out.push({ doc: d, spec, labels: labels || {}, where: `${d.kind}/${d.metadata.name}` });
