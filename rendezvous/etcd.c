@@ -284,7 +284,7 @@ newt_result_t rdzv_etcd_curl_result(rdzv_etcd *c, CURL *h, CURLcode cc, const ch
     case CURLE_OPERATION_TIMEDOUT:
       *retry_safe = req_size == 0;
       return NEWT_ERR(req_size == 0 ? NEWT_ERR_UNAVAILABLE : NEWT_ERR_TIMEOUT, "%s: %s%s", url, detail,
-                      req_size == 0 ? "" : " (the server took the request but did not answer)");
+                      req_size == 0 ? "" : " (the server took the request but did not answer in time)");
     default:
       if (cc == CURLE_RECV_ERROR && errbuf && (strstr(errbuf, "alert") || strstr(errbuf, "certificate")))
         return NEWT_ERR(NEWT_ERR_AUTH, "TLS with %s failed: %s (client certificate %s)", url, detail,
@@ -386,7 +386,8 @@ newt_result_t rdzv_etcd_request(rdzv_etcd *c, const char *path, const char *body
           retry = 1;
           continue;
         }
-        res = NEWT_ERR(code, "etcd %s: %s (HTTP %ld from %s)", what, e.message, a.status, url);
+        res = NEWT_ERR(code, "etcd %s: %s (HTTP %ld from %s)%s", what, e.message, a.status, url,
+                       strstr(e.message, "user name is empty") ? ": etcd has auth enabled, give a user and password" : "");
         goto done;
       }
       /* transport failure */
@@ -400,8 +401,7 @@ newt_result_t rdzv_etcd_request(rdzv_etcd *c, const char *path, const char *body
         retry = 1;
         continue;
       }
-      res = NEWT_ERR(NEWT_ERR_UNAVAILABLE, "etcd %s: %s (the write may or may not have been applied)",
-                     what, fails.data);
+      res = NEWT_ERR(a.res, "etcd %s: %s; the write may or may not have been applied", what, fails.data);
       goto done;
     }
     if (!retry || newt_deadline_passed(d)) break;

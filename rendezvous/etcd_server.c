@@ -2,7 +2,7 @@
  *
  * Start: pick two free loopback ports (client, peer), run etcd with its data under
  * <dir>/data and its log appended to <dir>/etcd.log, and read the log from where it stood
- * before the start until "ready to serve client requests" appears (etcd writes it once a
+ * before the start until it says it serves client traffic (etcd writes that once a
  * leader is elected and the member is published), the process exits (its log's tail
  * becomes the error), or the deadline passes. A start whose ports were taken in between
  * is retried on new ports. With root_password, the first start adds user root, grants it
@@ -119,7 +119,9 @@ static int log_says_ready(const rdzv_etcd_server *s, off_t offset) {
     at += n;
   }
   close(fd);
-  int ready = b.data && strstr(b.data, "ready to serve client requests") != NULL;
+  /* zap logs "serving client traffic (in)securely", capnslog "ready to serve client
+   * requests"; both come after the server's ReadyNotify (leader elected, member published) */
+  int ready = b.data && (strstr(b.data, "serving client traffic") || strstr(b.data, "ready to serve client requests"));
   newt_buf_free(&b);
   return ready;
 }

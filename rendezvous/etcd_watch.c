@@ -46,11 +46,15 @@ struct rdzv_etcd_watch {
   /* per-stream state (watch thread only) */
   rdzv_etcd_lines lines;
   int created, stop_stream, need_resync, token_error;
+  int ever_created;
+  newt_result_t stream_code; /* the code of stream_err */
+  newt_result_t last_code;
   char stream_err[512];
 };
 
 static void set_err(rdzv_etcd_watch *w, const char *fmt, const char *a, const char *b) {
   rdzv_fmt(w->stream_err, sizeof w->stream_err, fmt, a, b);
+  w->stream_code = NEWT_ERR_UNAVAILABLE;
 }
 
 static void deliver(rdzv_etcd_watch *w, rdzv_etcd_watch_resp *r) {
@@ -74,6 +78,7 @@ static newt_result_t on_line(void *ud, const char *line, size_t len) {
   }
   if (m.is_error) {
     set_err(w, "%s%s", "etcd: ", m.gw.message);
+    w->stream_code = rdzv_etcd_grpc_code_result(m.gw.grpc_code, m.gw.message);
     w->token_error = rdzv_etcd_is_token_error(m.gw.message);
     return NEWT_ERR(NEWT_ERR_PEER, "watch: %s", m.gw.message);
   }
@@ -84,6 +89,9 @@ static newt_result_t on_line(void *ud, const char *line, size_t len) {
       w->need_resync = 1;
     } else {
       set_err(w, "%s%s", "etcd canceled the watch: ", m.cancel_reason[0] ? m.cancel_reason : "(no reason)");
+      if (strstr(m.cancel_reason, "Unauthenticated") || strstr(m.cancel_reason, "PermissionDenied") ||
+          strstr(m.cancel_reason, "permission denied"))
+        w->stream_code = NEWT_ERR_AUTH;
       w->token_error = rdzv_etcd_is_token_error(m.cancel_reason);
     }
     rdzv_etcd_watch_msg_free(&m);
@@ -91,6 +99,8 @@ static newt_result_t on_line(void *ud, const char *line, size_t len) {
     return NEWT_ERR(NEWT_ERR_ABORTED, "watch canceled");
   }
   if (m.created) {
+    if (w->ever_created) atomic_fetch_add(&w->reconnects, 1);
+    w->ever_created = 1;
     w->created = 1;
     if (atomic_load(&w->next_rev) == 0) atomic_store(&w->next_rev, m.revision + 1);
     mark_started(w);
@@ -108,8 +118,9 @@ static newt_result_t on_line(void *ud, const char *line, size_t len) {
       atomic_store(&w->next_rev, resp.revision + 1);
       deliver(w, &resp);
     }
-  } else if (!m.created && w->created && m.revision >= next) {
-    atomic_store(&w->next_rev, m.revision + 1);
+  } else if (!m.created && w->created) {
+    /* everything up to m.revision has been delivered */
+    if (m.revision >= next) atomic_store(&w->next_rev, m.revision + 1);
     rdzv_etcd_watch_resp resp = {.kind = RDZV_WATCH_PROGRESS, .revision = m.revision};
     deliver(w, &resp);
   }
@@ -172,8 +183,10 @@ static void run_stream(rdzv_etcd_watch *w, size_t endpoint) {
   snprintf(url, sizeof url, "%s/v3/watch", c->urls[endpoint]);
   struct curl_slist *hdrs = NULL;
   uint64_t gen = 0;
-  if (rdzv_etcd_headers(c, newt_deadline_in_ms(c->connect_ms * 2), &hdrs, &gen) != NEWT_OK) {
+  newt_result_t hr = rdzv_etcd_headers(c, newt_deadline_in_ms(c->connect_ms * 2), &hdrs, &gen);
+  if (hr != NEWT_OK) {
     set_err(w, "%s%s", "", newt_errmsg());
+    w->stream_code = hr;
     return;
   }
   char *body = create_body(w);
@@ -222,13 +235,15 @@ static void run_stream(rdzv_etcd_watch *w, size_t endpoint) {
       rdzv_etcd_gw_error e;
       rdzv_etcd_parse_error(w->lines.buf.data ? w->lines.buf.data : "", w->lines.buf.len, &e);
       rdzv_fmt(w->stream_err, sizeof w->stream_err, "%s: HTTP %ld: %s", url, status, e.message);
+      w->stream_code = e.grpc_code >= 0 ? rdzv_etcd_grpc_code_result(e.grpc_code, e.message) : NEWT_ERR_PEER;
       w->token_error = rdzv_etcd_is_token_error(e.message);
     } else if (done != CURLE_OK) {
       int retry_safe;
-      rdzv_etcd_curl_result(c, h, done, errbuf, url, &retry_safe);
+      w->stream_code = rdzv_etcd_curl_result(c, h, done, errbuf, url, &retry_safe);
       rdzv_fmt(w->stream_err, sizeof w->stream_err, "%s", newt_errmsg());
     } else {
       rdzv_fmt(w->stream_err, sizeof w->stream_err, "%s: the stream ended", url);
+      w->stream_code = NEWT_ERR_UNAVAILABLE;
     }
   } else if (w->stream_err[0] && !strstr(w->stream_err, "://")) {
     char tmp[sizeof w->stream_err];
@@ -259,7 +274,6 @@ static void *watch_main(void *arg) {
   rdzv_etcd_watch *w = arg;
   size_t endpoint = atomic_load(&w->c->preferred) % w->c->n_urls;
   int64_t backoff = 100;
-  int was_created = 0;
   while (!atomic_load(&w->cancel)) {
     if (w->need_resync) {
       if (resync(w) != NEWT_OK) {
@@ -274,17 +288,14 @@ static void *watch_main(void *arg) {
     }
     run_stream(w, endpoint);
     if (atomic_load(&w->cancel)) break;
-    if (w->created) {
-      backoff = 100;
-      if (was_created) atomic_fetch_add(&w->reconnects, 1);
-      was_created = 1;
-    }
+    if (w->created) backoff = 100;
     if (w->need_resync) {
       if (!w->created) mark_started(w); /* compacted start revision: the resync is the start */
       continue;
     }
     pthread_mutex_lock(&w->mu);
     rdzv_fmt(w->last_err, sizeof w->last_err, "%s", w->stream_err);
+    w->last_code = w->stream_code;
     pthread_mutex_unlock(&w->mu);
     NEWT_INFO(RDZV, "watch %s: %s; re-opening from revision %lld", w->key, w->stream_err,
               (long long)atomic_load(&w->next_rev));
@@ -342,10 +353,12 @@ newt_result_t rdzv_etcd_watch_start(rdzv_etcd *c, const char *key, const rdzv_et
   int ok = w->start_state == 1;
   char why[sizeof w->last_err];
   memcpy(why, w->last_err, sizeof why);
+  newt_result_t code = w->last_code == NEWT_ERR_AUTH || w->last_code == NEWT_ERR_INVALID ? w->last_code
+                                                                                      : NEWT_ERR_UNAVAILABLE;
   pthread_mutex_unlock(&w->mu);
   if (!ok) {
     rdzv_etcd_watch_free(w);
-    return NEWT_ERR(strstr(why, "TLS") ? NEWT_ERR_AUTH : NEWT_ERR_UNAVAILABLE,
+    return NEWT_ERR(code,
                     "watch on %.200s at %s not created by the deadline: %s", key, c->endpoints_str,
                     why[0] ? why : "no answer");
   }
