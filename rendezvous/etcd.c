@@ -465,7 +465,7 @@ static newt_result_t send_json(rdzv_etcd *c, const char *path, cJSON *obj, int o
 }
 
 static void describe(char *out, size_t cap, const char *verb, const char *key) {
-  snprintf(out, cap, "%s %.200s", verb, key);
+  snprintf(out, cap, "%s %.200s", verb, key ? key : "(no key)");
 }
 
 static newt_result_t check_key(const char *key, const char *what) {
