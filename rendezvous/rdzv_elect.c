@@ -25,6 +25,7 @@
 #include "common/log.h"
 #include "common/strutil.h"
 #include "common/sys.h"
+#include "rendezvous/etcd_internal.h"
 #include "rendezvous/rdzv.h"
 
 typedef struct cand_key {
@@ -119,18 +120,9 @@ static void report(rdzv_candidate *c) {
   pthread_mutex_unlock(&c->notify_mu);
 }
 
-static void on_lease_lost(void *ud, int64_t lease, const char *why) {
-  rdzv_candidate *c = ud;
-  pthread_mutex_lock(&c->mu);
-  if (!c->lost) {
-    c->lost = 1;
-    snprintf(c->why, sizeof c->why, "%s", why);
-  }
-  c->leading = 0;
-  pthread_cond_broadcast(&c->cv);
-  pthread_mutex_unlock(&c->mu);
-  report(c);
-}
+static void deposed(rdzv_candidate *c, const char *why);
+
+static void on_lease_lost(void *ud, int64_t lease, const char *why) { deposed(ud, why); }
 
 static void on_election_watch(void *ud, const rdzv_etcd_watch_resp *r) {
   rdzv_candidate *c = ud;
@@ -166,11 +158,7 @@ newt_result_t rdzv_campaign(rdzv_etcd *ec, const char *job, const rdzv_campaign_
   snprintf(c->name, sizeof c->name, "%s", name);
   pthread_mutex_init(&c->mu, NULL);
   pthread_mutex_init(&c->notify_mu, NULL);
-  pthread_condattr_t ca;
-  pthread_condattr_init(&ca);
-  pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
-  pthread_cond_init(&c->cv, &ca);
-  pthread_condattr_destroy(&ca);
+  rdzv_cond_init(&c->cv);
   newt_result_t r;
   char *val = NULL;
   rdzv_etcd_kvs snap = {0};
