@@ -46,7 +46,8 @@ struct rdzv_candidate {
   pthread_cond_t cv;
   cand_key *keys;
   size_t n, cap;
-  int leading, ever_led, lost, aborted, kept;
+  int leading, ever_led, lost, kept;
+  uint64_t aborts; /* rdzv_candidate_abort calls: a wait ends when this moves */
   char why[512];
   pthread_mutex_t notify_mu; /* serializes evaluation + callback, so reports stay in order */
   int reported;              /* the last state given to fn */
@@ -204,7 +205,8 @@ fail:
 newt_result_t rdzv_candidate_wait(rdzv_candidate *c, newt_deadline_t d) {
   pthread_mutex_lock(&c->mu);
   newt_result_t r = NEWT_OK;
-  while (!c->leading && !c->lost && !c->aborted) {
+  uint64_t aborts = c->aborts;
+  while (!c->leading && !c->lost && c->aborts == aborts) {
     if (newt_deadline_passed(d)) {
       r = NEWT_ERR_TIMEOUT;
       break;
@@ -229,7 +231,7 @@ newt_result_t rdzv_candidate_wait(rdzv_candidate *c, newt_deadline_t d) {
 
 void rdzv_candidate_abort(rdzv_candidate *c) {
   pthread_mutex_lock(&c->mu);
-  c->aborted = 1;
+  c->aborts++;
   pthread_cond_broadcast(&c->cv);
   pthread_mutex_unlock(&c->mu);
 }
