@@ -60,7 +60,7 @@ static newt_result_t get_u64(const cJSON *obj, const char *what, const char *fie
 }
 
 static newt_result_t parse_model(const cJSON *m, newt_spec *s) {
-  static const char *const known[] = {"preset", "vocab", "ctx", "layers", "heads", "dim", NULL};
+  static const char *const known[] = {"preset", "vocab", "ctx", "layers", "heads", "channels", NULL};
   const char *w = "spec.model";
   NEWT_CHECK(newt_json_check_fields(m, w, known));
   NEWT_CHECK(get_string(m, w, "preset", s->preset, sizeof s->preset));
@@ -68,7 +68,7 @@ static newt_result_t parse_model(const cJSON *m, newt_spec *s) {
   NEWT_CHECK(newt_json_get_int(m, w, "ctx", 0, &s->ctx));
   NEWT_CHECK(newt_json_get_int(m, w, "layers", 0, &s->layers));
   NEWT_CHECK(newt_json_get_int(m, w, "heads", 0, &s->heads));
-  NEWT_CHECK(newt_json_get_int(m, w, "dim", 0, &s->dim));
+  NEWT_CHECK(newt_json_get_int(m, w, "channels", 0, &s->channels));
   return NEWT_OK;
 }
 
@@ -176,7 +176,7 @@ newt_result_t spec_validate(const newt_spec *s) {
     RULE(isalnum((unsigned char)*p) || *p == '-' || *p == '_' || *p == '.',
          "spec.job: \"%s\" may hold only letters, digits, '-', '_' and '.'", s->job);
   RULE(s->preset[0], "spec.model.preset: must not be empty");
-  RULE(s->vocab >= 0 && s->ctx >= 0 && s->layers >= 0 && s->heads >= 0 && s->dim >= 0,
+  RULE(s->vocab >= 0 && s->ctx >= 0 && s->layers >= 0 && s->heads >= 0 && s->channels >= 0,
        "spec.model: sizes must not be negative");
   RULE(s->steps >= 1, "spec.train.steps: must be at least 1, got %lld", (long long)s->steps);
   RULE(s->micro_batch >= 1, "spec.train.micro_batch: must be at least 1, got %lld",
@@ -237,7 +237,7 @@ char *spec_to_json(const newt_spec *s) {
   const struct {
     const char *k;
     int64_t v;
-  } sizes[] = {{"vocab", s->vocab}, {"ctx", s->ctx}, {"layers", s->layers}, {"heads", s->heads}, {"dim", s->dim}};
+  } sizes[] = {{"vocab", s->vocab}, {"ctx", s->ctx}, {"layers", s->layers}, {"heads", s->heads}, {"channels", s->channels}};
   for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++)
     if (sizes[i].v) newt_json_add_int(m, sizes[i].k, sizes[i].v);
   cJSON *d = cJSON_AddObjectToObject(j, "data");

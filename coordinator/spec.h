@@ -2,7 +2,7 @@
  * read by every coordinator and worker.
  *
  *   {"job": "demo",
- *    "model":    {"preset": "tiny", "layers": 4, ...},          overrides of the preset
+ *    "model":    {"preset": "tiny", "layers": 4, ...},         overrides of the preset
  *    "data":     {"path": "corpus.tok", "seed": 1},
  *    "train":    {"steps": 200, "global_batch": 32, "micro_batch": 4, "lr": 3e-4,
  *                 "lr_min": 3e-5, "warmup": 20, "weight_decay": 0.1, "grad_clip": 1.0,
@@ -31,7 +31,7 @@ typedef struct newt_spec {
   char job[SPEC_NAME_MAX];
   /* model: the preset and its overrides (0 keeps the preset's value) */
   char preset[SPEC_NAME_MAX];
-  int64_t vocab, ctx, layers, heads, dim;
+  int64_t vocab, ctx, layers, heads, channels;
   /* data */
   char data_path[SPEC_PATH_MAX]; /* empty: a generated corpus */
   uint64_t data_seed;
