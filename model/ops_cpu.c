@@ -27,9 +27,9 @@ int model_threads_set(int threads) {
 int model_threads_get(void) { return n_threads; }
 
 size_t model_ops_scratch_floats(int T, int C, int NH) {
-  size_t hs = (size_t)C / NH;
-  size_t att = 4 * (size_t)T * hs + 2 * (size_t)T + 16; /* kt, vt, dk, dv, rows */
-  size_t ln = 2 * (size_t)C;
+  (void)NH;
+  size_t att = (size_t)T * T; /* attention backward: dS */
+  size_t ln = 2 * (size_t)C;  /* layernorm backward: dweight, dbias partials */
   size_t n = att > ln ? att : ln;
   return (n + 15) / 16 * 16;
 }
@@ -197,33 +197,31 @@ void model_matmul_backward(float *dinp, float *dweight, float *dbias, const floa
   }
 }
 
+/* Attention of one (batch, head) pair as GEMMs over row blocks of ATT_BLK, skipping the
+ * blocks above the diagonal: row block r of the scores needs key columns [0, (r+1) BLK)
+ * only. Inside the diagonal block the entries above the diagonal are set to zero in att
+ * (and in dS), so the GEMMs that read the block see a causal matrix. */
+#define ATT_BLK 64
+
 void model_attention_forward(float *out, float *att, const float *qkv, int B, int T, int C, int NH,
                              float *scratch) {
-  int hs = C / NH;
-  size_t C3 = 3 * (size_t)C, stride = model_ops_scratch_floats(T, C, NH);
+  (void)scratch;
+  int hs = C / NH, C3 = 3 * C;
   float scale = 1.0f / sqrtf((float)hs);
-#pragma omp parallel
-  {
-    float *kt = scratch + (size_t)omp_get_thread_num() * stride; /* (hs,T) keys, transposed */
-#pragma omp for schedule(static)
-    for (int bh = 0; bh < B * NH; bh++) {
-      int b = bh / NH, h = bh % NH;
-      const float *base = qkv + (size_t)b * T * C3;
-      for (int t2 = 0; t2 < T; t2++) {
-        const float *k = base + (size_t)t2 * C3 + C + (size_t)h * hs;
-        for (int i = 0; i < hs; i++) kt[(size_t)i * T + t2] = k[i];
-      }
-      for (int t = 0; t < T; t++) {
-        const float *q = base + (size_t)t * C3 + (size_t)h * hs;
-        float *row = att + ((size_t)bh * T + t) * T;
+#pragma omp parallel for schedule(static)
+  for (int bh = 0; bh < B * NH; bh++) {
+    int b = bh / NH, h = bh % NH;
+    const float *q = qkv + (size_t)b * T * C3 + (size_t)h * hs, *k = q + C, *v = q + 2 * (size_t)C;
+    float *P = att + (size_t)bh * T * T; /* (T,T) */
+    float *o = out + (size_t)b * T * C + (size_t)h * hs;
+    for (int r0 = 0; r0 < T; r0 += ATT_BLK) {
+      int rn = T - r0 < ATT_BLK ? T - r0 : ATT_BLK, cols = r0 + rn;
+      /* S[r0.., 0..cols) = scale * Q[r0..] K[0..cols)^T */
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, rn, cols, hs, scale, q + (size_t)r0 * C3, C3,
+                  k, C3, 0.0f, P + (size_t)r0 * T, T);
+      for (int t = r0; t < cols; t++) {
+        float *row = P + (size_t)t * T;
         int n = t + 1;
-        memset(row, 0, (size_t)n * sizeof(float));
-        for (int i = 0; i < hs; i++) {
-          float qi = q[i] * scale;
-          const float *k = kt + (size_t)i * T;
-#pragma omp simd
-          for (int t2 = 0; t2 < n; t2++) row[t2] += qi * k[t2];
-        }
         float mx = row[0];
         for (int t2 = 1; t2 < n; t2++) mx = row[t2] > mx ? row[t2] : mx;
         float sum = 0.0f;
@@ -236,76 +234,59 @@ void model_attention_forward(float *out, float *att, const float *qkv, int B, in
         float inv = 1.0f / sum;
 #pragma omp simd
         for (int t2 = 0; t2 < n; t2++) row[t2] *= inv;
-        float *o = out + ((size_t)b * T + t) * C + (size_t)h * hs;
-        memset(o, 0, (size_t)hs * sizeof(float));
-        for (int t2 = 0; t2 < n; t2++) {
-          const float *v = base + (size_t)t2 * C3 + 2 * (size_t)C + (size_t)h * hs;
-          float a = row[t2];
-#pragma omp simd
-          for (int i = 0; i < hs; i++) o[i] += a * v[i];
-        }
+        memset(row + n, 0, (size_t)(cols - n) * sizeof(float));
       }
+      /* O[r0..] = P[r0.., 0..cols) V[0..cols) */
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, rn, hs, cols, 1.0f, P + (size_t)r0 * T, T, v,
+                  C3, 0.0f, o + (size_t)r0 * C, C);
     }
   }
 }
 
 void model_attention_backward(float *dqkv, const float *dout, const float *att, const float *qkv,
                               int B, int T, int C, int NH, float *scratch) {
-  int hs = C / NH;
-  size_t C3 = 3 * (size_t)C, stride = model_ops_scratch_floats(T, C, NH), TH = (size_t)T * hs;
+  int hs = C / NH, C3 = 3 * C;
+  size_t stride = model_ops_scratch_floats(T, C, NH);
   float scale = 1.0f / sqrtf((float)hs);
 #pragma omp parallel
   {
-    float *vt = scratch + (size_t)omp_get_thread_num() * stride; /* (hs,T) values, transposed */
-    float *dk = vt + TH, *dv = dk + TH;                          /* (T,hs) each */
-    float *datt = dv + TH;                                       /* (T) */
+    float *dS = scratch + (size_t)omp_get_thread_num() * stride; /* (T,T) */
 #pragma omp for schedule(static)
     for (int bh = 0; bh < B * NH; bh++) {
       int b = bh / NH, h = bh % NH;
-      const float *base = qkv + (size_t)b * T * C3;
-      float *dbase = dqkv + (size_t)b * T * C3;
-      for (int t2 = 0; t2 < T; t2++) {
-        const float *v = base + (size_t)t2 * C3 + 2 * (size_t)C + (size_t)h * hs;
-        for (int i = 0; i < hs; i++) vt[(size_t)i * T + t2] = v[i];
-      }
-      memset(dk, 0, 2 * TH * sizeof(float));
-      for (int t = 0; t < T; t++) {
-        const float *row = att + ((size_t)bh * T + t) * T;
-        const float *d = dout + ((size_t)b * T + t) * C + (size_t)h * hs;
-        const float *q = base + (size_t)t * C3 + (size_t)h * hs;
-        int n = t + 1;
-        /* datt[t2] = d . v[t2] */
-        memset(datt, 0, (size_t)n * sizeof(float));
-        for (int i = 0; i < hs; i++) {
-          float di = d[i];
-          const float *v = vt + (size_t)i * T;
-#pragma omp simd
-          for (int t2 = 0; t2 < n; t2++) datt[t2] += di * v[t2];
-        }
-        /* softmax backward, in place: datt becomes d(pre-softmax) * scale */
-        float dot = 0.0f;
+      size_t qo = (size_t)b * T * C3 + (size_t)h * hs;
+      const float *q = qkv + qo, *k = q + C, *v = q + 2 * (size_t)C;
+      float *dq = dqkv + qo, *dk = dq + C, *dv = dq + 2 * (size_t)C;
+      const float *P = att + (size_t)bh * T * T;
+      const float *dO = dout + (size_t)b * T * C + (size_t)h * hs;
+      for (int r0 = 0; r0 < T; r0 += ATT_BLK) {
+        int rn = T - r0 < ATT_BLK ? T - r0 : ATT_BLK, cols = r0 + rn;
+        /* dP[r0.., 0..cols) = dO[r0..] V[0..cols)^T */
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, rn, cols, hs, 1.0f, dO + (size_t)r0 * C, C, v,
+                    C3, 0.0f, dS + (size_t)r0 * T, T);
+        /* softmax backward: dS = P * (dP - sum(P * dP)), zero above the diagonal */
+        for (int t = r0; t < cols; t++) {
+          const float *p = P + (size_t)t * T;
+          float *d = dS + (size_t)t * T;
+          int n = t + 1;
+          float dot = 0.0f;
 #pragma omp simd reduction(+ : dot)
-        for (int t2 = 0; t2 < n; t2++) dot += row[t2] * datt[t2];
+          for (int t2 = 0; t2 < n; t2++) dot += p[t2] * d[t2];
 #pragma omp simd
-        for (int t2 = 0; t2 < n; t2++) datt[t2] = row[t2] * (datt[t2] - dot) * scale;
-        float *dq = dbase + (size_t)t * C3 + (size_t)h * hs;
-        memset(dq, 0, (size_t)hs * sizeof(float));
-        for (int t2 = 0; t2 < n; t2++) {
-          const float *k = base + (size_t)t2 * C3 + C + (size_t)h * hs;
-          float g = datt[t2], a = row[t2];
-          float *dkr = dk + (size_t)t2 * hs, *dvr = dv + (size_t)t2 * hs;
-#pragma omp simd
-          for (int i = 0; i < hs; i++) {
-            dq[i] += g * k[i];
-            dkr[i] += g * q[i];
-            dvr[i] += a * d[i];
-          }
+          for (int t2 = 0; t2 < n; t2++) d[t2] = p[t2] * (d[t2] - dot);
+          memset(d + n, 0, (size_t)(cols - n) * sizeof(float));
         }
+        /* dQ[r0..] = scale * dS[r0.., 0..cols) K[0..cols) */
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, rn, hs, cols, scale, dS + (size_t)r0 * T, T,
+                    k, C3, 0.0f, dq + (size_t)r0 * C3, C3);
       }
-      for (int t2 = 0; t2 < T; t2++) {
-        float *o = dbase + (size_t)t2 * C3 + (size_t)h * hs;
-        memcpy(o + C, dk + (size_t)t2 * hs, (size_t)hs * sizeof(float));
-        memcpy(o + 2 * (size_t)C, dv + (size_t)t2 * hs, (size_t)hs * sizeof(float));
+      /* column block c0 of dK and dV: rows [c0, T) of dS and P reach it */
+      for (int c0 = 0; c0 < T; c0 += ATT_BLK) {
+        int cn = T - c0 < ATT_BLK ? T - c0 : ATT_BLK, rows = T - c0;
+        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, cn, hs, rows, scale, dS + (size_t)c0 * T + c0, T,
+                    q + (size_t)c0 * C3, C3, 0.0f, dk + (size_t)c0 * C3, C3);
+        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, cn, hs, rows, 1.0f, P + (size_t)c0 * T + c0, T,
+                    dO + (size_t)c0 * C, C, 0.0f, dv + (size_t)c0 * C3, C3);
       }
     }
   }
