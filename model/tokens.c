@@ -46,7 +46,8 @@ static int width_ok(uint32_t w) { return w == 1 || w == 2 || w == 4; }
 newt_result_t model_tokens_open(model_tokens *t, const char *path) {
   memset(t, 0, sizeof *t);
   int fd = open(path, O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return NEWT_ERR(NEWT_ERR_SYS, "token file %s: %s", path, strerror(errno));
+  if (fd < 0)
+    return NEWT_ERR(errno == ENOENT ? NEWT_ERR_NOTFOUND : NEWT_ERR_SYS, "token file %s: %s", path, strerror(errno));
   struct stat st;
   if (fstat(fd, &st) != 0) {
     close(fd);
