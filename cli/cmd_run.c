@@ -16,19 +16,21 @@ int newt_cmd_run(int argc, char **argv) {
   memset(&lo, 0, sizeof lo);
   char job[64];
   snprintf(job, sizeof job, "run-%d", (int)getpid());
-  const char *job_name = job, *preset = "tiny", *data = NULL, *ckpt_dir = NULL, *chaos = NULL, *spec_file = NULL;
+  const char *job_name = job, *preset = "tiny", *model = NULL, *data = NULL, *ckpt_dir = NULL, *chaos = NULL, *spec_file = NULL;
   newt_spec d;
   spec_defaults(&d, job);
   int64_t nproc = 4, coords = 2, steps = d.steps, gb = d.global_batch, mb = d.micro_batch, every = 0, keep = d.ckpt_keep,
           threads = 1, tp = 1, pp = 1, zero = 0, timeout = 0, lease = d.lease_ttl_ms, comm_to = d.comm_timeout_ms,
           hang = d.hang_timeout_ms, seed = (int64_t)d.seed, data_seed = (int64_t)d.data_seed, dp_min = d.dp_min,
-          dp_max = d.dp_max;
+          dp_max = d.dp_max, seq = 0;
   double lr = d.lr;
   int quiet = 0;
   newt_opt opts[] = {
       {"nproc", NEWT_OPT_INT, &nproc, "workers to start"},
       {"preset", NEWT_OPT_STR, &preset, "model preset: tiny, small or gpt2-124m"},
+      {"model", NEWT_OPT_STR, &model, "overrides of the preset: layers=2,channels=64,..."},
       {"steps", NEWT_OPT_INT, &steps, "optimizer steps"},
+      {"seq-len", NEWT_OPT_INT, &seq, "tokens per sample (0: the model's ctx)"},
       {"global-batch", NEWT_OPT_INT, &gb, "samples per step, kept across every resize"},
       {"micro-batch", NEWT_OPT_INT, &mb, "samples per forward/backward on one rank"},
       {"lr", NEWT_OPT_DOUBLE, &lr, "peak learning rate"},
@@ -80,6 +82,11 @@ int newt_cmd_run(int argc, char **argv) {
     snprintf(s->preset, sizeof s->preset, "%s", preset);
     if (data) snprintf(s->data_path, sizeof s->data_path, "%s", data);
     if (ckpt_dir) snprintf(s->ckpt_dir, sizeof s->ckpt_dir, "%s", ckpt_dir);
+    if (spec_set_model(s, model) != NEWT_OK) {
+      fprintf(stderr, "newt run: --model: %s\n", newt_errmsg());
+      return 2;
+    }
+    s->seq_len = seq;
     s->steps = steps;
     s->global_batch = gb;
     s->micro_batch = mb;

@@ -283,7 +283,7 @@ static void take_plan_locked(coord *c, const rdzv_etcd_kv *kv) {
 static void apply_kv(coord *c, const rdzv_etcd_kv *kv, int deleted) {
   size_t plen = strlen(c->prefix);
   if (kv->key_len <= plen || strncmp(kv->key, c->prefix, plen) != 0) return;
-  const char *rest = kv->key + plen, *id;
+  const char *rest = kv->key + plen, *id = NULL;
   if (strncmp(rest, "workers/", 8) == 0) {
     if (deleted) drop_member(c, rest + 8);
     else put_member(c, kv, rest + 8);

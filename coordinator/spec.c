@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "common/json.h"
+#include "common/strutil.h"
 
 void spec_defaults(newt_spec *s, const char *job) {
   memset(s, 0, sizeof *s);
@@ -167,6 +168,31 @@ newt_result_t spec_from_json(const char *text, size_t len, newt_spec *s) {
   newt_result_t r = spec_from_cjson(j, s);
   cJSON_Delete(j);
   return r;
+}
+
+newt_result_t spec_set_model(newt_spec *s, const char *list) {
+  if (!list || !*list) return NEWT_OK;
+  struct {
+    const char *name;
+    int64_t *field;
+  } fields[] = {{"vocab", &s->vocab}, {"ctx", &s->ctx}, {"layers", &s->layers}, {"heads", &s->heads},
+                {"channels", &s->channels}};
+  char buf[256];
+  if (strlen(list) >= sizeof buf) return NEWT_ERR(NEWT_ERR_INVALID, "model overrides: too long");
+  snprintf(buf, sizeof buf, "%s", list);
+  for (char *save = NULL, *tok = strtok_r(buf, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
+    char *eq = strchr(tok, '=');
+    int64_t v;
+    if (!eq || newt_parse_int(eq + 1, &v) != 0 || v < 1)
+      return NEWT_ERR(NEWT_ERR_INVALID, "model override \"%s\": expected field=positive integer", tok);
+    *eq = '\0';
+    size_t i = 0;
+    while (i < sizeof fields / sizeof fields[0] && strcmp(fields[i].name, tok) != 0) i++;
+    if (i == sizeof fields / sizeof fields[0])
+      return NEWT_ERR(NEWT_ERR_INVALID, "model override: unknown field \"%s\" (vocab, ctx, layers, heads, channels)", tok);
+    *fields[i].field = v;
+  }
+  return NEWT_OK;
 }
 
 #define RULE(cond, ...)                                        \

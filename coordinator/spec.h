@@ -66,6 +66,10 @@ void spec_defaults(newt_spec *s, const char *job);
 newt_result_t spec_from_json(const char *text, size_t len, newt_spec *s);
 newt_result_t spec_from_cjson(const cJSON *j, newt_spec *s);
 
+/* Applies model overrides "layers=2,channels=64" (fields vocab, ctx, layers, heads,
+ * channels); errors name the bad pair. */
+newt_result_t spec_set_model(newt_spec *s, const char *list);
+
 /* Checks the cross-field rules (batch divisibility, ranges); errors name the field. */
 newt_result_t spec_validate(const newt_spec *s);
 

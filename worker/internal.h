@@ -44,6 +44,7 @@ typedef struct worker {
     int64_t lease;
   } pub[WORKER_PUB_SLOTS];
   int pub_stop;
+  char pub_state[16]; /* a registration state to write ("" when none) */
 
   pthread_t pub_thread;
   int pub_running;
@@ -55,6 +56,7 @@ typedef struct worker {
   char restore_src[8];
   int64_t restore_step;
   double last_loss;
+  int leave_announced;
 } worker;
 
 /* Loads the newest valid checkpoint of spec.ckpt.dir into the trainer; *step is its step.
@@ -67,5 +69,7 @@ newt_result_t worker_restore(worker *w, comm_t *c, const newt_plan *p);
 void worker_abort_comm(worker *w, const char *why);
 void worker_publish(worker *w, const char *key, char *value, int64_t lease);
 void worker_set_state(worker *w, const char *state);
+/* The same, written by the publisher thread: never holds up a step. */
+void worker_set_state_async(worker *w, const char *state);
 
 #endif

@@ -215,6 +215,15 @@ static void *publisher(void *arg) {
   worker *w = arg;
   pthread_mutex_lock(&w->mu);
   while (!w->pub_stop) {
+    if (w->pub_state[0]) {
+      char state[sizeof w->pub_state];
+      snprintf(state, sizeof state, "%s", w->pub_state);
+      w->pub_state[0] = '\0';
+      pthread_mutex_unlock(&w->mu);
+      worker_set_state(w, state);
+      pthread_mutex_lock(&w->mu);
+      continue;
+    }
     int found = -1;
     for (int i = 0; i < WORKER_PUB_SLOTS && found < 0; i++)
       if (w->pub[i].value) found = i;
@@ -243,7 +252,7 @@ static void publisher_stop(worker *w) {
   newt_deadline_t d = newt_deadline_in_ms(3000);
   for (;;) {
     pthread_mutex_lock(&w->mu);
-    int pending = 0;
+    int pending = w->pub_state[0] != '\0';
     for (int i = 0; i < WORKER_PUB_SLOTS; i++) pending |= w->pub[i].value != NULL;
     pthread_mutex_unlock(&w->mu);
     if (!pending || newt_deadline_passed(d)) break;
@@ -262,6 +271,13 @@ void worker_set_state(worker *w, const char *state) {
   if (!w->reg || rdzv_registration_lost(w->reg, NULL, 0)) return;
   if (rdzv_registration_update(w->reg, state, (int64_t)w->gen, call_deadline()) != NEWT_OK)
     NEWT_WARN(WORKER, "%s: updating the registration to %s: %s", w->id, state, newt_errmsg());
+}
+
+void worker_set_state_async(worker *w, const char *state) {
+  pthread_mutex_lock(&w->mu);
+  snprintf(w->pub_state, sizeof w->pub_state, "%s", state);
+  pthread_cond_broadcast(&w->cv);
+  pthread_mutex_unlock(&w->mu);
 }
 
 /* --- waiting for a plan ------------------------------------------------------------------- */
@@ -450,6 +466,11 @@ static newt_result_t train_step(worker *w, comm_t *c, const newt_plan *p, const 
     NEWT_CHECK(comm_allreduce(c, tr->gpt.grads, tr->gpt.grads, tr->gpt.layout.total, NEWT_F32, COMM_SUM));
   ctl[0] = (float)loss;
   ctl[1] = newt_stop_requested() ? 1.0f : 0.0f;
+  if (ctl[1] > 0 && !w->leave_announced) {
+    /* let the leader plan the next generation while this step finishes */
+    w->leave_announced = 1;
+    worker_set_state_async(w, "leaving");
+  }
   ctl[2] = (float)atomic_load(&w->switch_pending);
   NEWT_CHECK(comm_allreduce(c, ctl, ctl, 3, NEWT_F32, COMM_SUM));
   model_trainer_apply(tr, NULL);
@@ -502,7 +523,7 @@ static newt_result_t run_generation(worker *w, const newt_plan *p, gen_outcome *
       first = 0;
       w->t_first_step = newt_wall_ms();
       publish_ack(w, p, me);
-      worker_set_state(w, "training");
+      if (!w->leave_announced) worker_set_state_async(w, "training");
     }
     if (me->rank == 0) publish_progress(w, p, loss, tps);
     if (ctl[1] > 0) {
