@@ -31,6 +31,26 @@ void rdzv_fmt(char *dst, size_t cap, const char *fmt, ...) {
   va_end(ap);
 }
 
+void rdzv_cond_init(pthread_cond_t *cv) {
+  pthread_condattr_t ca;
+  pthread_condattr_init(&ca);
+  pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+  pthread_cond_init(cv, &ca);
+  pthread_condattr_destroy(&ca);
+}
+
+void rdzv_etcd_setup_post(CURL *h, const char *url, const char *body, struct curl_slist *hdrs,
+                          curl_write_callback write_fn, void *write_ud, char *errbuf) {
+  curl_easy_setopt(h, CURLOPT_URL, url);
+  curl_easy_setopt(h, CURLOPT_POST, 1L);
+  curl_easy_setopt(h, CURLOPT_POSTFIELDS, body);
+  curl_easy_setopt(h, CURLOPT_POSTFIELDSIZE, (long)strlen(body));
+  curl_easy_setopt(h, CURLOPT_HTTPHEADER, hdrs);
+  curl_easy_setopt(h, CURLOPT_WRITEFUNCTION, write_fn);
+  curl_easy_setopt(h, CURLOPT_WRITEDATA, write_ud);
+  curl_easy_setopt(h, CURLOPT_ERRORBUFFER, errbuf);
+}
+
 const char *rdzv_etcd_endpoints(const rdzv_etcd *c) { return c->endpoints_str; }
 
 static newt_result_t parse_endpoints(rdzv_etcd *c, const char *list) {
@@ -78,11 +98,7 @@ newt_result_t rdzv_etcd_init(const rdzv_etcd_opts *o, rdzv_etcd **out) {
   pthread_mutex_init(&c->auth_mu, NULL);
   pthread_mutex_init(&c->pool_mu, NULL);
   pthread_mutex_init(&c->ka_mu, NULL);
-  pthread_condattr_t ca;
-  pthread_condattr_init(&ca);
-  pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
-  pthread_cond_init(&c->ka_cv, &ca);
-  pthread_condattr_destroy(&ca);
+  rdzv_cond_init(&c->ka_cv);
   newt_result_t r = parse_endpoints(c, o->endpoints);
   if (r != NEWT_OK) {
     rdzv_etcd_free(c);
@@ -306,14 +322,7 @@ static void transfer(rdzv_etcd *c, CURL *h, const char *url, const char *body,
   int64_t left = newt_deadline_left_ms(d);
   if (left < 1) left = 1;
   newt_buf_reset(resp);
-  curl_easy_setopt(h, CURLOPT_URL, url);
-  curl_easy_setopt(h, CURLOPT_POST, 1L);
-  curl_easy_setopt(h, CURLOPT_POSTFIELDS, body);
-  curl_easy_setopt(h, CURLOPT_POSTFIELDSIZE, (long)strlen(body));
-  curl_easy_setopt(h, CURLOPT_HTTPHEADER, hdrs);
-  curl_easy_setopt(h, CURLOPT_WRITEFUNCTION, on_body);
-  curl_easy_setopt(h, CURLOPT_WRITEDATA, resp);
-  curl_easy_setopt(h, CURLOPT_ERRORBUFFER, errbuf);
+  rdzv_etcd_setup_post(h, url, body, hdrs, on_body, resp, errbuf);
   curl_easy_setopt(h, CURLOPT_TIMEOUT_MS, (long)(left > 0x7fffffff ? 0x7fffffff : left));
   curl_easy_setopt(h, CURLOPT_CONNECTTIMEOUT_MS, (long)(left < c->connect_ms ? left : c->connect_ms));
   CURLcode cc = curl_easy_perform(h);
@@ -465,7 +474,7 @@ static newt_result_t send_json(rdzv_etcd *c, const char *path, cJSON *obj, int o
 }
 
 static void describe(char *out, size_t cap, const char *verb, const char *key) {
-  snprintf(out, cap, "%s %.200s", verb, key);
+  snprintf(out, cap, "%s %.200s", verb, key ? key : "(no key)");
 }
 
 static newt_result_t check_key(const char *key, const char *what) {

@@ -64,6 +64,14 @@ newt_result_t rdzv_etcd_reauth(rdzv_etcd *c, uint64_t gen, newt_deadline_t d);
 newt_result_t rdzv_etcd_curl_result(rdzv_etcd *c, CURL *h, CURLcode cc, const char *errbuf,
                                     const char *url, int *retry_safe);
 
+/* Sets up h to POST body (JSON) to url with headers, writing the answer through
+ * write_fn(write_ud) and errors into errbuf. */
+void rdzv_etcd_setup_post(CURL *h, const char *url, const char *body, struct curl_slist *hdrs,
+                          curl_write_callback write_fn, void *write_ud, char *errbuf);
+
+/* A condition variable on CLOCK_MONOTONIC (deadlines are monotonic). */
+void rdzv_cond_init(pthread_cond_t *cv);
+
 /* Adds base64 of data as a string field. NULL when out of memory. */
 cJSON *rdzv_etcd_add_b64(cJSON *obj, const char *field, const void *data, size_t len);
 /* Adds an int64 as a decimal string (the gateway's form). */

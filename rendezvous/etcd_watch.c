@@ -199,14 +199,7 @@ static void run_stream(rdzv_etcd_watch *w, size_t endpoint) {
     return;
   }
   char errbuf[CURL_ERROR_SIZE] = "";
-  curl_easy_setopt(h, CURLOPT_URL, url);
-  curl_easy_setopt(h, CURLOPT_POST, 1L);
-  curl_easy_setopt(h, CURLOPT_POSTFIELDS, body);
-  curl_easy_setopt(h, CURLOPT_POSTFIELDSIZE, (long)strlen(body));
-  curl_easy_setopt(h, CURLOPT_HTTPHEADER, hdrs);
-  curl_easy_setopt(h, CURLOPT_WRITEFUNCTION, on_data);
-  curl_easy_setopt(h, CURLOPT_WRITEDATA, w);
-  curl_easy_setopt(h, CURLOPT_ERRORBUFFER, errbuf);
+  rdzv_etcd_setup_post(h, url, body, hdrs, on_data, w, errbuf);
   curl_easy_setopt(h, CURLOPT_CONNECTTIMEOUT_MS, (long)c->connect_ms);
   if (w->o.idle_timeout_ms > 0) {
     curl_easy_setopt(h, CURLOPT_LOW_SPEED_LIMIT, 1L);
@@ -327,11 +320,7 @@ newt_result_t rdzv_etcd_watch_start(rdzv_etcd *c, const char *key, const rdzv_et
   atomic_store(&w->next_rev, o->start_revision > 0 ? o->start_revision : 0);
   rdzv_etcd_lines_init(&w->lines, 0);
   pthread_mutex_init(&w->mu, NULL);
-  pthread_condattr_t ca;
-  pthread_condattr_init(&ca);
-  pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
-  pthread_cond_init(&w->cv, &ca);
-  pthread_condattr_destroy(&ca);
+  rdzv_cond_init(&w->cv);
   w->multi = curl_multi_init();
   if (!w->key || !w->multi) {
     rdzv_etcd_watch_free(w);

@@ -19,6 +19,7 @@
 #include "common/log.h"
 #include "common/strutil.h"
 #include "common/sys.h"
+#include "rendezvous/etcd_internal.h"
 
 /* --- names and keys ----------------------------------------------------------------------- */
 
@@ -58,13 +59,6 @@ static newt_result_t cond_wait_slice(pthread_cond_t *cv, pthread_mutex_t *mu, ne
   return NEWT_OK;
 }
 
-static void init_cv(pthread_cond_t *cv) {
-  pthread_condattr_t ca;
-  pthread_condattr_init(&ca);
-  pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
-  pthread_cond_init(cv, &ca);
-  pthread_condattr_destroy(&ca);
-}
 
 /* --- worker registrations ----------------------------------------------------------------- */
 
@@ -403,7 +397,7 @@ newt_result_t rdzv_members_start(rdzv_etcd *c, const char *job, rdzv_members_fn 
   m->fn = fn;
   m->ud = ud;
   pthread_mutex_init(&m->mu, NULL);
-  init_cv(&m->cv);
+  rdzv_cond_init(&m->cv);
   newt_result_t r = rdzv_key(m->prefix, sizeof m->prefix, job, "workers/");
   rdzv_etcd_kvs snap = {0};
   if (r == NEWT_OK) {
@@ -618,7 +612,7 @@ newt_result_t rdzv_barrier_wait(rdzv_etcd *c, const char *job, int64_t generatio
   memcpy(b.ids, ids, n * sizeof *ids);
   qsort(b.ids, n, sizeof *b.ids, cmp_str);
   pthread_mutex_init(&b.mu, NULL);
-  init_cv(&b.cv);
+  rdzv_cond_init(&b.cv);
   rdzv_etcd_watch *w = NULL;
   rdzv_etcd_kvs snap = {0};
   rdzv_etcd_range_opts ro = {.prefix = 1, .keys_only = 1};

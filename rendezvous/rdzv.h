@@ -132,6 +132,7 @@ newt_result_t rdzv_campaign(rdzv_etcd *c, const char *job, const rdzv_campaign_o
 /* Waits until this candidate leads: NEWT_OK, NEWT_ERR_TIMEOUT at d, NEWT_ERR_ABORTED
  * after rdzv_candidate_abort, NEWT_ERR_CONFLICT when the candidacy was lost. */
 newt_result_t rdzv_candidate_wait(rdzv_candidate *cand, newt_deadline_t d);
+/* Ends the waits in progress (they return NEWT_ERR_ABORTED); later waits are not affected. */
 void rdzv_candidate_abort(rdzv_candidate *cand);
 int rdzv_candidate_is_leader(rdzv_candidate *cand);
 int64_t rdzv_candidate_lease(const rdzv_candidate *cand);

@@ -25,6 +25,7 @@
 #include "common/log.h"
 #include "common/strutil.h"
 #include "common/sys.h"
+#include "rendezvous/etcd_internal.h"
 #include "rendezvous/rdzv.h"
 
 typedef struct cand_key {
@@ -45,7 +46,8 @@ struct rdzv_candidate {
   pthread_cond_t cv;
   cand_key *keys;
   size_t n, cap;
-  int leading, ever_led, lost, aborted, kept;
+  int leading, ever_led, lost, kept;
+  uint64_t aborts; /* rdzv_candidate_abort calls: a wait ends when this moves */
   char why[512];
   pthread_mutex_t notify_mu; /* serializes evaluation + callback, so reports stay in order */
   int reported;              /* the last state given to fn */
@@ -119,18 +121,9 @@ static void report(rdzv_candidate *c) {
   pthread_mutex_unlock(&c->notify_mu);
 }
 
-static void on_lease_lost(void *ud, int64_t lease, const char *why) {
-  rdzv_candidate *c = ud;
-  pthread_mutex_lock(&c->mu);
-  if (!c->lost) {
-    c->lost = 1;
-    snprintf(c->why, sizeof c->why, "%s", why);
-  }
-  c->leading = 0;
-  pthread_cond_broadcast(&c->cv);
-  pthread_mutex_unlock(&c->mu);
-  report(c);
-}
+static void deposed(rdzv_candidate *c, const char *why);
+
+static void on_lease_lost(void *ud, int64_t lease, const char *why) { deposed(ud, why); }
 
 static void on_election_watch(void *ud, const rdzv_etcd_watch_resp *r) {
   rdzv_candidate *c = ud;
@@ -166,11 +159,7 @@ newt_result_t rdzv_campaign(rdzv_etcd *ec, const char *job, const rdzv_campaign_
   snprintf(c->name, sizeof c->name, "%s", name);
   pthread_mutex_init(&c->mu, NULL);
   pthread_mutex_init(&c->notify_mu, NULL);
-  pthread_condattr_t ca;
-  pthread_condattr_init(&ca);
-  pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
-  pthread_cond_init(&c->cv, &ca);
-  pthread_condattr_destroy(&ca);
+  rdzv_cond_init(&c->cv);
   newt_result_t r;
   char *val = NULL;
   rdzv_etcd_kvs snap = {0};
@@ -216,7 +205,8 @@ fail:
 newt_result_t rdzv_candidate_wait(rdzv_candidate *c, newt_deadline_t d) {
   pthread_mutex_lock(&c->mu);
   newt_result_t r = NEWT_OK;
-  while (!c->leading && !c->lost && !c->aborted) {
+  uint64_t aborts = c->aborts;
+  while (!c->leading && !c->lost && c->aborts == aborts) {
     if (newt_deadline_passed(d)) {
       r = NEWT_ERR_TIMEOUT;
       break;
@@ -241,7 +231,7 @@ newt_result_t rdzv_candidate_wait(rdzv_candidate *c, newt_deadline_t d) {
 
 void rdzv_candidate_abort(rdzv_candidate *c) {
   pthread_mutex_lock(&c->mu);
-  c->aborted = 1;
+  c->aborts++;
   pthread_cond_broadcast(&c->cv);
   pthread_mutex_unlock(&c->mu);
 }
