@@ -774,6 +774,13 @@ newt_result_t coordinator_run(const coordinator_opts *o) {
     if (job_done(c)) break;
     rdzv_campaign_opts co = {.name = c->id, .ttl_s = (c->spec.lease_ttl_ms + 999) / 1000, .fn = on_leadership, .ud = c};
     r = rdzv_campaign(c->etcd, o->job, &co, call_deadline(), &c->cand);
+    if (r == NEWT_ERR_UNAVAILABLE || r == NEWT_ERR_TIMEOUT) {
+      /* etcd away: campaign again once it is back */
+      NEWT_WARN(COORD, "campaigning: %s", newt_errmsg());
+      newt_sleep_ms(200);
+      r = NEWT_OK;
+      continue;
+    }
     if (r != NEWT_OK) break;
     newt_result_t w;
     do {
@@ -787,15 +794,12 @@ newt_result_t coordinator_run(const coordinator_opts *o) {
     } else if (w != NEWT_ERR_TIMEOUT && w != NEWT_ERR_CONFLICT) {
       r = w;
     }
-    int done = job_done(c);
-    if (newt_stop_requested() || done || r != NEWT_OK) {
-      rdzv_candidate_resign(c->cand, call_deadline());
-      rdzv_candidate_free(c->cand);
-      c->cand = NULL;
-      break;
-    }
+    /* leaving the election (done, stopped, or leadership lost): revoke the candidacy so
+       that a stale key of ours never stands in front of the next leader */
+    rdzv_candidate_resign(c->cand, newt_deadline_in_ms(1000));
     rdzv_candidate_free(c->cand);
     c->cand = NULL;
+    if (newt_stop_requested() || job_done(c) || r != NEWT_OK) break;
   }
   char msg[1024];
   snprintf(msg, sizeof msg, "%s", newt_errmsg());

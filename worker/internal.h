@@ -6,6 +6,7 @@
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdint.h>
+#include <stdio.h>
 
 #include "comm/comm.h"
 #include "coordinator/plan.h"
@@ -56,6 +57,7 @@ typedef struct worker {
   char restore_src[8];
   int64_t restore_step;
   double last_loss;
+  FILE *sample_log; /* NEWT_SAMPLE_LOG_DIR: the samples of every step, for tests */
   int leave_announced;
 } worker;
 
@@ -68,7 +70,7 @@ newt_result_t worker_restore(worker *w, comm_t *c, const newt_plan *p);
 
 void worker_abort_comm(worker *w, const char *why);
 void worker_publish(worker *w, const char *key, char *value, int64_t lease);
-void worker_set_state(worker *w, const char *state);
+newt_result_t worker_set_state(worker *w, const char *state);
 /* The same, written by the publisher thread: never holds up a step. */
 void worker_set_state_async(worker *w, const char *state);
 

@@ -96,12 +96,16 @@ static newt_result_t pick_port(const char *addr, int *port) {
   return NEWT_OK;
 }
 
+/* A lost lease does not stop training: the data plane needs no etcd. The publisher renews
+ * the registration (the same lease, when etcd kept it across a restart); if the leader
+ * planned without us meanwhile, its plan drops our generation. */
 static void on_lease_lost(void *ud, int64_t lease, const char *why) {
   worker *w = ud;
-  NEWT_WARN(WORKER, "%s: registration lease %llx lost (%s): leaving generation %llu", w->id,
-            (unsigned long long)lease, why, (unsigned long long)w->gen);
+  NEWT_WARN(WORKER, "%s: registration lease %llx lost (%s); renewing it", w->id, (unsigned long long)lease, why);
+  pthread_mutex_lock(&w->mu);
   atomic_store(&w->lease_lost, 1);
-  worker_abort_comm(w, "registration lost");
+  pthread_cond_broadcast(&w->cv);
+  pthread_mutex_unlock(&w->mu);
 }
 
 static newt_result_t do_register(worker *w) {
@@ -120,7 +124,8 @@ static newt_result_t do_register(worker *w) {
   newt_deadline_t d = newt_deadline_in_ms(2 * w->spec.lease_ttl_ms + 5000);
   for (;;) {
     newt_result_t r = rdzv_register(w->etcd, w->o->job, &reg, ttl_s, on_lease_lost, w, call_deadline(), &w->reg);
-    if (r != NEWT_ERR_CONFLICT || newt_deadline_passed(d)) return r;
+    if (r == NEWT_OK || newt_deadline_passed(d) || newt_stop_requested()) return r;
+    if (r != NEWT_ERR_CONFLICT && r != NEWT_ERR_UNAVAILABLE && r != NEWT_ERR_TIMEOUT) return r;
     newt_sleep_ms(200);
   }
 }
@@ -211,17 +216,47 @@ void worker_publish(worker *w, const char *key, char *value, int64_t lease) {
   pthread_mutex_unlock(&w->mu);
 }
 
+/* Waits a little before retrying a write (called with mu held). */
+static void retry_pause(worker *w) {
+  struct timespec ts;
+  clock_gettime(CLOCK_REALTIME, &ts);
+  ts.tv_nsec += 100 * 1000000L;
+  if (ts.tv_nsec >= 1000000000L) {
+    ts.tv_sec++;
+    ts.tv_nsec -= 1000000000L;
+  }
+  pthread_cond_timedwait(&w->cv, &w->mu, &ts);
+}
+
 static void *publisher(void *arg) {
   worker *w = arg;
   pthread_mutex_lock(&w->mu);
   while (!w->pub_stop) {
+    if (atomic_load(&w->lease_lost) && w->reg) {
+      pthread_mutex_unlock(&w->mu);
+      newt_result_t r = rdzv_registration_renew(w->reg, w->o->job, call_deadline());
+      pthread_mutex_lock(&w->mu);
+      if (r == NEWT_OK) {
+        atomic_store(&w->lease_lost, 0);
+        NEWT_INFO(WORKER, "%s: registration renewed (lease %llx)", w->id,
+                  (unsigned long long)rdzv_registration_lease(w->reg));
+      } else {
+        retry_pause(w);
+      }
+      continue;
+    }
     if (w->pub_state[0]) {
       char state[sizeof w->pub_state];
       snprintf(state, sizeof state, "%s", w->pub_state);
       w->pub_state[0] = '\0';
       pthread_mutex_unlock(&w->mu);
-      worker_set_state(w, state);
+      newt_result_t r = worker_set_state(w, state);
       pthread_mutex_lock(&w->mu);
+      if (r != NEWT_OK && r != NEWT_ERR_CONFLICT && !w->pub_state[0]) {
+        /* etcd away: try again, unless a newer state came meanwhile */
+        snprintf(w->pub_state, sizeof w->pub_state, "%s", state);
+        retry_pause(w);
+      }
       continue;
     }
     int found = -1;
@@ -237,10 +272,16 @@ static void *publisher(void *arg) {
     int64_t lease = w->pub[found].lease;
     w->pub[found].value = NULL;
     pthread_mutex_unlock(&w->mu);
-    if (rdzv_etcd_put(w->etcd, key, value, strlen(value), lease, call_deadline(), NULL) != NEWT_OK)
-      NEWT_WARN(WORKER, "%s: writing %s: %s", w->id, key, newt_errmsg());
-    free(value);
+    newt_result_t r = rdzv_etcd_put(w->etcd, key, value, strlen(value), lease, call_deadline(), NULL);
     pthread_mutex_lock(&w->mu);
+    if (r != NEWT_OK && !w->pub[found].value && !w->pub_stop) {
+      /* etcd away: keep it for another try, unless a newer value came meanwhile */
+      NEWT_WARN(WORKER, "%s: writing %s: %s (will retry)", w->id, key, newt_errmsg());
+      w->pub[found].value = value;
+      retry_pause(w);
+    } else {
+      free(value);
+    }
   }
   pthread_mutex_unlock(&w->mu);
   return NULL;
@@ -249,7 +290,8 @@ static void *publisher(void *arg) {
 /* Writes everything still queued (at exit). */
 static void publisher_stop(worker *w) {
   if (!w->pub_running) return;
-  newt_deadline_t d = newt_deadline_in_ms(3000);
+  /* long enough for etcd to come back from a restart: the last states matter */
+  newt_deadline_t d = newt_deadline_in_ms(w->spec.lease_ttl_ms + 3000);
   for (;;) {
     pthread_mutex_lock(&w->mu);
     int pending = w->pub_state[0] != '\0';
@@ -267,10 +309,12 @@ static void publisher_stop(worker *w) {
   for (int i = 0; i < WORKER_PUB_SLOTS; i++) free(w->pub[i].value);
 }
 
-void worker_set_state(worker *w, const char *state) {
-  if (!w->reg || rdzv_registration_lost(w->reg, NULL, 0)) return;
-  if (rdzv_registration_update(w->reg, state, (int64_t)w->gen, call_deadline()) != NEWT_OK)
-    NEWT_WARN(WORKER, "%s: updating the registration to %s: %s", w->id, state, newt_errmsg());
+newt_result_t worker_set_state(worker *w, const char *state) {
+  if (!w->reg || atomic_load(&w->lease_lost))
+    return NEWT_ERR(NEWT_ERR_UNAVAILABLE, "%s: the registration is being renewed", w->id);
+  newt_result_t r = rdzv_registration_update(w->reg, state, (int64_t)w->gen, call_deadline());
+  if (r != NEWT_OK) NEWT_WARN(WORKER, "%s: updating the registration to %s: %s", w->id, state, newt_errmsg());
+  return r;
 }
 
 void worker_set_state_async(worker *w, const char *state) {
@@ -303,13 +347,6 @@ static newt_result_t wait_plan(worker *w, newt_plan *out, wait_outcome *how) {
       *how = WAIT_LEAVE;
       return NEWT_OK;
     }
-    if (atomic_load(&w->lease_lost)) {
-      rdzv_registration_free(w->reg);
-      w->reg = NULL;
-      atomic_store(&w->lease_lost, 0);
-      NEWT_CHECK(do_register(w));
-      NEWT_INFO(WORKER, "%s: registered again", w->id);
-    }
     pthread_mutex_lock(&w->mu);
     if (w->latest.generation > w->gen) {
       const plan_rank *me = plan_find(&w->latest, w->id);
@@ -323,7 +360,7 @@ static newt_result_t wait_plan(worker *w, newt_plan *out, wait_outcome *how) {
       if (spare_gen != w->latest.generation) {
         spare_gen = w->latest.generation;
         pthread_mutex_unlock(&w->mu);
-        worker_set_state(w, "spare");
+        worker_set_state_async(w, "spare");
         continue;
       }
     }
@@ -459,6 +496,11 @@ static newt_result_t train_step(worker *w, comm_t *c, const newt_plan *p, const 
   int64_t first, count;
   model_batch_slice(p->global_batch, me->dp, p->dp, &first, &count);
   NEWT_CHECK(model_loader_fetch(&w->ld, tr->cursor + (uint64_t)first, count, w->inputs, w->targets));
+  if (w->sample_log) {
+    fprintf(w->sample_log, "C %llu %lld %llu %lld\n", (unsigned long long)p->generation, (long long)tr->step + 1,
+            (unsigned long long)(tr->cursor + (uint64_t)first), (long long)count);
+    fflush(w->sample_log);
+  }
   model_trainer_zero(tr);
   double loss = model_trainer_accumulate(tr, w->inputs, w->targets, (int)count,
                                          1.0f / (float)(p->global_batch * T));
@@ -475,6 +517,10 @@ static newt_result_t train_step(worker *w, comm_t *c, const newt_plan *p, const 
   NEWT_CHECK(comm_allreduce(c, ctl, ctl, 3, NEWT_F32, COMM_SUM));
   model_trainer_apply(tr, NULL);
   tr->cursor += (uint64_t)p->global_batch;
+  if (w->sample_log) {
+    fprintf(w->sample_log, "A %llu %lld\n", (unsigned long long)p->generation, (long long)tr->step);
+    fflush(w->sample_log);
+  }
   return NEWT_OK;
 }
 
@@ -607,6 +653,13 @@ static newt_result_t setup(worker *w, const worker_opts *o) {
   w->targets = malloc(n * sizeof *w->targets);
   NEWT_CHECK_ALLOC(w->inputs);
   NEWT_CHECK_ALLOC(w->targets);
+  const char *slog = getenv("NEWT_SAMPLE_LOG_DIR");
+  if (slog && *slog) {
+    char path[1024];
+    snprintf(path, sizeof path, "%s/%s.samples", slog, w->id);
+    w->sample_log = fopen(path, "a");
+    if (!w->sample_log) return NEWT_ERR(NEWT_ERR_SYS, "NEWT_SAMPLE_LOG_DIR: cannot open %s", path);
+  }
   if (pthread_create(&w->pub_thread, NULL, publisher, w) != 0)
     return NEWT_ERR(NEWT_ERR_SYS, "cannot start the publisher thread");
   w->pub_running = 1;
@@ -625,6 +678,7 @@ static void teardown(worker *w) {
   if (w->have_tok) model_tokens_close(&w->tok);
   free(w->inputs);
   free(w->targets);
+  if (w->sample_log) fclose(w->sample_log);
   rdzv_etcd_free(w->etcd);
 }
 
@@ -657,7 +711,7 @@ newt_result_t worker_run(const worker_opts *o) {
     }
   }
   if (w->reg && !rdzv_registration_lost(w->reg, NULL, 0)) {
-    if (r == NEWT_OK) worker_set_state(w, newt_stop_requested() ? "left" : "done");
+    if (r == NEWT_OK) worker_set_state_async(w, newt_stop_requested() ? "left" : "done");
     publisher_stop(w);
     if (rdzv_registration_leave(w->reg, call_deadline()) != NEWT_OK)
       NEWT_WARN(WORKER, "%s: leaving: %s", w->id, newt_errmsg());
