@@ -518,7 +518,8 @@ static newt_result_t train_step(worker *w, comm_t *c, const newt_plan *p, const 
   model_trainer_apply(tr, NULL);
   tr->cursor += (uint64_t)p->global_batch;
   if (w->sample_log) {
-    fprintf(w->sample_log, "A %llu %lld\n", (unsigned long long)p->generation, (long long)tr->step);
+    fprintf(w->sample_log, "A %llu %lld %llu\n", (unsigned long long)p->generation, (long long)tr->step,
+            (unsigned long long)newt_wall_ms());
     fflush(w->sample_log);
   }
   return NEWT_OK;

@@ -10,19 +10,31 @@
  *   - the final loss equals that of `newt train` (one process, no faults) with the same
  *     spec, within 1e-4 relative.
  *
+ * The scenario "netns" runs across hosts: each worker in a network namespace of its own
+ * (veth pairs on a bridge, so they talk TCP between their own addresses), etcd and the
+ * coordinator outside. One host is cut off mid-run (its link set down): the others detect
+ * it, replan and finish; once its link is back, the cut-off worker commits no step of the
+ * generation it was cut from, and the job's samples and loss are those of an uninterrupted
+ * run.
+ *
  * usage: test_elastic <scenario> (one ctest test per scenario; see CMakeLists.txt). */
 #include <dirent.h>
 #include <math.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "common/clock.h"
 #include "common/fs.h"
 #include "common/json.h"
 #include "common/proc.h"
 #include "common/strutil.h"
+#include "common/sys.h"
+#include "coordinator/plan.h"
+#include "rendezvous/rdzv.h"
 #include "test.h"
 
 #define GB 24
@@ -56,6 +68,8 @@ static const scenario scenarios[] = {
 };
 
 static char tmpdir[256];
+static const scenario *current;
+static const char *newt_bin;
 
 /* Runs argv, stdout into out (malloc'd); returns the exit status or -1. */
 static int run_capture(const char *const *argv, char **out) {
@@ -235,8 +249,225 @@ static void run_scenario(const scenario *sc, const char *newt) {
   check_samples(samples, STEPS);
 }
 
-static const scenario *current;
-static const char *newt_bin;
+/* --- across hosts: network namespaces ------------------------------------------------- */
+
+#define NETNS_HOSTS 4
+#define NETNS_STEPS 300
+static char ns_tag[16];
+static int ns_made;
+
+static int sh(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+static int sh(const char *fmt, ...) {
+  char cmd[1024];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(cmd, sizeof cmd, fmt, ap);
+  va_end(ap);
+  int rc = system(cmd);
+  if (rc != 0) fprintf(stderr, "test_elastic: `%s` failed (%d)\n", cmd, rc);
+  return rc;
+}
+
+static void netns_cleanup(void) {
+  if (!ns_made) return;
+  for (int i = 0; i < NETNS_HOSTS; i++) {
+    char cmd[256];
+    snprintf(cmd, sizeof cmd, "ip netns del %s-%d 2>/dev/null; ip link del %sv%d 2>/dev/null", ns_tag, i, ns_tag, i);
+    if (system(cmd)) { /* already gone */
+    }
+  }
+  char cmd[128];
+  snprintf(cmd, sizeof cmd, "ip link del %sbr 2>/dev/null", ns_tag);
+  if (system(cmd)) {
+  }
+  ns_made = 0;
+}
+
+/* 10.<a>.<b>.1 on the bridge, .10+i in host i. */
+static int netns_setup(int a, int b) {
+  ns_made = 1;
+  atexit(netns_cleanup);
+  if (sh("ip link add %sbr type bridge && ip addr add 10.%d.%d.1/24 dev %sbr && ip link set %sbr up", ns_tag, a, b,
+         ns_tag, ns_tag))
+    return -1;
+  for (int i = 0; i < NETNS_HOSTS; i++) {
+    if (sh("ip netns add %s-%d && ip link add %sv%d type veth peer name %sp%d && ip link set %sp%d netns %s-%d && "
+           "ip link set %sv%d master %sbr && ip link set %sv%d up && "
+           "ip netns exec %s-%d ip addr add 10.%d.%d.%d/24 dev %sp%d && ip netns exec %s-%d ip link set %sp%d up && "
+           "ip netns exec %s-%d ip link set lo up",
+           ns_tag, i, ns_tag, i, ns_tag, i, ns_tag, i, ns_tag, i, ns_tag, i, ns_tag, ns_tag, i, ns_tag, i, a, b,
+           10 + i, ns_tag, i, ns_tag, i, ns_tag, i, ns_tag, i))
+      return -1;
+  }
+  return 0;
+}
+
+static newt_result_t get_json(rdzv_etcd *c, const char *job, const char *key, cJSON **out) {
+  char k[256];
+  rdzv_etcd_kv kv;
+  NEWT_CHECK(rdzv_key(k, sizeof k, job, key));
+  NEWT_CHECK(rdzv_etcd_get(c, k, newt_deadline_in_ms(3000), &kv, NULL));
+  newt_result_t r = newt_json_parse(kv.value, kv.value_len, key, out);
+  rdzv_etcd_kv_free(&kv);
+  return r;
+}
+
+static int64_t json_int(const cJSON *j, const char *field) {
+  int64_t v = -1;
+  newt_json_get_int(j, "value", field, 1, &v);
+  return v;
+}
+
+static void test_netns(void) {
+  T_CHECK_MSG(geteuid() == 0, "the multi-host test needs root for ip netns (CI runs as root)");
+  if (geteuid() != 0) return;
+  const char *newt = newt_bin;
+  int a = 77, b = (int)(getpid() % 200) + 20;
+  snprintf(ns_tag, sizeof ns_tag, "nt%d", (int)(getpid() % 100000));
+  T_CHECK_MSG(netns_setup(a, b) == 0, "cannot build the network namespaces");
+  if (!ns_made) return;
+  double ref = reference_loss(newt, NETNS_STEPS);
+  char bridge_ip[32], etcd_url[64], peer_url[64], etcd_dir[300], samples[300], spec_path[300], logp[400];
+  snprintf(bridge_ip, sizeof bridge_ip, "10.%d.%d.1", a, b);
+  int port = 0, pport = 0;
+  T_OK(newt_net_free_port(&port));
+  T_OK(newt_net_free_port(&pport));
+  snprintf(etcd_url, sizeof etcd_url, "http://%s:%d", bridge_ip, port);
+  snprintf(peer_url, sizeof peer_url, "http://127.0.0.1:%d", pport);
+  snprintf(etcd_dir, sizeof etcd_dir, "%s/etcd", tmpdir);
+  snprintf(samples, sizeof samples, "%s/samples", tmpdir);
+  T_OK(newt_fs_mkdirs(samples, 0755));
+  setenv("NEWT_SAMPLE_LOG_DIR", samples, 1);
+  setenv("NEWT_DEBUG", "INFO", 0);
+  pid_t pids[NETNS_HOSTS + 2];
+  int npids = 0;
+  snprintf(logp, sizeof logp, "%s/etcd.log", tmpdir);
+  const char *etcd_argv[] = {"etcd", "--data-dir", etcd_dir, "--listen-client-urls", etcd_url,
+                             "--advertise-client-urls", etcd_url, "--listen-peer-urls", peer_url,
+                             "--initial-advertise-peer-urls", peer_url, "--initial-cluster", NULL, NULL};
+  char cluster[128];
+  snprintf(cluster, sizeof cluster, "default=%s", peer_url);
+  etcd_argv[12] = cluster;
+  newt_spawn_opts so = {.log_path = logp, .die_with_parent = 1};
+  T_OK(newt_proc_spawn(etcd_argv, &so, &pids[npids]));
+  npids++;
+  rdzv_etcd_opts eo = {.endpoints = etcd_url};
+  rdzv_etcd *c = NULL;
+  T_OK(rdzv_etcd_init(&eo, &c));
+  /* the spec: small model, a collective without progress for 1.5 s is a hang */
+  snprintf(spec_path, sizeof spec_path, "%s/spec.json", tmpdir);
+  char spec[512];
+  snprintf(spec, sizeof spec,
+           "{\"job\":\"netns\",\"model\":{\"preset\":\"tiny\",\"layers\":2,\"channels\":64},"
+           "\"train\":{\"steps\":%d,\"global_batch\":%d,\"micro_batch\":%d,\"seq_len\":%s},"
+           "\"fault\":{\"comm_timeout_ms\":1500}}",
+           NETNS_STEPS, GB, MB, SEQ);
+  T_OK(newt_fs_write_atomic(spec_path, spec, strlen(spec)));
+  for (newt_deadline_t d = newt_deadline_in_ms(20000); !newt_deadline_passed(d);) {
+    rdzv_etcd_kvs r;
+    rdzv_etcd_range_opts ro = {.count_only = 1};
+    if (rdzv_etcd_range(c, "x", &ro, newt_deadline_in_ms(500), &r) == NEWT_OK) {
+      rdzv_etcd_kvs_free(&r);
+      break;
+    }
+    newt_sleep_ms(100);
+  }
+  snprintf(logp, sizeof logp, "%s/c0.log", tmpdir);
+  const char *coord[] = {newt, "coordinator", "--etcd", etcd_url, "--job", "netns", "--id", "c0", "--spec",
+                         spec_path, "--metrics-port", "0", NULL};
+  so.log_path = logp;
+  T_OK(newt_proc_spawn(coord, &so, &pids[npids]));
+  npids++;
+  for (int i = 0; i < NETNS_HOSTS; i++) {
+    char ns[32], id[16], host[16], addr[32];
+    snprintf(ns, sizeof ns, "%s-%d", ns_tag, i);
+    snprintf(id, sizeof id, "w%d", i);
+    snprintf(host, sizeof host, "host%d", i);
+    snprintf(addr, sizeof addr, "10.%d.%d.%d", a, b, 10 + i);
+    snprintf(logp, sizeof logp, "%s/w%d.log", tmpdir, i);
+    const char *argv[] = {"ip", "netns", "exec", ns, newt, "worker", "--etcd", etcd_url, "--job", "netns", "--id", id,
+                          "--host", host, "--addr", addr, NULL};
+    so.log_path = logp;
+    T_OK(newt_proc_spawn(argv, &so, &pids[npids]));
+    npids++;
+  }
+  /* cut host 2 off once training runs */
+  int64_t cut_step = -1;
+  cJSON *j = NULL;
+  for (newt_deadline_t d = newt_deadline_in_ms(60000); !newt_deadline_passed(d) && cut_step < 0; newt_sleep_ms(20)) {
+    if (get_json(c, "netns", "progress", &j) != NEWT_OK) continue;
+    int64_t step = json_int(j, "step");
+    cJSON_Delete(j);
+    if (step >= 15) {
+      T_CHECK(sh("ip netns exec %s-2 ip link set %sp2 down", ns_tag, ns_tag) == 0);
+      cut_step = step;
+    }
+  }
+  T_CHECK_MSG(cut_step >= 0, "training never reached step 15; logs in %s", tmpdir);
+  /* the others replan without w2 */
+  int64_t gen2 = -1;
+  for (newt_deadline_t d = newt_deadline_in_ms(30000); cut_step >= 0 && !newt_deadline_passed(d) && gen2 < 0;
+       newt_sleep_ms(50)) {
+    char *text = NULL;
+    int64_t g = 0;
+    if (rdzv_plan_get(c, "netns", newt_deadline_in_ms(2000), &text, &g, NULL) != NEWT_OK) continue;
+    newt_plan p;
+    if (g > 1 && plan_from_json(text, strlen(text), &p) == NEWT_OK) {
+      if (!plan_find(&p, "w2")) gen2 = g;
+      plan_free(&p);
+    }
+    free(text);
+  }
+  T_CHECK_MSG(gen2 > 1, "no plan without the cut-off host; logs in %s", tmpdir);
+  /* its link comes back: it must not rejoin generation 1 */
+  newt_sleep_ms(500);
+  T_CHECK(sh("ip netns exec %s-2 ip link set %sp2 up", ns_tag, ns_tag) == 0);
+  uint64_t t_up = newt_wall_ms();
+  int done = 0;
+  double loss = NAN;
+  int64_t final_step = -1, consumed = -1;
+  for (newt_deadline_t d = newt_deadline_in_ms(180000); !newt_deadline_passed(d) && !done; newt_sleep_ms(100)) {
+    if (get_json(c, "netns", "done", &j) != NEWT_OK) continue;
+    done = 1;
+    final_step = json_int(j, "step");
+    consumed = json_int(j, "samples");
+    newt_json_get_double(j, "done", "loss", 1, &loss);
+    cJSON_Delete(j);
+  }
+  T_CHECK_MSG(done, "the job did not finish; logs in %s", tmpdir);
+  T_CHECK(final_step == NETNS_STEPS);
+  T_CHECK(consumed == (int64_t)NETNS_STEPS * GB);
+  T_CHECK_MSG(fabs(loss - ref) <= 1e-4 * fmax(1.0, fabs(ref)), "final loss %.7f, uninterrupted %.7f", loss, ref);
+  /* every process ends by itself, the cut-off worker included */
+  for (int i = 1; i < npids; i++) {
+    int st = 0;
+    newt_result_t r = newt_proc_wait(pids[i], 30000, &st);
+    T_CHECK_MSG(r == NEWT_OK && WIFEXITED(st) && WEXITSTATUS(st) == 0, "process %d (%s) did not exit 0; logs in %s", i,
+                i == 1 ? "c0" : "a worker", tmpdir);
+    if (r != NEWT_OK) newt_proc_stop(pids[i], 1000);
+  }
+  newt_proc_stop(pids[0], 2000);
+  rdzv_etcd_free(c);
+  check_samples(samples, NETNS_STEPS);
+  /* once the link was back, no rank (the cut-off one least of all) took a step of
+     generation 1: the old generation was gone for good */
+  for (int i = 0; i < NETNS_HOSTS; i++) {
+    char path[400], line[128];
+    snprintf(path, sizeof path, "%s/w%d.samples", samples, i);
+    FILE *f = fopen(path, "r");
+    T_CHECK_MSG(f != NULL, "no sample log for w%d", i);
+    long long late = 0;
+    while (f && fgets(line, sizeof line, f)) {
+      long long g, st;
+      unsigned long long t;
+      if (line[0] == 'A' && sscanf(line + 1, "%lld %lld %llu", &g, &st, &t) == 3 && g == 1 && t >= t_up) late++;
+    }
+    if (f) fclose(f);
+    T_CHECK_MSG(late == 0, "w%d took %lld steps of generation 1 after the link came back", i, late);
+  }
+  netns_cleanup();
+}
+
 
 static void test_scenario(void) { run_scenario(current, newt_bin); }
 
@@ -248,6 +479,15 @@ int main(int argc, char **argv) {
   }
   for (size_t i = 0; i < sizeof scenarios / sizeof scenarios[0]; i++)
     if (strcmp(scenarios[i].name, argv[1]) == 0) current = &scenarios[i];
+  if (strcmp(argv[1], "netns") == 0) {
+    snprintf(tmpdir, sizeof tmpdir, "/tmp/newt-e2e-netns-XXXXXX");
+    if (!mkdtemp(tmpdir)) return 2;
+    T_RUN(test_netns);
+    int rc = T_DONE();
+    if (rc == 0) newt_fs_rm_rf(tmpdir);
+    else fprintf(stderr, "logs kept in %s\n", tmpdir);
+    return rc;
+  }
   if (!current) {
     fprintf(stderr, "test_elastic: no scenario \"%s\"\n", argv[1]);
     return 2;
