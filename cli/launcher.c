@@ -275,7 +275,7 @@ static void fire(run *r, chaos_event *e) {
       return;
     }
     if (e->action == CHAOS_KILL) p->killed_by_chaos = 1;
-    if (e->action != CHAOS_CONT) add_fault(r, e);
+    add_fault(r, e); /* a woken worker comes back as a joiner: cont answers a join */
     kill(p->pid, signal_of(e->action));
   } else if (e->target != CHAOS_ETCD && e->action != CHAOS_JOIN) {
     fprintf(stderr, "newt run: chaos %s: no such process\n", what);
@@ -306,8 +306,8 @@ static uint64_t match_faults(run *r, const char *cause, uint64_t t_plan) {
     fault *f = &r->faults[i];
     if (f->matched || f->t_ms > t_plan) continue;
     const chaos_event *e = &f->ev;
-    int worker_fault = e->target == CHAOS_WORKER && e->action != CHAOS_JOIN;
-    int ok = (strcmp(cause, "join") == 0 && e->action == CHAOS_JOIN) ||
+    int worker_fault = e->target == CHAOS_WORKER && e->action != CHAOS_JOIN && e->action != CHAOS_CONT;
+    int ok = (strcmp(cause, "join") == 0 && (e->action == CHAOS_JOIN || e->action == CHAOS_CONT)) ||
              (strcmp(cause, "leave") == 0 && worker_fault && e->action == CHAOS_TERM) ||
              ((strcmp(cause, "crash") == 0 || strcmp(cause, "hang") == 0) && worker_fault &&
               e->action != CHAOS_TERM);

@@ -87,6 +87,8 @@ typedef struct coord {
   uint64_t last_join;   /* monotonic ns of the last registration we had not seen */
   uint64_t first_report; /* monotonic ns of the first report of this generation (0: none) */
   int64_t max_step_seen; /* newest step any rank of this generation reached */
+  char (*departed)[RDZV_NAME_MAX]; /* left gracefully since the plan (their key is gone) */
+  int ndeparted;
 
   /* main thread only */
   rdzv_etcd_watch *watch;
@@ -175,10 +177,28 @@ static void put_member(coord *c, const rdzv_etcd_kv *kv, const char *id) {
   c->members[i] = w;
 }
 
+static int member_leaving(const rdzv_worker *w) {
+  return strcmp(w->state, "leaving") == 0 || strcmp(w->state, "left") == 0 || strcmp(w->state, "done") == 0;
+}
+
 static void drop_member(coord *c, const char *id) {
   int i = find_member(c, id);
   if (i < 0) return;
+  if (member_leaving(&c->members[i])) {
+    /* remember it: its "left" and its deletion may arrive together */
+    char (*d)[RDZV_NAME_MAX] = realloc(c->departed, (size_t)(c->ndeparted + 1) * sizeof *d);
+    if (d) {
+      c->departed = d;
+      snprintf(c->departed[c->ndeparted++], RDZV_NAME_MAX, "%s", id);
+    }
+  }
   c->members[i] = c->members[--c->nmembers];
+}
+
+static int departed(const coord *c, const char *id) {
+  for (int i = 0; i < c->ndeparted; i++)
+    if (strcmp(c->departed[i], id) == 0) return 1;
+  return 0;
 }
 
 static int64_t key_generation(const char *rest, const char **id) {
@@ -275,6 +295,7 @@ static void take_plan_locked(coord *c, const rdzv_etcd_kv *kv) {
   c->plan = p;
   c->nreports = 0;
   c->nacks = 0;
+  c->ndeparted = 0;
   c->first_report = 0;
   c->max_step_seen = c->prog_step;
 }
@@ -354,10 +375,6 @@ static void post_event(coord *c, cJSON *ev) {
   if (text && rdzv_event_post(c->etcd, c->o->job, text, call_deadline()) != NEWT_OK)
     NEWT_WARN(COORD, "posting an event: %s", newt_errmsg());
   free(text);
-}
-
-static int member_leaving(const rdzv_worker *w) {
-  return strcmp(w->state, "leaving") == 0 || strcmp(w->state, "left") == 0 || strcmp(w->state, "done") == 0;
 }
 
 static int is_reporter(const coord *c, const char *id) {
@@ -452,6 +469,7 @@ static newt_result_t replan(coord *c, const char *cause, const char *switch_mode
   c->plan = p;
   c->nreports = 0;
   c->nacks = 0;
+  c->ndeparted = 0;
   c->first_report = 0;
   c->max_step_seen = c->prog_step;
   c->prog_change = newt_now_ns();
@@ -545,15 +563,19 @@ static void record_recovery(coord *c) {
   c->t_trigger = 0;
 }
 
+/* ns from t to now; 0 when t is later (the watch thread may stamp a time after ours). */
+static uint64_t elapsed(uint64_t now, uint64_t t) { return now > t ? now - t : 0; }
+
 /* Looks at the picture once and acts. Returns NEWT_ERR_CONFLICT when leadership is lost. */
 static newt_result_t decide(coord *c) {
-  uint64_t now = newt_now_ns();
+  uint64_t now;
   char (*exclude)[RDZV_NAME_MAX] = NULL;
   int nexclude = 0;
   const char *cause = NULL, *mode = "abort";
   newt_result_t r = NEWT_OK;
 
   pthread_mutex_lock(&c->mu);
+  now = newt_now_ns();
   metrics_set(c->metrics, "newt_workers", (double)c->nmembers);
   int nranks = c->plan.nranks;
   exclude = calloc((size_t)(c->nmembers + nranks + 1), sizeof *exclude);
@@ -564,14 +586,17 @@ static newt_result_t decide(coord *c) {
   if (!c->plan.generation) {
     /* the first plan: once joins settle, or when every worker a layout could use is here */
     int64_t most = c->spec.dp_max * c->spec.tp * c->spec.pp;
-    if (c->nmembers > 0 && (c->nmembers >= most || now - c->last_join >= (uint64_t)newt_param_StartWindowMs() * 1000000ull))
+    if (c->nmembers > 0 && (c->nmembers >= most || elapsed(now, c->last_join) >= (uint64_t)newt_param_StartWindowMs() * 1000000ull))
       cause = "initial", mode = "boundary";
   } else {
     int gone = 0, leaving = 0, unreported = 0;
     for (int k = 0; k < nranks; k++) {
       const char *id = c->plan.ranks[k].worker;
       int i = find_member(c, id);
-      if (i < 0) {
+      if (i < 0 && departed(c, id)) {
+        leaving++;
+        snprintf(exclude[nexclude++], RDZV_NAME_MAX, "%s", id);
+      } else if (i < 0) {
         gone++;
         snprintf(exclude[nexclude++], RDZV_NAME_MAX, "%s", id);
       } else if (member_leaving(&c->members[i])) {
@@ -584,9 +609,16 @@ static newt_result_t decide(coord *c) {
       }
     }
     int window_over = c->first_report &&
-                      now - c->first_report >= (uint64_t)c->spec.report_window_ms * 1000000ull;
-    int hangs = 0;
-    for (int i = 0; i < c->nreports; i++) hangs += c->reports[i].hang;
+                      elapsed(now, c->first_report) >= (uint64_t)c->spec.report_window_ms * 1000000ull;
+    /* a failure cascades (each rank that sees one aborts, closing its links), so the
+       kind of the earliest report is the kind of the fault */
+    int first_hang = 0;
+    uint64_t first_t = UINT64_MAX;
+    for (int i = 0; i < c->nreports; i++)
+      if (c->reports[i].t_ms < first_t || (c->reports[i].t_ms == first_t && !c->reports[i].hang)) {
+        first_t = c->reports[i].t_ms;
+        first_hang = c->reports[i].hang;
+      }
     if (c->nreports && (unreported == 0 || window_over)) {
       if (window_over && unreported) {
         /* ranks that neither reported nor were named: they are stuck too */
@@ -596,15 +628,17 @@ static newt_result_t decide(coord *c) {
             snprintf(exclude[nexclude++], RDZV_NAME_MAX, "%s", id);
         }
       }
-      cause = hangs == c->nreports ? "hang" : "crash";
+      cause = first_hang ? "hang" : "crash";
     } else if (!c->nreports && leaving && !gone) {
       cause = "leave", mode = "boundary";
     } else if (!c->nreports && gone) {
-      cause = "crash";
-    } else if (!c->nreports && now - (c->prog_change > c->plan_mono ? c->prog_change : c->plan_mono) >=
+      /* a lease ran out and no survivor saw a connection die: a rank that crashed would
+         have been reported within milliseconds, so it stopped (or lost its network) */
+      cause = "hang";
+    } else if (!c->nreports && elapsed(now, c->prog_change > c->plan_mono ? c->prog_change : c->plan_mono) >=
                                           (uint64_t)c->spec.hang_timeout_ms * 1000000ull) {
       cause = "hang";
-    } else if (!c->nreports && now - c->last_join >= (uint64_t)newt_param_JoinWindowMs() * 1000000ull) {
+    } else if (!c->nreports && elapsed(now, c->last_join) >= (uint64_t)newt_param_JoinWindowMs() * 1000000ull) {
       /* newcomers: replan only when they allow a larger layout */
       int unplanned = 0;
       for (int i = 0; i < c->nmembers; i++)
@@ -808,6 +842,7 @@ newt_result_t coordinator_run(const coordinator_opts *o) {
   free(c->members);
   free(c->reports);
   free(c->acks);
+  free(c->departed);
   rdzv_etcd_free(c->etcd);
   pthread_mutex_destroy(&c->mu);
   free(c);
