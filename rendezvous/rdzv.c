@@ -115,9 +115,47 @@ struct rdzv_registration {
   rdzv_etcd *c;
   char key[256];
   rdzv_worker w;
-  int64_t lease;
+  _Atomic int64_t lease;
   int kept;
+  int64_t ttl_s;
+  rdzv_etcd_lease_lost_fn lost;
+  void *ud;
 };
+
+/* Grants a lease, writes the registration on it if the id is free, keeps the lease alive. */
+static newt_result_t claim(rdzv_registration *r, const char *job, newt_deadline_t d) {
+  char *json = NULL;
+  int64_t lease = 0;
+  newt_result_t res;
+  NEWT_CHECK(rdzv_worker_to_json(&r->w, &json));
+  NEWT_CHECK_GOTO(rdzv_etcd_lease_grant(r->c, r->ttl_s, 0, d, &lease, NULL), res, fail);
+  rdzv_etcd_cmp cmp = {.key = r->key, .target = RDZV_CMP_CREATE, .result = RDZV_CMP_EQUAL, .number = 0};
+  rdzv_etcd_op put = {.type = RDZV_OP_PUT, .key = r->key, .value = json, .value_len = strlen(json), .lease = lease};
+  rdzv_etcd_op get = {.type = RDZV_OP_RANGE, .key = r->key};
+  rdzv_etcd_txn_result tr;
+  NEWT_CHECK_GOTO(rdzv_etcd_txn(r->c, &cmp, 1, &put, 1, &get, 1, d, &tr), res, fail_lease);
+  if (!tr.succeeded) {
+    int64_t other = tr.n && tr.results[0].range.n ? tr.results[0].range.kvs[0].lease : 0;
+    rdzv_etcd_txn_result_free(&tr);
+    res = NEWT_ERR(NEWT_ERR_CONFLICT, "worker id %s is already registered in job %s (lease %llx): another "
+                   "worker uses this id, or its previous run's lease has not expired yet", r->w.id, job,
+                   (unsigned long long)other);
+    goto fail_lease;
+  }
+  r->w.mod_revision = r->w.create_revision = tr.revision;
+  r->w.lease = lease;
+  rdzv_etcd_txn_result_free(&tr);
+  NEWT_CHECK_GOTO(rdzv_etcd_lease_keep(r->c, lease, r->ttl_s, r->lost, r->ud), res, fail_lease);
+  r->lease = lease;
+  r->kept = 1;
+  free(json);
+  return NEWT_OK;
+fail_lease:
+  rdzv_etcd_lease_revoke(r->c, lease, newt_deadline_in_ms(1000));
+fail:
+  free(json);
+  return res;
+}
 
 newt_result_t rdzv_register(rdzv_etcd *c, const char *job, const rdzv_worker *w, int64_t ttl_s,
                             rdzv_etcd_lease_lost_fn lost, void *ud, newt_deadline_t d,
@@ -130,38 +168,42 @@ newt_result_t rdzv_register(rdzv_etcd *c, const char *job, const rdzv_worker *w,
   NEWT_CHECK_ALLOC(r);
   r->c = c;
   r->w = *w;
-  char *json = NULL;
-  newt_result_t res;
-  NEWT_CHECK_GOTO(rdzv_key(r->key, sizeof r->key, job, suffix), res, fail);
-  NEWT_CHECK_GOTO(rdzv_worker_to_json(w, &json), res, fail);
-  NEWT_CHECK_GOTO(rdzv_etcd_lease_grant(c, ttl_s, 0, d, &r->lease, NULL), res, fail);
-  rdzv_etcd_cmp cmp = {.key = r->key, .target = RDZV_CMP_CREATE, .result = RDZV_CMP_EQUAL, .number = 0};
-  rdzv_etcd_op put = {.type = RDZV_OP_PUT, .key = r->key, .value = json, .value_len = strlen(json), .lease = r->lease};
-  rdzv_etcd_op get = {.type = RDZV_OP_RANGE, .key = r->key};
-  rdzv_etcd_txn_result tr;
-  NEWT_CHECK_GOTO(rdzv_etcd_txn(c, &cmp, 1, &put, 1, &get, 1, d, &tr), res, fail_lease);
-  if (!tr.succeeded) {
-    int64_t other = tr.n && tr.results[0].range.n ? tr.results[0].range.kvs[0].lease : 0;
-    rdzv_etcd_txn_result_free(&tr);
-    res = NEWT_ERR(NEWT_ERR_CONFLICT, "worker id %s is already registered in job %s (lease %llx): another "
-                   "worker uses this id, or its previous run's lease has not expired yet", w->id, job,
-                   (unsigned long long)other);
-    goto fail_lease;
+  r->ttl_s = ttl_s;
+  r->lost = lost;
+  r->ud = ud;
+  newt_result_t res = rdzv_key(r->key, sizeof r->key, job, suffix);
+  if (res == NEWT_OK) res = claim(r, job, d);
+  if (res != NEWT_OK) {
+    free(r);
+    return res;
   }
-  r->w.mod_revision = r->w.create_revision = tr.revision;
-  r->w.lease = r->lease;
-  rdzv_etcd_txn_result_free(&tr);
-  NEWT_CHECK_GOTO(rdzv_etcd_lease_keep(c, r->lease, ttl_s, lost, ud), res, fail_lease);
-  r->kept = 1;
-  free(json);
   *out = r;
   return NEWT_OK;
-fail_lease:
-  rdzv_etcd_lease_revoke(c, r->lease, newt_deadline_in_ms(1000));
-fail:
-  free(json);
-  free(r);
-  return res;
+}
+
+newt_result_t rdzv_registration_renew(rdzv_registration *r, const char *job, newt_deadline_t d) {
+  int64_t lease = r->lease, ttl = 0;
+  newt_result_t res = rdzv_etcd_lease_keepalive_once(r->c, lease, d, &ttl);
+  if (res != NEWT_OK && res != NEWT_ERR_NOTFOUND) return res;
+  if (res == NEWT_OK) {
+    rdzv_etcd_kv kv;
+    res = rdzv_etcd_get(r->c, r->key, d, &kv, NULL);
+    if (res != NEWT_OK && res != NEWT_ERR_NOTFOUND) return res;
+    int ours = res == NEWT_OK && kv.lease == lease;
+    if (res == NEWT_OK) rdzv_etcd_kv_free(&kv);
+    if (ours) {
+      /* etcd kept the lease (it extends every lease when it restarts): keep it again */
+      if (r->kept) rdzv_etcd_lease_unkeep(r->c, lease);
+      r->kept = 0;
+      NEWT_CHECK(rdzv_etcd_lease_keep(r->c, lease, r->ttl_s, r->lost, r->ud));
+      r->kept = 1;
+      return NEWT_OK;
+    }
+    rdzv_etcd_lease_revoke(r->c, lease, d);
+  }
+  if (r->kept) rdzv_etcd_lease_unkeep(r->c, lease);
+  r->kept = 0;
+  return claim(r, job, d);
 }
 
 newt_result_t rdzv_registration_update(rdzv_registration *r, const char *state, int64_t generation,

@@ -67,6 +67,11 @@ newt_result_t rdzv_register(rdzv_etcd *c, const char *job, const rdzv_worker *w,
  * NEWT_ERR_CONFLICT when the lease was lost). */
 newt_result_t rdzv_registration_update(rdzv_registration *r, const char *state, int64_t generation,
                                        newt_deadline_t d);
+/* After a lost lease: when etcd still has the lease and our key on it (etcd extends every
+ * lease when it restarts, so an outage shorter than the TTL loses nothing), keeps it alive
+ * again; otherwise registers anew on a fresh lease (NEWT_ERR_CONFLICT when another worker
+ * took the id meanwhile). NEWT_ERR_UNAVAILABLE while etcd cannot be reached. */
+newt_result_t rdzv_registration_renew(rdzv_registration *r, const char *job, newt_deadline_t d);
 int64_t rdzv_registration_lease(const rdzv_registration *r);
 /* 1 when its lease was lost (why filled), else 0. */
 int rdzv_registration_lost(rdzv_registration *r, char *why, size_t cap);

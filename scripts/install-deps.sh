@@ -7,7 +7,7 @@ set -eu
 profile=${1:-build}
 
 build="cmake make gcc pkg-config libcurl4-openssl-dev libcjson-dev libzstd-dev libxxhash-dev
-       libopenblas-dev libssl-dev etcd-server"
+       libopenblas-dev libssl-dev libmicrohttpd-dev etcd-server"
 test="$build clang libclang-rt-14-dev openssl valgrind iproute2 etcd-client yamllint nodejs npm unzip"
 demo="$build bible-kjv"
 
