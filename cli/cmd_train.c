@@ -1,11 +1,146 @@
-/* newt train: not built yet (issue 4). */
+/* newt train: trains the GPT in this process, without a coordinator, and prints a line
+ * per step. It is the reference every parallel layout is compared with.
+ *
+ * Data: --data FILE (a token file from `newt data prepare`), or without it the generated
+ * corpus (model_text_generate, seeded by --data-seed), which is learnable. */
+#include <math.h>
 #include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
 
 #include "cli/cmds.h"
+#include "common/opts.h"
+#include "common/sys.h"
+#include "model/ops.h"
+#include "model/train.h"
 
 int newt_cmd_train(int argc, char **argv) {
-  (void)argc;
-  (void)argv;
-  fprintf(stderr, "newt train: not built yet (issue 4)\n");
-  return 2;
+  const char *preset = "tiny", *overrides = NULL, *data = NULL;
+  int64_t steps = 100, threads = 1, batch = 8, micro = 0, seq = 0, seed = 1, data_seed = 1,
+          warmup = -1, gen_bytes = 1 << 21;
+  double lr = 1e-3, lr_min = -1, wd = 0.1, clip = 1.0, beta1 = 0.9, beta2 = 0.95, eps = 1e-8;
+  newt_opt opts[] = {
+      {"preset", NEWT_OPT_STR, &preset, "model preset: tiny, small or gpt2-124m"},
+      {"model", NEWT_OPT_STR, &overrides, "overrides of the preset: layers=2,channels=64,..."},
+      {"steps", NEWT_OPT_INT, &steps, "optimizer steps"},
+      {"data", NEWT_OPT_STR, &data, "token file (newt data prepare); default: the generated corpus"},
+      {"data-seed", NEWT_OPT_INT, &data_seed, "seed of the sample order (and of the generated corpus)"},
+      {"threads", NEWT_OPT_INT, &threads, "CPU threads (0: all cores)"},
+      {"batch", NEWT_OPT_INT, &batch, "global batch, sequences per step"},
+      {"micro-batch", NEWT_OPT_INT, &micro, "sequences per forward/backward (0: the batch)"},
+      {"seq-len", NEWT_OPT_INT, &seq, "sequence length (0: the preset's ctx)"},
+      {"seed", NEWT_OPT_INT, &seed, "seed of the initial weights"},
+      {"lr", NEWT_OPT_DOUBLE, &lr, "peak learning rate"},
+      {"lr-min", NEWT_OPT_DOUBLE, &lr_min, "final learning rate of the cosine (-1: lr / 10)"},
+      {"warmup", NEWT_OPT_INT, &warmup, "warmup steps (-1: 5% of steps)"},
+      {"weight-decay", NEWT_OPT_DOUBLE, &wd, "AdamW weight decay on 2-D weights"},
+      {"grad-clip", NEWT_OPT_DOUBLE, &clip, "max global gradient norm (0: off)"},
+      {"beta1", NEWT_OPT_DOUBLE, &beta1, "AdamW beta1"},
+      {"beta2", NEWT_OPT_DOUBLE, &beta2, "AdamW beta2"},
+      {"eps", NEWT_OPT_DOUBLE, &eps, "AdamW epsilon"},
+      {"gen-bytes", NEWT_OPT_SIZE, &gen_bytes, "length of the generated corpus without --data"},
+      NEWT_OPT_END,
+  };
+  int rc = newt_cli_opts_exit(newt_opts_parse("train", "[flags]", opts, argc, argv, NULL, 0, NULL));
+  if (rc >= 0) return rc;
+
+  model_train_config cfg;
+  if (model_train_defaults(&cfg, preset, steps) != NEWT_OK ||
+      model_config_override(&cfg.model, overrides) != NEWT_OK) {
+    fprintf(stderr, "newt train: %s\n", newt_errmsg());
+    return 2;
+  }
+  if (steps < 1 || batch < 1 || batch > 1 << 20 || micro < 0 || threads < 0 || seq < 0 || gen_bytes < 2) {
+    fprintf(stderr, "newt train: --steps, --batch and --gen-bytes must be positive; --micro-batch, "
+                    "--threads and --seq-len >= 0\n");
+    return 2;
+  }
+  cfg.batch = (int)batch;
+  cfg.micro_batch = micro ? (int)micro : (int)batch;
+  cfg.seq_len = seq ? (int)seq : (int)cfg.model.ctx;
+  cfg.seed = (uint64_t)seed;
+  cfg.data_seed = (uint64_t)data_seed;
+  cfg.threads = (int)threads;
+  cfg.optim.lr = lr;
+  cfg.optim.lr_min = lr_min < 0 ? lr / 10 : lr_min;
+  if (warmup >= 0) cfg.optim.warmup = warmup;
+  cfg.optim.weight_decay = wd;
+  cfg.optim.grad_clip = clip;
+  cfg.optim.beta1 = beta1;
+  cfg.optim.beta2 = beta2;
+  cfg.optim.eps = eps;
+  if (model_train_config_check(&cfg) != NEWT_OK) {
+    fprintf(stderr, "newt train: %s\n", newt_errmsg());
+    return 2;
+  }
+
+  model_tokens tok;
+  newt_result_t res;
+  if (data) {
+    res = model_tokens_open(&tok, data);
+  } else {
+    char *text = malloc((size_t)gen_bytes);
+    if (!text) {
+      fprintf(stderr, "newt train: out of memory\n");
+      return 1;
+    }
+    model_text_generate(cfg.data_seed, text, (size_t)gen_bytes);
+    res = model_tokens_from_memory(&tok, text, 1, (uint64_t)gen_bytes, 256);
+    free(text);
+  }
+  if (res != NEWT_OK) {
+    fprintf(stderr, "newt train: %s\n", newt_errmsg());
+    return 1;
+  }
+  model_loader ld;
+  model_trainer tr;
+  if (model_loader_init(&ld, &tok, cfg.seq_len, cfg.data_seed, cfg.model.vocab) != NEWT_OK) {
+    fprintf(stderr, "newt train: %s\n", newt_errmsg());
+    model_tokens_close(&tok);
+    return 1;
+  }
+  if (model_trainer_init(&tr, &cfg) != NEWT_OK) {
+    fprintf(stderr, "newt train: %s\n", newt_errmsg());
+    model_tokens_close(&tok);
+    return 1;
+  }
+  const model_config *m = &cfg.model;
+  printf("newt train: %s (V %lld, ctx %lld, L %lld, NH %lld, C %lld), %zu parameters, batch %d "
+         "(micro-batch %d) x T %d, %d threads, data %s (%llu tokens, %llu samples per epoch)\n",
+         preset, (long long)m->vocab, (long long)m->ctx, (long long)m->layers, (long long)m->heads,
+         (long long)m->channels, tr.gpt.layout.nparams, cfg.batch, cfg.micro_batch, cfg.seq_len,
+         model_threads_get(), data ? data : "generated", (unsigned long long)tok.count,
+         (unsigned long long)ld.windows);
+  fflush(stdout);
+  double first = NAN, last = NAN, ms_total = 0;
+  int status = 0;
+  for (int64_t s = 0; s < steps; s++) {
+    model_step_info info;
+    if (model_trainer_step_data(&tr, &ld, &info) != NEWT_OK) {
+      fprintf(stderr, "newt train: step %lld: %s\n", (long long)s + 1, newt_errmsg());
+      status = 1;
+      break;
+    }
+    if (s == 0) first = info.loss;
+    last = info.loss;
+    ms_total += info.ms;
+    printf("step %5lld/%lld | loss %.4f | lr %.2e | norm %.3f | %8.0f tok/s | %7.1f ms\n",
+           (long long)info.step, (long long)steps, info.loss, info.lr, info.grad_norm,
+           (double)info.tokens / (info.ms / 1e3), info.ms);
+    fflush(stdout);
+    if (!isfinite(info.loss)) {
+      fprintf(stderr, "newt train: the loss is not finite at step %lld\n", (long long)info.step);
+      status = 1;
+      break;
+    }
+    if (newt_stop_requested()) {
+      fprintf(stderr, "newt train: stopping after step %lld (signal)\n", (long long)info.step);
+      break;
+    }
+  }
+  printf("{\"steps\":%lld,\"first_loss\":%.6f,\"final_loss\":%.6f,\"samples_consumed\":%llu,\"ms_per_step\":%.2f}\n",
+         (long long)tr.step, first, last, (unsigned long long)tr.cursor, tr.step ? ms_total / tr.step : 0.0);
+  model_trainer_free(&tr);
+  model_tokens_close(&tok);
+  return status;
 }

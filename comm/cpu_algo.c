@@ -1,0 +1,356 @@
+/* The collective algorithms of the CPU backend, all driven by one engine.
+ *
+ * The engine (ring_run) runs a list of steps between a left link (bytes come in) and a
+ * right link (bytes go out). Step s sends sbytes from src and receives rbytes into dst,
+ * either copied or reduced with `own` (dst = own op incoming). Sends and receives
+ * proceed independently, chunk by chunk, so a step is pipelined with the next one; gates
+ * keep the data dependencies:
+ *   GATE_SEND_PREV  byte x of step s is sent once byte x of step s-1 has arrived (a ring
+ *                   forwards what it just reduced);
+ *   GATE_SEND_SAME  byte x is sent once byte x of the same step has arrived (a chain);
+ *   GATE_RECV_SEND  byte x is received once byte x of the same step has been sent (the
+ *                   receive overwrites what is being sent: reduce-scatter's scratch).
+ * Every dependency points to an earlier byte of an earlier or the same step, on this
+ * rank or a neighbour, so the ring cannot deadlock whatever the buffer sizes.
+ *
+ * Algorithms:
+ *  - allreduce, large: ring reduce-scatter then ring allgather (2(n-1) steps of 1/n of
+ *    the vector each; the bandwidth-optimal choice). The receive buffer holds the partial
+ *    sums. Every block is reduced in ring order and then copied, so all ranks end with
+ *    bitwise identical results.
+ *  - allreduce, small (<= NEWT_COMM_SMALL_BYTES) and barrier: recursive doubling
+ *    (log2 n exchanges of the whole vector; non-powers of two fold the extra ranks in
+ *    first). Partners combine the same two values (x+y and y+x are equal in IEEE
+ *    arithmetic), so results are identical on all ranks here too.
+ *  - reduce-scatter and allgather: the ring halves above.
+ *  - broadcast: a binomial tree for small messages, a pipelined chain for large ones.
+ *  - send/recv: one step on the peer's link. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "comm/cpu.h"
+#include "comm/reduce.h"
+
+enum { GATE_SEND_PREV = 1, GATE_SEND_SAME = 2, GATE_RECV_SEND = 4 };
+
+typedef struct ring_step {
+  const uint8_t *src; /* NULL: nothing to send at this step */
+  size_t sbytes;
+  uint8_t *dst; /* NULL: nothing to receive */
+  const uint8_t *own;
+  size_t rbytes;
+  int div;
+  int gate;
+} ring_step;
+
+typedef struct ring_plan {
+  cpu_link *left, *right;
+  ring_step *steps;
+  int n;
+  newt_dtype dt;
+  comm_op op;
+  size_t es;
+} ring_plan;
+
+static size_t min_sz(size_t a, size_t b) { return a < b ? a : b; }
+
+static newt_result_t ring_run(cpu_comm *c, const ring_plan *p) {
+  cpu_wait w;
+  cpu_wait_init(&w, c);
+  int ss = 0, rs = 0;
+  size_t so = 0, ro = 0;
+  size_t sch = p->right ? link_chunk(p->right) : 0;
+  size_t rch = p->left ? link_chunk(p->left) : 0;
+  newt_result_t res = NEWT_OK;
+  for (;;) {
+    while (ss < p->n && (!p->steps[ss].src || so == p->steps[ss].sbytes)) {
+      ss++;
+      so = 0;
+    }
+    while (rs < p->n && (!p->steps[rs].dst || ro == p->steps[rs].rbytes)) {
+      rs++;
+      ro = 0;
+    }
+    if (ss >= p->n && rs >= p->n) break;
+    int moved = 0, tx_full = 0, rx_empty = 0; /* blocked by the link, not by a gate */
+    if (ss < p->n) {
+      const ring_step *st = &p->steps[ss];
+      size_t limit = st->sbytes;
+      if ((st->gate & GATE_SEND_PREV) && ss > 0 && rs <= ss - 1) limit = rs == ss - 1 ? ro : 0;
+      if ((st->gate & GATE_SEND_SAME) && rs <= ss) limit = rs == ss ? ro : 0;
+      while (so < limit) {
+        size_t n;
+        res = link_send(c, p->right, st->src + so, min_sz(limit - so, sch), &n);
+        if (res != NEWT_OK) goto out;
+        if (n == 0) {
+          tx_full = 1;
+          break;
+        }
+        so += n;
+        moved = 1;
+      }
+    }
+    if (rs < p->n) {
+      const ring_step *st = &p->steps[rs];
+      size_t limit = st->rbytes;
+      if ((st->gate & GATE_RECV_SEND) && ss <= rs) limit = ss == rs ? so - so % p->es : 0;
+      while (ro < limit) {
+        size_t want = min_sz(limit - ro, rch);
+        if (st->own) {
+          const uint8_t *q;
+          size_t avail;
+          res = link_peek(c, p->left, want, p->es, &q, &avail);
+          if (res != NEWT_OK) goto out;
+          if (avail == 0) {
+            rx_empty = 1;
+            break;
+          }
+          comm_reduce(p->dt, p->op, st->dst + ro, st->own == st->dst ? NULL : st->own + ro, q,
+                      avail / p->es, st->div);
+          link_consume(c, p->left, avail);
+          ro += avail;
+        } else {
+          size_t n;
+          res = link_recv(c, p->left, st->dst + ro, want, &n);
+          if (res != NEWT_OK) goto out;
+          if (n == 0) {
+            rx_empty = 1;
+            break;
+          }
+          ro += n;
+        }
+        moved = 1;
+      }
+    }
+    if (moved) {
+      cpu_wait_progress(&w);
+    } else {
+      res = cpu_wait_block(&w, rx_empty ? p->left : NULL, tx_full ? p->right : NULL);
+      if (res != NEWT_OK) goto out;
+    }
+  }
+out:
+  if (w.armed) atomic_store(&c->hdr->sleeping, 0);
+  c->cur_wait = NULL;
+  return res;
+}
+
+/* One step with one peer: send, receive, or both at once. */
+static newt_result_t p2p(cpu_comm *c, int peer, const void *sbuf, void *rbuf, size_t bytes) {
+  ring_step st = {.src = sbuf, .sbytes = sbuf ? bytes : 0, .dst = rbuf, .rbytes = rbuf ? bytes : 0};
+  ring_plan p = {.left = &c->links[peer], .right = &c->links[peer], .steps = &st, .n = 1, .es = 1};
+  return ring_run(c, &p);
+}
+
+newt_result_t cpu_scratch(cpu_comm *c, size_t n, void **out) {
+  if (n > c->scratch_cap) {
+    free(c->scratch);
+    c->scratch = aligned_alloc(64, (n + 63) & ~(size_t)63);
+    c->scratch_cap = c->scratch ? n : 0;
+    if (!c->scratch) return NEWT_ERR(NEWT_ERR_NOMEM, "out of memory: %zu bytes of scratch", n);
+  }
+  *out = c->scratch;
+  return NEWT_OK;
+}
+
+static int mod(int a, int n) { return ((a % n) + n) % n; }
+
+/* Block b of `count` elements split in n: the first count % n blocks get one more. */
+static size_t blk_off(size_t count, int n, int b) {
+  size_t base = count / (size_t)n, rem = count % (size_t)n;
+  return (size_t)b * base + ((size_t)b < rem ? (size_t)b : rem);
+}
+static size_t blk_len(size_t count, int n, int b) {
+  return count / (size_t)n + ((size_t)b < count % (size_t)n ? 1 : 0);
+}
+
+static newt_result_t run_steps(cpu_comm *c, ring_step *steps, int nsteps, const comm_opdesc *op,
+                               cpu_link *left, cpu_link *right) {
+  ring_plan p = {.left = left, .right = right, .steps = steps, .n = nsteps, .dt = op->dt,
+                 .op = op->op, .es = newt_dtype_size(op->dt)};
+  return ring_run(c, &p);
+}
+
+static newt_result_t ring_allreduce(cpu_comm *c, const comm_opdesc *op) {
+  int n = c->size, r = c->rank;
+  size_t es = newt_dtype_size(op->dt);
+  const uint8_t *send = op->send;
+  uint8_t *recv = op->recv;
+  ring_step *st = calloc((size_t)(2 * (n - 1)), sizeof *st);
+  if (!st) return NEWT_ERR(NEWT_ERR_NOMEM, "out of memory: ring steps");
+  for (int s = 0; s < n - 1; s++) {
+    int sb = mod(r - s, n), rb = mod(r - s - 1, n);
+    st[s].src = (s == 0 ? send : recv) + blk_off(op->count, n, sb) * es;
+    st[s].sbytes = blk_len(op->count, n, sb) * es;
+    st[s].dst = recv + blk_off(op->count, n, rb) * es;
+    st[s].own = send + blk_off(op->count, n, rb) * es;
+    st[s].rbytes = blk_len(op->count, n, rb) * es;
+    st[s].div = (s == n - 2 && op->op == COMM_AVG) ? n : 0;
+    st[s].gate = s > 0 ? GATE_SEND_PREV : 0;
+  }
+  for (int t = 0; t < n - 1; t++) {
+    ring_step *x = &st[n - 1 + t];
+    int sb = mod(r + 1 - t, n), rb = mod(r - t, n);
+    x->src = recv + blk_off(op->count, n, sb) * es;
+    x->sbytes = blk_len(op->count, n, sb) * es;
+    x->dst = recv + blk_off(op->count, n, rb) * es;
+    x->rbytes = blk_len(op->count, n, rb) * es;
+    x->gate = GATE_SEND_PREV;
+  }
+  newt_result_t res = run_steps(c, st, 2 * (n - 1), op, &c->links[mod(r - 1, n)], &c->links[mod(r + 1, n)]);
+  free(st);
+  return res;
+}
+
+static newt_result_t ring_reduce_scatter(cpu_comm *c, const comm_opdesc *op) {
+  int n = c->size, r = c->rank;
+  size_t rc = op->count * newt_dtype_size(op->dt);
+  const uint8_t *send = op->send;
+  uint8_t *scratch = NULL;
+  if (n > 2) NEWT_CHECK(cpu_scratch(c, rc, (void **)&scratch));
+  ring_step *st = calloc((size_t)(n - 1), sizeof *st);
+  if (!st) return NEWT_ERR(NEWT_ERR_NOMEM, "out of memory: ring steps");
+  for (int s = 0; s < n - 1; s++) {
+    int sb = mod(r - s - 1, n), rb = mod(r - s - 2, n), last = s == n - 2;
+    st[s].src = s == 0 ? send + (size_t)sb * rc : scratch;
+    st[s].sbytes = rc;
+    st[s].dst = last ? op->recv : scratch;
+    st[s].own = send + (size_t)rb * rc;
+    if (last && st[s].dst == st[s].own) st[s].own = st[s].dst; /* in place */
+    st[s].rbytes = rc;
+    st[s].div = (last && op->op == COMM_AVG) ? n : 0;
+    st[s].gate = (s > 0 ? GATE_SEND_PREV : 0) | ((s > 0 && !last) ? GATE_RECV_SEND : 0);
+  }
+  newt_result_t res = run_steps(c, st, n - 1, op, &c->links[mod(r - 1, n)], &c->links[mod(r + 1, n)]);
+  free(st);
+  return res;
+}
+
+static newt_result_t ring_allgather(cpu_comm *c, const comm_opdesc *op) {
+  int n = c->size, r = c->rank;
+  size_t sc = op->count * newt_dtype_size(op->dt);
+  uint8_t *recv = op->recv;
+  if (op->send != recv + (size_t)r * sc) memcpy(recv + (size_t)r * sc, op->send, sc);
+  ring_step *st = calloc((size_t)(n - 1), sizeof *st);
+  if (!st) return NEWT_ERR(NEWT_ERR_NOMEM, "out of memory: ring steps");
+  for (int t = 0; t < n - 1; t++) {
+    int sb = mod(r - t, n), rb = mod(r - t - 1, n);
+    st[t].src = recv + (size_t)sb * sc;
+    st[t].sbytes = sc;
+    st[t].dst = recv + (size_t)rb * sc;
+    st[t].rbytes = sc;
+    st[t].gate = t > 0 ? GATE_SEND_PREV : 0;
+  }
+  newt_result_t res = run_steps(c, st, n - 1, op, &c->links[mod(r - 1, n)], &c->links[mod(r + 1, n)]);
+  free(st);
+  return res;
+}
+
+/* Recursive doubling on recv (already holding this rank's input); tmp holds a partner's. */
+static newt_result_t rd_allreduce(cpu_comm *c, const comm_opdesc *op) {
+  int n = c->size, r = c->rank;
+  size_t bytes = op->count * newt_dtype_size(op->dt);
+  uint8_t *recv = op->recv, *tmp;
+  NEWT_CHECK(cpu_scratch(c, bytes, (void **)&tmp));
+  if (op->send != recv) memcpy(recv, op->send, bytes);
+  int p2 = 1;
+  while (p2 * 2 <= n) p2 *= 2;
+  int rem = n - p2, newr;
+  if (r < 2 * rem) {
+    if (r % 2 == 0) {
+      NEWT_CHECK(p2p(c, r + 1, recv, NULL, bytes));
+      newr = -1;
+    } else {
+      NEWT_CHECK(p2p(c, r - 1, NULL, tmp, bytes));
+      comm_reduce(op->dt, op->op, recv, NULL, tmp, op->count, 0);
+      newr = r / 2;
+    }
+  } else {
+    newr = r - rem;
+  }
+  if (newr >= 0) {
+    for (int mask = 1; mask < p2; mask <<= 1) {
+      int pn = newr ^ mask;
+      int partner = pn < rem ? pn * 2 + 1 : pn + rem;
+      NEWT_CHECK(p2p(c, partner, recv, tmp, bytes));
+      comm_reduce(op->dt, op->op, recv, NULL, tmp, op->count, 0);
+    }
+    if (op->op == COMM_AVG) comm_scale(op->dt, recv, recv, op->count, n);
+  }
+  if (r < 2 * rem) {
+    if (r % 2) NEWT_CHECK(p2p(c, r - 1, recv, NULL, bytes));
+    else NEWT_CHECK(p2p(c, r + 1, NULL, recv, bytes));
+  }
+  return NEWT_OK;
+}
+
+static newt_result_t bcast_tree(cpu_comm *c, const comm_opdesc *op, size_t bytes) {
+  int n = c->size, root = op->peer, v = mod(c->rank - root, n);
+  int mask = 1;
+  while (mask < n) {
+    if (v & mask) {
+      NEWT_CHECK(p2p(c, mod(v - mask + root, n), NULL, op->recv, bytes));
+      break;
+    }
+    mask <<= 1;
+  }
+  for (mask >>= 1; mask > 0; mask >>= 1)
+    if (v + mask < n) NEWT_CHECK(p2p(c, mod(v + mask + root, n), op->recv, NULL, bytes));
+  return NEWT_OK;
+}
+
+static newt_result_t bcast_chain(cpu_comm *c, const comm_opdesc *op, size_t bytes) {
+  int n = c->size, r = c->rank, v = mod(r - op->peer, n);
+  ring_step st = {.gate = GATE_SEND_SAME};
+  if (v > 0) {
+    st.dst = op->recv;
+    st.rbytes = bytes;
+  }
+  if (v < n - 1) {
+    st.src = op->recv;
+    st.sbytes = bytes;
+  }
+  return run_steps(c, &st, 1, op, v > 0 ? &c->links[mod(r - 1, n)] : NULL,
+                   v < n - 1 ? &c->links[mod(r + 1, n)] : NULL);
+}
+
+newt_result_t cpu_algo_run(cpu_comm *c, const comm_opdesc *op) {
+  size_t es = newt_dtype_size(op->dt);
+  size_t bytes = op->count * es;
+  int n = c->size;
+  if (op->kind != COMM_OP_BARRIER && op->count == 0) return NEWT_OK;
+  switch (op->kind) {
+    case COMM_OP_ALLREDUCE:
+      if (n == 1) {
+        comm_scale(op->dt, op->recv, op->send, op->count, op->op == COMM_AVG ? 1 : 1);
+        return NEWT_OK;
+      }
+      return bytes <= (size_t)newt_param_CommSmallBytes() ? rd_allreduce(c, op) : ring_allreduce(c, op);
+    case COMM_OP_REDUCE_SCATTER:
+      if (n == 1) {
+        comm_scale(op->dt, op->recv, op->send, op->count, 1);
+        return NEWT_OK;
+      }
+      return ring_reduce_scatter(c, op);
+    case COMM_OP_ALLGATHER:
+      if (n == 1) {
+        if (op->send != op->recv) memmove(op->recv, op->send, bytes);
+        return NEWT_OK;
+      }
+      return ring_allgather(c, op);
+    case COMM_OP_BROADCAST:
+      if (c->rank == op->peer && op->send != op->recv) memmove(op->recv, op->send, bytes);
+      if (n == 1) return NEWT_OK;
+      return bytes <= (size_t)newt_param_CommSmallBytes() ? bcast_tree(c, op, bytes) : bcast_chain(c, op, bytes);
+    case COMM_OP_SEND: return p2p(c, op->peer, op->send, NULL, bytes);
+    case COMM_OP_RECV: return p2p(c, op->peer, NULL, op->recv, bytes);
+    case COMM_OP_BARRIER: {
+      if (n == 1) return NEWT_OK;
+      uint8_t one = 1, out = 0;
+      comm_opdesc b = {.kind = COMM_OP_ALLREDUCE, .send = &one, .recv = &out, .count = 1, .dt = NEWT_U8,
+                       .op = COMM_MAX};
+      return rd_allreduce(c, &b);
+    }
+  }
+  return NEWT_ERR(NEWT_ERR_INTERNAL, "unknown operation %d", (int)op->kind);
+}

@@ -1,0 +1,443 @@
+/* Building the links of a CPU communicator: one event loop that listens, connects, runs
+ * the handshakes (cpu_auth.c) of every connection at once and sets up shared memory.
+ *
+ *  - Rank r connects to every rank below it and accepts from every rank above: one
+ *    control connection per pair, plus one data connection per pair on different hosts.
+ *    Refused or failed connects are retried with backoff until the deadline (a peer may
+ *    not be listening yet, or still be on the previous generation).
+ *  - Anything else that connects (a stale worker, a wrong secret, garbage, a silent
+ *    client) is refused by the handshake with a log line and does not delay the build.
+ *  - Shared memory: each rank with peers on its host creates one segment
+ *    (/dev/shm/newt-<job>-<generation>-<tag>-<rank>-<random>, mode 0600) holding one
+ *    receive ring per local peer, offers it to each local peer over the control
+ *    connection (CTRL_SHM_OFFER: name, size, the peer's ring), and unlinks it as soon as
+ *    every local peer said it mapped it (CTRL_SHM_MAPPED), so nothing is left in /dev/shm
+ *    even if a rank is killed later. */
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "comm/cpu.h"
+#include "common/log.h"
+#include "common/sys.h"
+
+#define MAX_PENDING 64
+
+typedef struct builder {
+  cpu_comm *c;
+  hs_ctx ctx;
+  newt_deadline_t deadline;
+  hs_conn *out;       /* [size * 2]: our connects (p * 2 + kind) */
+  uint64_t *retry_at; /* [size * 2] */
+  uint64_t *backoff;  /* [size * 2] */
+  char (*why)[256];   /* [size]: why the last connect to p failed */
+  int *have;          /* [size * 2]: established */
+  struct sockaddr_storage *ss;
+  socklen_t *sslen;
+  hs_conn in[MAX_PENDING];
+  int nin;
+  int mapped;    /* local peers whose segment we mapped */
+  int mapped_by; /* local peers that mapped ours */
+  char err[512];
+} builder;
+
+static int needs(const cpu_comm *c, int p, int kind) {
+  return p != c->rank && (kind == HS_KIND_CTRL || !c->links[p].local);
+}
+
+static int want_incoming(void *arg, int peer, int kind) {
+  builder *b = arg;
+  return peer > b->c->rank && needs(b->c, peer, kind) && !b->have[peer * 2 + kind];
+}
+
+static void put64(uint8_t *p, uint64_t v) {
+  for (int i = 0; i < 8; i++) p[i] = (uint8_t)(v >> (8 * i));
+}
+static uint64_t get64(const uint8_t *p) {
+  uint64_t v = 0;
+  for (int i = 0; i < 8; i++) v |= (uint64_t)p[i] << (8 * i);
+  return v;
+}
+
+/* --- shared memory ------------------------------------------------------------------- */
+
+static size_t ring_bytes(void) {
+  int64_t r = newt_param_CommShmRing();
+  if (r < 64 << 10) r = 64 << 10;
+  return ((size_t)r + 4095) & ~(size_t)4095;
+}
+
+static size_t slot_bytes(size_t ring) { return (SHM_RING_HDR + ring + 4095) & ~(size_t)4095; }
+
+static void sanitize(const char *in, char *out, size_t cap) {
+  size_t n = 0;
+  for (const char *p = in ? in : "job"; *p && n + 1 < cap; p++)
+    out[n++] = ((*p >= 'a' && *p <= 'z') || (*p >= 'A' && *p <= 'Z') || (*p >= '0' && *p <= '9') ||
+                *p == '_' || *p == '.')
+                   ? *p
+                   : '_';
+  out[n] = '\0';
+}
+
+static newt_result_t shm_create(cpu_comm *c) {
+  size_t ring = ring_bytes();
+  c->map_len = SHM_HDR_BYTES + (size_t)c->nlocal * slot_bytes(ring);
+  char job[40], rnd[17];
+  sanitize(c->job, job, sizeof job);
+  NEWT_CHECK(newt_random_hex(rnd, 8));
+  snprintf(c->shm_name, sizeof c->shm_name, "/newt-%s-g%llu-%08llx-r%d-%s", job,
+           (unsigned long long)c->generation, (unsigned long long)(c->tag & 0xffffffffu), c->rank, rnd);
+  int fd = shm_open(c->shm_name, O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+  if (fd < 0) return NEWT_ERR(NEWT_ERR_SYS, "shm_open %s: %s", c->shm_name, strerror(errno));
+  c->shm_linked = 1;
+  if (ftruncate(fd, (off_t)c->map_len) != 0) {
+    int e = errno;
+    close(fd);
+    return NEWT_ERR(NEWT_ERR_SYS, "ftruncate %s to %zu bytes: %s", c->shm_name, c->map_len, strerror(e));
+  }
+  void *m = mmap(NULL, c->map_len, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  int e = errno;
+  close(fd);
+  if (m == MAP_FAILED) return NEWT_ERR(NEWT_ERR_SYS, "mmap %s: %s", c->shm_name, strerror(e));
+  c->map = m;
+  c->hdr = m;
+  c->hdr->magic = SHM_MAGIC;
+  c->hdr->generation = c->generation;
+  c->hdr->rank = (uint32_t)c->rank;
+  c->hdr->size = (uint32_t)c->size;
+  size_t off = SHM_HDR_BYTES;
+  for (int p = 0; p < c->size; p++) {
+    cpu_link *l = &c->links[p];
+    if (p == c->rank || !l->local) continue;
+    l->rx = (shm_ring *)((uint8_t *)m + off);
+    l->rxd = (uint8_t *)m + off + SHM_RING_HDR;
+    l->rx_off = off;
+    l->rx_ring = ring;
+    off += slot_bytes(ring);
+  }
+  return NEWT_OK;
+}
+
+static void shm_offer(builder *b, cpu_link *l) {
+  cpu_comm *c = b->c;
+  uint8_t p[CTRL_MAX_PAYLOAD];
+  size_t n = strlen(c->shm_name) + 1;
+  put64(p, c->map_len);
+  put64(p + 8, l->rx_off);
+  put64(p + 16, l->rx_ring);
+  memcpy(p + 24, c->shm_name, n);
+  ctrl_send(c, l, CTRL_SHM_OFFER, 0, p, 24 + n);
+}
+
+static newt_result_t shm_map_peer(builder *b, cpu_link *l, const ctrl_msg *m) {
+  cpu_comm *c = b->c;
+  char name[160];
+  if (m->len < 25 || l->peer_map)
+    return NEWT_ERR(NEWT_ERR_PEER, "rank %d sent a malformed shared-memory offer", l->peer);
+  uint64_t size = get64(m->payload), off = get64(m->payload + 8), ring = get64(m->payload + 16);
+  size_t nlen = strnlen((const char *)m->payload + 24, m->len - 24);
+  if (nlen == m->len - 24 || nlen >= sizeof name || strncmp((const char *)m->payload + 24, "/newt-", 6) != 0 ||
+      memchr(m->payload + 25, '/', nlen - 1) != NULL || ring == 0 || ring % 64 != 0 ||
+      off < SHM_HDR_BYTES || off + SHM_RING_HDR + ring > size || size > ((uint64_t)1 << 40))
+    return NEWT_ERR(NEWT_ERR_PEER, "rank %d sent an invalid shared-memory offer", l->peer);
+  memcpy(name, m->payload + 24, nlen + 1);
+  int fd = shm_open(name, O_RDWR | O_CLOEXEC, 0);
+  if (fd < 0)
+    return NEWT_ERR(NEWT_ERR_SYS, "rank %d's shared memory %s: %s", l->peer, name, strerror(errno));
+  struct stat st;
+  if (fstat(fd, &st) != 0 || (uint64_t)st.st_size != size) {
+    close(fd);
+    return NEWT_ERR(NEWT_ERR_PEER, "rank %d's shared memory %s has the wrong size", l->peer, name);
+  }
+  void *map = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  int e = errno;
+  close(fd);
+  if (map == MAP_FAILED)
+    return NEWT_ERR(NEWT_ERR_SYS, "mmap rank %d's shared memory %s: %s", l->peer, name, strerror(e));
+  shm_hdr *h = map;
+  if (h->magic != SHM_MAGIC || h->generation != c->generation || h->rank != (uint32_t)l->peer) {
+    munmap(map, size);
+    return NEWT_ERR(NEWT_ERR_PEER, "rank %d's shared memory %s is not its segment of this generation",
+                    l->peer, name);
+  }
+  l->peer_map = map;
+  l->peer_map_len = size;
+  l->peer_hdr = h;
+  l->tx = (shm_ring *)((uint8_t *)map + off);
+  l->txd = (uint8_t *)map + off + SHM_RING_HDR;
+  l->tx_ring = ring;
+  b->mapped++;
+  ctrl_send(c, l, CTRL_SHM_MAPPED, 0, NULL, 0);
+  return NEWT_OK;
+}
+
+static newt_result_t build_ctrl(builder *b, cpu_link *l) {
+  cpu_comm *c = b->c;
+  ctrl_msg m;
+  const char *why = "";
+  for (;;) {
+    int r = ctrl_read(l, &m, &why);
+    if (r == 0) return NEWT_OK;
+    if (r < 0)
+      return NEWT_ERR(NEWT_ERR_PEER, "rank %d (%s) closed its control connection during the build (%s)",
+                      l->peer, c->addrs[l->peer], why);
+    switch (m.type) {
+      case CTRL_SHM_OFFER: NEWT_CHECK(shm_map_peer(b, l, &m)); break;
+      case CTRL_SHM_MAPPED:
+        if (!l->mapped_by_peer) {
+          l->mapped_by_peer = 1;
+          b->mapped_by++;
+        }
+        if (b->mapped_by == c->nlocal && c->shm_linked) {
+          shm_unlink(c->shm_name);
+          c->shm_linked = 0;
+        }
+        break;
+      case CTRL_PING: {
+        uint8_t p[8] = {0, 0, 0, 0, 0xff, 0xff, 0xff, 0xff};
+        ctrl_send(c, l, CTRL_PONG, m.arg, p, sizeof p);
+        break;
+      }
+      case CTRL_BYE: return NEWT_ERR(NEWT_ERR_PEER, "rank %d (%s) left during the build", l->peer, c->addrs[l->peer]);
+      case CTRL_FAIL:
+        return NEWT_ERR(NEWT_ERR_PEER, "rank %d (%s) failed during the build: %.*s", l->peer,
+                        c->addrs[l->peer], (int)(m.len > 4 ? m.len - 4 : 0), (const char *)m.payload + 4);
+      default: break;
+    }
+  }
+}
+
+/* --- connections --------------------------------------------------------------------- */
+
+static newt_result_t install(builder *b, hs_conn *h) {
+  cpu_comm *c = b->c;
+  cpu_link *l = &c->links[h->peer];
+  b->have[h->peer * 2 + h->kind] = 1;
+  net_tune(h->fd, h->kind == HS_KIND_DATA);
+  if (h->kind == HS_KIND_DATA) {
+    l->data_fd = h->fd;
+    l->stage_cap = (size_t)newt_param_CommTcpChunk();
+    if (l->stage_cap < 65536) l->stage_cap = 65536;
+    l->stage = aligned_alloc(64, l->stage_cap);
+    NEWT_CHECK_ALLOC(l->stage);
+  } else {
+    l->ctrl_fd = h->fd;
+    if (l->local) shm_offer(b, l);
+  }
+  NEWT_DEBUG(COMM, "rank %d: %s connection with rank %d (%s) established", c->rank,
+             h->kind == HS_KIND_DATA ? "data" : "control", h->peer, h->remote);
+  h->fd = -1;
+  h->st = HS_IDLE;
+  return NEWT_OK;
+}
+
+static void start_connects(builder *b, uint64_t now) {
+  cpu_comm *c = b->c;
+  for (int p = 0; p < c->rank; p++)
+    for (int k = 0; k < 2; k++) {
+      int i = p * 2 + k;
+      hs_conn *h = &b->out[i];
+      if (!needs(c, p, k) || b->have[i] || h->st != HS_IDLE || now < b->retry_at[i]) continue;
+      int fd;
+      if (net_connect_start(&b->ss[p], b->sslen[p], &fd) != NEWT_OK) {
+        snprintf(b->why[p], sizeof b->why[p], "%s", newt_errmsg());
+        b->retry_at[i] = now + b->backoff[i];
+        continue;
+      }
+      newt_deadline_t d = newt_deadline_min(b->deadline, newt_deadline_in_ms(newt_param_CommHandshakeMs()));
+      hs_client_start(h, &b->ctx, fd, p, k, c->addrs[p], d);
+    }
+}
+
+static void client_failed(builder *b, int i, uint64_t now) {
+  hs_conn *h = &b->out[i];
+  int p = i / 2;
+  snprintf(b->why[p], sizeof b->why[p], "%s", h->why);
+  NEWT_DEBUG(COMM, "rank %d: connecting to rank %d: %s; retrying", b->c->rank, p, h->why);
+  hs_close(h);
+  b->retry_at[i] = now + b->backoff[i];
+  if (b->backoff[i] < 200000000ull) b->backoff[i] *= 2;
+}
+
+static int complete(builder *b) {
+  cpu_comm *c = b->c;
+  for (int p = 0; p < c->size; p++)
+    for (int k = 0; k < 2; k++)
+      if (needs(c, p, k) && !b->have[p * 2 + k]) return 0;
+  return c->nlocal == 0 || (b->mapped == c->nlocal && b->mapped_by == c->nlocal);
+}
+
+static newt_result_t timed_out(builder *b) {
+  cpu_comm *c = b->c;
+  size_t n = 0;
+  char *e = b->err;
+  size_t cap = sizeof b->err;
+  for (int p = 0; p < c->size && n < cap; p++) {
+    if (p == c->rank) continue;
+    int missing = (needs(c, p, 0) && !b->have[p * 2]) || (needs(c, p, 1) && !b->have[p * 2 + 1]);
+    if (missing && p < c->rank)
+      n += (size_t)snprintf(e + n, cap - n, "; rank %d (%s): %s", p, c->addrs[p],
+                            b->why[p][0] ? b->why[p] : "no answer");
+    else if (missing)
+      n += (size_t)snprintf(e + n, cap - n, "; rank %d (%s) did not connect", p, c->addrs[p]);
+    else if (c->links[p].local && (!c->links[p].peer_map || !c->links[p].mapped_by_peer))
+      n += (size_t)snprintf(e + n, cap - n, "; rank %d (%s) did not set up shared memory", p, c->addrs[p]);
+  }
+  return NEWT_ERR(NEWT_ERR_TIMEOUT, "building the communicator (rank %d of %d, generation %llu) timed out after %lld ms%s",
+                  c->rank, c->size, (unsigned long long)c->generation, (long long)c->timeout_ms, b->err);
+}
+
+static newt_result_t build_loop(builder *b) {
+  cpu_comm *c = b->c;
+  struct pollfd *pf = NULL;
+  int *who = NULL; /* what each poll entry is: -1 listener, 0..: out index, 1000+: in index, 2000+: ctrl */
+  size_t cap = (size_t)c->size * 3 + MAX_PENDING + 2;
+  newt_result_t res = NEWT_OK;
+  pf = calloc(cap, sizeof *pf);
+  who = calloc(cap, sizeof *who);
+  if (!pf || !who) {
+    res = NEWT_ERR(NEWT_ERR_NOMEM, "out of memory building the communicator");
+    goto done;
+  }
+  for (;;) {
+    if (complete(b)) break;
+    uint64_t now = newt_now_ns();
+    if (newt_deadline_passed(b->deadline)) {
+      res = timed_out(b);
+      goto done;
+    }
+    start_connects(b, now);
+    int np = 0;
+    pf[np] = (struct pollfd){.fd = c->listen_fd, .events = POLLIN};
+    who[np++] = -1;
+    for (int i = 0; i < c->size * 2; i++)
+      if (b->out[i].st != HS_IDLE) {
+        pf[np] = (struct pollfd){.fd = b->out[i].fd, .events = hs_events(&b->out[i])};
+        who[np++] = i;
+      }
+    for (int i = 0; i < b->nin; i++) {
+      pf[np] = (struct pollfd){.fd = b->in[i].fd, .events = hs_events(&b->in[i])};
+      who[np++] = 1000 + i;
+    }
+    for (int p = 0; p < c->size; p++)
+      if (p != c->rank && c->links[p].local && c->links[p].ctrl_fd >= 0) {
+        pf[np] = (struct pollfd){.fd = c->links[p].ctrl_fd, .events = POLLIN};
+        who[np++] = 2000 + p;
+      }
+    int k = poll(pf, (nfds_t)np, 10);
+    if (k < 0 && errno != EINTR) {
+      res = NEWT_ERR(NEWT_ERR_SYS, "poll while building the communicator: %s", strerror(errno));
+      goto done;
+    }
+    now = newt_now_ns();
+    for (int i = 0; i < np; i++) {
+      if (who[i] == -1) {
+        if (!pf[i].revents) continue;
+        for (;;) {
+          int fd = accept4(c->listen_fd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
+          if (fd < 0) break;
+          char remote[96];
+          net_peer_name(fd, remote, sizeof remote);
+          if (b->nin >= MAX_PENDING) {
+            NEWT_WARN(COMM, "communicator build (rank %d): refused a connection from %s: too many pending handshakes",
+                      c->rank, remote);
+            close(fd);
+            continue;
+          }
+          hs_server_start(&b->in[b->nin++], fd, remote,
+                          newt_deadline_min(b->deadline, newt_deadline_in_ms(newt_param_CommHandshakeMs())));
+        }
+      } else if (who[i] < 1000) {
+        hs_conn *h = &b->out[who[i]];
+        hs_state st = hs_step(h, &b->ctx);
+        if (st == HS_DONE) NEWT_CHECK_GOTO(install(b, h), res, done);
+        else if (st == HS_FAILED) client_failed(b, who[i], now);
+      } else if (who[i] < 2000) {
+        hs_conn *h = &b->in[who[i] - 1000];
+        hs_state st = hs_step(h, &b->ctx);
+        if (st == HS_DONE) NEWT_CHECK_GOTO(install(b, h), res, done);
+        else if (st == HS_FAILED) hs_close(h);
+      } else if (pf[i].revents) {
+        NEWT_CHECK_GOTO(build_ctrl(b, &c->links[who[i] - 2000]), res, done);
+      }
+    }
+    int j = 0;
+    for (int i = 0; i < b->nin; i++)
+      if (b->in[i].st != HS_IDLE) b->in[j++] = b->in[i];
+    b->nin = j;
+  }
+done:
+  for (int i = 0; i < b->nin; i++) hs_close(&b->in[i]);
+  for (int i = 0; i < c->size * 2; i++) hs_close(&b->out[i]);
+  free(pf);
+  free(who);
+  return res;
+}
+
+newt_result_t cpu_build(cpu_comm *c, newt_deadline_t deadline) {
+  newt_result_t res = NEWT_OK;
+  builder b;
+  memset(&b, 0, sizeof b);
+  b.c = c;
+  b.deadline = deadline;
+  b.ctx = (hs_ctx){.rank = c->rank, .size = c->size, .generation = c->generation, .tag = c->tag,
+                   .members = c->members, .secret = c->secret, .secret_len = c->secret_len,
+                   .want = want_incoming, .arg = &b, .where = "communicator build"};
+  if (c->size == 1) return NEWT_OK;
+  b.out = calloc((size_t)c->size * 2, sizeof *b.out);
+  b.retry_at = calloc((size_t)c->size * 2, sizeof *b.retry_at);
+  b.backoff = calloc((size_t)c->size * 2, sizeof *b.backoff);
+  b.have = calloc((size_t)c->size * 2, sizeof *b.have);
+  b.why = calloc((size_t)c->size, sizeof *b.why);
+  b.ss = calloc((size_t)c->size, sizeof *b.ss);
+  b.sslen = calloc((size_t)c->size, sizeof *b.sslen);
+  if (!b.out || !b.retry_at || !b.backoff || !b.have || !b.why || !b.ss || !b.sslen) {
+    res = NEWT_ERR(NEWT_ERR_NOMEM, "out of memory building the communicator");
+    goto done;
+  }
+  for (int i = 0; i < c->size * 2; i++) {
+    b.out[i].fd = -1;
+    b.backoff[i] = 10000000ull;
+  }
+  for (int p = 0; p < c->rank; p++) NEWT_CHECK_GOTO(net_resolve(c->addrs[p], &b.ss[p], &b.sslen[p]), res, done);
+  if (c->listen_fd < 0) NEWT_CHECK_GOTO(net_listen(c->addrs[c->rank], deadline, &c->listen_fd), res, done);
+  if (c->nlocal > 0) NEWT_CHECK_GOTO(shm_create(c), res, done);
+  res = build_loop(&b);
+done:
+  free(b.out);
+  free(b.retry_at);
+  free(b.backoff);
+  free(b.have);
+  free(b.why);
+  free(b.ss);
+  free(b.sslen);
+  return res;
+}
+
+void cpu_links_close(cpu_comm *c) {
+  if (c->links) {
+    for (int p = 0; p < c->size; p++) {
+      cpu_link *l = &c->links[p];
+      if (l->ctrl_fd >= 0) close(l->ctrl_fd);
+      if (l->data_fd >= 0) close(l->data_fd);
+      l->ctrl_fd = l->data_fd = -1;
+      if (l->peer_map) munmap(l->peer_map, l->peer_map_len);
+      l->peer_map = NULL;
+      free(l->stage);
+      l->stage = NULL;
+    }
+  }
+  if (c->map) munmap(c->map, c->map_len);
+  c->map = NULL;
+  c->hdr = NULL;
+  if (c->shm_linked) shm_unlink(c->shm_name);
+  c->shm_linked = 0;
+  if (c->listen_fd >= 0) close(c->listen_fd);
+  c->listen_fd = -1;
+}

@@ -1,0 +1,547 @@
+/* The CPU communicator's life: create, split, shrink, the executor and the progress
+ * thread, abort and free.
+ *
+ * Executor. Only one thread at a time runs operations on a communicator and reads its
+ * control connections ("executing" under c->lock). A blocking call runs its operation in
+ * the calling thread when nothing is queued (no hand-off, so a small allreduce costs a
+ * few microseconds); otherwise it waits its turn. *_async calls queue a request that the
+ * progress thread runs in issue order.
+ *
+ * Progress thread, when idle: sleeps in poll() on the eventfd, the listening socket (any
+ * connection now is refused by the handshake, with a log line) and the control
+ * connections (hang-ups only: a peer that dies while we are idle fails the communicator
+ * without waiting for the next operation). Once the communicator has failed it stops
+ * listening and hands the listening socket to comm_shrink.
+ *
+ * Split: every member opens a listening socket on its host with a port the kernel picks;
+ * the addresses go round with an allgather over the parent, then the child is built like
+ * any communicator (its own connections, segments and progress thread). Shrink: aborts
+ * the parent and builds the survivors' communicator on the parent's listening sockets,
+ * with the new generation and secret. */
+#include <errno.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/eventfd.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include "comm/cpu.h"
+#include "common/log.h"
+
+#define MAX_STRAYS 16
+
+static void wake(cpu_comm *c) {
+  uint64_t one = 1;
+  ssize_t w = write(c->evfd, &one, sizeof one);
+  (void)w;
+}
+
+static uint64_t members_hash(int size, char **addrs, char **hosts) {
+  uint64_t h = comm_hash(COMM_HASH_INIT, &size, sizeof size);
+  for (int r = 0; r < size; r++) {
+    h = comm_hash(h, addrs[r], strlen(addrs[r]) + 1);
+    h = comm_hash(h, hosts[r], strlen(hosts[r]) + 1);
+  }
+  return h;
+}
+
+static void cpu_destroy(cpu_comm *c) {
+  if (!c) return;
+  cpu_links_close(c);
+  if (c->evfd >= 0) close(c->evfd);
+  for (int r = 0; r < c->size; r++) {
+    if (c->addrs) free(c->addrs[r]);
+    if (c->hosts) free(c->hosts[r]);
+  }
+  free(c->addrs);
+  free(c->hosts);
+  free(c->links);
+  free(c->pfds);
+  free(c->pfd_peer);
+  free(c->scratch);
+  pthread_mutex_destroy(&c->lock);
+  pthread_cond_destroy(&c->cv);
+  pthread_mutex_destroy(&c->ctrl_send_lock);
+  free(c);
+}
+
+/* The parts every constructor shares; addrs and hosts are copied. */
+static newt_result_t cpu_alloc(struct comm *pub, int rank, int size, const char *const *addrs,
+                               const char *const *hosts, const char *job, uint64_t generation,
+                               uint64_t tag, const unsigned char *secret, size_t secret_len,
+                               int64_t timeout_ms, int listen_fd, cpu_comm **out) {
+  cpu_comm *c = calloc(1, sizeof *c);
+  NEWT_CHECK_ALLOC(c);
+  c->pub = pub;
+  c->rank = rank;
+  c->size = size;
+  c->generation = generation;
+  c->tag = tag;
+  memcpy(c->secret, secret, secret_len);
+  c->secret_len = secret_len;
+  c->timeout_ms = timeout_ms;
+  c->listen_fd = listen_fd;
+  c->evfd = -1;
+  snprintf(c->job, sizeof c->job, "%s", job ? job : "job");
+  pthread_mutex_init(&c->lock, NULL);
+  pthread_cond_init(&c->cv, NULL);
+  pthread_mutex_init(&c->ctrl_send_lock, NULL);
+  c->addrs = calloc((size_t)size, sizeof *c->addrs);
+  c->hosts = calloc((size_t)size, sizeof *c->hosts);
+  c->links = calloc((size_t)size, sizeof *c->links);
+  c->pfds = calloc((size_t)size + 4, sizeof *c->pfds);
+  c->pfd_peer = calloc((size_t)size + 4, sizeof *c->pfd_peer);
+  if (!c->addrs || !c->hosts || !c->links || !c->pfds || !c->pfd_peer) {
+    c->listen_fd = -1;
+    cpu_destroy(c);
+    return NEWT_ERR(NEWT_ERR_NOMEM, "out of memory for a communicator of %d ranks", size);
+  }
+  for (int r = 0; r < size; r++) {
+    c->addrs[r] = strdup(addrs[r]);
+    c->hosts[r] = strdup(hosts[r]);
+    c->links[r].peer = r;
+    c->links[r].ctrl_fd = c->links[r].data_fd = -1;
+    if (!c->addrs[r] || !c->hosts[r]) {
+      c->listen_fd = -1;
+      cpu_destroy(c);
+      return NEWT_ERR(NEWT_ERR_NOMEM, "out of memory for a communicator of %d ranks", size);
+    }
+  }
+  for (int r = 0; r < size; r++) {
+    c->links[r].local = r != rank && strcmp(hosts[r], hosts[rank]) == 0;
+    c->nlocal += c->links[r].local;
+    snprintf(c->links[r].addr, sizeof c->links[r].addr, "%s", addrs[r]);
+  }
+  c->members = members_hash(size, c->addrs, c->hosts);
+  c->evfd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+  if (c->evfd < 0) {
+    int e = errno;
+    cpu_destroy(c);
+    return NEWT_ERR(NEWT_ERR_SYS, "eventfd: %s", strerror(e));
+  }
+  *out = c;
+  return NEWT_OK;
+}
+
+/* --- executor ----------------------------------------------------------------------- */
+
+static newt_result_t exec_op(cpu_comm *c, const comm_opdesc *op) {
+  if (atomic_load(&c->pub->failed)) return comm_failed_err(c->pub, comm_kind_name(op->kind));
+  c->op_name = comm_kind_name(op->kind);
+  c->op_seq++;
+  newt_result_t res = cpu_algo_run(c, op);
+  if (res == NEWT_OK) links_align(c);
+  c->op_name = NULL;
+  return res;
+}
+
+static void release_exec(cpu_comm *c) {
+  pthread_mutex_lock(&c->lock);
+  c->executing = 0;
+  if (c->waiters) pthread_cond_broadcast(&c->cv);
+  pthread_mutex_unlock(&c->lock);
+}
+
+newt_result_t cpu_run(struct comm *pub, const comm_opdesc *op) {
+  cpu_comm *c = pub->cpu;
+  pthread_mutex_lock(&c->lock);
+  while ((c->executing || c->qhead) && !c->stop) {
+    c->waiters++;
+    pthread_cond_wait(&c->cv, &c->lock);
+    c->waiters--;
+  }
+  if (c->stop) {
+    pthread_mutex_unlock(&c->lock);
+    return NEWT_ERR(NEWT_ERR_ABORTED, "%s: the communicator is being freed", comm_kind_name(op->kind));
+  }
+  c->executing = 1;
+  pthread_mutex_unlock(&c->lock);
+  newt_result_t res = exec_op(c, op);
+  release_exec(c);
+  return res;
+}
+
+newt_result_t cpu_submit(struct comm *pub, struct comm_req *r) {
+  cpu_comm *c = pub->cpu;
+  pthread_mutex_lock(&c->lock);
+  if (c->stop) {
+    pthread_mutex_unlock(&c->lock);
+    return NEWT_ERR(NEWT_ERR_ABORTED, "%s: the communicator is being freed", comm_kind_name(r->op.kind));
+  }
+  r->next = NULL;
+  if (c->qtail) c->qtail->next = r;
+  else c->qhead = r;
+  c->qtail = r;
+  int idle = !c->executing;
+  pthread_mutex_unlock(&c->lock);
+  if (idle) wake(c);
+  return NEWT_OK;
+}
+
+newt_result_t cpu_wait_req(struct comm_req *r) {
+  while (!atomic_load_explicit(&r->done, memory_order_acquire)) comm_futex_wait(&r->done, 0, 100);
+  return r->result;
+}
+
+/* --- progress thread ---------------------------------------------------------------- */
+
+static int refuse_all(void *arg, int peer, int kind) {
+  (void)arg;
+  (void)peer;
+  (void)kind;
+  return 0;
+}
+
+static void strays_close(cpu_comm *c) {
+  for (int i = 0; i < c->nstrays; i++) hs_close(&c->strays[i]);
+  c->nstrays = 0;
+}
+
+static void serve_listener(cpu_comm *c, struct pollfd *pf, int np, int lst, int first_stray) {
+  hs_ctx ctx = {.rank = c->rank, .size = c->size, .generation = c->generation, .tag = c->tag,
+                .members = c->members, .secret = c->secret, .secret_len = c->secret_len,
+                .want = refuse_all, .where = "communicator"};
+  for (int i = first_stray; i < np && i - first_stray < c->nstrays; i++) {
+    hs_conn *h = &c->strays[i - first_stray];
+    if (pf[i].revents || newt_deadline_passed(h->deadline))
+      if (hs_step(h, &ctx) == HS_FAILED || h->st == HS_DONE) hs_close(h);
+  }
+  int j = 0;
+  for (int i = 0; i < c->nstrays; i++)
+    if (c->strays[i].st != HS_IDLE) c->strays[j++] = c->strays[i];
+  c->nstrays = j;
+  if (lst < 0 || !pf[lst].revents) return;
+  for (;;) {
+    int fd = accept4(c->listen_fd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
+    if (fd < 0) return;
+    char remote[96];
+    net_peer_name(fd, remote, sizeof remote);
+    if (c->nstrays >= MAX_STRAYS) {
+      NEWT_WARN(COMM, "communicator (rank %d): refused a connection from %s: too many pending handshakes",
+                c->rank, remote);
+      close(fd);
+      continue;
+    }
+    hs_conn *h = &c->strays[c->nstrays++];
+    hs_server_start(h, fd, remote, newt_deadline_in_ms(newt_param_CommHandshakeMs()));
+    if (hs_step(h, &ctx) == HS_FAILED) {
+      hs_close(h);
+      c->nstrays--;
+    }
+  }
+}
+
+static void *progress_main(void *arg) {
+  cpu_comm *c = arg;
+  size_t cap = (size_t)c->size + MAX_STRAYS + 4;
+  struct pollfd *pf = calloc(cap, sizeof *pf);
+  int *peer = calloc(cap, sizeof *peer);
+  hs_conn strays[MAX_STRAYS];
+  c->strays = strays;
+  pthread_mutex_lock(&c->lock);
+  while (!c->stop && pf && peer) {
+    if (c->qhead && !c->executing) {
+      struct comm_req *r = c->qhead;
+      c->qhead = r->next;
+      if (!c->qhead) c->qtail = NULL;
+      c->executing = 1;
+      pthread_mutex_unlock(&c->lock);
+      newt_result_t res = exec_op(c, &r->op);
+      comm_req_complete(r, res, res == NEWT_OK ? "" : newt_errmsg());
+      pthread_mutex_lock(&c->lock);
+      c->executing = 0;
+      if (c->waiters) pthread_cond_broadcast(&c->cv);
+      continue;
+    }
+    if (c->executing) {
+      c->waiters++;
+      pthread_cond_wait(&c->cv, &c->lock);
+      c->waiters--;
+      continue;
+    }
+    int healthy = !atomic_load(&c->pub->failed);
+    if (!healthy && !c->listener_released) {
+      strays_close(c);
+      c->listener_released = 1;
+      if (c->waiters) pthread_cond_broadcast(&c->cv);
+    }
+    int np = 0, lst = -1, first_stray, first_ctrl;
+    pf[np++] = (struct pollfd){.fd = c->evfd, .events = POLLIN};
+    if (healthy && c->listen_fd >= 0 && !c->listener_released) {
+      lst = np;
+      pf[np++] = (struct pollfd){.fd = c->listen_fd, .events = POLLIN};
+    }
+    first_stray = np;
+    for (int i = 0; i < c->nstrays; i++) pf[np++] = (struct pollfd){.fd = strays[i].fd, .events = hs_events(&strays[i])};
+    first_ctrl = np;
+    if (healthy)
+      for (int r = 0; r < c->size; r++)
+        if (r != c->rank && c->links[r].ctrl_fd >= 0 && !c->links[r].ctrl_eof) {
+          peer[np] = r;
+          pf[np++] = (struct pollfd){.fd = c->links[r].ctrl_fd, .events = POLLRDHUP};
+        }
+    pthread_mutex_unlock(&c->lock);
+    int k = poll(pf, (nfds_t)np, c->nstrays ? 50 : 1000);
+    pthread_mutex_lock(&c->lock);
+    if (k < 0) continue;
+    if (k == 0) {
+      if (c->nstrays && !c->listener_released) serve_listener(c, pf, first_ctrl, lst, first_stray);
+      continue;
+    }
+    if (pf[0].revents) {
+      uint64_t v;
+      ssize_t rd = read(c->evfd, &v, sizeof v);
+      (void)rd;
+    }
+    if (!c->listener_released) serve_listener(c, pf, first_ctrl, lst, first_stray);
+    int hup = 0;
+    for (int i = first_ctrl; i < np; i++) hup |= pf[i].revents != 0;
+    if (hup && !c->executing && !c->stop) {
+      c->executing = 1;
+      pthread_mutex_unlock(&c->lock);
+      for (int i = first_ctrl; i < np; i++)
+        if (pf[i].revents) ctrl_drain(c, &c->links[peer[i]]);
+      pthread_mutex_lock(&c->lock);
+      c->executing = 0;
+      if (c->waiters) pthread_cond_broadcast(&c->cv);
+    }
+  }
+  strays_close(c);
+  c->strays = NULL;
+  c->listener_released = 1;
+  if (c->waiters) pthread_cond_broadcast(&c->cv);
+  pthread_mutex_unlock(&c->lock);
+  free(pf);
+  free(peer);
+  return NULL;
+}
+
+static newt_result_t start_thread(cpu_comm *c) {
+  sigset_t all, old;
+  sigfillset(&all);
+  pthread_sigmask(SIG_SETMASK, &all, &old);
+  int e = pthread_create(&c->thread, NULL, progress_main, c);
+  pthread_sigmask(SIG_SETMASK, &old, NULL);
+  if (e != 0) return NEWT_ERR(NEWT_ERR_SYS, "starting the progress thread: %s", strerror(e));
+  c->thread_started = 1;
+  return NEWT_OK;
+}
+
+/* Builds c's links and starts its thread; destroys c on failure. */
+static newt_result_t finish(struct comm *pub, cpu_comm *c, newt_deadline_t deadline) {
+  newt_result_t res = cpu_build(c, deadline);
+  if (res == NEWT_OK) res = start_thread(c);
+  if (res != NEWT_OK) {
+    cpu_destroy(c);
+    return res;
+  }
+  pub->cpu = c;
+  NEWT_INFO(COMM, "rank %d of %d: communicator of generation %llu built (%d peers on this host)", c->rank,
+            c->size, (unsigned long long)c->generation, c->nlocal);
+  return NEWT_OK;
+}
+
+newt_result_t cpu_create(const comm_config *cfg, struct comm *pub) {
+  cpu_comm *c;
+  newt_deadline_t deadline = newt_deadline_in_ms(cfg->timeout_ms);
+  const char *job = cfg->job ? cfg->job : "job";
+  uint64_t tag = comm_hash(COMM_HASH_INIT, job, strlen(job));
+  NEWT_CHECK(cpu_alloc(pub, cfg->rank, cfg->size, cfg->addrs, cfg->hosts, job, cfg->generation, tag,
+                       cfg->secret, cfg->secret_len, cfg->timeout_ms, -1, &c));
+  return finish(pub, c, deadline);
+}
+
+/* --- split -------------------------------------------------------------------------- */
+
+#define SPLIT_REC 128
+
+typedef struct split_member {
+  int color, key, prank;
+} split_member;
+
+static int member_cmp(const void *a, const void *b) {
+  const split_member *x = a, *y = b;
+  if (x->key != y->key) return x->key < y->key ? -1 : 1;
+  return x->prank < y->prank ? -1 : (x->prank > y->prank);
+}
+
+newt_result_t cpu_split(struct comm *parent, int color, int key, struct comm *child, int *member) {
+  cpu_comm *pc = parent->cpu;
+  newt_result_t res = NEWT_OK;
+  int lfd = -1, n = pc->size;
+  char myaddr[96] = "";
+  uint8_t *recs = NULL;
+  split_member *m = NULL;
+  char **addrs = NULL, **hosts = NULL;
+  *member = 0;
+  if (color >= 0) NEWT_CHECK(net_listen_ephemeral(pc->addrs[pc->rank], &lfd, myaddr, sizeof myaddr));
+  recs = calloc((size_t)n, SPLIT_REC);
+  m = calloc((size_t)n, sizeof *m);
+  addrs = calloc((size_t)n, sizeof *addrs);
+  hosts = calloc((size_t)n, sizeof *hosts);
+  if (!recs || !m || !addrs || !hosts) {
+    res = NEWT_ERR(NEWT_ERR_NOMEM, "out of memory splitting a communicator of %d ranks", n);
+    goto out;
+  }
+  uint8_t mine[SPLIT_REC] = {0};
+  int32_t ck[2] = {color < 0 ? -1 : color, key};
+  memcpy(mine, ck, sizeof ck);
+  snprintf((char *)mine + 8, SPLIT_REC - 8, "%s", myaddr);
+  comm_opdesc ag = {.kind = COMM_OP_ALLGATHER, .send = mine, .recv = recs, .count = SPLIT_REC, .dt = NEWT_U8};
+  NEWT_CHECK_GOTO(cpu_run(parent, &ag), res, out);
+  uint32_t seq = pc->split_seq++;
+  if (color < 0) goto out;
+  int k = 0;
+  for (int r = 0; r < n; r++) {
+    int32_t v[2];
+    memcpy(v, recs + (size_t)r * SPLIT_REC, sizeof v);
+    recs[(size_t)r * SPLIT_REC + SPLIT_REC - 1] = '\0';
+    if (v[0] == color) m[k++] = (split_member){v[0], v[1], r};
+  }
+  qsort(m, (size_t)k, sizeof *m, member_cmp);
+  int me = -1;
+  for (int i = 0; i < k; i++) {
+    addrs[i] = (char *)recs + (size_t)m[i].prank * SPLIT_REC + 8;
+    hosts[i] = pc->hosts[m[i].prank];
+    if (m[i].prank == pc->rank) me = i;
+    if (addrs[i][0] == '\0') {
+      res = NEWT_ERR(NEWT_ERR_PEER, "split: parent rank %d sent no address", m[i].prank);
+      goto out;
+    }
+  }
+  child->rank = me;
+  child->size = k;
+  child->parent_ranks = calloc((size_t)k, sizeof *child->parent_ranks);
+  if (!child->parent_ranks) {
+    res = NEWT_ERR(NEWT_ERR_NOMEM, "out of memory splitting a communicator");
+    goto out;
+  }
+  for (int i = 0; i < k; i++) child->parent_ranks[i] = m[i].prank;
+  uint64_t tag = comm_hash(pc->tag, &seq, sizeof seq);
+  tag = comm_hash(tag, &color, sizeof color);
+  cpu_comm *c;
+  NEWT_CHECK_GOTO(cpu_alloc(child, me, k, (const char *const *)addrs, (const char *const *)hosts, pc->job,
+                            pc->generation, tag, pc->secret, pc->secret_len, pc->timeout_ms, lfd, &c),
+                  res, out);
+  lfd = -1; /* c owns it now */
+  res = finish(child, c, newt_deadline_in_ms(pc->timeout_ms));
+  if (res == NEWT_OK) *member = 1;
+out:
+  if (lfd >= 0) close(lfd);
+  free(recs);
+  free(m);
+  free(addrs);
+  free(hosts);
+  return res;
+}
+
+/* --- shrink ------------------------------------------------------------------------- */
+
+newt_result_t cpu_shrink(struct comm *parent, const int *exclude, int nexclude, uint64_t generation,
+                         const unsigned char *secret, size_t secret_len, struct comm *out) {
+  cpu_comm *pc = parent->cpu;
+  int n = pc->size;
+  char *gone = calloc((size_t)n, 1);
+  const char **addrs = calloc((size_t)n, sizeof *addrs);
+  const char **hosts = calloc((size_t)n, sizeof *hosts);
+  newt_result_t res = NEWT_OK;
+  if (!gone || !addrs || !hosts) {
+    res = NEWT_ERR(NEWT_ERR_NOMEM, "out of memory shrinking a communicator");
+    goto out;
+  }
+  for (int i = 0; i < nexclude; i++) gone[exclude[i]] = 1;
+  comm_fail(parent, NEWT_ERR_ABORTED, -1, 0, "aborted by comm_shrink (the survivors built generation %llu)",
+            (unsigned long long)generation);
+  /* take the parent's listening socket once its progress thread let go of it */
+  newt_deadline_t d = newt_deadline_in_ms(5000);
+  pthread_mutex_lock(&pc->lock);
+  while (!pc->listener_released && pc->thread_started && !newt_deadline_passed(d)) {
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    ts.tv_nsec += 10000000;
+    if (ts.tv_nsec >= 1000000000) ts.tv_sec++, ts.tv_nsec -= 1000000000;
+    pc->waiters++;
+    pthread_cond_timedwait(&pc->cv, &pc->lock, &ts);
+    pc->waiters--;
+  }
+  int lfd = pc->listener_released || !pc->thread_started ? pc->listen_fd : -1;
+  if (lfd >= 0) pc->listen_fd = -1;
+  pthread_mutex_unlock(&pc->lock);
+  int k = 0, me = -1;
+  uint64_t tag = comm_hash(pc->tag, "shrink", 6);
+  tag = comm_hash(tag, &generation, sizeof generation);
+  for (int r = 0; r < n; r++) {
+    if (gone[r]) {
+      tag = comm_hash(tag, &r, sizeof r);
+      continue;
+    }
+    if (r == pc->rank) me = k;
+    addrs[k] = pc->addrs[r];
+    hosts[k] = pc->hosts[r];
+    k++;
+  }
+  out->rank = me;
+  out->size = k;
+  cpu_comm *c;
+  res = cpu_alloc(out, me, k, addrs, hosts, pc->job, generation, tag, secret, secret_len, pc->timeout_ms,
+                  lfd, &c);
+  if (res != NEWT_OK) {
+    if (lfd >= 0) close(lfd);
+    goto out;
+  }
+  res = finish(out, c, newt_deadline_in_ms(pc->timeout_ms));
+out:
+  free(gone);
+  free(addrs);
+  free(hosts);
+  return res;
+}
+
+/* --- failure, abort, free ------------------------------------------------------------ */
+
+void cpu_on_fail(struct comm *pub, newt_result_t code, int peer, const char *msg, int notify) {
+  cpu_comm *c = pub->cpu;
+  if (!c) return;
+  if (notify) {
+    if (code == NEWT_ERR_ABORTED) {
+      char m[200];
+      snprintf(m, sizeof m, "rank %d (%s) aborted its communicator", c->rank, c->addrs[c->rank]);
+      ctrl_notify_fail(c, NEWT_ERR_PEER, c->rank, m);
+    } else {
+      ctrl_notify_fail(c, code, peer, msg);
+    }
+  }
+  wake(c);
+}
+
+void cpu_free(struct comm *pub) {
+  cpu_comm *c = pub->cpu;
+  if (!c) return;
+  pthread_mutex_lock(&c->lock);
+  c->stop = 1;
+  int busy = c->executing || c->qhead;
+  pthread_mutex_unlock(&c->lock);
+  if (busy) comm_fail(pub, NEWT_ERR_ABORTED, -1, 1, "communicator freed with operations pending");
+  wake(c);
+  if (c->thread_started) pthread_join(c->thread, NULL);
+  pthread_mutex_lock(&c->lock);
+  while (c->executing) {
+    c->waiters++;
+    pthread_cond_wait(&c->cv, &c->lock);
+    c->waiters--;
+  }
+  struct comm_req *q = c->qhead;
+  c->qhead = c->qtail = NULL;
+  pthread_mutex_unlock(&c->lock);
+  while (q) {
+    struct comm_req *next = q->next;
+    comm_req_complete(q, NEWT_ERR_ABORTED, "the communicator was freed before the operation ran");
+    q = next;
+  }
+  for (int r = 0; r < c->size; r++)
+    if (r != c->rank) ctrl_send(c, &c->links[r], CTRL_BYE, 0, NULL, 0);
+  pub->cpu = NULL;
+  cpu_destroy(c);
+}

@@ -1,0 +1,489 @@
+/* Moving bytes between two ranks, and waiting when they cannot move.
+ *
+ * Data: a byte stream per direction. Between ranks on one host it is a ring in shared
+ * memory (the producer advances head, the consumer tail; each side keeps its own copy
+ * and publishes it with a full fence so the sleeping-flag check below is sound). Between
+ * hosts it is a TCP connection; the receiver reads into a staging buffer when it must
+ * reduce, straight into the destination when it only copies.
+ *
+ * Control: framed messages on the control connection (cpu.h). A closed control
+ * connection is how a dead peer shows itself: without a goodbye first, the peer died and
+ * the communicator fails at once naming it.
+ *
+ * Waiting (cpu_wait_block): spin for NEWT_COMM_SPIN_US while shared memory is involved,
+ * then raise our "sleeping" flag, let the caller look once more, and sleep in poll() on
+ * the eventfd (abort), every control connection and the TCP data sockets involved. A peer
+ * that moves data for us and sees the flag clears it and sends a doorbell. No progress
+ * for timeout_ms starts a probe of the peer we wait for (see cpu.h). */
+#include <errno.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include "comm/cpu.h"
+#include "common/log.h"
+
+static inline void cpu_relax(void) {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#elif defined(__aarch64__)
+  __asm__ __volatile__("yield");
+#endif
+}
+
+const char *cpu_peer_name(cpu_comm *c, int peer, char *buf, size_t cap) {
+  if (peer >= 0 && peer < c->size)
+    snprintf(buf, cap, "rank %d (%s)", peer, c->addrs[peer]);
+  else
+    snprintf(buf, cap, "rank %d", peer);
+  return buf;
+}
+
+/* --- control channel ---------------------------------------------------------------- */
+
+static void put32(uint8_t *p, uint32_t v) {
+  for (int i = 0; i < 4; i++) p[i] = (uint8_t)(v >> (8 * i));
+}
+static uint32_t get32(const uint8_t *p) {
+  uint32_t v = 0;
+  for (int i = 0; i < 4; i++) v |= (uint32_t)p[i] << (8 * i);
+  return v;
+}
+
+int ctrl_send(cpu_comm *c, cpu_link *l, int type, uint32_t arg, const void *payload, size_t len) {
+  uint8_t buf[CTRL_HDR + CTRL_MAX_PAYLOAD];
+  if (l->ctrl_fd < 0 || l->ctrl_eof || len > CTRL_MAX_PAYLOAD) return -1;
+  buf[0] = (uint8_t)type;
+  buf[1] = 0;
+  buf[2] = (uint8_t)(len & 0xff);
+  buf[3] = (uint8_t)(len >> 8);
+  put32(buf + 4, arg);
+  if (len) memcpy(buf + CTRL_HDR, payload, len);
+  pthread_mutex_lock(&c->ctrl_send_lock);
+  ssize_t n;
+  do n = send(l->ctrl_fd, buf, CTRL_HDR + len, MSG_DONTWAIT | MSG_NOSIGNAL);
+  while (n < 0 && errno == EINTR);
+  pthread_mutex_unlock(&c->ctrl_send_lock);
+  if (n == (ssize_t)(CTRL_HDR + len)) return 0;
+  if (n > 0) NEWT_WARN(COMM, "control frame to rank %d cut short (peer not reading)", l->peer);
+  return -1;
+}
+
+int ctrl_read(cpu_link *l, ctrl_msg *m, const char **why) {
+  for (;;) {
+    if (l->crx_len >= CTRL_HDR) {
+      int type = l->crx[0];
+      size_t len = (size_t)l->crx[2] | ((size_t)l->crx[3] << 8);
+      if (type < CTRL_DOORBELL || type > CTRL_SHM_MAPPED || len > CTRL_MAX_PAYLOAD || l->crx[1] != 0) {
+        *why = "malformed control frame";
+        return -2;
+      }
+      if (l->crx_len >= CTRL_HDR + len) {
+        m->type = type;
+        m->arg = get32(l->crx + 4);
+        m->len = len;
+        memcpy(m->payload, l->crx + CTRL_HDR, len);
+        memmove(l->crx, l->crx + CTRL_HDR + len, l->crx_len - CTRL_HDR - len);
+        l->crx_len -= CTRL_HDR + len;
+        return 1;
+      }
+    }
+    if (l->ctrl_fd < 0 || l->ctrl_eof) return -1;
+    ssize_t n = recv(l->ctrl_fd, l->crx + l->crx_len, sizeof l->crx - l->crx_len, MSG_DONTWAIT);
+    if (n > 0) {
+      l->crx_len += (size_t)n;
+      continue;
+    }
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return 0;
+    *why = n == 0 ? "closed" : strerror(errno);
+    return -1;
+  }
+}
+
+void ctrl_notify_fail(cpu_comm *c, newt_result_t code, int culprit, const char *msg) {
+  uint8_t p[CTRL_MAX_PAYLOAD];
+  size_t n = strlen(msg);
+  if (n > sizeof p - 4) n = sizeof p - 4;
+  put32(p, (uint32_t)culprit);
+  memcpy(p + 4, msg, n);
+  for (int r = 0; r < c->size; r++)
+    if (r != c->rank && r != culprit && c->links) ctrl_send(c, &c->links[r], CTRL_FAIL, (uint32_t)code, p, n + 4);
+}
+
+static void handle_pong(cpu_comm *c, cpu_link *l, const ctrl_msg *m);
+
+/* A failure notice from l->peer: adopt its verdict. */
+static void handle_fail(cpu_comm *c, cpu_link *l, const ctrl_msg *m) {
+  if (m->len < 4) return;
+  int culprit = (int32_t)get32(m->payload);
+  newt_result_t code = (newt_result_t)m->arg;
+  if (code <= NEWT_OK || code >= NEWT_ERR__COUNT) code = NEWT_ERR_PEER;
+  if (culprit < -1 || culprit >= c->size) culprit = -1;
+  char msg[CTRL_MAX_PAYLOAD];
+  size_t n = m->len - 4;
+  for (size_t i = 0; i < n; i++) {
+    char ch = (char)m->payload[4 + i];
+    msg[i] = (ch >= 32 && ch < 127) ? ch : '?';
+  }
+  msg[n] = '\0';
+  if (culprit == c->rank)
+    comm_fail(c->pub, code, c->rank, 0, "rank %d reported this rank: %s", l->peer, msg);
+  else
+    comm_fail(c->pub, code, culprit, 0, "%s (reported by rank %d)", msg, l->peer);
+}
+
+void ctrl_drain(cpu_comm *c, cpu_link *l) {
+  ctrl_msg m;
+  const char *why = "";
+  char name[160];
+  for (;;) {
+    int r = ctrl_read(l, &m, &why);
+    if (r == 0) return;
+    if (r < 0) {
+      l->ctrl_eof = 1;
+      if (l->gone == 0) {
+        l->gone = 2;
+        cpu_peer_name(c, l->peer, name, sizeof name);
+        if (r == -2)
+          comm_fail(c->pub, NEWT_ERR_PEER, l->peer, 1, "%s sent a %s", name, why);
+        else
+          comm_fail(c->pub, NEWT_ERR_PEER, l->peer, 1,
+                    "%s closed its connection%s%s (the process died?)", name,
+                    c->op_name ? " during " : "", c->op_name ? c->op_name : "");
+      }
+      return;
+    }
+    switch (m.type) {
+      case CTRL_PING: {
+        uint8_t p[8];
+        int in_op = c->cur_wait != NULL;
+        put32(p, (uint32_t)in_op);
+        put32(p + 4, (uint32_t)(in_op ? c->cur_wait->blocker : -1));
+        ctrl_send(c, l, CTRL_PONG, m.arg, p, sizeof p);
+        break;
+      }
+      case CTRL_PONG: handle_pong(c, l, &m); break;
+      case CTRL_FAIL: handle_fail(c, l, &m); break;
+      case CTRL_BYE:
+        if (l->gone == 0) l->gone = 1;
+        break;
+      case CTRL_DOORBELL: break;
+      default: NEWT_DEBUG(COMM, "rank %d: ignoring control frame %d from rank %d", c->rank, m.type, l->peer);
+    }
+  }
+}
+
+/* --- data streams -------------------------------------------------------------------- */
+
+static void doorbell(cpu_comm *c, cpu_link *l) {
+  if (atomic_load_explicit(&l->peer_hdr->sleeping, memory_order_seq_cst) &&
+      atomic_exchange(&l->peer_hdr->sleeping, 0))
+    ctrl_send(c, l, CTRL_DOORBELL, 0, NULL, 0);
+}
+
+size_t link_chunk(const cpu_link *l) {
+  return (size_t)(l->local ? newt_param_CommShmChunk() : newt_param_CommTcpChunk());
+}
+
+static newt_result_t tcp_broken(cpu_comm *c, cpu_link *l, const char *what, int err) {
+  char name[160];
+  cpu_peer_name(c, l->peer, name, sizeof name);
+  if (err == 0)
+    return comm_fail(c->pub, NEWT_ERR_PEER, l->peer, 1, "%s closed the data connection during %s",
+                     name, c->op_name ? c->op_name : "an operation");
+  return comm_fail(c->pub, NEWT_ERR_PEER, l->peer, 1, "%s: %s on the data connection during %s: %s",
+                   name, what, c->op_name ? c->op_name : "an operation", strerror(err));
+}
+
+newt_result_t link_send(cpu_comm *c, cpu_link *l, const void *p, size_t len, size_t *n) {
+  *n = 0;
+  if (len == 0) return NEWT_OK;
+  if (l->local) {
+    /* positions are rounded up to 64 bytes at the end of each operation, by each side
+     * on its own: a difference that looks negative means "nothing yet" */
+    int64_t used = (int64_t)(l->tx_head - l->tx_tail);
+    if (used < 0 || (size_t)used + len > l->tx_ring) {
+      l->tx_tail = atomic_load_explicit(&l->tx->tail, memory_order_acquire);
+      used = (int64_t)(l->tx_head - l->tx_tail);
+      if (used < 0) used = 0;
+    }
+    size_t take = l->tx_ring - (size_t)used;
+    if (take > len) take = len;
+    if (take == 0) return NEWT_OK;
+    size_t pos = (size_t)(l->tx_head % l->tx_ring);
+    size_t first = l->tx_ring - pos < take ? l->tx_ring - pos : take;
+    memcpy(l->txd + pos, p, first);
+    if (take > first) memcpy(l->txd, (const uint8_t *)p + first, take - first);
+    l->tx_head += take;
+    atomic_store_explicit(&l->tx->head, l->tx_head, memory_order_seq_cst);
+    doorbell(c, l);
+    *n = take;
+    return NEWT_OK;
+  }
+  ssize_t r;
+  do r = send(l->data_fd, p, len, MSG_DONTWAIT | MSG_NOSIGNAL);
+  while (r < 0 && errno == EINTR);
+  if (r > 0) *n = (size_t)r;
+  else if (r < 0 && errno != EAGAIN && errno != EWOULDBLOCK) return tcp_broken(c, l, "send", errno);
+  return NEWT_OK;
+}
+
+newt_result_t link_peek(cpu_comm *c, cpu_link *l, size_t want, size_t esize, const uint8_t **p,
+                        size_t *avail) {
+  *avail = 0;
+  if (l->local) {
+    uint64_t head = atomic_load_explicit(&l->rx->head, memory_order_acquire);
+    size_t pos = (size_t)(l->rx_tail % l->rx_ring);
+    int64_t ahead = (int64_t)(head - l->rx_tail); /* < 0: the producer has not rounded yet */
+    size_t n = ahead > 0 ? (size_t)ahead : 0;
+    if (n > l->rx_ring - pos) n = l->rx_ring - pos;
+    if (n > want) n = want;
+    *p = l->rxd + pos;
+    *avail = n - n % esize;
+    return NEWT_OK;
+  }
+  if (l->stage_r == l->stage_w) {
+    l->stage_r = l->stage_w = 0;
+  } else if (l->stage_r % esize != 0 || (l->stage_w - l->stage_r < want && l->stage_w == l->stage_cap)) {
+    memmove(l->stage, l->stage + l->stage_r, l->stage_w - l->stage_r);
+    l->stage_w -= l->stage_r;
+    l->stage_r = 0;
+  }
+  if (l->stage_w - l->stage_r < want && l->stage_w < l->stage_cap) {
+    ssize_t r;
+    do r = recv(l->data_fd, l->stage + l->stage_w, l->stage_cap - l->stage_w, MSG_DONTWAIT);
+    while (r < 0 && errno == EINTR);
+    if (r > 0) l->stage_w += (size_t)r;
+    else if (r == 0 && l->stage_w == l->stage_r) return tcp_broken(c, l, "recv", 0);
+    else if (r < 0 && errno != EAGAIN && errno != EWOULDBLOCK) return tcp_broken(c, l, "recv", errno);
+  }
+  size_t n = l->stage_w - l->stage_r;
+  if (n > want) n = want;
+  *p = l->stage + l->stage_r;
+  *avail = n - n % esize;
+  return NEWT_OK;
+}
+
+void link_consume(cpu_comm *c, cpu_link *l, size_t n) {
+  if (n == 0) return;
+  if (l->local) {
+    l->rx_tail += n;
+    atomic_store_explicit(&l->rx->tail, l->rx_tail, memory_order_seq_cst);
+    doorbell(c, l);
+  } else {
+    l->stage_r += n;
+  }
+}
+
+newt_result_t link_recv(cpu_comm *c, cpu_link *l, void *dst, size_t len, size_t *n) {
+  *n = 0;
+  uint8_t *d = dst;
+  if (l->local) {
+    while (*n < len) {
+      const uint8_t *p;
+      size_t avail;
+      NEWT_CHECK(link_peek(c, l, len - *n, 1, &p, &avail));
+      if (avail == 0) break;
+      memcpy(d + *n, p, avail);
+      link_consume(c, l, avail);
+      *n += avail;
+    }
+    return NEWT_OK;
+  }
+  if (l->stage_w > l->stage_r) {
+    size_t take = l->stage_w - l->stage_r;
+    if (take > len) take = len;
+    memcpy(d, l->stage + l->stage_r, take);
+    l->stage_r += take;
+    *n = take;
+    if (*n == len) return NEWT_OK;
+  }
+  ssize_t r;
+  do r = recv(l->data_fd, d + *n, len - *n, MSG_DONTWAIT);
+  while (r < 0 && errno == EINTR);
+  if (r > 0) *n += (size_t)r;
+  else if (r == 0) return tcp_broken(c, l, "recv", 0);
+  else if (errno != EAGAIN && errno != EWOULDBLOCK) return tcp_broken(c, l, "recv", errno);
+  return NEWT_OK;
+}
+
+void links_align(cpu_comm *c) {
+  for (int r = 0; r < c->size; r++) {
+    cpu_link *l = &c->links[r];
+    if (r == c->rank || !l->local) continue;
+    uint64_t h = (l->tx_head + 63) & ~(uint64_t)63;
+    if (h != l->tx_head) {
+      l->tx_head = h;
+      atomic_store_explicit(&l->tx->head, h, memory_order_release);
+    }
+    uint64_t t = (l->rx_tail + 63) & ~(uint64_t)63;
+    if (t != l->rx_tail) {
+      l->rx_tail = t;
+      atomic_store_explicit(&l->rx->tail, t, memory_order_release);
+    }
+  }
+}
+
+/* --- waiting ------------------------------------------------------------------------- */
+
+static uint64_t spin_ns(void) { return (uint64_t)newt_param_CommSpinUs() * 1000ull; }
+
+static uint64_t probe_ns(cpu_comm *c) {
+  int64_t ms = c->timeout_ms / 4;
+  if (ms < 50) ms = 50;
+  if (ms > 2000) ms = 2000;
+  return (uint64_t)ms * 1000000ull;
+}
+
+static uint64_t stall_ns(cpu_comm *c) {
+  return c->timeout_ms < 0 ? UINT64_MAX / 2 : (uint64_t)c->timeout_ms * 1000000ull;
+}
+
+void cpu_wait_init(cpu_wait *w, cpu_comm *c) {
+  memset(w, 0, sizeof *w);
+  w->c = c;
+  uint64_t now = newt_now_ns();
+  w->spin_until = now + spin_ns();
+  w->stall_at = now + stall_ns(c);
+  w->blocker = -1;
+  w->probe_target = -1;
+  c->cur_wait = w;
+}
+
+void cpu_wait_progress(cpu_wait *w) {
+  uint64_t now = newt_now_ns();
+  w->spin_until = now + spin_ns();
+  w->stall_at = now + stall_ns(w->c);
+  w->probing = 0;
+  w->blocker = -1;
+  if (w->armed) {
+    atomic_store(&w->c->hdr->sleeping, 0);
+    w->armed = 0;
+  }
+}
+
+static newt_result_t probe_verdict(cpu_wait *w, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static newt_result_t probe_verdict(cpu_wait *w, const char *fmt, ...) {
+  char msg[256];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(msg, sizeof msg, fmt, ap);
+  va_end(ap);
+  w->probing = 0;
+  return comm_fail(w->c->pub, NEWT_ERR_TIMEOUT, w->probe_target, 1, "%s", msg);
+}
+
+static void probe_send(cpu_wait *w, int target) {
+  cpu_comm *c = w->c;
+  w->probing = 1;
+  w->probe_target = target;
+  w->probe_seq++;
+  w->probe_until = newt_now_ns() + probe_ns(c);
+  ctrl_send(c, &c->links[target], CTRL_PING, w->probe_seq, NULL, 0);
+}
+
+static void handle_pong(cpu_comm *c, cpu_link *l, const ctrl_msg *m) {
+  cpu_wait *w = c->cur_wait;
+  if (!w || !w->probing || w->probe_target != l->peer || m->arg != w->probe_seq || m->len < 8) return;
+  int in_op = (int)get32(m->payload);
+  int waiting_on = (int32_t)get32(m->payload + 4);
+  char name[160];
+  cpu_peer_name(c, l->peer, name, sizeof name);
+  if (!in_op) {
+    probe_verdict(w, "%s is alive but has not entered %s after %lld ms", name,
+                  c->op_name ? c->op_name : "the operation", (long long)c->timeout_ms);
+  } else if (waiting_on < 0 || waiting_on >= c->size) {
+    /* busy, not blocked: it is making progress of its own; wait another period */
+    w->probing = 0;
+    w->stall_at = newt_now_ns() + stall_ns(c);
+  } else if (waiting_on == c->rank) {
+    probe_verdict(w, "%s and this rank wait for each other during %s (mismatched operations?)", name,
+                  c->op_name ? c->op_name : "the operation");
+  } else if (++w->probe_hops >= c->size) {
+    probe_verdict(w, "ranks wait for each other in a cycle through %s during %s", name,
+                  c->op_name ? c->op_name : "the operation");
+  } else {
+    NEWT_DEBUG(COMM, "rank %d: probe: rank %d waits for rank %d", c->rank, l->peer, waiting_on);
+    probe_send(w, waiting_on);
+  }
+}
+
+newt_result_t cpu_wait_block(cpu_wait *w, cpu_link *rx, cpu_link *tx) {
+  cpu_comm *c = w->c;
+  if (atomic_load_explicit(&c->pub->failed, memory_order_acquire))
+    return comm_failed_err(c->pub, c->op_name);
+  w->blocker = rx ? rx->peer : (tx ? tx->peer : -1);
+  int shm = (rx && rx->local) || (tx && tx->local);
+  uint64_t now = newt_now_ns();
+  if (shm && now < w->spin_until) {
+    for (int i = 0; i < 32; i++) cpu_relax();
+    return NEWT_OK;
+  }
+  if (shm && !w->armed) {
+    atomic_store(&c->hdr->sleeping, 1);
+    atomic_thread_fence(memory_order_seq_cst);
+    w->armed = 1;
+    return NEWT_OK; /* the caller looks once more before we sleep */
+  }
+  struct pollfd *pf = c->pfds;
+  int np = 0;
+  pf[np++] = (struct pollfd){.fd = c->evfd, .events = POLLIN};
+  for (int r = 0; r < c->size; r++) {
+    cpu_link *l = &c->links[r];
+    if (r != c->rank && l->ctrl_fd >= 0 && !l->ctrl_eof) {
+      c->pfd_peer[np] = r;
+      pf[np++] = (struct pollfd){.fd = l->ctrl_fd, .events = POLLIN};
+    }
+  }
+  int ndata = np;
+  if (rx && !rx->local) pf[np++] = (struct pollfd){.fd = rx->data_fd, .events = POLLIN};
+  if (tx && !tx->local) pf[np++] = (struct pollfd){.fd = tx->data_fd, .events = POLLOUT};
+  uint64_t until = w->probing ? w->probe_until : w->stall_at;
+  int64_t ms = until > now ? (int64_t)((until - now + 999999) / 1000000) : 0;
+  if (ms > 100) ms = 100;
+  int k = poll(pf, (nfds_t)np, (int)ms);
+  if (w->armed) {
+    atomic_store(&c->hdr->sleeping, 0);
+    w->armed = 0;
+  }
+  now = newt_now_ns();
+  w->spin_until = now + spin_ns();
+  if (k < 0 && errno != EINTR)
+    return comm_fail(c->pub, NEWT_ERR_SYS, -1, 1, "poll during %s: %s", c->op_name, strerror(errno));
+  if (k > 0) {
+    if (pf[0].revents) {
+      uint64_t v;
+      ssize_t rd = read(c->evfd, &v, sizeof v);
+      (void)rd;
+    }
+    for (int i = 1; i < ndata; i++)
+      if (pf[i].revents) ctrl_drain(c, &c->links[c->pfd_peer[i]]);
+  }
+  if (atomic_load_explicit(&c->pub->failed, memory_order_acquire))
+    return comm_failed_err(c->pub, c->op_name);
+  char name[160];
+  if (rx && rx->gone && rx->local &&
+      (int64_t)(atomic_load_explicit(&rx->rx->head, memory_order_acquire) - rx->rx_tail) <= 0)
+    return comm_fail(c->pub, NEWT_ERR_PEER, rx->peer, 1,
+                     "%s left (freed its communicator) while this rank waited for its data in %s",
+                     cpu_peer_name(c, rx->peer, name, sizeof name), c->op_name);
+  if (tx && tx->gone)
+    return comm_fail(c->pub, NEWT_ERR_PEER, tx->peer, 1,
+                     "%s left (freed its communicator) while this rank had data for it in %s",
+                     cpu_peer_name(c, tx->peer, name, sizeof name), c->op_name);
+  if (!w->probing && now >= w->stall_at && w->blocker >= 0) {
+    NEWT_INFO(COMM, "rank %d: no progress in %s for %lld ms, probing rank %d", c->rank, c->op_name,
+              (long long)c->timeout_ms, w->blocker);
+    w->probe_hops = 0;
+    probe_send(w, w->blocker);
+  } else if (w->probing && now >= w->probe_until) {
+    return probe_verdict(w, "%s made no progress for %lld ms during %s and did not answer a probe (stopped or hung)",
+                         cpu_peer_name(c, w->probe_target, name, sizeof name),
+                         (long long)c->timeout_ms, c->op_name);
+  }
+  return NEWT_OK;
+}

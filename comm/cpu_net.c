@@ -1,0 +1,163 @@
+/* Sockets for the CPU backend: address parsing ("host:port", "[v6]:port"), listening
+ * sockets (retried while the address is still held, e.g. by a communicator of the
+ * previous generation being freed), nonblocking connects and socket options. Every fd is
+ * close-on-exec and nonblocking. */
+#include <arpa/inet.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include "comm/cpu.h"
+#include "common/log.h"
+
+int net_set_nonblock(int fd) {
+  int fl = fcntl(fd, F_GETFL);
+  return fl < 0 ? -1 : fcntl(fd, F_SETFL, fl | O_NONBLOCK);
+}
+
+/* Splits "host:port" / "[host]:port" into host and port strings. */
+static newt_result_t split_addr(const char *addr, char *host, size_t hcap, char *port, size_t pcap) {
+  const char *colon;
+  const char *h = addr;
+  size_t hlen;
+  if (addr[0] == '[') {
+    const char *close = strchr(addr, ']');
+    if (!close || close[1] != ':')
+      return NEWT_ERR(NEWT_ERR_INVALID, "address \"%s\": expected [ipv6]:port", addr);
+    h = addr + 1;
+    hlen = (size_t)(close - h);
+    colon = close + 1;
+  } else {
+    colon = strrchr(addr, ':');
+    if (!colon) return NEWT_ERR(NEWT_ERR_INVALID, "address \"%s\": expected host:port", addr);
+    hlen = (size_t)(colon - addr);
+  }
+  if (hlen == 0 || hlen >= hcap || strlen(colon + 1) == 0 || strlen(colon + 1) >= pcap)
+    return NEWT_ERR(NEWT_ERR_INVALID, "address \"%s\": expected host:port", addr);
+  memcpy(host, h, hlen);
+  host[hlen] = '\0';
+  snprintf(port, pcap, "%s", colon + 1);
+  for (const char *p = port; *p; p++)
+    if (*p < '0' || *p > '9')
+      return NEWT_ERR(NEWT_ERR_INVALID, "address \"%s\": port \"%s\" is not a number", addr, port);
+  return NEWT_OK;
+}
+
+newt_result_t net_resolve(const char *addr, struct sockaddr_storage *ss, socklen_t *len) {
+  char host[256], port[16];
+  if (!addr) return NEWT_ERR(NEWT_ERR_INVALID, "missing address");
+  NEWT_CHECK(split_addr(addr, host, sizeof host, port, sizeof port));
+  struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM};
+  struct addrinfo *res = NULL;
+  int rc = getaddrinfo(host, port, &hints, &res);
+  if (rc != 0 || !res)
+    return NEWT_ERR(NEWT_ERR_INVALID, "address \"%s\": cannot resolve: %s", addr, gai_strerror(rc));
+  memcpy(ss, res->ai_addr, res->ai_addrlen);
+  *len = res->ai_addrlen;
+  freeaddrinfo(res);
+  return NEWT_OK;
+}
+
+static newt_result_t listen_on(const struct sockaddr_storage *ss, socklen_t len, const char *what,
+                               newt_deadline_t deadline, int *out) {
+  int64_t nap_ms = 5;
+  for (;;) {
+    int fd = socket(ss->ss_family, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+    if (fd < 0) return NEWT_ERR(NEWT_ERR_SYS, "socket for %s: %s", what, strerror(errno));
+    int one = 1;
+    setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+    if (bind(fd, (const struct sockaddr *)ss, len) == 0 && listen(fd, 128) == 0) {
+      *out = fd;
+      return NEWT_OK;
+    }
+    int e = errno;
+    close(fd);
+    if (e != EADDRINUSE || newt_deadline_passed(deadline))
+      return NEWT_ERR(NEWT_ERR_SYS, "cannot listen on %s: %s%s", what, strerror(e),
+                      e == EADDRINUSE ? " (is the previous communicator on it freed?)" : "");
+    NEWT_DEBUG(COMM, "listen on %s: address in use, retrying", what);
+    newt_sleep_ms(nap_ms);
+    if (nap_ms < 100) nap_ms *= 2;
+  }
+}
+
+newt_result_t net_listen(const char *addr, newt_deadline_t deadline, int *fd) {
+  struct sockaddr_storage ss;
+  socklen_t len;
+  NEWT_CHECK(net_resolve(addr, &ss, &len));
+  return listen_on(&ss, len, addr, deadline, fd);
+}
+
+newt_result_t net_listen_ephemeral(const char *like, int *fd, char *out, size_t cap) {
+  struct sockaddr_storage ss;
+  socklen_t len;
+  NEWT_CHECK(net_resolve(like, &ss, &len));
+  if (ss.ss_family == AF_INET) ((struct sockaddr_in *)&ss)->sin_port = 0;
+  else ((struct sockaddr_in6 *)&ss)->sin6_port = 0;
+  NEWT_CHECK(listen_on(&ss, len, like, NEWT_DEADLINE_NONE, fd));
+  len = sizeof ss;
+  if (getsockname(*fd, (struct sockaddr *)&ss, &len) != 0) {
+    int e = errno;
+    close(*fd);
+    *fd = -1;
+    return NEWT_ERR(NEWT_ERR_SYS, "getsockname: %s", strerror(e));
+  }
+  char host[INET6_ADDRSTRLEN];
+  if (ss.ss_family == AF_INET) {
+    struct sockaddr_in *a = (struct sockaddr_in *)&ss;
+    inet_ntop(AF_INET, &a->sin_addr, host, sizeof host);
+    snprintf(out, cap, "%s:%d", host, ntohs(a->sin_port));
+  } else {
+    struct sockaddr_in6 *a = (struct sockaddr_in6 *)&ss;
+    inet_ntop(AF_INET6, &a->sin6_addr, host, sizeof host);
+    snprintf(out, cap, "[%s]:%d", host, ntohs(a->sin6_port));
+  }
+  return NEWT_OK;
+}
+
+newt_result_t net_connect_start(const struct sockaddr_storage *ss, socklen_t len, int *out) {
+  int fd = socket(ss->ss_family, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+  if (fd < 0) return NEWT_ERR(NEWT_ERR_SYS, "socket: %s", strerror(errno));
+  if (connect(fd, (const struct sockaddr *)ss, len) != 0 && errno != EINPROGRESS) {
+    int e = errno;
+    close(fd);
+    return NEWT_ERR(NEWT_ERR_UNAVAILABLE, "connect: %s", strerror(e));
+  }
+  *out = fd;
+  return NEWT_OK;
+}
+
+void net_tune(int fd, int data) {
+  int one = 1;
+  setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+  int buf = (int)newt_param_CommTcpBuf();
+  if (data && buf > 0) {
+    setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &buf, sizeof buf);
+    setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &buf, sizeof buf);
+  }
+}
+
+void net_peer_name(int fd, char *out, size_t cap) {
+  struct sockaddr_storage ss;
+  socklen_t len = sizeof ss;
+  char host[INET6_ADDRSTRLEN] = "?";
+  int port = 0;
+  if (getpeername(fd, (struct sockaddr *)&ss, &len) == 0) {
+    if (ss.ss_family == AF_INET) {
+      struct sockaddr_in *a = (struct sockaddr_in *)&ss;
+      inet_ntop(AF_INET, &a->sin_addr, host, sizeof host);
+      port = ntohs(a->sin_port);
+    } else if (ss.ss_family == AF_INET6) {
+      struct sockaddr_in6 *a = (struct sockaddr_in6 *)&ss;
+      inet_ntop(AF_INET6, &a->sin6_addr, host, sizeof host);
+      port = ntohs(a->sin6_port);
+    }
+  }
+  snprintf(out, cap, "%s:%d", host, port);
+}

@@ -1,0 +1,124 @@
+/* What the backends of comm/ share: the communicator object every public call takes, the
+ * description of one operation, requests, and the failure record.
+ *
+ * A failure is recorded once per communicator (the first one wins) under one process-wide
+ * lock, and spreads through the split family: a child's failure fails its parent and the
+ * parent's its children (peers renumbered, -1 where the peer is not a member). The
+ * backend is told (cpu_on_fail / nccl_on_fail) so it can wake its waiters and, for the
+ * CPU backend, tell its peers. */
+#ifndef NEWT_COMM_INTERNAL_H
+#define NEWT_COMM_INTERNAL_H
+
+#include <stdatomic.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "comm/comm.h"
+
+typedef struct cpu_comm cpu_comm;
+typedef struct nccl_comm nccl_comm;
+
+typedef enum comm_kind {
+  COMM_OP_ALLREDUCE = 0,
+  COMM_OP_REDUCE_SCATTER,
+  COMM_OP_ALLGATHER,
+  COMM_OP_BROADCAST,
+  COMM_OP_SEND,
+  COMM_OP_RECV,
+  COMM_OP_BARRIER,
+} comm_kind;
+
+/* One operation as the caller gave it. count is in elements: the vector for allreduce,
+ * broadcast, send and recv; recvcount for reduce-scatter; sendcount for allgather. */
+typedef struct comm_opdesc {
+  comm_kind kind;
+  const void *send;
+  void *recv;
+  size_t count;
+  newt_dtype dt;
+  comm_op op;
+  int peer; /* root for broadcast, peer for send/recv */
+} comm_opdesc;
+
+const char *comm_kind_name(comm_kind k);
+
+struct comm_req {
+  struct comm *c;
+  comm_opdesc op;
+  _Atomic uint32_t done; /* futex word: 0 pending, 1 done */
+  newt_result_t result;
+  char msg[512];
+  struct comm_req *next;  /* CPU: the issue-order queue */
+  struct comm_req *onext; /* outstanding requests of c (comm_free completes them) */
+  void *event;            /* NCCL: the cudaEvent_t recorded after the operation */
+};
+
+struct comm {
+  comm_backend backend;
+  int rank;
+  int size;
+  int64_t timeout_ms;
+  struct comm *parent; /* split parent, NULL for a root */
+  int *parent_ranks;   /* [size]: this communicator's rank r is parent rank parent_ranks[r] */
+  struct comm **children;
+  int nchildren;
+  int cap_children;
+  _Atomic int failed;
+  _Atomic int aborted;
+  comm_status status;           /* under the family lock */
+  struct comm_req *outstanding; /* under the family lock */
+  cpu_comm *cpu;
+  nccl_comm *nccl;
+};
+
+/* Records c's failure (first one wins) and spreads it through c's family; the message
+ * names the peer. notify: tell c's peers (CPU backend). Returns the recorded code with
+ * this thread's error set to the recorded message. */
+newt_result_t comm_fail(struct comm *c, newt_result_t code, int peer, int notify, const char *fmt,
+                        ...) __attribute__((format(printf, 5, 6)));
+
+/* The recorded failure as this thread's error ("allreduce: rank 2 ... closed ..."). */
+newt_result_t comm_failed_err(struct comm *c, const char *what);
+
+/* Links a new split child under its parent (for failure propagation). */
+newt_result_t comm_family_link(struct comm *parent, struct comm *child);
+
+/* Request bookkeeping: tracked until completed; comm_free completes the rest. */
+newt_result_t comm_req_new(struct comm *c, const comm_opdesc *op, struct comm_req **out);
+void comm_req_complete(struct comm_req *r, newt_result_t res, const char *msg);
+void comm_req_untrack(struct comm_req *r);
+/* Completes every outstanding request of c with NEWT_ERR_ABORTED (c is being freed). */
+void comm_req_abort_all(struct comm *c);
+
+/* 64-bit FNV-1a, for tags and member hashes. */
+uint64_t comm_hash(uint64_t h, const void *data, size_t len);
+#define COMM_HASH_INIT 0xcbf29ce484222325ull
+
+/* Futex helpers (process-private). */
+void comm_futex_wait(_Atomic uint32_t *addr, uint32_t val, int64_t timeout_ms);
+void comm_futex_wake(_Atomic uint32_t *addr);
+
+/* --- the CPU backend (cpu_comm.c) ------------------------------------------------------ */
+newt_result_t cpu_create(const comm_config *cfg, struct comm *c);
+newt_result_t cpu_split(struct comm *parent, int color, int key, struct comm *child, int *member);
+newt_result_t cpu_shrink(struct comm *parent, const int *exclude, int nexclude, uint64_t generation,
+                         const unsigned char *secret, size_t secret_len, struct comm *out);
+newt_result_t cpu_run(struct comm *c, const comm_opdesc *op);
+newt_result_t cpu_submit(struct comm *c, struct comm_req *r);
+newt_result_t cpu_wait_req(struct comm_req *r);
+void cpu_on_fail(struct comm *c, newt_result_t code, int peer, const char *msg, int notify);
+void cpu_free(struct comm *c);
+
+/* --- the NCCL backend (nccl.c; only with NEWT_HAVE_CUDA) -------------------------------- */
+newt_result_t nccl_create(const comm_config *cfg, struct comm *c);
+newt_result_t nccl_split(struct comm *parent, int color, int key, struct comm *child, int *member);
+newt_result_t nccl_shrink(struct comm *parent, const int *exclude, int nexclude, struct comm *out);
+newt_result_t nccl_run(struct comm *c, const comm_opdesc *op);
+newt_result_t nccl_submit(struct comm *c, struct comm_req *r);
+newt_result_t nccl_wait_req(struct comm_req *r);
+void nccl_on_fail(struct comm *c, newt_result_t code, int peer, const char *msg, int notify);
+void nccl_free(struct comm *c);
+newt_result_t nccl_unique_id(unsigned char id[COMM_NCCL_ID_BYTES]);
+void nccl_event_destroy(void *event);
+
+#endif

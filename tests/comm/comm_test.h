@@ -1,0 +1,177 @@
+/* Helpers shared by the comm tests: a "world" of N rank processes on this machine
+ * (loopback addresses on free ports, one host name for all ranks, one per rank, or two
+ * hosts), forked from the test, each running a function that returns its number of
+ * failed checks; the parent waits for them with a deadline, kills stragglers and counts
+ * the ranks that failed. A page of shared memory lets ranks and the parent exchange
+ * small facts (times, pids). */
+#ifndef NEWT_TESTS_COMM_TEST_H
+#define NEWT_TESTS_COMM_TEST_H
+
+#include <dirent.h>
+#include <signal.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/prctl.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "comm/comm.h"
+#include "common/clock.h"
+#include "common/proc.h"
+#include "common/sys.h"
+
+#define CT_MAX 16
+
+enum { CT_SHM = 0, CT_TCP = 1, CT_MIXED = 2 };
+
+typedef struct ct_shared {
+  _Atomic int ready;        /* ranks that reached a point */
+  _Atomic int go;           /* the parent's signal */
+  _Atomic uint64_t t_ns[8]; /* free slots for times (monotonic ns) */
+  _Atomic int64_t val[CT_MAX];
+  _Atomic int errors[CT_MAX];
+} ct_shared;
+
+typedef struct ct_world {
+  int size;
+  int mode;
+  char job[48];
+  char addr_buf[CT_MAX][64];
+  char host_buf[CT_MAX][32];
+  const char *addrs[CT_MAX];
+  const char *hosts[CT_MAX];
+  unsigned char secret[32];
+  uint64_t generation;
+  int64_t timeout_ms;
+  pid_t pids[CT_MAX];
+  ct_shared *sh;
+} ct_world;
+
+static inline void ct_world_init(ct_world *w, int size, int mode, const char *name) {
+  memset(w, 0, sizeof *w);
+  w->size = size;
+  w->mode = mode;
+  snprintf(w->job, sizeof w->job, "t%d-%s", (int)getpid(), name);
+  for (int r = 0; r < size; r++) {
+    int port = 0;
+    if (newt_net_free_port(&port) != NEWT_OK) {
+      fprintf(stderr, "no free port\n");
+      exit(2);
+    }
+    snprintf(w->addr_buf[r], sizeof w->addr_buf[r], "127.0.0.1:%d", port);
+    if (mode == CT_SHM) snprintf(w->host_buf[r], sizeof w->host_buf[r], "hostA");
+    else if (mode == CT_TCP) snprintf(w->host_buf[r], sizeof w->host_buf[r], "host%d", r);
+    else snprintf(w->host_buf[r], sizeof w->host_buf[r], "host%d", r % 2);
+    w->addrs[r] = w->addr_buf[r];
+    w->hosts[r] = w->host_buf[r];
+  }
+  newt_random_bytes(w->secret, sizeof w->secret);
+  w->generation = 7;
+  w->timeout_ms = 20000;
+  w->sh = mmap(NULL, sizeof(ct_shared), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+  if (w->sh == MAP_FAILED) {
+    perror("mmap");
+    exit(2);
+  }
+  memset(w->sh, 0, sizeof *w->sh);
+}
+
+static inline void ct_world_free(ct_world *w) { munmap(w->sh, sizeof(ct_shared)); }
+
+static inline void ct_config(const ct_world *w, int rank, comm_config *cfg) {
+  memset(cfg, 0, sizeof *cfg);
+  cfg->backend = COMM_BACKEND_CPU;
+  cfg->rank = rank;
+  cfg->size = w->size;
+  cfg->addrs = w->addrs;
+  cfg->hosts = w->hosts;
+  cfg->job = w->job;
+  cfg->generation = w->generation;
+  memcpy(cfg->secret, w->secret, sizeof w->secret);
+  cfg->secret_len = sizeof w->secret;
+  cfg->timeout_ms = w->timeout_ms;
+}
+
+typedef int (*ct_rank_fn)(ct_world *w, int rank, void *arg);
+
+/* Forks one process per rank running fn; the child exits with 0 when fn found no failure. */
+static inline void ct_spawn(ct_world *w, ct_rank_fn fn, void *arg) {
+  fflush(stdout);
+  fflush(stderr);
+  pid_t parent = getpid();
+  for (int r = 0; r < w->size; r++) {
+    pid_t pid = fork();
+    if (pid < 0) {
+      perror("fork");
+      exit(2);
+    }
+    if (pid == 0) {
+      prctl(PR_SET_PDEATHSIG, SIGKILL);
+      if (getppid() != parent) _exit(3);
+      int failures = fn(w, r, arg);
+      fflush(stdout);
+      fflush(stderr);
+      exit(failures ? 1 : 0);
+    }
+    w->pids[r] = pid;
+  }
+}
+
+/* Waits for every rank; returns the number of ranks that failed (a killed rank counts
+ * unless `killed` says it was killed on purpose). */
+static inline int ct_wait(ct_world *w, int64_t timeout_ms, const int *killed) {
+  int bad = 0;
+  newt_deadline_t d = newt_deadline_in_ms(timeout_ms);
+  for (int r = 0; r < w->size; r++) {
+    if (w->pids[r] <= 0) continue;
+    int st = 0;
+    int64_t left = newt_deadline_left_ms(d);
+    if (newt_proc_wait(w->pids[r], left, &st) != NEWT_OK) {
+      fprintf(stderr, "rank %d (pid %d) did not finish in time; killing it\n", r, (int)w->pids[r]);
+      kill(w->pids[r], SIGCONT);
+      kill(w->pids[r], SIGKILL);
+      newt_proc_wait(w->pids[r], 5000, &st);
+      bad++;
+    } else if (killed && killed[r]) {
+      /* expected */
+    } else if (!WIFEXITED(st) || WEXITSTATUS(st) != 0) {
+      char buf[64];
+      fprintf(stderr, "rank %d (pid %d): %s\n", r, (int)w->pids[r], newt_proc_status_str(st, buf, sizeof buf));
+      bad++;
+    }
+    w->pids[r] = 0;
+  }
+  return bad;
+}
+
+/* Entries of /dev/shm whose name contains `needle`. */
+static inline int ct_shm_count(const char *needle) {
+  DIR *d = opendir("/dev/shm");
+  if (!d) return 0;
+  int n = 0;
+  struct dirent *e;
+  while ((e = readdir(d)) != NULL)
+    if (strstr(e->d_name, needle)) n++;
+  closedir(d);
+  return n;
+}
+
+static inline int ct_count_dir(const char *path) {
+  DIR *d = opendir(path);
+  if (!d) return -1;
+  int n = 0;
+  struct dirent *e;
+  while ((e = readdir(d)) != NULL)
+    if (e->d_name[0] != '.') n++;
+  closedir(d);
+  return n;
+}
+
+/* Open fds and threads of this process. */
+static inline int ct_fd_count(void) { return ct_count_dir("/proc/self/fd"); }
+static inline int ct_thread_count(void) { return ct_count_dir("/proc/self/task"); }
+
+#endif
