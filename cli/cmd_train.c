@@ -2,12 +2,18 @@
  * per step. It is the reference every parallel layout is compared with.
  *
  * Data: --data FILE (a token file from `newt data prepare`), or without it the generated
- * corpus (model_text_generate, seeded by --data-seed), which is learnable. */
+ * corpus (model_text_generate, seeded by --data-seed), which is learnable.
+ *
+ * Checkpoints: with --ckpt-dir DIR it first resumes from the newest valid checkpoint there
+ * (weights, AdamW moments, step, data cursor; ckpt/model_state.h), then saves one every
+ * --ckpt-every steps in the background while it trains on. --log FILE appends one JSON
+ * line per step (step, loss with full precision, lr). */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "ckpt/model_state.h"
 #include "cli/cmds.h"
 #include "common/opts.h"
 #include "common/sys.h"
@@ -19,6 +25,8 @@ int newt_cmd_train(int argc, char **argv) {
   int64_t steps = 100, threads = 1, batch = 8, micro = 0, seq = 0, seed = 1, data_seed = 1,
           warmup = -1, gen_bytes = 1 << 21;
   double lr = 1e-3, lr_min = -1, wd = 0.1, clip = 1.0, beta1 = 0.9, beta2 = 0.95, eps = 1e-8;
+  const char *ckpt_dir = NULL, *log_path = NULL;
+  int64_t ckpt_every = 0, ckpt_keep = 3, ckpt_level = 1;
   newt_opt opts[] = {
       {"preset", NEWT_OPT_STR, &preset, "model preset: tiny, small or gpt2-124m"},
       {"model", NEWT_OPT_STR, &overrides, "overrides of the preset: layers=2,channels=64,..."},
@@ -39,6 +47,11 @@ int newt_cmd_train(int argc, char **argv) {
       {"beta2", NEWT_OPT_DOUBLE, &beta2, "AdamW beta2"},
       {"eps", NEWT_OPT_DOUBLE, &eps, "AdamW epsilon"},
       {"gen-bytes", NEWT_OPT_SIZE, &gen_bytes, "length of the generated corpus without --data"},
+      {"ckpt-dir", NEWT_OPT_STR, &ckpt_dir, "checkpoint directory: resume from it, save into it"},
+      {"ckpt-every", NEWT_OPT_INT, &ckpt_every, "save a checkpoint every K steps (0: only resume)"},
+      {"ckpt-keep", NEWT_OPT_INT, &ckpt_keep, "committed checkpoints to keep"},
+      {"ckpt-level", NEWT_OPT_INT, &ckpt_level, "zstd level of checkpoints (0: uncompressed)"},
+      {"log", NEWT_OPT_STR, &log_path, "append one JSON line per step (step, loss, lr) to FILE"},
       NEWT_OPT_END,
   };
   int rc = newt_cli_opts_exit(newt_opts_parse("train", "[flags]", opts, argc, argv, NULL, 0, NULL));
@@ -104,6 +117,38 @@ int newt_cmd_train(int argc, char **argv) {
     model_tokens_close(&tok);
     return 1;
   }
+  /* Resume, and the saver for what comes next. */
+  char data_desc[512];
+  if (data) snprintf(data_desc, sizeof data_desc, "%s", data);
+  else snprintf(data_desc, sizeof data_desc, "generated:%lld", (long long)gen_bytes);
+  ckpt_saver *saver = NULL;
+  int64_t resumed = -1;
+  if (!ckpt_dir && ckpt_every > 0) {
+    fprintf(stderr, "newt train: --ckpt-every needs --ckpt-dir\n");
+    model_trainer_free(&tr);
+    model_tokens_close(&tok);
+    return 2;
+  }
+  if (ckpt_dir) {
+    ckpt_saver_opts so = {.dir = ckpt_dir, .rank = 0, .nranks = 1, .threads = 2, .level = (int)ckpt_level,
+                          .keep = (int)ckpt_keep, .commit = 1, .layout_json = "{\"dp\":1,\"tp\":1,\"pp\":1,\"zero\":0}"};
+    if (ckpt_level == 0) so.level = -1;
+    if (ckpt_trainer_resume(ckpt_dir, &tr, data_desc, 2, &resumed) != NEWT_OK ||
+        (ckpt_every > 0 && ckpt_saver_init(&saver, &so) != NEWT_OK)) {
+      fprintf(stderr, "newt train: %s\n", newt_errmsg());
+      model_trainer_free(&tr);
+      model_tokens_close(&tok);
+      return 1;
+    }
+  }
+  FILE *steplog = log_path ? fopen(log_path, "a") : NULL;
+  if (log_path && !steplog) {
+    fprintf(stderr, "newt train: --log %s: cannot open it for appending\n", log_path);
+    ckpt_saver_free(saver);
+    model_trainer_free(&tr);
+    model_tokens_close(&tok);
+    return 1;
+  }
   const model_config *m = &cfg.model;
   printf("newt train: %s (V %lld, ctx %lld, L %lld, NH %lld, C %lld), %zu parameters, batch %d "
          "(micro-batch %d) x T %d, %d threads, data %s (%llu tokens, %llu samples per epoch)\n",
@@ -112,16 +157,20 @@ int newt_cmd_train(int argc, char **argv) {
          model_threads_get(), data ? data : "generated", (unsigned long long)tok.count,
          (unsigned long long)ld.windows);
   fflush(stdout);
+  if (resumed >= 0) printf("newt train: resumed at step %lld from %s\n", (long long)resumed, ckpt_dir);
+  fflush(stdout);
   double first = NAN, last = NAN, ms_total = 0;
   int status = 0;
-  for (int64_t s = 0; s < steps; s++) {
+  uint64_t failed_saves = 0;
+  const int64_t resumed0 = tr.step;
+  for (int64_t s = tr.step; s < steps; s++) {
     model_step_info info;
     if (model_trainer_step_data(&tr, &ld, &info) != NEWT_OK) {
       fprintf(stderr, "newt train: step %lld: %s\n", (long long)s + 1, newt_errmsg());
       status = 1;
       break;
     }
-    if (s == 0) first = info.loss;
+    if (s == resumed || s == 0) first = info.loss;
     last = info.loss;
     ms_total += info.ms;
     printf("step %5lld/%lld | loss %.4f | lr %.2e | norm %.3f | %8.0f tok/s | %7.1f ms\n",
@@ -133,13 +182,38 @@ int newt_cmd_train(int argc, char **argv) {
       status = 1;
       break;
     }
+    if (steplog) {
+      fprintf(steplog, "{\"step\":%lld,\"loss\":%.9g,\"lr\":%.9g}\n", (long long)info.step, info.loss, info.lr);
+      fflush(steplog);
+    }
+    if (saver) { /* a failed background save is reported, and training goes on */
+      ckpt_save_status st;
+      ckpt_saver_status(saver, &st);
+      if (st.saves_failed > failed_saves) {
+        failed_saves = st.saves_failed;
+        fprintf(stderr, "newt train: the checkpoint of step %lld failed (the previous one stays the newest): %s\n",
+                (long long)st.step, st.message);
+      }
+      int started = 0;
+      if (info.step % ckpt_every == 0 && ckpt_trainer_save(saver, &tr, data_desc, 1, &started) != NEWT_OK)
+        fprintf(stderr, "newt train: checkpoint of step %lld: %s\n", (long long)info.step, newt_errmsg());
+    }
     if (newt_stop_requested()) {
       fprintf(stderr, "newt train: stopping after step %lld (signal)\n", (long long)info.step);
       break;
     }
   }
   printf("{\"steps\":%lld,\"first_loss\":%.6f,\"final_loss\":%.6f,\"samples_consumed\":%llu,\"ms_per_step\":%.2f}\n",
-         (long long)tr.step, first, last, (unsigned long long)tr.cursor, tr.step ? ms_total / tr.step : 0.0);
+         (long long)tr.step, first, last, (unsigned long long)tr.cursor,
+         tr.step > resumed0 ? ms_total / (double)(tr.step - resumed0) : 0.0);
+  if (saver && ckpt_save_wait(saver, NEWT_DEADLINE_NONE) != NEWT_OK) {
+    ckpt_save_status st;
+    ckpt_saver_status(saver, &st);
+    if (st.saves_failed > failed_saves)
+      fprintf(stderr, "newt train: the checkpoint of step %lld failed: %s\n", (long long)st.step, st.message);
+  }
+  ckpt_saver_free(saver);
+  if (steplog) fclose(steplog);
   model_trainer_free(&tr);
   model_tokens_close(&tok);
   return status;
