@@ -1,15 +1,18 @@
 /* newt bench ckpt: saves and loads a state of a given size and prints one JSON line.
  *
  *   newt bench ckpt [--bytes N] [--threads T] [--level L] [--kind train|fp32|bf16]
- *                   [--chunk BYTES] [--repeat R] [--dir DIR] [--keep-dir]
+ *                   [--chunk BYTES] [--repeat R] [--dir DIR] [--keep-dir] [--warm]
  *
  * Kinds: fp32 and bf16 are GPT-shaped tensors with weight-like values (about N(0, 0.02));
- * train is weights plus AdamW moments after a few optimizer steps (see make_state).
+ * train is a real training state: newt's GPT (the small preset, widened and deepened to
+ * the size asked) after a few real AdamW steps on the generated corpus, its weights and
+ * both moments (see make_train_state).
  * Each repeat does a synchronous save (compression, writes, fsync, index, manifest,
  * `latest`: all of it timed), an asynchronous save (the caller's stall is the snapshot
  * copy; the rest runs behind it), and a load of every tensor, checked bit for bit. The
  * page cache is dropped before each load when /proc/sys/vm/drop_caches can be written
- * ("cache":"cold"), otherwise the load reads from memory ("cache":"warm"). Medians are
+ * ("cache":"cold"), otherwise (or with --warm) the load reads what the page cache holds
+ * ("cache":"warm"; shard files are written with O_DIRECT, so little). Medians are
  * reported: save_GBps = state_bytes / sync save time, load_GBps = state_bytes / load
  * time, ratio = state_bytes / shard file bytes. */
 #include <math.h>
@@ -24,13 +27,17 @@
 #include "common/fs.h"
 #include "common/opts.h"
 #include "common/strutil.h"
+#include "model/ops.h"
+#include "model/tokens.h"
+#include "model/train.h"
 
 typedef struct bstate {
   ckpt_tensor_desc *t;
   char **names;
-  void **data;
+  void **data; /* owned, except for the train kind (the trainer's buffers) */
   size_t n, cap;
   uint64_t bytes;
+  model_trainer *tr;
 } bstate;
 
 static uint64_t rng_next(uint64_t *s) {
@@ -49,7 +56,7 @@ static float gauss(uint64_t *s) {
   return (float)((u / 65535.0 - 2.0) * 1.7320508);
 }
 
-static int add_tensor(bstate *st, const char *name, newt_dtype dt, int ndim, int64_t d0, int64_t d1) {
+static int add_tensor(bstate *st, const char *name, newt_dtype dt, int ndim, int64_t d0, int64_t d1, void *ext) {
   if (st->n == st->cap) {
     st->cap = st->cap ? st->cap * 2 : 64;
     st->t = realloc(st->t, st->cap * sizeof *st->t);
@@ -66,7 +73,7 @@ static int add_tensor(bstate *st, const char *name, newt_dtype dt, int ndim, int
   t->shape[0] = d0;
   t->shape[1] = d1;
   size_t bytes = (size_t)ckpt_shape_numel(ndim, t->shape) * newt_dtype_size(dt);
-  st->data[st->n] = malloc(bytes ? bytes : 1);
+  st->data[st->n] = ext ? ext : malloc(bytes ? bytes : 1);
   if (!st->data[st->n] || !t->name) return -1;
   st->bytes += bytes;
   st->n++;
@@ -91,8 +98,8 @@ static int make_shapes(bstate *st, int64_t params, newt_dtype dt, const char *pr
   int64_t L = (params - (V + T) * C) / (12 * C * C + 13 * C);
   if (L < 1) L = 1;
   char name[128];
-#define T2(n, a, b) (snprintf(name, sizeof name, "%s%s", prefix, n), add_tensor(st, name, dt, 2, a, b))
-#define T1(n, a) (snprintf(name, sizeof name, "%s%s", prefix, n), add_tensor(st, name, dt, 1, a, 0))
+#define T2(n, a, b) (snprintf(name, sizeof name, "%s%s", prefix, n), add_tensor(st, name, dt, 2, a, b, NULL))
+#define T1(n, a) (snprintf(name, sizeof name, "%s%s", prefix, n), add_tensor(st, name, dt, 1, a, 0, NULL))
   if (T2("wte", V, C) || T2("wpe", T, C)) return -1;
   for (int64_t l = 0; l < L; l++) {
     char n[96];
@@ -110,56 +117,73 @@ static int make_shapes(bstate *st, int64_t params, newt_dtype dt, const char *pr
   return 0;
 }
 
-/* The state of a run: fp32/bf16 weights, or (train) weights and AdamW moments after
- * `steps` optimizer steps on synthetic gradients (lr 1e-3, betas 0.9/0.999, wd 0.1). */
-static int make_state(bstate *st, const char *kind, int64_t bytes) {
+/* A real training state of about `bytes` (weights + 2 moments, 12 bytes a parameter):
+ * the small preset (V 256, ctx 256, 6 heads) at the widest C of 48 * 2^k that still gives
+ * two layers or more, and as many layers as fill the size, after `steps` AdamW steps on
+ * the generated corpus (batch 2 x 32 tokens). */
+static int make_train_state(bstate *st, int64_t bytes, int threads) {
+  const int steps = 3;
+  model_train_config cfg;
+  if (model_train_defaults(&cfg, "small", steps) != NEWT_OK) return -1;
+  int64_t params = bytes / 12, C = 48;
+  while (C < 4096 && 2 * 12 * (4 * C * C) <= params) C *= 2;
+  int64_t L = (params - 512 * C) / (12 * C * C);
+  cfg.model.channels = C;
+  cfg.model.layers = L < 1 ? 1 : L;
+  cfg.batch = cfg.micro_batch = 2;
+  cfg.seq_len = 32;
+  cfg.threads = threads;
+  st->tr = calloc(1, sizeof *st->tr);
+  if (!st->tr || model_trainer_init(st->tr, &cfg) != NEWT_OK) return -1;
+  size_t nt = (size_t)1 << 16;
+  char *text = malloc(nt);
+  model_tokens tok;
+  model_loader ld;
+  if (!text) return -1;
+  model_text_generate(7, text, nt);
+  newt_result_t r = model_tokens_from_memory(&tok, text, 1, nt, 256);
+  free(text);
+  if (r != NEWT_OK) return -1;
+  if (model_loader_init(&ld, &tok, cfg.seq_len, 1, cfg.model.vocab) != NEWT_OK) r = NEWT_ERR_INVALID;
+  for (int k = 0; k < steps && r == NEWT_OK; k++) {
+    model_step_info info;
+    r = model_trainer_step_data(st->tr, &ld, &info);
+    fprintf(stderr, "bench ckpt: training step %d: loss %.4f\n", k + 1, info.loss);
+  }
+  model_tokens_close(&tok);
+  if (r != NEWT_OK) return -1;
+  const model_layout *lay = &st->tr->gpt.layout;
+  for (int g = 0; g < 3; g++)
+    for (size_t i = 0; i < lay->n; i++) {
+      const model_tensor *t = &lay->tensors[i];
+      float *base = g == 0 ? st->tr->gpt.params : g == 1 ? st->tr->opt.m : st->tr->opt.v;
+      char name[96];
+      snprintf(name, sizeof name, "%s%s", g == 0 ? "" : g == 1 ? CKPT_ADAM_M : CKPT_ADAM_V, t->name);
+      if (add_tensor(st, name, NEWT_F32, t->ndim, (int64_t)t->shape[0], (int64_t)t->shape[1], base + t->offset))
+        return -1;
+    }
+  return 0;
+}
+
+/* The state of a run: fp32/bf16 weight-like tensors, or (train) a real training state. */
+static int make_state(bstate *st, const char *kind, int64_t bytes, int threads) {
   uint64_t rng = 0x9E3779B97F4A7C15ULL;
-  if (strcmp(kind, "fp32") == 0 || strcmp(kind, "bf16") == 0) {
-    int bf = kind[0] == 'b';
-    if (make_shapes(st, bytes / (bf ? 2 : 4), bf ? NEWT_BF16 : NEWT_F32, "")) return -1;
-    for (size_t i = 0; i < st->n; i++) {
-      size_t n = (size_t)ckpt_shape_numel(st->t[i].ndim, st->t[i].shape);
-      if (!bf) {
-        init_values(st->data[i], n, st->t[i].name, &rng);
-        continue;
-      }
-      float *tmp = malloc(n * sizeof *tmp);
-      if (!tmp) return -1;
-      init_values(tmp, n, st->t[i].name, &rng);
-      uint16_t *h = st->data[i];
-      for (size_t k = 0; k < n; k++) h[k] = newt_f32_to_bf16(tmp[k]);
-      free(tmp);
-    }
-    return 0;
-  }
-  if (strcmp(kind, "train") != 0) return -2;
-  if (make_shapes(st, bytes / 12, NEWT_F32, "")) return -1;
-  size_t nw = st->n;
-  for (size_t i = 0; i < nw; i++) {
-    char nm[160], nv[160];
-    snprintf(nm, sizeof nm, "%s%s", CKPT_ADAM_M, st->t[i].name);
-    snprintf(nv, sizeof nv, "%s%s", CKPT_ADAM_V, st->t[i].name);
-    if (add_tensor(st, nm, NEWT_F32, st->t[i].ndim, st->t[i].shape[0], st->t[i].shape[1]) ||
-        add_tensor(st, nv, NEWT_F32, st->t[i].ndim, st->t[i].shape[0], st->t[i].shape[1]))
-      return -1;
-  }
-  const int steps = 5;
-  for (size_t i = 0; i < nw; i++) {
+  if (strcmp(kind, "train") == 0) return make_train_state(st, bytes, threads);
+  if (strcmp(kind, "fp32") != 0 && strcmp(kind, "bf16") != 0) return -2;
+  int bf = kind[0] == 'b';
+  if (make_shapes(st, bytes / (bf ? 2 : 4), bf ? NEWT_BF16 : NEWT_F32, "")) return -1;
+  for (size_t i = 0; i < st->n; i++) {
     size_t n = (size_t)ckpt_shape_numel(st->t[i].ndim, st->t[i].shape);
-    float *w = st->data[i], *m = st->data[nw + 2 * i], *v = st->data[nw + 2 * i + 1];
-    init_values(w, n, st->t[i].name, &rng);
-    memset(m, 0, n * sizeof *m);
-    memset(v, 0, n * sizeof *v);
-    float gscale = 1e-3f * (1.0f + (float)(i % 7)); /* gradients differ in scale by tensor */
-    for (int s = 1; s <= steps; s++) {
-      float c1 = 1.0f - powf(0.9f, (float)s), c2 = 1.0f - powf(0.999f, (float)s);
-      for (size_t k = 0; k < n; k++) {
-        float g = gscale * gauss(&rng) + 0.01f * w[k];
-        m[k] = 0.9f * m[k] + 0.1f * g;
-        v[k] = 0.999f * v[k] + 0.001f * g * g;
-        w[k] -= 1e-3f * ((m[k] / c1) / (sqrtf(v[k] / c2) + 1e-8f) + 0.1f * w[k]);
-      }
+    if (!bf) {
+      init_values(st->data[i], n, st->t[i].name, &rng);
+      continue;
     }
+    float *tmp = malloc(n * sizeof *tmp);
+    if (!tmp) return -1;
+    init_values(tmp, n, st->t[i].name, &rng);
+    uint16_t *h = st->data[i];
+    for (size_t k = 0; k < n; k++) h[k] = newt_f32_to_bf16(tmp[k]);
+    free(tmp);
   }
   return 0;
 }
@@ -167,8 +191,10 @@ static int make_state(bstate *st, const char *kind, int64_t bytes) {
 static void free_state(bstate *st) {
   for (size_t i = 0; i < st->n; i++) {
     free(st->names[i]);
-    free(st->data[i]);
+    if (!st->tr) free(st->data[i]);
   }
+  if (st->tr) model_trainer_free(st->tr);
+  free(st->tr);
   free(st->t);
   free(st->names);
   free(st->data);
@@ -206,7 +232,7 @@ static newt_result_t save_all(ckpt_saver *s, const bstate *st, int64_t step, int
 int newt_bench_ckpt(int argc, char **argv) {
   int64_t bytes = (int64_t)1 << 30, threads = 2, level = 1, chunk = 4 << 20, repeat = 3;
   const char *kind = "train", *dir = NULL;
-  int keep_dir = 0;
+  int keep_dir = 0, warm = 0;
   newt_opt opts[] = {
       {"bytes", NEWT_OPT_SIZE, &bytes, "size of the state"},
       {"threads", NEWT_OPT_INT, &threads, "compression / decompression threads"},
@@ -216,6 +242,7 @@ int newt_bench_ckpt(int argc, char **argv) {
       {"repeat", NEWT_OPT_INT, &repeat, "repeats (medians are reported)"},
       {"dir", NEWT_OPT_STR, &dir, "checkpoint directory (default: a fresh one under /tmp)"},
       {"keep-dir", NEWT_OPT_FLAG, &keep_dir, "leave the checkpoints on disk"},
+      {"warm", NEWT_OPT_FLAG, &warm, "load from the page cache (do not drop it first)"},
       NEWT_OPT_END};
   int ex = newt_cli_opts_exit(newt_opts_parse("bench ckpt", NULL, opts, argc, argv, NULL, 0, NULL));
   if (ex >= 0) return ex;
@@ -230,7 +257,7 @@ int newt_bench_ckpt(int argc, char **argv) {
   }
   bstate st = {0};
   fprintf(stderr, "bench ckpt: building a %s state of %lld bytes\n", kind, (long long)bytes);
-  int mk = make_state(&st, kind, bytes);
+  int mk = make_state(&st, kind, bytes, (int)threads);
   if (mk != 0) {
     fprintf(stderr, mk == -2 ? "newt bench ckpt: --kind is train, fp32 or bf16, not \"%s\"\n"
                              : "newt bench ckpt: out of memory building the %s state\n", kind);
@@ -285,7 +312,7 @@ int newt_bench_ckpt(int argc, char **argv) {
     t_async[k] = newt_now_s() - t0;
     if (r != NEWT_OK) break;
 
-    cold = drop_caches() && cold;
+    cold = !warm && drop_caches() && cold;
     ckpt_loaded ld;
     t0 = newt_now_s();
     r = ckpt_load(sync_dir, CKPT_LATEST, (int)threads, reqs, st.n, &ld);
