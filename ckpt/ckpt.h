@@ -49,6 +49,7 @@
 #define CKPT_LATEST (-1)
 #define CKPT_ADAM_M "adam.m/"
 #define CKPT_ADAM_V "adam.v/"
+#define CKPT_LEVEL_RAW (-1) /* ckpt_saver_opts.level: store every chunk uncompressed */
 
 /* A global tensor: name, element type and global shape (1 to CKPT_MAX_DIMS dims). */
 typedef struct ckpt_tensor_desc {
@@ -106,7 +107,7 @@ typedef struct ckpt_saver_opts {
   const char *dir;         /* the checkpoint directory (created) */
   int rank, nranks;        /* this rank, ranks that write shards of each step */
   int threads;             /* compression threads (default 2) */
-  int level;               /* zstd level (default 1; 0 stores everything raw) */
+  int level;               /* zstd level 1..22 (0: the default, 1; CKPT_LEVEL_RAW: none) */
   size_t chunk_bytes;      /* raw bytes per chunk (default 4 MiB, at least 64) */
   size_t staging_bytes;    /* staging memory for async snapshots allocated up front (0: on first use) */
   int skip_if_busy;        /* begin while a save is in flight: 1 skips it, 0 waits */

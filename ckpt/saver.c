@@ -10,13 +10,16 @@
  * Writing: each compression thread claims the next chunk and encodes it (codec.c) into its
  * own segment buffer, after the chunks already there; when the next chunk might not fit,
  * it takes the next free file offset under a lock and writes the segment there as one
- * block, padded to 4 KiB (small tensors share blocks, large chunks fill them). The shard file is opened with O_DIRECT where the
- * filesystem allows it (the page cache of a training host stays for training; on this
- * kind of VM, fresh page-cache pages are also slow to fault in), otherwise buffered, with
- * the writeback of each block started at once (sync_file_range). While one thread waits
- * for its write, the other compresses: with two threads the disk stays busy. A failure stops the other threads at their next chunk, removes the shard
- * file and leaves a `.failed` marker so the committer stops waiting; the previous
- * checkpoint stays the newest. */
+ * block padded to 4 KiB (small tensors share blocks, large chunks fill them). The shard
+ * file is opened with O_DIRECT where the filesystem allows it (the page cache of a
+ * training host stays for training; on VMs, fresh page-cache pages are also slow to fault
+ * in), otherwise buffered, with the writeback of each block started at once
+ * (sync_file_range). While one thread waits for its write the other compresses, so with
+ * two threads the disk stays busy.
+ *
+ * A failure stops the other threads at their next chunk, removes the shard file and
+ * leaves a `.failed` marker so that the committer stops waiting; the previous checkpoint
+ * stays the newest. */
 #include <errno.h>
 #include <fcntl.h>
 #include <pthread.h>
@@ -157,8 +160,9 @@ newt_result_t ckpt_saver_init(ckpt_saver **out, const ckpt_saver_opts *o) {
   if (o->chunk_bytes && (o->chunk_bytes < 64 || o->chunk_bytes > CKPT_MAX_CHUNK / 4))
     return NEWT_ERR(NEWT_ERR_INVALID, "ckpt saver: chunk_bytes %zu, expected 64 to %llu", o->chunk_bytes,
                     (unsigned long long)(CKPT_MAX_CHUNK / 4));
-  if (o->level > ZSTD_maxCLevel())
-    return NEWT_ERR(NEWT_ERR_INVALID, "ckpt saver: zstd level %d, at most %d", o->level, ZSTD_maxCLevel());
+  if (o->level > ZSTD_maxCLevel() || (o->level < 0 && o->level != CKPT_LEVEL_RAW))
+    return NEWT_ERR(NEWT_ERR_INVALID, "ckpt saver: zstd level %d, expected 1 to %d (or CKPT_LEVEL_RAW)", o->level,
+                    ZSTD_maxCLevel());
   if (o->layout_json) {
     cJSON *j = NULL;
     NEWT_CHECK(newt_json_parse(o->layout_json, strlen(o->layout_json), "ckpt saver layout_json", &j));
@@ -172,7 +176,7 @@ newt_result_t ckpt_saver_init(ckpt_saver **out, const ckpt_saver_opts *o) {
   s->layout_json = newt_strdup(o->layout_json ? o->layout_json : "{}");
   s->rank = o->rank;
   s->nranks = o->nranks;
-  s->level = o->level > 0 ? o->level : (o->level < 0 ? 0 : 1);
+  s->level = o->level > 0 ? o->level : o->level == CKPT_LEVEL_RAW ? 0 : 1;
   s->skip_if_busy = o->skip_if_busy;
   s->commit = o->commit;
   s->keep = o->keep ? o->keep : 3;
@@ -283,10 +287,11 @@ newt_result_t ckpt_save_begin(ckpt_saver *s, int64_t step, int async, int *start
     return NEWT_OK;
   }
   int idle = wait_idle(s, newt_deadline_in_ms(s->busy_wait_ms));
+  int64_t busy_step = s->st.step;
   pthread_mutex_unlock(&s->mu);
   if (!idle)
     return NEWT_ERR(NEWT_ERR_TIMEOUT, "ckpt_save_begin(step %lld): the save of step %lld is still running "
-                    "after %lld ms", (long long)step, (long long)s->st.step, (long long)s->busy_wait_ms);
+                    "after %lld ms", (long long)step, (long long)busy_step, (long long)s->busy_wait_ms);
   clear_entries(s);
   s->cur_block = 0;
   s->cur_used = 0;

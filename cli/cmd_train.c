@@ -132,7 +132,7 @@ int newt_cmd_train(int argc, char **argv) {
   if (ckpt_dir) {
     ckpt_saver_opts so = {.dir = ckpt_dir, .rank = 0, .nranks = 1, .threads = 2, .level = (int)ckpt_level,
                           .keep = (int)ckpt_keep, .commit = 1, .layout_json = "{\"dp\":1,\"tp\":1,\"pp\":1,\"zero\":0}"};
-    if (ckpt_level == 0) so.level = -1;
+    if (ckpt_level == 0) so.level = CKPT_LEVEL_RAW;
     if (ckpt_trainer_resume(ckpt_dir, &tr, data_desc, 2, &resumed) != NEWT_OK ||
         (ckpt_every > 0 && ckpt_saver_init(&saver, &so) != NEWT_OK)) {
       fprintf(stderr, "newt train: %s\n", newt_errmsg());
