@@ -73,6 +73,7 @@ static const scenario scenarios[] = {
 static char tmpdir[256];
 static const scenario *current;
 static const char *newt_bin;
+static int run_capture(const char *const *argv, char **out);
 
 /* Runs argv, stdout into out (malloc'd); returns the exit status or -1. */
 static int run_capture(const char *const *argv, char **out) {
@@ -279,6 +280,42 @@ static void run_scenario(const scenario *sc, const char *newt) {
   free(text);
   check_samples(samples, STEPS);
   if (sc->stale) check_stale(samples, sc->stale);
+}
+
+/* --- bad input: rejected, naming the field ------------------------------------------------- */
+
+static void expect_rejected(const char *const *argv, const char *needle) {
+  char *out = NULL;
+  int rc = run_capture(argv, &out);
+  T_CHECK_MSG(rc == 2, "%s %s exited %d, expected 2:\n%s", argv[1], argv[2], rc, out ? out : "");
+  T_CHECK_MSG(out && strstr(out, needle), "the message does not name \"%s\":\n%s", needle, out ? out : "");
+  free(out);
+}
+
+static void test_cli(void) {
+  const char *n = newt_bin;
+  const char *chaos1[] = {n, "run", "--chaos", "kill:worker:x@step=3", NULL};
+  expect_rejected(chaos1, "worker index \"x\"");
+  const char *chaos2[] = {n, "run", "--chaos", "kill:worker:1@step=3,explode:etcd@step=4", NULL};
+  expect_rejected(chaos2, "item 2: unknown action \"explode\"");
+  const char *batch[] = {n, "run", "--global-batch", "30", "--micro-batch", "4", NULL};
+  expect_rejected(batch, "spec.train.global_batch");
+  const char *model[] = {n, "run", "--model", "layerz=2", NULL};
+  expect_rejected(model, "layerz");
+  char path[400];
+  snprintf(path, sizeof path, "%s/bad-spec.json", tmpdir);
+  const char *bad = "{\"job\":\"j\",\"parallel\":{\"tp\":0}}";
+  T_OK(newt_fs_write_atomic(path, bad, strlen(bad)));
+  const char *spec[] = {n, "run", "--spec", path, NULL};
+  expect_rejected(spec, "spec.parallel.tp");
+  const char *spec2[] = {n, "coordinator", "--job", "j", "--etcd", "http://127.0.0.1:1", "--spec", path, NULL};
+  char *out = NULL;
+  int rc = run_capture(spec2, &out);
+  T_CHECK_MSG(rc != 0 && out && strstr(out, path) && strstr(out, "spec.parallel.tp"),
+              "newt coordinator took a bad spec (exit %d):\n%s", rc, out ? out : "");
+  free(out);
+  const char *flag[] = {n, "worker", "--job", "j", "--threds", "2", NULL};
+  expect_rejected(flag, "unknown flag --threds");
 }
 
 /* --- across hosts: network namespaces ------------------------------------------------- */
@@ -511,6 +548,14 @@ int main(int argc, char **argv) {
   }
   for (size_t i = 0; i < sizeof scenarios / sizeof scenarios[0]; i++)
     if (strcmp(scenarios[i].name, argv[1]) == 0) current = &scenarios[i];
+  if (strcmp(argv[1], "cli") == 0) {
+    snprintf(tmpdir, sizeof tmpdir, "/tmp/newt-e2e-cli-XXXXXX");
+    if (!mkdtemp(tmpdir)) return 2;
+    T_RUN(test_cli);
+    int rc = T_DONE();
+    newt_fs_rm_rf(tmpdir);
+    return rc;
+  }
   if (strcmp(argv[1], "netns") == 0) {
     snprintf(tmpdir, sizeof tmpdir, "/tmp/newt-e2e-netns-XXXXXX");
     if (!mkdtemp(tmpdir)) return 2;
