@@ -29,6 +29,9 @@
  * MANIFEST (temporary name, fsync, rename, fsync of the directory), then the `latest`
  * pointer the same way, and prunes to the newest `keep` committed checkpoints.
  *
+ * A saver and a reader are each used by one thread at a time; ckpt_saver_status,
+ * ckpt_save_wait and ckpt_saver_abort may be called from any thread.
+ *
  * Loading: ckpt_load(dir, CKPT_LATEST, ...) opens the newest committed checkpoint, reads
  * the requested slices (verifying every checksum it touches) and falls back to the previous
  * committed checkpoint when anything is torn or corrupt. Ranks of one job must load the same
