@@ -86,6 +86,7 @@ typedef struct coord {
   int done;
   uint64_t last_join;   /* monotonic ns of the last registration we had not seen */
   uint64_t first_report; /* monotonic ns of the first report of this generation (0: none) */
+  uint64_t first_gone;   /* monotonic ns a rank of this generation was first missing (0: none) */
   int64_t max_step_seen; /* newest step any rank of this generation reached */
   char (*departed)[RDZV_NAME_MAX]; /* left gracefully since the plan (their key is gone) */
   int ndeparted;
@@ -297,6 +298,7 @@ static void take_plan_locked(coord *c, const rdzv_etcd_kv *kv) {
   c->nacks = 0;
   c->ndeparted = 0;
   c->first_report = 0;
+  c->first_gone = 0;
   c->max_step_seen = c->prog_step;
 }
 
@@ -471,6 +473,7 @@ static newt_result_t replan(coord *c, const char *cause, const char *switch_mode
   c->nacks = 0;
   c->ndeparted = 0;
   c->first_report = 0;
+  c->first_gone = 0;
   c->max_step_seen = c->prog_step;
   c->prog_change = newt_now_ns();
   pthread_mutex_unlock(&c->mu);
@@ -633,8 +636,12 @@ static newt_result_t decide(coord *c) {
       cause = "leave", mode = "boundary";
     } else if (!c->nreports && gone) {
       /* a lease ran out and no survivor saw a connection die: a rank that crashed would
-         have been reported within milliseconds, so it stopped (or lost its network) */
-      cause = "hang";
+         have been reported within milliseconds, so it stopped (or lost its network) --
+         unless no rank survived to report anything. Leases of ranks that died together run
+         out up to a renewal period apart: wait that long for the others (or a report). */
+      if (!c->first_gone) c->first_gone = now;
+      if (gone == nranks) cause = "crash";
+      else if (elapsed(now, c->first_gone) >= (uint64_t)c->spec.lease_ttl_ms / 2 * 1000000ull) cause = "hang";
     } else if (!c->nreports && elapsed(now, c->prog_change > c->plan_mono ? c->prog_change : c->plan_mono) >=
                                           (uint64_t)c->spec.hang_timeout_ms * 1000000ull) {
       cause = "hang";

@@ -8,6 +8,7 @@
 #include <stdint.h>
 #include <stdio.h>
 
+#include "ckpt/ckpt.h"
 #include "comm/comm.h"
 #include "coordinator/plan.h"
 #include "coordinator/spec.h"
@@ -58,12 +59,18 @@ typedef struct worker {
   int64_t restore_step;
   double last_loss;
   FILE *sample_log; /* NEWT_SAMPLE_LOG_DIR: the samples of every step, for tests */
+  ckpt_saver *saver; /* this generation's (ckpt.c) */
+  int64_t ckpt_failed_step, ckpt_published;
   int leave_announced;
 } worker;
 
-/* Loads the newest valid checkpoint of spec.ckpt.dir into the trainer; *step is its step.
- * NEWT_ERR_NOTFOUND when there is none (ckpt.c). */
+/* Checkpoints (ckpt.c): a saver per generation; a save after each step that is a multiple
+ * of spec.ckpt.every; loading the newest valid checkpoint of spec.ckpt.dir into the trainer
+ * (*step its step; NEWT_ERR_NOTFOUND when there is none). */
+newt_result_t worker_ckpt_generation(worker *w, const newt_plan *p, const plan_rank *me);
+newt_result_t worker_ckpt_step(worker *w, const newt_plan *p, const plan_rank *me);
 newt_result_t worker_ckpt_load(worker *w, int64_t *step);
+void worker_ckpt_free(worker *w);
 
 /* Makes the newest whole state the state of every rank of p (restore.c). */
 newt_result_t worker_restore(worker *w, comm_t *c, const newt_plan *p);

@@ -69,6 +69,22 @@ newt_result_t worker_restore(worker *w, comm_t *c, const newt_plan *p) {
   } else {
     int64_t step = -1;
     r = worker_ckpt_load(w, &step);
+    if (r == NEWT_OK || r == NEWT_ERR_NOTFOUND) {
+      /* every rank must have read the same step (a commit racing the reads would split them) */
+      int64_t got = r == NEWT_OK ? step : -1, lo = got, hi = got;
+      int64_t *steps = malloc((size_t)n * sizeof *steps);
+      NEWT_CHECK_ALLOC(steps);
+      newt_result_t g = comm_allgather(c, &got, steps, 1, NEWT_I64);
+      for (int i = 0; g == NEWT_OK && i < n; i++) {
+        if (steps[i] < lo) lo = steps[i];
+        if (steps[i] > hi) hi = steps[i];
+      }
+      free(steps);
+      NEWT_CHECK(g);
+      if (lo != hi)
+        return NEWT_ERR(NEWT_ERR_CORRUPT, "ranks read different checkpoints (steps %lld to %lld) from %s",
+                        (long long)lo, (long long)hi, w->spec.ckpt_dir);
+    }
     if (r == NEWT_OK) {
       snprintf(w->restore_src, sizeof w->restore_src, "ckpt");
     } else if (r == NEWT_ERR_NOTFOUND) {

@@ -417,20 +417,18 @@ static newt_result_t build_comm(worker *w, const newt_plan *p, const plan_rank *
   return r;
 }
 
-/* Reports a failed collective of generation g: whom we lost, and our newest step. */
-static void report_failure(worker *w, const newt_plan *p, comm_t *c) {
-  comm_status st;
-  comm_get_status(c, &st);
-  if (st.code == NEWT_ERR_ABORTED) return; /* we dropped it for a newer plan: nothing to report */
-  const char *kind = st.code == NEWT_ERR_TIMEOUT ? "hang" : "crash";
+/* Reports a failure of generation g to the leader: its kind (crash: a connection died;
+ * hang: no progress by the deadline), whom we lost (NULL: we cannot tell), our newest
+ * step. */
+static void report(worker *w, const newt_plan *p, const char *kind, const char *accused, const char *why) {
   cJSON *j = cJSON_CreateObject();
   cJSON_AddStringToObject(j, "worker", w->id);
   cJSON *acc = cJSON_AddArrayToObject(j, "accuse");
-  if (st.peer >= 0 && st.peer < p->nranks) cJSON_AddItemToArray(acc, cJSON_CreateString(p->ranks[st.peer].worker));
+  if (accused) cJSON_AddItemToArray(acc, cJSON_CreateString(accused));
   cJSON_AddStringToObject(j, "kind", kind);
   newt_json_add_int(j, "step", w->tr.step);
   newt_json_add_int(j, "t_ms", (int64_t)w->t_detect);
-  cJSON_AddStringToObject(j, "why", st.msg);
+  cJSON_AddStringToObject(j, "why", why);
   char *val = newt_json_print(j);
   cJSON_Delete(j);
   char key[256], suffix[128];
@@ -440,8 +438,17 @@ static void report_failure(worker *w, const newt_plan *p, comm_t *c) {
       NEWT_WARN(WORKER, "%s: reporting the failure of generation %llu: %s", w->id,
                 (unsigned long long)p->generation, newt_errmsg());
   }
-  NEWT_WARN(WORKER, "%s: generation %llu failed (%s): %s", w->id, (unsigned long long)p->generation, kind, st.msg);
+  NEWT_WARN(WORKER, "%s: generation %llu failed (%s): %s", w->id, (unsigned long long)p->generation, kind, why);
   free(val);
+}
+
+/* Reports a failed collective: the communicator says whom it lost and how. */
+static void report_failure(worker *w, const newt_plan *p, comm_t *c) {
+  comm_status st;
+  comm_get_status(c, &st);
+  if (st.code == NEWT_ERR_ABORTED) return; /* we dropped it for a newer plan: nothing to report */
+  const char *accused = st.peer >= 0 && st.peer < p->nranks ? p->ranks[st.peer].worker : NULL;
+  report(w, p, st.code == NEWT_ERR_TIMEOUT ? "hang" : "crash", accused, st.msg);
 }
 
 static void publish_ack(worker *w, const newt_plan *p, const plan_rank *me) {
@@ -541,8 +548,15 @@ static newt_result_t run_generation(worker *w, const newt_plan *p, gen_outcome *
   }
   pthread_mutex_unlock(&w->mu);
   if (r != NEWT_OK) {
+    /* some rank never came: say so, so the leader need not wait for its lease to run out
+       (the ranks that do not report are the ones that did not come) */
     w->t_detect = newt_wall_ms();
-    NEWT_WARN(WORKER, "%s: building generation %llu: %s", w->id, (unsigned long long)p->generation, newt_errmsg());
+    char why[512];
+    snprintf(why, sizeof why, "building generation %llu: %s", (unsigned long long)p->generation, newt_errmsg());
+    pthread_mutex_lock(&w->mu);
+    int newer = w->latest.generation > p->generation;
+    pthread_mutex_unlock(&w->mu);
+    if (!newer) report(w, p, r == NEWT_ERR_TIMEOUT ? "hang" : "crash", NULL, why);
     *how = GEN_NEXT;
     return NEWT_OK;
   }
@@ -551,6 +565,7 @@ static newt_result_t run_generation(worker *w, const newt_plan *p, gen_outcome *
             (unsigned long long)p->generation, me->rank, p->nranks, p->dp, (long long)p->accum);
   r = worker_restore(w, c, p);
   w->t_restore = newt_wall_ms();
+  if (r == NEWT_OK) r = worker_ckpt_generation(w, p, me);
   int first = 1;
   double t_last = newt_now_s();
   while (r == NEWT_OK) {
@@ -573,6 +588,9 @@ static newt_result_t run_generation(worker *w, const newt_plan *p, gen_outcome *
       if (!w->leave_announced) worker_set_state_async(w, "training");
     }
     if (me->rank == 0) publish_progress(w, p, loss, tps);
+    newt_result_t cr = worker_ckpt_step(w, p, me);
+    if (cr != NEWT_OK) /* a checkpoint that cannot start is reported, training goes on */
+      NEWT_WARN(WORKER, "%s: checkpoint of step %lld: %s", w->id, (long long)w->tr.step, newt_errmsg());
     if (ctl[1] > 0) {
       *how = newt_stop_requested() ? GEN_LEAVE : GEN_NEXT;
       NEWT_INFO(WORKER, "%s: a rank leaves after step %lld", w->id, (long long)w->tr.step);
@@ -671,6 +689,7 @@ static newt_result_t setup(worker *w, const worker_opts *o) {
 }
 
 static void teardown(worker *w) {
+  worker_ckpt_free(w);
   publisher_stop(w);
   rdzv_etcd_watch_free(w->plan_watch);
   rdzv_registration_free(w->reg);
