@@ -2,20 +2,52 @@
  * per step. It is the reference every parallel layout is compared with.
  *
  * Data: --data FILE (a token file from `newt data prepare`), or without it the generated
- * corpus (model_text_generate, seeded by --data-seed), which is learnable. */
+ * corpus (model_text_generate, seeded by --data-seed), which is learnable.
+ *
+ * --device cuda runs the steps on the GPU model (gpt_cuda.h) from the same initial weights
+ * and the same batches; the CPU trainer then only initialises and feeds it. */
+
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "cli/cmds.h"
+#include "common/clock.h"
 #include "common/opts.h"
 #include "common/sys.h"
+#include "model/gpt_cuda.h"
 #include "model/ops.h"
 #include "model/train.h"
 
+/* One step of the GPU model on the batch at the trainer's cursor (the CPU trainer holds
+ * the config, the staging buffers, the step count and the cursor). */
+static newt_result_t cuda_step(model_trainer *tr, model_cuda *gpu, const model_loader *ld, model_step_info *info) {
+  const model_train_config *c = &tr->cfg;
+  double t0 = newt_now_s(), sum = 0;
+  NEWT_CHECK(model_loader_fetch(ld, tr->cursor, c->batch, tr->inputs, tr->targets));
+  NEWT_CHECK(model_cuda_zero_grads(gpu));
+  float dscale = 1.0f / (float)((int64_t)c->batch * c->seq_len);
+  for (int s = 0; s < c->batch; s += c->micro_batch) {
+    double l = 0;
+    NEWT_CHECK(model_cuda_forward_backward(gpu, tr->inputs + (size_t)s * c->seq_len,
+                                           tr->targets + (size_t)s * c->seq_len, dscale, &l));
+    sum += l;
+  }
+  double lr = model_lr_at(&c->optim, tr->step);
+  NEWT_CHECK(model_cuda_adamw(gpu, &c->optim, tr->step + 1, lr, &info->grad_norm));
+  tr->step++;
+  tr->cursor += (uint64_t)c->batch;
+  info->step = tr->step;
+  info->loss = sum / ((double)c->batch * c->seq_len);
+  info->lr = lr;
+  info->tokens = (int64_t)c->batch * c->seq_len;
+  info->ms = (newt_now_s() - t0) * 1e3;
+  return NEWT_OK;
+}
+
 int newt_cmd_train(int argc, char **argv) {
-  const char *preset = "tiny", *overrides = NULL, *data = NULL;
+  const char *preset = "tiny", *overrides = NULL, *data = NULL, *device = "cpu";
   int64_t steps = 100, threads = 1, batch = 8, micro = 0, seq = 0, seed = 1, data_seed = 1,
           warmup = -1, gen_bytes = 1 << 21;
   double lr = 1e-3, lr_min = -1, wd = 0.1, clip = 1.0, beta1 = 0.9, beta2 = 0.95, eps = 1e-8;
@@ -39,6 +71,7 @@ int newt_cmd_train(int argc, char **argv) {
       {"beta2", NEWT_OPT_DOUBLE, &beta2, "AdamW beta2"},
       {"eps", NEWT_OPT_DOUBLE, &eps, "AdamW epsilon"},
       {"gen-bytes", NEWT_OPT_SIZE, &gen_bytes, "length of the generated corpus without --data"},
+      {"device", NEWT_OPT_STR, &device, "cpu, or cuda (bf16 on the GPU; needs batch % micro-batch == 0)"},
       NEWT_OPT_END,
   };
   int rc = newt_cli_opts_exit(newt_opts_parse("train", "[flags]", opts, argc, argv, NULL, 0, NULL));
@@ -73,6 +106,15 @@ int newt_cmd_train(int argc, char **argv) {
     fprintf(stderr, "newt train: %s\n", newt_errmsg());
     return 2;
   }
+  int on_gpu = strcmp(device, "cuda") == 0;
+  if (!on_gpu && strcmp(device, "cpu") != 0) {
+    fprintf(stderr, "newt train: --device \"%s\": cpu or cuda\n", device);
+    return 2;
+  }
+  if (on_gpu && cfg.batch % cfg.micro_batch != 0) {
+    fprintf(stderr, "newt train: --device cuda needs --batch a multiple of --micro-batch\n");
+    return 2;
+  }
 
   model_tokens tok;
   newt_result_t res;
@@ -104,19 +146,28 @@ int newt_cmd_train(int argc, char **argv) {
     model_tokens_close(&tok);
     return 1;
   }
+  model_cuda *gpu = NULL;
+  if (on_gpu && (model_cuda_init(&gpu, &cfg.model, cfg.micro_batch, cfg.seq_len) != NEWT_OK ||
+                 model_cuda_set_params(gpu, tr.gpt.params) != NEWT_OK)) {
+    fprintf(stderr, "newt train: %s\n", newt_errmsg());
+    model_cuda_free(gpu);
+    model_trainer_free(&tr);
+    model_tokens_close(&tok);
+    return 1;
+  }
   const model_config *m = &cfg.model;
   printf("newt train: %s (V %lld, ctx %lld, L %lld, NH %lld, C %lld), %zu parameters, batch %d "
-         "(micro-batch %d) x T %d, %d threads, data %s (%llu tokens, %llu samples per epoch)\n",
+         "(micro-batch %d) x T %d, %s, data %s (%llu tokens, %llu samples per epoch)\n",
          preset, (long long)m->vocab, (long long)m->ctx, (long long)m->layers, (long long)m->heads,
          (long long)m->channels, tr.gpt.layout.nparams, cfg.batch, cfg.micro_batch, cfg.seq_len,
-         model_threads_get(), data ? data : "generated", (unsigned long long)tok.count,
+         on_gpu ? "cuda" : "cpu", data ? data : "generated", (unsigned long long)tok.count,
          (unsigned long long)ld.windows);
   fflush(stdout);
   double first = NAN, last = NAN, ms_total = 0;
   int status = 0;
   for (int64_t s = 0; s < steps; s++) {
     model_step_info info;
-    if (model_trainer_step_data(&tr, &ld, &info) != NEWT_OK) {
+    if ((on_gpu ? cuda_step(&tr, gpu, &ld, &info) : model_trainer_step_data(&tr, &ld, &info)) != NEWT_OK) {
       fprintf(stderr, "newt train: step %lld: %s\n", (long long)s + 1, newt_errmsg());
       status = 1;
       break;
@@ -140,6 +191,7 @@ int newt_cmd_train(int argc, char **argv) {
   }
   printf("{\"steps\":%lld,\"first_loss\":%.6f,\"final_loss\":%.6f,\"samples_consumed\":%llu,\"ms_per_step\":%.2f}\n",
          (long long)tr.step, first, last, (unsigned long long)tr.cursor, tr.step ? ms_total / tr.step : 0.0);
+  model_cuda_free(gpu);
   model_trainer_free(&tr);
   model_tokens_close(&tok);
   return status;
