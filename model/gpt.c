@@ -6,6 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/log.h"
 #include "model/ops.h"
 #include "model/rng.h"
 
@@ -159,6 +160,7 @@ newt_result_t model_scratch_init(model_scratch *s, const model_config *cfg, int 
   NEWT_CHECK(model_config_check(cfg));
   s->B = B;
   s->T = T;
+  s->threads = model_threads_get();
   carver c = {0};
   scratch_carve(s, cfg, &c);
   s->bytes = c.off;
@@ -172,6 +174,15 @@ newt_result_t model_scratch_init(model_scratch *s, const model_config *cfg, int 
 void model_scratch_free(model_scratch *s) {
   free(s->mem);
   memset(s, 0, sizeof *s);
+}
+
+/* The per-thread scratch holds s->threads threads' worth. */
+static void guard_threads(const model_scratch *s) {
+  if (model_threads_get() > s->threads) {
+    NEWT_WARN(MODEL, "%d threads, but the scratch was sized for %d: using %d", model_threads_get(), s->threads,
+              s->threads);
+    model_threads_set(s->threads);
+  }
 }
 
 #define P(slot, l) model_gpt_param(g, (slot), (l))
@@ -192,6 +203,7 @@ void model_block_forward(const model_gpt *g, model_acts *a, model_scratch *s, in
   int B = a->B, T = a->T, C = (int)g->layout.cfg.channels, NH = (int)g->layout.cfg.heads;
   model_block_acts *b = &a->blk[l - a->l0];
   const float *x = layer_input(a, l);
+  guard_threads(s);
   model_layernorm_forward(b->ln1, b->ln1_mean, b->ln1_rstd, x, P(MODEL_LN1_W, l), P(MODEL_LN1_B, l),
                           B, T, C);
   model_matmul_forward(b->qkv, NULL, b->ln1, P(MODEL_QKV_W, l), P(MODEL_QKV_B, l), B, T, C, 3 * C);
@@ -219,6 +231,7 @@ double model_head_forward(const model_gpt *g, model_acts *a, const int32_t *targ
 void model_head_backward(model_gpt *g, model_acts *a, model_scratch *s) {
   int B = a->B, T = a->T, C = (int)g->layout.cfg.channels, V = (int)g->layout.cfg.vocab;
   const float *x = layer_input(a, a->l1);
+  guard_threads(s);
   model_matmul_backward(s->dx, G(MODEL_WTE, 0), NULL, a->logits, a->lnf, P(MODEL_WTE, 0), B, T, C, V);
   memset(s->dres, 0, (size_t)B * T * C * sizeof(float));
   model_layernorm_backward(s->dres, G(MODEL_LNF_W, 0), G(MODEL_LNF_B, 0), s->dx, x, P(MODEL_LNF_W, 0),
@@ -230,6 +243,7 @@ void model_block_backward(model_gpt *g, model_acts *a, model_scratch *s, int l) 
   model_block_acts *b = &a->blk[l - a->l0];
   const float *x = layer_input(a, l);
   size_t BT = (size_t)B * T;
+  guard_threads(s);
   /* res2 = res1 + mlp.proj(gelu(fc(ln2(res1)))): dres holds d res2 = d res1 (pass-through) */
   model_matmul_backward(s->dfch, G(MODEL_FCPROJ_W, l), G(MODEL_FCPROJ_B, l), s->dres, b->fch_gelu,
                         P(MODEL_FCPROJ_W, l), B, T, 4 * C, C);

@@ -299,6 +299,27 @@ static void test_acts_bytes(void) {
   T_ERR(NEWT_ERR_INVALID, model_acts_init(&a, &c, 8, 65, 0, 4, 1));
 }
 
+/* Raising the thread count after sizing the scratch must not overrun it (ASan build). */
+static void test_threads_raised_after_scratch(void) {
+  model_threads_set(1);
+  model_config c = small_cfg();
+  model_gpt g;
+  model_acts a;
+  model_scratch s;
+  T_OK(model_gpt_init(&g, &c));
+  T_OK(model_acts_init(&a, &c, 2, 16, 0, (int)c.layers, 1));
+  T_OK(model_scratch_init(&s, &c, 2, 16));
+  randomize(&g, 1);
+  int32_t x[32], y[32];
+  make_batch(x, y, 32, (int)c.vocab, 1);
+  model_threads_set(2);
+  double l = model_forward_backward(&g, &a, &s, x, y, 1.0f / 32);
+  T_CHECK(isfinite(l) && model_threads_get() == 1);
+  model_scratch_free(&s);
+  model_acts_free(&a);
+  model_gpt_free(&g);
+}
+
 int main(void) {
   T_RUN(test_presets_and_overrides);
   T_RUN(test_layout);
@@ -308,5 +329,6 @@ int main(void) {
   T_RUN(test_adamw_shards_and_decay);
   T_RUN(test_schedule_and_clip);
   T_RUN(test_acts_bytes);
+  T_RUN(test_threads_raised_after_scratch);
   return T_DONE();
 }
