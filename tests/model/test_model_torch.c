@@ -55,10 +55,13 @@ static int load_fixture(void) {
       off += 8;
       r->count *= r->dims[d];
     }
-    size_t esz = r->dtype == 1 ? 2 : r->dtype == 6 ? 8 : 4;
-    r->data = (const uint8_t *)fix_buf + off;
-    off += r->count * esz;
-    if (off > fix_len) return -1;
+    size_t esz = r->dtype == 1 ? 2 : r->dtype == 6 ? 8 : 4, bytes = r->count * esz;
+    if (off + bytes > fix_len) return -1;
+    uint8_t *copy = malloc(bytes ? bytes : 1); /* records are packed: copy to aligned memory */
+    if (!copy) return -1;
+    memcpy(copy, fix_buf + off, bytes);
+    r->data = copy;
+    off += bytes;
   }
   return 0;
 }
@@ -213,6 +216,7 @@ int main(void) {
                             .grad_clip = h[8]};
   T_RUN(test_torch_threads1);
   T_RUN(test_torch_threads2);
+  for (int i = 0; i < nrecs; i++) free((void *)recs[i].data);
   free(fix_buf);
   return T_DONE();
 }
