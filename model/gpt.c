@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "common/log.h"
+#include "model/carve.h"
 #include "model/ops.h"
 #include "model/rng.h"
 
@@ -65,24 +66,13 @@ float *model_gpt_grad(const model_gpt *g, int slot, int layer) {
   return g->grads + model_layout_get(&g->layout, slot, layer)->offset;
 }
 
-/* Hands out 64-byte aligned pieces of `base` (or only counts them when base is NULL). */
-typedef struct carver {
-  char *base;
-  size_t off;
-} carver;
+#define CARVE_F(c, n) ((float *)model_carve((c), (size_t)(n) * sizeof(float)))
 
-static void *carve(carver *c, size_t bytes) {
-  void *p = c->base ? c->base + c->off : NULL;
-  c->off += (bytes + 63) / 64 * 64;
-  return p;
-}
-#define CARVE_F(c, n) ((float *)carve((c), (size_t)(n) * sizeof(float)))
-
-static void acts_carve(model_acts *a, const model_config *cfg, carver *c) {
+static void acts_carve(model_acts *a, const model_config *cfg, model_carver *c) {
   size_t B = a->B, T = a->T, C = cfg->channels, NH = cfg->heads, V = cfg->vocab;
   size_t BT = B * T;
-  a->inputs = carve(c, BT * sizeof(int32_t));
-  a->targets = carve(c, BT * sizeof(int32_t));
+  a->inputs = model_carve(c, BT * sizeof(int32_t));
+  a->targets = model_carve(c, BT * sizeof(int32_t));
   a->x0 = CARVE_F(c, BT * C);
   for (int l = a->l0; l < a->l1; l++) {
     model_block_acts tmp, *b = a->blk ? &a->blk[l - a->l0] : &tmp;
@@ -111,7 +101,7 @@ static void acts_carve(model_acts *a, const model_config *cfg, carver *c) {
 
 size_t model_acts_bytes(const model_config *cfg, int B, int T, int l0, int l1, int head) {
   model_acts a = {.B = B, .T = T, .l0 = l0, .l1 = l1, .head = head};
-  carver c = {0};
+  model_carver c = {.align = 64};
   acts_carve(&a, cfg, &c);
   return c.off;
 }
@@ -135,7 +125,7 @@ newt_result_t model_acts_init(model_acts *a, const model_config *cfg, int B, int
     return NEWT_ERR(NEWT_ERR_NOMEM, "model acts: out of memory (%zu bytes)",
                     model_acts_bytes(cfg, B, T, l0, l1, head));
   }
-  carver c = {.base = a->mem};
+  model_carver c = {.base = a->mem, .align = 64};
   acts_carve(a, cfg, &c);
   return NEWT_OK;
 }
@@ -146,7 +136,7 @@ void model_acts_free(model_acts *a) {
   memset(a, 0, sizeof *a);
 }
 
-static void scratch_carve(model_scratch *s, const model_config *cfg, carver *c) {
+static void scratch_carve(model_scratch *s, const model_config *cfg, model_carver *c) {
   size_t BT = (size_t)s->B * s->T, C = cfg->channels;
   s->dres = CARVE_F(c, BT * C);
   s->dx = CARVE_F(c, BT * C);
@@ -161,12 +151,12 @@ newt_result_t model_scratch_init(model_scratch *s, const model_config *cfg, int 
   s->B = B;
   s->T = T;
   s->threads = model_threads_get();
-  carver c = {0};
+  model_carver c = {.align = 64};
   scratch_carve(s, cfg, &c);
   s->bytes = c.off;
   s->mem = alloc_zeroed(s->bytes);
   if (!s->mem) return NEWT_ERR(NEWT_ERR_NOMEM, "model scratch: out of memory (%zu bytes)", s->bytes);
-  c = (carver){.base = s->mem};
+  c = (model_carver){.base = s->mem, .align = 64};
   scratch_carve(s, cfg, &c);
   return NEWT_OK;
 }

@@ -18,6 +18,7 @@
 
 extern "C" {
 #include "common/err.h"
+#include "model/carve.h"
 #include "model/gpt_cuda.h"
 #include "model/layout.h"
 }
@@ -312,19 +313,10 @@ struct model_cuda {
   float *host_losses;
 };
 
-typedef struct carver {
-  char *base;
-  size_t off;
-} carver;
-static void *carve(carver *c, size_t bytes) {
-  void *p = c->base ? c->base + c->off : NULL;
-  c->off += (bytes + 255) / 256 * 256;
-  return p;
-}
-#define F32(c, n) ((float *)carve((c), (size_t)(n) * sizeof(float)))
-#define B16(c, n) ((bf16 *)carve((c), (size_t)(n) * sizeof(bf16)))
+#define F32(c, n) ((float *)model_carve((c), (size_t)(n) * sizeof(float)))
+#define B16(c, n) ((bf16 *)model_carve((c), (size_t)(n) * sizeof(bf16)))
 
-static void carve_all(model_cuda *m, carver *c) {
+static void carve_all(model_cuda *m, model_carver *c) {
   size_t P = m->lay.total, BT = (size_t)m->B * m->T, C = m->C, V = m->V, BHTT = (size_t)m->B * m->NH * m->T * m->T;
   m->p32 = F32(c, P);
   m->g32 = F32(c, P);
@@ -332,8 +324,8 @@ static void carve_all(model_cuda *m, carver *c) {
   m->v = F32(c, P);
   m->norm = F32(c, 1);
   m->p16 = B16(c, P);
-  m->inputs = (int32_t *)carve(c, BT * sizeof(int32_t));
-  m->targets = (int32_t *)carve(c, BT * sizeof(int32_t));
+  m->inputs = (int32_t *)model_carve(c, BT * sizeof(int32_t));
+  m->targets = (int32_t *)model_carve(c, BT * sizeof(int32_t));
   m->x0 = B16(c, BT * C);
   for (int l = 0; l < m->L; l++) {
     block16 tmp, *b = m->blk ? &m->blk[l] : &tmp;
@@ -396,7 +388,7 @@ extern "C" newt_result_t model_cuda_init(model_cuda **out, const model_config *c
   m->L = (int)cfg->layers;
   m->blk = (block16 *)calloc((size_t)m->L, sizeof *m->blk);
   m->host_losses = (float *)malloc((size_t)B * T * sizeof(float));
-  carver c = {NULL, 0};
+  model_carver c = {NULL, 0, 256};
   carve_all(m, &c);
   if (!m->blk || !m->host_losses) {
     model_cuda_free(m);
@@ -408,7 +400,7 @@ extern "C" newt_result_t model_cuda_init(model_cuda **out, const model_config *c
     model_cuda_free(m);
     return NEWT_ERR(NEWT_ERR_CUDA, "cuda model: cudaMalloc of %zu bytes: %s", c.off, cudaGetErrorString(e));
   }
-  c = carver{(char *)m->mem, 0};
+  c = model_carver{(char *)m->mem, 0, 256};
   carve_all(m, &c);
   if (cublasCreate(&m->blas) != CUBLAS_STATUS_SUCCESS) {
     m->blas = NULL;
@@ -519,21 +511,17 @@ static newt_result_t layernorm_bwd(model_cuda *m, float *dw, float *db, const bf
   return NEWT_OK;
 }
 
-static newt_result_t split_heads(model_cuda *m, bf16 *dst, const bf16 *src, int ld) {
+/* (B,T,.) rows of stride ld at column h*hs <-> heads (B,NH,T,hs): split or merge */
+static newt_result_t heads(model_cuda *m, bf16 *dst, const bf16 *src, int ld, int merge) {
   int hs = m->C / m->NH;
   size_t n = (size_t)m->B * m->T * m->C;
-  k_split_heads<<<blocks_for(n), THREADS>>>(dst, src, ld, m->T, m->NH, hs, n);
+  if (merge) k_merge_heads<<<blocks_for(n), THREADS>>>(dst, src, ld, m->T, m->NH, hs, n);
+  else k_split_heads<<<blocks_for(n), THREADS>>>(dst, src, ld, m->T, m->NH, hs, n);
   LAUNCHED();
   return NEWT_OK;
 }
-
-static newt_result_t merge_heads(model_cuda *m, bf16 *dst, const bf16 *src, int ld) {
-  int hs = m->C / m->NH;
-  size_t n = (size_t)m->B * m->T * m->C;
-  k_merge_heads<<<blocks_for(n), THREADS>>>(dst, src, ld, m->T, m->NH, hs, n);
-  LAUNCHED();
-  return NEWT_OK;
-}
+#define split_heads(m, dst, src, ld) heads((m), (dst), (src), (ld), 0)
+#define merge_heads(m, dst, src, ld) heads((m), (dst), (src), (ld), 1)
 
 /* model_attention_forward: per (b,h): S = scale Q K^T (fp32), P = causal softmax(S),
  * Y = P V; q, k, v, y are (B,NH,T,hs) */

@@ -5,6 +5,7 @@
 #include <string.h>
 
 #include "model/gpt.h"
+#include "model_test.h"
 #include "model/ops.h"
 #include "model/optim.h"
 #include "model/rng.h"
@@ -126,9 +127,7 @@ static void test_finite_differences(void) {
   model_gpt g;
   model_acts a;
   model_scratch s;
-  T_OK(model_gpt_init(&g, &c));
-  T_OK(model_acts_init(&a, &c, B, T, 0, (int)c.layers, 1));
-  T_OK(model_scratch_init(&s, &c, B, T));
+  whole_init(&g, &a, &s, &c, B, T);
   randomize(&g, 5);
   int32_t x[32], y[32];
   make_batch(x, y, B * T, (int)c.vocab, 3);
@@ -162,9 +161,7 @@ static void test_finite_differences(void) {
   }
   T_CHECK(checked == 30);
   fprintf(stderr, "  30 finite differences, worst %.3fx tolerance\n", worst);
-  model_scratch_free(&s);
-  model_acts_free(&a);
-  model_gpt_free(&g);
+  whole_free(&g, &a, &s);
 }
 
 /* Max over the buffer of |a - b| / (1e-6 * max|b| + 1e-5 |b|): <= 1 passes. */
@@ -306,18 +303,14 @@ static void test_threads_raised_after_scratch(void) {
   model_gpt g;
   model_acts a;
   model_scratch s;
-  T_OK(model_gpt_init(&g, &c));
-  T_OK(model_acts_init(&a, &c, 2, 16, 0, (int)c.layers, 1));
-  T_OK(model_scratch_init(&s, &c, 2, 16));
+  whole_init(&g, &a, &s, &c, 2, 16);
   randomize(&g, 1);
   int32_t x[32], y[32];
   make_batch(x, y, 32, (int)c.vocab, 1);
   model_threads_set(2);
   double l = model_forward_backward(&g, &a, &s, x, y, 1.0f / 32);
   T_CHECK(isfinite(l) && model_threads_get() == 1);
-  model_scratch_free(&s);
-  model_acts_free(&a);
-  model_gpt_free(&g);
+  whole_free(&g, &a, &s);
 }
 
 int main(void) {

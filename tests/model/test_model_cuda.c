@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "model/gpt.h"
+#include "model_test.h"
 #include "model/gpt_cuda.h"
 #include "model/ops.h"
 #include "model/optim.h"
@@ -30,9 +31,7 @@ static void test_cuda_matches_cpu(void) {
   model_gpt g;
   model_acts a;
   model_scratch s;
-  T_OK(model_gpt_init(&g, &cfg));
-  T_OK(model_acts_init(&a, &cfg, B, T, 0, (int)cfg.layers, 1));
-  T_OK(model_scratch_init(&s, &cfg, B, T));
+  whole_init(&g, &a, &s, &cfg, B, T);
   model_gpt_init_weights(&g, 3);
   for (size_t k = 0; k < g.layout.n; k++) { /* non-trivial layernorm weights and biases */
     const model_tensor *t = &g.layout.tensors[k];
@@ -109,9 +108,7 @@ static void test_cuda_matches_cpu(void) {
   free(buf);
   free(x);
   free(y);
-  model_scratch_free(&s);
-  model_acts_free(&a);
-  model_gpt_free(&g);
+  whole_free(&g, &a, &s);
 }
 
 int main(void) {

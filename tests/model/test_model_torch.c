@@ -10,6 +10,7 @@
 #include "common/dtype.h"
 #include "common/fs.h"
 #include "model/gpt.h"
+#include "model_test.h"
 #include "model/ops.h"
 #include "model/optim.h"
 #include "test.h"
@@ -120,9 +121,7 @@ static void check_against_torch(int threads) {
   model_gpt g;
   model_acts a;
   model_scratch s;
-  T_OK(model_gpt_init(&g, &cfg));
-  T_OK(model_acts_init(&a, &cfg, B, T, 0, (int)cfg.layers, 1));
-  T_OK(model_scratch_init(&s, &cfg, B, T));
+  whole_init(&g, &a, &s, &cfg, B, T);
   load_params(&g);
   const int32_t *inputs = (const int32_t *)find("inputs")->data;
   const int32_t *targets = (const int32_t *)find("targets")->data;
@@ -186,9 +185,7 @@ static void check_against_torch(int threads) {
                 step, l, ref);
   }
   model_adamw_free(&opt);
-  model_scratch_free(&s);
-  model_acts_free(&a);
-  model_gpt_free(&g);
+  whole_free(&g, &a, &s);
 }
 
 static void test_torch_threads1(void) { check_against_torch(1); }
