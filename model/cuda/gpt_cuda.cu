@@ -50,39 +50,27 @@ static __device__ __forceinline__ float warp_max(float v) {
   for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
   return v;
 }
-/* Sum over a block of at most 1024 threads; every thread gets the result. */
-static __device__ float block_sum(float v) {
+/* Sum (IS_MAX 0) or max (IS_MAX 1) over a block of at most 1024 threads; every thread
+ * gets the result. */
+template <int IS_MAX>
+static __device__ float block_reduce(float v) {
   __shared__ float part[32];
   __shared__ float total;
   int lane = threadIdx.x % 32, w = threadIdx.x / 32, nw = (blockDim.x + 31) / 32;
-  v = warp_sum(v);
+  v = IS_MAX ? warp_max(v) : warp_sum(v);
   __syncthreads(); /* part[] may still be read by a previous call */
   if (lane == 0) part[w] = v;
   __syncthreads();
   if (w == 0) {
-    float s = lane < nw ? part[lane] : 0.0f;
-    s = warp_sum(s);
+    float s = lane < nw ? part[lane] : (IS_MAX ? -INFINITY : 0.0f);
+    s = IS_MAX ? warp_max(s) : warp_sum(s);
     if (lane == 0) total = s;
   }
   __syncthreads();
   return total;
 }
-static __device__ float block_max(float v) {
-  __shared__ float part[32];
-  __shared__ float total;
-  int lane = threadIdx.x % 32, w = threadIdx.x / 32, nw = (blockDim.x + 31) / 32;
-  v = warp_max(v);
-  __syncthreads();
-  if (lane == 0) part[w] = v;
-  __syncthreads();
-  if (w == 0) {
-    float s = lane < nw ? part[lane] : -INFINITY;
-    s = warp_max(s);
-    if (lane == 0) total = s;
-  }
-  __syncthreads();
-  return total;
-}
+#define block_sum(v) block_reduce<0>(v)
+#define block_max(v) block_reduce<1>(v)
 
 #define THREADS 256
 static unsigned blocks_for(size_t n) { return (unsigned)((n + THREADS - 1) / THREADS); }
