@@ -1,12 +1,15 @@
 /* The CPU ops (see ops.h): fp32, OpenBLAS for GEMMs, OpenMP for the rest.
  *
  * Parallel layout: row-wise ops (layernorm, gelu, cross-entropy) split rows; attention
- * splits (batch, head) pairs, each thread working on a transposed copy of its head's keys
- * and values so the inner loops run over contiguous memory; encoder backward splits
+ * splits (batch, head) pairs, each thread running its head as single-threaded GEMMs over
+ * blocks of 64 query rows that skip the key blocks above the diagonal (the causal half),
+ * with the softmax and its backward in between; encoder backward splits
  * channels so that no two threads add into the same embedding row; a GEMM splits the rows
  * of its output into one block per thread (multiples of 16 rows) and each thread calls
  * cblas_sgemm on its block with OpenBLAS in single-threaded mode. Reductions that cross
- * rows (layernorm's dweight, dbias) go through per-thread partials in the caller's scratch. */
+ * rows (layernorm's dweight, dbias) go through per-thread partials in the caller's scratch.
+ * Transcendentals use model_expf, a polynomial that vectorises (libm's expf and tanhf
+ * do not without -ffast-math): GELU's tanh is 1 - 2 / (exp(2u) + 1). */
 #include "model/ops.h"
 
 #include <cblas.h>
