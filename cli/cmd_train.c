@@ -83,9 +83,10 @@ int newt_cmd_train(int argc, char **argv) {
     fprintf(stderr, "newt train: %s\n", newt_errmsg());
     return 2;
   }
-  if (steps < 1 || batch < 1 || batch > 1 << 20 || micro < 0 || threads < 0 || seq < 0 || gen_bytes < 2) {
-    fprintf(stderr, "newt train: --steps, --batch and --gen-bytes must be positive; --micro-batch, "
-                    "--threads and --seq-len >= 0\n");
+  if (steps < 1 || batch < 1 || batch > 1 << 20 || micro < 0 || micro > batch || threads < 0 ||
+      threads > 1024 || seq < 0 || seq > 1 << 20 || gen_bytes < 2) {
+    fprintf(stderr, "newt train: --steps, --batch and --gen-bytes must be positive; --micro-batch in "
+                    "[0, batch], --threads in [0, 1024], --seq-len >= 0\n");
     return 2;
   }
   cfg.batch = (int)batch;
