@@ -1,34 +1,46 @@
 /* Where a generation's state comes from: the cheapest source that holds the newest whole
  * state (docs/elastic.md, "Restore").
  *
- * Every rank of the new communicator tells the others (one allgather) whether it holds a
- * state and of which step. The newest step held by any rank wins; if some rank lacks it,
- * the lowest-ranked holder broadcasts it (weights, AdamW moments, step and data cursor)
- * over the new communicator, so a replacement or a joiner is filled from its peers. A
- * rank whose last all-reduce failed holds step s and one whose all-reduce completed holds
- * s + 1: both are whole states, the newer wins, nothing is mixed. Only when no rank holds
- * anything is the newest valid checkpoint read (every rank reads it), and on a new job the
- * weights come from the seed, identically on every rank. */
+ * The ranks of the new communicator reshard in memory (worker/reshard.c): each says which
+ * pieces of the weights and AdamW moments it holds and of which step, the newest step that
+ * the held pieces cover wins, and whoever lacks it receives it from a holder over the new
+ * communicator, so a replacement or a joiner is filled from its peers. A rank whose last
+ * all-reduce failed holds step s and one whose all-reduce completed holds s + 1: both are
+ * whole states, the newer wins, nothing is mixed. Only when no step is covered is the
+ * newest valid checkpoint read (every rank reads it, and they check they read the same
+ * step), and on a new job the weights come from the seed, identically on every rank. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "common/log.h"
 #include "worker/internal.h"
+#include "worker/reshard.h"
 
-/* Header of a state broadcast. */
-enum { HDR_STEP, HDR_CURSOR, HDR_OPT_T, HDR_N };
-
-static newt_result_t broadcast_state(worker *w, comm_t *c, int root) {
+/* The trainer's state as reshard pieces: every tensor whole, its weights and both AdamW
+ * moments (named as in checkpoints). *out is malloc'd. */
+static newt_result_t state_pieces(worker *w, reshard_piece **out, size_t *n) {
   model_trainer *tr = &w->tr;
-  int64_t hdr[HDR_N] = {tr->step, (int64_t)tr->cursor, tr->opt.t};
-  NEWT_CHECK(comm_broadcast(c, hdr, hdr, HDR_N, NEWT_I64, root));
-  NEWT_CHECK(comm_broadcast(c, tr->gpt.params, tr->gpt.params, tr->gpt.layout.total, NEWT_F32, root));
-  NEWT_CHECK(comm_broadcast(c, tr->opt.m, tr->opt.m, tr->opt.len, NEWT_F32, root));
-  NEWT_CHECK(comm_broadcast(c, tr->opt.v, tr->opt.v, tr->opt.len, NEWT_F32, root));
-  tr->step = hdr[HDR_STEP];
-  tr->cursor = (uint64_t)hdr[HDR_CURSOR];
-  tr->opt.t = hdr[HDR_OPT_T];
+  const model_layout *lay = &tr->gpt.layout;
+  reshard_piece *p = calloc(lay->n * 3, sizeof *p);
+  NEWT_CHECK_ALLOC(p);
+  static const char *const prefix[3] = {"", CKPT_ADAM_M, CKPT_ADAM_V};
+  float *base[3] = {tr->gpt.params, tr->opt.m - tr->opt.off, tr->opt.v - tr->opt.off};
+  size_t k = 0;
+  for (int kind = 0; kind < 3; kind++)
+    for (size_t i = 0; i < lay->n; i++) {
+      const model_tensor *t = &lay->tensors[i];
+      reshard_piece *q = &p[k++];
+      snprintf(q->name, sizeof q->name, "%s%s", prefix[kind], t->name);
+      q->ndim = t->ndim;
+      q->shape[0] = (int64_t)t->shape[0];
+      if (t->ndim == 2) q->shape[1] = (int64_t)t->shape[1];
+      int64_t off[2] = {0, 0};
+      ckpt_slice_box(&q->slice, t->ndim, off, q->shape);
+      q->data = base[kind] + t->offset;
+    }
+  *out = p;
+  *n = k;
   return NEWT_OK;
 }
 
@@ -44,28 +56,19 @@ static void init_from_seed(worker *w) {
 
 newt_result_t worker_restore(worker *w, comm_t *c, const newt_plan *p) {
   int n = comm_size(c);
-  int64_t mine[2] = {w->has_state, w->tr.step};
-  int64_t *all = malloc((size_t)n * 2 * sizeof *all);
-  NEWT_CHECK_ALLOC(all);
-  newt_result_t r = comm_allgather(c, mine, all, 2, NEWT_I64);
-  if (r != NEWT_OK) {
-    free(all);
-    return r;
-  }
-  int holder = -1, lacking = 0;
-  int64_t best = -1;
-  for (int i = 0; i < n; i++)
-    if (all[2 * i] && all[2 * i + 1] > best) {
-      best = all[2 * i + 1];
-      holder = i;
-    }
-  for (int i = 0; i < n; i++) lacking += !(all[2 * i] && all[2 * i + 1] == best);
-  free(all);
-
-  if (holder >= 0) {
-    int had = w->has_state && w->tr.step == best;
-    if (lacking) NEWT_CHECK(broadcast_state(w, c, holder));
-    snprintf(w->restore_src, sizeof w->restore_src, "%s", had ? "memory" : "peer");
+  reshard_piece *pieces = NULL;
+  size_t np = 0;
+  NEWT_CHECK(state_pieces(w, &pieces, &np));
+  reshard_result rr;
+  newt_result_t r = reshard_exchange(c, w->has_state ? w->tr.step : -1, pieces, np, pieces, np, &rr);
+  free(pieces);
+  if (r != NEWT_OK && r != NEWT_ERR_NOTFOUND) return r;
+  if (r == NEWT_OK) {
+    /* a step's whole state: the data cursor and the optimizer's count follow from it */
+    w->tr.step = rr.step;
+    w->tr.cursor = (uint64_t)rr.step * (uint64_t)p->global_batch;
+    w->tr.opt.t = rr.step;
+    snprintf(w->restore_src, sizeof w->restore_src, "%s", rr.received ? "peer" : "memory");
   } else {
     int64_t step = -1;
     r = worker_ckpt_load(w, &step);

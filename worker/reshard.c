@@ -1,0 +1,408 @@
+/* In-memory resharding (see reshard.h).
+ *
+ * 1. Every rank serialises what it holds and needs (fixed-size records, no pointers) and
+ *    the records of all ranks are all-gathered, so every rank sees the same picture and
+ *    computes the same decisions without further talk.
+ * 2. The step: the newest step held by some rank for which, counting each distinct held
+ *    slice once, the overlap with every need of every rank adds up to exactly that need.
+ * 3. The sources: each need takes each overlapping distinct slice from its own rank when
+ *    it holds it, else from one of its holders, chosen by (rank + need) so the load
+ *    spreads.
+ * 4. The moves: ranks meet in pairs (a < b) in one global order; a sends then receives, b
+ *    receives then sends. The earliest unfinished pair always has both ranks ready, so
+ *    this cannot deadlock. A sender sends each of its pieces the receiver needs once,
+ *    whole; the receiver copies the overlaps into its needs (ckpt_slice_copy). */
+#include "worker/reshard.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/log.h"
+
+typedef struct wire_piece {
+  char name[RESHARD_NAME_MAX];
+  int64_t ndim;
+  int64_t shape[CKPT_MAX_DIMS];
+  int64_t offset[CKPT_MAX_DIMS];
+  int64_t box[CKPT_MAX_DIMS];
+  int64_t begin, end;
+} wire_piece;
+
+typedef struct wire_head {
+  int64_t step, nhave, nneed;
+} wire_head;
+
+typedef struct rank_view {
+  int64_t step;
+  int64_t nhave, nneed;
+  const wire_piece *have, *need;
+} rank_view;
+
+/* A move of one held piece (src's have[h]) into one need (dst's need[k]). */
+typedef struct unit {
+  int src, dst;
+  int64_t h, k;
+} unit;
+
+static void to_wire(const reshard_piece *p, wire_piece *w) {
+  memset(w, 0, sizeof *w);
+  snprintf(w->name, sizeof w->name, "%s", p->name);
+  w->ndim = p->ndim;
+  for (int i = 0; i < p->ndim; i++) {
+    w->shape[i] = p->shape[i];
+    w->offset[i] = p->slice.offset[i];
+    w->box[i] = p->slice.shape[i];
+  }
+  w->begin = p->slice.begin;
+  w->end = p->slice.end;
+}
+
+static void slice_of(const wire_piece *w, ckpt_slice *s) {
+  memset(s, 0, sizeof *s);
+  s->ndim = (int)w->ndim;
+  for (int i = 0; i < s->ndim; i++) {
+    s->offset[i] = w->offset[i];
+    s->shape[i] = w->box[i];
+  }
+  s->begin = w->begin;
+  s->end = w->end;
+}
+
+static int same_tensor(const wire_piece *a, const wire_piece *b) {
+  if (strcmp(a->name, b->name) != 0 || a->ndim != b->ndim) return 0;
+  for (int i = 0; i < a->ndim; i++)
+    if (a->shape[i] != b->shape[i]) return 0;
+  return 1;
+}
+
+static int same_slice(const wire_piece *a, const wire_piece *b) {
+  if (!same_tensor(a, b) || a->begin != b->begin || a->end != b->end) return 0;
+  for (int i = 0; i < a->ndim; i++)
+    if (a->offset[i] != b->offset[i] || a->box[i] != b->box[i]) return 0;
+  return 1;
+}
+
+static int64_t overlap(const wire_piece *a, const wire_piece *b) {
+  if (!same_tensor(a, b)) return 0;
+  ckpt_slice sa, sb;
+  slice_of(a, &sa);
+  slice_of(b, &sb);
+  return ckpt_slice_copy(a->shape, 4, &sa, NULL, &sb, NULL);
+}
+
+static int64_t numel(const wire_piece *w) { return w->end - w->begin; }
+
+/* Checks the records of a rank: sane dimensions and slices inside their tensors. */
+static newt_result_t check_piece(const wire_piece *w, int rank) {
+  if (w->ndim < 1 || w->ndim > CKPT_MAX_DIMS || memchr(w->name, '\0', sizeof w->name) == NULL)
+    return NEWT_ERR(NEWT_ERR_CORRUPT, "reshard: rank %d sent a malformed piece record", rank);
+  ckpt_tensor_desc t = {.name = w->name, .dtype = NEWT_F32, .ndim = (int)w->ndim};
+  memcpy(t.shape, w->shape, sizeof t.shape);
+  ckpt_slice s;
+  slice_of(w, &s);
+  return ckpt_slice_check(&s, &t, "reshard");
+}
+
+/* The distinct slices held at one step, sorted by tensor name, each with its holders. */
+typedef struct distinct {
+  const wire_piece *p;
+  int nholders;
+  const int *rank;    /* its holders, ascending */
+  const int64_t *idx; /* their have index */
+} distinct;
+
+typedef struct held {
+  distinct *d;
+  size_t n;
+  int *ranks;
+  int64_t *idxs;
+} held;
+
+typedef struct entry {
+  const wire_piece *p;
+  int rank;
+  int64_t idx;
+} entry;
+
+static int cmp_i64(int64_t a, int64_t b) { return a < b ? -1 : a > b; }
+
+/* Identical slices sort next to each other, their holders by rank. */
+static int cmp_entry(const void *a, const void *b) {
+  const entry *x = a, *y = b;
+  int c = strcmp(x->p->name, y->p->name);
+  if (!c) c = cmp_i64(x->p->begin, y->p->begin);
+  if (!c) c = cmp_i64(x->p->end, y->p->end);
+  for (int i = 0; i < CKPT_MAX_DIMS && !c; i++) c = cmp_i64(x->p->offset[i], y->p->offset[i]);
+  for (int i = 0; i < CKPT_MAX_DIMS && !c; i++) c = cmp_i64(x->p->box[i], y->p->box[i]);
+  if (!c) c = cmp_i64(x->rank, y->rank);
+  return c;
+}
+
+static void held_free(held *hs) {
+  free(hs->d);
+  free(hs->ranks);
+  free(hs->idxs);
+  memset(hs, 0, sizeof *hs);
+}
+
+static newt_result_t held_build(const rank_view *v, int n, int64_t step, held *hs) {
+  memset(hs, 0, sizeof *hs);
+  size_t m = 0;
+  for (int r = 0; r < n; r++)
+    if (v[r].step == step) m += (size_t)v[r].nhave;
+  entry *e = malloc((m ? m : 1) * sizeof *e);
+  hs->d = calloc(m ? m : 1, sizeof *hs->d);
+  hs->ranks = malloc((m ? m : 1) * sizeof *hs->ranks);
+  hs->idxs = malloc((m ? m : 1) * sizeof *hs->idxs);
+  if (!e || !hs->d || !hs->ranks || !hs->idxs) {
+    free(e);
+    held_free(hs);
+    return NEWT_ERR(NEWT_ERR_NOMEM, "reshard: out of memory");
+  }
+  size_t k = 0;
+  for (int r = 0; r < n; r++)
+    if (v[r].step == step)
+      for (int64_t h = 0; h < v[r].nhave; h++) e[k++] = (entry){.p = &v[r].have[h], .rank = r, .idx = h};
+  qsort(e, m, sizeof *e, cmp_entry);
+  for (size_t i = 0; i < m; i++) {
+    hs->ranks[i] = e[i].rank;
+    hs->idxs[i] = e[i].idx;
+  }
+  for (size_t i = 0; i < m;) {
+    size_t j = i + 1;
+    while (j < m && same_slice(e[j].p, e[i].p)) j++;
+    hs->d[hs->n++] = (distinct){.p = e[i].p, .nholders = (int)(j - i), .rank = &hs->ranks[i], .idx = &hs->idxs[i]};
+    i = j;
+  }
+  free(e);
+  return NEWT_OK;
+}
+
+/* The distinct slices of the need's tensor: [*lo, *hi) of hs->d. */
+static void tensor_range(const held *hs, const wire_piece *need, size_t *lo, size_t *hi) {
+  size_t a = 0, b = hs->n;
+  while (a < b) {
+    size_t mid = (a + b) / 2;
+    if (strcmp(hs->d[mid].p->name, need->name) < 0) a = mid + 1;
+    else b = mid;
+  }
+  *lo = a;
+  while (a < hs->n && strcmp(hs->d[a].p->name, need->name) == 0) a++;
+  *hi = a;
+}
+
+/* Whether every need of every rank is covered exactly by the distinct slices held. */
+static int covered(const rank_view *v, int n, const held *hs) {
+  for (int j = 0; j < n; j++)
+    for (int64_t k = 0; k < v[j].nneed; k++) {
+      const wire_piece *need = &v[j].need[k];
+      size_t lo, hi;
+      tensor_range(hs, need, &lo, &hi);
+      int64_t sum = 0;
+      for (size_t i = lo; i < hi; i++) sum += overlap(need, hs->d[i].p);
+      if (sum != numel(need)) return 0;
+    }
+  return 1;
+}
+
+/* The moves: for each need of each rank, each overlapping distinct slice from one of its
+ * holders: the receiver itself when it holds it, else one chosen by (rank + need). */
+static newt_result_t plan_units(const rank_view *v, int n, const held *hs, unit **out, size_t *nout) {
+  size_t cap = 64, nu = 0;
+  unit *u = malloc(cap * sizeof *u);
+  NEWT_CHECK_ALLOC(u);
+  for (int j = 0; j < n; j++)
+    for (int64_t k = 0; k < v[j].nneed; k++) {
+      size_t lo, hi;
+      tensor_range(hs, &v[j].need[k], &lo, &hi);
+      for (size_t i = lo; i < hi; i++) {
+        const distinct *d = &hs->d[i];
+        if (!overlap(&v[j].need[k], d->p)) continue;
+        int pick = (int)(((int64_t)j + k) % d->nholders);
+        for (int q = 0; q < d->nholders; q++)
+          if (d->rank[q] == j) pick = q;
+        if (nu == cap) {
+          unit *m = realloc(u, 2 * cap * sizeof *u);
+          if (!m) {
+            free(u);
+            return NEWT_ERR(NEWT_ERR_NOMEM, "reshard: out of memory");
+          }
+          u = m;
+          cap *= 2;
+        }
+        u[nu++] = (unit){.src = d->rank[pick], .dst = j, .h = d->idx[pick], .k = k};
+      }
+    }
+  *out = u;
+  *nout = nu;
+  return NEWT_OK;
+}
+
+/* The distinct held pieces src sends dst, in have order (marks[h] = 1). */
+static int64_t pair_payload(const unit *u, size_t nu, int src, int dst, const rank_view *v, char *marks) {
+  memset(marks, 0, (size_t)v[src].nhave);
+  for (size_t i = 0; i < nu; i++)
+    if (u[i].src == src && u[i].dst == dst) marks[u[i].h] = 1;
+  int64_t total = 0;
+  for (int64_t h = 0; h < v[src].nhave; h++)
+    if (marks[h]) total += numel(&v[src].have[h]);
+  return total;
+}
+
+static newt_result_t send_to(comm_t *c, int me, int dst, const unit *u, size_t nu, const rank_view *v,
+                             const reshard_piece *have, char *marks) {
+  if (!pair_payload(u, nu, me, dst, v, marks)) return NEWT_OK;
+  for (int64_t h = 0; h < v[me].nhave; h++)
+    if (marks[h]) NEWT_CHECK(comm_send(c, have[h].data, (size_t)numel(&v[me].have[h]), NEWT_F32, dst));
+  return NEWT_OK;
+}
+
+static newt_result_t recv_from(comm_t *c, int me, int src, const unit *u, size_t nu, const rank_view *v,
+                               const reshard_piece *need, char *marks, float **tmp, size_t *tmpcap,
+                               reshard_result *res) {
+  int64_t total = pair_payload(u, nu, src, me, v, marks);
+  if (!total) return NEWT_OK;
+  if ((size_t)total > *tmpcap) {
+    float *t = realloc(*tmp, (size_t)total * sizeof **tmp);
+    NEWT_CHECK_ALLOC(t);
+    *tmp = t;
+    *tmpcap = (size_t)total;
+  }
+  int64_t off = 0;
+  for (int64_t h = 0; h < v[src].nhave; h++) {
+    if (!marks[h]) continue;
+    const wire_piece *hp = &v[src].have[h];
+    NEWT_CHECK(comm_recv(c, *tmp + off, (size_t)numel(hp), NEWT_F32, src));
+    ckpt_slice hs;
+    slice_of(hp, &hs);
+    for (size_t i = 0; i < nu; i++) {
+      if (u[i].src != src || u[i].dst != me || u[i].h != h) continue;
+      const reshard_piece *np = &need[u[i].k];
+      res->received += ckpt_slice_copy(np->shape, 4, &np->slice, np->data, &hs, *tmp + off);
+    }
+    off += numel(hp);
+  }
+  return NEWT_OK;
+}
+
+newt_result_t reshard_exchange(comm_t *c, int64_t step_held, const reshard_piece *have, size_t nhave,
+                               const reshard_piece *need, size_t nneed, reshard_result *res) {
+  memset(res, 0, sizeof *res);
+  res->step = -1;
+  int n = comm_size(c), me = comm_rank(c);
+  newt_result_t r = NEWT_OK;
+  if (step_held < 0) nhave = 0; /* what a rank without a state holds does not count */
+  size_t mylen = sizeof(wire_head) + (nhave + nneed) * sizeof(wire_piece);
+  char *mine = calloc(1, mylen), *all = NULL, *marks = NULL;
+  int64_t *lens = malloc((size_t)n * sizeof *lens);
+  rank_view *v = calloc((size_t)n, sizeof *v);
+  unit *u = NULL;
+  size_t nu = 0, tmpcap = 0;
+  float *tmp = NULL;
+  if (!mine || !lens || !v) {
+    r = NEWT_ERR(NEWT_ERR_NOMEM, "reshard: out of memory");
+    goto exit;
+  }
+  wire_head *hd = (wire_head *)mine;
+  hd->step = step_held;
+  hd->nhave = (int64_t)nhave;
+  hd->nneed = (int64_t)nneed;
+  wire_piece *wp = (wire_piece *)(hd + 1);
+  for (size_t i = 0; i < (size_t)hd->nhave; i++) to_wire(&have[i], wp++);
+  for (size_t i = 0; i < nneed; i++) to_wire(&need[i], wp++);
+
+  /* 1. everyone's records */
+  int64_t l = (int64_t)mylen, maxlen = 0;
+  NEWT_CHECK_GOTO(comm_allgather(c, &l, lens, 1, NEWT_I64), r, exit);
+  for (int i = 0; i < n; i++)
+    if (lens[i] > maxlen) maxlen = lens[i];
+  char *padded = calloc(1, (size_t)maxlen);
+  all = malloc((size_t)maxlen * (size_t)n);
+  if (!padded || !all) {
+    free(padded);
+    r = NEWT_ERR(NEWT_ERR_NOMEM, "reshard: out of memory for %d records of %lld bytes", n, (long long)maxlen);
+    goto exit;
+  }
+  memcpy(padded, mine, mylen);
+  r = comm_allgather(c, padded, all, (size_t)maxlen, NEWT_U8);
+  free(padded);
+  if (r != NEWT_OK) goto exit;
+  int64_t maxhave = 0;
+  for (int i = 0; i < n; i++) {
+    const wire_head *h = (const wire_head *)(all + (size_t)i * (size_t)maxlen);
+    if (lens[i] < (int64_t)sizeof *h || h->nhave < 0 || h->nneed < 0 ||
+        lens[i] != (int64_t)(sizeof *h + (size_t)(h->nhave + h->nneed) * sizeof(wire_piece))) {
+      r = NEWT_ERR(NEWT_ERR_CORRUPT, "reshard: rank %d sent %lld bytes of records that do not add up", i,
+                   (long long)lens[i]);
+      goto exit;
+    }
+    v[i].step = h->step;
+    v[i].nhave = h->nhave;
+    v[i].nneed = h->nneed;
+    v[i].have = (const wire_piece *)(h + 1);
+    v[i].need = v[i].have + h->nhave;
+    for (int64_t k = 0; k < h->nhave + h->nneed; k++) NEWT_CHECK_GOTO(check_piece(&v[i].have[k], i), r, exit);
+    if (v[i].nhave > maxhave) maxhave = v[i].nhave;
+  }
+
+  /* 2. the newest step that covers every need */
+  int64_t step = -1, below = INT64_MAX;
+  held hs = {0};
+  for (;;) {
+    int64_t cand = -1;
+    for (int i = 0; i < n; i++)
+      if (v[i].step >= 0 && v[i].step < below && v[i].step > cand) cand = v[i].step;
+    if (cand < 0) break;
+    NEWT_CHECK_GOTO(held_build(v, n, cand, &hs), r, exit);
+    if (covered(v, n, &hs)) {
+      step = cand;
+      break;
+    }
+    held_free(&hs);
+    below = cand;
+  }
+  if (step < 0) {
+    r = NEWT_ERR(NEWT_ERR_NOTFOUND, "reshard: what the %d ranks hold in memory covers no step whole", n);
+    goto exit;
+  }
+
+  /* 3. the moves, 4. made */
+  r = plan_units(v, n, &hs, &u, &nu);
+  held_free(&hs);
+  if (r != NEWT_OK) goto exit;
+  marks = malloc((size_t)(maxhave ? maxhave : 1));
+  if (!marks) {
+    r = NEWT_ERR(NEWT_ERR_NOMEM, "reshard: out of memory");
+    goto exit;
+  }
+  for (size_t i = 0; i < nu; i++) {
+    if (u[i].src != me || u[i].dst != me) continue;
+    const reshard_piece *hp = &have[u[i].h], *np = &need[u[i].k];
+    if (hp->data == np->data && same_slice(&v[me].have[u[i].h], &v[me].need[u[i].k])) continue; /* in place */
+    res->copied += ckpt_slice_copy(np->shape, 4, &np->slice, np->data, &hp->slice, hp->data);
+  }
+  for (int a = 0; a < n && r == NEWT_OK; a++)
+    for (int b = a + 1; b < n && r == NEWT_OK; b++) {
+      if (me == a) {
+        r = send_to(c, me, b, u, nu, v, have, marks);
+        if (r == NEWT_OK) r = recv_from(c, me, b, u, nu, v, need, marks, &tmp, &tmpcap, res);
+      } else if (me == b) {
+        r = recv_from(c, me, a, u, nu, v, need, marks, &tmp, &tmpcap, res);
+        if (r == NEWT_OK) r = send_to(c, me, a, u, nu, v, have, marks);
+      }
+    }
+  if (r == NEWT_OK) {
+    res->step = step;
+    res->source = res->received > 0;
+  }
+exit:
+  free(mine);
+  free(all);
+  free(lens);
+  free(v);
+  free(u);
+  free(marks);
+  free(tmp);
+  return r;
+}
