@@ -3,8 +3,9 @@
  * 1. Every rank serialises what it holds and needs (fixed-size records, no pointers) and
  *    the records of all ranks are all-gathered, so every rank sees the same picture and
  *    computes the same decisions without further talk.
- * 2. The step: the newest step held by some rank for which, counting each distinct held
- *    slice once, the overlap with every need of every rank adds up to exactly that need.
+ * 2. The step: the newest step of some held piece for which, counting each distinct
+ *    slice held at that step once, the overlap with every need of every rank adds up to
+ *    exactly that need.
  * 3. The sources: each need takes each overlapping distinct slice from its own rank when
  *    it holds it, else from one of its holders, chosen by (rank + need) so the load
  *    spreads.
@@ -22,6 +23,7 @@
 
 typedef struct wire_piece {
   char name[RESHARD_NAME_MAX];
+  int64_t step;
   int64_t ndim;
   int64_t shape[CKPT_MAX_DIMS];
   int64_t offset[CKPT_MAX_DIMS];
@@ -30,11 +32,10 @@ typedef struct wire_piece {
 } wire_piece;
 
 typedef struct wire_head {
-  int64_t step, nhave, nneed;
+  int64_t nhave, nneed;
 } wire_head;
 
 typedef struct rank_view {
-  int64_t step;
   int64_t nhave, nneed;
   const wire_piece *have, *need;
 } rank_view;
@@ -48,6 +49,7 @@ typedef struct unit {
 static void to_wire(const reshard_piece *p, wire_piece *w) {
   memset(w, 0, sizeof *w);
   snprintf(w->name, sizeof w->name, "%s", p->name);
+  w->step = p->step;
   w->ndim = p->ndim;
   for (int i = 0; i < p->ndim; i++) {
     w->shape[i] = p->shape[i];
@@ -150,7 +152,7 @@ static newt_result_t held_build(const rank_view *v, int n, int64_t step, held *h
   memset(hs, 0, sizeof *hs);
   size_t m = 0;
   for (int r = 0; r < n; r++)
-    if (v[r].step == step) m += (size_t)v[r].nhave;
+    for (int64_t h = 0; h < v[r].nhave; h++) m += v[r].have[h].step == step;
   entry *e = malloc((m ? m : 1) * sizeof *e);
   hs->d = calloc(m ? m : 1, sizeof *hs->d);
   hs->ranks = malloc((m ? m : 1) * sizeof *hs->ranks);
@@ -162,8 +164,8 @@ static newt_result_t held_build(const rank_view *v, int n, int64_t step, held *h
   }
   size_t k = 0;
   for (int r = 0; r < n; r++)
-    if (v[r].step == step)
-      for (int64_t h = 0; h < v[r].nhave; h++) e[k++] = (entry){.p = &v[r].have[h], .rank = r, .idx = h};
+    for (int64_t h = 0; h < v[r].nhave; h++)
+      if (v[r].have[h].step == step) e[k++] = (entry){.p = &v[r].have[h], .rank = r, .idx = h};
   qsort(e, m, sizeof *e, cmp_entry);
   for (size_t i = 0; i < m; i++) {
     hs->ranks[i] = e[i].rank;
@@ -286,13 +288,12 @@ static newt_result_t recv_from(comm_t *c, int me, int src, const unit *u, size_t
   return NEWT_OK;
 }
 
-newt_result_t reshard_exchange(comm_t *c, int64_t step_held, const reshard_piece *have, size_t nhave,
-                               const reshard_piece *need, size_t nneed, reshard_result *res) {
+newt_result_t reshard_exchange(comm_t *c, const reshard_piece *have, size_t nhave, const reshard_piece *need,
+                               size_t nneed, reshard_result *res) {
   memset(res, 0, sizeof *res);
   res->step = -1;
   int n = comm_size(c), me = comm_rank(c);
   newt_result_t r = NEWT_OK;
-  if (step_held < 0) nhave = 0; /* what a rank without a state holds does not count */
   size_t mylen = sizeof(wire_head) + (nhave + nneed) * sizeof(wire_piece);
   char *mine = calloc(1, mylen), *all = NULL, *marks = NULL;
   int64_t *lens = malloc((size_t)n * sizeof *lens);
@@ -305,11 +306,10 @@ newt_result_t reshard_exchange(comm_t *c, int64_t step_held, const reshard_piece
     goto exit;
   }
   wire_head *hd = (wire_head *)mine;
-  hd->step = step_held;
   hd->nhave = (int64_t)nhave;
   hd->nneed = (int64_t)nneed;
   wire_piece *wp = (wire_piece *)(hd + 1);
-  for (size_t i = 0; i < (size_t)hd->nhave; i++) to_wire(&have[i], wp++);
+  for (size_t i = 0; i < nhave; i++) to_wire(&have[i], wp++);
   for (size_t i = 0; i < nneed; i++) to_wire(&need[i], wp++);
 
   /* 1. everyone's records */
@@ -337,7 +337,6 @@ newt_result_t reshard_exchange(comm_t *c, int64_t step_held, const reshard_piece
                    (long long)lens[i]);
       goto exit;
     }
-    v[i].step = h->step;
     v[i].nhave = h->nhave;
     v[i].nneed = h->nneed;
     v[i].have = (const wire_piece *)(h + 1);
@@ -352,7 +351,8 @@ newt_result_t reshard_exchange(comm_t *c, int64_t step_held, const reshard_piece
   for (;;) {
     int64_t cand = -1;
     for (int i = 0; i < n; i++)
-      if (v[i].step >= 0 && v[i].step < below && v[i].step > cand) cand = v[i].step;
+      for (int64_t h = 0; h < v[i].nhave; h++)
+        if (v[i].have[h].step >= 0 && v[i].have[h].step < below && v[i].have[h].step > cand) cand = v[i].have[h].step;
     if (cand < 0) break;
     NEWT_CHECK_GOTO(held_build(v, n, cand, &hs), r, exit);
     if (covered(v, n, &hs)) {

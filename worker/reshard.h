@@ -24,6 +24,9 @@
 
 typedef struct reshard_piece {
   char name[RESHARD_NAME_MAX]; /* global tensor ("h.0.attn.qkv.w", "adam.m/h.0.attn.qkv.w") */
+  int64_t step;                 /* held pieces: the step of their data (a rank may hold pieces
+                                   of several steps: its state, a snapshot, a peer's replica);
+                                   needed pieces: ignored */
   int ndim;
   int64_t shape[CKPT_MAX_DIMS]; /* global shape */
   ckpt_slice slice;             /* the part held or needed */
@@ -37,12 +40,12 @@ typedef struct reshard_result {
   int source;          /* 0: all from own memory, 1: some from peers */
 } reshard_result;
 
-/* Collective over c. step_held: the step of `have` (-1: this rank holds nothing). On
- * NEWT_OK every need piece of every rank is filled with the data of res->step.
+/* Collective over c. `have`: the pieces this rank holds, each of its own step (nhave 0:
+ * nothing). On NEWT_OK every need piece of every rank is filled with the data of res->step.
  * NEWT_ERR_NOTFOUND (on every rank, nothing changed) when no step's holdings cover every
  * rank's needs. `have` and `need` may point into the same memory (a rank keeping its
  * pieces). */
-newt_result_t reshard_exchange(comm_t *c, int64_t step_held, const reshard_piece *have, size_t nhave,
-                               const reshard_piece *need, size_t nneed, reshard_result *res);
+newt_result_t reshard_exchange(comm_t *c, const reshard_piece *have, size_t nhave, const reshard_piece *need,
+                               size_t nneed, reshard_result *res);
 
 #endif

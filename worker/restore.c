@@ -60,7 +60,8 @@ newt_result_t worker_restore(worker *w, comm_t *c, const newt_plan *p) {
   size_t np = 0;
   NEWT_CHECK(state_pieces(w, &pieces, &np));
   reshard_result rr;
-  newt_result_t r = reshard_exchange(c, w->has_state ? w->tr.step : -1, pieces, np, pieces, np, &rr);
+  for (size_t i = 0; i < np; i++) pieces[i].step = w->has_state ? w->tr.step : -1;
+  newt_result_t r = reshard_exchange(c, pieces, w->has_state ? np : 0, pieces, np, &rr);
   free(pieces);
   if (r != NEWT_OK && r != NEWT_ERR_NOTFOUND) return r;
   if (r == NEWT_OK) {

@@ -29,9 +29,9 @@ static int64_t global_index(int t, const ckpt_slice *s, int64_t k) {
 }
 
 typedef struct pieces {
-  reshard_piece p[16];
+  reshard_piece p[24];
   size_t n;
-  float store[16][64];
+  float store[24][64];
 } pieces;
 
 static void add(pieces *ps, int t, const ckpt_slice *s, int64_t step) {
@@ -41,6 +41,7 @@ static void add(pieces *ps, int t, const ckpt_slice *s, int64_t step) {
   p->ndim = tndim[t];
   for (int i = 0; i < tndim[t]; i++) p->shape[i] = tshape[t][i];
   p->slice = *s;
+  p->step = step;
   p->data = ps->store[ps->n];
   for (int64_t k = s->begin; k < s->end; k++) p->data[k - s->begin] = step >= 0 ? value(t, global_index(t, s, k), step) : -1;
   ps->n++;
@@ -129,6 +130,20 @@ static int run(ct_world *w, int rank, void *arg) {
     add(&need, 0, &s, -1);
     whole(1, &s);
     add(&need, 1, &s, -1);
+  } else if (strcmp(sc->name, "zero_replica") == 0 || strcmp(sc->name, "snapshot") == 0) {
+    /* ZeRO shards of dp 4, each also copied on the next rank. Rank 2 lost everything.
+       zero_replica: everyone else at step 6. snapshot: ranks 0 and 1 applied step 7 and
+       kept a snapshot of their step-6 shard; rank 3 is at 6. Both end at step 6, rank 2's
+       shard from rank 3's copy. */
+    int snap = strcmp(sc->name, "snapshot") == 0;
+    if (rank != 2) {
+      int64_t cur = snap && rank < 2 ? 7 : 6;
+      shard(&have, T * rank / 4, T * (rank + 1) / 4 - T * rank / 4, cur);
+      if (cur != 6) shard(&have, T * rank / 4, T * (rank + 1) / 4 - T * rank / 4, 6); /* the snapshot */
+      int prev = (rank + 3) % 4;
+      shard(&have, T * prev / 4, T * (prev + 1) / 4 - T * prev / 4, 6); /* the neighbour's copy */
+    }
+    shard(&need, T * rank / 4, T * (rank + 1) / 4 - T * rank / 4, -1);
   } else if (strcmp(sc->name, "newest_covered") == 0) {
     /* rank 0: step 9 whole; ranks 1, 2: step 10 halves; rank 3 nothing: 10 wins */
     if (rank == 0) {
@@ -141,7 +156,7 @@ static int run(ct_world *w, int rank, void *arg) {
     shard(&need, 0, T, -1);
   }
   reshard_result res;
-  newt_result_t r = reshard_exchange(c, step, have.p, have.n, keep ? have.p : need.p, keep ? have.n : need.n, &res);
+  newt_result_t r = reshard_exchange(c, have.p, have.n, keep ? have.p : need.p, keep ? have.n : need.n, &res);
   int fails = 0;
   if (sc->expect_found) {
     if (r != NEWT_OK) {
@@ -182,6 +197,8 @@ static void test_zero_recut(void) { scenario_run(&(scenario){"zero_recut", 1, 7}
 static void test_rows_to_cols(void) { scenario_run(&(scenario){"rows_to_cols", 1, 3}); }
 static void test_newest_covered(void) { scenario_run(&(scenario){"newest_covered", 1, 10}); }
 static void test_missing(void) { scenario_run(&(scenario){"missing", 0, -1}); }
+static void test_zero_replica(void) { scenario_run(&(scenario){"zero_replica", 1, 6}); }
+static void test_snapshot(void) { scenario_run(&(scenario){"snapshot", 1, 6}); }
 
 int main(void) {
   T_RUN(test_replicas);
@@ -189,5 +206,7 @@ int main(void) {
   T_RUN(test_rows_to_cols);
   T_RUN(test_newest_covered);
   T_RUN(test_missing);
+  T_RUN(test_zero_replica);
+  T_RUN(test_snapshot);
   return T_DONE();
 }
