@@ -36,21 +36,25 @@ void model_gpt_free(model_gpt *g) {
   memset(g, 0, sizeof *g);
 }
 
+void model_gpt_init_tensor(const model_layout *lay, const model_tensor *t, uint64_t seed, size_t i0,
+                           size_t n, float *out) {
+  if (t->ndim == 1) {
+    int ln_weight = t->slot == MODEL_LN1_W || t->slot == MODEL_LN2_W || t->slot == MODEL_LNF_W;
+    for (size_t i = 0; i < n; i++) out[i] = ln_weight ? 1.0f : 0.0f;
+    return;
+  }
+  double proj_std = 0.02 / sqrt(2.0 * (double)lay->cfg.layers);
+  double std = (t->slot == MODEL_PROJ_W || t->slot == MODEL_FCPROJ_W) ? proj_std : 0.02;
+  uint64_t stream = model_rng_hash(t->name);
+#pragma omp parallel for schedule(static)
+  for (size_t i = 0; i < n; i++) out[i] = (float)(std * model_rng_normal(seed, stream, i0 + i));
+}
+
 void model_gpt_init_weights(model_gpt *g, uint64_t seed) {
   const model_layout *lay = &g->layout;
-  double proj_std = 0.02 / sqrt(2.0 * (double)lay->cfg.layers);
   for (size_t k = 0; k < lay->n; k++) {
     const model_tensor *t = &lay->tensors[k];
-    float *p = g->params + t->offset;
-    if (t->ndim == 1) {
-      int ln_weight = t->slot == MODEL_LN1_W || t->slot == MODEL_LN2_W || t->slot == MODEL_LNF_W;
-      for (size_t i = 0; i < t->size; i++) p[i] = ln_weight ? 1.0f : 0.0f;
-      continue;
-    }
-    double std = (t->slot == MODEL_PROJ_W || t->slot == MODEL_FCPROJ_W) ? proj_std : 0.02;
-    uint64_t stream = model_rng_hash(t->name);
-#pragma omp parallel for schedule(static)
-    for (size_t i = 0; i < t->size; i++) p[i] = (float)(std * model_rng_normal(seed, stream, i));
+    model_gpt_init_tensor(lay, t, seed, 0, t->size, g->params + t->offset);
   }
 }
 
@@ -78,7 +82,7 @@ static void *carve(carver *c, size_t bytes) {
 #define CARVE_F(c, n) ((float *)carve((c), (size_t)(n) * sizeof(float)))
 
 static void acts_carve(model_acts *a, const model_config *cfg, carver *c) {
-  size_t B = a->B, T = a->T, C = cfg->channels, NH = cfg->heads, V = cfg->vocab;
+  size_t B = a->B, T = a->T, C = cfg->channels, NH = cfg->heads, V = cfg->vocab, tp = a->tp;
   size_t BT = B * T;
   a->inputs = carve(c, BT * sizeof(int32_t));
   a->targets = carve(c, BT * sizeof(int32_t));
@@ -88,35 +92,39 @@ static void acts_carve(model_acts *a, const model_config *cfg, carver *c) {
     b->ln1 = CARVE_F(c, BT * C);
     b->ln1_mean = CARVE_F(c, BT);
     b->ln1_rstd = CARVE_F(c, BT);
-    b->qkv = CARVE_F(c, BT * 3 * C);
-    b->att = CARVE_F(c, B * NH * T * T);
-    b->atty = CARVE_F(c, BT * C);
+    b->qkv = CARVE_F(c, BT * 3 * C / tp);
+    b->att = CARVE_F(c, B * NH / tp * T * T);
+    b->atty = CARVE_F(c, BT * C / tp);
     b->res1 = CARVE_F(c, BT * C);
     b->ln2 = CARVE_F(c, BT * C);
     b->ln2_mean = CARVE_F(c, BT);
     b->ln2_rstd = CARVE_F(c, BT);
-    b->fch = CARVE_F(c, BT * 4 * C);
-    b->fch_gelu = CARVE_F(c, BT * 4 * C);
+    b->fch = CARVE_F(c, BT * 4 * C / tp);
+    b->fch_gelu = CARVE_F(c, BT * 4 * C / tp);
     b->res2 = CARVE_F(c, BT * C);
   }
   if (a->head) {
     a->lnf = CARVE_F(c, BT * C);
     a->lnf_mean = CARVE_F(c, BT);
     a->lnf_rstd = CARVE_F(c, BT);
-    a->logits = CARVE_F(c, BT * V);
+    a->logits = CARVE_F(c, BT * V / tp);
     a->losses = CARVE_F(c, BT);
   }
 }
 
-size_t model_acts_bytes(const model_config *cfg, int B, int T, int l0, int l1, int head) {
-  model_acts a = {.B = B, .T = T, .l0 = l0, .l1 = l1, .head = head};
+size_t model_acts_bytes_tp(const model_config *cfg, int tp, int B, int T, int l0, int l1, int head) {
+  model_acts a = {.B = B, .T = T, .tp = tp, .l0 = l0, .l1 = l1, .head = head};
   carver c = {0};
   acts_carve(&a, cfg, &c);
   return c.off;
 }
 
-newt_result_t model_acts_init(model_acts *a, const model_config *cfg, int B, int T, int l0, int l1,
-                              int head) {
+size_t model_acts_bytes(const model_config *cfg, int B, int T, int l0, int l1, int head) {
+  return model_acts_bytes_tp(cfg, 1, B, T, l0, l1, head);
+}
+
+newt_result_t model_acts_init_tp(model_acts *a, const model_config *cfg, int tp, int B, int T, int l0,
+                                 int l1, int head) {
   memset(a, 0, sizeof *a);
   NEWT_CHECK(model_config_check(cfg));
   if (B < 1 || T < 1 || T > cfg->ctx)
@@ -125,18 +133,26 @@ newt_result_t model_acts_init(model_acts *a, const model_config *cfg, int B, int
   if (l0 < 0 || l1 < l0 || l1 > cfg->layers)
     return NEWT_ERR(NEWT_ERR_INVALID, "model acts: layers [%d, %d) outside [0, %lld)", l0, l1,
                     (long long)cfg->layers);
-  *a = (model_acts){.B = B, .T = T, .l0 = l0, .l1 = l1, .head = head};
-  a->bytes = model_acts_bytes(cfg, B, T, l0, l1, head);
+  if (tp < 1 || cfg->heads % tp != 0 || cfg->vocab % tp != 0)
+    return NEWT_ERR(NEWT_ERR_INVALID, "model acts: tp = %d must divide heads = %lld and vocab = %lld", tp,
+                    (long long)cfg->heads, (long long)cfg->vocab);
+  *a = (model_acts){.B = B, .T = T, .tp = tp, .l0 = l0, .l1 = l1, .head = head};
+  a->bytes = model_acts_bytes_tp(cfg, tp, B, T, l0, l1, head);
   a->mem = alloc_zeroed(a->bytes);
   a->blk = calloc(l1 > l0 ? (size_t)(l1 - l0) : 1, sizeof *a->blk);
   if (!a->mem || !a->blk) {
+    size_t bytes = a->bytes;
     model_acts_free(a);
-    return NEWT_ERR(NEWT_ERR_NOMEM, "model acts: out of memory (%zu bytes)",
-                    model_acts_bytes(cfg, B, T, l0, l1, head));
+    return NEWT_ERR(NEWT_ERR_NOMEM, "model acts: out of memory (%zu bytes)", bytes);
   }
   carver c = {.base = a->mem};
   acts_carve(a, cfg, &c);
   return NEWT_OK;
+}
+
+newt_result_t model_acts_init(model_acts *a, const model_config *cfg, int B, int T, int l0, int l1,
+                              int head) {
+  return model_acts_init_tp(a, cfg, 1, B, T, l0, l1, head);
 }
 
 void model_acts_free(model_acts *a) {
