@@ -382,6 +382,14 @@ void model_par_free(model_par *p) {
   memset(p, 0, sizeof *p);
 }
 
+void model_par_memory(const model_par *p, size_t *state, size_t *acts) {
+  size_t total = p->local.total, floats = total + (p->params ? total : 0) + 2 * p->shard_len + 2 * p->gather_len;
+  if (p->pc.zero) floats += 2 * p->shard_len; /* shard parameters and gradients */
+  *state = floats * sizeof(float);
+  *acts = p->scratch.bytes;
+  for (int i = 0; i < p->nacts; i++) *acts += p->acts[i].bytes;
+}
+
 /* ---- pieces ------------------------------------------------------------------------------------ */
 
 #define PIECE_NAME (MODEL_NAME_MAX + 8)

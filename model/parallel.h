@@ -199,6 +199,10 @@ newt_result_t model_par_step(model_par *p, const model_par_comms *c, const int32
                              const int32_t *targets, int count, model_par_step_opts *opts,
                              model_step_info *info);
 
+/* Bytes this rank holds: *state (parameters, gradients, shards, moments, ZeRO-3 working
+ * buffers) and *acts (activations of the micro-batches in flight, scratch). */
+void model_par_memory(const model_par *p, size_t *state, size_t *acts);
+
 /* ---- state as pieces of global tensors ------------------------------------------------------ */
 
 typedef enum model_par_kind { MODEL_PAR_PARAM = 0, MODEL_PAR_ADAM_M, MODEL_PAR_ADAM_V } model_par_kind;
