@@ -13,12 +13,18 @@
  *  - resharding through the pieces: a run under one layout stops after 10 steps, its pieces
  *    go to shared memory (a checkpoint), a run under another layout (other tp, pp, dp and
  *    ZeRO stage) loads its own pieces from there and follows the single-process losses;
+ *  - the pieces against real checkpoints: a checkpoint of the single-process trainer read
+ *    into each rank of a parallel layout through its pieces (ckpt_load), and the primary
+ *    pieces of all ranks saved (ckpt_save_add, one saver per rank) and resumed by the
+ *    single-process trainer, both bit for bit;
  *  - the pipeline schedule with messages larger than the transport's buffers (no deadlock);
  *  - bad layouts and bad calls are refused with a message naming the field. */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "ckpt/model_state.h"
+#include "common/fs.h"
 #include "par_test.h"
 
 #define STEPS 20
@@ -286,6 +292,101 @@ static void test_reshard(void) {
   for (int i = 0; i < 2 * NTRANS; i++) ct_world_free(&worlds[i]);
 }
 
+/* ---- the pieces against real checkpoints ------------------------------------------------------------ */
+
+static newt_result_t par_ckpt_load(const char *dir, model_par *p) {
+  model_par_piece *pcs;
+  size_t n;
+  NEWT_CHECK(model_par_pieces(p, &pcs, &n));
+  ckpt_request *reqs = calloc(n ? n : 1, sizeof *reqs);
+  for (size_t i = 0; i < n; i++) reqs[i] = (ckpt_request){.t = pcs[i].desc, .slice = pcs[i].slice, .out = pcs[i].data};
+  ckpt_loaded ld = {0};
+  newt_result_t r = ckpt_load(dir, CKPT_LATEST, 1, reqs, n, &ld);
+  free(ld.state_json);
+  free(reqs);
+  free(pcs);
+  return r;
+}
+
+static newt_result_t par_ckpt_save(const char *dir, model_par *p, int rank, int nranks, int64_t step, const char *state) {
+  ckpt_saver_opts o = {.dir = dir, .rank = rank, .nranks = nranks, .commit = rank == 0, .attempt = 1,
+                       .commit_timeout_ms = 60000};
+  ckpt_saver *sv;
+  NEWT_CHECK(ckpt_saver_init(&sv, &o));
+  model_par_piece *pcs = NULL;
+  size_t n = 0;
+  int started = 0;
+  newt_result_t r = model_par_pieces(p, &pcs, &n);
+  if (r == NEWT_OK) r = ckpt_save_begin(sv, step, 0, &started);
+  for (size_t i = 0; i < n && r == NEWT_OK; i++)
+    if (pcs[i].primary) r = ckpt_save_add(sv, &pcs[i].desc, &pcs[i].slice, pcs[i].data);
+  if (started) {
+    newt_result_t e = ckpt_save_end(sv, state);
+    if (r == NEWT_OK) r = e;
+  }
+  free(pcs);
+  ckpt_saver_free(sv);
+  return r;
+}
+
+static void test_ckpt(void) {
+  char tmpl[] = "/tmp/newt-par-ckpt-XXXXXX";
+  char *root = mkdtemp(tmpl);
+  T_CHECK(root != NULL);
+  if (!root) return;
+  char dir_a[512], dir_b[512];
+  snprintf(dir_a, sizeof dir_a, "%s/single", root);
+  model_trainer tr, back;
+  T_OK(model_trainer_init(&tr, &cfg));
+  for (int s = 0; s < HALF; s++) T_OK(model_trainer_step_data(&tr, &pt_loader, NULL));
+  ckpt_saver_opts o = {.dir = dir_a, .rank = 0, .nranks = 1, .commit = 1};
+  ckpt_saver *sv;
+  int started = 0;
+  T_OK(ckpt_saver_init(&sv, &o));
+  T_OK(ckpt_trainer_save(sv, &tr, "generated", 0, &started));
+  T_CHECK(started);
+  ckpt_saver_free(sv);
+  char *state = NULL;
+  T_OK(ckpt_trainer_state(&tr, "generated", &state));
+  static const struct {
+    int tp, pp, dp, zero;
+  } lays[] = {{2, 2, 2, 1}, {2, 4, 1, 3}, {1, 1, 4, 2}, {1, 2, 1, 0}};
+  for (size_t li = 0; li < sizeof lays / sizeof lays[0]; li++) {
+    int n = lays[li].tp * lays[li].pp * lays[li].dp;
+    model_par p[8];
+    snprintf(dir_b, sizeof dir_b, "%s/tp%d-pp%d-dp%d-z%d", root, lays[li].tp, lays[li].pp, lays[li].dp, lays[li].zero);
+    /* the single-process checkpoint into every rank, checked through the shared "checkpoint" */
+    memset((void *)sh->cnt, 0, 3 * sh->total * sizeof(int));
+    memcpy(sh->val, tr.gpt.params, ref.total * sizeof(float));
+    memcpy(sh->val + sh->total, tr.opt.m, ref.total * sizeof(float));
+    memcpy(sh->val + 2 * sh->total, tr.opt.v, ref.total * sizeof(float));
+    for (int r = 0; r < n; r++) {
+      model_par_config pc;
+      model_par_config_from_rank(&pc, lays[li].tp, lays[li].pp, lays[li].dp, lays[li].zero, r);
+      T_OK(model_par_init(&p[r], &cfg, &pc));
+      T_OK(par_ckpt_load(dir_a, &p[r]));
+      T_CHECK_MSG(pt_pieces_apply(&p[r], pt_same, sh, 0) == 0, "%s rank %d: a piece read differs", dir_b, r);
+      p[r].step = tr.step;
+      p[r].opt.t = tr.opt.t;
+    }
+    /* every rank's primary pieces into a checkpoint of n ranks (the committer last) */
+    for (int r = n - 1; r >= 0; r--) T_OK(par_ckpt_save(dir_b, &p[r], r, n, tr.step, state));
+    T_OK(model_trainer_init(&back, &cfg));
+    int64_t step = -1;
+    T_OK(ckpt_trainer_resume(dir_b, &back, "generated", 1, &step));
+    T_CHECK_MSG(step == HALF && back.opt.t == tr.opt.t, "%s: resumed step %lld", dir_b, (long long)step);
+    T_CHECK_MSG(memcmp(back.gpt.params, tr.gpt.params, ref.total * sizeof(float)) == 0 &&
+                    memcmp(back.opt.m, tr.opt.m, ref.total * sizeof(float)) == 0 &&
+                    memcmp(back.opt.v, tr.opt.v, ref.total * sizeof(float)) == 0,
+                "%s: the state saved by the parallel ranks is not the single-process one", dir_b);
+    model_trainer_free(&back);
+    for (int r = 0; r < n; r++) model_par_free(&p[r]);
+  }
+  free(state);
+  model_trainer_free(&tr);
+  newt_fs_rm_rf(root);
+}
+
 /* ---- one rank, no communicators: the single-process trainer bit for bit ---------------------------- */
 
 static void test_single_rank(void) {
@@ -437,6 +538,7 @@ int main(int argc, char **argv) {
   const char *only = argc > 1 ? argv[1] : NULL;
   if (!only || strcmp(only, "single") == 0) T_RUN(test_single_rank);
   if (!only || strcmp(only, "refusals") == 0) T_RUN(test_refusals);
+  if (!only || strcmp(only, "ckpt") == 0) T_RUN(test_ckpt);
   if (!only || strcmp(only, "unbuffered") == 0) T_RUN(test_pipeline_unbuffered);
   if (!only || strcmp(only, "layouts") == 0) T_RUN(test_layouts);
   if (!only || strcmp(only, "reshard") == 0) T_RUN(test_reshard);
