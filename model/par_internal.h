@@ -12,6 +12,9 @@ int par_local_index(const model_par *p, int slot, int layer);
  * into; NULL when it was not) and its gradients. */
 float *par_param(const model_par *p, int slot, int layer);
 float *par_grad(const model_par *p, int slot, int layer);
+/* The part of local tensor k in this rank's data-parallel chunk of its bucket: [*a, *e) of
+ * the local buffer, and *at, where *a sits in the shard buffers. 0 when empty. */
+int par_chunk_part(const model_par *p, size_t k, size_t *a, size_t *e, size_t *at);
 /* Is this rank's copy of local tensor t (or of a run of it) the one that counts once:
  * split tensors on every tensor-parallel rank, replicated ones on rank 0, wte on the first
  * stage (the head's copy is a duplicate). Data-parallel replicas aside. */

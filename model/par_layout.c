@@ -6,8 +6,9 @@
  * its tensor-parallel shape, grouped in buckets (wte, wpe, each layer, lnf). A tensor
  * starts at a MODEL_ALIGN boundary; a bucket is padded to a multiple of dp * MODEL_ALIGN,
  * so that its dp chunks are equal and aligned. The shard buffers hold this rank's chunk of
- * every bucket, one after the other; `shard` lists the runs of tensors in them, so AdamW
- * (which only needs offsets, sizes and decay flags) runs over them as over a whole model. */
+ * every bucket, one after the other (the moments; with ZeRO 3 also the parameters and the
+ * reduced gradients); with ZeRO 3 `shard` lists the runs of tensors in them, so AdamW (which
+ * only needs offsets, sizes and decay flags) runs over them as over a whole model. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -225,20 +226,17 @@ static newt_result_t build_tables(model_par *p) {
     shard += p->units[k].chunk;
   }
   p->shard_len = p->pc.zero ? shard : lay->total;
-  if (!p->pc.zero) return NEWT_OK;
-  /* the optimizer's table of the shard buffers: each tensor's part of each owned chunk */
+  if (p->pc.zero < 3) return NEWT_OK;
+  /* ZeRO 3, the optimizer's table of the shard buffers: each tensor's part of the owned chunk */
   p->shard.cfg = gl->cfg;
   p->shard.tensors = calloc(lay->n, sizeof *p->shard.tensors);
   if (!p->shard.tensors) return NEWT_ERR(NEWT_ERR_NOMEM, "model_par: out of memory for the shard table");
   for (size_t k = 0; k < lay->n; k++) {
-    const model_tensor *l = &lay->tensors[k];
-    const model_par_unit *un = &p->units[p->ten[k].unit];
-    size_t c0 = un->off + (size_t)p->pc.dp_rank * un->chunk, c1 = c0 + un->chunk;
-    size_t a = l->offset > c0 ? l->offset : c0, e = l->offset + l->size < c1 ? l->offset + l->size : c1;
-    if (a >= e) continue;
+    size_t a, e, at;
+    if (!par_chunk_part(p, k, &a, &e, &at)) continue;
     model_tensor *run = &p->shard.tensors[p->shard.n++];
-    *run = *l;
-    run->offset = un->soff + (a - c0);
+    *run = lay->tensors[k];
+    run->offset = at;
     run->size = e - a;
     run->ndim = 1;
     run->shape[0] = run->size;
@@ -247,6 +245,16 @@ static newt_result_t build_tables(model_par *p) {
   }
   p->shard.total = shard;
   return NEWT_OK;
+}
+
+int par_chunk_part(const model_par *p, size_t k, size_t *a, size_t *e, size_t *at) {
+  const model_tensor *l = &p->local.tensors[k];
+  const model_par_unit *u = &p->units[p->ten[k].unit];
+  size_t c0 = u->off + (size_t)p->pc.dp_rank * u->chunk, c1 = c0 + u->chunk;
+  *a = l->offset > c0 ? l->offset : c0;
+  *e = l->offset + l->size < c1 ? l->offset + l->size : c1;
+  *at = u->soff + (*a - c0);
+  return *a < *e;
 }
 
 /* ---- allocation and initial weights ---------------------------------------------------------- */
@@ -310,12 +318,12 @@ newt_result_t model_par_init(model_par *p, const model_train_config *cfg, const 
   if (zero == 0) {
     p->shard_params = p->params;
     p->shard_grads = p->grads;
-  } else {
+  } else if (zero == 3) {
     p->shard_params = alloc_floats(p->shard_len);
     p->shard_grads = alloc_floats(p->shard_len);
   }
   p->reqs = calloc((size_t)p->nunits, sizeof *p->reqs);
-  if (!p->grads || (zero < 3 && !p->params) || !p->shard_params || !p->shard_grads || !p->reqs) {
+  if (!p->grads || (zero < 3 && !p->params) || (zero == 3 && (!p->shard_params || !p->shard_grads)) || !p->reqs) {
     r = NEWT_ERR(NEWT_ERR_NOMEM, "model_par: out of memory for %zu local parameters", total);
     goto fail;
   }
@@ -365,8 +373,10 @@ void model_par_free(model_par *p) {
   free(p->acts);
   model_scratch_free(&p->scratch);
   model_adamw_free(&p->opt);
-  if (p->shard_params != p->params) free(p->shard_params);
-  if (p->shard_grads != p->grads) free(p->shard_grads);
+  if (p->pc.zero == 3) {
+    free(p->shard_params);
+    free(p->shard_grads);
+  }
   free(p->params);
   free(p->grads);
   free(p->gather[0]);
@@ -384,7 +394,7 @@ void model_par_free(model_par *p) {
 
 void model_par_memory(const model_par *p, size_t *state, size_t *acts) {
   size_t total = p->local.total, floats = total + (p->params ? total : 0) + 2 * p->shard_len + 2 * p->gather_len;
-  if (p->pc.zero) floats += 2 * p->shard_len; /* shard parameters and gradients */
+  if (p->pc.zero == 3) floats += 2 * p->shard_len; /* shard parameters and gradients */
   *state = floats * sizeof(float);
   *acts = p->scratch.bytes;
   for (int i = 0; i < p->nacts; i++) *acts += p->acts[i].bytes;
@@ -435,21 +445,21 @@ static void add_range(piece_list *pl, const model_par *p, size_t k, model_par_ki
   }
 }
 
-/* Local tensor k's parts of this rank's chunks, from shard buffer `buf`. */
-static void add_chunks(piece_list *pl, const model_par *p, size_t k, model_par_kind kind, float *buf, int primary) {
-  const model_tensor *l = p->ten[k].local;
-  const model_par_unit *u = &p->units[p->ten[k].unit];
-  size_t c0 = u->off + (size_t)p->pc.dp_rank * u->chunk, c1 = c0 + u->chunk;
-  size_t a = l->offset > c0 ? l->offset : c0, e = l->offset + l->size < c1 ? l->offset + l->size : c1;
-  if (a < e) add_range(pl, p, k, kind, a - l->offset, e - l->offset, buf + u->soff + (a - c0), primary);
+/* The part of local tensor k in this rank's chunk: from `full` (a local-layout buffer) or
+ * from `compact` (the shard buffers' order). */
+static void add_chunk(piece_list *pl, const model_par *p, size_t k, model_par_kind kind, float *full, float *compact,
+                      int primary) {
+  size_t a, e, at, off = p->local.tensors[k].offset;
+  if (par_chunk_part(p, k, &a, &e, &at))
+    add_range(pl, p, k, kind, a - off, e - off, full ? full + a : compact + at, primary);
 }
 
 static void list_pieces(const model_par *p, piece_list *pl) {
-  int dp0 = p->pc.dp_rank == 0;
-  int param_shards = p->pc.zero == 3 || p->params_stale;
+  int dp0 = p->pc.dp_rank == 0, zero = p->pc.zero;
   for (size_t k = 0; k < p->local.n; k++) {
     int prim = par_primary(p, &p->local.tensors[k]);
-    if (param_shards) add_chunks(pl, p, k, MODEL_PAR_PARAM, p->shard_params, prim);
+    if (zero == 3) add_chunk(pl, p, k, MODEL_PAR_PARAM, NULL, p->shard_params, prim);
+    else if (p->params_stale) add_chunk(pl, p, k, MODEL_PAR_PARAM, p->params, NULL, prim);
     else add_range(pl, p, k, MODEL_PAR_PARAM, 0, p->local.tensors[k].size, p->params + p->local.tensors[k].offset,
                    prim && dp0);
   }
@@ -457,7 +467,7 @@ static void list_pieces(const model_par *p, piece_list *pl) {
     float *buf = kind == MODEL_PAR_ADAM_M ? p->opt.m : p->opt.v;
     for (size_t k = 0; k < p->local.n; k++) {
       int prim = par_primary(p, &p->local.tensors[k]);
-      if (p->pc.zero) add_chunks(pl, p, k, (model_par_kind)kind, buf, prim);
+      if (zero) add_chunk(pl, p, k, (model_par_kind)kind, NULL, buf, prim);
       else add_range(pl, p, k, (model_par_kind)kind, 0, p->local.tensors[k].size, buf + p->local.tensors[k].offset,
                      prim && dp0);
     }

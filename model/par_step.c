@@ -27,7 +27,9 @@
  *
  * End of the step: one all-gather over the world of each rank's (sum of squared gradients,
  * sum of token losses, the caller's control values), summed in rank order; then clip, AdamW over the shard buffers, and for
- * ZeRO 1/2 the all-gather of the updated chunks into the full parameters. */
+ * ZeRO 1/2 the all-gather of the updated chunks into the full parameters. ZeRO 1/2 update the
+ * owned chunks in place in the full buffers (moments in the shard buffers); only ZeRO 3 keeps
+ * the parameters and the reduced gradients of its chunks apart. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -45,19 +47,21 @@ static int unit_of(const model_par *p, int key) {
   return -1;
 }
 
-/* Sends bucket u to the data-parallel group (async). */
+/* Sends bucket u to the data-parallel group (async): all-reduced in place (ZeRO 0/1),
+ * reduce-scattered in place (ZeRO 2: the owned chunk of grads) or into the shard (ZeRO 3). */
 static newt_result_t launch_bucket(model_par *p, const model_par_comms *c, int u) {
-  const model_par_unit *un = &p->units[u];
   if (u < 0 || p->reqs[u]) return NEWT_OK;
+  const model_par_unit *un = &p->units[u];
+  float *g = p->grads + un->off;
   if (!c->dp) { /* one data-parallel rank: the chunk is the bucket */
-    if (p->pc.zero >= 2) memcpy(p->shard_grads + un->soff, p->grads + un->off, un->len * sizeof(float));
+    if (p->pc.zero == 3) memcpy(p->shard_grads + un->soff, g, un->len * sizeof(float));
     return NEWT_OK;
   }
-  if (p->pc.zero >= 2)
-    return comm_reduce_scatter_async(c->dp, p->grads + un->off, p->shard_grads + un->soff, un->chunk, NEWT_F32,
-                                     COMM_SUM, &p->reqs[u]);
-  return comm_allreduce_async(c->dp, p->grads + un->off, p->grads + un->off, un->len, NEWT_F32, COMM_SUM,
-                              &p->reqs[u]);
+  if (p->pc.zero >= 2) {
+    float *dst = p->pc.zero == 3 ? p->shard_grads + un->soff : g + (size_t)p->pc.dp_rank * un->chunk;
+    return comm_reduce_scatter_async(c->dp, g, dst, un->chunk, NEWT_F32, COMM_SUM, &p->reqs[u]);
+  }
+  return comm_allreduce_async(c->dp, g, g, un->len, NEWT_F32, COMM_SUM, &p->reqs[u]);
 }
 
 /* Waits for every bucket in flight; returns the first error. */
@@ -98,17 +102,15 @@ static newt_result_t gather_unit(model_par *p, const model_par_comms *c, int u) 
   return NEWT_OK;
 }
 
-/* ZeRO 1/2: every chunk of the shard into the full parameters. */
+/* ZeRO 1/2: every rank's updated chunks into the full parameters (in place). */
 static newt_result_t gather_params(model_par *p, const model_par_comms *c) {
-  if (!c->dp) {
-    for (int u = 0; u < p->nunits; u++)
-      memcpy(p->params + p->units[u].off, p->shard_params + p->units[u].soff, p->units[u].len * sizeof(float));
-    return NEWT_OK;
-  }
+  if (!c->dp) return NEWT_OK;
   newt_result_t res = NEWT_OK;
-  for (int u = 0; u < p->nunits && res == NEWT_OK; u++)
-    res = comm_allgather_async(c->dp, p->shard_params + p->units[u].soff, p->params + p->units[u].off,
-                               p->units[u].chunk, NEWT_F32, &p->reqs[u]);
+  for (int u = 0; u < p->nunits && res == NEWT_OK; u++) {
+    const model_par_unit *un = &p->units[u];
+    float *b = p->params + un->off;
+    res = comm_allgather_async(c->dp, b + (size_t)p->pc.dp_rank * un->chunk, b, un->chunk, NEWT_F32, &p->reqs[u]);
+  }
   newt_result_t w = wait_buckets(p);
   return res != NEWT_OK ? res : w;
 }
@@ -266,17 +268,45 @@ static newt_result_t check_step(const model_par *p, const model_par_comms *c, in
 
 /* Squared gradients this rank counts toward the global norm (each element of the model once). */
 static double grad_sqnorm(const model_par *p) {
-  const model_layout *lay = p->pc.zero ? &p->shard : &p->local;
-  if (!p->pc.zero && p->pc.dp_rank != 0) return 0.0; /* replicas of dp rank 0's */
-  int all = !p->pc.zero;
-  for (size_t k = 0; k < lay->n && all; k++) all = par_primary(p, &lay->tensors[k]);
-  if (all) return model_sqnorm(p->grads, lay->total); /* the gaps are zeros: model_trainer's sum */
+  const model_layout *lay = &p->local;
+  int zero = p->pc.zero;
+  if (!zero) {
+    if (p->pc.dp_rank != 0) return 0.0; /* replicas of dp rank 0's */
+    int all = 1;
+    for (size_t k = 0; k < lay->n && all; k++) all = par_primary(p, &lay->tensors[k]);
+    if (all) return model_sqnorm(p->grads, lay->total); /* the gaps are zeros: model_trainer's sum */
+  }
   double s = 0.0;
   for (size_t k = 0; k < lay->n; k++) {
     const model_tensor *t = &lay->tensors[k];
-    if (par_primary(p, t)) s += model_sqnorm(p->shard_grads + t->offset, t->size);
+    size_t a, e, at;
+    if (!par_primary(p, t)) continue;
+    if (!zero) s += model_sqnorm(p->grads + t->offset, t->size);
+    else if (par_chunk_part(p, k, &a, &e, &at)) s += model_sqnorm(zero == 3 ? p->shard_grads + at : p->grads + a, e - a);
   }
   return s;
+}
+
+/* AdamW over what this rank updates: the whole local buffer (ZeRO 0), each owned chunk of
+ * the full buffers with its moments in the shard buffers (ZeRO 1/2: one view of the optimizer
+ * per bucket), or the shard buffers (ZeRO 3). */
+static void update(model_par *p, double lr, float grad_scale) {
+  if (p->pc.zero == 0) {
+    model_adamw_update(&p->opt, &p->local, p->params, p->grads, lr, grad_scale);
+  } else if (p->pc.zero == 3) {
+    model_adamw_update(&p->opt, &p->shard, p->shard_params, p->shard_grads, lr, grad_scale);
+  } else {
+    for (int u = 0; u < p->nunits; u++) {
+      const model_par_unit *un = &p->units[u];
+      model_adamw view = p->opt;
+      view.off = un->off + (size_t)p->pc.dp_rank * un->chunk;
+      view.len = un->chunk;
+      view.m = p->opt.m + un->soff;
+      view.v = p->opt.v + un->soff;
+      model_adamw_update(&view, &p->local, p->params, p->grads, lr, grad_scale);
+    }
+    p->opt.t++;
+  }
 }
 
 /* The step's totals over the world: each rank's record (squares and loss as doubles, then the
@@ -336,21 +366,12 @@ newt_result_t model_par_step(model_par *p, const model_par_comms *c, const int32
   for (int i = 0; i < p->nacts; i++) p->acts[i].B = mb;
   NEWT_CHECK(r);
 
-  /* the shard's gradients and (ZeRO 1/2) its parameters, for the optimizer */
-  for (int u = 0; u < p->nunits && p->pc.zero; u++) {
-    const model_par_unit *un = &p->units[u];
-    size_t own = un->off + (size_t)p->pc.dp_rank * un->chunk;
-    if (p->pc.zero == 1) memcpy(p->shard_grads + un->soff, p->grads + own, un->chunk * sizeof(float));
-    if (p->pc.zero < 3) memcpy(p->shard_params + un->soff, p->params + own, un->chunk * sizeof(float));
-  }
-
   /* the collective that ends the step: every rank's squares, loss and control values */
   double sums[2];
   NEWT_CHECK(end_of_step(p, c, grad_sqnorm(p), p->last && p->pc.tp_rank == 0 ? s.loss : 0.0, opts, nctl, sums));
   double norm = sqrt(sums[0]);
   double lr = model_lr_at(&p->cfg.optim, p->step);
-  model_adamw_update(&p->opt, p->pc.zero ? &p->shard : &p->local, p->shard_params, p->shard_grads, lr,
-                     model_clip_scale(norm, p->cfg.optim.grad_clip));
+  update(p, lr, model_clip_scale(norm, p->cfg.optim.grad_clip));
   p->step++;
   forget_gathers(p);
   if (info) {

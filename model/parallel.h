@@ -151,13 +151,15 @@ typedef struct model_par {
   model_par_unit *units;
   int nunits;
   /* Buffers (floats). params: the local layout (NULL with ZeRO 3); grads: the local layout,
-   * accumulated over the micro-batches. shard_params / shard_grads: this rank's chunks, one
-   * after the other (ZeRO 0: the same buffers as params / grads). */
+   * accumulated over the micro-batches. The shard buffers hold this rank's chunks, one after
+   * the other (shard_len floats): always the moments (opt.m, opt.v; ZeRO 0: the whole local
+   * layout), with ZeRO 3 also shard_params and shard_grads (ZeRO 0: aliases of params and
+   * grads; ZeRO 1/2: NULL, the chunks are updated in place in params). */
   float *params, *grads;
   float *shard_params, *shard_grads;
   size_t shard_len;
-  model_layout shard;     /* ZeRO >= 1: the runs of tensors in the shard buffers (optimizer table) */
-  model_adamw opt;        /* AdamW over the shard buffers (its t: updates done) */
+  model_layout shard;     /* ZeRO 3: the runs of tensors in the shard buffers (optimizer table) */
+  model_adamw opt;        /* AdamW's moments and t (updates done) */
   int64_t step;           /* optimizer steps done */
   int params_stale;       /* ZeRO 1/2: a step's all-gather failed; the shards hold the parameters */
   /* working memory */

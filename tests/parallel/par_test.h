@@ -59,24 +59,26 @@ static inline void pt_data_init(const model_train_config *c) {
   free(text);
 }
 
-/* The single-process run: losses, norms and the final state. */
-static inline void pt_reference(const model_train_config *c, pt_ref *ref) {
+/* The single-process run of `steps` steps: losses, norms, and the state after `state_at`. */
+static inline void pt_reference(const model_train_config *c, int steps, int state_at, pt_ref *ref) {
   model_trainer tr;
   T_OK(model_trainer_init(&tr, c));
-  ref->steps = (int)c->optim.steps;
+  ref->steps = steps;
+  ref->total = tr.gpt.layout.total;
+  ref->params = malloc(ref->total * sizeof(float));
+  ref->m = malloc(ref->total * sizeof(float));
+  ref->v = malloc(ref->total * sizeof(float));
   for (int s = 0; s < ref->steps; s++) {
     model_step_info info;
     T_OK(model_trainer_step_data(&tr, &pt_loader, &info));
     ref->loss[s] = info.loss;
     ref->norm[s] = info.grad_norm;
+    if (s + 1 == state_at) {
+      memcpy(ref->params, tr.gpt.params, ref->total * sizeof(float));
+      memcpy(ref->m, tr.opt.m, ref->total * sizeof(float));
+      memcpy(ref->v, tr.opt.v, ref->total * sizeof(float));
+    }
   }
-  ref->total = tr.gpt.layout.total;
-  ref->params = malloc(ref->total * sizeof(float));
-  ref->m = malloc(ref->total * sizeof(float));
-  ref->v = malloc(ref->total * sizeof(float));
-  memcpy(ref->params, tr.gpt.params, ref->total * sizeof(float));
-  memcpy(ref->m, tr.opt.m, ref->total * sizeof(float));
-  memcpy(ref->v, tr.opt.v, ref->total * sizeof(float));
   model_trainer_free(&tr);
 }
 

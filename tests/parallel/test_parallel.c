@@ -9,7 +9,9 @@
  *    layout, the step and both values. After the run, the pieces of all ranks are laid over
  *    the global tensors: the primary pieces cover every element of every parameter and both
  *    moments exactly once, every other piece equals its primary copy bit for bit, and the
- *    assembled state is the single-process one's after 20 steps (within tolerance);
+ *    assembled state is the single-process one's after 20 steps (within tolerance). With
+ *    ZeRO 1/2 the same holds after a parameter all-gather "failed" (the chunks of other ranks
+ *    overwritten, params_stale set), and step 21 gathers again and matches too;
  *  - resharding through the pieces: a run under one layout stops after 10 steps, its pieces
  *    go to shared memory (a checkpoint), a run under another layout (other tp, pp, dp and
  *    ZeRO stage) loads its own pieces from there and follows the single-process losses;
@@ -167,6 +169,25 @@ static int check_pieces(const model_par *p, rank_ctx *rc, const char *what) {
   return fails;
 }
 
+/* ZeRO 1/2 after a failed parameter all-gather: the chunks other ranks own are garbage, the
+ * pieces list the owned chunks (still every element once, still the single-process state),
+ * and the next step gathers the parameters again before it runs. */
+static int stale_step(model_par *p, rank_ctx *rc, const layout *L, const char *what) {
+  int fails = 0, rank = rc->rank;
+  for (int u = 0; u < p->nunits; u++)
+    for (int d = 0; d < p->pc.dp; d++)
+      if (d != p->pc.dp_rank)
+        for (size_t i = 0; i < p->units[u].chunk; i++) p->params[p->units[u].off + d * p->units[u].chunk + i] = NAN;
+  p->params_stale = 1;
+  char w[128];
+  snprintf(w, sizeof w, "%s, parameters stale", what);
+  fails += check_pieces(p, rc, w);
+  double dl = 0, dn = 0;
+  fails += train_steps(p, rc, L, STEPS, STEPS + 1, &dl, &dn);
+  if (p->params_stale) RFAIL("%s: still stale after a step", w);
+  return fails;
+}
+
 static int rank_layouts(ct_world *grp, int rank, void *arg) {
   int fails = 0;
   for (int i = 0; i < NLAYOUTS; i++) {
@@ -191,6 +212,7 @@ static int rank_layouts(ct_world *grp, int rank, void *arg) {
           int f = train_steps(&p, &rc, L, 0, STEPS, &dl, &dn);
           fails += f;
           if (!f) fails += check_pieces(&p, &rc, what);
+          if (!f && (zero == 1 || zero == 2)) f = fails += stale_step(&p, &rc, L, what);
           if (rank == 0)
             fprintf(stderr, "  %-36s max |loss - single| %.2e, max norm rel. diff %.2e, %.2f s\n", what, dl, dn,
                     newt_now_s() - t0);
@@ -465,7 +487,7 @@ static void test_pipeline_unbuffered(void) {
   big_cfg.batch = 32;
   big_cfg.micro_batch = 8; /* 8 x 32 x 128 floats = 128 KiB per boundary message, 4 micro-batches */
   big_cfg.optim = model_adamw_defaults(3);
-  pt_reference(&big_cfg, &big_ref);
+  pt_reference(&big_cfg, 3, 3, &big_ref);
   const layout pls[] = {{1, 2, 1, 0}, {1, 4, 1, 0}};
   for (int i = 0; i < 2; i++) {
     ct_world w;
@@ -530,7 +552,7 @@ static void test_refusals(void) {
 int main(int argc, char **argv) {
   cfg = pt_config(STEPS);
   pt_data_init(&cfg);
-  pt_reference(&cfg, &ref);
+  pt_reference(&cfg, STEPS + 1, STEPS, &ref);
   model_layout g;
   T_OK(model_layout_init(&g, &cfg.model));
   sh = pt_shared_new(g.total);
