@@ -7,7 +7,11 @@
  * Checkpoints: with --ckpt-dir DIR it first resumes from the newest valid checkpoint there
  * (weights, AdamW moments, step, data cursor; ckpt/model_state.h), then saves one every
  * --ckpt-every steps in the background while it trains on. --log FILE appends one JSON
- * line per step (step, loss with full precision, lr). */
+ * line per step (step, loss with full precision, lr).
+ *
+ * --device cuda runs the steps on the GPU model (gpt_cuda.h) from the same initial weights
+ * and the same batches; the CPU trainer then only initialises and feeds it. */
+
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -15,13 +19,41 @@
 
 #include "ckpt/model_state.h"
 #include "cli/cmds.h"
+#include "common/clock.h"
 #include "common/opts.h"
 #include "common/sys.h"
+#include "model/gpt_cuda.h"
 #include "model/ops.h"
 #include "model/train.h"
 
+/* One step of the GPU model on the batch at the trainer's cursor (the CPU trainer holds
+ * the config, the staging buffers, the step count and the cursor). */
+static newt_result_t cuda_step(model_trainer *tr, model_cuda *gpu, const model_loader *ld, model_step_info *info) {
+  const model_train_config *c = &tr->cfg;
+  double t0 = newt_now_s(), sum = 0;
+  NEWT_CHECK(model_loader_fetch(ld, tr->cursor, c->batch, tr->inputs, tr->targets));
+  NEWT_CHECK(model_cuda_zero_grads(gpu));
+  float dscale = 1.0f / (float)((int64_t)c->batch * c->seq_len);
+  for (int s = 0; s < c->batch; s += c->micro_batch) {
+    double l = 0;
+    NEWT_CHECK(model_cuda_forward_backward(gpu, tr->inputs + (size_t)s * c->seq_len,
+                                           tr->targets + (size_t)s * c->seq_len, dscale, &l));
+    sum += l;
+  }
+  double lr = model_lr_at(&c->optim, tr->step);
+  NEWT_CHECK(model_cuda_adamw(gpu, &c->optim, tr->step + 1, lr, &info->grad_norm));
+  tr->step++;
+  tr->cursor += (uint64_t)c->batch;
+  info->step = tr->step;
+  info->loss = sum / ((double)c->batch * c->seq_len);
+  info->lr = lr;
+  info->tokens = (int64_t)c->batch * c->seq_len;
+  info->ms = (newt_now_s() - t0) * 1e3;
+  return NEWT_OK;
+}
+
 int newt_cmd_train(int argc, char **argv) {
-  const char *preset = "tiny", *overrides = NULL, *data = NULL;
+  const char *preset = "tiny", *overrides = NULL, *data = NULL, *device = "cpu";
   int64_t steps = 100, threads = 1, batch = 8, micro = 0, seq = 0, seed = 1, data_seed = 1,
           warmup = -1, gen_bytes = 1 << 21;
   double lr = 1e-3, lr_min = -1, wd = 0.1, clip = 1.0, beta1 = 0.9, beta2 = 0.95, eps = 1e-8;
@@ -52,6 +84,7 @@ int newt_cmd_train(int argc, char **argv) {
       {"ckpt-keep", NEWT_OPT_INT, &ckpt_keep, "committed checkpoints to keep"},
       {"ckpt-level", NEWT_OPT_INT, &ckpt_level, "zstd level of checkpoints (0: uncompressed)"},
       {"log", NEWT_OPT_STR, &log_path, "append one JSON line per step (step, loss, lr) to FILE"},
+      {"device", NEWT_OPT_STR, &device, "cpu, or cuda (bf16 on the GPU; needs batch % micro-batch == 0)"},
       NEWT_OPT_END,
   };
   int rc = newt_cli_opts_exit(newt_opts_parse("train", "[flags]", opts, argc, argv, NULL, 0, NULL));
@@ -63,9 +96,10 @@ int newt_cmd_train(int argc, char **argv) {
     fprintf(stderr, "newt train: %s\n", newt_errmsg());
     return 2;
   }
-  if (steps < 1 || batch < 1 || batch > 1 << 20 || micro < 0 || threads < 0 || seq < 0 || gen_bytes < 2) {
-    fprintf(stderr, "newt train: --steps, --batch and --gen-bytes must be positive; --micro-batch, "
-                    "--threads and --seq-len >= 0\n");
+  if (steps < 1 || batch < 1 || batch > 1 << 20 || micro < 0 || micro > batch || threads < 0 ||
+      threads > 1024 || seq < 0 || seq > 1 << 20 || gen_bytes < 2) {
+    fprintf(stderr, "newt train: --steps, --batch and --gen-bytes must be positive; --micro-batch in "
+                    "[0, batch], --threads in [0, 1024], --seq-len >= 0\n");
     return 2;
   }
   cfg.batch = (int)batch;
@@ -84,6 +118,21 @@ int newt_cmd_train(int argc, char **argv) {
   cfg.optim.eps = eps;
   if (model_train_config_check(&cfg) != NEWT_OK) {
     fprintf(stderr, "newt train: %s\n", newt_errmsg());
+    return 2;
+  }
+  int on_gpu = strcmp(device, "cuda") == 0;
+  if (!on_gpu && strcmp(device, "cpu") != 0) {
+    fprintf(stderr, "newt train: --device \"%s\": cpu or cuda\n", device);
+    return 2;
+  }
+  if (on_gpu && cfg.batch % cfg.micro_batch != 0) {
+    fprintf(stderr, "newt train: --device cuda needs --batch a multiple of --micro-batch\n");
+    return 2;
+  }
+  if (on_gpu && ckpt_dir) {
+    /* the GPU model keeps its AdamW moments on the device: a checkpoint of the CPU
+       trainer would not hold them */
+    fprintf(stderr, "newt train: --ckpt-dir does not work with --device cuda yet\n");
     return 2;
   }
 
@@ -149,12 +198,23 @@ int newt_cmd_train(int argc, char **argv) {
     model_tokens_close(&tok);
     return 1;
   }
+  model_cuda *gpu = NULL;
+  if (on_gpu && (model_cuda_init(&gpu, &cfg.model, cfg.micro_batch, cfg.seq_len) != NEWT_OK ||
+                 model_cuda_set_params(gpu, tr.gpt.params) != NEWT_OK)) {
+    fprintf(stderr, "newt train: %s\n", newt_errmsg());
+    model_cuda_free(gpu);
+    ckpt_saver_free(saver);
+    if (steplog) fclose(steplog);
+    model_trainer_free(&tr);
+    model_tokens_close(&tok);
+    return 1;
+  }
   const model_config *m = &cfg.model;
   printf("newt train: %s (V %lld, ctx %lld, L %lld, NH %lld, C %lld), %zu parameters, batch %d "
-         "(micro-batch %d) x T %d, %d threads, data %s (%llu tokens, %llu samples per epoch)\n",
+         "(micro-batch %d) x T %d, %s, data %s (%llu tokens, %llu samples per epoch)\n",
          preset, (long long)m->vocab, (long long)m->ctx, (long long)m->layers, (long long)m->heads,
          (long long)m->channels, tr.gpt.layout.nparams, cfg.batch, cfg.micro_batch, cfg.seq_len,
-         model_threads_get(), data ? data : "generated", (unsigned long long)tok.count,
+         on_gpu ? "cuda" : "cpu", data ? data : "generated", (unsigned long long)tok.count,
          (unsigned long long)ld.windows);
   fflush(stdout);
   if (resumed >= 0) printf("newt train: resumed at step %lld from %s\n", (long long)resumed, ckpt_dir);
@@ -165,7 +225,7 @@ int newt_cmd_train(int argc, char **argv) {
   const int64_t resumed0 = tr.step;
   for (int64_t s = tr.step; s < steps; s++) {
     model_step_info info;
-    if (model_trainer_step_data(&tr, &ld, &info) != NEWT_OK) {
+    if ((on_gpu ? cuda_step(&tr, gpu, &ld, &info) : model_trainer_step_data(&tr, &ld, &info)) != NEWT_OK) {
       fprintf(stderr, "newt train: step %lld: %s\n", (long long)s + 1, newt_errmsg());
       status = 1;
       break;
@@ -214,6 +274,7 @@ int newt_cmd_train(int argc, char **argv) {
   }
   ckpt_saver_free(saver);
   if (steplog) fclose(steplog);
+  model_cuda_free(gpu);
   model_trainer_free(&tr);
   model_tokens_close(&tok);
   return status;

@@ -640,7 +640,11 @@ static newt_result_t decide(coord *c) {
          unless no rank survived to report anything. Leases of ranks that died together run
          out up to a renewal period apart: wait that long for the others (or a report). */
       if (!c->first_gone) c->first_gone = now;
-      if (gone == nranks) cause = "crash";
+      if (gone == nranks) {
+        /* nobody left: nothing runs and no state is held, so gather the workers that are
+           arriving (as for the first plan) instead of planning with the first one */
+        if (elapsed(now, c->last_join) >= (uint64_t)newt_param_JoinWindowMs() * 1000000ull) cause = "crash";
+      }
       else if (elapsed(now, c->first_gone) >= (uint64_t)c->spec.lease_ttl_ms / 2 * 1000000ull) cause = "hang";
     } else if (!c->nreports && elapsed(now, c->prog_change > c->plan_mono ? c->prog_change : c->plan_mono) >=
                                           (uint64_t)c->spec.hang_timeout_ms * 1000000ull) {

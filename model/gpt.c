@@ -6,6 +6,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/log.h"
+#include "model/carve.h"
 #include "model/ops.h"
 #include "model/rng.h"
 
@@ -68,24 +70,13 @@ float *model_gpt_grad(const model_gpt *g, int slot, int layer) {
   return g->grads + model_layout_get(&g->layout, slot, layer)->offset;
 }
 
-/* Hands out 64-byte aligned pieces of `base` (or only counts them when base is NULL). */
-typedef struct carver {
-  char *base;
-  size_t off;
-} carver;
+#define CARVE_F(c, n) ((float *)model_carve((c), (size_t)(n) * sizeof(float)))
 
-static void *carve(carver *c, size_t bytes) {
-  void *p = c->base ? c->base + c->off : NULL;
-  c->off += (bytes + 63) / 64 * 64;
-  return p;
-}
-#define CARVE_F(c, n) ((float *)carve((c), (size_t)(n) * sizeof(float)))
-
-static void acts_carve(model_acts *a, const model_config *cfg, carver *c) {
+static void acts_carve(model_acts *a, const model_config *cfg, model_carver *c) {
   size_t B = a->B, T = a->T, C = cfg->channels, NH = cfg->heads, V = cfg->vocab, tp = a->tp;
   size_t BT = B * T;
-  a->inputs = carve(c, BT * sizeof(int32_t));
-  a->targets = carve(c, BT * sizeof(int32_t));
+  a->inputs = model_carve(c, BT * sizeof(int32_t));
+  a->targets = model_carve(c, BT * sizeof(int32_t));
   a->x0 = CARVE_F(c, BT * C);
   for (int l = a->l0; l < a->l1; l++) {
     model_block_acts tmp, *b = a->blk ? &a->blk[l - a->l0] : &tmp;
@@ -114,7 +105,7 @@ static void acts_carve(model_acts *a, const model_config *cfg, carver *c) {
 
 size_t model_acts_bytes_tp(const model_config *cfg, int tp, int B, int T, int l0, int l1, int head) {
   model_acts a = {.B = B, .T = T, .tp = tp, .l0 = l0, .l1 = l1, .head = head};
-  carver c = {0};
+  model_carver c = {.align = 64};
   acts_carve(&a, cfg, &c);
   return c.off;
 }
@@ -145,7 +136,7 @@ newt_result_t model_acts_init_tp(model_acts *a, const model_config *cfg, int tp,
     model_acts_free(a);
     return NEWT_ERR(NEWT_ERR_NOMEM, "model acts: out of memory (%zu bytes)", bytes);
   }
-  carver c = {.base = a->mem};
+  model_carver c = {.base = a->mem, .align = 64};
   acts_carve(a, cfg, &c);
   return NEWT_OK;
 }
@@ -161,7 +152,7 @@ void model_acts_free(model_acts *a) {
   memset(a, 0, sizeof *a);
 }
 
-static void scratch_carve(model_scratch *s, const model_config *cfg, carver *c) {
+static void scratch_carve(model_scratch *s, const model_config *cfg, model_carver *c) {
   size_t BT = (size_t)s->B * s->T, C = cfg->channels;
   s->dres = CARVE_F(c, BT * C);
   s->dx = CARVE_F(c, BT * C);
@@ -175,12 +166,13 @@ newt_result_t model_scratch_init(model_scratch *s, const model_config *cfg, int 
   NEWT_CHECK(model_config_check(cfg));
   s->B = B;
   s->T = T;
-  carver c = {0};
+  s->threads = model_threads_get();
+  model_carver c = {.align = 64};
   scratch_carve(s, cfg, &c);
   s->bytes = c.off;
   s->mem = alloc_zeroed(s->bytes);
   if (!s->mem) return NEWT_ERR(NEWT_ERR_NOMEM, "model scratch: out of memory (%zu bytes)", s->bytes);
-  c = (carver){.base = s->mem};
+  c = (model_carver){.base = s->mem, .align = 64};
   scratch_carve(s, cfg, &c);
   return NEWT_OK;
 }
@@ -188,6 +180,15 @@ newt_result_t model_scratch_init(model_scratch *s, const model_config *cfg, int 
 void model_scratch_free(model_scratch *s) {
   free(s->mem);
   memset(s, 0, sizeof *s);
+}
+
+/* The per-thread scratch holds s->threads threads' worth. */
+static void guard_threads(const model_scratch *s) {
+  if (model_threads_get() > s->threads) {
+    NEWT_WARN(MODEL, "%d threads, but the scratch was sized for %d: using %d", model_threads_get(), s->threads,
+              s->threads);
+    model_threads_set(s->threads);
+  }
 }
 
 #define P(slot, l) model_gpt_param(g, (slot), (l))
@@ -208,6 +209,7 @@ void model_block_forward(const model_gpt *g, model_acts *a, model_scratch *s, in
   int B = a->B, T = a->T, C = (int)g->layout.cfg.channels, NH = (int)g->layout.cfg.heads;
   model_block_acts *b = &a->blk[l - a->l0];
   const float *x = layer_input(a, l);
+  guard_threads(s);
   model_layernorm_forward(b->ln1, b->ln1_mean, b->ln1_rstd, x, P(MODEL_LN1_W, l), P(MODEL_LN1_B, l),
                           B, T, C);
   model_matmul_forward(b->qkv, NULL, b->ln1, P(MODEL_QKV_W, l), P(MODEL_QKV_B, l), B, T, C, 3 * C);
@@ -235,6 +237,7 @@ double model_head_forward(const model_gpt *g, model_acts *a, const int32_t *targ
 void model_head_backward(model_gpt *g, model_acts *a, model_scratch *s) {
   int B = a->B, T = a->T, C = (int)g->layout.cfg.channels, V = (int)g->layout.cfg.vocab;
   const float *x = layer_input(a, a->l1);
+  guard_threads(s);
   model_matmul_backward(s->dx, G(MODEL_WTE, 0), NULL, a->logits, a->lnf, P(MODEL_WTE, 0), B, T, C, V);
   memset(s->dres, 0, (size_t)B * T * C * sizeof(float));
   model_layernorm_backward(s->dres, G(MODEL_LNF_W, 0), G(MODEL_LNF_B, 0), s->dx, x, P(MODEL_LNF_W, 0),
@@ -246,6 +249,7 @@ void model_block_backward(model_gpt *g, model_acts *a, model_scratch *s, int l) 
   model_block_acts *b = &a->blk[l - a->l0];
   const float *x = layer_input(a, l);
   size_t BT = (size_t)B * T;
+  guard_threads(s);
   /* res2 = res1 + mlp.proj(gelu(fc(ln2(res1)))): dres holds d res2 = d res1 (pass-through) */
   model_matmul_backward(s->dfch, G(MODEL_FCPROJ_W, l), G(MODEL_FCPROJ_B, l), s->dres, b->fch_gelu,
                         P(MODEL_FCPROJ_W, l), B, T, 4 * C, C);

@@ -97,6 +97,7 @@ void model_acts_free(model_acts *a);
 /* The backward pass's working memory, shared by the micro-batches of one stage. */
 typedef struct model_scratch {
   int B, T;
+  int threads;   /* model_threads_get() at init: the per-thread scratch is sized for it */
   float *dres;   /* (B,T,C) gradient of the residual stream */
   float *dx;     /* (B,T,C) dln / datty */
   float *dqkv;   /* (B,T,3C) */
@@ -106,6 +107,8 @@ typedef struct model_scratch {
   size_t bytes;
 } model_scratch;
 
+/* Sized for the thread count in force (model_threads_set first); should the count rise
+ * later, the pieces below lower it back to s->threads (with a warning) rather than overrun. */
 newt_result_t model_scratch_init(model_scratch *s, const model_config *cfg, int B, int T);
 void model_scratch_free(model_scratch *s);
 

@@ -1,12 +1,15 @@
 /* The CPU ops (see ops.h): fp32, OpenBLAS for GEMMs, OpenMP for the rest.
  *
  * Parallel layout: row-wise ops (layernorm, gelu, cross-entropy) split rows; attention
- * splits (batch, head) pairs, each thread working on a transposed copy of its head's keys
- * and values so the inner loops run over contiguous memory; encoder backward splits
+ * splits (batch, head) pairs, each thread running its head as single-threaded GEMMs over
+ * blocks of 64 query rows that skip the key blocks above the diagonal (the causal half),
+ * with the softmax and its backward in between; encoder backward splits
  * channels so that no two threads add into the same embedding row; a GEMM splits the rows
- * of its output into one block per thread (multiples of 16 rows) and each thread calls
+ * of its output into blocks (gemm_chunk) that the threads take dynamically, each calling
  * cblas_sgemm on its block with OpenBLAS in single-threaded mode. Reductions that cross
- * rows (layernorm's dweight, dbias) go through per-thread partials in the caller's scratch. */
+ * rows (layernorm's dweight, dbias) go through per-thread partials in the caller's scratch.
+ * Transcendentals use model_expf, a polynomial that vectorises (libm's expf and tanhf
+ * do not without -ffast-math): GELU's tanh is 1 - 2 / (exp(2u) + 1). */
 #include "model/ops.h"
 
 #include <cblas.h>
@@ -142,51 +145,60 @@ void model_layernorm_backward(float *dinp, float *dweight, float *dbias, const f
   }
 }
 
+/* Rows per GEMM block: one block with one thread; with more, about four blocks per thread
+ * (at least 64 rows, multiples of 16) handed out dynamically, so a thread that the OS
+ * preempts (other processes on the cores) delays the op by a block, not by its whole share. */
+static int gemm_chunk(int n) {
+  if (n_threads <= 1) return n > 0 ? n : 1;
+  int c = (n + 4 * n_threads - 1) / (4 * n_threads);
+  c = (c + 15) / 16 * 16;
+  return c < 64 ? 64 : c;
+}
+
 void model_matmul_forward(float *out, const float *res, const float *inp, const float *weight,
                           const float *bias, int B, int T, int C, int OC) {
-  int M = B * T;
-#pragma omp parallel
-  {
-    int m0, m1;
-    split(M, omp_get_thread_num(), omp_get_num_threads(), 16, &m0, &m1);
-    if (m1 > m0) {
-      float beta = 0.0f;
-      if (res || bias) {
-        beta = 1.0f;
-        for (int m = m0; m < m1; m++) {
-          float *o = out + (size_t)m * OC;
-          const float *r = res ? res + (size_t)m * OC : NULL;
-          if (r && bias) {
+  int M = B * T, ch = gemm_chunk(M), nch = (M + ch - 1) / ch;
+#pragma omp parallel for schedule(dynamic, 1)
+  for (int k = 0; k < nch; k++) {
+    int m0 = k * ch, m1 = m0 + ch < M ? m0 + ch : M;
+    float beta = 0.0f;
+    if (res || bias) {
+      beta = 1.0f;
+      for (int m = m0; m < m1; m++) {
+        float *o = out + (size_t)m * OC;
+        const float *r = res ? res + (size_t)m * OC : NULL;
+        if (r && bias) {
 #pragma omp simd
-            for (int o_ = 0; o_ < OC; o_++) o[o_] = r[o_] + bias[o_];
-          } else {
-            memcpy(o, r ? r : bias, (size_t)OC * sizeof(float));
-          }
+          for (int o_ = 0; o_ < OC; o_++) o[o_] = r[o_] + bias[o_];
+        } else {
+          memcpy(o, r ? r : bias, (size_t)OC * sizeof(float));
         }
       }
-      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, m1 - m0, OC, C, 1.0f,
-                  inp + (size_t)m0 * C, C, weight, C, beta, out + (size_t)m0 * OC, OC);
     }
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, m1 - m0, OC, C, 1.0f, inp + (size_t)m0 * C, C,
+                weight, C, beta, out + (size_t)m0 * OC, OC);
   }
 }
 
 void model_matmul_backward(float *dinp, float *dweight, float *dbias, const float *dout,
                            const float *inp, const float *weight, int B, int T, int C, int OC) {
-  int M = B * T;
+  int M = B * T, mch = gemm_chunk(M), nm = dinp ? (M + mch - 1) / mch : 0;
+  int och = gemm_chunk(OC), no = (OC + och - 1) / och;
 #pragma omp parallel
   {
-    int t = omp_get_thread_num(), nt = omp_get_num_threads();
-    int m0, m1, o0, o1;
-    split(M, t, nt, 16, &m0, &m1);
-    split(OC, t, nt, 16, &o0, &o1);
-    /* dinp rows m0..m1 = dout[m0..m1] @ weight */
-    if (dinp && m1 > m0)
-      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, m1 - m0, C, OC, 1.0f,
-                  dout + (size_t)m0 * OC, OC, weight, C, 0.0f, dinp + (size_t)m0 * C, C);
-    /* dweight rows o0..o1 += dout[:, o0..o1]^T @ inp */
-    if (o1 > o0) {
-      cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, o1 - o0, C, M, 1.0f, dout + o0, OC, inp,
-                  C, 1.0f, dweight + (size_t)o0 * C, C);
+    /* dinp rows [m0, m1) = dout[m0..m1) @ weight */
+#pragma omp for schedule(dynamic, 1) nowait
+    for (int k = 0; k < nm; k++) {
+      int m0 = k * mch, m1 = m0 + mch < M ? m0 + mch : M;
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, m1 - m0, C, OC, 1.0f, dout + (size_t)m0 * OC, OC,
+                  weight, C, 0.0f, dinp + (size_t)m0 * C, C);
+    }
+    /* dweight rows [o0, o1) += dout[:, o0..o1)^T @ inp; dbias[o0..o1) += column sums */
+#pragma omp for schedule(dynamic, 1) nowait
+    for (int k = 0; k < no; k++) {
+      int o0 = k * och, o1 = o0 + och < OC ? o0 + och : OC;
+      cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, o1 - o0, C, M, 1.0f, dout + o0, OC, inp, C, 1.0f,
+                  dweight + (size_t)o0 * C, C);
       if (dbias)
         for (int m = 0; m < M; m++) {
           const float *d = dout + (size_t)m * OC;
@@ -208,7 +220,7 @@ void model_attention_forward(float *out, float *att, const float *qkv, int B, in
   (void)scratch;
   int hs = C / NH, C3 = 3 * C;
   float scale = 1.0f / sqrtf((float)hs);
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(dynamic, 1)
   for (int bh = 0; bh < B * NH; bh++) {
     int b = bh / NH, h = bh % NH;
     const float *q = qkv + (size_t)b * T * C3 + (size_t)h * hs, *k = q + C, *v = q + 2 * (size_t)C;
@@ -251,7 +263,7 @@ void model_attention_backward(float *dqkv, const float *dout, const float *att, 
 #pragma omp parallel
   {
     float *dS = scratch + (size_t)omp_get_thread_num() * stride; /* (T,T) */
-#pragma omp for schedule(static)
+#pragma omp for schedule(dynamic, 1)
     for (int bh = 0; bh < B * NH; bh++) {
       int b = bh / NH, h = bh % NH;
       size_t qo = (size_t)b * T * C3 + (size_t)h * hs;

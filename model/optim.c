@@ -41,12 +41,15 @@ newt_result_t model_adamw_init(model_adamw *o, const model_adamw_config *hp, siz
   o->hp = *hp;
   o->off = off;
   o->len = len;
-  o->m = calloc(len ? len : 1, sizeof(float));
-  o->v = calloc(len ? len : 1, sizeof(float));
+  size_t bytes = (len ? len : 1) * sizeof(float);
+  o->m = malloc(bytes);
+  o->v = malloc(bytes);
   if (!o->m || !o->v) {
     model_adamw_free(o);
     return NEWT_ERR(NEWT_ERR_NOMEM, "optim: out of memory for moments of %zu parameters", len);
   }
+  memset(o->m, 0, bytes); /* touch the pages now, not in the first step */
+  memset(o->v, 0, bytes);
   return NEWT_OK;
 }
 
@@ -56,35 +59,32 @@ void model_adamw_free(model_adamw *o) {
   memset(o, 0, sizeof *o);
 }
 
-/* params/grads/m/v point at the same element; n elements. */
-static void update_run(float *p, const float *g, float *m, float *v, size_t n, float decay,
-                       float b1, float b2, float step_size, float bc2_sqrt, float eps, float gs) {
-#pragma omp parallel for simd schedule(static)
-  for (size_t i = 0; i < n; i++) {
-    float gi = g[i] * gs;
-    float mi = b1 * m[i] + (1.0f - b1) * gi;
-    float vi = b2 * v[i] + (1.0f - b2) * gi * gi;
-    m[i] = mi;
-    v[i] = vi;
-    float pi = p[i] * decay;
-    p[i] = pi - step_size * (mi / (sqrtf(vi) / bc2_sqrt + eps));
-  }
-}
-
 void model_adamw_update(model_adamw *o, const model_layout *lay, float *params, const float *grads,
                         double lr, float grad_scale) {
   o->t++;
   const model_adamw_config *h = &o->hp;
   double bc1 = 1.0 - pow(h->beta1, (double)o->t), bc2 = 1.0 - pow(h->beta2, (double)o->t);
-  float step_size = (float)(lr / bc1), bc2_sqrt = (float)sqrt(bc2);
-  float decay = (float)(1.0 - lr * h->weight_decay);
-  size_t lo = o->off, hi = o->off + o->len;
+  const float step_size = (float)(lr / bc1), bc2_sqrt = (float)sqrt(bc2), eps = (float)h->eps;
+  const float b1 = (float)h->beta1, b2 = (float)h->beta2, gs = grad_scale;
+  const float wdecay = (float)(1.0 - lr * h->weight_decay);
+  const size_t lo = o->off, hi = o->off + o->len;
+  float *m = o->m, *v = o->v;
+  /* one parallel region: each thread takes its static share of every tensor's run */
+#pragma omp parallel
   for (size_t k = 0; k < lay->n; k++) {
     const model_tensor *t = &lay->tensors[k];
     size_t a = t->offset > lo ? t->offset : lo, b = t->offset + t->size < hi ? t->offset + t->size : hi;
     if (a >= b) continue;
-    update_run(params + a, grads + a, o->m + (a - lo), o->v + (a - lo), b - a, t->decay ? decay : 1.0f,
-               (float)h->beta1, (float)h->beta2, step_size, bc2_sqrt, (float)h->eps, grad_scale);
+    const float decay = t->decay ? wdecay : 1.0f;
+#pragma omp for simd schedule(static) nowait
+    for (size_t i = a; i < b; i++) {
+      float gi = grads[i] * gs;
+      float mi = b1 * m[i - lo] + (1.0f - b1) * gi;
+      float vi = b2 * v[i - lo] + (1.0f - b2) * gi * gi;
+      m[i - lo] = mi;
+      v[i - lo] = vi;
+      params[i] = params[i] * decay - step_size * (mi / (sqrtf(vi) / bc2_sqrt + eps));
+    }
   }
 }
 

@@ -28,6 +28,8 @@ newt_result_t model_train_config_check(const model_train_config *c) {
   if (c->micro_batch < 1 || c->micro_batch > c->batch)
     return NEWT_ERR(NEWT_ERR_INVALID, "train.micro_batch = %d: must be in [1, batch = %d]", c->micro_batch,
                     c->batch);
+  if (c->threads < 0 || c->threads > 1024)
+    return NEWT_ERR(NEWT_ERR_INVALID, "train.threads = %d: must be in [0, 1024] (0: all cores)", c->threads);
   if (c->seq_len < 1 || c->seq_len > c->model.ctx)
     return NEWT_ERR(NEWT_ERR_INVALID, "train.seq_len = %d: must be in [1, ctx = %lld]", c->seq_len,
                     (long long)c->model.ctx);

@@ -5,6 +5,7 @@
 #include <string.h>
 
 #include "model/gpt.h"
+#include "model_test.h"
 #include "model/ops.h"
 #include "model/optim.h"
 #include "model/rng.h"
@@ -126,9 +127,7 @@ static void test_finite_differences(void) {
   model_gpt g;
   model_acts a;
   model_scratch s;
-  T_OK(model_gpt_init(&g, &c));
-  T_OK(model_acts_init(&a, &c, B, T, 0, (int)c.layers, 1));
-  T_OK(model_scratch_init(&s, &c, B, T));
+  whole_init(&g, &a, &s, &c, B, T);
   randomize(&g, 5);
   int32_t x[32], y[32];
   make_batch(x, y, B * T, (int)c.vocab, 3);
@@ -162,9 +161,7 @@ static void test_finite_differences(void) {
   }
   T_CHECK(checked == 30);
   fprintf(stderr, "  30 finite differences, worst %.3fx tolerance\n", worst);
-  model_scratch_free(&s);
-  model_acts_free(&a);
-  model_gpt_free(&g);
+  whole_free(&g, &a, &s);
 }
 
 /* Max over the buffer of |a - b| / (1e-6 * max|b| + 1e-5 |b|): <= 1 passes. */
@@ -299,6 +296,23 @@ static void test_acts_bytes(void) {
   T_ERR(NEWT_ERR_INVALID, model_acts_init(&a, &c, 8, 65, 0, 4, 1));
 }
 
+/* Raising the thread count after sizing the scratch must not overrun it (ASan build). */
+static void test_threads_raised_after_scratch(void) {
+  model_threads_set(1);
+  model_config c = small_cfg();
+  model_gpt g;
+  model_acts a;
+  model_scratch s;
+  whole_init(&g, &a, &s, &c, 2, 16);
+  randomize(&g, 1);
+  int32_t x[32], y[32];
+  make_batch(x, y, 32, (int)c.vocab, 1);
+  model_threads_set(2);
+  double l = model_forward_backward(&g, &a, &s, x, y, 1.0f / 32);
+  T_CHECK(isfinite(l) && model_threads_get() == 1);
+  whole_free(&g, &a, &s);
+}
+
 int main(void) {
   T_RUN(test_presets_and_overrides);
   T_RUN(test_layout);
@@ -308,5 +322,6 @@ int main(void) {
   T_RUN(test_adamw_shards_and_decay);
   T_RUN(test_schedule_and_clip);
   T_RUN(test_acts_bytes);
+  T_RUN(test_threads_raised_after_scratch);
   return T_DONE();
 }

@@ -10,6 +10,7 @@
 #include "common/dtype.h"
 #include "common/fs.h"
 #include "model/gpt.h"
+#include "model_test.h"
 #include "model/ops.h"
 #include "model/optim.h"
 #include "test.h"
@@ -55,10 +56,13 @@ static int load_fixture(void) {
       off += 8;
       r->count *= r->dims[d];
     }
-    size_t esz = r->dtype == 1 ? 2 : r->dtype == 6 ? 8 : 4;
-    r->data = (const uint8_t *)fix_buf + off;
-    off += r->count * esz;
-    if (off > fix_len) return -1;
+    size_t esz = r->dtype == 1 ? 2 : r->dtype == 6 ? 8 : 4, bytes = r->count * esz;
+    if (off + bytes > fix_len) return -1;
+    uint8_t *copy = malloc(bytes ? bytes : 1); /* records are packed: copy to aligned memory */
+    if (!copy) return -1;
+    memcpy(copy, fix_buf + off, bytes);
+    r->data = copy;
+    off += bytes;
   }
   return 0;
 }
@@ -117,9 +121,7 @@ static void check_against_torch(int threads) {
   model_gpt g;
   model_acts a;
   model_scratch s;
-  T_OK(model_gpt_init(&g, &cfg));
-  T_OK(model_acts_init(&a, &cfg, B, T, 0, (int)cfg.layers, 1));
-  T_OK(model_scratch_init(&s, &cfg, B, T));
+  whole_init(&g, &a, &s, &cfg, B, T);
   load_params(&g);
   const int32_t *inputs = (const int32_t *)find("inputs")->data;
   const int32_t *targets = (const int32_t *)find("targets")->data;
@@ -183,9 +185,7 @@ static void check_against_torch(int threads) {
                 step, l, ref);
   }
   model_adamw_free(&opt);
-  model_scratch_free(&s);
-  model_acts_free(&a);
-  model_gpt_free(&g);
+  whole_free(&g, &a, &s);
 }
 
 static void test_torch_threads1(void) { check_against_torch(1); }
@@ -213,6 +213,7 @@ int main(void) {
                             .grad_clip = h[8]};
   T_RUN(test_torch_threads1);
   T_RUN(test_torch_threads2);
+  for (int i = 0; i < nrecs; i++) free((void *)recs[i].data);
   free(fix_buf);
   return T_DONE();
 }
