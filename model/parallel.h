@@ -27,11 +27,11 @@
  *   ZeRO                  each bucket is padded to a multiple of dp and dp rank d owns its
  *                         d-th contiguous chunk (Megatron's distributed optimizer): stage 1
  *                         keeps the AdamW moments of the owned chunks only, all-reduces the
- *                         gradients and all-gathers the updated parameters; stage 2 also
- *                         reduce-scatters the gradients instead; stage 3 also keeps only the
- *                         owned chunks of the parameters, all-gathering each bucket (a layer)
- *                         just before its forward and again before its backward into a
- *                         working set of two buckets.
+ *                         gradients, updates its chunks in place and all-gathers them; stage
+ *                         2 reduce-scatters the gradients (in place) instead; stage 3 also
+ *                         keeps only the owned chunks of the parameters, all-gathering each
+ *                         bucket (a layer) just before its forward and again before its
+ *                         backward into a working set of two buckets.
  *
  * Every rank allocates only what it holds: its stage's tensors at their tensor-parallel
  * shapes (model_par.local: names as in the global table, offsets into params/grads), the
@@ -39,8 +39,10 @@
  * moments (and, with ZeRO 3, the parameters) of its chunks. The gradient norm for clipping
  * is the single-process one: squares summed once per global element (tensor-parallel
  * shards once each, replicated tensors on tp rank 0, the head's copy of wte not at all,
- * data-parallel replicas once), with the loss, in one all-reduce over the world that ends
- * the step, before anything is updated.
+ * data-parallel replicas once). The step ends, before anything is updated, with one
+ * all-gather over the world of every rank's squares, loss and control values, summed in
+ * rank order in double (the same bits on every rank; one rank alone is model_trainer bit
+ * for bit). docs/model.md ("Parallel training") has the tables and figures.
  *
  *   model_par_config pc;
  *   model_par_config_from_rank(&pc, tp, pp, dp, zero, comm_rank(world));
@@ -161,7 +163,7 @@ typedef struct model_par {
   model_layout shard;     /* ZeRO 3: the runs of tensors in the shard buffers (optimizer table) */
   model_adamw opt;        /* AdamW's moments and t (updates done) */
   int64_t step;           /* optimizer steps done */
-  int params_stale;       /* ZeRO 1/2: a step's all-gather failed; the shards hold the parameters */
+  int params_stale;       /* ZeRO 1/2: a step's all-gather failed; only the owned chunks of params hold */
   /* working memory */
   model_acts *acts;       /* the micro-batches in flight */
   int nacts;
@@ -181,8 +183,8 @@ void model_par_free(model_par *p);
 
 /* Options of one step. */
 typedef struct model_par_step_opts {
-  /* values summed over every rank of the world in the all-reduce that ends the step, before
-   * the update (a worker's leave and switch flags); updated in place. */
+  /* up to 64 values summed over every rank of the world in the collective that ends the step,
+   * before the update (a worker's leave and switch flags); updated in place. */
   float *ctl;
   int nctl;
 } model_par_step_opts;
@@ -190,13 +192,15 @@ typedef struct model_par_step_opts {
 /* One optimizer step over the global batch. inputs and targets are this data-parallel
  * rank's slice of it ((count, T) each; count from model_batch_slice(cfg.batch, dp_rank,
  * dp)); every rank of the pipeline passes the same slice (stage 0 reads the inputs, the
- * last stage the targets). info (may be NULL) gets the step number, the mean loss over the
- * global batch and the gradient norm (the same on every rank), lr, tokens and ms.
+ * last stage the targets). c may be NULL for a layout of one rank. info (may be NULL) gets
+ * the step number, the mean loss over the global batch and the gradient norm (the same on
+ * every rank), lr, tokens and ms.
  *
- * A failed collective returns its error. When the error came before the all-reduce that
+ * A failed collective returns its error. When the error came before the collective that
  * ends the step, nothing was updated (step unchanged); after it (ZeRO 1/2's parameter
  * all-gather), the step was applied, p.step advanced, and params_stale says the full
- * parameters are not to be used: model_par_pieces then lists the shards. */
+ * parameters are not to be used: model_par_pieces then lists the owned chunks, and the
+ * next step on a healthy communicator gathers them again first. */
 newt_result_t model_par_step(model_par *p, const model_par_comms *c, const int32_t *inputs,
                              const int32_t *targets, int count, model_par_step_opts *opts,
                              model_step_info *info);
