@@ -104,7 +104,7 @@ static void acts_carve(model_acts *a, const model_config *cfg, model_carver *c) 
 }
 
 size_t model_acts_bytes_tp(const model_config *cfg, int tp, int B, int T, int l0, int l1, int head) {
-  model_acts a = {.B = B, .T = T, .tp = tp, .l0 = l0, .l1 = l1, .head = head};
+  model_acts a = {.B = B, .T = T, .tp = tp > 1 ? tp : 1, .l0 = l0, .l1 = l1, .head = head};
   model_carver c = {.align = 64};
   acts_carve(&a, cfg, &c);
   return c.off;
@@ -183,7 +183,7 @@ void model_scratch_free(model_scratch *s) {
 }
 
 /* The per-thread scratch holds s->threads threads' worth. */
-static void guard_threads(const model_scratch *s) {
+void model_scratch_guard(const model_scratch *s) {
   if (model_threads_get() > s->threads) {
     NEWT_WARN(MODEL, "%d threads, but the scratch was sized for %d: using %d", model_threads_get(), s->threads,
               s->threads);
@@ -209,7 +209,7 @@ void model_block_forward(const model_gpt *g, model_acts *a, model_scratch *s, in
   int B = a->B, T = a->T, C = (int)g->layout.cfg.channels, NH = (int)g->layout.cfg.heads;
   model_block_acts *b = &a->blk[l - a->l0];
   const float *x = layer_input(a, l);
-  guard_threads(s);
+  model_scratch_guard(s);
   model_layernorm_forward(b->ln1, b->ln1_mean, b->ln1_rstd, x, P(MODEL_LN1_W, l), P(MODEL_LN1_B, l),
                           B, T, C);
   model_matmul_forward(b->qkv, NULL, b->ln1, P(MODEL_QKV_W, l), P(MODEL_QKV_B, l), B, T, C, 3 * C);
@@ -237,7 +237,7 @@ double model_head_forward(const model_gpt *g, model_acts *a, const int32_t *targ
 void model_head_backward(model_gpt *g, model_acts *a, model_scratch *s) {
   int B = a->B, T = a->T, C = (int)g->layout.cfg.channels, V = (int)g->layout.cfg.vocab;
   const float *x = layer_input(a, a->l1);
-  guard_threads(s);
+  model_scratch_guard(s);
   model_matmul_backward(s->dx, G(MODEL_WTE, 0), NULL, a->logits, a->lnf, P(MODEL_WTE, 0), B, T, C, V);
   memset(s->dres, 0, (size_t)B * T * C * sizeof(float));
   model_layernorm_backward(s->dres, G(MODEL_LNF_W, 0), G(MODEL_LNF_B, 0), s->dx, x, P(MODEL_LNF_W, 0),
@@ -249,7 +249,7 @@ void model_block_backward(model_gpt *g, model_acts *a, model_scratch *s, int l) 
   model_block_acts *b = &a->blk[l - a->l0];
   const float *x = layer_input(a, l);
   size_t BT = (size_t)B * T;
-  guard_threads(s);
+  model_scratch_guard(s);
   /* res2 = res1 + mlp.proj(gelu(fc(ln2(res1)))): dres holds d res2 = d res1 (pass-through) */
   model_matmul_backward(s->dfch, G(MODEL_FCPROJ_W, l), G(MODEL_FCPROJ_B, l), s->dres, b->fch_gelu,
                         P(MODEL_FCPROJ_W, l), B, T, 4 * C, C);

@@ -111,6 +111,8 @@ typedef struct model_scratch {
  * later, the pieces below lower it back to s->threads (with a warning) rather than overrun. */
 newt_result_t model_scratch_init(model_scratch *s, const model_config *cfg, int B, int T);
 void model_scratch_free(model_scratch *s);
+/* What the pieces do first: lowers the thread count back to s->threads if it rose. */
+void model_scratch_guard(const model_scratch *s);
 
 /* The pieces of a step; B and T are the acts'. inputs/targets are (B,T) ids < V. */
 void model_embed_forward(const model_gpt *g, model_acts *a, const int32_t *inputs);

@@ -146,6 +146,7 @@ newt_result_t par_block_forward(const model_par *p, comm_t *tp, model_acts *a, m
   int Cl = C / ntp, NHl = (int)p->cfg.model.heads / ntp, Fl = 4 * C / ntp;
   model_block_acts *b = &a->blk[l - a->l0];
   const float *x = layer_input(a, l);
+  model_scratch_guard(s);
   model_layernorm_forward(b->ln1, b->ln1_mean, b->ln1_rstd, x, P(MODEL_LN1_W, l), P(MODEL_LN1_B, l), B, T, C);
   model_matmul_forward(b->qkv, NULL, b->ln1, P(MODEL_QKV_W, l), P(MODEL_QKV_B, l), B, T, C, 3 * Cl);
   model_attention_forward(b->atty, b->att, b->qkv, B, T, Cl, NHl, s->thread);
@@ -163,6 +164,7 @@ newt_result_t par_block_backward(const model_par *p, comm_t *tp, model_acts *a, 
   model_block_acts *b = &a->blk[l - a->l0];
   const float *x = layer_input(a, l);
   size_t BT = (size_t)B * T;
+  model_scratch_guard(s);
   /* res2 = res1 + mlp.proj(gelu(fc(ln2(res1)))): dres holds d res2 = d res1 (pass-through) */
   model_matmul_backward(s->dfch, G(MODEL_FCPROJ_W, l), G(MODEL_FCPROJ_B, l), s->dres, b->fch_gelu,
                         P(MODEL_FCPROJ_W, l), B, T, Fl, C);
@@ -246,6 +248,7 @@ newt_result_t par_head_forward(const model_par *p, comm_t *tp, model_acts *a, co
 newt_result_t par_head_backward(const model_par *p, comm_t *tp, model_acts *a, model_scratch *s) {
   int B = a->B, T = a->T, C = (int)p->cfg.model.channels, Vl = (int)p->cfg.model.vocab / p->pc.tp;
   const float *x = layer_input(a, a->l1);
+  model_scratch_guard(s);
   model_matmul_backward(s->dx, G(MODEL_WTE, 0), NULL, a->logits, a->lnf, P(MODEL_WTE, 0), B, T, C, Vl);
   NEWT_CHECK(tp_sum(tp, s->dx, (size_t)B * T * C));
   memset(s->dres, 0, (size_t)B * T * C * sizeof(float));
