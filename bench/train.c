@@ -252,6 +252,7 @@ int newt_bench_train(int argc, char **argv) {
   }
   cfg.threads = (int)threads;
   cfg.batch = (int)batch;
+  cfg.seq_len = (int)cfg.model.ctx; /* after --model: the overridden ctx */
   int64_t share = (batch + dp - 1) / dp;
   cfg.micro_batch = micro ? (int)micro : (int)(pp > 1 && share >= pp ? share / pp : share);
   bench_line b = {.preset = preset, .threads = (int)threads, .cfg = &cfg};

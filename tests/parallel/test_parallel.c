@@ -20,10 +20,12 @@
  *    pieces of all ranks saved (ckpt_save_add, one saver per rank) and resumed by the
  *    single-process trainer, both bit for bit;
  *  - the pipeline schedule with messages larger than the transport's buffers (no deadlock);
- *  - bad layouts and bad calls are refused with a message naming the field. */
+ *  - bad layouts and bad calls are refused with a message naming the field;
+ *  - `newt bench train --tp --pp --dp --zero` runs a layout of processes and prints its line. */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
 
 #include "ckpt/model_state.h"
 #include "common/fs.h"
@@ -502,6 +504,45 @@ static void test_pipeline_unbuffered(void) {
   free(big_ref.v);
 }
 
+/* ---- newt bench train with a layout ------------------------------------------------------------------ */
+
+static int run_newt(const char *out, const char *const *args) {
+  const char *bin = getenv("NEWT_BIN");
+  const char *argv[32] = {bin ? bin : "build/newt"};
+  int n = 1;
+  for (; args[n - 1] && n < 31; n++) argv[n] = args[n - 1];
+  argv[n] = NULL;
+  newt_spawn_opts o = {.log_path = out, .die_with_parent = 1};
+  pid_t pid;
+  int st = 0;
+  if (newt_proc_spawn(argv, &o, &pid) != NEWT_OK || newt_proc_wait(pid, 120000, &st) != NEWT_OK) return -1;
+  return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+}
+
+static void test_bench(void) {
+  char tmpl[] = "/tmp/newt-par-bench-XXXXXX", log[256];
+  char *dir = mkdtemp(tmpl);
+  T_CHECK(dir != NULL);
+  if (!dir) return;
+  snprintf(log, sizeof log, "%s/out", dir);
+  T_CHECK(run_newt(log, (const char *[]){"bench", "train", "--model", "layers=2,ctx=32", "--batch", "8", "--tp", "2",
+                                         "--pp", "2", "--dp", "2", "--zero", "3", "--steps", "2", "--warmup", "1", NULL}) == 0);
+  char *out = NULL;
+  size_t n = 0;
+  T_OK(newt_fs_read_all(log, 1 << 20, &out, &n));
+  T_CHECK_MSG(out && strstr(out, "{\"bench\":\"train\",\"preset\":\"tiny\",\"threads\":1,\"tp\":2,\"pp\":2,\"dp\":2,"
+                                 "\"zero\":3,\"ranks\":8,\"batch\":8,\"micro_batch\":2,") &&
+                  strstr(out, "\"tokens_per_s\":") && strstr(out, "\"state_bytes\":"),
+              "%s", out ? out : "");
+  free(out);
+  T_CHECK(run_newt(log, (const char *[]){"bench", "train", "--tp", "3", NULL}) == 2); /* 3 does not divide 4 heads */
+  out = NULL;
+  T_OK(newt_fs_read_all(log, 1 << 20, &out, &n));
+  T_CHECK_MSG(out && strstr(out, "parallel.tp"), "%s", out ? out : "");
+  free(out);
+  newt_fs_rm_rf(dir);
+}
+
 /* ---- refusals ----------------------------------------------------------------------------------------- */
 
 static void expect_invalid(int tp, int pp, int dp, int zero, const model_train_config *c, const char *field) {
@@ -560,6 +601,7 @@ int main(int argc, char **argv) {
   const char *only = argc > 1 ? argv[1] : NULL;
   if (!only || strcmp(only, "single") == 0) T_RUN(test_single_rank);
   if (!only || strcmp(only, "refusals") == 0) T_RUN(test_refusals);
+  if (!only || strcmp(only, "bench") == 0) T_RUN(test_bench);
   if (!only || strcmp(only, "ckpt") == 0) T_RUN(test_ckpt);
   if (!only || strcmp(only, "unbuffered") == 0) T_RUN(test_pipeline_unbuffered);
   if (!only || strcmp(only, "layouts") == 0) T_RUN(test_layouts);
