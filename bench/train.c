@@ -1,19 +1,37 @@
-/* newt bench train: training throughput of the CPU model in one process.
+/* newt bench train: training throughput of the CPU model, in one process or as a parallel
+ * layout of processes on this host.
  *
- *   newt bench train --preset tiny|small --threads T [--batch B] [--steps N] [--warmup W]
+ *   newt bench train --preset tiny|small --threads T [--batch B] [--micro-batch M] [--steps N]
+ *                    [--warmup W] [--tp TP --pp PP --dp DP --zero Z]
  *
  * Runs W untimed steps, then N timed ones on a fixed random batch of B sequences of the
  * preset's ctx, and prints one JSON line with the median step:
- * {"bench":"train","preset":...,"threads":...,"tokens_per_s":...,"ms_per_step":...,"gflops":...}
+ * {"bench":"train","preset":...,"threads":...,"tp":...,"pp":...,"dp":...,"zero":...,"ranks":...,
+ *  "batch":...,"micro_batch":...,"seq_len":...,"params":...,"tokens_per_s":...,"ms_per_step":...,
+ *  "gflops":...,"state_bytes":...,"act_bytes":...}
  * gflops counts 6 FLOPs per parameter per token plus the causal half of attention
- * (model_flops_per_token). */
+ * (model_flops_per_token), for the whole layout. With tp * pp * dp = 1 and zero 0 it times the
+ * single-process trainer (model/train.h); otherwise it forks tp * pp * dp processes, each a
+ * rank of the parallel trainer (model/parallel.h) with T threads, connected by the CPU
+ * backend over shared memory, and rank 0 reports (every step ends in a collective over all
+ * ranks, so their step times agree). state_bytes and act_bytes are rank 0's parameters,
+ * gradients and moments, and its activations. The default micro-batch is the data-parallel
+ * rank's share of the batch, split in pp micro-batches when pp > 1. */
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include "bench/bench.h"
 #include "cli/cmds.h"
+#include "comm/comm.h"
 #include "common/opts.h"
+#include "common/proc.h"
+#include "common/sys.h"
 #include "model/ops.h"
+#include "model/parallel.h"
 #include "model/rng.h"
 #include "model/train.h"
 
@@ -22,17 +40,198 @@ static int cmp_double(const void *a, const void *b) {
   return (x > y) - (x < y);
 }
 
+static double median_ms(double *ms, int64_t n) {
+  qsort(ms, (size_t)n, sizeof *ms, cmp_double);
+  return n % 2 ? ms[n / 2] : 0.5 * (ms[n / 2 - 1] + ms[n / 2]);
+}
+
+/* A fixed random global batch. */
+static void random_batch(const model_train_config *cfg, int32_t *x, int32_t *y) {
+  size_t n = (size_t)cfg->batch * cfg->seq_len;
+  for (size_t i = 0; i < n; i++) {
+    x[i] = (int32_t)(model_rng_u64(7, 1, i) % (uint64_t)cfg->model.vocab);
+    y[i] = (int32_t)(model_rng_u64(7, 2, i) % (uint64_t)cfg->model.vocab);
+  }
+}
+
+typedef struct bench_line {
+  const char *preset;
+  int threads;
+  model_par_config pc;
+  const model_train_config *cfg;
+  size_t params, state_bytes, act_bytes;
+  double ms; /* median step */
+} bench_line;
+
+static void print_line(const bench_line *b) {
+  const model_train_config *c = b->cfg;
+  double tps = (double)c->batch * c->seq_len / (b->ms / 1e3);
+  printf("{\"bench\":\"train\",\"preset\":\"%s\",\"threads\":%d,\"tp\":%d,\"pp\":%d,\"dp\":%d,\"zero\":%d,"
+         "\"ranks\":%d,\"batch\":%d,\"micro_batch\":%d,\"seq_len\":%d,\"params\":%zu,\"tokens_per_s\":%.0f,"
+         "\"ms_per_step\":%.2f,\"gflops\":%.2f,\"state_bytes\":%zu,\"act_bytes\":%zu}\n",
+         b->preset, b->threads, b->pc.tp, b->pc.pp, b->pc.dp, b->pc.zero, b->pc.tp * b->pc.pp * b->pc.dp, c->batch,
+         c->micro_batch, c->seq_len, b->params, tps, b->ms, model_flops_per_token(&c->model, c->seq_len) * tps / 1e9,
+         b->state_bytes, b->act_bytes);
+  fflush(stdout);
+}
+
+static int bench_single(bench_line *b, int64_t warmup, int64_t steps) {
+  const model_train_config *cfg = b->cfg;
+  model_trainer tr;
+  if (model_trainer_init(&tr, cfg) != NEWT_OK) {
+    fprintf(stderr, "newt bench train: %s\n", newt_errmsg());
+    return 1;
+  }
+  size_t n = (size_t)cfg->batch * cfg->seq_len;
+  int32_t *x = malloc(n * sizeof *x), *y = malloc(n * sizeof *y);
+  double *ms = malloc((size_t)steps * sizeof *ms);
+  if (!x || !y || !ms) {
+    fprintf(stderr, "newt bench train: out of memory\n");
+    return 1;
+  }
+  random_batch(cfg, x, y);
+  model_step_info info;
+  for (int64_t s = 0; s < warmup + steps; s++) {
+    model_trainer_step(&tr, x, y, cfg->batch, &info);
+    if (s >= warmup) ms[s - warmup] = info.ms;
+    fprintf(stderr, "step %lld loss %.4f %.1f ms\n", (long long)s + 1, info.loss, info.ms);
+  }
+  b->ms = median_ms(ms, steps);
+  b->params = tr.gpt.layout.nparams;
+  b->state_bytes = 4 * tr.gpt.layout.total * sizeof(float);
+  b->act_bytes = tr.acts.bytes + tr.scratch.bytes;
+  print_line(b);
+  free(x);
+  free(y);
+  free(ms);
+  model_trainer_free(&tr);
+  return 0;
+}
+
+#define BENCH_MAX_RANKS 64
+
+typedef struct bench_world {
+  int n;
+  char addr[BENCH_MAX_RANKS][32];
+  const char *addrs[BENCH_MAX_RANKS], *hosts[BENCH_MAX_RANKS];
+  unsigned char secret[32];
+  char job[32];
+} bench_world;
+
+/* One rank of the layout (a forked process): returns its exit status. */
+static int bench_rank(bench_line *b, const bench_world *w, int rank, int64_t warmup, int64_t steps) {
+  const model_train_config *cfg = b->cfg;
+  comm_config cc = {.backend = COMM_BACKEND_CPU, .rank = rank, .size = w->n, .addrs = w->addrs, .hosts = w->hosts,
+                    .job = w->job, .generation = 1, .secret_len = sizeof w->secret, .timeout_ms = 120000};
+  memcpy(cc.secret, w->secret, sizeof w->secret);
+  comm_t *world = NULL;
+  model_par_comms comms = {0};
+  model_par p;
+  int have_p = 0, rc = 1;
+  model_par_config pc;
+  model_par_config_from_rank(&pc, b->pc.tp, b->pc.pp, b->pc.dp, b->pc.zero, rank);
+  size_t n = (size_t)cfg->batch * cfg->seq_len;
+  int32_t *x = malloc(n * sizeof *x), *y = malloc(n * sizeof *y);
+  double *ms = malloc((size_t)steps * sizeof *ms);
+  if (!x || !y || !ms || comm_create(&cc, &world) != NEWT_OK || model_par_comms_split(world, &pc, &comms) != NEWT_OK ||
+      model_par_init(&p, cfg, &pc) != NEWT_OK) {
+    fprintf(stderr, "newt bench train: rank %d: %s\n", rank, newt_errmsg());
+    goto out;
+  }
+  have_p = 1;
+  random_batch(cfg, x, y);
+  int64_t first, count;
+  model_batch_slice(cfg->batch, pc.dp_rank, pc.dp, &first, &count);
+  size_t at = (size_t)first * cfg->seq_len;
+  model_step_info info;
+  for (int64_t s = 0; s < warmup + steps; s++) {
+    if (model_par_step(&p, &comms, x + at, y + at, (int)count, NULL, &info) != NEWT_OK) {
+      fprintf(stderr, "newt bench train: rank %d, step %lld: %s\n", rank, (long long)s + 1, newt_errmsg());
+      goto out;
+    }
+    if (s >= warmup) ms[s - warmup] = info.ms;
+    if (rank == 0) fprintf(stderr, "step %lld loss %.4f %.1f ms\n", (long long)s + 1, info.loss, info.ms);
+  }
+  if (rank == 0) {
+    b->ms = median_ms(ms, steps);
+    b->params = p.global.nparams;
+    model_par_memory(&p, &b->state_bytes, &b->act_bytes);
+    print_line(b);
+  }
+  rc = 0;
+out:
+  if (have_p) model_par_free(&p);
+  model_par_comms_free(&comms);
+  comm_free(world);
+  free(x);
+  free(y);
+  free(ms);
+  return rc;
+}
+
+/* Forks the ranks (before any thread exists in this process) and waits for them. */
+static int bench_parallel(bench_line *b, int64_t warmup, int64_t steps) {
+  bench_world w = {.n = b->pc.tp * b->pc.pp * b->pc.dp};
+  if (w.n > BENCH_MAX_RANKS) {
+    fprintf(stderr, "newt bench train: tp * pp * dp = %d ranks, at most %d on one host\n", w.n, BENCH_MAX_RANKS);
+    return 2;
+  }
+  for (int r = 0; r < w.n; r++) {
+    int port = 0;
+    for (int tries = 0; tries < 100; tries++) { /* distinct ports */
+      int dup = 0;
+      if (newt_net_free_port(&port) != NEWT_OK) break;
+      for (int q = 0; q < r; q++) dup |= atoi(strchr(w.addr[q], ':') + 1) == port;
+      if (!dup) break;
+    }
+    snprintf(w.addr[r], sizeof w.addr[r], "127.0.0.1:%d", port);
+    w.addrs[r] = w.addr[r];
+    w.hosts[r] = "localhost";
+  }
+  if (newt_random_bytes(w.secret, sizeof w.secret) != NEWT_OK) {
+    fprintf(stderr, "newt bench train: %s\n", newt_errmsg());
+    return 1;
+  }
+  snprintf(w.job, sizeof w.job, "bench%d", (int)getpid());
+  pid_t pids[BENCH_MAX_RANKS];
+  fflush(stdout);
+  fflush(stderr);
+  for (int r = 0; r < w.n; r++) {
+    pids[r] = fork();
+    if (pids[r] < 0) {
+      perror("newt bench train: fork");
+      for (int q = 0; q < r; q++) kill(pids[q], SIGKILL);
+      return 1;
+    }
+    if (pids[r] == 0) _exit(bench_rank(b, &w, r, warmup, steps));
+  }
+  int bad = 0;
+  for (int r = 0; r < w.n; r++) {
+    int st = 0;
+    if (newt_proc_wait(pids[r], 3600 * 1000, &st) != NEWT_OK || !WIFEXITED(st) || WEXITSTATUS(st) != 0) {
+      bad++;
+      for (int q = r + 1; q < w.n; q++) kill(pids[q], SIGKILL); /* the others would wait for it */
+    }
+  }
+  return bad ? 1 : 0;
+}
+
 int newt_bench_train(int argc, char **argv) {
   const char *preset = "tiny", *overrides = NULL;
-  int64_t threads = 1, batch = 8, micro = 0, steps = 10, warmup = 3;
+  int64_t threads = 1, batch = 8, micro = 0, steps = 10, warmup = 3, tp = 1, pp = 1, dp = 1, zero = 0;
   newt_opt opts[] = {
       {"preset", NEWT_OPT_STR, &preset, "model preset: tiny, small or gpt2-124m"},
       {"model", NEWT_OPT_STR, &overrides, "overrides of the preset: layers=2,..."},
-      {"threads", NEWT_OPT_INT, &threads, "CPU threads"},
-      {"batch", NEWT_OPT_INT, &batch, "sequences per step"},
-      {"micro-batch", NEWT_OPT_INT, &micro, "sequences per forward/backward (0: the batch)"},
+      {"threads", NEWT_OPT_INT, &threads, "CPU threads (per rank)"},
+      {"batch", NEWT_OPT_INT, &batch, "sequences per step (the global batch)"},
+      {"micro-batch", NEWT_OPT_INT, &micro,
+       "sequences per forward/backward (0: the data-parallel share of the batch, over pp when pp > 1)"},
       {"steps", NEWT_OPT_INT, &steps, "timed steps"},
       {"warmup", NEWT_OPT_INT, &warmup, "untimed steps first"},
+      {"tp", NEWT_OPT_INT, &tp, "tensor-parallel ranks"},
+      {"pp", NEWT_OPT_INT, &pp, "pipeline stages"},
+      {"dp", NEWT_OPT_INT, &dp, "data-parallel ranks"},
+      {"zero", NEWT_OPT_INT, &zero, "ZeRO stage 0..3"},
       NEWT_OPT_END,
   };
   int rc = newt_cli_opts_exit(newt_opts_parse("bench train", "[flags]", opts, argc, argv, NULL, 0, NULL));
@@ -47,41 +246,21 @@ int newt_bench_train(int argc, char **argv) {
     fprintf(stderr, "newt bench train: --threads, --batch and --steps must be >= 1\n");
     return 2;
   }
+  if (tp < 1 || pp < 1 || dp < 1 || tp > 64 || pp > 64 || dp > 64 || zero < 0 || zero > 3) {
+    fprintf(stderr, "newt bench train: --tp, --pp and --dp must be in [1, 64], --zero in [0, 3]\n");
+    return 2;
+  }
   cfg.threads = (int)threads;
   cfg.batch = (int)batch;
-  cfg.micro_batch = micro ? (int)micro : (int)batch;
-  model_trainer tr;
-  if (model_trainer_init(&tr, &cfg) != NEWT_OK) {
+  cfg.seq_len = (int)cfg.model.ctx; /* after --model: the overridden ctx */
+  int64_t share = (batch + dp - 1) / dp;
+  cfg.micro_batch = micro ? (int)micro : (int)(pp > 1 && share >= pp ? share / pp : share);
+  bench_line b = {.preset = preset, .threads = (int)threads, .cfg = &cfg};
+  model_par_config_from_rank(&b.pc, (int)tp, (int)pp, (int)dp, (int)zero, 0);
+  if (model_par_config_check(&b.pc, &cfg) != NEWT_OK) {
     fprintf(stderr, "newt bench train: %s\n", newt_errmsg());
-    return 1;
+    return 2;
   }
-  size_t n = (size_t)batch * cfg.seq_len;
-  int32_t *x = malloc(n * sizeof *x), *y = malloc(n * sizeof *y);
-  double *ms = malloc((size_t)steps * sizeof *ms);
-  if (!x || !y || !ms) {
-    fprintf(stderr, "newt bench train: out of memory\n");
-    return 1;
-  }
-  for (size_t i = 0; i < n; i++) {
-    x[i] = (int32_t)(model_rng_u64(7, 1, i) % (uint64_t)cfg.model.vocab);
-    y[i] = (int32_t)(model_rng_u64(7, 2, i) % (uint64_t)cfg.model.vocab);
-  }
-  model_step_info info;
-  for (int64_t s = 0; s < warmup + steps; s++) {
-    model_trainer_step(&tr, x, y, (int)batch, &info);
-    if (s >= warmup) ms[s - warmup] = info.ms;
-    fprintf(stderr, "step %lld loss %.4f %.1f ms\n", (long long)s + 1, info.loss, info.ms);
-  }
-  qsort(ms, (size_t)steps, sizeof *ms, cmp_double);
-  double med = steps % 2 ? ms[steps / 2] : 0.5 * (ms[steps / 2 - 1] + ms[steps / 2]);
-  double tps = (double)n / (med / 1e3);
-  printf("{\"bench\":\"train\",\"preset\":\"%s\",\"threads\":%lld,\"batch\":%lld,\"micro_batch\":%d,"
-         "\"seq_len\":%d,\"params\":%zu,\"tokens_per_s\":%.0f,\"ms_per_step\":%.2f,\"gflops\":%.2f}\n",
-         preset, (long long)threads, (long long)batch, cfg.micro_batch, cfg.seq_len, tr.gpt.layout.nparams,
-         tps, med, model_flops_per_token(&cfg.model, cfg.seq_len) * tps / 1e9);
-  free(x);
-  free(y);
-  free(ms);
-  model_trainer_free(&tr);
-  return 0;
+  if (tp * pp * dp == 1 && zero == 0) return bench_single(&b, warmup, steps);
+  return bench_parallel(&b, warmup, steps);
 }

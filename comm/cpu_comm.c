@@ -249,10 +249,14 @@ static void *progress_main(void *arg) {
       c->executing = 1;
       pthread_mutex_unlock(&c->lock);
       newt_result_t res = exec_op(c, &r->op);
-      comm_req_complete(r, res, res == NEWT_OK ? "" : newt_errmsg());
+      /* idle before the waiter wakes: a comm_free right after comm_wait must not find the
+         communicator busy (it would abort it under peers still finishing the operation) */
       pthread_mutex_lock(&c->lock);
       c->executing = 0;
       if (c->waiters) pthread_cond_broadcast(&c->cv);
+      pthread_mutex_unlock(&c->lock);
+      comm_req_complete(r, res, res == NEWT_OK ? "" : newt_errmsg());
+      pthread_mutex_lock(&c->lock);
       continue;
     }
     if (c->executing) {

@@ -38,21 +38,25 @@ void model_gpt_free(model_gpt *g) {
   memset(g, 0, sizeof *g);
 }
 
+void model_gpt_init_tensor(const model_layout *lay, const model_tensor *t, uint64_t seed, size_t i0,
+                           size_t n, float *out) {
+  if (t->ndim == 1) {
+    int ln_weight = t->slot == MODEL_LN1_W || t->slot == MODEL_LN2_W || t->slot == MODEL_LNF_W;
+    for (size_t i = 0; i < n; i++) out[i] = ln_weight ? 1.0f : 0.0f;
+    return;
+  }
+  double proj_std = 0.02 / sqrt(2.0 * (double)lay->cfg.layers);
+  double std = (t->slot == MODEL_PROJ_W || t->slot == MODEL_FCPROJ_W) ? proj_std : 0.02;
+  uint64_t stream = model_rng_hash(t->name);
+#pragma omp parallel for schedule(static)
+  for (size_t i = 0; i < n; i++) out[i] = (float)(std * model_rng_normal(seed, stream, i0 + i));
+}
+
 void model_gpt_init_weights(model_gpt *g, uint64_t seed) {
   const model_layout *lay = &g->layout;
-  double proj_std = 0.02 / sqrt(2.0 * (double)lay->cfg.layers);
   for (size_t k = 0; k < lay->n; k++) {
     const model_tensor *t = &lay->tensors[k];
-    float *p = g->params + t->offset;
-    if (t->ndim == 1) {
-      int ln_weight = t->slot == MODEL_LN1_W || t->slot == MODEL_LN2_W || t->slot == MODEL_LNF_W;
-      for (size_t i = 0; i < t->size; i++) p[i] = ln_weight ? 1.0f : 0.0f;
-      continue;
-    }
-    double std = (t->slot == MODEL_PROJ_W || t->slot == MODEL_FCPROJ_W) ? proj_std : 0.02;
-    uint64_t stream = model_rng_hash(t->name);
-#pragma omp parallel for schedule(static)
-    for (size_t i = 0; i < t->size; i++) p[i] = (float)(std * model_rng_normal(seed, stream, i));
+    model_gpt_init_tensor(lay, t, seed, 0, t->size, g->params + t->offset);
   }
 }
 
@@ -69,7 +73,7 @@ float *model_gpt_grad(const model_gpt *g, int slot, int layer) {
 #define CARVE_F(c, n) ((float *)model_carve((c), (size_t)(n) * sizeof(float)))
 
 static void acts_carve(model_acts *a, const model_config *cfg, model_carver *c) {
-  size_t B = a->B, T = a->T, C = cfg->channels, NH = cfg->heads, V = cfg->vocab;
+  size_t B = a->B, T = a->T, C = cfg->channels, NH = cfg->heads, V = cfg->vocab, tp = a->tp;
   size_t BT = B * T;
   a->inputs = model_carve(c, BT * sizeof(int32_t));
   a->targets = model_carve(c, BT * sizeof(int32_t));
@@ -79,35 +83,39 @@ static void acts_carve(model_acts *a, const model_config *cfg, model_carver *c) 
     b->ln1 = CARVE_F(c, BT * C);
     b->ln1_mean = CARVE_F(c, BT);
     b->ln1_rstd = CARVE_F(c, BT);
-    b->qkv = CARVE_F(c, BT * 3 * C);
-    b->att = CARVE_F(c, B * NH * T * T);
-    b->atty = CARVE_F(c, BT * C);
+    b->qkv = CARVE_F(c, BT * 3 * C / tp);
+    b->att = CARVE_F(c, B * NH / tp * T * T);
+    b->atty = CARVE_F(c, BT * C / tp);
     b->res1 = CARVE_F(c, BT * C);
     b->ln2 = CARVE_F(c, BT * C);
     b->ln2_mean = CARVE_F(c, BT);
     b->ln2_rstd = CARVE_F(c, BT);
-    b->fch = CARVE_F(c, BT * 4 * C);
-    b->fch_gelu = CARVE_F(c, BT * 4 * C);
+    b->fch = CARVE_F(c, BT * 4 * C / tp);
+    b->fch_gelu = CARVE_F(c, BT * 4 * C / tp);
     b->res2 = CARVE_F(c, BT * C);
   }
   if (a->head) {
     a->lnf = CARVE_F(c, BT * C);
     a->lnf_mean = CARVE_F(c, BT);
     a->lnf_rstd = CARVE_F(c, BT);
-    a->logits = CARVE_F(c, BT * V);
+    a->logits = CARVE_F(c, BT * V / tp);
     a->losses = CARVE_F(c, BT);
   }
 }
 
-size_t model_acts_bytes(const model_config *cfg, int B, int T, int l0, int l1, int head) {
-  model_acts a = {.B = B, .T = T, .l0 = l0, .l1 = l1, .head = head};
+size_t model_acts_bytes_tp(const model_config *cfg, int tp, int B, int T, int l0, int l1, int head) {
+  model_acts a = {.B = B, .T = T, .tp = tp > 1 ? tp : 1, .l0 = l0, .l1 = l1, .head = head};
   model_carver c = {.align = 64};
   acts_carve(&a, cfg, &c);
   return c.off;
 }
 
-newt_result_t model_acts_init(model_acts *a, const model_config *cfg, int B, int T, int l0, int l1,
-                              int head) {
+size_t model_acts_bytes(const model_config *cfg, int B, int T, int l0, int l1, int head) {
+  return model_acts_bytes_tp(cfg, 1, B, T, l0, l1, head);
+}
+
+newt_result_t model_acts_init_tp(model_acts *a, const model_config *cfg, int tp, int B, int T, int l0,
+                                 int l1, int head) {
   memset(a, 0, sizeof *a);
   NEWT_CHECK(model_config_check(cfg));
   if (B < 1 || T < 1 || T > cfg->ctx)
@@ -116,18 +124,26 @@ newt_result_t model_acts_init(model_acts *a, const model_config *cfg, int B, int
   if (l0 < 0 || l1 < l0 || l1 > cfg->layers)
     return NEWT_ERR(NEWT_ERR_INVALID, "model acts: layers [%d, %d) outside [0, %lld)", l0, l1,
                     (long long)cfg->layers);
-  *a = (model_acts){.B = B, .T = T, .l0 = l0, .l1 = l1, .head = head};
-  a->bytes = model_acts_bytes(cfg, B, T, l0, l1, head);
+  if (tp < 1 || cfg->heads % tp != 0 || cfg->vocab % tp != 0)
+    return NEWT_ERR(NEWT_ERR_INVALID, "model acts: tp = %d must divide heads = %lld and vocab = %lld", tp,
+                    (long long)cfg->heads, (long long)cfg->vocab);
+  *a = (model_acts){.B = B, .T = T, .tp = tp, .l0 = l0, .l1 = l1, .head = head};
+  a->bytes = model_acts_bytes_tp(cfg, tp, B, T, l0, l1, head);
   a->mem = alloc_zeroed(a->bytes);
   a->blk = calloc(l1 > l0 ? (size_t)(l1 - l0) : 1, sizeof *a->blk);
   if (!a->mem || !a->blk) {
+    size_t bytes = a->bytes;
     model_acts_free(a);
-    return NEWT_ERR(NEWT_ERR_NOMEM, "model acts: out of memory (%zu bytes)",
-                    model_acts_bytes(cfg, B, T, l0, l1, head));
+    return NEWT_ERR(NEWT_ERR_NOMEM, "model acts: out of memory (%zu bytes)", bytes);
   }
   model_carver c = {.base = a->mem, .align = 64};
   acts_carve(a, cfg, &c);
   return NEWT_OK;
+}
+
+newt_result_t model_acts_init(model_acts *a, const model_config *cfg, int B, int T, int l0, int l1,
+                              int head) {
+  return model_acts_init_tp(a, cfg, 1, B, T, l0, l1, head);
 }
 
 void model_acts_free(model_acts *a) {
@@ -167,7 +183,7 @@ void model_scratch_free(model_scratch *s) {
 }
 
 /* The per-thread scratch holds s->threads threads' worth. */
-static void guard_threads(const model_scratch *s) {
+void model_scratch_guard(const model_scratch *s) {
   if (model_threads_get() > s->threads) {
     NEWT_WARN(MODEL, "%d threads, but the scratch was sized for %d: using %d", model_threads_get(), s->threads,
               s->threads);
@@ -193,7 +209,7 @@ void model_block_forward(const model_gpt *g, model_acts *a, model_scratch *s, in
   int B = a->B, T = a->T, C = (int)g->layout.cfg.channels, NH = (int)g->layout.cfg.heads;
   model_block_acts *b = &a->blk[l - a->l0];
   const float *x = layer_input(a, l);
-  guard_threads(s);
+  model_scratch_guard(s);
   model_layernorm_forward(b->ln1, b->ln1_mean, b->ln1_rstd, x, P(MODEL_LN1_W, l), P(MODEL_LN1_B, l),
                           B, T, C);
   model_matmul_forward(b->qkv, NULL, b->ln1, P(MODEL_QKV_W, l), P(MODEL_QKV_B, l), B, T, C, 3 * C);
@@ -221,7 +237,7 @@ double model_head_forward(const model_gpt *g, model_acts *a, const int32_t *targ
 void model_head_backward(model_gpt *g, model_acts *a, model_scratch *s) {
   int B = a->B, T = a->T, C = (int)g->layout.cfg.channels, V = (int)g->layout.cfg.vocab;
   const float *x = layer_input(a, a->l1);
-  guard_threads(s);
+  model_scratch_guard(s);
   model_matmul_backward(s->dx, G(MODEL_WTE, 0), NULL, a->logits, a->lnf, P(MODEL_WTE, 0), B, T, C, V);
   memset(s->dres, 0, (size_t)B * T * C * sizeof(float));
   model_layernorm_backward(s->dres, G(MODEL_LNF_W, 0), G(MODEL_LNF_B, 0), s->dx, x, P(MODEL_LNF_W, 0),
@@ -233,7 +249,7 @@ void model_block_backward(model_gpt *g, model_acts *a, model_scratch *s, int l) 
   model_block_acts *b = &a->blk[l - a->l0];
   const float *x = layer_input(a, l);
   size_t BT = (size_t)B * T;
-  guard_threads(s);
+  model_scratch_guard(s);
   /* res2 = res1 + mlp.proj(gelu(fc(ln2(res1)))): dres holds d res2 = d res1 (pass-through) */
   model_matmul_backward(s->dfch, G(MODEL_FCPROJ_W, l), G(MODEL_FCPROJ_B, l), s->dres, b->fch_gelu,
                         P(MODEL_FCPROJ_W, l), B, T, 4 * C, C);

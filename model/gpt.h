@@ -40,6 +40,12 @@ void model_gpt_free(model_gpt *g);
  * range of the buffer can be initialised alone and comes out the same. */
 void model_gpt_init_weights(model_gpt *g, uint64_t seed);
 
+/* The initial values of elements [i0, i0 + n) of tensor t (row-major in the whole tensor,
+ * t one of lay's) into out: what model_gpt_init_weights writes there. A tensor-parallel
+ * rank initialises its box of a tensor row by row with it. */
+void model_gpt_init_tensor(const model_layout *lay, const model_tensor *t, uint64_t seed, size_t i0,
+                           size_t n, float *out);
+
 void model_gpt_zero_grads(model_gpt *g);
 
 /* Pointer to a tensor's parameters / gradients (slot: enum model_slot). */
@@ -49,19 +55,20 @@ float *model_gpt_grad(const model_gpt *g, int slot, int layer);
 /* The activations of one block for one micro-batch. */
 typedef struct model_block_acts {
   float *ln1, *ln1_mean, *ln1_rstd; /* (B,T,C) (B,T) (B,T) */
-  float *qkv;                       /* (B,T,3C) */
-  float *att;                       /* (B,NH,T,T) attention probabilities */
-  float *atty;                      /* (B,T,C) attention output before the projection */
+  float *qkv;                       /* (B,T,3C) (3C/tp with tensor parallelism) */
+  float *att;                       /* (B,NH,T,T) attention probabilities (NH/tp) */
+  float *atty;                      /* (B,T,C) attention output before the projection (C/tp) */
   float *res1;                      /* (B,T,C) x + attn */
   float *ln2, *ln2_mean, *ln2_rstd; /* (B,T,C) (B,T) (B,T) */
-  float *fch;                       /* (B,T,4C) */
-  float *fch_gelu;                  /* (B,T,4C) */
+  float *fch;                       /* (B,T,4C) (4C/tp) */
+  float *fch_gelu;                  /* (B,T,4C) (4C/tp) */
   float *res2;                      /* (B,T,C) block output */
 } model_block_acts;
 
 /* Everything one micro-batch keeps between its forward and its backward. */
 typedef struct model_acts {
   int B, T;
+  int tp;             /* tensor-parallel ranks the per-head and per-vocab tensors are split in */
   int l0, l1;         /* the layers held */
   int head;           /* 1: holds the final layernorm, logits and losses */
   int32_t *inputs;    /* (B,T) token ids (the embedding backward needs them) */
@@ -69,7 +76,7 @@ typedef struct model_acts {
   float *x0;          /* (B,T,C) input of layer l0 */
   model_block_acts *blk; /* l1 - l0 entries */
   float *lnf, *lnf_mean, *lnf_rstd; /* (B,T,C) (B,T) (B,T) (head) */
-  float *logits;      /* (B,T,V) (head); dlogits after a forward with dscale != 0 */
+  float *logits;      /* (B,T,V) (head; V/tp); dlogits after a forward with dscale != 0 */
   float *losses;      /* (B,T) per-token loss (head) */
   void *mem;
   size_t bytes;
@@ -79,6 +86,12 @@ typedef struct model_acts {
 size_t model_acts_bytes(const model_config *cfg, int B, int T, int l0, int l1, int head);
 newt_result_t model_acts_init(model_acts *a, const model_config *cfg, int B, int T, int l0, int l1,
                               int head);
+/* The same for a tensor-parallel rank of tp (model/parallel.h): the tensors marked "/tp"
+ * above hold this rank's heads, share of 4C and share of the vocabulary. tp must divide
+ * heads and vocab. model_acts_init is tp = 1. */
+size_t model_acts_bytes_tp(const model_config *cfg, int tp, int B, int T, int l0, int l1, int head);
+newt_result_t model_acts_init_tp(model_acts *a, const model_config *cfg, int tp, int B, int T, int l0,
+                                 int l1, int head);
 void model_acts_free(model_acts *a);
 
 /* The backward pass's working memory, shared by the micro-batches of one stage. */
@@ -98,6 +111,8 @@ typedef struct model_scratch {
  * later, the pieces below lower it back to s->threads (with a warning) rather than overrun. */
 newt_result_t model_scratch_init(model_scratch *s, const model_config *cfg, int B, int T);
 void model_scratch_free(model_scratch *s);
+/* What the pieces do first: lowers the thread count back to s->threads if it rose. */
+void model_scratch_guard(const model_scratch *s);
 
 /* The pieces of a step; B and T are the acts'. inputs/targets are (B,T) ids < V. */
 void model_embed_forward(const model_gpt *g, model_acts *a, const int32_t *inputs);
