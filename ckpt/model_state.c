@@ -118,14 +118,14 @@ static ckpt_model_bufs trainer_bufs(const model_trainer *tr) {
                            .moff = tr->opt.off, .mlen = tr->opt.len, .off = tr->opt.off, .len = tr->opt.len};
 }
 
-newt_result_t ckpt_trainer_state(const model_trainer *tr, const char *data, char **json) {
-  const model_train_config *c = &tr->cfg;
+newt_result_t ckpt_train_state(const model_train_config *c, int64_t step, uint64_t cursor, int64_t adam_t,
+                               const char *data, char **json) {
   cJSON *o = cJSON_CreateObject(), *rng, *cfg, *model, *optim;
   NEWT_CHECK_ALLOC(o);
-  newt_json_add_int(o, "step", tr->step);
-  newt_json_add_int(o, "cursor", (int64_t)tr->cursor);
-  newt_json_add_int(o, "adam_t", tr->opt.t);
-  cJSON_AddNumberToObject(o, "lr", model_lr_at(&c->optim, tr->step));
+  newt_json_add_int(o, "step", step);
+  newt_json_add_int(o, "cursor", (int64_t)cursor);
+  newt_json_add_int(o, "adam_t", adam_t);
+  cJSON_AddNumberToObject(o, "lr", model_lr_at(&c->optim, step));
   cJSON_AddItemToObject(o, "rng", rng = cJSON_CreateObject());
   newt_json_add_int(rng, "seed", (int64_t)c->seed);
   newt_json_add_int(rng, "data_seed", (int64_t)c->data_seed);
@@ -156,6 +156,10 @@ newt_result_t ckpt_trainer_state(const model_trainer *tr, const char *data, char
   return NEWT_OK;
 }
 
+newt_result_t ckpt_trainer_state(const model_trainer *tr, const char *data, char **json) {
+  return ckpt_train_state(&tr->cfg, tr->step, tr->cursor, tr->opt.t, data, json);
+}
+
 newt_result_t ckpt_trainer_save(ckpt_saver *s, const model_trainer *tr, const char *data, int async, int *started) {
   char *state = NULL;
   NEWT_CHECK(ckpt_trainer_state(tr, data, &state));
@@ -181,8 +185,7 @@ static newt_result_t same_int(const cJSON *o, const char *what, const char *fiel
   return NEWT_OK;
 }
 
-static newt_result_t check_config(const cJSON *state, const model_trainer *tr, const char *data, int warn) {
-  const model_train_config *c = &tr->cfg;
+static newt_result_t check_config(const cJSON *state, const model_train_config *c, const char *data, int warn) {
   const cJSON *cfg = NULL, *model = NULL, *rng = NULL, *optim = NULL;
   NEWT_CHECK(newt_json_get_obj(state, "state", "config", 1, &cfg));
   NEWT_CHECK(newt_json_get_obj(cfg, "state.config", "model", 1, &model));
@@ -243,13 +246,13 @@ newt_result_t ckpt_trainer_resume(const char *dir, model_trainer *tr, const char
    * tensors (a mismatch names the field, not a missing tensor), and again on what loads. */
   ckpt_reader *rd = NULL;
   if (r == NEWT_OK && ckpt_open(&rd, dir, CKPT_LATEST, 1) == NEWT_OK) {
-    r = check_config(ckpt_reader_state(rd), tr, data, 1);
+    r = check_config(ckpt_reader_state(rd), &tr->cfg, data, 1);
     ckpt_close(rd);
   }
   if (r == NEWT_OK) r = ckpt_model_requests(&b, &reqs, &nreq);
   if (r == NEWT_OK) r = ckpt_load(dir, CKPT_LATEST, threads, reqs, nreq, &ld);
   if (r == NEWT_OK) r = newt_json_parse(ld.state_json, strlen(ld.state_json), "state", &state);
-  if (r == NEWT_OK) r = check_config(state, tr, data, 0);
+  if (r == NEWT_OK) r = check_config(state, &tr->cfg, data, 0);
   int64_t s = 0, cursor = 0, t = 0;
   if (r == NEWT_OK) r = newt_json_get_int(state, "state", "step", 1, &s);
   if (r == NEWT_OK) r = newt_json_get_int(state, "state", "cursor", 1, &cursor);
@@ -275,4 +278,38 @@ newt_result_t ckpt_trainer_resume(const char *dir, model_trainer *tr, const char
   free(m);
   free(v);
   return r;
+}
+
+newt_result_t ckpt_train_load(const char *dir, int64_t max_step, const model_train_config *c, const char *data,
+                              int threads, const ckpt_request *reqs, size_t n, ckpt_train_point *out) {
+  ckpt_reader *rd = NULL;
+  newt_result_t r = ckpt_open(&rd, dir, max_step == CKPT_LATEST ? CKPT_LATEST : max_step, 1);
+  if (r == NEWT_OK) {
+    r = check_config(ckpt_reader_state(rd), c, data, 1);
+    ckpt_close(rd);
+    NEWT_CHECK(r);
+  } else if (r != NEWT_ERR_NOTFOUND && r != NEWT_ERR_CORRUPT && r != NEWT_ERR_INVALID) {
+    return r;
+  }
+  ckpt_loaded ld = {0};
+  NEWT_CHECK(ckpt_load(dir, max_step, threads, reqs, n, &ld));
+  cJSON *state = NULL;
+  r = newt_json_parse(ld.state_json, strlen(ld.state_json), "state", &state);
+  if (r == NEWT_OK) r = check_config(state, c, data, 0);
+  int64_t s = 0, cursor = 0, t = 0;
+  if (r == NEWT_OK) r = newt_json_get_int(state, "state", "step", 1, &s);
+  if (r == NEWT_OK) r = newt_json_get_int(state, "state", "cursor", 1, &cursor);
+  if (r == NEWT_OK) r = newt_json_get_int(state, "state", "adam_t", 1, &t);
+  if (r == NEWT_OK && (s != ld.step || cursor < 0 || t < 0))
+    r = NEWT_ERR(NEWT_ERR_INVALID, "%s: state.step %lld in the checkpoint of step %lld", dir, (long long)s,
+                 (long long)ld.step);
+  if (r == NEWT_OK) {
+    out->step = s;
+    out->cursor = (uint64_t)cursor;
+    out->adam_t = t;
+    out->fallbacks = ld.fallbacks;
+  }
+  cJSON_Delete(state);
+  free(ld.state_json);
+  return r == NEWT_OK ? NEWT_OK : newt_err_wrap(r, "loading %s: ", dir);
 }

@@ -26,6 +26,29 @@ newt_result_t ckpt_model_add(ckpt_saver *s, const ckpt_model_bufs *b);
  * block (names included), *n its entries; free(*reqs) when done. */
 newt_result_t ckpt_model_requests(const ckpt_model_bufs *b, ckpt_request **reqs, size_t *n);
 
+/* ---- a training run under any layout ------------------------------------------------------ */
+
+/* The training state stored with a run's checkpoint (the format below), for a run of
+ * config c at a step: what every layout's committer stores, so a checkpoint of one layout
+ * (or of newt train) resumes under any other. */
+newt_result_t ckpt_train_state(const model_train_config *c, int64_t step, uint64_t cursor, int64_t adam_t,
+                               const char *data, char **json);
+
+typedef struct ckpt_train_point {
+  int64_t step;
+  uint64_t cursor;
+  int64_t adam_t;
+  int fallbacks; /* newer committed checkpoints skipped as torn or corrupt */
+} ckpt_train_point;
+
+/* Reads the requests (any slices of weights and moments) from the newest committed
+ * checkpoint of dir with step <= max_step (CKPT_LATEST: any) that reads back whole, after
+ * checking it is the same run (model, batch, sequence, seeds, data: a mismatch names the
+ * field). NEWT_ERR_NOTFOUND when there is none. The requests' buffers may be partly
+ * written on failure. */
+newt_result_t ckpt_train_load(const char *dir, int64_t max_step, const model_train_config *c, const char *data,
+                              int threads, const ckpt_request *reqs, size_t n, ckpt_train_point *out);
+
 /* ---- a whole single-process trainer (newt train) --------------------------------------- */
 
 /* The training state stored with a trainer's checkpoint:

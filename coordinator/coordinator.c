@@ -179,8 +179,11 @@ static void put_member(coord *c, const rdzv_etcd_kv *kv, const char *id) {
 }
 
 static int member_leaving(const rdzv_worker *w) {
-  return strcmp(w->state, "leaving") == 0 || strcmp(w->state, "left") == 0 || strcmp(w->state, "done") == 0;
+  return strcmp(w->state, "leaving") == 0 || strcmp(w->state, "left") == 0;
 }
+
+/* A worker that finished the job: it leaves, but nothing needs replanning for it. */
+static int member_done(const rdzv_worker *w) { return strcmp(w->state, "done") == 0; }
 
 static void drop_member(coord *c, const char *id) {
   int i = find_member(c, id);
@@ -397,7 +400,7 @@ static int collect_members(coord *c, char (*exclude)[RDZV_NAME_MAX], int nexclud
   int n = 0;
   for (int i = 0; i < c->nmembers; i++) {
     const rdzv_worker *w = &c->members[i];
-    if (member_leaving(w) || !w->addr[0]) continue;
+    if (member_leaving(w) || member_done(w) || !w->addr[0]) continue;
     int skip = 0;
     for (int k = 0; k < nexclude && !skip; k++) skip = strcmp(exclude[k], w->id) == 0;
     if (skip) continue;
@@ -586,7 +589,11 @@ static newt_result_t decide(coord *c) {
     pthread_mutex_unlock(&c->mu);
     return NEWT_ERR(NEWT_ERR_NOMEM, "out of memory deciding");
   }
-  if (!c->plan.generation) {
+  int finishing = 0;
+  for (int i = 0; i < c->nmembers; i++) finishing |= member_done(&c->members[i]);
+  if (finishing) {
+    /* the last step is done and the ranks are leaving: the end marker follows */
+  } else if (!c->plan.generation) {
     /* the first plan: once joins settle, or when every worker a layout could use is here */
     int64_t most = c->spec.dp_max * c->spec.tp * c->spec.pp;
     if (c->nmembers > 0 && (c->nmembers >= most || elapsed(now, c->last_join) >= (uint64_t)newt_param_StartWindowMs() * 1000000ull))

@@ -1,7 +1,7 @@
-/* The worker's checkpoints: saved every spec.ckpt.every steps with the work split across
- * the ranks (rank r of n writes the r-th n-th of the weights and moments, in the
- * background), committed by rank 0 once every rank's shard is in; loaded by every rank
- * when no rank holds a state in memory (a new job on an old directory, or everyone lost).
+/* The worker's checkpoints: saved every spec.ckpt.every steps, every rank writing the
+ * pieces of the weights and moments it holds the primary copy of (model_par_pieces: each
+ * element once across the layout), in the background; rank 0 commits once every rank's
+ * shard is in. Any layout loads them back (state.c reads each rank's own pieces).
  *
  * A save in flight belongs to one generation (its attempt is the generation): when the
  * next plan drops a failed rank it can never complete, so it is aborted and the previous
@@ -16,7 +16,7 @@
 #include "common/strutil.h"
 #include "worker/internal.h"
 
-static void data_desc(const worker *w, char *out, size_t cap) {
+void worker_data_desc(const worker *w, char *out, size_t cap) {
   if (w->spec.data_path[0]) snprintf(out, cap, "%s", w->spec.data_path);
   else snprintf(out, cap, "generated:%lld", (long long)w->spec.gen_bytes);
 }
@@ -69,38 +69,24 @@ newt_result_t worker_ckpt_step(worker *w, const newt_plan *p, const plan_rank *m
     if (val && rdzv_key(key, sizeof key, w->o->job, "ckpt") == NEWT_OK) worker_publish(w, key, val, 0);
     else free(val);
   }
-  if (w->tr.step % w->spec.ckpt_every != 0) return NEWT_OK;
-  const model_trainer *tr = &w->tr;
-  size_t total = tr->gpt.layout.total, n = (size_t)p->nranks, r = (size_t)me->rank;
-  ckpt_model_bufs b = {.layout = &tr->gpt.layout,
-                       .params = tr->gpt.params,
-                       .m = tr->opt.m,
-                       .v = tr->opt.v,
-                       .moff = tr->opt.off,
-                       .mlen = tr->opt.len,
-                       .off = total * r / n,
-                       .len = total * (r + 1) / n - total * r / n};
+  const model_par *par = &w->par;
+  if (par->step % w->spec.ckpt_every != 0) return NEWT_OK;
   int started = 0;
-  NEWT_CHECK(ckpt_save_begin(w->saver, tr->step, 1, &started));
+  NEWT_CHECK(ckpt_save_begin(w->saver, par->step, 1, &started));
   if (!started) return NEWT_OK; /* the last save is still being written: skip this one */
-  newt_result_t res = ckpt_model_add(w->saver, &b);
+  model_par_piece *pp = NULL;
+  size_t n = 0;
+  newt_result_t res = model_par_pieces(par, &pp, &n);
+  for (size_t i = 0; res == NEWT_OK && i < n; i++)
+    if (pp[i].primary) res = ckpt_save_add(w->saver, &pp[i].desc, &pp[i].slice, pp[i].data);
   char *state = NULL, desc[SPEC_PATH_MAX + 32];
-  data_desc(w, desc, sizeof desc);
-  if (res == NEWT_OK && me->rank == 0) res = ckpt_trainer_state(tr, desc, &state);
+  worker_data_desc(w, desc, sizeof desc);
+  if (res == NEWT_OK && me->rank == 0)
+    res = ckpt_train_state(&w->tcfg, par->step, worker_cursor(w), par->opt.t, desc, &state);
   newt_result_t end = ckpt_save_end(w->saver, state);
   free(state);
+  free(pp);
   return res != NEWT_OK ? res : end;
-}
-
-newt_result_t worker_ckpt_load(worker *w, int64_t *step) {
-  if (!w->spec.ckpt_dir[0]) return NEWT_ERR(NEWT_ERR_NOTFOUND, "no checkpoint directory");
-  char desc[SPEC_PATH_MAX + 32];
-  data_desc(w, desc, sizeof desc);
-  int64_t got = -1;
-  NEWT_CHECK(ckpt_trainer_resume(w->spec.ckpt_dir, &w->tr, desc, 2, &got));
-  if (got < 0) return NEWT_ERR(NEWT_ERR_NOTFOUND, "no committed checkpoint in %s", w->spec.ckpt_dir);
-  *step = got;
-  return NEWT_OK;
 }
 
 void worker_ckpt_free(worker *w) { end_saver(w, 1); }

@@ -13,11 +13,23 @@
 #include "coordinator/plan.h"
 #include "coordinator/spec.h"
 #include "model/loader.h"
+#include "model/parallel.h"
 #include "model/train.h"
 #include "rendezvous/rdzv.h"
+#include "worker/reshard.h"
 #include "worker/worker.h"
 
 #define WORKER_PUB_SLOTS 8
+
+/* A copy of some of a rank's pieces, of one step (state.c): its pre-step snapshot, or the
+ * replica of its data-parallel neighbour's ZeRO shard. step -1: none. */
+typedef struct worker_copy {
+  reshard_piece *pieces;
+  size_t n;
+  float *data;
+  size_t len;
+  int64_t step;
+} worker_copy;
 
 typedef struct worker {
   const worker_opts *o;
@@ -28,9 +40,13 @@ typedef struct worker {
   newt_spec spec;
   model_tokens tok;
   model_loader ld;
-  model_trainer tr;
-  int have_tok, have_tr;
-  int has_state;     /* tr holds a whole training state (of step tr.step) */
+  model_train_config tcfg;
+  int have_tok;
+  model_par par;       /* this rank's part of the model for the current layout (state.c) */
+  int have_par;
+  int has_state;       /* par holds a whole training state (of step par.step) */
+  model_par_comms comms; /* the current generation's groups */
+  worker_copy snap, rep;
   int32_t *inputs, *targets; /* this rank's slice of a step: at most the global batch */
   rdzv_registration *reg;
   rdzv_etcd_watch *plan_watch;
@@ -65,15 +81,26 @@ typedef struct worker {
 } worker;
 
 /* Checkpoints (ckpt.c): a saver per generation; a save after each step that is a multiple
- * of spec.ckpt.every; loading the newest valid checkpoint of spec.ckpt.dir into the trainer
- * (*step its step; NEWT_ERR_NOTFOUND when there is none). */
+ * of spec.ckpt.every (every rank its primary pieces, rank 0 commits). */
 newt_result_t worker_ckpt_generation(worker *w, const newt_plan *p, const plan_rank *me);
 newt_result_t worker_ckpt_step(worker *w, const newt_plan *p, const plan_rank *me);
-newt_result_t worker_ckpt_load(worker *w, int64_t *step);
 void worker_ckpt_free(worker *w);
 
-/* Makes the newest whole state the state of every rank of p (restore.c). */
-newt_result_t worker_restore(worker *w, comm_t *c, const newt_plan *p);
+/* The training state (state.c): makes the newest whole state the state of every rank of
+ * p under layout pc (resharding in memory, else the checkpoint, else the seed); the
+ * pre-step snapshot; the replica of the data-parallel neighbour's ZeRO shard. */
+newt_result_t worker_restore(worker *w, comm_t *c, const newt_plan *p, const model_par_config *pc);
+newt_result_t worker_snapshot(worker *w);
+newt_result_t worker_replicate(worker *w);
+void worker_state_free(worker *w);
+
+/* The token source as checkpoints name it ("generated:<bytes>" or the file). */
+void worker_data_desc(const worker *w, char *out, size_t cap);
+
+/* The data cursor: samples consumed by the steps done. */
+static inline uint64_t worker_cursor(const worker *w) {
+  return (uint64_t)w->par.step * (uint64_t)w->spec.global_batch;
+}
 
 void worker_abort_comm(worker *w, const char *why);
 void worker_publish(worker *w, const char *key, char *value, int64_t lease);

@@ -406,3 +406,27 @@ exit:
   free(tmp);
   return r;
 }
+
+size_t reshard_wire_size(size_t n) { return n * sizeof(wire_piece); }
+
+void reshard_pack(const reshard_piece *p, size_t n, void *buf) {
+  wire_piece *w = buf;
+  for (size_t i = 0; i < n; i++) to_wire(&p[i], &w[i]);
+}
+
+newt_result_t reshard_unpack(const void *buf, size_t len, reshard_piece *out, size_t n) {
+  if (len != n * sizeof(wire_piece))
+    return NEWT_ERR(NEWT_ERR_CORRUPT, "reshard: %zu bytes of records for %zu pieces", len, n);
+  const wire_piece *w = buf;
+  for (size_t i = 0; i < n; i++) {
+    NEWT_CHECK(check_piece(&w[i], -1));
+    reshard_piece *p = &out[i];
+    memset(p, 0, sizeof *p);
+    memcpy(p->name, w[i].name, sizeof p->name);
+    p->step = w[i].step;
+    p->ndim = (int)w[i].ndim;
+    for (int d = 0; d < p->ndim; d++) p->shape[d] = w[i].shape[d];
+    slice_of(&w[i], &p->slice);
+  }
+  return NEWT_OK;
+}

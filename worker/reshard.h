@@ -48,4 +48,10 @@ typedef struct reshard_result {
 newt_result_t reshard_exchange(comm_t *c, const reshard_piece *have, size_t nhave, const reshard_piece *need,
                                size_t nneed, reshard_result *res);
 
+/* Descriptors of pieces as bytes, without their data (to tell a peer what follows):
+ * reshard_wire_size(n) bytes; unpacking checks every record and leaves data NULL. */
+size_t reshard_wire_size(size_t n);
+void reshard_pack(const reshard_piece *p, size_t n, void *buf);
+newt_result_t reshard_unpack(const void *buf, size_t len, reshard_piece *out, size_t n);
+
 #endif

@@ -27,6 +27,7 @@
 #include "common/strutil.h"
 #include "common/sys.h"
 #include "coordinator/plan.h"
+#include "model/ops.h"
 #include "rendezvous/rdzv.h"
 #include "worker/internal.h"
 
@@ -426,7 +427,7 @@ static void report(worker *w, const newt_plan *p, const char *kind, const char *
   cJSON *acc = cJSON_AddArrayToObject(j, "accuse");
   if (accused) cJSON_AddItemToArray(acc, cJSON_CreateString(accused));
   cJSON_AddStringToObject(j, "kind", kind);
-  newt_json_add_int(j, "step", w->tr.step);
+  newt_json_add_int(j, "step", w->par.step);
   newt_json_add_int(j, "t_ms", (int64_t)w->t_detect);
   cJSON_AddStringToObject(j, "why", why);
   char *val = newt_json_print(j);
@@ -472,12 +473,12 @@ static void publish_ack(worker *w, const newt_plan *p, const plan_rank *me) {
 
 static void publish_progress(worker *w, const newt_plan *p, double loss, double tps) {
   uint64_t now = newt_wall_ms();
-  if (now - w->progress_ms < (uint64_t)newt_param_ProgressMs() && w->tr.step < w->spec.steps) return;
+  if (now - w->progress_ms < (uint64_t)newt_param_ProgressMs() && w->par.step < w->spec.steps) return;
   w->progress_ms = now;
   char key[256];
   char *val = newt_asprintf("{\"generation\":%llu,\"step\":%lld,\"loss\":%.9g,\"tokens_per_s\":%.1f,"
                             "\"world\":%d,\"dp\":%d,\"t_ms\":%llu}",
-                            (unsigned long long)p->generation, (long long)w->tr.step, loss, tps, p->nranks,
+                            (unsigned long long)p->generation, (long long)w->par.step, loss, tps, p->nranks,
                             p->dp, (unsigned long long)now);
   if (val && rdzv_key(key, sizeof key, w->o->job, "progress") == NEWT_OK) worker_publish(w, key, val, 0);
   else free(val);
@@ -485,8 +486,8 @@ static void publish_progress(worker *w, const newt_plan *p, double loss, double 
 
 static void mark_done(worker *w, double loss) {
   char key[256];
-  char *val = newt_asprintf("{\"step\":%lld,\"loss\":%.9g,\"t_ms\":%llu,\"samples\":%llu}", (long long)w->tr.step,
-                            loss, (unsigned long long)newt_wall_ms(), (unsigned long long)w->tr.cursor);
+  char *val = newt_asprintf("{\"step\":%lld,\"loss\":%.9g,\"t_ms\":%llu,\"samples\":%llu}", (long long)w->par.step,
+                            loss, (unsigned long long)newt_wall_ms(), (unsigned long long)worker_cursor(w));
   if (val && rdzv_key(key, sizeof key, w->o->job, "done") == NEWT_OK &&
       rdzv_etcd_put(w->etcd, key, val, strlen(val), 0, call_deadline(), NULL) != NEWT_OK)
     NEWT_WARN(WORKER, "%s: marking the job done: %s", w->id, newt_errmsg());
@@ -495,41 +496,48 @@ static void mark_done(worker *w, double loss) {
 
 typedef enum gen_outcome { GEN_DONE, GEN_LEAVE, GEN_NEXT } gen_outcome;
 
-/* One optimizer step of generation p: this rank's slice of the global batch, the gradient
- * all-reduce, the control values (loss, leave, switch), AdamW. */
-static newt_result_t train_step(worker *w, comm_t *c, const newt_plan *p, const plan_rank *me, float ctl[3]) {
-  model_trainer *tr = &w->tr;
-  int T = tr->cfg.seq_len;
+/* One optimizer step of generation p: this rank's data-parallel slice of the global
+ * batch through the parallel trainer, whose closing all-reduce also carries the control
+ * values (leave, switch); then the neighbour's replica of the ZeRO shard. *loss is the
+ * step's mean loss (the same on every rank). */
+static newt_result_t train_step(worker *w, const newt_plan *p, float ctl[2], double *loss) {
+  const model_par_config *pc = &w->par.pc;
   int64_t first, count;
-  model_batch_slice(p->global_batch, me->dp, p->dp, &first, &count);
-  NEWT_CHECK(model_loader_fetch(&w->ld, tr->cursor + (uint64_t)first, count, w->inputs, w->targets));
-  if (w->sample_log) {
-    fprintf(w->sample_log, "C %llu %lld %llu %lld\n", (unsigned long long)p->generation, (long long)tr->step + 1,
-            (unsigned long long)(tr->cursor + (uint64_t)first), (long long)count);
+  uint64_t cursor = worker_cursor(w);
+  model_batch_slice(p->global_batch, pc->dp_rank, pc->dp, &first, &count);
+  NEWT_CHECK(model_loader_fetch(&w->ld, cursor + (uint64_t)first, count, w->inputs, w->targets));
+  if (w->sample_log && pc->tp_rank == 0 && pc->pp_rank == 0) { /* one rank per data-parallel slice */
+    fprintf(w->sample_log, "C %llu %lld %llu %lld\n", (unsigned long long)p->generation, (long long)w->par.step + 1,
+            (unsigned long long)(cursor + (uint64_t)first), (long long)count);
     fflush(w->sample_log);
   }
-  model_trainer_zero(tr);
-  double loss = model_trainer_accumulate(tr, w->inputs, w->targets, (int)count,
-                                         1.0f / (float)(p->global_batch * T));
-  if (p->nranks > 1)
-    NEWT_CHECK(comm_allreduce(c, tr->gpt.grads, tr->gpt.grads, tr->gpt.layout.total, NEWT_F32, COMM_SUM));
-  ctl[0] = (float)loss;
-  ctl[1] = newt_stop_requested() ? 1.0f : 0.0f;
-  if (ctl[1] > 0 && !w->leave_announced) {
+  ctl[0] = newt_stop_requested() ? 1.0f : 0.0f;
+  if (ctl[0] > 0 && !w->leave_announced) {
     /* let the leader plan the next generation while this step finishes */
     w->leave_announced = 1;
     worker_set_state_async(w, "leaving");
   }
-  ctl[2] = (float)atomic_load(&w->switch_pending);
-  NEWT_CHECK(comm_allreduce(c, ctl, ctl, 3, NEWT_F32, COMM_SUM));
-  model_trainer_apply(tr, NULL);
-  tr->cursor += (uint64_t)p->global_batch;
+  ctl[1] = (float)atomic_load(&w->switch_pending);
+  NEWT_CHECK(worker_snapshot(w));
+  model_par_step_opts opts = {.ctl = ctl, .nctl = 2};
+  model_step_info info;
+  NEWT_CHECK(model_par_step(&w->par, &w->comms, w->inputs, w->targets, (int)count, &opts, &info));
+  *loss = info.loss;
   if (w->sample_log) {
-    fprintf(w->sample_log, "A %llu %lld %llu\n", (unsigned long long)p->generation, (long long)tr->step,
+    fprintf(w->sample_log, "A %llu %lld %llu\n", (unsigned long long)p->generation, (long long)w->par.step,
             (unsigned long long)newt_wall_ms());
     fflush(w->sample_log);
   }
-  return NEWT_OK;
+  return worker_replicate(w);
+}
+
+static void end_generation(worker *w, comm_t *c) {
+  pthread_mutex_lock(&w->mu);
+  w->comm = NULL;
+  pthread_mutex_unlock(&w->mu);
+  model_par_comms_free(&w->comms);
+  memset(&w->comms, 0, sizeof w->comms);
+  comm_free(c);
 }
 
 static newt_result_t run_generation(worker *w, const newt_plan *p, gen_outcome *how) {
@@ -547,6 +555,9 @@ static newt_result_t run_generation(worker *w, const newt_plan *p, gen_outcome *
     else atomic_store(&w->switch_pending, 1);
   }
   pthread_mutex_unlock(&w->mu);
+  model_par_config pc;
+  model_par_config_from_rank(&pc, p->tp, p->pp, p->dp, p->zero, me->rank);
+  if (r == NEWT_OK) r = model_par_comms_split(c, &pc, &w->comms);
   if (r != NEWT_OK) {
     /* some rank never came: say so, so the leader need not wait for its lease to run out
        (the ranks that do not report are the ones that did not come) */
@@ -557,28 +568,31 @@ static newt_result_t run_generation(worker *w, const newt_plan *p, gen_outcome *
     int newer = w->latest.generation > p->generation;
     pthread_mutex_unlock(&w->mu);
     if (!newer) report(w, p, r == NEWT_ERR_TIMEOUT ? "hang" : "crash", NULL, why);
+    if (c) end_generation(w, c);
     *how = GEN_NEXT;
     return NEWT_OK;
   }
   w->t_comm = newt_wall_ms();
-  NEWT_INFO(WORKER, "%s: generation %llu: rank %d of %d (dp %d, accum %lld)", w->id,
-            (unsigned long long)p->generation, me->rank, p->nranks, p->dp, (long long)p->accum);
-  r = worker_restore(w, c, p);
+  NEWT_INFO(WORKER, "%s: generation %llu: rank %d of %d (tp %d, pp %d, dp %d, zero %d, accum %lld)", w->id,
+            (unsigned long long)p->generation, me->rank, p->nranks, p->tp, p->pp, p->dp, p->zero,
+            (long long)p->accum);
+  r = worker_restore(w, c, p, &pc);
   w->t_restore = newt_wall_ms();
   if (r == NEWT_OK) r = worker_ckpt_generation(w, p, me);
   int first = 1;
   double t_last = newt_now_s();
+  int64_t tokens = p->global_batch * (int64_t)w->tcfg.seq_len;
   while (r == NEWT_OK) {
-    if (w->tr.step >= w->spec.steps) {
+    if (w->par.step >= w->spec.steps) {
       *how = GEN_DONE;
       break;
     }
-    float ctl[3];
-    r = train_step(w, c, p, me, ctl);
+    float ctl[2];
+    double loss = 0;
+    r = train_step(w, p, ctl, &loss);
     if (r != NEWT_OK) break;
     double now = newt_now_s();
-    double loss = ctl[0] / (double)(p->global_batch * w->tr.cfg.seq_len);
-    double tps = (double)(p->global_batch * w->tr.cfg.seq_len) / (now - t_last);
+    double tps = (double)tokens / (now - t_last);
     t_last = now;
     w->last_loss = loss;
     if (first) {
@@ -590,15 +604,15 @@ static newt_result_t run_generation(worker *w, const newt_plan *p, gen_outcome *
     if (me->rank == 0) publish_progress(w, p, loss, tps);
     newt_result_t cr = worker_ckpt_step(w, p, me);
     if (cr != NEWT_OK) /* a checkpoint that cannot start is reported, training goes on */
-      NEWT_WARN(WORKER, "%s: checkpoint of step %lld: %s", w->id, (long long)w->tr.step, newt_errmsg());
-    if (ctl[1] > 0) {
+      NEWT_WARN(WORKER, "%s: checkpoint of step %lld: %s", w->id, (long long)w->par.step, newt_errmsg());
+    if (ctl[0] > 0) {
       *how = newt_stop_requested() ? GEN_LEAVE : GEN_NEXT;
-      NEWT_INFO(WORKER, "%s: a rank leaves after step %lld", w->id, (long long)w->tr.step);
+      NEWT_INFO(WORKER, "%s: a rank leaves after step %lld", w->id, (long long)w->par.step);
       break;
     }
-    if (ctl[2] > 0) {
+    if (ctl[1] > 0) {
       *how = GEN_NEXT;
-      NEWT_INFO(WORKER, "%s: switching to the next plan after step %lld", w->id, (long long)w->tr.step);
+      NEWT_INFO(WORKER, "%s: switching to the next plan after step %lld", w->id, (long long)w->par.step);
       break;
     }
   }
@@ -607,10 +621,7 @@ static newt_result_t run_generation(worker *w, const newt_plan *p, gen_outcome *
     comm_status st;
     comm_get_status(c, &st);
     if (st.code == NEWT_OK) { /* not a communication failure: data or model */
-      pthread_mutex_lock(&w->mu);
-      w->comm = NULL;
-      pthread_mutex_unlock(&w->mu);
-      comm_free(c);
+      end_generation(w, c);
       return r;
     }
     report_failure(w, p, c);
@@ -619,10 +630,7 @@ static newt_result_t run_generation(worker *w, const newt_plan *p, gen_outcome *
   } else if (*how == GEN_DONE && me->rank == 0) {
     mark_done(w, w->last_loss);
   }
-  pthread_mutex_lock(&w->mu);
-  w->comm = NULL;
-  pthread_mutex_unlock(&w->mu);
-  comm_free(c);
+  end_generation(w, c);
   return r;
 }
 
@@ -660,14 +668,19 @@ static newt_result_t setup(worker *w, const worker_opts *o) {
   NEWT_CHECK(r);
   if (strcmp(w->spec.backend, "cpu") != 0)
     return NEWT_ERR(NEWT_ERR_UNSUPPORTED, "spec.backend: the worker trains on the CPU backend only so far");
-  model_train_config tc;
-  NEWT_CHECK(worker_train_config(&w->spec, o->threads, &tc));
+  model_train_config *tc = &w->tcfg;
+  NEWT_CHECK(worker_train_config(&w->spec, o->threads, tc));
+  /* the fixed part of the layout must fit the model (tp divides heads and vocab, ...) */
+  model_par_config pc;
+  model_par_config_from_rank(&pc, (int)w->spec.tp, (int)w->spec.pp, 1, (int)w->spec.zero, 0);
+  newt_result_t lr = model_par_config_check(&pc, tc);
+  if (lr != NEWT_OK) return newt_err_wrap(lr, "the job's spec does not fit its model: ");
+  model_threads_set(tc->threads);
   NEWT_CHECK(worker_open_data(&w->spec, &w->tok));
   w->have_tok = 1;
-  NEWT_CHECK(model_loader_init(&w->ld, &w->tok, tc.seq_len, tc.data_seed, tc.model.vocab));
-  NEWT_CHECK(model_trainer_init(&w->tr, &tc));
-  w->have_tr = 1;
-  size_t n = (size_t)w->spec.global_batch * (size_t)tc.seq_len;
+  NEWT_CHECK(model_loader_init(&w->ld, &w->tok, tc->seq_len, tc->data_seed, tc->model.vocab));
+  w->snap.step = w->rep.step = -1;
+  size_t n = (size_t)w->spec.global_batch * (size_t)tc->seq_len;
   w->inputs = malloc(n * sizeof *w->inputs);
   w->targets = malloc(n * sizeof *w->targets);
   NEWT_CHECK_ALLOC(w->inputs);
@@ -694,7 +707,7 @@ static void teardown(worker *w) {
   rdzv_etcd_watch_free(w->plan_watch);
   rdzv_registration_free(w->reg);
   plan_free(&w->latest);
-  if (w->have_tr) model_trainer_free(&w->tr);
+  worker_state_free(w);
   if (w->have_tok) model_tokens_close(&w->tok);
   free(w->inputs);
   free(w->targets);
@@ -726,7 +739,7 @@ newt_result_t worker_run(const worker_opts *o) {
     plan_free(&p);
     if (r != NEWT_OK || how == GEN_DONE) break;
     if (how == GEN_LEAVE) {
-      NEWT_INFO(WORKER, "%s: left gracefully after step %lld", w->id, (long long)w->tr.step);
+      NEWT_INFO(WORKER, "%s: left gracefully after step %lld", w->id, (long long)w->par.step);
       break;
     }
   }

@@ -1,0 +1,319 @@
+/* The worker's training state across generations (docs/elastic.md, "Restore").
+ *
+ * A rank's state is a parallel trainer (model/parallel.h) for the layout of its plan: the
+ * pieces of the global tensors (weights, AdamW moments) that its tensor, pipeline and
+ * data-parallel coordinates and its ZeRO stage give it. On each new plan:
+ *
+ *   - the ranks of the new communicator reshard in memory (worker/reshard.c): each says
+ *     which pieces it holds and of which step (its state, its pre-step snapshot, its
+ *     neighbour's replica), the newest step whose pieces cover every rank's new needs
+ *     wins, and the pieces move between ranks; a replacement or a joiner is filled from
+ *     its peers, a different data-parallel size re-cuts the ZeRO shards in memory;
+ *   - only when no step is covered do the ranks read the newest valid checkpoint (each
+ *     reading just its own pieces, under any layout), and on a new job the weights come
+ *     from the seed, identically everywhere.
+ *
+ * A rank whose last step failed holds step s, one whose step completed holds s + 1: both
+ * are whole states, the newer wins when it is covered, nothing is mixed. Where a layout
+ * holds pieces that no other rank has (ZeRO shards; tensor and pipeline slices without a
+ * data-parallel replica), two copies keep a lost rank from forcing a trip to disk: every
+ * rank snapshots its state before each step (so a step that some ranks applied and others
+ * not can be rolled back everywhere), and with ZeRO each data-parallel rank keeps a copy
+ * of its neighbour's shard, refreshed every spec.fault.replica_every steps. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "ckpt/model_state.h"
+#include "common/log.h"
+#include "worker/internal.h"
+#include "worker/reshard.h"
+
+/* The trainer's pieces as reshard pieces of one step. *out is malloc'd. */
+static newt_result_t par_pieces(const model_par *p, int64_t step, reshard_piece **out, size_t *n,
+                                model_par_piece **raw, size_t *nraw) {
+  model_par_piece *pp = NULL;
+  size_t np = 0;
+  NEWT_CHECK(model_par_pieces(p, &pp, &np));
+  reshard_piece *r = calloc(np ? np : 1, sizeof *r);
+  if (!r) {
+    free(pp);
+    return NEWT_ERR(NEWT_ERR_NOMEM, "out of memory listing %zu pieces", np);
+  }
+  for (size_t i = 0; i < np; i++) {
+    snprintf(r[i].name, sizeof r[i].name, "%s", pp[i].desc.name);
+    r[i].step = step;
+    r[i].ndim = pp[i].desc.ndim;
+    memcpy(r[i].shape, pp[i].desc.shape, sizeof r[i].shape);
+    r[i].slice = pp[i].slice;
+    r[i].data = pp[i].data;
+  }
+  *out = r;
+  *n = np;
+  if (raw) *raw = pp, *nraw = np;
+  else free(pp);
+  return NEWT_OK;
+}
+
+/* Pieces that live on this rank alone within its data-parallel group: the ZeRO shards. */
+static int unique_piece(const model_par *p, const reshard_piece *r) {
+  if (p->pc.zero == 0 || p->pc.dp == 1) return 0;
+  int moment = strncmp(r->name, CKPT_ADAM_M, strlen(CKPT_ADAM_M)) == 0 ||
+               strncmp(r->name, CKPT_ADAM_V, strlen(CKPT_ADAM_V)) == 0;
+  return moment || p->pc.zero == 3;
+}
+
+static void copies_free(worker *w) {
+  free(w->snap.data), free(w->snap.pieces);
+  free(w->rep.data), free(w->rep.pieces);
+  memset(&w->snap, 0, sizeof w->snap);
+  memset(&w->rep, 0, sizeof w->rep);
+}
+
+/* Whether this layout needs copies: anything but plain data parallelism (where every rank
+ * holds the whole state and the newest state always wins). */
+static int wants_copies(const model_par_config *pc) { return pc->tp * pc->pp > 1 || pc->zero > 0; }
+
+/* --- snapshot and replica ----------------------------------------------------------------- */
+
+/* Lays out a copy of the given pieces in one buffer. */
+static newt_result_t copy_layout(worker_copy *cp, const reshard_piece *src, size_t n) {
+  size_t total = 0;
+  for (size_t i = 0; i < n; i++) total += (size_t)ckpt_slice_numel(&src[i].slice);
+  cp->pieces = calloc(n ? n : 1, sizeof *cp->pieces);
+  cp->data = malloc((total ? total : 1) * sizeof *cp->data);
+  if (!cp->pieces || !cp->data) {
+    free(cp->pieces), free(cp->data);
+    memset(cp, 0, sizeof *cp);
+    return NEWT_ERR(NEWT_ERR_NOMEM, "out of memory for a copy of %zu floats", total);
+  }
+  size_t off = 0;
+  for (size_t i = 0; i < n; i++) {
+    cp->pieces[i] = src[i];
+    cp->pieces[i].data = cp->data + off;
+    off += (size_t)ckpt_slice_numel(&src[i].slice);
+  }
+  cp->n = n;
+  cp->len = total;
+  cp->step = -1;
+  return NEWT_OK;
+}
+
+newt_result_t worker_snapshot(worker *w) {
+  if (!w->have_par || !wants_copies(&w->par.pc)) return NEWT_OK;
+  reshard_piece *cur = NULL;
+  size_t n = 0;
+  NEWT_CHECK(par_pieces(&w->par, w->par.step, &cur, &n, NULL, NULL));
+  newt_result_t r = NEWT_OK;
+  if (!w->snap.pieces || w->snap.n != n) {
+    free(w->snap.data), free(w->snap.pieces);
+    r = copy_layout(&w->snap, cur, n);
+  }
+  for (size_t i = 0; r == NEWT_OK && i < n; i++)
+    memcpy(w->snap.pieces[i].data, cur[i].data, (size_t)ckpt_slice_numel(&cur[i].slice) * sizeof(float));
+  if (r == NEWT_OK) {
+    w->snap.step = w->par.step;
+    for (size_t i = 0; i < n; i++) w->snap.pieces[i].step = w->par.step;
+  }
+  free(cur);
+  return r;
+}
+
+/* Ring order within the data-parallel group: even ranks send first, odd ranks receive
+ * first, so blocking sends cannot all wait on each other. */
+static newt_result_t ring_shift(comm_t *c, const void *out, size_t nout, void *in, size_t nin, newt_dtype dt) {
+  int n = comm_size(c), r = comm_rank(c), next = (r + 1) % n, prev = (r + n - 1) % n;
+  if (r % 2 == 0) {
+    if (nout) NEWT_CHECK(comm_send(c, out, nout, dt, next));
+    if (nin) NEWT_CHECK(comm_recv(c, in, nin, dt, prev));
+  } else {
+    if (nin) NEWT_CHECK(comm_recv(c, in, nin, dt, prev));
+    if (nout) NEWT_CHECK(comm_send(c, out, nout, dt, next));
+  }
+  return NEWT_OK;
+}
+
+newt_result_t worker_replicate(worker *w) {
+  const model_par *p = &w->par;
+  if (!w->have_par || p->pc.zero == 0 || p->pc.dp < 2 || !w->comms.dp) return NEWT_OK;
+  if (p->step % w->spec.replica_every != 0) return NEWT_OK;
+  reshard_piece *cur = NULL;
+  size_t n = 0;
+  NEWT_CHECK(par_pieces(p, p->step, &cur, &n, NULL, NULL));
+  /* this rank's shard, packed */
+  size_t nu = 0, total = 0;
+  for (size_t i = 0; i < n; i++)
+    if (unique_piece(p, &cur[i])) cur[nu++] = cur[i], total += (size_t)ckpt_slice_numel(&cur[i].slice);
+  newt_result_t r = NEWT_OK;
+  if (!w->rep.pieces) {
+    /* the first time in this generation: tell the next rank what it will keep */
+    int64_t counts[2] = {(int64_t)nu, 0};
+    r = ring_shift(w->comms.dp, &counts[0], 1, &counts[1], 1, NEWT_I64);
+    size_t nin = (size_t)counts[1];
+    char *wout = malloc(reshard_wire_size(nu) + 1), *win = malloc(reshard_wire_size(nin) + 1);
+    reshard_piece *desc = calloc(nin ? nin : 1, sizeof *desc);
+    if (r == NEWT_OK && (!wout || !win || !desc)) r = NEWT_ERR(NEWT_ERR_NOMEM, "out of memory for a replica");
+    if (r == NEWT_OK) {
+      reshard_pack(cur, nu, wout);
+      r = ring_shift(w->comms.dp, wout, reshard_wire_size(nu), win, reshard_wire_size(nin), NEWT_U8);
+    }
+    if (r == NEWT_OK) r = reshard_unpack(win, reshard_wire_size(nin), desc, nin);
+    if (r == NEWT_OK) r = copy_layout(&w->rep, desc, nin);
+    free(wout), free(win), free(desc);
+  }
+  float *packed = malloc((total ? total : 1) * sizeof *packed);
+  if (r == NEWT_OK && !packed) r = NEWT_ERR(NEWT_ERR_NOMEM, "out of memory for a replica");
+  if (r == NEWT_OK) {
+    size_t off = 0;
+    for (size_t i = 0; i < nu; i++) {
+      size_t k = (size_t)ckpt_slice_numel(&cur[i].slice);
+      memcpy(packed + off, cur[i].data, k * sizeof *packed);
+      off += k;
+    }
+    w->rep.step = -1; /* half-received is no copy */
+    r = ring_shift(w->comms.dp, packed, total, w->rep.data, w->rep.len, NEWT_F32);
+  }
+  if (r == NEWT_OK) {
+    w->rep.step = p->step;
+    for (size_t i = 0; i < w->rep.n; i++) w->rep.pieces[i].step = p->step;
+  }
+  free(packed);
+  free(cur);
+  return r;
+}
+
+/* --- restore ------------------------------------------------------------------------------- */
+
+static void init_from_seed(model_par *p) {
+  /* model_par_init gave the seed's weights and zero moments */
+  p->step = 0;
+  p->opt.t = 0;
+}
+
+/* Every rank reads its own pieces of the newest checkpoint; they check they read one step. */
+static newt_result_t load_ckpt(worker *w, comm_t *c, model_par *np, int64_t *step) {
+  model_par_piece *pp = NULL;
+  size_t n = 0;
+  NEWT_CHECK(model_par_pieces(np, &pp, &n));
+  ckpt_request *reqs = calloc(n ? n : 1, sizeof *reqs);
+  if (!reqs) {
+    free(pp);
+    return NEWT_ERR(NEWT_ERR_NOMEM, "out of memory reading a checkpoint");
+  }
+  for (size_t i = 0; i < n; i++) reqs[i] = (ckpt_request){.t = pp[i].desc, .slice = pp[i].slice, .out = pp[i].data};
+  ckpt_train_point pt = {.step = -1};
+  char desc[SPEC_PATH_MAX + 32];
+  worker_data_desc(w, desc, sizeof desc);
+  newt_result_t r = w->spec.ckpt_dir[0]
+                        ? ckpt_train_load(w->spec.ckpt_dir, CKPT_LATEST, &w->tcfg, desc, 2, reqs, n, &pt)
+                        : NEWT_ERR(NEWT_ERR_NOTFOUND, "no checkpoint directory");
+  free(reqs);
+  free(pp);
+  if (r != NEWT_OK && r != NEWT_ERR_NOTFOUND) return r;
+  int64_t got = r == NEWT_OK ? pt.step : -1, lo = got, hi = got;
+  int size = comm_size(c);
+  int64_t *steps = malloc((size_t)size * sizeof *steps);
+  NEWT_CHECK_ALLOC(steps);
+  newt_result_t g = comm_allgather(c, &got, steps, 1, NEWT_I64);
+  for (int i = 0; g == NEWT_OK && i < size; i++) {
+    if (steps[i] < lo) lo = steps[i];
+    if (steps[i] > hi) hi = steps[i];
+  }
+  free(steps);
+  NEWT_CHECK(g);
+  if (lo != hi)
+    return NEWT_ERR(NEWT_ERR_CORRUPT, "ranks read different checkpoints (steps %lld to %lld) from %s", (long long)lo,
+                    (long long)hi, w->spec.ckpt_dir);
+  if (r != NEWT_OK) return r;
+  np->step = pt.step;
+  np->opt.t = pt.adam_t;
+  *step = pt.step;
+  return NEWT_OK;
+}
+
+static int same_layout(const model_par_config *a, const model_par_config *b) {
+  return a->tp == b->tp && a->pp == b->pp && a->dp == b->dp && a->zero == b->zero && a->tp_rank == b->tp_rank &&
+         a->pp_rank == b->pp_rank && a->dp_rank == b->dp_rank;
+}
+
+newt_result_t worker_restore(worker *w, comm_t *c, const newt_plan *p, const model_par_config *pc) {
+  newt_result_t r = NEWT_OK;
+  model_par fresh, *np = &w->par;
+  int reuse = w->have_par && same_layout(&w->par.pc, pc), np_gone = 0;
+  if (!reuse) {
+    NEWT_CHECK(model_par_init(&fresh, &w->tcfg, pc));
+    np = &fresh;
+  }
+  /* what this rank holds: its state, its snapshot, its neighbour's replica */
+  reshard_piece *have = NULL, *need = NULL, *cur = NULL;
+  size_t nhave = 0, nneed = 0, ncur = 0;
+  if (w->has_state && w->have_par) NEWT_CHECK_GOTO(par_pieces(&w->par, w->par.step, &cur, &ncur, NULL, NULL), r, exit);
+  size_t nsnap = w->snap.step >= 0 ? w->snap.n : 0, nrep = w->rep.step >= 0 ? w->rep.n : 0;
+  have = calloc(ncur + nsnap + nrep + 1, sizeof *have);
+  if (!have) {
+    r = NEWT_ERR(NEWT_ERR_NOMEM, "out of memory restoring");
+    goto exit;
+  }
+  memcpy(have, cur, ncur * sizeof *have);
+  if (nsnap && w->snap.step != w->par.step) memcpy(have + ncur, w->snap.pieces, nsnap * sizeof *have);
+  else nsnap = 0;
+  if (nrep) memcpy(have + ncur + nsnap, w->rep.pieces, nrep * sizeof *have);
+  nhave = ncur + nsnap + nrep;
+  NEWT_CHECK_GOTO(par_pieces(np, -1, &need, &nneed, NULL, NULL), r, exit);
+
+  reshard_result rr;
+  r = reshard_exchange(c, have, nhave, need, nneed, &rr);
+  if (r == NEWT_OK) {
+    np->step = rr.step;
+    np->opt.t = rr.step; /* one AdamW update per step */
+    snprintf(w->restore_src, sizeof w->restore_src, "%s", rr.received ? "peer" : "memory");
+  } else if (r == NEWT_ERR_NOTFOUND) {
+    int64_t step = -1;
+    r = load_ckpt(w, c, np, &step);
+    if (r != NEWT_OK && r != NEWT_ERR_NOTFOUND && reuse) w->has_state = 0; /* half read: not a state */
+    if (r == NEWT_OK) {
+      snprintf(w->restore_src, sizeof w->restore_src, "ckpt");
+    } else if (r == NEWT_ERR_NOTFOUND) {
+      if (p->step > 0)
+        NEWT_ERROR(WORKER, "%s: the job was at step %lld but no rank holds a state and there is no "
+                           "checkpoint: starting again from the seed",
+                   w->id, (long long)p->step);
+      /* back to the seed (a reused trainer, or one a checkpoint half filled) */
+      model_par_free(np);
+      if (reuse) w->have_par = 0;
+      r = model_par_init(np, &w->tcfg, pc);
+      if (r != NEWT_OK) {
+        np_gone = 1;
+        goto exit;
+      }
+      if (reuse) w->have_par = 1;
+      init_from_seed(np);
+      snprintf(w->restore_src, sizeof w->restore_src, "init");
+    }
+  }
+exit:
+  free(have), free(need), free(cur);
+  if (!reuse) {
+    if (r == NEWT_OK) {
+      if (w->have_par) model_par_free(&w->par);
+      w->par = fresh;
+      w->have_par = 1;
+    } else if (!np_gone) {
+      model_par_free(&fresh);
+    }
+  }
+  if (r != NEWT_OK) return r;
+  copies_free(w); /* they belong to the old layout */
+  w->snap.step = w->rep.step = -1;
+  w->has_state = 1;
+  w->restore_step = w->par.step;
+  NEWT_INFO(WORKER, "%s: generation %llu starts at step %lld (state from %s)", w->id,
+            (unsigned long long)p->generation, (long long)w->par.step, w->restore_src);
+  return NEWT_OK;
+}
+
+void worker_state_free(worker *w) {
+  copies_free(w);
+  if (w->have_par) model_par_free(&w->par);
+  w->have_par = 0;
+}
