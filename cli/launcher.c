@@ -26,6 +26,7 @@
 #include "common/proc.h"
 #include "common/strutil.h"
 #include "common/sys.h"
+#include "coordinator/plan.h"
 #include "rendezvous/etcd_server.h"
 #include "rendezvous/rdzv.h"
 
@@ -246,7 +247,24 @@ static void fire(run *r, chaos_event *e) {
         add_fault(r, e);
         break;
       }
-      snprintf(name, sizeof name, "w%d", e->index);
+      if (e->by_rank) {
+        /* the worker that is this rank of the plan now in force */
+        char *json = NULL;
+        newt_plan plan;
+        name[0] = '\0';
+        if (rdzv_plan_get(r->etcd, r->o->spec.job, newt_deadline_in_ms(2000), &json, NULL, NULL) == NEWT_OK &&
+            plan_from_json(json, strlen(json), &plan) == NEWT_OK) {
+          if (e->index < plan.nranks) snprintf(name, sizeof name, "%s", plan.ranks[e->index].worker);
+          plan_free(&plan);
+        }
+        free(json);
+        if (!name[0]) {
+          fprintf(stderr, "newt run: chaos %s: no rank %d in the current plan\n", what, e->index);
+          return;
+        }
+      } else {
+        snprintf(name, sizeof name, "w%d", e->index);
+      }
       p = find_proc(r, name);
       break;
     case CHAOS_COORDINATOR:
@@ -458,7 +476,10 @@ static newt_result_t start(run *r) {
   if (count > 0)
     return NEWT_ERR(NEWT_ERR_CONFLICT, "job %s already has keys in etcd at %s: pick another --job", o->spec.job,
                     r->etcd_url);
-  char *spec = spec_to_json(&o->spec);
+  /* the first plan waits for the workers started here */
+  newt_spec sp = o->spec;
+  if (!sp.start_workers) sp.start_workers = o->nproc;
+  char *spec = spec_to_json(&sp);
   NEWT_CHECK_ALLOC(spec);
   newt_result_t res = rdzv_spec_put(r->etcd, o->spec.job, spec, newt_deadline_in_ms(5000));
   free(spec);

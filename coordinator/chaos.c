@@ -55,6 +55,15 @@ static newt_result_t parse_item(char *item, int idx, chaos_event *e) {
       break;
   }
   if (np < 2) return BAD("--chaos: item %d: %s needs a target: worker:I or coordinator", idx + 1, parts[0]);
+  if (strcmp(parts[1], "rank") == 0) {
+    if (e->action == CHAOS_CONT) return BAD("--chaos: item %d: cont applies to worker:I (a stopped rank is no rank)", idx + 1);
+    e->target = CHAOS_WORKER;
+    e->by_rank = 1;
+    if (np != 3 || newt_parse_int(parts[2], &v) != 0 || v < 0 || v > 100000)
+      return BAD("--chaos: item %d: rank \"%s\" is not a number", idx + 1, np > 2 ? parts[2] : "");
+    e->index = (int)v;
+    return NEWT_OK;
+  }
   if (strcmp(parts[1], "worker") == 0) {
     e->target = CHAOS_WORKER;
     if (np != 3 || newt_parse_int(parts[2], &v) != 0 || v < 0 || v > 100000)
@@ -72,7 +81,7 @@ static newt_result_t parse_item(char *item, int idx, chaos_event *e) {
     if (np > 3) return BAD("--chaos: item %d: too many fields", idx + 1);
     return NEWT_OK;
   }
-  return BAD("--chaos: item %d: unknown target \"%s\" (worker:I or coordinator)", idx + 1, parts[1]);
+  return BAD("--chaos: item %d: unknown target \"%s\" (worker:I, rank:R or coordinator)", idx + 1, parts[1]);
 }
 
 newt_result_t chaos_parse(const char *spec, chaos_plan *out) {
@@ -130,7 +139,7 @@ const char *chaos_event_str(const chaos_event *e, char *buf, size_t cap) {
       break;
     default:
       if (e->action == CHAOS_JOIN) snprintf(buf, cap, "join:%lld@step=%lld", (long long)e->arg, (long long)e->step);
-      else snprintf(buf, cap, "%s:worker:%d@step=%lld", a, e->index, (long long)e->step);
+      else snprintf(buf, cap, "%s:%s:%d@step=%lld", a, e->by_rank ? "rank" : "worker", e->index, (long long)e->step);
   }
   return buf;
 }

@@ -3,6 +3,7 @@
  *   SPEC  := ITEM ("," ITEM)*
  *   ITEM  := ACTION "@step=" N
  *   ACTION:= ("kill" | "stop" | "term" | "cont") ":worker:" I    SIGKILL / SIGSTOP / SIGTERM / SIGCONT
+ *          | ("kill" | "stop" | "term") ":rank:" R          the worker that is rank R of the current plan
  *          | ("kill" | "stop" | "term") ":coordinator" [":" I]  the leader when I is left out
  *          | "join:" N                                          start N new workers
  *          | "restart:etcd" [":" MS]                            down for MS ms (default 2000)
@@ -33,6 +34,7 @@ typedef struct chaos_event {
   chaos_action action;
   chaos_target target;
   int index;     /* worker or coordinator index; -1: the current leader */
+  int by_rank;   /* worker target: index is a rank of the current plan */
   int64_t arg;   /* join: how many workers; restart: downtime in ms */
   int64_t step;  /* fires once the job has completed this step */
   int fired;

@@ -85,6 +85,7 @@ typedef struct coord {
   uint64_t prog_change; /* monotonic ns of the last step change */
   int done;
   uint64_t last_join;   /* monotonic ns of the last registration we had not seen */
+  uint64_t first_member; /* monotonic ns the first worker was seen (the first plan) */
   uint64_t first_report; /* monotonic ns of the first report of this generation (0: none) */
   uint64_t first_gone;   /* monotonic ns a rank of this generation was first missing (0: none) */
   int64_t max_step_seen; /* newest step any rank of this generation reached */
@@ -594,10 +595,17 @@ static newt_result_t decide(coord *c) {
   if (finishing) {
     /* the last step is done and the ranks are leaving: the end marker follows */
   } else if (!c->plan.generation) {
-    /* the first plan: once joins settle, or when every worker a layout could use is here */
+    /* the first plan: once spec.parallel.start_workers are here (or start_timeout_ms after
+       the first came), else once joins settle or every worker a layout could use is here */
     int64_t most = c->spec.dp_max * c->spec.tp * c->spec.pp;
-    if (c->nmembers > 0 && (c->nmembers >= most || elapsed(now, c->last_join) >= (uint64_t)newt_param_StartWindowMs() * 1000000ull))
-      cause = "initial", mode = "boundary";
+    if (c->nmembers > 0 && !c->first_member) c->first_member = now;
+    int go;
+    if (c->spec.start_workers > 0)
+      go = c->nmembers >= c->spec.start_workers ||
+           elapsed(now, c->first_member) >= (uint64_t)c->spec.start_timeout_ms * 1000000ull;
+    else
+      go = c->nmembers >= most || elapsed(now, c->last_join) >= (uint64_t)newt_param_StartWindowMs() * 1000000ull;
+    if (c->nmembers > 0 && go) cause = "initial", mode = "boundary";
   } else {
     int gone = 0, leaving = 0, unreported = 0;
     for (int k = 0; k < nranks; k++) {

@@ -1,9 +1,10 @@
 /* Membership to plan, and the plan's JSON form (see plan.h).
  *
- * Placement: members are grouped by host and each host's members cut into
- * tensor-parallel groups of tp (a group never spans hosts). Groups are ordered so that
- * members of the previous plan come first, in their old rank order, then newcomers by
- * join order; the first dp * pp groups fill the ranks in Megatron order, the rest are
+ * Placement: tensor-parallel groups of the previous plan that are still whole stay
+ * together (they hold matching slices); the other members are grouped by host and each
+ * host's run cut into groups of tp (a group never spans hosts). Whole groups come first,
+ * in their old rank order, then the others (previous members before newcomers, by join
+ * order); the first dp * pp groups fill the ranks in Megatron order, the rest are
  * spares. Pipeline slots are filled first with groups that held the same stage before, so
  * a survivor keeps its layers where it can; with tp = 1 and pp = 1 every surviving
  * worker keeps its relative order, so data-parallel indices move as little as possible. */
@@ -55,23 +56,49 @@ newt_result_t plan_compute(const newt_spec *s, const plan_member *members, int n
   newt_result_t res = NEWT_OK;
   int tp = (int)s->tp, pp = (int)s->pp;
   const plan_member **sorted = calloc((size_t)(n ? n : 1), sizeof *sorted);
+  const plan_member **rest = calloc((size_t)(n ? n : 1), sizeof *rest);
   group *groups = calloc((size_t)(n ? n : 1), sizeof *groups);
   memset(out, 0, sizeof *out);
-  if (!sorted || !groups) {
+  if (!sorted || !rest || !groups) {
     res = NEWT_ERR(NEWT_ERR_NOMEM, "out of memory planning for %d workers", n);
     goto exit;
   }
   for (int i = 0; i < n; i++) sorted[i] = &members[i];
   qsort(sorted, (size_t)n, sizeof *sorted, cmp_host_then_key);
 
-  /* cut each host's run of members into groups of tp */
-  int ngroups = 0;
-  for (int i = 0; i < n;) {
+  /* first the tensor-parallel groups of the previous plan that are still whole (on one
+     host, every tp index there): they hold consistent slices and move no data */
+  int ngroups = 0, nrest = 0;
+  char *taken = calloc((size_t)(n ? n : 1), 1);
+  if (!taken) {
+    res = NEWT_ERR(NEWT_ERR_NOMEM, "out of memory planning for %d workers", n);
+    goto exit;
+  }
+  for (int i = 0; i + tp <= n; i++) {
+    const plan_member *a = sorted[i];
+    if (a->prev_rank < 0 || a->prev_rank % tp != 0) continue;
+    int whole = 1;
+    for (int t = 1; t < tp && whole; t++) {
+      const plan_member *b = sorted[i + t];
+      whole = b->prev_rank == a->prev_rank + t && strcmp(b->host, a->host) == 0;
+    }
+    if (!whole) continue;
+    for (int t = 0; t < tp; t++) taken[i + t] = 1;
+    groups[ngroups].m = &sorted[i];
+    groups[ngroups].key = member_key(a);
+    ngroups++;
+  }
+  /* then the rest (members of broken groups, newcomers): each host's run cut into groups
+     of tp, after the whole ones */
+  for (int i = 0; i < n; i++)
+    if (!taken[i]) rest[nrest++] = sorted[i];
+  free(taken);
+  for (int i = 0; i < nrest;) {
     int j = i;
-    while (j < n && strcmp(sorted[j]->host, sorted[i]->host) == 0) j++;
+    while (j < nrest && strcmp(rest[j]->host, rest[i]->host) == 0) j++;
     for (int k = i; k + tp <= j; k += tp) {
-      groups[ngroups].m = &sorted[k];
-      groups[ngroups].key = member_key(sorted[k]);
+      groups[ngroups].m = &rest[k];
+      groups[ngroups].key = ((int64_t)1 << 41) + member_key(rest[k]);
       ngroups++;
     }
     i = j;
@@ -163,6 +190,7 @@ newt_result_t plan_compute(const newt_spec *s, const plan_member *members, int n
   snprintf(out->restore, sizeof out->restore, "%s", all_prev ? "memory" : any_prev ? "peer" : "init");
 exit:
   free(sorted);
+  free(rest);
   free(groups);
   if (res != NEWT_OK) plan_free(out);
   return res;

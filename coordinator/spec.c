@@ -32,6 +32,8 @@ void spec_defaults(newt_spec *s, const char *job) {
   s->zero = 0;
   s->dp_min = 1;
   s->dp_max = 1024;
+  s->start_workers = 0;
+  s->start_timeout_ms = 30000;
   s->ckpt_every = 0;
   s->ckpt_keep = 3;
   s->ckpt_level = 3;
@@ -101,13 +103,15 @@ static newt_result_t parse_train(const cJSON *t, newt_spec *s) {
 }
 
 static newt_result_t parse_parallel(const cJSON *p, newt_spec *s) {
-  static const char *const known[] = {"tp", "pp", "zero", "dp_min", "dp_max", NULL};
+  static const char *const known[] = {"tp", "pp", "zero", "dp_min", "dp_max", "start_workers", "start_timeout_ms", NULL};
   const char *w = "spec.parallel";
   NEWT_CHECK(newt_json_check_fields(p, w, known));
   NEWT_CHECK(newt_json_get_int(p, w, "tp", 0, &s->tp));
   NEWT_CHECK(newt_json_get_int(p, w, "pp", 0, &s->pp));
   NEWT_CHECK(newt_json_get_int(p, w, "zero", 0, &s->zero));
   NEWT_CHECK(newt_json_get_int(p, w, "dp_min", 0, &s->dp_min));
+  NEWT_CHECK(newt_json_get_int(p, w, "start_workers", 0, &s->start_workers));
+  NEWT_CHECK(newt_json_get_int(p, w, "start_timeout_ms", 0, &s->start_timeout_ms));
   return newt_json_get_int(p, w, "dp_max", 0, &s->dp_max);
 }
 
@@ -233,6 +237,8 @@ newt_result_t spec_validate(const newt_spec *s) {
   RULE(s->dp_min >= 1, "spec.parallel.dp_min: must be at least 1, got %lld", (long long)s->dp_min);
   RULE(s->dp_max >= s->dp_min, "spec.parallel.dp_max: %lld is below dp_min %lld",
        (long long)s->dp_max, (long long)s->dp_min);
+  RULE(s->start_workers >= 0, "spec.parallel.start_workers: must not be negative");
+  RULE(s->start_timeout_ms >= 0, "spec.parallel.start_timeout_ms: must not be negative");
   RULE(s->layers == 0 || s->pp <= s->layers, "spec.parallel.pp: %lld stages for %lld layers",
        (long long)s->pp, (long long)s->layers);
   int feasible = 0;
@@ -295,6 +301,8 @@ char *spec_to_json(const newt_spec *s) {
   newt_json_add_int(p, "zero", s->zero);
   newt_json_add_int(p, "dp_min", s->dp_min);
   newt_json_add_int(p, "dp_max", s->dp_max);
+  newt_json_add_int(p, "start_workers", s->start_workers);
+  newt_json_add_int(p, "start_timeout_ms", s->start_timeout_ms);
   cJSON *c = cJSON_AddObjectToObject(j, "ckpt");
   cJSON_AddStringToObject(c, "dir", s->ckpt_dir);
   newt_json_add_int(c, "every", s->ckpt_every);

@@ -4,8 +4,8 @@
  *    the records of all ranks are all-gathered, so every rank sees the same picture and
  *    computes the same decisions without further talk.
  * 2. The step: the newest step of some held piece for which, counting each distinct
- *    slice held at that step once, the overlap with every need of every rank adds up to
- *    exactly that need.
+ *    slice held at that step once (and none that lies inside another), the overlap with
+ *    every need of every rank adds up to exactly that need.
  * 3. The sources: each need takes each overlapping distinct slice from its own rank when
  *    it holds it, else from one of its holders, chosen by (rank + need) so the load
  *    spreads.
@@ -178,6 +178,19 @@ static newt_result_t held_build(const rank_view *v, int n, int64_t step, held *h
     i = j;
   }
   free(e);
+  /* a slice inside another one held at the same step adds nothing (a ZeRO chunk of a box
+     that another rank holds whole): drop it, so what remains of a tensor is disjoint */
+  size_t out = 0;
+  for (size_t i = 0; i < hs->n; i++) {
+    int inside = 0;
+    for (size_t k = 0; k < hs->n && !inside; k++) {
+      if (k == i || !same_tensor(hs->d[k].p, hs->d[i].p) || numel(hs->d[k].p) < numel(hs->d[i].p)) continue;
+      if (numel(hs->d[k].p) == numel(hs->d[i].p) && k > i) continue; /* equal size: keep the first */
+      inside = overlap(hs->d[i].p, hs->d[k].p) == numel(hs->d[i].p);
+    }
+    if (!inside) hs->d[out++] = hs->d[i];
+  }
+  hs->n = out;
   return NEWT_OK;
 }
 
@@ -194,8 +207,9 @@ static void tensor_range(const held *hs, const wire_piece *need, size_t *lo, siz
   *hi = a;
 }
 
-/* Whether every need of every rank is covered exactly by the distinct slices held. */
-static int covered(const rank_view *v, int n, const held *hs) {
+/* Whether every need of every rank is covered exactly by the distinct slices held at
+ * `step` (the first need that is not is logged). */
+static int covered(const rank_view *v, int n, const held *hs, int64_t step) {
   for (int j = 0; j < n; j++)
     for (int64_t k = 0; k < v[j].nneed; k++) {
       const wire_piece *need = &v[j].need[k];
@@ -203,7 +217,12 @@ static int covered(const rank_view *v, int n, const held *hs) {
       tensor_range(hs, need, &lo, &hi);
       int64_t sum = 0;
       for (size_t i = lo; i < hi; i++) sum += overlap(need, hs->d[i].p);
-      if (sum != numel(need)) return 0;
+      if (sum != numel(need)) {
+        NEWT_INFO(WORKER, "reshard: step %lld does not cover rank %d's %s [%lld, %lld): %lld of %lld elements held",
+                  (long long)step, j, need->name, (long long)need->begin, (long long)need->end, (long long)sum,
+                  (long long)numel(need));
+        return 0;
+      }
     }
   return 1;
 }
@@ -355,7 +374,7 @@ newt_result_t reshard_exchange(comm_t *c, const reshard_piece *have, size_t nhav
         if (v[i].have[h].step >= 0 && v[i].have[h].step < below && v[i].have[h].step > cand) cand = v[i].have[h].step;
     if (cand < 0) break;
     NEWT_CHECK_GOTO(held_build(v, n, cand, &hs), r, exit);
-    if (covered(v, n, &hs)) {
+    if (covered(v, n, &hs, cand)) {
       step = cand;
       break;
     }

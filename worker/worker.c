@@ -169,19 +169,21 @@ static void on_plan(void *ud, const rdzv_etcd_watch_resp *r) {
   }
 }
 
+/* The plan as it is, then every change after the revision it was read at: no plan can
+ * slip between the read and the watch (also when there was none yet). */
 static newt_result_t start_plan_watch(worker *w) {
   char key[256];
   NEWT_CHECK(rdzv_key(key, sizeof key, w->o->job, "plan"));
-  char *json = NULL;
-  int64_t gen = 0, rev = 0;
-  newt_result_t r = rdzv_plan_get(w->etcd, w->o->job, call_deadline(), &json, &gen, &rev);
+  rdzv_etcd_kv kv;
+  int64_t rev = 0;
+  newt_result_t r = rdzv_etcd_get(w->etcd, key, call_deadline(), &kv, &rev);
   if (r == NEWT_OK) {
-    take_plan(w, json, strlen(json));
-    free(json);
+    take_plan(w, kv.value, kv.value_len);
+    rdzv_etcd_kv_free(&kv);
   } else if (r != NEWT_ERR_NOTFOUND) {
     return r;
   }
-  rdzv_etcd_watch_opts wo = {.start_revision = rev ? rev + 1 : 0, .progress_notify = 1};
+  rdzv_etcd_watch_opts wo = {.start_revision = rev + 1, .progress_notify = 1};
   return rdzv_etcd_watch_start(w->etcd, key, &wo, on_plan, w, call_deadline(), &w->plan_watch);
 }
 

@@ -127,6 +127,34 @@ static void test_plan_tp_pp(void) {
   plan_free(&p);
 }
 
+/* tp 2 x pp 2 x dp 2 loses rank 5 (pp 1, dp 0, tp 1): the whole groups (0,1), (2,3) and
+   (6,7) must make the new layout, not a group glued from rank 4 and rank 6. */
+static void test_plan_keeps_whole_groups(void) {
+  newt_spec s;
+  spec_defaults(&s, "j");
+  s.tp = 2;
+  s.pp = 2;
+  s.global_batch = 8;
+  s.micro_batch = 1;
+  plan_member m[7];
+  int ranks[7] = {0, 1, 2, 3, 4, 6, 7};
+  for (int i = 0; i < 7; i++) {
+    char id[8];
+    snprintf(id, sizeof id, "r%d", ranks[i]);
+    int r = ranks[i];
+    m[i] = mk(id, "h", 10 + i, r, r / 4); /* rank = (pp * 2 + dp) * 2 + tp */
+  }
+  newt_plan p;
+  T_OK(plan_compute(&s, m, 7, 1, &p));
+  T_CHECK(p.dp == 1 && p.nranks == 4);
+  /* stage 1 is the whole group (6, 7), each keeping its tp index */
+  T_CHECK_MSG(strcmp(p.ranks[2].worker, "r6") == 0 && strcmp(p.ranks[3].worker, "r7") == 0, "stage 1: %s %s",
+              p.ranks[2].worker, p.ranks[3].worker);
+  T_CHECK(strcmp(p.ranks[0].worker, "r0") == 0 && strcmp(p.ranks[1].worker, "r1") == 0);
+  T_CHECK(plan_is_spare(&p, "r4"));
+  plan_free(&p);
+}
+
 static void test_plan_json(void) {
   newt_spec s;
   spec_defaults(&s, "j");
@@ -190,6 +218,10 @@ static void test_chaos(void) {
   char buf[64];
   T_CHECK(strcmp(chaos_event_str(&c.events[0], buf, sizeof buf), "kill:worker:1@step=15") == 0);
   chaos_free(&c);
+  T_OK(chaos_parse("kill:rank:2@step=4", &c));
+  T_CHECK(c.n == 1 && c.events[0].by_rank && c.events[0].index == 2 && c.events[0].target == CHAOS_WORKER);
+  T_CHECK(strcmp(chaos_event_str(&c.events[0], buf, sizeof buf), "kill:rank:2@step=4") == 0);
+  chaos_free(&c);
   T_OK(chaos_parse("", &c));
   T_CHECK(c.n == 0);
   const char *bad[][2] = {{"kill:worker:1", "missing \"@step=N\""},
@@ -210,6 +242,7 @@ int main(void) {
   T_RUN(test_spec);
   T_RUN(test_plan_dp);
   T_RUN(test_plan_tp_pp);
+  T_RUN(test_plan_keeps_whole_groups);
   T_RUN(test_plan_json);
   T_RUN(test_chaos);
   return T_DONE();

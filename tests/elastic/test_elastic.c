@@ -49,16 +49,18 @@ typedef struct scenario {
   int nproc;
   const char *chaos;
   const char *causes[4]; /* expected recoveries, in order */
-  const char *extra[4];  /* more newt run flags */
+  const char *extra[8];  /* more newt run flags, NULL-terminated */
   const char *stale;     /* a worker stopped and woken later: it must commit no step of its
                             old generation beyond what the others did (it cannot rejoin it) */
-  int ckpt_every;        /* checkpoints every this many steps: state may come from disk */
+  int ckpt_every;        /* checkpoints every this many steps */
+  const char *restore;   /* where every recovery's state must come from (NULL: memory or
+                            peers, a joiner from peers) */
 } scenario;
 
 static const scenario scenarios[] = {
     {"none", 40, 4, "", {NULL}, {NULL}},
     {"crash", 40, 4, "kill:worker:1@step=10", {"crash"}, {NULL}},
-    {"hang", 40, 4, "stop:worker:2@step=10", {"hang"}, {"--comm-timeout-ms", "600", NULL}},
+    {"hang", 40, 4, "stop:worker:2@step=10", {"hang"}, {"--comm-timeout-ms", "1000", NULL}},
     {"leave", 40, 4, "term:worker:0@step=10", {"leave"}, {NULL}},
     {"join", 300, 3, "join:1@step=10", {"join"}, {NULL}},
     {"coordinator", 400, 4, "kill:coordinator@step=10", {"coordinator"}, {NULL}},
@@ -71,7 +73,22 @@ static const scenario scenarios[] = {
     {"stale", 300, 4, "stop:worker:2@step=10,cont:worker:2@step=60", {"hang", "join"}, {NULL}, "w2"},
     /* every worker killed at once: the replacements can only read the checkpoint */
     {"ckpt", 60, 3, "kill:worker:0@step=25,kill:worker:1@step=25,kill:worker:2@step=25,join:3@step=25", {"crash|hang"},
-     {NULL}, NULL, 10},
+     {NULL}, NULL, 10, "ckpt"},
+    /* every parallel mode through a resize: tp 2 x pp 2 x dp 2 loses a rank (dp 1, the
+       ZeRO shards re-cut), then grows back with a new worker (dp 2) */
+    {"tp2pp2z0", 150, 8, "kill:rank:3@step=10,join:1@step=30", {"crash", "join"}, {"--tp", "2", "--pp", "2", NULL}},
+    {"tp2pp2z1", 150, 8, "kill:rank:5@step=10,join:1@step=30", {"crash", "join"},
+     {"--tp", "2", "--pp", "2", "--zero", "1", NULL}},
+    {"tp2pp2z2", 150, 8, "kill:rank:6@step=10,join:1@step=30", {"crash", "join"},
+     {"--tp", "2", "--pp", "2", "--zero", "2", NULL}},
+    {"tp2pp2z3", 150, 8, "kill:rank:1@step=10,join:1@step=30", {"crash", "join"},
+     {"--tp", "2", "--pp", "2", "--zero", "3", NULL}},
+    /* a lost ZeRO shard comes back from its copy on the next data-parallel rank, not from
+       the checkpoints being written all along ... */
+    {"zero_replica", 40, 4, "kill:rank:1@step=12", {"crash"}, {"--zero", "1", NULL}, NULL, 5, "peer"},
+    /* ... and when the shard and its copy are lost at once, from the checkpoint */
+    {"zero_both", 40, 4, "kill:rank:0@step=12,kill:rank:2@step=12", {"crash"}, {"--tp", "2", "--zero", "1", NULL}, NULL,
+     5, "ckpt"},
 };
 
 static char tmpdir[256];
@@ -220,7 +237,7 @@ static void run_scenario(const scenario *sc, const char *newt) {
   const char *argv[40];
   int a = 0;
   const char *base[] = {newt, "run", "--quiet", "--job", job, "--nproc", nproc, "--model", MODEL, "--seq-len", SEQ,
-                        "--steps", steps, "--global-batch", gb, "--micro-batch", mb, "--comm-timeout-ms", "1500",
+                        "--steps", steps, "--global-batch", gb, "--micro-batch", mb, "--comm-timeout-ms", "4000",
                         "--log-dir", logs, "--summary", summary, "--timeout-ms", "180000"};
   for (size_t i = 0; i < sizeof base / sizeof base[0]; i++) argv[a++] = base[i];
   if (sc->chaos[0]) {
@@ -285,7 +302,7 @@ static void run_scenario(const scenario *sc, const char *newt) {
     char got[32];
     snprintf(got, sizeof got, "|%s|", cause);
     T_CHECK_MSG(strstr(want, got) != NULL, "recovery %d: cause %s, expected %s", i, cause, sc->causes[i]);
-    if (sc->ckpt_every)
+    if (sc->restore && strcmp(sc->restore, "ckpt") == 0)
       /* back to the newest committed checkpoint: the one being written when everyone died
          may be torn, so up to two intervals */
       T_CHECK_MSG(lost >= 0 && lost <= 2 * sc->ckpt_every, "recovery %d (%s): %lld steps lost, checkpoints every %d",
@@ -296,14 +313,14 @@ static void run_scenario(const scenario *sc, const char *newt) {
     T_CHECK_MSG(total >= 0, "recovery %d: total_ms %lld", i, (long long)total);
     /* state from memory, or from a peer that applied one step more before the fault;
        a joiner always from a peer: never from disk -- unless nobody holds a state */
-    int from_ok = sc->ckpt_every ? strcmp(restore, "ckpt") == 0
+    int from_ok = sc->restore ? strcmp(restore, sc->restore) == 0
                   : strcmp(cause, "join") == 0 ? strcmp(restore, "peer") == 0
                                                : strcmp(restore, "memory") == 0 || strcmp(restore, "peer") == 0;
     T_CHECK_MSG(from_ok, "recovery %d (%s): state from %s", i, cause, restore);
   }
   cJSON_Delete(j);
   free(text);
-  check_samples(samples, STEPS, sc->ckpt_every != 0);
+  check_samples(samples, STEPS, sc->restore && strcmp(sc->restore, "ckpt") == 0);
   if (sc->stale) check_stale(samples, sc->stale);
 }
 

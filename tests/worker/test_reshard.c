@@ -144,6 +144,12 @@ static int run(ct_world *w, int rank, void *arg) {
       shard(&have, T * prev / 4, T * (prev + 1) / 4 - T * prev / 4, 6); /* the neighbour's copy */
     }
     shard(&need, T * rank / 4, T * (rank + 1) / 4 - T * rank / 4, -1);
+  } else if (strcmp(sc->name, "nested") == 0) {
+    /* rank 0 holds everything at step 5, rank 1 a chunk inside it (a ZeRO chunk of a box
+       another rank holds whole), ranks 2 and 3 nothing: the chunk adds nothing */
+    if (rank == 0) shard(&have, 0, T, 5);
+    if (rank == 1) shard(&have, 3, 20, 5);
+    shard(&need, 0, T, -1);
   } else if (strcmp(sc->name, "newest_covered") == 0) {
     /* rank 0: step 9 whole; ranks 1, 2: step 10 halves; rank 3 nothing: 10 wins */
     if (rank == 0) {
@@ -199,6 +205,7 @@ static void test_newest_covered(void) { scenario_run(&(scenario){"newest_covered
 static void test_missing(void) { scenario_run(&(scenario){"missing", 0, -1}); }
 static void test_zero_replica(void) { scenario_run(&(scenario){"zero_replica", 1, 6}); }
 static void test_snapshot(void) { scenario_run(&(scenario){"snapshot", 1, 6}); }
+static void test_nested(void) { scenario_run(&(scenario){"nested", 1, 5}); }
 
 int main(void) {
   T_RUN(test_replicas);
@@ -208,5 +215,6 @@ int main(void) {
   T_RUN(test_missing);
   T_RUN(test_zero_replica);
   T_RUN(test_snapshot);
+  T_RUN(test_nested);
   return T_DONE();
 }
