@@ -200,7 +200,7 @@ void hs_close(hs_conn *h) {
 }
 
 /* Server: refuse with a status the client can read, then close. */
-static hs_state refuse(hs_conn *h, const hs_ctx *ctx, uint32_t status, int chal, const char *why) {
+static hs_state refuse(hs_conn *h, const hs_ctx *ctx, uint32_t status, int chal, int stale, const char *why) {
   uint8_t m[HS_CHAL_LEN];
   memset(m, 0, sizeof m);
   if (chal) {
@@ -213,8 +213,11 @@ static hs_state refuse(hs_conn *h, const hs_ctx *ctx, uint32_t status, int chal,
     set_out(h, m, HS_RESULT_LEN);
   }
   snprintf(h->why, sizeof h->why, "%s", why);
-  NEWT_WARN(COMM, "%s (rank %d, generation %llu): refused a connection from %s: %s", ctx->where,
-            ctx->rank, (unsigned long long)ctx->generation, h->remote, why);
+  /* a newer generation knocking is normal while ranks move on (it retries); anything
+   * else is a stale worker, another job or a stray client */
+  newt_log_level lvl = status == REJ_GENERATION && !stale ? NEWT_LOG_INFO : NEWT_LOG_WARN;
+  NEWT_LOG_AT(lvl, COMM, "%s (rank %d, generation %llu): refused a connection from %s: %s", ctx->where,
+              ctx->rank, (unsigned long long)ctx->generation, h->remote, why);
   h->st = HS_S_REJECT;
   return h->st;
 }
@@ -227,13 +230,13 @@ static hs_state server_hello(hs_conn *h, const hs_ctx *ctx) {
   uint32_t src = get32(m + 40), dst = get32(m + 44), size = get32(m + 48);
   if (version != HS_VERSION) {
     snprintf(why, sizeof why, "protocol version %u, expected %u", version, HS_VERSION);
-    return refuse(h, ctx, REJ_VERSION, 1, why);
+    return refuse(h, ctx, REJ_VERSION, 1, 1, why);
   }
   if (gen != ctx->generation) {
     snprintf(why, sizeof why, "it claims rank %u of generation %llu, this communicator is generation %llu%s",
              src, (unsigned long long)gen, (unsigned long long)ctx->generation,
              gen < ctx->generation ? " (a stale worker of an older generation)" : "");
-    return refuse(h, ctx, REJ_GENERATION, 1, why);
+    return refuse(h, ctx, REJ_GENERATION, 1, gen < ctx->generation, why);
   }
   if (tag != ctx->tag || members != ctx->members || size != (uint32_t)ctx->size) {
     snprintf(why, sizeof why,
@@ -241,12 +244,12 @@ static hs_state server_hello(hs_conn *h, const hs_ctx *ctx) {
              "%016llx, %d, %016llx)",
              (unsigned long long)tag, size, (unsigned long long)members,
              (unsigned long long)ctx->tag, ctx->size, (unsigned long long)ctx->members);
-    return refuse(h, ctx, REJ_COMM, 1, why);
+    return refuse(h, ctx, REJ_COMM, 1, 1, why);
   }
   if (dst != (uint32_t)ctx->rank || src >= (uint32_t)ctx->size || src == dst ||
       (kind != HS_KIND_CTRL && kind != HS_KIND_DATA)) {
     snprintf(why, sizeof why, "invalid claim: rank %u connecting to rank %u (kind %u)", src, dst, kind);
-    return refuse(h, ctx, REJ_RANK, 1, why);
+    return refuse(h, ctx, REJ_RANK, 1, 1, why);
   }
   h->peer = (int)src;
   h->kind = (int)kind;
@@ -273,12 +276,12 @@ static hs_state server_proof(hs_conn *h, const hs_ctx *ctx) {
              "it claims rank %d of generation %llu but its proof is wrong (wrong secret, or a "
              "replayed proof)",
              h->peer, (unsigned long long)ctx->generation);
-    return refuse(h, ctx, REJ_PROOF, 0, why);
+    return refuse(h, ctx, REJ_PROOF, 0, 1, why);
   }
   if (!ctx->want || !ctx->want(ctx->arg, h->peer, h->kind)) {
     snprintf(why, sizeof why, "rank %d proved the secret but its %s connection is not expected now (duplicate?)",
              h->peer, h->kind == HS_KIND_DATA ? "data" : "control");
-    return refuse(h, ctx, REJ_DUP, 0, why);
+    return refuse(h, ctx, REJ_DUP, 0, 1, why);
   }
   uint8_t ok[HS_RESULT_LEN] = {0};
   set_out(h, ok, sizeof ok);
