@@ -201,8 +201,10 @@ struct cpu_comm {
   unsigned char secret[COMM_SECRET_MAX];
   size_t secret_len;
   int64_t timeout_ms;
-  char **addrs; /* [size] */
-  char **hosts; /* [size] */
+  char **addrs;      /* [size] */
+  char **hosts;      /* [size] */
+  char **root_addrs; /* [size]: each rank's address in the family's root communicator */
+  char **names;      /* [size]: "rank 2 (10.0.0.3:4012)", "rank 1 (world rank 3, 10.0.0.4:4012)" */
   char job[48];
   cpu_link *links; /* [size]; links[rank] unused */
   int nlocal;      /* peers on this host */
@@ -246,8 +248,8 @@ int ctrl_read(cpu_link *l, ctrl_msg *m, const char **why);
 /* Handles every pending frame of l in an operation or while idle (PING, PONG, FAIL,
  * BYE, DOORBELL); a closed connection marks the peer gone. */
 void ctrl_drain(cpu_comm *c, cpu_link *l);
-/* Tells every live peer why c failed. */
-void ctrl_notify_fail(cpu_comm *c, newt_result_t code, int culprit, const char *msg);
+/* Tells every live peer why c failed; the culprit is a root rank (-1: none). */
+void ctrl_notify_fail(cpu_comm *c, newt_result_t code, int culprit_root, const char *msg);
 
 /* --- data streams (cpu_link.c) -------------------------------------------------------- */
 /* Takes up to len bytes into the stream to l; *n bytes taken (0: full). */
@@ -297,7 +299,12 @@ newt_result_t cpu_build(cpu_comm *c, newt_deadline_t deadline);
 /* Releases links, segments and sockets (no goodbye). */
 void cpu_links_close(cpu_comm *c);
 
+/* What a communicator's handshakes carry: the tag of a communicator built by
+ * comm_create, and the hash of the member table (size, addresses, hosts). */
+uint64_t cpu_root_tag(const char *job);
+uint64_t cpu_members_hash(int size, const char *const *addrs, const char *const *hosts);
+
 /* "rank 3 (10.0.0.4:4012)" */
-const char *cpu_peer_name(cpu_comm *c, int peer, char *buf, size_t cap);
+const char *cpu_peer_name(cpu_comm *c, int peer);
 
 #endif

@@ -34,12 +34,8 @@ static inline void cpu_relax(void) {
 #endif
 }
 
-const char *cpu_peer_name(cpu_comm *c, int peer, char *buf, size_t cap) {
-  if (peer >= 0 && peer < c->size)
-    snprintf(buf, cap, "rank %d (%s)", peer, c->addrs[peer]);
-  else
-    snprintf(buf, cap, "rank %d", peer);
-  return buf;
+const char *cpu_peer_name(cpu_comm *c, int peer) {
+  return peer >= 0 && peer < c->size && c->names[peer] ? c->names[peer] : "an unknown rank";
 }
 
 /* --- control channel ---------------------------------------------------------------- */
@@ -104,25 +100,26 @@ int ctrl_read(cpu_link *l, ctrl_msg *m, const char **why) {
   }
 }
 
-void ctrl_notify_fail(cpu_comm *c, newt_result_t code, int culprit, const char *msg) {
+void ctrl_notify_fail(cpu_comm *c, newt_result_t code, int culprit_root, const char *msg) {
   uint8_t p[CTRL_MAX_PAYLOAD];
   size_t n = strlen(msg);
   if (n > sizeof p - 4) n = sizeof p - 4;
-  put32(p, (uint32_t)culprit);
+  put32(p, (uint32_t)culprit_root);
   memcpy(p + 4, msg, n);
-  for (int r = 0; r < c->size; r++)
-    if (r != c->rank && r != culprit && c->links) ctrl_send(c, &c->links[r], CTRL_FAIL, (uint32_t)code, p, n + 4);
+  for (int r = 0; r < c->size && c->links; r++)
+    if (r != c->rank && comm_to_root(c->pub, r) != culprit_root)
+      ctrl_send(c, &c->links[r], CTRL_FAIL, (uint32_t)code, p, n + 4);
 }
 
 static void handle_pong(cpu_comm *c, cpu_link *l, const ctrl_msg *m);
 
-/* A failure notice from l->peer: adopt its verdict. */
+/* A failure notice from l->peer: adopt its verdict (the culprit is a root rank). */
 static void handle_fail(cpu_comm *c, cpu_link *l, const ctrl_msg *m) {
   if (m->len < 4) return;
   int culprit = (int32_t)get32(m->payload);
   newt_result_t code = (newt_result_t)m->arg;
   if (code <= NEWT_OK || code >= NEWT_ERR__COUNT) code = NEWT_ERR_PEER;
-  if (culprit < -1 || culprit >= c->size) culprit = -1;
+  if (culprit < -1) culprit = -1;
   char msg[CTRL_MAX_PAYLOAD];
   size_t n = m->len - 4;
   for (size_t i = 0; i < n; i++) {
@@ -130,16 +127,15 @@ static void handle_fail(cpu_comm *c, cpu_link *l, const ctrl_msg *m) {
     msg[i] = (ch >= 32 && ch < 127) ? ch : '?';
   }
   msg[n] = '\0';
-  if (culprit == c->rank)
-    comm_fail(c->pub, code, c->rank, 0, "rank %d reported this rank: %s", l->peer, msg);
+  if (culprit >= 0 && culprit == comm_to_root(c->pub, c->rank))
+    comm_fail(c->pub, code, c->rank, 0, "%s reported this rank: %s", cpu_peer_name(c, l->peer), msg);
   else
-    comm_fail(c->pub, code, culprit, 0, "%s (reported by rank %d)", msg, l->peer);
+    comm_fail_reported(c->pub, code, culprit, l->peer, msg);
 }
 
 void ctrl_drain(cpu_comm *c, cpu_link *l) {
   ctrl_msg m;
   const char *why = "";
-  char name[160];
   for (;;) {
     int r = ctrl_read(l, &m, &why);
     if (r == 0) return;
@@ -147,7 +143,7 @@ void ctrl_drain(cpu_comm *c, cpu_link *l) {
       l->ctrl_eof = 1;
       if (l->gone == 0) {
         l->gone = 2;
-        cpu_peer_name(c, l->peer, name, sizeof name);
+        const char *name = cpu_peer_name(c, l->peer);
         if (r == -2)
           comm_fail(c->pub, NEWT_ERR_PEER, l->peer, 1, "%s sent a %s", name, why);
         else
@@ -190,8 +186,7 @@ size_t link_chunk(const cpu_link *l) {
 }
 
 static newt_result_t tcp_broken(cpu_comm *c, cpu_link *l, const char *what, int err) {
-  char name[160];
-  cpu_peer_name(c, l->peer, name, sizeof name);
+  const char *name = cpu_peer_name(c, l->peer);
   if (err == 0)
     return comm_fail(c->pub, NEWT_ERR_PEER, l->peer, 1, "%s closed the data connection during %s",
                      name, c->op_name ? c->op_name : "an operation");
@@ -391,8 +386,7 @@ static void handle_pong(cpu_comm *c, cpu_link *l, const ctrl_msg *m) {
   if (!w || !w->probing || w->probe_target != l->peer || m->arg != w->probe_seq || m->len < 8) return;
   int in_op = (int)get32(m->payload);
   int waiting_on = (int32_t)get32(m->payload + 4);
-  char name[160];
-  cpu_peer_name(c, l->peer, name, sizeof name);
+  const char *name = cpu_peer_name(c, l->peer);
   if (!in_op) {
     probe_verdict(w, "%s is alive but has not entered %s after %lld ms", name,
                   c->op_name ? c->op_name : "the operation", (long long)c->timeout_ms);
@@ -465,16 +459,15 @@ newt_result_t cpu_wait_block(cpu_wait *w, cpu_link *rx, cpu_link *tx) {
   }
   if (atomic_load_explicit(&c->pub->failed, memory_order_acquire))
     return comm_failed_err(c->pub, c->op_name);
-  char name[160];
   if (rx && rx->gone && rx->local &&
       (int64_t)(atomic_load_explicit(&rx->rx->head, memory_order_acquire) - rx->rx_tail) <= 0)
     return comm_fail(c->pub, NEWT_ERR_PEER, rx->peer, 1,
                      "%s left (freed its communicator) while this rank waited for its data in %s",
-                     cpu_peer_name(c, rx->peer, name, sizeof name), c->op_name);
+                     cpu_peer_name(c, rx->peer), c->op_name);
   if (tx && tx->gone)
     return comm_fail(c->pub, NEWT_ERR_PEER, tx->peer, 1,
                      "%s left (freed its communicator) while this rank had data for it in %s",
-                     cpu_peer_name(c, tx->peer, name, sizeof name), c->op_name);
+                     cpu_peer_name(c, tx->peer), c->op_name);
   if (!w->probing && now >= w->stall_at && w->blocker >= 0) {
     NEWT_INFO(COMM, "rank %d: no progress in %s for %lld ms, probing rank %d", c->rank, c->op_name,
               (long long)c->timeout_ms, w->blocker);
@@ -482,7 +475,7 @@ newt_result_t cpu_wait_block(cpu_wait *w, cpu_link *rx, cpu_link *tx) {
     probe_send(w, w->blocker);
   } else if (w->probing && now >= w->probe_until) {
     return probe_verdict(w, "%s made no progress for %lld ms during %s and did not answer a probe (stopped or hung)",
-                         cpu_peer_name(c, w->probe_target, name, sizeof name),
+                         cpu_peer_name(c, w->probe_target),
                          (long long)c->timeout_ms, c->op_name);
   }
   return NEWT_OK;

@@ -359,9 +359,9 @@ newt_result_t nccl_shrink(struct comm *parent, const int *exclude, int nexclude,
   return NEWT_OK;
 }
 
-void nccl_on_fail(struct comm *c, newt_result_t code, int peer, const char *msg, int notify) {
-  (void)peer;
-  (void)msg;
+void nccl_on_fail(struct comm *c, newt_result_t code, int culprit_root, const char *cause, int notify) {
+  (void)culprit_root;
+  (void)cause;
   (void)notify;
   struct nccl_comm *n = c->nccl;
   if (!n || code != NEWT_ERR_ABORTED) return; /* a broken handle stays for comm_shrink or comm_free */

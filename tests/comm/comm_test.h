@@ -97,27 +97,30 @@ static inline void ct_config(const ct_world *w, int rank, comm_config *cfg) {
 
 typedef int (*ct_rank_fn)(ct_world *w, int rank, void *arg);
 
-/* Forks one process per rank running fn; the child exits with 0 when fn found no failure. */
-static inline void ct_spawn(ct_world *w, ct_rank_fn fn, void *arg) {
+/* Forks the process of one rank running fn; it exits with 0 when fn found no failure. */
+static inline void ct_spawn_one(ct_world *w, int r, ct_rank_fn fn, void *arg) {
   fflush(stdout);
   fflush(stderr);
   pid_t parent = getpid();
-  for (int r = 0; r < w->size; r++) {
-    pid_t pid = fork();
-    if (pid < 0) {
-      perror("fork");
-      exit(2);
-    }
-    if (pid == 0) {
-      prctl(PR_SET_PDEATHSIG, SIGKILL);
-      if (getppid() != parent) _exit(3);
-      int failures = fn(w, r, arg);
-      fflush(stdout);
-      fflush(stderr);
-      exit(failures ? 1 : 0);
-    }
-    w->pids[r] = pid;
+  pid_t pid = fork();
+  if (pid < 0) {
+    perror("fork");
+    exit(2);
   }
+  if (pid == 0) {
+    prctl(PR_SET_PDEATHSIG, SIGKILL);
+    if (getppid() != parent) _exit(3);
+    int failures = fn(w, r, arg);
+    fflush(stdout);
+    fflush(stderr);
+    exit(failures ? 1 : 0);
+  }
+  w->pids[r] = pid;
+}
+
+/* Forks one process per rank. */
+static inline void ct_spawn(ct_world *w, ct_rank_fn fn, void *arg) {
+  for (int r = 0; r < w->size; r++) ct_spawn_one(w, r, fn, arg);
 }
 
 /* Waits for every rank; returns the number of ranks that failed (a killed rank counts
