@@ -1,11 +1,27 @@
-/* newt coordinator: not built yet (issue 6). */
+/* newt coordinator: campaigns for leadership; the leader turns membership into plans,
+ * detects failures and records events; every coordinator serves Prometheus metrics. */
 #include <stdio.h>
+#include <stdlib.h>
 
 #include "cli/cmds.h"
+#include "cli/etcd_flags.h"
+#include "common/opts.h"
 
 int newt_cmd_coordinator(int argc, char **argv) {
-  (void)argc;
-  (void)argv;
+  cli_etcd_flags ef;
+  cli_etcd_flags_init(&ef);
+  const char *id = getenv("NEWT_COORDINATOR_ID") ? getenv("NEWT_COORDINATOR_ID") : getenv("POD_NAME");
+  const char *spec = getenv("NEWT_SPEC_FILE");
+  const char *metrics_addr = "0.0.0.0";
+  int64_t metrics_port = 9400;
+  newt_opt opts[] = {CLI_ETCD_OPTS(&ef),
+                     {"id", NEWT_OPT_STR, &id, "coordinator id (env NEWT_COORDINATOR_ID, POD_NAME; default host-pid)"},
+                     {"spec", NEWT_OPT_STR, &spec, "job spec file, stored in etcd when the job has none (env NEWT_SPEC_FILE)"},
+                     {"metrics-port", NEWT_OPT_INT, &metrics_port, "Prometheus metrics port (0: off)"},
+                     {"metrics-addr", NEWT_OPT_STR, &metrics_addr, "address the metrics server binds"},
+                     NEWT_OPT_END};
+  int rc = newt_cli_opts_exit(newt_opts_parse("coordinator", "--job NAME [flags]", opts, argc, argv, NULL, 0, NULL));
+  if (rc >= 0) return rc;
   fprintf(stderr, "newt coordinator: not built yet (issue 6)\n");
   return 2;
 }

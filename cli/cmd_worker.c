@@ -1,11 +1,31 @@
-/* newt worker: not built yet (issue 6). */
+/* newt worker: one training process. Registers with etcd, follows the leader's plans,
+ * rebuilds its communicator on each, restores state, trains, and leaves gracefully on
+ * SIGTERM. */
 #include <stdio.h>
+#include <stdlib.h>
 
 #include "cli/cmds.h"
+#include "cli/etcd_flags.h"
+#include "common/opts.h"
 
 int newt_cmd_worker(int argc, char **argv) {
-  (void)argc;
-  (void)argv;
+  cli_etcd_flags ef;
+  cli_etcd_flags_init(&ef);
+  const char *id = getenv("NEWT_WORKER_ID") ? getenv("NEWT_WORKER_ID") : getenv("POD_NAME");
+  const char *host = getenv("NEWT_HOST");
+  const char *addr = getenv("NEWT_ADDR") ? getenv("NEWT_ADDR") : getenv("POD_IP");
+  int64_t port = 0, device = -1, threads = 1;
+  if (getenv("NEWT_DEVICE")) device = atoi(getenv("NEWT_DEVICE"));
+  newt_opt opts[] = {CLI_ETCD_OPTS(&ef),
+                     {"id", NEWT_OPT_STR, &id, "worker id, unique in the job (env NEWT_WORKER_ID, POD_NAME; default host-pid)"},
+                     {"host", NEWT_OPT_STR, &host, "host identity: workers on one host share memory (env NEWT_HOST; default hostname)"},
+                     {"addr", NEWT_OPT_STR, &addr, "address peers reach this worker at (env NEWT_ADDR, POD_IP; default 127.0.0.1)"},
+                     {"port", NEWT_OPT_INT, &port, "data-plane port (0: any free port)"},
+                     {"device", NEWT_OPT_INT, &device, "CUDA device (-1: train on CPU) (env NEWT_DEVICE)"},
+                     {"threads", NEWT_OPT_INT, &threads, "CPU threads for compute"},
+                     NEWT_OPT_END};
+  int rc = newt_cli_opts_exit(newt_opts_parse("worker", "--job NAME [flags]", opts, argc, argv, NULL, 0, NULL));
+  if (rc >= 0) return rc;
   fprintf(stderr, "newt worker: not built yet (issue 6)\n");
   return 2;
 }

@@ -1,0 +1,136 @@
+/* Parsing of chaos schedules (see chaos.h). */
+#include "coordinator/chaos.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/strutil.h"
+
+static const char *const action_names[] = {"kill", "stop", "term", "cont", "join", "restart"};
+
+#define BAD(...) NEWT_ERR(NEWT_ERR_INVALID, __VA_ARGS__)
+
+static newt_result_t parse_item(char *item, int idx, chaos_event *e) {
+  memset(e, 0, sizeof *e);
+  char *at = strstr(item, "@step=");
+  if (!at) return BAD("--chaos: item %d \"%s\": missing \"@step=N\"", idx + 1, item);
+  *at = '\0';
+  const char *steps = at + 6;
+  if (newt_parse_int(steps, &e->step) != 0 || e->step < 0)
+    return BAD("--chaos: item %d: step \"%s\" is not a non-negative integer", idx + 1, steps);
+  char *parts[4] = {0};
+  int np = 0;
+  for (char *save = NULL, *tok = strtok_r(item, ":", &save); tok; tok = strtok_r(NULL, ":", &save)) {
+    if (np == 4) return BAD("--chaos: item %d \"%s\": too many ':' fields", idx + 1, item);
+    parts[np++] = tok;
+  }
+  if (np == 0) return BAD("--chaos: item %d is empty", idx + 1);
+  int a = -1;
+  for (int i = 0; i < (int)(sizeof action_names / sizeof action_names[0]); i++)
+    if (strcmp(parts[0], action_names[i]) == 0) a = i;
+  if (a < 0)
+    return BAD("--chaos: item %d: unknown action \"%s\" (kill, stop, term, cont, join, restart)",
+               idx + 1, parts[0]);
+  e->action = (chaos_action)a;
+  int64_t v;
+  switch (e->action) {
+    case CHAOS_JOIN:
+      if (np != 2 || newt_parse_int(parts[1], &v) != 0 || v < 1 || v > 1024)
+        return BAD("--chaos: item %d: join needs a count of workers 1..1024, as in join:2", idx + 1);
+      e->target = CHAOS_WORKER;
+      e->arg = v;
+      e->index = -1;
+      return NEWT_OK;
+    case CHAOS_RESTART:
+      if (np < 2 || strcmp(parts[1], "etcd") != 0)
+        return BAD("--chaos: item %d: restart applies to etcd, as in restart:etcd or restart:etcd:3000", idx + 1);
+      e->target = CHAOS_ETCD;
+      e->arg = 2000;
+      if (np == 3 && (newt_parse_int(parts[2], &e->arg) != 0 || e->arg < 0 || e->arg > 600000))
+        return BAD("--chaos: item %d: etcd downtime \"%s\" is not 0..600000 ms", idx + 1, parts[2]);
+      if (np > 3) return BAD("--chaos: item %d: restart:etcd takes at most one value", idx + 1);
+      return NEWT_OK;
+    default:
+      break;
+  }
+  if (np < 2) return BAD("--chaos: item %d: %s needs a target: worker:I or coordinator", idx + 1, parts[0]);
+  if (strcmp(parts[1], "worker") == 0) {
+    e->target = CHAOS_WORKER;
+    if (np != 3 || newt_parse_int(parts[2], &v) != 0 || v < 0 || v > 100000)
+      return BAD("--chaos: item %d: worker index \"%s\" is not a number", idx + 1, np > 2 ? parts[2] : "");
+    e->index = (int)v;
+    return NEWT_OK;
+  }
+  if (strcmp(parts[1], "coordinator") == 0) {
+    if (e->action == CHAOS_CONT) return BAD("--chaos: item %d: cont applies to workers only", idx + 1);
+    e->target = CHAOS_COORDINATOR;
+    e->index = -1;
+    if (np == 3 && (newt_parse_int(parts[2], &v) != 0 || v < 0 || v > 1000))
+      return BAD("--chaos: item %d: coordinator index \"%s\" is not a number", idx + 1, parts[2]);
+    if (np == 3) e->index = (int)v;
+    if (np > 3) return BAD("--chaos: item %d: too many fields", idx + 1);
+    return NEWT_OK;
+  }
+  return BAD("--chaos: item %d: unknown target \"%s\" (worker:I or coordinator)", idx + 1, parts[1]);
+}
+
+newt_result_t chaos_parse(const char *spec, chaos_plan *out) {
+  memset(out, 0, sizeof *out);
+  if (!spec || !*spec) return NEWT_OK;
+  char *copy = strdup(spec);
+  NEWT_CHECK_ALLOC(copy);
+  int cap = 1;
+  for (const char *p = spec; *p; p++) cap += *p == ',';
+  chaos_event *ev = calloc((size_t)cap, sizeof *ev);
+  if (!ev) {
+    free(copy);
+    return NEWT_ERR(NEWT_ERR_NOMEM, "out of memory parsing --chaos");
+  }
+  newt_result_t r = NEWT_OK;
+  int n = 0;
+  char *start = copy;
+  for (int i = 0; r == NEWT_OK; i++) {
+    char *comma = strchr(start, ',');
+    if (comma) *comma = '\0';
+    r = parse_item(start, i, &ev[n]);
+    if (r == NEWT_OK) n++;
+    if (!comma) break;
+    start = comma + 1;
+  }
+  free(copy);
+  if (r != NEWT_OK) {
+    free(ev);
+    return r;
+  }
+  /* insertion sort keeps equal steps in the order given (qsort is not stable) */
+  for (int i = 1; i < n; i++)
+    for (int j = i; j > 0 && ev[j - 1].step > ev[j].step; j--) {
+      chaos_event t = ev[j];
+      ev[j] = ev[j - 1];
+      ev[j - 1] = t;
+    }
+  out->n = n;
+  out->events = ev;
+  return NEWT_OK;
+}
+
+void chaos_free(chaos_plan *p) {
+  free(p->events);
+  memset(p, 0, sizeof *p);
+}
+
+const char *chaos_event_str(const chaos_event *e, char *buf, size_t cap) {
+  const char *a = action_names[e->action];
+  switch (e->target) {
+    case CHAOS_ETCD: snprintf(buf, cap, "%s:etcd:%lld@step=%lld", a, (long long)e->arg, (long long)e->step); break;
+    case CHAOS_COORDINATOR:
+      if (e->index < 0) snprintf(buf, cap, "%s:coordinator@step=%lld", a, (long long)e->step);
+      else snprintf(buf, cap, "%s:coordinator:%d@step=%lld", a, e->index, (long long)e->step);
+      break;
+    default:
+      if (e->action == CHAOS_JOIN) snprintf(buf, cap, "join:%lld@step=%lld", (long long)e->arg, (long long)e->step);
+      else snprintf(buf, cap, "%s:worker:%d@step=%lld", a, e->index, (long long)e->step);
+  }
+  return buf;
+}

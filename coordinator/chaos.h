@@ -1,0 +1,51 @@
+/* Chaos schedules for `newt run --chaos SPEC`: faults injected for real at given steps.
+ *
+ *   SPEC  := ITEM ("," ITEM)*
+ *   ITEM  := ACTION "@step=" N
+ *   ACTION:= ("kill" | "stop" | "term" | "cont") ":worker:" I    SIGKILL / SIGSTOP / SIGTERM / SIGCONT
+ *          | ("kill" | "stop" | "term") ":coordinator" [":" I]  the leader when I is left out
+ *          | "join:" N                                          start N new workers
+ *          | "restart:etcd" [":" MS]                            down for MS ms (default 2000)
+ *
+ * Worker I is the launcher's I-th worker process (w<I>, in start order, joins included).
+ * Example: kill:worker:1@step=15,stop:worker:2@step=30,term:worker:0@step=45,join:2@step=50,
+ *          kill:coordinator@step=60,restart:etcd@step=70
+ * Errors name the item and what is wrong with it. */
+#ifndef NEWT_COORDINATOR_CHAOS_H
+#define NEWT_COORDINATOR_CHAOS_H
+
+#include <stdint.h>
+
+#include "common/err.h"
+
+typedef enum chaos_action {
+  CHAOS_KILL,
+  CHAOS_STOP,
+  CHAOS_TERM,
+  CHAOS_CONT,
+  CHAOS_JOIN,
+  CHAOS_RESTART,
+} chaos_action;
+
+typedef enum chaos_target { CHAOS_WORKER, CHAOS_COORDINATOR, CHAOS_ETCD } chaos_target;
+
+typedef struct chaos_event {
+  chaos_action action;
+  chaos_target target;
+  int index;     /* worker or coordinator index; -1: the current leader */
+  int64_t arg;   /* join: how many workers; restart: downtime in ms */
+  int64_t step;  /* fires once the job has completed this step */
+  int fired;
+} chaos_event;
+
+typedef struct chaos_plan {
+  int n;
+  chaos_event *events; /* sorted by step, stable */
+} chaos_plan;
+
+newt_result_t chaos_parse(const char *spec, chaos_plan *out);
+void chaos_free(chaos_plan *p);
+/* "kill:worker:1@step=15" */
+const char *chaos_event_str(const chaos_event *e, char *buf, size_t cap);
+
+#endif

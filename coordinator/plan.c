@@ -1,0 +1,359 @@
+/* Membership to plan, and the plan's JSON form (see plan.h).
+ *
+ * Placement: members are grouped by host and each host's members cut into
+ * tensor-parallel groups of tp (a group never spans hosts). Groups are ordered so that
+ * members of the previous plan come first, in their old rank order, then newcomers by
+ * join order; the first dp * pp groups fill the ranks in Megatron order, the rest are
+ * spares. Pipeline slots are filled first with groups that held the same stage before, so
+ * a survivor keeps its layers where it can; with tp = 1 and pp = 1 every surviving
+ * worker keeps its relative order, so data-parallel indices move as little as possible. */
+#include "coordinator/plan.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/clock.h"
+#include "common/json.h"
+#include "common/strutil.h"
+#include "common/sys.h"
+
+int plan_choose_dp(const newt_spec *s, int64_t max_dp) {
+  int64_t hi = max_dp < s->dp_max ? max_dp : s->dp_max;
+  for (int64_t dp = hi; dp >= s->dp_min; dp--)
+    if (s->global_batch % (dp * s->micro_batch) == 0) return (int)dp;
+  return 0;
+}
+
+static int64_t member_key(const plan_member *m) {
+  /* previous members first, by old rank; then newcomers by join revision */
+  return m->prev_rank >= 0 ? m->prev_rank : ((int64_t)1 << 40) + m->join_rev;
+}
+
+static int cmp_host_then_key(const void *a, const void *b) {
+  const plan_member *x = *(const plan_member *const *)a, *y = *(const plan_member *const *)b;
+  int h = strcmp(x->host, y->host);
+  if (h) return h;
+  int64_t kx = member_key(x), ky = member_key(y);
+  if (kx != ky) return kx < ky ? -1 : 1;
+  return strcmp(x->id, y->id);
+}
+
+typedef struct group {
+  const plan_member **m; /* tp members */
+  int64_t key;
+} group;
+
+static int cmp_group(const void *a, const void *b) {
+  const group *x = a, *y = b;
+  if (x->key != y->key) return x->key < y->key ? -1 : 1;
+  return strcmp(x->m[0]->id, y->m[0]->id);
+}
+
+newt_result_t plan_compute(const newt_spec *s, const plan_member *members, int n, uint64_t prev_gen,
+                           newt_plan *out) {
+  newt_result_t res = NEWT_OK;
+  int tp = (int)s->tp, pp = (int)s->pp;
+  const plan_member **sorted = calloc((size_t)(n ? n : 1), sizeof *sorted);
+  group *groups = calloc((size_t)(n ? n : 1), sizeof *groups);
+  memset(out, 0, sizeof *out);
+  if (!sorted || !groups) {
+    res = NEWT_ERR(NEWT_ERR_NOMEM, "out of memory planning for %d workers", n);
+    goto exit;
+  }
+  for (int i = 0; i < n; i++) sorted[i] = &members[i];
+  qsort(sorted, (size_t)n, sizeof *sorted, cmp_host_then_key);
+
+  /* cut each host's run of members into groups of tp */
+  int ngroups = 0;
+  for (int i = 0; i < n;) {
+    int j = i;
+    while (j < n && strcmp(sorted[j]->host, sorted[i]->host) == 0) j++;
+    for (int k = i; k + tp <= j; k += tp) {
+      groups[ngroups].m = &sorted[k];
+      groups[ngroups].key = member_key(sorted[k]);
+      ngroups++;
+    }
+    i = j;
+  }
+  qsort(groups, (size_t)ngroups, sizeof *groups, cmp_group);
+
+  int dp = plan_choose_dp(s, ngroups / pp);
+  if (dp == 0) {
+    res = NEWT_ERR(NEWT_ERR_UNAVAILABLE,
+                   "no layout: %d workers form %d tensor-parallel groups of %d on one host; "
+                   "dp_min %lld x pp %d needs %lld groups (and global_batch %lld must split into "
+                   "micro-batches of %lld)",
+                   n, ngroups, tp, (long long)s->dp_min, pp, (long long)(s->dp_min * pp),
+                   (long long)s->global_batch, (long long)s->micro_batch);
+    goto exit;
+  }
+
+  out->generation = prev_gen + 1;
+  NEWT_CHECK_GOTO(newt_random_bytes(out->secret, sizeof out->secret), res, exit);
+  out->created_ms = newt_wall_ms();
+  snprintf(out->cause, sizeof out->cause, "initial");
+  snprintf(out->switch_mode, sizeof out->switch_mode, "boundary");
+  out->dp = dp;
+  out->tp = tp;
+  out->pp = pp;
+  out->zero = (int)s->zero;
+  out->global_batch = s->global_batch;
+  out->micro_batch = s->micro_batch;
+  out->accum = s->global_batch / (dp * s->micro_batch);
+  out->nranks = dp * tp * pp;
+  out->ranks = calloc((size_t)out->nranks, sizeof *out->ranks);
+  out->nspares = n - out->nranks;
+  out->spares = calloc((size_t)(out->nspares ? out->nspares : 1), sizeof *out->spares);
+  if (!out->ranks || !out->spares) {
+    res = NEWT_ERR(NEWT_ERR_NOMEM, "out of memory building a plan of %d ranks", out->nranks);
+    goto exit;
+  }
+  /* slot[pp_idx * dp + dp_idx] = group; first the groups that held stage pp_idx */
+  int nslots = dp * pp, *slot = malloc((size_t)nslots * sizeof *slot);
+  char *used = calloc((size_t)ngroups, 1);
+  if (!slot || !used) {
+    free(slot);
+    free(used);
+    res = NEWT_ERR(NEWT_ERR_NOMEM, "out of memory placing %d groups", ngroups);
+    goto exit;
+  }
+  for (int pi = 0; pi < pp; pi++) {
+    int filled = 0;
+    for (int g = 0; g < ngroups && filled < dp; g++)
+      if (!used[g] && groups[g].m[0]->prev_pp == pi) {
+        used[g] = 1;
+        slot[pi * dp + filled++] = g;
+      }
+    for (; filled < dp; filled++) slot[pi * dp + filled] = -1;
+  }
+  for (int sl = 0, g = 0; sl < nslots; sl++) {
+    if (slot[sl] >= 0) continue;
+    while (used[g]) g++;
+    used[g] = 1;
+    slot[sl] = g;
+  }
+  free(used);
+  int any_prev = 0, all_prev = 1;
+  for (int sl = 0; sl < nslots; sl++) {
+    int pp_idx = sl / dp, dp_idx = sl % dp;
+    for (int t = 0; t < tp; t++) {
+      const plan_member *m = groups[slot[sl]].m[t];
+      plan_rank *r = &out->ranks[(pp_idx * dp + dp_idx) * tp + t];
+      r->rank = (pp_idx * dp + dp_idx) * tp + t;
+      snprintf(r->worker, sizeof r->worker, "%s", m->id);
+      snprintf(r->host, sizeof r->host, "%s", m->host);
+      snprintf(r->addr, sizeof r->addr, "%s", m->addr);
+      r->dp = dp_idx;
+      r->tp = t;
+      r->pp = pp_idx;
+      any_prev |= m->has_state;
+      all_prev &= m->has_state;
+    }
+  }
+  free(slot);
+  /* spares: the members not placed, in a stable order */
+  int ns = 0;
+  for (int i = 0; i < n; i++) {
+    int placed = 0;
+    for (int r = 0; r < out->nranks && !placed; r++) placed = strcmp(out->ranks[r].worker, members[i].id) == 0;
+    if (!placed) snprintf(out->spares[ns++], PLAN_ID_MAX, "%s", members[i].id);
+  }
+  out->nspares = ns;
+  snprintf(out->restore, sizeof out->restore, "%s", all_prev ? "memory" : any_prev ? "peer" : "init");
+exit:
+  free(sorted);
+  free(groups);
+  if (res != NEWT_OK) plan_free(out);
+  return res;
+}
+
+void plan_free(newt_plan *p) {
+  free(p->ranks);
+  free(p->spares);
+  p->ranks = NULL;
+  p->spares = NULL;
+  p->nranks = p->nspares = 0;
+}
+
+newt_result_t plan_copy(newt_plan *dst, const newt_plan *src) {
+  *dst = *src;
+  dst->ranks = calloc((size_t)(src->nranks ? src->nranks : 1), sizeof *dst->ranks);
+  dst->spares = calloc((size_t)(src->nspares ? src->nspares : 1), sizeof *dst->spares);
+  if (!dst->ranks || !dst->spares) {
+    plan_free(dst);
+    return NEWT_ERR(NEWT_ERR_NOMEM, "out of memory copying a plan");
+  }
+  memcpy(dst->ranks, src->ranks, (size_t)src->nranks * sizeof *dst->ranks);
+  memcpy(dst->spares, src->spares, (size_t)src->nspares * sizeof *dst->spares);
+  return NEWT_OK;
+}
+
+const plan_rank *plan_find(const newt_plan *p, const char *worker) {
+  for (int i = 0; i < p->nranks; i++)
+    if (strcmp(p->ranks[i].worker, worker) == 0) return &p->ranks[i];
+  return NULL;
+}
+
+int plan_is_spare(const newt_plan *p, const char *worker) {
+  for (int i = 0; i < p->nspares; i++)
+    if (strcmp(p->spares[i], worker) == 0) return 1;
+  return 0;
+}
+
+char *plan_to_json(const newt_plan *p) {
+  cJSON *j = cJSON_CreateObject();
+  if (!j) return NULL;
+  char secret[2 * PLAN_SECRET_BYTES + 1];
+  newt_hex_encode(p->secret, sizeof p->secret, secret);
+  newt_json_add_int(j, "generation", (int64_t)p->generation);
+  cJSON_AddStringToObject(j, "secret", secret);
+  newt_json_add_int(j, "created_ms", (int64_t)p->created_ms);
+  cJSON_AddStringToObject(j, "cause", p->cause);
+  cJSON_AddStringToObject(j, "switch", p->switch_mode);
+  newt_json_add_int(j, "dp", p->dp);
+  newt_json_add_int(j, "tp", p->tp);
+  newt_json_add_int(j, "pp", p->pp);
+  newt_json_add_int(j, "zero", p->zero);
+  newt_json_add_int(j, "global_batch", p->global_batch);
+  newt_json_add_int(j, "micro_batch", p->micro_batch);
+  newt_json_add_int(j, "accum", p->accum);
+  cJSON_AddStringToObject(j, "restore", p->restore);
+  newt_json_add_int(j, "step", p->step);
+  cJSON *ranks = cJSON_AddArrayToObject(j, "ranks");
+  for (int i = 0; i < p->nranks; i++) {
+    const plan_rank *r = &p->ranks[i];
+    cJSON *o = cJSON_CreateObject();
+    newt_json_add_int(o, "rank", r->rank);
+    cJSON_AddStringToObject(o, "worker", r->worker);
+    cJSON_AddStringToObject(o, "host", r->host);
+    cJSON_AddStringToObject(o, "addr", r->addr);
+    newt_json_add_int(o, "dp", r->dp);
+    newt_json_add_int(o, "tp", r->tp);
+    newt_json_add_int(o, "pp", r->pp);
+    cJSON_AddItemToArray(ranks, o);
+  }
+  cJSON *spares = cJSON_AddArrayToObject(j, "spares");
+  for (int i = 0; i < p->nspares; i++) cJSON_AddItemToArray(spares, cJSON_CreateString(p->spares[i]));
+  char *out = newt_json_print(j);
+  cJSON_Delete(j);
+  return out;
+}
+
+static newt_result_t get_bounded(const cJSON *o, const char *what, const char *field, int64_t lo,
+                                 int64_t hi, int64_t *out) {
+  NEWT_CHECK(newt_json_get_int(o, what, field, 1, out));
+  if (*out < lo || *out > hi)
+    return NEWT_ERR(NEWT_ERR_INVALID, "%s.%s: %lld is outside [%lld, %lld]", what, field,
+                    (long long)*out, (long long)lo, (long long)hi);
+  return NEWT_OK;
+}
+
+static newt_result_t copy_str(const cJSON *o, const char *what, const char *field, char *dst, size_t cap) {
+  const char *v = NULL;
+  NEWT_CHECK(newt_json_get_str(o, what, field, 1, &v));
+  if (!v[0] || strlen(v) >= cap)
+    return NEWT_ERR(NEWT_ERR_INVALID, "%s.%s: must be 1 to %zu characters", what, field, cap - 1);
+  snprintf(dst, cap, "%s", v);
+  return NEWT_OK;
+}
+
+static newt_result_t parse_rank(const cJSON *o, int i, const newt_plan *p, plan_rank *r) {
+  char what[48];
+  snprintf(what, sizeof what, "plan.ranks[%d]", i);
+  int64_t v;
+  NEWT_CHECK(get_bounded(o, what, "rank", i, i, &v));
+  r->rank = (int)v;
+  NEWT_CHECK(copy_str(o, what, "worker", r->worker, sizeof r->worker));
+  NEWT_CHECK(copy_str(o, what, "host", r->host, sizeof r->host));
+  NEWT_CHECK(copy_str(o, what, "addr", r->addr, sizeof r->addr));
+  NEWT_CHECK(get_bounded(o, what, "dp", 0, p->dp - 1, &v));
+  r->dp = (int)v;
+  NEWT_CHECK(get_bounded(o, what, "tp", 0, p->tp - 1, &v));
+  r->tp = (int)v;
+  NEWT_CHECK(get_bounded(o, what, "pp", 0, p->pp - 1, &v));
+  r->pp = (int)v;
+  if ((r->pp * p->dp + r->dp) * p->tp + r->tp != r->rank)
+    return NEWT_ERR(NEWT_ERR_INVALID, "%s: coordinates (dp %d, tp %d, pp %d) do not give rank %d",
+                    what, r->dp, r->tp, r->pp, r->rank);
+  return NEWT_OK;
+}
+
+static newt_result_t parse_plan(const cJSON *j, newt_plan *p) {
+  static const char *const known[] = {"generation", "secret", "created_ms", "cause", "switch", "dp", "tp",
+                                      "pp", "zero", "global_batch", "micro_batch", "accum", "restore",
+                                      "step", "ranks", "spares", NULL};
+  const char *w = "plan";
+  int64_t v;
+  NEWT_CHECK(newt_json_check_fields(j, w, known));
+  NEWT_CHECK(get_bounded(j, w, "generation", 1, INT64_MAX, &v));
+  p->generation = (uint64_t)v;
+  const char *secret = NULL;
+  NEWT_CHECK(newt_json_get_str(j, w, "secret", 1, &secret));
+  if (strlen(secret) != 2 * PLAN_SECRET_BYTES || newt_hex_decode(secret, p->secret, PLAN_SECRET_BYTES) != 0)
+    return NEWT_ERR(NEWT_ERR_INVALID, "plan.secret: expected %d hex digits", 2 * PLAN_SECRET_BYTES);
+  NEWT_CHECK(get_bounded(j, w, "created_ms", 0, INT64_MAX, &v));
+  p->created_ms = (uint64_t)v;
+  NEWT_CHECK(copy_str(j, w, "cause", p->cause, sizeof p->cause));
+  NEWT_CHECK(copy_str(j, w, "switch", p->switch_mode, sizeof p->switch_mode));
+  if (strcmp(p->switch_mode, "abort") != 0 && strcmp(p->switch_mode, "boundary") != 0)
+    return NEWT_ERR(NEWT_ERR_INVALID, "plan.switch: must be \"abort\" or \"boundary\", got \"%s\"", p->switch_mode);
+  NEWT_CHECK(get_bounded(j, w, "dp", 1, 1 << 20, &v));
+  p->dp = (int)v;
+  NEWT_CHECK(get_bounded(j, w, "tp", 1, 1 << 10, &v));
+  p->tp = (int)v;
+  NEWT_CHECK(get_bounded(j, w, "pp", 1, 1 << 10, &v));
+  p->pp = (int)v;
+  NEWT_CHECK(get_bounded(j, w, "zero", 0, 3, &v));
+  p->zero = (int)v;
+  NEWT_CHECK(get_bounded(j, w, "global_batch", 1, INT64_MAX, &p->global_batch));
+  NEWT_CHECK(get_bounded(j, w, "micro_batch", 1, INT64_MAX, &p->micro_batch));
+  NEWT_CHECK(get_bounded(j, w, "accum", 1, INT64_MAX, &p->accum));
+  if (p->accum * p->dp * p->micro_batch != p->global_batch)
+    return NEWT_ERR(NEWT_ERR_INVALID, "plan.accum: %lld x dp %d x micro_batch %lld != global_batch %lld",
+                    (long long)p->accum, p->dp, (long long)p->micro_batch, (long long)p->global_batch);
+  NEWT_CHECK(copy_str(j, w, "restore", p->restore, sizeof p->restore));
+  NEWT_CHECK(get_bounded(j, w, "step", 0, INT64_MAX, &p->step));
+  const cJSON *ranks = NULL, *spares = NULL;
+  NEWT_CHECK(newt_json_get_arr(j, w, "ranks", 1, &ranks));
+  NEWT_CHECK(newt_json_get_arr(j, w, "spares", 1, &spares));
+  int64_t want = (int64_t)p->dp * p->tp * p->pp;
+  if (cJSON_GetArraySize(ranks) != want)
+    return NEWT_ERR(NEWT_ERR_INVALID, "plan.ranks: %d entries, expected dp x tp x pp = %lld",
+                    cJSON_GetArraySize(ranks), (long long)want);
+  p->nranks = (int)want;
+  p->nspares = cJSON_GetArraySize(spares);
+  p->ranks = calloc((size_t)p->nranks, sizeof *p->ranks);
+  p->spares = calloc((size_t)(p->nspares ? p->nspares : 1), sizeof *p->spares);
+  NEWT_CHECK_ALLOC(p->ranks);
+  NEWT_CHECK_ALLOC(p->spares);
+  int i = 0;
+  for (const cJSON *o = ranks->child; o; o = o->next, i++) NEWT_CHECK(parse_rank(o, i, p, &p->ranks[i]));
+  for (int a = 0; a < p->nranks; a++)
+    for (int b = a + 1; b < p->nranks; b++)
+      if (strcmp(p->ranks[a].worker, p->ranks[b].worker) == 0)
+        return NEWT_ERR(NEWT_ERR_INVALID, "plan.ranks[%d].worker: \"%s\" is also rank %d", b,
+                        p->ranks[b].worker, a);
+  i = 0;
+  for (const cJSON *o = spares->child; o; o = o->next, i++) {
+    if (!cJSON_IsString(o) || !o->valuestring[0] || strlen(o->valuestring) >= PLAN_ID_MAX)
+      return NEWT_ERR(NEWT_ERR_INVALID, "plan.spares[%d]: expected a worker id", i);
+    snprintf(p->spares[i], PLAN_ID_MAX, "%s", o->valuestring);
+  }
+  return NEWT_OK;
+}
+
+newt_result_t plan_from_json(const char *text, size_t len, newt_plan *out) {
+  cJSON *j = NULL;
+  NEWT_CHECK(newt_json_parse(text, len, "plan", &j));
+  newt_plan p;
+  memset(&p, 0, sizeof p);
+  newt_result_t r = parse_plan(j, &p);
+  cJSON_Delete(j);
+  if (r != NEWT_OK) {
+    plan_free(&p);
+    return r;
+  }
+  *out = p;
+  return NEWT_OK;
+}

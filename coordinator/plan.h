@@ -1,0 +1,92 @@
+/* The plan: who is which rank in generation g. The leader computes it from the live
+ * workers and writes it to /newt/<job>/plan; every worker follows it.
+ *
+ *   {"generation": 7, "secret": "<64 hex>", "created_ms": ..., "cause": "crash",
+ *    "switch": "abort",            "abort": drop the running step now (a member failed),
+ *                                  "boundary": finish the current step first (join, leave)
+ *    "dp": 2, "tp": 1, "pp": 1, "zero": 0,
+ *    "global_batch": 32, "micro_batch": 4, "accum": 4,
+ *    "restore": "memory",          the leader's expectation: memory, peer, ckpt or init
+ *    "step": 120,                  the job's newest step known to the leader
+ *    "ranks": [{"rank": 0, "worker": "w0", "host": "h", "addr": "10.0.0.1:4000",
+ *               "dp": 0, "tp": 0, "pp": 0}, ...],
+ *    "spares": ["w5"]}
+ *
+ * Rank order is Megatron's: tp fastest, then dp, then pp:
+ *   rank = (pp_idx * dp + dp_idx) * tp + tp_idx.
+ * A tensor-parallel group (tp consecutive ranks) always lies on one host. The global
+ * batch is kept exactly: accum = global_batch / (dp * micro_batch). */
+#ifndef NEWT_COORDINATOR_PLAN_H
+#define NEWT_COORDINATOR_PLAN_H
+
+#include <cjson/cJSON.h>
+#include <stdint.h>
+
+#include "common/err.h"
+#include "coordinator/spec.h"
+
+#define PLAN_ID_MAX 64
+#define PLAN_ADDR_MAX 96
+#define PLAN_SECRET_BYTES 32
+
+typedef struct plan_rank {
+  int rank;
+  char worker[PLAN_ID_MAX];
+  char host[PLAN_ID_MAX];
+  char addr[PLAN_ADDR_MAX];
+  int dp, tp, pp; /* coordinates */
+} plan_rank;
+
+typedef struct newt_plan {
+  uint64_t generation;
+  unsigned char secret[PLAN_SECRET_BYTES];
+  uint64_t created_ms;
+  char cause[16];    /* initial, crash, hang, leave, join, coordinator, etcd */
+  char switch_mode[16]; /* abort or boundary */
+  int dp, tp, pp, zero;
+  int64_t global_batch, micro_batch, accum;
+  char restore[8]; /* memory, peer, ckpt, init */
+  int64_t step;
+  int nranks;
+  plan_rank *ranks;
+  int nspares;
+  char (*spares)[PLAN_ID_MAX];
+} newt_plan;
+
+/* A live worker as the leader sees it. */
+typedef struct plan_member {
+  char id[PLAN_ID_MAX];
+  char host[PLAN_ID_MAX];
+  char addr[PLAN_ADDR_MAX];
+  int64_t join_rev;  /* etcd create_revision of its registration: earlier joins first */
+  int prev_rank;     /* its rank in the previous plan, -1 when none */
+  int prev_pp;       /* its pipeline stage in the previous plan, -1 when none */
+  int has_state;     /* holds training state in memory */
+} plan_member;
+
+/* The largest data-parallel size in [dp_min, dp_max], at most max_dp, that splits the
+ * global batch into whole micro-batches; 0 when there is none. */
+int plan_choose_dp(const newt_spec *s, int64_t max_dp);
+
+/* Computes the plan for generation prev_gen + 1 from the live members (any order).
+ * Members that keep their place keep their coordinates where the layout allows it.
+ * NEWT_ERR_UNAVAILABLE (message: how many workers are needed and how many there are)
+ * when no valid layout exists. The secret is fresh random bytes. */
+newt_result_t plan_compute(const newt_spec *s, const plan_member *members, int nmembers,
+                           uint64_t prev_gen, newt_plan *out);
+
+void plan_free(newt_plan *p);
+
+/* Deep copy. */
+newt_result_t plan_copy(newt_plan *dst, const newt_plan *src);
+
+/* Serialisation; parsing validates everything (ranks complete, coordinates consistent
+ * with dp/tp/pp, accum keeping the global batch) and names the bad field. */
+char *plan_to_json(const newt_plan *p);
+newt_result_t plan_from_json(const char *text, size_t len, newt_plan *out);
+
+/* The entry of `worker`, or NULL when it is not a rank of the plan. */
+const plan_rank *plan_find(const newt_plan *p, const char *worker);
+int plan_is_spare(const newt_plan *p, const char *worker);
+
+#endif

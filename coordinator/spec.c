@@ -1,0 +1,277 @@
+/* Parsing, validation and printing of the job spec (see spec.h). Each section is read
+ * with the field-naming JSON getters; unknown fields are errors; spec_validate holds the
+ * rules that tie fields together. */
+#include "coordinator/spec.h"
+
+#include <ctype.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/json.h"
+
+void spec_defaults(newt_spec *s, const char *job) {
+  memset(s, 0, sizeof *s);
+  snprintf(s->job, sizeof s->job, "%s", job ? job : "");
+  snprintf(s->preset, sizeof s->preset, "tiny");
+  s->data_seed = 1;
+  s->steps = 100;
+  s->global_batch = 32;
+  s->micro_batch = 4;
+  s->lr = 1e-3;
+  s->lr_min = 1e-4;
+  s->weight_decay = 0.1;
+  s->grad_clip = 1.0;
+  s->warmup = 10;
+  s->seed = 42;
+  s->tp = 1;
+  s->pp = 1;
+  s->zero = 0;
+  s->dp_min = 1;
+  s->dp_max = 1024;
+  s->ckpt_every = 0;
+  s->ckpt_keep = 3;
+  s->ckpt_level = 3;
+  s->lease_ttl_ms = 2000;
+  s->comm_timeout_ms = 3000;
+  s->hang_timeout_ms = 5000;
+  s->report_window_ms = 300;
+  s->replica_every = 1;
+  snprintf(s->backend, sizeof s->backend, "cpu");
+}
+
+static newt_result_t get_string(const cJSON *obj, const char *what, const char *field, char *dst,
+                                size_t cap) {
+  const char *v = NULL;
+  NEWT_CHECK(newt_json_get_str(obj, what, field, 0, &v));
+  if (!v) return NEWT_OK;
+  if (strlen(v) >= cap)
+    return NEWT_ERR(NEWT_ERR_INVALID, "%s.%s: longer than %zu characters", what, field, cap - 1);
+  snprintf(dst, cap, "%s", v);
+  return NEWT_OK;
+}
+
+static newt_result_t get_u64(const cJSON *obj, const char *what, const char *field, uint64_t *out) {
+  int64_t v = (int64_t)*out;
+  NEWT_CHECK(newt_json_get_int(obj, what, field, 0, &v));
+  if (v < 0) return NEWT_ERR(NEWT_ERR_INVALID, "%s.%s: must not be negative, got %lld", what, field, (long long)v);
+  *out = (uint64_t)v;
+  return NEWT_OK;
+}
+
+static newt_result_t parse_model(const cJSON *m, newt_spec *s) {
+  static const char *const known[] = {"preset", "vocab", "ctx", "layers", "heads", "dim", NULL};
+  const char *w = "spec.model";
+  NEWT_CHECK(newt_json_check_fields(m, w, known));
+  NEWT_CHECK(get_string(m, w, "preset", s->preset, sizeof s->preset));
+  NEWT_CHECK(newt_json_get_int(m, w, "vocab", 0, &s->vocab));
+  NEWT_CHECK(newt_json_get_int(m, w, "ctx", 0, &s->ctx));
+  NEWT_CHECK(newt_json_get_int(m, w, "layers", 0, &s->layers));
+  NEWT_CHECK(newt_json_get_int(m, w, "heads", 0, &s->heads));
+  NEWT_CHECK(newt_json_get_int(m, w, "dim", 0, &s->dim));
+  return NEWT_OK;
+}
+
+static newt_result_t parse_data(const cJSON *d, newt_spec *s) {
+  static const char *const known[] = {"path", "seed", NULL};
+  NEWT_CHECK(newt_json_check_fields(d, "spec.data", known));
+  NEWT_CHECK(get_string(d, "spec.data", "path", s->data_path, sizeof s->data_path));
+  return get_u64(d, "spec.data", "seed", &s->data_seed);
+}
+
+static newt_result_t parse_train(const cJSON *t, newt_spec *s) {
+  static const char *const known[] = {"steps", "global_batch", "micro_batch", "lr", "lr_min", "warmup",
+                                      "weight_decay", "grad_clip", "seed", NULL};
+  const char *w = "spec.train";
+  NEWT_CHECK(newt_json_check_fields(t, w, known));
+  NEWT_CHECK(newt_json_get_int(t, w, "steps", 0, &s->steps));
+  NEWT_CHECK(newt_json_get_int(t, w, "global_batch", 0, &s->global_batch));
+  NEWT_CHECK(newt_json_get_int(t, w, "micro_batch", 0, &s->micro_batch));
+  NEWT_CHECK(newt_json_get_double(t, w, "lr", 0, &s->lr));
+  NEWT_CHECK(newt_json_get_double(t, w, "lr_min", 0, &s->lr_min));
+  NEWT_CHECK(newt_json_get_int(t, w, "warmup", 0, &s->warmup));
+  NEWT_CHECK(newt_json_get_double(t, w, "weight_decay", 0, &s->weight_decay));
+  NEWT_CHECK(newt_json_get_double(t, w, "grad_clip", 0, &s->grad_clip));
+  return get_u64(t, w, "seed", &s->seed);
+}
+
+static newt_result_t parse_parallel(const cJSON *p, newt_spec *s) {
+  static const char *const known[] = {"tp", "pp", "zero", "dp_min", "dp_max", NULL};
+  const char *w = "spec.parallel";
+  NEWT_CHECK(newt_json_check_fields(p, w, known));
+  NEWT_CHECK(newt_json_get_int(p, w, "tp", 0, &s->tp));
+  NEWT_CHECK(newt_json_get_int(p, w, "pp", 0, &s->pp));
+  NEWT_CHECK(newt_json_get_int(p, w, "zero", 0, &s->zero));
+  NEWT_CHECK(newt_json_get_int(p, w, "dp_min", 0, &s->dp_min));
+  return newt_json_get_int(p, w, "dp_max", 0, &s->dp_max);
+}
+
+static newt_result_t parse_ckpt(const cJSON *c, newt_spec *s) {
+  static const char *const known[] = {"dir", "every", "keep", "level", NULL};
+  const char *w = "spec.ckpt";
+  NEWT_CHECK(newt_json_check_fields(c, w, known));
+  NEWT_CHECK(get_string(c, w, "dir", s->ckpt_dir, sizeof s->ckpt_dir));
+  NEWT_CHECK(newt_json_get_int(c, w, "every", 0, &s->ckpt_every));
+  NEWT_CHECK(newt_json_get_int(c, w, "keep", 0, &s->ckpt_keep));
+  return newt_json_get_int(c, w, "level", 0, &s->ckpt_level);
+}
+
+static newt_result_t parse_fault(const cJSON *f, newt_spec *s) {
+  static const char *const known[] = {"lease_ttl_ms", "comm_timeout_ms", "hang_timeout_ms",
+                                      "report_window_ms", "replica_every", NULL};
+  const char *w = "spec.fault";
+  NEWT_CHECK(newt_json_check_fields(f, w, known));
+  NEWT_CHECK(newt_json_get_int(f, w, "lease_ttl_ms", 0, &s->lease_ttl_ms));
+  NEWT_CHECK(newt_json_get_int(f, w, "comm_timeout_ms", 0, &s->comm_timeout_ms));
+  NEWT_CHECK(newt_json_get_int(f, w, "hang_timeout_ms", 0, &s->hang_timeout_ms));
+  NEWT_CHECK(newt_json_get_int(f, w, "report_window_ms", 0, &s->report_window_ms));
+  return newt_json_get_int(f, w, "replica_every", 0, &s->replica_every);
+}
+
+typedef newt_result_t (*section_fn)(const cJSON *, newt_spec *);
+
+newt_result_t spec_from_cjson(const cJSON *j, newt_spec *out) {
+  static const char *const known[] = {"job", "model", "data", "train", "parallel", "ckpt", "fault",
+                                      "backend", NULL};
+  static const struct {
+    const char *name;
+    section_fn fn;
+  } sections[] = {{"model", parse_model},       {"data", parse_data}, {"train", parse_train},
+                  {"parallel", parse_parallel}, {"ckpt", parse_ckpt}, {"fault", parse_fault}};
+  NEWT_CHECK(newt_json_check_fields(j, "spec", known));
+  const char *job = NULL;
+  NEWT_CHECK(newt_json_get_str(j, "spec", "job", 1, &job));
+  newt_spec s;
+  spec_defaults(&s, "");
+  if (strlen(job) >= sizeof s.job)
+    return NEWT_ERR(NEWT_ERR_INVALID, "spec.job: longer than %zu characters", sizeof s.job - 1);
+  snprintf(s.job, sizeof s.job, "%s", job);
+  for (size_t i = 0; i < sizeof sections / sizeof sections[0]; i++) {
+    const cJSON *sec = NULL;
+    NEWT_CHECK(newt_json_get_obj(j, "spec", sections[i].name, 0, &sec));
+    if (sec) NEWT_CHECK(sections[i].fn(sec, &s));
+  }
+  NEWT_CHECK(get_string(j, "spec", "backend", s.backend, sizeof s.backend));
+  NEWT_CHECK(spec_validate(&s));
+  *out = s;
+  return NEWT_OK;
+}
+
+newt_result_t spec_from_json(const char *text, size_t len, newt_spec *s) {
+  cJSON *j = NULL;
+  NEWT_CHECK(newt_json_parse(text, len, "spec", &j));
+  newt_result_t r = spec_from_cjson(j, s);
+  cJSON_Delete(j);
+  return r;
+}
+
+#define RULE(cond, ...)                                        \
+  do {                                                         \
+    if (!(cond)) return NEWT_ERR(NEWT_ERR_INVALID, __VA_ARGS__); \
+  } while (0)
+
+newt_result_t spec_validate(const newt_spec *s) {
+  RULE(s->job[0], "spec.job: must not be empty");
+  for (const char *p = s->job; *p; p++)
+    RULE(isalnum((unsigned char)*p) || *p == '-' || *p == '_' || *p == '.',
+         "spec.job: \"%s\" may hold only letters, digits, '-', '_' and '.'", s->job);
+  RULE(s->preset[0], "spec.model.preset: must not be empty");
+  RULE(s->vocab >= 0 && s->ctx >= 0 && s->layers >= 0 && s->heads >= 0 && s->dim >= 0,
+       "spec.model: sizes must not be negative");
+  RULE(s->steps >= 1, "spec.train.steps: must be at least 1, got %lld", (long long)s->steps);
+  RULE(s->micro_batch >= 1, "spec.train.micro_batch: must be at least 1, got %lld",
+       (long long)s->micro_batch);
+  RULE(s->global_batch >= 1, "spec.train.global_batch: must be at least 1, got %lld",
+       (long long)s->global_batch);
+  RULE(s->global_batch % s->micro_batch == 0,
+       "spec.train.global_batch: %lld is not a multiple of micro_batch %lld",
+       (long long)s->global_batch, (long long)s->micro_batch);
+  RULE(s->lr > 0, "spec.train.lr: must be positive, got %g", s->lr);
+  RULE(s->lr_min >= 0 && s->lr_min <= s->lr, "spec.train.lr_min: must be in [0, lr=%g], got %g",
+       s->lr, s->lr_min);
+  RULE(s->warmup >= 0, "spec.train.warmup: must not be negative");
+  RULE(s->weight_decay >= 0, "spec.train.weight_decay: must not be negative");
+  RULE(s->grad_clip >= 0, "spec.train.grad_clip: must not be negative (0 disables clipping)");
+  RULE(s->tp >= 1, "spec.parallel.tp: must be at least 1, got %lld", (long long)s->tp);
+  RULE(s->pp >= 1, "spec.parallel.pp: must be at least 1, got %lld", (long long)s->pp);
+  RULE(s->zero >= 0 && s->zero <= 3, "spec.parallel.zero: must be 0, 1, 2 or 3, got %lld",
+       (long long)s->zero);
+  RULE(s->dp_min >= 1, "spec.parallel.dp_min: must be at least 1, got %lld", (long long)s->dp_min);
+  RULE(s->dp_max >= s->dp_min, "spec.parallel.dp_max: %lld is below dp_min %lld",
+       (long long)s->dp_max, (long long)s->dp_min);
+  RULE(s->layers == 0 || s->pp <= s->layers, "spec.parallel.pp: %lld stages for %lld layers",
+       (long long)s->pp, (long long)s->layers);
+  int feasible = 0;
+  for (int64_t dp = s->dp_min; dp <= s->dp_max && dp <= s->global_batch && !feasible; dp++)
+    feasible = s->global_batch % (dp * s->micro_batch) == 0;
+  RULE(feasible,
+       "spec.train.global_batch: %lld cannot be split into micro-batches of %lld over any "
+       "data-parallel size in [%lld, %lld]",
+       (long long)s->global_batch, (long long)s->micro_batch, (long long)s->dp_min,
+       (long long)s->dp_max);
+  RULE(s->ckpt_every >= 0, "spec.ckpt.every: must not be negative (0 disables checkpoints)");
+  RULE(s->ckpt_keep >= 1, "spec.ckpt.keep: must be at least 1, got %lld", (long long)s->ckpt_keep);
+  RULE(s->ckpt_level >= -7 && s->ckpt_level <= 22, "spec.ckpt.level: zstd levels are -7..22, got %lld",
+       (long long)s->ckpt_level);
+  RULE(s->ckpt_every == 0 || s->ckpt_dir[0], "spec.ckpt.dir: needed when ckpt.every is set");
+  RULE(s->lease_ttl_ms >= 1000, "spec.fault.lease_ttl_ms: must be at least 1000 (etcd's minimum), got %lld",
+       (long long)s->lease_ttl_ms);
+  RULE(s->comm_timeout_ms >= 50, "spec.fault.comm_timeout_ms: must be at least 50, got %lld",
+       (long long)s->comm_timeout_ms);
+  RULE(s->hang_timeout_ms >= 100, "spec.fault.hang_timeout_ms: must be at least 100, got %lld",
+       (long long)s->hang_timeout_ms);
+  RULE(s->report_window_ms >= 0, "spec.fault.report_window_ms: must not be negative");
+  RULE(s->replica_every >= 1, "spec.fault.replica_every: must be at least 1, got %lld",
+       (long long)s->replica_every);
+  RULE(strcmp(s->backend, "cpu") == 0 || strcmp(s->backend, "nccl") == 0,
+       "spec.backend: must be \"cpu\" or \"nccl\", got \"%s\"", s->backend);
+  return NEWT_OK;
+}
+
+char *spec_to_json(const newt_spec *s) {
+  cJSON *j = cJSON_CreateObject();
+  if (!j) return NULL;
+  cJSON_AddStringToObject(j, "job", s->job);
+  cJSON *m = cJSON_AddObjectToObject(j, "model");
+  cJSON_AddStringToObject(m, "preset", s->preset);
+  const struct {
+    const char *k;
+    int64_t v;
+  } sizes[] = {{"vocab", s->vocab}, {"ctx", s->ctx}, {"layers", s->layers}, {"heads", s->heads}, {"dim", s->dim}};
+  for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++)
+    if (sizes[i].v) newt_json_add_int(m, sizes[i].k, sizes[i].v);
+  cJSON *d = cJSON_AddObjectToObject(j, "data");
+  cJSON_AddStringToObject(d, "path", s->data_path);
+  newt_json_add_int(d, "seed", (int64_t)s->data_seed);
+  cJSON *t = cJSON_AddObjectToObject(j, "train");
+  newt_json_add_int(t, "steps", s->steps);
+  newt_json_add_int(t, "global_batch", s->global_batch);
+  newt_json_add_int(t, "micro_batch", s->micro_batch);
+  cJSON_AddNumberToObject(t, "lr", s->lr);
+  cJSON_AddNumberToObject(t, "lr_min", s->lr_min);
+  newt_json_add_int(t, "warmup", s->warmup);
+  cJSON_AddNumberToObject(t, "weight_decay", s->weight_decay);
+  cJSON_AddNumberToObject(t, "grad_clip", s->grad_clip);
+  newt_json_add_int(t, "seed", (int64_t)s->seed);
+  cJSON *p = cJSON_AddObjectToObject(j, "parallel");
+  newt_json_add_int(p, "tp", s->tp);
+  newt_json_add_int(p, "pp", s->pp);
+  newt_json_add_int(p, "zero", s->zero);
+  newt_json_add_int(p, "dp_min", s->dp_min);
+  newt_json_add_int(p, "dp_max", s->dp_max);
+  cJSON *c = cJSON_AddObjectToObject(j, "ckpt");
+  cJSON_AddStringToObject(c, "dir", s->ckpt_dir);
+  newt_json_add_int(c, "every", s->ckpt_every);
+  newt_json_add_int(c, "keep", s->ckpt_keep);
+  newt_json_add_int(c, "level", s->ckpt_level);
+  cJSON *f = cJSON_AddObjectToObject(j, "fault");
+  newt_json_add_int(f, "lease_ttl_ms", s->lease_ttl_ms);
+  newt_json_add_int(f, "comm_timeout_ms", s->comm_timeout_ms);
+  newt_json_add_int(f, "hang_timeout_ms", s->hang_timeout_ms);
+  newt_json_add_int(f, "report_window_ms", s->report_window_ms);
+  newt_json_add_int(f, "replica_every", s->replica_every);
+  cJSON_AddStringToObject(j, "backend", s->backend);
+  char *out = newt_json_print(j);
+  cJSON_Delete(j);
+  return out;
+}

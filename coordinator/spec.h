@@ -1,0 +1,72 @@
+/* The job spec: what a user asks for, written once to etcd under /newt/<job>/spec and
+ * read by every coordinator and worker.
+ *
+ *   {"job": "demo",
+ *    "model":    {"preset": "tiny", "layers": 4, ...},          overrides of the preset
+ *    "data":     {"path": "corpus.tok", "seed": 1},
+ *    "train":    {"steps": 200, "global_batch": 32, "micro_batch": 4, "lr": 3e-4,
+ *                 "lr_min": 3e-5, "warmup": 20, "weight_decay": 0.1, "grad_clip": 1.0,
+ *                 "seed": 42},
+ *    "parallel": {"tp": 1, "pp": 1, "zero": 0, "dp_min": 1, "dp_max": 64},
+ *    "ckpt":     {"dir": "/ckpt", "every": 50, "keep": 3, "level": 3},
+ *    "fault":    {"lease_ttl_ms": 2000, "comm_timeout_ms": 3000, "hang_timeout_ms": 5000,
+ *                 "report_window_ms": 300, "replica_every": 1},
+ *    "backend":  "cpu"}
+ *
+ * Every field but "job" has a default. Parsing rejects unknown fields and bad values with
+ * a message naming the field ("spec.parallel.tp: must be at least 1, got 0"), so a typo
+ * never silently falls back to a default. */
+#ifndef NEWT_COORDINATOR_SPEC_H
+#define NEWT_COORDINATOR_SPEC_H
+
+#include <cjson/cJSON.h>
+#include <stdint.h>
+
+#include "common/err.h"
+
+#define SPEC_NAME_MAX 64
+#define SPEC_PATH_MAX 512
+
+typedef struct newt_spec {
+  char job[SPEC_NAME_MAX];
+  /* model: the preset and its overrides (0 keeps the preset's value) */
+  char preset[SPEC_NAME_MAX];
+  int64_t vocab, ctx, layers, heads, dim;
+  /* data */
+  char data_path[SPEC_PATH_MAX]; /* empty: a generated corpus */
+  uint64_t data_seed;
+  /* training: the global batch is kept across every resize */
+  int64_t steps;
+  int64_t global_batch; /* samples per optimizer step, whole job */
+  int64_t micro_batch;  /* samples per forward/backward on one data-parallel rank */
+  double lr, lr_min, weight_decay, grad_clip;
+  int64_t warmup;
+  uint64_t seed;
+  /* parallelism: tp, pp and zero are fixed; dp varies in [dp_min, dp_max] */
+  int64_t tp, pp, zero, dp_min, dp_max;
+  /* checkpoints (dir empty: none) */
+  char ckpt_dir[SPEC_PATH_MAX];
+  int64_t ckpt_every, ckpt_keep, ckpt_level;
+  /* fault tolerance */
+  int64_t lease_ttl_ms;     /* worker and coordinator leases */
+  int64_t comm_timeout_ms;  /* floor of a collective's no-progress deadline */
+  int64_t hang_timeout_ms;  /* a member whose step stops advancing this long is fenced */
+  int64_t report_window_ms; /* how long the leader gathers failure reports before planning */
+  int64_t replica_every;    /* ZeRO: refresh the in-memory copy of a shard every N steps */
+  char backend[8];          /* "cpu" or "nccl" */
+} newt_spec;
+
+/* Defaults for everything; job set to `job`. */
+void spec_defaults(newt_spec *s, const char *job);
+
+/* Parses and validates a spec document; `s` is fully written only on success. */
+newt_result_t spec_from_json(const char *text, size_t len, newt_spec *s);
+newt_result_t spec_from_cjson(const cJSON *j, newt_spec *s);
+
+/* Checks the cross-field rules (batch divisibility, ranges); errors name the field. */
+newt_result_t spec_validate(const newt_spec *s);
+
+/* The spec as a JSON document (every field written); malloc'd, NULL on no memory. */
+char *spec_to_json(const newt_spec *s);
+
+#endif

@@ -1,0 +1,251 @@
+{{/*
+Names, labels and the pieces every newt pod shares: the image, the etcd endpoints and the
+client flags, volumes and mounts for etcd TLS and auth. The job spec is built here too.
+*/}}
+
+{{- define "newt.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{/* The release's full name; StatefulSet pod names and Service names are built on it, so
+it is cut to 40 characters to leave room for "-etcd-headless" and pod ordinals. */}}
+{{- define "newt.fullname" -}}
+{{- if .Values.fullnameOverride }}
+{{- .Values.fullnameOverride | trunc 40 | trimSuffix "-" }}
+{{- else }}
+{{- $name := default .Chart.Name .Values.nameOverride }}
+{{- if contains $name .Release.Name }}
+{{- .Release.Name | trunc 40 | trimSuffix "-" }}
+{{- else }}
+{{- printf "%s-%s" .Release.Name $name | trunc 40 | trimSuffix "-" }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{- define "newt.chart" -}}
+{{- printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{- define "newt.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "newt.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+{{- end }}
+
+{{- define "newt.labels" -}}
+helm.sh/chart: {{ include "newt.chart" . }}
+{{ include "newt.selectorLabels" . }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+app.kubernetes.io/part-of: newt
+{{- end }}
+
+{{/* Labels of one component: (dict "ctx" $ "component" "worker"). */}}
+{{- define "newt.componentLabels" -}}
+{{ include "newt.labels" .ctx }}
+app.kubernetes.io/component: {{ .component }}
+{{- end }}
+
+{{- define "newt.componentSelector" -}}
+{{ include "newt.selectorLabels" .ctx }}
+app.kubernetes.io/component: {{ .component }}
+{{- end }}
+
+{{- define "newt.etcdName" -}}{{ include "newt.fullname" . }}-etcd{{- end }}
+{{- define "newt.etcdHeadless" -}}{{ include "newt.fullname" . }}-etcd-headless{{- end }}
+{{- define "newt.coordinatorName" -}}{{ include "newt.fullname" . }}-coordinator{{- end }}
+{{- define "newt.workersName" -}}{{ include "newt.fullname" . }}-workers{{- end }}
+{{- define "newt.specName" -}}{{ include "newt.fullname" . }}-spec{{- end }}
+
+{{- define "newt.jobName" -}}
+{{- default (include "newt.fullname" .) .Values.job.name }}
+{{- end }}
+
+{{- define "newt.serviceAccountName" -}}
+{{- if .Values.serviceAccount.create }}
+{{- default (include "newt.fullname" .) .Values.serviceAccount.name }}
+{{- else }}
+{{- default "default" .Values.serviceAccount.name }}
+{{- end }}
+{{- end }}
+
+{{/* An image reference from {repository, tag, digest}; the second argument is the tag
+used when tag is empty. */}}
+{{- define "newt.imageRef" -}}
+{{- $img := index . 0 }}
+{{- if $img.digest }}
+{{- printf "%s@%s" $img.repository $img.digest }}
+{{- else }}
+{{- printf "%s:%s" $img.repository (default (index . 1) $img.tag) }}
+{{- end }}
+{{- end }}
+
+{{- define "newt.image" -}}
+{{- include "newt.imageRef" (list .Values.image .Chart.AppVersion) }}
+{{- end }}
+
+{{- define "newt.etcdImage" -}}
+{{- include "newt.imageRef" (list .Values.etcd.image "v3.5.17") }}
+{{- end }}
+
+{{- define "newt.etcdScheme" -}}
+{{- if .Values.etcdClient.tls.enabled }}https{{ else }}http{{ end }}
+{{- end }}
+
+{{/* The DNS name of etcd member i: (list $ i). */}}
+{{- define "newt.etcdMemberHost" -}}
+{{- $ := index . 0 }}
+{{- printf "%s-%d.%s.%s.svc.%s" (include "newt.etcdName" $) (int (index . 1)) (include "newt.etcdHeadless" $) $.Release.Namespace $.Values.clusterDomain }}
+{{- end }}
+
+{{/* Comma-separated client endpoints: every in-chart member, or the external ones. */}}
+{{- define "newt.etcdEndpoints" -}}
+{{- if .Values.etcd.enabled }}
+{{- $eps := list }}
+{{- range $i := until (int .Values.etcd.replicas) }}
+{{- $eps = append $eps (printf "%s://%s:%d" (include "newt.etcdScheme" $) (include "newt.etcdMemberHost" (list $ $i)) (int $.Values.etcd.clientPort)) }}
+{{- end }}
+{{- join "," $eps }}
+{{- else }}
+{{- join "," .Values.externalEtcd.endpoints }}
+{{- end }}
+{{- end }}
+
+{{/* newt's etcd client flags (coordinator, worker, status), one YAML list item each. */}}
+{{- define "newt.etcdClientArgs" -}}
+- --job={{ include "newt.jobName" . }}
+- --etcd={{ include "newt.etcdEndpoints" . }}
+{{- if .Values.etcdClient.tls.enabled }}
+- --etcd-ca=/etc/newt/etcd-tls/ca.crt
+{{- if .Values.etcdClient.tls.clientCert }}
+- --etcd-cert=/etc/newt/etcd-tls/tls.crt
+- --etcd-key=/etc/newt/etcd-tls/tls.key
+{{- end }}
+{{- end }}
+{{- if .Values.etcdClient.auth.enabled }}
+- --etcd-password-file=/etc/newt/etcd-auth/password
+{{- end }}
+{{- end }}
+
+{{/* The same connection as environment variables (the flags' fallbacks), so that
+`kubectl exec ... -- newt status` works in any newt container; the etcd user comes from
+the Secret this way. */}}
+{{- define "newt.etcdClientEnv" -}}
+- name: NEWT_JOB
+  value: {{ include "newt.jobName" . | quote }}
+- name: NEWT_ETCD
+  value: {{ include "newt.etcdEndpoints" . | quote }}
+{{- if .Values.etcdClient.tls.enabled }}
+- name: NEWT_ETCD_CA
+  value: /etc/newt/etcd-tls/ca.crt
+{{- if .Values.etcdClient.tls.clientCert }}
+- name: NEWT_ETCD_CERT
+  value: /etc/newt/etcd-tls/tls.crt
+- name: NEWT_ETCD_KEY
+  value: /etc/newt/etcd-tls/tls.key
+{{- end }}
+{{- end }}
+{{- if .Values.etcdClient.auth.enabled }}
+- name: NEWT_ETCD_PASSWORD_FILE
+  value: /etc/newt/etcd-auth/password
+- name: NEWT_ETCD_USER
+  valueFrom:
+    secretKeyRef:
+      name: {{ .Values.etcdClient.auth.secret }}
+      key: {{ .Values.etcdClient.auth.usernameKey }}
+{{- end }}
+{{- end }}
+
+{{- define "newt.etcdClientVolumeMounts" -}}
+{{- if .Values.etcdClient.tls.enabled }}
+- name: etcd-tls
+  mountPath: /etc/newt/etcd-tls
+  readOnly: true
+{{- end }}
+{{- if .Values.etcdClient.auth.enabled }}
+- name: etcd-auth
+  mountPath: /etc/newt/etcd-auth
+  readOnly: true
+{{- end }}
+{{- end }}
+
+{{- define "newt.etcdClientVolumes" -}}
+{{- if .Values.etcdClient.tls.enabled }}
+- name: etcd-tls
+  secret:
+    secretName: {{ .Values.etcdClient.tls.secret }}
+    defaultMode: 0440
+{{- end }}
+{{- if .Values.etcdClient.auth.enabled }}
+- name: etcd-auth
+  secret:
+    secretName: {{ .Values.etcdClient.auth.secret }}
+    defaultMode: 0440
+    items:
+      - key: {{ .Values.etcdClient.auth.passwordKey }}
+        path: password
+{{- end }}
+{{- end }}
+
+{{/* etcdctl's environment for the test hook and the auth bootstrap (ETCDCTL_*). */}}
+{{- define "newt.etcdctlEnv" -}}
+- name: ETCDCTL_API
+  value: "3"
+- name: ETCDCTL_ENDPOINTS
+  value: {{ include "newt.etcdEndpoints" . | quote }}
+{{- if .Values.etcdClient.tls.enabled }}
+- name: ETCDCTL_CACERT
+  value: /etc/newt/etcd-tls/ca.crt
+{{- if .Values.etcdClient.tls.clientCert }}
+- name: ETCDCTL_CERT
+  value: /etc/newt/etcd-tls/tls.crt
+- name: ETCDCTL_KEY
+  value: /etc/newt/etcd-tls/tls.key
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{- define "newt.podSecurityContext" -}}
+{{- toYaml .Values.podSecurityContext }}
+{{- end }}
+
+{{- define "newt.containerSecurityContext" -}}
+{{- toYaml .Values.containerSecurityContext }}
+{{- end }}
+
+{{- define "newt.imagePullSecrets" -}}
+{{- with .Values.imagePullSecrets }}
+imagePullSecrets:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- end }}
+
+{{/* Workers at the low and high ends of the elastic range. */}}
+{{- define "newt.minWorkers" -}}
+{{- mul (int .Values.workers.minReplicas) (int .Values.workers.perPod) }}
+{{- end }}
+{{- define "newt.maxWorkers" -}}
+{{- mul (int .Values.workers.maxReplicas) (int .Values.workers.perPod) }}
+{{- end }}
+
+{{/* The spec's data-parallel range from the worker bounds. */}}
+{{- define "newt.dpMin" -}}
+{{- div (int (include "newt.minWorkers" .)) (mul (int .Values.spec.parallel.tp) (int .Values.spec.parallel.pp)) }}
+{{- end }}
+{{- define "newt.dpMax" -}}
+{{- div (int (include "newt.maxWorkers" .)) (mul (int .Values.spec.parallel.tp) (int .Values.spec.parallel.pp)) }}
+{{- end }}
+
+{{- define "newt.backend" -}}
+{{- if .Values.spec.backend }}{{ .Values.spec.backend }}{{ else if eq (int .Values.workers.gpu.count) 1 }}nccl{{ else }}cpu{{ end }}
+{{- end }}
+
+{{/* The job spec document given to the coordinators (coordinator/spec.h). */}}
+{{- define "newt.specJson" -}}
+{{- $s := deepCopy .Values.spec }}
+{{- $_ := set $s "job" (include "newt.jobName" .) }}
+{{- $_ = set $s "backend" (include "newt.backend" .) }}
+{{- $_ = set $s.parallel "dp_min" (int (include "newt.dpMin" .)) }}
+{{- $_ = set $s.parallel "dp_max" (int (include "newt.dpMax" .)) }}
+{{- $_ = set $s.ckpt "dir" (ternary .Values.checkpoints.mountPath "" .Values.checkpoints.enabled) }}
+{{- toPrettyJson $s }}
+{{- end }}

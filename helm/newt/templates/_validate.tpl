@@ -1,0 +1,82 @@
+{{/*
+The rules between values that values.schema.json cannot express (JSON Schema cannot
+compare two numbers or divide one by another). Each failure names the values involved.
+Included once, from configmap-spec.yaml, which is always rendered.
+*/}}
+{{- define "newt.validate" -}}
+{{- $w := .Values.workers }}
+{{- $p := .Values.spec.parallel }}
+{{- $t := .Values.spec.train }}
+{{- $tp := int $p.tp }}
+{{- $pp := int $p.pp }}
+{{- $group := mul $tp $pp }}
+{{- if gt (int $w.minReplicas) (int $w.maxReplicas) }}
+{{- fail (printf "newt: workers.minReplicas (%d) is above workers.maxReplicas (%d)" (int $w.minReplicas) (int $w.maxReplicas)) }}
+{{- end }}
+{{- if or (lt (int $w.replicas) (int $w.minReplicas)) (gt (int $w.replicas) (int $w.maxReplicas)) }}
+{{- fail (printf "newt: workers.replicas (%d) is outside [workers.minReplicas, workers.maxReplicas] = [%d, %d]" (int $w.replicas) (int $w.minReplicas) (int $w.maxReplicas)) }}
+{{- end }}
+{{- if ne (mod (int $w.perPod) $tp) 0 }}
+{{- fail (printf "newt: workers.perPod (%d) is not a multiple of spec.parallel.tp (%d): a tensor-parallel group must lie in one pod (one host)" (int $w.perPod) $tp) }}
+{{- end }}
+{{- $minW := int (include "newt.minWorkers" .) }}
+{{- $maxW := int (include "newt.maxWorkers" .) }}
+{{- if lt $minW $group }}
+{{- fail (printf "newt: workers.minReplicas x workers.perPod = %d workers cannot be laid out as tp x pp = %d x %d = %d" $minW $tp $pp $group) }}
+{{- end }}
+{{- if ne (mod $minW $group) 0 }}
+{{- fail (printf "newt: workers.minReplicas x workers.perPod = %d workers cannot be laid out as whole tp x pp = %d x %d groups (%d would idle)" $minW $tp $pp (mod $minW $group)) }}
+{{- end }}
+{{- if ne (mod $maxW $group) 0 }}
+{{- fail (printf "newt: workers.maxReplicas x workers.perPod = %d workers cannot be laid out as whole tp x pp = %d x %d groups (%d would idle)" $maxW $tp $pp (mod $maxW $group)) }}
+{{- end }}
+{{- $layers := int (default 0 .Values.spec.model.layers) }}
+{{- if and (gt $layers 0) (gt $pp $layers) }}
+{{- fail (printf "newt: spec.parallel.pp (%d) is more pipeline stages than spec.model.layers (%d)" $pp $layers) }}
+{{- end }}
+{{- $gb := int $t.global_batch }}
+{{- $mb := int $t.micro_batch }}
+{{- if ne (mod $gb $mb) 0 }}
+{{- fail (printf "newt: spec.train.global_batch (%d) is not a multiple of spec.train.micro_batch (%d)" $gb $mb) }}
+{{- end }}
+{{- $dpMin := int (include "newt.dpMin" .) }}
+{{- $dpMax := int (include "newt.dpMax" .) }}
+{{- $feasible := false }}
+{{- range $dp := untilStep $dpMin (int (add1 (min $dpMax $gb))) 1 }}
+{{- if eq (mod $gb (mul $dp $mb)) 0 }}{{ $feasible = true }}{{ end }}
+{{- end }}
+{{- if not $feasible }}
+{{- fail (printf "newt: spec.train.global_batch (%d) cannot be split into micro-batches of %d over any data-parallel size in [%d, %d] (from workers.minReplicas/maxReplicas)" $gb $mb $dpMin $dpMax) }}
+{{- end }}
+{{- if gt (float64 $t.lr_min) (float64 $t.lr) }}
+{{- fail (printf "newt: spec.train.lr_min (%v) is above spec.train.lr (%v)" $t.lr_min $t.lr) }}
+{{- end }}
+{{- if ge (int $w.terminationGracePeriodSeconds) (int $w.preemptionNoticeSeconds) }}
+{{- fail (printf "newt: workers.terminationGracePeriodSeconds (%d) must be shorter than workers.preemptionNoticeSeconds (%d), the cloud's notice before it reclaims a node" (int $w.terminationGracePeriodSeconds) (int $w.preemptionNoticeSeconds)) }}
+{{- end }}
+{{- if .Values.etcdClient.tls.enabled }}
+{{- range .Values.externalEtcd.endpoints }}
+{{- if and (not $.Values.etcd.enabled) (not (hasPrefix "https://" .)) }}
+{{- fail (printf "newt: externalEtcd.endpoints: %q is not https:// but etcdClient.tls.enabled is true" .) }}
+{{- end }}
+{{- end }}
+{{- if and .Values.etcd.enabled (not .Values.etcdClient.tls.clientCert) }}
+{{- fail "newt: etcdClient.tls.clientCert must be true with the in-chart etcd: it requires client certificates when TLS is on" }}
+{{- end }}
+{{- else }}
+{{- range .Values.externalEtcd.endpoints }}
+{{- if and (not $.Values.etcd.enabled) (hasPrefix "https://" .) }}
+{{- fail (printf "newt: externalEtcd.endpoints: %q is https:// but etcdClient.tls.enabled is false (set it and etcdClient.tls.secret)" .) }}
+{{- end }}
+{{- end }}
+{{- end }}
+{{- if and .Values.etcd.enabled .Values.etcdClient.auth.enabled .Values.etcdClient.auth.bootstrap.enabled (not .Values.etcdClient.auth.bootstrap.rootSecret) }}
+{{- fail "newt: etcdClient.auth.bootstrap.rootSecret is needed to enable authentication on the in-chart etcd (or set etcdClient.auth.bootstrap.enabled: false and enable it yourself)" }}
+{{- end }}
+{{- if and .Values.chaos.enabled .Values.chaos.etcdKill.enabled (not .Values.etcd.enabled) }}
+{{- fail "newt: chaos.etcdKill needs the in-chart etcd (etcd.enabled); disable it for an external etcd" }}
+{{- end }}
+{{- if and .Values.chaos.enabled .Values.chaos.etcdDelay.enabled (not .Values.etcd.enabled) }}
+{{- fail "newt: chaos.etcdDelay needs the in-chart etcd (etcd.enabled); disable it for an external etcd" }}
+{{- end }}
+{{- end }}

@@ -1,0 +1,216 @@
+/* Unit tests of the job spec, the plan (placement, batch keeping, JSON validation) and
+ * chaos schedules. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "coordinator/chaos.h"
+#include "coordinator/plan.h"
+#include "coordinator/spec.h"
+#include "test.h"
+
+static newt_result_t parse(const char *text, newt_spec *s) { return spec_from_json(text, strlen(text), s); }
+
+static void expect_spec_error(const char *text, const char *needle) {
+  newt_spec s;
+  newt_result_t r = parse(text, &s);
+  T_CHECK_MSG(r == NEWT_ERR_INVALID, "spec %s was accepted", text);
+  T_CHECK_MSG(strstr(newt_errmsg(), needle) != NULL, "error \"%s\" does not name \"%s\"", newt_errmsg(), needle);
+}
+
+static void test_spec(void) {
+  newt_spec s;
+  T_OK(parse("{\"job\":\"j1\",\"train\":{\"steps\":50,\"global_batch\":24,\"micro_batch\":2},"
+             "\"parallel\":{\"tp\":2,\"dp_max\":6},\"model\":{\"preset\":\"small\",\"layers\":4}}", &s));
+  T_CHECK(s.steps == 50 && s.global_batch == 24 && s.micro_batch == 2 && s.tp == 2 && s.dp_max == 6);
+  T_CHECK(strcmp(s.preset, "small") == 0 && s.layers == 4 && s.pp == 1 && s.lr > 0);
+  char *text = spec_to_json(&s);
+  newt_spec back;
+  T_OK(parse(text, &back));
+  T_CHECK(memcmp(&s, &back, sizeof s) == 0);
+  free(text);
+
+  expect_spec_error("{\"train\":{}}", "spec.job");
+  expect_spec_error("{\"job\":\"a b\"}", "spec.job");
+  expect_spec_error("{\"job\":\"j\",\"parallel\":{\"tp\":0}}", "spec.parallel.tp");
+  expect_spec_error("{\"job\":\"j\",\"parallel\":{\"tpp\":2}}", "spec.parallel.tpp: unknown field");
+  expect_spec_error("{\"job\":\"j\",\"parallel\":{\"tp\":\"two\"}}", "spec.parallel.tp");
+  expect_spec_error("{\"job\":\"j\",\"train\":{\"global_batch\":30,\"micro_batch\":4}}", "spec.train.global_batch");
+  expect_spec_error("{\"job\":\"j\",\"train\":{\"global_batch\":6,\"micro_batch\":2},\"parallel\":{\"dp_min\":2,\"dp_max\":2}}",
+                    "spec.train.global_batch");
+  expect_spec_error("{\"job\":\"j\",\"parallel\":{\"dp_min\":4,\"dp_max\":2}}", "spec.parallel.dp_max");
+  expect_spec_error("{\"job\":\"j\",\"parallel\":{\"zero\":4}}", "spec.parallel.zero");
+  expect_spec_error("{\"job\":\"j\",\"ckpt\":{\"every\":5}}", "spec.ckpt.dir");
+  expect_spec_error("{\"job\":\"j\",\"fault\":{\"lease_ttl_ms\":10}}", "spec.fault.lease_ttl_ms");
+  expect_spec_error("{\"job\":\"j\",\"backend\":\"gpu\"}", "spec.backend");
+  expect_spec_error("{\"job\":\"j\",\"model\":{\"layers\":2},\"parallel\":{\"pp\":4}}", "spec.parallel.pp");
+  expect_spec_error("{\"job\":\"j\",", "spec: malformed JSON");
+  expect_spec_error("[1,2]", "spec");
+}
+
+static plan_member mk(const char *id, const char *host, int64_t rev, int prev_rank, int prev_pp) {
+  plan_member m;
+  memset(&m, 0, sizeof m);
+  snprintf(m.id, sizeof m.id, "%s", id);
+  snprintf(m.host, sizeof m.host, "%s", host);
+  snprintf(m.addr, sizeof m.addr, "127.0.0.1:%lld", (long long)(4000 + rev));
+  m.join_rev = rev;
+  m.prev_rank = prev_rank;
+  m.prev_pp = prev_pp;
+  m.has_state = prev_rank >= 0;
+  return m;
+}
+
+static void test_plan_dp(void) {
+  newt_spec s;
+  spec_defaults(&s, "j");
+  s.global_batch = 24;
+  s.micro_batch = 2;
+  T_CHECK(plan_choose_dp(&s, 5) == 4); /* 5 does not divide 12 micro-batches */
+  T_CHECK(plan_choose_dp(&s, 12) == 12);
+  T_CHECK(plan_choose_dp(&s, 0) == 0);
+  plan_member m[5];
+  for (int i = 0; i < 5; i++) {
+    char id[8];
+    snprintf(id, sizeof id, "w%d", i);
+    m[i] = mk(id, "h", 10 + i, -1, -1);
+  }
+  newt_plan p;
+  T_OK(plan_compute(&s, m, 5, 3, &p));
+  T_CHECK(p.generation == 4 && p.dp == 4 && p.nranks == 4 && p.nspares == 1);
+  T_CHECK(p.accum * p.dp * p.micro_batch == s.global_batch);
+  T_CHECK(strcmp(p.spares[0], "w4") == 0); /* the latest joiner waits */
+  T_CHECK(strcmp(p.restore, "init") == 0);
+  for (int r = 0; r < 4; r++) T_CHECK(p.ranks[r].rank == r && p.ranks[r].dp == r);
+  /* w1 dies: survivors keep their order, the spare fills in */
+  plan_member next[4] = {mk("w0", "h", 10, 0, 0), mk("w2", "h", 12, 2, 0), mk("w3", "h", 13, 3, 0),
+                         mk("w4", "h", 14, -1, -1)};
+  newt_plan q;
+  T_OK(plan_compute(&s, next, 4, p.generation, &q));
+  T_CHECK(q.generation == 5 && q.dp == 4 && q.nspares == 0);
+  T_CHECK(strcmp(q.ranks[0].worker, "w0") == 0 && strcmp(q.ranks[1].worker, "w2") == 0 &&
+          strcmp(q.ranks[2].worker, "w3") == 0 && strcmp(q.ranks[3].worker, "w4") == 0);
+  T_CHECK(strcmp(q.restore, "peer") == 0);
+  T_CHECK(memcmp(p.secret, q.secret, sizeof p.secret) != 0);
+  plan_free(&p);
+  plan_free(&q);
+  /* too few */
+  s.dp_min = 2;
+  T_ERR(NEWT_ERR_UNAVAILABLE, plan_compute(&s, m, 1, 0, &p));
+  T_CHECK(strstr(newt_errmsg(), "1 workers") != NULL);
+}
+
+static void test_plan_tp_pp(void) {
+  newt_spec s;
+  spec_defaults(&s, "j");
+  s.tp = 2;
+  s.pp = 2;
+  s.global_batch = 8;
+  s.micro_batch = 1;
+  /* 3 workers on host a, 3 on b, 2 on c: groups a0a1, b0b1, c0c1; a2 and b2 spare */
+  plan_member m[8] = {mk("a0", "a", 1, -1, -1), mk("a1", "a", 2, -1, -1), mk("a2", "a", 3, -1, -1),
+                      mk("b0", "b", 4, -1, -1), mk("b1", "b", 5, -1, -1), mk("b2", "b", 6, -1, -1),
+                      mk("c0", "c", 7, -1, -1), mk("c1", "c", 8, -1, -1)};
+  newt_plan p;
+  T_OK(plan_compute(&s, m, 8, 0, &p));
+  T_CHECK(p.dp == 1 && p.nranks == 4 && p.nspares == 4);
+  for (int r = 0; r < p.nranks; r += 2) T_CHECK(strcmp(p.ranks[r].host, p.ranks[r + 1].host) == 0);
+  for (int r = 0; r < p.nranks; r++)
+    T_CHECK((p.ranks[r].pp * p.dp + p.ranks[r].dp) * p.tp + p.ranks[r].tp == r);
+  plan_free(&p);
+  /* stage 0 held by (x0,x1), stage 1 by (y0,y1); with a newcomer group first in order,
+     survivors keep their stages */
+  plan_member k[6] = {mk("n0", "n", 1, -1, -1), mk("n1", "n", 2, -1, -1), mk("y0", "y", 3, 2, 1),
+                      mk("y1", "y", 4, 3, 1), mk("x0", "x", 5, 0, 0), mk("x1", "x", 6, 1, 0)};
+  T_OK(plan_compute(&s, k, 6, 0, &p));
+  T_CHECK(p.dp == 1);
+  T_CHECK(strcmp(p.ranks[0].worker, "x0") == 0 && strcmp(p.ranks[2].worker, "y0") == 0);
+  plan_free(&p);
+}
+
+static void test_plan_json(void) {
+  newt_spec s;
+  spec_defaults(&s, "j");
+  s.global_batch = 8;
+  s.micro_batch = 2;
+  plan_member m[3] = {mk("w0", "h", 1, -1, -1), mk("w1", "h", 2, -1, -1), mk("w2", "h", 3, -1, -1)};
+  newt_plan p, q;
+  T_OK(plan_compute(&s, m, 3, 9, &p));
+  char *text = plan_to_json(&p);
+  T_OK(plan_from_json(text, strlen(text), &q));
+  T_CHECK(q.generation == 10 && q.nranks == p.nranks && q.nspares == p.nspares);
+  T_CHECK(memcmp(q.secret, p.secret, sizeof p.secret) == 0);
+  T_CHECK(plan_find(&q, "w1") && plan_find(&q, "w1")->rank == 1);
+  T_CHECK(plan_is_spare(&q, "w2") && !plan_find(&q, "w2"));
+  plan_free(&q);
+  struct {
+    const char *from, *to, *needle;
+  } bad[] = {
+      {"\"accum\":2", "\"accum\":3", "plan.accum"},
+      {"\"rank\":1", "\"rank\":2", "plan.ranks[1].rank"},
+      {"\"worker\":\"w1\"", "\"worker\":\"w0\"", "plan.ranks[1].worker"},
+      {"\"generation\":10", "\"generation\":\"x\"", "plan.generation"},
+      {"\"switch\":\"boundary\"", "\"switch\":\"later\"", "plan.switch"},
+      {"\"dp\":2,", "\"dp\":3,", "plan.accum"},
+  };
+  for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+    char *b = strstr(text, bad[i].from);
+    T_CHECK_MSG(b != NULL, "fixture %s not in %s", bad[i].from, text);
+    if (!b) continue;
+    char mod[4096];
+    snprintf(mod, sizeof mod, "%.*s%s%s", (int)(b - text), text, bad[i].to, b + strlen(bad[i].from));
+    T_CHECK_MSG(plan_from_json(mod, strlen(mod), &q) == NEWT_ERR_INVALID, "accepted %s", mod);
+    T_CHECK_MSG(strstr(newt_errmsg(), bad[i].needle) != NULL, "error \"%s\" lacks %s", newt_errmsg(), bad[i].needle);
+  }
+  T_ERR(NEWT_ERR_INVALID, plan_from_json(text, strlen(text) / 2, &q));
+  /* a layout of 4 ranks with 2 listed */
+  char mod[4096];
+  snprintf(mod, sizeof mod, "%s", text);
+  char *d = strstr(mod, "\"dp\":2,"), *a = strstr(mod, "\"accum\":2");
+  T_CHECK(d && a);
+  if (d && a) {
+    d[5] = '4';
+    a[8] = '1';
+    T_ERR(NEWT_ERR_INVALID, plan_from_json(mod, strlen(mod), &q));
+    T_CHECK_MSG(strstr(newt_errmsg(), "plan.ranks: 2 entries") != NULL, "%s", newt_errmsg());
+  }
+  free(text);
+  plan_free(&p);
+}
+
+static void test_chaos(void) {
+  chaos_plan c;
+  T_OK(chaos_parse("kill:worker:1@step=15,stop:worker:2@step=30,term:worker:0@step=45,join:2@step=50,"
+                   "kill:coordinator@step=60,restart:etcd@step=70,cont:worker:2@step=31", &c));
+  T_CHECK(c.n == 7);
+  T_CHECK(c.events[0].action == CHAOS_KILL && c.events[0].target == CHAOS_WORKER && c.events[0].index == 1);
+  T_CHECK(c.events[2].action == CHAOS_CONT && c.events[2].step == 31); /* sorted by step */
+  T_CHECK(c.events[4].action == CHAOS_JOIN && c.events[4].arg == 2);
+  T_CHECK(c.events[5].target == CHAOS_COORDINATOR && c.events[5].index == -1);
+  T_CHECK(c.events[6].target == CHAOS_ETCD && c.events[6].arg == 2000);
+  char buf[64];
+  T_CHECK(strcmp(chaos_event_str(&c.events[0], buf, sizeof buf), "kill:worker:1@step=15") == 0);
+  chaos_free(&c);
+  T_OK(chaos_parse("", &c));
+  T_CHECK(c.n == 0);
+  const char *bad[][2] = {{"kill:worker:1", "missing \"@step=N\""},
+                          {"kill:worker:x@step=3", "worker index"},
+                          {"explode:worker:1@step=3", "unknown action \"explode\""},
+                          {"kill:worker:1@step=-2", "step"},
+                          {"join:0@step=3", "join needs a count"},
+                          {"restart:worker@step=3", "restart applies to etcd"},
+                          {"kill:worker:1@step=3,kill:robot:1@step=4", "item 2"},
+                          {"cont:coordinator@step=3", "cont applies to workers"}};
+  for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+    T_CHECK_MSG(chaos_parse(bad[i][0], &c) == NEWT_ERR_INVALID, "accepted %s", bad[i][0]);
+    T_CHECK_MSG(strstr(newt_errmsg(), bad[i][1]) != NULL, "error \"%s\" lacks \"%s\"", newt_errmsg(), bad[i][1]);
+  }
+}
+
+int main(void) {
+  T_RUN(test_spec);
+  T_RUN(test_plan_dp);
+  T_RUN(test_plan_tp_pp);
+  T_RUN(test_plan_json);
+  T_RUN(test_chaos);
+  return T_DONE();
+}

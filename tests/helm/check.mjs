@@ -1,0 +1,664 @@
+// The checks of the Helm chart helm/newt, run by ctest (tests/helm/CMakeLists.txt):
+//
+//   node check.mjs lint     helm lint --strict (defaults and every ci/*-values.yaml);
+//                           yamllint on the chart's own YAML and these tests' YAML
+//   node check.mjs render   renders the chart with the defaults and every ci/*-values.yaml
+//                           and checks each object: against the Kubernetes API schemas
+//                           (kubernetes-models, loaded as ES modules) plus an unknown-field
+//                           check built from the same models' type declarations; Chaos Mesh
+//                           objects against schemas/chaos-mesh.json (ajv); yamllint on the
+//                           output; every newt command line against `newt <cmd> --list-flags`
+//                           of the built binary, etcd's against `etcd --help`, etcdctl's
+//                           against `etcdctl ... --help`; the rendered job spec with newt's
+//                           own parser (helm_spec_check); and the wiring a schema cannot see
+//                           (selectors, volumes, ports, DNS names, security settings).
+//   node check.mjs reject   every case of reject.yaml must make `helm template` fail with
+//                           its expected message.
+//
+// Environment (set by ctest): NEWT_HELM_TOOLS (setup.sh's cache: bin/helm, node_modules),
+// NEWT_BIN, HELM_SPEC_CHECK, NEWT_SOURCE_DIR. Prints one line per check and closes with
+// "N passed, N failed"; exits 1 when any check failed.
+import { spawn, spawnSync } from "node:child_process";
+import { existsSync, mkdirSync, mkdtempSync, readFileSync, readdirSync, rmSync, writeFileSync } from "node:fs";
+import { createServer } from "node:net";
+import { createRequire } from "node:module";
+import { tmpdir } from "node:os";
+import { dirname, join, resolve } from "node:path";
+import { fileURLToPath, pathToFileURL } from "node:url";
+
+const here = dirname(fileURLToPath(import.meta.url));
+function need(name) {
+  const v = process.env[name];
+  if (!v) {
+    console.error(`check.mjs: ${name} is not set (run it through ctest: ctest -L helm)`);
+    process.exit(2);
+  }
+  return v;
+}
+const src = process.env.NEWT_SOURCE_DIR || resolve(here, "../..");
+const tools = need("NEWT_HELM_TOOLS");
+const nm = join(tools, "node_modules");
+const helmBin = join(tools, "bin/helm");
+const chart = join(src, "helm/newt");
+const yamllintConfig = join(here, "yamllint.yaml");
+const require = createRequire(join(tools, "package.json"));
+const YAML = require("yaml");
+const Ajv = require("ajv");
+const tmp = mkdtempSync(join(tmpdir(), "newt-helm-"));
+process.on("exit", () => rmSync(tmp, { recursive: true, force: true }));
+
+const NAMESPACE = "newt-ci";
+const RELEASE = "ci";
+const KUBE_VERSION = "1.30.0";
+
+// --- reporting ---------------------------------------------------------------------------
+let passed = 0;
+let failed = 0;
+async function check(name, fn) {
+  try {
+    const errors = [];
+    await fn(errors);
+    if (errors.length) throw new Error(errors.join("\n    "));
+    passed++;
+    console.log(`ok    ${name}`);
+  } catch (e) {
+    failed++;
+    console.log(`FAIL  ${name}\n    ${e.message}`);
+  }
+}
+function finish() {
+  console.log(`${passed} passed, ${failed} failed`);
+  process.exit(failed ? 1 : 0);
+}
+
+// --- tools -------------------------------------------------------------------------------
+function run(cmd, args, opts = {}) {
+  const r = spawnSync(cmd, args, { encoding: "utf8", maxBuffer: 64 << 20, ...opts });
+  if (r.error) throw new Error(`${cmd}: ${r.error.message}`);
+  return { code: r.status, out: r.stdout, err: r.stderr };
+}
+function helm(args) {
+  return run(helmBin, args);
+}
+function template(valueFiles) {
+  const args = ["template", RELEASE, chart, "--namespace", NAMESPACE, "--kube-version", KUBE_VERSION];
+  for (const f of valueFiles) args.push("-f", f);
+  return helm(args);
+}
+function yamllint(files) {
+  const r = run("yamllint", ["-s", "-f", "parsable", "-c", yamllintConfig, ...files]);
+  return r.code === 0 ? [] : [(r.out + r.err).trim()];
+}
+const ciValueFiles = () =>
+  readdirSync(join(chart, "ci"))
+    .filter((f) => f.endsWith("-values.yaml"))
+    .sort()
+    .map((f) => join(chart, "ci", f));
+
+// Helm's merge of value files: maps merge, everything else is replaced.
+function merge(base, over) {
+  if (!isMap(base) || !isMap(over)) return over === undefined ? base : structuredClone(over);
+  const out = structuredClone(base);
+  for (const [k, v] of Object.entries(over)) out[k] = k in out ? merge(out[k], v) : structuredClone(v);
+  return out;
+}
+// JSON with sorted keys, to compare objects whatever their key order.
+const canonical = (v) => JSON.stringify(v, (k, x) => (isMap(x) ? Object.fromEntries(Object.entries(x).sort()) : x));
+const isMap = (v) => v !== null && typeof v === "object" && !Array.isArray(v);
+const loadYaml = (file) => YAML.parse(readFileSync(file, "utf8")) ?? {};
+
+// --- Kubernetes API schemas (kubernetes-models) --------------------------------------------
+function modelFile(apiVersion, kind) {
+  if (apiVersion.startsWith("monitoring.coreos.com/"))
+    return join(nm, "@kubernetes-models/prometheus-operator", apiVersion, `${kind}.mjs`);
+  return join(nm, "kubernetes-models", apiVersion, `${kind}.mjs`);
+}
+const modelCache = new Map();
+async function model(apiVersion, kind) {
+  const file = modelFile(apiVersion, kind);
+  if (!modelCache.has(file)) {
+    if (!existsSync(file)) modelCache.set(file, null);
+    else modelCache.set(file, { Model: (await import(pathToFileURL(file).href))[kind], dts: file.replace(/\.mjs$/, ".d.ts") });
+  }
+  return modelCache.get(file);
+}
+
+// The generated validators accept unknown fields (the OpenAPI documents do not forbid
+// them), while the API server rejects or drops them. The field names of every type are
+// read from the models' own declarations (.d.ts, generated from the same OpenAPI), and
+// any field that is not one of them is an error, at any depth.
+const ifaceCache = new Map();
+function iface(dtsFile) {
+  if (ifaceCache.has(dtsFile)) return ifaceCache.get(dtsFile);
+  if (!existsSync(dtsFile)) throw new Error(`type declarations not found: ${dtsFile}`);
+  const text = readFileSync(dtsFile, "utf8").replace(/\/\*[\s\S]*?\*\//g, "");
+  const imports = new Map();
+  for (const m of text.matchAll(/import \{ ([^}]+) \} from "([^"]+)";/g))
+    for (const name of m[1].split(",")) imports.set(name.trim(), m[2]);
+  const head = /export interface \w+(?: extends [\w, ]+)? \{/.exec(text);
+  let result = null; // a type alias (IntOrString, Quantity, ...): a leaf
+  if (head) {
+    let i = head.index + head[0].length;
+    let depth = 1;
+    const start = i;
+    while (depth > 0) {
+      if (text[i] === "{") depth++;
+      else if (text[i] === "}") depth--;
+      i++;
+    }
+    result = { file: dtsFile, imports, props: parseProps(text.slice(start, i - 1)) };
+  }
+  ifaceCache.set(dtsFile, result);
+  return result;
+}
+function parseProps(body) {
+  const props = new Map();
+  const re = /\s*"([^"]+)"\??:\s*/y;
+  let i = 0;
+  while (i < body.length) {
+    re.lastIndex = i;
+    const m = re.exec(body);
+    if (!m) {
+      i++;
+      continue;
+    }
+    i = re.lastIndex;
+    const start = i;
+    let depth = 0;
+    while (i < body.length && !(depth === 0 && body[i] === ";")) {
+      if ("{<([".includes(body[i])) depth++;
+      else if ("}>)]".includes(body[i])) depth--;
+      i++;
+    }
+    props.set(m[1], body.slice(start, i).trim());
+    i++;
+  }
+  return props;
+}
+function resolveType(from, name) {
+  const spec = from.imports.get(name);
+  if (!spec) return null;
+  const file = spec.startsWith(".") ? resolve(dirname(from.file), spec) : join(nm, spec);
+  return iface(`${file}.d.ts`);
+}
+function unknownFields(value, type, owner, path, errors) {
+  type = type.trim();
+  let m;
+  if ((m = /^Array<(.+)>$/s.exec(type))) {
+    if (Array.isArray(value)) value.forEach((v, i) => unknownFields(v, m[1], owner, `${path}[${i}]`, errors));
+  } else if ((m = /^\{\s*\[key: string\]:\s*(.+?);?\s*\}$/s.exec(type))) {
+    if (isMap(value)) for (const [k, v] of Object.entries(value)) unknownFields(v, m[1], owner, `${path}.${k}`, errors);
+  } else if (/^I\w+$/.test(type)) {
+    const t = resolveType(owner, type);
+    if (t && isMap(value)) checkFields(value, t, path, errors);
+  }
+}
+function checkFields(value, t, path, errors) {
+  for (const [k, v] of Object.entries(value)) {
+    if (!t.props.has(k)) errors.push(`${path}.${k}: unknown field`);
+    else unknownFields(v, t.props.get(k), t, `${path}.${k}`, errors);
+  }
+}
+
+// --- Chaos Mesh (no npm models exist): schemas/chaos-mesh.json with ajv -----------------
+const ajv = new Ajv({ allErrors: true, strict: false });
+ajv.addSchema(JSON.parse(readFileSync(join(here, "schemas/chaos-mesh.json"), "utf8")), "chaos");
+const chaosSpec = {
+  PodChaos: "chaos#/definitions/PodChaosSpec",
+  NetworkChaos: "chaos#/definitions/NetworkChaosSpec",
+  Schedule: "chaos#/definitions/ScheduleSpec",
+};
+
+async function validateObject(obj, errors) {
+  const where = `${obj.kind}/${obj.metadata?.name}`;
+  if (obj.apiVersion === "chaos-mesh.org/v1alpha1") {
+    const ref = chaosSpec[obj.kind];
+    if (!ref) return errors.push(`${where}: no schema for chaos-mesh.org kind ${obj.kind}`);
+    for (const k of Object.keys(obj))
+      if (!["apiVersion", "kind", "metadata", "spec"].includes(k)) errors.push(`${where}.${k}: unknown field`);
+    const validate = ajv.getSchema(ref);
+    if (!validate(obj.spec)) for (const e of validate.errors) errors.push(`${where}: spec${e.instancePath} ${e.message}`);
+    const meta = await import(pathToFileURL(join(nm, "@kubernetes-models/apimachinery/apis/meta/v1/ObjectMeta.mjs")).href);
+    try {
+      new meta.ObjectMeta(obj.metadata).validate();
+    } catch (e) {
+      errors.push(`${where}: metadata: ${e.message}`);
+    }
+    checkFields(obj.metadata, iface(join(nm, "@kubernetes-models/apimachinery/apis/meta/v1/ObjectMeta.d.ts")), `${where}.metadata`, errors);
+    return;
+  }
+  const m = await model(obj.apiVersion, obj.kind);
+  if (!m) return errors.push(`${where}: no Kubernetes schema for ${obj.apiVersion} ${obj.kind}`);
+  try {
+    new m.Model(obj).validate();
+  } catch (e) {
+    errors.push(`${where}: ${e.message}`);
+  }
+  checkFields(obj, iface(m.dts), where, errors);
+}
+
+// --- what the binaries accept ---------------------------------------------------------------
+const flagCache = new Map();
+// `newt status` is being built elsewhere; until it has a flag table its flags are the ones
+// promised for it (issue 8). The check switches to the real table as soon as it exists.
+const PROMISED = { status: ["--job", "--wait-workers", "--timeout-ms", "--json"] };
+function newtFlags(sub) {
+  if (!flagCache.has(sub)) {
+    const r = run(need("NEWT_BIN"), [sub, "--list-flags"]);
+    if (r.code === 0) flagCache.set(sub, { flags: new Set(r.out.split("\n").filter(Boolean)), help: run(need("NEWT_BIN"), [sub, "--help"]).out });
+    else if (PROMISED[sub]) {
+      console.log(`note  newt ${sub} --list-flags failed (${r.err.trim()}); using the flags promised for it: ${PROMISED[sub].join(" ")}`);
+      flagCache.set(sub, { flags: new Set(PROMISED[sub]), help: null });
+    } else throw new Error(`newt ${sub} --list-flags failed: ${r.err.trim()}`);
+  }
+  return flagCache.get(sub);
+}
+function helpFlags(cmd, args) {
+  const key = [cmd, ...args].join(" ");
+  if (!flagCache.has(key)) {
+    const r = run(cmd, [...args, "--help"]);
+    if (r.code !== 0 && !(r.out + r.err).includes("--")) throw new Error(`${key} --help failed: ${r.err}`);
+    flagCache.set(key, new Set((r.out + r.err).match(/--[a-z0-9-]+/g)));
+  }
+  return flagCache.get(key);
+}
+// Environment that newt reads besides its flags' fallbacks (README: logging).
+const NEWT_LOG_ENV = new Set(["NEWT_DEBUG", "NEWT_DEBUG_SUBSYS", "NEWT_DEBUG_FILE"]);
+
+function podSpecs(docs) {
+  const out = [];
+  for (const d of docs) {
+    const spec = d.kind === "Pod" ? d.spec : d.spec?.template?.spec;
+    if (spec && ["Pod", "Job", "Deployment", "StatefulSet"].includes(d.kind)) {
+      const labels = d.kind === "Pod" ? d.metadata.labels : d.spec.template.metadata?.labels;
+      out.push({ doc: d, spec, labels: labels || {}, where: `${d.kind}/${d.metadata.name}` });
+    }
+  }
+  return out;
+}
+function checkCommandLines(docs, errors) {
+  let newtContainers = 0;
+  for (const { spec, where } of podSpecs(docs)) {
+    for (const c of spec.containers) {
+      const cmd = c.command || [];
+      const tokens = [...cmd.slice(1), ...(c.args || [])];
+      const at = `${where}/${c.name}`;
+      if (cmd[0] === "/usr/local/bin/newt") {
+        newtContainers++;
+        const sub = tokens[0];
+        const { flags, help } = newtFlags(sub);
+        for (const t of tokens.slice(1)) {
+          if (!t.startsWith("--")) errors.push(`${at}: newt ${sub}: "${t}" is not a flag (newt takes no positional arguments here)`);
+          else if (!t.includes("=")) errors.push(`${at}: newt ${sub}: ${t} has no =value`);
+          else if (!flags.has(t.split("=")[0])) errors.push(`${at}: newt ${sub} does not accept ${t.split("=")[0]} (accepts ${[...flags].join(" ")})`);
+        }
+        for (const e of c.env || []) {
+          if (!e.name.startsWith("NEWT_") || NEWT_LOG_ENV.has(e.name)) continue;
+          const known = help ? help.includes(e.name) : ["NEWT_ETCD", "NEWT_ETCD_CA", "NEWT_ETCD_CERT", "NEWT_ETCD_KEY", "NEWT_ETCD_USER", "NEWT_ETCD_PASSWORD_FILE", "NEWT_JOB"].includes(e.name);
+          if (!known) errors.push(`${at}: newt ${sub} does not read ${e.name}`);
+        }
+      } else if (cmd[0] === "etcd") {
+        const flags = helpFlags("etcd", []);
+        for (const t of tokens)
+          if (!flags.has(t.split("=")[0])) errors.push(`${at}: etcd does not accept ${t.split("=")[0]} (etcd --help)`);
+      } else if (cmd[0] === "etcdctl") {
+        const positional = tokens.filter((t) => !t.startsWith("--"));
+        const flags = helpFlags("etcdctl", positional);
+        for (const t of tokens.filter((t) => t.startsWith("--")))
+          if (!flags.has(t.split("=")[0])) errors.push(`${at}: etcdctl ${positional.join(" ")} does not accept ${t.split("=")[0]}`);
+        for (const e of c.env || []) {
+          if (!e.name.startsWith("ETCDCTL_") || e.name === "ETCDCTL_API") continue;
+          const flag = `--${e.name.slice(8).toLowerCase().replace(/_/g, "-")}`;
+          if (!flags.has(flag)) errors.push(`${at}: ${e.name} maps to ${flag}, which etcdctl does not accept`);
+        }
+      } else if (cmd[0] === "/bin/sh") {
+        // the auth bootstrap script: its etcdctl calls are not parsed here
+      } else errors.push(`${at}: unexpected command ${JSON.stringify(cmd)}: not newt, etcd or etcdctl in exec form`);
+    }
+  }
+  if (!newtContainers) errors.push("no newt container rendered");
+}
+
+// --- the wiring a schema cannot see --------------------------------------------------------
+const STANDARD_LABELS = ["helm.sh/chart", "app.kubernetes.io/name", "app.kubernetes.io/instance", "app.kubernetes.io/version", "app.kubernetes.io/managed-by"];
+const matches = (selector, labels) => Object.entries(selector || {}).every(([k, v]) => labels?.[k] === v);
+
+function checkWiring(docs, values, errors) {
+  const byKind = (k) => docs.filter((d) => d.kind === k);
+  const pods = podSpecs(docs);
+  const workloads = pods.filter((p) => p.doc.kind !== "Pod" && p.doc.kind !== "Job");
+  const get = (kind, name) => docs.find((d) => d.kind === kind && d.metadata.name === name);
+
+  for (const d of docs) {
+    for (const l of STANDARD_LABELS) if (!d.metadata?.labels?.[l]) errors.push(`${d.kind}/${d.metadata?.name}: label ${l} is missing`);
+    if (d.metadata?.namespace && d.metadata.namespace !== NAMESPACE) errors.push(`${d.kind}/${d.metadata.name}: namespace ${d.metadata.namespace}`);
+  }
+  for (const w of workloads) {
+    const sel = w.doc.spec.selector.matchLabels;
+    if (!matches(sel, w.labels)) errors.push(`${w.where}: selector does not match its pod template`);
+    for (const l of STANDARD_LABELS) if (!w.labels[l]) errors.push(`${w.where}: pod label ${l} is missing`);
+  }
+  // Security: non-root, read-only root, no capabilities, RuntimeDefault seccomp, limits.
+  for (const { spec, where } of pods) {
+    const psc = spec.securityContext || {};
+    if (psc.runAsNonRoot !== true) errors.push(`${where}: pod runAsNonRoot is not true`);
+    if (!(psc.runAsUser > 0)) errors.push(`${where}: pod runAsUser is not a non-root id`);
+    if (psc.seccompProfile?.type !== "RuntimeDefault") errors.push(`${where}: pod seccompProfile is not RuntimeDefault`);
+    if (spec.automountServiceAccountToken !== false) errors.push(`${where}: the service account token is mounted`);
+    if (spec.hostNetwork || spec.hostPID || spec.hostIPC || spec.shareProcessNamespace) errors.push(`${where}: shares host or process namespaces`);
+    const volumes = new Set((spec.volumes || []).map((v) => v.name));
+    for (const t of (docs.find((d) => `${d.kind}/${d.metadata.name}` === where)?.spec?.volumeClaimTemplates || [])) volumes.add(t.metadata.name);
+    for (const c of spec.containers) {
+      const at = `${where}/${c.name}`;
+      const sc = c.securityContext || {};
+      if (sc.readOnlyRootFilesystem !== true) errors.push(`${at}: root filesystem is writable`);
+      if (sc.allowPrivilegeEscalation !== false) errors.push(`${at}: allowPrivilegeEscalation is not false`);
+      if (!sc.capabilities?.drop?.includes("ALL")) errors.push(`${at}: capabilities are not dropped`);
+      if (sc.privileged) errors.push(`${at}: privileged`);
+      if (!c.resources?.limits?.memory || !c.resources?.requests) errors.push(`${at}: no memory limit or no requests`);
+      for (const m of c.volumeMounts || []) if (!volumes.has(m.name)) errors.push(`${at}: mounts undeclared volume ${m.name}`);
+      const ports = new Set((c.ports || []).map((p) => p.name));
+      for (const probe of ["livenessProbe", "readinessProbe", "startupProbe"]) {
+        const port = c[probe]?.httpGet?.port ?? c[probe]?.tcpSocket?.port;
+        if (typeof port === "string" && !ports.has(port)) errors.push(`${at}: ${probe} uses unknown port ${port}`);
+      }
+    }
+    for (const v of spec.volumes || []) {
+      if (v.configMap && !get("ConfigMap", v.configMap.name)) errors.push(`${where}: ConfigMap ${v.configMap.name} is not rendered`);
+      if (v.persistentVolumeClaim) {
+        const claim = v.persistentVolumeClaim.claimName;
+        const known = get("PersistentVolumeClaim", claim) || claim === values.checkpoints.existingClaim ||
+          (values.workers.extraVolumes || []).some((x) => x.persistentVolumeClaim?.claimName === claim);
+        if (!known) errors.push(`${where}: claim ${claim} is neither rendered nor given in the values`);
+      }
+    }
+  }
+  // Services select pods and name their ports; StatefulSets have their headless Service.
+  for (const s of byKind("Service")) {
+    const targets = workloads.filter((w) => matches(s.spec.selector, w.labels));
+    if (!targets.length) errors.push(`Service/${s.metadata.name}: selects no pod`);
+    for (const p of s.spec.ports) {
+      if (typeof p.targetPort !== "string") continue;
+      for (const t of targets)
+        if (!t.spec.containers.some((c) => (c.ports || []).some((cp) => cp.name === p.targetPort)))
+          errors.push(`Service/${s.metadata.name}: port ${p.targetPort} is not a port of ${t.where}`);
+    }
+  }
+  for (const s of byKind("StatefulSet")) {
+    const svc = get("Service", s.spec.serviceName);
+    if (!svc || svc.spec.clusterIP !== "None") errors.push(`StatefulSet/${s.metadata.name}: serviceName ${s.spec.serviceName} is not a headless Service`);
+    if (s.spec.podManagementPolicy !== "Parallel") errors.push(`StatefulSet/${s.metadata.name}: pods are not managed in parallel`);
+  }
+  for (const kind of ["PodDisruptionBudget"]) for (const p of byKind(kind))
+    if (!workloads.some((w) => matches(p.spec.selector.matchLabels, w.labels))) errors.push(`${kind}/${p.metadata.name}: selects no pod`);
+  for (const n of byKind("NetworkPolicy"))
+    if (!workloads.some((w) => matches(n.spec.podSelector.matchLabels, w.labels))) errors.push(`NetworkPolicy/${n.metadata.name}: selects no pod`);
+  for (const sm of byKind("ServiceMonitor")) {
+    const svc = byKind("Service").filter((s) => matches(sm.spec.selector.matchLabels, s.metadata.labels));
+    if (!svc.length) errors.push(`ServiceMonitor/${sm.metadata.name}: selects no Service`);
+    for (const ep of sm.spec.endpoints)
+      if (!svc.some((s) => s.spec.ports.some((p) => p.name === ep.port))) errors.push(`ServiceMonitor/${sm.metadata.name}: port ${ep.port} is not a Service port`);
+  }
+  // Chaos experiments select this release's pods of one component.
+  for (const d of docs.filter((x) => x.apiVersion === "chaos-mesh.org/v1alpha1")) {
+    const spec = d.kind === "Schedule" ? d.spec.podChaos || d.spec.networkChaos : d.spec;
+    for (const sel of [spec.selector, spec.target?.selector].filter(Boolean)) {
+      if (JSON.stringify(sel.namespaces) !== JSON.stringify([NAMESPACE])) errors.push(`${d.kind}/${d.metadata.name}: namespaces ${sel.namespaces}`);
+      if (!workloads.some((w) => matches(sel.labelSelectors, w.labels))) errors.push(`${d.kind}/${d.metadata.name}: selects no pod`);
+    }
+    for (const name of spec.containerNames || [])
+      if (!workloads.some((w) => matches(spec.selector.labelSelectors, w.labels) && w.spec.containers.some((c) => c.name === name)))
+        errors.push(`${d.kind}/${d.metadata.name}: no selected pod has a container ${name}`);
+  }
+  checkEtcd(docs, values, errors);
+  checkWorkers(docs, values, errors);
+}
+
+function checkEtcd(docs, values, errors) {
+  const sts = docs.find((d) => d.kind === "StatefulSet" && d.metadata.labels["app.kubernetes.io/component"] === "etcd");
+  const newtEtcd = new Set();
+  for (const { spec } of podSpecs(docs))
+    for (const c of spec.containers)
+      for (const a of c.args || []) if (a.startsWith("--etcd=")) newtEtcd.add(a.slice(7));
+  for (const { spec } of podSpecs(docs))
+    for (const c of spec.containers)
+      for (const e of c.env || []) if (e.name === "NEWT_ETCD" || e.name === "ETCDCTL_ENDPOINTS") newtEtcd.add(e.value);
+  if (newtEtcd.size !== 1) errors.push(`the pods disagree on the etcd endpoints: ${[...newtEtcd].join(" | ")}`);
+  const endpoints = [...newtEtcd][0]?.split(",") || [];
+  const scheme = values.etcdClient.tls.enabled ? "https" : "http";
+  if (!values.etcd.enabled) {
+    if (sts) errors.push("an etcd StatefulSet is rendered though etcd.enabled is false");
+    if (JSON.stringify(endpoints) !== JSON.stringify(values.externalEtcd.endpoints)) errors.push(`endpoints ${endpoints} are not externalEtcd.endpoints`);
+    return;
+  }
+  if (!sts) return errors.push("no etcd StatefulSet");
+  const n = sts.spec.replicas;
+  if (n % 2 !== 1) errors.push(`etcd has ${n} members: not odd`);
+  const args = Object.fromEntries(sts.spec.template.spec.containers[0].args.map((a) => a.split(/=(.*)/s).slice(0, 2)));
+  const domain = `${sts.spec.serviceName}.${NAMESPACE}.svc.${values.clusterDomain}`;
+  const want = [...Array(n).keys()].map((i) => `${sts.metadata.name}-${i}=${scheme}://${sts.metadata.name}-${i}.${domain}:${values.etcd.peerPort}`);
+  if (args["--initial-cluster"] !== want.join(",")) errors.push(`--initial-cluster is ${args["--initial-cluster"]}, want ${want.join(",")}`);
+  const wantEp = [...Array(n).keys()].map((i) => `${scheme}://${sts.metadata.name}-${i}.${domain}:${values.etcd.clientPort}`);
+  if (endpoints.join(",") !== wantEp.join(",")) errors.push(`newt's etcd endpoints ${endpoints} are not the members ${wantEp}`);
+  if (args["--advertise-client-urls"] !== `${scheme}://$(POD_NAME).${domain}:${values.etcd.clientPort}`) errors.push(`--advertise-client-urls ${args["--advertise-client-urls"]}`);
+  if (!args["--auto-compaction-retention"] || !args["--auto-compaction-mode"]) errors.push("etcd auto-compaction is off");
+  if (values.etcdClient.tls.enabled && args["--client-cert-auth"] !== "true") errors.push("etcd TLS without client certificate auth");
+  if (values.etcd.persistence.enabled && !sts.spec.volumeClaimTemplates?.length) errors.push("etcd without PVCs");
+  const pdb = docs.find((d) => d.kind === "PodDisruptionBudget" && matches(d.spec.selector.matchLabels, sts.spec.template.metadata.labels));
+  if (n > 1 && pdb?.spec.minAvailable !== Math.floor(n / 2) + 1) errors.push(`etcd PDB minAvailable ${pdb?.spec.minAvailable}, quorum is ${Math.floor(n / 2) + 1}`);
+  const c = sts.spec.template.spec.containers[0];
+  if (!c.livenessProbe || !c.readinessProbe) errors.push("etcd without probes");
+}
+
+function checkWorkers(docs, values, errors) {
+  const w = values.workers;
+  const sts = docs.find((d) => d.kind === "StatefulSet" && d.metadata.labels["app.kubernetes.io/component"] === "worker");
+  if (!sts) return errors.push("no worker StatefulSet");
+  const pod = sts.spec.template.spec;
+  if (sts.spec.replicas !== w.replicas) errors.push(`worker replicas ${sts.spec.replicas}`);
+  if (!(pod.terminationGracePeriodSeconds < w.preemptionNoticeSeconds)) errors.push(`terminationGracePeriodSeconds ${pod.terminationGracePeriodSeconds} is not below the notice ${w.preemptionNoticeSeconds}`);
+  if (pod.containers.length !== w.perPod) errors.push(`${pod.containers.length} worker containers, workers.perPod is ${w.perPod}`);
+  const ids = new Set();
+  const ports = new Set();
+  for (const c of pod.containers) {
+    const gpus = c.resources?.limits?.[w.gpu.resourceName];
+    const device = c.args.find((a) => a.startsWith("--device="));
+    if (w.gpu.count === 1 ? gpus !== 1 || device !== "--device=0" : gpus !== undefined || device !== "--device=-1")
+      errors.push(`${c.name}: GPU limit ${gpus} with ${device} for workers.gpu.count ${w.gpu.count}`);
+    ids.add(c.env.find((e) => e.name === "NEWT_WORKER_ID")?.value);
+    ports.add(c.args.find((a) => a.startsWith("--port=")));
+    if ((c.command || [])[0] !== "/usr/local/bin/newt" || c.command.length !== 1) errors.push(`${c.name}: newt is not the exec-form command (PID 1)`);
+    if (values.checkpoints.enabled && !c.volumeMounts.some((m) => m.mountPath === values.checkpoints.mountPath)) errors.push(`${c.name}: checkpoint volume not mounted`);
+  }
+  if (ids.size !== w.perPod || ports.size !== w.perPod) errors.push("worker ids or ports repeat within a pod");
+  for (const key of ["nodeSelector", "tolerations"])
+    if (canonical(pod[key] ?? (key === "tolerations" ? [] : {})) !== canonical(w[key])) errors.push(`worker ${key} is not workers.${key}`);
+  if (w.priorityClass.create) {
+    const pc = docs.find((d) => d.kind === "PriorityClass");
+    if (!pc || pod.priorityClassName !== pc.metadata.name) errors.push("workers do not use the PriorityClass created for them");
+  }
+  if (w.topologySpread.enabled && pod.topologySpreadConstraints?.length !== w.topologySpread.topologyKeys.length) errors.push("topology spread constraints missing");
+}
+
+async function checkSpec(docs, values, errors) {
+  const cm = docs.find((d) => d.kind === "ConfigMap" && d.data?.["spec.json"]);
+  if (!cm) return errors.push("no ConfigMap with spec.json");
+  const file = join(tmp, `spec-${process.hrtime.bigint()}.json`);
+  writeFileSync(file, cm.data["spec.json"]);
+  const r = run(need("HELM_SPEC_CHECK"), [file]);
+  if (r.code !== 0) return errors.push(`newt's spec parser refuses the rendered spec: ${r.err.trim()}`);
+  const { tp, pp } = values.spec.parallel;
+  const dpMin = (values.workers.minReplicas * values.workers.perPod) / (tp * pp);
+  const dpMax = (values.workers.maxReplicas * values.workers.perPod) / (tp * pp);
+  if (!r.out.includes(`dp=[${dpMin},${dpMax}]`)) errors.push(`spec dp range: ${r.out.trim()}, want [${dpMin},${dpMax}]`);
+  const coord = docs.find((d) => d.kind === "Deployment");
+  const specArg = coord.spec.template.spec.containers[0].args.find((a) => a.startsWith("--spec="));
+  const mount = coord.spec.template.spec.containers[0].volumeMounts.find((m) => specArg?.slice(7).startsWith(`${m.mountPath}/`));
+  const vol = coord.spec.template.spec.volumes.find((v) => v.name === mount?.name);
+  if (vol?.configMap?.name !== cm.metadata.name) errors.push(`the coordinators' --spec (${specArg}) is not the spec ConfigMap`);
+}
+
+// The auth bootstrap Job's script, run for real against a private etcd (Debian's etcd
+// 3.4 on loopback ports) with the Secrets' files under a temporary folder: it must turn
+// authentication on, confine the newt user to /newt/<job>/, and succeed when run again.
+async function checkAuthBootstrap(errors) {
+  const r = helm(["template", RELEASE, chart, "--namespace", NAMESPACE, "--kube-version", KUBE_VERSION,
+    "--show-only", "templates/etcd-auth-job.yaml", "--set", "etcdClient.auth.enabled=true",
+    "--set", "etcdClient.auth.secret=u", "--set", "etcdClient.auth.bootstrap.rootSecret=r"]);
+  if (r.code !== 0) return errors.push(r.err);
+  const c = YAML.parse(r.out).spec.template.spec.containers[0];
+  const dir = mkdtempSync(join(tmp, "auth-"));
+  const script = c.command[2].replaceAll("/etc/newt/", `${dir}/`);
+  for (const [sub, pw] of [["etcd-root", "rootpw"], ["etcd-auth", "userpw"]]) {
+    mkdirSync(join(dir, sub));
+    writeFileSync(join(dir, sub, "password"), pw);
+  }
+  const [client, peer] = [await freePort(), await freePort()];
+  const url = `http://127.0.0.1:${client}`;
+  const etcd = spawn("etcd", ["--name", "t", "--data-dir", join(dir, "data"), "--listen-client-urls", url,
+    "--advertise-client-urls", url, "--listen-peer-urls", `http://127.0.0.1:${peer}`,
+    "--initial-advertise-peer-urls", `http://127.0.0.1:${peer}`, "--initial-cluster", `t=http://127.0.0.1:${peer}`],
+    { stdio: "ignore" });
+  try {
+    const envOf = Object.fromEntries(c.env.filter((e) => "value" in e).map((e) => [e.name, e.value]));
+    const env = { ...process.env, ETCDCTL_API: "3", ETCDCTL_ENDPOINTS: url, NEWT_ETCD_USER: "newt", NEWT_JOB: envOf.NEWT_JOB, JOB_ROLE: envOf.JOB_ROLE };
+    const ctl = (...args) => run("etcdctl", ["--dial-timeout=2s", "--command-timeout=5s", ...args], { env });
+    const deadline = Date.now() + 20000;
+    while (ctl("endpoint", "health").code !== 0) {
+      if (Date.now() > deadline) return errors.push(`etcd did not start on ${url}`);
+      await new Promise((ok) => setTimeout(ok, 200));
+    }
+    for (const attempt of ["first", "second"]) {
+      const s = run("sh", ["-ec", script], { env, timeout: 60000 });
+      if (s.code !== 0) errors.push(`${attempt} run failed (${s.code}): ${s.out}${s.err}`);
+    }
+    const key = `/newt/${envOf.NEWT_JOB}/probe`;
+    if (ctl("user", "list").code === 0) errors.push("authentication is not enabled: an anonymous request succeeded");
+    if (ctl("--user", "newt:userpw", "put", key, "v").code !== 0) errors.push(`the newt user cannot write ${key}`);
+    if (ctl("--user", "newt:userpw", "get", key).out.trim() !== `${key}\nv`) errors.push(`the newt user cannot read ${key}`);
+    if (ctl("--user", "newt:userpw", "put", "/elsewhere", "v").code === 0) errors.push("the newt user can write outside /newt/<job>/");
+    if (ctl("--user", "newt:wrong", "get", key).code === 0) errors.push("a wrong password is accepted");
+  } finally {
+    etcd.kill("SIGKILL");
+  }
+}
+function freePort() {
+  return new Promise((ok, fail) => {
+    const srv = createServer();
+    srv.on("error", fail);
+    srv.listen(0, "127.0.0.1", () => {
+      const { port } = srv.address();
+      srv.close(() => ok(port));
+    });
+  });
+}
+
+// --- modes -------------------------------------------------------------------------------
+async function lint() {
+  for (const f of [null, ...ciValueFiles()]) {
+    await check(`helm lint --strict ${f ? `-f ${f.slice(chart.length + 1)}` : "(defaults)"}`, (errors) => {
+      const r = helm(["lint", "--strict", chart, "--namespace", NAMESPACE, "--kube-version", KUBE_VERSION, ...(f ? ["-f", f] : [])]);
+      if (r.code !== 0) errors.push((r.out + r.err).trim());
+    });
+  }
+  const own = [join(chart, "Chart.yaml"), join(chart, "values.yaml"), ...ciValueFiles(), join(here, "reject.yaml"), yamllintConfig];
+  await check(`yamllint the chart's YAML (${own.length} files)`, (errors) => errors.push(...yamllint(own)));
+  await check("values.schema.json is JSON and a draft-07 schema", (errors) => {
+    const schema = JSON.parse(readFileSync(join(chart, "values.schema.json"), "utf8"));
+    if (!new Ajv({ strict: false }).validateSchema(schema)) errors.push("not a valid JSON Schema");
+    const v = new Ajv({ strict: false, allErrors: true }).compile(schema);
+    if (!v(loadYaml(join(chart, "values.yaml")))) errors.push(`values.yaml breaks its own schema: ${JSON.stringify(v.errors)}`);
+  });
+  await check("Dockerfiles: non-root numeric user (the chart's), newt as exec-form entrypoint", (errors) => {
+    const uid = loadYaml(join(chart, "values.yaml")).podSecurityContext.runAsUser;
+    for (const f of ["Dockerfile", "Dockerfile.cpu"]) {
+      const text = readFileSync(join(src, "helm", f), "utf8");
+      const stages = text.split(/^FROM /m);
+      const last = stages[stages.length - 1];
+      if (!new RegExp(`^USER ${uid}:${uid}$`, "m").test(last)) errors.push(`${f}: the final stage's USER is not ${uid}:${uid}`);
+      if (!/^ENTRYPOINT \["\/usr\/local\/bin\/newt"\]$/m.test(last)) errors.push(`${f}: ENTRYPOINT is not ["/usr/local/bin/newt"]`);
+      if (!/^COPY --from=build \/build\/newt \/usr\/local\/bin\/newt$/m.test(last)) errors.push(`${f}: newt is not installed as /usr/local/bin/newt`);
+      if (!/--target newt/.test(text)) errors.push(`${f}: does not build newt from source`);
+    }
+    if (!/^FROM nvidia\/cuda:/m.test(readFileSync(join(src, "helm/Dockerfile"), "utf8"))) errors.push("helm/Dockerfile is not on a CUDA base");
+  });
+  finish();
+}
+
+async function render() {
+  const defaults = loadYaml(join(chart, "values.yaml"));
+  for (const f of [null, ...ciValueFiles()]) {
+    const name = f ? f.slice(chart.length + 1) : "defaults";
+    const values = f ? merge(defaults, loadYaml(f)) : defaults;
+    const r = template(f ? [f] : []);
+    let docs = [];
+    await check(`${name}: helm template`, (errors) => {
+      if (r.code !== 0) return errors.push(r.err.trim());
+      const parsed = YAML.parseAllDocuments(r.out);
+      for (const d of parsed) for (const e of d.errors) errors.push(e.message);
+      docs = parsed.map((d) => d.toJS()).filter(Boolean);
+      if (docs.length < 10) errors.push(`only ${docs.length} objects rendered`);
+    });
+    if (!docs.length) continue;
+    const out = join(tmp, `${name.replace(/\W/g, "_")}.yaml`);
+    writeFileSync(out, r.out);
+    await check(`${name}: ${docs.length} objects valid against the Kubernetes API schemas`, async (errors) => {
+      for (const d of docs) await validateObject(d, errors);
+    });
+    await check(`${name}: yamllint on the rendered output`, (errors) => errors.push(...yamllint([out])));
+    await check(`${name}: command lines match the flags of newt, etcd and etcdctl`, (errors) => checkCommandLines(docs, errors));
+    await check(`${name}: the rendered spec passes newt's spec parser`, (errors) => checkSpec(docs, values, errors));
+    await check(`${name}: wiring, labels, security settings`, (errors) => checkWiring(docs, values, errors));
+  }
+  await check("the etcd auth bootstrap enables authentication on a real etcd, idempotently", checkAuthBootstrap);
+  // The unknown-field check and the schema checks must be able to fail.
+  await check("the validators catch a misspelt field, a bad enum and a bad flag", async (errors) => {
+    const docs = YAML.parseAllDocuments(template([]).out).map((d) => d.toJS()).filter(Boolean);
+    const sts = structuredClone(docs.find((d) => d.kind === "StatefulSet"));
+    sts.spec.template.spec.containers[0].comand = ["x"];
+    sts.spec.podManagementPolicy = "Sometimes";
+    const e1 = [];
+    await validateObject(sts, e1);
+    if (!e1.some((e) => e.includes("comand: unknown field"))) errors.push("a misspelt container field passed");
+    if (!e1.some((e) => e.includes("podManagementPolicy"))) errors.push("a bad enum passed");
+    const chaos = { apiVersion: "chaos-mesh.org/v1alpha1", kind: "PodChaos", metadata: { name: "x" }, spec: { action: "pod-explode", mode: "one", selector: {}, extra: 1 } };
+    const e2 = [];
+    await validateObject(chaos, e2);
+    if (e2.length < 2) errors.push(`a bad PodChaos passed: ${e2}`);
+    const dep = structuredClone(docs.find((d) => d.kind === "Deployment"));
+    dep.spec.template.spec.containers[0].args.push("--no-such-flag=1");
+    const e3 = [];
+    checkCommandLines([dep], e3);
+    if (!e3.some((e) => e.includes("--no-such-flag"))) errors.push("an unknown newt flag passed");
+  });
+  finish();
+}
+
+async function reject() {
+  await check("the defaults render (the base every case changes)", (errors) => {
+    const r = template([]);
+    if (r.code !== 0) errors.push(r.err);
+  });
+  const cases = loadYaml(join(here, "reject.yaml"));
+  for (const c of cases) {
+    await check(`refuses ${c.name} (${c.by})`, (errors) => {
+      const file = join(tmp, "case.yaml");
+      writeFileSync(file, YAML.stringify(c.values));
+      const r = template([file]);
+      const msg = r.err.trim();
+      if (r.code === 0) return errors.push("rendered without error");
+      if (!msg.includes(c.expect)) errors.push(`error does not mention "${c.expect}": ${msg}`);
+      const bySchema = msg.includes("don't meet the specifications of the schema");
+      if ((c.by === "schema") !== bySchema) errors.push(`refused by the ${bySchema ? "schema" : "templates"}, not the ${c.by}: ${msg}`);
+    });
+  }
+  finish();
+}
+
+const modes = { lint, render, reject };
+const mode = modes[process.argv[2]];
+if (!mode) {
+  console.error("usage: node check.mjs lint|render|reject");
+  process.exit(2);
+}
+await mode();
