@@ -39,6 +39,7 @@ NEWT_PARAM(CommTcpBuf, "NEWT_COMM_TCP_BUF", 0)                /* SO_SNDBUF/RCVBU
 NEWT_PARAM(CommSmallBytes, "NEWT_COMM_SMALL_BYTES", 16 << 10) /* latency algorithms below */
 NEWT_PARAM(CommSpinUs, "NEWT_COMM_SPIN_US", 20)               /* spin before sleeping */
 NEWT_PARAM(CommHandshakeMs, "NEWT_COMM_HANDSHAKE_MS", 3000)   /* one incoming handshake */
+NEWT_PARAM(CommFuse, "NEWT_COMM_FUSE", 1) /* forward straight into the next ring, stream results */
 
 /* --- control messages ------------------------------------------------------------------
  * A frame is an 8-byte header {u8 type, u8 0, u16 payload length, u32 argument}
@@ -259,6 +260,10 @@ newt_result_t link_send(cpu_comm *c, cpu_link *l, const void *p, size_t len, siz
 newt_result_t link_peek(cpu_comm *c, cpu_link *l, size_t want, size_t esize, const uint8_t **p,
                         size_t *avail);
 void link_consume(cpu_comm *c, cpu_link *l, size_t n);
+/* Shared memory only: *p gets up to *room contiguous free bytes of the ring to l (at most
+ * want, a multiple of esize); link_commit publishes the first n of them. */
+void link_reserve(cpu_link *l, size_t want, size_t esize, uint8_t **p, size_t *room);
+void link_commit(cpu_comm *c, cpu_link *l, size_t n);
 /* Copies up to len incoming bytes to dst; *n copied (0: none yet). */
 newt_result_t link_recv(cpu_comm *c, cpu_link *l, void *dst, size_t len, size_t *n);
 /* After an operation: shared-memory stream positions to the next 64 bytes. */

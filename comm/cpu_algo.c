@@ -41,12 +41,20 @@ typedef struct ring_step {
   size_t rbytes;
   int div;
   int gate;
+  int scratch; /* dst only feeds the next step's send: not needed afterwards */
 } ring_step;
+
+/* Step s forwards: what it receives is exactly what step s+1 sends. */
+static int forwards(const ring_step *st, int n, int s) {
+  return s + 1 < n && (st[s + 1].gate & GATE_SEND_PREV) && st[s + 1].src == st[s].dst && st[s].dst &&
+         st[s + 1].sbytes == st[s].rbytes;
+}
 
 typedef struct ring_plan {
   cpu_link *left, *right;
   ring_step *steps;
   int n;
+  int fuse;
   newt_dtype dt;
   comm_op op;
   size_t es;
@@ -78,48 +86,57 @@ static newt_result_t ring_run(cpu_comm *c, const ring_plan *p) {
       size_t limit = st->sbytes;
       if ((st->gate & GATE_SEND_PREV) && ss > 0 && rs <= ss - 1) limit = rs == ss - 1 ? ro : 0;
       if ((st->gate & GATE_SEND_SAME) && rs <= ss) limit = rs == ss ? ro : 0;
-      while (so < limit) {
+      if (so < limit) { /* one chunk per turn, so what was just reduced is still in cache */
         size_t n;
         res = link_send(c, p->right, st->src + so, min_sz(limit - so, sch), &n);
         if (res != NEWT_OK) goto out;
-        if (n == 0) {
-          tx_full = 1;
-          break;
-        }
+        tx_full = n == 0;
         so += n;
-        moved = 1;
+        moved |= n > 0;
       }
     }
     if (rs < p->n) {
       const ring_step *st = &p->steps[rs];
       size_t limit = st->rbytes;
       if ((st->gate & GATE_RECV_SEND) && ss <= rs) limit = ss == rs ? so - so % p->es : 0;
-      while (ro < limit) {
-        size_t want = min_sz(limit - ro, rch);
-        if (st->own) {
+      if (ro < limit) {
+        size_t want = min_sz(limit - ro, rch), got = 0;
+        uint8_t *slot;
+        size_t room = 0;
+        /* forwarding over shared memory with nothing left behind: produce straight into
+         * the next ring, and store the result (if it is kept) with streaming stores */
+        if (p->fuse && ss == rs + 1 && so == ro && p->right && p->right->local && forwards(p->steps, p->n, rs))
+          link_reserve(p->right, want, p->es, &slot, &room);
+        if (room > 0) {
           const uint8_t *q;
-          size_t avail;
-          res = link_peek(c, p->left, want, p->es, &q, &avail);
+          res = link_peek(c, p->left, room, p->es, &q, &got);
           if (res != NEWT_OK) goto out;
-          if (avail == 0) {
-            rx_empty = 1;
-            break;
-          }
+          if (st->own) comm_reduce(p->dt, p->op, slot, st->own + ro, q, got / p->es, st->div);
+          else memcpy(slot, q, got);
+          link_consume(c, p->left, got);
+          if (!st->scratch) comm_copy_stream(st->dst + ro, slot, got);
+          link_commit(c, p->right, got);
+          so += got;
+        } else if (st->own) {
+          const uint8_t *q;
+          res = link_peek(c, p->left, want, p->es, &q, &got);
+          if (res != NEWT_OK) goto out;
           comm_reduce(p->dt, p->op, st->dst + ro, st->own == st->dst ? NULL : st->own + ro, q,
-                      avail / p->es, st->div);
-          link_consume(c, p->left, avail);
-          ro += avail;
-        } else {
-          size_t n;
-          res = link_recv(c, p->left, st->dst + ro, want, &n);
+                      got / p->es, st->div);
+          link_consume(c, p->left, got);
+        } else if (p->left->local && p->fuse && !forwards(p->steps, p->n, rs)) {
+          const uint8_t *q; /* a final copy: streaming stores */
+          res = link_peek(c, p->left, want, 1, &q, &got);
           if (res != NEWT_OK) goto out;
-          if (n == 0) {
-            rx_empty = 1;
-            break;
-          }
-          ro += n;
+          comm_copy_stream(st->dst + ro, q, got);
+          link_consume(c, p->left, got);
+        } else {
+          res = link_recv(c, p->left, st->dst + ro, want, &got);
+          if (res != NEWT_OK) goto out;
         }
-        moved = 1;
+        rx_empty = got == 0;
+        ro += got;
+        moved |= got > 0;
       }
     }
     if (moved) {
@@ -130,6 +147,7 @@ static newt_result_t ring_run(cpu_comm *c, const ring_plan *p) {
     }
   }
 out:
+  if (p->fuse) comm_stream_fence();
   if (w.armed) atomic_store(&c->hdr->sleeping, 0);
   c->cur_wait = NULL;
   return res;
@@ -166,8 +184,8 @@ static size_t blk_len(size_t count, int n, int b) {
 
 static newt_result_t run_steps(cpu_comm *c, ring_step *steps, int nsteps, const comm_opdesc *op,
                                cpu_link *left, cpu_link *right) {
-  ring_plan p = {.left = left, .right = right, .steps = steps, .n = nsteps, .dt = op->dt,
-                 .op = op->op, .es = newt_dtype_size(op->dt)};
+  ring_plan p = {.left = left, .right = right, .steps = steps, .n = nsteps, .dt = op->dt, .op = op->op,
+                 .es = newt_dtype_size(op->dt), .fuse = newt_param_CommFuse() != 0};
   return ring_run(c, &p);
 }
 
@@ -187,6 +205,7 @@ static newt_result_t ring_allreduce(cpu_comm *c, const comm_opdesc *op) {
     st[s].rbytes = blk_len(op->count, n, rb) * es;
     st[s].div = (s == n - 2 && op->op == COMM_AVG) ? n : 0;
     st[s].gate = s > 0 ? GATE_SEND_PREV : 0;
+    st[s].scratch = s < n - 2; /* partial sums: overwritten by the allgather */
   }
   for (int t = 0; t < n - 1; t++) {
     ring_step *x = &st[n - 1 + t];
@@ -220,6 +239,7 @@ static newt_result_t ring_reduce_scatter(cpu_comm *c, const comm_opdesc *op) {
     st[s].rbytes = rc;
     st[s].div = (last && op->op == COMM_AVG) ? n : 0;
     st[s].gate = (s > 0 ? GATE_SEND_PREV : 0) | ((s > 0 && !last) ? GATE_RECV_SEND : 0);
+    st[s].scratch = !last;
   }
   newt_result_t res = run_steps(c, st, n - 1, op, &c->links[mod(r - 1, n)], &c->links[mod(r + 1, n)]);
   free(st);

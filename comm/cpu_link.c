@@ -194,29 +194,49 @@ static newt_result_t tcp_broken(cpu_comm *c, cpu_link *l, const char *what, int 
                    name, what, c->op_name ? c->op_name : "an operation", strerror(err));
 }
 
+void link_reserve(cpu_link *l, size_t want, size_t esize, uint8_t **p, size_t *room) {
+  /* positions are rounded up to 64 bytes at the end of each operation, by each side on
+   * its own: a difference that looks negative means "nothing yet" */
+  int64_t used = (int64_t)(l->tx_head - l->tx_tail);
+  if (used < 0 || (size_t)used + want > l->tx_ring) {
+    l->tx_tail = atomic_load_explicit(&l->tx->tail, memory_order_acquire);
+    used = (int64_t)(l->tx_head - l->tx_tail);
+    if (used < 0) used = 0;
+  }
+  size_t pos = (size_t)(l->tx_head % l->tx_ring);
+  size_t n = l->tx_ring - (size_t)used;
+  if (n > l->tx_ring - pos) n = l->tx_ring - pos;
+  if (n > want) n = want;
+  *p = l->txd + pos;
+  *room = n - n % esize;
+}
+
+void link_commit(cpu_comm *c, cpu_link *l, size_t n) {
+  if (n == 0) return;
+  l->tx_head += n;
+  atomic_store_explicit(&l->tx->head, l->tx_head, memory_order_seq_cst);
+  doorbell(c, l);
+}
+
 newt_result_t link_send(cpu_comm *c, cpu_link *l, const void *p, size_t len, size_t *n) {
   *n = 0;
   if (len == 0) return NEWT_OK;
   if (l->local) {
-    /* positions are rounded up to 64 bytes at the end of each operation, by each side
-     * on its own: a difference that looks negative means "nothing yet" */
-    int64_t used = (int64_t)(l->tx_head - l->tx_tail);
-    if (used < 0 || (size_t)used + len > l->tx_ring) {
-      l->tx_tail = atomic_load_explicit(&l->tx->tail, memory_order_acquire);
-      used = (int64_t)(l->tx_head - l->tx_tail);
-      if (used < 0) used = 0;
+    size_t done = 0;
+    for (int piece = 0; piece < 2 && done < len; piece++) { /* the ring wraps at most once */
+      uint8_t *q;
+      size_t room;
+      link_reserve(l, len - done, 1, &q, &room);
+      if (room == 0) break;
+      memcpy(q, (const uint8_t *)p + done, room);
+      l->tx_head += room;
+      done += room;
     }
-    size_t take = l->tx_ring - (size_t)used;
-    if (take > len) take = len;
-    if (take == 0) return NEWT_OK;
-    size_t pos = (size_t)(l->tx_head % l->tx_ring);
-    size_t first = l->tx_ring - pos < take ? l->tx_ring - pos : take;
-    memcpy(l->txd + pos, p, first);
-    if (take > first) memcpy(l->txd, (const uint8_t *)p + first, take - first);
-    l->tx_head += take;
-    atomic_store_explicit(&l->tx->head, l->tx_head, memory_order_seq_cst);
-    doorbell(c, l);
-    *n = take;
+    if (done) {
+      atomic_store_explicit(&l->tx->head, l->tx_head, memory_order_seq_cst);
+      doorbell(c, l);
+    }
+    *n = done;
     return NEWT_OK;
   }
   ssize_t r;
