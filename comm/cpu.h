@@ -40,6 +40,7 @@ NEWT_PARAM(CommSmallBytes, "NEWT_COMM_SMALL_BYTES", 16 << 10) /* latency algorit
 NEWT_PARAM(CommSpinUs, "NEWT_COMM_SPIN_US", 20)               /* spin before sleeping */
 NEWT_PARAM(CommHandshakeMs, "NEWT_COMM_HANDSHAKE_MS", 3000)   /* one incoming handshake */
 NEWT_PARAM(CommFuse, "NEWT_COMM_FUSE", 1) /* forward straight into the next ring, stream results */
+NEWT_PARAM(CommRound, "NEWT_COMM_ROUND", 256 << 10)           /* bytes per block per ring round */
 
 /* --- control messages ------------------------------------------------------------------
  * A frame is an 8-byte header {u8 type, u8 0, u16 payload length, u32 argument}
