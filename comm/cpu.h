@@ -42,6 +42,24 @@ NEWT_PARAM(CommHandshakeMs, "NEWT_COMM_HANDSHAKE_MS", 3000)   /* one incoming ha
 NEWT_PARAM(CommFuse, "NEWT_COMM_FUSE", 1) /* forward straight into the next ring, stream results */
 NEWT_PARAM(CommRound, "NEWT_COMM_ROUND", 256 << 10)           /* bytes per block per ring round */
 
+/* Little-endian integers on the wire. */
+static inline void le_put32(uint8_t *p, uint32_t v) {
+  for (int i = 0; i < 4; i++) p[i] = (uint8_t)(v >> (8 * i));
+}
+static inline void le_put64(uint8_t *p, uint64_t v) {
+  for (int i = 0; i < 8; i++) p[i] = (uint8_t)(v >> (8 * i));
+}
+static inline uint32_t le_get32(const uint8_t *p) {
+  uint32_t v = 0;
+  for (int i = 0; i < 4; i++) v |= (uint32_t)p[i] << (8 * i);
+  return v;
+}
+static inline uint64_t le_get64(const uint8_t *p) {
+  uint64_t v = 0;
+  for (int i = 0; i < 8; i++) v |= (uint64_t)p[i] << (8 * i);
+  return v;
+}
+
 /* --- control messages ------------------------------------------------------------------
  * A frame is an 8-byte header {u8 type, u8 0, u16 payload length, u32 argument}
  * (little-endian) and the payload (at most CTRL_MAX_PAYLOAD bytes). */
@@ -191,6 +209,9 @@ newt_result_t net_listen_ephemeral(const char *like, int *fd, char *out, size_t 
 /* Starts a nonblocking connect; *fd >= 0 on success (connection in progress). */
 newt_result_t net_connect_start(const struct sockaddr_storage *ss, socklen_t len, int *fd);
 void net_tune(int fd, int data);
+/* The next pending connection (nonblocking, close-on-exec), its peer's "ip:port" in
+ * remote; -1 when none is pending. */
+int net_accept(int lfd, char *remote, size_t cap);
 /* "a.b.c.d:port" of the remote end (logs). */
 void net_peer_name(int fd, char *out, size_t cap);
 int net_set_nonblock(int fd);

@@ -204,6 +204,14 @@ static void round_part(size_t len, size_t per, size_t k, size_t *start, size_t *
   *cnt = b - a;
 }
 
+/* Runs the steps from the left neighbour to the right one, and frees them. */
+static newt_result_t run_ring(cpu_comm *c, ring_step *st, size_t nsteps, const comm_opdesc *op) {
+  int n = c->size, r = c->rank;
+  newt_result_t res = run_steps(c, st, (int)nsteps, op, &c->links[mod(r - 1, n)], &c->links[mod(r + 1, n)]);
+  free(st);
+  return res;
+}
+
 static newt_result_t alloc_steps(size_t rounds, int per_round, ring_step **st) {
   *st = calloc(rounds * (size_t)per_round, sizeof **st);
   if (!*st) return NEWT_ERR(NEWT_ERR_NOMEM, "out of memory: %zu ring steps", rounds * (size_t)per_round);
@@ -245,10 +253,7 @@ static newt_result_t ring_allreduce(cpu_comm *c, const comm_opdesc *op) {
       x->gate = GATE_SEND_PREV;
     }
   }
-  newt_result_t res = run_steps(c, st, (int)(rounds * (size_t)per_round), op, &c->links[mod(r - 1, n)],
-                                &c->links[mod(r + 1, n)]);
-  free(st);
-  return res;
+  return run_ring(c, st, rounds * (size_t)per_round, op);
 }
 
 static newt_result_t ring_reduce_scatter(cpu_comm *c, const comm_opdesc *op) {
@@ -278,10 +283,7 @@ static newt_result_t ring_reduce_scatter(cpu_comm *c, const comm_opdesc *op) {
       x->scratch = !last;
     }
   }
-  newt_result_t res = run_steps(c, st, (int)(rounds * (size_t)per_round), op, &c->links[mod(r - 1, n)],
-                                &c->links[mod(r + 1, n)]);
-  free(st);
-  return res;
+  return run_ring(c, st, rounds * (size_t)per_round, op);
 }
 
 static newt_result_t ring_allgather(cpu_comm *c, const comm_opdesc *op) {
@@ -305,10 +307,7 @@ static newt_result_t ring_allgather(cpu_comm *c, const comm_opdesc *op) {
       x->gate = t > 0 ? GATE_SEND_PREV : 0;
     }
   }
-  newt_result_t res = run_steps(c, st, (int)(rounds * (size_t)per_round), op, &c->links[mod(r - 1, n)],
-                                &c->links[mod(r + 1, n)]);
-  free(st);
-  return res;
+  return run_ring(c, st, rounds * (size_t)per_round, op);
 }
 
 /* Recursive doubling on recv (already holding this rank's input); tmp holds a partner's. */

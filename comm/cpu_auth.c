@@ -57,35 +57,19 @@ static const char *rej_text(uint32_t s) {
   }
 }
 
-static void put32(uint8_t *p, uint32_t v) {
-  for (int i = 0; i < 4; i++) p[i] = (uint8_t)(v >> (8 * i));
-}
-static void put64(uint8_t *p, uint64_t v) {
-  for (int i = 0; i < 8; i++) p[i] = (uint8_t)(v >> (8 * i));
-}
-static uint32_t get32(const uint8_t *p) {
-  uint32_t v = 0;
-  for (int i = 0; i < 4; i++) v |= (uint32_t)p[i] << (8 * i);
-  return v;
-}
-static uint64_t get64(const uint8_t *p) {
-  uint64_t v = 0;
-  for (int i = 0; i < 8; i++) v |= (uint64_t)p[i] << (8 * i);
-  return v;
-}
 
 void hs_encode_hello(uint8_t out[HS_HELLO_LEN], uint64_t generation, uint64_t tag, uint64_t members,
                      int src, int dst, int size, int kind, const uint8_t nonce[HS_NONCE_LEN]) {
   memset(out, 0, HS_HELLO_LEN);
   memcpy(out, "NEWTHLO1", 8);
-  put32(out + 8, HS_VERSION);
-  put32(out + 12, (uint32_t)kind);
-  put64(out + 16, generation);
-  put64(out + 24, tag);
-  put64(out + 32, members);
-  put32(out + 40, (uint32_t)src);
-  put32(out + 44, (uint32_t)dst);
-  put32(out + 48, (uint32_t)size);
+  le_put32(out + 8, HS_VERSION);
+  le_put32(out + 12, (uint32_t)kind);
+  le_put64(out + 16, generation);
+  le_put64(out + 24, tag);
+  le_put64(out + 32, members);
+  le_put32(out + 40, (uint32_t)src);
+  le_put32(out + 44, (uint32_t)dst);
+  le_put32(out + 48, (uint32_t)size);
   memcpy(out + 56, nonce, HS_NONCE_LEN);
 }
 
@@ -205,11 +189,11 @@ static hs_state refuse(hs_conn *h, const hs_ctx *ctx, uint32_t status, int chal,
   memset(m, 0, sizeof m);
   if (chal) {
     memcpy(m, "NEWTCHL1", 8);
-    put32(m + 8, status);
-    put64(m + 16, ctx->generation);
+    le_put32(m + 8, status);
+    le_put64(m + 16, ctx->generation);
     set_out(h, m, HS_CHAL_LEN);
   } else {
-    put32(m, status);
+    le_put32(m, status);
     set_out(h, m, HS_RESULT_LEN);
   }
   snprintf(h->why, sizeof h->why, "%s", why);
@@ -225,9 +209,9 @@ static hs_state refuse(hs_conn *h, const hs_ctx *ctx, uint32_t status, int chal,
 static hs_state server_hello(hs_conn *h, const hs_ctx *ctx) {
   char why[256];
   const uint8_t *m = h->in;
-  uint32_t version = get32(m + 8), kind = get32(m + 12);
-  uint64_t gen = get64(m + 16), tag = get64(m + 24), members = get64(m + 32);
-  uint32_t src = get32(m + 40), dst = get32(m + 44), size = get32(m + 48);
+  uint32_t version = le_get32(m + 8), kind = le_get32(m + 12);
+  uint64_t gen = le_get64(m + 16), tag = le_get64(m + 24), members = le_get64(m + 32);
+  uint32_t src = le_get32(m + 40), dst = le_get32(m + 44), size = le_get32(m + 48);
   if (version != HS_VERSION) {
     snprintf(why, sizeof why, "protocol version %u, expected %u", version, HS_VERSION);
     return refuse(h, ctx, REJ_VERSION, 1, 1, why);
@@ -259,7 +243,7 @@ static hs_state server_hello(hs_conn *h, const hs_ctx *ctx) {
   uint8_t chal[HS_CHAL_LEN];
   memset(chal, 0, sizeof chal);
   memcpy(chal, "NEWTCHL1", 8);
-  put64(chal + 16, ctx->generation);
+  le_put64(chal + 16, ctx->generation);
   memcpy(chal + 24, h->nonce_s, HS_NONCE_LEN);
   hs_mac(ctx->secret, ctx->secret_len, "newt-server", h->hello, h->nonce_s, chal + 56);
   set_out(h, chal, HS_CHAL_LEN);
@@ -293,11 +277,11 @@ static hs_state client_chal(hs_conn *h, const hs_ctx *ctx) {
   const uint8_t *m = h->in;
   if (memcmp(m, "NEWTCHL1", 8) != 0)
     return fail(h, 1, "%s did not answer as a newt communicator", h->remote);
-  uint32_t status = get32(m + 8);
+  uint32_t status = le_get32(m + 8);
   if (status != REJ_NONE) {
     if (status == REJ_GENERATION)
       return fail(h, 1, "%s refused us: it is generation %llu, we are %llu", h->remote,
-                  (unsigned long long)get64(m + 16), (unsigned long long)ctx->generation);
+                  (unsigned long long)le_get64(m + 16), (unsigned long long)ctx->generation);
     return fail(h, 1, "%s refused us: %s", h->remote, rej_text(status));
   }
   memcpy(h->nonce_s, m + 24, HS_NONCE_LEN);
@@ -396,7 +380,7 @@ hs_state hs_step(hs_conn *h, const hs_ctx *ctx) {
         if (h->st == HS_C_CHAL) {
           client_chal(h, ctx);
         } else {
-          uint32_t status = get32(h->in);
+          uint32_t status = le_get32(h->in);
           if (status != REJ_NONE) return fail(h, 1, "%s refused us: %s", h->remote, rej_text(status));
           h->st = HS_DONE;
         }

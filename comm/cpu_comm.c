@@ -233,10 +233,9 @@ static void serve_listener(cpu_comm *c, struct pollfd *pf, int np, int lst, int 
   c->nstrays = j;
   if (lst < 0 || !pf[lst].revents) return;
   for (;;) {
-    int fd = accept4(c->listen_fd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
-    if (fd < 0) return;
     char remote[96];
-    net_peer_name(fd, remote, sizeof remote);
+    int fd = net_accept(c->listen_fd, remote, sizeof remote);
+    if (fd < 0) return;
     if (c->nstrays >= MAX_STRAYS) {
       NEWT_WARN(COMM, "communicator (rank %d): refused a connection from %s: too many pending handshakes",
                 c->rank, remote);

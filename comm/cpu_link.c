@@ -40,14 +40,6 @@ const char *cpu_peer_name(cpu_comm *c, int peer) {
 
 /* --- control channel ---------------------------------------------------------------- */
 
-static void put32(uint8_t *p, uint32_t v) {
-  for (int i = 0; i < 4; i++) p[i] = (uint8_t)(v >> (8 * i));
-}
-static uint32_t get32(const uint8_t *p) {
-  uint32_t v = 0;
-  for (int i = 0; i < 4; i++) v |= (uint32_t)p[i] << (8 * i);
-  return v;
-}
 
 int ctrl_send(cpu_comm *c, cpu_link *l, int type, uint32_t arg, const void *payload, size_t len) {
   uint8_t buf[CTRL_HDR + CTRL_MAX_PAYLOAD];
@@ -56,7 +48,7 @@ int ctrl_send(cpu_comm *c, cpu_link *l, int type, uint32_t arg, const void *payl
   buf[1] = 0;
   buf[2] = (uint8_t)(len & 0xff);
   buf[3] = (uint8_t)(len >> 8);
-  put32(buf + 4, arg);
+  le_put32(buf + 4, arg);
   if (len) memcpy(buf + CTRL_HDR, payload, len);
   pthread_mutex_lock(&c->ctrl_send_lock);
   ssize_t n;
@@ -79,7 +71,7 @@ int ctrl_read(cpu_link *l, ctrl_msg *m, const char **why) {
       }
       if (l->crx_len >= CTRL_HDR + len) {
         m->type = type;
-        m->arg = get32(l->crx + 4);
+        m->arg = le_get32(l->crx + 4);
         m->len = len;
         memcpy(m->payload, l->crx + CTRL_HDR, len);
         memmove(l->crx, l->crx + CTRL_HDR + len, l->crx_len - CTRL_HDR - len);
@@ -104,7 +96,7 @@ void ctrl_notify_fail(cpu_comm *c, newt_result_t code, int culprit_root, const c
   uint8_t p[CTRL_MAX_PAYLOAD];
   size_t n = strlen(msg);
   if (n > sizeof p - 4) n = sizeof p - 4;
-  put32(p, (uint32_t)culprit_root);
+  le_put32(p, (uint32_t)culprit_root);
   memcpy(p + 4, msg, n);
   for (int r = 0; r < c->size && c->links; r++)
     if (r != c->rank && comm_to_root(c->pub, r) != culprit_root)
@@ -116,7 +108,7 @@ static void handle_pong(cpu_comm *c, cpu_link *l, const ctrl_msg *m);
 /* A failure notice from l->peer: adopt its verdict (the culprit is a root rank). */
 static void handle_fail(cpu_comm *c, cpu_link *l, const ctrl_msg *m) {
   if (m->len < 4) return;
-  int culprit = (int32_t)get32(m->payload);
+  int culprit = (int32_t)le_get32(m->payload);
   newt_result_t code = (newt_result_t)m->arg;
   if (code <= NEWT_OK || code >= NEWT_ERR__COUNT) code = NEWT_ERR_PEER;
   if (culprit < -1) culprit = -1;
@@ -157,8 +149,8 @@ void ctrl_drain(cpu_comm *c, cpu_link *l) {
       case CTRL_PING: {
         uint8_t p[8];
         int in_op = c->cur_wait != NULL;
-        put32(p, (uint32_t)in_op);
-        put32(p + 4, (uint32_t)(in_op ? c->cur_wait->blocker : -1));
+        le_put32(p, (uint32_t)in_op);
+        le_put32(p + 4, (uint32_t)(in_op ? c->cur_wait->blocker : -1));
         ctrl_send(c, l, CTRL_PONG, m.arg, p, sizeof p);
         break;
       }
@@ -404,8 +396,8 @@ static void probe_send(cpu_wait *w, int target) {
 static void handle_pong(cpu_comm *c, cpu_link *l, const ctrl_msg *m) {
   cpu_wait *w = c->cur_wait;
   if (!w || !w->probing || w->probe_target != l->peer || m->arg != w->probe_seq || m->len < 8) return;
-  int in_op = (int)get32(m->payload);
-  int waiting_on = (int32_t)get32(m->payload + 4);
+  int in_op = (int)le_get32(m->payload);
+  int waiting_on = (int32_t)le_get32(m->payload + 4);
   const char *name = cpu_peer_name(c, l->peer);
   if (!in_op) {
     probe_verdict(w, "%s is alive but has not entered %s after %lld ms", name,

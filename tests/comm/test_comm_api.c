@@ -11,28 +11,6 @@
 #include "common/dtype.h"
 #include "test.h"
 
-static double elem(newt_dtype dt, const void *b, size_t i) {
-  switch (dt) {
-    case NEWT_F32: return ((const float *)b)[i];
-    case NEWT_BF16: return newt_bf16_to_f32(((const uint16_t *)b)[i]);
-    case NEWT_I32: return ((const int32_t *)b)[i];
-    case NEWT_I64: return (double)((const int64_t *)b)[i];
-    case NEWT_U8: return ((const uint8_t *)b)[i];
-    default: return 0;
-  }
-}
-
-static void put(newt_dtype dt, void *b, size_t i, double v) {
-  switch (dt) {
-    case NEWT_F32: ((float *)b)[i] = (float)v; break;
-    case NEWT_BF16: ((uint16_t *)b)[i] = newt_f32_to_bf16((float)v); break;
-    case NEWT_I32: ((int32_t *)b)[i] = (int32_t)v; break;
-    case NEWT_I64: ((int64_t *)b)[i] = (int64_t)v; break;
-    case NEWT_U8: ((uint8_t *)b)[i] = (uint8_t)v; break;
-    default: break;
-  }
-}
-
 /* What one element of the kernel must be, computed the plain way. */
 static double expect(newt_dtype dt, comm_op op, double x, double y, int div) {
   double r;
@@ -41,8 +19,8 @@ static double expect(newt_dtype dt, comm_op op, double x, double y, int div) {
   else if (dt == NEWT_U8) r = (double)(uint8_t)((uint8_t)((int)x + (int)y) / (div > 0 ? div : 1));
   else r = (double)((int64_t)(x + y) / (div > 0 ? div : 1));
   uint64_t t = 0;
-  put(dt, &t, 0, r);
-  return elem(dt, &t, 0);
+  ct_set_elem(dt, &t, 0, r);
+  return ct_get_elem(dt, &t, 0);
 }
 
 static void test_kernels(void) {
@@ -63,16 +41,16 @@ static void test_kernels(void) {
           for (size_t i = 0; i < n; i++) {
             double x = dt == NEWT_U8 ? (double)(i * 7 % 100) : ((double)(i % 23) - 11) * (dt == NEWT_F32 || dt == NEWT_BF16 ? 0.37 : 1);
             double y = dt == NEWT_U8 ? (double)(i * 3 % 120) : ((double)(i % 17) - 8) * (dt == NEWT_F32 || dt == NEWT_BF16 ? 1.3 : 1);
-            put(dt, a, i, x);
-            put(dt, b, i, y);
+            ct_set_elem(dt, a, i, x);
+            ct_set_elem(dt, b, i, y);
           }
           memcpy(ip, a, n * es);
           comm_reduce(dt, ops[o], d, a, b, n, div);
           comm_reduce(dt, ops[o], ip, NULL, b, n, div);
           size_t bad = 0;
           for (size_t i = 0; i < n; i++) {
-            double e = expect(dt, ops[o], elem(dt, a, i), elem(dt, b, i), div);
-            bad += elem(dt, d, i) != e || elem(dt, ip, i) != e;
+            double e = expect(dt, ops[o], ct_get_elem(dt, a, i), ct_get_elem(dt, b, i), div);
+            bad += ct_get_elem(dt, d, i) != e || ct_get_elem(dt, ip, i) != e;
           }
           T_CHECK_MSG(bad == 0, "%s %s div %d length %zu: %zu wrong", newt_dtype_name(dt),
                       ops[o] == COMM_SUM ? "sum" : "max", div, n, bad);

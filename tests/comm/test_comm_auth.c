@@ -25,18 +25,6 @@
 #include "common/log.h"
 #include "test.h"
 
-static int failures;
-
-#define CHECKR(cond, ...)                                                   \
-  do {                                                                      \
-    if (!(cond)) {                                                          \
-      fprintf(stderr, "rank %d: FAIL %s:%d: ", rank, __FILE__, __LINE__);   \
-      fprintf(stderr, __VA_ARGS__);                                         \
-      fputc('\n', stderr);                                                  \
-      failures++;                                                           \
-    }                                                                       \
-  } while (0)
-
 static char logdir[256];
 
 /* --- a raw client speaking the wire protocol of cpu_auth.c ------------------------------- */
@@ -157,7 +145,7 @@ static int auth_rank(ct_world *w, int rank, void *arg) {
   CHECKR(comm_barrier(c) == NEWT_OK, "barrier: %s", newt_errmsg());
   comm_free(c);
   fprintf(stderr, "rank %d: %d allreduces\n", rank, it);
-  return failures;
+  return ct_failures;
 }
 
 /* A worker of the previous generation claiming rank 1. */
@@ -172,7 +160,7 @@ static int stale_rank(ct_world *w, int rank, void *arg) {
   CHECKR(r != NEWT_OK, "a stale worker was accepted");
   CHECKR(strstr(newt_errmsg(), "generation") != NULL, "the stale worker's error does not say why: %s", newt_errmsg());
   comm_free(c);
-  return failures;
+  return ct_failures;
 }
 
 static int wait_listening(const char *addr) {

@@ -24,24 +24,6 @@
 #include "test.h"
 
 static int valgrind_mode;
-static int failures;
-
-#define CHECKR(cond, ...)                                                   \
-  do {                                                                      \
-    if (!(cond)) {                                                          \
-      fprintf(stderr, "rank %d: FAIL %s:%d: ", rank, __FILE__, __LINE__);   \
-      fprintf(stderr, __VA_ARGS__);                                         \
-      fputc('\n', stderr);                                                  \
-      failures++;                                                           \
-    }                                                                       \
-  } while (0)
-
-#define OKR(call)                                                                          \
-  do {                                                                                     \
-    newt_result_t r_ = (call);                                                             \
-    CHECKR(r_ == NEWT_OK, "%s -> %s: %s", #call, newt_result_name(r_), newt_errmsg());     \
-  } while (0)
-
 typedef struct scenario {
   int victim;
   int sig; /* SIGKILL or SIGSTOP */
@@ -133,14 +115,14 @@ static int fail_rank(ct_world *w, int rank, void *arg) {
       break;
     }
     CHECKR(y[0] == (float)w->size, "allreduce before the failure: %g", y[0]);
-    if (failures) break;
+    if (ct_failures) break;
   }
   free(x);
   free(y);
   if (r == NEWT_OK) {
     CHECKR(0, "the allreduce never failed");
     comm_free(c);
-    return failures;
+    return ct_failures;
   }
   const char *msg = newt_errmsg();
   char want[32];
@@ -160,7 +142,7 @@ static int fail_rank(ct_world *w, int rank, void *arg) {
   recover(w, rank, c, sc->victim);
   CHECKR(ct_fd_count() == fds0, "file descriptors: %d at start, %d at the end", fds0, ct_fd_count());
   CHECKR(ct_thread_count() == threads0, "threads: %d at start, %d at the end", threads0, ct_thread_count());
-  return failures;
+  return ct_failures;
 }
 
 static void run_failure(int n, int mode, int victim, int sig, size_t count) {
@@ -273,7 +255,7 @@ static int abort_rank(ct_world *w, int rank, void *arg) {
   free(z);
   CHECKR(ct_fd_count() == fds0, "file descriptors: %d at start, %d at the end", fds0, ct_fd_count());
   CHECKR(ct_thread_count() == threads0, "threads: %d at start, %d at the end", threads0, ct_thread_count());
-  return failures;
+  return ct_failures;
 }
 
 static void test_abort_from_thread(void) {

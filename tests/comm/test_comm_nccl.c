@@ -32,24 +32,6 @@
 #include "common/dtype.h"
 #include "test.h"
 
-static int failures;
-
-#define CHECKR(cond, ...)                                                   \
-  do {                                                                      \
-    if (!(cond)) {                                                          \
-      fprintf(stderr, "rank %d: FAIL %s:%d: ", rank, __FILE__, __LINE__);   \
-      fprintf(stderr, __VA_ARGS__);                                         \
-      fputc('\n', stderr);                                                  \
-      failures++;                                                           \
-    }                                                                       \
-  } while (0)
-
-#define OKR(call)                                                                          \
-  do {                                                                                     \
-    newt_result_t r_ = (call);                                                             \
-    CHECKR(r_ == NEWT_OK, "%s -> %s: %s", #call, newt_result_name(r_), newt_errmsg());     \
-  } while (0)
-
 #define CUDA_OK(call)                                                                      \
   do {                                                                                     \
     cudaError_t e_ = (call);                                                               \
@@ -266,13 +248,19 @@ static void check_all_ops(comm_t *c, int rank) {
 
 /* --- one GPU ------------------------------------------------------------------------- */
 
-static int single_ops(int rank, int n) {
-  (void)n;
+/* A communicator of one rank on device 0, from a fresh unique id. */
+static comm_t *alone(int rank) {
   unsigned char id[COMM_NCCL_ID_BYTES];
   OKR(comm_nccl_unique_id(id));
   comm_config cfg = nccl_cfg(0, 1, id, 30000);
   comm_t *c = NULL;
   OKR(comm_create(&cfg, &c));
+  return c;
+}
+
+static int single_ops(int rank, int n) {
+  (void)n;
+  comm_t *c = alone(rank);
   if (!c) return 1;
   CHECKR(comm_rank(c) == 0 && comm_size(c) == 1 && comm_get_backend(c) == COMM_BACKEND_NCCL, "rank/size/backend");
   check_all_ops(c, rank);
@@ -283,7 +271,7 @@ static int single_ops(int rank, int n) {
   if (child) check_allreduce_f32(child, rank, COMM_SUM, 1000, 0);
   comm_free(child);
   comm_free(c);
-  return failures;
+  return ct_failures;
 }
 
 static void *abort_later(void *arg) {
@@ -295,11 +283,7 @@ static void *abort_later(void *arg) {
 static int single_abort_cycles(int rank, int n) {
   (void)n;
   for (int k = 0; k < 10; k++) {
-    unsigned char id[COMM_NCCL_ID_BYTES];
-    OKR(comm_nccl_unique_id(id));
-    comm_config cfg = nccl_cfg(0, 1, id, 30000);
-    comm_t *c = NULL;
-    OKR(comm_create(&cfg, &c));
+    comm_t *c = alone(rank);
     if (!c) return 1;
     check_allreduce_f32(c, rank, COMM_SUM, 1000, 0);
     comm_abort(c);
@@ -324,7 +308,7 @@ static int single_abort_cycles(int rank, int n) {
   CHECKR(r == NEWT_ERR_TIMEOUT && c == NULL, "a build without its peer -> %s after %.0f ms: %s", newt_result_name(r), ms,
          newt_errmsg());
   CHECKR(ms < 20000, "the build without its peer took %.0f ms", ms);
-  return failures;
+  return ct_failures;
 }
 
 static int single_leaks(int rank, int n) {
@@ -336,11 +320,7 @@ static int single_leaks(int rank, int n) {
       cudaMemGetInfo(&free0, &total);
       fds0 = ct_fd_count();
     }
-    unsigned char id[COMM_NCCL_ID_BYTES];
-    OKR(comm_nccl_unique_id(id));
-    comm_config cfg = nccl_cfg(0, 1, id, 30000);
-    comm_t *c = NULL;
-    OKR(comm_create(&cfg, &c));
+    comm_t *c = alone(rank);
     if (!c) return 1;
     float *d = dev_from(NULL, 4 << 20);
     OKR(comm_allreduce(c, d, d, 1 << 20, NEWT_F32, COMM_SUM));
@@ -354,7 +334,7 @@ static int single_leaks(int rank, int n) {
           fds0, fds1);
   CHECKR(free1 + (16u << 20) >= free0, "device memory leaked: %zu bytes", free0 - free1);
   CHECKR(fds1 == fds0, "file descriptors leaked: %d -> %d", fds0, fds1);
-  return failures;
+  return ct_failures;
 }
 
 /* --- several GPUs -------------------------------------------------------------------- */
@@ -372,7 +352,7 @@ static int multi_ops(int rank, int n) {
   if (!c) return 1;
   check_all_ops(c, rank);
   comm_free(c);
-  return failures;
+  return ct_failures;
 }
 
 static int multi_abort(int rank, int n) {
@@ -396,7 +376,7 @@ static int multi_abort(int rank, int n) {
   }
   comm_free(c);
   cudaFree(d);
-  return failures;
+  return ct_failures;
 }
 
 static int multi_kill(int rank, int n) {
@@ -425,7 +405,7 @@ static int multi_kill(int rank, int n) {
   if (g) check_allreduce_f32(g, rank, COMM_SUM, 4099, 0);
   comm_free(g);
   cudaFree(d);
-  return failures;
+  return ct_failures;
 }
 
 static int replacement(int rank, int n) {
@@ -433,7 +413,7 @@ static int replacement(int rank, int n) {
   comm_t *g = join(rank, n, sh->id2, &sh->id2_ready, 60000);
   if (g) check_allreduce_f32(g, rank, COMM_SUM, 4099, 0);
   comm_free(g);
-  return failures;
+  return ct_failures;
 }
 
 static int gpus;

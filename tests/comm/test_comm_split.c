@@ -10,24 +10,6 @@
 #include "comm_test.h"
 #include "test.h"
 
-static int failures;
-
-#define CHECKR(cond, ...)                                                   \
-  do {                                                                      \
-    if (!(cond)) {                                                          \
-      fprintf(stderr, "rank %d: FAIL %s:%d: ", rank, __FILE__, __LINE__);   \
-      fprintf(stderr, __VA_ARGS__);                                         \
-      fputc('\n', stderr);                                                  \
-      failures++;                                                           \
-    }                                                                       \
-  } while (0)
-
-#define OKR(call)                                                                          \
-  do {                                                                                     \
-    newt_result_t r_ = (call);                                                             \
-    CHECKR(r_ == NEWT_OK, "%s -> %s: %s", #call, newt_result_name(r_), newt_errmsg());     \
-  } while (0)
-
 typedef struct layout {
   int tp;     /* tensor group size: groups of consecutive ranks */
   int victim; /* -1: no failure */
@@ -95,7 +77,7 @@ static int split_rank(ct_world *w, int rank, void *arg) {
   for (int i = 0; i < 30; i++)
     if (group_sum(dpc, rank, 20011, dsum) != 0) bad++;
   pthread_join(th, NULL);
-  CHECKR(la.bad == 0 && bad == 0, "concurrent groups: %d tensor, %d data failures", la.bad, bad);
+  CHECKR(la.bad == 0 && bad == 0, "concurrent groups: %d tensor, %d data ct_failures", la.bad, bad);
   comm_free(none);
   comm_free(rev);
   if (lay->victim >= 0) {
@@ -130,13 +112,13 @@ static int split_rank(ct_world *w, int rank, void *arg) {
     if (s) CHECKR(group_sum(s, rank, 4099, total) == 0, "allreduce after shrink");
     comm_free(s);
     comm_free(world);
-    return failures;
+    return ct_failures;
   }
   OKR(comm_barrier(world));
   comm_free(tpc);
   comm_free(dpc);
   comm_free(world);
-  return failures;
+  return ct_failures;
 }
 
 static void run(int n, int mode, int tp, int victim) {
