@@ -89,7 +89,8 @@ newt_result_t comm_split(comm_t *parent, int color, int key, comm_t **out);
  * before or after the new one. NCCL: ncclCommShrink(NCCL_SHRINK_ABORT), then
  * ncclCommAbort of the parent; generation and secret are not used. CPU: new connections
  * through the parent's listening sockets (the parent's streams may hold the failed
- * operation's bytes). Different exclude lists on different ranks fail by the deadline. */
+ * operation's bytes). Different exclude lists on different ranks fail by the deadline;
+ * the survivors must call it within timeout_ms of each other. */
 newt_result_t comm_shrink(comm_t *c, const int *exclude, int nexclude, uint64_t generation,
                           const unsigned char *secret, size_t secret_len, comm_t **out);
 

@@ -231,6 +231,7 @@ struct cpu_comm {
   char job[48];
   cpu_link *links; /* [size]; links[rank] unused */
   int nlocal;      /* peers on this host */
+  int crowded;     /* more ranks on this host than CPUs: yield while spinning */
   int listen_fd;
   int evfd; /* wakes the executor's and the progress thread's poll() */
   /* our shared-memory segment */

@@ -80,6 +80,10 @@ static newt_result_t ring_run(cpu_comm *c, const ring_plan *p) {
       ro = 0;
     }
     if (ss >= p->n && rs >= p->n) break;
+    if (atomic_load_explicit(&c->pub->failed, memory_order_relaxed)) { /* aborted meanwhile */
+      res = comm_failed_err(c->pub, c->op_name);
+      goto out;
+    }
     int moved = 0, tx_full = 0, rx_empty = 0; /* blocked by the link, not by a gate */
     if (ss < p->n) {
       const ring_step *st = &p->steps[ss];

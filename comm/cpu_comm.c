@@ -133,6 +133,8 @@ static newt_result_t cpu_alloc(struct comm *pub, int rank, int size, const char 
     c->nlocal += c->links[r].local;
     snprintf(c->links[r].addr, sizeof c->links[r].addr, "%s", addrs[r]);
   }
+  long cpus = sysconf(_SC_NPROCESSORS_ONLN);
+  c->crowded = cpus > 0 && c->nlocal + 1 > cpus;
   c->members = cpu_members_hash(size, (const char *const *)c->addrs, (const char *const *)c->hosts);
   c->evfd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
   if (c->evfd < 0) {

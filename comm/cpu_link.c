@@ -16,6 +16,7 @@
  * that moves data for us and sees the flag clears it and sends a doorbell. No progress
  * for timeout_ms starts a probe of the peer we wait for (see cpu.h). */
 #include <errno.h>
+#include <sched.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -426,7 +427,9 @@ newt_result_t cpu_wait_block(cpu_wait *w, cpu_link *rx, cpu_link *tx) {
   int shm = (rx && rx->local) || (tx && tx->local);
   uint64_t now = newt_now_ns();
   if (shm && now < w->spin_until) {
-    for (int i = 0; i < 32; i++) cpu_relax();
+    if (c->crowded) sched_yield(); /* a peer may be waiting for this CPU */
+    else
+      for (int i = 0; i < 32; i++) cpu_relax();
     return NEWT_OK;
   }
   if (shm && !w->armed) {
