@@ -254,7 +254,7 @@ static void client_failed(builder *b, int i, uint64_t now) {
   NEWT_DEBUG(COMM, "rank %d: connecting to rank %d: %s; retrying", b->c->rank, p, h->why);
   hs_close(h);
   b->retry_at[i] = now + b->backoff[i];
-  if (b->backoff[i] < 200000000ull) b->backoff[i] *= 2;
+  if (b->backoff[i] < 100000000ull) b->backoff[i] *= 2;
 }
 
 static int complete(builder *b) {
@@ -322,7 +322,12 @@ static newt_result_t build_loop(builder *b) {
         pf[np] = (struct pollfd){.fd = c->links[p].ctrl_fd, .events = POLLIN};
         who[np++] = 2000 + p;
       }
-    int k = poll(pf, (nfds_t)np, 10);
+    int64_t wait_ms = 10; /* until the next retry, at most 10 ms */
+    for (int i = 0; i < c->size * 2; i++)
+      if (b->out[i].st == HS_IDLE && !b->have[i] && b->retry_at[i] > now &&
+          (int64_t)((b->retry_at[i] - now) / 1000000) < wait_ms)
+        wait_ms = (int64_t)((b->retry_at[i] - now) / 1000000);
+    int k = poll(pf, (nfds_t)np, (int)wait_ms);
     if (k < 0 && errno != EINTR) {
       res = NEWT_ERR(NEWT_ERR_SYS, "poll while building the communicator: %s", strerror(errno));
       goto done;
@@ -394,7 +399,7 @@ newt_result_t cpu_build(cpu_comm *c, newt_deadline_t deadline) {
   }
   for (int i = 0; i < c->size * 2; i++) {
     b.out[i].fd = -1;
-    b.backoff[i] = 10000000ull;
+    b.backoff[i] = 1000000ull; /* 1 ms, doubling to 100 ms */
   }
   for (int p = 0; p < c->rank; p++) NEWT_CHECK_GOTO(net_resolve(c->addrs[p], &b.ss[p], &b.sslen[p]), res, done);
   if (c->listen_fd < 0) NEWT_CHECK_GOTO(net_listen(c->addrs[c->rank], deadline, &c->listen_fd), res, done);

@@ -427,7 +427,11 @@ newt_result_t cpu_wait_block(cpu_wait *w, cpu_link *rx, cpu_link *tx) {
   int shm = (rx && rx->local) || (tx && tx->local);
   uint64_t now = newt_now_ns();
   if (shm && now < w->spin_until) {
-    if (c->crowded) sched_yield(); /* a peer may be waiting for this CPU */
+    /* spin for the first 10 us (a peer on another CPU answers within that), then keep
+     * looking but hand the CPU to anyone who wants it (a peer on this CPU, when ranks
+     * outnumber CPUs); sleeping costs a wake-up, which on a virtual machine is slow */
+    uint64_t pure = spin_ns() < 10000 ? spin_ns() : 10000;
+    if (c->crowded || w->spin_until - now < spin_ns() - pure) sched_yield();
     else
       for (int i = 0; i < 32; i++) cpu_relax();
     return NEWT_OK;
