@@ -120,8 +120,8 @@ static int bench_rank(const bench_args *a, int rank) {
     size_t total = count * es * (per_rank ? (size_t)n : 1);
     int iters = (int)a->iters;
     if (iters <= 0) {
-      int64_t k = ((int64_t)1 << 28) / (int64_t)total;
-      iters = k < 5 ? 5 : k > 1000 ? 1000 : (int)k;
+      int64_t k = ((int64_t)1 << 29) / (int64_t)total;
+      iters = k < 10 ? 10 : k > 1000 ? 1000 : (int)k;
     }
     if (iters > 1000) iters = 1000;
     for (int i = 0; i < a->warmup; i++) NEWT_CHECK_GOTO(run_op(c, a, send, recv, count), res, fail);
@@ -165,7 +165,7 @@ int newt_bench_collective(const char *op, int argc, char **argv) {
       {"max", NEWT_OPT_SIZE, &a.max, "largest message in bytes (sizes double from --min)"},
       {"backend", NEWT_OPT_STR, &a.backend, "shm (one host: shared memory) or tcp (a host per rank: TCP)"},
       {"dtype", NEWT_OPT_STR, &a.dtype_name, "element type: f32 or bf16"},
-      {"iters", NEWT_OPT_INT, &a.iters, "timed iterations per size (0: 2^28/bytes, 5 to 1000)"},
+      {"iters", NEWT_OPT_INT, &a.iters, "timed iterations per size (0: 2^29/bytes, 10 to 1000)"},
       {"warmup", NEWT_OPT_INT, &a.warmup, "untimed iterations per size"},
       {"timeout-ms", NEWT_OPT_INT, &a.timeout_ms, "communicator build deadline and no-progress timeout"},
       NEWT_OPT_END,
