@@ -233,7 +233,8 @@ struct cpu_comm {
   int nlocal;      /* peers on this host */
   int crowded;     /* more ranks on this host than CPUs: yield while spinning */
   int listen_fd;
-  int evfd; /* wakes the executor's and the progress thread's poll() */
+  int evfd;    /* wakes the executor's poll() (abort, failure) */
+  int pt_evfd; /* wakes the progress thread's (queue, failure, stop) */
   /* our shared-memory segment */
   void *map;
   size_t map_len;

@@ -33,9 +33,11 @@
 
 #define MAX_STRAYS 16
 
-static void wake(cpu_comm *c) {
+/* Wakes the progress thread (queue), and with `executor` the running operation too. */
+static void wake(cpu_comm *c, int executor) {
   uint64_t one = 1;
-  ssize_t w = write(c->evfd, &one, sizeof one);
+  ssize_t w = write(c->pt_evfd, &one, sizeof one);
+  if (executor) w = write(c->evfd, &one, sizeof one);
   (void)w;
 }
 
@@ -54,6 +56,7 @@ static void cpu_destroy(cpu_comm *c) {
   if (!c) return;
   cpu_links_close(c);
   if (c->evfd >= 0) close(c->evfd);
+  if (c->pt_evfd >= 0) close(c->pt_evfd);
   for (int r = 0; r < c->size; r++) {
     if (c->addrs) free(c->addrs[r]);
     if (c->hosts) free(c->hosts[r]);
@@ -93,7 +96,7 @@ static newt_result_t cpu_alloc(struct comm *pub, int rank, int size, const char 
   c->secret_len = secret_len;
   c->timeout_ms = timeout_ms;
   c->listen_fd = listen_fd;
-  c->evfd = -1;
+  c->evfd = c->pt_evfd = -1;
   snprintf(c->job, sizeof c->job, "%s", job ? job : "job");
   pthread_mutex_init(&c->lock, NULL);
   pthread_cond_init(&c->cv, NULL);
@@ -137,7 +140,8 @@ static newt_result_t cpu_alloc(struct comm *pub, int rank, int size, const char 
   c->crowded = cpus > 0 && c->nlocal + 1 > cpus;
   c->members = cpu_members_hash(size, (const char *const *)c->addrs, (const char *const *)c->hosts);
   c->evfd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
-  if (c->evfd < 0) {
+  c->pt_evfd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+  if (c->evfd < 0 || c->pt_evfd < 0) {
     int e = errno;
     cpu_destroy(c);
     return NEWT_ERR(NEWT_ERR_SYS, "eventfd: %s", strerror(e));
@@ -197,7 +201,7 @@ newt_result_t cpu_submit(struct comm *pub, struct comm_req *r) {
   c->qtail = r;
   int idle = !c->executing;
   pthread_mutex_unlock(&c->lock);
-  if (idle) wake(c);
+  if (idle) wake(c, 0);
   return NEWT_OK;
 }
 
@@ -288,7 +292,7 @@ static void *progress_main(void *arg) {
       if (c->waiters) pthread_cond_broadcast(&c->cv);
     }
     int np = 0, lst = -1, first_stray, first_ctrl;
-    pf[np++] = (struct pollfd){.fd = c->evfd, .events = POLLIN};
+    pf[np++] = (struct pollfd){.fd = c->pt_evfd, .events = POLLIN};
     if (healthy && c->listen_fd >= 0 && !c->listener_released) {
       lst = np;
       pf[np++] = (struct pollfd){.fd = c->listen_fd, .events = POLLIN};
@@ -312,7 +316,7 @@ static void *progress_main(void *arg) {
     }
     if (pf[0].revents) {
       uint64_t v;
-      ssize_t rd = read(c->evfd, &v, sizeof v);
+      ssize_t rd = read(c->pt_evfd, &v, sizeof v);
       (void)rd;
     }
     if (!c->listener_released) serve_listener(c, pf, first_ctrl, lst, first_stray);
@@ -537,7 +541,7 @@ void cpu_on_fail(struct comm *pub, newt_result_t code, int culprit_root, const c
       ctrl_notify_fail(c, code, culprit_root, cause);
     }
   }
-  wake(c);
+  wake(c, 1);
 }
 
 void cpu_free(struct comm *pub) {
@@ -548,7 +552,7 @@ void cpu_free(struct comm *pub) {
   int busy = c->executing || c->qhead;
   pthread_mutex_unlock(&c->lock);
   if (busy) comm_fail(pub, NEWT_ERR_ABORTED, -1, 1, "communicator freed with operations pending");
-  wake(c);
+  wake(c, 1);
   if (c->thread_started) pthread_join(c->thread, NULL);
   pthread_mutex_lock(&c->lock);
   while (c->executing) {

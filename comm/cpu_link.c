@@ -41,7 +41,6 @@ const char *cpu_peer_name(cpu_comm *c, int peer) {
 
 /* --- control channel ---------------------------------------------------------------- */
 
-
 int ctrl_send(cpu_comm *c, cpu_link *l, int type, uint32_t arg, const void *payload, size_t len) {
   uint8_t buf[CTRL_HDR + CTRL_MAX_PAYLOAD];
   if (l->ctrl_fd < 0 || l->ctrl_eof || len > CTRL_MAX_PAYLOAD) return -1;
