@@ -38,6 +38,7 @@ NEWT_PARAM(CommTcpChunk, "NEWT_COMM_TCP_CHUNK", 512 << 10)    /* bytes per send(
 NEWT_PARAM(CommTcpBuf, "NEWT_COMM_TCP_BUF", 4 << 20)          /* SO_SNDBUF/RCVBUF; 0: kernel's */
 NEWT_PARAM(CommSmallBytes, "NEWT_COMM_SMALL_BYTES", 16 << 10) /* latency algorithms below */
 NEWT_PARAM(CommSpinUs, "NEWT_COMM_SPIN_US", 200)              /* look (spin, yield) before sleeping */
+NEWT_PARAM(CommTcpSpin, "NEWT_COMM_TCP_SPIN", 1)              /* TCP waits look before sleeping too */
 NEWT_PARAM(CommHandshakeMs, "NEWT_COMM_HANDSHAKE_MS", 3000)   /* one incoming handshake */
 NEWT_PARAM(CommFuse, "NEWT_COMM_FUSE", 1) /* forward straight into the next ring, stream results */
 NEWT_PARAM(CommRound, "NEWT_COMM_ROUND", 256 << 10)           /* bytes per block per ring round */

@@ -424,8 +424,9 @@ newt_result_t cpu_wait_block(cpu_wait *w, cpu_link *rx, cpu_link *tx) {
     return comm_failed_err(c->pub, c->op_name);
   w->blocker = rx ? rx->peer : (tx ? tx->peer : -1);
   int shm = (rx && rx->local) || (tx && tx->local);
+  int spin = shm || (newt_param_CommTcpSpin() && (rx || tx));
   uint64_t now = newt_now_ns();
-  if (shm && now < w->spin_until) {
+  if (spin && now < w->spin_until) {
     /* spin for the first 10 us (a peer on another CPU answers within that), then keep
      * looking but hand the CPU to anyone who wants it (a peer on this CPU, when ranks
      * outnumber CPUs); sleeping costs a wake-up, which on a virtual machine is slow */
