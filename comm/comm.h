@@ -130,8 +130,10 @@ newt_result_t comm_allgather_async(comm_t *c, const void *send, void *recv, size
                                    newt_dtype dt, comm_req_t **req);
 newt_result_t comm_wait(comm_req_t *req);
 
-/* Makes every pending and later operation fail (NEWT_ERR_ABORTED) within 100 ms.
- * Async-signal-unsafe, thread-safe, idempotent. */
+/* Makes every pending and later operation fail (NEWT_ERR_ABORTED) within 100 ms. The
+ * peers are told: their operations fail with NEWT_ERR_ABORTED too, comm_get_status naming
+ * this rank (a deliberate drop, e.g. for a newer plan, not a crash). Async-signal-unsafe,
+ * thread-safe, idempotent. */
 void comm_abort(comm_t *c);
 
 /* Health of the communicator: code NEWT_OK while usable. */

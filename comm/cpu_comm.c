@@ -536,7 +536,7 @@ void cpu_on_fail(struct comm *pub, newt_result_t code, int culprit_root, const c
     if (code == NEWT_ERR_ABORTED) {
       char m[200];
       snprintf(m, sizeof m, "%s aborted its communicator", c->names[c->rank]);
-      ctrl_notify_fail(c, NEWT_ERR_PEER, comm_to_root(pub, c->rank), m);
+      ctrl_notify_fail(c, NEWT_ERR_ABORTED, comm_to_root(pub, c->rank), m);
     } else {
       ctrl_notify_fail(c, code, culprit_root, cause);
     }
