@@ -1,11 +1,271 @@
-/* newt bench rendezvous: not built yet (issue 2). */
+/* newt bench rendezvous: how long N workers take to rendezvous.
+ *
+ * For each N: a coordinator campaigns and leads, and watches membership (snapshot + watch).
+ * Then the clock starts, and N simulated workers, each exactly as a real worker would
+ * (its own lease, its own registration write, its own ack on that lease), register
+ * concurrently from a pool of threads sharing one client (its pool of keep-alive
+ * connections). When the coordinator's view holds all N, it publishes plan 1 (a guarded
+ * write listing them); the workers learn the plan from a watch of the plan key and each
+ * acks it; the clock stops when the coordinator's barrier over all N completes.
+ *
+ * Cost: 3 etcd writes per worker (lease grant, registration txn, ack) plus one plan
+ * write, each a raft commit with a WAL fsync. etcd batches concurrent proposals into one
+ * fsync, so the pool's concurrency, not the round trip, sets the pace. One JSON line per N:
+ *   {"bench":"rendezvous","workers":256,"ms":...,"register_ms":...,"threads":64,...} */
+#include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
 
 #include "bench/bench.h"
+#include "cli/cmds.h"
+#include "common/clock.h"
+#include "common/log.h"
+#include "common/opts.h"
+#include "common/strutil.h"
+#include "rendezvous/etcd_server.h"
+#include "rendezvous/rdzv.h"
+
+typedef struct bench_run {
+  rdzv_etcd *c;
+  const char *job;
+  int n;
+  int64_t ttl;
+  char (*ids)[RDZV_NAME_MAX];
+  rdzv_registration **regs;
+  atomic_int next_reg, next_leave, failed;
+  pthread_mutex_t mu;
+  pthread_cond_t cv;
+  int64_t plan_gen;
+  char err[512];
+} bench_run;
+
+static void fail(bench_run *b, const char *what) {
+  pthread_mutex_lock(&b->mu);
+  if (!b->err[0]) snprintf(b->err, sizeof b->err, "%s: %s", what, newt_errmsg());
+  pthread_mutex_unlock(&b->mu);
+  atomic_store(&b->failed, 1);
+}
+
+static void on_plan(void *ud, const rdzv_etcd_watch_resp *r) {
+  bench_run *b = ud;
+  if (r->kind != RDZV_WATCH_EVENTS) return;
+  pthread_mutex_lock(&b->mu);
+  b->plan_gen = 1;
+  pthread_cond_broadcast(&b->cv);
+  pthread_mutex_unlock(&b->mu);
+}
+
+static void *pool_main(void *arg) {
+  bench_run *b = arg;
+  newt_deadline_t d = newt_deadline_in_ms(60000);
+  int i, mine_n = 0;
+  int *mine = malloc((size_t)b->n * sizeof *mine); /* the workers this thread plays */
+  if (!mine) {
+    fail(b, "out of memory");
+    return NULL;
+  }
+  while (!atomic_load(&b->failed) && (i = atomic_fetch_add(&b->next_reg, 1)) < b->n) {
+    mine[mine_n++] = i;
+    rdzv_worker w = {.device = -1, .state = "joining", .host = "bench"};
+    snprintf(w.id, sizeof w.id, "%s", b->ids[i]);
+    snprintf(w.addr, sizeof w.addr, "127.0.0.1:%d", 20000 + i);
+    if (rdzv_register(b->c, b->job, &w, b->ttl, NULL, NULL, d, &b->regs[i]) != NEWT_OK) fail(b, "register");
+  }
+  /* every worker learns the plan (here: one shared watch of the plan key) */
+  pthread_mutex_lock(&b->mu);
+  while (!b->plan_gen && !atomic_load(&b->failed) && !newt_deadline_passed(d)) {
+    pthread_mutex_unlock(&b->mu);
+    newt_sleep_us(200);
+    pthread_mutex_lock(&b->mu);
+  }
+  pthread_mutex_unlock(&b->mu);
+  /* each worker acks for itself, on its own lease */
+  for (int k = 0; k < mine_n && !atomic_load(&b->failed); k++) {
+    i = mine[k];
+    if (rdzv_barrier_ack(b->c, b->job, 1, b->ids[i], rdzv_registration_lease(b->regs[i]), d) != NEWT_OK)
+      fail(b, "ack");
+  }
+  free(mine);
+  return NULL;
+}
+
+static void *leave_main(void *arg) {
+  bench_run *b = arg;
+  int i;
+  while ((i = atomic_fetch_add(&b->next_leave, 1)) < b->n) {
+    if (!b->regs[i]) continue;
+    rdzv_registration_leave(b->regs[i], newt_deadline_in_ms(10000));
+    rdzv_registration_free(b->regs[i]);
+  }
+  return NULL;
+}
+
+static void run_pool(bench_run *b, int threads, void *(*fn)(void *)) {
+  pthread_t *th = calloc((size_t)threads, sizeof *th);
+  for (int t = 0; t < threads; t++) pthread_create(&th[t], NULL, fn, b);
+  for (int t = 0; t < threads; t++) pthread_join(th[t], NULL);
+  free(th);
+}
+
+typedef struct pool_arg {
+  bench_run *b;
+  int threads;
+} pool_arg;
+
+static void *pool_runner(void *arg) {
+  pool_arg *p = arg;
+  run_pool(p->b, p->threads, pool_main);
+  return NULL;
+}
+
+/* One measurement; prints its JSON line. */
+static newt_result_t bench_one(rdzv_etcd *c, int n, int threads, int64_t ttl, int rep, const char *where) {
+  char job[RDZV_NAME_MAX];
+  snprintf(job, sizeof job, "bench-%d-%d-%d", (int)getpid(), n, rep);
+  bench_run b = {.c = c, .job = job, .n = n, .ttl = ttl};
+  pthread_mutex_init(&b.mu, NULL);
+  pthread_cond_init(&b.cv, NULL);
+  b.ids = calloc((size_t)n, sizeof *b.ids);
+  b.regs = calloc((size_t)n, sizeof *b.regs);
+  const char **idp = calloc((size_t)n, sizeof *idp);
+  newt_buf plan;
+  newt_buf_init(&plan);
+  rdzv_candidate *leader = NULL;
+  rdzv_members *view = NULL;
+  rdzv_etcd_watch *plan_watch = NULL;
+  newt_result_t r = NEWT_OK;
+  if (!b.ids || !b.regs || !idp) {
+    r = NEWT_ERR(NEWT_ERR_NOMEM, "out of memory for %d workers", n);
+    goto out;
+  }
+  for (int i = 0; i < n; i++) {
+    snprintf(b.ids[i], sizeof b.ids[i], "w%05d", i);
+    idp[i] = b.ids[i];
+  }
+  newt_deadline_t d = newt_deadline_in_ms(120000);
+  rdzv_campaign_opts co = {.name = "bench-coordinator", .ttl_s = 10};
+  NEWT_CHECK_GOTO(rdzv_campaign(c, job, &co, d, &leader), r, out);
+  NEWT_CHECK_GOTO(rdzv_candidate_wait(leader, d), r, out);
+  NEWT_CHECK_GOTO(rdzv_members_start(c, job, NULL, NULL, d, &view), r, out);
+  char plan_key[256];
+  NEWT_CHECK_GOTO(rdzv_key(plan_key, sizeof plan_key, job, "plan"), r, out);
+  NEWT_CHECK_GOTO(rdzv_etcd_watch_start(c, plan_key, NULL, on_plan, &b, d, &plan_watch), r, out);
+
+  uint64_t t0 = newt_now_ns();
+  pthread_t pool;
+  pool_arg pa = {&b, threads < n ? threads : n};
+  pthread_create(&pool, NULL, pool_runner, &pa);
+  /* the coordinator: wait until its view holds all n */
+  int64_t rev = 0;
+  while (rdzv_members_count(view) < (size_t)n && !atomic_load(&b.failed)) {
+    newt_result_t w = rdzv_members_wait(view, rev, newt_deadline_min(d, newt_deadline_in_ms(100)), NULL, &rev);
+    if (w != NEWT_OK && w != NEWT_ERR_TIMEOUT) {
+      r = w;
+      break;
+    }
+    if (newt_deadline_passed(d)) {
+      r = NEWT_ERR(NEWT_ERR_TIMEOUT, "only %zu of %d workers registered", rdzv_members_count(view), n);
+      break;
+    }
+  }
+  uint64_t t_reg = newt_now_ns();
+  if (r == NEWT_OK && !atomic_load(&b.failed)) {
+    newt_buf_printf(&plan, "{\"generation\":1,\"workers\":[");
+    for (int i = 0; i < n; i++) newt_buf_printf(&plan, "%s\"%s\"", i ? "," : "", b.ids[i]);
+    newt_buf_printf(&plan, "]}");
+    r = rdzv_plan_publish(leader, 1, plan.data, d);
+    if (r == NEWT_OK) r = rdzv_barrier_wait(c, job, 1, idp, (size_t)n, d, &b.failed);
+  }
+  uint64_t t1 = newt_now_ns();
+  if (r != NEWT_OK) fail(&b, "coordinator");
+  pthread_join(pool, NULL);
+  if (atomic_load(&b.failed)) {
+    r = NEWT_ERR(NEWT_ERR_INTERNAL, "rendezvous of %d workers failed: %s", n, b.err);
+  } else {
+    printf("{\"bench\":\"rendezvous\",\"workers\":%d,\"ms\":%.1f,\"register_ms\":%.1f,\"barrier_ms\":%.1f,"
+           "\"threads\":%d,\"etcd_writes\":%d,\"etcd\":\"%s\"}\n",
+           n, (double)(t1 - t0) / 1e6, (double)(t_reg - t0) / 1e6, (double)(t1 - t_reg) / 1e6, pa.threads,
+           3 * n + 1, where);
+    fflush(stdout);
+  }
+out:
+  rdzv_etcd_watch_free(plan_watch);
+  rdzv_members_free(view);
+  if (b.regs) run_pool(&b, threads < n ? threads : n, leave_main);
+  if (leader) {
+    rdzv_candidate_resign(leader, newt_deadline_in_ms(5000));
+    rdzv_candidate_free(leader);
+  }
+  char prefix[128];
+  if (rdzv_key(prefix, sizeof prefix, job, "") == NEWT_OK)
+    rdzv_etcd_delete(c, prefix, 1, newt_deadline_in_ms(10000), NULL, NULL);
+  newt_buf_free(&plan);
+  free(b.ids);
+  free(b.regs);
+  free(idp);
+  pthread_mutex_destroy(&b.mu);
+  pthread_cond_destroy(&b.cv);
+  return r;
+}
 
 int newt_bench_rendezvous(int argc, char **argv) {
-  (void)argc;
-  (void)argv;
-  fprintf(stderr, "newt bench rendezvous: not built yet (issue 2)\n");
-  return 2;
+  const char *workers = "16,64,256,1024", *etcd = NULL, *data_dir = NULL;
+  int64_t threads = 64, ttl = 30, repeat = 1;
+  newt_opt opts[] = {
+      {"workers", NEWT_OPT_STR, &workers, "worker counts, comma-separated"},
+      {"etcd", NEWT_OPT_STR, &etcd, "etcd endpoints (default: start a private etcd)"},
+      {"data-dir", NEWT_OPT_STR, &data_dir, "directory of the private etcd (default: a new one in $TMPDIR)"},
+      {"threads", NEWT_OPT_INT, &threads, "concurrent simulated workers in flight"},
+      {"ttl", NEWT_OPT_INT, &ttl, "worker lease TTL in seconds"},
+      {"repeat", NEWT_OPT_INT, &repeat, "measurements per worker count (one line each)"},
+      NEWT_OPT_END,
+  };
+  int ex = newt_cli_opts_exit(newt_opts_parse("bench rendezvous", "[flags]", opts, argc, argv, NULL, 0, NULL));
+  if (ex >= 0) return ex;
+  if (threads < 1 || ttl < 1 || repeat < 1) {
+    fprintf(stderr, "newt bench rendezvous: --threads, --ttl and --repeat must be positive\n");
+    return 2;
+  }
+  int counts[64], nc = 0;
+  char *list = newt_strdup(workers), *save = NULL;
+  for (char *t = strtok_r(list, ",", &save); t && nc < 64; t = strtok_r(NULL, ",", &save)) {
+    int64_t v;
+    if (newt_parse_int(t, &v) != 0 || v < 1 || v > 100000) {
+      fprintf(stderr, "newt bench rendezvous: --workers: \"%s\" is not a count from 1 to 100000\n", t);
+      free(list);
+      return 2;
+    }
+    counts[nc++] = (int)v;
+  }
+  free(list);
+  rdzv_etcd_server *srv = NULL;
+  if (!etcd) {
+    rdzv_etcd_server_opts so = {.dir = data_dir};
+    if (rdzv_etcd_server_start(&so, &srv) != NEWT_OK) {
+      fprintf(stderr, "newt bench rendezvous: %s\n", newt_errmsg());
+      return 1;
+    }
+    etcd = rdzv_etcd_server_url(srv);
+    fprintf(stderr, "bench rendezvous: private etcd at %s (data in %s)\n", etcd, rdzv_etcd_server_dir(srv));
+  }
+  rdzv_etcd_opts eo = {.endpoints = etcd};
+  rdzv_etcd *c;
+  int rc = 0;
+  if (rdzv_etcd_init(&eo, &c) != NEWT_OK) {
+    fprintf(stderr, "newt bench rendezvous: %s\n", newt_errmsg());
+    rdzv_etcd_server_free(srv);
+    return 1;
+  }
+  for (int i = 0; i < nc && rc == 0; i++)
+    for (int k = 0; k < repeat && rc == 0; k++)
+      if (bench_one(c, counts[i], (int)threads, ttl, k, srv ? "private" : "external") != NEWT_OK) {
+        fprintf(stderr, "newt bench rendezvous: %s\n", newt_errmsg());
+        rc = 1;
+      }
+  rdzv_etcd_free(c);
+  rdzv_etcd_server_free(srv);
+  return rc;
 }

@@ -6,6 +6,7 @@
 #include "cli/cmds.h"
 #include "cli/etcd_flags.h"
 #include "common/opts.h"
+#include "coordinator/coordinator.h"
 
 int newt_cmd_coordinator(int argc, char **argv) {
   cli_etcd_flags ef;
@@ -22,6 +23,20 @@ int newt_cmd_coordinator(int argc, char **argv) {
                      NEWT_OPT_END};
   int rc = newt_cli_opts_exit(newt_opts_parse("coordinator", "--job NAME [flags]", opts, argc, argv, NULL, 0, NULL));
   if (rc >= 0) return rc;
-  fprintf(stderr, "newt coordinator: not built yet (issue 6)\n");
-  return 2;
+  coordinator_opts co = {.job = ef.job, .id = id, .spec_file = spec, .metrics_addr = metrics_addr,
+                         .metrics_port = (int)metrics_port};
+  char *password = NULL;
+  newt_result_t r = cli_etcd_opts(&ef, &co.etcd, &password);
+  if (r != NEWT_OK || metrics_port < 0 || metrics_port > 65535) {
+    fprintf(stderr, "newt coordinator: %s\n", r != NEWT_OK ? newt_errmsg() : "--metrics-port must be 0..65535");
+    free(password);
+    return 2;
+  }
+  r = coordinator_run(&co);
+  free(password);
+  if (r != NEWT_OK) {
+    fprintf(stderr, "newt coordinator: %s\n", newt_errmsg());
+    return r == NEWT_ERR_INVALID ? 2 : 1;
+  }
+  return 0;
 }

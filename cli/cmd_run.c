@@ -1,11 +1,143 @@
-/* newt run: not built yet (issue 6). */
+/* newt run: the whole job on this host, as one command: a private etcd (unless --etcd),
+ * coordinators and workers as separate processes, faults injected at given steps, a
+ * live progress line and a summary (see cli/launcher.h, docs/elastic.md). */
 #include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
 
 #include "cli/cmds.h"
+#include "cli/launcher.h"
+#include "common/fs.h"
+#include "common/opts.h"
 
 int newt_cmd_run(int argc, char **argv) {
-  (void)argc;
-  (void)argv;
-  fprintf(stderr, "newt run: not built yet (issue 6)\n");
-  return 2;
+  launcher_opts lo;
+  memset(&lo, 0, sizeof lo);
+  char job[64];
+  snprintf(job, sizeof job, "run-%d", (int)getpid());
+  const char *job_name = job, *preset = "tiny", *model = NULL, *data = NULL, *ckpt_dir = NULL, *chaos = NULL, *spec_file = NULL;
+  newt_spec d;
+  spec_defaults(&d, job);
+  int64_t nproc = 4, coords = 2, steps = d.steps, gb = d.global_batch, mb = d.micro_batch, every = 0, keep = d.ckpt_keep,
+          threads = 1, tp = 1, pp = 1, zero = 0, timeout = 0, lease = d.lease_ttl_ms, comm_to = d.comm_timeout_ms,
+          hang = d.hang_timeout_ms, seed = (int64_t)d.seed, data_seed = (int64_t)d.data_seed, dp_min = d.dp_min,
+          dp_max = d.dp_max, seq = 0;
+  double lr = d.lr;
+  int quiet = 0;
+  newt_opt opts[] = {
+      {"nproc", NEWT_OPT_INT, &nproc, "workers to start"},
+      {"preset", NEWT_OPT_STR, &preset, "model preset: tiny, small or gpt2-124m"},
+      {"model", NEWT_OPT_STR, &model, "overrides of the preset: layers=2,channels=64,..."},
+      {"steps", NEWT_OPT_INT, &steps, "optimizer steps"},
+      {"seq-len", NEWT_OPT_INT, &seq, "tokens per sample (0: the model's ctx)"},
+      {"global-batch", NEWT_OPT_INT, &gb, "samples per step, kept across every resize"},
+      {"micro-batch", NEWT_OPT_INT, &mb, "samples per forward/backward on one rank"},
+      {"lr", NEWT_OPT_DOUBLE, &lr, "peak learning rate"},
+      {"seed", NEWT_OPT_INT, &seed, "seed of the initial weights"},
+      {"data", NEWT_OPT_STR, &data, "token file (newt data prepare); default: the generated corpus"},
+      {"data-seed", NEWT_OPT_INT, &data_seed, "seed of the sample order"},
+      {"ckpt-dir", NEWT_OPT_STR, &ckpt_dir, "checkpoint directory"},
+      {"ckpt-every", NEWT_OPT_INT, &every, "checkpoint every K steps (0: never)"},
+      {"ckpt-keep", NEWT_OPT_INT, &keep, "checkpoints to keep"},
+      {"tp", NEWT_OPT_INT, &tp, "tensor-parallel size"},
+      {"pp", NEWT_OPT_INT, &pp, "pipeline-parallel size"},
+      {"zero", NEWT_OPT_INT, &zero, "ZeRO stage (0..3)"},
+      {"dp-min", NEWT_OPT_INT, &dp_min, "smallest data-parallel size to train with"},
+      {"dp-max", NEWT_OPT_INT, &dp_max, "largest data-parallel size"},
+      {"etcd", NEWT_OPT_STR, &lo.etcd, "etcd endpoints to use (default: start a private etcd)"},
+      {"job", NEWT_OPT_STR, &job_name, "job name"},
+      {"spec", NEWT_OPT_STR, &spec_file, "job spec file (flags given after it are ignored)"},
+      {"coordinators", NEWT_OPT_INT, &coords, "coordinator processes (one leads)"},
+      {"threads", NEWT_OPT_INT, &threads, "compute threads per worker"},
+      {"lease-ttl-ms", NEWT_OPT_INT, &lease, "worker and coordinator lease TTL"},
+      {"comm-timeout-ms", NEWT_OPT_INT, &comm_to, "a collective without progress this long fails"},
+      {"hang-timeout-ms", NEWT_OPT_INT, &hang, "no step progress this long is a hang"},
+      {"chaos", NEWT_OPT_STR, &chaos, "faults at steps: kill:worker:1@step=15,join:2@step=50,..."},
+      {"summary", NEWT_OPT_STR, &lo.summary, "write the run's summary JSON here"},
+      {"log-dir", NEWT_OPT_STR, &lo.log_dir, "per-process logs (default: a new directory under /tmp)"},
+      {"timeout-ms", NEWT_OPT_INT, &timeout, "give up when not done by then (0: never)"},
+      {"quiet", NEWT_OPT_FLAG, &quiet, "no live line"},
+      NEWT_OPT_END};
+  int rc = newt_cli_opts_exit(newt_opts_parse("run", "--nproc N [flags]", opts, argc, argv, NULL, 0, NULL));
+  if (rc >= 0) return rc;
+  if (spec_file) {
+    char *text = NULL;
+    size_t len = 0;
+    if (newt_fs_read_all(spec_file, 1 << 20, &text, &len) != NEWT_OK ||
+        spec_from_json(text, len, &lo.spec) != NEWT_OK) {
+      fprintf(stderr, "newt run: %s: %s\n", spec_file, newt_errmsg());
+      free(text);
+      return 2;
+    }
+    free(text);
+  } else {
+    newt_spec *s = &lo.spec;
+    spec_defaults(s, job_name);
+    if (strlen(job_name) >= sizeof s->job || strlen(preset) >= sizeof s->preset ||
+        (data && strlen(data) >= sizeof s->data_path) || (ckpt_dir && strlen(ckpt_dir) >= sizeof s->ckpt_dir)) {
+      fprintf(stderr, "newt run: --job, --preset, --data or --ckpt-dir is too long\n");
+      return 2;
+    }
+    snprintf(s->preset, sizeof s->preset, "%s", preset);
+    if (data) snprintf(s->data_path, sizeof s->data_path, "%s", data);
+    if (ckpt_dir) snprintf(s->ckpt_dir, sizeof s->ckpt_dir, "%s", ckpt_dir);
+    if (spec_set_model(s, model) != NEWT_OK) {
+      fprintf(stderr, "newt run: --model: %s\n", newt_errmsg());
+      return 2;
+    }
+    s->seq_len = seq;
+    s->steps = steps;
+    s->global_batch = gb;
+    s->micro_batch = mb;
+    s->lr = lr;
+    s->lr_min = lr / 10;
+    s->seed = (uint64_t)seed;
+    s->data_seed = (uint64_t)data_seed;
+    s->ckpt_every = every;
+    s->ckpt_keep = keep;
+    s->tp = tp;
+    s->pp = pp;
+    s->zero = zero;
+    s->dp_min = dp_min;
+    s->dp_max = dp_max;
+    s->lease_ttl_ms = lease;
+    s->comm_timeout_ms = comm_to;
+    s->hang_timeout_ms = hang;
+    if (spec_validate(s) != NEWT_OK) {
+      fprintf(stderr, "newt run: %s\n", newt_errmsg());
+      return 2;
+    }
+  }
+  if (nproc < 1 || nproc > 1024 || coords < 1 || coords > 16 || threads < 0) {
+    fprintf(stderr, "newt run: --nproc must be 1..1024, --coordinators 1..16, --threads >= 0\n");
+    return 2;
+  }
+  if (chaos_parse(chaos, &lo.chaos) != NEWT_OK) {
+    fprintf(stderr, "newt run: %s\n", newt_errmsg());
+    return 2;
+  }
+  lo.nproc = (int)nproc;
+  lo.coordinators = (int)coords;
+  lo.threads = (int)threads;
+  lo.quiet = quiet;
+  lo.timeout_ms = timeout;
+  launcher_result res;
+  newt_result_t r = launcher_run(&lo, &res);
+  if (r != NEWT_OK) fprintf(stderr, "%s\n", newt_errmsg());
+  if (res.done)
+    printf("newt run: done: %lld steps, final loss %.4f, %lld generations, %d recoveries, %lld samples, %.1f s\n",
+           (long long)res.steps, res.final_loss, (long long)res.generations, res.nrecoveries,
+           (long long)res.samples_consumed, res.wall_s);
+  if (lo.summary) {
+    char *json = launcher_summary_json(&lo, &res);
+    if (!json || newt_fs_write_atomic(lo.summary, json, strlen(json)) != NEWT_OK) {
+      fprintf(stderr, "newt run: writing the summary %s: %s\n", lo.summary, json ? newt_errmsg() : "out of memory");
+      r = r == NEWT_OK ? NEWT_ERR_SYS : r;
+    }
+    free(json);
+  }
+  launcher_result_free(&res);
+  chaos_free(&lo.chaos);
+  return r == NEWT_OK && res.done ? 0 : 1;
 }

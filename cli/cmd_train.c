@@ -1,11 +1,281 @@
-/* newt train: not built yet (issue 4). */
-#include <stdio.h>
+/* newt train: trains the GPT in this process, without a coordinator, and prints a line
+ * per step. It is the reference every parallel layout is compared with.
+ *
+ * Data: --data FILE (a token file from `newt data prepare`), or without it the generated
+ * corpus (model_text_generate, seeded by --data-seed), which is learnable.
+ *
+ * Checkpoints: with --ckpt-dir DIR it first resumes from the newest valid checkpoint there
+ * (weights, AdamW moments, step, data cursor; ckpt/model_state.h), then saves one every
+ * --ckpt-every steps in the background while it trains on. --log FILE appends one JSON
+ * line per step (step, loss with full precision, lr).
+ *
+ * --device cuda runs the steps on the GPU model (gpt_cuda.h) from the same initial weights
+ * and the same batches; the CPU trainer then only initialises and feeds it. */
 
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "ckpt/model_state.h"
 #include "cli/cmds.h"
+#include "common/clock.h"
+#include "common/opts.h"
+#include "common/sys.h"
+#include "model/gpt_cuda.h"
+#include "model/ops.h"
+#include "model/train.h"
+
+/* One step of the GPU model on the batch at the trainer's cursor (the CPU trainer holds
+ * the config, the staging buffers, the step count and the cursor). */
+static newt_result_t cuda_step(model_trainer *tr, model_cuda *gpu, const model_loader *ld, model_step_info *info) {
+  const model_train_config *c = &tr->cfg;
+  double t0 = newt_now_s(), sum = 0;
+  NEWT_CHECK(model_loader_fetch(ld, tr->cursor, c->batch, tr->inputs, tr->targets));
+  NEWT_CHECK(model_cuda_zero_grads(gpu));
+  float dscale = 1.0f / (float)((int64_t)c->batch * c->seq_len);
+  for (int s = 0; s < c->batch; s += c->micro_batch) {
+    double l = 0;
+    NEWT_CHECK(model_cuda_forward_backward(gpu, tr->inputs + (size_t)s * c->seq_len,
+                                           tr->targets + (size_t)s * c->seq_len, dscale, &l));
+    sum += l;
+  }
+  double lr = model_lr_at(&c->optim, tr->step);
+  NEWT_CHECK(model_cuda_adamw(gpu, &c->optim, tr->step + 1, lr, &info->grad_norm));
+  tr->step++;
+  tr->cursor += (uint64_t)c->batch;
+  info->step = tr->step;
+  info->loss = sum / ((double)c->batch * c->seq_len);
+  info->lr = lr;
+  info->tokens = (int64_t)c->batch * c->seq_len;
+  info->ms = (newt_now_s() - t0) * 1e3;
+  return NEWT_OK;
+}
 
 int newt_cmd_train(int argc, char **argv) {
-  (void)argc;
-  (void)argv;
-  fprintf(stderr, "newt train: not built yet (issue 4)\n");
-  return 2;
+  const char *preset = "tiny", *overrides = NULL, *data = NULL, *device = "cpu";
+  int64_t steps = 100, threads = 1, batch = 8, micro = 0, seq = 0, seed = 1, data_seed = 1,
+          warmup = -1, gen_bytes = 1 << 21;
+  double lr = 1e-3, lr_min = -1, wd = 0.1, clip = 1.0, beta1 = 0.9, beta2 = 0.95, eps = 1e-8;
+  const char *ckpt_dir = NULL, *log_path = NULL;
+  int64_t ckpt_every = 0, ckpt_keep = 3, ckpt_level = 1;
+  newt_opt opts[] = {
+      {"preset", NEWT_OPT_STR, &preset, "model preset: tiny, small or gpt2-124m"},
+      {"model", NEWT_OPT_STR, &overrides, "overrides of the preset: layers=2,channels=64,..."},
+      {"steps", NEWT_OPT_INT, &steps, "optimizer steps"},
+      {"data", NEWT_OPT_STR, &data, "token file (newt data prepare); default: the generated corpus"},
+      {"data-seed", NEWT_OPT_INT, &data_seed, "seed of the sample order (and of the generated corpus)"},
+      {"threads", NEWT_OPT_INT, &threads, "CPU threads (0: all cores)"},
+      {"batch", NEWT_OPT_INT, &batch, "global batch, sequences per step"},
+      {"micro-batch", NEWT_OPT_INT, &micro, "sequences per forward/backward (0: the batch)"},
+      {"seq-len", NEWT_OPT_INT, &seq, "sequence length (0: the preset's ctx)"},
+      {"seed", NEWT_OPT_INT, &seed, "seed of the initial weights"},
+      {"lr", NEWT_OPT_DOUBLE, &lr, "peak learning rate"},
+      {"lr-min", NEWT_OPT_DOUBLE, &lr_min, "final learning rate of the cosine (-1: lr / 10)"},
+      {"warmup", NEWT_OPT_INT, &warmup, "warmup steps (-1: 5% of steps)"},
+      {"weight-decay", NEWT_OPT_DOUBLE, &wd, "AdamW weight decay on 2-D weights"},
+      {"grad-clip", NEWT_OPT_DOUBLE, &clip, "max global gradient norm (0: off)"},
+      {"beta1", NEWT_OPT_DOUBLE, &beta1, "AdamW beta1"},
+      {"beta2", NEWT_OPT_DOUBLE, &beta2, "AdamW beta2"},
+      {"eps", NEWT_OPT_DOUBLE, &eps, "AdamW epsilon"},
+      {"gen-bytes", NEWT_OPT_SIZE, &gen_bytes, "length of the generated corpus without --data"},
+      {"ckpt-dir", NEWT_OPT_STR, &ckpt_dir, "checkpoint directory: resume from it, save into it"},
+      {"ckpt-every", NEWT_OPT_INT, &ckpt_every, "save a checkpoint every K steps (0: only resume)"},
+      {"ckpt-keep", NEWT_OPT_INT, &ckpt_keep, "committed checkpoints to keep"},
+      {"ckpt-level", NEWT_OPT_INT, &ckpt_level, "zstd level of checkpoints (0: uncompressed)"},
+      {"log", NEWT_OPT_STR, &log_path, "append one JSON line per step (step, loss, lr) to FILE"},
+      {"device", NEWT_OPT_STR, &device, "cpu, or cuda (bf16 on the GPU; needs batch % micro-batch == 0)"},
+      NEWT_OPT_END,
+  };
+  int rc = newt_cli_opts_exit(newt_opts_parse("train", "[flags]", opts, argc, argv, NULL, 0, NULL));
+  if (rc >= 0) return rc;
+
+  model_train_config cfg;
+  if (model_train_defaults(&cfg, preset, steps) != NEWT_OK ||
+      model_config_override(&cfg.model, overrides) != NEWT_OK) {
+    fprintf(stderr, "newt train: %s\n", newt_errmsg());
+    return 2;
+  }
+  if (steps < 1 || batch < 1 || batch > 1 << 20 || micro < 0 || micro > batch || threads < 0 ||
+      threads > 1024 || seq < 0 || seq > 1 << 20 || gen_bytes < 2) {
+    fprintf(stderr, "newt train: --steps, --batch and --gen-bytes must be positive; --micro-batch in "
+                    "[0, batch], --threads in [0, 1024], --seq-len >= 0\n");
+    return 2;
+  }
+  cfg.batch = (int)batch;
+  cfg.micro_batch = micro ? (int)micro : (int)batch;
+  cfg.seq_len = seq ? (int)seq : (int)cfg.model.ctx;
+  cfg.seed = (uint64_t)seed;
+  cfg.data_seed = (uint64_t)data_seed;
+  cfg.threads = (int)threads;
+  cfg.optim.lr = lr;
+  cfg.optim.lr_min = lr_min < 0 ? lr / 10 : lr_min;
+  if (warmup >= 0) cfg.optim.warmup = warmup;
+  cfg.optim.weight_decay = wd;
+  cfg.optim.grad_clip = clip;
+  cfg.optim.beta1 = beta1;
+  cfg.optim.beta2 = beta2;
+  cfg.optim.eps = eps;
+  if (model_train_config_check(&cfg) != NEWT_OK) {
+    fprintf(stderr, "newt train: %s\n", newt_errmsg());
+    return 2;
+  }
+  int on_gpu = strcmp(device, "cuda") == 0;
+  if (!on_gpu && strcmp(device, "cpu") != 0) {
+    fprintf(stderr, "newt train: --device \"%s\": cpu or cuda\n", device);
+    return 2;
+  }
+  if (on_gpu && cfg.batch % cfg.micro_batch != 0) {
+    fprintf(stderr, "newt train: --device cuda needs --batch a multiple of --micro-batch\n");
+    return 2;
+  }
+  if (on_gpu && ckpt_dir) {
+    /* the GPU model keeps its AdamW moments on the device: a checkpoint of the CPU
+       trainer would not hold them */
+    fprintf(stderr, "newt train: --ckpt-dir does not work with --device cuda yet\n");
+    return 2;
+  }
+
+  model_tokens tok;
+  newt_result_t res;
+  if (data) {
+    res = model_tokens_open(&tok, data);
+  } else {
+    char *text = malloc((size_t)gen_bytes);
+    if (!text) {
+      fprintf(stderr, "newt train: out of memory\n");
+      return 1;
+    }
+    model_text_generate(cfg.data_seed, text, (size_t)gen_bytes);
+    res = model_tokens_from_memory(&tok, text, 1, (uint64_t)gen_bytes, 256);
+    free(text);
+  }
+  if (res != NEWT_OK) {
+    fprintf(stderr, "newt train: %s\n", newt_errmsg());
+    return 1;
+  }
+  model_loader ld;
+  model_trainer tr;
+  if (model_loader_init(&ld, &tok, cfg.seq_len, cfg.data_seed, cfg.model.vocab) != NEWT_OK) {
+    fprintf(stderr, "newt train: %s\n", newt_errmsg());
+    model_tokens_close(&tok);
+    return 1;
+  }
+  if (model_trainer_init(&tr, &cfg) != NEWT_OK) {
+    fprintf(stderr, "newt train: %s\n", newt_errmsg());
+    model_tokens_close(&tok);
+    return 1;
+  }
+  /* Resume, and the saver for what comes next. */
+  char data_desc[512];
+  if (data) snprintf(data_desc, sizeof data_desc, "%s", data);
+  else snprintf(data_desc, sizeof data_desc, "generated:%lld", (long long)gen_bytes);
+  ckpt_saver *saver = NULL;
+  int64_t resumed = -1;
+  if (!ckpt_dir && ckpt_every > 0) {
+    fprintf(stderr, "newt train: --ckpt-every needs --ckpt-dir\n");
+    model_trainer_free(&tr);
+    model_tokens_close(&tok);
+    return 2;
+  }
+  if (ckpt_dir) {
+    ckpt_saver_opts so = {.dir = ckpt_dir, .rank = 0, .nranks = 1, .threads = 2, .level = (int)ckpt_level,
+                          .keep = (int)ckpt_keep, .commit = 1, .layout_json = "{\"dp\":1,\"tp\":1,\"pp\":1,\"zero\":0}"};
+    if (ckpt_level == 0) so.level = CKPT_LEVEL_RAW;
+    if (ckpt_trainer_resume(ckpt_dir, &tr, data_desc, 2, &resumed) != NEWT_OK ||
+        (ckpt_every > 0 && ckpt_saver_init(&saver, &so) != NEWT_OK)) {
+      fprintf(stderr, "newt train: %s\n", newt_errmsg());
+      model_trainer_free(&tr);
+      model_tokens_close(&tok);
+      return 1;
+    }
+  }
+  FILE *steplog = log_path ? fopen(log_path, "a") : NULL;
+  if (log_path && !steplog) {
+    fprintf(stderr, "newt train: --log %s: cannot open it for appending\n", log_path);
+    ckpt_saver_free(saver);
+    model_trainer_free(&tr);
+    model_tokens_close(&tok);
+    return 1;
+  }
+  model_cuda *gpu = NULL;
+  if (on_gpu && (model_cuda_init(&gpu, &cfg.model, cfg.micro_batch, cfg.seq_len) != NEWT_OK ||
+                 model_cuda_set_params(gpu, tr.gpt.params) != NEWT_OK)) {
+    fprintf(stderr, "newt train: %s\n", newt_errmsg());
+    model_cuda_free(gpu);
+    ckpt_saver_free(saver);
+    if (steplog) fclose(steplog);
+    model_trainer_free(&tr);
+    model_tokens_close(&tok);
+    return 1;
+  }
+  const model_config *m = &cfg.model;
+  printf("newt train: %s (V %lld, ctx %lld, L %lld, NH %lld, C %lld), %zu parameters, batch %d "
+         "(micro-batch %d) x T %d, %s, data %s (%llu tokens, %llu samples per epoch)\n",
+         preset, (long long)m->vocab, (long long)m->ctx, (long long)m->layers, (long long)m->heads,
+         (long long)m->channels, tr.gpt.layout.nparams, cfg.batch, cfg.micro_batch, cfg.seq_len,
+         on_gpu ? "cuda" : "cpu", data ? data : "generated", (unsigned long long)tok.count,
+         (unsigned long long)ld.windows);
+  fflush(stdout);
+  if (resumed >= 0) printf("newt train: resumed at step %lld from %s\n", (long long)resumed, ckpt_dir);
+  fflush(stdout);
+  double first = NAN, last = NAN, ms_total = 0;
+  int status = 0;
+  uint64_t failed_saves = 0;
+  const int64_t resumed0 = tr.step;
+  for (int64_t s = tr.step; s < steps; s++) {
+    model_step_info info;
+    if ((on_gpu ? cuda_step(&tr, gpu, &ld, &info) : model_trainer_step_data(&tr, &ld, &info)) != NEWT_OK) {
+      fprintf(stderr, "newt train: step %lld: %s\n", (long long)s + 1, newt_errmsg());
+      status = 1;
+      break;
+    }
+    if (s == resumed || s == 0) first = info.loss;
+    last = info.loss;
+    ms_total += info.ms;
+    printf("step %5lld/%lld | loss %.4f | lr %.2e | norm %.3f | %8.0f tok/s | %7.1f ms\n",
+           (long long)info.step, (long long)steps, info.loss, info.lr, info.grad_norm,
+           (double)info.tokens / (info.ms / 1e3), info.ms);
+    fflush(stdout);
+    if (!isfinite(info.loss)) {
+      fprintf(stderr, "newt train: the loss is not finite at step %lld\n", (long long)info.step);
+      status = 1;
+      break;
+    }
+    if (steplog) {
+      fprintf(steplog, "{\"step\":%lld,\"loss\":%.9g,\"lr\":%.9g}\n", (long long)info.step, info.loss, info.lr);
+      fflush(steplog);
+    }
+    if (saver) { /* a failed background save is reported, and training goes on */
+      ckpt_save_status st;
+      ckpt_saver_status(saver, &st);
+      if (st.saves_failed > failed_saves) {
+        failed_saves = st.saves_failed;
+        fprintf(stderr, "newt train: the checkpoint of step %lld failed (the previous one stays the newest): %s\n",
+                (long long)st.step, st.message);
+      }
+      int started = 0;
+      if (info.step % ckpt_every == 0 && ckpt_trainer_save(saver, &tr, data_desc, 1, &started) != NEWT_OK)
+        fprintf(stderr, "newt train: checkpoint of step %lld: %s\n", (long long)info.step, newt_errmsg());
+    }
+    if (newt_stop_requested()) {
+      fprintf(stderr, "newt train: stopping after step %lld (signal)\n", (long long)info.step);
+      break;
+    }
+  }
+  printf("{\"steps\":%lld,\"first_loss\":%.6f,\"final_loss\":%.6f,\"samples_consumed\":%llu,\"ms_per_step\":%.2f}\n",
+         (long long)tr.step, first, last, (unsigned long long)tr.cursor,
+         tr.step > resumed0 ? ms_total / (double)(tr.step - resumed0) : 0.0);
+  if (saver && ckpt_save_wait(saver, NEWT_DEADLINE_NONE) != NEWT_OK) {
+    ckpt_save_status st;
+    ckpt_saver_status(saver, &st);
+    if (st.saves_failed > failed_saves)
+      fprintf(stderr, "newt train: the checkpoint of step %lld failed: %s\n", (long long)st.step, st.message);
+  }
+  ckpt_saver_free(saver);
+  if (steplog) fclose(steplog);
+  model_cuda_free(gpu);
+  model_trainer_free(&tr);
+  model_tokens_close(&tok);
+  return status;
 }

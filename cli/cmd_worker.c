@@ -7,6 +7,7 @@
 #include "cli/cmds.h"
 #include "cli/etcd_flags.h"
 #include "common/opts.h"
+#include "worker/worker.h"
 
 int newt_cmd_worker(int argc, char **argv) {
   cli_etcd_flags ef;
@@ -26,6 +27,24 @@ int newt_cmd_worker(int argc, char **argv) {
                      NEWT_OPT_END};
   int rc = newt_cli_opts_exit(newt_opts_parse("worker", "--job NAME [flags]", opts, argc, argv, NULL, 0, NULL));
   if (rc >= 0) return rc;
-  fprintf(stderr, "newt worker: not built yet (issue 6)\n");
-  return 2;
+  worker_opts wo = {.job = ef.job, .id = id, .host = host, .addr = addr, .port = (int)port,
+                    .device = (int)device, .threads = (int)threads};
+  char *password = NULL;
+  newt_result_t r = cli_etcd_opts(&ef, &wo.etcd, &password);
+  if (r != NEWT_OK) {
+    fprintf(stderr, "newt worker: %s\n", newt_errmsg());
+    return 2;
+  }
+  if (port < 0 || port > 65535 || threads < 0) {
+    fprintf(stderr, "newt worker: --port must be 0..65535 and --threads >= 0\n");
+    free(password);
+    return 2;
+  }
+  r = worker_run(&wo);
+  free(password);
+  if (r != NEWT_OK) {
+    fprintf(stderr, "newt worker: %s\n", newt_errmsg());
+    return 1;
+  }
+  return 0;
 }

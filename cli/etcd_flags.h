@@ -12,6 +12,7 @@
 #define NEWT_CLI_ETCD_FLAGS_H
 
 #include "common/opts.h"
+#include "rendezvous/etcd.h"
 
 typedef struct cli_etcd_flags {
   const char *endpoints;
@@ -25,6 +26,11 @@ typedef struct cli_etcd_flags {
 
 /* Fills defaults from the environment. */
 void cli_etcd_flags_init(cli_etcd_flags *f);
+
+/* The client options the flags ask for; the password is read from its file into a
+ * malloc'd string (*password, freed by the caller; trailing newline dropped). Checks
+ * that --job is given and valid. */
+newt_result_t cli_etcd_opts(const cli_etcd_flags *f, rdzv_etcd_opts *o, char **password);
 
 /* The entries for these flags, to splice into a subcommand's table (7 entries). */
 #define CLI_ETCD_OPTS(f)                                                                          \

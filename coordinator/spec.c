@@ -9,21 +9,24 @@
 #include <string.h>
 
 #include "common/json.h"
+#include "common/strutil.h"
 
 void spec_defaults(newt_spec *s, const char *job) {
   memset(s, 0, sizeof *s);
   snprintf(s->job, sizeof s->job, "%s", job ? job : "");
   snprintf(s->preset, sizeof s->preset, "tiny");
   s->data_seed = 1;
+  s->gen_bytes = 1 << 21;
   s->steps = 100;
   s->global_batch = 32;
   s->micro_batch = 4;
+  s->seq_len = 0;
   s->lr = 1e-3;
   s->lr_min = 1e-4;
   s->weight_decay = 0.1;
   s->grad_clip = 1.0;
-  s->warmup = 10;
-  s->seed = 42;
+  s->warmup = -1;
+  s->seed = 1;
   s->tp = 1;
   s->pp = 1;
   s->zero = 0;
@@ -60,7 +63,7 @@ static newt_result_t get_u64(const cJSON *obj, const char *what, const char *fie
 }
 
 static newt_result_t parse_model(const cJSON *m, newt_spec *s) {
-  static const char *const known[] = {"preset", "vocab", "ctx", "layers", "heads", "dim", NULL};
+  static const char *const known[] = {"preset", "vocab", "ctx", "layers", "heads", "channels", NULL};
   const char *w = "spec.model";
   NEWT_CHECK(newt_json_check_fields(m, w, known));
   NEWT_CHECK(get_string(m, w, "preset", s->preset, sizeof s->preset));
@@ -68,25 +71,27 @@ static newt_result_t parse_model(const cJSON *m, newt_spec *s) {
   NEWT_CHECK(newt_json_get_int(m, w, "ctx", 0, &s->ctx));
   NEWT_CHECK(newt_json_get_int(m, w, "layers", 0, &s->layers));
   NEWT_CHECK(newt_json_get_int(m, w, "heads", 0, &s->heads));
-  NEWT_CHECK(newt_json_get_int(m, w, "dim", 0, &s->dim));
+  NEWT_CHECK(newt_json_get_int(m, w, "channels", 0, &s->channels));
   return NEWT_OK;
 }
 
 static newt_result_t parse_data(const cJSON *d, newt_spec *s) {
-  static const char *const known[] = {"path", "seed", NULL};
+  static const char *const known[] = {"path", "seed", "gen_bytes", NULL};
   NEWT_CHECK(newt_json_check_fields(d, "spec.data", known));
   NEWT_CHECK(get_string(d, "spec.data", "path", s->data_path, sizeof s->data_path));
+  NEWT_CHECK(newt_json_get_int(d, "spec.data", "gen_bytes", 0, &s->gen_bytes));
   return get_u64(d, "spec.data", "seed", &s->data_seed);
 }
 
 static newt_result_t parse_train(const cJSON *t, newt_spec *s) {
-  static const char *const known[] = {"steps", "global_batch", "micro_batch", "lr", "lr_min", "warmup",
+  static const char *const known[] = {"steps", "global_batch", "micro_batch", "seq_len", "lr", "lr_min", "warmup",
                                       "weight_decay", "grad_clip", "seed", NULL};
   const char *w = "spec.train";
   NEWT_CHECK(newt_json_check_fields(t, w, known));
   NEWT_CHECK(newt_json_get_int(t, w, "steps", 0, &s->steps));
   NEWT_CHECK(newt_json_get_int(t, w, "global_batch", 0, &s->global_batch));
   NEWT_CHECK(newt_json_get_int(t, w, "micro_batch", 0, &s->micro_batch));
+  NEWT_CHECK(newt_json_get_int(t, w, "seq_len", 0, &s->seq_len));
   NEWT_CHECK(newt_json_get_double(t, w, "lr", 0, &s->lr));
   NEWT_CHECK(newt_json_get_double(t, w, "lr_min", 0, &s->lr_min));
   NEWT_CHECK(newt_json_get_int(t, w, "warmup", 0, &s->warmup));
@@ -165,6 +170,31 @@ newt_result_t spec_from_json(const char *text, size_t len, newt_spec *s) {
   return r;
 }
 
+newt_result_t spec_set_model(newt_spec *s, const char *list) {
+  if (!list || !*list) return NEWT_OK;
+  struct {
+    const char *name;
+    int64_t *field;
+  } fields[] = {{"vocab", &s->vocab}, {"ctx", &s->ctx}, {"layers", &s->layers}, {"heads", &s->heads},
+                {"channels", &s->channels}};
+  char buf[256];
+  if (strlen(list) >= sizeof buf) return NEWT_ERR(NEWT_ERR_INVALID, "model overrides: too long");
+  snprintf(buf, sizeof buf, "%s", list);
+  for (char *save = NULL, *tok = strtok_r(buf, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
+    char *eq = strchr(tok, '=');
+    int64_t v;
+    if (!eq || newt_parse_int(eq + 1, &v) != 0 || v < 1)
+      return NEWT_ERR(NEWT_ERR_INVALID, "model override \"%s\": expected field=positive integer", tok);
+    *eq = '\0';
+    size_t i = 0;
+    while (i < sizeof fields / sizeof fields[0] && strcmp(fields[i].name, tok) != 0) i++;
+    if (i == sizeof fields / sizeof fields[0])
+      return NEWT_ERR(NEWT_ERR_INVALID, "model override: unknown field \"%s\" (vocab, ctx, layers, heads, channels)", tok);
+    *fields[i].field = v;
+  }
+  return NEWT_OK;
+}
+
 #define RULE(cond, ...)                                        \
   do {                                                         \
     if (!(cond)) return NEWT_ERR(NEWT_ERR_INVALID, __VA_ARGS__); \
@@ -176,7 +206,7 @@ newt_result_t spec_validate(const newt_spec *s) {
     RULE(isalnum((unsigned char)*p) || *p == '-' || *p == '_' || *p == '.',
          "spec.job: \"%s\" may hold only letters, digits, '-', '_' and '.'", s->job);
   RULE(s->preset[0], "spec.model.preset: must not be empty");
-  RULE(s->vocab >= 0 && s->ctx >= 0 && s->layers >= 0 && s->heads >= 0 && s->dim >= 0,
+  RULE(s->vocab >= 0 && s->ctx >= 0 && s->layers >= 0 && s->heads >= 0 && s->channels >= 0,
        "spec.model: sizes must not be negative");
   RULE(s->steps >= 1, "spec.train.steps: must be at least 1, got %lld", (long long)s->steps);
   RULE(s->micro_batch >= 1, "spec.train.micro_batch: must be at least 1, got %lld",
@@ -189,7 +219,11 @@ newt_result_t spec_validate(const newt_spec *s) {
   RULE(s->lr > 0, "spec.train.lr: must be positive, got %g", s->lr);
   RULE(s->lr_min >= 0 && s->lr_min <= s->lr, "spec.train.lr_min: must be in [0, lr=%g], got %g",
        s->lr, s->lr_min);
-  RULE(s->warmup >= 0, "spec.train.warmup: must not be negative");
+  RULE(s->warmup >= -1, "spec.train.warmup: must be -1 (5%% of the steps) or more");
+  RULE(s->seq_len >= 0 && (s->ctx == 0 || s->seq_len <= s->ctx),
+       "spec.train.seq_len: must be in [0, ctx] (0: the model's ctx), got %lld", (long long)s->seq_len);
+  RULE(s->data_path[0] || s->gen_bytes >= 2, "spec.data.gen_bytes: must be at least 2, got %lld",
+       (long long)s->gen_bytes);
   RULE(s->weight_decay >= 0, "spec.train.weight_decay: must not be negative");
   RULE(s->grad_clip >= 0, "spec.train.grad_clip: must not be negative (0 disables clipping)");
   RULE(s->tp >= 1, "spec.parallel.tp: must be at least 1, got %lld", (long long)s->tp);
@@ -237,16 +271,18 @@ char *spec_to_json(const newt_spec *s) {
   const struct {
     const char *k;
     int64_t v;
-  } sizes[] = {{"vocab", s->vocab}, {"ctx", s->ctx}, {"layers", s->layers}, {"heads", s->heads}, {"dim", s->dim}};
+  } sizes[] = {{"vocab", s->vocab}, {"ctx", s->ctx}, {"layers", s->layers}, {"heads", s->heads}, {"channels", s->channels}};
   for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++)
     if (sizes[i].v) newt_json_add_int(m, sizes[i].k, sizes[i].v);
   cJSON *d = cJSON_AddObjectToObject(j, "data");
   cJSON_AddStringToObject(d, "path", s->data_path);
   newt_json_add_int(d, "seed", (int64_t)s->data_seed);
+  newt_json_add_int(d, "gen_bytes", s->gen_bytes);
   cJSON *t = cJSON_AddObjectToObject(j, "train");
   newt_json_add_int(t, "steps", s->steps);
   newt_json_add_int(t, "global_batch", s->global_batch);
   newt_json_add_int(t, "micro_batch", s->micro_batch);
+  newt_json_add_int(t, "seq_len", s->seq_len);
   cJSON_AddNumberToObject(t, "lr", s->lr);
   cJSON_AddNumberToObject(t, "lr_min", s->lr_min);
   newt_json_add_int(t, "warmup", s->warmup);

@@ -2,18 +2,19 @@
  * read by every coordinator and worker.
  *
  *   {"job": "demo",
- *    "model":    {"preset": "tiny", "layers": 4, ...},          overrides of the preset
- *    "data":     {"path": "corpus.tok", "seed": 1},
- *    "train":    {"steps": 200, "global_batch": 32, "micro_batch": 4, "lr": 3e-4,
- *                 "lr_min": 3e-5, "warmup": 20, "weight_decay": 0.1, "grad_clip": 1.0,
- *                 "seed": 42},
+ *    "model":    {"preset": "tiny", "layers": 4, ...},         overrides of the preset
+ *    "data":     {"path": "corpus.tok", "seed": 1, "gen_bytes": 2097152},
+ *    "train":    {"steps": 200, "global_batch": 32, "micro_batch": 4, "seq_len": 64,
+ *                 "lr": 1e-3, "lr_min": 1e-4, "warmup": 10, "weight_decay": 0.1,
+ *                 "grad_clip": 1.0, "seed": 1},
  *    "parallel": {"tp": 1, "pp": 1, "zero": 0, "dp_min": 1, "dp_max": 64},
  *    "ckpt":     {"dir": "/ckpt", "every": 50, "keep": 3, "level": 3},
  *    "fault":    {"lease_ttl_ms": 2000, "comm_timeout_ms": 3000, "hang_timeout_ms": 5000,
  *                 "report_window_ms": 300, "replica_every": 1},
  *    "backend":  "cpu"}
  *
- * Every field but "job" has a default. Parsing rejects unknown fields and bad values with
+ * Every field but "job" has a default; the training defaults are those of `newt train`, so
+ * a job and `newt train` with the same values follow the same trajectory. Parsing rejects unknown fields and bad values with
  * a message naming the field ("spec.parallel.tp: must be at least 1, got 0"), so a typo
  * never silently falls back to a default. */
 #ifndef NEWT_COORDINATOR_SPEC_H
@@ -31,16 +32,18 @@ typedef struct newt_spec {
   char job[SPEC_NAME_MAX];
   /* model: the preset and its overrides (0 keeps the preset's value) */
   char preset[SPEC_NAME_MAX];
-  int64_t vocab, ctx, layers, heads, dim;
+  int64_t vocab, ctx, layers, heads, channels;
   /* data */
-  char data_path[SPEC_PATH_MAX]; /* empty: a generated corpus */
-  uint64_t data_seed;
+  char data_path[SPEC_PATH_MAX]; /* empty: the generated corpus (model_text_generate) */
+  uint64_t data_seed;            /* sample order, and the generated corpus */
+  int64_t gen_bytes;             /* length of the generated corpus */
   /* training: the global batch is kept across every resize */
   int64_t steps;
   int64_t global_batch; /* samples per optimizer step, whole job */
   int64_t micro_batch;  /* samples per forward/backward on one data-parallel rank */
+  int64_t seq_len;      /* tokens per sample; 0: the model's ctx */
   double lr, lr_min, weight_decay, grad_clip;
-  int64_t warmup;
+  int64_t warmup;       /* -1: 5% of the steps (as newt train) */
   uint64_t seed;
   /* parallelism: tp, pp and zero are fixed; dp varies in [dp_min, dp_max] */
   int64_t tp, pp, zero, dp_min, dp_max;
@@ -62,6 +65,10 @@ void spec_defaults(newt_spec *s, const char *job);
 /* Parses and validates a spec document; `s` is fully written only on success. */
 newt_result_t spec_from_json(const char *text, size_t len, newt_spec *s);
 newt_result_t spec_from_cjson(const cJSON *j, newt_spec *s);
+
+/* Applies model overrides "layers=2,channels=64" (fields vocab, ctx, layers, heads,
+ * channels); errors name the bad pair. */
+newt_result_t spec_set_model(newt_spec *s, const char *list);
 
 /* Checks the cross-field rules (batch divisibility, ranges); errors name the field. */
 newt_result_t spec_validate(const newt_spec *s);

@@ -1,5 +1,13 @@
 #!/bin/sh
-# `make demo`: the main job on its single-host default. It grows with the project.
+# `make demo`: newt's main job on this host. The tiny GPT trains on the King James Bible
+# (Debian's bible-kjv, tokenized once into build/kjv.tok) with 4 workers, a private etcd and
+# two coordinators; at step 100 one worker is killed with kill -9, at step 200 a new one
+# joins; the run finishes and shows each recovery (where the time went, steps lost). The
+# summary lands in build/demo-summary.json. `newt demo` shows the rendezvous alone.
 set -eu
 newt=${1:-build/newt}
-exec "$newt" demo
+dir=$(dirname "$newt")
+corpus=$dir/kjv.tok
+[ -s "$corpus" ] || scripts/demo-corpus.sh "$newt" "$corpus"
+exec "$newt" run --nproc 4 --preset tiny --data "$corpus" --steps 300 --global-batch 24 --micro-batch 2 \
+  --chaos kill:worker:1@step=100,join:1@step=200 --summary "$dir/demo-summary.json" --log-dir "$dir/demo-logs"

@@ -7,8 +7,8 @@ set -eu
 profile=${1:-build}
 
 build="cmake make gcc pkg-config libcurl4-openssl-dev libcjson-dev libzstd-dev libxxhash-dev
-       libopenblas-dev libssl-dev etcd-server"
-test="$build clang libclang-rt-14-dev valgrind iproute2 etcd-client yamllint nodejs npm unzip"
+       libopenblas-dev libssl-dev libmicrohttpd-dev etcd-server"
+test="$build clang libclang-rt-14-dev openssl valgrind iproute2 etcd-client yamllint nodejs npm unzip"
 demo="$build bible-kjv"
 
 case "$profile" in

@@ -1,0 +1,270 @@
+/* Checkpoints: sharded, layout-independent, zstd-compressed, verified, asynchronous.
+ *
+ * A checkpoint is a directory DIR/step-<N>/ holding one shard file and one shard index per
+ * rank, and a MANIFEST committed last (ckpt/format.c documents every byte). A tensor is
+ * stored by its global name, dtype and global shape; each rank stores the *slices* it holds
+ * (a box of the global tensor, as tensor/pipeline parallelism splits it, optionally narrowed
+ * to a range of the box's row-major order, as ZeRO splits a flat buffer). A reader asks for
+ * slices in the same form, under any other layout, and gets them assembled from whichever
+ * stored chunks overlap them. Optimizer moments are ordinary tensors named by convention
+ * "adam.m/<weight name>" and "adam.v/<weight name>" (CKPT_ADAM_M, CKPT_ADAM_V). The training
+ * state (step, data cursor, RNG, LR position, job spec) is a JSON object in the manifest.
+ *
+ * Saving, one saver per rank (rank 0 usually commits):
+ *
+ *   ckpt_saver_opts o = {.dir = "ck", .rank = r, .nranks = n, .commit = r == 0,
+ *                        .attempt = generation};
+ *   ckpt_saver_init(&s, &o);
+ *   ...every K steps:
+ *   int go;
+ *   ckpt_save_begin(s, step, 1, &go);            // 1 = async; waits (or skips) if busy
+ *   if (go) {
+ *     ckpt_save_add(s, &desc, &slice, data);     // once per slice this rank stores
+ *     ckpt_save_end(s, state_json);              // async: returns after the snapshot copy
+ *   }
+ *   ckpt_saver_status(s, &st);                   // DONE / FAILED with a message
+ *
+ * The committer waits (with a deadline) for every rank's index of that step, verifies
+ * them (checksums, sizes, and that the chunks cover every tensor exactly once), writes the
+ * MANIFEST (temporary name, fsync, rename, fsync of the directory), then the `latest`
+ * pointer the same way, and prunes to the newest `keep` committed checkpoints.
+ *
+ * A saver and a reader are each used by one thread at a time; ckpt_saver_status,
+ * ckpt_save_wait and ckpt_saver_abort may be called from any thread.
+ *
+ * Loading: ckpt_load(dir, CKPT_LATEST, ...) opens the newest committed checkpoint, reads
+ * the requested slices (verifying every checksum it touches) and falls back to the previous
+ * committed checkpoint when anything is torn or corrupt. Ranks of one job must load the same
+ * step: when the steps they got differ, each loads again with max_step = the minimum. */
+#ifndef NEWT_CKPT_CKPT_H
+#define NEWT_CKPT_CKPT_H
+
+#include <cjson/cJSON.h>
+#include <stdatomic.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "common/clock.h"
+#include "common/dtype.h"
+#include "common/err.h"
+
+#define CKPT_MAX_DIMS 8
+#define CKPT_LATEST (-1)
+#define CKPT_ADAM_M "adam.m/"
+#define CKPT_ADAM_V "adam.v/"
+#define CKPT_LEVEL_RAW (-1) /* ckpt_saver_opts.level: store every chunk uncompressed */
+
+/* A global tensor: name, element type and global shape (1 to CKPT_MAX_DIMS dims). */
+typedef struct ckpt_tensor_desc {
+  const char *name;
+  newt_dtype dtype;
+  int ndim;
+  int64_t shape[CKPT_MAX_DIMS];
+} ckpt_tensor_desc;
+
+/* A slice of a global tensor: the box offset[d] .. offset[d]+shape[d], narrowed to the
+ * elements [begin, end) of the box's row-major order. Data for a slice is its elements in
+ * that order, end - begin of them. A whole box has begin = 0, end = its element count. */
+typedef struct ckpt_slice {
+  int ndim;
+  int64_t offset[CKPT_MAX_DIMS];
+  int64_t shape[CKPT_MAX_DIMS];
+  int64_t begin, end;
+} ckpt_slice;
+
+/* The whole box offset/shape (begin 0, end its element count). */
+void ckpt_slice_box(ckpt_slice *s, int ndim, const int64_t *offset, const int64_t *shape);
+/* The whole tensor. */
+void ckpt_slice_whole(ckpt_slice *s, const ckpt_tensor_desc *t);
+/* Elements in the slice (end - begin). */
+int64_t ckpt_slice_numel(const ckpt_slice *s);
+/* Elements of a shape. */
+int64_t ckpt_shape_numel(int ndim, const int64_t *shape);
+/* NEWT_ERR_INVALID (naming `what`) unless s is a well-formed slice of t. */
+newt_result_t ckpt_slice_check(const ckpt_slice *s, const ckpt_tensor_desc *t, const char *what);
+
+/* Copies the elements two slices of the same tensor (global shape `shape`) have in common,
+ * from src (laid out as src_slice) into dst (laid out as dst_slice). Returns the number of
+ * elements copied. This is the resharding primitive: the reader uses it, and so can a
+ * rank that reshards in memory. */
+int64_t ckpt_slice_copy(const int64_t *shape, size_t esize, const ckpt_slice *dst_slice, void *dst,
+                        const ckpt_slice *src_slice, const void *src);
+
+/* ZeRO: the flat buffer is the tensors' elements one after another (tensor i's slice
+ * `boxes[i]`, whole box, in order). A rank that owns [off, off+len) of it stores, for each
+ * tensor the range touches, the piece below. */
+typedef struct ckpt_flat_piece {
+  size_t tensor;    /* index into the table */
+  ckpt_slice slice; /* the box boxes[tensor], narrowed to the part in the range */
+  int64_t flat_off; /* where that part starts in the flat buffer (elements) */
+} ckpt_flat_piece;
+/* Fills out (capacity cap) with the pieces of [off, off+len); *n is the count. */
+newt_result_t ckpt_flat_pieces(const ckpt_slice *boxes, size_t ntensors, int64_t off, int64_t len,
+                               ckpt_flat_piece *out, size_t cap, size_t *n);
+
+/* ---- saving ------------------------------------------------------------------------ */
+
+typedef struct ckpt_saver ckpt_saver;
+
+typedef struct ckpt_saver_opts {
+  const char *dir;         /* the checkpoint directory (created) */
+  int rank, nranks;        /* this rank, ranks that write shards of each step */
+  int threads;             /* compression threads (default 2) */
+  int level;               /* zstd level 1..22 (0: the default, 1; CKPT_LEVEL_RAW: none) */
+  size_t chunk_bytes;      /* raw bytes per chunk (default 4 MiB, at least 64) */
+  size_t staging_bytes;    /* staging memory for async snapshots allocated up front (0: on first use) */
+  int skip_if_busy;        /* begin while a save is in flight: 1 skips it, 0 waits */
+  int64_t busy_wait_ms;    /* how long begin waits for the previous save (default 600000) */
+  int commit;              /* this rank commits the step (one rank, usually 0) */
+  int keep;                /* committed checkpoints the committer keeps (default 3) */
+  int64_t commit_timeout_ms; /* committer's wait for the other ranks' indexes (default 600000) */
+  uint64_t attempt;        /* same on every rank of one save attempt (e.g. the plan generation);
+                              0 with nranks == 1 picks a random one */
+  const char *layout_json; /* this rank's layout, e.g. {"dp":2,"tp":2,"pp":1,"zero":1,"coord":{..}} */
+} ckpt_saver_opts;
+
+typedef enum ckpt_save_state {
+  CKPT_SAVE_IDLE = 0, /* nothing saved yet */
+  CKPT_SAVE_RUNNING,  /* a save is in flight */
+  CKPT_SAVE_DONE,     /* the last save succeeded */
+  CKPT_SAVE_FAILED,   /* the last save failed: result and message say why */
+} ckpt_save_state;
+
+typedef struct ckpt_save_status {
+  ckpt_save_state state; /* of the last save */
+  int64_t step;          /* its step (-1: none) */
+  newt_result_t result;
+  char message[512];
+  int64_t last_ok_step;  /* newest step this saver wrote (and committed, if it commits) */
+  uint64_t saves_ok, saves_failed, saves_skipped;
+  double stall_ms;       /* time the caller spent in begin..end of the last save */
+  double write_ms;       /* compress + write + fsync (+ commit) of the last save */
+  uint64_t raw_bytes, file_bytes; /* of the last save, this rank */
+} ckpt_save_status;
+
+newt_result_t ckpt_saver_init(ckpt_saver **out, const ckpt_saver_opts *opts);
+/* Waits for a save in flight (aborting a committer's wait), then frees everything. */
+void ckpt_saver_free(ckpt_saver *s);
+
+/* Starts the save of `step`. When a save is in flight: skip_if_busy sets *started = 0 and
+ * returns NEWT_OK; otherwise it waits (busy_wait_ms). async = 1: slices are copied into the
+ * staging memory at ckpt_save_end and written in the background; async = 0: ckpt_save_end
+ * writes them from the caller's memory and returns when done. */
+newt_result_t ckpt_save_begin(ckpt_saver *s, int64_t step, int async, int *started);
+/* Adds one slice (NULL: the whole tensor). data must stay valid and unchanged until
+ * ckpt_save_end returns. */
+newt_result_t ckpt_save_add(ckpt_saver *s, const ckpt_tensor_desc *t, const ckpt_slice *slice,
+                            const void *data);
+/* Async saves only: reserves staging memory for a slice and returns it in *dst, to be
+ * filled (e.g. by a device-to-host copy) before ckpt_save_end. */
+newt_result_t ckpt_save_reserve(ckpt_saver *s, const ckpt_tensor_desc *t, const ckpt_slice *slice,
+                                void **dst);
+/* Ends the save. state_json (an object; NULL = {}) is the training state the committer
+ * stores in the manifest. Sync: returns the save's result. Async: returns once the
+ * snapshot is taken; the result comes later through ckpt_saver_status / ckpt_save_wait. */
+newt_result_t ckpt_save_end(ckpt_saver *s, const char *state_json);
+/* Waits for the save in flight (if any) and returns its result (NEWT_OK when none ran). */
+newt_result_t ckpt_save_wait(ckpt_saver *s, newt_deadline_t deadline);
+/* Aborts the save in flight at its next check (a committer waiting for other ranks stops). */
+void ckpt_saver_abort(ckpt_saver *s);
+void ckpt_saver_status(ckpt_saver *s, ckpt_save_status *st);
+/* The staging memory (for registering it as pinned memory with a device runtime). It is
+ * reused by every save and grows only when a save needs more. */
+void *ckpt_saver_staging(ckpt_saver *s, size_t *bytes);
+
+/* ---- committing -------------------------------------------------------------------- */
+
+typedef struct ckpt_commit_opts {
+  const char *dir;
+  int64_t step;
+  int nranks;
+  uint64_t attempt;        /* accept only indexes of this attempt (0: any) */
+  const char *state_json;  /* NULL: {} */
+  newt_deadline_t deadline;
+  int keep;                /* committed checkpoints to keep (< 1: keep all) */
+  const atomic_int *abort; /* may be NULL */
+} ckpt_commit_opts;
+
+/* Waits for every rank's index of the step, verifies, writes the manifest, updates
+ * `latest`, prunes. */
+newt_result_t ckpt_commit(const ckpt_commit_opts *o);
+
+/* ---- reading ----------------------------------------------------------------------- */
+
+typedef struct ckpt_reader ckpt_reader;
+
+typedef struct ckpt_request {
+  ckpt_tensor_desc t; /* name, dtype and global shape, as the caller expects them */
+  ckpt_slice slice;   /* what to read */
+  void *out;          /* slice's elements, in slice order */
+} ckpt_request;
+
+/* Opens DIR/step-<step> (step >= 0) or the newest committed checkpoint whose manifest
+ * is valid (CKPT_LATEST). threads: decompression threads (< 1: 2). */
+newt_result_t ckpt_open(ckpt_reader **out, const char *dir, int64_t step, int threads);
+/* Opens one step directory by its path. */
+newt_result_t ckpt_open_path(ckpt_reader **out, const char *stepdir, int threads);
+void ckpt_close(ckpt_reader *r);
+
+int64_t ckpt_reader_step(const ckpt_reader *r);
+const char *ckpt_reader_path(const ckpt_reader *r);
+/* The training state object (owned by the reader). */
+const cJSON *ckpt_reader_state(const ckpt_reader *r);
+size_t ckpt_reader_ntensors(const ckpt_reader *r);
+/* Tensors in name order; desc.name points into the reader. */
+void ckpt_reader_tensor(const ckpt_reader *r, size_t i, ckpt_tensor_desc *desc);
+newt_result_t ckpt_reader_find(const ckpt_reader *r, const char *name, ckpt_tensor_desc *desc);
+
+/* Reads every request (decompressing the overlapping chunks in parallel, each once). */
+newt_result_t ckpt_read_slices(ckpt_reader *r, const ckpt_request *reqs, size_t n);
+newt_result_t ckpt_read_slice(ckpt_reader *r, const ckpt_tensor_desc *t, const ckpt_slice *slice,
+                              void *out);
+
+typedef struct ckpt_loaded {
+  int64_t step;
+  char *state_json; /* malloc'd; the caller frees it */
+  int fallbacks;    /* newer committed checkpoints skipped as torn or corrupt */
+} ckpt_loaded;
+/* Reads the requests from the newest committed checkpoint with step <= max_step
+ * (CKPT_LATEST: any) that reads back whole, falling back past torn or corrupt ones.
+ * NEWT_ERR_NOTFOUND when there is none. */
+newt_result_t ckpt_load(const char *dir, int64_t max_step, int threads, const ckpt_request *reqs,
+                        size_t n, ckpt_loaded *out);
+
+/* Verifies every checksum of a step directory; calls report for each problem found
+ * (the message names the file and chunk). Returns NEWT_ERR_CORRUPT when any was found,
+ * another error when the manifest itself cannot be used (reported too). */
+typedef void (*ckpt_report_fn)(void *ctx, const char *message);
+typedef struct ckpt_verify_result {
+  size_t files, chunks; /* checked */
+  size_t bad;           /* problems reported */
+  uint64_t stored_bytes, raw_bytes;
+} ckpt_verify_result;
+newt_result_t ckpt_verify(const char *stepdir, ckpt_report_fn report, void *ctx, ckpt_verify_result *res);
+
+/* A description of a step directory for tools: path, step, nranks, attempt, created_ms,
+ * raw_bytes, stored_bytes, file_bytes, ratio, ranks[] {rank, file, bytes, raw_bytes,
+ * layout}, tensors[] {name, dtype, shape, chunks, raw_bytes, stored_bytes}, state. */
+newt_result_t ckpt_inspect(const char *stepdir, cJSON **out);
+
+/* ---- listing ----------------------------------------------------------------------- */
+
+typedef struct ckpt_step_info {
+  int64_t step;
+  char name[64];     /* step-<N> */
+  int committed;     /* a MANIFEST exists */
+  int valid;         /* ... and it parses and checks out */
+  int latest;        /* the `latest` pointer names it */
+  uint64_t disk_bytes;  /* bytes of all files in the directory */
+  uint64_t raw_bytes;   /* tensor bytes (from the manifest) */
+  uint64_t file_bytes;  /* shard bytes the manifest references */
+  int nranks;
+  size_t ntensors;
+} ckpt_step_info;
+
+/* Every step-<N> directory of dir, ascending by step. */
+newt_result_t ckpt_list(const char *dir, ckpt_step_info **out, size_t *n);
+/* The step the `latest` pointer names, or -1. */
+int64_t ckpt_latest_pointer(const char *dir);
+
+#endif

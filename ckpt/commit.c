@@ -1,0 +1,265 @@
+/* The commit of a step, done by one rank: the step becomes visible all at once, or not.
+ *
+ *  1. Wait (until the deadline, abortable) for every rank's index in the step directory.
+ *     Indexes of another attempt are stale leftovers (a killed run that reached this step
+ *     before) and are waited past; a rank's `.failed` marker of this attempt ends the wait.
+ *  2. Verify each index (its checksum, step, rank), that its shard file exists with the size
+ *     and header the index states, and that the chunks of all ranks together cover every
+ *     tensor exactly once with one dtype and shape.
+ *  3. Write MANIFEST: temporary name, fsync, rename, fsync of the directory. From here on
+ *     the step is committed; before, a reader never sees it.
+ *  4. Point `latest` at it the same way (unless a newer step is already committed), remove
+ *     stale files of other attempts from the step directory, and prune: committed steps
+ *     beyond the newest `keep`, and uncommitted step directories older than the newest
+ *     committed step (abandoned saves). Nothing newer is touched: a save may be running. */
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "ckpt/internal.h"
+#include "common/fs.h"
+#include "common/json.h"
+#include "common/log.h"
+#include "common/strutil.h"
+
+/* A `.failed` marker of this attempt: NEWT_ERR_PEER with the rank's message. */
+static newt_result_t check_failed(const char *stepdir, int rank, uint64_t attempt) {
+  char name[64], path[4400], *text = NULL;
+  ckpt_failed_name(name, sizeof name, rank);
+  snprintf(path, sizeof path, "%s/%s", stepdir, name);
+  size_t len;
+  if (newt_fs_read_all(path, 65536, &text, &len) != NEWT_OK) {
+    newt_err_clear();
+    return NEWT_OK;
+  }
+  char hex[17];
+  snprintf(hex, sizeof hex, "%016llx", (unsigned long long)attempt);
+  newt_result_t r = NEWT_OK;
+  if (attempt == 0 || strncmp(text, hex, 16) == 0) {
+    const char *msg = len > 17 ? text + 17 : "";
+    size_t ml = strlen(msg);
+    while (ml > 0 && (msg[ml - 1] == '\n' || msg[ml - 1] == '\r')) ml--;
+    r = NEWT_ERR(NEWT_ERR_PEER, "rank %d could not write its shard: %.*s", rank, (int)(ml < 900 ? ml : 900), msg);
+  }
+  free(text);
+  return r;
+}
+
+/* Checks that the shard file an index names exists with the stated size and header. */
+static newt_result_t check_shard(const char *stepdir, const ckpt_manifest *idx) {
+  const ckpt_file *f = &idx->files[0];
+  char path[4400];
+  snprintf(path, sizeof path, "%s/%s", stepdir, f->name);
+  int fd = open(path, O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
+  if (fd < 0) return NEWT_ERR(NEWT_ERR_CORRUPT, "rank %d: shard %s: %s", idx->rank, path, strerror(errno));
+  struct stat st;
+  uint8_t hdr[CKPT_SHARD_HDR];
+  newt_result_t r = NEWT_OK;
+  if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || (uint64_t)st.st_size != f->bytes)
+    r = NEWT_ERR(NEWT_ERR_CORRUPT, "rank %d: shard %s has %lld bytes, its index says %llu", idx->rank, path,
+                 (long long)st.st_size, (unsigned long long)f->bytes);
+  else if (pread(fd, hdr, sizeof hdr, 0) != (ssize_t)sizeof hdr)
+    r = NEWT_ERR(NEWT_ERR_CORRUPT, "rank %d: cannot read the header of %s", idx->rank, path);
+  close(fd);
+  if (r != NEWT_OK) return r;
+  ckpt_shard_hdr h;
+  NEWT_CHECK(ckpt_shard_hdr_decode(hdr, path, &h));
+  if ((int)h.rank != idx->rank || (int)h.nranks != idx->nranks || h.step != idx->step || h.attempt != idx->attempt)
+    return NEWT_ERR(NEWT_ERR_CORRUPT, "%s: header (rank %u of %u, step %lld) disagrees with its index", path, h.rank,
+                    h.nranks, (long long)h.step);
+  return NEWT_OK;
+}
+
+/* One try at loading rank r's index: 1 when it is there and belongs to this save. */
+static newt_result_t try_index(const ckpt_commit_opts *o, const char *stepdir, int r, ckpt_manifest *idx,
+                               int *got) {
+  char name[64], path[4400];
+  *got = 0;
+  ckpt_index_name(name, sizeof name, r);
+  snprintf(path, sizeof path, "%s/%s", stepdir, name);
+  if (!newt_fs_exists(path)) return check_failed(stepdir, r, o->attempt);
+  NEWT_CHECK(ckpt_manifest_load(path, path, 1, idx));
+  if (o->attempt != 0 && idx->attempt != o->attempt) { /* stale: wait for this attempt's */
+    ckpt_manifest_free(idx);
+    return check_failed(stepdir, r, o->attempt);
+  }
+  newt_result_t res = NEWT_OK;
+  if (idx->step != o->step || idx->nranks != o->nranks || idx->rank != r || idx->nfiles != 1)
+    res = NEWT_ERR(NEWT_ERR_CORRUPT, "%s: index of rank %d, step %lld, %d ranks, %zu files; expected rank %d, step "
+                   "%lld, %d ranks, 1 file", path, idx->rank, (long long)idx->step, idx->nranks, idx->nfiles, r,
+                   (long long)o->step, o->nranks);
+  if (res == NEWT_OK) res = check_shard(stepdir, idx);
+  if (res != NEWT_OK) {
+    ckpt_manifest_free(idx);
+    return res;
+  }
+  *got = 1;
+  return NEWT_OK;
+}
+
+static newt_result_t wait_indexes(const ckpt_commit_opts *o, const char *stepdir, ckpt_manifest *idx) {
+  int64_t missing = o->nranks;
+  int64_t sleep_us = 500;
+  uint64_t t0 = newt_now_ns();
+  for (;;) {
+    for (int r = 0; r < o->nranks; r++) {
+      if (idx[r].nfiles) continue;
+      int got;
+      NEWT_CHECK(try_index(o, stepdir, r, &idx[r], &got));
+      missing -= got;
+    }
+    if (missing == 0) return NEWT_OK;
+    if (o->abort && atomic_load(o->abort))
+      return NEWT_ERR(NEWT_ERR_ABORTED, "commit of step %lld aborted", (long long)o->step);
+    if (newt_deadline_passed(o->deadline)) {
+      char list[256] = "";
+      size_t used = 0;
+      for (int r = 0; r < o->nranks && used + 16 < sizeof list; r++)
+        if (!idx[r].nfiles) used += (size_t)snprintf(list + used, sizeof list - used, "%s%d", used ? ", " : "", r);
+      return NEWT_ERR(NEWT_ERR_TIMEOUT, "commit of step %lld: waited %.0f ms for the shard indexes of rank(s) %s "
+                      "in %s", (long long)o->step, (double)(newt_now_ns() - t0) / 1e6, list, stepdir);
+    }
+    int64_t left_us = newt_deadline_left_ms(o->deadline) * 1000 + 1000;
+    newt_sleep_us(sleep_us < left_us ? sleep_us : left_us);
+    if (sleep_us < 20000) sleep_us *= 2;
+  }
+}
+
+static newt_result_t merge(const ckpt_commit_opts *o, ckpt_manifest *idx, ckpt_manifest *m) {
+  m->step = o->step;
+  m->nranks = o->nranks;
+  m->attempt = idx[0].attempt;
+  m->created_ms = newt_wall_ms();
+  m->files = calloc((size_t)o->nranks, sizeof *m->files);
+  NEWT_CHECK_ALLOC(m->files);
+  for (int r = 0; r < o->nranks; r++) {
+    m->files[r] = idx[r].files[0];
+    memset(&idx[r].files[0], 0, sizeof idx[r].files[0]); /* moved */
+    m->nfiles++;
+    for (size_t i = 0; i < idx[r].ntensors; i++) {
+      ckpt_tensor *src = &idx[r].tensors[i], *t;
+      ckpt_tensor_desc d = {.name = src->name, .dtype = src->dtype, .ndim = src->ndim};
+      memcpy(d.shape, src->shape, sizeof d.shape);
+      NEWT_CHECK(ckpt_manifest_add_tensor(m, &d, &t));
+      t->chunks = src->chunks; /* moved */
+      t->nchunks = src->nchunks;
+      t->cap = src->cap;
+      src->chunks = NULL;
+      src->nchunks = src->cap = 0;
+      for (size_t j = 0; j < t->nchunks; j++) t->chunks[j].file = (uint32_t)r;
+    }
+  }
+  char what[64];
+  snprintf(what, sizeof what, "commit of step %lld", (long long)o->step);
+  NEWT_CHECK(ckpt_manifest_sort(m, 1, what));
+  for (size_t i = 0; i < m->ntensors; i++) {
+    char tw[CKPT_MAX_NAME + 64];
+    snprintf(tw, sizeof tw, "commit of step %lld: tensor \"%s\"", (long long)o->step, m->tensors[i].name);
+    NEWT_CHECK(ckpt_coverage_check(&m->tensors[i], 1, tw));
+  }
+  return NEWT_OK;
+}
+
+/* Removes what the manifest does not reference: shards of other attempts, markers,
+ * temporary files of killed writers. */
+static void clean_step(const char *stepdir, const ckpt_manifest *m) {
+  DIR *d = opendir(stepdir);
+  if (!d) return;
+  struct dirent *e;
+  while ((e = readdir(d)) != NULL) {
+    const char *n = e->d_name;
+    if (n[0] == '.' || strcmp(n, "MANIFEST") == 0) continue;
+    size_t len = strlen(n);
+    int shard = len > 6 && strcmp(n + len - 6, ".shard") == 0;
+    int junk = strstr(n, ".tmp.") != NULL || (len > 7 && strcmp(n + len - 7, ".failed") == 0);
+    if (shard)
+      for (size_t f = 0; f < m->nfiles && shard; f++) shard = strcmp(m->files[f].name, n) != 0;
+    if (shard || junk) unlinkat(dirfd(d), n, 0);
+  }
+  closedir(d);
+}
+
+static void prune(const char *dir, int keep) {
+  int64_t *steps = NULL;
+  size_t n = 0;
+  if (ckpt_scan_steps(dir, &steps, &n) != NEWT_OK) {
+    NEWT_WARN(CKPT, "prune %s: %s", dir, newt_errmsg());
+    return;
+  }
+  int *committed = calloc(n ? n : 1, sizeof *committed);
+  if (!committed) {
+    free(steps);
+    return;
+  }
+  int64_t newest = -1;
+  for (size_t i = 0; i < n; i++) {
+    char sd[4096], mf[4200];
+    ckpt_step_dirname(sd, sizeof sd, dir, steps[i]);
+    snprintf(mf, sizeof mf, "%s/MANIFEST", sd);
+    committed[i] = newt_fs_exists(mf);
+    if (committed[i]) newest = steps[i];
+  }
+  int kept = 0;
+  for (size_t i = n; i-- > 0;) {
+    int drop = committed[i] ? (keep > 0 && ++kept > keep) : steps[i] < newest;
+    if (!drop) continue;
+    if (ckpt_remove_step(dir, steps[i]) != NEWT_OK)
+      NEWT_WARN(CKPT, "prune step %lld: %s", (long long)steps[i], newt_errmsg());
+    else
+      NEWT_DEBUG(CKPT, "pruned %s step %lld", committed[i] ? "committed" : "abandoned", (long long)steps[i]);
+  }
+  free(committed);
+  free(steps);
+}
+
+newt_result_t ckpt_commit(const ckpt_commit_opts *o) {
+  if (!o->dir || !*o->dir || o->step < 0 || o->nranks < 1 || o->nranks > CKPT_MAX_RANKS)
+    return NEWT_ERR(NEWT_ERR_INVALID, "ckpt_commit: dir \"%s\", step %lld, nranks %d", o->dir ? o->dir : "",
+                    (long long)o->step, o->nranks);
+  cJSON *state = NULL;
+  const char *sj = o->state_json ? o->state_json : "{}";
+  NEWT_CHECK(newt_json_parse(sj, strlen(sj), "ckpt_commit state_json", &state));
+  if (!cJSON_IsObject(state)) {
+    cJSON_Delete(state);
+    return NEWT_ERR(NEWT_ERR_INVALID, "ckpt_commit state_json: expected an object");
+  }
+  char stepdir[4096];
+  ckpt_step_dirname(stepdir, sizeof stepdir, o->dir, o->step);
+  ckpt_manifest *idx = calloc((size_t)o->nranks, sizeof *idx);
+  ckpt_manifest m = {0};
+  m.state = state;
+  newt_result_t r = idx ? NEWT_OK : NEWT_ERR(NEWT_ERR_NOMEM, "out of memory: %d indexes", o->nranks);
+  if (r == NEWT_OK) r = wait_indexes(o, stepdir, idx);
+  if (r == NEWT_OK) r = merge(o, idx, &m);
+  char *text = NULL;
+  size_t len = 0;
+  if (r == NEWT_OK) r = ckpt_manifest_encode(&m, &text, &len);
+  int64_t delay = newt_param_CkptTestCommitDelayMs();
+  if (r == NEWT_OK && delay > 0) newt_sleep_ms(delay);
+  char path[4200];
+  snprintf(path, sizeof path, "%s/MANIFEST", stepdir);
+  if (r == NEWT_OK) r = newt_fs_write_atomic(path, text, len);
+  free(text);
+  if (r == NEWT_OK) {
+    int64_t latest = ckpt_latest_pointer(o->dir);
+    char lm[4200];
+    ckpt_step_dirname(lm, sizeof lm, o->dir, latest);
+    strncat(lm, "/MANIFEST", sizeof lm - strlen(lm) - 1);
+    if (latest <= o->step || !newt_fs_exists(lm)) r = ckpt_write_latest(o->dir, o->step);
+  }
+  if (r == NEWT_OK) {
+    clean_step(stepdir, &m);
+    prune(o->dir, o->keep);
+    NEWT_INFO(CKPT, "committed step %lld (%d ranks, %zu tensors) in %s", (long long)o->step, o->nranks,
+              m.ntensors, o->dir);
+  }
+  for (int i = 0; idx && i < o->nranks; i++) ckpt_manifest_free(&idx[i]);
+  free(idx);
+  ckpt_manifest_free(&m);
+  return r;
+}

@@ -1,0 +1,661 @@
+/* The checkpoint's on-disk format: shard headers, chunk headers, shard indexes and the
+ * manifest. Every byte a checkpoint holds is written through the encoders below (saver.c
+ * and commit.c call them); every byte read comes back through the decoders, which check
+ * everything (a file is outside data) and name the field at fault.
+ *
+ * Directory DIR (the --ckpt-dir):
+ *
+ *   DIR/latest                          "<N>\n": the newest committed step (a pointer for
+ *                                       tools; readers trust the manifests, not this)
+ *   DIR/step-<N>/                       one directory per step, N zero-padded to 10 digits
+ *   DIR/step-<N>/rank-<R>-<A>.shard     rank R's chunks (R 5 digits, A = attempt, 16 hex)
+ *   DIR/step-<N>/rank-<R>.index         rank R's shard index, published after the shard
+ *                                       is fsync'd (temporary name, fsync, rename)
+ *   DIR/step-<N>/rank-<R>.failed        rank R's save failed: attempt and message (the
+ *                                       committer stops waiting)
+ *   DIR/step-<N>/MANIFEST               written last; its presence commits the step
+ *
+ * Shard file (integers little-endian):
+ *
+ *   | offset | size | meaning                                                     |
+ *   |--------|------|-------------------------------------------------------------|
+ *   | 0      | 8    | magic "NEWTSHRD"                                            |
+ *   | 8      | 4    | format version (1)                                          |
+ *   | 12     | 4    | rank                                                        |
+ *   | 16     | 4    | nranks                                                      |
+ *   | 20     | 4    | reserved, 0                                                 |
+ *   | 24     | 8    | step (signed)                                               |
+ *   | 32     | 8    | attempt                                                     |
+ *   | 40     | 16   | reserved, 0                                                 |
+ *   | 56     | 8    | XXH3-64 of bytes 0..55                                      |
+ *   | 64     | 4032 | zeros                                                       |
+ *   | 4096   | ...  | blocks, each a multiple of 4096 bytes: chunks back to back  |
+ *   |        |      | (a chunk header, then its stored bytes), then zeros. Blocks |
+ *   |        |      | are in the order the compression threads wrote them; the    |
+ *   |        |      | manifest gives each chunk's offset (of its header)          |
+ *
+ * Chunk header (at the chunk's offset; the stored bytes follow it):
+ *
+ *   | offset | size | meaning                                                     |
+ *   |--------|------|-------------------------------------------------------------|
+ *   | 0      | 4    | magic "NWCK"                                                |
+ *   | 4      | 1    | codec: 0 raw, 1 zstd                                        |
+ *   | 5      | 1    | filter: 0 none, 1 shuffle, 2 shuffle-rot1                   |
+ *   | 6      | 1    | element size in bytes                                       |
+ *   | 7      | 1    | reserved, 0                                                 |
+ *   | 8      | 8    | raw length: the slice's bytes                               |
+ *   | 16     | 8    | stored length (equals the raw length for codec raw)         |
+ *   | 24     | 8    | XXH3-64 of the raw bytes (after decompression and unfilter) |
+ *   | 32     | 8    | XXH3-64 of the stored bytes                                 |
+ *   | 40     | 8    | XXH3-64 of bytes 0..39 of this header                       |
+ *
+ * Filters (applied before zstd, undone after): shuffle puts byte k of every element in
+ * group k (all bytes of one significance together); shuffle-rot1 first rotates each
+ * element left by one bit, which moves the sign to bit 0 and the 8 exponent bits of f32
+ * and bf16 into the top byte, then shuffles. A chunk whose compressed size is not smaller
+ * than its raw size is stored raw (codec 0, filter 0).
+ *
+ * Index and manifest files are framed JSON: one header line, then the JSON text.
+ *
+ *   | offset | size   | meaning                                                   |
+ *   |--------|--------|-----------------------------------------------------------|
+ *   | 0      | line   | "newt-ckpt <kind> 1 <length> <xxh3>\n": kind manifest or  |
+ *   |        |        | index, format version, length of the JSON in bytes, XXH3- |
+ *   |        |        | 64 of the JSON as 16 lowercase hex digits                 |
+ *   | line   | length | the JSON object below; nothing may follow it              |
+ *
+ *   | field                  | meaning                                               |
+ *   |------------------------|-------------------------------------------------------|
+ *   | format, version        | "newt-ckpt", 1                                        |
+ *   | kind                   | "manifest" or "index"                                 |
+ *   | step, nranks, attempt  | the step, ranks that wrote it, attempt (16 hex)       |
+ *   | rank                   | index only: whose index                               |
+ *   | created_ms             | wall clock, ms since the epoch                        |
+ *   | files[]                | {name, rank, bytes, raw_bytes, layout}: shard files   |
+ *   |                        | (plain names inside the step directory), their sizes, |
+ *   |                        | the tensor bytes they hold, the rank's layout object  |
+ *   | tensors[]              | {name, dtype, shape[], chunks[]}, sorted by name      |
+ *   | tensors[].chunks[]     | {file, offset, stored, raw, codec, filter, xxh_raw,   |
+ *   |                        | xxh_stored, box_offset[], box_shape[], begin, end}:   |
+ *   |                        | file index, offset of the chunk header, sizes, codec  |
+ *   |                        | and filter names, checksums (16 hex), and the slice   |
+ *   | state                  | manifest only: the training state object              |
+ *
+ * In a manifest the chunks of each tensor cover every element exactly once. */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <xxhash.h>
+
+#include "ckpt/internal.h"
+#include "common/clock.h"
+#include "common/fs.h"
+#include "common/json.h"
+#include "common/strutil.h"
+
+static const char *const codec_names[CKPT_CODEC__COUNT] = {"raw", "zstd"};
+static const char *const filter_names[CKPT_FILTER__COUNT] = {"none", "shuffle", "shuffle-rot1"};
+
+const char *ckpt_codec_name(int codec) {
+  return codec >= 0 && codec < CKPT_CODEC__COUNT ? codec_names[codec] : "?";
+}
+const char *ckpt_filter_name(int filter) {
+  return filter >= 0 && filter < CKPT_FILTER__COUNT ? filter_names[filter] : "?";
+}
+
+uint64_t ckpt_hash(const void *p, size_t n) { return (uint64_t)XXH3_64bits(p, n); }
+
+/* ---- little-endian fields ------------------------------------------------------------ */
+
+static void put_u32(uint8_t *p, uint32_t v) {
+  for (int i = 0; i < 4; i++) p[i] = (uint8_t)(v >> (8 * i));
+}
+static void put_u64(uint8_t *p, uint64_t v) {
+  for (int i = 0; i < 8; i++) p[i] = (uint8_t)(v >> (8 * i));
+}
+static uint32_t get_u32(const uint8_t *p) {
+  uint32_t v = 0;
+  for (int i = 0; i < 4; i++) v |= (uint32_t)p[i] << (8 * i);
+  return v;
+}
+static uint64_t get_u64(const uint8_t *p) {
+  uint64_t v = 0;
+  for (int i = 0; i < 8; i++) v |= (uint64_t)p[i] << (8 * i);
+  return v;
+}
+
+void ckpt_shard_hdr_encode(const ckpt_shard_hdr *h, uint8_t out[CKPT_SHARD_HDR]) {
+  memset(out, 0, CKPT_SHARD_HDR);
+  memcpy(out, "NEWTSHRD", 8);
+  put_u32(out + 8, CKPT_FORMAT_VERSION);
+  put_u32(out + 12, h->rank);
+  put_u32(out + 16, h->nranks);
+  put_u64(out + 24, (uint64_t)h->step);
+  put_u64(out + 32, h->attempt);
+  put_u64(out + 56, ckpt_hash(out, 56));
+}
+
+newt_result_t ckpt_shard_hdr_decode(const uint8_t in[CKPT_SHARD_HDR], const char *what,
+                                    ckpt_shard_hdr *h) {
+  if (memcmp(in, "NEWTSHRD", 8) != 0)
+    return NEWT_ERR(NEWT_ERR_CORRUPT, "%s: not a newt shard file (bad magic)", what);
+  if (get_u64(in + 56) != ckpt_hash(in, 56))
+    return NEWT_ERR(NEWT_ERR_CORRUPT, "%s: shard header checksum mismatch", what);
+  if (get_u32(in + 8) != CKPT_FORMAT_VERSION)
+    return NEWT_ERR(NEWT_ERR_CORRUPT, "%s: shard format version %u, this build reads %d", what,
+                    get_u32(in + 8), CKPT_FORMAT_VERSION);
+  h->rank = get_u32(in + 12);
+  h->nranks = get_u32(in + 16);
+  h->step = (int64_t)get_u64(in + 24);
+  h->attempt = get_u64(in + 32);
+  return NEWT_OK;
+}
+
+void ckpt_chunk_hdr_encode(const ckpt_chunk_hdr *h, uint8_t out[CKPT_CHUNK_HDR]) {
+  memset(out, 0, CKPT_CHUNK_HDR);
+  memcpy(out, "NWCK", 4);
+  out[4] = h->codec;
+  out[5] = h->filter;
+  out[6] = h->esize;
+  put_u64(out + 8, h->raw);
+  put_u64(out + 16, h->stored);
+  put_u64(out + 24, h->xxh_raw);
+  put_u64(out + 32, h->xxh_stored);
+  put_u64(out + 40, ckpt_hash(out, 40));
+}
+
+newt_result_t ckpt_chunk_hdr_decode(const uint8_t in[CKPT_CHUNK_HDR], const char *what,
+                                    ckpt_chunk_hdr *h) {
+  if (memcmp(in, "NWCK", 4) != 0)
+    return NEWT_ERR(NEWT_ERR_CORRUPT, "%s: no chunk header at this offset (bad magic)", what);
+  if (get_u64(in + 40) != ckpt_hash(in, 40))
+    return NEWT_ERR(NEWT_ERR_CORRUPT, "%s: chunk header checksum mismatch", what);
+  h->codec = in[4];
+  h->filter = in[5];
+  h->esize = in[6];
+  h->raw = get_u64(in + 8);
+  h->stored = get_u64(in + 16);
+  h->xxh_raw = get_u64(in + 24);
+  h->xxh_stored = get_u64(in + 32);
+  return NEWT_OK;
+}
+
+/* ---- the in-memory manifest ----------------------------------------------------------- */
+
+void ckpt_manifest_free(ckpt_manifest *m) {
+  if (!m) return;
+  for (size_t i = 0; i < m->nfiles; i++) {
+    free(m->files[i].name);
+    cJSON_Delete(m->files[i].layout);
+  }
+  free(m->files);
+  for (size_t i = 0; i < m->ntensors; i++) {
+    free(m->tensors[i].name);
+    free(m->tensors[i].chunks);
+  }
+  free(m->tensors);
+  cJSON_Delete(m->state);
+  memset(m, 0, sizeof *m);
+}
+
+static int tensor_cmp(const void *a, const void *b) {
+  const ckpt_tensor *x = a, *y = b;
+  int c = strcmp(x->name, y->name);
+  return c ? c : x->seq < y->seq ? -1 : x->seq > y->seq;
+}
+
+const ckpt_tensor *ckpt_manifest_find(const ckpt_manifest *m, const char *name) {
+  size_t lo = 0, hi = m->ntensors;
+  while (lo < hi) {
+    size_t mid = lo + (hi - lo) / 2;
+    int c = strcmp(m->tensors[mid].name, name);
+    if (c == 0) return &m->tensors[mid];
+    if (c < 0) lo = mid + 1;
+    else hi = mid;
+  }
+  return NULL;
+}
+
+newt_result_t ckpt_manifest_add_tensor(ckpt_manifest *m, const ckpt_tensor_desc *d, ckpt_tensor **out) {
+  NEWT_CHECK(CKPT_RESERVE(m->tensors, m->cap, m->ntensors));
+  ckpt_tensor *t = &m->tensors[m->ntensors];
+  memset(t, 0, sizeof *t);
+  t->name = newt_strdup(d->name);
+  NEWT_CHECK_ALLOC(t->name);
+  t->dtype = d->dtype;
+  t->ndim = d->ndim;
+  memcpy(t->shape, d->shape, sizeof t->shape);
+  t->seq = m->ntensors++;
+  *out = t;
+  return NEWT_OK;
+}
+
+newt_result_t ckpt_manifest_sort(ckpt_manifest *m, int allow_dups, const char *what) {
+  if (m->ntensors > 1) qsort(m->tensors, m->ntensors, sizeof *m->tensors, tensor_cmp);
+  size_t w = 0;
+  for (size_t i = 0; i < m->ntensors; i++) {
+    ckpt_tensor *t = &m->tensors[i];
+    ckpt_tensor *keep = w > 0 ? &m->tensors[w - 1] : NULL;
+    if (!keep || strcmp(keep->name, t->name) != 0) {
+      m->tensors[w++] = *t;
+      continue;
+    }
+    if (!allow_dups) {
+      for (size_t k = i; k < m->ntensors; k++) m->tensors[w++] = m->tensors[k]; /* freed by the caller */
+      m->ntensors = w;
+      return NEWT_ERR(NEWT_ERR_INVALID, "%s: tensor \"%.80s\" appears twice", what, t->name);
+    }
+    int same = keep->dtype == t->dtype && keep->ndim == t->ndim;
+    for (int k = 0; same && k < t->ndim; k++) same = keep->shape[k] == t->shape[k];
+    newt_result_t r = NEWT_OK;
+    if (!same) {
+      char a[200], b[200];
+      ckpt_shape_str(keep->ndim, keep->shape, a, sizeof a);
+      ckpt_shape_str(t->ndim, t->shape, b, sizeof b);
+      r = NEWT_ERR(NEWT_ERR_INVALID, "%s: tensor \"%.80s\" is %s %s in one place, %s %s in another", what, t->name,
+                   newt_dtype_name(keep->dtype), a, newt_dtype_name(t->dtype), b);
+    }
+    for (size_t j = 0; r == NEWT_OK && j < t->nchunks; j++) r = ckpt_tensor_add_chunk(keep, &t->chunks[j]);
+    free(t->name);
+    free(t->chunks);
+    if (r != NEWT_OK) {
+      for (size_t k = i + 1; k < m->ntensors; k++) m->tensors[w++] = m->tensors[k];
+      m->ntensors = w;
+      return r;
+    }
+  }
+  m->ntensors = w;
+  return NEWT_OK;
+}
+
+newt_result_t ckpt_tensor_add_chunk(ckpt_tensor *t, const ckpt_chunk *c) {
+  NEWT_CHECK(CKPT_RESERVE(t->chunks, t->cap, t->nchunks));
+  t->chunks[t->nchunks++] = *c;
+  return NEWT_OK;
+}
+
+int ckpt_plain_name(const char *name) {
+  if (!name || !*name || strlen(name) > 255 || strcmp(name, ".") == 0 || strcmp(name, "..") == 0)
+    return 0;
+  for (const char *p = name; *p; p++) {
+    char ch = *p;
+    int ok = (ch >= 'a' && ch <= 'z') || (ch >= 'A' && ch <= 'Z') || (ch >= '0' && ch <= '9') ||
+             ch == '.' || ch == '_' || ch == '-';
+    if (!ok) return 0;
+  }
+  return 1;
+}
+
+/* ---- encoding -------------------------------------------------------------------------- */
+
+static cJSON *int_array(int n, const int64_t *v) {
+  cJSON *a = cJSON_CreateArray();
+  for (int i = 0; a && i < n; i++) cJSON_AddItemToArray(a, cJSON_CreateNumber((double)v[i]));
+  return a;
+}
+
+static void add_hex(cJSON *o, const char *field, uint64_t v) {
+  char buf[17];
+  snprintf(buf, sizeof buf, "%016llx", (unsigned long long)v);
+  cJSON_AddStringToObject(o, field, buf);
+}
+
+static cJSON *chunk_json(const ckpt_chunk *c) {
+  cJSON *o = cJSON_CreateObject();
+  if (!o) return NULL;
+  newt_json_add_int(o, "file", c->file);
+  newt_json_add_int(o, "offset", (int64_t)c->offset);
+  newt_json_add_int(o, "stored", (int64_t)c->stored);
+  newt_json_add_int(o, "raw", (int64_t)c->raw);
+  cJSON_AddStringToObject(o, "codec", ckpt_codec_name(c->codec));
+  cJSON_AddStringToObject(o, "filter", ckpt_filter_name(c->filter));
+  add_hex(o, "xxh_raw", c->xxh_raw);
+  add_hex(o, "xxh_stored", c->xxh_stored);
+  cJSON_AddItemToObject(o, "box_offset", int_array(c->slice.ndim, c->slice.offset));
+  cJSON_AddItemToObject(o, "box_shape", int_array(c->slice.ndim, c->slice.shape));
+  newt_json_add_int(o, "begin", c->slice.begin);
+  newt_json_add_int(o, "end", c->slice.end);
+  return o;
+}
+
+newt_result_t ckpt_manifest_encode(const ckpt_manifest *m, char **text, size_t *len) {
+  cJSON *root = cJSON_CreateObject();
+  NEWT_CHECK_ALLOC(root);
+  cJSON_AddStringToObject(root, "format", "newt-ckpt");
+  newt_json_add_int(root, "version", CKPT_FORMAT_VERSION);
+  cJSON_AddStringToObject(root, "kind", m->is_index ? "index" : "manifest");
+  newt_json_add_int(root, "step", m->step);
+  newt_json_add_int(root, "nranks", m->nranks);
+  if (m->is_index) newt_json_add_int(root, "rank", m->rank);
+  add_hex(root, "attempt", m->attempt);
+  newt_json_add_int(root, "created_ms", (int64_t)m->created_ms);
+  cJSON *files = cJSON_AddArrayToObject(root, "files");
+  for (size_t i = 0; files && i < m->nfiles; i++) {
+    const ckpt_file *f = &m->files[i];
+    cJSON *o = cJSON_CreateObject();
+    if (!o) break;
+    cJSON_AddStringToObject(o, "name", f->name);
+    newt_json_add_int(o, "rank", f->rank);
+    newt_json_add_int(o, "bytes", (int64_t)f->bytes);
+    newt_json_add_int(o, "raw_bytes", (int64_t)f->raw_bytes);
+    cJSON_AddItemToObject(o, "layout", f->layout ? cJSON_Duplicate(f->layout, 1) : cJSON_CreateObject());
+    cJSON_AddItemToArray(files, o);
+  }
+  cJSON *tensors = cJSON_AddArrayToObject(root, "tensors");
+  for (size_t i = 0; tensors && i < m->ntensors; i++) {
+    const ckpt_tensor *t = &m->tensors[i];
+    cJSON *o = cJSON_CreateObject();
+    if (!o) break;
+    cJSON_AddStringToObject(o, "name", t->name);
+    cJSON_AddStringToObject(o, "dtype", newt_dtype_name(t->dtype));
+    cJSON_AddItemToObject(o, "shape", int_array(t->ndim, t->shape));
+    cJSON *chunks = cJSON_AddArrayToObject(o, "chunks");
+    for (size_t j = 0; chunks && j < t->nchunks; j++) cJSON_AddItemToArray(chunks, chunk_json(&t->chunks[j]));
+    cJSON_AddItemToArray(tensors, o);
+  }
+  if (!m->is_index) cJSON_AddItemToObject(root, "state", m->state ? cJSON_Duplicate(m->state, 1) : cJSON_CreateObject());
+  char *body = cJSON_PrintUnformatted(root);
+  cJSON_Delete(root);
+  NEWT_CHECK_ALLOC(body);
+  size_t blen = strlen(body);
+  char head[128];
+  int hl = snprintf(head, sizeof head, "newt-ckpt %s %d %zu %016llx\n", m->is_index ? "index" : "manifest",
+                    CKPT_FORMAT_VERSION, blen, (unsigned long long)ckpt_hash(body, blen));
+  char *out = malloc((size_t)hl + blen + 1);
+  if (!out) {
+    free(body);
+    return NEWT_ERR(NEWT_ERR_NOMEM, "out of memory encoding a manifest of %zu bytes", blen);
+  }
+  memcpy(out, head, (size_t)hl);
+  memcpy(out + hl, body, blen + 1);
+  free(body);
+  *text = out;
+  *len = (size_t)hl + blen;
+  return NEWT_OK;
+}
+
+/* ---- decoding ---------------------------------------------------------------------------- */
+
+static newt_result_t get_range(const cJSON *o, const char *what, const char *field, int64_t lo,
+                               int64_t hi, int64_t *out) {
+  int64_t v = 0;
+  NEWT_CHECK(newt_json_get_int(o, what, field, 1, &v));
+  if (v < lo || v > hi)
+    return NEWT_ERR(NEWT_ERR_INVALID, "%s.%s: %lld is out of range [%lld, %lld]", what, field,
+                    (long long)v, (long long)lo, (long long)hi);
+  *out = v;
+  return NEWT_OK;
+}
+
+static newt_result_t get_hex(const cJSON *o, const char *what, const char *field, uint64_t *out) {
+  const char *s = NULL;
+  NEWT_CHECK(newt_json_get_str(o, what, field, 1, &s));
+  uint8_t b[8];
+  if (strlen(s) != 16 || newt_hex_decode(s, b, 8) != 0)
+    return NEWT_ERR(NEWT_ERR_INVALID, "%s.%s: expected 16 hex digits, got \"%.40s\"", what, field, s);
+  uint64_t v = 0;
+  for (int i = 0; i < 8; i++) v = (v << 8) | b[i];
+  *out = v;
+  return NEWT_OK;
+}
+
+static newt_result_t get_name(const cJSON *o, const char *what, const char *field,
+                              const char *const *names, int n, uint8_t *out) {
+  const char *s = NULL;
+  NEWT_CHECK(newt_json_get_str(o, what, field, 1, &s));
+  for (int i = 0; i < n; i++)
+    if (strcmp(s, names[i]) == 0) {
+      *out = (uint8_t)i;
+      return NEWT_OK;
+    }
+  return NEWT_ERR(NEWT_ERR_INVALID, "%s.%s: unknown value \"%.40s\"", what, field, s);
+}
+
+/* An array of ndim integers in [lo, hi] (ndim < 0: any length from 1 to CKPT_MAX_DIMS). */
+static newt_result_t get_dims(const cJSON *o, const char *what, const char *field, int *ndim,
+                              int64_t lo, int64_t hi, int64_t *out) {
+  const cJSON *a = NULL;
+  NEWT_CHECK(newt_json_get_arr(o, what, field, 1, &a));
+  int n = cJSON_GetArraySize(a);
+  if (*ndim < 0 && (n < 1 || n > CKPT_MAX_DIMS))
+    return NEWT_ERR(NEWT_ERR_INVALID, "%s.%s: %d dimensions, expected 1 to %d", what, field, n, CKPT_MAX_DIMS);
+  if (*ndim >= 0 && n != *ndim)
+    return NEWT_ERR(NEWT_ERR_INVALID, "%s.%s: %d dimensions, the tensor has %d", what, field, n, *ndim);
+  int i = 0;
+  for (const cJSON *it = a->child; it; it = it->next, i++) {
+    char p[320];
+    snprintf(p, sizeof p, "%s.%s[%d]", what, field, i);
+    NEWT_CHECK(newt_json_item_int(it, p, &out[i]));
+    if (out[i] < lo || out[i] > hi)
+      return NEWT_ERR(NEWT_ERR_INVALID, "%s: %lld is out of range [%lld, %lld]", p, (long long)out[i],
+                      (long long)lo, (long long)hi);
+  }
+  *ndim = n;
+  return NEWT_OK;
+}
+
+#define MAXV ((int64_t)1 << 53)
+
+static newt_result_t decode_chunk(const cJSON *o, const char *what, const ckpt_manifest *m,
+                                  const ckpt_tensor *t, ckpt_chunk *c) {
+  static const char *const known[] = {"file", "offset", "stored", "raw", "codec", "filter", "xxh_raw",
+                                      "xxh_stored", "box_offset", "box_shape", "begin", "end", NULL};
+  NEWT_CHECK(newt_json_check_fields(o, what, known));
+  int64_t v;
+  NEWT_CHECK(get_range(o, what, "file", 0, (int64_t)m->nfiles - 1, &v));
+  c->file = (uint32_t)v;
+  NEWT_CHECK(get_range(o, what, "offset", CKPT_SHARD_HDR, MAXV, &v));
+  c->offset = (uint64_t)v;
+  NEWT_CHECK(get_range(o, what, "stored", 0, (int64_t)CKPT_MAX_CHUNK, &v));
+  c->stored = (uint64_t)v;
+  NEWT_CHECK(get_range(o, what, "raw", 1, (int64_t)CKPT_MAX_CHUNK, &v));
+  c->raw = (uint64_t)v;
+  NEWT_CHECK(get_name(o, what, "codec", codec_names, CKPT_CODEC__COUNT, &c->codec));
+  NEWT_CHECK(get_name(o, what, "filter", filter_names, CKPT_FILTER__COUNT, &c->filter));
+  NEWT_CHECK(get_hex(o, what, "xxh_raw", &c->xxh_raw));
+  NEWT_CHECK(get_hex(o, what, "xxh_stored", &c->xxh_stored));
+  ckpt_slice *s = &c->slice;
+  memset(s, 0, sizeof *s);
+  s->ndim = t->ndim;
+  NEWT_CHECK(get_dims(o, what, "box_offset", &s->ndim, 0, MAXV, s->offset));
+  NEWT_CHECK(get_dims(o, what, "box_shape", &s->ndim, 1, MAXV, s->shape));
+  NEWT_CHECK(get_range(o, what, "begin", 0, MAXV, &s->begin));
+  NEWT_CHECK(get_range(o, what, "end", 1, MAXV, &s->end));
+  ckpt_tensor_desc d = {.name = t->name, .dtype = t->dtype, .ndim = t->ndim};
+  memcpy(d.shape, t->shape, sizeof d.shape);
+  NEWT_CHECK(ckpt_slice_check(s, &d, what));
+  size_t es = newt_dtype_size(t->dtype);
+  if (c->raw != (uint64_t)ckpt_slice_numel(s) * es)
+    return NEWT_ERR(NEWT_ERR_INVALID, "%s.raw: %llu bytes, but the slice holds %lld %s elements", what,
+                    (unsigned long long)c->raw, (long long)ckpt_slice_numel(s), newt_dtype_name(t->dtype));
+  if (c->codec == CKPT_CODEC_RAW && (c->stored != c->raw || c->filter != CKPT_FILTER_NONE))
+    return NEWT_ERR(NEWT_ERR_INVALID, "%s: a raw chunk must have stored == raw and filter none", what);
+  if (c->codec == CKPT_CODEC_ZSTD && (c->stored == 0 || c->stored >= c->raw))
+    return NEWT_ERR(NEWT_ERR_INVALID, "%s.stored: %llu bytes for a zstd chunk of %llu raw bytes", what,
+                    (unsigned long long)c->stored, (unsigned long long)c->raw);
+  const ckpt_file *f = &m->files[c->file];
+  if (c->offset + CKPT_CHUNK_HDR + c->stored > f->bytes)
+    return NEWT_ERR(NEWT_ERR_INVALID, "%s: bytes %llu..%llu lie past the end of %s (%llu bytes)", what,
+                    (unsigned long long)c->offset, (unsigned long long)(c->offset + CKPT_CHUNK_HDR + c->stored),
+                    f->name, (unsigned long long)f->bytes);
+  return NEWT_OK;
+}
+
+static newt_result_t decode_tensor(const cJSON *o, const char *what, ckpt_manifest *m) {
+  static const char *const known[] = {"name", "dtype", "shape", "chunks", NULL};
+  NEWT_CHECK(newt_json_check_fields(o, what, known));
+  const char *name = NULL, *dt = NULL;
+  NEWT_CHECK(newt_json_get_str(o, what, "name", 1, &name));
+  size_t nl = strlen(name);
+  if (nl == 0 || nl > CKPT_MAX_NAME)
+    return NEWT_ERR(NEWT_ERR_INVALID, "%s.name: %zu bytes, expected 1 to %d", what, nl, CKPT_MAX_NAME);
+  for (const char *p = name; *p; p++)
+    if ((unsigned char)*p < 0x20)
+      return NEWT_ERR(NEWT_ERR_INVALID, "%s.name: control character in \"%.60s\"", what, name);
+  NEWT_CHECK(newt_json_get_str(o, what, "dtype", 1, &dt));
+  int dtype = newt_dtype_from_name(dt);
+  if (dtype < 0) return NEWT_ERR(NEWT_ERR_INVALID, "%s.dtype: unknown dtype \"%.20s\"", what, dt);
+  ckpt_tensor_desc d = {.name = name, .dtype = (newt_dtype)dtype, .ndim = -1};
+  NEWT_CHECK(get_dims(o, what, "shape", &d.ndim, 0, MAXV, d.shape));
+  int64_t numel = 1;
+  for (int i = 0; i < d.ndim; i++) {
+    if (d.shape[i] != 0 && numel > (MAXV / 8) / d.shape[i])
+      return NEWT_ERR(NEWT_ERR_INVALID, "%s.shape: too many elements", what);
+    numel *= d.shape[i];
+  }
+  ckpt_tensor *t;
+  NEWT_CHECK(ckpt_manifest_add_tensor(m, &d, &t));
+  const cJSON *chunks = NULL;
+  NEWT_CHECK(newt_json_get_arr(o, what, "chunks", 1, &chunks));
+  int j = 0;
+  for (const cJSON *it = chunks->child; it; it = it->next, j++) {
+    char p[300];
+    snprintf(p, sizeof p, "%s.chunks[%d]", what, j);
+    ckpt_chunk c;
+    NEWT_CHECK(decode_chunk(it, p, m, t, &c));
+    NEWT_CHECK(ckpt_tensor_add_chunk(t, &c));
+  }
+  return NEWT_OK;
+}
+
+static newt_result_t decode_file(const cJSON *o, const char *what, const ckpt_manifest *m, ckpt_file *f) {
+  static const char *const known[] = {"name", "rank", "bytes", "raw_bytes", "layout", NULL};
+  NEWT_CHECK(newt_json_check_fields(o, what, known));
+  const char *name = NULL;
+  NEWT_CHECK(newt_json_get_str(o, what, "name", 1, &name));
+  if (!ckpt_plain_name(name))
+    return NEWT_ERR(NEWT_ERR_INVALID, "%s.name: \"%.80s\" is not a plain file name inside the checkpoint "
+                    "directory (no '/', no \"..\", only letters, digits, '.', '_' and '-')", what, name);
+  int64_t v;
+  NEWT_CHECK(get_range(o, what, "rank", 0, m->nranks - 1, &v));
+  f->rank = (int)v;
+  NEWT_CHECK(get_range(o, what, "bytes", CKPT_SHARD_HDR, MAXV, &v));
+  f->bytes = (uint64_t)v;
+  NEWT_CHECK(get_range(o, what, "raw_bytes", 0, MAXV, &v));
+  f->raw_bytes = (uint64_t)v;
+  const cJSON *layout = NULL;
+  NEWT_CHECK(newt_json_get_obj(o, what, "layout", 0, &layout));
+  f->name = newt_strdup(name);
+  NEWT_CHECK_ALLOC(f->name);
+  if (layout) {
+    f->layout = cJSON_Duplicate(layout, 1);
+    NEWT_CHECK_ALLOC(f->layout);
+  }
+  return NEWT_OK;
+}
+
+static newt_result_t decode_body(const cJSON *root, const char *what, int want_index, ckpt_manifest *m) {
+  static const char *const known[] = {"format", "version", "kind", "step", "nranks", "rank", "attempt",
+                                      "created_ms", "files", "tensors", "state", NULL};
+  NEWT_CHECK(newt_json_check_fields(root, what, known));
+  const char *format = NULL, *kind = NULL;
+  NEWT_CHECK(newt_json_get_str(root, what, "format", 1, &format));
+  if (strcmp(format, "newt-ckpt") != 0)
+    return NEWT_ERR(NEWT_ERR_INVALID, "%s.format: \"%.40s\", expected \"newt-ckpt\"", what, format);
+  int64_t v;
+  NEWT_CHECK(get_range(root, what, "version", CKPT_FORMAT_VERSION, CKPT_FORMAT_VERSION, &v));
+  NEWT_CHECK(newt_json_get_str(root, what, "kind", 1, &kind));
+  if (strcmp(kind, want_index ? "index" : "manifest") != 0)
+    return NEWT_ERR(NEWT_ERR_INVALID, "%s.kind: \"%.40s\", expected \"%s\"", what, kind,
+                    want_index ? "index" : "manifest");
+  m->is_index = want_index;
+  NEWT_CHECK(get_range(root, what, "step", 0, MAXV, &m->step));
+  NEWT_CHECK(get_range(root, what, "nranks", 1, CKPT_MAX_RANKS, &v));
+  m->nranks = (int)v;
+  if (want_index) {
+    NEWT_CHECK(get_range(root, what, "rank", 0, m->nranks - 1, &v));
+    m->rank = (int)v;
+  }
+  NEWT_CHECK(get_hex(root, what, "attempt", &m->attempt));
+  NEWT_CHECK(get_range(root, what, "created_ms", 0, MAXV, &v));
+  m->created_ms = (uint64_t)v;
+
+  const cJSON *files = NULL;
+  NEWT_CHECK(newt_json_get_arr(root, what, "files", 1, &files));
+  int nf = cJSON_GetArraySize(files);
+  if (nf < 1 || nf > m->nranks * 16)
+    return NEWT_ERR(NEWT_ERR_INVALID, "%s.files: %d entries for %d ranks", what, nf, m->nranks);
+  m->files = calloc((size_t)nf, sizeof *m->files);
+  NEWT_CHECK_ALLOC(m->files);
+  int i = 0;
+  for (const cJSON *it = files->child; it; it = it->next, i++) {
+    char p[160];
+    snprintf(p, sizeof p, "%s.files[%d]", what, i);
+    NEWT_CHECK(decode_file(it, p, m, &m->files[i]));
+    m->nfiles++;
+    for (int k = 0; k < i; k++)
+      if (strcmp(m->files[k].name, m->files[i].name) == 0)
+        return NEWT_ERR(NEWT_ERR_INVALID, "%s.name: \"%s\" is listed twice", p, m->files[i].name);
+  }
+  const cJSON *tensors = NULL;
+  NEWT_CHECK(newt_json_get_arr(root, what, "tensors", 1, &tensors));
+  i = 0;
+  for (const cJSON *it = tensors->child; it; it = it->next, i++) {
+    char p[160];
+    snprintf(p, sizeof p, "%s.tensors[%d]", what, i);
+    NEWT_CHECK(decode_tensor(it, p, m));
+  }
+  NEWT_CHECK(ckpt_manifest_sort(m, 0, what));
+  for (size_t k = 0; k < m->ntensors; k++) {
+    char p[CKPT_MAX_NAME + 64];
+    snprintf(p, sizeof p, "%s: tensor \"%s\"", what, m->tensors[k].name);
+    NEWT_CHECK(ckpt_coverage_check(&m->tensors[k], !want_index, p));
+  }
+  if (!want_index) {
+    const cJSON *state = NULL;
+    NEWT_CHECK(newt_json_get_obj(root, what, "state", 1, &state));
+    m->state = cJSON_Duplicate(state, 1);
+    NEWT_CHECK_ALLOC(m->state);
+  }
+  return NEWT_OK;
+}
+
+newt_result_t ckpt_manifest_decode(const char *text, size_t len, const char *what, int want_index,
+                                   ckpt_manifest *m) {
+  memset(m, 0, sizeof *m);
+  const char *nl = memchr(text, '\n', len < 200 ? len : 200);
+  if (!nl)
+    return NEWT_ERR(NEWT_ERR_CORRUPT, "%s: no header line (empty, truncated or not a newt checkpoint file)", what);
+  char head[256], kind[32], hex[32];
+  snprintf(head, sizeof head, "%.*s", (int)(nl - text), text);
+  int version = 0;
+  unsigned long long blen = 0;
+  int used = 0;
+  if (sscanf(head, "newt-ckpt %31s %d %llu %31s%n", kind, &version, &blen, hex, &used) != 4 ||
+      (size_t)used != strlen(head))
+    return NEWT_ERR(NEWT_ERR_CORRUPT, "%s: malformed header line \"%.80s\"", what, head);
+  if (strcmp(kind, want_index ? "index" : "manifest") != 0)
+    return NEWT_ERR(NEWT_ERR_CORRUPT, "%s: header says \"%s\", expected \"%s\"", what, kind,
+                    want_index ? "index" : "manifest");
+  if (version != CKPT_FORMAT_VERSION)
+    return NEWT_ERR(NEWT_ERR_CORRUPT, "%s: format version %d, this build reads %d", what, version,
+                    CKPT_FORMAT_VERSION);
+  const char *body = nl + 1;
+  size_t have = len - (size_t)(body - text);
+  if (have < blen)
+    return NEWT_ERR(NEWT_ERR_CORRUPT, "%s: truncated: the header announces %llu bytes of JSON, the file "
+                    "holds %zu", what, blen, have);
+  if (have > blen)
+    return NEWT_ERR(NEWT_ERR_CORRUPT, "%s: %zu stray bytes after the JSON", what, have - (size_t)blen);
+  char want[17];
+  snprintf(want, sizeof want, "%016llx", (unsigned long long)ckpt_hash(body, (size_t)blen));
+  if (strcmp(want, hex) != 0)
+    return NEWT_ERR(NEWT_ERR_CORRUPT, "%s: checksum mismatch (header %s, content %s)", what, hex, want);
+  cJSON *root = NULL;
+  NEWT_CHECK(newt_json_parse(body, (size_t)blen, what, &root));
+  newt_result_t r = decode_body(root, what, want_index, m);
+  cJSON_Delete(root);
+  if (r != NEWT_OK) ckpt_manifest_free(m);
+  return r;
+}
+
+newt_result_t ckpt_manifest_load(const char *path, const char *what, int want_index, ckpt_manifest *m) {
+  char *text = NULL;
+  size_t len = 0;
+  memset(m, 0, sizeof *m);
+  NEWT_CHECK(newt_fs_read_all(path, CKPT_MAX_MANIFEST, &text, &len));
+  newt_result_t r = ckpt_manifest_decode(text, len, what, want_index, m);
+  free(text);
+  return r;
+}

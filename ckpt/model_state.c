@@ -1,0 +1,278 @@
+/* The GPT's flat buffers as checkpoint slices (see model_state.h). */
+#include "ckpt/model_state.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/json.h"
+#include "common/log.h"
+#include "model/optim.h"
+
+#define NAME_CAP (MODEL_NAME_MAX + 8)
+
+/* Calls fn for every tensor the range crosses, with its slice and where its first element
+ * is in the buffer. */
+typedef newt_result_t (*piece_fn)(void *ctx, const model_tensor *t, const ckpt_tensor_desc *d,
+                                  const ckpt_slice *s, size_t at);
+
+static newt_result_t each_piece(const ckpt_model_bufs *b, piece_fn fn, void *ctx) {
+  if (!b->layout) return NEWT_ERR(NEWT_ERR_INVALID, "ckpt_model: no layout");
+  if (b->off + b->len > b->layout->total)
+    return NEWT_ERR(NEWT_ERR_INVALID, "ckpt_model: range [%zu, %zu) runs past the buffer (%zu floats)", b->off,
+                    b->off + b->len, b->layout->total);
+  if ((b->m || b->v) && (b->off < b->moff || b->off + b->len > b->moff + b->mlen))
+    return NEWT_ERR(NEWT_ERR_INVALID, "ckpt_model: range [%zu, %zu) is not inside the moments' [%zu, %zu)", b->off,
+                    b->off + b->len, b->moff, b->moff + b->mlen);
+  for (size_t i = 0; i < b->layout->n; i++) {
+    const model_tensor *t = &b->layout->tensors[i];
+    size_t a = b->off > t->offset ? b->off : t->offset;
+    size_t e = b->off + b->len < t->offset + t->size ? b->off + b->len : t->offset + t->size;
+    if (a >= e) continue;
+    ckpt_tensor_desc d = {.name = t->name, .dtype = NEWT_F32, .ndim = t->ndim,
+                          .shape = {(int64_t)t->shape[0], (int64_t)t->shape[1]}};
+    ckpt_slice s;
+    ckpt_slice_whole(&s, &d);
+    s.begin = (int64_t)(a - t->offset);
+    s.end = (int64_t)(e - t->offset);
+    NEWT_CHECK(fn(ctx, t, &d, &s, a));
+  }
+  return NEWT_OK;
+}
+
+static newt_result_t add_one(void *ctx, const model_tensor *t, const ckpt_tensor_desc *d, const ckpt_slice *s,
+                             size_t at) {
+  const ckpt_model_bufs *b = ((void **)ctx)[1];
+  ckpt_saver *sv = ((void **)ctx)[0];
+  if (b->params) NEWT_CHECK(ckpt_save_add(sv, d, s, b->params + at));
+  char name[NAME_CAP];
+  ckpt_tensor_desc md = *d;
+  md.name = name;
+  if (b->m) {
+    snprintf(name, sizeof name, "%s%s", CKPT_ADAM_M, t->name);
+    NEWT_CHECK(ckpt_save_add(sv, &md, s, b->m + (at - b->moff)));
+  }
+  if (b->v) {
+    snprintf(name, sizeof name, "%s%s", CKPT_ADAM_V, t->name);
+    NEWT_CHECK(ckpt_save_add(sv, &md, s, b->v + (at - b->moff)));
+  }
+  return NEWT_OK;
+}
+
+newt_result_t ckpt_model_add(ckpt_saver *s, const ckpt_model_bufs *b) {
+  void *ctx[2] = {s, (void *)b};
+  return each_piece(b, add_one, ctx);
+}
+
+typedef struct req_ctx {
+  const ckpt_model_bufs *b;
+  ckpt_request *reqs;
+  char (*names)[NAME_CAP];
+  size_t n;
+} req_ctx;
+
+static void push_req(req_ctx *c, const char *prefix, const model_tensor *t, const ckpt_tensor_desc *d,
+                     const ckpt_slice *s, float *out) {
+  if (c->reqs) {
+    snprintf(c->names[c->n], NAME_CAP, "%s%s", prefix, t->name);
+    c->reqs[c->n] = (ckpt_request){.t = *d, .slice = *s, .out = out};
+    c->reqs[c->n].t.name = c->names[c->n];
+  }
+  c->n++;
+}
+
+static newt_result_t req_one(void *ctx, const model_tensor *t, const ckpt_tensor_desc *d, const ckpt_slice *s,
+                             size_t at) {
+  req_ctx *c = ctx;
+  const ckpt_model_bufs *b = c->b;
+  if (b->params) push_req(c, "", t, d, s, b->params + at);
+  if (b->m) push_req(c, CKPT_ADAM_M, t, d, s, b->m + (at - b->moff));
+  if (b->v) push_req(c, CKPT_ADAM_V, t, d, s, b->v + (at - b->moff));
+  return NEWT_OK;
+}
+
+newt_result_t ckpt_model_requests(const ckpt_model_bufs *b, ckpt_request **reqs, size_t *n) {
+  req_ctx c = {.b = b};
+  NEWT_CHECK(each_piece(b, req_one, &c)); /* count */
+  size_t count = c.n;
+  void *block = malloc((count ? count : 1) * (sizeof(ckpt_request) + NAME_CAP));
+  NEWT_CHECK_ALLOC(block);
+  c.reqs = block;
+  c.names = (char (*)[NAME_CAP])((ckpt_request *)block + count);
+  c.n = 0;
+  newt_result_t r = each_piece(b, req_one, &c);
+  if (r != NEWT_OK) {
+    free(block);
+    return r;
+  }
+  *reqs = c.reqs;
+  *n = count;
+  return NEWT_OK;
+}
+
+/* ---- a whole trainer ------------------------------------------------------------------------- */
+
+static ckpt_model_bufs trainer_bufs(const model_trainer *tr) {
+  return (ckpt_model_bufs){.layout = &tr->gpt.layout, .params = tr->gpt.params, .m = tr->opt.m, .v = tr->opt.v,
+                           .moff = tr->opt.off, .mlen = tr->opt.len, .off = tr->opt.off, .len = tr->opt.len};
+}
+
+newt_result_t ckpt_trainer_state(const model_trainer *tr, const char *data, char **json) {
+  const model_train_config *c = &tr->cfg;
+  cJSON *o = cJSON_CreateObject(), *rng, *cfg, *model, *optim;
+  NEWT_CHECK_ALLOC(o);
+  newt_json_add_int(o, "step", tr->step);
+  newt_json_add_int(o, "cursor", (int64_t)tr->cursor);
+  newt_json_add_int(o, "adam_t", tr->opt.t);
+  cJSON_AddNumberToObject(o, "lr", model_lr_at(&c->optim, tr->step));
+  cJSON_AddItemToObject(o, "rng", rng = cJSON_CreateObject());
+  newt_json_add_int(rng, "seed", (int64_t)c->seed);
+  newt_json_add_int(rng, "data_seed", (int64_t)c->data_seed);
+  cJSON_AddItemToObject(o, "config", cfg = cJSON_CreateObject());
+  cJSON_AddItemToObject(cfg, "model", model = cJSON_CreateObject());
+  newt_json_add_int(model, "vocab", c->model.vocab);
+  newt_json_add_int(model, "ctx", c->model.ctx);
+  newt_json_add_int(model, "layers", c->model.layers);
+  newt_json_add_int(model, "heads", c->model.heads);
+  newt_json_add_int(model, "channels", c->model.channels);
+  newt_json_add_int(cfg, "batch", c->batch);
+  newt_json_add_int(cfg, "micro_batch", c->micro_batch);
+  newt_json_add_int(cfg, "seq_len", c->seq_len);
+  cJSON_AddStringToObject(cfg, "data", data ? data : "");
+  cJSON_AddItemToObject(cfg, "optim", optim = cJSON_CreateObject());
+  cJSON_AddNumberToObject(optim, "lr", c->optim.lr);
+  cJSON_AddNumberToObject(optim, "lr_min", c->optim.lr_min);
+  newt_json_add_int(optim, "warmup", c->optim.warmup);
+  newt_json_add_int(optim, "steps", c->optim.steps);
+  cJSON_AddNumberToObject(optim, "beta1", c->optim.beta1);
+  cJSON_AddNumberToObject(optim, "beta2", c->optim.beta2);
+  cJSON_AddNumberToObject(optim, "eps", c->optim.eps);
+  cJSON_AddNumberToObject(optim, "weight_decay", c->optim.weight_decay);
+  cJSON_AddNumberToObject(optim, "grad_clip", c->optim.grad_clip);
+  *json = cJSON_PrintUnformatted(o);
+  cJSON_Delete(o);
+  NEWT_CHECK_ALLOC(*json);
+  return NEWT_OK;
+}
+
+newt_result_t ckpt_trainer_save(ckpt_saver *s, const model_trainer *tr, const char *data, int async, int *started) {
+  char *state = NULL;
+  NEWT_CHECK(ckpt_trainer_state(tr, data, &state));
+  newt_result_t r = ckpt_save_begin(s, tr->step, async, started);
+  if (r == NEWT_OK && *started) {
+    ckpt_model_bufs b = trainer_bufs(tr);
+    r = ckpt_model_add(s, &b);
+    if (r == NEWT_OK) r = ckpt_save_end(s, state);
+    else ckpt_save_end(s, state); /* ends the save begun; its error is the one reported */
+  }
+  free(state);
+  return r;
+}
+
+/* A field of the saved config that must equal this run's. */
+static newt_result_t same_int(const cJSON *o, const char *what, const char *field, int64_t have) {
+  int64_t v = 0;
+  NEWT_CHECK(newt_json_get_int(o, what, field, 1, &v));
+  if (v != have)
+    return NEWT_ERR(NEWT_ERR_INVALID, "%s.%s is %lld in the checkpoint, %lld in this run: resume with the same "
+                    "model, data and batch, or use another checkpoint directory", what, field, (long long)v,
+                    (long long)have);
+  return NEWT_OK;
+}
+
+static newt_result_t check_config(const cJSON *state, const model_trainer *tr, const char *data, int warn) {
+  const model_train_config *c = &tr->cfg;
+  const cJSON *cfg = NULL, *model = NULL, *rng = NULL, *optim = NULL;
+  NEWT_CHECK(newt_json_get_obj(state, "state", "config", 1, &cfg));
+  NEWT_CHECK(newt_json_get_obj(cfg, "state.config", "model", 1, &model));
+  NEWT_CHECK(newt_json_get_obj(state, "state", "rng", 1, &rng));
+  const char *m = "state.config.model";
+  NEWT_CHECK(same_int(model, m, "vocab", c->model.vocab));
+  NEWT_CHECK(same_int(model, m, "ctx", c->model.ctx));
+  NEWT_CHECK(same_int(model, m, "layers", c->model.layers));
+  NEWT_CHECK(same_int(model, m, "heads", c->model.heads));
+  NEWT_CHECK(same_int(model, m, "channels", c->model.channels));
+  NEWT_CHECK(same_int(cfg, "state.config", "batch", c->batch));
+  NEWT_CHECK(same_int(cfg, "state.config", "seq_len", c->seq_len));
+  NEWT_CHECK(same_int(rng, "state.rng", "seed", (int64_t)c->seed));
+  NEWT_CHECK(same_int(rng, "state.rng", "data_seed", (int64_t)c->data_seed));
+  const char *d = NULL;
+  NEWT_CHECK(newt_json_get_str(cfg, "state.config", "data", 1, &d));
+  if (strcmp(d, data ? data : "") != 0)
+    return NEWT_ERR(NEWT_ERR_INVALID, "state.config.data is \"%s\" in the checkpoint, \"%s\" in this run", d,
+                    data ? data : "");
+  /* Other optimizer settings are the user's to change, but the run then leaves the path
+   * the interrupted one was on. */
+  NEWT_CHECK(newt_json_get_obj(cfg, "state.config", "optim", 1, &optim));
+  double lr = 0, lr_min = 0;
+  int64_t steps = 0, warmup = 0;
+  NEWT_CHECK(newt_json_get_double(optim, "state.config.optim", "lr", 1, &lr));
+  NEWT_CHECK(newt_json_get_double(optim, "state.config.optim", "lr_min", 1, &lr_min));
+  NEWT_CHECK(newt_json_get_int(optim, "state.config.optim", "steps", 1, &steps));
+  NEWT_CHECK(newt_json_get_int(optim, "state.config.optim", "warmup", 1, &warmup));
+  if (warn && (lr != c->optim.lr || lr_min != c->optim.lr_min || steps != c->optim.steps || warmup != c->optim.warmup))
+    NEWT_WARN(CKPT, "resuming with another learning-rate schedule (lr %g -> %g, lr_min %g -> %g, steps %lld -> %lld, "
+              "warmup %lld -> %lld): the run will not follow the interrupted one", lr, c->optim.lr, lr_min,
+              c->optim.lr_min, (long long)steps, (long long)c->optim.steps, (long long)warmup,
+              (long long)c->optim.warmup);
+  return NEWT_OK;
+}
+
+newt_result_t ckpt_trainer_resume(const char *dir, model_trainer *tr, const char *data, int threads, int64_t *step) {
+  *step = -1;
+  ckpt_step_info *info = NULL;
+  size_t n = 0;
+  NEWT_CHECK(ckpt_list(dir, &info, &n));
+  int committed = 0;
+  for (size_t i = 0; i < n; i++) committed |= info[i].committed;
+  free(info);
+  if (!committed) return NEWT_OK; /* a fresh directory: a fresh run */
+  /* Read into copies: the trainer stays as it is when nothing loads. */
+  ckpt_model_bufs b = trainer_bufs(tr);
+  size_t total = tr->gpt.layout.total;
+  float *p = calloc(total ? total : 1, sizeof *p), *m = calloc(b.mlen ? b.mlen : 1, sizeof *m),
+        *v = calloc(b.mlen ? b.mlen : 1, sizeof *v);
+  ckpt_request *reqs = NULL;
+  size_t nreq = 0;
+  ckpt_loaded ld = {0};
+  cJSON *state = NULL;
+  newt_result_t r = p && m && v ? NEWT_OK : NEWT_ERR(NEWT_ERR_NOMEM, "out of memory resuming from %s", dir);
+  b.params = p, b.m = m, b.v = v;
+  /* The run must be the same run: checked on the newest manifest before asking for
+   * tensors (a mismatch names the field, not a missing tensor), and again on what loads. */
+  ckpt_reader *rd = NULL;
+  if (r == NEWT_OK && ckpt_open(&rd, dir, CKPT_LATEST, 1) == NEWT_OK) {
+    r = check_config(ckpt_reader_state(rd), tr, data, 1);
+    ckpt_close(rd);
+  }
+  if (r == NEWT_OK) r = ckpt_model_requests(&b, &reqs, &nreq);
+  if (r == NEWT_OK) r = ckpt_load(dir, CKPT_LATEST, threads, reqs, nreq, &ld);
+  if (r == NEWT_OK) r = newt_json_parse(ld.state_json, strlen(ld.state_json), "state", &state);
+  if (r == NEWT_OK) r = check_config(state, tr, data, 0);
+  int64_t s = 0, cursor = 0, t = 0;
+  if (r == NEWT_OK) r = newt_json_get_int(state, "state", "step", 1, &s);
+  if (r == NEWT_OK) r = newt_json_get_int(state, "state", "cursor", 1, &cursor);
+  if (r == NEWT_OK) r = newt_json_get_int(state, "state", "adam_t", 1, &t);
+  if (r == NEWT_OK && (s != ld.step || cursor < 0 || t < 0))
+    r = NEWT_ERR(NEWT_ERR_INVALID, "%s: state.step %lld in the checkpoint of step %lld", dir, (long long)s,
+                 (long long)ld.step);
+  if (r == NEWT_OK) {
+    memcpy(tr->gpt.params, p, total * sizeof *p);
+    memcpy(tr->opt.m, m, b.mlen * sizeof *m);
+    memcpy(tr->opt.v, v, b.mlen * sizeof *v);
+    tr->step = s;
+    tr->cursor = (uint64_t)cursor;
+    tr->opt.t = t;
+    *step = s;
+  } else {
+    newt_err_wrap(r, "resuming from %s: ", dir);
+  }
+  cJSON_Delete(state);
+  free(ld.state_json);
+  free(reqs);
+  free(p);
+  free(m);
+  free(v);
+  return r;
+}

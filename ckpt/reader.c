@@ -1,0 +1,509 @@
+/* Reading checkpoints: open a committed step (its manifest parsed and checked: checksum,
+ * fields, plain file names, chunks covering every tensor exactly once), then assemble
+ * requested slices from the chunks that overlap them. Each overlapping chunk is read once,
+ * its header and both checksums verified, decompressed on the pool, and copied into every
+ * request it overlaps (decoded straight into the caller's buffer when it maps onto one
+ * contiguous run of it). Shard files are opened inside the step directory with
+ * O_NOFOLLOW, so neither a name nor a symbolic link leads outside it.
+ *
+ * ckpt_load walks committed steps from the newest down and takes the first that reads
+ * back whole; ckpt_verify reads every chunk of a step and reports each problem. */
+#include <errno.h>
+#include <fcntl.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "ckpt/internal.h"
+#include "common/fs.h"
+#include "common/json.h"
+#include "common/log.h"
+#include "common/strutil.h"
+
+typedef struct worker_buf {
+  ckpt_codec codec;
+  uint8_t *stored; /* chunk header + stored bytes */
+  size_t stored_cap;
+  uint8_t *raw;
+  size_t raw_cap;
+} worker_buf;
+
+struct ckpt_reader {
+  char *stepdir;
+  int dirfd;
+  ckpt_manifest m;
+  int *fds; /* per file, -1 until opened */
+  pthread_mutex_t fd_mu;
+  ckpt_pool *pool;
+  worker_buf *bufs;
+  int nbufs;
+};
+
+void ckpt_close(ckpt_reader *r) {
+  if (!r) return;
+  for (size_t i = 0; r->fds && i < r->m.nfiles; i++)
+    if (r->fds[i] >= 0) close(r->fds[i]);
+  free(r->fds);
+  if (r->dirfd >= 0) close(r->dirfd);
+  ckpt_pool_free(r->pool);
+  for (int i = 0; r->bufs && i < r->nbufs; i++) {
+    ckpt_codec_free(&r->bufs[i].codec);
+    free(r->bufs[i].stored);
+    free(r->bufs[i].raw);
+  }
+  free(r->bufs);
+  ckpt_manifest_free(&r->m);
+  pthread_mutex_destroy(&r->fd_mu);
+  free(r->stepdir);
+  free(r);
+}
+
+newt_result_t ckpt_open_path(ckpt_reader **out, const char *stepdir, int threads) {
+  ckpt_reader *r = calloc(1, sizeof *r);
+  NEWT_CHECK_ALLOC(r);
+  r->dirfd = -1;
+  pthread_mutex_init(&r->fd_mu, NULL);
+  newt_result_t res = NEWT_OK;
+  size_t len = strlen(stepdir);
+  while (len > 1 && stepdir[len - 1] == '/') len--;
+  r->stepdir = newt_asprintf("%.*s", (int)len, stepdir);
+  if (!r->stepdir) res = NEWT_ERR(NEWT_ERR_NOMEM, "out of memory opening %s", stepdir);
+  char mf[4200];
+  if (res == NEWT_OK) {
+    snprintf(mf, sizeof mf, "%s/MANIFEST", r->stepdir);
+    res = ckpt_manifest_load(mf, mf, 0, &r->m);
+    if (res == NEWT_ERR_NOTFOUND)
+      res = NEWT_ERR(NEWT_ERR_NOTFOUND, "%s: no MANIFEST: the step was never committed", r->stepdir);
+  }
+  if (res == NEWT_OK) {
+    r->dirfd = open(r->stepdir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (r->dirfd < 0) res = NEWT_ERR(NEWT_ERR_SYS, "open %s: %s", r->stepdir, strerror(errno));
+  }
+  if (res == NEWT_OK && !(r->fds = malloc((r->m.nfiles ? r->m.nfiles : 1) * sizeof *r->fds)))
+    res = NEWT_ERR(NEWT_ERR_NOMEM, "out of memory opening %s", r->stepdir);
+  for (size_t i = 0; res == NEWT_OK && i < r->m.nfiles; i++) r->fds[i] = -1;
+  if (res == NEWT_OK) res = ckpt_pool_init(&r->pool, threads > 0 ? threads : 2);
+  if (res == NEWT_OK) {
+    r->nbufs = ckpt_pool_size(r->pool);
+    if (!(r->bufs = calloc((size_t)r->nbufs, sizeof *r->bufs))) res = NEWT_ERR(NEWT_ERR_NOMEM, "out of memory");
+  }
+  if (res != NEWT_OK) {
+    ckpt_close(r);
+    return res;
+  }
+  *out = r;
+  return NEWT_OK;
+}
+
+newt_result_t ckpt_open(ckpt_reader **out, const char *dir, int64_t step, int threads) {
+  char sd[4096];
+  if (step >= 0) {
+    ckpt_step_dirname(sd, sizeof sd, dir, step);
+    return ckpt_open_path(out, sd, threads);
+  }
+  int64_t *steps = NULL;
+  size_t n = 0;
+  NEWT_CHECK(ckpt_scan_steps(dir, &steps, &n));
+  char first_err[1024] = "";
+  for (size_t i = n; i-- > 0;) {
+    ckpt_step_dirname(sd, sizeof sd, dir, steps[i]);
+    char mf[4200];
+    snprintf(mf, sizeof mf, "%s/MANIFEST", sd);
+    if (!newt_fs_exists(mf)) continue;
+    if (ckpt_open_path(out, sd, threads) == NEWT_OK) {
+      free(steps);
+      return NEWT_OK;
+    }
+    NEWT_WARN(CKPT, "skipping %s: %s", sd, newt_errmsg());
+    if (!first_err[0]) snprintf(first_err, sizeof first_err, "; %s", newt_errmsg());
+  }
+  free(steps);
+  return NEWT_ERR(NEWT_ERR_NOTFOUND, "no usable committed checkpoint in %s%s", dir, first_err);
+}
+
+int64_t ckpt_reader_step(const ckpt_reader *r) { return r->m.step; }
+const char *ckpt_reader_path(const ckpt_reader *r) { return r->stepdir; }
+const cJSON *ckpt_reader_state(const ckpt_reader *r) { return r->m.state; }
+size_t ckpt_reader_ntensors(const ckpt_reader *r) { return r->m.ntensors; }
+
+static void desc_of(const ckpt_tensor *t, ckpt_tensor_desc *d) {
+  d->name = t->name;
+  d->dtype = t->dtype;
+  d->ndim = t->ndim;
+  memcpy(d->shape, t->shape, sizeof d->shape);
+}
+
+void ckpt_reader_tensor(const ckpt_reader *r, size_t i, ckpt_tensor_desc *d) { desc_of(&r->m.tensors[i], d); }
+
+newt_result_t ckpt_reader_find(const ckpt_reader *r, const char *name, ckpt_tensor_desc *d) {
+  const ckpt_tensor *t = ckpt_manifest_find(&r->m, name);
+  if (!t) return NEWT_ERR(NEWT_ERR_NOTFOUND, "%s: no tensor \"%s\" in the checkpoint", r->stepdir, name);
+  desc_of(t, d);
+  return NEWT_OK;
+}
+
+/* ---- chunks ------------------------------------------------------------------------------ */
+
+static newt_result_t file_fd(ckpt_reader *r, uint32_t f, int *fd) {
+  pthread_mutex_lock(&r->fd_mu);
+  newt_result_t res = NEWT_OK;
+  if (r->fds[f] < 0) {
+    const ckpt_file *cf = &r->m.files[f];
+    int x = openat(r->dirfd, cf->name, O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
+    struct stat st;
+    uint8_t hdr[CKPT_SHARD_HDR];
+    ckpt_shard_hdr h;
+    if (x < 0 && errno == ELOOP)
+      res = NEWT_ERR(NEWT_ERR_INVALID, "%s/%s is a symbolic link: the files of a checkpoint must lie inside its "
+                     "directory", r->stepdir, cf->name);
+    else if (x < 0)
+      res = NEWT_ERR(NEWT_ERR_CORRUPT, "%s/%s: %s", r->stepdir, cf->name, strerror(errno));
+    else if (fstat(x, &st) != 0 || !S_ISREG(st.st_mode))
+      res = NEWT_ERR(NEWT_ERR_INVALID, "%s/%s is not a regular file", r->stepdir, cf->name);
+    else if ((uint64_t)st.st_size != cf->bytes)
+      res = NEWT_ERR(NEWT_ERR_CORRUPT, "%s/%s: %lld bytes, the manifest says %llu (truncated or replaced)",
+                     r->stepdir, cf->name, (long long)st.st_size, (unsigned long long)cf->bytes);
+    else if (pread(x, hdr, sizeof hdr, 0) != (ssize_t)sizeof hdr)
+      res = NEWT_ERR(NEWT_ERR_CORRUPT, "%s/%s: cannot read its header", r->stepdir, cf->name);
+    if (res == NEWT_OK) {
+      char what[4400];
+      snprintf(what, sizeof what, "%s/%s", r->stepdir, cf->name);
+      res = ckpt_shard_hdr_decode(hdr, what, &h);
+      if (res == NEWT_OK && ((int)h.rank != cf->rank || h.step != r->m.step || h.attempt != r->m.attempt))
+        res = NEWT_ERR(NEWT_ERR_CORRUPT, "%s: its header (rank %u, step %lld) does not match the manifest", what,
+                       h.rank, (long long)h.step);
+    }
+    if (res == NEWT_OK) r->fds[f] = x;
+    else if (x >= 0) close(x);
+  }
+  *fd = r->fds[f];
+  pthread_mutex_unlock(&r->fd_mu);
+  return res;
+}
+
+static newt_result_t grow(uint8_t **buf, size_t *cap, size_t need) {
+  if (*cap >= need) return NEWT_OK;
+  free(*buf);
+  *buf = malloc(need);
+  *cap = *buf ? need : 0;
+  if (!*buf) return NEWT_ERR(NEWT_ERR_NOMEM, "out of memory: a chunk buffer of %zu bytes", need);
+  return NEWT_OK;
+}
+
+static void chunk_what(const ckpt_reader *r, const ckpt_tensor *t, size_t j, char *out, size_t cap) {
+  const ckpt_chunk *c = &t->chunks[j];
+  snprintf(out, cap, "%s/%s chunk %zu of tensor \"%s\" (at byte %llu)", r->stepdir, r->m.files[c->file].name, j,
+           t->name, (unsigned long long)c->offset);
+}
+
+/* Reads, verifies and decodes chunk j of t into dst (NULL: the worker's raw buffer);
+ * *raw is where the bytes ended up. */
+static newt_result_t read_chunk(ckpt_reader *r, int worker, const ckpt_tensor *t, size_t j, void *dst,
+                                const uint8_t **raw) {
+  const ckpt_chunk *c = &t->chunks[j];
+  worker_buf *b = &r->bufs[worker];
+  char what[CKPT_MAX_NAME + 4500];
+  chunk_what(r, t, j, what, sizeof what);
+  int fd;
+  NEWT_CHECK(file_fd(r, c->file, &fd));
+  size_t need = CKPT_CHUNK_HDR + c->stored;
+  NEWT_CHECK(grow(&b->stored, &b->stored_cap, need));
+  size_t got = 0;
+  while (got < need) {
+    ssize_t n = pread(fd, b->stored + got, need - got, (off_t)(c->offset + got));
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) return NEWT_ERR(NEWT_ERR_SYS, "%s: read: %s", what, strerror(errno));
+    if (n == 0) return NEWT_ERR(NEWT_ERR_CORRUPT, "%s: the file ends inside the chunk", what);
+    got += (size_t)n;
+  }
+  ckpt_chunk_hdr h;
+  NEWT_CHECK(ckpt_chunk_hdr_decode(b->stored, what, &h));
+  if (h.codec != c->codec || h.filter != c->filter || h.raw != c->raw || h.stored != c->stored ||
+      h.xxh_raw != c->xxh_raw || h.xxh_stored != c->xxh_stored || h.esize != newt_dtype_size(t->dtype))
+    return NEWT_ERR(NEWT_ERR_CORRUPT, "%s: the chunk header disagrees with the manifest", what);
+  if (!dst) {
+    NEWT_CHECK(grow(&b->raw, &b->raw_cap, c->raw));
+    dst = b->raw;
+  }
+  NEWT_CHECK(ckpt_chunk_decode(&b->codec, &h, b->stored + CKPT_CHUNK_HDR, dst, what));
+  *raw = dst;
+  return NEWT_OK;
+}
+
+/* ---- requests ---------------------------------------------------------------------------- */
+
+typedef struct pair {
+  const ckpt_tensor *t;
+  size_t chunk;
+  size_t req;
+} pair;
+
+typedef struct read_job {
+  ckpt_reader *r;
+  const ckpt_request *reqs;
+  pair *pairs;
+  size_t *first; /* work item k covers pairs first[k] .. first[k+1]-1 (one chunk) */
+  atomic_llong *copied;
+  ckpt_job_err err;
+} read_job;
+
+static void read_one(void *ctx, size_t k, int worker) {
+  read_job *j = ctx;
+  if (atomic_load(&j->err.code) != NEWT_OK) return;
+  const pair *p = &j->pairs[j->first[k]];
+  size_t np = j->first[k + 1] - j->first[k];
+  const ckpt_chunk *c = &p->t->chunks[p->chunk];
+  size_t es = newt_dtype_size(p->t->dtype);
+  int64_t pos;
+  void *direct = NULL;
+  if (np == 1 && ckpt_slice_contiguous_in(p->t->shape, &c->slice, &j->reqs[p->req].slice, &pos))
+    direct = (uint8_t *)j->reqs[p->req].out + (size_t)pos * es;
+  const uint8_t *raw;
+  newt_result_t res = read_chunk(j->r, worker, p->t, p->chunk, direct, &raw);
+  if (res != NEWT_OK) {
+    ckpt_job_err_set(&j->err, res);
+    return;
+  }
+  for (size_t i = 0; i < np; i++) {
+    const ckpt_request *q = &j->reqs[p[i].req];
+    int64_t n = direct ? ckpt_slice_numel(&c->slice)
+                       : ckpt_slice_copy(p->t->shape, es, &q->slice, q->out, &c->slice, raw);
+    atomic_fetch_add(&j->copied[p[i].req], n);
+  }
+}
+
+static int pair_cmp(const void *a, const void *b) {
+  const pair *x = a, *y = b;
+  if (x->t != y->t) return x->t < y->t ? -1 : 1;
+  if (x->chunk != y->chunk) return x->chunk < y->chunk ? -1 : 1;
+  return x->req < y->req ? -1 : x->req > y->req;
+}
+
+/* Checks a request against the manifest. */
+static newt_result_t check_request(const ckpt_reader *r, const ckpt_request *q, size_t i, const ckpt_tensor **out) {
+  const ckpt_tensor *t = ckpt_manifest_find(&r->m, q->t.name ? q->t.name : "");
+  if (!t)
+    return NEWT_ERR(NEWT_ERR_NOTFOUND, "%s: request %zu: no tensor \"%s\" in the checkpoint", r->stepdir, i,
+                    q->t.name ? q->t.name : "");
+  int same = t->dtype == q->t.dtype && t->ndim == q->t.ndim;
+  for (int k = 0; same && k < t->ndim; k++) same = t->shape[k] == q->t.shape[k];
+  if (!same) {
+    char a[200], b[200];
+    ckpt_shape_str(t->ndim, t->shape, a, sizeof a);
+    ckpt_shape_str(q->t.ndim, q->t.shape, b, sizeof b);
+    return NEWT_ERR(NEWT_ERR_INVALID, "%s: tensor \"%s\" is %s %s in the checkpoint, requested as %s %s",
+                    r->stepdir, t->name, newt_dtype_name(t->dtype), a, newt_dtype_name(q->t.dtype), b);
+  }
+  char what[CKPT_MAX_NAME + 64];
+  snprintf(what, sizeof what, "request %zu (\"%s\")", i, t->name);
+  NEWT_CHECK(ckpt_slice_check(&q->slice, &q->t, what));
+  if (!q->out) return NEWT_ERR(NEWT_ERR_INVALID, "%s: out is NULL", what);
+  *out = t;
+  return NEWT_OK;
+}
+
+static newt_result_t check_requests(const ckpt_reader *r, const ckpt_request *reqs, size_t n) {
+  for (size_t i = 0; i < n; i++) {
+    const ckpt_tensor *t;
+    NEWT_CHECK(check_request(r, &reqs[i], i, &t));
+  }
+  return NEWT_OK;
+}
+
+static newt_result_t run_requests(ckpt_reader *r, const ckpt_request *reqs, size_t n) {
+  read_job j = {.r = r, .reqs = reqs};
+  size_t np = 0, cap = 0;
+  newt_result_t res = NEWT_OK;
+  for (size_t i = 0; i < n && res == NEWT_OK; i++) {
+    const ckpt_tensor *t;
+    res = check_request(r, &reqs[i], i, &t);
+    for (size_t c = 0; res == NEWT_OK && c < t->nchunks; c++) {
+      if (!ckpt_slices_may_overlap(&t->chunks[c].slice, &reqs[i].slice)) continue;
+      res = CKPT_RESERVE(j.pairs, cap, np);
+      if (res != NEWT_OK) break;
+      j.pairs[np++] = (pair){t, c, i};
+    }
+  }
+  if (res == NEWT_OK && np > 1) qsort(j.pairs, np, sizeof *j.pairs, pair_cmp);
+  size_t nitems = 0;
+  if (res == NEWT_OK) {
+    j.first = malloc((np + 1) * sizeof *j.first);
+    j.copied = calloc(n ? n : 1, sizeof *j.copied);
+    if (!j.first || !j.copied) res = NEWT_ERR(NEWT_ERR_NOMEM, "out of memory planning reads");
+  }
+  if (res == NEWT_OK) {
+    for (size_t k = 0; k < np; k++)
+      if (k == 0 || j.pairs[k].t != j.pairs[k - 1].t || j.pairs[k].chunk != j.pairs[k - 1].chunk)
+        j.first[nitems++] = k;
+    j.first[nitems] = np;
+    atomic_store(&j.err.code, NEWT_OK);
+    ckpt_pool_run(r->pool, nitems, read_one, &j);
+    res = ckpt_job_err_raise(&j.err);
+  }
+  for (size_t i = 0; res == NEWT_OK && i < n; i++)
+    if (atomic_load(&j.copied[i]) != ckpt_slice_numel(&reqs[i].slice))
+      res = NEWT_ERR(NEWT_ERR_CORRUPT, "%s: request %zu (\"%s\"): the chunks hold %lld of its %lld elements",
+                     r->stepdir, i, reqs[i].t.name, (long long)atomic_load(&j.copied[i]),
+                     (long long)ckpt_slice_numel(&reqs[i].slice));
+  free(j.pairs);
+  free(j.first);
+  free(j.copied);
+  return res;
+}
+
+newt_result_t ckpt_read_slices(ckpt_reader *r, const ckpt_request *reqs, size_t n) {
+  return run_requests(r, reqs, n);
+}
+
+newt_result_t ckpt_read_slice(ckpt_reader *r, const ckpt_tensor_desc *t, const ckpt_slice *slice, void *out) {
+  ckpt_request q = {.t = *t, .out = out};
+  if (slice) q.slice = *slice;
+  else ckpt_slice_whole(&q.slice, t);
+  return run_requests(r, &q, 1);
+}
+
+newt_result_t ckpt_load(const char *dir, int64_t max_step, int threads, const ckpt_request *reqs, size_t n,
+                        ckpt_loaded *out) {
+  memset(out, 0, sizeof *out);
+  out->step = -1;
+  int64_t *steps = NULL;
+  size_t ns = 0;
+  NEWT_CHECK(ckpt_scan_steps(dir, &steps, &ns));
+  char first_err[1024] = "";
+  int fallbacks = 0;
+  for (size_t i = ns; i-- > 0;) {
+    if (max_step >= 0 && steps[i] > max_step) continue;
+    char sd[4096], mf[4200];
+    ckpt_step_dirname(sd, sizeof sd, dir, steps[i]);
+    snprintf(mf, sizeof mf, "%s/MANIFEST", sd);
+    if (!newt_fs_exists(mf)) continue;
+    ckpt_reader *r = NULL;
+    newt_result_t res = ckpt_open_path(&r, sd, threads);
+    if (res == NEWT_OK) {
+      /* A request that does not fit the checkpoint is the caller's error: no fallback. */
+      res = check_requests(r, reqs, n);
+      if (res != NEWT_OK) {
+        ckpt_close(r);
+        free(steps);
+        return res;
+      }
+      res = run_requests(r, reqs, n);
+    }
+    if (res == NEWT_OK) {
+      out->step = steps[i];
+      out->state_json = newt_json_print(ckpt_reader_state(r));
+      out->fallbacks = fallbacks;
+      ckpt_close(r);
+      free(steps);
+      if (!out->state_json) return NEWT_ERR(NEWT_ERR_NOMEM, "out of memory printing the training state");
+      if (fallbacks) NEWT_WARN(CKPT, "loaded step %lld after skipping %d newer checkpoint(s)", (long long)out->step, fallbacks);
+      return NEWT_OK;
+    }
+    ckpt_close(r);
+    NEWT_WARN(CKPT, "checkpoint %s is unusable, falling back to the previous one: %s", sd, newt_errmsg());
+    if (!first_err[0]) snprintf(first_err, sizeof first_err, "; newest failure: %s", newt_errmsg());
+    fallbacks++;
+  }
+  free(steps);
+  return NEWT_ERR(NEWT_ERR_NOTFOUND, "no committed checkpoint%s in %s reads back whole%s",
+                  max_step >= 0 ? " at or before the asked step" : "", dir, first_err);
+}
+
+newt_result_t ckpt_verify(const char *stepdir, ckpt_report_fn report, void *ctx, ckpt_verify_result *vr) {
+  memset(vr, 0, sizeof *vr);
+  ckpt_reader *r = NULL;
+  newt_result_t res = ckpt_open_path(&r, stepdir, 1);
+  if (res != NEWT_OK) {
+    if (report) report(ctx, newt_errmsg());
+    vr->bad = 1;
+    return res;
+  }
+  for (size_t f = 0; f < r->m.nfiles; f++) {
+    int fd;
+    vr->files++;
+    if (file_fd(r, (uint32_t)f, &fd) != NEWT_OK) {
+      if (report) report(ctx, newt_errmsg());
+      vr->bad++;
+    }
+  }
+  for (size_t i = 0; i < r->m.ntensors; i++) {
+    const ckpt_tensor *t = &r->m.tensors[i];
+    for (size_t j = 0; j < t->nchunks; j++) {
+      if (r->fds[t->chunks[j].file] < 0) continue; /* the file was reported already */
+      const uint8_t *raw;
+      vr->chunks++;
+      vr->stored_bytes += t->chunks[j].stored;
+      vr->raw_bytes += t->chunks[j].raw;
+      if (read_chunk(r, 0, t, j, NULL, &raw) != NEWT_OK) {
+        if (report) report(ctx, newt_errmsg());
+        vr->bad++;
+      }
+    }
+  }
+  ckpt_close(r);
+  if (vr->bad) return NEWT_ERR(NEWT_ERR_CORRUPT, "%s: %zu problem(s) found", stepdir, vr->bad);
+  return NEWT_OK;
+}
+
+newt_result_t ckpt_inspect(const char *stepdir, cJSON **out) {
+  ckpt_manifest m;
+  char mf[4200];
+  snprintf(mf, sizeof mf, "%s/MANIFEST", stepdir);
+  NEWT_CHECK(ckpt_manifest_load(mf, mf, 0, &m));
+  cJSON *o = cJSON_CreateObject();
+  if (!o) {
+    ckpt_manifest_free(&m);
+    return NEWT_ERR(NEWT_ERR_NOMEM, "out of memory");
+  }
+  char hex[17];
+  snprintf(hex, sizeof hex, "%016llx", (unsigned long long)m.attempt);
+  cJSON_AddStringToObject(o, "path", stepdir);
+  newt_json_add_int(o, "step", m.step);
+  newt_json_add_int(o, "nranks", m.nranks);
+  cJSON_AddStringToObject(o, "attempt", hex);
+  newt_json_add_int(o, "created_ms", (int64_t)m.created_ms);
+  uint64_t raw = 0, stored = 0, file = 0;
+  cJSON *ranks = cJSON_AddArrayToObject(o, "ranks");
+  for (size_t f = 0; f < m.nfiles; f++) {
+    cJSON *x = cJSON_CreateObject();
+    newt_json_add_int(x, "rank", m.files[f].rank);
+    cJSON_AddStringToObject(x, "file", m.files[f].name);
+    newt_json_add_int(x, "bytes", (int64_t)m.files[f].bytes);
+    newt_json_add_int(x, "raw_bytes", (int64_t)m.files[f].raw_bytes);
+    cJSON_AddItemToObject(x, "layout", m.files[f].layout ? cJSON_Duplicate(m.files[f].layout, 1) : cJSON_CreateObject());
+    cJSON_AddItemToArray(ranks, x);
+    file += m.files[f].bytes;
+  }
+  cJSON *tensors = cJSON_AddArrayToObject(o, "tensors");
+  for (size_t i = 0; i < m.ntensors; i++) {
+    const ckpt_tensor *t = &m.tensors[i];
+    uint64_t tr = 0, ts = 0;
+    for (size_t j = 0; j < t->nchunks; j++) {
+      tr += t->chunks[j].raw;
+      ts += t->chunks[j].stored;
+    }
+    cJSON *x = cJSON_CreateObject();
+    cJSON_AddStringToObject(x, "name", t->name);
+    cJSON_AddStringToObject(x, "dtype", newt_dtype_name(t->dtype));
+    cJSON *shape = cJSON_AddArrayToObject(x, "shape");
+    for (int k = 0; k < t->ndim; k++) cJSON_AddItemToArray(shape, cJSON_CreateNumber((double)t->shape[k]));
+    newt_json_add_int(x, "chunks", (int64_t)t->nchunks);
+    newt_json_add_int(x, "raw_bytes", (int64_t)tr);
+    newt_json_add_int(x, "stored_bytes", (int64_t)ts);
+    cJSON_AddItemToArray(tensors, x);
+    raw += tr;
+    stored += ts;
+  }
+  newt_json_add_int(o, "raw_bytes", (int64_t)raw);
+  newt_json_add_int(o, "stored_bytes", (int64_t)stored);
+  newt_json_add_int(o, "file_bytes", (int64_t)file);
+  cJSON_AddNumberToObject(o, "ratio", stored ? (double)raw / (double)stored : 1.0);
+  cJSON_AddItemToObject(o, "state", m.state);
+  m.state = NULL;
+  ckpt_manifest_free(&m);
+  *out = o;
+  return NEWT_OK;
+}

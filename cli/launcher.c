@@ -1,0 +1,630 @@
+/* The single-host launcher (see launcher.h).
+ *
+ * It owns every process it starts (each dies with it), watches /newt/<job>/ for progress,
+ * events and the end marker, fires the chaos schedule when the job reaches each step,
+ * and pairs each fault it injected with the recovery the coordinator recorded for it:
+ * faults carry the wall-clock time they were injected, recovery events the times of
+ * detection, plan, communicator, restore and first step, so the summary's intervals are
+ * differences of wall-clock times taken on this one host. */
+#include "cli/launcher.h"
+
+#include <errno.h>
+#include <math.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "common/clock.h"
+#include "common/fs.h"
+#include "common/json.h"
+#include "common/log.h"
+#include "common/proc.h"
+#include "common/strutil.h"
+#include "common/sys.h"
+#include "rendezvous/etcd_server.h"
+#include "rendezvous/rdzv.h"
+
+typedef enum proc_kind { PROC_WORKER, PROC_COORD } proc_kind;
+
+typedef struct proc {
+  pid_t pid;
+  proc_kind kind;
+  char name[32];
+  int alive;
+  int killed_by_chaos;
+} proc;
+
+typedef struct fault {
+  chaos_event ev;
+  char what[64];  /* "kill:worker:1@step=15" */
+  uint64_t t_ms;
+  int matched;
+} fault;
+
+typedef struct run {
+  const launcher_opts *o;
+  launcher_result *res;
+  char exe[4096];
+  char etcd_url[512];
+  rdzv_etcd_server *server;
+  rdzv_etcd *etcd;
+  rdzv_etcd_watch *watch;
+  char prefix[256];
+  proc *procs;
+  int nprocs, cap_procs, next_worker, next_coord;
+  fault *faults;
+  int nfaults;
+  int recoveries_seen;
+
+  pthread_mutex_t mu; /* the picture the watch keeps: */
+  int64_t step, gen;
+  double loss, tps;
+  int world, dp;
+  uint64_t progress_t_ms;
+  char **events; /* raw JSON of events not handled yet */
+  int nevents, cap_events;
+  int done;
+  int64_t done_step, done_samples;
+  double done_loss;
+
+  /* etcd restart in progress */
+  int etcd_down;
+  uint64_t etcd_up_at;  /* monotonic ns: start it again then */
+  uint64_t etcd_back_ms; /* wall ms it served again (0: not yet) */
+  int etcd_fault;       /* index into faults */
+} run;
+
+/* --- processes ------------------------------------------------------------------------------- */
+
+static newt_result_t spawn(run *r, proc_kind kind, int index) {
+  char name[32], logp[600], threads[16];
+  snprintf(name, sizeof name, "%s%d", kind == PROC_WORKER ? "w" : "c", index);
+  snprintf(logp, sizeof logp, "%s/%s.log", r->res->log_dir, name);
+  snprintf(threads, sizeof threads, "%d", r->o->threads > 0 ? r->o->threads : 1);
+  const char *argv[20];
+  int a = 0;
+  argv[a++] = r->exe;
+  argv[a++] = kind == PROC_WORKER ? "worker" : "coordinator";
+  argv[a++] = "--etcd";
+  argv[a++] = r->etcd_url;
+  argv[a++] = "--job";
+  argv[a++] = r->o->spec.job;
+  argv[a++] = "--id";
+  argv[a++] = name;
+  if (kind == PROC_WORKER) {
+    argv[a++] = "--threads";
+    argv[a++] = threads;
+  } else {
+    argv[a++] = "--metrics-port";
+    argv[a++] = "0";
+  }
+  argv[a] = NULL;
+  const char *env[] = {getenv("NEWT_DEBUG") ? NULL : "NEWT_DEBUG=INFO", NULL};
+  newt_spawn_opts so = {.log_path = logp, .env = env[0] ? env : NULL, .die_with_parent = 1};
+  pid_t pid;
+  NEWT_CHECK(newt_proc_spawn(argv, &so, &pid));
+  if (r->nprocs == r->cap_procs) {
+    int cap = r->cap_procs ? 2 * r->cap_procs : 16;
+    proc *p = realloc(r->procs, (size_t)cap * sizeof *p);
+    if (!p) {
+      kill(pid, SIGKILL);
+      return NEWT_ERR(NEWT_ERR_NOMEM, "out of memory tracking processes");
+    }
+    r->procs = p;
+    r->cap_procs = cap;
+  }
+  proc *p = &r->procs[r->nprocs++];
+  memset(p, 0, sizeof *p);
+  p->pid = pid;
+  p->kind = kind;
+  p->alive = 1;
+  snprintf(p->name, sizeof p->name, "%s", name);
+  return NEWT_OK;
+}
+
+static proc *find_proc(run *r, const char *name) {
+  for (int i = 0; i < r->nprocs; i++)
+    if (strcmp(r->procs[i].name, name) == 0) return &r->procs[i];
+  return NULL;
+}
+
+/* Reaps exited children; a coordinator that chaos killed is started again. */
+static void reap(run *r) {
+  for (int i = 0; i < r->nprocs; i++) {
+    proc *p = &r->procs[i];
+    if (!p->alive) continue;
+    int st;
+    if (waitpid(p->pid, &st, WNOHANG) != p->pid) continue;
+    p->alive = 0;
+    char how[64];
+    newt_proc_status_str(st, how, sizeof how);
+    int expected = r->done || p->killed_by_chaos || (WIFEXITED(st) && WEXITSTATUS(st) == 0);
+    if (!expected && !r->o->quiet) fprintf(stderr, "\nnewt run: %s exited (%s); see %s/%s.log\n", p->name, how, r->res->log_dir, p->name);
+    if (p->kind == PROC_COORD && p->killed_by_chaos && !r->done) {
+      if (spawn(r, PROC_COORD, r->next_coord++) != NEWT_OK)
+        fprintf(stderr, "newt run: restarting a coordinator: %s\n", newt_errmsg());
+      p = &r->procs[i]; /* spawn may have moved the array */
+    }
+  }
+}
+
+/* --- the watch ------------------------------------------------------------------------------- */
+
+static void take(run *r, const rdzv_etcd_kv *kv) {
+  size_t plen = strlen(r->prefix);
+  if (kv->key_len <= plen) return;
+  const char *rest = kv->key + plen;
+  if (strcmp(rest, "progress") == 0) {
+    cJSON *j;
+    if (newt_json_parse(kv->value, kv->value_len, "progress", &j) != NEWT_OK) return;
+    int64_t v, t = 0;
+    if (newt_json_get_int(j, "progress", "step", 0, &v) == NEWT_OK && v > r->step) r->step = v;
+    if (newt_json_get_int(j, "progress", "generation", 0, &v) == NEWT_OK) r->gen = v;
+    newt_json_get_double(j, "progress", "loss", 0, &r->loss);
+    newt_json_get_double(j, "progress", "tokens_per_s", 0, &r->tps);
+    if (newt_json_get_int(j, "progress", "world", 0, &v) == NEWT_OK) r->world = (int)v;
+    if (newt_json_get_int(j, "progress", "dp", 0, &v) == NEWT_OK) r->dp = (int)v;
+    newt_json_get_int(j, "progress", "t_ms", 0, &t);
+    r->progress_t_ms = (uint64_t)t;
+    cJSON_Delete(j);
+  } else if (strcmp(rest, "done") == 0) {
+    cJSON *j;
+    if (newt_json_parse(kv->value, kv->value_len, "done", &j) != NEWT_OK) return;
+    newt_json_get_int(j, "done", "step", 0, &r->done_step);
+    newt_json_get_double(j, "done", "loss", 0, &r->done_loss);
+    newt_json_get_int(j, "done", "samples", 0, &r->done_samples);
+    cJSON_Delete(j);
+    r->done = 1;
+  } else if (strncmp(rest, "events/", 7) == 0) {
+    if (r->nevents == r->cap_events) {
+      int cap = r->cap_events ? 2 * r->cap_events : 32;
+      char **e = realloc(r->events, (size_t)cap * sizeof *e);
+      if (!e) return;
+      r->events = e;
+      r->cap_events = cap;
+    }
+    char *copy = malloc(kv->value_len + 1);
+    if (!copy) return;
+    memcpy(copy, kv->value, kv->value_len);
+    copy[kv->value_len] = '\0';
+    r->events[r->nevents++] = copy;
+  }
+}
+
+static void on_watch(void *ud, const rdzv_etcd_watch_resp *w) {
+  run *r = ud;
+  pthread_mutex_lock(&r->mu);
+  if (w->kind == RDZV_WATCH_EVENTS) {
+    for (size_t i = 0; i < w->n_events; i++)
+      if (w->events[i].type == RDZV_EVENT_PUT) take(r, &w->events[i].kv);
+  } else if (w->kind == RDZV_WATCH_RESYNC) {
+    for (size_t i = 0; i < w->n_kvs; i++)
+      if (strstr(w->kvs[i].key, "/events/") == NULL) take(r, &w->kvs[i]);
+  }
+  pthread_mutex_unlock(&r->mu);
+}
+
+/* --- chaos ----------------------------------------------------------------------------------- */
+
+static fault *add_fault(run *r, const chaos_event *e) {
+  fault *f = realloc(r->faults, (size_t)(r->nfaults + 1) * sizeof *f);
+  if (!f) return NULL;
+  r->faults = f;
+  f = &r->faults[r->nfaults++];
+  memset(f, 0, sizeof *f);
+  f->ev = *e;
+  chaos_event_str(e, f->what, sizeof f->what);
+  f->t_ms = newt_wall_ms();
+  return f;
+}
+
+static int signal_of(chaos_action a) {
+  switch (a) {
+    case CHAOS_KILL: return SIGKILL;
+    case CHAOS_STOP: return SIGSTOP;
+    case CHAOS_TERM: return SIGTERM;
+    default: return SIGCONT;
+  }
+}
+
+static void fire(run *r, chaos_event *e) {
+  char what[64], name[RDZV_NAME_MAX];
+  chaos_event_str(e, what, sizeof what);
+  e->fired = 1;
+  proc *p = NULL;
+  switch (e->target) {
+    case CHAOS_WORKER:
+      if (e->action == CHAOS_JOIN) {
+        for (int64_t k = 0; k < e->arg; k++)
+          if (spawn(r, PROC_WORKER, r->next_worker++) != NEWT_OK)
+            fprintf(stderr, "newt run: chaos %s: %s\n", what, newt_errmsg());
+        add_fault(r, e);
+        break;
+      }
+      snprintf(name, sizeof name, "w%d", e->index);
+      p = find_proc(r, name);
+      break;
+    case CHAOS_COORDINATOR:
+      if (e->index >= 0) {
+        snprintf(name, sizeof name, "c%d", e->index);
+      } else if (rdzv_leader_get(r->etcd, r->o->spec.job, newt_deadline_in_ms(2000), name, sizeof name, NULL) != NEWT_OK) {
+        fprintf(stderr, "newt run: chaos %s: no leader to act on (%s)\n", what, newt_errmsg());
+        return;
+      }
+      p = find_proc(r, name);
+      break;
+    case CHAOS_ETCD: {
+      fault *f = add_fault(r, e);
+      if (rdzv_etcd_server_stop(r->server, 0) != NEWT_OK)
+        fprintf(stderr, "newt run: chaos %s: %s\n", what, newt_errmsg());
+      r->etcd_down = 1;
+      r->etcd_back_ms = 0;
+      r->etcd_up_at = newt_now_ns() + (uint64_t)e->arg * 1000000ull;
+      r->etcd_fault = f ? (int)(f - r->faults) : -1;
+      break;
+    }
+  }
+  if (p) {
+    if (!p->alive) {
+      fprintf(stderr, "newt run: chaos %s: %s is not running\n", what, p->name);
+      return;
+    }
+    if (e->action == CHAOS_KILL) p->killed_by_chaos = 1;
+    add_fault(r, e); /* a woken worker comes back as a joiner: cont answers a join */
+    kill(p->pid, signal_of(e->action));
+  } else if (e->target != CHAOS_ETCD && e->action != CHAOS_JOIN) {
+    fprintf(stderr, "newt run: chaos %s: no such process\n", what);
+    return;
+  }
+  if (!r->o->quiet) fprintf(stderr, "\nnewt run: chaos: %s\n", what);
+}
+
+/* --- recoveries -------------------------------------------------------------------------- */
+
+static launcher_recovery *add_recovery(run *r) {
+  launcher_recovery *n = realloc(r->res->recoveries, (size_t)(r->res->nrecoveries + 1) * sizeof *n);
+  if (!n) return NULL;
+  r->res->recoveries = n;
+  n = &r->res->recoveries[r->res->nrecoveries++];
+  memset(n, 0, sizeof *n);
+  return n;
+}
+
+static int64_t diff(uint64_t a, uint64_t b) { return a >= b ? (int64_t)(a - b) : 0; }
+
+/* The faults a recovery answers: every unmatched fault of its kind injected before its
+ * plan (several at once are coalesced into one plan); for a crash or hang, any worker
+ * fault, since a stopped worker may be seen first through its expired lease. */
+static uint64_t match_faults(run *r, const char *cause, uint64_t t_plan) {
+  uint64_t first = 0;
+  for (int i = 0; i < r->nfaults; i++) {
+    fault *f = &r->faults[i];
+    if (f->matched || f->t_ms > t_plan) continue;
+    const chaos_event *e = &f->ev;
+    int worker_fault = e->target == CHAOS_WORKER && e->action != CHAOS_JOIN && e->action != CHAOS_CONT;
+    int ok = (strcmp(cause, "join") == 0 && (e->action == CHAOS_JOIN || e->action == CHAOS_CONT)) ||
+             (strcmp(cause, "leave") == 0 && worker_fault && e->action == CHAOS_TERM) ||
+             ((strcmp(cause, "crash") == 0 || strcmp(cause, "hang") == 0) && worker_fault &&
+              e->action != CHAOS_TERM);
+    if (!ok) continue;
+    f->matched = 1;
+    if (!first || f->t_ms < first) first = f->t_ms;
+  }
+  return first;
+}
+
+static void handle_event(run *r, const char *text) {
+  cJSON *j;
+  if (newt_json_parse(text, strlen(text), "event", &j) != NEWT_OK) return;
+  const char *type = "", *cause = "", *restore = "";
+  newt_json_get_str(j, "event", "type", 0, &type);
+  newt_json_get_str(j, "event", "cause", 0, &cause);
+  newt_json_get_str(j, "event", "restore", 0, &restore);
+  int64_t gen = 0, t_ms = 0, t_detect = 0, t_plan = 0, t_comm = 0, t_restore = 0, t_step = 0, lost = 0, world = 0;
+  newt_json_get_int(j, "event", "generation", 0, &gen);
+  newt_json_get_int(j, "event", "t_ms", 0, &t_ms);
+  newt_json_get_int(j, "event", "t_detect", 0, &t_detect);
+  newt_json_get_int(j, "event", "t_plan", 0, &t_plan);
+  newt_json_get_int(j, "event", "t_comm", 0, &t_comm);
+  newt_json_get_int(j, "event", "t_restore", 0, &t_restore);
+  newt_json_get_int(j, "event", "t_step", 0, &t_step);
+  newt_json_get_int(j, "event", "steps_lost", 0, &lost);
+  newt_json_get_int(j, "event", "world", 0, &world);
+  if (gen > r->res->generations) r->res->generations = gen;
+  if (strcmp(type, "recovered") == 0) {
+    launcher_recovery *rec = add_recovery(r);
+    if (rec) {
+      uint64_t t_fault = match_faults(r, cause, (uint64_t)t_plan);
+      snprintf(rec->cause, sizeof rec->cause, "%s", cause);
+      snprintf(rec->restore, sizeof rec->restore, "%s", restore);
+      rec->generation = gen;
+      rec->t_fault = t_fault;
+      uint64_t from = t_fault ? t_fault : (uint64_t)t_detect;
+      rec->detect_ms = diff((uint64_t)t_detect, from);
+      rec->plan_ms = diff((uint64_t)t_plan, (uint64_t)t_detect);
+      rec->comm_ms = diff((uint64_t)t_comm, (uint64_t)t_plan);
+      rec->restore_ms = diff((uint64_t)t_restore, (uint64_t)t_comm);
+      rec->total_ms = diff((uint64_t)t_step, from);
+      rec->steps_lost = lost;
+      if (!r->o->quiet)
+        fprintf(stderr,
+                "\nnewt run: recovered from %s in %lld ms (detect %lld, plan %lld, comm %lld, restore %lld ms; "
+                "state from %s), generation %lld, %lld ranks, %lld steps lost\n",
+                cause, (long long)rec->total_ms, (long long)rec->detect_ms, (long long)rec->plan_ms,
+                (long long)rec->comm_ms, (long long)rec->restore_ms, restore, (long long)gen, (long long)world,
+                (long long)lost);
+    }
+  } else if (strcmp(type, "leader") == 0) {
+    /* a coordinator we killed has been replaced */
+    for (int i = 0; i < r->nfaults; i++) {
+      fault *f = &r->faults[i];
+      if (f->matched || f->ev.target != CHAOS_COORDINATOR || f->t_ms > (uint64_t)t_ms) continue;
+      f->matched = 1;
+      launcher_recovery *rec = add_recovery(r);
+      if (!rec) break;
+      snprintf(rec->cause, sizeof rec->cause, "coordinator");
+      snprintf(rec->restore, sizeof rec->restore, "memory");
+      rec->t_fault = f->t_ms;
+      rec->detect_ms = rec->total_ms = diff((uint64_t)t_ms, f->t_ms);
+      if (!r->o->quiet)
+        fprintf(stderr, "\nnewt run: a new coordinator leads %lld ms after the leader was lost; training went on\n",
+                (long long)rec->total_ms);
+    }
+  } else if (strcmp(type, "plan") == 0 && !r->o->quiet && strcmp(cause, "initial") != 0) {
+    fprintf(stderr, "\nnewt run: plan %lld (%s): %lld ranks\n", (long long)gen, cause, (long long)world);
+  } else if (strcmp(type, "waiting") == 0 && !r->o->quiet) {
+    const char *why = "";
+    newt_json_get_str(j, "event", "why", 0, &why);
+    fprintf(stderr, "\nnewt run: the coordinator waits for workers: %s\n", why);
+  }
+  cJSON_Delete(j);
+}
+
+static void etcd_tick(run *r) {
+  if (!r->etcd_down) return;
+  if (!r->etcd_back_ms && newt_now_ns() >= r->etcd_up_at) {
+    if (rdzv_etcd_server_restart(r->server, newt_deadline_in_ms(30000)) != NEWT_OK) {
+      fprintf(stderr, "newt run: restarting etcd: %s\n", newt_errmsg());
+      r->etcd_down = 0;
+      return;
+    }
+    r->etcd_back_ms = newt_wall_ms();
+    if (!r->o->quiet) fprintf(stderr, "\nnewt run: etcd serves again\n");
+  }
+  /* recovered once a worker writes progress to it again */
+  if (r->etcd_back_ms && r->progress_t_ms >= r->etcd_back_ms) {
+    r->etcd_down = 0;
+    if (r->etcd_fault < 0) return;
+    fault *f = &r->faults[r->etcd_fault];
+    f->matched = 1;
+    launcher_recovery *rec = add_recovery(r);
+    if (!rec) return;
+    snprintf(rec->cause, sizeof rec->cause, "etcd");
+    snprintf(rec->restore, sizeof rec->restore, "memory");
+    rec->t_fault = f->t_ms;
+    rec->detect_ms = diff(r->etcd_back_ms, f->t_ms);
+    rec->total_ms = diff(r->progress_t_ms, f->t_ms);
+    if (!r->o->quiet)
+      fprintf(stderr, "\nnewt run: etcd was away for %lld ms; training went on, %lld ms until progress reached it again\n",
+              (long long)rec->detect_ms, (long long)rec->total_ms);
+  }
+}
+
+/* --- the run ------------------------------------------------------------------------------ */
+
+static void live_line(run *r, double t0) {
+  if (r->o->quiet) return;
+  fprintf(stderr, "\rstep %6lld/%lld | loss %.4f | %8.0f tok/s | world %d (dp %d) | gen %lld | recoveries %d | %.0f s   ",
+          (long long)r->step, (long long)r->o->spec.steps, r->loss, r->tps, r->world, r->dp, (long long)r->gen,
+          r->res->nrecoveries, newt_now_s() - t0);
+  fflush(stderr);
+}
+
+static newt_result_t start(run *r) {
+  const launcher_opts *o = r->o;
+  NEWT_CHECK(newt_proc_self_exe(r->exe, sizeof r->exe));
+  if (o->log_dir) {
+    snprintf(r->res->log_dir, sizeof r->res->log_dir, "%s", o->log_dir);
+    NEWT_CHECK(newt_fs_mkdirs(o->log_dir, 0755));
+  } else {
+    snprintf(r->res->log_dir, sizeof r->res->log_dir, "/tmp/newt-run-%s-XXXXXX", o->spec.job);
+    if (!mkdtemp(r->res->log_dir)) return NEWT_ERR(NEWT_ERR_SYS, "mkdtemp %s: %s", r->res->log_dir, strerror(errno));
+  }
+  if (o->etcd) {
+    snprintf(r->etcd_url, sizeof r->etcd_url, "%s", o->etcd);
+  } else {
+    char dir[600];
+    snprintf(dir, sizeof dir, "%s/etcd", r->res->log_dir);
+    NEWT_CHECK(newt_fs_mkdirs(dir, 0755));
+    rdzv_etcd_server_opts so = {.dir = dir};
+    newt_result_t res = rdzv_etcd_server_start(&so, &r->server);
+    if (res != NEWT_OK) return newt_err_wrap(res, "newt run needs etcd (Debian package etcd-server) or --etcd URL: ");
+    snprintf(r->etcd_url, sizeof r->etcd_url, "%s", rdzv_etcd_server_url(r->server));
+  }
+  rdzv_etcd_opts eo = {.endpoints = r->etcd_url};
+  NEWT_CHECK(rdzv_etcd_init(&eo, &r->etcd));
+  NEWT_CHECK(rdzv_key(r->prefix, sizeof r->prefix, o->spec.job, ""));
+  /* a job name is used once: refuse to mix with the keys of an earlier run */
+  rdzv_etcd_range_opts ro = {.prefix = 1, .count_only = 1};
+  rdzv_etcd_kvs existing;
+  NEWT_CHECK(rdzv_etcd_range(r->etcd, r->prefix, &ro, newt_deadline_in_ms(5000), &existing));
+  int64_t count = existing.count, rev = existing.revision;
+  rdzv_etcd_kvs_free(&existing);
+  if (count > 0)
+    return NEWT_ERR(NEWT_ERR_CONFLICT, "job %s already has keys in etcd at %s: pick another --job", o->spec.job,
+                    r->etcd_url);
+  char *spec = spec_to_json(&o->spec);
+  NEWT_CHECK_ALLOC(spec);
+  newt_result_t res = rdzv_spec_put(r->etcd, o->spec.job, spec, newt_deadline_in_ms(5000));
+  free(spec);
+  NEWT_CHECK(res);
+  rdzv_etcd_watch_opts wo = {.prefix = 1, .start_revision = rev + 1};
+  NEWT_CHECK(rdzv_etcd_watch_start(r->etcd, r->prefix, &wo, on_watch, r, newt_deadline_in_ms(5000), &r->watch));
+  for (int i = 0; i < o->coordinators; i++) NEWT_CHECK(spawn(r, PROC_COORD, r->next_coord++));
+  for (int i = 0; i < o->nproc; i++) NEWT_CHECK(spawn(r, PROC_WORKER, r->next_worker++));
+  if (!o->quiet)
+    fprintf(stderr, "newt run: job %s: %d workers, %d coordinators, etcd %s, logs in %s\n", o->spec.job, o->nproc,
+            o->coordinators, r->etcd_url, r->res->log_dir);
+  return NEWT_OK;
+}
+
+static void stop_all(run *r) {
+  /* workers and coordinators end by themselves once the job is done; a stopped one is
+     woken first, anything left after the grace period is killed */
+  newt_deadline_t d = newt_deadline_in_ms(r->done ? 10000 : 0);
+  for (int i = 0; i < r->nprocs; i++)
+    if (r->procs[i].alive) kill(r->procs[i].pid, r->done ? SIGCONT : SIGTERM);
+  for (;;) {
+    reap(r);
+    int alive = 0;
+    for (int i = 0; i < r->nprocs; i++) alive += r->procs[i].alive;
+    if (!alive || newt_deadline_passed(d)) break;
+    newt_sleep_ms(20);
+  }
+  for (int i = 0; i < r->nprocs; i++)
+    if (r->procs[i].alive) newt_proc_stop(r->procs[i].pid, 2000), r->procs[i].alive = 0;
+}
+
+newt_result_t launcher_run(const launcher_opts *o, launcher_result *res) {
+  memset(res, 0, sizeof *res);
+  run *r = calloc(1, sizeof *r);
+  NEWT_CHECK_ALLOC(r);
+  r->o = o;
+  r->res = res;
+  r->etcd_fault = -1;
+  pthread_mutex_init(&r->mu, NULL);
+  double t0 = newt_now_s();
+  newt_result_t rc = NEWT_OK;
+  for (int i = 0; i < o->chaos.n; i++)
+    if (o->chaos.events[i].target == CHAOS_ETCD && o->etcd) {
+      rc = NEWT_ERR(NEWT_ERR_INVALID, "--chaos restart:etcd needs the private etcd (leave out --etcd)");
+      goto exit;
+    }
+  NEWT_CHECK_GOTO(start(r), rc, exit);
+  chaos_plan chaos = o->chaos;
+  chaos_event *events = chaos.n ? calloc((size_t)chaos.n, sizeof *events) : NULL;
+  if (chaos.n && !events) {
+    rc = NEWT_ERR(NEWT_ERR_NOMEM, "out of memory");
+    goto exit;
+  }
+  if (chaos.n) memcpy(events, chaos.events, (size_t)chaos.n * sizeof *events);
+  newt_deadline_t deadline = newt_deadline_in_ms(o->timeout_ms > 0 ? o->timeout_ms : -1);
+  double last_line = 0;
+  for (;;) {
+    pthread_mutex_lock(&r->mu);
+    int nev = r->nevents;
+    char **evs = r->events;
+    r->events = NULL;
+    r->nevents = r->cap_events = 0;
+    int64_t step = r->step;
+    int done = r->done;
+    pthread_mutex_unlock(&r->mu);
+    for (int i = 0; i < nev; i++) {
+      handle_event(r, evs[i]);
+      free(evs[i]);
+    }
+    free(evs);
+    if (done) break;
+    for (int i = 0; i < chaos.n; i++)
+      if (!events[i].fired && step >= events[i].step) fire(r, &events[i]);
+    etcd_tick(r);
+    reap(r);
+    if (newt_now_s() - last_line > 0.2) {
+      live_line(r, t0);
+      last_line = newt_now_s();
+    }
+    if (newt_stop_requested()) {
+      rc = NEWT_ERR(NEWT_ERR_ABORTED, "newt run: interrupted at step %lld", (long long)step);
+      break;
+    }
+    if (newt_deadline_passed(deadline)) {
+      rc = NEWT_ERR(NEWT_ERR_TIMEOUT, "newt run: the job was not done after %lld ms (step %lld); logs in %s",
+                    (long long)o->timeout_ms, (long long)step, res->log_dir);
+      break;
+    }
+    int workers = 0;
+    for (int i = 0; i < r->nprocs; i++) workers += r->procs[i].alive && r->procs[i].kind == PROC_WORKER;
+    int pending_joins = 0;
+    for (int i = 0; i < chaos.n; i++) pending_joins += !events[i].fired && events[i].action == CHAOS_JOIN;
+    if (!workers && !pending_joins) {
+      rc = NEWT_ERR(NEWT_ERR_UNAVAILABLE, "newt run: every worker has exited at step %lld; logs in %s",
+                    (long long)step, res->log_dir);
+      break;
+    }
+    newt_sleep_ms(5);
+  }
+  free(events);
+  /* the last events (the final recovery, "done") */
+  newt_sleep_ms(r->done ? 100 : 0);
+  pthread_mutex_lock(&r->mu);
+  for (int i = 0; i < r->nevents; i++) {
+    handle_event(r, r->events[i]);
+    free(r->events[i]);
+  }
+  r->nevents = 0;
+  pthread_mutex_unlock(&r->mu);
+  live_line(r, t0);
+  if (!o->quiet) fputc('\n', stderr);
+  res->done = r->done;
+  res->steps = r->done ? r->done_step : r->step;
+  res->final_loss = r->done ? r->done_loss : r->loss;
+  res->samples_consumed = r->done_samples;
+exit:
+  stop_all(r);
+  res->wall_s = newt_now_s() - t0;
+  if (r->watch) rdzv_etcd_watch_free(r->watch);
+  if (r->etcd) rdzv_etcd_free(r->etcd);
+  if (r->server) rdzv_etcd_server_free(r->server);
+  for (int i = 0; i < r->nevents; i++) free(r->events[i]);
+  free(r->events);
+  free(r->procs);
+  free(r->faults);
+  pthread_mutex_destroy(&r->mu);
+  free(r);
+  return rc;
+}
+
+void launcher_result_free(launcher_result *res) {
+  free(res->recoveries);
+  res->recoveries = NULL;
+  res->nrecoveries = 0;
+}
+
+char *launcher_summary_json(const launcher_opts *o, const launcher_result *res) {
+  cJSON *j = cJSON_CreateObject();
+  if (!j) return NULL;
+  cJSON_AddStringToObject(j, "job", o->spec.job);
+  cJSON_AddBoolToObject(j, "done", res->done);
+  newt_json_add_int(j, "steps", res->steps);
+  cJSON_AddNumberToObject(j, "final_loss", isfinite(res->final_loss) ? res->final_loss : 0);
+  newt_json_add_int(j, "generations", res->generations);
+  newt_json_add_int(j, "samples_consumed", res->samples_consumed);
+  newt_json_add_int(j, "global_batch", o->spec.global_batch);
+  newt_json_add_int(j, "workers", o->nproc);
+  cJSON_AddNumberToObject(j, "wall_s", res->wall_s);
+  cJSON *recs = cJSON_AddArrayToObject(j, "recoveries");
+  for (int i = 0; i < res->nrecoveries; i++) {
+    const launcher_recovery *r = &res->recoveries[i];
+    cJSON *e = cJSON_CreateObject();
+    cJSON_AddStringToObject(e, "cause", r->cause);
+    newt_json_add_int(e, "generation", r->generation);
+    newt_json_add_int(e, "detect_ms", r->detect_ms);
+    newt_json_add_int(e, "plan_ms", r->plan_ms);
+    newt_json_add_int(e, "comm_ms", r->comm_ms);
+    newt_json_add_int(e, "restore_ms", r->restore_ms);
+    newt_json_add_int(e, "total_ms", r->total_ms);
+    newt_json_add_int(e, "steps_lost", r->steps_lost);
+    cJSON_AddStringToObject(e, "restore", r->restore);
+    cJSON_AddBoolToObject(e, "injected", r->t_fault != 0);
+    cJSON_AddItemToArray(recs, e);
+  }
+  cJSON_AddStringToObject(j, "log_dir", res->log_dir);
+  char *s = cJSON_Print(j);
+  cJSON_Delete(j);
+  return s;
+}

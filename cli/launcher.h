@@ -1,0 +1,56 @@
+/* The single-host launcher behind `newt run` and `newt bench recovery`: a private etcd
+ * (unless one is given), K coordinators and N workers as separate processes, faults
+ * injected for real at given steps (--chaos), a live progress line, and a summary of the
+ * run with one entry per recovery. */
+#ifndef NEWT_CLI_LAUNCHER_H
+#define NEWT_CLI_LAUNCHER_H
+
+#include <stdint.h>
+
+#include "common/err.h"
+#include "coordinator/chaos.h"
+#include "coordinator/spec.h"
+
+typedef struct launcher_opts {
+  newt_spec spec;
+  int nproc;            /* workers at the start */
+  int coordinators;     /* coordinator processes (a killed one is started again, as a
+                           Deployment would) */
+  const char *etcd;     /* an etcd to use; NULL: start a private one */
+  chaos_plan chaos;
+  const char *summary;  /* write the summary JSON here; may be NULL */
+  const char *log_dir;  /* per-process logs; NULL: a new directory under /tmp */
+  int threads;          /* per worker */
+  int quiet;            /* no live line, no event lines */
+  int64_t timeout_ms;   /* give up when the job is not done by then (0: none) */
+} launcher_opts;
+
+typedef struct launcher_recovery {
+  char cause[16];
+  uint64_t t_fault; /* wall ms of the fault (0: not injected by us) */
+  int64_t detect_ms, plan_ms, comm_ms, restore_ms, total_ms, steps_lost;
+  int64_t generation;
+  char restore[8];
+} launcher_recovery;
+
+typedef struct launcher_result {
+  int done;            /* the job reached its last step */
+  int64_t steps;
+  double final_loss;
+  int64_t generations;
+  int64_t samples_consumed;
+  double wall_s;
+  launcher_recovery *recoveries;
+  int nrecoveries;
+  char log_dir[512];
+} launcher_result;
+
+/* Runs the job to its end. NEWT_OK when it finished; the result is filled either way. */
+newt_result_t launcher_run(const launcher_opts *o, launcher_result *res);
+void launcher_result_free(launcher_result *res);
+
+/* The summary document of DESIGN.md (steps, final_loss, generations, samples_consumed,
+ * recoveries[] with cause and timings); malloc'd. */
+char *launcher_summary_json(const launcher_opts *o, const launcher_result *res);
+
+#endif

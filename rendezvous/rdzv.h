@@ -1,0 +1,191 @@
+/* The rendezvous protocols on etcd: worker registration, the membership view, leader
+ * election among coordinators with guarded writes, and the generation barrier. This is
+ * the API the coordinator and the worker use; docs/rendezvous.md describes the protocols
+ * and their guarantees.
+ *
+ * Key layout (everything of a job lives under /newt/<job>/):
+ *
+ *   spec                        the job spec (JSON), written once by whoever starts the job
+ *   workers/<id>                a worker's registration (JSON, rdzv_worker), on its lease:
+ *                               it disappears when the worker dies or leaves
+ *   election/<lease hex>        a coordinator's candidacy ({"name","host","pid"}), on its
+ *                               lease; the leader is the lowest create_revision
+ *   plan                        the current plan (JSON with "generation"), written only by
+ *                               the leader, guarded by its candidacy key
+ *   acks/<generation>/<id>      worker <id> acknowledges plan <generation>, on its lease
+ *                               (<generation> is 20 zero-padded digits so keys sort)
+ *   events/<ms>-<random>        job events (JSON), ms = wall-clock milliseconds (16 digits)
+ *
+ * Job names and worker ids are 1-63 characters of [A-Za-z0-9._-]. */
+#ifndef NEWT_RENDEZVOUS_RDZV_H
+#define NEWT_RENDEZVOUS_RDZV_H
+
+#include <stdatomic.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "rendezvous/etcd.h"
+
+#define RDZV_NAME_MAX 64
+
+/* 1-63 characters of [A-Za-z0-9._-]; the error names `what`. */
+newt_result_t rdzv_check_name(const char *what, const char *name);
+/* "/newt/<job>/" + suffix into out. */
+newt_result_t rdzv_key(char *out, size_t cap, const char *job, const char *suffix);
+
+/* --- registration ------------------------------------------------------------------------ */
+
+typedef struct rdzv_worker {
+  char id[RDZV_NAME_MAX];
+  char host[256];
+  char addr[256];     /* "ip:port" of its data-plane listener ("" when none yet) */
+  int device;         /* GPU index; -1: CPU */
+  char state[64];     /* "joining", "ready", "training", "leaving", ... */
+  int64_t pid;
+  int64_t generation; /* the last plan generation it has taken up (0: none) */
+  /* read back from etcd (ignored when writing) */
+  int64_t lease;
+  int64_t create_revision;
+  int64_t mod_revision;
+} rdzv_worker;
+
+/* JSON form ({"id","host","addr","device","state","pid","generation"}); malloc'd. */
+newt_result_t rdzv_worker_to_json(const rdzv_worker *w, char **out);
+/* Parses and checks a registration; errors name `what` and the field. */
+newt_result_t rdzv_worker_from_json(const char *text, size_t len, const char *what, rdzv_worker *out);
+
+typedef struct rdzv_registration rdzv_registration;
+
+/* Grants a lease of ttl_s, writes workers/<w->id> on it (failing with NEWT_ERR_CONFLICT
+ * when that id is registered by a live lease already) and keeps the lease alive. `lost`
+ * (may be NULL) is called once, at once, when the lease is lost: the worker must then
+ * stop acting as a member (it is gone from the view) and register again. */
+newt_result_t rdzv_register(rdzv_etcd *c, const char *job, const rdzv_worker *w, int64_t ttl_s,
+                            rdzv_etcd_lease_lost_fn lost, void *ud, newt_deadline_t d,
+                            rdzv_registration **out);
+/* Rewrites the registration with a new state / generation (only while it is still ours:
+ * NEWT_ERR_CONFLICT when the lease was lost). */
+newt_result_t rdzv_registration_update(rdzv_registration *r, const char *state, int64_t generation,
+                                       newt_deadline_t d);
+/* After a lost lease: when etcd still has the lease and our key on it (etcd extends every
+ * lease when it restarts, so an outage shorter than the TTL loses nothing), keeps it alive
+ * again; otherwise registers anew on a fresh lease (NEWT_ERR_CONFLICT when another worker
+ * took the id meanwhile). NEWT_ERR_UNAVAILABLE while etcd cannot be reached. */
+newt_result_t rdzv_registration_renew(rdzv_registration *r, const char *job, newt_deadline_t d);
+int64_t rdzv_registration_lease(const rdzv_registration *r);
+/* 1 when its lease was lost (why filled), else 0. */
+int rdzv_registration_lost(rdzv_registration *r, char *why, size_t cap);
+/* Graceful leave: revokes the lease, so the registration and its acks go at once. */
+newt_result_t rdzv_registration_leave(rdzv_registration *r, newt_deadline_t d);
+/* Stops the keep-alive (the registration then expires with its lease) and frees. */
+void rdzv_registration_free(rdzv_registration *r);
+
+/* --- membership view ---------------------------------------------------------------------- */
+
+typedef enum rdzv_member_change {
+  RDZV_MEMBER_JOIN = 0,
+  RDZV_MEMBER_LEAVE,
+  RDZV_MEMBER_UPDATE,
+  RDZV_MEMBER_RESYNC, /* history was compacted: the view was re-read; the JOIN / LEAVE /
+                         UPDATE events that follow at the same revision are the difference */
+} rdzv_member_change;
+
+typedef struct rdzv_member_event {
+  rdzv_member_change change;
+  int64_t revision;          /* the etcd revision of the change */
+  const rdzv_worker *worker; /* LEAVE: its last known registration; RESYNC: NULL */
+} rdzv_member_event;
+
+/* Called in revision order: first (on the caller's thread, inside rdzv_members_start) a
+ * JOIN for each member of the snapshot, then (on the watch thread) every change. */
+typedef void (*rdzv_members_fn)(void *ud, const rdzv_member_event *e);
+
+typedef struct rdzv_members rdzv_members;
+
+/* A consistent snapshot of workers/ (one range at revision R) and a watch from R + 1, so
+ * no change is missed between the two; fn may be NULL (poll with rdzv_members_get). */
+newt_result_t rdzv_members_start(rdzv_etcd *c, const char *job, rdzv_members_fn fn, void *ud,
+                                 newt_deadline_t d, rdzv_members **out);
+/* A copy of the members, sorted by id (free(*out)), and the revision they are current at. */
+newt_result_t rdzv_members_get(rdzv_members *m, rdzv_worker **out, size_t *n, int64_t *revision);
+size_t rdzv_members_count(rdzv_members *m);
+/* Waits until a membership change after revision `after` (*revision: that change's);
+ * NEWT_ERR_TIMEOUT at d, NEWT_ERR_ABORTED when *abort becomes non-zero (checked every 50 ms). */
+newt_result_t rdzv_members_wait(rdzv_members *m, int64_t after, newt_deadline_t d,
+                                const atomic_int *abort, int64_t *revision);
+void rdzv_members_free(rdzv_members *m);
+
+/* --- leader election ---------------------------------------------------------------------- */
+
+typedef struct rdzv_candidate rdzv_candidate;
+
+/* Called on a background thread when this candidate becomes leader (leading = 1) or stops
+ * being leader or candidate (leading = 0: lease lost, key deleted, deposed), with why. */
+typedef void (*rdzv_leadership_fn)(void *ud, int leading, const char *why);
+
+typedef struct rdzv_campaign_opts {
+  const char *name;   /* shown to others ("coordinator-1") */
+  int64_t ttl_s;      /* candidacy lease; a dead leader is replaced within about this */
+  rdzv_leadership_fn fn;
+  void *ud;
+} rdzv_campaign_opts;
+
+/* Enters the election: a lease, the key election/<lease hex> on it, a keep-alive and a
+ * watch of election/. Returns at once; see rdzv_candidate_wait. */
+newt_result_t rdzv_campaign(rdzv_etcd *c, const char *job, const rdzv_campaign_opts *o,
+                            newt_deadline_t d, rdzv_candidate **out);
+/* Waits until this candidate leads: NEWT_OK, NEWT_ERR_TIMEOUT at d, NEWT_ERR_ABORTED
+ * after rdzv_candidate_abort, NEWT_ERR_CONFLICT when the candidacy was lost. */
+newt_result_t rdzv_candidate_wait(rdzv_candidate *cand, newt_deadline_t d);
+/* Ends the waits in progress (they return NEWT_ERR_ABORTED); later waits are not affected. */
+void rdzv_candidate_abort(rdzv_candidate *cand);
+int rdzv_candidate_is_leader(rdzv_candidate *cand);
+int64_t rdzv_candidate_lease(const rdzv_candidate *cand);
+const char *rdzv_candidate_key(const rdzv_candidate *cand);
+/* A transaction that runs only while this candidate leads: its compares plus "my candidacy
+ * key still has my create_revision". NEWT_ERR_CONFLICT when it does not lead (deposed:
+ * its lease expired, it resigned, or it never led); *out may be NULL. */
+newt_result_t rdzv_guarded_txn(rdzv_candidate *cand, const rdzv_etcd_cmp *cmps, size_t ncmp,
+                               const rdzv_etcd_op *ops, size_t nops, newt_deadline_t d,
+                               rdzv_etcd_txn_result *out);
+newt_result_t rdzv_guarded_put(rdzv_candidate *cand, const char *key, const void *value, size_t len,
+                               newt_deadline_t d, int64_t *revision);
+/* Gives up leadership and candidacy (revokes the lease); others take over at once. */
+newt_result_t rdzv_candidate_resign(rdzv_candidate *cand, newt_deadline_t d);
+/* Stops the watch and keep-alive and frees (without resigning: the lease expires). */
+void rdzv_candidate_free(rdzv_candidate *cand);
+
+/* Who leads the job's election now (for observers): name (may be NULL), its candidacy key
+ * and create_revision; NEWT_ERR_NOTFOUND when nobody runs. */
+newt_result_t rdzv_leader_get(rdzv_etcd *c, const char *job, newt_deadline_t d, char *name, size_t cap,
+                              int64_t *create_revision);
+
+/* --- plan, spec, events --------------------------------------------------------------------- */
+
+/* The leader publishes plan `generation` (plan_json must hold that "generation"). */
+newt_result_t rdzv_plan_publish(rdzv_candidate *cand, int64_t generation, const char *plan_json,
+                                newt_deadline_t d);
+/* The current plan (malloc'd JSON) and its generation; NEWT_ERR_NOTFOUND when none. */
+newt_result_t rdzv_plan_get(rdzv_etcd *c, const char *job, newt_deadline_t d, char **json,
+                            int64_t *generation, int64_t *mod_revision);
+newt_result_t rdzv_spec_put(rdzv_etcd *c, const char *job, const char *spec_json, newt_deadline_t d);
+newt_result_t rdzv_spec_get(rdzv_etcd *c, const char *job, newt_deadline_t d, char **spec_json);
+/* Appends an event (JSON object) under events/. */
+newt_result_t rdzv_event_post(rdzv_etcd *c, const char *job, const char *event_json, newt_deadline_t d);
+
+/* --- generation barrier --------------------------------------------------------------------- */
+
+/* Worker `id` acknowledges generation g (acks/<g>/<id>, on its registration lease). */
+newt_result_t rdzv_barrier_ack(rdzv_etcd *c, const char *job, int64_t generation, const char *id,
+                               int64_t lease, newt_deadline_t d);
+/* Waits until every one of ids[0..n) has acknowledged generation g (a snapshot of acks/<g>/,
+ * then a watch of it). NEWT_ERR_TIMEOUT at d naming the members still missing;
+ * NEWT_ERR_ABORTED when *abort becomes non-zero. */
+newt_result_t rdzv_barrier_wait(rdzv_etcd *c, const char *job, int64_t generation,
+                                const char *const *ids, size_t n, newt_deadline_t d,
+                                const atomic_int *abort);
+/* Deletes the acks of every generation below g (the leader's housekeeping). */
+newt_result_t rdzv_barrier_forget(rdzv_candidate *cand, const char *job, int64_t below_generation,
+                                  newt_deadline_t d);
+
+#endif

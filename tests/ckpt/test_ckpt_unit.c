@@ -1,0 +1,341 @@
+/* Unit tests of the checkpoint pieces: the chunk codec and its filters, slice geometry
+ * (intersection copy against a brute-force reference, coverage, flat ZeRO ranges), and the
+ * manifest format (round trip, and every kind of damage rejected with a message naming
+ * the field). */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "ckpt/internal.h"
+#include "test.h"
+
+static uint64_t rng = 0x1234567ULL;
+static uint64_t rnd(void) {
+  rng ^= rng << 13;
+  rng ^= rng >> 7;
+  rng ^= rng << 17;
+  return rng;
+}
+static int64_t rnd_in(int64_t lo, int64_t hi) { return lo + (int64_t)(rnd() % (uint64_t)(hi - lo + 1)); }
+
+/* ---- codec --------------------------------------------------------------------------------- */
+
+static void roundtrip(newt_dtype dt, const void *raw, size_t len, int level, int expect_codec) {
+  ckpt_codec enc = {0}, dec = {0};
+  ckpt_chunk_hdr h;
+  uint8_t *block = malloc(CKPT_CHUNK_HDR + len);
+  T_OK(ckpt_chunk_encode(&enc, raw, len, dt, level, &h, block));
+  T_CHECK(h.raw == len);
+  if (expect_codec >= 0) T_CHECK_MSG(h.codec == expect_codec, "%s, %zu bytes: codec %d, expected %d",
+                                     newt_dtype_name(dt), len, h.codec, expect_codec);
+  if (h.codec == CKPT_CODEC_ZSTD) T_CHECK(h.stored < len);
+  ckpt_chunk_hdr back;
+  T_OK(ckpt_chunk_hdr_decode(block, "test", &back));
+  T_CHECK(back.codec == h.codec && back.filter == h.filter && back.esize == h.esize && back.raw == h.raw &&
+          back.stored == h.stored && back.xxh_raw == h.xxh_raw && back.xxh_stored == h.xxh_stored);
+  void *out = malloc(len + 1);
+  T_OK(ckpt_chunk_decode(&dec, &h, block + CKPT_CHUNK_HDR, out, "test"));
+  T_CHECK(memcmp(out, raw, len) == 0);
+  /* one flipped bit anywhere in the stored bytes is caught */
+  block[CKPT_CHUNK_HDR + (rnd() % h.stored)] ^= 0x10;
+  T_ERR(NEWT_ERR_CORRUPT, ckpt_chunk_decode(&dec, &h, block + CKPT_CHUNK_HDR, out, "test"));
+  T_CHECK(strstr(newt_errmsg(), "test: checksum mismatch") != NULL);
+  free(out);
+  free(block);
+  ckpt_codec_free(&enc);
+  ckpt_codec_free(&dec);
+}
+
+static void test_codec(void) {
+  size_t n = 100003; /* odd element count */
+  float *f = malloc(n * sizeof *f);
+  for (size_t i = 0; i < n; i++) f[i] = 0.02f * (float)((int64_t)(rnd() % 20001) - 10000) / 10000.0f;
+  f[5] = -0.0f;
+  f[6] = 1e-42f; /* denormal */
+  uint32_t nan = 0x7fc12345u;
+  memcpy(&f[7], &nan, 4);
+  roundtrip(NEWT_F32, f, n * 4, 1, CKPT_CODEC_ZSTD);
+  roundtrip(NEWT_F32, f, n * 4, 0, CKPT_CODEC_RAW); /* level 0: stored raw */
+  uint16_t *b = malloc(n * 2);
+  for (size_t i = 0; i < n; i++) b[i] = newt_f32_to_bf16(f[i]);
+  roundtrip(NEWT_BF16, b, n * 2, 3, CKPT_CODEC_ZSTD);
+  roundtrip(NEWT_F16, b, n * 2, 1, -1);
+  roundtrip(NEWT_I64, f, (n - 1) * 4, 1, -1);
+  roundtrip(NEWT_I32, f, n * 4, 1, -1);
+  roundtrip(NEWT_U8, f, n * 4 - 1, 1, -1);
+  uint8_t *noise = malloc(n * 4);
+  for (size_t i = 0; i < n * 4; i++) noise[i] = (uint8_t)rnd();
+  roundtrip(NEWT_F32, noise, n * 4, 1, CKPT_CODEC_RAW); /* incompressible: stored raw */
+  memset(noise, 0, 4096);
+  roundtrip(NEWT_F32, noise, 4096, 1, CKPT_CODEC_ZSTD);
+  roundtrip(NEWT_F32, f, 8, 1, CKPT_CODEC_RAW); /* tiny */
+  free(f);
+  free(b);
+  free(noise);
+}
+
+static void test_filters(void) {
+  uint8_t in[4096], mid[4096], out[4096];
+  for (size_t i = 0; i < sizeof in; i++) in[i] = (uint8_t)rnd();
+  for (int filter = 0; filter < CKPT_FILTER__COUNT; filter++)
+    for (size_t es = 2; es <= 8; es *= 2) {
+      size_t len = 4096 - 4096 % (es * 3);
+      ckpt_filter_apply(filter, es, in, mid, len);
+      ckpt_filter_undo(filter, es, mid, out, len);
+      T_CHECK_MSG(memcmp(in, out, len) == 0, "filter %d, element size %zu", filter, es);
+    }
+  /* shuffle-rot1 puts the 8 exponent bits of an f32 in one byte group */
+  float v[3] = {1.0f, -1.0f, 0.5f};
+  ckpt_filter_apply(CKPT_FILTER_ROT1, 4, v, mid, sizeof v);
+  T_CHECK(mid[9] == 127 && mid[10] == 127 && mid[11] == 126); /* group 3: exponents */
+  T_CHECK((mid[0] & 1) == 0 && (mid[1] & 1) == 1);           /* group 0: sign in bit 0 */
+}
+
+/* ---- slices -------------------------------------------------------------------------------- */
+
+/* Position of global element g in slice s, or -1. */
+static int64_t pos_in(const int64_t *shape, int nd, const ckpt_slice *s, int64_t g) {
+  int64_t idx[CKPT_MAX_DIMS];
+  for (int i = nd - 1; i >= 0; i--) {
+    idx[i] = g % shape[i];
+    g /= shape[i];
+  }
+  int64_t k = 0;
+  for (int i = 0; i < nd; i++) {
+    if (idx[i] < s->offset[i] || idx[i] >= s->offset[i] + s->shape[i]) return -1;
+    k = k * s->shape[i] + (idx[i] - s->offset[i]);
+  }
+  return k >= s->begin && k < s->end ? k - s->begin : -1;
+}
+
+static void random_slice(int nd, const int64_t *shape, ckpt_slice *s) {
+  memset(s, 0, sizeof *s);
+  s->ndim = nd;
+  for (int i = 0; i < nd; i++) {
+    s->offset[i] = rnd_in(0, shape[i] - 1);
+    s->shape[i] = rnd_in(1, shape[i] - s->offset[i]);
+  }
+  int64_t n = ckpt_shape_numel(nd, s->shape);
+  s->begin = rnd() % 3 == 0 ? 0 : rnd_in(0, n - 1);
+  s->end = rnd() % 3 == 0 ? n : rnd_in(s->begin + 1, n);
+}
+
+static void test_slice_copy(void) {
+  for (int iter = 0; iter < 3000; iter++) {
+    int nd = (int)rnd_in(1, 4);
+    int64_t shape[CKPT_MAX_DIMS];
+    for (int i = 0; i < nd; i++) shape[i] = rnd_in(1, nd > 2 ? 6 : 13);
+    int64_t numel = ckpt_shape_numel(nd, shape);
+    ckpt_slice S, D;
+    random_slice(nd, shape, &S);
+    random_slice(nd, shape, &D);
+    int64_t ns = ckpt_slice_numel(&S), ndd = ckpt_slice_numel(&D);
+    int32_t *src = malloc((size_t)ns * 4), *dst = malloc((size_t)ndd * 4), *ref = malloc((size_t)ndd * 4);
+    for (int64_t i = 0; i < ns; i++) src[i] = (int32_t)(1000 + i);
+    for (int64_t i = 0; i < ndd; i++) dst[i] = ref[i] = -1;
+    int64_t want = 0;
+    for (int64_t g = 0; g < numel; g++) {
+      int64_t ps = pos_in(shape, nd, &S, g), pd = pos_in(shape, nd, &D, g);
+      if (ps >= 0 && pd >= 0) {
+        ref[pd] = src[ps];
+        want++;
+      }
+    }
+    int64_t got = ckpt_slice_copy(shape, 4, &D, dst, &S, src);
+    T_CHECK_MSG(got == want, "iteration %d: copied %lld, expected %lld", iter, (long long)got, (long long)want);
+    T_CHECK_MSG(memcmp(dst, ref, (size_t)ndd * 4) == 0, "iteration %d: wrong elements", iter);
+    T_CHECK(ckpt_slices_may_overlap(&D, &S) == (want > 0));
+    int64_t pos;
+    if (ckpt_slice_contiguous_in(shape, &S, &D, &pos)) { /* S sits in D as one run at pos */
+      for (int64_t i = 0; i < ns; i++) T_CHECK(ref[pos + i] == src[i]);
+    }
+    free(src);
+    free(dst);
+    free(ref);
+  }
+}
+
+static void add_chunk(ckpt_tensor *t, int nd, const int64_t *off, const int64_t *shape, int64_t b, int64_t e) {
+  ckpt_chunk c = {0};
+  ckpt_slice_box(&c.slice, nd, off, shape);
+  c.slice.begin = b;
+  c.slice.end = e < 0 ? c.slice.end : e;
+  ckpt_tensor_add_chunk(t, &c);
+}
+
+static void test_coverage(void) {
+  ckpt_tensor t = {.name = "w", .dtype = NEWT_F32, .ndim = 2, .shape = {5, 7}};
+  /* columns split in two boxes, the second box split by a range */
+  add_chunk(&t, 2, (int64_t[]){0, 0}, (int64_t[]){5, 3}, 0, -1);
+  add_chunk(&t, 2, (int64_t[]){0, 3}, (int64_t[]){5, 4}, 0, 9);
+  T_ERR(NEWT_ERR_INVALID, ckpt_coverage_check(&t, 1, "w"));
+  T_CHECK(strstr(newt_errmsg(), "in no chunk") != NULL);
+  T_OK(ckpt_coverage_check(&t, 0, "w")); /* no overlap: fine as an index */
+  add_chunk(&t, 2, (int64_t[]){0, 3}, (int64_t[]){5, 4}, 9, 20);
+  T_OK(ckpt_coverage_check(&t, 1, "w"));
+  add_chunk(&t, 2, (int64_t[]){4, 6}, (int64_t[]){1, 1}, 0, -1);
+  T_ERR(NEWT_ERR_INVALID, ckpt_coverage_check(&t, 1, "w"));
+  T_CHECK(strstr(newt_errmsg(), "both hold element 34") != NULL);
+  free(t.chunks);
+}
+
+static void test_flat_pieces(void) {
+  ckpt_slice boxes[3];
+  ckpt_slice_box(&boxes[0], 2, NULL, (int64_t[]){3, 4});
+  ckpt_slice_box(&boxes[1], 1, NULL, (int64_t[]){5});
+  ckpt_slice_box(&boxes[2], 2, (int64_t[]){2, 0}, (int64_t[]){2, 2});
+  ckpt_flat_piece p[4];
+  size_t n = 0;
+  T_OK(ckpt_flat_pieces(boxes, 3, 10, 9, p, 4, &n)); /* tail of 0, all of 1, head of 2 */
+  T_CHECK(n == 3);
+  T_CHECK(p[0].tensor == 0 && p[0].slice.begin == 10 && p[0].slice.end == 12 && p[0].flat_off == 10);
+  T_CHECK(p[1].tensor == 1 && p[1].slice.begin == 0 && p[1].slice.end == 5 && p[1].flat_off == 12);
+  T_CHECK(p[2].tensor == 2 && p[2].slice.begin == 0 && p[2].slice.end == 2 && p[2].slice.offset[0] == 2);
+  T_ERR(NEWT_ERR_INVALID, ckpt_flat_pieces(boxes, 3, 20, 5, p, 4, &n)); /* past the end (21 elements) */
+  T_ERR(NEWT_ERR_INVALID, ckpt_flat_pieces(boxes, 3, 0, 21, p, 2, &n)); /* too many pieces */
+}
+
+/* ---- manifests ----------------------------------------------------------------------------- */
+
+static char *sample_manifest(size_t *len) {
+  ckpt_manifest m = {.step = 42, .nranks = 2, .attempt = 0xabcdef, .created_ms = 1700000000000ULL};
+  m.files = calloc(2, sizeof *m.files);
+  m.nfiles = 2;
+  m.files[0] = (ckpt_file){.name = strdup("rank-00000-0000000000abcdef.shard"), .rank = 0, .bytes = 1 << 20, .raw_bytes = 60};
+  m.files[1] = (ckpt_file){.name = strdup("rank-00001-0000000000abcdef.shard"), .rank = 1, .bytes = 1 << 20, .raw_bytes = 60};
+  ckpt_tensor_desc d = {.name = "h.0.attn.qkv.w", .dtype = NEWT_F32, .ndim = 2, .shape = {3, 10}};
+  ckpt_tensor *t;
+  ckpt_manifest_add_tensor(&m, &d, &t);
+  for (int r = 0; r < 2; r++) {
+    ckpt_chunk c = {.file = (uint32_t)r, .codec = CKPT_CODEC_RAW, .offset = 4096, .stored = 60, .raw = 60,
+                    .xxh_raw = 0x1122334455667788ULL, .xxh_stored = 0x1122334455667788ULL};
+    ckpt_slice_box(&c.slice, 2, (int64_t[]){0, 5 * r}, (int64_t[]){3, 5});
+    ckpt_tensor_add_chunk(t, &c);
+  }
+  m.state = cJSON_Parse("{\"step\":42,\"cursor\":{\"shard\":1,\"pos\":99},\"rng\":\"00ff\"}");
+  char *text = NULL;
+  T_OK(ckpt_manifest_encode(&m, &text, len));
+  ckpt_manifest_free(&m);
+  return text;
+}
+
+/* Re-frames a JSON body with a correct header, as a forger (or a buggy writer) would. */
+static char *frame(const char *body, size_t *len) {
+  size_t bl = strlen(body);
+  char *out = malloc(bl + 128);
+  if (!out) abort();
+  int hl = sprintf(out, "newt-ckpt manifest 1 %zu %016llx\n", bl, (unsigned long long)ckpt_hash(body, bl));
+  memcpy(out + hl, body, bl + 1);
+  *len = (size_t)hl + bl;
+  return out;
+}
+
+/* Replaces the first `from` in the manifest's JSON by `to`, re-frames, decodes: must fail
+ * naming `field`. */
+static void expect_rejected(const char *text, const char *from, const char *to, const char *field) {
+  const char *body = strchr(text, '\n') + 1;
+  const char *at = strstr(body, from);
+  T_CHECK_MSG(at != NULL, "\"%s\" not in the sample manifest", from);
+  if (!at) return;
+  size_t pre = (size_t)(at - body);
+  char *mod = malloc(strlen(body) + strlen(to) + 1);
+  if (!mod) abort();
+  sprintf(mod, "%.*s%s%s", (int)pre, body, to, at + strlen(from));
+  size_t len;
+  char *framed = frame(mod, &len);
+  ckpt_manifest m;
+  newt_result_t r = ckpt_manifest_decode(framed, len, "MANIFEST", 0, &m);
+  T_CHECK_MSG(r != NEWT_OK, "replacing %s by %s was accepted", from, to);
+  T_CHECK_MSG(strstr(newt_errmsg(), field) != NULL, "replacing %s by %s: message \"%s\" does not name %s", from, to,
+              newt_errmsg(), field);
+  if (r == NEWT_OK) ckpt_manifest_free(&m);
+  free(framed);
+  free(mod);
+}
+
+static void test_manifest(void) {
+  size_t len;
+  char *text = sample_manifest(&len);
+  ckpt_manifest m;
+  T_OK(ckpt_manifest_decode(text, len, "MANIFEST", 0, &m));
+  T_CHECK(m.step == 42 && m.nranks == 2 && m.attempt == 0xabcdef && m.ntensors == 1);
+  T_CHECK(m.tensors[0].nchunks == 2 && m.tensors[0].chunks[1].slice.offset[1] == 5);
+  T_CHECK(cJSON_GetObjectItem(cJSON_GetObjectItem(m.state, "cursor"), "pos")->valuedouble == 99);
+  ckpt_manifest_free(&m);
+  /* the same text framed as an index is refused */
+  T_ERR(NEWT_ERR_CORRUPT, ckpt_manifest_decode(text, len, "rank-00000.index", 1, &m));
+
+  /* damage to the frame */
+  T_ERR(NEWT_ERR_CORRUPT, ckpt_manifest_decode(text, len - 10, "MANIFEST", 0, &m));
+  T_CHECK(strstr(newt_errmsg(), "MANIFEST: truncated") != NULL);
+  T_ERR(NEWT_ERR_CORRUPT, ckpt_manifest_decode(text, 30, "MANIFEST", 0, &m));
+  T_ERR(NEWT_ERR_CORRUPT, ckpt_manifest_decode(text, 0, "MANIFEST", 0, &m));
+  char *flip = strdup(text);
+  flip[len / 2] ^= 1;
+  T_ERR(NEWT_ERR_CORRUPT, ckpt_manifest_decode(flip, len, "MANIFEST", 0, &m));
+  T_CHECK(strstr(newt_errmsg(), "checksum mismatch") != NULL);
+  free(flip);
+  T_ERR(NEWT_ERR_CORRUPT, ckpt_manifest_decode("garbage\n{}", 10, "MANIFEST", 0, &m));
+  T_CHECK(strstr(newt_errmsg(), "malformed header line") != NULL);
+
+  /* damage to the content, with a valid checksum: each names its field */
+  expect_rejected(text, "\"step\":42", "\"step\":\"x\"", "MANIFEST.step");
+  expect_rejected(text, "\"step\":42,", "", "MANIFEST.step: missing");
+  expect_rejected(text, "\"format\":\"newt-ckpt\"", "\"format\":\"zip\"", "MANIFEST.format");
+  expect_rejected(text, "\"version\":1", "\"version\":7", "MANIFEST.version");
+  expect_rejected(text, "\"nranks\":2", "\"nranks\":0", "MANIFEST.nranks");
+  expect_rejected(text, "rank-00000-0000000000abcdef.shard", "../../etc/passwd", "MANIFEST.files[0].name");
+  expect_rejected(text, "rank-00000-0000000000abcdef.shard", "/etc/passwd", "not a plain file name");
+  expect_rejected(text, "rank-00000-0000000000abcdef.shard", "..", "MANIFEST.files[0].name");
+  expect_rejected(text, "rank-00000-0000000000abcdef.shard", "sub/dir.shard", "MANIFEST.files[0].name");
+  expect_rejected(text, "rank-00001-0000000000abcdef.shard", "rank-00000-0000000000abcdef.shard", "listed twice");
+  expect_rejected(text, "\"rank\":1", "\"rank\":2", "MANIFEST.files[1].rank");
+  expect_rejected(text, "\"dtype\":\"f32\"", "\"dtype\":\"f33\"", "MANIFEST.tensors[0].dtype");
+  expect_rejected(text, "\"shape\":[3,10]", "\"shape\":[3,-10]", "MANIFEST.tensors[0].shape[1]");
+  expect_rejected(text, "\"shape\":[3,10]", "\"shape\":[3,9]", "MANIFEST.tensors[0].chunks[1]");
+  expect_rejected(text, "\"file\":1", "\"file\":5", "MANIFEST.tensors[0].chunks[1].file");
+  expect_rejected(text, "\"codec\":\"raw\"", "\"codec\":\"lz4\"", "MANIFEST.tensors[0].chunks[0].codec");
+  expect_rejected(text, "\"raw\":60", "\"raw\":64", "MANIFEST.tensors[0].chunks[0].raw");
+  expect_rejected(text, "\"xxh_raw\":\"1122334455667788\"", "\"xxh_raw\":\"xyz\"", "chunks[0].xxh_raw");
+  expect_rejected(text, "\"offset\":4096", "\"offset\":1048500", "past the end");
+  expect_rejected(text, "\"box_offset\":[0,5]", "\"box_offset\":[0,6]", "MANIFEST.tensors[0].chunks[1]");
+  expect_rejected(text, "\"box_offset\":[0,5]", "\"box_offset\":[0,0]", "both hold");
+  expect_rejected(text, "\"begin\":0", "\"begin\":5", "MANIFEST.tensors[0].chunks[0].raw");
+  expect_rejected(text, "\"shape\":[3,10]", "\"shape\":[4,10]", "elements [30, 40) of 40 are in no chunk");
+  expect_rejected(text, "\"state\":{\"step\":42,\"cursor\":{\"shard\":1,\"pos\":99},\"rng\":\"00ff\"}", "\"state\":7",
+                  "MANIFEST.state: expected an object");
+  expect_rejected(text, "\"tensors\":[{", "\"tensors\":[7,{", "MANIFEST.tensors[0]: expected an object");
+  expect_rejected(text, "\"state\":{", "\"extra\":1,\"state\":{", "MANIFEST.extra: unknown field");
+  free(text);
+
+  T_CHECK(ckpt_plain_name("rank-00000-0000000000abcdef.shard"));
+  T_CHECK(!ckpt_plain_name("..") && !ckpt_plain_name(".") && !ckpt_plain_name("") && !ckpt_plain_name("a/b") &&
+          !ckpt_plain_name("a b") && !ckpt_plain_name("/x"));
+}
+
+static void test_headers(void) {
+  uint8_t b[CKPT_SHARD_HDR];
+  ckpt_shard_hdr h = {.rank = 3, .nranks = 8, .step = 1234567890123LL, .attempt = 77}, back;
+  ckpt_shard_hdr_encode(&h, b);
+  T_OK(ckpt_shard_hdr_decode(b, "shard", &back));
+  T_CHECK(back.rank == 3 && back.nranks == 8 && back.step == h.step && back.attempt == 77);
+  b[20] ^= 1;
+  T_ERR(NEWT_ERR_CORRUPT, ckpt_shard_hdr_decode(b, "shard", &back));
+  b[20] ^= 1;
+  b[0] = 'X';
+  T_ERR(NEWT_ERR_CORRUPT, ckpt_shard_hdr_decode(b, "shard", &back));
+  T_CHECK(strstr(newt_errmsg(), "bad magic") != NULL);
+  T_CHECK(ckpt_parse_step_name("step-0000000042") == 42 && ckpt_parse_step_name("step-") == -1 &&
+          ckpt_parse_step_name("step-4x") == -1 && ckpt_parse_step_name("latest") == -1);
+}
+
+int main(void) {
+  T_RUN(test_codec);
+  T_RUN(test_filters);
+  T_RUN(test_slice_copy);
+  T_RUN(test_coverage);
+  T_RUN(test_flat_pieces);
+  T_RUN(test_manifest);
+  T_RUN(test_headers);
+  return T_DONE();
+}

@@ -1,0 +1,605 @@
+/* End-to-end fault tests: a real `newt run` (private etcd, coordinators and workers as
+ * processes) with faults injected for real (kill -9, SIGSTOP, SIGTERM, new workers, a killed
+ * leader, an etcd restart), alone and two at once. Each scenario checks that
+ *
+ *   - the job reaches its last step and the summary records one recovery per fault, of
+ *     the right cause, with no step lost and state from memory (or peers, for a joiner);
+ *   - the samples consumed are exactly those of an uninterrupted run: every step's
+ *     samples, as the ranks that committed it logged them (NEWT_SAMPLE_LOG_DIR), cover
+ *     [step*G, (step+1)*G) once, and no step is committed twice;
+ *   - the final loss equals that of `newt train` (one process, no faults) with the same
+ *     spec, within 1e-4 relative.
+ *
+ * The scenario "netns" runs across hosts: each worker in a network namespace of its own
+ * (veth pairs on a bridge, so they talk TCP between their own addresses), etcd and the
+ * coordinator outside. One host is cut off mid-run (its link set down): the others detect
+ * it, replan and finish; once its link is back, the cut-off worker commits no step of the
+ * generation it was cut from, and the job's samples and loss are those of an uninterrupted
+ * run.
+ *
+ * usage: test_elastic <scenario> (one ctest test per scenario; see CMakeLists.txt). */
+#include <dirent.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "common/clock.h"
+#include "common/fs.h"
+#include "common/json.h"
+#include "common/proc.h"
+#include "common/strutil.h"
+#include "common/sys.h"
+#include "coordinator/plan.h"
+#include "rendezvous/rdzv.h"
+#include "test.h"
+
+#define GB 24
+#define MB 2
+#define MODEL "layers=2,channels=64"
+#define SEQ "32"
+
+typedef struct scenario {
+  const char *name;
+  int steps; /* long enough for the faults to play out: a join takes a process start, a
+                lost coordinator its lease TTL, an etcd restart its downtime */
+  int nproc;
+  const char *chaos;
+  const char *causes[4]; /* expected recoveries, in order */
+  const char *extra[4];  /* more newt run flags */
+  const char *stale;     /* a worker stopped and woken later: it must commit no step of its
+                            old generation beyond what the others did (it cannot rejoin it) */
+  int ckpt_every;        /* checkpoints every this many steps: state may come from disk */
+} scenario;
+
+static const scenario scenarios[] = {
+    {"none", 40, 4, "", {NULL}, {NULL}},
+    {"crash", 40, 4, "kill:worker:1@step=10", {"crash"}, {NULL}},
+    {"hang", 40, 4, "stop:worker:2@step=10", {"hang"}, {"--comm-timeout-ms", "600", NULL}},
+    {"leave", 40, 4, "term:worker:0@step=10", {"leave"}, {NULL}},
+    {"join", 300, 3, "join:1@step=10", {"join"}, {NULL}},
+    {"coordinator", 400, 4, "kill:coordinator@step=10", {"coordinator"}, {NULL}},
+    {"etcd", 400, 4, "restart:etcd:1500@step=10", {"etcd"}, {NULL}},
+    {"crash2", 40, 4, "kill:worker:1@step=10,kill:worker:2@step=10", {"crash"}, {NULL}},
+    {"crash_hang", 40, 4, "kill:worker:0@step=10,stop:worker:3@step=10", {"crash"}, {NULL}},
+    {"leave_join", 300, 4, "term:worker:3@step=10,join:2@step=20", {"leave", "join"}, {NULL}},
+    {"coordinator_crash", 400, 4, "kill:coordinator@step=10,kill:worker:2@step=20", {"coordinator", "crash"}, {NULL}},
+    {"etcd_leave", 400, 4, "restart:etcd:1000@step=10,term:worker:1@step=25", {"etcd", "leave"}, {NULL}},
+    {"stale", 300, 4, "stop:worker:2@step=10,cont:worker:2@step=60", {"hang", "join"}, {NULL}, "w2"},
+    /* every worker killed at once: the replacements can only read the checkpoint */
+    {"ckpt", 60, 3, "kill:worker:0@step=25,kill:worker:1@step=25,kill:worker:2@step=25,join:3@step=25", {"crash|hang"},
+     {NULL}, NULL, 10},
+};
+
+static char tmpdir[256];
+static const scenario *current;
+static const char *newt_bin;
+static int run_capture(const char *const *argv, char **out);
+
+/* Runs argv, stdout into out (malloc'd); returns the exit status or -1. */
+static int run_capture(const char *const *argv, char **out) {
+  char path[512];
+  snprintf(path, sizeof path, "%s/out.%d", tmpdir, (int)getpid());
+  unlink(path);
+  newt_spawn_opts so = {.log_path = path};
+  pid_t pid;
+  if (newt_proc_spawn(argv, &so, &pid) != NEWT_OK) return -1;
+  int st = 0;
+  if (newt_proc_wait(pid, 300000, &st) != NEWT_OK) {
+    newt_proc_stop(pid, 1000);
+    return -1;
+  }
+  size_t n;
+  if (out && newt_fs_read_all(path, 64 << 20, out, &n) != NEWT_OK) *out = NULL;
+  return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+}
+
+static double reference_loss(const char *newt, int nsteps) {
+  char steps[16], gb[16], mb[16];
+  snprintf(steps, sizeof steps, "%d", nsteps);
+  snprintf(gb, sizeof gb, "%d", GB);
+  snprintf(mb, sizeof mb, "%d", MB);
+  const char *argv[] = {newt, "train", "--model", MODEL, "--seq-len", SEQ, "--steps", steps, "--batch", gb,
+                        "--micro-batch", mb, NULL};
+  char *out = NULL;
+  int rc = run_capture(argv, &out);
+  double loss = NAN;
+  const char *last = out ? strrchr(out, '{') : NULL;
+  cJSON *j = NULL;
+  if (rc == 0 && last && newt_json_parse(last, strlen(last), "train", &j) == NEWT_OK) {
+    newt_json_get_double(j, "train", "final_loss", 1, &loss);
+    cJSON_Delete(j);
+  }
+  free(out);
+  return loss;
+}
+
+/* The sample logs: "C gen step first count" when a rank takes its slice of a step, "A gen
+ * step" when it applied the step. */
+typedef struct slice_rec {
+  long long gen, step, first, count;
+} slice_rec;
+
+/* The newest step each worker committed in generation 1 (stale check). */
+static void check_stale(const char *dir, const char *stale) {
+  char path[1024], line[128];
+  long long stale_max = -1, others_max = -1;
+  DIR *d = opendir(dir);
+  struct dirent *e;
+  while (d && (e = readdir(d))) {
+    if (!strstr(e->d_name, ".samples")) continue;
+    snprintf(path, sizeof path, "%s/%s", dir, e->d_name);
+    FILE *f = fopen(path, "r");
+    int is_stale = strncmp(e->d_name, stale, strlen(stale)) == 0 && e->d_name[strlen(stale)] == '.';
+    while (f && fgets(line, sizeof line, f)) {
+      long long g, st;
+      if (line[0] != 'A' || sscanf(line + 1, "%lld %lld", &g, &st) != 2 || g != 1) continue;
+      long long *m = is_stale ? &stale_max : &others_max;
+      if (st > *m) *m = st;
+    }
+    if (f) fclose(f);
+  }
+  if (d) closedir(d);
+  T_CHECK_MSG(others_max > 0, "no step of generation 1 was logged");
+  T_CHECK_MSG(stale_max <= others_max, "%s committed step %lld of generation 1 after the others left it at %lld",
+              stale, stale_max, others_max);
+}
+
+static void check_samples(const char *dir, int STEPS, int rollback) {
+  slice_rec *c = NULL;
+  size_t nc = 0, cap = 0;
+  long long *applied_gen = malloc((size_t)(STEPS + 1) * sizeof *applied_gen);
+  for (int s = 0; s <= STEPS; s++) applied_gen[s] = -1;
+  DIR *d = opendir(dir);
+  T_CHECK_MSG(d != NULL, "no sample logs in %s", dir);
+  if (!d) return;
+  struct dirent *e;
+  while ((e = readdir(d))) {
+    if (!strstr(e->d_name, ".samples")) continue;
+    char path[1024];
+    snprintf(path, sizeof path, "%s/%s", dir, e->d_name);
+    FILE *f = fopen(path, "r");
+    if (!f) continue;
+    char line[256];
+    while (fgets(line, sizeof line, f)) {
+      slice_rec r;
+      if (line[0] == 'C' && sscanf(line + 1, "%lld %lld %lld %lld", &r.gen, &r.step, &r.first, &r.count) == 4) {
+        if (nc == cap) {
+          cap = cap ? 2 * cap : 256;
+          c = realloc(c, cap * sizeof *c);
+        }
+        c[nc++] = r;
+      } else if (line[0] == 'A' && sscanf(line + 1, "%lld %lld", &r.gen, &r.step) == 2 && r.step >= 1 &&
+                 r.step <= STEPS) {
+        T_CHECK_MSG(rollback || applied_gen[r.step] < 0 || applied_gen[r.step] == r.gen,
+                    "step %lld was committed by generations %lld and %lld", r.step, applied_gen[r.step], r.gen);
+        if (r.gen > applied_gen[r.step]) applied_gen[r.step] = r.gen; /* after a rollback the redo counts */
+      }
+    }
+    fclose(f);
+  }
+  closedir(d);
+  for (int s = 1; s <= STEPS; s++) {
+    T_CHECK_MSG(applied_gen[s] >= 0, "step %d was never committed", s);
+    if (applied_gen[s] < 0) continue;
+    /* the slices of step s in the generation that committed it cover its samples once */
+    int seen[GB];
+    memset(seen, 0, sizeof seen);
+    for (size_t i = 0; i < nc; i++) {
+      if (c[i].step != s || c[i].gen != applied_gen[s]) continue;
+      for (long long k = c[i].first; k < c[i].first + c[i].count; k++) {
+        long long off = k - (long long)(s - 1) * GB;
+        T_CHECK_MSG(off >= 0 && off < GB, "step %d took sample %lld, outside its batch", s, k);
+        if (off >= 0 && off < GB) seen[off]++;
+      }
+    }
+    for (int k = 0; k < GB; k++)
+      T_CHECK_MSG(seen[k] == 1, "step %d: sample %d taken %d times", s, (s - 1) * GB + k, seen[k]);
+  }
+  free(c);
+  free(applied_gen);
+}
+
+static void run_scenario(const scenario *sc, const char *newt) {
+  const int STEPS = sc->steps;
+  double ref = reference_loss(newt, STEPS);
+  T_CHECK_MSG(isfinite(ref), "newt train gave no reference loss");
+  char logs[512], samples[512], summary[512], steps[16], gb[16], mb[16], nproc[16], job[64];
+  snprintf(logs, sizeof logs, "%s/logs", tmpdir);
+  snprintf(samples, sizeof samples, "%s/samples", tmpdir);
+  snprintf(summary, sizeof summary, "%s/summary.json", tmpdir);
+  T_OK(newt_fs_mkdirs(samples, 0755));
+  snprintf(steps, sizeof steps, "%d", STEPS);
+  snprintf(gb, sizeof gb, "%d", GB);
+  snprintf(mb, sizeof mb, "%d", MB);
+  snprintf(nproc, sizeof nproc, "%d", sc->nproc);
+  snprintf(job, sizeof job, "e2e-%s", sc->name);
+  const char *argv[40];
+  int a = 0;
+  const char *base[] = {newt, "run", "--quiet", "--job", job, "--nproc", nproc, "--model", MODEL, "--seq-len", SEQ,
+                        "--steps", steps, "--global-batch", gb, "--micro-batch", mb, "--comm-timeout-ms", "1500",
+                        "--log-dir", logs, "--summary", summary, "--timeout-ms", "180000"};
+  for (size_t i = 0; i < sizeof base / sizeof base[0]; i++) argv[a++] = base[i];
+  if (sc->chaos[0]) {
+    argv[a++] = "--chaos";
+    argv[a++] = sc->chaos;
+  }
+  for (int i = 0; sc->extra[i]; i++) argv[a++] = sc->extra[i];
+  char ckdir[512], every[16];
+  if (sc->ckpt_every) {
+    snprintf(ckdir, sizeof ckdir, "%s/ckpt", tmpdir);
+    snprintf(every, sizeof every, "%d", sc->ckpt_every);
+    argv[a++] = "--ckpt-dir";
+    argv[a++] = ckdir;
+    argv[a++] = "--ckpt-every";
+    argv[a++] = every;
+  }
+  argv[a] = NULL;
+  setenv("NEWT_SAMPLE_LOG_DIR", samples, 1);
+  char *out = NULL;
+  int rc = run_capture(argv, &out);
+  T_CHECK_MSG(rc == 0, "newt run exited %d:\n%s", rc, out ? out : "");
+  free(out);
+  char *text = NULL;
+  size_t n;
+  cJSON *j = NULL;
+  T_OK(newt_fs_read_all(summary, 1 << 20, &text, &n));
+  if (text) T_OK(newt_json_parse(text, n, "summary", &j));
+  if (!j) {
+    free(text);
+    return;
+  }
+  int done = 0;
+  int64_t st = 0, samples_n = 0;
+  double loss = NAN;
+  newt_json_get_bool(j, "summary", "done", 1, &done);
+  newt_json_get_int(j, "summary", "steps", 1, &st);
+  newt_json_get_int(j, "summary", "samples_consumed", 1, &samples_n);
+  newt_json_get_double(j, "summary", "final_loss", 1, &loss);
+  T_CHECK(done);
+  T_CHECK_MSG(st == STEPS, "steps %lld", (long long)st);
+  T_CHECK_MSG(samples_n == (int64_t)STEPS * GB, "samples_consumed %lld, uninterrupted %d", (long long)samples_n,
+              STEPS * GB);
+  T_CHECK_MSG(fabs(loss - ref) <= 1e-4 * fmax(1.0, fabs(ref)), "final loss %.7f, uninterrupted %.7f", loss, ref);
+  const cJSON *recs = cJSON_GetObjectItemCaseSensitive(j, "recoveries");
+  int nexp = 0;
+  while (nexp < 4 && sc->causes[nexp]) nexp++;
+  T_CHECK_MSG(cJSON_GetArraySize(recs) == nexp, "%d recoveries, expected %d:\n%s", cJSON_GetArraySize(recs), nexp,
+              text);
+  int i = 0;
+  for (const cJSON *r = recs ? recs->child : NULL; r && i < nexp; r = r->next, i++) {
+    const char *cause = "", *restore = "";
+    int64_t lost = -1, total = -1;
+    int injected = 0;
+    newt_json_get_str(r, "recovery", "cause", 1, &cause);
+    newt_json_get_str(r, "recovery", "restore", 1, &restore);
+    newt_json_get_int(r, "recovery", "steps_lost", 1, &lost);
+    newt_json_get_int(r, "recovery", "total_ms", 1, &total);
+    newt_json_get_bool(r, "recovery", "injected", 1, &injected);
+    /* "a|b": either (whether the dead or the newcomers are seen first is a race) */
+    char want[64];
+    snprintf(want, sizeof want, "|%s|", sc->causes[i]);
+    char got[32];
+    snprintf(got, sizeof got, "|%s|", cause);
+    T_CHECK_MSG(strstr(want, got) != NULL, "recovery %d: cause %s, expected %s", i, cause, sc->causes[i]);
+    if (sc->ckpt_every)
+      /* back to the newest committed checkpoint: the one being written when everyone died
+         may be torn, so up to two intervals */
+      T_CHECK_MSG(lost >= 0 && lost <= 2 * sc->ckpt_every, "recovery %d (%s): %lld steps lost, checkpoints every %d",
+                  i, cause, (long long)lost, sc->ckpt_every);
+    else
+      T_CHECK_MSG(lost == 0, "recovery %d (%s): %lld steps lost", i, cause, (long long)lost);
+    T_CHECK_MSG(injected, "recovery %d (%s) matches no injected fault", i, cause);
+    T_CHECK_MSG(total >= 0, "recovery %d: total_ms %lld", i, (long long)total);
+    /* state from memory, or from a peer that applied one step more before the fault;
+       a joiner always from a peer: never from disk -- unless nobody holds a state */
+    int from_ok = sc->ckpt_every ? strcmp(restore, "ckpt") == 0
+                  : strcmp(cause, "join") == 0 ? strcmp(restore, "peer") == 0
+                                               : strcmp(restore, "memory") == 0 || strcmp(restore, "peer") == 0;
+    T_CHECK_MSG(from_ok, "recovery %d (%s): state from %s", i, cause, restore);
+  }
+  cJSON_Delete(j);
+  free(text);
+  check_samples(samples, STEPS, sc->ckpt_every != 0);
+  if (sc->stale) check_stale(samples, sc->stale);
+}
+
+/* --- bad input: rejected, naming the field ------------------------------------------------- */
+
+static void expect_rejected(const char *const *argv, const char *needle) {
+  char *out = NULL;
+  int rc = run_capture(argv, &out);
+  T_CHECK_MSG(rc == 2, "%s %s exited %d, expected 2:\n%s", argv[1], argv[2], rc, out ? out : "");
+  T_CHECK_MSG(out && strstr(out, needle), "the message does not name \"%s\":\n%s", needle, out ? out : "");
+  free(out);
+}
+
+static void test_cli(void) {
+  const char *n = newt_bin;
+  const char *chaos1[] = {n, "run", "--chaos", "kill:worker:x@step=3", NULL};
+  expect_rejected(chaos1, "worker index \"x\"");
+  const char *chaos2[] = {n, "run", "--chaos", "kill:worker:1@step=3,explode:etcd@step=4", NULL};
+  expect_rejected(chaos2, "item 2: unknown action \"explode\"");
+  const char *batch[] = {n, "run", "--global-batch", "30", "--micro-batch", "4", NULL};
+  expect_rejected(batch, "spec.train.global_batch");
+  const char *model[] = {n, "run", "--model", "layerz=2", NULL};
+  expect_rejected(model, "layerz");
+  char path[400];
+  snprintf(path, sizeof path, "%s/bad-spec.json", tmpdir);
+  const char *bad = "{\"job\":\"j\",\"parallel\":{\"tp\":0}}";
+  T_OK(newt_fs_write_atomic(path, bad, strlen(bad)));
+  const char *spec[] = {n, "run", "--spec", path, NULL};
+  expect_rejected(spec, "spec.parallel.tp");
+  const char *spec2[] = {n, "coordinator", "--job", "j", "--etcd", "http://127.0.0.1:1", "--spec", path, NULL};
+  char *out = NULL;
+  int rc = run_capture(spec2, &out);
+  T_CHECK_MSG(rc != 0 && out && strstr(out, path) && strstr(out, "spec.parallel.tp"),
+              "newt coordinator took a bad spec (exit %d):\n%s", rc, out ? out : "");
+  free(out);
+  const char *flag[] = {n, "worker", "--job", "j", "--threds", "2", NULL};
+  expect_rejected(flag, "unknown flag --threds");
+}
+
+/* --- across hosts: network namespaces ------------------------------------------------- */
+
+#define NETNS_HOSTS 4
+#define NETNS_STEPS 300
+static char ns_tag[16];
+static int ns_made;
+
+static int sh(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+static int sh(const char *fmt, ...) {
+  char cmd[1024];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(cmd, sizeof cmd, fmt, ap);
+  va_end(ap);
+  int rc = system(cmd);
+  if (rc != 0) fprintf(stderr, "test_elastic: `%s` failed (%d)\n", cmd, rc);
+  return rc;
+}
+
+static void netns_cleanup(void) {
+  if (!ns_made) return;
+  for (int i = 0; i < NETNS_HOSTS; i++) {
+    char cmd[256];
+    snprintf(cmd, sizeof cmd, "ip netns del %s-%d 2>/dev/null; ip link del %sv%d 2>/dev/null", ns_tag, i, ns_tag, i);
+    if (system(cmd)) { /* already gone */
+    }
+  }
+  char cmd[128];
+  snprintf(cmd, sizeof cmd, "ip link del %sbr 2>/dev/null", ns_tag);
+  if (system(cmd)) {
+  }
+  ns_made = 0;
+}
+
+/* 10.<a>.<b>.1 on the bridge, .10+i in host i. */
+static int netns_setup(int a, int b) {
+  ns_made = 1;
+  atexit(netns_cleanup);
+  if (sh("ip link add %sbr type bridge && ip addr add 10.%d.%d.1/24 dev %sbr && ip link set %sbr up", ns_tag, a, b,
+         ns_tag, ns_tag))
+    return -1;
+  for (int i = 0; i < NETNS_HOSTS; i++) {
+    if (sh("ip netns add %s-%d && ip link add %sv%d type veth peer name %sp%d && ip link set %sp%d netns %s-%d && "
+           "ip link set %sv%d master %sbr && ip link set %sv%d up && "
+           "ip netns exec %s-%d ip addr add 10.%d.%d.%d/24 dev %sp%d && ip netns exec %s-%d ip link set %sp%d up && "
+           "ip netns exec %s-%d ip link set lo up",
+           ns_tag, i, ns_tag, i, ns_tag, i, ns_tag, i, ns_tag, i, ns_tag, i, ns_tag, ns_tag, i, ns_tag, i, a, b,
+           10 + i, ns_tag, i, ns_tag, i, ns_tag, i, ns_tag, i))
+      return -1;
+  }
+  return 0;
+}
+
+static newt_result_t get_json(rdzv_etcd *c, const char *job, const char *key, cJSON **out) {
+  char k[256];
+  rdzv_etcd_kv kv;
+  NEWT_CHECK(rdzv_key(k, sizeof k, job, key));
+  NEWT_CHECK(rdzv_etcd_get(c, k, newt_deadline_in_ms(3000), &kv, NULL));
+  newt_result_t r = newt_json_parse(kv.value, kv.value_len, key, out);
+  rdzv_etcd_kv_free(&kv);
+  return r;
+}
+
+static int64_t json_int(const cJSON *j, const char *field) {
+  int64_t v = -1;
+  newt_json_get_int(j, "value", field, 1, &v);
+  return v;
+}
+
+static void test_netns(void) {
+  T_CHECK_MSG(geteuid() == 0, "the multi-host test needs root for ip netns (CI runs as root)");
+  if (geteuid() != 0) return;
+  const char *newt = newt_bin;
+  int a = 77, b = (int)(getpid() % 200) + 20;
+  snprintf(ns_tag, sizeof ns_tag, "nt%d", (int)(getpid() % 100000));
+  T_CHECK_MSG(netns_setup(a, b) == 0, "cannot build the network namespaces");
+  if (!ns_made) return;
+  double ref = reference_loss(newt, NETNS_STEPS);
+  char bridge_ip[32], etcd_url[64], peer_url[64], etcd_dir[300], samples[300], spec_path[300], logp[400];
+  snprintf(bridge_ip, sizeof bridge_ip, "10.%d.%d.1", a, b);
+  int port = 0, pport = 0;
+  T_OK(newt_net_free_port(&port));
+  T_OK(newt_net_free_port(&pport));
+  snprintf(etcd_url, sizeof etcd_url, "http://%s:%d", bridge_ip, port);
+  snprintf(peer_url, sizeof peer_url, "http://127.0.0.1:%d", pport);
+  snprintf(etcd_dir, sizeof etcd_dir, "%s/etcd", tmpdir);
+  snprintf(samples, sizeof samples, "%s/samples", tmpdir);
+  T_OK(newt_fs_mkdirs(samples, 0755));
+  setenv("NEWT_SAMPLE_LOG_DIR", samples, 1);
+  setenv("NEWT_DEBUG", "INFO", 0);
+  pid_t pids[NETNS_HOSTS + 2];
+  int npids = 0;
+  snprintf(logp, sizeof logp, "%s/etcd.log", tmpdir);
+  const char *etcd_argv[] = {"etcd", "--data-dir", etcd_dir, "--listen-client-urls", etcd_url,
+                             "--advertise-client-urls", etcd_url, "--listen-peer-urls", peer_url,
+                             "--initial-advertise-peer-urls", peer_url, "--initial-cluster", NULL, NULL};
+  char cluster[128];
+  snprintf(cluster, sizeof cluster, "default=%s", peer_url);
+  etcd_argv[12] = cluster;
+  newt_spawn_opts so = {.log_path = logp, .die_with_parent = 1};
+  T_OK(newt_proc_spawn(etcd_argv, &so, &pids[npids]));
+  npids++;
+  rdzv_etcd_opts eo = {.endpoints = etcd_url};
+  rdzv_etcd *c = NULL;
+  T_OK(rdzv_etcd_init(&eo, &c));
+  /* the spec: small model, a collective without progress for 1.5 s is a hang */
+  snprintf(spec_path, sizeof spec_path, "%s/spec.json", tmpdir);
+  char spec[512];
+  snprintf(spec, sizeof spec,
+           "{\"job\":\"netns\",\"model\":{\"preset\":\"tiny\",\"layers\":2,\"channels\":64},"
+           "\"train\":{\"steps\":%d,\"global_batch\":%d,\"micro_batch\":%d,\"seq_len\":%s},"
+           "\"fault\":{\"comm_timeout_ms\":1500}}",
+           NETNS_STEPS, GB, MB, SEQ);
+  T_OK(newt_fs_write_atomic(spec_path, spec, strlen(spec)));
+  for (newt_deadline_t d = newt_deadline_in_ms(20000); !newt_deadline_passed(d);) {
+    rdzv_etcd_kvs r;
+    rdzv_etcd_range_opts ro = {.count_only = 1};
+    if (rdzv_etcd_range(c, "x", &ro, newt_deadline_in_ms(500), &r) == NEWT_OK) {
+      rdzv_etcd_kvs_free(&r);
+      break;
+    }
+    newt_sleep_ms(100);
+  }
+  snprintf(logp, sizeof logp, "%s/c0.log", tmpdir);
+  const char *coord[] = {newt, "coordinator", "--etcd", etcd_url, "--job", "netns", "--id", "c0", "--spec",
+                         spec_path, "--metrics-port", "0", NULL};
+  so.log_path = logp;
+  T_OK(newt_proc_spawn(coord, &so, &pids[npids]));
+  npids++;
+  for (int i = 0; i < NETNS_HOSTS; i++) {
+    char ns[32], id[16], host[16], addr[32];
+    snprintf(ns, sizeof ns, "%s-%d", ns_tag, i);
+    snprintf(id, sizeof id, "w%d", i);
+    snprintf(host, sizeof host, "host%d", i);
+    snprintf(addr, sizeof addr, "10.%d.%d.%d", a, b, 10 + i);
+    snprintf(logp, sizeof logp, "%s/w%d.log", tmpdir, i);
+    const char *argv[] = {"ip", "netns", "exec", ns, newt, "worker", "--etcd", etcd_url, "--job", "netns", "--id", id,
+                          "--host", host, "--addr", addr, NULL};
+    so.log_path = logp;
+    T_OK(newt_proc_spawn(argv, &so, &pids[npids]));
+    npids++;
+  }
+  /* cut host 2 off once training runs */
+  int64_t cut_step = -1;
+  cJSON *j = NULL;
+  for (newt_deadline_t d = newt_deadline_in_ms(60000); !newt_deadline_passed(d) && cut_step < 0; newt_sleep_ms(20)) {
+    if (get_json(c, "netns", "progress", &j) != NEWT_OK) continue;
+    int64_t step = json_int(j, "step");
+    cJSON_Delete(j);
+    if (step >= 15) {
+      T_CHECK(sh("ip netns exec %s-2 ip link set %sp2 down", ns_tag, ns_tag) == 0);
+      cut_step = step;
+    }
+  }
+  T_CHECK_MSG(cut_step >= 0, "training never reached step 15; logs in %s", tmpdir);
+  /* the others replan without w2 */
+  int64_t gen2 = -1;
+  for (newt_deadline_t d = newt_deadline_in_ms(30000); cut_step >= 0 && !newt_deadline_passed(d) && gen2 < 0;
+       newt_sleep_ms(50)) {
+    char *text = NULL;
+    int64_t g = 0;
+    if (rdzv_plan_get(c, "netns", newt_deadline_in_ms(2000), &text, &g, NULL) != NEWT_OK) continue;
+    newt_plan p;
+    if (g > 1 && plan_from_json(text, strlen(text), &p) == NEWT_OK) {
+      if (!plan_find(&p, "w2")) gen2 = g;
+      plan_free(&p);
+    }
+    free(text);
+  }
+  T_CHECK_MSG(gen2 > 1, "no plan without the cut-off host; logs in %s", tmpdir);
+  /* its link comes back: it must not rejoin generation 1 */
+  newt_sleep_ms(500);
+  T_CHECK(sh("ip netns exec %s-2 ip link set %sp2 up", ns_tag, ns_tag) == 0);
+  uint64_t t_up = newt_wall_ms();
+  int done = 0;
+  double loss = NAN;
+  int64_t final_step = -1, consumed = -1;
+  for (newt_deadline_t d = newt_deadline_in_ms(180000); !newt_deadline_passed(d) && !done; newt_sleep_ms(100)) {
+    if (get_json(c, "netns", "done", &j) != NEWT_OK) continue;
+    done = 1;
+    final_step = json_int(j, "step");
+    consumed = json_int(j, "samples");
+    newt_json_get_double(j, "done", "loss", 1, &loss);
+    cJSON_Delete(j);
+  }
+  T_CHECK_MSG(done, "the job did not finish; logs in %s", tmpdir);
+  T_CHECK(final_step == NETNS_STEPS);
+  T_CHECK(consumed == (int64_t)NETNS_STEPS * GB);
+  T_CHECK_MSG(fabs(loss - ref) <= 1e-4 * fmax(1.0, fabs(ref)), "final loss %.7f, uninterrupted %.7f", loss, ref);
+  /* every process ends by itself, the cut-off worker included */
+  for (int i = 1; i < npids; i++) {
+    int st = 0;
+    newt_result_t r = newt_proc_wait(pids[i], 30000, &st);
+    T_CHECK_MSG(r == NEWT_OK && WIFEXITED(st) && WEXITSTATUS(st) == 0, "process %d (%s) did not exit 0; logs in %s", i,
+                i == 1 ? "c0" : "a worker", tmpdir);
+    if (r != NEWT_OK) newt_proc_stop(pids[i], 1000);
+  }
+  newt_proc_stop(pids[0], 2000);
+  rdzv_etcd_free(c);
+  check_samples(samples, NETNS_STEPS, 0);
+  /* once the link was back, no rank (the cut-off one least of all) took a step of
+     generation 1: the old generation was gone for good */
+  for (int i = 0; i < NETNS_HOSTS; i++) {
+    char path[400], line[128];
+    snprintf(path, sizeof path, "%s/w%d.samples", samples, i);
+    FILE *f = fopen(path, "r");
+    T_CHECK_MSG(f != NULL, "no sample log for w%d", i);
+    long long late = 0;
+    while (f && fgets(line, sizeof line, f)) {
+      long long g, st;
+      unsigned long long t;
+      if (line[0] == 'A' && sscanf(line + 1, "%lld %lld %llu", &g, &st, &t) == 3 && g == 1 && t >= t_up) late++;
+    }
+    if (f) fclose(f);
+    T_CHECK_MSG(late == 0, "w%d took %lld steps of generation 1 after the link came back", i, late);
+  }
+  netns_cleanup();
+}
+
+
+static void test_scenario(void) { run_scenario(current, newt_bin); }
+
+int main(int argc, char **argv) {
+  newt_bin = getenv("NEWT_BIN");
+  if (!newt_bin || argc < 2) {
+    fprintf(stderr, "usage: NEWT_BIN=path/to/newt test_elastic <scenario>\n");
+    return 2;
+  }
+  for (size_t i = 0; i < sizeof scenarios / sizeof scenarios[0]; i++)
+    if (strcmp(scenarios[i].name, argv[1]) == 0) current = &scenarios[i];
+  if (strcmp(argv[1], "cli") == 0) {
+    snprintf(tmpdir, sizeof tmpdir, "/tmp/newt-e2e-cli-XXXXXX");
+    if (!mkdtemp(tmpdir)) return 2;
+    T_RUN(test_cli);
+    int rc = T_DONE();
+    newt_fs_rm_rf(tmpdir);
+    return rc;
+  }
+  if (strcmp(argv[1], "netns") == 0) {
+    snprintf(tmpdir, sizeof tmpdir, "/tmp/newt-e2e-netns-XXXXXX");
+    if (!mkdtemp(tmpdir)) return 2;
+    T_RUN(test_netns);
+    int rc = T_DONE();
+    if (rc == 0) newt_fs_rm_rf(tmpdir);
+    else fprintf(stderr, "logs kept in %s\n", tmpdir);
+    return rc;
+  }
+  if (!current) {
+    fprintf(stderr, "test_elastic: no scenario \"%s\"\n", argv[1]);
+    return 2;
+  }
+  snprintf(tmpdir, sizeof tmpdir, "/tmp/newt-e2e-%s-XXXXXX", argv[1]);
+  if (!mkdtemp(tmpdir)) return 2;
+  t_cur_name = current->name;
+  T_RUN(test_scenario);
+  int rc = T_DONE();
+  if (rc == 0) newt_fs_rm_rf(tmpdir);
+  else fprintf(stderr, "logs kept in %s\n", tmpdir);
+  return rc;
+}

@@ -1,0 +1,510 @@
+/* Integration tests of the rendezvous protocols against a real etcd: registration on a
+ * lease (a registered worker process killed with kill -9 leaves the view when its lease
+ * expires), the membership view (snapshot + watch), leader election with real candidate
+ * processes (kill -9 of the leader, SIGSTOP of the next one past its TTL; an observer
+ * watching etcd checks that every leader write came from the one leader of that moment),
+ * deposed leaders' guarded writes, and the generation barrier.
+ *
+ * The candidate and worker processes are this binary re-executed with --candidate or
+ * --worker. */
+#include <pthread.h>
+#include <signal.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "common/json.h"
+#include "rdzv_test.h"
+#include "rendezvous/rdzv.h"
+
+static rdzv_etcd_server *srv;
+static rdzv_etcd *cli;
+static char self_exe[1024];
+
+static newt_deadline_t dl(int64_t ms) { return newt_deadline_in_ms(ms); }
+
+/* --- child roles -------------------------------------------------------------------------- */
+
+/* --candidate URL JOB NAME TTL: campaigns; while leading, writes its name to /newt/JOB/owner
+ * (guarded) every 50 ms. Exits 3 when a guarded write is refused. */
+static int candidate_main(char **argv) {
+  rdzv_etcd_opts o = {.endpoints = argv[0]};
+  rdzv_etcd *c = tu_client_opts(&o);
+  rdzv_campaign_opts co = {.name = argv[2], .ttl_s = atoi(argv[3])};
+  rdzv_candidate *cand;
+  if (rdzv_campaign(c, argv[1], &co, dl(10000), &cand) != NEWT_OK) {
+    fprintf(stderr, "%s: campaign: %s\n", argv[2], newt_errmsg());
+    return 2;
+  }
+  if (rdzv_candidate_wait(cand, NEWT_DEADLINE_NONE) != NEWT_OK) {
+    fprintf(stderr, "%s: %s\n", argv[2], newt_errmsg());
+    return 4;
+  }
+  char key[256];
+  rdzv_key(key, sizeof key, argv[1], "owner");
+  for (;;) {
+    newt_result_t r = rdzv_guarded_put(cand, key, argv[2], strlen(argv[2]), dl(1000), NULL);
+    if (r == NEWT_ERR_CONFLICT) {
+      fprintf(stderr, "%s: %s\n", argv[2], newt_errmsg());
+      return 3;
+    }
+    newt_sleep_ms(50);
+  }
+}
+
+/* --worker URL JOB ID TTL: registers and waits to be killed. */
+static int worker_main(char **argv) {
+  rdzv_etcd_opts o = {.endpoints = argv[0]};
+  rdzv_etcd *c = tu_client_opts(&o);
+  rdzv_worker w = {.device = -1, .state = "ready", .pid = getpid()};
+  snprintf(w.id, sizeof w.id, "%s", argv[2]);
+  snprintf(w.host, sizeof w.host, "%s", "localhost");
+  rdzv_registration *r;
+  if (rdzv_register(c, argv[1], &w, atoi(argv[3]), NULL, NULL, dl(10000), &r) != NEWT_OK) {
+    fprintf(stderr, "worker %s: %s\n", argv[2], newt_errmsg());
+    return 2;
+  }
+  for (;;) newt_sleep_ms(1000);
+}
+
+static pid_t spawn_role(const char *role, const char *job, const char *name, const char *ttl) {
+  const char *argv[] = {self_exe, role, rdzv_etcd_server_url(srv), job, name, ttl, NULL};
+  pid_t pid = 0;
+  newt_spawn_opts so = {.die_with_parent = 1};
+  if (newt_proc_spawn(argv, &so, &pid) != NEWT_OK) {
+    fprintf(stderr, "FATAL: %s\n", newt_errmsg());
+    exit(1);
+  }
+  return pid;
+}
+
+/* --- membership ------------------------------------------------------------------------------ */
+
+typedef struct view_log {
+  pthread_mutex_t mu;
+  int joins, leaves, updates, resyncs;
+  char last_id[RDZV_NAME_MAX];
+  char last_state[64];
+  int64_t last_rev;
+  int out_of_order;
+} view_log;
+
+static void on_member(void *ud, const rdzv_member_event *e) {
+  view_log *v = ud;
+  pthread_mutex_lock(&v->mu);
+  if (e->revision < v->last_rev) v->out_of_order++;
+  v->last_rev = e->revision;
+  switch (e->change) {
+    case RDZV_MEMBER_JOIN: v->joins++; break;
+    case RDZV_MEMBER_LEAVE: v->leaves++; break;
+    case RDZV_MEMBER_UPDATE: v->updates++; break;
+    case RDZV_MEMBER_RESYNC: v->resyncs++; break;
+  }
+  if (e->worker) {
+    snprintf(v->last_id, sizeof v->last_id, "%s", e->worker->id);
+    snprintf(v->last_state, sizeof v->last_state, "%s", e->worker->state);
+  }
+  pthread_mutex_unlock(&v->mu);
+}
+
+static int view_get(view_log *v, int which) {
+  pthread_mutex_lock(&v->mu);
+  int n = which == 0 ? v->joins : which == 1 ? v->leaves : v->updates;
+  pthread_mutex_unlock(&v->mu);
+  return n;
+}
+
+static int wait_view(view_log *v, int which, int want, int64_t ms) {
+  newt_deadline_t d = dl(ms);
+  while (view_get(v, which) < want && !newt_deadline_passed(d)) newt_sleep_ms(10);
+  return view_get(v, which) >= want;
+}
+
+static rdzv_worker mkworker(const char *id) {
+  rdzv_worker w = {.device = -1, .state = "joining", .host = "localhost", .pid = getpid()};
+  snprintf(w.id, sizeof w.id, "%s", id);
+  return w;
+}
+
+static void test_membership(void) {
+  rdzv_registration *r[4];
+  for (int i = 0; i < 3; i++) {
+    char id[16];
+    snprintf(id, sizeof id, "w%d", i);
+    rdzv_worker w = mkworker(id);
+    T_OK(rdzv_register(cli, "mem", &w, 10, NULL, NULL, dl(5000), &r[i]));
+  }
+  /* an id in use is refused */
+  rdzv_worker dup = mkworker("w1");
+  rdzv_registration *rd;
+  T_ERR(NEWT_ERR_CONFLICT, rdzv_register(cli, "mem", &dup, 10, NULL, NULL, dl(5000), &rd));
+  T_CHECK(strstr(newt_errmsg(), "w1") != NULL);
+
+  view_log v = {.mu = PTHREAD_MUTEX_INITIALIZER};
+  rdzv_members *m;
+  T_OK(rdzv_members_start(cli, "mem", on_member, &v, dl(5000), &m));
+  T_CHECK(view_get(&v, 0) == 3 && rdzv_members_count(m) == 3); /* the snapshot, delivered before start returns */
+  rdzv_worker *list;
+  size_t n;
+  int64_t rev0;
+  T_OK(rdzv_members_get(m, &list, &n, &rev0));
+  T_CHECK(n == 3 && strcmp(list[0].id, "w0") == 0 && strcmp(list[2].id, "w2") == 0 && list[1].lease == rdzv_registration_lease(r[1]));
+  free(list);
+
+  rdzv_worker w3 = mkworker("w3");
+  T_OK(rdzv_register(cli, "mem", &w3, 10, NULL, NULL, dl(5000), &r[3]));
+  T_CHECK(wait_view(&v, 0, 4, 5000));
+  T_OK(rdzv_registration_update(r[0], "training", 5, dl(5000)));
+  T_CHECK(wait_view(&v, 2, 1, 5000));
+  pthread_mutex_lock(&v.mu);
+  T_CHECK(strcmp(v.last_id, "w0") == 0 && strcmp(v.last_state, "training") == 0);
+  pthread_mutex_unlock(&v.mu);
+  /* a graceful leave is seen at once */
+  int64_t before = 0;
+  T_OK(rdzv_members_get(m, &list, &n, &before));
+  free(list);
+  T_OK(rdzv_registration_leave(r[2], dl(5000)));
+  int64_t rev = 0;
+  T_OK(rdzv_members_wait(m, before, dl(5000), NULL, &rev));
+  T_CHECK(wait_view(&v, 1, 1, 5000) && rev > before);
+  T_OK(rdzv_members_get(m, &list, &n, NULL));
+  T_CHECK(n == 3);
+  free(list);
+  rdzv_registration_free(r[2]);
+  /* a lease that is no longer kept alive expires and takes its registration with it */
+  rdzv_worker w4 = mkworker("w4");
+  rdzv_registration *r4;
+  T_OK(rdzv_register(cli, "mem", &w4, 1, NULL, NULL, dl(5000), &r4));
+  T_CHECK(wait_view(&v, 0, 5, 5000));
+  uint64_t t0 = newt_now_ns();
+  rdzv_registration_free(r4); /* stops the keep-alive without revoking */
+  T_CHECK(wait_view(&v, 1, 2, 10000));
+  fprintf(stderr, "  TTL 1 s registration gone %.0f ms after its keep-alive stopped\n", (double)(newt_now_ns() - t0) / 1e6);
+  T_ERR(NEWT_ERR_TIMEOUT, rdzv_members_wait(m, INT64_MAX - 1, dl(100), NULL, NULL));
+  atomic_int abort_flag = 1;
+  T_ERR(NEWT_ERR_ABORTED, rdzv_members_wait(m, INT64_MAX - 1, dl(5000), &abort_flag, NULL));
+  T_CHECK(v.out_of_order == 0);
+  rdzv_members_free(m);
+  for (int i = 0; i < 4; i++)
+    if (i != 2) {
+      T_OK(rdzv_registration_leave(r[i], dl(5000)));
+      rdzv_registration_free(r[i]);
+    }
+}
+
+static void test_killed_worker_leaves(void) {
+  view_log v = {.mu = PTHREAD_MUTEX_INITIALIZER};
+  rdzv_members *m;
+  T_OK(rdzv_members_start(cli, "kill", on_member, &v, dl(5000), &m));
+  pid_t pid = spawn_role("--worker", "kill", "victim", "2");
+  T_CHECK(wait_view(&v, 0, 1, 10000));
+  uint64_t t0 = newt_now_ns();
+  kill(pid, SIGKILL);
+  newt_proc_wait(pid, 5000, NULL);
+  T_CHECK(wait_view(&v, 1, 1, 10000));
+  double ms = (double)(newt_now_ns() - t0) / 1e6;
+  fprintf(stderr, "  worker killed with kill -9 left the view after %.0f ms (TTL 2 s)\n", ms);
+  T_CHECK(ms < 2000 + 4000);
+  rdzv_members_free(m);
+}
+
+/* --- election, in process ---------------------------------------------------------------------- */
+
+typedef struct lead_log {
+  atomic_int gained, lost;
+} lead_log;
+
+static void on_lead(void *ud, int leading, const char *why) {
+  lead_log *l = ud;
+  atomic_fetch_add(leading ? &l->gained : &l->lost, 1);
+}
+
+static void *abort_later(void *arg) {
+  newt_sleep_ms(200);
+  rdzv_candidate_abort(arg);
+  return NULL;
+}
+
+static void test_election_inprocess(void) {
+  lead_log la = {0}, lb = {0};
+  rdzv_candidate *a, *b;
+  rdzv_campaign_opts oa = {.name = "a", .ttl_s = 5, .fn = on_lead, .ud = &la};
+  rdzv_campaign_opts ob = {.name = "b", .ttl_s = 5, .fn = on_lead, .ud = &lb};
+  T_OK(rdzv_campaign(cli, "el", &oa, dl(5000), &a));
+  T_OK(rdzv_candidate_wait(a, dl(5000)));
+  T_OK(rdzv_campaign(cli, "el", &ob, dl(5000), &b));
+  T_ERR(NEWT_ERR_TIMEOUT, rdzv_candidate_wait(b, dl(300)));
+  pthread_t th;
+  pthread_create(&th, NULL, abort_later, b);
+  T_ERR(NEWT_ERR_ABORTED, rdzv_candidate_wait(b, dl(10000)));
+  pthread_join(th, NULL);
+  T_CHECK(rdzv_candidate_is_leader(a) && !rdzv_candidate_is_leader(b));
+  char name[64];
+  T_OK(rdzv_leader_get(cli, "el", dl(5000), name, sizeof name, NULL));
+  T_CHECK(strcmp(name, "a") == 0);
+  T_OK(rdzv_plan_publish(a, 1, "{\"generation\":1,\"workers\":[]}", dl(5000)));
+  T_ERR(NEWT_ERR_INVALID, rdzv_plan_publish(a, 2, "{\"generation\":1}", dl(5000)));
+  T_ERR(NEWT_ERR_CONFLICT, rdzv_plan_publish(b, 2, "{\"generation\":2}", dl(5000))); /* not the leader */
+  /* a resigns: b takes over at once */
+  uint64_t t0 = newt_now_ns();
+  T_OK(rdzv_candidate_resign(a, dl(5000)));
+  T_OK(rdzv_candidate_wait(b, dl(5000)));
+  fprintf(stderr, "  takeover after resign: %.0f ms\n", (double)(newt_now_ns() - t0) / 1e6);
+  T_ERR(NEWT_ERR_CONFLICT, rdzv_plan_publish(a, 2, "{\"generation\":2}", dl(5000)));
+  T_OK(rdzv_plan_publish(b, 2, "{\"generation\":2}", dl(5000)));
+  int64_t g = 0;
+  T_OK(rdzv_plan_get(cli, "el", dl(5000), NULL, &g, NULL));
+  T_CHECK(g == 2);
+  T_CHECK(atomic_load(&la.gained) == 1 && atomic_load(&la.lost) == 1 && atomic_load(&lb.gained) == 1);
+
+  /* deposed from outside: b's lease is revoked by someone else; its guarded write fails */
+  rdzv_etcd *other = tu_client(srv);
+  T_OK(rdzv_etcd_lease_revoke(other, rdzv_candidate_lease(b), dl(5000)));
+  newt_result_t r = rdzv_plan_publish(b, 3, "{\"generation\":3}", dl(5000));
+  T_CHECK(r == NEWT_ERR_CONFLICT);
+  fprintf(stderr, "  deposed leader's write: %s\n", newt_errmsg());
+  for (int i = 0; i < 100 && !atomic_load(&lb.lost); i++) newt_sleep_ms(20);
+  T_CHECK(atomic_load(&lb.lost) == 1 && !rdzv_candidate_is_leader(b));
+  T_ERR(NEWT_ERR_CONFLICT, rdzv_candidate_wait(b, dl(1000)));
+  T_OK(rdzv_plan_get(cli, "el", dl(5000), NULL, &g, NULL));
+  T_CHECK(g == 2);
+  rdzv_etcd_free(other);
+  rdzv_candidate_free(a);
+  rdzv_candidate_free(b);
+}
+
+/* --- election with processes, checked from the outside ------------------------------------------ */
+
+typedef struct hist_ev {
+  char key[128];
+  char value[128];
+  int del;
+  int64_t create_rev, mod_rev;
+} hist_ev;
+
+typedef struct history {
+  pthread_mutex_t mu;
+  hist_ev ev[4096];
+  int n;
+  char last_owner[64];
+  int64_t owner_writes;
+} history;
+
+static void on_history(void *ud, const rdzv_etcd_watch_resp *r) {
+  history *h = ud;
+  if (r->kind != RDZV_WATCH_EVENTS) return;
+  pthread_mutex_lock(&h->mu);
+  for (size_t i = 0; i < r->n_events && h->n < 4096; i++) {
+    const rdzv_etcd_event *e = &r->events[i];
+    hist_ev *x = &h->ev[h->n++];
+    snprintf(x->key, sizeof x->key, "%s", e->kv.key);
+    snprintf(x->value, sizeof x->value, "%.*s", (int)e->kv.value_len, e->kv.value ? e->kv.value : "");
+    x->del = e->type == RDZV_EVENT_DELETE;
+    x->create_rev = e->kv.create_revision;
+    x->mod_rev = e->kv.mod_revision;
+    if (strstr(x->key, "/owner") && !x->del) {
+      snprintf(h->last_owner, sizeof h->last_owner, "%s", x->value);
+      h->owner_writes++;
+    }
+  }
+  pthread_mutex_unlock(&h->mu);
+}
+
+static void owner_now(history *h, char *out, size_t cap, int64_t *writes) {
+  pthread_mutex_lock(&h->mu);
+  snprintf(out, cap, "%s", h->last_owner);
+  *writes = h->owner_writes;
+  pthread_mutex_unlock(&h->mu);
+}
+
+/* Waits until someone other than `not` writes as owner; returns its index in names. */
+static int wait_owner(history *h, const char *not, char names[][16], int n, int64_t ms) {
+  newt_deadline_t d = dl(ms);
+  while (!newt_deadline_passed(d)) {
+    char o[64];
+    int64_t w;
+    owner_now(h, o, sizeof o, &w);
+    for (int i = 0; i < n; i++)
+      if (o[0] && strcmp(o, names[i]) == 0 && (!not || strcmp(o, not) != 0)) return i;
+    newt_sleep_ms(10);
+  }
+  return -1;
+}
+
+static void test_election_processes(void) {
+  const char *job = "elp";
+  const int ttl = 2;
+  history *h = calloc(1, sizeof *h);
+  pthread_mutex_init(&h->mu, NULL);
+  char prefix[64];
+  rdzv_key(prefix, sizeof prefix, job, "");
+  rdzv_etcd_watch *w;
+  T_OK(rdzv_etcd_watch_start(cli, prefix, &(rdzv_etcd_watch_opts){.prefix = 1}, on_history, h, dl(5000), &w));
+  char names[3][16] = {"c0", "c1", "c2"};
+  pid_t pids[3];
+  for (int i = 0; i < 3; i++) pids[i] = spawn_role("--candidate", job, names[i], "2");
+  int first = wait_owner(h, NULL, names, 3, 15000);
+  T_CHECK(first >= 0);
+  if (first < 0) goto out;
+  newt_sleep_ms(300);
+  /* kill -9 the leader: another must lead within its TTL (plus etcd's expiry check and slack) */
+  uint64_t t0 = newt_now_ns();
+  kill(pids[first], SIGKILL);
+  newt_proc_wait(pids[first], 5000, NULL);
+  int second = wait_owner(h, names[first], names, 3, ttl * 1000 + 8000);
+  double ms = (double)(newt_now_ns() - t0) / 1e6;
+  T_CHECK(second >= 0 && second != first);
+  fprintf(stderr, "  leader %s killed with kill -9; %s leads and writes after %.0f ms (TTL %d s)\n", names[first],
+          second >= 0 ? names[second] : "nobody", ms, ttl);
+  T_CHECK(ms < ttl * 1000 + 3000);
+  if (second < 0) goto out;
+  newt_sleep_ms(300);
+  /* SIGSTOP the new leader past its TTL: the third takes over; when the stopped one resumes
+   * it still believes it leads until its first guarded write is refused (exit 3) */
+  kill(pids[second], SIGSTOP);
+  int third = wait_owner(h, names[second], names, 3, ttl * 1000 + 8000);
+  T_CHECK(third >= 0 && third != first && third != second);
+  newt_sleep_ms(300);
+  kill(pids[second], SIGCONT);
+  int st = 0;
+  T_OK(newt_proc_wait(pids[second], 10000, &st));
+  T_CHECK_MSG(WIFEXITED(st) && WEXITSTATUS(st) == 3, "the resumed, deposed leader ended with status 0x%x", st);
+  pids[second] = 0;
+  newt_sleep_ms(500);
+out:
+  for (int i = 0; i < 3; i++)
+    if (pids[i] > 0 && i != first) newt_proc_stop(pids[i], 2000);
+  newt_sleep_ms(200);
+  rdzv_etcd_watch_free(w);
+  /* Replay the history: at every owner write, the writer must be the candidate with the
+   * lowest create_revision among the candidacy keys that exist at that revision. */
+  struct {
+    char key[128];
+    char name[16];
+    int64_t create_rev;
+  } cands[16];
+  int nc = 0, bad = 0, writes = 0, switches = 0;
+  char prev[64] = "";
+  for (int i = 0; i < h->n; i++) {
+    hist_ev *x = &h->ev[i];
+    if (strstr(x->key, "/election/")) {
+      int at = -1;
+      for (int k = 0; k < nc; k++)
+        if (strcmp(cands[k].key, x->key) == 0) at = k;
+      if (x->del) {
+        if (at >= 0) cands[at] = cands[--nc];
+      } else if (at < 0 && nc < 16) {
+        snprintf(cands[nc].key, sizeof cands[nc].key, "%s", x->key);
+        cJSON *j = NULL;
+        const char *nm = "?";
+        if (newt_json_parse(x->value, strlen(x->value), "candidacy", &j) == NEWT_OK)
+          newt_json_get_str(j, "candidacy", "name", 0, &nm);
+        snprintf(cands[nc].name, sizeof cands[nc].name, "%s", nm);
+        cJSON_Delete(j);
+        cands[nc].create_rev = x->create_rev;
+        nc++;
+      }
+    } else if (strstr(x->key, "/owner") && !x->del) {
+      int lo = -1;
+      for (int k = 0; k < nc; k++)
+        if (lo < 0 || cands[k].create_rev < cands[lo].create_rev) lo = k;
+      writes++;
+      if (lo < 0 || strcmp(cands[lo].name, x->value) != 0) {
+        bad++;
+        fprintf(stderr, "  revision %lld: %s wrote, but %s led\n", (long long)x->mod_rev, x->value,
+                lo < 0 ? "nobody" : cands[lo].name);
+      }
+      if (strcmp(prev, x->value) != 0) switches++;
+      snprintf(prev, sizeof prev, "%s", x->value);
+    }
+  }
+  fprintf(stderr, "  history: %d owner writes, %d leader changes, %d by a non-leader\n", writes, switches, bad);
+  T_CHECK(bad == 0 && writes > 10 && switches == 3);
+  pthread_mutex_destroy(&h->mu);
+  free(h);
+}
+
+/* --- barrier ------------------------------------------------------------------------------------- */
+
+typedef struct late_ack {
+  const char *id;
+  int64_t gen;
+} late_ack;
+
+static void *ack_later(void *arg) {
+  late_ack *a = arg;
+  newt_sleep_ms(300);
+  rdzv_barrier_ack(cli, "bar", a->gen, a->id, 0, dl(5000));
+  return NULL;
+}
+
+static void test_barrier(void) {
+  const char *ids[] = {"w0", "w1", "w2", "w3"};
+  for (int i = 0; i < 3; i++) T_OK(rdzv_barrier_ack(cli, "bar", 1, ids[i], 0, dl(5000)));
+  T_OK(rdzv_barrier_ack(cli, "bar", 2, "w3", 0, dl(5000))); /* another generation does not count */
+  uint64_t t0 = newt_now_ns();
+  newt_result_t r = rdzv_barrier_wait(cli, "bar", 1, ids, 4, dl(800), NULL);
+  double ms = (double)(newt_now_ns() - t0) / 1e6;
+  T_CHECK(r == NEWT_ERR_TIMEOUT);
+  fprintf(stderr, "  %s\n", newt_errmsg());
+  T_CHECK(strstr(newt_errmsg(), "w3") && !strstr(newt_errmsg(), "w0") && strstr(newt_errmsg(), "1 of 4"));
+  T_CHECK(ms >= 750 && ms < 3000);
+  late_ack la = {.id = "w3", .gen = 1};
+  pthread_t th;
+  pthread_create(&th, NULL, ack_later, &la);
+  T_OK(rdzv_barrier_wait(cli, "bar", 1, ids, 4, dl(10000), NULL));
+  pthread_join(th, NULL);
+  /* acks on a lease vanish with it: a dead member no longer counts */
+  int64_t lease;
+  T_OK(rdzv_etcd_lease_grant(cli, 30, 0, dl(5000), &lease, NULL));
+  T_OK(rdzv_barrier_ack(cli, "bar", 5, "w0", lease, dl(5000)));
+  T_OK(rdzv_barrier_wait(cli, "bar", 5, ids, 1, dl(5000), NULL));
+  T_OK(rdzv_etcd_lease_revoke(cli, lease, dl(5000)));
+  T_ERR(NEWT_ERR_TIMEOUT, rdzv_barrier_wait(cli, "bar", 5, ids, 1, dl(300), NULL));
+  atomic_int stop = 1;
+  T_ERR(NEWT_ERR_ABORTED, rdzv_barrier_wait(cli, "bar", 5, ids, 1, dl(5000), &stop));
+  /* the leader forgets old generations */
+  rdzv_candidate *c = NULL;
+  T_OK(rdzv_campaign(cli, "bar", &(rdzv_campaign_opts){.name = "k", .ttl_s = 5}, dl(5000), &c));
+  if (!c) return;
+  T_OK(rdzv_candidate_wait(c, dl(5000)));
+  T_OK(rdzv_barrier_forget(c, "bar", 2, dl(5000)));
+  T_ERR(NEWT_ERR_TIMEOUT, rdzv_barrier_wait(cli, "bar", 1, ids, 1, dl(200), NULL));
+  T_OK(rdzv_barrier_wait(cli, "bar", 2, ids + 3, 1, dl(2000), NULL));
+  T_OK(rdzv_candidate_resign(c, dl(5000)));
+  rdzv_candidate_free(c);
+}
+
+static void test_spec_and_events(void) {
+  T_OK(rdzv_spec_put(cli, "sp", "{\"model\":\"gpt\",\"tp\":2}", dl(5000)));
+  char *spec;
+  T_OK(rdzv_spec_get(cli, "sp", dl(5000), &spec));
+  T_CHECK(strstr(spec, "\"tp\":2") != NULL);
+  free(spec);
+  T_ERR(NEWT_ERR_INVALID, rdzv_spec_put(cli, "sp", "{not json", dl(5000)));
+  T_ERR(NEWT_ERR_INVALID, rdzv_spec_put(cli, "bad/job", "{}", dl(5000)));
+  T_OK(rdzv_event_post(cli, "sp", "{\"kind\":\"worker_failed\",\"id\":\"w1\"}", dl(5000)));
+  T_OK(rdzv_event_post(cli, "sp", "{\"kind\":\"plan\",\"generation\":2}", dl(5000)));
+  rdzv_etcd_kvs r;
+  T_OK(rdzv_etcd_range(cli, "/newt/sp/events/", &(rdzv_etcd_range_opts){.prefix = 1}, dl(5000), &r));
+  T_CHECK(r.n == 2 && r.n == 2 && strstr(r.kvs[0].value, "worker_failed"));
+  rdzv_etcd_kvs_free(&r);
+  T_ERR(NEWT_ERR_NOTFOUND, rdzv_plan_get(cli, "sp", dl(5000), NULL, NULL, NULL));
+}
+
+int main(int argc, char **argv) {
+  if (argc >= 6 && strcmp(argv[1], "--candidate") == 0) return candidate_main(argv + 2);
+  if (argc >= 6 && strcmp(argv[1], "--worker") == 0) return worker_main(argv + 2);
+  if (newt_proc_self_exe(self_exe, sizeof self_exe) != NEWT_OK) return 1;
+  srv = tu_server(NULL);
+  cli = tu_client(srv);
+  T_RUN(test_membership);
+  T_RUN(test_killed_worker_leaves);
+  T_RUN(test_election_inprocess);
+  T_RUN(test_election_processes);
+  T_RUN(test_barrier);
+  T_RUN(test_spec_and_events);
+  rdzv_etcd_free(cli);
+  rdzv_etcd_server_free(srv);
+  return T_DONE();
+}

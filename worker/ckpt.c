@@ -1,0 +1,106 @@
+/* The worker's checkpoints: saved every spec.ckpt.every steps with the work split across
+ * the ranks (rank r of n writes the r-th n-th of the weights and moments, in the
+ * background), committed by rank 0 once every rank's shard is in; loaded by every rank
+ * when no rank holds a state in memory (a new job on an old directory, or everyone lost).
+ *
+ * A save in flight belongs to one generation (its attempt is the generation): when the
+ * next plan drops a failed rank it can never complete, so it is aborted and the previous
+ * checkpoint stays the newest; after a switch at a step boundary (everyone alive) it is
+ * allowed to finish first. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "ckpt/model_state.h"
+#include "common/log.h"
+#include "common/strutil.h"
+#include "worker/internal.h"
+
+static void data_desc(const worker *w, char *out, size_t cap) {
+  if (w->spec.data_path[0]) snprintf(out, cap, "%s", w->spec.data_path);
+  else snprintf(out, cap, "generated:%lld", (long long)w->spec.gen_bytes);
+}
+
+static int enabled(const worker *w) { return w->spec.ckpt_dir[0] && w->spec.ckpt_every > 0; }
+
+/* Ends the saver of the last generation: lets it finish when everyone of that generation
+ * is still there, aborts it otherwise. */
+static void end_saver(worker *w, int keep_going) {
+  if (!w->saver) return;
+  if (keep_going) ckpt_save_wait(w->saver, newt_deadline_in_ms(60000));
+  else ckpt_saver_abort(w->saver);
+  ckpt_saver_free(w->saver);
+  w->saver = NULL;
+}
+
+newt_result_t worker_ckpt_generation(worker *w, const newt_plan *p, const plan_rank *me) {
+  if (!enabled(w)) return NEWT_OK;
+  end_saver(w, strcmp(p->switch_mode, "boundary") == 0);
+  char layout[160];
+  snprintf(layout, sizeof layout, "{\"dp\":%d,\"tp\":%d,\"pp\":%d,\"zero\":%d,\"rank\":%d,\"generation\":%llu}", p->dp,
+           p->tp, p->pp, p->zero, me->rank, (unsigned long long)p->generation);
+  ckpt_saver_opts so = {.dir = w->spec.ckpt_dir,
+                        .rank = me->rank,
+                        .nranks = p->nranks,
+                        .threads = 2,
+                        .level = w->spec.ckpt_level == 0 ? CKPT_LEVEL_RAW : (int)w->spec.ckpt_level,
+                        .skip_if_busy = 1,
+                        .commit = me->rank == 0,
+                        .keep = (int)w->spec.ckpt_keep,
+                        .commit_timeout_ms = 120000,
+                        .attempt = p->generation,
+                        .layout_json = layout};
+  return ckpt_saver_init(&w->saver, &so);
+}
+
+newt_result_t worker_ckpt_step(worker *w, const newt_plan *p, const plan_rank *me) {
+  if (!w->saver) return NEWT_OK;
+  ckpt_save_status st;
+  ckpt_saver_status(w->saver, &st);
+  if (st.state == CKPT_SAVE_FAILED && st.step != w->ckpt_failed_step) {
+    w->ckpt_failed_step = st.step;
+    NEWT_WARN(WORKER, "%s: checkpoint of step %lld failed: %s (the previous one stays the newest)", w->id,
+              (long long)st.step, st.message);
+  }
+  if (me->rank == 0 && st.state == CKPT_SAVE_DONE && st.last_ok_step > w->ckpt_published) {
+    w->ckpt_published = st.last_ok_step;
+    char key[256];
+    char *val = newt_asprintf("{\"step\":%lld,\"dir\":\"%s\"}", (long long)st.last_ok_step, w->spec.ckpt_dir);
+    if (val && rdzv_key(key, sizeof key, w->o->job, "ckpt") == NEWT_OK) worker_publish(w, key, val, 0);
+    else free(val);
+  }
+  if (w->tr.step % w->spec.ckpt_every != 0) return NEWT_OK;
+  const model_trainer *tr = &w->tr;
+  size_t total = tr->gpt.layout.total, n = (size_t)p->nranks, r = (size_t)me->rank;
+  ckpt_model_bufs b = {.layout = &tr->gpt.layout,
+                       .params = tr->gpt.params,
+                       .m = tr->opt.m,
+                       .v = tr->opt.v,
+                       .moff = tr->opt.off,
+                       .mlen = tr->opt.len,
+                       .off = total * r / n,
+                       .len = total * (r + 1) / n - total * r / n};
+  int started = 0;
+  NEWT_CHECK(ckpt_save_begin(w->saver, tr->step, 1, &started));
+  if (!started) return NEWT_OK; /* the last save is still being written: skip this one */
+  newt_result_t res = ckpt_model_add(w->saver, &b);
+  char *state = NULL, desc[SPEC_PATH_MAX + 32];
+  data_desc(w, desc, sizeof desc);
+  if (res == NEWT_OK && me->rank == 0) res = ckpt_trainer_state(tr, desc, &state);
+  newt_result_t end = ckpt_save_end(w->saver, state);
+  free(state);
+  return res != NEWT_OK ? res : end;
+}
+
+newt_result_t worker_ckpt_load(worker *w, int64_t *step) {
+  if (!w->spec.ckpt_dir[0]) return NEWT_ERR(NEWT_ERR_NOTFOUND, "no checkpoint directory");
+  char desc[SPEC_PATH_MAX + 32];
+  data_desc(w, desc, sizeof desc);
+  int64_t got = -1;
+  NEWT_CHECK(ckpt_trainer_resume(w->spec.ckpt_dir, &w->tr, desc, 2, &got));
+  if (got < 0) return NEWT_ERR(NEWT_ERR_NOTFOUND, "no committed checkpoint in %s", w->spec.ckpt_dir);
+  *step = got;
+  return NEWT_OK;
+}
+
+void worker_ckpt_free(worker *w) { end_saver(w, 1); }

@@ -1,0 +1,748 @@
+/* The worker's life (see worker.h and docs/elastic.md).
+ *
+ * Threads: the main thread registers, waits for plans and trains; the plan watch (an
+ * etcd watch on /newt/<job>/plan) keeps the newest plan and, when it asks to drop the
+ * running step (switch "abort"), aborts the communicator so a pending collective returns
+ * at once; a publisher thread writes what need not hold up a step (progress, acks,
+ * registration state) to etcd. The main thread alone touches the model. */
+#include "worker/worker.h"
+
+#include <arpa/inet.h>
+#include <errno.h>
+#include <math.h>
+#include <netinet/in.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include "comm/comm.h"
+#include "common/clock.h"
+#include "common/json.h"
+#include "common/log.h"
+#include "common/param.h"
+#include "common/strutil.h"
+#include "common/sys.h"
+#include "coordinator/plan.h"
+#include "rendezvous/rdzv.h"
+#include "worker/internal.h"
+
+NEWT_PARAM(ProgressMs, "NEWT_PROGRESS_MS", 100)
+NEWT_PARAM(EtcdCallMs, "NEWT_ETCD_CALL_MS", 5000)
+
+static newt_deadline_t call_deadline(void) { return newt_deadline_in_ms(newt_param_EtcdCallMs()); }
+
+/* --- setup ------------------------------------------------------------------------------ */
+
+newt_result_t worker_open_data(const newt_spec *s, model_tokens *tok) {
+  if (s->data_path[0]) return model_tokens_open(tok, s->data_path);
+  char *text = malloc((size_t)s->gen_bytes);
+  NEWT_CHECK_ALLOC(text);
+  model_text_generate(s->data_seed, text, (size_t)s->gen_bytes);
+  newt_result_t r = model_tokens_from_memory(tok, text, 1, (uint64_t)s->gen_bytes, 256);
+  free(text);
+  return r;
+}
+
+newt_result_t worker_train_config(const newt_spec *s, int threads, model_train_config *c) {
+  NEWT_CHECK(model_train_defaults(c, s->preset, s->steps));
+  const struct {
+    const char *field;
+    int64_t v;
+  } over[] = {{"vocab", s->vocab}, {"ctx", s->ctx}, {"layers", s->layers}, {"heads", s->heads},
+              {"channels", s->channels}};
+  for (size_t i = 0; i < sizeof over / sizeof over[0]; i++) {
+    if (!over[i].v) continue;
+    char v[32];
+    snprintf(v, sizeof v, "%lld", (long long)over[i].v);
+    NEWT_CHECK(model_config_set(&c->model, over[i].field, v));
+  }
+  c->batch = (int)s->global_batch;
+  c->micro_batch = (int)s->micro_batch;
+  c->seq_len = s->seq_len ? (int)s->seq_len : (int)c->model.ctx;
+  c->seed = s->seed;
+  c->data_seed = s->data_seed;
+  c->threads = threads;
+  c->optim.lr = s->lr;
+  c->optim.lr_min = s->lr_min;
+  if (s->warmup >= 0) c->optim.warmup = s->warmup;
+  c->optim.weight_decay = s->weight_decay;
+  c->optim.grad_clip = s->grad_clip;
+  NEWT_CHECK(model_train_config_check(c));
+  if (s->pp > c->model.layers)
+    return NEWT_ERR(NEWT_ERR_INVALID, "spec.parallel.pp: %lld stages for %lld layers", (long long)s->pp,
+                    (long long)c->model.layers);
+  return NEWT_OK;
+}
+
+/* A port on addr that was free a moment ago. */
+static newt_result_t pick_port(const char *addr, int *port) {
+  struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = 0};
+  if (inet_pton(AF_INET, addr, &sa.sin_addr) != 1)
+    return NEWT_ERR(NEWT_ERR_INVALID, "--addr: \"%s\" is not an IPv4 address", addr);
+  int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  socklen_t len = sizeof sa;
+  if (fd < 0 || bind(fd, (struct sockaddr *)&sa, sizeof sa) != 0 ||
+      getsockname(fd, (struct sockaddr *)&sa, &len) != 0) {
+    int e = errno;
+    if (fd >= 0) close(fd);
+    return NEWT_ERR(NEWT_ERR_SYS, "--addr %s: cannot bind a data-plane port: %s", addr, strerror(e));
+  }
+  close(fd);
+  *port = ntohs(sa.sin_port);
+  return NEWT_OK;
+}
+
+/* A lost lease does not stop training: the data plane needs no etcd. The publisher renews
+ * the registration (the same lease, when etcd kept it across a restart); if the leader
+ * planned without us meanwhile, its plan drops our generation. */
+static void on_lease_lost(void *ud, int64_t lease, const char *why) {
+  worker *w = ud;
+  NEWT_WARN(WORKER, "%s: registration lease %llx lost (%s); renewing it", w->id, (unsigned long long)lease, why);
+  pthread_mutex_lock(&w->mu);
+  atomic_store(&w->lease_lost, 1);
+  pthread_cond_broadcast(&w->cv);
+  pthread_mutex_unlock(&w->mu);
+}
+
+static newt_result_t do_register(worker *w) {
+  rdzv_worker reg;
+  memset(&reg, 0, sizeof reg);
+  snprintf(reg.id, sizeof reg.id, "%s", w->id);
+  snprintf(reg.host, sizeof reg.host, "%s", w->host);
+  snprintf(reg.addr, sizeof reg.addr, "%s", w->addr);
+  reg.device = w->o->device;
+  snprintf(reg.state, sizeof reg.state, "joining");
+  reg.pid = getpid();
+  reg.generation = (int64_t)w->gen;
+  int64_t ttl_s = (w->spec.lease_ttl_ms + 999) / 1000;
+  /* a previous registration of ours (same id) may still be alive for up to its TTL after
+     a restart or a lost lease: retry until it is gone */
+  newt_deadline_t d = newt_deadline_in_ms(2 * w->spec.lease_ttl_ms + 5000);
+  for (;;) {
+    newt_result_t r = rdzv_register(w->etcd, w->o->job, &reg, ttl_s, on_lease_lost, w, call_deadline(), &w->reg);
+    if (r == NEWT_OK || newt_deadline_passed(d) || newt_stop_requested()) return r;
+    if (r != NEWT_ERR_CONFLICT && r != NEWT_ERR_UNAVAILABLE && r != NEWT_ERR_TIMEOUT) return r;
+    newt_sleep_ms(200);
+  }
+}
+
+/* --- the plan watch ------------------------------------------------------------------------ */
+
+static void take_plan(worker *w, const char *json, size_t len) {
+  newt_plan p;
+  if (plan_from_json(json, len, &p) != NEWT_OK) {
+    NEWT_WARN(WORKER, "%s: ignoring a plan: %s", w->id, newt_errmsg());
+    return;
+  }
+  pthread_mutex_lock(&w->mu);
+  if (p.generation > w->latest.generation) {
+    plan_free(&w->latest);
+    w->latest = p;
+    if (w->comm && p.generation > w->gen) {
+      if (strcmp(p.switch_mode, "abort") == 0 || !plan_find(&p, w->id)) {
+        NEWT_INFO(WORKER, "%s: plan %llu (%s) drops generation %llu now", w->id,
+                  (unsigned long long)p.generation, p.cause, (unsigned long long)w->gen);
+        comm_abort(w->comm);
+      } else {
+        atomic_store(&w->switch_pending, 1);
+      }
+    }
+    pthread_cond_broadcast(&w->cv);
+  } else {
+    plan_free(&p);
+  }
+  pthread_mutex_unlock(&w->mu);
+}
+
+static void on_plan(void *ud, const rdzv_etcd_watch_resp *r) {
+  worker *w = ud;
+  if (r->kind == RDZV_WATCH_EVENTS) {
+    for (size_t i = 0; i < r->n_events; i++)
+      if (r->events[i].type == RDZV_EVENT_PUT) take_plan(w, r->events[i].kv.value, r->events[i].kv.value_len);
+  } else if (r->kind == RDZV_WATCH_RESYNC) {
+    for (size_t i = 0; i < r->n_kvs; i++) take_plan(w, r->kvs[i].value, r->kvs[i].value_len);
+  }
+}
+
+static newt_result_t start_plan_watch(worker *w) {
+  char key[256];
+  NEWT_CHECK(rdzv_key(key, sizeof key, w->o->job, "plan"));
+  char *json = NULL;
+  int64_t gen = 0, rev = 0;
+  newt_result_t r = rdzv_plan_get(w->etcd, w->o->job, call_deadline(), &json, &gen, &rev);
+  if (r == NEWT_OK) {
+    take_plan(w, json, strlen(json));
+    free(json);
+  } else if (r != NEWT_ERR_NOTFOUND) {
+    return r;
+  }
+  rdzv_etcd_watch_opts wo = {.start_revision = rev ? rev + 1 : 0, .progress_notify = 1};
+  return rdzv_etcd_watch_start(w->etcd, key, &wo, on_plan, w, call_deadline(), &w->plan_watch);
+}
+
+void worker_abort_comm(worker *w, const char *why) {
+  pthread_mutex_lock(&w->mu);
+  if (w->comm) {
+    NEWT_INFO(WORKER, "%s: aborting generation %llu: %s", w->id, (unsigned long long)w->gen, why);
+    comm_abort(w->comm);
+  }
+  pthread_mutex_unlock(&w->mu);
+}
+
+/* --- the publisher ------------------------------------------------------------------------- */
+
+/* Queues a write for the publisher (latest value per key wins). lease 0: none. */
+void worker_publish(worker *w, const char *key, char *value, int64_t lease) {
+  pthread_mutex_lock(&w->mu);
+  int slot = -1;
+  for (int i = 0; i < WORKER_PUB_SLOTS && slot < 0; i++)
+    if (w->pub[i].value && strcmp(w->pub[i].key, key) == 0) slot = i;
+  for (int i = 0; i < WORKER_PUB_SLOTS && slot < 0; i++)
+    if (!w->pub[i].value) slot = i;
+  if (slot < 0) {
+    NEWT_WARN(WORKER, "%s: publisher queue full, dropping %s", w->id, key);
+    free(value);
+  } else {
+    free(w->pub[slot].value);
+    snprintf(w->pub[slot].key, sizeof w->pub[slot].key, "%s", key);
+    w->pub[slot].value = value;
+    w->pub[slot].lease = lease;
+  }
+  pthread_cond_broadcast(&w->cv);
+  pthread_mutex_unlock(&w->mu);
+}
+
+/* Waits a little before retrying a write (called with mu held). */
+static void retry_pause(worker *w) {
+  struct timespec ts;
+  clock_gettime(CLOCK_REALTIME, &ts);
+  ts.tv_nsec += 100 * 1000000L;
+  if (ts.tv_nsec >= 1000000000L) {
+    ts.tv_sec++;
+    ts.tv_nsec -= 1000000000L;
+  }
+  pthread_cond_timedwait(&w->cv, &w->mu, &ts);
+}
+
+static void *publisher(void *arg) {
+  worker *w = arg;
+  pthread_mutex_lock(&w->mu);
+  while (!w->pub_stop) {
+    if (atomic_load(&w->lease_lost) && w->reg) {
+      pthread_mutex_unlock(&w->mu);
+      newt_result_t r = rdzv_registration_renew(w->reg, w->o->job, call_deadline());
+      pthread_mutex_lock(&w->mu);
+      if (r == NEWT_OK) {
+        atomic_store(&w->lease_lost, 0);
+        NEWT_INFO(WORKER, "%s: registration renewed (lease %llx)", w->id,
+                  (unsigned long long)rdzv_registration_lease(w->reg));
+      } else {
+        retry_pause(w);
+      }
+      continue;
+    }
+    if (w->pub_state[0]) {
+      char state[sizeof w->pub_state];
+      snprintf(state, sizeof state, "%s", w->pub_state);
+      w->pub_state[0] = '\0';
+      pthread_mutex_unlock(&w->mu);
+      newt_result_t r = worker_set_state(w, state);
+      pthread_mutex_lock(&w->mu);
+      if (r != NEWT_OK && r != NEWT_ERR_CONFLICT && !w->pub_state[0]) {
+        /* etcd away: try again, unless a newer state came meanwhile */
+        snprintf(w->pub_state, sizeof w->pub_state, "%s", state);
+        retry_pause(w);
+      }
+      continue;
+    }
+    int found = -1;
+    for (int i = 0; i < WORKER_PUB_SLOTS && found < 0; i++)
+      if (w->pub[i].value) found = i;
+    if (found < 0) {
+      pthread_cond_wait(&w->cv, &w->mu);
+      continue;
+    }
+    char key[256];
+    snprintf(key, sizeof key, "%s", w->pub[found].key);
+    char *value = w->pub[found].value;
+    int64_t lease = w->pub[found].lease;
+    w->pub[found].value = NULL;
+    pthread_mutex_unlock(&w->mu);
+    newt_result_t r = rdzv_etcd_put(w->etcd, key, value, strlen(value), lease, call_deadline(), NULL);
+    pthread_mutex_lock(&w->mu);
+    if (r != NEWT_OK && !w->pub[found].value && !w->pub_stop) {
+      /* etcd away: keep it for another try, unless a newer value came meanwhile */
+      NEWT_WARN(WORKER, "%s: writing %s: %s (will retry)", w->id, key, newt_errmsg());
+      w->pub[found].value = value;
+      retry_pause(w);
+    } else {
+      free(value);
+    }
+  }
+  pthread_mutex_unlock(&w->mu);
+  return NULL;
+}
+
+/* Writes everything still queued (at exit). */
+static void publisher_stop(worker *w) {
+  if (!w->pub_running) return;
+  /* long enough for etcd to come back from a restart: the last states matter */
+  newt_deadline_t d = newt_deadline_in_ms(w->spec.lease_ttl_ms + 3000);
+  for (;;) {
+    pthread_mutex_lock(&w->mu);
+    int pending = w->pub_state[0] != '\0';
+    for (int i = 0; i < WORKER_PUB_SLOTS; i++) pending |= w->pub[i].value != NULL;
+    pthread_mutex_unlock(&w->mu);
+    if (!pending || newt_deadline_passed(d)) break;
+    newt_sleep_ms(5);
+  }
+  pthread_mutex_lock(&w->mu);
+  w->pub_stop = 1;
+  pthread_cond_broadcast(&w->cv);
+  pthread_mutex_unlock(&w->mu);
+  pthread_join(w->pub_thread, NULL);
+  w->pub_running = 0;
+  for (int i = 0; i < WORKER_PUB_SLOTS; i++) free(w->pub[i].value);
+}
+
+newt_result_t worker_set_state(worker *w, const char *state) {
+  if (!w->reg || atomic_load(&w->lease_lost))
+    return NEWT_ERR(NEWT_ERR_UNAVAILABLE, "%s: the registration is being renewed", w->id);
+  newt_result_t r = rdzv_registration_update(w->reg, state, (int64_t)w->gen, call_deadline());
+  if (r != NEWT_OK) NEWT_WARN(WORKER, "%s: updating the registration to %s: %s", w->id, state, newt_errmsg());
+  return r;
+}
+
+void worker_set_state_async(worker *w, const char *state) {
+  pthread_mutex_lock(&w->mu);
+  snprintf(w->pub_state, sizeof w->pub_state, "%s", state);
+  pthread_cond_broadcast(&w->cv);
+  pthread_mutex_unlock(&w->mu);
+}
+
+/* --- waiting for a plan ------------------------------------------------------------------- */
+
+static int job_done(worker *w) {
+  char key[256];
+  rdzv_etcd_kv kv;
+  if (rdzv_key(key, sizeof key, w->o->job, "done") != NEWT_OK) return 0;
+  if (rdzv_etcd_get(w->etcd, key, call_deadline(), &kv, NULL) != NEWT_OK) return 0;
+  rdzv_etcd_kv_free(&kv);
+  return 1;
+}
+
+typedef enum wait_outcome { WAIT_PLAN, WAIT_LEAVE, WAIT_DONE } wait_outcome;
+
+/* Waits for a plan newer than our generation in which we are a rank; meanwhile re-registers
+ * after a lost lease and notices SIGTERM and the end of the job. */
+static newt_result_t wait_plan(worker *w, newt_plan *out, wait_outcome *how) {
+  uint64_t spare_gen = 0;
+  uint64_t next_done_check = 0;
+  for (;;) {
+    if (newt_stop_requested()) {
+      *how = WAIT_LEAVE;
+      return NEWT_OK;
+    }
+    pthread_mutex_lock(&w->mu);
+    if (w->latest.generation > w->gen) {
+      const plan_rank *me = plan_find(&w->latest, w->id);
+      if (me) {
+        newt_result_t r = plan_copy(out, &w->latest);
+        pthread_mutex_unlock(&w->mu);
+        NEWT_CHECK(r);
+        *how = WAIT_PLAN;
+        return NEWT_OK;
+      }
+      if (spare_gen != w->latest.generation) {
+        spare_gen = w->latest.generation;
+        pthread_mutex_unlock(&w->mu);
+        worker_set_state_async(w, "spare");
+        continue;
+      }
+    }
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    ts.tv_nsec += 50 * 1000000L;
+    if (ts.tv_nsec >= 1000000000L) {
+      ts.tv_sec++;
+      ts.tv_nsec -= 1000000000L;
+    }
+    pthread_cond_timedwait(&w->cv, &w->mu, &ts);
+    pthread_mutex_unlock(&w->mu);
+    uint64_t now = newt_wall_ms();
+    if (now >= next_done_check) {
+      next_done_check = now + 500;
+      if (job_done(w)) {
+        *how = WAIT_DONE;
+        return NEWT_OK;
+      }
+    }
+  }
+}
+
+/* --- one generation ------------------------------------------------------------------------ */
+
+static newt_result_t build_comm(worker *w, const newt_plan *p, const plan_rank *me, comm_t **out) {
+  const char **addrs = calloc((size_t)p->nranks, sizeof *addrs);
+  const char **hosts = calloc((size_t)p->nranks, sizeof *hosts);
+  if (!addrs || !hosts) {
+    free(addrs);
+    free(hosts);
+    return NEWT_ERR(NEWT_ERR_NOMEM, "out of memory building a communicator of %d ranks", p->nranks);
+  }
+  for (int r = 0; r < p->nranks; r++) {
+    addrs[r] = p->ranks[r].addr;
+    hosts[r] = p->ranks[r].host;
+  }
+  comm_config cfg;
+  memset(&cfg, 0, sizeof cfg);
+  cfg.backend = COMM_BACKEND_CPU;
+  cfg.rank = me->rank;
+  cfg.size = p->nranks;
+  cfg.addrs = addrs;
+  cfg.hosts = hosts;
+  cfg.job = w->o->job;
+  cfg.generation = p->generation;
+  memcpy(cfg.secret, p->secret, sizeof p->secret);
+  cfg.secret_len = sizeof p->secret;
+  cfg.timeout_ms = w->spec.comm_timeout_ms;
+  cfg.device = w->o->device;
+  newt_result_t r = comm_create(&cfg, out);
+  free(addrs);
+  free(hosts);
+  return r;
+}
+
+/* Reports a failure of generation g to the leader: its kind (crash: a connection died;
+ * hang: no progress by the deadline), whom we lost (NULL: we cannot tell), our newest
+ * step. */
+static void report(worker *w, const newt_plan *p, const char *kind, const char *accused, const char *why) {
+  cJSON *j = cJSON_CreateObject();
+  cJSON_AddStringToObject(j, "worker", w->id);
+  cJSON *acc = cJSON_AddArrayToObject(j, "accuse");
+  if (accused) cJSON_AddItemToArray(acc, cJSON_CreateString(accused));
+  cJSON_AddStringToObject(j, "kind", kind);
+  newt_json_add_int(j, "step", w->tr.step);
+  newt_json_add_int(j, "t_ms", (int64_t)w->t_detect);
+  cJSON_AddStringToObject(j, "why", why);
+  char *val = newt_json_print(j);
+  cJSON_Delete(j);
+  char key[256], suffix[128];
+  snprintf(suffix, sizeof suffix, "reports/%020llu/%s", (unsigned long long)p->generation, w->id);
+  if (val && rdzv_key(key, sizeof key, w->o->job, suffix) == NEWT_OK && w->reg) {
+    if (rdzv_etcd_put(w->etcd, key, val, strlen(val), rdzv_registration_lease(w->reg), call_deadline(), NULL) != NEWT_OK)
+      NEWT_WARN(WORKER, "%s: reporting the failure of generation %llu: %s", w->id,
+                (unsigned long long)p->generation, newt_errmsg());
+  }
+  NEWT_WARN(WORKER, "%s: generation %llu failed (%s): %s", w->id, (unsigned long long)p->generation, kind, why);
+  free(val);
+}
+
+/* Reports a failed collective: the communicator says whom it lost and how. */
+static void report_failure(worker *w, const newt_plan *p, comm_t *c) {
+  comm_status st;
+  comm_get_status(c, &st);
+  if (st.code == NEWT_ERR_ABORTED) return; /* we dropped it for a newer plan: nothing to report */
+  const char *accused = st.peer >= 0 && st.peer < p->nranks ? p->ranks[st.peer].worker : NULL;
+  report(w, p, st.code == NEWT_ERR_TIMEOUT ? "hang" : "crash", accused, st.msg);
+}
+
+static void publish_ack(worker *w, const newt_plan *p, const plan_rank *me) {
+  cJSON *j = cJSON_CreateObject();
+  newt_json_add_int(j, "rank", me->rank);
+  newt_json_add_int(j, "t_plan", (int64_t)w->t_plan_seen);
+  newt_json_add_int(j, "t_comm", (int64_t)w->t_comm);
+  newt_json_add_int(j, "t_restore", (int64_t)w->t_restore);
+  newt_json_add_int(j, "t_step", (int64_t)w->t_first_step);
+  cJSON_AddStringToObject(j, "restore", w->restore_src);
+  newt_json_add_int(j, "restore_step", w->restore_step);
+  char *val = newt_json_print(j);
+  cJSON_Delete(j);
+  char key[256], suffix[128];
+  snprintf(suffix, sizeof suffix, "acks/%020llu/%s", (unsigned long long)p->generation, w->id);
+  if (val && rdzv_key(key, sizeof key, w->o->job, suffix) == NEWT_OK && w->reg)
+    worker_publish(w, key, val, rdzv_registration_lease(w->reg));
+  else
+    free(val);
+}
+
+static void publish_progress(worker *w, const newt_plan *p, double loss, double tps) {
+  uint64_t now = newt_wall_ms();
+  if (now - w->progress_ms < (uint64_t)newt_param_ProgressMs() && w->tr.step < w->spec.steps) return;
+  w->progress_ms = now;
+  char key[256];
+  char *val = newt_asprintf("{\"generation\":%llu,\"step\":%lld,\"loss\":%.9g,\"tokens_per_s\":%.1f,"
+                            "\"world\":%d,\"dp\":%d,\"t_ms\":%llu}",
+                            (unsigned long long)p->generation, (long long)w->tr.step, loss, tps, p->nranks,
+                            p->dp, (unsigned long long)now);
+  if (val && rdzv_key(key, sizeof key, w->o->job, "progress") == NEWT_OK) worker_publish(w, key, val, 0);
+  else free(val);
+}
+
+static void mark_done(worker *w, double loss) {
+  char key[256];
+  char *val = newt_asprintf("{\"step\":%lld,\"loss\":%.9g,\"t_ms\":%llu,\"samples\":%llu}", (long long)w->tr.step,
+                            loss, (unsigned long long)newt_wall_ms(), (unsigned long long)w->tr.cursor);
+  if (val && rdzv_key(key, sizeof key, w->o->job, "done") == NEWT_OK &&
+      rdzv_etcd_put(w->etcd, key, val, strlen(val), 0, call_deadline(), NULL) != NEWT_OK)
+    NEWT_WARN(WORKER, "%s: marking the job done: %s", w->id, newt_errmsg());
+  free(val);
+}
+
+typedef enum gen_outcome { GEN_DONE, GEN_LEAVE, GEN_NEXT } gen_outcome;
+
+/* One optimizer step of generation p: this rank's slice of the global batch, the gradient
+ * all-reduce, the control values (loss, leave, switch), AdamW. */
+static newt_result_t train_step(worker *w, comm_t *c, const newt_plan *p, const plan_rank *me, float ctl[3]) {
+  model_trainer *tr = &w->tr;
+  int T = tr->cfg.seq_len;
+  int64_t first, count;
+  model_batch_slice(p->global_batch, me->dp, p->dp, &first, &count);
+  NEWT_CHECK(model_loader_fetch(&w->ld, tr->cursor + (uint64_t)first, count, w->inputs, w->targets));
+  if (w->sample_log) {
+    fprintf(w->sample_log, "C %llu %lld %llu %lld\n", (unsigned long long)p->generation, (long long)tr->step + 1,
+            (unsigned long long)(tr->cursor + (uint64_t)first), (long long)count);
+    fflush(w->sample_log);
+  }
+  model_trainer_zero(tr);
+  double loss = model_trainer_accumulate(tr, w->inputs, w->targets, (int)count,
+                                         1.0f / (float)(p->global_batch * T));
+  if (p->nranks > 1)
+    NEWT_CHECK(comm_allreduce(c, tr->gpt.grads, tr->gpt.grads, tr->gpt.layout.total, NEWT_F32, COMM_SUM));
+  ctl[0] = (float)loss;
+  ctl[1] = newt_stop_requested() ? 1.0f : 0.0f;
+  if (ctl[1] > 0 && !w->leave_announced) {
+    /* let the leader plan the next generation while this step finishes */
+    w->leave_announced = 1;
+    worker_set_state_async(w, "leaving");
+  }
+  ctl[2] = (float)atomic_load(&w->switch_pending);
+  NEWT_CHECK(comm_allreduce(c, ctl, ctl, 3, NEWT_F32, COMM_SUM));
+  model_trainer_apply(tr, NULL);
+  tr->cursor += (uint64_t)p->global_batch;
+  if (w->sample_log) {
+    fprintf(w->sample_log, "A %llu %lld %llu\n", (unsigned long long)p->generation, (long long)tr->step,
+            (unsigned long long)newt_wall_ms());
+    fflush(w->sample_log);
+  }
+  return NEWT_OK;
+}
+
+static newt_result_t run_generation(worker *w, const newt_plan *p, gen_outcome *how) {
+  const plan_rank *me = plan_find(p, w->id);
+  comm_t *c = NULL;
+  atomic_store(&w->switch_pending, 0);
+  w->t_plan_seen = newt_wall_ms();
+  newt_result_t r = build_comm(w, p, me, &c);
+  pthread_mutex_lock(&w->mu);
+  w->gen = p->generation;
+  w->comm = c;
+  /* a newer plan may have come while we built: honour it now */
+  if (c && w->latest.generation > p->generation) {
+    if (strcmp(w->latest.switch_mode, "abort") == 0 || !plan_find(&w->latest, w->id)) comm_abort(c);
+    else atomic_store(&w->switch_pending, 1);
+  }
+  pthread_mutex_unlock(&w->mu);
+  if (r != NEWT_OK) {
+    /* some rank never came: say so, so the leader need not wait for its lease to run out
+       (the ranks that do not report are the ones that did not come) */
+    w->t_detect = newt_wall_ms();
+    char why[512];
+    snprintf(why, sizeof why, "building generation %llu: %s", (unsigned long long)p->generation, newt_errmsg());
+    pthread_mutex_lock(&w->mu);
+    int newer = w->latest.generation > p->generation;
+    pthread_mutex_unlock(&w->mu);
+    if (!newer) report(w, p, r == NEWT_ERR_TIMEOUT ? "hang" : "crash", NULL, why);
+    *how = GEN_NEXT;
+    return NEWT_OK;
+  }
+  w->t_comm = newt_wall_ms();
+  NEWT_INFO(WORKER, "%s: generation %llu: rank %d of %d (dp %d, accum %lld)", w->id,
+            (unsigned long long)p->generation, me->rank, p->nranks, p->dp, (long long)p->accum);
+  r = worker_restore(w, c, p);
+  w->t_restore = newt_wall_ms();
+  if (r == NEWT_OK) r = worker_ckpt_generation(w, p, me);
+  int first = 1;
+  double t_last = newt_now_s();
+  while (r == NEWT_OK) {
+    if (w->tr.step >= w->spec.steps) {
+      *how = GEN_DONE;
+      break;
+    }
+    float ctl[3];
+    r = train_step(w, c, p, me, ctl);
+    if (r != NEWT_OK) break;
+    double now = newt_now_s();
+    double loss = ctl[0] / (double)(p->global_batch * w->tr.cfg.seq_len);
+    double tps = (double)(p->global_batch * w->tr.cfg.seq_len) / (now - t_last);
+    t_last = now;
+    w->last_loss = loss;
+    if (first) {
+      first = 0;
+      w->t_first_step = newt_wall_ms();
+      publish_ack(w, p, me);
+      if (!w->leave_announced) worker_set_state_async(w, "training");
+    }
+    if (me->rank == 0) publish_progress(w, p, loss, tps);
+    newt_result_t cr = worker_ckpt_step(w, p, me);
+    if (cr != NEWT_OK) /* a checkpoint that cannot start is reported, training goes on */
+      NEWT_WARN(WORKER, "%s: checkpoint of step %lld: %s", w->id, (long long)w->tr.step, newt_errmsg());
+    if (ctl[1] > 0) {
+      *how = newt_stop_requested() ? GEN_LEAVE : GEN_NEXT;
+      NEWT_INFO(WORKER, "%s: a rank leaves after step %lld", w->id, (long long)w->tr.step);
+      break;
+    }
+    if (ctl[2] > 0) {
+      *how = GEN_NEXT;
+      NEWT_INFO(WORKER, "%s: switching to the next plan after step %lld", w->id, (long long)w->tr.step);
+      break;
+    }
+  }
+  if (r != NEWT_OK) {
+    w->t_detect = newt_wall_ms();
+    comm_status st;
+    comm_get_status(c, &st);
+    if (st.code == NEWT_OK) { /* not a communication failure: data or model */
+      pthread_mutex_lock(&w->mu);
+      w->comm = NULL;
+      pthread_mutex_unlock(&w->mu);
+      comm_free(c);
+      return r;
+    }
+    report_failure(w, p, c);
+    *how = GEN_NEXT;
+    r = NEWT_OK;
+  } else if (*how == GEN_DONE && me->rank == 0) {
+    mark_done(w, w->last_loss);
+  }
+  pthread_mutex_lock(&w->mu);
+  w->comm = NULL;
+  pthread_mutex_unlock(&w->mu);
+  comm_free(c);
+  return r;
+}
+
+/* --- the whole life ----------------------------------------------------------------------- */
+
+static newt_result_t setup(worker *w, const worker_opts *o) {
+  w->o = o;
+  snprintf(w->host, sizeof w->host, "%s", o->host && *o->host ? o->host : newt_hostname());
+  if (o->id && *o->id) snprintf(w->id, sizeof w->id, "%s", o->id);
+  else snprintf(w->id, sizeof w->id, "%.40s-%d", w->host, (int)getpid());
+  NEWT_CHECK(rdzv_check_name("worker id", w->id));
+  NEWT_CHECK(rdzv_check_name("job", o->job));
+  newt_log_set_name(w->id);
+  const char *ip = o->addr && *o->addr ? o->addr : "127.0.0.1";
+  int port = o->port;
+  if (port == 0) NEWT_CHECK(pick_port(ip, &port));
+  snprintf(w->addr, sizeof w->addr, "%s:%d", ip, port);
+
+  NEWT_CHECK(rdzv_etcd_init(&o->etcd, &w->etcd));
+  char *spec = NULL;
+  newt_deadline_t d = newt_deadline_in_ms(o->spec_wait_ms > 0 ? o->spec_wait_ms : 60000);
+  for (;;) {
+    newt_result_t r = rdzv_spec_get(w->etcd, o->job, call_deadline(), &spec);
+    if (r == NEWT_OK) break;
+    if (r != NEWT_ERR_NOTFOUND || newt_deadline_passed(d))
+      return r == NEWT_ERR_NOTFOUND
+                 ? NEWT_ERR(NEWT_ERR_NOTFOUND, "job %s has no spec in etcd at %s (start a coordinator with --spec)",
+                            o->job, rdzv_etcd_endpoints(w->etcd))
+                 : r;
+    if (newt_stop_requested()) return NEWT_ERR(NEWT_ERR_ABORTED, "stopped while waiting for the spec");
+    newt_sleep_ms(100);
+  }
+  newt_result_t r = spec_from_json(spec, strlen(spec), &w->spec);
+  free(spec);
+  NEWT_CHECK(r);
+  if (strcmp(w->spec.backend, "cpu") != 0)
+    return NEWT_ERR(NEWT_ERR_UNSUPPORTED, "spec.backend: the worker trains on the CPU backend only so far");
+  model_train_config tc;
+  NEWT_CHECK(worker_train_config(&w->spec, o->threads, &tc));
+  NEWT_CHECK(worker_open_data(&w->spec, &w->tok));
+  w->have_tok = 1;
+  NEWT_CHECK(model_loader_init(&w->ld, &w->tok, tc.seq_len, tc.data_seed, tc.model.vocab));
+  NEWT_CHECK(model_trainer_init(&w->tr, &tc));
+  w->have_tr = 1;
+  size_t n = (size_t)w->spec.global_batch * (size_t)tc.seq_len;
+  w->inputs = malloc(n * sizeof *w->inputs);
+  w->targets = malloc(n * sizeof *w->targets);
+  NEWT_CHECK_ALLOC(w->inputs);
+  NEWT_CHECK_ALLOC(w->targets);
+  const char *slog = getenv("NEWT_SAMPLE_LOG_DIR");
+  if (slog && *slog) {
+    char path[1024];
+    snprintf(path, sizeof path, "%s/%s.samples", slog, w->id);
+    w->sample_log = fopen(path, "a");
+    if (!w->sample_log) return NEWT_ERR(NEWT_ERR_SYS, "NEWT_SAMPLE_LOG_DIR: cannot open %s", path);
+  }
+  if (pthread_create(&w->pub_thread, NULL, publisher, w) != 0)
+    return NEWT_ERR(NEWT_ERR_SYS, "cannot start the publisher thread");
+  w->pub_running = 1;
+  NEWT_CHECK(do_register(w));
+  NEWT_CHECK(start_plan_watch(w));
+  NEWT_INFO(WORKER, "%s: registered for job %s at %s (host %s)", w->id, o->job, w->addr, w->host);
+  return NEWT_OK;
+}
+
+static void teardown(worker *w) {
+  worker_ckpt_free(w);
+  publisher_stop(w);
+  rdzv_etcd_watch_free(w->plan_watch);
+  rdzv_registration_free(w->reg);
+  plan_free(&w->latest);
+  if (w->have_tr) model_trainer_free(&w->tr);
+  if (w->have_tok) model_tokens_close(&w->tok);
+  free(w->inputs);
+  free(w->targets);
+  if (w->sample_log) fclose(w->sample_log);
+  rdzv_etcd_free(w->etcd);
+}
+
+newt_result_t worker_run(const worker_opts *o) {
+  worker *w = calloc(1, sizeof *w);
+  NEWT_CHECK_ALLOC(w);
+  pthread_mutex_init(&w->mu, NULL);
+  pthread_cond_init(&w->cv, NULL);
+  newt_result_t r = setup(w, o);
+  while (r == NEWT_OK) {
+    newt_plan p;
+    wait_outcome wo;
+    r = wait_plan(w, &p, &wo);
+    if (r != NEWT_OK) break;
+    if (wo == WAIT_DONE) {
+      NEWT_INFO(WORKER, "%s: the job is done", w->id);
+      break;
+    }
+    if (wo == WAIT_LEAVE) {
+      NEWT_INFO(WORKER, "%s: leaving (signal %d) between generations", w->id, newt_stop_requested());
+      break;
+    }
+    gen_outcome how = GEN_NEXT;
+    r = run_generation(w, &p, &how);
+    plan_free(&p);
+    if (r != NEWT_OK || how == GEN_DONE) break;
+    if (how == GEN_LEAVE) {
+      NEWT_INFO(WORKER, "%s: left gracefully after step %lld", w->id, (long long)w->tr.step);
+      break;
+    }
+  }
+  if (w->reg && !rdzv_registration_lost(w->reg, NULL, 0)) {
+    if (r == NEWT_OK) worker_set_state_async(w, newt_stop_requested() ? "left" : "done");
+    publisher_stop(w);
+    if (rdzv_registration_leave(w->reg, call_deadline()) != NEWT_OK)
+      NEWT_WARN(WORKER, "%s: leaving: %s", w->id, newt_errmsg());
+  }
+  /* keep the message of a failure across teardown */
+  char msg[1024];
+  snprintf(msg, sizeof msg, "%s", newt_errmsg());
+  teardown(w);
+  pthread_cond_destroy(&w->cv);
+  pthread_mutex_destroy(&w->mu);
+  free(w);
+  if (r != NEWT_OK) return NEWT_ERR(r, "%s", msg);
+  return NEWT_OK;
+}

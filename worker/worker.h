@@ -1,0 +1,40 @@
+/* The worker: one training process of an elastic job (docs/elastic.md).
+ *
+ * It registers under /newt/<job>/workers/<id> on a lease, follows the leader's plans, and
+ * for each generation it belongs to: builds the communicator the plan describes, restores
+ * the newest whole state from the cheapest source (its own memory, a peer's, the newest
+ * checkpoint, or the seed), acknowledges, and trains until the job is done, a collective
+ * fails (it reports whom it lost and waits for the next plan), a new plan asks for a
+ * switch, or SIGTERM asks it to leave (at the next step boundary, with no step lost). */
+#ifndef NEWT_WORKER_WORKER_H
+#define NEWT_WORKER_WORKER_H
+
+#include "common/err.h"
+#include "coordinator/spec.h"
+#include "model/train.h"
+#include "rendezvous/etcd.h"
+
+typedef struct worker_opts {
+  rdzv_etcd_opts etcd;
+  const char *job;
+  const char *id;   /* unique in the job */
+  const char *host; /* workers with the same host use shared memory */
+  const char *addr; /* IP peers reach this worker at; the data plane binds it */
+  int port;         /* data-plane port; 0: a free one */
+  int device;       /* CUDA device; -1: CPU */
+  int threads;      /* compute threads */
+  int64_t spec_wait_ms; /* how long to wait for the job's spec to appear in etcd */
+} worker_opts;
+
+/* Runs the worker until the job is done (NEWT_OK), it left gracefully on SIGTERM
+ * (NEWT_OK), or a fatal error (bad spec, etcd unreachable for good). */
+newt_result_t worker_run(const worker_opts *o);
+
+/* The trainer configuration a job spec asks for (model, optimizer, batch, data seeds):
+ * the same one `newt train` builds from its flags, so the two follow one trajectory. */
+newt_result_t worker_train_config(const newt_spec *s, int threads, model_train_config *out);
+
+/* The token stream a spec names: its token file, or the generated corpus. */
+newt_result_t worker_open_data(const newt_spec *s, model_tokens *tok);
+
+#endif
