@@ -45,54 +45,66 @@ void comm_futex_wake(_Atomic uint32_t *addr) {
 
 /* --- failures ------------------------------------------------------------------------ */
 
-static void backend_on_fail(struct comm *c, newt_result_t code, int peer, const char *msg, int notify) {
-  if (c->backend == COMM_BACKEND_CPU) cpu_on_fail(c, code, peer, msg, notify);
+int comm_to_root(const struct comm *c, int rank) {
+  return rank >= 0 && rank < c->size && c->root_ranks ? c->root_ranks[rank] : -1;
+}
+
+int comm_to_local(const struct comm *c, int root) {
+  for (int i = 0; root >= 0 && c->root_ranks && i < c->size; i++)
+    if (c->root_ranks[i] == root) return i;
+  return -1;
+}
+
+static void backend_on_fail(struct comm *c, newt_result_t code, int root, const char *cause, int notify) {
+  if (c->backend == COMM_BACKEND_CPU) cpu_on_fail(c, code, root, cause, notify);
 #ifdef NEWT_HAVE_CUDA
-  else nccl_on_fail(c, code, peer, msg, notify);
+  else nccl_on_fail(c, code, root, cause, notify);
 #endif
 }
 
-/* Under family_lock. `from` is the relative the failure came from (not told again). */
-static void fail_one(struct comm *c, struct comm *from, newt_result_t code, int peer, const char *msg,
-                     int notify) {
+/* Under family_lock. The culprit is a root rank; `from` is the relative the failure came
+ * from (not told again); relatives record the same cause. */
+static void fail_one(struct comm *c, struct comm *from, newt_result_t code, int root, const char *cause,
+                     const char *suffix, int notify) {
   if (atomic_load(&c->failed)) return;
   c->status.code = code;
-  c->status.peer = peer;
-  snprintf(c->status.msg, sizeof c->status.msg, "%s", msg);
+  c->status.peer = comm_to_local(c, root);
+  snprintf(c->status.msg, sizeof c->status.msg, "%s%s%s%s%s", cause, suffix ? " (" : "", suffix ? suffix : "",
+           suffix ? ")" : "", from ? " (seen in a related communicator)" : "");
   if (code == NEWT_ERR_ABORTED) atomic_store(&c->aborted, 1);
   atomic_store_explicit(&c->failed, 1, memory_order_release);
-  if (code == NEWT_ERR_ABORTED) NEWT_INFO(COMM, "rank %d of %d: %s", c->rank, c->size, msg);
-  else NEWT_WARN(COMM, "rank %d of %d: communicator failed: %s", c->rank, c->size, msg);
-  backend_on_fail(c, code, peer, msg, notify);
-  char m[sizeof c->status.msg];
-  if (c->parent && c->parent != from) {
-    int pp = peer >= 0 && c->parent_ranks ? c->parent_ranks[peer] : -1;
-    snprintf(m, sizeof m, "in a sub-communicator: %s", msg);
-    fail_one(c->parent, c, code, pp, m, 1);
-  }
-  for (int i = 0; i < c->nchildren; i++) {
-    struct comm *ch = c->children[i];
-    if (ch == from) continue;
-    int cp = -1;
-    for (int k = 0; ch->parent_ranks && peer >= 0 && k < ch->size; k++)
-      if (ch->parent_ranks[k] == peer) cp = k;
-    snprintf(m, sizeof m, "parent communicator failed: %s", msg);
-    fail_one(ch, c, code, cp, m, 1);
-  }
+  if (code == NEWT_ERR_ABORTED) NEWT_INFO(COMM, "rank %d of %d: %s", c->rank, c->size, c->status.msg);
+  else NEWT_WARN(COMM, "rank %d of %d: communicator failed: %s", c->rank, c->size, c->status.msg);
+  backend_on_fail(c, code, root, cause, notify);
+  if (c->parent && c->parent != from) fail_one(c->parent, c, code, root, cause, NULL, 1);
+  for (int i = 0; i < c->nchildren; i++)
+    if (c->children[i] != from) fail_one(c->children[i], c, code, root, cause, NULL, 1);
 }
 
-newt_result_t comm_fail(struct comm *c, newt_result_t code, int peer, int notify, const char *fmt, ...) {
-  char msg[sizeof c->status.msg];
-  va_list ap;
-  va_start(ap, fmt);
-  vsnprintf(msg, sizeof msg, fmt, ap);
-  va_end(ap);
+static newt_result_t record(struct comm *c, newt_result_t code, int root, const char *cause, const char *suffix,
+                            int notify) {
   comm_status st;
   pthread_mutex_lock(&family_lock);
-  fail_one(c, NULL, code, peer, msg, notify);
+  fail_one(c, NULL, code, root, cause, suffix, notify);
   st = c->status;
   pthread_mutex_unlock(&family_lock);
   return NEWT_ERR(st.code, "%s", st.msg);
+}
+
+newt_result_t comm_fail(struct comm *c, newt_result_t code, int peer, int notify, const char *fmt, ...) {
+  char cause[sizeof c->status.msg];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(cause, sizeof cause, fmt, ap);
+  va_end(ap);
+  return record(c, code, comm_to_root(c, peer), cause, NULL, notify);
+}
+
+newt_result_t comm_fail_reported(struct comm *c, newt_result_t code, int culprit_root, int reporter,
+                                 const char *cause) {
+  char by[48];
+  snprintf(by, sizeof by, "reported by rank %d", reporter);
+  return record(c, code, culprit_root, cause, by, 0);
 }
 
 newt_result_t comm_failed_err(struct comm *c, const char *what) {
@@ -206,7 +218,7 @@ static struct comm *comm_alloc(comm_backend b, int64_t timeout_ms) {
 }
 
 static void comm_release(struct comm *c) {
-  free(c->parent_ranks);
+  free(c->root_ranks);
   free(c->children);
   free(c);
 }

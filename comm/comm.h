@@ -11,10 +11,11 @@
  * surviving rank: a peer that dies (connection closed) is seen within milliseconds, one
  * that stops (SIGSTOP, hung) when the operation's deadline passes. A failed or aborted
  * communicator stays failed: every later operation returns the same error at once, and
- * comm_status() says which peer failed and why. The only way on is a new communicator
- * (next generation). comm_abort() may be called from any thread; every pending and
- * later operation then fails within 100 ms. comm_free() after a failure or an abort
- * releases everything.
+ * comm_get_status() says which peer failed and why. The only way on is a new communicator
+ * (next generation: comm_create, or comm_shrink among the survivors). comm_abort() may
+ * be called from any thread; every pending and later operation then fails within 100 ms.
+ * comm_free() after a failure or an abort releases everything (connections, threads,
+ * shared memory, device resources).
  *
  * Buffers live where the backend computes: host memory for the CPU backend, device
  * memory for NCCL. Counts are in elements. In-place operation (send == recv) is allowed
@@ -47,14 +48,16 @@ typedef struct comm_config {
   comm_backend backend;
   int rank;
   int size;
-  /* CPU backend: addrs[r] is "ip:port" where rank r listens (this rank binds its own);
-   * hosts[r] names r's host: ranks on the same host use shared memory. */
+  /* CPU backend: addrs[r] is "ip:port" ("[v6]:port") where rank r listens (this rank
+   * binds its own; free the previous generation's communicator on the same address
+   * first, binding is retried until the deadline); hosts[r] names r's host: ranks with
+   * equal hosts[] use shared memory, others TCP. */
   const char *const *addrs;
   const char *const *hosts;
   const char *job;     /* names shared-memory segments; any short identifier */
   uint64_t generation; /* proven on every connection */
   unsigned char secret[COMM_SECRET_MAX];
-  size_t secret_len;
+  size_t secret_len;   /* CPU backend: 16 to COMM_SECRET_MAX bytes */
   int64_t timeout_ms;  /* build deadline, and the longest an operation may go without progress */
   /* NCCL backend: the unique id from the plan, the CUDA device, the stream all
    * operations are issued on (cudaStream_t; NULL: a stream of the communicator's own). */
@@ -81,9 +84,13 @@ newt_result_t comm_split(comm_t *parent, int color, int key, comm_t **out);
 
 /* Collective over the survivors of a failed (or healthy) communicator: every rank not in
  * exclude[0..nexclude) calls it with the same list and gets a communicator without the
- * excluded ranks (ranks renumbered in order), proving `generation` and `secret`. NCCL:
- * ncclCommShrink(NCCL_SHRINK_ABORT) then abort of the parent. CPU: may reuse the
- * survivors' connections. The parent must still be freed by the caller. */
+ * excluded ranks (ranks renumbered in order), proving `generation` and `secret`. The
+ * parent is aborted by it (a healthy one too) and must still be freed by the caller,
+ * before or after the new one. NCCL: ncclCommShrink(NCCL_SHRINK_ABORT), then
+ * ncclCommAbort of the parent; generation and secret are not used. CPU: new connections
+ * through the parent's listening sockets (the parent's streams may hold the failed
+ * operation's bytes). Different exclude lists on different ranks fail by the deadline;
+ * the survivors must call it within timeout_ms of each other. */
 newt_result_t comm_shrink(comm_t *c, const int *exclude, int nexclude, uint64_t generation,
                           const unsigned char *secret, size_t secret_len, comm_t **out);
 
@@ -112,7 +119,9 @@ newt_result_t comm_barrier(comm_t *c);
 /* Nonblocking forms: the operation is queued and progresses in the background (CPU: a
  * progress thread per communicator; NCCL: the stream), in issue order; comm_wait returns
  * its result and frees the request. Buffers must stay valid until then. Used to overlap
- * gradient reduction with the backward pass. */
+ * gradient reduction with the backward pass. Every request must be waited for, also
+ * after a failure or after comm_free (which completes pending ones with
+ * NEWT_ERR_ABORTED); a blocking call issued meanwhile runs after the queued ones. */
 newt_result_t comm_allreduce_async(comm_t *c, const void *send, void *recv, size_t count,
                                    newt_dtype dt, comm_op op, comm_req_t **req);
 newt_result_t comm_reduce_scatter_async(comm_t *c, const void *send, void *recv, size_t recvcount,
@@ -121,8 +130,10 @@ newt_result_t comm_allgather_async(comm_t *c, const void *send, void *recv, size
                                    newt_dtype dt, comm_req_t **req);
 newt_result_t comm_wait(comm_req_t *req);
 
-/* Makes every pending and later operation fail (NEWT_ERR_ABORTED) within 100 ms.
- * Async-signal-unsafe, thread-safe, idempotent. */
+/* Makes every pending and later operation fail (NEWT_ERR_ABORTED) within 100 ms. The
+ * peers are told: their operations fail with NEWT_ERR_ABORTED too, comm_get_status naming
+ * this rank (a deliberate drop, e.g. for a newer plan, not a crash). Async-signal-unsafe,
+ * thread-safe, idempotent. */
 void comm_abort(comm_t *c);
 
 /* Health of the communicator: code NEWT_OK while usable. */

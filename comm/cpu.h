@@ -35,10 +35,31 @@
 NEWT_PARAM(CommShmRing, "NEWT_COMM_SHM_RING", 1 << 20)        /* bytes per shared-memory ring */
 NEWT_PARAM(CommShmChunk, "NEWT_COMM_SHM_CHUNK", 64 << 10)     /* bytes copied per ring commit */
 NEWT_PARAM(CommTcpChunk, "NEWT_COMM_TCP_CHUNK", 512 << 10)    /* bytes per send()/recv() */
-NEWT_PARAM(CommTcpBuf, "NEWT_COMM_TCP_BUF", 0)                /* SO_SNDBUF/RCVBUF; 0: kernel's */
+NEWT_PARAM(CommTcpBuf, "NEWT_COMM_TCP_BUF", 4 << 20)          /* SO_SNDBUF/RCVBUF; 0: kernel's */
 NEWT_PARAM(CommSmallBytes, "NEWT_COMM_SMALL_BYTES", 16 << 10) /* latency algorithms below */
-NEWT_PARAM(CommSpinUs, "NEWT_COMM_SPIN_US", 20)               /* spin before sleeping */
+NEWT_PARAM(CommSpinUs, "NEWT_COMM_SPIN_US", 200)              /* look (spin, yield) before sleeping */
+NEWT_PARAM(CommTcpSpin, "NEWT_COMM_TCP_SPIN", 1)              /* TCP waits look before sleeping too */
 NEWT_PARAM(CommHandshakeMs, "NEWT_COMM_HANDSHAKE_MS", 3000)   /* one incoming handshake */
+NEWT_PARAM(CommFuse, "NEWT_COMM_FUSE", 1) /* forward straight into the next ring, stream results */
+NEWT_PARAM(CommRound, "NEWT_COMM_ROUND", 256 << 10)           /* bytes per block per ring round */
+
+/* Little-endian integers on the wire. */
+static inline void le_put32(uint8_t *p, uint32_t v) {
+  for (int i = 0; i < 4; i++) p[i] = (uint8_t)(v >> (8 * i));
+}
+static inline void le_put64(uint8_t *p, uint64_t v) {
+  for (int i = 0; i < 8; i++) p[i] = (uint8_t)(v >> (8 * i));
+}
+static inline uint32_t le_get32(const uint8_t *p) {
+  uint32_t v = 0;
+  for (int i = 0; i < 4; i++) v |= (uint32_t)p[i] << (8 * i);
+  return v;
+}
+static inline uint64_t le_get64(const uint8_t *p) {
+  uint64_t v = 0;
+  for (int i = 0; i < 8; i++) v |= (uint64_t)p[i] << (8 * i);
+  return v;
+}
 
 /* --- control messages ------------------------------------------------------------------
  * A frame is an 8-byte header {u8 type, u8 0, u16 payload length, u32 argument}
@@ -189,6 +210,9 @@ newt_result_t net_listen_ephemeral(const char *like, int *fd, char *out, size_t 
 /* Starts a nonblocking connect; *fd >= 0 on success (connection in progress). */
 newt_result_t net_connect_start(const struct sockaddr_storage *ss, socklen_t len, int *fd);
 void net_tune(int fd, int data);
+/* The next pending connection (nonblocking, close-on-exec), its peer's "ip:port" in
+ * remote; -1 when none is pending. */
+int net_accept(int lfd, char *remote, size_t cap);
 /* "a.b.c.d:port" of the remote end (logs). */
 void net_peer_name(int fd, char *out, size_t cap);
 int net_set_nonblock(int fd);
@@ -201,13 +225,17 @@ struct cpu_comm {
   unsigned char secret[COMM_SECRET_MAX];
   size_t secret_len;
   int64_t timeout_ms;
-  char **addrs; /* [size] */
-  char **hosts; /* [size] */
+  char **addrs;      /* [size] */
+  char **hosts;      /* [size] */
+  char **root_addrs; /* [size]: each rank's address in the family's root communicator */
+  char **names;      /* [size]: "rank 2 (10.0.0.3:4012)", "rank 1 (world rank 3, 10.0.0.4:4012)" */
   char job[48];
   cpu_link *links; /* [size]; links[rank] unused */
   int nlocal;      /* peers on this host */
+  int crowded;     /* more ranks on this host than CPUs: yield while spinning */
   int listen_fd;
-  int evfd; /* wakes the executor's and the progress thread's poll() */
+  int evfd;    /* wakes the executor's poll() (abort, failure) */
+  int pt_evfd; /* wakes the progress thread's (queue, failure, stop) */
   /* our shared-memory segment */
   void *map;
   size_t map_len;
@@ -246,8 +274,8 @@ int ctrl_read(cpu_link *l, ctrl_msg *m, const char **why);
 /* Handles every pending frame of l in an operation or while idle (PING, PONG, FAIL,
  * BYE, DOORBELL); a closed connection marks the peer gone. */
 void ctrl_drain(cpu_comm *c, cpu_link *l);
-/* Tells every live peer why c failed. */
-void ctrl_notify_fail(cpu_comm *c, newt_result_t code, int culprit, const char *msg);
+/* Tells every live peer why c failed; the culprit is a root rank (-1: none). */
+void ctrl_notify_fail(cpu_comm *c, newt_result_t code, int culprit_root, const char *msg);
 
 /* --- data streams (cpu_link.c) -------------------------------------------------------- */
 /* Takes up to len bytes into the stream to l; *n bytes taken (0: full). */
@@ -257,6 +285,10 @@ newt_result_t link_send(cpu_comm *c, cpu_link *l, const void *p, size_t len, siz
 newt_result_t link_peek(cpu_comm *c, cpu_link *l, size_t want, size_t esize, const uint8_t **p,
                         size_t *avail);
 void link_consume(cpu_comm *c, cpu_link *l, size_t n);
+/* Shared memory only: *p gets up to *room contiguous free bytes of the ring to l (at most
+ * want, a multiple of esize); link_commit publishes the first n of them. */
+void link_reserve(cpu_link *l, size_t want, size_t esize, uint8_t **p, size_t *room);
+void link_commit(cpu_comm *c, cpu_link *l, size_t n);
 /* Copies up to len incoming bytes to dst; *n copied (0: none yet). */
 newt_result_t link_recv(cpu_comm *c, cpu_link *l, void *dst, size_t len, size_t *n);
 /* After an operation: shared-memory stream positions to the next 64 bytes. */
@@ -297,7 +329,12 @@ newt_result_t cpu_build(cpu_comm *c, newt_deadline_t deadline);
 /* Releases links, segments and sockets (no goodbye). */
 void cpu_links_close(cpu_comm *c);
 
+/* What a communicator's handshakes carry: the tag of a communicator built by
+ * comm_create, and the hash of the member table (size, addresses, hosts). */
+uint64_t cpu_root_tag(const char *job);
+uint64_t cpu_members_hash(int size, const char *const *addrs, const char *const *hosts);
+
 /* "rank 3 (10.0.0.4:4012)" */
-const char *cpu_peer_name(cpu_comm *c, int peer, char *buf, size_t cap);
+const char *cpu_peer_name(cpu_comm *c, int peer);
 
 #endif

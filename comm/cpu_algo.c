@@ -41,12 +41,20 @@ typedef struct ring_step {
   size_t rbytes;
   int div;
   int gate;
+  int scratch; /* dst only feeds the next step's send: not needed afterwards */
 } ring_step;
+
+/* Step s forwards: what it receives is exactly what step s+1 sends. */
+static int forwards(const ring_step *st, int n, int s) {
+  return s + 1 < n && (st[s + 1].gate & GATE_SEND_PREV) && st[s + 1].src == st[s].dst && st[s].dst &&
+         st[s + 1].sbytes == st[s].rbytes;
+}
 
 typedef struct ring_plan {
   cpu_link *left, *right;
   ring_step *steps;
   int n;
+  int fuse;
   newt_dtype dt;
   comm_op op;
   size_t es;
@@ -72,54 +80,67 @@ static newt_result_t ring_run(cpu_comm *c, const ring_plan *p) {
       ro = 0;
     }
     if (ss >= p->n && rs >= p->n) break;
+    if (atomic_load_explicit(&c->pub->failed, memory_order_relaxed)) { /* aborted meanwhile */
+      res = comm_failed_err(c->pub, c->op_name);
+      goto out;
+    }
     int moved = 0, tx_full = 0, rx_empty = 0; /* blocked by the link, not by a gate */
     if (ss < p->n) {
       const ring_step *st = &p->steps[ss];
       size_t limit = st->sbytes;
       if ((st->gate & GATE_SEND_PREV) && ss > 0 && rs <= ss - 1) limit = rs == ss - 1 ? ro : 0;
       if ((st->gate & GATE_SEND_SAME) && rs <= ss) limit = rs == ss ? ro : 0;
-      while (so < limit) {
+      if (so < limit) { /* one chunk per turn, so what was just reduced is still in cache */
         size_t n;
         res = link_send(c, p->right, st->src + so, min_sz(limit - so, sch), &n);
         if (res != NEWT_OK) goto out;
-        if (n == 0) {
-          tx_full = 1;
-          break;
-        }
+        tx_full = n == 0;
         so += n;
-        moved = 1;
+        moved |= n > 0;
       }
     }
     if (rs < p->n) {
       const ring_step *st = &p->steps[rs];
       size_t limit = st->rbytes;
       if ((st->gate & GATE_RECV_SEND) && ss <= rs) limit = ss == rs ? so - so % p->es : 0;
-      while (ro < limit) {
-        size_t want = min_sz(limit - ro, rch);
-        if (st->own) {
+      if (ro < limit) {
+        size_t want = min_sz(limit - ro, rch), got = 0;
+        uint8_t *slot;
+        size_t room = 0;
+        /* forwarding over shared memory with nothing left behind: produce straight into
+         * the next ring, and store the result (if it is kept) with streaming stores */
+        if (p->fuse && ss == rs + 1 && so == ro && p->right && p->right->local && forwards(p->steps, p->n, rs))
+          link_reserve(p->right, want, p->es, &slot, &room);
+        if (room > 0) {
           const uint8_t *q;
-          size_t avail;
-          res = link_peek(c, p->left, want, p->es, &q, &avail);
+          res = link_peek(c, p->left, room, p->es, &q, &got);
           if (res != NEWT_OK) goto out;
-          if (avail == 0) {
-            rx_empty = 1;
-            break;
-          }
+          if (st->own) comm_reduce(p->dt, p->op, slot, st->own + ro, q, got / p->es, st->div);
+          else memcpy(slot, q, got);
+          link_consume(c, p->left, got);
+          if (!st->scratch) comm_copy_stream(st->dst + ro, slot, got);
+          link_commit(c, p->right, got);
+          so += got;
+        } else if (st->own) {
+          const uint8_t *q;
+          res = link_peek(c, p->left, want, p->es, &q, &got);
+          if (res != NEWT_OK) goto out;
           comm_reduce(p->dt, p->op, st->dst + ro, st->own == st->dst ? NULL : st->own + ro, q,
-                      avail / p->es, st->div);
-          link_consume(c, p->left, avail);
-          ro += avail;
-        } else {
-          size_t n;
-          res = link_recv(c, p->left, st->dst + ro, want, &n);
+                      got / p->es, st->div);
+          link_consume(c, p->left, got);
+        } else if (p->left->local && p->fuse && !forwards(p->steps, p->n, rs)) {
+          const uint8_t *q; /* a final copy: streaming stores */
+          res = link_peek(c, p->left, want, 1, &q, &got);
           if (res != NEWT_OK) goto out;
-          if (n == 0) {
-            rx_empty = 1;
-            break;
-          }
-          ro += n;
+          comm_copy_stream(st->dst + ro, q, got);
+          link_consume(c, p->left, got);
+        } else {
+          res = link_recv(c, p->left, st->dst + ro, want, &got);
+          if (res != NEWT_OK) goto out;
         }
-        moved = 1;
+        rx_empty = got == 0;
+        ro += got;
+        moved |= got > 0;
       }
     }
     if (moved) {
@@ -130,6 +151,7 @@ static newt_result_t ring_run(cpu_comm *c, const ring_plan *p) {
     }
   }
 out:
+  if (p->fuse) comm_stream_fence();
   if (w.armed) atomic_store(&c->hdr->sleeping, 0);
   c->cur_wait = NULL;
   return res;
@@ -166,84 +188,130 @@ static size_t blk_len(size_t count, int n, int b) {
 
 static newt_result_t run_steps(cpu_comm *c, ring_step *steps, int nsteps, const comm_opdesc *op,
                                cpu_link *left, cpu_link *right) {
-  ring_plan p = {.left = left, .right = right, .steps = steps, .n = nsteps, .dt = op->dt,
-                 .op = op->op, .es = newt_dtype_size(op->dt)};
+  ring_plan p = {.left = left, .right = right, .steps = steps, .n = nsteps, .dt = op->dt, .op = op->op,
+                 .es = newt_dtype_size(op->dt), .fuse = newt_param_CommFuse() != 0};
   return ring_run(c, &p);
 }
 
-static newt_result_t ring_allreduce(cpu_comm *c, const comm_opdesc *op) {
+/* Rounds: every block is cut into pieces of NEWT_COMM_ROUND bytes and the whole ring
+ * (all its steps) runs on one piece after the other, so a piece forwarded at step s+1 is
+ * the one just reduced at step s, still in cache (or straight into the next ring). */
+static size_t round_elems(size_t es) {
+  size_t per = (size_t)newt_param_CommRound() / es;
+  return per ? per : 1;
+}
+
+/* Round k's part [*start, *start + *cnt) of a block of len elements. */
+static void round_part(size_t len, size_t per, size_t k, size_t *start, size_t *cnt) {
+  size_t a = k * per < len ? k * per : len, b = (k + 1) * per < len ? (k + 1) * per : len;
+  *start = a;
+  *cnt = b - a;
+}
+
+/* Runs the steps from the left neighbour to the right one, and frees them. */
+static newt_result_t run_ring(cpu_comm *c, ring_step *st, size_t nsteps, const comm_opdesc *op) {
   int n = c->size, r = c->rank;
-  size_t es = newt_dtype_size(op->dt);
-  const uint8_t *send = op->send;
-  uint8_t *recv = op->recv;
-  ring_step *st = calloc((size_t)(2 * (n - 1)), sizeof *st);
-  if (!st) return NEWT_ERR(NEWT_ERR_NOMEM, "out of memory: ring steps");
-  for (int s = 0; s < n - 1; s++) {
-    int sb = mod(r - s, n), rb = mod(r - s - 1, n);
-    st[s].src = (s == 0 ? send : recv) + blk_off(op->count, n, sb) * es;
-    st[s].sbytes = blk_len(op->count, n, sb) * es;
-    st[s].dst = recv + blk_off(op->count, n, rb) * es;
-    st[s].own = send + blk_off(op->count, n, rb) * es;
-    st[s].rbytes = blk_len(op->count, n, rb) * es;
-    st[s].div = (s == n - 2 && op->op == COMM_AVG) ? n : 0;
-    st[s].gate = s > 0 ? GATE_SEND_PREV : 0;
-  }
-  for (int t = 0; t < n - 1; t++) {
-    ring_step *x = &st[n - 1 + t];
-    int sb = mod(r + 1 - t, n), rb = mod(r - t, n);
-    x->src = recv + blk_off(op->count, n, sb) * es;
-    x->sbytes = blk_len(op->count, n, sb) * es;
-    x->dst = recv + blk_off(op->count, n, rb) * es;
-    x->rbytes = blk_len(op->count, n, rb) * es;
-    x->gate = GATE_SEND_PREV;
-  }
-  newt_result_t res = run_steps(c, st, 2 * (n - 1), op, &c->links[mod(r - 1, n)], &c->links[mod(r + 1, n)]);
+  newt_result_t res = run_steps(c, st, (int)nsteps, op, &c->links[mod(r - 1, n)], &c->links[mod(r + 1, n)]);
   free(st);
   return res;
+}
+
+static newt_result_t alloc_steps(size_t rounds, int per_round, ring_step **st) {
+  *st = calloc(rounds * (size_t)per_round, sizeof **st);
+  if (!*st) return NEWT_ERR(NEWT_ERR_NOMEM, "out of memory: %zu ring steps", rounds * (size_t)per_round);
+  return NEWT_OK;
+}
+
+static newt_result_t ring_allreduce(cpu_comm *c, const comm_opdesc *op) {
+  int n = c->size, r = c->rank, per_round = 2 * (n - 1);
+  size_t es = newt_dtype_size(op->dt), per = round_elems(es), cnt = op->count;
+  size_t rounds = (blk_len(cnt, n, 0) + per - 1) / per;
+  const uint8_t *send = op->send;
+  uint8_t *recv = op->recv;
+  ring_step *st;
+  NEWT_CHECK(alloc_steps(rounds, per_round, &st));
+  for (size_t k = 0; k < rounds; k++) {
+    ring_step *x = st + k * (size_t)per_round;
+    size_t a, na, b, nb;
+    for (int s = 0; s < n - 1; s++, x++) {
+      int sb = mod(r - s, n), rb = mod(r - s - 1, n);
+      round_part(blk_len(cnt, n, sb), per, k, &a, &na);
+      round_part(blk_len(cnt, n, rb), per, k, &b, &nb);
+      x->src = (s == 0 ? send : recv) + (blk_off(cnt, n, sb) + a) * es;
+      x->sbytes = na * es;
+      x->dst = recv + (blk_off(cnt, n, rb) + b) * es;
+      x->own = send + (blk_off(cnt, n, rb) + b) * es;
+      x->rbytes = nb * es;
+      x->div = (s == n - 2 && op->op == COMM_AVG) ? n : 0;
+      x->gate = s > 0 ? GATE_SEND_PREV : 0;
+      x->scratch = s < n - 2; /* partial sums: overwritten by the allgather */
+    }
+    for (int t = 0; t < n - 1; t++, x++) {
+      int sb = mod(r + 1 - t, n), rb = mod(r - t, n);
+      round_part(blk_len(cnt, n, sb), per, k, &a, &na);
+      round_part(blk_len(cnt, n, rb), per, k, &b, &nb);
+      x->src = recv + (blk_off(cnt, n, sb) + a) * es;
+      x->sbytes = na * es;
+      x->dst = recv + (blk_off(cnt, n, rb) + b) * es;
+      x->rbytes = nb * es;
+      x->gate = GATE_SEND_PREV;
+    }
+  }
+  return run_ring(c, st, rounds * (size_t)per_round, op);
 }
 
 static newt_result_t ring_reduce_scatter(cpu_comm *c, const comm_opdesc *op) {
-  int n = c->size, r = c->rank;
-  size_t rc = op->count * newt_dtype_size(op->dt);
+  int n = c->size, r = c->rank, per_round = n - 1;
+  size_t es = newt_dtype_size(op->dt), per = round_elems(es), rc = op->count;
+  size_t rounds = (rc + per - 1) / per;
   const uint8_t *send = op->send;
-  uint8_t *scratch = NULL;
-  if (n > 2) NEWT_CHECK(cpu_scratch(c, rc, (void **)&scratch));
-  ring_step *st = calloc((size_t)(n - 1), sizeof *st);
-  if (!st) return NEWT_ERR(NEWT_ERR_NOMEM, "out of memory: ring steps");
-  for (int s = 0; s < n - 1; s++) {
-    int sb = mod(r - s - 1, n), rb = mod(r - s - 2, n), last = s == n - 2;
-    st[s].src = s == 0 ? send + (size_t)sb * rc : scratch;
-    st[s].sbytes = rc;
-    st[s].dst = last ? op->recv : scratch;
-    st[s].own = send + (size_t)rb * rc;
-    if (last && st[s].dst == st[s].own) st[s].own = st[s].dst; /* in place */
-    st[s].rbytes = rc;
-    st[s].div = (last && op->op == COMM_AVG) ? n : 0;
-    st[s].gate = (s > 0 ? GATE_SEND_PREV : 0) | ((s > 0 && !last) ? GATE_RECV_SEND : 0);
+  uint8_t *scratch = NULL, *recv = op->recv;
+  /* partial sums of a round; two, as a round's first receive may overlap the previous
+   * round's last send */
+  if (n > 2) NEWT_CHECK(cpu_scratch(c, 2 * per * es, (void **)&scratch));
+  ring_step *st;
+  NEWT_CHECK(alloc_steps(rounds, per_round, &st));
+  for (size_t k = 0; k < rounds; k++) {
+    size_t a, na;
+    round_part(rc, per, k, &a, &na);
+    uint8_t *part = scratch ? scratch + (k % 2) * per * es : NULL;
+    for (int s = 0; s < n - 1; s++) {
+      ring_step *x = st + k * (size_t)per_round + s;
+      int sb = mod(r - s - 1, n), rb = mod(r - s - 2, n), last = s == n - 2;
+      x->src = s == 0 ? send + ((size_t)sb * rc + a) * es : part;
+      x->dst = last ? recv + a * es : part;
+      x->own = send + ((size_t)rb * rc + a) * es;
+      x->sbytes = x->rbytes = na * es;
+      x->div = (last && op->op == COMM_AVG) ? n : 0;
+      x->gate = (s > 0 ? GATE_SEND_PREV : 0) | ((s > 0 && !last) ? GATE_RECV_SEND : 0);
+      x->scratch = !last;
+    }
   }
-  newt_result_t res = run_steps(c, st, n - 1, op, &c->links[mod(r - 1, n)], &c->links[mod(r + 1, n)]);
-  free(st);
-  return res;
+  return run_ring(c, st, rounds * (size_t)per_round, op);
 }
 
 static newt_result_t ring_allgather(cpu_comm *c, const comm_opdesc *op) {
-  int n = c->size, r = c->rank;
-  size_t sc = op->count * newt_dtype_size(op->dt);
+  int n = c->size, r = c->rank, per_round = n - 1;
+  size_t es = newt_dtype_size(op->dt), per = round_elems(es), sc = op->count;
+  size_t rounds = (sc + per - 1) / per;
+  const uint8_t *send = op->send;
   uint8_t *recv = op->recv;
-  if (op->send != recv + (size_t)r * sc) memcpy(recv + (size_t)r * sc, op->send, sc);
-  ring_step *st = calloc((size_t)(n - 1), sizeof *st);
-  if (!st) return NEWT_ERR(NEWT_ERR_NOMEM, "out of memory: ring steps");
-  for (int t = 0; t < n - 1; t++) {
-    int sb = mod(r - t, n), rb = mod(r - t - 1, n);
-    st[t].src = recv + (size_t)sb * sc;
-    st[t].sbytes = sc;
-    st[t].dst = recv + (size_t)rb * sc;
-    st[t].rbytes = sc;
-    st[t].gate = t > 0 ? GATE_SEND_PREV : 0;
+  if (send != recv + (size_t)r * sc * es) memcpy(recv + (size_t)r * sc * es, send, sc * es);
+  ring_step *st;
+  NEWT_CHECK(alloc_steps(rounds, per_round, &st));
+  for (size_t k = 0; k < rounds; k++) {
+    size_t a, na;
+    round_part(sc, per, k, &a, &na);
+    for (int t = 0; t < n - 1; t++) {
+      ring_step *x = st + k * (size_t)per_round + t;
+      int sb = mod(r - t, n), rb = mod(r - t - 1, n);
+      x->src = t == 0 ? send + a * es : recv + ((size_t)sb * sc + a) * es;
+      x->dst = recv + ((size_t)rb * sc + a) * es;
+      x->sbytes = x->rbytes = na * es;
+      x->gate = t > 0 ? GATE_SEND_PREV : 0;
+    }
   }
-  newt_result_t res = run_steps(c, st, n - 1, op, &c->links[mod(r - 1, n)], &c->links[mod(r + 1, n)]);
-  free(st);
-  return res;
+  return run_ring(c, st, rounds * (size_t)per_round, op);
 }
 
 /* Recursive doubling on recv (already holding this rank's input); tmp holds a partner's. */

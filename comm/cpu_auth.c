@@ -57,35 +57,19 @@ static const char *rej_text(uint32_t s) {
   }
 }
 
-static void put32(uint8_t *p, uint32_t v) {
-  for (int i = 0; i < 4; i++) p[i] = (uint8_t)(v >> (8 * i));
-}
-static void put64(uint8_t *p, uint64_t v) {
-  for (int i = 0; i < 8; i++) p[i] = (uint8_t)(v >> (8 * i));
-}
-static uint32_t get32(const uint8_t *p) {
-  uint32_t v = 0;
-  for (int i = 0; i < 4; i++) v |= (uint32_t)p[i] << (8 * i);
-  return v;
-}
-static uint64_t get64(const uint8_t *p) {
-  uint64_t v = 0;
-  for (int i = 0; i < 8; i++) v |= (uint64_t)p[i] << (8 * i);
-  return v;
-}
 
 void hs_encode_hello(uint8_t out[HS_HELLO_LEN], uint64_t generation, uint64_t tag, uint64_t members,
                      int src, int dst, int size, int kind, const uint8_t nonce[HS_NONCE_LEN]) {
   memset(out, 0, HS_HELLO_LEN);
   memcpy(out, "NEWTHLO1", 8);
-  put32(out + 8, HS_VERSION);
-  put32(out + 12, (uint32_t)kind);
-  put64(out + 16, generation);
-  put64(out + 24, tag);
-  put64(out + 32, members);
-  put32(out + 40, (uint32_t)src);
-  put32(out + 44, (uint32_t)dst);
-  put32(out + 48, (uint32_t)size);
+  le_put32(out + 8, HS_VERSION);
+  le_put32(out + 12, (uint32_t)kind);
+  le_put64(out + 16, generation);
+  le_put64(out + 24, tag);
+  le_put64(out + 32, members);
+  le_put32(out + 40, (uint32_t)src);
+  le_put32(out + 44, (uint32_t)dst);
+  le_put32(out + 48, (uint32_t)size);
   memcpy(out + 56, nonce, HS_NONCE_LEN);
 }
 
@@ -200,21 +184,24 @@ void hs_close(hs_conn *h) {
 }
 
 /* Server: refuse with a status the client can read, then close. */
-static hs_state refuse(hs_conn *h, const hs_ctx *ctx, uint32_t status, int chal, const char *why) {
+static hs_state refuse(hs_conn *h, const hs_ctx *ctx, uint32_t status, int chal, int stale, const char *why) {
   uint8_t m[HS_CHAL_LEN];
   memset(m, 0, sizeof m);
   if (chal) {
     memcpy(m, "NEWTCHL1", 8);
-    put32(m + 8, status);
-    put64(m + 16, ctx->generation);
+    le_put32(m + 8, status);
+    le_put64(m + 16, ctx->generation);
     set_out(h, m, HS_CHAL_LEN);
   } else {
-    put32(m, status);
+    le_put32(m, status);
     set_out(h, m, HS_RESULT_LEN);
   }
   snprintf(h->why, sizeof h->why, "%s", why);
-  NEWT_WARN(COMM, "%s (rank %d, generation %llu): refused a connection from %s: %s", ctx->where,
-            ctx->rank, (unsigned long long)ctx->generation, h->remote, why);
+  /* a newer generation knocking is normal while ranks move on (it retries); anything
+   * else is a stale worker, another job or a stray client */
+  newt_log_level lvl = status == REJ_GENERATION && !stale ? NEWT_LOG_INFO : NEWT_LOG_WARN;
+  NEWT_LOG_AT(lvl, COMM, "%s (rank %d, generation %llu): refused a connection from %s: %s", ctx->where,
+              ctx->rank, (unsigned long long)ctx->generation, h->remote, why);
   h->st = HS_S_REJECT;
   return h->st;
 }
@@ -222,18 +209,18 @@ static hs_state refuse(hs_conn *h, const hs_ctx *ctx, uint32_t status, int chal,
 static hs_state server_hello(hs_conn *h, const hs_ctx *ctx) {
   char why[256];
   const uint8_t *m = h->in;
-  uint32_t version = get32(m + 8), kind = get32(m + 12);
-  uint64_t gen = get64(m + 16), tag = get64(m + 24), members = get64(m + 32);
-  uint32_t src = get32(m + 40), dst = get32(m + 44), size = get32(m + 48);
+  uint32_t version = le_get32(m + 8), kind = le_get32(m + 12);
+  uint64_t gen = le_get64(m + 16), tag = le_get64(m + 24), members = le_get64(m + 32);
+  uint32_t src = le_get32(m + 40), dst = le_get32(m + 44), size = le_get32(m + 48);
   if (version != HS_VERSION) {
     snprintf(why, sizeof why, "protocol version %u, expected %u", version, HS_VERSION);
-    return refuse(h, ctx, REJ_VERSION, 1, why);
+    return refuse(h, ctx, REJ_VERSION, 1, 1, why);
   }
   if (gen != ctx->generation) {
     snprintf(why, sizeof why, "it claims rank %u of generation %llu, this communicator is generation %llu%s",
              src, (unsigned long long)gen, (unsigned long long)ctx->generation,
              gen < ctx->generation ? " (a stale worker of an older generation)" : "");
-    return refuse(h, ctx, REJ_GENERATION, 1, why);
+    return refuse(h, ctx, REJ_GENERATION, 1, gen < ctx->generation, why);
   }
   if (tag != ctx->tag || members != ctx->members || size != (uint32_t)ctx->size) {
     snprintf(why, sizeof why,
@@ -241,12 +228,12 @@ static hs_state server_hello(hs_conn *h, const hs_ctx *ctx) {
              "%016llx, %d, %016llx)",
              (unsigned long long)tag, size, (unsigned long long)members,
              (unsigned long long)ctx->tag, ctx->size, (unsigned long long)ctx->members);
-    return refuse(h, ctx, REJ_COMM, 1, why);
+    return refuse(h, ctx, REJ_COMM, 1, 1, why);
   }
   if (dst != (uint32_t)ctx->rank || src >= (uint32_t)ctx->size || src == dst ||
       (kind != HS_KIND_CTRL && kind != HS_KIND_DATA)) {
     snprintf(why, sizeof why, "invalid claim: rank %u connecting to rank %u (kind %u)", src, dst, kind);
-    return refuse(h, ctx, REJ_RANK, 1, why);
+    return refuse(h, ctx, REJ_RANK, 1, 1, why);
   }
   h->peer = (int)src;
   h->kind = (int)kind;
@@ -256,7 +243,7 @@ static hs_state server_hello(hs_conn *h, const hs_ctx *ctx) {
   uint8_t chal[HS_CHAL_LEN];
   memset(chal, 0, sizeof chal);
   memcpy(chal, "NEWTCHL1", 8);
-  put64(chal + 16, ctx->generation);
+  le_put64(chal + 16, ctx->generation);
   memcpy(chal + 24, h->nonce_s, HS_NONCE_LEN);
   hs_mac(ctx->secret, ctx->secret_len, "newt-server", h->hello, h->nonce_s, chal + 56);
   set_out(h, chal, HS_CHAL_LEN);
@@ -273,12 +260,12 @@ static hs_state server_proof(hs_conn *h, const hs_ctx *ctx) {
              "it claims rank %d of generation %llu but its proof is wrong (wrong secret, or a "
              "replayed proof)",
              h->peer, (unsigned long long)ctx->generation);
-    return refuse(h, ctx, REJ_PROOF, 0, why);
+    return refuse(h, ctx, REJ_PROOF, 0, 1, why);
   }
   if (!ctx->want || !ctx->want(ctx->arg, h->peer, h->kind)) {
     snprintf(why, sizeof why, "rank %d proved the secret but its %s connection is not expected now (duplicate?)",
              h->peer, h->kind == HS_KIND_DATA ? "data" : "control");
-    return refuse(h, ctx, REJ_DUP, 0, why);
+    return refuse(h, ctx, REJ_DUP, 0, 1, why);
   }
   uint8_t ok[HS_RESULT_LEN] = {0};
   set_out(h, ok, sizeof ok);
@@ -290,11 +277,11 @@ static hs_state client_chal(hs_conn *h, const hs_ctx *ctx) {
   const uint8_t *m = h->in;
   if (memcmp(m, "NEWTCHL1", 8) != 0)
     return fail(h, 1, "%s did not answer as a newt communicator", h->remote);
-  uint32_t status = get32(m + 8);
+  uint32_t status = le_get32(m + 8);
   if (status != REJ_NONE) {
     if (status == REJ_GENERATION)
       return fail(h, 1, "%s refused us: it is generation %llu, we are %llu", h->remote,
-                  (unsigned long long)get64(m + 16), (unsigned long long)ctx->generation);
+                  (unsigned long long)le_get64(m + 16), (unsigned long long)ctx->generation);
     return fail(h, 1, "%s refused us: %s", h->remote, rej_text(status));
   }
   memcpy(h->nonce_s, m + 24, HS_NONCE_LEN);
@@ -393,7 +380,7 @@ hs_state hs_step(hs_conn *h, const hs_ctx *ctx) {
         if (h->st == HS_C_CHAL) {
           client_chal(h, ctx);
         } else {
-          uint32_t status = get32(h->in);
+          uint32_t status = le_get32(h->in);
           if (status != REJ_NONE) return fail(h, 1, "%s refused us: %s", h->remote, rej_text(status));
           h->st = HS_DONE;
         }

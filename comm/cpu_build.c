@@ -56,14 +56,6 @@ static int want_incoming(void *arg, int peer, int kind) {
   return peer > b->c->rank && needs(b->c, peer, kind) && !b->have[peer * 2 + kind];
 }
 
-static void put64(uint8_t *p, uint64_t v) {
-  for (int i = 0; i < 8; i++) p[i] = (uint8_t)(v >> (8 * i));
-}
-static uint64_t get64(const uint8_t *p) {
-  uint64_t v = 0;
-  for (int i = 0; i < 8; i++) v |= (uint64_t)p[i] << (8 * i);
-  return v;
-}
 
 /* --- shared memory ------------------------------------------------------------------- */
 
@@ -128,9 +120,9 @@ static void shm_offer(builder *b, cpu_link *l) {
   cpu_comm *c = b->c;
   uint8_t p[CTRL_MAX_PAYLOAD];
   size_t n = strlen(c->shm_name) + 1;
-  put64(p, c->map_len);
-  put64(p + 8, l->rx_off);
-  put64(p + 16, l->rx_ring);
+  le_put64(p, c->map_len);
+  le_put64(p + 8, l->rx_off);
+  le_put64(p + 16, l->rx_ring);
   memcpy(p + 24, c->shm_name, n);
   ctrl_send(c, l, CTRL_SHM_OFFER, 0, p, 24 + n);
 }
@@ -140,7 +132,7 @@ static newt_result_t shm_map_peer(builder *b, cpu_link *l, const ctrl_msg *m) {
   char name[160];
   if (m->len < 25 || l->peer_map)
     return NEWT_ERR(NEWT_ERR_PEER, "rank %d sent a malformed shared-memory offer", l->peer);
-  uint64_t size = get64(m->payload), off = get64(m->payload + 8), ring = get64(m->payload + 16);
+  uint64_t size = le_get64(m->payload), off = le_get64(m->payload + 8), ring = le_get64(m->payload + 16);
   size_t nlen = strnlen((const char *)m->payload + 24, m->len - 24);
   if (nlen == m->len - 24 || nlen >= sizeof name || strncmp((const char *)m->payload + 24, "/newt-", 6) != 0 ||
       memchr(m->payload + 25, '/', nlen - 1) != NULL || ring == 0 || ring % 64 != 0 ||
@@ -262,7 +254,7 @@ static void client_failed(builder *b, int i, uint64_t now) {
   NEWT_DEBUG(COMM, "rank %d: connecting to rank %d: %s; retrying", b->c->rank, p, h->why);
   hs_close(h);
   b->retry_at[i] = now + b->backoff[i];
-  if (b->backoff[i] < 200000000ull) b->backoff[i] *= 2;
+  if (b->backoff[i] < 100000000ull) b->backoff[i] *= 2;
 }
 
 static int complete(builder *b) {
@@ -330,7 +322,12 @@ static newt_result_t build_loop(builder *b) {
         pf[np] = (struct pollfd){.fd = c->links[p].ctrl_fd, .events = POLLIN};
         who[np++] = 2000 + p;
       }
-    int k = poll(pf, (nfds_t)np, 10);
+    int64_t wait_ms = 10; /* until the next retry, at most 10 ms */
+    for (int i = 0; i < c->size * 2; i++)
+      if (b->out[i].st == HS_IDLE && !b->have[i] && b->retry_at[i] > now &&
+          (int64_t)((b->retry_at[i] - now) / 1000000) < wait_ms)
+        wait_ms = (int64_t)((b->retry_at[i] - now) / 1000000);
+    int k = poll(pf, (nfds_t)np, (int)wait_ms);
     if (k < 0 && errno != EINTR) {
       res = NEWT_ERR(NEWT_ERR_SYS, "poll while building the communicator: %s", strerror(errno));
       goto done;
@@ -340,10 +337,9 @@ static newt_result_t build_loop(builder *b) {
       if (who[i] == -1) {
         if (!pf[i].revents) continue;
         for (;;) {
-          int fd = accept4(c->listen_fd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
-          if (fd < 0) break;
           char remote[96];
-          net_peer_name(fd, remote, sizeof remote);
+          int fd = net_accept(c->listen_fd, remote, sizeof remote);
+          if (fd < 0) break;
           if (b->nin >= MAX_PENDING) {
             NEWT_WARN(COMM, "communicator build (rank %d): refused a connection from %s: too many pending handshakes",
                       c->rank, remote);
@@ -403,7 +399,7 @@ newt_result_t cpu_build(cpu_comm *c, newt_deadline_t deadline) {
   }
   for (int i = 0; i < c->size * 2; i++) {
     b.out[i].fd = -1;
-    b.backoff[i] = 10000000ull;
+    b.backoff[i] = 1000000ull; /* 1 ms, doubling to 100 ms */
   }
   for (int p = 0; p < c->rank; p++) NEWT_CHECK_GOTO(net_resolve(c->addrs[p], &b.ss[p], &b.sslen[p]), res, done);
   if (c->listen_fd < 0) NEWT_CHECK_GOTO(net_listen(c->addrs[c->rank], deadline, &c->listen_fd), res, done);

@@ -29,16 +29,21 @@
 
 #include "comm/cpu.h"
 #include "common/log.h"
+#include "common/strutil.h"
 
 #define MAX_STRAYS 16
 
-static void wake(cpu_comm *c) {
+/* Wakes the progress thread (queue), and with `executor` the running operation too. */
+static void wake(cpu_comm *c, int executor) {
   uint64_t one = 1;
-  ssize_t w = write(c->evfd, &one, sizeof one);
+  ssize_t w = write(c->pt_evfd, &one, sizeof one);
+  if (executor) w = write(c->evfd, &one, sizeof one);
   (void)w;
 }
 
-static uint64_t members_hash(int size, char **addrs, char **hosts) {
+uint64_t cpu_root_tag(const char *job) { return comm_hash(COMM_HASH_INIT, job, strlen(job)); }
+
+uint64_t cpu_members_hash(int size, const char *const *addrs, const char *const *hosts) {
   uint64_t h = comm_hash(COMM_HASH_INIT, &size, sizeof size);
   for (int r = 0; r < size; r++) {
     h = comm_hash(h, addrs[r], strlen(addrs[r]) + 1);
@@ -51,12 +56,17 @@ static void cpu_destroy(cpu_comm *c) {
   if (!c) return;
   cpu_links_close(c);
   if (c->evfd >= 0) close(c->evfd);
+  if (c->pt_evfd >= 0) close(c->pt_evfd);
   for (int r = 0; r < c->size; r++) {
     if (c->addrs) free(c->addrs[r]);
     if (c->hosts) free(c->hosts[r]);
+    if (c->root_addrs) free(c->root_addrs[r]);
+    if (c->names) free(c->names[r]);
   }
   free(c->addrs);
   free(c->hosts);
+  free(c->root_addrs);
+  free(c->names);
   free(c->links);
   free(c->pfds);
   free(c->pfd_peer);
@@ -67,11 +77,14 @@ static void cpu_destroy(cpu_comm *c) {
   free(c);
 }
 
-/* The parts every constructor shares; addrs and hosts are copied. */
+/* The parts every constructor shares; addrs and hosts are copied. roots[r] and
+ * root_addrs[r] say who rank r is in the family's root (NULL: this is the root); they
+ * become pub->root_ranks and the names used in messages. */
 static newt_result_t cpu_alloc(struct comm *pub, int rank, int size, const char *const *addrs,
-                               const char *const *hosts, const char *job, uint64_t generation,
-                               uint64_t tag, const unsigned char *secret, size_t secret_len,
-                               int64_t timeout_ms, int listen_fd, cpu_comm **out) {
+                               const char *const *hosts, const int *roots, const char *const *root_addrs,
+                               const char *job, uint64_t generation, uint64_t tag,
+                               const unsigned char *secret, size_t secret_len, int64_t timeout_ms,
+                               int listen_fd, cpu_comm **out) {
   cpu_comm *c = calloc(1, sizeof *c);
   NEWT_CHECK_ALLOC(c);
   c->pub = pub;
@@ -83,17 +96,22 @@ static newt_result_t cpu_alloc(struct comm *pub, int rank, int size, const char 
   c->secret_len = secret_len;
   c->timeout_ms = timeout_ms;
   c->listen_fd = listen_fd;
-  c->evfd = -1;
+  c->evfd = c->pt_evfd = -1;
   snprintf(c->job, sizeof c->job, "%s", job ? job : "job");
   pthread_mutex_init(&c->lock, NULL);
   pthread_cond_init(&c->cv, NULL);
   pthread_mutex_init(&c->ctrl_send_lock, NULL);
   c->addrs = calloc((size_t)size, sizeof *c->addrs);
   c->hosts = calloc((size_t)size, sizeof *c->hosts);
+  c->root_addrs = calloc((size_t)size, sizeof *c->root_addrs);
+  c->names = calloc((size_t)size, sizeof *c->names);
   c->links = calloc((size_t)size, sizeof *c->links);
   c->pfds = calloc((size_t)size + 4, sizeof *c->pfds);
   c->pfd_peer = calloc((size_t)size + 4, sizeof *c->pfd_peer);
-  if (!c->addrs || !c->hosts || !c->links || !c->pfds || !c->pfd_peer) {
+  free(pub->root_ranks);
+  pub->root_ranks = calloc((size_t)size, sizeof *pub->root_ranks);
+  if (!c->addrs || !c->hosts || !c->root_addrs || !c->names || !c->links || !c->pfds || !c->pfd_peer ||
+      !pub->root_ranks) {
     c->listen_fd = -1;
     cpu_destroy(c);
     return NEWT_ERR(NEWT_ERR_NOMEM, "out of memory for a communicator of %d ranks", size);
@@ -101,9 +119,13 @@ static newt_result_t cpu_alloc(struct comm *pub, int rank, int size, const char 
   for (int r = 0; r < size; r++) {
     c->addrs[r] = strdup(addrs[r]);
     c->hosts[r] = strdup(hosts[r]);
+    c->root_addrs[r] = strdup(root_addrs ? root_addrs[r] : addrs[r]);
+    pub->root_ranks[r] = roots ? roots[r] : r;
+    c->names[r] = roots ? newt_asprintf("rank %d (world rank %d, %s)", r, roots[r], c->root_addrs[r] ? c->root_addrs[r] : "")
+                        : newt_asprintf("rank %d (%s)", r, addrs[r]);
     c->links[r].peer = r;
     c->links[r].ctrl_fd = c->links[r].data_fd = -1;
-    if (!c->addrs[r] || !c->hosts[r]) {
+    if (!c->addrs[r] || !c->hosts[r] || !c->root_addrs[r] || !c->names[r]) {
       c->listen_fd = -1;
       cpu_destroy(c);
       return NEWT_ERR(NEWT_ERR_NOMEM, "out of memory for a communicator of %d ranks", size);
@@ -114,9 +136,12 @@ static newt_result_t cpu_alloc(struct comm *pub, int rank, int size, const char 
     c->nlocal += c->links[r].local;
     snprintf(c->links[r].addr, sizeof c->links[r].addr, "%s", addrs[r]);
   }
-  c->members = members_hash(size, c->addrs, c->hosts);
+  long cpus = sysconf(_SC_NPROCESSORS_ONLN);
+  c->crowded = cpus > 0 && c->nlocal + 1 > cpus;
+  c->members = cpu_members_hash(size, (const char *const *)c->addrs, (const char *const *)c->hosts);
   c->evfd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
-  if (c->evfd < 0) {
+  c->pt_evfd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+  if (c->evfd < 0 || c->pt_evfd < 0) {
     int e = errno;
     cpu_destroy(c);
     return NEWT_ERR(NEWT_ERR_SYS, "eventfd: %s", strerror(e));
@@ -176,7 +201,7 @@ newt_result_t cpu_submit(struct comm *pub, struct comm_req *r) {
   c->qtail = r;
   int idle = !c->executing;
   pthread_mutex_unlock(&c->lock);
-  if (idle) wake(c);
+  if (idle) wake(c, 0);
   return NEWT_OK;
 }
 
@@ -214,10 +239,9 @@ static void serve_listener(cpu_comm *c, struct pollfd *pf, int np, int lst, int 
   c->nstrays = j;
   if (lst < 0 || !pf[lst].revents) return;
   for (;;) {
-    int fd = accept4(c->listen_fd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
-    if (fd < 0) return;
     char remote[96];
-    net_peer_name(fd, remote, sizeof remote);
+    int fd = net_accept(c->listen_fd, remote, sizeof remote);
+    if (fd < 0) return;
     if (c->nstrays >= MAX_STRAYS) {
       NEWT_WARN(COMM, "communicator (rank %d): refused a connection from %s: too many pending handshakes",
                 c->rank, remote);
@@ -272,7 +296,7 @@ static void *progress_main(void *arg) {
       if (c->waiters) pthread_cond_broadcast(&c->cv);
     }
     int np = 0, lst = -1, first_stray, first_ctrl;
-    pf[np++] = (struct pollfd){.fd = c->evfd, .events = POLLIN};
+    pf[np++] = (struct pollfd){.fd = c->pt_evfd, .events = POLLIN};
     if (healthy && c->listen_fd >= 0 && !c->listener_released) {
       lst = np;
       pf[np++] = (struct pollfd){.fd = c->listen_fd, .events = POLLIN};
@@ -296,7 +320,7 @@ static void *progress_main(void *arg) {
     }
     if (pf[0].revents) {
       uint64_t v;
-      ssize_t rd = read(c->evfd, &v, sizeof v);
+      ssize_t rd = read(c->pt_evfd, &v, sizeof v);
       (void)rd;
     }
     if (!c->listener_released) serve_listener(c, pf, first_ctrl, lst, first_stray);
@@ -351,9 +375,9 @@ newt_result_t cpu_create(const comm_config *cfg, struct comm *pub) {
   cpu_comm *c;
   newt_deadline_t deadline = newt_deadline_in_ms(cfg->timeout_ms);
   const char *job = cfg->job ? cfg->job : "job";
-  uint64_t tag = comm_hash(COMM_HASH_INIT, job, strlen(job));
-  NEWT_CHECK(cpu_alloc(pub, cfg->rank, cfg->size, cfg->addrs, cfg->hosts, job, cfg->generation, tag,
-                       cfg->secret, cfg->secret_len, cfg->timeout_ms, -1, &c));
+  uint64_t tag = cpu_root_tag(job);
+  NEWT_CHECK(cpu_alloc(pub, cfg->rank, cfg->size, cfg->addrs, cfg->hosts, NULL, NULL, job, cfg->generation,
+                       tag, cfg->secret, cfg->secret_len, cfg->timeout_ms, -1, &c));
   return finish(pub, c, deadline);
 }
 
@@ -378,14 +402,17 @@ newt_result_t cpu_split(struct comm *parent, int color, int key, struct comm *ch
   char myaddr[96] = "";
   uint8_t *recs = NULL;
   split_member *m = NULL;
-  char **addrs = NULL, **hosts = NULL;
+  char **addrs = NULL, **hosts = NULL, **root_addrs = NULL;
+  int *roots = NULL;
   *member = 0;
   if (color >= 0) NEWT_CHECK(net_listen_ephemeral(pc->addrs[pc->rank], &lfd, myaddr, sizeof myaddr));
   recs = calloc((size_t)n, SPLIT_REC);
   m = calloc((size_t)n, sizeof *m);
   addrs = calloc((size_t)n, sizeof *addrs);
   hosts = calloc((size_t)n, sizeof *hosts);
-  if (!recs || !m || !addrs || !hosts) {
+  root_addrs = calloc((size_t)n, sizeof *root_addrs);
+  roots = calloc((size_t)n, sizeof *roots);
+  if (!recs || !m || !addrs || !hosts || !root_addrs || !roots) {
     res = NEWT_ERR(NEWT_ERR_NOMEM, "out of memory splitting a communicator of %d ranks", n);
     goto out;
   }
@@ -417,17 +444,16 @@ newt_result_t cpu_split(struct comm *parent, int color, int key, struct comm *ch
   }
   child->rank = me;
   child->size = k;
-  child->parent_ranks = calloc((size_t)k, sizeof *child->parent_ranks);
-  if (!child->parent_ranks) {
-    res = NEWT_ERR(NEWT_ERR_NOMEM, "out of memory splitting a communicator");
-    goto out;
+  for (int i = 0; i < k; i++) {
+    roots[i] = parent->root_ranks[m[i].prank];
+    root_addrs[i] = pc->root_addrs[m[i].prank];
   }
-  for (int i = 0; i < k; i++) child->parent_ranks[i] = m[i].prank;
   uint64_t tag = comm_hash(pc->tag, &seq, sizeof seq);
   tag = comm_hash(tag, &color, sizeof color);
   cpu_comm *c;
-  NEWT_CHECK_GOTO(cpu_alloc(child, me, k, (const char *const *)addrs, (const char *const *)hosts, pc->job,
-                            pc->generation, tag, pc->secret, pc->secret_len, pc->timeout_ms, lfd, &c),
+  NEWT_CHECK_GOTO(cpu_alloc(child, me, k, (const char *const *)addrs, (const char *const *)hosts, roots,
+                            (const char *const *)root_addrs, pc->job, pc->generation, tag, pc->secret,
+                            pc->secret_len, pc->timeout_ms, lfd, &c),
                   res, out);
   lfd = -1; /* c owns it now */
   res = finish(child, c, newt_deadline_in_ms(pc->timeout_ms));
@@ -438,6 +464,8 @@ out:
   free(m);
   free(addrs);
   free(hosts);
+  free(root_addrs);
+  free(roots);
   return res;
 }
 
@@ -489,8 +517,8 @@ newt_result_t cpu_shrink(struct comm *parent, const int *exclude, int nexclude, 
   out->rank = me;
   out->size = k;
   cpu_comm *c;
-  res = cpu_alloc(out, me, k, addrs, hosts, pc->job, generation, tag, secret, secret_len, pc->timeout_ms,
-                  lfd, &c);
+  res = cpu_alloc(out, me, k, addrs, hosts, NULL, NULL, pc->job, generation, tag, secret, secret_len,
+                  pc->timeout_ms, lfd, &c);
   if (res != NEWT_OK) {
     if (lfd >= 0) close(lfd);
     goto out;
@@ -505,19 +533,19 @@ out:
 
 /* --- failure, abort, free ------------------------------------------------------------ */
 
-void cpu_on_fail(struct comm *pub, newt_result_t code, int peer, const char *msg, int notify) {
+void cpu_on_fail(struct comm *pub, newt_result_t code, int culprit_root, const char *cause, int notify) {
   cpu_comm *c = pub->cpu;
   if (!c) return;
   if (notify) {
     if (code == NEWT_ERR_ABORTED) {
       char m[200];
-      snprintf(m, sizeof m, "rank %d (%s) aborted its communicator", c->rank, c->addrs[c->rank]);
-      ctrl_notify_fail(c, NEWT_ERR_PEER, c->rank, m);
+      snprintf(m, sizeof m, "%s aborted its communicator", c->names[c->rank]);
+      ctrl_notify_fail(c, NEWT_ERR_ABORTED, comm_to_root(pub, c->rank), m);
     } else {
-      ctrl_notify_fail(c, code, peer, msg);
+      ctrl_notify_fail(c, code, culprit_root, cause);
     }
   }
-  wake(c);
+  wake(c, 1);
 }
 
 void cpu_free(struct comm *pub) {
@@ -528,7 +556,7 @@ void cpu_free(struct comm *pub) {
   int busy = c->executing || c->qhead;
   pthread_mutex_unlock(&c->lock);
   if (busy) comm_fail(pub, NEWT_ERR_ABORTED, -1, 1, "communicator freed with operations pending");
-  wake(c);
+  wake(c, 1);
   if (c->thread_started) pthread_join(c->thread, NULL);
   pthread_mutex_lock(&c->lock);
   while (c->executing) {

@@ -16,6 +16,7 @@
  * that moves data for us and sees the flag clears it and sends a doorbell. No progress
  * for timeout_ms starts a probe of the peer we wait for (see cpu.h). */
 #include <errno.h>
+#include <sched.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -34,24 +35,11 @@ static inline void cpu_relax(void) {
 #endif
 }
 
-const char *cpu_peer_name(cpu_comm *c, int peer, char *buf, size_t cap) {
-  if (peer >= 0 && peer < c->size)
-    snprintf(buf, cap, "rank %d (%s)", peer, c->addrs[peer]);
-  else
-    snprintf(buf, cap, "rank %d", peer);
-  return buf;
+const char *cpu_peer_name(cpu_comm *c, int peer) {
+  return peer >= 0 && peer < c->size && c->names[peer] ? c->names[peer] : "an unknown rank";
 }
 
 /* --- control channel ---------------------------------------------------------------- */
-
-static void put32(uint8_t *p, uint32_t v) {
-  for (int i = 0; i < 4; i++) p[i] = (uint8_t)(v >> (8 * i));
-}
-static uint32_t get32(const uint8_t *p) {
-  uint32_t v = 0;
-  for (int i = 0; i < 4; i++) v |= (uint32_t)p[i] << (8 * i);
-  return v;
-}
 
 int ctrl_send(cpu_comm *c, cpu_link *l, int type, uint32_t arg, const void *payload, size_t len) {
   uint8_t buf[CTRL_HDR + CTRL_MAX_PAYLOAD];
@@ -60,7 +48,7 @@ int ctrl_send(cpu_comm *c, cpu_link *l, int type, uint32_t arg, const void *payl
   buf[1] = 0;
   buf[2] = (uint8_t)(len & 0xff);
   buf[3] = (uint8_t)(len >> 8);
-  put32(buf + 4, arg);
+  le_put32(buf + 4, arg);
   if (len) memcpy(buf + CTRL_HDR, payload, len);
   pthread_mutex_lock(&c->ctrl_send_lock);
   ssize_t n;
@@ -83,7 +71,7 @@ int ctrl_read(cpu_link *l, ctrl_msg *m, const char **why) {
       }
       if (l->crx_len >= CTRL_HDR + len) {
         m->type = type;
-        m->arg = get32(l->crx + 4);
+        m->arg = le_get32(l->crx + 4);
         m->len = len;
         memcpy(m->payload, l->crx + CTRL_HDR, len);
         memmove(l->crx, l->crx + CTRL_HDR + len, l->crx_len - CTRL_HDR - len);
@@ -104,25 +92,26 @@ int ctrl_read(cpu_link *l, ctrl_msg *m, const char **why) {
   }
 }
 
-void ctrl_notify_fail(cpu_comm *c, newt_result_t code, int culprit, const char *msg) {
+void ctrl_notify_fail(cpu_comm *c, newt_result_t code, int culprit_root, const char *msg) {
   uint8_t p[CTRL_MAX_PAYLOAD];
   size_t n = strlen(msg);
   if (n > sizeof p - 4) n = sizeof p - 4;
-  put32(p, (uint32_t)culprit);
+  le_put32(p, (uint32_t)culprit_root);
   memcpy(p + 4, msg, n);
-  for (int r = 0; r < c->size; r++)
-    if (r != c->rank && r != culprit && c->links) ctrl_send(c, &c->links[r], CTRL_FAIL, (uint32_t)code, p, n + 4);
+  for (int r = 0; r < c->size && c->links; r++)
+    if (r != c->rank && comm_to_root(c->pub, r) != culprit_root)
+      ctrl_send(c, &c->links[r], CTRL_FAIL, (uint32_t)code, p, n + 4);
 }
 
 static void handle_pong(cpu_comm *c, cpu_link *l, const ctrl_msg *m);
 
-/* A failure notice from l->peer: adopt its verdict. */
+/* A failure notice from l->peer: adopt its verdict (the culprit is a root rank). */
 static void handle_fail(cpu_comm *c, cpu_link *l, const ctrl_msg *m) {
   if (m->len < 4) return;
-  int culprit = (int32_t)get32(m->payload);
+  int culprit = (int32_t)le_get32(m->payload);
   newt_result_t code = (newt_result_t)m->arg;
   if (code <= NEWT_OK || code >= NEWT_ERR__COUNT) code = NEWT_ERR_PEER;
-  if (culprit < -1 || culprit >= c->size) culprit = -1;
+  if (culprit < -1) culprit = -1;
   char msg[CTRL_MAX_PAYLOAD];
   size_t n = m->len - 4;
   for (size_t i = 0; i < n; i++) {
@@ -130,16 +119,15 @@ static void handle_fail(cpu_comm *c, cpu_link *l, const ctrl_msg *m) {
     msg[i] = (ch >= 32 && ch < 127) ? ch : '?';
   }
   msg[n] = '\0';
-  if (culprit == c->rank)
-    comm_fail(c->pub, code, c->rank, 0, "rank %d reported this rank: %s", l->peer, msg);
+  if (culprit >= 0 && culprit == comm_to_root(c->pub, c->rank))
+    comm_fail(c->pub, code, c->rank, 0, "%s reported this rank: %s", cpu_peer_name(c, l->peer), msg);
   else
-    comm_fail(c->pub, code, culprit, 0, "%s (reported by rank %d)", msg, l->peer);
+    comm_fail_reported(c->pub, code, culprit, l->peer, msg);
 }
 
 void ctrl_drain(cpu_comm *c, cpu_link *l) {
   ctrl_msg m;
   const char *why = "";
-  char name[160];
   for (;;) {
     int r = ctrl_read(l, &m, &why);
     if (r == 0) return;
@@ -147,7 +135,7 @@ void ctrl_drain(cpu_comm *c, cpu_link *l) {
       l->ctrl_eof = 1;
       if (l->gone == 0) {
         l->gone = 2;
-        cpu_peer_name(c, l->peer, name, sizeof name);
+        const char *name = cpu_peer_name(c, l->peer);
         if (r == -2)
           comm_fail(c->pub, NEWT_ERR_PEER, l->peer, 1, "%s sent a %s", name, why);
         else
@@ -161,8 +149,8 @@ void ctrl_drain(cpu_comm *c, cpu_link *l) {
       case CTRL_PING: {
         uint8_t p[8];
         int in_op = c->cur_wait != NULL;
-        put32(p, (uint32_t)in_op);
-        put32(p + 4, (uint32_t)(in_op ? c->cur_wait->blocker : -1));
+        le_put32(p, (uint32_t)in_op);
+        le_put32(p + 4, (uint32_t)(in_op ? c->cur_wait->blocker : -1));
         ctrl_send(c, l, CTRL_PONG, m.arg, p, sizeof p);
         break;
       }
@@ -190,8 +178,7 @@ size_t link_chunk(const cpu_link *l) {
 }
 
 static newt_result_t tcp_broken(cpu_comm *c, cpu_link *l, const char *what, int err) {
-  char name[160];
-  cpu_peer_name(c, l->peer, name, sizeof name);
+  const char *name = cpu_peer_name(c, l->peer);
   if (err == 0)
     return comm_fail(c->pub, NEWT_ERR_PEER, l->peer, 1, "%s closed the data connection during %s",
                      name, c->op_name ? c->op_name : "an operation");
@@ -199,29 +186,49 @@ static newt_result_t tcp_broken(cpu_comm *c, cpu_link *l, const char *what, int 
                    name, what, c->op_name ? c->op_name : "an operation", strerror(err));
 }
 
+void link_reserve(cpu_link *l, size_t want, size_t esize, uint8_t **p, size_t *room) {
+  /* positions are rounded up to 64 bytes at the end of each operation, by each side on
+   * its own: a difference that looks negative means "nothing yet" */
+  int64_t used = (int64_t)(l->tx_head - l->tx_tail);
+  if (used < 0 || (size_t)used + want > l->tx_ring) {
+    l->tx_tail = atomic_load_explicit(&l->tx->tail, memory_order_acquire);
+    used = (int64_t)(l->tx_head - l->tx_tail);
+    if (used < 0) used = 0;
+  }
+  size_t pos = (size_t)(l->tx_head % l->tx_ring);
+  size_t n = l->tx_ring - (size_t)used;
+  if (n > l->tx_ring - pos) n = l->tx_ring - pos;
+  if (n > want) n = want;
+  *p = l->txd + pos;
+  *room = n - n % esize;
+}
+
+void link_commit(cpu_comm *c, cpu_link *l, size_t n) {
+  if (n == 0) return;
+  l->tx_head += n;
+  atomic_store_explicit(&l->tx->head, l->tx_head, memory_order_seq_cst);
+  doorbell(c, l);
+}
+
 newt_result_t link_send(cpu_comm *c, cpu_link *l, const void *p, size_t len, size_t *n) {
   *n = 0;
   if (len == 0) return NEWT_OK;
   if (l->local) {
-    /* positions are rounded up to 64 bytes at the end of each operation, by each side
-     * on its own: a difference that looks negative means "nothing yet" */
-    int64_t used = (int64_t)(l->tx_head - l->tx_tail);
-    if (used < 0 || (size_t)used + len > l->tx_ring) {
-      l->tx_tail = atomic_load_explicit(&l->tx->tail, memory_order_acquire);
-      used = (int64_t)(l->tx_head - l->tx_tail);
-      if (used < 0) used = 0;
+    size_t done = 0;
+    for (int piece = 0; piece < 2 && done < len; piece++) { /* the ring wraps at most once */
+      uint8_t *q;
+      size_t room;
+      link_reserve(l, len - done, 1, &q, &room);
+      if (room == 0) break;
+      memcpy(q, (const uint8_t *)p + done, room);
+      l->tx_head += room;
+      done += room;
     }
-    size_t take = l->tx_ring - (size_t)used;
-    if (take > len) take = len;
-    if (take == 0) return NEWT_OK;
-    size_t pos = (size_t)(l->tx_head % l->tx_ring);
-    size_t first = l->tx_ring - pos < take ? l->tx_ring - pos : take;
-    memcpy(l->txd + pos, p, first);
-    if (take > first) memcpy(l->txd, (const uint8_t *)p + first, take - first);
-    l->tx_head += take;
-    atomic_store_explicit(&l->tx->head, l->tx_head, memory_order_seq_cst);
-    doorbell(c, l);
-    *n = take;
+    if (done) {
+      atomic_store_explicit(&l->tx->head, l->tx_head, memory_order_seq_cst);
+      doorbell(c, l);
+    }
+    *n = done;
     return NEWT_OK;
   }
   ssize_t r;
@@ -389,10 +396,9 @@ static void probe_send(cpu_wait *w, int target) {
 static void handle_pong(cpu_comm *c, cpu_link *l, const ctrl_msg *m) {
   cpu_wait *w = c->cur_wait;
   if (!w || !w->probing || w->probe_target != l->peer || m->arg != w->probe_seq || m->len < 8) return;
-  int in_op = (int)get32(m->payload);
-  int waiting_on = (int32_t)get32(m->payload + 4);
-  char name[160];
-  cpu_peer_name(c, l->peer, name, sizeof name);
+  int in_op = (int)le_get32(m->payload);
+  int waiting_on = (int32_t)le_get32(m->payload + 4);
+  const char *name = cpu_peer_name(c, l->peer);
   if (!in_op) {
     probe_verdict(w, "%s is alive but has not entered %s after %lld ms", name,
                   c->op_name ? c->op_name : "the operation", (long long)c->timeout_ms);
@@ -418,9 +424,16 @@ newt_result_t cpu_wait_block(cpu_wait *w, cpu_link *rx, cpu_link *tx) {
     return comm_failed_err(c->pub, c->op_name);
   w->blocker = rx ? rx->peer : (tx ? tx->peer : -1);
   int shm = (rx && rx->local) || (tx && tx->local);
+  int spin = shm || (newt_param_CommTcpSpin() && (rx || tx));
   uint64_t now = newt_now_ns();
-  if (shm && now < w->spin_until) {
-    for (int i = 0; i < 32; i++) cpu_relax();
+  if (spin && now < w->spin_until) {
+    /* spin for the first 10 us (a peer on another CPU answers within that), then keep
+     * looking but hand the CPU to anyone who wants it (a peer on this CPU, when ranks
+     * outnumber CPUs); sleeping costs a wake-up, which on a virtual machine is slow */
+    uint64_t pure = spin_ns() < 10000 ? spin_ns() : 10000;
+    if (c->crowded || w->spin_until - now < spin_ns() - pure) sched_yield();
+    else
+      for (int i = 0; i < 32; i++) cpu_relax();
     return NEWT_OK;
   }
   if (shm && !w->armed) {
@@ -465,16 +478,15 @@ newt_result_t cpu_wait_block(cpu_wait *w, cpu_link *rx, cpu_link *tx) {
   }
   if (atomic_load_explicit(&c->pub->failed, memory_order_acquire))
     return comm_failed_err(c->pub, c->op_name);
-  char name[160];
   if (rx && rx->gone && rx->local &&
       (int64_t)(atomic_load_explicit(&rx->rx->head, memory_order_acquire) - rx->rx_tail) <= 0)
     return comm_fail(c->pub, NEWT_ERR_PEER, rx->peer, 1,
                      "%s left (freed its communicator) while this rank waited for its data in %s",
-                     cpu_peer_name(c, rx->peer, name, sizeof name), c->op_name);
+                     cpu_peer_name(c, rx->peer), c->op_name);
   if (tx && tx->gone)
     return comm_fail(c->pub, NEWT_ERR_PEER, tx->peer, 1,
                      "%s left (freed its communicator) while this rank had data for it in %s",
-                     cpu_peer_name(c, tx->peer, name, sizeof name), c->op_name);
+                     cpu_peer_name(c, tx->peer), c->op_name);
   if (!w->probing && now >= w->stall_at && w->blocker >= 0) {
     NEWT_INFO(COMM, "rank %d: no progress in %s for %lld ms, probing rank %d", c->rank, c->op_name,
               (long long)c->timeout_ms, w->blocker);
@@ -482,7 +494,7 @@ newt_result_t cpu_wait_block(cpu_wait *w, cpu_link *rx, cpu_link *tx) {
     probe_send(w, w->blocker);
   } else if (w->probing && now >= w->probe_until) {
     return probe_verdict(w, "%s made no progress for %lld ms during %s and did not answer a probe (stopped or hung)",
-                         cpu_peer_name(c, w->probe_target, name, sizeof name),
+                         cpu_peer_name(c, w->probe_target),
                          (long long)c->timeout_ms, c->op_name);
   }
   return NEWT_OK;

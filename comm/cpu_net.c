@@ -161,3 +161,9 @@ void net_peer_name(int fd, char *out, size_t cap) {
   }
   snprintf(out, cap, "%s:%d", host, port);
 }
+
+int net_accept(int lfd, char *remote, size_t cap) {
+  int fd = accept4(lfd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
+  if (fd >= 0) net_peer_name(fd, remote, cap);
+  return fd;
+}

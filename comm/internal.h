@@ -59,7 +59,8 @@ struct comm {
   int size;
   int64_t timeout_ms;
   struct comm *parent; /* split parent, NULL for a root */
-  int *parent_ranks;   /* [size]: this communicator's rank r is parent rank parent_ranks[r] */
+  int *root_ranks;     /* [size]: each rank's rank in the family's root (the communicator
+                          comm_create or comm_shrink made); NULL: unknown (NCCL children) */
   struct comm **children;
   int nchildren;
   int cap_children;
@@ -71,11 +72,19 @@ struct comm {
   nccl_comm *nccl;
 };
 
-/* Records c's failure (first one wins) and spreads it through c's family; the message
- * names the peer. notify: tell c's peers (CPU backend). Returns the recorded code with
- * this thread's error set to the recorded message. */
+/* Records c's failure (first one wins) and spreads it through c's family; peer is c's
+ * rank that failed (-1: none), the message (the cause) names it. notify: tell c's peers
+ * (CPU backend). Returns the recorded code with this thread's error set to the recorded
+ * message. */
 newt_result_t comm_fail(struct comm *c, newt_result_t code, int peer, int notify, const char *fmt,
                         ...) __attribute__((format(printf, 5, 6)));
+/* The same for a failure a peer (our rank `reporter`) told us about; the culprit is a
+ * root rank (see root_ranks). */
+newt_result_t comm_fail_reported(struct comm *c, newt_result_t code, int culprit_root, int reporter,
+                                 const char *cause);
+/* Rank translations through root_ranks; -1 when unknown or not a member. */
+int comm_to_root(const struct comm *c, int rank);
+int comm_to_local(const struct comm *c, int root);
 
 /* The recorded failure as this thread's error ("allreduce: rank 2 ... closed ..."). */
 newt_result_t comm_failed_err(struct comm *c, const char *what);
@@ -106,7 +115,7 @@ newt_result_t cpu_shrink(struct comm *parent, const int *exclude, int nexclude, 
 newt_result_t cpu_run(struct comm *c, const comm_opdesc *op);
 newt_result_t cpu_submit(struct comm *c, struct comm_req *r);
 newt_result_t cpu_wait_req(struct comm_req *r);
-void cpu_on_fail(struct comm *c, newt_result_t code, int peer, const char *msg, int notify);
+void cpu_on_fail(struct comm *c, newt_result_t code, int culprit_root, const char *cause, int notify);
 void cpu_free(struct comm *c);
 
 /* --- the NCCL backend (nccl.c; only with NEWT_HAVE_CUDA) -------------------------------- */
@@ -116,7 +125,7 @@ newt_result_t nccl_shrink(struct comm *parent, const int *exclude, int nexclude,
 newt_result_t nccl_run(struct comm *c, const comm_opdesc *op);
 newt_result_t nccl_submit(struct comm *c, struct comm_req *r);
 newt_result_t nccl_wait_req(struct comm_req *r);
-void nccl_on_fail(struct comm *c, newt_result_t code, int peer, const char *msg, int notify);
+void nccl_on_fail(struct comm *c, newt_result_t code, int culprit_root, const char *cause, int notify);
 void nccl_free(struct comm *c);
 newt_result_t nccl_unique_id(unsigned char id[COMM_NCCL_ID_BYTES]);
 void nccl_event_destroy(void *event);

@@ -81,6 +81,13 @@ static void abort_now(struct nccl_comm *n) {
   pthread_mutex_unlock(&n->api);
 }
 
+/* A wait ends on a failed communicator; an aborted one also gets its ncclCommAbort now
+ * (comm_abort could not, while another NCCL call was in flight). */
+static newt_result_t stop_waiting(struct nccl_comm *n, const char *what) {
+  if (atomic_load(&n->pub->aborted)) abort_now(n);
+  return comm_failed_err(n->pub, what);
+}
+
 /* Backs off: spins (yielding) at first, then sleeps up to 200 us. */
 static void nap(uint64_t started_ns) {
   uint64_t waited = newt_now_ns() - started_ns;
@@ -92,7 +99,7 @@ static void nap(uint64_t started_ns) {
 static newt_result_t settle(struct nccl_comm *n, ncclComm_t comm, newt_deadline_t d, const char *what) {
   uint64_t t0 = newt_now_ns();
   for (;;) {
-    if (atomic_load(&n->pub->failed)) return comm_failed_err(n->pub, what);
+    if (atomic_load(&n->pub->failed)) return stop_waiting(n, what);
     ncclResult_t state = ncclSuccess;
     pthread_mutex_lock(&n->api);
     ncclResult_t r = n->aborted ? ncclInvalidUsage : ncclCommGetAsyncError(comm, &state);
@@ -116,7 +123,7 @@ static newt_result_t wait_event(struct nccl_comm *n, cudaEvent_t ev, const char 
   newt_deadline_t d = newt_deadline_in_ms(n->pub->timeout_ms);
   uint64_t t0 = newt_now_ns();
   for (;;) {
-    if (atomic_load(&n->pub->failed)) return comm_failed_err(n->pub, what);
+    if (atomic_load(&n->pub->failed)) return stop_waiting(n, what);
     cudaError_t q = cudaEventQuery(ev);
     if (q != cudaSuccess && q != cudaErrorNotReady) return cuda_fail(n->pub, q, what);
     ncclResult_t state = ncclSuccess;
@@ -359,9 +366,9 @@ newt_result_t nccl_shrink(struct comm *parent, const int *exclude, int nexclude,
   return NEWT_OK;
 }
 
-void nccl_on_fail(struct comm *c, newt_result_t code, int peer, const char *msg, int notify) {
-  (void)peer;
-  (void)msg;
+void nccl_on_fail(struct comm *c, newt_result_t code, int culprit_root, const char *cause, int notify) {
+  (void)culprit_root;
+  (void)cause;
   (void)notify;
   struct nccl_comm *n = c->nccl;
   if (!n || code != NEWT_ERR_ABORTED) return; /* a broken handle stays for comm_shrink or comm_free */

@@ -6,6 +6,9 @@
 
 #include <stdint.h>
 #include <string.h>
+#if defined(__x86_64__)
+#include <emmintrin.h>
+#endif
 
 static inline float bf16_load(uint16_t h) {
   uint32_t u = (uint32_t)h << 16;
@@ -123,4 +126,35 @@ void comm_scale(newt_dtype dt, void *dst, const void *src, size_t n, int div) {
     return;
   }
   scales[dt](dst, src, n, div);
+}
+
+void comm_copy_stream(void *dst, const void *src, size_t n) {
+#if defined(__x86_64__)
+  uint8_t *d = dst;
+  const uint8_t *s = src;
+  if (n >= 4096) {
+    size_t head = (16 - ((uintptr_t)d & 15)) & 15;
+    memcpy(d, s, head);
+    d += head;
+    s += head;
+    n -= head;
+    for (; n >= 64; n -= 64, d += 64, s += 64) {
+      __m128i a = _mm_loadu_si128((const __m128i *)s), b = _mm_loadu_si128((const __m128i *)(s + 16));
+      __m128i c = _mm_loadu_si128((const __m128i *)(s + 32)), e = _mm_loadu_si128((const __m128i *)(s + 48));
+      _mm_stream_si128((__m128i *)d, a);
+      _mm_stream_si128((__m128i *)(d + 16), b);
+      _mm_stream_si128((__m128i *)(d + 32), c);
+      _mm_stream_si128((__m128i *)(d + 48), e);
+    }
+  }
+  memcpy(d, s, n);
+#else
+  memcpy(dst, src, n);
+#endif
+}
+
+void comm_stream_fence(void) {
+#if defined(__x86_64__)
+  _mm_sfence();
+#endif
 }

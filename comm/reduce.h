@@ -22,6 +22,12 @@ int comm_reduce_supported(newt_dtype dt);
 void comm_reduce(newt_dtype dt, comm_op op, void *dst, const void *a, const void *b, size_t n,
                  int div);
 
+/* memcpy whose stores bypass the cache (non-temporal) for large copies: for results
+ * this rank will not read again soon. Followed by comm_stream_fence() before the data is
+ * published to another thread. */
+void comm_copy_stream(void *dst, const void *src, size_t n);
+void comm_stream_fence(void);
+
 /* dst[i] = src[i] / div; src may equal dst. */
 void comm_scale(newt_dtype dt, void *dst, const void *src, size_t n, int div);
 

@@ -20,10 +20,54 @@
 
 #include "comm/comm.h"
 #include "common/clock.h"
+#include "common/dtype.h"
 #include "common/proc.h"
 #include "common/sys.h"
 
 #define CT_MAX 16
+
+/* Checks inside a rank process: print "rank R: FAIL file:line: ..." and count; the rank's
+ * function returns ct_failures (its exit status says whether any check failed). */
+static int ct_failures __attribute__((unused));
+
+#define CHECKR(cond, ...)                                                   \
+  do {                                                                      \
+    if (!(cond)) {                                                          \
+      fprintf(stderr, "rank %d: FAIL %s:%d: ", rank, __FILE__, __LINE__);   \
+      fprintf(stderr, __VA_ARGS__);                                         \
+      fputc('\n', stderr);                                                  \
+      ct_failures++;                                                        \
+    }                                                                       \
+  } while (0)
+
+#define OKR(call)                                                                          \
+  do {                                                                                     \
+    newt_result_t r_ = (call);                                                             \
+    CHECKR(r_ == NEWT_OK, "%s -> %s: %s", #call, newt_result_name(r_), newt_errmsg());     \
+  } while (0)
+
+/* Element i of a buffer of type dt, as a double, and back (with the type's rounding). */
+static inline void ct_set_elem(newt_dtype dt, void *buf, size_t i, double v) {
+  switch (dt) {
+    case NEWT_F32: ((float *)buf)[i] = (float)v; break;
+    case NEWT_BF16: ((uint16_t *)buf)[i] = newt_f32_to_bf16((float)v); break;
+    case NEWT_I32: ((int32_t *)buf)[i] = (int32_t)v; break;
+    case NEWT_I64: ((int64_t *)buf)[i] = (int64_t)v; break;
+    case NEWT_U8: ((uint8_t *)buf)[i] = (uint8_t)(int)v; break;
+    default: break;
+  }
+}
+
+static inline double ct_get_elem(newt_dtype dt, const void *buf, size_t i) {
+  switch (dt) {
+    case NEWT_F32: return ((const float *)buf)[i];
+    case NEWT_BF16: return newt_bf16_to_f32(((const uint16_t *)buf)[i]);
+    case NEWT_I32: return ((const int32_t *)buf)[i];
+    case NEWT_I64: return (double)((const int64_t *)buf)[i];
+    case NEWT_U8: return ((const uint8_t *)buf)[i];
+    default: return 0;
+  }
+}
 
 enum { CT_SHM = 0, CT_TCP = 1, CT_MIXED = 2 };
 
@@ -97,27 +141,30 @@ static inline void ct_config(const ct_world *w, int rank, comm_config *cfg) {
 
 typedef int (*ct_rank_fn)(ct_world *w, int rank, void *arg);
 
-/* Forks one process per rank running fn; the child exits with 0 when fn found no failure. */
-static inline void ct_spawn(ct_world *w, ct_rank_fn fn, void *arg) {
+/* Forks the process of one rank running fn; it exits with 0 when fn found no failure. */
+static inline void ct_spawn_one(ct_world *w, int r, ct_rank_fn fn, void *arg) {
   fflush(stdout);
   fflush(stderr);
   pid_t parent = getpid();
-  for (int r = 0; r < w->size; r++) {
-    pid_t pid = fork();
-    if (pid < 0) {
-      perror("fork");
-      exit(2);
-    }
-    if (pid == 0) {
-      prctl(PR_SET_PDEATHSIG, SIGKILL);
-      if (getppid() != parent) _exit(3);
-      int failures = fn(w, r, arg);
-      fflush(stdout);
-      fflush(stderr);
-      exit(failures ? 1 : 0);
-    }
-    w->pids[r] = pid;
+  pid_t pid = fork();
+  if (pid < 0) {
+    perror("fork");
+    exit(2);
   }
+  if (pid == 0) {
+    prctl(PR_SET_PDEATHSIG, SIGKILL);
+    if (getppid() != parent) _exit(3);
+    int failures = fn(w, r, arg);
+    fflush(stdout);
+    fflush(stderr);
+    exit(failures ? 1 : 0);
+  }
+  w->pids[r] = pid;
+}
+
+/* Forks one process per rank. */
+static inline void ct_spawn(ct_world *w, ct_rank_fn fn, void *arg) {
+  for (int r = 0; r < w->size; r++) ct_spawn_one(w, r, fn, arg);
 }
 
 /* Waits for every rank; returns the number of ranks that failed (a killed rank counts

@@ -20,49 +20,9 @@ static const newt_dtype dtypes_all[] = {NEWT_F32, NEWT_BF16, NEWT_I32, NEWT_I64,
 static const size_t sizes_ar[] = {0, 1, 2, 3, 7, 13, 31, 127, 1021, 4099, 65537, 300007};
 static const size_t sizes_rs[] = {0, 1, 3, 7, 61, 1021, 40009};
 
-static int failures;
-
-#define CHECKR(cond, ...)                                                   \
-  do {                                                                      \
-    if (!(cond)) {                                                          \
-      fprintf(stderr, "rank %d: FAIL %s:%d: ", rank, __FILE__, __LINE__);   \
-      fprintf(stderr, __VA_ARGS__);                                         \
-      fputc('\n', stderr);                                                  \
-      failures++;                                                           \
-    }                                                                       \
-  } while (0)
-
-#define OKR(call)                                                                          \
-  do {                                                                                     \
-    newt_result_t r_ = (call);                                                             \
-    CHECKR(r_ == NEWT_OK, "%s -> %s: %s", #call, newt_result_name(r_), newt_errmsg());     \
-  } while (0)
-
 static double gen(newt_dtype dt, int rank, size_t i, int seed) {
   if (dt == NEWT_U8) return (double)((rank * 3 + i + (size_t)seed) % 7);
   return (double)((int)((rank * 131 + i * 31 + (size_t)seed * 7) % 19) - 9);
-}
-
-static void set_elem(newt_dtype dt, void *buf, size_t i, double v) {
-  switch (dt) {
-    case NEWT_F32: ((float *)buf)[i] = (float)v; break;
-    case NEWT_BF16: ((uint16_t *)buf)[i] = newt_f32_to_bf16((float)v); break;
-    case NEWT_I32: ((int32_t *)buf)[i] = (int32_t)v; break;
-    case NEWT_I64: ((int64_t *)buf)[i] = (int64_t)v; break;
-    case NEWT_U8: ((uint8_t *)buf)[i] = (uint8_t)(int)v; break;
-    default: break;
-  }
-}
-
-static double get_elem(newt_dtype dt, const void *buf, size_t i) {
-  switch (dt) {
-    case NEWT_F32: return ((const float *)buf)[i];
-    case NEWT_BF16: return newt_bf16_to_f32(((const uint16_t *)buf)[i]);
-    case NEWT_I32: return ((const int32_t *)buf)[i];
-    case NEWT_I64: return (double)((const int64_t *)buf)[i];
-    case NEWT_U8: return ((const uint8_t *)buf)[i];
-    default: return 0;
-  }
 }
 
 /* The reduction of element i over all ranks, as the backend must produce it. */
@@ -77,8 +37,8 @@ static double expect_reduce(newt_dtype dt, comm_op op, int n, size_t i, int seed
     else acc = (double)((int64_t)acc / n);
   }
   uint64_t tmp = 0;
-  set_elem(dt, &tmp, 0, acc); /* the type's own rounding */
-  return get_elem(dt, &tmp, 0);
+  ct_set_elem(dt, &tmp, 0, acc); /* the type's own rounding */
+  return ct_get_elem(dt, &tmp, 0);
 }
 
 static void *xalloc(size_t n) {
@@ -104,13 +64,13 @@ static void check_allreduce(comm_t *c, int rank, newt_dtype dt, comm_op op, size
   int n = comm_size(c);
   size_t es = newt_dtype_size(dt);
   void *send = xalloc(count * es), *recv = inplace ? send : xalloc(count * es);
-  for (size_t i = 0; i < count; i++) set_elem(dt, send, i, gen(dt, rank, i, seed));
+  for (size_t i = 0; i < count; i++) ct_set_elem(dt, send, i, gen(dt, rank, i, seed));
   OKR(comm_allreduce(c, send, recv, count, dt, op));
   size_t bad = 0, first = 0;
   for (size_t i = 0; i < count; i++)
-    if (get_elem(dt, recv, i) != expect_reduce(dt, op, n, i, seed) && bad++ == 0) first = i;
+    if (ct_get_elem(dt, recv, i) != expect_reduce(dt, op, n, i, seed) && bad++ == 0) first = i;
   CHECKR(bad == 0, "allreduce %s %s count %zu%s: %zu wrong, first [%zu] = %g, expected %g", newt_dtype_name(dt),
-         opname(op), count, inplace ? " in place" : "", bad, first, get_elem(dt, recv, first),
+         opname(op), count, inplace ? " in place" : "", bad, first, ct_get_elem(dt, recv, first),
          expect_reduce(dt, op, n, first, seed));
   if (count > 0) check_agree(c, rank, recv, count * es, "allreduce");
   if (!inplace) free(recv);
@@ -121,14 +81,14 @@ static void check_reduce_scatter(comm_t *c, int rank, newt_dtype dt, comm_op op,
   int n = comm_size(c);
   size_t es = newt_dtype_size(dt);
   void *send = xalloc(rc * (size_t)n * es);
-  for (size_t i = 0; i < rc * (size_t)n; i++) set_elem(dt, send, i, gen(dt, rank, i, seed));
+  for (size_t i = 0; i < rc * (size_t)n; i++) ct_set_elem(dt, send, i, gen(dt, rank, i, seed));
   void *recv = inplace ? (char *)send + (size_t)rank * rc * es : xalloc(rc * es);
   OKR(comm_reduce_scatter(c, send, recv, rc, dt, op));
   size_t bad = 0, first = 0;
   for (size_t i = 0; i < rc; i++)
-    if (get_elem(dt, recv, i) != expect_reduce(dt, op, n, (size_t)rank * rc + i, seed) && bad++ == 0) first = i;
+    if (ct_get_elem(dt, recv, i) != expect_reduce(dt, op, n, (size_t)rank * rc + i, seed) && bad++ == 0) first = i;
   CHECKR(bad == 0, "reduce_scatter %s %s recvcount %zu%s: %zu wrong, first [%zu] = %g, expected %g",
-         newt_dtype_name(dt), opname(op), rc, inplace ? " in place" : "", bad, first, get_elem(dt, recv, first),
+         newt_dtype_name(dt), opname(op), rc, inplace ? " in place" : "", bad, first, ct_get_elem(dt, recv, first),
          expect_reduce(dt, op, n, (size_t)rank * rc + first, seed));
   if (!inplace) free(recv);
   free(send);
@@ -140,14 +100,14 @@ static void check_allgather(comm_t *c, int rank, newt_dtype dt, size_t sc, int i
   void *recv = xalloc(sc * (size_t)n * es);
   memset(recv, 0xee, sc * (size_t)n * es);
   void *send = inplace ? (char *)recv + (size_t)rank * sc * es : xalloc(sc * es);
-  for (size_t i = 0; i < sc; i++) set_elem(dt, send, i, gen(dt, rank, i, seed));
+  for (size_t i = 0; i < sc; i++) ct_set_elem(dt, send, i, gen(dt, rank, i, seed));
   OKR(comm_allgather(c, send, recv, sc, dt));
   size_t bad = 0;
   for (int r = 0; r < n; r++)
     for (size_t i = 0; i < sc; i++) {
       uint64_t e = 0;
-      set_elem(dt, &e, 0, gen(dt, r, i, seed));
-      if (get_elem(dt, recv, (size_t)r * sc + i) != get_elem(dt, &e, 0)) bad++;
+      ct_set_elem(dt, &e, 0, gen(dt, r, i, seed));
+      if (ct_get_elem(dt, recv, (size_t)r * sc + i) != ct_get_elem(dt, &e, 0)) bad++;
     }
   CHECKR(bad == 0, "allgather %s sendcount %zu%s: %zu wrong", newt_dtype_name(dt), sc, inplace ? " in place" : "", bad);
   if (!inplace) free(send);
@@ -191,7 +151,7 @@ static void check_rounding(comm_t *c, int rank, newt_dtype dt, size_t count) {
   int n = comm_size(c);
   size_t es = newt_dtype_size(dt);
   void *send = xalloc(count * es), *recv = xalloc(count * es);
-  for (size_t i = 0; i < count; i++) set_elem(dt, send, i, sin(rank * 7.1 + (double)i * 0.37));
+  for (size_t i = 0; i < count; i++) ct_set_elem(dt, send, i, sin(rank * 7.1 + (double)i * 0.37));
   OKR(comm_allreduce(c, send, recv, count, dt, COMM_SUM));
   double worst = 0;
   size_t bad = 0;
@@ -199,12 +159,12 @@ static void check_rounding(comm_t *c, int rank, newt_dtype dt, size_t count) {
     double exact = 0, mag = 0;
     for (int r = 0; r < n; r++) {
       uint64_t t = 0;
-      set_elem(dt, &t, 0, sin(r * 7.1 + (double)i * 0.37));
-      exact += get_elem(dt, &t, 0);
-      mag += fabs(get_elem(dt, &t, 0));
+      ct_set_elem(dt, &t, 0, sin(r * 7.1 + (double)i * 0.37));
+      exact += ct_get_elem(dt, &t, 0);
+      mag += fabs(ct_get_elem(dt, &t, 0));
     }
     double tol = dt == NEWT_BF16 ? (n + 1) * mag / 256.0 : (n + 1) * mag * 1.2e-7;
-    double err = fabs(get_elem(dt, recv, i) - exact);
+    double err = fabs(ct_get_elem(dt, recv, i) - exact);
     if (err > tol) bad++;
     if (err > worst) worst = err;
   }
@@ -308,7 +268,7 @@ static int ops_rank(ct_world *w, int rank, void *arg) {
   CHECKR(st.code == NEWT_OK, "status after the checks: %s", st.msg);
   OKR(comm_barrier(c));
   comm_free(c);
-  return failures;
+  return ct_failures;
 }
 
 static void run_world(int n, int mode) {

@@ -1,0 +1,287 @@
+/* Failures of the CPU backend, injected for real into separate processes:
+ *
+ *  - kill -9 of a rank in the middle of allreduces (shared memory, TCP, both): every
+ *    survivor's operation fails naming that rank (peer field and message), the survivors
+ *    shrink to a communicator without it and get correct results, then free everything
+ *    and build the next generation from scratch, again correct; afterwards each survivor
+ *    has exactly the file descriptors and threads it started with, and /dev/shm holds
+ *    nothing of the job (segments are unlinked as soon as mapped, so even the killed
+ *    rank leaves none).
+ *  - SIGSTOP of a rank: the survivors fail when timeout_ms passes without progress,
+ *    naming the stopped rank (found by probing), then shrink and continue.
+ *  - comm_abort from another thread: the blocked operation, the queued *_async ones and
+ *    every later one fail with NEWT_ERR_ABORTED; the peer learns it at its next
+ *    operation (NEWT_ERR_ABORTED too, its peer field naming the aborting rank: a rank
+ *    that drops a generation for a newer plan is not reported as crashed).
+ *
+ * Detection times are printed (a loaded machine makes them noisy; the bounds asserted
+ * here are generous). `--valgrind` runs a smaller set with longer deadlines, for the
+ * leak check under valgrind registered in CMakeLists.txt. */
+#include <errno.h>
+#include <pthread.h>
+
+#include "comm/comm.h"
+#include "comm_test.h"
+#include "test.h"
+
+static int valgrind_mode;
+typedef struct scenario {
+  int victim;
+  int sig; /* SIGKILL or SIGSTOP */
+  size_t count;
+} scenario;
+
+/* allreduce of `count` floats over c; every rank contributes (rank + 1) * (i % 5 + 1). */
+static int check_sum(comm_t *c, int rank, const int *ranks_of, size_t count, const char *what) {
+  int n = comm_size(c), bad = 0;
+  float *x = malloc(count * 4), *y = malloc(count * 4);
+  for (size_t i = 0; i < count; i++) x[i] = (float)((ranks_of[comm_rank(c)] + 1) * (int)(i % 5 + 1));
+  newt_result_t r = comm_allreduce(c, x, y, count, NEWT_F32, COMM_SUM);
+  CHECKR(r == NEWT_OK, "%s: allreduce -> %s: %s", what, newt_result_name(r), newt_errmsg());
+  int total = 0;
+  for (int q = 0; q < n; q++) total += ranks_of[q] + 1;
+  for (size_t i = 0; r == NEWT_OK && i < count; i++) bad += y[i] != (float)(total * (int)(i % 5 + 1));
+  CHECKR(bad == 0, "%s: %d wrong sums", what, bad);
+  free(x);
+  free(y);
+  return r == NEWT_OK && bad == 0;
+}
+
+static void derive_secret(const ct_world *w, int k, unsigned char out[32]) {
+  memcpy(out, w->secret, 32);
+  out[0] ^= (unsigned char)(0x40 + k);
+}
+
+/* After the victim failed: shrink, check, free; build the next generation on the
+ * survivors' addresses, check, free. */
+static void recover(ct_world *w, int rank, comm_t *c, int victim) {
+  int survivors[CT_MAX], ns = 0;
+  for (int r = 0; r < w->size; r++)
+    if (r != victim) survivors[ns++] = r;
+  unsigned char secret[32];
+  derive_secret(w, 1, secret);
+  comm_t *s = NULL;
+  OKR(comm_shrink(c, &victim, 1, w->generation + 1, secret, sizeof secret, &s));
+  if (s) {
+    CHECKR(comm_size(s) == ns, "shrunk size %d, expected %d", comm_size(s), ns);
+    check_sum(s, rank, survivors, 100003, "after shrink");
+    check_sum(s, rank, survivors, 3, "after shrink (small)");
+  }
+  comm_status st;
+  comm_get_status(c, &st);
+  CHECKR(st.code != NEWT_OK, "the shrunk parent still says healthy");
+  comm_free(s);
+  comm_free(c);
+  /* the next generation, from scratch, without the victim */
+  const char *addrs[CT_MAX], *hosts[CT_MAX];
+  int me = -1;
+  for (int i = 0; i < ns; i++) {
+    addrs[i] = w->addrs[survivors[i]];
+    hosts[i] = w->hosts[survivors[i]];
+    if (survivors[i] == rank) me = i;
+  }
+  comm_config cfg;
+  ct_config(w, rank, &cfg);
+  cfg.rank = me;
+  cfg.size = ns;
+  cfg.addrs = addrs;
+  cfg.hosts = hosts;
+  cfg.generation = w->generation + 2;
+  derive_secret(w, 2, cfg.secret);
+  comm_t *g = NULL;
+  OKR(comm_create(&cfg, &g));
+  if (g) check_sum(g, rank, survivors, 65537, "next generation");
+  comm_free(g);
+}
+
+static int fail_rank(ct_world *w, int rank, void *arg) {
+  const scenario *sc = arg;
+  int fds0 = ct_fd_count(), threads0 = ct_thread_count();
+  if (sc->sig == SIGSTOP) w->timeout_ms = valgrind_mode ? 4000 : 1000;
+  if (valgrind_mode) w->timeout_ms = sc->sig == SIGSTOP ? 4000 : 60000;
+  comm_config cfg;
+  ct_config(w, rank, &cfg);
+  comm_t *c = NULL;
+  OKR(comm_create(&cfg, &c));
+  if (!c) return 1;
+  float *x = malloc(sc->count * 4), *y = malloc(sc->count * 4);
+  for (size_t i = 0; i < sc->count; i++) x[i] = 1.0f;
+  newt_result_t r = NEWT_OK;
+  uint64_t t_err = 0;
+  for (int it = 0; it < 100000; it++) {
+    if (it == 3) atomic_fetch_add(&w->sh->ready, 1);
+    r = comm_allreduce(c, x, y, sc->count, NEWT_F32, COMM_SUM);
+    if (r != NEWT_OK) {
+      t_err = newt_now_ns();
+      break;
+    }
+    CHECKR(y[0] == (float)w->size, "allreduce before the failure: %g", y[0]);
+    if (ct_failures) break;
+  }
+  free(x);
+  free(y);
+  if (r == NEWT_OK) {
+    CHECKR(0, "the allreduce never failed");
+    comm_free(c);
+    return ct_failures;
+  }
+  const char *msg = newt_errmsg();
+  char want[32];
+  snprintf(want, sizeof want, "rank %d", sc->victim);
+  newt_result_t expect = sc->sig == SIGSTOP ? NEWT_ERR_TIMEOUT : NEWT_ERR_PEER;
+  CHECKR(r == expect, "error %s (expected %s): %s", newt_result_name(r), newt_result_name(expect), msg);
+  CHECKR(strstr(msg, want) != NULL, "the error does not name %s: %s", want, msg);
+  comm_status st;
+  comm_get_status(c, &st);
+  CHECKR(st.code == expect && st.peer == sc->victim, "status: code %s peer %d (expected %d): %s",
+         newt_result_name(st.code), st.peer, sc->victim, st.msg);
+  w->sh->val[rank] = (int64_t)(t_err - w->sh->t_ns[0]);
+  fprintf(stderr, "rank %d: failed after %.1f ms: %s\n", rank, (t_err - w->sh->t_ns[0]) / 1e6, st.msg);
+  /* later operations fail at once with the same error */
+  float z = 0;
+  CHECKR(comm_allreduce(c, &z, &z, 1, NEWT_F32, COMM_SUM) == expect, "a later operation did not fail the same way");
+  recover(w, rank, c, sc->victim);
+  CHECKR(ct_fd_count() == fds0, "file descriptors: %d at start, %d at the end", fds0, ct_fd_count());
+  CHECKR(ct_thread_count() == threads0, "threads: %d at start, %d at the end", threads0, ct_thread_count());
+  return ct_failures;
+}
+
+static void run_failure(int n, int mode, int victim, int sig, size_t count) {
+  ct_world w;
+  char name[32];
+  snprintf(name, sizeof name, "fail%d%d%d", n, mode, sig);
+  ct_world_init(&w, n, mode, name);
+  scenario sc = {.victim = victim, .sig = sig, .count = count};
+  ct_spawn(&w, fail_rank, &sc);
+  newt_deadline_t d = newt_deadline_in_ms(valgrind_mode ? 240000 : 60000);
+  while (atomic_load(&w.sh->ready) < n && !newt_deadline_passed(d)) newt_sleep_ms(1);
+  T_CHECK_MSG(atomic_load(&w.sh->ready) == n, "the ranks did not get going");
+  newt_sleep_ms(20);
+  w.sh->t_ns[0] = newt_now_ns();
+  kill(w.pids[victim], sig);
+  int killed[CT_MAX] = {0};
+  killed[victim] = 1;
+  pid_t vp = w.pids[victim];
+  w.pids[victim] = 0;
+  int bad = ct_wait(&w, valgrind_mode ? 300000 : 60000, killed);
+  if (sig == SIGSTOP) kill(vp, SIGKILL);
+  newt_proc_wait(vp, 10000, NULL);
+  T_CHECK_MSG(bad == 0, "%d survivors failed their checks", bad);
+  double worst = 0;
+  for (int r = 0; r < n; r++)
+    if (r != victim && w.sh->val[r] / 1e6 > worst) worst = w.sh->val[r] / 1e6;
+  fprintf(stderr, "  %d ranks (%s), %s of rank %d: every survivor failed within %.1f ms\n", n,
+          mode == CT_SHM ? "shm" : mode == CT_TCP ? "tcp" : "mixed", sig == SIGKILL ? "kill -9" : "SIGSTOP", victim,
+          worst);
+  /* kill -9 is seen through the closed connections: milliseconds, generous bound here */
+  if (sig == SIGKILL) T_CHECK_MSG(worst < (valgrind_mode ? 30000 : 3000), "detection took %.1f ms", worst);
+  else T_CHECK_MSG(worst >= 900 && worst < (valgrind_mode ? 60000 : 15000), "detection took %.1f ms", worst);
+  T_CHECK_MSG(ct_shm_count(w.job) == 0, "shared memory of %s left in /dev/shm", w.job);
+  ct_world_free(&w);
+}
+
+static void test_kill9_shm(void) { run_failure(4, CT_SHM, 2, SIGKILL, 1 << 18); }
+static void test_kill9_tcp(void) { run_failure(3, CT_TCP, 1, SIGKILL, 1 << 18); }
+static void test_kill9_mixed(void) { run_failure(4, CT_MIXED, 3, SIGKILL, 1 << 16); }
+static void test_kill9_small(void) { run_failure(3, CT_SHM, 0, SIGKILL, 7); }
+static void test_sigstop_shm(void) { run_failure(4, CT_SHM, 2, SIGSTOP, 1 << 16); }
+static void test_sigstop_tcp(void) { run_failure(3, CT_TCP, 0, SIGSTOP, 1000); }
+
+/* --- abort ----------------------------------------------------------------------------- */
+
+typedef struct aborter {
+  comm_t *c;
+  int64_t after_ms;
+  uint64_t t_abort;
+} aborter;
+
+static void *abort_later(void *arg) {
+  aborter *a = arg;
+  newt_sleep_ms(a->after_ms);
+  a->t_abort = newt_now_ns();
+  comm_abort(a->c);
+  return NULL;
+}
+
+static int abort_rank(ct_world *w, int rank, void *arg) {
+  (void)arg;
+  int fds0 = ct_fd_count(), threads0 = ct_thread_count();
+  comm_config cfg;
+  ct_config(w, rank, &cfg);
+  comm_t *c = NULL;
+  OKR(comm_create(&cfg, &c));
+  if (!c) return 1;
+  size_t count = 1 << 16;
+  float *x = calloc(count, 4), *y = calloc(count, 4), *z = calloc(count, 4);
+  if (rank == 0) {
+    /* rank 1 does not join: these block until the abort */
+    comm_req_t *q1 = NULL, *q2 = NULL;
+    OKR(comm_allreduce_async(c, x, z, count, NEWT_F32, COMM_SUM, &q1));
+    OKR(comm_allgather_async(c, x, z, 16, NEWT_F32, &q2));
+    aborter a = {.c = c, .after_ms = 300};
+    pthread_t th;
+    pthread_create(&th, NULL, abort_later, &a);
+    newt_result_t r = comm_allreduce(c, x, y, count, NEWT_F32, COMM_SUM);
+    uint64_t t_ret = newt_now_ns();
+    pthread_join(th, NULL);
+    CHECKR(r == NEWT_ERR_ABORTED, "blocked allreduce -> %s: %s", newt_result_name(r), newt_errmsg());
+    double ms = (t_ret - a.t_abort) / 1e6;
+    w->sh->val[0] = (int64_t)(t_ret - a.t_abort);
+    fprintf(stderr, "rank 0: the blocked allreduce returned %.2f ms after comm_abort\n", ms);
+    CHECKR(ms < (valgrind_mode ? 5000 : 1000), "abort took %.1f ms", ms);
+    CHECKR(q1 && comm_wait(q1) == NEWT_ERR_ABORTED, "queued allreduce_async was not aborted");
+    CHECKR(q2 && comm_wait(q2) == NEWT_ERR_ABORTED, "queued allgather_async was not aborted");
+    uint64_t t0 = newt_now_ns();
+    CHECKR(comm_barrier(c) == NEWT_ERR_ABORTED, "a later barrier was not aborted");
+    CHECKR(newt_now_ns() - t0 < 100000000ull, "a later operation took %.1f ms to fail", (newt_now_ns() - t0) / 1e6);
+    comm_status st;
+    comm_get_status(c, &st);
+    CHECKR(st.code == NEWT_ERR_ABORTED, "status %s: %s", newt_result_name(st.code), st.msg);
+    atomic_store(&w->sh->go, 1);
+    /* keep the connections until rank 1 has seen the notice */
+    while (atomic_load(&w->sh->ready) < 1) newt_sleep_ms(1);
+  } else {
+    while (!atomic_load(&w->sh->go)) newt_sleep_ms(1);
+    newt_result_t r = comm_allreduce(c, x, y, count, NEWT_F32, COMM_SUM);
+    CHECKR(r == NEWT_ERR_ABORTED, "rank 1's allreduce after rank 0 aborted -> %s: %s", newt_result_name(r), newt_errmsg());
+    CHECKR(strstr(newt_errmsg(), "rank 0") && strstr(newt_errmsg(), "aborted"), "message: %s", newt_errmsg());
+    comm_status st;
+    comm_get_status(c, &st);
+    CHECKR(st.peer == 0, "status names peer %d: %s", st.peer, st.msg);
+    atomic_store(&w->sh->ready, 1);
+  }
+  comm_free(c);
+  free(x);
+  free(y);
+  free(z);
+  CHECKR(ct_fd_count() == fds0, "file descriptors: %d at start, %d at the end", fds0, ct_fd_count());
+  CHECKR(ct_thread_count() == threads0, "threads: %d at start, %d at the end", threads0, ct_thread_count());
+  return ct_failures;
+}
+
+static void test_abort_from_thread(void) {
+  ct_world w;
+  ct_world_init(&w, 2, CT_SHM, "abort");
+  ct_spawn(&w, abort_rank, NULL);
+  T_CHECK(ct_wait(&w, valgrind_mode ? 240000 : 60000, NULL) == 0);
+  fprintf(stderr, "  abort: the blocked operation returned %.2f ms after comm_abort\n", w.sh->val[0] / 1e6);
+  T_CHECK_MSG(ct_shm_count(w.job) == 0, "shared memory of %s left in /dev/shm", w.job);
+  ct_world_free(&w);
+}
+
+int main(int argc, char **argv) {
+  valgrind_mode = argc > 1 && strcmp(argv[1], "--valgrind") == 0;
+  if (valgrind_mode) {
+    T_RUN(test_kill9_small);
+    T_RUN(test_abort_from_thread);
+    return T_DONE();
+  }
+  T_RUN(test_kill9_shm);
+  T_RUN(test_kill9_tcp);
+  T_RUN(test_kill9_mixed);
+  T_RUN(test_kill9_small);
+  T_RUN(test_sigstop_shm);
+  T_RUN(test_sigstop_tcp);
+  T_RUN(test_abort_from_thread);
+  return T_DONE();
+}
