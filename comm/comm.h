@@ -64,6 +64,11 @@ typedef struct comm_config {
   unsigned char nccl_id[COMM_NCCL_ID_BYTES];
   int device;
   void *stream;
+  /* CPU backend: > 0: a socket already bound to addrs[rank] and listening, held by the
+   * caller for its whole life (a worker keeps its data-plane port from one generation to
+   * the next, so no other process can take it between them). The communicator listens on
+   * a duplicate and never closes the caller's. 0: bind addrs[rank] here. */
+  int listen_fd;
 } comm_config;
 
 /* Why a communicator failed. */

@@ -402,7 +402,13 @@ newt_result_t cpu_build(cpu_comm *c, newt_deadline_t deadline) {
     b.backoff[i] = 1000000ull; /* 1 ms, doubling to 100 ms */
   }
   for (int p = 0; p < c->rank; p++) NEWT_CHECK_GOTO(net_resolve(c->addrs[p], &b.ss[p], &b.sslen[p]), res, done);
-  if (c->listen_fd < 0) NEWT_CHECK_GOTO(net_listen(c->addrs[c->rank], deadline, &c->listen_fd), res, done);
+  if (c->listen_fd < 0) {
+    NEWT_CHECK_GOTO(net_listen(c->addrs[c->rank], deadline, &c->listen_fd), res, done);
+  } else { /* listening already (the caller's socket): the address must still be one */
+    struct sockaddr_storage own;
+    socklen_t ownlen;
+    NEWT_CHECK_GOTO(net_resolve(c->addrs[c->rank], &own, &ownlen), res, done);
+  }
   if (c->nlocal > 0) NEWT_CHECK_GOTO(shm_create(c), res, done);
   res = build_loop(&b);
 done:

@@ -19,6 +19,7 @@
  * the parent and builds the survivors' communicator on the parent's listening sockets,
  * with the new generation and secret. */
 #include <errno.h>
+#include <fcntl.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -376,8 +377,22 @@ newt_result_t cpu_create(const comm_config *cfg, struct comm *pub) {
   newt_deadline_t deadline = newt_deadline_in_ms(cfg->timeout_ms);
   const char *job = cfg->job ? cfg->job : "job";
   uint64_t tag = cpu_root_tag(job);
-  NEWT_CHECK(cpu_alloc(pub, cfg->rank, cfg->size, cfg->addrs, cfg->hosts, NULL, NULL, job, cfg->generation,
-                       tag, cfg->secret, cfg->secret_len, cfg->timeout_ms, -1, &c));
+  int lfd = -1;
+  /* the caller's listening socket: a duplicate (never closing the caller's), non-blocking
+     like our own (the status flag is shared with the caller's descriptor) */
+  if (cfg->listen_fd > 0 && ((lfd = fcntl(cfg->listen_fd, F_DUPFD_CLOEXEC, 3)) < 0 ||
+                             fcntl(lfd, F_SETFL, fcntl(lfd, F_GETFL) | O_NONBLOCK) != 0)) {
+    int e = errno;
+    if (lfd >= 0) close(lfd);
+    return NEWT_ERR(NEWT_ERR_SYS, "using the listening socket %d for %s: %s", cfg->listen_fd, cfg->addrs[cfg->rank],
+                    strerror(e));
+  }
+  newt_result_t r = cpu_alloc(pub, cfg->rank, cfg->size, cfg->addrs, cfg->hosts, NULL, NULL, job, cfg->generation,
+                              tag, cfg->secret, cfg->secret_len, cfg->timeout_ms, lfd, &c);
+  if (r != NEWT_OK) {
+    if (lfd >= 0) close(lfd);
+    return r;
+  }
   return finish(pub, c, deadline);
 }
 

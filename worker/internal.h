@@ -36,6 +36,7 @@ typedef struct worker {
   char id[RDZV_NAME_MAX];
   char host[256];
   char addr[96]; /* ip:port of the data plane */
+  int listen_fd; /* its socket, held for the worker's life */
   rdzv_etcd *etcd;
   newt_spec spec;
   model_tokens tok;

@@ -79,21 +79,25 @@ newt_result_t worker_train_config(const newt_spec *s, int threads, model_train_c
   return NEWT_OK;
 }
 
-/* A port on addr that was free a moment ago. */
-static newt_result_t pick_port(const char *addr, int *port) {
-  struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = 0};
+/* The data-plane socket: bound once to addr:port (port 0: any free one) and held for the
+ * whole life of the worker, so the address it registers stays its own across generations;
+ * each generation's communicator listens on it. */
+static newt_result_t bind_listener(const char *addr, int port, int *fd_out, int *port_out) {
+  struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
   if (inet_pton(AF_INET, addr, &sa.sin_addr) != 1)
     return NEWT_ERR(NEWT_ERR_INVALID, "--addr: \"%s\" is not an IPv4 address", addr);
-  int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0), one = 1;
   socklen_t len = sizeof sa;
-  if (fd < 0 || bind(fd, (struct sockaddr *)&sa, sizeof sa) != 0 ||
+  if (fd >= 0) setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+  if (fd < 0 || bind(fd, (struct sockaddr *)&sa, sizeof sa) != 0 || listen(fd, 256) != 0 ||
       getsockname(fd, (struct sockaddr *)&sa, &len) != 0) {
     int e = errno;
     if (fd >= 0) close(fd);
-    return NEWT_ERR(NEWT_ERR_SYS, "--addr %s: cannot bind a data-plane port: %s", addr, strerror(e));
+    return NEWT_ERR(NEWT_ERR_SYS, "--addr %s --port %d: cannot listen for the data plane: %s", addr, port,
+                    strerror(e));
   }
-  close(fd);
-  *port = ntohs(sa.sin_port);
+  *fd_out = fd;
+  *port_out = ntohs(sa.sin_port);
   return NEWT_OK;
 }
 
@@ -414,6 +418,7 @@ static newt_result_t build_comm(worker *w, const newt_plan *p, const plan_rank *
   cfg.secret_len = sizeof p->secret;
   cfg.timeout_ms = w->spec.comm_timeout_ms;
   cfg.device = w->o->device;
+  cfg.listen_fd = w->listen_fd;
   newt_result_t r = comm_create(&cfg, out);
   free(addrs);
   free(hosts);
@@ -647,8 +652,8 @@ static newt_result_t setup(worker *w, const worker_opts *o) {
   NEWT_CHECK(rdzv_check_name("job", o->job));
   newt_log_set_name(w->id);
   const char *ip = o->addr && *o->addr ? o->addr : "127.0.0.1";
-  int port = o->port;
-  if (port == 0) NEWT_CHECK(pick_port(ip, &port));
+  int port = 0;
+  NEWT_CHECK(bind_listener(ip, o->port, &w->listen_fd, &port));
   snprintf(w->addr, sizeof w->addr, "%s:%d", ip, port);
 
   NEWT_CHECK(rdzv_etcd_init(&o->etcd, &w->etcd));
@@ -714,6 +719,7 @@ static void teardown(worker *w) {
   free(w->inputs);
   free(w->targets);
   if (w->sample_log) fclose(w->sample_log);
+  if (w->listen_fd > 0) close(w->listen_fd);
   rdzv_etcd_free(w->etcd);
 }
 

@@ -7,7 +7,9 @@
 #ifndef NEWT_TESTS_COMM_TEST_H
 #define NEWT_TESTS_COMM_TEST_H
 
+#include <arpa/inet.h>
 #include <dirent.h>
+#include <netinet/in.h>
 #include <signal.h>
 #include <stdatomic.h>
 #include <stdio.h>
@@ -91,6 +93,7 @@ typedef struct ct_world {
   uint64_t generation;
   int64_t timeout_ms;
   pid_t pids[CT_MAX];
+  int lfd[CT_MAX]; /* each rank's listening socket, bound here so no other process takes the port */
   ct_shared *sh;
 } ct_world;
 
@@ -101,10 +104,16 @@ static inline void ct_world_init(ct_world *w, int size, int mode, const char *na
   snprintf(w->job, sizeof w->job, "t%d-%s", (int)getpid(), name);
   for (int r = 0; r < size; r++) {
     int port = 0;
-    if (newt_net_free_port(&port) != NEWT_OK) {
-      fprintf(stderr, "no free port\n");
+    struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = 0};
+    sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    socklen_t len = sizeof sa;
+    w->lfd[r] = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK, 0);
+    if (w->lfd[r] < 0 || bind(w->lfd[r], (struct sockaddr *)&sa, sizeof sa) != 0 || listen(w->lfd[r], 64) != 0 ||
+        getsockname(w->lfd[r], (struct sockaddr *)&sa, &len) != 0) {
+      fprintf(stderr, "no listening socket on 127.0.0.1\n");
       exit(2);
     }
+    port = ntohs(sa.sin_port);
     snprintf(w->addr_buf[r], sizeof w->addr_buf[r], "127.0.0.1:%d", port);
     if (mode == CT_SHM) snprintf(w->host_buf[r], sizeof w->host_buf[r], "hostA");
     else if (mode == CT_TCP) snprintf(w->host_buf[r], sizeof w->host_buf[r], "host%d", r);
@@ -123,7 +132,11 @@ static inline void ct_world_init(ct_world *w, int size, int mode, const char *na
   memset(w->sh, 0, sizeof *w->sh);
 }
 
-static inline void ct_world_free(ct_world *w) { munmap(w->sh, sizeof(ct_shared)); }
+static inline void ct_world_free(ct_world *w) {
+  for (int r = 0; r < w->size; r++)
+    if (w->lfd[r] > 0) close(w->lfd[r]);
+  munmap(w->sh, sizeof(ct_shared));
+}
 
 static inline void ct_config(const ct_world *w, int rank, comm_config *cfg) {
   memset(cfg, 0, sizeof *cfg);
@@ -137,6 +150,7 @@ static inline void ct_config(const ct_world *w, int rank, comm_config *cfg) {
   memcpy(cfg->secret, w->secret, sizeof w->secret);
   cfg->secret_len = sizeof w->secret;
   cfg->timeout_ms = w->timeout_ms;
+  cfg->listen_fd = w->lfd[rank];
 }
 
 typedef int (*ct_rank_fn)(ct_world *w, int rank, void *arg);
