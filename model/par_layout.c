@@ -299,7 +299,7 @@ static void init_weights(model_par *p) {
   }
 }
 
-newt_result_t model_par_init(model_par *p, const model_train_config *cfg, const model_par_config *pc) {
+newt_result_t model_par_alloc(model_par *p, const model_train_config *cfg, const model_par_config *pc) {
   memset(p, 0, sizeof *p);
   NEWT_CHECK(model_par_config_check(pc, cfg));
   p->cfg = *cfg;
@@ -361,11 +361,24 @@ newt_result_t model_par_init(model_par *p, const model_train_config *cfg, const 
       goto fail;
     }
   }
-  init_weights(p);
   return NEWT_OK;
 fail:
   model_par_free(p);
   return r;
+}
+
+void model_par_init_weights(model_par *p) {
+  init_weights(p);
+  memset(p->opt.m, 0, p->opt.len * sizeof *p->opt.m);
+  memset(p->opt.v, 0, p->opt.len * sizeof *p->opt.v);
+  p->opt.t = 0;
+  p->step = 0;
+}
+
+newt_result_t model_par_init(model_par *p, const model_train_config *cfg, const model_par_config *pc) {
+  NEWT_CHECK(model_par_alloc(p, cfg, pc));
+  init_weights(p);
+  return NEWT_OK;
 }
 
 void model_par_free(model_par *p) {

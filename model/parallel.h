@@ -179,6 +179,10 @@ typedef struct model_par {
 /* Allocates this rank's part of the model and initialises it as model_trainer_init would
  * (the same weights, element for element). No communication. */
 newt_result_t model_par_init(model_par *p, const model_train_config *cfg, const model_par_config *pc);
+/* The same without the initial weights (zero, to be filled from elsewhere: a restore), and
+ * the initialisation alone (weights from the seed, moments zero, step 0). */
+newt_result_t model_par_alloc(model_par *p, const model_train_config *cfg, const model_par_config *pc);
+void model_par_init_weights(model_par *p);
 void model_par_free(model_par *p);
 
 /* Options of one step. */

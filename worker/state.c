@@ -184,12 +184,6 @@ newt_result_t worker_replicate(worker *w) {
 
 /* --- restore ------------------------------------------------------------------------------- */
 
-static void init_from_seed(model_par *p) {
-  /* model_par_init gave the seed's weights and zero moments */
-  p->step = 0;
-  p->opt.t = 0;
-}
-
 /* Every rank reads its own pieces of the newest checkpoint; they check they read one step. */
 static newt_result_t load_ckpt(worker *w, comm_t *c, model_par *np, int64_t *step) {
   model_par_piece *pp = NULL;
@@ -239,9 +233,9 @@ static int same_layout(const model_par_config *a, const model_par_config *b) {
 newt_result_t worker_restore(worker *w, comm_t *c, const newt_plan *p, const model_par_config *pc) {
   newt_result_t r = NEWT_OK;
   model_par fresh, *np = &w->par;
-  int reuse = w->have_par && same_layout(&w->par.pc, pc), np_gone = 0;
+  int reuse = w->have_par && same_layout(&w->par.pc, pc);
   if (!reuse) {
-    NEWT_CHECK(model_par_init(&fresh, &w->tcfg, pc));
+    NEWT_CHECK(model_par_alloc(&fresh, &w->tcfg, pc)); /* its weights come from below */
     np = &fresh;
   }
   /* what this rank holds: its state, its snapshot, its neighbour's replica */
@@ -278,16 +272,9 @@ newt_result_t worker_restore(worker *w, comm_t *c, const newt_plan *p, const mod
         NEWT_ERROR(WORKER, "%s: the job was at step %lld but no rank holds a state and there is no "
                            "checkpoint: starting again from the seed",
                    w->id, (long long)p->step);
-      /* back to the seed (a reused trainer, or one a checkpoint half filled) */
-      model_par_free(np);
-      if (reuse) w->have_par = 0;
-      r = model_par_init(np, &w->tcfg, pc);
-      if (r != NEWT_OK) {
-        np_gone = 1;
-        goto exit;
-      }
-      if (reuse) w->have_par = 1;
-      init_from_seed(np);
+      /* back to the seed (also a reused trainer, or one a checkpoint half filled) */
+      model_par_init_weights(np);
+      r = NEWT_OK;
       snprintf(w->restore_src, sizeof w->restore_src, "init");
     }
   }
@@ -298,7 +285,7 @@ exit:
       if (w->have_par) model_par_free(&w->par);
       w->par = fresh;
       w->have_par = 1;
-    } else if (!np_gone) {
+    } else {
       model_par_free(&fresh);
     }
   }
