@@ -286,6 +286,19 @@ static void put_progress(coord *c, const rdzv_etcd_kv *kv) {
   metrics_set(c->metrics, "newt_tokens_per_second", c->prog_tps);
 }
 
+/* A new current plan (taken over): the reports, acks and departures of the last one are
+ * no longer this generation's. Called with mu held. */
+static void set_plan_locked(coord *c, newt_plan *p) {
+  plan_free(&c->plan);
+  c->plan = *p;
+  c->nreports = 0;
+  c->nacks = 0;
+  c->ndeparted = 0;
+  c->first_report = 0;
+  c->first_gone = 0;
+  c->max_step_seen = c->prog_step;
+}
+
 static void take_plan_locked(coord *c, const rdzv_etcd_kv *kv) {
   newt_plan p;
   if (plan_from_json(kv->value, kv->value_len, &p) != NEWT_OK) {
@@ -296,14 +309,7 @@ static void take_plan_locked(coord *c, const rdzv_etcd_kv *kv) {
     plan_free(&p);
     return;
   }
-  plan_free(&c->plan);
-  c->plan = p;
-  c->nreports = 0;
-  c->nacks = 0;
-  c->ndeparted = 0;
-  c->first_report = 0;
-  c->first_gone = 0;
-  c->max_step_seen = c->prog_step;
+  set_plan_locked(c, &p);
 }
 
 /* One key of the job changed (value NULL: deleted). Called with mu held. */
@@ -471,14 +477,7 @@ static newt_result_t replan(coord *c, const char *cause, const char *switch_mode
   for (int i = 0; i < nexclude; i++) cJSON_AddItemToArray(ex, cJSON_CreateString(exclude[i]));
 
   pthread_mutex_lock(&c->mu);
-  plan_free(&c->plan);
-  c->plan = p;
-  c->nreports = 0;
-  c->nacks = 0;
-  c->ndeparted = 0;
-  c->first_report = 0;
-  c->first_gone = 0;
-  c->max_step_seen = c->prog_step;
+  set_plan_locked(c, &p);
   c->prog_change = newt_now_ns();
   pthread_mutex_unlock(&c->mu);
 

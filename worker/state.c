@@ -30,8 +30,7 @@
 #include "worker/reshard.h"
 
 /* The trainer's pieces as reshard pieces of one step. *out is malloc'd. */
-static newt_result_t par_pieces(const model_par *p, int64_t step, reshard_piece **out, size_t *n,
-                                model_par_piece **raw, size_t *nraw) {
+static newt_result_t par_pieces(const model_par *p, int64_t step, reshard_piece **out, size_t *n) {
   model_par_piece *pp = NULL;
   size_t np = 0;
   NEWT_CHECK(model_par_pieces(p, &pp, &np));
@@ -50,8 +49,7 @@ static newt_result_t par_pieces(const model_par *p, int64_t step, reshard_piece 
   }
   *out = r;
   *n = np;
-  if (raw) *raw = pp, *nraw = np;
-  else free(pp);
+  free(pp);
   return NEWT_OK;
 }
 
@@ -103,7 +101,7 @@ newt_result_t worker_snapshot(worker *w) {
   if (!w->have_par || !wants_copies(&w->par.pc)) return NEWT_OK;
   reshard_piece *cur = NULL;
   size_t n = 0;
-  NEWT_CHECK(par_pieces(&w->par, w->par.step, &cur, &n, NULL, NULL));
+  NEWT_CHECK(par_pieces(&w->par, w->par.step, &cur, &n));
   newt_result_t r = NEWT_OK;
   if (!w->snap.pieces || w->snap.n != n) {
     free(w->snap.data), free(w->snap.pieces);
@@ -139,7 +137,7 @@ newt_result_t worker_replicate(worker *w) {
   if (p->step % w->spec.replica_every != 0) return NEWT_OK;
   reshard_piece *cur = NULL;
   size_t n = 0;
-  NEWT_CHECK(par_pieces(p, p->step, &cur, &n, NULL, NULL));
+  NEWT_CHECK(par_pieces(p, p->step, &cur, &n));
   /* this rank's shard, packed */
   size_t nu = 0, total = 0;
   for (size_t i = 0; i < n; i++)
@@ -241,7 +239,7 @@ newt_result_t worker_restore(worker *w, comm_t *c, const newt_plan *p, const mod
   /* what this rank holds: its state, its snapshot, its neighbour's replica */
   reshard_piece *have = NULL, *need = NULL, *cur = NULL;
   size_t nhave = 0, nneed = 0, ncur = 0;
-  if (w->has_state && w->have_par) NEWT_CHECK_GOTO(par_pieces(&w->par, w->par.step, &cur, &ncur, NULL, NULL), r, exit);
+  if (w->has_state && w->have_par) NEWT_CHECK_GOTO(par_pieces(&w->par, w->par.step, &cur, &ncur), r, exit);
   size_t nsnap = w->snap.step >= 0 ? w->snap.n : 0, nrep = w->rep.step >= 0 ? w->rep.n : 0;
   have = calloc(ncur + nsnap + nrep + 1, sizeof *have);
   if (!have) {
@@ -253,7 +251,7 @@ newt_result_t worker_restore(worker *w, comm_t *c, const newt_plan *p, const mod
   else nsnap = 0;
   if (nrep) memcpy(have + ncur + nsnap, w->rep.pieces, nrep * sizeof *have);
   nhave = ncur + nsnap + nrep;
-  NEWT_CHECK_GOTO(par_pieces(np, -1, &need, &nneed, NULL, NULL), r, exit);
+  NEWT_CHECK_GOTO(par_pieces(np, -1, &need, &nneed), r, exit);
 
   reshard_result rr;
   r = reshard_exchange(c, have, nhave, need, nneed, &rr);

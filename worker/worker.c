@@ -223,17 +223,20 @@ void worker_publish(worker *w, const char *key, char *value, int64_t lease) {
   pthread_mutex_unlock(&w->mu);
 }
 
-/* Waits a little before retrying a write (called with mu held). */
-static void retry_pause(worker *w) {
+/* Waits on the worker's condition variable for at most ms (called with mu held). */
+static void wait_cv(worker *w, long ms) {
   struct timespec ts;
   clock_gettime(CLOCK_REALTIME, &ts);
-  ts.tv_nsec += 100 * 1000000L;
+  ts.tv_nsec += ms * 1000000L;
   if (ts.tv_nsec >= 1000000000L) {
     ts.tv_sec++;
     ts.tv_nsec -= 1000000000L;
   }
   pthread_cond_timedwait(&w->cv, &w->mu, &ts);
 }
+
+/* Waits a little before retrying a write (called with mu held). */
+static void retry_pause(worker *w) { wait_cv(w, 100); }
 
 static void *publisher(void *arg) {
   worker *w = arg;
@@ -371,14 +374,7 @@ static newt_result_t wait_plan(worker *w, newt_plan *out, wait_outcome *how) {
         continue;
       }
     }
-    struct timespec ts;
-    clock_gettime(CLOCK_REALTIME, &ts);
-    ts.tv_nsec += 50 * 1000000L;
-    if (ts.tv_nsec >= 1000000000L) {
-      ts.tv_sec++;
-      ts.tv_nsec -= 1000000000L;
-    }
-    pthread_cond_timedwait(&w->cv, &w->mu, &ts);
+    wait_cv(w, 50);
     pthread_mutex_unlock(&w->mu);
     uint64_t now = newt_wall_ms();
     if (now >= next_done_check) {
