@@ -246,7 +246,7 @@ newt_result_t worker_restore(worker *w, comm_t *c, const newt_plan *p, const mod
     r = NEWT_ERR(NEWT_ERR_NOMEM, "out of memory restoring");
     goto exit;
   }
-  memcpy(have, cur, ncur * sizeof *have);
+  if (ncur) memcpy(have, cur, ncur * sizeof *have);
   if (nsnap && w->snap.step != w->par.step) memcpy(have + ncur, w->snap.pieces, nsnap * sizeof *have);
   else nsnap = 0;
   if (nrep) memcpy(have + ncur + nsnap, w->rep.pieces, nrep * sizeof *have);

@@ -220,6 +220,24 @@ static void check_samples(const char *dir, int STEPS, int rollback) {
   free(applied_gen);
 }
 
+/* No process reported a sanitizer finding (when built with NEWT_SANITIZE) or a crash of
+ * its own making. */
+static void check_logs(const char *dir) {
+  DIR *d = opendir(dir);
+  struct dirent *e;
+  while (d && (e = readdir(d))) {
+    if (!strstr(e->d_name, ".log") || strcmp(e->d_name, "etcd.log") == 0) continue;
+    char path[1024], line[512];
+    snprintf(path, sizeof path, "%s/%s", dir, e->d_name);
+    FILE *f = fopen(path, "r");
+    while (f && fgets(line, sizeof line, f))
+      T_CHECK_MSG(!strstr(line, "runtime error:") && !strstr(line, "Sanitizer") && !strstr(line, "Segmentation"),
+                  "%s: %s", path, line);
+    if (f) fclose(f);
+  }
+  if (d) closedir(d);
+}
+
 static void run_scenario(const scenario *sc, const char *newt) {
   const int STEPS = sc->steps;
   double ref = reference_loss(newt, STEPS);
@@ -320,6 +338,7 @@ static void run_scenario(const scenario *sc, const char *newt) {
   }
   cJSON_Delete(j);
   free(text);
+  check_logs(logs);
   check_samples(samples, STEPS, sc->restore && strcmp(sc->restore, "ckpt") == 0);
   if (sc->stale) check_stale(samples, sc->stale);
 }
