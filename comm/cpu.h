@@ -247,6 +247,7 @@ struct cpu_comm {
   pthread_cond_t cv;
   int waiters;   /* threads in pthread_cond_wait on cv */
   int executing; /* an operation (or the idle control drain) owns the links */
+  int draining;  /* ... and it is the control drain, no operation of the user's */
   int stop;
   struct comm_req *qhead, *qtail;
   pthread_t thread;

@@ -436,6 +436,17 @@ static newt_result_t replan(coord *c, const char *cause, const char *switch_mode
     return NEWT_ERR(NEWT_ERR_NOMEM, "out of memory planning");
   }
   int n = collect_members(c, exclude, nexclude, m);
+  /* workers leaving gracefully hand their state over before they go */
+  plan_member *donors = calloc((size_t)(c->nmembers ? c->nmembers : 1), sizeof *donors);
+  int ndonors = 0;
+  for (int i = 0; donors && i < c->nmembers; i++) {
+    const rdzv_worker *w = &c->members[i];
+    if (strcmp(w->state, "leaving") != 0 || !w->addr[0]) continue;
+    snprintf(donors[ndonors].id, sizeof donors[ndonors].id, "%s", w->id);
+    snprintf(donors[ndonors].host, sizeof donors[ndonors].host, "%.63s", w->host);
+    snprintf(donors[ndonors].addr, sizeof donors[ndonors].addr, "%.95s", w->addr);
+    ndonors++;
+  }
   uint64_t prev = c->plan.generation;
   int64_t step = c->prog_step, lost_from = c->max_step_seen;
   uint64_t first_report = c->first_report;
@@ -445,10 +456,15 @@ static newt_result_t replan(coord *c, const char *cause, const char *switch_mode
   pthread_mutex_unlock(&c->mu);
   (void)first_report;
 
-  newt_plan p;
-  newt_result_t r = plan_compute(&c->spec, m, n, prev, &p);
+  newt_plan p = {0};
+  newt_result_t r = donors ? plan_compute(&c->spec, m, n, prev, &p) : NEWT_ERR(NEWT_ERR_NOMEM, "out of memory planning");
   free(m);
-  if (r != NEWT_OK) return r;
+  for (int i = 0; r == NEWT_OK && i < ndonors; i++) r = plan_add_donor(&p, donors[i].id, donors[i].host, donors[i].addr);
+  free(donors);
+  if (r != NEWT_OK) {
+    plan_free(&p);
+    return r;
+  }
   snprintf(p.cause, sizeof p.cause, "%s", cause);
   snprintf(p.switch_mode, sizeof p.switch_mode, "%s", switch_mode);
   p.step = step;

@@ -199,21 +199,25 @@ exit:
 void plan_free(newt_plan *p) {
   free(p->ranks);
   free(p->spares);
+  free(p->donors);
   p->ranks = NULL;
   p->spares = NULL;
-  p->nranks = p->nspares = 0;
+  p->donors = NULL;
+  p->nranks = p->nspares = p->ndonors = 0;
 }
 
 newt_result_t plan_copy(newt_plan *dst, const newt_plan *src) {
   *dst = *src;
   dst->ranks = calloc((size_t)(src->nranks ? src->nranks : 1), sizeof *dst->ranks);
   dst->spares = calloc((size_t)(src->nspares ? src->nspares : 1), sizeof *dst->spares);
-  if (!dst->ranks || !dst->spares) {
+  dst->donors = calloc((size_t)(src->ndonors ? src->ndonors : 1), sizeof *dst->donors);
+  if (!dst->ranks || !dst->spares || !dst->donors) {
     plan_free(dst);
     return NEWT_ERR(NEWT_ERR_NOMEM, "out of memory copying a plan");
   }
   memcpy(dst->ranks, src->ranks, (size_t)src->nranks * sizeof *dst->ranks);
   memcpy(dst->spares, src->spares, (size_t)src->nspares * sizeof *dst->spares);
+  memcpy(dst->donors, src->donors, (size_t)src->ndonors * sizeof *dst->donors);
   return NEWT_OK;
 }
 
@@ -221,6 +225,27 @@ const plan_rank *plan_find(const newt_plan *p, const char *worker) {
   for (int i = 0; i < p->nranks; i++)
     if (strcmp(p->ranks[i].worker, worker) == 0) return &p->ranks[i];
   return NULL;
+}
+
+const plan_rank *plan_find_donor(const newt_plan *p, const char *worker) {
+  for (int i = 0; i < p->ndonors; i++)
+    if (strcmp(p->donors[i].worker, worker) == 0) return &p->donors[i];
+  return NULL;
+}
+
+newt_result_t plan_add_donor(newt_plan *p, const char *worker, const char *host, const char *addr) {
+  plan_rank *d = realloc(p->donors, (size_t)(p->ndonors + 1) * sizeof *d);
+  NEWT_CHECK_ALLOC(d);
+  p->donors = d;
+  d = &p->donors[p->ndonors];
+  memset(d, 0, sizeof *d);
+  d->rank = p->nranks + p->ndonors;
+  snprintf(d->worker, sizeof d->worker, "%s", worker);
+  snprintf(d->host, sizeof d->host, "%.63s", host);
+  snprintf(d->addr, sizeof d->addr, "%.95s", addr);
+  d->dp = d->tp = d->pp = -1;
+  p->ndonors++;
+  return NEWT_OK;
 }
 
 int plan_is_spare(const newt_plan *p, const char *worker) {
@@ -263,6 +288,16 @@ char *plan_to_json(const newt_plan *p) {
   }
   cJSON *spares = cJSON_AddArrayToObject(j, "spares");
   for (int i = 0; i < p->nspares; i++) cJSON_AddItemToArray(spares, cJSON_CreateString(p->spares[i]));
+  cJSON *donors = cJSON_AddArrayToObject(j, "donors");
+  for (int i = 0; i < p->ndonors; i++) {
+    const plan_rank *r = &p->donors[i];
+    cJSON *o = cJSON_CreateObject();
+    newt_json_add_int(o, "rank", r->rank);
+    cJSON_AddStringToObject(o, "worker", r->worker);
+    cJSON_AddStringToObject(o, "host", r->host);
+    cJSON_AddStringToObject(o, "addr", r->addr);
+    cJSON_AddItemToArray(donors, o);
+  }
   char *out = newt_json_print(j);
   cJSON_Delete(j);
   return out;
@@ -310,7 +345,7 @@ static newt_result_t parse_rank(const cJSON *o, int i, const newt_plan *p, plan_
 static newt_result_t parse_plan(const cJSON *j, newt_plan *p) {
   static const char *const known[] = {"generation", "secret", "created_ms", "cause", "switch", "dp", "tp",
                                       "pp", "zero", "global_batch", "micro_batch", "accum", "restore",
-                                      "step", "ranks", "spares", NULL};
+                                      "step", "ranks", "spares", "donors", NULL};
   const char *w = "plan";
   int64_t v;
   NEWT_CHECK(newt_json_check_fields(j, w, known));
@@ -362,6 +397,26 @@ static newt_result_t parse_plan(const cJSON *j, newt_plan *p) {
       if (strcmp(p->ranks[a].worker, p->ranks[b].worker) == 0)
         return NEWT_ERR(NEWT_ERR_INVALID, "plan.ranks[%d].worker: \"%s\" is also rank %d", b,
                         p->ranks[b].worker, a);
+  const cJSON *donors = NULL;
+  NEWT_CHECK(newt_json_get_arr(j, w, "donors", 0, &donors));
+  p->ndonors = donors ? cJSON_GetArraySize(donors) : 0;
+  p->donors = calloc((size_t)(p->ndonors ? p->ndonors : 1), sizeof *p->donors);
+  NEWT_CHECK_ALLOC(p->donors);
+  i = 0;
+  for (const cJSON *o = donors ? donors->child : NULL; o; o = o->next, i++) {
+    char what[48];
+    snprintf(what, sizeof what, "plan.donors[%d]", i);
+    plan_rank *d = &p->donors[i];
+    int64_t v;
+    NEWT_CHECK(get_bounded(o, what, "rank", p->nranks + i, p->nranks + i, &v));
+    d->rank = (int)v;
+    NEWT_CHECK(copy_str(o, what, "worker", d->worker, sizeof d->worker));
+    NEWT_CHECK(copy_str(o, what, "host", d->host, sizeof d->host));
+    NEWT_CHECK(copy_str(o, what, "addr", d->addr, sizeof d->addr));
+    d->dp = d->tp = d->pp = -1;
+    if (plan_find(p, d->worker))
+      return NEWT_ERR(NEWT_ERR_INVALID, "%s.worker: \"%s\" is also a rank", what, d->worker);
+  }
   i = 0;
   for (const cJSON *o = spares->child; o; o = o->next, i++) {
     if (!cJSON_IsString(o) || !o->valuestring[0] || strlen(o->valuestring) >= PLAN_ID_MAX)

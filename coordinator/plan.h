@@ -10,7 +10,13 @@
  *    "step": 120,                  the job's newest step known to the leader
  *    "ranks": [{"rank": 0, "worker": "w0", "host": "h", "addr": "10.0.0.1:4000",
  *               "dp": 0, "tp": 0, "pp": 0}, ...],
- *    "spares": ["w5"]}
+ *    "spares": ["w5"],
+ *    "donors": [{"rank": 4, "worker": "w2", "host": "h", "addr": "10.0.0.3:4000",
+ *                "dp": -1, "tp": -1, "pp": -1}]}
+ *
+ * Donors are workers leaving gracefully (SIGTERM): they join the generation's communicator
+ * after the ranks (ranks nranks..) only to hand their state to the ranks that need it, then
+ * exit, so a preemption loses nothing even where no other rank held the leaver's pieces.
  *
  * Rank order is Megatron's: tp fastest, then dp, then pp:
  *   rank = (pp_idx * dp + dp_idx) * tp + tp_idx.
@@ -51,6 +57,8 @@ typedef struct newt_plan {
   plan_rank *ranks;
   int nspares;
   char (*spares)[PLAN_ID_MAX];
+  int ndonors;
+  plan_rank *donors; /* rank nranks + i, coordinates -1 */
 } newt_plan;
 
 /* A live worker as the leader sees it. */
@@ -87,6 +95,10 @@ newt_result_t plan_from_json(const char *text, size_t len, newt_plan *out);
 
 /* The entry of `worker`, or NULL when it is not a rank of the plan. */
 const plan_rank *plan_find(const newt_plan *p, const char *worker);
+/* The donor entry of `worker`, or NULL. */
+const plan_rank *plan_find_donor(const newt_plan *p, const char *worker);
+/* Adds a donor (the next rank after the ranks and earlier donors). */
+newt_result_t plan_add_donor(newt_plan *p, const char *worker, const char *host, const char *addr);
 int plan_is_spare(const newt_plan *p, const char *worker);
 
 #endif

@@ -93,6 +93,8 @@ void worker_ckpt_free(worker *w);
 newt_result_t worker_restore(worker *w, comm_t *c, const newt_plan *p, const model_par_config *pc);
 newt_result_t worker_snapshot(worker *w);
 newt_result_t worker_replicate(worker *w);
+/* A leaving rank's part of the restore: it gives what it holds and needs nothing. */
+newt_result_t worker_donate(worker *w, comm_t *c);
 void worker_state_free(worker *w);
 
 /* The token source as checkpoints name it ("generated:<bytes>" or the file). */

@@ -180,6 +180,27 @@ newt_result_t worker_replicate(worker *w) {
   return r;
 }
 
+/* What this rank holds: its state, its snapshot (when older), its neighbour's replica.
+ * *out is malloc'd; the pieces point into this rank's buffers. */
+static newt_result_t held_pieces(worker *w, reshard_piece **out, size_t *n) {
+  reshard_piece *cur = NULL, *have;
+  size_t ncur = 0;
+  if (w->has_state && w->have_par) NEWT_CHECK(par_pieces(&w->par, w->par.step, &cur, &ncur));
+  size_t nsnap = w->snap.step >= 0 && w->snap.step != w->par.step ? w->snap.n : 0, nrep = w->rep.step >= 0 ? w->rep.n : 0;
+  have = calloc(ncur + nsnap + nrep + 1, sizeof *have);
+  if (!have) {
+    free(cur);
+    return NEWT_ERR(NEWT_ERR_NOMEM, "out of memory listing what this rank holds");
+  }
+  if (ncur) memcpy(have, cur, ncur * sizeof *have);
+  if (nsnap) memcpy(have + ncur, w->snap.pieces, nsnap * sizeof *have);
+  if (nrep) memcpy(have + ncur + nsnap, w->rep.pieces, nrep * sizeof *have);
+  free(cur);
+  *out = have;
+  *n = ncur + nsnap + nrep;
+  return NEWT_OK;
+}
+
 /* --- restore ------------------------------------------------------------------------------- */
 
 /* Every rank reads its own pieces of the newest checkpoint; they check they read one step. */
@@ -237,20 +258,9 @@ newt_result_t worker_restore(worker *w, comm_t *c, const newt_plan *p, const mod
     np = &fresh;
   }
   /* what this rank holds: its state, its snapshot, its neighbour's replica */
-  reshard_piece *have = NULL, *need = NULL, *cur = NULL;
-  size_t nhave = 0, nneed = 0, ncur = 0;
-  if (w->has_state && w->have_par) NEWT_CHECK_GOTO(par_pieces(&w->par, w->par.step, &cur, &ncur), r, exit);
-  size_t nsnap = w->snap.step >= 0 ? w->snap.n : 0, nrep = w->rep.step >= 0 ? w->rep.n : 0;
-  have = calloc(ncur + nsnap + nrep + 1, sizeof *have);
-  if (!have) {
-    r = NEWT_ERR(NEWT_ERR_NOMEM, "out of memory restoring");
-    goto exit;
-  }
-  if (ncur) memcpy(have, cur, ncur * sizeof *have);
-  if (nsnap && w->snap.step != w->par.step) memcpy(have + ncur, w->snap.pieces, nsnap * sizeof *have);
-  else nsnap = 0;
-  if (nrep) memcpy(have + ncur + nsnap, w->rep.pieces, nrep * sizeof *have);
-  nhave = ncur + nsnap + nrep;
+  reshard_piece *have = NULL, *need = NULL;
+  size_t nhave = 0, nneed = 0;
+  NEWT_CHECK_GOTO(held_pieces(w, &have, &nhave), r, exit);
   NEWT_CHECK_GOTO(par_pieces(np, -1, &need, &nneed), r, exit);
 
   reshard_result rr;
@@ -277,7 +287,7 @@ newt_result_t worker_restore(worker *w, comm_t *c, const newt_plan *p, const mod
     }
   }
 exit:
-  free(have), free(need), free(cur);
+  free(have), free(need);
   if (!reuse) {
     if (r == NEWT_OK) {
       if (w->have_par) model_par_free(&w->par);
@@ -295,6 +305,16 @@ exit:
   NEWT_INFO(WORKER, "%s: generation %llu starts at step %lld (state from %s)", w->id,
             (unsigned long long)p->generation, (long long)w->par.step, w->restore_src);
   return NEWT_OK;
+}
+
+newt_result_t worker_donate(worker *w, comm_t *c) {
+  reshard_piece *have = NULL;
+  size_t n = 0;
+  NEWT_CHECK(held_pieces(w, &have, &n));
+  reshard_result rr;
+  newt_result_t r = reshard_exchange(c, have, n, NULL, 0, &rr);
+  free(have);
+  return r;
 }
 
 void worker_state_free(worker *w) {

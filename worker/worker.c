@@ -148,7 +148,8 @@ static void take_plan(worker *w, const char *json, size_t len) {
     plan_free(&w->latest);
     w->latest = p;
     if (w->comm && p.generation > w->gen) {
-      if (strcmp(p.switch_mode, "abort") == 0 || !plan_find(&p, w->id)) {
+      /* a plan naming us a donor lets the step finish: we leave after it, state in hand */
+      if (strcmp(p.switch_mode, "abort") == 0 || (!plan_find(&p, w->id) && !plan_find_donor(&p, w->id))) {
         NEWT_INFO(WORKER, "%s: plan %llu (%s) drops generation %llu now", w->id,
                   (unsigned long long)p.generation, p.cause, (unsigned long long)w->gen);
         comm_abort(w->comm);
@@ -349,17 +350,19 @@ typedef enum wait_outcome { WAIT_PLAN, WAIT_LEAVE, WAIT_DONE } wait_outcome;
 
 /* Waits for a plan newer than our generation in which we are a rank; meanwhile re-registers
  * after a lost lease and notices SIGTERM and the end of the job. */
-static newt_result_t wait_plan(worker *w, newt_plan *out, wait_outcome *how) {
+static newt_result_t wait_plan(worker *w, int donor, newt_plan *out, wait_outcome *how) {
   uint64_t spare_gen = 0;
   uint64_t next_done_check = 0;
+  /* a leaver waits (bounded) for the plan that names it a donor */
+  newt_deadline_t give_up = newt_deadline_in_ms(donor ? 3 * w->spec.lease_ttl_ms + 5000 : -1);
   for (;;) {
-    if (newt_stop_requested()) {
+    if ((!donor && newt_stop_requested()) || newt_deadline_passed(give_up)) {
       *how = WAIT_LEAVE;
       return NEWT_OK;
     }
     pthread_mutex_lock(&w->mu);
     if (w->latest.generation > w->gen) {
-      const plan_rank *me = plan_find(&w->latest, w->id);
+      const plan_rank *me = donor ? plan_find_donor(&w->latest, w->id) : plan_find(&w->latest, w->id);
       if (me) {
         newt_result_t r = plan_copy(out, &w->latest);
         pthread_mutex_unlock(&w->mu);
@@ -367,7 +370,7 @@ static newt_result_t wait_plan(worker *w, newt_plan *out, wait_outcome *how) {
         *how = WAIT_PLAN;
         return NEWT_OK;
       }
-      if (spare_gen != w->latest.generation) {
+      if (!donor && spare_gen != w->latest.generation) {
         spare_gen = w->latest.generation;
         pthread_mutex_unlock(&w->mu);
         worker_set_state_async(w, "spare");
@@ -389,23 +392,26 @@ static newt_result_t wait_plan(worker *w, newt_plan *out, wait_outcome *how) {
 
 /* --- one generation ------------------------------------------------------------------------ */
 
+/* The generation's communicator: its ranks, then its donors. */
 static newt_result_t build_comm(worker *w, const newt_plan *p, const plan_rank *me, comm_t **out) {
-  const char **addrs = calloc((size_t)p->nranks, sizeof *addrs);
-  const char **hosts = calloc((size_t)p->nranks, sizeof *hosts);
+  int n = p->nranks + p->ndonors;
+  const char **addrs = calloc((size_t)n, sizeof *addrs);
+  const char **hosts = calloc((size_t)n, sizeof *hosts);
   if (!addrs || !hosts) {
     free(addrs);
     free(hosts);
-    return NEWT_ERR(NEWT_ERR_NOMEM, "out of memory building a communicator of %d ranks", p->nranks);
+    return NEWT_ERR(NEWT_ERR_NOMEM, "out of memory building a communicator of %d ranks", n);
   }
-  for (int r = 0; r < p->nranks; r++) {
-    addrs[r] = p->ranks[r].addr;
-    hosts[r] = p->ranks[r].host;
+  for (int r = 0; r < n; r++) {
+    const plan_rank *e = r < p->nranks ? &p->ranks[r] : &p->donors[r - p->nranks];
+    addrs[r] = e->addr;
+    hosts[r] = e->host;
   }
   comm_config cfg;
   memset(&cfg, 0, sizeof cfg);
   cfg.backend = COMM_BACKEND_CPU;
   cfg.rank = me->rank;
-  cfg.size = p->nranks;
+  cfg.size = n;
   cfg.addrs = addrs;
   cfg.hosts = hosts;
   cfg.job = w->o->job;
@@ -451,7 +457,9 @@ static void report_failure(worker *w, const newt_plan *p, comm_t *c) {
   comm_status st;
   comm_get_status(c, &st);
   if (st.code == NEWT_ERR_ABORTED) return; /* we dropped it for a newer plan: nothing to report */
-  const char *accused = st.peer >= 0 && st.peer < p->nranks ? p->ranks[st.peer].worker : NULL;
+  const char *accused = st.peer >= 0 && st.peer < p->nranks                ? p->ranks[st.peer].worker
+                        : st.peer >= p->nranks && st.peer < p->nranks + p->ndonors ? p->donors[st.peer - p->nranks].worker
+                                                                                   : NULL;
   report(w, p, st.code == NEWT_ERR_TIMEOUT ? "hang" : "crash", accused, st.msg);
 }
 
@@ -534,18 +542,36 @@ static newt_result_t train_step(worker *w, const newt_plan *p, float ctl[2], dou
   return worker_replicate(w);
 }
 
-static void end_generation(worker *w, comm_t *c) {
+static void end_generation(worker *w, comm_t *c, comm_t *train) {
   pthread_mutex_lock(&w->mu);
   w->comm = NULL;
   pthread_mutex_unlock(&w->mu);
   model_par_comms_free(&w->comms);
   memset(&w->comms, 0, sizeof w->comms);
+  if (train && train != c) comm_free(train);
   comm_free(c);
+}
+
+/* A donor's generation: build the communicator with the ranks, hand them this worker's
+ * state (the pieces they need), leave. */
+static newt_result_t donate(worker *w, const newt_plan *p, const plan_rank *me, gen_outcome *how) {
+  comm_t *c = NULL, *none = NULL;
+  w->gen = p->generation;
+  *how = GEN_LEAVE;
+  newt_result_t r = build_comm(w, p, me, &c);
+  if (r == NEWT_OK) r = comm_split(c, -1, me->rank, &none); /* the ranks' own group */
+  if (r == NEWT_OK) r = worker_donate(w, c);
+  if (r == NEWT_OK) NEWT_INFO(WORKER, "%s: handed over the state of step %lld", w->id, (long long)w->par.step);
+  else NEWT_WARN(WORKER, "%s: handing over its state in generation %llu: %s", w->id, (unsigned long long)p->generation,
+                 newt_errmsg());
+  if (c) comm_free(c);
+  return NEWT_OK; /* leaving either way */
 }
 
 static newt_result_t run_generation(worker *w, const newt_plan *p, gen_outcome *how) {
   const plan_rank *me = plan_find(p, w->id);
-  comm_t *c = NULL;
+  if (!me) return donate(w, p, plan_find_donor(p, w->id), how);
+  comm_t *c = NULL, *train = NULL;
   atomic_store(&w->switch_pending, 0);
   w->t_plan_seen = newt_wall_ms();
   newt_result_t r = build_comm(w, p, me, &c);
@@ -560,7 +586,10 @@ static newt_result_t run_generation(worker *w, const newt_plan *p, gen_outcome *
   pthread_mutex_unlock(&w->mu);
   model_par_config pc;
   model_par_config_from_rank(&pc, p->tp, p->pp, p->dp, p->zero, me->rank);
-  if (r == NEWT_OK) r = model_par_comms_split(c, &pc, &w->comms);
+  /* the ranks train among themselves; donors only take part in the restore */
+  if (r == NEWT_OK && p->ndonors) r = comm_split(c, 0, me->rank, &train);
+  else train = c;
+  if (r == NEWT_OK) r = model_par_comms_split(train, &pc, &w->comms);
   if (r != NEWT_OK) {
     /* some rank never came: say so, so the leader need not wait for its lease to run out
        (the ranks that do not report are the ones that did not come) */
@@ -571,7 +600,7 @@ static newt_result_t run_generation(worker *w, const newt_plan *p, gen_outcome *
     int newer = w->latest.generation > p->generation;
     pthread_mutex_unlock(&w->mu);
     if (!newer) report(w, p, r == NEWT_ERR_TIMEOUT ? "hang" : "crash", NULL, why);
-    if (c) end_generation(w, c);
+    if (c) end_generation(w, c, train);
     *how = GEN_NEXT;
     return NEWT_OK;
   }
@@ -624,7 +653,7 @@ static newt_result_t run_generation(worker *w, const newt_plan *p, gen_outcome *
     comm_status st;
     comm_get_status(c, &st);
     if (st.code == NEWT_OK) { /* not a communication failure: data or model */
-      end_generation(w, c);
+      end_generation(w, c, train);
       return r;
     }
     report_failure(w, p, c);
@@ -633,7 +662,7 @@ static newt_result_t run_generation(worker *w, const newt_plan *p, gen_outcome *
   } else if (*how == GEN_DONE && me->rank == 0) {
     mark_done(w, w->last_loss);
   }
-  end_generation(w, c);
+  end_generation(w, c, train);
   return r;
 }
 
@@ -719,6 +748,30 @@ static void teardown(worker *w) {
   rdzv_etcd_free(w->etcd);
 }
 
+/* A leaving rank hands its state to the next generation's ranks (they may hold no other
+ * copy of its pieces) before it goes: the leader names it a donor of the plan without it.
+ * A worker the latest plan does not name a rank (a spare) holds nothing anyone needs. */
+static void hand_over(worker *w) {
+  pthread_mutex_lock(&w->mu);
+  int ranked = plan_find(&w->latest, w->id) != NULL;
+  int donor = w->latest.generation > w->gen && plan_find_donor(&w->latest, w->id) != NULL;
+  pthread_mutex_unlock(&w->mu);
+  if (!w->has_state || (!ranked && !donor)) return;
+  if (!w->leave_announced) { /* it left between steps: say so, the leader plans without it */
+    w->leave_announced = 1;
+    worker_set_state_async(w, "leaving");
+  }
+  newt_plan p;
+  wait_outcome wo;
+  if (wait_plan(w, 1, &p, &wo) != NEWT_OK || wo != WAIT_PLAN) {
+    NEWT_WARN(WORKER, "%s: no plan took over its state of step %lld", w->id, (long long)w->par.step);
+    return;
+  }
+  gen_outcome how;
+  run_generation(w, &p, &how);
+  plan_free(&p);
+}
+
 newt_result_t worker_run(const worker_opts *o) {
   worker *w = calloc(1, sizeof *w);
   NEWT_CHECK_ALLOC(w);
@@ -728,7 +781,7 @@ newt_result_t worker_run(const worker_opts *o) {
   while (r == NEWT_OK) {
     newt_plan p;
     wait_outcome wo;
-    r = wait_plan(w, &p, &wo);
+    r = wait_plan(w, 0, &p, &wo);
     if (r != NEWT_OK) break;
     if (wo == WAIT_DONE) {
       NEWT_INFO(WORKER, "%s: the job is done", w->id);
@@ -736,6 +789,7 @@ newt_result_t worker_run(const worker_opts *o) {
     }
     if (wo == WAIT_LEAVE) {
       NEWT_INFO(WORKER, "%s: leaving (signal %d) between generations", w->id, newt_stop_requested());
+      hand_over(w);
       break;
     }
     gen_outcome how = GEN_NEXT;
@@ -743,6 +797,7 @@ newt_result_t worker_run(const worker_opts *o) {
     plan_free(&p);
     if (r != NEWT_OK || how == GEN_DONE) break;
     if (how == GEN_LEAVE) {
+      hand_over(w);
       NEWT_INFO(WORKER, "%s: left gracefully after step %lld", w->id, (long long)w->par.step);
       break;
     }

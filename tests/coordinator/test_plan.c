@@ -170,6 +170,21 @@ static void test_plan_json(void) {
   T_CHECK(plan_find(&q, "w1") && plan_find(&q, "w1")->rank == 1);
   T_CHECK(plan_is_spare(&q, "w2") && !plan_find(&q, "w2"));
   plan_free(&q);
+  /* a donor after the ranks */
+  newt_plan dn;
+  T_OK(plan_copy(&dn, &p));
+  T_OK(plan_add_donor(&dn, "w9", "h", "127.0.0.1:9"));
+  char *dt = plan_to_json(&dn);
+  T_OK(plan_from_json(dt, strlen(dt), &q));
+  T_CHECK(q.ndonors == 1 && q.donors[0].rank == q.nranks && plan_find_donor(&q, "w9") && !plan_find(&q, "w9"));
+  plan_free(&q);
+  free(dt);
+  T_OK(plan_add_donor(&dn, "w0", "h", "127.0.0.1:10")); /* a rank cannot also donate */
+  dt = plan_to_json(&dn);
+  T_ERR(NEWT_ERR_INVALID, plan_from_json(dt, strlen(dt), &q));
+  T_CHECK(strstr(newt_errmsg(), "plan.donors[1].worker") != NULL);
+  free(dt);
+  plan_free(&dn);
   struct {
     const char *from, *to, *needle;
   } bad[] = {
