@@ -7,7 +7,9 @@
  * order); the first dp * pp groups fill the ranks in Megatron order, the rest are
  * spares. Pipeline slots are filled first with groups that held the same stage before, so
  * a survivor keeps its layers where it can; with tp = 1 and pp = 1 every surviving
- * worker keeps its relative order, so data-parallel indices move as little as possible. */
+ * worker keeps its relative order, so data-parallel indices move as little as possible.
+ * Within a stage, data-parallel neighbours are put on different hosts where the hosts
+ * allow (the ZeRO shard copies go to the next data-parallel rank). */
 #include "coordinator/plan.h"
 
 #include <stdio.h>
@@ -49,6 +51,23 @@ static int cmp_group(const void *a, const void *b) {
   const group *x = a, *y = b;
   if (x->key != y->key) return x->key < y->key ? -1 : 1;
   return strcmp(x->m[0]->id, y->m[0]->id);
+}
+
+/* A stage's data-parallel ring, reordered so that neighbours sit on different hosts where
+ * the hosts allow: ZeRO rank d keeps its copy of rank d-1's shard, and a copy on the same
+ * host dies with it. Stable: an order that already alternates (or one host) is kept. */
+static void spread_hosts(const group *groups, int *ring, int n) {
+  for (int i = 1; i < n; i++) {
+    const char *prev = groups[ring[i - 1]].m[0]->host;
+    if (strcmp(groups[ring[i]].m[0]->host, prev) != 0) continue;
+    for (int j = i + 1; j < n; j++)
+      if (strcmp(groups[ring[j]].m[0]->host, prev) != 0) {
+        int g = ring[j]; /* move it forward, keeping the others' order */
+        memmove(ring + i + 1, ring + i, (size_t)(j - i) * sizeof *ring);
+        ring[i] = g;
+        break;
+      }
+  }
 }
 
 newt_result_t plan_compute(const newt_spec *s, const plan_member *members, int n, uint64_t prev_gen,
@@ -161,6 +180,7 @@ newt_result_t plan_compute(const newt_spec *s, const plan_member *members, int n
     slot[sl] = g;
   }
   free(used);
+  for (int pi = 0; pi < pp; pi++) spread_hosts(groups, slot + pi * dp, dp);
   int any_prev = 0, all_prev = 1;
   for (int sl = 0; sl < nslots; sl++) {
     int pp_idx = sl / dp, dp_idx = sl % dp;

@@ -127,6 +127,34 @@ static void test_plan_tp_pp(void) {
   plan_free(&p);
 }
 
+/* Data-parallel neighbours on different hosts (a ZeRO shard's copy must not die with it):
+   two hosts of two tensor-parallel groups each make the ring a, b, a, b. */
+static void test_plan_spreads_hosts(void) {
+  newt_spec s;
+  spec_defaults(&s, "j");
+  s.tp = 2;
+  s.zero = 1;
+  s.global_batch = 8;
+  s.micro_batch = 1;
+  plan_member m[8] = {mk("a0", "a", 1, -1, -1), mk("a1", "a", 2, -1, -1), mk("a2", "a", 3, -1, -1),
+                      mk("a3", "a", 4, -1, -1), mk("b0", "b", 5, -1, -1), mk("b1", "b", 6, -1, -1),
+                      mk("b2", "b", 7, -1, -1), mk("b3", "b", 8, -1, -1)};
+  newt_plan p;
+  T_OK(plan_compute(&s, m, 8, 0, &p));
+  T_CHECK(p.dp == 4 && p.nranks == 8);
+  for (int d = 0; d < p.dp; d++) {
+    const plan_rank *r = &p.ranks[d * p.tp], *next = &p.ranks[((d + 1) % p.dp) * p.tp];
+    T_CHECK_MSG(strcmp(r->host, next->host) != 0, "dp %d and %d both on host %s", d, (d + 1) % p.dp, r->host);
+    T_CHECK(strcmp(p.ranks[d * p.tp].host, p.ranks[d * p.tp + 1].host) == 0); /* a group on one host */
+  }
+  plan_free(&p);
+  /* one host: the order is kept */
+  for (int i = 0; i < 8; i++) snprintf(m[i].host, sizeof m[i].host, "h");
+  T_OK(plan_compute(&s, m, 8, 0, &p));
+  for (int r = 0; r < p.nranks; r++) T_CHECK(strcmp(p.ranks[r].worker, m[r].id) == 0);
+  plan_free(&p);
+}
+
 /* tp 2 x pp 2 x dp 2 loses rank 5 (pp 1, dp 0, tp 1): the whole groups (0,1), (2,3) and
    (6,7) must make the new layout, not a group glued from rank 4 and rank 6. */
 static void test_plan_keeps_whole_groups(void) {
@@ -258,6 +286,7 @@ int main(void) {
   T_RUN(test_plan_dp);
   T_RUN(test_plan_tp_pp);
   T_RUN(test_plan_keeps_whole_groups);
+  T_RUN(test_plan_spreads_hosts);
   T_RUN(test_plan_json);
   T_RUN(test_chaos);
   return T_DONE();
