@@ -274,6 +274,21 @@ int plan_is_spare(const newt_plan *p, const char *worker) {
   return 0;
 }
 
+/* A rank (with its coordinates) or a donor (without). */
+static cJSON *rank_json(const plan_rank *r, int coords) {
+  cJSON *o = cJSON_CreateObject();
+  newt_json_add_int(o, "rank", r->rank);
+  cJSON_AddStringToObject(o, "worker", r->worker);
+  cJSON_AddStringToObject(o, "host", r->host);
+  cJSON_AddStringToObject(o, "addr", r->addr);
+  if (coords) {
+    newt_json_add_int(o, "dp", r->dp);
+    newt_json_add_int(o, "tp", r->tp);
+    newt_json_add_int(o, "pp", r->pp);
+  }
+  return o;
+}
+
 char *plan_to_json(const newt_plan *p) {
   cJSON *j = cJSON_CreateObject();
   if (!j) return NULL;
@@ -294,30 +309,11 @@ char *plan_to_json(const newt_plan *p) {
   cJSON_AddStringToObject(j, "restore", p->restore);
   newt_json_add_int(j, "step", p->step);
   cJSON *ranks = cJSON_AddArrayToObject(j, "ranks");
-  for (int i = 0; i < p->nranks; i++) {
-    const plan_rank *r = &p->ranks[i];
-    cJSON *o = cJSON_CreateObject();
-    newt_json_add_int(o, "rank", r->rank);
-    cJSON_AddStringToObject(o, "worker", r->worker);
-    cJSON_AddStringToObject(o, "host", r->host);
-    cJSON_AddStringToObject(o, "addr", r->addr);
-    newt_json_add_int(o, "dp", r->dp);
-    newt_json_add_int(o, "tp", r->tp);
-    newt_json_add_int(o, "pp", r->pp);
-    cJSON_AddItemToArray(ranks, o);
-  }
+  for (int i = 0; i < p->nranks; i++) cJSON_AddItemToArray(ranks, rank_json(&p->ranks[i], 1));
   cJSON *spares = cJSON_AddArrayToObject(j, "spares");
   for (int i = 0; i < p->nspares; i++) cJSON_AddItemToArray(spares, cJSON_CreateString(p->spares[i]));
   cJSON *donors = cJSON_AddArrayToObject(j, "donors");
-  for (int i = 0; i < p->ndonors; i++) {
-    const plan_rank *r = &p->donors[i];
-    cJSON *o = cJSON_CreateObject();
-    newt_json_add_int(o, "rank", r->rank);
-    cJSON_AddStringToObject(o, "worker", r->worker);
-    cJSON_AddStringToObject(o, "host", r->host);
-    cJSON_AddStringToObject(o, "addr", r->addr);
-    cJSON_AddItemToArray(donors, o);
-  }
+  for (int i = 0; i < p->ndonors; i++) cJSON_AddItemToArray(donors, rank_json(&p->donors[i], 0));
   char *out = newt_json_print(j);
   cJSON_Delete(j);
   return out;
