@@ -436,12 +436,15 @@ static newt_result_t replan(coord *c, const char *cause, const char *switch_mode
     return NEWT_ERR(NEWT_ERR_NOMEM, "out of memory planning");
   }
   int n = collect_members(c, exclude, nexclude, m);
-  /* workers leaving gracefully hand their state over before they go */
+  /* workers leaving gracefully hand their state over before they go: the ranks of the
+     current plan, and its donors while it has not started (once it has, they handed over
+     and left) */
   plan_member *donors = calloc((size_t)(c->nmembers ? c->nmembers : 1), sizeof *donors);
   int ndonors = 0;
   for (int i = 0; donors && i < c->nmembers; i++) {
     const rdzv_worker *w = &c->members[i];
     if (strcmp(w->state, "leaving") != 0 || !w->addr[0]) continue;
+    if (!plan_find(&c->plan, w->id) && (c->recorded || !plan_find_donor(&c->plan, w->id))) continue;
     snprintf(donors[ndonors].id, sizeof donors[ndonors].id, "%s", w->id);
     snprintf(donors[ndonors].host, sizeof donors[ndonors].host, "%.63s", w->host);
     snprintf(donors[ndonors].addr, sizeof donors[ndonors].addr, "%.95s", w->addr);
