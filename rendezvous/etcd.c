@@ -274,6 +274,11 @@ newt_result_t rdzv_etcd_curl_result(rdzv_etcd *c, CURL *h, CURLcode cc, const ch
   long req_size = 0;
   curl_easy_getinfo(h, CURLINFO_REQUEST_SIZE, &req_size);
   *retry_safe = 0;
+  /* with TLS 1.3 the server refuses a client certificate after the handshake: its alert
+     comes with whatever curl does next (a read, a write), under whatever code that gives */
+  if (errbuf && strstr(errbuf, "alert") && (strstr(errbuf, "certificate") || strstr(errbuf, "unknown ca")))
+    return NEWT_ERR(NEWT_ERR_AUTH, "TLS with %s failed: %s (client certificate %s; curl error %d)", url, detail,
+                    c->cert_file ? c->cert_file : "(none)", (int)cc);
   switch (cc) {
     case CURLE_COULDNT_RESOLVE_HOST:
     case CURLE_COULDNT_CONNECT:
@@ -302,11 +307,8 @@ newt_result_t rdzv_etcd_curl_result(rdzv_etcd *c, CURL *h, CURLcode cc, const ch
       return NEWT_ERR(req_size == 0 ? NEWT_ERR_UNAVAILABLE : NEWT_ERR_TIMEOUT, "%s: %s%s", url, detail,
                       req_size == 0 ? "" : " (the server took the request but did not answer in time)");
     default:
-      if (cc == CURLE_RECV_ERROR && errbuf && (strstr(errbuf, "alert") || strstr(errbuf, "certificate")))
-        return NEWT_ERR(NEWT_ERR_AUTH, "TLS with %s failed: %s (client certificate %s)", url, detail,
-                        c->cert_file ? c->cert_file : "(none)");
       *retry_safe = req_size == 0;
-      return NEWT_ERR(NEWT_ERR_UNAVAILABLE, "%s: %s", url, detail);
+      return NEWT_ERR(NEWT_ERR_UNAVAILABLE, "%s: %s (curl error %d)", url, detail, (int)cc);
   }
 }
 
