@@ -556,8 +556,9 @@ static void end_generation(worker *w, comm_t *c, comm_t *train) {
  * state (the pieces they need), leave. */
 static newt_result_t donate(worker *w, const newt_plan *p, const plan_rank *me, gen_outcome *how) {
   comm_t *c = NULL, *none = NULL;
-  w->gen = p->generation;
   *how = GEN_LEAVE;
+  if (!me) return NEWT_OK; /* neither a rank nor a donor of p: nothing to do in it */
+  w->gen = p->generation;
   newt_result_t r = build_comm(w, p, me, &c);
   if (r == NEWT_OK) r = comm_split(c, -1, me->rank, &none); /* the ranks' own group */
   if (r == NEWT_OK) r = worker_donate(w, c);
