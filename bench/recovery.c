@@ -24,7 +24,7 @@ static int64_t median(int64_t *v, int n) {
 
 int newt_bench_recovery(int argc, char **argv) {
   int64_t nproc = 4, steps = 60, gb = 16, mb = 4, runs = 5, kill_at = 30, threads = 1, tp = 1, pp = 1, zero = 0;
-  const char *preset = "tiny", *model = NULL;
+  const char *preset = "tiny", *model = NULL, *fault = "kill";
   int verbose = 0;
   newt_opt opts[] = {{"nproc", NEWT_OPT_INT, &nproc, "workers"},
                      {"preset", NEWT_OPT_STR, &preset, "model preset"},
@@ -32,7 +32,8 @@ int newt_bench_recovery(int argc, char **argv) {
                      {"steps", NEWT_OPT_INT, &steps, "steps of each run"},
                      {"global-batch", NEWT_OPT_INT, &gb, "samples per step"},
                      {"micro-batch", NEWT_OPT_INT, &mb, "samples per forward/backward"},
-                     {"kill-at", NEWT_OPT_INT, &kill_at, "step at which a worker is killed"},
+                     {"kill-at", NEWT_OPT_INT, &kill_at, "step at which the fault is injected"},
+                     {"fault", NEWT_OPT_STR, &fault, "kill (SIGKILL, a crash), term (SIGTERM, a preemption) or stop (SIGSTOP, a hang)"},
                      {"runs", NEWT_OPT_INT, &runs, "jobs to run (one kill each)"},
                      {"threads", NEWT_OPT_INT, &threads, "compute threads per worker"},
                      {"tp", NEWT_OPT_INT, &tp, "tensor-parallel size"},
@@ -42,6 +43,10 @@ int newt_bench_recovery(int argc, char **argv) {
                      NEWT_OPT_END};
   int rc = newt_cli_opts_exit(newt_opts_parse("bench recovery", "[flags]", opts, argc, argv, NULL, 0, NULL));
   if (rc >= 0) return rc;
+  if (strcmp(fault, "kill") != 0 && strcmp(fault, "term") != 0 && strcmp(fault, "stop") != 0) {
+    fprintf(stderr, "newt bench recovery: --fault: kill, term or stop, not \"%s\"\n", fault);
+    return 2;
+  }
   if (runs < 1 || runs > 100 || nproc < 2 || kill_at < 1 || kill_at >= steps) {
     fprintf(stderr, "newt bench recovery: --runs 1..100, --nproc >= 2, 1 <= --kill-at < --steps\n");
     return 2;
@@ -71,7 +76,8 @@ int newt_bench_recovery(int argc, char **argv) {
       return 2;
     }
     /* the victim: not rank 0's usual worker, so progress keeps flowing */
-    snprintf(chaos, sizeof chaos, "kill:worker:%lld@step=%lld", (long long)(1 + run % (nproc - 1)), (long long)kill_at);
+    snprintf(chaos, sizeof chaos, "%s:worker:%lld@step=%lld", fault, (long long)(1 + run % (nproc - 1)),
+             (long long)kill_at);
     if (chaos_parse(chaos, &lo.chaos) != NEWT_OK) return 2;
     lo.nproc = (int)nproc;
     lo.coordinators = 2;
@@ -88,10 +94,10 @@ int newt_bench_recovery(int argc, char **argv) {
       launcher_result_free(&res);
       continue;
     }
-    printf("{\"bench\":\"recovery\",\"run\":%lld,\"nproc\":%lld,\"preset\":\"%s\",\"tp\":%lld,\"pp\":%lld,"
+    printf("{\"bench\":\"recovery\",\"fault\":\"%s\",\"run\":%lld,\"nproc\":%lld,\"preset\":\"%s\",\"tp\":%lld,\"pp\":%lld,"
            "\"zero\":%lld,\"cause\":\"%s\",\"detect_ms\":%lld,\"plan_ms\":%lld,\"comm_ms\":%lld,"
            "\"restore_ms\":%lld,\"total_ms\":%lld,\"steps_lost\":%lld,\"restore\":\"%s\"}\n",
-           (long long)run, (long long)nproc, preset, (long long)tp, (long long)pp, (long long)zero, rec->cause,
+           fault, (long long)run, (long long)nproc, preset, (long long)tp, (long long)pp, (long long)zero, rec->cause,
            (long long)rec->detect_ms, (long long)rec->plan_ms, (long long)rec->comm_ms, (long long)rec->restore_ms,
            (long long)rec->total_ms, (long long)rec->steps_lost, rec->restore);
     fflush(stdout);
@@ -101,10 +107,10 @@ int newt_bench_recovery(int argc, char **argv) {
     launcher_result_free(&res);
   }
   if (ok)
-    printf("{\"bench\":\"recovery\",\"median_of\":%d,\"nproc\":%lld,\"preset\":\"%s\",\"tp\":%lld,\"pp\":%lld,"
+    printf("{\"bench\":\"recovery\",\"fault\":\"%s\",\"median_of\":%d,\"nproc\":%lld,\"preset\":\"%s\",\"tp\":%lld,\"pp\":%lld,"
            "\"zero\":%lld,\"detect_ms\":%lld,\"plan_ms\":%lld,\"comm_ms\":%lld,\"restore_ms\":%lld,"
            "\"total_ms\":%lld,\"steps_lost\":%lld}\n",
-           ok, (long long)nproc, preset, (long long)tp, (long long)pp, (long long)zero, (long long)median(v[0], ok),
+           fault, ok, (long long)nproc, preset, (long long)tp, (long long)pp, (long long)zero, (long long)median(v[0], ok),
            (long long)median(v[1], ok), (long long)median(v[2], ok), (long long)median(v[3], ok),
            (long long)median(v[4], ok), (long long)median(v[5], ok));
   for (int k = 0; k < 6; k++) free(v[k]);

@@ -85,6 +85,7 @@ typedef struct coord {
   uint64_t prog_change; /* monotonic ns of the last step change */
   int done;
   uint64_t last_join;   /* monotonic ns of the last registration we had not seen */
+  uint64_t join_checked_join, join_checked_gen; /* join_grows_layout said no for these */
   uint64_t first_member; /* monotonic ns the first worker was seen (the first plan) */
   uint64_t first_report; /* monotonic ns of the first report of this generation (0: none) */
   uint64_t first_gone;   /* monotonic ns a rank of this generation was first missing (0: none) */
@@ -591,6 +592,25 @@ static void record_recovery(coord *c) {
 /* ns from t to now; 0 when t is later (the watch thread may stamp a time after ours). */
 static uint64_t elapsed(uint64_t now, uint64_t t) { return now > t ? now - t : 0; }
 
+/* Whether the members not in the plan would make a larger one: the plan they would get
+ * (placement included: tensor-parallel groups never span hosts) against the current.
+ * Leavers, donors and finishers count for nothing. Called with mu held; the answer is
+ * kept until the membership or the plan changes. */
+static int join_grows_layout(coord *c) {
+  if (c->join_checked_join == c->last_join && c->join_checked_gen == c->plan.generation) return 0;
+  plan_member *m = calloc((size_t)(c->nmembers ? c->nmembers : 1), sizeof *m);
+  if (!m) return 0;
+  int n = collect_members(c, NULL, 0, m), unplanned = 0;
+  for (int i = 0; i < n; i++) unplanned += m[i].prev_rank < 0;
+  newt_plan trial = {0};
+  int grows = unplanned && plan_compute(&c->spec, m, n, c->plan.generation, &trial) == NEWT_OK &&
+              trial.dp * trial.pp > c->plan.dp * c->plan.pp;
+  plan_free(&trial);
+  free(m);
+  if (!grows) c->join_checked_join = c->last_join, c->join_checked_gen = c->plan.generation;
+  return grows;
+}
+
 /* Looks at the picture once and acts. Returns NEWT_ERR_CONFLICT when leadership is lost. */
 static newt_result_t decide(coord *c) {
   uint64_t now;
@@ -684,15 +704,7 @@ static newt_result_t decide(coord *c) {
       cause = "hang";
     } else if (!c->nreports && elapsed(now, c->last_join) >= (uint64_t)newt_param_JoinWindowMs() * 1000000ull) {
       /* newcomers: replan only when they allow a larger layout */
-      int unplanned = 0;
-      for (int i = 0; i < c->nmembers; i++)
-        unplanned += !member_leaving(&c->members[i]) && c->members[i].addr[0] && !plan_find(&c->plan, c->members[i].id);
-      if (unplanned) {
-        int groups_now = c->plan.dp * c->plan.pp;
-        int64_t could = (c->nmembers - leaving) / (c->spec.tp * c->spec.pp);
-        int dp = plan_choose_dp(&c->spec, could);
-        if (dp * c->plan.pp > groups_now) cause = "join", mode = "boundary";
-      }
+      if (join_grows_layout(c)) cause = "join", mode = "boundary";
     }
   }
   pthread_mutex_unlock(&c->mu);
