@@ -2,7 +2,8 @@
 # `make demo`: newt's main job on this host. The tiny GPT trains on the King James Bible
 # (Debian's bible-kjv, tokenized once into build/kjv.tok) with 4 workers, a private etcd and
 # two coordinators; at step 100 one worker is killed with kill -9, at step 200 a new one
-# joins; the run finishes and shows each recovery (where the time went, steps lost). The
+# joins, at step 250 one is preempted (SIGTERM: it leaves gracefully, handing its state
+# over); the run finishes and shows each recovery (where the time went, steps lost). The
 # summary lands in build/demo-summary.json. `newt demo` shows the rendezvous alone.
 set -eu
 newt=${1:-build/newt}
@@ -10,4 +11,4 @@ dir=$(dirname "$newt")
 corpus=$dir/kjv.tok
 [ -s "$corpus" ] || scripts/demo-corpus.sh "$newt" "$corpus"
 exec "$newt" run --nproc 4 --preset tiny --data "$corpus" --steps 300 --global-batch 24 --micro-batch 2 \
-  --chaos kill:worker:1@step=100,join:1@step=200 --summary "$dir/demo-summary.json" --log-dir "$dir/demo-logs"
+  --chaos kill:worker:1@step=100,join:1@step=200,term:worker:2@step=250 --summary "$dir/demo-summary.json" --log-dir "$dir/demo-logs"
