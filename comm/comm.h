@@ -25,6 +25,7 @@
 #ifndef NEWT_COMM_COMM_H
 #define NEWT_COMM_COMM_H
 
+#include <stdatomic.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -69,6 +70,9 @@ typedef struct comm_config {
    * the next, so no other process can take it between them). The communicator listens on
    * a duplicate and never closes the caller's. 0: bind addrs[rank] here. */
   int listen_fd;
+  /* CPU backend, optional: once *cancel is nonzero, a build under way gives up at once
+   * with NEWT_ERR_ABORTED (a newer plan made it moot); it is read only during the build. */
+  const atomic_int *cancel;
 } comm_config;
 
 /* Why a communicator failed. */

@@ -234,6 +234,7 @@ struct cpu_comm {
   int nlocal;      /* peers on this host */
   int crowded;     /* more ranks on this host than CPUs: yield while spinning */
   int listen_fd;
+  const atomic_int *cancel; /* comm_config.cancel: a build under way gives up */
   int evfd;    /* wakes the executor's poll() (abort, failure) */
   int pt_evfd; /* wakes the progress thread's (queue, failure, stop) */
   /* our shared-memory segment */

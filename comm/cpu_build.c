@@ -299,6 +299,11 @@ static newt_result_t build_loop(builder *b) {
   }
   for (;;) {
     if (complete(b)) break;
+    if (c->cancel && atomic_load(c->cancel)) {
+      res = NEWT_ERR(NEWT_ERR_ABORTED, "building the communicator (rank %d of %d, generation %llu): cancelled",
+                     c->rank, c->size, (unsigned long long)c->generation);
+      goto done;
+    }
     uint64_t now = newt_now_ns();
     if (newt_deadline_passed(b->deadline)) {
       res = timed_out(b);

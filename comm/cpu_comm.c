@@ -393,6 +393,7 @@ newt_result_t cpu_create(const comm_config *cfg, struct comm *pub) {
     if (lfd >= 0) close(lfd);
     return r;
   }
+  c->cancel = cfg->cancel;
   return finish(pub, c, deadline);
 }
 

@@ -68,6 +68,7 @@ typedef struct worker {
   pthread_t pub_thread;
   int pub_running;
   atomic_int switch_pending; /* a newer plan asks to switch at the next step boundary */
+  atomic_int build_cancel;   /* a newer plan came while a communicator was being built */
   atomic_int lease_lost;
 
   /* this generation's timings (wall ms) and where its state came from */

@@ -137,6 +137,13 @@ static newt_result_t do_register(worker *w) {
 
 /* --- the plan watch ------------------------------------------------------------------------ */
 
+/* Whether plan p ends the running generation at once rather than at the next step
+ * boundary: it says so, or it has nothing for us to do (a plan naming us a donor lets the
+ * step finish: we leave after it, state in hand). */
+static int drops_now(const newt_plan *p, const char *id) {
+  return strcmp(p->switch_mode, "abort") == 0 || (!plan_find(p, id) && !plan_find_donor(p, id));
+}
+
 static void take_plan(worker *w, const char *json, size_t len) {
   newt_plan p;
   if (plan_from_json(json, len, &p) != NEWT_OK) {
@@ -147,9 +154,10 @@ static void take_plan(worker *w, const char *json, size_t len) {
   if (p.generation > w->latest.generation) {
     plan_free(&w->latest);
     w->latest = p;
+    /* a generation still building its communicator has no step to finish: it gives way */
+    if (!w->comm) atomic_store(&w->build_cancel, 1);
     if (w->comm && p.generation > w->gen) {
-      /* a plan naming us a donor lets the step finish: we leave after it, state in hand */
-      if (strcmp(p.switch_mode, "abort") == 0 || (!plan_find(&p, w->id) && !plan_find_donor(&p, w->id))) {
+      if (drops_now(&p, w->id)) {
         NEWT_INFO(WORKER, "%s: plan %llu (%s) drops generation %llu now", w->id,
                   (unsigned long long)p.generation, p.cause, (unsigned long long)w->gen);
         comm_abort(w->comm);
@@ -412,6 +420,10 @@ static newt_result_t build_comm(worker *w, const newt_plan *p, const plan_rank *
   cfg.backend = COMM_BACKEND_CPU;
   cfg.rank = me->rank;
   cfg.size = n;
+  cfg.cancel = &w->build_cancel;
+  pthread_mutex_lock(&w->mu);
+  atomic_store(&w->build_cancel, w->latest.generation > p->generation); /* already moot? */
+  pthread_mutex_unlock(&w->mu);
   cfg.addrs = addrs;
   cfg.hosts = hosts;
   cfg.job = w->o->job;
@@ -581,7 +593,7 @@ static newt_result_t run_generation(worker *w, const newt_plan *p, gen_outcome *
   w->comm = c;
   /* a newer plan may have come while we built: honour it now */
   if (c && w->latest.generation > p->generation) {
-    if (strcmp(w->latest.switch_mode, "abort") == 0 || !plan_find(&w->latest, w->id)) comm_abort(c);
+    if (drops_now(&w->latest, w->id)) comm_abort(c);
     else atomic_store(&w->switch_pending, 1);
   }
   pthread_mutex_unlock(&w->mu);

@@ -9,6 +9,9 @@
  *    rank leaves none).
  *  - SIGSTOP of a rank: the survivors fail when timeout_ms passes without progress,
  *    naming the stopped rank (found by probing), then shrink and continue.
+ *  - a build cancelled through comm_config.cancel (a newer plan made it moot) while a rank
+ *    it waits for never comes: it gives up at once with NEWT_ERR_ABORTED, long before its
+ *    deadline, leaving no descriptor or thread behind.
  *  - comm_abort from another thread: the blocked operation, the queued *_async ones and
  *    every later one fail with NEWT_ERR_ABORTED; the peer learns it at its next
  *    operation (NEWT_ERR_ABORTED too, its peer field naming the aborting rank: a rank
@@ -259,6 +262,45 @@ static int abort_rank(ct_world *w, int rank, void *arg) {
   return ct_failures;
 }
 
+static void *cancel_later(void *arg) {
+  newt_sleep_ms(200);
+  atomic_store((atomic_int *)arg, 1);
+  return NULL;
+}
+
+static void test_cancel_build(void) {
+  for (int mode = CT_SHM; mode <= CT_TCP; mode++) {
+    ct_world w;
+    ct_world_init(&w, 3, mode, "cancel");
+    int fds0 = ct_fd_count(), threads0 = ct_thread_count();
+    atomic_int cancel = 0;
+    comm_config cfg;
+    ct_config(&w, 1, &cfg); /* rank 1: ranks 0 and 2 never come */
+    cfg.cancel = &cancel;
+    pthread_t t;
+    pthread_create(&t, NULL, cancel_later, &cancel);
+    uint64_t t0 = newt_now_ns();
+    comm_t *c = NULL;
+    newt_result_t r = comm_create(&cfg, &c);
+    double ms = (double)(newt_now_ns() - t0) / 1e6;
+    pthread_join(t, NULL);
+    fprintf(stderr, "  cancelled build (%s) returned after %.0f ms: %s\n", mode == CT_SHM ? "shm" : "tcp", ms,
+            newt_errmsg());
+    T_CHECK_MSG(r == NEWT_ERR_ABORTED && c == NULL, "comm_create -> %s: %s", newt_result_name(r), newt_errmsg());
+    T_CHECK_MSG(strstr(newt_errmsg(), "cancelled") != NULL, "message: %s", newt_errmsg());
+    T_CHECK_MSG(ms >= 150 && ms < 5000, "gave up after %.0f ms (cancelled at 200, deadline %lld)", ms,
+                (long long)w.timeout_ms);
+    T_CHECK_MSG(ct_fd_count() == fds0, "file descriptors: %d at start, %d at the end", fds0, ct_fd_count());
+    T_CHECK_MSG(ct_thread_count() == threads0, "threads: %d at start, %d at the end", threads0, ct_thread_count());
+    /* already cancelled: no build at all */
+    t0 = newt_now_ns();
+    r = comm_create(&cfg, &c);
+    T_CHECK_MSG(r == NEWT_ERR_ABORTED && (newt_now_ns() - t0) < 1000000000ull, "a cancelled build started: %s",
+                newt_result_name(r));
+    ct_world_free(&w);
+  }
+}
+
 static void test_abort_from_thread(void) {
   ct_world w;
   ct_world_init(&w, 2, CT_SHM, "abort");
@@ -282,6 +324,7 @@ int main(int argc, char **argv) {
   T_RUN(test_kill9_small);
   T_RUN(test_sigstop_shm);
   T_RUN(test_sigstop_tcp);
+  T_RUN(test_cancel_build);
   T_RUN(test_abort_from_thread);
   return T_DONE();
 }
