@@ -75,6 +75,8 @@ typedef struct worker {
   uint64_t t_plan_seen, t_comm, t_restore, t_first_step, t_detect, progress_ms;
   char restore_src[8];
   int64_t restore_step;
+  int64_t done_step; /* the newest step this rank completed (applied, and with ZeRO its shard
+                        copied to the next rank); a failed step may have advanced par.step */
   double last_loss;
   FILE *sample_log; /* NEWT_SAMPLE_LOG_DIR: the samples of every step, for tests */
   ckpt_saver *saver; /* this generation's (ckpt.c) */

@@ -301,7 +301,7 @@ exit:
   copies_free(w); /* they belong to the old layout */
   w->snap.step = w->rep.step = -1;
   w->has_state = 1;
-  w->restore_step = w->par.step;
+  w->restore_step = w->done_step = w->par.step;
   NEWT_INFO(WORKER, "%s: generation %llu starts at step %lld (state from %s)", w->id,
             (unsigned long long)p->generation, (long long)w->par.step, w->restore_src);
   return NEWT_OK;

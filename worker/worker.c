@@ -440,7 +440,7 @@ static newt_result_t build_comm(worker *w, const newt_plan *p, const plan_rank *
 }
 
 /* Reports a failure of generation g to the leader: its kind (crash: a connection died;
- * hang: no progress by the deadline), whom we lost (NULL: we cannot tell), our newest
+ * hang: no progress by the deadline), whom we lost (NULL: we cannot tell), our newest completed
  * step. */
 static void report(worker *w, const newt_plan *p, const char *kind, const char *accused, const char *why) {
   cJSON *j = cJSON_CreateObject();
@@ -448,7 +448,7 @@ static void report(worker *w, const newt_plan *p, const char *kind, const char *
   cJSON *acc = cJSON_AddArrayToObject(j, "accuse");
   if (accused) cJSON_AddItemToArray(acc, cJSON_CreateString(accused));
   cJSON_AddStringToObject(j, "kind", kind);
-  newt_json_add_int(j, "step", w->par.step);
+  newt_json_add_int(j, "step", w->done_step);
   newt_json_add_int(j, "t_ms", (int64_t)w->t_detect);
   cJSON_AddStringToObject(j, "why", why);
   char *val = newt_json_print(j);
@@ -551,7 +551,9 @@ static newt_result_t train_step(worker *w, const newt_plan *p, float ctl[2], dou
             (unsigned long long)newt_wall_ms());
     fflush(w->sample_log);
   }
-  return worker_replicate(w);
+  NEWT_CHECK(worker_replicate(w));
+  w->done_step = w->par.step;
+  return NEWT_OK;
 }
 
 static void end_generation(worker *w, comm_t *c, comm_t *train) {
