@@ -73,6 +73,10 @@ typedef struct comm_config {
   /* CPU backend, optional: once *cancel is nonzero, a build under way gives up at once
    * with NEWT_ERR_ABORTED (a newer plan made it moot); it is read only during the build. */
   const atomic_int *cancel;
+  /* CPU backend: every peer listens on its address before any build starts (as workers
+   * do, holding their socket for life), so a connection refused there means the peer's
+   * process is gone: the build fails within ~200 ms naming it, not at its deadline. */
+  int peers_listen;
 } comm_config;
 
 /* Why a communicator failed. */

@@ -182,6 +182,7 @@ typedef struct hs_conn {
   char remote[96];
   char why[256]; /* why it failed */
   int retryable; /* client: the refusal may go away (peer not ready, other generation) */
+  int conn_err;  /* client: the connect's errno (0: it connected) */
 } hs_conn;
 
 void hs_client_start(hs_conn *h, const hs_ctx *ctx, int fd, int peer, int kind, const char *remote,
@@ -208,7 +209,8 @@ newt_result_t net_listen(const char *addr, newt_deadline_t deadline, int *fd);
 /* A listening socket on the host part of addr and a port the kernel picks; "host:port" out. */
 newt_result_t net_listen_ephemeral(const char *like, int *fd, char *out, size_t cap);
 /* Starts a nonblocking connect; *fd >= 0 on success (connection in progress). */
-newt_result_t net_connect_start(const struct sockaddr_storage *ss, socklen_t len, int *fd);
+/* *err: the connect's errno when it failed at once (ECONNREFUSED: nothing listens there). */
+newt_result_t net_connect_start(const struct sockaddr_storage *ss, socklen_t len, int *fd, int *err);
 void net_tune(int fd, int data);
 /* The next pending connection (nonblocking, close-on-exec), its peer's "ip:port" in
  * remote; -1 when none is pending. */
@@ -235,6 +237,7 @@ struct cpu_comm {
   int crowded;     /* more ranks on this host than CPUs: yield while spinning */
   int listen_fd;
   const atomic_int *cancel; /* comm_config.cancel: a build under way gives up */
+  int peers_listen;         /* comm_config.peers_listen: a refused connection = a dead peer */
   int evfd;    /* wakes the executor's poll() (abort, failure) */
   int pt_evfd; /* wakes the progress thread's (queue, failure, stop) */
   /* our shared-memory segment */

@@ -315,6 +315,7 @@ hs_state hs_step(hs_conn *h, const hs_ctx *ctx) {
         struct pollfd p = {.fd = h->fd, .events = POLLOUT};
         if (poll(&p, 1, 0) <= 0) return h->st;
         if (getsockopt(h->fd, SOL_SOCKET, SO_ERROR, &err, &len) != 0) err = errno;
+        h->conn_err = err;
         if (err != 0) return fail(h, 1, "connect to %s: %s", h->remote, strerror(err));
         h->st = HS_C_HELLO;
         break;

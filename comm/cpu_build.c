@@ -28,6 +28,8 @@
 #include "common/sys.h"
 
 #define MAX_PENDING 64
+#define REFUSALS_DEAD 5                 /* refused connects in a row ... */
+#define REFUSED_DEAD_NS 200000000ull    /* ... over at least this long: the peer is gone */
 
 typedef struct builder {
   cpu_comm *c;
@@ -38,6 +40,8 @@ typedef struct builder {
   uint64_t *backoff;  /* [size * 2] */
   char (*why)[256];   /* [size]: why the last connect to p failed */
   int *have;          /* [size * 2]: established */
+  int *refused;       /* [size]: connects to p refused in a row (nothing listens there) */
+  uint64_t *refused_since; /* [size]: when the first of them was */
   struct sockaddr_storage *ss;
   socklen_t *sslen;
   hs_conn in[MAX_PENDING];
@@ -229,6 +233,30 @@ static newt_result_t install(builder *b, hs_conn *h) {
   return NEWT_OK;
 }
 
+/* A worker listens on its data-plane port for its whole life, so a connection refused
+ * there (not one left unanswered) means its process is gone. */
+static void note_refusal(builder *b, int p, int err, uint64_t now) {
+  if (err != ECONNREFUSED) {
+    b->refused[p] = 0;
+    return;
+  }
+  if (b->refused[p]++ == 0) b->refused_since[p] = now;
+}
+
+/* A rank that has refused every connection for a while: the build fails now, naming it
+ * (NEWT_ERR_PEER), instead of at its deadline. */
+static newt_result_t check_refusals(builder *b, uint64_t now) {
+  cpu_comm *c = b->c;
+  if (!c->peers_listen) return NEWT_OK;
+  for (int p = 0; p < c->rank; p++)
+    if (b->refused[p] >= REFUSALS_DEAD && now - b->refused_since[p] >= REFUSED_DEAD_NS)
+      return NEWT_ERR(NEWT_ERR_PEER,
+                      "building the communicator (rank %d of %d, generation %llu): rank %d (%s) refuses "
+                      "connections: nothing listens there (the process died?)",
+                      c->rank, c->size, (unsigned long long)c->generation, p, c->addrs[p]);
+  return NEWT_OK;
+}
+
 static void start_connects(builder *b, uint64_t now) {
   cpu_comm *c = b->c;
   for (int p = 0; p < c->rank; p++)
@@ -236,9 +264,10 @@ static void start_connects(builder *b, uint64_t now) {
       int i = p * 2 + k;
       hs_conn *h = &b->out[i];
       if (!needs(c, p, k) || b->have[i] || h->st != HS_IDLE || now < b->retry_at[i]) continue;
-      int fd;
-      if (net_connect_start(&b->ss[p], b->sslen[p], &fd) != NEWT_OK) {
+      int fd, err;
+      if (net_connect_start(&b->ss[p], b->sslen[p], &fd, &err) != NEWT_OK) {
         snprintf(b->why[p], sizeof b->why[p], "%s", newt_errmsg());
+        note_refusal(b, p, err, now);
         b->retry_at[i] = now + b->backoff[i];
         continue;
       }
@@ -250,6 +279,7 @@ static void start_connects(builder *b, uint64_t now) {
 static void client_failed(builder *b, int i, uint64_t now) {
   hs_conn *h = &b->out[i];
   int p = i / 2;
+  note_refusal(b, p, h->conn_err, now);
   snprintf(b->why[p], sizeof b->why[p], "%s", h->why);
   NEWT_DEBUG(COMM, "rank %d: connecting to rank %d: %s; retrying", b->c->rank, p, h->why);
   hs_close(h);
@@ -309,6 +339,7 @@ static newt_result_t build_loop(builder *b) {
       res = timed_out(b);
       goto done;
     }
+    NEWT_CHECK_GOTO(check_refusals(b, now), res, done);
     start_connects(b, now);
     int np = 0;
     pf[np] = (struct pollfd){.fd = c->listen_fd, .events = POLLIN};
@@ -395,10 +426,13 @@ newt_result_t cpu_build(cpu_comm *c, newt_deadline_t deadline) {
   b.retry_at = calloc((size_t)c->size * 2, sizeof *b.retry_at);
   b.backoff = calloc((size_t)c->size * 2, sizeof *b.backoff);
   b.have = calloc((size_t)c->size * 2, sizeof *b.have);
+  b.refused = calloc((size_t)c->size, sizeof *b.refused);
+  b.refused_since = calloc((size_t)c->size, sizeof *b.refused_since);
   b.why = calloc((size_t)c->size, sizeof *b.why);
   b.ss = calloc((size_t)c->size, sizeof *b.ss);
   b.sslen = calloc((size_t)c->size, sizeof *b.sslen);
-  if (!b.out || !b.retry_at || !b.backoff || !b.have || !b.why || !b.ss || !b.sslen) {
+  if (!b.out || !b.retry_at || !b.backoff || !b.have || !b.refused || !b.refused_since || !b.why || !b.ss ||
+      !b.sslen) {
     res = NEWT_ERR(NEWT_ERR_NOMEM, "out of memory building the communicator");
     goto done;
   }
@@ -421,6 +455,8 @@ done:
   free(b.retry_at);
   free(b.backoff);
   free(b.have);
+  free(b.refused);
+  free(b.refused_since);
   free(b.why);
   free(b.ss);
   free(b.sslen);

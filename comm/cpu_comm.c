@@ -394,6 +394,7 @@ newt_result_t cpu_create(const comm_config *cfg, struct comm *pub) {
     return r;
   }
   c->cancel = cfg->cancel;
+  c->peers_listen = cfg->peers_listen;
   return finish(pub, c, deadline);
 }
 

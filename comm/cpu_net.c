@@ -121,11 +121,13 @@ newt_result_t net_listen_ephemeral(const char *like, int *fd, char *out, size_t 
   return NEWT_OK;
 }
 
-newt_result_t net_connect_start(const struct sockaddr_storage *ss, socklen_t len, int *out) {
+newt_result_t net_connect_start(const struct sockaddr_storage *ss, socklen_t len, int *out, int *err) {
+  *err = 0;
   int fd = socket(ss->ss_family, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
   if (fd < 0) return NEWT_ERR(NEWT_ERR_SYS, "socket: %s", strerror(errno));
   if (connect(fd, (const struct sockaddr *)ss, len) != 0 && errno != EINPROGRESS) {
     int e = errno;
+    *err = e;
     close(fd);
     return NEWT_ERR(NEWT_ERR_UNAVAILABLE, "connect: %s", strerror(e));
   }

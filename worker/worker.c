@@ -421,6 +421,7 @@ static newt_result_t build_comm(worker *w, const newt_plan *p, const plan_rank *
   cfg.rank = me->rank;
   cfg.size = n;
   cfg.cancel = &w->build_cancel;
+  cfg.peers_listen = 1; /* every worker holds its data-plane socket for life */
   pthread_mutex_lock(&w->mu);
   atomic_store(&w->build_cancel, w->latest.generation > p->generation); /* already moot? */
   pthread_mutex_unlock(&w->mu);

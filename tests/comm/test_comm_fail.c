@@ -12,6 +12,9 @@
  *  - a build cancelled through comm_config.cancel (a newer plan made it moot) while a rank
  *    it waits for never comes: it gives up at once with NEWT_ERR_ABORTED, long before its
  *    deadline, leaving no descriptor or thread behind.
+ *  - a build whose peer's address refuses connections (its process died, so nothing
+ *    listens there): with comm_config.peers_listen it fails within a second naming that
+ *    rank (NEWT_ERR_PEER), not at its deadline.
  *  - comm_abort from another thread: the blocked operation, the queued *_async ones and
  *    every later one fail with NEWT_ERR_ABORTED; the peer learns it at its next
  *    operation (NEWT_ERR_ABORTED too, its peer field naming the aborting rank: a rank
@@ -301,6 +304,27 @@ static void test_cancel_build(void) {
   }
 }
 
+static void test_refused_peer(void) {
+  ct_world w;
+  ct_world_init(&w, 3, CT_TCP, "refused");
+  close(w.lfd[0]); /* rank 0's process is gone: nothing listens at its address */
+  w.lfd[0] = -1;
+  int fds0 = ct_fd_count();
+  comm_config cfg;
+  ct_config(&w, 2, &cfg);
+  cfg.peers_listen = 1;
+  uint64_t t0 = newt_now_ns();
+  comm_t *c = NULL;
+  newt_result_t r = comm_create(&cfg, &c);
+  double ms = (double)(newt_now_ns() - t0) / 1e6;
+  fprintf(stderr, "  refused peer: the build failed after %.0f ms: %s\n", ms, newt_errmsg());
+  T_CHECK_MSG(r == NEWT_ERR_PEER && c == NULL, "comm_create -> %s: %s", newt_result_name(r), newt_errmsg());
+  T_CHECK_MSG(strstr(newt_errmsg(), "rank 0") && strstr(newt_errmsg(), "refuses"), "message: %s", newt_errmsg());
+  T_CHECK_MSG(ms < 5000, "gave up after %.0f ms (deadline %lld)", ms, (long long)w.timeout_ms);
+  T_CHECK_MSG(ct_fd_count() == fds0, "file descriptors: %d at start, %d at the end", fds0, ct_fd_count());
+  ct_world_free(&w);
+}
+
 static void test_abort_from_thread(void) {
   ct_world w;
   ct_world_init(&w, 2, CT_SHM, "abort");
@@ -325,6 +349,7 @@ int main(int argc, char **argv) {
   T_RUN(test_sigstop_shm);
   T_RUN(test_sigstop_tcp);
   T_RUN(test_cancel_build);
+  T_RUN(test_refused_peer);
   T_RUN(test_abort_from_thread);
   return T_DONE();
 }
