@@ -524,6 +524,11 @@ static void fence(coord *c, const char *id) {
   if (lease && rdzv_etcd_lease_revoke(c->etcd, lease, call_deadline()) != NEWT_OK &&
       newt_errcode() != NEWT_ERR_NOTFOUND)
     NEWT_WARN(COORD, "fencing %s: %s", id, newt_errmsg());
+  /* out of the picture now, not when the watch brings the deletion: no plan (nor the
+     question whether newcomers allow a larger one) may count it meanwhile */
+  pthread_mutex_lock(&c->mu);
+  drop_member(c, id);
+  pthread_mutex_unlock(&c->mu);
   NEWT_INFO(COORD, "fenced %s", id);
   cJSON *ev = cJSON_CreateObject();
   cJSON_AddStringToObject(ev, "type", "fence");
