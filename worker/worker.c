@@ -361,8 +361,12 @@ typedef enum wait_outcome { WAIT_PLAN, WAIT_LEAVE, WAIT_DONE } wait_outcome;
 static newt_result_t wait_plan(worker *w, int donor, newt_plan *out, wait_outcome *how) {
   uint64_t spare_gen = 0;
   uint64_t next_done_check = 0;
-  /* a leaver waits (bounded) for the plan that names it a donor */
-  newt_deadline_t give_up = newt_deadline_in_ms(donor ? 3 * w->spec.lease_ttl_ms + 5000 : -1);
+  /* a leaver waits (bounded: it must exit well within a pod's grace period) for the plan
+     that names it a donor; the leader publishes it within milliseconds, or after a
+     leadership change within a lease TTL */
+  int64_t donor_wait = 3 * w->spec.lease_ttl_ms + 5000;
+  if (donor_wait > 10000) donor_wait = 10000;
+  newt_deadline_t give_up = newt_deadline_in_ms(donor ? donor_wait : -1);
   for (;;) {
     if ((!donor && newt_stop_requested()) || newt_deadline_passed(give_up)) {
       *how = WAIT_LEAVE;
