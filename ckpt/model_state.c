@@ -222,6 +222,23 @@ static newt_result_t check_config(const cJSON *state, const model_train_config *
   return NEWT_OK;
 }
 
+/* The training point of a loaded checkpoint (its state JSON): the same run as c and data,
+ * and a step, data cursor and AdamW count that agree with the checkpoint's step. */
+static newt_result_t loaded_point(const ckpt_loaded *ld, const model_train_config *c, const char *data,
+                                  const char *dir, int64_t *s, int64_t *cursor, int64_t *t) {
+  cJSON *state = NULL;
+  newt_result_t r = newt_json_parse(ld->state_json, strlen(ld->state_json), "state", &state);
+  if (r == NEWT_OK) r = check_config(state, c, data, 0);
+  if (r == NEWT_OK) r = newt_json_get_int(state, "state", "step", 1, s);
+  if (r == NEWT_OK) r = newt_json_get_int(state, "state", "cursor", 1, cursor);
+  if (r == NEWT_OK) r = newt_json_get_int(state, "state", "adam_t", 1, t);
+  if (r == NEWT_OK && (*s != ld->step || *cursor < 0 || *t < 0))
+    r = NEWT_ERR(NEWT_ERR_INVALID, "%s: state.step %lld in the checkpoint of step %lld", dir, (long long)*s,
+                 (long long)ld->step);
+  cJSON_Delete(state);
+  return r;
+}
+
 newt_result_t ckpt_trainer_resume(const char *dir, model_trainer *tr, const char *data, int threads, int64_t *step) {
   *step = -1;
   ckpt_step_info *info = NULL;
@@ -239,7 +256,6 @@ newt_result_t ckpt_trainer_resume(const char *dir, model_trainer *tr, const char
   ckpt_request *reqs = NULL;
   size_t nreq = 0;
   ckpt_loaded ld = {0};
-  cJSON *state = NULL;
   newt_result_t r = p && m && v ? NEWT_OK : NEWT_ERR(NEWT_ERR_NOMEM, "out of memory resuming from %s", dir);
   b.params = p, b.m = m, b.v = v;
   /* The run must be the same run: checked on the newest manifest before asking for
@@ -251,15 +267,8 @@ newt_result_t ckpt_trainer_resume(const char *dir, model_trainer *tr, const char
   }
   if (r == NEWT_OK) r = ckpt_model_requests(&b, &reqs, &nreq);
   if (r == NEWT_OK) r = ckpt_load(dir, CKPT_LATEST, threads, reqs, nreq, &ld);
-  if (r == NEWT_OK) r = newt_json_parse(ld.state_json, strlen(ld.state_json), "state", &state);
-  if (r == NEWT_OK) r = check_config(state, &tr->cfg, data, 0);
   int64_t s = 0, cursor = 0, t = 0;
-  if (r == NEWT_OK) r = newt_json_get_int(state, "state", "step", 1, &s);
-  if (r == NEWT_OK) r = newt_json_get_int(state, "state", "cursor", 1, &cursor);
-  if (r == NEWT_OK) r = newt_json_get_int(state, "state", "adam_t", 1, &t);
-  if (r == NEWT_OK && (s != ld.step || cursor < 0 || t < 0))
-    r = NEWT_ERR(NEWT_ERR_INVALID, "%s: state.step %lld in the checkpoint of step %lld", dir, (long long)s,
-                 (long long)ld.step);
+  if (r == NEWT_OK) r = loaded_point(&ld, &tr->cfg, data, dir, &s, &cursor, &t);
   if (r == NEWT_OK) {
     memcpy(tr->gpt.params, p, total * sizeof *p);
     memcpy(tr->opt.m, m, b.mlen * sizeof *m);
@@ -271,7 +280,6 @@ newt_result_t ckpt_trainer_resume(const char *dir, model_trainer *tr, const char
   } else {
     newt_err_wrap(r, "resuming from %s: ", dir);
   }
-  cJSON_Delete(state);
   free(ld.state_json);
   free(reqs);
   free(p);
@@ -293,23 +301,14 @@ newt_result_t ckpt_train_load(const char *dir, int64_t max_step, const model_tra
   }
   ckpt_loaded ld = {0};
   NEWT_CHECK(ckpt_load(dir, max_step, threads, reqs, n, &ld));
-  cJSON *state = NULL;
-  r = newt_json_parse(ld.state_json, strlen(ld.state_json), "state", &state);
-  if (r == NEWT_OK) r = check_config(state, c, data, 0);
   int64_t s = 0, cursor = 0, t = 0;
-  if (r == NEWT_OK) r = newt_json_get_int(state, "state", "step", 1, &s);
-  if (r == NEWT_OK) r = newt_json_get_int(state, "state", "cursor", 1, &cursor);
-  if (r == NEWT_OK) r = newt_json_get_int(state, "state", "adam_t", 1, &t);
-  if (r == NEWT_OK && (s != ld.step || cursor < 0 || t < 0))
-    r = NEWT_ERR(NEWT_ERR_INVALID, "%s: state.step %lld in the checkpoint of step %lld", dir, (long long)s,
-                 (long long)ld.step);
+  r = loaded_point(&ld, c, data, dir, &s, &cursor, &t);
   if (r == NEWT_OK) {
     out->step = s;
     out->cursor = (uint64_t)cursor;
     out->adam_t = t;
     out->fallbacks = ld.fallbacks;
   }
-  cJSON_Delete(state);
   free(ld.state_json);
   return r == NEWT_OK ? NEWT_OK : newt_err_wrap(r, "loading %s: ", dir);
 }

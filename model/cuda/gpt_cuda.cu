@@ -511,15 +511,21 @@ static newt_result_t heads(model_cuda *m, bf16 *dst, const bf16 *src, int ld, in
 #define split_heads(m, dst, src, ld) heads((m), (dst), (src), (ld), 0)
 #define merge_heads(m, dst, src, ld) heads((m), (dst), (src), (ld), 1)
 
+/* q, k, v (B,NH,T,hs) from the block's qkv (B,T,3C) */
+static newt_result_t split_qkv(model_cuda *m, block16 *b) {
+  int C = m->C;
+  NEWT_CHECK(split_heads(m, m->q, b->qkv, 3 * C));
+  NEWT_CHECK(split_heads(m, m->k, b->qkv + C, 3 * C));
+  return split_heads(m, m->vv, b->qkv + 2 * C, 3 * C);
+}
+
 /* model_attention_forward: per (b,h): S = scale Q K^T (fp32), P = causal softmax(S),
  * Y = P V; q, k, v, y are (B,NH,T,hs) */
 static newt_result_t attention_fwd(model_cuda *m, block16 *b) {
   int T = m->T, C = m->C, NH = m->NH, hs = C / NH, BH = m->B * NH;
   long long THS = (long long)T * hs, TT = (long long)T * T;
   float scale = 1.0f / sqrtf((float)hs);
-  NEWT_CHECK(split_heads(m, m->q, b->qkv, 3 * C));
-  NEWT_CHECK(split_heads(m, m->k, b->qkv + C, 3 * C));
-  NEWT_CHECK(split_heads(m, m->vv, b->qkv + 2 * C, 3 * C));
+  NEWT_CHECK(split_qkv(m, b));
   /* S (T,T) = scale Q K^T */
   NEWT_CHECK(gemm_batched(m, CUBLAS_OP_T, CUBLAS_OP_N, T, T, hs, scale, m->k, hs, THS, m->q, hs, THS, 0.0f,
                           m->scores, CUDA_R_32F, T, TT, BH));
@@ -536,9 +542,7 @@ static newt_result_t attention_bwd(model_cuda *m, block16 *b) {
   int T = m->T, C = m->C, NH = m->NH, hs = C / NH, BH = m->B * NH;
   long long THS = (long long)T * hs, TT = (long long)T * T;
   float scale = 1.0f / sqrtf((float)hs);
-  NEWT_CHECK(split_heads(m, m->q, b->qkv, 3 * C));
-  NEWT_CHECK(split_heads(m, m->k, b->qkv + C, 3 * C));
-  NEWT_CHECK(split_heads(m, m->vv, b->qkv + 2 * C, 3 * C));
+  NEWT_CHECK(split_qkv(m, b));
   NEWT_CHECK(split_heads(m, m->y, m->dx16, C)); /* y holds dY */
   /* dP (T,T) = dY V^T */
   NEWT_CHECK(gemm_batched(m, CUBLAS_OP_T, CUBLAS_OP_N, T, T, hs, 1.0f, m->vv, hs, THS, m->y, hs, THS, 0.0f,

@@ -60,6 +60,18 @@ static plan_member mk(const char *id, const char *host, int64_t rev, int prev_ra
   return m;
 }
 
+/* A spec of layout tp x pp with ZeRO zero, micro-batches of 1 in a global batch of 8. */
+static newt_spec layout_spec(int tp, int pp, int zero) {
+  newt_spec s;
+  spec_defaults(&s, "j");
+  s.tp = tp;
+  s.pp = pp;
+  s.zero = zero;
+  s.global_batch = 8;
+  s.micro_batch = 1;
+  return s;
+}
+
 static void test_plan_dp(void) {
   newt_spec s;
   spec_defaults(&s, "j");
@@ -100,12 +112,7 @@ static void test_plan_dp(void) {
 }
 
 static void test_plan_tp_pp(void) {
-  newt_spec s;
-  spec_defaults(&s, "j");
-  s.tp = 2;
-  s.pp = 2;
-  s.global_batch = 8;
-  s.micro_batch = 1;
+  newt_spec s = layout_spec(2, 2, 0);
   /* 3 workers on host a, 3 on b, 2 on c: groups a0a1, b0b1, c0c1; a2 and b2 spare */
   plan_member m[8] = {mk("a0", "a", 1, -1, -1), mk("a1", "a", 2, -1, -1), mk("a2", "a", 3, -1, -1),
                       mk("b0", "b", 4, -1, -1), mk("b1", "b", 5, -1, -1), mk("b2", "b", 6, -1, -1),
@@ -130,12 +137,7 @@ static void test_plan_tp_pp(void) {
 /* Data-parallel neighbours on different hosts (a ZeRO shard's copy must not die with it):
    two hosts of two tensor-parallel groups each make the ring a, b, a, b. */
 static void test_plan_spreads_hosts(void) {
-  newt_spec s;
-  spec_defaults(&s, "j");
-  s.tp = 2;
-  s.zero = 1;
-  s.global_batch = 8;
-  s.micro_batch = 1;
+  newt_spec s = layout_spec(2, 1, 1);
   plan_member m[8] = {mk("a0", "a", 1, -1, -1), mk("a1", "a", 2, -1, -1), mk("a2", "a", 3, -1, -1),
                       mk("a3", "a", 4, -1, -1), mk("b0", "b", 5, -1, -1), mk("b1", "b", 6, -1, -1),
                       mk("b2", "b", 7, -1, -1), mk("b3", "b", 8, -1, -1)};
@@ -158,12 +160,7 @@ static void test_plan_spreads_hosts(void) {
 /* tp 2 x pp 2 x dp 2 loses rank 5 (pp 1, dp 0, tp 1): the whole groups (0,1), (2,3) and
    (6,7) must make the new layout, not a group glued from rank 4 and rank 6. */
 static void test_plan_keeps_whole_groups(void) {
-  newt_spec s;
-  spec_defaults(&s, "j");
-  s.tp = 2;
-  s.pp = 2;
-  s.global_batch = 8;
-  s.micro_batch = 1;
+  newt_spec s = layout_spec(2, 2, 0);
   plan_member m[7];
   int ranks[7] = {0, 1, 2, 3, 4, 6, 7};
   for (int i = 0; i < 7; i++) {
