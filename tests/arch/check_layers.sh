@@ -1,0 +1,89 @@
+#!/bin/sh
+# The layering of the product, checked (docs/architecture.md is the map):
+#   1. folders: each product folder includes only the folders its row of LAYERS allows,
+#      so no folder includes a folder that includes it back;
+#   2. files: no two object files of the product call each other in a loop (a symbol
+#      defined in one and used by another is an arrow; any cycle of arrows fails).
+# Usage: check_layers.sh SOURCE_DIR BUILD_DIR. Exits non-zero naming every violation.
+set -u
+src=$1
+build=$2
+fail=0
+
+# folder: the folders it may include (besides itself). Lower layers first.
+LAYERS='
+common:
+rendezvous: common
+comm: common
+ckpt: common
+model: common comm ckpt
+job: common rendezvous
+coordinator: common rendezvous job
+worker: common rendezvous comm model ckpt job
+launch: common rendezvous job
+bench: common rendezvous comm model ckpt job launch
+cli: common rendezvous comm model ckpt job coordinator worker launch bench
+'
+
+folders=$(printf '%s\n' "$LAYERS" | sed -n 's/^\([a-z]*\):.*/\1/p')
+for f in $folders; do
+  [ -d "$src/$f" ] || continue
+  allowed=$(printf '%s\n' "$LAYERS" | sed -n "s/^$f:\(.*\)/\1/p")
+  used=$(find "$src/$f" -name '*.[ch]' -o -name '*.cu' -o -name '*.cuh' | xargs grep -ho '^#include "[a-z_]*/' |
+         sed 's/#include "//; s,/,,' | sort -u)
+  for u in $used; do
+    [ "$u" = "$f" ] && continue
+    case " $allowed " in
+      *" $u "*) ;;
+      *) echo "layers: $f/ includes $u/, which its layer may not use:" \
+              "$(grep -ln "^#include \"$u/" $(find "$src/$f" -name '*.[ch]' -o -name '*.cu' -o -name '*.cuh') | sed "s,^$src/,," | tr '\n' ' ')"
+         fail=1 ;;
+    esac
+  done
+done
+
+# File-level arrows from the symbol tables of the product's objects (libraries newt_* and
+# the newt binary). An undefined symbol of A defined in B: A -> B.
+objs=$(find "$build" -path '*/CMakeFiles/newt*.dir/*' -name '*.o' | grep -v '/tests/' | sort)
+[ -n "$objs" ] || { echo "layers: no object files under $build (build first)"; exit 1; }
+for o in $objs; do
+  # build/comm/CMakeFiles/newt_comm.dir/x.c.o -> comm/x.c; .../newt.dir/__/bench/y.c.o -> bench/y.c
+  name=$(echo "$o" | sed 's,^.*/\([a-z_]*\)/CMakeFiles/newt[a-z_]*\.dir/\(.*\)\.o$,\1/\2,; s,^[a-z_]*/__/,,')
+  nm "$o" 2>/dev/null | awk -v f="$name" '$1 == "U" { print "U", f, $2; next }
+                                        NF == 3 && $2 ~ /^[TDBRVW]$/ { print "D", f, $3 }'
+done | awk '
+  $1 == "D" { def[$3] = $2; next }
+  $1 == "U" { use[++n] = $2 SUBSEP $3 }
+  END {
+    for (i = 1; i <= n; i++) {
+      split(use[i], p, SUBSEP)
+      if ((p[2] in def) && def[p[2]] != p[1]) {
+        a = p[1]; b = def[p[2]]
+        if (!((a, b) in e)) { e[a, b] = 1; why[a, b] = p[2]; files[a] = 1; files[b] = 1 }
+      }
+    }
+    # reach = transitive closure (Floyd-Warshall over a few hundred files)
+    nf = 0
+    for (f in files) idx[++nf] = f
+    for (k in e) r[k] = 1
+    for (k = 1; k <= nf; k++) {
+      K = idx[k]
+      for (i = 1; i <= nf; i++) {
+        I = idx[i]
+        if (!((I, K) in r)) continue
+        for (j = 1; j <= nf; j++) { J = idx[j]; if ((K, J) in r) r[I, J] = 1 }
+      }
+    }
+    bad = 0
+    for (k in e) {
+      split(k, p, SUBSEP)
+      if ((p[2], p[1]) in r) {
+        printf "layers: %s -> %s (%s) closes a loop back to %s\n", p[1], p[2], why[k], p[1]
+        bad = 1
+      }
+    }
+    exit bad
+  }' || fail=1
+
+if [ "$fail" -eq 0 ]; then echo "layers: folders and files without loops"; fi
+exit $fail
