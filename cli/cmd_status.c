@@ -11,7 +11,7 @@
 #include "common/json.h"
 #include "common/opts.h"
 #include "common/sys.h"
-#include "coordinator/plan.h"
+#include "job/plan.h"
 #include "rendezvous/rdzv.h"
 
 /* Parses a value into a JSON item (NULL when it is not JSON). */

@@ -26,7 +26,7 @@
 #include "common/proc.h"
 #include "common/strutil.h"
 #include "common/sys.h"
-#include "coordinator/plan.h"
+#include "job/plan.h"
 #include "rendezvous/etcd_server.h"
 #include "rendezvous/rdzv.h"
 

@@ -9,7 +9,7 @@
 
 #include "common/err.h"
 #include "coordinator/chaos.h"
-#include "coordinator/spec.h"
+#include "job/spec.h"
 
 typedef struct launcher_opts {
   newt_spec spec;

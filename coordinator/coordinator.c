@@ -30,37 +30,25 @@
 
 #include "common/clock.h"
 #include "common/fs.h"
-#include "common/json.h"
 #include "common/log.h"
 #include "common/param.h"
 #include "common/strutil.h"
 #include "common/sys.h"
 #include "coordinator/metrics.h"
-#include "coordinator/plan.h"
-#include "coordinator/spec.h"
+#include "coordinator/policy.h"
+#include "job/plan.h"
+#include "job/records.h"
+#include "job/spec.h"
 #include "rendezvous/rdzv.h"
 
 NEWT_PARAM(JoinWindowMs, "NEWT_JOIN_WINDOW_MS", 500)
 NEWT_PARAM(StartWindowMs, "NEWT_START_WINDOW_MS", 1000)
 NEWT_PARAM(CoordTickMs, "NEWT_COORD_TICK_MS", 5)
-NEWT_PARAM(CoordCallMs, "NEWT_ETCD_CALL_MS", 5000)
 
-#define MAX_ACCUSE 8
-
-typedef struct c_report {
-  char id[RDZV_NAME_MAX];
-  char accuse[MAX_ACCUSE][RDZV_NAME_MAX];
-  int naccuse;
-  int hang;
-  int64_t step;
-  uint64_t t_ms;
-} c_report;
-
+/* An acknowledgement of the current generation, by whom. */
 typedef struct c_ack {
   char id[RDZV_NAME_MAX];
-  uint64_t t_plan, t_comm, t_restore, t_step;
-  char restore[8];
-  int64_t restore_step;
+  job_ack a;
 } c_ack;
 
 typedef struct coord {
@@ -76,7 +64,7 @@ typedef struct coord {
   rdzv_worker *members;
   int nmembers, cap_members;
   newt_plan plan; /* generation 0: none */
-  c_report *reports;
+  job_report *reports;
   int nreports;
   c_ack *acks;
   int nacks;
@@ -105,8 +93,6 @@ typedef struct coord {
   int waiting_logged;
 } coord;
 
-static newt_deadline_t call_deadline(void) { return newt_deadline_in_ms(newt_param_CoordCallMs()); }
-
 /* --- the spec ------------------------------------------------------------------------------ */
 
 newt_result_t coordinator_put_spec(rdzv_etcd *c, const char *job, const char *file) {
@@ -128,7 +114,7 @@ newt_result_t coordinator_put_spec(rdzv_etcd *c, const char *job, const char *fi
   rdzv_etcd_op get = {.type = RDZV_OP_RANGE, .key = key};
   rdzv_etcd_txn_result tr;
   memset(&tr, 0, sizeof tr);
-  if (r == NEWT_OK) r = rdzv_etcd_txn(c, &cmp, 1, &put, 1, &get, 1, call_deadline(), &tr);
+  if (r == NEWT_OK) r = rdzv_etcd_txn(c, &cmp, 1, &put, 1, &get, 1, job_call_deadline(), &tr);
   free(norm);
   NEWT_CHECK(r);
   if (!tr.succeeded && tr.n == 1 && tr.results[0].range.n == 1) {
@@ -180,17 +166,10 @@ static void put_member(coord *c, const rdzv_etcd_kv *kv, const char *id) {
   c->members[i] = w;
 }
 
-static int member_leaving(const rdzv_worker *w) {
-  return strcmp(w->state, "leaving") == 0 || strcmp(w->state, "left") == 0;
-}
-
-/* A worker that finished the job: it leaves, but nothing needs replanning for it. */
-static int member_done(const rdzv_worker *w) { return strcmp(w->state, "done") == 0; }
-
 static void drop_member(coord *c, const char *id) {
   int i = find_member(c, id);
   if (i < 0) return;
-  if (member_leaving(&c->members[i])) {
+  if (policy_member_leaving(&c->members[i])) {
     /* remember it: its "left" and its deletion may arrive together */
     char (*d)[RDZV_NAME_MAX] = realloc(c->departed, (size_t)(c->ndeparted + 1) * sizeof *d);
     if (d) {
@@ -201,45 +180,22 @@ static void drop_member(coord *c, const char *id) {
   c->members[i] = c->members[--c->nmembers];
 }
 
-static int departed(const coord *c, const char *id) {
-  for (int i = 0; i < c->ndeparted; i++)
-    if (strcmp(c->departed[i], id) == 0) return 1;
-  return 0;
-}
-
-static int64_t key_generation(const char *rest, const char **id) {
-  /* "<20 digits>/<id>" */
-  char *end;
-  long long g = strtoll(rest, &end, 10);
-  if (end == rest || *end != '/') return -1;
-  *id = end + 1;
-  return g;
-}
-
 static void put_report(coord *c, const rdzv_etcd_kv *kv, const char *id) {
-  cJSON *j;
-  if (newt_json_parse(kv->value, kv->value_len, kv->key, &j) != NEWT_OK) return;
-  c_report rep;
-  memset(&rep, 0, sizeof rep);
-  snprintf(rep.id, sizeof rep.id, "%s", id);
-  const char *kind = "crash";
-  int64_t t = 0;
-  newt_json_get_str(j, "report", "kind", 0, &kind);
-  newt_json_get_int(j, "report", "step", 0, &rep.step);
-  newt_json_get_int(j, "report", "t_ms", 0, &t);
-  rep.t_ms = (uint64_t)t;
-  rep.hang = strcmp(kind, "hang") == 0;
-  const cJSON *acc = NULL;
-  newt_json_get_arr(j, "report", "accuse", 0, &acc);
-  for (const cJSON *a = acc ? acc->child : NULL; a && rep.naccuse < MAX_ACCUSE; a = a->next)
-    if (cJSON_IsString(a)) snprintf(rep.accuse[rep.naccuse++], RDZV_NAME_MAX, "%s", a->valuestring);
-  cJSON_Delete(j);
+  job_report rep;
+  if (job_report_from_json(kv->value, kv->value_len, &rep) != NEWT_OK) {
+    NEWT_WARN(COORD, "ignoring %s: %s", kv->key, newt_errmsg());
+    return;
+  }
+  if (strcmp(rep.worker, id) != 0) {
+    NEWT_WARN(COORD, "ignoring %s: it is signed by worker %s", kv->key, rep.worker);
+    return;
+  }
   for (int i = 0; i < c->nreports; i++)
-    if (strcmp(c->reports[i].id, id) == 0) {
+    if (strcmp(c->reports[i].worker, id) == 0) {
       c->reports[i] = rep;
       return;
     }
-  c_report *r = realloc(c->reports, (size_t)(c->nreports + 1) * sizeof *r);
+  job_report *r = realloc(c->reports, (size_t)(c->nreports + 1) * sizeof *r);
   if (!r) return;
   c->reports = r;
   c->reports[c->nreports++] = rep;
@@ -248,21 +204,13 @@ static void put_report(coord *c, const rdzv_etcd_kv *kv, const char *id) {
 }
 
 static void put_ack(coord *c, const rdzv_etcd_kv *kv, const char *id) {
-  cJSON *j;
-  if (newt_json_parse(kv->value, kv->value_len, kv->key, &j) != NEWT_OK) return;
   c_ack a;
   memset(&a, 0, sizeof a);
+  if (job_ack_from_json(kv->value, kv->value_len, &a.a) != NEWT_OK) {
+    NEWT_WARN(COORD, "ignoring %s: %s", kv->key, newt_errmsg());
+    return;
+  }
   snprintf(a.id, sizeof a.id, "%s", id);
-  int64_t v = 0;
-  const char *src = "";
-  if (newt_json_get_int(j, "ack", "t_plan", 0, &v) == NEWT_OK) a.t_plan = (uint64_t)v;
-  if (newt_json_get_int(j, "ack", "t_comm", 0, &v) == NEWT_OK) a.t_comm = (uint64_t)v;
-  if (newt_json_get_int(j, "ack", "t_restore", 0, &v) == NEWT_OK) a.t_restore = (uint64_t)v;
-  if (newt_json_get_int(j, "ack", "t_step", 0, &v) == NEWT_OK) a.t_step = (uint64_t)v;
-  newt_json_get_int(j, "ack", "restore_step", 0, &a.restore_step);
-  newt_json_get_str(j, "ack", "restore", 0, &src);
-  snprintf(a.restore, sizeof a.restore, "%s", src);
-  cJSON_Delete(j);
   for (int i = 0; i < c->nacks; i++)
     if (strcmp(c->acks[i].id, id) == 0) return;
   c_ack *n = realloc(c->acks, (size_t)(c->nacks + 1) * sizeof *n);
@@ -272,13 +220,14 @@ static void put_ack(coord *c, const rdzv_etcd_kv *kv, const char *id) {
 }
 
 static void put_progress(coord *c, const rdzv_etcd_kv *kv) {
-  cJSON *j;
-  if (newt_json_parse(kv->value, kv->value_len, "progress", &j) != NEWT_OK) return;
-  int64_t step = c->prog_step;
-  newt_json_get_int(j, "progress", "step", 0, &step);
-  newt_json_get_double(j, "progress", "loss", 0, &c->prog_loss);
-  newt_json_get_double(j, "progress", "tokens_per_s", 0, &c->prog_tps);
-  cJSON_Delete(j);
+  job_progress pr;
+  if (job_progress_from_json(kv->value, kv->value_len, &pr) != NEWT_OK) {
+    NEWT_WARN(COORD, "ignoring %s: %s", kv->key, newt_errmsg());
+    return;
+  }
+  int64_t step = pr.step;
+  c->prog_loss = pr.loss;
+  c->prog_tps = pr.tokens_per_s;
   if (step != c->prog_step) c->prog_change = newt_now_ns();
   c->prog_step = step;
   if (step > c->max_step_seen) c->max_step_seen = step;
@@ -317,20 +266,30 @@ static void take_plan_locked(coord *c, const rdzv_etcd_kv *kv) {
 static void apply_kv(coord *c, const rdzv_etcd_kv *kv, int deleted) {
   size_t plen = strlen(c->prefix);
   if (kv->key_len <= plen || strncmp(kv->key, c->prefix, plen) != 0) return;
-  const char *rest = kv->key + plen, *id = NULL;
-  if (strncmp(rest, "workers/", 8) == 0) {
-    if (deleted) drop_member(c, rest + 8);
-    else put_member(c, kv, rest + 8);
-  } else if (strncmp(rest, "reports/", 8) == 0 && !deleted) {
-    if (key_generation(rest + 8, &id) == (int64_t)c->plan.generation) put_report(c, kv, id);
-  } else if (strncmp(rest, "acks/", 5) == 0 && !deleted) {
-    if (key_generation(rest + 5, &id) == (int64_t)c->plan.generation) put_ack(c, kv, id);
-  } else if (strcmp(rest, "progress") == 0 && !deleted) {
-    put_progress(c, kv);
-  } else if (strcmp(rest, "done") == 0 && !deleted) {
-    c->done = 1;
-  } else if (strcmp(rest, "plan") == 0 && !deleted) {
-    take_plan_locked(c, kv);
+  const char *id = NULL;
+  uint64_t gen = 0;
+  switch (job_key_parse(kv->key + plen, &gen, &id)) {
+  case JOB_REC_WORKER:
+    if (deleted) drop_member(c, id);
+    else put_member(c, kv, id);
+    break;
+  case JOB_REC_REPORT:
+    if (!deleted && gen == c->plan.generation) put_report(c, kv, id);
+    break;
+  case JOB_REC_ACK:
+    if (!deleted && gen == c->plan.generation) put_ack(c, kv, id);
+    break;
+  case JOB_REC_PROGRESS:
+    if (!deleted) put_progress(c, kv);
+    break;
+  case JOB_REC_DONE:
+    if (!deleted) c->done = 1;
+    break;
+  case JOB_REC_PLAN:
+    if (!deleted) take_plan_locked(c, kv);
+    break;
+  default:
+    break;
   }
 }
 
@@ -343,8 +302,8 @@ static void reset_picture_locked(coord *c) {
 
 /* Sorting keys so that the plan is read before reports and acks of its generation. */
 static int kv_rank(const coord *c, const rdzv_etcd_kv *kv) {
-  const char *rest = kv->key + strlen(c->prefix);
-  return strcmp(rest, "plan") == 0 ? 0 : strcmp(rest, "progress") == 0 ? 1 : 2;
+  job_record rec = job_key_parse(kv->key + strlen(c->prefix), NULL, NULL);
+  return rec == JOB_REC_PLAN ? 0 : rec == JOB_REC_PROGRESS ? 1 : 2;
 }
 
 static void apply_snapshot_locked(coord *c, const rdzv_etcd_kv *kvs, size_t n) {
@@ -368,62 +327,72 @@ static void on_watch(void *ud, const rdzv_etcd_watch_resp *r) {
 static newt_result_t start_picture(coord *c) {
   rdzv_etcd_kvs all;
   rdzv_etcd_range_opts ro = {.prefix = 1};
-  NEWT_CHECK(rdzv_etcd_range(c->etcd, c->prefix, &ro, call_deadline(), &all));
+  NEWT_CHECK(rdzv_etcd_range(c->etcd, c->prefix, &ro, job_call_deadline(), &all));
   pthread_mutex_lock(&c->mu);
   apply_snapshot_locked(c, all.kvs, all.n);
   c->prog_change = newt_now_ns();
   pthread_mutex_unlock(&c->mu);
   rdzv_etcd_watch_opts wo = {.prefix = 1, .start_revision = all.revision + 1, .progress_notify = 1};
   rdzv_etcd_kvs_free(&all);
-  return rdzv_etcd_watch_start(c->etcd, c->prefix, &wo, on_watch, c, call_deadline(), &c->watch);
+  return rdzv_etcd_watch_start(c->etcd, c->prefix, &wo, on_watch, c, job_call_deadline(), &c->watch);
 }
 
 /* --- decisions (main thread) ----------------------------------------------------------------- */
 
-static void post_event(coord *c, cJSON *ev) {
-  newt_json_add_int(ev, "t_ms", (int64_t)newt_wall_ms());
-  cJSON_AddStringToObject(ev, "coordinator", c->id);
-  char *text = newt_json_print(ev);
-  cJSON_Delete(ev);
-  if (text && rdzv_event_post(c->etcd, c->o->job, text, call_deadline()) != NEWT_OK)
+/* Posts an event of this coordinator, stamped now. */
+static void post_event(coord *c, job_event *ev) {
+  ev->t_ms = newt_wall_ms();
+  snprintf(ev->coordinator, sizeof ev->coordinator, "%s", c->id);
+  char *text = job_event_to_json(ev);
+  if (text && rdzv_event_post(c->etcd, c->o->job, text, job_call_deadline()) != NEWT_OK)
     NEWT_WARN(COORD, "posting an event: %s", newt_errmsg());
   free(text);
 }
 
-static int is_reporter(const coord *c, const char *id) {
-  for (int i = 0; i < c->nreports; i++)
-    if (strcmp(c->reports[i].id, id) == 0) return 1;
-  return 0;
+/* Whether the members not in the plan would make a larger one: the plan they would get
+ * (placement included: tensor-parallel groups never span hosts) against the current.
+ * Leavers, donors and finishers count for nothing. Called with mu held (from the policy);
+ * the answer is kept until the membership or the plan changes. */
+static int join_grows_layout(void *ud);
+
+/* The picture as the policy sees it. Called with mu held; valid while it is held. */
+static policy_view view_locked(coord *c) {
+  uint64_t prog = c->prog_change > c->plan_mono ? c->prog_change : c->plan_mono;
+  return (policy_view){.spec = &c->spec,
+                       .plan = &c->plan,
+                       .members = c->members,
+                       .nmembers = c->nmembers,
+                       .reports = c->reports,
+                       .nreports = c->nreports,
+                       .departed = c->departed,
+                       .ndeparted = c->ndeparted,
+                       .now = newt_now_ns(),
+                       .first_member = c->first_member,
+                       .last_join = c->last_join,
+                       .first_report = c->first_report,
+                       .first_gone = c->first_gone,
+                       .last_progress = prog,
+                       .join_window_ms = newt_param_JoinWindowMs(),
+                       .start_window_ms = newt_param_StartWindowMs(),
+                       .join_grows = join_grows_layout,
+                       .ud = c};
 }
 
-static int is_accused(const coord *c, const char *id) {
-  for (int i = 0; i < c->nreports; i++)
-    for (int k = 0; k < c->reports[i].naccuse; k++)
-      if (strcmp(c->reports[i].accuse[k], id) == 0) return 1;
-  return 0;
-}
-
-/* The plan members (live, not leaving, not in `exclude`). Called with mu held. */
-static int collect_members(coord *c, char (*exclude)[RDZV_NAME_MAX], int nexclude, plan_member *out) {
-  int n = 0;
-  for (int i = 0; i < c->nmembers; i++) {
-    const rdzv_worker *w = &c->members[i];
-    if (member_leaving(w) || member_done(w) || !w->addr[0]) continue;
-    int skip = 0;
-    for (int k = 0; k < nexclude && !skip; k++) skip = strcmp(exclude[k], w->id) == 0;
-    if (skip) continue;
-    plan_member *m = &out[n++];
-    memset(m, 0, sizeof *m);
-    snprintf(m->id, sizeof m->id, "%s", w->id);
-    snprintf(m->host, sizeof m->host, "%.63s", w->host);
-    snprintf(m->addr, sizeof m->addr, "%.95s", w->addr);
-    m->join_rev = w->create_revision;
-    const plan_rank *r = c->plan.generation ? plan_find(&c->plan, w->id) : NULL;
-    m->prev_rank = r ? r->rank : -1;
-    m->prev_pp = r ? r->pp : -1;
-    m->has_state = r != NULL;
-  }
-  return n;
+static int join_grows_layout(void *ud) {
+  coord *c = ud;
+  if (c->join_checked_join == c->last_join && c->join_checked_gen == c->plan.generation) return 0;
+  plan_member *m = calloc((size_t)(c->nmembers ? c->nmembers : 1), sizeof *m);
+  if (!m) return 0;
+  policy_view v = view_locked(c);
+  int n = policy_plan_members(&v, NULL, 0, m), unplanned = 0;
+  for (int i = 0; i < n; i++) unplanned += m[i].prev_rank < 0;
+  newt_plan trial = {0};
+  int grows = unplanned && plan_compute(&c->spec, m, n, c->plan.generation, &trial) == NEWT_OK &&
+              trial.dp * trial.pp > c->plan.dp * c->plan.pp;
+  plan_free(&trial);
+  free(m);
+  if (!grows) c->join_checked_join = c->last_join, c->join_checked_gen = c->plan.generation;
+  return grows;
 }
 
 /* Computes and publishes the next plan. Returns NEWT_ERR_UNAVAILABLE when no layout fits
@@ -431,37 +400,26 @@ static int collect_members(coord *c, char (*exclude)[RDZV_NAME_MAX], int nexclud
 static newt_result_t replan(coord *c, const char *cause, const char *switch_mode, char (*exclude)[RDZV_NAME_MAX],
                             int nexclude) {
   pthread_mutex_lock(&c->mu);
-  plan_member *m = calloc((size_t)(c->nmembers ? c->nmembers : 1), sizeof *m);
-  if (!m) {
+  size_t room = (size_t)(c->nmembers ? c->nmembers : 1);
+  plan_member *m = calloc(room, sizeof *m), *donors = calloc(room, sizeof *donors);
+  if (!m || !donors) {
     pthread_mutex_unlock(&c->mu);
+    free(m);
+    free(donors);
     return NEWT_ERR(NEWT_ERR_NOMEM, "out of memory planning");
   }
-  int n = collect_members(c, exclude, nexclude, m);
-  /* workers leaving gracefully hand their state over before they go: the ranks of the
-     current plan, and its donors while it has not started (once it has, they handed over
-     and left) */
-  plan_member *donors = calloc((size_t)(c->nmembers ? c->nmembers : 1), sizeof *donors);
-  int ndonors = 0;
-  for (int i = 0; donors && i < c->nmembers; i++) {
-    const rdzv_worker *w = &c->members[i];
-    if (strcmp(w->state, "leaving") != 0 || !w->addr[0]) continue;
-    if (!plan_find(&c->plan, w->id) && (c->recorded || !plan_find_donor(&c->plan, w->id))) continue;
-    snprintf(donors[ndonors].id, sizeof donors[ndonors].id, "%s", w->id);
-    snprintf(donors[ndonors].host, sizeof donors[ndonors].host, "%.63s", w->host);
-    snprintf(donors[ndonors].addr, sizeof donors[ndonors].addr, "%.95s", w->addr);
-    ndonors++;
-  }
+  policy_view v = view_locked(c);
+  int n = policy_plan_members(&v, exclude, nexclude, m);
+  int ndonors = policy_donors(&v, c->recorded, donors);
   uint64_t prev = c->plan.generation;
   int64_t step = c->prog_step, lost_from = c->max_step_seen;
-  uint64_t first_report = c->first_report;
   uint64_t t_detect = 0;
   for (int i = 0; i < c->nreports; i++)
     if (!t_detect || c->reports[i].t_ms < t_detect) t_detect = c->reports[i].t_ms;
   pthread_mutex_unlock(&c->mu);
-  (void)first_report;
 
   newt_plan p = {0};
-  newt_result_t r = donors ? plan_compute(&c->spec, m, n, prev, &p) : NEWT_ERR(NEWT_ERR_NOMEM, "out of memory planning");
+  newt_result_t r = plan_compute(&c->spec, m, n, prev, &p);
   free(m);
   for (int i = 0; r == NEWT_OK && i < ndonors; i++) r = plan_add_donor(&p, donors[i].id, donors[i].host, donors[i].addr);
   free(donors);
@@ -477,7 +435,7 @@ static newt_result_t replan(coord *c, const char *cause, const char *switch_mode
     plan_free(&p);
     return NEWT_ERR(NEWT_ERR_NOMEM, "out of memory writing a plan");
   }
-  r = rdzv_plan_publish(c->cand, (int64_t)p.generation, json, call_deadline());
+  r = rdzv_plan_publish(c->cand, (int64_t)p.generation, json, job_call_deadline());
   free(json);
   if (r != NEWT_OK) {
     plan_free(&p);
@@ -486,15 +444,9 @@ static newt_result_t replan(coord *c, const char *cause, const char *switch_mode
   uint64_t now = newt_wall_ms();
   NEWT_INFO(COORD, "published plan %llu (%s): %d ranks, dp %d, accum %lld, %d spares", (unsigned long long)p.generation,
             cause, p.nranks, p.dp, (long long)p.accum, p.nspares);
-  cJSON *ev = cJSON_CreateObject();
-  cJSON_AddStringToObject(ev, "type", "plan");
-  newt_json_add_int(ev, "generation", (int64_t)p.generation);
-  cJSON_AddStringToObject(ev, "cause", cause);
-  newt_json_add_int(ev, "world", p.nranks);
-  newt_json_add_int(ev, "dp", p.dp);
-  newt_json_add_int(ev, "spares", p.nspares);
-  cJSON *ex = cJSON_AddArrayToObject(ev, "excluded");
-  for (int i = 0; i < nexclude; i++) cJSON_AddItemToArray(ex, cJSON_CreateString(exclude[i]));
+  job_event ev = {.type = JOB_EV_PLAN, .generation = (int64_t)p.generation, .world = p.nranks, .dp = p.dp,
+                  .spares = p.nspares, .excluded = exclude, .nexcluded = nexclude};
+  snprintf(ev.cause, sizeof ev.cause, "%s", cause);
 
   pthread_mutex_lock(&c->mu);
   set_plan_locked(c, &p);
@@ -509,9 +461,9 @@ static newt_result_t replan(coord *c, const char *cause, const char *switch_mode
   c->t_detect = t_detect ? t_detect : c->t_trigger;
   c->lost_from = lost_from;
   c->waiting_logged = 0;
-  metrics_set(c->metrics, "newt_generation", (double)p.generation);
-  metrics_set(c->metrics, "newt_world_size", (double)p.nranks);
-  post_event(c, ev);
+  metrics_set(c->metrics, "newt_generation", (double)c->plan.generation);
+  metrics_set(c->metrics, "newt_world_size", (double)c->plan.nranks);
+  post_event(c, &ev);
   return NEWT_OK;
 }
 
@@ -521,7 +473,7 @@ static void fence(coord *c, const char *id) {
   int i = find_member(c, id);
   int64_t lease = i >= 0 ? c->members[i].lease : 0;
   pthread_mutex_unlock(&c->mu);
-  if (lease && rdzv_etcd_lease_revoke(c->etcd, lease, call_deadline()) != NEWT_OK &&
+  if (lease && rdzv_etcd_lease_revoke(c->etcd, lease, job_call_deadline()) != NEWT_OK &&
       newt_errcode() != NEWT_ERR_NOTFOUND)
     NEWT_WARN(COORD, "fencing %s: %s", id, newt_errmsg());
   /* out of the picture now, not when the watch brings the deletion: no plan (nor the
@@ -530,10 +482,9 @@ static void fence(coord *c, const char *id) {
   drop_member(c, id);
   pthread_mutex_unlock(&c->mu);
   NEWT_INFO(COORD, "fenced %s", id);
-  cJSON *ev = cJSON_CreateObject();
-  cJSON_AddStringToObject(ev, "type", "fence");
-  cJSON_AddStringToObject(ev, "worker", id);
-  post_event(c, ev);
+  job_event ev = {.type = JOB_EV_FENCE};
+  snprintf(ev.worker, sizeof ev.worker, "%s", id);
+  post_event(c, &ev);
 }
 
 static void record_recovery(coord *c) {
@@ -549,189 +500,68 @@ static void record_recovery(coord *c) {
     pthread_mutex_unlock(&c->mu);
     return;
   }
-  uint64_t t_comm = 0, t_restore = 0, t_step = 0;
-  int64_t restore_step = INT64_MAX;
-  const char *worst = "memory";
-  static const char *const order[] = {"memory", "peer", "init", "ckpt"};
+  /* the slowest rank's timings, the oldest state restored, the costliest source */
+  job_event ev = {.type = strcmp(c->cause, "initial") == 0 ? JOB_EV_STARTED : JOB_EV_RECOVERED,
+                  .generation = (int64_t)p->generation,
+                  .world = p->nranks,
+                  .restore_step = INT64_MAX,
+                  .t_trigger = c->t_trigger,
+                  .t_detect = c->t_detect,
+                  .t_plan = c->t_published};
+  snprintf(ev.restore, sizeof ev.restore, "memory");
   for (int k = 0; k < c->nacks; k++) {
-    const c_ack *a = &c->acks[k];
-    if (a->t_comm > t_comm) t_comm = a->t_comm;
-    if (a->t_restore > t_restore) t_restore = a->t_restore;
-    if (a->t_step > t_step) t_step = a->t_step;
-    if (a->restore_step < restore_step) restore_step = a->restore_step;
-    for (int o = 0; o < 4; o++)
-      if (strcmp(a->restore, order[o]) == 0)
-        for (int q = 0; q < 4; q++)
-          if (strcmp(worst, order[q]) == 0 && o > q) worst = order[o];
+    const job_ack *a = &c->acks[k].a;
+    if (a->t_comm > ev.t_comm) ev.t_comm = a->t_comm;
+    if (a->t_restore > ev.t_restore) ev.t_restore = a->t_restore;
+    if (a->t_step > ev.t_step) ev.t_step = a->t_step;
+    if (a->restore_step < ev.restore_step) ev.restore_step = a->restore_step;
+    if (job_restore_rank(a->restore) > job_restore_rank(ev.restore)) snprintf(ev.restore, sizeof ev.restore, "%s", a->restore);
   }
-  uint64_t gen = p->generation;
-  int world = p->nranks;
   pthread_mutex_unlock(&c->mu);
   c->recorded = 1;
-  int64_t lost = c->lost_from - restore_step;
-  if (lost < 0 || strcmp(c->cause, "initial") == 0) lost = 0;
-  cJSON *ev = cJSON_CreateObject();
-  cJSON_AddStringToObject(ev, "type", strcmp(c->cause, "initial") == 0 ? "started" : "recovered");
-  newt_json_add_int(ev, "generation", (int64_t)gen);
-  cJSON_AddStringToObject(ev, "cause", c->cause);
-  newt_json_add_int(ev, "world", world);
-  newt_json_add_int(ev, "t_trigger", (int64_t)c->t_trigger);
-  newt_json_add_int(ev, "t_detect", (int64_t)c->t_detect);
-  newt_json_add_int(ev, "t_plan", (int64_t)c->t_published);
-  newt_json_add_int(ev, "t_comm", (int64_t)t_comm);
-  newt_json_add_int(ev, "t_restore", (int64_t)t_restore);
-  newt_json_add_int(ev, "t_step", (int64_t)t_step);
-  cJSON_AddStringToObject(ev, "restore", worst);
-  newt_json_add_int(ev, "restore_step", restore_step);
-  newt_json_add_int(ev, "steps_lost", lost);
+  int64_t lost = c->lost_from - ev.restore_step;
+  if (lost < 0 || ev.type == JOB_EV_STARTED) lost = 0;
+  ev.steps_lost = lost;
+  snprintf(ev.cause, sizeof ev.cause, "%s", c->cause);
   NEWT_INFO(COORD, "generation %llu (%s) complete: %lld ms from detection to its first step, %lld steps lost",
-            (unsigned long long)gen, c->cause, (long long)(t_step - c->t_detect), (long long)lost);
-  if (strcmp(c->cause, "initial") != 0) {
+            (unsigned long long)ev.generation, c->cause, (long long)(ev.t_step - c->t_detect), (long long)lost);
+  if (ev.type == JOB_EV_RECOVERED) {
     metrics_add(c->metrics, "newt_recoveries_total", 1);
-    metrics_set(c->metrics, "newt_last_recovery_ms", (double)(t_step - c->t_detect));
+    metrics_set(c->metrics, "newt_last_recovery_ms", (double)(ev.t_step - c->t_detect));
   }
-  post_event(c, ev);
+  post_event(c, &ev);
   c->t_trigger = 0;
 }
 
-/* ns from t to now; 0 when t is later (the watch thread may stamp a time after ours). */
-static uint64_t elapsed(uint64_t now, uint64_t t) { return now > t ? now - t : 0; }
-
-/* Whether the members not in the plan would make a larger one: the plan they would get
- * (placement included: tensor-parallel groups never span hosts) against the current.
- * Leavers, donors and finishers count for nothing. Called with mu held; the answer is
- * kept until the membership or the plan changes. */
-static int join_grows_layout(coord *c) {
-  if (c->join_checked_join == c->last_join && c->join_checked_gen == c->plan.generation) return 0;
-  plan_member *m = calloc((size_t)(c->nmembers ? c->nmembers : 1), sizeof *m);
-  if (!m) return 0;
-  int n = collect_members(c, NULL, 0, m), unplanned = 0;
-  for (int i = 0; i < n; i++) unplanned += m[i].prev_rank < 0;
-  newt_plan trial = {0};
-  int grows = unplanned && plan_compute(&c->spec, m, n, c->plan.generation, &trial) == NEWT_OK &&
-              trial.dp * trial.pp > c->plan.dp * c->plan.pp;
-  plan_free(&trial);
-  free(m);
-  if (!grows) c->join_checked_join = c->last_join, c->join_checked_gen = c->plan.generation;
-  return grows;
-}
-
-/* Looks at the picture once and acts. Returns NEWT_ERR_CONFLICT when leadership is lost. */
+/* Looks at the picture once and acts on the policy's decision. Returns NEWT_ERR_CONFLICT
+ * when leadership is lost. */
 static newt_result_t decide(coord *c) {
-  uint64_t now;
-  char (*exclude)[RDZV_NAME_MAX] = NULL;
-  int nexclude = 0;
-  const char *cause = NULL, *mode = "abort";
-  newt_result_t r = NEWT_OK;
-
+  policy_decision d;
   pthread_mutex_lock(&c->mu);
-  now = newt_now_ns();
   metrics_set(c->metrics, "newt_workers", (double)c->nmembers);
-  int nranks = c->plan.nranks;
-  exclude = calloc((size_t)(c->nmembers + nranks + 1), sizeof *exclude);
-  if (!exclude) {
-    pthread_mutex_unlock(&c->mu);
-    return NEWT_ERR(NEWT_ERR_NOMEM, "out of memory deciding");
-  }
-  int finishing = 0;
-  for (int i = 0; i < c->nmembers; i++) finishing |= member_done(&c->members[i]);
-  if (finishing) {
-    /* the last step is done and the ranks are leaving: the end marker follows */
-  } else if (!c->plan.generation) {
-    /* the first plan: once spec.parallel.start_workers are here (or start_timeout_ms after
-       the first came), else once joins settle or every worker a layout could use is here */
-    int64_t most = c->spec.dp_max * c->spec.tp * c->spec.pp;
-    if (c->nmembers > 0 && !c->first_member) c->first_member = now;
-    int go;
-    if (c->spec.start_workers > 0)
-      go = c->nmembers >= c->spec.start_workers ||
-           elapsed(now, c->first_member) >= (uint64_t)c->spec.start_timeout_ms * 1000000ull;
-    else
-      go = c->nmembers >= most || elapsed(now, c->last_join) >= (uint64_t)newt_param_StartWindowMs() * 1000000ull;
-    if (c->nmembers > 0 && go) cause = "initial", mode = "boundary";
-  } else {
-    int gone = 0, leaving = 0, unreported = 0;
-    for (int k = 0; k < nranks; k++) {
-      const char *id = c->plan.ranks[k].worker;
-      int i = find_member(c, id);
-      if (i < 0 && departed(c, id)) {
-        leaving++;
-        snprintf(exclude[nexclude++], RDZV_NAME_MAX, "%s", id);
-      } else if (i < 0) {
-        gone++;
-        snprintf(exclude[nexclude++], RDZV_NAME_MAX, "%s", id);
-      } else if (member_leaving(&c->members[i])) {
-        leaving++;
-        snprintf(exclude[nexclude++], RDZV_NAME_MAX, "%s", id);
-      } else if (c->nreports && is_accused(c, id) && !is_reporter(c, id)) {
-        snprintf(exclude[nexclude++], RDZV_NAME_MAX, "%s", id); /* a suspect */
-      } else if (c->nreports && !is_reporter(c, id)) {
-        unreported++;
-      }
-    }
-    int window_over = c->first_report &&
-                      elapsed(now, c->first_report) >= (uint64_t)c->spec.report_window_ms * 1000000ull;
-    /* a failure cascades (each rank that sees one aborts, closing its links), so the
-       kind of the earliest report is the kind of the fault */
-    int first_hang = 0;
-    uint64_t first_t = UINT64_MAX;
-    for (int i = 0; i < c->nreports; i++)
-      if (c->reports[i].t_ms < first_t || (c->reports[i].t_ms == first_t && !c->reports[i].hang)) {
-        first_t = c->reports[i].t_ms;
-        first_hang = c->reports[i].hang;
-      }
-    if (c->nreports && (unreported == 0 || window_over)) {
-      if (window_over && unreported) {
-        /* ranks that neither reported nor were named: they are stuck too */
-        for (int k = 0; k < nranks; k++) {
-          const char *id = c->plan.ranks[k].worker;
-          if (find_member(c, id) >= 0 && !is_reporter(c, id) && !is_accused(c, id))
-            snprintf(exclude[nexclude++], RDZV_NAME_MAX, "%s", id);
-        }
-      }
-      cause = first_hang ? "hang" : "crash";
-    } else if (!c->nreports && leaving && !gone) {
-      cause = "leave", mode = "boundary";
-    } else if (!c->nreports && gone) {
-      /* a lease ran out and no survivor saw a connection die: a rank that crashed would
-         have been reported within milliseconds, so it stopped (or lost its network) --
-         unless no rank survived to report anything. Leases of ranks that died together run
-         out up to a renewal period apart: wait that long for the others (or a report). */
-      if (!c->first_gone) c->first_gone = now;
-      if (gone == nranks) {
-        /* nobody left: nothing runs and no state is held, so gather the workers that are
-           arriving (as for the first plan) instead of planning with the first one */
-        if (elapsed(now, c->last_join) >= (uint64_t)newt_param_JoinWindowMs() * 1000000ull) cause = "crash";
-      }
-      else if (elapsed(now, c->first_gone) >= (uint64_t)c->spec.lease_ttl_ms / 2 * 1000000ull) cause = "hang";
-    } else if (!c->nreports && elapsed(now, c->prog_change > c->plan_mono ? c->prog_change : c->plan_mono) >=
-                                          (uint64_t)c->spec.hang_timeout_ms * 1000000ull) {
-      cause = "hang";
-    } else if (!c->nreports && elapsed(now, c->last_join) >= (uint64_t)newt_param_JoinWindowMs() * 1000000ull) {
-      /* newcomers: replan only when they allow a larger layout */
-      if (join_grows_layout(c)) cause = "join", mode = "boundary";
-    }
-  }
+  policy_view v = view_locked(c);
+  newt_result_t r = policy_decide(&v, &d);
+  c->first_member = d.first_member;
+  c->first_gone = d.first_gone;
   pthread_mutex_unlock(&c->mu);
+  if (r != NEWT_OK) return r;
 
+  const char *cause = policy_cause(d.reason);
   if (cause) {
     if (!c->t_trigger) c->t_trigger = newt_wall_ms();
-    /* fence the accused that did not report: a hung process must not come back into g+1 */
-    if (strcmp(cause, "crash") == 0 || strcmp(cause, "hang") == 0)
-      for (int i = 0; i < nexclude; i++) {
-        pthread_mutex_lock(&c->mu);
-        int present = find_member(c, exclude[i]) >= 0;
-        pthread_mutex_unlock(&c->mu);
-        if (present) fence(c, exclude[i]);
-      }
-    r = replan(c, cause, mode, exclude, nexclude);
+    for (int i = 0; d.fence && i < d.nexclude; i++) {
+      pthread_mutex_lock(&c->mu);
+      int present = find_member(c, d.exclude[i]) >= 0;
+      pthread_mutex_unlock(&c->mu);
+      if (present) fence(c, d.exclude[i]);
+    }
+    r = replan(c, cause, d.at_boundary ? "boundary" : "abort", d.exclude, d.nexclude);
     if (r == NEWT_ERR_UNAVAILABLE) {
       if (!c->waiting_logged) {
         NEWT_WARN(COORD, "cannot plan (%s): %s", cause, newt_errmsg());
-        cJSON *ev = cJSON_CreateObject();
-        cJSON_AddStringToObject(ev, "type", "waiting");
-        cJSON_AddStringToObject(ev, "why", newt_errmsg());
-        post_event(c, ev);
+        job_event ev = {.type = JOB_EV_WAITING};
+        snprintf(ev.why, sizeof ev.why, "%s", newt_errmsg());
+        post_event(c, &ev);
         c->waiting_logged = 1;
       }
       r = NEWT_OK;
@@ -739,7 +569,7 @@ static newt_result_t decide(coord *c) {
   } else if (c->plan_mono && !c->recorded) {
     record_recovery(c);
   }
-  free(exclude);
+  policy_decision_free(&d);
   return r;
 }
 
@@ -753,9 +583,8 @@ static void on_leadership(void *ud, int leading, const char *why) {
 static newt_result_t lead(coord *c) {
   NEWT_INFO(COORD, "%s leads job %s", c->id, c->o->job);
   metrics_set(c->metrics, "newt_is_leader", 1);
-  cJSON *ev = cJSON_CreateObject();
-  cJSON_AddStringToObject(ev, "type", "leader");
-  post_event(c, ev);
+  job_event ev = {.type = JOB_EV_LEADER};
+  post_event(c, &ev);
   c->plan_mono = newt_now_ns();
   c->recorded = 1; /* a predecessor's generation: its recovery is its own */
   c->t_trigger = 0;
@@ -787,13 +616,12 @@ static newt_result_t lead(coord *c) {
     pthread_mutex_unlock(&c->mu);
     if (done) {
       if (c->plan_mono && !c->recorded) record_recovery(c);
-      cJSON *e = cJSON_CreateObject();
-      cJSON_AddStringToObject(e, "type", "done");
+      job_event e = {.type = JOB_EV_DONE};
       pthread_mutex_lock(&c->mu);
-      newt_json_add_int(e, "step", c->prog_step);
-      cJSON_AddNumberToObject(e, "loss", c->prog_loss);
+      e.step = c->prog_step;
+      e.loss = c->prog_loss;
       pthread_mutex_unlock(&c->mu);
-      post_event(c, e);
+      post_event(c, &e);
       NEWT_INFO(COORD, "job %s is done", c->o->job);
       break;
     }
@@ -804,15 +632,6 @@ static newt_result_t lead(coord *c) {
   c->watch = NULL;
   metrics_set(c->metrics, "newt_is_leader", 0);
   return r;
-}
-
-static int job_done(coord *c) {
-  char key[256];
-  rdzv_etcd_kv kv;
-  if (rdzv_key(key, sizeof key, c->o->job, "done") != NEWT_OK) return 0;
-  if (rdzv_etcd_get(c->etcd, key, call_deadline(), &kv, NULL) != NEWT_OK) return 0;
-  rdzv_etcd_kv_free(&kv);
-  return 1;
 }
 
 static newt_result_t define_metrics(coord *c) {
@@ -851,7 +670,7 @@ newt_result_t coordinator_run(const coordinator_opts *o) {
   char *spec = NULL;
   newt_deadline_t d = newt_deadline_in_ms(60000);
   while (r == NEWT_OK) {
-    r = rdzv_spec_get(c->etcd, o->job, call_deadline(), &spec);
+    r = rdzv_spec_get(c->etcd, o->job, job_call_deadline(), &spec);
     if (r != NEWT_ERR_NOTFOUND) break;
     if (newt_deadline_passed(d) || newt_stop_requested()) {
       r = NEWT_ERR(NEWT_ERR_NOTFOUND, "job %s has no spec in etcd (give one with --spec FILE)", o->job);
@@ -866,9 +685,9 @@ newt_result_t coordinator_run(const coordinator_opts *o) {
     r = metrics_start(o->metrics_addr ? o->metrics_addr : "0.0.0.0", o->metrics_port, &c->metrics);
   if (r == NEWT_OK && c->metrics) r = define_metrics(c);
   while (r == NEWT_OK && !newt_stop_requested()) {
-    if (job_done(c)) break;
+    if (job_is_done(c->etcd, c->o->job)) break;
     rdzv_campaign_opts co = {.name = c->id, .ttl_s = (c->spec.lease_ttl_ms + 999) / 1000, .fn = on_leadership, .ud = c};
-    r = rdzv_campaign(c->etcd, o->job, &co, call_deadline(), &c->cand);
+    r = rdzv_campaign(c->etcd, o->job, &co, job_call_deadline(), &c->cand);
     if (r == NEWT_ERR_UNAVAILABLE || r == NEWT_ERR_TIMEOUT) {
       /* etcd away: campaign again once it is back */
       NEWT_WARN(COORD, "campaigning: %s", newt_errmsg());
@@ -880,7 +699,7 @@ newt_result_t coordinator_run(const coordinator_opts *o) {
     newt_result_t w;
     do {
       w = rdzv_candidate_wait(c->cand, newt_deadline_in_ms(500));
-      if (w == NEWT_ERR_TIMEOUT && (newt_stop_requested() || job_done(c))) break;
+      if (w == NEWT_ERR_TIMEOUT && (newt_stop_requested() || job_is_done(c->etcd, c->o->job))) break;
     } while (w == NEWT_ERR_TIMEOUT);
     if (w == NEWT_OK) {
       newt_result_t l = lead(c);
@@ -894,7 +713,7 @@ newt_result_t coordinator_run(const coordinator_opts *o) {
     rdzv_candidate_resign(c->cand, newt_deadline_in_ms(1000));
     rdzv_candidate_free(c->cand);
     c->cand = NULL;
-    if (newt_stop_requested() || job_done(c) || r != NEWT_OK) break;
+    if (newt_stop_requested() || job_is_done(c->etcd, c->o->job) || r != NEWT_OK) break;
   }
   char msg[1024];
   snprintf(msg, sizeof msg, "%s", newt_errmsg());

@@ -2,7 +2,7 @@
  * stage 0..3, following the single-process trainer (train.h) step for step.
  *
  * Layout. tp * pp * dp ranks; rank = (pp_rank * dp + dp_rank) * tp + tp_rank (Megatron's
- * order, coordinator/plan.h): a tensor-parallel group is tp consecutive ranks.
+ * order, job/plan.h): a tensor-parallel group is tp consecutive ranks.
  *
  *   tensor parallel (tp)  Megatron: qkv (split by heads within each of q, k, v) and mlp.fc
  *                         are column-parallel, attn.proj and mlp.proj row-parallel, so a

@@ -1,5 +1,11 @@
-/* The worker's state, shared by its files (worker.c: life and generations; restore.c:
- * where a generation's state comes from). */
+/* The worker's state, shared by its files. Arrows go one way, from the top:
+ *
+ *   worker.c    life: setup, the plan watch, waiting for plans, generations, the step loop
+ *   save.c      the periodic checkpoints of a generation (uses publish.c for the pointer)
+ *   state.c     the training state: restore (memory, peers, checkpoint, seed), the pre-step
+ *               snapshot, the ZeRO shard replica, a leaver's hand-over (uses reshard.c)
+ *   publish.c   everything the worker writes to etcd (job/records.h), off the step's path
+ *   reshard.c   moving pieces of a flat state between layouts (reshard.h) */
 #ifndef NEWT_WORKER_INTERNAL_H
 #define NEWT_WORKER_INTERNAL_H
 
@@ -7,11 +13,12 @@
 #include <stdatomic.h>
 #include <stdint.h>
 #include <stdio.h>
+#include <time.h>
 
 #include "ckpt/ckpt.h"
 #include "comm/comm.h"
-#include "coordinator/plan.h"
-#include "coordinator/spec.h"
+#include "job/plan.h"
+#include "job/spec.h"
 #include "model/loader.h"
 #include "model/parallel.h"
 #include "model/train.h"
@@ -84,7 +91,7 @@ typedef struct worker {
   int leave_announced;
 } worker;
 
-/* Checkpoints (ckpt.c): a saver per generation; a save after each step that is a multiple
+/* Checkpoints (save.c): a saver per generation; a save after each step that is a multiple
  * of spec.ckpt.every (every rank its primary pieces, rank 0 commits). */
 newt_result_t worker_ckpt_generation(worker *w, const newt_plan *p, const plan_rank *me);
 newt_result_t worker_ckpt_step(worker *w, const newt_plan *p, const plan_rank *me);
@@ -100,18 +107,43 @@ newt_result_t worker_replicate(worker *w);
 newt_result_t worker_donate(worker *w, comm_t *c);
 void worker_state_free(worker *w);
 
-/* The token source as checkpoints name it ("generated:<bytes>" or the file). */
-void worker_data_desc(const worker *w, char *out, size_t cap);
-
 /* The data cursor: samples consumed by the steps done. */
 static inline uint64_t worker_cursor(const worker *w) {
   return (uint64_t)w->par.step * (uint64_t)w->spec.global_batch;
 }
 
-void worker_abort_comm(worker *w, const char *why);
-void worker_publish(worker *w, const char *key, char *value, int64_t lease);
+/* Waits on the worker's condition variable for at most ms (called with mu held). */
+static inline void worker_wait_cv(worker *w, long ms) {
+  struct timespec ts;
+  clock_gettime(CLOCK_REALTIME, &ts);
+  ts.tv_nsec += ms * 1000000L;
+  if (ts.tv_nsec >= 1000000000L) {
+    ts.tv_sec++;
+    ts.tv_nsec -= 1000000000L;
+  }
+  pthread_cond_timedwait(&w->cv, &w->mu, &ts);
+}
+
+/* --- etcd (publish.c) ------------------------------------------------------------------- */
+
+/* Registers under workers/<id> (retrying while an earlier registration of the same id
+ * lives out its lease); a lost lease is renewed by the publisher. */
+newt_result_t worker_register(worker *w);
+newt_result_t worker_publisher_start(worker *w);
+/* Writes what is still queued (bounded by a lease TTL and 3 s), then stops the thread. */
+void worker_publisher_stop(worker *w);
+/* The registration's state ("training", "leaving", ...), written now / by the publisher. */
 newt_result_t worker_set_state(worker *w, const char *state);
-/* The same, written by the publisher thread: never holds up a step. */
 void worker_set_state_async(worker *w, const char *state);
+/* A failed generation (hang: no progress by the deadline; else a crash), whom it lost
+ * (NULL: it cannot tell) and why; written at once, on the registration lease. */
+void worker_report(worker *w, const newt_plan *p, int hang, const char *accused, const char *why);
+/* The acknowledgement of p (after its first step), progress (at most every
+ * NEWT_PROGRESS_MS, and always the last step), the newest committed checkpoint. */
+void worker_publish_ack(worker *w, const newt_plan *p, const plan_rank *me);
+void worker_publish_progress(worker *w, const newt_plan *p, double loss, double tps);
+void worker_publish_ckpt(worker *w, int64_t step);
+/* The end marker (rank 0 after the last step), written at once. */
+void worker_mark_done(worker *w, double loss);
 
 #endif

@@ -216,7 +216,7 @@ static newt_result_t load_ckpt(worker *w, comm_t *c, model_par *np, int64_t *ste
   for (size_t i = 0; i < n; i++) reqs[i] = (ckpt_request){.t = pp[i].desc, .slice = pp[i].slice, .out = pp[i].data};
   ckpt_train_point pt = {.step = -1};
   char desc[SPEC_PATH_MAX + 32];
-  worker_data_desc(w, desc, sizeof desc);
+  spec_data_desc(&w->spec, desc, sizeof desc);
   newt_result_t r = w->spec.ckpt_dir[0]
                         ? ckpt_train_load(w->spec.ckpt_dir, CKPT_LATEST, &w->tcfg, desc, 2, reqs, n, &pt)
                         : NEWT_ERR(NEWT_ERR_NOTFOUND, "no checkpoint directory");

@@ -26,15 +26,11 @@
 #include "common/param.h"
 #include "common/strutil.h"
 #include "common/sys.h"
-#include "coordinator/plan.h"
+#include "job/plan.h"
+#include "job/records.h"
 #include "model/ops.h"
 #include "rendezvous/rdzv.h"
 #include "worker/internal.h"
-
-NEWT_PARAM(ProgressMs, "NEWT_PROGRESS_MS", 100)
-NEWT_PARAM(EtcdCallMs, "NEWT_ETCD_CALL_MS", 5000)
-
-static newt_deadline_t call_deadline(void) { return newt_deadline_in_ms(newt_param_EtcdCallMs()); }
 
 /* --- setup ------------------------------------------------------------------------------ */
 
@@ -101,40 +97,6 @@ static newt_result_t bind_listener(const char *addr, int port, int *fd_out, int 
   return NEWT_OK;
 }
 
-/* A lost lease does not stop training: the data plane needs no etcd. The publisher renews
- * the registration (the same lease, when etcd kept it across a restart); if the leader
- * planned without us meanwhile, its plan drops our generation. */
-static void on_lease_lost(void *ud, int64_t lease, const char *why) {
-  worker *w = ud;
-  NEWT_WARN(WORKER, "%s: registration lease %llx lost (%s); renewing it", w->id, (unsigned long long)lease, why);
-  pthread_mutex_lock(&w->mu);
-  atomic_store(&w->lease_lost, 1);
-  pthread_cond_broadcast(&w->cv);
-  pthread_mutex_unlock(&w->mu);
-}
-
-static newt_result_t do_register(worker *w) {
-  rdzv_worker reg;
-  memset(&reg, 0, sizeof reg);
-  snprintf(reg.id, sizeof reg.id, "%s", w->id);
-  snprintf(reg.host, sizeof reg.host, "%s", w->host);
-  snprintf(reg.addr, sizeof reg.addr, "%s", w->addr);
-  reg.device = w->o->device;
-  snprintf(reg.state, sizeof reg.state, "joining");
-  reg.pid = getpid();
-  reg.generation = (int64_t)w->gen;
-  int64_t ttl_s = (w->spec.lease_ttl_ms + 999) / 1000;
-  /* a previous registration of ours (same id) may still be alive for up to its TTL after
-     a restart or a lost lease: retry until it is gone */
-  newt_deadline_t d = newt_deadline_in_ms(2 * w->spec.lease_ttl_ms + 5000);
-  for (;;) {
-    newt_result_t r = rdzv_register(w->etcd, w->o->job, &reg, ttl_s, on_lease_lost, w, call_deadline(), &w->reg);
-    if (r == NEWT_OK || newt_deadline_passed(d) || newt_stop_requested()) return r;
-    if (r != NEWT_ERR_CONFLICT && r != NEWT_ERR_UNAVAILABLE && r != NEWT_ERR_TIMEOUT) return r;
-    newt_sleep_ms(200);
-  }
-}
-
 /* --- the plan watch ------------------------------------------------------------------------ */
 
 /* Whether plan p ends the running generation at once rather than at the next step
@@ -186,10 +148,10 @@ static void on_plan(void *ud, const rdzv_etcd_watch_resp *r) {
  * slip between the read and the watch (also when there was none yet). */
 static newt_result_t start_plan_watch(worker *w) {
   char key[256];
-  NEWT_CHECK(rdzv_key(key, sizeof key, w->o->job, "plan"));
+  NEWT_CHECK(job_key(key, sizeof key, w->o->job, JOB_REC_PLAN, 0, NULL));
   rdzv_etcd_kv kv;
   int64_t rev = 0;
-  newt_result_t r = rdzv_etcd_get(w->etcd, key, call_deadline(), &kv, &rev);
+  newt_result_t r = rdzv_etcd_get(w->etcd, key, job_call_deadline(), &kv, &rev);
   if (r == NEWT_OK) {
     take_plan(w, kv.value, kv.value_len);
     rdzv_etcd_kv_free(&kv);
@@ -197,162 +159,10 @@ static newt_result_t start_plan_watch(worker *w) {
     return r;
   }
   rdzv_etcd_watch_opts wo = {.start_revision = rev + 1, .progress_notify = 1};
-  return rdzv_etcd_watch_start(w->etcd, key, &wo, on_plan, w, call_deadline(), &w->plan_watch);
-}
-
-void worker_abort_comm(worker *w, const char *why) {
-  pthread_mutex_lock(&w->mu);
-  if (w->comm) {
-    NEWT_INFO(WORKER, "%s: aborting generation %llu: %s", w->id, (unsigned long long)w->gen, why);
-    comm_abort(w->comm);
-  }
-  pthread_mutex_unlock(&w->mu);
-}
-
-/* --- the publisher ------------------------------------------------------------------------- */
-
-/* Queues a write for the publisher (latest value per key wins). lease 0: none. */
-void worker_publish(worker *w, const char *key, char *value, int64_t lease) {
-  pthread_mutex_lock(&w->mu);
-  int slot = -1;
-  for (int i = 0; i < WORKER_PUB_SLOTS && slot < 0; i++)
-    if (w->pub[i].value && strcmp(w->pub[i].key, key) == 0) slot = i;
-  for (int i = 0; i < WORKER_PUB_SLOTS && slot < 0; i++)
-    if (!w->pub[i].value) slot = i;
-  if (slot < 0) {
-    NEWT_WARN(WORKER, "%s: publisher queue full, dropping %s", w->id, key);
-    free(value);
-  } else {
-    free(w->pub[slot].value);
-    snprintf(w->pub[slot].key, sizeof w->pub[slot].key, "%s", key);
-    w->pub[slot].value = value;
-    w->pub[slot].lease = lease;
-  }
-  pthread_cond_broadcast(&w->cv);
-  pthread_mutex_unlock(&w->mu);
-}
-
-/* Waits on the worker's condition variable for at most ms (called with mu held). */
-static void wait_cv(worker *w, long ms) {
-  struct timespec ts;
-  clock_gettime(CLOCK_REALTIME, &ts);
-  ts.tv_nsec += ms * 1000000L;
-  if (ts.tv_nsec >= 1000000000L) {
-    ts.tv_sec++;
-    ts.tv_nsec -= 1000000000L;
-  }
-  pthread_cond_timedwait(&w->cv, &w->mu, &ts);
-}
-
-/* Waits a little before retrying a write (called with mu held). */
-static void retry_pause(worker *w) { wait_cv(w, 100); }
-
-static void *publisher(void *arg) {
-  worker *w = arg;
-  pthread_mutex_lock(&w->mu);
-  while (!w->pub_stop) {
-    if (atomic_load(&w->lease_lost) && w->reg) {
-      pthread_mutex_unlock(&w->mu);
-      newt_result_t r = rdzv_registration_renew(w->reg, w->o->job, call_deadline());
-      pthread_mutex_lock(&w->mu);
-      if (r == NEWT_OK) {
-        atomic_store(&w->lease_lost, 0);
-        NEWT_INFO(WORKER, "%s: registration renewed (lease %llx)", w->id,
-                  (unsigned long long)rdzv_registration_lease(w->reg));
-      } else {
-        retry_pause(w);
-      }
-      continue;
-    }
-    if (w->pub_state[0]) {
-      char state[sizeof w->pub_state];
-      snprintf(state, sizeof state, "%s", w->pub_state);
-      w->pub_state[0] = '\0';
-      pthread_mutex_unlock(&w->mu);
-      newt_result_t r = worker_set_state(w, state);
-      pthread_mutex_lock(&w->mu);
-      if (r != NEWT_OK && r != NEWT_ERR_CONFLICT && !w->pub_state[0]) {
-        /* etcd away: try again, unless a newer state came meanwhile */
-        snprintf(w->pub_state, sizeof w->pub_state, "%s", state);
-        retry_pause(w);
-      }
-      continue;
-    }
-    int found = -1;
-    for (int i = 0; i < WORKER_PUB_SLOTS && found < 0; i++)
-      if (w->pub[i].value) found = i;
-    if (found < 0) {
-      pthread_cond_wait(&w->cv, &w->mu);
-      continue;
-    }
-    char key[256];
-    snprintf(key, sizeof key, "%s", w->pub[found].key);
-    char *value = w->pub[found].value;
-    int64_t lease = w->pub[found].lease;
-    w->pub[found].value = NULL;
-    pthread_mutex_unlock(&w->mu);
-    newt_result_t r = rdzv_etcd_put(w->etcd, key, value, strlen(value), lease, call_deadline(), NULL);
-    pthread_mutex_lock(&w->mu);
-    if (r != NEWT_OK && !w->pub[found].value && !w->pub_stop) {
-      /* etcd away: keep it for another try, unless a newer value came meanwhile */
-      NEWT_WARN(WORKER, "%s: writing %s: %s (will retry)", w->id, key, newt_errmsg());
-      w->pub[found].value = value;
-      retry_pause(w);
-    } else {
-      free(value);
-    }
-  }
-  pthread_mutex_unlock(&w->mu);
-  return NULL;
-}
-
-/* Writes everything still queued (at exit). */
-static void publisher_stop(worker *w) {
-  if (!w->pub_running) return;
-  /* long enough for etcd to come back from a restart: the last states matter */
-  newt_deadline_t d = newt_deadline_in_ms(w->spec.lease_ttl_ms + 3000);
-  for (;;) {
-    pthread_mutex_lock(&w->mu);
-    int pending = w->pub_state[0] != '\0';
-    for (int i = 0; i < WORKER_PUB_SLOTS; i++) pending |= w->pub[i].value != NULL;
-    pthread_mutex_unlock(&w->mu);
-    if (!pending || newt_deadline_passed(d)) break;
-    newt_sleep_ms(5);
-  }
-  pthread_mutex_lock(&w->mu);
-  w->pub_stop = 1;
-  pthread_cond_broadcast(&w->cv);
-  pthread_mutex_unlock(&w->mu);
-  pthread_join(w->pub_thread, NULL);
-  w->pub_running = 0;
-  for (int i = 0; i < WORKER_PUB_SLOTS; i++) free(w->pub[i].value);
-}
-
-newt_result_t worker_set_state(worker *w, const char *state) {
-  if (!w->reg || atomic_load(&w->lease_lost))
-    return NEWT_ERR(NEWT_ERR_UNAVAILABLE, "%s: the registration is being renewed", w->id);
-  newt_result_t r = rdzv_registration_update(w->reg, state, (int64_t)w->gen, call_deadline());
-  if (r != NEWT_OK) NEWT_WARN(WORKER, "%s: updating the registration to %s: %s", w->id, state, newt_errmsg());
-  return r;
-}
-
-void worker_set_state_async(worker *w, const char *state) {
-  pthread_mutex_lock(&w->mu);
-  snprintf(w->pub_state, sizeof w->pub_state, "%s", state);
-  pthread_cond_broadcast(&w->cv);
-  pthread_mutex_unlock(&w->mu);
+  return rdzv_etcd_watch_start(w->etcd, key, &wo, on_plan, w, job_call_deadline(), &w->plan_watch);
 }
 
 /* --- waiting for a plan ------------------------------------------------------------------- */
-
-static int job_done(worker *w) {
-  char key[256];
-  rdzv_etcd_kv kv;
-  if (rdzv_key(key, sizeof key, w->o->job, "done") != NEWT_OK) return 0;
-  if (rdzv_etcd_get(w->etcd, key, call_deadline(), &kv, NULL) != NEWT_OK) return 0;
-  rdzv_etcd_kv_free(&kv);
-  return 1;
-}
 
 typedef enum wait_outcome { WAIT_PLAN, WAIT_LEAVE, WAIT_DONE } wait_outcome;
 
@@ -389,12 +199,12 @@ static newt_result_t wait_plan(worker *w, int donor, newt_plan *out, wait_outcom
         continue;
       }
     }
-    wait_cv(w, 50);
+    worker_wait_cv(w, 50);
     pthread_mutex_unlock(&w->mu);
     uint64_t now = newt_wall_ms();
     if (now >= next_done_check) {
       next_done_check = now + 500;
-      if (job_done(w)) {
+      if (job_is_done(w->etcd, w->o->job)) {
         *how = WAIT_DONE;
         return NEWT_OK;
       }
@@ -444,31 +254,6 @@ static newt_result_t build_comm(worker *w, const newt_plan *p, const plan_rank *
   return r;
 }
 
-/* Reports a failure of generation g to the leader: its kind (crash: a connection died;
- * hang: no progress by the deadline), whom we lost (NULL: we cannot tell), our newest completed
- * step. */
-static void report(worker *w, const newt_plan *p, const char *kind, const char *accused, const char *why) {
-  cJSON *j = cJSON_CreateObject();
-  cJSON_AddStringToObject(j, "worker", w->id);
-  cJSON *acc = cJSON_AddArrayToObject(j, "accuse");
-  if (accused) cJSON_AddItemToArray(acc, cJSON_CreateString(accused));
-  cJSON_AddStringToObject(j, "kind", kind);
-  newt_json_add_int(j, "step", w->done_step);
-  newt_json_add_int(j, "t_ms", (int64_t)w->t_detect);
-  cJSON_AddStringToObject(j, "why", why);
-  char *val = newt_json_print(j);
-  cJSON_Delete(j);
-  char key[256], suffix[128];
-  snprintf(suffix, sizeof suffix, "reports/%020llu/%s", (unsigned long long)p->generation, w->id);
-  if (val && rdzv_key(key, sizeof key, w->o->job, suffix) == NEWT_OK && w->reg) {
-    if (rdzv_etcd_put(w->etcd, key, val, strlen(val), rdzv_registration_lease(w->reg), call_deadline(), NULL) != NEWT_OK)
-      NEWT_WARN(WORKER, "%s: reporting the failure of generation %llu: %s", w->id,
-                (unsigned long long)p->generation, newt_errmsg());
-  }
-  NEWT_WARN(WORKER, "%s: generation %llu failed (%s): %s", w->id, (unsigned long long)p->generation, kind, why);
-  free(val);
-}
-
 /* Reports a failed collective: the communicator says whom it lost and how. */
 static void report_failure(worker *w, const newt_plan *p, comm_t *c) {
   comm_status st;
@@ -477,49 +262,7 @@ static void report_failure(worker *w, const newt_plan *p, comm_t *c) {
   const char *accused = st.peer >= 0 && st.peer < p->nranks                ? p->ranks[st.peer].worker
                         : st.peer >= p->nranks && st.peer < p->nranks + p->ndonors ? p->donors[st.peer - p->nranks].worker
                                                                                    : NULL;
-  report(w, p, st.code == NEWT_ERR_TIMEOUT ? "hang" : "crash", accused, st.msg);
-}
-
-static void publish_ack(worker *w, const newt_plan *p, const plan_rank *me) {
-  cJSON *j = cJSON_CreateObject();
-  newt_json_add_int(j, "rank", me->rank);
-  newt_json_add_int(j, "t_plan", (int64_t)w->t_plan_seen);
-  newt_json_add_int(j, "t_comm", (int64_t)w->t_comm);
-  newt_json_add_int(j, "t_restore", (int64_t)w->t_restore);
-  newt_json_add_int(j, "t_step", (int64_t)w->t_first_step);
-  cJSON_AddStringToObject(j, "restore", w->restore_src);
-  newt_json_add_int(j, "restore_step", w->restore_step);
-  char *val = newt_json_print(j);
-  cJSON_Delete(j);
-  char key[256], suffix[128];
-  snprintf(suffix, sizeof suffix, "acks/%020llu/%s", (unsigned long long)p->generation, w->id);
-  if (val && rdzv_key(key, sizeof key, w->o->job, suffix) == NEWT_OK && w->reg)
-    worker_publish(w, key, val, rdzv_registration_lease(w->reg));
-  else
-    free(val);
-}
-
-static void publish_progress(worker *w, const newt_plan *p, double loss, double tps) {
-  uint64_t now = newt_wall_ms();
-  if (now - w->progress_ms < (uint64_t)newt_param_ProgressMs() && w->par.step < w->spec.steps) return;
-  w->progress_ms = now;
-  char key[256];
-  char *val = newt_asprintf("{\"generation\":%llu,\"step\":%lld,\"loss\":%.9g,\"tokens_per_s\":%.1f,"
-                            "\"world\":%d,\"dp\":%d,\"t_ms\":%llu}",
-                            (unsigned long long)p->generation, (long long)w->par.step, loss, tps, p->nranks,
-                            p->dp, (unsigned long long)now);
-  if (val && rdzv_key(key, sizeof key, w->o->job, "progress") == NEWT_OK) worker_publish(w, key, val, 0);
-  else free(val);
-}
-
-static void mark_done(worker *w, double loss) {
-  char key[256];
-  char *val = newt_asprintf("{\"step\":%lld,\"loss\":%.9g,\"t_ms\":%llu,\"samples\":%llu}", (long long)w->par.step,
-                            loss, (unsigned long long)newt_wall_ms(), (unsigned long long)worker_cursor(w));
-  if (val && rdzv_key(key, sizeof key, w->o->job, "done") == NEWT_OK &&
-      rdzv_etcd_put(w->etcd, key, val, strlen(val), 0, call_deadline(), NULL) != NEWT_OK)
-    NEWT_WARN(WORKER, "%s: marking the job done: %s", w->id, newt_errmsg());
-  free(val);
+  worker_report(w, p, st.code == NEWT_ERR_TIMEOUT, accused, st.msg);
 }
 
 typedef enum gen_outcome { GEN_DONE, GEN_LEAVE, GEN_NEXT } gen_outcome;
@@ -619,7 +362,7 @@ static newt_result_t run_generation(worker *w, const newt_plan *p, gen_outcome *
     pthread_mutex_lock(&w->mu);
     int newer = w->latest.generation > p->generation;
     pthread_mutex_unlock(&w->mu);
-    if (!newer) report(w, p, r == NEWT_ERR_TIMEOUT ? "hang" : "crash", NULL, why);
+    if (!newer) worker_report(w, p, r == NEWT_ERR_TIMEOUT, NULL, why);
     if (c) end_generation(w, c, train);
     *how = GEN_NEXT;
     return NEWT_OK;
@@ -650,10 +393,10 @@ static newt_result_t run_generation(worker *w, const newt_plan *p, gen_outcome *
     if (first) {
       first = 0;
       w->t_first_step = newt_wall_ms();
-      publish_ack(w, p, me);
+      worker_publish_ack(w, p, me);
       if (!w->leave_announced) worker_set_state_async(w, "training");
     }
-    if (me->rank == 0) publish_progress(w, p, loss, tps);
+    if (me->rank == 0) worker_publish_progress(w, p, loss, tps);
     newt_result_t cr = worker_ckpt_step(w, p, me);
     if (cr != NEWT_OK) /* a checkpoint that cannot start is reported, training goes on */
       NEWT_WARN(WORKER, "%s: checkpoint of step %lld: %s", w->id, (long long)w->par.step, newt_errmsg());
@@ -680,7 +423,7 @@ static newt_result_t run_generation(worker *w, const newt_plan *p, gen_outcome *
     *how = GEN_NEXT;
     r = NEWT_OK;
   } else if (*how == GEN_DONE && me->rank == 0) {
-    mark_done(w, w->last_loss);
+    worker_mark_done(w, w->last_loss);
   }
   end_generation(w, c, train);
   return r;
@@ -705,7 +448,7 @@ static newt_result_t setup(worker *w, const worker_opts *o) {
   char *spec = NULL;
   newt_deadline_t d = newt_deadline_in_ms(o->spec_wait_ms > 0 ? o->spec_wait_ms : 60000);
   for (;;) {
-    newt_result_t r = rdzv_spec_get(w->etcd, o->job, call_deadline(), &spec);
+    newt_result_t r = rdzv_spec_get(w->etcd, o->job, job_call_deadline(), &spec);
     if (r == NEWT_OK) break;
     if (r != NEWT_ERR_NOTFOUND || newt_deadline_passed(d))
       return r == NEWT_ERR_NOTFOUND
@@ -744,10 +487,8 @@ static newt_result_t setup(worker *w, const worker_opts *o) {
     w->sample_log = fopen(path, "a");
     if (!w->sample_log) return NEWT_ERR(NEWT_ERR_SYS, "NEWT_SAMPLE_LOG_DIR: cannot open %s", path);
   }
-  if (pthread_create(&w->pub_thread, NULL, publisher, w) != 0)
-    return NEWT_ERR(NEWT_ERR_SYS, "cannot start the publisher thread");
-  w->pub_running = 1;
-  NEWT_CHECK(do_register(w));
+  NEWT_CHECK(worker_publisher_start(w));
+  NEWT_CHECK(worker_register(w));
   NEWT_CHECK(start_plan_watch(w));
   NEWT_INFO(WORKER, "%s: registered for job %s at %s (host %s)", w->id, o->job, w->addr, w->host);
   return NEWT_OK;
@@ -755,7 +496,7 @@ static newt_result_t setup(worker *w, const worker_opts *o) {
 
 static void teardown(worker *w) {
   worker_ckpt_free(w);
-  publisher_stop(w);
+  worker_publisher_stop(w);
   rdzv_etcd_watch_free(w->plan_watch);
   rdzv_registration_free(w->reg);
   plan_free(&w->latest);
@@ -824,8 +565,8 @@ newt_result_t worker_run(const worker_opts *o) {
   }
   if (w->reg && !rdzv_registration_lost(w->reg, NULL, 0)) {
     if (r == NEWT_OK) worker_set_state_async(w, newt_stop_requested() ? "left" : "done");
-    publisher_stop(w);
-    if (rdzv_registration_leave(w->reg, call_deadline()) != NEWT_OK)
+    worker_publisher_stop(w);
+    if (rdzv_registration_leave(w->reg, job_call_deadline()) != NEWT_OK)
       NEWT_WARN(WORKER, "%s: leaving: %s", w->id, newt_errmsg());
   }
   /* keep the message of a failure across teardown */

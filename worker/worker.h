@@ -10,7 +10,7 @@
 #define NEWT_WORKER_WORKER_H
 
 #include "common/err.h"
-#include "coordinator/spec.h"
+#include "job/spec.h"
 #include "model/train.h"
 #include "rendezvous/etcd.h"
 

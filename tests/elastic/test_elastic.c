@@ -33,7 +33,7 @@
 #include "common/proc.h"
 #include "common/strutil.h"
 #include "common/sys.h"
-#include "coordinator/plan.h"
+#include "job/plan.h"
 #include "rendezvous/rdzv.h"
 #include "test.h"
 

@@ -8,7 +8,7 @@
 
 #include "common/err.h"
 #include "common/fs.h"
-#include "coordinator/spec.h"
+#include "job/spec.h"
 
 int main(int argc, char **argv) {
   if (argc != 2) {

@@ -4,8 +4,8 @@
 #include <string.h>
 
 #include "coordinator/chaos.h"
-#include "coordinator/plan.h"
-#include "coordinator/spec.h"
+#include "job/plan.h"
+#include "job/spec.h"
 #include "test.h"
 
 static newt_result_t parse(const char *text, newt_spec *s) { return spec_from_json(text, strlen(text), s); }

@@ -16,11 +16,6 @@
 #include "common/strutil.h"
 #include "worker/internal.h"
 
-void worker_data_desc(const worker *w, char *out, size_t cap) {
-  if (w->spec.data_path[0]) snprintf(out, cap, "%s", w->spec.data_path);
-  else snprintf(out, cap, "generated:%lld", (long long)w->spec.gen_bytes);
-}
-
 static int enabled(const worker *w) { return w->spec.ckpt_dir[0] && w->spec.ckpt_every > 0; }
 
 /* Ends the saver of the last generation: lets it finish when everyone of that generation
@@ -64,10 +59,7 @@ newt_result_t worker_ckpt_step(worker *w, const newt_plan *p, const plan_rank *m
   }
   if (me->rank == 0 && st.state == CKPT_SAVE_DONE && st.last_ok_step > w->ckpt_published) {
     w->ckpt_published = st.last_ok_step;
-    char key[256];
-    char *val = newt_asprintf("{\"step\":%lld,\"dir\":\"%s\"}", (long long)st.last_ok_step, w->spec.ckpt_dir);
-    if (val && rdzv_key(key, sizeof key, w->o->job, "ckpt") == NEWT_OK) worker_publish(w, key, val, 0);
-    else free(val);
+    worker_publish_ckpt(w, st.last_ok_step);
   }
   const model_par *par = &w->par;
   if (par->step % w->spec.ckpt_every != 0) return NEWT_OK;
@@ -80,7 +72,7 @@ newt_result_t worker_ckpt_step(worker *w, const newt_plan *p, const plan_rank *m
   for (size_t i = 0; res == NEWT_OK && i < n; i++)
     if (pp[i].primary) res = ckpt_save_add(w->saver, &pp[i].desc, &pp[i].slice, pp[i].data);
   char *state = NULL, desc[SPEC_PATH_MAX + 32];
-  worker_data_desc(w, desc, sizeof desc);
+  spec_data_desc(&w->spec, desc, sizeof desc);
   if (res == NEWT_OK && me->rank == 0)
     res = ckpt_train_state(&w->tcfg, par->step, worker_cursor(w), par->opt.t, desc, &state);
   newt_result_t end = ckpt_save_end(w->saver, state);

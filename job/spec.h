@@ -18,10 +18,11 @@
  * a job and `newt train` with the same values follow the same trajectory. Parsing rejects unknown fields and bad values with
  * a message naming the field ("spec.parallel.tp: must be at least 1, got 0"), so a typo
  * never silently falls back to a default. */
-#ifndef NEWT_COORDINATOR_SPEC_H
-#define NEWT_COORDINATOR_SPEC_H
+#ifndef NEWT_JOB_SPEC_H
+#define NEWT_JOB_SPEC_H
 
 #include <cjson/cJSON.h>
+#include <stddef.h>
 #include <stdint.h>
 
 #include "common/err.h"
@@ -78,5 +79,10 @@ newt_result_t spec_validate(const newt_spec *s);
 
 /* The spec as a JSON document (every field written); malloc'd, NULL on no memory. */
 char *spec_to_json(const newt_spec *s);
+
+/* The token source as checkpoints name it: the data file, or "generated:<bytes>" for the
+ * generated corpus. A checkpoint of other data is refused on resume, so every trainer
+ * (`newt train`, the worker) names its data with this one function. */
+void spec_data_desc(const newt_spec *s, char *out, size_t cap);
 
 #endif

@@ -1,7 +1,7 @@
 /* Parsing, validation and printing of the job spec (see spec.h). Each section is read
  * with the field-naming JSON getters; unknown fields are errors; spec_validate holds the
  * rules that tie fields together. */
-#include "coordinator/spec.h"
+#include "job/spec.h"
 
 #include <ctype.h>
 #include <stdio.h>
@@ -318,4 +318,9 @@ char *spec_to_json(const newt_spec *s) {
   char *out = newt_json_print(j);
   cJSON_Delete(j);
   return out;
+}
+
+void spec_data_desc(const newt_spec *s, char *out, size_t cap) {
+  if (s->data_path[0]) snprintf(out, cap, "%s", s->data_path);
+  else snprintf(out, cap, "generated:%lld", (long long)s->gen_bytes);
 }

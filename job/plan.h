@@ -22,14 +22,14 @@
  *   rank = (pp_idx * dp + dp_idx) * tp + tp_idx.
  * A tensor-parallel group (tp consecutive ranks) always lies on one host. The global
  * batch is kept exactly: accum = global_batch / (dp * micro_batch). */
-#ifndef NEWT_COORDINATOR_PLAN_H
-#define NEWT_COORDINATOR_PLAN_H
+#ifndef NEWT_JOB_PLAN_H
+#define NEWT_JOB_PLAN_H
 
 #include <cjson/cJSON.h>
 #include <stdint.h>
 
 #include "common/err.h"
-#include "coordinator/spec.h"
+#include "job/spec.h"
 
 #define PLAN_ID_MAX 64
 #define PLAN_ADDR_MAX 96

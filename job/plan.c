@@ -10,7 +10,7 @@
  * worker keeps its relative order, so data-parallel indices move as little as possible.
  * Within a stage, data-parallel neighbours are put on different hosts where the hosts
  * allow (the ZeRO shard copies go to the next data-parallel rank). */
-#include "coordinator/plan.h"
+#include "job/plan.h"
 
 #include <stdio.h>
 #include <stdlib.h>

@@ -1,0 +1,202 @@
+/* The leader's policy (see policy.h): what to do about a picture of the job. */
+#include "coordinator/policy.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+const char *policy_cause(policy_reason r) {
+  switch (r) {
+  case POLICY_INITIAL: return "initial";
+  case POLICY_CRASH_REPORTED:
+  case POLICY_ALL_GONE: return "crash";
+  case POLICY_HANG_REPORTED:
+  case POLICY_LEASE_LOST:
+  case POLICY_STALL: return "hang";
+  case POLICY_LEAVE: return "leave";
+  case POLICY_JOIN: return "join";
+  case POLICY_NONE: break;
+  }
+  return NULL;
+}
+
+int policy_member_leaving(const rdzv_worker *w) {
+  return strcmp(w->state, "leaving") == 0 || strcmp(w->state, "left") == 0;
+}
+
+int policy_member_done(const rdzv_worker *w) { return strcmp(w->state, "done") == 0; }
+
+static const rdzv_worker *find_member(const policy_view *v, const char *id) {
+  for (int i = 0; i < v->nmembers; i++)
+    if (strcmp(v->members[i].id, id) == 0) return &v->members[i];
+  return NULL;
+}
+
+static int listed(char (*list)[RDZV_NAME_MAX], int n, const char *id) {
+  for (int i = 0; i < n; i++)
+    if (strcmp(list[i], id) == 0) return 1;
+  return 0;
+}
+
+static int is_reporter(const policy_view *v, const char *id) {
+  for (int i = 0; i < v->nreports; i++)
+    if (strcmp(v->reports[i].worker, id) == 0) return 1;
+  return 0;
+}
+
+static int is_accused(const policy_view *v, const char *id) {
+  for (int i = 0; i < v->nreports; i++)
+    for (int k = 0; k < v->reports[i].naccuse; k++)
+      if (strcmp(v->reports[i].accuse[k], id) == 0) return 1;
+  return 0;
+}
+
+/* ns from t to now; 0 when t is later (a watch thread may stamp a time after ours). */
+static uint64_t elapsed(uint64_t now, uint64_t t) { return now > t ? now - t : 0; }
+
+static int passed(const policy_view *v, uint64_t since, int64_t ms) {
+  return elapsed(v->now, since) >= (uint64_t)ms * 1000000ull;
+}
+
+static void fill_member(plan_member *m, const rdzv_worker *w) {
+  memset(m, 0, sizeof *m);
+  snprintf(m->id, sizeof m->id, "%s", w->id);
+  snprintf(m->host, sizeof m->host, "%.63s", w->host);
+  snprintf(m->addr, sizeof m->addr, "%.95s", w->addr);
+  m->join_rev = w->create_revision;
+}
+
+int policy_plan_members(const policy_view *v, char (*exclude)[RDZV_NAME_MAX], int nexclude, plan_member *out) {
+  int n = 0;
+  for (int i = 0; i < v->nmembers; i++) {
+    const rdzv_worker *w = &v->members[i];
+    if (policy_member_leaving(w) || policy_member_done(w) || !w->addr[0] || listed(exclude, nexclude, w->id))
+      continue;
+    plan_member *m = &out[n++];
+    fill_member(m, w);
+    const plan_rank *r = v->plan->generation ? plan_find(v->plan, w->id) : NULL;
+    m->prev_rank = r ? r->rank : -1;
+    m->prev_pp = r ? r->pp : -1;
+    m->has_state = r != NULL;
+  }
+  return n;
+}
+
+int policy_donors(const policy_view *v, int plan_started, plan_member *out) {
+  int n = 0;
+  for (int i = 0; i < v->nmembers; i++) {
+    const rdzv_worker *w = &v->members[i];
+    if (strcmp(w->state, "leaving") != 0 || !w->addr[0]) continue;
+    if (!plan_find(v->plan, w->id) && (plan_started || !plan_find_donor(v->plan, w->id))) continue;
+    fill_member(&out[n++], w);
+  }
+  return n;
+}
+
+/* The first plan: once spec.parallel.start_workers are here (or start_timeout_ms after the
+   first came), else once joins settle or every worker a layout could use is here. */
+static void decide_first(const policy_view *v, policy_decision *d) {
+  const newt_spec *s = v->spec;
+  if (v->nmembers > 0 && !d->first_member) d->first_member = v->now;
+  int64_t most = s->dp_max * s->tp * s->pp;
+  int go;
+  if (s->start_workers > 0)
+    go = v->nmembers >= s->start_workers || passed(v, d->first_member, s->start_timeout_ms);
+  else
+    go = v->nmembers >= most || passed(v, v->last_join, v->start_window_ms);
+  if (v->nmembers > 0 && go) d->reason = POLICY_INITIAL, d->at_boundary = 1;
+}
+
+static void exclude(policy_decision *d, const char *id) {
+  snprintf(d->exclude[d->nexclude++], RDZV_NAME_MAX, "%s", id);
+}
+
+/* A running generation: failures first (reports, vanished ranks, a stall), then leaves,
+   then joins. */
+static void decide_running(const policy_view *v, policy_decision *d) {
+  const newt_plan *p = v->plan;
+  const newt_spec *s = v->spec;
+  int gone = 0, leaving = 0, unreported = 0, nreports = v->nreports;
+  for (int k = 0; k < p->nranks; k++) {
+    const char *id = p->ranks[k].worker;
+    const rdzv_worker *m = find_member(v, id);
+    if (!m && listed(v->departed, v->ndeparted, id)) {
+      leaving++;
+      exclude(d, id);
+    } else if (!m) {
+      gone++;
+      exclude(d, id);
+    } else if (policy_member_leaving(m)) {
+      leaving++;
+      exclude(d, id);
+    } else if (nreports && is_accused(v, id) && !is_reporter(v, id)) {
+      exclude(d, id); /* a suspect */
+    } else if (nreports && !is_reporter(v, id)) {
+      unreported++;
+    }
+  }
+  int window_over = v->first_report && passed(v, v->first_report, s->report_window_ms);
+  if (nreports && (unreported == 0 || window_over)) {
+    if (window_over && unreported) {
+      /* ranks that neither reported nor were named: they are stuck too */
+      for (int k = 0; k < p->nranks; k++) {
+        const char *id = p->ranks[k].worker;
+        if (find_member(v, id) && !is_reporter(v, id) && !is_accused(v, id)) exclude(d, id);
+      }
+    }
+    /* a failure cascades (each rank that sees one aborts, closing its links), so the kind
+       of the earliest report is the kind of the fault */
+    int first_hang = 0;
+    uint64_t first_t = UINT64_MAX;
+    for (int i = 0; i < nreports; i++)
+      if (v->reports[i].t_ms < first_t || (v->reports[i].t_ms == first_t && !v->reports[i].hang)) {
+        first_t = v->reports[i].t_ms;
+        first_hang = v->reports[i].hang;
+      }
+    d->reason = first_hang ? POLICY_HANG_REPORTED : POLICY_CRASH_REPORTED;
+  } else if (nreports) {
+    /* more reports may come: wait for them (or the window) */
+  } else if (leaving && !gone) {
+    d->reason = POLICY_LEAVE, d->at_boundary = 1;
+  } else if (gone) {
+    /* a lease ran out and no survivor saw a connection die: a rank that crashed would have
+       been reported within milliseconds, so it stopped (or lost its network) -- unless no
+       rank survived to report anything. Leases of ranks that died together run out up to a
+       renewal period apart: wait that long for the others (or a report). */
+    if (!d->first_gone) d->first_gone = v->now;
+    if (gone == p->nranks) {
+      /* nobody left: nothing runs and no state is held, so gather the workers that are
+         arriving (as for the first plan) instead of planning with the first one */
+      if (passed(v, v->last_join, v->join_window_ms)) d->reason = POLICY_ALL_GONE;
+    } else if (passed(v, d->first_gone, s->lease_ttl_ms / 2)) {
+      d->reason = POLICY_LEASE_LOST;
+    }
+  } else if (passed(v, v->last_progress, s->hang_timeout_ms)) {
+    d->reason = POLICY_STALL;
+  } else if (passed(v, v->last_join, v->join_window_ms)) {
+    /* newcomers: replan only when they allow a larger layout */
+    if (v->join_grows && v->join_grows(v->ud)) d->reason = POLICY_JOIN, d->at_boundary = 1;
+  }
+}
+
+newt_result_t policy_decide(const policy_view *v, policy_decision *out) {
+  memset(out, 0, sizeof *out);
+  out->first_member = v->first_member;
+  out->first_gone = v->first_gone;
+  out->exclude = calloc((size_t)(v->nmembers + v->plan->nranks + 1), sizeof *out->exclude);
+  if (!out->exclude) return NEWT_ERR(NEWT_ERR_NOMEM, "out of memory deciding");
+  for (int i = 0; i < v->nmembers; i++)
+    if (policy_member_done(&v->members[i])) return NEWT_OK; /* the last step is done: the end marker follows */
+  if (!v->plan->generation) decide_first(v, out);
+  else decide_running(v, out);
+  if (out->reason == POLICY_NONE) out->nexclude = 0;
+  /* a failed rank must not come back into g+1: fence the excluded that did not report */
+  out->fence = out->reason != POLICY_NONE && !out->at_boundary && out->reason != POLICY_INITIAL;
+  return NEWT_OK;
+}
+
+void policy_decision_free(policy_decision *d) {
+  free(d->exclude);
+  d->exclude = NULL;
+  d->nexclude = 0;
+}

@@ -1,0 +1,98 @@
+/* The leader's policy as pure functions: a picture of the job in (members and their states,
+ * the current plan, the failure reports of its generation, who left, and the clocks of
+ * joins, reports, lost leases and progress), a decision out (whether to replan, why, at once
+ * or at the next step boundary, and whom to leave out or fence). No etcd, no threads, no
+ * clock reads: coordinator.c builds the picture from its watch and acts on the decision, and
+ * tests/coordinator/test_policy.c drives every cause through a table.
+ *
+ * The causes (the plan's "cause", what events and `newt run` report):
+ *   initial  the first plan: once spec.parallel.start_workers are registered (or
+ *            start_timeout_ms after the first), else once joins settle (the start window) or
+ *            every worker a layout could use is there
+ *   crash    survivors reported a collective that failed on a closed connection; or every
+ *            rank's registration is gone (nobody left to report) and arrivals have settled
+ *   hang     survivors reported a collective that made no progress by its deadline; or a
+ *            rank's lease ran out with nobody reporting (it stopped, or lost its network);
+ *            or no step completed for spec.fault.hang_timeout_ms (a stall nobody could name)
+ *   leave    a rank announced a graceful leave (SIGTERM): at the step boundary
+ *   join     newcomers would make a larger layout, once joins have settled: at the boundary
+ * A finishing job (a worker in state "done") is never replanned. */
+#ifndef NEWT_COORDINATOR_POLICY_H
+#define NEWT_COORDINATOR_POLICY_H
+
+#include <stdint.h>
+
+#include "common/err.h"
+#include "job/plan.h"
+#include "job/records.h"
+#include "job/spec.h"
+#include "rendezvous/rdzv.h"
+
+/* Why the policy replans; several reasons share a cause (policy_cause). */
+typedef enum policy_reason {
+  POLICY_NONE = 0,
+  POLICY_INITIAL,
+  POLICY_CRASH_REPORTED, /* reports, the earliest of a closed connection */
+  POLICY_HANG_REPORTED,  /* reports, the earliest of a deadline */
+  POLICY_ALL_GONE,       /* every rank's registration vanished */
+  POLICY_LEASE_LOST,     /* some ranks' registrations vanished, nobody reported */
+  POLICY_STALL,          /* no step for hang_timeout_ms */
+  POLICY_LEAVE,
+  POLICY_JOIN,
+} policy_reason;
+
+/* "initial", "crash", "hang", "leave", "join"; NULL for POLICY_NONE. */
+const char *policy_cause(policy_reason r);
+
+typedef struct policy_view {
+  const newt_spec *spec;
+  const newt_plan *plan;           /* generation 0: none yet */
+  const rdzv_worker *members;      /* the registered workers */
+  int nmembers;
+  const job_report *reports;       /* of the plan's generation */
+  int nreports;
+  char (*departed)[RDZV_NAME_MAX]; /* left gracefully since the plan (their key is gone) */
+  int ndeparted;
+  /* clocks, monotonic ns (0: never) */
+  uint64_t now;
+  uint64_t first_member;  /* the first worker was seen (before the first plan) */
+  uint64_t last_join;     /* the newest registration not in the plan */
+  uint64_t first_report;  /* the first report of this generation */
+  uint64_t first_gone;    /* a rank of this generation was first missing */
+  uint64_t last_progress; /* the newest step change, or the plan if later */
+  int64_t join_window_ms; /* joins settle after this long without one */
+  int64_t start_window_ms;
+  /* Whether the members not in the plan would make a larger one (asked only once joins
+     have settled and nothing else is wrong); may be NULL (never). */
+  int (*join_grows)(void *ud);
+  void *ud;
+} policy_view;
+
+typedef struct policy_decision {
+  policy_reason reason;            /* POLICY_NONE: nothing to do now */
+  int at_boundary;                 /* switch at the next step boundary (else abort the step) */
+  int fence;                       /* fence the excluded that are still registered */
+  char (*exclude)[RDZV_NAME_MAX];  /* ranks the next plan leaves out (malloc'd) */
+  int nexclude;
+  /* the clocks as this look leaves them (the caller keeps them for the next) */
+  uint64_t first_member, first_gone;
+} policy_decision;
+
+/* Looks at the picture once. Only NEWT_ERR_NOMEM fails. */
+newt_result_t policy_decide(const policy_view *v, policy_decision *out);
+void policy_decision_free(policy_decision *d);
+
+/* A member leaving gracefully (state "leaving" or "left"); one that finished ("done"). */
+int policy_member_leaving(const rdzv_worker *w);
+int policy_member_done(const rdzv_worker *w);
+
+/* The candidates of the next plan: members that are not leaving, not done, have a data-plane
+ * address and are not in exclude; out has room for v->nmembers. Returns how many. */
+int policy_plan_members(const policy_view *v, char (*exclude)[RDZV_NAME_MAX], int nexclude, plan_member *out);
+
+/* The donors of the next plan: members leaving gracefully that hold state someone needs --
+ * ranks of the current plan, and its donors while it has not started (once it has, they
+ * handed over and left). out has room for v->nmembers. Returns how many. */
+int policy_donors(const policy_view *v, int plan_started, plan_member *out);
+
+#endif

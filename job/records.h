@@ -1,0 +1,179 @@
+/* The records of a job in etcd: one writer and one parser for each, shared by every process
+ * that reads or writes them (worker, coordinator, `newt run`, `newt status`), so a field is
+ * named in one place. Everything of a job lives under /newt/<job>/:
+ *
+ *   key                          record        written by         read by
+ *   spec                         job/spec.h    launcher, newt     all
+ *                                              coordinator --spec
+ *   plan                         job/plan.h    the leader         workers, launcher, status
+ *   workers/<id>                 rdzv_worker   the worker, on     coordinator, status
+ *                                (rendezvous/  its lease
+ *                                rdzv.h)
+ *   election/<lease hex>         candidacy     coordinators       rendezvous (election)
+ *                                (rendezvous)
+ *   reports/<gen>/<id>           job_report    a rank whose       the leader
+ *                                              collective failed
+ *   acks/<gen>/<id>              job_ack       a rank after its   the leader
+ *                                              first step of gen
+ *   progress                     job_progress  rank 0, at most    leader, launcher, status
+ *                                              every 100 ms
+ *   done                         job_done      rank 0, once       everyone
+ *   ckpt                         job_ckpt      rank 0, after a    status
+ *                                              commit
+ *   events/<ms>-<rand>           job_event     the leader         launcher, status
+ *
+ * <gen> is the generation as 20 zero-padded digits, so keys sort by generation. Every
+ * parser validates what it reads (types, ranges, names, the set a string comes from) and a
+ * rejection names the record and the field: "report.kind: expected crash or hang, got
+ * \"x\"". Writers produce only what their parser accepts (the tests check each round trip). */
+#ifndef NEWT_JOB_RECORDS_H
+#define NEWT_JOB_RECORDS_H
+
+#include <stdint.h>
+
+#include "common/clock.h"
+#include "common/err.h"
+#include "rendezvous/rdzv.h"
+
+#define JOB_ACCUSE_MAX 8   /* workers one report may name */
+#define JOB_TEXT_MAX 512   /* free text: a report's why, a waiting event's why */
+#define JOB_WORD_MAX 16    /* causes, kinds, restore sources */
+
+/* --- keys ------------------------------------------------------------------------------------ */
+
+typedef enum job_record {
+  JOB_REC_OTHER = 0, /* a key newt does not know (ignored by readers) */
+  JOB_REC_SPEC,
+  JOB_REC_PLAN,
+  JOB_REC_WORKER,
+  JOB_REC_ELECTION,
+  JOB_REC_REPORT,
+  JOB_REC_ACK,
+  JOB_REC_PROGRESS,
+  JOB_REC_DONE,
+  JOB_REC_CKPT,
+  JOB_REC_EVENT,
+} job_record;
+
+/* The key of a record: generation and id are used by reports and acks (id alone by
+ * workers); events get their key from rdzv_event_post. */
+newt_result_t job_key(char *out, size_t cap, const char *job, job_record rec, uint64_t generation, const char *id);
+
+/* What the key `rest` (the part after "/newt/<job>/") holds; *generation and *id (pointing
+ * into rest) are set for reports, acks (both) and workers (id). A malformed generation
+ * or id gives JOB_REC_OTHER. */
+job_record job_key_parse(const char *rest, uint64_t *generation, const char **id);
+
+/* The deadline of one etcd call of the control plane (NEWT_ETCD_CALL_MS, 5 s). */
+newt_deadline_t job_call_deadline(void);
+
+/* --- a failure report: a rank saw a collective of generation g fail -------------------------- */
+
+typedef struct job_report {
+  char worker[RDZV_NAME_MAX];                   /* who reports (the key's id) */
+  int hang;                                     /* "hang": no progress by the deadline; else "crash" */
+  char accuse[JOB_ACCUSE_MAX][RDZV_NAME_MAX];   /* whom it lost (none: it cannot tell) */
+  int naccuse;
+  int64_t step;                                 /* its newest completed step (-1: none) */
+  uint64_t t_ms;                                /* wall ms it saw the failure */
+  char why[JOB_TEXT_MAX];                       /* the collective's message */
+} job_report;
+
+/* {"worker","kind","accuse":[..],"step","t_ms","why"}; malloc'd, NULL on no memory. */
+char *job_report_to_json(const job_report *r);
+newt_result_t job_report_from_json(const char *text, size_t len, job_report *out);
+
+/* --- an acknowledgement: a rank took up generation g and completed its first step ----------- */
+
+typedef struct job_ack {
+  int64_t rank;
+  uint64_t t_plan, t_comm, t_restore, t_step; /* wall ms: plan seen, communicator built, state
+                                                 restored, first step done */
+  char restore[8];                            /* where its state came from: memory, peer, ckpt, init */
+  int64_t restore_step;                       /* the step it restored */
+} job_ack;
+
+char *job_ack_to_json(const job_ack *a);
+newt_result_t job_ack_from_json(const char *text, size_t len, job_ack *out);
+
+/* The sources of state, cheapest first (the order a recovery is summarised by: its worst). */
+int job_restore_rank(const char *restore); /* 0 memory, 1 peer, 2 init, 3 ckpt; -1 unknown */
+
+/* --- progress: the newest step of the job (rank 0, rate-limited) ------------------------------ */
+
+typedef struct job_progress {
+  uint64_t generation;
+  int64_t step;
+  double loss;         /* NaN when not finite (written as null) */
+  double tokens_per_s;
+  int64_t world, dp;
+  uint64_t t_ms;
+} job_progress;
+
+char *job_progress_to_json(const job_progress *p);
+newt_result_t job_progress_from_json(const char *text, size_t len, job_progress *out);
+
+/* --- the end marker ------------------------------------------------------------------------- */
+
+typedef struct job_done {
+  int64_t step;
+  double loss;
+  uint64_t t_ms;
+  uint64_t samples; /* samples consumed: steps x global batch */
+} job_done;
+
+char *job_done_to_json(const job_done *d);
+newt_result_t job_done_from_json(const char *text, size_t len, job_done *out);
+/* Whether the job has its end marker (reads /newt/<job>/done; 0 also when etcd cannot be
+ * reached: the caller asks again later). */
+int job_is_done(rdzv_etcd *c, const char *job);
+
+/* --- the checkpoint pointer: the newest committed checkpoint -------------------------------- */
+
+typedef struct job_ckpt {
+  int64_t step;
+  char dir[512];
+} job_ckpt;
+
+char *job_ckpt_to_json(const job_ckpt *c);
+newt_result_t job_ckpt_from_json(const char *text, size_t len, job_ckpt *out);
+
+/* --- events: what the leader did, for people and the launcher ------------------------------- */
+
+typedef enum job_event_type {
+  JOB_EV_LEADER = 0, /* a coordinator took the lead */
+  JOB_EV_PLAN,       /* it published a plan: generation, cause, world, dp, spares, excluded */
+  JOB_EV_FENCE,      /* it fenced a worker: worker */
+  JOB_EV_WAITING,    /* it cannot plan: why */
+  JOB_EV_STARTED,    /* the first generation completed its first step: the timings below */
+  JOB_EV_RECOVERED,  /* a later generation did */
+  JOB_EV_DONE,       /* the job ended: step, loss */
+} job_event_type;
+
+typedef struct job_event {
+  job_event_type type;
+  uint64_t t_ms;
+  char coordinator[RDZV_NAME_MAX];
+  int64_t generation;
+  char cause[JOB_WORD_MAX];
+  int64_t world, dp, spares;
+  char (*excluded)[RDZV_NAME_MAX]; /* plan: malloc'd (job_event_free) */
+  int nexcluded;
+  char worker[RDZV_NAME_MAX];      /* fence */
+  char why[JOB_TEXT_MAX];          /* waiting */
+  /* started, recovered: wall ms of the trigger, the earliest detection, the plan, and the
+     slowest rank's communicator, restore and first step */
+  uint64_t t_trigger, t_detect, t_plan, t_comm, t_restore, t_step;
+  char restore[8];
+  int64_t restore_step, steps_lost;
+  int64_t step; /* done */
+  double loss;  /* done */
+} job_event;
+
+const char *job_event_type_name(job_event_type t);
+/* The fields of its type only. */
+char *job_event_to_json(const job_event *e);
+newt_result_t job_event_from_json(const char *text, size_t len, job_event *out);
+void job_event_free(job_event *e);
+
+#endif

@@ -1,0 +1,219 @@
+/* Unit tests of the job's records in etcd (job/records.h): keys built and parsed back, each
+ * record's writer read back by its parser, and malformed input refused with the record and
+ * field named. */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "job/records.h"
+#include "test.h"
+
+/* The parser must refuse text with NEWT_ERR_INVALID and an error naming `needle`. */
+#define EXPECT_REJECT(parse, type, text, needle)                                                               \
+  do {                                                                                                         \
+    type t_v_;                                                                                                 \
+    const char *t_s_ = (text);                                                                                 \
+    newt_result_t t_r_ = parse(t_s_, strlen(t_s_), &t_v_);                                                    \
+    T_CHECK_MSG(t_r_ == NEWT_ERR_INVALID, "%s accepted %s", #parse, t_s_);                                     \
+    T_CHECK_MSG(t_r_ != NEWT_ERR_INVALID || strstr(newt_errmsg(), (needle)) != NULL,                           \
+                "%s: error \"%s\" does not name \"%s\"", t_s_, newt_errmsg(), (needle));                        \
+  } while (0)
+
+static void test_keys(void) {
+  char key[256];
+  uint64_t g = 0;
+  const char *id = NULL;
+  T_OK(job_key(key, sizeof key, "j1", JOB_REC_REPORT, 7, "w-3"));
+  T_CHECK(strcmp(key, "/newt/j1/reports/00000000000000000007/w-3") == 0);
+  T_CHECK(job_key_parse(key + strlen("/newt/j1/"), &g, &id) == JOB_REC_REPORT && g == 7 && strcmp(id, "w-3") == 0);
+  T_OK(job_key(key, sizeof key, "j1", JOB_REC_ACK, 12345678901234ull, "w0"));
+  T_CHECK(job_key_parse(key + strlen("/newt/j1/"), &g, &id) == JOB_REC_ACK && g == 12345678901234ull);
+  T_OK(job_key(key, sizeof key, "j1", JOB_REC_PROGRESS, 0, NULL));
+  T_CHECK(strcmp(key, "/newt/j1/progress") == 0);
+  T_OK(job_key(key, sizeof key, "j1", JOB_REC_WORKER, 0, "w9"));
+  T_CHECK(job_key_parse("workers/w9", NULL, &id) == JOB_REC_WORKER && strcmp(id, "w9") == 0);
+  struct {
+    const char *rest;
+    job_record rec;
+  } cases[] = {
+      {"spec", JOB_REC_SPEC},
+      {"plan", JOB_REC_PLAN},
+      {"done", JOB_REC_DONE},
+      {"ckpt", JOB_REC_CKPT},
+      {"progress", JOB_REC_PROGRESS},
+      {"events/0000001700000000-abcd1234", JOB_REC_EVENT},
+      {"election/694d7e5a1b2c", JOB_REC_ELECTION},
+      {"plans", JOB_REC_OTHER},
+      {"reports/7/w0", JOB_REC_OTHER},                          /* generation not 20 digits */
+      {"reports/00000000000000000007w0", JOB_REC_OTHER},        /* no slash */
+      {"reports/00000000000000000007/w 0", JOB_REC_OTHER},      /* bad id */
+      {"acks/00000000000000000007/", JOB_REC_OTHER},            /* empty id */
+      {"workers/../../x", JOB_REC_OTHER},
+  };
+  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
+    T_CHECK_MSG(job_key_parse(cases[i].rest, &g, &id) == cases[i].rec, "job_key_parse(%s)", cases[i].rest);
+  T_ERR(NEWT_ERR_INVALID, job_key(key, sizeof key, "j1", JOB_REC_REPORT, 1, "a/b"));
+  T_ERR(NEWT_ERR_INVALID, job_key(key, sizeof key, "j 1", JOB_REC_DONE, 0, NULL));
+}
+
+static void test_report(void) {
+  job_report r = {.hang = 1, .naccuse = 2, .step = 41, .t_ms = 1700000000123ull};
+  snprintf(r.worker, sizeof r.worker, "w1");
+  snprintf(r.accuse[0], sizeof r.accuse[0], "w2");
+  snprintf(r.accuse[1], sizeof r.accuse[1], "w3");
+  snprintf(r.why, sizeof r.why, "allreduce: rank 2 \"quoted\"\nclosed");
+  char *text = job_report_to_json(&r);
+  T_CHECK(text != NULL);
+  job_report back;
+  T_OK(job_report_from_json(text, strlen(text), &back));
+  T_CHECK(memcmp(&r, &back, sizeof r) == 0);
+  free(text);
+  job_report none = {.step = -1};
+  snprintf(none.worker, sizeof none.worker, "w0");
+  text = job_report_to_json(&none);
+  T_OK(job_report_from_json(text, strlen(text), &back));
+  T_CHECK(back.naccuse == 0 && back.hang == 0 && back.step == -1);
+  free(text);
+
+  EXPECT_REJECT(job_report_from_json, job_report, "[1]", "report: expected a JSON object");
+  EXPECT_REJECT(job_report_from_json, job_report, "{\"worker\":\"w1\",\"kind\":\"x\",\"step\":1,\"t_ms\":1}",
+                "report.kind");
+  EXPECT_REJECT(job_report_from_json, job_report, "{\"kind\":\"crash\",\"step\":1,\"t_ms\":1}", "report.worker");
+  EXPECT_REJECT(job_report_from_json, job_report, "{\"worker\":\"w1\",\"kind\":\"crash\",\"step\":-2,\"t_ms\":1}",
+                "report.step");
+  EXPECT_REJECT(job_report_from_json, job_report, "{\"worker\":\"w1\",\"kind\":\"crash\",\"step\":1,\"t_ms\":-5}",
+                "report.t_ms");
+  EXPECT_REJECT(job_report_from_json, job_report,
+                "{\"worker\":\"w1\",\"kind\":\"crash\",\"step\":1,\"t_ms\":1,\"accuse\":[\"ok\",\"no good\"]}",
+                "report.accuse[1]");
+  EXPECT_REJECT(job_report_from_json, job_report,
+                "{\"worker\":\"w1\",\"kind\":\"crash\",\"step\":1,\"t_ms\":1,\"accuse\":[1]}", "report.accuse[0]");
+  EXPECT_REJECT(job_report_from_json, job_report,
+                "{\"worker\":\"w1\",\"kind\":\"crash\",\"step\":1,\"t_ms\":1,"
+                "\"accuse\":[\"a\",\"b\",\"c\",\"d\",\"e\",\"f\",\"g\",\"h\",\"i\"]}",
+                "report.accuse");
+  EXPECT_REJECT(job_report_from_json, job_report, "{\"worker\":\"w1\",\"kind\":\"crash\",\"step\":\"x\",\"t_ms\":1}",
+                "report.step");
+  EXPECT_REJECT(job_report_from_json, job_report, "{\"worker\":\"w1\",", "report: malformed JSON");
+}
+
+static void test_ack(void) {
+  job_ack a = {.rank = 3, .t_plan = 10, .t_comm = 20, .t_restore = 30, .t_step = 40, .restore_step = 99};
+  snprintf(a.restore, sizeof a.restore, "peer");
+  char *text = job_ack_to_json(&a);
+  job_ack back;
+  T_OK(job_ack_from_json(text, strlen(text), &back));
+  T_CHECK(memcmp(&a, &back, sizeof a) == 0);
+  free(text);
+  T_CHECK(job_restore_rank("memory") == 0 && job_restore_rank("peer") == 1 && job_restore_rank("init") == 2 &&
+          job_restore_rank("ckpt") == 3 && job_restore_rank("disk") == -1);
+  EXPECT_REJECT(job_ack_from_json, job_ack,
+                "{\"rank\":0,\"t_plan\":1,\"t_comm\":1,\"t_restore\":1,\"t_step\":1,\"restore\":\"disk\","
+                "\"restore_step\":0}",
+                "ack.restore");
+  EXPECT_REJECT(job_ack_from_json, job_ack,
+                "{\"rank\":-1,\"t_plan\":1,\"t_comm\":1,\"t_restore\":1,\"t_step\":1,\"restore\":\"init\","
+                "\"restore_step\":0}",
+                "ack.rank");
+  EXPECT_REJECT(job_ack_from_json, job_ack, "{\"rank\":0,\"t_plan\":1}", "ack.t_comm");
+}
+
+static void test_progress_done_ckpt(void) {
+  job_progress p = {.generation = 4, .step = 120, .loss = 2.25, .tokens_per_s = 12345.5, .world = 8, .dp = 2,
+                    .t_ms = 1700000000000ull};
+  char *text = job_progress_to_json(&p);
+  job_progress pb;
+  T_OK(job_progress_from_json(text, strlen(text), &pb));
+  T_CHECK(memcmp(&p, &pb, sizeof p) == 0);
+  free(text);
+  p.loss = NAN; /* a diverged run: written as null, read back as NaN */
+  text = job_progress_to_json(&p);
+  T_CHECK(strstr(text, "\"loss\":null") != NULL);
+  T_OK(job_progress_from_json(text, strlen(text), &pb));
+  T_CHECK(isnan(pb.loss) && pb.step == 120);
+  free(text);
+  EXPECT_REJECT(job_progress_from_json, job_progress, "{\"generation\":1,\"step\":-3,\"loss\":1,\"t_ms\":1}",
+                "progress.step");
+  EXPECT_REJECT(job_progress_from_json, job_progress, "{\"generation\":1,\"step\":3,\"loss\":\"low\",\"t_ms\":1}",
+                "progress.loss");
+
+  job_done d = {.step = 300, .loss = 2.1889, .t_ms = 5, .samples = 9600};
+  text = job_done_to_json(&d);
+  job_done db;
+  T_OK(job_done_from_json(text, strlen(text), &db));
+  T_CHECK(memcmp(&d, &db, sizeof d) == 0);
+  free(text);
+  EXPECT_REJECT(job_done_from_json, job_done, "{\"step\":3,\"loss\":1,\"t_ms\":1}", "done.samples");
+
+  job_ckpt c = {.step = 50};
+  snprintf(c.dir, sizeof c.dir, "/ck \"quoted\" dir");
+  text = job_ckpt_to_json(&c);
+  job_ckpt cb;
+  T_OK(job_ckpt_from_json(text, strlen(text), &cb));
+  T_CHECK(memcmp(&c, &cb, sizeof c) == 0);
+  free(text);
+  EXPECT_REJECT(job_ckpt_from_json, job_ckpt, "{\"step\":3}", "ckpt.dir");
+}
+
+static void test_events(void) {
+  char ex[2][RDZV_NAME_MAX] = {"w1", "w4"};
+  job_event plan = {.type = JOB_EV_PLAN, .t_ms = 99, .generation = 3, .world = 6, .dp = 3, .spares = 1,
+                    .excluded = ex, .nexcluded = 2};
+  snprintf(plan.coordinator, sizeof plan.coordinator, "c0");
+  snprintf(plan.cause, sizeof plan.cause, "crash");
+  char *text = job_event_to_json(&plan);
+  job_event e;
+  T_OK(job_event_from_json(text, strlen(text), &e));
+  T_CHECK(e.type == JOB_EV_PLAN && e.generation == 3 && e.world == 6 && e.dp == 3 && e.spares == 1);
+  T_CHECK(e.nexcluded == 2 && strcmp(e.excluded[1], "w4") == 0 && strcmp(e.cause, "crash") == 0);
+  T_CHECK(e.t_ms == 99 && strcmp(e.coordinator, "c0") == 0);
+  job_event_free(&e);
+  free(text);
+
+  job_event rec = {.type = JOB_EV_RECOVERED, .t_ms = 100, .generation = 4, .world = 3, .t_trigger = 1,
+                   .t_detect = 2, .t_plan = 3, .t_comm = 4, .t_restore = 5, .t_step = 6, .restore_step = 77,
+                   .steps_lost = 0};
+  snprintf(rec.cause, sizeof rec.cause, "hang");
+  snprintf(rec.restore, sizeof rec.restore, "memory");
+  text = job_event_to_json(&rec);
+  T_OK(job_event_from_json(text, strlen(text), &e));
+  T_CHECK(e.type == JOB_EV_RECOVERED && e.t_detect == 2 && e.t_step == 6 && e.restore_step == 77);
+  T_CHECK(strcmp(e.restore, "memory") == 0 && strcmp(e.cause, "hang") == 0);
+  job_event_free(&e);
+  free(text);
+
+  job_event others[] = {{.type = JOB_EV_LEADER, .t_ms = 1},
+                        {.type = JOB_EV_FENCE, .t_ms = 2, .worker = "w7"},
+                        {.type = JOB_EV_WAITING, .t_ms = 3, .why = "need 4 workers, have 2"},
+                        {.type = JOB_EV_DONE, .t_ms = 4, .step = 300, .loss = 2.5}};
+  for (size_t i = 0; i < sizeof others / sizeof others[0]; i++) {
+    text = job_event_to_json(&others[i]);
+    T_OK(job_event_from_json(text, strlen(text), &e));
+    T_CHECK_MSG(e.type == others[i].type && e.t_ms == others[i].t_ms, "%s", text);
+    T_CHECK(strcmp(e.worker, others[i].worker) == 0 && strcmp(e.why, others[i].why) == 0);
+    T_CHECK(e.step == others[i].step && e.loss == others[i].loss);
+    job_event_free(&e);
+    free(text);
+  }
+  EXPECT_REJECT(job_event_from_json, job_event, "{\"type\":\"reboot\",\"t_ms\":1}", "event.type");
+  EXPECT_REJECT(job_event_from_json, job_event, "{\"type\":\"plan\",\"t_ms\":1,\"generation\":2,\"cause\":\"boredom\","
+                                                "\"world\":1}",
+                "event.cause");
+  EXPECT_REJECT(job_event_from_json, job_event, "{\"type\":\"plan\",\"t_ms\":1,\"generation\":2,\"cause\":\"join\","
+                                                "\"world\":1,\"excluded\":[\"../x\"]}",
+                "event.excluded[0]");
+  EXPECT_REJECT(job_event_from_json, job_event, "{\"type\":\"fence\",\"t_ms\":1}", "event.worker");
+  EXPECT_REJECT(job_event_from_json, job_event, "{\"type\":\"recovered\",\"t_ms\":1,\"generation\":2,"
+                                                "\"cause\":\"join\",\"world\":1}",
+                "event.t_trigger");
+  EXPECT_REJECT(job_event_from_json, job_event, "{\"type\":\"done\",\"t_ms\":1}", "event.step");
+}
+
+int main(void) {
+  T_RUN(test_keys);
+  T_RUN(test_report);
+  T_RUN(test_ack);
+  T_RUN(test_progress_done_ckpt);
+  T_RUN(test_events);
+  return T_DONE();
+}

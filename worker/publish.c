@@ -1,0 +1,246 @@
+/* What a worker writes to etcd (job/records.h has every record): its registration and
+ * its state, failure reports, acknowledgements, progress, the checkpoint pointer and the end
+ * marker. Only a failure report and the end marker are written by the caller's thread
+ * (the leader needs them before anything else happens); everything else goes through the
+ * publisher thread, which holds the newest value of each key and writes it when etcd is
+ * there, so a step never waits on etcd. After a lost lease the publisher renews the
+ * registration before it writes anything else. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "common/clock.h"
+#include "common/log.h"
+#include "common/param.h"
+#include "common/sys.h"
+#include "job/records.h"
+#include "worker/internal.h"
+
+NEWT_PARAM(ProgressMs, "NEWT_PROGRESS_MS", 100)
+
+/* --- the registration ------------------------------------------------------------------------ */
+
+/* A lost lease does not stop training: the data plane needs no etcd. The publisher renews
+ * the registration (the same lease, when etcd kept it across a restart); if the leader
+ * planned without us meanwhile, its plan drops our generation. */
+static void on_lease_lost(void *ud, int64_t lease, const char *why) {
+  worker *w = ud;
+  NEWT_WARN(WORKER, "%s: registration lease %llx lost (%s); renewing it", w->id, (unsigned long long)lease, why);
+  pthread_mutex_lock(&w->mu);
+  atomic_store(&w->lease_lost, 1);
+  pthread_cond_broadcast(&w->cv);
+  pthread_mutex_unlock(&w->mu);
+}
+
+newt_result_t worker_register(worker *w) {
+  rdzv_worker reg;
+  memset(&reg, 0, sizeof reg);
+  snprintf(reg.id, sizeof reg.id, "%s", w->id);
+  snprintf(reg.host, sizeof reg.host, "%s", w->host);
+  snprintf(reg.addr, sizeof reg.addr, "%s", w->addr);
+  reg.device = w->o->device;
+  snprintf(reg.state, sizeof reg.state, "joining");
+  reg.pid = getpid();
+  reg.generation = (int64_t)w->gen;
+  int64_t ttl_s = (w->spec.lease_ttl_ms + 999) / 1000;
+  /* a previous registration of ours (same id) may still be alive for up to its TTL after
+     a restart or a lost lease: retry until it is gone */
+  newt_deadline_t d = newt_deadline_in_ms(2 * w->spec.lease_ttl_ms + 5000);
+  for (;;) {
+    newt_result_t r = rdzv_register(w->etcd, w->o->job, &reg, ttl_s, on_lease_lost, w, job_call_deadline(), &w->reg);
+    if (r == NEWT_OK || newt_deadline_passed(d) || newt_stop_requested()) return r;
+    if (r != NEWT_ERR_CONFLICT && r != NEWT_ERR_UNAVAILABLE && r != NEWT_ERR_TIMEOUT) return r;
+    newt_sleep_ms(200);
+  }
+}
+
+
+/* --- the publisher ------------------------------------------------------------------------- */
+
+/* Queues a write for the publisher (latest value per key wins). lease 0: none. */
+static void publish(worker *w, const char *key, char *value, int64_t lease) {
+  pthread_mutex_lock(&w->mu);
+  int slot = -1;
+  for (int i = 0; i < WORKER_PUB_SLOTS && slot < 0; i++)
+    if (w->pub[i].value && strcmp(w->pub[i].key, key) == 0) slot = i;
+  for (int i = 0; i < WORKER_PUB_SLOTS && slot < 0; i++)
+    if (!w->pub[i].value) slot = i;
+  if (slot < 0) {
+    NEWT_WARN(WORKER, "%s: publisher queue full, dropping %s", w->id, key);
+    free(value);
+  } else {
+    free(w->pub[slot].value);
+    snprintf(w->pub[slot].key, sizeof w->pub[slot].key, "%s", key);
+    w->pub[slot].value = value;
+    w->pub[slot].lease = lease;
+  }
+  pthread_cond_broadcast(&w->cv);
+  pthread_mutex_unlock(&w->mu);
+}
+
+/* Waits a little before retrying a write (called with mu held). */
+static void retry_pause(worker *w) { worker_wait_cv(w, 100); }
+
+static void *publisher(void *arg) {
+  worker *w = arg;
+  pthread_mutex_lock(&w->mu);
+  while (!w->pub_stop) {
+    if (atomic_load(&w->lease_lost) && w->reg) {
+      pthread_mutex_unlock(&w->mu);
+      newt_result_t r = rdzv_registration_renew(w->reg, w->o->job, job_call_deadline());
+      pthread_mutex_lock(&w->mu);
+      if (r == NEWT_OK) {
+        atomic_store(&w->lease_lost, 0);
+        NEWT_INFO(WORKER, "%s: registration renewed (lease %llx)", w->id,
+                  (unsigned long long)rdzv_registration_lease(w->reg));
+      } else {
+        retry_pause(w);
+      }
+      continue;
+    }
+    if (w->pub_state[0]) {
+      char state[sizeof w->pub_state];
+      snprintf(state, sizeof state, "%s", w->pub_state);
+      w->pub_state[0] = '\0';
+      pthread_mutex_unlock(&w->mu);
+      newt_result_t r = worker_set_state(w, state);
+      pthread_mutex_lock(&w->mu);
+      if (r != NEWT_OK && r != NEWT_ERR_CONFLICT && !w->pub_state[0]) {
+        /* etcd away: try again, unless a newer state came meanwhile */
+        snprintf(w->pub_state, sizeof w->pub_state, "%s", state);
+        retry_pause(w);
+      }
+      continue;
+    }
+    int found = -1;
+    for (int i = 0; i < WORKER_PUB_SLOTS && found < 0; i++)
+      if (w->pub[i].value) found = i;
+    if (found < 0) {
+      pthread_cond_wait(&w->cv, &w->mu);
+      continue;
+    }
+    char key[256];
+    snprintf(key, sizeof key, "%s", w->pub[found].key);
+    char *value = w->pub[found].value;
+    int64_t lease = w->pub[found].lease;
+    w->pub[found].value = NULL;
+    pthread_mutex_unlock(&w->mu);
+    newt_result_t r = rdzv_etcd_put(w->etcd, key, value, strlen(value), lease, job_call_deadline(), NULL);
+    pthread_mutex_lock(&w->mu);
+    if (r != NEWT_OK && !w->pub[found].value && !w->pub_stop) {
+      /* etcd away: keep it for another try, unless a newer value came meanwhile */
+      NEWT_WARN(WORKER, "%s: writing %s: %s (will retry)", w->id, key, newt_errmsg());
+      w->pub[found].value = value;
+      retry_pause(w);
+    } else {
+      free(value);
+    }
+  }
+  pthread_mutex_unlock(&w->mu);
+  return NULL;
+}
+
+/* Writes everything still queued (at exit). */
+void worker_publisher_stop(worker *w) {
+  if (!w->pub_running) return;
+  /* long enough for etcd to come back from a restart: the last states matter */
+  newt_deadline_t d = newt_deadline_in_ms(w->spec.lease_ttl_ms + 3000);
+  for (;;) {
+    pthread_mutex_lock(&w->mu);
+    int pending = w->pub_state[0] != '\0';
+    for (int i = 0; i < WORKER_PUB_SLOTS; i++) pending |= w->pub[i].value != NULL;
+    pthread_mutex_unlock(&w->mu);
+    if (!pending || newt_deadline_passed(d)) break;
+    newt_sleep_ms(5);
+  }
+  pthread_mutex_lock(&w->mu);
+  w->pub_stop = 1;
+  pthread_cond_broadcast(&w->cv);
+  pthread_mutex_unlock(&w->mu);
+  pthread_join(w->pub_thread, NULL);
+  w->pub_running = 0;
+  for (int i = 0; i < WORKER_PUB_SLOTS; i++) free(w->pub[i].value);
+}
+
+newt_result_t worker_publisher_start(worker *w) {
+  if (pthread_create(&w->pub_thread, NULL, publisher, w) != 0)
+    return NEWT_ERR(NEWT_ERR_SYS, "cannot start the publisher thread");
+  w->pub_running = 1;
+  return NEWT_OK;
+}
+
+newt_result_t worker_set_state(worker *w, const char *state) {
+  if (!w->reg || atomic_load(&w->lease_lost))
+    return NEWT_ERR(NEWT_ERR_UNAVAILABLE, "%s: the registration is being renewed", w->id);
+  newt_result_t r = rdzv_registration_update(w->reg, state, (int64_t)w->gen, job_call_deadline());
+  if (r != NEWT_OK) NEWT_WARN(WORKER, "%s: updating the registration to %s: %s", w->id, state, newt_errmsg());
+  return r;
+}
+
+void worker_set_state_async(worker *w, const char *state) {
+  pthread_mutex_lock(&w->mu);
+  snprintf(w->pub_state, sizeof w->pub_state, "%s", state);
+  pthread_cond_broadcast(&w->cv);
+  pthread_mutex_unlock(&w->mu);
+}
+
+/* --- the records ----------------------------------------------------------------------------- */
+
+/* Queues a record for the publisher: value is malloc'd (NULL: out of memory, nothing
+ * queued); lease 0: none. */
+static void publish_record(worker *w, job_record rec, uint64_t generation, char *value, int64_t lease) {
+  char key[256];
+  if (value && job_key(key, sizeof key, w->o->job, rec, generation, w->id) == NEWT_OK) publish(w, key, value, lease);
+  else free(value);
+}
+
+void worker_report(worker *w, const newt_plan *p, int hang, const char *accused, const char *why) {
+  job_report rep = {.hang = hang, .step = w->done_step, .t_ms = w->t_detect};
+  snprintf(rep.worker, sizeof rep.worker, "%s", w->id);
+  if (accused) snprintf(rep.accuse[rep.naccuse++], sizeof rep.accuse[0], "%s", accused);
+  snprintf(rep.why, sizeof rep.why, "%s", why);
+  char *val = job_report_to_json(&rep);
+  char key[256];
+  if (val && w->reg && job_key(key, sizeof key, w->o->job, JOB_REC_REPORT, p->generation, w->id) == NEWT_OK &&
+      rdzv_etcd_put(w->etcd, key, val, strlen(val), rdzv_registration_lease(w->reg), job_call_deadline(), NULL) !=
+          NEWT_OK)
+    NEWT_WARN(WORKER, "%s: reporting the failure of generation %llu: %s", w->id, (unsigned long long)p->generation,
+              newt_errmsg());
+  NEWT_WARN(WORKER, "%s: generation %llu failed (%s): %s", w->id, (unsigned long long)p->generation,
+            hang ? "hang" : "crash", why);
+  free(val);
+}
+
+void worker_publish_ack(worker *w, const newt_plan *p, const plan_rank *me) {
+  if (!w->reg) return;
+  job_ack a = {.rank = me->rank, .t_plan = w->t_plan_seen, .t_comm = w->t_comm, .t_restore = w->t_restore,
+               .t_step = w->t_first_step, .restore_step = w->restore_step};
+  snprintf(a.restore, sizeof a.restore, "%s", w->restore_src);
+  publish_record(w, JOB_REC_ACK, p->generation, job_ack_to_json(&a), rdzv_registration_lease(w->reg));
+}
+
+void worker_publish_progress(worker *w, const newt_plan *p, double loss, double tps) {
+  uint64_t now = newt_wall_ms();
+  if (now - w->progress_ms < (uint64_t)newt_param_ProgressMs() && w->par.step < w->spec.steps) return;
+  w->progress_ms = now;
+  job_progress pr = {.generation = p->generation, .step = w->par.step, .loss = loss, .tokens_per_s = tps,
+                     .world = p->nranks, .dp = p->dp, .t_ms = now};
+  publish_record(w, JOB_REC_PROGRESS, 0, job_progress_to_json(&pr), 0);
+}
+
+void worker_publish_ckpt(worker *w, int64_t step) {
+  job_ckpt c = {.step = step};
+  snprintf(c.dir, sizeof c.dir, "%s", w->spec.ckpt_dir);
+  publish_record(w, JOB_REC_CKPT, 0, job_ckpt_to_json(&c), 0);
+}
+
+void worker_mark_done(worker *w, double loss) {
+  job_done d = {.step = w->par.step, .loss = loss, .t_ms = newt_wall_ms(), .samples = worker_cursor(w)};
+  char *val = job_done_to_json(&d);
+  char key[256];
+  if (val && job_key(key, sizeof key, w->o->job, JOB_REC_DONE, 0, NULL) == NEWT_OK &&
+      rdzv_etcd_put(w->etcd, key, val, strlen(val), 0, job_call_deadline(), NULL) != NEWT_OK)
+    NEWT_WARN(WORKER, "%s: marking the job done: %s", w->id, newt_errmsg());
+  free(val);
+}
