@@ -59,7 +59,7 @@ int newt_cmd_run(int argc, char **argv) {
       {"timeout-ms", NEWT_OPT_INT, &timeout, "give up when not done by then (0: never)"},
       {"quiet", NEWT_OPT_FLAG, &quiet, "no live line"},
       NEWT_OPT_END};
-  int rc = newt_cli_opts_exit(newt_opts_parse("run", "--nproc N [flags]", opts, argc, argv, NULL, 0, NULL));
+  int rc = newt_opts_exit(newt_opts_parse("run", "--nproc N [flags]", opts, argc, argv, NULL, 0, NULL));
   if (rc >= 0) return rc;
   if (spec_file) {
     char *text = NULL;
