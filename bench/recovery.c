@@ -8,8 +8,8 @@
 #include <unistd.h>
 
 #include "bench/bench.h"
-#include "cli/launcher.h"
 #include "common/opts.h"
+#include "launch/launcher.h"
 
 static int cmp_i64(const void *a, const void *b) {
   int64_t x = *(const int64_t *)a, y = *(const int64_t *)b;

@@ -3,9 +3,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "coordinator/chaos.h"
 #include "coordinator/plan.h"
 #include "coordinator/spec.h"
+#include "launch/chaos.h"
 #include "test.h"
 
 static newt_result_t parse(const char *text, newt_spec *s) { return spec_from_json(text, strlen(text), s); }
