@@ -1,6 +1,6 @@
 /* Benchmark drivers behind `newt bench <name>`. Each prints one JSON object per line on
  * stdout (progress goes to stderr) and returns an exit status. Collective benchmarks use
- * the nccl-tests definitions (DESIGN.md). */
+ * the nccl-tests definitions (docs/comm.md). */
 #ifndef NEWT_BENCH_BENCH_H
 #define NEWT_BENCH_BENCH_H
 

@@ -23,7 +23,6 @@
 
 #include "bench/bench.h"
 #include "ckpt/ckpt.h"
-#include "cli/cmds.h"
 #include "common/fs.h"
 #include "common/opts.h"
 #include "common/strutil.h"
@@ -244,7 +243,7 @@ int newt_bench_ckpt(int argc, char **argv) {
       {"keep-dir", NEWT_OPT_FLAG, &keep_dir, "leave the checkpoints on disk"},
       {"warm", NEWT_OPT_FLAG, &warm, "load from the page cache (do not drop it first)"},
       NEWT_OPT_END};
-  int ex = newt_cli_opts_exit(newt_opts_parse("bench ckpt", NULL, opts, argc, argv, NULL, 0, NULL));
+  int ex = newt_opts_exit(newt_opts_parse("bench ckpt", NULL, opts, argc, argv, NULL, 0, NULL));
   if (ex >= 0) return ex;
   if (bytes < 4096 || threads < 1 || repeat < 1 || level < 0) {
     fprintf(stderr, "newt bench ckpt: --bytes at least 4096, --threads and --repeat at least 1, --level >= 0\n");

@@ -8,9 +8,8 @@
 #include <unistd.h>
 
 #include "bench/bench.h"
-#include "cli/cmds.h"
-#include "cli/launcher.h"
 #include "common/opts.h"
+#include "launch/launcher.h"
 
 static int cmp_i64(const void *a, const void *b) {
   int64_t x = *(const int64_t *)a, y = *(const int64_t *)b;
@@ -41,7 +40,7 @@ int newt_bench_recovery(int argc, char **argv) {
                      {"zero", NEWT_OPT_INT, &zero, "ZeRO stage"},
                      {"verbose", NEWT_OPT_FLAG, &verbose, "show each run's progress"},
                      NEWT_OPT_END};
-  int rc = newt_cli_opts_exit(newt_opts_parse("bench recovery", "[flags]", opts, argc, argv, NULL, 0, NULL));
+  int rc = newt_opts_exit(newt_opts_parse("bench recovery", "[flags]", opts, argc, argv, NULL, 0, NULL));
   if (rc >= 0) return rc;
   if (strcmp(fault, "kill") != 0 && strcmp(fault, "term") != 0 && strcmp(fault, "stop") != 0) {
     fprintf(stderr, "newt bench recovery: --fault: kill, term or stop, not \"%s\"\n", fault);

@@ -20,7 +20,6 @@
 #include <unistd.h>
 
 #include "bench/bench.h"
-#include "cli/cmds.h"
 #include "common/clock.h"
 #include "common/log.h"
 #include "common/opts.h"
@@ -223,7 +222,7 @@ int newt_bench_rendezvous(int argc, char **argv) {
       {"repeat", NEWT_OPT_INT, &repeat, "measurements per worker count (one line each)"},
       NEWT_OPT_END,
   };
-  int ex = newt_cli_opts_exit(newt_opts_parse("bench rendezvous", "[flags]", opts, argc, argv, NULL, 0, NULL));
+  int ex = newt_opts_exit(newt_opts_parse("bench rendezvous", "[flags]", opts, argc, argv, NULL, 0, NULL));
   if (ex >= 0) return ex;
   if (threads < 1 || ttl < 1 || repeat < 1) {
     fprintf(stderr, "newt bench rendezvous: --threads, --ttl and --repeat must be positive\n");

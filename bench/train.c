@@ -25,7 +25,6 @@
 #include <unistd.h>
 
 #include "bench/bench.h"
-#include "cli/cmds.h"
 #include "comm/comm.h"
 #include "common/opts.h"
 #include "common/proc.h"
@@ -234,7 +233,7 @@ int newt_bench_train(int argc, char **argv) {
       {"zero", NEWT_OPT_INT, &zero, "ZeRO stage 0..3"},
       NEWT_OPT_END,
   };
-  int rc = newt_cli_opts_exit(newt_opts_parse("bench train", "[flags]", opts, argc, argv, NULL, 0, NULL));
+  int rc = newt_opts_exit(newt_opts_parse("bench train", "[flags]", opts, argc, argv, NULL, 0, NULL));
   if (rc >= 0) return rc;
   model_train_config cfg;
   if (model_train_defaults(&cfg, preset, warmup + steps) != NEWT_OK ||

@@ -191,7 +191,7 @@ int newt_cmd_ckpt(int argc, char **argv) {
   newt_opt opts[] = {{"json", NEWT_OPT_FLAG, &json, "print JSON (ls, inspect)"}, NEWT_OPT_END};
   char *pos[2];
   int npos = 0;
-  int ex = newt_cli_opts_exit(newt_opts_parse("ckpt", synopsis, opts, argc, argv, pos, 2, &npos));
+  int ex = newt_opts_exit(newt_opts_parse("ckpt", synopsis, opts, argc, argv, pos, 2, &npos));
   if (ex >= 0) return ex;
   if (npos != 2) {
     newt_opts_usage(stderr, "ckpt", synopsis, opts);

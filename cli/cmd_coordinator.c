@@ -21,7 +21,7 @@ int newt_cmd_coordinator(int argc, char **argv) {
                      {"metrics-port", NEWT_OPT_INT, &metrics_port, "Prometheus metrics port (0: off)"},
                      {"metrics-addr", NEWT_OPT_STR, &metrics_addr, "address the metrics server binds"},
                      NEWT_OPT_END};
-  int rc = newt_cli_opts_exit(newt_opts_parse("coordinator", "--job NAME [flags]", opts, argc, argv, NULL, 0, NULL));
+  int rc = newt_opts_exit(newt_opts_parse("coordinator", "--job NAME [flags]", opts, argc, argv, NULL, 0, NULL));
   if (rc >= 0) return rc;
   coordinator_opts co = {.job = ef.job, .id = id, .spec_file = spec, .metrics_addr = metrics_addr,
                          .metrics_port = (int)metrics_port};

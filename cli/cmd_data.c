@@ -23,7 +23,7 @@ static int cmd_prepare(int argc, char **argv) {
       {"out", NEWT_OPT_STR, &out, "token file to write"},
       NEWT_OPT_END,
   };
-  int rc = newt_cli_opts_exit(newt_opts_parse("data prepare", "--in TEXT --out FILE", opts, argc, argv, NULL, 0, NULL));
+  int rc = newt_opts_exit(newt_opts_parse("data prepare", "--in TEXT --out FILE", opts, argc, argv, NULL, 0, NULL));
   if (rc >= 0) return rc;
   if (!in || !out) {
     fprintf(stderr, "newt data prepare: --in and --out are required\n");
@@ -44,7 +44,7 @@ static int cmd_generate(int argc, char **argv) {
       {"seed", NEWT_OPT_INT, &seed, "seed of the generated text"},
       NEWT_OPT_END,
   };
-  int rc = newt_cli_opts_exit(newt_opts_parse("data generate", "--out FILE [flags]", opts, argc, argv, NULL, 0, NULL));
+  int rc = newt_opts_exit(newt_opts_parse("data generate", "--out FILE [flags]", opts, argc, argv, NULL, 0, NULL));
   if (rc >= 0) return rc;
   if (!out || bytes < 2) {
     fprintf(stderr, "newt data generate: --out is required and --bytes must be >= 2\n");
@@ -68,7 +68,7 @@ static int cmd_inspect(int argc, char **argv) {
   newt_opt opts[] = {NEWT_OPT_END};
   char *pos[1];
   int npos = 0;
-  int rc = newt_cli_opts_exit(newt_opts_parse("data inspect", "FILE", opts, argc, argv, pos, 1, &npos));
+  int rc = newt_opts_exit(newt_opts_parse("data inspect", "FILE", opts, argc, argv, pos, 1, &npos));
   if (rc >= 0) return rc;
   if (npos != 1) {
     fprintf(stderr, "newt data inspect: give one token file\n");

@@ -348,7 +348,7 @@ int newt_cmd_demo(int argc, char **argv) {
       {"name", NEWT_OPT_STR, &name, "(internal) this process's name"},
       NEWT_OPT_END,
   };
-  int ex = newt_cli_opts_exit(newt_opts_parse("demo", "[flags]", opts, argc, argv, NULL, 0, NULL));
+  int ex = newt_opts_exit(newt_opts_parse("demo", "[flags]", opts, argc, argv, NULL, 0, NULL));
   if (ex >= 0) return ex;
   setvbuf(stdout, NULL, _IOLBF, 0);
   if (ttl < 1 || workers < 3 || workers > 8 || coordinators < 2 || coordinators > 8) {

@@ -1,15 +1,15 @@
 /* newt run: the whole job on this host, as one command: a private etcd (unless --etcd),
  * coordinators and workers as separate processes, faults injected at given steps, a
- * live progress line and a summary (see cli/launcher.h, docs/elastic.md). */
+ * live progress line and a summary (see launch/launcher.h, docs/elastic.md). */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
 #include "cli/cmds.h"
-#include "cli/launcher.h"
 #include "common/fs.h"
 #include "common/opts.h"
+#include "launch/launcher.h"
 
 int newt_cmd_run(int argc, char **argv) {
   launcher_opts lo;
@@ -59,7 +59,7 @@ int newt_cmd_run(int argc, char **argv) {
       {"timeout-ms", NEWT_OPT_INT, &timeout, "give up when not done by then (0: never)"},
       {"quiet", NEWT_OPT_FLAG, &quiet, "no live line"},
       NEWT_OPT_END};
-  int rc = newt_cli_opts_exit(newt_opts_parse("run", "--nproc N [flags]", opts, argc, argv, NULL, 0, NULL));
+  int rc = newt_opts_exit(newt_opts_parse("run", "--nproc N [flags]", opts, argc, argv, NULL, 0, NULL));
   if (rc >= 0) return rc;
   if (spec_file) {
     char *text = NULL;

@@ -119,7 +119,7 @@ int newt_cmd_status(int argc, char **argv) {
                      {"timeout-ms", NEWT_OPT_INT, &timeout, "how long --wait-workers waits"},
                      {"events", NEWT_OPT_INT, &nevents, "newest events to show"},
                      NEWT_OPT_END};
-  int rc = newt_cli_opts_exit(newt_opts_parse("status", "--job NAME [flags]", opts, argc, argv, NULL, 0, NULL));
+  int rc = newt_opts_exit(newt_opts_parse("status", "--job NAME [flags]", opts, argc, argv, NULL, 0, NULL));
   if (rc >= 0) return rc;
   rdzv_etcd_opts eo;
   char *password = NULL;

@@ -87,7 +87,7 @@ int newt_cmd_train(int argc, char **argv) {
       {"device", NEWT_OPT_STR, &device, "cpu, or cuda (bf16 on the GPU; needs batch % micro-batch == 0)"},
       NEWT_OPT_END,
   };
-  int rc = newt_cli_opts_exit(newt_opts_parse("train", "[flags]", opts, argc, argv, NULL, 0, NULL));
+  int rc = newt_opts_exit(newt_opts_parse("train", "[flags]", opts, argc, argv, NULL, 0, NULL));
   if (rc >= 0) return rc;
 
   model_train_config cfg;

@@ -25,7 +25,7 @@ int newt_cmd_worker(int argc, char **argv) {
                      {"device", NEWT_OPT_INT, &device, "CUDA device (-1: train on CPU) (env NEWT_DEVICE)"},
                      {"threads", NEWT_OPT_INT, &threads, "CPU threads for compute"},
                      NEWT_OPT_END};
-  int rc = newt_cli_opts_exit(newt_opts_parse("worker", "--job NAME [flags]", opts, argc, argv, NULL, 0, NULL));
+  int rc = newt_opts_exit(newt_opts_parse("worker", "--job NAME [flags]", opts, argc, argv, NULL, 0, NULL));
   if (rc >= 0) return rc;
   worker_opts wo = {.job = ef.job, .id = id, .host = host, .addr = addr, .port = (int)port,
                     .device = (int)device, .threads = (int)threads};

@@ -14,8 +14,4 @@ int newt_cmd_train(int argc, char **argv);       /* single process, no coordinat
 int newt_cmd_data(int argc, char **argv);        /* data prepare */
 int newt_cmd_demo(int argc, char **argv);        /* the rendezvous demo */
 
-/* Common exit path for a subcommand's flag parsing: prints the error (if any) and maps
- * the result to an exit status: --help gives 0, a bad flag 2. Returns -1 to go on. */
-int newt_cli_opts_exit(int res);
-
 #endif

@@ -3,7 +3,6 @@
 #include <string.h>
 
 #include "cli/cmds.h"
-#include "common/err.h"
 #include "common/sys.h"
 
 static const struct {
@@ -26,13 +25,6 @@ static void usage(FILE *f) {
   fprintf(f, "usage: newt <command> [flags]   (newt <command> --help for its flags)\n\ncommands:\n");
   for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
     fprintf(f, "  %-12s %s\n", commands[i].name, commands[i].help);
-}
-
-int newt_cli_opts_exit(int res) {
-  if (res == NEWT_OK) return -1;
-  if (res == NEWT_ERR_ABORTED) return 0;
-  fprintf(stderr, "%s\n", newt_errmsg());
-  return 2;
 }
 
 int main(int argc, char **argv) {

@@ -58,6 +58,13 @@ static newt_result_t set_value(const char *cmd, const newt_opt *o, const char *v
   return NEWT_OK;
 }
 
+int newt_opts_exit(newt_result_t res) {
+  if (res == NEWT_OK) return -1;
+  if (res == NEWT_ERR_ABORTED) return 0;
+  fprintf(stderr, "%s\n", newt_errmsg());
+  return 2;
+}
+
 newt_result_t newt_opts_parse(const char *cmd, const char *synopsis, const newt_opt *opts, int argc,
                               char **argv, char **pos, int max_pos, int *npos) {
   int np = 0;

@@ -38,4 +38,11 @@ newt_result_t newt_opts_parse(const char *cmd, const char *synopsis, const newt_
 
 void newt_opts_usage(FILE *f, const char *cmd, const char *synopsis, const newt_opt *opts);
 
+/* The common exit path of a subcommand's flag parsing: prints the error (if any) and maps
+ * the result of newt_opts_parse to an exit status: --help gives 0, a bad flag 2. Returns -1
+ * to go on. Typical use:
+ *   int rc = newt_opts_exit(newt_opts_parse(...));
+ *   if (rc >= 0) return rc; */
+int newt_opts_exit(newt_result_t res);
+
 #endif

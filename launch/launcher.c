@@ -6,7 +6,7 @@
  * faults carry the wall-clock time they were injected, recovery events the times of
  * detection, plan, communicator, restore and first step, so the summary's intervals are
  * differences of wall-clock times taken on this one host. */
-#include "cli/launcher.h"
+#include "launch/launcher.h"
 
 #include <errno.h>
 #include <math.h>

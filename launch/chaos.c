@@ -1,5 +1,5 @@
 /* Parsing of chaos schedules (see chaos.h). */
-#include "coordinator/chaos.h"
+#include "launch/chaos.h"
 
 #include <stdio.h>
 #include <stdlib.h>

@@ -2,14 +2,14 @@
  * (unless one is given), K coordinators and N workers as separate processes, faults
  * injected for real at given steps (--chaos), a live progress line, and a summary of the
  * run with one entry per recovery. */
-#ifndef NEWT_CLI_LAUNCHER_H
-#define NEWT_CLI_LAUNCHER_H
+#ifndef NEWT_LAUNCH_LAUNCHER_H
+#define NEWT_LAUNCH_LAUNCHER_H
 
 #include <stdint.h>
 
 #include "common/err.h"
-#include "coordinator/chaos.h"
 #include "job/spec.h"
+#include "launch/chaos.h"
 
 typedef struct launcher_opts {
   newt_spec spec;
@@ -49,7 +49,7 @@ typedef struct launcher_result {
 newt_result_t launcher_run(const launcher_opts *o, launcher_result *res);
 void launcher_result_free(launcher_result *res);
 
-/* The summary document of DESIGN.md (steps, final_loss, generations, samples_consumed,
+/* The summary document of docs/elastic.md (steps, final_loss, generations, samples_consumed,
  * recoveries[] with cause and timings); malloc'd. */
 char *launcher_summary_json(const launcher_opts *o, const launcher_result *res);
 

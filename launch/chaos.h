@@ -1,4 +1,5 @@
-/* Chaos schedules for `newt run --chaos SPEC`: faults injected for real at given steps.
+/* Chaos schedules for `newt run --chaos SPEC` (and the fault of `newt bench recovery`):
+ * faults injected for real at given steps; the launcher (launcher.h) fires them.
  *
  *   SPEC  := ITEM ("," ITEM)*
  *   ITEM  := ACTION "@step=" N
@@ -12,8 +13,8 @@
  * Example: kill:worker:1@step=15,stop:worker:2@step=30,term:worker:0@step=45,join:2@step=50,
  *          kill:coordinator@step=60,restart:etcd@step=70
  * Errors name the item and what is wrong with it. */
-#ifndef NEWT_COORDINATOR_CHAOS_H
-#define NEWT_COORDINATOR_CHAOS_H
+#ifndef NEWT_LAUNCH_CHAOS_H
+#define NEWT_LAUNCH_CHAOS_H
 
 #include <stdint.h>
 
