@@ -12,12 +12,72 @@
 #include "common/opts.h"
 #include "common/sys.h"
 #include "job/plan.h"
+#include "job/records.h"
+#include "job/spec.h"
 #include "rendezvous/rdzv.h"
 
-/* Parses a value into a JSON item (NULL when it is not JSON). */
-static cJSON *parse_value(const rdzv_etcd_kv *kv) {
+/* A record decoded by its codec, re-encoded as a JSON item: NULL (and a warning naming
+ * the key) when it does not pass its parser, so status never shows what the job would
+ * refuse. */
+static cJSON *checked_item(const rdzv_etcd_kv *kv, job_record rec) {
+  char *text = NULL;
+  newt_result_t r = NEWT_OK;
+  switch (rec) {
+  case JOB_REC_WORKER: {
+    rdzv_worker w;
+    r = rdzv_worker_from_json(kv->value, kv->value_len, kv->key, &w);
+    if (r == NEWT_OK) r = rdzv_worker_to_json(&w, &text);
+    break;
+  }
+  case JOB_REC_PLAN: {
+    newt_plan p;
+    r = plan_from_json(kv->value, kv->value_len, &p);
+    if (r == NEWT_OK) {
+      memset(p.secret, 0, sizeof p.secret); /* never shown */
+      text = plan_to_json(&p);
+      plan_free(&p);
+    }
+    break;
+  }
+  case JOB_REC_PROGRESS: {
+    job_progress p;
+    if ((r = job_progress_from_json(kv->value, kv->value_len, &p)) == NEWT_OK) text = job_progress_to_json(&p);
+    break;
+  }
+  case JOB_REC_DONE: {
+    job_done d;
+    if ((r = job_done_from_json(kv->value, kv->value_len, &d)) == NEWT_OK) text = job_done_to_json(&d);
+    break;
+  }
+  case JOB_REC_CKPT: {
+    job_ckpt c;
+    if ((r = job_ckpt_from_json(kv->value, kv->value_len, &c)) == NEWT_OK) text = job_ckpt_to_json(&c);
+    break;
+  }
+  case JOB_REC_EVENT: {
+    job_event e;
+    if ((r = job_event_from_json(kv->value, kv->value_len, &e)) == NEWT_OK) {
+      text = job_event_to_json(&e);
+      job_event_free(&e);
+    }
+    break;
+  }
+  case JOB_REC_SPEC: {
+    newt_spec sp;
+    if ((r = spec_from_json(kv->value, kv->value_len, &sp)) == NEWT_OK) text = spec_to_json(&sp);
+    break;
+  }
+  default:
+    return NULL;
+  }
+  if (r != NEWT_OK) {
+    fprintf(stderr, "newt status: ignoring %s: %s\n", kv->key, newt_errmsg());
+    return NULL;
+  }
   cJSON *j = NULL;
-  if (newt_json_parse(kv->value, kv->value_len, kv->key, &j) != NEWT_OK) return NULL;
+  if (text) newt_json_parse(text, strlen(text), kv->key, &j);
+  free(text);
+  if (j && rec == JOB_REC_PLAN) cJSON_DeleteItemFromObject(j, "secret");
   return j;
 }
 
@@ -36,19 +96,18 @@ static newt_result_t collect(rdzv_etcd *c, const char *job, int nevents, cJSON *
   *nworkers = 0;
   for (size_t i = 0; i < all.n; i++) {
     const rdzv_etcd_kv *kv = &all.kvs[i];
-    const char *rest = kv->key + plen;
-    if (strncmp(rest, "workers/", 8) == 0) {
-      cJSON *w = parse_value(kv);
-      if (w) cJSON_AddItemToArray(workers, w), (*nworkers)++;
-    } else if (strncmp(rest, "events/", 7) == 0) {
-      cJSON *e = parse_value(kv);
-      if (e) cJSON_AddItemToArray(events, e);
-    } else if (strcmp(rest, "plan") == 0 || strcmp(rest, "progress") == 0 || strcmp(rest, "done") == 0 ||
-               strcmp(rest, "spec") == 0) {
-      cJSON *v = parse_value(kv);
-      if (v && strcmp(rest, "plan") == 0) cJSON_DeleteItemFromObject(v, "secret");
-      if (v) cJSON_AddItemToObject(j, rest, v);
-    }
+    job_record rec = job_key_parse(kv->key + plen, NULL, NULL);
+    static const char *const single[] = {[JOB_REC_SPEC] = "spec", [JOB_REC_PLAN] = "plan",
+                                         [JOB_REC_PROGRESS] = "progress", [JOB_REC_DONE] = "done",
+                                         [JOB_REC_CKPT] = "ckpt"};
+    if (rec != JOB_REC_WORKER && rec != JOB_REC_EVENT &&
+        (rec >= (int)(sizeof single / sizeof single[0]) || !single[rec]))
+      continue;
+    cJSON *v = checked_item(kv, rec);
+    if (!v) continue;
+    if (rec == JOB_REC_WORKER) cJSON_AddItemToArray(workers, v), (*nworkers)++;
+    else if (rec == JOB_REC_EVENT) cJSON_AddItemToArray(events, v);
+    else cJSON_AddItemToObject(j, single[rec], v);
   }
   rdzv_etcd_kvs_free(&all);
   while (cJSON_GetArraySize(events) > nevents) cJSON_DeleteItemFromArray(events, 0);

@@ -27,6 +27,7 @@
 #include "common/strutil.h"
 #include "common/sys.h"
 #include "job/plan.h"
+#include "job/records.h"
 #include "rendezvous/etcd_server.h"
 #include "rendezvous/rdzv.h"
 
@@ -67,7 +68,7 @@ typedef struct run {
   double loss, tps;
   int world, dp;
   uint64_t progress_t_ms;
-  char **events; /* raw JSON of events not handled yet */
+  job_event *events; /* events not handled yet */
   int nevents, cap_events;
   int done;
   int64_t done_step, done_samples;
@@ -159,41 +160,33 @@ static void reap(run *r) {
 static void take(run *r, const rdzv_etcd_kv *kv) {
   size_t plen = strlen(r->prefix);
   if (kv->key_len <= plen) return;
-  const char *rest = kv->key + plen;
-  if (strcmp(rest, "progress") == 0) {
-    cJSON *j;
-    if (newt_json_parse(kv->value, kv->value_len, "progress", &j) != NEWT_OK) return;
-    int64_t v, t = 0;
-    if (newt_json_get_int(j, "progress", "step", 0, &v) == NEWT_OK && v > r->step) r->step = v;
-    if (newt_json_get_int(j, "progress", "generation", 0, &v) == NEWT_OK) r->gen = v;
-    newt_json_get_double(j, "progress", "loss", 0, &r->loss);
-    newt_json_get_double(j, "progress", "tokens_per_s", 0, &r->tps);
-    if (newt_json_get_int(j, "progress", "world", 0, &v) == NEWT_OK) r->world = (int)v;
-    if (newt_json_get_int(j, "progress", "dp", 0, &v) == NEWT_OK) r->dp = (int)v;
-    newt_json_get_int(j, "progress", "t_ms", 0, &t);
-    r->progress_t_ms = (uint64_t)t;
-    cJSON_Delete(j);
-  } else if (strcmp(rest, "done") == 0) {
-    cJSON *j;
-    if (newt_json_parse(kv->value, kv->value_len, "done", &j) != NEWT_OK) return;
-    newt_json_get_int(j, "done", "step", 0, &r->done_step);
-    newt_json_get_double(j, "done", "loss", 0, &r->done_loss);
-    newt_json_get_int(j, "done", "samples", 0, &r->done_samples);
-    cJSON_Delete(j);
+  job_record rec = job_key_parse(kv->key + plen, NULL, NULL);
+  if (rec == JOB_REC_PROGRESS) {
+    job_progress p;
+    if (job_progress_from_json(kv->value, kv->value_len, &p) != NEWT_OK) return;
+    if (p.step > r->step) r->step = p.step;
+    r->gen = (int64_t)p.generation;
+    r->loss = p.loss;
+    r->tps = p.tokens_per_s;
+    r->world = (int)p.world;
+    r->dp = (int)p.dp;
+    r->progress_t_ms = p.t_ms;
+  } else if (rec == JOB_REC_DONE) {
+    job_done d;
+    if (job_done_from_json(kv->value, kv->value_len, &d) != NEWT_OK) return;
+    r->done_step = d.step;
+    r->done_loss = d.loss;
+    r->done_samples = (int64_t)d.samples;
     r->done = 1;
-  } else if (strncmp(rest, "events/", 7) == 0) {
+  } else if (rec == JOB_REC_EVENT) {
     if (r->nevents == r->cap_events) {
       int cap = r->cap_events ? 2 * r->cap_events : 32;
-      char **e = realloc(r->events, (size_t)cap * sizeof *e);
+      job_event *e = realloc(r->events, (size_t)cap * sizeof *e);
       if (!e) return;
       r->events = e;
       r->cap_events = cap;
     }
-    char *copy = malloc(kv->value_len + 1);
-    if (!copy) return;
-    memcpy(copy, kv->value, kv->value_len);
-    copy[kv->value_len] = '\0';
-    r->events[r->nevents++] = copy;
+    if (job_event_from_json(kv->value, kv->value_len, &r->events[r->nevents]) == NEWT_OK) r->nevents++;
   }
 }
 
@@ -205,7 +198,7 @@ static void on_watch(void *ud, const rdzv_etcd_watch_resp *w) {
       if (w->events[i].type == RDZV_EVENT_PUT) take(r, &w->events[i].kv);
   } else if (w->kind == RDZV_WATCH_RESYNC) {
     for (size_t i = 0; i < w->n_kvs; i++)
-      if (strstr(w->kvs[i].key, "/events/") == NULL) take(r, &w->kvs[i]);
+      if (job_key_parse(w->kvs[i].key + strlen(r->prefix), NULL, NULL) != JOB_REC_EVENT) take(r, &w->kvs[i]);
   }
   pthread_mutex_unlock(&r->mu);
 }
@@ -336,38 +329,24 @@ static uint64_t match_faults(run *r, const char *cause, uint64_t t_plan) {
   return first;
 }
 
-static void handle_event(run *r, const char *text) {
-  cJSON *j;
-  if (newt_json_parse(text, strlen(text), "event", &j) != NEWT_OK) return;
-  const char *type = "", *cause = "", *restore = "";
-  newt_json_get_str(j, "event", "type", 0, &type);
-  newt_json_get_str(j, "event", "cause", 0, &cause);
-  newt_json_get_str(j, "event", "restore", 0, &restore);
-  int64_t gen = 0, t_ms = 0, t_detect = 0, t_plan = 0, t_comm = 0, t_restore = 0, t_step = 0, lost = 0, world = 0;
-  newt_json_get_int(j, "event", "generation", 0, &gen);
-  newt_json_get_int(j, "event", "t_ms", 0, &t_ms);
-  newt_json_get_int(j, "event", "t_detect", 0, &t_detect);
-  newt_json_get_int(j, "event", "t_plan", 0, &t_plan);
-  newt_json_get_int(j, "event", "t_comm", 0, &t_comm);
-  newt_json_get_int(j, "event", "t_restore", 0, &t_restore);
-  newt_json_get_int(j, "event", "t_step", 0, &t_step);
-  newt_json_get_int(j, "event", "steps_lost", 0, &lost);
-  newt_json_get_int(j, "event", "world", 0, &world);
+static void handle_event(run *r, const job_event *e) {
+  const char *cause = e->cause, *restore = e->restore;
+  int64_t gen = e->generation, world = e->world, lost = e->steps_lost;
   if (gen > r->res->generations) r->res->generations = gen;
-  if (strcmp(type, "recovered") == 0) {
+  if (e->type == JOB_EV_RECOVERED) {
     launcher_recovery *rec = add_recovery(r);
     if (rec) {
-      uint64_t t_fault = match_faults(r, cause, (uint64_t)t_plan);
+      uint64_t t_fault = match_faults(r, cause, e->t_plan);
       snprintf(rec->cause, sizeof rec->cause, "%s", cause);
       snprintf(rec->restore, sizeof rec->restore, "%s", restore);
       rec->generation = gen;
       rec->t_fault = t_fault;
-      uint64_t from = t_fault ? t_fault : (uint64_t)t_detect;
-      rec->detect_ms = diff((uint64_t)t_detect, from);
-      rec->plan_ms = diff((uint64_t)t_plan, (uint64_t)t_detect);
-      rec->comm_ms = diff((uint64_t)t_comm, (uint64_t)t_plan);
-      rec->restore_ms = diff((uint64_t)t_restore, (uint64_t)t_comm);
-      rec->total_ms = diff((uint64_t)t_step, from);
+      uint64_t from = t_fault ? t_fault : e->t_detect;
+      rec->detect_ms = diff(e->t_detect, from);
+      rec->plan_ms = diff(e->t_plan, e->t_detect);
+      rec->comm_ms = diff(e->t_comm, e->t_plan);
+      rec->restore_ms = diff(e->t_restore, e->t_comm);
+      rec->total_ms = diff(e->t_step, from);
       rec->steps_lost = lost;
       if (!r->o->quiet)
         fprintf(stderr,
@@ -377,30 +356,27 @@ static void handle_event(run *r, const char *text) {
                 (long long)rec->comm_ms, (long long)rec->restore_ms, restore, (long long)gen, (long long)world,
                 (long long)lost);
     }
-  } else if (strcmp(type, "leader") == 0) {
+  } else if (e->type == JOB_EV_LEADER) {
     /* a coordinator we killed has been replaced */
     for (int i = 0; i < r->nfaults; i++) {
       fault *f = &r->faults[i];
-      if (f->matched || f->ev.target != CHAOS_COORDINATOR || f->t_ms > (uint64_t)t_ms) continue;
+      if (f->matched || f->ev.target != CHAOS_COORDINATOR || f->t_ms > e->t_ms) continue;
       f->matched = 1;
       launcher_recovery *rec = add_recovery(r);
       if (!rec) break;
       snprintf(rec->cause, sizeof rec->cause, "coordinator");
       snprintf(rec->restore, sizeof rec->restore, "memory");
       rec->t_fault = f->t_ms;
-      rec->detect_ms = rec->total_ms = diff((uint64_t)t_ms, f->t_ms);
+      rec->detect_ms = rec->total_ms = diff(e->t_ms, f->t_ms);
       if (!r->o->quiet)
         fprintf(stderr, "\nnewt run: a new coordinator leads %lld ms after the leader was lost; training went on\n",
                 (long long)rec->total_ms);
     }
-  } else if (strcmp(type, "plan") == 0 && !r->o->quiet && strcmp(cause, "initial") != 0) {
+  } else if (e->type == JOB_EV_PLAN && !r->o->quiet && strcmp(cause, "initial") != 0) {
     fprintf(stderr, "\nnewt run: plan %lld (%s): %lld ranks\n", (long long)gen, cause, (long long)world);
-  } else if (strcmp(type, "waiting") == 0 && !r->o->quiet) {
-    const char *why = "";
-    newt_json_get_str(j, "event", "why", 0, &why);
-    fprintf(stderr, "\nnewt run: the coordinator waits for workers: %s\n", why);
+  } else if (e->type == JOB_EV_WAITING && !r->o->quiet) {
+    fprintf(stderr, "\nnewt run: the coordinator waits for workers: %s\n", e->why);
   }
-  cJSON_Delete(j);
 }
 
 static void etcd_tick(run *r) {
@@ -539,15 +515,15 @@ newt_result_t launcher_run(const launcher_opts *o, launcher_result *res) {
   for (;;) {
     pthread_mutex_lock(&r->mu);
     int nev = r->nevents;
-    char **evs = r->events;
+    job_event *evs = r->events;
     r->events = NULL;
     r->nevents = r->cap_events = 0;
     int64_t step = r->step;
     int done = r->done;
     pthread_mutex_unlock(&r->mu);
     for (int i = 0; i < nev; i++) {
-      handle_event(r, evs[i]);
-      free(evs[i]);
+      handle_event(r, &evs[i]);
+      job_event_free(&evs[i]);
     }
     free(evs);
     if (done) break;
@@ -584,8 +560,8 @@ newt_result_t launcher_run(const launcher_opts *o, launcher_result *res) {
   newt_sleep_ms(r->done ? 100 : 0);
   pthread_mutex_lock(&r->mu);
   for (int i = 0; i < r->nevents; i++) {
-    handle_event(r, r->events[i]);
-    free(r->events[i]);
+    handle_event(r, &r->events[i]);
+    job_event_free(&r->events[i]);
   }
   r->nevents = 0;
   pthread_mutex_unlock(&r->mu);
@@ -601,7 +577,7 @@ exit:
   if (r->watch) rdzv_etcd_watch_free(r->watch);
   if (r->etcd) rdzv_etcd_free(r->etcd);
   if (r->server) rdzv_etcd_server_free(r->server);
-  for (int i = 0; i < r->nevents; i++) free(r->events[i]);
+  for (int i = 0; i < r->nevents; i++) job_event_free(&r->events[i]);
   free(r->events);
   free(r->procs);
   free(r->faults);

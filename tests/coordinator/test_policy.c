@@ -1,0 +1,325 @@
+/* Table-driven tests of the leader's policy (coordinator/policy.h): each row is a picture of
+ * a job (its plan, the registered members and their states, the failure reports, who left,
+ * and how long ago the clocks last moved) and the decision it must give: the reason (hence
+ * the cause), a switch at the boundary or at once, fencing, and whom the next plan leaves
+ * out. Every cause is covered, and the combinations the end-to-end suite injects (kill,
+ * SIGSTOP, SIGTERM alone and in pairs, a lost coordinator, an etcd restart). */
+#include <stdlib.h>
+#include <string.h>
+
+#include "coordinator/policy.h"
+#include "test.h"
+
+#define NOW (1000ull * 1000000000ull) /* an arbitrary monotonic now, in ns */
+#define NEVER (-1)
+
+typedef struct tcase {
+  const char *name;
+  const char *plan;     /* ranks of the current plan, in rank order; NULL: no plan yet */
+  const char *members;  /* "w0 w1:leaving w2:done w3:noaddr": registered workers and states */
+  const char *reports;  /* "w0:crash:w2@100 w1:hang@120": reporter, kind, accused (+-joined), t_ms */
+  const char *departed; /* ranks that left gracefully since the plan */
+  /* clocks: ms ago (NEVER: 0) */
+  int64_t first_member, last_join, first_report, first_gone, progress;
+  int start_workers; /* spec.parallel.start_workers */
+  int join_grows;    /* the answer join_grows gives (-1: it must not be asked) */
+  /* expected */
+  policy_reason want;
+  int boundary, fence;
+  const char *excluded; /* space-separated, any order */
+} tcase;
+
+static const tcase cases[] = {
+    /* --- the first plan --- */
+    {"initial: start_workers are here", NULL, "w0 w1 w2 w3", "", "", NEVER, 50, NEVER, NEVER, NEVER, 4, -1,
+     POLICY_INITIAL, 1, 0, ""},
+    {"initial: waiting for start_workers", NULL, "w0 w1", "", "", 100, 50, NEVER, NEVER, NEVER, 4, -1, POLICY_NONE, 0,
+     0, ""},
+    {"initial: start_timeout_ms passed", NULL, "w0 w1", "", "", 31000, 30000, NEVER, NEVER, NEVER, 4, -1,
+     POLICY_INITIAL, 1, 0, ""},
+    {"initial: joins settled", NULL, "w0 w1 w2", "", "", 2000, 1500, NEVER, NEVER, NEVER, 0, -1, POLICY_INITIAL, 1, 0,
+     ""},
+    {"initial: joins still arriving", NULL, "w0 w1 w2", "", "", 2000, 200, NEVER, NEVER, NEVER, 0, -1, POLICY_NONE, 0,
+     0, ""},
+    {"initial: nobody yet", NULL, "", "", "", NEVER, NEVER, NEVER, NEVER, NEVER, 0, -1, POLICY_NONE, 0, 0, ""},
+    /* --- a healthy generation --- */
+    {"healthy: nothing to do", "w0 w1 w2 w3", "w0 w1 w2 w3", "", "", 9000, 9000, NEVER, NEVER, 10, 0, 0, POLICY_NONE,
+     0, 0, ""},
+    /* --- crash (kill -9): survivors report a closed connection --- */
+    {"crash: every survivor named the dead rank", "w0 w1 w2 w3", "w0 w1 w3", "w0:crash:w2@100 w1:crash:w2@101 w3:crash:w2@102",
+     "", 9000, 9000, 5, NEVER, 10, 0, -1, POLICY_CRASH_REPORTED, 0, 1, "w2"},
+    {"crash: the dead rank's lease still lives", "w0 w1 w2 w3", "w0 w1 w2 w3",
+     "w0:crash:w2@100 w1:crash:w2@101 w3:crash:w2@102", "", 9000, 9000, 5, NEVER, 10, 0, -1, POLICY_CRASH_REPORTED, 0,
+     1, "w2"},
+    {"crash: waiting for the other reports", "w0 w1 w2 w3", "w0 w1 w3", "w0:crash:w2@100", "", 9000, 9000, 100, NEVER,
+     10, 0, -1, POLICY_NONE, 0, 0, ""},
+    {"crash: the report window passed, silent ranks are stuck too", "w0 w1 w2 w3", "w0 w1 w2 w3", "w0:crash:w2@100", "",
+     9000, 9000, 400, NEVER, 10, 0, -1, POLICY_CRASH_REPORTED, 0, 1, "w1 w2 w3"},
+    {"crash: nobody can tell whom it lost", "w0 w1", "w0 w1", "w0:crash@100 w1:crash@100", "", 9000, 9000, 5, NEVER, 10,
+     0, -1, POLICY_CRASH_REPORTED, 0, 1, ""},
+    /* --- hang (SIGSTOP): survivors' collectives time out --- */
+    {"hang: the earliest report is a deadline", "w0 w1 w2 w3", "w0 w1 w2 w3",
+     "w0:hang:w2@100 w1:crash:w0@150 w3:crash:w0@160", "", 9000, 9000, 5, NEVER, 10, 0, -1, POLICY_HANG_REPORTED, 0, 1,
+     "w2"},
+    {"hang: a tie goes to the crash", "w0 w1 w2", "w0 w1 w2", "w0:hang:w2@100 w1:crash:w2@100", "", 9000, 9000, 5, NEVER,
+     10, 0, -1, POLICY_CRASH_REPORTED, 0, 1, "w2"},
+    {"hang: a rank's lease ran out, nobody reported (first look)", "w0 w1 w2 w3", "w0 w1 w3", "", "", 9000, 9000, NEVER,
+     NEVER, 10, 0, -1, POLICY_NONE, 0, 0, ""},
+    {"hang: a rank's lease ran out, half a TTL later", "w0 w1 w2 w3", "w0 w1 w3", "", "", 9000, 9000, NEVER, 1100, 10,
+     0, -1, POLICY_LEASE_LOST, 0, 1, "w2"},
+    {"stall: no step for hang_timeout_ms", "w0 w1", "w0 w1", "", "", 9000, 9000, NEVER, NEVER, 6000, 0, -1,
+     POLICY_STALL, 0, 1, ""},
+    {"stall: not yet", "w0 w1", "w0 w1", "", "", 9000, 9000, NEVER, NEVER, 4000, 0, 0, POLICY_NONE, 0, 0, ""},
+    {"crash: every rank is gone, arrivals still coming", "w0 w1", "w5", "", "", 9000, 100, NEVER, 2000, 10, 0, -1,
+     POLICY_NONE, 0, 0, ""},
+    {"crash: every rank is gone, arrivals settled", "w0 w1", "w5", "", "", 9000, 600, NEVER, 2000, 10, 0, -1,
+     POLICY_ALL_GONE, 0, 1, "w0 w1"},
+    /* --- leave (SIGTERM) --- */
+    {"leave: a rank announced it", "w0 w1 w2 w3", "w0 w1:leaving w2 w3", "", "", 9000, 9000, NEVER, NEVER, 10, 0, -1,
+     POLICY_LEAVE, 1, 0, "w1"},
+    {"leave: its key is already gone", "w0 w1 w2 w3", "w0 w2 w3", "", "w1", 9000, 9000, NEVER, NEVER, 10, 0, -1,
+     POLICY_LEAVE, 1, 0, "w1"},
+    {"leave: a spare leaving changes nothing", "w0 w1", "w0 w1 w5:leaving", "", "", 9000, 9000, NEVER, NEVER, 10, 0, 0,
+     POLICY_NONE, 0, 0, ""},
+    /* --- join --- */
+    {"join: newcomers make a larger layout", "w0 w1", "w0 w1 w2 w3", "", "", 9000, 600, NEVER, NEVER, 10, 0, 1,
+     POLICY_JOIN, 1, 0, ""},
+    {"join: newcomers do not make a larger layout", "w0 w1", "w0 w1 w2", "", "", 9000, 600, NEVER, NEVER, 10, 0, 0,
+     POLICY_NONE, 0, 0, ""},
+    {"join: still arriving", "w0 w1", "w0 w1 w2 w3", "", "", 9000, 100, NEVER, NEVER, 10, 0, -1, POLICY_NONE, 0, 0, ""},
+    /* --- pairs the end-to-end suite injects --- */
+    {"kill + term at one step: the crash wins, the leaver is left out", "w0 w1 w2 w3", "w0 w1:leaving w3",
+     "w0:crash:w2@100 w3:crash:w2@101 w1:crash:w2@101", "", 9000, 9000, 5, NEVER, 10, 0, -1, POLICY_CRASH_REPORTED, 0, 1,
+     "w1 w2"},
+    {"kill + stop: one closed, one silent", "w0 w1 w2 w3", "w0 w1 w2", "w0:crash:w3@100 w2:crash:w3@100", "", 9000,
+     9000, 400, NEVER, 10, 0, -1, POLICY_CRASH_REPORTED, 0, 1, "w1 w3"},
+    {"leave + lease lost: a lost lease is no leave", "w0 w1 w2 w3", "w0 w1:leaving w3", "", "", 9000, 9000, NEVER, 1100,
+     10, 0, -1, POLICY_LEASE_LOST, 0, 1, "w1 w2"},
+    /* --- a coordinator takes over (its first look at a running generation) --- */
+    {"coordinator: a new leader finds a healthy generation", "w0 w1 w2 w3", "w0 w1 w2 w3", "", "", 0, 0, NEVER, NEVER, 0,
+     0, 0, POLICY_NONE, 0, 0, ""},
+    {"coordinator: a new leader finds reports its predecessor left", "w0 w1 w2", "w0 w2",
+     "w0:crash:w1@100 w2:crash:w1@100", "", 0, 0, 0, NEVER, 0, 0, -1, POLICY_CRASH_REPORTED, 0, 1, "w1"},
+    {"coordinator: a new leader finds a rank gone, first look", "w0 w1 w2", "w0 w2", "", "", 0, 0, NEVER, NEVER, 0, 0,
+     -1, POLICY_NONE, 0, 0, ""},
+    /* --- etcd came back (its leases were refreshed; every worker holds its key) --- */
+    {"etcd: back after an outage, everyone still registered", "w0 w1 w2 w3", "w0 w1 w2 w3", "", "", 9000, 9000, NEVER,
+     NEVER, 50, 0, 0, POLICY_NONE, 0, 0, ""},
+    {"etcd: back, the workers re-registered, a rank killed meanwhile was reported", "w0 w1 w2", "w0 w2",
+     "w0:crash:w1@100 w2:crash:w1@101", "", 9000, 40, 5, NEVER, 3000, 0, -1, POLICY_CRASH_REPORTED, 0, 1, "w1"},
+    /* --- a finishing job is never replanned --- */
+    {"done: the last step is done and ranks are leaving", "w0 w1 w2", "w0:done w2", "", "", 9000, 9000, NEVER, 1100,
+     6000, 0, -1, POLICY_NONE, 0, 0, ""},
+};
+
+/* --- building a picture from a row ---------------------------------------------------------- */
+
+static int split(const char *s, char out[][96], int max) {
+  int n = 0;
+  const char *p = s ? s : "";
+  while (*p && n < max) {
+    while (*p == ' ') p++;
+    if (!*p) break;
+    size_t l = strcspn(p, " ");
+    snprintf(out[n++], 96, "%.*s", (int)l, p);
+    p += l;
+  }
+  return n;
+}
+
+static uint64_t ago(int64_t ms) { return ms == NEVER ? 0 : NOW - (uint64_t)ms * 1000000ull; }
+
+typedef struct picture {
+  newt_spec spec;
+  newt_plan plan;
+  rdzv_worker members[16];
+  job_report reports[16];
+  char departed[16][RDZV_NAME_MAX];
+  int asked; /* join_grows was asked */
+  int join_grows;
+  policy_view v;
+} picture;
+
+static int join_grows(void *ud) {
+  picture *p = ud;
+  p->asked++;
+  return p->join_grows > 0;
+}
+
+static void build(const tcase *t, picture *pic) {
+  memset(pic, 0, sizeof *pic);
+  spec_defaults(&pic->spec, "policy");
+  pic->spec.start_workers = t->start_workers;
+  pic->spec.dp_max = 8;
+  char words[16][96];
+  if (t->plan) {
+    int n = split(t->plan, words, 16);
+    pic->plan.generation = 3;
+    pic->plan.nranks = n;
+    pic->plan.ranks = calloc((size_t)n, sizeof *pic->plan.ranks);
+    for (int i = 0; i < n; i++) {
+      pic->plan.ranks[i].rank = i;
+      snprintf(pic->plan.ranks[i].worker, PLAN_ID_MAX, "%.63s", words[i]);
+    }
+  }
+  int nm = split(t->members, words, 16);
+  for (int i = 0; i < nm; i++) {
+    rdzv_worker *w = &pic->members[i];
+    char *colon = strchr(words[i], ':');
+    snprintf(w->state, sizeof w->state, "%s", colon ? colon + 1 : "training");
+    if (colon) *colon = '\0';
+    snprintf(w->id, sizeof w->id, "%.63s", words[i]);
+    snprintf(w->host, sizeof w->host, "h");
+    if (strcmp(w->state, "noaddr") != 0) snprintf(w->addr, sizeof w->addr, "127.0.0.1:%d", 4000 + i);
+    w->create_revision = 10 + i;
+  }
+  int nr = split(t->reports, words, 16);
+  for (int i = 0; i < nr; i++) {
+    job_report *r = &pic->reports[i];
+    char kind[16] = "", acc[96] = "";
+    unsigned long long t_ms = 0;
+    char *at = strchr(words[i], '@');
+    if (at) t_ms = strtoull(at + 1, NULL, 10), *at = '\0';
+    char *f1 = strchr(words[i], ':');
+    *f1 = '\0';
+    char *f2 = strchr(f1 + 1, ':');
+    if (f2) *f2 = '\0', snprintf(acc, sizeof acc, "%s", f2 + 1);
+    snprintf(kind, sizeof kind, "%s", f1 + 1);
+    snprintf(r->worker, sizeof r->worker, "%.63s", words[i]);
+    r->hang = strcmp(kind, "hang") == 0;
+    r->t_ms = t_ms;
+    for (char *a = acc[0] ? acc : NULL; a;) {
+      char *plus = strchr(a, '+');
+      if (plus) *plus = '\0';
+      snprintf(r->accuse[r->naccuse++], RDZV_NAME_MAX, "%s", a);
+      a = plus ? plus + 1 : NULL;
+    }
+  }
+  int nd = split(t->departed, words, 16);
+  for (int i = 0; i < nd; i++) snprintf(pic->departed[i], RDZV_NAME_MAX, "%.63s", words[i]);
+  pic->join_grows = t->join_grows;
+  pic->v = (policy_view){.spec = &pic->spec,
+                         .plan = &pic->plan,
+                         .members = pic->members,
+                         .nmembers = nm,
+                         .reports = pic->reports,
+                         .nreports = nr,
+                         .departed = pic->departed,
+                         .ndeparted = nd,
+                         .now = NOW,
+                         .first_member = ago(t->first_member),
+                         .last_join = ago(t->last_join),
+                         .first_report = ago(t->first_report),
+                         .first_gone = ago(t->first_gone),
+                         .last_progress = ago(t->progress),
+                         .join_window_ms = 500,
+                         .start_window_ms = 1000,
+                         .join_grows = join_grows,
+                         .ud = pic};
+}
+
+static int same_set(char (*got)[RDZV_NAME_MAX], int n, const char *want) {
+  char words[16][96];
+  int nw = split(want, words, 16);
+  if (nw != n) return 0;
+  for (int i = 0; i < nw; i++) {
+    int found = 0;
+    for (int k = 0; k < n && !found; k++) found = strcmp(got[k], words[i]) == 0;
+    if (!found) return 0;
+  }
+  return 1;
+}
+
+static void test_table(void) {
+  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+    const tcase *t = &cases[i];
+    picture pic;
+    build(t, &pic);
+    policy_decision d;
+    T_OK(policy_decide(&pic.v, &d));
+    T_CHECK_MSG(d.reason == t->want, "%s: reason %d (%s), want %d (%s)", t->name, d.reason,
+                policy_cause(d.reason) ? policy_cause(d.reason) : "none", t->want,
+                policy_cause(t->want) ? policy_cause(t->want) : "none");
+    if (d.reason == t->want && t->want != POLICY_NONE) {
+      T_CHECK_MSG(d.at_boundary == t->boundary, "%s: at_boundary %d", t->name, d.at_boundary);
+      T_CHECK_MSG(d.fence == t->fence, "%s: fence %d", t->name, d.fence);
+      char got[256] = "";
+      for (int k = 0; k < d.nexclude; k++) snprintf(got + strlen(got), sizeof got - strlen(got), " %s", d.exclude[k]);
+      T_CHECK_MSG(same_set(d.exclude, d.nexclude, t->excluded), "%s: excluded [%s], want [%s]", t->name, got,
+                  t->excluded);
+    }
+    if (t->join_grows < 0) T_CHECK_MSG(pic.asked == 0, "%s: asked whether joins grow the layout", t->name);
+    policy_decision_free(&d);
+    plan_free(&pic.plan);
+  }
+}
+
+/* The clocks the policy starts: the first member (before the first plan) and the first
+ * missing rank, kept by the caller for the next look. */
+static void test_clocks(void) {
+  picture pic;
+  build(&cases[1], &pic); /* initial, waiting, first member seen 100 ms ago */
+  pic.v.first_member = 0;
+  policy_decision d;
+  T_OK(policy_decide(&pic.v, &d));
+  T_CHECK(d.reason == POLICY_NONE && d.first_member == NOW);
+  policy_decision_free(&d);
+  plan_free(&pic.plan);
+
+  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
+    if (strcmp(cases[i].name, "hang: a rank's lease ran out, nobody reported (first look)") == 0) build(&cases[i], &pic);
+  T_OK(policy_decide(&pic.v, &d));
+  T_CHECK(d.reason == POLICY_NONE && d.first_gone == NOW);
+  policy_decision_free(&d);
+  /* half a lease TTL later, by the clock the first look started */
+  pic.v.first_gone = NOW;
+  pic.v.now = NOW + (uint64_t)pic.spec.lease_ttl_ms / 2 * 1000000ull;
+  T_OK(policy_decide(&pic.v, &d));
+  T_CHECK(d.reason == POLICY_LEASE_LOST && strcmp(policy_cause(d.reason), "hang") == 0);
+  policy_decision_free(&d);
+  plan_free(&pic.plan);
+}
+
+static void test_causes(void) {
+  T_CHECK(policy_cause(POLICY_NONE) == NULL);
+  T_CHECK(strcmp(policy_cause(POLICY_INITIAL), "initial") == 0);
+  T_CHECK(strcmp(policy_cause(POLICY_CRASH_REPORTED), "crash") == 0);
+  T_CHECK(strcmp(policy_cause(POLICY_ALL_GONE), "crash") == 0);
+  T_CHECK(strcmp(policy_cause(POLICY_HANG_REPORTED), "hang") == 0);
+  T_CHECK(strcmp(policy_cause(POLICY_STALL), "hang") == 0);
+  T_CHECK(strcmp(policy_cause(POLICY_LEAVE), "leave") == 0);
+  T_CHECK(strcmp(policy_cause(POLICY_JOIN), "join") == 0);
+}
+
+/* Who the next plan may place, and who hands state over. */
+static void test_members_and_donors(void) {
+  const tcase t = {"", "w0 w1 w2", "w0 w1:leaving w2 w3 w4:done w5:noaddr w6:left", "", "", 0, 0, NEVER, NEVER, 0,
+                   0, 0, POLICY_NONE, 0, 0, ""};
+  picture pic;
+  build(&t, &pic);
+  plan_member m[16];
+  char ex[1][RDZV_NAME_MAX] = {"w2"};
+  int n = policy_plan_members(&pic.v, ex, 1, m);
+  T_CHECK(n == 2 && strcmp(m[0].id, "w0") == 0 && strcmp(m[1].id, "w3") == 0);
+  T_CHECK(m[0].prev_rank == 0 && m[0].has_state && m[1].prev_rank == -1 && !m[1].has_state);
+  /* donors: the leaving rank of the current plan */
+  n = policy_donors(&pic.v, 1, m);
+  T_CHECK(n == 1 && strcmp(m[0].id, "w1") == 0);
+  /* a leaving spare holds nothing */
+  pic.members[1].state[0] = '\0';
+  snprintf(pic.members[3].state, sizeof pic.members[3].state, "leaving");
+  T_CHECK(policy_donors(&pic.v, 1, m) == 0);
+  /* a donor of a plan that has not started yet is still one; once it started, it left */
+  T_OK(plan_add_donor(&pic.plan, "w3", "h", "127.0.0.1:4003"));
+  T_CHECK(policy_donors(&pic.v, 0, m) == 1 && strcmp(m[0].id, "w3") == 0);
+  T_CHECK(policy_donors(&pic.v, 1, m) == 0);
+  plan_free(&pic.plan);
+}
+
+int main(void) {
+  T_RUN(test_table);
+  T_RUN(test_clocks);
+  T_RUN(test_causes);
+  T_RUN(test_members_and_donors);
+  return T_DONE();
+}
