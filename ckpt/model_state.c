@@ -14,8 +14,8 @@
 
 /* Calls fn for every tensor the range crosses, with its slice and where its first element
  * is in the buffer. */
-typedef newt_result_t (*piece_fn)(void *ctx, const model_tensor *t, const ckpt_tensor_desc *d,
-                                  const ckpt_slice *s, size_t at);
+typedef newt_result_t (*piece_fn)(void *ctx, const model_tensor *t, const newt_tensor_desc *d,
+                                  const newt_slice *s, size_t at);
 
 static newt_result_t each_piece(const ckpt_model_bufs *b, piece_fn fn, void *ctx) {
   if (!b->layout) return NEWT_ERR(NEWT_ERR_INVALID, "ckpt_model: no layout");
@@ -30,10 +30,10 @@ static newt_result_t each_piece(const ckpt_model_bufs *b, piece_fn fn, void *ctx
     size_t a = b->off > t->offset ? b->off : t->offset;
     size_t e = b->off + b->len < t->offset + t->size ? b->off + b->len : t->offset + t->size;
     if (a >= e) continue;
-    ckpt_tensor_desc d = {.name = t->name, .dtype = NEWT_F32, .ndim = t->ndim,
+    newt_tensor_desc d = {.name = t->name, .dtype = NEWT_F32, .ndim = t->ndim,
                           .shape = {(int64_t)t->shape[0], (int64_t)t->shape[1]}};
-    ckpt_slice s;
-    ckpt_slice_whole(&s, &d);
+    newt_slice s;
+    newt_slice_whole(&s, &d);
     s.begin = (int64_t)(a - t->offset);
     s.end = (int64_t)(e - t->offset);
     NEWT_CHECK(fn(ctx, t, &d, &s, a));
@@ -41,13 +41,13 @@ static newt_result_t each_piece(const ckpt_model_bufs *b, piece_fn fn, void *ctx
   return NEWT_OK;
 }
 
-static newt_result_t add_one(void *ctx, const model_tensor *t, const ckpt_tensor_desc *d, const ckpt_slice *s,
+static newt_result_t add_one(void *ctx, const model_tensor *t, const newt_tensor_desc *d, const newt_slice *s,
                              size_t at) {
   const ckpt_model_bufs *b = ((void **)ctx)[1];
   ckpt_saver *sv = ((void **)ctx)[0];
   if (b->params) NEWT_CHECK(ckpt_save_add(sv, d, s, b->params + at));
   char name[NAME_CAP];
-  ckpt_tensor_desc md = *d;
+  newt_tensor_desc md = *d;
   md.name = name;
   if (b->m) {
     snprintf(name, sizeof name, "%s%s", CKPT_ADAM_M, t->name);
@@ -72,8 +72,8 @@ typedef struct req_ctx {
   size_t n;
 } req_ctx;
 
-static void push_req(req_ctx *c, const char *prefix, const model_tensor *t, const ckpt_tensor_desc *d,
-                     const ckpt_slice *s, float *out) {
+static void push_req(req_ctx *c, const char *prefix, const model_tensor *t, const newt_tensor_desc *d,
+                     const newt_slice *s, float *out) {
   if (c->reqs) {
     snprintf(c->names[c->n], NAME_CAP, "%s%s", prefix, t->name);
     c->reqs[c->n] = (ckpt_request){.t = *d, .slice = *s, .out = out};
@@ -82,7 +82,7 @@ static void push_req(req_ctx *c, const char *prefix, const model_tensor *t, cons
   c->n++;
 }
 
-static newt_result_t req_one(void *ctx, const model_tensor *t, const ckpt_tensor_desc *d, const ckpt_slice *s,
+static newt_result_t req_one(void *ctx, const model_tensor *t, const newt_tensor_desc *d, const newt_slice *s,
                              size_t at) {
   req_ctx *c = ctx;
   const ckpt_model_bufs *b = c->b;

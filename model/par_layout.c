@@ -440,9 +440,9 @@ static void add_range(piece_list *pl, const model_par *p, size_t k, model_par_ki
       char *name = pl->names[pl->n];
       snprintf(name, PIECE_NAME, "%s%s", prefix[kind], g->name);
       *pc = (model_par_piece){.kind = kind, .tensor = g, .data = data + (s - a), .primary = primary};
-      pc->desc = (ckpt_tensor_desc){.name = name, .dtype = NEWT_F32, .ndim = g->ndim,
+      pc->desc = (newt_tensor_desc){.name = name, .dtype = NEWT_F32, .ndim = g->ndim,
                                     .shape = {(int64_t)g->shape[0], (int64_t)g->shape[1]}};
-      ckpt_slice *sl = &pc->slice;
+      newt_slice *sl = &pc->slice;
       memset(sl, 0, sizeof *sl);
       sl->ndim = g->ndim;
       sl->offset[0] = (int64_t)bx->row0;

@@ -77,7 +77,7 @@ static int wants_copies(const model_par_config *pc) { return pc->tp * pc->pp > 1
 /* Lays out a copy of the given pieces in one buffer. */
 static newt_result_t copy_layout(worker_copy *cp, const reshard_piece *src, size_t n) {
   size_t total = 0;
-  for (size_t i = 0; i < n; i++) total += (size_t)ckpt_slice_numel(&src[i].slice);
+  for (size_t i = 0; i < n; i++) total += (size_t)newt_slice_numel(&src[i].slice);
   cp->pieces = calloc(n ? n : 1, sizeof *cp->pieces);
   cp->data = malloc((total ? total : 1) * sizeof *cp->data);
   if (!cp->pieces || !cp->data) {
@@ -89,7 +89,7 @@ static newt_result_t copy_layout(worker_copy *cp, const reshard_piece *src, size
   for (size_t i = 0; i < n; i++) {
     cp->pieces[i] = src[i];
     cp->pieces[i].data = cp->data + off;
-    off += (size_t)ckpt_slice_numel(&src[i].slice);
+    off += (size_t)newt_slice_numel(&src[i].slice);
   }
   cp->n = n;
   cp->len = total;
@@ -108,7 +108,7 @@ newt_result_t worker_snapshot(worker *w) {
     r = copy_layout(&w->snap, cur, n);
   }
   for (size_t i = 0; r == NEWT_OK && i < n; i++)
-    memcpy(w->snap.pieces[i].data, cur[i].data, (size_t)ckpt_slice_numel(&cur[i].slice) * sizeof(float));
+    memcpy(w->snap.pieces[i].data, cur[i].data, (size_t)newt_slice_numel(&cur[i].slice) * sizeof(float));
   if (r == NEWT_OK) {
     w->snap.step = w->par.step;
     for (size_t i = 0; i < n; i++) w->snap.pieces[i].step = w->par.step;
@@ -141,7 +141,7 @@ newt_result_t worker_replicate(worker *w) {
   /* this rank's shard, packed */
   size_t nu = 0, total = 0;
   for (size_t i = 0; i < n; i++)
-    if (unique_piece(p, &cur[i])) cur[nu++] = cur[i], total += (size_t)ckpt_slice_numel(&cur[i].slice);
+    if (unique_piece(p, &cur[i])) cur[nu++] = cur[i], total += (size_t)newt_slice_numel(&cur[i].slice);
   newt_result_t r = NEWT_OK;
   if (!w->rep.pieces) {
     /* the first time in this generation: tell the next rank what it will keep */
@@ -164,7 +164,7 @@ newt_result_t worker_replicate(worker *w) {
   if (r == NEWT_OK) {
     size_t off = 0;
     for (size_t i = 0; i < nu; i++) {
-      size_t k = (size_t)ckpt_slice_numel(&cur[i].slice);
+      size_t k = (size_t)newt_slice_numel(&cur[i].slice);
       memcpy(packed + off, cur[i].data, k * sizeof *packed);
       off += k;
     }
