@@ -6,9 +6,10 @@
  * (common/slice.h: a box of the global tensor, as tensor/pipeline parallelism splits it,
  * optionally narrowed to a range of the box's row-major order, as ZeRO splits a flat
  * buffer). A reader asks for slices in the same form, under any other layout, and gets
- * them assembled from whichever stored chunks overlap them. Optimizer moments are ordinary tensors named by convention
- * "adam.m/<weight name>" and "adam.v/<weight name>" (CKPT_ADAM_M, CKPT_ADAM_V). The training
- * state (step, data cursor, RNG, LR position, job spec) is a JSON object in the manifest.
+ * them assembled from whichever stored chunks overlap them. Tensor names and the training
+ * state are the caller's: ckpt/ knows tensors, slices, chunks and manifests, never the model
+ * or the optimizer (model/checkpoint.h names the GPT's weights and AdamW moments and writes
+ * its training point). The training state is one JSON object, stored in the manifest as given.
  *
  * Saving, one saver per rank (rank 0 usually commits):
  *
@@ -50,8 +51,6 @@
 #include "common/slice.h"
 
 #define CKPT_LATEST (-1)
-#define CKPT_ADAM_M "adam.m/"
-#define CKPT_ADAM_V "adam.v/"
 #define CKPT_LEVEL_RAW (-1) /* ckpt_saver_opts.level: store every chunk uncompressed */
 
 /* ---- saving ------------------------------------------------------------------------ */

@@ -13,6 +13,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "model/checkpoint.h"
 #include "model/ops.h"
 #include "model/par_internal.h"
 
@@ -427,7 +428,7 @@ typedef struct piece_list {
  * one piece per box they cross. */
 static void add_range(piece_list *pl, const model_par *p, size_t k, model_par_kind kind, size_t a, size_t e,
                       float *data, int primary) {
-  static const char *const prefix[] = {"", CKPT_ADAM_M, CKPT_ADAM_V};
+  static const char *const prefix[] = {"", MODEL_CKPT_ADAM_M, MODEL_CKPT_ADAM_V};
   const model_par_tensor *pt = &p->ten[k];
   const model_tensor *g = pt->global;
   for (int b = 0; b < pt->nbox; b++) {

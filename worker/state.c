@@ -24,8 +24,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "ckpt/model_state.h"
 #include "common/log.h"
+#include "model/checkpoint.h"
 #include "worker/internal.h"
 #include "worker/reshard.h"
 
@@ -56,8 +56,8 @@ static newt_result_t par_pieces(const model_par *p, int64_t step, reshard_piece 
 /* Pieces that live on this rank alone within its data-parallel group: the ZeRO shards. */
 static int unique_piece(const model_par *p, const reshard_piece *r) {
   if (p->pc.zero == 0 || p->pc.dp == 1) return 0;
-  int moment = strncmp(r->name, CKPT_ADAM_M, strlen(CKPT_ADAM_M)) == 0 ||
-               strncmp(r->name, CKPT_ADAM_V, strlen(CKPT_ADAM_V)) == 0;
+  int moment = strncmp(r->name, MODEL_CKPT_ADAM_M, strlen(MODEL_CKPT_ADAM_M)) == 0 ||
+               strncmp(r->name, MODEL_CKPT_ADAM_V, strlen(MODEL_CKPT_ADAM_V)) == 0;
   return moment || p->pc.zero == 3;
 }
 
@@ -214,11 +214,11 @@ static newt_result_t load_ckpt(worker *w, comm_t *c, model_par *np, int64_t *ste
     return NEWT_ERR(NEWT_ERR_NOMEM, "out of memory reading a checkpoint");
   }
   for (size_t i = 0; i < n; i++) reqs[i] = (ckpt_request){.t = pp[i].desc, .slice = pp[i].slice, .out = pp[i].data};
-  ckpt_train_point pt = {.step = -1};
+  model_ckpt_train_point pt = {.step = -1};
   char desc[SPEC_PATH_MAX + 32];
   worker_data_desc(w, desc, sizeof desc);
   newt_result_t r = w->spec.ckpt_dir[0]
-                        ? ckpt_train_load(w->spec.ckpt_dir, CKPT_LATEST, &w->tcfg, desc, 2, reqs, n, &pt)
+                        ? model_ckpt_train_load(w->spec.ckpt_dir, CKPT_LATEST, &w->tcfg, desc, 2, reqs, n, &pt)
                         : NEWT_ERR(NEWT_ERR_NOTFOUND, "no checkpoint directory");
   free(reqs);
   free(pp);
