@@ -26,12 +26,13 @@
 #include "common/fs.h"
 #include "common/opts.h"
 #include "common/strutil.h"
+#include "model/checkpoint.h"
 #include "model/ops.h"
 #include "model/tokens.h"
 #include "model/train.h"
 
 typedef struct bstate {
-  ckpt_tensor_desc *t;
+  newt_tensor_desc *t;
   char **names;
   void **data; /* owned, except for the train kind (the trainer's buffers) */
   size_t n, cap;
@@ -63,7 +64,7 @@ static int add_tensor(bstate *st, const char *name, newt_dtype dt, int ndim, int
     st->data = realloc(st->data, st->cap * sizeof *st->data);
     if (!st->t || !st->names || !st->data) return -1;
   }
-  ckpt_tensor_desc *t = &st->t[st->n];
+  newt_tensor_desc *t = &st->t[st->n];
   memset(t, 0, sizeof *t);
   st->names[st->n] = newt_strdup(name);
   t->name = st->names[st->n];
@@ -71,7 +72,7 @@ static int add_tensor(bstate *st, const char *name, newt_dtype dt, int ndim, int
   t->ndim = ndim;
   t->shape[0] = d0;
   t->shape[1] = d1;
-  size_t bytes = (size_t)ckpt_shape_numel(ndim, t->shape) * newt_dtype_size(dt);
+  size_t bytes = (size_t)newt_shape_numel(ndim, t->shape) * newt_dtype_size(dt);
   st->data[st->n] = ext ? ext : malloc(bytes ? bytes : 1);
   if (!st->data[st->n] || !t->name) return -1;
   st->bytes += bytes;
@@ -157,7 +158,7 @@ static int make_train_state(bstate *st, int64_t bytes, int threads) {
       const model_tensor *t = &lay->tensors[i];
       float *base = g == 0 ? st->tr->gpt.params : g == 1 ? st->tr->opt.m : st->tr->opt.v;
       char name[96];
-      snprintf(name, sizeof name, "%s%s", g == 0 ? "" : g == 1 ? CKPT_ADAM_M : CKPT_ADAM_V, t->name);
+      snprintf(name, sizeof name, "%s%s", g == 0 ? "" : g == 1 ? MODEL_CKPT_ADAM_M : MODEL_CKPT_ADAM_V, t->name);
       if (add_tensor(st, name, NEWT_F32, t->ndim, (int64_t)t->shape[0], (int64_t)t->shape[1], base + t->offset))
         return -1;
     }
@@ -172,7 +173,7 @@ static int make_state(bstate *st, const char *kind, int64_t bytes, int threads) 
   int bf = kind[0] == 'b';
   if (make_shapes(st, bytes / (bf ? 2 : 4), bf ? NEWT_BF16 : NEWT_F32, "")) return -1;
   for (size_t i = 0; i < st->n; i++) {
-    size_t n = (size_t)ckpt_shape_numel(st->t[i].ndim, st->t[i].shape);
+    size_t n = (size_t)newt_shape_numel(st->t[i].ndim, st->t[i].shape);
     if (!bf) {
       init_values(st->data[i], n, st->t[i].name, &rng);
       continue;
@@ -285,13 +286,13 @@ int newt_bench_ckpt(int argc, char **argv) {
   if (r == NEWT_OK && (!reqs || !outs || !t_save || !t_load || !t_stall || !t_async))
     r = NEWT_ERR(NEWT_ERR_NOMEM, "out of memory");
   for (size_t i = 0; r == NEWT_OK && i < st.n; i++) {
-    size_t b = (size_t)ckpt_shape_numel(st.t[i].ndim, st.t[i].shape) * newt_dtype_size(st.t[i].dtype);
+    size_t b = (size_t)newt_shape_numel(st.t[i].ndim, st.t[i].shape) * newt_dtype_size(st.t[i].dtype);
     outs[i] = malloc(b ? b : 1);
     if (!outs[i]) r = NEWT_ERR(NEWT_ERR_NOMEM, "out of memory");
     else memset(outs[i], 0xff, b);
     reqs[i].t = st.t[i];
     reqs[i].out = outs[i];
-    ckpt_slice_whole(&reqs[i].slice, &st.t[i]);
+    newt_slice_whole(&reqs[i].slice, &st.t[i]);
   }
   for (int64_t k = 0; r == NEWT_OK && k < repeat; k++) {
     sync();
@@ -319,7 +320,7 @@ int newt_bench_ckpt(int argc, char **argv) {
     if (r != NEWT_OK) break;
     free(ld.state_json);
     for (size_t i = 0; i < st.n && r == NEWT_OK; i++) {
-      size_t b = (size_t)ckpt_shape_numel(st.t[i].ndim, st.t[i].shape) * newt_dtype_size(st.t[i].dtype);
+      size_t b = (size_t)newt_shape_numel(st.t[i].ndim, st.t[i].shape) * newt_dtype_size(st.t[i].dtype);
       if (memcmp(outs[i], st.data[i], b) != 0)
         r = NEWT_ERR(NEWT_ERR_INTERNAL, "tensor %s did not load back bit for bit", st.t[i].name);
       memset(outs[i], 0xff, b);

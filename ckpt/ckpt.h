@@ -3,12 +3,13 @@
  * A checkpoint is a directory DIR/step-<N>/ holding one shard file and one shard index per
  * rank, and a MANIFEST committed last (ckpt/format.c documents every byte). A tensor is
  * stored by its global name, dtype and global shape; each rank stores the *slices* it holds
- * (a box of the global tensor, as tensor/pipeline parallelism splits it, optionally narrowed
- * to a range of the box's row-major order, as ZeRO splits a flat buffer). A reader asks for
- * slices in the same form, under any other layout, and gets them assembled from whichever
- * stored chunks overlap them. Optimizer moments are ordinary tensors named by convention
- * "adam.m/<weight name>" and "adam.v/<weight name>" (CKPT_ADAM_M, CKPT_ADAM_V). The training
- * state (step, data cursor, RNG, LR position, job spec) is a JSON object in the manifest.
+ * (common/slice.h: a box of the global tensor, as tensor/pipeline parallelism splits it,
+ * optionally narrowed to a range of the box's row-major order, as ZeRO splits a flat
+ * buffer). A reader asks for slices in the same form, under any other layout, and gets
+ * them assembled from whichever stored chunks overlap them. Tensor names and the training
+ * state are the caller's: ckpt/ knows tensors, slices, chunks and manifests, never the model
+ * or the optimizer (model/checkpoint.h names the GPT's weights and AdamW moments and writes
+ * its training point). The training state is one JSON object, stored in the manifest as given.
  *
  * Saving, one saver per rank (rank 0 usually commits):
  *
@@ -47,60 +48,10 @@
 #include "common/clock.h"
 #include "common/dtype.h"
 #include "common/err.h"
+#include "common/slice.h"
 
-#define CKPT_MAX_DIMS 8
 #define CKPT_LATEST (-1)
-#define CKPT_ADAM_M "adam.m/"
-#define CKPT_ADAM_V "adam.v/"
 #define CKPT_LEVEL_RAW (-1) /* ckpt_saver_opts.level: store every chunk uncompressed */
-
-/* A global tensor: name, element type and global shape (1 to CKPT_MAX_DIMS dims). */
-typedef struct ckpt_tensor_desc {
-  const char *name;
-  newt_dtype dtype;
-  int ndim;
-  int64_t shape[CKPT_MAX_DIMS];
-} ckpt_tensor_desc;
-
-/* A slice of a global tensor: the box offset[d] .. offset[d]+shape[d], narrowed to the
- * elements [begin, end) of the box's row-major order. Data for a slice is its elements in
- * that order, end - begin of them. A whole box has begin = 0, end = its element count. */
-typedef struct ckpt_slice {
-  int ndim;
-  int64_t offset[CKPT_MAX_DIMS];
-  int64_t shape[CKPT_MAX_DIMS];
-  int64_t begin, end;
-} ckpt_slice;
-
-/* The whole box offset/shape (begin 0, end its element count). */
-void ckpt_slice_box(ckpt_slice *s, int ndim, const int64_t *offset, const int64_t *shape);
-/* The whole tensor. */
-void ckpt_slice_whole(ckpt_slice *s, const ckpt_tensor_desc *t);
-/* Elements in the slice (end - begin). */
-int64_t ckpt_slice_numel(const ckpt_slice *s);
-/* Elements of a shape. */
-int64_t ckpt_shape_numel(int ndim, const int64_t *shape);
-/* NEWT_ERR_INVALID (naming `what`) unless s is a well-formed slice of t. */
-newt_result_t ckpt_slice_check(const ckpt_slice *s, const ckpt_tensor_desc *t, const char *what);
-
-/* Copies the elements two slices of the same tensor (global shape `shape`) have in common,
- * from src (laid out as src_slice) into dst (laid out as dst_slice). Returns the number of
- * elements copied. This is the resharding primitive: the reader uses it, and so can a
- * rank that reshards in memory. */
-int64_t ckpt_slice_copy(const int64_t *shape, size_t esize, const ckpt_slice *dst_slice, void *dst,
-                        const ckpt_slice *src_slice, const void *src);
-
-/* ZeRO: the flat buffer is the tensors' elements one after another (tensor i's slice
- * `boxes[i]`, whole box, in order). A rank that owns [off, off+len) of it stores, for each
- * tensor the range touches, the piece below. */
-typedef struct ckpt_flat_piece {
-  size_t tensor;    /* index into the table */
-  ckpt_slice slice; /* the box boxes[tensor], narrowed to the part in the range */
-  int64_t flat_off; /* where that part starts in the flat buffer (elements) */
-} ckpt_flat_piece;
-/* Fills out (capacity cap) with the pieces of [off, off+len); *n is the count. */
-newt_result_t ckpt_flat_pieces(const ckpt_slice *boxes, size_t ntensors, int64_t off, int64_t len,
-                               ckpt_flat_piece *out, size_t cap, size_t *n);
 
 /* ---- saving ------------------------------------------------------------------------ */
 
@@ -153,11 +104,11 @@ void ckpt_saver_free(ckpt_saver *s);
 newt_result_t ckpt_save_begin(ckpt_saver *s, int64_t step, int async, int *started);
 /* Adds one slice (NULL: the whole tensor). data must stay valid and unchanged until
  * ckpt_save_end returns. */
-newt_result_t ckpt_save_add(ckpt_saver *s, const ckpt_tensor_desc *t, const ckpt_slice *slice,
+newt_result_t ckpt_save_add(ckpt_saver *s, const newt_tensor_desc *t, const newt_slice *slice,
                             const void *data);
 /* Async saves only: reserves staging memory for a slice and returns it in *dst, to be
  * filled (e.g. by a device-to-host copy) before ckpt_save_end. */
-newt_result_t ckpt_save_reserve(ckpt_saver *s, const ckpt_tensor_desc *t, const ckpt_slice *slice,
+newt_result_t ckpt_save_reserve(ckpt_saver *s, const newt_tensor_desc *t, const newt_slice *slice,
                                 void **dst);
 /* Ends the save. state_json (an object; NULL = {}) is the training state the committer
  * stores in the manifest. Sync: returns the save's result. Async: returns once the
@@ -194,8 +145,8 @@ newt_result_t ckpt_commit(const ckpt_commit_opts *o);
 typedef struct ckpt_reader ckpt_reader;
 
 typedef struct ckpt_request {
-  ckpt_tensor_desc t; /* name, dtype and global shape, as the caller expects them */
-  ckpt_slice slice;   /* what to read */
+  newt_tensor_desc t; /* name, dtype and global shape, as the caller expects them */
+  newt_slice slice;   /* what to read */
   void *out;          /* slice's elements, in slice order */
 } ckpt_request;
 
@@ -212,12 +163,12 @@ const char *ckpt_reader_path(const ckpt_reader *r);
 const cJSON *ckpt_reader_state(const ckpt_reader *r);
 size_t ckpt_reader_ntensors(const ckpt_reader *r);
 /* Tensors in name order; desc.name points into the reader. */
-void ckpt_reader_tensor(const ckpt_reader *r, size_t i, ckpt_tensor_desc *desc);
-newt_result_t ckpt_reader_find(const ckpt_reader *r, const char *name, ckpt_tensor_desc *desc);
+void ckpt_reader_tensor(const ckpt_reader *r, size_t i, newt_tensor_desc *desc);
+newt_result_t ckpt_reader_find(const ckpt_reader *r, const char *name, newt_tensor_desc *desc);
 
 /* Reads every request (decompressing the overlapping chunks in parallel, each once). */
 newt_result_t ckpt_read_slices(ckpt_reader *r, const ckpt_request *reqs, size_t n);
-newt_result_t ckpt_read_slice(ckpt_reader *r, const ckpt_tensor_desc *t, const ckpt_slice *slice,
+newt_result_t ckpt_read_slice(ckpt_reader *r, const newt_tensor_desc *t, const newt_slice *slice,
                               void *out);
 
 typedef struct ckpt_loaded {

@@ -143,7 +143,7 @@ static newt_result_t merge(const ckpt_commit_opts *o, ckpt_manifest *idx, ckpt_m
     m->nfiles++;
     for (size_t i = 0; i < idx[r].ntensors; i++) {
       ckpt_tensor *src = &idx[r].tensors[i], *t;
-      ckpt_tensor_desc d = {.name = src->name, .dtype = src->dtype, .ndim = src->ndim};
+      newt_tensor_desc d = {.name = src->name, .dtype = src->dtype, .ndim = src->ndim};
       memcpy(d.shape, src->shape, sizeof d.shape);
       NEWT_CHECK(ckpt_manifest_add_tensor(m, &d, &t));
       t->chunks = src->chunks; /* moved */

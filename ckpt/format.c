@@ -217,7 +217,7 @@ const ckpt_tensor *ckpt_manifest_find(const ckpt_manifest *m, const char *name) 
   return NULL;
 }
 
-newt_result_t ckpt_manifest_add_tensor(ckpt_manifest *m, const ckpt_tensor_desc *d, ckpt_tensor **out) {
+newt_result_t ckpt_manifest_add_tensor(ckpt_manifest *m, const newt_tensor_desc *d, ckpt_tensor **out) {
   NEWT_CHECK(CKPT_RESERVE(m->tensors, m->cap, m->ntensors));
   ckpt_tensor *t = &m->tensors[m->ntensors];
   memset(t, 0, sizeof *t);
@@ -412,14 +412,14 @@ static newt_result_t get_name(const cJSON *o, const char *what, const char *fiel
   return NEWT_ERR(NEWT_ERR_INVALID, "%s.%s: unknown value \"%.40s\"", what, field, s);
 }
 
-/* An array of ndim integers in [lo, hi] (ndim < 0: any length from 1 to CKPT_MAX_DIMS). */
+/* An array of ndim integers in [lo, hi] (ndim < 0: any length from 1 to NEWT_SLICE_MAX_DIMS). */
 static newt_result_t get_dims(const cJSON *o, const char *what, const char *field, int *ndim,
                               int64_t lo, int64_t hi, int64_t *out) {
   const cJSON *a = NULL;
   NEWT_CHECK(newt_json_get_arr(o, what, field, 1, &a));
   int n = cJSON_GetArraySize(a);
-  if (*ndim < 0 && (n < 1 || n > CKPT_MAX_DIMS))
-    return NEWT_ERR(NEWT_ERR_INVALID, "%s.%s: %d dimensions, expected 1 to %d", what, field, n, CKPT_MAX_DIMS);
+  if (*ndim < 0 && (n < 1 || n > NEWT_SLICE_MAX_DIMS))
+    return NEWT_ERR(NEWT_ERR_INVALID, "%s.%s: %d dimensions, expected 1 to %d", what, field, n, NEWT_SLICE_MAX_DIMS);
   if (*ndim >= 0 && n != *ndim)
     return NEWT_ERR(NEWT_ERR_INVALID, "%s.%s: %d dimensions, the tensor has %d", what, field, n, *ndim);
   int i = 0;
@@ -455,20 +455,20 @@ static newt_result_t decode_chunk(const cJSON *o, const char *what, const ckpt_m
   NEWT_CHECK(get_name(o, what, "filter", filter_names, CKPT_FILTER__COUNT, &c->filter));
   NEWT_CHECK(get_hex(o, what, "xxh_raw", &c->xxh_raw));
   NEWT_CHECK(get_hex(o, what, "xxh_stored", &c->xxh_stored));
-  ckpt_slice *s = &c->slice;
+  newt_slice *s = &c->slice;
   memset(s, 0, sizeof *s);
   s->ndim = t->ndim;
   NEWT_CHECK(get_dims(o, what, "box_offset", &s->ndim, 0, MAXV, s->offset));
   NEWT_CHECK(get_dims(o, what, "box_shape", &s->ndim, 1, MAXV, s->shape));
   NEWT_CHECK(get_range(o, what, "begin", 0, MAXV, &s->begin));
   NEWT_CHECK(get_range(o, what, "end", 1, MAXV, &s->end));
-  ckpt_tensor_desc d = {.name = t->name, .dtype = t->dtype, .ndim = t->ndim};
+  newt_tensor_desc d = {.name = t->name, .dtype = t->dtype, .ndim = t->ndim};
   memcpy(d.shape, t->shape, sizeof d.shape);
-  NEWT_CHECK(ckpt_slice_check(s, &d, what));
+  NEWT_CHECK(newt_slice_check(s, &d, what));
   size_t es = newt_dtype_size(t->dtype);
-  if (c->raw != (uint64_t)ckpt_slice_numel(s) * es)
+  if (c->raw != (uint64_t)newt_slice_numel(s) * es)
     return NEWT_ERR(NEWT_ERR_INVALID, "%s.raw: %llu bytes, but the slice holds %lld %s elements", what,
-                    (unsigned long long)c->raw, (long long)ckpt_slice_numel(s), newt_dtype_name(t->dtype));
+                    (unsigned long long)c->raw, (long long)newt_slice_numel(s), newt_dtype_name(t->dtype));
   if (c->codec == CKPT_CODEC_RAW && (c->stored != c->raw || c->filter != CKPT_FILTER_NONE))
     return NEWT_ERR(NEWT_ERR_INVALID, "%s: a raw chunk must have stored == raw and filter none", what);
   if (c->codec == CKPT_CODEC_ZSTD && (c->stored == 0 || c->stored >= c->raw))
@@ -496,7 +496,7 @@ static newt_result_t decode_tensor(const cJSON *o, const char *what, ckpt_manife
   NEWT_CHECK(newt_json_get_str(o, what, "dtype", 1, &dt));
   int dtype = newt_dtype_from_name(dt);
   if (dtype < 0) return NEWT_ERR(NEWT_ERR_INVALID, "%s.dtype: unknown dtype \"%.20s\"", what, dt);
-  ckpt_tensor_desc d = {.name = name, .dtype = (newt_dtype)dtype, .ndim = -1};
+  newt_tensor_desc d = {.name = name, .dtype = (newt_dtype)dtype, .ndim = -1};
   NEWT_CHECK(get_dims(o, what, "shape", &d.ndim, 0, MAXV, d.shape));
   int64_t numel = 1;
   for (int i = 0; i < d.ndim; i++) {

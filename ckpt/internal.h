@@ -1,6 +1,7 @@
 /* What the files of ckpt/ share and nobody else needs: the on-disk records (format.c),
- * the in-memory manifest, the chunk codec (codec.c), the thread pool (pool.c), slice
- * geometry (slice.c) and directory naming (dir.c). */
+ * the in-memory manifest, the chunk codec (codec.c), the thread pool (pool.c), the
+ * coverage check of a tensor's chunks and small helpers (coverage.c) and directory naming
+ * (dir.c). */
 #ifndef NEWT_CKPT_INTERNAL_H
 #define NEWT_CKPT_INTERNAL_H
 
@@ -60,14 +61,14 @@ typedef struct ckpt_chunk {
   uint8_t codec, filter;
   uint64_t offset; /* of its chunk header in the file */
   uint64_t stored, raw, xxh_raw, xxh_stored;
-  ckpt_slice slice;
+  newt_slice slice;
 } ckpt_chunk;
 
 typedef struct ckpt_tensor {
   char *name;
   newt_dtype dtype;
   int ndim;
-  int64_t shape[CKPT_MAX_DIMS];
+  int64_t shape[NEWT_SLICE_MAX_DIMS];
   ckpt_chunk *chunks;
   size_t nchunks, cap;
   size_t seq; /* order of addition (keeps merges deterministic) */
@@ -97,7 +98,7 @@ typedef struct ckpt_manifest {
 
 void ckpt_manifest_free(ckpt_manifest *m);
 /* Appends a tensor (names may repeat until ckpt_manifest_sort). */
-newt_result_t ckpt_manifest_add_tensor(ckpt_manifest *m, const ckpt_tensor_desc *d, ckpt_tensor **out);
+newt_result_t ckpt_manifest_add_tensor(ckpt_manifest *m, const newt_tensor_desc *d, ckpt_tensor **out);
 newt_result_t ckpt_tensor_add_chunk(ckpt_tensor *t, const ckpt_chunk *c);
 /* Sorts the tensors by name. Tensors of one name are merged into one (chunks in the order
  * they were added) when allow_dups, an error naming `what` otherwise; merged ones must
@@ -160,7 +161,7 @@ typedef struct ckpt_job_err {
 void ckpt_job_err_set(ckpt_job_err *e, newt_result_t code);
 newt_result_t ckpt_job_err_raise(ckpt_job_err *e);
 
-/* ---- slice geometry (slice.c) ------------------------------------------------------- */
+/* ---- coverage and helpers (coverage.c) ---------------------------------------------- */
 
 /* Room for element n of a growable array (*arr of *cap elements of elem bytes; doubling). */
 newt_result_t ckpt_array_reserve(void **arr, size_t *cap, size_t n, size_t elem);
@@ -170,12 +171,6 @@ newt_result_t ckpt_array_reserve(void **arr, size_t *cap, size_t n, size_t elem)
 void ckpt_shape_str(int ndim, const int64_t *shape, char *out, size_t cap);
 /* Verifies that a tensor's chunks never overlap and (full = 1) cover every element. */
 newt_result_t ckpt_coverage_check(const ckpt_tensor *t, int full, const char *what);
-/* 1 when the slices can share an element (cheap test on boxes and row ranges). */
-int ckpt_slices_may_overlap(const ckpt_slice *a, const ckpt_slice *b);
-/* When every element of `inner` sits inside `outer` in the same order as a contiguous run,
- * returns 1 and the element position of that run in outer's data. */
-int ckpt_slice_contiguous_in(const int64_t *shape, const ckpt_slice *inner, const ckpt_slice *outer,
-                             int64_t *pos);
 
 /* ---- directory (dir.c) --------------------------------------------------------------- */
 

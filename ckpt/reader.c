@@ -129,16 +129,16 @@ const char *ckpt_reader_path(const ckpt_reader *r) { return r->stepdir; }
 const cJSON *ckpt_reader_state(const ckpt_reader *r) { return r->m.state; }
 size_t ckpt_reader_ntensors(const ckpt_reader *r) { return r->m.ntensors; }
 
-static void desc_of(const ckpt_tensor *t, ckpt_tensor_desc *d) {
+static void desc_of(const ckpt_tensor *t, newt_tensor_desc *d) {
   d->name = t->name;
   d->dtype = t->dtype;
   d->ndim = t->ndim;
   memcpy(d->shape, t->shape, sizeof d->shape);
 }
 
-void ckpt_reader_tensor(const ckpt_reader *r, size_t i, ckpt_tensor_desc *d) { desc_of(&r->m.tensors[i], d); }
+void ckpt_reader_tensor(const ckpt_reader *r, size_t i, newt_tensor_desc *d) { desc_of(&r->m.tensors[i], d); }
 
-newt_result_t ckpt_reader_find(const ckpt_reader *r, const char *name, ckpt_tensor_desc *d) {
+newt_result_t ckpt_reader_find(const ckpt_reader *r, const char *name, newt_tensor_desc *d) {
   const ckpt_tensor *t = ckpt_manifest_find(&r->m, name);
   if (!t) return NEWT_ERR(NEWT_ERR_NOTFOUND, "%s: no tensor \"%s\" in the checkpoint", r->stepdir, name);
   desc_of(t, d);
@@ -259,7 +259,7 @@ static void read_one(void *ctx, size_t k, int worker) {
   size_t es = newt_dtype_size(p->t->dtype);
   int64_t pos;
   void *direct = NULL;
-  if (np == 1 && ckpt_slice_contiguous_in(p->t->shape, &c->slice, &j->reqs[p->req].slice, &pos))
+  if (np == 1 && newt_slice_contiguous_in(p->t->shape, &c->slice, &j->reqs[p->req].slice, &pos))
     direct = (uint8_t *)j->reqs[p->req].out + (size_t)pos * es;
   const uint8_t *raw;
   newt_result_t res = read_chunk(j->r, worker, p->t, p->chunk, direct, &raw);
@@ -269,8 +269,8 @@ static void read_one(void *ctx, size_t k, int worker) {
   }
   for (size_t i = 0; i < np; i++) {
     const ckpt_request *q = &j->reqs[p[i].req];
-    int64_t n = direct ? ckpt_slice_numel(&c->slice)
-                       : ckpt_slice_copy(p->t->shape, es, &q->slice, q->out, &c->slice, raw);
+    int64_t n = direct ? newt_slice_numel(&c->slice)
+                       : newt_slice_copy(p->t->shape, es, &q->slice, q->out, &c->slice, raw);
     atomic_fetch_add(&j->copied[p[i].req], n);
   }
 }
@@ -299,7 +299,7 @@ static newt_result_t check_request(const ckpt_reader *r, const ckpt_request *q, 
   }
   char what[CKPT_MAX_NAME + 64];
   snprintf(what, sizeof what, "request %zu (\"%s\")", i, t->name);
-  NEWT_CHECK(ckpt_slice_check(&q->slice, &q->t, what));
+  NEWT_CHECK(newt_slice_check(&q->slice, &q->t, what));
   if (!q->out) return NEWT_ERR(NEWT_ERR_INVALID, "%s: out is NULL", what);
   *out = t;
   return NEWT_OK;
@@ -321,7 +321,7 @@ static newt_result_t run_requests(ckpt_reader *r, const ckpt_request *reqs, size
     const ckpt_tensor *t;
     res = check_request(r, &reqs[i], i, &t);
     for (size_t c = 0; res == NEWT_OK && c < t->nchunks; c++) {
-      if (!ckpt_slices_may_overlap(&t->chunks[c].slice, &reqs[i].slice)) continue;
+      if (!newt_slices_may_overlap(&t->chunks[c].slice, &reqs[i].slice)) continue;
       res = CKPT_RESERVE(j.pairs, cap, np);
       if (res != NEWT_OK) break;
       j.pairs[np++] = (pair){t, c, i};
@@ -344,10 +344,10 @@ static newt_result_t run_requests(ckpt_reader *r, const ckpt_request *reqs, size
     res = ckpt_job_err_raise(&j.err);
   }
   for (size_t i = 0; res == NEWT_OK && i < n; i++)
-    if (atomic_load(&j.copied[i]) != ckpt_slice_numel(&reqs[i].slice))
+    if (atomic_load(&j.copied[i]) != newt_slice_numel(&reqs[i].slice))
       res = NEWT_ERR(NEWT_ERR_CORRUPT, "%s: request %zu (\"%s\"): the chunks hold %lld of its %lld elements",
                      r->stepdir, i, reqs[i].t.name, (long long)atomic_load(&j.copied[i]),
-                     (long long)ckpt_slice_numel(&reqs[i].slice));
+                     (long long)newt_slice_numel(&reqs[i].slice));
   free(j.pairs);
   free(j.first);
   free(j.copied);
@@ -358,10 +358,10 @@ newt_result_t ckpt_read_slices(ckpt_reader *r, const ckpt_request *reqs, size_t 
   return run_requests(r, reqs, n);
 }
 
-newt_result_t ckpt_read_slice(ckpt_reader *r, const ckpt_tensor_desc *t, const ckpt_slice *slice, void *out) {
+newt_result_t ckpt_read_slice(ckpt_reader *r, const newt_tensor_desc *t, const newt_slice *slice, void *out) {
   ckpt_request q = {.t = *t, .out = out};
   if (slice) q.slice = *slice;
-  else ckpt_slice_whole(&q.slice, t);
+  else newt_slice_whole(&q.slice, t);
   return run_requests(r, &q, 1);
 }
 

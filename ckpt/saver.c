@@ -40,8 +40,8 @@
 #define SNAPSHOT_PIECE ((size_t)4 << 20)
 
 typedef struct entry {
-  ckpt_tensor_desc t; /* t.name is owned */
-  ckpt_slice slice;
+  newt_tensor_desc t; /* t.name is owned */
+  newt_slice slice;
   const void *src;    /* caller's memory (NULL for a reservation) */
   void *staged;       /* async: the snapshot */
   size_t bytes;
@@ -49,7 +49,7 @@ typedef struct entry {
 
 typedef struct piece {
   size_t entry;
-  ckpt_slice slice;
+  newt_slice slice;
   const uint8_t *data;
   size_t bytes;
   ckpt_chunk meta;
@@ -304,7 +304,7 @@ newt_result_t ckpt_save_begin(ckpt_saver *s, int64_t step, int async, int *start
   return NEWT_OK;
 }
 
-static newt_result_t add_entry(ckpt_saver *s, const ckpt_tensor_desc *t, const ckpt_slice *slice,
+static newt_result_t add_entry(ckpt_saver *s, const newt_tensor_desc *t, const newt_slice *slice,
                                const void *data, void **reserved) {
   if (!s->building) return NEWT_ERR(NEWT_ERR_INVALID, "ckpt_save_add: no save begun");
   if (!t->name || !*t->name || strlen(t->name) > CKPT_MAX_NAME)
@@ -314,19 +314,19 @@ static newt_result_t add_entry(ckpt_saver *s, const ckpt_tensor_desc *t, const c
       return NEWT_ERR(NEWT_ERR_INVALID, "ckpt_save_add: control character in tensor name \"%s\"", t->name);
   if ((unsigned)t->dtype >= NEWT_DTYPE__COUNT)
     return NEWT_ERR(NEWT_ERR_INVALID, "ckpt_save_add: tensor \"%s\": unknown dtype %d", t->name, (int)t->dtype);
-  for (int i = 0; i < t->ndim && i < CKPT_MAX_DIMS; i++)
+  for (int i = 0; i < t->ndim && i < NEWT_SLICE_MAX_DIMS; i++)
     if (t->shape[i] < 0)
       return NEWT_ERR(NEWT_ERR_INVALID, "ckpt_save_add: tensor \"%s\": negative shape", t->name);
-  ckpt_slice whole;
+  newt_slice whole;
   if (!slice) {
-    ckpt_slice_whole(&whole, t);
+    newt_slice_whole(&whole, t);
     slice = &whole;
   }
-  int empty = t->ndim >= 1 && t->ndim <= CKPT_MAX_DIMS && ckpt_shape_numel(t->ndim, t->shape) == 0;
+  int empty = t->ndim >= 1 && t->ndim <= NEWT_SLICE_MAX_DIMS && newt_shape_numel(t->ndim, t->shape) == 0;
   if (!empty) {
     char what[CKPT_MAX_NAME + 32];
     snprintf(what, sizeof what, "ckpt_save_add(\"%s\")", t->name);
-    NEWT_CHECK(ckpt_slice_check(slice, t, what));
+    NEWT_CHECK(newt_slice_check(slice, t, what));
   }
   NEWT_CHECK(CKPT_RESERVE(s->entries, s->ecap, s->nentries));
   entry *e = &s->entries[s->nentries];
@@ -335,7 +335,7 @@ static newt_result_t add_entry(ckpt_saver *s, const ckpt_tensor_desc *t, const c
   e->t.name = newt_strdup(t->name);
   NEWT_CHECK_ALLOC(e->t.name);
   e->slice = *slice;
-  e->bytes = empty ? 0 : (size_t)ckpt_slice_numel(slice) * newt_dtype_size(t->dtype);
+  e->bytes = empty ? 0 : (size_t)newt_slice_numel(slice) * newt_dtype_size(t->dtype);
   e->src = data;
   s->nentries++;
   if ((s->async || reserved) && e->bytes) {
@@ -350,13 +350,13 @@ static newt_result_t add_entry(ckpt_saver *s, const ckpt_tensor_desc *t, const c
   return NEWT_OK;
 }
 
-newt_result_t ckpt_save_add(ckpt_saver *s, const ckpt_tensor_desc *t, const ckpt_slice *slice, const void *data) {
-  if (!data && t->ndim >= 1 && t->ndim <= CKPT_MAX_DIMS && ckpt_shape_numel(t->ndim, t->shape) > 0)
+newt_result_t ckpt_save_add(ckpt_saver *s, const newt_tensor_desc *t, const newt_slice *slice, const void *data) {
+  if (!data && t->ndim >= 1 && t->ndim <= NEWT_SLICE_MAX_DIMS && newt_shape_numel(t->ndim, t->shape) > 0)
     return NEWT_ERR(NEWT_ERR_INVALID, "ckpt_save_add(\"%s\"): data is NULL", t->name ? t->name : "?");
   return add_entry(s, t, slice, data, NULL);
 }
 
-newt_result_t ckpt_save_reserve(ckpt_saver *s, const ckpt_tensor_desc *t, const ckpt_slice *slice, void **dst) {
+newt_result_t ckpt_save_reserve(ckpt_saver *s, const newt_tensor_desc *t, const newt_slice *slice, void **dst) {
   if (s->building && !s->async)
     return NEWT_ERR(NEWT_ERR_INVALID, "ckpt_save_reserve(\"%s\"): only for asynchronous saves", t->name ? t->name : "?");
   return add_entry(s, t, slice, NULL, dst);

@@ -5,7 +5,7 @@
  * corpus (model_text_generate, seeded by --data-seed), which is learnable.
  *
  * Checkpoints: with --ckpt-dir DIR it first resumes from the newest valid checkpoint there
- * (weights, AdamW moments, step, data cursor; ckpt/model_state.h), then saves one every
+ * (weights, AdamW moments, step, data cursor; model/checkpoint.h), then saves one every
  * --ckpt-every steps in the background while it trains on. --log FILE appends one JSON
  * line per step (step, loss with full precision, lr).
  *
@@ -17,11 +17,11 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "ckpt/model_state.h"
 #include "cli/cmds.h"
 #include "common/clock.h"
 #include "common/opts.h"
 #include "common/sys.h"
+#include "model/checkpoint.h"
 #include "model/gpt_cuda.h"
 #include "model/ops.h"
 #include "model/train.h"
@@ -182,7 +182,7 @@ int newt_cmd_train(int argc, char **argv) {
     ckpt_saver_opts so = {.dir = ckpt_dir, .rank = 0, .nranks = 1, .threads = 2, .level = (int)ckpt_level,
                           .keep = (int)ckpt_keep, .commit = 1, .layout_json = "{\"dp\":1,\"tp\":1,\"pp\":1,\"zero\":0}"};
     if (ckpt_level == 0) so.level = CKPT_LEVEL_RAW;
-    if (ckpt_trainer_resume(ckpt_dir, &tr, data_desc, 2, &resumed) != NEWT_OK ||
+    if (model_ckpt_trainer_resume(ckpt_dir, &tr, data_desc, 2, &resumed) != NEWT_OK ||
         (ckpt_every > 0 && ckpt_saver_init(&saver, &so) != NEWT_OK)) {
       fprintf(stderr, "newt train: %s\n", newt_errmsg());
       model_trainer_free(&tr);
@@ -255,7 +255,7 @@ int newt_cmd_train(int argc, char **argv) {
                 (long long)st.step, st.message);
       }
       int started = 0;
-      if (info.step % ckpt_every == 0 && ckpt_trainer_save(saver, &tr, data_desc, 1, &started) != NEWT_OK)
+      if (info.step % ckpt_every == 0 && model_ckpt_trainer_save(saver, &tr, data_desc, 1, &started) != NEWT_OK)
         fprintf(stderr, "newt train: checkpoint of step %lld: %s\n", (long long)info.step, newt_errmsg());
     }
     if (newt_stop_requested()) {

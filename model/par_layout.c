@@ -13,6 +13,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "model/checkpoint.h"
 #include "model/ops.h"
 #include "model/par_internal.h"
 
@@ -427,7 +428,7 @@ typedef struct piece_list {
  * one piece per box they cross. */
 static void add_range(piece_list *pl, const model_par *p, size_t k, model_par_kind kind, size_t a, size_t e,
                       float *data, int primary) {
-  static const char *const prefix[] = {"", CKPT_ADAM_M, CKPT_ADAM_V};
+  static const char *const prefix[] = {"", MODEL_CKPT_ADAM_M, MODEL_CKPT_ADAM_V};
   const model_par_tensor *pt = &p->ten[k];
   const model_tensor *g = pt->global;
   for (int b = 0; b < pt->nbox; b++) {
@@ -440,9 +441,9 @@ static void add_range(piece_list *pl, const model_par *p, size_t k, model_par_ki
       char *name = pl->names[pl->n];
       snprintf(name, PIECE_NAME, "%s%s", prefix[kind], g->name);
       *pc = (model_par_piece){.kind = kind, .tensor = g, .data = data + (s - a), .primary = primary};
-      pc->desc = (ckpt_tensor_desc){.name = name, .dtype = NEWT_F32, .ndim = g->ndim,
+      pc->desc = (newt_tensor_desc){.name = name, .dtype = NEWT_F32, .ndim = g->ndim,
                                     .shape = {(int64_t)g->shape[0], (int64_t)g->shape[1]}};
-      ckpt_slice *sl = &pc->slice;
+      newt_slice *sl = &pc->slice;
       memset(sl, 0, sizeof *sl);
       sl->ndim = g->ndim;
       sl->offset[0] = (int64_t)bx->row0;

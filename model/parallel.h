@@ -64,9 +64,9 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "ckpt/ckpt.h"
 #include "comm/comm.h"
 #include "common/err.h"
+#include "common/slice.h"
 #include "model/gpt.h"
 #include "model/optim.h"
 #include "model/train.h"
@@ -220,11 +220,12 @@ typedef enum model_par_kind { MODEL_PAR_PARAM = 0, MODEL_PAR_ADAM_M, MODEL_PAR_A
 typedef struct model_par_piece {
   model_par_kind kind;
   const model_tensor *tensor; /* the global tensor (in model_par.global) */
-  ckpt_tensor_desc desc;      /* the checkpoint's tensor: the weight's name, or CKPT_ADAM_M /
-                                 CKPT_ADAM_V + it; F32; the global shape */
-  ckpt_slice slice;           /* the box this rank holds (tensor and pipeline parallelism),
+  newt_tensor_desc desc;      /* the checkpoint's tensor: the weight's name, or
+                                 MODEL_CKPT_ADAM_M / MODEL_CKPT_ADAM_V + it (model/checkpoint.h);
+                                 F32; the global shape */
+  newt_slice slice;           /* the box this rank holds (tensor and pipeline parallelism),
                                  narrowed to a range of its row-major order (ZeRO chunks) */
-  float *data;                /* ckpt_slice_numel(&slice) floats in slice order, in this
+  float *data;                /* newt_slice_numel(&slice) floats in slice order, in this
                                  rank's buffers: read to save or send, written to restore */
   int primary;                /* 1 for exactly one copy of each element across the layout
                                  (tp rank 0 for replicated tensors, the first stage for wte,

@@ -12,7 +12,7 @@
  * 4. The moves: ranks meet in pairs (a < b) in one global order; a sends then receives, b
  *    receives then sends. The earliest unfinished pair always has both ranks ready, so
  *    this cannot deadlock. A sender sends each of its pieces the receiver needs once,
- *    whole; the receiver copies the overlaps into its needs (ckpt_slice_copy). */
+ *    whole; the receiver copies the overlaps into its needs (newt_slice_copy). */
 #include "worker/reshard.h"
 
 #include <stdio.h>
@@ -25,9 +25,9 @@ typedef struct wire_piece {
   char name[RESHARD_NAME_MAX];
   int64_t step;
   int64_t ndim;
-  int64_t shape[CKPT_MAX_DIMS];
-  int64_t offset[CKPT_MAX_DIMS];
-  int64_t box[CKPT_MAX_DIMS];
+  int64_t shape[NEWT_SLICE_MAX_DIMS];
+  int64_t offset[NEWT_SLICE_MAX_DIMS];
+  int64_t box[NEWT_SLICE_MAX_DIMS];
   int64_t begin, end;
 } wire_piece;
 
@@ -60,7 +60,7 @@ static void to_wire(const reshard_piece *p, wire_piece *w) {
   w->end = p->slice.end;
 }
 
-static void slice_of(const wire_piece *w, ckpt_slice *s) {
+static void slice_of(const wire_piece *w, newt_slice *s) {
   memset(s, 0, sizeof *s);
   s->ndim = (int)w->ndim;
   for (int i = 0; i < s->ndim; i++) {
@@ -87,23 +87,23 @@ static int same_slice(const wire_piece *a, const wire_piece *b) {
 
 static int64_t overlap(const wire_piece *a, const wire_piece *b) {
   if (!same_tensor(a, b)) return 0;
-  ckpt_slice sa, sb;
+  newt_slice sa, sb;
   slice_of(a, &sa);
   slice_of(b, &sb);
-  return ckpt_slice_copy(a->shape, 4, &sa, NULL, &sb, NULL);
+  return newt_slice_copy(a->shape, 4, &sa, NULL, &sb, NULL);
 }
 
 static int64_t numel(const wire_piece *w) { return w->end - w->begin; }
 
 /* Checks the records of a rank: sane dimensions and slices inside their tensors. */
 static newt_result_t check_piece(const wire_piece *w, int rank) {
-  if (w->ndim < 1 || w->ndim > CKPT_MAX_DIMS || memchr(w->name, '\0', sizeof w->name) == NULL)
+  if (w->ndim < 1 || w->ndim > NEWT_SLICE_MAX_DIMS || memchr(w->name, '\0', sizeof w->name) == NULL)
     return NEWT_ERR(NEWT_ERR_CORRUPT, "reshard: rank %d sent a malformed piece record", rank);
-  ckpt_tensor_desc t = {.name = w->name, .dtype = NEWT_F32, .ndim = (int)w->ndim};
+  newt_tensor_desc t = {.name = w->name, .dtype = NEWT_F32, .ndim = (int)w->ndim};
   memcpy(t.shape, w->shape, sizeof t.shape);
-  ckpt_slice s;
+  newt_slice s;
   slice_of(w, &s);
-  return ckpt_slice_check(&s, &t, "reshard");
+  return newt_slice_check(&s, &t, "reshard");
 }
 
 /* The distinct slices held at one step, sorted by tensor name, each with its holders. */
@@ -135,8 +135,8 @@ static int cmp_entry(const void *a, const void *b) {
   int c = strcmp(x->p->name, y->p->name);
   if (!c) c = cmp_i64(x->p->begin, y->p->begin);
   if (!c) c = cmp_i64(x->p->end, y->p->end);
-  for (int i = 0; i < CKPT_MAX_DIMS && !c; i++) c = cmp_i64(x->p->offset[i], y->p->offset[i]);
-  for (int i = 0; i < CKPT_MAX_DIMS && !c; i++) c = cmp_i64(x->p->box[i], y->p->box[i]);
+  for (int i = 0; i < NEWT_SLICE_MAX_DIMS && !c; i++) c = cmp_i64(x->p->offset[i], y->p->offset[i]);
+  for (int i = 0; i < NEWT_SLICE_MAX_DIMS && !c; i++) c = cmp_i64(x->p->box[i], y->p->box[i]);
   if (!c) c = cmp_i64(x->rank, y->rank);
   return c;
 }
@@ -295,12 +295,12 @@ static newt_result_t recv_from(comm_t *c, int me, int src, const unit *u, size_t
     if (!marks[h]) continue;
     const wire_piece *hp = &v[src].have[h];
     NEWT_CHECK(comm_recv(c, *tmp + off, (size_t)numel(hp), NEWT_F32, src));
-    ckpt_slice hs;
+    newt_slice hs;
     slice_of(hp, &hs);
     for (size_t i = 0; i < nu; i++) {
       if (u[i].src != src || u[i].dst != me || u[i].h != h) continue;
       const reshard_piece *np = &need[u[i].k];
-      res->received += ckpt_slice_copy(np->shape, 4, &np->slice, np->data, &hs, *tmp + off);
+      res->received += newt_slice_copy(np->shape, 4, &np->slice, np->data, &hs, *tmp + off);
     }
     off += numel(hp);
   }
@@ -399,7 +399,7 @@ newt_result_t reshard_exchange(comm_t *c, const reshard_piece *have, size_t nhav
     if (u[i].src != me || u[i].dst != me) continue;
     const reshard_piece *hp = &have[u[i].h], *np = &need[u[i].k];
     if (hp->data == np->data && same_slice(&v[me].have[u[i].h], &v[me].need[u[i].k])) continue; /* in place */
-    res->copied += ckpt_slice_copy(np->shape, 4, &np->slice, np->data, &hp->slice, hp->data);
+    res->copied += newt_slice_copy(np->shape, 4, &np->slice, np->data, &hp->slice, hp->data);
   }
   for (int a = 0; a < n && r == NEWT_OK; a++)
     for (int b = a + 1; b < n && r == NEWT_OK; b++) {

@@ -6,7 +6,7 @@
  * pipeline stages moving) is resharded in memory; only when no step is covered does the
  * caller fall back to a checkpoint.
  *
- * Pieces use the checkpoint's slice algebra (ckpt_slice: a box of a global tensor,
+ * Pieces use the checkpoint's slice algebra (newt_slice: a box of a global tensor,
  * narrowed to a range of its row-major order), so whatever one layout holds can fill any
  * other. Within one step, two held pieces of a tensor must be identical (replicas) or
  * disjoint (shards); that is how layouts cut tensors. */
@@ -28,8 +28,8 @@ typedef struct reshard_piece {
                                    of several steps: its state, a snapshot, a peer's replica);
                                    needed pieces: ignored */
   int ndim;
-  int64_t shape[CKPT_MAX_DIMS]; /* global shape */
-  ckpt_slice slice;             /* the part held or needed */
+  int64_t shape[NEWT_SLICE_MAX_DIMS]; /* global shape */
+  newt_slice slice;             /* the part held or needed */
   float *data;                  /* its elements in slice order (f32) */
 } reshard_piece;
 

@@ -11,9 +11,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "ckpt/model_state.h"
 #include "common/log.h"
 #include "common/strutil.h"
+#include "model/checkpoint.h"
 #include "worker/internal.h"
 
 static int enabled(const worker *w) { return w->spec.ckpt_dir[0] && w->spec.ckpt_every > 0; }
@@ -74,7 +74,7 @@ newt_result_t worker_ckpt_step(worker *w, const newt_plan *p, const plan_rank *m
   char *state = NULL, desc[SPEC_PATH_MAX + 32];
   spec_data_desc(&w->spec, desc, sizeof desc);
   if (res == NEWT_OK && me->rank == 0)
-    res = ckpt_train_state(&w->tcfg, par->step, worker_cursor(w), par->opt.t, desc, &state);
+    res = model_ckpt_train_state(&w->tcfg, par->step, worker_cursor(w), par->opt.t, desc, &state);
   newt_result_t end = ckpt_save_end(w->saver, state);
   free(state);
   free(pp);

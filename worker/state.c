@@ -24,8 +24,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "ckpt/model_state.h"
 #include "common/log.h"
+#include "model/checkpoint.h"
 #include "worker/internal.h"
 #include "worker/reshard.h"
 
@@ -56,8 +56,8 @@ static newt_result_t par_pieces(const model_par *p, int64_t step, reshard_piece 
 /* Pieces that live on this rank alone within its data-parallel group: the ZeRO shards. */
 static int unique_piece(const model_par *p, const reshard_piece *r) {
   if (p->pc.zero == 0 || p->pc.dp == 1) return 0;
-  int moment = strncmp(r->name, CKPT_ADAM_M, strlen(CKPT_ADAM_M)) == 0 ||
-               strncmp(r->name, CKPT_ADAM_V, strlen(CKPT_ADAM_V)) == 0;
+  int moment = strncmp(r->name, MODEL_CKPT_ADAM_M, strlen(MODEL_CKPT_ADAM_M)) == 0 ||
+               strncmp(r->name, MODEL_CKPT_ADAM_V, strlen(MODEL_CKPT_ADAM_V)) == 0;
   return moment || p->pc.zero == 3;
 }
 
@@ -77,7 +77,7 @@ static int wants_copies(const model_par_config *pc) { return pc->tp * pc->pp > 1
 /* Lays out a copy of the given pieces in one buffer. */
 static newt_result_t copy_layout(worker_copy *cp, const reshard_piece *src, size_t n) {
   size_t total = 0;
-  for (size_t i = 0; i < n; i++) total += (size_t)ckpt_slice_numel(&src[i].slice);
+  for (size_t i = 0; i < n; i++) total += (size_t)newt_slice_numel(&src[i].slice);
   cp->pieces = calloc(n ? n : 1, sizeof *cp->pieces);
   cp->data = malloc((total ? total : 1) * sizeof *cp->data);
   if (!cp->pieces || !cp->data) {
@@ -89,7 +89,7 @@ static newt_result_t copy_layout(worker_copy *cp, const reshard_piece *src, size
   for (size_t i = 0; i < n; i++) {
     cp->pieces[i] = src[i];
     cp->pieces[i].data = cp->data + off;
-    off += (size_t)ckpt_slice_numel(&src[i].slice);
+    off += (size_t)newt_slice_numel(&src[i].slice);
   }
   cp->n = n;
   cp->len = total;
@@ -108,7 +108,7 @@ newt_result_t worker_snapshot(worker *w) {
     r = copy_layout(&w->snap, cur, n);
   }
   for (size_t i = 0; r == NEWT_OK && i < n; i++)
-    memcpy(w->snap.pieces[i].data, cur[i].data, (size_t)ckpt_slice_numel(&cur[i].slice) * sizeof(float));
+    memcpy(w->snap.pieces[i].data, cur[i].data, (size_t)newt_slice_numel(&cur[i].slice) * sizeof(float));
   if (r == NEWT_OK) {
     w->snap.step = w->par.step;
     for (size_t i = 0; i < n; i++) w->snap.pieces[i].step = w->par.step;
@@ -141,7 +141,7 @@ newt_result_t worker_replicate(worker *w) {
   /* this rank's shard, packed */
   size_t nu = 0, total = 0;
   for (size_t i = 0; i < n; i++)
-    if (unique_piece(p, &cur[i])) cur[nu++] = cur[i], total += (size_t)ckpt_slice_numel(&cur[i].slice);
+    if (unique_piece(p, &cur[i])) cur[nu++] = cur[i], total += (size_t)newt_slice_numel(&cur[i].slice);
   newt_result_t r = NEWT_OK;
   if (!w->rep.pieces) {
     /* the first time in this generation: tell the next rank what it will keep */
@@ -164,7 +164,7 @@ newt_result_t worker_replicate(worker *w) {
   if (r == NEWT_OK) {
     size_t off = 0;
     for (size_t i = 0; i < nu; i++) {
-      size_t k = (size_t)ckpt_slice_numel(&cur[i].slice);
+      size_t k = (size_t)newt_slice_numel(&cur[i].slice);
       memcpy(packed + off, cur[i].data, k * sizeof *packed);
       off += k;
     }
@@ -214,11 +214,11 @@ static newt_result_t load_ckpt(worker *w, comm_t *c, model_par *np, int64_t *ste
     return NEWT_ERR(NEWT_ERR_NOMEM, "out of memory reading a checkpoint");
   }
   for (size_t i = 0; i < n; i++) reqs[i] = (ckpt_request){.t = pp[i].desc, .slice = pp[i].slice, .out = pp[i].data};
-  ckpt_train_point pt = {.step = -1};
+  model_ckpt_train_point pt = {.step = -1};
   char desc[SPEC_PATH_MAX + 32];
   spec_data_desc(&w->spec, desc, sizeof desc);
   newt_result_t r = w->spec.ckpt_dir[0]
-                        ? ckpt_train_load(w->spec.ckpt_dir, CKPT_LATEST, &w->tcfg, desc, 2, reqs, n, &pt)
+                        ? model_ckpt_train_load(w->spec.ckpt_dir, CKPT_LATEST, &w->tcfg, desc, 2, reqs, n, &pt)
                         : NEWT_ERR(NEWT_ERR_NOTFOUND, "no checkpoint directory");
   free(reqs);
   free(pp);

@@ -17,7 +17,7 @@
 
 typedef struct tstate {
   size_t n;
-  ckpt_tensor_desc t[TS_MAX];
+  newt_tensor_desc t[TS_MAX];
   char names[TS_MAX][48];
   void *data[TS_MAX];
   size_t bytes[TS_MAX];
@@ -35,8 +35,8 @@ static inline void ts_add(tstate *s, const char *name, newt_dtype dt, int nd, in
                    int noise) {
   size_t i = s->n++;
   snprintf(s->names[i], sizeof s->names[i], "%s", name);
-  s->t[i] = (ckpt_tensor_desc){.name = s->names[i], .dtype = dt, .ndim = nd, .shape = {a, b}};
-  size_t n = (size_t)ckpt_shape_numel(nd, s->t[i].shape), es = newt_dtype_size(dt);
+  s->t[i] = (newt_tensor_desc){.name = s->names[i], .dtype = dt, .ndim = nd, .shape = {a, b}};
+  size_t n = (size_t)newt_shape_numel(nd, s->t[i].shape), es = newt_dtype_size(dt);
   s->bytes[i] = n * es;
   s->data[i] = malloc(s->bytes[i] ? s->bytes[i] : 1);
   uint8_t *p = s->data[i];
@@ -114,7 +114,7 @@ static inline int64_t ts_load_check(const char *dir, int64_t max_step, int64_t w
   ckpt_request reqs[TS_MAX];
   for (size_t i = 0; i < want.n; i++) {
     reqs[i] = (ckpt_request){.t = want.t[i], .out = malloc(want.bytes[i] ? want.bytes[i] : 1)};
-    ckpt_slice_whole(&reqs[i].slice, &want.t[i]);
+    newt_slice_whole(&reqs[i].slice, &want.t[i]);
   }
   /* the empty tensor has no slice to ask for */
   size_t nreq = want.n - 1;

@@ -218,7 +218,7 @@ static void test_flipped_byte(void) {
 
   ckpt_reader *r;
   T_OK(ckpt_open(&r, dir, 2, 2));
-  ckpt_tensor_desc d;
+  newt_tensor_desc d;
   T_OK(ckpt_reader_find(r, "wte", &d));
   float *buf = malloc(97 * 4 * 16 * sizeof *buf);
   T_ERR(NEWT_ERR_CORRUPT, ckpt_read_slice(r, &d, NULL, buf));
@@ -226,8 +226,8 @@ static void test_flipped_byte(void) {
   T_CHECK_MSG(strstr(newt_errmsg(), base) && strstr(newt_errmsg(), "chunk 1 of tensor \"wte\"") &&
                   strstr(newt_errmsg(), "checksum mismatch"), "message: %s", newt_errmsg());
   /* what does not overlap the damaged chunk still reads: only overlapping chunks are read */
-  ckpt_slice head;
-  ckpt_slice_whole(&head, &d);
+  newt_slice head;
+  newt_slice_whole(&head, &d);
   head.end = 1024; /* chunk 0 holds elements [0, 1024) */
   T_OK(ckpt_read_slice(r, &d, &head, buf));
   T_OK(ckpt_reader_find(r, "adam.m/wte", &d));
@@ -372,7 +372,7 @@ static void test_paths_outside(void) {
   T_CHECK(rename(shard, outside) == 0);
   T_CHECK(symlink(outside, shard) == 0);
   T_OK(ckpt_open(&r, dir, 2, 1));
-  ckpt_tensor_desc d;
+  newt_tensor_desc d;
   T_OK(ckpt_reader_find(r, "wte", &d));
   float buf[97 * 16];
   T_ERR(NEWT_ERR_INVALID, ckpt_read_slice(r, &d, NULL, buf));

@@ -25,7 +25,7 @@
 enum { REPL, COLP, ROWP, VOCAB };
 
 typedef struct gt {
-  ckpt_tensor_desc d;
+  newt_tensor_desc d;
   char name[96];
   int kind;
   int layer; /* -1: embeddings (stage 0), -2: final layernorm (last stage) */
@@ -61,7 +61,7 @@ static void add(model *m, const char *prefix, const char *name, int kind, int la
   t->d.shape[1] = b;
   t->kind = kind;
   t->layer = layer;
-  size_t n = (size_t)ckpt_shape_numel(nd, t->d.shape);
+  size_t n = (size_t)newt_shape_numel(nd, t->d.shape);
   t->data = malloc(n * 4);
   uint64_t seed = mix(m->n * 7919 + (uint64_t)m->C);
   int noisy = seed % 3 == 0; /* some tensors are random bits: stored raw */
@@ -117,10 +117,10 @@ static void free_model(model *m) {
 }
 
 /* The elements of slice s of tensor t, independently of the library's copy code. */
-static void extract(const gt *t, const ckpt_slice *s, uint32_t *out) {
+static void extract(const gt *t, const newt_slice *s, uint32_t *out) {
   int nd = t->d.ndim;
   for (int64_t k = s->begin; k < s->end; k++) {
-    int64_t rem = k, g = 0, idx[CKPT_MAX_DIMS];
+    int64_t rem = k, g = 0, idx[NEWT_SLICE_MAX_DIMS];
     for (int i = nd - 1; i >= 0; i--) {
       idx[i] = rem % s->shape[i];
       rem /= s->shape[i];
@@ -137,8 +137,8 @@ static int on_stage(const model *m, const gt *t, int p, int pp) {
 }
 
 /* The tensor-parallel box of t at tp rank tr; 0 when the rank holds none of it. */
-static int tp_box(const gt *t, int tr, int tp, ckpt_slice *s) {
-  ckpt_slice_whole(s, &t->d);
+static int tp_box(const gt *t, int tr, int tp, newt_slice *s) {
+  newt_slice_whole(s, &t->d);
   int dim = t->kind == COLP || t->kind == VOCAB ? 0 : t->kind == ROWP ? 1 : -1;
   if (dim < 0 || tp == 1) return 1;
   int64_t n = t->d.shape[dim], a = tr * n / tp, b = (tr + 1) * n / tp;
@@ -146,7 +146,7 @@ static int tp_box(const gt *t, int tr, int tp, ckpt_slice *s) {
   s->offset[dim] = a;
   s->shape[dim] = b - a;
   s->begin = 0;
-  s->end = ckpt_shape_numel(s->ndim, s->shape);
+  s->end = newt_shape_numel(s->ndim, s->shape);
   return 1;
 }
 
@@ -155,7 +155,7 @@ static int is_moment(const gt *t) { return strncmp(t->name, "adam.", 5) == 0; }
 /* One piece a rank stores or needs. */
 typedef struct need {
   const gt *t;
-  ckpt_slice s;
+  newt_slice s;
 } need;
 
 /* What rank r of layout lo holds: `writing` = 1 gives the deduplicated set it writes,
@@ -164,7 +164,7 @@ static size_t rank_pieces(const model *m, const layout *lo, int r, int writing, 
   int d = r / (lo->pp * lo->tp), p = r / lo->tp % lo->pp, t = r % lo->tp;
   size_t n = 0;
   for (int group = 0; group < 3; group++) { /* weights, adam.m, adam.v: one flat buffer each */
-    ckpt_slice boxes[512];
+    newt_slice boxes[512];
     const gt *owner[512];
     size_t nb = 0;
     for (size_t i = 0; i < m->n; i++) {
@@ -183,11 +183,11 @@ static size_t rank_pieces(const model *m, const layout *lo, int r, int writing, 
       continue;
     }
     int64_t total = 0;
-    for (size_t i = 0; i < nb; i++) total += ckpt_shape_numel(boxes[i].ndim, boxes[i].shape);
+    for (size_t i = 0; i < nb; i++) total += newt_shape_numel(boxes[i].ndim, boxes[i].shape);
     int64_t a = d * total / lo->dp, b = (d + 1) * total / lo->dp;
-    ckpt_flat_piece fp[512];
+    newt_flat_piece fp[512];
     size_t nf = 0;
-    T_OK(ckpt_flat_pieces(boxes, nb, a, b - a, fp, 512, &nf));
+    T_OK(newt_flat_pieces(boxes, nb, a, b - a, fp, 512, &nf));
     for (size_t i = 0; i < nf; i++) {
       if (writing && owner[fp[i].tensor]->kind == REPL && t != 0) continue;
       out[n++] = (need){owner[fp[i].tensor], fp[i].slice};
@@ -223,7 +223,7 @@ static newt_result_t save_rank(save_arg *a) {
   int started = 0;
   newt_result_t r = ckpt_save_begin(s, a->step, a->async, &started);
   for (size_t i = 0; r == NEWT_OK && i < n; i++) {
-    bufs[i] = malloc((size_t)ckpt_slice_numel(&pieces[i].s) * 4);
+    bufs[i] = malloc((size_t)newt_slice_numel(&pieces[i].s) * 4);
     extract(pieces[i].t, &pieces[i].s, bufs[i]);
     r = ckpt_save_add(s, &pieces[i].t->d, &pieces[i].s, bufs[i]);
   }
@@ -232,7 +232,7 @@ static newt_result_t save_rank(save_arg *a) {
            (long long)a->step * 8, lj);
   if (r == NEWT_OK) r = ckpt_save_end(s, state);
   if (r == NEWT_OK && a->async) {
-    for (size_t i = 0; i < n; i++) memset(bufs[i], 0xee, (size_t)ckpt_slice_numel(&pieces[i].s) * 4); /* after the snapshot */
+    for (size_t i = 0; i < n; i++) memset(bufs[i], 0xee, (size_t)newt_slice_numel(&pieces[i].s) * 4); /* after the snapshot */
     r = ckpt_save_wait(s, newt_deadline_in_ms(60000));
   }
   if (r != NEWT_OK) snprintf(a->msg, sizeof a->msg, "%s", newt_errmsg());
@@ -302,7 +302,7 @@ static int load_layout(const model *m, const layout *lo, const char *dir, int64_
     ckpt_request *reqs = calloc(np ? np : 1, sizeof *reqs);
     uint32_t **want = calloc(np ? np : 1, sizeof *want);
     for (size_t i = 0; i < np; i++) {
-      size_t ne = (size_t)ckpt_slice_numel(&pieces[i].s);
+      size_t ne = (size_t)newt_slice_numel(&pieces[i].s);
       reqs[i] = (ckpt_request){.t = pieces[i].t->d, .slice = pieces[i].s, .out = malloc(ne * 4)};
       memset(reqs[i].out, 0xab, ne * 4);
       want[i] = malloc(ne * 4);
@@ -324,7 +324,7 @@ static int load_layout(const model *m, const layout *lo, const char *dir, int64_
     T_CHECK_MSG(res == NEWT_OK, "load under tp%d pp%d dp%d zero%d, rank %d: %s", lo->tp, lo->pp, lo->dp, lo->zero, r,
                 newt_errmsg());
     for (size_t i = 0; i < np && !bad && res == NEWT_OK; i++)
-      if (memcmp(reqs[i].out, want[i], (size_t)ckpt_slice_numel(&pieces[i].s) * 4) != 0) {
+      if (memcmp(reqs[i].out, want[i], (size_t)newt_slice_numel(&pieces[i].s) * 4) != 0) {
         T_FAIL("saved under tp%d pp%d dp%d zero%d, loaded under tp%d pp%d dp%d zero%d: rank %d, \"%s\" differs",
                saved->tp, saved->pp, saved->dp, saved->zero, lo->tp, lo->pp, lo->dp, lo->zero, r, pieces[i].t->name);
         bad = 1;

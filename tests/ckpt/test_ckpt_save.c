@@ -56,8 +56,8 @@ static void test_sync_async(void) {
   T_ERR(NEWT_ERR_INVALID, ckpt_save_begin(sv, 4, 0, &started));
   void *dst;
   T_ERR(NEWT_ERR_INVALID, ckpt_save_reserve(sv, &later.t[0], NULL, &dst));
-  ckpt_slice bad;
-  ckpt_slice_whole(&bad, &later.t[0]);
+  newt_slice bad;
+  newt_slice_whole(&bad, &later.t[0]);
   bad.offset[0] = 1;
   T_ERR(NEWT_ERR_INVALID, ckpt_save_add(sv, &later.t[0], &bad, later.data[0]));
   T_CHECK(strstr(newt_errmsg(), "lies outside tensor \"wte\"") != NULL);
@@ -151,8 +151,8 @@ static newt_result_t save_rank(const char *dir, int rank, int nranks, uint64_t a
   /* which = 0: the first half of every tensor, 1: the rest, 2: all, 3: nothing */
   for (size_t i = 0; r == NEWT_OK && i < s->n; i++) {
     if (!s->bytes[i] || which == 3) continue;
-    ckpt_slice sl;
-    ckpt_slice_whole(&sl, &s->t[i]);
+    newt_slice sl;
+    newt_slice_whole(&sl, &s->t[i]);
     int64_t half = sl.end / 2;
     if (which == 2) {
     } else if (which == 0) {
@@ -289,7 +289,7 @@ static void test_request_errors(void) {
   ckpt_reader *r;
   T_OK(ckpt_open(&r, dir, CKPT_LATEST, 2));
   T_CHECK(ckpt_reader_step(r) == 2 && ckpt_reader_ntensors(r) == 8);
-  ckpt_tensor_desc d;
+  newt_tensor_desc d;
   T_OK(ckpt_reader_find(r, "adam.v/wte", &d));
   T_CHECK(d.dtype == NEWT_F32 && d.ndim == 2 && d.shape[0] == 97 && d.shape[1] == 16);
   T_OK(ckpt_reader_find(r, "empty", &d));
@@ -297,7 +297,7 @@ static void test_request_errors(void) {
   T_ERR(NEWT_ERR_NOTFOUND, ckpt_reader_find(r, "nope", &d));
   T_CHECK(cJSON_GetObjectItem(ckpt_reader_state(r), "lr_step")->valuedouble == 2);
   float buf[97 * 16];
-  ckpt_tensor_desc q = {.name = "wte", .dtype = NEWT_BF16, .ndim = 2, .shape = {97, 16}};
+  newt_tensor_desc q = {.name = "wte", .dtype = NEWT_BF16, .ndim = 2, .shape = {97, 16}};
   T_ERR(NEWT_ERR_INVALID, ckpt_read_slice(r, &q, NULL, buf));
   T_CHECK(strstr(newt_errmsg(), "tensor \"wte\" is f32 (97,16) in the checkpoint, requested as bf16 (97,16)") != NULL);
   q.dtype = NEWT_F32;
@@ -308,8 +308,8 @@ static void test_request_errors(void) {
   T_ERR(NEWT_ERR_NOTFOUND, ckpt_read_slice(r, &q, NULL, buf));
   q.name = "wte";
   /* a slice: rows 10..19, columns 3..8, from element 4 of that box on */
-  ckpt_slice sl;
-  ckpt_slice_box(&sl, 2, (int64_t[]){10, 3}, (int64_t[]){10, 6});
+  newt_slice sl;
+  newt_slice_box(&sl, 2, (int64_t[]){10, 3}, (int64_t[]){10, 6});
   sl.begin = 4;
   T_OK(ckpt_read_slice(r, &q, &sl, buf));
   tstate s;
@@ -323,7 +323,7 @@ static void test_request_errors(void) {
   /* ckpt_load gives a request that does not fit to the caller instead of falling back */
   ckpt_request req = {.t = q, .out = buf};
   req.t.name = "nope";
-  ckpt_slice_whole(&req.slice, &q);
+  newt_slice_whole(&req.slice, &q);
   ckpt_loaded ld;
   T_ERR(NEWT_ERR_NOTFOUND, ckpt_load(dir, CKPT_LATEST, 1, &req, 1, &ld));
   T_CHECK(strstr(newt_errmsg(), "step-0000000002") != NULL);

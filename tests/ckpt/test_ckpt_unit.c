@@ -94,8 +94,8 @@ static void test_filters(void) {
 /* ---- slices -------------------------------------------------------------------------------- */
 
 /* Position of global element g in slice s, or -1. */
-static int64_t pos_in(const int64_t *shape, int nd, const ckpt_slice *s, int64_t g) {
-  int64_t idx[CKPT_MAX_DIMS];
+static int64_t pos_in(const int64_t *shape, int nd, const newt_slice *s, int64_t g) {
+  int64_t idx[NEWT_SLICE_MAX_DIMS];
   for (int i = nd - 1; i >= 0; i--) {
     idx[i] = g % shape[i];
     g /= shape[i];
@@ -108,14 +108,14 @@ static int64_t pos_in(const int64_t *shape, int nd, const ckpt_slice *s, int64_t
   return k >= s->begin && k < s->end ? k - s->begin : -1;
 }
 
-static void random_slice(int nd, const int64_t *shape, ckpt_slice *s) {
+static void random_slice(int nd, const int64_t *shape, newt_slice *s) {
   memset(s, 0, sizeof *s);
   s->ndim = nd;
   for (int i = 0; i < nd; i++) {
     s->offset[i] = rnd_in(0, shape[i] - 1);
     s->shape[i] = rnd_in(1, shape[i] - s->offset[i]);
   }
-  int64_t n = ckpt_shape_numel(nd, s->shape);
+  int64_t n = newt_shape_numel(nd, s->shape);
   s->begin = rnd() % 3 == 0 ? 0 : rnd_in(0, n - 1);
   s->end = rnd() % 3 == 0 ? n : rnd_in(s->begin + 1, n);
 }
@@ -123,13 +123,13 @@ static void random_slice(int nd, const int64_t *shape, ckpt_slice *s) {
 static void test_slice_copy(void) {
   for (int iter = 0; iter < 3000; iter++) {
     int nd = (int)rnd_in(1, 4);
-    int64_t shape[CKPT_MAX_DIMS];
+    int64_t shape[NEWT_SLICE_MAX_DIMS];
     for (int i = 0; i < nd; i++) shape[i] = rnd_in(1, nd > 2 ? 6 : 13);
-    int64_t numel = ckpt_shape_numel(nd, shape);
-    ckpt_slice S, D;
+    int64_t numel = newt_shape_numel(nd, shape);
+    newt_slice S, D;
     random_slice(nd, shape, &S);
     random_slice(nd, shape, &D);
-    int64_t ns = ckpt_slice_numel(&S), ndd = ckpt_slice_numel(&D);
+    int64_t ns = newt_slice_numel(&S), ndd = newt_slice_numel(&D);
     int32_t *src = malloc((size_t)ns * 4), *dst = malloc((size_t)ndd * 4), *ref = malloc((size_t)ndd * 4);
     for (int64_t i = 0; i < ns; i++) src[i] = (int32_t)(1000 + i);
     for (int64_t i = 0; i < ndd; i++) dst[i] = ref[i] = -1;
@@ -141,12 +141,12 @@ static void test_slice_copy(void) {
         want++;
       }
     }
-    int64_t got = ckpt_slice_copy(shape, 4, &D, dst, &S, src);
+    int64_t got = newt_slice_copy(shape, 4, &D, dst, &S, src);
     T_CHECK_MSG(got == want, "iteration %d: copied %lld, expected %lld", iter, (long long)got, (long long)want);
     T_CHECK_MSG(memcmp(dst, ref, (size_t)ndd * 4) == 0, "iteration %d: wrong elements", iter);
-    T_CHECK(ckpt_slices_may_overlap(&D, &S) == (want > 0));
+    T_CHECK(newt_slices_may_overlap(&D, &S) == (want > 0));
     int64_t pos;
-    if (ckpt_slice_contiguous_in(shape, &S, &D, &pos)) { /* S sits in D as one run at pos */
+    if (newt_slice_contiguous_in(shape, &S, &D, &pos)) { /* S sits in D as one run at pos */
       for (int64_t i = 0; i < ns; i++) T_CHECK(ref[pos + i] == src[i]);
     }
     free(src);
@@ -157,7 +157,7 @@ static void test_slice_copy(void) {
 
 static void add_chunk(ckpt_tensor *t, int nd, const int64_t *off, const int64_t *shape, int64_t b, int64_t e) {
   ckpt_chunk c = {0};
-  ckpt_slice_box(&c.slice, nd, off, shape);
+  newt_slice_box(&c.slice, nd, off, shape);
   c.slice.begin = b;
   c.slice.end = e < 0 ? c.slice.end : e;
   ckpt_tensor_add_chunk(t, &c);
@@ -180,19 +180,19 @@ static void test_coverage(void) {
 }
 
 static void test_flat_pieces(void) {
-  ckpt_slice boxes[3];
-  ckpt_slice_box(&boxes[0], 2, NULL, (int64_t[]){3, 4});
-  ckpt_slice_box(&boxes[1], 1, NULL, (int64_t[]){5});
-  ckpt_slice_box(&boxes[2], 2, (int64_t[]){2, 0}, (int64_t[]){2, 2});
-  ckpt_flat_piece p[4];
+  newt_slice boxes[3];
+  newt_slice_box(&boxes[0], 2, NULL, (int64_t[]){3, 4});
+  newt_slice_box(&boxes[1], 1, NULL, (int64_t[]){5});
+  newt_slice_box(&boxes[2], 2, (int64_t[]){2, 0}, (int64_t[]){2, 2});
+  newt_flat_piece p[4];
   size_t n = 0;
-  T_OK(ckpt_flat_pieces(boxes, 3, 10, 9, p, 4, &n)); /* tail of 0, all of 1, head of 2 */
+  T_OK(newt_flat_pieces(boxes, 3, 10, 9, p, 4, &n)); /* tail of 0, all of 1, head of 2 */
   T_CHECK(n == 3);
   T_CHECK(p[0].tensor == 0 && p[0].slice.begin == 10 && p[0].slice.end == 12 && p[0].flat_off == 10);
   T_CHECK(p[1].tensor == 1 && p[1].slice.begin == 0 && p[1].slice.end == 5 && p[1].flat_off == 12);
   T_CHECK(p[2].tensor == 2 && p[2].slice.begin == 0 && p[2].slice.end == 2 && p[2].slice.offset[0] == 2);
-  T_ERR(NEWT_ERR_INVALID, ckpt_flat_pieces(boxes, 3, 20, 5, p, 4, &n)); /* past the end (21 elements) */
-  T_ERR(NEWT_ERR_INVALID, ckpt_flat_pieces(boxes, 3, 0, 21, p, 2, &n)); /* too many pieces */
+  T_ERR(NEWT_ERR_INVALID, newt_flat_pieces(boxes, 3, 20, 5, p, 4, &n)); /* past the end (21 elements) */
+  T_ERR(NEWT_ERR_INVALID, newt_flat_pieces(boxes, 3, 0, 21, p, 2, &n)); /* too many pieces */
 }
 
 /* ---- manifests ----------------------------------------------------------------------------- */
@@ -203,13 +203,13 @@ static char *sample_manifest(size_t *len) {
   m.nfiles = 2;
   m.files[0] = (ckpt_file){.name = strdup("rank-00000-0000000000abcdef.shard"), .rank = 0, .bytes = 1 << 20, .raw_bytes = 60};
   m.files[1] = (ckpt_file){.name = strdup("rank-00001-0000000000abcdef.shard"), .rank = 1, .bytes = 1 << 20, .raw_bytes = 60};
-  ckpt_tensor_desc d = {.name = "h.0.attn.qkv.w", .dtype = NEWT_F32, .ndim = 2, .shape = {3, 10}};
+  newt_tensor_desc d = {.name = "h.0.attn.qkv.w", .dtype = NEWT_F32, .ndim = 2, .shape = {3, 10}};
   ckpt_tensor *t;
   ckpt_manifest_add_tensor(&m, &d, &t);
   for (int r = 0; r < 2; r++) {
     ckpt_chunk c = {.file = (uint32_t)r, .codec = CKPT_CODEC_RAW, .offset = 4096, .stored = 60, .raw = 60,
                     .xxh_raw = 0x1122334455667788ULL, .xxh_stored = 0x1122334455667788ULL};
-    ckpt_slice_box(&c.slice, 2, (int64_t[]){0, 5 * r}, (int64_t[]){3, 5});
+    newt_slice_box(&c.slice, 2, (int64_t[]){0, 5 * r}, (int64_t[]){3, 5});
     ckpt_tensor_add_chunk(t, &c);
   }
   m.state = cJSON_Parse("{\"step\":42,\"cursor\":{\"shard\":1,\"pos\":99},\"rng\":\"00ff\"}");

@@ -135,7 +135,7 @@ static inline int pt_barrier(pt_shared *sh, int n) {
  * element of the piece. */
 typedef void (*pt_elem_fn)(void *ctx, const model_par_piece *pc, size_t global, size_t i);
 static inline void pt_piece_each(const model_par_piece *pc, pt_elem_fn fn, void *ctx) {
-  const ckpt_slice *s = &pc->slice;
+  const newt_slice *s = &pc->slice;
   size_t gcols = pc->tensor->shape[1], cols = s->ndim == 2 ? (size_t)s->shape[1] : 1;
   size_t off1 = s->ndim == 2 ? (size_t)s->offset[1] : 0;
   for (int64_t e = s->begin; e < s->end; e++) {

@@ -27,8 +27,8 @@
 #include <string.h>
 #include <sys/wait.h>
 
-#include "ckpt/model_state.h"
 #include "common/fs.h"
+#include "model/checkpoint.h"
 #include "par_test.h"
 
 #define STEPS 20
@@ -367,11 +367,11 @@ static void test_ckpt(void) {
   ckpt_saver *sv;
   int started = 0;
   T_OK(ckpt_saver_init(&sv, &o));
-  T_OK(ckpt_trainer_save(sv, &tr, "generated", 0, &started));
+  T_OK(model_ckpt_trainer_save(sv, &tr, "generated", 0, &started));
   T_CHECK(started);
   ckpt_saver_free(sv);
   char *state = NULL;
-  T_OK(ckpt_trainer_state(&tr, "generated", &state));
+  T_OK(model_ckpt_trainer_state(&tr, "generated", &state));
   static const struct {
     int tp, pp, dp, zero;
   } lays[] = {{2, 2, 2, 1}, {2, 4, 1, 3}, {1, 1, 4, 2}, {1, 2, 1, 0}};
@@ -397,7 +397,7 @@ static void test_ckpt(void) {
     for (int r = n - 1; r >= 0; r--) T_OK(par_ckpt_save(dir_b, &p[r], r, n, tr.step, state));
     T_OK(model_trainer_init(&back, &cfg));
     int64_t step = -1;
-    T_OK(ckpt_trainer_resume(dir_b, &back, "generated", 1, &step));
+    T_OK(model_ckpt_trainer_resume(dir_b, &back, "generated", 1, &step));
     T_CHECK_MSG(step == HALF && back.opt.t == tr.opt.t, "%s: resumed step %lld", dir_b, (long long)step);
     T_CHECK_MSG(memcmp(back.gpt.params, tr.gpt.params, ref.total * sizeof(float)) == 0 &&
                     memcmp(back.opt.m, tr.opt.m, ref.total * sizeof(float)) == 0 &&

@@ -19,7 +19,7 @@ static float value(int t, int64_t g, int64_t step) { return (float)(t * 1000 + g
 static int64_t tnumel(int t) { return tshape[t][0] * (tndim[t] == 2 ? tshape[t][1] : 1); }
 
 /* Global row-major index of element k of a slice. */
-static int64_t global_index(int t, const ckpt_slice *s, int64_t k) {
+static int64_t global_index(int t, const newt_slice *s, int64_t k) {
   int64_t idx[2] = {0, 0};
   int64_t inner = s->ndim == 2 ? s->shape[1] : 1;
   idx[0] = k / inner;
@@ -34,7 +34,7 @@ typedef struct pieces {
   float store[24][64];
 } pieces;
 
-static void add(pieces *ps, int t, const ckpt_slice *s, int64_t step) {
+static void add(pieces *ps, int t, const newt_slice *s, int64_t step) {
   reshard_piece *p = &ps->p[ps->n];
   memset(p, 0, sizeof *p);
   snprintf(p->name, sizeof p->name, "%s", tname[t]);
@@ -47,19 +47,19 @@ static void add(pieces *ps, int t, const ckpt_slice *s, int64_t step) {
   ps->n++;
 }
 
-static void whole(int t, ckpt_slice *s) {
-  ckpt_tensor_desc d = {.name = tname[t], .dtype = NEWT_F32, .ndim = tndim[t]};
+static void whole(int t, newt_slice *s) {
+  newt_tensor_desc d = {.name = tname[t], .dtype = NEWT_F32, .ndim = tndim[t]};
   for (int i = 0; i < tndim[t]; i++) d.shape[i] = tshape[t][i];
-  ckpt_slice_whole(s, &d);
+  newt_slice_whole(s, &d);
 }
 
 /* The pieces of [off, off+len) of the concatenation of the tensors (a ZeRO shard). */
 static void shard(pieces *ps, int64_t off, int64_t len, int64_t step) {
-  ckpt_slice boxes[NT];
+  newt_slice boxes[NT];
   for (int t = 0; t < NT; t++) whole(t, &boxes[t]);
-  ckpt_flat_piece fp[NT];
+  newt_flat_piece fp[NT];
   size_t n = 0;
-  if (ckpt_flat_pieces(boxes, NT, off, len, fp, NT, &n) != NEWT_OK) return;
+  if (newt_flat_pieces(boxes, NT, off, len, fp, NT, &n) != NEWT_OK) return;
   for (size_t i = 0; i < n; i++) add(ps, (int)fp[i].tensor, &fp[i].slice, step);
 }
 
@@ -97,7 +97,7 @@ static int run(ct_world *w, int rank, void *arg) {
   memset(&need, 0, sizeof need);
   int64_t step = -1;
   int keep = 0; /* need == have */
-  ckpt_slice s;
+  newt_slice s;
   int64_t T = flat_total();
   if (strcmp(sc->name, "replicas") == 0) {
     step = rank < 2 ? 5 : rank == 2 ? 4 : -1;
@@ -120,13 +120,13 @@ static int run(ct_world *w, int rank, void *arg) {
     if (rank < 2) {
       step = 3;
       off[0] = 4 * rank, off[1] = 0, shp[0] = 4, shp[1] = 6;
-      ckpt_slice_box(&s, 2, off, shp);
+      newt_slice_box(&s, 2, off, shp);
       add(&have, 0, &s, step);
       whole(1, &s);
       add(&have, 1, &s, step);
     }
     off[0] = 0, off[1] = 3 * (rank % 2), shp[0] = 8, shp[1] = 3;
-    ckpt_slice_box(&s, 2, off, shp);
+    newt_slice_box(&s, 2, off, shp);
     add(&need, 0, &s, -1);
     whole(1, &s);
     add(&need, 1, &s, -1);

@@ -1,5 +1,6 @@
-/* The GPT's flat buffers as checkpoint slices (see model_state.h). */
-#include "ckpt/model_state.h"
+/* The GPT's flat buffers as checkpoint slices, and a training run's state JSON (see
+ * checkpoint.h). */
+#include "model/checkpoint.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -14,26 +15,26 @@
 
 /* Calls fn for every tensor the range crosses, with its slice and where its first element
  * is in the buffer. */
-typedef newt_result_t (*piece_fn)(void *ctx, const model_tensor *t, const ckpt_tensor_desc *d,
-                                  const ckpt_slice *s, size_t at);
+typedef newt_result_t (*piece_fn)(void *ctx, const model_tensor *t, const newt_tensor_desc *d,
+                                  const newt_slice *s, size_t at);
 
-static newt_result_t each_piece(const ckpt_model_bufs *b, piece_fn fn, void *ctx) {
-  if (!b->layout) return NEWT_ERR(NEWT_ERR_INVALID, "ckpt_model: no layout");
+static newt_result_t each_piece(const model_ckpt_bufs *b, piece_fn fn, void *ctx) {
+  if (!b->layout) return NEWT_ERR(NEWT_ERR_INVALID, "model_ckpt: no layout");
   if (b->off + b->len > b->layout->total)
-    return NEWT_ERR(NEWT_ERR_INVALID, "ckpt_model: range [%zu, %zu) runs past the buffer (%zu floats)", b->off,
+    return NEWT_ERR(NEWT_ERR_INVALID, "model_ckpt: range [%zu, %zu) runs past the buffer (%zu floats)", b->off,
                     b->off + b->len, b->layout->total);
   if ((b->m || b->v) && (b->off < b->moff || b->off + b->len > b->moff + b->mlen))
-    return NEWT_ERR(NEWT_ERR_INVALID, "ckpt_model: range [%zu, %zu) is not inside the moments' [%zu, %zu)", b->off,
+    return NEWT_ERR(NEWT_ERR_INVALID, "model_ckpt: range [%zu, %zu) is not inside the moments' [%zu, %zu)", b->off,
                     b->off + b->len, b->moff, b->moff + b->mlen);
   for (size_t i = 0; i < b->layout->n; i++) {
     const model_tensor *t = &b->layout->tensors[i];
     size_t a = b->off > t->offset ? b->off : t->offset;
     size_t e = b->off + b->len < t->offset + t->size ? b->off + b->len : t->offset + t->size;
     if (a >= e) continue;
-    ckpt_tensor_desc d = {.name = t->name, .dtype = NEWT_F32, .ndim = t->ndim,
+    newt_tensor_desc d = {.name = t->name, .dtype = NEWT_F32, .ndim = t->ndim,
                           .shape = {(int64_t)t->shape[0], (int64_t)t->shape[1]}};
-    ckpt_slice s;
-    ckpt_slice_whole(&s, &d);
+    newt_slice s;
+    newt_slice_whole(&s, &d);
     s.begin = (int64_t)(a - t->offset);
     s.end = (int64_t)(e - t->offset);
     NEWT_CHECK(fn(ctx, t, &d, &s, a));
@@ -41,39 +42,39 @@ static newt_result_t each_piece(const ckpt_model_bufs *b, piece_fn fn, void *ctx
   return NEWT_OK;
 }
 
-static newt_result_t add_one(void *ctx, const model_tensor *t, const ckpt_tensor_desc *d, const ckpt_slice *s,
+static newt_result_t add_one(void *ctx, const model_tensor *t, const newt_tensor_desc *d, const newt_slice *s,
                              size_t at) {
-  const ckpt_model_bufs *b = ((void **)ctx)[1];
+  const model_ckpt_bufs *b = ((void **)ctx)[1];
   ckpt_saver *sv = ((void **)ctx)[0];
   if (b->params) NEWT_CHECK(ckpt_save_add(sv, d, s, b->params + at));
   char name[NAME_CAP];
-  ckpt_tensor_desc md = *d;
+  newt_tensor_desc md = *d;
   md.name = name;
   if (b->m) {
-    snprintf(name, sizeof name, "%s%s", CKPT_ADAM_M, t->name);
+    snprintf(name, sizeof name, "%s%s", MODEL_CKPT_ADAM_M, t->name);
     NEWT_CHECK(ckpt_save_add(sv, &md, s, b->m + (at - b->moff)));
   }
   if (b->v) {
-    snprintf(name, sizeof name, "%s%s", CKPT_ADAM_V, t->name);
+    snprintf(name, sizeof name, "%s%s", MODEL_CKPT_ADAM_V, t->name);
     NEWT_CHECK(ckpt_save_add(sv, &md, s, b->v + (at - b->moff)));
   }
   return NEWT_OK;
 }
 
-newt_result_t ckpt_model_add(ckpt_saver *s, const ckpt_model_bufs *b) {
+newt_result_t model_ckpt_add(ckpt_saver *s, const model_ckpt_bufs *b) {
   void *ctx[2] = {s, (void *)b};
   return each_piece(b, add_one, ctx);
 }
 
 typedef struct req_ctx {
-  const ckpt_model_bufs *b;
+  const model_ckpt_bufs *b;
   ckpt_request *reqs;
   char (*names)[NAME_CAP];
   size_t n;
 } req_ctx;
 
-static void push_req(req_ctx *c, const char *prefix, const model_tensor *t, const ckpt_tensor_desc *d,
-                     const ckpt_slice *s, float *out) {
+static void push_req(req_ctx *c, const char *prefix, const model_tensor *t, const newt_tensor_desc *d,
+                     const newt_slice *s, float *out) {
   if (c->reqs) {
     snprintf(c->names[c->n], NAME_CAP, "%s%s", prefix, t->name);
     c->reqs[c->n] = (ckpt_request){.t = *d, .slice = *s, .out = out};
@@ -82,17 +83,17 @@ static void push_req(req_ctx *c, const char *prefix, const model_tensor *t, cons
   c->n++;
 }
 
-static newt_result_t req_one(void *ctx, const model_tensor *t, const ckpt_tensor_desc *d, const ckpt_slice *s,
+static newt_result_t req_one(void *ctx, const model_tensor *t, const newt_tensor_desc *d, const newt_slice *s,
                              size_t at) {
   req_ctx *c = ctx;
-  const ckpt_model_bufs *b = c->b;
+  const model_ckpt_bufs *b = c->b;
   if (b->params) push_req(c, "", t, d, s, b->params + at);
-  if (b->m) push_req(c, CKPT_ADAM_M, t, d, s, b->m + (at - b->moff));
-  if (b->v) push_req(c, CKPT_ADAM_V, t, d, s, b->v + (at - b->moff));
+  if (b->m) push_req(c, MODEL_CKPT_ADAM_M, t, d, s, b->m + (at - b->moff));
+  if (b->v) push_req(c, MODEL_CKPT_ADAM_V, t, d, s, b->v + (at - b->moff));
   return NEWT_OK;
 }
 
-newt_result_t ckpt_model_requests(const ckpt_model_bufs *b, ckpt_request **reqs, size_t *n) {
+newt_result_t model_ckpt_requests(const model_ckpt_bufs *b, ckpt_request **reqs, size_t *n) {
   req_ctx c = {.b = b};
   NEWT_CHECK(each_piece(b, req_one, &c)); /* count */
   size_t count = c.n;
@@ -113,13 +114,13 @@ newt_result_t ckpt_model_requests(const ckpt_model_bufs *b, ckpt_request **reqs,
 
 /* ---- a whole trainer ------------------------------------------------------------------------- */
 
-static ckpt_model_bufs trainer_bufs(const model_trainer *tr) {
-  return (ckpt_model_bufs){.layout = &tr->gpt.layout, .params = tr->gpt.params, .m = tr->opt.m, .v = tr->opt.v,
+static model_ckpt_bufs trainer_bufs(const model_trainer *tr) {
+  return (model_ckpt_bufs){.layout = &tr->gpt.layout, .params = tr->gpt.params, .m = tr->opt.m, .v = tr->opt.v,
                            .moff = tr->opt.off, .mlen = tr->opt.len, .off = tr->opt.off, .len = tr->opt.len};
 }
 
-newt_result_t ckpt_train_state(const model_train_config *c, int64_t step, uint64_t cursor, int64_t adam_t,
-                               const char *data, char **json) {
+newt_result_t model_ckpt_train_state(const model_train_config *c, int64_t step, uint64_t cursor,
+                                     int64_t adam_t, const char *data, char **json) {
   cJSON *o = cJSON_CreateObject(), *rng, *cfg, *model, *optim;
   NEWT_CHECK_ALLOC(o);
   newt_json_add_int(o, "step", step);
@@ -156,17 +157,18 @@ newt_result_t ckpt_train_state(const model_train_config *c, int64_t step, uint64
   return NEWT_OK;
 }
 
-newt_result_t ckpt_trainer_state(const model_trainer *tr, const char *data, char **json) {
-  return ckpt_train_state(&tr->cfg, tr->step, tr->cursor, tr->opt.t, data, json);
+newt_result_t model_ckpt_trainer_state(const model_trainer *tr, const char *data, char **json) {
+  return model_ckpt_train_state(&tr->cfg, tr->step, tr->cursor, tr->opt.t, data, json);
 }
 
-newt_result_t ckpt_trainer_save(ckpt_saver *s, const model_trainer *tr, const char *data, int async, int *started) {
+newt_result_t model_ckpt_trainer_save(ckpt_saver *s, const model_trainer *tr, const char *data, int async,
+                                      int *started) {
   char *state = NULL;
-  NEWT_CHECK(ckpt_trainer_state(tr, data, &state));
+  NEWT_CHECK(model_ckpt_trainer_state(tr, data, &state));
   newt_result_t r = ckpt_save_begin(s, tr->step, async, started);
   if (r == NEWT_OK && *started) {
-    ckpt_model_bufs b = trainer_bufs(tr);
-    r = ckpt_model_add(s, &b);
+    model_ckpt_bufs b = trainer_bufs(tr);
+    r = model_ckpt_add(s, &b);
     if (r == NEWT_OK) r = ckpt_save_end(s, state);
     else ckpt_save_end(s, state); /* ends the save begun; its error is the one reported */
   }
@@ -239,7 +241,8 @@ static newt_result_t loaded_point(const ckpt_loaded *ld, const model_train_confi
   return r;
 }
 
-newt_result_t ckpt_trainer_resume(const char *dir, model_trainer *tr, const char *data, int threads, int64_t *step) {
+newt_result_t model_ckpt_trainer_resume(const char *dir, model_trainer *tr, const char *data, int threads,
+                                        int64_t *step) {
   *step = -1;
   ckpt_step_info *info = NULL;
   size_t n = 0;
@@ -249,7 +252,7 @@ newt_result_t ckpt_trainer_resume(const char *dir, model_trainer *tr, const char
   free(info);
   if (!committed) return NEWT_OK; /* a fresh directory: a fresh run */
   /* Read into copies: the trainer stays as it is when nothing loads. */
-  ckpt_model_bufs b = trainer_bufs(tr);
+  model_ckpt_bufs b = trainer_bufs(tr);
   size_t total = tr->gpt.layout.total;
   float *p = calloc(total ? total : 1, sizeof *p), *m = calloc(b.mlen ? b.mlen : 1, sizeof *m),
         *v = calloc(b.mlen ? b.mlen : 1, sizeof *v);
@@ -265,7 +268,7 @@ newt_result_t ckpt_trainer_resume(const char *dir, model_trainer *tr, const char
     r = check_config(ckpt_reader_state(rd), &tr->cfg, data, 1);
     ckpt_close(rd);
   }
-  if (r == NEWT_OK) r = ckpt_model_requests(&b, &reqs, &nreq);
+  if (r == NEWT_OK) r = model_ckpt_requests(&b, &reqs, &nreq);
   if (r == NEWT_OK) r = ckpt_load(dir, CKPT_LATEST, threads, reqs, nreq, &ld);
   int64_t s = 0, cursor = 0, t = 0;
   if (r == NEWT_OK) r = loaded_point(&ld, &tr->cfg, data, dir, &s, &cursor, &t);
@@ -288,8 +291,9 @@ newt_result_t ckpt_trainer_resume(const char *dir, model_trainer *tr, const char
   return r;
 }
 
-newt_result_t ckpt_train_load(const char *dir, int64_t max_step, const model_train_config *c, const char *data,
-                              int threads, const ckpt_request *reqs, size_t n, ckpt_train_point *out) {
+newt_result_t model_ckpt_train_load(const char *dir, int64_t max_step, const model_train_config *c,
+                                    const char *data, int threads, const ckpt_request *reqs, size_t n,
+                                    model_ckpt_train_point *out) {
   ckpt_reader *rd = NULL;
   newt_result_t r = ckpt_open(&rd, dir, max_step == CKPT_LATEST ? CKPT_LATEST : max_step, 1);
   if (r == NEWT_OK) {

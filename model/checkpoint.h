@@ -1,53 +1,65 @@
-/* Checkpoints of the GPT's flat buffers (model/layout.h): weights under their layout names
- * ("h.3.mlp.fc.w"), AdamW moments as "adam.m/<name>" and "adam.v/<name>". A rank saves or
- * loads any range [off, off + len) of the buffer (all of it, a pipeline stage's run, a ZeRO
+/* The model's side of its checkpoints: what a training run stores and how it comes back.
+ * ckpt/ stores and reads slices of named tensors and an opaque state JSON; this file says
+ * what they are for the GPT.
+ *
+ * Tensors: the GPT's flat buffers (model/layout.h), weights under their layout names
+ * ("h.3.mlp.fc.w"), AdamW moments as "adam.m/<name>" and "adam.v/<name>" (MODEL_CKPT_ADAM_M,
+ * MODEL_CKPT_ADAM_V; model_par_pieces names its pieces the same way). A rank saves or loads
+ * any range [off, off + len) of the buffer (all of it, a pipeline stage's run, a ZeRO
  * shard); each tensor the range crosses becomes one slice of that tensor, so what one
  * layout saved loads under any other. The alignment gaps of the layout are never stored.
- * Built into newt_ckpt when newt_model exists. */
-#ifndef NEWT_CKPT_MODEL_STATE_H
-#define NEWT_CKPT_MODEL_STATE_H
+ *
+ * The training point: step, data cursor, optimizer update count, the learning rate of the
+ * next step (model_lr_at), seeds and the run's configuration, as the state JSON below;
+ * loading checks that a checkpoint is of the same run before its step is taken. */
+#ifndef NEWT_MODEL_CHECKPOINT_H
+#define NEWT_MODEL_CHECKPOINT_H
 
 #include "ckpt/ckpt.h"
 #include "model/layout.h"
 #include "model/train.h"
 
-typedef struct ckpt_model_bufs {
+#define MODEL_CKPT_ADAM_M "adam.m/"
+#define MODEL_CKPT_ADAM_V "adam.v/"
+
+typedef struct model_ckpt_bufs {
   const model_layout *layout;
   float *params;         /* full-layout buffer, or NULL (moments only) */
   float *m, *v;          /* AdamW moments indexed from moff (NULL: none) */
   size_t moff, mlen;     /* the buffer range the moments cover */
   size_t off, len;       /* the range to save or load */
-} ckpt_model_bufs;
+} model_ckpt_bufs;
 
 /* Adds the range's weights and moments to a begun save. */
-newt_result_t ckpt_model_add(ckpt_saver *s, const ckpt_model_bufs *b);
+newt_result_t model_ckpt_add(ckpt_saver *s, const model_ckpt_bufs *b);
 
 /* The requests that read the range back into the same buffers: *reqs is one malloc'd
  * block (names included), *n its entries; free(*reqs) when done. */
-newt_result_t ckpt_model_requests(const ckpt_model_bufs *b, ckpt_request **reqs, size_t *n);
+newt_result_t model_ckpt_requests(const model_ckpt_bufs *b, ckpt_request **reqs, size_t *n);
 
 /* ---- a training run under any layout ------------------------------------------------------ */
 
 /* The training state stored with a run's checkpoint (the format below), for a run of
  * config c at a step: what every layout's committer stores, so a checkpoint of one layout
  * (or of newt train) resumes under any other. */
-newt_result_t ckpt_train_state(const model_train_config *c, int64_t step, uint64_t cursor, int64_t adam_t,
-                               const char *data, char **json);
+newt_result_t model_ckpt_train_state(const model_train_config *c, int64_t step, uint64_t cursor,
+                                     int64_t adam_t, const char *data, char **json);
 
-typedef struct ckpt_train_point {
+typedef struct model_ckpt_train_point {
   int64_t step;
   uint64_t cursor;
   int64_t adam_t;
   int fallbacks; /* newer committed checkpoints skipped as torn or corrupt */
-} ckpt_train_point;
+} model_ckpt_train_point;
 
 /* Reads the requests (any slices of weights and moments) from the newest committed
  * checkpoint of dir with step <= max_step (CKPT_LATEST: any) that reads back whole, after
  * checking it is the same run (model, batch, sequence, seeds, data: a mismatch names the
  * field). NEWT_ERR_NOTFOUND when there is none. The requests' buffers may be partly
  * written on failure. */
-newt_result_t ckpt_train_load(const char *dir, int64_t max_step, const model_train_config *c, const char *data,
-                              int threads, const ckpt_request *reqs, size_t n, ckpt_train_point *out);
+newt_result_t model_ckpt_train_load(const char *dir, int64_t max_step, const model_train_config *c,
+                                    const char *data, int threads, const ckpt_request *reqs, size_t n,
+                                    model_ckpt_train_point *out);
 
 /* ---- a whole single-process trainer (newt train) --------------------------------------- */
 
@@ -57,16 +69,18 @@ newt_result_t ckpt_train_load(const char *dir, int64_t max_step, const model_tra
  *    channels}, "batch", "micro_batch", "seq_len", "data", "optim": {...}}}
  * `data` names the token source ("generated:<bytes>" or a file path). The RNG is
  * counter-based (model/rng.h): its whole state is the two seeds plus the step and cursor. */
-newt_result_t ckpt_trainer_state(const model_trainer *tr, const char *data, char **json);
+newt_result_t model_ckpt_trainer_state(const model_trainer *tr, const char *data, char **json);
 
 /* Saves the trainer (weights, moments, state) as step tr->step; see ckpt_save_begin for
  * async and *started. */
-newt_result_t ckpt_trainer_save(ckpt_saver *s, const model_trainer *tr, const char *data, int async, int *started);
+newt_result_t model_ckpt_trainer_save(ckpt_saver *s, const model_trainer *tr, const char *data, int async,
+                                      int *started);
 
 /* Resumes tr from the newest committed checkpoint of dir that reads back whole: weights,
  * moments, step, cursor, optimizer count. *step is the step resumed, or -1 when dir holds
  * no committed checkpoint (tr untouched). A checkpoint of another model, data or batch is
  * refused with a message naming the field; other optimizer settings only warn. */
-newt_result_t ckpt_trainer_resume(const char *dir, model_trainer *tr, const char *data, int threads, int64_t *step);
+newt_result_t model_ckpt_trainer_resume(const char *dir, model_trainer *tr, const char *data, int threads,
+                                        int64_t *step);
 
 #endif
