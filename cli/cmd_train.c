@@ -1,5 +1,8 @@
 /* newt train: trains the GPT in this process, without a coordinator, and prints a line
- * per step. It is the reference every parallel layout is compared with.
+ * per step. It is the reference every parallel layout is compared with: its flags make a
+ * job spec, and the trainer and the data come from that spec through the worker's own
+ * functions (worker_train_config, worker_open_data), so a job with the same values follows
+ * the same trajectory.
  *
  * Data: --data FILE (a token file from `newt data prepare`), or without it the generated
  * corpus (model_text_generate, seeded by --data-seed), which is learnable.
@@ -21,10 +24,12 @@
 #include "common/clock.h"
 #include "common/opts.h"
 #include "common/sys.h"
+#include "job/spec.h"
 #include "model/checkpoint.h"
 #include "model/gpt_cuda.h"
 #include "model/ops.h"
 #include "model/train.h"
+#include "worker/worker.h"
 
 /* One step of the GPU model on the batch at the trainer's cursor (the CPU trainer holds
  * the config, the staging buffers, the step count and the cursor). */
@@ -89,35 +94,10 @@ int newt_cmd_train(int argc, char **argv) {
   };
   int rc = newt_opts_exit(newt_opts_parse("train", "[flags]", opts, argc, argv, NULL, 0, NULL));
   if (rc >= 0) return rc;
-
-  model_train_config cfg;
-  if (model_train_defaults(&cfg, preset, steps) != NEWT_OK ||
-      model_config_override(&cfg.model, overrides) != NEWT_OK) {
-    fprintf(stderr, "newt train: %s\n", newt_errmsg());
-    return 2;
-  }
   if (steps < 1 || batch < 1 || batch > 1 << 20 || micro < 0 || micro > batch || threads < 0 ||
       threads > 1024 || seq < 0 || seq > 1 << 20 || gen_bytes < 2) {
     fprintf(stderr, "newt train: --steps, --batch and --gen-bytes must be positive; --micro-batch in "
                     "[0, batch], --threads in [0, 1024], --seq-len >= 0\n");
-    return 2;
-  }
-  cfg.batch = (int)batch;
-  cfg.micro_batch = micro ? (int)micro : (int)batch;
-  cfg.seq_len = seq ? (int)seq : (int)cfg.model.ctx;
-  cfg.seed = (uint64_t)seed;
-  cfg.data_seed = (uint64_t)data_seed;
-  cfg.threads = (int)threads;
-  cfg.optim.lr = lr;
-  cfg.optim.lr_min = lr_min < 0 ? lr / 10 : lr_min;
-  if (warmup >= 0) cfg.optim.warmup = warmup;
-  cfg.optim.weight_decay = wd;
-  cfg.optim.grad_clip = clip;
-  cfg.optim.beta1 = beta1;
-  cfg.optim.beta2 = beta2;
-  cfg.optim.eps = eps;
-  if (model_train_config_check(&cfg) != NEWT_OK) {
-    fprintf(stderr, "newt train: %s\n", newt_errmsg());
     return 2;
   }
   int on_gpu = strcmp(device, "cuda") == 0;
@@ -125,8 +105,8 @@ int newt_cmd_train(int argc, char **argv) {
     fprintf(stderr, "newt train: --device \"%s\": cpu or cuda\n", device);
     return 2;
   }
-  if (on_gpu && cfg.batch % cfg.micro_batch != 0) {
-    fprintf(stderr, "newt train: --device cuda needs --batch a multiple of --micro-batch\n");
+  if (!ckpt_dir && ckpt_every > 0) {
+    fprintf(stderr, "newt train: --ckpt-every needs --ckpt-dir\n");
     return 2;
   }
   if (on_gpu && ckpt_dir) {
@@ -136,78 +116,76 @@ int newt_cmd_train(int argc, char **argv) {
     return 2;
   }
 
-  model_tokens tok;
-  newt_result_t res;
-  if (data) {
-    res = model_tokens_open(&tok, data);
-  } else {
-    char *text = malloc((size_t)gen_bytes);
-    if (!text) {
-      fprintf(stderr, "newt train: out of memory\n");
-      return 1;
-    }
-    model_text_generate(cfg.data_seed, text, (size_t)gen_bytes);
-    res = model_tokens_from_memory(&tok, text, 1, (uint64_t)gen_bytes, 256);
-    free(text);
-  }
-  if (res != NEWT_OK) {
-    fprintf(stderr, "newt train: %s\n", newt_errmsg());
-    return 1;
-  }
-  model_loader ld;
-  model_trainer tr;
-  if (model_loader_init(&ld, &tok, cfg.seq_len, cfg.data_seed, cfg.model.vocab) != NEWT_OK) {
-    fprintf(stderr, "newt train: %s\n", newt_errmsg());
-    model_tokens_close(&tok);
-    return 1;
-  }
-  if (model_trainer_init(&tr, &cfg) != NEWT_OK) {
-    fprintf(stderr, "newt train: %s\n", newt_errmsg());
-    model_tokens_close(&tok);
-    return 1;
-  }
-  /* Resume, and the saver for what comes next. */
-  char data_desc[512];
-  if (data) snprintf(data_desc, sizeof data_desc, "%s", data);
-  else snprintf(data_desc, sizeof data_desc, "generated:%lld", (long long)gen_bytes);
-  ckpt_saver *saver = NULL;
-  int64_t resumed = -1;
-  if (!ckpt_dir && ckpt_every > 0) {
-    fprintf(stderr, "newt train: --ckpt-every needs --ckpt-dir\n");
-    model_trainer_free(&tr);
-    model_tokens_close(&tok);
+  /* The job spec these flags describe: the worker builds its trainer and its data from a
+     spec with the same two functions, so both follow one trajectory. */
+  newt_spec spec;
+  spec_defaults(&spec, "train");
+  snprintf(spec.preset, sizeof spec.preset, "%s", preset);
+  spec.steps = steps;
+  spec.global_batch = batch;
+  spec.micro_batch = micro ? micro : batch;
+  spec.seq_len = seq;
+  spec.seed = (uint64_t)seed;
+  spec.data_seed = (uint64_t)data_seed;
+  spec.lr = lr;
+  spec.lr_min = lr_min < 0 ? lr / 10 : lr_min;
+  spec.warmup = warmup;
+  spec.weight_decay = wd;
+  spec.grad_clip = clip;
+  spec.gen_bytes = gen_bytes;
+  snprintf(spec.data_path, sizeof spec.data_path, "%s", data ? data : "");
+  if (data && strlen(data) >= sizeof spec.data_path) {
+    fprintf(stderr, "newt train: --data: a path of at most %zu characters\n", sizeof spec.data_path - 1);
     return 2;
   }
-  if (ckpt_dir) {
+  model_train_config cfg;
+  if (strlen(preset) >= sizeof spec.preset || spec_set_model(&spec, overrides) != NEWT_OK ||
+      worker_train_config(&spec, (int)threads, &cfg) != NEWT_OK) {
+    fprintf(stderr, "newt train: %s\n", strlen(preset) >= sizeof spec.preset ? "--preset: too long" : newt_errmsg());
+    return 2;
+  }
+  cfg.optim.beta1 = beta1;
+  cfg.optim.beta2 = beta2;
+  cfg.optim.eps = eps;
+  if (model_train_config_check(&cfg) != NEWT_OK) {
+    fprintf(stderr, "newt train: %s\n", newt_errmsg());
+    return 2;
+  }
+  if (on_gpu && cfg.batch % cfg.micro_batch != 0) {
+    fprintf(stderr, "newt train: --device cuda needs --batch a multiple of --micro-batch\n");
+    return 2;
+  }
+
+  /* Everything below is released at one place, `done`. */
+  model_tokens tok = {0};
+  model_loader ld;
+  model_trainer tr = {0};
+  ckpt_saver *saver = NULL;
+  FILE *steplog = NULL;
+  model_cuda *gpu = NULL;
+  int have_tr = 0;
+  int status = 1;
+  char data_desc[SPEC_PATH_MAX + 32];
+  spec_data_desc(&spec, data_desc, sizeof data_desc);
+  int64_t resumed = -1;
+  newt_result_t res = worker_open_data(&spec, &tok);
+  if (res == NEWT_OK) res = model_loader_init(&ld, &tok, cfg.seq_len, cfg.data_seed, cfg.model.vocab);
+  if (res == NEWT_OK && (res = model_trainer_init(&tr, &cfg)) == NEWT_OK) have_tr = 1;
+  /* resume, and the saver for what comes next */
+  if (res == NEWT_OK && ckpt_dir) {
     ckpt_saver_opts so = {.dir = ckpt_dir, .rank = 0, .nranks = 1, .threads = 2, .level = (int)ckpt_level,
                           .keep = (int)ckpt_keep, .commit = 1, .layout_json = "{\"dp\":1,\"tp\":1,\"pp\":1,\"zero\":0}"};
     if (ckpt_level == 0) so.level = CKPT_LEVEL_RAW;
-    if (model_ckpt_trainer_resume(ckpt_dir, &tr, data_desc, 2, &resumed) != NEWT_OK ||
-        (ckpt_every > 0 && ckpt_saver_init(&saver, &so) != NEWT_OK)) {
-      fprintf(stderr, "newt train: %s\n", newt_errmsg());
-      model_trainer_free(&tr);
-      model_tokens_close(&tok);
-      return 1;
-    }
+    res = model_ckpt_trainer_resume(ckpt_dir, &tr, data_desc, 2, &resumed);
+    if (res == NEWT_OK && ckpt_every > 0) res = ckpt_saver_init(&saver, &so);
   }
-  FILE *steplog = log_path ? fopen(log_path, "a") : NULL;
-  if (log_path && !steplog) {
-    fprintf(stderr, "newt train: --log %s: cannot open it for appending\n", log_path);
-    ckpt_saver_free(saver);
-    model_trainer_free(&tr);
-    model_tokens_close(&tok);
-    return 1;
-  }
-  model_cuda *gpu = NULL;
-  if (on_gpu && (model_cuda_init(&gpu, &cfg.model, cfg.micro_batch, cfg.seq_len) != NEWT_OK ||
-                 model_cuda_set_params(gpu, tr.gpt.params) != NEWT_OK)) {
+  if (res == NEWT_OK && log_path && !(steplog = fopen(log_path, "a")))
+    res = NEWT_ERR(NEWT_ERR_SYS, "--log %s: cannot open it for appending", log_path);
+  if (res == NEWT_OK && on_gpu && (res = model_cuda_init(&gpu, &cfg.model, cfg.micro_batch, cfg.seq_len)) == NEWT_OK)
+    res = model_cuda_set_params(gpu, tr.gpt.params);
+  if (res != NEWT_OK) {
     fprintf(stderr, "newt train: %s\n", newt_errmsg());
-    model_cuda_free(gpu);
-    ckpt_saver_free(saver);
-    if (steplog) fclose(steplog);
-    model_trainer_free(&tr);
-    model_tokens_close(&tok);
-    return 1;
+    goto done;
   }
   const model_config *m = &cfg.model;
   printf("newt train: %s (V %lld, ctx %lld, L %lld, NH %lld, C %lld), %zu parameters, batch %d "
@@ -220,7 +198,7 @@ int newt_cmd_train(int argc, char **argv) {
   if (resumed >= 0) printf("newt train: resumed at step %lld from %s\n", (long long)resumed, ckpt_dir);
   fflush(stdout);
   double first = NAN, last = NAN, ms_total = 0;
-  int status = 0;
+  status = 0;
   uint64_t failed_saves = 0;
   const int64_t resumed0 = tr.step;
   for (int64_t s = tr.step; s < steps; s++) {
@@ -272,10 +250,11 @@ int newt_cmd_train(int argc, char **argv) {
     if (st.saves_failed > failed_saves)
       fprintf(stderr, "newt train: the checkpoint of step %lld failed: %s\n", (long long)st.step, st.message);
   }
+done:
   ckpt_saver_free(saver);
   if (steplog) fclose(steplog);
   model_cuda_free(gpu);
-  model_trainer_free(&tr);
+  if (have_tr) model_trainer_free(&tr);
   model_tokens_close(&tok);
   return status;
 }
