@@ -98,6 +98,17 @@ newt_result_t newt_json_get_str(const cJSON *obj, const char *what, const char *
   return NEWT_OK;
 }
 
+newt_result_t newt_json_get_strcpy(const cJSON *obj, const char *what, const char *field, int required, char *out,
+                                   size_t cap) {
+  const char *s = NULL;
+  NEWT_CHECK(newt_json_get_str(obj, what, field, required, &s));
+  if (!s) return NEWT_OK;
+  size_t n = strlen(s);
+  if (n >= cap) return NEWT_ERR(NEWT_ERR_INVALID, "%s.%s: longer than %zu characters", what, field, cap - 1);
+  memcpy(out, s, n + 1);
+  return NEWT_OK;
+}
+
 newt_result_t newt_json_get_obj(const cJSON *obj, const char *what, const char *field, int required,
                                 const cJSON **out) {
   const cJSON *it;

@@ -26,6 +26,10 @@ newt_result_t newt_json_get_bool(const cJSON *obj, const char *what, const char 
 /* *out points into obj (valid while obj lives). */
 newt_result_t newt_json_get_str(const cJSON *obj, const char *what, const char *field, int required,
                                 const char **out);
+/* The string copied into out[cap] (NUL-terminated); a longer one is refused naming the
+ * field. out is untouched when an optional field is missing. */
+newt_result_t newt_json_get_strcpy(const cJSON *obj, const char *what, const char *field, int required, char *out,
+                                   size_t cap);
 newt_result_t newt_json_get_obj(const cJSON *obj, const char *what, const char *field, int required,
                                 const cJSON **out);
 newt_result_t newt_json_get_arr(const cJSON *obj, const char *what, const char *field, int required,

@@ -121,18 +121,6 @@ static newt_result_t get_real(const cJSON *j, const char *what, const char *fiel
   return newt_json_get_double(j, what, field, required, out);
 }
 
-/* A string copied into out[cap]; longer ones are refused. */
-static newt_result_t get_text(const cJSON *j, const char *what, const char *field, int required, char *out,
-                              size_t cap) {
-  const char *s = NULL;
-  NEWT_CHECK(newt_json_get_str(j, what, field, required, &s));
-  if (!s) return NEWT_OK;
-  if (strlen(s) >= cap)
-    return NEWT_ERR(NEWT_ERR_INVALID, "%s.%s: longer than %zu characters", what, field, cap - 1);
-  snprintf(out, cap, "%s", s);
-  return NEWT_OK;
-}
-
 /* A string from the NULL-terminated set `allowed`. */
 static newt_result_t get_word(const cJSON *j, const char *what, const char *field, int required,
                               const char *const *allowed, char *out, size_t cap) {
@@ -154,7 +142,7 @@ static newt_result_t get_word(const cJSON *j, const char *what, const char *fiel
 /* A worker id (1-63 of [A-Za-z0-9._-]). */
 static newt_result_t get_name(const cJSON *j, const char *what, const char *field, int required, char *out) {
   char tmp[RDZV_NAME_MAX] = "";
-  newt_result_t r = get_text(j, what, field, required, tmp, sizeof tmp);
+  newt_result_t r = newt_json_get_strcpy(j, what, field, required, tmp, sizeof tmp);
   if (r != NEWT_OK) return r;
   if (!tmp[0] && !required && !cJSON_GetObjectItemCaseSensitive(j, field)) return NEWT_OK;
   char label[96];
@@ -209,7 +197,7 @@ newt_result_t job_report_from_json(const char *text, size_t len, job_report *out
   if (res == NEWT_OK) res = get_word(j, what, "kind", 1, kinds, kind, sizeof kind);
   if (res == NEWT_OK) res = get_range(j, what, "step", 1, -1, INT64_MAX, &r.step);
   if (res == NEWT_OK) res = get_ms(j, what, "t_ms", 1, &r.t_ms);
-  if (res == NEWT_OK) res = get_text(j, what, "why", 0, r.why, sizeof r.why);
+  if (res == NEWT_OK) res = newt_json_get_strcpy(j, what, "why", 0, r.why, sizeof r.why);
   if (res == NEWT_OK) res = newt_json_get_arr(j, what, "accuse", 0, &acc);
   if (res == NEWT_OK && cJSON_GetArraySize(acc) > JOB_ACCUSE_MAX)
     res = NEWT_ERR(NEWT_ERR_INVALID, "report.accuse: %d workers, at most %d", cJSON_GetArraySize(acc), JOB_ACCUSE_MAX);
@@ -353,7 +341,7 @@ newt_result_t job_ckpt_from_json(const char *text, size_t len, job_ckpt *out) {
   job_ckpt c;
   memset(&c, 0, sizeof c);
   newt_result_t r = get_range(j, what, "step", 1, 0, INT64_MAX, &c.step);
-  if (r == NEWT_OK) r = get_text(j, what, "dir", 1, c.dir, sizeof c.dir);
+  if (r == NEWT_OK) r = newt_json_get_strcpy(j, what, "dir", 1, c.dir, sizeof c.dir);
   cJSON_Delete(j);
   if (r == NEWT_OK) *out = c;
   return r;
@@ -427,7 +415,7 @@ newt_result_t job_event_from_json(const char *text, size_t len, job_event *out) 
   for (int i = 0; r == NEWT_OK && event_types[i]; i++)
     if (strcmp(type, event_types[i]) == 0) e.type = (job_event_type)i;
   if (r == NEWT_OK) r = get_ms(j, what, "t_ms", 1, &e.t_ms);
-  if (r == NEWT_OK) r = get_text(j, what, "coordinator", 0, e.coordinator, sizeof e.coordinator);
+  if (r == NEWT_OK) r = newt_json_get_strcpy(j, what, "coordinator", 0, e.coordinator, sizeof e.coordinator);
   int timed = e.type == JOB_EV_STARTED || e.type == JOB_EV_RECOVERED;
   if (r == NEWT_OK && (timed || e.type == JOB_EV_PLAN)) {
     r = get_range(j, what, "generation", 1, 1, INT64_MAX, &e.generation);
@@ -452,7 +440,7 @@ newt_result_t job_event_from_json(const char *text, size_t len, job_event *out) 
     }
   }
   if (r == NEWT_OK && e.type == JOB_EV_FENCE) r = get_name(j, what, "worker", 1, e.worker);
-  if (r == NEWT_OK && e.type == JOB_EV_WAITING) r = get_text(j, what, "why", 0, e.why, sizeof e.why);
+  if (r == NEWT_OK && e.type == JOB_EV_WAITING) r = newt_json_get_strcpy(j, what, "why", 0, e.why, sizeof e.why);
   if (r == NEWT_OK && timed) {
     r = get_ms(j, what, "t_trigger", 1, &e.t_trigger);
     if (r == NEWT_OK) r = get_ms(j, what, "t_detect", 1, &e.t_detect);

@@ -45,17 +45,6 @@ void spec_defaults(newt_spec *s, const char *job) {
   snprintf(s->backend, sizeof s->backend, "cpu");
 }
 
-static newt_result_t get_string(const cJSON *obj, const char *what, const char *field, char *dst,
-                                size_t cap) {
-  const char *v = NULL;
-  NEWT_CHECK(newt_json_get_str(obj, what, field, 0, &v));
-  if (!v) return NEWT_OK;
-  if (strlen(v) >= cap)
-    return NEWT_ERR(NEWT_ERR_INVALID, "%s.%s: longer than %zu characters", what, field, cap - 1);
-  snprintf(dst, cap, "%s", v);
-  return NEWT_OK;
-}
-
 static newt_result_t get_u64(const cJSON *obj, const char *what, const char *field, uint64_t *out) {
   int64_t v = (int64_t)*out;
   NEWT_CHECK(newt_json_get_int(obj, what, field, 0, &v));
@@ -68,7 +57,7 @@ static newt_result_t parse_model(const cJSON *m, newt_spec *s) {
   static const char *const known[] = {"preset", "vocab", "ctx", "layers", "heads", "channels", NULL};
   const char *w = "spec.model";
   NEWT_CHECK(newt_json_check_fields(m, w, known));
-  NEWT_CHECK(get_string(m, w, "preset", s->preset, sizeof s->preset));
+  NEWT_CHECK(newt_json_get_strcpy(m, w, "preset", 0, s->preset, sizeof s->preset));
   NEWT_CHECK(newt_json_get_int(m, w, "vocab", 0, &s->vocab));
   NEWT_CHECK(newt_json_get_int(m, w, "ctx", 0, &s->ctx));
   NEWT_CHECK(newt_json_get_int(m, w, "layers", 0, &s->layers));
@@ -80,7 +69,7 @@ static newt_result_t parse_model(const cJSON *m, newt_spec *s) {
 static newt_result_t parse_data(const cJSON *d, newt_spec *s) {
   static const char *const known[] = {"path", "seed", "gen_bytes", NULL};
   NEWT_CHECK(newt_json_check_fields(d, "spec.data", known));
-  NEWT_CHECK(get_string(d, "spec.data", "path", s->data_path, sizeof s->data_path));
+  NEWT_CHECK(newt_json_get_strcpy(d, "spec.data", "path", 0, s->data_path, sizeof s->data_path));
   NEWT_CHECK(newt_json_get_int(d, "spec.data", "gen_bytes", 0, &s->gen_bytes));
   return get_u64(d, "spec.data", "seed", &s->data_seed);
 }
@@ -119,7 +108,7 @@ static newt_result_t parse_ckpt(const cJSON *c, newt_spec *s) {
   static const char *const known[] = {"dir", "every", "keep", "level", NULL};
   const char *w = "spec.ckpt";
   NEWT_CHECK(newt_json_check_fields(c, w, known));
-  NEWT_CHECK(get_string(c, w, "dir", s->ckpt_dir, sizeof s->ckpt_dir));
+  NEWT_CHECK(newt_json_get_strcpy(c, w, "dir", 0, s->ckpt_dir, sizeof s->ckpt_dir));
   NEWT_CHECK(newt_json_get_int(c, w, "every", 0, &s->ckpt_every));
   NEWT_CHECK(newt_json_get_int(c, w, "keep", 0, &s->ckpt_keep));
   return newt_json_get_int(c, w, "level", 0, &s->ckpt_level);
@@ -160,7 +149,7 @@ newt_result_t spec_from_cjson(const cJSON *j, newt_spec *out) {
     NEWT_CHECK(newt_json_get_obj(j, "spec", sections[i].name, 0, &sec));
     if (sec) NEWT_CHECK(sections[i].fn(sec, &s));
   }
-  NEWT_CHECK(get_string(j, "spec", "backend", s.backend, sizeof s.backend));
+  NEWT_CHECK(newt_json_get_strcpy(j, "spec", "backend", 0, s.backend, sizeof s.backend));
   NEWT_CHECK(spec_validate(&s));
   *out = s;
   return NEWT_OK;

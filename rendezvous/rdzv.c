@@ -75,17 +75,6 @@ newt_result_t rdzv_worker_to_json(const rdzv_worker *w, char **out) {
   return NEWT_OK;
 }
 
-static newt_result_t copy_str(const cJSON *j, const char *what, const char *field, int required, char *dst,
-                              size_t cap) {
-  const char *s = NULL;
-  NEWT_CHECK(newt_json_get_str(j, what, field, required, &s));
-  if (!s) return NEWT_OK;
-  if (strlen(s) >= cap)
-    return NEWT_ERR(NEWT_ERR_INVALID, "%s.%s: longer than %zu characters", what, field, cap - 1);
-  memcpy(dst, s, strlen(s) + 1);
-  return NEWT_OK;
-}
-
 newt_result_t rdzv_worker_from_json(const char *text, size_t len, const char *what, rdzv_worker *out) {
   memset(out, 0, sizeof *out);
   out->device = -1;
@@ -93,11 +82,11 @@ newt_result_t rdzv_worker_from_json(const char *text, size_t len, const char *wh
   NEWT_CHECK(newt_json_parse(text, len, what, &j));
   int64_t device = -1;
   newt_result_t r;
-  NEWT_CHECK_GOTO(copy_str(j, what, "id", 1, out->id, sizeof out->id), r, done);
+  NEWT_CHECK_GOTO(newt_json_get_strcpy(j, what, "id", 1, out->id, sizeof out->id), r, done);
   NEWT_CHECK_GOTO(rdzv_check_name(what, out->id), r, done);
-  NEWT_CHECK_GOTO(copy_str(j, what, "host", 1, out->host, sizeof out->host), r, done);
-  NEWT_CHECK_GOTO(copy_str(j, what, "addr", 0, out->addr, sizeof out->addr), r, done);
-  NEWT_CHECK_GOTO(copy_str(j, what, "state", 1, out->state, sizeof out->state), r, done);
+  NEWT_CHECK_GOTO(newt_json_get_strcpy(j, what, "host", 1, out->host, sizeof out->host), r, done);
+  NEWT_CHECK_GOTO(newt_json_get_strcpy(j, what, "addr", 0, out->addr, sizeof out->addr), r, done);
+  NEWT_CHECK_GOTO(newt_json_get_strcpy(j, what, "state", 1, out->state, sizeof out->state), r, done);
   NEWT_CHECK_GOTO(newt_json_get_int(j, what, "device", 0, &device), r, done);
   NEWT_CHECK_GOTO(newt_json_get_int(j, what, "pid", 0, &out->pid), r, done);
   NEWT_CHECK_GOTO(newt_json_get_int(j, what, "generation", 0, &out->generation), r, done);
