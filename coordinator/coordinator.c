@@ -685,7 +685,10 @@ newt_result_t coordinator_run(const coordinator_opts *o) {
     r = metrics_start(o->metrics_addr ? o->metrics_addr : "0.0.0.0", o->metrics_port, &c->metrics);
   if (r == NEWT_OK && c->metrics) r = define_metrics(c);
   while (r == NEWT_OK && !newt_stop_requested()) {
-    if (job_is_done(c->etcd, c->o->job)) break;
+    if (job_is_done(c->etcd, c->o->job)) {
+      NEWT_INFO(COORD, "%s: job %s has its end marker; exiting", c->id, c->o->job);
+      break;
+    }
     rdzv_campaign_opts co = {.name = c->id, .ttl_s = (c->spec.lease_ttl_ms + 999) / 1000, .fn = on_leadership, .ud = c};
     r = rdzv_campaign(c->etcd, o->job, &co, job_call_deadline(), &c->cand);
     if (r == NEWT_ERR_UNAVAILABLE || r == NEWT_ERR_TIMEOUT) {

@@ -515,6 +515,7 @@ newt_result_t worker_run(const worker_opts *o) {
     gen_outcome how = GEN_NEXT;
     r = run_generation(w, &p, &how);
     plan_free(&p);
+    if (how == GEN_DONE) NEWT_INFO(WORKER, "%s: trained the last step (%lld)", w->id, (long long)w->par.step);
     if (r != NEWT_OK || how == GEN_DONE) break;
     if (how == GEN_LEAVE) {
       hand_over(w);
