@@ -31,6 +31,8 @@
 #include "common/clock.h"
 #include "common/param.h"
 
+typedef struct cpu_comm cpu_comm;
+
 /* Knobs (environment). */
 NEWT_PARAM(CommShmRing, "NEWT_COMM_SHM_RING", 1 << 20)        /* bytes per shared-memory ring */
 NEWT_PARAM(CommShmChunk, "NEWT_COMM_SHM_CHUNK", 64 << 10)     /* bytes copied per ring commit */

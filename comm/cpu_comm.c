@@ -1,5 +1,11 @@
-/* The CPU communicator's life: create, split, shrink, the executor and the progress
- * thread, abort and free.
+/* The CPU backend's table of operations (comm_cpu_ops, see internal.h) and the CPU
+ * communicator's life: the checks of its configuration, create, split, shrink, the
+ * executor and the progress thread, abort and free.
+ *
+ * Files of the backend, each calling only those below it: this one on top; the builder
+ * (cpu_build.c) and the algorithms (cpu_algo.c); the links, the control channel and the
+ * wait loop (cpu_link.c); the handshake (cpu_auth.c) and sockets (cpu_net.c). All of
+ * them record failures through core.c.
  *
  * Executor. Only one thread at a time runs operations on a communicator and reads its
  * control connections ("executing" under c->lock). A blocking call runs its operation in
@@ -29,6 +35,7 @@
 #include <unistd.h>
 
 #include "comm/cpu.h"
+#include "comm/reduce.h"
 #include "common/log.h"
 #include "common/strutil.h"
 
@@ -170,8 +177,8 @@ static void release_exec(cpu_comm *c) {
   pthread_mutex_unlock(&c->lock);
 }
 
-newt_result_t cpu_run(struct comm *pub, const comm_opdesc *op) {
-  cpu_comm *c = pub->cpu;
+static newt_result_t cpu_run(struct comm *pub, const comm_opdesc *op) {
+  cpu_comm *c = pub->impl;
   pthread_mutex_lock(&c->lock);
   while ((c->executing || c->qhead) && !c->stop) {
     c->waiters++;
@@ -189,8 +196,8 @@ newt_result_t cpu_run(struct comm *pub, const comm_opdesc *op) {
   return res;
 }
 
-newt_result_t cpu_submit(struct comm *pub, struct comm_req *r) {
-  cpu_comm *c = pub->cpu;
+static newt_result_t cpu_submit(struct comm *pub, struct comm_req *r) {
+  cpu_comm *c = pub->impl;
   pthread_mutex_lock(&c->lock);
   if (c->stop) {
     pthread_mutex_unlock(&c->lock);
@@ -206,7 +213,7 @@ newt_result_t cpu_submit(struct comm *pub, struct comm_req *r) {
   return NEWT_OK;
 }
 
-newt_result_t cpu_wait_req(struct comm_req *r) {
+static newt_result_t cpu_wait_req(struct comm_req *r) {
   while (!atomic_load_explicit(&r->done, memory_order_acquire)) comm_futex_wait(&r->done, 0, 100);
   return r->result;
 }
@@ -366,13 +373,40 @@ static newt_result_t finish(struct comm *pub, cpu_comm *c, newt_deadline_t deadl
     cpu_destroy(c);
     return res;
   }
-  pub->cpu = c;
+  pub->impl = c;
   NEWT_INFO(COMM, "rank %d of %d: communicator of generation %llu built (%d peers on this host)", c->rank,
             c->size, (unsigned long long)c->generation, c->nlocal);
   return NEWT_OK;
 }
 
-newt_result_t cpu_create(const comm_config *cfg, struct comm *pub) {
+/* What only this backend reads of a configuration. */
+static newt_result_t check_cpu_config(const comm_config *cfg) {
+  if (!cfg->addrs || !cfg->hosts)
+    return NEWT_ERR(NEWT_ERR_INVALID, "comm_config: the CPU backend needs addrs and hosts for every rank");
+  for (int r = 0; r < cfg->size; r++) {
+    if (!cfg->addrs[r] || !cfg->addrs[r][0])
+      return NEWT_ERR(NEWT_ERR_INVALID, "comm_config.addrs[%d] is missing", r);
+    if (!cfg->hosts[r] || !cfg->hosts[r][0])
+      return NEWT_ERR(NEWT_ERR_INVALID, "comm_config.hosts[%d] is missing", r);
+    if (strlen(cfg->addrs[r]) > 90)
+      return NEWT_ERR(NEWT_ERR_INVALID, "comm_config.addrs[%d] \"%.40s...\" is too long", r, cfg->addrs[r]);
+    for (int q = 0; q < r; q++)
+      if (strcmp(cfg->addrs[q], cfg->addrs[r]) == 0)
+        return NEWT_ERR(NEWT_ERR_INVALID, "comm_config.addrs[%d] and addrs[%d] are both \"%s\"", q, r,
+                        cfg->addrs[r]);
+  }
+  return NEWT_OK;
+}
+
+static newt_result_t check_secret(size_t len) {
+  if (len < 16 || len > COMM_SECRET_MAX)
+    return NEWT_ERR(NEWT_ERR_INVALID, "comm secret_len is %zu, expected 16 to %d bytes", len, COMM_SECRET_MAX);
+  return NEWT_OK;
+}
+
+static newt_result_t cpu_create(const comm_config *cfg, struct comm *pub) {
+  NEWT_CHECK(check_cpu_config(cfg));
+  NEWT_CHECK(check_secret(cfg->secret_len));
   cpu_comm *c;
   newt_deadline_t deadline = newt_deadline_in_ms(cfg->timeout_ms);
   const char *job = cfg->job ? cfg->job : "job";
@@ -412,8 +446,8 @@ static int member_cmp(const void *a, const void *b) {
   return x->prank < y->prank ? -1 : (x->prank > y->prank);
 }
 
-newt_result_t cpu_split(struct comm *parent, int color, int key, struct comm *child, int *member) {
-  cpu_comm *pc = parent->cpu;
+static newt_result_t cpu_split(struct comm *parent, int color, int key, struct comm *child, int *member) {
+  cpu_comm *pc = parent->impl;
   newt_result_t res = NEWT_OK;
   int lfd = -1, n = pc->size;
   char myaddr[96] = "";
@@ -488,9 +522,11 @@ out:
 
 /* --- shrink ------------------------------------------------------------------------- */
 
-newt_result_t cpu_shrink(struct comm *parent, const int *exclude, int nexclude, uint64_t generation,
-                         const unsigned char *secret, size_t secret_len, struct comm *out) {
-  cpu_comm *pc = parent->cpu;
+static newt_result_t cpu_shrink(struct comm *parent, const int *exclude, int nexclude, uint64_t generation,
+                                const unsigned char *secret, size_t secret_len, struct comm *out) {
+  if (!secret) return NEWT_ERR(NEWT_ERR_INVALID, "comm_shrink: the secret of the new generation is required");
+  NEWT_CHECK(check_secret(secret_len));
+  cpu_comm *pc = parent->impl;
   int n = pc->size;
   char *gone = calloc((size_t)n, 1);
   const char **addrs = calloc((size_t)n, sizeof *addrs);
@@ -550,8 +586,8 @@ out:
 
 /* --- failure, abort, free ------------------------------------------------------------ */
 
-void cpu_on_fail(struct comm *pub, newt_result_t code, int culprit_root, const char *cause, int notify) {
-  cpu_comm *c = pub->cpu;
+static void cpu_on_fail(struct comm *pub, newt_result_t code, int culprit_root, const char *cause, int notify) {
+  cpu_comm *c = pub->impl;
   if (!c) return;
   if (notify) {
     if (code == NEWT_ERR_ABORTED) {
@@ -565,8 +601,8 @@ void cpu_on_fail(struct comm *pub, newt_result_t code, int culprit_root, const c
   wake(c, 1);
 }
 
-void cpu_free(struct comm *pub) {
-  cpu_comm *c = pub->cpu;
+static void cpu_free(struct comm *pub) {
+  cpu_comm *c = pub->impl;
   if (!c) return;
   pthread_mutex_lock(&c->lock);
   c->stop = 1;
@@ -593,6 +629,28 @@ void cpu_free(struct comm *pub) {
   }
   for (int r = 0; r < c->size; r++)
     if (r != c->rank) ctrl_send(c, &c->links[r], CTRL_BYE, 0, NULL, 0);
-  pub->cpu = NULL;
+  pub->impl = NULL;
   cpu_destroy(c);
 }
+
+/* --- the table --------------------------------------------------------------------- */
+
+static newt_result_t cpu_check_reduce(newt_dtype dt, const char *what) {
+  if (!comm_reduce_supported(dt))
+    return NEWT_ERR(NEWT_ERR_UNSUPPORTED, "%s: the CPU backend does not reduce %s (f32, bf16, i32, i64, u8 only)",
+                    what, newt_dtype_name(dt));
+  return NEWT_OK;
+}
+
+const comm_backend_ops comm_cpu_ops = {
+    .name = "cpu",
+    .create = cpu_create,
+    .split = cpu_split,
+    .shrink = cpu_shrink,
+    .run = cpu_run,
+    .submit = cpu_submit,
+    .wait_req = cpu_wait_req,
+    .check_reduce = cpu_check_reduce,
+    .on_fail = cpu_on_fail,
+    .free = cpu_free,
+};

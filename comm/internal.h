@@ -1,11 +1,17 @@
 /* What the backends of comm/ share: the communicator object every public call takes, the
- * description of one operation, requests, and the failure record.
+ * description of one operation, requests, the failure record (core.c) and the table of
+ * operations each backend fills in.
+ *
+ * Layering: comm.c (the public face: argument checks, then one call through c->ops)
+ * picks a backend's table with comm_backend_ops_of (backend.c) and calls core.c; each
+ * backend (cpu_comm.c and the files below it, nccl.c) calls core.c; core.c calls no
+ * backend by name, only the on_fail of the table stored in the communicator.
  *
  * A failure is recorded once per communicator (the first one wins) under one process-wide
  * lock, and spreads through the split family: a child's failure fails its parent and the
  * parent's its children (peers renumbered, -1 where the peer is not a member). The
- * backend is told (cpu_on_fail / nccl_on_fail) so it can wake its waiters and, for the
- * CPU backend, tell its peers. */
+ * backend is told (ops->on_fail) so it can wake its waiters and, for the CPU backend,
+ * tell its peers. */
 #ifndef NEWT_COMM_INTERNAL_H
 #define NEWT_COMM_INTERNAL_H
 
@@ -15,8 +21,7 @@
 
 #include "comm/comm.h"
 
-typedef struct cpu_comm cpu_comm;
-typedef struct nccl_comm nccl_comm;
+typedef struct comm_backend_ops comm_backend_ops;
 
 typedef enum comm_kind {
   COMM_OP_ALLREDUCE = 0,
@@ -43,7 +48,8 @@ typedef struct comm_opdesc {
 const char *comm_kind_name(comm_kind k);
 
 struct comm_req {
-  struct comm *c;
+  struct comm *c;                /* NULL once c was freed */
+  const comm_backend_ops *ops;   /* c's backend (still known after c was freed) */
   comm_opdesc op;
   _Atomic uint32_t done; /* futex word: 0 pending, 1 done */
   newt_result_t result;
@@ -68,8 +74,8 @@ struct comm {
   _Atomic int aborted;
   comm_status status;           /* under the family lock */
   struct comm_req *outstanding; /* under the family lock */
-  cpu_comm *cpu;
-  nccl_comm *nccl;
+  const comm_backend_ops *ops; /* the backend's table */
+  void *impl;                  /* the backend's own state (cpu_comm, nccl_comm); NULL until built */
 };
 
 /* Records c's failure (first one wins) and spreads it through c's family; peer is c's
@@ -91,6 +97,10 @@ newt_result_t comm_failed_err(struct comm *c, const char *what);
 
 /* Links a new split child under its parent (for failure propagation). */
 newt_result_t comm_family_link(struct comm *parent, struct comm *child);
+/* Takes c out of its family (c is being freed); children still linked are warned about. */
+void comm_family_unlink(struct comm *c);
+/* c's status, read under the family lock. */
+void comm_status_copy(const struct comm *c, comm_status *st);
 
 /* Request bookkeeping: tracked until completed; comm_free completes the rest. */
 newt_result_t comm_req_new(struct comm *c, const comm_opdesc *op, struct comm_req **out);
@@ -107,27 +117,43 @@ uint64_t comm_hash(uint64_t h, const void *data, size_t len);
 void comm_futex_wait(_Atomic uint32_t *addr, uint32_t val, int64_t timeout_ms);
 void comm_futex_wake(_Atomic uint32_t *addr);
 
-/* --- the CPU backend (cpu_comm.c) ------------------------------------------------------ */
-newt_result_t cpu_create(const comm_config *cfg, struct comm *c);
-newt_result_t cpu_split(struct comm *parent, int color, int key, struct comm *child, int *member);
-newt_result_t cpu_shrink(struct comm *parent, const int *exclude, int nexclude, uint64_t generation,
-                         const unsigned char *secret, size_t secret_len, struct comm *out);
-newt_result_t cpu_run(struct comm *c, const comm_opdesc *op);
-newt_result_t cpu_submit(struct comm *c, struct comm_req *r);
-newt_result_t cpu_wait_req(struct comm_req *r);
-void cpu_on_fail(struct comm *c, newt_result_t code, int culprit_root, const char *cause, int notify);
-void cpu_free(struct comm *c);
+/* --- the table of a backend's operations ----------------------------------------------
+ * One const table per backend (comm_cpu_ops in cpu_comm.c, comm_nccl_ops in nccl.c when
+ * built with NEWT_HAVE_CUDA), as NCCL's transports or SQLite's VFS. comm.c has checked the
+ * arguments the interface defines before any entry is called; c->rank, c->size,
+ * c->timeout_ms and c->ops are set, c->impl is the backend's to set and clear. */
+struct comm_backend_ops {
+  const char *name; /* "cpu", "nccl" */
+  /* Builds c from cfg (checking what only this backend reads first); collective. */
+  newt_result_t (*create)(const comm_config *cfg, struct comm *c);
+  /* comm_split: *member = 1 when child was built (color >= 0); child->rank/size set. */
+  newt_result_t (*split)(struct comm *parent, int color, int key, struct comm *child, int *member);
+  /* comm_shrink: the survivors' communicator in out; aborts the parent (once the
+   * arguments only this backend reads are accepted). */
+  newt_result_t (*shrink)(struct comm *parent, const int *exclude, int nexclude, uint64_t generation,
+                          const unsigned char *secret, size_t secret_len, struct comm *out);
+  /* A blocking operation, and a nonblocking one whose request comm_wait ends. */
+  newt_result_t (*run)(struct comm *c, const comm_opdesc *op);
+  newt_result_t (*submit)(struct comm *c, struct comm_req *r);
+  /* Waits until r is done (r->c is set); the result is r->result. */
+  newt_result_t (*wait_req)(struct comm_req *r);
+  /* NULL: reduces every type; else fails (naming `what`) for a type it cannot reduce. */
+  newt_result_t (*check_reduce)(newt_dtype dt, const char *what);
+  /* c failed (under the family lock; see comm_fail): wake waiters, tell peers (notify). */
+  void (*on_fail)(struct comm *c, newt_result_t code, int culprit_root, const char *cause, int notify);
+  /* Releases c->impl (the family is already unlinked; outstanding requests are completed
+   * by the caller afterwards). */
+  void (*free)(struct comm *c);
+  /* NULL when the backend has none: comm_nccl_unique_id. */
+  newt_result_t (*unique_id)(unsigned char id[COMM_NCCL_ID_BYTES]);
+  /* NULL when none: releases a request's r->event (comm_wait, also after c was freed). */
+  void (*event_destroy)(void *event);
+};
 
-/* --- the NCCL backend (nccl.c; only with NEWT_HAVE_CUDA) -------------------------------- */
-newt_result_t nccl_create(const comm_config *cfg, struct comm *c);
-newt_result_t nccl_split(struct comm *parent, int color, int key, struct comm *child, int *member);
-newt_result_t nccl_shrink(struct comm *parent, const int *exclude, int nexclude, struct comm *out);
-newt_result_t nccl_run(struct comm *c, const comm_opdesc *op);
-newt_result_t nccl_submit(struct comm *c, struct comm_req *r);
-newt_result_t nccl_wait_req(struct comm_req *r);
-void nccl_on_fail(struct comm *c, newt_result_t code, int culprit_root, const char *cause, int notify);
-void nccl_free(struct comm *c);
-newt_result_t nccl_unique_id(unsigned char id[COMM_NCCL_ID_BYTES]);
-void nccl_event_destroy(void *event);
+extern const comm_backend_ops comm_cpu_ops;
+extern const comm_backend_ops comm_nccl_ops; /* defined only with NEWT_HAVE_CUDA */
+
+/* The table of backend b; NULL when b is not built into this newt (backend.c). */
+const comm_backend_ops *comm_backend_ops_of(comm_backend b);
 
 #endif

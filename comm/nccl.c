@@ -1,6 +1,7 @@
-/* The NCCL backend (built only with NEWT_HAVE_CUDA): the same interface for device
- * buffers, on NCCL's nonblocking communicators so that nothing ever blocks without a
- * deadline and everything can be aborted.
+/* The NCCL backend (built only with NEWT_HAVE_CUDA), behind its table of operations
+ * comm_nccl_ops (internal.h): the same interface for device buffers, on NCCL's
+ * nonblocking communicators so that nothing ever blocks without a deadline and
+ * everything can be aborted.
  *
  *  - Communicators are created with config.blocking = 0 (ncclCommInitRankConfig,
  *    ncclCommSplit, ncclCommShrink); any NCCL call may answer ncclInProgress, and then
@@ -177,8 +178,8 @@ static newt_result_t issue(struct nccl_comm *n, const comm_opdesc *op) {
   return NEWT_OK;
 }
 
-newt_result_t nccl_run(struct comm *c, const comm_opdesc *op) {
-  struct nccl_comm *n = c->nccl;
+static newt_result_t nccl_run(struct comm *c, const comm_opdesc *op) {
+  struct nccl_comm *n = c->impl;
   if (op->kind != COMM_OP_BARRIER && op->count == 0) return NEWT_OK;
   NEWT_CHECK(issue(n, op));
   cudaError_t e = cudaEventRecord(n->done, n->stream);
@@ -186,8 +187,8 @@ newt_result_t nccl_run(struct comm *c, const comm_opdesc *op) {
   return wait_event(n, n->done, comm_kind_name(op->kind));
 }
 
-newt_result_t nccl_submit(struct comm *c, struct comm_req *r) {
-  struct nccl_comm *n = c->nccl;
+static newt_result_t nccl_submit(struct comm *c, struct comm_req *r) {
+  struct nccl_comm *n = c->impl;
   if (r->op.count > 0) NEWT_CHECK(issue(n, &r->op));
   cudaEvent_t ev;
   cudaError_t e = cudaEventCreateWithFlags(&ev, cudaEventDisableTiming);
@@ -197,8 +198,8 @@ newt_result_t nccl_submit(struct comm *c, struct comm_req *r) {
   return NEWT_OK;
 }
 
-newt_result_t nccl_wait_req(struct comm_req *r) {
-  struct nccl_comm *n = r->c->nccl;
+static newt_result_t nccl_wait_req(struct comm_req *r) {
+  struct nccl_comm *n = r->c->impl;
   cudaSetDevice(n->device);
   newt_result_t res = wait_event(n, (cudaEvent_t)r->event, comm_kind_name(r->op.kind));
   cudaEventDestroy((cudaEvent_t)r->event);
@@ -269,7 +270,7 @@ static newt_result_t adopt(struct comm *pub, struct nccl_comm *n, ncclComm_t com
   n->comm = comm;
   pub->rank = rank;
   pub->size = size;
-  pub->nccl = n;
+  pub->impl = n;
   return NEWT_OK;
 }
 
@@ -279,7 +280,7 @@ static ncclConfig_t nonblocking(void) {
   return conf;
 }
 
-newt_result_t nccl_create(const comm_config *cfg, struct comm *c) {
+static newt_result_t nccl_create(const comm_config *cfg, struct comm *c) {
   struct nccl_comm *n;
   NEWT_CHECK(nccl_comm_new(c, cfg->device, cfg->stream, &n));
   ncclUniqueId id;
@@ -304,8 +305,8 @@ newt_result_t nccl_create(const comm_config *cfg, struct comm *c) {
   return NEWT_OK;
 }
 
-newt_result_t nccl_split(struct comm *parent, int color, int key, struct comm *child, int *member) {
-  struct nccl_comm *p = parent->nccl, *n;
+static newt_result_t nccl_split(struct comm *parent, int color, int key, struct comm *child, int *member) {
+  struct nccl_comm *p = parent->impl, *n;
   *member = 0;
   NEWT_CHECK(nccl_comm_new(child, p->device, NULL, &n));
   ncclConfig_t conf = nonblocking();
@@ -329,8 +330,13 @@ newt_result_t nccl_split(struct comm *parent, int color, int key, struct comm *c
   return NEWT_OK;
 }
 
-newt_result_t nccl_shrink(struct comm *parent, const int *exclude, int nexclude, struct comm *out) {
-  struct nccl_comm *p = parent->nccl, *n;
+/* generation and secret are not used: NCCL proves nothing of the kind. */
+static newt_result_t nccl_shrink(struct comm *parent, const int *exclude, int nexclude, uint64_t generation,
+                                 const unsigned char *secret, size_t secret_len, struct comm *out) {
+  (void)generation;
+  (void)secret;
+  (void)secret_len;
+  struct nccl_comm *p = parent->impl, *n;
   NEWT_CHECK(nccl_comm_new(out, p->device, NULL, &n));
   int *ex = malloc(sizeof(int) * (size_t)(nexclude > 0 ? nexclude : 1));
   if (!ex) {
@@ -366,11 +372,12 @@ newt_result_t nccl_shrink(struct comm *parent, const int *exclude, int nexclude,
   return NEWT_OK;
 }
 
-void nccl_on_fail(struct comm *c, newt_result_t code, int culprit_root, const char *cause, int notify) {
+static void nccl_on_fail(struct comm *c, newt_result_t code, int culprit_root, const char *cause,
+                         int notify) {
   (void)culprit_root;
   (void)cause;
   (void)notify;
-  struct nccl_comm *n = c->nccl;
+  struct nccl_comm *n = c->impl;
   if (!n || code != NEWT_ERR_ABORTED) return; /* a broken handle stays for comm_shrink or comm_free */
   if (pthread_mutex_trylock(&n->api) == 0) {
     abort_locked(n);
@@ -380,8 +387,8 @@ void nccl_on_fail(struct comm *c, newt_result_t code, int culprit_root, const ch
    * and comm_free aborts the handle */
 }
 
-void nccl_free(struct comm *c) {
-  struct nccl_comm *n = c->nccl;
+static void nccl_free(struct comm *c) {
+  struct nccl_comm *n = c->impl;
   if (!n) return;
   cudaSetDevice(n->device);
   if (!atomic_load(&c->failed) && n->comm) {
@@ -397,18 +404,32 @@ void nccl_free(struct comm *c) {
     }
   }
   abort_now(n); /* a broken (or not finalised) handle: abort, never destroy */
-  c->nccl = NULL;
+  c->impl = NULL;
   nccl_comm_release(n);
 }
 
-void nccl_event_destroy(void *event) {
+static void nccl_event_destroy(void *event) {
   if (event) cudaEventDestroy((cudaEvent_t)event);
 }
 
-newt_result_t nccl_unique_id(unsigned char id[COMM_NCCL_ID_BYTES]) {
+static newt_result_t nccl_unique_id(unsigned char id[COMM_NCCL_ID_BYTES]) {
   ncclUniqueId u;
   ncclResult_t r = ncclGetUniqueId(&u);
   if (r != ncclSuccess) return NEWT_ERR(NEWT_ERR_NCCL, "ncclGetUniqueId: %s", ncclGetErrorString(r));
   memcpy(id, u.internal, COMM_NCCL_ID_BYTES);
   return NEWT_OK;
 }
+
+const comm_backend_ops comm_nccl_ops = {
+    .name = "nccl",
+    .create = nccl_create,
+    .split = nccl_split,
+    .shrink = nccl_shrink,
+    .run = nccl_run,
+    .submit = nccl_submit,
+    .wait_req = nccl_wait_req,
+    .on_fail = nccl_on_fail,
+    .free = nccl_free,
+    .unique_id = nccl_unique_id,
+    .event_destroy = nccl_event_destroy,
+};

@@ -1,5 +1,7 @@
-/* What etcd.c shares with etcd_lease.c and etcd_watch.c: the client struct, the pooled
- * request path and the per-handle setup (TLS, auth header). Not a public header. */
+/* What the files of the etcd client share (etcd.c: the request path and the unary calls;
+ * etcd_client.c: init and free; etcd_lease.c: keep-alive; etcd_watch.c: watches): the
+ * client struct, the pooled request path and the per-handle setup (TLS, auth header). Not
+ * a public header. */
 #ifndef NEWT_RENDEZVOUS_ETCD_INTERNAL_H
 #define NEWT_RENDEZVOUS_ETCD_INTERNAL_H
 
