@@ -190,6 +190,27 @@ static void take(run *r, const rdzv_etcd_kv *kv) {
   }
 }
 
+/* Reads the end marker from etcd directly (retrying until d while etcd does not answer);
+ * 1 when the job is done (taken as the watch would), 0 when it is not or etcd is away. */
+static int read_done(run *r, newt_deadline_t d) {
+  char key[256];
+  if (job_key(key, sizeof key, r->o->spec.job, JOB_REC_DONE, 0, NULL) != NEWT_OK) return 0;
+  for (;;) {
+    rdzv_etcd_kv kv;
+    newt_result_t res = rdzv_etcd_get(r->etcd, key, newt_deadline_min(d, newt_deadline_in_ms(2000)), &kv, NULL);
+    if (res == NEWT_OK) {
+      pthread_mutex_lock(&r->mu);
+      take(r, &kv);
+      int done = r->done;
+      pthread_mutex_unlock(&r->mu);
+      rdzv_etcd_kv_free(&kv);
+      return done;
+    }
+    if (res == NEWT_ERR_NOTFOUND || newt_deadline_passed(d)) return 0;
+    newt_sleep_ms(100);
+  }
+}
+
 static void on_watch(void *ud, const rdzv_etcd_watch_resp *w) {
   run *r = ud;
   pthread_mutex_lock(&r->mu);
@@ -549,6 +570,8 @@ newt_result_t launcher_run(const launcher_opts *o, launcher_result *res) {
     int pending_joins = 0;
     for (int i = 0; i < chaos.n; i++) pending_joins += !events[i].fired && events[i].action == CHAOS_JOIN;
     if (!workers && !pending_joins) {
+      /* the watch may lag behind (etcd came back a moment ago): the end marker decides */
+      if (read_done(r, newt_deadline_in_ms(10000))) continue;
       rc = NEWT_ERR(NEWT_ERR_UNAVAILABLE, "newt run: every worker has exited at step %lld; logs in %s",
                     (long long)step, res->log_dir);
       break;

@@ -280,10 +280,20 @@ newt_result_t rdzv_etcd_request(rdzv_etcd *c, const char *path, const char *body
         if (res != NEWT_OK) goto done;
       }
       attempt a;
-      transfer(c, h, url, body, hdrs, d, resp, &a);
+      /* with several endpoints, one that hangs (a stopped member) may hold an attempt for a
+         share of the time left only, so the others are tried within the deadline */
+      newt_deadline_t da = d;
+      if (c->n_urls > 1 && k + 1 < c->n_urls && d != NEWT_DEADLINE_NONE) {
+        int64_t share = newt_deadline_left_ms(d) / (int64_t)(c->n_urls - k);
+        if (share < 300) share = 300;
+        da = newt_deadline_in_ms(share);
+        if (da > d) da = d;
+      }
+      transfer(c, h, url, body, hdrs, da, resp, &a);
       curl_slist_free_all(hdrs);
       if (a.res == NEWT_OK && a.status == 200) {
         atomic_store(&c->preferred, i);
+        if (atomic_exchange(&c->failing, 0)) atomic_fetch_add(&c->recoveries, 1);
         res = NEWT_OK;
         goto done;
       }
@@ -329,6 +339,7 @@ newt_result_t rdzv_etcd_request(rdzv_etcd *c, const char *path, const char *body
     if (newt_deadline_passed(d)) break;
     if (backoff_ms < 500) backoff_ms *= 2;
   }
+  atomic_store(&c->failing, 1);
   res = NEWT_ERR(worst, "etcd %s: no endpoint answered by the deadline: %s", what,
                  fails.len ? fails.data : "(no attempt)");
 done:

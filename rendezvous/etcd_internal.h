@@ -20,6 +20,11 @@ struct rdzv_etcd {
   char **urls;
   size_t n_urls;
   atomic_size_t preferred; /* the endpoint that answered last */
+  /* outages: failing is set when a call found no endpoint answering and cleared by the next
+     call that got an answer, which also counts one more recovery; a watch stream opened
+     before a recovery may be a dead connection nobody closed, so it is re-opened */
+  atomic_int failing;
+  atomic_ullong recoveries;
   char *user, *password, *ca_file, *cert_file, *key_file;
   int64_t connect_ms;
 

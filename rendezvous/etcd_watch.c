@@ -15,7 +15,11 @@
  *     auth token is traded for a new one first.
  * When the stream breaks (etcd restarts, a proxy cuts it), the thread backs off (100 ms
  * doubling to 1 s, cut short by a cancel) and re-opens from `next` on the next endpoint,
- * so no revision is missed or repeated. */
+ * so no revision is missed or repeated. A stream can also die without breaking: an etcd
+ * that is starting takes the connection and never answers the create request, and a
+ * connection across an outage may be dead with nobody to close it. So a stream that is not
+ * created within its deadline is re-opened, and so is a stream opened before the client's
+ * calls last came back from an outage (rdzv_etcd.recoveries). */
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -207,6 +211,9 @@ static void run_stream(rdzv_etcd_watch *w, size_t endpoint) {
   }
   curl_multi_add_handle(w->multi, h);
   CURLcode done = CURLE_OK;
+  uint64_t opened = newt_now_ns();
+  int64_t create_ms = 3 * c->connect_ms > 3000 ? 3 * c->connect_ms : 3000;
+  unsigned long long epoch = atomic_load(&c->recoveries);
   for (;;) {
     int running = 0;
     CURLMcode mc = curl_multi_perform(w->multi, &running);
@@ -218,8 +225,19 @@ static void run_stream(rdzv_etcd_watch *w, size_t endpoint) {
     CURLMsg *msg;
     while ((msg = curl_multi_info_read(w->multi, &left)) != NULL)
       if (msg->msg == CURLMSG_DONE) done = msg->data.result;
-    if (!running || atomic_load(&w->cancel)) break;
-    curl_multi_poll(w->multi, NULL, 0, 1000, NULL);
+    if (!running || atomic_load(&w->cancel) || w->stop_stream) break;
+    if (!w->created && newt_now_ns() - opened > (uint64_t)create_ms * 1000000ull) {
+      rdzv_fmt(w->stream_err, sizeof w->stream_err, "%s: no answer to the create request within %lld ms", url,
+               (long long)create_ms);
+      w->stream_code = NEWT_ERR_UNAVAILABLE;
+      break;
+    }
+    if (atomic_load(&c->recoveries) != epoch) {
+      rdzv_fmt(w->stream_err, sizeof w->stream_err, "%s: etcd answers again after an outage", url);
+      w->stream_code = NEWT_ERR_UNAVAILABLE;
+      break;
+    }
+    curl_multi_poll(w->multi, NULL, 0, 200, NULL);
   }
   long status = 0;
   curl_easy_getinfo(h, CURLINFO_RESPONSE_CODE, &status);
