@@ -91,6 +91,10 @@ typedef struct coord {
   uint64_t t_published; /* wall ms */
   int64_t lost_from;    /* newest step reached before the plan (steps_lost) */
   int waiting_logged;
+  uint64_t outages_seen; /* rdzv_etcd_outages_ended when last looked at */
+  uint64_t outage_end;   /* monotonic ns etcd last came back (0: never) */
+  uint64_t last_warn;    /* monotonic ns of the last rate-limited warning */
+  char last_warn_msg[256];
 } coord;
 
 /* --- the spec ------------------------------------------------------------------------------ */
@@ -372,6 +376,7 @@ static policy_view view_locked(coord *c) {
                        .first_report = c->first_report,
                        .first_gone = c->first_gone,
                        .last_progress = prog,
+                       .outage_end = c->outage_end,
                        .join_window_ms = newt_param_JoinWindowMs(),
                        .start_window_ms = newt_param_StartWindowMs(),
                        .join_grows = join_grows_layout,
@@ -395,10 +400,13 @@ static int join_grows_layout(void *ud) {
   return grows;
 }
 
-/* Computes and publishes the next plan. Returns NEWT_ERR_UNAVAILABLE when no layout fits
- * the live members, NEWT_ERR_CONFLICT when we no longer lead. */
+/* Computes and publishes the next plan. *no_layout is set (and NEWT_ERR_UNAVAILABLE
+ * returned) when no layout fits the live members; NEWT_ERR_CONFLICT when we no longer lead;
+ * other errors are etcd's. The generation is above every one a member has taken up (after
+ * etcd lost its data, the registrations remember what the plan key forgot). */
 static newt_result_t replan(coord *c, const char *cause, const char *switch_mode, char (*exclude)[RDZV_NAME_MAX],
-                            int nexclude) {
+                            int nexclude, int *no_layout) {
+  *no_layout = 0;
   pthread_mutex_lock(&c->mu);
   size_t room = (size_t)(c->nmembers ? c->nmembers : 1);
   plan_member *m = calloc(room, sizeof *m), *donors = calloc(room, sizeof *donors);
@@ -412,6 +420,8 @@ static newt_result_t replan(coord *c, const char *cause, const char *switch_mode
   int n = policy_plan_members(&v, exclude, nexclude, m);
   int ndonors = policy_donors(&v, c->recorded, donors);
   uint64_t prev = c->plan.generation;
+  for (int i = 0; i < c->nmembers; i++)
+    if (c->members[i].generation > 0 && (uint64_t)c->members[i].generation > prev) prev = (uint64_t)c->members[i].generation;
   int64_t step = c->prog_step, lost_from = c->max_step_seen;
   uint64_t t_detect = 0;
   for (int i = 0; i < c->nreports; i++)
@@ -420,6 +430,7 @@ static newt_result_t replan(coord *c, const char *cause, const char *switch_mode
 
   newt_plan p = {0};
   newt_result_t r = plan_compute(&c->spec, m, n, prev, &p);
+  *no_layout = r == NEWT_ERR_UNAVAILABLE;
   free(m);
   for (int i = 0; r == NEWT_OK && i < ndonors; i++) r = plan_add_donor(&p, donors[i].id, donors[i].host, donors[i].addr);
   free(donors);
@@ -533,6 +544,67 @@ static void record_recovery(coord *c) {
   c->t_trigger = 0;
 }
 
+/* A warning that repeats every tick while etcd is away or full: logged when it changes,
+ * and at most every 10 s otherwise. */
+static void warn_limited(coord *c, const char *what, const char *msg) {
+  uint64_t now = newt_now_ns();
+  if (strncmp(c->last_warn_msg, msg, sizeof c->last_warn_msg - 1) == 0 && now - c->last_warn < 10000000000ull) return;
+  c->last_warn = now;
+  snprintf(c->last_warn_msg, sizeof c->last_warn_msg, "%s", msg);
+  NEWT_WARN(COORD, "%s: %s: %s (trying again)", c->id, what, msg);
+}
+
+/* Puts back what the leader knows when etcd lost it (an etcd without a persistent volume
+ * came back empty): the spec, and the current plan under its own generation (workers
+ * take only newer plans, so it changes nothing for them; joiners find it). */
+static void restore_records(coord *c) {
+  char key[256];
+  rdzv_etcd_kv kv;
+  if (job_key(key, sizeof key, c->o->job, JOB_REC_SPEC, 0, NULL) != NEWT_OK) return;
+  newt_result_t r = rdzv_etcd_get(c->etcd, key, job_call_deadline(), &kv, NULL);
+  if (r == NEWT_OK) rdzv_etcd_kv_free(&kv);
+  else if (r == NEWT_ERR_NOTFOUND) {
+    char *spec = spec_to_json(&c->spec);
+    if (spec && rdzv_spec_put(c->etcd, c->o->job, spec, job_call_deadline()) == NEWT_OK)
+      NEWT_WARN(COORD, "%s: etcd had lost the job's spec; stored it again", c->id);
+    free(spec);
+  }
+  pthread_mutex_lock(&c->mu);
+  newt_plan p = {0};
+  newt_result_t cr = c->plan.generation ? plan_copy(&p, &c->plan) : NEWT_ERR_NOTFOUND;
+  pthread_mutex_unlock(&c->mu);
+  if (cr != NEWT_OK) return;
+  if (job_key(key, sizeof key, c->o->job, JOB_REC_PLAN, 0, NULL) == NEWT_OK &&
+      (r = rdzv_etcd_get(c->etcd, key, job_call_deadline(), &kv, NULL)) == NEWT_ERR_NOTFOUND) {
+    char *json = plan_to_json(&p);
+    if (json && rdzv_plan_publish(c->cand, (int64_t)p.generation, json, job_call_deadline()) == NEWT_OK)
+      NEWT_WARN(COORD, "%s: etcd had lost the plan; published generation %llu again", c->id,
+                (unsigned long long)p.generation);
+    free(json);
+  } else if (r == NEWT_OK) {
+    rdzv_etcd_kv_free(&kv);
+  }
+  plan_free(&p);
+}
+
+/* etcd answers again after an outage. What the picture says about time is stale: no
+ * progress could be published and no lease renewed meanwhile. So the stall clock starts
+ * again, and every rank gets a lease TTL (and the join window) to renew its registration
+ * before a missing one counts as gone; a rank that died during the outage was reported by
+ * the survivors (their reports are queued until etcd answers) or stops the steps. */
+static void after_outage(coord *c) {
+  c->outages_seen = rdzv_etcd_outages_ended(c->etcd);
+  pthread_mutex_lock(&c->mu);
+  uint64_t now = newt_now_ns();
+  c->prog_change = now;
+  c->first_gone = 0;
+  c->outage_end = now;
+  pthread_mutex_unlock(&c->mu);
+  NEWT_INFO(COORD, "%s: etcd answers again; members have %lld ms to renew their registrations", c->id,
+            (long long)(c->spec.lease_ttl_ms + newt_param_JoinWindowMs()));
+  restore_records(c);
+}
+
 /* Looks at the picture once and acts on the policy's decision. Returns NEWT_ERR_CONFLICT
  * when leadership is lost. */
 static newt_result_t decide(coord *c) {
@@ -555,8 +627,9 @@ static newt_result_t decide(coord *c) {
       pthread_mutex_unlock(&c->mu);
       if (present) fence(c, d.exclude[i]);
     }
-    r = replan(c, cause, d.at_boundary ? "boundary" : "abort", d.exclude, d.nexclude);
-    if (r == NEWT_ERR_UNAVAILABLE) {
+    int no_layout;
+    r = replan(c, cause, d.at_boundary ? "boundary" : "abort", d.exclude, d.nexclude, &no_layout);
+    if (no_layout) {
       if (!c->waiting_logged) {
         NEWT_WARN(COORD, "cannot plan (%s): %s", cause, newt_errmsg());
         job_event ev = {.type = JOB_EV_WAITING};
@@ -605,12 +678,27 @@ static newt_result_t lead(coord *c) {
   }
   pthread_mutex_unlock(&c->mu);
   newt_result_t r = NEWT_OK;
+  c->outages_seen = rdzv_etcd_outages_ended(c->etcd);
   while (r == NEWT_OK) {
     if (newt_stop_requested()) break;
     if (!rdzv_candidate_is_leader(c->cand)) {
-      r = NEWT_ERR(NEWT_ERR_CONFLICT, "%s lost leadership", c->id);
+      /* etcd away long enough for the candidacy's lease to look lost: keep leading if etcd
+         still has it (decide nothing meanwhile); step down only when it is gone */
+      newt_result_t k = rdzv_candidate_renew(c->cand, job_call_deadline());
+      if (k == NEWT_OK && rdzv_candidate_is_leader(c->cand)) continue;
+      if (k == NEWT_ERR_UNAVAILABLE || k == NEWT_ERR_TIMEOUT) {
+        newt_sleep_ms(200);
+        continue;
+      }
+      r = NEWT_ERR(NEWT_ERR_CONFLICT, "%s lost leadership%s%s", c->id, k == NEWT_OK ? "" : ": ",
+                   k == NEWT_OK ? "" : newt_errmsg());
       break;
     }
+    if (!rdzv_etcd_reachable(c->etcd)) { /* an outage: the picture is stale, no write can land */
+      newt_sleep_ms(newt_param_CoordTickMs());
+      continue;
+    }
+    if (rdzv_etcd_outages_ended(c->etcd) != c->outages_seen) after_outage(c);
     pthread_mutex_lock(&c->mu);
     int done = c->done;
     pthread_mutex_unlock(&c->mu);
@@ -626,12 +714,25 @@ static newt_result_t lead(coord *c) {
       break;
     }
     r = decide(c);
+    if (r != NEWT_OK && r != NEWT_ERR_CONFLICT) {
+      /* etcd refused or did not answer (an outage, NOSPACE): nothing is lost by trying again
+         at the next tick; only a lost leadership ends leading */
+      warn_limited(c, "deciding", newt_errmsg());
+      r = NEWT_OK;
+    }
     newt_sleep_ms(newt_param_CoordTickMs());
   }
   rdzv_etcd_watch_free(c->watch);
   c->watch = NULL;
   metrics_set(c->metrics, "newt_is_leader", 0);
   return r;
+}
+
+/* Errors no retry mends: a wrong password or certificate, a bad flag. Everything else etcd
+ * says (unavailable, timed out, out of space, a lost leadership) passes; a coordinator
+ * outlives it. */
+static int fatal(newt_result_t r) {
+  return r == NEWT_ERR_AUTH || r == NEWT_ERR_INVALID || r == NEWT_ERR_UNSUPPORTED || r == NEWT_ERR_NOMEM;
 }
 
 static newt_result_t define_metrics(coord *c) {
@@ -666,14 +767,28 @@ newt_result_t coordinator_run(const coordinator_opts *o) {
   newt_log_set_name(c->id);
   if (r == NEWT_OK) r = rdzv_key(c->prefix, sizeof c->prefix, o->job, "");
   if (r == NEWT_OK) r = rdzv_etcd_init(&o->etcd, &c->etcd);
-  if (r == NEWT_OK && o->spec_file) r = coordinator_put_spec(c->etcd, o->job, o->spec_file);
+  while (r == NEWT_OK && o->spec_file) {
+    r = coordinator_put_spec(c->etcd, o->job, o->spec_file);
+    if (r == NEWT_OK || fatal(r) || r == NEWT_ERR_CONFLICT || newt_stop_requested()) break;
+    warn_limited(c, "storing the spec", newt_errmsg()); /* etcd away: wait for it */
+    r = NEWT_OK;
+    newt_sleep_ms(200);
+  }
   char *spec = NULL;
   newt_deadline_t d = newt_deadline_in_ms(60000);
   while (r == NEWT_OK) {
+    /* etcd away: wait for it as long as it takes; no spec in a reachable etcd: 60 s */
     r = rdzv_spec_get(c->etcd, o->job, job_call_deadline(), &spec);
-    if (r != NEWT_ERR_NOTFOUND) break;
-    if (newt_deadline_passed(d) || newt_stop_requested()) {
+    if (r == NEWT_OK || fatal(r)) break;
+    if (r != NEWT_ERR_NOTFOUND) {
+      warn_limited(c, "reading the spec", newt_errmsg());
+      d = newt_deadline_in_ms(60000);
+    } else if (newt_deadline_passed(d)) {
       r = NEWT_ERR(NEWT_ERR_NOTFOUND, "job %s has no spec in etcd (give one with --spec FILE)", o->job);
+      break;
+    }
+    if (newt_stop_requested()) {
+      r = NEWT_ERR(NEWT_ERR_ABORTED, "stopped while waiting for the spec");
       break;
     }
     r = NEWT_OK;
@@ -691,9 +806,9 @@ newt_result_t coordinator_run(const coordinator_opts *o) {
     }
     rdzv_campaign_opts co = {.name = c->id, .ttl_s = (c->spec.lease_ttl_ms + 999) / 1000, .fn = on_leadership, .ud = c};
     r = rdzv_campaign(c->etcd, o->job, &co, job_call_deadline(), &c->cand);
-    if (r == NEWT_ERR_UNAVAILABLE || r == NEWT_ERR_TIMEOUT) {
-      /* etcd away: campaign again once it is back */
-      NEWT_WARN(COORD, "campaigning: %s", newt_errmsg());
+    if (r != NEWT_OK && !fatal(r)) {
+      /* etcd away, full or refusing for now: campaign again once it is back */
+      warn_limited(c, "campaigning", newt_errmsg());
       newt_sleep_ms(200);
       r = NEWT_OK;
       continue;
@@ -706,9 +821,9 @@ newt_result_t coordinator_run(const coordinator_opts *o) {
     } while (w == NEWT_ERR_TIMEOUT);
     if (w == NEWT_OK) {
       newt_result_t l = lead(c);
-      if (l != NEWT_OK && l != NEWT_ERR_CONFLICT) r = l;
-      else if (l == NEWT_ERR_CONFLICT) NEWT_WARN(COORD, "%s", newt_errmsg());
-    } else if (w != NEWT_ERR_TIMEOUT && w != NEWT_ERR_CONFLICT) {
+      if (l != NEWT_OK && fatal(l)) r = l;
+      else if (l != NEWT_OK) warn_limited(c, "leading", newt_errmsg());
+    } else if (w != NEWT_ERR_TIMEOUT && w != NEWT_ERR_CONFLICT && fatal(w)) {
       r = w;
     }
     /* leaving the election (done, stopped, or leadership lost): revoke the candidacy so

@@ -158,6 +158,11 @@ static void decide_running(const policy_view *v, policy_decision *d) {
     /* more reports may come: wait for them (or the window) */
   } else if (leaving && !gone) {
     d->reason = POLICY_LEAVE, d->at_boundary = 1;
+  } else if (gone && v->outage_end && !passed(v, v->outage_end, s->lease_ttl_ms + v->join_window_ms)) {
+    /* etcd came back a moment ago: the ranks are renewing their registrations */
+  } else if (gone && d->first_gone && v->last_progress > d->first_gone) {
+    /* steps went on after the registration vanished: every rank is alive */
+    d->first_gone = 0;
   } else if (gone) {
     /* a lease ran out and no survivor saw a connection die: a rank that crashed would have
        been reported within milliseconds, so it stopped (or lost its network) -- unless no

@@ -12,11 +12,17 @@
  *   crash    survivors reported a collective that failed on a closed connection; or every
  *            rank's registration is gone (nobody left to report) and arrivals have settled
  *   hang     survivors reported a collective that made no progress by its deadline; or a
- *            rank's lease ran out with nobody reporting (it stopped, or lost its network);
- *            or no step completed for spec.fault.hang_timeout_ms (a stall nobody could name)
+ *            rank's registration vanished, nobody reported, and no step completed since
+ *            (it stopped, or lost its network); or no step completed for
+ *            spec.fault.hang_timeout_ms (a stall nobody could name)
  *   leave    a rank announced a graceful leave (SIGTERM): at the step boundary
  *   join     newcomers would make a larger layout, once joins have settled: at the boundary
- * A finishing job (a worker in state "done") is never replanned. */
+ * A finishing job (a worker in state "done") is never replanned.
+ *
+ * etcd is not the judge of who lives: every step needs every rank, so a rank whose
+ * registration vanished while steps still complete is alive (its lease ran out while etcd
+ * was away or out of its reach) and will renew it. And for a lease TTL plus the join window
+ * after an outage ends, a missing registration counts for nothing: it is being renewed. */
 #ifndef NEWT_COORDINATOR_POLICY_H
 #define NEWT_COORDINATOR_POLICY_H
 
@@ -60,6 +66,7 @@ typedef struct policy_view {
   uint64_t first_report;  /* the first report of this generation */
   uint64_t first_gone;    /* a rank of this generation was first missing */
   uint64_t last_progress; /* the newest step change, or the plan if later */
+  uint64_t outage_end;    /* etcd last came back after an outage (0: never) */
   int64_t join_window_ms; /* joins settle after this long without one */
   int64_t start_window_ms;
   /* Whether the members not in the plan would make a larger one (asked only once joins

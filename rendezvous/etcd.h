@@ -59,6 +59,19 @@ void rdzv_etcd_free(rdzv_etcd *c);
 /* The endpoints as given, comma-separated (for messages). */
 const char *rdzv_etcd_endpoints(const rdzv_etcd *c);
 
+/* Whether etcd answered this client's last call (1), or the last call found no endpoint
+ * answering by its deadline (0): an outage in progress as this client sees it (the lease
+ * keep-alive makes calls every third of a TTL, so a client with a lease finds out within
+ * one). */
+int rdzv_etcd_reachable(const rdzv_etcd *c);
+/* How many outages this client has seen end: +1 each time a call is answered after one
+ * that was not. A caller that kept a picture of etcd (a watch, timers) compares it with
+ * the value it last saw to know that an outage ended meanwhile. */
+uint64_t rdzv_etcd_outages_ended(const rdzv_etcd *c);
+/* Whether a call's result is etcd being away or full for now (unavailable, timed out, out
+ * of space): the same call may succeed later, and nobody need stop for it. */
+int rdzv_etcd_transient(newt_result_t r);
+
 /* One key-value pair. key and value are malloc'd and NUL-terminated (value may hold
  * NULs: use value_len). */
 typedef struct rdzv_etcd_kv {

@@ -99,3 +99,11 @@ void rdzv_etcd_free(rdzv_etcd *c) {
   pthread_cond_destroy(&c->ka_cv);
   free(c);
 }
+
+int rdzv_etcd_reachable(const rdzv_etcd *c) { return !atomic_load(&((rdzv_etcd *)c)->failing); }
+
+uint64_t rdzv_etcd_outages_ended(const rdzv_etcd *c) { return atomic_load(&((rdzv_etcd *)c)->recoveries); }
+
+int rdzv_etcd_transient(newt_result_t r) {
+  return r == NEWT_ERR_UNAVAILABLE || r == NEWT_ERR_TIMEOUT || r == NEWT_ERR_NOSPACE;
+}

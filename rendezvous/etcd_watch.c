@@ -12,7 +12,10 @@
  *   - canceled with compact_revision: the history from next on is gone, so the thread
  *     reads the whole range (RESYNC, at its revision R) and watches again from R + 1;
  *   - canceled otherwise, or {"error":..}: reported (ERROR), then re-opened; an invalid
- *     auth token is traded for a new one first.
+ *     auth token is traded for a new one first;
+ *   - created at a store revision below one already delivered: etcd lost its data and
+ *     counts revisions from 1 again, so the thread reads the whole range (RESYNC) and
+ *     watches from there.
  * When the stream breaks (etcd restarts, a proxy cuts it), the thread backs off (100 ms
  * doubling to 1 s, cut short by a cancel) and re-opens from `next` on the next endpoint,
  * so no revision is missed or repeated. A stream can also die without breaking: an etcd
@@ -101,6 +104,16 @@ static newt_result_t on_line(void *ud, const char *line, size_t len) {
     rdzv_etcd_watch_msg_free(&m);
     w->stop_stream = 1;
     return NEWT_ERR(NEWT_ERR_ABORTED, "watch canceled");
+  }
+  if (m.created && atomic_load(&w->next_rev) > m.revision + 1) {
+    /* the store is behind a revision this watch has seen: etcd lost its data (it came back
+       empty) and its revisions count from 1 again; read it all and go on from there */
+    NEWT_WARN(RDZV, "watch %s: etcd is at revision %lld, behind %lld seen before: it lost its data; re-reading",
+              w->key, (long long)m.revision, (long long)atomic_load(&w->next_rev) - 1);
+    rdzv_etcd_watch_msg_free(&m);
+    w->need_resync = 1;
+    w->stop_stream = 1;
+    return NEWT_ERR(NEWT_ERR_ABORTED, "etcd's store was reset");
   }
   if (m.created) {
     if (w->ever_created) atomic_fetch_add(&w->reconnects, 1);

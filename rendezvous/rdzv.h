@@ -140,6 +140,14 @@ newt_result_t rdzv_candidate_wait(rdzv_candidate *cand, newt_deadline_t d);
 /* Ends the waits in progress (they return NEWT_ERR_ABORTED); later waits are not affected. */
 void rdzv_candidate_abort(rdzv_candidate *cand);
 int rdzv_candidate_is_leader(rdzv_candidate *cand);
+/* After the candidacy was lost (rdzv_candidate_wait said NEWT_ERR_CONFLICT, or leadership
+ * ended): when etcd still has its lease and its key (etcd extends every lease when it
+ * restarts, so an outage need not cost the candidacy), keeps them again and recomputes
+ * leadership from a fresh read of election/ (NEWT_OK: a candidate again, leading if its key
+ * is still the lowest); NEWT_ERR_CONFLICT when the lease or the key is gone (campaign
+ * anew); NEWT_ERR_UNAVAILABLE or NEWT_ERR_TIMEOUT while etcd does not answer. NEWT_OK at
+ * once when the candidacy was never lost. */
+newt_result_t rdzv_candidate_renew(rdzv_candidate *cand, newt_deadline_t d);
 int64_t rdzv_candidate_lease(const rdzv_candidate *cand);
 const char *rdzv_candidate_key(const rdzv_candidate *cand);
 /* A transaction that runs only while this candidate leads: its compares plus "my candidacy

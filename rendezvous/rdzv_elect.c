@@ -246,6 +246,46 @@ int rdzv_candidate_is_leader(rdzv_candidate *c) {
 int64_t rdzv_candidate_lease(const rdzv_candidate *c) { return c->lease; }
 const char *rdzv_candidate_key(const rdzv_candidate *c) { return c->key; }
 
+newt_result_t rdzv_candidate_renew(rdzv_candidate *c, newt_deadline_t d) {
+  pthread_mutex_lock(&c->mu);
+  int lost = c->lost;
+  pthread_mutex_unlock(&c->mu);
+  if (!lost) return NEWT_OK;
+  int64_t ttl = 0;
+  newt_result_t r = rdzv_etcd_lease_keepalive_once(c->c, c->lease, d, &ttl);
+  if (r == NEWT_ERR_NOTFOUND)
+    return NEWT_ERR(NEWT_ERR_CONFLICT, "%s: its candidacy lease %llx expired", c->name, (unsigned long long)c->lease);
+  NEWT_CHECK(r);
+  rdzv_etcd_range_opts ro = {.prefix = 1, .keys_only = 1};
+  rdzv_etcd_kvs snap;
+  NEWT_CHECK(rdzv_etcd_range(c->c, c->prefix, &ro, d, &snap));
+  int mine = 0;
+  for (size_t i = 0; i < snap.n && !mine; i++)
+    mine = strcmp(snap.kvs[i].key, c->key) == 0 && snap.kvs[i].create_revision == c->create_revision;
+  if (!mine) {
+    rdzv_etcd_kvs_free(&snap);
+    return NEWT_ERR(NEWT_ERR_CONFLICT, "%s: its candidacy key %s is gone", c->name, c->key);
+  }
+  if (c->kept) rdzv_etcd_lease_unkeep(c->c, c->lease);
+  c->kept = 0;
+  r = rdzv_etcd_lease_keep(c->c, c->lease, c->ttl_s, on_lease_lost, c);
+  if (r != NEWT_OK) {
+    rdzv_etcd_kvs_free(&snap);
+    return r;
+  }
+  c->kept = 1;
+  pthread_mutex_lock(&c->mu);
+  c->lost = 0;
+  c->why[0] = '\0';
+  set_keys_locked(c, snap.kvs, snap.n);
+  recompute_locked(c);
+  pthread_mutex_unlock(&c->mu);
+  rdzv_etcd_kvs_free(&snap);
+  NEWT_INFO(RDZV, "%s: candidacy kept across an etcd outage (lease %llx)", c->name, (unsigned long long)c->lease);
+  report(c);
+  return NEWT_OK;
+}
+
 /* Marks this candidate deposed (its key is gone though the watch may not have said so). */
 static void deposed(rdzv_candidate *c, const char *why) {
   pthread_mutex_lock(&c->mu);

@@ -67,7 +67,7 @@ typedef struct worker {
   struct {
     char key[256];
     char *value; /* NULL: free slot */
-    int64_t lease;
+    int on_lease; /* written on the registration's lease (the one it has when written) */
   } pub[WORKER_PUB_SLOTS];
   int pub_stop;
   char pub_state[16]; /* a registration state to write ("" when none) */
@@ -136,7 +136,8 @@ void worker_publisher_stop(worker *w);
 newt_result_t worker_set_state(worker *w, const char *state);
 void worker_set_state_async(worker *w, const char *state);
 /* A failed generation (hang: no progress by the deadline; else a crash), whom it lost
- * (NULL: it cannot tell) and why; written at once, on the registration lease. */
+ * (NULL: it cannot tell) and why; queued for the publisher, which writes it at once on the
+ * registration lease (or when etcd answers again). */
 void worker_report(worker *w, const newt_plan *p, int hang, const char *accused, const char *why);
 /* The acknowledgement of p (after its first step), progress (at most every
  * NEWT_PROGRESS_MS, and always the last step), the newest committed checkpoint. */

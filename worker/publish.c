@@ -18,6 +18,7 @@
 #include "worker/internal.h"
 
 NEWT_PARAM(ProgressMs, "NEWT_PROGRESS_MS", 100)
+NEWT_PARAM(DoneWaitMs, "NEWT_DONE_WAIT_MS", 600000)
 
 /* --- the registration ------------------------------------------------------------------------ */
 
@@ -45,12 +46,17 @@ newt_result_t worker_register(worker *w) {
   reg.generation = (int64_t)w->gen;
   int64_t ttl_s = (w->spec.lease_ttl_ms + 999) / 1000;
   /* a previous registration of ours (same id) may still be alive for up to its TTL after
-     a restart or a lost lease: retry until it is gone */
+     a restart or a lost lease: retry until it is gone; etcd away: wait for it */
   newt_deadline_t d = newt_deadline_in_ms(2 * w->spec.lease_ttl_ms + 5000);
   for (;;) {
     newt_result_t r = rdzv_register(w->etcd, w->o->job, &reg, ttl_s, on_lease_lost, w, job_call_deadline(), &w->reg);
-    if (r == NEWT_OK || newt_deadline_passed(d) || newt_stop_requested()) return r;
-    if (r != NEWT_ERR_CONFLICT && r != NEWT_ERR_UNAVAILABLE && r != NEWT_ERR_TIMEOUT) return r;
+    if (r == NEWT_OK || newt_stop_requested()) return r;
+    if (r == NEWT_ERR_CONFLICT && newt_deadline_passed(d)) return r;
+    if (r != NEWT_ERR_CONFLICT && !rdzv_etcd_transient(r)) return r;
+    if (rdzv_etcd_transient(r)) {
+      NEWT_WARN(WORKER, "%s: registering: %s (waiting for etcd)", w->id, newt_errmsg());
+      newt_sleep_ms(1000);
+    }
     newt_sleep_ms(200);
   }
 }
@@ -58,8 +64,8 @@ newt_result_t worker_register(worker *w) {
 
 /* --- the publisher ------------------------------------------------------------------------- */
 
-/* Queues a write for the publisher (latest value per key wins). lease 0: none. */
-static void publish(worker *w, const char *key, char *value, int64_t lease) {
+/* Queues a write for the publisher (latest value per key wins). */
+static void publish(worker *w, const char *key, char *value, int on_lease) {
   pthread_mutex_lock(&w->mu);
   int slot = -1;
   for (int i = 0; i < WORKER_PUB_SLOTS && slot < 0; i++)
@@ -73,7 +79,7 @@ static void publish(worker *w, const char *key, char *value, int64_t lease) {
     free(w->pub[slot].value);
     snprintf(w->pub[slot].key, sizeof w->pub[slot].key, "%s", key);
     w->pub[slot].value = value;
-    w->pub[slot].lease = lease;
+    w->pub[slot].on_lease = on_lease;
   }
   pthread_cond_broadcast(&w->cv);
   pthread_mutex_unlock(&w->mu);
@@ -123,7 +129,7 @@ static void *publisher(void *arg) {
     char key[256];
     snprintf(key, sizeof key, "%s", w->pub[found].key);
     char *value = w->pub[found].value;
-    int64_t lease = w->pub[found].lease;
+    int64_t lease = w->pub[found].on_lease && w->reg ? rdzv_registration_lease(w->reg) : 0;
     w->pub[found].value = NULL;
     pthread_mutex_unlock(&w->mu);
     newt_result_t r = rdzv_etcd_put(w->etcd, key, value, strlen(value), lease, job_call_deadline(), NULL);
@@ -188,11 +194,13 @@ void worker_set_state_async(worker *w, const char *state) {
 /* --- the records ----------------------------------------------------------------------------- */
 
 /* Queues a record for the publisher: value is malloc'd (NULL: out of memory, nothing
- * queued); lease 0: none. */
-static void publish_record(worker *w, job_record rec, uint64_t generation, char *value, int64_t lease) {
+ * queued). */
+static void publish_record(worker *w, job_record rec, uint64_t generation, char *value, int on_lease) {
   char key[256];
-  if (value && job_key(key, sizeof key, w->o->job, rec, generation, w->id) == NEWT_OK) publish(w, key, value, lease);
-  else free(value);
+  if (value && job_key(key, sizeof key, w->o->job, rec, generation, w->id) == NEWT_OK)
+    publish(w, key, value, on_lease);
+  else
+    free(value);
 }
 
 void worker_report(worker *w, const newt_plan *p, int hang, const char *accused, const char *why) {
@@ -200,16 +208,11 @@ void worker_report(worker *w, const newt_plan *p, int hang, const char *accused,
   snprintf(rep.worker, sizeof rep.worker, "%s", w->id);
   if (accused) snprintf(rep.accuse[rep.naccuse++], sizeof rep.accuse[0], "%s", accused);
   snprintf(rep.why, sizeof rep.why, "%s", why);
-  char *val = job_report_to_json(&rep);
-  char key[256];
-  if (val && w->reg && job_key(key, sizeof key, w->o->job, JOB_REC_REPORT, p->generation, w->id) == NEWT_OK &&
-      rdzv_etcd_put(w->etcd, key, val, strlen(val), rdzv_registration_lease(w->reg), job_call_deadline(), NULL) !=
-          NEWT_OK)
-    NEWT_WARN(WORKER, "%s: reporting the failure of generation %llu: %s", w->id, (unsigned long long)p->generation,
-              newt_errmsg());
+  /* through the publisher, which wakes at once: while etcd is away it is written when
+     etcd answers again, so the leader still learns whom the survivors lost */
+  publish_record(w, JOB_REC_REPORT, p->generation, job_report_to_json(&rep), 1);
   NEWT_WARN(WORKER, "%s: generation %llu failed (%s): %s", w->id, (unsigned long long)p->generation,
             hang ? "hang" : "crash", why);
-  free(val);
 }
 
 void worker_publish_ack(worker *w, const newt_plan *p, const plan_rank *me) {
@@ -217,7 +220,7 @@ void worker_publish_ack(worker *w, const newt_plan *p, const plan_rank *me) {
   job_ack a = {.rank = me->rank, .t_plan = w->t_plan_seen, .t_comm = w->t_comm, .t_restore = w->t_restore,
                .t_step = w->t_first_step, .restore_step = w->restore_step};
   snprintf(a.restore, sizeof a.restore, "%s", w->restore_src);
-  publish_record(w, JOB_REC_ACK, p->generation, job_ack_to_json(&a), rdzv_registration_lease(w->reg));
+  publish_record(w, JOB_REC_ACK, p->generation, job_ack_to_json(&a), 1);
 }
 
 void worker_publish_progress(worker *w, const newt_plan *p, double loss, double tps) {
@@ -239,8 +242,22 @@ void worker_mark_done(worker *w, double loss) {
   job_done d = {.step = w->par.step, .loss = loss, .t_ms = newt_wall_ms(), .samples = worker_cursor(w)};
   char *val = job_done_to_json(&d);
   char key[256];
-  if (val && job_key(key, sizeof key, w->o->job, JOB_REC_DONE, 0, NULL) == NEWT_OK &&
-      rdzv_etcd_put(w->etcd, key, val, strlen(val), 0, job_call_deadline(), NULL) != NEWT_OK)
-    NEWT_WARN(WORKER, "%s: marking the job done: %s", w->id, newt_errmsg());
+  if (!val || job_key(key, sizeof key, w->o->job, JOB_REC_DONE, 0, NULL) != NEWT_OK) {
+    free(val);
+    return;
+  }
+  /* the end marker is what ends the job for everyone: wait for etcd as long as it takes
+     (NEWT_DONE_WAIT_MS), or until asked to stop */
+  newt_deadline_t until = newt_deadline_in_ms(newt_param_DoneWaitMs());
+  for (;;) {
+    newt_result_t r = rdzv_etcd_put(w->etcd, key, val, strlen(val), 0, job_call_deadline(), NULL);
+    if (r == NEWT_OK) break;
+    if (!rdzv_etcd_transient(r) || newt_deadline_passed(until) || newt_stop_requested()) {
+      NEWT_WARN(WORKER, "%s: marking the job done: %s", w->id, newt_errmsg());
+      break;
+    }
+    NEWT_WARN(WORKER, "%s: marking the job done: %s (waiting for etcd)", w->id, newt_errmsg());
+    newt_sleep_ms(500);
+  }
   free(val);
 }

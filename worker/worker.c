@@ -409,11 +409,16 @@ static newt_result_t setup(worker *w, const worker_opts *o) {
   for (;;) {
     newt_result_t r = rdzv_spec_get(w->etcd, o->job, job_call_deadline(), &spec);
     if (r == NEWT_OK) break;
-    if (r != NEWT_ERR_NOTFOUND || newt_deadline_passed(d))
+    if (rdzv_etcd_transient(r)) { /* etcd away: wait for it; the spec's own wait starts after */
+      NEWT_WARN(WORKER, "%s: reading the job's spec: %s (waiting for etcd)", w->id, newt_errmsg());
+      d = newt_deadline_in_ms(o->spec_wait_ms > 0 ? o->spec_wait_ms : 60000);
+      newt_sleep_ms(1000);
+    } else if (r != NEWT_ERR_NOTFOUND || newt_deadline_passed(d)) {
       return r == NEWT_ERR_NOTFOUND
                  ? NEWT_ERR(NEWT_ERR_NOTFOUND, "job %s has no spec in etcd at %s (start a coordinator with --spec)",
                             o->job, rdzv_etcd_endpoints(w->etcd))
                  : r;
+    }
     if (newt_stop_requested()) return NEWT_ERR(NEWT_ERR_ABORTED, "stopped while waiting for the spec");
     newt_sleep_ms(100);
   }
@@ -448,7 +453,13 @@ static newt_result_t setup(worker *w, const worker_opts *o) {
   }
   NEWT_CHECK(worker_publisher_start(w));
   NEWT_CHECK(worker_register(w));
-  NEWT_CHECK(start_plan_watch(w));
+  for (;;) { /* etcd away: wait for it */
+    newt_result_t r = start_plan_watch(w);
+    if (r == NEWT_OK) break;
+    if (!rdzv_etcd_transient(r) || newt_stop_requested()) return r;
+    NEWT_WARN(WORKER, "%s: watching the plan: %s (waiting for etcd)", w->id, newt_errmsg());
+    newt_sleep_ms(1000);
+  }
   NEWT_INFO(WORKER, "%s: registered for job %s at %s (host %s)", w->id, o->job, w->addr, w->host);
   return NEWT_OK;
 }

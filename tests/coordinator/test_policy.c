@@ -27,6 +27,7 @@ typedef struct tcase {
   policy_reason want;
   int boundary, fence;
   const char *excluded; /* space-separated, any order */
+  int64_t outage;       /* etcd came back this many ms ago (0: no outage) */
 } tcase;
 
 static const tcase cases[] = {
@@ -65,14 +66,16 @@ static const tcase cases[] = {
      10, 0, -1, POLICY_CRASH_REPORTED, 0, 1, "w2"},
     {"hang: a rank's lease ran out, nobody reported (first look)", "w0 w1 w2 w3", "w0 w1 w3", "", "", 9000, 9000, NEVER,
      NEVER, 10, 0, -1, POLICY_NONE, 0, 0, ""},
-    {"hang: a rank's lease ran out, half a TTL later", "w0 w1 w2 w3", "w0 w1 w3", "", "", 9000, 9000, NEVER, 1100, 10,
-     0, -1, POLICY_LEASE_LOST, 0, 1, "w2"},
+    {"hang: a rank's lease ran out, half a TTL later, no step since", "w0 w1 w2 w3", "w0 w1 w3", "", "", 9000, 9000,
+     NEVER, 1100, 1500, 0, -1, POLICY_LEASE_LOST, 0, 1, "w2"},
+    {"alive: a rank's registration vanished but steps go on", "w0 w1 w2 w3", "w0 w1 w3", "", "", 9000, 9000, NEVER,
+     1100, 10, 0, -1, POLICY_NONE, 0, 0, ""},
     {"stall: no step for hang_timeout_ms", "w0 w1", "w0 w1", "", "", 9000, 9000, NEVER, NEVER, 6000, 0, -1,
      POLICY_STALL, 0, 1, ""},
     {"stall: not yet", "w0 w1", "w0 w1", "", "", 9000, 9000, NEVER, NEVER, 4000, 0, 0, POLICY_NONE, 0, 0, ""},
     {"crash: every rank is gone, arrivals still coming", "w0 w1", "w5", "", "", 9000, 100, NEVER, 2000, 10, 0, -1,
      POLICY_NONE, 0, 0, ""},
-    {"crash: every rank is gone, arrivals settled", "w0 w1", "w5", "", "", 9000, 600, NEVER, 2000, 10, 0, -1,
+    {"crash: every rank is gone, arrivals settled", "w0 w1", "w5", "", "", 9000, 600, NEVER, 2000, 2500, 0, -1,
      POLICY_ALL_GONE, 0, 1, "w0 w1"},
     /* --- leave (SIGTERM) --- */
     {"leave: a rank announced it", "w0 w1 w2 w3", "w0 w1:leaving w2 w3", "", "", 9000, 9000, NEVER, NEVER, 10, 0, -1,
@@ -94,7 +97,7 @@ static const tcase cases[] = {
     {"kill + stop: one closed, one silent", "w0 w1 w2 w3", "w0 w1 w2", "w0:crash:w3@100 w2:crash:w3@100", "", 9000,
      9000, 400, NEVER, 10, 0, -1, POLICY_CRASH_REPORTED, 0, 1, "w1 w3"},
     {"leave + lease lost: a lost lease is no leave", "w0 w1 w2 w3", "w0 w1:leaving w3", "", "", 9000, 9000, NEVER, 1100,
-     10, 0, -1, POLICY_LEASE_LOST, 0, 1, "w1 w2"},
+     1500, 0, -1, POLICY_LEASE_LOST, 0, 1, "w1 w2"},
     /* --- a coordinator takes over (its first look at a running generation) --- */
     {"coordinator: a new leader finds a healthy generation", "w0 w1 w2 w3", "w0 w1 w2 w3", "", "", 0, 0, NEVER, NEVER, 0,
      0, 0, POLICY_NONE, 0, 0, ""},
@@ -105,6 +108,10 @@ static const tcase cases[] = {
     /* --- etcd came back (its leases were refreshed; every worker holds its key) --- */
     {"etcd: back after an outage, everyone still registered", "w0 w1 w2 w3", "w0 w1 w2 w3", "", "", 9000, 9000, NEVER,
      NEVER, 50, 0, 0, POLICY_NONE, 0, 0, ""},
+    {"etcd: back a moment ago, two ranks still renewing their registrations", "w0 w1 w2 w3", "w0 w1", "", "", 9000,
+     9000, NEVER, 2000, 3000, 0, -1, POLICY_NONE, 0, 0, "", 500},
+    {"etcd: back a lease TTL ago, a rank never renewed and no step since", "w0 w1 w2 w3", "w0 w1 w2", "", "", 9000,
+     9000, NEVER, 1100, 3000, 0, -1, POLICY_LEASE_LOST, 0, 1, "w3", 2600},
     {"etcd: back, the workers re-registered, a rank killed meanwhile was reported", "w0 w1 w2", "w0 w2",
      "w0:crash:w1@100 w2:crash:w1@101", "", 9000, 40, 5, NEVER, 3000, 0, -1, POLICY_CRASH_REPORTED, 0, 1, "w1"},
     /* --- a finishing job is never replanned --- */
@@ -212,6 +219,7 @@ static void build(const tcase *t, picture *pic) {
                          .first_report = ago(t->first_report),
                          .first_gone = ago(t->first_gone),
                          .last_progress = ago(t->progress),
+                         .outage_end = t->outage ? ago(t->outage) : 0,
                          .join_window_ms = 500,
                          .start_window_ms = 1000,
                          .join_grows = join_grows,
@@ -274,6 +282,15 @@ static void test_clocks(void) {
   /* half a lease TTL later, by the clock the first look started */
   pic.v.first_gone = NOW;
   pic.v.now = NOW + (uint64_t)pic.spec.lease_ttl_ms / 2 * 1000000ull;
+  T_OK(policy_decide(&pic.v, &d));
+  T_CHECK(d.reason == POLICY_LEASE_LOST && strcmp(policy_cause(d.reason), "hang") == 0);
+  policy_decision_free(&d);
+  /* a step completed after it vanished: it is alive, the clock starts again */
+  pic.v.last_progress = NOW + 1000000ull;
+  T_OK(policy_decide(&pic.v, &d));
+  T_CHECK(d.reason == POLICY_NONE && d.first_gone == 0);
+  policy_decision_free(&d);
+  pic.v.last_progress = NOW - 1000000ull;
   T_OK(policy_decide(&pic.v, &d));
   T_CHECK(d.reason == POLICY_LEASE_LOST && strcmp(policy_cause(d.reason), "hang") == 0);
   policy_decision_free(&d);
