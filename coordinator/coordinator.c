@@ -44,6 +44,7 @@
 NEWT_PARAM(JoinWindowMs, "NEWT_JOIN_WINDOW_MS", 500)
 NEWT_PARAM(StartWindowMs, "NEWT_START_WINDOW_MS", 1000)
 NEWT_PARAM(CoordTickMs, "NEWT_COORD_TICK_MS", 5)
+NEWT_PARAM(KeepEvents, "NEWT_KEEP_EVENTS", 1000)
 
 /* An acknowledgement of the current generation, by whom. */
 typedef struct c_ack {
@@ -498,6 +499,46 @@ static void fence(coord *c, const char *id) {
   post_event(c, &ev);
 }
 
+/* Keeps the job's keys bounded however long it runs: the reports and acks of generations
+ * before the current one, and the events beyond the newest NEWT_KEEP_EVENTS. (etcd's own
+ * history is compacted by etcd: the private etcd of `newt run` does it automatically; a
+ * production etcd should run with --auto-compaction-retention.) Writes are guarded by
+ * leadership; a failure is tried again at the next generation. */
+static void housekeeping(coord *c, uint64_t gen) {
+  if (gen > 1) {
+    if (rdzv_barrier_forget(c->cand, c->o->job, (int64_t)gen, job_call_deadline()) != NEWT_OK)
+      NEWT_DEBUG(COORD, "forgetting old acks: %s", newt_errmsg());
+    char from[256], to[256];
+    if (job_key(from, sizeof from, c->o->job, JOB_REC_REPORT, 0, "x") == NEWT_OK &&
+        job_key(to, sizeof to, c->o->job, JOB_REC_REPORT, gen, "x") == NEWT_OK) {
+      *strrchr(from, '/') = '\0'; /* ".../reports/000..0" up to ".../reports/<gen>" */
+      *strrchr(to, '/') = '\0';
+      rdzv_etcd_op del = {.type = RDZV_OP_DELETE, .key = from, .range_end = to};
+      if (rdzv_guarded_txn(c->cand, NULL, 0, &del, 1, job_call_deadline(), NULL) != NEWT_OK)
+        NEWT_DEBUG(COORD, "forgetting old reports: %s", newt_errmsg());
+    }
+  }
+  char prefix[256];
+  int64_t keep = newt_param_KeepEvents();
+  if (rdzv_key(prefix, sizeof prefix, c->o->job, "events/") != NEWT_OK) return;
+  rdzv_etcd_range_opts ro = {.prefix = 1, .count_only = 1};
+  rdzv_etcd_kvs cnt;
+  if (rdzv_etcd_range(c->etcd, prefix, &ro, job_call_deadline(), &cnt) != NEWT_OK) return;
+  int64_t extra = cnt.count - keep;
+  rdzv_etcd_kvs_free(&cnt);
+  if (extra <= 0) return;
+  /* the key of the oldest event to keep: the events sort by time */
+  rdzv_etcd_range_opts first = {.prefix = 1, .keys_only = 1, .limit = extra + 1, .sort = RDZV_SORT_KEY_ASCEND};
+  rdzv_etcd_kvs old;
+  if (rdzv_etcd_range(c->etcd, prefix, &first, job_call_deadline(), &old) != NEWT_OK) return;
+  if (old.n == (size_t)extra + 1) {
+    rdzv_etcd_op del = {.type = RDZV_OP_DELETE, .key = prefix, .range_end = old.kvs[extra].key};
+    if (rdzv_guarded_txn(c->cand, NULL, 0, &del, 1, job_call_deadline(), NULL) != NEWT_OK)
+      NEWT_DEBUG(COORD, "forgetting old events: %s", newt_errmsg());
+  }
+  rdzv_etcd_kvs_free(&old);
+}
+
 static void record_recovery(coord *c) {
   pthread_mutex_lock(&c->mu);
   const newt_plan *p = &c->plan;
@@ -542,6 +583,7 @@ static void record_recovery(coord *c) {
   }
   post_event(c, &ev);
   c->t_trigger = 0;
+  housekeeping(c, (uint64_t)ev.generation);
 }
 
 /* A warning that repeats every tick while etcd is away or full: logged when it changes,

@@ -298,6 +298,35 @@ static void check_ckpt_restores(const char *dir, int every) {
   }
 }
 
+/* Each worker took up generations in increasing order only (its log: "generation N: rank"),
+ * and, when no worker was harmed (etcd and coordinator faults only), no worker was fenced
+ * (the coordinators' logs: "fenced <id>"). */
+static void check_generations(const char *dir, int healthy) {
+  DIR *d = opendir(dir);
+  struct dirent *e;
+  while (d && (e = readdir(d))) {
+    if (!strstr(e->d_name, ".log")) continue;
+    char path[1024], line[1024];
+    snprintf(path, sizeof path, "%s/%s", dir, e->d_name);
+    FILE *f = fopen(path, "r");
+    long long last = 0;
+    while (f && fgets(line, sizeof line, f)) {
+      const char *p;
+      long long g;
+      int end = 0;
+      if (e->d_name[0] == 'w' && (p = strstr(line, ": generation ")) &&
+          sscanf(p, ": generation %lld: rank%n", &g, &end) == 1 && end > 0) {
+        T_CHECK_MSG(g > last, "%s took up generation %lld after %lld", e->d_name, g, last);
+        last = g;
+      }
+      if (e->d_name[0] == 'c' && strstr(line, " fenced "))
+        T_CHECK_MSG(!healthy, "a healthy worker was fenced: %s: %s", e->d_name, line);
+    }
+    if (f) fclose(f);
+  }
+  if (d) closedir(d);
+}
+
 /* No process reported a sanitizer finding (when built with NEWT_SANITIZE) or a crash of
  * its own making. */
 static void check_logs(const char *dir) {
@@ -425,6 +454,9 @@ static void run_scenario(const scenario *sc, const char *newt) {
   cJSON_Delete(j);
   free(text);
   check_logs(logs);
+  int healthy = 1; /* only etcd or coordinators were harmed */
+  for (int k = 0; k < nexp; k++) healthy &= !strcmp(sc->causes[k], "etcd") || !strcmp(sc->causes[k], "coordinator");
+  check_generations(logs, healthy);
   if (sc->restore && strcmp(sc->restore, "ckpt") == 0) check_ckpt_restores(logs, sc->ckpt_every);
   int shards = 0; /* tensor, pipeline or ZeRO: no rank holds a whole state */
   for (int k = 0; sc->extra[k]; k++)
