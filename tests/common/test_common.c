@@ -128,6 +128,26 @@ static void test_opts(void) {
   T_CHECK(strstr(newt_errmsg(), "--n expects an integer") != NULL);
   char *bad3[] = {"--n"};
   T_ERR(NEWT_ERR_INVALID, newt_opts_parse("t", NULL, opts, 1, bad3, pos, 2, &npos));
+  /* a near miss names the flag that was meant; a far one does not guess */
+  char *typo[] = {"--szie", "1"};
+  T_ERR(NEWT_ERR_INVALID, newt_opts_parse("t", NULL, opts, 2, typo, pos, 2, &npos));
+  T_CHECK_MSG(strstr(newt_errmsg(), "unknown flag --szie: did you mean --size?") != NULL, "%s", newt_errmsg());
+  T_ERR(NEWT_ERR_INVALID, newt_opts_parse("t", NULL, opts, 1, bad1, pos, 2, &npos));
+  T_CHECK(strstr(newt_errmsg(), "did you mean") == NULL);
+}
+
+static void test_closest_name(void) {
+  const char *names[] = {"nproc", "steps", "global-batch", "micro-batch", "status", "run", NULL};
+  const struct {
+    const char *word, *want;
+  } cases[] = {{"nprc", "nproc"},         {"nprocs", "nproc"}, {"npocr", "nproc"},   {"stpes", "steps"},
+               {"global-bacth", "global-batch"}, {"micro", "micro-batch"}, {"rnu", "run"},
+               {"statsu", "status"},       {"xyz", NULL},       {"", NULL},         {"checkpoint", NULL}};
+  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+    const char *got = newt_closest_name(cases[i].word, strlen(cases[i].word), names);
+    T_CHECK_MSG((got == NULL && cases[i].want == NULL) || (got && cases[i].want && strcmp(got, cases[i].want) == 0),
+                "closest(%s) = %s, want %s", cases[i].word, got ? got : "none", cases[i].want ? cases[i].want : "none");
+  }
 }
 
 static void test_proc(void) {
@@ -173,6 +193,7 @@ int main(void) {
   T_RUN(test_json);
   T_RUN(test_fs);
   T_RUN(test_opts);
+  T_RUN(test_closest_name);
   T_RUN(test_proc);
   T_RUN(test_clock);
   return T_DONE();
