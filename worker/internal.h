@@ -86,6 +86,7 @@ typedef struct worker {
                         copied to the next rank); a failed step may have advanced par.step */
   double last_loss;
   FILE *sample_log; /* NEWT_SAMPLE_LOG_DIR: the samples of every step, for tests */
+  int step_log_fd;  /* --step-log, appended to while rank 0 (-1: none) */
   ckpt_saver *saver; /* this generation's (save.c) */
   int64_t ckpt_failed_step, ckpt_published;
   int leave_announced;

@@ -28,6 +28,7 @@
 #include "common/sys.h"
 #include "job/plan.h"
 #include "job/records.h"
+#include "job/runlog.h"
 #include "model/ops.h"
 #include "rendezvous/rdzv.h"
 #include "worker/internal.h"
@@ -228,9 +229,9 @@ typedef enum gen_outcome { GEN_DONE, GEN_LEAVE, GEN_NEXT } gen_outcome;
 
 /* One optimizer step of generation p: this rank's data-parallel slice of the global
  * batch through the parallel trainer, whose closing all-reduce also carries the control
- * values (leave, switch); then the neighbour's replica of the ZeRO shard. *loss is the
- * step's mean loss (the same on every rank). */
-static newt_result_t train_step(worker *w, const newt_plan *p, float ctl[2], double *loss) {
+ * values (leave, switch); then the neighbour's replica of the ZeRO shard. info->loss is
+ * the step's mean loss (the same on every rank). */
+static newt_result_t train_step(worker *w, const newt_plan *p, float ctl[2], model_step_info *info) {
   const model_par_config *pc = &w->par.pc;
   int64_t first, count;
   uint64_t cursor = worker_cursor(w);
@@ -250,9 +251,7 @@ static newt_result_t train_step(worker *w, const newt_plan *p, float ctl[2], dou
   ctl[1] = (float)atomic_load(&w->switch_pending);
   NEWT_CHECK(worker_snapshot(w));
   model_par_step_opts opts = {.ctl = ctl, .nctl = 2};
-  model_step_info info;
-  NEWT_CHECK(model_par_step(&w->par, &w->comms, w->inputs, w->targets, (int)count, &opts, &info));
-  *loss = info.loss;
+  NEWT_CHECK(model_par_step(&w->par, &w->comms, w->inputs, w->targets, (int)count, &opts, info));
   if (w->sample_log) {
     fprintf(w->sample_log, "A %llu %lld %llu\n", (unsigned long long)p->generation, (long long)w->par.step,
             (unsigned long long)newt_wall_ms());
@@ -342,9 +341,10 @@ static newt_result_t run_generation(worker *w, const newt_plan *p, gen_outcome *
       break;
     }
     float ctl[2];
-    double loss = 0;
-    r = train_step(w, p, ctl, &loss);
+    model_step_info info;
+    r = train_step(w, p, ctl, &info);
     if (r != NEWT_OK) break;
+    double loss = info.loss;
     double now = newt_now_s();
     double tps = (double)tokens / (now - t_last);
     t_last = now;
@@ -359,6 +359,12 @@ static newt_result_t run_generation(worker *w, const newt_plan *p, gen_outcome *
     newt_result_t cr = worker_ckpt_step(w, p, me);
     if (cr != NEWT_OK) /* a checkpoint that cannot start is reported, training goes on */
       NEWT_WARN(WORKER, "%s: checkpoint of step %lld: %s", w->id, (long long)w->par.step, newt_errmsg());
+    if (me->rank == 0 && w->step_log_fd >= 0) {
+      job_step line = {.step = w->par.step, .loss = loss, .lr = info.lr, .tokens_per_s = tps, .world = p->nranks,
+                       .dp = p->dp, .generation = p->generation, .t_ms = newt_wall_ms(), .ckpt = w->ckpt_published};
+      if (job_steplog_append(w->step_log_fd, &line) != NEWT_OK) /* the log is for people: training goes on */
+        NEWT_WARN(WORKER, "%s: --step-log %s: %s", w->id, w->o->step_log, newt_errmsg());
+    }
     if (ctl[0] > 0) {
       *how = newt_stop_requested() ? GEN_LEAVE : GEN_NEXT;
       NEWT_INFO(WORKER, "%s: a rank leaves after step %lld", w->id, (long long)w->par.step);
@@ -446,6 +452,7 @@ static newt_result_t setup(worker *w, const worker_opts *o) {
     w->sample_log = fopen(path, "a");
     if (!w->sample_log) return NEWT_ERR(NEWT_ERR_SYS, "NEWT_SAMPLE_LOG_DIR: cannot open %s", path);
   }
+  if (o->step_log && *o->step_log) NEWT_CHECK(job_runlog_open(o->step_log, 0, &w->step_log_fd));
   NEWT_CHECK(worker_publisher_start(w));
   NEWT_CHECK(worker_register(w));
   NEWT_CHECK(start_plan_watch(w));
@@ -464,6 +471,7 @@ static void teardown(worker *w) {
   free(w->inputs);
   free(w->targets);
   if (w->sample_log) fclose(w->sample_log);
+  if (w->step_log_fd >= 0) close(w->step_log_fd);
   if (w->listen_fd > 0) close(w->listen_fd);
   rdzv_etcd_free(w->etcd);
 }
@@ -495,6 +503,7 @@ static void hand_over(worker *w) {
 newt_result_t worker_run(const worker_opts *o) {
   worker *w = calloc(1, sizeof *w);
   NEWT_CHECK_ALLOC(w);
+  w->step_log_fd = -1;
   pthread_mutex_init(&w->mu, NULL);
   pthread_cond_init(&w->cv, NULL);
   newt_result_t r = setup(w, o);
