@@ -170,6 +170,18 @@ static void test_proc(void) {
   T_CHECK(!newt_proc_alive(pid));
 }
 
+static void test_fmt_duration(void) {
+  const struct {
+    double s;
+    const char *want;
+  } cases[] = {{-1, "0 ms"},        {0.3344, "334 ms"},     {1.25, "1.2 s"},         {9.99, "10 s"},
+               {38.4, "38 s"},      {59.6, "1 min 00 s"},   {245, "4 min 05 s"},     {7380, "2 h 03 min"}};
+  char buf[32];
+  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
+    T_CHECK_MSG(strcmp(newt_fmt_duration(cases[i].s, buf, sizeof buf), cases[i].want) == 0, "%g s: \"%s\", want \"%s\"",
+                cases[i].s, buf, cases[i].want);
+}
+
 static void test_clock(void) {
   newt_deadline_t d = newt_deadline_in_ms(30);
   T_CHECK(!newt_deadline_passed(d));
@@ -196,5 +208,6 @@ int main(void) {
   T_RUN(test_closest_name);
   T_RUN(test_proc);
   T_RUN(test_clock);
+  T_RUN(test_fmt_duration);
   return T_DONE();
 }
