@@ -336,6 +336,7 @@ int newt_cmd_status(int argc, char **argv) {
       rc = 1;
       break;
     }
+    wait_workers = 0; /* waited for once, before the first look */
     if (!watch || done) break;
     for (newt_deadline_t next = newt_deadline_in_ms(interval); !newt_deadline_passed(next) && !newt_stop_requested();)
       newt_sleep_ms(20);
