@@ -410,7 +410,7 @@ static void recovery_bars(page *p, const run_view *v) {
     most = fmax(most, fmax(sum, (double)r->total_ms));
   }
   c.x0 = 0;
-  c.x1 = most;
+  c.x1 = most * 1.12; /* room for the total after the longest bar */
   c.y0 = 0;
   c.y1 = v->nrec;
   double lo = 0;
