@@ -19,7 +19,6 @@
  *
  * usage: test_ux cli|run (one ctest test each). */
 #include <math.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -56,18 +55,6 @@ static int run_capture(const char *const *argv, int64_t timeout_ms, char **out) 
   }
   size_t n;
   if (out && newt_fs_read_all(path, 64 << 20, out, &n) != NEWT_OK) *out = NULL;
-  return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
-}
-
-/* A shell command (its stdout and stderr redirected by the caller); its exit status. */
-static int sh(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
-static int sh(const char *fmt, ...) {
-  char cmd[4096];
-  va_list ap;
-  va_start(ap, fmt);
-  vsnprintf(cmd, sizeof cmd, fmt, ap);
-  va_end(ap);
-  int st = system(cmd);
   return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
 }
 
@@ -241,31 +228,30 @@ static void check_report(const char *page, int nrec) {
   free(html);
 
   /* the page in a real browser */
-  char chromium[64] = "";
-  const char *names[] = {"chromium", "chromium-browser", NULL};
-  for (int i = 0; names[i] && !chromium[0]; i++)
-    if (sh("command -v %s >/dev/null 2>&1", names[i]) == 0) snprintf(chromium, sizeof chromium, "%s", names[i]);
-  if (!chromium[0]) {
+  const char *chromium = NULL, *names[] = {"chromium", "chromium-browser", NULL};
+  for (int i = 0; names[i] && !chromium; i++) {
+    const char *v[] = {names[i], "--version", NULL};
+    if (run_capture(v, 60000, NULL) == 0) chromium = names[i];
+  }
+  if (!chromium) {
     T_FAIL("chromium is not installed: the report is checked in a real browser (scripts/install-deps.sh test "
            "installs Debian's chromium)");
     return;
   }
-  const char *flags = "--headless --no-sandbox --disable-gpu --disable-dev-shm-usage --no-first-run "
-                      "--hide-scrollbars --enable-logging=stderr --v=0";
-  char dom[400], err[400], png[400], profile[400];
-  snprintf(dom, sizeof dom, "%s/dom.html", tmp);
-  snprintf(err, sizeof err, "%s/chromium.err", tmp);
+  char profile[400], url[600], png[400], shot[440];
+  snprintf(profile, sizeof profile, "--user-data-dir=%s/chromium-profile", tmp);
+  snprintf(url, sizeof url, "file://%s", page);
   snprintf(png, sizeof png, "%s/shot.png", tmp);
-  snprintf(profile, sizeof profile, "%s/chromium-profile", tmp);
-  int rc = sh("timeout 120 %s %s --user-data-dir=%s --dump-dom file://%s >%s 2>%s", chromium, flags, profile, page, dom,
-              err);
-  char *d = NULL, *e = NULL;
-  newt_fs_read_all(dom, 64 << 20, &d, &len);
-  newt_fs_read_all(err, 64 << 20, &e, &len);
-  T_CHECK_MSG(rc == 0 && d && len > 0, "chromium --dump-dom exited %d:\n%s", rc, e ? e : "");
-  /* no console message at all: the page has no script, so any is a load error */
-  T_CHECK_MSG(e && !strstr(e, ":CONSOLE"), "the browser's console says something:\n%s", e ? e : "");
+  snprintf(shot, sizeof shot, "--screenshot=%s", png);
+  /* the DOM on stdout, the browser's log (console messages included) on stderr: one file */
+  const char *dump[] = {chromium, "--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
+                        "--no-first-run", "--enable-logging=stderr", "--v=0", profile, "--dump-dom", url, NULL};
+  char *d = NULL;
+  int rc = run_capture(dump, 120000, &d);
+  T_CHECK_MSG(rc == 0 && d && strstr(d, "</html>"), "chromium --dump-dom exited %d:\n%s", rc, d ? d : "");
   if (d) {
+    /* no console message at all: the page has no script, so any is a load error */
+    T_CHECK_MSG(!strstr(d, ":CONSOLE"), "the browser's console says something:\n%s", strstr(d, ":CONSOLE"));
     const char *charts[] = {"id=\"loss-chart\"", "id=\"membership-chart\"", "id=\"recovery-chart\"",
                             "id=\"throughput-chart\""};
     for (size_t i = 0; i < 4; i++) T_CHECK_MSG(strstr(d, charts[i]), "the DOM has no %s", charts[i]);
@@ -278,18 +264,19 @@ static void check_report(const char *page, int nrec) {
     T_CHECK_MSG(strstr(d, "<table id=\"recoveries\""), "the DOM has no table of recoveries");
   }
   free(d);
-  free(e);
-  rc = sh("timeout 120 %s %s --user-data-dir=%s --window-size=1000,2200 --screenshot=%s file://%s >%s 2>&1", chromium,
-          flags, profile, png, page, err);
-  T_CHECK_MSG(rc == 0 && newt_fs_exists(png), "chromium --screenshot exited %d (see %s)", rc, err);
-  char out[400];
-  snprintf(out, sizeof out, "%s/png.out", tmp);
-  rc = sh("node %s/tests/ux/png_check.mjs %s >%s 2>&1", source_dir, png, out);
-  char *stats = NULL;
-  newt_fs_read_all(out, 1 << 20, &stats, &len);
-  T_CHECK_MSG(rc == 0, "the screenshot of the report is blank or unreadable (exit %d): %s", rc, stats ? stats : "");
-  if (stats) fprintf(stderr, "test_ux: screenshot %s", stats);
-  free(stats);
+  const char *snap[] = {chromium, "--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
+                        "--no-first-run", "--hide-scrollbars", profile, "--window-size=1000,2200", shot, url, NULL};
+  char *out = NULL;
+  rc = run_capture(snap, 120000, &out);
+  T_CHECK_MSG(rc == 0 && newt_fs_exists(png), "chromium --screenshot exited %d:\n%s", rc, out ? out : "");
+  free(out);
+  char script[400];
+  snprintf(script, sizeof script, "%s/tests/ux/png_check.mjs", source_dir);
+  const char *check[] = {"node", script, png, NULL};
+  rc = run_capture(check, 60000, &out);
+  T_CHECK_MSG(rc == 0, "the screenshot of the report is blank or unreadable (exit %d): %s", rc, out ? out : "");
+  if (out) fprintf(stderr, "test_ux: screenshot %s", out);
+  free(out);
 }
 
 static void test_run(void) {
