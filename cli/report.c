@@ -667,8 +667,10 @@ newt_result_t report_html(const report_input *in, newt_buf *out) {
   put(p, "</p>\n");
   cards(p, &v);
 
-  put(p, "<h2>Loss</h2>\n<p class=\"note\">Each recovery is marked at the step training went on from; the "
-         "numbers match the table below.</p>\n");
+  put(p, "<h2>Loss</h2>\n");
+  if (v.nrec)
+    put(p, "<p class=\"note\">Each recovery is marked at the step training went on from; the numbers match the "
+           "table below.</p>\n");
   loss_chart(p, &v);
   if (in->nbaseline) baseline_note(p, in);
   if (in->redone)
