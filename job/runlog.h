@@ -9,7 +9,8 @@
  *                 run` saw it in etcd
  *
  * The step log is written by whichever worker is rank 0: a worker that becomes rank 0 in a
- * later generation appends to the same file, and a step rolled back by a recovery appears
+ * later generation appends to the same file (first the line of the step it restored, which
+ * a killed rank 0 may have taken with it), and a step rolled back by a recovery appears
  * again with a newer generation. Each line is one write(2) to a file opened O_APPEND, so
  * lines of two writers never interleave; a writer killed in the middle of a line leaves a
  * last line without its newline, which readers skip. job_steplog_stitch turns the lines

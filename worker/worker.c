@@ -262,6 +262,18 @@ static newt_result_t train_step(worker *w, const newt_plan *p, float ctl[2], mod
   return NEWT_OK;
 }
 
+/* The step log (--step-log): rank 0 appends each step's line. Every rank keeps the line of
+ * the last step it did, so that when a rank 0 is killed before it wrote its last step's
+ * line, the next rank 0 writes it, having done that step too (a line twice is harmless:
+ * readers keep one per step). */
+static void log_step(worker *w, int rank0, const job_step *line) {
+  w->last_step = *line;
+  w->last_step_logged = rank0 && w->step_log_fd >= 0;
+  if (!w->last_step_logged) return;
+  if (job_steplog_append(w->step_log_fd, line) != NEWT_OK) /* the log is for people: training goes on */
+    NEWT_WARN(WORKER, "%s: --step-log %s: %s", w->id, w->o->step_log, newt_errmsg());
+}
+
 static void end_generation(worker *w, comm_t *c, comm_t *train) {
   pthread_mutex_lock(&w->mu);
   w->comm = NULL;
@@ -331,6 +343,9 @@ static newt_result_t run_generation(worker *w, const newt_plan *p, gen_outcome *
             (long long)p->accum);
   r = worker_restore(w, c, p, &pc);
   w->t_restore = newt_wall_ms();
+  /* a rank 0 killed right after a step may have taken that step's line with it */
+  if (r == NEWT_OK && me->rank == 0 && !w->last_step_logged && w->last_step.step == w->par.step && w->par.step > 0)
+    log_step(w, 1, &w->last_step);
   if (r == NEWT_OK) r = worker_ckpt_generation(w, p, me);
   int first = 1;
   double t_last = newt_now_s();
@@ -359,12 +374,9 @@ static newt_result_t run_generation(worker *w, const newt_plan *p, gen_outcome *
     newt_result_t cr = worker_ckpt_step(w, p, me);
     if (cr != NEWT_OK) /* a checkpoint that cannot start is reported, training goes on */
       NEWT_WARN(WORKER, "%s: checkpoint of step %lld: %s", w->id, (long long)w->par.step, newt_errmsg());
-    if (me->rank == 0 && w->step_log_fd >= 0) {
-      job_step line = {.step = w->par.step, .loss = loss, .lr = info.lr, .tokens_per_s = tps, .world = p->nranks,
-                       .dp = p->dp, .generation = p->generation, .t_ms = newt_wall_ms(), .ckpt = w->ckpt_published};
-      if (job_steplog_append(w->step_log_fd, &line) != NEWT_OK) /* the log is for people: training goes on */
-        NEWT_WARN(WORKER, "%s: --step-log %s: %s", w->id, w->o->step_log, newt_errmsg());
-    }
+    job_step line = {.step = w->par.step, .loss = loss, .lr = info.lr, .tokens_per_s = tps, .world = p->nranks,
+                     .dp = p->dp, .generation = p->generation, .t_ms = newt_wall_ms(), .ckpt = w->ckpt_published};
+    log_step(w, me->rank == 0, &line);
     if (ctl[0] > 0) {
       *how = newt_stop_requested() ? GEN_LEAVE : GEN_NEXT;
       NEWT_INFO(WORKER, "%s: a rank leaves after step %lld", w->id, (long long)w->par.step);

@@ -2,12 +2,14 @@
  *
  *   cli   a mistyped flag or command names the one that was meant; `newt --help` lists
  *         --version.
- *   run   a real `newt run` (its own etcd, real processes) with a worker killed (kill -9)
- *         and one joining, and all around it:
+ *   run   a real `newt run` (its own etcd, real processes) with rank 0 killed (kill -9: the
+ *         writer of the step log) and a worker joining, and all around it:
  *         - `newt status` against the live job: what it is doing in words, the workers, the
  *           recoveries as a table, times relative to now; `--watch --json` gives one JSON
  *           object per line until the job is done; a job that does not exist exits 1 and
  *           says so;
+ *         - the live line of `newt run` with stderr in a file: plain lines, no carriage
+ *           returns, no loss before the first step;
  *         - the step log: every step once after stitching, with the fields of its format,
  *           the generations in order, and the same losses as `newt train` (one process,
  *           no faults) with the same spec;
@@ -298,7 +300,7 @@ static void test_run(void) {
 
   const char *runv[] = {newt_bin, "run", "--etcd", url, "--job", "ux", "--nproc", "3", "--model", MODEL, "--seq-len",
                         "32", "--steps", STEPS_S, "--global-batch", "24", "--micro-batch", "2", "--chaos",
-                        "kill:worker:1@step=40,join:1@step=120", "--log-dir", logs, "--timeout-ms", "240000", NULL};
+                        "kill:rank:0@step=40,join:1@step=120", "--log-dir", logs, "--timeout-ms", "240000", NULL};
   newt_spawn_opts rso = {.log_path = run_out, .die_with_parent = 1};
   pid_t run = -1, watcher = -1;
   T_OK(newt_proc_spawn(runv, &rso, &run));
@@ -313,6 +315,19 @@ static void test_run(void) {
   T_CHECK_MSG(newt_proc_wait(run, 240000, &st) == NEWT_OK && WIFEXITED(st) && WEXITSTATUS(st) == 0,
               "newt run failed (status %d); see %s", st, run_out);
   check_watch(watch_out, watcher);
+  /* stderr was a file, not a terminal: plain lines, no carriage returns or escapes, and no
+     loss before the first step */
+  char *log = NULL;
+  size_t loglen = 0;
+  T_OK(newt_fs_read_all(run_out, 64 << 20, &log, &loglen));
+  if (log) {
+    T_CHECK_MSG(!strchr(log, '\r') && !strchr(log, '\033'), "the live line in a file has \\r or escapes:\n%s", log);
+    T_CHECK_MSG(count(log, "newt run: step ") >= 1, "no plain progress line:\n%s", log);
+    const char *first = strstr(log, "newt run: step ");
+    const char *loss = strstr(log, "loss ");
+    T_CHECK_MSG(loss && first && loss > first, "a loss before the first step:\n%s", log);
+  }
+  free(log);
 
   char *text = NULL;
   size_t len = 0;
