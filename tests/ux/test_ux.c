@@ -19,7 +19,10 @@
  *           the loss and membership charts and the bars), and its screenshot is not blank
  *           (tests/ux/png_check.mjs decodes it). Without chromium the test fails saying so.
  *
- * usage: test_ux cli|run (one ctest test each). */
+ *   tty   the live line of `newt run` on a terminal (script(1) gives it one): refreshed in
+ *         place, with an ETA, no loss before the first step.
+ *
+ * usage: test_ux cli|run|tty (one ctest test each). */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -364,16 +367,51 @@ static void test_run(void) {
   if (nrec > 0) check_report(page, nrec);
 }
 
+/* --- tty: the live line on a terminal ------------------------------------------------------ */
+
+/* `newt run` under script(1), which gives it a terminal: one line refreshed in place (a
+ * carriage return and erase-line before each), with a percentage and an ETA, and no loss
+ * shown before the first step. */
+static void test_tty(void) {
+  char logs_dir[300], cmd[1024], typescript[300];
+  snprintf(logs_dir, sizeof logs_dir, "%s/tty-logs", tmp);
+  snprintf(typescript, sizeof typescript, "%s/typescript", tmp);
+  snprintf(cmd, sizeof cmd,
+           "%s run --nproc 2 --model " MODEL " --seq-len 32 --steps 300 --global-batch 24 --micro-batch 2 "
+           "--log-dir %s --timeout-ms 200000",
+           newt_bin, logs_dir);
+  const char *argv[] = {"script", "-qec", cmd, typescript, NULL};
+  char *out = NULL;
+  int rc = run_capture(argv, 240000, &out);
+  T_CHECK_MSG(rc == 0, "newt run under script exited %d:\n%s", rc, out ? out : "");
+  char *t = NULL;
+  size_t len = 0;
+  T_OK(newt_fs_read_all(typescript, 64 << 20, &t, &len));
+  if (t) {
+    T_CHECK_MSG(strstr(t, "\r\033[Kstep "), "no line refreshed in place:\n%s", t);
+    T_CHECK_MSG(strstr(t, "%) | loss "), "no percentage and loss in the live line");
+    T_CHECK_MSG(strstr(t, ", ETA "), "no ETA in the live line");
+    T_CHECK_MSG(!strstr(t, "newt run: step "), "plain lines on a terminal");
+    for (const char *p = strstr(t, "starting"); p; p = strstr(p + 1, "starting")) {
+      const char *end = strchr(p, '\r');
+      T_CHECK_MSG(!end || !memmem(p, (size_t)(end - p), "loss", 4), "a loss before the first step");
+    }
+  }
+  free(t);
+  free(out);
+}
+
 int main(int argc, char **argv) {
   newt_bin = getenv("NEWT_BIN");
   source_dir = getenv("NEWT_SOURCE_DIR");
   if (argc != 2 || !newt_bin || !source_dir) {
-    fprintf(stderr, "usage: NEWT_BIN=... NEWT_SOURCE_DIR=... test_ux cli|run\n");
+    fprintf(stderr, "usage: NEWT_BIN=... NEWT_SOURCE_DIR=... test_ux cli|run|tty\n");
     return 2;
   }
   if (!mkdtemp(tmp)) return 2;
   if (strcmp(argv[1], "cli") == 0) T_RUN(test_cli);
   else if (strcmp(argv[1], "run") == 0) T_RUN(test_run);
+  else if (strcmp(argv[1], "tty") == 0) T_RUN(test_tty);
   else T_FAIL("unknown scenario %s", argv[1]);
   if (etcd) rdzv_etcd_server_free(etcd);
   if (!t_failed) newt_fs_rm_rf(tmp);
