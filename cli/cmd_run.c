@@ -1,6 +1,8 @@
 /* newt run: the whole job on this host, as one command: a private etcd (unless --etcd),
  * coordinators and workers as separate processes, faults injected at given steps, a
- * live progress line and a summary (see launch/launcher.h, docs/elastic.md). */
+ * live progress line and a summary (see launch/launcher.h, docs/elastic.md). The log
+ * directory keeps the run's files for `newt report DIR`: the summary (summary.json, also
+ * where --summary says), the step log (steps.jsonl) and the event log (events.jsonl). */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -55,7 +57,8 @@ int newt_cmd_run(int argc, char **argv) {
       {"hang-timeout-ms", NEWT_OPT_INT, &hang, "no step progress this long is a hang"},
       {"chaos", NEWT_OPT_STR, &chaos, "faults at steps: kill:worker:1@step=15,join:2@step=50,..."},
       {"summary", NEWT_OPT_STR, &lo.summary, "write the run's summary JSON here"},
-      {"log-dir", NEWT_OPT_STR, &lo.log_dir, "per-process logs (default: a new directory under /tmp)"},
+      {"log-dir", NEWT_OPT_STR, &lo.log_dir, "per-process logs and the run's files (default: a new directory under /tmp)"},
+      {"step-log", NEWT_OPT_STR, &lo.step_log, "the step log, one JSON line per step (default: steps.jsonl in the log directory)"},
       {"timeout-ms", NEWT_OPT_INT, &timeout, "give up when not done by then (0: never)"},
       {"quiet", NEWT_OPT_FLAG, &quiet, "no live line"},
       NEWT_OPT_END};
@@ -129,14 +132,20 @@ int newt_cmd_run(int argc, char **argv) {
     printf("newt run: done: %lld steps, final loss %.4f, %lld generations, %d recoveries, %lld samples, %.1f s\n",
            (long long)res.steps, res.final_loss, (long long)res.generations, res.nrecoveries,
            (long long)res.samples_consumed, res.wall_s);
-  if (lo.summary) {
-    char *json = launcher_summary_json(&lo, &res);
-    if (!json || newt_fs_write_atomic(lo.summary, json, strlen(json)) != NEWT_OK) {
-      fprintf(stderr, "newt run: writing the summary %s: %s\n", lo.summary, json ? newt_errmsg() : "out of memory");
+  /* the summary: in the log directory for `newt report`, and where --summary says */
+  char in_dir[600];
+  snprintf(in_dir, sizeof in_dir, "%s/summary.json", res.log_dir);
+  const char *paths[] = {res.log_dir[0] ? in_dir : NULL, lo.summary};
+  char *json = launcher_summary_json(&lo, &res);
+  for (size_t i = 0; i < 2; i++) {
+    if (!paths[i]) continue;
+    if (!json || newt_fs_write_atomic(paths[i], json, strlen(json)) != NEWT_OK) {
+      fprintf(stderr, "newt run: writing the summary %s: %s\n", paths[i], json ? newt_errmsg() : "out of memory");
       r = r == NEWT_OK ? NEWT_ERR_SYS : r;
     }
-    free(json);
   }
+  free(json);
+  if (res.log_dir[0] && !quiet) printf("newt run: the run's report: newt report %s\n", res.log_dir);
   launcher_result_free(&res);
   chaos_free(&lo.chaos);
   return r == NEWT_OK && res.done ? 0 : 1;

@@ -1,15 +1,20 @@
-/* newt status: the state of a job as etcd holds it: leader, plan, workers, progress, the
- * newest events. --wait-workers N waits until at least N workers are registered (the Helm
- * chart's test hook). --json prints one JSON document instead of text. */
+/* newt status: the state of a job as etcd holds it, for people: what it is doing, the plan,
+ * the workers, the recoveries as a table and the newest events, with times relative to now
+ * ("12 s ago") and durations ("334 ms"). --watch refreshes it (in place on a terminal) until
+ * the job is done; --json prints the same as one JSON object per line (per refresh with
+ * --watch). A job with no keys in etcd is an error (exit 1, saying so). --wait-workers N
+ * waits until at least N workers are registered (the Helm chart's test hook). */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "cli/cmds.h"
 #include "cli/etcd_flags.h"
 #include "common/clock.h"
 #include "common/json.h"
 #include "common/opts.h"
+#include "common/strutil.h"
 #include "common/sys.h"
 #include "job/plan.h"
 #include "job/records.h"
@@ -81,13 +86,31 @@ static cJSON *checked_item(const rdzv_etcd_kv *kv, job_record rec) {
   return j;
 }
 
-/* Everything under /newt/<job>/ that status shows, as one JSON object. */
+static const char *str_of(const cJSON *o, const char *k, const char *deflt) {
+  const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, k);
+  return cJSON_IsString(v) ? v->valuestring : deflt;
+}
+
+static double num_of(const cJSON *o, const char *k) {
+  const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, k);
+  return cJSON_IsNumber(v) ? v->valuedouble : 0;
+}
+
+/* Everything under /newt/<job>/ that status shows, as one JSON object: the records, the
+ * newest nevents events, and every recovery (the "recovered" events). NEWT_ERR_NOTFOUND
+ * when the job has no key at all. */
 static newt_result_t collect(rdzv_etcd *c, const char *job, int nevents, cJSON **out, int *nworkers) {
   char prefix[256];
   NEWT_CHECK(rdzv_key(prefix, sizeof prefix, job, ""));
   rdzv_etcd_kvs all;
   rdzv_etcd_range_opts ro = {.prefix = 1};
   NEWT_CHECK(rdzv_etcd_range(c, prefix, &ro, newt_deadline_in_ms(5000), &all));
+  *nworkers = 0;
+  if (all.n == 0) {
+    rdzv_etcd_kvs_free(&all);
+    return NEWT_ERR(NEWT_ERR_NOTFOUND, "no job \"%s\" in etcd at %s (no key under %s)", job, rdzv_etcd_endpoints(c),
+                    prefix);
+  }
   cJSON *j = cJSON_CreateObject();
   cJSON_AddStringToObject(j, "job", job);
   cJSON *workers = cJSON_AddArrayToObject(j, "workers");
@@ -110,6 +133,9 @@ static newt_result_t collect(rdzv_etcd *c, const char *job, int nevents, cJSON *
     else cJSON_AddItemToObject(j, single[rec], v);
   }
   rdzv_etcd_kvs_free(&all);
+  cJSON *recs = cJSON_AddArrayToObject(j, "recoveries");
+  for (const cJSON *e = events->child; e; e = e->next)
+    if (strcmp(str_of(e, "type", ""), "recovered") == 0) cJSON_AddItemToArray(recs, cJSON_Duplicate(e, 1));
   while (cJSON_GetArraySize(events) > nevents) cJSON_DeleteItemFromArray(events, 0);
   char leader[128];
   if (rdzv_leader_get(c, job, newt_deadline_in_ms(5000), leader, sizeof leader, NULL) == NEWT_OK)
@@ -120,66 +146,158 @@ static newt_result_t collect(rdzv_etcd *c, const char *job, int nevents, cJSON *
   return NEWT_OK;
 }
 
-static const char *str_of(const cJSON *o, const char *k, const char *deflt) {
-  const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, k);
-  return cJSON_IsString(v) ? v->valuestring : deflt;
+/* "12 s ago" for a wall-clock stamp in ms ("just now" when it is not in the past). */
+static const char *ago(uint64_t now, double t_ms, char *out, size_t cap) {
+  if (!(t_ms > 0) || t_ms >= (double)now) return snprintf(out, cap, "just now"), out;
+  char d[32];
+  snprintf(out, cap, "%s ago", newt_fmt_duration(((double)now - t_ms) / 1e3, d, sizeof d));
+  return out;
 }
 
-static double num_of(const cJSON *o, const char *k) {
-  const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, k);
-  return cJSON_IsNumber(v) ? v->valuedouble : 0;
+static const char *ms_of(const cJSON *o, const char *a, const char *b, char *out, size_t cap) {
+  double x = num_of(o, a), y = num_of(o, b);
+  return newt_fmt_duration(x > 0 && y >= x ? (y - x) / 1e3 : 0, out, cap);
 }
 
-static void print_text(const cJSON *j) {
+/* One line about an event, as a person would say it. */
+static void describe_event(FILE *f, const cJSON *e) {
+  const char *type = str_of(e, "type", "?"), *cause = str_of(e, "cause", "?");
+  char d[32];
+  if (strcmp(type, "leader") == 0) {
+    fprintf(f, "coordinator %s leads", str_of(e, "coordinator", "?"));
+  } else if (strcmp(type, "plan") == 0) {
+    fprintf(f, "plan %.0f (%s): %.0f ranks, dp %.0f, %.0f spares", num_of(e, "generation"), cause, num_of(e, "world"),
+            num_of(e, "dp"), num_of(e, "spares"));
+    const cJSON *ex = cJSON_GetObjectItemCaseSensitive(e, "excluded");
+    for (const cJSON *x = ex ? ex->child : NULL; x; x = x->next)
+      fprintf(f, "%s%s", x == ex->child ? "; left out: " : ", ", cJSON_IsString(x) ? x->valuestring : "?");
+  } else if (strcmp(type, "fence") == 0) {
+    fprintf(f, "fenced worker %s (its lease revoked)", str_of(e, "worker", "?"));
+  } else if (strcmp(type, "waiting") == 0) {
+    fprintf(f, "waiting: %s", str_of(e, "why", "?"));
+  } else if (strcmp(type, "started") == 0) {
+    fprintf(f, "generation %.0f started: %.0f ranks, first step %s after the plan", num_of(e, "generation"),
+            num_of(e, "world"), ms_of(e, "t_plan", "t_step", d, sizeof d));
+  } else if (strcmp(type, "recovered") == 0) {
+    fprintf(f, "recovered from %s: generation %.0f, %.0f ranks, state from %s, %s from detection to the next step",
+            cause, num_of(e, "generation"), num_of(e, "world"), str_of(e, "restore", "?"),
+            ms_of(e, "t_detect", "t_step", d, sizeof d));
+  } else if (strcmp(type, "done") == 0) {
+    fprintf(f, "done at step %.0f, loss %.4f", num_of(e, "step"), num_of(e, "loss"));
+  } else {
+    fprintf(f, "%s", type);
+  }
+}
+
+static void print_text(FILE *f, const cJSON *j, uint64_t now) {
   const cJSON *plan = cJSON_GetObjectItemCaseSensitive(j, "plan");
   const cJSON *prog = cJSON_GetObjectItemCaseSensitive(j, "progress");
   const cJSON *done = cJSON_GetObjectItemCaseSensitive(j, "done");
   const cJSON *spec = cJSON_GetObjectItemCaseSensitive(j, "spec");
+  const cJSON *ckpt = cJSON_GetObjectItemCaseSensitive(j, "ckpt");
   const cJSON *train = spec ? cJSON_GetObjectItemCaseSensitive(spec, "train") : NULL;
-  printf("job %s: %s, leader %s\n", str_of(j, "job", "?"), done ? "done" : plan ? "running" : "waiting for a plan",
-         str_of(j, "leader", "none"));
-  if (prog)
-    printf("step %.0f/%.0f, loss %.4f, %.0f tokens/s\n", num_of(prog, "step"), train ? num_of(train, "steps") : 0,
-           num_of(prog, "loss"), num_of(prog, "tokens_per_s"));
-  if (plan) {
-    printf("plan %.0f (%s): %.0f ranks, dp %.0f x tp %.0f x pp %.0f, accum %.0f\n", num_of(plan, "generation"),
-           str_of(plan, "cause", "?"), (double)cJSON_GetArraySize(cJSON_GetObjectItemCaseSensitive(plan, "ranks")),
-           num_of(plan, "dp"), num_of(plan, "tp"), num_of(plan, "pp"), num_of(plan, "accum"));
-  }
+  double steps = train ? num_of(train, "steps") : 0;
+  char a[48], b[48];
+  fprintf(f, "job %s: ", str_of(j, "job", "?"));
+  if (done)
+    fprintf(f, "done at step %.0f, final loss %.4f, %.0f samples, %s\n", num_of(done, "step"), num_of(done, "loss"),
+            num_of(done, "samples"), ago(now, num_of(done, "t_ms"), a, sizeof a));
+  else if (prog && steps > 0)
+    fprintf(f, "running, step %.0f of %.0f (%.0f%%)\n", num_of(prog, "step"), steps, 100 * num_of(prog, "step") / steps);
+  else
+    fprintf(f, "%s\n", plan ? "starting: no step yet" : "waiting for a plan");
+  fprintf(f, "  leader      %s\n", str_of(j, "leader", "none"));
+  if (prog && !done)
+    fprintf(f, "  progress    loss %.4f, %.0f tokens/s, world %.0f (dp %.0f), generation %.0f, %s\n",
+            num_of(prog, "loss"), num_of(prog, "tokens_per_s"), num_of(prog, "world"), num_of(prog, "dp"),
+            num_of(prog, "generation"), ago(now, num_of(prog, "t_ms"), a, sizeof a));
+  if (plan)
+    fprintf(f, "  plan        generation %.0f (%s): %d ranks, dp %.0f x tp %.0f x pp %.0f, accum %.0f, %s\n",
+            num_of(plan, "generation"), str_of(plan, "cause", "?"),
+            cJSON_GetArraySize(cJSON_GetObjectItemCaseSensitive(plan, "ranks")), num_of(plan, "dp"), num_of(plan, "tp"),
+            num_of(plan, "pp"), num_of(plan, "accum"), ago(now, num_of(plan, "created_ms"), a, sizeof a));
+  if (ckpt) fprintf(f, "  checkpoint  step %.0f in %s\n", num_of(ckpt, "step"), str_of(ckpt, "dir", "?"));
+
   const cJSON *workers = cJSON_GetObjectItemCaseSensitive(j, "workers");
-  printf("%d workers:\n", cJSON_GetArraySize(workers));
+  fprintf(f, "\nworkers (%d)\n", cJSON_GetArraySize(workers));
+  if (cJSON_GetArraySize(workers))
+    fprintf(f, "  %-20s %-8s %-10s %-4s %-16s %s\n", "ID", "RANK", "STATE", "GEN", "HOST", "ADDRESS");
   for (const cJSON *w = workers ? workers->child : NULL; w; w = w->next) {
     int rank = -1;
     const cJSON *ranks = plan ? cJSON_GetObjectItemCaseSensitive(plan, "ranks") : NULL;
     for (const cJSON *r = ranks ? ranks->child : NULL; r; r = r->next)
       if (strcmp(str_of(r, "worker", ""), str_of(w, "id", "?")) == 0) rank = (int)num_of(r, "rank");
     char rk[16];
-    snprintf(rk, sizeof rk, rank >= 0 ? "rank %d" : "spare", rank);
-    printf("  %-16s %-8s %-10s gen %-4.0f %s %s\n", str_of(w, "id", "?"), rk, str_of(w, "state", "?"),
-           num_of(w, "generation"), str_of(w, "host", "?"), str_of(w, "addr", ""));
+    snprintf(rk, sizeof rk, rank >= 0 ? "%d" : "spare", rank);
+    fprintf(f, "  %-20s %-8s %-10s %-4.0f %-16s %s\n", str_of(w, "id", "?"), rk, str_of(w, "state", "?"),
+            num_of(w, "generation"), str_of(w, "host", "?"), str_of(w, "addr", ""));
   }
+
+  const cJSON *recs = cJSON_GetObjectItemCaseSensitive(j, "recoveries");
+  int nrec = cJSON_GetArraySize(recs), i = 0;
+  fprintf(f, "\nrecoveries (%d)%s\n", nrec, nrec ? ": each from its first detection to the next completed step" : "");
+  if (nrec)
+    fprintf(f, "  %-3s %-14s %-12s %-4s %-6s %-9s %-9s %-9s %-9s %-10s %s\n", "#", "WHEN", "CAUSE", "GEN", "RANKS",
+            "PLAN", "COMM", "RESTORE", "TOTAL", "STATE FROM", "STEPS LOST");
+  for (const cJSON *r = recs ? recs->child : NULL; r; r = r->next) {
+    char pl[32], cm[32], rs[32], tot[32];
+    fprintf(f, "  %-3d %-14s %-12s %-4.0f %-6.0f %-9s %-9s %-9s %-9s %-10s %.0f\n", ++i,
+            ago(now, num_of(r, "t_ms"), a, sizeof a), str_of(r, "cause", "?"), num_of(r, "generation"),
+            num_of(r, "world"), ms_of(r, "t_detect", "t_plan", pl, sizeof pl),
+            ms_of(r, "t_plan", "t_comm", cm, sizeof cm), ms_of(r, "t_comm", "t_restore", rs, sizeof rs),
+            ms_of(r, "t_detect", "t_step", tot, sizeof tot), str_of(r, "restore", "?"), num_of(r, "steps_lost"));
+  }
+
   const cJSON *events = cJSON_GetObjectItemCaseSensitive(j, "events");
-  if (cJSON_GetArraySize(events)) printf("events:\n");
+  if (cJSON_GetArraySize(events)) fprintf(f, "\nnewest events\n");
   for (const cJSON *e = events ? events->child : NULL; e; e = e->next) {
-    char *t = newt_json_print(e);
-    printf("  %s\n", t ? t : "?");
-    free(t);
+    fprintf(f, "  %-14s ", ago(now, num_of(e, "t_ms"), b, sizeof b));
+    describe_event(f, e);
+    fputc('\n', f);
   }
+}
+
+/* One look at the job, as text or one JSON line; on a terminal with --watch it replaces the
+ * last one on the screen. */
+static void show(const cJSON *j, int json, int watch, int tty) {
+  if (json) {
+    char *t = newt_json_print(j);
+    printf("%s\n", t ? t : "{}");
+    free(t);
+  } else {
+    char *text = NULL;
+    size_t len = 0;
+    FILE *m = open_memstream(&text, &len);
+    if (!m) return;
+    print_text(m, j, newt_wall_ms());
+    fclose(m);
+    if (watch && tty) printf("\033[H\033[2J"); /* home, clear: the new picture in place */
+    fputs(text, stdout);
+    if (watch && !tty) putchar('\n');
+    free(text);
+  }
+  fflush(stdout);
 }
 
 int newt_cmd_status(int argc, char **argv) {
   cli_etcd_flags ef;
   cli_etcd_flags_init(&ef);
-  int json = 0;
-  int64_t wait_workers = 0, timeout = 60000, nevents = 10;
+  int json = 0, watch = 0;
+  int64_t wait_workers = 0, timeout = 60000, nevents = 10, interval = 1000;
   newt_opt opts[] = {CLI_ETCD_OPTS(&ef),
-                     {"json", NEWT_OPT_FLAG, &json, "print one JSON document"},
+                     {"json", NEWT_OPT_FLAG, &json, "one JSON object per line instead of text"},
+                     {"watch", NEWT_OPT_FLAG, &watch, "refresh every --interval-ms until the job is done"},
+                     {"interval-ms", NEWT_OPT_INT, &interval, "how often --watch refreshes"},
                      {"wait-workers", NEWT_OPT_INT, &wait_workers, "wait until at least N workers are registered"},
                      {"timeout-ms", NEWT_OPT_INT, &timeout, "how long --wait-workers waits"},
                      {"events", NEWT_OPT_INT, &nevents, "newest events to show"},
                      NEWT_OPT_END};
   int rc = newt_opts_exit(newt_opts_parse("status", "--job NAME [flags]", opts, argc, argv, NULL, 0, NULL));
   if (rc >= 0) return rc;
+  if (interval < 50 || nevents < 0) {
+    fprintf(stderr, "newt status: --interval-ms must be at least 50 and --events at least 0\n");
+    return 2;
+  }
   rdzv_etcd_opts eo;
   char *password = NULL;
   rdzv_etcd *c = NULL;
@@ -192,36 +310,42 @@ int newt_cmd_status(int argc, char **argv) {
     free(password);
     return 1;
   }
+  int tty = isatty(STDOUT_FILENO);
   newt_deadline_t d = newt_deadline_in_ms(timeout);
-  cJSON *j = NULL;
   int n = 0;
   newt_result_t r;
-  for (;;) {
-    r = collect(c, ef.job, (int)nevents, &j, &n);
-    if (r != NEWT_OK || n >= wait_workers || newt_deadline_passed(d) || newt_stop_requested()) break;
-    cJSON_Delete(j);
-    j = NULL;
-    newt_sleep_ms(200);
-  }
   rc = 0;
-  if (r != NEWT_OK) {
-    fprintf(stderr, "newt status: %s\n", newt_errmsg());
-    rc = 1;
-  } else {
-    if (json) {
-      char *t = cJSON_Print(j);
-      printf("%s\n", t ? t : "{}");
-      free(t);
-    } else {
-      print_text(j);
+  for (;;) {
+    cJSON *j = NULL;
+    r = collect(c, ef.job, (int)nevents, &j, &n);
+    /* --wait-workers: a job that is not there yet may come */
+    int waiting = (r == NEWT_OK || r == NEWT_ERR_NOTFOUND) && n < wait_workers && !newt_deadline_passed(d) &&
+                  !newt_stop_requested();
+    if (waiting) {
+      cJSON_Delete(j);
+      newt_sleep_ms(200);
+      continue;
     }
+    if (r != NEWT_OK) break;
+    show(j, json, watch, tty);
+    int done = cJSON_GetObjectItemCaseSensitive(j, "done") != NULL;
+    cJSON_Delete(j);
     if (n < wait_workers) {
       fprintf(stderr, "newt status: %d workers registered for job %s after %lld ms, %lld wanted\n", n, ef.job,
               (long long)timeout, (long long)wait_workers);
       rc = 1;
+      break;
     }
+    wait_workers = 0; /* waited for once, before the first look */
+    if (!watch || done) break;
+    for (newt_deadline_t next = newt_deadline_in_ms(interval); !newt_deadline_passed(next) && !newt_stop_requested();)
+      newt_sleep_ms(20);
+    if (newt_stop_requested()) break;
   }
-  cJSON_Delete(j);
+  if (r != NEWT_OK) {
+    fprintf(stderr, "newt status: %s\n", newt_errmsg());
+    rc = 1;
+  }
   rdzv_etcd_free(c);
   free(password);
   return rc;

@@ -9,8 +9,9 @@
  *
  * Checkpoints: with --ckpt-dir DIR it first resumes from the newest valid checkpoint there
  * (weights, AdamW moments, step, data cursor; model/checkpoint.h), then saves one every
- * --ckpt-every steps in the background while it trains on. --log FILE appends one JSON
- * line per step (step, loss with full precision, lr).
+ * --ckpt-every steps in the background while it trains on. --log FILE (or --step-log)
+ * appends one JSON line per step: the step log of `newt run` (job/runlog.h), whose loss
+ * curve `newt report --baseline` draws beside a run's.
  *
  * --device cuda runs the steps on the GPU model (gpt_cuda.h) from the same initial weights
  * and the same batches; the CPU trainer then only initialises and feeds it. */
@@ -19,11 +20,13 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "cli/cmds.h"
 #include "common/clock.h"
 #include "common/opts.h"
 #include "common/sys.h"
+#include "job/runlog.h"
 #include "job/spec.h"
 #include "model/checkpoint.h"
 #include "model/gpt_cuda.h"
@@ -88,7 +91,8 @@ int newt_cmd_train(int argc, char **argv) {
       {"ckpt-every", NEWT_OPT_INT, &ckpt_every, "save a checkpoint every K steps (0: only resume)"},
       {"ckpt-keep", NEWT_OPT_INT, &ckpt_keep, "committed checkpoints to keep"},
       {"ckpt-level", NEWT_OPT_INT, &ckpt_level, "zstd level of checkpoints (0: uncompressed)"},
-      {"log", NEWT_OPT_STR, &log_path, "append one JSON line per step (step, loss, lr) to FILE"},
+      {"log", NEWT_OPT_STR, &log_path, "append one JSON line per step (the step log: step, loss, lr, ...) to FILE"},
+      {"step-log", NEWT_OPT_STR, &log_path, "the same as --log"},
       {"device", NEWT_OPT_STR, &device, "cpu, or cuda (bf16 on the GPU; needs batch % micro-batch == 0)"},
       NEWT_OPT_END,
   };
@@ -161,7 +165,7 @@ int newt_cmd_train(int argc, char **argv) {
   model_loader ld;
   model_trainer tr = {0};
   ckpt_saver *saver = NULL;
-  FILE *steplog = NULL;
+  int steplog = -1;
   model_cuda *gpu = NULL;
   int have_tr = 0;
   int status = 1;
@@ -179,8 +183,8 @@ int newt_cmd_train(int argc, char **argv) {
     res = model_ckpt_trainer_resume(ckpt_dir, &tr, data_desc, 2, &resumed);
     if (res == NEWT_OK && ckpt_every > 0) res = ckpt_saver_init(&saver, &so);
   }
-  if (res == NEWT_OK && log_path && !(steplog = fopen(log_path, "a")))
-    res = NEWT_ERR(NEWT_ERR_SYS, "--log %s: cannot open it for appending", log_path);
+  if (res == NEWT_OK && log_path && (res = job_runlog_open(log_path, 0, &steplog)) != NEWT_OK)
+    res = newt_err_wrap(res, "--log: ");
   if (res == NEWT_OK && on_gpu && (res = model_cuda_init(&gpu, &cfg.model, cfg.micro_batch, cfg.seq_len)) == NEWT_OK)
     res = model_cuda_set_params(gpu, tr.gpt.params);
   if (res != NEWT_OK) {
@@ -201,6 +205,7 @@ int newt_cmd_train(int argc, char **argv) {
   status = 0;
   uint64_t failed_saves = 0;
   const int64_t resumed0 = tr.step;
+  int64_t committed = resumed > 0 ? resumed : 0; /* the newest committed checkpoint, for the step log */
   for (int64_t s = tr.step; s < steps; s++) {
     model_step_info info;
     if ((on_gpu ? cuda_step(&tr, gpu, &ld, &info) : model_trainer_step_data(&tr, &ld, &info)) != NEWT_OK) {
@@ -220,13 +225,10 @@ int newt_cmd_train(int argc, char **argv) {
       status = 1;
       break;
     }
-    if (steplog) {
-      fprintf(steplog, "{\"step\":%lld,\"loss\":%.9g,\"lr\":%.9g}\n", (long long)info.step, info.loss, info.lr);
-      fflush(steplog);
-    }
     if (saver) { /* a failed background save is reported, and training goes on */
       ckpt_save_status st;
       ckpt_saver_status(saver, &st);
+      if (st.last_ok_step > committed) committed = st.last_ok_step;
       if (st.saves_failed > failed_saves) {
         failed_saves = st.saves_failed;
         fprintf(stderr, "newt train: the checkpoint of step %lld failed (the previous one stays the newest): %s\n",
@@ -235,6 +237,13 @@ int newt_cmd_train(int argc, char **argv) {
       int started = 0;
       if (info.step % ckpt_every == 0 && model_ckpt_trainer_save(saver, &tr, data_desc, 1, &started) != NEWT_OK)
         fprintf(stderr, "newt train: checkpoint of step %lld: %s\n", (long long)info.step, newt_errmsg());
+    }
+    if (steplog >= 0) {
+      job_step line = {.step = info.step, .loss = info.loss, .lr = info.lr,
+                       .tokens_per_s = (double)info.tokens / (info.ms / 1e3), .world = 1, .dp = 1,
+                       .generation = 1, .t_ms = newt_wall_ms(), .ckpt = committed};
+      if (job_steplog_append(steplog, &line) != NEWT_OK)
+        fprintf(stderr, "newt train: --log %s: %s\n", log_path, newt_errmsg());
     }
     if (newt_stop_requested()) {
       fprintf(stderr, "newt train: stopping after step %lld (signal)\n", (long long)info.step);
@@ -252,7 +261,7 @@ int newt_cmd_train(int argc, char **argv) {
   }
 done:
   ckpt_saver_free(saver);
-  if (steplog) fclose(steplog);
+  if (steplog >= 0) close(steplog);
   model_cuda_free(gpu);
   if (have_tr) model_trainer_free(&tr);
   model_tokens_close(&tok);

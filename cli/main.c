@@ -3,6 +3,7 @@
 #include <string.h>
 
 #include "cli/cmds.h"
+#include "common/strutil.h"
 #include "common/sys.h"
 
 static const struct {
@@ -13,7 +14,8 @@ static const struct {
     {"run", newt_cmd_run, "start etcd, coordinators and workers on this host and train"},
     {"coordinator", newt_cmd_coordinator, "run a coordinator (leader election, plans, failure detection)"},
     {"worker", newt_cmd_worker, "run one training worker"},
-    {"status", newt_cmd_status, "print a job's state from etcd"},
+    {"status", newt_cmd_status, "show a job's state from etcd (--watch: live)"},
+    {"report", newt_cmd_report, "an HTML page of a run: loss, membership, recoveries, throughput"},
     {"train", newt_cmd_train, "train in one process, without a coordinator"},
     {"ckpt", newt_cmd_ckpt, "list, inspect and verify checkpoints"},
     {"data", newt_cmd_data, "prepare token files"},
@@ -25,6 +27,7 @@ static void usage(FILE *f) {
   fprintf(f, "usage: newt <command> [flags]   (newt <command> --help for its flags)\n\ncommands:\n");
   for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
     fprintf(f, "  %-12s %s\n", commands[i].name, commands[i].help);
+  fprintf(f, "\nflags:\n  %-12s %s\n  %-12s %s\n", "--help", "this list", "--version", "print newt's version");
 }
 
 int main(int argc, char **argv) {
@@ -40,6 +43,19 @@ int main(int argc, char **argv) {
   newt_signals_install();
   for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
     if (strcmp(argv[1], commands[i].name) == 0) return commands[i].fn(argc - 2, argv + 2);
+  /* a mistyped command (or flag of newt itself): name the one that was meant */
+  static const char *const own_flags[] = {"help", "version", NULL};
+  const char *names[sizeof commands / sizeof commands[0] + 1];
+  for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++) names[i] = commands[i].name;
+  names[sizeof commands / sizeof commands[0]] = NULL;
+  int dashed = argv[1][0] == '-';
+  const char *word = argv[1] + strspn(argv[1], "-");
+  const char *near = newt_closest_name(word, strlen(word), dashed ? own_flags : names);
+  if (near) {
+    fprintf(stderr, "newt: unknown command \"%s\": did you mean %s%s? (newt --help lists them)\n", argv[1],
+            dashed ? "--" : "", near);
+    return 2;
+  }
   fprintf(stderr, "newt: unknown command \"%s\"\n\n", argv[1]);
   usage(stderr);
   return 2;

@@ -2,6 +2,7 @@
 #include "clock.h"
 
 #include <errno.h>
+#include <stdio.h>
 #include <time.h>
 
 uint64_t newt_now_ns(void) {
@@ -34,6 +35,17 @@ int64_t newt_deadline_left_ms(newt_deadline_t d) {
 }
 
 newt_deadline_t newt_deadline_min(newt_deadline_t a, newt_deadline_t b) { return a < b ? a : b; }
+
+char *newt_fmt_duration(double seconds, char *out, size_t cap) {
+  double s = seconds > 0 ? seconds : 0;
+  long r = (long)(s + 0.5); /* whole seconds */
+  if (s < 0.9995) snprintf(out, cap, "%.0f ms", s * 1e3);
+  else if (s < 9.95) snprintf(out, cap, "%.1f s", s);
+  else if (r < 60) snprintf(out, cap, "%ld s", r);
+  else if (r < 3600) snprintf(out, cap, "%ld min %02ld s", r / 60, r % 60);
+  else snprintf(out, cap, "%ld h %02ld min", r / 3600, (r / 60) % 60);
+  return out;
+}
 
 static void sleep_ns(uint64_t ns) {
   struct timespec ts = {(time_t)(ns / 1000000000ull), (long)(ns % 1000000000ull)};

@@ -4,6 +4,7 @@
 #ifndef NEWT_COMMON_CLOCK_H
 #define NEWT_COMMON_CLOCK_H
 
+#include <stddef.h>
 #include <stdint.h>
 
 typedef uint64_t newt_deadline_t;
@@ -17,6 +18,10 @@ newt_deadline_t newt_deadline_in_ms(int64_t ms); /* now + ms; ms < 0 means none 
 int newt_deadline_passed(newt_deadline_t d);
 int64_t newt_deadline_left_ms(newt_deadline_t d); /* >= 0; INT64_MAX for none */
 newt_deadline_t newt_deadline_min(newt_deadline_t a, newt_deadline_t b);
+
+/* A duration for people: "850 ms", "4.2 s", "38 s", "4 min 05 s", "2 h 03 min"
+ * (negative: "0 ms"). Returns out. */
+char *newt_fmt_duration(double seconds, char *out, size_t cap);
 
 void newt_sleep_ms(int64_t ms);
 void newt_sleep_us(int64_t us);

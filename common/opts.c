@@ -97,9 +97,18 @@ newt_result_t newt_opts_parse(const char *cmd, const char *synopsis, const newt_
     size_t nlen = eq ? (size_t)(eq - name) : strlen(name);
     const newt_opt *o = opts;
     while (o->name && !(strlen(o->name) == nlen && strncmp(o->name, name, nlen) == 0)) o++;
-    if (!o->name)
+    if (!o->name) {
+      const char *names[128];
+      size_t n = 0;
+      for (const newt_opt *k = opts; k->name && n + 1 < sizeof names / sizeof names[0]; k++) names[n++] = k->name;
+      names[n] = NULL;
+      const char *near = newt_closest_name(name, nlen, names);
+      if (near)
+        return NEWT_ERR(NEWT_ERR_INVALID, "newt %s: unknown flag --%.*s: did you mean --%s? (see newt %s --help)",
+                        cmd, (int)nlen, name, near, cmd);
       return NEWT_ERR(NEWT_ERR_INVALID, "newt %s: unknown flag --%.*s (see newt %s --help)", cmd,
                       (int)nlen, name, cmd);
+    }
     if (o->type == NEWT_OPT_FLAG) {
       if (eq) return NEWT_ERR(NEWT_ERR_INVALID, "newt %s: --%s takes no value", cmd, o->name);
       *(int *)o->ptr = 1;

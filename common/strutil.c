@@ -3,6 +3,7 @@
 
 #include <errno.h>
 #include <stdarg.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -119,6 +120,39 @@ int newt_parse_size(const char *s, int64_t *out) {
   if (shift && (v > (INT64_MAX >> shift) || v < (INT64_MIN >> shift))) return -1;
   *out = (int64_t)v * ((int64_t)1 << shift);
   return 0;
+}
+
+/* Optimal string alignment distance (Levenshtein with swaps of neighbours), in two rows
+ * plus one; words longer than 63 characters are never close. */
+static size_t edit_distance(const char *a, size_t n, const char *b, size_t m) {
+  enum { MAXW = 64 };
+  if (n >= MAXW || m >= MAXW) return SIZE_MAX;
+  size_t d[MAXW + 1][MAXW + 1];
+  for (size_t i = 0; i <= n; i++) d[i][0] = i;
+  for (size_t j = 0; j <= m; j++) d[0][j] = j;
+  for (size_t i = 1; i <= n; i++)
+    for (size_t j = 1; j <= m; j++) {
+      size_t cost = a[i - 1] != b[j - 1], best = d[i - 1][j - 1] + cost;
+      if (d[i - 1][j] + 1 < best) best = d[i - 1][j] + 1;
+      if (d[i][j - 1] + 1 < best) best = d[i][j - 1] + 1;
+      if (i > 1 && j > 1 && a[i - 1] == b[j - 2] && a[i - 2] == b[j - 1] && d[i - 2][j - 2] + 1 < best)
+        best = d[i - 2][j - 2] + 1;
+      d[i][j] = best;
+    }
+  return d[n][m];
+}
+
+const char *newt_closest_name(const char *word, size_t word_len, const char *const *names) {
+  if (!word_len) return NULL;
+  size_t allowed = word_len <= 4 ? 1 : word_len <= 8 ? 2 : 3, best_d = SIZE_MAX;
+  const char *best = NULL, *prefix_of = NULL;
+  for (size_t i = 0; names[i]; i++) {
+    size_t len = strlen(names[i]), dist = edit_distance(word, word_len, names[i], len);
+    if (dist < best_d) best_d = dist, best = names[i];
+    if (!prefix_of && word_len >= 2 && word_len < len && strncmp(word, names[i], word_len) == 0) prefix_of = names[i];
+  }
+  if (best && best_d <= allowed) return best;
+  return prefix_of;
 }
 
 void newt_hex_encode(const void *in, size_t n, char *out) {

@@ -36,6 +36,12 @@ int newt_parse_size(const char *s, int64_t *out);
 int newt_parse_int(const char *s, int64_t *out);
 int newt_parse_double(const char *s, double *out);
 
+/* The closest of the NULL-terminated `names` to a mistyped `word` (edits: insert, delete,
+ * substitute, swap two neighbours), or NULL when none is close enough to be what was meant
+ * (at most 1 edit for words of up to 4 characters, 2 up to 8, 3 beyond; or a name the
+ * word is a prefix of). For "did you mean --nproc?" after an unknown flag or command. */
+const char *newt_closest_name(const char *word, size_t word_len, const char *const *names);
+
 /* Lowercase hex of n bytes into out (2n+1 bytes). */
 void newt_hex_encode(const void *in, size_t n, char *out);
 /* Decodes 2n hex digits; 0 or -1. */

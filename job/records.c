@@ -288,6 +288,45 @@ newt_result_t job_progress_from_json(const char *text, size_t len, job_progress 
   return r;
 }
 
+/* --- a step of the step log ------------------------------------------------------------------- */
+
+char *job_step_to_json(const job_step *s) {
+  cJSON *j = cJSON_CreateObject();
+  if (!j) return NULL;
+  newt_json_add_int(j, "step", s->step);
+  add_real(j, "loss", s->loss);
+  add_real(j, "lr", s->lr);
+  add_real(j, "tokens_per_s", s->tokens_per_s);
+  newt_json_add_int(j, "world", s->world);
+  newt_json_add_int(j, "dp", s->dp);
+  newt_json_add_int(j, "generation", (int64_t)s->generation);
+  newt_json_add_int(j, "t_ms", (int64_t)s->t_ms);
+  newt_json_add_int(j, "ckpt", s->ckpt);
+  return finish(j);
+}
+
+newt_result_t job_step_from_json(const char *text, size_t len, job_step *out) {
+  const char *what = "step";
+  cJSON *j;
+  NEWT_CHECK(parse_object(text, len, what, &j));
+  job_step s;
+  memset(&s, 0, sizeof s);
+  s.lr = s.tokens_per_s = NAN;
+  s.world = s.dp = s.generation = 1;
+  newt_result_t r = get_range(j, what, "step", 1, 1, INT64_MAX, &s.step);
+  if (r == NEWT_OK) r = get_real(j, what, "loss", 1, &s.loss);
+  if (r == NEWT_OK) r = get_real(j, what, "lr", 0, &s.lr);
+  if (r == NEWT_OK) r = get_real(j, what, "tokens_per_s", 0, &s.tokens_per_s);
+  if (r == NEWT_OK) r = get_range(j, what, "world", 0, 1, INT32_MAX, &s.world);
+  if (r == NEWT_OK) r = get_range(j, what, "dp", 0, 1, INT32_MAX, &s.dp);
+  if (r == NEWT_OK) r = get_ms(j, what, "generation", 0, &s.generation);
+  if (r == NEWT_OK) r = get_ms(j, what, "t_ms", 0, &s.t_ms);
+  if (r == NEWT_OK) r = get_range(j, what, "ckpt", 0, 0, INT64_MAX, &s.ckpt);
+  cJSON_Delete(j);
+  if (r == NEWT_OK) *out = s;
+  return r;
+}
+
 /* --- done ------------------------------------------------------------------------------------ */
 
 char *job_done_to_json(const job_done *d) {

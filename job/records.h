@@ -113,6 +113,24 @@ typedef struct job_progress {
 char *job_progress_to_json(const job_progress *p);
 newt_result_t job_progress_from_json(const char *text, size_t len, job_progress *out);
 
+/* --- one step of the step log (a file beside the job, not a key in etcd: job/runlog.h) ------- */
+
+typedef struct job_step {
+  int64_t step;         /* the step just done (1-based) */
+  double loss;          /* its mean token loss; NaN when not finite (written as null) */
+  double lr;            /* the learning rate it applied */
+  double tokens_per_s;  /* tokens of the step over its wall time */
+  int64_t world, dp;    /* ranks of the plan, its data-parallel size */
+  uint64_t generation;  /* the plan's generation (1 for `newt train`) */
+  uint64_t t_ms;        /* wall ms when the step was done */
+  int64_t ckpt;         /* the newest committed checkpoint the writer knows of (0: none) */
+} job_step;
+
+/* {"step","loss","lr","tokens_per_s","world","dp","generation","t_ms","ckpt"}, in this
+ * order, on one line; malloc'd, NULL on no memory. */
+char *job_step_to_json(const job_step *s);
+newt_result_t job_step_from_json(const char *text, size_t len, job_step *out);
+
 /* --- the end marker ------------------------------------------------------------------------- */
 
 typedef struct job_done {

@@ -5,7 +5,11 @@
  * and pairs each fault it injected with the recovery the coordinator recorded for it:
  * faults carry the wall-clock time they were injected, recovery events the times of
  * detection, plan, communicator, restore and first step, so the summary's intervals are
- * differences of wall-clock times taken on this one host. */
+ * differences of wall-clock times taken on this one host.
+ *
+ * The run's files for `newt report` live in the log directory: rank 0 appends the step log
+ * (each worker is started with --step-log), and every event the watch brings is appended
+ * to the event log as it is handled. */
 #include "launch/launcher.h"
 
 #include <errno.h>
@@ -28,6 +32,7 @@
 #include "common/sys.h"
 #include "job/plan.h"
 #include "job/records.h"
+#include "job/runlog.h"
 #include "rendezvous/etcd_server.h"
 #include "rendezvous/rdzv.h"
 
@@ -62,6 +67,12 @@ typedef struct run {
   fault *faults;
   int nfaults;
   int recoveries_seen;
+  int event_log_fd; /* the event log (-1: none) */
+  int tty;          /* stderr is a terminal: the live line refreshes in place */
+  int line_open;    /* the live line is on the terminal, not ended by a line break */
+  double t_line;    /* when the last plain live line was printed */
+  double t_step0;   /* when the live line first saw a step, and which (for the ETA) */
+  int64_t step0;
 
   pthread_mutex_t mu; /* the picture the watch keeps: */
   int64_t step, gen;
@@ -81,6 +92,14 @@ typedef struct run {
   int etcd_fault;       /* index into faults */
 } run;
 
+/* What starts a line of news: a line break ending the live line, when one is open on the
+ * terminal (the news line then closes it). */
+static const char *news(run *r) {
+  const char *s = r->line_open ? "\n" : "";
+  r->line_open = 0;
+  return s;
+}
+
 /* --- processes ------------------------------------------------------------------------------- */
 
 static newt_result_t spawn(run *r, proc_kind kind, int index) {
@@ -88,7 +107,7 @@ static newt_result_t spawn(run *r, proc_kind kind, int index) {
   snprintf(name, sizeof name, "%s%d", kind == PROC_WORKER ? "w" : "c", index);
   snprintf(logp, sizeof logp, "%s/%s.log", r->res->log_dir, name);
   snprintf(threads, sizeof threads, "%d", r->o->threads > 0 ? r->o->threads : 1);
-  const char *argv[20];
+  const char *argv[24];
   int a = 0;
   argv[a++] = r->exe;
   argv[a++] = kind == PROC_WORKER ? "worker" : "coordinator";
@@ -101,6 +120,8 @@ static newt_result_t spawn(run *r, proc_kind kind, int index) {
   if (kind == PROC_WORKER) {
     argv[a++] = "--threads";
     argv[a++] = threads;
+    argv[a++] = "--step-log";
+    argv[a++] = r->res->step_log;
   } else {
     argv[a++] = "--metrics-port";
     argv[a++] = "0";
@@ -146,7 +167,7 @@ static void reap(run *r) {
     char how[64];
     newt_proc_status_str(st, how, sizeof how);
     int expected = r->done || p->killed_by_chaos || (WIFEXITED(st) && WEXITSTATUS(st) == 0);
-    if (!expected && !r->o->quiet) fprintf(stderr, "\nnewt run: %s exited (%s); see %s/%s.log\n", p->name, how, r->res->log_dir, p->name);
+    if (!expected && !r->o->quiet) fprintf(stderr, "%snewt run: %s exited (%s); see %s/%s.log\n", news(r), p->name, how, r->res->log_dir, p->name);
     if (p->kind == PROC_COORD && p->killed_by_chaos && !r->done) {
       if (spawn(r, PROC_COORD, r->next_coord++) != NEWT_OK)
         fprintf(stderr, "newt run: restarting a coordinator: %s\n", newt_errmsg());
@@ -313,7 +334,7 @@ static void fire(run *r, chaos_event *e) {
     fprintf(stderr, "newt run: chaos %s: no such process\n", what);
     return;
   }
-  if (!r->o->quiet) fprintf(stderr, "\nnewt run: chaos: %s\n", what);
+  if (!r->o->quiet) fprintf(stderr, "%snewt run: chaos: %s\n", news(r), what);
 }
 
 /* --- recoveries -------------------------------------------------------------------------- */
@@ -332,7 +353,7 @@ static int64_t diff(uint64_t a, uint64_t b) { return a >= b ? (int64_t)(a - b) :
 /* The faults a recovery answers: every unmatched fault of its kind injected before its
  * plan (several at once are coalesced into one plan); for a crash or hang, any worker
  * fault, since a stopped worker may be seen first through its expired lease. */
-static uint64_t match_faults(run *r, const char *cause, uint64_t t_plan) {
+static uint64_t match_faults(run *r, const char *cause, uint64_t t_plan, const char **what) {
   uint64_t first = 0;
   for (int i = 0; i < r->nfaults; i++) {
     fault *f = &r->faults[i];
@@ -345,7 +366,7 @@ static uint64_t match_faults(run *r, const char *cause, uint64_t t_plan) {
               e->action != CHAOS_TERM);
     if (!ok) continue;
     f->matched = 1;
-    if (!first || f->t_ms < first) first = f->t_ms;
+    if (!first || f->t_ms < first) first = f->t_ms, *what = f->what;
   }
   return first;
 }
@@ -357,12 +378,17 @@ static void handle_event(run *r, const job_event *e) {
   if (e->type == JOB_EV_RECOVERED) {
     launcher_recovery *rec = add_recovery(r);
     if (rec) {
-      uint64_t t_fault = match_faults(r, cause, e->t_plan);
+      const char *what = "";
+      uint64_t t_fault = match_faults(r, cause, e->t_plan, &what);
       snprintf(rec->cause, sizeof rec->cause, "%s", cause);
+      snprintf(rec->fault, sizeof rec->fault, "%s", what);
       snprintf(rec->restore, sizeof rec->restore, "%s", restore);
       rec->generation = gen;
       rec->t_fault = t_fault;
       uint64_t from = t_fault ? t_fault : e->t_detect;
+      rec->t_ms = from;
+      rec->step = e->restore_step;
+      rec->world = world;
       rec->detect_ms = diff(e->t_detect, from);
       rec->plan_ms = diff(e->t_plan, e->t_detect);
       rec->comm_ms = diff(e->t_comm, e->t_plan);
@@ -371,9 +397,9 @@ static void handle_event(run *r, const job_event *e) {
       rec->steps_lost = lost;
       if (!r->o->quiet)
         fprintf(stderr,
-                "\nnewt run: recovered from %s in %lld ms (detect %lld, plan %lld, comm %lld, restore %lld ms; "
+                "%snewt run: recovered from %s in %lld ms (detect %lld, plan %lld, comm %lld, restore %lld ms; "
                 "state from %s), generation %lld, %lld ranks, %lld steps lost\n",
-                cause, (long long)rec->total_ms, (long long)rec->detect_ms, (long long)rec->plan_ms,
+                news(r), cause, (long long)rec->total_ms, (long long)rec->detect_ms, (long long)rec->plan_ms,
                 (long long)rec->comm_ms, (long long)rec->restore_ms, restore, (long long)gen, (long long)world,
                 (long long)lost);
     }
@@ -387,16 +413,19 @@ static void handle_event(run *r, const job_event *e) {
       if (!rec) break;
       snprintf(rec->cause, sizeof rec->cause, "coordinator");
       snprintf(rec->restore, sizeof rec->restore, "memory");
-      rec->t_fault = f->t_ms;
+      snprintf(rec->fault, sizeof rec->fault, "%s", f->what);
+      rec->t_fault = rec->t_ms = f->t_ms;
+      rec->step = r->step;
+      rec->world = r->world;
       rec->detect_ms = rec->total_ms = diff(e->t_ms, f->t_ms);
       if (!r->o->quiet)
-        fprintf(stderr, "\nnewt run: a new coordinator leads %lld ms after the leader was lost; training went on\n",
-                (long long)rec->total_ms);
+        fprintf(stderr, "%snewt run: a new coordinator leads %lld ms after the leader was lost; training went on\n",
+                news(r), (long long)rec->total_ms);
     }
   } else if (e->type == JOB_EV_PLAN && !r->o->quiet && strcmp(cause, "initial") != 0) {
-    fprintf(stderr, "\nnewt run: plan %lld (%s): %lld ranks\n", (long long)gen, cause, (long long)world);
+    fprintf(stderr, "%snewt run: plan %lld (%s): %lld ranks\n", news(r), (long long)gen, cause, (long long)world);
   } else if (e->type == JOB_EV_WAITING && !r->o->quiet) {
-    fprintf(stderr, "\nnewt run: the coordinator waits for workers: %s\n", e->why);
+    fprintf(stderr, "%snewt run: the coordinator waits for workers: %s\n", news(r), e->why);
   }
 }
 
@@ -421,7 +450,10 @@ static void etcd_tick(run *r) {
     if (!rec) return;
     snprintf(rec->cause, sizeof rec->cause, "etcd");
     snprintf(rec->restore, sizeof rec->restore, "memory");
-    rec->t_fault = f->t_ms;
+    snprintf(rec->fault, sizeof rec->fault, "%s", f->what);
+    rec->t_fault = rec->t_ms = f->t_ms;
+    rec->step = r->step;
+    rec->world = r->world;
     rec->detect_ms = diff(r->etcd_back_ms, f->t_ms);
     rec->total_ms = diff(r->progress_t_ms, f->t_ms);
     if (!r->o->quiet)
@@ -432,12 +464,64 @@ static void etcd_tick(run *r) {
 
 /* --- the run ------------------------------------------------------------------------------ */
 
-static void live_line(run *r, double t0) {
+/* The live line. On a terminal: one line refreshed in place, with the time left at the
+ * pace since the first step seen. Elsewhere (a log file, a CI console): a plain line every
+ * few seconds, and the last one. No loss is shown before the first step. */
+static void live_line(run *r, double t0, int last) {
   if (r->o->quiet) return;
-  fprintf(stderr, "\rstep %6lld/%lld | loss %.4f | %8.0f tok/s | world %d (dp %d) | gen %lld | recoveries %d | %.0f s   ",
-          (long long)r->step, (long long)r->o->spec.steps, r->loss, r->tps, r->world, r->dp, (long long)r->gen,
-          r->res->nrecoveries, newt_now_s() - t0);
+  double now = newt_now_s();
+  int64_t step = r->step, steps = r->o->spec.steps;
+  if (step > 0 && !r->t_step0) r->t_step0 = now, r->step0 = step;
+  if (!r->tty && !last && now - r->t_line < 5.0) return;
+  r->t_line = now;
+  char took[32], left[48] = "";
+  newt_fmt_duration(now - t0, took, sizeof took);
+  if (step > r->step0 && step < steps && now > r->t_step0) {
+    char d[32];
+    double rate = (double)(step - r->step0) / (now - r->t_step0);
+    snprintf(left, sizeof left, r->tty ? ", ETA %s" : ", about %s to go", newt_fmt_duration((double)(steps - step) / rate, d, sizeof d));
+  }
+  const char *rec = r->res->nrecoveries == 1 ? "recovery" : "recoveries";
+  if (r->tty && step <= 0)
+    fprintf(stderr, "\r\033[Kstarting %d workers: waiting for the first step | %s", r->o->nproc, took);
+  else if (r->tty)
+    fprintf(stderr, "\r\033[Kstep %lld/%lld (%.0f%%) | loss %.4f | %.0f tok/s | world %d (dp %d) | gen %lld | %d %s | %s%s",
+            (long long)step, (long long)steps, 100.0 * (double)step / (double)steps, r->loss, r->tps, r->world, r->dp,
+            (long long)r->gen, r->res->nrecoveries, rec, took, left);
+  else if (step <= 0)
+    fprintf(stderr, "newt run: starting %d workers: no step yet, %s in\n", r->o->nproc, took);
+  else
+    fprintf(stderr, "newt run: step %lld/%lld (%.0f%%), loss %.4f, %.0f tokens/s, world %d (dp %d), generation %lld, %d %s, %s in%s\n",
+            (long long)step, (long long)steps, 100.0 * (double)step / (double)steps, r->loss, r->tps, r->world, r->dp,
+            (long long)r->gen, r->res->nrecoveries, rec, took, left);
+  r->line_open = r->tty;
   fflush(stderr);
+}
+
+/* Handles the events the watch brought, each first appended to the event log. */
+static void take_events(run *r, job_event *evs, int n) {
+  for (int i = 0; i < n; i++) {
+    if (r->event_log_fd >= 0 && job_eventlog_append(r->event_log_fd, &evs[i]) != NEWT_OK) {
+      fprintf(stderr, "newt run: %s: %s (no more events are logged)\n", r->res->event_log, newt_errmsg());
+      close(r->event_log_fd);
+      r->event_log_fd = -1;
+    }
+    handle_event(r, &evs[i]);
+    job_event_free(&evs[i]);
+  }
+}
+
+/* The run's files (job/runlog.h), started empty: a log directory used before holds no
+ * earlier run's lines. */
+static newt_result_t open_run_files(run *r) {
+  launcher_result *res = r->res;
+  if (r->o->step_log) snprintf(res->step_log, sizeof res->step_log, "%s", r->o->step_log);
+  else snprintf(res->step_log, sizeof res->step_log, "%s/steps.jsonl", res->log_dir);
+  snprintf(res->event_log, sizeof res->event_log, "%s/events.jsonl", res->log_dir);
+  int fd;
+  NEWT_CHECK(job_runlog_open(res->step_log, 1, &fd));
+  close(fd);
+  return job_runlog_open(res->event_log, 1, &r->event_log_fd);
 }
 
 static newt_result_t start(run *r) {
@@ -450,6 +534,7 @@ static newt_result_t start(run *r) {
     snprintf(r->res->log_dir, sizeof r->res->log_dir, "/tmp/newt-run-%s-XXXXXX", o->spec.job);
     if (!mkdtemp(r->res->log_dir)) return NEWT_ERR(NEWT_ERR_SYS, "mkdtemp %s: %s", r->res->log_dir, strerror(errno));
   }
+  NEWT_CHECK(open_run_files(r));
   if (o->etcd) {
     snprintf(r->etcd_url, sizeof r->etcd_url, "%s", o->etcd);
   } else {
@@ -515,8 +600,11 @@ newt_result_t launcher_run(const launcher_opts *o, launcher_result *res) {
   r->o = o;
   r->res = res;
   r->etcd_fault = -1;
+  r->event_log_fd = -1;
+  r->tty = isatty(STDERR_FILENO);
   pthread_mutex_init(&r->mu, NULL);
   double t0 = newt_now_s();
+  res->t_start_ms = newt_wall_ms();
   newt_result_t rc = NEWT_OK;
   for (int i = 0; i < o->chaos.n; i++)
     if (o->chaos.events[i].target == CHAOS_ETCD && o->etcd) {
@@ -542,10 +630,7 @@ newt_result_t launcher_run(const launcher_opts *o, launcher_result *res) {
     int64_t step = r->step;
     int done = r->done;
     pthread_mutex_unlock(&r->mu);
-    for (int i = 0; i < nev; i++) {
-      handle_event(r, &evs[i]);
-      job_event_free(&evs[i]);
-    }
+    take_events(r, evs, nev);
     free(evs);
     if (done) break;
     for (int i = 0; i < chaos.n; i++)
@@ -553,7 +638,7 @@ newt_result_t launcher_run(const launcher_opts *o, launcher_result *res) {
     etcd_tick(r);
     reap(r);
     if (newt_now_s() - last_line > 0.2) {
-      live_line(r, t0);
+      live_line(r, t0, 0);
       last_line = newt_now_s();
     }
     if (newt_stop_requested()) {
@@ -582,14 +667,11 @@ newt_result_t launcher_run(const launcher_opts *o, launcher_result *res) {
   /* the last events (the final recovery, "done") */
   newt_sleep_ms(r->done ? 100 : 0);
   pthread_mutex_lock(&r->mu);
-  for (int i = 0; i < r->nevents; i++) {
-    handle_event(r, &r->events[i]);
-    job_event_free(&r->events[i]);
-  }
+  take_events(r, r->events, r->nevents);
   r->nevents = 0;
   pthread_mutex_unlock(&r->mu);
-  live_line(r, t0);
-  if (!o->quiet) fputc('\n', stderr);
+  live_line(r, t0, 1);
+  if (!o->quiet && r->line_open) fputs(news(r), stderr);
   res->done = r->done;
   res->steps = r->done ? r->done_step : r->step;
   res->final_loss = r->done ? r->done_loss : r->loss;
@@ -600,6 +682,7 @@ exit:
   if (r->watch) rdzv_etcd_watch_free(r->watch);
   if (r->etcd) rdzv_etcd_free(r->etcd);
   if (r->server) rdzv_etcd_server_free(r->server);
+  if (r->event_log_fd >= 0) close(r->event_log_fd);
   for (int i = 0; i < r->nevents; i++) job_event_free(&r->events[i]);
   free(r->events);
   free(r->procs);
@@ -626,13 +709,18 @@ char *launcher_summary_json(const launcher_opts *o, const launcher_result *res) 
   newt_json_add_int(j, "samples_consumed", res->samples_consumed);
   newt_json_add_int(j, "global_batch", o->spec.global_batch);
   newt_json_add_int(j, "workers", o->nproc);
+  newt_json_add_int(j, "steps_planned", o->spec.steps);
   cJSON_AddNumberToObject(j, "wall_s", res->wall_s);
+  newt_json_add_int(j, "t_start_ms", (int64_t)res->t_start_ms);
   cJSON *recs = cJSON_AddArrayToObject(j, "recoveries");
   for (int i = 0; i < res->nrecoveries; i++) {
     const launcher_recovery *r = &res->recoveries[i];
     cJSON *e = cJSON_CreateObject();
     cJSON_AddStringToObject(e, "cause", r->cause);
     newt_json_add_int(e, "generation", r->generation);
+    newt_json_add_int(e, "step", r->step);
+    newt_json_add_int(e, "world", r->world);
+    newt_json_add_int(e, "t_ms", (int64_t)r->t_ms);
     newt_json_add_int(e, "detect_ms", r->detect_ms);
     newt_json_add_int(e, "plan_ms", r->plan_ms);
     newt_json_add_int(e, "comm_ms", r->comm_ms);
@@ -641,9 +729,12 @@ char *launcher_summary_json(const launcher_opts *o, const launcher_result *res) 
     newt_json_add_int(e, "steps_lost", r->steps_lost);
     cJSON_AddStringToObject(e, "restore", r->restore);
     cJSON_AddBoolToObject(e, "injected", r->t_fault != 0);
+    if (r->fault[0]) cJSON_AddStringToObject(e, "fault", r->fault);
     cJSON_AddItemToArray(recs, e);
   }
   cJSON_AddStringToObject(j, "log_dir", res->log_dir);
+  cJSON_AddStringToObject(j, "step_log", res->step_log);
+  cJSON_AddStringToObject(j, "event_log", res->event_log);
   char *s = cJSON_Print(j);
   cJSON_Delete(j);
   return s;

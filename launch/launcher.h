@@ -1,7 +1,9 @@
 /* The single-host launcher behind `newt run` and `newt bench recovery`: a private etcd
  * (unless one is given), K coordinators and N workers as separate processes, faults
  * injected for real at given steps (--chaos), a live progress line, and a summary of the
- * run with one entry per recovery. */
+ * run with one entry per recovery. In its log directory it keeps the run's files for
+ * `newt report` (job/runlog.h): the step log that rank 0 writes (steps.jsonl) and every
+ * event of the leader as it saw them in etcd (events.jsonl). */
 #ifndef NEWT_LAUNCH_LAUNCHER_H
 #define NEWT_LAUNCH_LAUNCHER_H
 
@@ -20,6 +22,7 @@ typedef struct launcher_opts {
   chaos_plan chaos;
   const char *summary;  /* write the summary JSON here; may be NULL */
   const char *log_dir;  /* per-process logs; NULL: a new directory under /tmp */
+  const char *step_log; /* the step log; NULL: steps.jsonl in the log directory */
   int threads;          /* per worker */
   int quiet;            /* no live line, no event lines */
   int64_t timeout_ms;   /* give up when the job is not done by then (0: none) */
@@ -27,7 +30,11 @@ typedef struct launcher_opts {
 
 typedef struct launcher_recovery {
   char cause[16];
+  char fault[64];   /* the injected fault it answers ("kill:worker:1@step=100"; "": none) */
   uint64_t t_fault; /* wall ms of the fault (0: not injected by us) */
+  uint64_t t_ms;    /* wall ms it began: the fault, or its detection when not injected */
+  int64_t step;     /* the step training went on from (the state restored) */
+  int64_t world;    /* ranks after it */
   int64_t detect_ms, plan_ms, comm_ms, restore_ms, total_ms, steps_lost;
   int64_t generation;
   char restore[8];
@@ -43,6 +50,9 @@ typedef struct launcher_result {
   launcher_recovery *recoveries;
   int nrecoveries;
   char log_dir[512];
+  char step_log[600];   /* the run's files (job/runlog.h) */
+  char event_log[600];
+  uint64_t t_start_ms;  /* wall ms the run started */
 } launcher_result;
 
 /* Runs the job to its end. NEWT_OK when it finished; the result is filled either way. */
@@ -52,5 +62,17 @@ void launcher_result_free(launcher_result *res);
 /* The summary document of docs/elastic.md (steps, final_loss, generations, samples_consumed,
  * recoveries[] with cause and timings); malloc'd. */
 char *launcher_summary_json(const launcher_opts *o, const launcher_result *res);
+
+/* A summary read back (launch/summary.c), for `newt report`. */
+typedef struct launcher_summary {
+  char job[64];
+  int64_t steps_planned; /* the spec's steps (0: not recorded) */
+  int64_t global_batch, workers;
+  launcher_result res;   /* recoveries malloc'd: launcher_result_free */
+} launcher_summary;
+
+/* Parses what launcher_summary_json writes; errors name the field
+ * ("summary.recoveries[1].total_ms: ..."). */
+newt_result_t launcher_summary_from_json(const char *text, size_t len, launcher_summary *out);
 
 #endif

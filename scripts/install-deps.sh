@@ -8,7 +8,10 @@ profile=${1:-build}
 
 build="cmake make gcc pkg-config libcurl4-openssl-dev libcjson-dev libzstd-dev libxxhash-dev
        libopenblas-dev libssl-dev libmicrohttpd-dev etcd-server"
-test="$build clang libclang-rt-14-dev openssl valgrind iproute2 etcd-client yamllint nodejs npm unzip"
+# chromium and a font: the report of `newt report` is checked in a real headless browser
+test="$build clang libclang-rt-14-dev openssl valgrind iproute2 etcd-client yamllint nodejs npm unzip
+      chromium fonts-dejavu-core"
+# the demo ends by writing its report (an HTML file: any browser opens it, none is needed)
 demo="$build bible-kjv"
 
 case "$profile" in

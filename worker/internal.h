@@ -18,6 +18,7 @@
 #include "ckpt/ckpt.h"
 #include "comm/comm.h"
 #include "job/plan.h"
+#include "job/records.h"
 #include "job/spec.h"
 #include "model/loader.h"
 #include "model/parallel.h"
@@ -86,6 +87,9 @@ typedef struct worker {
                         copied to the next rank); a failed step may have advanced par.step */
   double last_loss;
   FILE *sample_log; /* NEWT_SAMPLE_LOG_DIR: the samples of every step, for tests */
+  int step_log_fd;  /* --step-log, appended to while rank 0 (-1: none) */
+  job_step last_step;   /* the step log's line of the last step this rank did */
+  int last_step_logged; /* ... and whether this rank wrote it */
   ckpt_saver *saver; /* this generation's (save.c) */
   int64_t ckpt_failed_step, ckpt_published;
   int leave_announced;

@@ -28,6 +28,7 @@
 #include "common/sys.h"
 #include "job/plan.h"
 #include "job/records.h"
+#include "job/runlog.h"
 #include "model/ops.h"
 #include "rendezvous/rdzv.h"
 #include "worker/internal.h"
@@ -228,9 +229,9 @@ typedef enum gen_outcome { GEN_DONE, GEN_LEAVE, GEN_NEXT } gen_outcome;
 
 /* One optimizer step of generation p: this rank's data-parallel slice of the global
  * batch through the parallel trainer, whose closing all-reduce also carries the control
- * values (leave, switch); then the neighbour's replica of the ZeRO shard. *loss is the
- * step's mean loss (the same on every rank). */
-static newt_result_t train_step(worker *w, const newt_plan *p, float ctl[2], double *loss) {
+ * values (leave, switch); then the neighbour's replica of the ZeRO shard. info->loss is
+ * the step's mean loss (the same on every rank). */
+static newt_result_t train_step(worker *w, const newt_plan *p, float ctl[2], model_step_info *info) {
   const model_par_config *pc = &w->par.pc;
   int64_t first, count;
   uint64_t cursor = worker_cursor(w);
@@ -250,9 +251,7 @@ static newt_result_t train_step(worker *w, const newt_plan *p, float ctl[2], dou
   ctl[1] = (float)atomic_load(&w->switch_pending);
   NEWT_CHECK(worker_snapshot(w));
   model_par_step_opts opts = {.ctl = ctl, .nctl = 2};
-  model_step_info info;
-  NEWT_CHECK(model_par_step(&w->par, &w->comms, w->inputs, w->targets, (int)count, &opts, &info));
-  *loss = info.loss;
+  NEWT_CHECK(model_par_step(&w->par, &w->comms, w->inputs, w->targets, (int)count, &opts, info));
   if (w->sample_log) {
     fprintf(w->sample_log, "A %llu %lld %llu\n", (unsigned long long)p->generation, (long long)w->par.step,
             (unsigned long long)newt_wall_ms());
@@ -261,6 +260,18 @@ static newt_result_t train_step(worker *w, const newt_plan *p, float ctl[2], dou
   NEWT_CHECK(worker_replicate(w));
   w->done_step = w->par.step;
   return NEWT_OK;
+}
+
+/* The step log (--step-log): rank 0 appends each step's line. Every rank keeps the line of
+ * the last step it did, so that when a rank 0 is killed before it wrote its last step's
+ * line, the next rank 0 writes it, having done that step too (a line twice is harmless:
+ * readers keep one per step). */
+static void log_step(worker *w, int rank0, const job_step *line) {
+  w->last_step = *line;
+  w->last_step_logged = rank0 && w->step_log_fd >= 0;
+  if (!w->last_step_logged) return;
+  if (job_steplog_append(w->step_log_fd, line) != NEWT_OK) /* the log is for people: training goes on */
+    NEWT_WARN(WORKER, "%s: --step-log %s: %s", w->id, w->o->step_log, newt_errmsg());
 }
 
 static void end_generation(worker *w, comm_t *c, comm_t *train) {
@@ -332,6 +343,9 @@ static newt_result_t run_generation(worker *w, const newt_plan *p, gen_outcome *
             (long long)p->accum);
   r = worker_restore(w, c, p, &pc);
   w->t_restore = newt_wall_ms();
+  /* a rank 0 killed right after a step may have taken that step's line with it */
+  if (r == NEWT_OK && me->rank == 0 && !w->last_step_logged && w->last_step.step == w->par.step && w->par.step > 0)
+    log_step(w, 1, &w->last_step);
   if (r == NEWT_OK) r = worker_ckpt_generation(w, p, me);
   int first = 1;
   double t_last = newt_now_s();
@@ -342,9 +356,10 @@ static newt_result_t run_generation(worker *w, const newt_plan *p, gen_outcome *
       break;
     }
     float ctl[2];
-    double loss = 0;
-    r = train_step(w, p, ctl, &loss);
+    model_step_info info;
+    r = train_step(w, p, ctl, &info);
     if (r != NEWT_OK) break;
+    double loss = info.loss;
     double now = newt_now_s();
     double tps = (double)tokens / (now - t_last);
     t_last = now;
@@ -359,6 +374,9 @@ static newt_result_t run_generation(worker *w, const newt_plan *p, gen_outcome *
     newt_result_t cr = worker_ckpt_step(w, p, me);
     if (cr != NEWT_OK) /* a checkpoint that cannot start is reported, training goes on */
       NEWT_WARN(WORKER, "%s: checkpoint of step %lld: %s", w->id, (long long)w->par.step, newt_errmsg());
+    job_step line = {.step = w->par.step, .loss = loss, .lr = info.lr, .tokens_per_s = tps, .world = p->nranks,
+                     .dp = p->dp, .generation = p->generation, .t_ms = newt_wall_ms(), .ckpt = w->ckpt_published};
+    log_step(w, me->rank == 0, &line);
     if (ctl[0] > 0) {
       *how = newt_stop_requested() ? GEN_LEAVE : GEN_NEXT;
       NEWT_INFO(WORKER, "%s: a rank leaves after step %lld", w->id, (long long)w->par.step);
@@ -451,6 +469,7 @@ static newt_result_t setup(worker *w, const worker_opts *o) {
     w->sample_log = fopen(path, "a");
     if (!w->sample_log) return NEWT_ERR(NEWT_ERR_SYS, "NEWT_SAMPLE_LOG_DIR: cannot open %s", path);
   }
+  if (o->step_log && *o->step_log) NEWT_CHECK(job_runlog_open(o->step_log, 0, &w->step_log_fd));
   NEWT_CHECK(worker_publisher_start(w));
   NEWT_CHECK(worker_register(w));
   for (;;) { /* etcd away: wait for it */
@@ -475,6 +494,7 @@ static void teardown(worker *w) {
   free(w->inputs);
   free(w->targets);
   if (w->sample_log) fclose(w->sample_log);
+  if (w->step_log_fd >= 0) close(w->step_log_fd);
   if (w->listen_fd > 0) close(w->listen_fd);
   rdzv_etcd_free(w->etcd);
 }
@@ -506,6 +526,7 @@ static void hand_over(worker *w) {
 newt_result_t worker_run(const worker_opts *o) {
   worker *w = calloc(1, sizeof *w);
   NEWT_CHECK_ALLOC(w);
+  w->step_log_fd = -1;
   pthread_mutex_init(&w->mu, NULL);
   pthread_cond_init(&w->cv, NULL);
   newt_result_t r = setup(w, o);

@@ -24,6 +24,7 @@ typedef struct worker_opts {
   int device;       /* CUDA device; -1: CPU */
   int threads;      /* compute threads */
   int64_t spec_wait_ms; /* how long to wait for the job's spec to appear in etcd */
+  const char *step_log; /* while rank 0, append a line per step here (job/runlog.h); NULL: none */
 } worker_opts;
 
 /* Runs the worker until the job is done (NEWT_OK), it left gracefully on SIGTERM

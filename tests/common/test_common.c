@@ -128,6 +128,26 @@ static void test_opts(void) {
   T_CHECK(strstr(newt_errmsg(), "--n expects an integer") != NULL);
   char *bad3[] = {"--n"};
   T_ERR(NEWT_ERR_INVALID, newt_opts_parse("t", NULL, opts, 1, bad3, pos, 2, &npos));
+  /* a near miss names the flag that was meant; a far one does not guess */
+  char *typo[] = {"--szie", "1"};
+  T_ERR(NEWT_ERR_INVALID, newt_opts_parse("t", NULL, opts, 2, typo, pos, 2, &npos));
+  T_CHECK_MSG(strstr(newt_errmsg(), "unknown flag --szie: did you mean --size?") != NULL, "%s", newt_errmsg());
+  T_ERR(NEWT_ERR_INVALID, newt_opts_parse("t", NULL, opts, 1, bad1, pos, 2, &npos));
+  T_CHECK(strstr(newt_errmsg(), "did you mean") == NULL);
+}
+
+static void test_closest_name(void) {
+  const char *names[] = {"nproc", "steps", "global-batch", "micro-batch", "status", "run", NULL};
+  const struct {
+    const char *word, *want;
+  } cases[] = {{"nprc", "nproc"},         {"nprocs", "nproc"}, {"npocr", "nproc"},   {"stpes", "steps"},
+               {"global-bacth", "global-batch"}, {"micro", "micro-batch"}, {"rnu", "run"},
+               {"statsu", "status"},       {"xyz", NULL},       {"", NULL},         {"checkpoint", NULL}};
+  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+    const char *got = newt_closest_name(cases[i].word, strlen(cases[i].word), names);
+    T_CHECK_MSG((got == NULL && cases[i].want == NULL) || (got && cases[i].want && strcmp(got, cases[i].want) == 0),
+                "closest(%s) = %s, want %s", cases[i].word, got ? got : "none", cases[i].want ? cases[i].want : "none");
+  }
 }
 
 static void test_proc(void) {
@@ -148,6 +168,18 @@ static void test_proc(void) {
   T_OK(newt_proc_stop(pid, 2000)); /* stopped processes still get stopped */
   T_CHECK(newt_now_s() - t0 < 5);
   T_CHECK(!newt_proc_alive(pid));
+}
+
+static void test_fmt_duration(void) {
+  const struct {
+    double s;
+    const char *want;
+  } cases[] = {{-1, "0 ms"},        {0.3344, "334 ms"},     {1.25, "1.2 s"},         {9.99, "10 s"},
+               {38.4, "38 s"},      {59.6, "1 min 00 s"},   {245, "4 min 05 s"},     {7380, "2 h 03 min"}};
+  char buf[32];
+  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
+    T_CHECK_MSG(strcmp(newt_fmt_duration(cases[i].s, buf, sizeof buf), cases[i].want) == 0, "%g s: \"%s\", want \"%s\"",
+                cases[i].s, buf, cases[i].want);
 }
 
 static void test_clock(void) {
@@ -173,7 +205,9 @@ int main(void) {
   T_RUN(test_json);
   T_RUN(test_fs);
   T_RUN(test_opts);
+  T_RUN(test_closest_name);
   T_RUN(test_proc);
   T_RUN(test_clock);
+  T_RUN(test_fmt_duration);
   return T_DONE();
 }

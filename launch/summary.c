@@ -1,0 +1,82 @@
+/* The summary of a run read back (launcher.h): the parser of what launcher_summary_json
+ * writes, for `newt report`. A summary is a file a person may have edited or truncated, so
+ * every field is checked and a bad one named; fields added later (step, t_ms and fault of a
+ * recovery, t_start_ms, steps_planned, the run's files) are optional, so the summaries of
+ * earlier versions still read. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/json.h"
+#include "launch/launcher.h"
+
+/* An integer field that cannot be negative. */
+static newt_result_t get_count(const cJSON *j, const char *what, const char *field, int required, int64_t *out) {
+  NEWT_CHECK(newt_json_get_int(j, what, field, required, out));
+  if (*out < 0) return NEWT_ERR(NEWT_ERR_INVALID, "%s.%s: %lld is negative", what, field, (long long)*out);
+  return NEWT_OK;
+}
+
+static newt_result_t get_recovery(const cJSON *e, const char *what, launcher_recovery *rec) {
+  memset(rec, 0, sizeof *rec);
+  int injected = 0;
+  int64_t t_ms = 0;
+  newt_result_t r = newt_json_get_strcpy(e, what, "cause", 1, rec->cause, sizeof rec->cause);
+  if (r == NEWT_OK) r = newt_json_get_strcpy(e, what, "fault", 0, rec->fault, sizeof rec->fault);
+  if (r == NEWT_OK) r = newt_json_get_strcpy(e, what, "restore", 0, rec->restore, sizeof rec->restore);
+  if (r == NEWT_OK) r = get_count(e, what, "generation", 0, &rec->generation);
+  if (r == NEWT_OK) r = get_count(e, what, "step", 0, &rec->step);
+  if (r == NEWT_OK) r = get_count(e, what, "world", 0, &rec->world);
+  if (r == NEWT_OK) r = get_count(e, what, "t_ms", 0, &t_ms);
+  if (r == NEWT_OK) r = get_count(e, what, "detect_ms", 1, &rec->detect_ms);
+  if (r == NEWT_OK) r = get_count(e, what, "plan_ms", 1, &rec->plan_ms);
+  if (r == NEWT_OK) r = get_count(e, what, "comm_ms", 1, &rec->comm_ms);
+  if (r == NEWT_OK) r = get_count(e, what, "restore_ms", 1, &rec->restore_ms);
+  if (r == NEWT_OK) r = get_count(e, what, "total_ms", 1, &rec->total_ms);
+  if (r == NEWT_OK) r = get_count(e, what, "steps_lost", 0, &rec->steps_lost);
+  if (r == NEWT_OK) r = newt_json_get_bool(e, what, "injected", 0, &injected);
+  rec->t_ms = (uint64_t)t_ms;
+  rec->t_fault = injected ? (uint64_t)(t_ms ? t_ms : 1) : 0;
+  return r;
+}
+
+newt_result_t launcher_summary_from_json(const char *text, size_t len, launcher_summary *out) {
+  const char *what = "summary";
+  memset(out, 0, sizeof *out);
+  cJSON *j = NULL;
+  NEWT_CHECK(newt_json_parse(text, len, what, &j));
+  launcher_result *res = &out->res;
+  const cJSON *recs = NULL;
+  int64_t t_start = 0;
+  res->final_loss = NAN;
+  newt_result_t r = cJSON_IsObject(j) ? NEWT_OK : NEWT_ERR(NEWT_ERR_INVALID, "summary: expected a JSON object");
+  if (r == NEWT_OK) r = newt_json_get_strcpy(j, what, "job", 0, out->job, sizeof out->job);
+  if (r == NEWT_OK) r = newt_json_get_bool(j, what, "done", 0, &res->done);
+  if (r == NEWT_OK) r = get_count(j, what, "steps", 1, &res->steps);
+  if (r == NEWT_OK) r = newt_json_get_double(j, what, "final_loss", 1, &res->final_loss);
+  if (r == NEWT_OK) r = get_count(j, what, "generations", 1, &res->generations);
+  if (r == NEWT_OK) r = get_count(j, what, "samples_consumed", 1, &res->samples_consumed);
+  if (r == NEWT_OK) r = get_count(j, what, "global_batch", 0, &out->global_batch);
+  if (r == NEWT_OK) r = get_count(j, what, "workers", 0, &out->workers);
+  if (r == NEWT_OK) r = get_count(j, what, "steps_planned", 0, &out->steps_planned);
+  if (r == NEWT_OK) r = newt_json_get_double(j, what, "wall_s", 0, &res->wall_s);
+  if (r == NEWT_OK) r = get_count(j, what, "t_start_ms", 0, &t_start);
+  if (r == NEWT_OK) r = newt_json_get_strcpy(j, what, "log_dir", 0, res->log_dir, sizeof res->log_dir);
+  if (r == NEWT_OK) r = newt_json_get_strcpy(j, what, "step_log", 0, res->step_log, sizeof res->step_log);
+  if (r == NEWT_OK) r = newt_json_get_strcpy(j, what, "event_log", 0, res->event_log, sizeof res->event_log);
+  if (r == NEWT_OK) r = newt_json_get_arr(j, what, "recoveries", 1, &recs);
+  res->t_start_ms = (uint64_t)t_start;
+  int n = recs ? cJSON_GetArraySize(recs) : 0;
+  if (r == NEWT_OK && n > 0 && !(res->recoveries = calloc((size_t)n, sizeof *res->recoveries)))
+    r = NEWT_ERR(NEWT_ERR_NOMEM, "summary.recoveries: out of memory for %d", n);
+  for (const cJSON *e = recs ? recs->child : NULL; r == NEWT_OK && e; e = e->next) {
+    char label[48];
+    snprintf(label, sizeof label, "summary.recoveries[%d]", res->nrecoveries);
+    if (!cJSON_IsObject(e)) r = NEWT_ERR(NEWT_ERR_INVALID, "%s: expected an object", label);
+    else if ((r = get_recovery(e, label, &res->recoveries[res->nrecoveries])) == NEWT_OK) res->nrecoveries++;
+  }
+  cJSON_Delete(j);
+  if (r != NEWT_OK) launcher_result_free(res);
+  return r;
+}

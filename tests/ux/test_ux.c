@@ -1,0 +1,420 @@
+/* What a person sees of newt, checked as a person would see it.
+ *
+ *   cli   a mistyped flag or command names the one that was meant; `newt --help` lists
+ *         --version.
+ *   run   a real `newt run` (its own etcd, real processes) with rank 0 killed (kill -9: the
+ *         writer of the step log) and a worker joining, and all around it:
+ *         - `newt status` against the live job: what it is doing in words, the workers, the
+ *           recoveries as a table, times relative to now; `--watch --json` gives one JSON
+ *           object per line until the job is done; a job that does not exist exits 1 and
+ *           says so;
+ *         - the live line of `newt run` with stderr in a file: plain lines, no carriage
+ *           returns, no loss before the first step;
+ *         - the step log: every step once after stitching, with the fields of its format,
+ *           the generations in order, and the same losses as `newt train` (one process,
+ *           no faults) with the same spec;
+ *         - `newt report` of the run with that training run as --baseline, opened in a real
+ *           headless browser (Debian's chromium): the page loads without a console message,
+ *           its DOM holds the four charts and one marker per recovery of the summary (in
+ *           the loss and membership charts and the bars), and its screenshot is not blank
+ *           (tests/ux/png_check.mjs decodes it). Without chromium the test fails saying so.
+ *
+ *   tty   the live line of `newt run` on a terminal (script(1) gives it one): refreshed in
+ *         place, with an ETA, no loss before the first step.
+ *
+ * usage: test_ux cli|run|tty (one ctest test each). */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "common/fs.h"
+#include "common/json.h"
+#include "common/proc.h"
+#include "job/runlog.h"
+#include "rendezvous/etcd_server.h"
+#include "test.h"
+
+#define STEPS 600
+#define STEPS_S "600"
+#define MODEL "layers=2,channels=64"
+
+static char tmp[] = "/tmp/newt-test-ux-XXXXXX";
+static const char *newt_bin, *source_dir;
+
+/* Runs argv with stdout and stderr into *out (malloc'd); returns the exit status or -1. */
+static int run_capture(const char *const *argv, int64_t timeout_ms, char **out) {
+  char path[512];
+  static int seq;
+  snprintf(path, sizeof path, "%s/out.%d", tmp, seq++);
+  newt_spawn_opts so = {.log_path = path, .die_with_parent = 1};
+  pid_t pid;
+  if (out) *out = NULL;
+  if (newt_proc_spawn(argv, &so, &pid) != NEWT_OK) return -1;
+  int st = 0;
+  if (newt_proc_wait(pid, timeout_ms, &st) != NEWT_OK) {
+    newt_proc_stop(pid, 1000);
+    return -1;
+  }
+  size_t n;
+  if (out && newt_fs_read_all(path, 64 << 20, out, &n) != NEWT_OK) *out = NULL;
+  return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+}
+
+static size_t count(const char *hay, const char *needle) {
+  size_t n = 0;
+  for (const char *p = hay; p && (p = strstr(p, needle)); p += strlen(needle)) n++;
+  return n;
+}
+
+/* --- cli -------------------------------------------------------------------------------------- */
+
+static void expect(const char *const *argv, int want_rc, const char *needle) {
+  char *out = NULL;
+  int rc = run_capture(argv, 30000, &out);
+  T_CHECK_MSG(rc == want_rc, "newt %s %s exited %d, expected %d:\n%s", argv[1], argv[2] ? argv[2] : "", rc, want_rc,
+              out ? out : "");
+  T_CHECK_MSG(out && strstr(out, needle), "newt %s %s does not say \"%s\":\n%s", argv[1], argv[2] ? argv[2] : "",
+              needle, out ? out : "");
+  free(out);
+}
+
+static void test_cli(void) {
+  const char *n = newt_bin;
+  expect((const char *[]){n, "run", "--nprc", "3", NULL}, 2, "unknown flag --nprc: did you mean --nproc?");
+  expect((const char *[]){n, "run", "--global-bacth", "3", NULL}, 2, "did you mean --global-batch?");
+  expect((const char *[]){n, "worker", "--job", "j", "--threds", "2", NULL}, 2, "did you mean --threads?");
+  expect((const char *[]){n, "stauts", NULL}, 2, "did you mean status?");
+  expect((const char *[]){n, "--verison", NULL}, 2, "did you mean --version?");
+  expect((const char *[]){n, "xyzzy", NULL}, 2, "unknown command \"xyzzy\"");
+  expect((const char *[]){n, "--help", NULL}, 0, "--version");
+  expect((const char *[]){n, "--help", NULL}, 0, "report");
+  expect((const char *[]){n, "--version", NULL}, 0, "newt 0.");
+  expect((const char *[]){n, "report", NULL}, 2, "give a run's log directory");
+  expect((const char *[]){n, "report", "/nonexistent/dir", NULL}, 2, "is not a directory");
+}
+
+/* --- run: status, step log, report ------------------------------------------------------------ */
+
+static rdzv_etcd_server *etcd;
+static char logs[200];
+
+/* `newt status` of the live job, until it shows a recovery (or the job ends). */
+static void check_status_live(const char *url, pid_t run) {
+  const char *argv[] = {newt_bin, "status", "--etcd", url, "--job", "ux", NULL};
+  int saw_running = 0, saw_recovery = 0;
+  newt_deadline_t d = newt_deadline_in_ms(240000);
+  while (!(saw_running && saw_recovery) && !newt_deadline_passed(d)) {
+    char *out = NULL;
+    int rc = run_capture(argv, 30000, &out);
+    int st;
+    int ended = waitpid(run, &st, WNOHANG) == run;
+    if (out && strstr(out, "job ux: running, step ")) {
+      if (!saw_running) { /* the first look at a running job: the picture a person gets */
+        T_CHECK_MSG(rc == 0, "newt status exited %d", rc);
+        T_CHECK_MSG(strstr(out, "  leader      c"), "no leader line:\n%s", out);
+        T_CHECK_MSG(strstr(out, "  progress    loss ") && strstr(out, " tokens/s, world "), "no progress line:\n%s",
+                    out);
+        T_CHECK_MSG(strstr(out, " ago\n"), "no relative time:\n%s", out);
+        T_CHECK_MSG(strstr(out, "\nworkers (") && strstr(out, "  ID "), "no table of workers:\n%s", out);
+        T_CHECK_MSG(!strstr(out, "t_ms") && !strstr(out, "{\""), "raw JSON in the text:\n%s", out);
+      }
+      saw_running = 1;
+      if (strstr(out, "recoveries (1)") || strstr(out, "recoveries (2)")) {
+        saw_recovery = 1;
+        T_CHECK_MSG(strstr(out, "  #   WHEN ") && strstr(out, " crash ") && strstr(out, " ms "),
+                    "the recoveries are not a table with the crash in it:\n%s", out);
+        T_CHECK_MSG(strstr(out, "recovered from crash: generation 2"), "the recovery is not among the events:\n%s",
+                    out);
+      }
+    }
+    free(out);
+    if (ended) {
+      fprintf(stderr, "test_ux: newt run ended (status %d) before status saw it all\n", st);
+      break;
+    }
+    newt_sleep_ms(150);
+  }
+  T_CHECK_MSG(saw_running, "newt status never showed the job running");
+  T_CHECK_MSG(saw_recovery, "newt status never showed the crash's recovery while the job ran");
+}
+
+static void check_status_after(const char *url, int nrec) {
+  const char *argv[] = {newt_bin, "status", "--etcd", url, "--job", "ux", "--json", NULL};
+  char *out = NULL;
+  int rc = run_capture(argv, 30000, &out);
+  T_CHECK_MSG(rc == 0 && out && count(out, "\n") == 1, "newt status --json: exit %d, not one line:\n%s", rc,
+              out ? out : "");
+  cJSON *j = NULL;
+  if (out && newt_json_parse(out, strlen(out), "status", &j) == NEWT_OK) {
+    T_CHECK_MSG(cJSON_GetObjectItemCaseSensitive(j, "done") != NULL, "the done job has no done record");
+    int n = cJSON_GetArraySize(cJSON_GetObjectItemCaseSensitive(j, "recoveries"));
+    T_CHECK_MSG(n == nrec, "newt status --json: %d recoveries, the summary %d", n, nrec);
+    cJSON_Delete(j);
+  } else {
+    T_FAIL("newt status --json: %s", newt_errmsg());
+  }
+  free(out);
+  /* a job that does not exist */
+  const char *missing[] = {newt_bin, "status", "--etcd", url, "--job", "no-such-job", NULL};
+  rc = run_capture(missing, 30000, &out);
+  T_CHECK_MSG(rc == 1 && out && strstr(out, "no job \"no-such-job\""), "a missing job: exit %d:\n%s", rc,
+              out ? out : "");
+  free(out);
+  const char *watch_missing[] = {newt_bin, "status", "--etcd", url, "--job", "no-such-job", "--watch", NULL};
+  rc = run_capture(watch_missing, 30000, &out);
+  T_CHECK_MSG(rc == 1 && out && strstr(out, "no job \"no-such-job\""), "--watch of a missing job: exit %d:\n%s", rc,
+              out ? out : "");
+  free(out);
+}
+
+/* The --watch --json lines written while the job ran. */
+static void check_watch(const char *path, pid_t watcher) {
+  int st = 0;
+  T_CHECK_MSG(newt_proc_wait(watcher, 30000, &st) == NEWT_OK && WIFEXITED(st) && WEXITSTATUS(st) == 0,
+              "newt status --watch did not end by itself with the job (status %d)", st);
+  char *text = NULL;
+  size_t len = 0;
+  T_OK(newt_fs_read_all(path, 64 << 20, &text, &len));
+  int lines = 0, last_done = 0;
+  for (char *line = text ? strtok(text, "\n") : NULL; line; line = strtok(NULL, "\n")) {
+    cJSON *j = NULL;
+    if (newt_json_parse(line, strlen(line), "watch line", &j) != NEWT_OK) {
+      T_FAIL("newt status --watch --json: a line is not JSON: %.200s", line);
+      break;
+    }
+    lines++;
+    last_done = cJSON_GetObjectItemCaseSensitive(j, "done") != NULL;
+    cJSON_Delete(j);
+  }
+  T_CHECK_MSG(lines >= 3, "newt status --watch --json: %d lines", lines);
+  T_CHECK_MSG(last_done, "the last line of --watch does not show the job done");
+  free(text);
+}
+
+/* Every step once, the fields of the format, generations in order, the losses of newt train. */
+static void check_step_log(const char *path, const char *base_path, int64_t *gens) {
+  job_step *s = NULL, *b = NULL;
+  size_t n = 0, nb = 0, redone = 0;
+  T_OK(job_steplog_read(path, &s, &n, NULL));
+  T_OK(job_steplog_stitch(s, &n, &redone));
+  T_CHECK_MSG(n == STEPS, "the step log has %zu steps, the run %d", n, STEPS);
+  uint64_t gen = 0, t = 0;
+  for (size_t i = 0; i < n; i++) {
+    T_CHECK_MSG(s[i].step == (int64_t)i + 1, "step %zu is %lld", i + 1, (long long)s[i].step);
+    T_CHECK_MSG(s[i].generation >= gen && s[i].t_ms >= t, "step %lld goes back in generation or time",
+                (long long)s[i].step);
+    T_CHECK_MSG(s[i].world >= 1 && s[i].dp >= 1 && s[i].lr > 0 && s[i].tokens_per_s > 0 && isfinite(s[i].loss),
+                "step %lld: world %lld dp %lld lr %g tokens/s %g loss %g", (long long)s[i].step,
+                (long long)s[i].world, (long long)s[i].dp, s[i].lr, s[i].tokens_per_s, s[i].loss);
+    gen = s[i].generation, t = s[i].t_ms;
+  }
+  *gens = (int64_t)gen;
+  T_OK(job_steplog_read(base_path, &b, &nb, NULL));
+  T_CHECK_MSG(nb == STEPS, "newt train --log wrote %zu steps", nb);
+  double worst = 0;
+  for (size_t i = 0; i < n && i < nb; i++) worst = fmax(worst, fabs(s[i].loss - b[i].loss));
+  T_CHECK_MSG(worst <= 1e-3, "the run's losses differ from newt train's by up to %g", worst);
+  free(s);
+  free(b);
+}
+
+static void check_report(const char *page, int nrec) {
+  char *html = NULL;
+  size_t len = 0;
+  T_OK(newt_fs_read_all(page, 64 << 20, &html, &len));
+  if (!html) return;
+  T_CHECK_MSG(count(html, "<script") == 0 && count(html, "src=") == 0 && count(html, "href=") == 0,
+              "the page is not self-contained (script, src or href)");
+  T_CHECK_MSG(count(html, "class=\"recovery-marker\"") == (size_t)nrec, "%zu loss markers, %d recoveries",
+              count(html, "class=\"recovery-marker\""), nrec);
+  free(html);
+
+  /* the page in a real browser */
+  const char *chromium = NULL, *names[] = {"chromium", "chromium-browser", NULL};
+  for (int i = 0; names[i] && !chromium; i++) {
+    const char *v[] = {names[i], "--version", NULL};
+    if (run_capture(v, 60000, NULL) == 0) chromium = names[i];
+  }
+  if (!chromium) {
+    T_FAIL("chromium is not installed: the report is checked in a real browser (scripts/install-deps.sh test "
+           "installs Debian's chromium)");
+    return;
+  }
+  char profile[400], url[600], png[400], shot[440];
+  snprintf(profile, sizeof profile, "--user-data-dir=%s/chromium-profile", tmp);
+  snprintf(url, sizeof url, "file://%s", page);
+  snprintf(png, sizeof png, "%s/shot.png", tmp);
+  snprintf(shot, sizeof shot, "--screenshot=%s", png);
+  /* the DOM on stdout, the browser's log (console messages included) on stderr: one file */
+  const char *dump[] = {chromium, "--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
+                        "--no-first-run", "--enable-logging=stderr", "--v=0", profile, "--dump-dom", url, NULL};
+  char *d = NULL;
+  int rc = run_capture(dump, 120000, &d);
+  T_CHECK_MSG(rc == 0 && d && strstr(d, "</html>"), "chromium --dump-dom exited %d:\n%s", rc, d ? d : "");
+  if (d) {
+    /* no console message at all: the page has no script, so any is a load error */
+    T_CHECK_MSG(!strstr(d, ":CONSOLE"), "the browser's console says something:\n%s", strstr(d, ":CONSOLE"));
+    const char *charts[] = {"id=\"loss-chart\"", "id=\"membership-chart\"", "id=\"recovery-chart\"",
+                            "id=\"throughput-chart\""};
+    for (size_t i = 0; i < 4; i++) T_CHECK_MSG(strstr(d, charts[i]), "the DOM has no %s", charts[i]);
+    T_CHECK_MSG(count(d, "<svg") == 4, "the DOM has %zu svg elements", count(d, "<svg"));
+    T_CHECK_MSG(count(d, "<polyline") >= 4, "the DOM has %zu series", count(d, "<polyline"));
+    const char *kinds[] = {"class=\"recovery-marker\"", "class=\"timeline-marker\"", "class=\"recovery-bar\""};
+    for (size_t i = 0; i < 3; i++)
+      T_CHECK_MSG(count(d, kinds[i]) == (size_t)nrec, "the DOM has %zu %s, the summary %d recoveries",
+                  count(d, kinds[i]), kinds[i], nrec);
+    T_CHECK_MSG(strstr(d, "<table id=\"recoveries\""), "the DOM has no table of recoveries");
+  }
+  free(d);
+  const char *snap[] = {chromium, "--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
+                        "--no-first-run", "--hide-scrollbars", profile, "--window-size=1000,2200", shot, url, NULL};
+  char *out = NULL;
+  rc = run_capture(snap, 120000, &out);
+  T_CHECK_MSG(rc == 0 && newt_fs_exists(png), "chromium --screenshot exited %d:\n%s", rc, out ? out : "");
+  free(out);
+  char script[400];
+  snprintf(script, sizeof script, "%s/tests/ux/png_check.mjs", source_dir);
+  const char *check[] = {"node", script, png, NULL};
+  rc = run_capture(check, 60000, &out);
+  T_CHECK_MSG(rc == 0, "the screenshot of the report is blank or unreadable (exit %d): %s", rc, out ? out : "");
+  if (out) fprintf(stderr, "test_ux: screenshot %s", out);
+  free(out);
+}
+
+static void test_run(void) {
+  rdzv_etcd_server_opts so = {0};
+  T_OK(rdzv_etcd_server_start(&so, &etcd));
+  if (!etcd) return;
+  const char *url = rdzv_etcd_server_url(etcd);
+  snprintf(logs, sizeof logs, "%s/logs", tmp);
+  char base[300], watch_out[300], run_out[300], summary[300];
+  snprintf(base, sizeof base, "%s/baseline.jsonl", tmp);
+  snprintf(watch_out, sizeof watch_out, "%s/watch.jsonl", tmp);
+  snprintf(run_out, sizeof run_out, "%s/run.out", tmp);
+  snprintf(summary, sizeof summary, "%s/summary.json", logs);
+
+  /* the reference: one process, no faults, the same spec */
+  const char *train[] = {newt_bin, "train", "--model", MODEL, "--seq-len", "32", "--steps", STEPS_S, "--batch", "24",
+                         "--micro-batch", "2", "--log", base, NULL};
+  T_CHECK(run_capture(train, 300000, NULL) == 0);
+
+  const char *runv[] = {newt_bin, "run", "--etcd", url, "--job", "ux", "--nproc", "3", "--model", MODEL, "--seq-len",
+                        "32", "--steps", STEPS_S, "--global-batch", "24", "--micro-batch", "2", "--chaos",
+                        "kill:rank:0@step=40,join:1@step=120", "--log-dir", logs, "--timeout-ms", "240000", NULL};
+  newt_spawn_opts rso = {.log_path = run_out, .die_with_parent = 1};
+  pid_t run = -1, watcher = -1;
+  T_OK(newt_proc_spawn(runv, &rso, &run));
+  /* a watcher from the start: it waits for the job's keys, then follows it to the end */
+  newt_sleep_ms(300);
+  const char *watchv[] = {newt_bin, "status", "--etcd", url, "--job", "ux", "--watch", "--json", "--interval-ms", "300",
+                          "--wait-workers", "1", "--timeout-ms", "60000", NULL};
+  newt_spawn_opts wso = {.log_path = watch_out, .die_with_parent = 1};
+  T_OK(newt_proc_spawn(watchv, &wso, &watcher));
+  check_status_live(url, run);
+  int st = 0;
+  T_CHECK_MSG(newt_proc_wait(run, 240000, &st) == NEWT_OK && WIFEXITED(st) && WEXITSTATUS(st) == 0,
+              "newt run failed (status %d); see %s", st, run_out);
+  check_watch(watch_out, watcher);
+  /* stderr was a file, not a terminal: plain lines, no carriage returns or escapes, and no
+     loss before the first step */
+  char *log = NULL;
+  size_t loglen = 0;
+  T_OK(newt_fs_read_all(run_out, 64 << 20, &log, &loglen));
+  if (log) {
+    T_CHECK_MSG(!strchr(log, '\r') && !strchr(log, '\033'), "the live line in a file has \\r or escapes:\n%s", log);
+    T_CHECK_MSG(count(log, "newt run: step ") >= 1, "no plain progress line:\n%s", log);
+    const char *first = strstr(log, "newt run: step ");
+    const char *loss = strstr(log, "loss ");
+    T_CHECK_MSG(loss && first && loss > first, "a loss before the first step:\n%s", log);
+  }
+  free(log);
+
+  char *text = NULL;
+  size_t len = 0;
+  int nrec = -1;
+  T_OK(newt_fs_read_all(summary, 1 << 20, &text, &len));
+  cJSON *j = NULL;
+  if (text && newt_json_parse(text, len, "summary", &j) == NEWT_OK) {
+    const cJSON *recs = cJSON_GetObjectItemCaseSensitive(j, "recoveries");
+    nrec = cJSON_GetArraySize(recs);
+    T_CHECK_MSG(nrec == 2, "%d recoveries (a crash and a join expected):\n%s", nrec, text);
+    for (const cJSON *r = recs ? recs->child : NULL; r; r = r->next) {
+      int64_t step = 0, t_ms = 0;
+      newt_json_get_int(r, "recovery", "step", 1, &step);
+      newt_json_get_int(r, "recovery", "t_ms", 1, &t_ms);
+      T_CHECK_MSG(step > 0 && t_ms > 0, "a recovery without its step or time:\n%s", text);
+    }
+    cJSON_Delete(j);
+  }
+  free(text);
+  int64_t gens = 0;
+  char steps[300];
+  snprintf(steps, sizeof steps, "%s/steps.jsonl", logs);
+  check_step_log(steps, base, &gens);
+  T_CHECK_MSG(gens >= 3, "the step log ends in generation %lld (a crash and a join: 3)", (long long)gens);
+  check_status_after(url, nrec);
+
+  char page[300];
+  snprintf(page, sizeof page, "%s/report.html", logs);
+  const char *report[] = {newt_bin, "report", logs, "--baseline", base, NULL};
+  char *out = NULL;
+  int rc = run_capture(report, 60000, &out);
+  T_CHECK_MSG(rc == 0 && out && strstr(out, page), "newt report exited %d:\n%s", rc, out ? out : "");
+  free(out);
+  if (nrec > 0) check_report(page, nrec);
+}
+
+/* --- tty: the live line on a terminal ------------------------------------------------------ */
+
+/* `newt run` under script(1), which gives it a terminal: one line refreshed in place (a
+ * carriage return and erase-line before each), with a percentage and an ETA, and no loss
+ * shown before the first step. */
+static void test_tty(void) {
+  char logs_dir[300], cmd[1024], typescript[300];
+  snprintf(logs_dir, sizeof logs_dir, "%s/tty-logs", tmp);
+  snprintf(typescript, sizeof typescript, "%s/typescript", tmp);
+  snprintf(cmd, sizeof cmd,
+           "%s run --nproc 2 --model " MODEL " --seq-len 32 --steps 300 --global-batch 24 --micro-batch 2 "
+           "--log-dir %s --timeout-ms 200000",
+           newt_bin, logs_dir);
+  const char *argv[] = {"script", "-qec", cmd, typescript, NULL};
+  char *out = NULL;
+  int rc = run_capture(argv, 240000, &out);
+  T_CHECK_MSG(rc == 0, "newt run under script exited %d:\n%s", rc, out ? out : "");
+  char *t = NULL;
+  size_t len = 0;
+  T_OK(newt_fs_read_all(typescript, 64 << 20, &t, &len));
+  if (t) {
+    T_CHECK_MSG(strstr(t, "\r\033[Kstep "), "no line refreshed in place:\n%s", t);
+    T_CHECK_MSG(strstr(t, "%) | loss "), "no percentage and loss in the live line");
+    T_CHECK_MSG(strstr(t, ", ETA "), "no ETA in the live line");
+    T_CHECK_MSG(!strstr(t, "newt run: step "), "plain lines on a terminal");
+    for (const char *p = strstr(t, "starting"); p; p = strstr(p + 1, "starting")) {
+      const char *end = strchr(p, '\r');
+      T_CHECK_MSG(!end || !memmem(p, (size_t)(end - p), "loss", 4), "a loss before the first step");
+    }
+  }
+  free(t);
+  free(out);
+}
+
+int main(int argc, char **argv) {
+  newt_bin = getenv("NEWT_BIN");
+  source_dir = getenv("NEWT_SOURCE_DIR");
+  if (argc != 2 || !newt_bin || !source_dir) {
+    fprintf(stderr, "usage: NEWT_BIN=... NEWT_SOURCE_DIR=... test_ux cli|run|tty\n");
+    return 2;
+  }
+  if (!mkdtemp(tmp)) return 2;
+  if (strcmp(argv[1], "cli") == 0) T_RUN(test_cli);
+  else if (strcmp(argv[1], "run") == 0) T_RUN(test_run);
+  else if (strcmp(argv[1], "tty") == 0) T_RUN(test_tty);
+  else T_FAIL("unknown scenario %s", argv[1]);
+  if (etcd) rdzv_etcd_server_free(etcd);
+  if (!t_failed) newt_fs_rm_rf(tmp);
+  else fprintf(stderr, "test_ux: files kept in %s\n", tmp);
+  return T_DONE();
+}
