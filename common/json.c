@@ -145,5 +145,11 @@ newt_result_t newt_json_check_fields(const cJSON *obj, const char *what, const c
 char *newt_json_print(const cJSON *item) { return cJSON_PrintUnformatted(item); }
 
 cJSON *newt_json_add_int(cJSON *obj, const char *field, int64_t v) {
+  /* cJSON prints numbers with 15 significant digits: anything longer is rounded */
+  if (v > 999999999999999LL || v < -999999999999999LL) {
+    char digits[24];
+    snprintf(digits, sizeof digits, "%lld", (long long)v);
+    return cJSON_AddStringToObject(obj, field, digits);
+  }
   return cJSON_AddNumberToObject(obj, field, (double)v);
 }

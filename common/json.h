@@ -44,7 +44,12 @@ newt_result_t newt_json_item_int(const cJSON *item, const char *what, int64_t *o
 /* Compact malloc'd text of item; NULL when out of memory. */
 char *newt_json_print(const cJSON *item);
 
-/* Adds an int64 as a JSON number (exact up to 2^53) */
+/* The largest integer a JSON number (a double) holds exactly: 2^53. */
+#define NEWT_JSON_INT_EXACT ((int64_t)1 << 53)
+
+/* Adds an int64: a JSON number up to 15 digits (what cJSON prints exactly), a decimal
+ * string beyond (as etcd's gateway writes int64), so newt_json_get_int reads back exactly
+ * what was written, either way. */
 cJSON *newt_json_add_int(cJSON *obj, const char *field, int64_t v);
 
 #endif

@@ -28,6 +28,7 @@ enum newt_subsys {
   NEWT_SUBSYS_WORKER = 1 << 6,
   NEWT_SUBSYS_CLI = 1 << 7,
   NEWT_SUBSYS_BENCH = 1 << 8,
+  NEWT_SUBSYS_JOB = 1 << 9,
   NEWT_SUBSYS_ALL = ~0,
 };
 

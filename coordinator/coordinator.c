@@ -185,6 +185,18 @@ static void drop_member(coord *c, const char *id) {
   c->members[i] = c->members[--c->nmembers];
 }
 
+/* Whether a report or ack under key kv comes from a rank of the current plan, registered
+ * now and written on its own lease: what anyone else writes there counts for nothing. */
+static int from_live_rank(coord *c, const rdzv_etcd_kv *kv, const char *id) {
+  int i = find_member(c, id);
+  if (i < 0 || !plan_find(&c->plan, id) || kv->lease != c->members[i].lease) {
+    NEWT_WARN(COORD, "ignoring %s: not written by a registered rank of generation %llu on its lease", kv->key,
+              (unsigned long long)c->plan.generation);
+    return 0;
+  }
+  return 1;
+}
+
 static void put_report(coord *c, const rdzv_etcd_kv *kv, const char *id) {
   job_report rep;
   if (job_report_from_json(kv->value, kv->value_len, &rep) != NEWT_OK) {
@@ -195,6 +207,10 @@ static void put_report(coord *c, const rdzv_etcd_kv *kv, const char *id) {
     NEWT_WARN(COORD, "ignoring %s: it is signed by worker %s", kv->key, rep.worker);
     return;
   }
+  if (!from_live_rank(c, kv, id)) return;
+  /* the coordinator's clock orders reports and times the detection: a worker's clock (or
+     a forger's) does not get into the recovery's timings */
+  rep.t_ms = newt_wall_ms();
   for (int i = 0; i < c->nreports; i++)
     if (strcmp(c->reports[i].worker, id) == 0) {
       c->reports[i] = rep;
@@ -214,6 +230,14 @@ static void put_ack(coord *c, const rdzv_etcd_kv *kv, const char *id) {
   if (job_ack_from_json(kv->value, kv->value_len, &a.a) != NEWT_OK) {
     NEWT_WARN(COORD, "ignoring %s: %s", kv->key, newt_errmsg());
     return;
+  }
+  if (!from_live_rank(c, kv, id)) return;
+  /* a rank's phases happened between the plan and the ack's arrival, by our clock */
+  uint64_t now = newt_wall_ms(), from = c->plan.created_ms;
+  uint64_t *t[] = {&a.a.t_plan, &a.a.t_comm, &a.a.t_restore, &a.a.t_step};
+  for (size_t k = 0; k < sizeof t / sizeof t[0]; k++) {
+    if (*t[k] > now) *t[k] = now;
+    if (*t[k] < from) *t[k] = from;
   }
   snprintf(a.id, sizeof a.id, "%s", id);
   for (int i = 0; i < c->nacks; i++)
@@ -287,9 +311,17 @@ static void apply_kv(coord *c, const rdzv_etcd_kv *kv, int deleted) {
   case JOB_REC_PROGRESS:
     if (!deleted) put_progress(c, kv);
     break;
-  case JOB_REC_DONE:
-    if (!deleted) c->done = 1;
+  case JOB_REC_DONE: {
+    job_done d;
+    if (deleted) break;
+    if (job_done_from_json(kv->value, kv->value_len, &d) != NEWT_OK)
+      NEWT_WARN(COORD, "ignoring %s: %s", kv->key, newt_errmsg());
+    else if (!job_done_plausible(&d, &c->spec))
+      NEWT_WARN(COORD, "ignoring %s: it says step %lld of %lld", kv->key, (long long)d.step, (long long)c->spec.steps);
+    else
+      c->done = 1;
     break;
+  }
   case JOB_REC_PLAN:
     if (!deleted) take_plan_locked(c, kv);
     break;
@@ -305,15 +337,16 @@ static void reset_picture_locked(coord *c) {
   c->first_report = 0;
 }
 
-/* Sorting keys so that the plan is read before reports and acks of its generation. */
+/* Sorting keys so that the plan is read before the registrations, and both before the
+ * reports and acks of its generation (which count only from its registered ranks). */
 static int kv_rank(const coord *c, const rdzv_etcd_kv *kv) {
   job_record rec = job_key_parse(kv->key + strlen(c->prefix), NULL, NULL);
-  return rec == JOB_REC_PLAN ? 0 : rec == JOB_REC_PROGRESS ? 1 : 2;
+  return rec == JOB_REC_PLAN ? 0 : rec == JOB_REC_PROGRESS ? 1 : rec == JOB_REC_WORKER ? 2 : 3;
 }
 
 static void apply_snapshot_locked(coord *c, const rdzv_etcd_kv *kvs, size_t n) {
   reset_picture_locked(c);
-  for (int pass = 0; pass < 3; pass++)
+  for (int pass = 0; pass < 4; pass++)
     for (size_t i = 0; i < n; i++)
       if (kv_rank(c, &kvs[i]) == pass) apply_kv(c, &kvs[i], 0);
 }
@@ -842,7 +875,7 @@ newt_result_t coordinator_run(const coordinator_opts *o) {
     r = metrics_start(o->metrics_addr ? o->metrics_addr : "0.0.0.0", o->metrics_port, &c->metrics);
   if (r == NEWT_OK && c->metrics) r = define_metrics(c);
   while (r == NEWT_OK && !newt_stop_requested()) {
-    if (job_is_done(c->etcd, c->o->job)) {
+    if (job_is_done(c->etcd, c->o->job, &c->spec)) {
       NEWT_INFO(COORD, "%s: job %s has its end marker; exiting", c->id, c->o->job);
       break;
     }
@@ -859,7 +892,7 @@ newt_result_t coordinator_run(const coordinator_opts *o) {
     newt_result_t w;
     do {
       w = rdzv_candidate_wait(c->cand, newt_deadline_in_ms(500));
-      if (w == NEWT_ERR_TIMEOUT && (newt_stop_requested() || job_is_done(c->etcd, c->o->job))) break;
+      if (w == NEWT_ERR_TIMEOUT && (newt_stop_requested() || job_is_done(c->etcd, c->o->job, &c->spec))) break;
     } while (w == NEWT_ERR_TIMEOUT);
     if (w == NEWT_OK) {
       newt_result_t l = lead(c);
@@ -873,7 +906,7 @@ newt_result_t coordinator_run(const coordinator_opts *o) {
     rdzv_candidate_resign(c->cand, newt_deadline_in_ms(1000));
     rdzv_candidate_free(c->cand);
     c->cand = NULL;
-    if (newt_stop_requested() || job_is_done(c->etcd, c->o->job) || r != NEWT_OK) break;
+    if (newt_stop_requested() || job_is_done(c->etcd, c->o->job, &c->spec) || r != NEWT_OK) break;
   }
   char msg[1024];
   snprintf(msg, sizeof msg, "%s", newt_errmsg());

@@ -365,7 +365,9 @@ static newt_result_t parse_plan(const cJSON *j, newt_plan *p) {
   const char *w = "plan";
   int64_t v;
   NEWT_CHECK(newt_json_check_fields(j, w, known));
-  NEWT_CHECK(get_bounded(j, w, "generation", 1, INT64_MAX, &v));
+  /* a plan's generation counts plans: one near 2^53 is forged or corrupt (and JSON numbers
+     are exact only up to there) */
+  NEWT_CHECK(get_bounded(j, w, "generation", 1, NEWT_JSON_INT_EXACT - 1, &v));
   p->generation = (uint64_t)v;
   const char *secret = NULL;
   NEWT_CHECK(newt_json_get_str(j, w, "secret", 1, &secret));

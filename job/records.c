@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "common/json.h"
+#include "common/log.h"
 #include "common/param.h"
 
 NEWT_PARAM(EtcdCallMs, "NEWT_ETCD_CALL_MS", 5000)
@@ -121,6 +122,17 @@ static newt_result_t get_real(const cJSON *j, const char *what, const char *fiel
   return newt_json_get_double(j, what, field, required, out);
 }
 
+/* Free text for people (a report's or a waiting event's why, a directory, a name): copied,
+ * with every control character (a terminal escape, a newline) made a '?', since readers
+ * print it. */
+static newt_result_t get_text(const cJSON *j, const char *what, const char *field, int required, char *out,
+                              size_t cap) {
+  NEWT_CHECK(newt_json_get_strcpy(j, what, field, required, out, cap));
+  for (char *p = out; *p; p++)
+    if ((unsigned char)*p < 0x20 || *p == 0x7f) *p = '?';
+  return NEWT_OK;
+}
+
 /* A string from the NULL-terminated set `allowed`. */
 static newt_result_t get_word(const cJSON *j, const char *what, const char *field, int required,
                               const char *const *allowed, char *out, size_t cap) {
@@ -197,7 +209,7 @@ newt_result_t job_report_from_json(const char *text, size_t len, job_report *out
   if (res == NEWT_OK) res = get_word(j, what, "kind", 1, kinds, kind, sizeof kind);
   if (res == NEWT_OK) res = get_range(j, what, "step", 1, -1, INT64_MAX, &r.step);
   if (res == NEWT_OK) res = get_ms(j, what, "t_ms", 1, &r.t_ms);
-  if (res == NEWT_OK) res = newt_json_get_strcpy(j, what, "why", 0, r.why, sizeof r.why);
+  if (res == NEWT_OK) res = get_text(j, what, "why", 0, r.why, sizeof r.why);
   if (res == NEWT_OK) res = newt_json_get_arr(j, what, "accuse", 0, &acc);
   if (res == NEWT_OK && cJSON_GetArraySize(acc) > JOB_ACCUSE_MAX)
     res = NEWT_ERR(NEWT_ERR_INVALID, "report.accuse: %d workers, at most %d", cJSON_GetArraySize(acc), JOB_ACCUSE_MAX);
@@ -354,13 +366,26 @@ newt_result_t job_done_from_json(const char *text, size_t len, job_done *out) {
   return r;
 }
 
-int job_is_done(rdzv_etcd *c, const char *job) {
+int job_done_plausible(const job_done *d, const newt_spec *spec) {
+  return d->step == spec->steps && d->samples == (uint64_t)spec->steps * (uint64_t)spec->global_batch;
+}
+
+int job_is_done(rdzv_etcd *c, const char *job, const newt_spec *spec) {
   char key[256];
   rdzv_etcd_kv kv;
   if (job_key(key, sizeof key, job, JOB_REC_DONE, 0, NULL) != NEWT_OK) return 0;
   if (rdzv_etcd_get(c, key, job_call_deadline(), &kv, NULL) != NEWT_OK) return 0;
+  job_done d;
+  int ok = job_done_from_json(kv.value, kv.value_len, &d) == NEWT_OK;
+  if (ok && !job_done_plausible(&d, spec)) {
+    NEWT_WARN(JOB, "ignoring %s: step %lld and %llu samples, but the job has %lld steps of %lld", key,
+              (long long)d.step, (unsigned long long)d.samples, (long long)spec->steps, (long long)spec->global_batch);
+    ok = 0;
+  } else if (!ok) {
+    NEWT_WARN(JOB, "ignoring %s: %s", key, newt_errmsg());
+  }
   rdzv_etcd_kv_free(&kv);
-  return 1;
+  return ok;
 }
 
 /* --- checkpoint pointer ---------------------------------------------------------------------- */
@@ -380,7 +405,7 @@ newt_result_t job_ckpt_from_json(const char *text, size_t len, job_ckpt *out) {
   job_ckpt c;
   memset(&c, 0, sizeof c);
   newt_result_t r = get_range(j, what, "step", 1, 0, INT64_MAX, &c.step);
-  if (r == NEWT_OK) r = newt_json_get_strcpy(j, what, "dir", 1, c.dir, sizeof c.dir);
+  if (r == NEWT_OK) r = get_text(j, what, "dir", 1, c.dir, sizeof c.dir);
   cJSON_Delete(j);
   if (r == NEWT_OK) *out = c;
   return r;
@@ -454,7 +479,7 @@ newt_result_t job_event_from_json(const char *text, size_t len, job_event *out) 
   for (int i = 0; r == NEWT_OK && event_types[i]; i++)
     if (strcmp(type, event_types[i]) == 0) e.type = (job_event_type)i;
   if (r == NEWT_OK) r = get_ms(j, what, "t_ms", 1, &e.t_ms);
-  if (r == NEWT_OK) r = newt_json_get_strcpy(j, what, "coordinator", 0, e.coordinator, sizeof e.coordinator);
+  if (r == NEWT_OK) r = get_text(j, what, "coordinator", 0, e.coordinator, sizeof e.coordinator);
   int timed = e.type == JOB_EV_STARTED || e.type == JOB_EV_RECOVERED;
   if (r == NEWT_OK && (timed || e.type == JOB_EV_PLAN)) {
     r = get_range(j, what, "generation", 1, 1, INT64_MAX, &e.generation);
@@ -479,7 +504,7 @@ newt_result_t job_event_from_json(const char *text, size_t len, job_event *out) 
     }
   }
   if (r == NEWT_OK && e.type == JOB_EV_FENCE) r = get_name(j, what, "worker", 1, e.worker);
-  if (r == NEWT_OK && e.type == JOB_EV_WAITING) r = newt_json_get_strcpy(j, what, "why", 0, e.why, sizeof e.why);
+  if (r == NEWT_OK && e.type == JOB_EV_WAITING) r = get_text(j, what, "why", 0, e.why, sizeof e.why);
   if (r == NEWT_OK && timed) {
     r = get_ms(j, what, "t_trigger", 1, &e.t_trigger);
     if (r == NEWT_OK) r = get_ms(j, what, "t_detect", 1, &e.t_detect);

@@ -33,6 +33,7 @@
 
 #include "common/clock.h"
 #include "common/err.h"
+#include "job/spec.h"
 #include "rendezvous/rdzv.h"
 
 #define JOB_ACCUSE_MAX 8   /* workers one report may name */
@@ -143,8 +144,12 @@ typedef struct job_done {
 char *job_done_to_json(const job_done *d);
 newt_result_t job_done_from_json(const char *text, size_t len, job_done *out);
 /* Whether the job has its end marker (reads /newt/<job>/done; 0 also when etcd cannot be
- * reached: the caller asks again later). */
-int job_is_done(rdzv_etcd *c, const char *job);
+ * reached: the caller asks again later). A marker counts only when it passes its parser and
+ * says the job trained all its `steps` (job_done_plausible): a forged or corrupt one that
+ * says otherwise is ignored, with a warning. */
+int job_is_done(rdzv_etcd *c, const char *job, const newt_spec *spec);
+/* The end marker of a job of this spec: its last step, and the samples of every step. */
+int job_done_plausible(const job_done *d, const newt_spec *spec);
 
 /* --- the checkpoint pointer: the newest committed checkpoint -------------------------------- */
 

@@ -230,6 +230,37 @@ newt_result_t spec_validate(const newt_spec *s) {
   RULE(s->start_timeout_ms >= 0, "spec.parallel.start_timeout_ms: must not be negative");
   RULE(s->layers == 0 || s->pp <= s->layers, "spec.parallel.pp: %lld stages for %lld layers",
        (long long)s->pp, (long long)s->layers);
+  /* upper bounds, before anything multiplies two fields: a spec comes from etcd or a file
+     and must not be able to overflow, divide by zero or loop for ever */
+  struct {
+    const char *field;
+    int64_t v, max;
+  } caps[] = {
+      {"spec.model.vocab", s->vocab, 1 << 24},       {"spec.model.ctx", s->ctx, 1 << 16},
+      {"spec.model.layers", s->layers, 1024},        {"spec.model.heads", s->heads, 1 << 16},
+      {"spec.model.channels", s->channels, 1 << 16}, {"spec.train.steps", s->steps, (int64_t)1 << 40},
+      {"spec.train.global_batch", s->global_batch, 1 << 24},
+      {"spec.train.micro_batch", s->micro_batch, 1 << 24},
+      {"spec.train.seq_len", s->seq_len, 1 << 16},   {"spec.train.warmup", s->warmup, (int64_t)1 << 40},
+      {"spec.data.gen_bytes", s->gen_bytes, (int64_t)1 << 40},
+      {"spec.parallel.tp", s->tp, 1024},             {"spec.parallel.pp", s->pp, 1024},
+      {"spec.parallel.dp_min", s->dp_min, 1 << 16},  {"spec.parallel.dp_max", s->dp_max, 1 << 16},
+      {"spec.parallel.start_workers", s->start_workers, 1 << 20},
+      {"spec.parallel.start_timeout_ms", s->start_timeout_ms, 86400000},
+      {"spec.ckpt.every", s->ckpt_every, (int64_t)1 << 40}, {"spec.ckpt.keep", s->ckpt_keep, 100000},
+      {"spec.fault.lease_ttl_ms", s->lease_ttl_ms, 3600000},
+      {"spec.fault.comm_timeout_ms", s->comm_timeout_ms, 86400000},
+      {"spec.fault.hang_timeout_ms", s->hang_timeout_ms, 86400000},
+      {"spec.fault.report_window_ms", s->report_window_ms, 3600000},
+      {"spec.fault.replica_every", s->replica_every, 1 << 20},
+  };
+  for (size_t i = 0; i < sizeof caps / sizeof caps[0]; i++)
+    RULE(caps[i].v <= caps[i].max, "%s: at most %lld, got %lld", caps[i].field, (long long)caps[i].max,
+         (long long)caps[i].v);
+  RULE(s->micro_batch <= s->global_batch, "spec.train.micro_batch: %lld is larger than global_batch %lld",
+       (long long)s->micro_batch, (long long)s->global_batch);
+  RULE(s->tp * s->pp * s->dp_max <= 1 << 20, "spec.parallel: tp x pp x dp_max = %lld ranks, at most %d",
+       (long long)(s->tp * s->pp * s->dp_max), 1 << 20);
   int feasible = 0;
   for (int64_t dp = s->dp_min; dp <= s->dp_max && dp <= s->global_batch && !feasible; dp++)
     feasible = s->global_batch % (dp * s->micro_batch) == 0;

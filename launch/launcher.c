@@ -194,7 +194,7 @@ static void take(run *r, const rdzv_etcd_kv *kv) {
     r->progress_t_ms = p.t_ms;
   } else if (rec == JOB_REC_DONE) {
     job_done d;
-    if (job_done_from_json(kv->value, kv->value_len, &d) != NEWT_OK) return;
+    if (job_done_from_json(kv->value, kv->value_len, &d) != NEWT_OK || !job_done_plausible(&d, &r->o->spec)) return;
     r->done_step = d.step;
     r->done_loss = d.loss;
     r->done_samples = (int64_t)d.samples;

@@ -75,6 +75,9 @@ newt_result_t rdzv_worker_to_json(const rdzv_worker *w, char **out) {
   return NEWT_OK;
 }
 
+/* Whether every character of s is in allowed. */
+static int text_of(const char *s, const char *allowed) { return s[strspn(s, allowed)] == '\0'; }
+
 newt_result_t rdzv_worker_from_json(const char *text, size_t len, const char *what, rdzv_worker *out) {
   memset(out, 0, sizeof *out);
   out->device = -1;
@@ -95,6 +98,27 @@ newt_result_t rdzv_worker_from_json(const char *text, size_t len, const char *wh
     goto done;
   }
   out->device = (int)device;
+  /* what others print and connect to: no control characters, nothing but a name or an
+     address (a registration comes from etcd, where anyone with write access can put it) */
+  if (!text_of(out->host, "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789.-_:") || !out->host[0]) {
+    r = NEWT_ERR(NEWT_ERR_INVALID, "%s.host: a host name of letters, digits, '.', '-', '_' and ':'", what);
+    goto done;
+  }
+  const char *colon = strrchr(out->addr, ':');
+  int64_t port = 0;
+  if (out->addr[0] && (!colon || colon == out->addr || !text_of(out->addr, "0123456789abcdefABCDEF.:[]") ||
+                       newt_parse_int(colon + 1, &port) != 0 || port < 1 || port > 65535)) {
+    r = NEWT_ERR(NEWT_ERR_INVALID, "%s.addr: \"%.64s\" is not an IP address and port", what, out->addr);
+    goto done;
+  }
+  if (!text_of(out->state, "abcdefghijklmnopqrstuvwxyz-_") || !out->state[0]) {
+    r = NEWT_ERR(NEWT_ERR_INVALID, "%s.state: lower-case letters only", what);
+    goto done;
+  }
+  if (out->generation < 0 || out->generation >= NEWT_JSON_INT_EXACT || out->pid < 0) {
+    r = NEWT_ERR(NEWT_ERR_INVALID, "%s.%s: out of range", what, out->pid < 0 ? "pid" : "generation");
+    goto done;
+  }
 done:
   cJSON_Delete(j);
   return r;

@@ -164,7 +164,7 @@ static newt_result_t wait_plan(worker *w, int donor, newt_plan *out, wait_outcom
     uint64_t now = newt_wall_ms();
     if (now >= next_done_check) {
       next_done_check = now + 500;
-      if (job_is_done(w->etcd, w->o->job)) {
+      if (job_is_done(w->etcd, w->o->job, &w->spec)) {
         *how = WAIT_DONE;
         return NEWT_OK;
       }

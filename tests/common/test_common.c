@@ -78,6 +78,26 @@ static void test_json(void) {
   T_ERR(NEWT_ERR_INVALID, newt_json_check_fields(j, "spec", known));
   T_CHECK(strstr(newt_errmsg(), "spec.bad: unknown field") != NULL);
   cJSON_Delete(j);
+  /* one integer encoding both ways: beyond 2^53 a string, read back exactly */
+  cJSON *o = cJSON_CreateObject();
+  int64_t vals[] = {0, -5, NEWT_JSON_INT_EXACT, NEWT_JSON_INT_EXACT + 1, INT64_MAX, INT64_MIN + 1};
+  for (size_t i = 0; i < sizeof vals / sizeof vals[0]; i++) {
+    char f[8];
+    snprintf(f, sizeof f, "v%zu", i);
+    newt_json_add_int(o, f, vals[i]);
+  }
+  char *printed = newt_json_print(o);
+  cJSON_Delete(o);
+  T_OK(newt_json_parse(printed, strlen(printed), "ints", &o));
+  for (size_t i = 0; i < sizeof vals / sizeof vals[0]; i++) {
+    char f[8];
+    int64_t back = 0;
+    snprintf(f, sizeof f, "v%zu", i);
+    T_OK(newt_json_get_int(o, "ints", f, 1, &back));
+    T_CHECK_MSG(back == vals[i], "%s: wrote %lld, read %lld (%s)", f, (long long)vals[i], (long long)back, printed);
+  }
+  cJSON_Delete(o);
+  free(printed);
   T_ERR(NEWT_ERR_INVALID, newt_json_parse("{\"a\":", 5, "plan", &j));
   T_CHECK(strstr(newt_errmsg(), "plan: malformed JSON") != NULL);
 }

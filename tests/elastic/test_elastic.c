@@ -34,6 +34,7 @@
 #include "common/strutil.h"
 #include "common/sys.h"
 #include "job/plan.h"
+#include "rendezvous/etcd_server.h"
 #include "rendezvous/rdzv.h"
 #include "test.h"
 
@@ -570,6 +571,104 @@ static int64_t json_int(const cJSON *j, const char *field) {
   return v;
 }
 
+
+/* --- a hostile writer in etcd ------------------------------------------------------------ */
+
+/* Anyone who can write under the job's prefix, or a buggy client (issue 17, items 6 and 7):
+ * while a job trains, a forger writes a report in w0's name for the current generation
+ * every 200 ms (on no lease, accusing nobody), forged acks, an end marker that says step 55,
+ * and over the plan a copy whose generation is 2^63 - 1. The job must run to its end as if
+ * nothing happened: no recovery, nobody fenced, every step, the uninterrupted loss. */
+static void test_forged(void) {
+  const int STEPS = 150;
+  double ref = reference_loss(newt_bin, STEPS, MODEL);
+  rdzv_etcd_server *srv = NULL;
+  rdzv_etcd_server_opts so = {0};
+  T_OK(rdzv_etcd_server_start(&so, &srv));
+  if (!srv) return;
+  rdzv_etcd_opts eo;
+  rdzv_etcd_server_client_opts(srv, &eo);
+  rdzv_etcd *c = NULL;
+  T_OK(rdzv_etcd_init(&eo, &c));
+  char logs[512], summary[512], steps[16], gb[16], mb[16];
+  snprintf(logs, sizeof logs, "%s/logs", tmpdir);
+  snprintf(summary, sizeof summary, "%s/summary.json", tmpdir);
+  snprintf(steps, sizeof steps, "%d", STEPS);
+  snprintf(gb, sizeof gb, "%d", GB);
+  snprintf(mb, sizeof mb, "%d", MB);
+  const char *argv[] = {newt_bin, "run", "--quiet", "--etcd", rdzv_etcd_server_url(srv), "--job", "forged",
+                        "--nproc", "3", "--model", MODEL, "--seq-len", SEQ, "--steps", steps, "--global-batch", gb,
+                        "--micro-batch", mb, "--log-dir", logs, "--summary", summary, "--timeout-ms", "180000",
+                        NULL};
+  char outp[600];
+  snprintf(outp, sizeof outp, "%s/run.out", tmpdir);
+  newt_spawn_opts po = {.log_path = outp};
+  pid_t pid;
+  T_OK(newt_proc_spawn(argv, &po, &pid));
+  int st = -1, forged_done = 0, forged_plan = 0;
+  for (newt_deadline_t d = newt_deadline_in_ms(200000); !newt_deadline_passed(d); newt_sleep_ms(200)) {
+    if (waitpid(pid, &st, WNOHANG) == pid) break;
+    char *plan = NULL;
+    int64_t g = 0;
+    if (rdzv_plan_get(c, "forged", newt_deadline_in_ms(1000), &plan, &g, NULL) != NEWT_OK) continue;
+    char key[256], suffix[128];
+    const char *rep = "{\"worker\":\"w0\",\"kind\":\"crash\",\"accuse\":[],\"step\":1,\"t_ms\":1,\"why\":\"forged\"}";
+    snprintf(suffix, sizeof suffix, "reports/%020lld/w0", (long long)g);
+    if (rdzv_key(key, sizeof key, "forged", suffix) == NEWT_OK) rdzv_etcd_put(c, key, rep, strlen(rep), 0, newt_deadline_in_ms(1000), NULL);
+    const char *ack = "{\"rank\":1,\"t_plan\":1,\"t_comm\":1,\"t_restore\":1,\"t_step\":99999999999999,"
+                      "\"restore\":\"ckpt\",\"restore_step\":0}";
+    snprintf(suffix, sizeof suffix, "acks/%020lld/w1", (long long)g);
+    if (rdzv_key(key, sizeof key, "forged", suffix) == NEWT_OK) rdzv_etcd_put(c, key, ack, strlen(ack), 0, newt_deadline_in_ms(1000), NULL);
+    cJSON *prog = NULL;
+    int64_t step = 0;
+    if (get_json(c, "forged", "progress", &prog) == NEWT_OK) step = json_int(prog, "step"), cJSON_Delete(prog);
+    if (step >= 20 && !forged_done) {
+      const char *done = "{\"step\":55,\"loss\":1.0,\"t_ms\":1,\"samples\":1320}";
+      if (rdzv_key(key, sizeof key, "forged", "done") == NEWT_OK &&
+          rdzv_etcd_put(c, key, done, strlen(done), 0, newt_deadline_in_ms(1000), NULL) == NEWT_OK)
+        forged_done = 1;
+    }
+    if (step >= 30 && !forged_plan && plan) {
+      char gen[48];
+      snprintf(gen, sizeof gen, "\"generation\":%lld", (long long)g);
+      char *at = strstr(plan, gen);
+      if (at) {
+        char *copy = newt_asprintf("%.*s\"generation\":\"9223372036854775807\"%s", (int)(at - plan), plan, at + strlen(gen));
+        if (copy && rdzv_key(key, sizeof key, "forged", "plan") == NEWT_OK &&
+            rdzv_etcd_put(c, key, copy, strlen(copy), 0, newt_deadline_in_ms(1000), NULL) == NEWT_OK)
+          forged_plan = 1;
+        free(copy);
+      }
+    }
+    free(plan);
+  }
+  if (!WIFEXITED(st)) newt_proc_stop(pid, 1000);
+  T_CHECK_MSG(WIFEXITED(st) && WEXITSTATUS(st) == 0, "newt run with a forger did not finish well (status %d); logs in %s", st, tmpdir);
+  T_CHECK_MSG(forged_done && forged_plan, "the forger did not get to write (done %d, plan %d)", forged_done, forged_plan);
+  char *text = NULL;
+  size_t n;
+  cJSON *j = NULL;
+  T_OK(newt_fs_read_all(summary, 1 << 20, &text, &n));
+  if (text) T_OK(newt_json_parse(text, n, "summary", &j));
+  if (j) {
+    int done = 0;
+    int64_t st2 = 0;
+    double loss = NAN;
+    newt_json_get_bool(j, "summary", "done", 1, &done);
+    newt_json_get_int(j, "summary", "steps", 1, &st2);
+    newt_json_get_double(j, "summary", "final_loss", 1, &loss);
+    T_CHECK(done && st2 == STEPS);
+    T_CHECK_MSG(fabs(loss - ref) <= 1e-4 * fmax(1.0, fabs(ref)), "final loss %.7f, uninterrupted %.7f", loss, ref);
+    T_CHECK_MSG(cJSON_GetArraySize(cJSON_GetObjectItemCaseSensitive(j, "recoveries")) == 0,
+                "the forger caused recoveries:\n%s", text);
+    cJSON_Delete(j);
+  }
+  free(text);
+  check_generations(logs, 1);
+  rdzv_etcd_free(c);
+  rdzv_etcd_server_free(srv);
+}
+
 static void test_netns(void) {
   T_CHECK_MSG(geteuid() == 0, "the multi-host test needs root for ip netns (CI runs as root)");
   if (geteuid() != 0) return;
@@ -737,6 +836,15 @@ int main(int argc, char **argv) {
     T_RUN(test_cli);
     int rc = T_DONE();
     newt_fs_rm_rf(tmpdir);
+    return rc;
+  }
+  if (strcmp(argv[1], "forged") == 0) {
+    snprintf(tmpdir, sizeof tmpdir, "/tmp/newt-e2e-forged-XXXXXX");
+    if (!mkdtemp(tmpdir)) return 2;
+    T_RUN(test_forged);
+    int rc = T_DONE();
+    if (rc == 0) newt_fs_rm_rf(tmpdir);
+    else fprintf(stderr, "logs kept in %s\n", tmpdir);
     return rc;
   }
   if (strcmp(argv[1], "netns") == 0) {

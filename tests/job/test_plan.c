@@ -36,6 +36,19 @@ static void test_spec(void) {
   expect_spec_error("{\"job\":\"j\",\"train\":{\"global_batch\":6,\"micro_batch\":2},\"parallel\":{\"dp_min\":2,\"dp_max\":2}}",
                     "spec.train.global_batch");
   expect_spec_error("{\"job\":\"j\",\"parallel\":{\"dp_min\":4,\"dp_max\":2}}", "spec.parallel.dp_max");
+  /* hostile sizes: no overflow, no division by zero, no loop of 9e15 (issue 17, item 5) */
+  expect_spec_error("{\"job\":\"j\",\"train\":{\"global_batch\":8589934592,\"micro_batch\":4294967296},"
+                    "\"parallel\":{\"dp_min\":4294967296,\"dp_max\":4294967296}}",
+                    "spec.train.global_batch: at most");
+  expect_spec_error("{\"job\":\"j\",\"train\":{\"global_batch\":9007199254740881,\"micro_batch\":1},"
+                    "\"parallel\":{\"dp_min\":2}}",
+                    "spec.train.global_batch: at most");
+  expect_spec_error("{\"job\":\"j\",\"train\":{\"global_batch\":16,\"micro_batch\":4},"
+                    "\"parallel\":{\"dp_max\":4294967296}}",
+                    "spec.parallel.dp_max: at most");
+  expect_spec_error("{\"job\":\"j\",\"parallel\":{\"tp\":1024,\"pp\":1024,\"dp_max\":4}}", "spec.parallel: tp x pp");
+  expect_spec_error("{\"job\":\"j\",\"fault\":{\"lease_ttl_ms\":9223372036854775807}}", "spec.fault.lease_ttl_ms");
+  expect_spec_error("{\"job\":\"j\",\"train\":{\"steps\":-9223372036854775807}}", "spec.train.steps");
   expect_spec_error("{\"job\":\"j\",\"parallel\":{\"zero\":4}}", "spec.parallel.zero");
   expect_spec_error("{\"job\":\"j\",\"ckpt\":{\"every\":5}}", "spec.ckpt.dir");
   expect_spec_error("{\"job\":\"j\",\"fault\":{\"lease_ttl_ms\":10}}", "spec.fault.lease_ttl_ms");
@@ -215,6 +228,9 @@ static void test_plan_json(void) {
       {"\"rank\":1", "\"rank\":2", "plan.ranks[1].rank"},
       {"\"worker\":\"w1\"", "\"worker\":\"w0\"", "plan.ranks[1].worker"},
       {"\"generation\":10", "\"generation\":\"x\"", "plan.generation"},
+      /* a forged generation (issue 17, item 6): beyond what any job counts, and JSON's 2^53 */
+      {"\"generation\":10", "\"generation\":\"9223372036854775807\"", "plan.generation"},
+      {"\"generation\":10", "\"generation\":9007199254740992", "plan.generation"},
       {"\"switch\":\"boundary\"", "\"switch\":\"later\"", "plan.switch"},
       {"\"dp\":2,", "\"dp\":3,", "plan.accum"},
   };

@@ -61,12 +61,18 @@ static void test_report(void) {
   snprintf(r.worker, sizeof r.worker, "w1");
   snprintf(r.accuse[0], sizeof r.accuse[0], "w2");
   snprintf(r.accuse[1], sizeof r.accuse[1], "w3");
-  snprintf(r.why, sizeof r.why, "allreduce: rank 2 \"quoted\"\nclosed");
+  snprintf(r.why, sizeof r.why, "allreduce: rank 2 \"quoted\" closed");
   char *text = job_report_to_json(&r);
   T_CHECK(text != NULL);
   job_report back;
   T_OK(job_report_from_json(text, strlen(text), &back));
   T_CHECK(memcmp(&r, &back, sizeof r) == 0);
+  free(text);
+  /* free text is printed by readers: control characters come back as '?' */
+  snprintf(r.why, sizeof r.why, "line\nnext \x1b[2J");
+  text = job_report_to_json(&r);
+  T_OK(job_report_from_json(text, strlen(text), &back));
+  T_CHECK_MSG(strcmp(back.why, "line?next ?[2J") == 0, "why: %s", back.why);
   free(text);
   job_report none = {.step = -1};
   snprintf(none.worker, sizeof none.worker, "w0");

@@ -206,6 +206,22 @@ static void test_names_and_workers(void) {
   T_ERR(NEWT_ERR_INVALID, rdzv_worker_from_json("{\"id\":\"w1\",\"host\":\"h\"}", 22, "reg", &back));
   T_CHECK(strstr(newt_errmsg(), "reg.state") != NULL);
   T_ERR(NEWT_ERR_INVALID, rdzv_worker_from_json("{\"id\":\"w 1\",\"host\":\"h\",\"state\":\"x\"}", 35, "reg", &back));
+  /* hostile registrations (issue 17, item 9): terminal escapes, a bad address, a forged generation */
+  const char *bad[][2] = {
+      {"{\"id\":\"w1\",\"host\":\"h\\u001b[2J\",\"state\":\"ready\"}", "reg.host"},
+      {"{\"id\":\"w1\",\"host\":\"h\",\"addr\":\"10.0.0.1\",\"state\":\"ready\"}", "reg.addr"},
+      {"{\"id\":\"w1\",\"host\":\"h\",\"addr\":\"10.0.0.1:99999\",\"state\":\"ready\"}", "reg.addr"},
+      {"{\"id\":\"w1\",\"host\":\"h\",\"addr\":\"x;rm:1\",\"state\":\"ready\"}", "reg.addr"},
+      {"{\"id\":\"w1\",\"host\":\"h\",\"state\":\"READY\\n\"}", "reg.state"},
+      {"{\"id\":\"w1\",\"host\":\"h\",\"state\":\"ready\",\"generation\":\"9223372036854775807\"}", "reg.generation"},
+  };
+  for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+    T_CHECK_MSG(rdzv_worker_from_json(bad[i][0], strlen(bad[i][0]), "reg", &back) == NEWT_ERR_INVALID, "accepted %s",
+                bad[i][0]);
+    T_CHECK_MSG(strstr(newt_errmsg(), bad[i][1]) != NULL, "%s: %s", bad[i][0], newt_errmsg());
+  }
+  const char *v6 = "{\"id\":\"w1\",\"host\":\"node-7.zone_a\",\"addr\":\"[fe80::1]:4000\",\"state\":\"training\"}";
+  T_OK(rdzv_worker_from_json(v6, strlen(v6), "reg", &back));
 }
 
 int main(void) {
