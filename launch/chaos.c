@@ -1,4 +1,6 @@
-/* Parsing of chaos schedules (see chaos.h). */
+/* Parsing of chaos schedules (see chaos.h): an item is split at '@step=' and then at ':';
+ * the action picks the target's grammar. Errors name the item by its number (and, for the
+ * etcd forms, its text). */
 #include "launch/chaos.h"
 
 #include <stdio.h>
@@ -6,10 +8,69 @@
 #include <string.h>
 
 #include "common/strutil.h"
+#include "rendezvous/etcd_server.h"
 
-static const char *const action_names[] = {"kill", "stop", "term", "cont", "join", "restart"};
+static const char *const action_names[] = {"kill", "stop", "term", "cont", "join", "restart", "wipe"};
 
 #define BAD(...) NEWT_ERR(NEWT_ERR_INVALID, __VA_ARGS__)
+
+/* A downtime in ms, min..600000, into *out; the error names the item. */
+static newt_result_t etcd_ms(const char *v, int64_t min, int idx, const char *shown, int64_t *out) {
+  if (newt_parse_int(v, out) != 0 || *out < min || *out > 600000)
+    return BAD("--chaos: item %d \"%s\": etcd downtime \"%s\" is not %lld..600000 ms", idx + 1, shown, v,
+               (long long)min);
+  return NEWT_OK;
+}
+
+/* The member of an etcd item, 0..RDZV_ETCD_MAX_MEMBERS-1 (whether the private etcd has it
+ * is the launcher's check). */
+static newt_result_t etcd_member(const char *v, int idx, const char *shown, int *out) {
+  int64_t i;
+  if (newt_parse_int(v, &i) != 0 || i < 0 || i >= RDZV_ETCD_MAX_MEMBERS)
+    return BAD("--chaos: item %d \"%s\": etcd member \"%s\" is not 0..%d", idx + 1, shown, v,
+               RDZV_ETCD_MAX_MEMBERS - 1);
+  *out = (int)i;
+  return NEWT_OK;
+}
+
+/* ACTION ":etcd" ...: parts[1] is "etcd"; shown is the item as given. */
+static newt_result_t parse_etcd(char **parts, int np, int idx, const char *shown, chaos_event *e) {
+  e->target = CHAOS_ETCD;
+  e->index = -1;
+  e->arg = 2000;
+  switch (e->action) {
+    case CHAOS_RESTART:
+      if (np == 3 && (newt_parse_int(parts[2], &e->arg) != 0 || e->arg < 0 || e->arg > 600000))
+        return BAD("--chaos: item %d: etcd downtime \"%s\" is not 0..600000 ms", idx + 1, parts[2]);
+      if (np > 3) return BAD("--chaos: item %d: restart:etcd takes at most one value", idx + 1);
+      return NEWT_OK;
+    case CHAOS_WIPE:
+      if (np > 3)
+        return BAD("--chaos: item %d \"%s\": wipe:etcd takes at most one value (the downtime in ms)", idx + 1, shown);
+      return np == 3 ? etcd_ms(parts[2], 0, idx, shown, &e->arg) : NEWT_OK;
+    case CHAOS_KILL:
+      if (np < 3)
+        return BAD("--chaos: item %d \"%s\": kill:etcd needs a member, as in kill:etcd:0 or kill:etcd:0:3000 "
+                   "(restart:etcd takes the whole etcd down)", idx + 1, shown);
+      NEWT_CHECK(etcd_member(parts[2], idx, shown, &e->index));
+      return np == 4 ? etcd_ms(parts[3], 0, idx, shown, &e->arg) : NEWT_OK;
+    case CHAOS_STOP:
+      /* one value is the whole etcd's downtime; a member takes two, stop:etcd:I:MS (a lone
+         small number would read both ways, so a downtime is at least 100 ms) */
+      if (np == 3 && (newt_parse_int(parts[2], &e->arg) != 0 || e->arg < 100 || e->arg > 600000))
+        return BAD("--chaos: item %d \"%s\": etcd downtime \"%s\" is not 100..600000 ms (one member is "
+                   "stop:etcd:I:MS, as in stop:etcd:1:2000)", idx + 1, shown, parts[2]);
+      if (np == 3) return NEWT_OK;
+      if (np == 4) {
+        NEWT_CHECK(etcd_member(parts[2], idx, shown, &e->index));
+        return etcd_ms(parts[3], 0, idx, shown, &e->arg);
+      }
+      return NEWT_OK;
+    default:
+      return BAD("--chaos: item %d \"%s\": %s does not apply to etcd (restart:etcd, stop:etcd, wipe:etcd, "
+                 "kill:etcd:I, stop:etcd:I:MS)", idx + 1, shown, action_names[e->action]);
+  }
+}
 
 static newt_result_t parse_item(char *item, int idx, chaos_event *e) {
   memset(e, 0, sizeof *e);
@@ -19,6 +80,8 @@ static newt_result_t parse_item(char *item, int idx, chaos_event *e) {
   const char *steps = at + 6;
   if (newt_parse_int(steps, &e->step) != 0 || e->step < 0)
     return BAD("--chaos: item %d: step \"%s\" is not a non-negative integer", idx + 1, steps);
+  char shown[128]; /* the item as given, for messages: tokenizing cuts it up */
+  snprintf(shown, sizeof shown, "%s", item);
   char *parts[4] = {0};
   int np = 0;
   for (char *save = NULL, *tok = strtok_r(item, ":", &save); tok; tok = strtok_r(NULL, ":", &save)) {
@@ -30,7 +93,7 @@ static newt_result_t parse_item(char *item, int idx, chaos_event *e) {
   for (int i = 0; i < (int)(sizeof action_names / sizeof action_names[0]); i++)
     if (strcmp(parts[0], action_names[i]) == 0) a = i;
   if (a < 0)
-    return BAD("--chaos: item %d: unknown action \"%s\" (kill, stop, term, cont, join, restart)",
+    return BAD("--chaos: item %d: unknown action \"%s\" (kill, stop, term, cont, join, restart, wipe)",
                idx + 1, parts[0]);
   e->action = (chaos_action)a;
   int64_t v;
@@ -43,17 +106,15 @@ static newt_result_t parse_item(char *item, int idx, chaos_event *e) {
       e->index = -1;
       return NEWT_OK;
     case CHAOS_RESTART:
+    case CHAOS_WIPE:
       if (np < 2 || strcmp(parts[1], "etcd") != 0)
-        return BAD("--chaos: item %d: restart applies to etcd, as in restart:etcd or restart:etcd:3000", idx + 1);
-      e->target = CHAOS_ETCD;
-      e->arg = 2000;
-      if (np == 3 && (newt_parse_int(parts[2], &e->arg) != 0 || e->arg < 0 || e->arg > 600000))
-        return BAD("--chaos: item %d: etcd downtime \"%s\" is not 0..600000 ms", idx + 1, parts[2]);
-      if (np > 3) return BAD("--chaos: item %d: restart:etcd takes at most one value", idx + 1);
-      return NEWT_OK;
+        return BAD("--chaos: item %d: %s applies to etcd, as in %s:etcd or %s:etcd:3000", idx + 1, parts[0],
+                   parts[0], parts[0]);
+      return parse_etcd(parts, np, idx, shown, e);
     default:
       break;
   }
+  if (np >= 2 && strcmp(parts[1], "etcd") == 0) return parse_etcd(parts, np, idx, shown, e);
   if (np < 2) return BAD("--chaos: item %d: %s needs a target: worker:I or coordinator", idx + 1, parts[0]);
   if (strcmp(parts[1], "rank") == 0) {
     if (e->action == CHAOS_CONT) return BAD("--chaos: item %d: cont applies to worker:I (a stopped rank is no rank)", idx + 1);
@@ -132,7 +193,10 @@ void chaos_free(chaos_plan *p) {
 const char *chaos_event_str(const chaos_event *e, char *buf, size_t cap) {
   const char *a = action_names[e->action];
   switch (e->target) {
-    case CHAOS_ETCD: snprintf(buf, cap, "%s:etcd:%lld@step=%lld", a, (long long)e->arg, (long long)e->step); break;
+    case CHAOS_ETCD:
+      if (e->index < 0) snprintf(buf, cap, "%s:etcd:%lld@step=%lld", a, (long long)e->arg, (long long)e->step);
+      else snprintf(buf, cap, "%s:etcd:%d:%lld@step=%lld", a, e->index, (long long)e->arg, (long long)e->step);
+      break;
     case CHAOS_COORDINATOR:
       if (e->index < 0) snprintf(buf, cap, "%s:coordinator@step=%lld", a, (long long)e->step);
       else snprintf(buf, cap, "%s:coordinator:%d@step=%lld", a, e->index, (long long)e->step);

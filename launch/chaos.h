@@ -8,10 +8,18 @@
  *          | ("kill" | "stop" | "term") ":coordinator" [":" I]  the leader when I is left out
  *          | "join:" N                                          start N new workers
  *          | "restart:etcd" [":" MS]                            down for MS ms (default 2000)
+ *          | "stop:etcd" [":" MS]       SIGSTOP every member for MS ms (default 2000, at least
+ *                                       100), then SIGCONT: a hung etcd that accepts and never answers
+ *          | "wipe:etcd" [":" MS]       down for MS ms (default 2000), then back EMPTY (its data lost)
+ *          | "kill:etcd:" I [":" MS]    kill -9 member I, restart it after MS ms (default 2000;
+ *                                       0: never)
+ *          | "stop:etcd:" I ":" MS      SIGSTOP member I, SIGCONT after MS ms (0: never)
  *
  * Worker I is the launcher's I-th worker process (w<I>, in start order, joins included).
+ * Member I of the private etcd is 0..4 here; whether the etcd has it is the launcher's
+ * check. stop:etcd with one value is the whole etcd (so a member needs both values).
  * Example: kill:worker:1@step=15,stop:worker:2@step=30,term:worker:0@step=45,join:2@step=50,
- *          kill:coordinator@step=60,restart:etcd@step=70
+ *          kill:coordinator@step=60,restart:etcd@step=70,kill:etcd:1:0@step=80,wipe:etcd@step=90
  * Errors name the item and what is wrong with it. */
 #ifndef NEWT_LAUNCH_CHAOS_H
 #define NEWT_LAUNCH_CHAOS_H
@@ -27,6 +35,7 @@ typedef enum chaos_action {
   CHAOS_CONT,
   CHAOS_JOIN,
   CHAOS_RESTART,
+  CHAOS_WIPE,
 } chaos_action;
 
 typedef enum chaos_target { CHAOS_WORKER, CHAOS_COORDINATOR, CHAOS_ETCD } chaos_target;
@@ -34,9 +43,10 @@ typedef enum chaos_target { CHAOS_WORKER, CHAOS_COORDINATOR, CHAOS_ETCD } chaos_
 typedef struct chaos_event {
   chaos_action action;
   chaos_target target;
-  int index;     /* worker or coordinator index; -1: the current leader */
+  int index;     /* worker or coordinator index, -1: the current leader; etcd: the
+                    member, -1: every member */
   int by_rank;   /* worker target: index is a rank of the current plan */
-  int64_t arg;   /* join: how many workers; restart: downtime in ms */
+  int64_t arg;   /* join: how many workers; etcd: downtime in ms (a member's 0: for good) */
   int64_t step;  /* fires once the job has completed this step */
   int fired;
 } chaos_event;
@@ -48,7 +58,8 @@ typedef struct chaos_plan {
 
 newt_result_t chaos_parse(const char *spec, chaos_plan *out);
 void chaos_free(chaos_plan *p);
-/* "kill:worker:1@step=15" */
+/* "kill:worker:1@step=15", "stop:etcd:2000@step=9", "kill:etcd:1:0@step=9": what
+ * chaos_parse reads back as the same event. */
 const char *chaos_event_str(const chaos_event *e, char *buf, size_t cap);
 
 #endif

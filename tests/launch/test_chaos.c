@@ -1,4 +1,5 @@
-/* Unit tests of chaos schedules (launch/chaos.h): the grammar, and errors naming the item. */
+/* Unit tests of chaos schedules (launch/chaos.h): the grammar, each form printed back as
+ * chaos_parse reads it (chaos_event_str), and errors naming the item. */
 #include <string.h>
 
 #include "launch/chaos.h"
@@ -37,7 +38,81 @@ static void test_chaos(void) {
   }
 }
 
+/* The etcd forms: the whole etcd (index -1) or one member, the downtime in arg. */
+static void test_chaos_etcd(void) {
+  struct {
+    const char *in;
+    chaos_action action;
+    int index;
+    int64_t arg;
+    const char *printed;
+  } good[] = {
+      {"restart:etcd@step=7", CHAOS_RESTART, -1, 2000, "restart:etcd:2000@step=7"},
+      {"restart:etcd:0@step=7", CHAOS_RESTART, -1, 0, "restart:etcd:0@step=7"},
+      {"stop:etcd@step=7", CHAOS_STOP, -1, 2000, "stop:etcd:2000@step=7"},
+      {"stop:etcd:3000@step=7", CHAOS_STOP, -1, 3000, "stop:etcd:3000@step=7"},
+      {"wipe:etcd@step=7", CHAOS_WIPE, -1, 2000, "wipe:etcd:2000@step=7"},
+      {"wipe:etcd:500@step=7", CHAOS_WIPE, -1, 500, "wipe:etcd:500@step=7"},
+      {"kill:etcd:1@step=7", CHAOS_KILL, 1, 2000, "kill:etcd:1:2000@step=7"},
+      {"kill:etcd:0:0@step=7", CHAOS_KILL, 0, 0, "kill:etcd:0:0@step=7"},
+      {"kill:etcd:4:1500@step=7", CHAOS_KILL, 4, 1500, "kill:etcd:4:1500@step=7"},
+      {"stop:etcd:2:800@step=7", CHAOS_STOP, 2, 800, "stop:etcd:2:800@step=7"},
+      {"stop:etcd:0:0@step=7", CHAOS_STOP, 0, 0, "stop:etcd:0:0@step=7"},
+  };
+  chaos_plan c;
+  char buf[64];
+  for (size_t i = 0; i < sizeof good / sizeof good[0]; i++) {
+    T_OK(chaos_parse(good[i].in, &c));
+    if (c.n != 1) {
+      T_FAIL("%s gave %d events", good[i].in, c.n);
+      chaos_free(&c);
+      continue;
+    }
+    chaos_event e = c.events[0];
+    chaos_free(&c);
+    T_CHECK_MSG(e.target == CHAOS_ETCD && e.action == good[i].action && e.index == good[i].index &&
+                    e.arg == good[i].arg && e.step == 7 && !e.by_rank,
+                "%s: action %d target %d index %d arg %lld", good[i].in, (int)e.action, (int)e.target, e.index,
+                (long long)e.arg);
+    chaos_event_str(&e, buf, sizeof buf);
+    T_CHECK_MSG(strcmp(buf, good[i].printed) == 0, "%s printed as %s", good[i].in, buf);
+    /* what is printed reads back as the same event */
+    T_OK(chaos_parse(buf, &c));
+    T_CHECK_MSG(c.n == 1 && c.events[0].action == e.action && c.events[0].target == e.target &&
+                    c.events[0].index == e.index && c.events[0].arg == e.arg && c.events[0].step == e.step,
+                "%s does not read back as itself", buf);
+    chaos_free(&c);
+  }
+  /* with the other forms, in step order */
+  T_OK(chaos_parse("wipe:etcd@step=9,kill:worker:1@step=2,stop:etcd:1:100@step=5", &c));
+  T_CHECK(c.n == 3 && c.events[0].target == CHAOS_WORKER && c.events[1].index == 1 && c.events[2].action == CHAOS_WIPE);
+  chaos_free(&c);
+
+  const char *bad[][2] = {
+      {"stop:etcd:x@step=3", "item 1 \"stop:etcd:x\": etcd downtime \"x\""},
+      {"stop:etcd:1@step=3", "stop:etcd:I:MS"},
+      {"stop:etcd:5:100@step=3", "etcd member \"5\" is not 0..4"},
+      {"stop:etcd:1:-1@step=3", "item 1 \"stop:etcd:1:-1\""},
+      {"wipe:etcd:1:2@step=3", "item 1 \"wipe:etcd:1:2\": wipe:etcd takes at most one value"},
+      {"wipe:etcd:soon@step=3", "etcd downtime \"soon\""},
+      {"wipe:worker:1@step=3", "wipe applies to etcd"},
+      {"kill:etcd@step=3", "item 1 \"kill:etcd\": kill:etcd needs a member"},
+      {"kill:etcd:-1@step=3", "etcd member \"-1\" is not 0..4"},
+      {"kill:etcd:1:600001@step=3", "is not 0..600000 ms"},
+      {"restart:etcd:-5@step=3", "item 1: etcd downtime \"-5\""},
+      {"restart:etcd:1:2@step=3", "restart:etcd takes at most one value"},
+      {"cont:etcd@step=3", "item 1 \"cont:etcd\": cont does not apply to etcd"},
+      {"term:etcd:1@step=3", "term does not apply to etcd"},
+      {"kill:worker:1@step=3,stop:etcd:x@step=4", "item 2 \"stop:etcd:x\""},
+  };
+  for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+    T_CHECK_MSG(chaos_parse(bad[i][0], &c) == NEWT_ERR_INVALID, "accepted %s", bad[i][0]);
+    T_CHECK_MSG(strstr(newt_errmsg(), bad[i][1]) != NULL, "error \"%s\" lacks \"%s\"", newt_errmsg(), bad[i][1]);
+  }
+}
+
 int main(void) {
   T_RUN(test_chaos);
+  T_RUN(test_chaos_etcd);
   return T_DONE();
 }
