@@ -330,6 +330,8 @@ newt_result_t rdzv_etcd_request(rdzv_etcd *c, const char *path, const char *body
         retry = 1;
         continue;
       }
+      /* the next call starts with another endpoint: this one may be hung (a stopped member) */
+      atomic_store(&c->preferred, (i + 1) % c->n_urls);
       res = NEWT_ERR(a.res, "etcd %s: %s; the write may or may not have been applied", what, fails.data);
       goto done;
     }
