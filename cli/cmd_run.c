@@ -24,7 +24,7 @@ int newt_cmd_run(int argc, char **argv) {
   int64_t nproc = 4, coords = 2, steps = d.steps, gb = d.global_batch, mb = d.micro_batch, every = 0, keep = d.ckpt_keep,
           threads = 1, tp = 1, pp = 1, zero = 0, timeout = 0, lease = d.lease_ttl_ms, comm_to = d.comm_timeout_ms,
           hang = d.hang_timeout_ms, seed = (int64_t)d.seed, data_seed = (int64_t)d.data_seed, dp_min = d.dp_min,
-          dp_max = d.dp_max, seq = 0;
+          dp_max = d.dp_max, seq = 0, members = 1;
   double lr = d.lr;
   int quiet = 0;
   newt_opt opts[] = {
@@ -48,6 +48,7 @@ int newt_cmd_run(int argc, char **argv) {
       {"dp-min", NEWT_OPT_INT, &dp_min, "smallest data-parallel size to train with"},
       {"dp-max", NEWT_OPT_INT, &dp_max, "largest data-parallel size"},
       {"etcd", NEWT_OPT_STR, &lo.etcd, "etcd endpoints to use (default: start a private etcd)"},
+      {"etcd-members", NEWT_OPT_INT, &members, "members of the private etcd (1..5; chaos kill|stop:etcd:I acts on one)"},
       {"job", NEWT_OPT_STR, &job_name, "job name"},
       {"spec", NEWT_OPT_STR, &spec_file, "job spec file (flags given after it are ignored)"},
       {"coordinators", NEWT_OPT_INT, &coords, "coordinator processes (one leads)"},
@@ -116,12 +117,17 @@ int newt_cmd_run(int argc, char **argv) {
     fprintf(stderr, "newt run: --nproc must be 1..1024, --coordinators 1..16, --threads >= 0\n");
     return 2;
   }
+  if (members < 1 || members > 5 || (members > 1 && lo.etcd)) {
+    fprintf(stderr, "newt run: --etcd-members: 1..5, for the private etcd (not with --etcd)\n");
+    return 2;
+  }
   if (chaos_parse(chaos, &lo.chaos) != NEWT_OK) {
     fprintf(stderr, "newt run: %s\n", newt_errmsg());
     return 2;
   }
   lo.nproc = (int)nproc;
   lo.coordinators = (int)coords;
+  lo.etcd_members = (int)members;
   lo.threads = (int)threads;
   lo.quiet = quiet;
   lo.timeout_ms = timeout;

@@ -261,3 +261,14 @@ char *newt_base64_decode_alloc(const char *in, size_t n, size_t *outlen) {
   if (outlen) *outlen = (size_t)m;
   return s;
 }
+
+static int cmp_double(const void *a, const void *b) {
+  double x = *(const double *)a, y = *(const double *)b;
+  return x < y ? -1 : x > y;
+}
+
+double newt_median(double *v, size_t n) {
+  if (!n) return 0;
+  qsort(v, n, sizeof *v, cmp_double);
+  return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
+}

@@ -58,4 +58,7 @@ long newt_base64_decode(const char *in, size_t n, void *out);
 char *newt_base64_encode_alloc(const void *in, size_t n);
 char *newt_base64_decode_alloc(const char *in, size_t n, size_t *outlen);
 
+/* The median of v[0..n) (sorts v in place); 0 when n is 0. */
+double newt_median(double *v, size_t n);
+
 #endif

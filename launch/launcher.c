@@ -85,11 +85,13 @@ typedef struct run {
   int64_t done_step, done_samples;
   double done_loss;
 
-  /* etcd restart in progress */
+  /* an etcd fault in progress (chaos): what was done, when to undo it */
   int etcd_down;
-  uint64_t etcd_up_at;  /* monotonic ns: start it again then */
+  chaos_event etcd_ev;   /* restart, stop or wipe of the whole etcd, or kill|stop of a member */
+  uint64_t etcd_up_at;   /* monotonic ns: undo it then (0: never, a member left dead) */
   uint64_t etcd_back_ms; /* wall ms it served again (0: not yet) */
-  int etcd_fault;       /* index into faults */
+  int etcd_fault;        /* index into faults */
+  uint64_t etcd_lost_ms; /* wall ms our watch of etcd last broke with nothing since (0: fine) */
 } run;
 
 /* What starts a line of news: a line break ending the live line, when one is open on the
@@ -235,6 +237,8 @@ static int read_done(run *r, newt_deadline_t d) {
 static void on_watch(void *ud, const rdzv_etcd_watch_resp *w) {
   run *r = ud;
   pthread_mutex_lock(&r->mu);
+  if (w->kind == RDZV_WATCH_ERROR && !r->etcd_lost_ms) r->etcd_lost_ms = newt_wall_ms();
+  else if (w->kind != RDZV_WATCH_ERROR) r->etcd_lost_ms = 0;
   if (w->kind == RDZV_WATCH_EVENTS) {
     for (size_t i = 0; i < w->n_events; i++)
       if (w->events[i].type == RDZV_EVENT_PUT) take(r, &w->events[i].kv);
@@ -312,12 +316,28 @@ static void fire(run *r, chaos_event *e) {
       p = find_proc(r, name);
       break;
     case CHAOS_ETCD: {
+      newt_result_t res = NEWT_OK;
+      if (!r->server)
+        res = NEWT_ERR(NEWT_ERR_UNSUPPORTED, "chaos on etcd needs the private etcd (no --etcd)");
+      else if (e->index >= rdzv_etcd_server_members(r->server))
+        res = NEWT_ERR(NEWT_ERR_INVALID, "etcd has %d members, there is no member %d (--etcd-members)",
+                       rdzv_etcd_server_members(r->server), e->index);
+      else if (r->etcd_down)
+        res = NEWT_ERR(NEWT_ERR_INVALID, "an etcd fault is still in progress");
+      else if (e->index >= 0)
+        res = e->action == CHAOS_KILL ? rdzv_etcd_server_member_kill(r->server, e->index)
+                                      : rdzv_etcd_server_member_pause(r->server, e->index);
+      else
+        res = e->action == CHAOS_STOP ? rdzv_etcd_server_pause(r->server) : rdzv_etcd_server_stop(r->server, 0);
+      if (res != NEWT_OK) {
+        fprintf(stderr, "%snewt run: chaos %s: %s\n", news(r), what, newt_errmsg());
+        return;
+      }
       fault *f = add_fault(r, e);
-      if (rdzv_etcd_server_stop(r->server, 0) != NEWT_OK)
-        fprintf(stderr, "newt run: chaos %s: %s\n", what, newt_errmsg());
       r->etcd_down = 1;
+      r->etcd_ev = *e;
       r->etcd_back_ms = 0;
-      r->etcd_up_at = newt_now_ns() + (uint64_t)e->arg * 1000000ull;
+      r->etcd_up_at = e->index >= 0 && e->arg == 0 ? 0 : newt_now_ns() + (uint64_t)e->arg * 1000000ull;
       r->etcd_fault = f ? (int)(f - r->faults) : -1;
       break;
     }
@@ -429,38 +449,93 @@ static void handle_event(run *r, const job_event *e) {
   }
 }
 
+/* Undoes an etcd fault when its time is up (start, resume or refill the store), and records
+ * it once training's progress (or the end marker) reaches etcd again. */
 static void etcd_tick(run *r) {
   if (!r->etcd_down) return;
-  if (!r->etcd_back_ms && newt_now_ns() >= r->etcd_up_at) {
-    if (rdzv_etcd_server_restart(r->server, newt_deadline_in_ms(30000)) != NEWT_OK) {
-      fprintf(stderr, "newt run: restarting etcd: %s\n", newt_errmsg());
+  const chaos_event *e = &r->etcd_ev;
+  if (!r->etcd_back_ms && r->etcd_up_at && newt_now_ns() >= r->etcd_up_at) {
+    newt_deadline_t d = newt_deadline_in_ms(30000);
+    newt_result_t res = e->index >= 0 ? (e->action == CHAOS_KILL ? rdzv_etcd_server_member_restart(r->server, e->index, d)
+                                                                : rdzv_etcd_server_member_resume(r->server, e->index))
+                        : e->action == CHAOS_STOP ? rdzv_etcd_server_resume(r->server)
+                        : e->action == CHAOS_WIPE ? rdzv_etcd_server_wipe(r->server, d)
+                                                  : rdzv_etcd_server_restart(r->server, d);
+    if (res != NEWT_OK) {
+      fprintf(stderr, "%snewt run: bringing etcd back: %s\n", news(r), newt_errmsg());
       r->etcd_down = 0;
       return;
     }
     r->etcd_back_ms = newt_wall_ms();
-    if (!r->o->quiet) fprintf(stderr, "\nnewt run: etcd serves again\n");
-  }
-  /* recovered once a worker writes progress to it again */
-  if (r->etcd_back_ms && r->progress_t_ms >= r->etcd_back_ms) {
-    r->etcd_down = 0;
-    if (r->etcd_fault < 0) return;
-    fault *f = &r->faults[r->etcd_fault];
-    f->matched = 1;
-    launcher_recovery *rec = add_recovery(r);
-    if (!rec) return;
-    snprintf(rec->cause, sizeof rec->cause, "etcd");
-    snprintf(rec->restore, sizeof rec->restore, "memory");
-    snprintf(rec->fault, sizeof rec->fault, "%s", f->what);
-    rec->t_fault = rec->t_ms = f->t_ms;
-    rec->step = r->step;
-    rec->world = r->world;
-    rec->detect_ms = diff(r->etcd_back_ms, f->t_ms);
-    rec->total_ms = diff(r->progress_t_ms, f->t_ms);
     if (!r->o->quiet)
-      fprintf(stderr, "\nnewt run: etcd was away for %lld ms; training went on, %lld ms until progress reached it again\n",
-              (long long)rec->detect_ms, (long long)rec->total_ms);
+      fprintf(stderr, "%snewt run: etcd %s\n", news(r),
+              e->index >= 0 ? "has all its members again" : e->action == CHAOS_WIPE ? "serves again, empty" : "serves again");
   }
+  if (r->etcd_fault < 0) {
+    r->etcd_down = r->etcd_back_ms == 0;
+    return;
+  }
+  fault *f = &r->faults[r->etcd_fault];
+  /* training's progress must reach etcd after it came back (after the fault, for a member
+     left dead: the others served all along) */
+  uint64_t since = r->etcd_back_ms ? r->etcd_back_ms : !r->etcd_up_at ? f->t_ms : 0;
+  if (!since || (r->progress_t_ms < since && !r->done)) return;
+  r->etcd_down = 0;
+  f->matched = 1;
+  launcher_recovery *rec = add_recovery(r);
+  if (!rec) return;
+  snprintf(rec->cause, sizeof rec->cause, "etcd");
+  snprintf(rec->restore, sizeof rec->restore, "memory");
+  snprintf(rec->fault, sizeof rec->fault, "%s", f->what);
+  rec->t_fault = rec->t_ms = f->t_ms;
+  rec->step = r->step;
+  rec->world = r->world;
+  uint64_t reached = r->progress_t_ms >= since ? r->progress_t_ms : newt_wall_ms(); /* or the end marker */
+  rec->outage_ms = r->etcd_back_ms ? diff(r->etcd_back_ms, f->t_ms) : 0;
+  rec->pause_ms = -1; /* from the step log, at the end */
+  rec->detect_ms = rec->outage_ms;
+  rec->total_ms = diff(reached, f->t_ms);
+  if (!r->o->quiet)
+    fprintf(stderr, "%snewt run: etcd was away for %lld ms; training went on, %lld ms until progress reached it again\n",
+            news(r), (long long)rec->outage_ms, (long long)rec->total_ms);
 }
+
+/* Measures each etcd outage on the step log (rank 0's line per step, with its wall time and
+ * throughput): the longest stretch without a step while etcd was away, beyond the usual step
+ * time before it (0 when no stretch was three usual step times: steps went on at their
+ * pace), and the median tokens/s of the steps before it and of those during it. */
+static void measure_outages(run *r) {
+  job_step *s = NULL;
+  size_t n = 0;
+  if (job_steplog_read(r->res->step_log, &s, &n, NULL) != NEWT_OK || job_steplog_stitch(s, &n, NULL) != NEWT_OK) {
+    free(s);
+    return;
+  }
+  for (int k = 0; k < r->res->nrecoveries; k++) {
+    launcher_recovery *rec = &r->res->recoveries[k];
+    if (strcmp(rec->cause, "etcd") != 0 || n < 3) continue;
+    uint64_t down = rec->t_fault, up = down + (uint64_t)(rec->outage_ms > 0 ? rec->outage_ms : rec->total_ms);
+    double gaps[64], before[64], during[4096];
+    size_t ng = 0, nb = 0, nd = 0;
+    uint64_t longest = 0;
+    for (size_t i = 1; i < n; i++) {
+      uint64_t t = s[i].t_ms, gap = t > s[i - 1].t_ms ? t - s[i - 1].t_ms : 0;
+      if (t < down && t + 10000 >= down) {
+        if (ng < 64) gaps[ng++] = (double)gap;
+        if (nb < 64) before[nb++] = s[i].tokens_per_s;
+      } else if (t >= down && s[i - 1].t_ms <= up) {
+        if (gap > longest) longest = gap;
+        if (t <= up && nd < 4096) during[nd++] = s[i].tokens_per_s;
+      }
+    }
+    double usual = newt_median(gaps, ng);
+    rec->pause_ms = ng && longest > 3 * usual ? (int64_t)((double)longest - usual) : 0;
+    rec->tps_before = newt_median(before, nb);
+    rec->tps_during = newt_median(during, nd);
+  }
+  free(s);
+}
+
 
 /* --- the run ------------------------------------------------------------------------------ */
 
@@ -481,19 +556,29 @@ static void live_line(run *r, double t0, int last) {
     double rate = (double)(step - r->step0) / (now - r->t_step0);
     snprintf(left, sizeof left, r->tty ? ", ETA %s" : ", about %s to go", newt_fmt_duration((double)(steps - step) / rate, d, sizeof d));
   }
+  /* etcd away (our watch of it broke, and nothing came since): say so and since when */
+  char away[64] = "";
+  pthread_mutex_lock(&r->mu);
+  uint64_t lost = r->etcd_lost_ms;
+  pthread_mutex_unlock(&r->mu);
+  if (lost) {
+    char d[32];
+    uint64_t wall = newt_wall_ms();
+    snprintf(away, sizeof away, " | etcd unreachable for %s", newt_fmt_duration(wall > lost ? (double)(wall - lost) / 1e3 : 0, d, sizeof d));
+  }
   const char *rec = r->res->nrecoveries == 1 ? "recovery" : "recoveries";
   if (r->tty && step <= 0)
     fprintf(stderr, "\r\033[Kstarting %d workers: waiting for the first step | %s", r->o->nproc, took);
   else if (r->tty)
-    fprintf(stderr, "\r\033[Kstep %lld/%lld (%.0f%%) | loss %.4f | %.0f tok/s | world %d (dp %d) | gen %lld | %d %s | %s%s",
+    fprintf(stderr, "\r\033[Kstep %lld/%lld (%.0f%%) | loss %.4f | %.0f tok/s | world %d (dp %d) | gen %lld | %d %s | %s%s%s",
             (long long)step, (long long)steps, 100.0 * (double)step / (double)steps, r->loss, r->tps, r->world, r->dp,
-            (long long)r->gen, r->res->nrecoveries, rec, took, left);
+            (long long)r->gen, r->res->nrecoveries, rec, took, left, away);
   else if (step <= 0)
     fprintf(stderr, "newt run: starting %d workers: no step yet, %s in\n", r->o->nproc, took);
   else
-    fprintf(stderr, "newt run: step %lld/%lld (%.0f%%), loss %.4f, %.0f tokens/s, world %d (dp %d), generation %lld, %d %s, %s in%s\n",
+    fprintf(stderr, "newt run: step %lld/%lld (%.0f%%), loss %.4f, %.0f tokens/s, world %d (dp %d), generation %lld, %d %s, %s in%s%s\n",
             (long long)step, (long long)steps, 100.0 * (double)step / (double)steps, r->loss, r->tps, r->world, r->dp,
-            (long long)r->gen, r->res->nrecoveries, rec, took, left);
+            (long long)r->gen, r->res->nrecoveries, rec, took, left, away);
   r->line_open = r->tty;
   fflush(stderr);
 }
@@ -541,7 +626,7 @@ static newt_result_t start(run *r) {
     char dir[600];
     snprintf(dir, sizeof dir, "%s/etcd", r->res->log_dir);
     NEWT_CHECK(newt_fs_mkdirs(dir, 0755));
-    rdzv_etcd_server_opts so = {.dir = dir};
+    rdzv_etcd_server_opts so = {.dir = dir, .members = o->etcd_members};
     newt_result_t res = rdzv_etcd_server_start(&so, &r->server);
     if (res != NEWT_OK) return newt_err_wrap(res, "newt run needs etcd (Debian package etcd-server) or --etcd URL: ");
     snprintf(r->etcd_url, sizeof r->etcd_url, "%s", rdzv_etcd_server_url(r->server));
@@ -679,6 +764,7 @@ newt_result_t launcher_run(const launcher_opts *o, launcher_result *res) {
 exit:
   stop_all(r);
   res->wall_s = newt_now_s() - t0;
+  measure_outages(r);
   if (r->watch) rdzv_etcd_watch_free(r->watch);
   if (r->etcd) rdzv_etcd_free(r->etcd);
   if (r->server) rdzv_etcd_server_free(r->server);
@@ -730,6 +816,12 @@ char *launcher_summary_json(const launcher_opts *o, const launcher_result *res) 
     cJSON_AddStringToObject(e, "restore", r->restore);
     cJSON_AddBoolToObject(e, "injected", r->t_fault != 0);
     if (r->fault[0]) cJSON_AddStringToObject(e, "fault", r->fault);
+    if (strcmp(r->cause, "etcd") == 0) {
+      newt_json_add_int(e, "outage_ms", r->outage_ms);
+      newt_json_add_int(e, "pause_ms", r->pause_ms);
+      cJSON_AddNumberToObject(e, "tokens_per_s_before", r->tps_before);
+      cJSON_AddNumberToObject(e, "tokens_per_s_during", r->tps_during);
+    }
     cJSON_AddItemToArray(recs, e);
   }
   cJSON_AddStringToObject(j, "log_dir", res->log_dir);

@@ -19,6 +19,7 @@ typedef struct launcher_opts {
   int coordinators;     /* coordinator processes (a killed one is started again, as a
                            Deployment would) */
   const char *etcd;     /* an etcd to use; NULL: start a private one */
+  int etcd_members;     /* members of the private etcd (0: 1); chaos kill|stop:etcd:I acts on one */
   chaos_plan chaos;
   const char *summary;  /* write the summary JSON here; may be NULL */
   const char *log_dir;  /* per-process logs; NULL: a new directory under /tmp */
@@ -38,6 +39,11 @@ typedef struct launcher_recovery {
   int64_t detect_ms, plan_ms, comm_ms, restore_ms, total_ms, steps_lost;
   int64_t generation;
   char restore[8];
+  /* cause "etcd" only, from the step log (-1: unknown): how long etcd was away, the longest
+     stretch without a step meanwhile beyond the usual step time (0: steps went on at their
+     pace), and the tokens/s before and during the outage */
+  int64_t outage_ms, pause_ms;
+  double tps_before, tps_during;
 } launcher_recovery;
 
 typedef struct launcher_result {
