@@ -100,7 +100,7 @@ static int find_chunk(const char *dir, int64_t step, const char *name, size_t j,
   ckpt_step_dirname(sd, sizeof sd, dir, step);
   snprintf(mf, sizeof mf, "%s/MANIFEST", sd);
   ckpt_manifest m;
-  if (ckpt_manifest_load(mf, mf, 0, &m) != NEWT_OK) return 0;
+  if (ckpt_manifest_load(AT_FDCWD, NULL, mf, 0, &m) != NEWT_OK) return 0;
   const ckpt_tensor *t = ckpt_manifest_find(&m, name);
   int ok = t && j < t->nchunks;
   if (ok) {
@@ -148,11 +148,9 @@ static void rewrite_manifest(const char *dir, int64_t step, const char *from, co
   char *nb = malloc(bl + 1);
   if (!nb) abort();
   sprintf(nb, "%.*s%s%s", (int)(at - body), body, to, at + strlen(from));
-  char *out = malloc(bl + 128);
-  if (!out) abort();
-  int hl = sprintf(out, "newt-ckpt manifest 1 %zu %016llx\n", bl, (unsigned long long)ckpt_hash(nb, bl));
-  memcpy(out + hl, nb, bl);
-  T_OK(newt_fs_write_atomic(mf, out, (size_t)hl + bl));
+  size_t ol;
+  char *out = ts_frame(nb, &ol);
+  T_OK(newt_fs_write_atomic(mf, out, ol));
   free(out);
   free(nb);
   free(text);
