@@ -4,10 +4,14 @@
 #ifndef NEWT_TESTS_CKPT_UTIL_H
 #define NEWT_TESTS_CKPT_UTIL_H
 
+#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mount.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
+#include <unistd.h>
 
 #include "ckpt/ckpt.h"
 #include "ckpt/internal.h"
@@ -171,6 +175,25 @@ static inline void ts_tmpdir(char *out, size_t cap, const char *base, const char
     perror("mkdtemp");
     exit(1);
   }
+}
+
+/* Mounts a tmpfs of `size` ("2m") at path (made here), a real disk that fills up: 1, or 0
+ * with the test failed (it needs root; it does not skip). */
+static inline int ts_mount_tmpfs(const char *path, const char *size) {
+  char opts[64];
+  snprintf(opts, sizeof opts, "size=%s", size);
+  T_CHECK(mkdir(path, 0755) == 0);
+  int m = mount("tmpfs", path, "tmpfs", 0, opts);
+  T_CHECK_MSG(m == 0, "cannot mount a tmpfs on %s: %s (the test needs root; it does not skip)", path, strerror(errno));
+  return m == 0;
+}
+
+static inline void ts_umount(const char *path) {
+  if (umount(path) != 0) {
+    T_FAIL("umount %s: %s", path, strerror(errno));
+    umount2(path, MNT_DETACH);
+  }
+  rmdir(path);
 }
 
 /* Frames a manifest's JSON body with a correct header line, as a forger (or a buggy

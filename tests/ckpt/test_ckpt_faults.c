@@ -388,10 +388,7 @@ static void test_paths_outside(void) {
 static void test_full_disk(void) {
   char mnt[300];
   snprintf(mnt, sizeof mnt, "%s/tmpfs", root);
-  T_CHECK(mkdir(mnt, 0755) == 0);
-  int m = mount("tmpfs", mnt, "tmpfs", 0, "size=2m");
-  T_CHECK_MSG(m == 0, "cannot mount a tmpfs on %s: %s (the test needs root; it does not skip)", mnt, strerror(errno));
-  if (m != 0) return;
+  if (!ts_mount_tmpfs(mnt, "2m")) return;
   const char *args[] = {"fulldisk", mnt, NULL};
   pid_t pid = spawn_child(args, NULL);
   int st = 0;
@@ -400,11 +397,7 @@ static void test_full_disk(void) {
     if (r != NEWT_OK) newt_proc_stop(pid, 100);
     T_CHECK_MSG(r == NEWT_OK && WIFEXITED(st) && WEXITSTATUS(st) == 0, "the full-disk child failed (see above)");
   }
-  if (umount(mnt) != 0) {
-    T_FAIL("umount %s: %s", mnt, strerror(errno));
-    umount2(mnt, MNT_DETACH);
-  }
-  rmdir(mnt);
+  ts_umount(mnt);
 }
 
 static void full_disk_body(const char *mnt) {
