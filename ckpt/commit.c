@@ -11,14 +11,15 @@
  *  4. Point `latest` at it the same way (unless a newer step is already committed), remove
  *     stale files of other attempts from the step directory, and prune: committed steps
  *     beyond the newest `keep`, and uncommitted step directories older than the newest
- *     committed step (abandoned saves). Nothing newer is touched: a save may be running. */
+ *     committed step (abandoned saves). Nothing newer is touched: a save may be running.
+ *     A `latest` that cannot be written is a warning: the manifest is the commit.
+ *
+ * The step directory is opened once (O_NOFOLLOW) and every file in it is read, written
+ * and removed through that descriptor (dir.c says why). */
 #include <dirent.h>
-#include <errno.h>
-#include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
 #include <unistd.h>
 
 #include "ckpt/internal.h"
@@ -254,9 +255,14 @@ newt_result_t ckpt_commit(const ckpt_commit_opts *o) {
   if (r == NEWT_OK && delay > 0) newt_sleep_ms(delay);
   if (r == NEWT_OK) r = newt_fs_write_atomic_at(stepfd, stepdir, "MANIFEST", text, len);
   free(text);
-  if (r == NEWT_OK) {
+  if (r == NEWT_OK) { /* a hint for tools: the step is committed whether it moves or not */
     int64_t latest = ckpt_latest_at(dirfd, o->dir);
-    if (latest <= o->step || !ckpt_step_committed(dirfd, latest)) r = ckpt_write_latest(dirfd, o->dir, o->step);
+    if ((latest <= o->step || !ckpt_step_committed(dirfd, latest)) &&
+        ckpt_write_latest(dirfd, o->dir, o->step) != NEWT_OK) {
+      NEWT_WARN(CKPT, "step %lld is committed, but the latest pointer still names step %lld: %s", (long long)o->step,
+                (long long)latest, newt_errmsg());
+      newt_err_clear();
+    }
   }
   if (r == NEWT_OK) {
     clean_step(stepfd, &m);

@@ -14,7 +14,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
 #include <unistd.h>
 
 #include "ckpt/internal.h"
@@ -94,15 +93,23 @@ static newt_result_t open_fd(ckpt_reader **out, int stepfd, const char *stepdir,
   return NEWT_OK;
 }
 
-newt_result_t ckpt_open_path(ckpt_reader **out, const char *stepdir, int threads) {
+/* Opens a step directory given by its path (trailing slashes dropped, so that a link as
+ * its last component is not followed); *sd is the path as used, malloc'd. */
+static newt_result_t open_step_path(const char *stepdir, char **sd, int *fd) {
   size_t len = strlen(stepdir);
   while (len > 1 && stepdir[len - 1] == '/') len--;
-  char *sd = newt_asprintf("%.*s", (int)len, stepdir);
-  if (!sd) return NEWT_ERR(NEWT_ERR_NOMEM, "out of memory opening %s", stepdir);
-  int fd;
-  newt_result_t res = newt_fs_subdir_at(AT_FDCWD, NULL, sd, 0, &fd); /* a link there is not followed */
+  *sd = newt_asprintf("%.*s", (int)len, stepdir);
+  if (!*sd) return NEWT_ERR(NEWT_ERR_NOMEM, "out of memory opening %s", stepdir);
+  newt_result_t res = newt_fs_subdir_at(AT_FDCWD, NULL, *sd, 0, fd);
   if (res == NEWT_ERR_NOTFOUND)
-    res = NEWT_ERR(NEWT_ERR_NOTFOUND, "%s: no MANIFEST: the step was never committed", sd);
+    res = NEWT_ERR(NEWT_ERR_NOTFOUND, "%s: no MANIFEST: the step was never committed", *sd);
+  return res;
+}
+
+newt_result_t ckpt_open_path(ckpt_reader **out, const char *stepdir, int threads) {
+  char *sd = NULL;
+  int fd;
+  newt_result_t res = open_step_path(stepdir, &sd, &fd);
   if (res == NEWT_OK) res = open_fd(out, fd, sd, threads);
   free(sd);
   return res;
@@ -498,10 +505,14 @@ newt_result_t ckpt_verify(const char *stepdir, ckpt_report_fn report, void *ctx,
 
 newt_result_t ckpt_inspect(const char *stepdir, cJSON **out) {
   ckpt_manifest m;
+  char *sd = NULL;
   int fd;
-  NEWT_CHECK(newt_fs_subdir_at(AT_FDCWD, NULL, stepdir, 0, &fd)); /* a link there is not followed */
-  newt_result_t res = ckpt_manifest_load(fd, stepdir, "MANIFEST", 0, &m);
-  close(fd);
+  newt_result_t res = open_step_path(stepdir, &sd, &fd);
+  if (res == NEWT_OK) {
+    res = ckpt_manifest_load(fd, sd, "MANIFEST", 0, &m);
+    close(fd);
+  }
+  free(sd);
   NEWT_CHECK(res);
   cJSON *o = cJSON_CreateObject();
   if (!o) {

@@ -267,6 +267,16 @@ static void make_fifo(const char *path) {
   T_CHECK_MSG(mkfifo(path, 0644) == 0, "mkfifo %s: %s", path, strerror(errno));
 }
 
+/* A FIFO named `name` in step-<step> of dir (made when missing), or in dir (step < 0). */
+static void plant_fifo(const char *dir, int64_t step, const char *name) {
+  char sd[400], p[600];
+  if (step >= 0) ckpt_step_dirname(sd, sizeof sd, dir, step);
+  else snprintf(sd, sizeof sd, "%s", dir);
+  T_OK(newt_fs_mkdirs(sd, 0755));
+  snprintf(p, sizeof p, "%s/%s", sd, name);
+  make_fifo(p);
+}
+
 /* child fifo DIR: what a library user does with a directory full of FIFOs (the parent
  * kills it when it hangs). */
 static int child_fifo(const char *dir) {
@@ -289,18 +299,12 @@ static void test_fifos(void) {
   char dir[300], sd[400], p[600], out[16384];
   snprintf(dir, sizeof dir, "%s/fifo", root);
   for (int s = 1; s <= 3; s++) T_OK(ts_save(dir, s, 1, 0, 4096));
-  ckpt_step_dirname(sd, sizeof sd, dir, 3);
-  snprintf(p, sizeof p, "%s/MANIFEST", sd);
-  make_fifo(p);
+  plant_fifo(dir, 3, "MANIFEST");
   ckpt_step_dirname(sd, sizeof sd, dir, 2);
   T_CHECK(shard_of(sd, p, sizeof p));
   make_fifo(p);
-  snprintf(p, sizeof p, "%s/latest", dir);
-  make_fifo(p);
-  ckpt_step_dirname(sd, sizeof sd, dir, 4);
-  T_OK(newt_fs_mkdirs(sd, 0755));
-  snprintf(p, sizeof p, "%s/rank-00000.index", sd);
-  make_fifo(p);
+  plant_fifo(dir, -1, "latest");
+  plant_fifo(dir, 4, "rank-00000.index");
 
   const char *ls[] = {"newt", "ckpt", "ls", dir, NULL};
   int rc = run_deadline(ls, 20000, out, sizeof out);
@@ -334,12 +338,8 @@ static void test_train_resume(void) {
   T_CHECK_MSG(rc == 0, "newt train: exit %d\n%s", rc, out);
   /* newer than anything valid: a FIFO MANIFEST (step 99) and the 569-byte manifest of a
      [2^27, 2] tensor (step 98); `latest` a FIFO */
-  ckpt_step_dirname(sd, sizeof sd, dir, 99);
-  T_OK(newt_fs_mkdirs(sd, 0755));
-  snprintf(p, sizeof p, "%s/MANIFEST", sd);
-  make_fifo(p);
-  snprintf(p, sizeof p, "%s/latest", dir);
-  make_fifo(p);
+  plant_fifo(dir, 99, "MANIFEST");
+  plant_fifo(dir, -1, "latest");
   ckpt_step_dirname(sd, sizeof sd, dir, 98);
   T_OK(newt_fs_mkdirs(sd, 0755));
   snprintf(p, sizeof p, "%s/MANIFEST", sd);
