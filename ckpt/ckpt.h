@@ -151,9 +151,10 @@ typedef struct ckpt_request {
 } ckpt_request;
 
 /* Opens DIR/step-<step> (step >= 0) or the newest committed checkpoint whose manifest
- * is valid (CKPT_LATEST). threads: decompression threads (< 1: 2). */
+ * is valid (CKPT_LATEST). threads: decompression threads (< 1: 2). Inside DIR nothing is
+ * reached through a symbolic link: a step-<N> or MANIFEST that is one is not a checkpoint. */
 newt_result_t ckpt_open(ckpt_reader **out, const char *dir, int64_t step, int threads);
-/* Opens one step directory by its path. */
+/* Opens one step directory by its path (its last component must not be a symbolic link). */
 newt_result_t ckpt_open_path(ckpt_reader **out, const char *stepdir, int threads);
 void ckpt_close(ckpt_reader *r);
 
@@ -175,12 +176,19 @@ typedef struct ckpt_loaded {
   int64_t step;
   char *state_json; /* malloc'd; the caller frees it */
   int fallbacks;    /* newer committed checkpoints skipped as torn or corrupt */
+  int committed;    /* committed checkpoints (<= max_step) looked at: 0 on a fresh directory */
 } ckpt_loaded;
 /* Reads the requests from the newest committed checkpoint with step <= max_step
  * (CKPT_LATEST: any) that reads back whole, falling back past torn or corrupt ones.
- * NEWT_ERR_NOTFOUND when there is none. */
+ * NEWT_ERR_NOTFOUND when there is none. Each manifest looked at is read and parsed once. */
 newt_result_t ckpt_load(const char *dir, int64_t max_step, int threads, const ckpt_request *reqs,
                         size_t n, ckpt_loaded *out);
+/* ckpt_load that first shows each checkpoint's training state to check (before any of its
+ * tensors is read): an error from it ends the load with that error, no fallback (a run
+ * that is not this one, say). */
+typedef newt_result_t (*ckpt_state_check_fn)(void *ctx, int64_t step, const cJSON *state);
+newt_result_t ckpt_load_checked(const char *dir, int64_t max_step, int threads, const ckpt_request *reqs,
+                                size_t n, ckpt_state_check_fn check, void *ctx, ckpt_loaded *out);
 
 /* Verifies every checksum of a step directory; calls report for each problem found
  * (the message names the file and chunk). Returns NEWT_ERR_CORRUPT when any was found,

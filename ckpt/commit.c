@@ -11,14 +11,15 @@
  *  4. Point `latest` at it the same way (unless a newer step is already committed), remove
  *     stale files of other attempts from the step directory, and prune: committed steps
  *     beyond the newest `keep`, and uncommitted step directories older than the newest
- *     committed step (abandoned saves). Nothing newer is touched: a save may be running. */
+ *     committed step (abandoned saves). Nothing newer is touched: a save may be running.
+ *     A `latest` that cannot be written is a warning: the manifest is the commit.
+ *
+ * The step directory is opened once (O_NOFOLLOW) and every file in it is read, written
+ * and removed through that descriptor (dir.c says why). */
 #include <dirent.h>
-#include <errno.h>
-#include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
 #include <unistd.h>
 
 #include "ckpt/internal.h"
@@ -28,12 +29,11 @@
 #include "common/strutil.h"
 
 /* A `.failed` marker of this attempt: NEWT_ERR_PEER with the rank's message. */
-static newt_result_t check_failed(const char *stepdir, int rank, uint64_t attempt) {
-  char name[64], path[4400], *text = NULL;
+static newt_result_t check_failed(int stepfd, const char *stepdir, int rank, uint64_t attempt) {
+  char name[64], *text = NULL;
   ckpt_failed_name(name, sizeof name, rank);
-  snprintf(path, sizeof path, "%s/%s", stepdir, name);
   size_t len;
-  if (newt_fs_read_all(path, 65536, &text, &len) != NEWT_OK) {
+  if (newt_fs_read_all_at(stepfd, stepdir, name, 65536, &text, &len) != NEWT_OK) {
     newt_err_clear();
     return NEWT_OK;
   }
@@ -51,18 +51,19 @@ static newt_result_t check_failed(const char *stepdir, int rank, uint64_t attemp
 }
 
 /* Checks that the shard file an index names exists with the stated size and header. */
-static newt_result_t check_shard(const char *stepdir, const ckpt_manifest *idx) {
+static newt_result_t check_shard(int stepfd, const char *stepdir, const ckpt_manifest *idx) {
   const ckpt_file *f = &idx->files[0];
   char path[4400];
   snprintf(path, sizeof path, "%s/%s", stepdir, f->name);
-  int fd = open(path, O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
-  if (fd < 0) return NEWT_ERR(NEWT_ERR_CORRUPT, "rank %d: shard %s: %s", idx->rank, path, strerror(errno));
-  struct stat st;
+  int fd;
+  uint64_t size = 0;
+  if (newt_fs_open_read_at(stepfd, stepdir, f->name, &fd, &size) != NEWT_OK)
+    return newt_err_wrap(NEWT_ERR_CORRUPT, "rank %d: shard: ", idx->rank);
   uint8_t hdr[CKPT_SHARD_HDR];
   newt_result_t r = NEWT_OK;
-  if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || (uint64_t)st.st_size != f->bytes)
-    r = NEWT_ERR(NEWT_ERR_CORRUPT, "rank %d: shard %s has %lld bytes, its index says %llu", idx->rank, path,
-                 (long long)st.st_size, (unsigned long long)f->bytes);
+  if (size != f->bytes)
+    r = NEWT_ERR(NEWT_ERR_CORRUPT, "rank %d: shard %s has %llu bytes, its index says %llu", idx->rank, path,
+                 (unsigned long long)size, (unsigned long long)f->bytes);
   else if (pread(fd, hdr, sizeof hdr, 0) != (ssize_t)sizeof hdr)
     r = NEWT_ERR(NEWT_ERR_CORRUPT, "rank %d: cannot read the header of %s", idx->rank, path);
   close(fd);
@@ -76,24 +77,24 @@ static newt_result_t check_shard(const char *stepdir, const ckpt_manifest *idx) 
 }
 
 /* One try at loading rank r's index: 1 when it is there and belongs to this save. */
-static newt_result_t try_index(const ckpt_commit_opts *o, const char *stepdir, int r, ckpt_manifest *idx,
-                               int *got) {
+static newt_result_t try_index(const ckpt_commit_opts *o, int stepfd, const char *stepdir, int r,
+                               ckpt_manifest *idx, int *got) {
   char name[64], path[4400];
   *got = 0;
   ckpt_index_name(name, sizeof name, r);
   snprintf(path, sizeof path, "%s/%s", stepdir, name);
-  if (!newt_fs_exists(path)) return check_failed(stepdir, r, o->attempt);
-  NEWT_CHECK(ckpt_manifest_load(path, path, 1, idx));
+  if (!newt_fs_exists_at(stepfd, name)) return check_failed(stepfd, stepdir, r, o->attempt);
+  NEWT_CHECK(ckpt_manifest_load(stepfd, stepdir, name, 1, idx));
   if (o->attempt != 0 && idx->attempt != o->attempt) { /* stale: wait for this attempt's */
     ckpt_manifest_free(idx);
-    return check_failed(stepdir, r, o->attempt);
+    return check_failed(stepfd, stepdir, r, o->attempt);
   }
   newt_result_t res = NEWT_OK;
   if (idx->step != o->step || idx->nranks != o->nranks || idx->rank != r || idx->nfiles != 1)
     res = NEWT_ERR(NEWT_ERR_CORRUPT, "%s: index of rank %d, step %lld, %d ranks, %zu files; expected rank %d, step "
                    "%lld, %d ranks, 1 file", path, idx->rank, (long long)idx->step, idx->nranks, idx->nfiles, r,
                    (long long)o->step, o->nranks);
-  if (res == NEWT_OK) res = check_shard(stepdir, idx);
+  if (res == NEWT_OK) res = check_shard(stepfd, stepdir, idx);
   if (res != NEWT_OK) {
     ckpt_manifest_free(idx);
     return res;
@@ -102,15 +103,23 @@ static newt_result_t try_index(const ckpt_commit_opts *o, const char *stepdir, i
   return NEWT_OK;
 }
 
-static newt_result_t wait_indexes(const ckpt_commit_opts *o, const char *stepdir, ckpt_manifest *idx) {
+/* Waits for the indexes in the step directory, which it opens (into *stepfd) once a rank
+ * has made it. */
+static newt_result_t wait_indexes(const ckpt_commit_opts *o, int dirfd, const char *stepdir, int *stepfd,
+                                  ckpt_manifest *idx) {
   int64_t missing = o->nranks;
   int64_t sleep_us = 500;
   uint64_t t0 = newt_now_ns();
   for (;;) {
-    for (int r = 0; r < o->nranks; r++) {
+    if (*stepfd < 0) {
+      newt_result_t r = ckpt_step_open(dirfd, o->dir, o->step, 0, stepfd);
+      if (r == NEWT_ERR_NOTFOUND) newt_err_clear();
+      else NEWT_CHECK(r);
+    }
+    for (int r = 0; *stepfd >= 0 && r < o->nranks; r++) {
       if (idx[r].nfiles) continue;
       int got;
-      NEWT_CHECK(try_index(o, stepdir, r, &idx[r], &got));
+      NEWT_CHECK(try_index(o, *stepfd, stepdir, r, &idx[r], &got));
       missing -= got;
     }
     if (missing == 0) return NEWT_OK;
@@ -167,9 +176,13 @@ static newt_result_t merge(const ckpt_commit_opts *o, ckpt_manifest *idx, ckpt_m
 
 /* Removes what the manifest does not reference: shards of other attempts, markers,
  * temporary files of killed writers. */
-static void clean_step(const char *stepdir, const ckpt_manifest *m) {
-  DIR *d = opendir(stepdir);
-  if (!d) return;
+static void clean_step(int stepfd, const ckpt_manifest *m) {
+  int fd = dup(stepfd);
+  DIR *d = fd >= 0 ? fdopendir(fd) : NULL;
+  if (!d) {
+    if (fd >= 0) close(fd);
+    return;
+  }
   struct dirent *e;
   while ((e = readdir(d)) != NULL) {
     const char *n = e->d_name;
@@ -184,10 +197,10 @@ static void clean_step(const char *stepdir, const ckpt_manifest *m) {
   closedir(d);
 }
 
-static void prune(const char *dir, int keep) {
+static void prune(int dirfd, const char *dir, int keep) {
   int64_t *steps = NULL;
   size_t n = 0;
-  if (ckpt_scan_steps(dir, &steps, &n) != NEWT_OK) {
+  if (ckpt_scan_steps(dirfd, dir, &steps, &n) != NEWT_OK) {
     NEWT_WARN(CKPT, "prune %s: %s", dir, newt_errmsg());
     return;
   }
@@ -198,17 +211,14 @@ static void prune(const char *dir, int keep) {
   }
   int64_t newest = -1;
   for (size_t i = 0; i < n; i++) {
-    char sd[4096], mf[4200];
-    ckpt_step_dirname(sd, sizeof sd, dir, steps[i]);
-    snprintf(mf, sizeof mf, "%s/MANIFEST", sd);
-    committed[i] = newt_fs_exists(mf);
+    committed[i] = ckpt_step_committed(dirfd, steps[i]);
     if (committed[i]) newest = steps[i];
   }
   int kept = 0;
   for (size_t i = n; i-- > 0;) {
     int drop = committed[i] ? (keep > 0 && ++kept > keep) : steps[i] < newest;
     if (!drop) continue;
-    if (ckpt_remove_step(dir, steps[i]) != NEWT_OK)
+    if (ckpt_remove_step(dirfd, dir, steps[i]) != NEWT_OK)
       NEWT_WARN(CKPT, "prune step %lld: %s", (long long)steps[i], newt_errmsg());
     else
       NEWT_DEBUG(CKPT, "pruned %s step %lld", committed[i] ? "committed" : "abandoned", (long long)steps[i]);
@@ -233,33 +243,37 @@ newt_result_t ckpt_commit(const ckpt_commit_opts *o) {
   ckpt_manifest *idx = calloc((size_t)o->nranks, sizeof *idx);
   ckpt_manifest m = {0};
   m.state = state;
+  int dirfd = -1, stepfd = -1;
   newt_result_t r = idx ? NEWT_OK : NEWT_ERR(NEWT_ERR_NOMEM, "out of memory: %d indexes", o->nranks);
-  if (r == NEWT_OK) r = wait_indexes(o, stepdir, idx);
+  if (r == NEWT_OK) r = newt_fs_dir_open(o->dir, 1, &dirfd);
+  if (r == NEWT_OK) r = wait_indexes(o, dirfd, stepdir, &stepfd, idx);
   if (r == NEWT_OK) r = merge(o, idx, &m);
   char *text = NULL;
   size_t len = 0;
   if (r == NEWT_OK) r = ckpt_manifest_encode(&m, &text, &len);
   int64_t delay = newt_param_CkptTestCommitDelayMs();
   if (r == NEWT_OK && delay > 0) newt_sleep_ms(delay);
-  char path[4200];
-  snprintf(path, sizeof path, "%s/MANIFEST", stepdir);
-  if (r == NEWT_OK) r = newt_fs_write_atomic(path, text, len);
+  if (r == NEWT_OK) r = newt_fs_write_atomic_at(stepfd, stepdir, "MANIFEST", text, len);
   free(text);
-  if (r == NEWT_OK) {
-    int64_t latest = ckpt_latest_pointer(o->dir);
-    char lm[4200];
-    ckpt_step_dirname(lm, sizeof lm, o->dir, latest);
-    strncat(lm, "/MANIFEST", sizeof lm - strlen(lm) - 1);
-    if (latest <= o->step || !newt_fs_exists(lm)) r = ckpt_write_latest(o->dir, o->step);
+  if (r == NEWT_OK) { /* a hint for tools: the step is committed whether it moves or not */
+    int64_t latest = ckpt_latest_at(dirfd, o->dir);
+    if ((latest <= o->step || !ckpt_step_committed(dirfd, latest)) &&
+        ckpt_write_latest(dirfd, o->dir, o->step) != NEWT_OK) {
+      NEWT_WARN(CKPT, "step %lld is committed, but the latest pointer still names step %lld: %s", (long long)o->step,
+                (long long)latest, newt_errmsg());
+      newt_err_clear();
+    }
   }
   if (r == NEWT_OK) {
-    clean_step(stepdir, &m);
-    prune(o->dir, o->keep);
+    clean_step(stepfd, &m);
+    prune(dirfd, o->dir, o->keep);
     NEWT_INFO(CKPT, "committed step %lld (%d ranks, %zu tensors) in %s", (long long)o->step, o->nranks,
               m.ntensors, o->dir);
   }
   for (int i = 0; idx && i < o->nranks; i++) ckpt_manifest_free(&idx[i]);
   free(idx);
+  if (stepfd >= 0) close(stepfd);
+  if (dirfd >= 0) close(dirfd);
   ckpt_manifest_free(&m);
   return r;
 }

@@ -1,6 +1,13 @@
 /* Names inside a checkpoint directory (format.c has the table), scanning for steps, the
  * `latest` pointer, removing a step so that it never looks committed while half gone, and
- * `ckpt_list` behind `newt ckpt ls`. */
+ * `ckpt_list` behind `newt ckpt ls`.
+ *
+ * Anyone who can write in the checkpoint volume can plant links, FIFOs or files under the
+ * names below. So everything inside DIR is reached relative to an open descriptor of DIR
+ * (and of a step directory), never by a path again, through the `_at` functions of
+ * common/fs.h: no link is followed, no FIFO is opened, every file is created exclusively.
+ * A `step-<N>` that is not a directory is not a checkpoint: scans skip it with a warning,
+ * and nothing is ever removed through it. DIR itself is the caller's path (the volume). */
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -12,7 +19,10 @@
 
 #include "ckpt/internal.h"
 #include "common/fs.h"
+#include "common/log.h"
 #include "common/strutil.h"
+
+void ckpt_step_name(char *out, size_t cap, int64_t step) { snprintf(out, cap, "step-%010lld", (long long)step); }
 
 void ckpt_step_dirname(char *out, size_t cap, const char *dir, int64_t step) {
   snprintf(out, cap, "%s/step-%010lld", dir, (long long)step);
@@ -34,17 +44,37 @@ void ckpt_shard_name(char *out, size_t cap, int rank, uint64_t attempt) {
 void ckpt_index_name(char *out, size_t cap, int rank) { snprintf(out, cap, "rank-%05d.index", rank); }
 void ckpt_failed_name(char *out, size_t cap, int rank) { snprintf(out, cap, "rank-%05d.failed", rank); }
 
+newt_result_t ckpt_dir_open(const char *dir, int *fd) {
+  *fd = -1;
+  if (!dir || !*dir) return NEWT_ERR(NEWT_ERR_INVALID, "checkpoint directory: empty path");
+  return newt_fs_dir_open(dir, 0, fd);
+}
+
 static int step_cmp(const void *a, const void *b) {
   int64_t x = *(const int64_t *)a, y = *(const int64_t *)b;
   return x < y ? -1 : x > y;
 }
 
-newt_result_t ckpt_scan_steps(const char *dir, int64_t **steps, size_t *n) {
+/* 1 when the entry is a directory (a link is not). */
+static int is_dir(int dirfd, const struct dirent *e, mode_t *mode) {
+  struct stat st;
+  if (e->d_type == DT_DIR) return 1;
+  if (e->d_type != DT_UNKNOWN) {
+    *mode = e->d_type == DT_LNK ? S_IFLNK : e->d_type == DT_FIFO ? S_IFIFO : S_IFREG;
+    return 0;
+  }
+  if (fstatat(dirfd, e->d_name, &st, AT_SYMLINK_NOFOLLOW) != 0) return 0;
+  *mode = st.st_mode;
+  return S_ISDIR(st.st_mode);
+}
+
+newt_result_t ckpt_scan_steps(int dirfd, const char *dir, int64_t **steps, size_t *n) {
   *steps = NULL;
   *n = 0;
-  DIR *d = opendir(dir);
+  int fd = dup(dirfd); /* closedir closes it; the caller keeps dirfd */
+  DIR *d = fd >= 0 ? fdopendir(fd) : NULL;
   if (!d) {
-    if (errno == ENOENT) return NEWT_OK;
+    if (fd >= 0) close(fd);
     return NEWT_ERR(NEWT_ERR_SYS, "open directory %s: %s", dir, strerror(errno));
   }
   size_t cap = 0;
@@ -53,6 +83,12 @@ newt_result_t ckpt_scan_steps(const char *dir, int64_t **steps, size_t *n) {
   while ((e = readdir(d)) != NULL) {
     int64_t s = ckpt_parse_step_name(e->d_name);
     if (s < 0) continue;
+    mode_t mode = 0;
+    if (!is_dir(dirfd, e, &mode)) {
+      NEWT_WARN(CKPT, "%s/%s is %s, not a directory: not a checkpoint, ignored", dir, e->d_name,
+                S_ISLNK(mode) ? "a symbolic link" : "another kind of file");
+      continue;
+    }
     r = CKPT_RESERVE(*steps, cap, *n);
     if (r != NEWT_OK) break;
     (*steps)[(*n)++] = s;
@@ -68,28 +104,53 @@ newt_result_t ckpt_scan_steps(const char *dir, int64_t **steps, size_t *n) {
   return NEWT_OK;
 }
 
-newt_result_t ckpt_remove_step(const char *dir, int64_t step) {
-  char sd[4096], mf[4200];
-  ckpt_step_dirname(sd, sizeof sd, dir, step);
-  snprintf(mf, sizeof mf, "%s/MANIFEST", sd);
-  if (unlink(mf) == 0) NEWT_CHECK(newt_fs_fsync_dir(sd));
-  else if (errno != ENOENT) return NEWT_ERR(NEWT_ERR_SYS, "remove %s: %s", mf, strerror(errno));
-  NEWT_CHECK(newt_fs_rm_rf(sd));
-  return newt_fs_fsync_dir(dir);
+newt_result_t ckpt_step_open(int dirfd, const char *dir, int64_t step, int create, int *fd) {
+  char name[64];
+  ckpt_step_name(name, sizeof name, step);
+  return newt_fs_subdir_at(dirfd, dir, name, create, fd);
 }
 
-newt_result_t ckpt_write_latest(const char *dir, int64_t step) {
-  char path[4200], text[32];
-  snprintf(path, sizeof path, "%s/latest", dir);
+int ckpt_step_committed(int dirfd, int64_t step) {
+  int fd;
+  if (ckpt_step_open(dirfd, NULL, step, 0, &fd) != NEWT_OK) {
+    newt_err_clear();
+    return 0;
+  }
+  int c = newt_fs_exists_at(fd, "MANIFEST");
+  close(fd);
+  return c;
+}
+
+newt_result_t ckpt_remove_step(int dirfd, const char *dir, int64_t step) {
+  char name[64], sd[4200];
+  ckpt_step_name(name, sizeof name, step);
+  snprintf(sd, sizeof sd, "%s/%s", dir, name);
+  int fd;
+  newt_result_t r = newt_fs_subdir_at(dirfd, dir, name, 0, &fd);
+  if (r == NEWT_ERR_NOTFOUND) {
+    newt_err_clear();
+    return NEWT_OK;
+  }
+  NEWT_CHECK(r); /* not a directory: never removed through */
+  if (unlinkat(fd, "MANIFEST", 0) == 0) r = newt_fs_fsync_fd(fd, sd);
+  else if (errno != ENOENT) r = NEWT_ERR(NEWT_ERR_SYS, "remove %s/MANIFEST: %s", sd, strerror(errno));
+  close(fd);
+  NEWT_CHECK(r);
+  NEWT_CHECK(newt_fs_rm_rf_at(dirfd, dir, name));
+  return newt_fs_fsync_fd(dirfd, dir);
+}
+
+newt_result_t ckpt_write_latest(int dirfd, const char *dir, int64_t step) {
+  char text[32];
   int n = snprintf(text, sizeof text, "%lld\n", (long long)step);
-  return newt_fs_write_atomic(path, text, (size_t)n);
+  return newt_fs_write_atomic_at(dirfd, dir, "latest", text, (size_t)n);
 }
 
-int64_t ckpt_latest_pointer(const char *dir) {
-  char path[4200], *text = NULL;
+int64_t ckpt_latest_at(int dirfd, const char *dir) {
+  char *text = NULL;
   size_t len = 0;
-  snprintf(path, sizeof path, "%s/latest", dir);
-  if (newt_fs_read_all(path, 64, &text, &len) != NEWT_OK) {
+  if (newt_fs_read_all_at(dirfd, dir, "latest", 64, &text, &len) != NEWT_OK) {
+    if (newt_errcode() != NEWT_ERR_NOTFOUND) NEWT_WARN(CKPT, "%s (ignored)", newt_errmsg());
     newt_err_clear();
     return -1;
   }
@@ -100,45 +161,49 @@ int64_t ckpt_latest_pointer(const char *dir) {
   return v;
 }
 
-static uint64_t dir_bytes(const char *path) {
-  DIR *d = opendir(path);
-  if (!d) return 0;
+int64_t ckpt_latest_pointer(const char *dir) {
+  int fd;
+  if (ckpt_dir_open(dir, &fd) != NEWT_OK) {
+    newt_err_clear();
+    return -1;
+  }
+  int64_t v = ckpt_latest_at(fd, dir);
+  close(fd);
+  return v;
+}
+
+static uint64_t dir_bytes(int fd) {
+  int dfd = dup(fd);
+  DIR *d = dfd >= 0 ? fdopendir(dfd) : NULL;
+  if (!d) {
+    if (dfd >= 0) close(dfd);
+    return 0;
+  }
   uint64_t total = 0;
   struct dirent *e;
   while ((e = readdir(d)) != NULL) {
     struct stat st;
-    if (fstatat(dirfd(d), e->d_name, &st, AT_SYMLINK_NOFOLLOW) == 0 && S_ISREG(st.st_mode))
+    if (fstatat(fd, e->d_name, &st, AT_SYMLINK_NOFOLLOW) == 0 && S_ISREG(st.st_mode))
       total += (uint64_t)st.st_size;
   }
   closedir(d);
   return total;
 }
 
-newt_result_t ckpt_list(const char *dir, ckpt_step_info **out, size_t *n) {
-  int64_t *steps = NULL;
-  NEWT_CHECK(ckpt_scan_steps(dir, &steps, n));
-  *out = calloc(*n ? *n : 1, sizeof **out);
-  if (!*out) {
-    free(steps);
-    return NEWT_ERR(NEWT_ERR_NOMEM, "out of memory listing %s", dir);
+static void list_one(int dirfd, const char *dir, int64_t latest, ckpt_step_info *s) {
+  char sd[4200];
+  int fd;
+  snprintf(s->name, sizeof s->name, "step-%010lld", (long long)s->step);
+  ckpt_step_dirname(sd, sizeof sd, dir, s->step);
+  s->latest = s->step == latest;
+  if (ckpt_step_open(dirfd, dir, s->step, 0, &fd) != NEWT_OK) { /* replaced since the scan */
+    newt_err_clear();
+    return;
   }
-  int64_t latest = ckpt_latest_pointer(dir);
-  for (size_t i = 0; i < *n; i++) {
-    ckpt_step_info *s = &(*out)[i];
-    char sd[4096], mf[4200];
-    s->step = steps[i];
-    snprintf(s->name, sizeof s->name, "step-%010lld", (long long)steps[i]);
-    ckpt_step_dirname(sd, sizeof sd, dir, steps[i]);
-    snprintf(mf, sizeof mf, "%s/MANIFEST", sd);
-    s->disk_bytes = dir_bytes(sd);
-    s->latest = steps[i] == latest;
-    s->committed = newt_fs_exists(mf);
-    if (!s->committed) continue;
-    ckpt_manifest m;
-    if (ckpt_manifest_load(mf, mf, 0, &m) != NEWT_OK) {
-      newt_err_clear();
-      continue;
-    }
+  s->disk_bytes = dir_bytes(fd);
+  s->committed = newt_fs_exists_at(fd, "MANIFEST");
+  ckpt_manifest m;
+  if (s->committed && ckpt_manifest_load(fd, sd, "MANIFEST", 0, &m) == NEWT_OK) {
     s->valid = 1;
     s->nranks = m.nranks;
     s->ntensors = m.ntensors;
@@ -148,6 +213,31 @@ newt_result_t ckpt_list(const char *dir, ckpt_step_info **out, size_t *n) {
     }
     ckpt_manifest_free(&m);
   }
+  newt_err_clear();
+  close(fd);
+}
+
+newt_result_t ckpt_list(const char *dir, ckpt_step_info **out, size_t *n) {
+  int64_t *steps = NULL;
+  int dirfd;
+  *out = NULL;
+  *n = 0;
+  newt_result_t r = ckpt_dir_open(dir, &dirfd);
+  if (r == NEWT_ERR_NOTFOUND) { /* no directory: no checkpoints */
+    newt_err_clear();
+    r = NEWT_OK;
+    dirfd = -1;
+  }
+  NEWT_CHECK(r);
+  if (dirfd >= 0) r = ckpt_scan_steps(dirfd, dir, &steps, n);
+  if (r == NEWT_OK && !(*out = calloc(*n ? *n : 1, sizeof **out)))
+    r = NEWT_ERR(NEWT_ERR_NOMEM, "out of memory listing %s", dir);
+  int64_t latest = r == NEWT_OK && dirfd >= 0 ? ckpt_latest_at(dirfd, dir) : -1;
+  for (size_t i = 0; r == NEWT_OK && i < *n; i++) {
+    (*out)[i].step = steps[i];
+    list_one(dirfd, dir, latest, &(*out)[i]);
+  }
+  if (dirfd >= 0) close(dirfd);
   free(steps);
-  return NEWT_OK;
+  return r;
 }

@@ -650,11 +650,13 @@ newt_result_t ckpt_manifest_decode(const char *text, size_t len, const char *wha
   return r;
 }
 
-newt_result_t ckpt_manifest_load(const char *path, const char *what, int want_index, ckpt_manifest *m) {
-  char *text = NULL;
+newt_result_t ckpt_manifest_load(int dirfd, const char *dir, const char *name, int want_index,
+                                 ckpt_manifest *m) {
+  char *text = NULL, what[4400];
   size_t len = 0;
   memset(m, 0, sizeof *m);
-  NEWT_CHECK(newt_fs_read_all(path, CKPT_MAX_MANIFEST, &text, &len));
+  snprintf(what, sizeof what, "%s%s%s", dir ? dir : "", dir ? "/" : "", name);
+  NEWT_CHECK(newt_fs_read_all_at(dirfd, dir, name, CKPT_MAX_MANIFEST, &text, &len));
   newt_result_t r = ckpt_manifest_decode(text, len, what, want_index, m);
   free(text);
   return r;

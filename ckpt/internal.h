@@ -110,7 +110,9 @@ newt_result_t ckpt_manifest_encode(const ckpt_manifest *m, char **text, size_t *
 /* Parses and validates framed text; every error names `what` and the field. */
 newt_result_t ckpt_manifest_decode(const char *text, size_t len, const char *what, int want_index,
                                    ckpt_manifest *m);
-newt_result_t ckpt_manifest_load(const char *path, const char *what, int want_index,
+/* Reads and decodes the regular file `name` in dirfd (dir: its path; the messages name
+ * dir/name). AT_FDCWD with a path as name works too (its last component is not followed). */
+newt_result_t ckpt_manifest_load(int dirfd, const char *dir, const char *name, int want_index,
                                  ckpt_manifest *m);
 /* 1 when name is a plain file name (no '/', not "." or "..", [A-Za-z0-9._-] only). */
 int ckpt_plain_name(const char *name);
@@ -174,18 +176,33 @@ newt_result_t ckpt_coverage_check(const ckpt_tensor *t, int full, const char *wh
 
 /* ---- directory (dir.c) --------------------------------------------------------------- */
 
+/* Everything inside DIR is reached through descriptors: dirfd is an open DIR, `dir` its
+ * path (for messages). See dir.c for why. */
+
+/* Opens the checkpoint directory DIR (a path of the caller's, followed). */
+newt_result_t ckpt_dir_open(const char *dir, int *fd);
+void ckpt_step_name(char *out, size_t cap, int64_t step);
+/* DIR/step-<N> as a path, for messages and tools. */
 void ckpt_step_dirname(char *out, size_t cap, const char *dir, int64_t step);
 /* Parses "step-<digits>"; -1 when the name is something else. */
 int64_t ckpt_parse_step_name(const char *name);
-/* Steps of all step-<N> directories, ascending (malloc'd). */
-newt_result_t ckpt_scan_steps(const char *dir, int64_t **steps, size_t *n);
+/* Steps of all step-<N> directories, ascending (malloc'd). An entry of such a name that is
+ * not a directory (a symbolic link, a file) is not a checkpoint: skipped with a warning. */
+newt_result_t ckpt_scan_steps(int dirfd, const char *dir, int64_t **steps, size_t *n);
+/* Opens step-<N> (O_NOFOLLOW; create: makes it, replacing a non-directory in its place). */
+newt_result_t ckpt_step_open(int dirfd, const char *dir, int64_t step, int create, int *fd);
+/* 1 when step-<N> is a directory holding a MANIFEST (of any kind: a reader judges it). */
+int ckpt_step_committed(int dirfd, int64_t step);
 void ckpt_shard_name(char *out, size_t cap, int rank, uint64_t attempt);
 void ckpt_index_name(char *out, size_t cap, int rank);
 void ckpt_failed_name(char *out, size_t cap, int rank);
 /* Removes a step directory so that it never looks committed while half removed: the
- * manifest goes first (fsync'd), then the rest. */
-newt_result_t ckpt_remove_step(const char *dir, int64_t step);
+ * manifest goes first (fsync'd), then the rest. A step-<N> that is not a directory is an
+ * error, never removed through. */
+newt_result_t ckpt_remove_step(int dirfd, const char *dir, int64_t step);
 /* Writes the `latest` pointer atomically. */
-newt_result_t ckpt_write_latest(const char *dir, int64_t step);
+newt_result_t ckpt_write_latest(int dirfd, const char *dir, int64_t step);
+/* The step `latest` names, or -1 (missing, not a regular file, malformed). */
+int64_t ckpt_latest_at(int dirfd, const char *dir);
 
 #endif

@@ -14,7 +14,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
 #include <unistd.h>
 
 #include "ckpt/internal.h"
@@ -61,26 +60,22 @@ void ckpt_close(ckpt_reader *r) {
   free(r);
 }
 
-newt_result_t ckpt_open_path(ckpt_reader **out, const char *stepdir, int threads) {
+/* A reader on the open step directory stepfd (the reader's from here on: closed on failure
+ * too); stepdir is its path. */
+static newt_result_t open_fd(ckpt_reader **out, int stepfd, const char *stepdir, int threads) {
   ckpt_reader *r = calloc(1, sizeof *r);
-  NEWT_CHECK_ALLOC(r);
-  r->dirfd = -1;
+  if (!r) {
+    close(stepfd);
+    return NEWT_ERR(NEWT_ERR_NOMEM, "out of memory opening %s", stepdir);
+  }
+  r->dirfd = stepfd;
   pthread_mutex_init(&r->fd_mu, NULL);
   newt_result_t res = NEWT_OK;
-  size_t len = strlen(stepdir);
-  while (len > 1 && stepdir[len - 1] == '/') len--;
-  r->stepdir = newt_asprintf("%.*s", (int)len, stepdir);
-  if (!r->stepdir) res = NEWT_ERR(NEWT_ERR_NOMEM, "out of memory opening %s", stepdir);
-  char mf[4200];
+  if (!(r->stepdir = newt_strdup(stepdir))) res = NEWT_ERR(NEWT_ERR_NOMEM, "out of memory opening %s", stepdir);
   if (res == NEWT_OK) {
-    snprintf(mf, sizeof mf, "%s/MANIFEST", r->stepdir);
-    res = ckpt_manifest_load(mf, mf, 0, &r->m);
+    res = ckpt_manifest_load(r->dirfd, r->stepdir, "MANIFEST", 0, &r->m);
     if (res == NEWT_ERR_NOTFOUND)
       res = NEWT_ERR(NEWT_ERR_NOTFOUND, "%s: no MANIFEST: the step was never committed", r->stepdir);
-  }
-  if (res == NEWT_OK) {
-    r->dirfd = open(r->stepdir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-    if (r->dirfd < 0) res = NEWT_ERR(NEWT_ERR_SYS, "open %s: %s", r->stepdir, strerror(errno));
   }
   if (res == NEWT_OK && !(r->fds = malloc((r->m.nfiles ? r->m.nfiles : 1) * sizeof *r->fds)))
     res = NEWT_ERR(NEWT_ERR_NOMEM, "out of memory opening %s", r->stepdir);
@@ -98,29 +93,82 @@ newt_result_t ckpt_open_path(ckpt_reader **out, const char *stepdir, int threads
   return NEWT_OK;
 }
 
+/* Opens a step directory given by its path (trailing slashes dropped, so that a link as
+ * its last component is not followed); *sd is the path as used, malloc'd. */
+static newt_result_t open_step_path(const char *stepdir, char **sd, int *fd) {
+  size_t len = strlen(stepdir);
+  while (len > 1 && stepdir[len - 1] == '/') len--;
+  *sd = newt_asprintf("%.*s", (int)len, stepdir);
+  if (!*sd) return NEWT_ERR(NEWT_ERR_NOMEM, "out of memory opening %s", stepdir);
+  newt_result_t res = newt_fs_subdir_at(AT_FDCWD, NULL, *sd, 0, fd);
+  if (res == NEWT_ERR_NOTFOUND)
+    res = NEWT_ERR(NEWT_ERR_NOTFOUND, "%s: no MANIFEST: the step was never committed", *sd);
+  return res;
+}
+
+newt_result_t ckpt_open_path(ckpt_reader **out, const char *stepdir, int threads) {
+  char *sd = NULL;
+  int fd;
+  newt_result_t res = open_step_path(stepdir, &sd, &fd);
+  if (res == NEWT_OK) res = open_fd(out, fd, sd, threads);
+  free(sd);
+  return res;
+}
+
+/* Opens DIR for reading; a missing one is *fd = -1 (no checkpoints), not an error. */
+static newt_result_t open_dir(const char *dir, int *fd) {
+  newt_result_t r = ckpt_dir_open(dir, fd);
+  if (r != NEWT_ERR_NOTFOUND) return r;
+  newt_err_clear();
+  *fd = -1;
+  return NEWT_OK;
+}
+
+/* step-<N>'s descriptor when it is a directory with a MANIFEST, else -1. */
+static int committed_step(int dirfd, const char *dir, int64_t step) {
+  int fd;
+  if (ckpt_step_open(dirfd, dir, step, 0, &fd) != NEWT_OK) { /* replaced since the scan */
+    NEWT_WARN(CKPT, "skipping it: %s", newt_errmsg());
+    newt_err_clear();
+    return -1;
+  }
+  if (newt_fs_exists_at(fd, "MANIFEST")) return fd;
+  close(fd);
+  return -1;
+}
+
 newt_result_t ckpt_open(ckpt_reader **out, const char *dir, int64_t step, int threads) {
-  char sd[4096];
+  char sd[4200];
+  int dirfd, fd;
   if (step >= 0) {
     ckpt_step_dirname(sd, sizeof sd, dir, step);
-    return ckpt_open_path(out, sd, threads);
+    NEWT_CHECK(ckpt_dir_open(dir, &dirfd));
+    newt_result_t r = ckpt_step_open(dirfd, dir, step, 0, &fd);
+    close(dirfd);
+    if (r == NEWT_ERR_NOTFOUND)
+      return NEWT_ERR(NEWT_ERR_NOTFOUND, "%s: no MANIFEST: the step was never committed", sd);
+    NEWT_CHECK(r);
+    return open_fd(out, fd, sd, threads);
   }
   int64_t *steps = NULL;
   size_t n = 0;
-  NEWT_CHECK(ckpt_scan_steps(dir, &steps, &n));
+  NEWT_CHECK(open_dir(dir, &dirfd));
+  newt_result_t r = dirfd >= 0 ? ckpt_scan_steps(dirfd, dir, &steps, &n) : NEWT_OK;
   char first_err[1024] = "";
-  for (size_t i = n; i-- > 0;) {
+  for (size_t i = n; r == NEWT_OK && i-- > 0;) {
+    if ((fd = committed_step(dirfd, dir, steps[i])) < 0) continue;
     ckpt_step_dirname(sd, sizeof sd, dir, steps[i]);
-    char mf[4200];
-    snprintf(mf, sizeof mf, "%s/MANIFEST", sd);
-    if (!newt_fs_exists(mf)) continue;
-    if (ckpt_open_path(out, sd, threads) == NEWT_OK) {
+    if (open_fd(out, fd, sd, threads) == NEWT_OK) {
       free(steps);
+      close(dirfd);
       return NEWT_OK;
     }
     NEWT_WARN(CKPT, "skipping %s: %s", sd, newt_errmsg());
     if (!first_err[0]) snprintf(first_err, sizeof first_err, "; %s", newt_errmsg());
   }
   free(steps);
+  if (dirfd >= 0) close(dirfd);
+  NEWT_CHECK(r);
   return NEWT_ERR(NEWT_ERR_NOTFOUND, "no usable committed checkpoint in %s%s", dir, first_err);
 }
 
@@ -152,21 +200,17 @@ static newt_result_t file_fd(ckpt_reader *r, uint32_t f, int *fd) {
   newt_result_t res = NEWT_OK;
   if (r->fds[f] < 0) {
     const ckpt_file *cf = &r->m.files[f];
-    int x = openat(r->dirfd, cf->name, O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
-    struct stat st;
+    int x = -1;
+    uint64_t size = 0;
     uint8_t hdr[CKPT_SHARD_HDR];
     ckpt_shard_hdr h;
-    if (x < 0 && errno == ELOOP)
-      res = NEWT_ERR(NEWT_ERR_INVALID, "%s/%s is a symbolic link: the files of a checkpoint must lie inside its "
-                     "directory", r->stepdir, cf->name);
-    else if (x < 0)
-      res = NEWT_ERR(NEWT_ERR_CORRUPT, "%s/%s: %s", r->stepdir, cf->name, strerror(errno));
-    else if (fstat(x, &st) != 0 || !S_ISREG(st.st_mode))
-      res = NEWT_ERR(NEWT_ERR_INVALID, "%s/%s is not a regular file", r->stepdir, cf->name);
-    else if ((uint64_t)st.st_size != cf->bytes)
-      res = NEWT_ERR(NEWT_ERR_CORRUPT, "%s/%s: %lld bytes, the manifest says %llu (truncated or replaced)",
-                     r->stepdir, cf->name, (long long)st.st_size, (unsigned long long)cf->bytes);
-    else if (pread(x, hdr, sizeof hdr, 0) != (ssize_t)sizeof hdr)
+    /* inside the step directory, not through a link, and a regular file (no FIFO) */
+    res = newt_fs_open_read_at(r->dirfd, r->stepdir, cf->name, &x, &size);
+    if (res == NEWT_ERR_NOTFOUND) res = newt_err_wrap(NEWT_ERR_CORRUPT, "missing: ");
+    else if (res == NEWT_OK && size != cf->bytes)
+      res = NEWT_ERR(NEWT_ERR_CORRUPT, "%s/%s: %llu bytes, the manifest says %llu (truncated or replaced)",
+                     r->stepdir, cf->name, (unsigned long long)size, (unsigned long long)cf->bytes);
+    else if (res == NEWT_OK && pread(x, hdr, sizeof hdr, 0) != (ssize_t)sizeof hdr)
       res = NEWT_ERR(NEWT_ERR_CORRUPT, "%s/%s: cannot read its header", r->stepdir, cf->name);
     if (res == NEWT_OK) {
       char what[4400];
@@ -365,39 +409,43 @@ newt_result_t ckpt_read_slice(ckpt_reader *r, const newt_tensor_desc *t, const n
   return run_requests(r, &q, 1);
 }
 
-newt_result_t ckpt_load(const char *dir, int64_t max_step, int threads, const ckpt_request *reqs, size_t n,
-                        ckpt_loaded *out) {
+newt_result_t ckpt_load_checked(const char *dir, int64_t max_step, int threads, const ckpt_request *reqs,
+                                size_t n, ckpt_state_check_fn check, void *ctx, ckpt_loaded *out) {
   memset(out, 0, sizeof *out);
   out->step = -1;
   int64_t *steps = NULL;
   size_t ns = 0;
-  NEWT_CHECK(ckpt_scan_steps(dir, &steps, &ns));
+  int dirfd;
+  NEWT_CHECK(open_dir(dir, &dirfd));
+  newt_result_t res = dirfd >= 0 ? ckpt_scan_steps(dirfd, dir, &steps, &ns) : NEWT_OK;
   char first_err[1024] = "";
-  int fallbacks = 0;
-  for (size_t i = ns; i-- > 0;) {
+  int fallbacks = 0, fd;
+  for (size_t i = ns; res == NEWT_OK && i-- > 0;) {
     if (max_step >= 0 && steps[i] > max_step) continue;
-    char sd[4096], mf[4200];
+    if ((fd = committed_step(dirfd, dir, steps[i])) < 0) continue;
+    out->committed++;
+    char sd[4200];
     ckpt_step_dirname(sd, sizeof sd, dir, steps[i]);
-    snprintf(mf, sizeof mf, "%s/MANIFEST", sd);
-    if (!newt_fs_exists(mf)) continue;
     ckpt_reader *r = NULL;
-    newt_result_t res = ckpt_open_path(&r, sd, threads);
-    if (res == NEWT_OK) {
-      /* A request that does not fit the checkpoint is the caller's error: no fallback. */
-      res = check_requests(r, reqs, n);
+    newt_result_t rr = open_fd(&r, fd, sd, threads); /* the one parse of this manifest */
+    if (rr == NEWT_OK) {
+      /* A state the caller refuses, or a request that does not fit the checkpoint, is the
+       * caller's error: no fallback. */
+      if (check) res = check(ctx, steps[i], ckpt_reader_state(r));
+      if (res == NEWT_OK) res = check_requests(r, reqs, n);
       if (res != NEWT_OK) {
         ckpt_close(r);
-        free(steps);
-        return res;
+        break;
       }
-      res = run_requests(r, reqs, n);
+      rr = run_requests(r, reqs, n);
     }
-    if (res == NEWT_OK) {
+    if (rr == NEWT_OK) {
       out->step = steps[i];
       out->state_json = newt_json_print(ckpt_reader_state(r));
       out->fallbacks = fallbacks;
       ckpt_close(r);
       free(steps);
+      close(dirfd);
       if (!out->state_json) return NEWT_ERR(NEWT_ERR_NOMEM, "out of memory printing the training state");
       if (fallbacks) NEWT_WARN(CKPT, "loaded step %lld after skipping %d newer checkpoint(s)", (long long)out->step, fallbacks);
       return NEWT_OK;
@@ -408,8 +456,15 @@ newt_result_t ckpt_load(const char *dir, int64_t max_step, int threads, const ck
     fallbacks++;
   }
   free(steps);
+  if (dirfd >= 0) close(dirfd);
+  NEWT_CHECK(res);
   return NEWT_ERR(NEWT_ERR_NOTFOUND, "no committed checkpoint%s in %s reads back whole%s",
                   max_step >= 0 ? " at or before the asked step" : "", dir, first_err);
+}
+
+newt_result_t ckpt_load(const char *dir, int64_t max_step, int threads, const ckpt_request *reqs, size_t n,
+                        ckpt_loaded *out) {
+  return ckpt_load_checked(dir, max_step, threads, reqs, n, NULL, NULL, out);
 }
 
 newt_result_t ckpt_verify(const char *stepdir, ckpt_report_fn report, void *ctx, ckpt_verify_result *vr) {
@@ -450,9 +505,15 @@ newt_result_t ckpt_verify(const char *stepdir, ckpt_report_fn report, void *ctx,
 
 newt_result_t ckpt_inspect(const char *stepdir, cJSON **out) {
   ckpt_manifest m;
-  char mf[4200];
-  snprintf(mf, sizeof mf, "%s/MANIFEST", stepdir);
-  NEWT_CHECK(ckpt_manifest_load(mf, mf, 0, &m));
+  char *sd = NULL;
+  int fd;
+  newt_result_t res = open_step_path(stepdir, &sd, &fd);
+  if (res == NEWT_OK) {
+    res = ckpt_manifest_load(fd, sd, "MANIFEST", 0, &m);
+    close(fd);
+  }
+  free(sd);
+  NEWT_CHECK(res);
   cJSON *o = cJSON_CreateObject();
   if (!o) {
     ckpt_manifest_free(&m);

@@ -26,7 +26,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
 #include <unistd.h>
 
 #include "ckpt/internal.h"
@@ -466,7 +465,8 @@ static newt_result_t make_pieces(ckpt_saver *s) {
   return NEWT_OK;
 }
 
-static newt_result_t write_index(ckpt_saver *s, const char *stepdir, const char *shard_name, uint64_t raw_bytes) {
+static newt_result_t write_index(ckpt_saver *s, int stepfd, const char *stepdir, const char *shard_name,
+                                 uint64_t raw_bytes) {
   ckpt_manifest m = {.is_index = 1, .step = s->step, .nranks = s->nranks, .rank = s->rank,
                      .attempt = s->attempt, .created_ms = newt_wall_ms()};
   newt_result_t r = NEWT_OK;
@@ -490,52 +490,53 @@ static newt_result_t write_index(ckpt_saver *s, const char *stepdir, const char 
   if (r == NEWT_OK) r = ckpt_manifest_encode(&m, &text, &len);
   ckpt_manifest_free(&m);
   if (r != NEWT_OK) return r;
-  char name[64], path[4400];
+  char name[64];
   ckpt_index_name(name, sizeof name, s->rank);
-  snprintf(path, sizeof path, "%s/%s", stepdir, name);
-  r = newt_fs_write_atomic(path, text, len);
+  r = newt_fs_write_atomic_at(stepfd, stepdir, name, text, len);
   free(text);
   return r;
 }
 
 /* Tells the committer not to wait for this rank (best effort: the disk may be full). */
-static void write_failed_marker(ckpt_saver *s, const char *stepdir, const char *msg) {
-  char name[64], path[4400];
+static void write_failed_marker(ckpt_saver *s, int stepfd, const char *stepdir, const char *msg) {
+  char name[64];
   ckpt_failed_name(name, sizeof name, s->rank);
-  snprintf(path, sizeof path, "%s/%s", stepdir, name);
   char *text = newt_asprintf("%016llx\n%s\n", (unsigned long long)s->attempt, msg);
-  if (text && newt_fs_write_atomic(path, text, strlen(text)) != NEWT_OK) newt_err_clear();
+  if (text && newt_fs_write_atomic_at(stepfd, stepdir, name, text, strlen(text)) != NEWT_OK) newt_err_clear();
   free(text);
 }
 
-/* Writes this rank's shard and publishes its index. */
-static newt_result_t write_shard(ckpt_saver *s, const char *stepdir, const char *shard, uint64_t *raw_out) {
-  NEWT_CHECK(newt_fs_mkdirs(stepdir, 0755));
+/* Opens DIR (made when missing) and its step directory (made, or a non-directory in its
+ * place replaced: files are created in it through the descriptor, never by path). */
+static newt_result_t open_step(ckpt_saver *s, int *dirfd, int *stepfd) {
+  NEWT_CHECK(newt_fs_dir_open(s->dir, 1, dirfd));
   char parent[4096];
   newt_fs_dirname(s->dir, parent, sizeof parent);
   NEWT_CHECK(newt_fs_fsync_dir(parent)); /* DIR itself may be new */
-  NEWT_CHECK(newt_fs_fsync_dir(s->dir));
-  char marker[64], path[4400];
+  NEWT_CHECK(ckpt_step_open(*dirfd, s->dir, s->step, 1, stepfd));
+  return newt_fs_fsync_fd(*dirfd, s->dir);
+}
+
+/* Writes this rank's shard and publishes its index. */
+static newt_result_t write_shard(ckpt_saver *s, int stepfd, const char *stepdir, const char *shard,
+                                 uint64_t *raw_out) {
+  char marker[64];
   ckpt_failed_name(marker, sizeof marker, s->rank);
-  snprintf(path, sizeof path, "%s/%s", stepdir, marker);
-  unlink(path); /* a marker of an earlier try of this step */
+  unlinkat(stepfd, marker, 0); /* a marker of an earlier try of this step */
   NEWT_CHECK(make_pieces(s));
   uint64_t raw = 0;
   for (size_t i = 0; i < s->nentries; i++) raw += s->entries[i].bytes;
   *raw_out = raw;
 
-  int flags = O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC;
+  /* Created exclusively: a file or link already under the (predictable) name is removed
+   * itself, never written through. */
   int direct = newt_param_CkptDirectIo() != 0;
-  s->fd = open(s->shard_path, flags | (direct ? O_DIRECT : 0), 0644);
-  if (s->fd < 0 && direct && errno == EINVAL) { /* tmpfs and friends */
+  if (direct && newt_fs_create_at(stepfd, stepdir, shard, O_DIRECT, &s->fd) != NEWT_OK) {
+    newt_err_clear(); /* tmpfs and friends refuse O_DIRECT */
     direct = 0;
-    s->fd = open(s->shard_path, flags, 0644);
   }
+  if (!direct) NEWT_CHECK(newt_fs_create_at(stepfd, stepdir, shard, 0, &s->fd));
   atomic_store(&s->direct, direct);
-  if (s->fd < 0) {
-    int e = errno;
-    return NEWT_ERR(e == ENOSPC ? NEWT_ERR_NOSPACE : NEWT_ERR_SYS, "create %s: %s", s->shard_path, strerror(e));
-  }
   memset(s->hdr_block, 0, CKPT_ALIGN);
   ckpt_shard_hdr_encode(&(ckpt_shard_hdr){.rank = (uint32_t)s->rank, .nranks = (uint32_t)s->nranks,
                                           .step = s->step, .attempt = s->attempt}, s->hdr_block);
@@ -558,7 +559,7 @@ static newt_result_t write_shard(ckpt_saver *s, const char *stepdir, const char 
   if (close(s->fd) != 0 && r == NEWT_OK) r = NEWT_ERR(NEWT_ERR_SYS, "close %s: %s", s->shard_path, strerror(errno));
   s->fd = -1;
   uint64_t t2 = newt_now_ns();
-  if (r == NEWT_OK) r = write_index(s, stepdir, shard, raw);
+  if (r == NEWT_OK) r = write_index(s, stepfd, stepdir, shard, raw);
   NEWT_DEBUG(CKPT, "rank %d step %lld: %zu chunks, %llu raw bytes -> %llu: compress+write %.1f ms, fsync %.1f ms, "
              "index %.1f ms", s->rank, (long long)s->step, s->npieces, (unsigned long long)raw,
              (unsigned long long)s->next_off, (double)(t1 - t0) / 1e6, (double)(t2 - t1) / 1e6,
@@ -571,14 +572,18 @@ static newt_result_t run_save(ckpt_saver *s, uint64_t *raw_out) {
   ckpt_step_dirname(stepdir, sizeof stepdir, s->dir, s->step);
   ckpt_shard_name(shard, sizeof shard, s->rank, s->attempt);
   snprintf(s->shard_path, sizeof s->shard_path, "%s/%s", stepdir, shard);
-  newt_result_t r = write_shard(s, stepdir, shard, raw_out);
-  if (r != NEWT_OK) {
-    char msg[1024];
-    snprintf(msg, sizeof msg, "%s", newt_errmsg());
-    unlink(s->shard_path);
-    write_failed_marker(s, stepdir, msg);
-    return NEWT_ERR(r, "%s", msg);
+  int dirfd = -1, stepfd = -1;
+  char msg[1024] = "";
+  newt_result_t r = open_step(s, &dirfd, &stepfd);
+  if (r == NEWT_OK) r = write_shard(s, stepfd, stepdir, shard, raw_out);
+  if (r != NEWT_OK) snprintf(msg, sizeof msg, "%s", newt_errmsg());
+  if (r != NEWT_OK && stepfd >= 0) {
+    unlinkat(stepfd, shard, 0);
+    write_failed_marker(s, stepfd, stepdir, msg);
   }
+  if (stepfd >= 0) close(stepfd);
+  if (dirfd >= 0) close(dirfd);
+  if (r != NEWT_OK) return NEWT_ERR(r, "%s", msg);
   if (s->commit) {
     ckpt_commit_opts co = {.dir = s->dir, .step = s->step, .nranks = s->nranks, .attempt = s->attempt,
                            .state_json = s->state_json, .deadline = newt_deadline_in_ms(s->commit_timeout_ms),

@@ -9,9 +9,10 @@
  *
  * Checkpoints: with --ckpt-dir DIR it first resumes from the newest valid checkpoint there
  * (weights, AdamW moments, step, data cursor; model/checkpoint.h), then saves one every
- * --ckpt-every steps in the background while it trains on. --log FILE (or --step-log)
- * appends one JSON line per step: the step log of `newt run` (job/runlog.h), whose loss
- * curve `newt report --baseline` draws beside a run's.
+ * --ckpt-every steps in the background while it trains on. A failed save is reported and
+ * training goes on; one that no later save made good (the final one, say) makes the exit
+ * status 1. --log FILE (or --step-log) appends one JSON line per step: the step log of
+ * `newt run` (job/runlog.h), whose loss curve `newt report --baseline` draws beside a run's.
  *
  * --device cuda runs the steps on the GPU model (gpt_cuda.h) from the same initial weights
  * and the same batches; the CPU trainer then only initialises and feeds it. */
@@ -204,6 +205,8 @@ int newt_cmd_train(int argc, char **argv) {
   double first = NAN, last = NAN, ms_total = 0;
   status = 0;
   uint64_t failed_saves = 0;
+  int64_t bad_save = -1; /* the newest save that failed, and why */
+  char bad_msg[sizeof ((ckpt_save_status *)0)->message] = "";
   const int64_t resumed0 = tr.step;
   int64_t committed = resumed > 0 ? resumed : 0; /* the newest committed checkpoint, for the step log */
   for (int64_t s = tr.step; s < steps; s++) {
@@ -233,10 +236,15 @@ int newt_cmd_train(int argc, char **argv) {
         failed_saves = st.saves_failed;
         fprintf(stderr, "newt train: the checkpoint of step %lld failed (the previous one stays the newest): %s\n",
                 (long long)st.step, st.message);
+        bad_save = st.step;
+        snprintf(bad_msg, sizeof bad_msg, "%s", st.message);
       }
       int started = 0;
-      if (info.step % ckpt_every == 0 && model_ckpt_trainer_save(saver, &tr, data_desc, 1, &started) != NEWT_OK)
+      if (info.step % ckpt_every == 0 && model_ckpt_trainer_save(saver, &tr, data_desc, 1, &started) != NEWT_OK) {
         fprintf(stderr, "newt train: checkpoint of step %lld: %s\n", (long long)info.step, newt_errmsg());
+        bad_save = info.step;
+        snprintf(bad_msg, sizeof bad_msg, "%s", newt_errmsg());
+      }
     }
     if (steplog >= 0) {
       job_step line = {.step = info.step, .loss = info.loss, .lr = info.lr,
@@ -256,8 +264,20 @@ int newt_cmd_train(int argc, char **argv) {
   if (saver && ckpt_save_wait(saver, NEWT_DEADLINE_NONE) != NEWT_OK) {
     ckpt_save_status st;
     ckpt_saver_status(saver, &st);
-    if (st.saves_failed > failed_saves)
+    if (st.saves_failed > failed_saves) {
       fprintf(stderr, "newt train: the checkpoint of step %lld failed: %s\n", (long long)st.step, st.message);
+      bad_save = st.step;
+      snprintf(bad_msg, sizeof bad_msg, "%s", st.message);
+    }
+  }
+  if (saver) { /* a save asked for that no later one made good: the run did not end saved */
+    ckpt_save_status st;
+    ckpt_saver_status(saver, &st);
+    if (bad_save >= 0 && bad_save > st.last_ok_step) {
+      fprintf(stderr, "newt train: exiting with status 1: the checkpoint of step %lld failed and no later one was "
+                      "saved: %s\n", (long long)bad_save, bad_msg);
+      status = 1;
+    }
   }
 done:
   ckpt_saver_free(saver);

@@ -241,16 +241,23 @@ static newt_result_t loaded_point(const ckpt_loaded *ld, const model_train_confi
   return r;
 }
 
+/* ckpt_state_check_fn: the run of a checkpoint must be this run (warned once about
+ * another learning-rate schedule). */
+typedef struct same_run {
+  const model_train_config *c;
+  const char *data;
+  int seen;
+} same_run;
+
+static newt_result_t check_run(void *ctx, int64_t step, const cJSON *state) {
+  same_run *k = ctx;
+  (void)step;
+  return check_config(state, k->c, k->data, k->seen++ == 0);
+}
+
 newt_result_t model_ckpt_trainer_resume(const char *dir, model_trainer *tr, const char *data, int threads,
                                         int64_t *step) {
   *step = -1;
-  ckpt_step_info *info = NULL;
-  size_t n = 0;
-  NEWT_CHECK(ckpt_list(dir, &info, &n));
-  int committed = 0;
-  for (size_t i = 0; i < n; i++) committed |= info[i].committed;
-  free(info);
-  if (!committed) return NEWT_OK; /* a fresh directory: a fresh run */
   /* Read into copies: the trainer stays as it is when nothing loads. */
   model_ckpt_bufs b = trainer_bufs(tr);
   size_t total = tr->gpt.layout.total;
@@ -261,15 +268,12 @@ newt_result_t model_ckpt_trainer_resume(const char *dir, model_trainer *tr, cons
   ckpt_loaded ld = {0};
   newt_result_t r = p && m && v ? NEWT_OK : NEWT_ERR(NEWT_ERR_NOMEM, "out of memory resuming from %s", dir);
   b.params = p, b.m = m, b.v = v;
-  /* The run must be the same run: checked on the newest manifest before asking for
-   * tensors (a mismatch names the field, not a missing tensor), and again on what loads. */
-  ckpt_reader *rd = NULL;
-  if (r == NEWT_OK && ckpt_open(&rd, dir, CKPT_LATEST, 1) == NEWT_OK) {
-    r = check_config(ckpt_reader_state(rd), &tr->cfg, data, 1);
-    ckpt_close(rd);
-  }
+  /* The run must be the same run: checked on each manifest before asking for its tensors
+   * (a mismatch names the field, not a missing tensor), and again on what loads. */
+  same_run k = {&tr->cfg, data, 0};
   if (r == NEWT_OK) r = model_ckpt_requests(&b, &reqs, &nreq);
-  if (r == NEWT_OK) r = ckpt_load(dir, CKPT_LATEST, threads, reqs, nreq, &ld);
+  if (r == NEWT_OK) r = ckpt_load_checked(dir, CKPT_LATEST, threads, reqs, nreq, check_run, &k, &ld);
+  int fresh = r == NEWT_ERR_NOTFOUND && ld.committed == 0; /* nothing committed: a fresh run */
   int64_t s = 0, cursor = 0, t = 0;
   if (r == NEWT_OK) r = loaded_point(&ld, &tr->cfg, data, dir, &s, &cursor, &t);
   if (r == NEWT_OK) {
@@ -280,6 +284,9 @@ newt_result_t model_ckpt_trainer_resume(const char *dir, model_trainer *tr, cons
     tr->cursor = (uint64_t)cursor;
     tr->opt.t = t;
     *step = s;
+  } else if (fresh) {
+    newt_err_clear();
+    r = NEWT_OK;
   } else {
     newt_err_wrap(r, "resuming from %s: ", dir);
   }
@@ -294,19 +301,11 @@ newt_result_t model_ckpt_trainer_resume(const char *dir, model_trainer *tr, cons
 newt_result_t model_ckpt_train_load(const char *dir, int64_t max_step, const model_train_config *c,
                                     const char *data, int threads, const ckpt_request *reqs, size_t n,
                                     model_ckpt_train_point *out) {
-  ckpt_reader *rd = NULL;
-  newt_result_t r = ckpt_open(&rd, dir, max_step == CKPT_LATEST ? CKPT_LATEST : max_step, 1);
-  if (r == NEWT_OK) {
-    r = check_config(ckpt_reader_state(rd), c, data, 1);
-    ckpt_close(rd);
-    NEWT_CHECK(r);
-  } else if (r != NEWT_ERR_NOTFOUND && r != NEWT_ERR_CORRUPT && r != NEWT_ERR_INVALID) {
-    return r;
-  }
+  same_run k = {c, data, 0};
   ckpt_loaded ld = {0};
-  NEWT_CHECK(ckpt_load(dir, max_step, threads, reqs, n, &ld));
+  NEWT_CHECK(ckpt_load_checked(dir, max_step, threads, reqs, n, check_run, &k, &ld));
   int64_t s = 0, cursor = 0, t = 0;
-  r = loaded_point(&ld, c, data, dir, &s, &cursor, &t);
+  newt_result_t r = loaded_point(&ld, c, data, dir, &s, &cursor, &t);
   if (r == NEWT_OK) {
     out->step = s;
     out->cursor = (uint64_t)cursor;

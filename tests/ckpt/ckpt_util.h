@@ -4,12 +4,17 @@
 #ifndef NEWT_TESTS_CKPT_UTIL_H
 #define NEWT_TESTS_CKPT_UTIL_H
 
+#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mount.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
+#include <unistd.h>
 
 #include "ckpt/ckpt.h"
+#include "ckpt/internal.h"
 #include "common/fs.h"
 #include "test.h"
 
@@ -170,6 +175,58 @@ static inline void ts_tmpdir(char *out, size_t cap, const char *base, const char
     perror("mkdtemp");
     exit(1);
   }
+}
+
+/* Mounts a tmpfs of `size` ("2m") at path (made here), a real disk that fills up: 1, or 0
+ * with the test failed (it needs root; it does not skip). */
+static inline int ts_mount_tmpfs(const char *path, const char *size) {
+  char opts[64];
+  snprintf(opts, sizeof opts, "size=%s", size);
+  T_CHECK(mkdir(path, 0755) == 0);
+  int m = mount("tmpfs", path, "tmpfs", 0, opts);
+  T_CHECK_MSG(m == 0, "cannot mount a tmpfs on %s: %s (the test needs root; it does not skip)", path, strerror(errno));
+  return m == 0;
+}
+
+static inline void ts_umount(const char *path) {
+  if (umount(path) != 0) {
+    T_FAIL("umount %s: %s", path, strerror(errno));
+    umount2(path, MNT_DETACH);
+  }
+  rmdir(path);
+}
+
+/* Frames a manifest's JSON body with a correct header line, as a forger (or a buggy
+ * writer) would: malloc'd, *len bytes. */
+static inline char *ts_frame(const char *body, size_t *len) {
+  size_t bl = strlen(body);
+  char *out = malloc(bl + 128);
+  if (!out) abort();
+  int hl = sprintf(out, "newt-ckpt manifest 1 %zu %016llx\n", bl, (unsigned long long)ckpt_hash(body, bl));
+  memcpy(out + hl, body, bl + 1);
+  *len = (size_t)hl + bl;
+  return out;
+}
+
+/* The hostile manifest of issue 17: a few hundred bytes describing one u8 tensor of shape
+ * [rows, 2] stored as column boxes [rows, 1] (raw chunks of rows bytes each): ncols = 1
+ * leaves the second column uncovered, ncols = 2 is a valid manifest. Framed, malloc'd. */
+static inline char *ts_hostile_manifest(int64_t step, int64_t rows, int ncols, size_t *len) {
+  char body[2048], chunks[1024] = "";
+  for (int c = 0; c < ncols; c++)
+    snprintf(chunks + strlen(chunks), sizeof chunks - strlen(chunks),
+             "%s{\"file\":0,\"offset\":%lld,\"stored\":%lld,\"raw\":%lld,\"codec\":\"raw\",\"filter\":\"none\","
+             "\"xxh_raw\":\"0000000000000000\",\"xxh_stored\":\"0000000000000000\",\"box_offset\":[0,%d],"
+             "\"box_shape\":[%lld,1],\"begin\":0,\"end\":%lld}",
+             c ? "," : "", (long long)(4096 + c * (rows + 4096)), (long long)rows, (long long)rows, c,
+             (long long)rows, (long long)rows);
+  snprintf(body, sizeof body,
+           "{\"format\":\"newt-ckpt\",\"version\":1,\"kind\":\"manifest\",\"step\":%lld,\"nranks\":1,"
+           "\"attempt\":\"0000000000000001\",\"created_ms\":0,\"files\":[{\"name\":"
+           "\"rank-00000-0000000000000001.shard\",\"rank\":0,\"bytes\":%lld,\"raw_bytes\":%lld}],"
+           "\"tensors\":[{\"name\":\"x\",\"dtype\":\"u8\",\"shape\":[%lld,2],\"chunks\":[%s]}],\"state\":{}}",
+           (long long)step, (long long)(2 * (rows + 8192)), (long long)(ncols * rows), (long long)rows, chunks);
+  return ts_frame(body, len);
 }
 
 #endif

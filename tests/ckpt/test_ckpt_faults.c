@@ -100,7 +100,7 @@ static int find_chunk(const char *dir, int64_t step, const char *name, size_t j,
   ckpt_step_dirname(sd, sizeof sd, dir, step);
   snprintf(mf, sizeof mf, "%s/MANIFEST", sd);
   ckpt_manifest m;
-  if (ckpt_manifest_load(mf, mf, 0, &m) != NEWT_OK) return 0;
+  if (ckpt_manifest_load(AT_FDCWD, NULL, mf, 0, &m) != NEWT_OK) return 0;
   const ckpt_tensor *t = ckpt_manifest_find(&m, name);
   int ok = t && j < t->nchunks;
   if (ok) {
@@ -148,11 +148,9 @@ static void rewrite_manifest(const char *dir, int64_t step, const char *from, co
   char *nb = malloc(bl + 1);
   if (!nb) abort();
   sprintf(nb, "%.*s%s%s", (int)(at - body), body, to, at + strlen(from));
-  char *out = malloc(bl + 128);
-  if (!out) abort();
-  int hl = sprintf(out, "newt-ckpt manifest 1 %zu %016llx\n", bl, (unsigned long long)ckpt_hash(nb, bl));
-  memcpy(out + hl, nb, bl);
-  T_OK(newt_fs_write_atomic(mf, out, (size_t)hl + bl));
+  size_t ol;
+  char *out = ts_frame(nb, &ol);
+  T_OK(newt_fs_write_atomic(mf, out, ol));
   free(out);
   free(nb);
   free(text);
@@ -390,10 +388,7 @@ static void test_paths_outside(void) {
 static void test_full_disk(void) {
   char mnt[300];
   snprintf(mnt, sizeof mnt, "%s/tmpfs", root);
-  T_CHECK(mkdir(mnt, 0755) == 0);
-  int m = mount("tmpfs", mnt, "tmpfs", 0, "size=2m");
-  T_CHECK_MSG(m == 0, "cannot mount a tmpfs on %s: %s (the test needs root; it does not skip)", mnt, strerror(errno));
-  if (m != 0) return;
+  if (!ts_mount_tmpfs(mnt, "2m")) return;
   const char *args[] = {"fulldisk", mnt, NULL};
   pid_t pid = spawn_child(args, NULL);
   int st = 0;
@@ -402,11 +397,7 @@ static void test_full_disk(void) {
     if (r != NEWT_OK) newt_proc_stop(pid, 100);
     T_CHECK_MSG(r == NEWT_OK && WIFEXITED(st) && WEXITSTATUS(st) == 0, "the full-disk child failed (see above)");
   }
-  if (umount(mnt) != 0) {
-    T_FAIL("umount %s: %s", mnt, strerror(errno));
-    umount2(mnt, MNT_DETACH);
-  }
-  rmdir(mnt);
+  ts_umount(mnt);
 }
 
 static void full_disk_body(const char *mnt) {

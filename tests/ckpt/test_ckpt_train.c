@@ -3,7 +3,8 @@
  * flight, is killed with SIGKILL mid-run and started again with the same command. The
  * restarted run resumes from the newest valid checkpoint and every step it logs, before
  * and after the kill, has the loss of the same step of the uninterrupted run (within 1e-6;
- * in practice bit for bit). A run of another model on that directory is refused. */
+ * in practice bit for bit). A run of another model on that directory is refused. A run
+ * whose final save fails on a full disk exits 1, naming the save and the reason. */
 #include <math.h>
 #include <signal.h>
 
@@ -150,10 +151,25 @@ static void test_other_model_refused(void) {
   T_CHECK(ts_run_newt("train --ckpt-every 5 --steps 1", out, sizeof out) == 2 && strstr(out, "needs --ckpt-dir"));
 }
 
+/* The final save fails on a full disk (a small tmpfs): the run must not exit 0 as if its
+ * work were saved; it says which save failed and why. */
+static void test_full_disk_exit(void) {
+  char mnt[300], args[700], out[16384];
+  snprintf(mnt, sizeof mnt, "%s/tmpfs", root);
+  if (!ts_mount_tmpfs(mnt, "128k")) return; /* a checkpoint of this model is about 290 KB */
+  snprintf(args, sizeof args, "train --model layers=1,channels=32 --steps 4 --batch 2 --seq-len 16 --ckpt-dir %s/ck "
+           "--ckpt-every 2", mnt);
+  int rc = ts_run_newt(args, out, sizeof out);
+  T_CHECK_MSG(rc == 1 && strstr(out, "the checkpoint of step 4 failed and no later one was saved") &&
+                  strstr(out, "No space left on device"), "newt %s: exit %d\n%s", args, rc, out);
+  ts_umount(mnt);
+}
+
 int main(void) {
   ts_tmpdir(root, sizeof root, "/tmp", "ckpt-train");
   T_RUN(test_kill_and_resume);
   T_RUN(test_other_model_refused);
+  T_RUN(test_full_disk_exit);
   newt_fs_rm_rf(root);
   return T_DONE();
 }

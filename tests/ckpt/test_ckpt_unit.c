@@ -7,7 +7,7 @@
 #include <string.h>
 
 #include "ckpt/internal.h"
-#include "test.h"
+#include "ckpt_util.h"
 
 static uint64_t rng = 0x1234567ULL;
 static uint64_t rnd(void) {
@@ -179,6 +179,163 @@ static void test_coverage(void) {
   free(t.chunks);
 }
 
+/* f(e), the number of chunks holding each element, by walking every chunk's elements. */
+static void brute_counts(const ckpt_tensor *t, int *cnt) {
+  int64_t numel = newt_shape_numel(t->ndim, t->shape);
+  memset(cnt, 0, (size_t)numel * sizeof *cnt);
+  for (size_t j = 0; j < t->nchunks; j++) {
+    const newt_slice *s = &t->chunks[j].slice;
+    for (int64_t i = s->begin; i < s->end; i++) {
+      int64_t pos = i, flat = 0, mul = 1;
+      for (int d = s->ndim - 1; d >= 0; d--) {
+        flat += (s->offset[d] + pos % s->shape[d]) * mul;
+        mul *= t->shape[d];
+        pos /= s->shape[d];
+      }
+      cnt[flat]++;
+    }
+  }
+}
+
+/* a number in [0, n) */
+static int64_t below(int64_t n) { return rnd_in(0, n - 1); }
+
+/* Cuts the box off/shape into random boxes (guillotine cuts; always while a box holds more
+ * than `keep` elements), each stored as 1 to 3 chunks of consecutive ranges: a random
+ * exact cover. */
+static void tile(ckpt_tensor *t, const int64_t *off, const int64_t *shape, int64_t keep) {
+  int d = (int)below(t->ndim);
+  for (int k = 0; k < t->ndim && shape[d] == 1; k++) d = (d + 1) % t->ndim;
+  if (shape[d] > 1 && (newt_shape_numel(t->ndim, shape) > keep || below(3) > 0)) {
+    int64_t at = 1 + below(shape[d] - 1), o2[NEWT_SLICE_MAX_DIMS], s2[NEWT_SLICE_MAX_DIMS];
+    memcpy(o2, off, sizeof o2);
+    memcpy(s2, shape, sizeof s2);
+    s2[d] = at;
+    tile(t, o2, s2, keep);
+    o2[d] = off[d] + at;
+    s2[d] = shape[d] - at;
+    tile(t, o2, s2, keep);
+    return;
+  }
+  int64_t n = newt_shape_numel(t->ndim, shape), a = 0;
+  int pieces = 1 + (int)below(3);
+  for (int p = 0; p < pieces && a < n; p++) {
+    int64_t b = p == pieces - 1 ? n : a + 1 + below(n - a);
+    add_chunk(t, t->ndim, off, shape, a, b);
+    a = b;
+  }
+}
+
+/* Random tensors of 1 to 4 dimensions cut into random exact covers, then damaged (a
+ * chunk dropped, repeated, a range grown or shrunk): the check agrees with counting, and
+ * its message names an element held twice or a run of elements held by none. */
+static void test_coverage_random(void) {
+  int *cnt = malloc(4096 * sizeof *cnt), seen[2] = {0, 0};
+  for (int iter = 0; iter < 3000; iter++) {
+    ckpt_tensor t = {.name = "w", .dtype = NEWT_F32, .ndim = 1 + (int)below(4)};
+    int64_t zero[NEWT_SLICE_MAX_DIMS] = {0};
+    for (int d = 0; d < t.ndim; d++) t.shape[d] = 1 + below(d == 0 ? 6 : 4);
+    tile(&t, zero, t.shape, 1 + below(8));
+    int damage = (int)below(5);
+    if (damage == 1 && t.nchunks > 1) { /* dropped */
+      size_t j = (size_t)below((int64_t)t.nchunks);
+      t.chunks[j] = t.chunks[--t.nchunks];
+    } else if (damage == 2) { /* repeated */
+      ckpt_chunk c = t.chunks[below((int64_t)t.nchunks)];
+      ckpt_tensor_add_chunk(&t, &c);
+    } else if (damage == 3) { /* a range one element longer, when the box has room */
+      newt_slice *s = &t.chunks[below((int64_t)t.nchunks)].slice;
+      if (s->end < newt_shape_numel(s->ndim, s->shape)) s->end++;
+      else if (s->begin > 0) s->begin--;
+    } else if (damage == 4) { /* one element shorter */
+      newt_slice *s = &t.chunks[below((int64_t)t.nchunks)].slice;
+      if (s->end - s->begin > 1) s->end--;
+    }
+    int64_t numel = newt_shape_numel(t.ndim, t.shape);
+    brute_counts(&t, cnt);
+    int exact = 1;
+    for (int64_t e = 0; e < numel; e++) exact &= cnt[e] == 1;
+    seen[exact]++;
+    newt_result_t r = ckpt_coverage_check(&t, 1, "w");
+    T_CHECK_MSG((r == NEWT_OK) == exact, "iteration %d: check says %s, counting says %s", iter, newt_result_name(r),
+                exact ? "exact" : "not exact");
+    long long e = -1, a = -1, b = -1, n = -1;
+    size_t c1, c2;
+    if (r != NEWT_OK && sscanf(strstr(newt_errmsg(), "chunks ") ? strstr(newt_errmsg(), "chunks ") : "",
+                               "chunks %zu and %zu both hold element %lld", &c1, &c2, &e) == 3) {
+      T_CHECK_MSG(e >= 0 && e < numel && cnt[e] >= 2 && c1 < c2 && c2 < t.nchunks, "iteration %d: %s", iter,
+                  newt_errmsg());
+    } else if (r != NEWT_OK) {
+      const char *m = strstr(newt_errmsg(), "elements [");
+      T_CHECK_MSG(m && sscanf(m, "elements [%lld, %lld) of %lld", &a, &b, &n) == 3, "iteration %d: %s", iter,
+                  newt_errmsg());
+      int ok = n == numel && 0 <= a && a < b && b <= numel && (a == 0 || cnt[a - 1] > 0) && (b == numel || cnt[b] > 0);
+      for (long long x = a; ok && x < b; x++) ok = cnt[x] == 0;
+      T_CHECK_MSG(ok, "iteration %d: %s", iter, newt_errmsg());
+    }
+    int64_t sum = 0;
+    for (int64_t x = 0; x < numel; x++) sum += cnt[x];
+    if (sum <= numel) T_OK(ckpt_coverage_check(&t, 0, "w")); /* an index: its size only */
+    else T_ERR(NEWT_ERR_INVALID, ckpt_coverage_check(&t, 0, "w"));
+    free(t.chunks);
+  }
+  T_CHECK_MSG(seen[0] > 500 && seen[1] > 500, "%d exact covers, %d others", seen[1], seen[0]);
+  free(cnt);
+}
+
+/* The manifests of issue 17: a u8 tensor of 2^27 (then 2^30) rows of 2 whose one chunk is
+ * the first column. The check used to walk every row (20 s and 4.9 GB for 2^27, memory
+ * exhausted for 2^30); its work is bounded by the chunks now. The valid variant (both
+ * columns) is accepted as fast. */
+static void test_coverage_hostile(void) {
+  for (int bits = 27; bits <= 30; bits += 3) {
+    size_t len;
+    char *text = ts_hostile_manifest(3, (int64_t)1 << bits, 1, &len);
+    ckpt_manifest m;
+    double t0 = newt_now_s();
+    T_ERR(NEWT_ERR_INVALID, ckpt_manifest_decode(text, len, "MANIFEST", 0, &m));
+    double dt = newt_now_s() - t0;
+    char want[128];
+    snprintf(want, sizeof want, "elements [1, 2) of %lld are in no chunk", 2LL << bits);
+    T_CHECK_MSG(strstr(newt_errmsg(), want) != NULL, "message: %s", newt_errmsg());
+    T_CHECK_MSG(dt < 0.5, "2^%d rows: %.2f s to reject a %zu-byte manifest", bits, dt, len);
+    T_CHECK_MSG(len < 1024, "%zu bytes", len);
+    free(text);
+    text = ts_hostile_manifest(3, (int64_t)1 << bits, 2, &len);
+    t0 = newt_now_s();
+    T_OK(ckpt_manifest_decode(text, len, "MANIFEST", 0, &m));
+    dt = newt_now_s() - t0;
+    T_CHECK_MSG(dt < 0.5, "2^%d rows: %.2f s to accept a %zu-byte manifest", bits, dt, len);
+    ckpt_manifest_free(&m);
+    free(text);
+  }
+  /* 8 dimensions, every box cut off-grid: the worst case is 2^8 faces per box */
+  ckpt_tensor t = {.name = "w", .dtype = NEWT_F32, .ndim = 8};
+  for (int d = 0; d < 8; d++) t.shape[d] = (int64_t)1 << 6;
+  for (int i = 0; i < 2000; i++) {
+    int64_t off[NEWT_SLICE_MAX_DIMS], shape[NEWT_SLICE_MAX_DIMS];
+    for (int d = 0; d < 8; d++) {
+      off[d] = below(60);
+      shape[d] = 1 + below(4);
+    }
+    add_chunk(&t, 8, off, shape, 1, newt_shape_numel(8, shape) - 1);
+  }
+  double t0 = newt_now_s();
+  T_ERR(NEWT_ERR_INVALID, ckpt_coverage_check(&t, 1, "w"));
+  T_CHECK_MSG(newt_now_s() - t0 < 5, "%.2f s for 2000 chunks of 8 dimensions", newt_now_s() - t0);
+  free(t.chunks);
+  /* and an exact cover of 8 dimensions cut at random everywhere: nothing stops early */
+  ckpt_tensor u = {.name = "u", .dtype = NEWT_F32, .ndim = 8};
+  int64_t zero[NEWT_SLICE_MAX_DIMS] = {0};
+  for (int d = 0; d < 8; d++) u.shape[d] = 3;
+  tile(&u, zero, u.shape, 8);
+  t0 = newt_now_s();
+  T_OK(ckpt_coverage_check(&u, 1, "u"));
+  T_CHECK_MSG(newt_now_s() - t0 < 5, "%.2f s for %zu chunks of 8 dimensions", newt_now_s() - t0, u.nchunks);
+  T_CHECK_MSG(u.nchunks > 500, "%zu chunks", u.nchunks);
+  free(u.chunks);
+}
+
 static void test_flat_pieces(void) {
   newt_slice boxes[3];
   newt_slice_box(&boxes[0], 2, NULL, (int64_t[]){3, 4});
@@ -219,17 +376,6 @@ static char *sample_manifest(size_t *len) {
   return text;
 }
 
-/* Re-frames a JSON body with a correct header, as a forger (or a buggy writer) would. */
-static char *frame(const char *body, size_t *len) {
-  size_t bl = strlen(body);
-  char *out = malloc(bl + 128);
-  if (!out) abort();
-  int hl = sprintf(out, "newt-ckpt manifest 1 %zu %016llx\n", bl, (unsigned long long)ckpt_hash(body, bl));
-  memcpy(out + hl, body, bl + 1);
-  *len = (size_t)hl + bl;
-  return out;
-}
-
 /* Replaces the first `from` in the manifest's JSON by `to`, re-frames, decodes: must fail
  * naming `field`. */
 static void expect_rejected(const char *text, const char *from, const char *to, const char *field) {
@@ -242,7 +388,7 @@ static void expect_rejected(const char *text, const char *from, const char *to, 
   if (!mod) abort();
   sprintf(mod, "%.*s%s%s", (int)pre, body, to, at + strlen(from));
   size_t len;
-  char *framed = frame(mod, &len);
+  char *framed = ts_frame(mod, &len);
   ckpt_manifest m;
   newt_result_t r = ckpt_manifest_decode(framed, len, "MANIFEST", 0, &m);
   T_CHECK_MSG(r != NEWT_OK, "replacing %s by %s was accepted", from, to);
@@ -334,6 +480,8 @@ int main(void) {
   T_RUN(test_filters);
   T_RUN(test_slice_copy);
   T_RUN(test_coverage);
+  T_RUN(test_coverage_random);
+  T_RUN(test_coverage_hostile);
   T_RUN(test_flat_pieces);
   T_RUN(test_manifest);
   T_RUN(test_headers);

@@ -1,5 +1,7 @@
-/* Unit tests of common/: base64, sizes, JSON field access, atomic files, flags, processes,
+/* Unit tests of common/: base64, sizes, JSON field access, atomic files (and files in a
+ * directory others write: links and FIFOs planted under the names used), flags, processes,
  * deadlines. */
+#include <fcntl.h>
 #include <signal.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -123,6 +125,69 @@ static void test_fs(void) {
   T_OK(newt_fs_rm_rf(dir));
 }
 
+/* The _at functions with links and FIFOs planted under the names they use. */
+static void test_fs_at(void) {
+  char dir[] = "/tmp/newt-test-fsat-XXXXXX", p[256], victim[256], vdir[256];
+  T_CHECK(mkdtemp(dir) != NULL);
+  snprintf(victim, sizeof victim, "%s/victim", dir);
+  snprintf(vdir, sizeof vdir, "%s/vdir", dir);
+  T_OK(newt_fs_write_atomic(victim, "victim", 6));
+  T_OK(newt_fs_mkdirs(vdir, 0755));
+  snprintf(p, sizeof p, "%s/vdir/keep", dir);
+  T_OK(newt_fs_write_atomic(p, "keep", 4));
+  snprintf(p, sizeof p, "%s/in", dir);
+  int fd, sub;
+  T_OK(newt_fs_dir_open(p, 1, &fd));
+  /* a link under the temporary name, and under the name itself: neither is written through */
+  snprintf(p, sizeof p, "%s/in/f.tmp.%d", dir, (int)getpid());
+  T_CHECK(symlink(victim, p) == 0);
+  snprintf(p, sizeof p, "%s/in/g", dir);
+  T_CHECK(symlink(victim, p) == 0);
+  T_OK(newt_fs_write_atomic_at(fd, "in", "f", "new", 3));
+  int w;
+  T_OK(newt_fs_create_at(fd, "in", "g", 0, &w));
+  T_CHECK(write(w, "x", 1) == 1);
+  close(w);
+  char *buf = NULL;
+  size_t n = 0;
+  T_OK(newt_fs_read_all(victim, 100, &buf, &n));
+  T_CHECK(n == 6 && strcmp(buf, "victim") == 0);
+  free(buf);
+  T_OK(newt_fs_read_all_at(fd, "in", "f", 100, &buf, &n));
+  T_CHECK(n == 3 && strcmp(buf, "new") == 0);
+  free(buf);
+  /* reads: a link, a FIFO and a directory are refused by name, at once */
+  snprintf(p, sizeof p, "%s/in/link", dir);
+  T_CHECK(symlink(victim, p) == 0);
+  T_ERR(NEWT_ERR_INVALID, newt_fs_read_all_at(fd, "in", "link", 100, &buf, &n));
+  T_CHECK(strstr(newt_errmsg(), "in/link is a symbolic link") != NULL);
+  snprintf(p, sizeof p, "%s/in/fifo", dir);
+  T_CHECK(mkfifo(p, 0644) == 0);
+  T_ERR(NEWT_ERR_INVALID, newt_fs_read_all_at(fd, "in", "fifo", 100, &buf, &n));
+  T_CHECK(strstr(newt_errmsg(), "in/fifo is a FIFO, not a regular file") != NULL);
+  T_ERR(NEWT_ERR_NOTFOUND, newt_fs_read_all_at(fd, "in", "none", 100, &buf, &n));
+  T_ERR(NEWT_ERR_INVALID, newt_fs_read_all_at(fd, "in", "f", 2, &buf, &n));
+  /* a directory that is a link: refused to readers, replaced by a writer */
+  snprintf(p, sizeof p, "%s/in/d", dir);
+  T_CHECK(symlink(vdir, p) == 0);
+  T_ERR(NEWT_ERR_INVALID, newt_fs_subdir_at(fd, "in", "d", 0, &sub));
+  T_OK(newt_fs_subdir_at(fd, "in", "d", 1, &sub));
+  close(sub);
+  struct stat st;
+  T_CHECK(lstat(p, &st) == 0 && S_ISDIR(st.st_mode));
+  T_CHECK(newt_fs_exists_at(fd, "d") && !newt_fs_exists_at(fd, "none"));
+  /* removal unlinks links, never what they point to */
+  snprintf(p, sizeof p, "%s/in/d/up", dir);
+  T_CHECK(symlink(vdir, p) == 0);
+  close(fd);
+  snprintf(p, sizeof p, "%s/in", dir);
+  T_OK(newt_fs_rm_rf(p));
+  T_CHECK(!newt_fs_exists(p));
+  snprintf(p, sizeof p, "%s/vdir/keep", dir);
+  T_CHECK(newt_fs_exists(p) && newt_fs_exists(victim));
+  T_OK(newt_fs_rm_rf(dir));
+}
+
 static void test_opts(void) {
   int64_t n = 4, sz = 0;
   double lr = 0.1;
@@ -224,6 +289,7 @@ int main(void) {
   T_RUN(test_parse);
   T_RUN(test_json);
   T_RUN(test_fs);
+  T_RUN(test_fs_at);
   T_RUN(test_opts);
   T_RUN(test_closest_name);
   T_RUN(test_proc);
