@@ -717,7 +717,10 @@ newt_result_t launcher_run(const launcher_opts *o, launcher_result *res) {
     pthread_mutex_unlock(&r->mu);
     take_events(r, evs, nev);
     free(evs);
-    if (done) break;
+    if (done) {
+      etcd_tick(r); /* an outage the job finished in ends with the end marker reaching etcd */
+      break;
+    }
     for (int i = 0; i < chaos.n; i++)
       if (!events[i].fired && step >= events[i].step) fire(r, &events[i]);
     etcd_tick(r);

@@ -72,6 +72,20 @@ static const scenario scenarios[] = {
     {"leave_join", 300, 4, "term:worker:3@step=10,join:2@step=20", {"leave", "join"}, {NULL}},
     {"coordinator_crash", 400, 4, "kill:coordinator@step=10,kill:worker:2@step=20", {"coordinator", "crash"}, {NULL}},
     {"etcd_leave", 400, 4, "restart:etcd:1000@step=10,term:worker:1@step=25", {"etcd", "leave"}, {NULL}},
+    /* etcd away longer than every lease (2 s TTL), hung, emptied, or one member of three
+       lost: training goes on at its pace, nobody is fenced, nothing is replanned (but after
+       a wipe, which takes one plan from the workers' memory) */
+    {"etcd_2s", 400, 4, "restart:etcd:2000@step=10", {"etcd"}, {NULL}},
+    {"etcd_10s", 400, 4, "restart:etcd:10000@step=10", {"etcd"}, {NULL}},
+    {"etcd_60s", 400, 4, "restart:etcd:60000@step=10", {"etcd"}, {NULL}}, /* the job ends during it */
+    {"etcd_stop", 400, 4, "stop:etcd:4000@step=10", {"etcd"}, {NULL}},
+    {"etcd_wipe", 400, 4, "wipe:etcd:2000@step=10", {"etcd"}, {NULL}},
+    {"etcd_member", 400, 4, "kill:etcd:0:3000@step=10", {"etcd"}, {"--etcd-members", "3", NULL}},
+    {"etcd_member_stop", 400, 4, "stop:etcd:1:3000@step=10", {"etcd"}, {"--etcd-members", "3", NULL}},
+    /* a worker killed while etcd is away: the survivors' reports wait for etcd, the plan
+       follows as soon as it can be published; which of the two is recorded first is a race */
+    {"etcd_kill", 400, 4, "restart:etcd:4000@step=10,kill:worker:2@step=12", {"etcd|crash|hang", "etcd|crash|hang"},
+     {NULL}},
     {"stale", 300, 4, "stop:worker:2@step=10,cont:worker:2@step=60", {"hang", "join"}, {NULL}, "w2"},
     /* every worker killed at once: the replacements can only read the checkpoint */
     {"ckpt", 60, 3, "kill:worker:0@step=25,kill:worker:1@step=25,kill:worker:2@step=25,join:3@step=25", {"crash|hang"},
@@ -96,8 +110,8 @@ static const scenario scenarios[] = {
        the checkpoints being written all along ... */
     {"zero_replica", 40, 4, "kill:rank:1@step=12", {"crash"}, {"--zero", "1", NULL}, NULL, 5, "peer"},
     /* ... and when the shard and its copy are lost at once, from the checkpoint */
-    {"zero_both", 40, 4, "kill:rank:0@step=12,kill:rank:2@step=12", {"crash"}, {"--tp", "2", "--zero", "1", NULL}, NULL,
-     5, "ckpt"},
+    {"zero_both", 60, 4, "kill:rank:0@step=30,kill:rank:2@step=30", {"crash"}, {"--tp", "2", "--zero", "1", NULL}, NULL,
+     5, "ckpt"}, /* late enough that a checkpoint is committed on a loaded machine */
 };
 
 static char tmpdir[256];
@@ -414,11 +428,21 @@ static void run_scenario(const scenario *sc, const char *newt) {
   /* a fault may take a plan that fails to form before the one that recovers; more is a
      leader replanning for nothing */
   int64_t gens = 0;
-  int nplans = 0; /* a lost leader or etcd outage takes no new plan */
-  for (int k = 0; k < nexp; k++) nplans += strcmp(sc->causes[k], "coordinator") != 0 && strcmp(sc->causes[k], "etcd") != 0;
+  /* a lost leader or etcd outage takes no new plan: at least the recoveries that cannot be
+     one of those replan, at most those that can be something else */
+  int nplans = 0, nplans_max = 0;
+  for (int k = 0; k < nexp; k++) {
+    char alt[64];
+    snprintf(alt, sizeof alt, "|%s|", sc->causes[k]);
+    int planless = strstr(alt, "|coordinator|") || strstr(alt, "|etcd|");
+    int other = strcmp(sc->causes[k], "coordinator") != 0 && strcmp(sc->causes[k], "etcd") != 0;
+    nplans += !planless;
+    nplans_max += other;
+  }
+  if (strstr(sc->chaos, "wipe:etcd")) nplans_max++; /* the plan an emptied etcd forgot */
   newt_json_get_int(j, "summary", "generations", 1, &gens);
-  T_CHECK_MSG(gens >= 1 + nplans && gens <= 2 * (nplans + 1), "%lld generations for %d recoveries that replan",
-              (long long)gens, nplans);
+  T_CHECK_MSG(gens >= 1 + nplans && gens <= 2 * (nplans_max + 1), "%lld generations for %d to %d recoveries that replan",
+              (long long)gens, nplans, nplans_max);
   T_CHECK_MSG(cJSON_GetArraySize(recs) == nexp, "%d recoveries, expected %d:\n%s", cJSON_GetArraySize(recs), nexp,
               text);
   int i = 0;
