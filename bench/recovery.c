@@ -1,7 +1,12 @@
 /* newt bench recovery: runs a job on this host (private etcd, coordinators, N workers),
  * kills one worker with SIGKILL mid-run, and prints how long the job took from the kill to
  * its next completed step, split into detection, planning, communicator and restore, and
- * how many steps were lost. One JSON line per run, then one with the medians. */
+ * how many steps were lost. One JSON line per run, then one with the medians.
+ *
+ * --fault etcd-outage takes etcd away instead (--outage-ms, as restart:etcd:MS) and prints
+ * what training did meanwhile: the tokens/s during the outage against those before it
+ * (goal: at least 0.9) and the longest pause of the steps beyond their usual time (goal: 0),
+ * from the run's step log. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -9,6 +14,7 @@
 
 #include "bench/bench.h"
 #include "common/opts.h"
+#include "common/strutil.h"
 #include "launch/launcher.h"
 
 static int cmp_i64(const void *a, const void *b) {
@@ -21,18 +27,93 @@ static int64_t median(int64_t *v, int n) {
   return n ? (n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2) : -1;
 }
 
+/* The spec of one run's job; 2 (and a message) when the flags make no valid job. */
+static int job_spec(newt_spec *s, const char *job, const char *preset, const char *model, int64_t steps, int64_t gb,
+                    int64_t mb, int64_t tp, int64_t pp, int64_t zero) {
+  spec_defaults(s, job);
+  snprintf(s->preset, sizeof s->preset, "%s", preset);
+  s->steps = steps;
+  s->global_batch = gb;
+  s->micro_batch = mb;
+  s->tp = tp;
+  s->pp = pp;
+  s->zero = zero;
+  if (spec_set_model(s, model) != NEWT_OK || spec_validate(s) != NEWT_OK) {
+    fprintf(stderr, "newt bench recovery: %s\n", newt_errmsg());
+    return 2;
+  }
+  return 0;
+}
+
+/* Runs one job per run with etcd away for outage_ms from step at (steps: enough to train
+ * through it); one JSON line per run, then the medians. */
+static int bench_etcd_outage(int64_t nproc, const char *preset, const char *model, int64_t steps, int64_t gb,
+                             int64_t mb, int64_t at, int64_t outage, int64_t runs, int64_t threads, int verbose) {
+  if (outage < 100 || outage > 600000) {
+    fprintf(stderr, "newt bench recovery: --outage-ms 100..600000\n");
+    return 2;
+  }
+  double *ratio = calloc((size_t)runs, sizeof *ratio), *pause = calloc((size_t)runs, sizeof *pause);
+  int ok = 0;
+  for (int64_t run = 0; ratio && pause && run < runs; run++) {
+    launcher_opts lo;
+    memset(&lo, 0, sizeof lo);
+    char job[64], chaos[64];
+    snprintf(job, sizeof job, "bench-etcd-%d-%lld", (int)getpid(), (long long)run);
+    if (job_spec(&lo.spec, job, preset, model, steps, gb, mb, 1, 1, 0)) return 2;
+    snprintf(chaos, sizeof chaos, "restart:etcd:%lld@step=%lld", (long long)outage, (long long)at);
+    if (chaos_parse(chaos, &lo.chaos) != NEWT_OK) return 2;
+    lo.nproc = (int)nproc;
+    lo.coordinators = 2;
+    lo.threads = (int)threads;
+    lo.quiet = !verbose;
+    lo.timeout_ms = 600000 + outage;
+    launcher_result res;
+    newt_result_t r = launcher_run(&lo, &res);
+    chaos_free(&lo.chaos);
+    const launcher_recovery *rec = NULL;
+    for (int k = 0; k < res.nrecoveries && !rec; k++)
+      if (strcmp(res.recoveries[k].cause, "etcd") == 0) rec = &res.recoveries[k];
+    if (r != NEWT_OK || !res.done || !rec || rec->tps_before <= 0) {
+      fprintf(stderr, "newt bench recovery: run %lld: %s\n", (long long)run,
+              r != NEWT_OK ? newt_errmsg() : !rec ? "no outage was recorded" : "no step log around the outage");
+      launcher_result_free(&res);
+      continue;
+    }
+    ratio[ok] = rec->tps_during / rec->tps_before;
+    pause[ok] = (double)rec->pause_ms;
+    printf("{\"bench\":\"recovery\",\"fault\":\"etcd-outage\",\"run\":%lld,\"nproc\":%lld,\"preset\":\"%s\","
+           "\"outage_ms\":%lld,\"tokens_per_s_before\":%.0f,\"tokens_per_s_during\":%.0f,\"ratio\":%.3f,"
+           "\"pause_ms\":%lld,\"steps_lost\":%lld,\"generations\":%lld}\n",
+           (long long)run, (long long)nproc, preset, (long long)rec->outage_ms, rec->tps_before, rec->tps_during,
+           ratio[ok], (long long)rec->pause_ms, (long long)rec->steps_lost, (long long)res.generations);
+    fflush(stdout);
+    ok++;
+    launcher_result_free(&res);
+  }
+  if (ok)
+    printf("{\"bench\":\"recovery\",\"fault\":\"etcd-outage\",\"median_of\":%d,\"nproc\":%lld,\"preset\":\"%s\","
+           "\"outage_ms\":%lld,\"ratio\":%.3f,\"pause_ms\":%.0f}\n",
+           ok, (long long)nproc, preset, (long long)outage, newt_median(ratio, (size_t)ok), newt_median(pause, (size_t)ok));
+  free(ratio);
+  free(pause);
+  return ok == runs ? 0 : 1;
+}
+
 int newt_bench_recovery(int argc, char **argv) {
-  int64_t nproc = 4, steps = 60, gb = 16, mb = 4, runs = 5, kill_at = 30, threads = 1, tp = 1, pp = 1, zero = 0;
+  int64_t nproc = 4, steps = 0, gb = 16, mb = 4, runs = 5, kill_at = 30, threads = 1, tp = 1, pp = 1, zero = 0,
+          outage = 10000;
   const char *preset = "tiny", *model = NULL, *fault = "kill";
   int verbose = 0;
   newt_opt opts[] = {{"nproc", NEWT_OPT_INT, &nproc, "workers"},
                      {"preset", NEWT_OPT_STR, &preset, "model preset"},
                      {"model", NEWT_OPT_STR, &model, "overrides of the preset: layers=2,channels=64,..."},
-                     {"steps", NEWT_OPT_INT, &steps, "steps of each run"},
+                     {"steps", NEWT_OPT_INT, &steps, "steps of each run (0: 60; with etcd-outage, 1500)"},
                      {"global-batch", NEWT_OPT_INT, &gb, "samples per step"},
                      {"micro-batch", NEWT_OPT_INT, &mb, "samples per forward/backward"},
                      {"kill-at", NEWT_OPT_INT, &kill_at, "step at which the fault is injected"},
-                     {"fault", NEWT_OPT_STR, &fault, "kill (SIGKILL, a crash), term (SIGTERM, a preemption) or stop (SIGSTOP, a hang)"},
+                     {"fault", NEWT_OPT_STR, &fault, "kill (SIGKILL, a crash), term (SIGTERM, a preemption), stop (SIGSTOP, a hang) or etcd-outage"},
+                     {"outage-ms", NEWT_OPT_INT, &outage, "with --fault etcd-outage: how long etcd is away"},
                      {"runs", NEWT_OPT_INT, &runs, "jobs to run (one kill each)"},
                      {"threads", NEWT_OPT_INT, &threads, "compute threads per worker"},
                      {"tp", NEWT_OPT_INT, &tp, "tensor-parallel size"},
@@ -42,10 +123,13 @@ int newt_bench_recovery(int argc, char **argv) {
                      NEWT_OPT_END};
   int rc = newt_opts_exit(newt_opts_parse("bench recovery", "[flags]", opts, argc, argv, NULL, 0, NULL));
   if (rc >= 0) return rc;
-  if (strcmp(fault, "kill") != 0 && strcmp(fault, "term") != 0 && strcmp(fault, "stop") != 0) {
-    fprintf(stderr, "newt bench recovery: --fault: kill, term or stop, not \"%s\"\n", fault);
+  int etcd = strcmp(fault, "etcd-outage") == 0;
+  if (steps == 0) steps = etcd ? 1500 : 60; /* an outage of seconds needs a job that trains through it */
+  if (strcmp(fault, "kill") != 0 && strcmp(fault, "term") != 0 && strcmp(fault, "stop") != 0 && !etcd) {
+    fprintf(stderr, "newt bench recovery: --fault: kill, term, stop or etcd-outage, not \"%s\"\n", fault);
     return 2;
   }
+  if (etcd) return bench_etcd_outage(nproc, preset, model, steps, gb, mb, kill_at, outage, runs, threads, verbose);
   if (runs < 1 || runs > 100 || nproc < 2 || kill_at < 1 || kill_at >= steps) {
     fprintf(stderr, "newt bench recovery: --runs 1..100, --nproc >= 2, 1 <= --kill-at < --steps\n");
     return 2;
@@ -58,22 +142,7 @@ int newt_bench_recovery(int argc, char **argv) {
     memset(&lo, 0, sizeof lo);
     char job[64], chaos[64];
     snprintf(job, sizeof job, "bench-recovery-%d-%lld", (int)getpid(), (long long)run);
-    spec_defaults(&lo.spec, job);
-    snprintf(lo.spec.preset, sizeof lo.spec.preset, "%s", preset);
-    if (spec_set_model(&lo.spec, model) != NEWT_OK) {
-      fprintf(stderr, "newt bench recovery: --model: %s\n", newt_errmsg());
-      return 2;
-    }
-    lo.spec.steps = steps;
-    lo.spec.global_batch = gb;
-    lo.spec.micro_batch = mb;
-    lo.spec.tp = tp;
-    lo.spec.pp = pp;
-    lo.spec.zero = zero;
-    if (spec_validate(&lo.spec) != NEWT_OK) {
-      fprintf(stderr, "newt bench recovery: %s\n", newt_errmsg());
-      return 2;
-    }
+    if (job_spec(&lo.spec, job, preset, model, steps, gb, mb, tp, pp, zero)) return 2;
     /* the victim: not rank 0's usual worker, so progress keeps flowing */
     snprintf(chaos, sizeof chaos, "%s:worker:%lld@step=%lld", fault, (long long)(1 + run % (nproc - 1)),
              (long long)kill_at);
