@@ -142,6 +142,12 @@ static newt_result_t collect(rdzv_etcd *c, const char *job, int nevents, cJSON *
     cJSON_AddStringToObject(j, "leader", leader);
   else
     cJSON_AddNullToObject(j, "leader");
+  int nospace = 0, corrupt = 0;
+  cJSON *alarms = cJSON_AddArrayToObject(j, "etcd_alarms");
+  if (rdzv_etcd_alarms(c, newt_deadline_in_ms(5000), &nospace, &corrupt) == NEWT_OK) {
+    if (nospace) cJSON_AddItemToArray(alarms, cJSON_CreateString("NOSPACE"));
+    if (corrupt) cJSON_AddItemToArray(alarms, cJSON_CreateString("CORRUPT"));
+  }
   *out = j;
   return NEWT_OK;
 }
@@ -207,6 +213,13 @@ static void print_text(FILE *f, const cJSON *j, uint64_t now) {
   else
     fprintf(f, "%s\n", plan ? "starting: no step yet" : "waiting for a plan");
   fprintf(f, "  leader      %s\n", str_of(j, "leader", "none"));
+  for (const cJSON *a = cJSON_GetObjectItemCaseSensitive(j, "etcd_alarms") ? cJSON_GetObjectItemCaseSensitive(j, "etcd_alarms")->child : NULL;
+       a; a = a->next)
+    fprintf(f, "  etcd        %s\n",
+            strcmp(a->valuestring, "NOSPACE") == 0
+                ? "out of space (NOSPACE alarm): it refuses every write until space is freed (etcdctl compact, "
+                  "defrag, alarm disarm); training goes on, plans and progress wait"
+                : "a member's data is corrupt (CORRUPT alarm): replace that member");
   if (prog && !done)
     fprintf(f, "  progress    loss %.4f, %.0f tokens/s, world %.0f (dp %.0f), generation %.0f, %s\n",
             num_of(prog, "loss"), num_of(prog, "tokens_per_s"), num_of(prog, "world"), num_of(prog, "dp"),
@@ -314,6 +327,8 @@ int newt_cmd_status(int argc, char **argv) {
   newt_deadline_t d = newt_deadline_in_ms(timeout);
   int n = 0;
   newt_result_t r;
+  uint64_t away_since = 0; /* wall ms etcd stopped answering (--watch) */
+  char clock[32];
   rc = 0;
   for (;;) {
     cJSON *j = NULL;
@@ -326,6 +341,21 @@ int newt_cmd_status(int argc, char **argv) {
       newt_sleep_ms(200);
       continue;
     }
+    if (r != NEWT_OK && watch && rdzv_etcd_transient(r)) {
+      /* --watch outlives an outage: say since when etcd is away, and look again */
+      uint64_t now = newt_wall_ms();
+      if (!away_since) away_since = now;
+      char dur[32];
+      fprintf(tty ? stdout : stderr, "%snewt status: etcd unreachable for %s (since %s): %s%s", tty ? "\r\033[K" : "",
+              newt_fmt_duration((double)(now - away_since) / 1e3, dur, sizeof dur), newt_fmt_utc(away_since, clock, sizeof clock),
+              newt_errmsg(), tty ? "" : "\n");
+      fflush(tty ? stdout : stderr);
+      cJSON_Delete(j);
+      newt_sleep_ms((int64_t)interval);
+      if (newt_stop_requested()) break;
+      continue;
+    }
+    away_since = 0;
     if (r != NEWT_OK) break;
     show(j, json, watch, tty);
     int done = cJSON_GetObjectItemCaseSensitive(j, "done") != NULL;

@@ -47,6 +47,15 @@ char *newt_fmt_duration(double seconds, char *out, size_t cap) {
   return out;
 }
 
+char *newt_fmt_utc(uint64_t wall_ms, char *out, size_t cap) {
+  time_t t = (time_t)(wall_ms / 1000);
+  struct tm tm;
+  gmtime_r(&t, &tm);
+  snprintf(out, cap, "%04d-%02d-%02dT%02d:%02d:%02d.%03dZ", tm.tm_year + 1900, tm.tm_mon + 1, tm.tm_mday, tm.tm_hour,
+           tm.tm_min, tm.tm_sec, (int)(wall_ms % 1000));
+  return out;
+}
+
 static void sleep_ns(uint64_t ns) {
   struct timespec ts = {(time_t)(ns / 1000000000ull), (long)(ns % 1000000000ull)};
   while (nanosleep(&ts, &ts) != 0 && errno == EINTR) {

@@ -22,6 +22,9 @@ newt_deadline_t newt_deadline_min(newt_deadline_t a, newt_deadline_t b);
 /* A duration for people: "850 ms", "4.2 s", "38 s", "4 min 05 s", "2 h 03 min"
  * (negative: "0 ms"). Returns out. */
 char *newt_fmt_duration(double seconds, char *out, size_t cap);
+/* A wall-clock time in ms as ISO 8601 UTC to the millisecond ("2026-12-01T10:15:30.123Z").
+ * Returns out. */
+char *newt_fmt_utc(uint64_t wall_ms, char *out, size_t cap);
 
 void newt_sleep_ms(int64_t ms);
 void newt_sleep_us(int64_t us);

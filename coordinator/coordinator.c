@@ -96,6 +96,8 @@ typedef struct coord {
   uint64_t outage_end;   /* monotonic ns etcd last came back (0: never) */
   uint64_t last_warn;    /* monotonic ns of the last rate-limited warning */
   char last_warn_msg[256];
+  uint64_t alarms_checked; /* monotonic ns etcd's alarms were last read */
+  uint64_t nospace_since;  /* wall ms etcd was first seen out of space (0: it is not) */
 } coord;
 
 /* --- the spec ------------------------------------------------------------------------------ */
@@ -375,6 +377,16 @@ static newt_result_t start_picture(coord *c) {
   return rdzv_etcd_watch_start(c->etcd, c->prefix, &wo, on_watch, c, job_call_deadline(), &c->watch);
 }
 
+/* A warning that repeats every tick while etcd is away or full: logged when it changes,
+ * and at most every 10 s otherwise. */
+static void warn_limited(coord *c, const char *what, const char *msg) {
+  uint64_t now = newt_now_ns();
+  if (strncmp(c->last_warn_msg, msg, sizeof c->last_warn_msg - 1) == 0 && now - c->last_warn < 10000000000ull) return;
+  c->last_warn = now;
+  snprintf(c->last_warn_msg, sizeof c->last_warn_msg, "%s", msg);
+  NEWT_WARN(COORD, "%s: %s: %s (trying again)", c->id, what, msg);
+}
+
 /* --- decisions (main thread) ----------------------------------------------------------------- */
 
 /* Posts an event of this coordinator, stamped now. */
@@ -383,7 +395,7 @@ static void post_event(coord *c, job_event *ev) {
   snprintf(ev->coordinator, sizeof ev->coordinator, "%s", c->id);
   char *text = job_event_to_json(ev);
   if (text && rdzv_event_post(c->etcd, c->o->job, text, job_call_deadline()) != NEWT_OK)
-    NEWT_WARN(COORD, "posting an event: %s", newt_errmsg());
+    warn_limited(c, "posting an event", newt_errmsg());
   free(text);
 }
 
@@ -619,14 +631,26 @@ static void record_recovery(coord *c) {
   housekeeping(c, (uint64_t)ev.generation);
 }
 
-/* A warning that repeats every tick while etcd is away or full: logged when it changes,
- * and at most every 10 s otherwise. */
-static void warn_limited(coord *c, const char *what, const char *msg) {
+/* Reads etcd's alarms every 5 s and says, once, when it ran out of space and when it has
+ * space again: meanwhile etcd refuses every write (no plan, event or progress can land) and
+ * training goes on on the data plane. */
+static void check_alarms(coord *c) {
   uint64_t now = newt_now_ns();
-  if (strncmp(c->last_warn_msg, msg, sizeof c->last_warn_msg - 1) == 0 && now - c->last_warn < 10000000000ull) return;
-  c->last_warn = now;
-  snprintf(c->last_warn_msg, sizeof c->last_warn_msg, "%s", msg);
-  NEWT_WARN(COORD, "%s: %s: %s (trying again)", c->id, what, msg);
+  if (c->alarms_checked && now - c->alarms_checked < 5000000000ull) return;
+  c->alarms_checked = now;
+  int nospace = 0, corrupt = 0;
+  if (rdzv_etcd_alarms(c->etcd, job_call_deadline(), &nospace, &corrupt) != NEWT_OK) return;
+  if (nospace && !c->nospace_since) {
+    c->nospace_since = newt_wall_ms();
+    NEWT_ERROR(COORD, "%s: etcd is out of space (NOSPACE alarm): it refuses every write until space is freed "
+               "(etcdctl compact, etcdctl defrag, etcdctl alarm disarm); training goes on, plans wait", c->id);
+  } else if (!nospace && c->nospace_since) {
+    char d[32];
+    NEWT_WARN(COORD, "%s: etcd has space again, after %s", c->id,
+              newt_fmt_duration((double)(newt_wall_ms() - c->nospace_since) / 1e3, d, sizeof d));
+    c->nospace_since = 0;
+  }
+  metrics_set(c->metrics, "newt_etcd_nospace", nospace);
 }
 
 /* Puts back what the leader knows when etcd lost it (an etcd without a persistent volume
@@ -774,6 +798,7 @@ static newt_result_t lead(coord *c) {
       continue;
     }
     if (rdzv_etcd_outages_ended(c->etcd) != c->outages_seen) after_outage(c);
+    check_alarms(c);
     pthread_mutex_lock(&c->mu);
     int done = c->done;
     pthread_mutex_unlock(&c->mu);
@@ -825,6 +850,7 @@ static newt_result_t define_metrics(coord *c) {
       {"newt_tokens_per_second", METRICS_GAUGE, "training throughput"},
       {"newt_recoveries_total", METRICS_COUNTER, "recoveries since this coordinator started leading"},
       {"newt_last_recovery_ms", METRICS_GAUGE, "detection to first step of the last recovery"},
+      {"newt_etcd_nospace", METRICS_GAUGE, "1 while etcd is out of space (NOSPACE alarm)"},
   };
   for (size_t i = 0; i < sizeof defs / sizeof defs[0]; i++)
     NEWT_CHECK(metrics_define(c->metrics, defs[i].name, defs[i].kind, defs[i].help));

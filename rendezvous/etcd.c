@@ -632,3 +632,23 @@ newt_result_t rdzv_etcd_lease_keepalive_once(rdzv_etcd *c, int64_t lease, newt_d
   if (ttl) *ttl = t;
   return NEWT_OK;
 }
+
+newt_result_t rdzv_etcd_alarms(rdzv_etcd *c, newt_deadline_t d, int *nospace, int *corrupt) {
+  *nospace = *corrupt = 0;
+  newt_buf resp;
+  newt_buf_init(&resp);
+  newt_result_t r = rdzv_etcd_request(c, "/v3/maintenance/alarm", "{\"action\":\"GET\"}", RDZV_REQ_IDEMPOTENT,
+                                      "alarm list", d, &resp);
+  cJSON *j = NULL;
+  if (r == NEWT_OK) r = newt_json_parse(resp.data, resp.len, "alarm list", &j);
+  newt_buf_free(&resp);
+  NEWT_CHECK(r);
+  const cJSON *alarms = cJSON_GetObjectItemCaseSensitive(j, "alarms");
+  for (const cJSON *a = cJSON_IsArray(alarms) ? alarms->child : NULL; a; a = a->next) {
+    const cJSON *kind = cJSON_GetObjectItemCaseSensitive(a, "alarm");
+    if (cJSON_IsString(kind) && strcmp(kind->valuestring, "NOSPACE") == 0) *nospace = 1;
+    if (cJSON_IsString(kind) && strcmp(kind->valuestring, "CORRUPT") == 0) *corrupt = 1;
+  }
+  cJSON_Delete(j);
+  return NEWT_OK;
+}

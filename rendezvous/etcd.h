@@ -72,6 +72,11 @@ uint64_t rdzv_etcd_outages_ended(const rdzv_etcd *c);
  * of space): the same call may succeed later, and nobody need stop for it. */
 int rdzv_etcd_transient(newt_result_t r);
 
+/* The alarms raised in the cluster (GET /v3/maintenance/alarm): *nospace when a member ran
+ * out of its quota (etcd then refuses every write until space is freed: compact, defrag,
+ * `etcdctl alarm disarm`), *corrupt when a member's data is corrupt. */
+newt_result_t rdzv_etcd_alarms(rdzv_etcd *c, newt_deadline_t d, int *nospace, int *corrupt);
+
 /* One key-value pair. key and value are malloc'd and NUL-terminated (value may hold
  * NULs: use value_len). */
 typedef struct rdzv_etcd_kv {

@@ -71,6 +71,8 @@ typedef struct worker {
     int on_lease; /* written on the registration's lease (the one it has when written) */
   } pub[WORKER_PUB_SLOTS];
   int pub_stop;
+  int pub_failing;     /* the publisher's last write failed (etcd away or full) */
+  uint64_t pub_warned; /* monotonic ns it last said so */
   char pub_state[16]; /* a registration state to write ("" when none) */
 
   pthread_t pub_thread;

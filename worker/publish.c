@@ -135,11 +135,19 @@ static void *publisher(void *arg) {
     newt_result_t r = rdzv_etcd_put(w->etcd, key, value, strlen(value), lease, job_call_deadline(), NULL);
     pthread_mutex_lock(&w->mu);
     if (r != NEWT_OK && !w->pub[found].value && !w->pub_stop) {
-      /* etcd away: keep it for another try, unless a newer value came meanwhile */
-      NEWT_WARN(WORKER, "%s: writing %s: %s (will retry)", w->id, key, newt_errmsg());
+      /* etcd away or full: keep it for another try, unless a newer value came meanwhile;
+         say so when it starts and every 30 s, not at every try */
+      uint64_t now = newt_now_ns();
+      if (!w->pub_failing || now - w->pub_warned > 30000000000ull) {
+        NEWT_WARN(WORKER, "%s: writing %s: %s (trying again until etcd takes it)", w->id, key, newt_errmsg());
+        w->pub_warned = now;
+      }
+      w->pub_failing = 1;
       w->pub[found].value = value;
       retry_pause(w);
     } else {
+      if (r == NEWT_OK && w->pub_failing) NEWT_INFO(WORKER, "%s: etcd takes writes again", w->id);
+      if (r == NEWT_OK) w->pub_failing = 0;
       free(value);
     }
   }

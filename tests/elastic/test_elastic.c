@@ -34,6 +34,7 @@
 #include "common/strutil.h"
 #include "common/sys.h"
 #include "job/plan.h"
+#include "job/runlog.h"
 #include "rendezvous/etcd_server.h"
 #include "rendezvous/rdzv.h"
 #include "test.h"
@@ -693,6 +694,112 @@ static void test_forged(void) {
   rdzv_etcd_server_free(srv);
 }
 
+
+/* etcd out of space (issue 12): a job on an etcd with an 8 MiB quota, which a filler then
+ * fills until etcd raises its NOSPACE alarm and refuses every write. Training goes on (the
+ * step log, which rank 0 writes itself, keeps growing), `newt status` and the coordinator's
+ * log say that etcd is out of space, and once space is freed (delete, compact, defrag,
+ * disarm, as an operator would) the job finishes: every step, the uninterrupted loss,
+ * nobody fenced. */
+static void test_nospace(void) {
+  const int STEPS = 400;
+  double ref = reference_loss(newt_bin, STEPS, MODEL);
+  rdzv_etcd_server *srv = NULL;
+  rdzv_etcd_server_opts so = {.quota_bytes = 8 << 20};
+  T_OK(rdzv_etcd_server_start(&so, &srv));
+  if (!srv) return;
+  rdzv_etcd_opts eo;
+  rdzv_etcd_server_client_opts(srv, &eo);
+  rdzv_etcd *c = NULL;
+  T_OK(rdzv_etcd_init(&eo, &c));
+  const char *url = rdzv_etcd_server_url(srv);
+  char logs[512], summary[512], steps[16], gb[16], mb[16], steplog[600];
+  snprintf(logs, sizeof logs, "%s/logs", tmpdir);
+  snprintf(summary, sizeof summary, "%s/summary.json", tmpdir);
+  snprintf(steplog, sizeof steplog, "%s/steps.jsonl", logs);
+  snprintf(steps, sizeof steps, "%d", STEPS);
+  snprintf(gb, sizeof gb, "%d", GB);
+  snprintf(mb, sizeof mb, "%d", MB);
+  const char *argv[] = {newt_bin, "run", "--quiet", "--etcd", url, "--job", "nospace", "--nproc", "3", "--model", MODEL,
+                        "--seq-len", SEQ, "--steps", steps, "--global-batch", gb, "--micro-batch", mb, "--log-dir",
+                        logs, "--summary", summary, "--timeout-ms", "240000", NULL};
+  char outp[600];
+  snprintf(outp, sizeof outp, "%s/run.out", tmpdir);
+  newt_spawn_opts po = {.log_path = outp};
+  pid_t pid;
+  T_OK(newt_proc_spawn(argv, &po, &pid));
+  /* training runs */
+  int64_t step = 0;
+  for (newt_deadline_t d = newt_deadline_in_ms(60000); step < 20 && !newt_deadline_passed(d); newt_sleep_ms(50)) {
+    cJSON *prog = NULL;
+    if (get_json(c, "nospace", "progress", &prog) == NEWT_OK) step = json_int(prog, "step"), cJSON_Delete(prog);
+  }
+  T_CHECK_MSG(step >= 20, "training never reached step 20; logs in %s", tmpdir);
+  /* fill etcd until it refuses */
+  char *blob = malloc(1 << 20);
+  memset(blob, 'x', 1 << 20);
+  newt_result_t full = NEWT_OK;
+  for (int i = 0; i < 64 && full != NEWT_ERR_NOSPACE; i++) {
+    char key[64];
+    snprintf(key, sizeof key, "/filler/%d", i);
+    full = rdzv_etcd_put(c, key, blob, 1 << 20, 0, newt_deadline_in_ms(10000), NULL);
+  }
+  free(blob);
+  T_CHECK_MSG(full == NEWT_ERR_NOSPACE, "etcd never ran out of space: %s", newt_errmsg());
+  size_t n0 = 0, n1 = 0;
+  job_step *ls = NULL;
+  if (job_steplog_read(steplog, &ls, &n0, NULL) == NEWT_OK) free(ls);
+  newt_sleep_ms(3000);
+  if (job_steplog_read(steplog, &ls, &n1, NULL) == NEWT_OK) free(ls);
+  T_CHECK_MSG(n1 > n0 || n1 == (size_t)STEPS, "no step in 3 s while etcd was out of space (%zu, then %zu)", n0, n1);
+  char *out = NULL;
+  const char *st[] = {newt_bin, "status", "--etcd", url, "--job", "nospace", NULL};
+  run_capture(st, &out);
+  T_CHECK_MSG(out && strstr(out, "NOSPACE"), "newt status does not say that etcd is out of space:\n%s", out ? out : "");
+  free(out);
+  /* free space, as an operator would */
+  int64_t deleted = 0, rev = 0;
+  T_OK(rdzv_etcd_delete(c, "/filler/", 1, newt_deadline_in_ms(10000), &deleted, &rev));
+  T_OK(rdzv_etcd_compact(c, rev, newt_deadline_in_ms(10000)));
+  T_CHECK(sh("ETCDCTL_API=3 etcdctl --endpoints %s defrag >/dev/null && ETCDCTL_API=3 etcdctl --endpoints %s alarm disarm "
+             ">/dev/null",
+             url, url) == 0);
+  int stt = -1;
+  T_CHECK_MSG(newt_proc_wait(pid, 200000, &stt) == NEWT_OK && WIFEXITED(stt) && WEXITSTATUS(stt) == 0,
+              "newt run did not finish once etcd had space again; logs in %s", tmpdir);
+  char *text = NULL;
+  size_t n;
+  cJSON *j = NULL;
+  T_OK(newt_fs_read_all(summary, 1 << 20, &text, &n));
+  if (text) T_OK(newt_json_parse(text, n, "summary", &j));
+  if (j) {
+    int done = 0;
+    int64_t st2 = 0, samples_n = 0;
+    double loss = NAN;
+    newt_json_get_bool(j, "summary", "done", 1, &done);
+    newt_json_get_int(j, "summary", "steps", 1, &st2);
+    newt_json_get_int(j, "summary", "samples_consumed", 1, &samples_n);
+    newt_json_get_double(j, "summary", "final_loss", 1, &loss);
+    T_CHECK(done && st2 == STEPS && samples_n == (int64_t)STEPS * GB);
+    T_CHECK_MSG(fabs(loss - ref) <= 1e-4 * fmax(1.0, fabs(ref)), "final loss %.7f, uninterrupted %.7f", loss, ref);
+    cJSON_Delete(j);
+  }
+  free(text);
+  /* the coordinators said so */
+  int said = 0;
+  for (int k = 0; k < 2 && !said; k++) {
+    char path[600], *log = NULL;
+    size_t ln;
+    snprintf(path, sizeof path, "%s/c%d.log", logs, k);
+    if (newt_fs_read_all(path, 64 << 20, &log, &ln) == NEWT_OK) said = strstr(log, "out of space (NOSPACE") != NULL;
+    free(log);
+  }
+  T_CHECK_MSG(said, "no coordinator said that etcd was out of space; logs in %s", tmpdir);
+  check_generations(logs, 1);
+  rdzv_etcd_free(c);
+  rdzv_etcd_server_free(srv);
+}
+
 static void test_netns(void) {
   T_CHECK_MSG(geteuid() == 0, "the multi-host test needs root for ip netns (CI runs as root)");
   if (geteuid() != 0) return;
@@ -862,10 +969,11 @@ int main(int argc, char **argv) {
     newt_fs_rm_rf(tmpdir);
     return rc;
   }
-  if (strcmp(argv[1], "forged") == 0) {
-    snprintf(tmpdir, sizeof tmpdir, "/tmp/newt-e2e-forged-XXXXXX");
+  if (strcmp(argv[1], "forged") == 0 || strcmp(argv[1], "etcd_nospace") == 0) {
+    snprintf(tmpdir, sizeof tmpdir, "/tmp/newt-e2e-%s-XXXXXX", argv[1]);
     if (!mkdtemp(tmpdir)) return 2;
-    T_RUN(test_forged);
+    if (strcmp(argv[1], "forged") == 0) T_RUN(test_forged);
+    else T_RUN(test_nospace);
     int rc = T_DONE();
     if (rc == 0) newt_fs_rm_rf(tmpdir);
     else fprintf(stderr, "logs kept in %s\n", tmpdir);
