@@ -181,6 +181,8 @@ static void describe_event(FILE *f, const cJSON *e) {
     fprintf(f, "fenced worker %s (its lease revoked)", str_of(e, "worker", "?"));
   } else if (strcmp(type, "waiting") == 0) {
     fprintf(f, "waiting: %s", str_of(e, "why", "?"));
+  } else if (strcmp(type, "etcd") == 0) {
+    fprintf(f, "%s", str_of(e, "why", "?"));
   } else if (strcmp(type, "started") == 0) {
     fprintf(f, "generation %.0f started: %.0f ranks, first step %s after the plan", num_of(e, "generation"),
             num_of(e, "world"), ms_of(e, "t_plan", "t_step", d, sizeof d));

@@ -646,8 +646,11 @@ static void check_alarms(coord *c) {
                "(etcdctl compact, etcdctl defrag, etcdctl alarm disarm); training goes on, plans wait", c->id);
   } else if (!nospace && c->nospace_since) {
     char d[32];
-    NEWT_WARN(COORD, "%s: etcd has space again, after %s", c->id,
-              newt_fmt_duration((double)(newt_wall_ms() - c->nospace_since) / 1e3, d, sizeof d));
+    job_event ev = {.type = JOB_EV_ETCD};
+    snprintf(ev.why, sizeof ev.why, "etcd was out of space (NOSPACE alarm) for %s; it takes writes again",
+             newt_fmt_duration((double)(newt_wall_ms() - c->nospace_since) / 1e3, d, sizeof d));
+    NEWT_WARN(COORD, "%s: %s", c->id, ev.why);
+    post_event(c, &ev); /* what could not be said while it was full */
     c->nospace_since = 0;
   }
   metrics_set(c->metrics, "newt_etcd_nospace", nospace);

@@ -413,11 +413,11 @@ newt_result_t job_ckpt_from_json(const char *text, size_t len, job_ckpt *out) {
 
 /* --- events ---------------------------------------------------------------------------------- */
 
-static const char *const event_types[] = {"leader", "plan", "fence", "waiting", "started", "recovered", "done", NULL};
+static const char *const event_types[] = {"leader", "plan", "fence", "waiting", "started", "recovered", "done", "etcd", NULL};
 static const char *const causes[] = {"initial", "crash", "hang", "leave", "join", "coordinator", "etcd", NULL};
 
 const char *job_event_type_name(job_event_type t) {
-  return t >= JOB_EV_LEADER && t <= JOB_EV_DONE ? event_types[t] : "?";
+  return t >= JOB_EV_LEADER && t <= JOB_EV_ETCD ? event_types[t] : "?";
 }
 
 char *job_event_to_json(const job_event *e) {
@@ -439,6 +439,7 @@ char *job_event_to_json(const job_event *e) {
     cJSON_AddStringToObject(j, "worker", e->worker);
     break;
   case JOB_EV_WAITING:
+  case JOB_EV_ETCD:
     cJSON_AddStringToObject(j, "why", e->why);
     break;
   case JOB_EV_STARTED:
@@ -504,7 +505,8 @@ newt_result_t job_event_from_json(const char *text, size_t len, job_event *out) 
     }
   }
   if (r == NEWT_OK && e.type == JOB_EV_FENCE) r = get_name(j, what, "worker", 1, e.worker);
-  if (r == NEWT_OK && e.type == JOB_EV_WAITING) r = get_text(j, what, "why", 0, e.why, sizeof e.why);
+  if (r == NEWT_OK && (e.type == JOB_EV_WAITING || e.type == JOB_EV_ETCD))
+    r = get_text(j, what, "why", 0, e.why, sizeof e.why);
   if (r == NEWT_OK && timed) {
     r = get_ms(j, what, "t_trigger", 1, &e.t_trigger);
     if (r == NEWT_OK) r = get_ms(j, what, "t_detect", 1, &e.t_detect);

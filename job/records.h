@@ -171,6 +171,7 @@ typedef enum job_event_type {
   JOB_EV_STARTED,    /* the first generation completed its first step: the timings below */
   JOB_EV_RECOVERED,  /* a later generation did */
   JOB_EV_DONE,       /* the job ended: step, loss */
+  JOB_EV_ETCD,       /* etcd was unwell and is well again: why (out of space, for how long) */
 } job_event_type;
 
 typedef struct job_event {
@@ -183,7 +184,7 @@ typedef struct job_event {
   char (*excluded)[RDZV_NAME_MAX]; /* plan: malloc'd (job_event_free) */
   int nexcluded;
   char worker[RDZV_NAME_MAX];      /* fence */
-  char why[JOB_TEXT_MAX];          /* waiting */
+  char why[JOB_TEXT_MAX];          /* waiting, etcd */
   /* started, recovered: wall ms of the trigger, the earliest detection, the plan, and the
      slowest rank's communicator, restore and first step */
   uint64_t t_trigger, t_detect, t_plan, t_comm, t_restore, t_step;

@@ -446,6 +446,8 @@ static void handle_event(run *r, const job_event *e) {
     fprintf(stderr, "%snewt run: plan %lld (%s): %lld ranks\n", news(r), (long long)gen, cause, (long long)world);
   } else if (e->type == JOB_EV_WAITING && !r->o->quiet) {
     fprintf(stderr, "%snewt run: the coordinator waits for workers: %s\n", news(r), e->why);
+  } else if (e->type == JOB_EV_ETCD && !r->o->quiet) {
+    fprintf(stderr, "%snewt run: %s\n", news(r), e->why);
   }
 }
 
@@ -768,6 +770,14 @@ exit:
   stop_all(r);
   res->wall_s = newt_now_s() - t0;
   measure_outages(r);
+  /* what the job leaves in etcd: bounded however long it ran (the leader's housekeeping) */
+  res->etcd_keys = -1;
+  rdzv_etcd_range_opts ko = {.prefix = 1, .count_only = 1};
+  rdzv_etcd_kvs keys;
+  if (r->etcd && rdzv_etcd_range(r->etcd, r->prefix, &ko, newt_deadline_in_ms(3000), &keys) == NEWT_OK) {
+    res->etcd_keys = keys.count;
+    rdzv_etcd_kvs_free(&keys);
+  }
   if (r->watch) rdzv_etcd_watch_free(r->watch);
   if (r->etcd) rdzv_etcd_free(r->etcd);
   if (r->server) rdzv_etcd_server_free(r->server);
@@ -801,6 +811,7 @@ char *launcher_summary_json(const launcher_opts *o, const launcher_result *res) 
   newt_json_add_int(j, "steps_planned", o->spec.steps);
   cJSON_AddNumberToObject(j, "wall_s", res->wall_s);
   newt_json_add_int(j, "t_start_ms", (int64_t)res->t_start_ms);
+  newt_json_add_int(j, "etcd_keys", res->etcd_keys);
   cJSON *recs = cJSON_AddArrayToObject(j, "recoveries");
   for (int i = 0; i < res->nrecoveries; i++) {
     const launcher_recovery *r = &res->recoveries[i];

@@ -59,6 +59,7 @@ typedef struct launcher_result {
   char step_log[600];   /* the run's files (job/runlog.h) */
   char event_log[600];
   uint64_t t_start_ms;  /* wall ms the run started */
+  int64_t etcd_keys;    /* keys the job left under /newt/<job>/ once every process ended (-1: unknown) */
 } launcher_result;
 
 /* Runs the job to its end. NEWT_OK when it finished; the result is filled either way. */

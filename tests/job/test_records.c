@@ -191,7 +191,8 @@ static void test_events(void) {
   job_event others[] = {{.type = JOB_EV_LEADER, .t_ms = 1},
                         {.type = JOB_EV_FENCE, .t_ms = 2, .worker = "w7"},
                         {.type = JOB_EV_WAITING, .t_ms = 3, .why = "need 4 workers, have 2"},
-                        {.type = JOB_EV_DONE, .t_ms = 4, .step = 300, .loss = 2.5}};
+                        {.type = JOB_EV_DONE, .t_ms = 4, .step = 300, .loss = 2.5},
+                        {.type = JOB_EV_ETCD, .t_ms = 5, .why = "etcd was out of space for 12 s"}};
   for (size_t i = 0; i < sizeof others / sizeof others[0]; i++) {
     text = job_event_to_json(&others[i]);
     T_OK(job_event_from_json(text, strlen(text), &e));
