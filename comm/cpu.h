@@ -29,6 +29,7 @@
 
 #include "comm/internal.h"
 #include "common/clock.h"
+#include "common/log.h"
 #include "common/param.h"
 
 typedef struct cpu_comm cpu_comm;
@@ -185,6 +186,7 @@ typedef struct hs_conn {
   char why[256]; /* why it failed */
   int retryable; /* client: the refusal may go away (peer not ready, other generation) */
   int conn_err;  /* client: the connect's errno (0: it connected) */
+  uint64_t started_ns; /* server: when it was accepted */
 } hs_conn;
 
 void hs_client_start(hs_conn *h, const hs_ctx *ctx, int fd, int peer, int kind, const char *remote,
@@ -195,6 +197,20 @@ hs_state hs_step(hs_conn *h, const hs_ctx *ctx);
 short hs_events(const hs_conn *h);
 /* Closes the fd unless it was handed over (DONE). */
 void hs_close(hs_conn *h);
+
+/* Admission of an accepted connection before it proved anything, into the pending table
+ * pending[0..*n) of room `cap`: a free slot when there is one; else the slot of the oldest
+ * connection that has sent nothing for HS_SILENT_MS (closed, counted as a refusal), so a
+ * flood of silent clients cannot keep the ranks of the plan out -- they speak at once; else
+ * -1 (the caller closes the new one). Returns the slot, *n grown when it is a new one. */
+#define HS_SILENT_MS 50
+int hs_admit(hs_conn *pending, int *n, int cap, const char *where, int rank);
+
+/* A refused connection, logged at `level` -- at most 3 lines per kind of refusal (its
+ * reason) per 10 s for the whole process, then one line counting the rest: a flood of
+ * refusals must not flood the log. */
+void hs_log_refusal(newt_log_level level, const char *where, int rank, uint64_t generation, const char *remote,
+                    const char *why);
 
 /* Exposed for the tests: the wire forms. */
 void hs_encode_hello(uint8_t out[HS_HELLO_LEN], uint64_t generation, uint64_t tag, uint64_t members,

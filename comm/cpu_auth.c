@@ -22,6 +22,7 @@
 #include <openssl/crypto.h>
 #include <openssl/evp.h>
 #include <openssl/hmac.h>
+#include <pthread.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
@@ -153,6 +154,7 @@ void hs_client_start(hs_conn *h, const hs_ctx *ctx, int fd, int peer, int kind, 
 
 void hs_server_start(hs_conn *h, int fd, const char *remote, newt_deadline_t deadline) {
   memset(h, 0, sizeof *h);
+  h->started_ns = newt_now_ns();
   h->fd = fd;
   h->peer = -1;
   h->deadline = deadline;
@@ -183,6 +185,50 @@ void hs_close(hs_conn *h) {
   h->st = HS_IDLE;
 }
 
+void hs_log_refusal(newt_log_level level, const char *where, int rank, uint64_t generation, const char *remote,
+                    const char *why) {
+  /* per kind of refusal (the reason's first words), so that a flood of one kind does not
+     hide another: 3 lines per 10 s each, then one line counting what was not shown */
+  static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
+  static uint64_t window_start;
+  static int logged[16], suppressed;
+  if (!newt_log_enabled(level, NEWT_SUBSYS_COMM)) return;
+  uint64_t kind = comm_hash(COMM_HASH_INIT, why, strnlen(why, 24)) % 16, now = newt_now_ns();
+  pthread_mutex_lock(&mu);
+  int hidden = 0;
+  if (now - window_start > 10000000000ull) {
+    hidden = suppressed;
+    window_start = now;
+    suppressed = 0;
+    memset(logged, 0, sizeof logged);
+  }
+  int say = logged[kind] < 3;
+  if (say) logged[kind]++;
+  else suppressed++;
+  pthread_mutex_unlock(&mu);
+  if (hidden)
+    NEWT_WARN(COMM, "%s (rank %d): %d more refused connections in the last 10 s were not logged", where, rank, hidden);
+  if (say)
+    NEWT_LOG_AT(level, COMM, "%s (rank %d, generation %llu): refused a connection from %s: %s", where, rank,
+                (unsigned long long)generation, remote, why);
+}
+
+int hs_admit(hs_conn *pending, int *n, int cap, const char *where, int rank) {
+  if (*n < cap) return (*n)++;
+  uint64_t now = newt_now_ns();
+  int oldest = -1;
+  for (int i = 0; i < *n; i++) {
+    const hs_conn *h = &pending[i];
+    int silent = h->st == HS_S_HELLO && h->in_have == 0 && now - h->started_ns >= (uint64_t)HS_SILENT_MS * 1000000ull;
+    if (silent && (oldest < 0 || h->started_ns < pending[oldest].started_ns)) oldest = i;
+  }
+  if (oldest < 0) return -1;
+  hs_log_refusal(NEWT_LOG_WARN, where, rank, 0, pending[oldest].remote,
+                 "silent, and its slot was needed (too many pending handshakes)");
+  hs_close(&pending[oldest]);
+  return oldest;
+}
+
 /* Server: refuse with a status the client can read, then close. */
 static hs_state refuse(hs_conn *h, const hs_ctx *ctx, uint32_t status, int chal, int stale, const char *why) {
   uint8_t m[HS_CHAL_LEN];
@@ -200,8 +246,7 @@ static hs_state refuse(hs_conn *h, const hs_ctx *ctx, uint32_t status, int chal,
   /* a newer generation knocking is normal while ranks move on (it retries); anything
    * else is a stale worker, another job or a stray client */
   newt_log_level lvl = status == REJ_GENERATION && !stale ? NEWT_LOG_INFO : NEWT_LOG_WARN;
-  NEWT_LOG_AT(lvl, COMM, "%s (rank %d, generation %llu): refused a connection from %s: %s", ctx->where,
-              ctx->rank, (unsigned long long)ctx->generation, h->remote, why);
+  hs_log_refusal(lvl, ctx->where, ctx->rank, ctx->generation, h->remote, why);
   h->st = HS_S_REJECT;
   return h->st;
 }
@@ -302,8 +347,8 @@ hs_state hs_step(hs_conn *h, const hs_ctx *ctx) {
     if (h->st == HS_DONE || h->st == HS_FAILED || h->st == HS_IDLE) return h->st;
     if (newt_deadline_passed(h->deadline)) {
       if (h->st >= HS_S_HELLO && h->st <= HS_S_RESULT)
-        NEWT_WARN(COMM, "%s (rank %d): refused a connection from %s: handshake not completed in time",
-                  ctx->where, ctx->rank, h->remote);
+        hs_log_refusal(NEWT_LOG_WARN, ctx->where, ctx->rank, ctx->generation, h->remote,
+                       "handshake not completed in time");
       return fail(h, 1, "handshake with %s not completed in time", h->remote);
     }
     hs_state before = h->st;

@@ -376,13 +376,14 @@ static newt_result_t build_loop(builder *b) {
           char remote[96];
           int fd = net_accept(c->listen_fd, remote, sizeof remote);
           if (fd < 0) break;
-          if (b->nin >= MAX_PENDING) {
-            NEWT_WARN(COMM, "communicator build (rank %d): refused a connection from %s: too many pending handshakes",
-                      c->rank, remote);
+          int slot = hs_admit(b->in, &b->nin, MAX_PENDING, "communicator build", c->rank);
+          if (slot < 0) {
+            hs_log_refusal(NEWT_LOG_WARN, "communicator build", c->rank, c->generation, remote,
+                           "too many pending handshakes");
             close(fd);
             continue;
           }
-          hs_server_start(&b->in[b->nin++], fd, remote,
+          hs_server_start(&b->in[slot], fd, remote,
                           newt_deadline_min(b->deadline, newt_deadline_in_ms(newt_param_CommHandshakeMs())));
         }
       } else if (who[i] < 1000) {

@@ -250,13 +250,13 @@ static void serve_listener(cpu_comm *c, struct pollfd *pf, int np, int lst, int 
     char remote[96];
     int fd = net_accept(c->listen_fd, remote, sizeof remote);
     if (fd < 0) return;
-    if (c->nstrays >= MAX_STRAYS) {
-      NEWT_WARN(COMM, "communicator (rank %d): refused a connection from %s: too many pending handshakes",
-                c->rank, remote);
+    int slot = hs_admit(c->strays, &c->nstrays, MAX_STRAYS, "communicator", c->rank);
+    if (slot < 0) {
+      hs_log_refusal(NEWT_LOG_WARN, "communicator", c->rank, c->generation, remote, "too many pending handshakes");
       close(fd);
       continue;
     }
-    hs_conn *h = &c->strays[c->nstrays++];
+    hs_conn *h = &c->strays[slot];
     hs_server_start(h, fd, remote, newt_deadline_in_ms(newt_param_CommHandshakeMs()));
     if (hs_step(h, &ctx) == HS_FAILED) {
       hs_close(h);

@@ -263,7 +263,53 @@ static void test_rogues(void) {
   ct_world_free(&w);
 }
 
+
+/* A flood of silent connections (issue 17, item 12): 100 clients connect to rank 0's data
+ * port and say nothing while the generation is built. The ranks of the plan, which speak at
+ * once, still get in (a silent client's slot goes to them), so the build takes no handshake
+ * deadline (3 s) longer; and the log says a few lines, not one per refusal. */
+static void test_flood(void) {
+  ct_world w;
+  ct_world_init(&w, 2, CT_SHM, "flood");
+  snprintf(logdir, sizeof logdir, "/tmp/newt-test-flood-%d", (int)getpid());
+  newt_fs_mkdirs(logdir, 0700);
+  setenv("NEWT_COMM_HANDSHAKE_MS", "3000", 1);
+  setenv("NEWT_DEBUG", "INFO", 1);
+  w.timeout_ms = 30000;
+  ct_world only0 = w;
+  ct_spawn_one(&only0, 0, auth_rank, NULL);
+  T_CHECK(wait_listening(w.addrs[0]));
+  enum { NSILENT = 100 };
+  int silent[NSILENT];
+  for (int i = 0; i < NSILENT; i++) silent[i] = raw_connect(w.addrs[0]);
+  newt_sleep_ms(2 * HS_SILENT_MS); /* they are silent, and have been for a while */
+  uint64_t t0 = newt_now_ns();
+  w.pids[0] = only0.pids[0];
+  ct_spawn_one(&w, 1, auth_rank, NULL);
+  newt_deadline_t d = newt_deadline_in_ms(30000);
+  while (atomic_load(&w.sh->ready) < 2 && !newt_deadline_passed(d)) newt_sleep_ms(2);
+  double took = (double)(newt_now_ns() - t0) / 1e6;
+  T_CHECK_MSG(atomic_load(&w.sh->ready) == 2, "the ranks did not build their communicator");
+  T_CHECK_MSG(took < 2000, "the build took %.0f ms behind 100 silent connections (a handshake deadline is 3000)", took);
+  atomic_store(&w.sh->go, 1);
+  T_CHECK(ct_wait(&w, 30000, NULL) == 0);
+  for (int i = 0; i < NSILENT; i++)
+    if (silent[i] >= 0) close(silent[i]);
+  char path[300], *text = NULL;
+  size_t len;
+  int lines = 0;
+  snprintf(path, sizeof path, "%s/rank0.log", logdir);
+  if (newt_fs_read_all(path, 1 << 22, &text, &len) == NEWT_OK)
+    for (const char *p = text; (p = strstr(p, "refused a connection")) != NULL; p++) lines++;
+  free(text);
+  T_CHECK_MSG(lines >= 1 && lines <= 12, "rank 0 logged %d refusals for %d silent clients", lines, NSILENT);
+  unsetenv("NEWT_DEBUG");
+  newt_fs_rm_rf(logdir);
+  ct_world_free(&w);
+}
+
 int main(void) {
   T_RUN(test_rogues);
+  T_RUN(test_flood);
   return T_DONE();
 }
