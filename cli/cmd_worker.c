@@ -16,7 +16,7 @@ int newt_cmd_worker(int argc, char **argv) {
   const char *id = getenv("NEWT_WORKER_ID") ? getenv("NEWT_WORKER_ID") : getenv("POD_NAME");
   const char *host = getenv("NEWT_HOST");
   const char *addr = getenv("NEWT_ADDR") ? getenv("NEWT_ADDR") : getenv("POD_IP");
-  const char *step_log = NULL;
+  const char *step_log = NULL, *secret_file = getenv("NEWT_JOB_SECRET_FILE");
   int64_t port = 0, device = -1, threads = 1;
   if (getenv("NEWT_DEVICE")) device = atoi(getenv("NEWT_DEVICE"));
   newt_opt opts[] = {CLI_ETCD_OPTS(&ef),
@@ -27,11 +27,13 @@ int newt_cmd_worker(int argc, char **argv) {
                      {"device", NEWT_OPT_INT, &device, "CUDA device (-1: train on CPU) (env NEWT_DEVICE)"},
                      {"threads", NEWT_OPT_INT, &threads, "CPU threads for compute"},
                      {"step-log", NEWT_OPT_STR, &step_log, "while rank 0, append one JSON line per step to FILE (docs/elastic.md)"},
+                     {"job-secret-file", NEWT_OPT_STR, &secret_file,
+                      "the job's secret, the data plane's keys come from it (env NEWT_JOB_SECRET_FILE; docs/elastic.md)"},
                      NEWT_OPT_END};
   int rc = newt_opts_exit(newt_opts_parse("worker", "--job NAME [flags]", opts, argc, argv, NULL, 0, NULL));
   if (rc >= 0) return rc;
   worker_opts wo = {.job = ef.job, .id = id, .host = host, .addr = addr, .port = (int)port,
-                    .device = (int)device, .threads = (int)threads, .step_log = step_log};
+                    .device = (int)device, .threads = (int)threads, .step_log = step_log, .secret_file = secret_file};
   char *password = NULL;
   newt_result_t r = cli_etcd_opts(&ef, &wo.etcd, &password);
   if (r != NEWT_OK) {

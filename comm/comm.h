@@ -45,6 +45,15 @@ typedef enum comm_op { COMM_SUM = 0, COMM_AVG = 1, COMM_MAX = 2 } comm_op;
 #define COMM_SECRET_MAX 64
 #define COMM_NCCL_ID_BYTES 128
 
+/* The key of one generation's data plane, derived from the job's secret (a file only the
+ * workers hold: a Kubernetes Secret, or the one `newt run` makes) and the plan's public salt:
+ * HMAC-SHA256(job_secret, "newt-generation" | job | generation | salt). The plan in etcd
+ * then carries the salt only, so who reads etcd cannot join or impersonate a rank. 32 bytes
+ * into out; NEWT_ERR_INVALID when the job secret is shorter than 16 bytes. */
+#define COMM_KEY_BYTES 32
+newt_result_t comm_derive_secret(const void *job_secret, size_t job_secret_len, const char *job, uint64_t generation,
+                                 const unsigned char *salt, size_t salt_len, unsigned char out[COMM_KEY_BYTES]);
+
 typedef struct comm_config {
   comm_backend backend;
   int rank;
@@ -77,6 +86,10 @@ typedef struct comm_config {
    * do, holding their socket for life), so a connection refused there means the peer's
    * process is gone: the build fails within ~200 ms naming it, not at its deadline. */
   int peers_listen;
+  /* CPU backend, optional: [size]; after a build that failed, 1 for each peer whose links
+   * were not made (it never came, or could not prove the generation), 0 for the others: whom
+   * a rank can blame for a generation that never formed. */
+  int *missing;
 } comm_config;
 
 /* Why a communicator failed. */

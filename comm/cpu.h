@@ -256,6 +256,7 @@ struct cpu_comm {
   int listen_fd;
   const atomic_int *cancel; /* comm_config.cancel: a build under way gives up */
   int peers_listen;         /* comm_config.peers_listen: a refused connection = a dead peer */
+  int *missing;             /* comm_config.missing: filled when the build fails */
   int evfd;    /* wakes the executor's poll() (abort, failure) */
   int pt_evfd; /* wakes the progress thread's (queue, failure, stop) */
   /* our shared-memory segment */

@@ -88,6 +88,24 @@ void hs_mac(const unsigned char *secret, size_t secret_len, const char *label,
     memset(out, 0, HS_MAC_LEN); /* never matches a real proof */
 }
 
+newt_result_t comm_derive_secret(const void *job_secret, size_t job_secret_len, const char *job, uint64_t generation,
+                                 const unsigned char *salt, size_t salt_len, unsigned char out[COMM_KEY_BYTES]) {
+  if (job_secret_len < 16 || job_secret_len > 4096)
+    return NEWT_ERR(NEWT_ERR_INVALID, "the job secret has %zu bytes: 16 to 4096", job_secret_len);
+  size_t jl = strnlen(job, 64);
+  if (salt_len > 64) salt_len = 64;
+  uint8_t msg[15 + 64 + 8 + 64];
+  size_t n = 0;
+  memcpy(msg, "newt-generation", 15), n = 15;
+  memcpy(msg + n, job, jl), n += jl;
+  for (int i = 0; i < 8; i++) msg[n++] = (uint8_t)(generation >> (8 * i));
+  memcpy(msg + n, salt, salt_len), n += salt_len;
+  unsigned int outlen = COMM_KEY_BYTES;
+  if (!HMAC(EVP_sha256(), job_secret, (int)job_secret_len, msg, n, out, &outlen))
+    return NEWT_ERR(NEWT_ERR_INTERNAL, "HMAC-SHA256 failed deriving the generation's key");
+  return NEWT_OK;
+}
+
 static void set_out(hs_conn *h, const void *p, size_t n) {
   memcpy(h->out, p, n);
   h->out_len = n;

@@ -249,11 +249,14 @@ static newt_result_t check_refusals(builder *b, uint64_t now) {
   cpu_comm *c = b->c;
   if (!c->peers_listen) return NEWT_OK;
   for (int p = 0; p < c->rank; p++)
-    if (b->refused[p] >= REFUSALS_DEAD && now - b->refused_since[p] >= REFUSED_DEAD_NS)
+    if (b->refused[p] >= REFUSALS_DEAD && now - b->refused_since[p] >= REFUSED_DEAD_NS) {
+      if (c->missing)
+        for (int q = 0; q < c->size; q++) c->missing[q] = q == p;
       return NEWT_ERR(NEWT_ERR_PEER,
                       "building the communicator (rank %d of %d, generation %llu): rank %d (%s) refuses "
                       "connections: nothing listens there (the process died?)",
                       c->rank, c->size, (unsigned long long)c->generation, p, c->addrs[p]);
+    }
   return NEWT_OK;
 }
 
@@ -303,6 +306,7 @@ static newt_result_t timed_out(builder *b) {
   for (int p = 0; p < c->size && n < cap; p++) {
     if (p == c->rank) continue;
     int missing = (needs(c, p, 0) && !b->have[p * 2]) || (needs(c, p, 1) && !b->have[p * 2 + 1]);
+    if (c->missing) c->missing[p] = missing;
     if (missing && p < c->rank)
       n += (size_t)snprintf(e + n, cap - n, "; rank %d (%s): %s", p, c->addrs[p],
                             b->why[p][0] ? b->why[p] : "no answer");

@@ -429,6 +429,7 @@ static newt_result_t cpu_create(const comm_config *cfg, struct comm *pub) {
   }
   c->cancel = cfg->cancel;
   c->peers_listen = cfg->peers_listen;
+  c->missing = cfg->missing;
   return finish(pub, c, deadline);
 }
 

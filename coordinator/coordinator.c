@@ -81,6 +81,14 @@ typedef struct coord {
   int64_t max_step_seen; /* newest step any rank of this generation reached */
   char (*departed)[RDZV_NAME_MAX]; /* left gracefully since the plan (their key is gone) */
   int ndeparted;
+  struct held {
+    char id[RDZV_NAME_MAX];
+    uint64_t until; /* monotonic ns */
+    int strikes;
+  } *held;                         /* workers a generation could not take in: kept out a while */
+  int nheld;
+  char (*held_ids)[RDZV_NAME_MAX]; /* those still held, for the policy */
+  int nheld_ids;
 
   /* main thread only */
   rdzv_etcd_watch *watch;
@@ -416,6 +424,8 @@ static policy_view view_locked(coord *c) {
                        .nreports = c->nreports,
                        .departed = c->departed,
                        .ndeparted = c->ndeparted,
+                       .held_out = c->held_ids,
+                       .nheld_out = c->nheld_ids,
                        .now = newt_now_ns(),
                        .first_member = c->first_member,
                        .last_join = c->last_join,
@@ -707,12 +717,48 @@ static void after_outage(coord *c) {
   restore_records(c);
 }
 
+/* Keeps a worker a generation could not take in out of plans for a while (it registers again
+ * after its fence, and would stop the job the same way at once). */
+static void hold_out(coord *c, const char *id) {
+  pthread_mutex_lock(&c->mu);
+  int i = 0;
+  while (i < c->nheld && strcmp(c->held[i].id, id) != 0) i++;
+  if (i == c->nheld) {
+    struct held *h = realloc(c->held, (size_t)(c->nheld + 1) * sizeof *h);
+    char (*ids)[RDZV_NAME_MAX] = realloc(c->held_ids, (size_t)(c->nheld + 1) * sizeof *ids);
+    if (h) c->held = h;
+    if (ids) c->held_ids = ids;
+    if (!h || !ids) {
+      pthread_mutex_unlock(&c->mu);
+      return;
+    }
+    memset(&c->held[i], 0, sizeof c->held[i]);
+    snprintf(c->held[i].id, sizeof c->held[i].id, "%s", id);
+    c->nheld++;
+  }
+  int64_t ms = policy_hold_out_ms(++c->held[i].strikes);
+  c->held[i].until = newt_now_ns() + (uint64_t)ms * 1000000ull;
+  pthread_mutex_unlock(&c->mu);
+  char d[32];
+  NEWT_WARN(COORD, "%s: %s could not join generation %llu (the others could not make its links); no plan takes it "
+            "for %s", c->id, id, (unsigned long long)c->plan.generation, newt_fmt_duration((double)ms / 1e3, d, sizeof d));
+}
+
+/* The ids still held out, for the policy. Called with mu held. */
+static void held_refresh_locked(coord *c) {
+  uint64_t now = newt_now_ns();
+  c->nheld_ids = 0;
+  for (int i = 0; i < c->nheld; i++)
+    if (c->held[i].until > now) snprintf(c->held_ids[c->nheld_ids++], RDZV_NAME_MAX, "%s", c->held[i].id);
+}
+
 /* Looks at the picture once and acts on the policy's decision. Returns NEWT_ERR_CONFLICT
  * when leadership is lost. */
 static newt_result_t decide(coord *c) {
   policy_decision d;
   pthread_mutex_lock(&c->mu);
   metrics_set(c->metrics, "newt_workers", (double)c->nmembers);
+  held_refresh_locked(c);
   policy_view v = view_locked(c);
   newt_result_t r = policy_decide(&v, &d);
   c->first_member = d.first_member;
@@ -726,7 +772,10 @@ static newt_result_t decide(coord *c) {
     for (int i = 0; d.fence && i < d.nexclude; i++) {
       pthread_mutex_lock(&c->mu);
       int present = find_member(c, d.exclude[i]) >= 0;
+      policy_view now = view_locked(c); /* the reports as they are now: the watch may have moved them */
+      int blamed = present && policy_blames_build(&now, d.exclude[i]);
       pthread_mutex_unlock(&c->mu);
+      if (blamed) hold_out(c, d.exclude[i]);
       if (present) fence(c, d.exclude[i]);
     }
     int no_layout;
@@ -945,6 +994,8 @@ newt_result_t coordinator_run(const coordinator_opts *o) {
   free(c->reports);
   free(c->acks);
   free(c->departed);
+  free(c->held);
+  free(c->held_ids);
   rdzv_etcd_free(c->etcd);
   pthread_mutex_destroy(&c->mu);
   free(c);

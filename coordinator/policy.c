@@ -51,6 +51,48 @@ static int is_accused(const policy_view *v, const char *id) {
   return 0;
 }
 
+/* How many reports of a generation that never formed (other than its own) name id. */
+static int build_accusers(const policy_view *v, const char *id) {
+  int n = 0;
+  for (int i = 0; i < v->nreports; i++) {
+    if (strcmp(v->reports[i].worker, id) == 0 || !v->reports[i].build) continue;
+    for (int k = 0; k < v->reports[i].naccuse; k++)
+      if (strcmp(v->reports[i].accuse[k], id) == 0) {
+        n++;
+        break;
+      }
+  }
+  return n;
+}
+
+/* A rank that is to blame: accused and silent (it could not report: dead or stopped), or --
+ * when a generation never formed and three or more ranks reported -- one whose links more
+ * than half of the others could not make though it reported too (it is alive but cannot
+ * join them: a partition, a peer that cannot prove the generation's key): the next
+ * generation forms without it instead of failing the same way again. (Once steps ran, a
+ * failure cascades -- each rank that sees one aborts, and its peers see it go -- so there the
+ * accusations of ranks that reported are not counted.) */
+static int suspect(const policy_view *v, const char *id) {
+  if (!is_accused(v, id)) return 0;
+  if (!is_reporter(v, id)) return 1;
+  return v->nreports >= 3 && 2 * build_accusers(v, id) > v->nreports - 1;
+}
+
+int64_t policy_hold_out_ms(int strikes) {
+  int64_t ms = 30000;
+  for (int i = 1; i < strikes && ms < 600000; i++) ms *= 2;
+  return ms < 600000 ? ms : 600000;
+}
+
+int policy_blames_build(const policy_view *v, const char *id) {
+  for (int i = 0; i < v->nreports; i++) {
+    if (!v->reports[i].build) continue;
+    for (int k = 0; k < v->reports[i].naccuse; k++)
+      if (strcmp(v->reports[i].accuse[k], id) == 0) return 1;
+  }
+  return 0;
+}
+
 /* ns from t to now; 0 when t is later (a watch thread may stamp a time after ours). */
 static uint64_t elapsed(uint64_t now, uint64_t t) { return now > t ? now - t : 0; }
 
@@ -70,7 +112,8 @@ int policy_plan_members(const policy_view *v, char (*exclude)[RDZV_NAME_MAX], in
   int n = 0;
   for (int i = 0; i < v->nmembers; i++) {
     const rdzv_worker *w = &v->members[i];
-    if (policy_member_leaving(w) || policy_member_done(w) || !w->addr[0] || listed(exclude, nexclude, w->id))
+    if (policy_member_leaving(w) || policy_member_done(w) || !w->addr[0] || listed(exclude, nexclude, w->id) ||
+        listed(v->held_out, v->nheld_out, w->id))
       continue;
     plan_member *m = &out[n++];
     fill_member(m, w);
@@ -129,14 +172,29 @@ static void decide_running(const policy_view *v, policy_decision *d) {
     } else if (policy_member_leaving(m)) {
       leaving++;
       exclude(d, id);
-    } else if (nreports && is_accused(v, id) && !is_reporter(v, id)) {
-      exclude(d, id); /* a suspect */
+    } else if (nreports && suspect(v, id)) {
+      exclude(d, id);
     } else if (nreports && !is_reporter(v, id)) {
       unreported++;
     }
   }
-  int window_over = v->first_report && passed(v, v->first_report, s->report_window_ms);
-  if (nreports && (unreported == 0 || window_over)) {
+  /* a generation that never formed: each rank gives up at its own build deadline, and ranks
+     that had a step to finish first started later, so wait for them a communicator
+     timeout, not just the report window -- a rank that reports first must not get the
+     others fenced for being slower to say the same */
+  int64_t window = s->report_window_ms;
+  for (int i = 0; i < nreports; i++)
+    if (v->reports[i].build && s->comm_timeout_ms > window) window = s->comm_timeout_ms;
+  int window_over = v->first_report && passed(v, v->first_report, window);
+  /* everyone who could report did: decide at once -- unless the accused who are silent
+     outnumber those who reported (one rank blaming the rest may be the odd one out: wait
+     for the others to have their say) */
+  int silent_suspects = 0;
+  for (int k = 0; k < p->nranks; k++)
+    silent_suspects += find_member(v, p->ranks[k].worker) && is_accused(v, p->ranks[k].worker) &&
+                       !is_reporter(v, p->ranks[k].worker);
+  int all_said = unreported == 0 && nreports >= silent_suspects;
+  if (nreports && (all_said || window_over)) {
     if (window_over && unreported) {
       /* ranks that neither reported nor were named: they are stuck too */
       for (int k = 0; k < p->nranks; k++) {

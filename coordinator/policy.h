@@ -59,6 +59,8 @@ typedef struct policy_view {
   int nreports;
   char (*departed)[RDZV_NAME_MAX]; /* left gracefully since the plan (their key is gone) */
   int ndeparted;
+  char (*held_out)[RDZV_NAME_MAX]; /* workers no plan may take for now (policy_hold_out) */
+  int nheld_out;
   /* clocks, monotonic ns (0: never) */
   uint64_t now;
   uint64_t first_member;  /* the first worker was seen (before the first plan) */
@@ -85,6 +87,15 @@ typedef struct policy_decision {
   uint64_t first_member, first_gone;
 } policy_decision;
 
+/* How long to keep a worker out of plans after it was left out of a generation that never
+ * formed because of it, the strikes-th time in a row (it cannot prove the job's key, or
+ * cannot reach the others): 30 s, doubling, at most 10 min -- so that one worker that cannot
+ * join does not stop the job over and over by registering again. */
+int64_t policy_hold_out_ms(int strikes);
+/* Whether a decision left out ranks a generation that never formed could not take in
+ * (build reports accused them): those to hold out. */
+int policy_blames_build(const policy_view *v, const char *id);
+
 /* Looks at the picture once. Only NEWT_ERR_NOMEM fails. */
 newt_result_t policy_decide(const policy_view *v, policy_decision *out);
 void policy_decision_free(policy_decision *d);
@@ -94,7 +105,8 @@ int policy_member_leaving(const rdzv_worker *w);
 int policy_member_done(const rdzv_worker *w);
 
 /* The candidates of the next plan: members that are not leaving, not done, have a data-plane
- * address and are not in exclude; out has room for v->nmembers. Returns how many. */
+ * address, are not held out and are not in exclude; out has room for v->nmembers. Returns
+ * how many. */
 int policy_plan_members(const policy_view *v, char (*exclude)[RDZV_NAME_MAX], int nexclude, plan_member *out);
 
 /* The donors of the next plan: members leaving gracefully that hold state someone needs --

@@ -187,6 +187,7 @@ char *job_report_to_json(const job_report *r) {
   if (!j) return NULL;
   cJSON_AddStringToObject(j, "worker", r->worker);
   cJSON_AddStringToObject(j, "kind", r->hang ? "hang" : "crash");
+  cJSON_AddStringToObject(j, "during", r->build ? "build" : "step");
   cJSON *acc = cJSON_AddArrayToObject(j, "accuse");
   for (int i = 0; acc && i < r->naccuse && i < JOB_ACCUSE_MAX; i++)
     cJSON_AddItemToArray(acc, cJSON_CreateString(r->accuse[i]));
@@ -203,10 +204,12 @@ newt_result_t job_report_from_json(const char *text, size_t len, job_report *out
   job_report r;
   memset(&r, 0, sizeof r);
   r.step = -1;
-  char kind[8] = "";
+  char kind[8] = "", during[8] = "step";
   const cJSON *acc = NULL;
+  static const char *const phases[] = {"step", "build", NULL};
   newt_result_t res = get_name(j, what, "worker", 1, r.worker);
   if (res == NEWT_OK) res = get_word(j, what, "kind", 1, kinds, kind, sizeof kind);
+  if (res == NEWT_OK) res = get_word(j, what, "during", 0, phases, during, sizeof during);
   if (res == NEWT_OK) res = get_range(j, what, "step", 1, -1, INT64_MAX, &r.step);
   if (res == NEWT_OK) res = get_ms(j, what, "t_ms", 1, &r.t_ms);
   if (res == NEWT_OK) res = get_text(j, what, "why", 0, r.why, sizeof r.why);
@@ -224,6 +227,7 @@ newt_result_t job_report_from_json(const char *text, size_t len, job_report *out
   cJSON_Delete(j);
   if (res != NEWT_OK) return res;
   r.hang = strcmp(kind, "hang") == 0;
+  r.build = strcmp(during, "build") == 0;
   *out = r;
   return NEWT_OK;
 }

@@ -73,6 +73,8 @@ newt_deadline_t job_call_deadline(void);
 typedef struct job_report {
   char worker[RDZV_NAME_MAX];                   /* who reports (the key's id) */
   int hang;                                     /* "hang": no progress by the deadline; else "crash" */
+  int build;                                    /* the generation never formed ("during":"build"):
+                                                   the accused are those whose links were not made */
   char accuse[JOB_ACCUSE_MAX][RDZV_NAME_MAX];   /* whom it lost (none: it cannot tell) */
   int naccuse;
   int64_t step;                                 /* its newest completed step (-1: none) */

@@ -13,6 +13,7 @@
 #include "launch/launcher.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <math.h>
 #include <pthread.h>
 #include <signal.h>
@@ -62,6 +63,7 @@ typedef struct run {
   rdzv_etcd *etcd;
   rdzv_etcd_watch *watch;
   char prefix[256];
+  char secret_file[600]; /* the job's secret the workers derive data-plane keys from */
   proc *procs;
   int nprocs, cap_procs, next_worker, next_coord;
   fault *faults;
@@ -124,6 +126,8 @@ static newt_result_t spawn(run *r, proc_kind kind, int index) {
     argv[a++] = threads;
     argv[a++] = "--step-log";
     argv[a++] = r->res->step_log;
+    argv[a++] = "--job-secret-file";
+    argv[a++] = r->secret_file;
   } else {
     argv[a++] = "--metrics-port";
     argv[a++] = "0";
@@ -608,6 +612,20 @@ static newt_result_t open_run_files(run *r) {
   int fd;
   NEWT_CHECK(job_runlog_open(res->step_log, 1, &fd));
   close(fd);
+  /* the job's secret, readable by us alone: the plans in etcd carry only salts */
+  unsigned char key[32];
+  char hex[65];
+  snprintf(r->secret_file, sizeof r->secret_file, "%s/job.secret", res->log_dir);
+  unlink(r->secret_file);
+  NEWT_CHECK(newt_random_bytes(key, sizeof key));
+  newt_hex_encode(key, sizeof key, hex);
+  fd = open(r->secret_file, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
+  if (fd < 0) return NEWT_ERR(NEWT_ERR_SYS, "creating %s: %s", r->secret_file, strerror(errno));
+  newt_result_t w = newt_fs_write_all(fd, hex, 64, r->secret_file);
+  close(fd);
+  memset(key, 0, sizeof key);
+  memset(hex, 0, sizeof hex);
+  NEWT_CHECK(w);
   return job_runlog_open(res->event_log, 1, &r->event_log_fd);
 }
 

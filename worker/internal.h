@@ -45,6 +45,8 @@ typedef struct worker {
   char host[256];
   char addr[96]; /* ip:port of the data plane */
   int listen_fd; /* its socket, held for the worker's life */
+  unsigned char *job_secret; /* from opts.secret_file (NULL: none) */
+  size_t job_secret_len;
   rdzv_etcd *etcd;
   newt_spec spec;
   model_tokens tok;
@@ -141,10 +143,11 @@ void worker_publisher_stop(worker *w);
 /* The registration's state ("training", "leaving", ...), written now / by the publisher. */
 newt_result_t worker_set_state(worker *w, const char *state);
 void worker_set_state_async(worker *w, const char *state);
-/* A failed generation (hang: no progress by the deadline; else a crash), whom it lost
- * (NULL: it cannot tell) and why; queued for the publisher, which writes it at once on the
+/* A failed generation (hang: no progress by the deadline; else a crash; build: it never
+ * formed), whom it lost (none: it cannot tell) and why; queued for the publisher, which writes it at once on the
  * registration lease (or when etcd answers again). */
-void worker_report(worker *w, const newt_plan *p, int hang, const char *accused, const char *why);
+void worker_report(worker *w, const newt_plan *p, int hang, int build, const char *const *accused, int naccused,
+                   const char *why);
 /* The acknowledgement of p (after its first step), progress (at most every
  * NEWT_PROGRESS_MS, and always the last step), the newest committed checkpoint. */
 void worker_publish_ack(worker *w, const newt_plan *p, const plan_rank *me);

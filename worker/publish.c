@@ -211,10 +211,12 @@ static void publish_record(worker *w, job_record rec, uint64_t generation, char 
     free(value);
 }
 
-void worker_report(worker *w, const newt_plan *p, int hang, const char *accused, const char *why) {
-  job_report rep = {.hang = hang, .step = w->done_step, .t_ms = w->t_detect};
+void worker_report(worker *w, const newt_plan *p, int hang, int build, const char *const *accused, int naccused,
+                   const char *why) {
+  job_report rep = {.hang = hang, .build = build, .step = w->done_step, .t_ms = w->t_detect};
   snprintf(rep.worker, sizeof rep.worker, "%s", w->id);
-  if (accused) snprintf(rep.accuse[rep.naccuse++], sizeof rep.accuse[0], "%s", accused);
+  for (int i = 0; i < naccused && rep.naccuse < JOB_ACCUSE_MAX; i++)
+    snprintf(rep.accuse[rep.naccuse++], sizeof rep.accuse[0], "%s", accused[i]);
   snprintf(rep.why, sizeof rep.why, "%s", why);
   /* through the publisher, which wakes at once: while etcd is away it is written when
      etcd answers again, so the leader still learns whom the survivors lost */

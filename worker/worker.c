@@ -21,6 +21,7 @@
 
 #include "comm/comm.h"
 #include "common/clock.h"
+#include "common/fs.h"
 #include "common/json.h"
 #include "common/log.h"
 #include "common/param.h"
@@ -175,7 +176,9 @@ static newt_result_t wait_plan(worker *w, int donor, newt_plan *out, wait_outcom
 /* --- one generation ------------------------------------------------------------------------ */
 
 /* The generation's communicator: its ranks, then its donors. */
-static newt_result_t build_comm(worker *w, const newt_plan *p, const plan_rank *me, comm_t **out) {
+/* The generation's communicator: its ranks, then its donors. missing ([ranks + donors], may
+ * be NULL) gets, when the build fails, 1 for each member whose links were not made. */
+static newt_result_t build_comm(worker *w, const newt_plan *p, const plan_rank *me, int *missing, comm_t **out) {
   int n = p->nranks + p->ndonors;
   const char **addrs = calloc((size_t)n, sizeof *addrs);
   const char **hosts = calloc((size_t)n, sizeof *hosts);
@@ -203,15 +206,34 @@ static newt_result_t build_comm(worker *w, const newt_plan *p, const plan_rank *
   cfg.hosts = hosts;
   cfg.job = w->o->job;
   cfg.generation = p->generation;
-  memcpy(cfg.secret, p->secret, sizeof p->secret);
-  cfg.secret_len = sizeof p->secret;
+  if (w->job_secret) { /* the plan's secret is only a salt: the key is the job secret's */
+    newt_result_t kr = comm_derive_secret(w->job_secret, w->job_secret_len, w->o->job, p->generation, p->secret,
+                                          sizeof p->secret, cfg.secret);
+    if (kr != NEWT_OK) {
+      free(addrs);
+      free(hosts);
+      return kr;
+    }
+    cfg.secret_len = COMM_KEY_BYTES;
+  } else {
+    memcpy(cfg.secret, p->secret, sizeof p->secret);
+    cfg.secret_len = sizeof p->secret;
+  }
   cfg.timeout_ms = w->spec.comm_timeout_ms;
   cfg.device = w->o->device;
   cfg.listen_fd = w->listen_fd;
+  cfg.missing = missing;
   newt_result_t r = comm_create(&cfg, out);
   free(addrs);
   free(hosts);
   return r;
+}
+
+/* The worker id of member r of p (its ranks, then its donors), or NULL. */
+static const char *member_id(const newt_plan *p, int r) {
+  return r >= 0 && r < p->nranks                ? p->ranks[r].worker
+         : r >= p->nranks && r < p->nranks + p->ndonors ? p->donors[r - p->nranks].worker
+                                                        : NULL;
 }
 
 /* Reports a failed collective: the communicator says whom it lost and how. */
@@ -219,10 +241,8 @@ static void report_failure(worker *w, const newt_plan *p, comm_t *c) {
   comm_status st;
   comm_get_status(c, &st);
   if (st.code == NEWT_ERR_ABORTED) return; /* we dropped it for a newer plan: nothing to report */
-  const char *accused = st.peer >= 0 && st.peer < p->nranks                ? p->ranks[st.peer].worker
-                        : st.peer >= p->nranks && st.peer < p->nranks + p->ndonors ? p->donors[st.peer - p->nranks].worker
-                                                                                   : NULL;
-  worker_report(w, p, st.code == NEWT_ERR_TIMEOUT, accused, st.msg);
+  const char *accused = member_id(p, st.peer);
+  worker_report(w, p, st.code == NEWT_ERR_TIMEOUT, 0, &accused, accused ? 1 : 0, st.msg);
 }
 
 typedef enum gen_outcome { GEN_DONE, GEN_LEAVE, GEN_NEXT } gen_outcome;
@@ -291,7 +311,7 @@ static newt_result_t donate(worker *w, const newt_plan *p, const plan_rank *me, 
   *how = GEN_LEAVE;
   if (!me) return NEWT_OK; /* neither a rank nor a donor of p: nothing to do in it */
   w->gen = p->generation;
-  newt_result_t r = build_comm(w, p, me, &c);
+  newt_result_t r = build_comm(w, p, me, NULL, &c);
   if (r == NEWT_OK) r = comm_split(c, -1, me->rank, &none); /* the ranks' own group */
   if (r == NEWT_OK) r = worker_donate(w, c);
   if (r == NEWT_OK) NEWT_INFO(WORKER, "%s: handed over the state of step %lld", w->id, (long long)w->par.step);
@@ -307,7 +327,8 @@ static newt_result_t run_generation(worker *w, const newt_plan *p, gen_outcome *
   comm_t *c = NULL, *train = NULL;
   atomic_store(&w->switch_pending, 0);
   w->t_plan_seen = newt_wall_ms();
-  newt_result_t r = build_comm(w, p, me, &c);
+  int *missing = calloc((size_t)(p->nranks + p->ndonors), sizeof *missing);
+  newt_result_t r = missing ? build_comm(w, p, me, missing, &c) : NEWT_ERR(NEWT_ERR_NOMEM, "out of memory");
   pthread_mutex_lock(&w->mu);
   w->gen = p->generation;
   w->comm = c;
@@ -332,11 +353,19 @@ static newt_result_t run_generation(worker *w, const newt_plan *p, gen_outcome *
     pthread_mutex_lock(&w->mu);
     int newer = w->latest.generation > p->generation;
     pthread_mutex_unlock(&w->mu);
-    if (!newer) worker_report(w, p, r == NEWT_ERR_TIMEOUT, NULL, why);
+    /* whom to blame: the members whose links were never made (a peer that could not prove
+       the generation's key counts), at most JOB_ACCUSE_MAX */
+    const char *accused[JOB_ACCUSE_MAX];
+    int naccused = 0;
+    for (int k = 0; missing && k < p->nranks + p->ndonors && naccused < JOB_ACCUSE_MAX; k++)
+      if (missing[k] && member_id(p, k)) accused[naccused++] = member_id(p, k);
+    if (!newer) worker_report(w, p, r == NEWT_ERR_TIMEOUT, 1, accused, naccused, why);
+    free(missing);
     if (c) end_generation(w, c, train);
     *how = GEN_NEXT;
     return NEWT_OK;
   }
+  free(missing);
   w->t_comm = newt_wall_ms();
   NEWT_INFO(WORKER, "%s: generation %llu: rank %d of %d (tp %d, pp %d, dp %d, zero %d, accum %lld)", w->id,
             (unsigned long long)p->generation, me->rank, p->nranks, p->tp, p->pp, p->dp, p->zero,
@@ -421,6 +450,21 @@ static newt_result_t setup(worker *w, const worker_opts *o) {
   NEWT_CHECK(bind_listener(ip, o->port, &w->listen_fd, &port));
   snprintf(w->addr, sizeof w->addr, "%s:%d", ip, port);
 
+  if (o->secret_file && *o->secret_file) {
+    char *sec = NULL;
+    size_t n = 0;
+    newt_result_t sr = newt_fs_read_all(o->secret_file, 4096, &sec, &n);
+    if (sr == NEWT_OK && n < 16) sr = NEWT_ERR(NEWT_ERR_INVALID, "%s: a job secret needs at least 16 bytes, it has %zu", o->secret_file, n);
+    if (sr != NEWT_OK) {
+      free(sec);
+      return newt_err_wrap(sr, "--job-secret-file: ");
+    }
+    w->job_secret = (unsigned char *)sec;
+    w->job_secret_len = n;
+  } else {
+    NEWT_WARN(WORKER, "%s: no job secret (--job-secret-file): the data plane's keys are in the plans, which anyone "
+              "who can read etcd can read", w->id);
+  }
   NEWT_CHECK(rdzv_etcd_init(&o->etcd, &w->etcd));
   char *spec = NULL;
   newt_deadline_t d = newt_deadline_in_ms(o->spec_wait_ms > 0 ? o->spec_wait_ms : 60000);
@@ -496,6 +540,8 @@ static void teardown(worker *w) {
   if (w->sample_log) fclose(w->sample_log);
   if (w->step_log_fd >= 0) close(w->step_log_fd);
   if (w->listen_fd > 0) close(w->listen_fd);
+  if (w->job_secret) memset(w->job_secret, 0, w->job_secret_len);
+  free(w->job_secret);
   rdzv_etcd_free(w->etcd);
 }
 

@@ -24,6 +24,9 @@ typedef struct worker_opts {
   int device;       /* CUDA device; -1: CPU */
   int threads;      /* compute threads */
   int64_t spec_wait_ms; /* how long to wait for the job's spec to appear in etcd */
+  const char *secret_file; /* the job's secret (16 to 4096 bytes): each generation's data-plane
+                              key is derived from it and the plan's salt, so etcd holds no key
+                              (NULL: the plan's salt is the key, as etcd shows it) */
   const char *step_log; /* while rank 0, append a line per step here (job/runlog.h); NULL: none */
 } worker_opts;
 

@@ -17,7 +17,8 @@ typedef struct tcase {
   const char *name;
   const char *plan;     /* ranks of the current plan, in rank order; NULL: no plan yet */
   const char *members;  /* "w0 w1:leaving w2:done w3:noaddr": registered workers and states */
-  const char *reports;  /* "w0:crash:w2@100 w1:hang@120": reporter, kind, accused (+-joined), t_ms */
+  const char *reports;  /* "w0:crash:w2@100 w1:hang@120": reporter, kind, accused (+-joined), t_ms; kind
+                           "build" / "buildhang": a generation that never formed */
   const char *departed; /* ranks that left gracefully since the plan */
   /* clocks: ms ago (NEVER: 0) */
   int64_t first_member, last_join, first_report, first_gone, progress;
@@ -98,6 +99,22 @@ static const tcase cases[] = {
      9000, 400, NEVER, 10, 0, -1, POLICY_CRASH_REPORTED, 0, 1, "w1 w3"},
     {"leave + lease lost: a lost lease is no leave", "w0 w1 w2 w3", "w0 w1:leaving w3", "", "", 9000, 9000, NEVER, 1100,
      1500, 0, -1, POLICY_LEASE_LOST, 0, 1, "w1 w2"},
+    /* --- a generation that never formed: a rank the others cannot join (an impostor without
+       the job's secret, a partition) is left out though it reported too --- */
+    {"build: two of three cannot join the third", "w0 w1 w2", "w0 w1 w2",
+     "w0:buildhang:w2@100 w1:buildhang:w2@101 w2:buildhang:w0+w1@102", "", 9000, 9000, 5, NEVER, 10, 0, -1,
+     POLICY_HANG_REPORTED, 0, 1, "w2"},
+    {"build: one rank blames the two others at once: wait for them", "w0 w1 w2", "w0 w1 w2",
+     "w2:buildhang:w0+w1@100", "", 9000, 9000, 5, NEVER, 10, 0, -1, POLICY_NONE, 0, 0, ""},
+    {"build: ... even past the report window (a build gives up at its own deadline)", "w0 w1 w2", "w0 w1 w2",
+     "w2:buildhang:w0+w1@100", "", 9000, 9000, 1000, NEVER, 10, 0, -1, POLICY_NONE, 0, 0, ""},
+    {"build: ... and they never say a word: they are stuck", "w0 w1 w2", "w0 w1 w2", "w2:buildhang:w0+w1@100", "",
+     9000, 9000, 3100, NEVER, 10, 0, -1, POLICY_HANG_REPORTED, 0, 1, "w0 w1"},
+    {"build: two ranks blame each other, nobody can tell", "w0 w1", "w0 w1", "w0:buildhang:w1@100 w1:buildhang:w0@101",
+     "", 9000, 9000, 5, NEVER, 10, 0, -1, POLICY_HANG_REPORTED, 0, 1, ""},
+    {"steps: the ranks that saw a rank abort do not outvote it", "w0 w1 w2 w3", "w0 w1 w2 w3",
+     "w0:hang:w2@100 w1:crash:w0@150 w2:crash:w0@155 w3:crash:w0@160", "", 9000, 9000, 5, NEVER, 10, 0, -1,
+     POLICY_HANG_REPORTED, 0, 1, ""},
     /* --- a coordinator takes over (its first look at a running generation) --- */
     {"coordinator: a new leader finds a healthy generation", "w0 w1 w2 w3", "w0 w1 w2 w3", "", "", 0, 0, NEVER, NEVER, 0,
      0, 0, POLICY_NONE, 0, 0, ""},
@@ -193,7 +210,8 @@ static void build(const tcase *t, picture *pic) {
     if (f2) *f2 = '\0', snprintf(acc, sizeof acc, "%s", f2 + 1);
     snprintf(kind, sizeof kind, "%s", f1 + 1);
     snprintf(r->worker, sizeof r->worker, "%.63s", words[i]);
-    r->hang = strcmp(kind, "hang") == 0;
+    r->hang = strcmp(kind, "hang") == 0 || strcmp(kind, "buildhang") == 0;
+    r->build = strncmp(kind, "build", 5) == 0;
     r->t_ms = t_ms;
     for (char *a = acc[0] ? acc : NULL; a;) {
       char *plus = strchr(a, '+');

@@ -852,6 +852,88 @@ static void test_nospace(void) {
   rdzv_etcd_server_free(srv);
 }
 
+
+/* A process that can read etcd but does not hold the job's secret (issue 17, item 11): it
+ * registers as a worker and the leader plans it in, but the plan in etcd holds only a salt,
+ * so it cannot prove the generation's key: the ranks refuse its connections, report it, the
+ * leader fences it and trains on without it. It never takes part in a step; the job ends with
+ * every step and the uninterrupted loss. */
+static void test_impostor(void) {
+  const int STEPS = 300;
+  double ref = reference_loss(newt_bin, STEPS, MODEL);
+  rdzv_etcd_server *srv = NULL;
+  rdzv_etcd_server_opts so = {0};
+  T_OK(rdzv_etcd_server_start(&so, &srv));
+  if (!srv) return;
+  rdzv_etcd_opts eo;
+  rdzv_etcd_server_client_opts(srv, &eo);
+  rdzv_etcd *c = NULL;
+  T_OK(rdzv_etcd_init(&eo, &c));
+  const char *url = rdzv_etcd_server_url(srv);
+  char logs[512], summary[512], steps[16], gb[16], mb[16], samples[512];
+  snprintf(logs, sizeof logs, "%s/logs", tmpdir);
+  snprintf(summary, sizeof summary, "%s/summary.json", tmpdir);
+  snprintf(samples, sizeof samples, "%s/samples", tmpdir);
+  T_OK(newt_fs_mkdirs(samples, 0755));
+  setenv("NEWT_SAMPLE_LOG_DIR", samples, 1);
+  snprintf(steps, sizeof steps, "%d", STEPS);
+  snprintf(gb, sizeof gb, "%d", GB);
+  snprintf(mb, sizeof mb, "%d", MB);
+  const char *argv[] = {newt_bin, "run", "--quiet", "--etcd", url, "--job", "impostor", "--nproc", "2", "--model", MODEL,
+                        "--seq-len", SEQ, "--steps", steps, "--global-batch", gb, "--micro-batch", mb, "--log-dir",
+                        logs, "--summary", summary, "--timeout-ms", "200000", NULL};
+  char outp[600], ilog[600];
+  snprintf(outp, sizeof outp, "%s/run.out", tmpdir);
+  snprintf(ilog, sizeof ilog, "%s/impostor.log", tmpdir);
+  newt_spawn_opts po = {.log_path = outp};
+  pid_t pid, imp = 0;
+  T_OK(newt_proc_spawn(argv, &po, &pid));
+  int64_t step = 0;
+  for (newt_deadline_t d = newt_deadline_in_ms(60000); step < 10 && !newt_deadline_passed(d); newt_sleep_ms(50)) {
+    cJSON *prog = NULL;
+    if (get_json(c, "impostor", "progress", &prog) == NEWT_OK) step = json_int(prog, "step"), cJSON_Delete(prog);
+  }
+  T_CHECK_MSG(step >= 10, "training never reached step 10; logs in %s", tmpdir);
+  /* it reads etcd like anyone, and holds no secret */
+  const char *iargv[] = {newt_bin, "worker", "--etcd", url, "--job", "impostor", "--id", "impostor", NULL};
+  const char *ienv[] = {"NEWT_DEBUG=INFO", "NEWT_JOB_SECRET_FILE=", NULL};
+  newt_spawn_opts io = {.log_path = ilog, .env = ienv};
+  T_OK(newt_proc_spawn(iargv, &io, &imp));
+  int st = -1;
+  T_CHECK_MSG(newt_proc_wait(pid, 200000, &st) == NEWT_OK && WIFEXITED(st) && WEXITSTATUS(st) == 0,
+              "newt run did not finish beside an impostor; logs in %s", tmpdir);
+  if (imp) newt_proc_stop(imp, 1000);
+  char *text = NULL;
+  size_t n;
+  cJSON *j = NULL;
+  T_OK(newt_fs_read_all(summary, 1 << 20, &text, &n));
+  if (text) T_OK(newt_json_parse(text, n, "summary", &j));
+  if (j) {
+    int done = 0;
+    int64_t st2 = 0, samples_n = 0;
+    double loss = NAN;
+    newt_json_get_bool(j, "summary", "done", 1, &done);
+    newt_json_get_int(j, "summary", "steps", 1, &st2);
+    newt_json_get_int(j, "summary", "samples_consumed", 1, &samples_n);
+    newt_json_get_double(j, "summary", "final_loss", 1, &loss);
+    T_CHECK(done && st2 == STEPS && samples_n == (int64_t)STEPS * GB);
+    T_CHECK_MSG(fabs(loss - ref) <= 1e-4 * fmax(1.0, fabs(ref)), "final loss %.7f, uninterrupted %.7f", loss, ref);
+    cJSON_Delete(j);
+  }
+  free(text);
+  /* the impostor never applied a step (its sample log has no "A" line) */
+  char spath[600], *stext = NULL;
+  size_t sn = 0;
+  snprintf(spath, sizeof spath, "%s/impostor.samples", samples);
+  if (newt_fs_read_all(spath, 1 << 24, &stext, &sn) == NEWT_OK)
+    T_CHECK_MSG(!strstr(stext, "\nA ") && strncmp(stext, "A ", 2) != 0, "the impostor applied steps:\n%.400s", stext);
+  free(stext);
+  check_samples(samples, STEPS, 0);
+  unsetenv("NEWT_SAMPLE_LOG_DIR");
+  rdzv_etcd_free(c);
+  rdzv_etcd_server_free(srv);
+}
+
 static void test_netns(void) {
   T_CHECK_MSG(geteuid() == 0, "the multi-host test needs root for ip netns (CI runs as root)");
   if (geteuid() != 0) return;
@@ -1021,10 +1103,11 @@ int main(int argc, char **argv) {
     newt_fs_rm_rf(tmpdir);
     return rc;
   }
-  if (strcmp(argv[1], "forged") == 0 || strcmp(argv[1], "etcd_nospace") == 0) {
+  if (strcmp(argv[1], "forged") == 0 || strcmp(argv[1], "etcd_nospace") == 0 || strcmp(argv[1], "impostor") == 0) {
     snprintf(tmpdir, sizeof tmpdir, "/tmp/newt-e2e-%s-XXXXXX", argv[1]);
     if (!mkdtemp(tmpdir)) return 2;
     if (strcmp(argv[1], "forged") == 0) T_RUN(test_forged);
+    else if (strcmp(argv[1], "impostor") == 0) T_RUN(test_impostor);
     else T_RUN(test_nospace);
     int rc = T_DONE();
     if (rc == 0) newt_fs_rm_rf(tmpdir);
