@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include "cli/cmds.h"
+#include "cli/etcd_flags.h"
 #include "common/fs.h"
 #include "common/opts.h"
 #include "launch/launcher.h"
@@ -16,6 +17,9 @@
 int newt_cmd_run(int argc, char **argv) {
   launcher_opts lo;
   memset(&lo, 0, sizeof lo);
+  cli_etcd_flags ef; /* --etcd and how to reach it; no environment: newt run starts its own etcd */
+  memset(&ef, 0, sizeof ef);
+  char *password = NULL;
   char job[64];
   snprintf(job, sizeof job, "run-%d", (int)getpid());
   const char *job_name = job, *preset = "tiny", *model = NULL, *data = NULL, *ckpt_dir = NULL, *chaos = NULL, *spec_file = NULL;
@@ -47,7 +51,12 @@ int newt_cmd_run(int argc, char **argv) {
       {"zero", NEWT_OPT_INT, &zero, "ZeRO stage (0..3)"},
       {"dp-min", NEWT_OPT_INT, &dp_min, "smallest data-parallel size to train with"},
       {"dp-max", NEWT_OPT_INT, &dp_max, "largest data-parallel size"},
-      {"etcd", NEWT_OPT_STR, &lo.etcd, "etcd endpoints to use (default: start a private etcd)"},
+      {"etcd", NEWT_OPT_STR, &ef.endpoints, "etcd endpoints to use (default: start a private etcd)"},
+      {"etcd-user", NEWT_OPT_STR, &ef.user, "with --etcd: its user"},
+      {"etcd-password-file", NEWT_OPT_STR, &ef.password_file, "with --etcd: a file holding the user's password"},
+      {"etcd-ca", NEWT_OPT_STR, &ef.ca, "with --etcd https://...: the CA bundle that signs etcd's certificate"},
+      {"etcd-cert", NEWT_OPT_STR, &ef.cert, "with --etcd https://...: a client certificate (mTLS; no Common Name when etcd also has users)"},
+      {"etcd-key", NEWT_OPT_STR, &ef.key, "with --etcd-cert: its key"},
       {"etcd-members", NEWT_OPT_INT, &members, "members of the private etcd (1..5; chaos kill|stop:etcd:I acts on one)"},
       {"job", NEWT_OPT_STR, &job_name, "job name"},
       {"spec", NEWT_OPT_STR, &spec_file, "job spec file (flags given after it are ignored)"},
@@ -117,7 +126,7 @@ int newt_cmd_run(int argc, char **argv) {
     fprintf(stderr, "newt run: --nproc must be 1..1024, --coordinators 1..16, --threads >= 0\n");
     return 2;
   }
-  if (members < 1 || members > 5 || (members > 1 && lo.etcd)) {
+  if (members < 1 || members > 5 || (members > 1 && ef.endpoints)) {
     fprintf(stderr, "newt run: --etcd-members: 1..5, for the private etcd (not with --etcd)\n");
     return 2;
   }
@@ -128,6 +137,18 @@ int newt_cmd_run(int argc, char **argv) {
   lo.nproc = (int)nproc;
   lo.coordinators = (int)coords;
   lo.etcd_members = (int)members;
+  if (ef.endpoints) {
+    ef.job = lo.spec.job;
+    if (cli_etcd_opts(&ef, &lo.etcd_client, &password) != NEWT_OK) {
+      fprintf(stderr, "newt run: %s\n", newt_errmsg());
+      return 2;
+    }
+    lo.etcd = ef.endpoints;
+    lo.etcd_password_file = ef.password_file;
+  } else if (ef.user || ef.password_file || ef.ca || ef.cert || ef.key) {
+    fprintf(stderr, "newt run: --etcd-user, --etcd-password-file, --etcd-ca, --etcd-cert and --etcd-key go with --etcd\n");
+    return 2;
+  }
   lo.threads = (int)threads;
   lo.quiet = quiet;
   lo.timeout_ms = timeout;
@@ -154,5 +175,7 @@ int newt_cmd_run(int argc, char **argv) {
   if (res.log_dir[0] && !quiet) printf("newt run: the run's report: newt report %s\n", res.log_dir);
   launcher_result_free(&res);
   chaos_free(&lo.chaos);
+  if (password) memset(password, 0, strlen(password));
+  free(password);
   return r == NEWT_OK && res.done ? 0 : 1;
 }

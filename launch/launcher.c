@@ -111,12 +111,17 @@ static newt_result_t spawn(run *r, proc_kind kind, int index) {
   snprintf(name, sizeof name, "%s%d", kind == PROC_WORKER ? "w" : "c", index);
   snprintf(logp, sizeof logp, "%s/%s.log", r->res->log_dir, name);
   snprintf(threads, sizeof threads, "%d", r->o->threads > 0 ? r->o->threads : 1);
-  const char *argv[24];
+  const char *argv[40];
   int a = 0;
   argv[a++] = r->exe;
   argv[a++] = kind == PROC_WORKER ? "worker" : "coordinator";
   argv[a++] = "--etcd";
   argv[a++] = r->etcd_url;
+  const rdzv_etcd_opts *ec = &r->o->etcd_client;
+  const char *sec[][2] = {{"--etcd-user", ec->user}, {"--etcd-password-file", r->o->etcd_password_file},
+                          {"--etcd-ca", ec->ca_file}, {"--etcd-cert", ec->cert_file}, {"--etcd-key", ec->key_file}};
+  for (size_t k = 0; r->o->etcd && k < sizeof sec / sizeof sec[0]; k++)
+    if (sec[k][1] && *sec[k][1]) argv[a++] = sec[k][0], argv[a++] = sec[k][1];
   argv[a++] = "--job";
   argv[a++] = r->o->spec.job;
   argv[a++] = "--id";
@@ -651,7 +656,8 @@ static newt_result_t start(run *r) {
     if (res != NEWT_OK) return newt_err_wrap(res, "newt run needs etcd (Debian package etcd-server) or --etcd URL: ");
     snprintf(r->etcd_url, sizeof r->etcd_url, "%s", rdzv_etcd_server_url(r->server));
   }
-  rdzv_etcd_opts eo = {.endpoints = r->etcd_url};
+  rdzv_etcd_opts eo = o->etcd ? o->etcd_client : (rdzv_etcd_opts){0};
+  eo.endpoints = r->etcd_url;
   NEWT_CHECK(rdzv_etcd_init(&eo, &r->etcd));
   NEWT_CHECK(rdzv_key(r->prefix, sizeof r->prefix, o->spec.job, ""));
   /* a job name is used once: refuse to mix with the keys of an earlier run */

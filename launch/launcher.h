@@ -10,6 +10,7 @@
 #include <stdint.h>
 
 #include "common/err.h"
+#include "rendezvous/etcd.h"
 #include "job/spec.h"
 #include "launch/chaos.h"
 
@@ -19,6 +20,10 @@ typedef struct launcher_opts {
   int coordinators;     /* coordinator processes (a killed one is started again, as a
                            Deployment would) */
   const char *etcd;     /* an etcd to use; NULL: start a private one */
+  /* how to reach that etcd (TLS, a user), for us (etcd_client: endpoints, CA, certificate,
+     user and password) and for the processes we start (the flags, the password's file) */
+  rdzv_etcd_opts etcd_client;
+  const char *etcd_password_file;
   int etcd_members;     /* members of the private etcd (0: 1); chaos kill|stop:etcd:I acts on one */
   chaos_plan chaos;
   const char *summary;  /* write the summary JSON here; may be NULL */

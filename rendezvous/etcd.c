@@ -315,6 +315,16 @@ newt_result_t rdzv_etcd_request(rdzv_etcd *c, const char *path, const char *body
           retry = 1;
           continue;
         }
+        if (strstr(e.message, "CommonName of client sending a request against gateway")) {
+          /* etcd with --client-cert-auth and auth on refuses, on its JSON gateway, any client
+             certificate that carries a Common Name (CVE-2018-16886): the identity is the user */
+          res = NEWT_ERR(NEWT_ERR_AUTH,
+                         "etcd %s: %s refuses the client certificate %s because it has a Common Name: with "
+                         "client-certificate auth and users on, etcd's gateway takes only certificates without "
+                         "one (issue it with a subject like /O=newt); the user and password say who we are",
+                         what, url, c->cert_file ? c->cert_file : "(none)");
+          goto done;
+        }
         res = NEWT_ERR(code, "etcd %s: %s (HTTP %ld from %s)%s", what, e.message, a.status, url,
                        strstr(e.message, "user name is empty") ? ": etcd has auth enabled, give a user and password" : "");
         goto done;

@@ -934,6 +934,72 @@ static void test_impostor(void) {
   rdzv_etcd_server_free(srv);
 }
 
+
+/* A job on an etcd that takes TLS with client certificates and a user with a password (the
+ * setup docs/kubernetes.md describes; issue 17, item 10): `newt run --etcd https://...` with
+ * the CA, a client certificate without a Common Name, the user and the password's file, for
+ * itself and every process it starts. The job trains to its end. */
+static void test_tls(void) {
+  const int STEPS = 60;
+  double ref = reference_loss(newt_bin, STEPS, MODEL);
+  char certs[600], script[1024], log[700];
+  snprintf(certs, sizeof certs, "%s/certs", tmpdir);
+  T_OK(newt_fs_mkdirs(certs, 0700));
+  const char *src = getenv("NEWT_SOURCE_DIR");
+  snprintf(script, sizeof script, "%s/tests/rendezvous/gen_certs.sh", src ? src : ".");
+  snprintf(log, sizeof log, "%s/gen_certs.log", certs);
+  const char *gargv[] = {"sh", script, certs, NULL};
+  newt_spawn_opts go = {.log_path = log};
+  pid_t gp;
+  int gst = -1;
+  T_CHECK_MSG(newt_proc_spawn(gargv, &go, &gp) == NEWT_OK && newt_proc_wait(gp, 60000, &gst) == NEWT_OK &&
+                  WIFEXITED(gst) && WEXITSTATUS(gst) == 0,
+              "gen_certs.sh failed (see %s)", log);
+  char cert[700], key[700], ca[700], ccert[700], ckey[700], pwfile[700];
+  snprintf(cert, sizeof cert, "%s/server.pem", certs);
+  snprintf(key, sizeof key, "%s/server.key", certs);
+  snprintf(ca, sizeof ca, "%s/ca.pem", certs);
+  snprintf(ccert, sizeof ccert, "%s/client.pem", certs);
+  snprintf(ckey, sizeof ckey, "%s/client.key", certs);
+  snprintf(pwfile, sizeof pwfile, "%s/password", certs);
+  T_OK(newt_fs_write_atomic(pwfile, "s3cret\n", 7));
+  rdzv_etcd_server *srv = NULL;
+  rdzv_etcd_server_opts so = {.tls_cert = cert, .tls_key = key, .tls_ca = ca, .client_cert_auth = 1,
+                              .client_cert = ccert, .client_key = ckey, .root_password = "s3cret"};
+  T_OK(rdzv_etcd_server_start(&so, &srv));
+  if (!srv) return;
+  char logs[512], summary[512], steps[16], gb[16], mb[16];
+  snprintf(logs, sizeof logs, "%s/logs", tmpdir);
+  snprintf(summary, sizeof summary, "%s/summary.json", tmpdir);
+  snprintf(steps, sizeof steps, "%d", STEPS);
+  snprintf(gb, sizeof gb, "%d", GB);
+  snprintf(mb, sizeof mb, "%d", MB);
+  const char *argv[] = {newt_bin, "run", "--quiet", "--etcd", rdzv_etcd_server_url(srv), "--etcd-ca", ca,
+                        "--etcd-cert", ccert, "--etcd-key", ckey, "--etcd-user", "root", "--etcd-password-file",
+                        pwfile, "--job", "tls", "--nproc", "2", "--model", MODEL, "--seq-len", SEQ, "--steps", steps,
+                        "--global-batch", gb, "--micro-batch", mb, "--log-dir", logs, "--summary", summary,
+                        "--timeout-ms", "120000", NULL};
+  char *out = NULL;
+  int rc = run_capture(argv, &out);
+  T_CHECK_MSG(rc == 0, "newt run over TLS with a user exited %d:\n%s", rc, out ? out : "");
+  free(out);
+  char *text = NULL;
+  size_t n;
+  cJSON *j = NULL;
+  if (newt_fs_read_all(summary, 1 << 20, &text, &n) == NEWT_OK) T_OK(newt_json_parse(text, n, "summary", &j));
+  double loss = NAN;
+  int done = 0;
+  if (j) {
+    newt_json_get_bool(j, "summary", "done", 1, &done);
+    newt_json_get_double(j, "summary", "final_loss", 1, &loss);
+    cJSON_Delete(j);
+  }
+  free(text);
+  T_CHECK(done);
+  T_CHECK_MSG(fabs(loss - ref) <= 1e-4 * fmax(1.0, fabs(ref)), "final loss %.7f, uninterrupted %.7f", loss, ref);
+  rdzv_etcd_server_free(srv);
+}
+
 static void test_netns(void) {
   T_CHECK_MSG(geteuid() == 0, "the multi-host test needs root for ip netns (CI runs as root)");
   if (geteuid() != 0) return;
@@ -1103,11 +1169,13 @@ int main(int argc, char **argv) {
     newt_fs_rm_rf(tmpdir);
     return rc;
   }
-  if (strcmp(argv[1], "forged") == 0 || strcmp(argv[1], "etcd_nospace") == 0 || strcmp(argv[1], "impostor") == 0) {
+  if (strcmp(argv[1], "forged") == 0 || strcmp(argv[1], "etcd_nospace") == 0 || strcmp(argv[1], "impostor") == 0 ||
+      strcmp(argv[1], "tls") == 0) {
     snprintf(tmpdir, sizeof tmpdir, "/tmp/newt-e2e-%s-XXXXXX", argv[1]);
     if (!mkdtemp(tmpdir)) return 2;
     if (strcmp(argv[1], "forged") == 0) T_RUN(test_forged);
     else if (strcmp(argv[1], "impostor") == 0) T_RUN(test_impostor);
+    else if (strcmp(argv[1], "tls") == 0) T_RUN(test_tls);
     else T_RUN(test_nospace);
     int rc = T_DONE();
     if (rc == 0) newt_fs_rm_rf(tmpdir);
