@@ -147,11 +147,19 @@ void ctrl_drain(cpu_comm *c, cpu_link *l) {
     }
     switch (m.type) {
       case CTRL_PING: {
-        uint8_t p[8];
+        uint8_t p[24];
+        size_t len = 8;
         int in_op = c->cur_wait != NULL;
         le_put32(p, (uint32_t)in_op);
         le_put32(p + 4, (uint32_t)(in_op ? c->cur_wait->blocker : -1));
-        ctrl_send(c, l, CTRL_PONG, m.arg, p, sizeof p);
+        if (atomic_load_explicit(&c->probe_hook_set, memory_order_acquire)) {
+          uint64_t ext[2] = {0, 0};
+          c->probe_hook(c->probe_arg, ext);
+          le_put64(p + 8, ext[0]);
+          le_put64(p + 16, ext[1]);
+          len = 24;
+        }
+        ctrl_send(c, l, CTRL_PONG, m.arg, p, len);
         break;
       }
       case CTRL_PONG: handle_pong(c, l, &m); break;
@@ -394,6 +402,14 @@ static void probe_send(cpu_wait *w, int target) {
 }
 
 static void handle_pong(cpu_comm *c, cpu_link *l, const ctrl_msg *m) {
+  if (m->arg & CTRL_EXT_PROBE) { /* comm_cpu_probe's */
+    if (m->len >= 24) {
+      atomic_store(&l->ext_val[0], le_get64(m->payload + 8));
+      atomic_store(&l->ext_val[1], le_get64(m->payload + 16));
+      atomic_store_explicit(&l->ext_seq, m->arg, memory_order_release);
+    }
+    return;
+  }
   cpu_wait *w = c->cur_wait;
   if (!w || !w->probing || w->probe_target != l->peer || m->arg != w->probe_seq || m->len < 8) return;
   int in_op = (int)le_get32(m->payload);

@@ -23,7 +23,8 @@
  *   shrink_none    [3] a shrink that excludes nobody gives a working communicator
  *   split_timeout  [2] a split that times out leaks no child (descriptors, threads)
  *   invalid_arg    [7] an argument NCCL refuses kills the communicator
- *   progress       [9] the deadline counts from the last progress; a build has its own
+ *   progress       [9] the deadline counts from the last progress, not from the wait
+ *   build_deadline [9] init and split have their own deadline, not the operations'
  *   stream_order   [10] operations run after the work queued before them on the stream
  *   cancel         [11] a newer plan cancels a build (comm_create and comm_split)
  *   fresh_id       [12] every generation's communicator from a fresh unique id
@@ -38,7 +39,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/mman.h>
 #include <sys/prctl.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -48,24 +48,9 @@
 #include "common/dtype.h"
 #include "test.h"
 
-#ifdef COMM_NCCL_ID_BYTES
-/* The interface before issue 13: the caller made the unique id and handed it out. Kept
- * only to run this suite against that code (each rank process is given the id its
- * generation's first member made). */
-#define OLD_API 1
-#else
-#define OLD_API 0
-#endif
-
 static int gpus;      /* GPUs (double: "devices") this machine shows */
 static int my_device; /* this rank process's device */
 static int64_t build_ms;
-
-typedef struct ids_page {
-  unsigned char id[128][128];
-  _Atomic int ready[128];
-} ids_page;
-static ids_page *ids;
 
 /* --- rank processes ------------------------------------------------------------------- */
 
@@ -90,9 +75,7 @@ static void nccl_config(const ct_world *w, int rank, comm_config *cfg) {
   ct_config(w, rank, cfg);
   cfg->backend = COMM_BACKEND_NCCL;
   cfg->device = my_device;
-#if !OLD_API
   cfg->build_timeout_ms = build_ms;
-#endif
 }
 
 static void derive_secret(const ct_world *w, uint64_t gen, unsigned char out[32]) {
@@ -101,9 +84,9 @@ static void derive_secret(const ct_world *w, uint64_t gen, unsigned char out[32]
   out[1] ^= (unsigned char)(gen >> 8);
 }
 
-/* Builds generation `gen` over members[0..nm) (NULL: every rank of w); k numbers the
- * build within the case (the old interface's id slot). */
-static newt_result_t build(ct_world *w, int rank, const int *members, int nm, uint64_t gen, int k,
+/* Builds generation `gen` over members[0..nm) (NULL: every rank of w) from what a plan
+ * gives: addresses, hosts, generation, secret (rank 0 makes the NCCL unique id inside). */
+static newt_result_t build(ct_world *w, int rank, const int *members, int nm, uint64_t gen,
                            const atomic_int *cancel, void *stream, comm_t **out) {
   const char *addrs[CT_MAX], *hosts[CT_MAX];
   int me = -1, all[CT_MAX];
@@ -127,25 +110,11 @@ static newt_result_t build(ct_world *w, int rank, const int *members, int nm, ui
   derive_secret(w, gen, cfg.secret);
   cfg.cancel = cancel;
   cfg.stream = stream;
-#if OLD_API
-  if (k >= 0) {
-    if (me == 0) {
-      comm_nccl_unique_id(ids->id[k]);
-      atomic_store(&ids->ready[k], 1);
-    } else {
-      while (!atomic_load(&ids->ready[k])) newt_sleep_ms(1);
-    }
-    memcpy(cfg.nccl_id, ids->id[k], COMM_NCCL_ID_BYTES);
-  }
-#else
-  (void)k;
-#endif
   return comm_create(&cfg, out);
 }
 
 /* Runs fn in one process per rank; returns the number of ranks that failed. */
 static int run_world(ct_world *w, ct_rank_fn fn, void *arg, int64_t deadline_ms, const int *killed) {
-  memset(ids, 0, sizeof *ids);
   ct_spawn(w, fn, arg);
   return ct_wait(w, deadline_ms, killed);
 }
@@ -299,7 +268,7 @@ static int ops_rank(ct_world *w, int rank, void *arg) {
   (void)arg;
   rank_setup(rank, w->size);
   comm_t *c = NULL;
-  OKR(build(w, rank, NULL, 0, w->generation, 0, NULL, NULL, &c));
+  OKR(build(w, rank, NULL, 0, w->generation, NULL, NULL, &c));
   if (!c) return ct_failures;
   CHECKR(comm_size(c) == w->size && comm_rank(c) == rank && comm_get_backend(c) == COMM_BACKEND_NCCL,
          "size %d rank %d", comm_size(c), comm_rank(c));
@@ -352,7 +321,7 @@ static int fail_rank(ct_world *w, int rank, void *arg) {
   rank_setup(rank, w->size);
   int fds0 = ct_fd_count(), threads0 = ct_thread_count();
   comm_t *c = NULL;
-  OKR(build(w, rank, NULL, 0, w->generation, 0, NULL, NULL, &c));
+  OKR(build(w, rank, NULL, 0, w->generation, NULL, NULL, &c));
   if (!c) return ct_failures;
   uint64_t t_err;
   float *buf = dev_alloc((1 << 16) * 4);
@@ -400,7 +369,7 @@ static int fail_rank(ct_world *w, int rank, void *arg) {
   cudaFree(buf);
   /* the next generation, from the plan alone */
   comm_t *g = NULL;
-  OKR(build(w, rank, survivors, ns, w->generation + 2, 1, NULL, NULL, &g));
+  OKR(build(w, rank, survivors, ns, w->generation + 2, NULL, NULL, &g));
   if (g) check_allreduce(g, rank, survivors, COMM_SUM, 65537, 0, "next generation");
   comm_free(g);
   CHECKR(settle(ct_fd_count, fds0, 3000) == fds0, "file descriptors: %d at start, %d at the end", fds0, ct_fd_count());
@@ -414,7 +383,6 @@ static void run_fail(int sig, int victim) {
   ct_world_init(&w, 3, CT_TCP, sig == SIGKILL ? "nkill" : "nstop");
   w.timeout_ms = sig == SIGSTOP ? 1000 : 20000;
   fail_case fc = {.victim = victim, .sig = sig};
-  memset(ids, 0, sizeof *ids);
   ct_spawn(&w, fail_rank, &fc);
   newt_deadline_t d = newt_deadline_in_ms(60000);
   while (atomic_load(&w.sh->ready) < 3 && !newt_deadline_passed(d)) newt_sleep_ms(1);
@@ -457,7 +425,7 @@ static int abort_rank(ct_world *w, int rank, void *arg) {
   rank_setup(rank, w->size);
   int fds0 = ct_fd_count(), threads0 = ct_thread_count();
   comm_t *c = NULL;
-  OKR(build(w, rank, NULL, 0, w->generation, 0, NULL, NULL, &c));
+  OKR(build(w, rank, NULL, 0, w->generation, NULL, NULL, &c));
   if (!c) return ct_failures;
   size_t count = 1 << 16;
   float *x = dev_alloc(count * 4), *y = dev_alloc(count * 4);
@@ -531,7 +499,7 @@ static int abort_family_rank(ct_world *w, int rank, void *arg) {
   rank_setup(rank, w->size);
   int fds0 = ct_fd_count(), threads0 = ct_thread_count();
   comm_t *c = NULL, *child = NULL;
-  OKR(build(w, rank, NULL, 0, w->generation, 0, NULL, NULL, &c));
+  OKR(build(w, rank, NULL, 0, w->generation, NULL, NULL, &c));
   if (c) OKR(comm_split(c, 0, rank, &child));
   if (!c || !child) {
     comm_free(child);
@@ -576,7 +544,7 @@ static int family_rank(ct_world *w, int rank, void *arg) {
   rank_setup(rank, w->size);
   int fds0 = ct_fd_count(), threads0 = ct_thread_count();
   comm_t *world = NULL, *dp = NULL, *tp = NULL;
-  OKR(build(w, rank, NULL, 0, w->generation, 0, NULL, NULL, &world));
+  OKR(build(w, rank, NULL, 0, w->generation, NULL, NULL, &world));
   if (world) OKR(comm_split(world, 0, rank, &dp));                   /* everyone */
   if (world) OKR(comm_split(world, rank == 0 ? 0 : 1, rank, &tp));   /* {0}, {1, 2} */
   if (!world || !dp || !tp) {
@@ -626,7 +594,6 @@ static int family_rank(ct_world *w, int rank, void *arg) {
 static void test_family_kill(void) {
   ct_world w;
   ct_world_init(&w, 3, CT_TCP, "nfam");
-  memset(ids, 0, sizeof *ids);
   ct_spawn(&w, family_rank, NULL);
   newt_deadline_t d = newt_deadline_in_ms(60000);
   while (atomic_load(&w.sh->ready) < 3 && !newt_deadline_passed(d)) newt_sleep_ms(1);
@@ -647,7 +614,7 @@ static int shrink_none_rank(ct_world *w, int rank, void *arg) {
   (void)arg;
   rank_setup(rank, w->size);
   comm_t *c = NULL, *s = NULL;
-  OKR(build(w, rank, NULL, 0, w->generation, 0, NULL, NULL, &c));
+  OKR(build(w, rank, NULL, 0, w->generation, NULL, NULL, &c));
   if (!c) return ct_failures;
   check_allreduce(c, rank, NULL, COMM_SUM, 1000, 0, "before");
   unsigned char secret[32];
@@ -675,7 +642,7 @@ static int split_timeout_rank(ct_world *w, int rank, void *arg) {
   rank_setup(rank, w->size);
   int fds0 = ct_fd_count(), threads0 = ct_thread_count();
   comm_t *c = NULL, *child = NULL;
-  OKR(build(w, rank, NULL, 0, w->generation, 0, NULL, NULL, &c));
+  OKR(build(w, rank, NULL, 0, w->generation, NULL, NULL, &c));
   if (!c) return ct_failures;
   if (rank < 2) {
     uint64_t t0 = newt_now_ns();
@@ -716,7 +683,7 @@ static int invalid_rank(ct_world *w, int rank, void *arg) {
   rank_setup(rank, w->size);
   setenv("NCCL_CHECK_POINTERS", "1", 1); /* NCCL checks that buffers are device memory */
   comm_t *c = NULL;
-  OKR(build(w, rank, NULL, 0, w->generation, 0, NULL, NULL, &c));
+  OKR(build(w, rank, NULL, 0, w->generation, NULL, NULL, &c));
   if (!c) return ct_failures;
   float host[64] = {0};
   newt_result_t r = comm_allreduce(c, host, host, 64, NEWT_F32, COMM_SUM);
@@ -749,10 +716,8 @@ static void test_invalid_arg(void) {
 static int progress_rank(ct_world *w, int rank, void *arg) {
   (void)arg;
   rank_setup(rank, w->size);
-  /* a late rank: the build has its own deadline, not the operations' 1000 ms */
-  if (rank == 1) newt_sleep_ms(1500);
   comm_t *c = NULL;
-  OKR(build(w, rank, NULL, 0, w->generation, 0, NULL, NULL, &c));
+  OKR(build(w, rank, NULL, 0, w->generation, NULL, NULL, &c));
   if (!c) return ct_failures;
   size_t n = 4096;
   float *b[3];
@@ -787,6 +752,33 @@ static void test_progress(void) {
   ct_world_free(&w);
 }
 
+/* A rank comes 1.5 s late: the build has its own deadline, not the operations' 500 ms. */
+static int late_rank(ct_world *w, int rank, void *arg) {
+  (void)arg;
+  rank_setup(rank, w->size);
+  if (rank == 1) newt_sleep_ms(1500);
+  comm_t *c = NULL, *child = NULL;
+  uint64_t t0 = newt_now_ns();
+  OKR(build(w, rank, NULL, 0, w->generation, NULL, NULL, &c));
+  fprintf(stderr, "rank %d: built after %.0f ms (operations' timeout %lld ms)\n", rank, (newt_now_ns() - t0) / 1e6,
+          (long long)w->timeout_ms);
+  if (!c) return ct_failures;
+  if (rank == 0) newt_sleep_ms(1000); /* and a split rank 0 comes late to */
+  OKR(comm_split(c, 0, rank, &child));
+  if (child) check_allreduce(child, rank, NULL, COMM_SUM, 1000, 0, "late split");
+  comm_free(child);
+  comm_free(c);
+  return ct_failures;
+}
+
+static void test_build_deadline(void) {
+  ct_world w;
+  ct_world_init(&w, 2, CT_TCP, "nlate");
+  w.timeout_ms = 500;
+  T_CHECK(run_world(&w, late_rank, NULL, 60000, NULL) == 0);
+  ct_world_free(&w);
+}
+
 /* --- ordering after the work queued on the stream ---------------------------------------------- */
 
 static void slow_host_fn(void *arg) {
@@ -813,7 +805,7 @@ static int stream_rank(ct_world *w, int rank, void *arg) {
   cudaStreamCreate(&g);
   cudaEventCreate(&ev);
   comm_t *c = NULL, *child = NULL;
-  OKR(build(w, rank, NULL, 0, w->generation, 0, NULL, model, &c));
+  OKR(build(w, rank, NULL, 0, w->generation, NULL, model, &c));
   if (c) OKR(comm_split(c, 0, rank, &child));
   size_t n = 1 << 16;
   uint8_t *d = dev_alloc(n), *h = malloc(n);
@@ -827,7 +819,6 @@ static int stream_rank(ct_world *w, int rank, void *arg) {
     for (size_t i = 0; i < n; i++) bad += h[i] != 3;
     CHECKR(bad == 0, "a split child's allreduce ran before the work queued on the model's stream: %zu of %zu wrong "
                      "(h[0] = %d)", bad, n, h[0]);
-#if !OLD_API
     /* another stream for the parent: comm_set_stream */
     OKR(comm_set_stream(c, other));
     cudaStreamSynchronize(model);
@@ -838,7 +829,6 @@ static int stream_rank(ct_world *w, int rank, void *arg) {
     bad = 0;
     for (size_t i = 0; i < n; i++) bad += h[i] != 4;
     CHECKR(bad == 0, "after comm_set_stream: %zu of %zu wrong", bad, n);
-#endif
   }
   comm_free(child);
   comm_free(c);
@@ -880,12 +870,12 @@ static int cancel_rank(ct_world *w, int rank, void *arg) {
     if (rank != 1) return 0;
     pthread_create(&t, NULL, cancel_later, &cancel);
     uint64_t t0 = newt_now_ns();
-    r = build(w, rank, NULL, 0, w->generation, OLD_API ? -1 : 0, &cancel, NULL, &c);
+    r = build(w, rank, NULL, 0, w->generation, &cancel, NULL, &c);
     ms = (double)(newt_now_ns() - t0) / 1e6 - 300;
     pthread_join(t, NULL);
   } else {
     /* comm_split: rank 2 never calls it */
-    r = build(w, rank, NULL, 0, w->generation, 0, &cancel, NULL, &c);
+    r = build(w, rank, NULL, 0, w->generation, &cancel, NULL, &c);
     CHECKR(r == NEWT_OK, "build -> %s: %s", newt_result_name(r), newt_errmsg());
     if (!c) return ct_failures;
     if (rank == 2) {
@@ -937,7 +927,7 @@ static int fresh_rank(ct_world *w, int rank, void *arg) {
     if (rank >= nm) break; /* the highest rank leaves each generation */
     for (int i = 0; i < nm; i++) members[i] = i;
     comm_t *c = NULL;
-    newt_result_t r = build(w, rank, members, nm, w->generation + (uint64_t)gen, -1, NULL, NULL, &c);
+    newt_result_t r = build(w, rank, members, nm, w->generation + (uint64_t)gen, NULL, NULL, &c);
     CHECKR(r == NEWT_OK, "generation %d of %d ranks -> %s: %s", gen, nm, newt_result_name(r), newt_errmsg());
     if (c) check_allreduce(c, rank, members, COMM_SUM, 3000, 0, "fresh id");
     comm_free(c);
@@ -969,11 +959,15 @@ static int rebuild_rank(ct_world *w, int rank, void *arg) {
       heap0 = mallinfo2().uordblks;
     }
     comm_t *c = NULL;
-    newt_result_t r = build(w, rank, NULL, 0, w->generation + (uint64_t)(k + 1), k + 1, NULL, NULL, &c);
+    newt_result_t r = build(w, rank, NULL, 0, w->generation + (uint64_t)(k + 1), NULL, NULL, &c);
     CHECKR(r == NEWT_OK, "rebuild %d -> %s: %s", k, newt_result_name(r), newt_errmsg());
     if (!c) break;
     OKR(comm_allreduce(c, d, d, 1 << 18, NEWT_F32, COMM_SUM));
-    if (k % 10 == 3) comm_abort(c); /* some end the hard way */
+    if (k % 10 == 3) { /* some end the hard way, once every rank has its result */
+      atomic_fetch_add(&w->sh->ready, 1);
+      while (atomic_load(&w->sh->ready) < w->size * (k / 10 + 1)) newt_sleep_ms(1);
+      comm_abort(c);
+    }
     comm_free(c);
     if (ct_failures) break;
   }
@@ -1006,7 +1000,7 @@ static int duplicate_rank(ct_world *w, int rank, void *arg) {
   int fds0 = ct_fd_count();
   comm_t *c = NULL;
   uint64_t t0 = newt_now_ns();
-  newt_result_t r = build(w, rank, NULL, 0, w->generation, 0, NULL, NULL, &c);
+  newt_result_t r = build(w, rank, NULL, 0, w->generation, NULL, NULL, &c);
   double ms = (double)(newt_now_ns() - t0) / 1e6;
   fprintf(stderr, "rank %d: two ranks on one GPU -> %s after %.0f ms: %s\n", rank, newt_result_name(r), ms,
           newt_errmsg());
@@ -1042,11 +1036,8 @@ static int gpu_count(void) {
 }
 
 int main(int argc, char **argv) {
-  ids = mmap(NULL, sizeof *ids, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
-  if (ids == MAP_FAILED) return 2;
   gpus = gpu_count();
-  fprintf(stderr, "%d GPU(s) visible%s; %s interface\n", gpus, gpus ? "" : " (the NCCL backend needs one)",
-          OLD_API ? "the old (caller-made unique id)" : "the");
+  fprintf(stderr, "%d GPU(s) visible%s\n", gpus, gpus ? "" : " (the NCCL backend needs one)");
   if (gpus < 1) {
     fprintf(stderr, "FAIL: no GPU visible: every case of this suite needs one (cudaGetDeviceCount)\n");
     return 1;
@@ -1064,6 +1055,7 @@ int main(int argc, char **argv) {
   RUN(test_split_timeout);
   RUN(test_invalid_arg);
   RUN(test_progress);
+  RUN(test_build_deadline);
   RUN(test_stream_order);
   RUN(test_cancel);
   RUN(test_fresh_id);
