@@ -69,7 +69,7 @@ static inline uint64_t le_get64(const uint8_t *p) {
 enum {
   CTRL_DOORBELL = 1, /* wake up: data or space in a shared-memory ring */
   CTRL_PING,         /* arg = sequence (CTRL_EXT_PROBE set: another backend's probe) */
-  CTRL_PONG,         /* arg = sequence; payload: i32 in_op, i32 waiting_on[, u64 ext[2]] */
+  CTRL_PONG,         /* arg = sequence; payload: i32 in_op, i32 waiting_on[, u64 ext[COMM_PROBE_VALUES]] */
   CTRL_FAIL,         /* arg = code; payload: i32 culprit, message */
   CTRL_BYE,          /* the peer freed its communicator */
   CTRL_SHM_OFFER,    /* payload: u64 segment size, u64 ring offset, u64 ring bytes, name */
@@ -123,7 +123,7 @@ typedef struct cpu_link {
   int ctrl_eof; /* the control connection is closed: no longer polled */
   /* the peer's answer to the last comm_cpu_probe: its number and the hook's values */
   _Atomic uint32_t ext_seq;
-  _Atomic uint64_t ext_val[2];
+  _Atomic uint64_t ext_val[COMM_PROBE_VALUES];
   /* shared memory */
   shm_ring *tx, *rx; /* tx in the peer's segment, rx in ours */
   uint8_t *txd, *rxd;
@@ -276,7 +276,7 @@ struct cpu_comm {
   size_t scratch_cap;
   uint32_t split_seq;
   /* as another backend's control channel: what a probe's answer carries */
-  void (*probe_hook)(void *arg, uint64_t out[2]);
+  void (*probe_hook)(void *arg, uint64_t out[COMM_PROBE_VALUES]);
   void *probe_arg;
   _Atomic int probe_hook_set;
   _Atomic uint32_t ext_probe_seq;

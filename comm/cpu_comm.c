@@ -641,7 +641,7 @@ static void cpu_free(struct comm *pub) {
 
 /* --- the control channel of another backend (internal.h) --------------------------------- */
 
-void comm_cpu_set_probe_hook(struct comm *pub, void (*hook)(void *arg, uint64_t out[2]), void *arg) {
+void comm_cpu_set_probe_hook(struct comm *pub, void (*hook)(void *arg, uint64_t out[COMM_PROBE_VALUES]), void *arg) {
   cpu_comm *c = pub->impl;
   c->probe_hook = hook;
   c->probe_arg = arg;
@@ -653,16 +653,14 @@ uint32_t comm_cpu_probe(struct comm *pub) {
   uint32_t seq = (atomic_fetch_add(&c->ext_probe_seq, 1) + 1) | CTRL_EXT_PROBE;
   for (int r = 0; r < c->size; r++)
     if (r != c->rank) ctrl_send(c, &c->links[r], CTRL_PING, seq, NULL, 0);
-  wake(c, 0); /* the progress thread polls for the answers */
-  return seq;
+  return seq; /* the answers come to the progress thread (or the executor) */
 }
 
-int comm_cpu_probe_answer(struct comm *pub, int peer, uint32_t seq, uint64_t out[2]) {
+int comm_cpu_probe_answer(struct comm *pub, int peer, uint32_t seq, uint64_t out[COMM_PROBE_VALUES]) {
   cpu_comm *c = pub->impl;
   cpu_link *l = &c->links[peer];
   if (atomic_load_explicit(&l->ext_seq, memory_order_acquire) == seq) {
-    out[0] = atomic_load(&l->ext_val[0]);
-    out[1] = atomic_load(&l->ext_val[1]);
+    for (int i = 0; i < COMM_PROBE_VALUES; i++) out[i] = atomic_load(&l->ext_val[i]);
     return 1;
   }
   return l->gone || l->ctrl_eof || l->ctrl_fd < 0 ? -1 : 0;

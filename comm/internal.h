@@ -175,13 +175,14 @@ struct comm_backend_ops {
  * An NCCL communicator keeps a CPU communicator of the same ranks (its companion) to hand
  * out the unique id, to tell the peers of a failure and to probe them. A probe pings every
  * live peer; each answers, from its progress thread even while idle, with what its hook
- * says (the NCCL backend: operations issued and completed on that communicator). */
-void comm_cpu_set_probe_hook(struct comm *c, void (*hook)(void *arg, uint64_t out[2]), void *arg);
+ * says (the NCCL backend: operations issued, started and completed on that communicator). */
+#define COMM_PROBE_VALUES 3
+void comm_cpu_set_probe_hook(struct comm *c, void (*hook)(void *arg, uint64_t out[COMM_PROBE_VALUES]), void *arg);
 /* Pings every live peer; returns the probe's number. */
 uint32_t comm_cpu_probe(struct comm *c);
 /* Peer's answer to probe `seq`: 1 answered (out set), 0 not yet, -1 gone (its connection
  * closed, or it said goodbye). */
-int comm_cpu_probe_answer(struct comm *c, int peer, uint32_t seq, uint64_t out[2]);
+int comm_cpu_probe_answer(struct comm *c, int peer, uint32_t seq, uint64_t out[COMM_PROBE_VALUES]);
 /* "rank 2 (10.0.0.3:4012)", "rank 1 (world rank 3, 10.0.0.4:4012)" */
 const char *comm_cpu_peer_name(struct comm *c, int peer);
 

@@ -80,7 +80,7 @@ struct nccl_comm {
   cudaEvent_t pool[32];
   int npool;
   uint64_t last_event; /* when an operation last started or completed (ns) */
-  _Atomic uint64_t issued, completed;
+  _Atomic uint64_t issued, started, completed;
 };
 
 static ncclDataType_t nccl_type(newt_dtype dt) {
@@ -164,6 +164,7 @@ static int poll_ops(struct nccl_comm *n, cudaError_t *e) {
       cudaError_t q = cudaEventQuery(op->start);
       if (q == cudaSuccess) {
         op->started = 1;
+        atomic_fetch_add(&n->started, 1);
         moved = 1;
       } else if (q != cudaErrorNotReady) {
         *e = q;
@@ -176,6 +177,7 @@ static int poll_ops(struct nccl_comm *n, cudaError_t *e) {
       *e = q;
       break;
     }
+    if (!op->started) atomic_fetch_add(&n->started, 1); /* done: started too */
     if (n->npool + 2 <= (int)(sizeof n->pool / sizeof n->pool[0])) {
       n->pool[n->npool++] = op->start;
       n->pool[n->npool++] = op->done;
@@ -193,8 +195,8 @@ static int poll_ops(struct nccl_comm *n, cudaError_t *e) {
 }
 
 /* The probe hook: what this rank tells a peer that probes it (the control channel's
- * progress thread calls it). */
-static void probe_state(void *arg, uint64_t out[2]) {
+ * progress thread calls it): operations issued, started and completed. */
+static void probe_state(void *arg, uint64_t out[COMM_PROBE_VALUES]) {
   struct nccl_comm *n = arg;
   cudaSetDevice(n->device);
   pthread_mutex_lock(&n->ops_mu);
@@ -202,14 +204,17 @@ static void probe_state(void *arg, uint64_t out[2]) {
   poll_ops(n, &e);
   pthread_mutex_unlock(&n->ops_mu);
   out[0] = atomic_load(&n->issued);
-  out[1] = atomic_load(&n->completed);
+  out[1] = atomic_load(&n->started);
+  out[2] = atomic_load(&n->completed);
 }
+
+#define PROBE_PEERS 64
 
 typedef struct probe {
   int active, rounds;
   uint32_t seq;
   uint64_t until;
-  uint64_t prev[2 * 64]; /* the previous round's answers (first 64 peers) */
+  uint64_t prev[PROBE_PEERS][COMM_PROBE_VALUES]; /* the previous round's answers */
 } probe;
 
 /* Starts a probe round. */
@@ -219,45 +224,59 @@ static void probe_start(struct nccl_comm *n, probe *p) {
   p->until = newt_now_ns() + probe_window_ns(n->pub->timeout_ms);
 }
 
-/* Evaluates a probe round for operation `seq` (0: a build). Returns 0 while it goes on,
- * 1 when the peers moved (progress: restart the clock), or fails the communicator. */
-static int probe_verdict(struct nccl_comm *n, probe *p, uint64_t seq, const char *what, newt_result_t *res) {
+/* Evaluates a probe round made because nothing moved for timeout_ms while operation
+ * `head` (the oldest in flight) waited; `started`: this rank's stream reached it. Returns
+ * 0 while the round goes on, 1 when it shows progress (restart the clock), -1 when the
+ * communicator is failed, naming who held it up:
+ *  - a peer whose control connection closed, or that does not answer (stopped, hung);
+ *  - this rank, when its own stream has not reached the operation for two rounds;
+ *  - a peer that has not reached it for two rounds, its counters still;
+ *  - nobody (-1) when every rank is in it and nothing moves: NCCL itself is stuck. */
+static int probe_verdict(struct nccl_comm *n, probe *p, uint64_t head, int started, const char *what,
+                         newt_result_t *res) {
   struct comm *c = n->pub;
-  int silent = -1, behind = -1, moved = 0;
+  int silent = -1, gone = -1, behind = -1, moved = 0;
   for (int q = 0; q < c->size; q++) {
     if (q == c->rank) continue;
-    uint64_t ans[2];
+    uint64_t ans[COMM_PROBE_VALUES];
     int a = comm_cpu_probe_answer(n->ctl, q, p->seq, ans);
-    if (a < 0) return 0; /* gone: the control channel fails the communicator naming it */
-    if (a == 0) {
-      if (silent < 0) silent = q;
-      continue;
+    if (a < 0 && gone < 0) gone = q;
+    if (a == 0 && silent < 0) silent = q;
+    if (a != 1) continue;
+    if (q < PROBE_PEERS) {
+      if (p->rounds > 0 && memcmp(ans, p->prev[q], sizeof ans) != 0) moved = 1;
+      memcpy(p->prev[q], ans, sizeof ans);
     }
-    if (q < 64) {
-      if (p->rounds > 0 && (ans[0] != p->prev[2 * q] || ans[1] != p->prev[2 * q + 1])) moved = 1;
-      p->prev[2 * q] = ans[0];
-      p->prev[2 * q + 1] = ans[1];
-    }
-    if (seq && ans[0] < seq && behind < 0) behind = q;
+    if (ans[1] < head && behind < 0) behind = q;
   }
-  if (silent >= 0 && newt_now_ns() < p->until) return 0; /* wait for the answers */
+  if ((silent >= 0 || gone >= 0) && newt_now_ns() < p->until) return 0; /* wait for the answers */
   p->active = 0;
   p->rounds++;
+  long long ms = (long long)c->timeout_ms;
+  if (gone >= 0) { /* it said goodbye (freed its communicator), or died unnoticed so far */
+    *res = comm_fail(c, NEWT_ERR_PEER, gone, 1, "%s left (its control connection is closed) while this rank waited in %s",
+                     comm_cpu_peer_name(n->ctl, gone), what);
+    return -1;
+  }
   if (silent >= 0) {
     *res = comm_fail(c, NEWT_ERR_TIMEOUT, silent, 1,
                      "%s made no progress for %lld ms during %s and did not answer a probe (stopped or hung)",
-                     comm_cpu_peer_name(n->ctl, silent), (long long)c->timeout_ms, what);
+                     comm_cpu_peer_name(n->ctl, silent), ms, what);
     return -1;
   }
-  if (moved || (behind >= 0 && p->rounds == 1)) return 1; /* busy elsewhere, or moving on */
-  if (behind >= 0)
+  if (moved || p->rounds == 1) return 1; /* everyone alive: a second round decides */
+  if (!started)
+    *res = comm_fail(c, NEWT_ERR_TIMEOUT, c->rank, 1,
+                     "rank %d: its stream has not reached %s for %lld ms (the work queued before it is still "
+                     "running, or hung)", c->rank, what, 2 * ms);
+  else if (behind >= 0)
     *res = comm_fail(c, NEWT_ERR_TIMEOUT, behind, 1,
-                     "%s is alive but has not entered %s (operation %llu of this communicator) for %lld ms", 
-                     comm_cpu_peer_name(n->ctl, behind), what, (unsigned long long)seq, (long long)c->timeout_ms);
+                     "%s is alive but has not reached %s (operation %llu of this communicator) for %lld ms",
+                     comm_cpu_peer_name(n->ctl, behind), what, (unsigned long long)head, 2 * ms);
   else
     *res = comm_fail(c, NEWT_ERR_TIMEOUT, -1, 1,
                      "every rank is in %s and alive, but it made no progress for %lld ms (NCCL did not complete it)",
-                     what, (long long)c->timeout_ms);
+                     what, 2 * ms);
   return -1;
 }
 
@@ -275,7 +294,7 @@ static newt_result_t async_failure(struct nccl_comm *n, ncclResult_t state, cons
     if (atomic_load(&n->pub->failed)) return stop_waiting(n, what); /* named by the channel */
     silent = -1;
     for (int q = 0; q < n->pub->size && silent < 0; q++) {
-      uint64_t ans[2];
+      uint64_t ans[COMM_PROBE_VALUES];
       if (q != n->pub->rank && comm_cpu_probe_answer(n->ctl, q, p.seq, ans) != 1) silent = q;
     }
     if (silent < 0) break;
@@ -304,7 +323,9 @@ static ncclResult_t async_state(struct nccl_comm *n) {
   return r != ncclSuccess ? r : state;
 }
 
-/* Waits until operation `seq` of n completed. */
+/* Waits until operation `seq` of n completed. The clock runs from the last progress: this
+ * operation issued, or an operation of n started or completed; after timeout_ms without,
+ * the peers are probed (probe_verdict). */
 static newt_result_t wait_op(struct nccl_comm *n, uint64_t seq, const char *what) {
   struct comm *c = n->pub;
   uint64_t t0 = newt_now_ns(), stall = (uint64_t)c->timeout_ms * 1000000ull;
@@ -316,10 +337,16 @@ static newt_result_t wait_op(struct nccl_comm *n, uint64_t seq, const char *what
     pthread_mutex_lock(&n->ops_mu);
     int moved = poll_ops(n, &e);
     int done = atomic_load(&n->completed) >= seq;
-    uint64_t from = n->last_event;
-    if (!done && n->count && seq >= n->ring[n->head].seq) {
-      const nccl_inflight *op = &n->ring[(n->head + (seq - n->ring[n->head].seq)) % n->cap];
-      if (op->t_issue > from) from = op->t_issue;
+    uint64_t from = n->last_event, head = 0;
+    int head_started = 0;
+    if (!done && n->count) {
+      const nccl_inflight *h = &n->ring[n->head];
+      head = h->seq;
+      head_started = h->started;
+      if (seq >= h->seq) {
+        const nccl_inflight *op = &n->ring[(n->head + (seq - h->seq)) % n->cap];
+        if (op->t_issue > from) from = op->t_issue;
+      }
     }
     pthread_mutex_unlock(&n->ops_mu);
     if (done) return NEWT_OK; /* it completed, whatever happened since */
@@ -333,9 +360,13 @@ static newt_result_t wait_op(struct nccl_comm *n, uint64_t seq, const char *what
     if (state != ncclSuccess && state != ncclInProgress) return async_failure(n, state, what);
     uint64_t now = newt_now_ns();
     if (p.active) {
-      int v = probe_verdict(n, &p, seq, what, &res);
+      int v = probe_verdict(n, &p, head, head_started, what, &res);
       if (v < 0) return stop_waiting(n, what);
-      if (v > 0) n->last_event = now; /* the peers moved on: progress of theirs */
+      if (v > 0) { /* the peers are alive (or moved on): another period */
+        pthread_mutex_lock(&n->ops_mu);
+        n->last_event = now;
+        pthread_mutex_unlock(&n->ops_mu);
+      }
     } else if (now - from > stall) {
       NEWT_INFO(COMM, "rank %d: no progress in %s for %lld ms: probing the peers", c->rank, what,
                 (long long)c->timeout_ms);
@@ -369,7 +400,7 @@ static newt_result_t settle(struct nccl_comm *n, ncclComm_t h, newt_deadline_t d
       while (newt_now_ns() < p.until && !atomic_load(&c->failed)) newt_sleep_ms(1);
       int silent = -1;
       for (int q = 0; q < c->size && silent < 0; q++) {
-        uint64_t ans[2];
+        uint64_t ans[COMM_PROBE_VALUES];
         if (q != c->rank && comm_cpu_probe_answer(n->ctl, q, p.seq, ans) != 1) silent = q;
       }
       if (atomic_load(&c->failed)) return comm_failed_err(c, what);
@@ -473,8 +504,8 @@ static newt_result_t issue(struct nccl_comm *n, const comm_opdesc *op, uint64_t 
       return stop_waiting(n, what);
     }
     /* on a nonblocking communicator the refusal is its async error (enqueue.cc): dead */
-    comm_fail(c, NEWT_ERR_NCCL, -1, 1, "%s: NCCL refused the operation: %s: %s", what, ncclGetErrorString(r),
-              last_error());
+    comm_fail(c, NEWT_ERR_NCCL, -1, 1, "%s: NCCL refused or failed the operation: %s: %s", what,
+              ncclGetErrorString(r), last_error());
     return stop_waiting(n, what);
   }
   pthread_mutex_lock(&n->ops_mu);

@@ -25,6 +25,7 @@
  *   invalid_arg    [7] an argument NCCL refuses kills the communicator
  *   progress       [9] the deadline counts from the last progress, not from the wait
  *   build_deadline [9] init and split have their own deadline, not the operations'
+ *   stall_verdicts a peer computing too long, or this rank's own stream held, is named
  *   stream_order   [10] operations run after the work queued before them on the stream
  *   cancel         [11] a newer plan cancels a build (comm_create and comm_split)
  *   fresh_id       [12] every generation's communicator from a fresh unique id
@@ -752,6 +753,55 @@ static void test_progress(void) {
   ct_world_free(&w);
 }
 
+/* Nothing moves, everyone alive: the rank that holds the others up is named after two
+ * periods. Stage 0: rank 1 computes (no collective) for 4 s; stage 1: rank 0's stream is
+ * held 4 s by work queued before its collective. Rank `culprit` is named on both ranks. */
+static void slow4_host_fn(void *arg) {
+  (void)arg;
+  newt_sleep_ms(4000);
+}
+
+static int stall_rank(ct_world *w, int rank, void *arg) {
+  int stage = *(const int *)arg, culprit = stage == 0 ? 1 : 0;
+  rank_setup(rank, w->size);
+  cudaStream_t s = NULL;
+  cudaStreamCreate(&s);
+  comm_t *c = NULL;
+  OKR(build(w, rank, NULL, 0, w->generation, NULL, s, &c));
+  if (!c) return ct_failures;
+  float *d = dev_alloc(4096);
+  check_allreduce(c, rank, NULL, COMM_SUM, 100, 0, "before");
+  if (stage == 0 && rank == 1) newt_sleep_ms(4000);
+  if (stage == 1 && rank == 0) cudaLaunchHostFunc(s, slow4_host_fn, NULL);
+  uint64_t t0 = newt_now_ns();
+  newt_result_t r = comm_allreduce(c, d, d, 1024, NEWT_F32, COMM_SUM);
+  double ms = (double)(newt_now_ns() - t0) / 1e6;
+  comm_status st;
+  comm_get_status(c, &st);
+  fprintf(stderr, "rank %d: %s after %.0f ms: %s\n", rank, newt_result_name(r), ms, st.msg);
+  if (!(stage == 0 && rank == 1)) { /* the rank that came late may find it failed already */
+    CHECKR(r == NEWT_ERR_TIMEOUT && st.peer == culprit, "expected a timeout naming rank %d, got %s naming %d: %s",
+           culprit, newt_result_name(r), st.peer, st.msg);
+    CHECKR(ms > 900 && ms < 3900, "decided after %.0f ms (timeout %lld ms)", ms, (long long)w->timeout_ms);
+  }
+  comm_free(c);
+  cudaStreamSynchronize(s);
+  cudaStreamDestroy(s);
+  cudaFree(d);
+  return ct_failures;
+}
+
+static void test_stall_verdicts(void) {
+  for (int stage = 0; stage < 2; stage++) {
+    ct_world w;
+    ct_world_init(&w, 2, CT_TCP, "nstall");
+    w.timeout_ms = 500;
+    T_CHECK_MSG(run_world(&w, stall_rank, &stage, 60000, NULL) == 0, "%s",
+                stage == 0 ? "a peer computing too long" : "this rank's stream held too long");
+    ct_world_free(&w);
+  }
+}
+
 /* A rank comes 1.5 s late: the build has its own deadline, not the operations' 500 ms. */
 static int late_rank(ct_world *w, int rank, void *arg) {
   (void)arg;
@@ -1056,6 +1106,7 @@ int main(int argc, char **argv) {
   RUN(test_invalid_arg);
   RUN(test_progress);
   RUN(test_build_deadline);
+  RUN(test_stall_verdicts);
   RUN(test_stream_order);
   RUN(test_cancel);
   RUN(test_fresh_id);
