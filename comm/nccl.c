@@ -154,6 +154,17 @@ static newt_result_t stop_waiting(struct nccl_comm *n, const char *what) {
 
 /* --- probing the peers over the control channel --------------------------------------------- */
 
+/* Under ops_mu: an operation's events back to the pool (or destroyed when it is full). */
+static void pool_put(struct nccl_comm *n, const nccl_inflight *op) {
+  if (n->npool + 2 <= (int)(sizeof n->pool / sizeof n->pool[0])) {
+    n->pool[n->npool++] = op->start;
+    n->pool[n->npool++] = op->done;
+  } else {
+    cudaEventDestroy(op->start);
+    cudaEventDestroy(op->done);
+  }
+}
+
 /* Under ops_mu: notes the operations that started or completed; a CUDA error in e. */
 static int poll_ops(struct nccl_comm *n, cudaError_t *e) {
   int moved = 0;
@@ -178,13 +189,7 @@ static int poll_ops(struct nccl_comm *n, cudaError_t *e) {
       break;
     }
     if (!op->started) atomic_fetch_add(&n->started, 1); /* done: started too */
-    if (n->npool + 2 <= (int)(sizeof n->pool / sizeof n->pool[0])) {
-      n->pool[n->npool++] = op->start;
-      n->pool[n->npool++] = op->done;
-    } else {
-      cudaEventDestroy(op->start);
-      cudaEventDestroy(op->done);
-    }
+    pool_put(n, op);
     n->head = (n->head + 1) % n->cap;
     n->count--;
     atomic_fetch_add(&n->completed, 1);
@@ -490,13 +495,7 @@ static newt_result_t issue(struct nccl_comm *n, const comm_opdesc *op, uint64_t 
   if (e == cudaSuccess && r == ncclSuccess) e = cudaEventRecord(slot->done, n->stream);
   if (e != cudaSuccess || r != ncclSuccess) {
     pthread_mutex_lock(&n->ops_mu);
-    if (n->npool + 2 <= (int)(sizeof n->pool / sizeof n->pool[0])) {
-      n->pool[n->npool++] = slot->start;
-      n->pool[n->npool++] = slot->done;
-    } else {
-      cudaEventDestroy(slot->start);
-      cudaEventDestroy(slot->done);
-    }
+    pool_put(n, slot);
     pthread_mutex_unlock(&n->ops_mu);
     if (atomic_load(&c->failed)) return stop_waiting(n, what);
     if (e != cudaSuccess) {

@@ -72,13 +72,6 @@ static void rank_setup(int rank, int n) {
   }
 }
 
-static void nccl_config(const ct_world *w, int rank, comm_config *cfg) {
-  ct_config(w, rank, cfg);
-  cfg->backend = COMM_BACKEND_NCCL;
-  cfg->device = my_device;
-  cfg->build_timeout_ms = build_ms;
-}
-
 static void derive_secret(const ct_world *w, uint64_t gen, unsigned char out[32]) {
   memcpy(out, w->secret, 32);
   out[0] ^= (unsigned char)gen;
@@ -90,23 +83,17 @@ static void derive_secret(const ct_world *w, uint64_t gen, unsigned char out[32]
 static newt_result_t build(ct_world *w, int rank, const int *members, int nm, uint64_t gen,
                            const atomic_int *cancel, void *stream, comm_t **out) {
   const char *addrs[CT_MAX], *hosts[CT_MAX];
-  int me = -1, all[CT_MAX];
+  int all[CT_MAX];
   if (!members) {
     for (int r = 0; r < w->size; r++) all[r] = r;
     members = all;
     nm = w->size;
   }
-  for (int i = 0; i < nm; i++) {
-    addrs[i] = w->addrs[members[i]];
-    hosts[i] = w->hosts[members[i]];
-    if (members[i] == rank) me = i;
-  }
   comm_config cfg;
-  nccl_config(w, rank, &cfg);
-  cfg.rank = me;
-  cfg.size = nm;
-  cfg.addrs = addrs;
-  cfg.hosts = hosts;
+  ct_config_members(w, rank, members, nm, &cfg, addrs, hosts);
+  cfg.backend = COMM_BACKEND_NCCL;
+  cfg.device = my_device;
+  cfg.build_timeout_ms = build_ms;
   cfg.generation = gen;
   derive_secret(w, gen, cfg.secret);
   cfg.cancel = cancel;
@@ -125,6 +112,27 @@ static int settle(int (*count)(void), int want, int64_t ms) {
   int now;
   while ((now = count()) != want && !newt_deadline_passed(d)) newt_sleep_ms(10);
   return now;
+}
+
+/* This rank's descriptors and threads are back where they were (a thread or two may still
+ * be on its way out: waited for up to 3 s). */
+#define CHECK_NO_LEAK(fds0, threads0)                                                                     \
+  do {                                                                                                   \
+    CHECKR(settle(ct_fd_count, fds0, 3000) == fds0, "file descriptors: %d at start, %d at the end", fds0, \
+           ct_fd_count());                                                                               \
+    CHECKR(settle(ct_thread_count, threads0, 3000) == threads0, "threads: %d at start, %d at the end",    \
+           threads0, ct_thread_count());                                                                 \
+  } while (0)
+
+/* A case: fn in each of n rank processes, operations' deadline timeout_ms; 0 when every
+ * rank passed. */
+static int run_case(int n, const char *name, int64_t timeout_ms, ct_rank_fn fn, void *arg) {
+  ct_world w;
+  ct_world_init(&w, n, CT_TCP, name);
+  if (timeout_ms) w.timeout_ms = timeout_ms;
+  int bad = run_world(&w, fn, arg, 90000, NULL);
+  ct_world_free(&w);
+  return bad;
 }
 
 /* --- device buffers --------------------------------------------------------------------- */
@@ -292,12 +300,7 @@ static int ops_rank(ct_world *w, int rank, void *arg) {
 }
 
 static void test_ops(void) {
-  for (int n = 1; n <= 3; n += 2) {
-    ct_world w;
-    ct_world_init(&w, n, CT_TCP, "nops");
-    T_CHECK_MSG(run_world(&w, ops_rank, NULL, 120000, NULL) == 0, "%d ranks: a rank failed", n);
-    ct_world_free(&w);
-  }
+  for (int n = 1; n <= 3; n += 2) T_CHECK_MSG(run_case(n, "nops", 0, ops_rank, NULL) == 0, "%d ranks: a rank failed", n);
 }
 
 /* --- kill -9, SIGSTOP ----------------------------------------------------------------------- */
@@ -373,9 +376,7 @@ static int fail_rank(ct_world *w, int rank, void *arg) {
   OKR(build(w, rank, survivors, ns, w->generation + 2, NULL, NULL, &g));
   if (g) check_allreduce(g, rank, survivors, COMM_SUM, 65537, 0, "next generation");
   comm_free(g);
-  CHECKR(settle(ct_fd_count, fds0, 3000) == fds0, "file descriptors: %d at start, %d at the end", fds0, ct_fd_count());
-  CHECKR(settle(ct_thread_count, threads0, 3000) == threads0, "threads: %d at start, %d at the end", threads0,
-         ct_thread_count());
+  CHECK_NO_LEAK(fds0, threads0);
   return ct_failures;
 }
 
@@ -407,20 +408,6 @@ static void test_sigstop(void) { run_fail(SIGSTOP, 1); }
 
 /* --- abort ------------------------------------------------------------------------------- */
 
-typedef struct aborter {
-  comm_t *c;
-  int64_t after_ms;
-  uint64_t t_abort;
-} aborter;
-
-static void *abort_later(void *arg) {
-  aborter *a = arg;
-  newt_sleep_ms(a->after_ms);
-  a->t_abort = newt_now_ns();
-  comm_abort(a->c);
-  return NULL;
-}
-
 static int abort_rank(ct_world *w, int rank, void *arg) {
   (void)arg;
   rank_setup(rank, w->size);
@@ -432,16 +419,10 @@ static int abort_rank(ct_world *w, int rank, void *arg) {
   float *x = dev_alloc(count * 4), *y = dev_alloc(count * 4);
   if (rank == 0) {
     /* rank 1 does not join: these block until the abort */
-    comm_req_t *q1 = NULL, *q2 = NULL;
-    OKR(comm_allreduce_async(c, x, y, count, NEWT_F32, COMM_SUM, &q1));
-    OKR(comm_allgather_async(c, x, y, 16, NEWT_F32, &q2));
-    aborter a = {.c = c, .after_ms = 300};
-    pthread_t th;
-    pthread_create(&th, NULL, abort_later, &a);
-    newt_result_t r = comm_allreduce(c, x, y, count, NEWT_F32, COMM_SUM);
-    uint64_t t_ret = newt_now_ns();
-    pthread_join(th, NULL);
-    double ms = (double)(t_ret - a.t_abort) / 1e6;
+    comm_req_t *q1, *q2;
+    double ms;
+    uint64_t t_before = newt_now_ns();
+    newt_result_t r = ct_blocked_abort(c, x, y, count, 300, &q1, &q2, &ms);
     fprintf(stderr, "rank 0: the blocked allreduce returned %.2f ms after comm_abort\n", ms);
     CHECKR(r == NEWT_ERR_ABORTED, "blocked allreduce -> %s: %s", newt_result_name(r), newt_errmsg());
     CHECKR(ms < 1000, "abort took %.1f ms", ms);
@@ -450,7 +431,7 @@ static int abort_rank(ct_world *w, int rank, void *arg) {
     uint64_t t0 = newt_now_ns();
     CHECKR(comm_barrier(c) == NEWT_ERR_ABORTED, "a later barrier was not aborted");
     CHECKR(newt_now_ns() - t0 < 100000000ull, "a later operation took %.1f ms to fail", (newt_now_ns() - t0) / 1e6);
-    w->sh->t_ns[1] = a.t_abort;
+    w->sh->t_ns[1] = t_before + 300000000ull; /* about when it aborted */
     atomic_store(&w->sh->go, 1);
     while (atomic_load(&w->sh->ready) < 1) newt_sleep_ms(1); /* keep it until rank 1 has seen it */
   } else {
@@ -480,18 +461,11 @@ static int abort_rank(ct_world *w, int rank, void *arg) {
   comm_free(c);
   cudaFree(x);
   cudaFree(y);
-  CHECKR(settle(ct_fd_count, fds0, 3000) == fds0, "file descriptors: %d at start, %d at the end", fds0, ct_fd_count());
-  CHECKR(settle(ct_thread_count, threads0, 3000) == threads0, "threads: %d at start, %d at the end", threads0,
-         ct_thread_count());
+  CHECK_NO_LEAK(fds0, threads0);
   return ct_failures;
 }
 
-static void test_abort(void) {
-  ct_world w;
-  ct_world_init(&w, 2, CT_TCP, "nabort");
-  T_CHECK(run_world(&w, abort_rank, NULL, 60000, NULL) == 0);
-  ct_world_free(&w);
-}
+static void test_abort(void) { T_CHECK(run_case(2, "nabort", 0, abort_rank, NULL) == 0); }
 
 /* The parent is aborted while its child's operation is blocked: the child's operation
  * returns at once, and everything is freed. */
@@ -509,9 +483,9 @@ static int abort_family_rank(ct_world *w, int rank, void *arg) {
   }
   float *x = dev_alloc(4096 * 4);
   if (rank == 0) {
-    aborter a = {.c = c, .after_ms = 300};
+    ct_aborter a = {.c = c, .after_ms = 300};
     pthread_t th;
-    pthread_create(&th, NULL, abort_later, &a);
+    pthread_create(&th, NULL, ct_abort_later, &a);
     newt_result_t r = comm_allreduce(child, x, x, 4096, NEWT_F32, COMM_SUM); /* rank 1 does not join */
     uint64_t t_ret = newt_now_ns();
     pthread_join(th, NULL);
@@ -525,18 +499,11 @@ static int abort_family_rank(ct_world *w, int rank, void *arg) {
   comm_free(child);
   comm_free(c);
   cudaFree(x);
-  CHECKR(settle(ct_fd_count, fds0, 3000) == fds0, "file descriptors: %d at start, %d at the end", fds0, ct_fd_count());
-  CHECKR(settle(ct_thread_count, threads0, 3000) == threads0, "threads: %d at start, %d at the end", threads0,
-         ct_thread_count());
+  CHECK_NO_LEAK(fds0, threads0);
   return ct_failures;
 }
 
-static void test_abort_family(void) {
-  ct_world w;
-  ct_world_init(&w, 2, CT_TCP, "nafam");
-  T_CHECK(run_world(&w, abort_family_rank, NULL, 60000, NULL) == 0);
-  ct_world_free(&w);
-}
+static void test_abort_family(void) { T_CHECK(run_case(2, "nafam", 0, abort_family_rank, NULL) == 0); }
 
 /* --- a family with work stuck on a dead peer ------------------------------------------------ */
 
@@ -586,9 +553,7 @@ static int family_rank(ct_world *w, int rank, void *arg) {
   double ms = (double)(newt_now_ns() - t0) / 1e6;
   fprintf(stderr, "rank %d: the failed family and its buffers were freed in %.0f ms\n", rank, ms);
   CHECKR(ms < 10000, "freeing took %.0f ms", ms);
-  CHECKR(settle(ct_fd_count, fds0, 3000) == fds0, "file descriptors: %d at start, %d at the end", fds0, ct_fd_count());
-  CHECKR(settle(ct_thread_count, threads0, 3000) == threads0, "threads: %d at start, %d at the end", threads0,
-         ct_thread_count());
+  CHECK_NO_LEAK(fds0, threads0);
   return ct_failures;
 }
 
@@ -631,12 +596,7 @@ static int shrink_none_rank(ct_world *w, int rank, void *arg) {
   return ct_failures;
 }
 
-static void test_shrink_none(void) {
-  ct_world w;
-  ct_world_init(&w, 3, CT_TCP, "nshr0");
-  T_CHECK(run_world(&w, shrink_none_rank, NULL, 60000, NULL) == 0);
-  ct_world_free(&w);
-}
+static void test_shrink_none(void) { T_CHECK(run_case(3, "nshr0", 0, shrink_none_rank, NULL) == 0); }
 
 static int split_timeout_rank(ct_world *w, int rank, void *arg) {
   (void)arg;
@@ -668,13 +628,9 @@ static int split_timeout_rank(ct_world *w, int rank, void *arg) {
 }
 
 static void test_split_timeout(void) {
-  ct_world w;
-  ct_world_init(&w, 3, CT_TCP, "nsplt");
-  w.timeout_ms = 1500;
   build_ms = 1500;
-  T_CHECK(run_world(&w, split_timeout_rank, NULL, 60000, NULL) == 0);
+  T_CHECK(run_case(3, "nsplt", 1500, split_timeout_rank, NULL) == 0);
   build_ms = 0;
-  ct_world_free(&w);
 }
 
 /* --- an argument NCCL refuses ------------------------------------------------------------- */
@@ -704,13 +660,7 @@ static int invalid_rank(ct_world *w, int rank, void *arg) {
   return ct_failures;
 }
 
-static void test_invalid_arg(void) {
-  ct_world w;
-  ct_world_init(&w, 2, CT_TCP, "ninval");
-  w.timeout_ms = 3000;
-  T_CHECK(run_world(&w, invalid_rank, NULL, 60000, NULL) == 0);
-  ct_world_free(&w);
-}
+static void test_invalid_arg(void) { T_CHECK(run_case(2, "ninval", 3000, invalid_rank, NULL) == 0); }
 
 /* --- the deadline counts from the last progress ----------------------------------------------- */
 
@@ -745,13 +695,7 @@ static int progress_rank(ct_world *w, int rank, void *arg) {
   return ct_failures;
 }
 
-static void test_progress(void) {
-  ct_world w;
-  ct_world_init(&w, 2, CT_TCP, "nprog");
-  w.timeout_ms = 1000;
-  T_CHECK(run_world(&w, progress_rank, NULL, 60000, NULL) == 0);
-  ct_world_free(&w);
-}
+static void test_progress(void) { T_CHECK(run_case(2, "nprog", 1000, progress_rank, NULL) == 0); }
 
 /* Nothing moves, everyone alive: the rank that holds the others up is named after two
  * periods. Stage 0: rank 1 computes (no collective) for 4 s; stage 1: rank 0's stream is
@@ -792,14 +736,9 @@ static int stall_rank(ct_world *w, int rank, void *arg) {
 }
 
 static void test_stall_verdicts(void) {
-  for (int stage = 0; stage < 2; stage++) {
-    ct_world w;
-    ct_world_init(&w, 2, CT_TCP, "nstall");
-    w.timeout_ms = 500;
-    T_CHECK_MSG(run_world(&w, stall_rank, &stage, 60000, NULL) == 0, "%s",
+  for (int stage = 0; stage < 2; stage++)
+    T_CHECK_MSG(run_case(2, "nstall", 500, stall_rank, &stage) == 0, "%s",
                 stage == 0 ? "a peer computing too long" : "this rank's stream held too long");
-    ct_world_free(&w);
-  }
 }
 
 /* A rank comes 1.5 s late: the build has its own deadline, not the operations' 500 ms. */
@@ -821,13 +760,7 @@ static int late_rank(ct_world *w, int rank, void *arg) {
   return ct_failures;
 }
 
-static void test_build_deadline(void) {
-  ct_world w;
-  ct_world_init(&w, 2, CT_TCP, "nlate");
-  w.timeout_ms = 500;
-  T_CHECK(run_world(&w, late_rank, NULL, 60000, NULL) == 0);
-  ct_world_free(&w);
-}
+static void test_build_deadline(void) { T_CHECK(run_case(2, "nlate", 500, late_rank, NULL) == 0); }
 
 /* --- ordering after the work queued on the stream ---------------------------------------------- */
 
@@ -891,12 +824,7 @@ static int stream_rank(ct_world *w, int rank, void *arg) {
   return ct_failures;
 }
 
-static void test_stream_order(void) {
-  ct_world w;
-  ct_world_init(&w, 2, CT_TCP, "nstrm");
-  T_CHECK(run_world(&w, stream_rank, NULL, 60000, NULL) == 0);
-  ct_world_free(&w);
-}
+static void test_stream_order(void) { T_CHECK(run_case(2, "nstrm", 0, stream_rank, NULL) == 0); }
 
 /* --- a cancelled build ------------------------------------------------------------------------- */
 
@@ -946,23 +874,16 @@ static int cancel_rank(ct_world *w, int rank, void *arg) {
   atomic_fetch_add(&w->sh->ready, 1);
   comm_free(child);
   comm_free(c);
-  CHECKR(settle(ct_fd_count, fds0, 3000) == fds0, "file descriptors: %d at start, %d at the end", fds0, ct_fd_count());
-  CHECKR(settle(ct_thread_count, threads0, 3000) == threads0, "threads: %d at start, %d at the end", threads0,
-         ct_thread_count());
+  CHECK_NO_LEAK(fds0, threads0);
   return ct_failures;
 }
 
 static void test_cancel(void) {
-  for (int stage = 0; stage < 2; stage++) {
-    ct_world w;
-    ct_world_init(&w, 3, CT_TCP, "ncanc");
-    w.timeout_ms = 30000;
-    build_ms = 30000;
-    T_CHECK_MSG(run_world(&w, cancel_rank, &stage, 90000, NULL) == 0, "cancel of %s",
+  build_ms = 30000;
+  for (int stage = 0; stage < 2; stage++)
+    T_CHECK_MSG(run_case(3, "ncanc", 30000, cancel_rank, &stage) == 0, "cancel of %s",
                 stage == 0 ? "comm_create" : "comm_split");
-    build_ms = 0;
-    ct_world_free(&w);
-  }
+  build_ms = 0;
 }
 
 /* --- fresh unique ids, generation after generation --------------------------------------------- */
@@ -985,13 +906,7 @@ static int fresh_rank(ct_world *w, int rank, void *arg) {
   return ct_failures;
 }
 
-static void test_fresh_id(void) {
-  ct_world w;
-  ct_world_init(&w, 3, CT_TCP, "nfresh");
-  w.timeout_ms = 10000;
-  T_CHECK(run_world(&w, fresh_rank, NULL, 90000, NULL) == 0);
-  ct_world_free(&w);
-}
+static void test_fresh_id(void) { T_CHECK(run_case(3, "nfresh", 10000, fresh_rank, NULL) == 0); }
 
 /* --- 100 rebuilds --------------------------------------------------------------------------- */
 
@@ -1034,12 +949,7 @@ static int rebuild_rank(ct_world *w, int rank, void *arg) {
   return ct_failures;
 }
 
-static void test_rebuild100(void) {
-  ct_world w;
-  ct_world_init(&w, 2, CT_TCP, "nreb");
-  T_CHECK(run_world(&w, rebuild_rank, NULL, 300000, NULL) == 0);
-  ct_world_free(&w);
-}
+static void test_rebuild100(void) { T_CHECK(run_case(2, "nreb", 0, rebuild_rank, NULL) == 0); }
 
 /* --- two ranks on one GPU ------------------------------------------------------------------- */
 
@@ -1062,13 +972,7 @@ static int duplicate_rank(ct_world *w, int rank, void *arg) {
   return ct_failures;
 }
 
-static void test_duplicate_gpu(void) {
-  ct_world w;
-  ct_world_init(&w, 2, CT_TCP, "ndup");
-  w.timeout_ms = 10000;
-  T_CHECK(run_world(&w, duplicate_rank, NULL, 60000, NULL) == 0);
-  ct_world_free(&w);
-}
+static void test_duplicate_gpu(void) { T_CHECK(run_case(2, "ndup", 10000, duplicate_rank, NULL) == 0); }
 
 /* --- main ------------------------------------------------------------------------------------ */
 

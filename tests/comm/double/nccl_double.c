@@ -712,71 +712,31 @@ static uint16_t f_to_bf16(float f) {
 #define RED(a, b, op) ((op) == ncclSum || (op) == ncclAvg ? (a) + (b) : (op) == ncclProd ? (a) * (b) \
                        : (op) == ncclMax ? ((a) > (b) ? (a) : (b)) : ((a) < (b) ? (a) : (b)))
 
-/* acc[i] = acc[i] op in[i] */
-static void reduce_into(void *acc, const void *in, size_t n, ncclDataType_t t, ncclRedOp_t op) {
+/* acc[i] = acc[i] op in[i]; with in NULL, acc[i] /= by (ncclAvg: the sum divided by the
+ * rank count, integers truncating). Half types are reduced in float, rounded each step. */
+static void combine(void *acc, const void *in, size_t n, ncclDataType_t t, ncclRedOp_t op, int by) {
+#define LOOP(ty, GET, PUT)                                                              \
+  do {                                                                                  \
+    ty *a = acc;                                                                        \
+    const ty *b = in;                                                                   \
+    for (size_t i = 0; i < n; i++) a[i] = PUT(b ? RED(GET(a[i]), GET(b[i]), op) : GET(a[i]) / by); \
+  } while (0)
+#define SAME(x) (x)
   switch (t) {
-#define CASE(T, ty)                                                    \
-  case T: {                                                            \
-    ty *a = acc;                                                       \
-    const ty *b = in;                                                  \
-    for (size_t i = 0; i < n; i++) a[i] = (ty)RED(a[i], b[i], op);     \
-    break;                                                             \
-  }
-    CASE(ncclInt8, int8_t)
-    CASE(ncclUint8, uint8_t)
-    CASE(ncclInt32, int32_t)
-    CASE(ncclUint32, uint32_t)
-    CASE(ncclInt64, int64_t)
-    CASE(ncclUint64, uint64_t)
-    CASE(ncclFloat32, float)
-    CASE(ncclFloat64, double)
-#undef CASE
-    case ncclFloat16: {
-      uint16_t *a = acc;
-      const uint16_t *b = in;
-      for (size_t i = 0; i < n; i++) a[i] = f_to_half(RED(half_to_f(a[i]), half_to_f(b[i]), op));
-      break;
-    }
-    case ncclBfloat16: {
-      uint16_t *a = acc;
-      const uint16_t *b = in;
-      for (size_t i = 0; i < n; i++) a[i] = f_to_bf16(RED(bf16_to_f(a[i]), bf16_to_f(b[i]), op));
-      break;
-    }
+    case ncclInt8: LOOP(int8_t, SAME, (int8_t)); break;
+    case ncclUint8: LOOP(uint8_t, SAME, (uint8_t)); break;
+    case ncclInt32: LOOP(int32_t, SAME, (int32_t)); break;
+    case ncclUint32: LOOP(uint32_t, SAME, (uint32_t)); break;
+    case ncclInt64: LOOP(int64_t, SAME, (int64_t)); break;
+    case ncclUint64: LOOP(uint64_t, SAME, (uint64_t)); break;
+    case ncclFloat32: LOOP(float, SAME, (float)); break;
+    case ncclFloat64: LOOP(double, SAME, (double)); break;
+    case ncclFloat16: LOOP(uint16_t, half_to_f, f_to_half); break;
+    case ncclBfloat16: LOOP(uint16_t, bf16_to_f, f_to_bf16); break;
     default: break;
   }
-}
-
-/* ncclAvg: the sum divided by the rank count (integers truncate) */
-static void divide(void *acc, size_t n, ncclDataType_t t, int by) {
-  switch (t) {
-#define CASE(T, ty)                                          \
-  case T: {                                                  \
-    ty *a = acc;                                             \
-    for (size_t i = 0; i < n; i++) a[i] = (ty)(a[i] / by);   \
-    break;                                                   \
-  }
-    CASE(ncclInt8, int8_t)
-    CASE(ncclUint8, uint8_t)
-    CASE(ncclInt32, int32_t)
-    CASE(ncclUint32, uint32_t)
-    CASE(ncclInt64, int64_t)
-    CASE(ncclUint64, uint64_t)
-    CASE(ncclFloat32, float)
-    CASE(ncclFloat64, double)
-#undef CASE
-    case ncclFloat16: {
-      uint16_t *a = acc;
-      for (size_t i = 0; i < n; i++) a[i] = f_to_half(half_to_f(a[i]) / (float)by);
-      break;
-    }
-    case ncclBfloat16: {
-      uint16_t *a = acc;
-      for (size_t i = 0; i < n; i++) a[i] = f_to_bf16(bf16_to_f(a[i]) / (float)by);
-      break;
-    }
-    default: break;
-  }
+#undef SAME
+#undef LOOP
 }
 
 /* --- collectives: work on the stream ----------------------------------------------------- */
@@ -836,8 +796,8 @@ static void coll_run(dbl_work *w) {
       res = exchange(c, NULL, t, nx, 0, (uint32_t)x->kind, &bad);
       if (res != IO_OK) break;
       memcpy(tmp + (size_t)me * part, x->kind == K_ALLREDUCE ? x->send : x->send + (size_t)me * part, part);
-      for (int p = 1; p < n; p++) reduce_into(tmp, tmp + (size_t)p * part, x->count, x->dt, x->op);
-      if (x->op == ncclAvg) divide(tmp, x->count, x->dt, n);
+      for (int p = 1; p < n; p++) combine(tmp, tmp + (size_t)p * part, x->count, x->dt, x->op, 1);
+      if (x->op == ncclAvg) combine(tmp, NULL, x->count, x->dt, x->op, n);
       memcpy(x->recv, tmp, part);
       break;
     }
@@ -1363,29 +1323,16 @@ ncclResult_t ncclCommAbort(ncclComm_t comm) {
   return ncclSuccess;
 }
 
-ncclResult_t ncclCommCount(const ncclComm_t comm, int *count) {
-  ncclResult_t r = comm_check(comm, "CommCount");
+/* ncclCommCount, ncclCommUserRank: once the communicator is ready (ncclCommEnsureReady) */
+static ncclResult_t attribute(const ncclComm_t comm, const char *what, int *out, int value_of_rank) {
+  ncclResult_t r = comm_check(comm, what);
   if (r != ncclSuccess) return r;
-  if (!count) return ncclInvalidArgument;
+  if (!out) return ncclInvalidArgument;
   if ((r = ensure_ready(comm)) != ncclSuccess) return r;
-  *count = comm->nranks;
+  *out = value_of_rank ? comm->rank : comm->nranks;
   return ncclSuccess;
 }
 
-ncclResult_t ncclCommUserRank(const ncclComm_t comm, int *rank) {
-  ncclResult_t r = comm_check(comm, "CommUserRank");
-  if (r != ncclSuccess) return r;
-  if (!rank) return ncclInvalidArgument;
-  if ((r = ensure_ready(comm)) != ncclSuccess) return r;
-  *rank = comm->rank;
-  return ncclSuccess;
-}
+ncclResult_t ncclCommCount(const ncclComm_t comm, int *count) { return attribute(comm, "CommCount", count, 0); }
 
-ncclResult_t ncclCommCuDevice(const ncclComm_t comm, int *device) {
-  ncclResult_t r = comm_check(comm, "CommCuDevice");
-  if (r != ncclSuccess) return r;
-  if (!device) return ncclInvalidArgument;
-  if ((r = ensure_ready(comm)) != ncclSuccess) return r;
-  *device = comm->device;
-  return ncclSuccess;
-}
+ncclResult_t ncclCommUserRank(const ncclComm_t comm, int *rank) { return attribute(comm, "CommUserRank", rank, 1); }
