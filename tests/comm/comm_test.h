@@ -259,6 +259,27 @@ static inline int ct_wait(ct_world *w, int64_t timeout_ms, const int *killed) {
   return bad;
 }
 
+/* A fault injected for real: once every rank said it is ready (sh->ready reaches the
+ * size), signals the victim (the time in sh->t_ns[0]), waits for the survivors and reaps
+ * the victim (killed first when it was only stopped). Returns how many survivors failed,
+ * -1 when the ranks never got going. */
+static inline int ct_fault_when_ready(ct_world *w, int victim, int sig, int64_t ready_ms, int64_t wait_ms) {
+  newt_deadline_t d = newt_deadline_in_ms(ready_ms);
+  while (atomic_load(&w->sh->ready) < w->size && !newt_deadline_passed(d)) newt_sleep_ms(1);
+  int going = atomic_load(&w->sh->ready) >= w->size;
+  newt_sleep_ms(20);
+  w->sh->t_ns[0] = newt_now_ns();
+  kill(w->pids[victim], sig);
+  int killed[CT_MAX] = {0};
+  killed[victim] = 1;
+  pid_t vp = w->pids[victim];
+  w->pids[victim] = 0;
+  int bad = ct_wait(w, wait_ms, killed);
+  kill(vp, SIGKILL);
+  newt_proc_wait(vp, 10000, NULL);
+  return going ? bad : -1;
+}
+
 /* Entries of /dev/shm whose name contains `needle`. */
 static inline int ct_shm_count(const char *needle) {
   DIR *d = opendir("/dev/shm");

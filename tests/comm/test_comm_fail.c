@@ -149,19 +149,8 @@ static void run_failure(int n, int mode, int victim, int sig, size_t count) {
   ct_world_init(&w, n, mode, name);
   scenario sc = {.victim = victim, .sig = sig, .count = count};
   ct_spawn(&w, fail_rank, &sc);
-  newt_deadline_t d = newt_deadline_in_ms(valgrind_mode ? 240000 : 60000);
-  while (atomic_load(&w.sh->ready) < n && !newt_deadline_passed(d)) newt_sleep_ms(1);
-  T_CHECK_MSG(atomic_load(&w.sh->ready) == n, "the ranks did not get going");
-  newt_sleep_ms(20);
-  w.sh->t_ns[0] = newt_now_ns();
-  kill(w.pids[victim], sig);
-  int killed[CT_MAX] = {0};
-  killed[victim] = 1;
-  pid_t vp = w.pids[victim];
-  w.pids[victim] = 0;
-  int bad = ct_wait(&w, valgrind_mode ? 300000 : 60000, killed);
-  if (sig == SIGSTOP) kill(vp, SIGKILL);
-  newt_proc_wait(vp, 10000, NULL);
+  int bad = ct_fault_when_ready(&w, victim, sig, valgrind_mode ? 240000 : 60000, valgrind_mode ? 300000 : 60000);
+  T_CHECK_MSG(bad >= 0, "the ranks did not get going");
   T_CHECK_MSG(bad == 0, "%d survivors failed their checks", bad);
   double worst = 0;
   for (int r = 0; r < n; r++)

@@ -386,19 +386,8 @@ static void run_fail(int sig, int victim) {
   w.timeout_ms = sig == SIGSTOP ? 1000 : 20000;
   fail_case fc = {.victim = victim, .sig = sig};
   ct_spawn(&w, fail_rank, &fc);
-  newt_deadline_t d = newt_deadline_in_ms(60000);
-  while (atomic_load(&w.sh->ready) < 3 && !newt_deadline_passed(d)) newt_sleep_ms(1);
-  T_CHECK_MSG(atomic_load(&w.sh->ready) == 3, "the ranks did not get going");
-  newt_sleep_ms(30);
-  w.sh->t_ns[0] = newt_now_ns();
-  kill(w.pids[victim], sig);
-  int killed[CT_MAX] = {0};
-  killed[victim] = 1;
-  pid_t vp = w.pids[victim];
-  w.pids[victim] = 0;
-  int bad = ct_wait(&w, 90000, killed);
-  kill(vp, SIGKILL);
-  newt_proc_wait(vp, 10000, NULL);
+  int bad = ct_fault_when_ready(&w, victim, sig, 60000, 90000);
+  T_CHECK_MSG(bad >= 0, "the ranks did not get going");
   T_CHECK_MSG(bad == 0, "%d survivors failed their checks", bad);
   ct_world_free(&w);
 }
