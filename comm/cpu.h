@@ -119,8 +119,10 @@ typedef struct cpu_link {
   /* control receive buffer */
   uint8_t crx[CTRL_HDR + CTRL_MAX_PAYLOAD];
   size_t crx_len;
-  int gone;     /* 0 live, 1 said goodbye, 2 closed without goodbye (died) */
-  int ctrl_eof; /* the control connection is closed: no longer polled */
+  /* written by the thread that reads the control connection, read by any (a failure
+   * notice, a probe's answer) */
+  _Atomic int gone;     /* 0 live, 1 said goodbye, 2 closed without goodbye (died) */
+  _Atomic int ctrl_eof; /* the control connection is closed: no longer polled */
   /* the peer's answer to the last comm_cpu_probe: its number and the hook's values */
   _Atomic uint32_t ext_seq;
   _Atomic uint64_t ext_val[COMM_PROBE_VALUES];

@@ -81,6 +81,9 @@ struct nccl_comm {
   int npool;
   uint64_t last_event; /* when an operation last started or completed (ns) */
   _Atomic uint64_t issued, started, completed;
+  /* operations up to this one completed before the revoke: the ones after it only stopped
+   * (their events complete when revoked work ends early); UINT64_MAX until revoked */
+  _Atomic uint64_t good_upto;
 };
 
 static ncclDataType_t nccl_type(newt_dtype dt) {
@@ -125,11 +128,18 @@ static uint64_t probe_window_ns(int64_t timeout_ms) {
 
 /* --- stopping a family -------------------------------------------------------------------- */
 
+static int poll_ops(struct nccl_comm *n, cudaError_t *e);
+
 /* ncclCommRevoke once: in-flight work stops, the state goes ncclInProgress until quiet. */
 static void revoke(struct nccl_comm *n) {
   pthread_mutex_lock(&n->api);
   if (n->comm && !n->revoked) {
     cudaSetDevice(n->device);
+    cudaError_t e;
+    pthread_mutex_lock(&n->ops_mu);
+    poll_ops(n, &e);
+    atomic_store(&n->good_upto, atomic_load(&n->completed));
+    pthread_mutex_unlock(&n->ops_mu);
     ncclResult_t r = ncclCommRevoke(n->comm, NCCL_REVOKE_DEFAULT);
     n->revoked = 1;
     NEWT_INFO(COMM, "rank %d: ncclCommRevoke: %s", n->pub->rank, ncclGetErrorString(r));
@@ -354,8 +364,8 @@ static newt_result_t wait_op(struct nccl_comm *n, uint64_t seq, const char *what
       }
     }
     pthread_mutex_unlock(&n->ops_mu);
-    if (done) return NEWT_OK; /* it completed, whatever happened since */
-    if (failed) return stop_waiting(n, what);
+    if (done && seq <= atomic_load(&n->good_upto)) return NEWT_OK; /* it completed, whatever happened since */
+    if (failed || done) return stop_waiting(n, what);
     if (e != cudaSuccess) {
       cuda_fail(c, e, what);
       return stop_waiting(n, what);
@@ -548,6 +558,7 @@ static newt_result_t nccl_comm_new(struct comm *pub, int device, void *stream, c
   n->device = device;
   n->cancel = cancel;
   n->last_event = newt_now_ns();
+  atomic_store(&n->good_upto, UINT64_MAX);
   pthread_mutex_init(&n->api, NULL);
   pthread_mutex_init(&n->ops_mu, NULL);
   cudaError_t e = cudaSetDevice(device);
@@ -601,9 +612,12 @@ static struct comm *ctl_new(struct comm *pub) {
   return comm_obj_new(COMM_BACKEND_CPU, &comm_cpu_ops, pub->timeout_ms, pub->build_timeout_ms);
 }
 
-/* n's channel is ctl; pub gets its root ranks. */
+/* n's channel is ctl; pub gets its rank, size and root ranks (before the channel can
+ * deliver a failure to it). */
 static newt_result_t attach_ctl(struct comm *pub, struct nccl_comm *n, struct comm *ctl) {
   n->ctl = ctl;
+  pub->rank = ctl->rank;
+  pub->size = ctl->size;
   free(pub->root_ranks);
   pub->root_ranks = malloc(sizeof(int) * (size_t)ctl->size);
   if (!pub->root_ranks) return NEWT_ERR(NEWT_ERR_NOMEM, "out of memory for a communicator of %d ranks", ctl->size);
@@ -624,8 +638,6 @@ static newt_result_t adopt(struct comm *pub, struct nccl_comm *n, ncclComm_t h) 
                      "the NCCL communicator is rank %d of %d, its control channel rank %d of %d", rank, size,
                      n->ctl->rank, n->ctl->size);
   n->comm = h;
-  pub->rank = rank;
-  pub->size = size;
   pub->impl = n;
   return NEWT_OK;
 }

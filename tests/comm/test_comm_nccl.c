@@ -631,6 +631,9 @@ static int invalid_rank(ct_world *w, int rank, void *arg) {
   comm_t *c = NULL;
   OKR(build(w, rank, NULL, 0, w->generation, NULL, NULL, &c));
   if (!c) return ct_failures;
+  /* every rank built (a failure on one would otherwise reach the other in its build) */
+  atomic_fetch_add(&w->sh->ready, 1);
+  while (atomic_load(&w->sh->ready) < w->size) newt_sleep_ms(1);
   float host[64] = {0};
   newt_result_t r = comm_allreduce(c, host, host, 64, NEWT_F32, COMM_SUM);
   comm_status st;

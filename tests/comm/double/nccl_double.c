@@ -71,8 +71,14 @@ static void warn(const char *fmt, ...) {
 }
 
 const char *ncclGetLastError(ncclComm_t comm) {
+  /* NCCL returns its one buffer (racy when another thread warns meanwhile); the double
+   * hands each thread a copy */
+  static __thread char mine[sizeof last_error];
   (void)comm; /* "comm is currently unused and can be set to NULL" */
-  return last_error;
+  pthread_mutex_lock(&err_mu);
+  memcpy(mine, last_error, sizeof mine);
+  pthread_mutex_unlock(&err_mu);
+  return mine;
 }
 
 const char *ncclGetErrorString(ncclResult_t code) {
@@ -1109,12 +1115,14 @@ static void *job_main(void *arg) {
   }
   free(ja->excl);
   free(ja);
-  atomic_store(&c->async, res); /* group.cc: the group's result becomes the async state */
+  /* done first: whoever sees the result below joins this thread (ncclCommGetAsyncError) */
   atomic_store(&c->job_done, 1);
+  atomic_store(&c->async, res); /* group.cc: the group's result becomes the async state */
   return NULL;
 }
 
 static ncclResult_t start_job(struct ncclComm *c, int kind, job_args *ja) {
+  join_job(c); /* the last one ended (its result was read): reap it */
   ja->comm = c;
   c->job_kind = kind;
   atomic_store(&c->job_done, 0);
