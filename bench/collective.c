@@ -70,6 +70,7 @@ static void *buf_alloc(const bench_args *a, size_t n) {
     void *p = NULL;
     if (cudaMalloc(&p, n ? n : 1) != cudaSuccess) return NULL;
     cudaMemset(p, 0, n ? n : 1);
+    cudaStreamSynchronize(0);
     return p;
   }
 #endif
@@ -101,6 +102,7 @@ static newt_result_t max_over_ranks(comm_t *c, const bench_args *a, void *scratc
   }
 #ifdef NEWT_HAVE_CUDA
   cudaMemcpy(scratch, &in, sizeof in, cudaMemcpyHostToDevice);
+  cudaStreamSynchronize(0); /* the communicator's stream does not wait for the legacy one */
   NEWT_CHECK(comm_allreduce(c, scratch, scratch, 1, NEWT_I64, COMM_MAX));
   cudaMemcpy(&m, scratch, sizeof m, cudaMemcpyDeviceToHost);
 #endif

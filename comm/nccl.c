@@ -50,6 +50,10 @@
 #include "common/log.h"
 #include "common/param.h"
 
+#if NCCL_VERSION_CODE < NCCL_VERSION(2, 28, 7)
+#error "newt's NCCL backend needs NCCL 2.28.7 or newer (ncclCommRevoke, ncclCommShrink)"
+#endif
+
 NEWT_PARAM(CommNcclBuildMs, "NEWT_COMM_NCCL_BUILD_MS", 120000) /* default build deadline */
 
 #define FAMILY_MAX 64

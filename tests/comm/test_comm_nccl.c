@@ -137,16 +137,24 @@ static int run_case(int n, const char *name, int64_t timeout_ms, ct_rank_fn fn, 
 
 /* --- device buffers --------------------------------------------------------------------- */
 
+/* Host to device; done when it returns (cudaMemcpy from pageable memory may return before
+ * its DMA ends, and the communicators' streams do not wait for the legacy stream). */
+static void h2d(void *dev, const void *host, size_t bytes) {
+  if (bytes) cudaMemcpy(dev, host, bytes, cudaMemcpyHostToDevice);
+  cudaStreamSynchronize(0);
+}
+
 static void *dev_alloc(size_t bytes) {
   void *d = NULL;
   if (cudaMalloc(&d, bytes ? bytes : 1) != cudaSuccess) return NULL;
   cudaMemset(d, 0, bytes ? bytes : 1);
+  cudaStreamSynchronize(0);
   return d;
 }
 
 static void *dev_from(const void *host, size_t bytes) {
   void *d = dev_alloc(bytes);
-  if (d && bytes) cudaMemcpy(d, host, bytes, cudaMemcpyHostToDevice);
+  if (d) h2d(d, host, bytes);
   return d;
 }
 
@@ -237,7 +245,7 @@ static void check_all_ops(comm_t *c, int rank) {
     for (size_t i = 0; i < rc; i++) bad += hr[(size_t)q * rc + i] != (float)q;
   CHECKR(bad == 0, "allgather: %zu wrong", bad);
   for (size_t i = 0; i < rc; i++) hs[i] = me == n - 1 ? (float)i : -1.0f;
-  cudaMemcpy(dsend, hs, rc * 4, cudaMemcpyHostToDevice);
+  h2d(dsend, hs, rc * 4);
   OKR(comm_broadcast(c, dsend, drecv, rc, NEWT_F32, n - 1));
   to_host(hr, drecv, rc * 4);
   bad = 0;
@@ -246,7 +254,7 @@ static void check_all_ops(comm_t *c, int rank) {
   if (n > 1) {
     int to = (me + 1) % n, from = (me + n - 1) % n;
     for (size_t i = 0; i < rc; i++) hs[i] = (float)(me * 10000 + (int)i);
-    cudaMemcpy(dsend, hs, rc * 4, cudaMemcpyHostToDevice);
+    h2d(dsend, hs, rc * 4);
     if (me % 2 == 0) {
       OKR(comm_send(c, dsend, rc, NEWT_F32, to));
       OKR(comm_recv(c, drecv, rc, NEWT_F32, from));
