@@ -73,7 +73,7 @@ struct nccl_comm {
   cudaStream_t stream;
   cudaStream_t own; /* the stream of our own, when the caller gave none */
   int device;
-  void *dbuf; /* a few device bytes for barrier */
+  void *dbuf; /* the device's barrier bytes (barrier_bytes) */
   const atomic_int *cancel;
   pthread_mutex_t api;
   int revoked; /* ncclCommRevoke called (under api) */
@@ -554,6 +554,21 @@ static newt_result_t nccl_wait_req(struct comm_req *r) {
 
 /* --- construction --------------------------------------------------------------------------- */
 
+/* A few bytes of device memory per device for comm_barrier, allocated once and kept: a
+ * communicator freed never calls cudaFree, which would wait for the whole device (work of
+ * other communicators included). Returns a CUDA error, or cudaSuccess with *out set. */
+static cudaError_t barrier_bytes(int device, void **out) {
+  static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
+  static void *bytes[64];
+  if (device < 0 || device >= 64) return cudaErrorInvalidDevice;
+  cudaError_t e = cudaSuccess;
+  pthread_mutex_lock(&mu);
+  if (!bytes[device]) e = cudaMalloc(&bytes[device], 16);
+  *out = bytes[device];
+  pthread_mutex_unlock(&mu);
+  return e;
+}
+
 static newt_result_t nccl_comm_new(struct comm *pub, int device, void *stream, const atomic_int *cancel,
                                    struct nccl_comm **out) {
   struct nccl_comm *n = calloc(1, sizeof *n);
@@ -570,7 +585,7 @@ static newt_result_t nccl_comm_new(struct comm *pub, int device, void *stream, c
     if (stream) n->stream = (cudaStream_t)stream;
     else if ((e = cudaStreamCreateWithFlags(&n->own, cudaStreamNonBlocking)) == cudaSuccess) n->stream = n->own;
   }
-  if (e == cudaSuccess) e = cudaMalloc(&n->dbuf, 16);
+  if (e == cudaSuccess) e = barrier_bytes(device, &n->dbuf);
   if (e != cudaSuccess) {
     if (n->own) cudaStreamDestroy(n->own);
     pthread_mutex_destroy(&n->api);
@@ -596,7 +611,6 @@ static void nccl_comm_release(struct nccl_comm *n) {
   }
   for (int i = 0; i < n->npool; i++) cudaEventDestroy(n->pool[i]);
   free(n->ring);
-  if (n->dbuf) cudaFree(n->dbuf);
   if (n->own) cudaStreamDestroy(n->own);
   pthread_mutex_destroy(&n->api);
   pthread_mutex_destroy(&n->ops_mu);

@@ -996,9 +996,13 @@ int main(int argc, char **argv) {
     fprintf(stderr, "FAIL: no GPU visible: every case of this suite needs one (cudaGetDeviceCount)\n");
     return 1;
   }
-  const char *only = argc > 1 ? argv[1] : NULL;
-#define RUN(t)                                           \
-  if (!only || strstr(#t, only)) T_RUN(t)
+  /* arguments: run only the cases whose names contain one of them */
+#define RUN(t)                                                                  \
+  do {                                                                          \
+    int pick_ = argc < 2;                                                       \
+    for (int i_ = 1; i_ < argc; i_++) pick_ |= strstr(#t, argv[i_]) != NULL;   \
+    if (pick_) T_RUN(t);                                                        \
+  } while (0)
   RUN(test_ops);
   RUN(test_kill9);
   RUN(test_sigstop);
