@@ -624,8 +624,8 @@ static void abort_handle(ncclComm_t h, int rank) {
   ncclCommAbort(h);
 }
 
-/* A CPU communicator to be n's control channel, built by `build` (create, split, shrink of
- * the parent's channel); member 0: this rank is in none (color < 0). */
+/* An empty CPU communicator object for pub's control channel, which comm_cpu_ops.create,
+ * .split or .shrink (of the parent's channel) then builds. */
 static struct comm *ctl_new(struct comm *pub) {
   return comm_obj_new(COMM_BACKEND_CPU, &comm_cpu_ops, pub->timeout_ms, pub->build_timeout_ms);
 }
