@@ -13,23 +13,6 @@
 
 /* --- construction ------------------------------------------------------------------- */
 
-static struct comm *comm_alloc(comm_backend b, const comm_backend_ops *ops, int64_t timeout_ms) {
-  struct comm *c = calloc(1, sizeof *c);
-  if (c) {
-    c->backend = b;
-    c->ops = ops;
-    c->timeout_ms = timeout_ms;
-    c->status.peer = -1;
-  }
-  return c;
-}
-
-static void comm_release(struct comm *c) {
-  free(c->root_ranks);
-  free(c->children);
-  free(c);
-}
-
 newt_result_t comm_create(const comm_config *cfg, comm_t **out) {
   if (!cfg || !out) return NEWT_ERR(NEWT_ERR_INVALID, "comm_create: cfg and out are required");
   *out = NULL;
@@ -37,6 +20,9 @@ newt_result_t comm_create(const comm_config *cfg, comm_t **out) {
     return NEWT_ERR(NEWT_ERR_INVALID, "comm_config: rank %d of size %d is out of range", cfg->rank, cfg->size);
   if (cfg->timeout_ms <= 0)
     return NEWT_ERR(NEWT_ERR_INVALID, "comm_config.timeout_ms is %lld, expected > 0", (long long)cfg->timeout_ms);
+  if (cfg->build_timeout_ms < 0)
+    return NEWT_ERR(NEWT_ERR_INVALID, "comm_config.build_timeout_ms is %lld, expected >= 0 (0: the default)",
+                    (long long)cfg->build_timeout_ms);
   if (cfg->backend != COMM_BACKEND_CPU && cfg->backend != COMM_BACKEND_NCCL)
     return NEWT_ERR(NEWT_ERR_INVALID, "comm_config.backend %d is not a backend", (int)cfg->backend);
   const comm_backend_ops *ops = comm_backend_ops_of(cfg->backend);
@@ -45,13 +31,14 @@ newt_result_t comm_create(const comm_config *cfg, comm_t **out) {
                     "comm_create: the NCCL backend is not built into this newt (built without the CUDA "
                     "toolkit); rebuild with -DNEWT_CUDA=ON where CUDA and NCCL are installed, or use the "
                     "CPU backend");
-  struct comm *c = comm_alloc(cfg->backend, ops, cfg->timeout_ms);
+  /* the backend sets build_timeout_ms from its default when cfg leaves it 0 */
+  struct comm *c = comm_obj_new(cfg->backend, ops, cfg->timeout_ms, cfg->build_timeout_ms);
   NEWT_CHECK_ALLOC(c);
   c->rank = cfg->rank;
   c->size = cfg->size;
   newt_result_t res = ops->create(cfg, c);
   if (res != NEWT_OK) {
-    comm_release(c);
+    comm_obj_release(c);
     return res;
   }
   *out = c;
@@ -62,14 +49,14 @@ newt_result_t comm_split(comm_t *parent, int color, int key, comm_t **out) {
   if (!parent || !out) return NEWT_ERR(NEWT_ERR_INVALID, "comm_split: parent and out are required");
   *out = NULL;
   if (atomic_load(&parent->failed)) return comm_failed_err(parent, "comm_split");
-  struct comm *c = comm_alloc(parent->backend, parent->ops, parent->timeout_ms);
+  struct comm *c = comm_obj_new(parent->backend, parent->ops, parent->timeout_ms, parent->build_timeout_ms);
   NEWT_CHECK_ALLOC(c);
   int member = 0;
   newt_result_t res = parent->ops->split(parent, color, key, c, &member);
   if (res == NEWT_OK && member) res = comm_family_link(parent, c);
   if (res != NEWT_OK || !member) {
     if (res != NEWT_OK && member) comm_free(c);
-    else comm_release(c);
+    else comm_obj_release(c);
     return res;
   }
   *out = c;
@@ -91,24 +78,25 @@ newt_result_t comm_shrink(comm_t *c, const int *exclude, int nexclude, uint64_t 
       return NEWT_ERR(NEWT_ERR_INVALID, "comm_shrink: exclude[%d] is this rank (%d); excluded ranks do not call it",
                       i, c->rank);
   }
-  struct comm *n = comm_alloc(c->backend, c->ops, c->timeout_ms);
+  for (int i = 0; i < nexclude; i++)
+    for (int j = 0; j < i; j++)
+      if (exclude[i] == exclude[j])
+        return NEWT_ERR(NEWT_ERR_INVALID, "comm_shrink: rank %d is excluded twice (exclude[%d] and exclude[%d])",
+                        exclude[i], j, i);
+  struct comm *n = comm_obj_new(c->backend, c->ops, c->timeout_ms, c->build_timeout_ms);
   NEWT_CHECK_ALLOC(n);
   newt_result_t res = c->ops->shrink(c, exclude, nexclude, generation, secret, secret_len, n);
   if (res != NEWT_OK) {
-    comm_release(n);
+    comm_obj_release(n);
     return res;
   }
   *out = n;
   return NEWT_OK;
 }
 
-newt_result_t comm_nccl_unique_id(unsigned char id[COMM_NCCL_ID_BYTES]) {
-  if (!id) return NEWT_ERR(NEWT_ERR_INVALID, "comm_nccl_unique_id: id is required");
-  const comm_backend_ops *ops = comm_backend_ops_of(COMM_BACKEND_NCCL);
-  if (!ops || !ops->unique_id)
-    return NEWT_ERR(NEWT_ERR_UNSUPPORTED, "comm_nccl_unique_id: the NCCL backend is not built into this newt "
-                                          "(built without the CUDA toolkit)");
-  return ops->unique_id(id);
+newt_result_t comm_set_stream(comm_t *c, void *stream) {
+  if (!c) return NEWT_ERR(NEWT_ERR_INVALID, "comm_set_stream: communicator is NULL");
+  return c->ops->set_stream ? c->ops->set_stream(c, stream) : NEWT_OK;
 }
 
 int comm_rank(const comm_t *c) { return c ? c->rank : -1; }
@@ -233,7 +221,6 @@ newt_result_t comm_wait(comm_req_t *r) {
   snprintf(msg, sizeof msg, "%s", r->msg);
   comm_kind k = r->op.kind;
   comm_req_untrack(r);
-  if (r->ops->event_destroy) r->ops->event_destroy(r->event);
   free(r);
   if (res != NEWT_OK) return NEWT_ERR(res, "%s_async: %s", comm_kind_name(k), msg);
   return NEWT_OK;
@@ -257,10 +244,4 @@ void comm_get_status(const comm_t *c, comm_status *st) {
   comm_status_copy(c, st);
 }
 
-void comm_free(comm_t *c) {
-  if (!c) return;
-  comm_family_unlink(c);
-  c->ops->free(c);
-  comm_req_abort_all(c);
-  comm_release(c);
-}
+void comm_free(comm_t *c) { comm_obj_destroy(c); }

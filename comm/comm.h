@@ -2,14 +2,17 @@
  * checkpoint resharding) uses to talk to its peers, whatever the backend.
  *
  * A communicator is built from what a plan gives: this rank, the world size, every
- * rank's address and host, the generation and its secret, a deadline. It is built anew
- * for each generation; nothing from an older generation can join it (every connection
- * proves generation and secret). Sub-communicators for data / tensor / pipeline groups
- * come from comm_split.
+ * rank's address and host, the generation and its secret, deadlines. Both backends take
+ * the same configuration: the NCCL backend builds, over the same addresses, a CPU
+ * communicator of the same ranks as its control channel, through which rank 0 hands a
+ * fresh NCCL unique id to the others (one per communicator built, never reused) and
+ * every rank tells the others of a failure. It is built anew for each generation; nothing
+ * from an older generation can join it (every connection proves generation and secret).
+ * Sub-communicators for data / tensor / pipeline groups come from comm_split.
  *
  * Failure model. Every operation either completes on every rank or fails on every
  * surviving rank: a peer that dies (connection closed) is seen within milliseconds, one
- * that stops (SIGSTOP, hung) when the operation's deadline passes. A failed or aborted
+ * that stops (SIGSTOP, hung) once timeout_ms passes without progress. A failed or aborted
  * communicator stays failed: every later operation returns the same error at once, and
  * comm_get_status() says which peer failed and why. The only way on is a new communicator
  * (next generation: comm_create, or comm_shrink among the survivors). comm_abort() may
@@ -18,7 +21,10 @@
  * shared memory, device resources).
  *
  * Buffers live where the backend computes: host memory for the CPU backend, device
- * memory for NCCL. Counts are in elements. In-place operation (send == recv) is allowed
+ * memory for NCCL, where every operation is enqueued on the communicator's CUDA stream
+ * (comm_config.stream, comm_set_stream) after the work queued there before it, and the
+ * call waits for it by polling an event, never blocking in CUDA. Counts are in elements.
+ * In-place operation (send == recv) is allowed
  * for allreduce and broadcast; for reduce_scatter recv may point at
  * send + rank * recvcount, for allgather send may point at recv + rank * sendcount, as
  * in NCCL. */
@@ -43,7 +49,6 @@ typedef enum comm_backend {
 typedef enum comm_op { COMM_SUM = 0, COMM_AVG = 1, COMM_MAX = 2 } comm_op;
 
 #define COMM_SECRET_MAX 64
-#define COMM_NCCL_ID_BYTES 128
 
 /* The key of one generation's data plane, derived from the job's secret (a file only the
  * workers hold: a Kubernetes Secret, or the one `newt run` makes) and the plan's public salt:
@@ -58,33 +63,42 @@ typedef struct comm_config {
   comm_backend backend;
   int rank;
   int size;
-  /* CPU backend: addrs[r] is "ip:port" ("[v6]:port") where rank r listens (this rank
-   * binds its own; free the previous generation's communicator on the same address
-   * first, binding is retried until the deadline); hosts[r] names r's host: ranks with
-   * equal hosts[] use shared memory, others TCP. */
+  /* addrs[r] is "ip:port" ("[v6]:port") where rank r listens (this rank binds its own;
+   * free the previous generation's communicator on the same address first, binding is
+   * retried until the deadline); hosts[r] names r's host: ranks with equal hosts[] use
+   * shared memory, others TCP. NCCL: the control channel's. */
   const char *const *addrs;
   const char *const *hosts;
   const char *job;     /* names shared-memory segments; any short identifier */
   uint64_t generation; /* proven on every connection */
   unsigned char secret[COMM_SECRET_MAX];
-  size_t secret_len;   /* CPU backend: 16 to COMM_SECRET_MAX bytes */
-  int64_t timeout_ms;  /* build deadline, and the longest an operation may go without progress */
-  /* NCCL backend: the unique id from the plan, the CUDA device, the stream all
-   * operations are issued on (cudaStream_t; NULL: a stream of the communicator's own). */
-  unsigned char nccl_id[COMM_NCCL_ID_BYTES];
+  size_t secret_len;   /* 16 to COMM_SECRET_MAX bytes */
+  /* The longest an operation may go without progress (CPU: no byte moved; NCCL: no
+   * operation of the communicator started or completed, and no peer moved on): then the
+   * peers are probed and the one that stopped is named. */
+  int64_t timeout_ms;
+  /* Deadline of comm_create, and of comm_split and comm_shrink on what it builds. 0: the
+   * backend's default: timeout_ms for the CPU backend; NEWT_COMM_NCCL_BUILD_MS (120 s),
+   * and at least timeout_ms, for NCCL (topology, connections, a fresh unique id). */
+  int64_t build_timeout_ms;
+  /* NCCL backend: the CUDA device, and the stream operations are enqueued on (a
+   * cudaStream_t: the model's, so a collective runs after the compute queued before it;
+   * NULL: a stream of the communicator's own). Split and shrink children inherit it. */
   int device;
   void *stream;
-  /* CPU backend: > 0: a socket already bound to addrs[rank] and listening, held by the
-   * caller for its whole life (a worker keeps its data-plane port from one generation to
-   * the next, so no other process can take it between them). The communicator listens on
-   * a duplicate and never closes the caller's. 0: bind addrs[rank] here. */
+  /* > 0: a socket already bound to addrs[rank] and listening, held by the caller for its
+   * whole life (a worker keeps its data-plane port from one generation to the next, so no
+   * other process can take it between them). The communicator listens on a duplicate and
+   * never closes the caller's. 0: bind addrs[rank] here. */
   int listen_fd;
-  /* CPU backend, optional: once *cancel is nonzero, a build under way gives up at once
-   * with NEWT_ERR_ABORTED (a newer plan made it moot); it is read only during the build. */
+  /* Optional: once *cancel is nonzero, a build under way gives up at once with
+   * NEWT_ERR_ABORTED (a newer plan made it moot), telling the peers. CPU: read during
+   * comm_create; NCCL: during comm_create, and comm_split / comm_shrink of what it built
+   * (the pointer must stay valid as long as the communicator). */
   const atomic_int *cancel;
-  /* CPU backend: every peer listens on its address before any build starts (as workers
-   * do, holding their socket for life), so a connection refused there means the peer's
-   * process is gone: the build fails within ~200 ms naming it, not at its deadline. */
+  /* Every peer listens on its address before any build starts (as workers do, holding
+   * their socket for life), so a connection refused there means the peer's process is
+   * gone: the build fails within ~200 ms naming it, not at its deadline. */
   int peers_listen;
   /* CPU backend, optional: [size]; after a build that failed, 1 for each peer whose links
    * were not made (it never came, or could not prove the generation), 0 for the others: whom
@@ -109,20 +123,23 @@ newt_result_t comm_create(const comm_config *cfg, comm_t **out);
 newt_result_t comm_split(comm_t *parent, int color, int key, comm_t **out);
 
 /* Collective over the survivors of a failed (or healthy) communicator: every rank not in
- * exclude[0..nexclude) calls it with the same list and gets a communicator without the
- * excluded ranks (ranks renumbered in order), proving `generation` and `secret`. The
- * parent is aborted by it (a healthy one too) and must still be freed by the caller,
- * before or after the new one. NCCL: ncclCommShrink(NCCL_SHRINK_ABORT), then
- * ncclCommAbort of the parent; generation and secret are not used. CPU: new connections
+ * exclude[0..nexclude) calls it with the same list (nexclude may be 0) and gets a
+ * communicator without the excluded ranks (ranks renumbered in order), proving
+ * `generation` and `secret`. The parent is retired by it (aborted, a healthy one too) and
+ * must still be freed by the caller, before or after the new one. CPU: new connections
  * through the parent's listening sockets (the parent's streams may hold the failed
- * operation's bytes). Different exclude lists on different ranks fail by the deadline;
- * the survivors must call it within timeout_ms of each other. */
+ * operation's bytes). NCCL: the control channel is shrunk first; then, where every
+ * survivor's NCCL communicator is healthy once revoked, ncclCommShrink; otherwise (an
+ * asynchronous NCCL error, nobody excluded) a new NCCL communicator of the survivors from
+ * a fresh unique id. Different exclude lists on different ranks fail by the deadline;
+ * the survivors must call it within the build deadline of each other. */
 newt_result_t comm_shrink(comm_t *c, const int *exclude, int nexclude, uint64_t generation,
                           const unsigned char *secret, size_t secret_len, comm_t **out);
 
-/* NCCL: a fresh unique id (ncclGetUniqueId) for a plan to distribute; the bytes fill
- * comm_config.nccl_id. NEWT_ERR_UNSUPPORTED when built without CUDA. */
-newt_result_t comm_nccl_unique_id(unsigned char id[COMM_NCCL_ID_BYTES]);
+/* NCCL: the stream later operations of c are enqueued on (a cudaStream_t; NULL: the
+ * communicator's own). They run after the work queued on it before them; operations
+ * already issued stay on their stream. CPU: accepted and ignored. */
+newt_result_t comm_set_stream(comm_t *c, void *stream);
 
 int comm_rank(const comm_t *c);
 int comm_size(const comm_t *c);

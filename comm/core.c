@@ -1,12 +1,12 @@
 /* The machinery the backends of comm/ share (see internal.h): kind names, the hash of
- * tags, futex helpers, the failure record of every communicator and its spread through
- * the split family, and the bookkeeping of requests.
+ * tags, futex helpers, communicator objects, the failure record of every communicator and
+ * its spread through the split family and to a companion, and the bookkeeping of requests.
  *
- * One process-wide lock (family_lock) guards every communicator's status, family links
- * and outstanding requests. A failure is recorded once (the first wins), then each
- * relative up and down the family records the same cause; each communicator that records
- * it tells its backend through its table (c->ops->on_fail), the only way this file
- * reaches a backend. */
+ * One process-wide lock (family_lock) guards every communicator's status, family and
+ * companion links and outstanding requests. A failure is recorded once (the first wins),
+ * then each relative up and down the family, and the companion, records the same cause;
+ * each communicator that records it tells its backend through its table (c->ops->on_fail,
+ * which never blocks), the only way this file reaches a backend besides freeing. */
 #include <limits.h>
 #include <linux/futex.h>
 #include <pthread.h>
@@ -61,19 +61,24 @@ int comm_to_local(const struct comm *c, int root) {
 }
 
 /* Under family_lock. The culprit is a root rank; `from` is the relative the failure came
- * from (not told again); relatives record the same cause. */
+ * from (not told again); relatives record the same cause, the companion the same words
+ * (it is the same communicator to the user: its voice to the peers). */
 static void fail_one(struct comm *c, struct comm *from, newt_result_t code, int root, const char *cause,
                      const char *suffix, int notify) {
   if (atomic_load(&c->failed)) return;
+  int related = from && from != c->companion;
   c->status.code = code;
   c->status.peer = comm_to_local(c, root);
   snprintf(c->status.msg, sizeof c->status.msg, "%s%s%s%s%s", cause, suffix ? " (" : "", suffix ? suffix : "",
-           suffix ? ")" : "", from ? " (seen in a related communicator)" : "");
+           suffix ? ")" : "", related ? " (seen in a related communicator)" : "");
   if (code == NEWT_ERR_ABORTED) atomic_store(&c->aborted, 1);
   atomic_store_explicit(&c->failed, 1, memory_order_release);
-  if (code == NEWT_ERR_ABORTED) NEWT_INFO(COMM, "rank %d of %d: %s", c->rank, c->size, c->status.msg);
+  if (code == NEWT_ERR_ABORTED || (from && from == c->companion)) /* a companion's is said once */
+    NEWT_INFO(COMM, "rank %d of %d: %s", c->rank, c->size, c->status.msg);
   else NEWT_WARN(COMM, "rank %d of %d: communicator failed: %s", c->rank, c->size, c->status.msg);
   c->ops->on_fail(c, code, root, cause, notify);
+  if (c->companion && c->companion != from)
+    fail_one(c->companion, c, code, root, cause, related ? NULL : suffix, notify);
   if (c->parent && c->parent != from) fail_one(c->parent, c, code, root, cause, NULL, 1);
   for (int i = 0; i < c->nchildren; i++)
     if (c->children[i] != from) fail_one(c->children[i], c, code, root, cause, NULL, 1);
@@ -113,6 +118,59 @@ newt_result_t comm_failed_err(struct comm *c, const char *what) {
   return NEWT_ERR(st.code, "%s: the communicator has failed: %s", what ? what : "operation", st.msg);
 }
 
+/* --- communicator objects and their family -------------------------------------------- */
+
+struct comm *comm_obj_new(comm_backend b, const comm_backend_ops *ops, int64_t timeout_ms, int64_t build_timeout_ms) {
+  struct comm *c = calloc(1, sizeof *c);
+  if (c) {
+    c->backend = b;
+    c->ops = ops;
+    c->timeout_ms = timeout_ms;
+    c->build_timeout_ms = build_timeout_ms;
+    c->status.peer = -1;
+  }
+  return c;
+}
+
+void comm_obj_release(struct comm *c) {
+  if (!c) return;
+  free(c->root_ranks);
+  free(c->children);
+  free(c);
+}
+
+void comm_obj_destroy(struct comm *c) {
+  if (!c) return;
+  if (c->ops->retire) c->ops->retire(c);
+  comm_family_unlink(c);
+  c->ops->free(c);
+  comm_req_abort_all(c);
+  comm_obj_release(c);
+}
+
+void comm_companion_link(struct comm *a, struct comm *b) {
+  pthread_mutex_lock(&family_lock);
+  a->companion = b;
+  b->companion = a;
+  pthread_mutex_unlock(&family_lock);
+}
+
+static int collect(struct comm *c, struct comm **out, int n, int cap) {
+  if (n < cap) out[n] = c;
+  n++;
+  for (int i = 0; i < c->nchildren; i++) n = collect(c->children[i], out, n, cap);
+  return n;
+}
+
+int comm_family_collect(struct comm *c, struct comm **out, int cap) {
+  pthread_mutex_lock(&family_lock);
+  struct comm *root = c;
+  while (root->parent) root = root->parent;
+  int n = collect(root, out, 0, cap);
+  pthread_mutex_unlock(&family_lock);
+  return n < cap ? n : cap;
+}
+
 newt_result_t comm_family_link(struct comm *parent, struct comm *child) {
   newt_result_t res = NEWT_OK;
   pthread_mutex_lock(&family_lock);
@@ -148,6 +206,10 @@ void comm_family_unlink(struct comm *c) {
         break;
       }
     c->parent = NULL;
+  }
+  if (c->companion) {
+    c->companion->companion = NULL;
+    c->companion = NULL;
   }
   pthread_mutex_unlock(&family_lock);
 }

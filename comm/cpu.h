@@ -69,8 +69,8 @@ static inline uint64_t le_get64(const uint8_t *p) {
  * (little-endian) and the payload (at most CTRL_MAX_PAYLOAD bytes). */
 enum {
   CTRL_DOORBELL = 1, /* wake up: data or space in a shared-memory ring */
-  CTRL_PING,         /* arg = sequence */
-  CTRL_PONG,         /* arg = sequence; payload: i32 in_op, i32 waiting_on */
+  CTRL_PING,         /* arg = sequence (CTRL_EXT_PROBE set: another backend's probe) */
+  CTRL_PONG,         /* arg = sequence; payload: i32 in_op, i32 waiting_on[, u64 ext[COMM_PROBE_VALUES]] */
   CTRL_FAIL,         /* arg = code; payload: i32 culprit, message */
   CTRL_BYE,          /* the peer freed its communicator */
   CTRL_SHM_OFFER,    /* payload: u64 segment size, u64 ring offset, u64 ring bytes, name */
@@ -78,6 +78,7 @@ enum {
 };
 #define CTRL_HDR 8
 #define CTRL_MAX_PAYLOAD 400
+#define CTRL_EXT_PROBE 0x80000000u /* a probe of comm_cpu_probe, answered with the hook's values */
 
 typedef struct ctrl_msg {
   int type;
@@ -119,8 +120,13 @@ typedef struct cpu_link {
   /* control receive buffer */
   uint8_t crx[CTRL_HDR + CTRL_MAX_PAYLOAD];
   size_t crx_len;
-  int gone;     /* 0 live, 1 said goodbye, 2 closed without goodbye (died) */
-  int ctrl_eof; /* the control connection is closed: no longer polled */
+  /* written by the thread that reads the control connection, read by any (a failure
+   * notice, a probe's answer) */
+  _Atomic int gone;     /* 0 live, 1 said goodbye, 2 closed without goodbye (died) */
+  _Atomic int ctrl_eof; /* the control connection is closed: no longer polled */
+  /* the peer's answer to the last comm_cpu_probe: its number and the hook's values */
+  _Atomic uint32_t ext_seq;
+  _Atomic uint64_t ext_val[COMM_PROBE_VALUES];
   /* shared memory */
   shm_ring *tx, *rx; /* tx in the peer's segment, rx in ours */
   uint8_t *txd, *rxd;
@@ -288,6 +294,11 @@ struct cpu_comm {
   void *scratch;
   size_t scratch_cap;
   uint32_t split_seq;
+  /* as another backend's control channel: what a probe's answer carries */
+  void (*probe_hook)(void *arg, uint64_t out[COMM_PROBE_VALUES]);
+  void *probe_arg;
+  _Atomic int probe_hook_set;
+  _Atomic uint32_t ext_probe_seq;
 };
 
 /* --- control channel (cpu_link.c) ----------------------------------------------------- */

@@ -15,8 +15,9 @@
  *
  * Progress thread, when idle: sleeps in poll() on the eventfd, the listening socket (any
  * connection now is refused by the handshake, with a log line) and the control
- * connections (hang-ups only: a peer that dies while we are idle fails the communicator
- * without waiting for the next operation). Once the communicator has failed it stops
+ * connections: a peer that dies while we are idle fails the communicator without waiting
+ * for the next operation, a peer's failure notice is adopted at once, a probe is answered
+ * (an idle rank says it is in no operation). Once the communicator has failed it stops
  * listening and hands the listening socket to comm_shrink.
  *
  * Split: every member opens a listening socket on its host with a port the kernel picks;
@@ -316,7 +317,7 @@ static void *progress_main(void *arg) {
       for (int r = 0; r < c->size; r++)
         if (r != c->rank && c->links[r].ctrl_fd >= 0 && !c->links[r].ctrl_eof) {
           peer[np] = r;
-          pf[np++] = (struct pollfd){.fd = c->links[r].ctrl_fd, .events = POLLRDHUP};
+          pf[np++] = (struct pollfd){.fd = c->links[r].ctrl_fd, .events = POLLIN | POLLRDHUP};
         }
     pthread_mutex_unlock(&c->lock);
     int k = poll(pf, (nfds_t)np, c->nstrays ? 50 : 1000);
@@ -332,9 +333,9 @@ static void *progress_main(void *arg) {
       (void)rd;
     }
     if (!c->listener_released) serve_listener(c, pf, first_ctrl, lst, first_stray);
-    int hup = 0;
-    for (int i = first_ctrl; i < np; i++) hup |= pf[i].revents != 0;
-    if (hup && !c->executing && !c->stop) {
+    int ready = 0; /* a frame, or a hang-up */
+    for (int i = first_ctrl; i < np; i++) ready |= pf[i].revents != 0;
+    if (ready && !c->executing && !c->stop) {
       c->executing = c->draining = 1;
       pthread_mutex_unlock(&c->lock);
       for (int i = first_ctrl; i < np; i++)
@@ -382,7 +383,8 @@ static newt_result_t finish(struct comm *pub, cpu_comm *c, newt_deadline_t deadl
 /* What only this backend reads of a configuration. */
 static newt_result_t check_cpu_config(const comm_config *cfg) {
   if (!cfg->addrs || !cfg->hosts)
-    return NEWT_ERR(NEWT_ERR_INVALID, "comm_config: the CPU backend needs addrs and hosts for every rank");
+    return NEWT_ERR(NEWT_ERR_INVALID, "comm_config: addrs and hosts are required for every rank (the NCCL backend's "
+                                      "control channel needs them too)");
   for (int r = 0; r < cfg->size; r++) {
     if (!cfg->addrs[r] || !cfg->addrs[r][0])
       return NEWT_ERR(NEWT_ERR_INVALID, "comm_config.addrs[%d] is missing", r);
@@ -408,7 +410,8 @@ static newt_result_t cpu_create(const comm_config *cfg, struct comm *pub) {
   NEWT_CHECK(check_cpu_config(cfg));
   NEWT_CHECK(check_secret(cfg->secret_len));
   cpu_comm *c;
-  newt_deadline_t deadline = newt_deadline_in_ms(cfg->timeout_ms);
+  pub->build_timeout_ms = cfg->build_timeout_ms > 0 ? cfg->build_timeout_ms : cfg->timeout_ms;
+  newt_deadline_t deadline = newt_deadline_in_ms(pub->build_timeout_ms);
   const char *job = cfg->job ? cfg->job : "job";
   uint64_t tag = cpu_root_tag(job);
   int lfd = -1;
@@ -434,6 +437,9 @@ static newt_result_t cpu_create(const comm_config *cfg, struct comm *pub) {
 }
 
 /* --- split -------------------------------------------------------------------------- */
+
+/* The deadline of a build from c (split, shrink). */
+static int64_t build_ms(const struct comm *c) { return c->build_timeout_ms > 0 ? c->build_timeout_ms : c->timeout_ms; }
 
 #define SPLIT_REC 128
 
@@ -508,7 +514,7 @@ static newt_result_t cpu_split(struct comm *parent, int color, int key, struct c
                             pc->secret_len, pc->timeout_ms, lfd, &c),
                   res, out);
   lfd = -1; /* c owns it now */
-  res = finish(child, c, newt_deadline_in_ms(pc->timeout_ms));
+  res = finish(child, c, newt_deadline_in_ms(build_ms(parent)));
   if (res == NEWT_OK) *member = 1;
 out:
   if (lfd >= 0) close(lfd);
@@ -577,7 +583,7 @@ static newt_result_t cpu_shrink(struct comm *parent, const int *exclude, int nex
     if (lfd >= 0) close(lfd);
     goto out;
   }
-  res = finish(out, c, newt_deadline_in_ms(pc->timeout_ms));
+  res = finish(out, c, newt_deadline_in_ms(build_ms(parent)));
 out:
   free(gone);
   free(addrs);
@@ -633,6 +639,35 @@ static void cpu_free(struct comm *pub) {
   pub->impl = NULL;
   cpu_destroy(c);
 }
+
+/* --- the control channel of another backend (internal.h) --------------------------------- */
+
+void comm_cpu_set_probe_hook(struct comm *pub, void (*hook)(void *arg, uint64_t out[COMM_PROBE_VALUES]), void *arg) {
+  cpu_comm *c = pub->impl;
+  c->probe_hook = hook;
+  c->probe_arg = arg;
+  atomic_store_explicit(&c->probe_hook_set, 1, memory_order_release);
+}
+
+uint32_t comm_cpu_probe(struct comm *pub) {
+  cpu_comm *c = pub->impl;
+  uint32_t seq = (atomic_fetch_add(&c->ext_probe_seq, 1) + 1) | CTRL_EXT_PROBE;
+  for (int r = 0; r < c->size; r++)
+    if (r != c->rank) ctrl_send(c, &c->links[r], CTRL_PING, seq, NULL, 0);
+  return seq; /* the answers come to the progress thread (or the executor) */
+}
+
+int comm_cpu_probe_answer(struct comm *pub, int peer, uint32_t seq, uint64_t out[COMM_PROBE_VALUES]) {
+  cpu_comm *c = pub->impl;
+  cpu_link *l = &c->links[peer];
+  if (atomic_load_explicit(&l->ext_seq, memory_order_acquire) == seq) {
+    for (int i = 0; i < COMM_PROBE_VALUES; i++) out[i] = atomic_load(&l->ext_val[i]);
+    return 1;
+  }
+  return l->gone || l->ctrl_eof || l->ctrl_fd < 0 ? -1 : 0;
+}
+
+const char *comm_cpu_peer_name(struct comm *pub, int peer) { return cpu_peer_name(pub->impl, peer); }
 
 /* --- the table --------------------------------------------------------------------- */
 

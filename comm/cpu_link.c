@@ -98,9 +98,10 @@ void ctrl_notify_fail(cpu_comm *c, newt_result_t code, int culprit_root, const c
   if (n > sizeof p - 4) n = sizeof p - 4;
   le_put32(p, (uint32_t)culprit_root);
   memcpy(p + 4, msg, n);
+  /* the culprit too: a dead one cannot read it, a live one (stopped, late) learns it was
+   * named as soon as it reads its control connection */
   for (int r = 0; r < c->size && c->links; r++)
-    if (r != c->rank && comm_to_root(c->pub, r) != culprit_root)
-      ctrl_send(c, &c->links[r], CTRL_FAIL, (uint32_t)code, p, n + 4);
+    if (r != c->rank) ctrl_send(c, &c->links[r], CTRL_FAIL, (uint32_t)code, p, n + 4);
 }
 
 static void handle_pong(cpu_comm *c, cpu_link *l, const ctrl_msg *m);
@@ -147,11 +148,18 @@ void ctrl_drain(cpu_comm *c, cpu_link *l) {
     }
     switch (m.type) {
       case CTRL_PING: {
-        uint8_t p[8];
+        uint8_t p[8 + 8 * COMM_PROBE_VALUES];
+        size_t len = 8;
         int in_op = c->cur_wait != NULL;
         le_put32(p, (uint32_t)in_op);
         le_put32(p + 4, (uint32_t)(in_op ? c->cur_wait->blocker : -1));
-        ctrl_send(c, l, CTRL_PONG, m.arg, p, sizeof p);
+        if (atomic_load_explicit(&c->probe_hook_set, memory_order_acquire)) {
+          uint64_t ext[COMM_PROBE_VALUES] = {0};
+          c->probe_hook(c->probe_arg, ext);
+          for (int i = 0; i < COMM_PROBE_VALUES; i++) le_put64(p + 8 + 8 * i, ext[i]);
+          len = sizeof p;
+        }
+        ctrl_send(c, l, CTRL_PONG, m.arg, p, len);
         break;
       }
       case CTRL_PONG: handle_pong(c, l, &m); break;
@@ -394,6 +402,13 @@ static void probe_send(cpu_wait *w, int target) {
 }
 
 static void handle_pong(cpu_comm *c, cpu_link *l, const ctrl_msg *m) {
+  if (m->arg & CTRL_EXT_PROBE) { /* comm_cpu_probe's */
+    if (m->len >= 8 + 8 * COMM_PROBE_VALUES) {
+      for (int i = 0; i < COMM_PROBE_VALUES; i++) atomic_store(&l->ext_val[i], le_get64(m->payload + 8 + 8 * i));
+      atomic_store_explicit(&l->ext_seq, m->arg, memory_order_release);
+    }
+    return;
+  }
   cpu_wait *w = c->cur_wait;
   if (!w || !w->probing || w->probe_target != l->peer || m->arg != w->probe_seq || m->len < 8) return;
   int in_op = (int)le_get32(m->payload);

@@ -9,8 +9,11 @@
  *
  * A failure is recorded once per communicator (the first one wins) under one process-wide
  * lock, and spreads through the split family: a child's failure fails its parent and the
- * parent's its children (peers renumbered, -1 where the peer is not a member). The
- * backend is told (ops->on_fail) so it can wake its waiters and, for the CPU backend,
+ * parent's its children (peers renumbered, -1 where the peer is not a member). It also
+ * spreads to a communicator's companion: the CPU communicator of the same ranks that an
+ * NCCL communicator keeps as its control channel (a peer's death seen there fails the
+ * NCCL communicator; a failure of the NCCL communicator goes to the peers through it).
+ * The backend is told (ops->on_fail) so it can wake its waiters and, for the CPU backend,
  * tell its peers. */
 #ifndef NEWT_COMM_INTERNAL_H
 #define NEWT_COMM_INTERNAL_H
@@ -56,20 +59,22 @@ struct comm_req {
   char msg[512];
   struct comm_req *next;  /* CPU: the issue-order queue */
   struct comm_req *onext; /* outstanding requests of c (comm_free completes them) */
-  void *event;            /* NCCL: the cudaEvent_t recorded after the operation */
+  uint64_t seq;           /* NCCL: the operation's number on its communicator */
 };
 
 struct comm {
   comm_backend backend;
   int rank;
   int size;
-  int64_t timeout_ms;
+  int64_t timeout_ms;       /* the longest an operation may go without progress */
+  int64_t build_timeout_ms; /* deadline of a build (create, split, shrink) */
   struct comm *parent; /* split parent, NULL for a root */
   int *root_ranks;     /* [size]: each rank's rank in the family's root (the communicator
                           comm_create or comm_shrink made); NULL: unknown (NCCL children) */
   struct comm **children;
   int nchildren;
   int cap_children;
+  struct comm *companion; /* the control channel of an NCCL communicator, and back */
   _Atomic int failed;
   _Atomic int aborted;
   comm_status status;           /* under the family lock */
@@ -95,10 +100,24 @@ int comm_to_local(const struct comm *c, int root);
 /* The recorded failure as this thread's error ("allreduce: rank 2 ... closed ..."). */
 newt_result_t comm_failed_err(struct comm *c, const char *what);
 
+/* A communicator object with no backend state yet (impl NULL), and its release. */
+struct comm *comm_obj_new(comm_backend b, const comm_backend_ops *ops, int64_t timeout_ms, int64_t build_timeout_ms);
+void comm_obj_release(struct comm *c);
+/* Frees c whole: ops->retire, out of its family, ops->free, outstanding requests
+ * completed, the object released (comm_free, and a backend freeing its companion). */
+void comm_obj_destroy(struct comm *c);
+
 /* Links a new split child under its parent (for failure propagation). */
 newt_result_t comm_family_link(struct comm *parent, struct comm *child);
-/* Takes c out of its family (c is being freed); children still linked are warned about. */
+/* Makes a and b companions: each one's failure is the other's. */
+void comm_companion_link(struct comm *a, struct comm *b);
+/* Takes c out of its family and away from its companion (c is being freed); children still
+ * linked are warned about. */
 void comm_family_unlink(struct comm *c);
+/* Up to cap members of c's family (its root and every descendant, c included) into out;
+ * returns how many. The pointers stay valid while no member is freed (the members of one
+ * family are freed from one thread, children first). */
+int comm_family_collect(struct comm *c, struct comm **out, int cap);
 /* c's status, read under the family lock. */
 void comm_status_copy(const struct comm *c, comm_status *st);
 
@@ -139,16 +158,33 @@ struct comm_backend_ops {
   newt_result_t (*wait_req)(struct comm_req *r);
   /* NULL: reduces every type; else fails (naming `what`) for a type it cannot reduce. */
   newt_result_t (*check_reduce)(newt_dtype dt, const char *what);
-  /* c failed (under the family lock; see comm_fail): wake waiters, tell peers (notify). */
+  /* c failed (under the family lock; see comm_fail): wake waiters, tell peers (notify).
+   * Never blocks: no call that may wait runs under the family lock. */
   void (*on_fail)(struct comm *c, newt_result_t code, int culprit_root, const char *cause, int notify);
+  /* NULL when none: c is about to be freed, its family still linked (NCCL: a failed
+   * family is revoked, every member, before any is aborted). */
+  void (*retire)(struct comm *c);
   /* Releases c->impl (the family is already unlinked; outstanding requests are completed
    * by the caller afterwards). */
   void (*free)(struct comm *c);
-  /* NULL when the backend has none: comm_nccl_unique_id. */
-  newt_result_t (*unique_id)(unsigned char id[COMM_NCCL_ID_BYTES]);
-  /* NULL when none: releases a request's r->event (comm_wait, also after c was freed). */
-  void (*event_destroy)(void *event);
+  /* NULL when the backend has no streams (comm_set_stream is then a no-op). */
+  newt_result_t (*set_stream)(struct comm *c, void *stream);
 };
+
+/* --- the CPU backend as another backend's control channel (cpu_comm.c) ------------------
+ * An NCCL communicator keeps a CPU communicator of the same ranks (its companion) to hand
+ * out the unique id, to tell the peers of a failure and to probe them. A probe pings every
+ * live peer; each answers, from its progress thread even while idle, with what its hook
+ * says (the NCCL backend: operations issued, started and completed on that communicator). */
+#define COMM_PROBE_VALUES 3
+void comm_cpu_set_probe_hook(struct comm *c, void (*hook)(void *arg, uint64_t out[COMM_PROBE_VALUES]), void *arg);
+/* Pings every live peer; returns the probe's number. */
+uint32_t comm_cpu_probe(struct comm *c);
+/* Peer's answer to probe `seq`: 1 answered (out set), 0 not yet, -1 gone (its connection
+ * closed, or it said goodbye). */
+int comm_cpu_probe_answer(struct comm *c, int peer, uint32_t seq, uint64_t out[COMM_PROBE_VALUES]);
+/* "rank 2 (10.0.0.3:4012)", "rank 1 (world rank 3, 10.0.0.4:4012)" */
+const char *comm_cpu_peer_name(struct comm *c, int peer);
 
 extern const comm_backend_ops comm_cpu_ops;
 extern const comm_backend_ops comm_nccl_ops; /* defined only with NEWT_HAVE_CUDA */

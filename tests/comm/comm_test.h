@@ -10,6 +10,7 @@
 #include <arpa/inet.h>
 #include <dirent.h>
 #include <netinet/in.h>
+#include <pthread.h>
 #include <signal.h>
 #include <stdatomic.h>
 #include <stdio.h>
@@ -153,6 +154,56 @@ static inline void ct_config(const ct_world *w, int rank, comm_config *cfg) {
   cfg->listen_fd = w->lfd[rank];
 }
 
+/* The configuration of `rank` in a communicator of members[0..nm) of w (a later
+ * generation among survivors, say); addrs and hosts ([CT_MAX]) back cfg's tables. */
+static inline void ct_config_members(const ct_world *w, int rank, const int *members, int nm, comm_config *cfg,
+                                     const char **addrs, const char **hosts) {
+  ct_config(w, rank, cfg);
+  cfg->rank = -1;
+  for (int i = 0; i < nm; i++) {
+    addrs[i] = w->addrs[members[i]];
+    hosts[i] = w->hosts[members[i]];
+    if (members[i] == rank) cfg->rank = i;
+  }
+  cfg->size = nm;
+  cfg->addrs = addrs;
+  cfg->hosts = hosts;
+}
+
+/* A blocked operation aborted from another thread: the *_async allreduce and allgather
+ * are queued (q1, q2), then the blocking allreduce of count floats x -> y waits (the peers
+ * must not join) until comm_abort after after_ms; returns its result, *ms the time from the
+ * abort to its return. */
+typedef struct ct_aborter {
+  comm_t *c;
+  int64_t after_ms;
+  uint64_t t_abort;
+} ct_aborter;
+
+static inline void *ct_abort_later(void *arg) {
+  ct_aborter *a = arg;
+  newt_sleep_ms(a->after_ms);
+  a->t_abort = newt_now_ns();
+  comm_abort(a->c);
+  return NULL;
+}
+
+static inline newt_result_t ct_blocked_abort(comm_t *c, void *x, void *y, size_t count, int64_t after_ms,
+                                             comm_req_t **q1, comm_req_t **q2, double *ms) {
+  *q1 = *q2 = NULL;
+  newt_result_t r1 = comm_allreduce_async(c, x, y, count, NEWT_F32, COMM_SUM, q1);
+  newt_result_t r2 = comm_allgather_async(c, x, y, 16, NEWT_F32, q2);
+  ct_aborter a = {.c = c, .after_ms = after_ms};
+  pthread_t th;
+  pthread_create(&th, NULL, ct_abort_later, &a);
+  newt_result_t r = comm_allreduce(c, x, y, count, NEWT_F32, COMM_SUM);
+  uint64_t t_ret = newt_now_ns();
+  pthread_join(th, NULL);
+  *ms = (double)(t_ret - a.t_abort) / 1e6;
+  if (r1 != NEWT_OK || r2 != NEWT_OK) return NEWT_ERR(NEWT_ERR_INTERNAL, "queuing the *_async operations failed");
+  return r;
+}
+
 typedef int (*ct_rank_fn)(ct_world *w, int rank, void *arg);
 
 /* Forks the process of one rank running fn; it exits with 0 when fn found no failure. */
@@ -206,6 +257,27 @@ static inline int ct_wait(ct_world *w, int64_t timeout_ms, const int *killed) {
     w->pids[r] = 0;
   }
   return bad;
+}
+
+/* A fault injected for real: once every rank said it is ready (sh->ready reaches the
+ * size), signals the victim (the time in sh->t_ns[0]), waits for the survivors and reaps
+ * the victim (killed first when it was only stopped). Returns how many survivors failed,
+ * -1 when the ranks never got going. */
+static inline int ct_fault_when_ready(ct_world *w, int victim, int sig, int64_t ready_ms, int64_t wait_ms) {
+  newt_deadline_t d = newt_deadline_in_ms(ready_ms);
+  while (atomic_load(&w->sh->ready) < w->size && !newt_deadline_passed(d)) newt_sleep_ms(1);
+  int going = atomic_load(&w->sh->ready) >= w->size;
+  newt_sleep_ms(20);
+  w->sh->t_ns[0] = newt_now_ns();
+  kill(w->pids[victim], sig);
+  int killed[CT_MAX] = {0};
+  killed[victim] = 1;
+  pid_t vp = w->pids[victim];
+  w->pids[victim] = 0;
+  int bad = ct_wait(w, wait_ms, killed);
+  kill(vp, SIGKILL);
+  newt_proc_wait(vp, 10000, NULL);
+  return going ? bad : -1;
 }
 
 /* Entries of /dev/shm whose name contains `needle`. */

@@ -168,30 +168,40 @@ static void test_single_rank(void) {
 }
 
 static void test_nccl_where_it_cannot_run(void) {
-  unsigned char id[COMM_NCCL_ID_BYTES];
-  comm_config cfg = {.backend = COMM_BACKEND_NCCL, .rank = 0, .size = 1, .timeout_ms = 2000};
+  ct_world w;
+  ct_world_init(&w, 1, CT_TCP, "apinccl");
+  comm_config cfg;
+  ct_config(&w, 0, &cfg);
+  cfg.backend = COMM_BACKEND_NCCL;
+  cfg.timeout_ms = 2000;
   comm_t *c = NULL;
+  int fds = ct_fd_count();
 #ifndef NEWT_HAVE_CUDA
   T_ERR(NEWT_ERR_UNSUPPORTED, comm_create(&cfg, &c));
   T_CHECK(strstr(newt_errmsg(), "NCCL backend is not built"));
-  T_ERR(NEWT_ERR_UNSUPPORTED, comm_nccl_unique_id(id));
 #else
+  /* the NCCL backend takes the CPU backend's configuration (its control channel) */
+  comm_config bad = cfg;
+  bad.addrs = NULL;
+  T_ERR(NEWT_ERR_INVALID, comm_create(&bad, &c));
+  T_CHECK(strstr(newt_errmsg(), "addrs"));
+  bad = cfg;
+  bad.device = -1;
+  T_ERR(NEWT_ERR_INVALID, comm_create(&bad, &c));
+  T_CHECK(strstr(newt_errmsg(), "comm_config.device"));
   /* built with CUDA: on a machine without a GPU this must fail cleanly */
-  int gpus = 0;
   if (getenv("NEWT_TEST_HAVE_GPU") == NULL) {
-    newt_result_t r = comm_nccl_unique_id(id);
-    if (r == NEWT_OK) memcpy(cfg.nccl_id, id, sizeof id);
-    r = comm_create(&cfg, &c);
+    newt_result_t r = comm_create(&cfg, &c);
     if (r == NEWT_OK) {
-      gpus = 1; /* there is a GPU after all: the gpu tests cover it */
-      comm_free(c);
+      comm_free(c); /* there is a GPU after all: the gpu tests cover it */
     } else {
       T_CHECK(r == NEWT_ERR_CUDA || r == NEWT_ERR_NCCL);
       T_CHECK(c == NULL);
     }
   }
-  (void)gpus;
 #endif
+  T_CHECK(ct_fd_count() == fds);
+  ct_world_free(&w);
 }
 
 int main(void) {

@@ -75,10 +75,36 @@ static void test_bad_flags(void) {
   }
 }
 
+/* The NCCL backend: the nccl-tests figures on a GPU machine; elsewhere a clean failure
+ * saying why (no GPU, or a newt built without CUDA). */
+static void test_nccl(void) {
+  char cmd[512];
+  snprintf(cmd, sizeof cmd, "%s bench allreduce --backend nccl --min 1K --max 64K 2>&1", newt_bin());
+  FILE *p = popen(cmd, "r");
+  T_CHECK(p != NULL);
+  if (!p) return;
+  char out[4096] = "", line[1024];
+  while (fgets(line, sizeof line, p))
+    if (strlen(out) + strlen(line) < sizeof out) strcat(out, line);
+  int st = pclose(p);
+  if (WIFEXITED(st) && WEXITSTATUS(st) == 0) { /* a GPU machine */
+    T_CHECK_MSG(strstr(out, "\"busbw\"") && strstr(out, "\"backend\":\"nccl\""), "%s", out);
+    return;
+  }
+  T_CHECK_MSG(WIFEXITED(st) && WEXITSTATUS(st) == 1, "exit status %d: %s", WEXITSTATUS(st), out);
+#ifdef NEWT_HAVE_CUDA
+  T_CHECK_MSG(strstr(out, "--backend nccl: no GPU") != NULL, "%s", out);
+#else
+  T_CHECK_MSG(strstr(out, "built without CUDA") != NULL, "%s", out);
+#endif
+  T_CHECK_MSG(strchr(out, '\n') == strrchr(out, '\n'), "more than one line: %s", out);
+}
+
 int main(void) {
   T_RUN(test_allreduce_shm);
   T_RUN(test_allreduce_tcp);
   T_RUN(test_rs_ag);
   T_RUN(test_bad_flags);
+  T_RUN(test_nccl);
   return T_DONE();
 }

@@ -80,18 +80,8 @@ static void recover(ct_world *w, int rank, comm_t *c, int victim) {
   comm_free(c);
   /* the next generation, from scratch, without the victim */
   const char *addrs[CT_MAX], *hosts[CT_MAX];
-  int me = -1;
-  for (int i = 0; i < ns; i++) {
-    addrs[i] = w->addrs[survivors[i]];
-    hosts[i] = w->hosts[survivors[i]];
-    if (survivors[i] == rank) me = i;
-  }
   comm_config cfg;
-  ct_config(w, rank, &cfg);
-  cfg.rank = me;
-  cfg.size = ns;
-  cfg.addrs = addrs;
-  cfg.hosts = hosts;
+  ct_config_members(w, rank, survivors, ns, &cfg, addrs, hosts);
   cfg.generation = w->generation + 2;
   derive_secret(w, 2, cfg.secret);
   comm_t *g = NULL;
@@ -159,19 +149,8 @@ static void run_failure(int n, int mode, int victim, int sig, size_t count) {
   ct_world_init(&w, n, mode, name);
   scenario sc = {.victim = victim, .sig = sig, .count = count};
   ct_spawn(&w, fail_rank, &sc);
-  newt_deadline_t d = newt_deadline_in_ms(valgrind_mode ? 240000 : 60000);
-  while (atomic_load(&w.sh->ready) < n && !newt_deadline_passed(d)) newt_sleep_ms(1);
-  T_CHECK_MSG(atomic_load(&w.sh->ready) == n, "the ranks did not get going");
-  newt_sleep_ms(20);
-  w.sh->t_ns[0] = newt_now_ns();
-  kill(w.pids[victim], sig);
-  int killed[CT_MAX] = {0};
-  killed[victim] = 1;
-  pid_t vp = w.pids[victim];
-  w.pids[victim] = 0;
-  int bad = ct_wait(&w, valgrind_mode ? 300000 : 60000, killed);
-  if (sig == SIGSTOP) kill(vp, SIGKILL);
-  newt_proc_wait(vp, 10000, NULL);
+  int bad = ct_fault_when_ready(&w, victim, sig, valgrind_mode ? 240000 : 60000, valgrind_mode ? 300000 : 60000);
+  T_CHECK_MSG(bad >= 0, "the ranks did not get going");
   T_CHECK_MSG(bad == 0, "%d survivors failed their checks", bad);
   double worst = 0;
   for (int r = 0; r < n; r++)
@@ -195,20 +174,6 @@ static void test_sigstop_tcp(void) { run_failure(3, CT_TCP, 0, SIGSTOP, 1000); }
 
 /* --- abort ----------------------------------------------------------------------------- */
 
-typedef struct aborter {
-  comm_t *c;
-  int64_t after_ms;
-  uint64_t t_abort;
-} aborter;
-
-static void *abort_later(void *arg) {
-  aborter *a = arg;
-  newt_sleep_ms(a->after_ms);
-  a->t_abort = newt_now_ns();
-  comm_abort(a->c);
-  return NULL;
-}
-
 static int abort_rank(ct_world *w, int rank, void *arg) {
   (void)arg;
   int fds0 = ct_fd_count(), threads0 = ct_thread_count();
@@ -218,21 +183,14 @@ static int abort_rank(ct_world *w, int rank, void *arg) {
   OKR(comm_create(&cfg, &c));
   if (!c) return 1;
   size_t count = 1 << 16;
-  float *x = calloc(count, 4), *y = calloc(count, 4), *z = calloc(count, 4);
+  float *x = calloc(count, 4), *y = calloc(count, 4);
   if (rank == 0) {
     /* rank 1 does not join: these block until the abort */
-    comm_req_t *q1 = NULL, *q2 = NULL;
-    OKR(comm_allreduce_async(c, x, z, count, NEWT_F32, COMM_SUM, &q1));
-    OKR(comm_allgather_async(c, x, z, 16, NEWT_F32, &q2));
-    aborter a = {.c = c, .after_ms = 300};
-    pthread_t th;
-    pthread_create(&th, NULL, abort_later, &a);
-    newt_result_t r = comm_allreduce(c, x, y, count, NEWT_F32, COMM_SUM);
-    uint64_t t_ret = newt_now_ns();
-    pthread_join(th, NULL);
+    comm_req_t *q1, *q2;
+    double ms;
+    newt_result_t r = ct_blocked_abort(c, x, y, count, 300, &q1, &q2, &ms);
     CHECKR(r == NEWT_ERR_ABORTED, "blocked allreduce -> %s: %s", newt_result_name(r), newt_errmsg());
-    double ms = (t_ret - a.t_abort) / 1e6;
-    w->sh->val[0] = (int64_t)(t_ret - a.t_abort);
+    w->sh->val[0] = (int64_t)(ms * 1e6);
     fprintf(stderr, "rank 0: the blocked allreduce returned %.2f ms after comm_abort\n", ms);
     CHECKR(ms < (valgrind_mode ? 5000 : 1000), "abort took %.1f ms", ms);
     CHECKR(q1 && comm_wait(q1) == NEWT_ERR_ABORTED, "queued allreduce_async was not aborted");
@@ -259,7 +217,6 @@ static int abort_rank(ct_world *w, int rank, void *arg) {
   comm_free(c);
   free(x);
   free(y);
-  free(z);
   CHECKR(ct_fd_count() == fds0, "file descriptors: %d at start, %d at the end", fds0, ct_fd_count());
   CHECKR(ct_thread_count() == threads0, "threads: %d at start, %d at the end", threads0, ct_thread_count());
   return ct_failures;
