@@ -34,7 +34,7 @@
 #include "common/param.h"
 #include "common/strutil.h"
 #include "common/sys.h"
-#include "coordinator/metrics.h"
+#include "common/metrics.h"
 #include "coordinator/policy.h"
 #include "job/plan.h"
 #include "job/records.h"
@@ -898,7 +898,7 @@ newt_result_t coordinator_run(const coordinator_opts *o) {
   if (r == NEWT_OK) r = spec_from_json(spec, strlen(spec), &c->spec);
   free(spec);
   if (r == NEWT_OK && o->metrics_port > 0)
-    r = metrics_start(o->metrics_addr ? o->metrics_addr : "0.0.0.0", o->metrics_port, &c->metrics);
+    r = metrics_start(o->metrics_addr ? o->metrics_addr : "0.0.0.0", o->metrics_port, NULL, &c->metrics);
   if (r == NEWT_OK && c->metrics) r = define_metrics(c);
   while (r == NEWT_OK && !newt_stop_requested()) {
     if (job_is_done(c->etcd, c->o->job, &c->spec)) {
