@@ -55,13 +55,7 @@ char *metrics_fmt_value(double v, char *out, size_t cap) {
   if (isnan(v)) snprintf(out, cap, "NaN");
   else if (isinf(v)) snprintf(out, cap, v > 0 ? "+Inf" : "-Inf");
   else if (v == floor(v) && fabs(v) < 1e15) snprintf(out, cap, "%.0f", v);
-  else {
-    /* the shortest of 15..17 significant digits that reads back as v */
-    for (int p = 15; p <= 17; p++) {
-      snprintf(out, cap, "%.*g", p, v);
-      if (strtod(out, NULL) == v) break;
-    }
-  }
+  else snprintf(out, cap, "%.15g", v); /* 15 digits: the noise of binary fractions stays out */
   return out;
 }
 
@@ -172,9 +166,8 @@ static newt_result_t start_one(metrics_t *mt, const char *addr, int port, const 
     return NEWT_ERR(NEWT_ERR_INVALID, "--metrics-addr: \"%s\" is not an IPv4 address", addr);
   struct MHD_Daemon *d = MHD_start_daemon(
       MHD_USE_AUTO_INTERNAL_THREAD | MHD_USE_ERROR_LOG, (uint16_t)port, NULL, NULL, on_request, mt,
-      MHD_OPTION_SOCK_ADDR, &sa, MHD_OPTION_CONNECTION_LIMIT, (unsigned)l->total, MHD_OPTION_PER_IP_CONNECTION_LIMIT,
-      (unsigned)l->per_ip, MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)l->timeout_s, MHD_OPTION_EXTERNAL_LOGGER,
-      on_mhd_log, NULL, MHD_OPTION_END);
+      MHD_OPTION_EXTERNAL_LOGGER, on_mhd_log, NULL, MHD_OPTION_SOCK_ADDR, &sa, MHD_OPTION_CONNECTION_LIMIT, (unsigned)l->total, MHD_OPTION_PER_IP_CONNECTION_LIMIT,
+      (unsigned)l->per_ip, MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)l->timeout_s, MHD_OPTION_END);
   if (!d) return NEWT_ERR(NEWT_ERR_SYS, "metrics: cannot serve on %s:%d (port in use?)", addr, port);
   mt->daemon[mt->ndaemons++] = d;
   if (!mt->port) {
@@ -224,6 +217,13 @@ static int find_series(metrics_t *mt, int fam, const char *labels) {
   for (int k = 0; k < mt->ns; k++)
     if (mt->s[k].fam == fam && strcmp(mt->s[k].labels, labels) == 0) return k;
   if (mt->ns == METRICS_SERIES || strlen(labels) >= sizeof mt->s[0].labels) return -1;
+  if (labels[0]) /* a labelled family: the unlabelled series made at its definition goes, unless set */
+    for (int k = 0; k < mt->ns; k++)
+      if (mt->s[k].fam == fam && !mt->s[k].labels[0] && mt->s[k].value == 0) {
+        memmove(&mt->s[k], &mt->s[k + 1], (size_t)(mt->ns - k - 1) * sizeof mt->s[0]);
+        mt->ns--;
+        break;
+      }
   series *s = &mt->s[mt->ns];
   memset(s, 0, sizeof *s);
   s->fam = fam;

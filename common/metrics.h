@@ -4,8 +4,8 @@
  *
  * A metric is a family (name, help, kind; a histogram also its bucket bounds) and its
  * series, one per label set: `metrics_add_l(m, "newt_recoveries_total", "cause=\"crash\"", 1)`.
- * Values print in the shortest form that reads back as the same number ("8388.1", not
- * "8388.1000000000004"; whole numbers without a decimal point).
+ * Values print with 15 significant digits at most ("8388.1", not "8388.1000000000004"; 0.1 +
+ * 0.2 as "0.3"), whole numbers without a decimal point or exponent up to 1e15.
  *
  * The endpoint is input from the network (DESIGN: the metrics port is bounded): it binds
  * only the addresses it is given, holds at most `per_ip` connections from one address and

@@ -104,7 +104,9 @@ static void test_scrape(void) {
 static void test_format(void) {
   char v[40];
   T_CHECK(strcmp(metrics_fmt_value(8388.1, v, sizeof v), "8388.1") == 0);
-  T_CHECK(strcmp(metrics_fmt_value(0.1 + 0.2, v, sizeof v), "0.30000000000000004") == 0);
+  T_CHECK(strcmp(metrics_fmt_value(0.1 + 0.2, v, sizeof v), "0.3") == 0);
+  T_CHECK(strcmp(metrics_fmt_value(8388.1000000000004, v, sizeof v), "8388.1") == 0);
+  T_CHECK(strcmp(metrics_fmt_value(0.001, v, sizeof v), "0.001") == 0);
   T_CHECK(strcmp(metrics_fmt_value(1e18, v, sizeof v), "1e+18") == 0);
   T_CHECK(strcmp(metrics_fmt_value(123456789012, v, sizeof v), "123456789012") == 0);
   T_CHECK(strcmp(metrics_fmt_value(-2, v, sizeof v), "-2") == 0);
