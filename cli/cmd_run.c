@@ -28,7 +28,7 @@ int newt_cmd_run(int argc, char **argv) {
   int64_t nproc = 4, coords = 2, steps = d.steps, gb = d.global_batch, mb = d.micro_batch, every = 0, keep = d.ckpt_keep,
           threads = 1, tp = 1, pp = 1, zero = 0, timeout = 0, lease = d.lease_ttl_ms, comm_to = d.comm_timeout_ms,
           hang = d.hang_timeout_ms, seed = (int64_t)d.seed, data_seed = (int64_t)d.data_seed, dp_min = d.dp_min,
-          dp_max = d.dp_max, seq = 0, members = 1;
+          dp_max = d.dp_max, seq = 0, members = 1, max_failures = d.max_failures, failure_window = d.failure_window_ms;
   double lr = d.lr;
   int quiet = 0;
   newt_opt opts[] = {
@@ -65,6 +65,9 @@ int newt_cmd_run(int argc, char **argv) {
       {"lease-ttl-ms", NEWT_OPT_INT, &lease, "worker and coordinator lease TTL"},
       {"comm-timeout-ms", NEWT_OPT_INT, &comm_to, "a collective without progress this long fails"},
       {"hang-timeout-ms", NEWT_OPT_INT, &hang, "no step progress this long is a hang"},
+      {"max-failures", NEWT_OPT_INT, &max_failures, "the failure budget: more crash or hang recoveries than this in the window fail the job (0: none)"},
+      {"failure-window-ms", NEWT_OPT_INT, &failure_window, "the failure budget's window"},
+      {"no-metrics", NEWT_OPT_FLAG, &lo.no_metrics, "coordinators serve no metrics (default: each on a free port, printed)"},
       {"chaos", NEWT_OPT_STR, &chaos, "faults at steps: kill:worker:1@step=15,join:2@step=50,..."},
       {"summary", NEWT_OPT_STR, &lo.summary, "write the run's summary JSON here"},
       {"log-dir", NEWT_OPT_STR, &lo.log_dir, "per-process logs and the run's files (default: a new directory under /tmp)"},
@@ -117,6 +120,8 @@ int newt_cmd_run(int argc, char **argv) {
     s->lease_ttl_ms = lease;
     s->comm_timeout_ms = comm_to;
     s->hang_timeout_ms = hang;
+    s->max_failures = max_failures;
+    s->failure_window_ms = failure_window;
     if (spec_validate(s) != NEWT_OK) {
       fprintf(stderr, "newt run: %s\n", newt_errmsg());
       return 2;

@@ -54,6 +54,11 @@ static cJSON *checked_item(const rdzv_etcd_kv *kv, job_record rec) {
     if ((r = job_done_from_json(kv->value, kv->value_len, &d)) == NEWT_OK) text = job_done_to_json(&d);
     break;
   }
+  case JOB_REC_FAILED: {
+    job_failed fl;
+    if ((r = job_failed_from_json(kv->value, kv->value_len, &fl)) == NEWT_OK) text = job_failed_to_json(&fl);
+    break;
+  }
   case JOB_REC_CKPT: {
     job_ckpt c;
     if ((r = job_ckpt_from_json(kv->value, kv->value_len, &c)) == NEWT_OK) text = job_ckpt_to_json(&c);
@@ -122,7 +127,7 @@ static newt_result_t collect(rdzv_etcd *c, const char *job, int nevents, cJSON *
     job_record rec = job_key_parse(kv->key + plen, NULL, NULL);
     static const char *const single[] = {[JOB_REC_SPEC] = "spec", [JOB_REC_PLAN] = "plan",
                                          [JOB_REC_PROGRESS] = "progress", [JOB_REC_DONE] = "done",
-                                         [JOB_REC_CKPT] = "ckpt"};
+                                         [JOB_REC_CKPT] = "ckpt", [JOB_REC_FAILED] = "failed"};
     if (rec != JOB_REC_WORKER && rec != JOB_REC_EVENT &&
         (rec >= (int)(sizeof single / sizeof single[0]) || !single[rec]))
       continue;
@@ -192,6 +197,10 @@ static void describe_event(FILE *f, const cJSON *e) {
             ms_of(e, "t_detect", "t_step", d, sizeof d));
   } else if (strcmp(type, "done") == 0) {
     fprintf(f, "done at step %.0f, loss %.4f", num_of(e, "step"), num_of(e, "loss"));
+  } else if (strcmp(type, "failed") == 0) {
+    fprintf(f, "the job failed: %s", str_of(e, "why", "?"));
+  } else if (strcmp(type, "spec") == 0) {
+    fprintf(f, "spec %s", str_of(e, "why", "?"));
   } else {
     fprintf(f, "%s", type);
   }
@@ -201,13 +210,16 @@ static void print_text(FILE *f, const cJSON *j, uint64_t now) {
   const cJSON *plan = cJSON_GetObjectItemCaseSensitive(j, "plan");
   const cJSON *prog = cJSON_GetObjectItemCaseSensitive(j, "progress");
   const cJSON *done = cJSON_GetObjectItemCaseSensitive(j, "done");
+  const cJSON *failed = cJSON_GetObjectItemCaseSensitive(j, "failed");
   const cJSON *spec = cJSON_GetObjectItemCaseSensitive(j, "spec");
   const cJSON *ckpt = cJSON_GetObjectItemCaseSensitive(j, "ckpt");
   const cJSON *train = spec ? cJSON_GetObjectItemCaseSensitive(spec, "train") : NULL;
   double steps = train ? num_of(train, "steps") : 0;
   char a[48], b[48];
   fprintf(f, "job %s: ", str_of(j, "job", "?"));
-  if (done)
+  if (failed)
+    fprintf(f, "FAILED %s: %s\n", ago(now, num_of(failed, "t_ms"), a, sizeof a), str_of(failed, "why", "?"));
+  else if (done)
     fprintf(f, "done at step %.0f, final loss %.4f, %.0f samples, %s\n", num_of(done, "step"), num_of(done, "loss"),
             num_of(done, "samples"), ago(now, num_of(done, "t_ms"), a, sizeof a));
   else if (prog && steps > 0)
@@ -360,7 +372,7 @@ int newt_cmd_status(int argc, char **argv) {
     away_since = 0;
     if (r != NEWT_OK) break;
     show(j, json, watch, tty);
-    int done = cJSON_GetObjectItemCaseSensitive(j, "done") != NULL;
+    int done = cJSON_GetObjectItemCaseSensitive(j, "done") != NULL || cJSON_GetObjectItemCaseSensitive(j, "failed") != NULL;
     cJSON_Delete(j);
     if (n < wait_workers) {
       fprintf(stderr, "newt status: %d workers registered for job %s after %lld ms, %lld wanted\n", n, ef.job,

@@ -1,22 +1,28 @@
 /* newt worker: one training process. Registers with etcd, follows the leader's plans,
  * rebuilds its communicator on each, restores state, trains, and leaves gracefully on
  * SIGTERM. --step-log FILE: while it is rank 0, it appends a line per step to FILE (the
- * step log, job/runlog.h). */
+ * step log, job/runlog.h). --metrics-port: its own metrics and /healthz. Exit status and
+ * termination message: cli/ending.h. */
 #include <stdio.h>
 #include <stdlib.h>
 
 #include "cli/cmds.h"
+#include "cli/ending.h"
 #include "cli/etcd_flags.h"
+#include "common/log.h"
 #include "common/opts.h"
 #include "worker/worker.h"
 
 int newt_cmd_worker(int argc, char **argv) {
+  newt_log_set_default_level(NEWT_LOG_INFO); /* lifecycle lines: plan, joined, left, done */
   cli_etcd_flags ef;
   cli_etcd_flags_init(&ef);
   const char *id = getenv("NEWT_WORKER_ID") ? getenv("NEWT_WORKER_ID") : getenv("POD_NAME");
   const char *host = getenv("NEWT_HOST");
   const char *addr = getenv("NEWT_ADDR") ? getenv("NEWT_ADDR") : getenv("POD_IP");
-  const char *step_log = NULL, *secret_file = getenv("NEWT_JOB_SECRET_FILE");
+  const char *step_log = NULL, *term_log = NULL, *secret_file = getenv("NEWT_JOB_SECRET_FILE");
+  const char *metrics_addr = getenv("NEWT_METRICS_ADDR") ? getenv("NEWT_METRICS_ADDR") : "127.0.0.1";
+  int64_t metrics_port = 0;
   int64_t port = 0, device = -1, threads = 1;
   if (getenv("NEWT_DEVICE")) device = atoi(getenv("NEWT_DEVICE"));
   newt_opt opts[] = {CLI_ETCD_OPTS(&ef),
@@ -29,27 +35,30 @@ int newt_cmd_worker(int argc, char **argv) {
                      {"step-log", NEWT_OPT_STR, &step_log, "while rank 0, append one JSON line per step to FILE (docs/elastic.md)"},
                      {"job-secret-file", NEWT_OPT_STR, &secret_file,
                       "the job's secret, the data plane's keys come from it (env NEWT_JOB_SECRET_FILE; docs/elastic.md)"},
+                     {"metrics-port", NEWT_OPT_INT, &metrics_port, "port of this worker's metrics and /healthz (0: off)"},
+                     {"metrics-addr", NEWT_OPT_STR, &metrics_addr,
+                      "addresses the metrics server binds, comma-separated (env NEWT_METRICS_ADDR)"},
+                     {"termination-log", NEWT_OPT_STR, &term_log,
+                      "file for the termination message (env NEWT_TERMINATION_LOG; default /dev/termination-log when it exists)"},
                      NEWT_OPT_END};
   int rc = newt_opts_exit(newt_opts_parse("worker", "--job NAME [flags]", opts, argc, argv, NULL, 0, NULL));
   if (rc >= 0) return rc;
+  job_end end = {.status = JOB_EXIT_DONE};
   worker_opts wo = {.job = ef.job, .id = id, .host = host, .addr = addr, .port = (int)port,
-                    .device = (int)device, .threads = (int)threads, .step_log = step_log, .secret_file = secret_file};
+                    .device = (int)device, .threads = (int)threads, .step_log = step_log, .secret_file = secret_file,
+                    .metrics_addr = metrics_addr, .metrics_port = (int)metrics_port, .end = &end};
   char *password = NULL;
   newt_result_t r = cli_etcd_opts(&ef, &wo.etcd, &password);
   if (r != NEWT_OK) {
     fprintf(stderr, "newt worker: %s\n", newt_errmsg());
     return 2;
   }
-  if (port < 0 || port > 65535 || threads < 0) {
-    fprintf(stderr, "newt worker: --port must be 0..65535 and --threads >= 0\n");
+  if (port < 0 || port > 65535 || threads < 0 || metrics_port < 0 || metrics_port > 65535) {
+    fprintf(stderr, "newt worker: --port and --metrics-port must be 0..65535 and --threads >= 0\n");
     free(password);
     return 2;
   }
   r = worker_run(&wo);
   free(password);
-  if (r != NEWT_OK) {
-    fprintf(stderr, "newt worker: %s\n", newt_errmsg());
-    return 1;
-  }
-  return 0;
+  return cli_end("worker", r, &end, cli_termination_log(term_log));
 }

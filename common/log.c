@@ -20,6 +20,8 @@ static int log_level = NEWT_LOG_WARN;
 static int log_subsys = NEWT_SUBSYS_ALL;
 static int log_fd = 2;
 static char log_name[48] = "newt";
+static int log_json;
+static int log_level_from_env;
 
 static const struct {
   const char *name;
@@ -57,9 +59,13 @@ static void log_init(void) {
   const char *lvl = getenv("NEWT_DEBUG");
   if (lvl && *lvl) {
     int l = parse_level(lvl);
-    if (l >= 0) log_level = l;
+    if (l >= 0) log_level = l, log_level_from_env = 1;
     else fprintf(stderr, "newt: NEWT_DEBUG=%s is not one of ERROR, WARN, INFO, DEBUG, TRACE\n", lvl);
   }
+  const char *fmt = getenv("NEWT_LOG_FORMAT");
+  if (fmt && strcasecmp(fmt, "json") == 0) log_json = 1;
+  else if (fmt && *fmt && strcasecmp(fmt, "text") != 0)
+    fprintf(stderr, "newt: NEWT_LOG_FORMAT=%s is not text or json\n", fmt);
   const char *sub = getenv("NEWT_DEBUG_SUBSYS");
   if (sub && *sub) parse_subsys(sub);
   const char *file = getenv("NEWT_DEBUG_FILE");
@@ -92,31 +98,57 @@ void newt_log_set_level(newt_log_level level) {
   log_level = (int)level;
 }
 
+void newt_log_set_default_level(newt_log_level level) {
+  pthread_once(&log_once, log_init);
+  if (!log_level_from_env) log_level = (int)level;
+}
+
 static const char *subsys_name(int subsys) {
   for (size_t i = 0; i < sizeof subsys_names / sizeof subsys_names[0]; i++)
     if (subsys_names[i].bit == subsys) return subsys_names[i].name;
   return "?";
 }
 
+/* s as the inside of a JSON string into out; returns the bytes written. */
+static size_t json_escape(const char *s, char *out, size_t cap) {
+  size_t o = 0;
+  for (const unsigned char *p = (const unsigned char *)s; *p && o + 7 < cap; p++) {
+    if (*p == '"' || *p == '\\') out[o++] = '\\', out[o++] = (char)*p;
+    else if (*p == '\n') out[o++] = '\\', out[o++] = 'n';
+    else if (*p < 0x20) o += (size_t)snprintf(out + o, cap - o, "\\u%04x", *p);
+    else out[o++] = (char)*p;
+  }
+  out[o] = '\0';
+  return o;
+}
+
 void newt_log(newt_log_level level, int subsys, const char *file, int line, const char *fmt, ...) {
-  char buf[2048];
+  char msg[1800], buf[8192], ts[40];
   struct timeval tv;
   gettimeofday(&tv, NULL);
   struct tm tm;
-  localtime_r(&tv.tv_sec, &tm);
+  gmtime_r(&tv.tv_sec, &tm);
+  size_t tl = strftime(ts, sizeof ts, "%Y-%m-%dT%H:%M:%S", &tm);
+  snprintf(ts + tl, sizeof ts - tl, ".%03dZ", (int)(tv.tv_usec / 1000) % 1000);
   const char *base = strrchr(file, '/');
   base = base ? base + 1 : file;
-  int n = snprintf(buf, sizeof buf, "%02d:%02d:%02d.%03d %s[%d] %s %s %s:%d ", tm.tm_hour, tm.tm_min,
-                   tm.tm_sec, (int)(tv.tv_usec / 1000), log_name, (int)getpid(),
-                   level_names[level], subsys_name(subsys), base, line);
-  if (n < 0) return;
-  if ((size_t)n < sizeof buf) {
-    va_list ap;
-    va_start(ap, fmt);
-    int m = vsnprintf(buf + n, sizeof buf - (size_t)n, fmt, ap);
-    va_end(ap);
-    if (m > 0) n += m;
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(msg, sizeof msg, fmt, ap);
+  va_end(ap);
+  int n;
+  if (log_json) {
+    char emsg[sizeof msg * 2], ename[sizeof log_name * 2];
+    json_escape(msg, emsg, sizeof emsg);
+    json_escape(log_name, ename, sizeof ename);
+    n = snprintf(buf, sizeof buf, "{\"time\":\"%s\",\"level\":\"%s\",\"subsys\":\"%s\",\"name\":\"%s\",\"pid\":%d,"
+                 "\"src\":\"%s:%d\",\"msg\":\"%s\"}", ts, level_names[level], subsys_name(subsys), ename,
+                 (int)getpid(), base, line, emsg);
+  } else {
+    n = snprintf(buf, sizeof buf, "%s %s[%d] %s %s %s:%d %s", ts, log_name, (int)getpid(), level_names[level],
+                 subsys_name(subsys), base, line, msg);
   }
+  if (n < 0) return;
   if ((size_t)n >= sizeof buf - 1) n = (int)sizeof buf - 2;
   buf[n++] = '\n';
   ssize_t w = write(log_fd, buf, (size_t)n);

@@ -1,11 +1,17 @@
 /* Logging with levels and subsystems, in the manner of NCCL_DEBUG / NCCL_DEBUG_SUBSYS.
  *
- *   NEWT_DEBUG=ERROR|WARN|INFO|DEBUG|TRACE   (default WARN)
+ *   NEWT_DEBUG=ERROR|WARN|INFO|DEBUG|TRACE   (default WARN; INFO for the coordinator and
+ *                                            the worker, whose lifecycle lines are INFO)
  *   NEWT_DEBUG_SUBSYS=RDZV,COMM,...          (default ALL; ^RDZV excludes)
  *   NEWT_DEBUG_FILE=path                     (default stderr; %p becomes the pid)
+ *   NEWT_LOG_FORMAT=text|json                (default text)
  *
- * A line reads "hh:mm:ss.mmm <name>[pid] LEVEL SUBSYS file:line message". The name is
- * the process's role ("worker-3", "coordinator-0"), set once with newt_log_set_name. */
+ * A text line reads "2026-12-01T10:15:30.123Z <name>[pid] LEVEL SUBSYS file:line message"
+ * (ISO 8601, UTC, milliseconds). A JSON line is one object for log pipelines:
+ *   {"time":"2026-12-01T10:15:30.123Z","level":"INFO","subsys":"COORD","name":"coordinator-0",
+ *    "pid":1,"src":"coordinator.c:512","msg":"published plan 2 (crash): ..."}
+ * The name is the process's role ("worker-3", "coordinator-0"), set once with
+ * newt_log_set_name. */
 #ifndef NEWT_COMMON_LOG_H
 #define NEWT_COMMON_LOG_H
 
@@ -43,6 +49,8 @@ void newt_log_set_name(const char *name);
 
 /* Overrides NEWT_DEBUG for this process (tests, --verbose). */
 void newt_log_set_level(newt_log_level level);
+/* The level of this process when NEWT_DEBUG does not say (services: INFO). */
+void newt_log_set_default_level(newt_log_level level);
 
 #define NEWT_LOG_AT(level, sub, ...)                                          \
   do {                                                                        \

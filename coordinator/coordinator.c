@@ -23,6 +23,8 @@
 #include "coordinator/coordinator.h"
 
 #include <pthread.h>
+#include <stdatomic.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -34,7 +36,7 @@
 #include "common/param.h"
 #include "common/strutil.h"
 #include "common/sys.h"
-#include "coordinator/metrics.h"
+#include "common/metrics.h"
 #include "coordinator/policy.h"
 #include "job/plan.h"
 #include "job/records.h"
@@ -45,6 +47,10 @@ NEWT_PARAM(JoinWindowMs, "NEWT_JOIN_WINDOW_MS", 500)
 NEWT_PARAM(StartWindowMs, "NEWT_START_WINDOW_MS", 1000)
 NEWT_PARAM(CoordTickMs, "NEWT_COORD_TICK_MS", 5)
 NEWT_PARAM(KeepEvents, "NEWT_KEEP_EVENTS", 1000)
+NEWT_PARAM(SpecCheckMs, "NEWT_SPEC_CHECK_MS", 5000)
+
+/* Metric groups: the job's metrics are the leader's only (a standby hides them). */
+enum { GROUP_PROCESS = 0, GROUP_JOB = 1 };
 
 /* An acknowledgement of the current generation, by whom. */
 typedef struct c_ack {
@@ -106,13 +112,29 @@ typedef struct coord {
   char last_warn_msg[256];
   uint64_t alarms_checked; /* monotonic ns etcd's alarms were last read */
   uint64_t nospace_since;  /* wall ms etcd was first seen out of space (0: it is not) */
+
+  /* the failure budget: wall ms of the plans made for a crash or hang, newest last */
+  uint64_t fails[256];
+  int nfails;
+  int failed; /* this leader gave up on the job */
+
+  /* spec changes: the file given (re-read every NEWT_SPEC_CHECK_MS), and one in etcd that
+     the watch saw (taken by the main thread at the next tick) */
+  char *spec_file_text;
+  uint64_t spec_file_checked;
+  newt_spec spec_next; /* guarded by mu */
+  int spec_changed;    /* guarded by mu */
+
+  int64_t steps_counted;     /* the step newt_steps_total has counted up to */
+  _Atomic uint64_t tick;     /* monotonic ns the main loop last went round (/healthz) */
 } coord;
 
 /* --- the spec ------------------------------------------------------------------------------ */
 
-newt_result_t coordinator_put_spec(rdzv_etcd *c, const char *job, const char *file) {
+newt_result_t coordinator_put_spec(rdzv_etcd *c, const char *job, const char *file, char *changed, size_t cap) {
   char *text = NULL;
   size_t len = 0;
+  if (changed && cap) changed[0] = '\0';
   NEWT_CHECK(newt_fs_read_all(file, 1 << 20, &text, &len));
   newt_spec s;
   newt_result_t r = spec_from_json(text, len, &s);
@@ -130,17 +152,28 @@ newt_result_t coordinator_put_spec(rdzv_etcd *c, const char *job, const char *fi
   rdzv_etcd_txn_result tr;
   memset(&tr, 0, sizeof tr);
   if (r == NEWT_OK) r = rdzv_etcd_txn(c, &cmp, 1, &put, 1, &get, 1, job_call_deadline(), &tr);
-  free(norm);
-  NEWT_CHECK(r);
-  if (!tr.succeeded && tr.n == 1 && tr.results[0].range.n == 1) {
+  if (r == NEWT_OK && !tr.succeeded && tr.n == 1 && tr.results[0].range.n == 1) {
     newt_spec old;
     const rdzv_etcd_kv *kv = &tr.results[0].range.kvs[0];
     r = spec_from_json(kv->value, kv->value_len, &old);
-    if (r == NEWT_OK && memcmp(&old, &s, sizeof s) != 0)
-      r = NEWT_ERR(NEWT_ERR_CONFLICT,
-                   "job %s already has a different spec in etcd; %s was not stored (delete %s to replace it)", job,
-                   file, key);
+    char what[512] = "";
+    if (r == NEWT_OK && memcmp(&old, &s, sizeof s) != 0) {
+      if (!spec_update_allowed(&old, &s, what, sizeof what)) {
+        r = newt_err_wrap(NEWT_ERR_CONFLICT, "%s: ", file);
+      } else {
+        /* only over the spec we compared with: a concurrent change is not overwritten */
+        rdzv_etcd_cmp same = {.key = key, .target = RDZV_CMP_MOD, .result = RDZV_CMP_EQUAL, .number = kv->mod_revision};
+        rdzv_etcd_txn_result tr2;
+        memset(&tr2, 0, sizeof tr2);
+        r = rdzv_etcd_txn(c, &same, 1, &put, 1, NULL, 0, job_call_deadline(), &tr2);
+        if (r == NEWT_OK && !tr2.succeeded)
+          r = NEWT_ERR(NEWT_ERR_UNAVAILABLE, "%s: the spec in etcd changed meanwhile; trying again", file);
+        rdzv_etcd_txn_result_free(&tr2);
+        if (r == NEWT_OK && changed && cap) snprintf(changed, cap, "%s", what);
+      }
+    }
   }
+  free(norm);
   rdzv_etcd_txn_result_free(&tr);
   return r;
 }
@@ -177,6 +210,7 @@ static void put_member(coord *c, const rdzv_etcd_kv *kv, const char *id) {
     }
     i = c->nmembers++;
     if (!c->plan.generation || !plan_find(&c->plan, id)) c->last_join = newt_now_ns();
+    NEWT_INFO(COORD, "worker %s joined (host %s, %s)", id, w.host, w.addr);
   }
   c->members[i] = w;
 }
@@ -184,6 +218,7 @@ static void put_member(coord *c, const rdzv_etcd_kv *kv, const char *id) {
 static void drop_member(coord *c, const char *id) {
   int i = find_member(c, id);
   if (i < 0) return;
+  NEWT_INFO(COORD, "worker %s left (%s)", id, policy_member_leaving(&c->members[i]) ? "gracefully" : "registration gone");
   if (policy_member_leaving(&c->members[i])) {
     /* remember it: its "left" and its deletion may arrive together */
     char (*d)[RDZV_NAME_MAX] = realloc(c->departed, (size_t)(c->ndeparted + 1) * sizeof *d);
@@ -270,6 +305,11 @@ static void put_progress(coord *c, const rdzv_etcd_kv *kv) {
   if (step != c->prog_step) c->prog_change = newt_now_ns();
   c->prog_step = step;
   if (step > c->max_step_seen) c->max_step_seen = step;
+  if (step > c->steps_counted) { /* a step rolled back and done again counts once */
+    metrics_add(c->metrics, "newt_steps_total", (double)(step - c->steps_counted));
+    metrics_add(c->metrics, "newt_tokens_total", (double)(step - c->steps_counted) * (double)pr.step_tokens);
+    c->steps_counted = step;
+  }
   metrics_set(c->metrics, "newt_step", (double)step);
   metrics_set(c->metrics, "newt_loss", c->prog_loss);
   metrics_set(c->metrics, "newt_tokens_per_second", c->prog_tps);
@@ -299,6 +339,23 @@ static void take_plan_locked(coord *c, const rdzv_etcd_kv *kv) {
     return;
   }
   set_plan_locked(c, &p);
+}
+
+/* A spec in etcd other than ours (a coordinator stored a changed one): kept for the main
+ * thread when a running job may take it, refused (logged) otherwise. Called with mu held. */
+static void take_spec_locked(coord *c, const rdzv_etcd_kv *kv) {
+  newt_spec s;
+  if (spec_from_json(kv->value, kv->value_len, &s) != NEWT_OK) {
+    NEWT_WARN(COORD, "ignoring the spec in etcd: %s", newt_errmsg());
+    return;
+  }
+  if (memcmp(&s, &c->spec, sizeof s) == 0) return;
+  if (!spec_update_allowed(&c->spec, &s, NULL, 0)) {
+    NEWT_ERROR(COORD, "ignoring the spec in etcd: %s", newt_errmsg());
+    return;
+  }
+  c->spec_next = s;
+  c->spec_changed = 1;
 }
 
 /* One key of the job changed (value NULL: deleted). Called with mu held. */
@@ -335,6 +392,18 @@ static void apply_kv(coord *c, const rdzv_etcd_kv *kv, int deleted) {
   case JOB_REC_PLAN:
     if (!deleted) take_plan_locked(c, kv);
     break;
+  case JOB_REC_SPEC:
+    if (!deleted) take_spec_locked(c, kv);
+    break;
+  case JOB_REC_CKPT: {
+    job_ckpt ck;
+    if (!deleted && job_ckpt_from_json(kv->value, kv->value_len, &ck) == NEWT_OK) {
+      metrics_set(c->metrics, "newt_checkpoint_last_step", (double)ck.step);
+      if (ck.bytes > 0) metrics_set(c->metrics, "newt_checkpoint_bytes", (double)ck.bytes);
+      if (ck.save_ms > 0) metrics_observe(c->metrics, "newt_checkpoint_save_duration_seconds", NULL, (double)ck.save_ms / 1e3);
+    }
+    break;
+  }
   default:
     break;
   }
@@ -456,6 +525,86 @@ static int join_grows_layout(void *ud) {
   return grows;
 }
 
+/* --- the failure budget -------------------------------------------------------------------- */
+
+/* Recoveries from these causes spend the budget; a leave, a join, a lost coordinator or an
+ * etcd outage are the job's normal life. */
+static int is_failure(const char *cause) { return strcmp(cause, "crash") == 0 || strcmp(cause, "hang") == 0; }
+
+static int failures_in_window(coord *c, uint64_t now) {
+  int n = 0;
+  for (int i = 0; i < c->nfails; i++) n += c->fails[i] + (uint64_t)c->spec.failure_window_ms > now;
+  return n;
+}
+
+static void count_failure(coord *c, uint64_t t_ms) {
+  if (c->nfails == (int)(sizeof c->fails / sizeof c->fails[0])) {
+    memmove(c->fails, c->fails + 1, sizeof c->fails - sizeof c->fails[0]);
+    c->nfails--;
+  }
+  c->fails[c->nfails++] = t_ms;
+  metrics_set(c->metrics, "newt_failure_budget_used", failures_in_window(c, newt_wall_ms()));
+}
+
+/* The failures a predecessor planned for, from the job's events (a new leader goes on
+ * counting where the last one was). */
+static void recount_failures(coord *c) {
+  char prefix[256];
+  c->nfails = 0;
+  if (rdzv_key(prefix, sizeof prefix, c->o->job, "events/") != NEWT_OK) return;
+  rdzv_etcd_range_opts ro = {.prefix = 1, .sort = RDZV_SORT_KEY_ASCEND};
+  rdzv_etcd_kvs evs;
+  if (rdzv_etcd_range(c->etcd, prefix, &ro, job_call_deadline(), &evs) != NEWT_OK) return;
+  uint64_t now = newt_wall_ms();
+  for (size_t i = 0; i < evs.n; i++) {
+    job_event e;
+    if (job_event_from_json(evs.kvs[i].value, evs.kvs[i].value_len, &e) != NEWT_OK) continue;
+    if (e.type == JOB_EV_PLAN && is_failure(e.cause) && e.t_ms + (uint64_t)c->spec.failure_window_ms > now)
+      count_failure(c, e.t_ms);
+    job_event_free(&e);
+  }
+  rdzv_etcd_kvs_free(&evs);
+}
+
+/* Gives up on the job: the failed record (guarded by leadership), an event, the log, and
+ * this process's end. Workers and the other coordinators see the record and end too. */
+static void fail_job(coord *c, const char *why) {
+  job_failed f = {.t_ms = newt_wall_ms()};
+  snprintf(f.why, sizeof f.why, "%s", why);
+  snprintf(f.coordinator, sizeof f.coordinator, "%s", c->id);
+  char *val = job_failed_to_json(&f), key[256];
+  if (val && job_key(key, sizeof key, c->o->job, JOB_REC_FAILED, 0, NULL) == NEWT_OK &&
+      rdzv_guarded_put(c->cand, key, val, strlen(val), job_call_deadline(), NULL) != NEWT_OK)
+    NEWT_WARN(COORD, "%s: writing %s: %s", c->id, key, newt_errmsg());
+  free(val);
+  job_event ev = {.type = JOB_EV_FAILED};
+  snprintf(ev.why, sizeof ev.why, "%s", why);
+  post_event(c, &ev);
+  NEWT_ERROR(COORD, "job %s failed: %s", c->o->job, why);
+  metrics_set(c->metrics, "newt_job_failed", 1);
+  c->failed = 1;
+  if (c->o->end) {
+    c->o->end->status = JOB_EXIT_FAILED;
+    snprintf(c->o->end->msg, sizeof c->o->end->msg, "failed: %s", why);
+  }
+}
+
+/* Whether planning for one more failure would overspend the budget; if so, fails the job. */
+static int budget_spent(coord *c, const char *cause) {
+  if (!is_failure(cause) || c->spec.max_failures <= 0) return 0;
+  uint64_t now = newt_wall_ms();
+  int n = failures_in_window(c, now) + 1;
+  if (n <= c->spec.max_failures) return 0;
+  char why[JOB_TEXT_MAX], d[32];
+  snprintf(why, sizeof why,
+           "failure budget spent: %d recoveries from a crash or hang within %s (spec.fault.max_failures %lld, "
+           "failure_window_ms %lld), the last a %s at step %lld; the job cannot make progress",
+           n, newt_fmt_duration((double)c->spec.failure_window_ms / 1e3, d, sizeof d), (long long)c->spec.max_failures,
+           (long long)c->spec.failure_window_ms, cause, (long long)c->prog_step);
+  fail_job(c, why);
+  return 1;
+}
+
 /* Computes and publishes the next plan. *no_layout is set (and NEWT_ERR_UNAVAILABLE
  * returned) when no layout fits the live members; NEWT_ERR_CONFLICT when we no longer lead;
  * other errors are etcd's. The generation is above every one a member has taken up (after
@@ -530,6 +679,9 @@ static newt_result_t replan(coord *c, const char *cause, const char *switch_mode
   c->waiting_logged = 0;
   metrics_set(c->metrics, "newt_generation", (double)c->plan.generation);
   metrics_set(c->metrics, "newt_world_size", (double)c->plan.nranks);
+  metrics_set(c->metrics, "newt_data_parallel_size", (double)c->plan.dp);
+  metrics_set(c->metrics, "newt_spares", (double)c->plan.nspares);
+  if (is_failure(cause)) count_failure(c, now);
   post_event(c, &ev);
   return NEWT_OK;
 }
@@ -633,8 +785,11 @@ static void record_recovery(coord *c) {
   NEWT_INFO(COORD, "generation %llu (%s) complete: %lld ms from detection to its first step, %lld steps lost",
             (unsigned long long)ev.generation, c->cause, (long long)(ev.t_step - c->t_detect), (long long)lost);
   if (ev.type == JOB_EV_RECOVERED) {
-    metrics_add(c->metrics, "newt_recoveries_total", 1);
-    metrics_set(c->metrics, "newt_last_recovery_ms", (double)(ev.t_step - c->t_detect));
+    char labels[64];
+    snprintf(labels, sizeof labels, "cause=\"%s\"", c->cause);
+    metrics_add_l(c->metrics, "newt_recoveries_total", labels, 1);
+    metrics_observe(c->metrics, "newt_recovery_duration_seconds", labels, (double)(ev.t_step - c->t_detect) / 1e3);
+    metrics_add(c->metrics, "newt_steps_lost_total", (double)lost);
   }
   post_event(c, &ev);
   c->t_trigger = 0;
@@ -767,6 +922,10 @@ static newt_result_t decide(coord *c) {
   if (r != NEWT_OK) return r;
 
   const char *cause = policy_cause(d.reason);
+  if (cause && budget_spent(c, cause)) {
+    policy_decision_free(&d);
+    return NEWT_OK;
+  }
   if (cause) {
     if (!c->t_trigger) c->t_trigger = newt_wall_ms();
     for (int i = 0; d.fence && i < d.nexclude; i++) {
@@ -797,6 +956,78 @@ static newt_result_t decide(coord *c) {
   return r;
 }
 
+/* --- spec changes ------------------------------------------------------------------------- */
+
+/* Posts what happened to a changed spec: taken (what changed) or refused (why). */
+static void spec_event(coord *c, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void spec_event(coord *c, const char *fmt, ...) {
+  job_event ev = {.type = JOB_EV_SPEC};
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(ev.why, sizeof ev.why, fmt, ap);
+  va_end(ap);
+  post_event(c, &ev);
+}
+
+/* Re-reads the spec file (a ConfigMap that `helm upgrade` changed is updated in place) and
+ * stores it when its content changed since the last look: taken when only fields that can
+ * change differ, refused (logged, an event, the job goes on as it is) otherwise. */
+static void check_spec_file(coord *c) {
+  uint64_t now = newt_now_ns();
+  if (!c->o->spec_file || (c->spec_file_checked && now - c->spec_file_checked < (uint64_t)newt_param_SpecCheckMs() * 1000000))
+    return;
+  c->spec_file_checked = now;
+  char *text = NULL;
+  size_t len = 0;
+  if (newt_fs_read_all(c->o->spec_file, 1 << 20, &text, &len) != NEWT_OK) return; /* mid-update: next time */
+  if (c->spec_file_text && strcmp(c->spec_file_text, text) == 0) {
+    free(text);
+    return;
+  }
+  char changed[512];
+  newt_result_t r = coordinator_put_spec(c->etcd, c->o->job, c->o->spec_file, changed, sizeof changed);
+  if (r == NEWT_OK || r == NEWT_ERR_CONFLICT || r == NEWT_ERR_INVALID) { /* an answer: not again until it changes */
+    free(c->spec_file_text);
+    c->spec_file_text = text;
+    text = NULL;
+  }
+  if (r == NEWT_OK && changed[0]) NEWT_INFO(COORD, "%s: stored the changed spec of %s: %s", c->id, c->o->spec_file, changed);
+  if (r == NEWT_ERR_CONFLICT || r == NEWT_ERR_INVALID) {
+    NEWT_ERROR(COORD, "%s: refused the changed spec: %s", c->id, newt_errmsg());
+    if (c->cand && rdzv_candidate_is_leader(c->cand)) spec_event(c, "refused: %s", newt_errmsg());
+  }
+  free(text);
+}
+
+/* The leader takes a changed spec the watch saw: the coordinator's own settings at once;
+ * what the workers use (checkpoints, timeouts, the data-parallel range) with a plan at the
+ * next step boundary, which each rank reads the spec again for. */
+static newt_result_t take_spec_change(coord *c) {
+  pthread_mutex_lock(&c->mu);
+  if (!c->spec_changed) {
+    pthread_mutex_unlock(&c->mu);
+    return NEWT_OK;
+  }
+  newt_spec old = c->spec;
+  char what[512] = "";
+  int ok = spec_update_allowed(&old, &c->spec_next, what, sizeof what);
+  if (ok) c->spec = c->spec_next;
+  c->spec_changed = 0;
+  int planned = c->plan.generation > 0;
+  pthread_mutex_unlock(&c->mu);
+  if (!ok || !what[0]) return NEWT_OK;
+  NEWT_INFO(COORD, "%s: took the changed spec: %s", c->id, what);
+  spec_event(c, "taken: %s", what);
+  if (!planned) return NEWT_OK;
+  int no_layout;
+  newt_result_t r = replan(c, "spec", "boundary", NULL, 0, &no_layout);
+  if (no_layout) {
+    NEWT_WARN(COORD, "%s: no layout fits the changed spec (%s); the next plan takes it", c->id, newt_errmsg());
+    r = NEWT_OK;
+  }
+  return r;
+}
+
 /* --- leadership and the main loop --------------------------------------------------------- */
 
 static void on_leadership(void *ud, int leading, const char *why) {
@@ -804,9 +1035,18 @@ static void on_leadership(void *ud, int leading, const char *why) {
   NEWT_INFO(COORD, "%s %s leadership: %s", c->id, leading ? "gained" : "lost", why ? why : "");
 }
 
+/* A standby hides the job's metrics (the leader's are the job's) and says so. */
+static void standby_metrics(coord *c) {
+  metrics_show_group(c->metrics, GROUP_JOB, 0);
+  metrics_set_note(c->metrics, "newt: this coordinator is a standby; the job's metrics are the leader's (newt_is_leader 1)");
+}
+
 static newt_result_t lead(coord *c) {
   NEWT_INFO(COORD, "%s leads job %s", c->id, c->o->job);
   metrics_set(c->metrics, "newt_is_leader", 1);
+  metrics_show_group(c->metrics, GROUP_JOB, 1);
+  metrics_set_note(c->metrics, NULL);
+  recount_failures(c);
   job_event ev = {.type = JOB_EV_LEADER};
   post_event(c, &ev);
   c->plan_mono = newt_now_ns();
@@ -830,7 +1070,8 @@ static newt_result_t lead(coord *c) {
   pthread_mutex_unlock(&c->mu);
   newt_result_t r = NEWT_OK;
   c->outages_seen = rdzv_etcd_outages_ended(c->etcd);
-  while (r == NEWT_OK) {
+  while (r == NEWT_OK && !c->failed) {
+    atomic_store(&c->tick, newt_now_ns());
     if (newt_stop_requested()) break;
     if (!rdzv_candidate_is_leader(c->cand)) {
       /* etcd away long enough for the candidacy's lease to look lost: keep leading if etcd
@@ -851,6 +1092,13 @@ static newt_result_t lead(coord *c) {
     }
     if (rdzv_etcd_outages_ended(c->etcd) != c->outages_seen) after_outage(c);
     check_alarms(c);
+    check_spec_file(c);
+    r = take_spec_change(c);
+    if (r != NEWT_OK && r != NEWT_ERR_CONFLICT) {
+      warn_limited(c, "taking the changed spec", newt_errmsg());
+      r = NEWT_OK;
+    }
+    if (r != NEWT_OK) break;
     pthread_mutex_lock(&c->mu);
     int done = c->done;
     pthread_mutex_unlock(&c->mu);
@@ -863,6 +1111,7 @@ static newt_result_t lead(coord *c) {
       pthread_mutex_unlock(&c->mu);
       post_event(c, &e);
       NEWT_INFO(COORD, "job %s is done", c->o->job);
+      metrics_set(c->metrics, "newt_job_done", 1);
       break;
     }
     r = decide(c);
@@ -877,6 +1126,7 @@ static newt_result_t lead(coord *c) {
   rdzv_etcd_watch_free(c->watch);
   c->watch = NULL;
   metrics_set(c->metrics, "newt_is_leader", 0);
+  standby_metrics(c);
   return r;
 }
 
@@ -887,26 +1137,95 @@ static int fatal(newt_result_t r) {
   return r == NEWT_ERR_AUTH || r == NEWT_ERR_INVALID || r == NEWT_ERR_UNSUPPORTED || r == NEWT_ERR_NOMEM;
 }
 
+/* /healthz: the main loop goes round every few ms (a standby's every 500 ms); a loop stuck
+ * for 30 s (a deadlock, a call without a deadline) is unhealthy. */
+static int coord_health(void *ud, char *why, size_t cap) {
+  coord *c = ud;
+  uint64_t t = atomic_load(&c->tick), now = newt_now_ns();
+  if (!t || now - t < 30000000000ull) return 1;
+  snprintf(why, cap, "the coordinator's main loop has not run for %.0f s", (double)(now - t) / 1e9);
+  return 0;
+}
+
 static newt_result_t define_metrics(coord *c) {
   static const struct {
     const char *name;
     metrics_kind kind;
+    int group;
     const char *help;
   } defs[] = {
-      {"newt_is_leader", METRICS_GAUGE, "1 when this coordinator leads the job"},
-      {"newt_generation", METRICS_GAUGE, "generation of the current plan"},
-      {"newt_world_size", METRICS_GAUGE, "ranks in the current plan"},
-      {"newt_workers", METRICS_GAUGE, "registered workers"},
-      {"newt_step", METRICS_GAUGE, "newest completed step"},
-      {"newt_loss", METRICS_GAUGE, "loss of the newest step"},
-      {"newt_tokens_per_second", METRICS_GAUGE, "training throughput"},
-      {"newt_recoveries_total", METRICS_COUNTER, "recoveries since this coordinator started leading"},
-      {"newt_last_recovery_ms", METRICS_GAUGE, "detection to first step of the last recovery"},
-      {"newt_etcd_nospace", METRICS_GAUGE, "1 while etcd is out of space (NOSPACE alarm)"},
+      {"newt_build_info", METRICS_GAUGE, GROUP_PROCESS, "1, labelled with newt's version and the process's role"},
+      {"newt_is_leader", METRICS_GAUGE, GROUP_PROCESS, "1 when this coordinator leads the job (its metrics are the job's)"},
+      {"newt_generation", METRICS_GAUGE, GROUP_JOB, "generation of the current plan"},
+      {"newt_world_size", METRICS_GAUGE, GROUP_JOB, "ranks in the current plan"},
+      {"newt_data_parallel_size", METRICS_GAUGE, GROUP_JOB, "data-parallel size of the current plan"},
+      {"newt_spares", METRICS_GAUGE, GROUP_JOB, "registered workers the current plan keeps as spares"},
+      {"newt_workers", METRICS_GAUGE, GROUP_JOB, "registered workers"},
+      {"newt_step", METRICS_GAUGE, GROUP_JOB, "newest completed step"},
+      {"newt_steps_total", METRICS_COUNTER, GROUP_JOB, "steps completed (a step rolled back and done again counts once)"},
+      {"newt_tokens_total", METRICS_COUNTER, GROUP_JOB, "tokens trained on: steps x global batch x sequence length"},
+      {"newt_loss", METRICS_GAUGE, GROUP_JOB, "loss of the newest step"},
+      {"newt_tokens_per_second", METRICS_GAUGE, GROUP_JOB, "training throughput of the newest step"},
+      {"newt_recoveries_total", METRICS_COUNTER, GROUP_JOB, "recoveries completed, by cause"},
+      {"newt_steps_lost_total", METRICS_COUNTER, GROUP_JOB, "steps trained again after recoveries"},
+      {"newt_checkpoint_last_step", METRICS_GAUGE, GROUP_JOB, "step of the newest committed checkpoint"},
+      {"newt_checkpoint_bytes", METRICS_GAUGE, GROUP_JOB, "bytes on disk of the newest committed checkpoint"},
+      {"newt_failure_budget_used", METRICS_GAUGE, GROUP_JOB, "recoveries from a crash or hang within the failure window"},
+      {"newt_failure_budget_limit", METRICS_GAUGE, GROUP_JOB, "spec.fault.max_failures (0: no budget)"},
+      {"newt_job_done", METRICS_GAUGE, GROUP_JOB, "1 once the job trained its last step"},
+      {"newt_job_failed", METRICS_GAUGE, GROUP_JOB, "1 once the job failed (its reason: newt status)"},
+      {"newt_etcd_nospace", METRICS_GAUGE, GROUP_JOB, "1 while etcd is out of space (NOSPACE alarm)"},
   };
+  static const double recovery_s[] = {0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300};
+  static const double save_s[] = {0.1, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600};
   for (size_t i = 0; i < sizeof defs / sizeof defs[0]; i++)
-    NEWT_CHECK(metrics_define(c->metrics, defs[i].name, defs[i].kind, defs[i].help));
-  return NEWT_OK;
+    NEWT_CHECK(metrics_define_group(c->metrics, defs[i].name, defs[i].kind, defs[i].group, defs[i].help));
+  NEWT_CHECK(metrics_define_histogram(c->metrics, "newt_recovery_duration_seconds", GROUP_JOB, recovery_s, 10,
+                                      "detection to the first completed step of a recovery, by cause"));
+  NEWT_CHECK(metrics_define_histogram(c->metrics, "newt_checkpoint_save_duration_seconds", GROUP_JOB, save_s, 11,
+                                      "a checkpoint's save on rank 0: compress, write, fsync, commit"));
+  /* every cause from the start, so that rate() has a series before the first recovery */
+  static const char *const causes[] = {"crash", "hang", "leave", "join", "coordinator", "etcd", "spec"};
+  for (size_t i = 0; i < sizeof causes / sizeof causes[0]; i++) {
+    char l[48];
+    snprintf(l, sizeof l, "cause=\"%s\"", causes[i]);
+    metrics_add_l(c->metrics, "newt_recoveries_total", l, 0);
+  }
+  metrics_set_l(c->metrics, "newt_build_info", "version=\"" NEWT_VERSION "\",role=\"coordinator\"", 1);
+  metrics_set(c->metrics, "newt_failure_budget_limit", (double)c->spec.max_failures);
+  metrics_set_health(c->metrics, coord_health, c);
+  standby_metrics(c);
+  return rdzv_etcd_set_metrics(c->etcd, c->metrics);
+}
+
+/* Whether the job has ended, for a coordinator that does not lead: done (its marker), or
+ * failed (another coordinator gave up on it: end says why). */
+static int job_ended(coord *c) {
+  job_failed f;
+  if (job_has_failed(c->etcd, c->o->job, &f)) {
+    if (c->o->end && c->o->end->status != JOB_EXIT_FAILED) {
+      c->o->end->status = JOB_EXIT_FAILED;
+      snprintf(c->o->end->msg, sizeof c->o->end->msg, "failed: %s", f.why);
+    }
+    c->failed = 1;
+    return 1;
+  }
+  return job_is_done(c->etcd, c->o->job, &c->spec);
+}
+
+/* The end of a coordinator that ran without error: done, failed (set where it was seen),
+ * or stopped by a signal before the end. */
+static void set_end(coord *c) {
+  job_end *e = c->o->end;
+  if (!e || e->status == JOB_EXIT_FAILED) return;
+  if (newt_stop_requested() && !job_is_done(c->etcd, c->o->job, &c->spec)) {
+    e->status = JOB_EXIT_LEFT;
+    snprintf(e->msg, sizeof e->msg, "left: stopped by signal %d before the end of job %s; the other coordinators go on",
+             newt_stop_requested(), c->o->job);
+    return;
+  }
+  e->status = JOB_EXIT_DONE;
+  snprintf(e->msg, sizeof e->msg, "done: job %s trained its %lld steps", c->o->job, (long long)c->spec.steps);
 }
 
 newt_result_t coordinator_run(const coordinator_opts *o) {
@@ -921,12 +1240,22 @@ newt_result_t coordinator_run(const coordinator_opts *o) {
   if (r == NEWT_OK) r = rdzv_key(c->prefix, sizeof c->prefix, o->job, "");
   if (r == NEWT_OK) r = rdzv_etcd_init(&o->etcd, &c->etcd);
   while (r == NEWT_OK && o->spec_file) {
-    r = coordinator_put_spec(c->etcd, o->job, o->spec_file);
-    if (r == NEWT_OK || fatal(r) || r == NEWT_ERR_CONFLICT || newt_stop_requested()) break;
+    char changed[512];
+    r = coordinator_put_spec(c->etcd, o->job, o->spec_file, changed, sizeof changed);
+    if (r == NEWT_OK && changed[0]) NEWT_INFO(COORD, "%s: stored the changed spec of %s: %s", c->id, o->spec_file, changed);
+    if (r == NEWT_ERR_CONFLICT) {
+      /* the job goes on with the spec it has: refusing to run would crash-loop the pod */
+      NEWT_ERROR(COORD, "%s: refused the spec of %s, going on with the job's spec in etcd: %s", c->id, o->spec_file,
+                 newt_errmsg());
+      r = NEWT_OK;
+      break;
+    }
+    if (r == NEWT_OK || fatal(r) || newt_stop_requested()) break;
     warn_limited(c, "storing the spec", newt_errmsg()); /* etcd away: wait for it */
     r = NEWT_OK;
     newt_sleep_ms(200);
   }
+  if (r == NEWT_OK && o->spec_file) newt_fs_read_all(o->spec_file, 1 << 20, &c->spec_file_text, &(size_t){0});
   char *spec = NULL;
   newt_deadline_t d = newt_deadline_in_ms(60000);
   while (r == NEWT_OK) {
@@ -950,11 +1279,17 @@ newt_result_t coordinator_run(const coordinator_opts *o) {
   if (r == NEWT_OK) r = spec_from_json(spec, strlen(spec), &c->spec);
   free(spec);
   if (r == NEWT_OK && o->metrics_port > 0)
-    r = metrics_start(o->metrics_addr ? o->metrics_addr : "0.0.0.0", o->metrics_port, &c->metrics);
-  if (r == NEWT_OK && c->metrics) r = define_metrics(c);
+    r = metrics_start(o->metrics_addr ? o->metrics_addr : "127.0.0.1", o->metrics_port, NULL, &c->metrics);
+  if (r == NEWT_OK && c->metrics) {
+    r = define_metrics(c);
+    if (r == NEWT_OK)
+      NEWT_INFO(COORD, "%s: metrics at http://%s:%d/metrics (health: /healthz)", c->id,
+                o->metrics_addr ? o->metrics_addr : "127.0.0.1", metrics_port(c->metrics));
+  }
   while (r == NEWT_OK && !newt_stop_requested()) {
-    if (job_is_done(c->etcd, c->o->job, &c->spec)) {
-      NEWT_INFO(COORD, "%s: job %s has its end marker; exiting", c->id, c->o->job);
+    atomic_store(&c->tick, newt_now_ns());
+    if (job_ended(c)) {
+      NEWT_INFO(COORD, "%s: job %s has %s; exiting", c->id, c->o->job, c->failed ? "failed" : "its end marker");
       break;
     }
     rdzv_campaign_opts co = {.name = c->id, .ttl_s = (c->spec.lease_ttl_ms + 999) / 1000, .fn = on_leadership, .ud = c};
@@ -969,8 +1304,10 @@ newt_result_t coordinator_run(const coordinator_opts *o) {
     if (r != NEWT_OK) break;
     newt_result_t w;
     do {
+      atomic_store(&c->tick, newt_now_ns());
+      check_spec_file(c);
       w = rdzv_candidate_wait(c->cand, newt_deadline_in_ms(500));
-      if (w == NEWT_ERR_TIMEOUT && (newt_stop_requested() || job_is_done(c->etcd, c->o->job, &c->spec))) break;
+      if (w == NEWT_ERR_TIMEOUT && (newt_stop_requested() || job_ended(c))) break;
     } while (w == NEWT_ERR_TIMEOUT);
     if (w == NEWT_OK) {
       newt_result_t l = lead(c);
@@ -984,10 +1321,12 @@ newt_result_t coordinator_run(const coordinator_opts *o) {
     rdzv_candidate_resign(c->cand, newt_deadline_in_ms(1000));
     rdzv_candidate_free(c->cand);
     c->cand = NULL;
-    if (newt_stop_requested() || job_is_done(c->etcd, c->o->job, &c->spec) || r != NEWT_OK) break;
+    if (c->failed || newt_stop_requested() || job_ended(c) || r != NEWT_OK) break;
   }
   char msg[1024];
   snprintf(msg, sizeof msg, "%s", newt_errmsg());
+  if (r == NEWT_OK) set_end(c);
+  rdzv_etcd_free(c->etcd); /* before the metrics its requests count into */
   metrics_stop(c->metrics);
   plan_free(&c->plan);
   free(c->members);
@@ -996,7 +1335,7 @@ newt_result_t coordinator_run(const coordinator_opts *o) {
   free(c->departed);
   free(c->held);
   free(c->held_ids);
-  rdzv_etcd_free(c->etcd);
+  free(c->spec_file_text);
   pthread_mutex_destroy(&c->mu);
   free(c);
   return r == NEWT_OK ? NEWT_OK : NEWT_ERR(r, "%s", msg);

@@ -8,6 +8,7 @@
 #define NEWT_COORDINATOR_COORDINATOR_H
 
 #include "common/err.h"
+#include "job/records.h"
 #include "rendezvous/etcd.h"
 
 typedef struct coordinator_opts {
@@ -15,15 +16,22 @@ typedef struct coordinator_opts {
   const char *job;
   const char *id;           /* shown in the election and in events */
   const char *spec_file;    /* stored in etcd when the job has no spec yet; may be NULL */
-  const char *metrics_addr; /* NULL: 0.0.0.0 */
+  const char *metrics_addr; /* comma-separated IPv4 addresses; NULL: 127.0.0.1 */
   int metrics_port;         /* 0: no metrics server */
+  job_end *end;             /* how it ended (exit status and message); may be NULL */
 } coordinator_opts;
 
-/* Runs until the job is done (NEWT_OK) or SIGTERM/SIGINT (resigns, NEWT_OK). */
+/* Runs until the job is done (NEWT_OK, end JOB_EXIT_DONE), failed (NEWT_OK, JOB_EXIT_FAILED:
+ * this coordinator's failure budget ran out, or another's did), or SIGTERM/SIGINT (resigns,
+ * NEWT_OK, JOB_EXIT_LEFT). While it runs, the leader re-reads spec_file every 5 s and takes
+ * a changed one as coordinator_put_spec does (a ConfigMap updated by `helm upgrade`). */
 newt_result_t coordinator_run(const coordinator_opts *o);
 
 /* Stores the spec of `file` for job (validated first; errors name the file and field).
- * An identical spec already there is fine; a different one is NEWT_ERR_CONFLICT. */
-newt_result_t coordinator_put_spec(rdzv_etcd *c, const char *job, const char *file);
+ * An identical spec already there is fine; one that differs only in fields that can change
+ * while the job runs (spec_update_allowed) replaces it, and the leader takes it at the
+ * next step boundary (*changed, when not NULL, says what changed; cap its size); any other
+ * difference is NEWT_ERR_CONFLICT naming the field and what to do. */
+newt_result_t coordinator_put_spec(rdzv_etcd *c, const char *job, const char *file, char *changed, size_t cap);
 
 #endif

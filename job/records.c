@@ -25,7 +25,7 @@ static const struct {
     {JOB_REC_SPEC, "spec"},         {JOB_REC_PLAN, "plan"},         {JOB_REC_PROGRESS, "progress"},
     {JOB_REC_DONE, "done"},         {JOB_REC_CKPT, "ckpt"},         {JOB_REC_WORKER, "workers/"},
     {JOB_REC_ELECTION, "election/"}, {JOB_REC_REPORT, "reports/"},  {JOB_REC_ACK, "acks/"},
-    {JOB_REC_EVENT, "events/"},
+    {JOB_REC_EVENT, "events/"},     {JOB_REC_FAILED, "failed"},
 };
 
 newt_result_t job_key(char *out, size_t cap, const char *job, job_record rec, uint64_t generation, const char *id) {
@@ -280,6 +280,7 @@ char *job_progress_to_json(const job_progress *p) {
   newt_json_add_int(j, "step", p->step);
   add_real(j, "loss", p->loss);
   add_real(j, "tokens_per_s", p->tokens_per_s);
+  if (p->step_tokens > 0) newt_json_add_int(j, "step_tokens", p->step_tokens);
   newt_json_add_int(j, "world", p->world);
   newt_json_add_int(j, "dp", p->dp);
   newt_json_add_int(j, "t_ms", (int64_t)p->t_ms);
@@ -296,6 +297,7 @@ newt_result_t job_progress_from_json(const char *text, size_t len, job_progress 
   if (r == NEWT_OK) r = get_range(j, what, "step", 1, 0, INT64_MAX, &p.step);
   if (r == NEWT_OK) r = get_real(j, what, "loss", 1, &p.loss);
   if (r == NEWT_OK) r = get_real(j, what, "tokens_per_s", 0, &p.tokens_per_s);
+  if (r == NEWT_OK) r = get_range(j, what, "step_tokens", 0, 0, INT64_MAX, &p.step_tokens);
   if (r == NEWT_OK) r = get_range(j, what, "world", 0, 0, INT32_MAX, &p.world);
   if (r == NEWT_OK) r = get_range(j, what, "dp", 0, 0, INT32_MAX, &p.dp);
   if (r == NEWT_OK) r = get_ms(j, what, "t_ms", 1, &p.t_ms);
@@ -399,6 +401,8 @@ char *job_ckpt_to_json(const job_ckpt *c) {
   if (!j) return NULL;
   newt_json_add_int(j, "step", c->step);
   cJSON_AddStringToObject(j, "dir", c->dir);
+  if (c->bytes > 0) newt_json_add_int(j, "bytes", c->bytes);
+  if (c->save_ms > 0) newt_json_add_int(j, "save_ms", c->save_ms);
   return finish(j);
 }
 
@@ -410,15 +414,56 @@ newt_result_t job_ckpt_from_json(const char *text, size_t len, job_ckpt *out) {
   memset(&c, 0, sizeof c);
   newt_result_t r = get_range(j, what, "step", 1, 0, INT64_MAX, &c.step);
   if (r == NEWT_OK) r = get_text(j, what, "dir", 1, c.dir, sizeof c.dir);
+  if (r == NEWT_OK) r = get_range(j, what, "bytes", 0, 0, INT64_MAX, &c.bytes);
+  if (r == NEWT_OK) r = get_range(j, what, "save_ms", 0, 0, INT64_MAX, &c.save_ms);
   cJSON_Delete(j);
   if (r == NEWT_OK) *out = c;
   return r;
 }
 
+/* --- failed ---------------------------------------------------------------------------------- */
+
+char *job_failed_to_json(const job_failed *f) {
+  cJSON *j = cJSON_CreateObject();
+  if (!j) return NULL;
+  cJSON_AddStringToObject(j, "why", f->why);
+  newt_json_add_int(j, "t_ms", (int64_t)f->t_ms);
+  cJSON_AddStringToObject(j, "coordinator", f->coordinator);
+  return finish(j);
+}
+
+newt_result_t job_failed_from_json(const char *text, size_t len, job_failed *out) {
+  const char *what = "failed";
+  cJSON *j;
+  NEWT_CHECK(parse_object(text, len, what, &j));
+  job_failed f;
+  memset(&f, 0, sizeof f);
+  newt_result_t r = get_text(j, what, "why", 1, f.why, sizeof f.why);
+  if (r == NEWT_OK) r = get_ms(j, what, "t_ms", 1, &f.t_ms);
+  if (r == NEWT_OK) r = get_text(j, what, "coordinator", 0, f.coordinator, sizeof f.coordinator);
+  cJSON_Delete(j);
+  if (r == NEWT_OK) *out = f;
+  return r;
+}
+
+int job_has_failed(rdzv_etcd *c, const char *job, job_failed *out) {
+  char key[256];
+  rdzv_etcd_kv kv;
+  if (job_key(key, sizeof key, job, JOB_REC_FAILED, 0, NULL) != NEWT_OK) return 0;
+  if (rdzv_etcd_get(c, key, job_call_deadline(), &kv, NULL) != NEWT_OK) return 0;
+  job_failed f;
+  int ok = job_failed_from_json(kv.value, kv.value_len, &f) == NEWT_OK;
+  if (!ok) NEWT_WARN(JOB, "ignoring %s: %s", key, newt_errmsg());
+  else if (out) *out = f;
+  rdzv_etcd_kv_free(&kv);
+  return ok;
+}
+
 /* --- events ---------------------------------------------------------------------------------- */
 
-static const char *const event_types[] = {"leader", "plan", "fence", "waiting", "started", "recovered", "done", "etcd", NULL};
-static const char *const causes[] = {"initial", "crash", "hang", "leave", "join", "coordinator", "etcd", NULL};
+static const char *const event_types[] = {"leader",    "plan", "fence",  "waiting", "started",
+                                          "recovered", "done", "failed", "spec",    "etcd", NULL};
+static const char *const causes[] = {"initial", "crash", "hang", "leave", "join", "coordinator", "etcd", "spec", NULL};
 
 const char *job_event_type_name(job_event_type t) {
   return t >= JOB_EV_LEADER && t <= JOB_EV_ETCD ? event_types[t] : "?";
@@ -443,6 +488,8 @@ char *job_event_to_json(const job_event *e) {
     cJSON_AddStringToObject(j, "worker", e->worker);
     break;
   case JOB_EV_WAITING:
+  case JOB_EV_FAILED:
+  case JOB_EV_SPEC:
   case JOB_EV_ETCD:
     cJSON_AddStringToObject(j, "why", e->why);
     break;
@@ -509,7 +556,8 @@ newt_result_t job_event_from_json(const char *text, size_t len, job_event *out) 
     }
   }
   if (r == NEWT_OK && e.type == JOB_EV_FENCE) r = get_name(j, what, "worker", 1, e.worker);
-  if (r == NEWT_OK && (e.type == JOB_EV_WAITING || e.type == JOB_EV_ETCD))
+  if (r == NEWT_OK && (e.type == JOB_EV_WAITING || e.type == JOB_EV_FAILED || e.type == JOB_EV_SPEC ||
+                       e.type == JOB_EV_ETCD))
     r = get_text(j, what, "why", 0, e.why, sizeof e.why);
   if (r == NEWT_OK && timed) {
     r = get_ms(j, what, "t_trigger", 1, &e.t_trigger);

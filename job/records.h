@@ -54,6 +54,7 @@ typedef enum job_record {
   JOB_REC_DONE,
   JOB_REC_CKPT,
   JOB_REC_EVENT,
+  JOB_REC_FAILED,
 } job_record;
 
 /* The key of a record: generation and id are used by reports and acks (id alone by
@@ -111,6 +112,7 @@ typedef struct job_progress {
   double tokens_per_s;
   int64_t world, dp;
   uint64_t t_ms;
+  int64_t step_tokens; /* tokens of one step: global batch x sequence length (0: unknown) */
 } job_progress;
 
 char *job_progress_to_json(const job_progress *p);
@@ -153,11 +155,41 @@ int job_is_done(rdzv_etcd *c, const char *job, const newt_spec *spec);
 /* The end marker of a job of this spec: its last step, and the samples of every step. */
 int job_done_plausible(const job_done *d, const newt_spec *spec);
 
+/* --- the job failed: the leader gave up on it (the failure budget) --------------------------- */
+
+typedef struct job_failed {
+  char why[JOB_TEXT_MAX];
+  uint64_t t_ms;
+  char coordinator[RDZV_NAME_MAX];
+} job_failed;
+
+char *job_failed_to_json(const job_failed *f);
+newt_result_t job_failed_from_json(const char *text, size_t len, job_failed *out);
+/* Whether the job has failed (reads /newt/<job>/failed; 0 also when etcd cannot be reached). */
+int job_has_failed(rdzv_etcd *c, const char *job, job_failed *out);
+
+/* How a coordinator or worker process ended, for its exit status and its termination
+ * message (Kubernetes shows the message in `kubectl describe pod`; the chart's Jobs act on
+ * the status, docs/kubernetes.md). */
+enum {
+  JOB_EXIT_DONE = 0,   /* the job is done */
+  JOB_EXIT_ERROR = 1,  /* an error in this process; another try may do better */
+  JOB_EXIT_USAGE = 2,  /* a bad flag or spec: another try will not do better */
+  JOB_EXIT_LEFT = 3,   /* left on SIGTERM before the end: the job goes on without it */
+  JOB_EXIT_FAILED = 4, /* the job failed (its reason in `newt status` and the message) */
+};
+typedef struct job_end {
+  int status;      /* JOB_EXIT_* */
+  char msg[1024];  /* one line: "done: ...", "left: ...", "failed: ...", "error: ..." */
+} job_end;
+
 /* --- the checkpoint pointer: the newest committed checkpoint -------------------------------- */
 
 typedef struct job_ckpt {
   int64_t step;
   char dir[512];
+  int64_t bytes;   /* its files, every rank's (0: unknown) */
+  int64_t save_ms; /* rank 0's save: compress, write, fsync, commit (0: unknown) */
 } job_ckpt;
 
 char *job_ckpt_to_json(const job_ckpt *c);
@@ -173,6 +205,8 @@ typedef enum job_event_type {
   JOB_EV_STARTED,    /* the first generation completed its first step: the timings below */
   JOB_EV_RECOVERED,  /* a later generation did */
   JOB_EV_DONE,       /* the job ended: step, loss */
+  JOB_EV_FAILED,     /* the leader gave up on the job: why */
+  JOB_EV_SPEC,       /* a changed spec was taken (why: what changed) or refused (why) */
   JOB_EV_ETCD,       /* etcd was unwell and is well again: why (out of space, for how long) */
 } job_event_type;
 

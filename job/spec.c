@@ -42,6 +42,8 @@ void spec_defaults(newt_spec *s, const char *job) {
   s->hang_timeout_ms = 5000;
   s->report_window_ms = 300;
   s->replica_every = 1;
+  s->max_failures = 10;
+  s->failure_window_ms = 600000;
   snprintf(s->backend, sizeof s->backend, "cpu");
 }
 
@@ -116,13 +118,16 @@ static newt_result_t parse_ckpt(const cJSON *c, newt_spec *s) {
 
 static newt_result_t parse_fault(const cJSON *f, newt_spec *s) {
   static const char *const known[] = {"lease_ttl_ms", "comm_timeout_ms", "hang_timeout_ms",
-                                      "report_window_ms", "replica_every", NULL};
+                                      "report_window_ms", "replica_every", "max_failures",
+                                      "failure_window_ms", NULL};
   const char *w = "spec.fault";
   NEWT_CHECK(newt_json_check_fields(f, w, known));
   NEWT_CHECK(newt_json_get_int(f, w, "lease_ttl_ms", 0, &s->lease_ttl_ms));
   NEWT_CHECK(newt_json_get_int(f, w, "comm_timeout_ms", 0, &s->comm_timeout_ms));
   NEWT_CHECK(newt_json_get_int(f, w, "hang_timeout_ms", 0, &s->hang_timeout_ms));
   NEWT_CHECK(newt_json_get_int(f, w, "report_window_ms", 0, &s->report_window_ms));
+  NEWT_CHECK(newt_json_get_int(f, w, "max_failures", 0, &s->max_failures));
+  NEWT_CHECK(newt_json_get_int(f, w, "failure_window_ms", 0, &s->failure_window_ms));
   return newt_json_get_int(f, w, "replica_every", 0, &s->replica_every);
 }
 
@@ -253,6 +258,8 @@ newt_result_t spec_validate(const newt_spec *s) {
       {"spec.fault.hang_timeout_ms", s->hang_timeout_ms, 86400000},
       {"spec.fault.report_window_ms", s->report_window_ms, 3600000},
       {"spec.fault.replica_every", s->replica_every, 1 << 20},
+      {"spec.fault.max_failures", s->max_failures, 1 << 20},
+      {"spec.fault.failure_window_ms", s->failure_window_ms, (int64_t)30 * 86400000},
   };
   for (size_t i = 0; i < sizeof caps / sizeof caps[0]; i++)
     RULE(caps[i].v <= caps[i].max, "%s: at most %lld, got %lld", caps[i].field, (long long)caps[i].max,
@@ -281,6 +288,9 @@ newt_result_t spec_validate(const newt_spec *s) {
   RULE(s->hang_timeout_ms >= 100, "spec.fault.hang_timeout_ms: must be at least 100, got %lld",
        (long long)s->hang_timeout_ms);
   RULE(s->report_window_ms >= 0, "spec.fault.report_window_ms: must not be negative");
+  RULE(s->max_failures >= 0, "spec.fault.max_failures: must not be negative (0: no budget)");
+  RULE(s->failure_window_ms >= 1000, "spec.fault.failure_window_ms: must be at least 1000, got %lld",
+       (long long)s->failure_window_ms);
   RULE(s->replica_every >= 1, "spec.fault.replica_every: must be at least 1, got %lld",
        (long long)s->replica_every);
   RULE(strcmp(s->backend, "cpu") == 0 || strcmp(s->backend, "nccl") == 0,
@@ -334,6 +344,8 @@ char *spec_to_json(const newt_spec *s) {
   newt_json_add_int(f, "hang_timeout_ms", s->hang_timeout_ms);
   newt_json_add_int(f, "report_window_ms", s->report_window_ms);
   newt_json_add_int(f, "replica_every", s->replica_every);
+  newt_json_add_int(f, "max_failures", s->max_failures);
+  newt_json_add_int(f, "failure_window_ms", s->failure_window_ms);
   cJSON_AddStringToObject(j, "backend", s->backend);
   char *out = newt_json_print(j);
   cJSON_Delete(j);
@@ -343,4 +355,70 @@ char *spec_to_json(const newt_spec *s) {
 void spec_data_desc(const newt_spec *s, char *out, size_t cap) {
   if (s->data_path[0]) snprintf(out, cap, "%s", s->data_path);
   else snprintf(out, cap, "generated:%lld", (long long)s->gen_bytes);
+}
+
+/* --- changes to a running job's spec ----------------------------------------------------- */
+
+static const char *const changeable[] = {
+    "parallel.dp_min",        "parallel.dp_max",        "parallel.start_workers", "parallel.start_timeout_ms",
+    "ckpt.every",             "ckpt.keep",              "ckpt.level",             "fault.comm_timeout_ms",
+    "fault.hang_timeout_ms",  "fault.report_window_ms", "fault.replica_every",    "fault.max_failures",
+    "fault.failure_window_ms", NULL};
+
+/* Walks the leaves of a and b (the same shape: both from spec_to_json) and notes every
+ * difference; returns the first that may not change (NULL: none). */
+static const char *diff_leaves(const cJSON *a, const cJSON *b, const char *path, newt_buf *changed, char *bad,
+                               size_t cap) {
+  if (cJSON_IsObject(a)) {
+    const char *first = NULL;
+    for (const cJSON *x = a->child; x; x = x->next) {
+      char sub[128];
+      snprintf(sub, sizeof sub, "%s%s%s", path, *path ? "." : "", x->string);
+      const char *r = diff_leaves(x, cJSON_GetObjectItemCaseSensitive(b, x->string), sub, changed, bad, cap);
+      if (r && !first) first = r;
+    }
+    return first;
+  }
+  char *sa = cJSON_PrintUnformatted(a), *sb = b ? cJSON_PrintUnformatted(b) : NULL;
+  const char *res = NULL;
+  if (sa && sb && strcmp(sa, sb) != 0) {
+    int ok = 0;
+    for (int i = 0; changeable[i]; i++) ok |= strcmp(changeable[i], path) == 0;
+    if (ok) newt_buf_printf(changed, "%s%s %s -> %s", changed->len ? ", " : "", path, sa, sb);
+    else if (!bad[0]) snprintf(bad, cap, "spec.%s: %s -> %s", path, sa, sb), res = bad;
+    else res = bad;
+  }
+  free(sa);
+  free(sb);
+  return res;
+}
+
+int spec_update_allowed(const newt_spec *a, const newt_spec *b, char *changed, size_t cap) {
+  char *ta = spec_to_json(a), *tb = spec_to_json(b);
+  cJSON *ja = ta ? cJSON_Parse(ta) : NULL, *jb = tb ? cJSON_Parse(tb) : NULL;
+  free(ta);
+  free(tb);
+  if (!ja || !jb) {
+    cJSON_Delete(ja);
+    cJSON_Delete(jb);
+    NEWT_ERR(NEWT_ERR_NOMEM, "out of memory comparing specs");
+    return 0;
+  }
+  newt_buf list;
+  newt_buf_init(&list);
+  char bad[256] = "";
+  const char *first = diff_leaves(ja, jb, "", &list, bad, sizeof bad);
+  cJSON_Delete(ja);
+  cJSON_Delete(jb);
+  if (changed && cap) snprintf(changed, cap, "%s", list.data ? list.data : "");
+  newt_buf_free(&list);
+  if (first) {
+    NEWT_ERR(NEWT_ERR_CONFLICT,
+             "%s cannot change while job %s runs (only the data-parallel range, start_*, ckpt.every/keep/level "
+             "and the fault timeouts and budget can); keep the old value, or start a new job (another job.name, "
+             "or delete /newt/%s/ in etcd once this one is stopped)",
+             first, a->job, a->job);
+    return 0;
+  }
+  return 1;
 }

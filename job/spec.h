@@ -11,7 +11,8 @@
  *                 "start_workers": 8, "start_timeout_ms": 30000},
  *    "ckpt":     {"dir": "/ckpt", "every": 50, "keep": 3, "level": 3},
  *    "fault":    {"lease_ttl_ms": 2000, "comm_timeout_ms": 3000, "hang_timeout_ms": 5000,
- *                 "report_window_ms": 300, "replica_every": 1},
+ *                 "report_window_ms": 300, "replica_every": 1,
+ *                 "max_failures": 10, "failure_window_ms": 600000},
  *    "backend":  "cpu"}
  *
  * Every field but "job" has a default; the training defaults are those of `newt train`, so
@@ -60,6 +61,9 @@ typedef struct newt_spec {
   int64_t hang_timeout_ms;  /* a member whose step stops advancing this long is fenced */
   int64_t report_window_ms; /* how long the leader gathers failure reports before planning */
   int64_t replica_every;    /* ZeRO: refresh the in-memory copy of a shard every N steps */
+  /* the failure budget: more than max_failures recoveries from a crash or hang within
+     failure_window_ms end the job (failed, with its reason); 0: no budget */
+  int64_t max_failures, failure_window_ms;
   char backend[8];          /* "cpu" or "nccl" */
 } newt_spec;
 
@@ -79,6 +83,14 @@ newt_result_t spec_validate(const newt_spec *s);
 
 /* The spec as a JSON document (every field written); malloc'd, NULL on no memory. */
 char *spec_to_json(const newt_spec *s);
+
+/* Whether a running job may take spec b in place of a: it differs from a only in fields
+ * that can change at a step boundary (parallel.dp_min, dp_max, start_*, ckpt.every, keep,
+ * level, fault.comm_timeout_ms, hang_timeout_ms, report_window_ms, replica_every,
+ * max_failures, failure_window_ms). 1: it may (*changed, when not NULL, lists what changed:
+ * "ckpt.every 50 -> 100, ..."), 0: NEWT_ERR_CONFLICT set naming the first field that cannot
+ * change and what to do. */
+int spec_update_allowed(const newt_spec *a, const newt_spec *b, char *changed, size_t cap);
 
 /* The token source as checkpoints name it: the data file, or "generated:<bytes>" for the
  * generated corpus. A checkpoint of other data is refused on resume, so every trainer

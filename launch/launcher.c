@@ -45,6 +45,7 @@ typedef struct proc {
   char name[32];
   int alive;
   int killed_by_chaos;
+  int metrics_port; /* a coordinator's (0: none) */
 } proc;
 
 typedef struct fault {
@@ -133,13 +134,28 @@ static newt_result_t spawn(run *r, proc_kind kind, int index) {
     argv[a++] = r->res->step_log;
     argv[a++] = "--job-secret-file";
     argv[a++] = r->secret_file;
+  }
+  char mport[16];
+  int port = 0;
+  if (kind == PROC_COORD && !r->o->no_metrics && newt_net_free_port(&port) == NEWT_OK) {
+    snprintf(mport, sizeof mport, "%d", port);
+    argv[a++] = "--metrics-addr";
+    argv[a++] = "127.0.0.1";
   } else {
+    snprintf(mport, sizeof mport, "0");
+  }
+  if (kind == PROC_COORD) {
     argv[a++] = "--metrics-port";
-    argv[a++] = "0";
+    argv[a++] = mport;
   }
   argv[a] = NULL;
-  const char *env[] = {getenv("NEWT_DEBUG") ? NULL : "NEWT_DEBUG=INFO", NULL};
-  newt_spawn_opts so = {.log_path = logp, .env = env[0] ? env : NULL, .die_with_parent = 1};
+  /* each process says how it ended (exit status and message) in <log dir>/<name>.end, as a
+     pod does in its termination log */
+  char endp[640];
+  snprintf(endp, sizeof endp, "NEWT_TERMINATION_LOG=%s/%s.end", r->res->log_dir, name);
+  const char *env[3] = {endp, NULL, NULL};
+  if (!getenv("NEWT_DEBUG")) env[1] = "NEWT_DEBUG=INFO";
+  newt_spawn_opts so = {.log_path = logp, .env = env, .die_with_parent = 1};
   pid_t pid;
   NEWT_CHECK(newt_proc_spawn(argv, &so, &pid));
   if (r->nprocs == r->cap_procs) {
@@ -158,6 +174,7 @@ static newt_result_t spawn(run *r, proc_kind kind, int index) {
   p->kind = kind;
   p->alive = 1;
   snprintf(p->name, sizeof p->name, "%s", name);
+  p->metrics_port = port;
   return NEWT_OK;
 }
 
@@ -177,7 +194,7 @@ static void reap(run *r) {
     p->alive = 0;
     char how[64];
     newt_proc_status_str(st, how, sizeof how);
-    int expected = r->done || p->killed_by_chaos || (WIFEXITED(st) && WEXITSTATUS(st) == 0);
+    int expected = r->done || r->res->failed[0] || p->killed_by_chaos || (WIFEXITED(st) && WEXITSTATUS(st) == 0);
     if (!expected && !r->o->quiet) fprintf(stderr, "%snewt run: %s exited (%s); see %s/%s.log\n", news(r), p->name, how, r->res->log_dir, p->name);
     if (p->kind == PROC_COORD && p->killed_by_chaos && !r->done) {
       if (spawn(r, PROC_COORD, r->next_coord++) != NEWT_OK)
@@ -457,6 +474,11 @@ static void handle_event(run *r, const job_event *e) {
     fprintf(stderr, "%snewt run: the coordinator waits for workers: %s\n", news(r), e->why);
   } else if (e->type == JOB_EV_ETCD && !r->o->quiet) {
     fprintf(stderr, "%snewt run: %s\n", news(r), e->why);
+  } else if (e->type == JOB_EV_FAILED) {
+    snprintf(r->res->failed, sizeof r->res->failed, "%s", e->why);
+    fprintf(stderr, "%snewt run: the job failed: %s\n", news(r), e->why);
+  } else if (e->type == JOB_EV_SPEC && !r->o->quiet) {
+    fprintf(stderr, "%snewt run: spec %s\n", news(r), e->why);
   }
 }
 
@@ -681,18 +703,24 @@ static newt_result_t start(run *r) {
   NEWT_CHECK(rdzv_etcd_watch_start(r->etcd, r->prefix, &wo, on_watch, r, newt_deadline_in_ms(5000), &r->watch));
   for (int i = 0; i < o->coordinators; i++) NEWT_CHECK(spawn(r, PROC_COORD, r->next_coord++));
   for (int i = 0; i < o->nproc; i++) NEWT_CHECK(spawn(r, PROC_WORKER, r->next_worker++));
-  if (!o->quiet)
+  if (!o->quiet) {
     fprintf(stderr, "newt run: job %s: %d workers, %d coordinators, etcd %s, logs in %s\n", o->spec.job, o->nproc,
             o->coordinators, r->etcd_url, r->res->log_dir);
+    for (int i = 0; i < r->nprocs; i++)
+      if (r->procs[i].kind == PROC_COORD && r->procs[i].metrics_port)
+        fprintf(stderr, "newt run: %s serves metrics at http://127.0.0.1:%d/metrics (the leader's are the job's)\n",
+                r->procs[i].name, r->procs[i].metrics_port);
+  }
   return NEWT_OK;
 }
 
 static void stop_all(run *r) {
   /* workers and coordinators end by themselves once the job is done; a stopped one is
      woken first, anything left after the grace period is killed */
-  newt_deadline_t d = newt_deadline_in_ms(r->done ? 10000 : 0);
+  int ending = r->done || r->res->failed[0]; /* they end by themselves, as on Kubernetes */
+  newt_deadline_t d = newt_deadline_in_ms(ending ? 10000 : 0);
   for (int i = 0; i < r->nprocs; i++)
-    if (r->procs[i].alive) kill(r->procs[i].pid, r->done ? SIGCONT : SIGTERM);
+    if (r->procs[i].alive) kill(r->procs[i].pid, ending ? SIGCONT : SIGTERM);
   for (;;) {
     reap(r);
     int alive = 0;
@@ -743,6 +771,11 @@ newt_result_t launcher_run(const launcher_opts *o, launcher_result *res) {
     pthread_mutex_unlock(&r->mu);
     take_events(r, evs, nev);
     free(evs);
+    if (res->failed[0]) {
+      rc = NEWT_ERR(NEWT_ERR_ABORTED, "newt run: the job failed at step %lld: %s; logs in %s", (long long)step,
+                    res->failed, res->log_dir);
+      break;
+    }
     if (done) {
       etcd_tick(r); /* an outage the job finished in ends with the end marker reaching etcd */
       break;
@@ -836,6 +869,7 @@ char *launcher_summary_json(const launcher_opts *o, const launcher_result *res) 
   cJSON_AddNumberToObject(j, "wall_s", res->wall_s);
   newt_json_add_int(j, "t_start_ms", (int64_t)res->t_start_ms);
   newt_json_add_int(j, "etcd_keys", res->etcd_keys);
+  if (res->failed[0]) cJSON_AddStringToObject(j, "failed", res->failed);
   cJSON *recs = cJSON_AddArrayToObject(j, "recoveries");
   for (int i = 0; i < res->nrecoveries; i++) {
     const launcher_recovery *r = &res->recoveries[i];

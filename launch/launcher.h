@@ -32,6 +32,7 @@ typedef struct launcher_opts {
   int threads;          /* per worker */
   int quiet;            /* no live line, no event lines */
   int64_t timeout_ms;   /* give up when the job is not done by then (0: none) */
+  int no_metrics;       /* coordinators serve no metrics (default: each on a free port of 127.0.0.1) */
 } launcher_opts;
 
 typedef struct launcher_recovery {
@@ -65,6 +66,7 @@ typedef struct launcher_result {
   char event_log[600];
   uint64_t t_start_ms;  /* wall ms the run started */
   int64_t etcd_keys;    /* keys the job left under /newt/<job>/ once every process ended (-1: unknown) */
+  char failed[512];     /* the job failed: why (the leader's failure budget); "" otherwise */
 } launcher_result;
 
 /* Runs the job to its end. NEWT_OK when it finished; the result is filled either way. */

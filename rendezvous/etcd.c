@@ -15,6 +15,7 @@
 
 #include "common/json.h"
 #include "common/log.h"
+#include "common/metrics.h"
 #include "rendezvous/etcd_parse.h"
 
 #define RDZV_MAX_RESPONSE ((size_t)256 << 20)
@@ -247,8 +248,35 @@ static void transfer(rdzv_etcd *c, CURL *h, const char *url, const char *body,
   a->res = NEWT_OK;
 }
 
+newt_result_t rdzv_etcd_set_metrics(rdzv_etcd *c, metrics_t *m) {
+  static const double bounds[] = {0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10};
+  NEWT_CHECK(metrics_define(m, "newt_etcd_requests_total", METRICS_COUNTER, "requests this process made to etcd"));
+  NEWT_CHECK(metrics_define(m, "newt_etcd_request_errors_total", METRICS_COUNTER,
+                            "requests to etcd that failed: no endpoint answered, or etcd refused"));
+  NEWT_CHECK(metrics_define_histogram(m, "newt_etcd_request_duration_seconds", 0, bounds, (int)(sizeof bounds / sizeof bounds[0]),
+                                      "time of a request to etcd, failover and retries included"));
+  atomic_store(&c->metrics, m);
+  return NEWT_OK;
+}
+
+static newt_result_t request(rdzv_etcd *c, const char *path, const char *body, int flags, const char *what,
+                             newt_deadline_t d, newt_buf *resp);
+
 newt_result_t rdzv_etcd_request(rdzv_etcd *c, const char *path, const char *body, int flags,
                                 const char *what, newt_deadline_t d, newt_buf *resp) {
+  metrics_t *m = atomic_load(&c->metrics);
+  uint64_t t0 = m ? newt_now_ns() : 0;
+  newt_result_t r = request(c, path, body, flags, what, d, resp);
+  if (m) {
+    metrics_add(m, "newt_etcd_requests_total", 1);
+    if (r != NEWT_OK) metrics_add(m, "newt_etcd_request_errors_total", 1);
+    metrics_observe(m, "newt_etcd_request_duration_seconds", NULL, (double)(newt_now_ns() - t0) / 1e9);
+  }
+  return r;
+}
+
+static newt_result_t request(rdzv_etcd *c, const char *path, const char *body, int flags, const char *what,
+                             newt_deadline_t d, newt_buf *resp) {
   CURL *h = pool_get(c);
   if (!h) return NEWT_ERR(NEWT_ERR_NOMEM, "curl_easy_init failed");
   newt_buf fails; /* "url: why; url: why" for the message when all fail */

@@ -56,6 +56,12 @@ newt_result_t rdzv_etcd_init(const rdzv_etcd_opts *opts, rdzv_etcd **out);
  * once). Every watch of this client must have been freed. */
 void rdzv_etcd_free(rdzv_etcd *c);
 
+/* Counts every request of this client in m (NULL: none): newt_etcd_requests_total,
+ * newt_etcd_request_errors_total (no endpoint answered, or etcd refused) and the histogram
+ * newt_etcd_request_duration_seconds (failover and retries included). */
+struct metrics;
+newt_result_t rdzv_etcd_set_metrics(rdzv_etcd *c, struct metrics *m);
+
 /* The endpoints as given, comma-separated (for messages). */
 const char *rdzv_etcd_endpoints(const rdzv_etcd *c);
 

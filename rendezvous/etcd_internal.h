@@ -27,6 +27,7 @@ struct rdzv_etcd {
   atomic_ullong recoveries;
   char *user, *password, *ca_file, *cert_file, *key_file;
   int64_t connect_ms;
+  struct metrics *_Atomic metrics; /* request counts and latency go here (rdzv_etcd_set_metrics) */
 
   pthread_mutex_t auth_mu; /* token and token_gen */
   char *token;

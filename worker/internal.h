@@ -97,6 +97,10 @@ typedef struct worker {
   ckpt_saver *saver; /* this generation's (save.c) */
   int64_t ckpt_failed_step, ckpt_published;
   int leave_announced;
+  struct metrics *metrics;          /* --metrics-port (NULL: none) */
+  _Atomic uint64_t step_started;    /* monotonic ns the step under way began (0: none) */
+  int failed;                       /* the leader gave up on the job (the failed record) */
+  char failed_why[JOB_TEXT_MAX];
 } worker;
 
 /* Checkpoints (save.c): a saver per generation; a save after each step that is a multiple
@@ -152,7 +156,7 @@ void worker_report(worker *w, const newt_plan *p, int hang, int build, const cha
  * NEWT_PROGRESS_MS, and always the last step), the newest committed checkpoint. */
 void worker_publish_ack(worker *w, const newt_plan *p, const plan_rank *me);
 void worker_publish_progress(worker *w, const newt_plan *p, double loss, double tps);
-void worker_publish_ckpt(worker *w, int64_t step);
+void worker_publish_ckpt(worker *w, int64_t step, int64_t bytes, int64_t save_ms);
 /* The end marker (rank 0 after the last step), written at once. */
 void worker_mark_done(worker *w, double loss);
 

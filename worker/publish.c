@@ -238,12 +238,13 @@ void worker_publish_progress(worker *w, const newt_plan *p, double loss, double 
   if (now - w->progress_ms < (uint64_t)newt_param_ProgressMs() && w->par.step < w->spec.steps) return;
   w->progress_ms = now;
   job_progress pr = {.generation = p->generation, .step = w->par.step, .loss = loss, .tokens_per_s = tps,
-                     .world = p->nranks, .dp = p->dp, .t_ms = now};
+                     .world = p->nranks, .dp = p->dp, .t_ms = now,
+                     .step_tokens = p->global_batch * (int64_t)w->tcfg.seq_len};
   publish_record(w, JOB_REC_PROGRESS, 0, job_progress_to_json(&pr), 0);
 }
 
-void worker_publish_ckpt(worker *w, int64_t step) {
-  job_ckpt c = {.step = step};
+void worker_publish_ckpt(worker *w, int64_t step, int64_t bytes, int64_t save_ms) {
+  job_ckpt c = {.step = step, .bytes = bytes, .save_ms = save_ms};
   snprintf(c.dir, sizeof c.dir, "%s", w->spec.ckpt_dir);
   publish_record(w, JOB_REC_CKPT, 0, job_ckpt_to_json(&c), 0);
 }

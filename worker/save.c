@@ -48,6 +48,18 @@ newt_result_t worker_ckpt_generation(worker *w, const newt_plan *p, const plan_r
   return ckpt_saver_init(&w->saver, &so);
 }
 
+/* The bytes on disk of committed step `step`, every rank's files (0: not found). */
+static int64_t ckpt_bytes(worker *w, int64_t step) {
+  ckpt_step_info *info = NULL;
+  size_t n = 0;
+  int64_t bytes = 0;
+  if (ckpt_list(w->spec.ckpt_dir, &info, &n) != NEWT_OK) return 0;
+  for (size_t i = 0; i < n; i++)
+    if (info[i].step == step && info[i].committed) bytes = (int64_t)info[i].disk_bytes;
+  free(info);
+  return bytes;
+}
+
 newt_result_t worker_ckpt_step(worker *w, const newt_plan *p, const plan_rank *me) {
   if (!w->saver) return NEWT_OK;
   ckpt_save_status st;
@@ -59,7 +71,7 @@ newt_result_t worker_ckpt_step(worker *w, const newt_plan *p, const plan_rank *m
   }
   if (me->rank == 0 && st.state == CKPT_SAVE_DONE && st.last_ok_step > w->ckpt_published) {
     w->ckpt_published = st.last_ok_step;
-    worker_publish_ckpt(w, st.last_ok_step);
+    worker_publish_ckpt(w, st.last_ok_step, ckpt_bytes(w, st.last_ok_step), (int64_t)st.write_ms);
   }
   const model_par *par = &w->par;
   if (par->step % w->spec.ckpt_every != 0) return NEWT_OK;

@@ -24,6 +24,7 @@
 #include "common/fs.h"
 #include "common/json.h"
 #include "common/log.h"
+#include "common/metrics.h"
 #include "common/param.h"
 #include "common/strutil.h"
 #include "common/sys.h"
@@ -125,7 +126,7 @@ static newt_result_t start_plan_watch(worker *w) {
 
 /* --- waiting for a plan ------------------------------------------------------------------- */
 
-typedef enum wait_outcome { WAIT_PLAN, WAIT_LEAVE, WAIT_DONE } wait_outcome;
+typedef enum wait_outcome { WAIT_PLAN, WAIT_LEAVE, WAIT_DONE, WAIT_FAILED } wait_outcome;
 
 /* Waits for a plan newer than our generation in which we are a rank; meanwhile re-registers
  * after a lost lease and notices SIGTERM and the end of the job. */
@@ -167,6 +168,13 @@ static newt_result_t wait_plan(worker *w, int donor, newt_plan *out, wait_outcom
       next_done_check = now + 500;
       if (job_is_done(w->etcd, w->o->job, &w->spec)) {
         *how = WAIT_DONE;
+        return NEWT_OK;
+      }
+      job_failed f;
+      if (!donor && job_has_failed(w->etcd, w->o->job, &f)) {
+        w->failed = 1;
+        snprintf(w->failed_why, sizeof w->failed_why, "%s", f.why);
+        *how = WAIT_FAILED;
         return NEWT_OK;
       }
     }
@@ -321,8 +329,29 @@ static newt_result_t donate(worker *w, const newt_plan *p, const plan_rank *me, 
   return NEWT_OK; /* leaving either way */
 }
 
+/* A plan made for a changed spec (cause "spec"), or one after generations this worker did
+ * not see: the spec in etcd may have changed, and the fields that can change while the job
+ * runs (checkpoint cadence, timeouts) are taken here, at the generation's start. */
+static void refresh_spec(worker *w, const newt_plan *p) {
+  if (strcmp(p->cause, "spec") != 0 && p->generation <= w->gen + 1) return;
+  char *text = NULL;
+  if (rdzv_spec_get(w->etcd, w->o->job, newt_deadline_in_ms(1000), &text) != NEWT_OK) return;
+  newt_spec s;
+  char what[512];
+  if (spec_from_json(text, strlen(text), &s) == NEWT_OK && memcmp(&s, &w->spec, sizeof s) != 0) {
+    if (spec_update_allowed(&w->spec, &s, what, sizeof what)) {
+      w->spec = s;
+      NEWT_INFO(WORKER, "%s: took the changed spec: %s", w->id, what);
+    } else {
+      NEWT_ERROR(WORKER, "%s: ignoring the spec in etcd: %s", w->id, newt_errmsg());
+    }
+  }
+  free(text);
+}
+
 static newt_result_t run_generation(worker *w, const newt_plan *p, gen_outcome *how) {
   const plan_rank *me = plan_find(p, w->id);
+  if (me) refresh_spec(w, p);
   if (!me) return donate(w, p, plan_find_donor(p, w->id), how);
   comm_t *c = NULL, *train = NULL;
   atomic_store(&w->switch_pending, 0);
@@ -367,6 +396,9 @@ static newt_result_t run_generation(worker *w, const newt_plan *p, gen_outcome *
   }
   free(missing);
   w->t_comm = newt_wall_ms();
+  metrics_add(w->metrics, "newt_worker_communicator_builds_total", 1);
+  metrics_set(w->metrics, "newt_worker_generation", (double)p->generation);
+  metrics_set(w->metrics, "newt_worker_rank", (double)me->rank);
   NEWT_INFO(WORKER, "%s: generation %llu: rank %d of %d (tp %d, pp %d, dp %d, zero %d, accum %lld)", w->id,
             (unsigned long long)p->generation, me->rank, p->nranks, p->tp, p->pp, p->dp, p->zero,
             (long long)p->accum);
@@ -386,11 +418,16 @@ static newt_result_t run_generation(worker *w, const newt_plan *p, gen_outcome *
     }
     float ctl[2];
     model_step_info info;
+    atomic_store(&w->step_started, newt_now_ns());
     r = train_step(w, p, ctl, &info);
+    atomic_store(&w->step_started, 0);
     if (r != NEWT_OK) break;
     double loss = info.loss;
     double now = newt_now_s();
     double tps = (double)tokens / (now - t_last);
+    metrics_observe(w->metrics, "newt_worker_step_duration_seconds", NULL, now - t_last);
+    metrics_set(w->metrics, "newt_worker_tokens_per_second", tps);
+    metrics_set(w->metrics, "newt_worker_step", (double)w->par.step);
     t_last = now;
     w->last_loss = loss;
     if (first) {
@@ -437,6 +474,41 @@ static newt_result_t run_generation(worker *w, const newt_plan *p, gen_outcome *
 
 /* --- the whole life ----------------------------------------------------------------------- */
 
+/* /healthz: unhealthy while one step has taken longer than the hang timeout (the leader
+ * replans without a rank stuck that long; a probe restarts its container). Waiting for a
+ * plan is healthy: a job below its minimum size waits as long as it takes. */
+static int worker_health(void *ud, char *why, size_t cap) {
+  worker *w = ud;
+  uint64_t t = atomic_load(&w->step_started), now = newt_now_ns();
+  int64_t limit = w->spec.hang_timeout_ms > 0 ? w->spec.hang_timeout_ms : 5000;
+  if (!t || now - t <= (uint64_t)limit * 1000000) return 1;
+  snprintf(why, cap, "step %lld has run for %.1f s, beyond the hang timeout (%lld ms)", (long long)w->par.step + 1,
+           (double)(now - t) / 1e9, (long long)limit);
+  return 0;
+}
+
+static newt_result_t start_metrics(worker *w) {
+  const worker_opts *o = w->o;
+  static const double step_s[] = {0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60};
+  const char *addr = o->metrics_addr && *o->metrics_addr ? o->metrics_addr : "127.0.0.1";
+  NEWT_CHECK(metrics_start(addr, o->metrics_port, NULL, &w->metrics));
+  metrics_t *m = w->metrics;
+  NEWT_CHECK(metrics_define(m, "newt_build_info", METRICS_GAUGE, "1, labelled with newt's version and the process's role"));
+  NEWT_CHECK(metrics_define_histogram(m, "newt_worker_step_duration_seconds", 0, step_s, 12,
+                                      "wall time of one training step on this worker"));
+  NEWT_CHECK(metrics_define(m, "newt_worker_tokens_per_second", METRICS_GAUGE, "tokens of the global batch over this worker's last step time"));
+  NEWT_CHECK(metrics_define(m, "newt_worker_step", METRICS_GAUGE, "the newest step this worker completed"));
+  NEWT_CHECK(metrics_define(m, "newt_worker_communicator_builds_total", METRICS_COUNTER,
+                            "communicators this worker built: one per generation it trained in"));
+  NEWT_CHECK(metrics_define(m, "newt_worker_generation", METRICS_GAUGE, "the generation this worker trains in"));
+  NEWT_CHECK(metrics_define(m, "newt_worker_rank", METRICS_GAUGE, "this worker's rank in its generation"));
+  metrics_set_l(m, "newt_build_info", "version=\"" NEWT_VERSION "\",role=\"worker\"", 1);
+  metrics_set_health(m, worker_health, w);
+  NEWT_CHECK(rdzv_etcd_set_metrics(w->etcd, m));
+  NEWT_INFO(WORKER, "%s: metrics at http://%s:%d/metrics (health: /healthz)", w->id, addr, metrics_port(m));
+  return NEWT_OK;
+}
+
 static newt_result_t setup(worker *w, const worker_opts *o) {
   w->o = o;
   snprintf(w->host, sizeof w->host, "%s", o->host && *o->host ? o->host : newt_hostname());
@@ -466,6 +538,7 @@ static newt_result_t setup(worker *w, const worker_opts *o) {
               "who can read etcd can read", w->id);
   }
   NEWT_CHECK(rdzv_etcd_init(&o->etcd, &w->etcd));
+  if (o->metrics_port > 0) NEWT_CHECK(start_metrics(w));
   char *spec = NULL;
   newt_deadline_t d = newt_deadline_in_ms(o->spec_wait_ms > 0 ? o->spec_wait_ms : 60000);
   for (;;) {
@@ -543,6 +616,7 @@ static void teardown(worker *w) {
   if (w->job_secret) memset(w->job_secret, 0, w->job_secret_len);
   free(w->job_secret);
   rdzv_etcd_free(w->etcd);
+  metrics_stop(w->metrics); /* after the client whose requests it counts */
 }
 
 /* A leaving rank hands its state to the next generation's ranks (they may hold no other
@@ -585,6 +659,10 @@ newt_result_t worker_run(const worker_opts *o) {
       NEWT_INFO(WORKER, "%s: the job is done", w->id);
       break;
     }
+    if (wo == WAIT_FAILED) {
+      NEWT_ERROR(WORKER, "%s: the job failed: %s", w->id, w->failed_why);
+      break;
+    }
     if (wo == WAIT_LEAVE) {
       NEWT_INFO(WORKER, "%s: leaving (signal %d) between generations", w->id, newt_stop_requested());
       hand_over(w);
@@ -601,8 +679,23 @@ newt_result_t worker_run(const worker_opts *o) {
       break;
     }
   }
+  if (r == NEWT_OK && o->end) {
+    job_end *e = o->end;
+    if (w->failed) {
+      e->status = JOB_EXIT_FAILED;
+      snprintf(e->msg, sizeof e->msg, "failed: %s", w->failed_why);
+    } else if (newt_stop_requested()) {
+      e->status = JOB_EXIT_LEFT;
+      snprintf(e->msg, sizeof e->msg, "left: signal %d, after step %lld of %lld; the job goes on without %s",
+               newt_stop_requested(), (long long)w->par.step, (long long)w->spec.steps, w->id);
+    } else {
+      e->status = JOB_EXIT_DONE;
+      snprintf(e->msg, sizeof e->msg, "done: job %s trained its %lld steps (final loss %.4f)", o->job,
+               (long long)w->spec.steps, w->last_loss);
+    }
+  }
   if (w->reg && !rdzv_registration_lost(w->reg, NULL, 0)) {
-    if (r == NEWT_OK) worker_set_state_async(w, newt_stop_requested() ? "left" : "done");
+    if (r == NEWT_OK) worker_set_state_async(w, w->failed ? "failed" : newt_stop_requested() ? "left" : "done");
     worker_publisher_stop(w);
     if (rdzv_registration_leave(w->reg, job_call_deadline()) != NEWT_OK)
       NEWT_WARN(WORKER, "%s: leaving: %s", w->id, newt_errmsg());

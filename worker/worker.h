@@ -10,6 +10,7 @@
 #define NEWT_WORKER_WORKER_H
 
 #include "common/err.h"
+#include "job/records.h"
 #include "job/spec.h"
 #include "model/train.h"
 #include "rendezvous/etcd.h"
@@ -28,10 +29,18 @@ typedef struct worker_opts {
                               key is derived from it and the plan's salt, so etcd holds no key
                               (NULL: the plan's salt is the key, as etcd shows it) */
   const char *step_log; /* while rank 0, append a line per step here (job/runlog.h); NULL: none */
+  const char *metrics_addr; /* metrics and /healthz: comma-separated IPv4 addresses (NULL: 127.0.0.1) */
+  int metrics_port;         /* 0: no metrics server */
+  job_end *end;             /* how it ended (exit status and message); may be NULL */
 } worker_opts;
 
-/* Runs the worker until the job is done (NEWT_OK), it left gracefully on SIGTERM
- * (NEWT_OK), or a fatal error (bad spec, etcd unreachable for good). */
+/* Runs the worker until the job is done (NEWT_OK, end JOB_EXIT_DONE), it left gracefully
+ * on SIGTERM (NEWT_OK, JOB_EXIT_LEFT), the job failed (NEWT_OK, JOB_EXIT_FAILED: the
+ * leader gave up on it), or a fatal error (bad spec, etcd unreachable for good).
+ *
+ * With metrics_port it serves its own metrics (step time, tokens/s, communicator builds,
+ * its etcd requests) and /healthz, unhealthy while one step has taken longer than
+ * spec.fault.hang_timeout_ms (a stuck step loop). */
 newt_result_t worker_run(const worker_opts *o);
 
 /* The trainer configuration a job spec asks for (model, optimizer, batch, data seeds):

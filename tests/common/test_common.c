@@ -11,6 +11,7 @@
 #include "common/clock.h"
 #include "common/fs.h"
 #include "common/json.h"
+#include "common/log.h"
 #include "common/opts.h"
 #include "common/proc.h"
 #include "common/strutil.h"
@@ -284,7 +285,58 @@ static void test_clock(void) {
   T_CHECK(strlen(hex) == 32);
 }
 
+/* A log line in the given NEWT_LOG_FORMAT, written by a child (the configuration is read
+ * once per process) into a file; returns it (malloc'd). */
+static char *log_line(const char *format, const char *msg) {
+  char path[] = "/tmp/newt-log-XXXXXX";
+  int fd = mkstemp(path);
+  if (fd < 0) return NULL;
+  close(fd);
+  pid_t pid = fork();
+  if (pid == 0) {
+    setenv("NEWT_LOG_FORMAT", format, 1);
+    setenv("NEWT_DEBUG_FILE", path, 1);
+    unsetenv("NEWT_DEBUG");
+    newt_log_set_name("worker-3");
+    newt_log_set_default_level(NEWT_LOG_INFO);
+    NEWT_INFO(WORKER, "%s", msg);
+    NEWT_DEBUG(WORKER, "not shown at INFO");
+    _exit(0);
+  }
+  int st;
+  waitpid(pid, &st, 0);
+  char *text = NULL;
+  size_t len = 0;
+  newt_fs_read_all(path, 1 << 16, &text, &len);
+  unlink(path);
+  return text;
+}
+
+static void test_log_format(void) {
+  char *t = log_line("text", "plan 2 (crash)");
+  int y, mo, d, h, mi, sec, ms;
+  T_CHECK_MSG(t && sscanf(t, "%4d-%2d-%2dT%2d:%2d:%2d.%3dZ ", &y, &mo, &d, &h, &mi, &sec, &ms) == 7 &&
+                  strstr(t, " worker-3[") && strstr(t, "] INFO WORKER test_common.c:") && strstr(t, "plan 2 (crash)\n") &&
+                  !strstr(t, "not shown"),
+              "text line: %s", t ? t : "(none)");
+  free(t);
+  t = log_line("json", "a \"quoted\" word\tand a tab");
+  cJSON *j = t ? cJSON_Parse(t) : NULL;
+  T_CHECK_MSG(j, "not one JSON object: %s", t ? t : "(none)");
+  if (j) {
+    const cJSON *m = cJSON_GetObjectItemCaseSensitive(j, "msg"), *lvl = cJSON_GetObjectItemCaseSensitive(j, "level");
+    const cJSON *tm = cJSON_GetObjectItemCaseSensitive(j, "time"), *name = cJSON_GetObjectItemCaseSensitive(j, "name");
+    T_CHECK(cJSON_IsString(m) && strcmp(m->valuestring, "a \"quoted\" word\tand a tab") == 0);
+    T_CHECK(cJSON_IsString(lvl) && strcmp(lvl->valuestring, "INFO") == 0);
+    T_CHECK(cJSON_IsString(name) && strcmp(name->valuestring, "worker-3") == 0);
+    T_CHECK(cJSON_IsString(tm) && strlen(tm->valuestring) == 24 && tm->valuestring[23] == 'Z');
+    cJSON_Delete(j);
+  }
+  free(t);
+}
+
 int main(void) {
+  T_RUN(test_log_format);
   T_RUN(test_base64);
   T_RUN(test_parse);
   T_RUN(test_json);

@@ -25,6 +25,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -271,11 +272,17 @@ static void check_samples(const char *dir, int STEPS, int shards_state) {
   free(applied_gen);
 }
 
-/* Milliseconds of the day of a log line ("HH:MM:SS.mmm ..."), or -1. */
+/* Milliseconds since the epoch of a log line ("2026-12-01T10:15:30.123Z ...", UTC), or -1. */
 static long long log_ms(const char *line) {
-  int h, m, sec, ms;
-  if (sscanf(line, "%2d:%2d:%2d.%3d", &h, &m, &sec, &ms) != 4) return -1;
-  return ((h * 60LL + m) * 60 + sec) * 1000 + ms;
+  struct tm tm;
+  int ms;
+  memset(&tm, 0, sizeof tm);
+  if (sscanf(line, "%4d-%2d-%2dT%2d:%2d:%2d.%3dZ", &tm.tm_year, &tm.tm_mon, &tm.tm_mday, &tm.tm_hour, &tm.tm_min,
+             &tm.tm_sec, &ms) != 7)
+    return -1;
+  tm.tm_year -= 1900;
+  tm.tm_mon -= 1;
+  return (long long)timegm(&tm) * 1000 + ms;
 }
 
 /* Every restore from a checkpoint took a checkpoint's step, and none older than the newest

@@ -263,7 +263,7 @@ function helpFlags(cmd, args) {
   return flagCache.get(key);
 }
 // Environment that newt reads besides its flags' fallbacks (README: logging).
-const NEWT_LOG_ENV = new Set(["NEWT_DEBUG", "NEWT_DEBUG_SUBSYS", "NEWT_DEBUG_FILE"]);
+const NEWT_LOG_ENV = new Set(["NEWT_DEBUG", "NEWT_DEBUG_SUBSYS", "NEWT_DEBUG_FILE", "NEWT_LOG_FORMAT"]);
 
 function podSpecs(docs) {
   const out = [];
@@ -326,7 +326,8 @@ const matches = (selector, labels) => Object.entries(selector || {}).every(([k, 
 function checkWiring(docs, values, errors) {
   const byKind = (k) => docs.filter((d) => d.kind === k);
   const pods = podSpecs(docs);
-  const workloads = pods.filter((p) => p.doc.kind !== "Pod" && p.doc.kind !== "Job");
+  const isHook = (d) => !!d.metadata?.annotations?.["helm.sh/hook"];
+  const workloads = pods.filter((p) => p.doc.kind !== "Pod" && !isHook(p.doc));
   const get = (kind, name) => docs.find((d) => d.kind === kind && d.metadata.name === name);
 
   for (const d of docs) {
@@ -334,8 +335,8 @@ function checkWiring(docs, values, errors) {
     if (d.metadata?.namespace && d.metadata.namespace !== NAMESPACE) errors.push(`${d.kind}/${d.metadata.name}: namespace ${d.metadata.namespace}`);
   }
   for (const w of workloads) {
-    const sel = w.doc.spec.selector.matchLabels;
-    if (!matches(sel, w.labels)) errors.push(`${w.where}: selector does not match its pod template`);
+    const sel = w.doc.spec.selector?.matchLabels; // a Job's is generated
+    if (w.doc.kind !== "Job" && !matches(sel, w.labels)) errors.push(`${w.where}: selector does not match its pod template`);
     for (const l of STANDARD_LABELS) if (!w.labels[l]) errors.push(`${w.where}: pod label ${l} is missing`);
   }
   // Security: non-root, read-only root, no capabilities, RuntimeDefault seccomp, limits.
@@ -452,10 +453,10 @@ function checkEtcd(docs, values, errors) {
 
 function checkWorkers(docs, values, errors) {
   const w = values.workers;
-  const sts = docs.find((d) => d.kind === "StatefulSet" && d.metadata.labels["app.kubernetes.io/component"] === "worker");
-  if (!sts) return errors.push("no worker StatefulSet");
+  const sts = docs.find((d) => d.kind === "Job" && d.metadata.labels["app.kubernetes.io/component"] === "worker");
+  if (!sts) return errors.push("no worker Job");
   const pod = sts.spec.template.spec;
-  if (sts.spec.replicas !== w.replicas) errors.push(`worker replicas ${sts.spec.replicas}`);
+  if (sts.spec.parallelism !== w.replicas) errors.push(`worker parallelism ${sts.spec.parallelism}, workers.replicas is ${w.replicas}`);
   if (!(pod.terminationGracePeriodSeconds < w.preemptionNoticeSeconds)) errors.push(`terminationGracePeriodSeconds ${pod.terminationGracePeriodSeconds} is not below the notice ${w.preemptionNoticeSeconds}`);
   if (pod.containers.length !== w.perPod) errors.push(`${pod.containers.length} worker containers, workers.perPod is ${w.perPod}`);
   const ids = new Set();
@@ -478,6 +479,93 @@ function checkWorkers(docs, values, errors) {
     if (!pc || pod.priorityClassName !== pc.metadata.name) errors.push("workers do not use the PriorityClass created for them");
   }
   if (w.topologySpread.enabled && pod.topologySpreadConstraints?.length !== w.topologySpread.topologyKeys.length) errors.push("topology spread constraints missing");
+  const zone = pod.affinity?.podAffinity?.requiredDuringSchedulingIgnoredDuringExecution?.find((t) => t.topologyKey === "topology.kubernetes.io/zone");
+  if (w.sameZone && !w.affinity?.podAffinity && !(zone && matches(zone.labelSelector.matchLabels, sts.spec.template.metadata.labels)))
+    errors.push("workers.sameZone: no required pod affinity keeps the workers in one zone");
+  if (!w.sameZone && (w.topologySpread.topologyKeys || []).includes("topology.kubernetes.io/zone"))
+    errors.push("workers spread across zones: every all-reduce would cross zones");
+}
+
+// The Jobs of coordinators and workers end as newt's exit statuses say (job/records.h):
+// 0 done (completes), 3 left on SIGTERM (ignored: replaced), 4 failed and 2 a bad flag or
+// spec (fail the Job), the rest counted against backoffLimit; probes on /healthz; metrics
+// bound to the pod IP (and loopback, for port-forward) with POD_IP defined.
+function checkJobs(docs, values, errors) {
+  for (const comp of ["coordinator", "worker"]) {
+    const job = docs.find((d) => d.kind === "Job" && d.metadata.labels["app.kubernetes.io/component"] === comp);
+    if (!job) {
+      errors.push(`no ${comp} Job`);
+      continue;
+    }
+    const at = `Job/${job.metadata.name}`;
+    const pod = job.spec.template.spec;
+    if (pod.restartPolicy !== "Never") errors.push(`${at}: restartPolicy ${pod.restartPolicy}, a pod failure policy needs Never`);
+    if (job.spec.completions !== undefined) errors.push(`${at}: completions is set; the job ends when a pod succeeds and the rest have ended`);
+    if (job.spec.backoffLimit !== values.jobPolicy.backoffLimit) errors.push(`${at}: backoffLimit ${job.spec.backoffLimit}`);
+    const ttl = values.cleanup.ttlSecondsAfterFinished;
+    if ((ttl >= 0 ? ttl : undefined) !== job.spec.ttlSecondsAfterFinished) errors.push(`${at}: ttlSecondsAfterFinished ${job.spec.ttlSecondsAfterFinished}, cleanup says ${ttl}`);
+    const rules = job.spec.podFailurePolicy?.rules || [];
+    const codes = (action) => rules.filter((r) => r.action === action && r.onExitCodes?.operator === "In").flatMap((r) => r.onExitCodes.values);
+    if (!codes("Ignore").includes(3)) errors.push(`${at}: exit 3 (left on SIGTERM) is not ignored`);
+    if (!codes("FailJob").includes(4) || !codes("FailJob").includes(2)) errors.push(`${at}: exits 4 (failed) and 2 (bad flag or spec) do not fail the Job`);
+    if (!rules.some((r) => r.action === "Ignore" && r.onPodConditions?.some((c) => c.type === "DisruptionTarget"))) errors.push(`${at}: disruptions are counted as failures`);
+    for (const c of pod.containers) {
+      const probe = c.livenessProbe?.httpGet;
+      if (probe?.path !== "/healthz") errors.push(`${at}/${c.name}: the liveness probe is not GET /healthz`);
+      if (comp === "coordinator" && c.readinessProbe?.httpGet?.path !== "/healthz") errors.push(`${at}/${c.name}: the readiness probe is not GET /healthz`);
+      const addr = (c.args || []).find((a) => a.startsWith("--metrics-addr="));
+      if (!addr?.includes("$(POD_IP)") || !c.env?.some((e) => e.name === "POD_IP" && e.valueFrom?.fieldRef?.fieldPath === "status.podIP"))
+        errors.push(`${at}/${c.name}: the metrics server does not bind the pod IP (${addr})`);
+      if (addr?.includes("0.0.0.0")) errors.push(`${at}/${c.name}: the metrics server binds every address`);
+    }
+  }
+}
+
+// The metrics newt exports, from the sources that define them (histograms with their
+// series), and etcd's own.
+function newtMetrics() {
+  const names = new Set();
+  for (const f of ["coordinator/coordinator.c", "worker/worker.c", "rendezvous/etcd.c"]) {
+    const text = readFileSync(join(src, f), "utf8");
+    for (const m of text.matchAll(/"(newt_[a-z_]+)"/g)) names.add(m[1]);
+    for (const m of text.matchAll(/metrics_define_histogram\([^"]*"(newt_[a-z_]+)"/g))
+      for (const sfx of ["_bucket", "_sum", "_count"]) names.add(m[1] + sfx);
+  }
+  return names;
+}
+function checkMetricNames(where, exprs, errors) {
+  const known = newtMetrics();
+  if (known.size < 20) return errors.push(`only ${known.size} newt metrics found in the sources`);
+  for (const e of exprs)
+    for (const m of e.matchAll(/\b(newt_[a-z_]+)/g))
+      if (!known.has(m[1])) errors.push(`${where}: ${m[1]} is not a metric newt exports (in: ${e})`);
+}
+
+// PrometheusRule: promtool check rules on its groups, and its metrics are newt's.
+function checkRules(docs, errors) {
+  for (const pr of docs.filter((d) => d.kind === "PrometheusRule")) {
+    const file = join(tmp, `rules-${process.hrtime.bigint()}.yaml`);
+    writeFileSync(file, YAML.stringify({ groups: pr.spec.groups }));
+    const r = run("promtool", ["check", "rules", file]);
+    if (r.code !== 0) errors.push(`PrometheusRule/${pr.metadata.name}: promtool check rules: ${(r.out + r.err).trim()}`);
+    checkMetricNames(`PrometheusRule/${pr.metadata.name}`, pr.spec.groups.flatMap((g) => g.rules.map((x) => x.expr)), errors);
+  }
+}
+
+// The Grafana dashboard: JSON, and every query is on metrics newt exports.
+function checkDashboard(docs, errors) {
+  for (const cm of docs.filter((d) => d.kind === "ConfigMap" && d.metadata.name.endsWith("-dashboard"))) {
+    let dash;
+    try {
+      dash = JSON.parse(cm.data["newt.json"]);
+    } catch (e) {
+      errors.push(`ConfigMap/${cm.metadata.name}: newt.json is not JSON: ${e.message}`);
+      continue;
+    }
+    const exprs = (dash.panels || []).flatMap((p) => (p.targets || []).map((t) => t.expr));
+    if (exprs.length < 10) errors.push(`ConfigMap/${cm.metadata.name}: only ${exprs.length} queries`);
+    checkMetricNames(`dashboard ${dash.title}`, exprs, errors);
+  }
 }
 
 async function checkSpec(docs, values, errors) {
@@ -491,7 +579,7 @@ async function checkSpec(docs, values, errors) {
   const dpMin = (values.workers.minReplicas * values.workers.perPod) / (tp * pp);
   const dpMax = (values.workers.maxReplicas * values.workers.perPod) / (tp * pp);
   if (!r.out.includes(`dp=[${dpMin},${dpMax}]`)) errors.push(`spec dp range: ${r.out.trim()}, want [${dpMin},${dpMax}]`);
-  const coord = docs.find((d) => d.kind === "Deployment");
+  const coord = docs.find((d) => d.kind === "Job" && d.metadata.labels["app.kubernetes.io/component"] === "coordinator");
   const specArg = coord.spec.template.spec.containers[0].args.find((a) => a.startsWith("--spec="));
   const mount = coord.spec.template.spec.containers[0].volumeMounts.find((m) => specArg?.slice(7).startsWith(`${m.mountPath}/`));
   const vol = coord.spec.template.spec.volumes.find((v) => v.name === mount?.name);
@@ -609,6 +697,11 @@ async function render() {
     await check(`${name}: command lines match the flags of newt, etcd and etcdctl`, (errors) => checkCommandLines(docs, errors));
     await check(`${name}: the rendered spec passes newt's spec parser`, (errors) => checkSpec(docs, values, errors));
     await check(`${name}: wiring, labels, security settings`, (errors) => checkWiring(docs, values, errors));
+    await check(`${name}: the Jobs end as newt's exit statuses say; probes on /healthz; metrics on the pod IP`, (errors) => checkJobs(docs, values, errors));
+    if (docs.some((d) => d.kind === "PrometheusRule"))
+      await check(`${name}: promtool check rules on the PrometheusRule; its metrics exist`, (errors) => checkRules(docs, errors));
+    if (docs.some((d) => d.kind === "ConfigMap" && d.metadata.name.endsWith("-dashboard")))
+      await check(`${name}: the Grafana dashboard is JSON on metrics newt exports`, (errors) => checkDashboard(docs, errors));
   }
   await check("the etcd auth bootstrap enables authentication on a real etcd, idempotently", checkAuthBootstrap);
   // The unknown-field check and the schema checks must be able to fail.
@@ -625,7 +718,7 @@ async function render() {
     const e2 = [];
     await validateObject(chaos, e2);
     if (e2.length < 2) errors.push(`a bad PodChaos passed: ${e2}`);
-    const dep = structuredClone(docs.find((d) => d.kind === "Deployment"));
+    const dep = structuredClone(docs.find((d) => d.kind === "Job" && d.metadata.labels["app.kubernetes.io/component"] === "coordinator"));
     dep.spec.template.spec.containers[0].args.push("--no-such-flag=1");
     const e3 = [];
     checkCommandLines([dep], e3);

@@ -249,3 +249,32 @@ imagePullSecrets:
 {{- $_ = set $s.ckpt "dir" (ternary .Values.checkpoints.mountPath "" .Values.checkpoints.enabled) }}
 {{- toPrettyJson $s }}
 {{- end }}
+
+{{/* How the Jobs of coordinators and workers end (docs/kubernetes.md): newt's exit statuses
+(job/records.h) against the pod failure policy, the budget of crashes, the clean-up. */}}
+{{- define "newt.jobEnd" -}}
+backoffLimit: {{ .Values.jobPolicy.backoffLimit }}
+{{- with .Values.jobPolicy.activeDeadlineSeconds }}
+activeDeadlineSeconds: {{ . }}
+{{- end }}
+{{- if ge (int .Values.cleanup.ttlSecondsAfterFinished) 0 }}
+ttlSecondsAfterFinished: {{ .Values.cleanup.ttlSecondsAfterFinished }}
+{{- end }}
+podFailurePolicy:
+  rules:
+    # 3: left on SIGTERM (preemption, drain, scale-down): replaced, not a failure
+    - action: Ignore
+      onExitCodes:
+        operator: In
+        values: [3]
+    # evicted, preempted, its node shut down: replaced, not a failure
+    - action: Ignore
+      onPodConditions:
+        - type: DisruptionTarget
+          status: "True"
+    # 4: the job failed (failure budget spent); 2: a bad flag or spec: no retry helps
+    - action: FailJob
+      onExitCodes:
+        operator: In
+        values: [2, 4]
+{{- end }}

@@ -1,0 +1,336 @@
+/* The metrics registry and its HTTP endpoint (see metrics.h). Small fixed tables under
+ * one mutex: a process exports a few dozen series, scraped every few seconds. */
+#include "common/metrics.h"
+
+#include <arpa/inet.h>
+#include <math.h>
+#include <microhttpd.h>
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/clock.h"
+#include "common/log.h"
+#include "common/strutil.h"
+
+#define METRICS_FAMILIES 64
+#define METRICS_SERIES 512
+#define METRICS_BUCKETS 16
+#define METRICS_DAEMONS 4
+
+typedef struct family {
+  char name[64];
+  char help[200];
+  metrics_kind kind;
+  int group;
+  int nb;
+  double bounds[METRICS_BUCKETS];
+} family;
+
+typedef struct series {
+  int fam;
+  char labels[96];
+  double value; /* gauge, counter; a histogram's sum */
+  double count;
+  double buckets[METRICS_BUCKETS]; /* per bound, not cumulative */
+} series;
+
+struct metrics {
+  struct MHD_Daemon *daemon[METRICS_DAEMONS];
+  int ndaemons;
+  int port;
+  pthread_mutex_t mu;
+  int nf, ns;
+  family f[METRICS_FAMILIES];
+  series s[METRICS_SERIES];
+  unsigned hidden; /* bit g: group g is hidden */
+  char note[256];
+  metrics_health_fn health;
+  void *health_ud;
+};
+
+char *metrics_fmt_value(double v, char *out, size_t cap) {
+  if (isnan(v)) snprintf(out, cap, "NaN");
+  else if (isinf(v)) snprintf(out, cap, v > 0 ? "+Inf" : "-Inf");
+  else if (v == floor(v) && fabs(v) < 1e15) snprintf(out, cap, "%.0f", v);
+  else snprintf(out, cap, "%.15g", v); /* 15 digits: the noise of binary fractions stays out */
+  return out;
+}
+
+static void render_series(newt_buf *b, const family *f, const series *s) {
+  char v[40], le[40];
+  const char *sep = s->labels[0] ? "," : "";
+  if (f->kind != METRICS_HISTOGRAM) {
+    newt_buf_printf(b, "%s%s%s%s %s\n", f->name, s->labels[0] ? "{" : "", s->labels, s->labels[0] ? "}" : "",
+                    metrics_fmt_value(s->value, v, sizeof v));
+    return;
+  }
+  double cum = 0;
+  for (int i = 0; i < f->nb; i++) {
+    cum += s->buckets[i];
+    newt_buf_printf(b, "%s_bucket{%s%sle=\"%s\"} %s\n", f->name, s->labels, sep,
+                    metrics_fmt_value(f->bounds[i], le, sizeof le), metrics_fmt_value(cum, v, sizeof v));
+  }
+  newt_buf_printf(b, "%s_bucket{%s%sle=\"+Inf\"} %s\n", f->name, s->labels, sep, metrics_fmt_value(s->count, v, sizeof v));
+  const char *open = s->labels[0] ? "{" : "", *close = s->labels[0] ? "}" : "";
+  newt_buf_printf(b, "%s_sum%s%s%s %s\n", f->name, open, s->labels, close, metrics_fmt_value(s->value, v, sizeof v));
+  newt_buf_printf(b, "%s_count%s%s%s %s\n", f->name, open, s->labels, close, metrics_fmt_value(s->count, v, sizeof v));
+}
+
+char *metrics_render(metrics_t *mt) {
+  static const char *const kinds[] = {"gauge", "counter", "histogram"};
+  newt_buf b;
+  newt_buf_init(&b);
+  pthread_mutex_lock(&mt->mu);
+  if (mt->note[0]) newt_buf_printf(&b, "# %s\n", mt->note);
+  for (int i = 0; i < mt->nf; i++) {
+    const family *f = &mt->f[i];
+    if (f->group < 32 && (mt->hidden >> f->group) & 1) continue;
+    newt_buf_printf(&b, "# HELP %s %s\n# TYPE %s %s\n", f->name, f->help, f->name, kinds[f->kind]);
+    for (int k = 0; k < mt->ns; k++)
+      if (mt->s[k].fam == i) render_series(&b, f, &mt->s[k]);
+  }
+  pthread_mutex_unlock(&mt->mu);
+  if (!b.data) newt_buf_append(&b, "", 0);
+  return b.data;
+}
+
+static struct MHD_Response *text_response(const char *msg) {
+  return MHD_create_response_from_buffer(strlen(msg), (void *)msg, MHD_RESPMEM_MUST_COPY);
+}
+
+static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const char *url, const char *method,
+                                  const char *version, const char *upload_data, size_t *upload_size,
+                                  void **req_cls) {
+  metrics_t *mt = cls;
+  struct MHD_Response *resp;
+  unsigned status = MHD_HTTP_OK;
+  if (strcmp(method, "GET") != 0 && strcmp(method, "HEAD") != 0) {
+    resp = text_response("only GET\n");
+    status = MHD_HTTP_METHOD_NOT_ALLOWED;
+  } else if (strcmp(url, "/metrics") == 0) {
+    char *text = metrics_render(mt);
+    if (!text) return MHD_NO;
+    resp = MHD_create_response_from_buffer(strlen(text), text, MHD_RESPMEM_MUST_FREE);
+    if (resp) MHD_add_response_header(resp, "Content-Type", "text/plain; version=0.0.4");
+  } else if (strcmp(url, "/healthz") == 0) {
+    char why[256] = "ok";
+    pthread_mutex_lock(&mt->mu);
+    metrics_health_fn fn = mt->health;
+    void *ud = mt->health_ud;
+    pthread_mutex_unlock(&mt->mu);
+    int ok = fn ? fn(ud, why, sizeof why) : 1;
+    char msg[300];
+    snprintf(msg, sizeof msg, "%s\n", ok ? "ok" : why);
+    resp = text_response(msg);
+    if (!ok) status = MHD_HTTP_SERVICE_UNAVAILABLE;
+  } else {
+    resp = text_response("not found: try /metrics or /healthz\n");
+    status = MHD_HTTP_NOT_FOUND;
+  }
+  if (!resp) return MHD_NO;
+  enum MHD_Result r = MHD_queue_response(conn, status, resp);
+  MHD_destroy_response(resp);
+  return r;
+}
+
+/* What libmicrohttpd complains of (a refused connection, a full table): at most one line
+ * every 10 s, with the count of those not shown, so a flood cannot fill the log. */
+static void on_mhd_log(void *cls, const char *fmt, va_list ap) {
+  static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
+  static uint64_t last;
+  static long suppressed;
+  uint64_t now = newt_now_ns();
+  pthread_mutex_lock(&mu);
+  if (last && now - last < 10000000000ull) {
+    suppressed++;
+    pthread_mutex_unlock(&mu);
+    return;
+  }
+  long n = suppressed;
+  suppressed = 0;
+  last = now;
+  pthread_mutex_unlock(&mu);
+  char msg[256];
+  vsnprintf(msg, sizeof msg, fmt, ap);
+  size_t len = strlen(msg);
+  while (len && (msg[len - 1] == '\n' || msg[len - 1] == '\r')) msg[--len] = '\0';
+  NEWT_WARN(COMMON, "metrics endpoint: %s (%ld more such messages in the last 10 s)", msg, n);
+}
+
+static newt_result_t start_one(metrics_t *mt, const char *addr, int port, const metrics_limits *l) {
+  struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
+  if (inet_pton(AF_INET, addr, &sa.sin_addr) != 1)
+    return NEWT_ERR(NEWT_ERR_INVALID, "--metrics-addr: \"%s\" is not an IPv4 address", addr);
+  struct MHD_Daemon *d = MHD_start_daemon(
+      MHD_USE_AUTO_INTERNAL_THREAD | MHD_USE_ERROR_LOG, (uint16_t)port, NULL, NULL, on_request, mt,
+      MHD_OPTION_EXTERNAL_LOGGER, on_mhd_log, NULL, MHD_OPTION_SOCK_ADDR, &sa, MHD_OPTION_CONNECTION_LIMIT, (unsigned)l->total, MHD_OPTION_PER_IP_CONNECTION_LIMIT,
+      (unsigned)l->per_ip, MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)l->timeout_s, MHD_OPTION_END);
+  if (!d) return NEWT_ERR(NEWT_ERR_SYS, "metrics: cannot serve on %s:%d (port in use?)", addr, port);
+  mt->daemon[mt->ndaemons++] = d;
+  if (!mt->port) {
+    const union MHD_DaemonInfo *info = MHD_get_daemon_info(d, MHD_DAEMON_INFO_BIND_PORT);
+    mt->port = info ? info->port : port;
+  }
+  return NEWT_OK;
+}
+
+newt_result_t metrics_start(const char *addrs, int port, const metrics_limits *limits, metrics_t **out) {
+  metrics_limits l = limits ? *limits : (metrics_limits){0};
+  if (l.per_ip <= 0) l.per_ip = 8;
+  if (l.total <= 0) l.total = 64;
+  if (l.timeout_s <= 0) l.timeout_s = 5;
+  metrics_t *mt = calloc(1, sizeof *mt);
+  NEWT_CHECK_ALLOC(mt);
+  pthread_mutex_init(&mt->mu, NULL);
+  char list[256];
+  snprintf(list, sizeof list, "%s", addrs && *addrs ? addrs : "127.0.0.1");
+  newt_result_t r = NEWT_OK;
+  for (char *save = NULL, *a = strtok_r(list, ",", &save); a && r == NEWT_OK; a = strtok_r(NULL, ",", &save)) {
+    if (mt->ndaemons == METRICS_DAEMONS)
+      r = NEWT_ERR(NEWT_ERR_INVALID, "--metrics-addr: at most %d addresses", METRICS_DAEMONS);
+    else
+      r = start_one(mt, a, mt->port ? mt->port : port, &l);
+  }
+  if (r == NEWT_OK && !mt->ndaemons) r = NEWT_ERR(NEWT_ERR_INVALID, "--metrics-addr: no address in \"%s\"", addrs);
+  if (r != NEWT_OK) {
+    metrics_stop(mt);
+    return r;
+  }
+  *out = mt;
+  return NEWT_OK;
+}
+
+int metrics_port(const metrics_t *mt) { return mt->port; }
+
+static int find_family(const metrics_t *mt, const char *name) {
+  for (int i = 0; i < mt->nf; i++)
+    if (strcmp(mt->f[i].name, name) == 0) return i;
+  return -1;
+}
+
+/* The series of family fam with labels, created when new (-1: the table is full). */
+static int find_series(metrics_t *mt, int fam, const char *labels) {
+  if (!labels) labels = "";
+  for (int k = 0; k < mt->ns; k++)
+    if (mt->s[k].fam == fam && strcmp(mt->s[k].labels, labels) == 0) return k;
+  if (mt->ns == METRICS_SERIES || strlen(labels) >= sizeof mt->s[0].labels) return -1;
+  if (labels[0]) /* a labelled family: the unlabelled series made at its definition goes, unless set */
+    for (int k = 0; k < mt->ns; k++)
+      if (mt->s[k].fam == fam && !mt->s[k].labels[0] && mt->s[k].value == 0) {
+        memmove(&mt->s[k], &mt->s[k + 1], (size_t)(mt->ns - k - 1) * sizeof mt->s[0]);
+        mt->ns--;
+        break;
+      }
+  series *s = &mt->s[mt->ns];
+  memset(s, 0, sizeof *s);
+  s->fam = fam;
+  snprintf(s->labels, sizeof s->labels, "%s", labels);
+  return mt->ns++;
+}
+
+static newt_result_t define(metrics_t *mt, const char *name, metrics_kind kind, int group, const double *bounds, int nb,
+                            const char *help) {
+  if (!mt) return NEWT_OK;
+  if (nb > METRICS_BUCKETS) return NEWT_ERR(NEWT_ERR_INTERNAL, "metrics: %s has more than %d buckets", name, METRICS_BUCKETS);
+  pthread_mutex_lock(&mt->mu);
+  newt_result_t r = NEWT_OK;
+  if (find_family(mt, name) < 0) {
+    if (mt->nf == METRICS_FAMILIES) {
+      r = NEWT_ERR(NEWT_ERR_INTERNAL, "metrics: more than %d metrics", METRICS_FAMILIES);
+    } else {
+      family *f = &mt->f[mt->nf];
+      memset(f, 0, sizeof *f);
+      snprintf(f->name, sizeof f->name, "%s", name);
+      snprintf(f->help, sizeof f->help, "%s", help);
+      f->kind = kind;
+      f->group = group;
+      f->nb = nb;
+      for (int i = 0; i < nb; i++) f->bounds[i] = bounds[i];
+      mt->nf++;
+      if (kind != METRICS_HISTOGRAM) find_series(mt, mt->nf - 1, NULL);
+    }
+  }
+  pthread_mutex_unlock(&mt->mu);
+  return r;
+}
+
+newt_result_t metrics_define(metrics_t *mt, const char *name, metrics_kind kind, const char *help) {
+  return define(mt, name, kind, 0, NULL, 0, help);
+}
+
+newt_result_t metrics_define_group(metrics_t *mt, const char *name, metrics_kind kind, int group, const char *help) {
+  return define(mt, name, kind, group, NULL, 0, help);
+}
+
+newt_result_t metrics_define_histogram(metrics_t *mt, const char *name, int group, const double *bounds, int n,
+                                       const char *help) {
+  return define(mt, name, METRICS_HISTOGRAM, group, bounds, n, help);
+}
+
+typedef enum { OP_SET, OP_ADD, OP_OBSERVE } op_kind;
+
+static void update(metrics_t *mt, const char *name, const char *labels, double v, op_kind op) {
+  if (!mt) return;
+  pthread_mutex_lock(&mt->mu);
+  int f = find_family(mt, name);
+  int k = f >= 0 ? find_series(mt, f, labels) : -1;
+  if (k >= 0) {
+    series *s = &mt->s[k];
+    const family *fam = &mt->f[f];
+    if (fam->kind == METRICS_HISTOGRAM) {
+      if (op == OP_OBSERVE) {
+        s->value += v;
+        s->count += 1;
+        for (int i = 0; i < fam->nb; i++)
+          if (v <= fam->bounds[i]) {
+            s->buckets[i] += 1;
+            break;
+          }
+      }
+    } else {
+      s->value = op == OP_SET ? v : s->value + v;
+    }
+  }
+  pthread_mutex_unlock(&mt->mu);
+}
+
+void metrics_set(metrics_t *mt, const char *name, double v) { update(mt, name, NULL, v, OP_SET); }
+void metrics_add(metrics_t *mt, const char *name, double d) { update(mt, name, NULL, d, OP_ADD); }
+void metrics_set_l(metrics_t *mt, const char *name, const char *labels, double v) { update(mt, name, labels, v, OP_SET); }
+void metrics_add_l(metrics_t *mt, const char *name, const char *labels, double d) { update(mt, name, labels, d, OP_ADD); }
+void metrics_observe(metrics_t *mt, const char *name, const char *labels, double v) {
+  update(mt, name, labels, v, OP_OBSERVE);
+}
+
+void metrics_show_group(metrics_t *mt, int group, int shown) {
+  if (!mt || group < 0 || group >= 32) return;
+  pthread_mutex_lock(&mt->mu);
+  if (shown) mt->hidden &= ~(1u << group);
+  else mt->hidden |= 1u << group;
+  pthread_mutex_unlock(&mt->mu);
+}
+
+void metrics_set_note(metrics_t *mt, const char *note) {
+  if (!mt) return;
+  pthread_mutex_lock(&mt->mu);
+  snprintf(mt->note, sizeof mt->note, "%s", note ? note : "");
+  pthread_mutex_unlock(&mt->mu);
+}
+
+void metrics_set_health(metrics_t *mt, metrics_health_fn fn, void *ud) {
+  if (!mt) return;
+  pthread_mutex_lock(&mt->mu);
+  mt->health = fn;
+  mt->health_ud = ud;
+  pthread_mutex_unlock(&mt->mu);
+}
+
+void metrics_stop(metrics_t *mt) {
+  if (!mt) return;
+  for (int i = 0; i < mt->ndaemons; i++) MHD_stop_daemon(mt->daemon[i]);
+  pthread_mutex_destroy(&mt->mu);
+  free(mt);
+}

@@ -1,0 +1,330 @@
+/* What Kubernetes sees of newt's processes, tested with real processes (a real etcd, `newt
+ * coordinator` and `newt worker` as the chart runs them, real signals):
+ *
+ *   ends    exit statuses and termination messages: a worker sent SIGTERM leaves (3,
+ *           "left: ..."), a standby sent SIGTERM leaves (3), the rest end with the job (0,
+ *           "done: ..."); the metrics of the leader, a standby and a worker pass `promtool
+ *           check metrics`, a standby hides the job's metrics, /healthz answers; a changed
+ *           spec file is taken at a step boundary when only ckpt.every changed and refused,
+ *           naming the field, when train.steps changed, and the job goes on.
+ *   budget  the failure budget: spec.fault.max_failures 1, two workers killed with kill -9:
+ *           the second failure ends the job: the coordinator and the surviving worker exit 4
+ *           with "failed: failure budget spent ...", `newt status` and the events say so.
+ *
+ * Usage: test_k8s ends|budget (ctest runs each as k8s_<name>). */
+#include <curl/curl.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "common/clock.h"
+#include "common/fs.h"
+#include "common/proc.h"
+#include "common/strutil.h"
+#include "common/sys.h"
+#include "job/records.h"
+#include "rendezvous/etcd_server.h"
+#include "rendezvous/rdzv.h"
+#include "test.h"
+
+static const char *bin(void) { return getenv("NEWT_BIN") ? getenv("NEWT_BIN") : "newt"; }
+
+typedef struct proc {
+  pid_t pid;
+  char end[512]; /* its termination log */
+  int port;      /* its metrics port (0: none) */
+} proc;
+
+static char dir[256];
+static rdzv_etcd_server *srv;
+static rdzv_etcd *cli;
+
+static void setup(void) {
+  snprintf(dir, sizeof dir, "/tmp/newt-k8s-XXXXXX");
+  T_CHECK(mkdtemp(dir) != NULL);
+  rdzv_etcd_server_opts so = {0};
+  T_OK(rdzv_etcd_server_start(&so, &srv));
+  rdzv_etcd_opts eo = {.endpoints = rdzv_etcd_server_url(srv)};
+  T_OK(rdzv_etcd_init(&eo, &cli));
+}
+
+static void write_spec(const char *path, const char *job, int steps, int gb, int every, int max_failures) {
+  char text[512];
+  int n = snprintf(text, sizeof text,
+                   "{\"job\":\"%s\",\"train\":{\"steps\":%d,\"global_batch\":%d,\"micro_batch\":2},"
+                   "\"parallel\":{\"dp_min\":1,\"dp_max\":4,\"start_workers\":%d},\"ckpt\":{\"dir\":\"%s/ck\",\"every\":%d},"
+                   "\"fault\":{\"max_failures\":%d,\"failure_window_ms\":600000}}",
+                   job, steps, gb, 0, dir, every, max_failures);
+  T_OK(newt_fs_write_atomic(path, text, (size_t)n));
+}
+
+static void spawn(proc *p, const char *kind, const char *name, const char *job, const char *spec) {
+  char log[600], port[16];
+  snprintf(log, sizeof log, "%s/%s.log", dir, name);
+  snprintf(p->end, sizeof p->end, "%s/%s.end", dir, name);
+  T_OK(newt_net_free_port(&p->port));
+  snprintf(port, sizeof port, "%d", p->port);
+  const char *argv[24];
+  int a = 0;
+  argv[a++] = bin();
+  argv[a++] = kind;
+  argv[a++] = "--etcd";
+  argv[a++] = rdzv_etcd_server_url(srv);
+  argv[a++] = "--job";
+  argv[a++] = job;
+  argv[a++] = "--id";
+  argv[a++] = name;
+  argv[a++] = "--metrics-port";
+  argv[a++] = port;
+  argv[a++] = "--metrics-addr";
+  argv[a++] = "127.0.0.1";
+  argv[a++] = "--termination-log";
+  argv[a++] = p->end;
+  if (spec) {
+    argv[a++] = "--spec";
+    argv[a++] = spec;
+  }
+  argv[a] = NULL;
+  static const char *const env[] = {"NEWT_SPEC_CHECK_MS=200", NULL};
+  newt_spawn_opts so = {.log_path = log, .env = env, .die_with_parent = 1};
+  T_OK(newt_proc_spawn(argv, &so, &p->pid));
+}
+
+/* Waits for the process to exit; its exit status (-1: killed or still running). */
+static int wait_exit(proc *p, int64_t ms) {
+  int st = 0;
+  if (newt_proc_wait(p->pid, ms, &st) != NEWT_OK) {
+    kill(p->pid, SIGKILL);
+    newt_proc_wait(p->pid, 5000, &st);
+    return -1;
+  }
+  return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+}
+
+static char *slurp(const char *path) {
+  char *t = NULL;
+  size_t n = 0;
+  if (newt_fs_read_all(path, 1 << 20, &t, &n) != NEWT_OK) return newt_strdup("");
+  return t;
+}
+
+static size_t on_data(char *p, size_t sz, size_t n, void *ud) {
+  newt_buf_append(ud, p, sz * n);
+  return sz * n;
+}
+
+static long get(int port, const char *path, newt_buf *b) {
+  char url[128];
+  snprintf(url, sizeof url, "http://127.0.0.1:%d%s", port, path);
+  newt_buf_reset(b);
+  CURL *c = curl_easy_init();
+  curl_easy_setopt(c, CURLOPT_URL, url);
+  curl_easy_setopt(c, CURLOPT_WRITEFUNCTION, on_data);
+  curl_easy_setopt(c, CURLOPT_WRITEDATA, b);
+  curl_easy_setopt(c, CURLOPT_TIMEOUT_MS, 5000L);
+  long code = 0;
+  if (curl_easy_perform(c) == CURLE_OK) curl_easy_getinfo(c, CURLINFO_RESPONSE_CODE, &code);
+  curl_easy_cleanup(c);
+  return code;
+}
+
+/* promtool check metrics on a scrape (Debian's prometheus package: the test profile). */
+static void promtool(const char *what, const char *text) {
+  char path[600], cmd[1400];
+  snprintf(path, sizeof path, "%s/%s.prom", dir, what);
+  T_OK(newt_fs_write_atomic(path, text, strlen(text)));
+  snprintf(cmd, sizeof cmd, "promtool check metrics < %s > %s.out 2>&1", path, path);
+  int rc = system(cmd);
+  char out[700];
+  snprintf(out, sizeof out, "%s.out", path);
+  char *o = slurp(out);
+  T_CHECK_MSG(rc == 0, "promtool check metrics on the %s's metrics (%s): %s", what, path, o);
+  free(o);
+}
+
+static int64_t progress_step(const char *job) {
+  char key[256];
+  rdzv_etcd_kv kv;
+  if (job_key(key, sizeof key, job, JOB_REC_PROGRESS, 0, NULL) != NEWT_OK) return -1;
+  if (rdzv_etcd_get(cli, key, newt_deadline_in_ms(2000), &kv, NULL) != NEWT_OK) return -1;
+  job_progress p;
+  int64_t s = job_progress_from_json(kv.value, kv.value_len, &p) == NEWT_OK ? p.step : -1;
+  rdzv_etcd_kv_free(&kv);
+  return s;
+}
+
+static int wait_step(const char *job, int64_t step, int64_t ms) {
+  newt_deadline_t d = newt_deadline_in_ms(ms);
+  while (!newt_deadline_passed(d)) {
+    if (progress_step(job) >= step) return 1;
+    newt_sleep_ms(50);
+  }
+  return 0;
+}
+
+/* The job's events, as one text (each event's JSON on a line). */
+static char *events(const char *job) {
+  char prefix[256];
+  newt_buf b;
+  newt_buf_init(&b);
+  rdzv_key(prefix, sizeof prefix, job, "events/");
+  rdzv_etcd_range_opts ro = {.prefix = 1, .sort = RDZV_SORT_KEY_ASCEND};
+  rdzv_etcd_kvs all;
+  if (rdzv_etcd_range(cli, prefix, &ro, newt_deadline_in_ms(5000), &all) == NEWT_OK) {
+    for (size_t i = 0; i < all.n; i++) newt_buf_printf(&b, "%.*s\n", (int)all.kvs[i].value_len, all.kvs[i].value);
+    rdzv_etcd_kvs_free(&all);
+  }
+  if (!b.data) newt_buf_append(&b, "", 0);
+  return b.data;
+}
+
+static int wait_event(const char *job, const char *needle, int64_t ms) {
+  newt_deadline_t d = newt_deadline_in_ms(ms);
+  while (!newt_deadline_passed(d)) {
+    char *e = events(job);
+    int found = strstr(e, needle) != NULL;
+    free(e);
+    if (found) return 1;
+    newt_sleep_ms(100);
+  }
+  return 0;
+}
+
+static void check_end(proc *p, const char *who, int status, int want, const char *prefix) {
+  char *msg = slurp(p->end);
+  T_CHECK_MSG(status == want, "%s exited %d, want %d (message: %s)", who, status, want, msg);
+  T_CHECK_MSG(strncmp(msg, prefix, strlen(prefix)) == 0, "%s: termination message \"%s\", want it to start \"%s\"", who,
+              msg, prefix);
+  free(msg);
+}
+
+static void test_ends(void) {
+  const char *job = "k8s-ends";
+  char spec[600];
+  snprintf(spec, sizeof spec, "%s/spec.json", dir);
+  write_spec(spec, job, 220, 8, 50, 10);
+  proc c[2], w[3];
+  spawn(&c[0], "coordinator", "c0", job, spec);
+  spawn(&c[1], "coordinator", "c1", job, spec);
+  for (int i = 0; i < 3; i++) {
+    char name[8];
+    snprintf(name, sizeof name, "w%d", i);
+    spawn(&w[i], "worker", name, job, NULL);
+  }
+  T_CHECK_MSG(wait_step(job, 20, 90000), "no step 20 in 90 s (logs in %s)", dir);
+
+  /* metrics: the leader's pass promtool and hold the job's; a standby's hide them */
+  newt_buf b;
+  newt_buf_init(&b);
+  int leader = -1;
+  for (int i = 0; i < 2; i++) {
+    T_CHECK(get(c[i].port, "/metrics", &b) == 200);
+    if (b.data && strstr(b.data, "\nnewt_is_leader 1\n")) leader = i;
+  }
+  T_CHECK_MSG(leader >= 0, "no coordinator says it leads");
+  if (leader < 0) leader = 0;
+  int standby = 1 - leader;
+  T_CHECK(get(c[leader].port, "/metrics", &b) == 200);
+  const char *t = b.data ? b.data : "";
+  static const char *const want[] = {"newt_steps_total ", "newt_tokens_total ", "newt_recoveries_total{cause=\"crash\"} ",
+                                     "newt_steps_lost_total ", "newt_recovery_duration_seconds", "newt_checkpoint_save_duration_seconds",
+                                     "newt_checkpoint_bytes ", "newt_checkpoint_last_step ", "newt_etcd_request_errors_total ",
+                                     "newt_etcd_request_duration_seconds_bucket", "newt_workers ", "newt_spares ",
+                                     "newt_build_info{version=", "newt_world_size "};
+  for (size_t i = 0; i < sizeof want / sizeof want[0]; i++) T_CHECK_MSG(strstr(t, want[i]), "leader metrics lack %s", want[i]);
+  promtool("leader", t);
+  T_CHECK(get(c[standby].port, "/metrics", &b) == 200);
+  t = b.data ? b.data : "";
+  T_CHECK_MSG(strstr(t, "standby") && !strstr(t, "newt_steps_total") && strstr(t, "newt_is_leader 0"), "standby: %s", t);
+  promtool("standby", t);
+  T_CHECK(get(c[leader].port, "/healthz", &b) == 200);
+  T_CHECK(get(w[0].port, "/healthz", &b) == 200);
+  T_CHECK(get(w[0].port, "/metrics", &b) == 200);
+  t = b.data ? b.data : "";
+  T_CHECK_MSG(strstr(t, "newt_worker_step_duration_seconds_bucket") && strstr(t, "newt_worker_tokens_per_second ") &&
+                  strstr(t, "newt_worker_communicator_builds_total 1"),
+              "worker metrics: %s", t);
+  promtool("worker", t);
+
+  /* a changed spec: ckpt.every may change (taken at a step boundary), train.steps may not */
+  write_spec(spec, job, 220, 8, 40, 10);
+  T_CHECK_MSG(wait_event(job, "taken: ckpt.every 50 -> 40", 20000), "the changed ckpt.every was not taken");
+  T_CHECK_MSG(wait_event(job, "\"cause\":\"spec\"", 20000), "no plan for the changed spec");
+  write_spec(spec, job, 300, 8, 40, 10);
+  T_CHECK_MSG(wait_event(job, "refused: ", 20000), "the changed train.steps was not refused");
+  char *ev = events(job);
+  T_CHECK_MSG(strstr(ev, "spec.train.steps: 220 -> 300 cannot change"), "the refusal does not name the field: %s", ev);
+  free(ev);
+
+  /* SIGTERM to a worker and to the standby: they leave (3), the job goes on */
+  kill(w[2].pid, SIGTERM);
+  check_end(&w[2], "w2 (SIGTERM)", wait_exit(&w[2], 30000), JOB_EXIT_LEFT, "left: ");
+  kill(c[standby].pid, SIGTERM);
+  check_end(&c[standby], "the standby (SIGTERM)", wait_exit(&c[standby], 30000), JOB_EXIT_LEFT, "left: ");
+  /* the rest end with the job */
+  for (int i = 0; i < 2; i++) check_end(&w[i], i ? "w1" : "w0", wait_exit(&w[i], 180000), JOB_EXIT_DONE, "done: ");
+  check_end(&c[leader], "the leader", wait_exit(&c[leader], 30000), JOB_EXIT_DONE, "done: ");
+  newt_buf_free(&b);
+}
+
+static void test_budget(void) {
+  const char *job = "k8s-budget";
+  char spec[600];
+  snprintf(spec, sizeof spec, "%s/spec.json", dir);
+  write_spec(spec, job, 100000, 12, 0, 1); /* dp 3, 2 and 1 all split it */
+  proc c, w[3];
+  spawn(&c, "coordinator", "c0", job, spec);
+  for (int i = 0; i < 3; i++) {
+    char name[8];
+    snprintf(name, sizeof name, "w%d", i);
+    spawn(&w[i], "worker", name, job, NULL);
+  }
+  T_CHECK_MSG(wait_step(job, 5, 90000), "no step 5 in 90 s (logs in %s)", dir);
+  kill(w[2].pid, SIGKILL);
+  wait_exit(&w[2], 5000);
+  T_CHECK_MSG(wait_event(job, "\"type\":\"recovered\"", 60000), "no recovery from the first kill");
+  int64_t s = progress_step(job);
+  T_CHECK(wait_step(job, s + 3, 60000));
+  kill(w[1].pid, SIGKILL);
+  wait_exit(&w[1], 5000);
+  check_end(&c, "the coordinator", wait_exit(&c, 60000), JOB_EXIT_FAILED, "failed: failure budget spent: 2 recoveries");
+  check_end(&w[0], "w0", wait_exit(&w[0], 60000), JOB_EXIT_FAILED, "failed: failure budget spent");
+  char *ev = events(job);
+  T_CHECK_MSG(strstr(ev, "\"type\":\"failed\"") && strstr(ev, "failure budget spent"), "no failed event: %s", ev);
+  free(ev);
+  /* newt status says so, and exits 0 (the job is over) */
+  char out[600];
+  snprintf(out, sizeof out, "%s/status.txt", dir);
+  const char *argv[] = {bin(), "status", "--etcd", rdzv_etcd_server_url(srv), "--job", job, NULL};
+  newt_spawn_opts so = {.log_path = out};
+  pid_t pid;
+  T_OK(newt_proc_spawn(argv, &so, &pid));
+  int st = 0;
+  T_OK(newt_proc_wait(pid, 30000, &st));
+  char *text = slurp(out);
+  T_CHECK_MSG(strstr(text, "FAILED") && strstr(text, "failure budget spent"), "newt status: %s", text);
+  free(text);
+}
+
+int main(int argc, char **argv) {
+  const char *which = argc > 1 ? argv[1] : "";
+  curl_global_init(CURL_GLOBAL_DEFAULT);
+  setup();
+  if (strcmp(which, "ends") == 0) T_RUN(test_ends);
+  else if (strcmp(which, "budget") == 0) T_RUN(test_budget);
+  else T_FAIL("usage: test_k8s ends|budget");
+  rdzv_etcd_free(cli);
+  rdzv_etcd_server_free(srv);
+  if (!t_failed) {
+    char cmd[300];
+    snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+    if (system(cmd) != 0) fprintf(stderr, "could not remove %s\n", dir);
+  } else {
+    fprintf(stderr, "logs kept in %s\n", dir);
+  }
+  curl_global_cleanup();
+  return T_DONE();
+}
