@@ -827,12 +827,15 @@ exit:
   stop_all(r);
   res->wall_s = newt_now_s() - t0;
   measure_outages(r);
-  /* what the job leaves in etcd: bounded however long it ran (the leader's housekeeping) */
+  /* what the job leaves in etcd: bounded however long it ran (the leader's housekeeping);
+     keys on a lease are not counted, they go within its TTL (a worker that ended while etcd
+     was away could not revoke its registration) */
   res->etcd_keys = -1;
-  rdzv_etcd_range_opts ko = {.prefix = 1, .count_only = 1};
+  rdzv_etcd_range_opts ko = {.prefix = 1, .keys_only = 1};
   rdzv_etcd_kvs keys;
   if (r->etcd && rdzv_etcd_range(r->etcd, r->prefix, &ko, newt_deadline_in_ms(3000), &keys) == NEWT_OK) {
-    res->etcd_keys = keys.count;
+    res->etcd_keys = 0;
+    for (size_t i = 0; i < keys.n; i++) res->etcd_keys += keys.kvs[i].lease == 0;
     rdzv_etcd_kvs_free(&keys);
   }
   if (r->watch) rdzv_etcd_watch_free(r->watch);

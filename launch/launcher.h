@@ -65,7 +65,7 @@ typedef struct launcher_result {
   char step_log[600];   /* the run's files (job/runlog.h) */
   char event_log[600];
   uint64_t t_start_ms;  /* wall ms the run started */
-  int64_t etcd_keys;    /* keys the job left under /newt/<job>/ once every process ended (-1: unknown) */
+  int64_t etcd_keys;    /* keys on no lease the job left under /newt/<job>/ once every process ended (-1: unknown) */
   char failed[512];     /* the job failed: why (the leader's failure budget); "" otherwise */
 } launcher_result;
 

@@ -478,6 +478,28 @@ function checkWorkers(docs, values, errors) {
     const pc = docs.find((d) => d.kind === "PriorityClass");
     if (!pc || pod.priorityClassName !== pc.metadata.name) errors.push("workers do not use the PriorityClass created for them");
   }
+  // The job secret reaches every worker, as a file from its Secret, and no one else
+  // (docs/elastic.md, "Trust").
+  const js = values.jobSecret;
+  const vol = (pod.volumes || []).find((v) => v.secret?.items?.some((i) => i.key === js.key && i.path === "secret"));
+  if (js.secret || js.create) {
+    if (!vol) errors.push("workers: no volume with the job secret");
+    else {
+      if (js.secret && vol.secret.secretName !== js.secret) errors.push(`workers mount the job secret from ${vol.secret.secretName}, jobSecret.secret is ${js.secret}`);
+      if (!js.secret) {
+        const made = docs.find((d) => d.kind === "Secret" && d.metadata.name === vol.secret.secretName);
+        const bytes = made?.data?.[js.key] ? Buffer.from(made.data[js.key], "base64").length : 0;
+        if (bytes < 16) errors.push(`the job Secret ${vol.secret.secretName} is not rendered with at least 16 bytes under ${js.key} (${bytes})`);
+      }
+      for (const c of pod.containers) {
+        const file = c.env.find((e) => e.name === "NEWT_JOB_SECRET_FILE")?.value;
+        const m = c.volumeMounts.find((m) => m.name === vol.name);
+        if (!m || file !== `${m.mountPath}/secret`) errors.push(`${c.name}: NEWT_JOB_SECRET_FILE ${file} is not the mounted job secret`);
+      }
+    }
+  } else if (vol || pod.containers.some((c) => c.env.some((e) => e.name === "NEWT_JOB_SECRET_FILE"))) errors.push("jobSecret is off, yet workers get one");
+  for (const { spec, where } of podSpecs(docs))
+    if (spec !== pod && vol && (spec.volumes || []).some((v) => v.secret?.secretName === vol.secret.secretName)) errors.push(`${where} mounts the job secret; only workers need it`);
   if (w.topologySpread.enabled && pod.topologySpreadConstraints?.length !== w.topologySpread.topologyKeys.length) errors.push("topology spread constraints missing");
   const zone = pod.affinity?.podAffinity?.requiredDuringSchedulingIgnoredDuringExecution?.find((t) => t.topologyKey === "topology.kubernetes.io/zone");
   if (w.sameZone && !w.affinity?.podAffinity && !(zone && matches(zone.labelSelector.matchLabels, sts.spec.template.metadata.labels)))

@@ -56,6 +56,14 @@ app.kubernetes.io/component: {{ .component }}
 {{- define "newt.workersName" -}}{{ include "newt.fullname" . }}-workers{{- end }}
 {{- define "newt.specName" -}}{{ include "newt.fullname" . }}-spec{{- end }}
 
+{{/* The Secret holding the job secret: the user's, or the one this release makes; empty
+when there is none. */}}
+{{- define "newt.jobSecretName" -}}
+{{- if .Values.jobSecret.secret }}{{ .Values.jobSecret.secret }}
+{{- else if .Values.jobSecret.create }}{{ include "newt.fullname" . }}-job-secret
+{{- end }}
+{{- end }}
+
 {{- define "newt.jobName" -}}
 {{- default (include "newt.fullname" .) .Values.job.name }}
 {{- end }}
