@@ -76,6 +76,7 @@ typedef struct coord {
   c_ack *acks;
   int nacks;
   int64_t prog_step;
+  int64_t prog_committed; /* the newest step every rank completed, by the progress record */
   double prog_loss, prog_tps;
   uint64_t prog_change; /* monotonic ns of the last step change */
   int done;
@@ -84,7 +85,7 @@ typedef struct coord {
   uint64_t first_member; /* monotonic ns the first worker was seen (the first plan) */
   uint64_t first_report; /* monotonic ns of the first report of this generation (0: none) */
   uint64_t first_gone;   /* monotonic ns a rank of this generation was first missing (0: none) */
-  int64_t max_step_seen; /* newest step any rank of this generation reached */
+  int64_t max_step_seen; /* newest committed step any rank of this generation said (progress, reports) */
   char (*departed)[RDZV_NAME_MAX]; /* left gracefully since the plan (their key is gone) */
   int ndeparted;
   struct held {
@@ -304,7 +305,10 @@ static void put_progress(coord *c, const rdzv_etcd_kv *kv) {
   c->prog_tps = pr.tokens_per_s;
   if (step != c->prog_step) c->prog_change = newt_now_ns();
   c->prog_step = step;
-  if (step > c->max_step_seen) c->max_step_seen = step;
+  /* a recovery loses the committed steps it goes back behind; the step rank 0 finished
+     first is not one while another rank may still lack it */
+  c->prog_committed = pr.committed >= 0 ? pr.committed : step;
+  if (c->prog_committed > c->max_step_seen) c->max_step_seen = c->prog_committed;
   if (step > c->steps_counted) { /* a step rolled back and done again counts once */
     metrics_add(c->metrics, "newt_steps_total", (double)(step - c->steps_counted));
     metrics_add(c->metrics, "newt_tokens_total", (double)(step - c->steps_counted) * (double)pr.step_tokens);
@@ -325,7 +329,7 @@ static void set_plan_locked(coord *c, newt_plan *p) {
   c->ndeparted = 0;
   c->first_report = 0;
   c->first_gone = 0;
-  c->max_step_seen = c->prog_step;
+  c->max_step_seen = c->prog_committed;
 }
 
 static void take_plan_locked(coord *c, const rdzv_etcd_kv *kv) {

@@ -278,6 +278,7 @@ char *job_progress_to_json(const job_progress *p) {
   if (!j) return NULL;
   newt_json_add_int(j, "generation", (int64_t)p->generation);
   newt_json_add_int(j, "step", p->step);
+  if (p->committed >= 0 && p->committed <= p->step) newt_json_add_int(j, "committed", p->committed);
   add_real(j, "loss", p->loss);
   add_real(j, "tokens_per_s", p->tokens_per_s);
   if (p->step_tokens > 0) newt_json_add_int(j, "step_tokens", p->step_tokens);
@@ -295,6 +296,8 @@ newt_result_t job_progress_from_json(const char *text, size_t len, job_progress 
   memset(&p, 0, sizeof p);
   newt_result_t r = get_ms(j, what, "generation", 1, &p.generation);
   if (r == NEWT_OK) r = get_range(j, what, "step", 1, 0, INT64_MAX, &p.step);
+  p.committed = -1;
+  if (r == NEWT_OK) r = get_range(j, what, "committed", 0, -1, p.step, &p.committed);
   if (r == NEWT_OK) r = get_real(j, what, "loss", 1, &p.loss);
   if (r == NEWT_OK) r = get_real(j, what, "tokens_per_s", 0, &p.tokens_per_s);
   if (r == NEWT_OK) r = get_range(j, what, "step_tokens", 0, 0, INT64_MAX, &p.step_tokens);

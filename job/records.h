@@ -78,7 +78,8 @@ typedef struct job_report {
                                                    the accused are those whose links were not made */
   char accuse[JOB_ACCUSE_MAX][RDZV_NAME_MAX];   /* whom it lost (none: it cannot tell) */
   int naccuse;
-  int64_t step;                                 /* its newest completed step (-1: none) */
+  int64_t step;                                 /* the newest step every rank completed, as far as
+                                                   it knows (-1: none) */
   uint64_t t_ms;                                /* wall ms it saw the failure */
   char why[JOB_TEXT_MAX];                       /* the collective's message */
 } job_report;
@@ -108,6 +109,8 @@ int job_restore_rank(const char *restore); /* 0 memory, 1 peer, 2 init, 3 ckpt; 
 typedef struct job_progress {
   uint64_t generation;
   int64_t step;
+  int64_t committed;   /* the newest step every rank completed, <= step (-1: not said, take step);
+                          a recovery that goes back to it loses no step */
   double loss;         /* NaN when not finite (written as null) */
   double tokens_per_s;
   int64_t world, dp;

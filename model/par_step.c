@@ -369,6 +369,7 @@ newt_result_t model_par_step(model_par *p, const model_par_comms *c, const int32
   /* the collective that ends the step: every rank's squares, loss and control values */
   double sums[2];
   NEWT_CHECK(end_of_step(p, c, grad_sqnorm(p), p->last && p->pc.tp_rank == 0 ? s.loss : 0.0, opts, nctl, sums));
+  if (opts && opts->on_commit) NEWT_CHECK(opts->on_commit(opts->arg));
   double norm = sqrt(sums[0]);
   double lr = model_lr_at(&p->cfg.optim, p->step);
   update(p, lr, model_clip_scale(norm, p->cfg.optim.grad_clip));

@@ -191,6 +191,13 @@ typedef struct model_par_step_opts {
    * before the update (a worker's leave and switch flags); updated in place. */
   float *ctl;
   int nctl;
+  /* Called once the collective that ends the step succeeded, before anything is updated
+   * (may be NULL): every rank of the layout then finished the previous step, p.step, which
+   * is committed; what a caller keeps of the state now (a snapshot to roll back to) is a
+   * state no rank will need anything older than. An error it returns fails the step with
+   * nothing updated. */
+  newt_result_t (*on_commit)(void *arg);
+  void *arg;
 } model_par_step_opts;
 
 /* One optimizer step over the global batch. inputs and targets are this data-parallel

@@ -35,6 +35,8 @@ typedef struct worker_copy {
   reshard_piece *pieces;
   size_t n;
   float *data;
+  float *spare; /* the replica's second buffer: the next one is received there, and the two
+                   swap once it is whole, so a transfer cut short leaves the old one */
   size_t len;
   int64_t step;
 } worker_copy;
@@ -89,6 +91,8 @@ typedef struct worker {
   int64_t restore_step;
   int64_t done_step; /* the newest step this rank completed (applied, and with ZeRO its shard
                         copied to the next rank); a failed step may have advanced par.step */
+  int64_t committed_step; /* the newest step every rank completed, as far as this rank knows
+                             (the end of the next step's collective says so) */
   double last_loss;
   FILE *sample_log; /* NEWT_SAMPLE_LOG_DIR: the samples of every step, for tests */
   int step_log_fd;  /* --step-log, appended to while rank 0 (-1: none) */

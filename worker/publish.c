@@ -213,7 +213,7 @@ static void publish_record(worker *w, job_record rec, uint64_t generation, char 
 
 void worker_report(worker *w, const newt_plan *p, int hang, int build, const char *const *accused, int naccused,
                    const char *why) {
-  job_report rep = {.hang = hang, .build = build, .step = w->done_step, .t_ms = w->t_detect};
+  job_report rep = {.hang = hang, .build = build, .step = w->committed_step, .t_ms = w->t_detect};
   snprintf(rep.worker, sizeof rep.worker, "%s", w->id);
   for (int i = 0; i < naccused && rep.naccuse < JOB_ACCUSE_MAX; i++)
     snprintf(rep.accuse[rep.naccuse++], sizeof rep.accuse[0], "%s", accused[i]);
@@ -237,7 +237,8 @@ void worker_publish_progress(worker *w, const newt_plan *p, double loss, double 
   uint64_t now = newt_wall_ms();
   if (now - w->progress_ms < (uint64_t)newt_param_ProgressMs() && w->par.step < w->spec.steps) return;
   w->progress_ms = now;
-  job_progress pr = {.generation = p->generation, .step = w->par.step, .loss = loss, .tokens_per_s = tps,
+  job_progress pr = {.generation = p->generation, .step = w->par.step, .committed = w->committed_step,
+                     .loss = loss, .tokens_per_s = tps,
                      .world = p->nranks, .dp = p->dp, .t_ms = now,
                      .step_tokens = p->global_batch * (int64_t)w->tcfg.seq_len};
   publish_record(w, JOB_REC_PROGRESS, 0, job_progress_to_json(&pr), 0);

@@ -63,7 +63,7 @@ static int unique_piece(const model_par *p, const reshard_piece *r) {
 
 static void copies_free(worker *w) {
   free(w->snap.data), free(w->snap.pieces);
-  free(w->rep.data), free(w->rep.pieces);
+  free(w->rep.data), free(w->rep.spare), free(w->rep.pieces);
   memset(&w->snap, 0, sizeof w->snap);
   memset(&w->rep, 0, sizeof w->rep);
 }
@@ -157,6 +157,8 @@ newt_result_t worker_replicate(worker *w) {
     }
     if (r == NEWT_OK) r = reshard_unpack(win, reshard_wire_size(nin), desc, nin);
     if (r == NEWT_OK) r = copy_layout(&w->rep, desc, nin);
+    if (r == NEWT_OK && !(w->rep.spare = malloc((w->rep.len ? w->rep.len : 1) * sizeof *w->rep.spare)))
+      r = NEWT_ERR(NEWT_ERR_NOMEM, "out of memory for a replica");
     free(wout), free(win), free(desc);
   }
   float *packed = malloc((total ? total : 1) * sizeof *packed);
@@ -168,12 +170,19 @@ newt_result_t worker_replicate(worker *w) {
       memcpy(packed + off, cur[i].data, k * sizeof *packed);
       off += k;
     }
-    w->rep.step = -1; /* half-received is no copy */
-    r = ring_shift(w->comms.dp, packed, total, w->rep.data, w->rep.len, NEWT_F32);
+    /* into the spare buffer: until it is whole, the previous replica stays (a rollback to
+       the committed step may need it) */
+    r = ring_shift(w->comms.dp, packed, total, w->rep.spare, w->rep.len, NEWT_F32);
   }
   if (r == NEWT_OK) {
+    float *old = w->rep.data;
+    w->rep.data = w->rep.spare;
+    w->rep.spare = old;
+    for (size_t i = 0; i < w->rep.n; i++) {
+      w->rep.pieces[i].data = w->rep.data + (w->rep.pieces[i].data - old);
+      w->rep.pieces[i].step = p->step;
+    }
     w->rep.step = p->step;
-    for (size_t i = 0; i < w->rep.n; i++) w->rep.pieces[i].step = p->step;
   }
   free(packed);
   free(cur);
@@ -301,7 +310,7 @@ exit:
   copies_free(w); /* they belong to the old layout */
   w->snap.step = w->rep.step = -1;
   w->has_state = 1;
-  w->restore_step = w->done_step = w->par.step;
+  w->restore_step = w->done_step = w->committed_step = w->par.step;
   NEWT_INFO(WORKER, "%s: generation %llu starts at step %lld (state from %s)", w->id,
             (unsigned long long)p->generation, (long long)w->par.step, w->restore_src);
   return NEWT_OK;

@@ -259,6 +259,16 @@ typedef enum gen_outcome { GEN_DONE, GEN_LEAVE, GEN_NEXT } gen_outcome;
  * batch through the parallel trainer, whose closing all-reduce also carries the control
  * values (leave, switch); then the neighbour's replica of the ZeRO shard. info->loss is
  * the step's mean loss (the same on every rank). */
+/* Every rank finished step par.step (the collective that ends the next one succeeded): it is
+ * committed, and the snapshot to roll back to is taken of it now, before the update. Taken
+ * earlier, at the start of the step, a rank could drop the only whole state while another
+ * rank still lacked the previous step's parameters (a ZeRO all-gather cut by a death). */
+static newt_result_t commit_step(void *arg) {
+  worker *w = arg;
+  w->committed_step = w->par.step;
+  return worker_snapshot(w);
+}
+
 static newt_result_t train_step(worker *w, const newt_plan *p, float ctl[2], model_step_info *info) {
   const model_par_config *pc = &w->par.pc;
   int64_t first, count;
@@ -277,8 +287,7 @@ static newt_result_t train_step(worker *w, const newt_plan *p, float ctl[2], mod
     worker_set_state_async(w, "leaving");
   }
   ctl[1] = (float)atomic_load(&w->switch_pending);
-  NEWT_CHECK(worker_snapshot(w));
-  model_par_step_opts opts = {.ctl = ctl, .nctl = 2};
+  model_par_step_opts opts = {.ctl = ctl, .nctl = 2, .on_commit = commit_step, .arg = w};
   NEWT_CHECK(model_par_step(&w->par, &w->comms, w->inputs, w->targets, (int)count, &opts, info));
   if (w->sample_log) {
     fprintf(w->sample_log, "A %llu %lld %llu\n", (unsigned long long)p->generation, (long long)w->par.step,

@@ -142,6 +142,18 @@ static void test_progress_done_ckpt(void) {
                 "progress.step");
   EXPECT_REJECT(job_progress_from_json, job_progress, "{\"generation\":1,\"step\":3,\"loss\":\"low\",\"t_ms\":1}",
                 "progress.loss");
+  /* the committed step: at most the step; absent (an older worker) reads as -1 */
+  p.loss = 2.0;
+  p.committed = 119;
+  text = job_progress_to_json(&p);
+  T_OK(job_progress_from_json(text, strlen(text), &pb));
+  T_CHECK(pb.committed == 119 && pb.step == 120);
+  free(text);
+  const char *old = "{\"generation\":1,\"step\":3,\"loss\":1,\"t_ms\":1}";
+  T_OK(job_progress_from_json(old, strlen(old), &pb));
+  T_CHECK(pb.committed == -1);
+  EXPECT_REJECT(job_progress_from_json, job_progress,
+                "{\"generation\":1,\"step\":3,\"committed\":4,\"loss\":1,\"t_ms\":1}", "progress.committed");
 
   job_done d = {.step = 300, .loss = 2.1889, .t_ms = 5, .samples = 9600};
   text = job_done_to_json(&d);
