@@ -99,6 +99,11 @@ newt_result_t comm_set_stream(comm_t *c, void *stream) {
   return c->ops->set_stream ? c->ops->set_stream(c, stream) : NEWT_OK;
 }
 
+comm_t *comm_host_channel(comm_t *c) {
+  if (!c) return NULL;
+  return c->backend == COMM_BACKEND_NCCL && c->companion ? c->companion : c;
+}
+
 int comm_rank(const comm_t *c) { return c ? c->rank : -1; }
 int comm_size(const comm_t *c) { return c ? c->size : 0; }
 comm_backend comm_get_backend(const comm_t *c) { return c ? c->backend : COMM_BACKEND_CPU; }

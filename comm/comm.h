@@ -141,6 +141,12 @@ newt_result_t comm_shrink(comm_t *c, const int *exclude, int nexclude, uint64_t 
  * already issued stay on their stream. CPU: accepted and ignored. */
 newt_result_t comm_set_stream(comm_t *c, void *stream);
 
+/* The communicator of the same ranks for host memory: c itself for the CPU backend, an
+ * NCCL communicator's control channel (a CPU communicator whose failure is c's, and the
+ * other way round). What a generation moves between host buffers (control values, pieces
+ * of state staged from the device) goes over it. Owned by c: valid until comm_free(c). */
+comm_t *comm_host_channel(comm_t *c);
+
 int comm_rank(const comm_t *c);
 int comm_size(const comm_t *c);
 comm_backend comm_get_backend(const comm_t *c);

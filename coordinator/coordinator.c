@@ -627,6 +627,12 @@ static newt_result_t replan(coord *c, const char *cause, const char *switch_mode
   }
   policy_view v = view_locked(c);
   int n = policy_plan_members(&v, exclude, nexclude, m);
+  for (int i = 0; i < c->nmembers; i++) {
+    const rdzv_worker *w = &c->members[i], *o = policy_gpu_taken(&v, exclude, nexclude, w);
+    if (o && !policy_member_leaving(w) && !policy_member_done(w))
+      NEWT_WARN(COORD, "%s is on GPU %d of host %s, which %s uses: NCCL cannot run two ranks on one GPU, so %s "
+                "waits for it (give each worker its own --device)", w->id, w->device, w->host, o->id, w->id);
+  }
   int ndonors = policy_donors(&v, c->recorded, donors);
   uint64_t prev = c->plan.generation;
   for (int i = 0; i < c->nmembers; i++)

@@ -108,13 +108,38 @@ static void fill_member(plan_member *m, const rdzv_worker *w) {
   m->join_rev = w->create_revision;
 }
 
+/* A member the next plan may use, GPU clashes aside. */
+static int candidate(const policy_view *v, char (*exclude)[RDZV_NAME_MAX], int nexclude, const rdzv_worker *w) {
+  return !policy_member_leaving(w) && !policy_member_done(w) && w->addr[0] && !listed(exclude, nexclude, w->id) &&
+         !listed(v->held_out, v->nheld_out, w->id);
+}
+
+/* Whether candidate a keeps a GPU both it and b registered on: a rank of the current plan
+ * before a newcomer (it holds state), then the earlier registration, then the smaller id. */
+static int keeps_gpu(const policy_view *v, const rdzv_worker *a, const rdzv_worker *b) {
+  int ra = v->plan->generation && plan_find(v->plan, a->id), rb = v->plan->generation && plan_find(v->plan, b->id);
+  if (ra != rb) return ra;
+  if (a->create_revision != b->create_revision) return a->create_revision < b->create_revision;
+  return strcmp(a->id, b->id) < 0;
+}
+
+const rdzv_worker *policy_gpu_taken(const policy_view *v, char (*exclude)[RDZV_NAME_MAX], int nexclude,
+                                    const rdzv_worker *w) {
+  if (strcmp(v->spec->backend, "nccl") != 0 || w->device < 0) return NULL;
+  for (int i = 0; i < v->nmembers; i++) {
+    const rdzv_worker *o = &v->members[i];
+    if (o != w && o->device == w->device && strcmp(o->host, w->host) == 0 && candidate(v, exclude, nexclude, o) &&
+        keeps_gpu(v, o, w))
+      return o;
+  }
+  return NULL;
+}
+
 int policy_plan_members(const policy_view *v, char (*exclude)[RDZV_NAME_MAX], int nexclude, plan_member *out) {
   int n = 0;
   for (int i = 0; i < v->nmembers; i++) {
     const rdzv_worker *w = &v->members[i];
-    if (policy_member_leaving(w) || policy_member_done(w) || !w->addr[0] || listed(exclude, nexclude, w->id) ||
-        listed(v->held_out, v->nheld_out, w->id))
-      continue;
+    if (!candidate(v, exclude, nexclude, w) || policy_gpu_taken(v, exclude, nexclude, w)) continue;
     plan_member *m = &out[n++];
     fill_member(m, w);
     const plan_rank *r = v->plan->generation ? plan_find(v->plan, w->id) : NULL;

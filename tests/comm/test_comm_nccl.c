@@ -281,6 +281,32 @@ static void check_all_ops(comm_t *c, int rank) {
   free(oi);
 }
 
+/* The host channel (comm_host_channel): a CPU communicator of the same ranks, for host
+ * memory, used between NCCL operations on the device without disturbing them. */
+static void check_host_channel(comm_t *c, int rank) {
+  comm_t *h = comm_host_channel(c);
+  int n = comm_size(c);
+  CHECKR(h && h != c && comm_get_backend(h) == COMM_BACKEND_CPU && comm_size(h) == n && comm_rank(h) == rank,
+        "host channel: %p, backend %d, size %d, rank %d", (void *)h, h ? (int)comm_get_backend(h) : -1, comm_size(h),
+        comm_rank(h));
+  if (!h || h == c) return;
+  CHECKR(comm_host_channel(h) == h, "the host channel of a CPU communicator is not itself");
+  float *d = dev_alloc(1024 * 4), hv[1024];
+  for (int round = 0; round < 3; round++) {
+    for (int i = 0; i < 1024; i++) hv[i] = (float)(rank + 1);
+    h2d(d, hv, sizeof hv);
+    OKR(comm_allreduce(c, d, d, 1024, NEWT_F32, COMM_SUM));
+    int64_t mine[2] = {rank, 1000 + round}, all[2 * CT_MAX];
+    OKR(comm_allgather(h, mine, all, 2, NEWT_I64));
+    for (int q = 0; q < n; q++)
+      CHECKR(all[2 * q] == q && all[2 * q + 1] == 1000 + round, "host allgather: rank %d sent (%lld, %lld)", q,
+            (long long)all[2 * q], (long long)all[2 * q + 1]);
+    to_host(hv, d, sizeof hv);
+    CHECKR(hv[0] == (float)(n * (n + 1) / 2) && hv[1023] == hv[0], "device allreduce between host ones: %g", hv[0]);
+  }
+  cudaFree(d);
+}
+
 static int ops_rank(ct_world *w, int rank, void *arg) {
   (void)arg;
   rank_setup(rank, w->size);
@@ -290,6 +316,7 @@ static int ops_rank(ct_world *w, int rank, void *arg) {
   CHECKR(comm_size(c) == w->size && comm_rank(c) == rank && comm_get_backend(c) == COMM_BACKEND_NCCL,
          "size %d rank %d", comm_size(c), comm_rank(c));
   check_all_ops(c, rank);
+  check_host_channel(c, rank);
   /* split: the odd and the even ranks, keyed in reverse */
   comm_t *half = NULL, *none = NULL;
   OKR(comm_split(c, rank % 2, -rank, &half));

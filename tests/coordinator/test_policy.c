@@ -351,10 +351,44 @@ static void test_members_and_donors(void) {
   plan_free(&pic.plan);
 }
 
+/* spec.backend nccl: one rank per GPU of a host. A rank of the plan keeps its GPU over a
+ * newcomer, else the earlier registration; other hosts, other GPUs, the CPU backend and
+ * workers on no GPU are not affected; a GPU whose holder leaves is free again. */
+static void test_gpu_clash(void) {
+  const tcase t = {"", "w2", "w0 w1 w2 w3 w4 w5", "", "", 0, 0, NEVER, NEVER, 0, 0, 0, POLICY_NONE, 0, 0, ""};
+  picture pic;
+  build(&t, &pic);
+  snprintf(pic.spec.backend, sizeof pic.spec.backend, "nccl");
+  int dev[] = {0, 0, 0, 1, 1, -1};
+  for (int i = 0; i < 6; i++) pic.members[i].device = dev[i];
+  snprintf(pic.members[4].host, sizeof pic.members[4].host, "h2"); /* GPU 1 of another host */
+  plan_member m[16];
+  int n = policy_plan_members(&pic.v, NULL, 0, m);
+  /* w2 (a rank) keeps GPU 0; w0, w1 wait; w3 on GPU 1, w4 on h2's GPU 1, w5 on none */
+  T_CHECK_MSG(n == 4 && !strcmp(m[0].id, "w2") && !strcmp(m[1].id, "w3") && !strcmp(m[2].id, "w4") &&
+                  !strcmp(m[3].id, "w5"),
+              "%d members, first %s", n, n ? m[0].id : "-");
+  T_CHECK(policy_gpu_taken(&pic.v, NULL, 0, &pic.members[0]) == &pic.members[2]);
+  T_CHECK(policy_gpu_taken(&pic.v, NULL, 0, &pic.members[2]) == NULL);
+  /* no plan yet: the earliest registration keeps it */
+  pic.plan.generation = 0;
+  n = policy_plan_members(&pic.v, NULL, 0, m);
+  T_CHECK(n == 4 && !strcmp(m[0].id, "w0"));
+  /* the holder leaves: the next in line gets the GPU */
+  snprintf(pic.members[0].state, sizeof pic.members[0].state, "leaving");
+  n = policy_plan_members(&pic.v, NULL, 0, m);
+  T_CHECK(n == 4 && !strcmp(m[0].id, "w1"));
+  /* the CPU backend: devices do not matter */
+  snprintf(pic.spec.backend, sizeof pic.spec.backend, "cpu");
+  T_CHECK(policy_plan_members(&pic.v, NULL, 0, m) == 5);
+  plan_free(&pic.plan);
+}
+
 int main(void) {
   T_RUN(test_table);
   T_RUN(test_clocks);
   T_RUN(test_causes);
   T_RUN(test_members_and_donors);
+  T_RUN(test_gpu_clash);
   return T_DONE();
 }
