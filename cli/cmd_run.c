@@ -13,6 +13,7 @@
 #include "common/fs.h"
 #include "common/opts.h"
 #include "launch/launcher.h"
+#include "model/dev.h"
 
 int newt_cmd_run(int argc, char **argv) {
   launcher_opts lo;
@@ -22,6 +23,8 @@ int newt_cmd_run(int argc, char **argv) {
   char *password = NULL;
   char job[64];
   snprintf(job, sizeof job, "run-%d", (int)getpid());
+  const char *backend = "cpu";
+  int64_t gpus = -1;
   const char *job_name = job, *preset = "tiny", *model = NULL, *data = NULL, *ckpt_dir = NULL, *chaos = NULL, *spec_file = NULL;
   newt_spec d;
   spec_defaults(&d, job);
@@ -51,6 +54,9 @@ int newt_cmd_run(int argc, char **argv) {
       {"zero", NEWT_OPT_INT, &zero, "ZeRO stage (0..3)"},
       {"dp-min", NEWT_OPT_INT, &dp_min, "smallest data-parallel size to train with"},
       {"dp-max", NEWT_OPT_INT, &dp_max, "largest data-parallel size"},
+      {"backend", NEWT_OPT_STR, &backend, "cpu, or nccl: the workers train on GPUs (one each), over NCCL"},
+      {"gpus", NEWT_OPT_INT, &gpus, "with --backend nccl: GPUs of this host to use (default: every visible one); "
+                                    "each worker gets the one fewest live workers use"},
       {"etcd", NEWT_OPT_STR, &ef.endpoints, "etcd endpoints to use (default: start a private etcd)"},
       {"etcd-user", NEWT_OPT_STR, &ef.user, "with --etcd: its user"},
       {"etcd-password-file", NEWT_OPT_STR, &ef.password_file, "with --etcd: a file holding the user's password"},
@@ -122,6 +128,11 @@ int newt_cmd_run(int argc, char **argv) {
     s->hang_timeout_ms = hang;
     s->max_failures = max_failures;
     s->failure_window_ms = failure_window;
+    if (strlen(backend) >= sizeof s->backend) {
+      fprintf(stderr, "newt run: --backend: cpu or nccl, got \"%s\"\n", backend);
+      return 2;
+    }
+    snprintf(s->backend, sizeof s->backend, "%s", backend);
     if (spec_validate(s) != NEWT_OK) {
       fprintf(stderr, "newt run: %s\n", newt_errmsg());
       return 2;
@@ -137,6 +148,20 @@ int newt_cmd_run(int argc, char **argv) {
   }
   if (chaos_parse(chaos, &lo.chaos) != NEWT_OK) {
     fprintf(stderr, "newt run: %s\n", newt_errmsg());
+    return 2;
+  }
+  if (strcmp(lo.spec.backend, "nccl") == 0) {
+    int visible = model_dev_cuda_count();
+    if (gpus < 0) gpus = visible;
+    if (gpus < 1 || gpus > visible) {
+      fprintf(stderr, "newt run: --backend nccl: %lld GPUs asked for, this host has %d visible%s\n",
+              (long long)(gpus < 0 ? 0 : gpus), visible,
+              visible ? "" : " (no CUDA driver or GPU, or a newt built without CUDA: use --backend cpu)");
+      return 2;
+    }
+    lo.gpus = (int)gpus;
+  } else if (gpus > 0) {
+    fprintf(stderr, "newt run: --gpus goes with --backend nccl\n");
     return 2;
   }
   lo.nproc = (int)nproc;

@@ -46,6 +46,7 @@ typedef struct proc {
   int alive;
   int killed_by_chaos;
   int metrics_port; /* a coordinator's (0: none) */
+  int device;       /* a worker's GPU (-1: none) */
 } proc;
 
 typedef struct fault {
@@ -107,8 +108,20 @@ static const char *news(run *r) {
 
 /* --- processes ------------------------------------------------------------------------------- */
 
+/* The GPU for a new worker: the one fewest live workers use (the lowest of those), so a
+ * replacement takes the GPU of the worker it replaces; -1 without GPUs. */
+static int free_gpu(const run *r) {
+  int best = -1, best_n = 0;
+  for (int d = 0; d < r->o->gpus; d++) {
+    int n = 0;
+    for (int i = 0; i < r->nprocs; i++) n += r->procs[i].alive && r->procs[i].kind == PROC_WORKER && r->procs[i].device == d;
+    if (best < 0 || n < best_n) best = d, best_n = n;
+  }
+  return best;
+}
+
 static newt_result_t spawn(run *r, proc_kind kind, int index) {
-  char name[32], logp[600], threads[16];
+  char name[32], logp[600], threads[16], device[16];
   snprintf(name, sizeof name, "%s%d", kind == PROC_WORKER ? "w" : "c", index);
   snprintf(logp, sizeof logp, "%s/%s.log", r->res->log_dir, name);
   snprintf(threads, sizeof threads, "%d", r->o->threads > 0 ? r->o->threads : 1);
@@ -134,6 +147,12 @@ static newt_result_t spawn(run *r, proc_kind kind, int index) {
     argv[a++] = r->res->step_log;
     argv[a++] = "--job-secret-file";
     argv[a++] = r->secret_file;
+  }
+  int gpu = kind == PROC_WORKER ? free_gpu(r) : -1;
+  if (gpu >= 0) {
+    snprintf(device, sizeof device, "%d", gpu);
+    argv[a++] = "--device";
+    argv[a++] = device;
   }
   char mport[16];
   int port = 0;
@@ -173,6 +192,7 @@ static newt_result_t spawn(run *r, proc_kind kind, int index) {
   p->pid = pid;
   p->kind = kind;
   p->alive = 1;
+  p->device = gpu;
   snprintf(p->name, sizeof p->name, "%s", name);
   p->metrics_port = port;
   return NEWT_OK;

@@ -33,6 +33,8 @@ typedef struct launcher_opts {
   int quiet;            /* no live line, no event lines */
   int64_t timeout_ms;   /* give up when the job is not done by then (0: none) */
   int no_metrics;       /* coordinators serve no metrics (default: each on a free port of 127.0.0.1) */
+  int gpus;             /* GPUs of this host for the workers (0: none, they train on CPUs): each
+                           worker gets the one fewest live workers use (--device) */
 } launcher_opts;
 
 typedef struct launcher_recovery {

@@ -5,6 +5,10 @@
 #include <stdio.h>
 #include <string.h>
 
+#ifdef NEWT_HAVE_CUDA
+#include <cuda_runtime.h>
+#endif
+
 #include "model/dev_internal.h"
 
 newt_result_t model_dev_fail(model_dev *d, newt_result_t r) {
@@ -27,11 +31,24 @@ newt_result_t model_dev_open(model_dev_kind kind, int ordinal, model_dev **out) 
     return NEWT_OK;
   }
   if (kind != MODEL_DEV_CUDA) return NEWT_ERR(NEWT_ERR_INVALID, "model_dev_open: no device kind %d", (int)kind);
-#ifdef NEWT_HAVE_CUDA
+#if defined(NEWT_HAVE_CUDA) && defined(NEWT_HAVE_CUDA_DEVICE) /* dev_cuda.c: not in this tree yet */
   return model_dev_cuda_open(ordinal, out);
 #else
   return NEWT_ERR(NEWT_ERR_UNSUPPORTED, "cuda:%d: this newt was built without CUDA (the CUDA toolkit was not found "
                   "when it was configured)", ordinal);
+#endif
+}
+
+int model_dev_cuda_count(void) {
+#ifdef NEWT_HAVE_CUDA
+  int n = 0;
+  if (cudaGetDeviceCount(&n) != cudaSuccess) {
+    (void)cudaGetLastError(); /* "no driver", "no device": none to use */
+    return 0;
+  }
+  return n;
+#else
+  return 0;
 #endif
 }
 

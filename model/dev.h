@@ -51,6 +51,9 @@ model_dev *model_dev_cpu(void);
 newt_result_t model_dev_open(model_dev_kind kind, int ordinal, model_dev **out);
 /* Waits for the device's work and frees what model_dev_open made (not the CPU device). */
 void model_dev_close(model_dev *d);
+/* GPUs this process can use (cudaGetDeviceCount; CUDA_VISIBLE_DEVICES applies): 0 in a
+ * build without CUDA, on a host without a driver or GPU. */
+int model_dev_cuda_count(void);
 
 model_dev_kind model_dev_kind_of(const model_dev *d);
 /* The GPU ordinal (-1 for the CPU). */
