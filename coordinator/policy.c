@@ -254,8 +254,10 @@ static void decide_running(const policy_view *v, policy_decision *d) {
     if (!d->first_gone) d->first_gone = v->now;
     if (gone == p->nranks) {
       /* nobody left: nothing runs and no state is held, so gather the workers that are
-         arriving (as for the first plan) instead of planning with the first one */
-      if (passed(v, v->last_join, v->join_window_ms)) d->reason = POLICY_ALL_GONE;
+         arriving (as for the first plan: replacements start together but register as
+         their processes come up) instead of planning with the first one -- until as many
+         are here as the plan had, or arrivals settled for the start window */
+      if (v->nmembers >= p->nranks || passed(v, v->last_join, v->start_window_ms)) d->reason = POLICY_ALL_GONE;
     } else if (passed(v, d->first_gone, s->lease_ttl_ms / 2)) {
       d->reason = POLICY_LEASE_LOST;
     }

@@ -10,7 +10,8 @@
  *            start_timeout_ms after the first), else once joins settle (the start window) or
  *            every worker a layout could use is there
  *   crash    survivors reported a collective that failed on a closed connection; or every
- *            rank's registration is gone (nobody left to report) and arrivals have settled
+ *            rank's registration is gone (nobody left to report) and as many workers as
+ *            the plan had arrived, or arrivals settled for the start window
  *   hang     survivors reported a collective that made no progress by its deadline; or a
  *            rank's registration vanished, nobody reported, and no step completed since
  *            (it stopped, or lost its network); or no step completed for
