@@ -523,6 +523,101 @@ cudaError_t cudaPointerGetAttributes(struct cudaPointerAttributes *attributes, c
   return cudaSuccess;
 }
 
+/* cudaMallocHost / cudaHostAlloc: page-locked host memory (here plain host memory, which
+   the double's copies treat alike); cudaFreeHost does not wait for the device. */
+cudaError_t cudaMallocHost(void **ptr, size_t size) {
+  if (!ptr) return cudaErrorInvalidValue;
+  *ptr = malloc(size ? size : 1);
+  return *ptr ? cudaSuccess : cudaErrorMemoryAllocation;
+}
+
+cudaError_t cudaHostAlloc(void **ptr, size_t size, unsigned int flags) {
+  (void)flags;
+  return cudaMallocHost(ptr, size);
+}
+
+cudaError_t cudaFreeHost(void *ptr) {
+  free(ptr);
+  return cudaSuccess;
+}
+
+/* Stream-ordered allocation (cudaMallocAsync / cudaFreeAsync): the memory is usable by
+   work queued after the call; a free waits for the work queued before it, which the
+   double gets by freeing from the stream's thread. */
+typedef struct free_work {
+  dbl_work w;
+  void *p;
+} free_work;
+
+static void free_run(dbl_work *w) {
+  void *p = ((free_work *)w)->p;
+  pthread_mutex_lock(&mem_mu);
+  alloc **pp = &allocs;
+  while (*pp && (*pp)->p != p) pp = &(*pp)->next;
+  alloc *a = *pp;
+  if (a) {
+    *pp = a->next;
+    allocated -= a->size;
+  }
+  pthread_mutex_unlock(&mem_mu);
+  if (a) free(a->p);
+  free(a);
+}
+
+static void free_release(dbl_work *w) { free(w); }
+
+cudaError_t cudaMallocAsync(void **devPtr, size_t size, cudaStream_t stream) {
+  (void)stream;
+  return cudaMalloc(devPtr, size);
+}
+
+cudaError_t cudaFreeAsync(void *devPtr, cudaStream_t stream) {
+  if (!devPtr) return cudaSuccess;
+  if (!dbl_device_pointer(devPtr, NULL)) return cudaErrorInvalidValue;
+  free_work *f = calloc(1, sizeof *f);
+  if (!f) return cudaErrorMemoryAllocation;
+  *f = (free_work){.w = {.run = free_run, .release = free_release}, .p = devPtr};
+  return dbl_stream_push(stream, &f->w);
+}
+
+cudaError_t cudaStreamQuery(cudaStream_t stream) {
+  struct CUstream_st *s = resolve(stream);
+  if (!s) return cudaErrorInvalidResourceHandle;
+  pthread_mutex_lock(&s->mu);
+  int idle = !s->head && !s->busy;
+  pthread_mutex_unlock(&s->mu);
+  return idle ? cudaSuccess : cudaErrorNotReady;
+}
+
+/* A device of the double: named so that logs say what ran, with the memory of the knob and
+   compute capability 9.0 (an H100/H200's, the default NEWT_CUDA_ARCH). */
+cudaError_t cudaGetDeviceProperties(struct cudaDeviceProp *prop, int device) {
+  if (!prop) return cudaErrorInvalidValue;
+  if (device < 0 || device >= device_count()) return cudaErrorInvalidDevice;
+  memset(prop, 0, sizeof *prop);
+  snprintf(prop->name, sizeof prop->name, "newt test double of a GPU");
+  prop->totalGlobalMem = mem_total();
+  prop->major = 9;
+  prop->minor = 0;
+  prop->multiProcessorCount = 132;
+  prop->pciBusID = (int)(dbl_bus_id(device) >> 8);
+  return cudaSuccess;
+}
+
+cudaError_t cudaDeviceGetAttribute(int *value, enum cudaDeviceAttr attr, int device) {
+  if (!value) return cudaErrorInvalidValue;
+  if (device < 0 || device >= device_count()) return cudaErrorInvalidDevice;
+  switch (attr) {
+    case cudaDevAttrComputeCapabilityMajor: *value = 9; break;
+    case cudaDevAttrComputeCapabilityMinor: *value = 0; break;
+    case cudaDevAttrMultiProcessorCount: *value = 132; break;
+    default: *value = 0; break;
+  }
+  return cudaSuccess;
+}
+
+cudaError_t cudaPeekAtLastError(void) { return cudaSuccess; }
+
 cudaError_t cudaGetDeviceCount(int *count) {
   if (!count) return cudaErrorInvalidValue;
   *count = device_count();
