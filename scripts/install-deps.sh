@@ -11,7 +11,10 @@
 # image-run (an image's runtime: newt, and etcd for `newt run` and the auth bootstrap).
 # Idempotent; needs root (or sudo) only when something is missing. The CUDA toolkit is
 # not a Debian package: when it is under /usr/local/cuda the GPU parts are built too,
-# otherwise they are skipped (the CUDA image's base brings it).
+# otherwise they are skipped (the CUDA image's base brings it). NEWT_NCCL_PIN (the CUDA
+# image sets it, e.g. 2.28.9-1+cuda13.0) adds NCCL at that version from NVIDIA's apt
+# repository of the CUDA base to image-build (libnccl2, libnccl-dev) and image-run
+# (libnccl2): the NCCL backend needs 2.28.7 or newer, which a CUDA base may not carry.
 set -eu
 list=0
 if [ "${1:-}" = "--list" ]; then list=1; shift; fi
@@ -40,6 +43,14 @@ case "$profile" in
   image-run) want=$image_run ;;
   *) echo "install-deps.sh: unknown profile '$profile' (build, test, demo, image-build, image-run)" >&2; exit 2 ;;
 esac
+
+pin=${NEWT_NCCL_PIN:-}
+if [ -n "$pin" ]; then
+  case "$profile" in
+    image-build) want="$want libnccl2=$pin libnccl-dev=$pin" ;;
+    image-run) want="$want libnccl2=$pin" ;;
+  esac
+fi
 
 if [ "$list" -eq 1 ]; then
   for p in $want; do echo "$p"; done
@@ -71,6 +82,9 @@ if [ ! -e /usr/sbin/policy-rc.d ]; then
   printf '#!/bin/sh\nexit 101\n' | $sudo tee $policy >/dev/null && $sudo chmod 0755 $policy
 fi
 $sudo apt-get update -qq >/dev/null
+# (a pinned NCCL may replace the base's, which CUDA images hold)
+held=""
+if [ -n "$pin" ]; then held="--allow-downgrades --allow-change-held-packages"; fi
 # shellcheck disable=SC2086
-$sudo apt-get install -y -qq --no-install-recommends $missing >/dev/null
+$sudo apt-get install -y -qq --no-install-recommends $held $missing >/dev/null
 if [ -n "$policy" ]; then $sudo rm -f "$policy"; fi

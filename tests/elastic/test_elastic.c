@@ -116,6 +116,23 @@ static const scenario scenarios[] = {
     /* ... and when the shard and its copy are lost at once, from the checkpoint */
     {"zero_both", 60, 4, "kill:rank:0@step=30,kill:rank:2@step=30", {"crash"}, {"--tp", "2", "--zero", "1", NULL}, NULL,
      5, "ckpt"}, /* late enough that a checkpoint is committed on a loaded machine */
+    /* GPU workers (--backend nccl: the CUDA device, NCCL communicators on its stream), run
+       by a newt built against the CUDA/NCCL test double (NEWT_GPU_DOUBLE; CMakeLists.txt):
+       the same faults, the same checks, the same reference */
+    {"nccl_crash", 40, 4, "kill:worker:1@step=10", {"crash"}, {"--backend", "nccl", NULL}},
+    {"nccl_hang", 40, 4, "stop:worker:2@step=10", {"hang"}, {"--backend", "nccl", "--comm-timeout-ms", "1000", NULL}},
+    {"nccl_join", 300, 3, "join:1@step=10", {"join"}, {"--backend", "nccl", NULL}},
+    {"nccl_coordinator", 400, 4, "kill:coordinator@step=10", {"coordinator"}, {"--backend", "nccl", NULL}},
+    {"nccl_leave_shards", 60, 5, "term:rank:1@step=10", {"leave"},
+     {"--backend", "nccl", "--tp", "2", "--pp", "2", "--zero", "1", NULL}},
+    {"nccl_tp2pp2z0", 150, 8, "kill:rank:3@step=10,join:1@step=30", {"crash", "join"},
+     {"--backend", "nccl", "--tp", "2", "--pp", "2", NULL}},
+    {"nccl_tp2pp2z1", 150, 8, "kill:rank:5@step=10,join:1@step=30", {"crash", "join"},
+     {"--backend", "nccl", "--tp", "2", "--pp", "2", "--zero", "1", NULL}},
+    {"nccl_tp2pp2z2", 150, 8, "kill:rank:6@step=10,join:1@step=30", {"crash", "join"},
+     {"--backend", "nccl", "--tp", "2", "--pp", "2", "--zero", "2", NULL}},
+    {"nccl_tp2pp2z3", 150, 8, "kill:rank:1@step=10,join:1@step=30", {"crash", "join"},
+     {"--backend", "nccl", "--tp", "2", "--pp", "2", "--zero", "3", NULL}},
 };
 
 /* "join?": a recovery that may not happen */
