@@ -9,7 +9,8 @@
  *     cuBLAS as cublasGemmEx / cublasGemmStridedBatchedEx on the fp32 buffers with
  *     CUBLAS_COMPUTE_32F_FAST_16BF: cuBLAS rounds the inputs to bf16 inside the GEMM and
  *     runs the tensor cores with fp32 accumulation, and C (and its beta * C term) stays
- *     fp32. No bf16 copies are kept, so no conversion kernels and no extra memory; the
+ *     fp32 (the compute type allows bf16 or TF32 rounding of the inputs, cuBLAS choosing
+ *     per kernel: either is at least as accurate as bf16). No bf16 copies are kept, so no conversion kernels and no extra memory; the
  *     price is that each GEMM reads fp32 (twice the bytes of bf16 inputs).
  *   - Bias column sums (dbias) are fp32 cublasSgemv against a vector of ones.
  *   - Everything else is fp32 arithmetic in newt's kernels below, in the CPU op's order of
@@ -565,12 +566,18 @@ cublas_error:
 
 extern "C" void model_cuda_kernels_free(model_cuda_kernels *k) {
   if (!k) return;
+  if (k->pools) { /* the grown buffers came from cudaMallocAsync */
+    if (k->scratch) (void)cudaFreeAsync(k->scratch, k->s);
+    if (k->ones) (void)cudaFreeAsync(k->ones, k->s);
+  } else {
+    (void)cudaStreamSynchronize(k->s);
+    (void)cudaFree(k->scratch);
+    (void)cudaFree(k->ones);
+  }
   (void)cudaStreamSynchronize(k->s);
   if (k->h) (void)cublasDestroy(k->h);
   (void)cudaFree(k->ws);
   (void)cudaFree(k->parts);
-  (void)cudaFree(k->scratch); /* legal for cudaMallocAsync memory too, the stream being idle */
-  (void)cudaFree(k->ones);
   (void)cudaGetLastError(); /* an error here is not the next op's */
   free(k);
 }
