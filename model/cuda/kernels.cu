@@ -477,18 +477,20 @@ __global__ void k_adamw(float *params, const float *grads, float *m, float *v, s
 static newt_result_t grow(model_cuda_kernels *k, const char *op, void **p, size_t *cap, size_t bytes, int *grown) {
   *grown = 0;
   if (*cap >= bytes) return NEWT_OK;
+  void *q = NULL;
   if (k->pools) {
     if (*p) CU(op, cudaFreeAsync(*p, k->s));
     *p = NULL;
     *cap = 0;
-    CU(op, cudaMallocAsync(p, bytes, k->s));
+    CU(op, cudaMallocAsync(&q, bytes, k->s));
   } else {
     CU(op, cudaStreamSynchronize(k->s));
     if (*p) CU(op, cudaFree(*p));
     *p = NULL;
     *cap = 0;
-    CU(op, cudaMalloc(p, bytes));
+    CU(op, cudaMalloc(&q, bytes));
   }
+  *p = q;
   *cap = bytes;
   *grown = 1;
   return NEWT_OK;

@@ -13,9 +13,11 @@
  *
  * Numerics (model/cuda/kernels.cu says how): storage is fp32 everywhere; GEMMs run on the
  * tensor cores with bf16 inputs and fp32 accumulation, everything else in fp32 (sums of
- * squares and loss totals in double). Gradients of the embeddings and of the layernorm
- * weights are added with atomics, so their rounding depends on the order the hardware
- * takes (not bit-reproducible from run to run); everything else is.
+ * squares and loss totals in double). The token embedding's gradient (dwte) and the
+ * layernorm weights' gradients are added with atomics, so their rounding depends on the
+ * order the hardware takes (not bit-reproducible from run to run); everything else is, on
+ * one GPU model with one cuBLAS version. Call the launchers with the stream's device current
+ * (cudaSetDevice), as for any cuBLAS handle.
  *
  * Errors: NEWT_ERR_CUDA naming the op and the call that refused ("matmul_forward:
  * cublasGemmEx: CUBLAS_STATUS_..."); NEWT_ERR_INVALID for shapes the op cannot take. */
@@ -37,7 +39,8 @@ typedef struct model_cuda_kernels model_cuda_kernels;
 
 /* A kernels context on `stream` (a cudaStream_t of the calling thread's current device):
  * the cuBLAS handle bound to it, its workspace, and the scratch the launchers grow as
- * shapes need it (stream-ordered allocations: no launcher waits for the device). */
+ * shapes need it (stream-ordered allocations: no launcher waits for the device; on a GPU
+ * without memory pools, growing the scratch waits for the stream once). */
 newt_result_t model_cuda_kernels_init(void *stream, model_cuda_kernels **out);
 /* Waits for the stream, then frees the handle, the workspace and the scratch. */
 void model_cuda_kernels_free(model_cuda_kernels *k);
