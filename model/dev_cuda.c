@@ -51,7 +51,7 @@ static void kernel_result(model_dev *d, newt_result_t r) {
   if (r != NEWT_OK) model_dev_fail(d, r);
 }
 
-/* Dense bf16 tensor-core peak (NVIDIA's data sheets, without sparsity) by name, checked
+/* Dense bf16 tensor-core peak (without sparsity) by name, checked
  * against the compute capability; 0 for a GPU not in the table. */
 static double peak_bf16_flops(const char *name, int major) {
   if (major == 9 && strstr(name, "H100") && strstr(name, "PCIe")) return 756e12;

@@ -54,7 +54,7 @@ extern "C" {
 #define MAX_GRID (1u << 20)          /* blocks at most; the loops stride over the rest */
 #define SQNORM_PARTS_MAX 4096        /* partial sums of sqnorm's first pass */
 #define LN_SMEM_MAX (48 * 1024)      /* the default limit of dynamic shared memory */
-#define CUBLAS_WORKSPACE (32u << 20) /* what cuBLAS recommends for Hopper */
+#define CUBLAS_WORKSPACE (32u << 20) /* cuBLAS workspace: room for its Hopper GEMM kernels */
 
 struct model_cuda_kernels {
   cudaStream_t s;
