@@ -14,8 +14,8 @@
  * status 1. --log FILE (or --step-log) appends one JSON line per step: the step log of
  * `newt run` (job/runlog.h), whose loss curve `newt report --baseline` draws beside a run's.
  *
- * --device cuda runs the steps on the GPU model (gpt_cuda.h) from the same initial weights
- * and the same batches; the CPU trainer then only initialises and feeds it. */
+ * --device cuda is refused for now: the single-GPU model it ran is gone, and the trainer
+ * over the CUDA device of model/dev.h (docs/model.md, "CUDA device") is not wired in yet. */
 
 #include <math.h>
 #include <stdio.h>
@@ -30,36 +30,9 @@
 #include "job/runlog.h"
 #include "job/spec.h"
 #include "model/checkpoint.h"
-#include "model/gpt_cuda.h"
 #include "model/ops.h"
 #include "model/train.h"
 #include "worker/worker.h"
-
-/* One step of the GPU model on the batch at the trainer's cursor (the CPU trainer holds
- * the config, the staging buffers, the step count and the cursor). */
-static newt_result_t cuda_step(model_trainer *tr, model_cuda *gpu, const model_loader *ld, model_step_info *info) {
-  const model_train_config *c = &tr->cfg;
-  double t0 = newt_now_s(), sum = 0;
-  NEWT_CHECK(model_loader_fetch(ld, tr->cursor, c->batch, tr->inputs, tr->targets));
-  NEWT_CHECK(model_cuda_zero_grads(gpu));
-  float dscale = 1.0f / (float)((int64_t)c->batch * c->seq_len);
-  for (int s = 0; s < c->batch; s += c->micro_batch) {
-    double l = 0;
-    NEWT_CHECK(model_cuda_forward_backward(gpu, tr->inputs + (size_t)s * c->seq_len,
-                                           tr->targets + (size_t)s * c->seq_len, dscale, &l));
-    sum += l;
-  }
-  double lr = model_lr_at(&c->optim, tr->step);
-  NEWT_CHECK(model_cuda_adamw(gpu, &c->optim, tr->step + 1, lr, &info->grad_norm));
-  tr->step++;
-  tr->cursor += (uint64_t)c->batch;
-  info->step = tr->step;
-  info->loss = sum / ((double)c->batch * c->seq_len);
-  info->lr = lr;
-  info->tokens = (int64_t)c->batch * c->seq_len;
-  info->ms = (newt_now_s() - t0) * 1e3;
-  return NEWT_OK;
-}
 
 int newt_cmd_train(int argc, char **argv) {
   const char *preset = "tiny", *overrides = NULL, *data = NULL, *device = "cpu";
@@ -94,7 +67,7 @@ int newt_cmd_train(int argc, char **argv) {
       {"ckpt-level", NEWT_OPT_INT, &ckpt_level, "zstd level of checkpoints (0: uncompressed)"},
       {"log", NEWT_OPT_STR, &log_path, "append one JSON line per step (the step log: step, loss, lr, ...) to FILE"},
       {"step-log", NEWT_OPT_STR, &log_path, "the same as --log"},
-      {"device", NEWT_OPT_STR, &device, "cpu, or cuda (bf16 on the GPU; needs batch % micro-batch == 0)"},
+      {"device", NEWT_OPT_STR, &device, "cpu (cuda: not yet, see docs/model.md)"},
       NEWT_OPT_END,
   };
   int rc = newt_opts_exit(newt_opts_parse("train", "[flags]", opts, argc, argv, NULL, 0, NULL));
@@ -105,19 +78,17 @@ int newt_cmd_train(int argc, char **argv) {
                     "[0, batch], --threads in [0, 1024], --seq-len >= 0\n");
     return 2;
   }
-  int on_gpu = strcmp(device, "cuda") == 0;
-  if (!on_gpu && strcmp(device, "cpu") != 0) {
-    fprintf(stderr, "newt train: --device \"%s\": cpu or cuda\n", device);
+  if (strcmp(device, "cuda") == 0) {
+    fprintf(stderr, "newt train: --device cuda: not yet: the trainer does not run on the CUDA device (model/dev.h) "
+                    "yet; use --device cpu\n");
+    return 2;
+  }
+  if (strcmp(device, "cpu") != 0) {
+    fprintf(stderr, "newt train: --device \"%s\": cpu (cuda: not yet)\n", device);
     return 2;
   }
   if (!ckpt_dir && ckpt_every > 0) {
     fprintf(stderr, "newt train: --ckpt-every needs --ckpt-dir\n");
-    return 2;
-  }
-  if (on_gpu && ckpt_dir) {
-    /* the GPU model keeps its AdamW moments on the device: a checkpoint of the CPU
-       trainer would not hold them */
-    fprintf(stderr, "newt train: --ckpt-dir does not work with --device cuda yet\n");
     return 2;
   }
 
@@ -156,10 +127,6 @@ int newt_cmd_train(int argc, char **argv) {
     fprintf(stderr, "newt train: %s\n", newt_errmsg());
     return 2;
   }
-  if (on_gpu && cfg.batch % cfg.micro_batch != 0) {
-    fprintf(stderr, "newt train: --device cuda needs --batch a multiple of --micro-batch\n");
-    return 2;
-  }
 
   /* Everything below is released at one place, `done`. */
   model_tokens tok = {0};
@@ -167,7 +134,6 @@ int newt_cmd_train(int argc, char **argv) {
   model_trainer tr = {0};
   ckpt_saver *saver = NULL;
   int steplog = -1;
-  model_cuda *gpu = NULL;
   int have_tr = 0;
   int status = 1;
   char data_desc[SPEC_PATH_MAX + 32];
@@ -186,8 +152,6 @@ int newt_cmd_train(int argc, char **argv) {
   }
   if (res == NEWT_OK && log_path && (res = job_runlog_open(log_path, 0, &steplog)) != NEWT_OK)
     res = newt_err_wrap(res, "--log: ");
-  if (res == NEWT_OK && on_gpu && (res = model_cuda_init(&gpu, &cfg.model, cfg.micro_batch, cfg.seq_len)) == NEWT_OK)
-    res = model_cuda_set_params(gpu, tr.gpt.params);
   if (res != NEWT_OK) {
     fprintf(stderr, "newt train: %s\n", newt_errmsg());
     goto done;
@@ -197,7 +161,7 @@ int newt_cmd_train(int argc, char **argv) {
          "(micro-batch %d) x T %d, %s, data %s (%llu tokens, %llu samples per epoch)\n",
          preset, (long long)m->vocab, (long long)m->ctx, (long long)m->layers, (long long)m->heads,
          (long long)m->channels, tr.gpt.layout.nparams, cfg.batch, cfg.micro_batch, cfg.seq_len,
-         on_gpu ? "cuda" : "cpu", data ? data : "generated", (unsigned long long)tok.count,
+         "cpu", data ? data : "generated", (unsigned long long)tok.count,
          (unsigned long long)ld.windows);
   fflush(stdout);
   if (resumed >= 0) printf("newt train: resumed at step %lld from %s\n", (long long)resumed, ckpt_dir);
@@ -211,7 +175,7 @@ int newt_cmd_train(int argc, char **argv) {
   int64_t committed = resumed > 0 ? resumed : 0; /* the newest committed checkpoint, for the step log */
   for (int64_t s = tr.step; s < steps; s++) {
     model_step_info info;
-    if ((on_gpu ? cuda_step(&tr, gpu, &ld, &info) : model_trainer_step_data(&tr, &ld, &info)) != NEWT_OK) {
+    if (model_trainer_step_data(&tr, &ld, &info) != NEWT_OK) {
       fprintf(stderr, "newt train: step %lld: %s\n", (long long)s + 1, newt_errmsg());
       status = 1;
       break;
@@ -282,7 +246,6 @@ int newt_cmd_train(int argc, char **argv) {
 done:
   ckpt_saver_free(saver);
   if (steplog >= 0) close(steplog);
-  model_cuda_free(gpu);
   if (have_tr) model_trainer_free(&tr);
   model_tokens_close(&tok);
   return status;

@@ -1,5 +1,6 @@
 /* The public face of the device interface (dev.h): dispatch to the device's table of
- * operations (dev_internal.h), and the sticky error every implementation shares. A device
+ * operations (dev_internal.h), and the checks of the sticky error every implementation
+ * shares (recorded by dev_err.c's model_dev_fail). A device
  * that failed runs no more kernels: each is skipped, and the error comes back from the
  * next sync or download. */
 #include <stdio.h>
@@ -10,15 +11,6 @@
 #endif
 
 #include "model/dev_internal.h"
-
-newt_result_t model_dev_fail(model_dev *d, newt_result_t r) {
-  if (r == NEWT_OK) return d->err;
-  if (d->err == NEWT_OK) {
-    d->err = r;
-    snprintf(d->errmsg, sizeof d->errmsg, "%s", newt_errmsg());
-  }
-  return d->err;
-}
 
 static newt_result_t failed(const model_dev *d) {
   return NEWT_ERR(d->err, "%s: %s", d->name, d->errmsg);
@@ -31,7 +23,7 @@ newt_result_t model_dev_open(model_dev_kind kind, int ordinal, model_dev **out) 
     return NEWT_OK;
   }
   if (kind != MODEL_DEV_CUDA) return NEWT_ERR(NEWT_ERR_INVALID, "model_dev_open: no device kind %d", (int)kind);
-#if defined(NEWT_HAVE_CUDA) && defined(NEWT_HAVE_CUDA_DEVICE) /* dev_cuda.c: not in this tree yet */
+#ifdef NEWT_HAVE_CUDA
   return model_dev_cuda_open(ordinal, out);
 #else
   return NEWT_ERR(NEWT_ERR_UNSUPPORTED, "cuda:%d: this newt was built without CUDA (the CUDA toolkit was not found "

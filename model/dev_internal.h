@@ -71,7 +71,7 @@ struct model_dev {
 };
 
 /* Records the device's first error with the message in newt_errmsg() (later ones are
- * dropped); returns the first. */
+ * dropped); returns the first (dev_err.c). */
 newt_result_t model_dev_fail(model_dev *d, newt_result_t r);
 
 extern const model_dev_ops model_dev_cpu_ops;

@@ -11,7 +11,9 @@
 #    double runs in `make test`) against the real NCCL: one GPU per rank where there are
 #    enough (3); otherwise the ranks share GPUs, each its own NCCL host (the suite sets
 #    NCCL_HOSTID per rank) over NCCL's socket transport (P2P and SHM off, set here), or
-#    NCCL refuses and the log says so; then the other tests labelled gpu;
+#    NCCL refuses and the log says so; then the CUDA device's kernels against the CPU
+#    device's (tests/gpu/test_kernels.c: one JSON line per op and tensor, and a matmul
+#    timing, kept in the summary under "kernels"); then the other tests labelled gpu;
 # 4. runs `newt bench allreduce --backend nccl` (nccl-tests figures);
 # 5. writes a JSON summary to $OUT/gpu-summary.json (or /tmp) and the log beside it.
 #
@@ -34,6 +36,7 @@ failed=0
 steps_json=""
 cases_json=""
 bench_json=""
+kernels_json=""
 
 json_str() { # a JSON string of $1 (quotes, backslashes and control characters escaped)
   printf '"%s"' "$(printf '%s' "$1" | sed 's/\\/\\\\/g; s/"/\\"/g' | tr '\n\t\r' '   ')"
@@ -105,7 +108,7 @@ echo "GPUs: $gpus ($gpu_name); driver $driver; CUDA $cuda; NCCL $nccl_lib (heade
 step "install build dependencies" 60 scripts/install-deps.sh build
 step "configure (NEWT_CUDA=ON, NEWT_WERROR=ON)" 60 \
   cmake -S . -B "$BUILD" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DNEWT_CUDA=ON -DNEWT_WERROR=ON
-step "build" 240 cmake --build "$BUILD" -j "$JOBS" --target newt test_comm_nccl test_model_cuda
+step "build" 240 cmake --build "$BUILD" -j "$JOBS" --target newt test_comm_nccl test_kernels
 
 # --- 3. the NCCL backend's suite on the GPUs, then the other gpu tests ---------------------------
 if [ "$gpus" -lt 3 ]; then
@@ -124,8 +127,17 @@ if [ -f "$suite_out" ]; then
     cases_json="$cases_json${cases_json:+,}{\"case\":$(json_str "$name"),\"result\":$(json_str "$verdict"),\"seconds\":${secs:-0}}"
   done < <(sed -n 's/^\(ok\|FAILED\) *\(test_[a-z0-9_]*\) (\([0-9.]*\) s)$/\1 \2 \3/p' "$suite_out")
 fi
+kernels_out=$OUT_DIR/test_kernels.jsonl
+# shellcheck disable=SC2016 # expanded by the inner bash
+step "CUDA device kernels vs the CPU device (test_kernels)" 90 bash -c \
+  'set -o pipefail; "$1/tests/gpu/test_kernels" | tee "$2"' _ "$BUILD" "$kernels_out"
+if [ -f "$kernels_out" ]; then
+  while read -r line; do
+    kernels_json="$kernels_json${kernels_json:+,}$line"
+  done < <(grep '^{' "$kernels_out" || true)
+fi
 step "other gpu tests (ctest -L gpu)" 90 \
-  ctest --test-dir "$BUILD" -L gpu -E '^test_comm_nccl$' --output-on-failure --timeout 80
+  ctest --test-dir "$BUILD" -L gpu -E '^(test_comm_nccl|test_kernels)$' --output-on-failure --timeout 80
 
 # --- 4. the benchmark ---------------------------------------------------------------------------
 bench_out=$OUT_DIR/bench-nccl.jsonl
@@ -147,6 +159,7 @@ cat >"$SUMMARY" <<EOF
  "shared_gpus_socket_transport":$([ "$gpus" -lt 3 ] && echo true || echo false),
  "steps":[$steps_json],
  "test_comm_nccl":[$cases_json],
+ "kernels":[$kernels_json],
  "bench":[$bench_json]}
 EOF
 echo "== summary: $SUMMARY"
