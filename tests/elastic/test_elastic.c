@@ -53,7 +53,7 @@ typedef struct scenario {
   int nproc;
   const char *chaos;
   const char *causes[4]; /* expected recoveries, in order; "join?": one that may not happen */
-  const char *extra[8];  /* more newt run flags, NULL-terminated */
+  const char *extra[12]; /* more newt run flags, NULL-terminated */
   const char *stale;     /* a worker stopped and woken later: it must commit no step of its
                             old generation beyond what the others did (it cannot rejoin it) */
   int ckpt_every;        /* checkpoints every this many steps */
@@ -412,7 +412,7 @@ static void run_scenario(const scenario *sc, const char *newt) {
   snprintf(mb, sizeof mb, "%d", MB);
   snprintf(nproc, sizeof nproc, "%d", sc->nproc);
   snprintf(job, sizeof job, "e2e-%s", sc->name);
-  const char *argv[40];
+  const char *argv[48];
   int a = 0;
   const char *base[] = {newt, "run", "--quiet", "--job", job, "--nproc", nproc, "--model", model, "--seq-len", SEQ,
                         "--steps", steps, "--global-batch", gb, "--micro-batch", mb, "--comm-timeout-ms", "4000",
