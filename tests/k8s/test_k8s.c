@@ -376,20 +376,23 @@ static int count(const char *text, const char *needle) {
   return n;
 }
 
-static void spawn_agent(proc *p, const char *name, const char *job, const char *max_restarts) {
+/* A coordinator and an agent "node0" with 2 local workers on a job of `steps` steps; the
+ * agent's log (its own lines and its workers') into log. */
+static void start_agent_job(const char *job, int steps, const char *max_restarts, proc *c, proc *ag, char log[600]) {
+  char spec[600];
+  snprintf(spec, sizeof spec, "%s/spec.json", dir);
+  snprintf(log, 600, "%s/node0.log", dir);
+  write_spec(spec, job, steps, 8, 0, 10);
+  spawn(c, "coordinator", "c0", job, spec);
   const char *const extra[] = {"--local-workers", "2", "--max-restarts", max_restarts, NULL};
-  spawn_x(p, "worker", name, job, NULL, extra);
+  spawn_x(ag, "worker", "node0", job, NULL, extra);
 }
 
 static void test_agent(void) {
   const char *job = "k8s-agent";
-  char spec[600], log[600];
-  snprintf(spec, sizeof spec, "%s/spec.json", dir);
-  snprintf(log, sizeof log, "%s/node0.log", dir);
-  write_spec(spec, job, 100000, 8, 0, 10);
+  char log[600];
   proc c, ag;
-  spawn(&c, "coordinator", "c0", job, spec);
-  spawn_agent(&ag, "node0", job, "5");
+  start_agent_job(job, 100000, "5", &c, &ag, log);
   T_CHECK_MSG(wait_step(job, 5, 90000), "no step 5 in 90 s (logs in %s)", dir);
   job_progress p = {0};
   newt_deadline_t d = newt_deadline_in_ms(60000);
@@ -448,13 +451,9 @@ static void test_agent(void) {
 
 static void test_agent_done(void) {
   const char *job = "k8s-agent-done";
-  char spec[600], log[600];
-  snprintf(spec, sizeof spec, "%s/spec.json", dir);
-  snprintf(log, sizeof log, "%s/node0.log", dir);
-  write_spec(spec, job, 40, 8, 0, 10);
+  char log[600];
   proc c, ag;
-  spawn(&c, "coordinator", "c0", job, spec);
-  spawn_agent(&ag, "node0", job, "5");
+  start_agent_job(job, 40, "5", &c, &ag, log);
   check_end(&ag, "the agent", wait_exit(&ag, 180000), JOB_EXIT_DONE, "done: ");
   check_end(&c, "the coordinator", wait_exit(&c, 30000), JOB_EXIT_DONE, "done: ");
   char *text = slurp(log);
@@ -467,13 +466,9 @@ static void test_agent_done(void) {
 
 static void test_agent_budget(void) {
   const char *job = "k8s-agent-budget";
-  char spec[600], log[600];
-  snprintf(spec, sizeof spec, "%s/spec.json", dir);
-  snprintf(log, sizeof log, "%s/node0.log", dir);
-  write_spec(spec, job, 100000, 8, 0, 10);
+  char log[600];
   proc c, ag;
-  spawn(&c, "coordinator", "c0", job, spec);
-  spawn_agent(&ag, "node0", job, "0");
+  start_agent_job(job, 100000, "0", &c, &ag, log);
   T_CHECK_MSG(wait_step(job, 3, 90000), "no step 3 in 90 s (logs in %s)", dir);
   pid_t w0 = worker_pid(job, "node0-0"), w1 = worker_pid(job, "node0-1");
   T_CHECK(w0 > 0 && w1 > 0);
