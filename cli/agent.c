@@ -179,6 +179,7 @@ static void start_due(agent *a) {
     child *c = &a->kids[i];
     if (!c->restart_at_ms || now < c->restart_at_ms) continue;
     c->restart_at_ms = 0;
+    if (a->done || a->failed) continue; /* the job ended meanwhile: nothing to rejoin */
     int keep = a->o->max_restarts + 1;
     memmove(c->restarts + 1, c->restarts, (size_t)(keep - 1) * sizeof *c->restarts);
     c->restarts[0] = now;

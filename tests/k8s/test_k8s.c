@@ -18,8 +18,10 @@
  *   agent_done  a job that ends under an agent: it exits 0 ("done: ") and restarts nothing.
  *   agent_budget  --max-restarts 0: a local worker killed with kill -9 is not restarted, the
  *           other leaves, the agent exits 1 naming the worker and the flag.
+ *   agent_usage  a flag the workers refuse (--addr): the agent exits 2 with their message,
+ *           restarting nothing.
  *
- * Usage: test_k8s ends|budget|agent|agent_done|agent_budget (ctest runs each as k8s_<name>). */
+ * Usage: test_k8s ends|budget|agent|agent_done|agent_budget|agent_usage (ctest runs each as k8s_<name>). */
 #include <arpa/inet.h>
 #include <curl/curl.h>
 #include <errno.h>
@@ -485,6 +487,19 @@ static void test_agent_budget(void) {
   wait_exit(&c, 30000);
 }
 
+static void test_agent_usage(void) {
+  /* a flag only the workers check (--addr): both refuse it (2), neither is restarted */
+  proc ag;
+  const char *const extra[] = {"--local-workers", "2", "--addr", "not-an-ip", NULL};
+  spawn_x(&ag, "worker", "node0", "k8s-agent-usage", NULL, extra);
+  check_end(&ag, "the agent (bad --addr)", wait_exit(&ag, 30000), JOB_EXIT_USAGE, "error: --addr: ");
+  char log[600];
+  snprintf(log, sizeof log, "%s/node0.log", dir);
+  char *text = slurp(log);
+  T_CHECK_MSG(!strstr(text, "restarting"), "a worker that refused its flags was restarted (%s)", log);
+  free(text);
+}
+
 int main(int argc, char **argv) {
   const char *which = argc > 1 ? argv[1] : "";
   curl_global_init(CURL_GLOBAL_DEFAULT);
@@ -494,7 +509,8 @@ int main(int argc, char **argv) {
   else if (strcmp(which, "agent") == 0) T_RUN(test_agent);
   else if (strcmp(which, "agent_done") == 0) T_RUN(test_agent_done);
   else if (strcmp(which, "agent_budget") == 0) T_RUN(test_agent_budget);
-  else T_FAIL("usage: test_k8s ends|budget|agent|agent_done|agent_budget");
+  else if (strcmp(which, "agent_usage") == 0) T_RUN(test_agent_usage);
+  else T_FAIL("usage: test_k8s ends|budget|agent|agent_done|agent_budget|agent_usage");
   rdzv_etcd_free(cli);
   rdzv_etcd_server_free(srv);
   if (!t_failed) {
