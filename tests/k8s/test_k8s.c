@@ -20,8 +20,11 @@
  *           other leaves, the agent exits 1 naming the worker and the flag.
  *   agent_usage  a flag the workers refuse (--addr): the agent exits 2 with their message,
  *           restarting nothing.
+ *   agent_pid1  the agent as PID 1 of a PID namespace (unshare, as in a container; skipped
+ *           where that needs a root it lacks): SIGTERM reaches it, both workers leave, it
+ *           exits 3.
  *
- * Usage: test_k8s ends|budget|agent|agent_done|agent_budget|agent_usage (ctest runs each as k8s_<name>). */
+ * Usage: test_k8s ends|budget|agent|agent_done|agent_budget|agent_usage|agent_pid1 (ctest runs each as k8s_<name>). */
 #include <arpa/inet.h>
 #include <curl/curl.h>
 #include <errno.h>
@@ -85,10 +88,11 @@ static int port_free(int port) {
   return ok;
 }
 
-/* A process with more arguments (extra: NULL-terminated, may be NULL); its metrics port and
- * the one after it are free (an agent's second worker serves on port + 1). */
+/* A process with more arguments (extra: NULL-terminated, may be NULL), started through the
+ * command wrap (NULL-terminated, may be NULL: e.g. unshare); its metrics port and the one
+ * after it are free (an agent's second worker serves on port + 1). */
 static void spawn_x(proc *p, const char *kind, const char *name, const char *job, const char *spec,
-                    const char *const *extra) {
+                    const char *const *extra, const char *const *wrap) {
   char log[600], port[16];
   snprintf(log, sizeof log, "%s/%s.log", dir, name);
   snprintf(p->end, sizeof p->end, "%s/%s.end", dir, name);
@@ -97,8 +101,9 @@ static void spawn_x(proc *p, const char *kind, const char *name, const char *job
     if (p->port < 65535 && port_free(p->port + 1)) break;
   }
   snprintf(port, sizeof port, "%d", p->port);
-  const char *argv[32];
+  const char *argv[40];
   int a = 0;
+  for (int k = 0; wrap && wrap[k] && a < 8; k++) argv[a++] = wrap[k];
   argv[a++] = bin();
   argv[a++] = kind;
   argv[a++] = "--etcd";
@@ -117,7 +122,7 @@ static void spawn_x(proc *p, const char *kind, const char *name, const char *job
     argv[a++] = "--spec";
     argv[a++] = spec;
   }
-  for (int k = 0; extra && extra[k] && a < 31; k++) argv[a++] = extra[k];
+  for (int k = 0; extra && extra[k] && a < 39; k++) argv[a++] = extra[k];
   argv[a] = NULL;
   static const char *const env[] = {"NEWT_SPEC_CHECK_MS=200", NULL};
   newt_spawn_opts so = {.log_path = log, .env = env, .die_with_parent = 1};
@@ -125,7 +130,7 @@ static void spawn_x(proc *p, const char *kind, const char *name, const char *job
 }
 
 static void spawn(proc *p, const char *kind, const char *name, const char *job, const char *spec) {
-  spawn_x(p, kind, name, job, spec, NULL);
+  spawn_x(p, kind, name, job, spec, NULL, NULL);
 }
 
 /* Waits for the process to exit; its exit status (-1: killed or still running). */
@@ -378,23 +383,25 @@ static int count(const char *text, const char *needle) {
   return n;
 }
 
-/* A coordinator and an agent "node0" with 2 local workers on a job of `steps` steps; the
- * agent's log (its own lines and its workers') into log. */
-static void start_agent_job(const char *job, int steps, const char *max_restarts, proc *c, proc *ag, char log[600]) {
+/* A coordinator and an agent "node0" with 2 local workers on a job of `steps` steps (the
+ * agent started through wrap, may be NULL); the agent's log (its own lines and its
+ * workers') into log. */
+static void start_agent_job(const char *job, int steps, const char *max_restarts, const char *const *wrap, proc *c,
+                            proc *ag, char log[600]) {
   char spec[600];
   snprintf(spec, sizeof spec, "%s/spec.json", dir);
   snprintf(log, 600, "%s/node0.log", dir);
   write_spec(spec, job, steps, 8, 0, 10);
   spawn(c, "coordinator", "c0", job, spec);
   const char *const extra[] = {"--local-workers", "2", "--max-restarts", max_restarts, NULL};
-  spawn_x(ag, "worker", "node0", job, NULL, extra);
+  spawn_x(ag, "worker", "node0", job, NULL, extra, wrap);
 }
 
 static void test_agent(void) {
   const char *job = "k8s-agent";
   char log[600];
   proc c, ag;
-  start_agent_job(job, 100000, "5", &c, &ag, log);
+  start_agent_job(job, 100000, "5", NULL, &c, &ag, log);
   T_CHECK_MSG(wait_step(job, 5, 90000), "no step 5 in 90 s (logs in %s)", dir);
   job_progress p = {0};
   newt_deadline_t d = newt_deadline_in_ms(60000);
@@ -455,7 +462,7 @@ static void test_agent_done(void) {
   const char *job = "k8s-agent-done";
   char log[600];
   proc c, ag;
-  start_agent_job(job, 40, "5", &c, &ag, log);
+  start_agent_job(job, 40, "5", NULL, &c, &ag, log);
   check_end(&ag, "the agent", wait_exit(&ag, 180000), JOB_EXIT_DONE, "done: ");
   check_end(&c, "the coordinator", wait_exit(&c, 30000), JOB_EXIT_DONE, "done: ");
   char *text = slurp(log);
@@ -470,7 +477,7 @@ static void test_agent_budget(void) {
   const char *job = "k8s-agent-budget";
   char log[600];
   proc c, ag;
-  start_agent_job(job, 100000, "0", &c, &ag, log);
+  start_agent_job(job, 100000, "0", NULL, &c, &ag, log);
   T_CHECK_MSG(wait_step(job, 3, 90000), "no step 3 in 90 s (logs in %s)", dir);
   pid_t w0 = worker_pid(job, "node0-0"), w1 = worker_pid(job, "node0-1");
   T_CHECK(w0 > 0 && w1 > 0);
@@ -491,13 +498,61 @@ static void test_agent_usage(void) {
   /* a flag only the workers check (--addr): both refuse it (2), neither is restarted */
   proc ag;
   const char *const extra[] = {"--local-workers", "2", "--addr", "not-an-ip", NULL};
-  spawn_x(&ag, "worker", "node0", "k8s-agent-usage", NULL, extra);
+  spawn_x(&ag, "worker", "node0", "k8s-agent-usage", NULL, extra, NULL);
   check_end(&ag, "the agent (bad --addr)", wait_exit(&ag, 30000), JOB_EXIT_USAGE, "error: --addr: ");
   char log[600];
   snprintf(log, sizeof log, "%s/node0.log", dir);
   char *text = slurp(log);
   T_CHECK_MSG(!strstr(text, "restarting"), "a worker that refused its flags was restarted (%s)", log);
   free(text);
+}
+
+/* The pid of pid's first child (0: none), and the pid it has in its own PID namespace. */
+static pid_t first_child(pid_t pid, long *ns_pid) {
+  char path[96];
+  snprintf(path, sizeof path, "/proc/%d/task/%d/children", (int)pid, (int)pid);
+  FILE *f = fopen(path, "r");
+  int child = 0;
+  if (f) {
+    if (fscanf(f, "%d", &child) != 1) child = 0;
+    fclose(f);
+  }
+  *ns_pid = 0;
+  snprintf(path, sizeof path, "/proc/%d/status", child);
+  f = child > 0 ? fopen(path, "r") : NULL;
+  char line[256];
+  while (f && fgets(line, sizeof line, f)) /* "NSpid:\t<pid here>\t<pid in its namespace>" */
+    if (strncmp(line, "NSpid:", 6) == 0) {
+      char *last = strrchr(line, '\t');
+      *ns_pid = last ? strtol(last + 1, NULL, 10) : 0;
+    }
+  if (f) fclose(f);
+  return (pid_t)child;
+}
+
+static void test_agent_pid1(void) {
+  if (system("unshare --pid --fork true >/dev/null 2>&1") != 0) {
+    fprintf(stderr, "skipped: unshare --pid (a PID namespace, as in a container) needs root here\n");
+    return;
+  }
+  /* the agent is PID 1 of a PID namespace of its own, as in a container */
+  static const char *const wrap[] = {"unshare", "--pid", "--fork", "--kill-child", NULL};
+  const char *job = "k8s-agent-pid1";
+  char log[600];
+  proc c, ag;
+  start_agent_job(job, 100000, "5", wrap, &c, &ag, log);
+  T_CHECK_MSG(wait_step(job, 5, 90000), "no step 5 in 90 s (logs in %s)", dir);
+  long ns_pid = 0;
+  pid_t agent = first_child(ag.pid, &ns_pid);
+  T_CHECK_MSG(agent > 0 && ns_pid == 1, "the agent (pid %d) is pid %ld in its namespace, not 1", (int)agent, ns_pid);
+  if (agent <= 0) return;
+  kill(agent, SIGTERM); /* PID 1 gets only the signals it handles */
+  check_end(&ag, "the agent as PID 1 (SIGTERM)", wait_exit(&ag, 30000), JOB_EXIT_LEFT, "left: ");
+  char *text = slurp(log);
+  T_CHECK_MSG(count(text, ") ended (exit 3)") == 2, "both local workers should leave (exit 3) before PID 1 ends (%s)", log);
+  free(text);
+  kill(c.pid, SIGTERM);
+  wait_exit(&c, 30000);
 }
 
 int main(int argc, char **argv) {
@@ -510,7 +565,8 @@ int main(int argc, char **argv) {
   else if (strcmp(which, "agent_done") == 0) T_RUN(test_agent_done);
   else if (strcmp(which, "agent_budget") == 0) T_RUN(test_agent_budget);
   else if (strcmp(which, "agent_usage") == 0) T_RUN(test_agent_usage);
-  else T_FAIL("usage: test_k8s ends|budget|agent|agent_done|agent_budget|agent_usage");
+  else if (strcmp(which, "agent_pid1") == 0) T_RUN(test_agent_pid1);
+  else T_FAIL("usage: test_k8s ends|budget|agent|agent_done|agent_budget|agent_usage|agent_pid1");
   rdzv_etcd_free(cli);
   rdzv_etcd_server_free(srv);
   if (!t_failed) {
