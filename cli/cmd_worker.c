@@ -2,15 +2,20 @@
  * rebuilds its communicator on each, restores state, trains, and leaves gracefully on
  * SIGTERM. --step-log FILE: while it is rank 0, it appends a line per step to FILE (the
  * step log, job/runlog.h). --metrics-port: its own metrics and /healthz. Exit status and
- * termination message: cli/ending.h. */
+ * termination message: cli/ending.h. --local-workers N: the node agent of cli/agent.h,
+ * which runs N such workers (one per GPU of the node) and restarts the ones that crash. */
 #include <stdio.h>
 #include <stdlib.h>
+#include <unistd.h>
 
+#include "cli/agent.h"
 #include "cli/cmds.h"
 #include "cli/ending.h"
 #include "cli/etcd_flags.h"
 #include "common/log.h"
 #include "common/opts.h"
+#include "common/sys.h"
+#include "rendezvous/rdzv.h"
 #include "worker/worker.h"
 
 int newt_cmd_worker(int argc, char **argv) {
@@ -24,6 +29,7 @@ int newt_cmd_worker(int argc, char **argv) {
   const char *metrics_addr = getenv("NEWT_METRICS_ADDR") ? getenv("NEWT_METRICS_ADDR") : "127.0.0.1";
   int64_t metrics_port = 0;
   int64_t port = 0, device = -1, threads = 1;
+  int64_t local_workers = 0, max_restarts = 5, restart_window = 600;
   if (getenv("NEWT_DEVICE")) device = atoi(getenv("NEWT_DEVICE"));
   newt_opt opts[] = {CLI_ETCD_OPTS(&ef),
                      {"id", NEWT_OPT_STR, &id, "worker id, unique in the job (env NEWT_WORKER_ID, POD_NAME; default host-pid)"},
@@ -40,6 +46,12 @@ int newt_cmd_worker(int argc, char **argv) {
                       "addresses the metrics server binds, comma-separated (env NEWT_METRICS_ADDR)"},
                      {"termination-log", NEWT_OPT_STR, &term_log,
                       "file for the termination message (env NEWT_TERMINATION_LOG; default /dev/termination-log when it exists)"},
+                     {"local-workers", NEWT_OPT_INT, &local_workers,
+                      "run N workers, worker i as --id ID-i --device DEVICE+i --port PORT+i --metrics-port METRICS-PORT+i, "
+                      "restarting the ones that crash (the node agent: docs/kubernetes.md, GPU nodes; 0: be one worker)"},
+                     {"max-restarts", NEWT_OPT_INT, &max_restarts,
+                      "with --local-workers: restarts of one worker within --restart-window before the agent gives up"},
+                     {"restart-window", NEWT_OPT_INT, &restart_window, "with --local-workers: the window of --max-restarts, seconds"},
                      NEWT_OPT_END};
   int rc = newt_opts_exit(newt_opts_parse("worker", "--job NAME [flags]", opts, argc, argv, NULL, 0, NULL));
   if (rc >= 0) return rc;
@@ -57,6 +69,40 @@ int newt_cmd_worker(int argc, char **argv) {
     fprintf(stderr, "newt worker: --port and --metrics-port must be 0..65535 and --threads >= 0\n");
     free(password);
     return 2;
+  }
+  if (local_workers < 0 || local_workers > 64 || max_restarts < 0 || max_restarts > 1000 || restart_window < 1) {
+    fprintf(stderr, "newt worker: --local-workers must be 0..64, --max-restarts 0..1000 and --restart-window >= 1\n");
+    free(password);
+    return 2;
+  }
+  if (local_workers > 0) {
+    free(password); /* read to check it; the workers read it themselves */
+    if (port > 0 && port + local_workers - 1 > 65535) {
+      fprintf(stderr, "newt worker: --port %lld + --local-workers %lld goes beyond port 65535\n", (long long)port,
+              (long long)local_workers);
+      return 2;
+    }
+    if (metrics_port > 0 && metrics_port + local_workers - 1 > 65535) {
+      fprintf(stderr, "newt worker: --metrics-port %lld + --local-workers %lld goes beyond port 65535\n",
+              (long long)metrics_port, (long long)local_workers);
+      return 2;
+    }
+    /* the ids stay the same across a worker's restarts: the agent's own id, suffixed */
+    char own_id[64];
+    if (id && *id) snprintf(own_id, sizeof own_id, "%s", id);
+    else snprintf(own_id, sizeof own_id, "%.40s-%d", host && *host ? host : newt_hostname(), (int)getpid());
+    char first[96];
+    snprintf(first, sizeof first, "%s-%lld", own_id, (long long)local_workers - 1);
+    if (rdzv_check_name("--id", first) != NEWT_OK) {
+      fprintf(stderr, "newt worker: %s (with --local-workers the ids are ID-0 ... ID-%lld)\n", newt_errmsg(),
+              (long long)local_workers - 1);
+      return 2;
+    }
+    cli_agent_opts ao = {.n = (int)local_workers, .id = own_id, .device = device >= 0 ? (int)device : 0,
+                         .port = (int)port, .metrics_port = (int)metrics_port, .max_restarts = (int)max_restarts,
+                         .restart_window_ms = restart_window * 1000, .term_log = cli_termination_log(term_log),
+                         .argc = argc, .argv = argv};
+    return cli_agent_run(&ao);
   }
   r = worker_run(&wo);
   free(password);

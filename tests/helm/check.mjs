@@ -458,20 +458,26 @@ function checkWorkers(docs, values, errors) {
   const pod = sts.spec.template.spec;
   if (sts.spec.parallelism !== w.replicas) errors.push(`worker parallelism ${sts.spec.parallelism}, workers.replicas is ${w.replicas}`);
   if (!(pod.terminationGracePeriodSeconds < w.preemptionNoticeSeconds)) errors.push(`terminationGracePeriodSeconds ${pod.terminationGracePeriodSeconds} is not below the notice ${w.preemptionNoticeSeconds}`);
-  if (pod.containers.length !== w.perPod) errors.push(`${pod.containers.length} worker containers, workers.perPod is ${w.perPod}`);
+  // GPU mode (workers.gpu.count > 0, docs/kubernetes.md "GPU nodes"): one container holds
+  // all the pod's GPUs and runs the node agent, one worker per GPU; CPU mode: perPod containers.
+  const agent = w.gpu.count > 0;
+  const containers = agent ? 1 : w.perPod;
+  if (pod.containers.length !== containers) errors.push(`${pod.containers.length} worker containers, want ${containers} (workers.perPod ${w.perPod}, workers.gpu.count ${w.gpu.count})`);
+  if (agent) checkAgent(pod, w, errors);
   const ids = new Set();
   const ports = new Set();
   for (const c of pod.containers) {
     const gpus = c.resources?.limits?.[w.gpu.resourceName];
     const device = c.args.find((a) => a.startsWith("--device="));
-    if (w.gpu.count === 1 ? gpus !== 1 || device !== "--device=0" : gpus !== undefined || device !== "--device=-1")
+    if (agent ? gpus !== w.gpu.count || device !== "--device=0" : gpus !== undefined || device !== "--device=-1")
       errors.push(`${c.name}: GPU limit ${gpus} with ${device} for workers.gpu.count ${w.gpu.count}`);
+    if (!agent && c.args.some((a) => a.startsWith("--local-workers"))) errors.push(`${c.name}: --local-workers without GPUs`);
     ids.add(c.env.find((e) => e.name === "NEWT_WORKER_ID")?.value);
     ports.add(c.args.find((a) => a.startsWith("--port=")));
     if ((c.command || [])[0] !== "/usr/local/bin/newt" || c.command.length !== 1) errors.push(`${c.name}: newt is not the exec-form command (PID 1)`);
     if (values.checkpoints.enabled && !c.volumeMounts.some((m) => m.mountPath === values.checkpoints.mountPath)) errors.push(`${c.name}: checkpoint volume not mounted`);
   }
-  if (ids.size !== w.perPod || ports.size !== w.perPod) errors.push("worker ids or ports repeat within a pod");
+  if (ids.size !== containers || ports.size !== containers) errors.push("worker ids or ports repeat within a pod");
   for (const key of ["nodeSelector", "tolerations"])
     if (canonical(pod[key] ?? (key === "tolerations" ? [] : {})) !== canonical(w[key])) errors.push(`worker ${key} is not workers.${key}`);
   if (w.priorityClass.create) {
@@ -506,6 +512,34 @@ function checkWorkers(docs, values, errors) {
     errors.push("workers.sameZone: no required pod affinity keeps the workers in one zone");
   if (!w.sameZone && (w.topologySpread.topologyKeys || []).includes("topology.kubernetes.io/zone"))
     errors.push("workers spread across zones: every all-reduce would cross zones");
+}
+
+// The GPU pod: one container requesting workers.gpu.count GPUs runs the node agent
+// (`newt worker --local-workers N`, cli/agent.h) with its restart budget; it declares the
+// data and metrics ports of all N workers (port + i), probes the first worker, and has
+// /dev/shm in memory (NCCL's shared-memory transport within the node).
+function checkAgent(pod, w, errors) {
+  const c = pod.containers[0];
+  const n = w.gpu.count;
+  const want = [`--local-workers=${n}`, `--max-restarts=${w.gpu.maxRestarts}`, `--restart-window=${w.gpu.restartWindowSeconds}`,
+    `--port=${w.dataPort}`, `--metrics-port=${w.metricsPort}`, "--device=0"];
+  if (c.args[0] !== "worker") errors.push(`the GPU container runs newt ${c.args[0]}, not newt worker`);
+  for (const a of want) if (!c.args.includes(a)) errors.push(`the GPU container's command lacks ${a}: ${c.args.join(" ")}`);
+  if (c.resources?.requests?.[w.gpu.resourceName] !== undefined && c.resources.requests[w.gpu.resourceName] !== n)
+    errors.push(`the GPU container requests ${c.resources.requests[w.gpu.resourceName]} GPUs, limits ${n}`);
+  const id = c.env.find((e) => e.name === "NEWT_WORKER_ID")?.value;
+  if (id !== "$(POD_NAME)") errors.push(`the agent's id is ${id}: its workers are <id>-<i>, so it must be the pod's name`);
+  for (let i = 0; i < n; i++)
+    for (const [kind, base] of [["data", w.dataPort], ["metrics", w.metricsPort]]) {
+      const p = (c.ports || []).find((x) => x.name === `${kind}-${i}`);
+      if (p?.containerPort !== base + i) errors.push(`GPU container: port ${kind}-${i} is ${p?.containerPort}, want ${base + i}`);
+    }
+  if ((c.ports || []).length !== 2 * n) errors.push(`GPU container declares ${(c.ports || []).length} ports, want ${2 * n}`);
+  if (!w.livenessProbe && c.livenessProbe?.httpGet?.port !== "metrics-0") errors.push("the GPU container's probe is not on the first worker's metrics-0");
+  const shm = (c.volumeMounts || []).find((m) => m.mountPath === "/dev/shm");
+  const vol = (pod.volumes || []).find((v) => v.name === shm?.name);
+  if (vol?.emptyDir?.medium !== "Memory") errors.push("the GPU container's /dev/shm is not an emptyDir in memory");
+  if (pod.hostIPC) errors.push("hostIPC is on: the workers of a pod share /dev/shm without it");
 }
 
 // The Jobs of coordinators and workers end as newt's exit statuses say (job/records.h):
@@ -598,8 +632,9 @@ async function checkSpec(docs, values, errors) {
   const r = run(need("HELM_SPEC_CHECK"), [file]);
   if (r.code !== 0) return errors.push(`newt's spec parser refuses the rendered spec: ${r.err.trim()}`);
   const { tp, pp } = values.spec.parallel;
-  const dpMin = (values.workers.minReplicas * values.workers.perPod) / (tp * pp);
-  const dpMax = (values.workers.maxReplicas * values.workers.perPod) / (tp * pp);
+  const perPod = values.workers.gpu.count > 0 ? values.workers.gpu.count : values.workers.perPod;
+  const dpMin = (values.workers.minReplicas * perPod) / (tp * pp);
+  const dpMax = (values.workers.maxReplicas * perPod) / (tp * pp);
   if (!r.out.includes(`dp=[${dpMin},${dpMax}]`)) errors.push(`spec dp range: ${r.out.trim()}, want [${dpMin},${dpMax}]`);
   const coord = docs.find((d) => d.kind === "Job" && d.metadata.labels["app.kubernetes.io/component"] === "coordinator");
   const specArg = coord.spec.template.spec.containers[0].args.find((a) => a.startsWith("--spec="));
@@ -725,6 +760,30 @@ async function render() {
     if (docs.some((d) => d.kind === "ConfigMap" && d.metadata.name.endsWith("-dashboard")))
       await check(`${name}: the Grafana dashboard is JSON on metrics newt exports`, (errors) => checkDashboard(docs, errors));
   }
+  await check("GPU values (workers.gpu.count 4): one container with 4 GPUs runs the node agent; CPU values: none does", (errors) => {
+    const gpu = join(tmp, "gpu4.yaml");
+    writeFileSync(gpu, YAML.stringify({ workers: { gpu: { count: 4 } } }));
+    const r = template([gpu]);
+    if (r.code !== 0) return errors.push(r.err.trim());
+    const docs = YAML.parseAllDocuments(r.out).map((d) => d.toJS()).filter(Boolean);
+    const values = merge(defaults, loadYaml(gpu));
+    checkWorkers(docs, values, errors);
+    checkCommandLines(docs, errors);
+    const job = docs.find((d) => d.kind === "Job" && d.metadata.labels["app.kubernetes.io/component"] === "worker");
+    const c = job.spec.template.spec.containers;
+    if (c.length !== 1 || c[0].resources.limits["nvidia.com/gpu"] !== 4 || !c[0].args.includes("--local-workers=4"))
+      errors.push(`GPU pod: ${c.length} containers, ${c[0]?.resources?.limits?.["nvidia.com/gpu"]} GPUs, args ${c[0]?.args?.join(" ")}`);
+    const spec = docs.find((d) => d.kind === "ConfigMap" && d.data?.["spec.json"]);
+    const s = JSON.parse(spec.data["spec.json"]);
+    if (s.backend !== "nccl" || s.parallel.dp_min !== 4 || s.parallel.dp_max !== 32)
+      errors.push(`GPU spec: backend ${s.backend}, dp [${s.parallel.dp_min}, ${s.parallel.dp_max}], want nccl [4, 32]`);
+    const svc = docs.find((d) => d.kind === "Service" && d.metadata.name === job.metadata.name);
+    if (svc && svc.spec.ports.length !== 8) errors.push(`the workers' Service has ${svc.spec.ports.length} ports, want 8 (data and metrics of 4 workers)`);
+    const cpu = template([]);
+    const cdocs = YAML.parseAllDocuments(cpu.out).map((d) => d.toJS()).filter(Boolean);
+    const cj = cdocs.find((d) => d.kind === "Job" && d.metadata.labels["app.kubernetes.io/component"] === "worker");
+    if (cj.spec.template.spec.containers.some((x) => x.args.some((a) => a.startsWith("--local-workers")))) errors.push("CPU values run the node agent");
+  });
   await check("the etcd auth bootstrap enables authentication on a real etcd, idempotently", checkAuthBootstrap);
   // The unknown-field check and the schema checks must be able to fail.
   await check("the validators catch a misspelt field, a bad enum and a bad flag", async (errors) => {

@@ -10,13 +10,30 @@
  *   budget  the failure budget: spec.fault.max_failures 1, two workers killed with kill -9:
  *           the second failure ends the job: the coordinator and the surviving worker exit 4
  *           with "failed: failure budget spent ...", `newt status` and the events say so.
+ *   agent   the node agent (`newt worker --local-workers 2`, cli/agent.h) as the chart's GPU
+ *           mode runs it: both local workers train and serve /healthz on metrics port + i;
+ *           one of them killed with kill -9 is restarted under its id and rejoins (a "join"
+ *           plan, the job back to 2 ranks); SIGTERM to the agent: it exits 3 ("left: ")
+ *           within 30 s and leaves no worker behind.
+ *   agent_done  a job that ends under an agent: it exits 0 ("done: ") and restarts nothing.
+ *   agent_budget  --max-restarts 0: a local worker killed with kill -9 is not restarted, the
+ *           other leaves, the agent exits 1 naming the worker and the flag.
+ *   agent_usage  a flag the workers refuse (--addr): the agent exits 2 with their message,
+ *           restarting nothing.
+ *   agent_pid1  the agent as PID 1 of a PID namespace (unshare, as in a container; skipped
+ *           where that needs a root it lacks): SIGTERM reaches it, both workers leave, it
+ *           exits 3.
  *
- * Usage: test_k8s ends|budget (ctest runs each as k8s_<name>). */
+ * Usage: test_k8s ends|budget|agent|agent_done|agent_budget|agent_usage|agent_pid1 (ctest runs each as k8s_<name>). */
+#include <arpa/inet.h>
 #include <curl/curl.h>
+#include <errno.h>
+#include <netinet/in.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -61,14 +78,32 @@ static void write_spec(const char *path, const char *job, int steps, int gb, int
   T_OK(newt_fs_write_atomic(path, text, (size_t)n));
 }
 
-static void spawn(proc *p, const char *kind, const char *name, const char *job, const char *spec) {
+/* 1 when nothing listens on 127.0.0.1:port. */
+static int port_free(int port) {
+  int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  int ok = fd >= 0 && bind(fd, (struct sockaddr *)&a, sizeof a) == 0;
+  if (fd >= 0) close(fd);
+  return ok;
+}
+
+/* A process with more arguments (extra: NULL-terminated, may be NULL), started through the
+ * command wrap (NULL-terminated, may be NULL: e.g. unshare); its metrics port and the one
+ * after it are free (an agent's second worker serves on port + 1). */
+static void spawn_x(proc *p, const char *kind, const char *name, const char *job, const char *spec,
+                    const char *const *extra, const char *const *wrap) {
   char log[600], port[16];
   snprintf(log, sizeof log, "%s/%s.log", dir, name);
   snprintf(p->end, sizeof p->end, "%s/%s.end", dir, name);
-  T_OK(newt_net_free_port(&p->port));
+  for (int k = 0; k < 50; k++) {
+    T_OK(newt_net_free_port(&p->port));
+    if (p->port < 65535 && port_free(p->port + 1)) break;
+  }
   snprintf(port, sizeof port, "%d", p->port);
-  const char *argv[24];
+  const char *argv[40];
   int a = 0;
+  for (int k = 0; wrap && wrap[k] && a < 8; k++) argv[a++] = wrap[k];
   argv[a++] = bin();
   argv[a++] = kind;
   argv[a++] = "--etcd";
@@ -87,10 +122,15 @@ static void spawn(proc *p, const char *kind, const char *name, const char *job, 
     argv[a++] = "--spec";
     argv[a++] = spec;
   }
+  for (int k = 0; extra && extra[k] && a < 39; k++) argv[a++] = extra[k];
   argv[a] = NULL;
   static const char *const env[] = {"NEWT_SPEC_CHECK_MS=200", NULL};
   newt_spawn_opts so = {.log_path = log, .env = env, .die_with_parent = 1};
   T_OK(newt_proc_spawn(argv, &so, &p->pid));
+}
+
+static void spawn(proc *p, const char *kind, const char *name, const char *job, const char *spec) {
+  spawn_x(p, kind, name, job, spec, NULL, NULL);
 }
 
 /* Waits for the process to exit; its exit status (-1: killed or still running). */
@@ -317,13 +357,224 @@ static void test_budget(void) {
   free(text);
 }
 
+/* --- the node agent ---------------------------------------------------------------------- */
+
+static int read_progress(const char *job, job_progress *p) {
+  char key[256];
+  rdzv_etcd_kv kv;
+  if (job_key(key, sizeof key, job, JOB_REC_PROGRESS, 0, NULL) != NEWT_OK) return 0;
+  if (rdzv_etcd_get(cli, key, newt_deadline_in_ms(2000), &kv, NULL) != NEWT_OK) return 0;
+  int ok = job_progress_from_json(kv.value, kv.value_len, p) == NEWT_OK;
+  rdzv_etcd_kv_free(&kv);
+  return ok;
+}
+
+/* The pid in worker id's registration (0: none). */
+static pid_t worker_pid(const char *job, const char *id) {
+  char key[256], suffix[128];
+  rdzv_etcd_kv kv;
+  snprintf(suffix, sizeof suffix, "workers/%s", id);
+  if (rdzv_key(key, sizeof key, job, suffix) != NEWT_OK) return 0;
+  if (rdzv_etcd_get(cli, key, newt_deadline_in_ms(2000), &kv, NULL) != NEWT_OK) return 0;
+  rdzv_worker w;
+  pid_t pid = rdzv_worker_from_json(kv.value, kv.value_len, "registration", &w) == NEWT_OK ? (pid_t)w.pid : 0;
+  rdzv_etcd_kv_free(&kv);
+  return pid;
+}
+
+/* 1 when no process pid exists (not even a zombie). */
+static int gone(pid_t pid) { return pid > 0 && kill(pid, 0) != 0 && errno == ESRCH; }
+
+static int count(const char *text, const char *needle) {
+  int n = 0;
+  for (const char *p = text; (p = strstr(p, needle)) != NULL; p += strlen(needle)) n++;
+  return n;
+}
+
+/* A coordinator and an agent "node0" with 2 local workers on a job of `steps` steps (the
+ * agent started through wrap, may be NULL); the agent's log (its own lines and its
+ * workers') into log. */
+static void start_agent_job(const char *job, int steps, const char *max_restarts, const char *const *wrap, proc *c,
+                            proc *ag, char log[600]) {
+  char spec[600];
+  snprintf(spec, sizeof spec, "%s/spec.json", dir);
+  snprintf(log, 600, "%s/node0.log", dir);
+  write_spec(spec, job, steps, 8, 0, 10);
+  spawn(c, "coordinator", "c0", job, spec);
+  const char *const extra[] = {"--local-workers", "2", "--max-restarts", max_restarts, NULL};
+  spawn_x(ag, "worker", "node0", job, NULL, extra, wrap);
+}
+
+static void test_agent(void) {
+  const char *job = "k8s-agent";
+  char log[600];
+  proc c, ag;
+  start_agent_job(job, 100000, "5", NULL, &c, &ag, log);
+  T_CHECK_MSG(wait_step(job, 5, 90000), "no step 5 in 90 s (logs in %s)", dir);
+  job_progress p = {0};
+  newt_deadline_t d = newt_deadline_in_ms(60000);
+  while (!newt_deadline_passed(d) && !(read_progress(job, &p) && p.world == 2)) newt_sleep_ms(100);
+  T_CHECK_MSG(p.world == 2, "the agent's 2 workers are not both ranks (world %lld)", (long long)p.world);
+  /* each local worker serves its metrics and /healthz on the agent's port + i */
+  newt_buf b;
+  newt_buf_init(&b);
+  for (int i = 0; i < 2; i++) {
+    T_CHECK_MSG(get(ag.port + i, "/healthz", &b) == 200, "local worker %d: no /healthz on port %d", i, ag.port + i);
+    T_CHECK_MSG(get(ag.port + i, "/metrics", &b) == 200 && b.data && strstr(b.data, "newt_worker_step "),
+                "local worker %d: no metrics on port %d", i, ag.port + i);
+  }
+  newt_buf_free(&b);
+  pid_t w0 = worker_pid(job, "node0-0"), w1 = worker_pid(job, "node0-1");
+  T_CHECK_MSG(w0 > 0 && w1 > 0, "registrations of node0-0 (pid %d) and node0-1 (pid %d)", (int)w0, (int)w1);
+  uint64_t gen = p.generation;
+  int64_t step = p.step;
+
+  /* kill -9 one local worker: the agent starts it again under its id, it rejoins */
+  T_CHECK(kill(w1, SIGKILL) == 0);
+  pid_t again = 0;
+  d = newt_deadline_in_ms(30000);
+  while (!newt_deadline_passed(d) && ((again = worker_pid(job, "node0-1")) <= 0 || again == w1)) newt_sleep_ms(100);
+  T_CHECK_MSG(again > 0 && again != w1, "node0-1 (pid %d) killed: not registered again (pid %d)", (int)w1, (int)again);
+  T_CHECK_MSG(wait_event(job, "\"cause\":\"join\"", 60000), "no join plan after the restart");
+  int back = 0;
+  d = newt_deadline_in_ms(60000);
+  while (!newt_deadline_passed(d) && !back) {
+    back = read_progress(job, &p) && p.world == 2 && p.generation > gen + 1 && p.step > step;
+    if (!back) newt_sleep_ms(100);
+  }
+  T_CHECK_MSG(back, "the job did not get back to 2 ranks (generation %llu, world %lld, step %lld; before: %llu, step %lld)",
+              (unsigned long long)p.generation, (long long)p.world, (long long)p.step, (unsigned long long)gen,
+              (long long)step);
+  T_CHECK_MSG(worker_pid(job, "node0-0") == w0, "node0-0 was restarted too");
+  char *text = slurp(log);
+  T_CHECK_MSG(count(text, "restarting local worker node0-1") == 1 && !strstr(text, "restarting local worker node0-0"),
+              "the agent's log does not say it restarted node0-1 once (%s)", log);
+  T_CHECK_MSG(strstr(text, "local worker node0-1 (pid ") && strstr(text, "killed by SIGKILL"),
+              "the agent's log does not say how node0-1 ended");
+  free(text);
+
+  /* SIGTERM: every local worker leaves, the agent exits 3, none stays behind */
+  uint64_t t0 = newt_wall_ms();
+  kill(ag.pid, SIGTERM);
+  check_end(&ag, "the agent (SIGTERM)", wait_exit(&ag, 30000), JOB_EXIT_LEFT, "left: ");
+  T_CHECK_MSG(newt_wall_ms() - t0 < 30000, "the agent took %llu ms to leave", (unsigned long long)(newt_wall_ms() - t0));
+  d = newt_deadline_in_ms(2000);
+  while (!newt_deadline_passed(d) && !(gone(w0) && gone(again))) newt_sleep_ms(50);
+  T_CHECK_MSG(gone(w0) && gone(again), "local workers left behind: %d %s, %d %s", (int)w0, gone(w0) ? "gone" : "alive",
+              (int)again, gone(again) ? "gone" : "alive");
+  kill(c.pid, SIGTERM);
+  wait_exit(&c, 30000);
+}
+
+static void test_agent_done(void) {
+  const char *job = "k8s-agent-done";
+  char log[600];
+  proc c, ag;
+  start_agent_job(job, 40, "5", NULL, &c, &ag, log);
+  check_end(&ag, "the agent", wait_exit(&ag, 180000), JOB_EXIT_DONE, "done: ");
+  check_end(&c, "the coordinator", wait_exit(&c, 30000), JOB_EXIT_DONE, "done: ");
+  char *text = slurp(log);
+  T_CHECK_MSG(count(text, "local worker node0-0 started") == 1 && count(text, "local worker node0-1 started") == 1 &&
+                  !strstr(text, "restarting"),
+              "a local worker was started more than once (%s)", log);
+  T_CHECK_MSG(count(text, ") ended (exit 0)") == 2, "both local workers should end with exit 0 (%s)", log);
+  free(text);
+}
+
+static void test_agent_budget(void) {
+  const char *job = "k8s-agent-budget";
+  char log[600];
+  proc c, ag;
+  start_agent_job(job, 100000, "0", NULL, &c, &ag, log);
+  T_CHECK_MSG(wait_step(job, 3, 90000), "no step 3 in 90 s (logs in %s)", dir);
+  pid_t w0 = worker_pid(job, "node0-0"), w1 = worker_pid(job, "node0-1");
+  T_CHECK(w0 > 0 && w1 > 0);
+  if (w0 > 0) kill(w0, SIGKILL);
+  check_end(&ag, "the agent (budget spent)", wait_exit(&ag, 30000), JOB_EXIT_ERROR, "error: local worker node0-0 crashed");
+  char *msg = slurp(ag.end);
+  T_CHECK_MSG(strstr(msg, "--max-restarts"), "the message does not name the flag: %s", msg);
+  free(msg);
+  T_CHECK_MSG(gone(w1), "node0-1 (pid %d) stayed behind", (int)w1);
+  char *text = slurp(log);
+  T_CHECK_MSG(!strstr(text, "restarting"), "a local worker was restarted with --max-restarts 0 (%s)", log);
+  free(text);
+  kill(c.pid, SIGTERM);
+  wait_exit(&c, 30000);
+}
+
+static void test_agent_usage(void) {
+  /* a flag only the workers check (--addr): both refuse it (2), neither is restarted */
+  proc ag;
+  const char *const extra[] = {"--local-workers", "2", "--addr", "not-an-ip", NULL};
+  spawn_x(&ag, "worker", "node0", "k8s-agent-usage", NULL, extra, NULL);
+  check_end(&ag, "the agent (bad --addr)", wait_exit(&ag, 30000), JOB_EXIT_USAGE, "error: --addr: ");
+  char log[600];
+  snprintf(log, sizeof log, "%s/node0.log", dir);
+  char *text = slurp(log);
+  T_CHECK_MSG(!strstr(text, "restarting"), "a worker that refused its flags was restarted (%s)", log);
+  free(text);
+}
+
+/* The pid of pid's first child (0: none), and the pid it has in its own PID namespace. */
+static pid_t first_child(pid_t pid, long *ns_pid) {
+  char path[96];
+  snprintf(path, sizeof path, "/proc/%d/task/%d/children", (int)pid, (int)pid);
+  FILE *f = fopen(path, "r");
+  int child = 0;
+  if (f) {
+    if (fscanf(f, "%d", &child) != 1) child = 0;
+    fclose(f);
+  }
+  *ns_pid = 0;
+  snprintf(path, sizeof path, "/proc/%d/status", child);
+  f = child > 0 ? fopen(path, "r") : NULL;
+  char line[256];
+  while (f && fgets(line, sizeof line, f)) /* "NSpid:\t<pid here>\t<pid in its namespace>" */
+    if (strncmp(line, "NSpid:", 6) == 0) {
+      char *last = strrchr(line, '\t');
+      *ns_pid = last ? strtol(last + 1, NULL, 10) : 0;
+    }
+  if (f) fclose(f);
+  return (pid_t)child;
+}
+
+static void test_agent_pid1(void) {
+  if (system("unshare --pid --fork true >/dev/null 2>&1") != 0) {
+    fprintf(stderr, "skipped: unshare --pid (a PID namespace, as in a container) needs root here\n");
+    return;
+  }
+  /* the agent is PID 1 of a PID namespace of its own, as in a container */
+  static const char *const wrap[] = {"unshare", "--pid", "--fork", "--kill-child", NULL};
+  const char *job = "k8s-agent-pid1";
+  char log[600];
+  proc c, ag;
+  start_agent_job(job, 100000, "5", wrap, &c, &ag, log);
+  T_CHECK_MSG(wait_step(job, 5, 90000), "no step 5 in 90 s (logs in %s)", dir);
+  long ns_pid = 0;
+  pid_t agent = first_child(ag.pid, &ns_pid);
+  T_CHECK_MSG(agent > 0 && ns_pid == 1, "the agent (pid %d) is pid %ld in its namespace, not 1", (int)agent, ns_pid);
+  if (agent <= 0) return;
+  kill(agent, SIGTERM); /* PID 1 gets only the signals it handles */
+  check_end(&ag, "the agent as PID 1 (SIGTERM)", wait_exit(&ag, 30000), JOB_EXIT_LEFT, "left: ");
+  char *text = slurp(log);
+  T_CHECK_MSG(count(text, ") ended (exit 3)") == 2, "both local workers should leave (exit 3) before PID 1 ends (%s)", log);
+  free(text);
+  kill(c.pid, SIGTERM);
+  wait_exit(&c, 30000);
+}
+
 int main(int argc, char **argv) {
   const char *which = argc > 1 ? argv[1] : "";
   curl_global_init(CURL_GLOBAL_DEFAULT);
   setup();
   if (strcmp(which, "ends") == 0) T_RUN(test_ends);
   else if (strcmp(which, "budget") == 0) T_RUN(test_budget);
-  else T_FAIL("usage: test_k8s ends|budget");
+  else if (strcmp(which, "agent") == 0) T_RUN(test_agent);
+  else if (strcmp(which, "agent_done") == 0) T_RUN(test_agent_done);
+  else if (strcmp(which, "agent_budget") == 0) T_RUN(test_agent_budget);
+  else if (strcmp(which, "agent_usage") == 0) T_RUN(test_agent_usage);
+  else if (strcmp(which, "agent_pid1") == 0) T_RUN(test_agent_pid1);
+  else T_FAIL("usage: test_k8s ends|budget|agent|agent_done|agent_budget|agent_usage|agent_pid1");
   rdzv_etcd_free(cli);
   rdzv_etcd_server_free(srv);
   if (!t_failed) {

@@ -227,12 +227,26 @@ imagePullSecrets:
 {{- end }}
 {{- end }}
 
+{{/* newt workers in one pod: one per GPU in GPU mode (workers.gpu.count > 0: one container
+runs the node agent, `newt worker --local-workers`), else workers.perPod (one container each). */}}
+{{- define "newt.workersPerPod" -}}
+{{- if gt (int .Values.workers.gpu.count) 0 }}{{ int .Values.workers.gpu.count }}{{ else }}{{ int .Values.workers.perPod }}{{ end }}
+{{- end }}
+{{/* Worker containers in one pod: 1 in GPU mode, else workers.perPod. */}}
+{{- define "newt.workerContainers" -}}
+{{- if gt (int .Values.workers.gpu.count) 0 }}1{{ else }}{{ int .Values.workers.perPod }}{{ end }}
+{{- end }}
+{{/* The value that sets the workers per pod, for messages. */}}
+{{- define "newt.perPodName" -}}
+{{- if gt (int .Values.workers.gpu.count) 0 }}workers.gpu.count{{ else }}workers.perPod{{ end }}
+{{- end }}
+
 {{/* Workers at the low and high ends of the elastic range. */}}
 {{- define "newt.minWorkers" -}}
-{{- mul (int .Values.workers.minReplicas) (int .Values.workers.perPod) }}
+{{- mul (int .Values.workers.minReplicas) (int (include "newt.workersPerPod" .)) }}
 {{- end }}
 {{- define "newt.maxWorkers" -}}
-{{- mul (int .Values.workers.maxReplicas) (int .Values.workers.perPod) }}
+{{- mul (int .Values.workers.maxReplicas) (int (include "newt.workersPerPod" .)) }}
 {{- end }}
 
 {{/* The spec's data-parallel range from the worker bounds. */}}
@@ -244,7 +258,7 @@ imagePullSecrets:
 {{- end }}
 
 {{- define "newt.backend" -}}
-{{- if .Values.spec.backend }}{{ .Values.spec.backend }}{{ else if eq (int .Values.workers.gpu.count) 1 }}nccl{{ else }}cpu{{ end }}
+{{- if .Values.spec.backend }}{{ .Values.spec.backend }}{{ else if gt (int .Values.workers.gpu.count) 0 }}nccl{{ else }}cpu{{ end }}
 {{- end }}
 
 {{/* The job spec document given to the coordinators (coordinator/spec.h). */}}

@@ -16,19 +16,24 @@ Included once, from configmap-spec.yaml, which is always rendered.
 {{- if or (lt (int $w.replicas) (int $w.minReplicas)) (gt (int $w.replicas) (int $w.maxReplicas)) }}
 {{- fail (printf "newt: workers.replicas (%d) is outside [workers.minReplicas, workers.maxReplicas] = [%d, %d]" (int $w.replicas) (int $w.minReplicas) (int $w.maxReplicas)) }}
 {{- end }}
-{{- if ne (mod (int $w.perPod) $tp) 0 }}
-{{- fail (printf "newt: workers.perPod (%d) is not a multiple of spec.parallel.tp (%d): a tensor-parallel group must lie in one pod (one host)" (int $w.perPod) $tp) }}
+{{- $perPod := int (include "newt.workersPerPod" .) }}
+{{- $per := include "newt.perPodName" . }}
+{{- if and (gt (int $w.gpu.count) 0) (ne (int $w.perPod) 1) (ne (int $w.perPod) (int $w.gpu.count)) }}
+{{- fail (printf "newt: workers.perPod (%d) with workers.gpu.count (%d): a GPU pod runs one worker per GPU under the node agent; leave workers.perPod at 1 (or set it to workers.gpu.count)" (int $w.perPod) (int $w.gpu.count)) }}
+{{- end }}
+{{- if ne (mod $perPod $tp) 0 }}
+{{- fail (printf "newt: %s (%d) is not a multiple of spec.parallel.tp (%d): a tensor-parallel group must lie in one pod (one host)" $per $perPod $tp) }}
 {{- end }}
 {{- $minW := int (include "newt.minWorkers" .) }}
 {{- $maxW := int (include "newt.maxWorkers" .) }}
 {{- if lt $minW $group }}
-{{- fail (printf "newt: workers.minReplicas x workers.perPod = %d workers cannot be laid out as tp x pp = %d x %d = %d" $minW $tp $pp $group) }}
+{{- fail (printf "newt: workers.minReplicas x %s = %d workers cannot be laid out as tp x pp = %d x %d = %d" $per $minW $tp $pp $group) }}
 {{- end }}
 {{- if ne (mod $minW $group) 0 }}
-{{- fail (printf "newt: workers.minReplicas x workers.perPod = %d workers cannot be laid out as whole tp x pp = %d x %d groups (%d would idle)" $minW $tp $pp (mod $minW $group)) }}
+{{- fail (printf "newt: workers.minReplicas x %s = %d workers cannot be laid out as whole tp x pp = %d x %d groups (%d would idle)" $per $minW $tp $pp (mod $minW $group)) }}
 {{- end }}
 {{- if ne (mod $maxW $group) 0 }}
-{{- fail (printf "newt: workers.maxReplicas x workers.perPod = %d workers cannot be laid out as whole tp x pp = %d x %d groups (%d would idle)" $maxW $tp $pp (mod $maxW $group)) }}
+{{- fail (printf "newt: workers.maxReplicas x %s = %d workers cannot be laid out as whole tp x pp = %d x %d groups (%d would idle)" $per $maxW $tp $pp (mod $maxW $group)) }}
 {{- end }}
 {{- $layers := int (default 0 .Values.spec.model.layers) }}
 {{- if and (gt $layers 0) (gt $pp $layers) }}

@@ -1,0 +1,276 @@
+/* The node agent (see agent.h): one loop that polls every 50 ms; it reaps with
+ * waitpid(-1) (children and adopted orphans alike), forwards a stop signal once, and starts
+ * the children whose restart time has come. Each child writes its termination message to
+ * a file in a private directory, which the agent reads when the child ends. */
+#include "cli/agent.h"
+
+#include <errno.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/prctl.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "cli/ending.h"
+#include "common/clock.h"
+#include "common/fs.h"
+#include "common/log.h"
+#include "common/proc.h"
+#include "common/sys.h"
+#include "job/records.h"
+
+#define AGENT_BACKOFF_FIRST_MS 500
+#define AGENT_BACKOFF_MAX_MS 30000
+
+typedef struct child {
+  char id[96];
+  char device[16], port[16], metrics_port[16];
+  char end_path[640];
+  pid_t pid;              /* 0: not running */
+  uint64_t started_ms;    /* monotonic */
+  uint64_t restart_at_ms; /* a restart is due then (0: none) */
+  uint64_t *restarts;     /* monotonic ms of its restarts, the last max_restarts + 1 */
+  int nrestarts;          /* restarts in all */
+  int code;               /* JOB_EXIT_* of its last end (-1: running or never ended) */
+  char msg[512];          /* its last termination message */
+} child;
+
+typedef struct agent {
+  const cli_agent_opts *o;
+  child *kids;
+  char exe[1024];
+  char dir[512];          /* the children's termination logs */
+  int stop_sig;           /* the signal forwarded (0: none yet) */
+  int giving_up;          /* the others were asked to leave: a bad flag or a spent budget */
+  int done, failed, usage, spent; /* how children ended: 0, 4, 2, budget spent (index + 1) */
+} agent;
+
+static uint64_t now_ms(void) { return newt_now_ns() / 1000000; }
+
+static int is_own_flag(const char *arg) {
+  static const char *const own[] = {CLI_AGENT_OWN_FLAGS};
+  if (strncmp(arg, "--", 2) != 0) return 0;
+  const char *name = arg + 2, *eq = strchr(name, '=');
+  size_t n = eq ? (size_t)(eq - name) : strlen(name);
+  for (size_t i = 0; i < sizeof own / sizeof own[0]; i++)
+    if (strlen(own[i]) == n && strncmp(own[i], name, n) == 0) return eq ? 1 : 2; /* args it takes */
+  return 0;
+}
+
+static newt_result_t start(agent *a, int i) {
+  const cli_agent_opts *o = a->o;
+  child *c = &a->kids[i];
+  const char **argv = calloc((size_t)o->argc + 16, sizeof *argv);
+  NEWT_CHECK_ALLOC(argv);
+  int n = 0;
+  argv[n++] = a->exe;
+  argv[n++] = "worker";
+  for (int k = 0; k < o->argc; k++) {
+    int skip = is_own_flag(o->argv[k]);
+    if (skip) k += skip - 1;
+    else argv[n++] = o->argv[k];
+  }
+  const char *mine[][2] = {{"--id", c->id}, {"--device", c->device}, {"--port", c->port},
+                           {"--metrics-port", c->metrics_port}, {"--termination-log", c->end_path}};
+  for (size_t k = 0; k < sizeof mine / sizeof mine[0]; k++) argv[n++] = mine[k][0], argv[n++] = mine[k][1];
+  argv[n] = NULL;
+  unlink(c->end_path);
+  /* a session of its own: a terminal's ^C reaches the agent only, which forwards it once */
+  newt_spawn_opts so = {.new_session = 1, .die_with_parent = 1};
+  newt_result_t r = newt_proc_spawn(argv, &so, &c->pid);
+  free(argv);
+  if (r != NEWT_OK) {
+    c->pid = 0;
+    return r;
+  }
+  c->started_ms = now_ms();
+  c->code = -1;
+  NEWT_INFO(CLI, "local worker %s started (pid %d, device %s, metrics port %s)", c->id, (int)c->pid, c->device,
+            c->metrics_port);
+  return NEWT_OK;
+}
+
+/* Restarts of c within the window. */
+static int recent_restarts(const agent *a, const child *c, uint64_t now) {
+  int k = 0, keep = a->o->max_restarts + 1;
+  for (int j = 0; j < c->nrestarts && j < keep; j++)
+    if (now - c->restarts[j] <= (uint64_t)a->o->restart_window_ms) k++;
+  return k;
+}
+
+static void ask_all_to_leave(agent *a, int sig) {
+  for (int i = 0; i < a->o->n; i++) {
+    child *c = &a->kids[i];
+    c->restart_at_ms = 0;
+    if (c->pid > 0) kill(c->pid, sig);
+  }
+}
+
+/* Child i ended with waitpid status st: what it means, and whether it starts again. */
+static void ended(agent *a, int i, int st) {
+  child *c = &a->kids[i];
+  char how[64], *text = NULL;
+  size_t len = 0;
+  newt_proc_status_str(st, how, sizeof how);
+  pid_t pid = c->pid;
+  c->pid = 0;
+  c->msg[0] = '\0';
+  if (newt_fs_read_all(c->end_path, sizeof c->msg - 1, &text, &len) == NEWT_OK) {
+    while (len > 0 && (text[len - 1] == '\n' || text[len - 1] == '\r')) len--;
+    snprintf(c->msg, sizeof c->msg, "%.*s", (int)len, text);
+  }
+  free(text);
+  int code = WIFEXITED(st) ? WEXITSTATUS(st) : JOB_EXIT_ERROR;
+  c->code = code;
+  if (!c->msg[0]) snprintf(c->msg, sizeof c->msg, "error: %s", how);
+  NEWT_INFO(CLI, "local worker %s (pid %d) ended (%s) after %.1f s: %s", c->id, (int)pid, how,
+            (double)(now_ms() - c->started_ms) / 1000.0, c->msg);
+  if (code == JOB_EXIT_DONE) a->done = 1;
+  if (code == JOB_EXIT_FAILED) a->failed = i + 1;
+  if (code == JOB_EXIT_USAGE && !a->usage) {
+    a->usage = i + 1;
+    if (!a->giving_up) {
+      a->giving_up = 1;
+      NEWT_ERROR(CLI, "local worker %s refused its flags or the spec: the others leave", c->id);
+      ask_all_to_leave(a, SIGTERM);
+    }
+  }
+  /* a crash (a signal, exit 1 or any other status) or a leave nobody asked for */
+  int crashed = code != JOB_EXIT_DONE && code != JOB_EXIT_FAILED && code != JOB_EXIT_USAGE;
+  if (!crashed || a->stop_sig || a->giving_up || a->done || a->failed) return;
+  uint64_t now = now_ms();
+  int recent = recent_restarts(a, c, now);
+  if (recent >= a->o->max_restarts) {
+    a->spent = i + 1;
+    a->giving_up = 1;
+    NEWT_ERROR(CLI, "local worker %s ended (%s) after %d restarts within %lld s: its restart budget is spent, the "
+               "others leave", c->id, how, recent, (long long)(a->o->restart_window_ms / 1000));
+    snprintf(c->msg, sizeof c->msg, "error: local worker %s crashed (%s) after %d restarts within %lld s (--max-restarts)",
+             c->id, how, recent, (long long)(a->o->restart_window_ms / 1000));
+    ask_all_to_leave(a, SIGTERM);
+    return;
+  }
+  int64_t delay = AGENT_BACKOFF_FIRST_MS;
+  for (int k = 0; k < recent && delay < AGENT_BACKOFF_MAX_MS; k++) delay *= 2;
+  if (delay > AGENT_BACKOFF_MAX_MS) delay = AGENT_BACKOFF_MAX_MS;
+  c->restart_at_ms = now + (uint64_t)delay;
+  NEWT_INFO(CLI, "restarting local worker %s in %.1f s (restart %d of %d within %lld s)", c->id, (double)delay / 1000.0,
+            recent + 1, a->o->max_restarts, (long long)(a->o->restart_window_ms / 1000));
+}
+
+/* Reaps whatever ended: our children, and orphans handed to us. */
+static void reap(agent *a) {
+  for (;;) {
+    int st = 0;
+    pid_t pid = waitpid(-1, &st, WNOHANG);
+    if (pid <= 0) return;
+    int i = 0;
+    while (i < a->o->n && a->kids[i].pid != pid) i++;
+    if (i < a->o->n) ended(a, i, st);
+    else NEWT_DEBUG(CLI, "reaped process %d (not a local worker)", (int)pid);
+  }
+}
+
+static void start_due(agent *a) {
+  uint64_t now = now_ms();
+  for (int i = 0; i < a->o->n; i++) {
+    child *c = &a->kids[i];
+    if (!c->restart_at_ms || now < c->restart_at_ms) continue;
+    c->restart_at_ms = 0;
+    if (a->done || a->failed) continue; /* the job ended meanwhile: nothing to rejoin */
+    int keep = a->o->max_restarts + 1;
+    memmove(c->restarts + 1, c->restarts, (size_t)(keep - 1) * sizeof *c->restarts);
+    c->restarts[0] = now;
+    c->nrestarts++;
+    NEWT_INFO(CLI, "local worker %s: restart %d", c->id, c->nrestarts);
+    if (start(a, i) != NEWT_OK) {
+      NEWT_ERROR(CLI, "restarting local worker %s: %s", c->id, newt_errmsg());
+      ended(a, i, JOB_EXIT_ERROR << 8); /* counts as a crash: retried within the budget */
+    }
+  }
+}
+
+static int running(const agent *a) {
+  for (int i = 0; i < a->o->n; i++)
+    if (a->kids[i].pid > 0 || a->kids[i].restart_at_ms) return 1;
+  return 0;
+}
+
+/* The exit status and message once every child has ended (see agent.h). */
+static void decide(agent *a, job_end *e) {
+  int who = a->failed ? a->failed : a->usage ? a->usage : a->spent ? a->spent : 0;
+  if (who) {
+    e->status = a->failed ? JOB_EXIT_FAILED : a->usage ? JOB_EXIT_USAGE : JOB_EXIT_ERROR;
+  } else {
+    int want = a->done ? JOB_EXIT_DONE : a->stop_sig ? JOB_EXIT_LEFT : JOB_EXIT_ERROR;
+    e->status = want;
+    for (int i = 0; i < a->o->n && !who; i++)
+      if (a->kids[i].code == want) who = i + 1;
+  }
+  if (!who) { /* no child ended as the agent did (e.g. none ever started) */
+    snprintf(e->msg, sizeof e->msg, "%s: %d local workers ended", e->status == JOB_EXIT_LEFT ? "left" : "error", a->o->n);
+    return;
+  }
+  const child *c = &a->kids[who - 1];
+  snprintf(e->msg, sizeof e->msg, "%s (local worker %s of %d)", c->msg, c->id, a->o->n);
+}
+
+int cli_agent_run(const cli_agent_opts *o) {
+  agent a = {.o = o};
+  job_end end = {.status = JOB_EXIT_ERROR};
+  newt_result_t r = newt_proc_self_exe(a.exe, sizeof a.exe);
+  const char *tmp = getenv("TMPDIR") && *getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp";
+  snprintf(a.dir, sizeof a.dir, "%s/newt-agent-XXXXXX", tmp);
+  int have_dir = r == NEWT_OK && mkdtemp(a.dir) != NULL;
+  if (r == NEWT_OK && !have_dir)
+    r = NEWT_ERR(NEWT_ERR_SYS, "cannot make a directory for the local workers' termination logs in %s: %s", tmp,
+                 strerror(errno));
+  a.kids = calloc((size_t)o->n, sizeof *a.kids);
+  if (r == NEWT_OK && !a.kids) r = NEWT_ERR(NEWT_ERR_NOMEM, "out of memory for %d local workers", o->n);
+  for (int i = 0; r == NEWT_OK && i < o->n; i++) {
+    child *c = &a.kids[i];
+    c->code = -1;
+    c->restarts = calloc((size_t)o->max_restarts + 1, sizeof *c->restarts);
+    if (!c->restarts) r = NEWT_ERR(NEWT_ERR_NOMEM, "out of memory for %d local workers", o->n);
+    snprintf(c->id, sizeof c->id, "%s-%d", o->id, i);
+    snprintf(c->device, sizeof c->device, "%d", o->device + i);
+    snprintf(c->port, sizeof c->port, "%d", o->port > 0 ? o->port + i : 0);
+    snprintf(c->metrics_port, sizeof c->metrics_port, "%d", o->metrics_port > 0 ? o->metrics_port + i : 0);
+    snprintf(c->end_path, sizeof c->end_path, "%s/%s.end", a.dir, c->id);
+  }
+  newt_log_set_name(o->id);
+  /* orphans of our children come to us, as they would to PID 1 */
+  if (r == NEWT_OK && getpid() != 1 && prctl(PR_SET_CHILD_SUBREAPER, 1) != 0)
+    NEWT_WARN(CLI, "cannot become a subreaper (%s): orphans of local workers go to init", strerror(errno));
+  if (r == NEWT_OK)
+    NEWT_INFO(CLI, "node agent %s: %d local workers, at most %d restarts each within %lld s", o->id, o->n,
+              o->max_restarts, (long long)(o->restart_window_ms / 1000));
+  for (int i = 0; r == NEWT_OK && i < o->n; i++) {
+    r = start(&a, i);
+    if (r != NEWT_OK) ask_all_to_leave(&a, SIGTERM);
+  }
+  if (r != NEWT_OK) { /* the ones started leave; then the error is the agent's */
+    while (running(&a)) reap(&a), newt_sleep_ms(50);
+  } else {
+    while (running(&a)) {
+      int sig = newt_stop_requested();
+      if (sig && !a.stop_sig) {
+        a.stop_sig = sig;
+        NEWT_INFO(CLI, "signal %d: the local workers leave", sig);
+        ask_all_to_leave(&a, sig);
+      }
+      reap(&a);
+      if (!a.stop_sig) start_due(&a);
+      newt_sleep_ms(50);
+    }
+    reap(&a); /* orphans that ended last */
+    decide(&a, &end);
+  }
+  if (have_dir) newt_fs_rm_rf(a.dir);
+  for (int i = 0; a.kids && i < o->n; i++) free(a.kids[i].restarts);
+  free(a.kids);
+  NEWT_INFO(CLI, "node agent %s: every local worker ended; exit %d", o->id, r == NEWT_OK ? end.status : JOB_EXIT_ERROR);
+  return cli_end("worker", r, &end, o->term_log);
+}

@@ -1,0 +1,44 @@
+/* The node agent behind `newt worker --local-workers N`: one process per node (a pod that
+ * holds all the node's GPUs) that runs N workers, worker i on device i, so the ranks of a
+ * node see each other's GPUs (NVLink, P2P) instead of one container per GPU.
+ *
+ * It starts `newt worker <its own flags> --id <id>-<i> --device <device+i>` with
+ * --port and --metrics-port shifted by i (0 stays 0) and a termination log of its own, and:
+ *   - reaps every child, and every orphan too (it is a subreaper, and PID 1 in a container);
+ *   - forwards SIGTERM/SIGINT to every child (a worker's graceful leave) and waits for them;
+ *   - restarts a child that crashed (killed by a signal, exit 1, or 3 it was not asked for)
+ *     under the same id, after 0.5 s doubling to 30 s, at most max_restarts times within
+ *     restart_window_ms; a child that ends with the job (0), with the job's failure (4) or
+ *     on a bad flag or spec (2) is not restarted;
+ *   - exits once every child has ended, with the statuses of cli/ending.h: 4 when a child
+ *     said the job failed, 2 on a bad flag or spec (the others are asked to leave), 1 when a
+ *     child spent its restart budget (the others are asked to leave: the pod is replaced),
+ *     0 when the job is done, 3 after SIGTERM; its termination message is the deciding
+ *     child's, naming that child.
+ * It logs one line per child start, exit and restart. */
+#ifndef NEWT_CLI_AGENT_H
+#define NEWT_CLI_AGENT_H
+
+#include <stdint.h>
+
+typedef struct cli_agent_opts {
+  int n;                     /* local workers, >= 1 */
+  const char *id;            /* child i is <id>-<i> */
+  int device;                /* child i gets device + i */
+  int port, metrics_port;    /* child i gets port + i, metrics_port + i (0: stays 0) */
+  int max_restarts;          /* restarts of one child within the window (0: none) */
+  int64_t restart_window_ms;
+  const char *term_log;      /* the agent's termination log (cli_termination_log) */
+  int argc;                  /* the worker flags to pass on: those of the fields above */
+  char **argv;               /* (and --local-workers, ...) are left out by the agent */
+} cli_agent_opts;
+
+/* The flags the agent consumes or sets per child: not passed on as given. */
+#define CLI_AGENT_OWN_FLAGS                                                                        \
+  "local-workers", "max-restarts", "restart-window", "id", "device", "port", "metrics-port",        \
+      "termination-log"
+
+/* Runs the agent until every child has ended; returns the exit status (see above). */
+int cli_agent_run(const cli_agent_opts *o);
+
+#endif
