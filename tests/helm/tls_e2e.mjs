@@ -173,11 +173,12 @@ function makeCerts(dir) {
   const serverExt = "subjectAltName=IP:127.0.0.1,DNS:localhost\nextendedKeyUsage=serverAuth,clientAuth\n";
   leaf("server", "/CN=newt-etcd", serverExt);
   leaf("peer", "/CN=newt-etcd-peer", serverExt);
+  leaf("server-only", "/CN=newt-etcd", "subjectAltName=IP:127.0.0.1,DNS:localhost\nextendedKeyUsage=serverAuth\n"); // the mistake
   leaf("client", "/O=newt", "extendedKeyUsage=clientAuth\n"); // no Common Name
   leaf("client-cn", "/O=newt/CN=newt", "extendedKeyUsage=clientAuth\n"); // the mistake
   const f = (n) => readFileSync(join(dir, n), "utf8");
   const tls = (name) => ({ "ca.crt": f("ca.crt"), "tls.crt": f(`${name}.crt`), "tls.key": f(`${name}.key`) });
-  return { server: tls("server"), peer: tls("peer"), client: tls("client"), clientCN: tls("client-cn") };
+  return { server: tls("server"), serverOnly: tls("server-only"), peer: tls("peer"), client: tls("client"), clientCN: tls("client-cn") };
 }
 function makeSecrets(values, certs) {
   const s = {};
@@ -196,7 +197,9 @@ function makeSecrets(values, certs) {
 // containerPort to a free one; volumes: folders; etcd endpoints: the loopback etcd.
 let podCount = 0;
 class Host {
-  constructor(docs, secrets, configMaps) {
+  constructor(root, docs, secrets, configMaps) {
+    this.root = root;
+    mkdirSync(root, { recursive: true });
     this.docs = docs;
     this.secrets = secrets;
     this.configMaps = configMaps;
@@ -205,11 +208,11 @@ class Host {
   // The folder of one volume of a pod.
   volumeDir(pod, vol) {
     if (vol.persistentVolumeClaim) {
-      const d = join(tmp, "pvc", vol.persistentVolumeClaim.claimName);
+      const d = join(this.root, "pvc", vol.persistentVolumeClaim.claimName);
       mkdirSync(d, { recursive: true });
       return d;
     }
-    const d = join(tmp, "pods", pod.name, vol.name);
+    const d = join(this.root, "pods", pod.name, vol.name);
     if (existsSync(d)) return d;
     mkdirSync(d, { recursive: true });
     const files = (data, items, mode, what) => {
@@ -276,7 +279,7 @@ class Host {
     const args = (c.args || []).map((t) => expand(t, env));
     pod.env = Object.fromEntries(Object.entries(env).map(([k, v]) => [k, this.rewrite(pod, v)]));
     pod.argv = [...cmd, ...args].map((t, i) => (i === 0 ? t : this.rewrite(pod, t)));
-    if (keep) writeFileSync(join(tmp, `${pod.name}.json`), JSON.stringify({ argv: pod.argv, env: pod.env, mounts: pod.mounts, ports: pod.ports }, null, 2));
+    if (keep) writeFileSync(join(this.root, `${pod.name}.json`), JSON.stringify({ argv: pod.argv, env: pod.env, mounts: pod.mounts, ports: pod.ports }, null, 2));
     return pod;
   }
   // One string of a pod: a path under a mount to its folder (also inside a script), a
@@ -296,6 +299,47 @@ class Host {
     }
     return s;
   }
+  // Member 0 of the rendered etcd StatefulSet, alone: its flags as rendered but for the
+  // host and port of its URLs (loopback, free ports) and the cluster (itself); the files
+  // through its mounts. Every member's rendered client endpoint is this etcd from now on.
+  // Resolves once the rendered startup probe answers.
+  async startEtcd(sts, errors) {
+    const pod = await this.pod(sts, { name: `${sts.metadata.name}-0` });
+    const client = pod.c.ports?.find((p) => p.name === "client")?.containerPort;
+    if (!client) throw new Fatal("the etcd container has no port named client");
+    const adv = flagValue([...(pod.c.command || []), ...(pod.c.args || [])], "--advertise-client-urls"); // as rendered: $(POD_NAME)
+    if (!adv) throw new Fatal("etcd has no --advertise-client-urls");
+    for (let i = 0; i < sts.spec.replicas; i++) {
+      const u = new URL(expand(adv.split(",")[0], { POD_NAME: `${sts.metadata.name}-${i}` }));
+      this.endpointRewrites.push([u.host, `127.0.0.1:${pod.ports[client]}`]);
+    }
+    const argv = [pod.argv[0]];
+    const name = flagValue(pod.argv, "--name");
+    for (const a of pod.argv.slice(1)) {
+      const m = a.match(/^(--[a-z-]+)=(.*)$/);
+      if (!m) throw new Fatal(`etcd argument ${a} is not --flag=value`);
+      let [, f, v] = m;
+      if (f === "--initial-cluster") {
+        const mine = v.split(",").find((e) => e.startsWith(`${name}=`));
+        if (!mine) errors.push(`--initial-cluster ${v} has no member ${name}`);
+        v = mine || v;
+      }
+      // URLs: the host to loopback, the container port to its free port
+      v = v.replace(/(https?):\/\/([^,:/]+):(\d+)/g, (all, scheme, h, port) => (pod.ports[port] ? `${scheme}://127.0.0.1:${pod.ports[port]}` : all));
+      argv.push(`${f}=${v}`);
+    }
+    if (errors.length) throw new Fatal("etcd not started");
+    const proc = start(argv[0], argv.slice(1), this.processEnv(pod), join(this.root, "etcd.log"));
+    const probe = pod.c.startupProbe?.httpGet;
+    if (!probe) throw new Fatal("etcd has no httpGet startupProbe");
+    const port = pod.portByName[probe.port] ?? pod.ports[probe.port];
+    const deadline = Date.now() + 30000;
+    for (let r; (r = await httpGet("127.0.0.1", port, probe.path)).status !== 200; await sleep(200)) {
+      if (proc.exitCode !== null || Date.now() > deadline)
+        throw new Fatal(`etcd's startup probe ${probe.path} on port ${probe.port}: ${r.status} ${r.body}\n      ${tail(proc.log)}`);
+    }
+    return { proc, loopback: flagValue(argv, "--advertise-client-urls") };
+  }
   processEnv(pod, extra = {}) {
     const env = { PATH: process.env.PATH, HOME: join(tmp, "home"), ...pod.env, ...extra };
     for (const k of Object.keys(env)) if (env[k] === undefined) delete env[k];
@@ -306,7 +350,7 @@ class Host {
     return pod.argv[0] === "/usr/local/bin/newt" ? newtBin : pod.argv[0];
   }
   start(pod, log, envExtra) {
-    return start(this.exe(pod), pod.argv.slice(1), this.processEnv(pod, envExtra), join(tmp, `${log}.log`));
+    return start(this.exe(pod), pod.argv.slice(1), this.processEnv(pod, envExtra), join(this.root, `${log}.log`));
   }
 }
 function expand(s, env) {
@@ -358,51 +402,14 @@ async function main() {
     for (const n of named) if (!secrets[n]) errors.push(`the chart uses Secret ${n}, which the values do not name`);
   }))) return;
   const configMaps = Object.fromEntries(docs.filter((d) => d.kind === "ConfigMap").map((d) => [d.metadata.name, { ...d.data }]));
-  const host = new Host(docs, secrets, configMaps);
+  const host = new Host(tmp, docs, secrets, configMaps);
 
   // 2-3. etcd as the StatefulSet runs member 0, alone
-  const etcdPod = await host.pod(sts, { name: `${sts.metadata.name}-0` });
-  const client = etcdPod.c.ports.find((p) => p.name === "client")?.containerPort;
-  let etcd;
-  let loopback; // scheme://127.0.0.1:port of etcd's clients
+  let etcd, loopback; // loopback: scheme://127.0.0.1:port of etcd's clients
   if (!(await check("etcd starts with the StatefulSet's flags (URLs to loopback ports, one member, the files from the mounts) and its startup probe answers", async (errors) => {
-    if (!client) throw new Fatal("the etcd container has no port named client");
-    // every member's rendered client endpoint is this etcd now
-    const adv = flagValue([...(etcdPod.c.command || []), ...(etcdPod.c.args || [])], "--advertise-client-urls"); // as rendered: $(POD_NAME)
-    if (!adv) throw new Fatal("etcd has no --advertise-client-urls");
-    for (let i = 0; i < sts.spec.replicas; i++) {
-      const u = new URL(expand(adv.split(",")[0], { POD_NAME: `${sts.metadata.name}-${i}` }));
-      host.endpointRewrites.push([u.host, `127.0.0.1:${etcdPod.ports[client]}`]);
-    }
-    const argv = [etcdPod.argv[0]];
-    const name = flagValue(etcdPod.argv, "--name");
-    for (const a of etcdPod.argv.slice(1)) {
-      const m = a.match(/^(--[a-z-]+)=(.*)$/);
-      if (!m) throw new Fatal(`etcd argument ${a} is not --flag=value`);
-      let [, f, v] = m;
-      if (f === "--initial-cluster") {
-        const mine = v.split(",").find((e) => e.startsWith(`${name}=`));
-        if (!mine) errors.push(`--initial-cluster ${v} has no member ${name}`);
-        v = mine || v;
-      }
-      // URLs: the host to loopback, the container port to its free port
-      v = v.replace(/(https?):\/\/([^,:/]+):(\d+)/g, (all, scheme, h, port) => (etcdPod.ports[port] ? `${scheme}://127.0.0.1:${etcdPod.ports[port]}` : all));
-      argv.push(`${f}=${v}`);
-    }
-    if (errors.length) return;
-    loopback = flagValue(argv, "--advertise-client-urls");
-    console.log(`      etcd ${argv.slice(1).join(" ").replaceAll(tmp, "$TMP")}`);
-    etcd = start(argv[0], argv.slice(1), host.processEnv(etcdPod), join(tmp, "etcd.log"));
-    const probe = etcdPod.c.startupProbe?.httpGet;
-    if (!probe) throw new Fatal("etcd has no httpGet startupProbe");
-    const port = etcdPod.portByName[probe.port] ?? etcdPod.ports[probe.port];
-    const deadline = Date.now() + 30000;
-    for (let r; (r = await httpGet("127.0.0.1", port, probe.path)).status !== 200; await sleep(200)) {
-      if (etcd.exitCode !== null || Date.now() > deadline)
-        throw new Fatal(`etcd's startup probe ${probe.path} on port ${probe.port}: ${r.status} ${r.body}\n      ${tail(etcd.log)}`);
-    }
+    ({ proc: etcd, loopback } = await host.startEtcd(sts, errors));
+    console.log(`      etcd ${etcd.spawnargs.slice(1).join(" ").replaceAll(tmp, "$TMP")}`);
   }))) return;
-  if (!loopback.startsWith("https://")) console.log(`      note: etcd serves clients on ${loopback}`);
 
   // 4. the auth bootstrap Job, then the etcd health hook as the newt user
   const authPod = await host.pod(authJob);
@@ -513,8 +520,29 @@ async function main() {
     if (!/Common Name/.test(r.all) || /authentication failed/i.test(r.all)) errors.push(`the error does not name the Common Name: ${r.all.trim()}`);
     else console.log(`      ${r.all.trim()}`);
   });
-  etcd?.kill("SIGTERM");
-  await within(etcd?.done, 10000);
+  etcd.kill("SIGTERM");
+  await within(etcd.done, 10000);
+
+  // The server certificate's usages: with --client-cert-auth, etcd's gateway dials etcd's
+  // own gRPC presenting the server certificate, so without the client auth usage etcdctl
+  // (gRPC) works and every gateway request, hence newt, fails.
+  await check("etcd's server certificate needs the client auth usage too: without it the gateway fails while etcdctl works", async (errors) => {
+    if (flagValue(etcd.spawnargs, "--client-cert-auth") !== "true") return console.log("      (no --client-cert-auth: skipped)");
+    const bad = { ...secrets, [values.etcd.tls.serverSecret]: certs.serverOnly };
+    const h = new Host(join(tmp, "server-auth-only"), docs, bad, configMaps);
+    const { proc } = await h.startEtcd(sts, errors);
+    try {
+      const ctlPod = await h.pod(authJob);
+      const ctl = run("etcdctl", ["--dial-timeout=3s", "--command-timeout=5s", "endpoint", "health"], { env: h.processEnv(ctlPod) });
+      if (ctl.code !== 0) errors.push(`etcdctl endpoint health failed too: ${ctl.all.trim()}`);
+      const p = await h.pod(statusHook);
+      const r = run(newtBin, ["status", "--json"], { env: h.processEnv(p), timeout: 60000 });
+      if (r.code === 0) errors.push(`newt status succeeded: ${r.out}`);
+      else console.log(`      ${r.all.trim()}`);
+    } finally {
+      proc.kill("SIGKILL");
+    }
+  });
 }
 
 await main().catch((e) => {
