@@ -401,6 +401,25 @@ async function main() {
     }
     for (const n of named) if (!secrets[n]) errors.push(`the chart uses Secret ${n}, which the values do not name`);
   }))) return;
+  // The processes here run as this host's user; in the cluster they run as the pods' user,
+  // and a Secret's files are root's, of group fsGroup, with the volume's mode.
+  await check("every Secret file a container mounts is readable by the container's user (mode, fsGroup)", (errors) => {
+    for (const d of docs) {
+      const spec = podSpecOf(d);
+      if (!spec?.containers) continue;
+      for (const c of spec.containers) {
+        const sc = { ...spec.securityContext, ...c.securityContext };
+        if (sc.runAsUser === 0 || (sc.runAsUser === undefined && !sc.runAsNonRoot)) continue;
+        for (const m of c.volumeMounts || []) {
+          const v = (spec.volumes || []).find((x) => x.name === m.name)?.secret;
+          if (!v) continue;
+          for (const mode of [v.defaultMode ?? 0o644, ...(v.items || []).map((i) => i.mode).filter((x) => x !== undefined)])
+            if (!(mode & 0o004) && !(spec.securityContext?.fsGroup !== undefined && mode & 0o040))
+              errors.push(`${d.kind}/${d.metadata.name}/${c.name}: Secret ${v.secretName} at ${m.mountPath}: mode ${mode.toString(8)} is not readable by user ${sc.runAsUser} (fsGroup ${spec.securityContext?.fsGroup})`);
+        }
+      }
+    }
+  });
   const configMaps = Object.fromEntries(docs.filter((d) => d.kind === "ConfigMap").map((d) => [d.metadata.name, { ...d.data }]));
   const host = new Host(tmp, docs, secrets, configMaps);
 
@@ -418,7 +437,7 @@ async function main() {
     for (const attempt of ["first", "second"]) {
       const r = run(authPod.argv[0], authPod.argv.slice(1), { env: host.processEnv(authPod), timeout: 120000 });
       if (r.code !== 0) errors.push(`${attempt} run exited ${r.code}: ${r.all.trim()}`);
-      else console.log(`      ${r.out.trim()}`);
+      else console.log(`      ${r.out.trim().replaceAll("\n", "\n      ")}`);
     }
   }))) return;
   const user = secrets[values.etcdClient.auth.secret][values.etcdClient.auth.usernameKey];
