@@ -26,7 +26,10 @@
 //   6. what must be refused: a wrong password (an authentication error, not the CN one), a
 //      plain-http client, a client without a certificate, an anonymous etcdctl, and a
 //      client certificate with a Common Name (refused with newt's CN message: the two
-//      mistakes read differently).
+//      mistakes read differently); and a second etcd, its server certificate without the
+//      client auth usage: etcdctl works, the gateway and so newt do not.
+// The processes run as this test's user: that the pods' user may read each Secret file
+// (mode, fsGroup) is checked from the rendered pod specs.
 // Environment (set by ctest): NEWT_HELM_TOOLS (bin/helm, node_modules), NEWT_BIN,
 // NEWT_SOURCE_DIR. Needs etcd, etcdctl and openssl on PATH. Prints one line per check and
 // closes with "N passed, N failed"; exits 1 when any check failed.
@@ -197,10 +200,9 @@ function makeSecrets(values, certs) {
 // containerPort to a free one; volumes: folders; etcd endpoints: the loopback etcd.
 let podCount = 0;
 class Host {
-  constructor(root, docs, secrets, configMaps) {
+  constructor(root, secrets, configMaps) {
     this.root = root;
     mkdirSync(root, { recursive: true });
-    this.docs = docs;
     this.secrets = secrets;
     this.configMaps = configMaps;
     this.endpointRewrites = []; // [rendered host:port, loopback host:port]
@@ -220,7 +222,7 @@ class Host {
         if (!(key in data)) throw new Fatal(`${pod.where}: volume ${vol.name}: ${what} has no key ${key}`);
         mkdirSync(dirname(join(d, path)), { recursive: true });
         writeFileSync(join(d, path), data[key]);
-        chmodSync(join(d, path), (m ?? mode ?? 0o644) | 0o400);
+        chmodSync(join(d, path), (m ?? mode ?? 0o644) | 0o400); // | 0o400: this test's user reads it
       }
     };
     if (vol.secret) {
@@ -234,8 +236,9 @@ class Host {
     } else if (!vol.emptyDir) throw new Fatal(`${pod.where}: volume ${vol.name}: unexpected kind ${Object.keys(vol)}`);
     return d;
   }
-  // A pod of workload DOC (its first container unless NAME): the command, args and env as
-  // Kubernetes would give them, with this host's substitutions.
+  // A pod of workload DOC (named NAME, or after DOC), its container CONTAINERNAME (or the
+  // first): the command, args and env as Kubernetes would give them, with this host's
+  // substitutions.
   async pod(doc, { name, containerName } = {}) {
     const spec = podSpecOf(doc);
     const c = containerName ? spec.containers.find((x) => x.name === containerName) : spec.containers[0];
@@ -421,7 +424,7 @@ async function main() {
     }
   });
   const configMaps = Object.fromEntries(docs.filter((d) => d.kind === "ConfigMap").map((d) => [d.metadata.name, { ...d.data }]));
-  const host = new Host(tmp, docs, secrets, configMaps);
+  const host = new Host(tmp, secrets, configMaps);
 
   // 2-3. etcd as the StatefulSet runs member 0, alone
   let etcd, loopback; // loopback: scheme://127.0.0.1:port of etcd's clients
@@ -548,7 +551,7 @@ async function main() {
   await check("etcd's server certificate needs the client auth usage too: without it the gateway fails while etcdctl works", async (errors) => {
     if (flagValue(etcd.spawnargs, "--client-cert-auth") !== "true") return console.log("      (no --client-cert-auth: skipped)");
     const bad = { ...secrets, [values.etcd.tls.serverSecret]: certs.serverOnly };
-    const h = new Host(join(tmp, "server-auth-only"), docs, bad, configMaps);
+    const h = new Host(join(tmp, "server-auth-only"), bad, configMaps);
     const { proc } = await h.startEtcd(sts, errors);
     try {
       const ctlPod = await h.pod(authJob);
