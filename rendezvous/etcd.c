@@ -339,7 +339,16 @@ static newt_result_t request(rdzv_etcd *c, const char *path, const char *body, i
         newt_result_t code = e.grpc_code >= 0 ? rdzv_etcd_grpc_code_result(e.grpc_code, e.message)
                                               : (a.status == 404 ? NEWT_ERR_UNSUPPORTED : NEWT_ERR_PEER);
         if (code == NEWT_ERR_UNAVAILABLE && idempotent) { /* "no leader", "stopping": another endpoint */
-          newt_buf_printf(&fails, "%s%s: HTTP %ld: %s", fails.len ? "; " : "", url, a.status, e.message);
+          /* over TLS, the gateway reaches etcd's own gRPC port with etcd's server certificate
+             as its client certificate: one without the client auth usage closes every call
+             (docs/kubernetes.md, "etcd: TLS and authentication") */
+          int gw_cert = strncmp(url, "https:", 6) == 0 && a.status == 503 &&
+                        (strstr(e.message, "closed") || strstr(e.message, "broken pipe") ||
+                         strstr(e.message, "connection reset") || strstr(e.message, "EOF") || strstr(e.message, "tls:"));
+          newt_buf_printf(&fails, "%s%s: HTTP %ld: %s%s", fails.len ? "; " : "", url, a.status, e.message,
+                          gw_cert ? " (etcd's gateway lost its link to etcd itself: with --client-cert-auth, etcd's "
+                                    "server certificate needs the client auth usage as well as server auth)"
+                                  : "");
           retry = 1;
           continue;
         }

@@ -560,6 +560,8 @@ async function main() {
       const p = await h.pod(statusHook);
       const r = run(newtBin, ["status", "--json"], { env: h.processEnv(p), timeout: 60000 });
       if (r.code === 0) errors.push(`newt status succeeded: ${r.out}`);
+      else if (!r.all.includes("server certificate needs the client auth usage"))
+        errors.push(`newt's error does not name the server certificate's missing usage: ${r.all.trim()}`);
       else console.log(`      ${r.all.trim()}`);
     } finally {
       proc.kill("SIGKILL");
