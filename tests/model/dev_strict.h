@@ -17,7 +17,7 @@
  *   float *h = dev_strict_host(device_pointer);         // the host address (tests only)
  *
  * Collectives over its memory need a communicator that translates too (the CPU backend
- * dereferences what it is given); tests/parallel/par_test.h has one. */
+ * dereferences what it is given): dev_strict_comm.h. */
 #ifndef NEWT_TESTS_DEV_STRICT_H
 #define NEWT_TESTS_DEV_STRICT_H
 

@@ -3,8 +3,7 @@
  * layout on a fresh world communicator), a barrier of all those processes in shared memory,
  * and the pieces of a rank laid over the global tensors (a "checkpoint" in shared memory:
  * one float per element of the global layout for the parameters and each moment, and a count
- * of the primary pieces that covered it), read and written through the device interface; the
- * collectives over the strict test device's memory (tests/model/dev_strict.h). */
+ * of the primary pieces that covered it), read and written through the device interface. */
 #ifndef NEWT_TESTS_PAR_TEST_H
 #define NEWT_TESTS_PAR_TEST_H
 
@@ -16,8 +15,7 @@
 #include <sys/mman.h>
 
 #include "comm/comm_test.h"
-#include "comm/internal.h"
-#include "model/dev_strict.h"
+#include "model/dev_strict_comm.h"
 #include "model/parallel.h"
 #include "test.h"
 
@@ -224,37 +222,6 @@ static inline float *pt_pieces_download(const model_par *p, size_t *n) {
   free(pcs);
   *n = total;
   return out;
-}
-
-/* ---- collectives over the strict test device's memory -------------------------------------------- */
-
-/* The CPU backend reads and writes what it is given, so over the strict device's
- * (non-canonical) memory it needs the pointers translated: pt_strict_comm gives a CPU
- * communicator (before any split: its children inherit it) a copy of the CPU backend's
- * table whose operations translate the strict device's pointers (host pointers pass as
- * they are). Tests only: the product's collectives take device pointers as they come. */
-static comm_backend_ops pt_strict_ops;
-
-static inline newt_result_t pt_strict_run(struct comm *c, const comm_opdesc *op) {
-  comm_opdesc o = *op;
-  o.send = dev_strict_host(o.send);
-  o.recv = dev_strict_host(o.recv);
-  return comm_cpu_ops.run(c, &o);
-}
-
-static inline newt_result_t pt_strict_submit(struct comm *c, struct comm_req *r) {
-  r->op.send = dev_strict_host(r->op.send);
-  r->op.recv = dev_strict_host(r->op.recv);
-  return comm_cpu_ops.submit(c, r);
-}
-
-static inline void pt_strict_comm(comm_t *world) {
-  if (!pt_strict_ops.name) {
-    pt_strict_ops = comm_cpu_ops;
-    pt_strict_ops.run = pt_strict_run;
-    pt_strict_ops.submit = pt_strict_submit;
-  }
-  world->ops = &pt_strict_ops;
 }
 
 #endif

@@ -91,7 +91,7 @@ static int open_world_on(ct_world *w, const layout *L, rank_ctx *rc, int strict)
     fprintf(stderr, "rank %d: comm_create (tp %d pp %d dp %d): %s\n", rc->rank, L->tp, L->pp, L->dp, newt_errmsg());
     return 1;
   }
-  if (strict) pt_strict_comm(rc->world);
+  if (strict) dev_strict_comm(rc->world);
   model_par_config pc;
   model_par_config_from_rank(&pc, L->tp, L->pp, L->dp, 0, rc->rank);
   if (model_par_comms_split(rc->world, &pc, &rc->comms) != NEWT_OK) {
