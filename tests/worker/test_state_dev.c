@@ -7,13 +7,19 @@
  *
  *   - rank 1 lost its state: step 3 is whole from rank 0's state and its replica of rank 1's
  *     shard (the replica path);
- *   - both lost their state: step 2 is whole from the two snapshots (the snapshot path).
+ *   - both lost their state: step 2 is whole from the two snapshots (the snapshot path);
+ *   - both lost everything but the checkpoint the worker saved at step 3 (worker/save.c:
+ *     pieces downloaded into the saver's staging) and it is read back (worker/state.c:
+ *     read into host staging, uploaded).
  *
  * Each scenario must follow the single-process losses, and give the same restored step, the
  * same losses and the same final state, bit for bit, on both devices; a host access to
  * strict device memory kills the rank. */
 #include <math.h>
+#include <stdlib.h>
 #include <string.h>
+
+#include "common/fs.h"
 
 #include "parallel/par_test.h"
 #include "worker/internal.h"
@@ -23,6 +29,7 @@
 
 static model_train_config cfg;
 static pt_ref ref;
+static char root[64]; /* the scenario with a checkpoint: <root>/cpu, <root>/strict */
 
 typedef struct outcome {
   int64_t restored;
@@ -52,7 +59,8 @@ static int step(worker *w, int s, double *loss) {
   return 0;
 }
 
-/* One scenario on one device: 0 rank 1 loses its state, 1 both do. */
+/* One scenario on one device: 0 rank 1 loses its state, 1 both do, 2 both lose all but the
+ * checkpoint. */
 static int run(ct_world *cw, int rank, model_dev *dev, int scenario, outcome *out) {
   memset(out, 0, sizeof *out);
   comm_config cc;
@@ -71,6 +79,15 @@ static int run(ct_world *cw, int rank, model_dev *dev, int scenario, outcome *ou
   w.spec.global_batch = cfg.batch;
   w.dev = dev;
   w.snap.step = w.rep.step = -1;
+  static worker_opts wo = {.job = "state-dev"};
+  w.o = &wo;
+  newt_plan plan_a = {.generation = 1, .tp = 1, .pp = 1, .dp = 2, .zero = 1, .nranks = 2};
+  plan_rank me = {.rank = rank};
+  if (scenario == 2) {
+    snprintf(w.spec.ckpt_dir, sizeof w.spec.ckpt_dir, "%s/%s", root, dev == model_dev_cpu() ? "cpu" : "strict");
+    w.spec.ckpt_every = PRE;
+    w.spec.ckpt_keep = 2;
+  }
   size_t n = (size_t)cfg.batch * cfg.seq_len;
   w.inputs = malloc(n * sizeof *w.inputs);
   w.targets = malloc(n * sizeof *w.targets);
@@ -84,9 +101,22 @@ static int run(ct_world *cw, int rank, model_dev *dev, int scenario, outcome *ou
     goto exit;
   }
   w.have_par = w.has_state = 1;
-  for (int s = 0; s < PRE && !fails; s++) fails += step(&w, s, &out->loss[s]);
+  if (worker_ckpt_generation(&w, &plan_a, &me) != NEWT_OK) {
+    fprintf(stderr, "rank %d: checkpoint saver: %s\n", rank, newt_errmsg());
+    fails = 1;
+    goto exit;
+  }
+  for (int s = 0; s < PRE && !fails; s++) {
+    fails += step(&w, s, &out->loss[s]);
+    if (!fails && worker_ckpt_step(&w, &plan_a, &me) != NEWT_OK) {
+      fprintf(stderr, "rank %d: checkpoint of step %d: %s\n", rank, s + 1, newt_errmsg());
+      fails = 1;
+    }
+  }
+  worker_ckpt_free(&w); /* waits for the save in flight */
   if (fails) goto exit;
-  if (scenario == 1 || rank == 1) w.has_state = 0; /* its state is gone; snapshot and replica stay */
+  if (scenario >= 1 || rank == 1) w.has_state = 0; /* its state is gone; snapshot and replica stay */
+  if (scenario == 2) w.snap.step = w.rep.step = -1; /* and them too */
   model_par_comms_free(&w.comms);
   model_par_config_from_rank(&pc, 2, 1, 1, 3, rank);
   pc.dev = dev;
@@ -100,6 +130,8 @@ static int run(ct_world *cw, int rank, model_dev *dev, int scenario, outcome *ou
   for (int s = (int)out->restored; s < (int)out->restored + POST && !fails; s++) fails += step(&w, s, &out->loss[s]);
   if (!fails && !(out->state = pt_pieces_download(&w.par, &out->nstate))) fails = 1;
 exit:
+  worker_ckpt_free(&w);
+  for (int i = 0; i < WORKER_PUB_SLOTS; i++) free(w.pub[i].value);
   worker_state_free(&w);
   model_par_comms_free(&w.comms);
   free(w.inputs), free(w.targets);
@@ -107,15 +139,17 @@ exit:
   return fails;
 }
 
-static ct_world worlds[4];
+#define NSCEN 3
+static ct_world worlds[2 * NSCEN];
 
 static int rank_main(ct_world *grp, int rank, void *arg) {
   (void)grp, (void)arg;
   int fails = 0;
   model_dev *devs[2] = {model_dev_cpu(), dev_strict()};
-  static const char *const what[2] = {"rank 1 lost its state (replica)", "both lost their state (snapshots)"};
-  static const int64_t want[2] = {PRE, PRE - 1};
-  for (int sc = 0; sc < 2; sc++) {
+  static const char *const what[NSCEN] = {"rank 1 lost its state (replica)", "both lost their state (snapshots)",
+                                           "both lost all but the checkpoint"};
+  static const int64_t want[NSCEN] = {PRE, PRE - 1, PRE};
+  for (int sc = 0; sc < NSCEN; sc++) {
     outcome o[2];
     for (int d = 0; d < 2; d++) fails += run(&worlds[2 * sc + d], rank, devs[d], sc, &o[d]);
     if (!fails) {
@@ -138,7 +172,9 @@ static int rank_main(ct_world *grp, int rank, void *arg) {
 }
 
 static void test_state_moves(void) {
-  for (int i = 0; i < 4; i++) {
+  snprintf(root, sizeof root, "/tmp/newt-state-dev-XXXXXX");
+  T_CHECK(mkdtemp(root) != NULL);
+  for (int i = 0; i < 2 * NSCEN; i++) {
     ct_world_init(&worlds[i], 2, CT_SHM, "state");
     worlds[i].timeout_ms = 60000;
   }
@@ -147,7 +183,8 @@ static void test_state_moves(void) {
   ct_spawn(&grp, rank_main, NULL);
   T_CHECK_MSG(ct_wait(&grp, 120000, NULL) == 0, "rank processes failed");
   ct_world_free(&grp);
-  for (int i = 0; i < 4; i++) ct_world_free(&worlds[i]);
+  for (int i = 0; i < 2 * NSCEN; i++) ct_world_free(&worlds[i]);
+  newt_fs_rm_rf(root);
 }
 
 int main(void) {
