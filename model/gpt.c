@@ -114,8 +114,9 @@ size_t model_acts_bytes(const model_config *cfg, int B, int T, int l0, int l1, i
   return model_acts_bytes_tp(cfg, 1, B, T, l0, l1, head);
 }
 
-newt_result_t model_acts_init_tp(model_acts *a, const model_config *cfg, int tp, int B, int T, int l0,
-                                 int l1, int head) {
+/* The checks and the allocation of model_acts_init_tp / _dev (dev NULL: host memory). */
+static newt_result_t acts_init(model_acts *a, model_dev *dev, const model_config *cfg, int tp, int B, int T, int l0,
+                               int l1, int head) {
   memset(a, 0, sizeof *a);
   NEWT_CHECK(model_config_check(cfg));
   if (B < 1 || T < 1 || T > cfg->ctx)
@@ -127,11 +128,20 @@ newt_result_t model_acts_init_tp(model_acts *a, const model_config *cfg, int tp,
   if (tp < 1 || cfg->heads % tp != 0 || cfg->vocab % tp != 0)
     return NEWT_ERR(NEWT_ERR_INVALID, "model acts: tp = %d must divide heads = %lld and vocab = %lld", tp,
                     (long long)cfg->heads, (long long)cfg->vocab);
-  *a = (model_acts){.B = B, .T = T, .tp = tp, .l0 = l0, .l1 = l1, .head = head};
+  *a = (model_acts){.B = B, .T = T, .tp = tp, .l0 = l0, .l1 = l1, .head = head, .dev = dev};
   a->bytes = model_acts_bytes_tp(cfg, tp, B, T, l0, l1, head);
-  a->mem = alloc_zeroed(a->bytes);
   a->blk = calloc(l1 > l0 ? (size_t)(l1 - l0) : 1, sizeof *a->blk);
-  if (!a->mem || !a->blk) {
+  if (!a->blk) return NEWT_ERR(NEWT_ERR_NOMEM, "model acts: out of memory");
+  if (dev) {
+    newt_result_t r = model_dev_alloc(dev, a->bytes, &a->mem);
+    if (r != NEWT_OK) {
+      model_acts_free(a);
+      return newt_err_wrap(r, "model acts: ");
+    }
+  } else {
+    a->mem = alloc_zeroed(a->bytes);
+  }
+  if (!a->mem) {
     size_t bytes = a->bytes;
     model_acts_free(a);
     return NEWT_ERR(NEWT_ERR_NOMEM, "model acts: out of memory (%zu bytes)", bytes);
@@ -141,44 +151,76 @@ newt_result_t model_acts_init_tp(model_acts *a, const model_config *cfg, int tp,
   return NEWT_OK;
 }
 
+newt_result_t model_acts_init_tp(model_acts *a, const model_config *cfg, int tp, int B, int T, int l0,
+                                 int l1, int head) {
+  return acts_init(a, NULL, cfg, tp, B, T, l0, l1, head);
+}
+
+newt_result_t model_acts_init_dev(model_acts *a, model_dev *dev, const model_config *cfg, int tp, int B, int T,
+                                  int l0, int l1, int head) {
+  return acts_init(a, dev, cfg, tp, B, T, l0, l1, head);
+}
+
 newt_result_t model_acts_init(model_acts *a, const model_config *cfg, int B, int T, int l0, int l1,
                               int head) {
   return model_acts_init_tp(a, cfg, 1, B, T, l0, l1, head);
 }
 
 void model_acts_free(model_acts *a) {
-  free(a->mem);
+  if (a->dev) model_dev_free(a->dev, a->mem);
+  else free(a->mem);
   free(a->blk);
   memset(a, 0, sizeof *a);
 }
 
-static void scratch_carve(model_scratch *s, const model_config *cfg, model_carver *c) {
+static void scratch_carve(model_scratch *s, const model_config *cfg, size_t per_thread, model_carver *c) {
   size_t BT = (size_t)s->B * s->T, C = cfg->channels;
   s->dres = CARVE_F(c, BT * C);
   s->dx = CARVE_F(c, BT * C);
   s->dqkv = CARVE_F(c, BT * 3 * C);
   s->dfch = CARVE_F(c, BT * 4 * C);
-  s->thread = CARVE_F(c, (size_t)model_threads_get() * model_ops_scratch_floats(s->T, C, cfg->heads));
+  s->thread = CARVE_F(c, (size_t)s->threads * per_thread);
 }
 
-newt_result_t model_scratch_init(model_scratch *s, const model_config *cfg, int B, int T) {
+/* model_scratch_init / _dev (dev NULL: host memory and ops.h's scratch per thread). */
+static newt_result_t scratch_init(model_scratch *s, model_dev *dev, const model_config *cfg, int B, int T) {
   memset(s, 0, sizeof *s);
   NEWT_CHECK(model_config_check(cfg));
   s->B = B;
   s->T = T;
   s->threads = model_threads_get();
+  s->dev = dev;
+  size_t per_thread = dev ? model_dev_scratch_floats(dev, T, (int)cfg->channels, (int)cfg->heads)
+                          : model_ops_scratch_floats(T, (int)cfg->channels, (int)cfg->heads);
   model_carver c = {.align = 64};
-  scratch_carve(s, cfg, &c);
+  scratch_carve(s, cfg, per_thread, &c);
   s->bytes = c.off;
-  s->mem = alloc_zeroed(s->bytes);
-  if (!s->mem) return NEWT_ERR(NEWT_ERR_NOMEM, "model scratch: out of memory (%zu bytes)", s->bytes);
+  if (dev) {
+    newt_result_t r = model_dev_alloc(dev, s->bytes, &s->mem);
+    if (r != NEWT_OK) {
+      memset(s, 0, sizeof *s);
+      return newt_err_wrap(r, "model scratch: ");
+    }
+  } else {
+    s->mem = alloc_zeroed(s->bytes);
+    if (!s->mem) return NEWT_ERR(NEWT_ERR_NOMEM, "model scratch: out of memory (%zu bytes)", s->bytes);
+  }
   c = (model_carver){.base = s->mem, .align = 64};
-  scratch_carve(s, cfg, &c);
+  scratch_carve(s, cfg, per_thread, &c);
   return NEWT_OK;
 }
 
+newt_result_t model_scratch_init(model_scratch *s, const model_config *cfg, int B, int T) {
+  return scratch_init(s, NULL, cfg, B, T);
+}
+
+newt_result_t model_scratch_init_dev(model_scratch *s, model_dev *dev, const model_config *cfg, int B, int T) {
+  return scratch_init(s, dev, cfg, B, T);
+}
+
 void model_scratch_free(model_scratch *s) {
-  free(s->mem);
+  if (s->dev) model_dev_free(s->dev, s->mem);
+  else free(s->mem);
   memset(s, 0, sizeof *s);
 }
 

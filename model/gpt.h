@@ -23,6 +23,7 @@
 #include <stdint.h>
 
 #include "common/err.h"
+#include "model/dev.h"
 #include "model/layout.h"
 
 typedef struct model_gpt {
@@ -80,6 +81,7 @@ typedef struct model_acts {
   float *losses;      /* (B,T) per-token loss (head) */
   void *mem;
   size_t bytes;
+  model_dev *dev;     /* the device mem is on (model_acts_init_dev); NULL: host memory */
 } model_acts;
 
 /* Bytes model_acts_init allocates for these sizes and layers. */
@@ -92,6 +94,10 @@ newt_result_t model_acts_init(model_acts *a, const model_config *cfg, int B, int
 size_t model_acts_bytes_tp(const model_config *cfg, int tp, int B, int T, int l0, int l1, int head);
 newt_result_t model_acts_init_tp(model_acts *a, const model_config *cfg, int tp, int B, int T, int l0,
                                  int l1, int head);
+/* The same in the memory of device `dev` (model/dev.h: one model_dev_alloc carved up; the
+ * pointers are device pointers, for the kernels of dev.h). */
+newt_result_t model_acts_init_dev(model_acts *a, model_dev *dev, const model_config *cfg, int tp, int B, int T,
+                                  int l0, int l1, int head);
 void model_acts_free(model_acts *a);
 
 /* The backward pass's working memory, shared by the micro-batches of one stage. */
@@ -105,11 +111,15 @@ typedef struct model_scratch {
   float *thread; /* per-thread scratch of the ops (model_ops_scratch_floats each) */
   void *mem;
   size_t bytes;
+  model_dev *dev; /* the device mem is on (model_scratch_init_dev); NULL: host memory */
 } model_scratch;
 
 /* Sized for the thread count in force (model_threads_set first); should the count rise
  * later, the pieces below lower it back to s->threads (with a warning) rather than overrun. */
 newt_result_t model_scratch_init(model_scratch *s, const model_config *cfg, int B, int T);
+/* The same in the memory of device `dev`: `thread` holds model_dev_scratch_floats per thread
+ * (the CPU device: ops.h's, for model_threads_get() threads; the CUDA device: none). */
+newt_result_t model_scratch_init_dev(model_scratch *s, model_dev *dev, const model_config *cfg, int B, int T);
 void model_scratch_free(model_scratch *s);
 /* What the pieces do first: lowers the thread count back to s->threads if it rose. */
 void model_scratch_guard(const model_scratch *s);

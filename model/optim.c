@@ -44,6 +44,7 @@ newt_result_t model_adamw_init(model_adamw *o, const model_adamw_config *hp, siz
   size_t bytes = (len ? len : 1) * sizeof(float);
   o->m = malloc(bytes);
   o->v = malloc(bytes);
+  o->owned = 1;
   if (!o->m || !o->v) {
     model_adamw_free(o);
     return NEWT_ERR(NEWT_ERR_NOMEM, "optim: out of memory for moments of %zu parameters", len);
@@ -53,9 +54,19 @@ newt_result_t model_adamw_init(model_adamw *o, const model_adamw_config *hp, siz
   return NEWT_OK;
 }
 
+newt_result_t model_adamw_init_with(model_adamw *o, const model_adamw_config *hp, size_t off, size_t len, float *m,
+                                    float *v) {
+  memset(o, 0, sizeof *o);
+  NEWT_CHECK(model_adamw_config_check(hp));
+  *o = (model_adamw){.hp = *hp, .off = off, .len = len, .m = m, .v = v};
+  return NEWT_OK;
+}
+
 void model_adamw_free(model_adamw *o) {
-  free(o->m);
-  free(o->v);
+  if (o->owned) {
+    free(o->m);
+    free(o->v);
+  }
   memset(o, 0, sizeof *o);
 }
 

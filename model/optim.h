@@ -46,9 +46,15 @@ typedef struct model_adamw {
   size_t off, len; /* the range of the buffer this state covers */
   float *m, *v;    /* len floats each */
   int64_t t;       /* updates done */
+  int owned;       /* m and v are model_adamw_init's (model_adamw_free frees them) */
 } model_adamw;
 
 newt_result_t model_adamw_init(model_adamw *o, const model_adamw_config *hp, size_t off, size_t len);
+/* The same over moments the caller allocated and zeroed (len floats each; device memory
+ * from model_dev_alloc for a trainer on a device, model/dev.h): model_adamw_free leaves
+ * them to the caller. */
+newt_result_t model_adamw_init_with(model_adamw *o, const model_adamw_config *hp, size_t off, size_t len, float *m,
+                                    float *v);
 void model_adamw_free(model_adamw *o);
 
 /* One update of params[off, off+len) from grads (both full-layout buffers) times

@@ -24,9 +24,10 @@ int par_primary(const model_par *p, const model_tensor *t);
  * tensor-parallel group (NULL: tp = 1, and the ops are exactly model_*'s in gpt.c). */
 newt_result_t par_embed_forward(const model_par *p, comm_t *tp, model_acts *a, const int32_t *inputs);
 newt_result_t par_block_forward(const model_par *p, comm_t *tp, model_acts *a, model_scratch *s, int l);
-/* *loss: the sum of the token losses (the same on every tensor-parallel rank). */
+/* Uploads the targets (host); *loss_acc (one device double) += the sum of the token losses
+ * (the same on every tensor-parallel rank). par_embed_forward uploads the inputs (host). */
 newt_result_t par_head_forward(const model_par *p, comm_t *tp, model_acts *a, const int32_t *targets, float dscale,
-                               double *loss);
+                               double *loss_acc);
 newt_result_t par_head_backward(const model_par *p, comm_t *tp, model_acts *a, model_scratch *s);
 newt_result_t par_block_backward(const model_par *p, comm_t *tp, model_acts *a, model_scratch *s, int l);
 void par_embed_backward(const model_par *p, model_acts *a, model_scratch *s);

@@ -260,14 +260,15 @@ int par_chunk_part(const model_par *p, size_t k, size_t *a, size_t *e, size_t *a
 
 /* ---- allocation and initial weights ---------------------------------------------------------- */
 
-static float *alloc_floats(size_t n) {
-  size_t bytes = align_up((n ? n : 1) * sizeof(float), 64);
-  float *x = aligned_alloc(64, bytes);
-  if (x) memset(x, 0, bytes);
-  return x;
+/* n zeroed floats of the rank's device (at least one, so that a buffer is never NULL). */
+static newt_result_t dev_floats(model_par *p, size_t n, float **out) {
+  void *x;
+  NEWT_CHECK(model_dev_alloc(p->dev, (n ? n : 1) * sizeof(float), &x));
+  *out = x;
+  return NEWT_OK;
 }
 
-/* The initial values of local tensor k into dst (its local elements, row-major). */
+/* The initial values of local tensor k into dst (host memory: its local elements, row-major). */
 static void init_tensor(const model_par *p, size_t k, uint64_t seed, float *dst) {
   const model_par_tensor *pt = &p->ten[k];
   const model_tensor *g = pt->global;
@@ -284,27 +285,58 @@ static void init_tensor(const model_par *p, size_t k, uint64_t seed, float *dst)
   }
 }
 
-static void init_weights(model_par *p) {
+/* The weights from the seed. They are computed on the host: straight into the buffers when
+ * the device's memory is the host's, else a tensor (ZeRO 3: a bucket) at a time in host
+ * staging, uploaded. */
+static newt_result_t init_weights(model_par *p) {
   uint64_t seed = p->cfg.seed;
-  if (p->pc.zero < 3) {
-    for (size_t k = 0; k < p->local.n; k++) init_tensor(p, k, seed, p->params + p->local.tensors[k].offset);
-    return;
-  }
-  /* ZeRO 3: a bucket at a time in the working buffer, keeping this rank's chunk */
-  for (int u = 0; u < p->nunits; u++) {
-    const model_par_unit *un = &p->units[u];
-    memset(p->gather[0], 0, un->len * sizeof(float));
+  int visible = model_dev_host_visible(p->dev);
+  float *stage = NULL;
+  if (!visible) {
+    size_t most = 1;
     for (size_t k = 0; k < p->local.n; k++)
-      if (p->ten[k].unit == u) init_tensor(p, k, seed, p->gather[0] + (p->local.tensors[k].offset - un->off));
-    memcpy(p->shard_params + un->soff, p->gather[0] + (size_t)p->pc.dp_rank * un->chunk, un->chunk * sizeof(float));
+      if (p->local.tensors[k].size > most) most = p->local.tensors[k].size;
+    for (int u = 0; p->pc.zero == 3 && u < p->nunits; u++)
+      if (p->units[u].len > most) most = p->units[u].len;
+    void *h;
+    NEWT_CHECK(model_dev_host_alloc(p->dev, most * sizeof(float), &h));
+    stage = h;
   }
+  newt_result_t r = NEWT_OK;
+  if (p->pc.zero < 3) {
+    for (size_t k = 0; k < p->local.n && r == NEWT_OK; k++) {
+      const model_tensor *t = &p->local.tensors[k];
+      float *dst = p->params + t->offset;
+      init_tensor(p, k, seed, visible ? dst : stage);
+      if (!visible) r = model_dev_upload(p->dev, dst, stage, t->size * sizeof(float));
+    }
+  } else {
+    /* ZeRO 3: a bucket at a time, keeping this rank's chunk */
+    for (int u = 0; u < p->nunits && r == NEWT_OK; u++) {
+      const model_par_unit *un = &p->units[u];
+      float *buf = visible ? p->gather[0] : stage;
+      memset(buf, 0, un->len * sizeof(float));
+      for (size_t k = 0; k < p->local.n; k++)
+        if (p->ten[k].unit == u) init_tensor(p, k, seed, buf + (p->local.tensors[k].offset - un->off));
+      const float *chunk = buf + (size_t)p->pc.dp_rank * un->chunk;
+      if (visible) model_dev_copy(p->dev, p->shard_params + un->soff, chunk, un->chunk * sizeof(float));
+      else r = model_dev_upload(p->dev, p->shard_params + un->soff, chunk, un->chunk * sizeof(float));
+    }
+  }
+  model_dev_host_free(p->dev, stage);
+  if (r == NEWT_OK) r = model_dev_sync(p->dev);
+  return r;
 }
+
+/* The end-of-step record of a rank: two doubles and up to 64 control values. */
+#define PAR_REC_MAX (2 * sizeof(double) + 64 * sizeof(float))
 
 newt_result_t model_par_alloc(model_par *p, const model_train_config *cfg, const model_par_config *pc) {
   memset(p, 0, sizeof *p);
   NEWT_CHECK(model_par_config_check(pc, cfg));
   p->cfg = *cfg;
   p->pc = *pc;
+  p->dev = pc->dev ? pc->dev : model_dev_cpu();
   p->first = pc->pp_rank == 0;
   p->last = pc->pp_rank == pc->pp - 1;
   model_par_stage_layers((int)cfg->model.layers, pc->pp, pc->pp_rank, &p->l0, &p->l1);
@@ -314,33 +346,39 @@ newt_result_t model_par_alloc(model_par *p, const model_train_config *cfg, const
   NEWT_CHECK_GOTO(build_tables(p), r, fail);
   size_t total = p->local.total;
   int zero = pc->zero;
-  p->grads = alloc_floats(total);
-  if (zero < 3) p->params = alloc_floats(total);
+  p->reqs = calloc((size_t)p->nunits, sizeof *p->reqs);
+  if (!p->reqs) {
+    r = NEWT_ERR(NEWT_ERR_NOMEM, "model_par: out of memory for %d buckets", p->nunits);
+    goto fail;
+  }
+  NEWT_CHECK_GOTO(dev_floats(p, total, &p->grads), r, fail);
+  if (zero < 3) NEWT_CHECK_GOTO(dev_floats(p, total, &p->params), r, fail);
   if (zero == 0) {
     p->shard_params = p->params;
     p->shard_grads = p->grads;
   } else if (zero == 3) {
-    p->shard_params = alloc_floats(p->shard_len);
-    p->shard_grads = alloc_floats(p->shard_len);
-  }
-  p->reqs = calloc((size_t)p->nunits, sizeof *p->reqs);
-  if (!p->grads || (zero < 3 && !p->params) || (zero == 3 && (!p->shard_params || !p->shard_grads)) || !p->reqs) {
-    r = NEWT_ERR(NEWT_ERR_NOMEM, "model_par: out of memory for %zu local parameters", total);
-    goto fail;
+    NEWT_CHECK_GOTO(dev_floats(p, p->shard_len, &p->shard_params), r, fail);
+    NEWT_CHECK_GOTO(dev_floats(p, p->shard_len, &p->shard_grads), r, fail);
   }
   if (zero == 3) {
     for (int u = 0; u < p->nunits; u++)
       if (p->units[u].len > p->gather_len) p->gather_len = p->units[u].len;
     for (int i = 0; i < 2; i++) {
-      p->gather[i] = alloc_floats(p->gather_len);
       p->gathered[i] = -1;
-      if (!p->gather[i]) {
-        r = NEWT_ERR(NEWT_ERR_NOMEM, "model_par: out of memory for the ZeRO-3 working buffers");
-        goto fail;
-      }
+      NEWT_CHECK_GOTO(dev_floats(p, p->gather_len, &p->gather[i]), r, fail);
     }
   }
-  NEWT_CHECK_GOTO(model_adamw_init(&p->opt, &cfg->optim, 0, p->shard_len), r, fail);
+  float *m = NULL, *v = NULL;
+  NEWT_CHECK_GOTO(dev_floats(p, p->shard_len, &m), r, fail);
+  if ((r = dev_floats(p, p->shard_len, &v)) != NEWT_OK) {
+    model_dev_free(p->dev, m);
+    goto fail;
+  }
+  if ((r = model_adamw_init_with(&p->opt, &cfg->optim, 0, p->shard_len, m, v)) != NEWT_OK) {
+    model_dev_free(p->dev, m);
+    model_dev_free(p->dev, v);
+    goto fail;
+  }
   /* activations: the micro-batches a stage has in flight on 1F1B, at most pp - stage */
   int T = cfg->seq_len, mb = cfg->micro_batch;
   int64_t first_count, count;
@@ -353,49 +391,61 @@ newt_result_t model_par_alloc(model_par *p, const model_train_config *cfg, const
     goto fail;
   }
   for (int i = 0; i < p->nacts; i++)
-    NEWT_CHECK_GOTO(model_acts_init_tp(&p->acts[i], &cfg->model, pc->tp, mb, T, p->l0, p->l1, p->last), r, fail);
-  NEWT_CHECK_GOTO(model_scratch_init(&p->scratch, &cfg->model, mb, T), r, fail);
-  if (p->last && pc->tp > 1) {
-    p->ce = alloc_floats(3 * (size_t)mb * T);
-    if (!p->ce) {
-      r = NEWT_ERR(NEWT_ERR_NOMEM, "model_par: out of memory");
-      goto fail;
-    }
-  }
+    NEWT_CHECK_GOTO(model_acts_init_dev(&p->acts[i], p->dev, &cfg->model, pc->tp, mb, T, p->l0, p->l1, p->last), r,
+                    fail);
+  NEWT_CHECK_GOTO(model_scratch_init_dev(&p->scratch, p->dev, &cfg->model, mb, T), r, fail);
+  if (p->last && pc->tp > 1) NEWT_CHECK_GOTO(dev_floats(p, 3 * (size_t)mb * T, &p->ce), r, fail);
+  size_t ranks = (size_t)pc->tp * pc->pp * pc->dp;
+  NEWT_CHECK_GOTO(model_dev_alloc(p->dev, PAR_REC_MAX, &p->rec), r, fail);
+  NEWT_CHECK_GOTO(model_dev_alloc(p->dev, ranks * PAR_REC_MAX, &p->rec_all), r, fail);
+  NEWT_CHECK_GOTO(model_dev_host_alloc(p->dev, ranks * PAR_REC_MAX, &p->host_rec), r, fail);
+  void *acc;
+  NEWT_CHECK_GOTO(model_dev_alloc(p->dev, sizeof(double), &acc), r, fail);
+  p->loss_acc = acc;
   return NEWT_OK;
 fail:
   model_par_free(p);
   return r;
 }
 
-void model_par_init_weights(model_par *p) {
-  init_weights(p);
-  memset(p->opt.m, 0, p->opt.len * sizeof *p->opt.m);
-  memset(p->opt.v, 0, p->opt.len * sizeof *p->opt.v);
+newt_result_t model_par_init_weights(model_par *p) {
+  model_dev_zero(p->dev, p->opt.m, p->opt.len * sizeof *p->opt.m);
+  model_dev_zero(p->dev, p->opt.v, p->opt.len * sizeof *p->opt.v);
   p->opt.t = 0;
   p->step = 0;
+  return init_weights(p);
 }
 
 newt_result_t model_par_init(model_par *p, const model_train_config *cfg, const model_par_config *pc) {
   NEWT_CHECK(model_par_alloc(p, cfg, pc));
-  init_weights(p);
-  return NEWT_OK;
+  newt_result_t r = init_weights(p);
+  if (r != NEWT_OK) model_par_free(p);
+  return r;
 }
 
 void model_par_free(model_par *p) {
-  for (int i = 0; p->acts && i < p->nacts; i++) model_acts_free(&p->acts[i]);
-  free(p->acts);
-  model_scratch_free(&p->scratch);
-  model_adamw_free(&p->opt);
-  if (p->pc.zero == 3) {
-    free(p->shard_params);
-    free(p->shard_grads);
+  model_dev *d = p->dev;
+  if (d) {
+    for (int i = 0; p->acts && i < p->nacts; i++) model_acts_free(&p->acts[i]);
+    model_scratch_free(&p->scratch);
+    model_dev_free(d, p->opt.m);
+    model_dev_free(d, p->opt.v);
+    if (p->pc.zero == 3) {
+      model_dev_free(d, p->shard_params);
+      model_dev_free(d, p->shard_grads);
+    }
+    model_dev_free(d, p->params);
+    model_dev_free(d, p->grads);
+    model_dev_free(d, p->gather[0]);
+    model_dev_free(d, p->gather[1]);
+    model_dev_free(d, p->ce);
+    model_dev_free(d, p->rec);
+    model_dev_free(d, p->rec_all);
+    model_dev_host_free(d, p->host_rec);
+    model_dev_free(d, p->loss_acc);
   }
-  free(p->params);
-  free(p->grads);
-  free(p->gather[0]);
-  free(p->gather[1]);
-  free(p->ce);
+  model_adamw_free(&p->opt);
+  free(p->acts);
   free(p->reqs);
   free(p->units);
   free(p->of_global);

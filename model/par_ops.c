@@ -16,11 +16,8 @@
  * the rank's rows of wte (zeros elsewhere) and all-reduces before adding wpe; the head
  * computes this rank's V/tp logits and the cross-entropy from three reductions per token:
  * the max (all-reduce MAX), then the sum of exponentials and the target's logit (one SUM).
- * With tp = 1 every piece is exactly gpt.c's, bit for bit. */
-#include <math.h>
-#include <string.h>
-
-#include "model/ops.h"
+ * With tp = 1 every piece is exactly gpt.c's, bit for bit. Every op is a kernel of the rank's
+ * device (model/dev.h) on its memory; the all-reduces take the same device pointers. */
 #include "model/par_internal.h"
 
 int par_local_index(const model_par *p, int slot, int layer) {
@@ -54,28 +51,16 @@ static newt_result_t tp_sum(comm_t *tp, float *x, size_t n) {
   return tp ? comm_allreduce(tp, x, x, n, NEWT_F32, COMM_SUM) : NEWT_OK;
 }
 
-/* out (BT,C) = (res + bias) + out: the rest of a row-parallel linear after its all-reduce,
- * in the order model_matmul_forward adds them. */
-static void add_res_bias(float *out, const float *res, const float *bias, size_t BT, size_t C) {
-#pragma omp parallel for schedule(static)
-  for (size_t bt = 0; bt < BT; bt++) {
-    float *o = out + bt * C;
-    const float *r = res + bt * C;
-#pragma omp simd
-    for (size_t i = 0; i < C; i++) o[i] = (r[i] + bias[i]) + o[i];
-  }
-}
-
 /* A row-parallel linear: out (B,T,OC) = res + bias + inp (B,T,IC) @ weight^T summed over tp. */
-static newt_result_t row_parallel(comm_t *tp, float *out, const float *res, const float *inp, const float *weight,
-                                  const float *bias, int B, int T, int IC, int OC) {
+static newt_result_t row_parallel(const model_par *p, comm_t *tp, float *out, const float *res, const float *inp,
+                                  const float *weight, const float *bias, int B, int T, int IC, int OC) {
   if (!tp) {
-    model_matmul_forward(out, res, inp, weight, bias, B, T, IC, OC);
+    model_k_matmul_forward(p->dev, out, res, inp, weight, bias, B, T, IC, OC);
     return NEWT_OK;
   }
-  model_matmul_forward(out, NULL, inp, weight, NULL, B, T, IC, OC);
+  model_k_matmul_forward(p->dev, out, NULL, inp, weight, NULL, B, T, IC, OC);
   NEWT_CHECK(tp_sum(tp, out, (size_t)B * T * OC));
-  add_res_bias(out, res, bias, (size_t)B * T, (size_t)OC);
+  model_k_add_res_bias(p->dev, out, res, bias, (size_t)B * T, (size_t)OC);
   return NEWT_OK;
 }
 
@@ -84,29 +69,16 @@ static newt_result_t row_parallel(comm_t *tp, float *out, const float *res, cons
 
 newt_result_t par_embed_forward(const model_par *p, comm_t *tp, model_acts *a, const int32_t *inputs) {
   int B = a->B, T = a->T, C = (int)p->cfg.model.channels;
-  memcpy(a->inputs, inputs, (size_t)B * T * sizeof(int32_t));
+  model_dev *d = p->dev;
+  NEWT_CHECK(model_dev_upload(d, a->inputs, inputs, (size_t)B * T * sizeof(int32_t)));
   if (!tp) {
-    model_encoder_forward(a->x0, a->inputs, P(MODEL_WTE, 0), P(MODEL_WPE, 0), B, T, C);
+    model_k_encoder_forward(d, a->x0, a->inputs, P(MODEL_WTE, 0), P(MODEL_WPE, 0), B, T, C);
     return NEWT_OK;
   }
   int Vl = (int)p->cfg.model.vocab / p->pc.tp, lo = p->pc.tp_rank * Vl;
-  const float *wte = P(MODEL_WTE, 0), *wpe = P(MODEL_WPE, 0);
-  float *x0 = a->x0;
-#pragma omp parallel for schedule(static)
-  for (int bt = 0; bt < B * T; bt++) {
-    int tok = a->inputs[bt] - lo;
-    float *o = x0 + (size_t)bt * C;
-    if (tok >= 0 && tok < Vl) memcpy(o, wte + (size_t)tok * C, (size_t)C * sizeof(float));
-    else memset(o, 0, (size_t)C * sizeof(float));
-  }
-  NEWT_CHECK(tp_sum(tp, x0, (size_t)B * T * C));
-#pragma omp parallel for schedule(static)
-  for (int bt = 0; bt < B * T; bt++) {
-    float *o = x0 + (size_t)bt * C;
-    const float *pe = wpe + (size_t)(bt % T) * C;
-#pragma omp simd
-    for (int i = 0; i < C; i++) o[i] = o[i] + pe[i];
-  }
+  model_k_embed_rows_forward(d, a->x0, a->inputs, P(MODEL_WTE, 0), B * T, C, lo, Vl);
+  NEWT_CHECK(tp_sum(tp, a->x0, (size_t)B * T * C));
+  model_k_add_positions(d, a->x0, P(MODEL_WPE, 0), B, T, C);
   return NEWT_OK;
 }
 
@@ -114,26 +86,11 @@ void par_embed_backward(const model_par *p, model_acts *a, model_scratch *s) {
   int B = a->B, T = a->T, C = (int)p->cfg.model.channels;
   float *dwte = G(MODEL_WTE, 0), *dwpe = G(MODEL_WPE, 0);
   if (p->pc.tp == 1) {
-    model_encoder_backward(dwte, dwpe, s->dres, a->inputs, B, T, C);
+    model_k_encoder_backward(p->dev, dwte, dwpe, s->dres, a->inputs, B, T, C);
     return;
   }
   int Vl = (int)p->cfg.model.vocab / p->pc.tp, lo = p->pc.tp_rank * Vl;
-  const float *dout = s->dres;
-  /* blocks of channels per thread: no two threads add into the same element */
-#pragma omp parallel for schedule(static)
-  for (int c0 = 0; c0 < C; c0 += 16) {
-    int c1 = c0 + 16 < C ? c0 + 16 : C;
-    for (int bt = 0; bt < B * T; bt++) {
-      const float *d = dout + (size_t)bt * C;
-      float *pe = dwpe + (size_t)(bt % T) * C;
-      int tok = a->inputs[bt] - lo;
-      float *e = tok >= 0 && tok < Vl ? dwte + (size_t)tok * C : NULL;
-      for (int i = c0; i < c1; i++) {
-        pe[i] += d[i];
-        if (e) e[i] += d[i];
-      }
-    }
-  }
+  model_k_embed_rows_backward(p->dev, dwte, dwpe, s->dres, a->inputs, B, T, C, lo, Vl);
 }
 
 /* The input of layer l of the stage's acts. */
@@ -144,115 +101,85 @@ static const float *layer_input(const model_acts *a, int l) {
 newt_result_t par_block_forward(const model_par *p, comm_t *tp, model_acts *a, model_scratch *s, int l) {
   int B = a->B, T = a->T, C = (int)p->cfg.model.channels, ntp = p->pc.tp;
   int Cl = C / ntp, NHl = (int)p->cfg.model.heads / ntp, Fl = 4 * C / ntp;
+  model_dev *d = p->dev;
   model_block_acts *b = &a->blk[l - a->l0];
   const float *x = layer_input(a, l);
   model_scratch_guard(s);
-  model_layernorm_forward(b->ln1, b->ln1_mean, b->ln1_rstd, x, P(MODEL_LN1_W, l), P(MODEL_LN1_B, l), B, T, C);
-  model_matmul_forward(b->qkv, NULL, b->ln1, P(MODEL_QKV_W, l), P(MODEL_QKV_B, l), B, T, C, 3 * Cl);
-  model_attention_forward(b->atty, b->att, b->qkv, B, T, Cl, NHl, s->thread);
-  NEWT_CHECK(row_parallel(tp, b->res1, x, b->atty, P(MODEL_PROJ_W, l), P(MODEL_PROJ_B, l), B, T, Cl, C));
-  model_layernorm_forward(b->ln2, b->ln2_mean, b->ln2_rstd, b->res1, P(MODEL_LN2_W, l), P(MODEL_LN2_B, l), B, T,
-                          C);
-  model_matmul_forward(b->fch, NULL, b->ln2, P(MODEL_FC_W, l), P(MODEL_FC_B, l), B, T, C, Fl);
-  model_gelu_forward(b->fch_gelu, b->fch, (size_t)B * T * Fl);
-  return row_parallel(tp, b->res2, b->res1, b->fch_gelu, P(MODEL_FCPROJ_W, l), P(MODEL_FCPROJ_B, l), B, T, Fl, C);
+  model_k_layernorm_forward(d, b->ln1, b->ln1_mean, b->ln1_rstd, x, P(MODEL_LN1_W, l), P(MODEL_LN1_B, l), B, T, C);
+  model_k_matmul_forward(d, b->qkv, NULL, b->ln1, P(MODEL_QKV_W, l), P(MODEL_QKV_B, l), B, T, C, 3 * Cl);
+  model_k_attention_forward(d, b->atty, b->att, b->qkv, B, T, Cl, NHl, s->thread);
+  NEWT_CHECK(row_parallel(p, tp, b->res1, x, b->atty, P(MODEL_PROJ_W, l), P(MODEL_PROJ_B, l), B, T, Cl, C));
+  model_k_layernorm_forward(d, b->ln2, b->ln2_mean, b->ln2_rstd, b->res1, P(MODEL_LN2_W, l), P(MODEL_LN2_B, l), B,
+                            T, C);
+  model_k_matmul_forward(d, b->fch, NULL, b->ln2, P(MODEL_FC_W, l), P(MODEL_FC_B, l), B, T, C, Fl);
+  model_k_gelu_forward(d, b->fch_gelu, b->fch, (size_t)B * T * Fl);
+  return row_parallel(p, tp, b->res2, b->res1, b->fch_gelu, P(MODEL_FCPROJ_W, l), P(MODEL_FCPROJ_B, l), B, T, Fl,
+                      C);
 }
 
 newt_result_t par_block_backward(const model_par *p, comm_t *tp, model_acts *a, model_scratch *s, int l) {
   int B = a->B, T = a->T, C = (int)p->cfg.model.channels, ntp = p->pc.tp;
   int Cl = C / ntp, NHl = (int)p->cfg.model.heads / ntp, Fl = 4 * C / ntp;
+  model_dev *d = p->dev;
   model_block_acts *b = &a->blk[l - a->l0];
   const float *x = layer_input(a, l);
   size_t BT = (size_t)B * T;
   model_scratch_guard(s);
   /* res2 = res1 + mlp.proj(gelu(fc(ln2(res1)))): dres holds d res2 = d res1 (pass-through) */
-  model_matmul_backward(s->dfch, G(MODEL_FCPROJ_W, l), G(MODEL_FCPROJ_B, l), s->dres, b->fch_gelu,
-                        P(MODEL_FCPROJ_W, l), B, T, Fl, C);
-  model_gelu_backward(s->dfch, b->fch, s->dfch, BT * Fl);
-  model_matmul_backward(s->dx, G(MODEL_FC_W, l), G(MODEL_FC_B, l), s->dfch, b->ln2, P(MODEL_FC_W, l), B, T, C, Fl);
+  model_k_matmul_backward(d, s->dfch, G(MODEL_FCPROJ_W, l), G(MODEL_FCPROJ_B, l), s->dres, b->fch_gelu,
+                          P(MODEL_FCPROJ_W, l), B, T, Fl, C);
+  model_k_gelu_backward(d, s->dfch, b->fch, s->dfch, BT * Fl);
+  model_k_matmul_backward(d, s->dx, G(MODEL_FC_W, l), G(MODEL_FC_B, l), s->dfch, b->ln2, P(MODEL_FC_W, l), B, T, C,
+                          Fl);
   NEWT_CHECK(tp_sum(tp, s->dx, BT * C));
-  model_layernorm_backward(s->dres, G(MODEL_LN2_W, l), G(MODEL_LN2_B, l), s->dx, b->res1, P(MODEL_LN2_W, l),
-                           b->ln2_mean, b->ln2_rstd, B, T, C, s->thread);
+  model_k_layernorm_backward(d, s->dres, G(MODEL_LN2_W, l), G(MODEL_LN2_B, l), s->dx, b->res1, P(MODEL_LN2_W, l),
+                             b->ln2_mean, b->ln2_rstd, B, T, C, s->thread);
   /* res1 = x + attn.proj(attention(qkv(ln1(x)))) */
-  model_matmul_backward(s->dx, G(MODEL_PROJ_W, l), G(MODEL_PROJ_B, l), s->dres, b->atty, P(MODEL_PROJ_W, l), B, T,
-                        Cl, C);
-  model_attention_backward(s->dqkv, s->dx, b->att, b->qkv, B, T, Cl, NHl, s->thread);
-  model_matmul_backward(s->dx, G(MODEL_QKV_W, l), G(MODEL_QKV_B, l), s->dqkv, b->ln1, P(MODEL_QKV_W, l), B, T, C,
-                        3 * Cl);
+  model_k_matmul_backward(d, s->dx, G(MODEL_PROJ_W, l), G(MODEL_PROJ_B, l), s->dres, b->atty, P(MODEL_PROJ_W, l), B,
+                          T, Cl, C);
+  model_k_attention_backward(d, s->dqkv, s->dx, b->att, b->qkv, B, T, Cl, NHl, s->thread);
+  model_k_matmul_backward(d, s->dx, G(MODEL_QKV_W, l), G(MODEL_QKV_B, l), s->dqkv, b->ln1, P(MODEL_QKV_W, l), B, T,
+                          C, 3 * Cl);
   NEWT_CHECK(tp_sum(tp, s->dx, BT * C));
-  model_layernorm_backward(s->dres, G(MODEL_LN1_W, l), G(MODEL_LN1_B, l), s->dx, x, P(MODEL_LN1_W, l),
-                           b->ln1_mean, b->ln1_rstd, B, T, C, s->thread);
-  return NEWT_OK;
-}
-
-/* Vocab-parallel softmax cross-entropy over this rank's logits (BT, Vl) of a vocabulary
- * split in tp blocks (this rank's starts at lo): model_crossentropy_forward's results, with
- * the row max and the sums reduced over the group. ce: 3 BT floats of scratch. */
-static newt_result_t vocab_parallel_ce(comm_t *tp, float *ce, float *losses, float *logits, const int32_t *targets,
-                                       int BT, int Vl, int lo, float dscale, double *total) {
-  float *mx = ce, *st = ce + BT; /* st: (sum of exp, target logit) per token */
-#pragma omp parallel for schedule(static)
-  for (int bt = 0; bt < BT; bt++) {
-    const float *l = logits + (size_t)bt * Vl;
-    float m = l[0];
-    for (int v = 1; v < Vl; v++) m = l[v] > m ? l[v] : m;
-    mx[bt] = m;
-  }
-  NEWT_CHECK(comm_allreduce(tp, mx, mx, (size_t)BT, NEWT_F32, COMM_MAX));
-#pragma omp parallel for schedule(static)
-  for (int bt = 0; bt < BT; bt++) {
-    const float *l = logits + (size_t)bt * Vl;
-    float m = mx[bt], sum = 0.0f;
-#pragma omp simd reduction(+ : sum)
-    for (int v = 0; v < Vl; v++) sum += model_expf(l[v] - m);
-    int y = targets[bt] - lo;
-    st[2 * bt] = sum;
-    st[2 * bt + 1] = y >= 0 && y < Vl ? l[y] : 0.0f;
-  }
-  NEWT_CHECK(comm_allreduce(tp, st, st, 2 * (size_t)BT, NEWT_F32, COMM_SUM));
-  double sum_loss = 0.0;
-#pragma omp parallel for schedule(static) reduction(+ : sum_loss)
-  for (int bt = 0; bt < BT; bt++) {
-    float m = mx[bt], sum = st[2 * bt];
-    float loss = logf(sum) + m - st[2 * bt + 1];
-    losses[bt] = loss;
-    sum_loss += loss;
-    if (dscale != 0.0f) {
-      float *d = logits + (size_t)bt * Vl, inv = 1.0f / sum;
-#pragma omp simd
-      for (int v = 0; v < Vl; v++) d[v] = model_expf(d[v] - m) * inv * dscale;
-      int y = targets[bt] - lo;
-      if (y >= 0 && y < Vl) d[y] -= dscale;
-    }
-  }
-  *total = sum_loss;
+  model_k_layernorm_backward(d, s->dres, G(MODEL_LN1_W, l), G(MODEL_LN1_B, l), s->dx, x, P(MODEL_LN1_W, l),
+                             b->ln1_mean, b->ln1_rstd, B, T, C, s->thread);
   return NEWT_OK;
 }
 
 newt_result_t par_head_forward(const model_par *p, comm_t *tp, model_acts *a, const int32_t *targets, float dscale,
-                               double *loss) {
+                               double *loss_acc) {
   int B = a->B, T = a->T, C = (int)p->cfg.model.channels, Vl = (int)p->cfg.model.vocab / p->pc.tp;
+  model_dev *d = p->dev;
   const float *x = layer_input(a, a->l1);
-  memcpy(a->targets, targets, (size_t)B * T * sizeof(int32_t));
-  model_layernorm_forward(a->lnf, a->lnf_mean, a->lnf_rstd, x, P(MODEL_LNF_W, 0), P(MODEL_LNF_B, 0), B, T, C);
-  model_matmul_forward(a->logits, NULL, a->lnf, P(MODEL_WTE, 0), NULL, B, T, C, Vl);
+  NEWT_CHECK(model_dev_upload(d, a->targets, targets, (size_t)B * T * sizeof(int32_t)));
+  model_k_layernorm_forward(d, a->lnf, a->lnf_mean, a->lnf_rstd, x, P(MODEL_LNF_W, 0), P(MODEL_LNF_B, 0), B, T, C);
+  model_k_matmul_forward(d, a->logits, NULL, a->lnf, P(MODEL_WTE, 0), NULL, B, T, C, Vl);
   if (!tp) {
-    *loss = model_crossentropy_forward(a->losses, dscale != 0.0f ? a->logits : NULL, a->logits, a->targets, B, T,
-                                       Vl, dscale);
+    model_k_crossentropy(d, a->losses, dscale != 0.0f ? a->logits : NULL, a->logits, a->targets, B, T, Vl, dscale,
+                         loss_acc);
     return NEWT_OK;
   }
-  return vocab_parallel_ce(tp, p->ce, a->losses, a->logits, a->targets, B * T, Vl, p->pc.tp_rank * Vl, dscale,
-                           loss);
+  /* vocab-parallel: the row max (all-reduce MAX), then the sum of exponentials and the
+     target's logit (all-reduce SUM), then the losses and the logits' gradients */
+  int BT = B * T, lo = p->pc.tp_rank * Vl;
+  float *mx = p->ce, *st = p->ce + BT;
+  model_k_ce_rowmax(d, mx, a->logits, BT, Vl);
+  NEWT_CHECK(comm_allreduce(tp, mx, mx, (size_t)BT, NEWT_F32, COMM_MAX));
+  model_k_ce_partials(d, st, a->logits, mx, a->targets, BT, Vl, lo);
+  NEWT_CHECK(comm_allreduce(tp, st, st, 2 * (size_t)BT, NEWT_F32, COMM_SUM));
+  model_k_ce_finish(d, a->losses, a->logits, mx, st, a->targets, BT, Vl, lo, dscale, loss_acc);
+  return NEWT_OK;
 }
 
 newt_result_t par_head_backward(const model_par *p, comm_t *tp, model_acts *a, model_scratch *s) {
   int B = a->B, T = a->T, C = (int)p->cfg.model.channels, Vl = (int)p->cfg.model.vocab / p->pc.tp;
+  model_dev *d = p->dev;
   const float *x = layer_input(a, a->l1);
   model_scratch_guard(s);
-  model_matmul_backward(s->dx, G(MODEL_WTE, 0), NULL, a->logits, a->lnf, P(MODEL_WTE, 0), B, T, C, Vl);
+  model_k_matmul_backward(d, s->dx, G(MODEL_WTE, 0), NULL, a->logits, a->lnf, P(MODEL_WTE, 0), B, T, C, Vl);
   NEWT_CHECK(tp_sum(tp, s->dx, (size_t)B * T * C));
-  memset(s->dres, 0, (size_t)B * T * C * sizeof(float));
-  model_layernorm_backward(s->dres, G(MODEL_LNF_W, 0), G(MODEL_LNF_B, 0), s->dx, x, P(MODEL_LNF_W, 0), a->lnf_mean,
-                           a->lnf_rstd, B, T, C, s->thread);
+  model_dev_zero(d, s->dres, (size_t)B * T * C * sizeof(float));
+  model_k_layernorm_backward(d, s->dres, G(MODEL_LNF_W, 0), G(MODEL_LNF_B, 0), s->dx, x, P(MODEL_LNF_W, 0),
+                             a->lnf_mean, a->lnf_rstd, B, T, C, s->thread);
   return NEWT_OK;
 }

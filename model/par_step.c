@@ -29,7 +29,11 @@
  * sum of token losses, the caller's control values), summed in rank order; then clip, AdamW over the shard buffers, and for
  * ZeRO 1/2 the all-gather of the updated chunks into the full parameters. ZeRO 1/2 update the
  * owned chunks in place in the full buffers (moments in the shard buffers); only ZeRO 3 keeps
- * the parameters and the reduced gradients of its chunks apart. */
+ * the parameters and the reduced gradients of its chunks apart.
+ *
+ * Device. Every buffer is the rank's device memory and every op a kernel of it (model/dev.h);
+ * the loss and the squares are summed on the device into device doubles, and the host reads
+ * one thing per step: the all-gathered end-of-step record, downloaded into host staging. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -54,7 +58,7 @@ static newt_result_t launch_bucket(model_par *p, const model_par_comms *c, int u
   const model_par_unit *un = &p->units[u];
   float *g = p->grads + un->off;
   if (!c->dp) { /* one data-parallel rank: the chunk is the bucket */
-    if (p->pc.zero == 3) memcpy(p->shard_grads + un->soff, g, un->len * sizeof(float));
+    if (p->pc.zero == 3) model_dev_copy(p->dev, p->shard_grads + un->soff, g, un->len * sizeof(float));
     return NEWT_OK;
   }
   if (p->pc.zero >= 2) {
@@ -96,7 +100,7 @@ static newt_result_t gather_unit(model_par *p, const model_par_comms *c, int u) 
   const model_par_unit *un = &p->units[u];
   p->gathered[i] = -1;
   if (c->dp) NEWT_CHECK(comm_allgather(c->dp, p->shard_params + un->soff, p->gather[i], un->chunk, NEWT_F32));
-  else memcpy(p->gather[i], p->shard_params + un->soff, un->len * sizeof(float));
+  else model_dev_copy(p->dev, p->gather[i], p->shard_params + un->soff, un->len * sizeof(float));
   p->gathered[i] = u;
   p->gather_next = 1 - i;
   return NEWT_OK;
@@ -123,7 +127,6 @@ typedef struct sched {
   const int32_t *inputs, *targets;
   int count, M, mb, T, C;
   float dscale;
-  double loss;
 } sched;
 
 static model_acts *slot_of(sched *s, int i) {
@@ -173,9 +176,7 @@ static newt_result_t forward(sched *s, int i) {
   if (p->last) {
     NEWT_CHECK(gather_unit(p, c, unit_of(p, MODEL_PAR_UNIT_LNF)));
     NEWT_CHECK(gather_unit(p, c, unit_of(p, MODEL_PAR_UNIT_WTE)));
-    double loss = 0;
-    NEWT_CHECK(par_head_forward(p, c->tp, a, s->targets + at, s->dscale, &loss));
-    s->loss += loss;
+    NEWT_CHECK(par_head_forward(p, c->tp, a, s->targets + at, s->dscale, p->loss_acc));
   }
   return NEWT_OK;
 }
@@ -266,35 +267,40 @@ static newt_result_t check_step(const model_par *p, const model_par_comms *c, in
   return NEWT_OK;
 }
 
-/* Squared gradients this rank counts toward the global norm (each element of the model once). */
-static double grad_sqnorm(const model_par *p) {
+/* Squared gradients this rank counts toward the global norm (each element of the model
+ * once), added on the device into *acc (one device double). */
+static void grad_sqnorm(const model_par *p, double *acc) {
   const model_layout *lay = &p->local;
+  model_dev *d = p->dev;
   int zero = p->pc.zero;
   if (!zero) {
-    if (p->pc.dp_rank != 0) return 0.0; /* replicas of dp rank 0's */
+    if (p->pc.dp_rank != 0) return; /* replicas of dp rank 0's */
     int all = 1;
     for (size_t k = 0; k < lay->n && all; k++) all = par_primary(p, &lay->tensors[k]);
-    if (all) return model_sqnorm(p->grads, lay->total); /* the gaps are zeros: model_trainer's sum */
+    if (all) { /* the gaps are zeros: model_trainer's sum */
+      model_k_sqnorm(d, acc, p->grads, lay->total);
+      return;
+    }
   }
-  double s = 0.0;
   for (size_t k = 0; k < lay->n; k++) {
     const model_tensor *t = &lay->tensors[k];
     size_t a, e, at;
     if (!par_primary(p, t)) continue;
-    if (!zero) s += model_sqnorm(p->grads + t->offset, t->size);
-    else if (par_chunk_part(p, k, &a, &e, &at)) s += model_sqnorm(zero == 3 ? p->shard_grads + at : p->grads + a, e - a);
+    if (!zero) model_k_sqnorm(d, acc, p->grads + t->offset, t->size);
+    else if (par_chunk_part(p, k, &a, &e, &at))
+      model_k_sqnorm(d, acc, zero == 3 ? p->shard_grads + at : p->grads + a, e - a);
   }
-  return s;
 }
 
 /* AdamW over what this rank updates: the whole local buffer (ZeRO 0), each owned chunk of
  * the full buffers with its moments in the shard buffers (ZeRO 1/2: one view of the optimizer
  * per bucket), or the shard buffers (ZeRO 3). */
 static void update(model_par *p, double lr, float grad_scale) {
+  model_dev *d = p->dev;
   if (p->pc.zero == 0) {
-    model_adamw_update(&p->opt, &p->local, p->params, p->grads, lr, grad_scale);
+    model_k_adamw(d, &p->opt, &p->local, p->params, p->grads, lr, grad_scale);
   } else if (p->pc.zero == 3) {
-    model_adamw_update(&p->opt, &p->shard, p->shard_params, p->shard_grads, lr, grad_scale);
+    model_k_adamw(d, &p->opt, &p->shard, p->shard_params, p->shard_grads, lr, grad_scale);
   } else {
     for (int u = 0; u < p->nunits; u++) {
       const model_par_unit *un = &p->units[u];
@@ -303,42 +309,43 @@ static void update(model_par *p, double lr, float grad_scale) {
       view.len = un->chunk;
       view.m = p->opt.m + un->soff;
       view.v = p->opt.v + un->soff;
-      model_adamw_update(&view, &p->local, p->params, p->grads, lr, grad_scale);
+      model_k_adamw(d, &view, &p->local, p->params, p->grads, lr, grad_scale);
     }
     p->opt.t++;
   }
 }
 
-/* The step's totals over the world: each rank's record (squares and loss as doubles, then the
- * control values) is all-gathered and summed in rank order, so every rank gets the same
+/* The step's totals over the world. Each rank's record on the device (p->rec: squares and
+ * loss as doubles, then the control values) is all-gathered there, downloaded into host
+ * staging (the step's one download) and summed in rank order, so every rank gets the same
  * bits, and one rank alone gets exactly its own doubles (model_trainer's values). */
-static newt_result_t end_of_step(const model_par *p, const model_par_comms *c, double sq, double loss,
-                                 model_par_step_opts *opts, int nctl, double sums[2]) {
-  sums[0] = sq;
-  sums[1] = loss;
-  if (!c->world) return NEWT_OK;
+static newt_result_t end_of_step(model_par *p, const model_par_comms *c, model_par_step_opts *opts, int nctl,
+                                 double sums[2]) {
+  model_dev *d = p->dev;
+  uint8_t *mine = p->rec, *host = p->host_rec;
+  if (p->last && p->pc.tp_rank == 0) model_dev_copy(d, mine + sizeof(double), p->loss_acc, sizeof(double));
+  if (!c->world) {
+    NEWT_CHECK(model_dev_download(d, host, mine, 2 * sizeof(double)));
+    memcpy(sums, host, 2 * sizeof(double));
+    return NEWT_OK;
+  }
   int n = comm_size(c->world);
   size_t rec = 2 * sizeof(double) + (size_t)nctl * sizeof(float);
-  uint8_t *all = malloc((size_t)n * rec), mine[2 * sizeof(double) + 64 * sizeof(float)];
-  NEWT_CHECK_ALLOC(all);
-  memcpy(mine, sums, 2 * sizeof(double));
-  if (nctl) memcpy(mine + 2 * sizeof(double), opts->ctl, (size_t)nctl * sizeof(float));
-  newt_result_t r = comm_allgather(c->world, mine, all, rec, NEWT_U8);
-  if (r == NEWT_OK) {
-    sums[0] = sums[1] = 0;
-    for (int i = 0; i < nctl; i++) opts->ctl[i] = 0;
-    for (int q = 0; q < n; q++) {
-      double d[2];
-      float f[64];
-      memcpy(d, all + (size_t)q * rec, sizeof d);
-      memcpy(f, all + (size_t)q * rec + sizeof d, (size_t)nctl * sizeof(float));
-      sums[0] += d[0];
-      sums[1] += d[1];
-      for (int i = 0; i < nctl; i++) opts->ctl[i] += f[i];
-    }
+  if (nctl) NEWT_CHECK(model_dev_upload(d, mine + 2 * sizeof(double), opts->ctl, (size_t)nctl * sizeof(float)));
+  NEWT_CHECK(comm_allgather(c->world, mine, p->rec_all, rec, NEWT_U8));
+  NEWT_CHECK(model_dev_download(d, host, p->rec_all, (size_t)n * rec));
+  sums[0] = sums[1] = 0;
+  for (int i = 0; i < nctl; i++) opts->ctl[i] = 0;
+  for (int q = 0; q < n; q++) {
+    double v[2];
+    float f[64];
+    memcpy(v, host + (size_t)q * rec, sizeof v);
+    memcpy(f, host + (size_t)q * rec + sizeof v, (size_t)nctl * sizeof(float));
+    sums[0] += v[0];
+    sums[1] += v[1];
+    for (int i = 0; i < nctl; i++) opts->ctl[i] += f[i];
   }
-  free(all);
-  return r;
+  return NEWT_OK;
 }
 
 newt_result_t model_par_step(model_par *p, const model_par_comms *c, const int32_t *inputs,
@@ -358,7 +365,9 @@ newt_result_t model_par_step(model_par *p, const model_par_comms *c, const int32
   sched s = {.p = p, .c = c, .inputs = inputs, .targets = targets, .count = count, .mb = mb, .T = T,
              .C = (int)p->cfg.model.channels, .M = (count + mb - 1) / mb,
              .dscale = 1.0f / (float)((int64_t)p->cfg.batch * T)};
-  memset(p->grads, 0, p->local.total * sizeof(float));
+  model_dev_zero(p->dev, p->grads, p->local.total * sizeof(float));
+  model_dev_zero(p->dev, p->rec, 2 * sizeof(double));
+  model_dev_zero(p->dev, p->loss_acc, sizeof(double));
   forget_gathers(p);
   newt_result_t r = run_schedule(&s);
   newt_result_t w = wait_buckets(p); /* also when the schedule failed: no request is left behind */
@@ -368,7 +377,8 @@ newt_result_t model_par_step(model_par *p, const model_par_comms *c, const int32
 
   /* the collective that ends the step: every rank's squares, loss and control values */
   double sums[2];
-  NEWT_CHECK(end_of_step(p, c, grad_sqnorm(p), p->last && p->pc.tp_rank == 0 ? s.loss : 0.0, opts, nctl, sums));
+  grad_sqnorm(p, (double *)p->rec);
+  NEWT_CHECK(end_of_step(p, c, opts, nctl, sums));
   if (opts && opts->on_commit) NEWT_CHECK(opts->on_commit(opts->arg));
   double norm = sqrt(sums[0]);
   double lr = model_lr_at(&p->cfg.optim, p->step);

@@ -54,10 +54,21 @@
  *   model_par_step(&p, &comms, inputs, targets, count, NULL, &info);
  *   model_par_free(&p); model_par_comms_free(&comms);
  *
+ * Device. Everything a rank owns (parameters, gradients, moments, shards, the ZeRO-3
+ * working buffers, activations, scratch, the end-of-step record) is memory of its device
+ * (pc.dev, model/dev.h), and every computation is a kernel of that device (model_k_*): the
+ * same code trains on the CPU and on a GPU. The host reads nothing of it directly: the
+ * tokens go up once per micro-batch (model_dev_upload), and the step's one download is the
+ * end-of-step record (every rank's squares, loss and control values) into host staging
+ * (model_dev_host_alloc). Collectives get device pointers (the CPU backend with the CPU
+ * device, NCCL with a GPU). docs/model.md, "Devices", has the rules.
+ *
  * State for restore and checkpoints: model_par_pieces lists every piece of a global tensor
  * this rank holds (parameters and both moments), as checkpoint slices with pointers into
- * this rank's buffers; read them to save or send, write them to restore. The scalar state
- * is p.step (optimizer steps done) and p.opt.t (AdamW updates done). */
+ * this rank's buffers: device pointers (of p.dev); read them to
+ * save or send, write them to restore, through model_dev_download / model_dev_upload unless
+ * model_dev_host_visible. The scalar state is p.step (optimizer steps done) and p.opt.t
+ * (AdamW updates done). */
 #ifndef NEWT_MODEL_PARALLEL_H
 #define NEWT_MODEL_PARALLEL_H
 
@@ -67,6 +78,7 @@
 #include "comm/comm.h"
 #include "common/err.h"
 #include "common/slice.h"
+#include "model/dev.h"
 #include "model/gpt.h"
 #include "model/optim.h"
 #include "model/train.h"
@@ -77,6 +89,7 @@ typedef struct model_par_config {
   int tp, pp, dp; /* group sizes, each >= 1 */
   int zero;       /* ZeRO stage 0..3 */
   int tp_rank, pp_rank, dp_rank;
+  model_dev *dev; /* the device the rank trains on (model/dev.h); NULL: model_dev_cpu() */
 } model_par_config;
 
 /* The coordinates of world rank `rank` (rank = (pp_rank * dp + dp_rank) * tp + tp_rank). */
@@ -152,7 +165,8 @@ typedef struct model_par {
   int *of_global;         /* global tensor index -> local index, -1 when not held */
   model_par_unit *units;
   int nunits;
-  /* Buffers (floats). params: the local layout (NULL with ZeRO 3); grads: the local layout,
+  model_dev *dev;         /* pc.dev, or model_dev_cpu(): where every buffer below lives */
+  /* Buffers (floats, device memory). params: the local layout (NULL with ZeRO 3); grads: the local layout,
    * accumulated over the micro-batches. The shard buffers hold this rank's chunks, one after
    * the other (shard_len floats): always the moments (opt.m, opt.v; ZeRO 0: the whole local
    * layout), with ZeRO 3 also shard_params and shard_grads (ZeRO 0: aliases of params and
@@ -169,6 +183,11 @@ typedef struct model_par {
   int nacts;
   model_scratch scratch;
   float *ce;              /* vocab-parallel cross-entropy: 3 floats per token */
+  /* the end of a step: rec is this rank's record (squared gradients and loss as doubles,
+   * then up to 64 control values), rec_all every rank's (all-gathered), host_rec the host
+   * staging it is downloaded into; loss_acc sums the token losses of the micro-batches */
+  void *rec, *rec_all, *host_rec;
+  double *loss_acc;
   float *gather[2];       /* ZeRO 3: two buckets' parameters */
   int gathered[2];        /* the unit each holds (-1: none) */
   int gather_next;
@@ -182,7 +201,7 @@ newt_result_t model_par_init(model_par *p, const model_train_config *cfg, const 
 /* The same without the initial weights (zero, to be filled from elsewhere: a restore), and
  * the initialisation alone (weights from the seed, moments zero, step 0). */
 newt_result_t model_par_alloc(model_par *p, const model_train_config *cfg, const model_par_config *pc);
-void model_par_init_weights(model_par *p);
+newt_result_t model_par_init_weights(model_par *p);
 void model_par_free(model_par *p);
 
 /* Options of one step. */
@@ -240,8 +259,9 @@ typedef struct model_par_piece {
 } model_par_piece;
 
 /* Every piece this rank holds: parameters, then the m and v moments. *out is one malloc'd
- * block (names included; desc.name points into it): free(*out) when done. The pointers stay
- * valid until model_par_free. After writing pieces to restore, set p.step and p.opt.t. */
+ * block (names included; desc.name points into it): free(*out) when done. The pointers are
+ * memory of p.dev (host memory only when model_dev_host_visible) and stay valid until
+ * model_par_free. After writing pieces to restore, set p.step and p.opt.t. */
 newt_result_t model_par_pieces(const model_par *p, model_par_piece **out, size_t *n);
 
 #endif

@@ -34,6 +34,7 @@
 typedef struct worker_copy {
   reshard_piece *pieces;
   size_t n;
+  model_dev *dev; /* the device data is memory of (the snapshot); NULL: host memory (the replica) */
   float *data;
   float *spare; /* the replica's second buffer: the next one is received there, and the two
                    swap once it is whole, so a transfer cut short leaves the old one */
@@ -55,6 +56,7 @@ typedef struct worker {
   model_loader ld;
   model_train_config tcfg;
   int have_tok;
+  model_dev *dev;      /* the device the trainer runs on (model/dev.h): the CPU device so far */
   model_par par;       /* this rank's part of the model for the current layout (state.c) */
   int have_par;
   int has_state;       /* par holds a whole training state (of step par.step) */
@@ -115,7 +117,10 @@ void worker_ckpt_free(worker *w);
 
 /* The training state (state.c): makes the newest whole state the state of every rank of
  * p under layout pc (resharding in memory, else the checkpoint, else the seed); the
- * pre-step snapshot; the replica of the data-parallel neighbour's ZeRO shard. */
+ * pre-step snapshot; the replica of the data-parallel neighbour's ZeRO shard. The trainer's
+ * pieces are memory of w->dev: the snapshot stays there (device-to-device copies), the
+ * replica is host memory, and resharding, checkpoints and the replica's transfers go
+ * through host staging unless the device's memory is the host's (model_dev_host_visible). */
 newt_result_t worker_restore(worker *w, comm_t *c, const newt_plan *p, const model_par_config *pc);
 newt_result_t worker_snapshot(worker *w);
 newt_result_t worker_replicate(worker *w);

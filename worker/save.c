@@ -81,8 +81,18 @@ newt_result_t worker_ckpt_step(worker *w, const newt_plan *p, const plan_rank *m
   model_par_piece *pp = NULL;
   size_t n = 0;
   newt_result_t res = model_par_pieces(par, &pp, &n);
-  for (size_t i = 0; res == NEWT_OK && i < n; i++)
-    if (pp[i].primary) res = ckpt_save_add(w->saver, &pp[i].desc, &pp[i].slice, pp[i].data);
+  int visible = model_dev_host_visible(par->dev);
+  for (size_t i = 0; res == NEWT_OK && i < n; i++) {
+    if (!pp[i].primary) continue;
+    if (visible) { /* the saver copies the host memory itself (the snapshot of the async save) */
+      res = ckpt_save_add(w->saver, &pp[i].desc, &pp[i].slice, pp[i].data);
+      continue;
+    }
+    void *dst = NULL; /* device memory: downloaded into the saver's staging */
+    res = ckpt_save_reserve(w->saver, &pp[i].desc, &pp[i].slice, &dst);
+    if (res == NEWT_OK)
+      res = model_dev_download(par->dev, dst, pp[i].data, (size_t)newt_slice_numel(&pp[i].slice) * sizeof(float));
+  }
   char *state = NULL, desc[SPEC_PATH_MAX + 32];
   spec_data_desc(&w->spec, desc, sizeof desc);
   if (res == NEWT_OK && me->rank == 0)

@@ -61,9 +61,18 @@ static int unique_piece(const model_par *p, const reshard_piece *r) {
   return moment || p->pc.zero == 3;
 }
 
+/* Frees a copy's buffers (device memory for the snapshot, host memory for the replica). */
+static void copy_free(worker_copy *cp) {
+  if (cp->dev) model_dev_free(cp->dev, cp->data);
+  else free(cp->data);
+  free(cp->spare), free(cp->pieces);
+  cp->data = cp->spare = NULL;
+  cp->pieces = NULL;
+}
+
 static void copies_free(worker *w) {
-  free(w->snap.data), free(w->snap.pieces);
-  free(w->rep.data), free(w->rep.spare), free(w->rep.pieces);
+  copy_free(&w->snap);
+  copy_free(&w->rep);
   memset(&w->snap, 0, sizeof w->snap);
   memset(&w->rep, 0, sizeof w->rep);
 }
@@ -74,16 +83,25 @@ static int wants_copies(const model_par_config *pc) { return pc->tp * pc->pp > 1
 
 /* --- snapshot and replica ----------------------------------------------------------------- */
 
-/* Lays out a copy of the given pieces in one buffer. */
-static newt_result_t copy_layout(worker_copy *cp, const reshard_piece *src, size_t n) {
+/* Lays out a copy of the given pieces in one buffer: memory of dev (NULL: the host). */
+static newt_result_t copy_layout(worker_copy *cp, model_dev *dev, const reshard_piece *src, size_t n) {
   size_t total = 0;
   for (size_t i = 0; i < n; i++) total += (size_t)newt_slice_numel(&src[i].slice);
+  memset(cp, 0, sizeof *cp);
+  cp->dev = dev;
   cp->pieces = calloc(n ? n : 1, sizeof *cp->pieces);
-  cp->data = malloc((total ? total : 1) * sizeof *cp->data);
-  if (!cp->pieces || !cp->data) {
-    free(cp->pieces), free(cp->data);
+  newt_result_t r = cp->pieces ? NEWT_OK : NEWT_ERR(NEWT_ERR_NOMEM, "out of memory for a copy of %zu pieces", n);
+  if (r == NEWT_OK && dev) {
+    void *d = NULL;
+    r = model_dev_alloc(dev, (total ? total : 1) * sizeof *cp->data, &d);
+    cp->data = d;
+  } else if (r == NEWT_OK && !(cp->data = malloc((total ? total : 1) * sizeof *cp->data))) {
+    r = NEWT_ERR(NEWT_ERR_NOMEM, "out of memory for a copy of %zu floats", total);
+  }
+  if (r != NEWT_OK) {
+    copy_free(cp);
     memset(cp, 0, sizeof *cp);
-    return NEWT_ERR(NEWT_ERR_NOMEM, "out of memory for a copy of %zu floats", total);
+    return r;
   }
   size_t off = 0;
   for (size_t i = 0; i < n; i++) {
@@ -103,12 +121,15 @@ newt_result_t worker_snapshot(worker *w) {
   size_t n = 0;
   NEWT_CHECK(par_pieces(&w->par, w->par.step, &cur, &n));
   newt_result_t r = NEWT_OK;
+  model_dev *dev = w->par.dev;
   if (!w->snap.pieces || w->snap.n != n) {
-    free(w->snap.data), free(w->snap.pieces);
-    r = copy_layout(&w->snap, cur, n);
+    copy_free(&w->snap);
+    r = copy_layout(&w->snap, dev, cur, n);
   }
+  /* on the device, queued behind the step's work: no trip through the host */
   for (size_t i = 0; r == NEWT_OK && i < n; i++)
-    memcpy(w->snap.pieces[i].data, cur[i].data, (size_t)newt_slice_numel(&cur[i].slice) * sizeof(float));
+    model_dev_copy(dev, w->snap.pieces[i].data, cur[i].data, (size_t)newt_slice_numel(&cur[i].slice) * sizeof(float));
+  if (r == NEWT_OK) r = model_dev_error(dev);
   if (r == NEWT_OK) {
     w->snap.step = w->par.step;
     for (size_t i = 0; i < n; i++) w->snap.pieces[i].step = w->par.step;
@@ -156,7 +177,7 @@ newt_result_t worker_replicate(worker *w) {
       r = ring_shift(w->comms.dp, wout, reshard_wire_size(nu), win, reshard_wire_size(nin), NEWT_U8);
     }
     if (r == NEWT_OK) r = reshard_unpack(win, reshard_wire_size(nin), desc, nin);
-    if (r == NEWT_OK) r = copy_layout(&w->rep, desc, nin);
+    if (r == NEWT_OK) r = copy_layout(&w->rep, NULL, desc, nin); /* held on the host */
     if (r == NEWT_OK && !(w->rep.spare = malloc((w->rep.len ? w->rep.len : 1) * sizeof *w->rep.spare)))
       r = NEWT_ERR(NEWT_ERR_NOMEM, "out of memory for a replica");
     free(wout), free(win), free(desc);
@@ -165,11 +186,13 @@ newt_result_t worker_replicate(worker *w) {
   if (r == NEWT_OK && !packed) r = NEWT_ERR(NEWT_ERR_NOMEM, "out of memory for a replica");
   if (r == NEWT_OK) {
     size_t off = 0;
-    for (size_t i = 0; i < nu; i++) {
+    for (size_t i = 0; i < nu && r == NEWT_OK; i++) { /* device -> host (a memcpy on the CPU) */
       size_t k = (size_t)newt_slice_numel(&cur[i].slice);
-      memcpy(packed + off, cur[i].data, k * sizeof *packed);
+      r = model_dev_download(p->dev, packed + off, cur[i].data, k * sizeof *packed);
       off += k;
     }
+  }
+  if (r == NEWT_OK) {
     /* into the spare buffer: until it is whole, the previous replica stays (a rollback to
        the committed step may need it) */
     r = ring_shift(w->comms.dp, packed, total, w->rep.spare, w->rep.len, NEWT_F32);
@@ -189,11 +212,56 @@ newt_result_t worker_replicate(worker *w) {
   return r;
 }
 
+/* --- host staging ------------------------------------------------------------------------ */
+
+/* Resharding and checkpoints read and write host memory. Pieces in memory of a device the
+ * host cannot touch are staged: *stage (malloc'd, NULL when nothing was) gets a host copy
+ * of pieces [0, n) of v (download = 1: their data; 0: room only) and v's pointers are
+ * moved there. With a host-visible device (the CPU) nothing is copied: zero-copy as ever. */
+static newt_result_t stage_pieces(model_dev *dev, reshard_piece *v, size_t n, int download, float **stage) {
+  *stage = NULL;
+  if (model_dev_host_visible(dev) || n == 0) return NEWT_OK;
+  size_t total = 0;
+  for (size_t i = 0; i < n; i++) total += (size_t)newt_slice_numel(&v[i].slice);
+  float *h = malloc((total ? total : 1) * sizeof *h);
+  if (!h) return NEWT_ERR(NEWT_ERR_NOMEM, "out of memory staging %zu floats of the state on the host", total);
+  size_t off = 0;
+  for (size_t i = 0; i < n; i++) {
+    size_t k = (size_t)newt_slice_numel(&v[i].slice);
+    if (download) {
+      newt_result_t r = model_dev_download(dev, h + off, v[i].data, k * sizeof *h);
+      if (r != NEWT_OK) {
+        free(h);
+        return r;
+      }
+    }
+    v[i].data = h + off;
+    off += k;
+  }
+  *stage = h;
+  return NEWT_OK;
+}
+
+/* The staged pieces' data back up to their device pointers (dst: the pieces before they
+ * were staged); nothing when stage is NULL. */
+static newt_result_t unstage_pieces(model_dev *dev, const reshard_piece *dst, size_t n, const float *stage) {
+  if (!stage) return NEWT_OK;
+  size_t off = 0;
+  for (size_t i = 0; i < n; i++) {
+    size_t k = (size_t)newt_slice_numel(&dst[i].slice);
+    NEWT_CHECK(model_dev_upload(dev, dst[i].data, stage + off, k * sizeof *stage));
+    off += k;
+  }
+  return model_dev_sync(dev);
+}
+
 /* What this rank holds: its state, its snapshot (when older), its neighbour's replica.
- * *out is malloc'd; the pieces point into this rank's buffers. */
-static newt_result_t held_pieces(worker *w, reshard_piece **out, size_t *n) {
+ * *out is malloc'd; the pieces point into this rank's buffers, or into *stage (malloc'd,
+ * NULL when none) where the device's memory is not the host's. */
+static newt_result_t held_pieces(worker *w, reshard_piece **out, size_t *n, float **stage) {
   reshard_piece *cur = NULL, *have;
   size_t ncur = 0;
+  *stage = NULL;
   if (w->has_state && w->have_par) NEWT_CHECK(par_pieces(&w->par, w->par.step, &cur, &ncur));
   size_t nsnap = w->snap.step >= 0 && w->snap.step != w->par.step ? w->snap.n : 0, nrep = w->rep.step >= 0 ? w->rep.n : 0;
   have = calloc(ncur + nsnap + nrep + 1, sizeof *have);
@@ -205,6 +273,13 @@ static newt_result_t held_pieces(worker *w, reshard_piece **out, size_t *n) {
   if (nsnap) memcpy(have + ncur, w->snap.pieces, nsnap * sizeof *have);
   if (nrep) memcpy(have + ncur + nsnap, w->rep.pieces, nrep * sizeof *have);
   free(cur);
+  /* the state and the snapshot are device memory; the replica is the host's already */
+  model_dev *dev = w->have_par ? w->par.dev : w->snap.dev;
+  newt_result_t r = ncur + nsnap && dev ? stage_pieces(dev, have, ncur + nsnap, 1, stage) : NEWT_OK;
+  if (r != NEWT_OK) {
+    free(have);
+    return r;
+  }
   *out = have;
   *n = ncur + nsnap + nrep;
   return NEWT_OK;
@@ -222,13 +297,33 @@ static newt_result_t load_ckpt(worker *w, comm_t *c, model_par *np, int64_t *ste
     free(pp);
     return NEWT_ERR(NEWT_ERR_NOMEM, "out of memory reading a checkpoint");
   }
-  for (size_t i = 0; i < n; i++) reqs[i] = (ckpt_request){.t = pp[i].desc, .slice = pp[i].slice, .out = pp[i].data};
+  /* host staging for a device the host cannot touch: read there, then uploaded */
+  float *stage = NULL;
+  size_t total = 0;
+  if (!model_dev_host_visible(np->dev)) {
+    for (size_t i = 0; i < n; i++) total += (size_t)newt_slice_numel(&pp[i].slice);
+    if (!(stage = malloc((total ? total : 1) * sizeof *stage))) {
+      free(reqs), free(pp);
+      return NEWT_ERR(NEWT_ERR_NOMEM, "out of memory staging %zu floats of a checkpoint", total);
+    }
+  }
+  for (size_t i = 0, off = 0; i < n; i++) {
+    reqs[i] = (ckpt_request){.t = pp[i].desc, .slice = pp[i].slice, .out = stage ? stage + off : pp[i].data};
+    off += (size_t)newt_slice_numel(&pp[i].slice);
+  }
   model_ckpt_train_point pt = {.step = -1};
   char desc[SPEC_PATH_MAX + 32];
   spec_data_desc(&w->spec, desc, sizeof desc);
   newt_result_t r = w->spec.ckpt_dir[0]
                         ? model_ckpt_train_load(w->spec.ckpt_dir, CKPT_LATEST, &w->tcfg, desc, 2, reqs, n, &pt)
                         : NEWT_ERR(NEWT_ERR_NOTFOUND, "no checkpoint directory");
+  for (size_t i = 0, off = 0; r == NEWT_OK && stage && i < n; i++) {
+    size_t k = (size_t)newt_slice_numel(&pp[i].slice);
+    r = model_dev_upload(np->dev, pp[i].data, stage + off, k * sizeof *stage);
+    off += k;
+  }
+  if (r == NEWT_OK && stage) r = model_dev_sync(np->dev);
+  free(stage);
   free(reqs);
   free(pp);
   if (r != NEWT_OK && r != NEWT_ERR_NOTFOUND) return r;
@@ -267,13 +362,24 @@ newt_result_t worker_restore(worker *w, comm_t *c, const newt_plan *p, const mod
     np = &fresh;
   }
   /* what this rank holds: its state, its snapshot, its neighbour's replica */
-  reshard_piece *have = NULL, *need = NULL;
+  reshard_piece *have = NULL, *need = NULL, *need_dev = NULL;
   size_t nhave = 0, nneed = 0;
-  NEWT_CHECK_GOTO(held_pieces(w, &have, &nhave), r, exit);
+  float *have_stage = NULL, *need_stage = NULL;
+  NEWT_CHECK_GOTO(held_pieces(w, &have, &nhave, &have_stage), r, exit);
   NEWT_CHECK_GOTO(par_pieces(np, -1, &need, &nneed), r, exit);
+  if (!model_dev_host_visible(np->dev)) { /* received into host staging, then uploaded */
+    need_dev = malloc((nneed ? nneed : 1) * sizeof *need_dev);
+    if (!need_dev) {
+      r = NEWT_ERR(NEWT_ERR_NOMEM, "out of memory listing what this rank needs");
+      goto exit;
+    }
+    if (nneed) memcpy(need_dev, need, nneed * sizeof *need);
+    NEWT_CHECK_GOTO(stage_pieces(np->dev, need, nneed, 0, &need_stage), r, exit);
+  }
 
   reshard_result rr;
   r = reshard_exchange(c, have, nhave, need, nneed, &rr);
+  if (r == NEWT_OK) r = unstage_pieces(np->dev, need_dev, nneed, need_stage);
   if (r == NEWT_OK) {
     np->step = rr.step;
     np->opt.t = rr.step; /* one AdamW update per step */
@@ -290,13 +396,12 @@ newt_result_t worker_restore(worker *w, comm_t *c, const newt_plan *p, const mod
                            "checkpoint: starting again from the seed",
                    w->id, (long long)p->step);
       /* back to the seed (also a reused trainer, or one a checkpoint half filled) */
-      model_par_init_weights(np);
-      r = NEWT_OK;
+      r = model_par_init_weights(np);
       snprintf(w->restore_src, sizeof w->restore_src, "init");
     }
   }
 exit:
-  free(have), free(need);
+  free(have), free(need), free(need_dev), free(have_stage), free(need_stage);
   if (!reuse) {
     if (r == NEWT_OK) {
       if (w->have_par) model_par_free(&w->par);
@@ -319,10 +424,11 @@ exit:
 newt_result_t worker_donate(worker *w, comm_t *c) {
   reshard_piece *have = NULL;
   size_t n = 0;
-  NEWT_CHECK(held_pieces(w, &have, &n));
+  float *stage = NULL;
+  NEWT_CHECK(held_pieces(w, &have, &n, &stage));
   reshard_result rr;
   newt_result_t r = reshard_exchange(c, have, n, NULL, 0, &rr);
-  free(have);
+  free(have), free(stage);
   return r;
 }
 

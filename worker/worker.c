@@ -378,6 +378,7 @@ static newt_result_t run_generation(worker *w, const newt_plan *p, gen_outcome *
   pthread_mutex_unlock(&w->mu);
   model_par_config pc;
   model_par_config_from_rank(&pc, p->tp, p->pp, p->dp, p->zero, me->rank);
+  pc.dev = w->dev;
   /* the ranks train among themselves; donors only take part in the restore */
   if (r == NEWT_OK && p->ndonors) r = comm_split(c, 0, me->rank, &train);
   else train = c;
@@ -579,6 +580,7 @@ static newt_result_t setup(worker *w, const worker_opts *o) {
   newt_result_t lr = model_par_config_check(&pc, tc);
   if (lr != NEWT_OK) return newt_err_wrap(lr, "the job's spec does not fit its model: ");
   model_threads_set(tc->threads);
+  w->dev = model_dev_cpu(); /* the CPU device; --device opens a GPU in a later step */
   NEWT_CHECK(worker_open_data(&w->spec, &w->tok));
   w->have_tok = 1;
   NEWT_CHECK(model_loader_init(&w->ld, &w->tok, tc->seq_len, tc->data_seed, tc->model.vocab));

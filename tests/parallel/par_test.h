@@ -3,7 +3,7 @@
  * layout on a fresh world communicator), a barrier of all those processes in shared memory,
  * and the pieces of a rank laid over the global tensors (a "checkpoint" in shared memory:
  * one float per element of the global layout for the parameters and each moment, and a count
- * of the primary pieces that covered it). */
+ * of the primary pieces that covered it), read and written through the device interface. */
 #ifndef NEWT_TESTS_PAR_TEST_H
 #define NEWT_TESTS_PAR_TEST_H
 
@@ -15,6 +15,7 @@
 #include <sys/mman.h>
 
 #include "comm/comm_test.h"
+#include "model/dev_strict_comm.h"
 #include "model/parallel.h"
 #include "test.h"
 
@@ -172,6 +173,8 @@ static inline void pt_get(void *ctx, const model_par_piece *pc, size_t g, size_t
   pc->data[i] = sh->val[(size_t)pc->kind * sh->total + g];
 }
 
+/* The pieces are device memory (model/dev.h): each is downloaded into host memory for fn,
+ * and uploaded back after pt_get. */
 static inline int pt_pieces_apply(const model_par *p, pt_elem_fn fn, pt_shared *sh, int primary_only) {
   model_par_piece *pcs;
   size_t n;
@@ -180,10 +183,45 @@ static inline int pt_pieces_apply(const model_par *p, pt_elem_fn fn, pt_shared *
     return 1;
   }
   pt_cover cv = {.sh = sh};
-  for (size_t i = 0; i < n; i++)
-    if (!primary_only || pcs[i].primary) pt_piece_each(&pcs[i], fn, &cv);
+  for (size_t i = 0; i < n; i++) {
+    if (primary_only && !pcs[i].primary) continue;
+    size_t bytes = (size_t)newt_slice_numel(&pcs[i].slice) * sizeof(float);
+    model_par_piece h = pcs[i];
+    h.data = malloc(bytes ? bytes : 1);
+    if (!h.data || model_dev_download(p->dev, h.data, pcs[i].data, bytes) != NEWT_OK) {
+      fprintf(stderr, "%s: download: %s\n", pcs[i].desc.name, newt_errmsg());
+      cv.bad++;
+    } else {
+      pt_piece_each(&h, fn, &cv);
+      if (fn == pt_get && model_dev_upload(p->dev, pcs[i].data, h.data, bytes) != NEWT_OK) {
+        fprintf(stderr, "%s: upload: %s\n", pcs[i].desc.name, newt_errmsg());
+        cv.bad++;
+      }
+    }
+    free(h.data);
+  }
   free(pcs);
   return cv.bad;
+}
+
+/* Every piece of p downloaded into one malloc'd host buffer, in piece order (*n floats). */
+static inline float *pt_pieces_download(const model_par *p, size_t *n) {
+  model_par_piece *pcs;
+  size_t np, total = 0, off = 0;
+  if (model_par_pieces(p, &pcs, &np) != NEWT_OK) return NULL;
+  for (size_t i = 0; i < np; i++) total += (size_t)newt_slice_numel(&pcs[i].slice);
+  float *out = malloc((total ? total : 1) * sizeof *out);
+  for (size_t i = 0; out && i < np; i++) {
+    size_t k = (size_t)newt_slice_numel(&pcs[i].slice);
+    if (model_dev_download(p->dev, out + off, pcs[i].data, k * sizeof *out) != NEWT_OK) {
+      free(out);
+      out = NULL;
+    }
+    off += k;
+  }
+  free(pcs);
+  *n = total;
+  return out;
 }
 
 #endif

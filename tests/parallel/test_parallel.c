@@ -20,6 +20,9 @@
  *    pieces of all ranks saved (ckpt_save_add, one saver per rank) and resumed by the
  *    single-process trainer, both bit for bit;
  *  - the pipeline schedule with messages larger than the transport's buffers (no deadlock);
+ *  - the strict test device (tests/model/dev_strict.h: device memory the host cannot touch):
+ *    layouts with tp, pp, dp and ZeRO 0..3 and a reshard through the pieces give the CPU
+ *    device's bits, so the trainer reaches device memory only through model/dev.h;
  *  - bad layouts and bad calls are refused with a message naming the field;
  *  - `newt bench train --tp --pp --dp --zero` runs a layout of processes and prints its line. */
 #include <math.h>
@@ -80,7 +83,7 @@ typedef struct rank_ctx {
   model_par_comms comms;
 } rank_ctx;
 
-static int open_world(ct_world *w, const layout *L, rank_ctx *rc) {
+static int open_world_on(ct_world *w, const layout *L, rank_ctx *rc, int strict) {
   comm_config cc;
   ct_config(w, rc->rank, &cc);
   rc->world = NULL;
@@ -88,6 +91,7 @@ static int open_world(ct_world *w, const layout *L, rank_ctx *rc) {
     fprintf(stderr, "rank %d: comm_create (tp %d pp %d dp %d): %s\n", rc->rank, L->tp, L->pp, L->dp, newt_errmsg());
     return 1;
   }
+  if (strict) dev_strict_comm(rc->world);
   model_par_config pc;
   model_par_config_from_rank(&pc, L->tp, L->pp, L->dp, 0, rc->rank);
   if (model_par_comms_split(rc->world, &pc, &rc->comms) != NEWT_OK) {
@@ -98,6 +102,8 @@ static int open_world(ct_world *w, const layout *L, rank_ctx *rc) {
   }
   return 0;
 }
+
+static int open_world(ct_world *w, const layout *L, rank_ctx *rc) { return open_world_on(w, L, rc, 0); }
 
 static void close_world(rank_ctx *rc) {
   model_par_comms_free(&rc->comms);
@@ -314,6 +320,141 @@ static void test_reshard(void) {
   }
   run_ranks(rank_reshard, NULL, PT_MAX_RANKS, 300000);
   for (int i = 0; i < 2 * NTRANS; i++) ct_world_free(&worlds[i]);
+}
+
+/* ---- the strict device: the trainer never touches device memory from the host ------------------- */
+
+/* Layouts run on the CPU device and on the strict test device (tests/model/dev_strict.h:
+ * device memory behind non-canonical pointers, host_visible 0), one after the other in each
+ * rank process: the losses, the gradient norms and every piece of the state after the run
+ * must be the same bits. Then a reshard through the pieces on the strict device (tp 2 pp 2
+ * ZeRO 1 -> tp 1 pp 2 dp 2 ZeRO 3), whose second half must equal the CPU device's bit for
+ * bit. A host load or store of the strict device's memory kills the rank (SIGSEGV). */
+#define STRICT_STEPS 6
+
+typedef struct strict_case {
+  layout L;
+  int zero;
+} strict_case;
+
+static const strict_case strict_cases[] = {
+    {{1, 1, 1, 0}, 0}, {{2, 2, 1, 0}, 1}, {{2, 2, 1, 0}, 3}, {{2, 1, 2, 0}, 2}, {{1, 2, 2, 0}, 3},
+};
+#define NSTRICT ((int)(sizeof strict_cases / sizeof strict_cases[0]))
+static const strict_case strict_from = {{2, 2, 1, 0}, 1}, strict_to = {{1, 2, 2, 0}, 3};
+
+typedef struct strict_run {
+  double loss[PT_MAX_STEPS], norm[PT_MAX_STEPS];
+  float *state; /* every piece after the run, in piece order */
+  size_t nstate;
+} strict_run;
+
+/* Steps [s0, s1) of case sc on dev (restored from the shared "checkpoint" when s0 > 0; its
+ * pieces put there after the run when put is set). */
+static int strict_one(ct_world *w, const strict_case *sc, int rank, model_dev *dev, int s0, int s1, int put,
+                      strict_run *out) {
+  int fails = 0;
+  const layout *L = &sc->L;
+  rank_ctx rc = {.rank = rank};
+  memset(out, 0, sizeof *out);
+  if (open_world_on(w, L, &rc, dev != model_dev_cpu())) return 1;
+  model_par_config pc;
+  model_par_config_from_rank(&pc, L->tp, L->pp, L->dp, sc->zero, rank);
+  pc.dev = dev;
+  model_par p;
+  if (model_par_init(&p, &cfg, &pc) != NEWT_OK) {
+    RFAIL("%s: model_par_init: %s", model_dev_name(dev), newt_errmsg());
+    close_world(&rc);
+    return fails;
+  }
+  if (s0 > 0) {
+    fails += pt_pieces_apply(&p, pt_get, sh, 0);
+    p.step = s0;
+    p.opt.t = s0;
+  }
+  size_t n = (size_t)cfg.batch * cfg.seq_len;
+  int32_t *in = malloc(n * sizeof *in), *tg = malloc(n * sizeof *tg);
+  for (int s = s0; s < s1 && !fails; s++) {
+    int count;
+    model_step_info info;
+    if (pt_fetch(&cfg, &p.pc, s, in, tg, &count) != NEWT_OK ||
+        model_par_step(&p, &rc.comms, in, tg, count, NULL, &info) != NEWT_OK) {
+      RFAIL("%s: step %d: %s", model_dev_name(dev), s + 1, newt_errmsg());
+      break;
+    }
+    out->loss[s] = info.loss;
+    out->norm[s] = info.grad_norm;
+    if (!(fabs(info.loss - ref.loss[s]) <= LOSS_TOL))
+      RFAIL("%s: step %d: loss %.9g, single-process %.9g", model_dev_name(dev), s + 1, info.loss, ref.loss[s]);
+  }
+  free(in);
+  free(tg);
+  if (!fails && put) fails += pt_pieces_apply(&p, pt_put, sh, 1);
+  if (!fails && !(out->state = pt_pieces_download(&p, &out->nstate))) RFAIL("downloading the pieces: %s", newt_errmsg());
+  model_par_free(&p);
+  close_world(&rc);
+  return fails;
+}
+
+/* The same bits from the CPU device and the strict device. */
+static int strict_same(const strict_run *a, const strict_run *b, int s0, int s1, int rank, const char *what) {
+  int fails = 0;
+  for (int s = s0; s < s1; s++)
+    if (memcmp(&a->loss[s], &b->loss[s], sizeof(double)) != 0 || memcmp(&a->norm[s], &b->norm[s], sizeof(double)) != 0) {
+      RFAIL("%s: step %d: cpu loss %.17g norm %.17g, strict loss %.17g norm %.17g", what, s + 1, a->loss[s],
+            a->norm[s], b->loss[s], b->norm[s]);
+      return fails;
+    }
+  if (a->nstate != b->nstate || memcmp(a->state, b->state, a->nstate * sizeof(float)) != 0)
+    RFAIL("%s: the state after the run differs between the cpu and the strict device", what);
+  return fails;
+}
+
+static int rank_strict(ct_world *grp, int rank, void *arg) {
+  (void)arg;
+  int fails = 0;
+  model_dev *devs[2] = {model_dev_cpu(), dev_strict()};
+  for (int i = 0; i < NSTRICT; i++) {
+    const strict_case *sc = &strict_cases[i];
+    char what[96];
+    snprintf(what, sizeof what, "tp %d pp %d dp %d zero %d", sc->L.tp, sc->L.pp, sc->L.dp, sc->zero);
+    if (rank < size_of(&sc->L)) {
+      strict_run r[2];
+      for (int d = 0; d < 2; d++) fails += strict_one(&worlds[2 * i + d], sc, rank, devs[d], 0, STRICT_STEPS, 0, &r[d]);
+      if (!fails) fails += strict_same(&r[0], &r[1], 0, STRICT_STEPS, rank, what);
+      if (rank == 0 && !fails) fprintf(stderr, "  %-28s cpu and strict device: the same bits\n", what);
+      free(r[0].state);
+      free(r[1].state);
+    }
+    if (!pt_barrier(sh, grp->size)) return fails + 1;
+  }
+  /* a reshard through the pieces, on the strict device */
+  strict_run a, b[2];
+  if (rank < size_of(&strict_from.L))
+    fails += strict_one(&worlds[2 * NSTRICT], &strict_from, rank, devs[1], 0, HALF, 1, &a);
+  if (!pt_barrier(sh, grp->size)) return fails + 1;
+  if (rank < size_of(&strict_to.L)) {
+    for (int d = 0; d < 2; d++)
+      fails += strict_one(&worlds[2 * NSTRICT + 1 + d], &strict_to, rank, devs[d], HALF, STEPS, 0, &b[d]);
+    if (!fails) fails += strict_same(&b[0], &b[1], HALF, STEPS, rank, "reshard on the strict device");
+    if (rank == 0 && !fails)
+      fprintf(stderr, "  reshard tp 2 pp 2 zero 1 -> tp 1 pp 2 dp 2 zero 3 on the strict device: the cpu's bits\n");
+    free(b[0].state);
+    free(b[1].state);
+  }
+  if (rank < size_of(&strict_from.L)) free(a.state);
+  if (!pt_barrier(sh, grp->size)) return fails + 1;
+  if (rank == 0) memset((void *)sh->cnt, 0, 3 * sh->total * sizeof(int));
+  return fails;
+}
+
+static void test_strict_device(void) {
+  for (int i = 0; i < NSTRICT; i++)
+    for (int d = 0; d < 2; d++) world_init(&worlds[2 * i + d], &strict_cases[i].L, "strict");
+  world_init(&worlds[2 * NSTRICT], &strict_from.L, "strict");
+  for (int d = 0; d < 2; d++) world_init(&worlds[2 * NSTRICT + 1 + d], &strict_to.L, "strict");
+  run_ranks(rank_strict, NULL, 4, 300000);
+  for (int i = 0; i < 2 * NSTRICT + 3; i++) ct_world_free(&worlds[i]);
 }
 
 /* ---- the pieces against real checkpoints ------------------------------------------------------------ */
@@ -606,6 +747,7 @@ int main(int argc, char **argv) {
   if (!only || strcmp(only, "unbuffered") == 0) T_RUN(test_pipeline_unbuffered);
   if (!only || strcmp(only, "layouts") == 0) T_RUN(test_layouts);
   if (!only || strcmp(only, "reshard") == 0) T_RUN(test_reshard);
+  if (!only || strcmp(only, "strict") == 0) T_RUN(test_strict_device);
   free(ref.params);
   free(ref.m);
   free(ref.v);
