@@ -56,7 +56,8 @@ typedef struct worker {
   model_loader ld;
   model_train_config tcfg;
   int have_tok;
-  model_dev *dev;      /* the device the trainer runs on (model/dev.h): the CPU device so far */
+  model_dev *dev;      /* the device the trainer runs on (model/dev.h): a GPU with backend nccl */
+  int device;          /* its GPU ordinal (registered with the host); -1: none named */
   model_par par;       /* this rank's part of the model for the current layout (state.c) */
   int have_par;
   int has_state;       /* par holds a whole training state (of step par.step) */

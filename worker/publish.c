@@ -40,7 +40,7 @@ newt_result_t worker_register(worker *w) {
   snprintf(reg.id, sizeof reg.id, "%s", w->id);
   snprintf(reg.host, sizeof reg.host, "%s", w->host);
   snprintf(reg.addr, sizeof reg.addr, "%s", w->addr);
-  reg.device = w->o->device;
+  reg.device = w->device;
   snprintf(reg.state, sizeof reg.state, "joining");
   reg.pid = getpid();
   reg.generation = (int64_t)w->gen;

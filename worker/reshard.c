@@ -311,6 +311,7 @@ newt_result_t reshard_exchange(comm_t *c, const reshard_piece *have, size_t nhav
                                size_t nneed, reshard_result *res) {
   memset(res, 0, sizeof *res);
   res->step = -1;
+  c = comm_host_channel(c); /* the pieces are host memory (staged where the device's is not) */
   int n = comm_size(c), me = comm_rank(c);
   newt_result_t r = NEWT_OK;
   size_t mylen = sizeof(wire_head) + (nhave + nneed) * sizeof(wire_piece);

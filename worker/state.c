@@ -139,8 +139,11 @@ newt_result_t worker_snapshot(worker *w) {
 }
 
 /* Ring order within the data-parallel group: even ranks send first, odd ranks receive
- * first, so blocking sends cannot all wait on each other. */
+ * first, so blocking sends cannot all wait on each other. out and in are host memory, so
+ * they go over the group's CPU channel (comm_host_channel: an NCCL group's takes only device
+ * memory). */
 static newt_result_t ring_shift(comm_t *c, const void *out, size_t nout, void *in, size_t nin, newt_dtype dt) {
+  c = comm_host_channel(c);
   int n = comm_size(c), r = comm_rank(c), next = (r + 1) % n, prev = (r + n - 1) % n;
   if (r % 2 == 0) {
     if (nout) NEWT_CHECK(comm_send(c, out, nout, dt, next));
@@ -331,7 +334,7 @@ static newt_result_t load_ckpt(worker *w, comm_t *c, model_par *np, int64_t *ste
   int size = comm_size(c);
   int64_t *steps = malloc((size_t)size * sizeof *steps);
   NEWT_CHECK_ALLOC(steps);
-  newt_result_t g = comm_allgather(c, &got, steps, 1, NEWT_I64);
+  newt_result_t g = comm_allgather(comm_host_channel(c), &got, steps, 1, NEWT_I64); /* host memory */
   for (int i = 0; g == NEWT_OK && i < size; i++) {
     if (steps[i] < lo) lo = steps[i];
     if (steps[i] > hi) hi = steps[i];

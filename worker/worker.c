@@ -202,7 +202,9 @@ static newt_result_t build_comm(worker *w, const newt_plan *p, const plan_rank *
   }
   comm_config cfg;
   memset(&cfg, 0, sizeof cfg);
-  cfg.backend = COMM_BACKEND_CPU;
+  /* NCCL on the device's stream: collectives follow the kernels queued before them */
+  cfg.backend = model_dev_kind_of(w->dev) == MODEL_DEV_CUDA ? COMM_BACKEND_NCCL : COMM_BACKEND_CPU;
+  cfg.stream = model_dev_stream(w->dev);
   cfg.rank = me->rank;
   cfg.size = n;
   cfg.cancel = &w->build_cancel;
@@ -228,7 +230,7 @@ static newt_result_t build_comm(worker *w, const newt_plan *p, const plan_rank *
     cfg.secret_len = sizeof p->secret;
   }
   cfg.timeout_ms = w->spec.comm_timeout_ms;
-  cfg.device = w->o->device;
+  cfg.device = w->device;
   cfg.listen_fd = w->listen_fd;
   cfg.missing = missing;
   newt_result_t r = comm_create(&cfg, out);
@@ -519,6 +521,40 @@ static newt_result_t start_metrics(worker *w) {
   return NEWT_OK;
 }
 
+/* The device the trainer runs on: with spec.backend nccl the GPU --device names (else the
+ * local rank among the visible GPUs, LOCAL_RANK as launchers set it, else the only one);
+ * with cpu the CPU (a --device is then only recorded in the registration). */
+static newt_result_t open_device(worker *w, const worker_opts *o) {
+  w->device = o->device;
+  if (strcmp(w->spec.backend, "nccl") != 0) {
+    w->dev = model_dev_cpu();
+    return NEWT_OK;
+  }
+  int n = model_dev_cuda_count();
+  if (n == 0)
+    return NEWT_ERR(NEWT_ERR_UNSUPPORTED,
+                    "spec.backend nccl: this worker sees no GPU (a build without CUDA, no driver, or "
+                    "CUDA_VISIBLE_DEVICES=%s)",
+                    getenv("CUDA_VISIBLE_DEVICES") ? getenv("CUDA_VISIBLE_DEVICES") : "(unset)");
+  int dev = o->device;
+  const char *local = getenv("LOCAL_RANK");
+  if (dev < 0 && local && *local) dev = atoi(local) % n;
+  if (dev < 0 && n == 1) dev = 0;
+  if (dev < 0)
+    return NEWT_ERR(NEWT_ERR_INVALID,
+                    "spec.backend nccl: %d GPUs are visible; --device (or NEWT_DEVICE, or LOCAL_RANK) says which one "
+                    "this worker trains on",
+                    n);
+  if (dev >= n)
+    return NEWT_ERR(NEWT_ERR_INVALID, "--device %d: this worker sees %d GPU%s (0 to %d)", dev, n, n == 1 ? "" : "s",
+                    n - 1);
+  newt_result_t r = model_dev_open(MODEL_DEV_CUDA, dev, &w->dev);
+  if (r != NEWT_OK) return newt_err_wrap(r, "spec.backend nccl: ");
+  w->device = dev;
+  NEWT_INFO(WORKER, "%s: trains on %s", w->id, model_dev_name(w->dev));
+  return NEWT_OK;
+}
+
 static newt_result_t setup(worker *w, const worker_opts *o) {
   w->o = o;
   snprintf(w->host, sizeof w->host, "%s", o->host && *o->host ? o->host : newt_hostname());
@@ -570,8 +606,6 @@ static newt_result_t setup(worker *w, const worker_opts *o) {
   newt_result_t r = spec_from_json(spec, strlen(spec), &w->spec);
   free(spec);
   NEWT_CHECK(r);
-  if (strcmp(w->spec.backend, "cpu") != 0)
-    return NEWT_ERR(NEWT_ERR_UNSUPPORTED, "spec.backend: the worker trains on the CPU backend only so far");
   model_train_config *tc = &w->tcfg;
   NEWT_CHECK(worker_train_config(&w->spec, o->threads, tc));
   /* the fixed part of the layout must fit the model (tp divides heads and vocab, ...) */
@@ -580,7 +614,7 @@ static newt_result_t setup(worker *w, const worker_opts *o) {
   newt_result_t lr = model_par_config_check(&pc, tc);
   if (lr != NEWT_OK) return newt_err_wrap(lr, "the job's spec does not fit its model: ");
   model_threads_set(tc->threads);
-  w->dev = model_dev_cpu(); /* the CPU device; --device opens a GPU in a later step */
+  NEWT_CHECK(open_device(w, o));
   NEWT_CHECK(worker_open_data(&w->spec, &w->tok));
   w->have_tok = 1;
   NEWT_CHECK(model_loader_init(&w->ld, &w->tok, tc->seq_len, tc->data_seed, tc->model.vocab));
@@ -618,6 +652,8 @@ static void teardown(worker *w) {
   rdzv_registration_free(w->reg);
   plan_free(&w->latest);
   worker_state_free(w);
+  if (w->dev && model_dev_kind_of(w->dev) != MODEL_DEV_CPU) model_dev_close(w->dev); /* after its buffers */
+  w->dev = NULL;
   if (w->have_tok) model_tokens_close(&w->tok);
   free(w->inputs);
   free(w->targets);

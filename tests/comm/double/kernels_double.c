@@ -11,6 +11,7 @@
  * launch, the step the queued update uses is the one it had then. What it does not model:
  * the bf16 rounding of the GEMMs (the CPU ops are fp32), and kernels running concurrently
  * with the host beyond what one stream thread gives. */
+#include <omp.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -75,6 +76,9 @@ static float *scratch(model_cuda_kernels *k, int T, int C, int NH) {
 
 static void run(dbl_work *w) {
   kwork *q = (kwork *)w;
+  /* the stream's thread runs the ops with the team the process set (model_threads_set sets
+     it for its calling thread only), which the scratch is sized for */
+  if (omp_get_max_threads() != model_threads_get()) omp_set_num_threads(model_threads_get());
   model_dev *d = model_dev_cpu();
   void **p = q->p;
   int *i = q->i;
