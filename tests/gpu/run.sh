@@ -134,7 +134,7 @@ step "CUDA device kernels vs the CPU device (test_kernels)" 90 bash -c \
 if [ -f "$kernels_out" ]; then
   while read -r line; do
     kernels_json="$kernels_json${kernels_json:+,}$line"
-  done < <(grep '^{' "$kernels_out" || true)
+  done < <(grep '^{.*}$' "$kernels_out" || true) # whole lines only (a crash may cut the last)
 fi
 step "other gpu tests (ctest -L gpu)" 90 \
   ctest --test-dir "$BUILD" -L gpu -E '^(test_comm_nccl|test_kernels)$' --output-on-failure --timeout 80
