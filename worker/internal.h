@@ -40,6 +40,8 @@ typedef struct worker_copy {
                    swap once it is whole, so a transfer cut short leaves the old one */
   size_t len;
   int64_t step;
+  int64_t spare_step; /* the step of the replica the spare holds since the last swap (the one
+                         before the newest), -1 once the next transfer started writing it */
 } worker_copy;
 
 typedef struct worker {

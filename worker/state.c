@@ -198,6 +198,7 @@ newt_result_t worker_replicate(worker *w) {
   if (r == NEWT_OK) {
     /* into the spare buffer: until it is whole, the previous replica stays (a rollback to
        the committed step may need it) */
+    w->rep.spare_step = -1;
     r = ring_shift(w->comms.dp, packed, total, w->rep.spare, w->rep.len, NEWT_F32);
   }
   if (r == NEWT_OK) {
@@ -208,6 +209,10 @@ newt_result_t worker_replicate(worker *w) {
       w->rep.pieces[i].data = w->rep.data + (w->rep.pieces[i].data - old);
       w->rep.pieces[i].step = p->step;
     }
+    /* the one before stays whole in the spare until the next transfer: where a failure cut
+       another stage's step short, the job may have to roll back to it (its snapshots are of
+       that step, and this replica has moved on) */
+    w->rep.spare_step = w->rep.step;
     w->rep.step = p->step;
   }
   free(packed);
@@ -267,7 +272,8 @@ static newt_result_t held_pieces(worker *w, reshard_piece **out, size_t *n, floa
   *stage = NULL;
   if (w->has_state && w->have_par) NEWT_CHECK(par_pieces(&w->par, w->par.step, &cur, &ncur));
   size_t nsnap = w->snap.step >= 0 && w->snap.step != w->par.step ? w->snap.n : 0, nrep = w->rep.step >= 0 ? w->rep.n : 0;
-  have = calloc(ncur + nsnap + nrep + 1, sizeof *have);
+  size_t nold = nrep && w->rep.spare && w->rep.spare_step >= 0 ? w->rep.n : 0; /* the replica before */
+  have = calloc(ncur + nsnap + nrep + nold + 1, sizeof *have);
   if (!have) {
     free(cur);
     return NEWT_ERR(NEWT_ERR_NOMEM, "out of memory listing what this rank holds");
@@ -275,6 +281,12 @@ static newt_result_t held_pieces(worker *w, reshard_piece **out, size_t *n, floa
   if (ncur) memcpy(have, cur, ncur * sizeof *have);
   if (nsnap) memcpy(have + ncur, w->snap.pieces, nsnap * sizeof *have);
   if (nrep) memcpy(have + ncur + nsnap, w->rep.pieces, nrep * sizeof *have);
+  for (size_t i = 0; i < nold; i++) {
+    reshard_piece *o = &have[ncur + nsnap + nrep + i];
+    *o = w->rep.pieces[i];
+    o->data = w->rep.spare + (w->rep.pieces[i].data - w->rep.data);
+    o->step = w->rep.spare_step;
+  }
   free(cur);
   /* the state and the snapshot are device memory; the replica is the host's already */
   model_dev *dev = w->have_par ? w->par.dev : w->snap.dev;
@@ -284,7 +296,11 @@ static newt_result_t held_pieces(worker *w, reshard_piece **out, size_t *n, floa
     return r;
   }
   *out = have;
-  *n = ncur + nsnap + nrep;
+  *n = ncur + nsnap + nrep + nold;
+  NEWT_DEBUG(WORKER, "%s: holds its state of step %lld%s (%zu pieces), a snapshot of step %lld (%zu), replicas of steps %lld and %lld (%zu each)",
+             w->id, ncur ? (long long)w->par.step : -1LL, w->have_par && w->par.params_stale ? ", its parameters partly gathered" : "",
+             ncur, nsnap ? (long long)w->snap.step : -1LL, nsnap, nrep ? (long long)w->rep.step : -1LL,
+             nold ? (long long)w->rep.spare_step : -1LL, nrep);
   return NEWT_OK;
 }
 
@@ -416,7 +432,7 @@ exit:
   }
   if (r != NEWT_OK) return r;
   copies_free(w); /* they belong to the old layout */
-  w->snap.step = w->rep.step = -1;
+  w->snap.step = w->rep.step = w->rep.spare_step = -1;
   w->has_state = 1;
   w->restore_step = w->done_step = w->committed_step = w->par.step;
   NEWT_INFO(WORKER, "%s: generation %llu starts at step %lld (state from %s)", w->id,

@@ -618,7 +618,7 @@ static newt_result_t setup(worker *w, const worker_opts *o) {
   NEWT_CHECK(worker_open_data(&w->spec, &w->tok));
   w->have_tok = 1;
   NEWT_CHECK(model_loader_init(&w->ld, &w->tok, tc->seq_len, tc->data_seed, tc->model.vocab));
-  w->snap.step = w->rep.step = -1;
+  w->snap.step = w->rep.step = w->rep.spare_step = -1;
   size_t n = (size_t)w->spec.global_batch * (size_t)tc->seq_len;
   w->inputs = malloc(n * sizeof *w->inputs);
   w->targets = malloc(n * sizeof *w->targets);
