@@ -44,8 +44,9 @@ for f in $folders; do
 done
 
 # File-level arrows from the symbol tables of the product's objects (libraries newt_* and
-# the newt binary). An undefined symbol of A defined in B: A -> B.
-objs=$(find "$build" -path '*/CMakeFiles/newt*.dir/*' -name '*.o' | grep -v '/tests/' | sort)
+# the newt binary; not the test double's build in gpu-double/). An undefined symbol of A
+# defined in B: A -> B.
+objs=$(find "$build" -path '*/CMakeFiles/newt*.dir/*' -name '*.o' | grep -v '/tests/' | grep -v '/gpu-double' | sort)
 [ -n "$objs" ] || { echo "layers: no object files under $build (build first)"; exit 1; }
 for o in $objs; do
   # build/comm/CMakeFiles/newt_comm.dir/x.c.o -> comm/x.c; .../newt.dir/__/bench/y.c.o -> bench/y.c

@@ -1190,6 +1190,98 @@ static void test_netns(void) {
 
 static void test_scenario(void) { run_scenario(current, newt_bin); }
 
+/* One `newt run` of `steps` steps on `nproc` workers with checkpoints every 10 steps in
+ * ckdir (extra: more flags, NULL-terminated; chaos: NULL, or faults that end the run, which
+ * then must fail); its final loss, and in *from the step its first generation started at
+ * and where from ("init", "ckpt": its started event). */
+static double cross_run(const char *newt, const char *job, int nproc, int steps, const char *ckdir,
+                        const char *const *extra, const char *chaos, char from[16], int64_t *from_step) {
+  char logs[512], summary[512], st[16], np[16], gb[16], mb[16];
+  snprintf(logs, sizeof logs, "%s/%s", tmpdir, job);
+  snprintf(summary, sizeof summary, "%s/%s.json", tmpdir, job);
+  snprintf(st, sizeof st, "%d", steps);
+  snprintf(np, sizeof np, "%d", nproc);
+  snprintf(gb, sizeof gb, "%d", GB);
+  snprintf(mb, sizeof mb, "%d", MB);
+  const char *argv[40] = {newt, "run", "--quiet", "--job", job, "--nproc", np, "--model", MODEL, "--seq-len", SEQ,
+                          "--steps", st, "--global-batch", gb, "--micro-batch", mb, "--ckpt-dir", ckdir,
+                          "--ckpt-every", "10", "--log-dir", logs, "--summary", summary, "--timeout-ms", "180000"};
+  int a = 0;
+  while (argv[a]) a++;
+  for (int i = 0; extra[i] && a < 37; i++) argv[a++] = extra[i];
+  if (chaos) argv[a++] = "--chaos", argv[a++] = chaos;
+  char *out = NULL;
+  int rc = run_capture(argv, &out);
+  if (chaos)
+    T_CHECK_MSG(rc != 0 && out && strstr(out, "every worker has exited"), "%s: newt run exited %d:\n%s", job, rc,
+                out ? out : "");
+  else
+    T_CHECK_MSG(rc == 0, "%s: newt run exited %d:\n%s", job, rc, out ? out : "");
+  free(out);
+  double loss = NAN;
+  char *text = NULL;
+  size_t n = 0;
+  cJSON *j = NULL;
+  if (newt_fs_read_all(summary, 1 << 20, &text, &n) == NEWT_OK && newt_json_parse(text, n, "summary", &j) == NEWT_OK) {
+    newt_json_get_double(j, "summary", "final_loss", 1, &loss);
+    cJSON_Delete(j);
+  }
+  free(text);
+  snprintf(from, 16, "?");
+  *from_step = -1;
+  char evpath[600], line[2048];
+  snprintf(evpath, sizeof evpath, "%s/events.jsonl", logs);
+  FILE *f = fopen(evpath, "r");
+  while (f && fgets(line, sizeof line, f)) {
+    if (!strstr(line, "\"type\":\"started\"")) continue;
+    cJSON *e = NULL;
+    const char *r = NULL;
+    if (newt_json_parse(line, strlen(line), "event", &e) == NEWT_OK) {
+      if (newt_json_get_str(e, "event", "restore", 1, &r) == NEWT_OK) snprintf(from, 16, "%s", r);
+      newt_json_get_int(e, "event", "restore_step", 1, from_step);
+      cJSON_Delete(e);
+    }
+    break;
+  }
+  if (f) fclose(f);
+  return loss;
+}
+
+/* Checkpoints cross devices: a job of GPU workers (NEWT_BIN: a newt on the CUDA/NCCL test
+ * double, --backend nccl) that lost every worker (from step 30 on) resumes from its
+ * checkpoint on CPU workers (NEWT_CPU_BIN) of another layout, and the other way round; each
+ * resumed run starts from a checkpoint (every 10 steps) and ends at the loss of an
+ * uninterrupted `newt train`. The double's kernels are the CPU's, so the loss is checked as tightly as every
+ * scenario's; on a GPU the bf16 GEMMs would need a looser bound (tests/gpu/run.sh). */
+static void test_ckpt_cross(void) {
+  const char *cpu = getenv("NEWT_CPU_BIN");
+  T_CHECK_MSG(cpu && *cpu, "NEWT_CPU_BIN (a newt of the product build) is not set");
+  if (!cpu || !*cpu) return;
+  double ref = reference_loss(cpu, 200, MODEL);
+  T_CHECK_MSG(isfinite(ref), "newt train gave no reference loss");
+  static const char *const gpu2[] = {"--backend", "nccl", NULL}, *const cpu_tp2[] = {"--tp", "2", NULL},
+                           *const none[] = {NULL}, *const gpu_tp2z1[] = {"--backend", "nccl", "--tp", "2", "--zero", "1", NULL};
+  struct {
+    const char *name, *first_bin, *second_bin;
+    const char *const *first, *const *second;
+  } dirs[] = {{"gpu-to-cpu", newt_bin, cpu, gpu2, cpu_tp2}, {"cpu-to-gpu", cpu, newt_bin, none, gpu_tp2z1}};
+  for (size_t k = 0; k < sizeof dirs / sizeof dirs[0]; k++) {
+    char ckdir[512], job[64], from[16];
+    int64_t from_step = -1;
+    snprintf(ckdir, sizeof ckdir, "%s/ck-%s", tmpdir, dirs[k].name);
+    snprintf(job, sizeof job, "%s-a", dirs[k].name);
+    cross_run(dirs[k].first_bin, job, 2, 200, ckdir, dirs[k].first, "kill:worker:0@step=30,kill:worker:1@step=30", from,
+              &from_step);
+    T_CHECK_MSG(strcmp(from, "init") == 0, "%s: the first run started from %s", dirs[k].name, from);
+    snprintf(job, sizeof job, "%s-b", dirs[k].name);
+    double loss = cross_run(dirs[k].second_bin, job, 4, 200, ckdir, dirs[k].second, NULL, from, &from_step);
+    T_CHECK_MSG(strcmp(from, "ckpt") == 0 && from_step >= 20 && from_step % 10 == 0 && from_step < 200,
+                "%s: the second run started from %s at step %lld", dirs[k].name, from, (long long)from_step);
+    T_CHECK_MSG(fabs(loss - ref) <= 1e-4 * fmax(1.0, fabs(ref)), "%s: final loss %.7f, uninterrupted %.7f",
+                dirs[k].name, loss, ref);
+  }
+}
+
 int main(int argc, char **argv) {
   newt_bin = getenv("NEWT_BIN");
   if (!newt_bin || argc < 2) {
@@ -1207,12 +1299,13 @@ int main(int argc, char **argv) {
     return rc;
   }
   if (strcmp(argv[1], "forged") == 0 || strcmp(argv[1], "etcd_nospace") == 0 || strcmp(argv[1], "impostor") == 0 ||
-      strcmp(argv[1], "tls") == 0) {
+      strcmp(argv[1], "tls") == 0 || strcmp(argv[1], "nccl_ckpt_cross") == 0) {
     snprintf(tmpdir, sizeof tmpdir, "/tmp/newt-e2e-%s-XXXXXX", argv[1]);
     if (!mkdtemp(tmpdir)) return 2;
     if (strcmp(argv[1], "forged") == 0) T_RUN(test_forged);
     else if (strcmp(argv[1], "impostor") == 0) T_RUN(test_impostor);
     else if (strcmp(argv[1], "tls") == 0) T_RUN(test_tls);
+    else if (strcmp(argv[1], "nccl_ckpt_cross") == 0) T_RUN(test_ckpt_cross);
     else T_RUN(test_nospace);
     int rc = T_DONE();
     if (rc == 0) newt_fs_rm_rf(tmpdir);

@@ -357,6 +357,50 @@ static void test_budget(void) {
   free(text);
 }
 
+/* A worker's /healthz says unhealthy while one of its steps runs beyond the hang timeout,
+ * and healthy again once the step completes: a peer stopped (SIGSTOP) inside a step, with a
+ * collective timeout far beyond the hang timeout and the coordinator stopped too (so
+ * nothing replans meanwhile). The step goes on without the control plane: w0 is healthy
+ * again while the coordinator is still stopped. */
+static void test_health(void) {
+  const char *job = "k8s-health";
+  char spec[600], text[700];
+  snprintf(spec, sizeof spec, "%s/spec.json", dir);
+  int n = snprintf(text, sizeof text,
+                   "{\"job\":\"%s\",\"train\":{\"steps\":100000,\"global_batch\":8,\"micro_batch\":2},"
+                   "\"parallel\":{\"dp_min\":1,\"dp_max\":2,\"start_workers\":2},"
+                   "\"fault\":{\"comm_timeout_ms\":60000,\"hang_timeout_ms\":1500}}",
+                   job);
+  T_OK(newt_fs_write_atomic(spec, text, (size_t)n));
+  proc c, w[2];
+  spawn(&c, "coordinator", "c0", job, spec);
+  spawn(&w[0], "worker", "w0", job, NULL);
+  spawn(&w[1], "worker", "w1", job, NULL);
+  T_CHECK_MSG(wait_step(job, 5, 90000), "no step 5 in 90 s (logs in %s)", dir);
+  newt_buf b;
+  newt_buf_init(&b);
+  T_CHECK(get(w[0].port, "/healthz", &b) == 200);
+  kill(c.pid, SIGSTOP);
+  kill(w[1].pid, SIGSTOP);
+  long code = 0;
+  newt_deadline_t d = newt_deadline_in_ms(20000);
+  while (!newt_deadline_passed(d) && (code = get(w[0].port, "/healthz", &b)) == 200) newt_sleep_ms(100);
+  T_CHECK_MSG(code == 503 && b.data && strstr(b.data, "beyond the hang timeout"),
+              "w0's /healthz with its peer stopped inside a step: %ld %s", code, b.data ? b.data : "");
+  kill(w[1].pid, SIGCONT);
+  d = newt_deadline_in_ms(20000);
+  while (!newt_deadline_passed(d) && (code = get(w[0].port, "/healthz", &b)) != 200) newt_sleep_ms(100);
+  T_CHECK_MSG(code == 200, "w0's /healthz once its peer goes on: %ld %s", code, b.data ? b.data : "");
+  int64_t s = progress_step(job);
+  kill(c.pid, SIGCONT);
+  T_CHECK_MSG(wait_step(job, s + 3, 60000), "no step after %lld once everyone went on", (long long)s);
+  T_CHECK(get(w[0].port, "/healthz", &b) == 200);
+  newt_buf_free(&b);
+  for (int i = 0; i < 2; i++) kill(w[i].pid, SIGKILL), wait_exit(&w[i], 5000);
+  kill(c.pid, SIGKILL);
+  wait_exit(&c, 5000);
+}
+
 /* --- the node agent ---------------------------------------------------------------------- */
 
 static int read_progress(const char *job, job_progress *p) {
@@ -569,6 +613,7 @@ int main(int argc, char **argv) {
   setup();
   if (strcmp(which, "ends") == 0) T_RUN(test_ends);
   else if (strcmp(which, "budget") == 0) T_RUN(test_budget);
+  else if (strcmp(which, "health") == 0) T_RUN(test_health);
   else if (strcmp(which, "agent") == 0) T_RUN(test_agent);
   else if (strcmp(which, "agent_done") == 0) T_RUN(test_agent_done);
   else if (strcmp(which, "agent_budget") == 0) T_RUN(test_agent_budget);

@@ -480,18 +480,24 @@ cudaError_t cudaMalloc(void **devPtr, size_t size) {
   return cudaSuccess;
 }
 
-cudaError_t cudaFree(void *devPtr) {
-  if (!devPtr) return cudaSuccess;
-  dbl_device_sync("cudaFree"); /* cudaFree synchronises the device */
+/* Takes the allocation that starts at p off the list (NULL: none does). */
+static alloc *alloc_take(const void *p) {
   pthread_mutex_lock(&mem_mu);
   alloc **pp = &allocs;
-  while (*pp && (*pp)->p != devPtr) pp = &(*pp)->next;
+  while (*pp && (*pp)->p != p) pp = &(*pp)->next;
   alloc *a = *pp;
   if (a) {
     *pp = a->next;
     allocated -= a->size;
   }
   pthread_mutex_unlock(&mem_mu);
+  return a;
+}
+
+cudaError_t cudaFree(void *devPtr) {
+  if (!devPtr) return cudaSuccess;
+  dbl_device_sync("cudaFree"); /* cudaFree synchronises the device */
+  alloc *a = alloc_take(devPtr);
   if (!a) return cudaErrorInvalidValue;
   free(a->p);
   free(a);
@@ -550,16 +556,7 @@ typedef struct free_work {
 } free_work;
 
 static void free_run(dbl_work *w) {
-  void *p = ((free_work *)w)->p;
-  pthread_mutex_lock(&mem_mu);
-  alloc **pp = &allocs;
-  while (*pp && (*pp)->p != p) pp = &(*pp)->next;
-  alloc *a = *pp;
-  if (a) {
-    *pp = a->next;
-    allocated -= a->size;
-  }
-  pthread_mutex_unlock(&mem_mu);
+  alloc *a = alloc_take(((free_work *)w)->p);
   if (a) free(a->p);
   free(a);
 }
