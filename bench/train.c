@@ -1,8 +1,9 @@
-/* newt bench train: training throughput of the CPU model, in one process or as a parallel
- * layout of processes on this host.
+/* newt bench train: training throughput of the model, on the CPU in one process or as a
+ * parallel layout of processes on this host, or on one GPU.
  *
- *   newt bench train --preset tiny|small --threads T [--batch B] [--micro-batch M] [--steps N]
- *                    [--warmup W] [--tp TP --pp PP --dp DP --zero Z]
+ *   newt bench train --preset tiny|small|gpt2-124m --threads T [--batch B] [--micro-batch M]
+ *                    [--steps N] [--warmup W] [--tp TP --pp PP --dp DP --zero Z]
+ *                    [--backend cpu|cuda] [--device D]
  *
  * Runs W untimed steps, then N timed ones on a fixed random batch of B sequences of the
  * preset's ctx, and prints one JSON line with the median step:
@@ -16,7 +17,15 @@
  * backend over shared memory, and rank 0 reports (every step ends in a collective over all
  * ranks, so their step times agree). state_bytes and act_bytes are rank 0's parameters,
  * gradients and moments, and its activations. The default micro-batch is the data-parallel
- * rank's share of the batch, split in pp micro-batches when pp > 1. */
+ * rank's share of the batch, split in pp micro-batches when pp > 1.
+ *
+ * --backend cuda times the parallel trainer as one rank (no communicators) on GPU --device
+ * (model/dev.h): each step ends with model_dev_sync, so its time is the GPU's work, not its
+ * enqueueing. The line adds "backend":"cuda", "device" (model_dev_name) and "mfu": the
+ * achieved FLOP/s (the gflops above) over model_dev_peak_flops, null when the peak is unknown.
+ * The defaults fit a GPU: micro-batch 8 (a GPU's memory holds gpt2-124m's activations for 8
+ * sequences of 1024 easily) and a batch of 4 micro-batches (32 sequences). Layouts of more
+ * than one rank on CUDA are not done yet (one process per GPU over NCCL, as the workers do). */
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -26,9 +35,11 @@
 
 #include "bench/bench.h"
 #include "comm/comm.h"
+#include "common/clock.h"
 #include "common/opts.h"
 #include "common/proc.h"
 #include "common/sys.h"
+#include "model/dev.h"
 #include "model/ops.h"
 #include "model/parallel.h"
 #include "model/rng.h"
@@ -60,17 +71,29 @@ typedef struct bench_line {
   const model_train_config *cfg;
   size_t params, state_bytes, act_bytes;
   double ms; /* median step */
+  const char *device; /* --backend cuda: model_dev_name; NULL on the CPU */
+  double peak;        /* --backend cuda: model_dev_peak_flops (0: unknown) */
 } bench_line;
 
 static void print_line(const bench_line *b) {
   const model_train_config *c = b->cfg;
   double tps = (double)c->batch * c->seq_len / (b->ms / 1e3);
+  double flops = model_flops_per_token(&c->model, c->seq_len) * tps;
   printf("{\"bench\":\"train\",\"preset\":\"%s\",\"threads\":%d,\"tp\":%d,\"pp\":%d,\"dp\":%d,\"zero\":%d,"
          "\"ranks\":%d,\"batch\":%d,\"micro_batch\":%d,\"seq_len\":%d,\"params\":%zu,\"tokens_per_s\":%.0f,"
-         "\"ms_per_step\":%.2f,\"gflops\":%.2f,\"state_bytes\":%zu,\"act_bytes\":%zu}\n",
+         "\"ms_per_step\":%.2f,\"gflops\":%.2f,\"state_bytes\":%zu,\"act_bytes\":%zu",
          b->preset, b->threads, b->pc.tp, b->pc.pp, b->pc.dp, b->pc.zero, b->pc.tp * b->pc.pp * b->pc.dp, c->batch,
-         c->micro_batch, c->seq_len, b->params, tps, b->ms, model_flops_per_token(&c->model, c->seq_len) * tps / 1e9,
-         b->state_bytes, b->act_bytes);
+         c->micro_batch, c->seq_len, b->params, tps, b->ms, flops / 1e9, b->state_bytes, b->act_bytes);
+  if (b->device) {
+    printf(",\"backend\":\"cuda\",\"device\":\"");
+    for (const char *q = b->device; *q; q++) /* a name is plain text; keep the line JSON anyway */
+      if (*q >= 0x20 && *q < 0x7f && *q != '"' && *q != '\\') putchar(*q);
+    if (b->peak > 0)
+      printf("\",\"mfu\":%.4f", flops / b->peak);
+    else
+      printf("\",\"mfu\":null");
+  }
+  printf("}\n");
   fflush(stdout);
 }
 
@@ -105,6 +128,59 @@ static int bench_single(bench_line *b, int64_t warmup, int64_t steps) {
   free(ms);
   model_trainer_free(&tr);
   return 0;
+}
+
+/* --backend cuda, one rank: the parallel trainer on GPU `device`, every step synced. */
+static int bench_cuda(bench_line *b, int device, int64_t warmup, int64_t steps) {
+  const model_train_config *cfg = b->cfg;
+  model_dev *dev = NULL;
+  model_par p;
+  int have_p = 0, rc = 1;
+  size_t n = (size_t)cfg->batch * cfg->seq_len;
+  int32_t *x = malloc(n * sizeof *x), *y = malloc(n * sizeof *y);
+  double *ms = malloc((size_t)steps * sizeof *ms);
+  if (!x || !y || !ms) {
+    fprintf(stderr, "newt bench train: out of memory\n");
+    goto out;
+  }
+  if (model_dev_open(MODEL_DEV_CUDA, device, &dev) != NEWT_OK) {
+    fprintf(stderr, "newt bench train: --device %d: %s\n", device, newt_errmsg());
+    goto out;
+  }
+  model_par_config pc = b->pc;
+  pc.dev = dev;
+  if (model_par_init(&p, cfg, &pc) != NEWT_OK) {
+    fprintf(stderr, "newt bench train: %s: %s\n", model_dev_name(dev), newt_errmsg());
+    goto out;
+  }
+  have_p = 1;
+  random_batch(cfg, x, y);
+  model_step_info info;
+  for (int64_t s = 0; s < warmup + steps; s++) {
+    double t0 = newt_now_s();
+    /* one rank: no communicators (model_par_step takes NULL); the sync makes the time the GPU's */
+    if (model_par_step(&p, NULL, x, y, cfg->batch, NULL, &info) != NEWT_OK || model_dev_sync(dev) != NEWT_OK) {
+      fprintf(stderr, "newt bench train: %s, step %lld: %s\n", model_dev_name(dev), (long long)s + 1, newt_errmsg());
+      goto out;
+    }
+    double t = (newt_now_s() - t0) * 1e3;
+    if (s >= warmup) ms[s - warmup] = t;
+    fprintf(stderr, "step %lld loss %.4f %.1f ms\n", (long long)s + 1, info.loss, t);
+  }
+  b->ms = median_ms(ms, steps);
+  b->params = p.global.nparams;
+  model_par_memory(&p, &b->state_bytes, &b->act_bytes);
+  b->device = model_dev_name(dev);
+  b->peak = model_dev_peak_flops(dev);
+  print_line(b);
+  rc = 0;
+out:
+  if (have_p) model_par_free(&p);
+  if (dev) model_dev_close(dev);
+  free(x);
+  free(y);
+  free(ms);
+  return rc;
 }
 
 #define BENCH_MAX_RANKS 64
@@ -216,21 +292,24 @@ static int bench_parallel(bench_line *b, int64_t warmup, int64_t steps) {
 }
 
 int newt_bench_train(int argc, char **argv) {
-  const char *preset = "tiny", *overrides = NULL;
-  int64_t threads = 1, batch = 8, micro = 0, steps = 10, warmup = 3, tp = 1, pp = 1, dp = 1, zero = 0;
+  const char *preset = "tiny", *overrides = NULL, *backend = "cpu";
+  int64_t threads = 1, batch = 0, micro = 0, steps = 10, warmup = 3, tp = 1, pp = 1, dp = 1, zero = 0, device = 0;
   newt_opt opts[] = {
       {"preset", NEWT_OPT_STR, &preset, "model preset: tiny, small or gpt2-124m"},
       {"model", NEWT_OPT_STR, &overrides, "overrides of the preset: layers=2,..."},
       {"threads", NEWT_OPT_INT, &threads, "CPU threads (per rank)"},
-      {"batch", NEWT_OPT_INT, &batch, "sequences per step (the global batch)"},
+      {"batch", NEWT_OPT_INT, &batch, "sequences per step (the global batch; 0: 8, with --backend cuda 4 micro-batches)"},
       {"micro-batch", NEWT_OPT_INT, &micro,
-       "sequences per forward/backward (0: the data-parallel share of the batch, over pp when pp > 1)"},
+       "sequences per forward/backward (0: the data-parallel share of the batch, over pp when pp > 1; "
+       "with --backend cuda 8, or the batch when smaller)"},
       {"steps", NEWT_OPT_INT, &steps, "timed steps"},
       {"warmup", NEWT_OPT_INT, &warmup, "untimed steps first"},
       {"tp", NEWT_OPT_INT, &tp, "tensor-parallel ranks"},
       {"pp", NEWT_OPT_INT, &pp, "pipeline stages"},
       {"dp", NEWT_OPT_INT, &dp, "data-parallel ranks"},
       {"zero", NEWT_OPT_INT, &zero, "ZeRO stage 0..3"},
+      {"backend", NEWT_OPT_STR, &backend, "cpu, or cuda: the parallel trainer as one rank on GPU --device"},
+      {"device", NEWT_OPT_INT, &device, "with --backend cuda: the GPU ordinal"},
       NEWT_OPT_END,
   };
   int rc = newt_opts_exit(newt_opts_parse("bench train", "[flags]", opts, argc, argv, NULL, 0, NULL));
@@ -241,6 +320,26 @@ int newt_bench_train(int argc, char **argv) {
     fprintf(stderr, "newt bench train: %s\n", newt_errmsg());
     return 2;
   }
+  int cuda = strcmp(backend, "cuda") == 0;
+  if (!cuda && strcmp(backend, "cpu") != 0) {
+    fprintf(stderr, "newt bench train: --backend: cpu or cuda, not \"%s\"\n", backend);
+    return 2;
+  }
+  if (!cuda && device != 0) {
+    fprintf(stderr, "newt bench train: --device goes with --backend cuda\n");
+    return 2;
+  }
+  if (cuda && (device < 0 || device > 1023)) {
+    fprintf(stderr, "newt bench train: --device: a GPU ordinal >= 0, got %lld\n", (long long)device);
+    return 2;
+  }
+  if (cuda && tp * pp * dp != 1) {
+    fprintf(stderr, "newt bench train: --tp %lld --pp %lld --dp %lld: not yet: --backend cuda times one GPU "
+            "(tp * pp * dp = 1)\n", (long long)tp, (long long)pp, (long long)dp);
+    return 2;
+  }
+  if (batch == 0) batch = cuda ? 4 * (micro ? micro : 8) : 8;
+  if (cuda && micro == 0) micro = batch < 8 ? batch : 8;
   if (threads < 1 || batch < 1 || batch > 1 << 16 || micro < 0 || steps < 1 || warmup < 0) {
     fprintf(stderr, "newt bench train: --threads, --batch and --steps must be >= 1\n");
     return 2;
@@ -260,6 +359,7 @@ int newt_bench_train(int argc, char **argv) {
     fprintf(stderr, "newt bench train: %s\n", newt_errmsg());
     return 2;
   }
+  if (cuda) return bench_cuda(&b, (int)device, warmup, steps);
   if (tp * pp * dp == 1 && zero == 0) return bench_single(&b, warmup, steps);
   return bench_parallel(&b, warmup, steps);
 }
