@@ -25,7 +25,7 @@ summary=$OUT_DIR/elastic-summary.json
 rm -f "$summary"
 
 "$NEWT" run --backend nccl --share-gpus --nproc 3 "${FLAGS[@]}" --global-batch 24 --micro-batch 2 \
-  --chaos kill:worker:1@step=10,join:1@step=20 --quiet --timeout-ms 150000 --summary "$summary" ||
+  --chaos kill:worker:1@step=10,join:1@step=20 --quiet --timeout-ms 120000 --summary "$summary" ||
   echo "elastic: newt run failed (its summary, if any, is checked below)"
 ref=$("$NEWT" train "${FLAGS[@]}" --batch 24 --micro-batch 2 --threads 1 | grep '^{' | tail -n 1) || ref=
 echo "elastic: CPU reference: $ref"
