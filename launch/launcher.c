@@ -157,7 +157,7 @@ static newt_result_t spawn(run *r, proc_kind kind, int index) {
   /* --share-gpus: the worker is a host of its own, for the coordinator (--host: one worker
      per (host, GPU)) and for NCCL (NCCL_HOSTID: its host hash, so two ranks on one GPU are
      not a duplicate GPU); NCCL then connects them over sockets on loopback, not P2P or
-     shared memory (docs/elastic.md, "Sharing GPUs") */
+     shared memory (docs/elastic.md, "GPU workers on one host") */
   char host[96], hostid[128];
   int share = kind == PROC_WORKER && gpu >= 0 && r->o->share_gpus;
   if (share) {

@@ -38,7 +38,7 @@ typedef struct launcher_opts {
   int share_gpus;       /* with gpus: workers may share a GPU (tests, trying newt on one GPU;
                            slow): each worker is a host of its own (--host, NCCL_HOSTID), so
                            the one-worker-per-GPU rule holds per identity and NCCL connects
-                           them over sockets (docs/elastic.md, "Sharing GPUs") */
+                           them over sockets (docs/elastic.md, "GPU workers on one host") */
 } launcher_opts;
 
 typedef struct launcher_recovery {

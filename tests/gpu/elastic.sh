@@ -2,7 +2,7 @@
 # The GPU check's elastic run (tests/gpu/run.sh calls it): `newt run --backend nccl` with
 # three workers, one killed at step 10 and one joining at step 20, on this host's GPUs
 # (--share-gpus: on a machine of one GPU the three share it, each its own host to the
-# coordinator and to NCCL, over NCCL's socket transport; docs/elastic.md, "Sharing GPUs").
+# coordinator and to NCCL, over NCCL's socket transport; docs/elastic.md, "GPU workers on one host").
 #
 #   tests/gpu/elastic.sh NEWT OUT_DIR
 #

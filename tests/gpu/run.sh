@@ -20,7 +20,7 @@
 #    with a kill and a join, checked against `newt train` on the CPU (tests/gpu/elastic.sh:
 #    the summary's "elastic"), and `newt bench recovery --backend nccl --share-gpus` (one
 #    run: the summary's "recovery"); --share-gpus lets the workers share a GPU, each its own
-#    host to the coordinator and NCCL (docs/elastic.md, "Sharing GPUs");
+#    host to the coordinator and NCCL (docs/elastic.md, "GPU workers on one host");
 # 5. writes a JSON summary to $OUT/gpu-summary.json (or /tmp) and the log beside it.
 #
 # Exits non-zero when any step fails or does not run; ends within 8 minutes on one H200
