@@ -19,13 +19,15 @@
  * gradients and moments, and its activations. The default micro-batch is the data-parallel
  * rank's share of the batch, split in pp micro-batches when pp > 1.
  *
- * --backend cuda times the parallel trainer as one rank (no communicators) on GPU --device
- * (model/dev.h): each step ends with model_dev_sync, so its time is the GPU's work, not its
- * enqueueing. The line adds "backend":"cuda", "device" (model_dev_name) and "mfu": the
- * achieved FLOP/s (the gflops above) over model_dev_peak_flops, null when the peak is unknown.
- * The defaults fit a GPU: micro-batch 8 (a GPU's memory holds gpt2-124m's activations for 8
- * sequences of 1024 easily) and a batch of 4 micro-batches (32 sequences). Layouts of more
- * than one rank on CUDA are not done yet (one process per GPU over NCCL, as the workers do). */
+ * --backend cuda times the parallel trainer on GPUs (model/dev.h): with one rank in this
+ * process, without communicators, on GPU --device; with more, rank r is a forked process on
+ * GPU --device + r, its communicators NCCL on its device's stream (as a worker builds them).
+ * Each step ends with model_dev_sync, so its time is the GPU's work, not its enqueueing. The
+ * line adds "backend":"cuda", "device" (rank 0's model_dev_name) and "mfu": the achieved
+ * FLOP/s (the gflops above) over the ranks' model_dev_peak_flops, null when the peak is
+ * unknown. The defaults fit a GPU: micro-batch 8 (a GPU's memory holds gpt2-124m's
+ * activations for 8 sequences of 1024 easily) and a batch of 4 micro-batches per
+ * data-parallel rank (32 sequences with dp 1). */
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -71,8 +73,9 @@ typedef struct bench_line {
   const model_train_config *cfg;
   size_t params, state_bytes, act_bytes;
   double ms; /* median step */
-  const char *device; /* --backend cuda: model_dev_name; NULL on the CPU */
-  double peak;        /* --backend cuda: model_dev_peak_flops (0: unknown) */
+  int gpu;            /* --backend cuda: the first GPU (rank r trains on gpu + r); -1: the CPU */
+  const char *device; /* --backend cuda: rank 0's model_dev_name; NULL on the CPU */
+  double peak;        /* --backend cuda: rank 0's model_dev_peak_flops (0: unknown) */
 } bench_line;
 
 static void print_line(const bench_line *b) {
@@ -88,8 +91,8 @@ static void print_line(const bench_line *b) {
     printf(",\"backend\":\"cuda\",\"device\":\"");
     for (const char *q = b->device; *q; q++) /* a name is plain text; keep the line JSON anyway */
       if (*q >= 0x20 && *q < 0x7f && *q != '"' && *q != '\\') putchar(*q);
-    if (b->peak > 0)
-      printf("\",\"mfu\":%.4f", flops / b->peak);
+    if (b->peak > 0) /* every rank has a GPU of rank 0's kind */
+      printf("\",\"mfu\":%.4f", flops / (b->peak * b->pc.tp * b->pc.pp * b->pc.dp));
     else
       printf("\",\"mfu\":null");
   }
@@ -199,12 +202,23 @@ static int bench_rank(bench_line *b, const bench_world *w, int rank, int64_t war
   comm_config cc = {.backend = COMM_BACKEND_CPU, .rank = rank, .size = w->n, .addrs = w->addrs, .hosts = w->hosts,
                     .job = w->job, .generation = 1, .secret_len = sizeof w->secret, .timeout_ms = 120000};
   memcpy(cc.secret, w->secret, sizeof w->secret);
+  model_dev *dev = NULL;
+  if (b->gpu >= 0) { /* GPU gpu + rank; NCCL on its stream: collectives follow the kernels */
+    if (model_dev_open(MODEL_DEV_CUDA, b->gpu + rank, &dev) != NEWT_OK) {
+      fprintf(stderr, "newt bench train: rank %d: --device %d + rank: %s\n", rank, b->gpu, newt_errmsg());
+      return 1;
+    }
+    cc.backend = COMM_BACKEND_NCCL;
+    cc.device = b->gpu + rank;
+    cc.stream = model_dev_stream(dev);
+  }
   comm_t *world = NULL;
   model_par_comms comms = {0};
   model_par p;
   int have_p = 0, rc = 1;
   model_par_config pc;
   model_par_config_from_rank(&pc, b->pc.tp, b->pc.pp, b->pc.dp, b->pc.zero, rank);
+  pc.dev = dev;
   size_t n = (size_t)cfg->batch * cfg->seq_len;
   int32_t *x = malloc(n * sizeof *x), *y = malloc(n * sizeof *y);
   double *ms = malloc((size_t)steps * sizeof *ms);
@@ -220,17 +234,24 @@ static int bench_rank(bench_line *b, const bench_world *w, int rank, int64_t war
   size_t at = (size_t)first * cfg->seq_len;
   model_step_info info;
   for (int64_t s = 0; s < warmup + steps; s++) {
-    if (model_par_step(&p, &comms, x + at, y + at, (int)count, NULL, &info) != NEWT_OK) {
+    double t0 = newt_now_s();
+    if (model_par_step(&p, &comms, x + at, y + at, (int)count, NULL, &info) != NEWT_OK ||
+        (dev && model_dev_sync(dev) != NEWT_OK)) {
       fprintf(stderr, "newt bench train: rank %d, step %lld: %s\n", rank, (long long)s + 1, newt_errmsg());
       goto out;
     }
-    if (s >= warmup) ms[s - warmup] = info.ms;
-    if (rank == 0) fprintf(stderr, "step %lld loss %.4f %.1f ms\n", (long long)s + 1, info.loss, info.ms);
+    double t = dev ? (newt_now_s() - t0) * 1e3 : info.ms; /* a GPU's step: to its sync */
+    if (s >= warmup) ms[s - warmup] = t;
+    if (rank == 0) fprintf(stderr, "step %lld loss %.4f %.1f ms\n", (long long)s + 1, info.loss, t);
   }
   if (rank == 0) {
     b->ms = median_ms(ms, steps);
     b->params = p.global.nparams;
     model_par_memory(&p, &b->state_bytes, &b->act_bytes);
+    if (dev) {
+      b->device = model_dev_name(dev);
+      b->peak = model_dev_peak_flops(dev);
+    }
     print_line(b);
   }
   rc = 0;
@@ -238,6 +259,7 @@ out:
   if (have_p) model_par_free(&p);
   model_par_comms_free(&comms);
   comm_free(world);
+  if (dev) model_dev_close(dev);
   free(x);
   free(y);
   free(ms);
@@ -280,14 +302,35 @@ static int bench_parallel(bench_line *b, int64_t warmup, int64_t steps) {
     }
     if (pids[r] == 0) _exit(bench_rank(b, &w, r, warmup, steps));
   }
-  int bad = 0;
-  for (int r = 0; r < w.n; r++) {
+  /* the ranks in the order they end: the first that fails takes the others with it (they
+     would wait for it in a collective until their timeout) */
+  int bad = 0, left = w.n;
+  double deadline = newt_now_s() + 3600;
+  while (left > 0) {
     int st = 0;
-    if (newt_proc_wait(pids[r], 3600 * 1000, &st) != NEWT_OK || !WIFEXITED(st) || WEXITSTATUS(st) != 0) {
+    pid_t pid = waitpid(-1, &st, WNOHANG);
+    int r = 0;
+    while (pid > 0 && r < w.n && pids[r] != pid) r++;
+    if (pid > 0 && r < w.n) {
+      pids[r] = 0;
+      left--;
+      if (!WIFEXITED(st) || WEXITSTATUS(st) != 0) bad++;
+    } else if (pid < 0 || newt_now_s() > deadline) {
       bad++;
-      for (int q = r + 1; q < w.n; q++) kill(pids[q], SIGKILL); /* the others would wait for it */
+      break;
+    } else {
+      usleep(20000);
+      continue;
     }
+    if (bad)
+      for (int q = 0; q < w.n; q++)
+        if (pids[q] > 0) kill(pids[q], SIGKILL);
   }
+  for (int q = 0; q < w.n; q++) /* after a timeout: none left behind */
+    if (pids[q] > 0) {
+      kill(pids[q], SIGKILL);
+      waitpid(pids[q], NULL, 0);
+    }
   return bad ? 1 : 0;
 }
 
@@ -298,7 +341,8 @@ int newt_bench_train(int argc, char **argv) {
       {"preset", NEWT_OPT_STR, &preset, "model preset: tiny, small or gpt2-124m"},
       {"model", NEWT_OPT_STR, &overrides, "overrides of the preset: layers=2,..."},
       {"threads", NEWT_OPT_INT, &threads, "CPU threads (per rank)"},
-      {"batch", NEWT_OPT_INT, &batch, "sequences per step (the global batch; 0: 8, with --backend cuda 4 micro-batches)"},
+      {"batch", NEWT_OPT_INT, &batch,
+       "sequences per step (the global batch; 0: 8, with --backend cuda 4 micro-batches per data-parallel rank)"},
       {"micro-batch", NEWT_OPT_INT, &micro,
        "sequences per forward/backward (0: the data-parallel share of the batch, over pp when pp > 1; "
        "with --backend cuda 8, or the batch when smaller)"},
@@ -308,8 +352,8 @@ int newt_bench_train(int argc, char **argv) {
       {"pp", NEWT_OPT_INT, &pp, "pipeline stages"},
       {"dp", NEWT_OPT_INT, &dp, "data-parallel ranks"},
       {"zero", NEWT_OPT_INT, &zero, "ZeRO stage 0..3"},
-      {"backend", NEWT_OPT_STR, &backend, "cpu, or cuda: the parallel trainer as one rank on GPU --device"},
-      {"device", NEWT_OPT_INT, &device, "with --backend cuda: the GPU ordinal"},
+      {"backend", NEWT_OPT_STR, &backend, "cpu, or cuda: the parallel trainer on GPUs (one per rank, NCCL between them)"},
+      {"device", NEWT_OPT_INT, &device, "with --backend cuda: the GPU (rank r of a layout trains on --device + r)"},
       NEWT_OPT_END,
   };
   int rc = newt_opts_exit(newt_opts_parse("bench train", "[flags]", opts, argc, argv, NULL, 0, NULL));
@@ -333,13 +377,11 @@ int newt_bench_train(int argc, char **argv) {
     fprintf(stderr, "newt bench train: --device: a GPU ordinal >= 0, got %lld\n", (long long)device);
     return 2;
   }
-  if (cuda && tp * pp * dp != 1) {
-    fprintf(stderr, "newt bench train: --tp %lld --pp %lld --dp %lld: not yet: --backend cuda times one GPU "
-            "(tp * pp * dp = 1)\n", (long long)tp, (long long)pp, (long long)dp);
-    return 2;
+  if (batch == 0) batch = cuda ? 4 * (micro ? micro : 8) * dp : 8;
+  if (cuda && micro == 0) {
+    int64_t per = (batch + dp - 1) / dp; /* a data-parallel rank's share */
+    micro = per < 8 ? per : 8;
   }
-  if (batch == 0) batch = cuda ? 4 * (micro ? micro : 8) : 8;
-  if (cuda && micro == 0) micro = batch < 8 ? batch : 8;
   if (threads < 1 || batch < 1 || batch > 1 << 16 || micro < 0 || steps < 1 || warmup < 0) {
     fprintf(stderr, "newt bench train: --threads, --batch and --steps must be >= 1\n");
     return 2;
@@ -353,13 +395,13 @@ int newt_bench_train(int argc, char **argv) {
   cfg.seq_len = (int)cfg.model.ctx; /* after --model: the overridden ctx */
   int64_t share = (batch + dp - 1) / dp;
   cfg.micro_batch = micro ? (int)micro : (int)(pp > 1 && share >= pp ? share / pp : share);
-  bench_line b = {.preset = preset, .threads = (int)threads, .cfg = &cfg};
+  bench_line b = {.preset = preset, .threads = (int)threads, .cfg = &cfg, .gpu = cuda ? (int)device : -1};
   model_par_config_from_rank(&b.pc, (int)tp, (int)pp, (int)dp, (int)zero, 0);
   if (model_par_config_check(&b.pc, &cfg) != NEWT_OK) {
     fprintf(stderr, "newt bench train: %s\n", newt_errmsg());
     return 2;
   }
-  if (cuda) return bench_cuda(&b, (int)device, warmup, steps);
+  if (cuda && tp * pp * dp == 1) return bench_cuda(&b, (int)device, warmup, steps);
   if (tp * pp * dp == 1 && zero == 0) return bench_single(&b, warmup, steps);
   return bench_parallel(&b, warmup, steps);
 }
