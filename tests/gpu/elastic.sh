@@ -12,13 +12,13 @@
 # a relative LOSS_RTOL (default 2e-2). Why 2e-2: the GPU's GEMMs round their inputs to
 # bf16 (8 significant bits, about 4e-3 of a typical output: docs/model.md, "Devices"), so
 # the two runs drift apart by rounding over the steps, while the loss falls from about 5.6
-# to about 2.2 (a lost or doubled batch, or a state from the wrong step after a recovery,
+# to about 2 (a lost or doubled batch, or a state from the wrong step after a recovery,
 # shows in the samples and steps_lost checks, and a broken step in the loss). The last line
 # on stdout is one JSON object for the summary; exits non-zero when a check fails.
 set -euo pipefail
 NEWT=$1
 OUT_DIR=$2
-STEPS=${ELASTIC_STEPS:-600} # enough for a joiner's start (CUDA, NCCL) to land before the end
+STEPS=${ELASTIC_STEPS:-1000} # enough for a joiner's start (CUDA, NCCL) to land before the end
 RTOL=${LOSS_RTOL:-2e-2}
 FLAGS=(--model "layers=2,channels=64" --seq-len 32 --steps "$STEPS")
 summary=$OUT_DIR/elastic-summary.json
