@@ -1,5 +1,5 @@
 /* newt bench train: training throughput of the model, on the CPU in one process or as a
- * parallel layout of processes on this host, or on one GPU.
+ * parallel layout of processes on this host, or on GPUs (one per rank).
  *
  *   newt bench train --preset tiny|small|gpt2-124m --threads T [--batch B] [--micro-batch M]
  *                    [--steps N] [--warmup W] [--tp TP --pp PP --dp DP --zero Z]
