@@ -6,7 +6,10 @@
  * --fault etcd-outage takes etcd away instead (--outage-ms, as restart:etcd:MS) and prints
  * what training did meanwhile: the tokens/s during the outage against those before it
  * (goal: at least 0.9) and the longest pause of the steps beyond their usual time (goal: 0),
- * from the run's step log. */
+ * from the run's step log.
+ *
+ * --backend nccl runs the workers on this host's GPUs over NCCL (as newt run --backend nccl,
+ * with --gpus and --share-gpus); every line says its backend. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -16,6 +19,7 @@
 #include "common/opts.h"
 #include "common/strutil.h"
 #include "launch/launcher.h"
+#include "model/dev.h"
 
 static int cmp_i64(const void *a, const void *b) {
   int64_t x = *(const int64_t *)a, y = *(const int64_t *)b;
@@ -28,9 +32,10 @@ static int64_t median(int64_t *v, int n) {
 }
 
 /* The spec of one run's job; 2 (and a message) when the flags make no valid job. */
-static int job_spec(newt_spec *s, const char *job, const char *preset, const char *model, int64_t steps, int64_t gb,
-                    int64_t mb, int64_t tp, int64_t pp, int64_t zero) {
+static int job_spec(newt_spec *s, const char *job, const char *backend, const char *preset, const char *model,
+                    int64_t steps, int64_t gb, int64_t mb, int64_t tp, int64_t pp, int64_t zero) {
   spec_defaults(s, job);
+  snprintf(s->backend, sizeof s->backend, "%s", backend);
   snprintf(s->preset, sizeof s->preset, "%s", preset);
   s->steps = steps;
   s->global_batch = gb;
@@ -47,8 +52,10 @@ static int job_spec(newt_spec *s, const char *job, const char *preset, const cha
 
 /* Runs one job per run with etcd away for outage_ms from step at (steps: enough to train
  * through it); one JSON line per run, then the medians. */
-static int bench_etcd_outage(int64_t nproc, const char *preset, const char *model, int64_t steps, int64_t gb,
-                             int64_t mb, int64_t at, int64_t outage, int64_t runs, int64_t threads, int verbose) {
+static int bench_etcd_outage(const launcher_opts *base, int64_t nproc, const char *preset, const char *model,
+                             int64_t steps, int64_t gb, int64_t mb, int64_t at, int64_t outage, int64_t runs,
+                             int64_t threads, int verbose) {
+  const char *backend = base->spec.backend;
   if (outage < 100 || outage > 600000) {
     fprintf(stderr, "newt bench recovery: --outage-ms 100..600000\n");
     return 2;
@@ -56,11 +63,10 @@ static int bench_etcd_outage(int64_t nproc, const char *preset, const char *mode
   double *ratio = calloc((size_t)runs, sizeof *ratio), *pause = calloc((size_t)runs, sizeof *pause);
   int ok = 0;
   for (int64_t run = 0; ratio && pause && run < runs; run++) {
-    launcher_opts lo;
-    memset(&lo, 0, sizeof lo);
+    launcher_opts lo = *base;
     char job[64], chaos[64];
     snprintf(job, sizeof job, "bench-etcd-%d-%lld", (int)getpid(), (long long)run);
-    if (job_spec(&lo.spec, job, preset, model, steps, gb, mb, 1, 1, 0)) return 2;
+    if (job_spec(&lo.spec, job, backend, preset, model, steps, gb, mb, 1, 1, 0)) return 2;
     snprintf(chaos, sizeof chaos, "restart:etcd:%lld@step=%lld", (long long)outage, (long long)at);
     if (chaos_parse(chaos, &lo.chaos) != NEWT_OK) return 2;
     lo.nproc = (int)nproc;
@@ -82,19 +88,19 @@ static int bench_etcd_outage(int64_t nproc, const char *preset, const char *mode
     }
     ratio[ok] = rec->tps_during / rec->tps_before;
     pause[ok] = (double)rec->pause_ms;
-    printf("{\"bench\":\"recovery\",\"fault\":\"etcd-outage\",\"run\":%lld,\"nproc\":%lld,\"preset\":\"%s\","
-           "\"outage_ms\":%lld,\"tokens_per_s_before\":%.0f,\"tokens_per_s_during\":%.0f,\"ratio\":%.3f,"
+    printf("{\"bench\":\"recovery\",\"fault\":\"etcd-outage\",\"backend\":\"%s\",\"run\":%lld,\"nproc\":%lld,"
+           "\"preset\":\"%s\",\"outage_ms\":%lld,\"tokens_per_s_before\":%.0f,\"tokens_per_s_during\":%.0f,\"ratio\":%.3f,"
            "\"pause_ms\":%lld,\"steps_lost\":%lld,\"generations\":%lld}\n",
-           (long long)run, (long long)nproc, preset, (long long)rec->outage_ms, rec->tps_before, rec->tps_during,
+           backend, (long long)run, (long long)nproc, preset, (long long)rec->outage_ms, rec->tps_before, rec->tps_during,
            ratio[ok], (long long)rec->pause_ms, (long long)rec->steps_lost, (long long)res.generations);
     fflush(stdout);
     ok++;
     launcher_result_free(&res);
   }
   if (ok)
-    printf("{\"bench\":\"recovery\",\"fault\":\"etcd-outage\",\"median_of\":%d,\"nproc\":%lld,\"preset\":\"%s\","
-           "\"outage_ms\":%lld,\"ratio\":%.3f,\"pause_ms\":%.0f}\n",
-           ok, (long long)nproc, preset, (long long)outage, newt_median(ratio, (size_t)ok), newt_median(pause, (size_t)ok));
+    printf("{\"bench\":\"recovery\",\"fault\":\"etcd-outage\",\"backend\":\"%s\",\"median_of\":%d,\"nproc\":%lld,"
+           "\"preset\":\"%s\",\"outage_ms\":%lld,\"ratio\":%.3f,\"pause_ms\":%.0f}\n",
+           backend, ok, (long long)nproc, preset, (long long)outage, newt_median(ratio, (size_t)ok), newt_median(pause, (size_t)ok));
   free(ratio);
   free(pause);
   return ok == runs ? 0 : 1;
@@ -103,8 +109,9 @@ static int bench_etcd_outage(int64_t nproc, const char *preset, const char *mode
 int newt_bench_recovery(int argc, char **argv) {
   int64_t nproc = 4, steps = 0, gb = 16, mb = 4, runs = 5, kill_at = 30, threads = 1, tp = 1, pp = 1, zero = 0,
           outage = 10000;
-  const char *preset = "tiny", *model = NULL, *fault = "kill";
-  int verbose = 0;
+  const char *preset = "tiny", *model = NULL, *fault = "kill", *backend = "cpu";
+  int64_t gpus = -1;
+  int verbose = 0, share_gpus = 0;
   newt_opt opts[] = {{"nproc", NEWT_OPT_INT, &nproc, "workers"},
                      {"preset", NEWT_OPT_STR, &preset, "model preset"},
                      {"model", NEWT_OPT_STR, &model, "overrides of the preset: layers=2,channels=64,..."},
@@ -119,17 +126,41 @@ int newt_bench_recovery(int argc, char **argv) {
                      {"tp", NEWT_OPT_INT, &tp, "tensor-parallel size"},
                      {"pp", NEWT_OPT_INT, &pp, "pipeline-parallel size"},
                      {"zero", NEWT_OPT_INT, &zero, "ZeRO stage"},
+                     {"backend", NEWT_OPT_STR, &backend, "cpu, or nccl: the workers train on GPUs over NCCL (as newt run)"},
+                     {"gpus", NEWT_OPT_INT, &gpus, "with --backend nccl: GPUs of this host to use (default: every visible one)"},
+                     {"share-gpus", NEWT_OPT_FLAG, &share_gpus,
+                      "with --backend nccl: workers may share a GPU (as newt run --share-gpus: tests, one GPU; slow)"},
                      {"verbose", NEWT_OPT_FLAG, &verbose, "show each run's progress"},
                      NEWT_OPT_END};
   int rc = newt_opts_exit(newt_opts_parse("bench recovery", "[flags]", opts, argc, argv, NULL, 0, NULL));
   if (rc >= 0) return rc;
+  launcher_opts base;
+  memset(&base, 0, sizeof base);
+  if (strcmp(backend, "nccl") == 0) {
+    int visible = model_dev_cuda_count();
+    if (gpus < 0) gpus = visible;
+    if (gpus < 1 || gpus > visible) {
+      fprintf(stderr, "newt bench recovery: --backend nccl: %lld GPUs asked for, this host has %d visible\n",
+              (long long)(gpus < 0 ? 0 : gpus), visible);
+      return 2;
+    }
+    base.gpus = (int)gpus;
+    base.share_gpus = share_gpus;
+  } else if (strcmp(backend, "cpu") != 0) {
+    fprintf(stderr, "newt bench recovery: --backend: cpu or nccl, not \"%s\"\n", backend);
+    return 2;
+  } else if (gpus > 0 || share_gpus) {
+    fprintf(stderr, "newt bench recovery: %s goes with --backend nccl\n", gpus > 0 ? "--gpus" : "--share-gpus");
+    return 2;
+  }
+  snprintf(base.spec.backend, sizeof base.spec.backend, "%s", backend);
   int etcd = strcmp(fault, "etcd-outage") == 0;
   if (steps == 0) steps = etcd ? 1500 : 60; /* an outage of seconds needs a job that trains through it */
   if (strcmp(fault, "kill") != 0 && strcmp(fault, "term") != 0 && strcmp(fault, "stop") != 0 && !etcd) {
     fprintf(stderr, "newt bench recovery: --fault: kill, term, stop or etcd-outage, not \"%s\"\n", fault);
     return 2;
   }
-  if (etcd) return bench_etcd_outage(nproc, preset, model, steps, gb, mb, kill_at, outage, runs, threads, verbose);
+  if (etcd) return bench_etcd_outage(&base, nproc, preset, model, steps, gb, mb, kill_at, outage, runs, threads, verbose);
   if (runs < 1 || runs > 100 || nproc < 2 || kill_at < 1 || kill_at >= steps) {
     fprintf(stderr, "newt bench recovery: --runs 1..100, --nproc >= 2, 1 <= --kill-at < --steps\n");
     return 2;
@@ -138,11 +169,10 @@ int newt_bench_recovery(int argc, char **argv) {
   for (int k = 0; k < 6; k++) v[k] = calloc((size_t)runs, sizeof(int64_t));
   int ok = 0;
   for (int64_t run = 0; run < runs; run++) {
-    launcher_opts lo;
-    memset(&lo, 0, sizeof lo);
+    launcher_opts lo = base;
     char job[64], chaos[64];
     snprintf(job, sizeof job, "bench-recovery-%d-%lld", (int)getpid(), (long long)run);
-    if (job_spec(&lo.spec, job, preset, model, steps, gb, mb, tp, pp, zero)) return 2;
+    if (job_spec(&lo.spec, job, backend, preset, model, steps, gb, mb, tp, pp, zero)) return 2;
     /* the victim: not rank 0's usual worker, so progress keeps flowing */
     snprintf(chaos, sizeof chaos, "%s:worker:%lld@step=%lld", fault, (long long)(1 + run % (nproc - 1)),
              (long long)kill_at);
@@ -162,10 +192,10 @@ int newt_bench_recovery(int argc, char **argv) {
       launcher_result_free(&res);
       continue;
     }
-    printf("{\"bench\":\"recovery\",\"fault\":\"%s\",\"run\":%lld,\"nproc\":%lld,\"preset\":\"%s\",\"tp\":%lld,\"pp\":%lld,"
+    printf("{\"bench\":\"recovery\",\"fault\":\"%s\",\"backend\":\"%s\",\"run\":%lld,\"nproc\":%lld,\"preset\":\"%s\",\"tp\":%lld,\"pp\":%lld,"
            "\"zero\":%lld,\"cause\":\"%s\",\"detect_ms\":%lld,\"plan_ms\":%lld,\"comm_ms\":%lld,"
            "\"restore_ms\":%lld,\"total_ms\":%lld,\"steps_lost\":%lld,\"restore\":\"%s\"}\n",
-           fault, (long long)run, (long long)nproc, preset, (long long)tp, (long long)pp, (long long)zero, rec->cause,
+           fault, backend, (long long)run, (long long)nproc, preset, (long long)tp, (long long)pp, (long long)zero, rec->cause,
            (long long)rec->detect_ms, (long long)rec->plan_ms, (long long)rec->comm_ms, (long long)rec->restore_ms,
            (long long)rec->total_ms, (long long)rec->steps_lost, rec->restore);
     fflush(stdout);
@@ -175,10 +205,10 @@ int newt_bench_recovery(int argc, char **argv) {
     launcher_result_free(&res);
   }
   if (ok)
-    printf("{\"bench\":\"recovery\",\"fault\":\"%s\",\"median_of\":%d,\"nproc\":%lld,\"preset\":\"%s\",\"tp\":%lld,\"pp\":%lld,"
+    printf("{\"bench\":\"recovery\",\"fault\":\"%s\",\"backend\":\"%s\",\"median_of\":%d,\"nproc\":%lld,\"preset\":\"%s\",\"tp\":%lld,\"pp\":%lld,"
            "\"zero\":%lld,\"detect_ms\":%lld,\"plan_ms\":%lld,\"comm_ms\":%lld,\"restore_ms\":%lld,"
            "\"total_ms\":%lld,\"steps_lost\":%lld}\n",
-           fault, ok, (long long)nproc, preset, (long long)tp, (long long)pp, (long long)zero, (long long)median(v[0], ok),
+           fault, backend, ok, (long long)nproc, preset, (long long)tp, (long long)pp, (long long)zero, (long long)median(v[0], ok),
            (long long)median(v[1], ok), (long long)median(v[2], ok), (long long)median(v[3], ok),
            (long long)median(v[4], ok), (long long)median(v[5], ok));
   for (int k = 0; k < 6; k++) free(v[k]);

@@ -1,8 +1,9 @@
-/* newt bench train: training throughput of the CPU model, in one process or as a parallel
- * layout of processes on this host.
+/* newt bench train: training throughput of the model, on the CPU in one process or as a
+ * parallel layout of processes on this host, or on GPUs (one per rank).
  *
- *   newt bench train --preset tiny|small --threads T [--batch B] [--micro-batch M] [--steps N]
- *                    [--warmup W] [--tp TP --pp PP --dp DP --zero Z]
+ *   newt bench train --preset tiny|small|gpt2-124m --threads T [--batch B] [--micro-batch M]
+ *                    [--steps N] [--warmup W] [--tp TP --pp PP --dp DP --zero Z]
+ *                    [--backend cpu|cuda] [--device D]
  *
  * Runs W untimed steps, then N timed ones on a fixed random batch of B sequences of the
  * preset's ctx, and prints one JSON line with the median step:
@@ -16,7 +17,17 @@
  * backend over shared memory, and rank 0 reports (every step ends in a collective over all
  * ranks, so their step times agree). state_bytes and act_bytes are rank 0's parameters,
  * gradients and moments, and its activations. The default micro-batch is the data-parallel
- * rank's share of the batch, split in pp micro-batches when pp > 1. */
+ * rank's share of the batch, split in pp micro-batches when pp > 1.
+ *
+ * --backend cuda times the parallel trainer on GPUs (model/dev.h): with one rank in this
+ * process, without communicators, on GPU --device; with more, rank r is a forked process on
+ * GPU --device + r, its communicators NCCL on its device's stream (as a worker builds them).
+ * Each step ends with model_dev_sync, so its time is the GPU's work, not its enqueueing. The
+ * line adds "backend":"cuda", "device" (rank 0's model_dev_name) and "mfu": the achieved
+ * FLOP/s (the gflops above) over the ranks' model_dev_peak_flops, null when the peak is
+ * unknown. The defaults fit a GPU: micro-batch 8 (a GPU's memory holds gpt2-124m's
+ * activations for 8 sequences of 1024 easily) and a batch of 4 micro-batches per
+ * data-parallel rank (32 sequences with dp 1). */
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -26,9 +37,11 @@
 
 #include "bench/bench.h"
 #include "comm/comm.h"
+#include "common/clock.h"
 #include "common/opts.h"
 #include "common/proc.h"
 #include "common/sys.h"
+#include "model/dev.h"
 #include "model/ops.h"
 #include "model/parallel.h"
 #include "model/rng.h"
@@ -60,17 +73,30 @@ typedef struct bench_line {
   const model_train_config *cfg;
   size_t params, state_bytes, act_bytes;
   double ms; /* median step */
+  int gpu;            /* --backend cuda: the first GPU (rank r trains on gpu + r); -1: the CPU */
+  const char *device; /* --backend cuda: rank 0's model_dev_name; NULL on the CPU */
+  double peak;        /* --backend cuda: rank 0's model_dev_peak_flops (0: unknown) */
 } bench_line;
 
 static void print_line(const bench_line *b) {
   const model_train_config *c = b->cfg;
   double tps = (double)c->batch * c->seq_len / (b->ms / 1e3);
+  double flops = model_flops_per_token(&c->model, c->seq_len) * tps;
   printf("{\"bench\":\"train\",\"preset\":\"%s\",\"threads\":%d,\"tp\":%d,\"pp\":%d,\"dp\":%d,\"zero\":%d,"
          "\"ranks\":%d,\"batch\":%d,\"micro_batch\":%d,\"seq_len\":%d,\"params\":%zu,\"tokens_per_s\":%.0f,"
-         "\"ms_per_step\":%.2f,\"gflops\":%.2f,\"state_bytes\":%zu,\"act_bytes\":%zu}\n",
+         "\"ms_per_step\":%.2f,\"gflops\":%.2f,\"state_bytes\":%zu,\"act_bytes\":%zu",
          b->preset, b->threads, b->pc.tp, b->pc.pp, b->pc.dp, b->pc.zero, b->pc.tp * b->pc.pp * b->pc.dp, c->batch,
-         c->micro_batch, c->seq_len, b->params, tps, b->ms, model_flops_per_token(&c->model, c->seq_len) * tps / 1e9,
-         b->state_bytes, b->act_bytes);
+         c->micro_batch, c->seq_len, b->params, tps, b->ms, flops / 1e9, b->state_bytes, b->act_bytes);
+  if (b->device) {
+    printf(",\"backend\":\"cuda\",\"device\":\"");
+    for (const char *q = b->device; *q; q++) /* a name is plain text; keep the line JSON anyway */
+      if (*q >= 0x20 && *q < 0x7f && *q != '"' && *q != '\\') putchar(*q);
+    if (b->peak > 0) /* every rank has a GPU of rank 0's kind */
+      printf("\",\"mfu\":%.4f", flops / (b->peak * b->pc.tp * b->pc.pp * b->pc.dp));
+    else
+      printf("\",\"mfu\":null");
+  }
+  printf("}\n");
   fflush(stdout);
 }
 
@@ -107,6 +133,59 @@ static int bench_single(bench_line *b, int64_t warmup, int64_t steps) {
   return 0;
 }
 
+/* --backend cuda, one rank: the parallel trainer on GPU `device`, every step synced. */
+static int bench_cuda(bench_line *b, int device, int64_t warmup, int64_t steps) {
+  const model_train_config *cfg = b->cfg;
+  model_dev *dev = NULL;
+  model_par p;
+  int have_p = 0, rc = 1;
+  size_t n = (size_t)cfg->batch * cfg->seq_len;
+  int32_t *x = malloc(n * sizeof *x), *y = malloc(n * sizeof *y);
+  double *ms = malloc((size_t)steps * sizeof *ms);
+  if (!x || !y || !ms) {
+    fprintf(stderr, "newt bench train: out of memory\n");
+    goto out;
+  }
+  if (model_dev_open(MODEL_DEV_CUDA, device, &dev) != NEWT_OK) {
+    fprintf(stderr, "newt bench train: --device %d: %s\n", device, newt_errmsg());
+    goto out;
+  }
+  model_par_config pc = b->pc;
+  pc.dev = dev;
+  if (model_par_init(&p, cfg, &pc) != NEWT_OK) {
+    fprintf(stderr, "newt bench train: %s: %s\n", model_dev_name(dev), newt_errmsg());
+    goto out;
+  }
+  have_p = 1;
+  random_batch(cfg, x, y);
+  model_step_info info;
+  for (int64_t s = 0; s < warmup + steps; s++) {
+    double t0 = newt_now_s();
+    /* one rank: no communicators (model_par_step takes NULL); the sync makes the time the GPU's */
+    if (model_par_step(&p, NULL, x, y, cfg->batch, NULL, &info) != NEWT_OK || model_dev_sync(dev) != NEWT_OK) {
+      fprintf(stderr, "newt bench train: %s, step %lld: %s\n", model_dev_name(dev), (long long)s + 1, newt_errmsg());
+      goto out;
+    }
+    double t = (newt_now_s() - t0) * 1e3;
+    if (s >= warmup) ms[s - warmup] = t;
+    fprintf(stderr, "step %lld loss %.4f %.1f ms\n", (long long)s + 1, info.loss, t);
+  }
+  b->ms = median_ms(ms, steps);
+  b->params = p.global.nparams;
+  model_par_memory(&p, &b->state_bytes, &b->act_bytes);
+  b->device = model_dev_name(dev);
+  b->peak = model_dev_peak_flops(dev);
+  print_line(b);
+  rc = 0;
+out:
+  if (have_p) model_par_free(&p);
+  if (dev) model_dev_close(dev);
+  free(x);
+  free(y);
+  free(ms);
+  return rc;
+}
+
 #define BENCH_MAX_RANKS 64
 
 typedef struct bench_world {
@@ -123,12 +202,23 @@ static int bench_rank(bench_line *b, const bench_world *w, int rank, int64_t war
   comm_config cc = {.backend = COMM_BACKEND_CPU, .rank = rank, .size = w->n, .addrs = w->addrs, .hosts = w->hosts,
                     .job = w->job, .generation = 1, .secret_len = sizeof w->secret, .timeout_ms = 120000};
   memcpy(cc.secret, w->secret, sizeof w->secret);
+  model_dev *dev = NULL;
+  if (b->gpu >= 0) { /* GPU gpu + rank; NCCL on its stream: collectives follow the kernels */
+    if (model_dev_open(MODEL_DEV_CUDA, b->gpu + rank, &dev) != NEWT_OK) {
+      fprintf(stderr, "newt bench train: rank %d: --device %d + rank: %s\n", rank, b->gpu, newt_errmsg());
+      return 1;
+    }
+    cc.backend = COMM_BACKEND_NCCL;
+    cc.device = b->gpu + rank;
+    cc.stream = model_dev_stream(dev);
+  }
   comm_t *world = NULL;
   model_par_comms comms = {0};
   model_par p;
   int have_p = 0, rc = 1;
   model_par_config pc;
   model_par_config_from_rank(&pc, b->pc.tp, b->pc.pp, b->pc.dp, b->pc.zero, rank);
+  pc.dev = dev;
   size_t n = (size_t)cfg->batch * cfg->seq_len;
   int32_t *x = malloc(n * sizeof *x), *y = malloc(n * sizeof *y);
   double *ms = malloc((size_t)steps * sizeof *ms);
@@ -144,17 +234,24 @@ static int bench_rank(bench_line *b, const bench_world *w, int rank, int64_t war
   size_t at = (size_t)first * cfg->seq_len;
   model_step_info info;
   for (int64_t s = 0; s < warmup + steps; s++) {
-    if (model_par_step(&p, &comms, x + at, y + at, (int)count, NULL, &info) != NEWT_OK) {
+    double t0 = newt_now_s();
+    if (model_par_step(&p, &comms, x + at, y + at, (int)count, NULL, &info) != NEWT_OK ||
+        (dev && model_dev_sync(dev) != NEWT_OK)) {
       fprintf(stderr, "newt bench train: rank %d, step %lld: %s\n", rank, (long long)s + 1, newt_errmsg());
       goto out;
     }
-    if (s >= warmup) ms[s - warmup] = info.ms;
-    if (rank == 0) fprintf(stderr, "step %lld loss %.4f %.1f ms\n", (long long)s + 1, info.loss, info.ms);
+    double t = dev ? (newt_now_s() - t0) * 1e3 : info.ms; /* a GPU's step: to its sync */
+    if (s >= warmup) ms[s - warmup] = t;
+    if (rank == 0) fprintf(stderr, "step %lld loss %.4f %.1f ms\n", (long long)s + 1, info.loss, t);
   }
   if (rank == 0) {
     b->ms = median_ms(ms, steps);
     b->params = p.global.nparams;
     model_par_memory(&p, &b->state_bytes, &b->act_bytes);
+    if (dev) {
+      b->device = model_dev_name(dev);
+      b->peak = model_dev_peak_flops(dev);
+    }
     print_line(b);
   }
   rc = 0;
@@ -162,6 +259,7 @@ out:
   if (have_p) model_par_free(&p);
   model_par_comms_free(&comms);
   comm_free(world);
+  if (dev) model_dev_close(dev);
   free(x);
   free(y);
   free(ms);
@@ -204,33 +302,58 @@ static int bench_parallel(bench_line *b, int64_t warmup, int64_t steps) {
     }
     if (pids[r] == 0) _exit(bench_rank(b, &w, r, warmup, steps));
   }
-  int bad = 0;
-  for (int r = 0; r < w.n; r++) {
+  /* the ranks in the order they end: the first that fails takes the others with it (they
+     would wait for it in a collective until their timeout) */
+  int bad = 0, left = w.n;
+  double deadline = newt_now_s() + 3600;
+  while (left > 0) {
     int st = 0;
-    if (newt_proc_wait(pids[r], 3600 * 1000, &st) != NEWT_OK || !WIFEXITED(st) || WEXITSTATUS(st) != 0) {
+    pid_t pid = waitpid(-1, &st, WNOHANG);
+    int r = 0;
+    while (pid > 0 && r < w.n && pids[r] != pid) r++;
+    if (pid > 0 && r < w.n) {
+      pids[r] = 0;
+      left--;
+      if (!WIFEXITED(st) || WEXITSTATUS(st) != 0) bad++;
+    } else if (pid < 0 || newt_now_s() > deadline) {
       bad++;
-      for (int q = r + 1; q < w.n; q++) kill(pids[q], SIGKILL); /* the others would wait for it */
+      break;
+    } else {
+      usleep(20000);
+      continue;
     }
+    if (bad)
+      for (int q = 0; q < w.n; q++)
+        if (pids[q] > 0) kill(pids[q], SIGKILL);
   }
+  for (int q = 0; q < w.n; q++) /* after a timeout: none left behind */
+    if (pids[q] > 0) {
+      kill(pids[q], SIGKILL);
+      waitpid(pids[q], NULL, 0);
+    }
   return bad ? 1 : 0;
 }
 
 int newt_bench_train(int argc, char **argv) {
-  const char *preset = "tiny", *overrides = NULL;
-  int64_t threads = 1, batch = 8, micro = 0, steps = 10, warmup = 3, tp = 1, pp = 1, dp = 1, zero = 0;
+  const char *preset = "tiny", *overrides = NULL, *backend = "cpu";
+  int64_t threads = 1, batch = 0, micro = 0, steps = 10, warmup = 3, tp = 1, pp = 1, dp = 1, zero = 0, device = 0;
   newt_opt opts[] = {
       {"preset", NEWT_OPT_STR, &preset, "model preset: tiny, small or gpt2-124m"},
       {"model", NEWT_OPT_STR, &overrides, "overrides of the preset: layers=2,..."},
       {"threads", NEWT_OPT_INT, &threads, "CPU threads (per rank)"},
-      {"batch", NEWT_OPT_INT, &batch, "sequences per step (the global batch)"},
+      {"batch", NEWT_OPT_INT, &batch,
+       "sequences per step (the global batch; 0: 8, with --backend cuda 4 micro-batches per data-parallel rank)"},
       {"micro-batch", NEWT_OPT_INT, &micro,
-       "sequences per forward/backward (0: the data-parallel share of the batch, over pp when pp > 1)"},
+       "sequences per forward/backward (0: the data-parallel share of the batch, over pp when pp > 1; "
+       "with --backend cuda 8, or the batch when smaller)"},
       {"steps", NEWT_OPT_INT, &steps, "timed steps"},
       {"warmup", NEWT_OPT_INT, &warmup, "untimed steps first"},
       {"tp", NEWT_OPT_INT, &tp, "tensor-parallel ranks"},
       {"pp", NEWT_OPT_INT, &pp, "pipeline stages"},
       {"dp", NEWT_OPT_INT, &dp, "data-parallel ranks"},
       {"zero", NEWT_OPT_INT, &zero, "ZeRO stage 0..3"},
+      {"backend", NEWT_OPT_STR, &backend, "cpu, or cuda: the parallel trainer on GPUs (one per rank, NCCL between them)"},
+      {"device", NEWT_OPT_INT, &device, "with --backend cuda: the GPU (rank r of a layout trains on --device + r)"},
       NEWT_OPT_END,
   };
   int rc = newt_opts_exit(newt_opts_parse("bench train", "[flags]", opts, argc, argv, NULL, 0, NULL));
@@ -240,6 +363,24 @@ int newt_bench_train(int argc, char **argv) {
       model_config_override(&cfg.model, overrides) != NEWT_OK) {
     fprintf(stderr, "newt bench train: %s\n", newt_errmsg());
     return 2;
+  }
+  int cuda = strcmp(backend, "cuda") == 0;
+  if (!cuda && strcmp(backend, "cpu") != 0) {
+    fprintf(stderr, "newt bench train: --backend: cpu or cuda, not \"%s\"\n", backend);
+    return 2;
+  }
+  if (!cuda && device != 0) {
+    fprintf(stderr, "newt bench train: --device goes with --backend cuda\n");
+    return 2;
+  }
+  if (cuda && (device < 0 || device > 1023)) {
+    fprintf(stderr, "newt bench train: --device: a GPU ordinal >= 0, got %lld\n", (long long)device);
+    return 2;
+  }
+  if (batch == 0) batch = cuda ? 4 * (micro ? micro : 8) * dp : 8;
+  if (cuda && micro == 0) {
+    int64_t per = (batch + dp - 1) / dp; /* a data-parallel rank's share */
+    micro = per < 8 ? per : 8;
   }
   if (threads < 1 || batch < 1 || batch > 1 << 16 || micro < 0 || steps < 1 || warmup < 0) {
     fprintf(stderr, "newt bench train: --threads, --batch and --steps must be >= 1\n");
@@ -254,12 +395,13 @@ int newt_bench_train(int argc, char **argv) {
   cfg.seq_len = (int)cfg.model.ctx; /* after --model: the overridden ctx */
   int64_t share = (batch + dp - 1) / dp;
   cfg.micro_batch = micro ? (int)micro : (int)(pp > 1 && share >= pp ? share / pp : share);
-  bench_line b = {.preset = preset, .threads = (int)threads, .cfg = &cfg};
+  bench_line b = {.preset = preset, .threads = (int)threads, .cfg = &cfg, .gpu = cuda ? (int)device : -1};
   model_par_config_from_rank(&b.pc, (int)tp, (int)pp, (int)dp, (int)zero, 0);
   if (model_par_config_check(&b.pc, &cfg) != NEWT_OK) {
     fprintf(stderr, "newt bench train: %s\n", newt_errmsg());
     return 2;
   }
+  if (cuda && tp * pp * dp == 1) return bench_cuda(&b, (int)device, warmup, steps);
   if (tp * pp * dp == 1 && zero == 0) return bench_single(&b, warmup, steps);
   return bench_parallel(&b, warmup, steps);
 }

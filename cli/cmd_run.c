@@ -57,6 +57,9 @@ int newt_cmd_run(int argc, char **argv) {
       {"backend", NEWT_OPT_STR, &backend, "cpu, or nccl: the workers train on GPUs (one each), over NCCL"},
       {"gpus", NEWT_OPT_INT, &gpus, "with --backend nccl: GPUs of this host to use (default: every visible one); "
                                     "each worker gets the one fewest live workers use"},
+      {"share-gpus", NEWT_OPT_FLAG, &lo.share_gpus,
+       "with --backend nccl: workers may share a GPU, each a host of its own to the coordinator and NCCL "
+       "(sockets, no P2P or shared memory): for tests and for trying newt on one GPU; slow (docs/elastic.md)"},
       {"etcd", NEWT_OPT_STR, &ef.endpoints, "etcd endpoints to use (default: start a private etcd)"},
       {"etcd-user", NEWT_OPT_STR, &ef.user, "with --etcd: its user"},
       {"etcd-password-file", NEWT_OPT_STR, &ef.password_file, "with --etcd: a file holding the user's password"},
@@ -160,8 +163,8 @@ int newt_cmd_run(int argc, char **argv) {
       return 2;
     }
     lo.gpus = (int)gpus;
-  } else if (gpus > 0) {
-    fprintf(stderr, "newt run: --gpus goes with --backend nccl\n");
+  } else if (gpus > 0 || lo.share_gpus) {
+    fprintf(stderr, "newt run: %s goes with --backend nccl\n", gpus > 0 ? "--gpus" : "--share-gpus");
     return 2;
   }
   lo.nproc = (int)nproc;

@@ -154,6 +154,18 @@ static newt_result_t spawn(run *r, proc_kind kind, int index) {
     argv[a++] = "--device";
     argv[a++] = device;
   }
+  /* --share-gpus: the worker is a host of its own, for the coordinator (--host: one worker
+     per (host, GPU)) and for NCCL (NCCL_HOSTID: its host hash, so two ranks on one GPU are
+     not a duplicate GPU); NCCL then connects them over sockets on loopback, not P2P or
+     shared memory (docs/elastic.md, "GPU workers on one host") */
+  char host[96], hostid[128];
+  int share = kind == PROC_WORKER && gpu >= 0 && r->o->share_gpus;
+  if (share) {
+    snprintf(host, sizeof host, "share-%s", name);
+    snprintf(hostid, sizeof hostid, "NCCL_HOSTID=newt-%s-%s", r->o->spec.job, name);
+    argv[a++] = "--host";
+    argv[a++] = host;
+  }
   char mport[16];
   int port = 0;
   if (kind == PROC_COORD && !r->o->no_metrics && newt_net_free_port(&port) == NEWT_OK) {
@@ -172,8 +184,16 @@ static newt_result_t spawn(run *r, proc_kind kind, int index) {
      pod does in its termination log */
   char endp[640];
   snprintf(endp, sizeof endp, "NEWT_TERMINATION_LOG=%s/%s.end", r->res->log_dir, name);
-  const char *env[3] = {endp, NULL, NULL};
-  if (!getenv("NEWT_DEBUG")) env[1] = "NEWT_DEBUG=INFO";
+  const char *env[8] = {endp};
+  int e = 1;
+  if (!getenv("NEWT_DEBUG")) env[e++] = "NEWT_DEBUG=INFO";
+  if (share) {
+    env[e++] = hostid;
+    env[e++] = "NCCL_P2P_DISABLE=1";
+    env[e++] = "NCCL_SHM_DISABLE=1";
+    if (!getenv("NCCL_SOCKET_IFNAME")) env[e++] = "NCCL_SOCKET_IFNAME=lo";
+  }
+  env[e] = NULL;
   newt_spawn_opts so = {.log_path = logp, .env = env, .die_with_parent = 1};
   pid_t pid;
   NEWT_CHECK(newt_proc_spawn(argv, &so, &pid));

@@ -35,6 +35,10 @@ typedef struct launcher_opts {
   int no_metrics;       /* coordinators serve no metrics (default: each on a free port of 127.0.0.1) */
   int gpus;             /* GPUs of this host for the workers (0: none, they train on CPUs): each
                            worker gets the one fewest live workers use (--device) */
+  int share_gpus;       /* with gpus: workers may share a GPU (tests, trying newt on one GPU;
+                           slow): each worker is a host of its own (--host, NCCL_HOSTID), so
+                           the one-worker-per-GPU rule holds per identity and NCCL connects
+                           them over sockets (docs/elastic.md, "GPU workers on one host") */
 } launcher_opts;
 
 typedef struct launcher_recovery {

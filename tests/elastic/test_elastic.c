@@ -133,6 +133,11 @@ static const scenario scenarios[] = {
      {"--backend", "nccl", "--tp", "2", "--pp", "2", "--zero", "2", NULL}},
     {"nccl_tp2pp2z3", 150, 8, "kill:rank:1@step=10,join:1@step=30", {"crash", "join"},
      {"--backend", "nccl", "--tp", "2", "--pp", "2", "--zero", "3", NULL}},
+    /* newt run --share-gpus: three workers on one "GPU" (CMakeLists.txt sets
+       NEWT_NCCL_DOUBLE_DEVICES=1), each a host of its own to the coordinator and to NCCL
+       (NCCL_HOSTID; without it the double refuses them as a duplicate GPU, as NCCL does) */
+    {"nccl_share", 150, 3, "kill:worker:1@step=10,join:1@step=30", {"crash", "join"},
+     {"--backend", "nccl", "--share-gpus", NULL}},
 };
 
 /* "join?": a recovery that may not happen */

@@ -14,7 +14,13 @@
 #    NCCL refuses and the log says so; then the CUDA device's kernels against the CPU
 #    device's (tests/gpu/test_kernels.c: one JSON line per op and tensor, and a matmul
 #    timing, kept in the summary under "kernels"); then the other tests labelled gpu;
-# 4. runs `newt bench allreduce --backend nccl` (nccl-tests figures);
+# 4. runs `newt bench allreduce --backend nccl` (nccl-tests figures), then
+#    `newt bench train --backend cuda --preset gpt2-124m` (tokens/s and MFU on GPU 0: the
+#    summary's "train"), an elastic `newt run --backend nccl --share-gpus` of three workers
+#    with a kill and a join, checked against `newt train` on the CPU (tests/gpu/elastic.sh:
+#    the summary's "elastic"), and `newt bench recovery --backend nccl --share-gpus` (one
+#    run: the summary's "recovery"); --share-gpus lets the workers share a GPU, each its own
+#    host to the coordinator and NCCL (docs/elastic.md, "GPU workers on one host");
 # 5. writes a JSON summary to $OUT/gpu-summary.json (or /tmp) and the log beside it.
 #
 # Exits non-zero when any step fails or does not run; ends within 8 minutes on one H200
@@ -37,6 +43,9 @@ steps_json=""
 cases_json=""
 bench_json=""
 kernels_json=""
+train_json=""
+elastic_json=""
+recovery_json=""
 
 json_str() { # a JSON string of $1 (quotes, backslashes and control characters escaped)
   printf '"%s"' "$(printf '%s' "$1" | sed 's/\\/\\\\/g; s/"/\\"/g' | tr '\n\t\r' '   ')"
@@ -150,6 +159,29 @@ if [ -f "$bench_out" ]; then
   done < <(grep '^{' "$bench_out" || true)
 fi
 
+# one JSON line of a step's output (the last whole one), or "" when it has none
+last_json() { { grep '^{.*}$' "$1" 2>/dev/null || true; } | tail -n 1; }
+
+train_out=$OUT_DIR/bench-train.jsonl
+# shellcheck disable=SC2016 # expanded by the inner bash
+step "newt bench train --backend cuda --preset gpt2-124m" 120 bash -c \
+  'set -o pipefail; "$1/newt" bench train --backend cuda --preset gpt2-124m --batch 16 --warmup 3 --steps 10 | tee "$2"' \
+  _ "$BUILD" "$train_out"
+train_json=$(last_json "$train_out")
+
+elastic_out=$OUT_DIR/elastic.log
+# shellcheck disable=SC2016 # expanded by the inner bash
+step "elastic newt run --backend nccl --share-gpus (kill, join) vs newt train" 150 bash -c \
+  'set -o pipefail; tests/gpu/elastic.sh "$1/newt" "$2" | tee "$3"' _ "$BUILD" "$OUT_DIR" "$elastic_out"
+elastic_json=$(last_json "$elastic_out")
+
+recovery_out=$OUT_DIR/bench-recovery.jsonl
+# shellcheck disable=SC2016 # expanded by the inner bash
+step "newt bench recovery --backend nccl --share-gpus" 90 bash -c \
+  'set -o pipefail; "$1/newt" bench recovery --backend nccl --share-gpus --nproc 3 --runs 1 --steps 200 --kill-at 10 \
+     --model layers=2,channels=64 | tee "$2"' _ "$BUILD" "$recovery_out"
+recovery_json=$(last_json "$recovery_out")
+
 # --- 5. the summary ---------------------------------------------------------------------------
 total=$(($(date +%s) - T0))
 ok=$([ "$failed" -eq 0 ] && echo true || echo false)
@@ -160,7 +192,10 @@ cat >"$SUMMARY" <<EOF
  "steps":[$steps_json],
  "test_comm_nccl":[$cases_json],
  "kernels":[$kernels_json],
- "bench":[$bench_json]}
+ "bench":[$bench_json],
+ "train":${train_json:-null},
+ "elastic":${elastic_json:-null},
+ "recovery":${recovery_json:-null}}
 EOF
 echo "== summary: $SUMMARY"
 cat "$SUMMARY"
