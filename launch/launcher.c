@@ -550,8 +550,9 @@ static void etcd_tick(run *r) {
   }
   fault *f = &r->faults[r->etcd_fault];
   /* training's progress must reach etcd after it came back (after the fault, for a member
-     left dead: the others served all along) */
-  uint64_t since = r->etcd_back_ms ? r->etcd_back_ms : !r->etcd_up_at ? f->t_ms : 0;
+     left dead, or one still away when the job's end marker reached the others: they served
+     all along) */
+  uint64_t since = r->etcd_back_ms ? r->etcd_back_ms : !r->etcd_up_at || r->done ? f->t_ms : 0;
   if (!since || (r->progress_t_ms < since && !r->done)) return;
   r->etcd_down = 0;
   f->matched = 1;
@@ -568,7 +569,9 @@ static void etcd_tick(run *r) {
   rec->pause_ms = -1; /* from the step log, at the end */
   rec->detect_ms = rec->outage_ms;
   rec->total_ms = diff(reached, f->t_ms);
-  if (!r->o->quiet)
+  if (!r->o->quiet && !r->etcd_back_ms && r->etcd_up_at)
+    fprintf(stderr, "%snewt run: the job ended while etcd's fault (%s) lasted; training went on\n", news(r), f->what);
+  else if (!r->o->quiet)
     fprintf(stderr, "%snewt run: etcd was away for %lld ms; training went on, %lld ms until progress reached it again\n",
             news(r), (long long)rec->outage_ms, (long long)rec->total_ms);
 }
