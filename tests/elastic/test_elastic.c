@@ -752,6 +752,19 @@ static void test_forged(void) {
  * survivors cannot even report it), and once space is freed (delete, compact, defrag,
  * disarm, as an operator would) the coordinators, still there, replan and the job finishes:
  * every step, the uninterrupted loss, an etcd event saying how long it was full. */
+/* Whether a coordinator's log (c0.log, c1.log in logs) says etcd ran out of space. */
+static int coordinator_said_nospace(const char *logs) {
+  int said = 0;
+  for (int k = 0; k < 2 && !said; k++) {
+    char path[600], *log = NULL;
+    size_t ln;
+    snprintf(path, sizeof path, "%s/c%d.log", logs, k);
+    if (newt_fs_read_all(path, 64 << 20, &log, &ln) == NEWT_OK) said = strstr(log, "out of space (NOSPACE") != NULL;
+    free(log);
+  }
+  return said;
+}
+
 static void test_nospace(void) {
   const int STEPS = 1200; /* long enough to train through the fill, the kill and the clean-up */
   double ref = reference_loss(newt_bin, STEPS, MODEL);
@@ -832,6 +845,10 @@ static void test_nospace(void) {
   free(wtext);
   T_CHECK_MSG(victim > 1 && kill(victim, SIGKILL) == 0, "cannot kill %s (pid %d)", victim_id, victim);
   newt_sleep_ms(2000);
+  /* the leader reads etcd's alarms every 5 s: let it see this one before space is freed
+     (checked below) */
+  for (newt_deadline_t d = newt_deadline_in_ms(20000); !newt_deadline_passed(d) && !coordinator_said_nospace(logs);)
+    newt_sleep_ms(200);
   /* free space, as an operator would */
   int64_t deleted = 0, rev = 0;
   T_OK(rdzv_etcd_delete(c, "/filler/", 1, newt_deadline_in_ms(10000), &deleted, &rev));
@@ -871,15 +888,7 @@ static void test_nospace(void) {
   }
   free(text);
   /* the coordinators said so */
-  int said = 0;
-  for (int k = 0; k < 2 && !said; k++) {
-    char path[600], *log = NULL;
-    size_t ln;
-    snprintf(path, sizeof path, "%s/c%d.log", logs, k);
-    if (newt_fs_read_all(path, 64 << 20, &log, &ln) == NEWT_OK) said = strstr(log, "out of space (NOSPACE") != NULL;
-    free(log);
-  }
-  T_CHECK_MSG(said, "no coordinator said that etcd was out of space; logs in %s", tmpdir);
+  T_CHECK_MSG(coordinator_said_nospace(logs), "no coordinator said that etcd was out of space; logs in %s", tmpdir);
   job_event *ev = NULL;
   size_t nev = 0;
   char evlog[600];
