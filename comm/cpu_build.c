@@ -298,6 +298,22 @@ static int complete(builder *b) {
   return c->nlocal == 0 || (b->mapped == c->nlocal && b->mapped_by == c->nlocal);
 }
 
+/* Whether the links to rank p that this rank needs are not all made yet. */
+static int link_missing(const builder *b, int p) {
+  const cpu_comm *c = b->c;
+  return p != c->rank && ((needs(c, p, 0) && !b->have[p * 2]) || (needs(c, p, 1) && !b->have[p * 2 + 1]));
+}
+
+/* A build that fails because a peer closed its control connection: that peer gave up (at
+ * its own deadline, or it died); the ranks whose links were never made are marked missing
+ * too, as at a timeout, so that the failure names them and not only the peer that left. */
+static newt_result_t peer_left(builder *b, newt_result_t r) {
+  cpu_comm *c = b->c;
+  if (c->missing)
+    for (int p = 0; p < c->size; p++) c->missing[p] = c->missing[p] || link_missing(b, p);
+  return r;
+}
+
 static newt_result_t timed_out(builder *b) {
   cpu_comm *c = b->c;
   size_t n = 0;
@@ -305,7 +321,7 @@ static newt_result_t timed_out(builder *b) {
   size_t cap = sizeof b->err;
   for (int p = 0; p < c->size && n < cap; p++) {
     if (p == c->rank) continue;
-    int missing = (needs(c, p, 0) && !b->have[p * 2]) || (needs(c, p, 1) && !b->have[p * 2 + 1]);
+    int missing = link_missing(b, p);
     if (c->missing) c->missing[p] = missing;
     if (missing && p < c->rank)
       n += (size_t)snprintf(e + n, cap - n, "; rank %d (%s): %s", p, c->addrs[p],
@@ -401,7 +417,10 @@ static newt_result_t build_loop(builder *b) {
         if (st == HS_DONE) NEWT_CHECK_GOTO(install(b, h), res, done);
         else if (st == HS_FAILED) hs_close(h);
       } else if (pf[i].revents) {
-        NEWT_CHECK_GOTO(build_ctrl(b, &c->links[who[i] - 2000]), res, done);
+        if ((res = build_ctrl(b, &c->links[who[i] - 2000])) != NEWT_OK) {
+          res = peer_left(b, res);
+          goto done;
+        }
       }
     }
     int j = 0;

@@ -205,11 +205,13 @@ static void decide_running(const policy_view *v, policy_decision *d) {
   }
   /* a generation that never formed: each rank gives up at its own build deadline, and ranks
      that had a step to finish first started later, so wait for them a communicator
-     timeout, not just the report window -- a rank that reports first must not get the
+     timeout and the report window after it, not just the report window -- a rank that
+     reports first (one refused at once, for lack of the job's secret) must not get the
      others fenced for being slower to say the same */
   int64_t window = s->report_window_ms;
   for (int i = 0; i < nreports; i++)
-    if (v->reports[i].build && s->comm_timeout_ms > window) window = s->comm_timeout_ms;
+    if (v->reports[i].build && s->comm_timeout_ms + s->report_window_ms > window)
+      window = s->comm_timeout_ms + s->report_window_ms;
   int window_over = v->first_report && passed(v, v->first_report, window);
   /* everyone who could report did: decide at once -- unless the accused who are silent
      outnumber those who reported (one rank blaming the rest may be the odd one out: wait
