@@ -416,8 +416,10 @@ static newt_result_t run_generation(worker *w, const newt_plan *p, gen_outcome *
             (long long)p->accum);
   r = worker_restore(w, c, p, &pc);
   w->t_restore = newt_wall_ms();
-  /* a rank 0 killed right after a step may have taken that step's line with it */
-  if (r == NEWT_OK && me->rank == 0 && !w->last_step_logged && w->last_step.step == w->par.step && w->par.step > 0)
+  /* a rank 0 killed right after a step may have taken that step's line with it, and the new
+     rank 0 may not have done that step itself (its state came from a peer): every rank that
+     did it and has not written it writes it (a line twice is harmless: readers keep one) */
+  if (r == NEWT_OK && !w->last_step_logged && w->last_step.step == w->par.step && w->par.step > 0)
     log_step(w, 1, &w->last_step);
   if (r == NEWT_OK) r = worker_ckpt_generation(w, p, me);
   int first = 1;
