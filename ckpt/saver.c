@@ -710,6 +710,33 @@ newt_result_t ckpt_save_end(ckpt_saver *s, const char *state_json) {
   return NEWT_OK;
 }
 
+newt_result_t ckpt_save_fail(ckpt_saver *s, newt_result_t r, const char *why) {
+  if (!s->building) return NEWT_ERR(NEWT_ERR_INVALID, "ckpt_save_fail: no save begun");
+  char msg[sizeof s->st.message];
+  snprintf(msg, sizeof msg, "%s", why); /* why may be newt_errmsg(), which the calls below reset */
+  s->building = 0;
+  clear_entries(s);
+  /* the marker tells the committer this rank's shard will not come */
+  char stepdir[4096];
+  ckpt_step_dirname(stepdir, sizeof stepdir, s->dir, s->step);
+  int dirfd = -1, stepfd = -1;
+  if (open_step(s, &dirfd, &stepfd) == NEWT_OK) write_failed_marker(s, stepfd, stepdir, msg);
+  else newt_err_clear();
+  if (stepfd >= 0) close(stepfd);
+  if (dirfd >= 0) close(dirfd);
+  pthread_mutex_lock(&s->mu);
+  s->st.step = s->step;
+  s->st.state = CKPT_SAVE_FAILED;
+  s->st.result = r;
+  snprintf(s->st.message, sizeof s->st.message, "%s", msg);
+  s->st.saves_failed++;
+  s->st.stall_ms = (double)(newt_now_ns() - s->t_begin) / 1e6;
+  pthread_mutex_unlock(&s->mu);
+  NEWT_WARN(CKPT, "rank %d: checkpoint of step %lld failed before it was written: %s", s->rank, (long long)s->step,
+            msg);
+  return NEWT_ERR(r, "%s", msg);
+}
+
 newt_result_t ckpt_save_wait(ckpt_saver *s, newt_deadline_t deadline) {
   pthread_mutex_lock(&s->mu);
   int idle = wait_idle(s, deadline);

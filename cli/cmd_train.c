@@ -14,8 +14,11 @@
  * status 1. --log FILE (or --step-log) appends one JSON line per step: the step log of
  * `newt run` (job/runlog.h), whose loss curve `newt report --baseline` draws beside a run's.
  *
- * --device cuda is refused for now: the single-GPU model it ran is gone, and the trainer
- * over the CUDA device of model/dev.h (docs/model.md, "CUDA device") is not wired in yet. */
+ * Devices: --device cpu (the default) or cuda (cuda:N for GPU N; cuda alone: LOCAL_RANK's GPU,
+ * else GPU 0). Both run the parallel trainer (model/parallel.h) as a layout of one rank, the
+ * trainer every worker runs, on the device's memory and kernels (model/dev.h): on the CPU
+ * that is model_trainer bit for bit, on a GPU the same code with the CUDA kernels, and a
+ * checkpoint written on one device resumes on the other. */
 
 #include <math.h>
 #include <stdio.h>
@@ -30,9 +33,56 @@
 #include "job/runlog.h"
 #include "job/spec.h"
 #include "model/checkpoint.h"
+#include "model/dev.h"
 #include "model/ops.h"
+#include "model/parallel.h"
 #include "model/train.h"
 #include "worker/worker.h"
+
+/* --device: -1 the CPU, -2 a GPU of this process's choice, N GPU N; -1 returned when bad. */
+static int parse_device(const char *s, int *gpu) {
+  if (strcmp(s, "cpu") == 0 || strcmp(s, "cuda") == 0) {
+    *gpu = s[0] == 'c' && s[1] == 'p' ? -1 : -2;
+    return 0;
+  }
+  if (strncmp(s, "cuda:", 5) != 0 || s[5] < '0' || s[5] > '9') return -1;
+  char *end = NULL;
+  long n = strtol(s + 5, &end, 10);
+  if (*end || n > 4095) return -1;
+  *gpu = (int)n;
+  return 0;
+}
+
+/* The device of --device (NULL for the CPU: the trainer's default). */
+static newt_result_t open_device(int gpu, model_dev **out) {
+  *out = NULL;
+  if (gpu == -1) return NEWT_OK;
+  int n = model_dev_cuda_count();
+  if (n == 0)
+    return NEWT_ERR(NEWT_ERR_UNSUPPORTED, "--device cuda: this process sees no GPU (a build without CUDA, no "
+                    "driver, or CUDA_VISIBLE_DEVICES=%s)",
+                    getenv("CUDA_VISIBLE_DEVICES") ? getenv("CUDA_VISIBLE_DEVICES") : "(unset)");
+  const char *local = getenv("LOCAL_RANK");
+  if (gpu == -2) gpu = local && *local ? atoi(local) % n : 0;
+  if (gpu >= n)
+    return NEWT_ERR(NEWT_ERR_INVALID, "--device cuda:%d: this process sees %d GPU%s (0 to %d)", gpu, n,
+                    n == 1 ? "" : "s", n - 1);
+  return model_dev_open(MODEL_DEV_CUDA, gpu, out);
+}
+
+/* Saves the trainer as its step, in the background once the state is on the host. */
+static newt_result_t save(ckpt_saver *s, const model_par *p, uint64_t cursor, const char *data, int *started) {
+  char *state = NULL;
+  NEWT_CHECK(model_ckpt_train_state(&p->cfg, p->step, cursor, p->opt.t, data, &state));
+  newt_result_t r = ckpt_save_begin(s, p->step, 1, started);
+  if (r == NEWT_OK && *started) {
+    r = model_ckpt_par_add(s, p);
+    if (r == NEWT_OK) r = ckpt_save_end(s, state);
+    else r = ckpt_save_fail(s, r, newt_errmsg()); /* what was staged must not be written */
+  }
+  free(state);
+  return r;
+}
 
 int newt_cmd_train(int argc, char **argv) {
   const char *preset = "tiny", *overrides = NULL, *data = NULL, *device = "cpu";
@@ -67,7 +117,7 @@ int newt_cmd_train(int argc, char **argv) {
       {"ckpt-level", NEWT_OPT_INT, &ckpt_level, "zstd level of checkpoints (0: uncompressed)"},
       {"log", NEWT_OPT_STR, &log_path, "append one JSON line per step (the step log: step, loss, lr, ...) to FILE"},
       {"step-log", NEWT_OPT_STR, &log_path, "the same as --log"},
-      {"device", NEWT_OPT_STR, &device, "cpu (cuda: not yet, see docs/model.md)"},
+      {"device", NEWT_OPT_STR, &device, "cpu, or cuda[:N]: GPU N (cuda: LOCAL_RANK's, else 0)"},
       NEWT_OPT_END,
   };
   int rc = newt_opts_exit(newt_opts_parse("train", "[flags]", opts, argc, argv, NULL, 0, NULL));
@@ -78,13 +128,9 @@ int newt_cmd_train(int argc, char **argv) {
                     "[0, batch], --threads in [0, 1024], --seq-len >= 0\n");
     return 2;
   }
-  if (strcmp(device, "cuda") == 0) {
-    fprintf(stderr, "newt train: --device cuda: not yet: the trainer does not run on the CUDA device (model/dev.h) "
-                    "yet; use --device cpu\n");
-    return 2;
-  }
-  if (strcmp(device, "cpu") != 0) {
-    fprintf(stderr, "newt train: --device \"%s\": cpu (cuda: not yet)\n", device);
+  int gpu = -1;
+  if (parse_device(device, &gpu) != 0) {
+    fprintf(stderr, "newt train: --device \"%s\": cpu, cuda, or cuda:N (a GPU ordinal)\n", device);
     return 2;
   }
   if (!ckpt_dir && ckpt_every > 0) {
@@ -131,23 +177,45 @@ int newt_cmd_train(int argc, char **argv) {
   /* Everything below is released at one place, `done`. */
   model_tokens tok = {0};
   model_loader ld;
-  model_trainer tr = {0};
+  model_dev *dev = NULL;
+  model_par par;
   ckpt_saver *saver = NULL;
   int steplog = -1;
-  int have_tr = 0;
+  int have_par = 0;
   int status = 1;
+  int32_t *inputs = NULL, *targets = NULL;
+  uint64_t cursor = 0; /* samples consumed */
   char data_desc[SPEC_PATH_MAX + 32];
   spec_data_desc(&spec, data_desc, sizeof data_desc);
   int64_t resumed = -1;
-  newt_result_t res = worker_open_data(&spec, &tok);
+  newt_result_t res = open_device(gpu, &dev);
+  if (res == NEWT_OK) res = worker_open_data(&spec, &tok);
   if (res == NEWT_OK) res = model_loader_init(&ld, &tok, cfg.seq_len, cfg.data_seed, cfg.model.vocab);
-  if (res == NEWT_OK && (res = model_trainer_init(&tr, &cfg)) == NEWT_OK) have_tr = 1;
+  model_par_config pc;
+  model_par_config_from_rank(&pc, 1, 1, 1, 0, 0);
+  pc.dev = dev;
+  if (res == NEWT_OK && (res = model_par_init(&par, &cfg, &pc)) == NEWT_OK) have_par = 1;
+  if (res == NEWT_OK) {
+    inputs = malloc((size_t)cfg.batch * cfg.seq_len * sizeof *inputs);
+    targets = malloc((size_t)cfg.batch * cfg.seq_len * sizeof *targets);
+    if (!inputs || !targets) res = NEWT_ERR(NEWT_ERR_NOMEM, "out of memory for a batch of %d x %d", cfg.batch, cfg.seq_len);
+  }
   /* resume, and the saver for what comes next */
   if (res == NEWT_OK && ckpt_dir) {
     ckpt_saver_opts so = {.dir = ckpt_dir, .rank = 0, .nranks = 1, .threads = 2, .level = (int)ckpt_level,
                           .keep = (int)ckpt_keep, .commit = 1, .layout_json = "{\"dp\":1,\"tp\":1,\"pp\":1,\"zero\":0}"};
     if (ckpt_level == 0) so.level = CKPT_LEVEL_RAW;
-    res = model_ckpt_trainer_resume(ckpt_dir, &tr, data_desc, 2, &resumed);
+    model_ckpt_train_point pt;
+    res = model_ckpt_par_load(ckpt_dir, CKPT_LATEST, &par, data_desc, 2, &pt);
+    if (res == NEWT_OK) {
+      resumed = pt.step;
+      cursor = pt.cursor;
+    } else if (res == NEWT_ERR_NOTFOUND && pt.committed == 0) { /* nothing committed: a fresh run */
+      newt_err_clear(); /* nothing was read: the buffers hold the initial weights */
+      res = NEWT_OK;
+    } else {
+      res = newt_err_wrap(res, "resuming from %s: ", ckpt_dir);
+    }
     if (res == NEWT_OK && ckpt_every > 0) res = ckpt_saver_init(&saver, &so);
   }
   if (res == NEWT_OK && log_path && (res = job_runlog_open(log_path, 0, &steplog)) != NEWT_OK)
@@ -160,8 +228,8 @@ int newt_cmd_train(int argc, char **argv) {
   printf("newt train: %s (V %lld, ctx %lld, L %lld, NH %lld, C %lld), %zu parameters, batch %d "
          "(micro-batch %d) x T %d, %s, data %s (%llu tokens, %llu samples per epoch)\n",
          preset, (long long)m->vocab, (long long)m->ctx, (long long)m->layers, (long long)m->heads,
-         (long long)m->channels, tr.gpt.layout.nparams, cfg.batch, cfg.micro_batch, cfg.seq_len,
-         "cpu", data ? data : "generated", (unsigned long long)tok.count,
+         (long long)m->channels, par.global.nparams, cfg.batch, cfg.micro_batch, cfg.seq_len,
+         model_dev_name(par.dev), data ? data : "generated", (unsigned long long)tok.count,
          (unsigned long long)ld.windows);
   fflush(stdout);
   if (resumed >= 0) printf("newt train: resumed at step %lld from %s\n", (long long)resumed, ckpt_dir);
@@ -171,15 +239,20 @@ int newt_cmd_train(int argc, char **argv) {
   uint64_t failed_saves = 0;
   int64_t bad_save = -1; /* the newest save that failed, and why */
   char bad_msg[sizeof ((ckpt_save_status *)0)->message] = "";
-  const int64_t resumed0 = tr.step;
+  const int64_t resumed0 = par.step;
   int64_t committed = resumed > 0 ? resumed : 0; /* the newest committed checkpoint, for the step log */
-  for (int64_t s = tr.step; s < steps; s++) {
+  for (int64_t s = par.step; s < steps; s++) {
     model_step_info info;
-    if (model_trainer_step_data(&tr, &ld, &info) != NEWT_OK) {
+    double t0 = newt_now_s();
+    /* one rank: no communicators; the step's end downloads its loss, so its time is the device's */
+    if (model_loader_fetch(&ld, cursor, cfg.batch, inputs, targets) != NEWT_OK ||
+        model_par_step(&par, NULL, inputs, targets, cfg.batch, NULL, &info) != NEWT_OK) {
       fprintf(stderr, "newt train: step %lld: %s\n", (long long)s + 1, newt_errmsg());
       status = 1;
       break;
     }
+    cursor += (uint64_t)cfg.batch;
+    info.ms = (newt_now_s() - t0) * 1e3;
     if (s == resumed || s == 0) first = info.loss;
     last = info.loss;
     ms_total += info.ms;
@@ -204,7 +277,7 @@ int newt_cmd_train(int argc, char **argv) {
         snprintf(bad_msg, sizeof bad_msg, "%s", st.message);
       }
       int started = 0;
-      if (info.step % ckpt_every == 0 && model_ckpt_trainer_save(saver, &tr, data_desc, 1, &started) != NEWT_OK) {
+      if (info.step % ckpt_every == 0 && save(saver, &par, cursor, data_desc, &started) != NEWT_OK) {
         fprintf(stderr, "newt train: checkpoint of step %lld: %s\n", (long long)info.step, newt_errmsg());
         bad_save = info.step;
         snprintf(bad_msg, sizeof bad_msg, "%s", newt_errmsg());
@@ -223,8 +296,8 @@ int newt_cmd_train(int argc, char **argv) {
     }
   }
   printf("{\"steps\":%lld,\"first_loss\":%.6f,\"final_loss\":%.6f,\"samples_consumed\":%llu,\"ms_per_step\":%.2f}\n",
-         (long long)tr.step, first, last, (unsigned long long)tr.cursor,
-         tr.step > resumed0 ? ms_total / (double)(tr.step - resumed0) : 0.0);
+         (long long)par.step, first, last, (unsigned long long)cursor,
+         par.step > resumed0 ? ms_total / (double)(par.step - resumed0) : 0.0);
   if (saver && ckpt_save_wait(saver, NEWT_DEADLINE_NONE) != NEWT_OK) {
     ckpt_save_status st;
     ckpt_saver_status(saver, &st);
@@ -246,7 +319,10 @@ int newt_cmd_train(int argc, char **argv) {
 done:
   ckpt_saver_free(saver);
   if (steplog >= 0) close(steplog);
-  if (have_tr) model_trainer_free(&tr);
+  if (have_par) model_par_free(&par);
+  if (dev) model_dev_close(dev);
+  free(inputs);
+  free(targets);
   model_tokens_close(&tok);
   return status;
 }

@@ -170,7 +170,7 @@ newt_result_t model_ckpt_trainer_save(ckpt_saver *s, const model_trainer *tr, co
     model_ckpt_bufs b = trainer_bufs(tr);
     r = model_ckpt_add(s, &b);
     if (r == NEWT_OK) r = ckpt_save_end(s, state);
-    else ckpt_save_end(s, state); /* ends the save begun; its error is the one reported */
+    else r = ckpt_save_fail(s, r, newt_errmsg()); /* nothing half-gathered is written */
   }
   free(state);
   return r;
@@ -303,9 +303,11 @@ newt_result_t model_ckpt_train_load(const char *dir, int64_t max_step, const mod
                                     model_ckpt_train_point *out) {
   same_run k = {c, data, 0};
   ckpt_loaded ld = {0};
-  NEWT_CHECK(ckpt_load_checked(dir, max_step, threads, reqs, n, check_run, &k, &ld));
+  newt_result_t r = ckpt_load_checked(dir, max_step, threads, reqs, n, check_run, &k, &ld);
+  out->committed = ld.committed;
+  if (r != NEWT_OK) return r;
   int64_t s = 0, cursor = 0, t = 0;
-  newt_result_t r = loaded_point(&ld, c, data, dir, &s, &cursor, &t);
+  r = loaded_point(&ld, c, data, dir, &s, &cursor, &t);
   if (r == NEWT_OK) {
     out->step = s;
     out->cursor = (uint64_t)cursor;
@@ -314,4 +316,61 @@ newt_result_t model_ckpt_train_load(const char *dir, int64_t max_step, const mod
   }
   free(ld.state_json);
   return r == NEWT_OK ? NEWT_OK : newt_err_wrap(r, "loading %s: ", dir);
+}
+
+/* ---- one rank of the parallel trainer ------------------------------------------------------ */
+
+newt_result_t model_ckpt_par_add(ckpt_saver *s, const model_par *p) {
+  model_par_piece *pp = NULL;
+  size_t n = 0;
+  NEWT_CHECK(model_par_pieces(p, &pp, &n));
+  int visible = model_dev_host_visible(p->dev);
+  newt_result_t r = NEWT_OK;
+  for (size_t i = 0; r == NEWT_OK && i < n; i++) {
+    if (!pp[i].primary) continue;
+    if (visible) { /* the saver copies host memory itself (the async save's snapshot) */
+      r = ckpt_save_add(s, &pp[i].desc, &pp[i].slice, pp[i].data);
+      continue;
+    }
+    void *dst = NULL;
+    r = ckpt_save_reserve(s, &pp[i].desc, &pp[i].slice, &dst);
+    if (r == NEWT_OK)
+      r = model_dev_download(p->dev, dst, pp[i].data, (size_t)newt_slice_numel(&pp[i].slice) * sizeof(float));
+  }
+  free(pp);
+  return r;
+}
+
+newt_result_t model_ckpt_par_load(const char *dir, int64_t max_step, model_par *p, const char *data, int threads,
+                                  model_ckpt_train_point *pt) {
+  memset(pt, 0, sizeof *pt);
+  pt->step = -1;
+  model_par_piece *pp = NULL;
+  size_t n = 0;
+  NEWT_CHECK(model_par_pieces(p, &pp, &n));
+  size_t total = 0;
+  for (size_t i = 0; i < n; i++) total += (size_t)newt_slice_numel(&pp[i].slice);
+  ckpt_request *reqs = calloc(n ? n : 1, sizeof *reqs);
+  float *stage = NULL; /* host staging for a device the host cannot touch: read there, then uploaded */
+  newt_result_t r = reqs ? NEWT_OK : NEWT_ERR(NEWT_ERR_NOMEM, "out of memory reading a checkpoint");
+  if (r == NEWT_OK && !model_dev_host_visible(p->dev))
+    r = model_dev_host_alloc(p->dev, (total ? total : 1) * sizeof *stage, (void **)&stage);
+  for (size_t i = 0, off = 0; r == NEWT_OK && i < n; i++) {
+    reqs[i] = (ckpt_request){.t = pp[i].desc, .slice = pp[i].slice, .out = stage ? stage + off : pp[i].data};
+    off += (size_t)newt_slice_numel(&pp[i].slice);
+  }
+  if (r == NEWT_OK) r = model_ckpt_train_load(dir, max_step, &p->cfg, data, threads, reqs, n, pt);
+  for (size_t i = 0, off = 0; r == NEWT_OK && stage && i < n; i++) {
+    size_t k = (size_t)newt_slice_numel(&pp[i].slice);
+    r = model_dev_upload(p->dev, pp[i].data, stage + off, k * sizeof *stage);
+    off += k;
+  }
+  if (r == NEWT_OK && stage) r = model_dev_sync(p->dev);
+  if (stage) model_dev_host_free(p->dev, stage);
+  free(reqs);
+  free(pp);
+  if (r != NEWT_OK) return r;
+  p->step = pt->step;
+  p->opt.t = pt->adam_t;
+  return NEWT_OK;
 }

@@ -17,6 +17,7 @@
 
 #include "ckpt/ckpt.h"
 #include "model/layout.h"
+#include "model/parallel.h"
 #include "model/train.h"
 
 #define MODEL_CKPT_ADAM_M "adam.m/"
@@ -50,6 +51,7 @@ typedef struct model_ckpt_train_point {
   uint64_t cursor;
   int64_t adam_t;
   int fallbacks; /* newer committed checkpoints skipped as torn or corrupt */
+  int committed; /* committed checkpoints looked at (set on failure too): 0 on a fresh directory */
 } model_ckpt_train_point;
 
 /* Reads the requests (any slices of weights and moments) from the newest committed
@@ -61,7 +63,24 @@ newt_result_t model_ckpt_train_load(const char *dir, int64_t max_step, const mod
                                     const char *data, int threads, const ckpt_request *reqs, size_t n,
                                     model_ckpt_train_point *out);
 
-/* ---- a whole single-process trainer (newt train) --------------------------------------- */
+/* ---- one rank of the parallel trainer (model/parallel.h), on any device -------------------- */
+
+/* Adds the rank's primary pieces (model_par_pieces: each element once across the layout)
+ * to a save begun with async = 1. Host-visible memory (the CPU) is given to the saver as it
+ * is (copied at ckpt_save_end); device memory is downloaded into the saver's staging
+ * (ckpt_save_reserve) before this returns. */
+newt_result_t model_ckpt_par_add(ckpt_saver *s, const model_par *p);
+
+/* Reads every piece p holds from the newest committed checkpoint of dir with step <=
+ * max_step that reads back whole (model_ckpt_train_load: the same run, or an error naming
+ * the field), into p's buffers (through host staging on a device the host cannot touch),
+ * and sets p->step and p->opt.t; *pt gets the point (the data cursor with it).
+ * NEWT_ERR_NOTFOUND when none loads (pt->committed says whether there were any). p's
+ * buffers may be partly written on failure. */
+newt_result_t model_ckpt_par_load(const char *dir, int64_t max_step, model_par *p, const char *data, int threads,
+                                  model_ckpt_train_point *pt);
+
+/* ---- a whole single-process trainer (model/train.h) --------------------------------------- */
 
 /* The training state stored with a trainer's checkpoint:
  *   {"step", "cursor" (samples consumed), "adam_t" (optimizer updates), "lr" (of the next

@@ -1,7 +1,7 @@
 /* The saver and the commit protocol: synchronous and asynchronous saves (the snapshot is
  * what gets saved), staging reservations, one save in flight (skip or wait), a committer
  * that times out or is aborted when a rank never writes and reports it, a rank's failure
- * marker, stale indexes of an earlier attempt, pruning to `keep`, the checks the commit
+ * marker (and ckpt_save_fail, which leaves one), stale indexes of an earlier attempt, pruning to `keep`, the checks the commit
  * makes on what the ranks wrote, and request errors on load. */
 #include <pthread.h>
 #include <unistd.h>
@@ -138,6 +138,50 @@ static void test_failed_marker(void) {
   T_CHECK(newt_now_s() - t0 < 20);
   ckpt_saver_free(sv);
   ts_free(&s);
+}
+
+/* ckpt_save_fail: a rank that could not gather its slices (a device-to-host copy failed)
+ * ends its save without writing what it staged; its marker ends the committer's wait with
+ * its reason, and the rank's next save goes through. */
+static void test_save_fail(void) {
+  char dir[300];
+  subdir(dir, sizeof dir, "fail");
+  ckpt_saver_opts o1 = {.dir = dir, .rank = 1, .nranks = 2, .attempt = 0x64};
+  ckpt_saver *sv = NULL;
+  T_OK(ckpt_saver_init(&sv, &o1));
+  int started = 0;
+  T_OK(ckpt_save_begin(sv, 9, 1, &started));
+  T_CHECK(started == 1);
+  newt_tensor_desc t = {.name = "w", .dtype = NEWT_F32, .ndim = 1, .shape = {16}};
+  void *dst = NULL;
+  T_OK(ckpt_save_reserve(sv, &t, NULL, &dst));
+  T_ERR(NEWT_ERR_CUDA, ckpt_save_fail(sv, NEWT_ERR_CUDA, "cudaMemcpyAsync: an illegal memory access"));
+  T_CHECK(strstr(newt_errmsg(), "illegal memory access") != NULL);
+  ckpt_save_status st;
+  ckpt_saver_status(sv, &st);
+  T_CHECK(st.state == CKPT_SAVE_FAILED && st.step == 9 && st.result == NEWT_ERR_CUDA && st.saves_failed == 1);
+  T_CHECK(strstr(st.message, "illegal memory access") != NULL);
+  T_ERR(NEWT_ERR_INVALID, ckpt_save_end(sv, NULL)); /* the save is over */
+  /* the committer of step 9 stops waiting at once, naming rank 1's reason */
+  ckpt_saver_opts o0 = {.dir = dir, .rank = 0, .nranks = 2, .commit = 1, .commit_timeout_ms = 60000, .attempt = 0x64};
+  double t0 = newt_now_s();
+  tstate s;
+  ckpt_saver *c = ts_begin(&o0, &s, 9, 1, 0, 0);
+  T_ERR(NEWT_ERR_PEER, ts_save_into(c, &s, 9));
+  T_CHECK(strstr(newt_errmsg(), "rank 1 could not write its shard: cudaMemcpyAsync") != NULL);
+  T_CHECK(newt_now_s() - t0 < 20);
+  ckpt_saver_free(c);
+  ts_free(&s);
+  /* nothing of step 9 was written by rank 1, and its next save works */
+  char shard[500];
+  snprintf(shard, sizeof shard, "%s/step-0000000009/rank-00001.index", dir);
+  T_CHECK(!newt_fs_exists(shard));
+  float w[16] = {1, 2, 3};
+  T_OK(ckpt_save_begin(sv, 10, 1, &started));
+  T_OK(ckpt_save_add(sv, &t, NULL, w));
+  T_OK(ckpt_save_end(sv, NULL));
+  ckpt_saver_abort(sv); /* no committer for step 10: its index is all this rank writes */
+  ckpt_saver_free(sv);
 }
 
 static newt_result_t save_rank(const char *dir, int rank, int nranks, uint64_t attempt, int64_t step,
@@ -340,6 +384,7 @@ int main(void) {
   T_RUN(test_sync_async);
   T_RUN(test_busy_and_timeout);
   T_RUN(test_failed_marker);
+  T_RUN(test_save_fail);
   T_RUN(test_stale_attempt);
   T_RUN(test_commit_checks);
   T_RUN(test_prune);

@@ -173,24 +173,35 @@ static int run_capture(const char *const *argv, char **out) {
   return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
 }
 
-static double reference_loss(const char *newt, int nsteps, const char *model) {
+/* `newt train` of the scenarios' batch and sequence, with more flags (NULL-terminated);
+ * its final loss (NaN when it failed), and in *resumed (may be NULL) the step its "resumed
+ * at step N" line names (-1: none). */
+static double train_run(const char *newt, int nsteps, const char *model, const char *const *extra, int64_t *resumed) {
   char steps[16], gb[16], mb[16];
   snprintf(steps, sizeof steps, "%d", nsteps);
   snprintf(gb, sizeof gb, "%d", GB);
   snprintf(mb, sizeof mb, "%d", MB);
-  const char *argv[] = {newt, "train", "--model", model, "--seq-len", SEQ, "--steps", steps, "--batch", gb,
-                        "--micro-batch", mb, NULL};
+  const char *argv[32] = {newt, "train", "--model", model, "--seq-len", SEQ, "--steps", steps, "--batch", gb,
+                          "--micro-batch", mb};
+  int a = 12;
+  for (int i = 0; extra && extra[i] && a < 31; i++) argv[a++] = extra[i];
   char *out = NULL;
   int rc = run_capture(argv, &out);
   double loss = NAN;
-  const char *last = out ? strrchr(out, '{') : NULL;
+  const char *last = out ? strrchr(out, '{') : NULL, *res = out ? strstr(out, "resumed at step ") : NULL;
   cJSON *j = NULL;
   if (rc == 0 && last && newt_json_parse(last, strlen(last), "train", &j) == NEWT_OK) {
     newt_json_get_double(j, "train", "final_loss", 1, &loss);
     cJSON_Delete(j);
   }
+  if (rc != 0) fprintf(stderr, "newt train exited %d:\n%s\n", rc, out ? out : "");
+  if (resumed) *resumed = res ? strtoll(res + 16, NULL, 10) : -1;
   free(out);
   return loss;
+}
+
+static double reference_loss(const char *newt, int nsteps, const char *model) {
+  return train_run(newt, nsteps, model, NULL, NULL);
 }
 
 /* The sample logs: "C gen step first count" when a rank takes its slice of a step, "A gen
@@ -1261,12 +1272,31 @@ static double cross_run(const char *newt, const char *job, int nproc, int steps,
   return loss;
 }
 
+/* Flips one bit in the middle of the (first) shard file of a step directory: 0 when done. */
+static int flip_shard_byte(const char *step_dir) {
+  DIR *d = opendir(step_dir);
+  struct dirent *e;
+  char path[1024] = "";
+  while (d && (e = readdir(d)))
+    if (strstr(e->d_name, ".shard") && !path[0]) snprintf(path, sizeof path, "%s/%s", step_dir, e->d_name);
+  if (d) closedir(d);
+  FILE *f = path[0] ? fopen(path, "r+b") : NULL;
+  if (!f) return -1;
+  fseek(f, 0, SEEK_END);
+  long mid = ftell(f) / 2;
+  int c = fseek(f, mid, SEEK_SET) == 0 ? fgetc(f) : EOF;
+  int rc = c == EOF || fseek(f, mid, SEEK_SET) != 0 || fputc(c ^ 0x10, f) == EOF ? -1 : 0;
+  return fclose(f) == 0 ? rc : -1;
+}
+
 /* Checkpoints cross devices: a job of GPU workers (NEWT_BIN: a newt on the CUDA/NCCL test
  * double, --backend nccl) that lost every worker (from step 30 on) resumes from its
  * checkpoint on CPU workers (NEWT_CPU_BIN) of another layout, and the other way round; each
  * resumed run starts from a checkpoint (every 10 steps) and ends at the loss of an
- * uninterrupted `newt train`. The double's kernels are the CPU's, so the loss is checked as tightly as every
- * scenario's; on a GPU the bf16 GEMMs would need a looser bound (tests/gpu/run.sh). */
+ * uninterrupted `newt train`. Then `newt train --device cuda` (on the double) against the CPU's, and
+ * its checkpoints resumed by `newt train` on the CPU and the other way round. The double's
+ * kernels are the CPU's, so the loss is checked as tightly as every scenario's; on a GPU
+ * the bf16 GEMMs would need a looser bound (tests/gpu/run.sh). */
 static void test_ckpt_cross(void) {
   const char *cpu = getenv("NEWT_CPU_BIN");
   T_CHECK_MSG(cpu && *cpu, "NEWT_CPU_BIN (a newt of the product build) is not set");
@@ -1293,6 +1323,33 @@ static void test_ckpt_cross(void) {
                 "%s: the second run started from %s at step %lld", dirs[k].name, from, (long long)from_step);
     T_CHECK_MSG(fabs(loss - ref) <= 1e-4 * fmax(1.0, fabs(ref)), "%s: final loss %.7f, uninterrupted %.7f",
                 dirs[k].name, loss, ref);
+  }
+  /* newt train on either device: the GPU's run (on the double) is the CPU's, and what one
+     saves the other resumes, once the newest checkpoint is made unreadable (a flipped byte)
+     so that the one before it loads */
+  static const char *const on_gpu[] = {"--device", "cuda", NULL};
+  double g = train_run(newt_bin, 200, MODEL, on_gpu, NULL);
+  T_CHECK_MSG(fabs(g - ref) <= 1e-4 * fmax(1.0, fabs(ref)), "newt train --device cuda: final loss %.7f, the CPU's %.7f", g,
+              ref);
+  struct {
+    const char *name, *first_bin, *second_bin, *first_dev, *second_dev;
+  } trains[] = {{"train-gpu-to-cpu", newt_bin, cpu, "cuda", "cpu"}, {"train-cpu-to-gpu", cpu, newt_bin, "cpu", "cuda:0"}};
+  for (size_t k = 0; k < sizeof trains / sizeof trains[0]; k++) {
+    char ckdir[512], step_dir[600];
+    snprintf(ckdir, sizeof ckdir, "%s/ck-%s", tmpdir, trains[k].name);
+    const char *const first[] = {"--device", trains[k].first_dev, "--ckpt-dir", ckdir, "--ckpt-every", "10", NULL},
+                      *const second[] = {"--device", trains[k].second_dev, "--ckpt-dir", ckdir, NULL};
+    double l1 = train_run(trains[k].first_bin, 200, MODEL, first, NULL);
+    T_CHECK_MSG(fabs(l1 - ref) <= 1e-4 * fmax(1.0, fabs(ref)), "%s: the saving run's final loss %.7f, the CPU's %.7f",
+                trains[k].name, l1, ref);
+    snprintf(step_dir, sizeof step_dir, "%s/step-0000000200", ckdir);
+    T_CHECK_MSG(flip_shard_byte(step_dir) == 0, "%s: no shard in %s to flip a byte of", trains[k].name, step_dir);
+    int64_t resumed = -1;
+    double l2 = train_run(trains[k].second_bin, 200, MODEL, second, &resumed);
+    T_CHECK_MSG(resumed == 190, "%s: resumed at step %lld, expected 190 (step 200's shard has a flipped byte)",
+                trains[k].name, (long long)resumed);
+    T_CHECK_MSG(fabs(l2 - ref) <= 1e-4 * fmax(1.0, fabs(ref)), "%s: final loss %.7f after resuming, uninterrupted %.7f",
+                trains[k].name, l2, ref);
   }
 }
 
