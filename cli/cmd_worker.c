@@ -30,6 +30,7 @@ int newt_cmd_worker(int argc, char **argv) {
   int64_t metrics_port = 0;
   int64_t port = 0, device = -1, threads = 1;
   int64_t local_workers = 0, max_restarts = 5, restart_window = 600;
+  int share_device = 0;
   if (getenv("NEWT_DEVICE")) device = atoi(getenv("NEWT_DEVICE"));
   newt_opt opts[] = {CLI_ETCD_OPTS(&ef),
                      {"id", NEWT_OPT_STR, &id, "worker id, unique in the job (env NEWT_WORKER_ID, POD_NAME; default host-pid)"},
@@ -37,6 +38,9 @@ int newt_cmd_worker(int argc, char **argv) {
                      {"addr", NEWT_OPT_STR, &addr, "address peers reach this worker at (env NEWT_ADDR, POD_IP; default 127.0.0.1)"},
                      {"port", NEWT_OPT_INT, &port, "data-plane port (0: any free port)"},
                      {"device", NEWT_OPT_INT, &device, "CUDA device (-1: train on CPU) (env NEWT_DEVICE)"},
+                     {"share-device", NEWT_OPT_FLAG, &share_device,
+                      "other workers with --share-device may train on this GPU too (each its own NCCL host: "
+                      "NCCL_HOSTID, set when unset; docs/elastic.md, GPU workers on one host)"},
                      {"threads", NEWT_OPT_INT, &threads, "CPU threads for compute"},
                      {"step-log", NEWT_OPT_STR, &step_log, "while rank 0, append one JSON line per step to FILE (docs/elastic.md)"},
                      {"job-secret-file", NEWT_OPT_STR, &secret_file,
@@ -57,7 +61,7 @@ int newt_cmd_worker(int argc, char **argv) {
   if (rc >= 0) return rc;
   job_end end = {.status = JOB_EXIT_DONE};
   worker_opts wo = {.job = ef.job, .id = id, .host = host, .addr = addr, .port = (int)port,
-                    .device = (int)device, .threads = (int)threads, .step_log = step_log, .secret_file = secret_file,
+                    .device = (int)device, .share_device = share_device, .threads = (int)threads, .step_log = step_log, .secret_file = secret_file,
                     .metrics_addr = metrics_addr, .metrics_port = (int)metrics_port, .end = &end};
   char *password = NULL;
   newt_result_t r = cli_etcd_opts(&ef, &wo.etcd, &password);

@@ -128,8 +128,8 @@ const rdzv_worker *policy_gpu_taken(const policy_view *v, char (*exclude)[RDZV_N
   if (strcmp(v->spec->backend, "nccl") != 0 || w->device < 0) return NULL;
   for (int i = 0; i < v->nmembers; i++) {
     const rdzv_worker *o = &v->members[i];
-    if (o != w && o->device == w->device && strcmp(o->host, w->host) == 0 && candidate(v, exclude, nexclude, o) &&
-        keeps_gpu(v, o, w))
+    if (o != w && o->device == w->device && strcmp(o->host, w->host) == 0 && !(o->shares_device && w->shares_device) &&
+        candidate(v, exclude, nexclude, o) && keeps_gpu(v, o, w))
       return o;
   }
   return NULL;

@@ -154,17 +154,16 @@ static newt_result_t spawn(run *r, proc_kind kind, int index) {
     argv[a++] = "--device";
     argv[a++] = device;
   }
-  /* --share-gpus: the worker is a host of its own, for the coordinator (--host: one worker
-     per (host, GPU)) and for NCCL (NCCL_HOSTID: its host hash, so two ranks on one GPU are
-     not a duplicate GPU); NCCL then connects them over sockets on loopback, not P2P or
-     shared memory (docs/elastic.md, "GPU workers on one host") */
-  char host[96], hostid[128];
+  /* --share-gpus: the worker shares its GPU (--share-device: the coordinator lets workers
+     that all say so train on one GPU of this host, so tensor-parallel groups still form on
+     it) and is a host of its own to NCCL (NCCL_HOSTID: its host hash, so two ranks on one
+     GPU are not a duplicate GPU); NCCL then connects them over sockets on loopback, not P2P
+     or shared memory (docs/elastic.md, "GPU workers on one host") */
+  char hostid[128];
   int share = kind == PROC_WORKER && gpu >= 0 && r->o->share_gpus;
   if (share) {
-    snprintf(host, sizeof host, "share-%s", name);
     snprintf(hostid, sizeof hostid, "NCCL_HOSTID=newt-%s-%s", r->o->spec.job, name);
-    argv[a++] = "--host";
-    argv[a++] = host;
+    argv[a++] = "--share-device";
   }
   char mport[16];
   int port = 0;

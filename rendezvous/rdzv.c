@@ -68,7 +68,8 @@ newt_result_t rdzv_worker_to_json(const rdzv_worker *w, char **out) {
   int ok = cJSON_AddStringToObject(j, "id", w->id) && cJSON_AddStringToObject(j, "host", w->host) &&
            cJSON_AddStringToObject(j, "addr", w->addr) && newt_json_add_int(j, "device", w->device) &&
            cJSON_AddStringToObject(j, "state", w->state) && newt_json_add_int(j, "pid", w->pid) &&
-           newt_json_add_int(j, "generation", w->generation);
+           newt_json_add_int(j, "generation", w->generation) &&
+           (!w->shares_device || cJSON_AddBoolToObject(j, "shares_device", 1));
   *out = ok ? newt_json_print(j) : NULL;
   cJSON_Delete(j);
   NEWT_CHECK_ALLOC(*out);
@@ -93,6 +94,7 @@ newt_result_t rdzv_worker_from_json(const char *text, size_t len, const char *wh
   NEWT_CHECK_GOTO(newt_json_get_int(j, what, "device", 0, &device), r, done);
   NEWT_CHECK_GOTO(newt_json_get_int(j, what, "pid", 0, &out->pid), r, done);
   NEWT_CHECK_GOTO(newt_json_get_int(j, what, "generation", 0, &out->generation), r, done);
+  NEWT_CHECK_GOTO(newt_json_get_bool(j, what, "shares_device", 0, &out->shares_device), r, done);
   if (device < -1 || device > 1024) {
     r = NEWT_ERR(NEWT_ERR_INVALID, "%s.device: %lld is not a device index", what, (long long)device);
     goto done;

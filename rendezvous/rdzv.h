@@ -40,6 +40,8 @@ typedef struct rdzv_worker {
   char host[256];
   char addr[256];     /* "ip:port" of its data-plane listener ("" when none yet) */
   int device;         /* GPU index; -1: CPU */
+  int shares_device;  /* 1: it trains beside other workers on its GPU that say so too (newt
+                         worker --share-device); 0: it wants the GPU to itself */
   char state[64];     /* "joining", "ready", "training", "leaving", ... */
   int64_t pid;
   int64_t generation; /* the last plan generation it has taken up (0: none) */
@@ -49,7 +51,8 @@ typedef struct rdzv_worker {
   int64_t mod_revision;
 } rdzv_worker;
 
-/* JSON form ({"id","host","addr","device","state","pid","generation"}); malloc'd. */
+/* JSON form ({"id","host","addr","device","state","pid","generation"}, and "shares_device":
+ * true when set); malloc'd. */
 newt_result_t rdzv_worker_to_json(const rdzv_worker *w, char **out);
 /* Parses and checks a registration; errors name `what` and the field. */
 newt_result_t rdzv_worker_from_json(const char *text, size_t len, const char *what, rdzv_worker *out);

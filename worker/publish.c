@@ -41,6 +41,7 @@ newt_result_t worker_register(worker *w) {
   snprintf(reg.host, sizeof reg.host, "%s", w->host);
   snprintf(reg.addr, sizeof reg.addr, "%s", w->addr);
   reg.device = w->device;
+  reg.shares_device = w->o->share_device;
   snprintf(reg.state, sizeof reg.state, "joining");
   reg.pid = getpid();
   reg.generation = (int64_t)w->gen;

@@ -550,6 +550,13 @@ static newt_result_t open_device(worker *w, const worker_opts *o) {
   if (dev >= n)
     return NEWT_ERR(NEWT_ERR_INVALID, "--device %d: this worker sees %d GPU%s (0 to %d)", dev, n, n == 1 ? "" : "s",
                     n - 1);
+  /* --share-device: NCCL refuses two ranks of a communicator on one GPU of one host, unless
+     each is a host of its own to it (its host hash comes from NCCL_HOSTID) */
+  if (o->share_device && !getenv("NCCL_HOSTID")) {
+    char hostid[200];
+    snprintf(hostid, sizeof hostid, "newt-%.63s-%.63s-%.63s", o->job, w->host, w->id);
+    setenv("NCCL_HOSTID", hostid, 1);
+  }
   newt_result_t r = model_dev_open(MODEL_DEV_CUDA, dev, &w->dev);
   if (r != NEWT_OK) return newt_err_wrap(r, "spec.backend nccl: ");
   w->device = dev;

@@ -23,6 +23,9 @@ typedef struct worker_opts {
   const char *addr; /* IP peers reach this worker at; the data plane binds it */
   int port;         /* data-plane port; 0: a free one */
   int device;       /* CUDA device; -1: CPU */
+  int share_device; /* 1: other workers that say so too may train on this GPU (the coordinator
+                       then lets them; NCCL needs each its own NCCL_HOSTID: docs/elastic.md,
+                       "GPU workers on one host") */
   int threads;      /* compute threads */
   int64_t spec_wait_ms; /* how long to wait for the job's spec to appear in etcd */
   const char *secret_file; /* the job's secret (16 to 4096 bytes): each generation's data-plane

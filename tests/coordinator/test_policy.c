@@ -362,7 +362,8 @@ static void test_members_and_donors(void) {
 
 /* spec.backend nccl: one rank per GPU of a host. A rank of the plan keeps its GPU over a
  * newcomer, else the earlier registration; other hosts, other GPUs, the CPU backend and
- * workers on no GPU are not affected; a GPU whose holder leaves is free again. */
+ * workers on no GPU are not affected; a GPU whose holder leaves is free again; workers
+ * that all share their GPU (--share-device) train on it together. */
 static void test_gpu_clash(void) {
   const tcase t = {"", "w2", "w0 w1 w2 w3 w4 w5", "", "", 0, 0, NEVER, NEVER, 0, 0, 0, POLICY_NONE, 0, 0, ""};
   picture pic;
@@ -387,6 +388,16 @@ static void test_gpu_clash(void) {
   snprintf(pic.members[0].state, sizeof pic.members[0].state, "leaving");
   n = policy_plan_members(&pic.v, NULL, 0, m);
   T_CHECK(n == 4 && !strcmp(m[0].id, "w1"));
+  /* --share-device: workers that all share their GPU train on it together; one that did
+     not say so still waits for it (and a sharer waits for a holder that does not share) */
+  pic.members[1].shares_device = pic.members[2].shares_device = 1;
+  n = policy_plan_members(&pic.v, NULL, 0, m);
+  T_CHECK_MSG(n == 5 && !strcmp(m[0].id, "w1") && !strcmp(m[1].id, "w2"), "%d members, first %s", n, n ? m[0].id : "-");
+  pic.members[1].shares_device = 0;
+  n = policy_plan_members(&pic.v, NULL, 0, m);
+  T_CHECK(n == 4);
+  T_CHECK(policy_gpu_taken(&pic.v, NULL, 0, &pic.members[1]) == NULL &&
+          policy_gpu_taken(&pic.v, NULL, 0, &pic.members[2]) == &pic.members[1]);
   /* the CPU backend: devices do not matter */
   snprintf(pic.spec.backend, sizeof pic.spec.backend, "cpu");
   T_CHECK(policy_plan_members(&pic.v, NULL, 0, m) == 5);

@@ -202,6 +202,12 @@ static void test_names_and_workers(void) {
   rdzv_worker back;
   T_OK(rdzv_worker_from_json(json, strlen(json), "reg", &back));
   T_CHECK(strcmp(back.id, "w1") == 0 && back.device == 3 && back.generation == 7 && strcmp(back.addr, w.addr) == 0);
+  T_CHECK(back.shares_device == 0 && strstr(json, "shares_device") == NULL); /* written only when set */
+  free(json);
+  w.shares_device = 1;
+  T_OK(rdzv_worker_to_json(&w, &json));
+  T_OK(rdzv_worker_from_json(json, strlen(json), "reg", &back));
+  T_CHECK(back.shares_device == 1);
   free(json);
   T_ERR(NEWT_ERR_INVALID, rdzv_worker_from_json("{\"id\":\"w1\",\"host\":\"h\"}", 22, "reg", &back));
   T_CHECK(strstr(newt_errmsg(), "reg.state") != NULL);
@@ -214,6 +220,7 @@ static void test_names_and_workers(void) {
       {"{\"id\":\"w1\",\"host\":\"h\",\"addr\":\"x;rm:1\",\"state\":\"ready\"}", "reg.addr"},
       {"{\"id\":\"w1\",\"host\":\"h\",\"state\":\"READY\\n\"}", "reg.state"},
       {"{\"id\":\"w1\",\"host\":\"h\",\"state\":\"ready\",\"generation\":\"9223372036854775807\"}", "reg.generation"},
+      {"{\"id\":\"w1\",\"host\":\"h\",\"state\":\"ready\",\"shares_device\":\"yes\"}", "reg.shares_device"},
   };
   for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
     T_CHECK_MSG(rdzv_worker_from_json(bad[i][0], strlen(bad[i][0]), "reg", &back) == NEWT_ERR_INVALID, "accepted %s",

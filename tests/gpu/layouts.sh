@@ -1,0 +1,106 @@
+#!/usr/bin/env bash
+# The GPU check's layouts (tests/gpu/run.sh calls it): the parallel trainer's layouts that fit
+# on this host's GPUs, each a `newt run --backend nccl --share-gpus` of one process per rank
+# (no faults), against the single process on one GPU, `newt train --device cuda` of the same
+# values (docs/model.md, "Devices": both are the one trainer, a layout of one rank there).
+#
+#   tests/gpu/layouts.sh NEWT OUT_DIR
+#
+# Layouts: dp 2 with ZeRO 1, tp 2, pp 2, tp 2 x pp 2, tp 2 x dp 2 with ZeRO 2, and
+# tp 2 x pp 2 x dp 2 with ZeRO 3 (eight processes). --share-gpus lets the ranks share a GPU,
+# each its own host to NCCL (docs/elastic.md, "GPU workers on one host").
+#
+# Checks, from each run's summary and step log: the job is done with every step and
+# steps x global batch samples; its loss at step 1 within a relative FIRST_RTOL (default
+# 5e-3) of the single process's, and at the last step within LOSS_RTOL (default 2e-2). Why
+# these: the GPU's GEMMs round their inputs to bf16 (docs/model.md, "Devices"), and a layout
+# changes the GEMMs' shapes (tensor parallelism) and the order partial sums are added in
+# (the all-reduces), so the runs agree only to rounding: at step 1 (the initial weights, no
+# update yet) to about 1e-3, and they drift apart over the steps while the loss falls from
+# about 5.6 to about 2.5; a wrong layout (a missing shard, a doubled batch, an unreduced
+# gradient) is off by far more. The last line on stdout is one JSON object for the summary;
+# exits non-zero when a check fails.
+#
+# Runs against the test double too (a newt built with NEWT_GPU_DOUBLE, and
+# NEWT_NCCL_DOUBLE_DEVICES=1): there the losses agree to fp32 rounding.
+set -euo pipefail
+NEWT=$1
+OUT_DIR=$2
+STEPS=${LAYOUT_STEPS:-100}
+FIRST_RTOL=${FIRST_RTOL:-5e-3}
+RTOL=${LOSS_RTOL:-2e-2}
+GB=24
+FLAGS=(--model "layers=2,channels=64" --seq-len 32 --steps "$STEPS" --micro-batch 2)
+work=$OUT_DIR/layouts
+rm -rf "$work"
+mkdir -p "$work"
+
+# loss_at STEP FILE: the loss of step STEP in a step log (job/runlog.h: one JSON line a step)
+loss_at() {
+  { grep "\"step\":$1[,}]" "$2" 2>/dev/null || true; } | tail -n 1 | sed -n 's/.*"loss":\([-0-9.eE+]*\).*/\1/p'
+}
+# within A B RTOL: |A - B| <= RTOL * |B|
+within() { awk -v a="$1" -v b="$2" -v t="$3" 'BEGIN { d = a - b; if (d < 0) d = -d; if (b < 0) b = -b; exit !(d <= t * b) }'; }
+
+bad=0
+fail() { echo "layouts: FAILED: $*"; bad=1; }
+
+ref_log=$work/single.jsonl
+"$NEWT" train --device cuda "${FLAGS[@]}" --batch "$GB" --log "$ref_log" >"$work/single.out" 2>&1 ||
+  fail "newt train --device cuda failed: $(tail -n 3 "$work/single.out" | tr '\n' ' ')"
+ref_first=$(loss_at 1 "$ref_log")
+ref_last=$(loss_at "$STEPS" "$ref_log")
+echo "layouts: single process on $(sed -n 's/.*x T [0-9]*, \(.*\), data .*/\1/p' "$work/single.out" | head -n 1):" \
+  "loss ${ref_first:-?} at step 1, ${ref_last:-?} at step $STEPS"
+if [ -z "$ref_first" ] || [ -z "$ref_last" ]; then fail "no reference losses in $ref_log"; fi
+
+layouts_json=""
+run_layout() { # NAME NPROC FLAGS...
+  local name=$1 nproc=$2
+  shift 2
+  local dir=$work/$name ok=true done_=false steps="" samples="" first="" last="" t0 t
+  t0=$(date +%s)
+  "$NEWT" run --backend nccl --share-gpus --nproc "$nproc" "$@" "${FLAGS[@]}" --global-batch "$GB" --quiet \
+    --timeout-ms 150000 --log-dir "$dir" --summary "$dir.json" >"$dir.out" 2>&1 ||
+    { echo "layouts: $name: newt run failed: $(tail -n 3 "$dir.out" | tr '\n' ' ')"; ok=false; }
+  t=$(($(date +%s) - t0))
+  if [ -f "$dir.json" ]; then
+    grep -q '"done":[[:space:]]*true' "$dir.json" && done_=true
+    steps=$(sed -n 's/^[[:space:]]*"steps":[[:space:]]*\([0-9]*\),*$/\1/p' "$dir.json" | head -n 1)
+    samples=$(sed -n 's/^[[:space:]]*"samples_consumed":[[:space:]]*\([0-9]*\),*$/\1/p' "$dir.json" | head -n 1)
+  fi
+  first=$(loss_at 1 "$dir/steps.jsonl")
+  last=$(loss_at "$STEPS" "$dir/steps.jsonl")
+  [ "$done_" = true ] || { echo "layouts: $name: the job is not done"; ok=false; }
+  [ "$steps" = "$STEPS" ] || { echo "layouts: $name: steps ${steps:-?}, expected $STEPS"; ok=false; }
+  [ "$samples" = "$((STEPS * GB))" ] || { echo "layouts: $name: samples ${samples:-?}, expected $((STEPS * GB))"; ok=false; }
+  if [ -n "$first" ] && [ -n "$ref_first" ]; then
+    within "$first" "$ref_first" "$FIRST_RTOL" ||
+      { echo "layouts: $name: loss $first at step 1, the single process's $ref_first: beyond relative $FIRST_RTOL"; ok=false; }
+  else
+    echo "layouts: $name: no loss at step 1"; ok=false
+  fi
+  if [ -n "$last" ] && [ -n "$ref_last" ]; then
+    within "$last" "$ref_last" "$RTOL" ||
+      { echo "layouts: $name: loss $last at step $STEPS, the single process's $ref_last: beyond relative $RTOL"; ok=false; }
+  else
+    echo "layouts: $name: no loss at step $STEPS"; ok=false
+  fi
+  [ "$ok" = true ] || bad=1
+  echo "layouts: $name ($nproc processes, ${t}s): $([ "$ok" = true ] && echo passed || echo FAILED)," \
+    "loss ${first:-?} at step 1, ${last:-?} at step $STEPS"
+  layouts_json="$layouts_json${layouts_json:+,}{\"layout\":\"$name\",\"processes\":$nproc,\"seconds\":$t,\"first_loss\":${first:-null},\"final_loss\":${last:-null},\"ok\":$ok}"
+}
+
+run_layout dp2z1 2 --zero 1
+run_layout tp2 2 --tp 2
+run_layout pp2 2 --pp 2
+run_layout tp2pp2 4 --tp 2 --pp 2
+run_layout tp2dp2z2 4 --tp 2 --zero 2
+run_layout tp2pp2dp2z3 8 --tp 2 --pp 2 --zero 3
+
+[ "$bad" -eq 0 ] && echo "layouts: passed: every layout within relative $FIRST_RTOL at step 1 and $RTOL at step $STEPS"
+printf '{"single":{"first_loss":%s,"final_loss":%s},"first_rtol":%s,"rtol":%s,"layouts":[%s],"ok":%s}\n' \
+  "${ref_first:-null}" "${ref_last:-null}" "$FIRST_RTOL" "$RTOL" "$layouts_json" \
+  "$([ "$bad" -eq 0 ] && echo true || echo false)"
+exit "$bad"
