@@ -18,6 +18,7 @@
 #include "bench/bench.h"
 #include "common/opts.h"
 #include "common/strutil.h"
+#include "job/plan.h"
 #include "launch/launcher.h"
 #include "model/dev.h"
 
@@ -173,6 +174,15 @@ int newt_bench_recovery(int argc, char **argv) {
     char job[64], chaos[64];
     snprintf(job, sizeof job, "bench-recovery-%d-%lld", (int)getpid(), (long long)run);
     if (job_spec(&lo.spec, job, backend, preset, model, steps, gb, mb, tp, pp, zero)) return 2;
+    /* every worker a rank: a fault on a spare would recover nothing */
+    int dp = plan_choose_dp(&lo.spec, nproc / (tp * pp));
+    if (dp * tp * pp != nproc) {
+      fprintf(stderr, "newt bench recovery: --nproc %lld: a layout of tp %lld x pp %lld takes %lld of them (global batch "
+                      "%lld in micro-batches of %lld), the rest would be spares; use --nproc %lld\n",
+              (long long)nproc, (long long)tp, (long long)pp, (long long)(dp * tp * pp), (long long)gb, (long long)mb,
+              (long long)(dp ? dp * tp * pp : tp * pp));
+      return 2;
+    }
     /* the victim: not rank 0's usual worker, so progress keeps flowing */
     snprintf(chaos, sizeof chaos, "%s:worker:%lld@step=%lld", fault, (long long)(1 + run % (nproc - 1)),
              (long long)kill_at);

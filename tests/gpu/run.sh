@@ -187,7 +187,7 @@ elastic_json=$(last_json "$elastic_out")
 recovery_out=$OUT_DIR/bench-recovery.jsonl
 # shellcheck disable=SC2016 # expanded by the inner bash
 step "newt bench recovery --backend nccl --share-gpus" 90 bash -c \
-  'set -o pipefail; "$1/newt" bench recovery --backend nccl --share-gpus --nproc 3 --runs 1 --steps 200 --kill-at 10 \
+  'set -o pipefail; "$1/newt" bench recovery --backend nccl --share-gpus --nproc 4 --runs 1 --steps 200 --kill-at 10 \
      --model layers=2,channels=64 | tee "$2"' _ "$BUILD" "$recovery_out"
 recovery_json=$(last_json "$recovery_out")
 
