@@ -1,10 +1,18 @@
 /* The node agent (see agent.h): one loop that polls every 50 ms; it reaps with
- * waitpid(-1) (children and adopted orphans alike), forwards a stop signal once, and starts
- * the children whose restart time has come. Each child writes its termination message to
- * a file in a private directory, which the agent reads when the child ends. */
+ * waitpid(-1) (children and adopted orphans alike), forwards a stop signal once, starts
+ * the children whose restart time has come, and kills the ones the health thread found
+ * unhealthy too often. Each child writes its termination message to a file in a private
+ * directory, which the agent reads when the child ends.
+ *
+ * The health thread probes each running child's /healthz in turn (a probe can take its
+ * 3 s timeout, which the main loop must not wait for); it records, per child and under a
+ * lock, the pid it probed and how many probes in a row failed. Only the main loop, which
+ * reaps, signals a child: the pid it kills is one it has not reaped. */
 #include "cli/agent.h"
 
+#include <curl/curl.h>
 #include <errno.h>
+#include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -23,6 +31,7 @@
 
 #define AGENT_BACKOFF_FIRST_MS 500
 #define AGENT_BACKOFF_MAX_MS 30000
+#define AGENT_HEALTH_TIMEOUT_MS 3000
 
 typedef struct child {
   char id[96];
@@ -35,6 +44,12 @@ typedef struct child {
   int nrestarts;          /* restarts in all */
   int code;               /* JOB_EXIT_* of its last end (-1: running or never ended) */
   char msg[512];          /* its last termination message */
+  /* health, under agent.health_mu: the pid the health thread probes (set by the main loop
+     at a start, 0 when it ended), failed probes of it in a row and the last one's reason */
+  pid_t probe_pid;
+  int fails;
+  char why[256];
+  char killed[320];       /* why the agent killed it (main loop only; "" when it did not) */
 } child;
 
 typedef struct agent {
@@ -45,6 +60,10 @@ typedef struct agent {
   int stop_sig;           /* the signal forwarded (0: none yet) */
   int giving_up;          /* the others were asked to leave: a bad flag or a spent budget */
   int done, failed, usage, spent; /* how children ended: 0, 4, 2, budget spent (index + 1) */
+  char probe_host[64];    /* where the children's /healthz answer */
+  pthread_mutex_t health_mu;
+  pthread_cond_t health_cv;
+  int health_stop;
 } agent;
 
 static uint64_t now_ms(void) { return newt_now_ns() / 1000000; }
@@ -58,6 +77,116 @@ static int is_own_flag(const char *arg) {
     if (strlen(own[i]) == n && strncmp(own[i], name, n) == 0) return eq ? 1 : 2; /* args it takes */
   return 0;
 }
+
+/* ---- health ---------------------------------------------------------------------------- */
+
+typedef struct probe_body {
+  char buf[200];
+  size_t n;
+} probe_body;
+
+static size_t probe_write(char *p, size_t size, size_t nmemb, void *ud) {
+  probe_body *b = ud;
+  size_t k = size * nmemb, room = sizeof b->buf - 1 - b->n, c = k < room ? k : room;
+  memcpy(b->buf + b->n, p, c);
+  b->n += c;
+  b->buf[b->n] = '\0';
+  return k;
+}
+
+/* One GET of a child's /healthz: 1 healthy, 0 unhealthy or silent (why says which), -1
+ * nothing listens there (starting, or gone). */
+static int probe(const char *host, const char *port, char *why, size_t cap) {
+  CURL *h = curl_easy_init();
+  if (!h) return -1;
+  char url[128];
+  snprintf(url, sizeof url, "http://%s:%s/healthz", host, port);
+  probe_body b = {.n = 0};
+  curl_easy_setopt(h, CURLOPT_URL, url);
+  curl_easy_setopt(h, CURLOPT_NOPROXY, "*"); /* a proxy from the environment is not the way to a local port */
+  curl_easy_setopt(h, CURLOPT_NOSIGNAL, 1L);
+  curl_easy_setopt(h, CURLOPT_TIMEOUT_MS, (long)AGENT_HEALTH_TIMEOUT_MS);
+  curl_easy_setopt(h, CURLOPT_WRITEFUNCTION, probe_write);
+  curl_easy_setopt(h, CURLOPT_WRITEDATA, &b);
+  CURLcode e = curl_easy_perform(h);
+  long code = 0;
+  curl_easy_getinfo(h, CURLINFO_RESPONSE_CODE, &code);
+  curl_easy_cleanup(h);
+  if (e == CURLE_COULDNT_CONNECT) return -1;
+  if (e == CURLE_OK && code == 200) return 1;
+  while (b.n > 0 && (b.buf[b.n - 1] == '\n' || b.buf[b.n - 1] == '\r')) b.buf[--b.n] = '\0';
+  if (e == CURLE_OPERATION_TIMEDOUT) snprintf(why, cap, "no answer from %s within %d ms", url, AGENT_HEALTH_TIMEOUT_MS);
+  else if (e != CURLE_OK) snprintf(why, cap, "%s: %s", url, curl_easy_strerror(e));
+  else snprintf(why, cap, "%s: HTTP %ld: %.96s", url, code, b.buf);
+  return 0;
+}
+
+static void *health_main(void *arg) {
+  agent *a = arg;
+  pthread_mutex_lock(&a->health_mu);
+  while (!a->health_stop) {
+    for (int i = 0; i < a->o->n && !a->health_stop; i++) {
+      child *c = &a->kids[i];
+      pid_t pid = c->probe_pid;
+      if (!pid) continue;
+      pthread_mutex_unlock(&a->health_mu);
+      char why[256] = "";
+      int ok = probe(a->probe_host, c->metrics_port, why, sizeof why);
+      pthread_mutex_lock(&a->health_mu);
+      if (c->probe_pid != pid) continue; /* it ended meanwhile */
+      if (ok != 0) {
+        c->fails = 0;
+        continue;
+      }
+      c->fails++;
+      snprintf(c->why, sizeof c->why, "%s", why);
+      NEWT_WARN(CLI, "local worker %s (pid %d) failed health probe %d of %d: %s", c->id, (int)pid, c->fails,
+                AGENT_HEALTH_FAILS, why);
+    }
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    uint64_t ns = (uint64_t)ts.tv_nsec + (uint64_t)a->o->health_every_ms * 1000000ull;
+    ts.tv_sec += (time_t)(ns / 1000000000ull);
+    ts.tv_nsec = (long)(ns % 1000000000ull);
+    if (!a->health_stop) pthread_cond_timedwait(&a->health_cv, &a->health_mu, &ts);
+  }
+  pthread_mutex_unlock(&a->health_mu);
+  return NULL;
+}
+
+/* Kills the children that failed AGENT_HEALTH_FAILS probes in a row (not once the agent is
+ * stopping: they are leaving anyway). */
+static void kill_unhealthy(agent *a) {
+  if (a->stop_sig || a->giving_up) return;
+  pthread_mutex_lock(&a->health_mu);
+  for (int i = 0; i < a->o->n; i++) {
+    child *c = &a->kids[i];
+    if (c->pid <= 0 || c->probe_pid != c->pid || c->fails < AGENT_HEALTH_FAILS) continue;
+    NEWT_ERROR(CLI, "local worker %s (pid %d) failed %d health probes in a row (%s): killing it, it restarts", c->id,
+               (int)c->pid, c->fails, c->why);
+    snprintf(c->killed, sizeof c->killed, "unhealthy: %s", c->why);
+    kill(c->pid, SIGKILL);
+    c->probe_pid = 0; /* no more probes of it: it is gone once reaped */
+  }
+  pthread_mutex_unlock(&a->health_mu);
+}
+
+/* Where the children's metrics answer: 127.0.0.1 when they bind it, else their first address. */
+static void probe_host_of(const char *addrs, char *out, size_t cap) {
+  snprintf(out, cap, "127.0.0.1");
+  if (!addrs || !*addrs || strstr(addrs, "127.0.0.1")) return;
+  size_t n = strcspn(addrs, ",");
+  if (n < cap && !(n == 7 && strncmp(addrs, "0.0.0.0", 7) == 0)) snprintf(out, cap, "%.*s", (int)n, addrs);
+}
+
+static void set_probe_pid(agent *a, child *c, pid_t pid) {
+  pthread_mutex_lock(&a->health_mu);
+  c->probe_pid = pid;
+  c->fails = 0;
+  pthread_mutex_unlock(&a->health_mu);
+}
+
+/* ---- children ------------------------------------------------------------------------------ */
 
 static newt_result_t start(agent *a, int i) {
   const cli_agent_opts *o = a->o;
@@ -87,6 +216,8 @@ static newt_result_t start(agent *a, int i) {
   }
   c->started_ms = now_ms();
   c->code = -1;
+  c->killed[0] = '\0';
+  set_probe_pid(a, c, c->pid);
   NEWT_INFO(CLI, "local worker %s started (pid %d, device %s, metrics port %s)", c->id, (int)c->pid, c->device,
             c->metrics_port);
   return NEWT_OK;
@@ -116,6 +247,7 @@ static void ended(agent *a, int i, int st) {
   newt_proc_status_str(st, how, sizeof how);
   pid_t pid = c->pid;
   c->pid = 0;
+  set_probe_pid(a, c, 0);
   c->msg[0] = '\0';
   if (newt_fs_read_all(c->end_path, sizeof c->msg - 1, &text, &len) == NEWT_OK) {
     while (len > 0 && (text[len - 1] == '\n' || text[len - 1] == '\r')) len--;
@@ -124,6 +256,7 @@ static void ended(agent *a, int i, int st) {
   free(text);
   int code = WIFEXITED(st) ? WEXITSTATUS(st) : JOB_EXIT_ERROR;
   c->code = code;
+  if (!c->msg[0] && c->killed[0]) snprintf(c->msg, sizeof c->msg, "error: killed by the node agent: %s", c->killed);
   if (!c->msg[0]) snprintf(c->msg, sizeof c->msg, "error: %s", how);
   NEWT_INFO(CLI, "local worker %s (pid %d) ended (%s) after %.1f s: %s", c->id, (int)pid, how,
             (double)(now_ms() - c->started_ms) / 1000.0, c->msg);
@@ -220,6 +353,11 @@ static void decide(agent *a, job_end *e) {
 int cli_agent_run(const cli_agent_opts *o) {
   agent a = {.o = o};
   job_end end = {.status = JOB_EXIT_ERROR};
+  pthread_mutex_init(&a.health_mu, NULL);
+  pthread_cond_init(&a.health_cv, NULL);
+  probe_host_of(o->metrics_addr, a.probe_host, sizeof a.probe_host);
+  pthread_t health;
+  int have_health = 0;
   newt_result_t r = newt_proc_self_exe(a.exe, sizeof a.exe);
   const char *tmp = getenv("TMPDIR") && *getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp";
   snprintf(a.dir, sizeof a.dir, "%s/newt-agent-XXXXXX", tmp);
@@ -251,6 +389,13 @@ int cli_agent_run(const cli_agent_opts *o) {
     r = start(&a, i);
     if (r != NEWT_OK) ask_all_to_leave(&a, SIGTERM);
   }
+  if (r == NEWT_OK && o->health_every_ms > 0 && o->metrics_port > 0) {
+    if (curl_global_init(CURL_GLOBAL_DEFAULT) == CURLE_OK && pthread_create(&health, NULL, health_main, &a) == 0)
+      have_health = 1;
+    else
+      NEWT_WARN(CLI, "cannot start the health probes of the local workers: a hung one keeps its GPU until it is "
+                "stopped");
+  }
   if (r != NEWT_OK) { /* the ones started leave; then the error is the agent's */
     while (running(&a)) reap(&a), newt_sleep_ms(50);
   } else {
@@ -262,11 +407,19 @@ int cli_agent_run(const cli_agent_opts *o) {
         ask_all_to_leave(&a, sig);
       }
       reap(&a);
+      kill_unhealthy(&a);
       if (!a.stop_sig) start_due(&a);
       newt_sleep_ms(50);
     }
     reap(&a); /* orphans that ended last */
     decide(&a, &end);
+  }
+  if (have_health) {
+    pthread_mutex_lock(&a.health_mu);
+    a.health_stop = 1;
+    pthread_cond_broadcast(&a.health_cv);
+    pthread_mutex_unlock(&a.health_mu);
+    pthread_join(health, NULL);
   }
   if (have_dir) newt_fs_rm_rf(a.dir);
   for (int i = 0; a.kids && i < o->n; i++) free(a.kids[i].restarts);

@@ -10,6 +10,13 @@
  *     under the same id, after 0.5 s doubling to 30 s, at most max_restarts times within
  *     restart_window_ms; a child that ends with the job (0), with the job's failure (4) or
  *     on a bad flag or spec (2) is not restarted;
+ *   - with metrics ports, probes each child's /healthz every health_every_ms (on
+ *     127.0.0.1 when --metrics-addr has it, else its first address) and kills (SIGKILL)
+ *     a child that was unhealthy (503: a step stuck beyond the hang timeout) or silent (no
+ *     answer within 3 s: stopped, wedged) AGENT_HEALTH_FAILS times in a row, which then
+ *     restarts as a crash: a hung worker would otherwise keep its GPU for as long as the pod
+ *     lives (the pod's liveness probe watches the first child only, and would restart them
+ *     all); a child not listening yet (starting) is left alone;
  *   - exits once every child has ended, with the statuses of cli/ending.h: 4 when a child
  *     said the job failed, 2 on a bad flag or spec (the others are asked to leave), 1 when a
  *     child spent its restart budget (the others are asked to leave: the pod is replaced),
@@ -21,12 +28,17 @@
 
 #include <stdint.h>
 
+/* Probes in a row that find a child unhealthy or silent before it is killed. */
+#define AGENT_HEALTH_FAILS 3
+
 typedef struct cli_agent_opts {
   int n;                     /* local workers, >= 1 */
   const char *id;            /* child i is <id>-<i> */
   int device;                /* child i gets device + i */
   int port, metrics_port;    /* child i gets port + i, metrics_port + i (0: stays 0) */
   int max_restarts;          /* restarts of one child within the window (0: none) */
+  int64_t health_every_ms;   /* /healthz probes of each child (0: none; needs metrics_port) */
+  const char *metrics_addr;  /* the children's --metrics-addr (NULL: 127.0.0.1) */
   int64_t restart_window_ms;
   const char *term_log;      /* the agent's termination log (cli_termination_log) */
   int argc;                  /* the worker flags to pass on: those of the fields above */
@@ -35,8 +47,8 @@ typedef struct cli_agent_opts {
 
 /* The flags the agent consumes or sets per child: not passed on as given. */
 #define CLI_AGENT_OWN_FLAGS                                                                        \
-  "local-workers", "max-restarts", "restart-window", "id", "device", "port", "metrics-port",        \
-      "termination-log"
+  "local-workers", "max-restarts", "restart-window", "health-every-ms", "id", "device", "port",    \
+      "metrics-port", "termination-log"
 
 /* Runs the agent until every child has ended; returns the exit status (see above). */
 int cli_agent_run(const cli_agent_opts *o);

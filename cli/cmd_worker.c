@@ -29,7 +29,7 @@ int newt_cmd_worker(int argc, char **argv) {
   const char *metrics_addr = getenv("NEWT_METRICS_ADDR") ? getenv("NEWT_METRICS_ADDR") : "127.0.0.1";
   int64_t metrics_port = 0;
   int64_t port = 0, device = -1, threads = 1;
-  int64_t local_workers = 0, max_restarts = 5, restart_window = 600;
+  int64_t local_workers = 0, max_restarts = 5, restart_window = 600, health_every = 5000;
   int share_device = 0;
   if (getenv("NEWT_DEVICE")) device = atoi(getenv("NEWT_DEVICE"));
   newt_opt opts[] = {CLI_ETCD_OPTS(&ef),
@@ -56,6 +56,9 @@ int newt_cmd_worker(int argc, char **argv) {
                      {"max-restarts", NEWT_OPT_INT, &max_restarts,
                       "with --local-workers: restarts of one worker within --restart-window before the agent gives up"},
                      {"restart-window", NEWT_OPT_INT, &restart_window, "with --local-workers: the window of --max-restarts, seconds"},
+                     {"health-every-ms", NEWT_OPT_INT, &health_every,
+                      "with --local-workers and --metrics-port: probe each worker's /healthz this often; one failing "
+                      "3 probes in a row is killed and restarts (0: no probes)"},
                      NEWT_OPT_END};
   int rc = newt_opts_exit(newt_opts_parse("worker", "--job NAME [flags]", opts, argc, argv, NULL, 0, NULL));
   if (rc >= 0) return rc;
@@ -74,8 +77,10 @@ int newt_cmd_worker(int argc, char **argv) {
     free(password);
     return 2;
   }
-  if (local_workers < 0 || local_workers > 64 || max_restarts < 0 || max_restarts > 1000 || restart_window < 1) {
-    fprintf(stderr, "newt worker: --local-workers must be 0..64, --max-restarts 0..1000 and --restart-window >= 1\n");
+  if (local_workers < 0 || local_workers > 64 || max_restarts < 0 || max_restarts > 1000 || restart_window < 1 ||
+      health_every < 0 || health_every > 3600000) {
+    fprintf(stderr, "newt worker: --local-workers must be 0..64, --max-restarts 0..1000, --restart-window >= 1 and "
+                    "--health-every-ms 0..3600000\n");
     free(password);
     return 2;
   }
@@ -104,7 +109,8 @@ int newt_cmd_worker(int argc, char **argv) {
     }
     cli_agent_opts ao = {.n = (int)local_workers, .id = own_id, .device = device >= 0 ? (int)device : 0,
                          .port = (int)port, .metrics_port = (int)metrics_port, .max_restarts = (int)max_restarts,
-                         .restart_window_ms = restart_window * 1000, .term_log = cli_termination_log(term_log),
+                         .restart_window_ms = restart_window * 1000, .health_every_ms = health_every,
+                         .metrics_addr = metrics_addr, .term_log = cli_termination_log(term_log),
                          .argc = argc, .argv = argv};
     return cli_agent_run(&ao);
   }

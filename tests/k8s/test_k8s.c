@@ -445,7 +445,7 @@ static void start_agent_job(const char *job, int steps, const char *max_restarts
   snprintf(log, 600, "%s/node0.log", dir);
   write_spec(spec, job, steps, 8, 0, 10);
   spawn(c, "coordinator", "c0", job, spec);
-  const char *const extra[] = {"--local-workers", "2", "--max-restarts", max_restarts, NULL};
+  const char *const extra[] = {"--local-workers", "2", "--max-restarts", max_restarts, "--health-every-ms", "1000", NULL};
   spawn_x(ag, "worker", "node0", job, NULL, extra, wrap);
 }
 
@@ -495,6 +495,31 @@ static void test_agent(void) {
               "the agent's log does not say it restarted node0-1 once (%s)", log);
   T_CHECK_MSG(strstr(text, "local worker node0-1 (pid ") && strstr(text, "killed by SIGKILL"),
               "the agent's log does not say how node0-1 ended");
+  free(text);
+
+  /* SIGSTOP one local worker: its /healthz goes silent, the agent kills it after
+     AGENT_HEALTH_FAILS probes in a row and starts it again (it would keep its GPU) */
+  pid_t hung = again;
+  gen = p.generation;
+  step = p.step;
+  T_CHECK(kill(hung, SIGSTOP) == 0);
+  d = newt_deadline_in_ms(90000);
+  while (!newt_deadline_passed(d) && ((again = worker_pid(job, "node0-1")) <= 0 || again == hung)) newt_sleep_ms(100);
+  T_CHECK_MSG(again > 0 && again != hung, "node0-1 (pid %d) stopped: not killed and registered again (pid %d; logs in %s)",
+              (int)hung, (int)again, dir);
+  T_CHECK_MSG(gone(hung), "the stopped node0-1 (pid %d) is still there", (int)hung);
+  back = 0;
+  d = newt_deadline_in_ms(60000);
+  while (!newt_deadline_passed(d) && !back) {
+    back = read_progress(job, &p) && p.world == 2 && p.generation > gen && p.step > step;
+    if (!back) newt_sleep_ms(100);
+  }
+  T_CHECK_MSG(back, "after the hang the job did not get back to 2 ranks (world %lld)", (long long)p.world);
+  T_CHECK_MSG(worker_pid(job, "node0-0") == w0, "node0-0 was restarted too");
+  text = slurp(log);
+  T_CHECK_MSG(text && strstr(text, "failed " "3" " health probes in a row (no answer from http://127.0.0.1:") &&
+                  count(text, "restarting local worker node0-1") == 2,
+              "the agent's log does not say it killed the silent node0-1 and restarted it (%s)", log);
   free(text);
 
   /* SIGTERM: every local worker leaves, the agent exits 3, none stays behind */
