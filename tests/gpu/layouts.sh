@@ -10,6 +10,12 @@
 # tp 2 x pp 2 x dp 2 with ZeRO 3 (eight processes). --share-gpus lets the ranks share a GPU,
 # each its own host to NCCL (docs/elastic.md, "GPU workers on one host").
 #
+# Checkpoints crossing devices and layouts: the ZeRO 3 layout saves every STEPS/2 steps;
+# with its last checkpoint removed, `newt train` on the CPU resumes from its middle one;
+# and a `newt train` on the CPU saves the same way, which a GPU layout (tp 2 x dp 2, ZeRO 2)
+# resumes. Each resumed run must say it resumed at STEPS/2 and end within LOSS_RTOL of the
+# uninterrupted CPU run's last loss.
+#
 # Checks, from each run's summary and step log: the job is done with every step and
 # steps x global batch samples; its loss at step 1 within a relative FIRST_RTOL (default
 # 5e-3) of the single process's, and at the last step within LOSS_RTOL (default 2e-2). Why
@@ -45,9 +51,14 @@ within() { awk -v a="$1" -v b="$2" -v t="$3" 'BEGIN { d = a - b; if (d < 0) d = 
 bad=0
 fail() { echo "layouts: FAILED: $*"; bad=1; }
 
+HALF=$((STEPS / 2))
 ref_log=$work/single.jsonl
 "$NEWT" train --device cuda "${FLAGS[@]}" --batch "$GB" --log "$ref_log" >"$work/single.out" 2>&1 ||
   fail "newt train --device cuda failed: $(tail -n 3 "$work/single.out" | tr '\n' ' ')"
+cpu_log=$work/cpu.jsonl
+"$NEWT" train --device cpu --threads 0 "${FLAGS[@]}" --batch "$GB" --log "$cpu_log" --ckpt-dir "$work/ck-cpu" \
+  --ckpt-every "$HALF" >"$work/cpu.out" 2>&1 || fail "newt train --device cpu failed: $(tail -n 3 "$work/cpu.out" | tr '\n' ' ')"
+cpu_last=$(loss_at "$STEPS" "$cpu_log")
 ref_first=$(loss_at 1 "$ref_log")
 ref_last=$(loss_at "$STEPS" "$ref_log")
 echo "layouts: single process on $(sed -n 's/.*x T [0-9]*, \(.*\), data .*/\1/p' "$work/single.out" | head -n 1):" \
@@ -97,10 +108,45 @@ run_layout tp2 2 --tp 2
 run_layout pp2 2 --pp 2
 run_layout tp2pp2 4 --tp 2 --pp 2
 run_layout tp2dp2z2 4 --tp 2 --zero 2
-run_layout tp2pp2dp2z3 8 --tp 2 --pp 2 --zero 3
+run_layout tp2pp2dp2z3 8 --tp 2 --pp 2 --zero 3 --ckpt-dir "$work/ck-z3" --ckpt-every "$HALF"
 
-[ "$bad" -eq 0 ] && echo "layouts: passed: every layout within relative $FIRST_RTOL at step 1 and $RTOL at step $STEPS"
-printf '{"single":{"first_loss":%s,"final_loss":%s},"first_rtol":%s,"rtol":%s,"layouts":[%s],"ok":%s}\n' \
-  "${ref_first:-null}" "${ref_last:-null}" "$FIRST_RTOL" "$RTOL" "$layouts_json" \
+# --- checkpoints across devices and layouts ---------------------------------------------------
+crossings_json=""
+# crossed NAME RESUMED LAST: the resumed run said RESUMED and ended at loss LAST
+crossed() {
+  local ok=true
+  [ "$2" = "$HALF" ] || { echo "layouts: $1: resumed at step ${2:-none}, expected $HALF"; ok=false; }
+  if [ -n "$3" ] && [ -n "$cpu_last" ]; then
+    within "$3" "$cpu_last" "$RTOL" ||
+      { echo "layouts: $1: loss $3 at step $STEPS, the uninterrupted CPU run's $cpu_last: beyond relative $RTOL"; ok=false; }
+  else
+    echo "layouts: $1: no loss at step $STEPS (CPU: '${cpu_last}')"; ok=false
+  fi
+  [ "$ok" = true ] || bad=1
+  echo "layouts: $1: $([ "$ok" = true ] && echo passed || echo FAILED), resumed at ${2:-none}, loss ${3:-?} at step $STEPS" \
+    "(CPU uninterrupted ${cpu_last:-?})"
+  crossings_json="$crossings_json${crossings_json:+,}{\"crossing\":\"$1\",\"resumed_at\":${2:-null},\"final_loss\":${3:-null},\"ok\":$ok}"
+}
+last_step_dir() { printf '%s/step-%010d' "$1" "$STEPS"; }
+# a GPU layout's checkpoint, resumed by one process on the CPU
+rm -rf "$(last_step_dir "$work/ck-z3")"
+"$NEWT" train --device cpu --threads 0 "${FLAGS[@]}" --batch "$GB" --log "$work/z3-to-cpu.jsonl" --ckpt-dir "$work/ck-z3" \
+  >"$work/z3-to-cpu.out" 2>&1 || echo "layouts: newt train resuming the GPU checkpoint failed: $(tail -n 3 "$work/z3-to-cpu.out" | tr '\n' ' ')"
+crossed gpu-tp2pp2dp2z3-to-cpu "$(sed -n 's/^newt train: resumed at step \([0-9]*\) .*/\1/p' "$work/z3-to-cpu.out")" \
+  "$(loss_at "$STEPS" "$work/z3-to-cpu.jsonl")"
+# the CPU's checkpoint, resumed by a GPU layout
+rm -rf "$(last_step_dir "$work/ck-cpu")"
+dir=$work/cpu-to-gpu
+"$NEWT" run --backend nccl --share-gpus --nproc 4 --tp 2 --zero 2 "${FLAGS[@]}" --global-batch "$GB" --quiet \
+  --timeout-ms 150000 --log-dir "$dir" --summary "$dir.json" --ckpt-dir "$work/ck-cpu" >"$dir.out" 2>&1 ||
+  echo "layouts: newt run resuming the CPU checkpoint failed: $(tail -n 3 "$dir.out" | tr '\n' ' ')"
+from=$({ grep -o '"type":"started"[^}]*' "$dir/events.jsonl" 2>/dev/null || true; } | head -n 1 |
+  sed -n 's/.*"restore":"ckpt".*"restore_step":\([0-9]*\).*/\1/p')
+crossed cpu-to-gpu-tp2dp2z2 "$from" "$(loss_at "$STEPS" "$dir/steps.jsonl")"
+
+[ "$bad" -eq 0 ] && echo "layouts: passed: every layout within relative $FIRST_RTOL at step 1 and $RTOL at step $STEPS," \
+  "every crossing within $RTOL"
+printf '{"single":{"first_loss":%s,"final_loss":%s},"cpu_final_loss":%s,"first_rtol":%s,"rtol":%s,"layouts":[%s],"crossings":[%s],"ok":%s}\n' \
+  "${ref_first:-null}" "${ref_last:-null}" "${cpu_last:-null}" "$FIRST_RTOL" "$RTOL" "$layouts_json" "$crossings_json" \
   "$([ "$bad" -eq 0 ] && echo true || echo false)"
 exit "$bad"

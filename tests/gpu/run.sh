@@ -17,8 +17,8 @@
 # 4. runs `newt bench allreduce --backend nccl` (nccl-tests figures), then
 #    `newt bench train --backend cuda --preset gpt2-124m` (tokens/s and MFU on GPU 0: the
 #    summary's "train"), the trainer's layouts (dp, tp, pp, ZeRO 1-3, up to 8 processes
-#    sharing the GPUs) against `newt train --device cuda` (tests/gpu/layouts.sh: the
-#    summary's "layouts"), an elastic `newt run --backend nccl --share-gpus` of three workers
+#    sharing the GPUs) against `newt train --device cuda`, and checkpoints crossing devices
+#    and layouts both ways (tests/gpu/layouts.sh: the summary's "layouts"), an elastic `newt run --backend nccl --share-gpus` of three workers
 #    with a kill and a join, checked against `newt train` on the CPU (tests/gpu/elastic.sh:
 #    the summary's "elastic"), and `newt bench recovery --backend nccl --share-gpus` (one
 #    run: the summary's "recovery"); --share-gpus lets the workers share a GPU, each its own
@@ -174,7 +174,7 @@ train_json=$(last_json "$train_out")
 
 layouts_out=$OUT_DIR/layouts.log
 # shellcheck disable=SC2016 # expanded by the inner bash
-step "the trainer's layouts on this host's GPUs vs newt train --device cuda" 150 bash -c \
+step "the trainer's layouts on this host's GPUs vs newt train --device cuda; checkpoints across devices" 200 bash -c \
   'set -o pipefail; tests/gpu/layouts.sh "$1/newt" "$2" | tee "$3"' _ "$BUILD" "$OUT_DIR" "$layouts_out"
 layouts_json=$(last_json "$layouts_out")
 
