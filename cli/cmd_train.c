@@ -42,7 +42,7 @@
 /* --device: -1 the CPU, -2 a GPU of this process's choice, N GPU N; -1 returned when bad. */
 static int parse_device(const char *s, int *gpu) {
   if (strcmp(s, "cpu") == 0 || strcmp(s, "cuda") == 0) {
-    *gpu = s[0] == 'c' && s[1] == 'p' ? -1 : -2;
+    *gpu = strcmp(s, "cpu") == 0 ? -1 : -2;
     return 0;
   }
   if (strncmp(s, "cuda:", 5) != 0 || s[5] < '0' || s[5] > '9') return -1;
@@ -198,7 +198,8 @@ int newt_cmd_train(int argc, char **argv) {
   if (res == NEWT_OK) {
     inputs = malloc((size_t)cfg.batch * cfg.seq_len * sizeof *inputs);
     targets = malloc((size_t)cfg.batch * cfg.seq_len * sizeof *targets);
-    if (!inputs || !targets) res = NEWT_ERR(NEWT_ERR_NOMEM, "out of memory for a batch of %d x %d", cfg.batch, cfg.seq_len);
+    if (!inputs || !targets)
+      res = NEWT_ERR(NEWT_ERR_NOMEM, "out of memory for a batch of %d x %d", cfg.batch, cfg.seq_len);
   }
   /* resume, and the saver for what comes next */
   if (res == NEWT_OK && ckpt_dir) {

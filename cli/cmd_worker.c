@@ -64,7 +64,8 @@ int newt_cmd_worker(int argc, char **argv) {
   if (rc >= 0) return rc;
   job_end end = {.status = JOB_EXIT_DONE};
   worker_opts wo = {.job = ef.job, .id = id, .host = host, .addr = addr, .port = (int)port,
-                    .device = (int)device, .share_device = share_device, .threads = (int)threads, .step_log = step_log, .secret_file = secret_file,
+                    .device = (int)device, .share_device = share_device, .threads = (int)threads,
+                    .step_log = step_log, .secret_file = secret_file,
                     .metrics_addr = metrics_addr, .metrics_port = (int)metrics_port, .end = &end};
   char *password = NULL;
   newt_result_t r = cli_etcd_opts(&ef, &wo.etcd, &password);

@@ -1,8 +1,9 @@
 /* The saver and the commit protocol: synchronous and asynchronous saves (the snapshot is
  * what gets saved), staging reservations, one save in flight (skip or wait), a committer
  * that times out or is aborted when a rank never writes and reports it, a rank's failure
- * marker (and ckpt_save_fail, which leaves one), stale indexes of an earlier attempt, pruning to `keep`, the checks the commit
- * makes on what the ranks wrote, and request errors on load. */
+ * marker (and ckpt_save_fail, which leaves one), stale indexes of an earlier attempt,
+ * pruning to `keep`, the checks the commit makes on what the ranks wrote, and request
+ * errors on load. */
 #include <pthread.h>
 #include <unistd.h>
 
