@@ -48,6 +48,8 @@ typedef struct builder {
   int nin;
   int mapped;    /* local peers whose segment we mapped */
   int mapped_by; /* local peers that mapped ours */
+  int dead;      /* the rank this build found dead (its link closed with no word, it refuses
+                    connections, or a peer said so), -1: none */
   char err[512];
 } builder;
 
@@ -180,9 +182,11 @@ static newt_result_t build_ctrl(builder *b, cpu_link *l) {
   for (;;) {
     int r = ctrl_read(l, &m, &why);
     if (r == 0) return NEWT_OK;
-    if (r < 0)
+    if (r < 0) { /* with no CTRL_FAIL first: it died (a rank that gives up says so) */
+      b->dead = l->peer;
       return NEWT_ERR(NEWT_ERR_PEER, "rank %d (%s) closed its control connection during the build (%s)",
                       l->peer, c->addrs[l->peer], why);
+    }
     switch (m.type) {
       case CTRL_SHM_OFFER: NEWT_CHECK(shm_map_peer(b, l, &m)); break;
       case CTRL_SHM_MAPPED:
@@ -201,9 +205,12 @@ static newt_result_t build_ctrl(builder *b, cpu_link *l) {
         break;
       }
       case CTRL_BYE: return NEWT_ERR(NEWT_ERR_PEER, "rank %d (%s) left during the build", l->peer, c->addrs[l->peer]);
-      case CTRL_FAIL:
+      case CTRL_FAIL: { /* it gave up; its culprit, when it names one, is the rank it found dead */
+        int culprit = m.len >= 4 ? (int)le_get32(m.payload) : -1;
+        if (culprit >= 0 && culprit < c->size && culprit != c->rank) b->dead = culprit;
         return NEWT_ERR(NEWT_ERR_PEER, "rank %d (%s) failed during the build: %.*s", l->peer,
                         c->addrs[l->peer], (int)(m.len > 4 ? m.len - 4 : 0), (const char *)m.payload + 4);
+      }
       default: break;
     }
   }
@@ -250,6 +257,7 @@ static newt_result_t check_refusals(builder *b, uint64_t now) {
   if (!c->peers_listen) return NEWT_OK;
   for (int p = 0; p < c->rank; p++)
     if (b->refused[p] >= REFUSALS_DEAD && now - b->refused_since[p] >= REFUSED_DEAD_NS) {
+      b->dead = p;
       if (c->missing)
         for (int q = 0; q < c->size; q++) c->missing[q] = q == p;
       return NEWT_ERR(NEWT_ERR_PEER,
@@ -304,13 +312,15 @@ static int link_missing(const builder *b, int p) {
   return p != c->rank && ((needs(c, p, 0) && !b->have[p * 2]) || (needs(c, p, 1) && !b->have[p * 2 + 1]));
 }
 
-/* A build that fails because a peer closed its control connection: that peer gave up (at
- * its own deadline, or it died); the ranks whose links were never made are marked missing
- * too, as at a timeout, so that the failure names them and not only the peer that left. */
+/* A build that fails because a peer left it. A peer that died (its link closed with no word)
+ * or that a peer found dead is the one marked missing: the ranks whose links are not made
+ * yet may only be slow. A peer that gave up at its own deadline said so (CTRL_FAIL, naming
+ * no one): then the ranks whose links were never made are marked missing, as at a timeout,
+ * since they are whom it waited for (an impostor without the job's secret, say), not it. */
 static newt_result_t peer_left(builder *b, newt_result_t r) {
   cpu_comm *c = b->c;
   if (c->missing)
-    for (int p = 0; p < c->size; p++) c->missing[p] = c->missing[p] || link_missing(b, p);
+    for (int p = 0; p < c->size; p++) c->missing[p] = b->dead >= 0 ? p == b->dead : c->missing[p] || link_missing(b, p);
   return r;
 }
 
@@ -442,6 +452,7 @@ newt_result_t cpu_build(cpu_comm *c, newt_deadline_t deadline) {
   memset(&b, 0, sizeof b);
   b.c = c;
   b.deadline = deadline;
+  b.dead = -1;
   b.ctx = (hs_ctx){.rank = c->rank, .size = c->size, .generation = c->generation, .tag = c->tag,
                    .members = c->members, .secret = c->secret, .secret_len = c->secret_len,
                    .want = want_incoming, .arg = &b, .where = "communicator build"};
@@ -474,6 +485,14 @@ newt_result_t cpu_build(cpu_comm *c, newt_deadline_t deadline) {
   }
   if (c->nlocal > 0) NEWT_CHECK_GOTO(shm_create(c), res, done);
   res = build_loop(&b);
+  /* leaving the build: the peers connected so far learn why (and whom this rank found
+     dead), so that they do not take this rank's closed links for its death */
+  if (res != NEWT_OK && c->links) {
+    char msg[CTRL_MAX_PAYLOAD - 4];
+    snprintf(msg, sizeof msg, "%s", newt_errmsg());
+    ctrl_notify_fail(c, res, b.dead, msg);
+    res = NEWT_ERR(res, "%s", msg);
+  }
 done:
   free(b.out);
   free(b.retry_at);

@@ -15,6 +15,9 @@
  *  - a build whose peer's address refuses connections (its process died, so nothing
  *    listens there): with comm_config.peers_listen it fails within a second naming that
  *    rank (NEWT_ERR_PEER), not at its deadline.
+ *  - whom a failed build names (comm_config.missing): a peer that died in the build, not
+ *    the ranks not connected yet; a peer that gave up at its deadline, the ranks it waited
+ *    for, not it.
  *  - comm_abort from another thread: the blocked operation, the queued *_async ones and
  *    every later one fail with NEWT_ERR_ABORTED; the peer learns it at its next
  *    operation (NEWT_ERR_ABORTED too, its peer field naming the aborting rank: a rank
@@ -282,6 +285,61 @@ static void test_refused_peer(void) {
   ct_world_free(&w);
 }
 
+/* Whom a failed build names (comm_config.missing, what a worker's report accuses). Four
+ * ranks on one host; rank 3 never comes (its address takes connections, nobody answers).
+ * Rank 2 joins the build, then either dies (SIGKILL: its links close with no word) or gives
+ * up at its own, short deadline (it says so before it closes). Ranks 0 and 1 fail at once
+ * either way, and must name: the dead rank 2 alone (rank 3 may only be slow), or, when rank
+ * 2 gave up, rank 3, whom it waited for, and not rank 2. */
+typedef struct blame_arg {
+  int gives_up; /* rank 2 gives up (deadline) instead of being killed */
+} blame_arg;
+
+static int blame_rank(ct_world *w, int rank, void *arg) {
+  const blame_arg *a = arg;
+  comm_config cfg;
+  ct_config(w, rank, &cfg);
+  int missing[4] = {0};
+  cfg.missing = missing;
+  if (rank == 2 && a->gives_up) cfg.timeout_ms = 1500;
+  uint64_t t0 = newt_now_ns();
+  comm_t *c = NULL;
+  newt_result_t r = comm_create(&cfg, &c);
+  int bits = 0;
+  for (int p = 0; p < 4; p++) bits |= missing[p] ? 1 << p : 0;
+  w->sh->val[rank] = bits;
+  w->sh->errors[rank] = (int)r;
+  fprintf(stderr, "  rank %d: build failed after %.0f ms, missing 0x%x: %s\n", rank,
+          (double)(newt_now_ns() - t0) / 1e6, bits, newt_errmsg());
+  if (c) comm_free(c);
+  return 0;
+}
+
+static void run_blame(int gives_up) {
+  ct_world w;
+  ct_world_init(&w, 4, CT_SHM, gives_up ? "blame-gave-up" : "blame-died");
+  blame_arg a = {gives_up};
+  for (int r = 0; r < 3; r++) ct_spawn_one(&w, r, blame_rank, &a);
+  int killed[4] = {0, 0, 0, 0};
+  if (!gives_up) {
+    newt_sleep_ms(2000); /* ranks 0 to 2 have made their links, and all wait for rank 3 */
+    kill(w.pids[2], SIGKILL);
+    killed[2] = 1;
+  }
+  T_CHECK(ct_wait(&w, 30000, killed) == 0);
+  for (int r = 0; r < 2; r++) {
+    T_CHECK_MSG(w.sh->errors[r] == NEWT_ERR_PEER, "rank %d: the build ended with %s, not at once on rank 2's leaving", r,
+                newt_result_name((newt_result_t)w.sh->errors[r]));
+    int want = gives_up ? 1 << 3 : 1 << 2;
+    T_CHECK_MSG(w.sh->val[r] == want, "rank %d names ranks 0x%llx, expected 0x%x (rank 2 %s)", r,
+                (unsigned long long)w.sh->val[r], want, gives_up ? "gave up waiting for rank 3" : "died");
+  }
+  ct_world_free(&w);
+}
+
+static void test_build_blame_died(void) { run_blame(0); }
+static void test_build_blame_gave_up(void) { run_blame(1); }
+
 static void test_abort_from_thread(void) {
   ct_world w;
   ct_world_init(&w, 2, CT_SHM, "abort");
@@ -307,6 +365,8 @@ int main(int argc, char **argv) {
   T_RUN(test_sigstop_tcp);
   T_RUN(test_cancel_build);
   T_RUN(test_refused_peer);
+  T_RUN(test_build_blame_died);
+  T_RUN(test_build_blame_gave_up);
   T_RUN(test_abort_from_thread);
   return T_DONE();
 }
