@@ -144,7 +144,7 @@ typedef struct worker_pinned_stats {
   size_t blocks, bytes; /* held now (in use or free) */
 } worker_pinned_stats;
 newt_result_t worker_pinned_init(worker_pinned **out, model_dev *dev);
-/* At least bytes of host memory of the pool's device (aligned as model_dev_host_alloc). */
+/* At least bytes of host memory of the pool's device, aligned to CKPT_STAGING_ALIGN. */
 newt_result_t worker_pinned_get(worker_pinned *p, size_t bytes, void **out);
 /* Gives a block back to the pool (NULL: nothing). */
 void worker_pinned_put(worker_pinned *p, void *ptr);

@@ -12,10 +12,14 @@
  * (the state grew: a smaller data-parallel group with ZeRO, say) gives the free blocks
  * smaller than it back to the device first, so outgrown blocks do not pile up.
  *
- * Sizes are rounded up to POOL_GRAIN so that requests a little apart share blocks. The
+ * Sizes are rounded up to POOL_GRAIN so that requests a little apart share blocks, and
+ * what is handed out is aligned to POOL_ALIGN whatever the device's allocator gives (the
+ * checkpoint saver needs CKPT_STAGING_ALIGN; a real cudaMallocHost gives pages, the test
+ * double of the CUDA runtime plain malloc). The
  * pool is freed with the worker's state, before its device is closed. Every call takes
  * the pool's mutex: blocks may be given back from any thread. */
 #include <pthread.h>
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -23,10 +27,12 @@
 #include "worker/internal.h"
 
 #define POOL_GRAIN ((size_t)64 << 10)
+#define POOL_ALIGN ((size_t)CKPT_STAGING_ALIGN)
 
 typedef struct pblock {
-  void *p;
-  size_t cap;
+  void *raw;  /* from model_dev_host_alloc */
+  void *p;    /* handed out: raw aligned up to POOL_ALIGN */
+  size_t cap; /* bytes from p */
   int used;
 } pblock;
 
@@ -52,7 +58,7 @@ static void drop_outgrown(worker_pinned *p, size_t bytes) {
   size_t k = 0;
   for (size_t i = 0; i < p->n; i++) {
     if (!p->blocks[i].used && p->blocks[i].cap < bytes) {
-      model_dev_host_free(p->dev, p->blocks[i].p);
+      model_dev_host_free(p->dev, p->blocks[i].raw);
       p->st.bytes -= p->blocks[i].cap;
       continue;
     }
@@ -83,9 +89,11 @@ newt_result_t worker_pinned_get(worker_pinned *p, size_t bytes, void **out) {
       else r = NEWT_ERR(NEWT_ERR_NOMEM, "out of memory for the pinned pool's table");
     }
     void *mem = NULL;
-    if (r == NEWT_OK) r = model_dev_host_alloc(p->dev, want, &mem);
+    if (r == NEWT_OK) r = model_dev_host_alloc(p->dev, want + POOL_ALIGN, &mem);
     if (r == NEWT_OK) {
-      p->blocks[p->n++] = (pblock){mem, want, 1};
+      uintptr_t a = ((uintptr_t)mem + POOL_ALIGN - 1) & ~(uintptr_t)(POOL_ALIGN - 1);
+      p->blocks[p->n++] = (pblock){mem, (void *)a, want, 1};
+      mem = (void *)a;
       p->st.allocs++;
       p->st.bytes += want;
       *out = mem;
@@ -119,16 +127,15 @@ void worker_pinned_free(worker_pinned *p) {
       NEWT_ERROR(WORKER, "pinned pool freed with a block of %zu bytes in use (not freed)", p->blocks[i].cap);
       continue;
     }
-    model_dev_host_free(p->dev, p->blocks[i].p);
+    model_dev_host_free(p->dev, p->blocks[i].raw);
   }
   free(p->blocks);
   pthread_mutex_destroy(&p->mu);
   free(p);
 }
 
-/* ckpt_saver_opts.staging_alloc / staging_free over the pool (ctx: the pool). Blocks are
- * model_dev_host_alloc memory: page-aligned on a GPU, 64-byte aligned on the CPU device,
- * both at least CKPT_STAGING_ALIGN. */
+/* ckpt_saver_opts.staging_alloc / staging_free over the pool (ctx: the pool); its blocks
+ * are aligned to CKPT_STAGING_ALIGN. */
 void *worker_pinned_staging_alloc(void *ctx, size_t bytes) {
   void *mem = NULL;
   if (worker_pinned_get(ctx, bytes, &mem) != NEWT_OK) {
