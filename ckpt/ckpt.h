@@ -72,7 +72,24 @@ typedef struct ckpt_saver_opts {
   uint64_t attempt;        /* same on every rank of one save attempt (e.g. the plan generation);
                               0 with nranks == 1 picks a random one */
   const char *layout_json; /* this rank's layout, e.g. {"dp":2,"tp":2,"pp":1,"zero":1,"coord":{..}} */
+  /* Where staging memory comes from (NULL: posix_memalign, zeroed to fault its pages in):
+   * a device runtime's pinned memory, say, that device-to-host copies into reservations
+   * (ckpt_save_reserve) are fastest to. staging_alloc(staging_ctx, bytes) returns host
+   * memory ready to use, aligned to at least CKPT_STAGING_ALIGN bytes, or NULL; each block
+   * goes back through staging_free(staging_ctx, p), at the latest in ckpt_saver_free, and
+   * never while a save may read it. Both are called from the threads that call
+   * ckpt_saver_init, ckpt_save_add / ckpt_save_reserve and ckpt_saver_free, never from the
+   * saver's own. The alignment is all the saver needs: staging is only read (the snapshot
+   * copy, compression), and the shard file is written from the compression threads' own
+   * buffers, so O_DIRECT asks nothing of it. */
+  void *(*staging_alloc)(void *ctx, size_t bytes);
+  void (*staging_free)(void *ctx, void *p);
+  void *staging_ctx;
 } ckpt_saver_opts;
+
+/* The alignment ckpt_saver_opts.staging_alloc must give: reservations are cut at multiples
+ * of it and handed out for slices of any dtype. */
+#define CKPT_STAGING_ALIGN 64
 
 typedef enum ckpt_save_state {
   CKPT_SAVE_IDLE = 0, /* nothing saved yet */
@@ -125,8 +142,9 @@ newt_result_t ckpt_save_wait(ckpt_saver *s, newt_deadline_t deadline);
 /* Aborts the save in flight at its next check (a committer waiting for other ranks stops). */
 void ckpt_saver_abort(ckpt_saver *s);
 void ckpt_saver_status(ckpt_saver *s, ckpt_save_status *st);
-/* The staging memory (for registering it as pinned memory with a device runtime). It is
- * reused by every save and grows only when a save needs more. */
+/* The staging memory's first block (for registering it as pinned memory with a device
+ * runtime, where staging_alloc does not give such memory already). It is reused by every
+ * save and grows only when a save needs more. */
 void *ckpt_saver_staging(ckpt_saver *s, size_t *bytes);
 
 /* ---- committing -------------------------------------------------------------------- */

@@ -5,6 +5,8 @@
  * Asynchronous saves: ckpt_save_end copies every slice into the staging memory (blocks
  * kept from save to save, so a save allocates nothing once warm; the copy runs on the pool
  * too) and hands the save to a background thread. That copy is all the caller waits for.
+ * The blocks are the caller's when it gives an allocator (opts.staging_alloc: a device's
+ * pinned memory, which its caller keeps from saver to saver), else page-aligned and zeroed.
  * One save is in flight at most: ckpt_save_begin waits for it or skips, by setting.
  *
  * Writing: each compression thread claims the next chunk and encodes it (codec.c) into its
@@ -82,6 +84,9 @@ struct ckpt_saver {
 
   block *blocks;
   size_t nblocks, cur_block, cur_used;
+  void *(*ext_alloc)(void *ctx, size_t bytes); /* the caller's staging allocator (NULL: ours) */
+  void (*ext_free)(void *ctx, void *p);
+  void *ext_ctx;
 
   /* the save being built (between begin and end) or written */
   int building, async;
@@ -113,20 +118,35 @@ struct ckpt_saver {
 
 /* ---- staging memory -------------------------------------------------------------------- */
 
+static void staging_free_block(ckpt_saver *s, void *p) {
+  if (s->ext_free) s->ext_free(s->ext_ctx, p);
+  else free(p);
+}
+
 static newt_result_t staging_add_block(ckpt_saver *s, size_t cap) {
   block *nb = realloc(s->blocks, (s->nblocks + 1) * sizeof *nb);
   NEWT_CHECK_ALLOC(nb);
   s->blocks = nb;
   uint8_t *p = NULL;
-  if (posix_memalign((void **)&p, 4096, cap) != 0 || !p)
-    return NEWT_ERR(NEWT_ERR_NOMEM, "out of memory: %zu bytes of checkpoint staging memory", cap);
-  memset(p, 0, cap); /* fault the pages in now, not during a snapshot */
+  if (s->ext_alloc) { /* the caller's memory, ready to use (pinned memory is resident already) */
+    if (!(p = s->ext_alloc(s->ext_ctx, cap)))
+      return NEWT_ERR(NEWT_ERR_NOMEM, "out of memory: %zu bytes of checkpoint staging memory (staging_alloc)", cap);
+    if ((uintptr_t)p % CKPT_STAGING_ALIGN != 0) {
+      staging_free_block(s, p);
+      return NEWT_ERR(NEWT_ERR_INVALID, "ckpt saver: staging_alloc gave %p, not aligned to %d bytes", (void *)p,
+                      CKPT_STAGING_ALIGN);
+    }
+  } else {
+    if (posix_memalign((void **)&p, 4096, cap) != 0 || !p)
+      return NEWT_ERR(NEWT_ERR_NOMEM, "out of memory: %zu bytes of checkpoint staging memory", cap);
+    memset(p, 0, cap); /* fault the pages in now, not during a snapshot */
+  }
   s->blocks[s->nblocks++] = (block){p, cap};
   return NEWT_OK;
 }
 
 static newt_result_t staging_alloc(ckpt_saver *s, size_t bytes, void **out) {
-  bytes = (bytes + 63) & ~(size_t)63;
+  bytes = (bytes + CKPT_STAGING_ALIGN - 1) & ~(size_t)(CKPT_STAGING_ALIGN - 1);
   while (s->cur_block < s->nblocks && s->blocks[s->cur_block].cap - s->cur_used < bytes) {
     s->cur_block++;
     s->cur_used = 0;
@@ -162,6 +182,8 @@ newt_result_t ckpt_saver_init(ckpt_saver **out, const ckpt_saver_opts *o) {
   if (o->level > ZSTD_maxCLevel() || (o->level < 0 && o->level != CKPT_LEVEL_RAW))
     return NEWT_ERR(NEWT_ERR_INVALID, "ckpt saver: zstd level %d, expected 1 to %d (or CKPT_LEVEL_RAW)", o->level,
                     ZSTD_maxCLevel());
+  if (!o->staging_alloc != !o->staging_free)
+    return NEWT_ERR(NEWT_ERR_INVALID, "ckpt saver: staging_alloc and staging_free are given together or not at all");
   if (o->layout_json) {
     cJSON *j = NULL;
     NEWT_CHECK(newt_json_parse(o->layout_json, strlen(o->layout_json), "ckpt saver layout_json", &j));
@@ -183,6 +205,9 @@ newt_result_t ckpt_saver_init(ckpt_saver **out, const ckpt_saver_opts *o) {
   s->busy_wait_ms = o->busy_wait_ms > 0 ? o->busy_wait_ms : 600000;
   s->commit_timeout_ms = o->commit_timeout_ms > 0 ? o->commit_timeout_ms : 600000;
   s->attempt = o->attempt;
+  s->ext_alloc = o->staging_alloc;
+  s->ext_free = o->staging_free;
+  s->ext_ctx = o->staging_ctx;
   s->fd = -1;
   s->st.step = -1;
   s->st.last_ok_step = -1;
@@ -242,7 +267,7 @@ void ckpt_saver_free(ckpt_saver *s) {
     free(s->segs[i].pending);
   }
   free(s->segs);
-  for (size_t i = 0; i < s->nblocks; i++) free(s->blocks[i].p);
+  for (size_t i = 0; i < s->nblocks; i++) staging_free_block(s, s->blocks[i].p);
   free(s->blocks);
   clear_entries(s);
   free(s->entries);

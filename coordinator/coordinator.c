@@ -405,6 +405,7 @@ static void apply_kv(coord *c, const rdzv_etcd_kv *kv, int deleted) {
       metrics_set(c->metrics, "newt_checkpoint_last_step", (double)ck.step);
       if (ck.bytes > 0) metrics_set(c->metrics, "newt_checkpoint_bytes", (double)ck.bytes);
       if (ck.save_ms > 0) metrics_observe(c->metrics, "newt_checkpoint_save_duration_seconds", NULL, (double)ck.save_ms / 1e3);
+      if (ck.stall_ms > 0) metrics_observe(c->metrics, "newt_checkpoint_stall_seconds", NULL, ck.stall_ms / 1e3);
     }
     break;
   }
@@ -1188,12 +1189,15 @@ static newt_result_t define_metrics(coord *c) {
   };
   static const double recovery_s[] = {0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300};
   static const double save_s[] = {0.1, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600};
+  static const double stall_s[] = {0.001, 0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10};
   for (size_t i = 0; i < sizeof defs / sizeof defs[0]; i++)
     NEWT_CHECK(metrics_define_group(c->metrics, defs[i].name, defs[i].kind, defs[i].group, defs[i].help));
   NEWT_CHECK(metrics_define_histogram(c->metrics, "newt_recovery_duration_seconds", GROUP_JOB, recovery_s, 10,
                                       "detection to the first completed step of a recovery, by cause"));
   NEWT_CHECK(metrics_define_histogram(c->metrics, "newt_checkpoint_save_duration_seconds", GROUP_JOB, save_s, 11,
                                       "a checkpoint's save on rank 0: compress, write, fsync, commit"));
+  NEWT_CHECK(metrics_define_histogram(c->metrics, "newt_checkpoint_stall_seconds", GROUP_JOB, stall_s, 11,
+                                      "what a checkpoint's save took of rank 0's step loop: its snapshot or downloads"));
   /* every cause from the start, so that rate() has a series before the first recovery */
   static const char *const causes[] = {"crash", "hang", "leave", "join", "coordinator", "etcd", "spec"};
   for (size_t i = 0; i < sizeof causes / sizeof causes[0]; i++) {

@@ -406,6 +406,7 @@ char *job_ckpt_to_json(const job_ckpt *c) {
   cJSON_AddStringToObject(j, "dir", c->dir);
   if (c->bytes > 0) newt_json_add_int(j, "bytes", c->bytes);
   if (c->save_ms > 0) newt_json_add_int(j, "save_ms", c->save_ms);
+  if (c->stall_ms > 0) cJSON_AddNumberToObject(j, "stall_ms", round(c->stall_ms * 1e3) / 1e3);
   return finish(j);
 }
 
@@ -419,6 +420,9 @@ newt_result_t job_ckpt_from_json(const char *text, size_t len, job_ckpt *out) {
   if (r == NEWT_OK) r = get_text(j, what, "dir", 1, c.dir, sizeof c.dir);
   if (r == NEWT_OK) r = get_range(j, what, "bytes", 0, 0, INT64_MAX, &c.bytes);
   if (r == NEWT_OK) r = get_range(j, what, "save_ms", 0, 0, INT64_MAX, &c.save_ms);
+  if (r == NEWT_OK) r = newt_json_get_double(j, what, "stall_ms", 0, &c.stall_ms);
+  if (r == NEWT_OK && !(c.stall_ms >= 0 && c.stall_ms <= JOB_STALL_MS_MAX))
+    r = NEWT_ERR(NEWT_ERR_INVALID, "%s.stall_ms: %g is out of range [0, %g]", what, c.stall_ms, JOB_STALL_MS_MAX);
   cJSON_Delete(j);
   if (r == NEWT_OK) *out = c;
   return r;

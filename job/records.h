@@ -193,7 +193,11 @@ typedef struct job_ckpt {
   char dir[512];
   int64_t bytes;   /* its files, every rank's (0: unknown) */
   int64_t save_ms; /* rank 0's save: compress, write, fsync, commit (0: unknown) */
+  double stall_ms; /* rank 0's stall: what the save took of its step loop (ckpt_save_begin to
+                      ckpt_save_end: the snapshot, or the device's downloads), to the µs,
+                      [0, JOB_STALL_MS_MAX] (0: unknown) */
 } job_ckpt;
+#define JOB_STALL_MS_MAX 1e9
 
 char *job_ckpt_to_json(const job_ckpt *c);
 newt_result_t job_ckpt_from_json(const char *text, size_t len, job_ckpt *out);

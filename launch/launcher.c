@@ -266,6 +266,15 @@ static void take(run *r, const rdzv_etcd_kv *kv) {
     r->done_loss = d.loss;
     r->done_samples = (int64_t)d.samples;
     r->done = 1;
+  } else if (rec == JOB_REC_CKPT) { /* each new pointer once (a resync shows the newest again) */
+    job_ckpt c;
+    launcher_result *res = r->res;
+    if (job_ckpt_from_json(kv->value, kv->value_len, &c) != NEWT_OK) return;
+    if (res->nckpts && res->ckpts[res->nckpts - 1].step >= c.step) return;
+    launcher_ckpt *n = realloc(res->ckpts, (size_t)(res->nckpts + 1) * sizeof *n);
+    if (!n) return;
+    res->ckpts = n;
+    n[res->nckpts++] = (launcher_ckpt){.step = c.step, .bytes = c.bytes, .save_ms = c.save_ms, .stall_ms = c.stall_ms};
   } else if (rec == JOB_REC_EVENT) {
     if (r->nevents == r->cap_events) {
       int cap = r->cap_events ? 2 * r->cap_events : 32;
@@ -897,6 +906,9 @@ void launcher_result_free(launcher_result *res) {
   free(res->recoveries);
   res->recoveries = NULL;
   res->nrecoveries = 0;
+  free(res->ckpts);
+  res->ckpts = NULL;
+  res->nckpts = 0;
 }
 
 char *launcher_summary_json(const launcher_opts *o, const launcher_result *res) {
@@ -940,6 +952,16 @@ char *launcher_summary_json(const launcher_opts *o, const launcher_result *res) 
       cJSON_AddNumberToObject(e, "tokens_per_s_during", r->tps_during);
     }
     cJSON_AddItemToArray(recs, e);
+  }
+  cJSON *cks = cJSON_AddArrayToObject(j, "checkpoints");
+  for (int i = 0; i < res->nckpts; i++) {
+    const launcher_ckpt *c = &res->ckpts[i];
+    cJSON *e = cJSON_CreateObject();
+    newt_json_add_int(e, "step", c->step);
+    if (c->bytes > 0) newt_json_add_int(e, "bytes", c->bytes);
+    if (c->save_ms > 0) newt_json_add_int(e, "save_ms", c->save_ms);
+    if (c->stall_ms > 0) cJSON_AddNumberToObject(e, "stall_ms", c->stall_ms);
+    cJSON_AddItemToArray(cks, e);
   }
   cJSON_AddStringToObject(j, "log_dir", res->log_dir);
   cJSON_AddStringToObject(j, "step_log", res->step_log);

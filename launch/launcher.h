@@ -58,6 +58,14 @@ typedef struct launcher_recovery {
   double tps_before, tps_during;
 } launcher_recovery;
 
+/* A committed checkpoint, as rank 0 published it (job/records.h job_ckpt). */
+typedef struct launcher_ckpt {
+  int64_t step;
+  int64_t bytes;   /* every rank's files (0: unknown) */
+  int64_t save_ms; /* rank 0's save: compress, write, fsync, commit (0: unknown) */
+  double stall_ms; /* rank 0's stall: what the save took of its step loop (0: unknown) */
+} launcher_ckpt;
+
 typedef struct launcher_result {
   int done;            /* the job reached its last step */
   int64_t steps;
@@ -73,6 +81,8 @@ typedef struct launcher_result {
   uint64_t t_start_ms;  /* wall ms the run started */
   int64_t etcd_keys;    /* keys on no lease the job left under /newt/<job>/ once every process ended (-1: unknown) */
   char failed[512];     /* the job failed: why (the leader's failure budget); "" otherwise */
+  launcher_ckpt *ckpts; /* the checkpoints committed, in step order */
+  int nckpts;
 } launcher_result;
 
 /* Runs the job to its end. NEWT_OK when it finished; the result is filled either way. */

@@ -1,8 +1,8 @@
 /* The summary of a run read back (launcher.h): the parser of what launcher_summary_json
  * writes, for `newt report`. A summary is a file a person may have edited or truncated, so
  * every field is checked and a bad one named; fields added later (step, t_ms and fault of a
- * recovery, t_start_ms, steps_planned, the run's files) are optional, so the summaries of
- * earlier versions still read. */
+ * recovery, t_start_ms, steps_planned, the run's files, checkpoints) are optional, so the
+ * summaries of earlier versions still read. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -46,13 +46,24 @@ static newt_result_t get_recovery(const cJSON *e, const char *what, launcher_rec
   return r;
 }
 
+static newt_result_t get_ckpt(const cJSON *e, const char *what, launcher_ckpt *c) {
+  memset(c, 0, sizeof *c);
+  newt_result_t r = get_count(e, what, "step", 1, &c->step);
+  if (r == NEWT_OK) r = get_count(e, what, "bytes", 0, &c->bytes);
+  if (r == NEWT_OK) r = get_count(e, what, "save_ms", 0, &c->save_ms);
+  if (r == NEWT_OK) r = newt_json_get_double(e, what, "stall_ms", 0, &c->stall_ms);
+  if (r == NEWT_OK && !(c->stall_ms >= 0 && c->stall_ms <= 1e9))
+    r = NEWT_ERR(NEWT_ERR_INVALID, "%s.stall_ms: %g is out of range [0, 1e9]", what, c->stall_ms);
+  return r;
+}
+
 newt_result_t launcher_summary_from_json(const char *text, size_t len, launcher_summary *out) {
   const char *what = "summary";
   memset(out, 0, sizeof *out);
   cJSON *j = NULL;
   NEWT_CHECK(newt_json_parse(text, len, what, &j));
   launcher_result *res = &out->res;
-  const cJSON *recs = NULL;
+  const cJSON *recs = NULL, *cks = NULL;
   int64_t t_start = 0;
   res->final_loss = NAN;
   newt_result_t r = cJSON_IsObject(j) ? NEWT_OK : NEWT_ERR(NEWT_ERR_INVALID, "summary: expected a JSON object");
@@ -71,6 +82,7 @@ newt_result_t launcher_summary_from_json(const char *text, size_t len, launcher_
   if (r == NEWT_OK) r = newt_json_get_strcpy(j, what, "step_log", 0, res->step_log, sizeof res->step_log);
   if (r == NEWT_OK) r = newt_json_get_strcpy(j, what, "event_log", 0, res->event_log, sizeof res->event_log);
   if (r == NEWT_OK) r = newt_json_get_arr(j, what, "recoveries", 1, &recs);
+  if (r == NEWT_OK) r = newt_json_get_arr(j, what, "checkpoints", 0, &cks);
   res->t_start_ms = (uint64_t)t_start;
   int n = recs ? cJSON_GetArraySize(recs) : 0;
   if (r == NEWT_OK && n > 0 && !(res->recoveries = calloc((size_t)n, sizeof *res->recoveries)))
@@ -80,6 +92,15 @@ newt_result_t launcher_summary_from_json(const char *text, size_t len, launcher_
     snprintf(label, sizeof label, "summary.recoveries[%d]", res->nrecoveries);
     if (!cJSON_IsObject(e)) r = NEWT_ERR(NEWT_ERR_INVALID, "%s: expected an object", label);
     else if ((r = get_recovery(e, label, &res->recoveries[res->nrecoveries])) == NEWT_OK) res->nrecoveries++;
+  }
+  int nc = cks ? cJSON_GetArraySize(cks) : 0;
+  if (r == NEWT_OK && nc > 0 && !(res->ckpts = calloc((size_t)nc, sizeof *res->ckpts)))
+    r = NEWT_ERR(NEWT_ERR_NOMEM, "summary.checkpoints: out of memory for %d", nc);
+  for (const cJSON *e = cks ? cks->child : NULL; r == NEWT_OK && e; e = e->next) {
+    char label[48];
+    snprintf(label, sizeof label, "summary.checkpoints[%d]", res->nckpts);
+    if (!cJSON_IsObject(e)) r = NEWT_ERR(NEWT_ERR_INVALID, "%s: expected an object", label);
+    else if ((r = get_ckpt(e, label, &res->ckpts[res->nckpts])) == NEWT_OK) res->nckpts++;
   }
   cJSON_Delete(j);
   if (r != NEWT_OK) launcher_result_free(res);

@@ -84,6 +84,10 @@ newt_result_t model_dev_download(model_dev *d, void *dst, const void *src, size_
   return bytes ? d->ops->download(d, dst, src, bytes) : d->ops->sync(d);
 }
 
+void model_dev_download_async(model_dev *d, void *dst, const void *src, size_t bytes) {
+  if (d->err == NEWT_OK && bytes) d->ops->download_async(d, dst, src, bytes);
+}
+
 void model_dev_copy(model_dev *d, void *dst, const void *src, size_t bytes) {
   if (d->err == NEWT_OK && bytes && dst != src) d->ops->copy(d, dst, src, bytes);
 }

@@ -13,8 +13,8 @@
  * them (with the CUDA device they are not host memory; the test double makes them fault when
  * touched), only pass them to this interface and to collectives of a communicator on the same
  * device (the CPU backend for model_dev_cpu, NCCL for a GPU). Bytes cross with
- * model_dev_upload / model_dev_download; model_dev_host_alloc gives host memory those copies
- * are fastest from (pinned on a GPU).
+ * model_dev_upload / model_dev_download (or model_dev_download_async and one sync);
+ * model_dev_host_alloc gives host memory those copies are fastest from (pinned on a GPU).
  *
  * Errors. Kernels return nothing: a device that fails (a launch refused, a fault) keeps its
  * first error, and model_dev_sync, model_dev_download and model_dev_error return it from then
@@ -82,6 +82,11 @@ void model_dev_host_free(model_dev *d, void *p);
 newt_result_t model_dev_upload(model_dev *d, void *dst, const void *src, size_t bytes);
 /* Device -> host: waits for the work queued before it and the copy; the device's error. */
 newt_result_t model_dev_download(model_dev *d, void *dst, const void *src, size_t bytes);
+/* Device -> host, queued: dst (host) must be model_dev_host_alloc memory of this device (a
+ * copy into pageable memory would not be asynchronous on a GPU) and its bytes are valid
+ * only after the next model_dev_sync, whose result is the copy's. Many pieces queued and
+ * one sync cost one wait, where a model_dev_download each waits each time. */
+void model_dev_download_async(model_dev *d, void *dst, const void *src, size_t bytes);
 /* Device -> device and zeroing, queued. */
 void model_dev_copy(model_dev *d, void *dst, const void *src, size_t bytes);
 void model_dev_zero(model_dev *d, void *p, size_t bytes);

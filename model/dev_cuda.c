@@ -7,7 +7,8 @@
  * slot and the slot's cudaMemcpyAsync queued, so the caller may reuse the source on return
  * while the copy, and the kernels before it, still run; a slot is refilled once its
  * previous copy is done (an event per slot). Downloads queue the copy and wait for the
- * stream. Device-to-device copies and zeroing are queued.
+ * stream; queued downloads (into pinned memory) only queue it. Device-to-device copies and
+ * zeroing are queued.
  *
  * Errors: a kernel the launcher could not enqueue, a failed copy or a failed stream
  * synchronisation becomes the device's sticky error (model_dev_fail; dev.c then skips every
@@ -129,6 +130,13 @@ static newt_result_t cu_download(model_dev *d, void *dst, const void *src, size_
   if (e != cudaSuccess) return fail_cuda(d, "cudaMemcpyAsync (device to host)", e);
   if ((e = cudaStreamSynchronize(stream_of(d))) != cudaSuccess) return fail_cuda(d, "cudaStreamSynchronize", e);
   return NEWT_OK;
+}
+
+/* Into pinned memory (model_dev_host_alloc), so the copy engine runs it while the host goes
+ * on; its error is the device's, returned by the next sync. */
+static void cu_download_async(model_dev *d, void *dst, const void *src, size_t bytes) {
+  cudaError_t e = cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, stream_of(d));
+  if (e != cudaSuccess) (void)fail_cuda(d, "cudaMemcpyAsync (device to host, queued)", e);
 }
 
 static void cu_copy(model_dev *d, void *dst, const void *src, size_t bytes) {
@@ -261,6 +269,7 @@ static const model_dev_ops cuda_ops = {
     .host_free = cu_host_free,
     .upload = cu_upload,
     .download = cu_download,
+    .download_async = cu_download_async,
     .copy = cu_copy,
     .zero = cu_zero,
     .sync = cu_sync,

@@ -5,7 +5,8 @@
  *   state.c     the training state: restore (memory, peers, checkpoint, seed), the pre-step
  *               snapshot, the ZeRO shard replica, a leaver's hand-over (uses reshard.c)
  *   publish.c   everything the worker writes to etcd (job/records.h), off the step's path
- *   reshard.c   moving pieces of a flat state between layouts (reshard.h) */
+ *   reshard.c   moving pieces of a flat state between layouts (reshard.h)
+ *   pinned.c    the pool of pinned host memory save.c and state.c stage through on a GPU */
 #ifndef NEWT_WORKER_INTERNAL_H
 #define NEWT_WORKER_INTERNAL_H
 
@@ -28,6 +29,8 @@
 #include "worker/worker.h"
 
 #define WORKER_PUB_SLOTS 8
+
+typedef struct worker_pinned worker_pinned;
 
 /* A copy of some of a rank's pieces, of one step (state.c): its pre-step snapshot, or the
  * replica of its data-parallel neighbour's ZeRO shard. step -1: none. */
@@ -104,6 +107,7 @@ typedef struct worker {
   job_step last_step;   /* the step log's line of the last step this rank did */
   int last_step_logged; /* ... and whether this rank wrote it */
   ckpt_saver *saver; /* this generation's (save.c) */
+  worker_pinned *pinned; /* host staging of a device the host cannot touch (pinned.c); NULL: none yet */
   int64_t ckpt_failed_step, ckpt_published;
   int leave_announced;
   struct metrics *metrics;          /* --metrics-port (NULL: none) */
@@ -130,6 +134,28 @@ newt_result_t worker_replicate(worker *w);
 /* A leaving rank's part of the restore: it gives what it holds and needs nothing. */
 newt_result_t worker_donate(worker *w, comm_t *c);
 void worker_state_free(worker *w);
+
+/* Pinned host memory (pinned.c): a pool of model_dev_host_alloc blocks of one device, kept
+ * when given back and handed out again (the smallest free block that fits), so a GPU
+ * worker pins its staging once per run, not per generation or recovery. Thread-safe. */
+typedef struct worker_pinned_stats {
+  uint64_t allocs; /* model_dev_host_alloc calls made */
+  uint64_t reused; /* requests a kept block met */
+  size_t blocks, bytes; /* held now (in use or free) */
+} worker_pinned_stats;
+newt_result_t worker_pinned_init(worker_pinned **out, model_dev *dev);
+/* At least bytes of host memory of the pool's device, aligned to CKPT_STAGING_ALIGN. */
+newt_result_t worker_pinned_get(worker_pinned *p, size_t bytes, void **out);
+/* Gives a block back to the pool (NULL: nothing). */
+void worker_pinned_put(worker_pinned *p, void *ptr);
+void worker_pinned_stats_get(worker_pinned *p, worker_pinned_stats *st);
+/* Frees the blocks (before the device is closed; a block still in use is left alone). */
+void worker_pinned_free(worker_pinned *p);
+/* ckpt_saver_opts.staging_alloc / staging_free over a pool (ctx: the worker_pinned). */
+void *worker_pinned_staging_alloc(void *ctx, size_t bytes);
+void worker_pinned_staging_free(void *ctx, void *ptr);
+/* The worker's pool, made on first use for dev (its device). */
+newt_result_t worker_pinned_of(worker *w, model_dev *dev, worker_pinned **out);
 
 /* The data cursor: samples consumed by the steps done. */
 static inline uint64_t worker_cursor(const worker *w) {
@@ -168,7 +194,7 @@ void worker_report(worker *w, const newt_plan *p, int hang, int build, const cha
  * NEWT_PROGRESS_MS, and always the last step), the newest committed checkpoint. */
 void worker_publish_ack(worker *w, const newt_plan *p, const plan_rank *me);
 void worker_publish_progress(worker *w, const newt_plan *p, double loss, double tps);
-void worker_publish_ckpt(worker *w, int64_t step, int64_t bytes, int64_t save_ms);
+void worker_publish_ckpt(worker *w, int64_t step, int64_t bytes, int64_t save_ms, double stall_ms);
 /* The end marker (rank 0 after the last step), written at once. */
 void worker_mark_done(worker *w, double loss);
 

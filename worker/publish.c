@@ -245,8 +245,8 @@ void worker_publish_progress(worker *w, const newt_plan *p, double loss, double 
   publish_record(w, JOB_REC_PROGRESS, 0, job_progress_to_json(&pr), 0);
 }
 
-void worker_publish_ckpt(worker *w, int64_t step, int64_t bytes, int64_t save_ms) {
-  job_ckpt c = {.step = step, .bytes = bytes, .save_ms = save_ms};
+void worker_publish_ckpt(worker *w, int64_t step, int64_t bytes, int64_t save_ms, double stall_ms) {
+  job_ckpt c = {.step = step, .bytes = bytes, .save_ms = save_ms, .stall_ms = stall_ms};
   snprintf(c.dir, sizeof c.dir, "%s", w->spec.ckpt_dir);
   publish_record(w, JOB_REC_CKPT, 0, job_ckpt_to_json(&c), 0);
 }

@@ -6,7 +6,15 @@
  * A save in flight belongs to one generation (its attempt is the generation): when the
  * next plan drops a failed rank it can never complete, so it is aborted and the previous
  * checkpoint stays the newest; after a switch at a step boundary (everyone alive) it is
- * allowed to finish first. */
+ * allowed to finish first.
+ *
+ * On a device the host cannot touch (a GPU) the pieces are downloaded into the saver's
+ * staging: every piece's copy is queued (model_dev_download_async) and one model_dev_sync
+ * waits for them all, so the step loop stalls for one wait on the copies, not one per
+ * piece. That staging is pinned memory from the worker's pool (pinned.c), sized up front
+ * for this layout's primary pieces, so the copies run at the copy engine's speed, a save
+ * allocates nothing, and a new generation's saver takes the blocks the last one gave back.
+ * On the CPU device the saver's own snapshot copies the pieces, as it always did. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -28,9 +36,25 @@ static void end_saver(worker *w, int keep_going) {
   w->saver = NULL;
 }
 
+/* The staging a save of this layout's primary pieces takes (each slice rounded as the saver
+ * cuts its reservations). */
+static newt_result_t primary_bytes(const model_par *par, size_t *out) {
+  model_par_piece *pp = NULL;
+  size_t n = 0, total = 0;
+  NEWT_CHECK(model_par_pieces(par, &pp, &n));
+  for (size_t i = 0; i < n; i++)
+    if (pp[i].primary) {
+      size_t b = (size_t)newt_slice_numel(&pp[i].slice) * sizeof(float);
+      total += (b + CKPT_STAGING_ALIGN - 1) / CKPT_STAGING_ALIGN * CKPT_STAGING_ALIGN;
+    }
+  free(pp);
+  *out = total;
+  return NEWT_OK;
+}
+
 newt_result_t worker_ckpt_generation(worker *w, const newt_plan *p, const plan_rank *me) {
   if (!enabled(w)) return NEWT_OK;
-  end_saver(w, strcmp(p->switch_mode, "boundary") == 0);
+  end_saver(w, strcmp(p->switch_mode, "boundary") == 0); /* its staging goes back to the pool */
   char layout[160];
   snprintf(layout, sizeof layout, "{\"dp\":%d,\"tp\":%d,\"pp\":%d,\"zero\":%d,\"rank\":%d,\"generation\":%llu}", p->dp,
            p->tp, p->pp, p->zero, me->rank, (unsigned long long)p->generation);
@@ -45,6 +69,14 @@ newt_result_t worker_ckpt_generation(worker *w, const newt_plan *p, const plan_r
                         .commit_timeout_ms = 120000,
                         .attempt = p->generation,
                         .layout_json = layout};
+  if (w->have_par && !model_dev_host_visible(w->par.dev)) { /* pinned staging, from the pool */
+    worker_pinned *pool = NULL;
+    NEWT_CHECK(worker_pinned_of(w, w->par.dev, &pool));
+    NEWT_CHECK(primary_bytes(&w->par, &so.staging_bytes));
+    so.staging_alloc = worker_pinned_staging_alloc;
+    so.staging_free = worker_pinned_staging_free;
+    so.staging_ctx = pool;
+  }
   return ckpt_saver_init(&w->saver, &so);
 }
 
@@ -71,7 +103,7 @@ newt_result_t worker_ckpt_step(worker *w, const newt_plan *p, const plan_rank *m
   }
   if (me->rank == 0 && st.state == CKPT_SAVE_DONE && st.last_ok_step > w->ckpt_published) {
     w->ckpt_published = st.last_ok_step;
-    worker_publish_ckpt(w, st.last_ok_step, ckpt_bytes(w, st.last_ok_step), (int64_t)st.write_ms);
+    worker_publish_ckpt(w, st.last_ok_step, ckpt_bytes(w, st.last_ok_step), (int64_t)st.write_ms, st.stall_ms);
   }
   const model_par *par = &w->par;
   if (par->step % w->spec.ckpt_every != 0) return NEWT_OK;
@@ -88,15 +120,20 @@ newt_result_t worker_ckpt_step(worker *w, const newt_plan *p, const plan_rank *m
       res = ckpt_save_add(w->saver, &pp[i].desc, &pp[i].slice, pp[i].data);
       continue;
     }
-    void *dst = NULL; /* device memory: downloaded into the saver's staging */
+    void *dst = NULL; /* device memory: a queued download into the saver's (pinned) staging */
     res = ckpt_save_reserve(w->saver, &pp[i].desc, &pp[i].slice, &dst);
     if (res == NEWT_OK)
-      res = model_dev_download(par->dev, dst, pp[i].data, (size_t)newt_slice_numel(&pp[i].slice) * sizeof(float));
+      model_dev_download_async(par->dev, dst, pp[i].data, (size_t)newt_slice_numel(&pp[i].slice) * sizeof(float));
+  }
+  if (!visible) { /* one wait for every copy queued (after the step's work), also after a failure above */
+    newt_result_t sr = model_dev_sync(par->dev);
+    if (res == NEWT_OK) res = sr;
   }
   char *state = NULL, desc[SPEC_PATH_MAX + 32];
   spec_data_desc(&w->spec, desc, sizeof desc);
   if (res == NEWT_OK && me->rank == 0)
     res = model_ckpt_train_state(&w->tcfg, par->step, worker_cursor(w), par->opt.t, desc, &state);
+  if (res != NEWT_OK) ckpt_saver_abort(w->saver); /* staging half filled: the save writes nothing */
   newt_result_t end = ckpt_save_end(w->saver, state);
   free(state);
   free(pp);

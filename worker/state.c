@@ -81,6 +81,23 @@ static void copies_free(worker *w) {
  * holds the whole state and the newest state always wins). */
 static int wants_copies(const model_par_config *pc) { return pc->tp * pc->pp > 1 || pc->zero > 0; }
 
+/* Host staging of floats from the worker's pinned pool (pinned.c): memory that device
+ * copies are fastest to and from, pinned once per run; given back with stage_release. */
+static newt_result_t stage_get(worker *w, model_dev *dev, size_t floats, float **out) {
+  worker_pinned *pool = NULL;
+  void *mem = NULL;
+  *out = NULL;
+  NEWT_CHECK(worker_pinned_of(w, dev, &pool));
+  newt_result_t r = worker_pinned_get(pool, floats * sizeof(float), &mem);
+  if (r != NEWT_OK) return newt_err_wrap(r, "staging %zu floats of the state on the host: ", floats);
+  *out = mem;
+  return NEWT_OK;
+}
+
+static void stage_release(worker *w, float *stage) {
+  if (stage) worker_pinned_put(w->pinned, stage);
+}
+
 /* --- snapshot and replica ----------------------------------------------------------------- */
 
 /* Lays out a copy of the given pieces in one buffer: memory of dev (NULL: the host). */
@@ -185,15 +202,22 @@ newt_result_t worker_replicate(worker *w) {
       r = NEWT_ERR(NEWT_ERR_NOMEM, "out of memory for a replica");
     free(wout), free(win), free(desc);
   }
-  float *packed = malloc((total ? total : 1) * sizeof *packed);
-  if (r == NEWT_OK && !packed) r = NEWT_ERR(NEWT_ERR_NOMEM, "out of memory for a replica");
+  /* this rank's shard packed on the host: a memcpy each on the CPU; on a GPU into pinned
+     staging, every copy queued and one wait */
+  int visible = model_dev_host_visible(p->dev);
+  float *packed = NULL;
+  if (r == NEWT_OK && visible && !(packed = malloc((total ? total : 1) * sizeof *packed)))
+    r = NEWT_ERR(NEWT_ERR_NOMEM, "out of memory for a replica");
+  if (r == NEWT_OK && !visible) r = stage_get(w, p->dev, total, &packed);
   if (r == NEWT_OK) {
     size_t off = 0;
-    for (size_t i = 0; i < nu && r == NEWT_OK; i++) { /* device -> host (a memcpy on the CPU) */
+    for (size_t i = 0; i < nu && r == NEWT_OK; i++) {
       size_t k = (size_t)newt_slice_numel(&cur[i].slice);
-      r = model_dev_download(p->dev, packed + off, cur[i].data, k * sizeof *packed);
+      if (visible) r = model_dev_download(p->dev, packed + off, cur[i].data, k * sizeof *packed);
+      else model_dev_download_async(p->dev, packed + off, cur[i].data, k * sizeof *packed);
       off += k;
     }
+    if (r == NEWT_OK && !visible) r = model_dev_sync(p->dev);
   }
   if (r == NEWT_OK) {
     /* into the spare buffer: until it is whole, the previous replica stays (a rollback to
@@ -215,7 +239,8 @@ newt_result_t worker_replicate(worker *w) {
     w->rep.spare_step = w->rep.step;
     w->rep.step = p->step;
   }
-  free(packed);
+  if (visible) free(packed);
+  else stage_release(w, packed);
   free(cur);
   return r;
 }
@@ -223,28 +248,28 @@ newt_result_t worker_replicate(worker *w) {
 /* --- host staging ------------------------------------------------------------------------ */
 
 /* Resharding and checkpoints read and write host memory. Pieces in memory of a device the
- * host cannot touch are staged: *stage (malloc'd, NULL when nothing was) gets a host copy
- * of pieces [0, n) of v (download = 1: their data; 0: room only) and v's pointers are
- * moved there. With a host-visible device (the CPU) nothing is copied: zero-copy as ever. */
-static newt_result_t stage_pieces(model_dev *dev, reshard_piece *v, size_t n, int download, float **stage) {
+ * host cannot touch are staged: *stage (from the pinned pool, NULL when nothing was) gets a
+ * host copy of pieces [0, n) of v (download = 1: their data, every copy queued and one
+ * wait; 0: room only) and v's pointers are moved there. With a host-visible device (the
+ * CPU) nothing is copied: zero-copy as ever. */
+static newt_result_t stage_pieces(worker *w, model_dev *dev, reshard_piece *v, size_t n, int download, float **stage) {
   *stage = NULL;
   if (model_dev_host_visible(dev) || n == 0) return NEWT_OK;
   size_t total = 0;
   for (size_t i = 0; i < n; i++) total += (size_t)newt_slice_numel(&v[i].slice);
-  float *h = malloc((total ? total : 1) * sizeof *h);
-  if (!h) return NEWT_ERR(NEWT_ERR_NOMEM, "out of memory staging %zu floats of the state on the host", total);
+  float *h = NULL;
+  NEWT_CHECK(stage_get(w, dev, total, &h));
   size_t off = 0;
   for (size_t i = 0; i < n; i++) {
     size_t k = (size_t)newt_slice_numel(&v[i].slice);
-    if (download) {
-      newt_result_t r = model_dev_download(dev, h + off, v[i].data, k * sizeof *h);
-      if (r != NEWT_OK) {
-        free(h);
-        return r;
-      }
-    }
+    if (download) model_dev_download_async(dev, h + off, v[i].data, k * sizeof *h);
     v[i].data = h + off;
     off += k;
+  }
+  newt_result_t r = download ? model_dev_sync(dev) : NEWT_OK;
+  if (r != NEWT_OK) {
+    stage_release(w, h);
+    return r;
   }
   *stage = h;
   return NEWT_OK;
@@ -264,8 +289,8 @@ static newt_result_t unstage_pieces(model_dev *dev, const reshard_piece *dst, si
 }
 
 /* What this rank holds: its state, its snapshot (when older), its neighbour's replica.
- * *out is malloc'd; the pieces point into this rank's buffers, or into *stage (malloc'd,
- * NULL when none) where the device's memory is not the host's. */
+ * *out is malloc'd; the pieces point into this rank's buffers, or into *stage (pinned, for
+ * stage_release; NULL when none) where the device's memory is not the host's. */
 static newt_result_t held_pieces(worker *w, reshard_piece **out, size_t *n, float **stage) {
   reshard_piece *cur = NULL, *have;
   size_t ncur = 0;
@@ -290,7 +315,7 @@ static newt_result_t held_pieces(worker *w, reshard_piece **out, size_t *n, floa
   free(cur);
   /* the state and the snapshot are device memory; the replica is the host's already */
   model_dev *dev = w->have_par ? w->par.dev : w->snap.dev;
-  newt_result_t r = ncur + nsnap && dev ? stage_pieces(dev, have, ncur + nsnap, 1, stage) : NEWT_OK;
+  newt_result_t r = ncur + nsnap && dev ? stage_pieces(w, dev, have, ncur + nsnap, 1, stage) : NEWT_OK;
   if (r != NEWT_OK) {
     free(have);
     return r;
@@ -316,14 +341,15 @@ static newt_result_t load_ckpt(worker *w, comm_t *c, model_par *np, int64_t *ste
     free(pp);
     return NEWT_ERR(NEWT_ERR_NOMEM, "out of memory reading a checkpoint");
   }
-  /* host staging for a device the host cannot touch: read there, then uploaded */
+  /* host staging (pinned) for a device the host cannot touch: read there, then uploaded */
   float *stage = NULL;
   size_t total = 0;
   if (!model_dev_host_visible(np->dev)) {
     for (size_t i = 0; i < n; i++) total += (size_t)newt_slice_numel(&pp[i].slice);
-    if (!(stage = malloc((total ? total : 1) * sizeof *stage))) {
+    newt_result_t sr = stage_get(w, np->dev, total, &stage);
+    if (sr != NEWT_OK) {
       free(reqs), free(pp);
-      return NEWT_ERR(NEWT_ERR_NOMEM, "out of memory staging %zu floats of a checkpoint", total);
+      return sr;
     }
   }
   for (size_t i = 0, off = 0; i < n; i++) {
@@ -342,7 +368,7 @@ static newt_result_t load_ckpt(worker *w, comm_t *c, model_par *np, int64_t *ste
     off += k;
   }
   if (r == NEWT_OK && stage) r = model_dev_sync(np->dev);
-  free(stage);
+  stage_release(w, stage);
   free(reqs);
   free(pp);
   if (r != NEWT_OK && r != NEWT_ERR_NOTFOUND) return r;
@@ -393,7 +419,7 @@ newt_result_t worker_restore(worker *w, comm_t *c, const newt_plan *p, const mod
       goto exit;
     }
     if (nneed) memcpy(need_dev, need, nneed * sizeof *need);
-    NEWT_CHECK_GOTO(stage_pieces(np->dev, need, nneed, 0, &need_stage), r, exit);
+    NEWT_CHECK_GOTO(stage_pieces(w, np->dev, need, nneed, 0, &need_stage), r, exit);
   }
 
   reshard_result rr;
@@ -420,7 +446,8 @@ newt_result_t worker_restore(worker *w, comm_t *c, const newt_plan *p, const mod
     }
   }
 exit:
-  free(have), free(need), free(need_dev), free(have_stage), free(need_stage);
+  free(have), free(need), free(need_dev);
+  stage_release(w, have_stage), stage_release(w, need_stage);
   if (!reuse) {
     if (r == NEWT_OK) {
       if (w->have_par) model_par_free(&w->par);
@@ -447,7 +474,8 @@ newt_result_t worker_donate(worker *w, comm_t *c) {
   NEWT_CHECK(held_pieces(w, &have, &n, &stage));
   reshard_result rr;
   newt_result_t r = reshard_exchange(c, have, n, NULL, 0, &rr);
-  free(have), free(stage);
+  free(have);
+  stage_release(w, stage);
   return r;
 }
 
@@ -455,4 +483,6 @@ void worker_state_free(worker *w) {
   copies_free(w);
   if (w->have_par) model_par_free(&w->par);
   w->have_par = 0;
+  worker_pinned_free(w->pinned); /* after the saver (worker_ckpt_free), before the device closes */
+  w->pinned = NULL;
 }

@@ -2,8 +2,8 @@
  * what gets saved), staging reservations, one save in flight (skip or wait), a committer
  * that times out or is aborted when a rank never writes and reports it, a rank's failure
  * marker (and ckpt_save_fail, which leaves one), stale indexes of an earlier attempt,
- * pruning to `keep`, the checks the commit makes on what the ranks wrote, and request
- * errors on load. */
+ * pruning to `keep`, the checks the commit makes on what the ranks wrote, request errors on
+ * load, and staging memory from the caller's allocator. */
 #include <pthread.h>
 #include <unistd.h>
 
@@ -380,6 +380,103 @@ static void test_request_errors(void) {
   T_ERR(NEWT_ERR_NOTFOUND, ckpt_open(&r, empty, CKPT_LATEST, 1));
 }
 
+/* The caller's staging allocator (ckpt_saver_opts.staging_alloc), as a pinned-memory pool
+ * would be: blocks aligned to CKPT_STAGING_ALIGN but not to a page (the shard's O_DIRECT
+ * writes never come from staging), filled with garbage (the saver may not count on zeroed
+ * memory), each one counted and every one given back. */
+#define TA_MAX 64
+typedef struct talloc {
+  void *live[TA_MAX]; /* handed out, not yet freed */
+  int nlive, allocs, frees, misalign, refuse;
+} talloc;
+
+static void *ta_alloc(void *ctx, size_t bytes) {
+  talloc *a = ctx;
+  uint8_t *p = NULL;
+  if (a->refuse || a->nlive == TA_MAX || posix_memalign((void **)&p, 4096, bytes + 4096) != 0) return NULL;
+  memset(p, 0xA5, bytes + 4096);
+  uint8_t *q = p + (a->misalign ? 8 : CKPT_STAGING_ALIGN); /* on purpose not page-aligned */
+  a->live[a->nlive++] = q;
+  a->allocs++;
+  return q;
+}
+
+static void ta_free(void *ctx, void *q) {
+  talloc *a = ctx;
+  int k = 0;
+  while (k < a->nlive && a->live[k] != q) k++;
+  T_CHECK_MSG(k < a->nlive, "staging_free(%p): not a block staging_alloc gave", q);
+  if (k == a->nlive) return;
+  a->live[k] = a->live[--a->nlive];
+  a->frees++;
+  uint8_t *p = (uint8_t *)q - (a->misalign ? 8 : CKPT_STAGING_ALIGN);
+  free(p);
+}
+
+static void test_staging_allocator(void) {
+  char dir[300];
+  subdir(dir, sizeof dir, "staging_alloc");
+  talloc a = {0};
+  ckpt_saver_opts o = {.dir = dir, .rank = 0, .nranks = 1, .commit = 1, .keep = 5, .chunk_bytes = 3000,
+                       .staging_bytes = 1000, /* too small: the first save grows it */
+                       .staging_alloc = ta_alloc, .staging_free = ta_free, .staging_ctx = &a};
+  tstate s;
+  ckpt_saver *sv = ts_begin(&o, &s, 2, 1, 0, 1);
+  T_CHECK(a.allocs == 1); /* staging_bytes, up front */
+  T_OK(ts_save_into(sv, &s, 2)); /* snapshot copies into the caller's blocks */
+  T_CHECK(a.allocs >= 2 && a.nlive == a.allocs);
+  size_t cap = 0;
+  T_CHECK(ckpt_saver_staging(sv, &cap) == a.live[0] && cap == 1000);
+  for (size_t i = 0; i < s.n; i++) memset(s.data[i], 0x5A, s.bytes[i]); /* training goes on */
+  T_OK(ckpt_save_wait(sv, newt_deadline_in_ms(60000)));
+  ts_load_check(dir, CKPT_LATEST, 2, 1, 0, NULL);
+
+  /* reservations filled by the caller, in the same blocks: warm, nothing more is allocated */
+  int warm = a.allocs;
+  tstate later;
+  ts_make(&later, 3, 1, 0);
+  int started = 0;
+  T_OK(ckpt_save_begin(sv, 3, 1, &started));
+  for (size_t i = 0; i < later.n; i++) {
+    void *dst = NULL;
+    T_OK(ckpt_save_reserve(sv, &later.t[i], NULL, &dst));
+    T_CHECK(!later.bytes[i] || (uintptr_t)dst % CKPT_STAGING_ALIGN == 0);
+    if (later.bytes[i]) memcpy(dst, later.data[i], later.bytes[i]);
+  }
+  char js[256];
+  ts_state_json(3, js, sizeof js);
+  T_OK(ckpt_save_end(sv, js));
+  T_OK(ckpt_save_wait(sv, newt_deadline_in_ms(60000)));
+  T_CHECK_MSG(a.allocs == warm, "a warm saver allocated %d more staging blocks", a.allocs - warm);
+  ts_load_check(dir, CKPT_LATEST, 3, 1, 0, NULL);
+  ckpt_saver_free(sv);
+  T_CHECK_MSG(a.nlive == 0 && a.frees == a.allocs, "%d of %d staging blocks not given back to staging_free", a.nlive,
+              a.allocs);
+  ts_free(&s);
+  ts_free(&later);
+
+  /* an allocator that cannot or gives memory not aligned as said: the save says so */
+  ckpt_saver_opts half = o;
+  half.staging_free = NULL;
+  T_ERR(NEWT_ERR_INVALID, ckpt_saver_init(&sv, &half));
+  T_CHECK(strstr(newt_errmsg(), "staging_alloc and staging_free") != NULL);
+  o.staging_bytes = 0;
+  a.misalign = 1;
+  T_OK(ckpt_saver_init(&sv, &o));
+  ts_make(&s, 4, 1, 0);
+  T_OK(ckpt_save_begin(sv, 4, 1, &started));
+  T_ERR(NEWT_ERR_INVALID, ckpt_save_add(sv, &s.t[0], NULL, s.data[0]));
+  T_CHECK(strstr(newt_errmsg(), "not aligned to 64 bytes") != NULL);
+  a.misalign = 0;
+  a.refuse = 1;
+  T_ERR(NEWT_ERR_NOMEM, ckpt_save_add(sv, &s.t[0], NULL, s.data[0]));
+  T_CHECK(strstr(newt_errmsg(), "staging_alloc") != NULL);
+  ckpt_saver_free(sv);
+  T_CHECK(a.nlive == 0 && a.frees == a.allocs);
+  ts_free(&s);
+  ts_load_check(dir, CKPT_LATEST, 3, 1, 0, NULL);
+}
+
 int main(void) {
   ts_tmpdir(root, sizeof root, "/tmp", "ckpt-save");
   T_RUN(test_sync_async);
@@ -390,6 +487,7 @@ int main(void) {
   T_RUN(test_commit_checks);
   T_RUN(test_prune);
   T_RUN(test_request_errors);
+  T_RUN(test_staging_allocator);
   newt_fs_rm_rf(root);
   return T_DONE();
 }

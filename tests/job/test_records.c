@@ -171,6 +171,16 @@ static void test_progress_done_ckpt(void) {
   T_CHECK(memcmp(&c, &cb, sizeof c) == 0);
   free(text);
   EXPECT_REJECT(job_ckpt_from_json, job_ckpt, "{\"step\":3}", "ckpt.dir");
+  /* rank 0's stall, to the µs; optional (an older worker's record has none) */
+  c.save_ms = 812;
+  c.stall_ms = 3.1415926;
+  text = job_ckpt_to_json(&c);
+  T_OK(job_ckpt_from_json(text, strlen(text), &cb));
+  T_CHECK(cb.save_ms == 812 && fabs(cb.stall_ms - 3.142) < 1e-9);
+  free(text);
+  EXPECT_REJECT(job_ckpt_from_json, job_ckpt, "{\"step\":3,\"dir\":\"d\",\"stall_ms\":-1}", "ckpt.stall_ms");
+  EXPECT_REJECT(job_ckpt_from_json, job_ckpt, "{\"step\":3,\"dir\":\"d\",\"stall_ms\":1e12}", "ckpt.stall_ms");
+  EXPECT_REJECT(job_ckpt_from_json, job_ckpt, "{\"step\":3,\"dir\":\"d\",\"stall_ms\":\"slow\"}", "ckpt.stall_ms");
 }
 
 static void test_events(void) {

@@ -271,6 +271,7 @@ static void test_ends(void) {
   const char *t = b.data ? b.data : "";
   static const char *const want[] = {"newt_steps_total ", "newt_tokens_total ", "newt_recoveries_total{cause=\"crash\"} ",
                                      "newt_steps_lost_total ", "newt_recovery_duration_seconds", "newt_checkpoint_save_duration_seconds",
+                                     "newt_checkpoint_stall_seconds",
                                      "newt_checkpoint_bytes ", "newt_checkpoint_last_step ", "newt_etcd_request_errors_total ",
                                      "newt_etcd_request_duration_seconds_bucket", "newt_workers ", "newt_spares ",
                                      "newt_build_info{version=", "newt_world_size "};

@@ -20,8 +20,10 @@ static void test_roundtrip(void) {
        .generation = 2, .restore = "memory"},
       {.cause = "join", .t_ms = 1700000009000ull, .step = 200, .world = 4, .detect_ms = 1326, .plan_ms = 9,
        .comm_ms = 153, .restore_ms = 239, .total_ms = 1800, .generation = 3, .restore = "peer"}};
+  launcher_ckpt cks[2] = {{.step = 100, .bytes = 4096, .save_ms = 812, .stall_ms = 3.125}, {.step = 200}};
   launcher_result res = {.done = 1, .steps = 300, .final_loss = 2.1889, .generations = 3, .samples_consumed = 7200,
-                         .wall_s = 25.5, .recoveries = recs, .nrecoveries = 2, .t_start_ms = 1699999990000ull};
+                         .wall_s = 25.5, .recoveries = recs, .nrecoveries = 2, .t_start_ms = 1699999990000ull,
+                         .ckpts = cks, .nckpts = 2};
   snprintf(res.log_dir, sizeof res.log_dir, "/tmp/demo-logs");
   snprintf(res.step_log, sizeof res.step_log, "/tmp/demo-logs/steps.jsonl");
   char *text = launcher_summary_json(&o, &res);
@@ -41,6 +43,9 @@ static void test_roundtrip(void) {
     T_CHECK(a->t_ms == 1700000000100ull);
     T_CHECK(strcmp(b->cause, "join") == 0 && !b->fault[0] && !b->t_fault && b->total_ms == 1800);
   }
+  T_CHECK(s.res.nckpts == 2);
+  if (s.res.nckpts == 2)
+    T_CHECK(memcmp(&s.res.ckpts[0], &cks[0], sizeof cks[0]) == 0 && memcmp(&s.res.ckpts[1], &cks[1], sizeof cks[1]) == 0);
   launcher_result_free(&s.res);
   free(text);
 }
@@ -60,6 +65,9 @@ static void test_old_and_bad(void) {
        "summary.recoveries[0].comm_ms"},
       {"{\"steps\":1,\"final_loss\":1,\"generations\":1,\"samples_consumed\":1,\"recoveries\":[3]}",
        "summary.recoveries[0]"},
+      {"{\"steps\":1,\"final_loss\":1,\"generations\":1,\"samples_consumed\":1,\"recoveries\":[],"
+       "\"checkpoints\":[{\"step\":1,\"stall_ms\":-2}]}",
+       "summary.checkpoints[0].stall_ms"},
       {"[]", "summary"},
       {"{\"steps\":", "summary"}};
   for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {

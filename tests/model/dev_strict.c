@@ -2,18 +2,79 @@
  * non-canonical pointers. Each entry of the table checks that its device arguments are
  * strict device pointers and its host arguments are not (aborting with the operation and
  * the argument named otherwise), translates them, and calls the same entry of
- * model_dev_cpu_ops (model/dev_internal.h) on the CPU device. */
+ * model_dev_cpu_ops (model/dev_internal.h) on the CPU device.
+ *
+ * Queued downloads (model_dev_download_async) run late, as a GPU's copy engine may: they
+ * wait in a queue until the next operation that touches device or host memory of the
+ * device (or a collective over it, dev_strict_comm.h), and at the latest model_dev_sync,
+ * so a caller that reads the destination before the sync reads what was there before.
+ * Their destination must lie in a block of model_dev_host_alloc (aborting otherwise), which
+ * the device remembers, and counts for the tests of pools that keep them. */
 #include "dev_strict.h"
 
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "model/dev_internal.h"
 
 static const model_dev_ops *cpu(void) { return &model_dev_cpu_ops; }
 
+/* ---- host blocks and queued downloads ------------------------------------------------------------ */
+
+typedef struct hblock {
+  uintptr_t p;
+  size_t n;
+} hblock;
+typedef struct pending {
+  void *dst;
+  const void *src; /* translated: host addresses */
+  size_t n;
+} pending;
+
+static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
+static hblock *hblocks;
+static size_t nhblocks, cap_hblocks, host_allocs;
+static pending *pend;
+static size_t npend, cap_pend;
+
+void dev_strict_flush(void) {
+  pthread_mutex_lock(&mu);
+  for (size_t i = 0; i < npend; i++) memcpy(pend[i].dst, pend[i].src, pend[i].n);
+  npend = 0;
+  pthread_mutex_unlock(&mu);
+}
+
+size_t dev_strict_host_allocs(void) {
+  pthread_mutex_lock(&mu);
+  size_t n = host_allocs;
+  pthread_mutex_unlock(&mu);
+  return n;
+}
+
+size_t dev_strict_host_live(void) {
+  pthread_mutex_lock(&mu);
+  size_t n = nhblocks;
+  pthread_mutex_unlock(&mu);
+  return n;
+}
+
+/* Grows *arr (of *cap elements of size sz) to hold one more than n; aborts when it cannot. */
+static void grow(void **arr, size_t *cap, size_t n, size_t sz) {
+  if (n < *cap) return;
+  size_t c = *cap ? 2 * *cap : 16;
+  void *a = realloc(*arr, c * sz);
+  if (!a) {
+    fprintf(stderr, "dev_strict: out of memory\n");
+    abort();
+  }
+  *arr = a;
+  *cap = c;
+}
+
 /* A device argument: NULL, or a strict pointer (returned as its host address). */
-static void *D(const void *p, const char *op, const char *arg) {
+static void *D_(const void *p, const char *op, const char *arg) {
   if (!p) return NULL;
   if (!dev_strict_is_dev(p)) {
     fprintf(stderr, "dev_strict: %s: %s = %p is not device memory (a host pointer where model/dev.h wants a device "
@@ -24,12 +85,23 @@ static void *D(const void *p, const char *op, const char *arg) {
 }
 
 /* A host argument: must not be a strict pointer. */
-static void *H(const void *p, const char *op, const char *arg) {
+static void *H_(const void *p, const char *op, const char *arg) {
   if (dev_strict_is_dev(p)) {
     fprintf(stderr, "dev_strict: %s: %s = %p is device memory where model/dev.h wants host memory\n", op, arg, p);
     abort();
   }
   return (void *)(uintptr_t)p;
+}
+
+/* ... with the queued downloads run first: every operation but another queued download
+ * comes after them. */
+static void *D(const void *p, const char *op, const char *arg) {
+  dev_strict_flush();
+  return D_(p, op, arg);
+}
+static void *H(const void *p, const char *op, const char *arg) {
+  dev_strict_flush();
+  return H_(p, op, arg);
 }
 
 #define DF(p, op) ((float *)D((p), op, #p))
@@ -50,11 +122,27 @@ static void s_free(model_dev *d, void *p) {
 }
 static newt_result_t s_host_alloc(model_dev *d, size_t bytes, void **out) {
   (void)d;
-  return cpu()->host_alloc(model_dev_cpu(), bytes, out);
+  NEWT_CHECK(cpu()->host_alloc(model_dev_cpu(), bytes, out));
+  pthread_mutex_lock(&mu);
+  grow((void **)&hblocks, &cap_hblocks, nhblocks, sizeof *hblocks);
+  hblocks[nhblocks++] = (hblock){(uintptr_t)*out, bytes};
+  host_allocs++;
+  pthread_mutex_unlock(&mu);
+  return NEWT_OK;
 }
 static void s_host_free(model_dev *d, void *p) {
   (void)d;
-  cpu()->host_free(model_dev_cpu(), H(p, "host_free", "p"));
+  H(p, "host_free", "p");
+  pthread_mutex_lock(&mu);
+  size_t k = 0;
+  while (k < nhblocks && hblocks[k].p != (uintptr_t)p) k++;
+  if (k == nhblocks) {
+    fprintf(stderr, "dev_strict: host_free: p = %p is not a block of host_alloc\n", p);
+    abort();
+  }
+  hblocks[k] = hblocks[--nhblocks];
+  pthread_mutex_unlock(&mu);
+  cpu()->host_free(model_dev_cpu(), p);
 }
 static newt_result_t s_upload(model_dev *d, void *dst, const void *src, size_t bytes) {
   (void)d;
@@ -63,6 +151,23 @@ static newt_result_t s_upload(model_dev *d, void *dst, const void *src, size_t b
 static newt_result_t s_download(model_dev *d, void *dst, const void *src, size_t bytes) {
   (void)d;
   return cpu()->download(model_dev_cpu(), H(dst, "download", "dst"), D(src, "download", "src"), bytes);
+}
+static void s_download_async(model_dev *d, void *dst, const void *src, size_t bytes) {
+  (void)d;
+  const void *s = D_(src, "download_async", "src");
+  H_(dst, "download_async", "dst");
+  pthread_mutex_lock(&mu);
+  size_t k = 0;
+  uintptr_t a = (uintptr_t)dst;
+  while (k < nhblocks && !(a >= hblocks[k].p && bytes <= hblocks[k].n && a - hblocks[k].p <= hblocks[k].n - bytes)) k++;
+  if (k == nhblocks) {
+    fprintf(stderr, "dev_strict: download_async: dst = %p (%zu bytes) is not in a block of host_alloc (a queued copy "
+                    "needs pinned memory)\n", dst, bytes);
+    abort();
+  }
+  grow((void **)&pend, &cap_pend, npend, sizeof *pend);
+  pend[npend++] = (pending){dst, s, bytes};
+  pthread_mutex_unlock(&mu);
 }
 static void s_copy(model_dev *d, void *dst, const void *src, size_t bytes) {
   (void)d;
@@ -74,6 +179,7 @@ static void s_zero(model_dev *d, void *p, size_t bytes) {
 }
 static newt_result_t s_sync(model_dev *d) {
   (void)d;
+  dev_strict_flush();
   return NEWT_OK;
 }
 static size_t s_scratch_floats(const model_dev *d, int T, int C, int NH) {
@@ -217,6 +323,7 @@ static const model_dev_ops strict_ops = {
     .host_free = s_host_free,
     .upload = s_upload,
     .download = s_download,
+    .download_async = s_download_async,
     .copy = s_copy,
     .zero = s_zero,
     .sync = s_sync,

@@ -10,7 +10,8 @@
  * staging). Every operation translates its pointer arguments back and runs the CPU
  * device's operation (model/dev_cpu.c): the results are the CPU device's bit for bit. A
  * host pointer where a device pointer belongs (or the reverse) aborts with a message naming
- * the operation and the argument.
+ * the operation and the argument. Queued downloads run late (at the next operation, at the
+ * latest model_dev_sync) and only into model_dev_host_alloc memory, which it counts.
  *
  *   model_dev *d = dev_strict();                        // one per process, never freed
  *   model_par_config pc; ...; pc.dev = d;               // train on it
@@ -21,6 +22,7 @@
 #ifndef NEWT_TESTS_DEV_STRICT_H
 #define NEWT_TESTS_DEV_STRICT_H
 
+#include <stddef.h>
 #include <stdint.h>
 
 #include "model/dev.h"
@@ -29,6 +31,12 @@
 
 /* The strict device (one per process, never freed). */
 model_dev *dev_strict(void);
+
+/* Runs the queued downloads now (dev_strict_comm.h does before each collective). */
+void dev_strict_flush(void);
+/* model_dev_host_alloc calls so far, and blocks not yet freed (for tests of pools). */
+size_t dev_strict_host_allocs(void);
+size_t dev_strict_host_live(void);
 
 /* Is p (not NULL) one of the strict device's pointers? */
 static inline int dev_strict_is_dev(const void *p) { return ((uintptr_t)p & DEV_STRICT_TAG) != 0; }

@@ -13,6 +13,7 @@
 static comm_backend_ops dev_strict_comm_ops;
 
 static inline newt_result_t dev_strict_comm_run(struct comm *c, const comm_opdesc *op) {
+  dev_strict_flush(); /* a collective comes after the downloads queued before it */
   comm_opdesc o = *op;
   o.send = dev_strict_host(o.send);
   o.recv = dev_strict_host(o.recv);
@@ -20,6 +21,7 @@ static inline newt_result_t dev_strict_comm_run(struct comm *c, const comm_opdes
 }
 
 static inline newt_result_t dev_strict_comm_submit(struct comm *c, struct comm_req *r) {
+  dev_strict_flush();
   r->op.send = dev_strict_host(r->op.send);
   r->op.recv = dev_strict_host(r->op.recv);
   return comm_cpu_ops.submit(c, r);

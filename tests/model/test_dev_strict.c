@@ -1,7 +1,8 @@
 /* The strict test device (dev_strict.h) itself: its memory faults when the host touches it,
  * bytes cross only by upload and download, a host pointer given as device memory is
- * refused, and its kernels are the CPU device's bit for bit (a layernorm, a matmul, the
- * squared norm into a device double, AdamW with its moments on the device). */
+ * refused, queued downloads land late and only in model_dev_host_alloc memory, and its
+ * kernels are the CPU device's bit for bit (a layernorm, a matmul, the squared norm into a
+ * device double, AdamW with its moments on the device). */
 #include <signal.h>
 #include <stdlib.h>
 #include <string.h>
@@ -49,6 +50,36 @@ static void test_memory(void) {
   T_CHECK(x[255] == 0.0f);
   model_dev_free(d, p);
   model_dev_host_free(d, h);
+}
+
+static void queue_into_pageable(void *p) {
+  float x[4];
+  model_dev_download_async(dev_strict(), x, p, sizeof x);
+}
+
+/* Queued downloads: the bytes are there after the sync (not before), in the order queued
+ * ahead of later work, and only into host_alloc memory. */
+static void test_download_async(void) {
+  model_dev *d = dev_strict();
+  size_t allocs = dev_strict_host_allocs(), live = dev_strict_host_live();
+  void *p = NULL, *h = NULL;
+  T_OK(model_dev_alloc(d, 1024, &p));
+  T_OK(model_dev_host_alloc(d, 2048, &h));
+  T_CHECK(dev_strict_host_allocs() == allocs + 1 && dev_strict_host_live() == live + 1);
+  float src[256], *x = h;
+  for (int i = 0; i < 256; i++) src[i] = (float)(i + 1);
+  T_OK(model_dev_upload(d, p, src, sizeof src));
+  model_dev_download_async(d, x, p, 512);
+  model_dev_download_async(d, x + 256, (float *)p + 128, 512);
+  T_CHECK_MSG(x[0] == 0.0f && x[256] == 0.0f, "a queued download landed before the sync");
+  model_dev_zero(d, p, 1024); /* queued after the downloads: they see the bytes before it */
+  T_OK(model_dev_sync(d));
+  T_CHECK(x[0] == 1.0f && x[127] == 128.0f && x[256] == 129.0f && x[383] == 256.0f);
+  fprintf(stderr, "  expected below: the strict device refusing a queued download into pageable memory\n");
+  T_CHECK_MSG(child_signal(queue_into_pageable, p) == SIGABRT, "a queued download into pageable memory was accepted");
+  model_dev_free(d, p);
+  model_dev_host_free(d, h);
+  T_CHECK(dev_strict_host_live() == live);
 }
 
 /* n floats of device memory of d holding src. */
@@ -120,6 +151,7 @@ static void test_kernels(void) {
 
 int main(void) {
   T_RUN(test_memory);
+  T_RUN(test_download_async);
   T_RUN(test_kernels);
   return T_DONE();
 }

@@ -10,7 +10,11 @@
  *   - both lost their state: step 2 is whole from the two snapshots (the snapshot path);
  *   - both lost everything but the checkpoint the worker saved at step 3 (worker/save.c:
  *     pieces downloaded into the saver's staging) and it is read back (worker/state.c:
- *     read into host staging, uploaded).
+ *     read into host staging, uploaded); then two more generations of the second layout,
+ *     each a new saver, a save and a restore from memory: on the strict device the staging
+ *     of both is pinned memory of the worker's pool (the strict device refuses a queued
+ *     download anywhere else) and the second pins nothing (the pool kept what the first
+ *     gave back); the CPU device stages nothing and has no pool.
  *
  * Each scenario must follow the single-process losses, and give the same restored step, the
  * same losses and the same final state, bit for bit, on both devices; a host access to
@@ -57,6 +61,53 @@ static int step(worker *w, int s, double *loss) {
     return 1;
   }
   return 0;
+}
+
+/* Generations 3 and 4 of plan's layout (pc): a new saver, a save of the step the rank is at,
+ * and a restore from memory each. On the strict device (strict = 1) the second must pin no
+ * host memory; the CPU device must have used no pool at all. */
+static int more_generations(worker *w, comm_t *world, int rank, const newt_plan *plan, const model_par_config *pc,
+                            int strict) {
+  w->spec.ckpt_every = 1; /* the step it is at is saved */
+  size_t pinned[3];
+  int fails = 0;
+  for (int g = 0; g < 2 && !fails; g++) {
+    pinned[g] = dev_strict_host_allocs();
+    newt_plan pg = *plan;
+    pg.generation = 3 + (uint64_t)g;
+    pg.nranks = 2;
+    plan_rank me = {.rank = rank};
+    newt_result_t r = worker_ckpt_generation(w, &pg, &me);
+    if (r == NEWT_OK) r = worker_ckpt_step(w, &pg, &me);
+    if (r == NEWT_OK) r = ckpt_save_wait(w->saver, newt_deadline_in_ms(60000));
+    if (r == NEWT_OK) r = worker_restore(w, world, &pg, pc);
+    if (r != NEWT_OK) {
+      fprintf(stderr, "rank %d: generation %d: %s\n", rank, 3 + g, newt_errmsg());
+      fails++;
+    }
+  }
+  pinned[2] = dev_strict_host_allocs();
+  if (fails) return fails;
+  if (!strict) {
+    if (w->pinned) {
+      fprintf(stderr, "rank %d: FAIL the CPU device made a pinned pool (it stages nothing)\n", rank);
+      fails++;
+    }
+    return fails;
+  }
+  worker_pinned_stats st = {0};
+  if (w->pinned) worker_pinned_stats_get(w->pinned, &st);
+  if (!w->pinned || st.allocs == 0 || st.reused == 0 || pinned[2] != pinned[1]) {
+    fprintf(stderr, "rank %d: FAIL pinned pool: %llu blocks pinned, %llu requests met from kept blocks; generation 3 "
+            "pinned %zu blocks, generation 4 %zu (want 0)\n", rank, (unsigned long long)st.allocs,
+            (unsigned long long)st.reused, pinned[1] - pinned[0], pinned[2] - pinned[1]);
+    fails++;
+  } else if (rank == 0) {
+    fprintf(stderr, "  pinned pool: %llu blocks (%zu bytes) pinned in 4 generations, %llu requests met from kept "
+            "blocks, none pinned by generation 4\n", (unsigned long long)st.allocs, st.bytes,
+            (unsigned long long)st.reused);
+  }
+  return fails;
 }
 
 /* One scenario on one device: 0 rank 1 loses its state, 1 both do, 2 both lose all but the
@@ -129,6 +180,7 @@ static int run(ct_world *cw, int rank, model_dev *dev, int scenario, outcome *ou
   out->restored = w.par.step;
   for (int s = (int)out->restored; s < (int)out->restored + POST && !fails; s++) fails += step(&w, s, &out->loss[s]);
   if (!fails && !(out->state = pt_pieces_download(&w.par, &out->nstate))) fails = 1;
+  if (!fails && scenario == 2) fails += more_generations(&w, world, rank, &plan, &pc, dev != model_dev_cpu());
 exit:
   worker_ckpt_free(&w);
   for (int i = 0; i < WORKER_PUB_SLOTS; i++) free(w.pub[i].value);

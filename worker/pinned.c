@@ -1,0 +1,154 @@
+/* The worker's pinned host memory: a pool of model_dev_host_alloc blocks of its device
+ * (cudaMallocHost on a GPU), for the staging that device-to-host copies land in or
+ * host-to-device copies leave from: the checkpoint saver's staging (save.c) and the
+ * restore's (state.c). Only a device whose memory the host cannot touch uses it; the CPU
+ * device stages nothing.
+ *
+ * Pinning gigabytes costs hundreds of milliseconds (the pages are faulted in and locked),
+ * and a saver is made every generation and a restore stages every recovery: a block given
+ * back is kept, marked free, and the next request of at most its size gets it (the
+ * smallest free one that fits), so the memory is pinned once per run and a recovery or a
+ * new generation of the same layout allocates nothing. A request that no free block fits
+ * (the state grew: a smaller data-parallel group with ZeRO, say) gives the free blocks
+ * smaller than it back to the device first, so outgrown blocks do not pile up.
+ *
+ * Sizes are rounded up to POOL_GRAIN so that requests a little apart share blocks, and
+ * what is handed out is aligned to POOL_ALIGN whatever the device's allocator gives (the
+ * checkpoint saver needs CKPT_STAGING_ALIGN; a real cudaMallocHost gives pages, the test
+ * double of the CUDA runtime plain malloc). The
+ * pool is freed with the worker's state, before its device is closed. Every call takes
+ * the pool's mutex: blocks may be given back from any thread. */
+#include <pthread.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/log.h"
+#include "worker/internal.h"
+
+#define POOL_GRAIN ((size_t)64 << 10)
+#define POOL_ALIGN ((size_t)CKPT_STAGING_ALIGN)
+
+typedef struct pblock {
+  void *raw;  /* from model_dev_host_alloc */
+  void *p;    /* handed out: raw aligned up to POOL_ALIGN */
+  size_t cap; /* bytes from p */
+  int used;
+} pblock;
+
+struct worker_pinned {
+  model_dev *dev;
+  pthread_mutex_t mu;
+  pblock *blocks;
+  size_t n, cap;
+  worker_pinned_stats st;
+};
+
+newt_result_t worker_pinned_init(worker_pinned **out, model_dev *dev) {
+  worker_pinned *p = calloc(1, sizeof *p);
+  NEWT_CHECK_ALLOC(p);
+  p->dev = dev;
+  pthread_mutex_init(&p->mu, NULL);
+  *out = p;
+  return NEWT_OK;
+}
+
+/* Gives the free blocks smaller than bytes back to the device (called with mu held). */
+static void drop_outgrown(worker_pinned *p, size_t bytes) {
+  size_t k = 0;
+  for (size_t i = 0; i < p->n; i++) {
+    if (!p->blocks[i].used && p->blocks[i].cap < bytes) {
+      model_dev_host_free(p->dev, p->blocks[i].raw);
+      p->st.bytes -= p->blocks[i].cap;
+      continue;
+    }
+    p->blocks[k++] = p->blocks[i];
+  }
+  p->n = k;
+}
+
+newt_result_t worker_pinned_get(worker_pinned *p, size_t bytes, void **out) {
+  *out = NULL;
+  size_t want = (bytes ? bytes : 1) + POOL_GRAIN - 1;
+  want -= want % POOL_GRAIN;
+  pthread_mutex_lock(&p->mu);
+  pblock *best = NULL;
+  for (size_t i = 0; i < p->n; i++)
+    if (!p->blocks[i].used && p->blocks[i].cap >= want && (!best || p->blocks[i].cap < best->cap)) best = &p->blocks[i];
+  newt_result_t r = NEWT_OK;
+  if (best) {
+    best->used = 1;
+    *out = best->p;
+    p->st.reused++;
+  } else {
+    drop_outgrown(p, want);
+    if (p->n == p->cap) {
+      size_t c = p->cap ? 2 * p->cap : 8;
+      pblock *nb = realloc(p->blocks, c * sizeof *nb);
+      if (nb) p->blocks = nb, p->cap = c;
+      else r = NEWT_ERR(NEWT_ERR_NOMEM, "out of memory for the pinned pool's table");
+    }
+    void *mem = NULL;
+    if (r == NEWT_OK) r = model_dev_host_alloc(p->dev, want + POOL_ALIGN, &mem);
+    if (r == NEWT_OK) {
+      uintptr_t a = ((uintptr_t)mem + POOL_ALIGN - 1) & ~(uintptr_t)(POOL_ALIGN - 1);
+      p->blocks[p->n++] = (pblock){mem, (void *)a, want, 1};
+      mem = (void *)a;
+      p->st.allocs++;
+      p->st.bytes += want;
+      *out = mem;
+    }
+  }
+  pthread_mutex_unlock(&p->mu);
+  return r;
+}
+
+void worker_pinned_put(worker_pinned *p, void *ptr) {
+  if (!ptr) return;
+  pthread_mutex_lock(&p->mu);
+  size_t i = 0;
+  while (i < p->n && p->blocks[i].p != ptr) i++;
+  if (i < p->n && p->blocks[i].used) p->blocks[i].used = 0;
+  else NEWT_ERROR(WORKER, "pinned pool: %p given back is not a block in use (ignored)", ptr);
+  pthread_mutex_unlock(&p->mu);
+}
+
+void worker_pinned_stats_get(worker_pinned *p, worker_pinned_stats *st) {
+  pthread_mutex_lock(&p->mu);
+  *st = p->st;
+  st->blocks = p->n;
+  pthread_mutex_unlock(&p->mu);
+}
+
+void worker_pinned_free(worker_pinned *p) {
+  if (!p) return;
+  for (size_t i = 0; i < p->n; i++) {
+    if (p->blocks[i].used) { /* still someone's: leaked rather than freed under its user */
+      NEWT_ERROR(WORKER, "pinned pool freed with a block of %zu bytes in use (not freed)", p->blocks[i].cap);
+      continue;
+    }
+    model_dev_host_free(p->dev, p->blocks[i].raw);
+  }
+  free(p->blocks);
+  pthread_mutex_destroy(&p->mu);
+  free(p);
+}
+
+/* ckpt_saver_opts.staging_alloc / staging_free over the pool (ctx: the pool); its blocks
+ * are aligned to CKPT_STAGING_ALIGN. */
+void *worker_pinned_staging_alloc(void *ctx, size_t bytes) {
+  void *mem = NULL;
+  if (worker_pinned_get(ctx, bytes, &mem) != NEWT_OK) {
+    NEWT_WARN(WORKER, "checkpoint staging: %s", newt_errmsg());
+    return NULL;
+  }
+  return mem;
+}
+
+void worker_pinned_staging_free(void *ctx, void *ptr) { worker_pinned_put(ctx, ptr); }
+
+newt_result_t worker_pinned_of(worker *w, model_dev *dev, worker_pinned **out) {
+  if (!w->pinned) NEWT_CHECK(worker_pinned_init(&w->pinned, dev));
+  *out = w->pinned;
+  return NEWT_OK;
+}
