@@ -21,6 +21,7 @@
  * checkpoint written on one device resumes on the other. */
 
 #include <math.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -69,6 +70,19 @@ static newt_result_t open_device(int gpu, model_dev **out) {
                     n == 1 ? "" : "s", n - 1);
   return model_dev_open(MODEL_DEV_CUDA, gpu, out);
 }
+
+/* The saver's staging on a GPU: the device's pinned host memory (model_ckpt_par_add). */
+static void *staging_alloc(void *dev, size_t bytes) {
+  void *p = NULL;
+  if (model_dev_host_alloc(dev, bytes, &p) != NEWT_OK) return NULL;
+  if ((uintptr_t)p % CKPT_STAGING_ALIGN) { /* the runtime's pinned memory is page-aligned */
+    model_dev_host_free(dev, p);
+    return NULL;
+  }
+  return p;
+}
+
+static void staging_free(void *dev, void *p) { model_dev_host_free(dev, p); }
 
 /* Saves the trainer as its step, in the background once the state is on the host. */
 static newt_result_t save(ckpt_saver *s, const model_par *p, uint64_t cursor, const char *data, int *started) {
@@ -206,8 +220,13 @@ int newt_cmd_train(int argc, char **argv) {
     ckpt_saver_opts so = {.dir = ckpt_dir, .rank = 0, .nranks = 1, .threads = 2, .level = (int)ckpt_level,
                           .keep = (int)ckpt_keep, .commit = 1, .layout_json = "{\"dp\":1,\"tp\":1,\"pp\":1,\"zero\":0}"};
     if (ckpt_level == 0) so.level = CKPT_LEVEL_RAW;
+    if (!model_dev_host_visible(par.dev)) { /* a GPU's downloads land in its pinned memory */
+      so.staging_alloc = staging_alloc;
+      so.staging_free = staging_free;
+      so.staging_ctx = par.dev;
+    }
     model_ckpt_train_point pt;
-    res = model_ckpt_par_load(ckpt_dir, CKPT_LATEST, &par, data_desc, 2, &pt);
+    res = model_ckpt_par_load(ckpt_dir, CKPT_LATEST, &par, data_desc, 2, NULL, &pt);
     if (res == NEWT_OK) {
       resumed = pt.step;
       cursor = pt.cursor;

@@ -335,14 +335,27 @@ newt_result_t model_ckpt_par_add(ckpt_saver *s, const model_par *p) {
     void *dst = NULL;
     r = ckpt_save_reserve(s, &pp[i].desc, &pp[i].slice, &dst);
     if (r == NEWT_OK)
-      r = model_dev_download(p->dev, dst, pp[i].data, (size_t)newt_slice_numel(&pp[i].slice) * sizeof(float));
+      model_dev_download_async(p->dev, dst, pp[i].data, (size_t)newt_slice_numel(&pp[i].slice) * sizeof(float));
+  }
+  if (!visible) { /* one wait for every copy queued (after the step's work), after a failure too */
+    newt_result_t sr = model_dev_sync(p->dev);
+    if (r == NEWT_OK) r = sr;
   }
   free(pp);
   return r;
 }
 
+size_t model_ckpt_par_floats(const model_par *p) {
+  model_par_piece *pp = NULL;
+  size_t n = 0, total = 0;
+  if (model_par_pieces(p, &pp, &n) != NEWT_OK) return 0;
+  for (size_t i = 0; i < n; i++) total += (size_t)newt_slice_numel(&pp[i].slice);
+  free(pp);
+  return total;
+}
+
 newt_result_t model_ckpt_par_load(const char *dir, int64_t max_step, model_par *p, const char *data, int threads,
-                                  model_ckpt_train_point *pt) {
+                                  float *stage, model_ckpt_train_point *pt) {
   memset(pt, 0, sizeof *pt);
   pt->step = -1;
   model_par_piece *pp = NULL;
@@ -351,10 +364,11 @@ newt_result_t model_ckpt_par_load(const char *dir, int64_t max_step, model_par *
   size_t total = 0;
   for (size_t i = 0; i < n; i++) total += (size_t)newt_slice_numel(&pp[i].slice);
   ckpt_request *reqs = calloc(n ? n : 1, sizeof *reqs);
-  float *stage = NULL; /* host staging for a device the host cannot touch: read there, then uploaded */
+  float *own = NULL; /* host staging of the call, when the caller gave none */
   newt_result_t r = reqs ? NEWT_OK : NEWT_ERR(NEWT_ERR_NOMEM, "out of memory reading a checkpoint");
-  if (r == NEWT_OK && !model_dev_host_visible(p->dev))
-    r = model_dev_host_alloc(p->dev, (total ? total : 1) * sizeof *stage, (void **)&stage);
+  if (model_dev_host_visible(p->dev)) stage = NULL; /* read straight into the buffers */
+  else if (r == NEWT_OK && !stage && (r = model_dev_host_alloc(p->dev, (total ? total : 1) * sizeof *stage, (void **)&own)) == NEWT_OK)
+    stage = own;
   for (size_t i = 0, off = 0; r == NEWT_OK && i < n; i++) {
     reqs[i] = (ckpt_request){.t = pp[i].desc, .slice = pp[i].slice, .out = stage ? stage + off : pp[i].data};
     off += (size_t)newt_slice_numel(&pp[i].slice);
@@ -366,7 +380,7 @@ newt_result_t model_ckpt_par_load(const char *dir, int64_t max_step, model_par *
     off += k;
   }
   if (r == NEWT_OK && stage) r = model_dev_sync(p->dev);
-  if (stage) model_dev_host_free(p->dev, stage);
+  if (own) model_dev_host_free(p->dev, own);
   free(reqs);
   free(pp);
   if (r != NEWT_OK) return r;

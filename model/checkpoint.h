@@ -68,17 +68,24 @@ newt_result_t model_ckpt_train_load(const char *dir, int64_t max_step, const mod
 /* Adds the rank's primary pieces (model_par_pieces: each element once across the layout)
  * to a save begun with async = 1. Host-visible memory (the CPU) is given to the saver as it
  * is (copied at ckpt_save_end); device memory is downloaded into the saver's staging
- * (ckpt_save_reserve) before this returns. */
+ * (ckpt_save_reserve), every piece queued and one wait (model_dev_download_async: the
+ * saver's staging must be model_dev_host_alloc memory of p's device, its staging_alloc).
+ * On failure, end the save with ckpt_save_fail: what is staged may be half copied. */
 newt_result_t model_ckpt_par_add(ckpt_saver *s, const model_par *p);
+
+/* Floats of all the pieces p holds (model_par_pieces): the host staging a load needs. */
+size_t model_ckpt_par_floats(const model_par *p);
 
 /* Reads every piece p holds from the newest committed checkpoint of dir with step <=
  * max_step that reads back whole (model_ckpt_train_load: the same run, or an error naming
- * the field), into p's buffers (through host staging on a device the host cannot touch),
- * and sets p->step and p->opt.t; *pt gets the point (the data cursor with it).
- * NEWT_ERR_NOTFOUND when none loads (pt->committed says whether there were any). p's
- * buffers may be partly written on failure. */
+ * the field), into p's buffers, and sets p->step and p->opt.t; *pt gets the point (the data
+ * cursor with it). On a device the host cannot touch the pieces are read into host staging
+ * and uploaded: stage (model_ckpt_par_floats(p) floats of host memory, pinned best), or
+ * NULL for memory of model_dev_host_alloc for the call. NEWT_ERR_NOTFOUND when none loads
+ * (pt->committed says whether there were any). p's buffers may be partly written on
+ * failure. */
 newt_result_t model_ckpt_par_load(const char *dir, int64_t max_step, model_par *p, const char *data, int threads,
-                                  model_ckpt_train_point *pt);
+                                  float *stage, model_ckpt_train_point *pt);
 
 /* ---- a whole single-process trainer (model/train.h) --------------------------------------- */
 

@@ -110,34 +110,16 @@ newt_result_t worker_ckpt_step(worker *w, const newt_plan *p, const plan_rank *m
   int started = 0;
   NEWT_CHECK(ckpt_save_begin(w->saver, par->step, 1, &started));
   if (!started) return NEWT_OK; /* the last save is still being written: skip this one */
-  model_par_piece *pp = NULL;
-  size_t n = 0;
-  newt_result_t res = model_par_pieces(par, &pp, &n);
-  int visible = model_dev_host_visible(par->dev);
-  for (size_t i = 0; res == NEWT_OK && i < n; i++) {
-    if (!pp[i].primary) continue;
-    if (visible) { /* the saver copies the host memory itself (the snapshot of the async save) */
-      res = ckpt_save_add(w->saver, &pp[i].desc, &pp[i].slice, pp[i].data);
-      continue;
-    }
-    void *dst = NULL; /* device memory: a queued download into the saver's (pinned) staging */
-    res = ckpt_save_reserve(w->saver, &pp[i].desc, &pp[i].slice, &dst);
-    if (res == NEWT_OK)
-      model_dev_download_async(par->dev, dst, pp[i].data, (size_t)newt_slice_numel(&pp[i].slice) * sizeof(float));
-  }
-  if (!visible) { /* one wait for every copy queued (after the step's work), also after a failure above */
-    newt_result_t sr = model_dev_sync(par->dev);
-    if (res == NEWT_OK) res = sr;
-  }
+  newt_result_t res = model_ckpt_par_add(w->saver, par);
   char *state = NULL, desc[SPEC_PATH_MAX + 32];
   spec_data_desc(&w->spec, desc, sizeof desc);
   if (res == NEWT_OK && me->rank == 0)
     res = model_ckpt_train_state(&w->tcfg, par->step, worker_cursor(w), par->opt.t, desc, &state);
-  if (res != NEWT_OK) ckpt_saver_abort(w->saver); /* staging half filled: the save writes nothing */
-  newt_result_t end = ckpt_save_end(w->saver, state);
+  /* staging half filled: the save ends as failed and writes nothing (its marker stops the
+     committer waiting for this rank) */
+  res = res == NEWT_OK ? ckpt_save_end(w->saver, state) : ckpt_save_fail(w->saver, res, newt_errmsg());
   free(state);
-  free(pp);
-  return res != NEWT_OK ? res : end;
+  return res;
 }
 
 void worker_ckpt_free(worker *w) { end_saver(w, 1); }

@@ -333,44 +333,16 @@ static newt_result_t held_pieces(worker *w, reshard_piece **out, size_t *n, floa
 
 /* Every rank reads its own pieces of the newest checkpoint; they check they read one step. */
 static newt_result_t load_ckpt(worker *w, comm_t *c, model_par *np, int64_t *step) {
-  model_par_piece *pp = NULL;
-  size_t n = 0;
-  NEWT_CHECK(model_par_pieces(np, &pp, &n));
-  ckpt_request *reqs = calloc(n ? n : 1, sizeof *reqs);
-  if (!reqs) {
-    free(pp);
-    return NEWT_ERR(NEWT_ERR_NOMEM, "out of memory reading a checkpoint");
-  }
   /* host staging (pinned) for a device the host cannot touch: read there, then uploaded */
   float *stage = NULL;
-  size_t total = 0;
-  if (!model_dev_host_visible(np->dev)) {
-    for (size_t i = 0; i < n; i++) total += (size_t)newt_slice_numel(&pp[i].slice);
-    newt_result_t sr = stage_get(w, np->dev, total, &stage);
-    if (sr != NEWT_OK) {
-      free(reqs), free(pp);
-      return sr;
-    }
-  }
-  for (size_t i = 0, off = 0; i < n; i++) {
-    reqs[i] = (ckpt_request){.t = pp[i].desc, .slice = pp[i].slice, .out = stage ? stage + off : pp[i].data};
-    off += (size_t)newt_slice_numel(&pp[i].slice);
-  }
+  if (!model_dev_host_visible(np->dev)) NEWT_CHECK(stage_get(w, np->dev, model_ckpt_par_floats(np), &stage));
   model_ckpt_train_point pt = {.step = -1};
   char desc[SPEC_PATH_MAX + 32];
   spec_data_desc(&w->spec, desc, sizeof desc);
   newt_result_t r = w->spec.ckpt_dir[0]
-                        ? model_ckpt_train_load(w->spec.ckpt_dir, CKPT_LATEST, &w->tcfg, desc, 2, reqs, n, &pt)
+                        ? model_ckpt_par_load(w->spec.ckpt_dir, CKPT_LATEST, np, desc, 2, stage, &pt)
                         : NEWT_ERR(NEWT_ERR_NOTFOUND, "no checkpoint directory");
-  for (size_t i = 0, off = 0; r == NEWT_OK && stage && i < n; i++) {
-    size_t k = (size_t)newt_slice_numel(&pp[i].slice);
-    r = model_dev_upload(np->dev, pp[i].data, stage + off, k * sizeof *stage);
-    off += k;
-  }
-  if (r == NEWT_OK && stage) r = model_dev_sync(np->dev);
   stage_release(w, stage);
-  free(reqs);
-  free(pp);
   if (r != NEWT_OK && r != NEWT_ERR_NOTFOUND) return r;
   int64_t got = r == NEWT_OK ? pt.step : -1, lo = got, hi = got;
   int size = comm_size(c);
@@ -387,9 +359,7 @@ static newt_result_t load_ckpt(worker *w, comm_t *c, model_par *np, int64_t *ste
     return NEWT_ERR(NEWT_ERR_CORRUPT, "ranks read different checkpoints (steps %lld to %lld) from %s", (long long)lo,
                     (long long)hi, w->spec.ckpt_dir);
   if (r != NEWT_OK) return r;
-  np->step = pt.step;
-  np->opt.t = pt.adam_t;
-  *step = pt.step;
+  *step = pt.step; /* np->step and np->opt.t are set */
   return NEWT_OK;
 }
 

@@ -119,8 +119,8 @@ static const scenario scenarios[] = {
     /* GPU workers (--backend nccl: the CUDA device, NCCL communicators on its stream), run
        by a newt built against the CUDA/NCCL test double (NEWT_GPU_DOUBLE; CMakeLists.txt):
        the same faults, the same checks, the same reference */
-    {"nccl_crash", 40, 4, "kill:worker:1@step=10", {"crash"}, {"--backend", "nccl", NULL}},
-    {"nccl_hang", 40, 4, "stop:worker:2@step=10", {"hang"}, {"--backend", "nccl", "--comm-timeout-ms", "1000", NULL}},
+    {"nccl_crash", 100, 4, "kill:worker:1@step=10", {"crash"}, {"--backend", "nccl", NULL}},
+    {"nccl_hang", 100, 4, "stop:worker:2@step=10", {"hang"}, {"--backend", "nccl", "--comm-timeout-ms", "1000", NULL}},
     {"nccl_join", 300, 3, "join:1@step=10", {"join"}, {"--backend", "nccl", NULL}},
     {"nccl_coordinator", 400, 4, "kill:coordinator@step=10", {"coordinator"}, {"--backend", "nccl", NULL}},
     {"nccl_leave_shards", 60, 5, "term:rank:1@step=10", {"leave"},

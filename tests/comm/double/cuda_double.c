@@ -530,10 +530,12 @@ cudaError_t cudaPointerGetAttributes(struct cudaPointerAttributes *attributes, c
 }
 
 /* cudaMallocHost / cudaHostAlloc: page-locked host memory (here plain host memory, which
-   the double's copies treat alike); cudaFreeHost does not wait for the device. */
+   the double's copies treat alike), page-aligned as the runtime's (it pins whole pages);
+   cudaFreeHost does not wait for the device. */
 cudaError_t cudaMallocHost(void **ptr, size_t size) {
   if (!ptr) return cudaErrorInvalidValue;
-  *ptr = malloc(size ? size : 1);
+  *ptr = NULL;
+  if (posix_memalign(ptr, 4096, size ? size : 1) != 0) *ptr = NULL;
   return *ptr ? cudaSuccess : cudaErrorMemoryAllocation;
 }
 
