@@ -14,10 +14,10 @@
  *
  * Sizes are rounded up to POOL_GRAIN so that requests a little apart share blocks, and
  * what is handed out is aligned to POOL_ALIGN whatever the device's allocator gives (the
- * checkpoint saver needs CKPT_STAGING_ALIGN; a real cudaMallocHost gives pages, the test
- * double of the CUDA runtime plain malloc). The
- * pool is freed with the worker's state, before its device is closed. Every call takes
- * the pool's mutex: blocks may be given back from any thread. */
+ * checkpoint saver needs CKPT_STAGING_ALIGN; cudaMallocHost gives pages, but the CPU
+ * device's host memory need not). The pool is freed with the worker's state, before its
+ * device is closed. Every call takes the pool's mutex: blocks may be given back from any
+ * thread. */
 #include <pthread.h>
 #include <stdint.h>
 #include <stdlib.h>
