@@ -374,9 +374,9 @@ newt_result_t model_ckpt_par_load(const char *dir, int64_t max_step, model_par *
     off += (size_t)newt_slice_numel(&pp[i].slice);
   }
   if (r == NEWT_OK) r = model_ckpt_train_load(dir, max_step, &p->cfg, data, threads, reqs, n, pt);
-  for (size_t i = 0, off = 0; r == NEWT_OK && stage && i < n; i++) {
+  for (size_t i = 0, off = 0; r == NEWT_OK && stage && i < n; i++) { /* queued, one wait */
     size_t k = (size_t)newt_slice_numel(&pp[i].slice);
-    r = model_dev_upload(p->dev, pp[i].data, stage + off, k * sizeof *stage);
+    model_dev_upload_async(p->dev, pp[i].data, stage + off, k * sizeof *stage);
     off += k;
   }
   if (r == NEWT_OK && stage) r = model_dev_sync(p->dev);

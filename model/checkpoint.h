@@ -80,8 +80,9 @@ size_t model_ckpt_par_floats(const model_par *p);
  * max_step that reads back whole (model_ckpt_train_load: the same run, or an error naming
  * the field), into p's buffers, and sets p->step and p->opt.t; *pt gets the point (the data
  * cursor with it). On a device the host cannot touch the pieces are read into host staging
- * and uploaded: stage (model_ckpt_par_floats(p) floats of host memory, pinned best), or
- * NULL for memory of model_dev_host_alloc for the call. NEWT_ERR_NOTFOUND when none loads
+ * and uploaded (queued, one wait): stage (model_ckpt_par_floats(p) floats of
+ * model_dev_host_alloc memory of p's device, as model_dev_upload_async wants), or NULL for
+ * such memory allocated for the call. NEWT_ERR_NOTFOUND when none loads
  * (pt->committed says whether there were any). p's buffers may be partly written on
  * failure. */
 newt_result_t model_ckpt_par_load(const char *dir, int64_t max_step, model_par *p, const char *data, int threads,

@@ -88,6 +88,10 @@ void model_dev_download_async(model_dev *d, void *dst, const void *src, size_t b
   if (d->err == NEWT_OK && bytes) d->ops->download_async(d, dst, src, bytes);
 }
 
+void model_dev_upload_async(model_dev *d, void *dst, const void *src, size_t bytes) {
+  if (d->err == NEWT_OK && bytes) d->ops->upload_async(d, dst, src, bytes);
+}
+
 void model_dev_copy(model_dev *d, void *dst, const void *src, size_t bytes) {
   if (d->err == NEWT_OK && bytes && dst != src) d->ops->copy(d, dst, src, bytes);
 }

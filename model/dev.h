@@ -87,6 +87,10 @@ newt_result_t model_dev_download(model_dev *d, void *dst, const void *src, size_
  * only after the next model_dev_sync, whose result is the copy's. Many pieces queued and
  * one sync cost one wait, where a model_dev_download each waits each time. */
 void model_dev_download_async(model_dev *d, void *dst, const void *src, size_t bytes);
+/* Host -> device, queued: src (host) must be model_dev_host_alloc memory of this device and
+ * stay unchanged until the next model_dev_sync, whose result is the copy's (model_dev_upload
+ * instead copies src through staging slots, so src may be reused on return). */
+void model_dev_upload_async(model_dev *d, void *dst, const void *src, size_t bytes);
 /* Device -> device and zeroing, queued. */
 void model_dev_copy(model_dev *d, void *dst, const void *src, size_t bytes);
 void model_dev_zero(model_dev *d, void *p, size_t bytes);

@@ -231,6 +231,7 @@ const model_dev_ops model_dev_cpu_ops = {
     .upload = cpu_copy_sync,
     .download = cpu_copy_sync,
     .download_async = cpu_copy, /* at once, as everything the CPU device queues */
+    .upload_async = cpu_copy,
     .copy = cpu_copy,
     .zero = cpu_zero,
     .sync = cpu_sync,

@@ -139,6 +139,13 @@ static void cu_download_async(model_dev *d, void *dst, const void *src, size_t b
   if (e != cudaSuccess) (void)fail_cuda(d, "cudaMemcpyAsync (device to host, queued)", e);
 }
 
+/* From pinned memory straight to the device, no staging slot: the caller keeps src until
+ * its sync. */
+static void cu_upload_async(model_dev *d, void *dst, const void *src, size_t bytes) {
+  cudaError_t e = cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, stream_of(d));
+  if (e != cudaSuccess) (void)fail_cuda(d, "cudaMemcpyAsync (host to device, queued)", e);
+}
+
 static void cu_copy(model_dev *d, void *dst, const void *src, size_t bytes) {
   cudaError_t e = cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, stream_of(d));
   if (e != cudaSuccess) (void)fail_cuda(d, "cudaMemcpyAsync (device to device)", e);
@@ -270,6 +277,7 @@ static const model_dev_ops cuda_ops = {
     .upload = cu_upload,
     .download = cu_download,
     .download_async = cu_download_async,
+    .upload_async = cu_upload_async,
     .copy = cu_copy,
     .zero = cu_zero,
     .sync = cu_sync,

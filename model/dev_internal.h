@@ -16,6 +16,7 @@ typedef struct model_dev_ops {
   newt_result_t (*upload)(model_dev *d, void *dst, const void *src, size_t bytes);
   newt_result_t (*download)(model_dev *d, void *dst, const void *src, size_t bytes);
   void (*download_async)(model_dev *d, void *dst, const void *src, size_t bytes);
+  void (*upload_async)(model_dev *d, void *dst, const void *src, size_t bytes);
   void (*copy)(model_dev *d, void *dst, const void *src, size_t bytes);
   void (*zero)(model_dev *d, void *p, size_t bytes);
   newt_result_t (*sync)(model_dev *d);

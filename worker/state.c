@@ -280,9 +280,9 @@ static newt_result_t stage_pieces(worker *w, model_dev *dev, reshard_piece *v, s
 static newt_result_t unstage_pieces(model_dev *dev, const reshard_piece *dst, size_t n, const float *stage) {
   if (!stage) return NEWT_OK;
   size_t off = 0;
-  for (size_t i = 0; i < n; i++) {
+  for (size_t i = 0; i < n; i++) { /* from the pinned staging, every copy queued and one wait */
     size_t k = (size_t)newt_slice_numel(&dst[i].slice);
-    NEWT_CHECK(model_dev_upload(dev, dst[i].data, stage + off, k * sizeof *stage));
+    model_dev_upload_async(dev, dst[i].data, stage + off, k * sizeof *stage);
     off += k;
   }
   return model_dev_sync(dev);

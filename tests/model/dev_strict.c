@@ -4,12 +4,13 @@
  * the argument named otherwise), translates them, and calls the same entry of
  * model_dev_cpu_ops (model/dev_internal.h) on the CPU device.
  *
- * Queued downloads (model_dev_download_async) run late, as a GPU's copy engine may: they
- * wait in a queue until the next operation that touches device or host memory of the
- * device (or a collective over it, dev_strict_comm.h), and at the latest model_dev_sync,
- * so a caller that reads the destination before the sync reads what was there before.
- * Their destination must lie in a block of model_dev_host_alloc (aborting otherwise), which
- * the device remembers, and counts for the tests of pools that keep them. */
+ * Queued copies (model_dev_download_async, model_dev_upload_async) run late, as a GPU's
+ * copy engine may: they wait in a queue until the next operation that touches device or
+ * host memory of the device (or a collective over it, dev_strict_comm.h), and at the
+ * latest model_dev_sync, so a caller that reads a download's destination, or changes an
+ * upload's source, before the sync is caught by what it reads or what lands. Their host
+ * side must lie in a block of model_dev_host_alloc (aborting otherwise), which the device
+ * remembers, and counts for the tests of pools that keep them. */
 #include "dev_strict.h"
 
 #include <pthread.h>
@@ -152,22 +153,33 @@ static newt_result_t s_download(model_dev *d, void *dst, const void *src, size_t
   (void)d;
   return cpu()->download(model_dev_cpu(), H(dst, "download", "dst"), D(src, "download", "src"), bytes);
 }
+/* Queues a copy of bytes from src to dst (both host addresses), whose host side `host` (the
+ * caller's pointer, named `what`) must lie in a block of host_alloc. */
+static void queue_copy(void *dst, const void *src, size_t bytes, const void *host, const char *op, const char *what) {
+  pthread_mutex_lock(&mu);
+  size_t k = 0;
+  uintptr_t a = (uintptr_t)host;
+  while (k < nhblocks && !(a >= hblocks[k].p && bytes <= hblocks[k].n && a - hblocks[k].p <= hblocks[k].n - bytes)) k++;
+  if (k == nhblocks) {
+    fprintf(stderr, "dev_strict: %s: %s = %p (%zu bytes) is not in a block of host_alloc (a queued copy needs pinned "
+                    "memory)\n", op, what, host, bytes);
+    abort();
+  }
+  grow((void **)&pend, &cap_pend, npend, sizeof *pend);
+  pend[npend++] = (pending){dst, src, bytes};
+  pthread_mutex_unlock(&mu);
+}
 static void s_download_async(model_dev *d, void *dst, const void *src, size_t bytes) {
   (void)d;
   const void *s = D_(src, "download_async", "src");
   H_(dst, "download_async", "dst");
-  pthread_mutex_lock(&mu);
-  size_t k = 0;
-  uintptr_t a = (uintptr_t)dst;
-  while (k < nhblocks && !(a >= hblocks[k].p && bytes <= hblocks[k].n && a - hblocks[k].p <= hblocks[k].n - bytes)) k++;
-  if (k == nhblocks) {
-    fprintf(stderr, "dev_strict: download_async: dst = %p (%zu bytes) is not in a block of host_alloc (a queued copy "
-                    "needs pinned memory)\n", dst, bytes);
-    abort();
-  }
-  grow((void **)&pend, &cap_pend, npend, sizeof *pend);
-  pend[npend++] = (pending){dst, s, bytes};
-  pthread_mutex_unlock(&mu);
+  queue_copy(dst, s, bytes, dst, "download_async", "dst");
+}
+static void s_upload_async(model_dev *d, void *dst, const void *src, size_t bytes) {
+  (void)d;
+  void *t = D_(dst, "upload_async", "dst");
+  H_(src, "upload_async", "src");
+  queue_copy(t, src, bytes, src, "upload_async", "src");
 }
 static void s_copy(model_dev *d, void *dst, const void *src, size_t bytes) {
   (void)d;
@@ -324,6 +336,7 @@ static const model_dev_ops strict_ops = {
     .upload = s_upload,
     .download = s_download,
     .download_async = s_download_async,
+    .upload_async = s_upload_async,
     .copy = s_copy,
     .zero = s_zero,
     .sync = s_sync,

@@ -82,6 +82,36 @@ static void test_download_async(void) {
   T_CHECK(dev_strict_host_live() == live);
 }
 
+static void upload_from_pageable(void *p) {
+  float x[4] = {0};
+  model_dev_upload_async(dev_strict(), p, x, sizeof x);
+}
+
+/* Queued uploads: from host_alloc memory only, landing at the sync (a source changed
+ * before it lands as changed), in order with the work around them. */
+static void test_upload_async(void) {
+  model_dev *d = dev_strict();
+  void *p = NULL, *h = NULL;
+  T_OK(model_dev_alloc(d, 1024, &p));
+  T_OK(model_dev_host_alloc(d, 1024, &h));
+  float *x = h, back[256];
+  for (int i = 0; i < 256; i++) x[i] = (float)(i + 1);
+  model_dev_upload_async(d, p, x, 1024);
+  x[0] = -1.0f; /* before the sync: what lands is this */
+  T_OK(model_dev_sync(d));
+  T_OK(model_dev_download(d, back, p, sizeof back));
+  T_CHECK_MSG(back[0] == -1.0f && back[255] == 256.0f, "a queued upload landed at %g before the sync, not at it",
+              back[0]);
+  model_dev_zero(d, p, 1024);
+  model_dev_upload_async(d, p, x, 512); /* after the zeroing, before the download */
+  T_OK(model_dev_download(d, back, p, sizeof back));
+  T_CHECK(back[1] == 2.0f && back[127] == 128.0f && back[128] == 0.0f);
+  fprintf(stderr, "  expected below: the strict device refusing a queued upload from pageable memory\n");
+  T_CHECK_MSG(child_signal(upload_from_pageable, p) == SIGABRT, "a queued upload from pageable memory was accepted");
+  model_dev_free(d, p);
+  model_dev_host_free(d, h);
+}
+
 /* n floats of device memory of d holding src. */
 static float *up(model_dev *d, const float *src, size_t n) {
   void *p = NULL;
@@ -152,6 +182,7 @@ static void test_kernels(void) {
 int main(void) {
   T_RUN(test_memory);
   T_RUN(test_download_async);
+  T_RUN(test_upload_async);
   T_RUN(test_kernels);
   return T_DONE();
 }
