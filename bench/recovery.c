@@ -140,9 +140,14 @@ int newt_bench_recovery(int argc, char **argv) {
   if (strcmp(backend, "nccl") == 0) {
     int visible = model_dev_cuda_count();
     if (gpus < 0) gpus = visible;
+    if (visible == 0) {
+      fprintf(stderr, "newt bench recovery: --backend nccl: this host has no GPU this process can use (no CUDA "
+                      "driver or GPU, CUDA_VISIBLE_DEVICES, or a newt built without CUDA)\n");
+      return 2;
+    }
     if (gpus < 1 || gpus > visible) {
-      fprintf(stderr, "newt bench recovery: --backend nccl: %lld GPUs asked for, this host has %d visible\n",
-              (long long)(gpus < 0 ? 0 : gpus), visible);
+      fprintf(stderr, "newt bench recovery: --gpus %lld: this host has %d GPU%s visible\n", (long long)gpus, visible,
+              visible == 1 ? "" : "s");
       return 2;
     }
     base.gpus = (int)gpus;

@@ -156,10 +156,14 @@ int newt_cmd_run(int argc, char **argv) {
   if (strcmp(lo.spec.backend, "nccl") == 0) {
     int visible = model_dev_cuda_count();
     if (gpus < 0) gpus = visible;
+    if (visible == 0) {
+      fprintf(stderr, "newt run: --backend nccl: this host has no GPU this process can use (no CUDA driver or GPU, "
+                      "CUDA_VISIBLE_DEVICES, or a newt built without CUDA): use --backend cpu\n");
+      return 2;
+    }
     if (gpus < 1 || gpus > visible) {
-      fprintf(stderr, "newt run: --backend nccl: %lld GPUs asked for, this host has %d visible%s\n",
-              (long long)(gpus < 0 ? 0 : gpus), visible,
-              visible ? "" : " (no CUDA driver or GPU, or a newt built without CUDA: use --backend cpu)");
+      fprintf(stderr, "newt run: --gpus %lld: this host has %d GPU%s visible\n", (long long)gpus, visible,
+              visible == 1 ? "" : "s");
       return 2;
     }
     lo.gpus = (int)gpus;
