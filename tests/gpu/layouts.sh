@@ -47,6 +47,14 @@ loss_at() {
 }
 # within A B RTOL: |A - B| <= RTOL * |B|
 within() { awk -v a="$1" -v b="$2" -v t="$3" 'BEGIN { d = a - b; if (d < 0) d = -d; if (b < 0) b = -b; exit !(d <= t * b) }'; }
+# near NAME WHAT VALUE REF_NAME REF RTOL: VALUE within RTOL of REF, else a line saying why (status 1)
+near() {
+  if [ -z "$3" ] || [ -z "$5" ]; then
+    echo "layouts: $1: no $2 (got '$3', $4 '$5')"
+    return 1
+  fi
+  within "$3" "$5" "$6" || { echo "layouts: $1: $2 $3, $4 $5: beyond relative $6"; return 1; }
+}
 
 bad=0
 fail() { echo "layouts: FAILED: $*"; bad=1; }
@@ -85,18 +93,8 @@ run_layout() { # NAME NPROC FLAGS...
   [ "$done_" = true ] || { echo "layouts: $name: the job is not done"; ok=false; }
   [ "$steps" = "$STEPS" ] || { echo "layouts: $name: steps ${steps:-?}, expected $STEPS"; ok=false; }
   [ "$samples" = "$((STEPS * GB))" ] || { echo "layouts: $name: samples ${samples:-?}, expected $((STEPS * GB))"; ok=false; }
-  if [ -n "$first" ] && [ -n "$ref_first" ]; then
-    within "$first" "$ref_first" "$FIRST_RTOL" ||
-      { echo "layouts: $name: loss $first at step 1, the single process's $ref_first: beyond relative $FIRST_RTOL"; ok=false; }
-  else
-    echo "layouts: $name: no loss at step 1"; ok=false
-  fi
-  if [ -n "$last" ] && [ -n "$ref_last" ]; then
-    within "$last" "$ref_last" "$RTOL" ||
-      { echo "layouts: $name: loss $last at step $STEPS, the single process's $ref_last: beyond relative $RTOL"; ok=false; }
-  else
-    echo "layouts: $name: no loss at step $STEPS"; ok=false
-  fi
+  near "$name" "loss at step 1" "$first" "the single process's" "$ref_first" "$FIRST_RTOL" || ok=false
+  near "$name" "loss at step $STEPS" "$last" "the single process's" "$ref_last" "$RTOL" || ok=false
   [ "$ok" = true ] || bad=1
   echo "layouts: $name ($nproc processes, ${t}s): $([ "$ok" = true ] && echo passed || echo FAILED)," \
     "loss ${first:-?} at step 1, ${last:-?} at step $STEPS"
@@ -116,12 +114,7 @@ crossings_json=""
 crossed() {
   local ok=true
   [ "$2" = "$HALF" ] || { echo "layouts: $1: resumed at step ${2:-none}, expected $HALF"; ok=false; }
-  if [ -n "$3" ] && [ -n "$cpu_last" ]; then
-    within "$3" "$cpu_last" "$RTOL" ||
-      { echo "layouts: $1: loss $3 at step $STEPS, the uninterrupted CPU run's $cpu_last: beyond relative $RTOL"; ok=false; }
-  else
-    echo "layouts: $1: no loss at step $STEPS (CPU: '${cpu_last}')"; ok=false
-  fi
+  near "$1" "loss at step $STEPS" "$3" "the uninterrupted CPU run's" "$cpu_last" "$RTOL" || ok=false
   [ "$ok" = true ] || bad=1
   echo "layouts: $1: $([ "$ok" = true ] && echo passed || echo FAILED), resumed at ${2:-none}, loss ${3:-?} at step $STEPS" \
     "(CPU uninterrupted ${cpu_last:-?})"
