@@ -146,6 +146,8 @@ typedef struct worker_pinned_stats {
 newt_result_t worker_pinned_init(worker_pinned **out, model_dev *dev);
 /* At least bytes of host memory of the pool's device, aligned to CKPT_STAGING_ALIGN. */
 newt_result_t worker_pinned_get(worker_pinned *p, size_t bytes, void **out);
+/* 1 when a free block of at least bytes is kept (a get of it allocates nothing). */
+int worker_pinned_has(worker_pinned *p, size_t bytes);
 /* Gives a block back to the pool (NULL: nothing). */
 void worker_pinned_put(worker_pinned *p, void *ptr);
 void worker_pinned_stats_get(worker_pinned *p, worker_pinned_stats *st);

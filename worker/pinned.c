@@ -1,8 +1,10 @@
 /* The worker's pinned host memory: a pool of model_dev_host_alloc blocks of its device
  * (cudaMallocHost on a GPU), for the staging that device-to-host copies land in or
  * host-to-device copies leave from: the checkpoint saver's staging (save.c) and the
- * restore's (state.c). Only a device whose memory the host cannot touch uses it; the CPU
- * device stages nothing.
+ * restore's (state.c). On the CPU device only the saver's staging comes from it (plain
+ * host memory with its pages touched; the state moves there are zero-copy): so that a new
+ * generation's first checkpoint does not stall the step allocating and faulting in its
+ * staging again.
  *
  * Pinning gigabytes costs hundreds of milliseconds (the pages are faulted in and locked),
  * and a saver is made every generation and a restore stages every recovery: a block given
@@ -67,14 +69,31 @@ static void drop_outgrown(worker_pinned *p, size_t bytes) {
   p->n = k;
 }
 
-newt_result_t worker_pinned_get(worker_pinned *p, size_t bytes, void **out) {
-  *out = NULL;
+static size_t grain(size_t bytes) {
   size_t want = (bytes ? bytes : 1) + POOL_GRAIN - 1;
-  want -= want % POOL_GRAIN;
-  pthread_mutex_lock(&p->mu);
+  return want - want % POOL_GRAIN;
+}
+
+/* The smallest free block of at least want bytes (called with mu held), NULL: none. */
+static pblock *best_fit(worker_pinned *p, size_t want) {
   pblock *best = NULL;
   for (size_t i = 0; i < p->n; i++)
     if (!p->blocks[i].used && p->blocks[i].cap >= want && (!best || p->blocks[i].cap < best->cap)) best = &p->blocks[i];
+  return best;
+}
+
+int worker_pinned_has(worker_pinned *p, size_t bytes) {
+  pthread_mutex_lock(&p->mu);
+  int has = best_fit(p, grain(bytes)) != NULL;
+  pthread_mutex_unlock(&p->mu);
+  return has;
+}
+
+newt_result_t worker_pinned_get(worker_pinned *p, size_t bytes, void **out) {
+  *out = NULL;
+  size_t want = grain(bytes);
+  pthread_mutex_lock(&p->mu);
+  pblock *best = best_fit(p, want);
   newt_result_t r = NEWT_OK;
   if (best) {
     best->used = 1;

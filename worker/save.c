@@ -11,10 +11,11 @@
  * On a device the host cannot touch (a GPU) the pieces are downloaded into the saver's
  * staging: every piece's copy is queued (model_dev_download_async) and one model_dev_sync
  * waits for them all, so the step loop stalls for one wait on the copies, not one per
- * piece. That staging is pinned memory from the worker's pool (pinned.c), sized up front
- * for this layout's primary pieces, so the copies run at the copy engine's speed, a save
- * allocates nothing, and a new generation's saver takes the blocks the last one gave back.
- * On the CPU device the saver's own snapshot copies the pieces, as it always did. */
+ * piece. On the CPU device the saver's own snapshot copies the pieces. Either way the
+ * staging is memory of the worker's pool (pinned.c; pinned on a GPU, so the copies run at
+ * the copy engine's speed): a new generation's saver takes the blocks the last one gave
+ * back, sized up front for this layout's primary pieces when the pool holds them, so only
+ * a worker's first save (or one of a larger layout) allocates. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -69,10 +70,14 @@ newt_result_t worker_ckpt_generation(worker *w, const newt_plan *p, const plan_r
                         .commit_timeout_ms = 120000,
                         .attempt = p->generation,
                         .layout_json = layout};
-  if (w->have_par && !model_dev_host_visible(w->par.dev)) { /* pinned staging, from the pool */
+  if (w->have_par) { /* staging from the pool: kept across generations, pinned on a GPU */
     worker_pinned *pool = NULL;
+    size_t need = 0;
     NEWT_CHECK(worker_pinned_of(w, w->par.dev, &pool));
-    NEWT_CHECK(primary_bytes(&w->par, &so.staging_bytes));
+    NEWT_CHECK(primary_bytes(&w->par, &need));
+    /* taken now when the pool holds it; else at the first save, not here: this is the
+       path to the generation's first step (a recovery's time) */
+    so.staging_bytes = worker_pinned_has(pool, need) ? need : 0;
     so.staging_alloc = worker_pinned_staging_alloc;
     so.staging_free = worker_pinned_staging_free;
     so.staging_ctx = pool;

@@ -14,7 +14,8 @@
  *     each a new saver, a save and a restore from memory: on the strict device the staging
  *     of both is pinned memory of the worker's pool (the strict device refuses a queued
  *     download anywhere else) and the second pins nothing (the pool kept what the first
- *     gave back); the CPU device stages nothing and has no pool.
+ *     gave back); on the CPU device the saver's staging comes from the pool too, and the
+ *     second generation allocates none either.
  *
  * Each scenario must follow the single-process losses, and give the same restored step, the
  * same losses and the same final state, bit for bit, on both devices; a host access to
@@ -64,15 +65,19 @@ static int step(worker *w, int s, double *loss) {
 }
 
 /* Generations 3 and 4 of plan's layout (pc): a new saver, a save of the step the rank is at,
- * and a restore from memory each. On the strict device (strict = 1) the second must pin no
- * host memory; the CPU device must have used no pool at all. */
+ * and a restore from memory each. The second must take no new block from the device (on the
+ * strict device: pin no host memory), its staging coming from what the pool kept. */
 static int more_generations(worker *w, comm_t *world, int rank, const newt_plan *plan, const model_par_config *pc,
                             int strict) {
   w->spec.ckpt_every = 1; /* the step it is at is saved */
   size_t pinned[3];
+  uint64_t pool_allocs[3] = {0, 0, 0};
   int fails = 0;
   for (int g = 0; g < 2 && !fails; g++) {
     pinned[g] = dev_strict_host_allocs();
+    worker_pinned_stats sg = {0};
+    if (w->pinned) worker_pinned_stats_get(w->pinned, &sg);
+    pool_allocs[g] = sg.allocs;
     newt_plan pg = *plan;
     pg.generation = 3 + (uint64_t)g;
     pg.nranks = 2;
@@ -88,16 +93,19 @@ static int more_generations(worker *w, comm_t *world, int rank, const newt_plan 
   }
   pinned[2] = dev_strict_host_allocs();
   if (fails) return fails;
+  worker_pinned_stats st = {0};
+  if (w->pinned) worker_pinned_stats_get(w->pinned, &st);
+  pool_allocs[2] = st.allocs;
   if (!strict) {
-    if (w->pinned) {
-      fprintf(stderr, "rank %d: FAIL the CPU device made a pinned pool (it stages nothing)\n", rank);
+    if (!w->pinned || st.reused == 0 || pool_allocs[2] != pool_allocs[1]) {
+      fprintf(stderr, "rank %d: FAIL the CPU device's saver staging: %s, %llu requests met from kept blocks, "
+              "generation 4 allocated %llu blocks (want 0)\n", rank, w->pinned ? "a pool" : "no pool",
+              (unsigned long long)st.reused, (unsigned long long)(pool_allocs[2] - pool_allocs[1]));
       fails++;
     }
     return fails;
   }
-  worker_pinned_stats st = {0};
-  if (w->pinned) worker_pinned_stats_get(w->pinned, &st);
-  if (!w->pinned || st.allocs == 0 || st.reused == 0 || pinned[2] != pinned[1]) {
+  if (!w->pinned || st.allocs == 0 || st.reused == 0 || pinned[2] != pinned[1] || pool_allocs[2] != pool_allocs[1]) {
     fprintf(stderr, "rank %d: FAIL pinned pool: %llu blocks pinned, %llu requests met from kept blocks; generation 3 "
             "pinned %zu blocks, generation 4 %zu (want 0)\n", rank, (unsigned long long)st.allocs,
             (unsigned long long)st.reused, pinned[1] - pinned[0], pinned[2] - pinned[1]);
