@@ -132,10 +132,10 @@ newt_result_t ckpt_save_reserve(ckpt_saver *s, const newt_tensor_desc *t, const 
  * snapshot is taken; the result comes later through ckpt_saver_status / ckpt_save_wait. */
 newt_result_t ckpt_save_end(ckpt_saver *s, const char *state_json);
 /* Ends a save begun (between ckpt_save_begin and ckpt_save_end) without writing it, as
- * failed with result r for `why` (the status says so; a `.failed` marker in the step's directory stops
- * the committer waiting for this rank): for a caller that could not gather its slices (a
- * device-to-host copy failed), whose staged bytes must never reach a checkpoint. Returns r
- * with why as its message (why may be newt_errmsg()). */
+ * failed with result r for `why` (the status says so; a `.failed` marker in the step's
+ * directory stops the committer waiting for this rank): for a caller that could not gather
+ * its slices (a device-to-host copy failed), whose staged bytes must never reach a
+ * checkpoint. Returns r with why as its message (why may be newt_errmsg()). */
 newt_result_t ckpt_save_fail(ckpt_saver *s, newt_result_t r, const char *why);
 /* Waits for the save in flight (if any) and returns its result (NEWT_OK when none ran). */
 newt_result_t ckpt_save_wait(ckpt_saver *s, newt_deadline_t deadline);

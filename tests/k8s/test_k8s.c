@@ -518,7 +518,7 @@ static void test_agent(void) {
   T_CHECK_MSG(back, "after the hang the job did not get back to 2 ranks (world %lld)", (long long)p.world);
   T_CHECK_MSG(worker_pid(job, "node0-0") == w0, "node0-0 was restarted too");
   text = slurp(log);
-  T_CHECK_MSG(text && strstr(text, "failed " "3" " health probes in a row (no answer from http://127.0.0.1:") &&
+  T_CHECK_MSG(text && strstr(text, "failed 3 health probes in a row (no answer from http://127.0.0.1:") &&
                   count(text, "restarting local worker node0-1") == 2,
               "the agent's log does not say it killed the silent node0-1 and restarted it (%s)", log);
   free(text);

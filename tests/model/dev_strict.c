@@ -22,7 +22,7 @@
 
 static const model_dev_ops *cpu(void) { return &model_dev_cpu_ops; }
 
-/* ---- host blocks and queued downloads ------------------------------------------------------------ */
+/* ---- host blocks and queued copies ---------------------------------------------------------------- */
 
 typedef struct hblock {
   uintptr_t p;
@@ -94,7 +94,7 @@ static void *H_(const void *p, const char *op, const char *arg) {
   return (void *)(uintptr_t)p;
 }
 
-/* ... with the queued downloads run first: every operation but another queued download
+/* ... with the queued copies run first: every operation but another queued copy
  * comes after them. */
 static void *D(const void *p, const char *op, const char *arg) {
   dev_strict_flush();
