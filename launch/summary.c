@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "common/json.h"
+#include "job/records.h"
 #include "launch/launcher.h"
 
 /* An integer field that cannot be negative. */
@@ -52,8 +53,8 @@ static newt_result_t get_ckpt(const cJSON *e, const char *what, launcher_ckpt *c
   if (r == NEWT_OK) r = get_count(e, what, "bytes", 0, &c->bytes);
   if (r == NEWT_OK) r = get_count(e, what, "save_ms", 0, &c->save_ms);
   if (r == NEWT_OK) r = newt_json_get_double(e, what, "stall_ms", 0, &c->stall_ms);
-  if (r == NEWT_OK && !(c->stall_ms >= 0 && c->stall_ms <= 1e9))
-    r = NEWT_ERR(NEWT_ERR_INVALID, "%s.stall_ms: %g is out of range [0, 1e9]", what, c->stall_ms);
+  if (r == NEWT_OK && !(c->stall_ms >= 0 && c->stall_ms <= JOB_STALL_MS_MAX))
+    r = NEWT_ERR(NEWT_ERR_INVALID, "%s.stall_ms: %g is out of range [0, %g]", what, c->stall_ms, JOB_STALL_MS_MAX);
   return r;
 }
 

@@ -14,12 +14,11 @@
  * (the state grew: a smaller data-parallel group with ZeRO, say) gives the free blocks
  * smaller than it back to the device first, so outgrown blocks do not pile up.
  *
- * Sizes are rounded up to POOL_GRAIN so that requests a little apart share blocks, and
- * what is handed out is aligned to POOL_ALIGN whatever the device's allocator gives (the
- * checkpoint saver needs CKPT_STAGING_ALIGN; cudaMallocHost gives pages, but the CPU
- * device's host memory need not). The pool is freed with the worker's state, before its
- * device is closed. Every call takes the pool's mutex: blocks may be given back from any
- * thread. */
+ * Sizes are rounded up to POOL_GRAIN so that requests a little apart share blocks. The
+ * blocks are model_dev_host_alloc's as they come, aligned to 64 bytes at least (model/dev.h),
+ * which is what the checkpoint saver needs (CKPT_STAGING_ALIGN). The pool is freed with the
+ * worker's state, before its device is closed. Every call takes the pool's mutex: blocks
+ * may be given back from any thread. */
 #include <pthread.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -29,12 +28,10 @@
 #include "worker/internal.h"
 
 #define POOL_GRAIN ((size_t)64 << 10)
-#define POOL_ALIGN ((size_t)CKPT_STAGING_ALIGN)
 
 typedef struct pblock {
-  void *raw;  /* from model_dev_host_alloc */
-  void *p;    /* handed out: raw aligned up to POOL_ALIGN */
-  size_t cap; /* bytes from p */
+  void *p;    /* from model_dev_host_alloc */
+  size_t cap; /* its bytes */
   int used;
 } pblock;
 
@@ -60,7 +57,7 @@ static void drop_outgrown(worker_pinned *p, size_t bytes) {
   size_t k = 0;
   for (size_t i = 0; i < p->n; i++) {
     if (!p->blocks[i].used && p->blocks[i].cap < bytes) {
-      model_dev_host_free(p->dev, p->blocks[i].raw);
+      model_dev_host_free(p->dev, p->blocks[i].p);
       p->st.bytes -= p->blocks[i].cap;
       continue;
     }
@@ -108,11 +105,9 @@ newt_result_t worker_pinned_get(worker_pinned *p, size_t bytes, void **out) {
       else r = NEWT_ERR(NEWT_ERR_NOMEM, "out of memory for the pinned pool's table");
     }
     void *mem = NULL;
-    if (r == NEWT_OK) r = model_dev_host_alloc(p->dev, want + POOL_ALIGN, &mem);
+    if (r == NEWT_OK) r = model_dev_host_alloc(p->dev, want, &mem);
     if (r == NEWT_OK) {
-      uintptr_t a = ((uintptr_t)mem + POOL_ALIGN - 1) & ~(uintptr_t)(POOL_ALIGN - 1);
-      p->blocks[p->n++] = (pblock){mem, (void *)a, want, 1};
-      mem = (void *)a;
+      p->blocks[p->n++] = (pblock){mem, want, 1};
       p->st.allocs++;
       p->st.bytes += want;
       *out = mem;
@@ -146,7 +141,7 @@ void worker_pinned_free(worker_pinned *p) {
       NEWT_ERROR(WORKER, "pinned pool freed with a block of %zu bytes in use (not freed)", p->blocks[i].cap);
       continue;
     }
-    model_dev_host_free(p->dev, p->blocks[i].raw);
+    model_dev_host_free(p->dev, p->blocks[i].p);
   }
   free(p->blocks);
   pthread_mutex_destroy(&p->mu);

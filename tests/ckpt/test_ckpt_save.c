@@ -121,6 +121,20 @@ static void test_busy_and_timeout(void) {
   T_CHECK(ckpt_latest_pointer(dir) == 1);
 }
 
+/* Rank 0 of 2 commits step `step` of attempt `attempt` in dir: rank 1's failure marker
+ * ends its wait at once (well before its 60 s) with an error holding `want`. */
+static void commit_stops_at_marker(const char *dir, int64_t step, uint64_t attempt, const char *want) {
+  ckpt_saver_opts o = {.dir = dir, .rank = 0, .nranks = 2, .commit = 1, .commit_timeout_ms = 60000, .attempt = attempt};
+  double t0 = newt_now_s();
+  tstate s;
+  ckpt_saver *sv = ts_begin(&o, &s, step, 1, 0, 0);
+  T_ERR(NEWT_ERR_PEER, ts_save_into(sv, &s, step));
+  T_CHECK_MSG(strstr(newt_errmsg(), want) != NULL, "the commit failed with: %s", newt_errmsg());
+  T_CHECK(newt_now_s() - t0 < 20);
+  ckpt_saver_free(sv);
+  ts_free(&s);
+}
+
 /* Rank 1's failure marker ends the committer's wait at once with its message. */
 static void test_failed_marker(void) {
   char dir[300], sd[400], path[500];
@@ -130,15 +144,7 @@ static void test_failed_marker(void) {
   snprintf(path, sizeof path, "%s/rank-00001.failed", sd);
   const char *marker = "0000000000000063\nwrite rank-00001: No space left on device\n";
   T_OK(newt_fs_write_atomic(path, marker, strlen(marker)));
-  ckpt_saver_opts o = {.dir = dir, .rank = 0, .nranks = 2, .commit = 1, .commit_timeout_ms = 60000, .attempt = 0x63};
-  double t0 = newt_now_s();
-  tstate s;
-  ckpt_saver *sv = ts_begin(&o, &s, 7, 1, 0, 0);
-  T_ERR(NEWT_ERR_PEER, ts_save_into(sv, &s, 7));
-  T_CHECK(strstr(newt_errmsg(), "rank 1 could not write its shard: write rank-00001: No space") != NULL);
-  T_CHECK(newt_now_s() - t0 < 20);
-  ckpt_saver_free(sv);
-  ts_free(&s);
+  commit_stops_at_marker(dir, 7, 0x63, "rank 1 could not write its shard: write rank-00001: No space");
 }
 
 /* ckpt_save_fail: a rank that could not gather its slices (a device-to-host copy failed)
@@ -164,15 +170,7 @@ static void test_save_fail(void) {
   T_CHECK(strstr(st.message, "illegal memory access") != NULL);
   T_ERR(NEWT_ERR_INVALID, ckpt_save_end(sv, NULL)); /* the save is over */
   /* the committer of step 9 stops waiting at once, naming rank 1's reason */
-  ckpt_saver_opts o0 = {.dir = dir, .rank = 0, .nranks = 2, .commit = 1, .commit_timeout_ms = 60000, .attempt = 0x64};
-  double t0 = newt_now_s();
-  tstate s;
-  ckpt_saver *c = ts_begin(&o0, &s, 9, 1, 0, 0);
-  T_ERR(NEWT_ERR_PEER, ts_save_into(c, &s, 9));
-  T_CHECK(strstr(newt_errmsg(), "rank 1 could not write its shard: cudaMemcpyAsync") != NULL);
-  T_CHECK(newt_now_s() - t0 < 20);
-  ckpt_saver_free(c);
-  ts_free(&s);
+  commit_stops_at_marker(dir, 9, 0x64, "rank 1 could not write its shard: cudaMemcpyAsync");
   /* nothing of step 9 was written by rank 1, and its next save works */
   char shard[500];
   snprintf(shard, sizeof shard, "%s/step-0000000009/rank-00001.index", dir);
