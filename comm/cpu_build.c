@@ -316,12 +316,17 @@ static int link_missing(const builder *b, int p) {
  * or that a peer found dead is the one marked missing: the ranks whose links are not made
  * yet may only be slow. A peer that gave up at its own deadline said so (CTRL_FAIL, naming
  * no one): then the ranks whose links were never made are marked missing, as at a timeout,
- * since they are whom it waited for (an impostor without the job's secret, say), not it. */
+ * since they are whom it waited for (an impostor without the job's secret, say), not it --
+ * and the build fails as at a timeout (NEWT_ERR_TIMEOUT: a report of a hang), for nobody
+ * was seen to die: the leader weighs such accusations as it weighs its own timeouts'. */
 static newt_result_t peer_left(builder *b, newt_result_t r) {
   cpu_comm *c = b->c;
   if (c->missing)
     for (int p = 0; p < c->size; p++) c->missing[p] = b->dead >= 0 ? p == b->dead : c->missing[p] || link_missing(b, p);
-  return r;
+  if (b->dead >= 0) return r;
+  char why[sizeof b->err];
+  snprintf(why, sizeof why, "%s", newt_errmsg());
+  return NEWT_ERR(NEWT_ERR_TIMEOUT, "%s", why);
 }
 
 static newt_result_t timed_out(builder *b) {

@@ -38,44 +38,75 @@ static int listed(char (*list)[RDZV_NAME_MAX], int n, const char *id) {
   return 0;
 }
 
-static int is_reporter(const policy_view *v, const char *id) {
-  for (int i = 0; i < v->nreports; i++)
-    if (strcmp(v->reports[i].worker, id) == 0) return 1;
+static int accuses(const job_report *r, const char *id) {
+  for (int k = 0; k < r->naccuse; k++)
+    if (strcmp(r->accuse[k], id) == 0) return 1;
   return 0;
 }
 
+static const job_report *report_of(const policy_view *v, const char *id) {
+  for (int i = 0; i < v->nreports; i++)
+    if (strcmp(v->reports[i].worker, id) == 0) return &v->reports[i];
+  return NULL;
+}
+
+static int is_reporter(const policy_view *v, const char *id) { return report_of(v, id) != NULL; }
+
 static int is_accused(const policy_view *v, const char *id) {
   for (int i = 0; i < v->nreports; i++)
-    for (int k = 0; k < v->reports[i].naccuse; k++)
-      if (strcmp(v->reports[i].accuse[k], id) == 0) return 1;
+    if (accuses(&v->reports[i], id)) return 1;
   return 0;
 }
 
 /* How many reports of a generation that never formed (other than its own) name id. */
 static int build_accusers(const policy_view *v, const char *id) {
   int n = 0;
-  for (int i = 0; i < v->nreports; i++) {
-    if (strcmp(v->reports[i].worker, id) == 0 || !v->reports[i].build) continue;
-    for (int k = 0; k < v->reports[i].naccuse; k++)
-      if (strcmp(v->reports[i].accuse[k], id) == 0) {
-        n++;
-        break;
-      }
-  }
+  for (int i = 0; i < v->nreports; i++)
+    n += v->reports[i].build && strcmp(v->reports[i].worker, id) != 0 && accuses(&v->reports[i], id);
   return n;
 }
 
+/* Whether every accusation of id was made by a generation that never formed, at a deadline
+ * (a link never made, a peer that gave up waiting: "build" reports of a hang). Such an
+ * accusation says as much of the accuser as of the accused -- a worker that cannot prove
+ * the generation's key names every other rank, and gives up first, having no step to
+ * finish -- so a silent rank accused only so is still building, not dead. */
+static int only_build_timeouts(const policy_view *v, const char *id) {
+  for (int i = 0; i < v->nreports; i++)
+    if (accuses(&v->reports[i], id) && !(v->reports[i].build && v->reports[i].hang)) return 0;
+  return 1;
+}
+
+/* Of two ranks of a generation that never formed that name each other, with no majority to
+ * decide (fewer than three reports), the one that holds the job's state keeps its place --
+ * the newer step in its report (a newcomer, or a worker without the job's secret, holds
+ * none), then the lower rank -- so the next generation forms without the other instead of
+ * failing alike, or without both. */
+static int loses_build_tie(const policy_view *v, const char *id) {
+  const job_report *mine = report_of(v, id);
+  const plan_rank *me = plan_find(v->plan, id);
+  for (int i = 0; mine && mine->build && i < v->nreports; i++) {
+    const job_report *o = &v->reports[i];
+    if (o == mine || !o->build || !accuses(o, id) || !accuses(mine, o->worker)) continue;
+    const plan_rank *them = plan_find(v->plan, o->worker);
+    if (o->step > mine->step || (o->step == mine->step && me && them && them->rank < me->rank)) return 1;
+  }
+  return 0;
+}
+
 /* A rank that is to blame: accused and silent (it could not report: dead or stopped), or --
- * when a generation never formed and three or more ranks reported -- one whose links more
- * than half of the others could not make though it reported too (it is alive but cannot
- * join them: a partition, a peer that cannot prove the generation's key): the next
+ * when a generation never formed -- one that reported too but whose links the others could
+ * not make: with three or more reports, more than half of the others name it (it is alive
+ * but cannot join them: a partition, a peer that cannot prove the generation's key); with
+ * two that name each other, the one that loses the tie (loses_build_tie). The next
  * generation forms without it instead of failing the same way again. (Once steps ran, a
  * failure cascades -- each rank that sees one aborts, and its peers see it go -- so there the
  * accusations of ranks that reported are not counted.) */
 static int suspect(const policy_view *v, const char *id) {
   if (!is_accused(v, id)) return 0;
   if (!is_reporter(v, id)) return 1;
-  return v->nreports >= 3 && 2 * build_accusers(v, id) > v->nreports - 1;
+  if (v->nreports >= 3) return 2 * build_accusers(v, id) > v->nreports - 1;
+  return loses_build_tie(v, id);
 }
 
 int64_t policy_hold_out_ms(int strikes) {
@@ -215,12 +246,16 @@ static void decide_running(const policy_view *v, policy_decision *d) {
   int window_over = v->first_report && passed(v, v->first_report, window);
   /* everyone who could report did: decide at once -- unless the accused who are silent
      outnumber those who reported (one rank blaming the rest may be the odd one out: wait
-     for the others to have their say) */
-  int silent_suspects = 0;
-  for (int k = 0; k < p->nranks; k++)
-    silent_suspects += find_member(v, p->ranks[k].worker) && is_accused(v, p->ranks[k].worker) &&
-                       !is_reporter(v, p->ranks[k].worker);
-  int all_said = unreported == 0 && nreports >= silent_suspects;
+     for the others to have their say), or one of them is accused only by the timeouts of a
+     build (it is still building: wait for its report, or the window) */
+  int silent_suspects = 0, silent_building = 0;
+  for (int k = 0; k < p->nranks; k++) {
+    const char *id = p->ranks[k].worker;
+    if (!find_member(v, id) || !is_accused(v, id) || is_reporter(v, id)) continue;
+    silent_suspects++;
+    silent_building += only_build_timeouts(v, id);
+  }
+  int all_said = unreported == 0 && silent_building == 0 && nreports >= silent_suspects;
   if (nreports && (all_said || window_over)) {
     if (window_over && unreported) {
       /* ranks that neither reported nor were named: they are stuck too */

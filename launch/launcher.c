@@ -72,6 +72,10 @@ typedef struct run {
   int nfaults;
   int recoveries_seen;
   int event_log_fd; /* the event log (-1: none) */
+  int steps_fd;     /* the step log, followed for the step when etcd is away (-1: not) */
+  char steps_line[1024]; /* its line being read, and whether it outgrew the buffer */
+  size_t steps_len;
+  int steps_long;
   int tty;          /* stderr is a terminal: the live line refreshes in place */
   int line_open;    /* the live line is on the terminal, not ended by a line break */
   double t_line;    /* when the last plain live line was printed */
@@ -284,6 +288,38 @@ static void take(run *r, const rdzv_etcd_kv *kv) {
       r->cap_events = cap;
     }
     if (job_event_from_json(kv->value, kv->value_len, &r->events[r->nevents]) == NEWT_OK) r->nevents++;
+  }
+}
+
+/* Follows the step log rank 0 appends to (the run's own file, job/runlog.h): each step
+ * reaches the launcher through it even while etcd is away, so the chaos schedule fires at
+ * its step and the live line moves whatever etcd does. Reads what was appended since the
+ * last look, at most 64 KiB a call; a line that does not parse (torn by a killed writer, or
+ * longer than the buffer) is skipped. */
+static void follow_steps(run *r) {
+  char chunk[65536];
+  ssize_t got = r->steps_fd >= 0 ? read(r->steps_fd, chunk, sizeof chunk) : 0;
+  for (ssize_t i = 0; i < got; i++) {
+    if (chunk[i] != '\n') {
+      if (r->steps_len < sizeof r->steps_line) r->steps_line[r->steps_len++] = chunk[i];
+      else r->steps_long = 1;
+      continue;
+    }
+    job_step s;
+    if (!r->steps_long && job_step_from_json(r->steps_line, r->steps_len, &s) == NEWT_OK) {
+      pthread_mutex_lock(&r->mu);
+      if (s.step > r->step || (int64_t)s.generation > r->gen) {
+        if (s.step > r->step) r->step = s.step;
+        r->gen = (int64_t)s.generation;
+        r->loss = s.loss;
+        r->tps = s.tokens_per_s;
+        r->world = (int)s.world;
+        r->dp = (int)s.dp;
+      }
+      pthread_mutex_unlock(&r->mu);
+    }
+    r->steps_len = 0;
+    r->steps_long = 0;
   }
 }
 
@@ -690,6 +726,7 @@ static newt_result_t open_run_files(run *r) {
   int fd;
   NEWT_CHECK(job_runlog_open(res->step_log, 1, &fd));
   close(fd);
+  r->steps_fd = open(res->step_log, O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
   /* the job's secret, readable by us alone: the plans in etcd carry only salts */
   unsigned char key[32];
   char hex[65];
@@ -791,6 +828,7 @@ newt_result_t launcher_run(const launcher_opts *o, launcher_result *res) {
   r->res = res;
   r->etcd_fault = -1;
   r->event_log_fd = -1;
+  r->steps_fd = -1;
   r->tty = isatty(STDERR_FILENO);
   pthread_mutex_init(&r->mu, NULL);
   double t0 = newt_now_s();
@@ -812,6 +850,7 @@ newt_result_t launcher_run(const launcher_opts *o, launcher_result *res) {
   newt_deadline_t deadline = newt_deadline_in_ms(o->timeout_ms > 0 ? o->timeout_ms : -1);
   double last_line = 0;
   for (;;) {
+    follow_steps(r);
     pthread_mutex_lock(&r->mu);
     int nev = r->nevents;
     job_event *evs = r->events;
@@ -893,6 +932,7 @@ exit:
   if (r->etcd) rdzv_etcd_free(r->etcd);
   if (r->server) rdzv_etcd_server_free(r->server);
   if (r->event_log_fd >= 0) close(r->event_log_fd);
+  if (r->steps_fd >= 0) close(r->steps_fd);
   for (int i = 0; i < r->nevents; i++) job_event_free(&r->events[i]);
   free(r->events);
   free(r->procs);

@@ -18,7 +18,8 @@ typedef struct tcase {
   const char *plan;     /* ranks of the current plan, in rank order; NULL: no plan yet */
   const char *members;  /* "w0 w1:leaving w2:done w3:noaddr": registered workers and states */
   const char *reports;  /* "w0:crash:w2@100 w1:hang@120": reporter, kind, accused (+-joined), t_ms; kind
-                           "build" / "buildhang": a generation that never formed */
+                           "build" / "buildhang": a generation that never formed; "#65" after
+                           t_ms: the report's step (else 0) */
   const char *departed; /* ranks that left gracefully since the plan */
   /* clocks: ms ago (NEVER: 0) */
   int64_t first_member, last_join, first_report, first_gone, progress;
@@ -119,8 +120,26 @@ static const tcase cases[] = {
      "w2:buildhang:w0+w1@100", "", 9000, 9000, 3100, NEVER, 10, 0, -1, POLICY_NONE, 0, 0, ""},
     {"build: ... and they never say a word: they are stuck", "w0 w1 w2", "w0 w1 w2", "w2:buildhang:w0+w1@100", "",
      9000, 9000, 3400, NEVER, 10, 0, -1, POLICY_HANG_REPORTED, 0, 1, "w0 w1"},
-    {"build: two ranks blame each other, nobody can tell", "w0 w1", "w0 w1", "w0:buildhang:w1@100 w1:buildhang:w0@101",
-     "", 9000, 9000, 5, NEVER, 10, 0, -1, POLICY_HANG_REPORTED, 0, 1, ""},
+    /* two that name each other: no majority, so the one holding the job's state stays (the
+       newer step; the same step: the lower rank) -- not both, and not the same plan again */
+    {"build: two ranks of one step blame each other: the lower rank stays", "w0 w1", "w0 w1",
+     "w0:buildhang:w1@100#65 w1:buildhang:w0@101#65", "", 9000, 9000, 5, NEVER, 10, 0, -1, POLICY_HANG_REPORTED, 0, 1,
+     "w1"},
+    {"build: a newcomer and a rank with the job's state blame each other: the newcomer goes", "imp w0", "imp w0",
+     "imp:buildhang:w0@100#0 w0:buildhang:imp@101#65", "", 9000, 9000, 5, NEVER, 10, 0, -1, POLICY_HANG_REPORTED, 0, 1,
+     "imp"},
+    /* a worker that cannot prove the key gives up first (it had no step to finish) and names
+       everyone; a rank named only by such timeouts is still building, not dead: wait for it */
+    {"build: one named by the first to give up alone is still building", "w0 w1 imp", "w0 w1 imp",
+     "imp:buildhang:w0+w1@100#0 w0:buildhang:imp@101#65", "", 9000, 9000, 5, NEVER, 10, 0, -1, POLICY_NONE, 0, 0, ""},
+    {"build: ... and says so: the three reports decide", "w0 w1 imp", "w0 w1 imp",
+     "imp:buildhang:w0+w1@100#0 w0:buildhang:imp@101#65 w1:buildhang:imp@104#65", "", 9000, 9000, 5, NEVER, 10, 0, -1,
+     POLICY_HANG_REPORTED, 0, 1, "imp"},
+    {"build: ... or never does: it is stuck, and the tie goes to the state", "w0 w1 imp", "w0 w1 imp",
+     "imp:buildhang:w0+w1@100#0 w0:buildhang:imp@101#65", "", 9000, 9000, 3400, NEVER, 10, 0, -1, POLICY_HANG_REPORTED,
+     0, 1, "w1 imp"},
+    {"build: a rank died during the build (its links closed): named at once", "w0 w1 w2", "w0 w1 w2",
+     "w0:build:w2@100 w1:build:w2@101", "", 9000, 9000, 5, NEVER, 10, 0, -1, POLICY_CRASH_REPORTED, 0, 1, "w2"},
     {"steps: the ranks that saw a rank abort do not outvote it", "w0 w1 w2 w3", "w0 w1 w2 w3",
      "w0:hang:w2@100 w1:crash:w0@150 w2:crash:w0@155 w3:crash:w0@160", "", 9000, 9000, 5, NEVER, 10, 0, -1,
      POLICY_HANG_REPORTED, 0, 1, ""},
@@ -211,6 +230,8 @@ static void build(const tcase *t, picture *pic) {
     job_report *r = &pic->reports[i];
     char kind[16] = "", acc[96] = "";
     unsigned long long t_ms = 0;
+    char *hash = strchr(words[i], '#');
+    if (hash) r->step = strtoll(hash + 1, NULL, 10), *hash = '\0';
     char *at = strchr(words[i], '@');
     if (at) t_ms = strtoull(at + 1, NULL, 10), *at = '\0';
     char *f1 = strchr(words[i], ':');
