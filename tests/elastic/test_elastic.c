@@ -60,6 +60,8 @@ typedef struct scenario {
   const char *restore;   /* where every recovery's state must come from (NULL: memory or
                             peers, a joiner from peers) */
   const char *model;     /* the model, when not MODEL */
+  int in_outage;         /* the worker's fault fires while etcd is away (newt run follows the
+                            step log, not only etcd's progress) */
 } scenario;
 
 static const scenario scenarios[] = {
@@ -91,7 +93,7 @@ static const scenario scenarios[] = {
     /* a worker killed while etcd is away: the survivors' reports wait for etcd, the plan
        follows as soon as it can be published; which of the two is recorded first is a race */
     {"etcd_kill", 400, 4, "restart:etcd:4000@step=10,kill:worker:2@step=12", {"etcd|crash|hang", "etcd|crash|hang"},
-     {NULL}},
+     {NULL}, NULL, 0, NULL, NULL, 1},
     {"stale", 300, 4, "stop:worker:2@step=10,cont:worker:2@step=60", {"hang", "join"}, {NULL}, "w2"},
     /* every worker killed at once: the replacements can only read the checkpoint; those
        that register after the start window (a loaded machine) join the next generation */
@@ -517,6 +519,21 @@ static void run_scenario(const scenario *sc, const char *newt) {
     T_CHECK_MSG(strcmp(c0, c1) != 0, "both recoveries have cause %s, expected one of each of %s:\n%s", c0,
                 sc->causes[0], text);
   }
+  if (sc->in_outage && nrec == 2) {
+    /* the etcd record's t_ms is when etcd went away; the other's, when its fault fired */
+    int64_t t[2] = {0, 0}, outage = 0;
+    int e = 0;
+    const cJSON *r = recs->child;
+    for (int x = 0; x < 2; x++, r = r->next) {
+      const char *cause = "";
+      newt_json_get_str(r, "recovery", "cause", 1, &cause);
+      newt_json_get_int(r, "recovery", "t_ms", 1, &t[x]);
+      if (strcmp(cause, "etcd") == 0) e = x, newt_json_get_int(r, "recovery", "outage_ms", 1, &outage);
+    }
+    T_CHECK_MSG(t[1 - e] >= t[e] && t[1 - e] <= t[e] + outage,
+                "the fault fired %lld ms after etcd went away, not during its %lld ms outage:\n%s",
+                (long long)(t[1 - e] - t[e]), (long long)outage, text);
+  }
   int i = 0, k = 0;
   for (const cJSON *r = recs ? recs->child : NULL; r && k < nexp; r = r->next, i++, k++) {
     const char *cause = "", *restore = "";
@@ -930,8 +947,11 @@ static void test_nospace(void) {
  * registers as a worker and the leader plans it in, but the plan in etcd holds only a salt,
  * so it cannot prove the generation's key: the ranks refuse its connections, report it, the
  * leader fences it and trains on without it. It never takes part in a step; the job ends with
- * every step and the uninterrupted loss. */
-static void test_impostor(void) {
+ * every step and the uninterrupted loss. Beside two workers it is outvoted (it names both,
+ * each names it); beside one, the two name each other and the leader keeps the one that
+ * holds the job's state -- the impostor gives up first (it had no step to finish), so a
+ * leader that took the first to speak for the truth handed it the job. */
+static void test_impostor_n(int nproc) {
   const int STEPS = 300;
   double ref = reference_loss(newt_bin, STEPS, MODEL);
   rdzv_etcd_server *srv = NULL;
@@ -943,7 +963,7 @@ static void test_impostor(void) {
   rdzv_etcd *c = NULL;
   T_OK(rdzv_etcd_init(&eo, &c));
   const char *url = rdzv_etcd_server_url(srv);
-  char logs[512], summary[512], steps[16], gb[16], mb[16], samples[512];
+  char logs[512], summary[512], steps[16], gb[16], mb[16], samples[512], np[16];
   snprintf(logs, sizeof logs, "%s/logs", tmpdir);
   snprintf(summary, sizeof summary, "%s/summary.json", tmpdir);
   snprintf(samples, sizeof samples, "%s/samples", tmpdir);
@@ -952,7 +972,8 @@ static void test_impostor(void) {
   snprintf(steps, sizeof steps, "%d", STEPS);
   snprintf(gb, sizeof gb, "%d", GB);
   snprintf(mb, sizeof mb, "%d", MB);
-  const char *argv[] = {newt_bin, "run", "--quiet", "--etcd", url, "--job", "impostor", "--nproc", "2", "--model", MODEL,
+  snprintf(np, sizeof np, "%d", nproc);
+  const char *argv[] = {newt_bin, "run", "--quiet", "--etcd", url, "--job", "impostor", "--nproc", np, "--model", MODEL,
                         "--seq-len", SEQ, "--steps", steps, "--global-batch", gb, "--micro-batch", mb, "--log-dir",
                         logs, "--summary", summary, "--timeout-ms", "200000", NULL};
   char outp[600], ilog[600];
@@ -1006,6 +1027,9 @@ static void test_impostor(void) {
   rdzv_etcd_free(c);
   rdzv_etcd_server_free(srv);
 }
+
+static void test_impostor(void) { test_impostor_n(2); }
+static void test_impostor_alone(void) { test_impostor_n(1); }
 
 
 /* A job on an etcd that takes TLS with client certificates and a user with a password (the
@@ -1381,11 +1405,12 @@ int main(int argc, char **argv) {
     return rc;
   }
   if (strcmp(argv[1], "forged") == 0 || strcmp(argv[1], "etcd_nospace") == 0 || strcmp(argv[1], "impostor") == 0 ||
-      strcmp(argv[1], "tls") == 0 || strcmp(argv[1], "nccl_ckpt_cross") == 0) {
+      strcmp(argv[1], "impostor_alone") == 0 || strcmp(argv[1], "tls") == 0 || strcmp(argv[1], "nccl_ckpt_cross") == 0) {
     snprintf(tmpdir, sizeof tmpdir, "/tmp/newt-e2e-%s-XXXXXX", argv[1]);
     if (!mkdtemp(tmpdir)) return 2;
     if (strcmp(argv[1], "forged") == 0) T_RUN(test_forged);
     else if (strcmp(argv[1], "impostor") == 0) T_RUN(test_impostor);
+    else if (strcmp(argv[1], "impostor_alone") == 0) T_RUN(test_impostor_alone);
     else if (strcmp(argv[1], "tls") == 0) T_RUN(test_tls);
     else if (strcmp(argv[1], "nccl_ckpt_cross") == 0) T_RUN(test_ckpt_cross);
     else T_RUN(test_nospace);
