@@ -64,6 +64,8 @@ typedef struct ckpt_saver_opts {
   int level;               /* zstd level 1..22 (0: the default, 1; CKPT_LEVEL_RAW: none) */
   size_t chunk_bytes;      /* raw bytes per chunk (default 4 MiB, at least 64) */
   size_t staging_bytes;    /* staging memory for async snapshots allocated up front (0: on first use) */
+  size_t staging_hint;     /* the bytes a save stages, when known: the first block taken on first
+                              use is this large (0: blocks grow from 1 MiB, doubling) */
   int skip_if_busy;        /* begin while a save is in flight: 1 skips it, 0 waits */
   int64_t busy_wait_ms;    /* how long begin waits for the previous save (default 600000) */
   int commit;              /* this rank commits the step (one rank, usually 0) */

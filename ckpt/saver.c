@@ -85,6 +85,7 @@ struct ckpt_saver {
   block *blocks;
   size_t nblocks, cur_block, cur_used;
   void *(*ext_alloc)(void *ctx, size_t bytes); /* the caller's staging allocator (NULL: ours) */
+  size_t hint;                                  /* opts.staging_hint */
   void (*ext_free)(void *ctx, void *p);
   void *ext_ctx;
 
@@ -155,7 +156,9 @@ static newt_result_t staging_alloc(ckpt_saver *s, size_t bytes, void **out) {
     size_t total = 0;
     for (size_t i = 0; i < s->nblocks; i++) total += s->blocks[i].cap;
     size_t cap = bytes > total ? bytes : total;
-    NEWT_CHECK(staging_add_block(s, cap > STAGING_MIN ? cap : STAGING_MIN));
+    if (!s->nblocks && s->hint >= cap) cap = s->hint; /* the whole save in one block, as sized */
+    else if (cap < STAGING_MIN) cap = STAGING_MIN;
+    NEWT_CHECK(staging_add_block(s, cap));
     s->cur_used = 0;
   }
   *out = s->blocks[s->cur_block].p + s->cur_used;
@@ -206,6 +209,7 @@ newt_result_t ckpt_saver_init(ckpt_saver **out, const ckpt_saver_opts *o) {
   s->commit_timeout_ms = o->commit_timeout_ms > 0 ? o->commit_timeout_ms : 600000;
   s->attempt = o->attempt;
   s->ext_alloc = o->staging_alloc;
+  s->hint = o->staging_hint;
   s->ext_free = o->staging_free;
   s->ext_ctx = o->staging_ctx;
   s->fd = -1;

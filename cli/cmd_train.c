@@ -214,6 +214,7 @@ int newt_cmd_train(int argc, char **argv) {
     ckpt_saver_opts so = {.dir = ckpt_dir, .rank = 0, .nranks = 1, .threads = 2, .level = (int)ckpt_level,
                           .keep = (int)ckpt_keep, .commit = 1, .layout_json = "{\"dp\":1,\"tp\":1,\"pp\":1,\"zero\":0}"};
     if (ckpt_level == 0) so.level = CKPT_LEVEL_RAW;
+    so.staging_hint = model_ckpt_par_staging_bytes(&par); /* the first save's staging: one block */
     if (!model_dev_host_visible(par.dev)) { /* a GPU's downloads land in its pinned memory */
       so.staging_alloc = staging_alloc;
       so.staging_free = staging_free;

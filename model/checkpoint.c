@@ -345,6 +345,19 @@ newt_result_t model_ckpt_par_add(ckpt_saver *s, const model_par *p) {
   return r;
 }
 
+size_t model_ckpt_par_staging_bytes(const model_par *p) {
+  model_par_piece *pp = NULL;
+  size_t n = 0, total = 0;
+  if (model_par_pieces(p, &pp, &n) != NEWT_OK) return 0;
+  for (size_t i = 0; i < n; i++)
+    if (pp[i].primary) {
+      size_t b = (size_t)newt_slice_numel(&pp[i].slice) * sizeof(float);
+      total += (b + CKPT_STAGING_ALIGN - 1) / CKPT_STAGING_ALIGN * CKPT_STAGING_ALIGN;
+    }
+  free(pp);
+  return total;
+}
+
 size_t model_ckpt_par_floats(const model_par *p) {
   model_par_piece *pp = NULL;
   size_t n = 0, total = 0;

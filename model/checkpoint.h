@@ -73,6 +73,10 @@ newt_result_t model_ckpt_train_load(const char *dir, int64_t max_step, const mod
  * On failure, end the save with ckpt_save_fail: what is staged may be half copied. */
 newt_result_t model_ckpt_par_add(ckpt_saver *s, const model_par *p);
 
+/* The saver staging model_ckpt_par_add takes for p (its primary pieces, each rounded up
+ * to CKPT_STAGING_ALIGN): ckpt_saver_opts.staging_bytes or staging_hint. 0 on no memory. */
+size_t model_ckpt_par_staging_bytes(const model_par *p);
+
 /* Floats of all the pieces p holds (model_par_pieces): the host staging a load needs. */
 size_t model_ckpt_par_floats(const model_par *p);
 

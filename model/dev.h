@@ -75,7 +75,8 @@ double model_dev_peak_flops(const model_dev *d);
 newt_result_t model_dev_alloc(model_dev *d, size_t bytes, void **out);
 void model_dev_free(model_dev *d, void *p);
 /* Host memory copies to and from the device are fastest with (pinned on a GPU), zeroed,
- * aligned to at least 64 bytes (the CPU's to 64, a GPU's pinned memory to pages). */
+ * aligned to at least 64 bytes (the CPU's to 64, a GPU's pinned memory to pages). Unlike
+ * the rest of the device, these two may be called from any thread. */
 newt_result_t model_dev_host_alloc(model_dev *d, size_t bytes, void **out);
 void model_dev_host_free(model_dev *d, void *p);
 

@@ -15,7 +15,8 @@
  * kernel and returns it, prefixed with the device's name, from sync and download). A
  * failed allocation is not sticky: it is returned, naming the size and what the device has
  * free. Like cuBLAS handles and streams, the device is used from the thread that opened it
- * (or one that made its GPU current with cudaSetDevice). */
+ * (or one that made its GPU current with cudaSetDevice) -- but for its host memory
+ * (model_dev_host_alloc / model_dev_host_free), which any thread may ask for. */
 #include <cuda_runtime.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -90,9 +91,13 @@ static void cu_free(model_dev *d, void *p) {
   if (e != cudaSuccess) (void)fail_cuda(d, "cudaFree", e);
 }
 
+/* Host memory may be asked for from any thread (the worker pins its checkpoint staging on
+ * one of its own, model/dev.h): that thread's current device is made this one first, so
+ * no context is created on another GPU. */
 static newt_result_t cu_host_alloc(model_dev *d, size_t bytes, void **out) {
   void *p = NULL;
-  cudaError_t e = cudaMallocHost(&p, bytes);
+  cudaError_t e = cudaSetDevice(d->ordinal);
+  if (e == cudaSuccess) e = cudaMallocHost(&p, bytes);
   if (e != cudaSuccess) {
     (void)cudaGetLastError();
     return NEWT_ERR(NEWT_ERR_NOMEM, "%s: cudaMallocHost of %zu bytes of pinned host memory: %s (%s)", d->name, bytes,
@@ -104,6 +109,7 @@ static newt_result_t cu_host_alloc(model_dev *d, size_t bytes, void **out) {
 }
 
 static void cu_host_free(model_dev *d, void *p) {
+  (void)cudaSetDevice(d->ordinal);
   cudaError_t e = cudaFreeHost(p);
   if (e != cudaSuccess) (void)fail_cuda(d, "cudaFreeHost", e);
 }

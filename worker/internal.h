@@ -107,6 +107,10 @@ typedef struct worker {
   job_step last_step;   /* the step log's line of the last step this rank did */
   int last_step_logged; /* ... and whether this rank wrote it */
   ckpt_saver *saver; /* this generation's (save.c) */
+  size_t stage_fill_bytes; /* staging the saver's first save takes, reserved in the pool ... */
+  int stage_fill_due;      /* ... by a thread started after the generation's first step */
+  int stage_filling;       /* that thread runs (joined before a save begins) */
+  pthread_t stage_fill;
   worker_pinned *pinned; /* host staging of a device the host cannot touch (pinned.c); NULL: none yet */
   int64_t ckpt_failed_step, ckpt_published;
   int leave_announced;
@@ -148,6 +152,9 @@ newt_result_t worker_pinned_init(worker_pinned **out, model_dev *dev);
 newt_result_t worker_pinned_get(worker_pinned *p, size_t bytes, void **out);
 /* 1 when a free block of at least bytes is kept (a get of it allocates nothing). */
 int worker_pinned_has(worker_pinned *p, size_t bytes);
+/* Makes the pool keep a free block of at least bytes (allocating it, outside the pool's lock,
+ * unless one is kept), so that a later get of that size allocates nothing; any thread. */
+newt_result_t worker_pinned_reserve(worker_pinned *p, size_t bytes);
 /* Gives a block back to the pool (NULL: nothing). */
 void worker_pinned_put(worker_pinned *p, void *ptr);
 void worker_pinned_stats_get(worker_pinned *p, worker_pinned_stats *st);

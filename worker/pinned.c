@@ -86,6 +86,27 @@ int worker_pinned_has(worker_pinned *p, size_t bytes) {
   return has;
 }
 
+newt_result_t worker_pinned_reserve(worker_pinned *p, size_t bytes) {
+  size_t want = grain(bytes);
+  if (worker_pinned_has(p, want)) return NEWT_OK;
+  void *mem = NULL; /* pinned outside the lock: the pool serves its users meanwhile */
+  NEWT_CHECK(model_dev_host_alloc(p->dev, want, &mem));
+  pthread_mutex_lock(&p->mu);
+  drop_outgrown(p, want); /* as a get that no free block fits does */
+  pblock *nb = p->n == p->cap ? realloc(p->blocks, (p->cap ? 2 * p->cap : 8) * sizeof *nb) : p->blocks;
+  if (nb) {
+    if (p->n == p->cap) p->cap = p->cap ? 2 * p->cap : 8;
+    p->blocks = nb;
+    p->blocks[p->n++] = (pblock){mem, want, 0};
+    p->st.allocs++;
+    p->st.bytes += want;
+  }
+  pthread_mutex_unlock(&p->mu);
+  if (nb) return NEWT_OK;
+  model_dev_host_free(p->dev, mem);
+  return NEWT_ERR(NEWT_ERR_NOMEM, "out of memory for the pinned pool's table");
+}
+
 newt_result_t worker_pinned_get(worker_pinned *p, size_t bytes, void **out) {
   *out = NULL;
   size_t want = grain(bytes);

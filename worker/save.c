@@ -14,8 +14,11 @@
  * piece. On the CPU device the saver's own snapshot copies the pieces. Either way the
  * staging is memory of the worker's pool (pinned.c; pinned on a GPU, so the copies run at
  * the copy engine's speed): a new generation's saver takes the blocks the last one gave
- * back, sized up front for this layout's primary pieces when the pool holds them, so only
- * a worker's first save (or one of a larger layout) allocates. */
+ * back, sized up front for this layout's primary pieces when the pool holds them. When it
+ * does not (a worker's first generation, or a larger layout), a thread started after the
+ * generation's first step -- off the path of a recovery -- reserves that staging in the pool
+ * while training goes on, in one block, and a save waits for it only if it is due first:
+ * pinning gigabytes takes the better part of a second, which the step loop does not pay. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -27,30 +30,52 @@
 
 static int enabled(const worker *w) { return w->spec.ckpt_dir[0] && w->spec.ckpt_every > 0; }
 
+/* The staging thread: reserves a layout's staging in the pool (worker_pinned_reserve). */
+typedef struct stage_fill_job {
+  worker_pinned *pool;
+  size_t bytes;
+  const char *id;
+} stage_fill_job;
+
+static void *fill_staging(void *arg) {
+  stage_fill_job *j = arg;
+  if (worker_pinned_reserve(j->pool, j->bytes) != NEWT_OK)
+    NEWT_WARN(WORKER, "%s: taking the checkpoint staging ahead of the first save: %s (the save takes it then)", j->id,
+              newt_errmsg());
+  free(j);
+  return NULL;
+}
+
+/* Waits for the staging thread, if one runs. */
+static void staging_filled(worker *w) {
+  if (!w->stage_filling) return;
+  pthread_join(w->stage_fill, NULL);
+  w->stage_filling = 0;
+}
+
+/* Starts the staging thread for this generation's layout (after its first step). A thread
+ * of an earlier generation is waited for first: it has long finished, or the pool would
+ * be asked twice for one size. */
+static void start_staging(worker *w) {
+  w->stage_fill_due = 0;
+  staging_filled(w);
+  stage_fill_job *j = malloc(sizeof *j);
+  if (!j) return; /* the save takes it */
+  *j = (stage_fill_job){w->pinned, w->stage_fill_bytes, w->id};
+  w->stage_filling = pthread_create(&w->stage_fill, NULL, fill_staging, j) == 0;
+  if (!w->stage_filling) free(j);
+}
+
 /* Ends the saver of the last generation: lets it finish when everyone of that generation
  * is still there, aborts it otherwise. */
 static void end_saver(worker *w, int keep_going) {
+  w->stage_fill_due = 0; /* a staging thread still running goes on: not waited for here, on
+                            the way to the next generation's first step */
   if (!w->saver) return;
   if (keep_going) ckpt_save_wait(w->saver, newt_deadline_in_ms(60000));
   else ckpt_saver_abort(w->saver);
   ckpt_saver_free(w->saver);
   w->saver = NULL;
-}
-
-/* The staging a save of this layout's primary pieces takes (each slice rounded as the saver
- * cuts its reservations). */
-static newt_result_t primary_bytes(const model_par *par, size_t *out) {
-  model_par_piece *pp = NULL;
-  size_t n = 0, total = 0;
-  NEWT_CHECK(model_par_pieces(par, &pp, &n));
-  for (size_t i = 0; i < n; i++)
-    if (pp[i].primary) {
-      size_t b = (size_t)newt_slice_numel(&pp[i].slice) * sizeof(float);
-      total += (b + CKPT_STAGING_ALIGN - 1) / CKPT_STAGING_ALIGN * CKPT_STAGING_ALIGN;
-    }
-  free(pp);
-  *out = total;
-  return NEWT_OK;
 }
 
 newt_result_t worker_ckpt_generation(worker *w, const newt_plan *p, const plan_rank *me) {
@@ -72,12 +97,15 @@ newt_result_t worker_ckpt_generation(worker *w, const newt_plan *p, const plan_r
                         .layout_json = layout};
   if (w->have_par) { /* staging from the pool: kept across generations, pinned on a GPU */
     worker_pinned *pool = NULL;
-    size_t need = 0;
     NEWT_CHECK(worker_pinned_of(w, w->par.dev, &pool));
-    NEWT_CHECK(primary_bytes(&w->par, &need));
-    /* taken now when the pool holds it; else at the first save, not here: this is the
-       path to the generation's first step (a recovery's time) */
-    so.staging_bytes = worker_pinned_has(pool, need) ? need : 0;
+    size_t need = model_ckpt_par_staging_bytes(&w->par);
+    /* taken now when the pool holds it; else reserved in the background after the first
+       step, not here: this is the path to the generation's first step (a recovery's time) */
+    int has = worker_pinned_has(pool, need);
+    so.staging_bytes = has ? need : 0;
+    so.staging_hint = need; /* the first save's staging in one block */
+    w->stage_fill_bytes = need;
+    w->stage_fill_due = !has && need > 0;
     so.staging_alloc = worker_pinned_staging_alloc;
     so.staging_free = worker_pinned_staging_free;
     so.staging_ctx = pool;
@@ -99,6 +127,7 @@ static int64_t ckpt_bytes(worker *w, int64_t step) {
 
 newt_result_t worker_ckpt_step(worker *w, const newt_plan *p, const plan_rank *me) {
   if (!w->saver) return NEWT_OK;
+  if (w->stage_fill_due) start_staging(w); /* after the generation's first step: the staging, meanwhile */
   ckpt_save_status st;
   ckpt_saver_status(w->saver, &st);
   if (st.state == CKPT_SAVE_FAILED && st.step != w->ckpt_failed_step) {
@@ -112,6 +141,7 @@ newt_result_t worker_ckpt_step(worker *w, const newt_plan *p, const plan_rank *m
   }
   const model_par *par = &w->par;
   if (par->step % w->spec.ckpt_every != 0) return NEWT_OK;
+  staging_filled(w); /* the save takes the block it reserved */
   int started = 0;
   NEWT_CHECK(ckpt_save_begin(w->saver, par->step, 1, &started));
   if (!started) return NEWT_OK; /* the last save is still being written: skip this one */
@@ -127,4 +157,7 @@ newt_result_t worker_ckpt_step(worker *w, const newt_plan *p, const plan_rank *m
   return res;
 }
 
-void worker_ckpt_free(worker *w) { end_saver(w, 1); }
+void worker_ckpt_free(worker *w) {
+  staging_filled(w); /* before the pool goes */
+  end_saver(w, 1);
+}

@@ -475,6 +475,36 @@ static void test_staging_allocator(void) {
   ts_load_check(dir, CKPT_LATEST, 3, 1, 0, NULL);
 }
 
+/* staging_hint: the first save's staging is one block of the size the caller says a save
+ * takes (not 1 MiB, growing by doubling): the saves that follow allocate nothing. */
+static void test_staging_hint(void) {
+  char dir[300];
+  subdir(dir, sizeof dir, "staging_hint");
+  tstate s;
+  ts_make(&s, 2, 3, 0);
+  size_t need = 0;
+  for (size_t i = 0; i < s.n; i++)
+    need += (s.bytes[i] + CKPT_STAGING_ALIGN - 1) / CKPT_STAGING_ALIGN * CKPT_STAGING_ALIGN;
+  talloc a = {0};
+  ckpt_saver_opts o = {.dir = dir, .rank = 0, .nranks = 1, .commit = 1, .keep = 5, .staging_hint = need,
+                       .staging_alloc = ta_alloc, .staging_free = ta_free, .staging_ctx = &a};
+  ckpt_saver *sv = NULL;
+  T_OK(ckpt_saver_init(&sv, &o));
+  T_CHECK(a.allocs == 0); /* on first use, not up front */
+  for (int64_t step = 2; step <= 3; step++) {
+    int started = 0;
+    T_OK(ckpt_save_begin(sv, step, 1, &started));
+    T_OK(ts_save_into(sv, &s, step));
+    T_OK(ckpt_save_wait(sv, newt_deadline_in_ms(60000)));
+  }
+  size_t cap = 0;
+  T_CHECK_MSG(a.allocs == 1 && ckpt_saver_staging(sv, &cap) && cap == need,
+              "%d staging blocks, the first of %zu bytes; want one of %zu", a.allocs, cap, need);
+  ckpt_saver_free(sv);
+  T_CHECK(a.nlive == 0 && a.frees == a.allocs);
+  ts_free(&s);
+}
+
 int main(void) {
   ts_tmpdir(root, sizeof root, "/tmp", "ckpt-save");
   T_RUN(test_sync_async);
@@ -486,6 +516,7 @@ int main(void) {
   T_RUN(test_prune);
   T_RUN(test_request_errors);
   T_RUN(test_staging_allocator);
+  T_RUN(test_staging_hint);
   newt_fs_rm_rf(root);
   return T_DONE();
 }

@@ -9,7 +9,8 @@
  *     shard (the replica path);
  *   - both lost their state: step 2 is whole from the two snapshots (the snapshot path);
  *   - both lost everything but the checkpoint the worker saved at step 3 (worker/save.c:
- *     pieces downloaded into the saver's staging) and it is read back (worker/state.c:
+ *     pieces downloaded into the saver's staging, which a thread reserved in the worker's
+ *     pool after step 1 -- check_staging) and it is read back (worker/state.c:
  *     read into host staging, uploaded); then two more generations of the second layout,
  *     each a new saver, a save and a restore from memory: on the strict device the staging
  *     of both is pinned memory of the worker's pool (the strict device refuses a queued
@@ -118,6 +119,33 @@ static int more_generations(worker *w, comm_t *world, int rank, const newt_plan 
   return fails;
 }
 
+/* The saver's staging of a generation whose pool does not hold it yet (worker/save.c): after
+ * the first step (step 1, no save due) a thread of its own reserves it in the pool, while
+ * this one goes on -- on the CPU device, where nothing else takes pool memory, the pool
+ * gains a block with no further call (on the strict device the replica's block may be
+ * there to take) -- and the save at step PRE takes what the pool holds, allocating nothing
+ * itself (before, it allocated its staging in the step loop). `before`: the pool as it was
+ * before this step's worker_ckpt_step. */
+static int check_staging(worker *w, int rank, int s, const worker_pinned_stats *before) {
+  worker_pinned_stats now = {0};
+  if (s == 1 && w->dev == model_dev_cpu()) {
+    for (newt_deadline_t d = newt_deadline_in_ms(20000); !newt_deadline_passed(d); newt_sleep_ms(2)) {
+      if (w->pinned) worker_pinned_stats_get(w->pinned, &now);
+      if (now.allocs > before->allocs) return 0;
+    }
+    fprintf(stderr, "rank %d: FAIL the saver's staging was not reserved after the first step (%s, %llu blocks)\n",
+            rank, w->pinned ? "a pool" : "no pool", (unsigned long long)now.allocs);
+    return 1;
+  }
+  if (s != PRE) return 0;
+  if (w->pinned) worker_pinned_stats_get(w->pinned, &now);
+  if (now.allocs == before->allocs && now.reused > before->reused) return 0;
+  fprintf(stderr, "rank %d: FAIL the save of step %d allocated %llu blocks and took %llu kept ones (want 0 and 1 or "
+          "more: the staging reserved after step 1)\n", rank, s, (unsigned long long)(now.allocs - before->allocs),
+          (unsigned long long)(now.reused - before->reused));
+  return 1;
+}
+
 /* One scenario on one device: 0 rank 1 loses its state, 1 both do, 2 both lose all but the
  * checkpoint. */
 static int run(ct_world *cw, int rank, model_dev *dev, int scenario, outcome *out) {
@@ -167,10 +195,13 @@ static int run(ct_world *cw, int rank, model_dev *dev, int scenario, outcome *ou
   }
   for (int s = 0; s < PRE && !fails; s++) {
     fails += step(&w, s, &out->loss[s]);
+    worker_pinned_stats before = {0};
+    if (w.pinned) worker_pinned_stats_get(w.pinned, &before);
     if (!fails && worker_ckpt_step(&w, &plan_a, &me) != NEWT_OK) {
       fprintf(stderr, "rank %d: checkpoint of step %d: %s\n", rank, s + 1, newt_errmsg());
       fails = 1;
     }
+    if (!fails && scenario == 2) fails += check_staging(&w, rank, s + 1, &before);
   }
   worker_ckpt_free(&w); /* waits for the save in flight */
   if (fails) goto exit;
