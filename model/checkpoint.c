@@ -345,27 +345,24 @@ newt_result_t model_ckpt_par_add(ckpt_saver *s, const model_par *p) {
   return r;
 }
 
-size_t model_ckpt_par_staging_bytes(const model_par *p) {
+/* Bytes of the pieces p holds (only its primary ones: primary_only), each rounded up to
+ * align; 0 on no memory. */
+static size_t pieces_bytes(const model_par *p, int primary_only, size_t align) {
   model_par_piece *pp = NULL;
   size_t n = 0, total = 0;
   if (model_par_pieces(p, &pp, &n) != NEWT_OK) return 0;
   for (size_t i = 0; i < n; i++)
-    if (pp[i].primary) {
+    if (pp[i].primary || !primary_only) {
       size_t b = (size_t)newt_slice_numel(&pp[i].slice) * sizeof(float);
-      total += (b + CKPT_STAGING_ALIGN - 1) / CKPT_STAGING_ALIGN * CKPT_STAGING_ALIGN;
+      total += (b + align - 1) / align * align;
     }
   free(pp);
   return total;
 }
 
-size_t model_ckpt_par_floats(const model_par *p) {
-  model_par_piece *pp = NULL;
-  size_t n = 0, total = 0;
-  if (model_par_pieces(p, &pp, &n) != NEWT_OK) return 0;
-  for (size_t i = 0; i < n; i++) total += (size_t)newt_slice_numel(&pp[i].slice);
-  free(pp);
-  return total;
-}
+size_t model_ckpt_par_staging_bytes(const model_par *p) { return pieces_bytes(p, 1, CKPT_STAGING_ALIGN); }
+
+size_t model_ckpt_par_floats(const model_par *p) { return pieces_bytes(p, 0, 1) / sizeof(float); }
 
 newt_result_t model_ckpt_par_load(const char *dir, int64_t max_step, model_par *p, const char *data, int threads,
                                   float *stage, model_ckpt_train_point *pt) {

@@ -107,8 +107,8 @@ typedef struct worker {
   job_step last_step;   /* the step log's line of the last step this rank did */
   int last_step_logged; /* ... and whether this rank wrote it */
   ckpt_saver *saver; /* this generation's (save.c) */
-  size_t stage_fill_bytes; /* staging the saver's first save takes, reserved in the pool ... */
-  int stage_fill_due;      /* ... by a thread started after the generation's first step */
+  int stage_fill_due;      /* the saver's staging is to be reserved in the pool by a thread
+                              started after the generation's first step */
   int stage_filling;       /* that thread runs (joined before a save begins) */
   pthread_t stage_fill;
   worker_pinned *pinned; /* host staging of a device the host cannot touch (pinned.c); NULL: none yet */

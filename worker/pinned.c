@@ -86,6 +86,23 @@ int worker_pinned_has(worker_pinned *p, size_t bytes) {
   return has;
 }
 
+/* Room in the block table for one more (called with mu held). */
+static newt_result_t table_room(worker_pinned *p) {
+  if (p->n < p->cap) return NEWT_OK;
+  size_t c = p->cap ? 2 * p->cap : 8;
+  pblock *nb = realloc(p->blocks, c * sizeof *nb);
+  if (!nb) return NEWT_ERR(NEWT_ERR_NOMEM, "out of memory for the pinned pool's table");
+  p->blocks = nb, p->cap = c;
+  return NEWT_OK;
+}
+
+/* Adds a block of the device's memory to the table (called with mu held, room made). */
+static void add_block(worker_pinned *p, void *mem, size_t cap, int used) {
+  p->blocks[p->n++] = (pblock){mem, cap, used};
+  p->st.allocs++;
+  p->st.bytes += cap;
+}
+
 newt_result_t worker_pinned_reserve(worker_pinned *p, size_t bytes) {
   size_t want = grain(bytes);
   if (worker_pinned_has(p, want)) return NEWT_OK;
@@ -93,18 +110,11 @@ newt_result_t worker_pinned_reserve(worker_pinned *p, size_t bytes) {
   NEWT_CHECK(model_dev_host_alloc(p->dev, want, &mem));
   pthread_mutex_lock(&p->mu);
   drop_outgrown(p, want); /* as a get that no free block fits does */
-  pblock *nb = p->n == p->cap ? realloc(p->blocks, (p->cap ? 2 * p->cap : 8) * sizeof *nb) : p->blocks;
-  if (nb) {
-    if (p->n == p->cap) p->cap = p->cap ? 2 * p->cap : 8;
-    p->blocks = nb;
-    p->blocks[p->n++] = (pblock){mem, want, 0};
-    p->st.allocs++;
-    p->st.bytes += want;
-  }
+  newt_result_t r = table_room(p);
+  if (r == NEWT_OK) add_block(p, mem, want, 0);
   pthread_mutex_unlock(&p->mu);
-  if (nb) return NEWT_OK;
-  model_dev_host_free(p->dev, mem);
-  return NEWT_ERR(NEWT_ERR_NOMEM, "out of memory for the pinned pool's table");
+  if (r != NEWT_OK) model_dev_host_free(p->dev, mem);
+  return r;
 }
 
 newt_result_t worker_pinned_get(worker_pinned *p, size_t bytes, void **out) {
@@ -119,18 +129,9 @@ newt_result_t worker_pinned_get(worker_pinned *p, size_t bytes, void **out) {
     p->st.reused++;
   } else {
     drop_outgrown(p, want);
-    if (p->n == p->cap) {
-      size_t c = p->cap ? 2 * p->cap : 8;
-      pblock *nb = realloc(p->blocks, c * sizeof *nb);
-      if (nb) p->blocks = nb, p->cap = c;
-      else r = NEWT_ERR(NEWT_ERR_NOMEM, "out of memory for the pinned pool's table");
-    }
     void *mem = NULL;
-    if (r == NEWT_OK) r = model_dev_host_alloc(p->dev, want, &mem);
-    if (r == NEWT_OK) {
-      p->blocks[p->n++] = (pblock){mem, want, 1};
-      p->st.allocs++;
-      p->st.bytes += want;
+    if ((r = table_room(p)) == NEWT_OK && (r = model_dev_host_alloc(p->dev, want, &mem)) == NEWT_OK) {
+      add_block(p, mem, want, 1);
       *out = mem;
     }
   }

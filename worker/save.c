@@ -61,7 +61,7 @@ static void start_staging(worker *w) {
   staging_filled(w);
   stage_fill_job *j = malloc(sizeof *j);
   if (!j) return; /* the save takes it */
-  *j = (stage_fill_job){w->pinned, w->stage_fill_bytes, w->id};
+  *j = (stage_fill_job){w->pinned, model_ckpt_par_staging_bytes(&w->par), w->id};
   w->stage_filling = pthread_create(&w->stage_fill, NULL, fill_staging, j) == 0;
   if (!w->stage_filling) free(j);
 }
@@ -104,7 +104,6 @@ newt_result_t worker_ckpt_generation(worker *w, const newt_plan *p, const plan_r
     int has = worker_pinned_has(pool, need);
     so.staging_bytes = has ? need : 0;
     so.staging_hint = need; /* the first save's staging in one block */
-    w->stage_fill_bytes = need;
     w->stage_fill_due = !has && need > 0;
     so.staging_alloc = worker_pinned_staging_alloc;
     so.staging_free = worker_pinned_staging_free;
