@@ -3,8 +3,11 @@
 #include <string.h>
 
 #include "cli/cmds.h"
+#include "comm/comm.h"
+#include "common/err.h"
 #include "common/strutil.h"
 #include "common/sys.h"
+#include "model/dev.h"
 
 static const struct {
   const char *name;
@@ -23,11 +26,39 @@ static const struct {
     {"demo", newt_cmd_demo, "the rendezvous demo: workers register, a leader is elected, one dies"},
 };
 
+/* `newt --version [--libs]`: the version and what the build holds; with --libs also what
+ * the GPU parts load at run time (the CUDA driver and GPUs, NCCL, cuBLAS), each found or
+ * why not. Exit status: 0, or 1 with --libs when one of them cannot be used. */
+static int version(int libs) {
+#if defined(NEWT_GPU_DOUBLE)
+  const char *build = "the CUDA/NCCL test double: tests only";
+#elif defined(NEWT_HAVE_CUDA)
+  const char *build = "CUDA " NEWT_CUDA_BUILD ", sm_" NEWT_CUDA_ARCH "; NCCL and cuBLAS load at run time";
+#else
+  const char *build = "CPU only";
+#endif
+  printf("newt %s (%s)\n", NEWT_VERSION, build);
+  if (!libs) return 0;
+  int bad = 0;
+  char d[768];
+  newt_result_t r = model_dev_cuda_describe(d, sizeof d);
+  printf("cuda: %s%s%s\n", d, r == NEWT_OK ? "" : ": ", r == NEWT_OK ? "" : newt_errmsg());
+  bad |= r != NEWT_OK;
+  r = comm_backend_library(COMM_BACKEND_NCCL, d, sizeof d);
+  printf("nccl: %s\n", r == NEWT_OK ? d : newt_errmsg());
+  bad |= r != NEWT_OK;
+  r = model_dev_cuda_library(d, sizeof d);
+  printf("cublas: %s\n", r == NEWT_OK ? d : newt_errmsg());
+  bad |= r != NEWT_OK;
+  return bad;
+}
+
 static void usage(FILE *f) {
   fprintf(f, "usage: newt <command> [flags]   (newt <command> --help for its flags)\n\ncommands:\n");
   for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
     fprintf(f, "  %-12s %s\n", commands[i].name, commands[i].help);
-  fprintf(f, "\nflags:\n  %-12s %s\n  %-12s %s\n", "--help", "this list", "--version", "print newt's version");
+  fprintf(f, "\nflags:\n  %-12s %s\n  %-12s %s\n", "--help", "this list", "--version",
+          "print newt's version (--version --libs: also the GPU libraries it finds)");
 }
 
 int main(int argc, char **argv) {
@@ -37,8 +68,12 @@ int main(int argc, char **argv) {
     return argc < 2 ? 2 : 0;
   }
   if (strcmp(argv[1], "--version") == 0 || strcmp(argv[1], "version") == 0) {
-    printf("newt %s\n", NEWT_VERSION);
-    return 0;
+    int libs = argc == 3 && strcmp(argv[2], "--libs") == 0;
+    if (argc > 2 && !libs) {
+      fprintf(stderr, "newt --version: unknown flag \"%s\" (--libs: the GPU libraries too)\n", argv[2]);
+      return 2;
+    }
+    return version(libs);
   }
   newt_signals_install();
   for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)

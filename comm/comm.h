@@ -46,6 +46,12 @@ typedef enum comm_backend {
   COMM_BACKEND_NCCL = 1,
 } comm_backend;
 
+/* The library behind backend b, loaded now if it is not yet: a line naming its version and
+ * file into desc (CPU: "built in"; NCCL: libnccl.so.2, loaded at run time: comm/nccl_lib.h).
+ * NEWT_ERR_UNSUPPORTED for a backend this newt was built without; else the loader's error
+ * (what it tried, or a version too old). */
+newt_result_t comm_backend_library(comm_backend b, char *desc, size_t n);
+
 typedef enum comm_op { COMM_SUM = 0, COMM_AVG = 1, COMM_MAX = 2 } comm_op;
 
 #define COMM_SECRET_MAX 64

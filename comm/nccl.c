@@ -46,11 +46,12 @@
 #include <string.h>
 
 #include "comm/internal.h"
+#include "comm/nccl_lib.h"
 #include "common/clock.h"
 #include "common/log.h"
 #include "common/param.h"
 
-#if NCCL_VERSION_CODE < NCCL_VERSION(2, 28, 7)
+#if NCCL_VERSION_CODE < NEWT_NCCL_MIN_CODE
 #error "newt's NCCL backend needs NCCL 2.28.7 or newer (ncclCommRevoke, ncclCommShrink)"
 #endif
 
@@ -110,7 +111,7 @@ static ncclConfig_t nonblocking(void) {
 }
 
 static const char *last_error(void) {
-  const char *s = ncclGetLastError(NULL);
+  const char *s = nccl_api.GetLastError(NULL);
   return s && *s ? s : "no detail";
 }
 
@@ -144,9 +145,9 @@ static void revoke(struct nccl_comm *n) {
     poll_ops(n, &e);
     atomic_store(&n->good_upto, atomic_load(&n->completed));
     pthread_mutex_unlock(&n->ops_mu);
-    ncclResult_t r = ncclCommRevoke(n->comm, NCCL_REVOKE_DEFAULT);
+    ncclResult_t r = nccl_api.CommRevoke(n->comm, NCCL_REVOKE_DEFAULT);
     n->revoked = 1;
-    NEWT_INFO(COMM, "rank %d: ncclCommRevoke: %s", n->pub->rank, ncclGetErrorString(r));
+    NEWT_INFO(COMM, "rank %d: ncclCommRevoke: %s", n->pub->rank, nccl_api.GetErrorString(r));
   }
   pthread_mutex_unlock(&n->api);
 }
@@ -323,10 +324,10 @@ static newt_result_t async_failure(struct nccl_comm *n, ncclResult_t state, cons
   newt_result_t r;
   if (silent >= 0)
     r = comm_fail(n->pub, NEWT_ERR_PEER, silent, 1, "NCCL reported %s during %s (%s); %s does not answer",
-                  ncclGetErrorString(state), what, detail, comm_cpu_peer_name(n->ctl, silent));
+                  nccl_api.GetErrorString(state), what, detail, comm_cpu_peer_name(n->ctl, silent));
   else
     r = comm_fail(n->pub, NEWT_ERR_NCCL, -1, 1, "%s: NCCL reported %s: %s (every peer answers on the control channel)",
-                  what, ncclGetErrorString(state), detail);
+                  what, nccl_api.GetErrorString(state), detail);
   stop_family(n->pub);
   return r;
 }
@@ -337,7 +338,7 @@ static newt_result_t async_failure(struct nccl_comm *n, ncclResult_t state, cons
 static ncclResult_t async_state(struct nccl_comm *n) {
   ncclResult_t state = ncclSuccess;
   pthread_mutex_lock(&n->api);
-  ncclResult_t r = n->comm ? ncclCommGetAsyncError(n->comm, &state) : ncclSuccess;
+  ncclResult_t r = n->comm ? nccl_api.CommGetAsyncError(n->comm, &state) : ncclSuccess;
   pthread_mutex_unlock(&n->api);
   return r != ncclSuccess ? r : state;
 }
@@ -407,7 +408,7 @@ static newt_result_t settle(struct nccl_comm *n, ncclComm_t h, newt_deadline_t d
     if (build && n->cancel && atomic_load(n->cancel))
       return comm_fail(c, NEWT_ERR_ABORTED, -1, 1, "%s cancelled (a newer plan made it moot)", what);
     pthread_mutex_lock(&n->api);
-    ncclResult_t r = ncclCommGetAsyncError(h, state);
+    ncclResult_t r = nccl_api.CommGetAsyncError(h, state);
     pthread_mutex_unlock(&n->api);
     if (r != ncclSuccess) *state = r;
     if (*state != ncclInProgress) return NEWT_OK;
@@ -483,18 +484,18 @@ static newt_result_t issue(struct nccl_comm *n, const comm_opdesc *op, uint64_t 
   if (e == cudaSuccess) {
     switch (op->kind) {
       case COMM_OP_ALLREDUCE:
-        r = ncclAllReduce(op->send, op->recv, op->count, t, nccl_redop(op->op), n->comm, n->stream);
+        r = nccl_api.AllReduce(op->send, op->recv, op->count, t, nccl_redop(op->op), n->comm, n->stream);
         break;
       case COMM_OP_REDUCE_SCATTER:
-        r = ncclReduceScatter(op->send, op->recv, op->count, t, nccl_redop(op->op), n->comm, n->stream);
+        r = nccl_api.ReduceScatter(op->send, op->recv, op->count, t, nccl_redop(op->op), n->comm, n->stream);
         break;
-      case COMM_OP_ALLGATHER: r = ncclAllGather(op->send, op->recv, op->count, t, n->comm, n->stream); break;
+      case COMM_OP_ALLGATHER: r = nccl_api.AllGather(op->send, op->recv, op->count, t, n->comm, n->stream); break;
       case COMM_OP_BROADCAST:
-        r = ncclBroadcast(op->send, op->recv, op->count, t, op->peer, n->comm, n->stream);
+        r = nccl_api.Broadcast(op->send, op->recv, op->count, t, op->peer, n->comm, n->stream);
         break;
-      case COMM_OP_SEND: r = ncclSend(op->send, op->count, t, op->peer, n->comm, n->stream); break;
-      case COMM_OP_RECV: r = ncclRecv(op->recv, op->count, t, op->peer, n->comm, n->stream); break;
-      case COMM_OP_BARRIER: r = ncclAllReduce(n->dbuf, n->dbuf, 1, ncclUint8, ncclSum, n->comm, n->stream); break;
+      case COMM_OP_SEND: r = nccl_api.Send(op->send, op->count, t, op->peer, n->comm, n->stream); break;
+      case COMM_OP_RECV: r = nccl_api.Recv(op->recv, op->count, t, op->peer, n->comm, n->stream); break;
+      case COMM_OP_BARRIER: r = nccl_api.AllReduce(n->dbuf, n->dbuf, 1, ncclUint8, ncclSum, n->comm, n->stream); break;
     }
   }
   pthread_mutex_unlock(&n->api);
@@ -518,7 +519,7 @@ static newt_result_t issue(struct nccl_comm *n, const comm_opdesc *op, uint64_t 
     }
     /* on a nonblocking communicator the refusal is its async error (enqueue.cc): dead */
     comm_fail(c, NEWT_ERR_NCCL, -1, 1, "%s: NCCL refused or failed the operation: %s: %s", what,
-              ncclGetErrorString(r), last_error());
+              nccl_api.GetErrorString(r), last_error());
     return stop_waiting(n, what);
   }
   pthread_mutex_lock(&n->ops_mu);
@@ -621,7 +622,7 @@ static void nccl_comm_release(struct nccl_comm *n) {
 static void abort_handle(ncclComm_t h, int rank) {
   if (!h) return;
   NEWT_INFO(COMM, "rank %d: ncclCommAbort", rank);
-  ncclCommAbort(h);
+  nccl_api.CommAbort(h);
 }
 
 /* An empty CPU communicator object for pub's control channel, which comm_cpu_ops.create,
@@ -648,7 +649,7 @@ static newt_result_t attach_ctl(struct comm *pub, struct nccl_comm *n, struct co
 /* The new NCCL handle h is n's, once its rank and size agree with the channel's. */
 static newt_result_t adopt(struct comm *pub, struct nccl_comm *n, ncclComm_t h) {
   int rank = -1, size = 0;
-  if (ncclCommUserRank(h, &rank) != ncclSuccess || ncclCommCount(h, &size) != ncclSuccess)
+  if (nccl_api.CommUserRank(h, &rank) != ncclSuccess || nccl_api.CommCount(h, &size) != ncclSuccess)
     return comm_fail(pub, NEWT_ERR_NCCL, -1, 1, "cannot read the new NCCL communicator's rank and size: %s",
                      last_error());
   if (rank != n->ctl->rank || size != n->ctl->size)
@@ -667,9 +668,9 @@ static newt_result_t init_from_fresh_id(struct nccl_comm *n, newt_deadline_t d, 
   unsigned char id_bytes[NCCL_UNIQUE_ID_BYTES] = {0};
   if (ctl->rank == 0) {
     ncclUniqueId u;
-    ncclResult_t r = ncclGetUniqueId(&u);
+    ncclResult_t r = nccl_api.GetUniqueId(&u);
     if (r != ncclSuccess)
-      return comm_fail(pub, NEWT_ERR_NCCL, -1, 1, "ncclGetUniqueId: %s: %s", ncclGetErrorString(r), last_error());
+      return comm_fail(pub, NEWT_ERR_NCCL, -1, 1, "ncclGetUniqueId: %s: %s", nccl_api.GetErrorString(r), last_error());
     memcpy(id_bytes, u.internal, sizeof id_bytes);
   }
   comm_opdesc bc = {.kind = COMM_OP_BROADCAST, .send = id_bytes, .recv = id_bytes, .count = sizeof id_bytes,
@@ -681,16 +682,16 @@ static newt_result_t init_from_fresh_id(struct nccl_comm *n, newt_deadline_t d, 
   ncclConfig_t conf = nonblocking();
   ncclComm_t h = NULL;
   cudaSetDevice(n->device);
-  ncclResult_t r = ncclCommInitRankConfig(&h, ctl->size, id, ctl->rank, &conf);
+  ncclResult_t r = nccl_api.CommInitRankConfig(&h, ctl->size, id, ctl->rank, &conf);
   if (r != ncclSuccess && r != ncclInProgress) {
     if (h) abort_handle(h, ctl->rank);
     return comm_fail(pub, NEWT_ERR_NCCL, -1, 1, "%s: ncclCommInitRankConfig (rank %d of %d, device %d): %s: %s", what,
-                     ctl->rank, ctl->size, n->device, ncclGetErrorString(r), last_error());
+                     ctl->rank, ctl->size, n->device, nccl_api.GetErrorString(r), last_error());
   }
   ncclResult_t state;
   res = settle(n, h, d, 1, what, &state);
   if (res == NEWT_OK && state != ncclSuccess)
-    res = comm_fail(pub, NEWT_ERR_NCCL, -1, 1, "%s: %s: %s", what, ncclGetErrorString(state), last_error());
+    res = comm_fail(pub, NEWT_ERR_NCCL, -1, 1, "%s: %s: %s", what, nccl_api.GetErrorString(state), last_error());
   if (res == NEWT_OK) res = adopt(pub, n, h);
   if (res != NEWT_OK) abort_handle(h, ctl->rank);
   return res;
@@ -698,6 +699,7 @@ static newt_result_t init_from_fresh_id(struct nccl_comm *n, newt_deadline_t d, 
 
 static newt_result_t nccl_create(const comm_config *cfg, struct comm *c) {
   if (cfg->device < 0) return NEWT_ERR(NEWT_ERR_INVALID, "comm_config.device is %d, expected >= 0", cfg->device);
+  NEWT_CHECK(nccl_lib_load()); /* the first NCCL communicator of the process loads NCCL */
   int64_t build = cfg->build_timeout_ms > 0 ? cfg->build_timeout_ms : newt_param_CommNcclBuildMs();
   if (build < cfg->timeout_ms && cfg->build_timeout_ms <= 0) build = cfg->timeout_ms;
   c->build_timeout_ms = build;
@@ -745,16 +747,16 @@ static newt_result_t settle_child(struct nccl_comm *watch, struct nccl_comm *p, 
   *child = NULL;
   newt_result_t res = NEWT_OK;
   if (r != ncclSuccess && r != ncclInProgress)
-    res = comm_fail(c, NEWT_ERR_NCCL, -1, 1, "%s: %s: %s", what, ncclGetErrorString(r), last_error());
+    res = comm_fail(c, NEWT_ERR_NCCL, -1, 1, "%s: %s: %s", what, nccl_api.GetErrorString(r), last_error());
   ncclResult_t state = ncclSuccess;
   if (res == NEWT_OK) res = settle(watch, p->comm, d, 1, what, &state);
   if (res == NEWT_OK && state != ncclSuccess)
-    res = comm_fail(c, NEWT_ERR_NCCL, -1, 1, "%s: %s: %s", what, ncclGetErrorString(state), last_error());
+    res = comm_fail(c, NEWT_ERR_NCCL, -1, 1, "%s: %s: %s", what, nccl_api.GetErrorString(state), last_error());
   if (res == NEWT_OK) {
     *child = __atomic_load_n(&n->pending, __ATOMIC_ACQUIRE);
     if (*child) res = settle(watch, *child, d, 1, what, &state); /* ready once the build ended */
     if (res == NEWT_OK && *child && state != ncclSuccess)
-      res = comm_fail(c, NEWT_ERR_NCCL, -1, 1, "%s (the new communicator): %s: %s", what, ncclGetErrorString(state),
+      res = comm_fail(c, NEWT_ERR_NCCL, -1, 1, "%s (the new communicator): %s: %s", what, nccl_api.GetErrorString(state),
                       last_error());
   }
   if (res != NEWT_OK) {
@@ -780,7 +782,7 @@ static newt_result_t nccl_split(struct comm *parent, int color, int key, struct 
   cudaSetDevice(p->device);
   pthread_mutex_lock(&p->api);
   ncclResult_t r = p->comm && !p->revoked
-                       ? ncclCommSplit(p->comm, color < 0 ? NCCL_SPLIT_NOCOLOR : color, key, &n->pending, &conf)
+                       ? nccl_api.CommSplit(p->comm, color < 0 ? NCCL_SPLIT_NOCOLOR : color, key, &n->pending, &conf)
                        : ncclInvalidUsage;
   pthread_mutex_unlock(&p->api);
   ncclComm_t h = NULL;
@@ -834,7 +836,7 @@ static newt_result_t nccl_shrink(struct comm *parent, const int *exclude, int ne
   pthread_mutex_lock(&p->api);
   if (p->comm) {
     uint64_t t0 = newt_now_ns();
-    while (ncclCommGetAsyncError(p->comm, &state) == ncclSuccess && state == ncclInProgress &&
+    while (nccl_api.CommGetAsyncError(p->comm, &state) == ncclSuccess && state == ncclInProgress &&
            !newt_deadline_passed(d)) {
       pthread_mutex_unlock(&p->api);
       nap(t0);
@@ -871,7 +873,7 @@ static newt_result_t nccl_shrink(struct comm *parent, const int *exclude, int ne
       ncclConfig_t conf = nonblocking();
       cudaSetDevice(p->device);
       pthread_mutex_lock(&p->api);
-      ncclResult_t r = p->comm ? ncclCommShrink(p->comm, ex, nexclude, &n->pending, &conf, NCCL_SHRINK_DEFAULT)
+      ncclResult_t r = p->comm ? nccl_api.CommShrink(p->comm, ex, nexclude, &n->pending, &conf, NCCL_SHRINK_DEFAULT)
                                : ncclInvalidUsage;
       pthread_mutex_unlock(&p->api);
       free(ex);
@@ -921,13 +923,13 @@ static void nccl_free(struct comm *c) {
   cudaSetDevice(n->device);
   pthread_mutex_lock(&n->api);
   if (!atomic_load(&c->failed) && n->comm && !n->revoked) {
-    ncclResult_t r = ncclCommFinalize(n->comm);
+    ncclResult_t r = nccl_api.CommFinalize(n->comm);
     pthread_mutex_unlock(&n->api);
     ncclResult_t state = r;
     if (r == ncclSuccess || r == ncclInProgress)
       settle(n, n->comm, newt_deadline_in_ms(c->timeout_ms), 0, "ncclCommFinalize", &state);
     pthread_mutex_lock(&n->api);
-    if (state == ncclSuccess && ncclCommDestroy(n->comm) == ncclSuccess) n->comm = NULL;
+    if (state == ncclSuccess && nccl_api.CommDestroy(n->comm) == ncclSuccess) n->comm = NULL;
   }
   /* a broken, revoked or unfinished handle: abort, never destroy */
   abort_handle(n->comm, c->rank);

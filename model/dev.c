@@ -8,6 +8,9 @@
 
 #ifdef NEWT_HAVE_CUDA
 #include <cuda_runtime.h>
+#ifndef NEWT_GPU_DOUBLE
+#include "model/cuda/cublas_lib.h"
+#endif
 #endif
 
 #include "model/dev_internal.h"
@@ -41,6 +44,44 @@ int model_dev_cuda_count(void) {
   return n;
 #else
   return 0;
+#endif
+}
+
+newt_result_t model_dev_cuda_describe(char *desc, size_t n) {
+#ifdef NEWT_HAVE_CUDA
+  int rt = 0, drv = 0, count = 0;
+  (void)cudaRuntimeGetVersion(&rt);
+  cudaError_t e = cudaDriverGetVersion(&drv);
+  if (e != cudaSuccess || drv == 0) {
+    (void)cudaGetLastError();
+    snprintf(desc, n, "CUDA runtime %d.%d", rt / 1000, rt % 1000 / 10);
+    return NEWT_ERR(NEWT_ERR_CUDA, "no CUDA driver (libcuda.so.1) could be loaded: no GPU can be used");
+  }
+  e = cudaGetDeviceCount(&count);
+  if (e != cudaSuccess) (void)cudaGetLastError();
+  char name[sizeof ((struct cudaDeviceProp *)0)->name + 8] = "";
+  struct cudaDeviceProp prop;
+  if (count > 0 && cudaGetDeviceProperties(&prop, 0) == cudaSuccess) snprintf(name, sizeof name, " (%s)", prop.name);
+  snprintf(desc, n, "CUDA runtime %d.%d, driver %d.%d, %d GPU%s%s", rt / 1000, rt % 1000 / 10, drv / 1000,
+           drv % 1000 / 10, count, count == 1 ? "" : "s", name);
+  if (count <= 0)
+    return NEWT_ERR(NEWT_ERR_CUDA, "no GPU is visible (%s)", e == cudaSuccess ? "none found" : cudaGetErrorString(e));
+  return NEWT_OK;
+#else
+  snprintf(desc, n, "no CUDA");
+  return NEWT_ERR(NEWT_ERR_UNSUPPORTED, "this newt was built without CUDA");
+#endif
+}
+
+newt_result_t model_dev_cuda_library(char *desc, size_t n) {
+#if defined(NEWT_GPU_DOUBLE)
+  snprintf(desc, n, "cuBLAS: the test double's kernels (linked)");
+  return NEWT_OK;
+#elif defined(NEWT_HAVE_CUDA)
+  return cublas_lib_describe(desc, n);
+#else
+  snprintf(desc, n, "no cuBLAS");
+  return NEWT_ERR(NEWT_ERR_UNSUPPORTED, "this newt was built without CUDA");
 #endif
 }
 

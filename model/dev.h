@@ -55,6 +55,16 @@ void model_dev_close(model_dev *d);
  * build without CUDA, on a host without a driver or GPU. */
 int model_dev_cuda_count(void);
 
+/* What the CUDA device would run on, for `newt --version --libs`: "CUDA runtime 13.0,
+ * driver 13.0, 1 GPU (NVIDIA H200)" into desc, and NEWT_OK when a GPU can be used. Else
+ * NEWT_ERR_UNSUPPORTED (built without CUDA) or NEWT_ERR_CUDA naming what is missing (no
+ * driver, no GPU), desc then saying as much as it found. */
+newt_result_t model_dev_cuda_describe(char *desc, size_t n);
+/* The library the CUDA device loads at run time, loaded now if not yet: cuBLAS
+ * (model/cuda/cublas_lib.h), "cuBLAS 13.1.0 (/path/libcublas.so.13)" into desc; the
+ * loader's error (what it tried), or NEWT_ERR_UNSUPPORTED without CUDA. */
+newt_result_t model_dev_cuda_library(char *desc, size_t n);
+
 model_dev_kind model_dev_kind_of(const model_dev *d);
 /* The GPU ordinal (-1 for the CPU). */
 int model_dev_ordinal(const model_dev *d);

@@ -46,6 +46,7 @@
 #include <stdlib.h>
 
 extern "C" {
+#include "model/cuda/cublas_lib.h"
 #include "model/cuda/kernels.h"
 }
 
@@ -75,7 +76,7 @@ static newt_result_t cuda_fail(const char *op, const char *call, cudaError_t e) 
   return NEWT_ERR(NEWT_ERR_CUDA, "%s: %s: %s (%s)", op, call, cudaGetErrorName(e), cudaGetErrorString(e));
 }
 static newt_result_t cublas_fail(const char *op, const char *call, cublasStatus_t s) {
-  return NEWT_ERR(NEWT_ERR_CUDA, "%s: %s: %s", op, call, cublasGetStatusName(s));
+  return NEWT_ERR(NEWT_ERR_CUDA, "%s: %s: %s", op, call, cublas_api.GetStatusName(s));
 }
 
 #define CU(op, call)                                           \
@@ -525,6 +526,7 @@ static newt_result_t ones(model_cuda_kernels *k, const char *op, size_t n, const
 
 extern "C" newt_result_t model_cuda_kernels_init(void *stream, model_cuda_kernels **out) {
   *out = NULL;
+  NEWT_CHECK(cublas_lib_load()); /* the first CUDA device of the process loads cuBLAS */
   model_cuda_kernels *k = (model_cuda_kernels *)calloc(1, sizeof *k);
   if (!k) return NEWT_ERR(NEWT_ERR_NOMEM, "model_cuda_kernels_init: out of memory");
   k->s = (cudaStream_t)stream;
@@ -546,11 +548,11 @@ extern "C" newt_result_t model_cuda_kernels_init(void *stream, model_cuda_kernel
   INIT_CU(cudaGetDevice(&dev));
   INIT_CU(cudaDeviceGetAttribute(&k->sms, cudaDevAttrMultiProcessorCount, dev));
   INIT_CU(cudaDeviceGetAttribute(&k->pools, cudaDevAttrMemoryPoolsSupported, dev));
-  INIT_CUBLAS(cublasCreate(&k->h));
+  INIT_CUBLAS(cublas_api.Create(&k->h));
   /* the stream first: cublasSetStream resets the workspace to cuBLAS's own */
-  INIT_CUBLAS(cublasSetStream(k->h, k->s));
+  INIT_CUBLAS(cublas_api.SetStream(k->h, k->s));
   INIT_CU(cudaMalloc(&k->ws, CUBLAS_WORKSPACE));
-  INIT_CUBLAS(cublasSetWorkspace(k->h, k->ws, CUBLAS_WORKSPACE));
+  INIT_CUBLAS(cublas_api.SetWorkspace(k->h, k->ws, CUBLAS_WORKSPACE));
   INIT_CU(cudaMalloc((void **)&k->parts, SQNORM_PARTS_MAX * sizeof(double)));
 #undef INIT_CU
 #undef INIT_CUBLAS
@@ -577,7 +579,7 @@ extern "C" void model_cuda_kernels_free(model_cuda_kernels *k) {
     (void)cudaFree(k->ones);
   }
   (void)cudaStreamSynchronize(k->s);
-  if (k->h) (void)cublasDestroy(k->h);
+  if (k->h) (void)cublas_api.Destroy(k->h);
   (void)cudaFree(k->ws);
   (void)cudaFree(k->parts);
   (void)cudaGetLastError(); /* an error here is not the next op's */
@@ -590,7 +592,7 @@ extern "C" void model_cuda_kernels_free(model_cuda_kernels *k) {
 static newt_result_t gemm(model_cuda_kernels *k, const char *op, cublasOperation_t ta, cublasOperation_t tb, int m,
                           int n, int kk, float alpha, const float *A, int lda, const float *B, int ldb, float beta,
                           float *C, int ldc) {
-  cublasStatus_t s = cublasGemmEx(k->h, ta, tb, m, n, kk, &alpha, A, CUDA_R_32F, lda, B, CUDA_R_32F, ldb, &beta, C,
+  cublasStatus_t s = cublas_api.GemmEx(k->h, ta, tb, m, n, kk, &alpha, A, CUDA_R_32F, lda, B, CUDA_R_32F, ldb, &beta, C,
                                   CUDA_R_32F, ldc, CUBLAS_COMPUTE_32F_FAST_16BF, CUBLAS_GEMM_DEFAULT);
   return s == CUBLAS_STATUS_SUCCESS ? NEWT_OK : cublas_fail(op, "cublasGemmEx", s);
 }
@@ -600,7 +602,7 @@ static newt_result_t gemm_batched(model_cuda_kernels *k, const char *op, cublasO
                                   int m, int n, int kk, float alpha, const float *A, int lda, long long sa,
                                   const float *B, int ldb, long long sb, float beta, float *C, int ldc, long long sc,
                                   int count) {
-  cublasStatus_t s = cublasGemmStridedBatchedEx(k->h, ta, tb, m, n, kk, &alpha, A, CUDA_R_32F, lda, sa, B, CUDA_R_32F,
+  cublasStatus_t s = cublas_api.GemmStridedBatchedEx(k->h, ta, tb, m, n, kk, &alpha, A, CUDA_R_32F, lda, sa, B, CUDA_R_32F,
                                                 ldb, sb, &beta, C, CUDA_R_32F, ldc, sc, count,
                                                 CUBLAS_COMPUTE_32F_FAST_16BF, CUBLAS_GEMM_DEFAULT);
   return s == CUBLAS_STATUS_SUCCESS ? NEWT_OK : cublas_fail(op, "cublasGemmStridedBatchedEx", s);
@@ -738,7 +740,7 @@ extern "C" newt_result_t model_cuda_matmul_backward(model_cuda_kernels *k, float
     const float *one = NULL;
     NEWT_CHECK(ones(k, op, (size_t)M, &one));
     float alpha = 1.0f, beta = 1.0f;
-    cublasStatus_t s = cublasSgemv(k->h, CUBLAS_OP_N, OC, M, &alpha, dout, OC, one, 1, &beta, dbias, 1);
+    cublasStatus_t s = cublas_api.Sgemv(k->h, CUBLAS_OP_N, OC, M, &alpha, dout, OC, one, 1, &beta, dbias, 1);
     if (s != CUBLAS_STATUS_SUCCESS) return cublas_fail(op, "cublasSgemv", s);
   }
   return NEWT_OK;

@@ -69,24 +69,24 @@ check_packages() {
   check_nccl_pin
 }
 
-# The CUDA image's NCCL: the pin is at least the version comm/nccl.c requires, built for the
+# The CUDA image's NCCL: the pin is at least the version comm/nccl_lib.h requires, built for the
 # base's CUDA major, and reaches both stages' install-deps.sh
 check_nccl_pin() {
   df="$src/helm/Dockerfile"
   pin=$(sed -n 's/^ARG NCCL_PIN=//p' "$df")
   cuda=$(sed -n 's/^ARG CUDA_VERSION=//p' "$df")
   [ -n "$pin" ] && [ -n "$cuda" ] || fail "helm/Dockerfile: no ARG NCCL_PIN or CUDA_VERSION"
-  need=$(sed -n 's/^#if NCCL_VERSION_CODE < NCCL_VERSION(\([0-9]*\), \([0-9]*\), \([0-9]*\)).*/\1.\2.\3/p' "$src/comm/nccl.c")
-  [ -n "$need" ] || fail "comm/nccl.c: no minimum NCCL version (#if NCCL_VERSION_CODE < NCCL_VERSION(...))"
+  need=$(sed -n 's/^#define NEWT_NCCL_MIN_TEXT "\([0-9.]*\)".*/\1/p' "$src/comm/nccl_lib.h")
+  [ -n "$need" ] || fail "comm/nccl_lib.h: no minimum NCCL version (#define NEWT_NCCL_MIN_TEXT \"X.Y.Z\")"
   have=${pin%%-*}
   [ "$(printf '%s\n%s\n' "$need" "$have" | sort -V | head -1)" = "$need" ] ||
-    fail "helm/Dockerfile: NCCL_PIN $pin is older than the $need comm/nccl.c needs"
+    fail "helm/Dockerfile: NCCL_PIN $pin is older than the $need comm/nccl_lib.h names"
   case "$pin" in *"+cuda${cuda%%.*}."*) ;; *) fail "helm/Dockerfile: NCCL_PIN $pin is not built for the base's CUDA $cuda" ;; esac
   n=$(grep -c 'NEWT_NCCL_PIN="${NCCL_PIN}" sh /tmp/install-deps.sh' "$df")
   [ "$n" -eq 2 ] || fail "helm/Dockerfile: $n of its 2 stages install NCCL_PIN"
   NEWT_NCCL_PIN=$pin sh "$deps" --list image-run | grep -qx "libnccl2=$pin" ||
     fail "install-deps.sh: NEWT_NCCL_PIN does not reach image-run"
-  echo "image: the CUDA image pins NCCL $pin (comm/nccl.c needs $need) on CUDA $cuda"
+  echo "image: the CUDA image pins NCCL $pin (comm/nccl_lib.h needs $need) on CUDA $cuda"
 }
 
 if [ "$mode" = packages ]; then

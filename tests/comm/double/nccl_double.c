@@ -957,12 +957,43 @@ ncclResult_t ncclRecv(void *recvbuff, size_t count, ncclDataType_t datatype, int
   return enqueue(K_RECV, NULL, recvbuff, count, datatype, ncclSum, peer, comm, stream);
 }
 
+/* --- RAS: what the first communicator of a process leaves running ---------------------- */
+
+/* ras.cc ncclRasCommInit (called by bootstrapInit and bootstrapSplit for every communicator,
+ * from NCCL 2.24 on, unless NCCL_RAS_ENABLE=0): the first one of the process opens the RAS
+ * listening socket and a notification socket pair and starts the RAS thread; all of them
+ * live until the process exits (rasTerminate at exit), whatever happens to the
+ * communicators. So a process's descriptors and threads are counted as a baseline only
+ * after its first communicator (tests/comm/test_comm_nccl.c: rank_setup). */
+static pthread_once_t ras_once = PTHREAD_ONCE_INIT;
+static int ras_listen_fd = -1, ras_pipe[2] = {-1, -1};
+
+static void *ras_main(void *arg) {
+  (void)arg;
+  struct pollfd p = {.fd = ras_pipe[0], .events = POLLIN};
+  for (;;) (void)poll(&p, 1, -1); /* nothing is ever sent: it waits until exit */
+  return NULL;
+}
+
+static void ras_start(void) {
+  const char *e = getenv("NCCL_RAS_ENABLE");
+  if (e && atoi(e) != 1) return;
+  uint32_t port = 0;
+  pthread_t t;
+  if (listen_any(&ras_listen_fd, &port) != 0 || socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, ras_pipe) != 0 ||
+      dbl_thread_start(&t, ras_main, NULL, 1) != 0)
+    warn("RAS: cannot start (%s): continuing without it", strerror(errno)); /* as NCCL: INFO, not fatal */
+}
+
+static void ras_comm_init(void) { pthread_once(&ras_once, ras_start); }
+
 /* --- jobs: init, split/shrink, revoke, finalize ---------------------------------------- */
 
 static ncclResult_t init_job(job_args *ja) {
   /* init.cc ncclCommInitRankFunc -> bootstrapInit, then initTransportsRank's
    * AllGather1 of peerInfo and its duplicate-GPU check */
   struct ncclComm *c = ja->comm;
+  ras_comm_init();
   id_wire id;
   memcpy(&id, ja->id.internal, sizeof id);
   if (id.tag != ID_TAG || id.port == 0 || id.port > 65535) {
@@ -1020,6 +1051,7 @@ static int member_cmp(const void *a, const void *b) {
 }
 
 static ncclResult_t child_job(job_args *ja) {
+  ras_comm_init(); /* bootstrapSplit: RAS for the child too */
   /* init.cc ncclCommInitRankFunc for a parent: the colors and keys of the parent's ranks
    * (the survivors of a shrink) over the parent's bootstrap connections, then the child's
    * own connections */
