@@ -77,6 +77,10 @@ int model_dev_host_visible(const model_dev *d);
 const char *model_dev_name(const model_dev *d);
 /* Dense bf16 peak of the device in FLOP/s (for MFU), 0 when unknown (the CPU). */
 double model_dev_peak_flops(const model_dev *d);
+/* The dense bf16 tensor-core peak in FLOP/s of the GPU called `name` (cudaDeviceProp.name)
+ * with compute capability major `cc_major`, by the vendor's datasheets (model/peak.c has the
+ * table, each part its own row: the H200 NVL is not the SXM part); 0 for one not in it. */
+double model_dev_peak_bf16(const char *name, int cc_major);
 
 /* ---- memory ---------------------------------------------------------------------------- */
 

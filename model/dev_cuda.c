@@ -53,16 +53,6 @@ static void kernel_result(model_dev *d, newt_result_t r) {
   if (r != NEWT_OK) model_dev_fail(d, r);
 }
 
-/* Dense bf16 tensor-core peak (without sparsity) by name, checked
- * against the compute capability; 0 for a GPU not in the table. */
-static double peak_bf16_flops(const char *name, int major) {
-  if (major == 9 && strstr(name, "H100") && strstr(name, "PCIe")) return 756e12;
-  if (major == 9 && strstr(name, "H100") && strstr(name, "NVL")) return 835e12;
-  if (major == 9 && (strstr(name, "H100") || strstr(name, "H200") || strstr(name, "H800"))) return 989e12;
-  if (major == 8 && (strstr(name, "A100") || strstr(name, "A800"))) return 312e12;
-  return 0.0;
-}
-
 /* ---- memory ------------------------------------------------------------------------------ */
 
 static newt_result_t cu_alloc(model_dev *d, size_t bytes, void **out) {
@@ -346,7 +336,7 @@ newt_result_t model_dev_cuda_open(int ordinal, model_dev **out) {
   snprintf(gpu, sizeof gpu, "%.79s", prop.name);
   snprintf(d->name, sizeof d->name, "cuda:%d %s (%u GiB)", ordinal, gpu,
            (unsigned)((prop.totalGlobalMem >> 30) & 0xffffffu));
-  d->peak_flops = peak_bf16_flops(prop.name, prop.major);
+  d->peak_flops = model_dev_peak_bf16(prop.name, prop.major);
 
   newt_result_t r = NEWT_OK;
   const char *call = NULL;

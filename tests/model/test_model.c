@@ -313,6 +313,29 @@ static void test_threads_raised_after_scratch(void) {
   whole_free(&g, &a, &s);
 }
 
+/* MFU's denominator (model/peak.c): each part its own datasheet row, whole words only. */
+static void test_peak_table(void) {
+  static const struct {
+    const char *name;
+    int major;
+    double tflops;
+  } cases[] = {
+      {"NVIDIA H200", 9, 989},           {"NVIDIA H200 NVL", 9, 835},      {"NVIDIA H100 80GB HBM3", 9, 989},
+      {"NVIDIA H100 PCIe", 9, 756},      {"NVIDIA H100 NVL", 9, 835},      {"NVIDIA H800", 9, 989},
+      {"NVIDIA H800 PCIe", 9, 756},      {"NVIDIA H20", 9, 148},           {"NVIDIA GH200 480GB", 9, 989},
+      {"NVIDIA A100-SXM4-80GB", 8, 312}, {"NVIDIA A100 80GB PCIe", 8, 312}, {"NVIDIA A10", 8, 125},
+      {"NVIDIA A10G", 8, 0},             {"NVIDIA L40S", 8, 362},          {"NVIDIA L40", 8, 181},
+      {"NVIDIA L4", 8, 121},             {"NVIDIA B200", 10, 2250},        {"NVIDIA GB200", 10, 2500},
+      {"NVIDIA H200", 8, 0}, /* the compute capability disagrees: unknown */
+      {"NVIDIA GeForce RTX 4090", 8, 0}, {"", 9, 0},
+  };
+  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+    double got = model_dev_peak_bf16(cases[i].name, cases[i].major) / 1e12;
+    T_CHECK_MSG(got == cases[i].tflops, "\"%s\" (cc %d.x): %.0f TFLOP/s, expected %.0f", cases[i].name,
+                cases[i].major, got, cases[i].tflops);
+  }
+}
+
 int main(void) {
   T_RUN(test_presets_and_overrides);
   T_RUN(test_layout);
@@ -323,5 +346,6 @@ int main(void) {
   T_RUN(test_schedule_and_clip);
   T_RUN(test_acts_bytes);
   T_RUN(test_threads_raised_after_scratch);
+  T_RUN(test_peak_table);
   return T_DONE();
 }
