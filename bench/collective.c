@@ -2,7 +2,7 @@
  * this machine, in the manner of nccl-tests.
  *
  *   newt bench allreduce --ranks 4 --min 4 --max 64M --backend shm
- *   newt bench allreduce --backend nccl --max 1G      (one rank per GPU)
+ *   newt bench allreduce --backend nccl --max 1G      (one rank per GPU; two on one GPU)
  *
  * Forks N ranks (loopback addresses on free ports; --backend shm gives every rank the
  * same host name, so they talk through shared memory; tcp gives each its own, so they
@@ -295,7 +295,7 @@ int newt_bench_collective(const char *op, int argc, char **argv) {
   bench_args a = {.op = op, .backend = "shm", .dtype_name = "f32", .ranks = -1, .min = 4, .max = 64 << 20,
                   .iters = 0, .warmup = 3, .timeout_ms = 60000};
   newt_opt opts[] = {
-      {"ranks", NEWT_OPT_INT, &a.ranks, "processes (ranks) to start, 1 to 64 (default 2; nccl: one per GPU)"},
+      {"ranks", NEWT_OPT_INT, &a.ranks, "processes (ranks) to start, 1 to 64 (default 2; nccl: one per GPU, at least 2)"},
       {"min", NEWT_OPT_SIZE, &a.min, "smallest message in bytes"},
       {"max", NEWT_OPT_SIZE, &a.max, "largest message in bytes (sizes double from --min)"},
       {"backend", NEWT_OPT_STR, &a.backend,
@@ -346,7 +346,8 @@ int newt_bench_collective(const char *op, int argc, char **argv) {
       fprintf(stderr, "newt %s: --backend nccl: %s\n", cmd, why);
       return 1;
     }
-    if (a.ranks == -1) a.ranks = a.gpus > MAX_RANKS ? MAX_RANKS : a.gpus;
+    /* one rank per GPU; on one GPU two ranks: a collective of one rank moves nothing */
+    if (a.ranks == -1) a.ranks = a.gpus > MAX_RANKS ? MAX_RANKS : a.gpus < 2 ? 2 : a.gpus;
     if (a.ranks > a.gpus)
       fprintf(stderr, "newt %s: %lld ranks on %d GPU(s): each rank is a host of its own to NCCL (NCCL_HOSTID), so "
                       "the figures are those of NCCL's network transport\n", cmd, (long long)a.ranks, a.gpus);

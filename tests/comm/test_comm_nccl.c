@@ -30,6 +30,7 @@
  *   cancel         [11] a newer plan cancels a build (comm_create and comm_split)
  *   fresh_id       [12] every generation's communicator from a fresh unique id
  *   rebuild100     100 rebuilds leak no descriptor, thread, device or heap memory
+ *                  (NEWT_TEST_REBUILDS=N: N of them, as tests/gpu/run.sh's time allows)
  *   duplicate_gpu  two ranks claiming one GPU fail with "Duplicate GPU detected"
  * Nothing is skipped: a case that cannot run here fails saying why. */
 #include <cuda_runtime.h>
@@ -968,13 +969,21 @@ static void test_fresh_id(void) { T_CHECK(run_case(3, "nfresh", 10000, fresh_ran
 
 /* --- 100 rebuilds --------------------------------------------------------------------------- */
 
+/* How many: 100, or NEWT_TEST_REBUILDS (at least 11, so that two end with an abort) */
+static int rebuild_count(void) {
+  const char *v = getenv("NEWT_TEST_REBUILDS");
+  int n = v ? atoi(v) : 100;
+  return n < 11 ? 11 : n;
+}
+
 static int rebuild_rank(ct_world *w, int rank, void *arg) {
   (void)arg;
   rank_setup(rank, w->size);
+  const int rebuilds = rebuild_count();
   int fds0 = 0, threads0 = 0;
   size_t free0 = 0, free1 = 0, total = 0, heap0 = 0, heap1 = 0;
   float *d = dev_alloc(1 << 20);
-  for (int k = -1; k < 100; k++) {
+  for (int k = -1; k < rebuilds; k++) {
     if (k == 0) { /* after one cycle: one-time set-up is not a leak */
       cudaMemGetInfo(&free0, &total);
       fds0 = ct_fd_count();
@@ -998,12 +1007,12 @@ static int rebuild_rank(ct_world *w, int rank, void *arg) {
   cudaMemGetInfo(&free1, &total);
   int fds1 = settle(ct_fd_count, fds0, 3000), threads1 = settle(ct_thread_count, threads0, 3000);
   heap1 = mallinfo2().uordblks;
-  fprintf(stderr, "rank %d: 100 rebuilds: device memory free %zu -> %zu, fds %d -> %d, threads %d -> %d, heap %zu -> %zu\n",
-          rank, free0, free1, fds0, fds1, threads0, threads1, heap0, heap1);
+  fprintf(stderr, "rank %d: %d rebuilds: device memory free %zu -> %zu, fds %d -> %d, threads %d -> %d, heap %zu -> %zu\n",
+          rank, rebuilds, free0, free1, fds0, fds1, threads0, threads1, heap0, heap1);
   CHECKR(free1 + (1u << 20) >= free0, "device memory leaked: %zu bytes", free0 - free1);
   CHECKR(fds1 == fds0, "file descriptors leaked: %d -> %d", fds0, fds1);
   CHECKR(threads1 == threads0, "threads leaked: %d -> %d", threads0, threads1);
-  CHECKR(heap1 < heap0 + (4u << 20), "heap grew by %zu bytes over 100 rebuilds", heap1 - heap0);
+  CHECKR(heap1 < heap0 + (4u << 20), "heap grew by %zu bytes over %d rebuilds", heap1 - heap0, rebuilds);
   return ct_failures;
 }
 

@@ -6,11 +6,12 @@
 #
 #   tests/gpu/layouts.sh NEWT OUT_DIR
 #
-# Layouts: dp 2 with ZeRO 1, tp 2, pp 2, tp 2 x pp 2, tp 2 x dp 2 with ZeRO 2, and
-# tp 2 x pp 2 x dp 2 with ZeRO 3 (eight processes). --share-gpus lets the ranks share a GPU,
-# each its own host to NCCL (docs/elastic.md, "GPU workers on one host").
+# Layouts (LAYOUTS, names from: dp2z1 tp2 pp2 tp2pp2 tp2dp2z2 tp2dp2z3 tp2pp2dp2z3; all
+# but tp2dp2z3 by default): dp 2 with ZeRO 1, tp 2, pp 2, tp 2 x pp 2, tp 2 x dp 2 with ZeRO
+# 2 (or 3), and tp 2 x pp 2 x dp 2 with ZeRO 3 (eight processes). --share-gpus lets the ranks
+# share a GPU, each its own host to NCCL (docs/elastic.md, "GPU workers on one host").
 #
-# Checkpoints crossing devices and layouts: the ZeRO 3 layout saves every STEPS/2 steps;
+# Checkpoints crossing devices and layouts: the last layout named saves every STEPS/2 steps;
 # with its last checkpoint removed, `newt train` on the CPU resumes from its middle one;
 # and a `newt train` on the CPU saves the same way, which a GPU layout (tp 2 x dp 2, ZeRO 2)
 # resumes. Each resumed run must say it resumed at STEPS/2 and end within LOSS_RTOL of the
@@ -33,6 +34,7 @@ set -euo pipefail
 NEWT=$1
 OUT_DIR=$2
 STEPS=${LAYOUT_STEPS:-100}
+LAYOUTS=${LAYOUTS:-dp2z1 tp2 pp2 tp2pp2 tp2dp2z2 tp2pp2dp2z3}
 FIRST_RTOL=${FIRST_RTOL:-5e-3}
 RTOL=${LOSS_RTOL:-2e-2}
 GB=24
@@ -101,12 +103,29 @@ run_layout() { # NAME NPROC FLAGS...
   layouts_json="$layouts_json${layouts_json:+,}{\"layout\":\"$name\",\"processes\":$nproc,\"seconds\":$t,\"first_loss\":${first:-null},\"final_loss\":${last:-null},\"ok\":$ok}"
 }
 
-run_layout dp2z1 2 --zero 1
-run_layout tp2 2 --tp 2
-run_layout pp2 2 --pp 2
-run_layout tp2pp2 4 --tp 2 --pp 2
-run_layout tp2dp2z2 4 --tp 2 --zero 2
-run_layout tp2pp2dp2z3 8 --tp 2 --pp 2 --zero 3 --ckpt-dir "$work/ck-z3" --ckpt-every "$HALF"
+# layout NAME: its processes and flags
+layout_args() {
+  case "$1" in
+    dp2z1) echo 2 --zero 1 ;;
+    tp2) echo 2 --tp 2 ;;
+    pp2) echo 2 --pp 2 ;;
+    tp2pp2) echo 4 --tp 2 --pp 2 ;;
+    tp2dp2z2) echo 4 --tp 2 --zero 2 ;;
+    tp2dp2z3) echo 4 --tp 2 --zero 3 ;;
+    tp2pp2dp2z3) echo 8 --tp 2 --pp 2 --zero 3 ;;
+    *) return 1 ;;
+  esac
+}
+# the last layout named also saves every STEPS/2 steps: its checkpoint crosses to the CPU
+names=($LAYOUTS)
+[ "${#names[@]}" -gt 0 ] || { echo "layouts: LAYOUTS names no layout"; exit 2; }
+ck_name=${names[$((${#names[@]} - 1))]}
+for name in "${names[@]}"; do
+  args=$(layout_args "$name") || { fail "unknown layout $name (dp2z1 tp2 pp2 tp2pp2 tp2dp2z2 tp2dp2z3 tp2pp2dp2z3)"; continue; }
+  # shellcheck disable=SC2086 # the flags are words
+  if [ "$name" = "$ck_name" ]; then run_layout "$name" $args --ckpt-dir "$work/ck-gpu" --ckpt-every "$HALF"
+  else run_layout "$name" $args; fi
+done
 
 # --- checkpoints across devices and layouts ---------------------------------------------------
 crossings_json=""
@@ -122,11 +141,11 @@ crossed() {
 }
 last_step_dir() { printf '%s/step-%010d' "$1" "$STEPS"; }
 # a GPU layout's checkpoint, resumed by one process on the CPU
-rm -rf "$(last_step_dir "$work/ck-z3")"
-"$NEWT" train --device cpu --threads 0 "${FLAGS[@]}" --batch "$GB" --log "$work/z3-to-cpu.jsonl" --ckpt-dir "$work/ck-z3" \
-  >"$work/z3-to-cpu.out" 2>&1 || echo "layouts: newt train resuming the GPU checkpoint failed: $(tail -n 3 "$work/z3-to-cpu.out" | tr '\n' ' ')"
-crossed gpu-tp2pp2dp2z3-to-cpu "$(sed -n 's/^newt train: resumed at step \([0-9]*\) .*/\1/p' "$work/z3-to-cpu.out")" \
-  "$(loss_at "$STEPS" "$work/z3-to-cpu.jsonl")"
+rm -rf "$(last_step_dir "$work/ck-gpu")"
+"$NEWT" train --device cpu --threads 0 "${FLAGS[@]}" --batch "$GB" --log "$work/gpu-to-cpu.jsonl" --ckpt-dir "$work/ck-gpu" \
+  >"$work/gpu-to-cpu.out" 2>&1 || echo "layouts: newt train resuming the GPU checkpoint failed: $(tail -n 3 "$work/gpu-to-cpu.out" | tr '\n' ' ')"
+crossed "gpu-$ck_name-to-cpu" "$(sed -n 's/^newt train: resumed at step \([0-9]*\) .*/\1/p' "$work/gpu-to-cpu.out")" \
+  "$(loss_at "$STEPS" "$work/gpu-to-cpu.jsonl")"
 # the CPU's checkpoint, resumed by a GPU layout
 rm -rf "$(last_step_dir "$work/ck-cpu")"
 dir=$work/cpu-to-gpu
