@@ -1,7 +1,6 @@
 /* NCCL loaded at run time for the NCCL backend (comm/nccl_lib.h). */
 #include "comm/nccl_lib.h"
 
-#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -10,9 +9,7 @@
 
 nccl_lib nccl_api;
 
-static pthread_once_t once = PTHREAD_ONCE_INIT;
-static newt_result_t loaded = NEWT_ERR_INTERNAL;
-static char load_error[1536];
+static newt_dynlib_once once = NEWT_DYNLIB_ONCE;
 
 static void version_text(int code, char *out, size_t n) {
   /* NCCL_VERSION(X,Y,Z) is X*10000+Y*100+Z from 2.9 on */
@@ -56,7 +53,7 @@ static newt_result_t fill(void) {
 }
 #endif
 
-static void load_once(void) {
+static newt_result_t load(void) {
   newt_result_t r = fill();
   if (r == NEWT_OK) {
     int v = 0;
@@ -74,15 +71,10 @@ static void load_once(void) {
     }
     nccl_api.version = v;
   }
-  loaded = r;
-  if (r != NEWT_OK) snprintf(load_error, sizeof load_error, "%s", newt_errmsg());
+  return r;
 }
 
-newt_result_t nccl_lib_load(void) {
-  pthread_once(&once, load_once);
-  if (loaded != NEWT_OK) return NEWT_ERR(loaded, "%s", load_error);
-  return NEWT_OK;
-}
+newt_result_t nccl_lib_load(void) { return newt_dynlib_load(&once, load); }
 
 newt_result_t nccl_lib_describe(char *desc, size_t n) {
   NEWT_CHECK(nccl_lib_load());

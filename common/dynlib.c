@@ -44,3 +44,15 @@ newt_result_t newt_dynlib_symbol(const newt_dynlib *lib, const char *what, const
   memcpy(fn_out, &p, sizeof p);
   return NEWT_OK;
 }
+
+newt_result_t newt_dynlib_load(newt_dynlib_once *once, newt_result_t (*load)(void)) {
+  pthread_mutex_lock(&once->mu);
+  if (!once->done) {
+    once->result = load();
+    if (once->result != NEWT_OK) snprintf(once->error, sizeof once->error, "%s", newt_errmsg());
+    once->done = 1;
+  }
+  newt_result_t r = once->result;
+  pthread_mutex_unlock(&once->mu);
+  return r == NEWT_OK ? NEWT_OK : NEWT_ERR(r, "%s", once->error);
+}

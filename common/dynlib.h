@@ -10,6 +10,7 @@
 #ifndef NEWT_COMMON_DYNLIB_H
 #define NEWT_COMMON_DYNLIB_H
 
+#include <pthread.h>
 #include <stddef.h>
 
 #include "err.h"
@@ -29,5 +30,18 @@ newt_result_t newt_dynlib_open(newt_dynlib *lib, const char *what, const char *c
  * loader's address, as POSIX allows); a missing symbol is NEWT_ERR_NOTFOUND naming it,
  * `what` and the file. */
 newt_result_t newt_dynlib_symbol(const newt_dynlib *lib, const char *what, const char *name, void *fn_out);
+
+/* A library loaded once per process: the first newt_dynlib_load calls `load`, which fills the
+ * caller's table; every call returns that first result, with its message (a load is not
+ * retried: the process's environment has not changed). Define one with NEWT_DYNLIB_ONCE. */
+typedef struct newt_dynlib_once {
+  pthread_mutex_t mu;
+  int done;
+  newt_result_t result;
+  char error[1536];
+} newt_dynlib_once;
+#define NEWT_DYNLIB_ONCE {PTHREAD_MUTEX_INITIALIZER, 0, NEWT_OK, ""}
+
+newt_result_t newt_dynlib_load(newt_dynlib_once *once, newt_result_t (*load)(void));
 
 #endif

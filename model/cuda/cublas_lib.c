@@ -1,7 +1,6 @@
 /* cuBLAS loaded at run time for the CUDA kernels (model/cuda/cublas_lib.h). */
 #include "model/cuda/cublas_lib.h"
 
-#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 
@@ -13,9 +12,7 @@
 
 cublas_lib cublas_api;
 
-static pthread_once_t once = PTHREAD_ONCE_INIT;
-static newt_result_t loaded = NEWT_ERR_INTERNAL;
-static char load_error[1536];
+static newt_dynlib_once once = NEWT_DYNLIB_ONCE;
 
 static newt_result_t fill(void) {
   char a[600];
@@ -44,16 +41,7 @@ static newt_result_t fill(void) {
   return NEWT_OK;
 }
 
-static void load_once(void) {
-  loaded = fill();
-  if (loaded != NEWT_OK) snprintf(load_error, sizeof load_error, "%s", newt_errmsg());
-}
-
-newt_result_t cublas_lib_load(void) {
-  pthread_once(&once, load_once);
-  if (loaded != NEWT_OK) return NEWT_ERR(loaded, "%s", load_error);
-  return NEWT_OK;
-}
+newt_result_t cublas_lib_load(void) { return newt_dynlib_load(&once, fill); }
 
 newt_result_t cublas_lib_describe(char *desc, size_t n) {
   NEWT_CHECK(cublas_lib_load());
