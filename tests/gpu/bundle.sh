@@ -51,14 +51,15 @@ if [ -n "$why" ]; then
   [ "$named_build" = 0 ] || [ ! -f "$BUILD/CMakeCache.txt" ] ||
     fail "$BUILD is not a build for the bundle ($why): name another directory, or none"
   say "configuring $BUILD (-DNEWT_CUDA=ON -DNEWT_WERROR=ON -DNEWT_CUDA_ARCH=90)"
+  mkdir -p "$BUILD"
   cmake -S . -B "$BUILD" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DNEWT_CUDA=ON -DNEWT_WERROR=ON -DNEWT_CUDA_ARCH=90 \
-    -DNEWT_SANITIZE= -DNEWT_GPU_DOUBLE=OFF >"$BUILD.configure.log" 2>&1 ||
-    { tail -n 20 "$BUILD.configure.log"; fail "cmake could not configure $BUILD (the CUDA toolkit with NCCL's header is needed)"; }
+    -DNEWT_SANITIZE= -DNEWT_GPU_DOUBLE=OFF >"$BUILD/bundle-configure.log" 2>&1 ||
+    { tail -n 20 "$BUILD/bundle-configure.log"; fail "cmake could not configure $BUILD (the CUDA toolkit with NCCL's header is needed)"; }
 else
   say "using the build in $BUILD (CUDA, warnings as errors, sm_90)"
 fi
-cmake --build "$BUILD" -j "$(nproc)" --target "${TARGETS[@]}" -- --no-print-directory >"$BUILD.bundle-build.log" 2>&1 ||
-  { tail -n 30 "$BUILD.bundle-build.log"; fail "the build of ${TARGETS[*]} in $BUILD failed"; }
+cmake --build "$BUILD" -j "$(nproc)" --target "${TARGETS[@]}" -- --no-print-directory >"$BUILD/bundle-build.log" 2>&1 ||
+  { tail -n 30 "$BUILD/bundle-build.log"; fail "the build of ${TARGETS[*]} in $BUILD failed"; }
 newt_bin=$BUILD/newt
 bins=("$newt_bin" "$BUILD/tests/comm/test_comm_nccl" "$BUILD/tests/gpu/test_kernels")
 for b in "${bins[@]}"; do [ -x "$b" ] || fail "$b was not built"; done
