@@ -24,6 +24,7 @@
 typedef struct wire_piece {
   char name[RESHARD_NAME_MAX];
   int64_t step;
+  int64_t dtype, flags;
   int64_t ndim;
   int64_t shape[NEWT_SLICE_MAX_DIMS];
   int64_t offset[NEWT_SLICE_MAX_DIMS];
@@ -50,6 +51,8 @@ static void to_wire(const reshard_piece *p, wire_piece *w) {
   memset(w, 0, sizeof *w);
   snprintf(w->name, sizeof w->name, "%s", p->name);
   w->step = p->step;
+  w->dtype = p->dtype;
+  w->flags = p->flags;
   w->ndim = p->ndim;
   for (int i = 0; i < p->ndim; i++) {
     w->shape[i] = p->shape[i];
@@ -72,7 +75,7 @@ static void slice_of(const wire_piece *w, newt_slice *s) {
 }
 
 static int same_tensor(const wire_piece *a, const wire_piece *b) {
-  if (strcmp(a->name, b->name) != 0 || a->ndim != b->ndim) return 0;
+  if (strcmp(a->name, b->name) != 0 || a->ndim != b->ndim || a->dtype != b->dtype) return 0;
   for (int i = 0; i < a->ndim; i++)
     if (a->shape[i] != b->shape[i]) return 0;
   return 1;
@@ -94,12 +97,14 @@ static int64_t overlap(const wire_piece *a, const wire_piece *b) {
 }
 
 static int64_t numel(const wire_piece *w) { return w->end - w->begin; }
+static size_t esize(const wire_piece *w) { return newt_dtype_size((newt_dtype)w->dtype); }
 
 /* Checks the records of a rank: sane dimensions and slices inside their tensors. */
 static newt_result_t check_piece(const wire_piece *w, int rank) {
-  if (w->ndim < 1 || w->ndim > NEWT_SLICE_MAX_DIMS || memchr(w->name, '\0', sizeof w->name) == NULL)
+  if (w->ndim < 1 || w->ndim > NEWT_SLICE_MAX_DIMS || memchr(w->name, '\0', sizeof w->name) == NULL ||
+      w->dtype < 0 || w->dtype > NEWT_U8 || (w->flags & ~(int64_t)(RESHARD_OPTIONAL | RESHARD_DERIVED)))
     return NEWT_ERR(NEWT_ERR_CORRUPT, "reshard: rank %d sent a malformed piece record", rank);
-  newt_tensor_desc t = {.name = w->name, .dtype = NEWT_F32, .ndim = (int)w->ndim};
+  newt_tensor_desc t = {.name = w->name, .dtype = (newt_dtype)w->dtype, .ndim = (int)w->ndim};
   memcpy(t.shape, w->shape, sizeof t.shape);
   newt_slice s;
   slice_of(w, &s);
@@ -207,20 +212,26 @@ static void tensor_range(const held *hs, const wire_piece *need, size_t *lo, siz
   *hi = a;
 }
 
+/* Elements of need the distinct slices of hs hold. */
+static int64_t held_sum(const held *hs, const wire_piece *need) {
+  size_t lo, hi;
+  tensor_range(hs, need, &lo, &hi);
+  int64_t sum = 0;
+  for (size_t i = lo; i < hi; i++) sum += overlap(need, hs->d[i].p);
+  return sum;
+}
+
 /* Whether every need of every rank is covered exactly by the distinct slices held at
  * `step` (the first need that is not is logged). */
 static int covered(const rank_view *v, int n, const held *hs, int64_t step) {
   for (int j = 0; j < n; j++)
     for (int64_t k = 0; k < v[j].nneed; k++) {
       const wire_piece *need = &v[j].need[k];
-      size_t lo, hi;
-      tensor_range(hs, need, &lo, &hi);
-      int64_t sum = 0;
-      for (size_t i = lo; i < hi; i++) sum += overlap(need, hs->d[i].p);
-      if (sum != numel(need)) {
+      if (need->flags & RESHARD_OPTIONAL) continue;
+      if (held_sum(hs, need) != numel(need)) {
         NEWT_INFO(WORKER, "reshard: step %lld does not cover rank %d's %s [%lld, %lld): %lld of %lld elements held",
-                  (long long)step, j, need->name, (long long)need->begin, (long long)need->end, (long long)sum,
-                  (long long)numel(need));
+                  (long long)step, j, need->name, (long long)need->begin, (long long)need->end,
+                  (long long)held_sum(hs, need), (long long)numel(need));
         return 0;
       }
     }
@@ -236,6 +247,8 @@ static newt_result_t plan_units(const rank_view *v, int n, const held *hs, unit 
   for (int j = 0; j < n; j++)
     for (int64_t k = 0; k < v[j].nneed; k++) {
       size_t lo, hi;
+      if ((v[j].need[k].flags & RESHARD_OPTIONAL) && held_sum(hs, &v[j].need[k]) != numel(&v[j].need[k]))
+        continue; /* not held at this step: left as it is */
       tensor_range(hs, &v[j].need[k], &lo, &hi);
       for (size_t i = lo; i < hi; i++) {
         const distinct *d = &hs->d[i];
@@ -267,7 +280,7 @@ static int64_t pair_payload(const unit *u, size_t nu, int src, int dst, const ra
     if (u[i].src == src && u[i].dst == dst) marks[u[i].h] = 1;
   int64_t total = 0;
   for (int64_t h = 0; h < v[src].nhave; h++)
-    if (marks[h]) total += numel(&v[src].have[h]);
+    if (marks[h]) total += numel(&v[src].have[h]) * (int64_t)esize(&v[src].have[h]);
   return total;
 }
 
@@ -275,40 +288,176 @@ static newt_result_t send_to(comm_t *c, int me, int dst, const unit *u, size_t n
                              const reshard_piece *have, char *marks) {
   if (!pair_payload(u, nu, me, dst, v, marks)) return NEWT_OK;
   for (int64_t h = 0; h < v[me].nhave; h++)
-    if (marks[h]) NEWT_CHECK(comm_send(c, have[h].data, (size_t)numel(&v[me].have[h]), NEWT_F32, dst));
+    if (marks[h])
+      NEWT_CHECK(comm_send(c, have[h].data, (size_t)numel(&v[me].have[h]) * esize(&v[me].have[h]), NEWT_U8, dst));
   return NEWT_OK;
 }
 
 static newt_result_t recv_from(comm_t *c, int me, int src, const unit *u, size_t nu, const rank_view *v,
-                               const reshard_piece *need, char *marks, float **tmp, size_t *tmpcap,
+                               const reshard_piece *need, char *marks, char **tmp, size_t *tmpcap,
                                reshard_result *res) {
   int64_t total = pair_payload(u, nu, src, me, v, marks);
   if (!total) return NEWT_OK;
   if ((size_t)total > *tmpcap) {
-    float *t = realloc(*tmp, (size_t)total * sizeof **tmp);
+    char *t = realloc(*tmp, (size_t)total);
     NEWT_CHECK_ALLOC(t);
     *tmp = t;
     *tmpcap = (size_t)total;
   }
-  int64_t off = 0;
+  size_t off = 0;
   for (int64_t h = 0; h < v[src].nhave; h++) {
     if (!marks[h]) continue;
     const wire_piece *hp = &v[src].have[h];
-    NEWT_CHECK(comm_recv(c, *tmp + off, (size_t)numel(hp), NEWT_F32, src));
+    size_t bytes = (size_t)numel(hp) * esize(hp);
+    NEWT_CHECK(comm_recv(c, *tmp + off, bytes, NEWT_U8, src));
     newt_slice hs;
     slice_of(hp, &hs);
     for (size_t i = 0; i < nu; i++) {
       if (u[i].src != src || u[i].dst != me || u[i].h != h) continue;
       const reshard_piece *np = &need[u[i].k];
-      res->received += newt_slice_copy(np->shape, 4, &np->slice, np->data, &hs, *tmp + off);
+      res->received += newt_slice_copy(np->shape, esize(hp), &np->slice, np->data, &hs, *tmp + off);
     }
-    off += numel(hp);
+    off += bytes;
   }
   return NEWT_OK;
 }
 
+/* --- roles: what every rank's needs say about each part --------------------------------------- */
+
+static int64_t tensor_numel(const wire_piece *w) {
+  int64_t t = 1;
+  for (int i = 0; i < w->ndim; i++) t *= w->shape[i];
+  return t;
+}
+
+/* Whether part i of e[a, b) lies inside another part of it (for which keep(k) holds); of
+ * two equal parts the first counts, as in held_build. */
+static int inside_other(const entry *e, size_t a, size_t b, size_t i, int (*keep)(const entry *)) {
+  for (size_t k = a; k < b; k++) {
+    if (k == i || !keep(&e[k]) || numel(e[k].p) < numel(e[i].p) || same_slice(e[k].p, e[i].p)) continue;
+    if (overlap(e[i].p, e[k].p) == numel(e[i].p)) return 1;
+  }
+  return 0;
+}
+static int any_part(const entry *x) { (void)x; return 1; }
+static int plain_part(const entry *x) { return !(x->p->flags & RESHARD_DERIVED); }
+
+/* One tensor's parts, e[a, b) (sorted: identical parts adjacent, by rank): the check that
+ * they tile it, then this rank's roles in it. */
+static newt_result_t tensor_roles(const entry *e, size_t a, size_t b, int me, reshard_roles *ro) {
+  const wire_piece *t = e[a].p;
+  int64_t total = tensor_numel(t), sum = 0;
+  for (size_t i = a + 1; ro->check && i < b; i++) {
+    const wire_piece *q = e[i].p;
+    int same = q->ndim == t->ndim && q->dtype == t->dtype;
+    for (int d = 0; same && d < t->ndim; d++) same = q->shape[d] == t->shape[d];
+    if (!same)
+      return NEWT_ERR(NEWT_ERR_INVALID, "tensor \"%s\": rank %d declares it %s of %d dimensions, rank %d %s of %d "
+                      "(one type and shape in the whole job)", t->name, e[a].rank, newt_dtype_name((newt_dtype)t->dtype),
+                      (int)t->ndim, e[i].rank, newt_dtype_name((newt_dtype)q->dtype), (int)q->ndim);
+  }
+  for (size_t i = a; i < b; i++) {
+    int first = i == a || !same_slice(e[i - 1].p, e[i].p); /* the lowest rank of equal parts */
+    if (!first) continue;
+    if (!inside_other(e, a, b, i, any_part)) {
+      sum += numel(e[i].p);
+      for (size_t k = i + 1; ro->check && k < b; k++) /* the outer parts must not overlap */
+        if (!same_slice(e[k].p, e[i].p) && !inside_other(e, a, b, k, any_part) && overlap(e[i].p, e[k].p))
+          return NEWT_ERR(NEWT_ERR_INVALID, "tensor \"%s\": the part of rank %d (elements [%lld, %lld) of its box) "
+                          "and that of rank %d ([%lld, %lld)) overlap without being equal or one inside the other",
+                          t->name, e[i].rank, (long long)e[i].p->begin, (long long)e[i].p->end, e[k].rank,
+                          (long long)e[k].p->begin, (long long)e[k].p->end);
+    }
+    /* the copy to save: the first of equal plain parts, not inside another plain part */
+    size_t j = i;
+    while (j < b && same_slice(e[j].p, e[i].p) && !plain_part(&e[j])) j++;
+    if (ro->primary && j < b && same_slice(e[j].p, e[i].p) && e[j].rank == me && !inside_other(e, a, b, j, plain_part))
+      ro->primary[e[j].idx] = 1;
+  }
+  if (ro->check && sum != total)
+    return NEWT_ERR(NEWT_ERR_INVALID, "tensor \"%s\" (%lld elements): the ranks' parts do not tile it: %lld elements are "
+                    "declared by no rank", t->name, (long long)total, (long long)(total - sum));
+  for (size_t i = a; ro->unique && i < b; i++) { /* a part of this rank nobody else holds */
+    if (e[i].rank != me) continue;
+    int alone = 1;
+    for (size_t k = a; k < b && alone; k++)
+      alone = e[k].rank == me || overlap(e[i].p, e[k].p) != numel(e[i].p);
+    ro->unique[e[i].idx] = alone;
+  }
+  return NEWT_OK;
+}
+
+/* Whether each of the n ranks holds the whole tensor of e[a, b) (sorted by rank): its own
+ * parts, equal ones once and none inside another, add up to it. An optional tensor (a
+ * rank's own bytes) does not count. */
+static int tensor_whole(const entry *e, size_t a, size_t b, int n) {
+  int64_t total = tensor_numel(e[a].p);
+  int ranks = 0;
+  for (size_t i = a; i < b; i++)
+    if (e[i].p->flags & RESHARD_OPTIONAL) return 1;
+  for (size_t r0 = a; r0 < b;) {
+    size_t r1 = r0 + 1;
+    while (r1 < b && e[r1].rank == e[r0].rank) r1++;
+    int64_t seen = 0;
+    for (size_t i = r0; i < r1; i++) {
+      int skip = 0;
+      for (size_t k = r0; k < r1 && !skip; k++) {
+        if (k == i) continue;
+        if (same_slice(e[k].p, e[i].p)) skip = k < i;
+        else skip = numel(e[k].p) > numel(e[i].p) && overlap(e[i].p, e[k].p) == numel(e[i].p);
+      }
+      if (!skip) seen += numel(e[i].p);
+    }
+    if (seen != total) return 0;
+    ranks++;
+    r0 = r1;
+  }
+  return ranks == n;
+}
+
+/* Orders needs by tensor, then rank: the per-rank walk of tensor_roles' "whole". */
+static int cmp_by_rank(const void *a, const void *b) {
+  const entry *x = a, *y = b;
+  int c = strcmp(x->p->name, y->p->name);
+  return c ? c : x->rank != y->rank ? cmp_i64(x->rank, y->rank) : cmp_i64(x->idx, y->idx);
+}
+
+static newt_result_t work_out_roles(const rank_view *v, int n, int me, reshard_roles *ro) {
+  size_t m = 0;
+  for (int r = 0; r < n; r++) m += (size_t)v[r].nneed;
+  for (int64_t k = 0; k < v[me].nneed; k++) {
+    if (ro->primary) ro->primary[k] = 0;
+    if (ro->unique) ro->unique[k] = 0;
+    if (ro->filled) ro->filled[k] = 0;
+  }
+  ro->whole = 1;
+  entry *e = malloc((m ? m : 1) * sizeof *e), *byrank = malloc((m ? m : 1) * sizeof *e);
+  if (!e || !byrank) {
+    free(e), free(byrank);
+    return NEWT_ERR(NEWT_ERR_NOMEM, "reshard: out of memory");
+  }
+  size_t k = 0;
+  for (int r = 0; r < n; r++)
+    for (int64_t i = 0; i < v[r].nneed; i++) e[k++] = (entry){.p = &v[r].need[i], .rank = r, .idx = i};
+  memcpy(byrank, e, m * sizeof *e);
+  qsort(e, m, sizeof *e, cmp_entry);
+  qsort(byrank, m, sizeof *e, cmp_by_rank);
+  newt_result_t res = NEWT_OK;
+  for (size_t a = 0; a < m && res == NEWT_OK;) {
+    size_t b = a + 1;
+    while (b < m && strcmp(e[b].p->name, e[a].p->name) == 0) b++;
+    res = tensor_roles(e, a, b, me, ro);
+    /* both orders put a tensor's parts at [a, b); "whole" walks them rank by rank */
+    if (res == NEWT_OK && ro->whole && !tensor_whole(byrank, a, b, n)) ro->whole = 0;
+    a = b;
+  }
+  free(e);
+  free(byrank);
+  return res;
+}
+
 newt_result_t reshard_exchange(comm_t *c, const reshard_piece *have, size_t nhave, const reshard_piece *need,
-                               size_t nneed, reshard_result *res) {
+                               size_t nneed, reshard_roles *roles, reshard_result *res) {
   memset(res, 0, sizeof *res);
   res->step = -1;
   c = comm_host_channel(c); /* the pieces are host memory (staged where the device's is not) */
@@ -320,7 +469,7 @@ newt_result_t reshard_exchange(comm_t *c, const reshard_piece *have, size_t nhav
   rank_view *v = calloc((size_t)n, sizeof *v);
   unit *u = NULL;
   size_t nu = 0, tmpcap = 0;
-  float *tmp = NULL;
+  char *tmp = NULL;
   if (!mine || !lens || !v) {
     r = NEWT_ERR(NEWT_ERR_NOMEM, "reshard: out of memory");
     goto exit;
@@ -364,6 +513,7 @@ newt_result_t reshard_exchange(comm_t *c, const reshard_piece *have, size_t nhav
     for (int64_t k = 0; k < h->nhave + h->nneed; k++) NEWT_CHECK_GOTO(check_piece(&v[i].have[k], i), r, exit);
     if (v[i].nhave > maxhave) maxhave = v[i].nhave;
   }
+  if (roles) NEWT_CHECK_GOTO(work_out_roles(v, n, me, roles), r, exit);
 
   /* 2. the newest step that covers every need */
   int64_t step = -1, below = INT64_MAX;
@@ -400,7 +550,7 @@ newt_result_t reshard_exchange(comm_t *c, const reshard_piece *have, size_t nhav
     if (u[i].src != me || u[i].dst != me) continue;
     const reshard_piece *hp = &have[u[i].h], *np = &need[u[i].k];
     if (hp->data == np->data && same_slice(&v[me].have[u[i].h], &v[me].need[u[i].k])) continue; /* in place */
-    res->copied += newt_slice_copy(np->shape, 4, &np->slice, np->data, &hp->slice, hp->data);
+    res->copied += newt_slice_copy(np->shape, esize(&v[me].have[u[i].h]), &np->slice, np->data, &hp->slice, hp->data);
   }
   for (int a = 0; a < n && r == NEWT_OK; a++)
     for (int b = a + 1; b < n && r == NEWT_OK; b++) {
@@ -415,6 +565,9 @@ newt_result_t reshard_exchange(comm_t *c, const reshard_piece *have, size_t nhav
   if (r == NEWT_OK) {
     res->step = step;
     res->source = res->received > 0;
+    if (roles && roles->filled)
+      for (size_t i = 0; i < nu; i++)
+        if (u[i].dst == me) roles->filled[u[i].k] = 1;
   }
 exit:
   free(mine);
@@ -444,6 +597,8 @@ newt_result_t reshard_unpack(const void *buf, size_t len, reshard_piece *out, si
     memset(p, 0, sizeof *p);
     memcpy(p->name, w[i].name, sizeof p->name);
     p->step = w[i].step;
+    p->dtype = (newt_dtype)w[i].dtype;
+    p->flags = (unsigned)w[i].flags;
     p->ndim = (int)w[i].ndim;
     for (int d = 0; d < p->ndim; d++) p->shape[d] = w[i].shape[d];
     slice_of(&w[i], &p->slice);

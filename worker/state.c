@@ -230,7 +230,7 @@ newt_result_t worker_replicate(worker *w) {
     w->rep.data = w->rep.spare;
     w->rep.spare = old;
     for (size_t i = 0; i < w->rep.n; i++) {
-      w->rep.pieces[i].data = w->rep.data + (w->rep.pieces[i].data - old);
+      w->rep.pieces[i].data = w->rep.data + ((float *)w->rep.pieces[i].data - old);
       w->rep.pieces[i].step = p->step;
     }
     /* the one before stays whole in the spare until the next transfer: where a failure cut
@@ -309,7 +309,7 @@ static newt_result_t held_pieces(worker *w, reshard_piece **out, size_t *n, floa
   for (size_t i = 0; i < nold; i++) {
     reshard_piece *o = &have[ncur + nsnap + nrep + i];
     *o = w->rep.pieces[i];
-    o->data = w->rep.spare + (w->rep.pieces[i].data - w->rep.data);
+    o->data = w->rep.spare + ((float *)w->rep.pieces[i].data - w->rep.data);
     o->step = w->rep.spare_step;
   }
   free(cur);
@@ -393,7 +393,7 @@ newt_result_t worker_restore(worker *w, comm_t *c, const newt_plan *p, const mod
   }
 
   reshard_result rr;
-  r = reshard_exchange(c, have, nhave, need, nneed, &rr);
+  r = reshard_exchange(c, have, nhave, need, nneed, NULL, &rr);
   if (r == NEWT_OK) r = unstage_pieces(np->dev, need_dev, nneed, need_stage);
   if (r == NEWT_OK) {
     np->step = rr.step;
@@ -443,7 +443,7 @@ newt_result_t worker_donate(worker *w, comm_t *c) {
   float *stage = NULL;
   NEWT_CHECK(held_pieces(w, &have, &n, &stage));
   reshard_result rr;
-  newt_result_t r = reshard_exchange(c, have, n, NULL, 0, &rr);
+  newt_result_t r = reshard_exchange(c, have, n, NULL, 0, NULL, &rr);
   free(have);
   stage_release(w, stage);
   return r;
