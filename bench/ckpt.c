@@ -26,7 +26,7 @@
 #include "common/fs.h"
 #include "common/opts.h"
 #include "common/strutil.h"
-#include "model/checkpoint.h"
+#include "gpt/ckpt.h"
 #include "model/ops.h"
 #include "model/tokens.h"
 #include "model/train.h"
@@ -158,7 +158,7 @@ static int make_train_state(bstate *st, int64_t bytes, int threads) {
       const model_tensor *t = &lay->tensors[i];
       float *base = g == 0 ? st->tr->gpt.params : g == 1 ? st->tr->opt.m : st->tr->opt.v;
       char name[96];
-      snprintf(name, sizeof name, "%s%s", g == 0 ? "" : g == 1 ? MODEL_CKPT_ADAM_M : MODEL_CKPT_ADAM_V, t->name);
+      snprintf(name, sizeof name, "%s%s", g == 0 ? "" : g == 1 ? MODEL_PAR_NAME_M : MODEL_PAR_NAME_V, t->name);
       if (add_tensor(st, name, NEWT_F32, t->ndim, (int64_t)t->shape[0], (int64_t)t->shape[1], base + t->offset))
         return -1;
     }

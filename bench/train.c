@@ -162,7 +162,7 @@ static int bench_cuda(bench_line *b, int device, int64_t warmup, int64_t steps) 
   for (int64_t s = 0; s < warmup + steps; s++) {
     double t0 = newt_now_s();
     /* one rank: no communicators (model_par_step takes NULL); the sync makes the time the GPU's */
-    if (model_par_step(&p, NULL, x, y, cfg->batch, NULL, &info) != NEWT_OK || model_dev_sync(dev) != NEWT_OK) {
+    if (model_par_step(&p, NULL, x, y, cfg->batch, &info) != NEWT_OK || model_dev_sync(dev) != NEWT_OK) {
       fprintf(stderr, "newt bench train: %s, step %lld: %s\n", model_dev_name(dev), (long long)s + 1, newt_errmsg());
       goto out;
     }
@@ -235,7 +235,7 @@ static int bench_rank(bench_line *b, const bench_world *w, int rank, int64_t war
   model_step_info info;
   for (int64_t s = 0; s < warmup + steps; s++) {
     double t0 = newt_now_s();
-    if (model_par_step(&p, &comms, x + at, y + at, (int)count, NULL, &info) != NEWT_OK ||
+    if (model_par_step(&p, &comms, x + at, y + at, (int)count, &info) != NEWT_OK ||
         (dev && model_dev_sync(dev) != NEWT_OK)) {
       fprintf(stderr, "newt bench train: rank %d, step %lld: %s\n", rank, (long long)s + 1, newt_errmsg());
       goto out;

@@ -8,7 +8,7 @@
  * buffer). A reader asks for slices in the same form, under any other layout, and gets
  * them assembled from whichever stored chunks overlap them. Tensor names and the training
  * state are the caller's: ckpt/ knows tensors, slices, chunks and manifests, never the model
- * or the optimizer (model/checkpoint.h names the GPT's weights and AdamW moments and writes
+ * or the optimizer (gpt/ckpt.h names the GPT's weights and AdamW moments and writes
  * its training point). The training state is one JSON object, stored in the manifest as given.
  *
  * Saving, one saver per rank (rank 0 usually commits):

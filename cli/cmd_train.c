@@ -1,14 +1,14 @@
 /* newt train: trains the GPT in this process, without a coordinator, and prints a line
  * per step. It is the reference every parallel layout is compared with: its flags make a
  * job spec, and the trainer and the data come from that spec through the worker's own
- * functions (worker_train_config, worker_open_data), so a job with the same values follows
+ * functions (gpt_train_config, gpt_open_data), so a job with the same values follows
  * the same trajectory.
  *
  * Data: --data FILE (a token file from `newt data prepare`), or without it the generated
  * corpus (model_text_generate, seeded by --data-seed), which is learnable.
  *
  * Checkpoints: with --ckpt-dir DIR it first resumes from the newest valid checkpoint there
- * (weights, AdamW moments, step, data cursor; model/checkpoint.h), then saves one every
+ * (weights, AdamW moments, step, data cursor; gpt/ckpt.h), then saves one every
  * --ckpt-every steps in the background while it trains on. A failed save is reported and
  * training goes on; one that no later save made good (the final one, say) makes the exit
  * status 1. --log FILE (or --step-log) appends one JSON line per step: the step log of
@@ -30,14 +30,14 @@
 #include "common/clock.h"
 #include "common/opts.h"
 #include "common/sys.h"
+#include "gpt/ckpt.h"
+#include "gpt/gpt.h"
 #include "job/runlog.h"
 #include "job/spec.h"
-#include "model/checkpoint.h"
 #include "model/dev.h"
 #include "model/ops.h"
 #include "model/parallel.h"
 #include "model/train.h"
-#include "worker/worker.h"
 
 /* --device: -1 the CPU, -2 a GPU of this process's choice, N GPU N; -1 returned when bad. */
 static int parse_device(const char *s, int *gpu) {
@@ -70,7 +70,7 @@ static newt_result_t open_device(int gpu, model_dev **out) {
   return model_dev_open(MODEL_DEV_CUDA, gpu, out);
 }
 
-/* The saver's staging on a GPU: the device's pinned host memory (model_ckpt_par_add). */
+/* The saver's staging on a GPU: the device's pinned host memory (gpt_ckpt_par_add). */
 static void *staging_alloc(void *dev, size_t bytes) {
   void *p = NULL; /* aligned as the saver needs (model/dev.h); the saver checks it */
   return model_dev_host_alloc(dev, bytes, &p) == NEWT_OK ? p : NULL;
@@ -81,10 +81,10 @@ static void staging_free(void *dev, void *p) { model_dev_host_free(dev, p); }
 /* Saves the trainer as its step, in the background once the state is on the host. */
 static newt_result_t save(ckpt_saver *s, const model_par *p, uint64_t cursor, const char *data, int *started) {
   char *state = NULL;
-  NEWT_CHECK(model_ckpt_train_state(&p->cfg, p->step, cursor, p->opt.t, data, &state));
+  NEWT_CHECK(gpt_ckpt_train_state(&p->cfg, p->step, cursor, p->opt.t, data, &state));
   newt_result_t r = ckpt_save_begin(s, p->step, 1, started);
   if (r == NEWT_OK && *started) {
-    r = model_ckpt_par_add(s, p);
+    r = gpt_ckpt_par_add(s, p);
     if (r == NEWT_OK) r = ckpt_save_end(s, state);
     else r = ckpt_save_fail(s, r, newt_errmsg()); /* what was staged must not be written */
   }
@@ -170,7 +170,7 @@ int newt_cmd_train(int argc, char **argv) {
   }
   model_train_config cfg;
   if (strlen(preset) >= sizeof spec.preset || spec_set_model(&spec, overrides) != NEWT_OK ||
-      worker_train_config(&spec, (int)threads, &cfg) != NEWT_OK) {
+      gpt_train_config(&spec, (int)threads, &cfg) != NEWT_OK) {
     fprintf(stderr, "newt train: %s\n", strlen(preset) >= sizeof spec.preset ? "--preset: too long" : newt_errmsg());
     return 2;
   }
@@ -197,7 +197,7 @@ int newt_cmd_train(int argc, char **argv) {
   spec_data_desc(&spec, data_desc, sizeof data_desc);
   int64_t resumed = -1;
   newt_result_t res = open_device(gpu, &dev);
-  if (res == NEWT_OK) res = worker_open_data(&spec, &tok);
+  if (res == NEWT_OK) res = gpt_open_data(&spec, &tok);
   if (res == NEWT_OK) res = model_loader_init(&ld, &tok, cfg.seq_len, cfg.data_seed, cfg.model.vocab);
   model_par_config pc;
   model_par_config_from_rank(&pc, 1, 1, 1, 0, 0);
@@ -214,14 +214,14 @@ int newt_cmd_train(int argc, char **argv) {
     ckpt_saver_opts so = {.dir = ckpt_dir, .rank = 0, .nranks = 1, .threads = 2, .level = (int)ckpt_level,
                           .keep = (int)ckpt_keep, .commit = 1, .layout_json = "{\"dp\":1,\"tp\":1,\"pp\":1,\"zero\":0}"};
     if (ckpt_level == 0) so.level = CKPT_LEVEL_RAW;
-    so.staging_hint = model_ckpt_par_staging_bytes(&par); /* the first save's staging: one block */
+    so.staging_hint = gpt_ckpt_par_staging_bytes(&par); /* the first save's staging: one block */
     if (!model_dev_host_visible(par.dev)) { /* a GPU's downloads land in its pinned memory */
       so.staging_alloc = staging_alloc;
       so.staging_free = staging_free;
       so.staging_ctx = par.dev;
     }
-    model_ckpt_train_point pt;
-    res = model_ckpt_par_load(ckpt_dir, CKPT_LATEST, &par, data_desc, 2, NULL, &pt);
+    gpt_ckpt_train_point pt;
+    res = gpt_ckpt_par_load(ckpt_dir, CKPT_LATEST, &par, data_desc, 2, NULL, &pt);
     if (res == NEWT_OK) {
       resumed = pt.step;
       cursor = pt.cursor;
@@ -261,7 +261,7 @@ int newt_cmd_train(int argc, char **argv) {
     double t0 = newt_now_s();
     /* one rank: no communicators; the step's end downloads its loss, so its time is the device's */
     if (model_loader_fetch(&ld, cursor, cfg.batch, inputs, targets) != NEWT_OK ||
-        model_par_step(&par, NULL, inputs, targets, cfg.batch, NULL, &info) != NEWT_OK) {
+        model_par_step(&par, NULL, inputs, targets, cfg.batch, &info) != NEWT_OK) {
       fprintf(stderr, "newt train: step %lld: %s\n", (long long)s + 1, newt_errmsg());
       status = 1;
       break;

@@ -15,8 +15,8 @@
 #include "common/log.h"
 #include "common/opts.h"
 #include "common/sys.h"
+#include "gpt/gpt.h"
 #include "rendezvous/rdzv.h"
-#include "worker/worker.h"
 
 int newt_cmd_worker(int argc, char **argv) {
   newt_log_set_default_level(NEWT_LOG_INFO); /* lifecycle lines: plan, joined, left, done */
@@ -62,13 +62,9 @@ int newt_cmd_worker(int argc, char **argv) {
                      NEWT_OPT_END};
   int rc = newt_opts_exit(newt_opts_parse("worker", "--job NAME [flags]", opts, argc, argv, NULL, 0, NULL));
   if (rc >= 0) return rc;
-  job_end end = {.status = JOB_EXIT_DONE};
-  worker_opts wo = {.job = ef.job, .id = id, .host = host, .addr = addr, .port = (int)port,
-                    .device = (int)device, .share_device = share_device, .threads = (int)threads,
-                    .step_log = step_log, .secret_file = secret_file,
-                    .metrics_addr = metrics_addr, .metrics_port = (int)metrics_port, .end = &end};
+  rdzv_etcd_opts eo;
   char *password = NULL;
-  newt_result_t r = cli_etcd_opts(&ef, &wo.etcd, &password);
+  newt_result_t r = cli_etcd_opts(&ef, &eo, &password);
   if (r != NEWT_OK) {
     fprintf(stderr, "newt worker: %s\n", newt_errmsg());
     return 2;
@@ -115,7 +111,27 @@ int newt_cmd_worker(int argc, char **argv) {
                          .argc = argc, .argv = argv};
     return cli_agent_run(&ao);
   }
-  r = worker_run(&wo);
-  free(password);
-  return cli_end("worker", r, &end, cli_termination_log(term_log));
+  free(password); /* libnewt reads the file itself */
+  newt_join_opts jo;
+  newt_join_opts_init(&jo);
+  jo.etcd = ef.endpoints;
+  jo.etcd_user = ef.user;
+  jo.etcd_password_file = ef.password_file;
+  jo.etcd_ca = ef.ca;
+  jo.etcd_cert = ef.cert;
+  jo.etcd_key = ef.key;
+  jo.job = ef.job;
+  jo.worker_id = id;
+  jo.host = host;
+  jo.addr = addr;
+  jo.port = (int)port;
+  jo.device = (int)device;
+  jo.share_device = share_device;
+  jo.step_log = step_log;
+  jo.job_secret_file = secret_file;
+  jo.metrics_addr = metrics_addr;
+  jo.metrics_port = (int)metrics_port;
+  jo.termination_log = cli_termination_log(term_log);
+  jo.handle_signals = 1;
+  return gpt_worker_run(&jo, (int)threads);
 }

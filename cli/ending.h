@@ -5,11 +5,12 @@
 #define NEWT_CLI_ENDING_H
 
 #include "common/err.h"
+#include "job/ending.h"
 #include "job/records.h"
 
 /* The default termination log: where Kubernetes mounts it. Written only when it exists
  * (a container); a path given with --termination-log or NEWT_TERMINATION_LOG is created. */
-#define CLI_TERMINATION_LOG "/dev/termination-log"
+#define CLI_TERMINATION_LOG JOB_TERMINATION_LOG
 
 /* The termination log to use: flag, else NEWT_TERMINATION_LOG, else the default. */
 const char *cli_termination_log(const char *flag);

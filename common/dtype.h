@@ -7,15 +7,9 @@
 #include <stdint.h>
 #include <string.h>
 
-typedef enum newt_dtype {
-  NEWT_F32 = 0,
-  NEWT_BF16 = 1,
-  NEWT_F16 = 2,
-  NEWT_I32 = 3,
-  NEWT_I64 = 4,
-  NEWT_U8 = 5,
-  NEWT_DTYPE__COUNT
-} newt_dtype;
+/* The types are libnewt's public ones (include/newt.h). */
+#include "newt.h"
+#define NEWT_DTYPE__COUNT (NEWT_U8 + 1)
 
 static inline size_t newt_dtype_size(newt_dtype t) {
   static const size_t sizes[NEWT_DTYPE__COUNT] = {4, 2, 2, 4, 8, 1};

@@ -11,26 +11,9 @@
 
 #include <stddef.h>
 
-typedef enum newt_result {
-  NEWT_OK = 0,
-  NEWT_ERR_INVALID,     /* bad argument, flag, spec, plan or file content */
-  NEWT_ERR_SYS,         /* a system call failed (errno in the message) */
-  NEWT_ERR_NOMEM,       /* allocation failed */
-  NEWT_ERR_TIMEOUT,     /* a deadline passed */
-  NEWT_ERR_ABORTED,     /* aborted from another thread or by a signal */
-  NEWT_ERR_PEER,        /* a remote peer failed (closed connection, bad proof) */
-  NEWT_ERR_NOTFOUND,    /* key, file or tensor does not exist */
-  NEWT_ERR_CONFLICT,    /* a guarded write lost (txn compare failed, lost leadership) */
-  NEWT_ERR_UNAVAILABLE, /* a service (etcd) cannot be reached */
-  NEWT_ERR_AUTH,        /* authentication or TLS verification failed */
-  NEWT_ERR_CORRUPT,     /* checksum mismatch, torn or malformed data */
-  NEWT_ERR_NOSPACE,     /* disk full */
-  NEWT_ERR_CUDA,        /* CUDA runtime or cuBLAS error */
-  NEWT_ERR_NCCL,        /* NCCL error */
-  NEWT_ERR_INTERNAL,    /* a bug: an invariant did not hold */
-  NEWT_ERR_UNSUPPORTED, /* not built in (no CUDA) or not available here */
-  NEWT_ERR__COUNT
-} newt_result_t;
+/* The codes (NEWT_OK, NEWT_ERR_INVALID, ...) are libnewt's public ones (include/newt.h). */
+#include "newt.h"
+#define NEWT_ERR__COUNT (NEWT_ERR_UNSUPPORTED + 1)
 
 /* Short stable name of a code ("timeout", "peer", ...). */
 const char *newt_result_name(newt_result_t r);

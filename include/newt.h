@@ -145,6 +145,11 @@ NEWT_API void newt_join_opts_init(newt_join_opts *o);
  * `o` may be NULL (everything from the environment, as `newt run -- COMMAND` sets it). */
 NEWT_API newt_result_t newt_join(const newt_join_opts *o, newt_ctx **out);
 
+/* For a program that opens its device after joining (newt_job_get says which): the CUDA
+ * stream newt's copies and NCCL's collectives go on, and optionally the program's own
+ * memory functions (NULL: the CUDA runtime's). Before the first newt_step_begin. */
+NEWT_API newt_result_t newt_use_device(newt_ctx *c, void *cuda_stream, const newt_memory *memory);
+
 typedef struct newt_job_info {
   size_t size;
   const char *job, *worker_id;

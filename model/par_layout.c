@@ -13,7 +13,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "model/checkpoint.h"
 #include "model/ops.h"
 #include "model/par_internal.h"
 
@@ -328,8 +327,7 @@ static newt_result_t init_weights(model_par *p) {
   return r;
 }
 
-/* The end-of-step record of a rank: two doubles and up to 64 control values. */
-#define PAR_REC_MAX (2 * sizeof(double) + 64 * sizeof(float))
+#define PAR_REC_MAX (2 * sizeof(double)) /* a step's totals: squares and loss */
 
 newt_result_t model_par_alloc(model_par *p, const model_train_config *cfg, const model_par_config *pc) {
   memset(p, 0, sizeof *p);
@@ -395,10 +393,8 @@ newt_result_t model_par_alloc(model_par *p, const model_train_config *cfg, const
                     fail);
   NEWT_CHECK_GOTO(model_scratch_init_dev(&p->scratch, p->dev, &cfg->model, mb, T), r, fail);
   if (p->last && pc->tp > 1) NEWT_CHECK_GOTO(dev_floats(p, 3 * (size_t)mb * T, &p->ce), r, fail);
-  size_t ranks = (size_t)pc->tp * pc->pp * pc->dp;
   NEWT_CHECK_GOTO(model_dev_alloc(p->dev, PAR_REC_MAX, &p->rec), r, fail);
-  NEWT_CHECK_GOTO(model_dev_alloc(p->dev, ranks * PAR_REC_MAX, &p->rec_all), r, fail);
-  NEWT_CHECK_GOTO(model_dev_host_alloc(p->dev, ranks * PAR_REC_MAX, &p->host_rec), r, fail);
+  NEWT_CHECK_GOTO(model_dev_host_alloc(p->dev, PAR_REC_MAX, &p->host_rec), r, fail);
   void *acc;
   NEWT_CHECK_GOTO(model_dev_alloc(p->dev, sizeof(double), &acc), r, fail);
   p->loss_acc = acc;
@@ -440,7 +436,6 @@ void model_par_free(model_par *p) {
     model_dev_free(d, p->gather[1]);
     model_dev_free(d, p->ce);
     model_dev_free(d, p->rec);
-    model_dev_free(d, p->rec_all);
     model_dev_host_free(d, p->host_rec);
     model_dev_free(d, p->loss_acc);
   }
@@ -477,8 +472,8 @@ typedef struct piece_list {
 /* Elements [a, e) of local tensor k (relative to its start), whose element a is at data:
  * one piece per box they cross. */
 static void add_range(piece_list *pl, const model_par *p, size_t k, model_par_kind kind, size_t a, size_t e,
-                      float *data, int primary) {
-  static const char *const prefix[] = {"", MODEL_CKPT_ADAM_M, MODEL_CKPT_ADAM_V};
+                      float *data, int primary, int derived) {
+  static const char *const prefix[] = {"", MODEL_PAR_NAME_M, MODEL_PAR_NAME_V};
   const model_par_tensor *pt = &p->ten[k];
   const model_tensor *g = pt->global;
   for (int b = 0; b < pt->nbox; b++) {
@@ -490,7 +485,7 @@ static void add_range(piece_list *pl, const model_par *p, size_t k, model_par_ki
       model_par_piece *pc = &pl->v[pl->n];
       char *name = pl->names[pl->n];
       snprintf(name, PIECE_NAME, "%s%s", prefix[kind], g->name);
-      *pc = (model_par_piece){.kind = kind, .tensor = g, .data = data + (s - a), .primary = primary};
+      *pc = (model_par_piece){.kind = kind, .tensor = g, .data = data + (s - a), .primary = primary, .derived = derived};
       pc->desc = (newt_tensor_desc){.name = name, .dtype = NEWT_F32, .ndim = g->ndim,
                                     .shape = {(int64_t)g->shape[0], (int64_t)g->shape[1]}};
       newt_slice *sl = &pc->slice;
@@ -515,17 +510,22 @@ static void add_chunk(piece_list *pl, const model_par *p, size_t k, model_par_ki
                       int primary) {
   size_t a, e, at, off = p->local.tensors[k].offset;
   if (par_chunk_part(p, k, &a, &e, &at))
-    add_range(pl, p, k, kind, a - off, e - off, full ? full + a : compact + at, primary);
+    add_range(pl, p, k, kind, a - off, e - off, full ? full + a : compact + at, primary, 0);
 }
 
 static void list_pieces(const model_par *p, piece_list *pl) {
   int dp0 = p->pc.dp_rank == 0, zero = p->pc.zero;
   for (size_t k = 0; k < p->local.n; k++) {
     int prim = par_primary(p, &p->local.tensors[k]);
-    if (zero == 3) add_chunk(pl, p, k, MODEL_PAR_PARAM, NULL, p->shard_params, prim);
-    else if (p->params_stale) add_chunk(pl, p, k, MODEL_PAR_PARAM, p->params, NULL, prim);
-    else add_range(pl, p, k, MODEL_PAR_PARAM, 0, p->local.tensors[k].size, p->params + p->local.tensors[k].offset,
-                   prim && dp0);
+    if (zero == 3) {
+      add_chunk(pl, p, k, MODEL_PAR_PARAM, NULL, p->shard_params, prim);
+    } else if (zero) { /* the owned chunk, and the whole tensor the all-gather rebuilds */
+      add_chunk(pl, p, k, MODEL_PAR_PARAM, p->params, NULL, prim);
+      add_range(pl, p, k, MODEL_PAR_PARAM, 0, p->local.tensors[k].size, p->params + p->local.tensors[k].offset, 0, 1);
+    } else {
+      add_range(pl, p, k, MODEL_PAR_PARAM, 0, p->local.tensors[k].size, p->params + p->local.tensors[k].offset,
+                prim && dp0, 0);
+    }
   }
   for (int kind = MODEL_PAR_ADAM_M; kind <= MODEL_PAR_ADAM_V; kind++) {
     float *buf = kind == MODEL_PAR_ADAM_M ? p->opt.m : p->opt.v;
@@ -533,7 +533,7 @@ static void list_pieces(const model_par *p, piece_list *pl) {
       int prim = par_primary(p, &p->local.tensors[k]);
       if (zero) add_chunk(pl, p, k, (model_par_kind)kind, NULL, buf, prim);
       else add_range(pl, p, k, (model_par_kind)kind, 0, p->local.tensors[k].size, buf + p->local.tensors[k].offset,
-                     prim && dp0);
+                     prim && dp0, 0);
     }
   }
 }

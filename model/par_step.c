@@ -315,48 +315,12 @@ static void update(model_par *p, double lr, float grad_scale) {
   }
 }
 
-/* The step's totals over the world. Each rank's record on the device (p->rec: squares and
- * loss as doubles, then the control values) is all-gathered there, downloaded into host
- * staging (the step's one download) and summed in rank order, so every rank gets the same
- * bits, and one rank alone gets exactly its own doubles (model_trainer's values). */
-static newt_result_t end_of_step(model_par *p, const model_par_comms *c, model_par_step_opts *opts, int nctl,
-                                 double sums[2]) {
-  model_dev *d = p->dev;
-  uint8_t *mine = p->rec, *host = p->host_rec;
-  if (p->last && p->pc.tp_rank == 0) model_dev_copy(d, mine + sizeof(double), p->loss_acc, sizeof(double));
-  if (!c->world) {
-    NEWT_CHECK(model_dev_download(d, host, mine, 2 * sizeof(double)));
-    memcpy(sums, host, 2 * sizeof(double));
-    return NEWT_OK;
-  }
-  int n = comm_size(c->world);
-  size_t rec = 2 * sizeof(double) + (size_t)nctl * sizeof(float);
-  if (nctl) NEWT_CHECK(model_dev_upload(d, mine + 2 * sizeof(double), opts->ctl, (size_t)nctl * sizeof(float)));
-  NEWT_CHECK(comm_allgather(c->world, mine, p->rec_all, rec, NEWT_U8));
-  NEWT_CHECK(model_dev_download(d, host, p->rec_all, (size_t)n * rec));
-  sums[0] = sums[1] = 0;
-  for (int i = 0; i < nctl; i++) opts->ctl[i] = 0;
-  for (int q = 0; q < n; q++) {
-    double v[2];
-    float f[64];
-    memcpy(v, host + (size_t)q * rec, sizeof v);
-    memcpy(f, host + (size_t)q * rec + sizeof v, (size_t)nctl * sizeof(float));
-    sums[0] += v[0];
-    sums[1] += v[1];
-    for (int i = 0; i < nctl; i++) opts->ctl[i] += f[i];
-  }
-  return NEWT_OK;
-}
-
-newt_result_t model_par_step(model_par *p, const model_par_comms *c, const int32_t *inputs,
-                             const int32_t *targets, int count, model_par_step_opts *opts,
-                             model_step_info *info) {
+newt_result_t model_par_grads(model_par *p, const model_par_comms *c, const int32_t *inputs,
+                              const int32_t *targets, int count, double part[2]) {
   static const model_par_comms none = {0};
   if (!c) c = &none;
   NEWT_CHECK(check_step(p, c, count));
-  int nctl = opts && opts->ctl ? opts->nctl : 0;
-  if (nctl < 0 || nctl > 64) return NEWT_ERR(NEWT_ERR_INVALID, "model_par_step: %d control values (0 to 64)", nctl);
-  double t0 = newt_now_s();
+  p->t_step = newt_now_s();
   if (p->params_stale) { /* a previous step's all-gather failed: finish it */
     NEWT_CHECK(gather_params(p, c));
     p->params_stale = 0;
@@ -374,19 +338,24 @@ newt_result_t model_par_step(model_par *p, const model_par_comms *c, const int32
   if (r == NEWT_OK) r = w;
   for (int i = 0; i < p->nacts; i++) p->acts[i].B = mb;
   NEWT_CHECK(r);
-
-  /* the collective that ends the step: every rank's squares, loss and control values */
-  double sums[2];
+  /* this rank's squares and loss, as doubles: the step's one download */
   grad_sqnorm(p, (double *)p->rec);
-  NEWT_CHECK(end_of_step(p, c, opts, nctl, sums));
-  if (opts && opts->on_commit) NEWT_CHECK(opts->on_commit(opts->arg));
+  if (p->last && p->pc.tp_rank == 0) model_dev_copy(p->dev, (double *)p->rec + 1, p->loss_acc, sizeof(double));
+  NEWT_CHECK(model_dev_download(p->dev, p->host_rec, p->rec, 2 * sizeof(double)));
+  memcpy(part, p->host_rec, 2 * sizeof(double));
+  return NEWT_OK;
+}
+
+newt_result_t model_par_apply(model_par *p, const model_par_comms *c, const double sums[2], model_step_info *info) {
+  static const model_par_comms none = {0};
+  if (!c) c = &none;
   double norm = sqrt(sums[0]);
   double lr = model_lr_at(&p->cfg.optim, p->step);
   update(p, lr, model_clip_scale(norm, p->cfg.optim.grad_clip));
   p->step++;
   forget_gathers(p);
   if (info) {
-    int64_t tokens = (int64_t)p->cfg.batch * T;
+    int64_t tokens = (int64_t)p->cfg.batch * p->cfg.seq_len;
     info->step = p->step;
     info->loss = sums[1] / (double)tokens;
     info->lr = lr;
@@ -394,12 +363,42 @@ newt_result_t model_par_step(model_par *p, const model_par_comms *c, const int32
     info->tokens = tokens;
   }
   if (p->pc.zero == 1 || p->pc.zero == 2) {
-    r = gather_params(p, c);
+    newt_result_t r = gather_params(p, c);
     if (r != NEWT_OK) {
       p->params_stale = 1;
       return r;
     }
   }
-  if (info) info->ms = (newt_now_s() - t0) * 1e3;
+  if (info) info->ms = (newt_now_s() - p->t_step) * 1e3;
   return NEWT_OK;
+}
+
+/* The step's totals over the world: every rank's two doubles, gathered over the world's
+ * host channel and summed in rank order, so every rank gets the same bits, and one rank
+ * alone gets exactly its own (model_trainer's values). */
+static newt_result_t sum_world(const model_par_comms *c, const double part[2], double sums[2]) {
+  if (!c || !c->world) {
+    sums[0] = part[0], sums[1] = part[1];
+    return NEWT_OK;
+  }
+  comm_t *h = comm_host_channel(c->world);
+  int n = comm_size(h);
+  double *all = malloc((size_t)n * 2 * sizeof *all);
+  NEWT_CHECK_ALLOC(all);
+  newt_result_t r = comm_allgather(h, part, all, 2 * sizeof(double), NEWT_U8);
+  sums[0] = sums[1] = 0;
+  for (int q = 0; r == NEWT_OK && q < n; q++) {
+    sums[0] += all[2 * q];
+    sums[1] += all[2 * q + 1];
+  }
+  free(all);
+  return r;
+}
+
+newt_result_t model_par_step(model_par *p, const model_par_comms *c, const int32_t *inputs,
+                             const int32_t *targets, int count, model_step_info *info) {
+  double part[2], sums[2];
+  NEWT_CHECK(model_par_grads(p, c, inputs, targets, count, part));
+  NEWT_CHECK(sum_world(c, part, sums));
+  return model_par_apply(p, c, sums, info);
 }

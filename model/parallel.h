@@ -183,10 +183,11 @@ typedef struct model_par {
   int nacts;
   model_scratch scratch;
   float *ce;              /* vocab-parallel cross-entropy: 3 floats per token */
-  /* the end of a step: rec is this rank's record (squared gradients and loss as doubles,
-   * then up to 64 control values), rec_all every rank's (all-gathered), host_rec the host
-   * staging it is downloaded into; loss_acc sums the token losses of the micro-batches */
-  void *rec, *rec_all, *host_rec;
+  /* the end of a step: rec is this rank's totals (squared gradients and loss, as doubles),
+   * host_rec the host staging they are downloaded into; loss_acc sums the token losses of
+   * the micro-batches */
+  void *rec, *host_rec;
+  double t_step;          /* when the step began (model_par_grads) */
   double *loss_acc;
   float *gather[2];       /* ZeRO 3: two buckets' parameters */
   int gathered[2];        /* the unit each holds (-1: none) */
@@ -204,21 +205,6 @@ newt_result_t model_par_alloc(model_par *p, const model_train_config *cfg, const
 newt_result_t model_par_init_weights(model_par *p);
 void model_par_free(model_par *p);
 
-/* Options of one step. */
-typedef struct model_par_step_opts {
-  /* up to 64 values summed over every rank of the world in the collective that ends the step,
-   * before the update (a worker's leave and switch flags); updated in place. */
-  float *ctl;
-  int nctl;
-  /* Called once the collective that ends the step succeeded, before anything is updated
-   * (may be NULL): every rank of the layout then finished the previous step, p.step, which
-   * is committed; what a caller keeps of the state now (a snapshot to roll back to) is a
-   * state no rank will need anything older than. An error it returns fails the step with
-   * nothing updated. */
-  newt_result_t (*on_commit)(void *arg);
-  void *arg;
-} model_par_step_opts;
-
 /* One optimizer step over the global batch. inputs and targets are this data-parallel
  * rank's slice of it ((count, T) each; count from model_batch_slice(cfg.batch, dp_rank,
  * dp)); every rank of the pipeline passes the same slice (stage 0 reads the inputs, the
@@ -226,14 +212,23 @@ typedef struct model_par_step_opts {
  * the step number, the mean loss over the global batch and the gradient norm (the same on
  * every rank), lr, tokens and ms.
  *
- * A failed collective returns its error. When the error came before the collective that
- * ends the step, nothing was updated (step unchanged); after it (ZeRO 1/2's parameter
- * all-gather), the step was applied, p.step advanced, and params_stale says the full
- * parameters are not to be used: model_par_pieces then lists the owned chunks, and the
- * next step on a healthy communicator gathers them again first. */
+ * In two halves, for a caller that agrees on the step between them (libnewt's
+ * newt_step_commit): model_par_grads runs the schedule (forward, backward, the gradients
+ * reduced over the data-parallel group) and gives this rank's part of the step's totals,
+ * its squared gradients (each element of the model counted once across the layout) and its
+ * loss sum, as two doubles in host memory; summed over the world's ranks in rank order
+ * (bitwise the same everywhere), model_par_apply clips, updates and advances p.step.
+ * model_par_step is the two with that sum between them, over c's world.
+ *
+ * A failed collective returns its error. When the error came before the update, nothing
+ * was updated (step unchanged); after it (ZeRO 1/2's parameter all-gather), the step was
+ * applied, p.step advanced, and params_stale says the full parameters are not to be used:
+ * the next step on a healthy communicator gathers them again first. */
+newt_result_t model_par_grads(model_par *p, const model_par_comms *c, const int32_t *inputs,
+                              const int32_t *targets, int count, double part[2]);
+newt_result_t model_par_apply(model_par *p, const model_par_comms *c, const double sums[2], model_step_info *info);
 newt_result_t model_par_step(model_par *p, const model_par_comms *c, const int32_t *inputs,
-                             const int32_t *targets, int count, model_par_step_opts *opts,
-                             model_step_info *info);
+                             const int32_t *targets, int count, model_step_info *info);
 
 /* Bytes this rank holds: *state (parameters, gradients, shards, moments, ZeRO-3 working
  * buffers) and *acts (activations of the micro-batches in flight, scratch). */
@@ -243,11 +238,15 @@ void model_par_memory(const model_par *p, size_t *state, size_t *acts);
 
 typedef enum model_par_kind { MODEL_PAR_PARAM = 0, MODEL_PAR_ADAM_M, MODEL_PAR_ADAM_V } model_par_kind;
 
+/* The moments' tensors are named after their weight's: "adam.m/h.0.attn.qkv.w". */
+#define MODEL_PAR_NAME_M "adam.m/"
+#define MODEL_PAR_NAME_V "adam.v/"
+
 typedef struct model_par_piece {
   model_par_kind kind;
   const model_tensor *tensor; /* the global tensor (in model_par.global) */
-  newt_tensor_desc desc;      /* the checkpoint's tensor: the weight's name, or
-                                 MODEL_CKPT_ADAM_M / MODEL_CKPT_ADAM_V + it (model/checkpoint.h);
+  newt_tensor_desc desc;      /* the tensor: the weight's name, or MODEL_PAR_NAME_M /
+                                 MODEL_PAR_NAME_V + it;
                                  F32; the global shape */
   newt_slice slice;           /* the box this rank holds (tensor and pipeline parallelism),
                                  narrowed to a range of its row-major order (ZeRO chunks) */
@@ -256,12 +255,17 @@ typedef struct model_par_piece {
   int primary;                /* 1 for exactly one copy of each element across the layout
                                  (tp rank 0 for replicated tensors, the first stage for wte,
                                  dp rank 0 for data-parallel replicas): the copy to save */
+  int derived;                /* ZeRO 1/2's full parameters: rebuilt after each update from the
+                                 ranks' owned chunks (listed as pieces of their own), so a
+                                 state is whole without them (never primary) */
 } model_par_piece;
 
-/* Every piece this rank holds: parameters, then the m and v moments. *out is one malloc'd
- * block (names included; desc.name points into it): free(*out) when done. The pointers are
+/* Every piece this rank holds: parameters (with ZeRO 1/2 the owned chunks, and the full
+ * parameters as derived pieces), then the m and v moments. *out is one malloc'd block
+ * (names included; desc.name points into it): free(*out) when done. The pointers are
  * memory of p.dev (host memory only when model_dev_host_visible) and stay valid until
- * model_par_free. After writing pieces to restore, set p.step and p.opt.t. */
+ * model_par_free. After writing pieces to restore, set p.step and p.opt.t, and clear
+ * params_stale when the full parameters were written too. */
 newt_result_t model_par_pieces(const model_par *p, model_par_piece **out, size_t *n);
 
 #endif

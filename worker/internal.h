@@ -1,12 +1,19 @@
-/* The worker's state, shared by its files. Arrows go one way, from the top:
+/* libnewt's core: one process as a worker of a job (include/newt.h is the public face,
+ * api.c its argument checks). The state shared by its files; arrows go one way, from the top:
  *
- *   worker.c    life: setup, the plan watch, waiting for plans, generations, the step loop
- *   save.c      the periodic checkpoints of a generation (uses publish.c for the pointer)
- *   state.c     the training state: restore (memory, peers, checkpoint, seed), the pre-step
- *               snapshot, the ZeRO shard replica, a leaver's hand-over (uses reshard.c)
+ *   api.c       the public functions: checks and handles, then the calls below
+ *   worker.c    life: joining, the plan watch, waiting for plans, generations, the step
+ *               protocol (begin, commit, end), leaving, finishing
+ *   state.c     the declared training state: restore (memory, peers, else the checkpoint
+ *               through save.c), the pre-update snapshot, the replica of the data-parallel
+ *               neighbour's unique parts, a leaver's hand-over (uses reshard.c)
+ *   save.c      the periodic checkpoints of a generation and reading them back (uses
+ *               publish.c for the pointer)
  *   publish.c   everything the worker writes to etcd (job/records.h), off the step's path
- *   reshard.c   moving pieces of a flat state between layouts (reshard.h)
- *   pinned.c    the pool of pinned host memory save.c and state.c stage through on a GPU */
+ *   reshard.c   moving parts of a state between layouts (reshard.h)
+ *   pinned.c    the pool of pinned host memory save.c and state.c stage through on a GPU
+ *   mem.c       the memory the state lives in: host memory, the CUDA runtime, or the
+ *               program's own (newt_memory) */
 #ifndef NEWT_WORKER_INTERNAL_H
 #define NEWT_WORKER_INTERNAL_H
 
@@ -21,34 +28,90 @@
 #include "job/plan.h"
 #include "job/records.h"
 #include "job/spec.h"
-#include "model/loader.h"
-#include "model/parallel.h"
-#include "model/train.h"
+#include "newt.h"
+#include "rendezvous/etcd.h"
+#include "common/sys.h"
 #include "rendezvous/rdzv.h"
 #include "worker/reshard.h"
-#include "worker/worker.h"
 
 #define WORKER_PUB_SLOTS 8
 
+typedef struct newt_ctx worker;
 typedef struct worker_pinned worker_pinned;
 
-/* A copy of some of a rank's pieces, of one step (state.c): its pre-step snapshot, or the
- * replica of its data-parallel neighbour's ZeRO shard. step -1: none. */
+/* The join's options, resolved (flags, then the environment, then the defaults); the
+ * strings are the worker's own copies. */
+typedef struct worker_opts {
+  rdzv_etcd_opts etcd;
+  const char *job, *id, *host, *addr;
+  int port;
+  int device;       /* the CUDA device; -1: the CPU */
+  void *cuda_stream;
+  int share_device; /* other workers that say so too may train on this GPU */
+  newt_memory memory; /* how the state's device memory is copied (filled for every device) */
+  int64_t spec_wait_ms;
+  const char *secret_file, *step_log, *metrics_addr, *termination_log;
+  int metrics_port;
+  int handle_signals;
+} worker_opts;
+
+/* A part of the declared state: a reshard piece (name, type, flags, shape, slice, data);
+ * WORKER_PART_DEVICE in its flags: data is memory of the worker's device. */
+#define WORKER_PART_DEVICE 0x100u
+typedef struct worker_part {
+  reshard_piece p;
+  int primary; /* this rank saves it (worked out at the restore) */
+  int unique;  /* no other rank holds it: the data-parallel neighbour keeps a copy */
+  int filled;  /* the restore filled it (an optional part may not be) */
+} worker_part;
+
+typedef struct worker_decl {
+  worker_part *parts;
+  size_t n, cap;
+} worker_decl;
+
+/* A copy of some of a rank's parts, of one step (state.c): its pre-update snapshot (memory
+ * of the device), or the replica of its data-parallel neighbour's unique parts (host
+ * memory). step -1: none. */
 typedef struct worker_copy {
   reshard_piece *pieces;
   size_t n;
-  model_dev *dev; /* the device data is memory of (the snapshot); NULL: host memory (the replica) */
-  float *data;
-  float *spare; /* the replica's second buffer: the next one is received there, and the two
-                   swap once it is whole, so a transfer cut short leaves the old one */
-  size_t len;
+  int on_device; /* data is device memory (the snapshot) */
+  char *data;
+  char *spare; /* the replica's second buffer: the next one is received there, and the two
+                  swap once it is whole, so a transfer cut short leaves the old one */
+  size_t bytes;
   int64_t step;
   int64_t spare_step; /* the step of the replica the spare holds since the last swap (the one
                          before the newest), -1 once the next transfer started writing it */
 } worker_copy;
 
-typedef struct worker {
-  const worker_opts *o;
+/* A group of a generation, as the program holds it: it outlives its generation (a stale
+ * handle is refused, never freed under the program). */
+#define WORKER_COMM_MAGIC 0x6e636f6du
+struct newt_comm {
+  uint32_t magic;
+  worker *w;
+  uint64_t generation;
+  comm_t *c;               /* NULL once the generation ended */
+  int own;                 /* the worker frees c at the generation's end (a split the program made) */
+  struct newt_comm *host;  /* its host-memory companion's handle (itself for a CPU group) */
+  struct newt_comm *next;  /* the worker's list of every handle */
+};
+
+typedef enum worker_phase {
+  PHASE_JOINED,  /* joined, not registered yet */
+  PHASE_WAITING, /* registered, waiting for a plan that names it a rank */
+  PHASE_BUILT,   /* a generation's groups are built: the program declares and restores */
+  PHASE_RUNNING, /* restored: steps */
+  PHASE_OVER     /* done, left or failed: only newt_finish */
+} worker_phase;
+
+typedef enum step_phase { STEP_IDLE, STEP_BEGUN, STEP_COMMITTED } step_phase;
+
+struct newt_ctx {
+  worker_opts o;
+  char *strings; /* the options' strings (one block) */
   char id[RDZV_NAME_MAX];
   char host[256];
   char addr[96]; /* ip:port of the data plane */
@@ -57,18 +120,9 @@ typedef struct worker {
   size_t job_secret_len;
   rdzv_etcd *etcd;
   newt_spec spec;
-  model_tokens tok;
-  model_loader ld;
-  model_train_config tcfg;
-  int have_tok;
-  model_dev *dev;      /* the device the trainer runs on (model/dev.h): a GPU with backend nccl */
-  int device;          /* its GPU ordinal (registered with the host); -1: none named */
-  model_par par;       /* this rank's part of the model for the current layout (state.c) */
-  int have_par;
-  int has_state;       /* par holds a whole training state (of step par.step) */
-  model_par_comms comms; /* the current generation's groups */
-  worker_copy snap, rep;
-  int32_t *inputs, *targets; /* this rank's slice of a step: at most the global batch */
+  char *spec_json;
+  int device;    /* the GPU ordinal (registered with the host); -1: none */
+  int device_set; /* newt_use_device was called (or not needed) */
   rdzv_registration *reg;
   rdzv_etcd_watch *plan_watch;
 
@@ -86,21 +140,51 @@ typedef struct worker {
   int pub_failing;     /* the publisher's last write failed (etcd away or full) */
   uint64_t pub_warned; /* monotonic ns it last said so */
   char pub_state[16]; /* a registration state to write ("" when none) */
-
   pthread_t pub_thread;
   int pub_running;
   atomic_int switch_pending; /* a newer plan asks to switch at the next step boundary */
   atomic_int build_cancel;   /* a newer plan came while a communicator was being built */
   atomic_int lease_lost;
+  atomic_int leave_asked;    /* newt_leave */
+
+  /* the generation: its plan, this rank in it, its groups */
+  worker_phase phase;
+  newt_plan plan;        /* valid from PHASE_BUILT */
+  const plan_rank *me;   /* in plan */
+  int tp_rank, dp_rank, pp_rank;
+  comm_t *all;           /* ranks and donors */
+  comm_t *train;         /* the ranks (all itself without donors) */
+  comm_t *tp, *dp, *pp;  /* NULL for a group of one */
+  newt_comm *comms;      /* every handle given out (all generations) */
+  newt_comm *h_world, *h_tp, *h_dp, *h_pp;
+
+  /* the state: declared for the generation, and the previous generation's (a source of the
+     restore, released by it) */
+  worker_decl decl, prev;
+  int has_state;      /* the state's declaration holds a whole state of live_step */
+  int state_in_decl;  /* that declaration is decl (restored), else prev (decl being made) */
+  int64_t live_step;  /* steps the declared state has done */
+  int derived_stale;  /* the last step's post-update collectives failed: derived parts stale */
+  int whole;          /* every rank holds everything: no copies needed */
+  worker_copy snap, rep;
+  newt_doc_write_fn doc_write;
+  newt_doc_check_fn doc_check;
+  void *doc_arg;
+
+  /* the step */
+  step_phase step;
+  int64_t step_first, step_count;
+  int leave_agreed, switch_agreed; /* what the last commit's sums said */
+  int first_step_of_gen;
+  double t_last;           /* when the last step ended (s, monotonic) */
+  newt_next over;          /* PHASE_OVER: how */
 
   /* this generation's timings (wall ms) and where its state came from */
   uint64_t t_plan_seen, t_comm, t_restore, t_first_step, t_detect, progress_ms;
   char restore_src[8];
   int64_t restore_step;
-  int64_t done_step; /* the newest step this rank completed (applied, and with ZeRO its shard
-                        copied to the next rank); a failed step may have advanced par.step */
-  int64_t committed_step; /* the newest step every rank completed, as far as this rank knows
-                             (the end of the next step's collective says so) */
+  int64_t done_step;      /* the newest step this rank completed */
+  int64_t committed_step; /* the newest step every rank completed, as far as this rank knows */
   double last_loss;
   FILE *sample_log; /* NEWT_SAMPLE_LOG_DIR: the samples of every step, for tests */
   int step_log_fd;  /* --step-log, appended to while rank 0 (-1: none) */
@@ -111,64 +195,109 @@ typedef struct worker {
                               started after the generation's first step */
   int stage_filling;       /* that thread runs (joined before a save begins) */
   pthread_t stage_fill;
-  worker_pinned *pinned; /* host staging of a device the host cannot touch (pinned.c); NULL: none yet */
+  worker_pinned *pinned; /* host staging of device memory the host cannot touch (pinned.c) */
   int64_t ckpt_failed_step, ckpt_published;
   int leave_announced;
   struct metrics *metrics;          /* --metrics-port (NULL: none) */
   _Atomic uint64_t step_started;    /* monotonic ns the step under way began (0: none) */
   int failed;                       /* the leader gave up on the job (the failed record) */
   char failed_why[JOB_TEXT_MAX];
-} worker;
+  job_end end;                      /* how it ended (newt_finish) */
+};
 
-/* Checkpoints (save.c): a saver per generation; a save after each step that is a multiple
- * of spec.ckpt.every (every rank its primary pieces, rank 0 commits). */
-newt_result_t worker_ckpt_generation(worker *w, const newt_plan *p, const plan_rank *me);
-newt_result_t worker_ckpt_step(worker *w, const newt_plan *p, const plan_rank *me);
+/* --- life (worker.c) ----------------------------------------------------------------------- */
+
+/* Joins: the spec, the data-plane socket, metrics; not registered yet. */
+newt_result_t worker_join(worker *w);
+newt_result_t worker_begin(worker *w, newt_batch *b, newt_next *next);
+newt_result_t worker_commit(worker *w, const double *values, double *sums, int n);
+newt_result_t worker_end(worker *w, const newt_step_result *r);
+/* After a restore: the generation runs (its saver, the step log's last line). */
+newt_result_t worker_restored(worker *w);
+/* Ends the worker's part; the exit status. Frees w. */
+int worker_finish(worker *w, newt_result_t r);
+/* The handle of a group of the running generation. */
+newt_comm *worker_comm_handle(worker *w, comm_t *c, int own);
+
+/* --- checkpoints (save.c) -------------------------------------------------------------------- */
+
+/* A saver per generation; a save after each step that is a multiple of spec.ckpt.every
+ * (every rank its primary parts, rank 0 commits). */
+newt_result_t worker_ckpt_generation(worker *w);
+newt_result_t worker_ckpt_step(worker *w);
 void worker_ckpt_free(worker *w);
+/* Every rank reads its own parts of the newest checkpoint that reads back whole; they
+ * check they read one step. NEWT_ERR_NOTFOUND when there is none. */
+newt_result_t worker_ckpt_load(worker *w, comm_t *c, int64_t *step);
 
-/* The training state (state.c): makes the newest whole state the state of every rank of
- * p under layout pc (resharding in memory, else the checkpoint, else the seed); the
- * pre-step snapshot; the replica of the data-parallel neighbour's ZeRO shard. The trainer's
- * pieces are memory of w->dev: the snapshot stays there (device-to-device copies), the
- * replica is host memory, and resharding, checkpoints and the replica's transfers go
- * through host staging unless the device's memory is the host's (model_dev_host_visible). */
-newt_result_t worker_restore(worker *w, comm_t *c, const newt_plan *p, const model_par_config *pc);
+/* --- the state (state.c) --------------------------------------------------------------------- */
+
+newt_result_t worker_declare(worker *w, const reshard_piece *p);
+/* Makes the newest whole state the state of every rank of the generation. */
+newt_result_t worker_restore(worker *w, newt_restore_info *out);
 newt_result_t worker_snapshot(worker *w);
 newt_result_t worker_replicate(worker *w);
 /* A leaving rank's part of the restore: it gives what it holds and needs nothing. */
 newt_result_t worker_donate(worker *w, comm_t *c);
+void worker_decl_free(worker_decl *d);
 void worker_state_free(worker *w);
 
-/* Pinned host memory (pinned.c): a pool of model_dev_host_alloc blocks of one device, kept
- * when given back and handed out again (the smallest free block that fits), so a GPU
- * worker pins its staging once per run, not per generation or recovery. Thread-safe. */
+/* --- memory (mem.c) ---------------------------------------------------------------------------- */
+
+/* The built-in memories: the host's (data is host memory) and, with CUDA, the runtime's on
+ * a stream of one device. */
+void worker_mem_host(newt_memory *m);
+newt_result_t worker_mem_cuda(newt_memory *m, int device, void *stream);
+void worker_mem_release(newt_memory *m);
+/* GPUs this process can use (0 without CUDA, a driver or a GPU). */
+int worker_cuda_count(void);
+/* Queues a copy (kind 0 device to device, 1 device to host, 2 host to device). */
+static inline void worker_mem_copy(const newt_memory *m, void *dst, const void *src, size_t bytes, int kind) {
+  m->copy(m->ctx, dst, src, bytes, kind);
+}
+static inline newt_result_t worker_mem_sync(const newt_memory *m) { return m->sync(m->ctx); }
+
+/* --- pinned host memory (pinned.c) ---------------------------------------------------------- */
+
+/* A pool of host_alloc blocks of one memory, kept when given back and handed out again
+ * (the smallest free block that fits), so a GPU worker pins its staging once per run, not
+ * per generation or recovery. Thread-safe. */
 typedef struct worker_pinned_stats {
-  uint64_t allocs; /* model_dev_host_alloc calls made */
+  uint64_t allocs; /* host_alloc calls made */
   uint64_t reused; /* requests a kept block met */
   size_t blocks, bytes; /* held now (in use or free) */
 } worker_pinned_stats;
-newt_result_t worker_pinned_init(worker_pinned **out, model_dev *dev);
+newt_result_t worker_pinned_init(worker_pinned **out, const newt_memory *mem);
 /* At least bytes of host memory of the pool's device, aligned to CKPT_STAGING_ALIGN. */
 newt_result_t worker_pinned_get(worker_pinned *p, size_t bytes, void **out);
 /* 1 when a free block of at least bytes is kept (a get of it allocates nothing). */
 int worker_pinned_has(worker_pinned *p, size_t bytes);
-/* Makes the pool keep a free block of at least bytes (allocating it, outside the pool's lock,
- * unless one is kept), so that a later get of that size allocates nothing; any thread. */
+/* Makes the pool keep a free block of at least bytes, so that a later get of that size
+ * allocates nothing; any thread. */
 newt_result_t worker_pinned_reserve(worker_pinned *p, size_t bytes);
 /* Gives a block back to the pool (NULL: nothing). */
 void worker_pinned_put(worker_pinned *p, void *ptr);
 void worker_pinned_stats_get(worker_pinned *p, worker_pinned_stats *st);
-/* Frees the blocks (before the device is closed; a block still in use is left alone). */
+/* Frees the blocks (a block still in use is left alone). */
 void worker_pinned_free(worker_pinned *p);
 /* ckpt_saver_opts.staging_alloc / staging_free over a pool (ctx: the worker_pinned). */
 void *worker_pinned_staging_alloc(void *ctx, size_t bytes);
 void worker_pinned_staging_free(void *ctx, void *ptr);
-/* The worker's pool, made on first use for dev (its device). */
-newt_result_t worker_pinned_of(worker *w, model_dev *dev, worker_pinned **out);
+/* The worker's pool, made on first use. */
+newt_result_t worker_pinned_of(worker *w, worker_pinned **out);
+/* Host staging of the worker's device memory, from its pool (given back with
+ * worker_stage_release; NULL: nothing). */
+newt_result_t worker_stage_get(worker *w, size_t bytes, void **out);
+void worker_stage_release(worker *w, void *stage);
+
+/* 1 when the worker is asked to leave (a signal it handles, or newt_leave). */
+static inline int worker_stop_asked(worker *w) {
+  return atomic_load(&w->leave_asked) || (w->o.handle_signals && newt_stop_requested());
+}
 
 /* The data cursor: samples consumed by the steps done. */
 static inline uint64_t worker_cursor(const worker *w) {
-  return (uint64_t)w->par.step * (uint64_t)w->spec.global_batch;
+  return (uint64_t)w->live_step * (uint64_t)w->spec.global_batch;
 }
 
 /* Waits on the worker's condition variable for at most ms (called with mu held). */
@@ -195,14 +324,14 @@ void worker_publisher_stop(worker *w);
 newt_result_t worker_set_state(worker *w, const char *state);
 void worker_set_state_async(worker *w, const char *state);
 /* A failed generation (hang: no progress by the deadline; else a crash; build: it never
- * formed), whom it lost (none: it cannot tell) and why; queued for the publisher, which writes it at once on the
- * registration lease (or when etcd answers again). */
+ * formed), whom it lost (none: it cannot tell) and why; queued for the publisher, which
+ * writes it at once on the registration lease (or when etcd answers again). */
 void worker_report(worker *w, const newt_plan *p, int hang, int build, const char *const *accused, int naccused,
                    const char *why);
-/* The acknowledgement of p (after its first step), progress (at most every
+/* The acknowledgement of the generation (after its first step), progress (at most every
  * NEWT_PROGRESS_MS, and always the last step), the newest committed checkpoint. */
-void worker_publish_ack(worker *w, const newt_plan *p, const plan_rank *me);
-void worker_publish_progress(worker *w, const newt_plan *p, double loss, double tps);
+void worker_publish_ack(worker *w);
+void worker_publish_progress(worker *w, double loss, double tps, int64_t step_tokens);
 void worker_publish_ckpt(worker *w, int64_t step, int64_t bytes, int64_t save_ms, double stall_ms);
 /* The end marker (rank 0 after the last step), written at once. */
 void worker_mark_done(worker *w, double loss);

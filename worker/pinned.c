@@ -1,7 +1,7 @@
-/* The worker's pinned host memory: a pool of model_dev_host_alloc blocks of its device
+/* The worker's pinned host memory: a pool of blocks of its memory's host_alloc
  * (cudaMallocHost on a GPU), for the staging that device-to-host copies land in or
  * host-to-device copies leave from: the checkpoint saver's staging (save.c) and the
- * restore's (state.c). On the CPU device only the saver's staging comes from it (plain
+ * restore's (state.c). With host memory only the saver's staging comes from it (plain
  * host memory with its pages touched; the state moves there are zero-copy): so that a new
  * generation's first checkpoint does not stall the step allocating and faulting in its
  * staging again.
@@ -15,9 +15,9 @@
  * smaller than it back to the device first, so outgrown blocks do not pile up.
  *
  * Sizes are rounded up to POOL_GRAIN so that requests a little apart share blocks. The
- * blocks are model_dev_host_alloc's as they come, aligned to 64 bytes at least (model/dev.h),
- * which is what the checkpoint saver needs (CKPT_STAGING_ALIGN). The pool is freed with the
- * worker's state, before its device is closed. Every call takes the pool's mutex: blocks
+ * blocks are host_alloc's as they come, aligned to 64 bytes at least (newt_memory's promise,
+ * what the checkpoint saver needs: CKPT_STAGING_ALIGN). The pool is freed with the worker's
+ * state, before its device is closed. Every call takes the pool's mutex: blocks
  * may be given back from any thread. */
 #include <pthread.h>
 #include <stdint.h>
@@ -30,23 +30,23 @@
 #define POOL_GRAIN ((size_t)64 << 10)
 
 typedef struct pblock {
-  void *p;    /* from model_dev_host_alloc */
+  void *p;    /* from the memory's host_alloc */
   size_t cap; /* its bytes */
   int used;
 } pblock;
 
 struct worker_pinned {
-  model_dev *dev;
+  newt_memory mem; /* the worker's: its host_alloc gives the blocks */
   pthread_mutex_t mu;
   pblock *blocks;
   size_t n, cap;
   worker_pinned_stats st;
 };
 
-newt_result_t worker_pinned_init(worker_pinned **out, model_dev *dev) {
+newt_result_t worker_pinned_init(worker_pinned **out, const newt_memory *mem) {
   worker_pinned *p = calloc(1, sizeof *p);
   NEWT_CHECK_ALLOC(p);
-  p->dev = dev;
+  p->mem = *mem;
   pthread_mutex_init(&p->mu, NULL);
   *out = p;
   return NEWT_OK;
@@ -57,7 +57,7 @@ static void drop_outgrown(worker_pinned *p, size_t bytes) {
   size_t k = 0;
   for (size_t i = 0; i < p->n; i++) {
     if (!p->blocks[i].used && p->blocks[i].cap < bytes) {
-      model_dev_host_free(p->dev, p->blocks[i].p);
+      p->mem.host_free(p->mem.ctx, p->blocks[i].p);
       p->st.bytes -= p->blocks[i].cap;
       continue;
     }
@@ -107,13 +107,13 @@ newt_result_t worker_pinned_reserve(worker_pinned *p, size_t bytes) {
   size_t want = grain(bytes);
   if (worker_pinned_has(p, want)) return NEWT_OK;
   void *mem = NULL; /* pinned outside the lock: the pool serves its users meanwhile */
-  NEWT_CHECK(model_dev_host_alloc(p->dev, want, &mem));
+  NEWT_CHECK(p->mem.host_alloc(p->mem.ctx, want, &mem));
   pthread_mutex_lock(&p->mu);
   drop_outgrown(p, want); /* as a get that no free block fits does */
   newt_result_t r = table_room(p);
   if (r == NEWT_OK) add_block(p, mem, want, 0);
   pthread_mutex_unlock(&p->mu);
-  if (r != NEWT_OK) model_dev_host_free(p->dev, mem);
+  if (r != NEWT_OK) p->mem.host_free(p->mem.ctx, mem);
   return r;
 }
 
@@ -130,7 +130,7 @@ newt_result_t worker_pinned_get(worker_pinned *p, size_t bytes, void **out) {
   } else {
     drop_outgrown(p, want);
     void *mem = NULL;
-    if ((r = table_room(p)) == NEWT_OK && (r = model_dev_host_alloc(p->dev, want, &mem)) == NEWT_OK) {
+    if ((r = table_room(p)) == NEWT_OK && (r = p->mem.host_alloc(p->mem.ctx, want, &mem)) == NEWT_OK) {
       add_block(p, mem, want, 1);
       *out = mem;
     }
@@ -163,7 +163,7 @@ void worker_pinned_free(worker_pinned *p) {
       NEWT_ERROR(WORKER, "pinned pool freed with a block of %zu bytes in use (not freed)", p->blocks[i].cap);
       continue;
     }
-    model_dev_host_free(p->dev, p->blocks[i].p);
+    p->mem.host_free(p->mem.ctx, p->blocks[i].p);
   }
   free(p->blocks);
   pthread_mutex_destroy(&p->mu);
@@ -183,8 +183,20 @@ void *worker_pinned_staging_alloc(void *ctx, size_t bytes) {
 
 void worker_pinned_staging_free(void *ctx, void *ptr) { worker_pinned_put(ctx, ptr); }
 
-newt_result_t worker_pinned_of(worker *w, model_dev *dev, worker_pinned **out) {
-  if (!w->pinned) NEWT_CHECK(worker_pinned_init(&w->pinned, dev));
+newt_result_t worker_pinned_of(worker *w, worker_pinned **out) {
+  if (!w->pinned) NEWT_CHECK(worker_pinned_init(&w->pinned, &w->o.memory));
   *out = w->pinned;
   return NEWT_OK;
+}
+
+newt_result_t worker_stage_get(worker *w, size_t bytes, void **out) {
+  worker_pinned *pool = NULL;
+  *out = NULL;
+  NEWT_CHECK(worker_pinned_of(w, &pool));
+  newt_result_t r = worker_pinned_get(pool, bytes, out);
+  return r == NEWT_OK ? NEWT_OK : newt_err_wrap(r, "staging %zu bytes of the state on the host: ", bytes);
+}
+
+void worker_stage_release(worker *w, void *stage) {
+  if (stage) worker_pinned_put(w->pinned, stage);
 }

@@ -41,7 +41,7 @@ newt_result_t worker_register(worker *w) {
   snprintf(reg.host, sizeof reg.host, "%s", w->host);
   snprintf(reg.addr, sizeof reg.addr, "%s", w->addr);
   reg.device = w->device;
-  reg.shares_device = w->o->share_device;
+  reg.shares_device = w->o.share_device;
   snprintf(reg.state, sizeof reg.state, "joining");
   reg.pid = getpid();
   reg.generation = (int64_t)w->gen;
@@ -50,8 +50,8 @@ newt_result_t worker_register(worker *w) {
      a restart or a lost lease: retry until it is gone; etcd away: wait for it */
   newt_deadline_t d = newt_deadline_in_ms(2 * w->spec.lease_ttl_ms + 5000);
   for (;;) {
-    newt_result_t r = rdzv_register(w->etcd, w->o->job, &reg, ttl_s, on_lease_lost, w, job_call_deadline(), &w->reg);
-    if (r == NEWT_OK || newt_stop_requested()) return r;
+    newt_result_t r = rdzv_register(w->etcd, w->o.job, &reg, ttl_s, on_lease_lost, w, job_call_deadline(), &w->reg);
+    if (r == NEWT_OK || worker_stop_asked(w)) return r;
     if (r == NEWT_ERR_CONFLICT && newt_deadline_passed(d)) return r;
     if (r != NEWT_ERR_CONFLICT && !rdzv_etcd_transient(r)) return r;
     if (rdzv_etcd_transient(r)) {
@@ -95,7 +95,7 @@ static void *publisher(void *arg) {
   while (!w->pub_stop) {
     if (atomic_load(&w->lease_lost) && w->reg) {
       pthread_mutex_unlock(&w->mu);
-      newt_result_t r = rdzv_registration_renew(w->reg, w->o->job, job_call_deadline());
+      newt_result_t r = rdzv_registration_renew(w->reg, w->o.job, job_call_deadline());
       pthread_mutex_lock(&w->mu);
       if (r == NEWT_OK) {
         atomic_store(&w->lease_lost, 0);
@@ -206,7 +206,7 @@ void worker_set_state_async(worker *w, const char *state) {
  * queued). */
 static void publish_record(worker *w, job_record rec, uint64_t generation, char *value, int on_lease) {
   char key[256];
-  if (value && job_key(key, sizeof key, w->o->job, rec, generation, w->id) == NEWT_OK)
+  if (value && job_key(key, sizeof key, w->o.job, rec, generation, w->id) == NEWT_OK)
     publish(w, key, value, on_lease);
   else
     free(value);
@@ -226,22 +226,23 @@ void worker_report(worker *w, const newt_plan *p, int hang, int build, const cha
             hang ? "hang" : "crash", why);
 }
 
-void worker_publish_ack(worker *w, const newt_plan *p, const plan_rank *me) {
+void worker_publish_ack(worker *w) {
   if (!w->reg) return;
-  job_ack a = {.rank = me->rank, .t_plan = w->t_plan_seen, .t_comm = w->t_comm, .t_restore = w->t_restore,
+  job_ack a = {.rank = w->me->rank, .t_plan = w->t_plan_seen, .t_comm = w->t_comm, .t_restore = w->t_restore,
                .t_step = w->t_first_step, .restore_step = w->restore_step};
   snprintf(a.restore, sizeof a.restore, "%s", w->restore_src);
-  publish_record(w, JOB_REC_ACK, p->generation, job_ack_to_json(&a), 1);
+  publish_record(w, JOB_REC_ACK, w->plan.generation, job_ack_to_json(&a), 1);
 }
 
-void worker_publish_progress(worker *w, const newt_plan *p, double loss, double tps) {
+void worker_publish_progress(worker *w, double loss, double tps, int64_t step_tokens) {
   uint64_t now = newt_wall_ms();
-  if (now - w->progress_ms < (uint64_t)newt_param_ProgressMs() && w->par.step < w->spec.steps) return;
+  if (now - w->progress_ms < (uint64_t)newt_param_ProgressMs() && w->live_step < w->spec.steps) return;
   w->progress_ms = now;
-  job_progress pr = {.generation = p->generation, .step = w->par.step, .committed = w->committed_step,
+  const newt_plan *p = &w->plan;
+  job_progress pr = {.generation = p->generation, .step = w->live_step, .committed = w->committed_step,
                      .loss = loss, .tokens_per_s = tps,
                      .world = p->nranks, .dp = p->dp, .t_ms = now,
-                     .step_tokens = p->global_batch * (int64_t)w->tcfg.seq_len};
+                     .step_tokens = step_tokens};
   publish_record(w, JOB_REC_PROGRESS, 0, job_progress_to_json(&pr), 0);
 }
 
@@ -252,10 +253,10 @@ void worker_publish_ckpt(worker *w, int64_t step, int64_t bytes, int64_t save_ms
 }
 
 void worker_mark_done(worker *w, double loss) {
-  job_done d = {.step = w->par.step, .loss = loss, .t_ms = newt_wall_ms(), .samples = worker_cursor(w)};
+  job_done d = {.step = w->live_step, .loss = loss, .t_ms = newt_wall_ms(), .samples = worker_cursor(w)};
   char *val = job_done_to_json(&d);
   char key[256];
-  if (!val || job_key(key, sizeof key, w->o->job, JOB_REC_DONE, 0, NULL) != NEWT_OK) {
+  if (!val || job_key(key, sizeof key, w->o.job, JOB_REC_DONE, 0, NULL) != NEWT_OK) {
     free(val);
     return;
   }
@@ -265,7 +266,7 @@ void worker_mark_done(worker *w, double loss) {
   for (;;) {
     newt_result_t r = rdzv_etcd_put(w->etcd, key, val, strlen(val), 0, job_call_deadline(), NULL);
     if (r == NEWT_OK) break;
-    if (!rdzv_etcd_transient(r) || newt_deadline_passed(until) || newt_stop_requested()) {
+    if (!rdzv_etcd_transient(r) || newt_deadline_passed(until) || worker_stop_asked(w)) {
       NEWT_WARN(WORKER, "%s: marking the job done: %s", w->id, newt_errmsg());
       break;
     }

@@ -52,7 +52,7 @@ static void to_wire(const reshard_piece *p, wire_piece *w) {
   snprintf(w->name, sizeof w->name, "%s", p->name);
   w->step = p->step;
   w->dtype = p->dtype;
-  w->flags = p->flags;
+  w->flags = p->flags & ~RESHARD_LOCAL_MASK;
   w->ndim = p->ndim;
   for (int i = 0; i < p->ndim; i++) {
     w->shape[i] = p->shape[i];
@@ -377,11 +377,12 @@ static newt_result_t tensor_roles(const entry *e, size_t a, size_t b, int me, re
   if (ro->check && sum != total)
     return NEWT_ERR(NEWT_ERR_INVALID, "tensor \"%s\" (%lld elements): the ranks' parts do not tile it: %lld elements are "
                     "declared by no rank", t->name, (long long)total, (long long)(total - sum));
-  for (size_t i = a; ro->unique && i < b; i++) { /* a part of this rank nobody else holds */
+  for (size_t i = a; ro->unique && i < b; i++) { /* a part of this rank nobody else (of its group) holds */
     if (e[i].rank != me) continue;
     int alone = 1;
     for (size_t k = a; k < b && alone; k++)
-      alone = e[k].rank == me || overlap(e[i].p, e[k].p) != numel(e[i].p);
+      alone = e[k].rank == me || (ro->group && ro->group[e[k].rank] != ro->group[me]) ||
+              overlap(e[i].p, e[k].p) != numel(e[i].p);
     ro->unique[e[i].idx] = alone;
   }
   return NEWT_OK;

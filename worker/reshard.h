@@ -29,6 +29,7 @@
                                it does not count toward covering a step */
 #define RESHARD_DERIVED 2u  /* rebuilt by the program from other pieces (ZeRO 1/2's full parameters): a
                                need like any other, never the copy to save */
+#define RESHARD_LOCAL_MASK 0xff00u /* bits the caller keeps for itself: never sent, never read here */
 
 typedef struct reshard_piece {
   char name[RESHARD_NAME_MAX]; /* global tensor ("h.0.attn.qkv.w", "adam.m/h.0.attn.qkv.w") */
@@ -64,8 +65,10 @@ typedef struct reshard_roles {
                     every rank, naming the tensor and the ranks */
   int *primary;  /* 1 where this rank is the one to save the part: the lowest rank among the
                     ranks needing it, it not inside another part, and not derived */
-  int *unique;   /* 1 where no other rank needs this part or one containing it (a ZeRO shard, a
-                    tensor-parallel slice without a data-parallel replica) */
+  int *unique;   /* 1 where no other rank of this rank's group needs this part or one containing
+                    it (a ZeRO shard within its data-parallel group) */
+  const int *group; /* [ranks of c]: each rank's group (NULL: one group of all); a rank of
+                       group -1 (a donor) holds nothing that counts */
   int *filled;   /* 1 where the need was filled (an optional one may not be) */
   int whole;     /* out: every rank needs every (non-optional) tensor whole: plain data
                     parallelism, where the newest state always wins and no copy is needed */

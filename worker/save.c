@@ -1,34 +1,47 @@
-/* The worker's checkpoints: saved every spec.ckpt.every steps, every rank writing the
- * pieces of the weights and moments it holds the primary copy of (model_par_pieces: each
+/* The worker's checkpoints: saved every spec.ckpt.every steps, every rank writing the parts
+ * of the declared state it holds the primary copy of (worked out at the restore: each
  * element once across the layout), in the background; rank 0 commits once every rank's
- * shard is in. Any layout loads them back (state.c reads each rank's own pieces).
+ * shard is in, with the state document: {"step", "cursor", then the program's own fields
+ * (newt_state_document)}. Any layout loads them back (worker_ckpt_load: each rank its own
+ * parts, after the program's check of the document).
  *
  * A save in flight belongs to one generation (its attempt is the generation): when the
  * next plan drops a failed rank it can never complete, so it is aborted and the previous
  * checkpoint stays the newest; after a switch at a step boundary (everyone alive) it is
  * allowed to finish first.
  *
- * On a device the host cannot touch (a GPU) the pieces are downloaded into the saver's
- * staging: every piece's copy is queued (model_dev_download_async) and one model_dev_sync
- * waits for them all, so the step loop stalls for one wait on the copies, not one per
- * piece. On the CPU device the saver's own snapshot copies the pieces. Either way the
- * staging is memory of the worker's pool (pinned.c; pinned on a GPU, so the copies run at
- * the copy engine's speed): a new generation's saver takes the blocks the last one gave
- * back, sized up front for this layout's primary pieces when the pool holds them. When it
- * does not (a worker's first generation, or a larger layout), a thread started after the
- * generation's first step -- off the path of a recovery -- reserves that staging in the pool
- * while training goes on, in one block, and a save waits for it only if it is due first:
- * pinning gigabytes takes the better part of a second, which the step loop does not pay. */
+ * Device memory is downloaded into the saver's staging: every part's copy is queued and one
+ * sync waits for them all, so the step waits for one wait on the copies, not one per part.
+ * Host memory is copied by the saver itself. Either way the staging is memory of the
+ * worker's pool (pinned.c; pinned on a GPU, so the copies run at the copy engine's speed):
+ * a new generation's saver takes the blocks the last one gave back, sized up front for this
+ * layout's primary parts when the pool holds them. When it does not (a worker's first
+ * generation, or a larger layout), a thread started after the generation's first step --
+ * off the path of a recovery -- reserves that staging in the pool while training goes on,
+ * in one block, and a save waits for it only if it is due first: pinning gigabytes takes
+ * the better part of a second, which the step does not pay. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/json.h"
 #include "common/log.h"
 #include "common/strutil.h"
-#include "model/checkpoint.h"
 #include "worker/internal.h"
 
 static int enabled(const worker *w) { return w->spec.ckpt_dir[0] && w->spec.ckpt_every > 0; }
+
+/* Bytes of the declared parts (primary_only: those this rank saves), each rounded up to
+ * align. */
+static size_t parts_bytes(const worker *w, int primary_only, size_t align) {
+  size_t total = 0;
+  for (size_t i = 0; i < w->decl.n; i++)
+    if (w->decl.parts[i].primary || !primary_only) {
+      size_t b = reshard_piece_bytes(&w->decl.parts[i].p);
+      total += (b + align - 1) / align * align;
+    }
+  return total;
+}
 
 /* The staging thread: reserves a layout's staging in the pool (worker_pinned_reserve). */
 typedef struct stage_fill_job {
@@ -61,7 +74,7 @@ static void start_staging(worker *w) {
   staging_filled(w);
   stage_fill_job *j = malloc(sizeof *j);
   if (!j) return; /* the save takes it */
-  *j = (stage_fill_job){w->pinned, model_ckpt_par_staging_bytes(&w->par), w->id};
+  *j = (stage_fill_job){w->pinned, parts_bytes(w, 1, CKPT_STAGING_ALIGN), w->id};
   w->stage_filling = pthread_create(&w->stage_fill, NULL, fill_staging, j) == 0;
   if (!w->stage_filling) free(j);
 }
@@ -78,37 +91,37 @@ static void end_saver(worker *w, int keep_going) {
   w->saver = NULL;
 }
 
-newt_result_t worker_ckpt_generation(worker *w, const newt_plan *p, const plan_rank *me) {
+newt_result_t worker_ckpt_generation(worker *w) {
   if (!enabled(w)) return NEWT_OK;
+  const newt_plan *p = &w->plan;
   end_saver(w, strcmp(p->switch_mode, "boundary") == 0); /* its staging goes back to the pool */
   char layout[160];
   snprintf(layout, sizeof layout, "{\"dp\":%d,\"tp\":%d,\"pp\":%d,\"zero\":%d,\"rank\":%d,\"generation\":%llu}", p->dp,
-           p->tp, p->pp, p->zero, me->rank, (unsigned long long)p->generation);
+           p->tp, p->pp, p->zero, w->me->rank, (unsigned long long)p->generation);
   ckpt_saver_opts so = {.dir = w->spec.ckpt_dir,
-                        .rank = me->rank,
+                        .rank = w->me->rank,
                         .nranks = p->nranks,
                         .threads = 2,
                         .level = w->spec.ckpt_level == 0 ? CKPT_LEVEL_RAW : (int)w->spec.ckpt_level,
                         .skip_if_busy = 1,
-                        .commit = me->rank == 0,
+                        .commit = w->me->rank == 0,
                         .keep = (int)w->spec.ckpt_keep,
                         .commit_timeout_ms = 120000,
                         .attempt = p->generation,
                         .layout_json = layout};
-  if (w->have_par) { /* staging from the pool: kept across generations, pinned on a GPU */
-    worker_pinned *pool = NULL;
-    NEWT_CHECK(worker_pinned_of(w, w->par.dev, &pool));
-    size_t need = model_ckpt_par_staging_bytes(&w->par);
-    /* taken now when the pool holds it; else reserved in the background after the first
-       step, not here: this is the path to the generation's first step (a recovery's time) */
-    int has = worker_pinned_has(pool, need);
-    so.staging_bytes = has ? need : 0;
-    so.staging_hint = need; /* the first save's staging in one block */
-    w->stage_fill_due = !has && need > 0;
-    so.staging_alloc = worker_pinned_staging_alloc;
-    so.staging_free = worker_pinned_staging_free;
-    so.staging_ctx = pool;
-  }
+  /* staging from the pool: kept across generations, pinned on a GPU */
+  worker_pinned *pool = NULL;
+  NEWT_CHECK(worker_pinned_of(w, &pool));
+  size_t need = parts_bytes(w, 1, CKPT_STAGING_ALIGN);
+  /* taken now when the pool holds it; else reserved in the background after the first step,
+     not here: this is the path to the generation's first step (a recovery's time) */
+  int has = worker_pinned_has(pool, need);
+  so.staging_bytes = has ? need : 0;
+  so.staging_hint = need; /* the first save's staging in one block */
+  w->stage_fill_due = !has && need > 0;
+  so.staging_alloc = worker_pinned_staging_alloc;
+  so.staging_free = worker_pinned_staging_free;
+  so.staging_ctx = pool;
   return ckpt_saver_init(&w->saver, &so);
 }
 
@@ -124,7 +137,67 @@ static int64_t ckpt_bytes(worker *w, int64_t step) {
   return bytes;
 }
 
-newt_result_t worker_ckpt_step(worker *w, const newt_plan *p, const plan_rank *me) {
+/* The part's tensor as the checkpoint names it. */
+static newt_tensor_desc part_desc(const reshard_piece *p) {
+  newt_tensor_desc t = {.name = p->name, .dtype = p->dtype, .ndim = p->ndim};
+  memcpy(t.shape, p->shape, sizeof t.shape);
+  return t;
+}
+
+/* Adds this rank's primary parts to the save begun: host memory as it is (the saver copies
+ * it at ckpt_save_end), device memory downloaded into the saver's staging, every copy queued
+ * and one wait (also after a failure: no copy may still be landing). */
+static newt_result_t add_parts(worker *w) {
+  newt_result_t r = NEWT_OK;
+  int queued = 0;
+  for (size_t i = 0; r == NEWT_OK && i < w->decl.n; i++) {
+    const worker_part *p = &w->decl.parts[i];
+    if (!p->primary) continue;
+    newt_tensor_desc t = part_desc(&p->p);
+    if (w->o.memory.host_visible || !(p->p.flags & WORKER_PART_DEVICE)) {
+      r = ckpt_save_add(w->saver, &t, &p->p.slice, p->p.data);
+      continue;
+    }
+    void *dst = NULL;
+    r = ckpt_save_reserve(w->saver, &t, &p->p.slice, &dst);
+    if (r == NEWT_OK) worker_mem_copy(&w->o.memory, dst, p->p.data, reshard_piece_bytes(&p->p), 1), queued = 1;
+  }
+  if (queued) {
+    newt_result_t sr = worker_mem_sync(&w->o.memory);
+    if (r == NEWT_OK) r = sr;
+  }
+  return r;
+}
+
+/* The state document of a save at `step`: the worker's fields, then the program's. */
+static newt_result_t state_document(worker *w, int64_t step, char **out) {
+  *out = NULL;
+  cJSON *o = cJSON_CreateObject();
+  NEWT_CHECK_ALLOC(o);
+  newt_json_add_int(o, "step", step);
+  newt_json_add_int(o, "cursor", (int64_t)worker_cursor(w));
+  newt_result_t r = NEWT_OK;
+  if (w->doc_write) {
+    char *mine = w->doc_write(w->doc_arg, step);
+    cJSON *prog = NULL;
+    if (!mine) r = NEWT_ERR(NEWT_ERR_NOMEM, "the program's state document for step %lld is missing", (long long)step);
+    else r = newt_json_parse(mine, strlen(mine), "the program's state document", &prog);
+    if (r == NEWT_OK && !cJSON_IsObject(prog))
+      r = NEWT_ERR(NEWT_ERR_INVALID, "the program's state document is not a JSON object");
+    while (r == NEWT_OK && prog->child) {
+      cJSON *it = cJSON_DetachItemViaPointer(prog, prog->child);
+      if (strcmp(it->string, "step") == 0 || strcmp(it->string, "cursor") == 0) cJSON_Delete(it); /* the worker's */
+      else cJSON_AddItemToObject(o, it->string, it);
+    }
+    cJSON_Delete(prog);
+    free(mine);
+  }
+  if (r == NEWT_OK && !(*out = cJSON_PrintUnformatted(o))) r = NEWT_ERR(NEWT_ERR_NOMEM, "out of memory");
+  cJSON_Delete(o);
+  return r;
+}
+
+newt_result_t worker_ckpt_step(worker *w) {
   if (!w->saver) return NEWT_OK;
   if (w->stage_fill_due) start_staging(w); /* after the generation's first step: the staging, meanwhile */
   ckpt_save_status st;
@@ -134,21 +207,18 @@ newt_result_t worker_ckpt_step(worker *w, const newt_plan *p, const plan_rank *m
     NEWT_WARN(WORKER, "%s: checkpoint of step %lld failed: %s (the previous one stays the newest)", w->id,
               (long long)st.step, st.message);
   }
-  if (me->rank == 0 && st.state == CKPT_SAVE_DONE && st.last_ok_step > w->ckpt_published) {
+  if (w->me->rank == 0 && st.state == CKPT_SAVE_DONE && st.last_ok_step > w->ckpt_published) {
     w->ckpt_published = st.last_ok_step;
     worker_publish_ckpt(w, st.last_ok_step, ckpt_bytes(w, st.last_ok_step), (int64_t)st.write_ms, st.stall_ms);
   }
-  const model_par *par = &w->par;
-  if (par->step % w->spec.ckpt_every != 0) return NEWT_OK;
+  if (w->live_step % w->spec.ckpt_every != 0) return NEWT_OK;
   staging_filled(w); /* the save takes the block it reserved */
   int started = 0;
-  NEWT_CHECK(ckpt_save_begin(w->saver, par->step, 1, &started));
+  NEWT_CHECK(ckpt_save_begin(w->saver, w->live_step, 1, &started));
   if (!started) return NEWT_OK; /* the last save is still being written: skip this one */
-  newt_result_t res = model_ckpt_par_add(w->saver, par);
-  char *state = NULL, desc[SPEC_PATH_MAX + 32];
-  spec_data_desc(&w->spec, desc, sizeof desc);
-  if (res == NEWT_OK && me->rank == 0)
-    res = model_ckpt_train_state(&w->tcfg, par->step, worker_cursor(w), par->opt.t, desc, &state);
+  newt_result_t res = add_parts(w);
+  char *state = NULL;
+  if (res == NEWT_OK && w->me->rank == 0) res = state_document(w, w->live_step, &state);
   /* staging half filled: the save ends as failed and writes nothing (its marker stops the
      committer waiting for this rank) */
   res = res == NEWT_OK ? ckpt_save_end(w->saver, state) : ckpt_save_fail(w->saver, res, newt_errmsg());
@@ -159,4 +229,98 @@ newt_result_t worker_ckpt_step(worker *w, const newt_plan *p, const plan_rank *m
 void worker_ckpt_free(worker *w) {
   staging_filled(w); /* before the pool goes */
   end_saver(w, 1);
+}
+
+/* --- loading ------------------------------------------------------------------------------------ */
+
+/* ckpt_state_check_fn: a checkpoint's document must be of this run (the program says) and
+ * of its own step. */
+static newt_result_t check_doc(void *ctx, int64_t step, const cJSON *state) {
+  worker *w = ctx;
+  int64_t s = -1, cursor = -1;
+  NEWT_CHECK(newt_json_get_int(state, "state", "step", 1, &s));
+  NEWT_CHECK(newt_json_get_int(state, "state", "cursor", 1, &cursor));
+  if (s != step || cursor < 0)
+    return NEWT_ERR(NEWT_ERR_INVALID, "state.step %lld (cursor %lld) in the checkpoint of step %lld", (long long)s,
+                    (long long)cursor, (long long)step);
+  if (!w->doc_check) return NEWT_OK;
+  char *text = cJSON_PrintUnformatted(state);
+  NEWT_CHECK_ALLOC(text);
+  newt_result_t r = w->doc_check(w->doc_arg, text, step);
+  free(text);
+  return r == NEWT_OK ? NEWT_OK : NEWT_ERR(r, "%s", *newt_errmsg() ? newt_errmsg() : "the program refused the checkpoint");
+}
+
+/* Reads the optional parts (a rank's own bytes) from the checkpoint of `step`, each where it
+ * is there: a missing one stays unfilled. */
+static void load_optional(worker *w, int64_t step, char *stage, const size_t *offs) {
+  ckpt_reader *rd = NULL;
+  if (ckpt_open(&rd, w->spec.ckpt_dir, step, 2) != NEWT_OK) return;
+  for (size_t i = 0; i < w->decl.n; i++) {
+    worker_part *p = &w->decl.parts[i];
+    if (!(p->p.flags & RESHARD_OPTIONAL)) continue;
+    ckpt_request q = {.t = part_desc(&p->p), .slice = p->p.slice, .out = stage && offs[i] != SIZE_MAX ? stage + offs[i] : p->p.data};
+    p->filled = ckpt_read_slices(rd, &q, 1) == NEWT_OK;
+  }
+  ckpt_close(rd);
+  newt_err_clear();
+}
+
+newt_result_t worker_ckpt_load(worker *w, comm_t *c, int64_t *step) {
+  *step = -1;
+  size_t n = w->decl.n, total = 0, nreq = 0;
+  size_t *offs = malloc((n ? n : 1) * sizeof *offs);
+  ckpt_request *reqs = calloc(n ? n : 1, sizeof *reqs);
+  newt_result_t r = offs && reqs ? NEWT_OK : NEWT_ERR(NEWT_ERR_NOMEM, "out of memory reading a checkpoint");
+  for (size_t i = 0; i < n; i++) {
+    offs[i] = SIZE_MAX;
+    const worker_part *p = &w->decl.parts[i];
+    if (!w->o.memory.host_visible && (p->p.flags & WORKER_PART_DEVICE)) offs[i] = total, total += reshard_piece_bytes(&p->p);
+  }
+  char *stage = NULL; /* host staging (pinned) of device memory: read there, then uploaded */
+  if (r == NEWT_OK && total) r = worker_stage_get(w, total, (void **)&stage);
+  for (size_t i = 0; r == NEWT_OK && i < n; i++) {
+    const worker_part *p = &w->decl.parts[i];
+    if (p->p.flags & RESHARD_OPTIONAL) continue;
+    reqs[nreq++] = (ckpt_request){.t = part_desc(&p->p), .slice = p->p.slice,
+                                  .out = offs[i] != SIZE_MAX ? stage + offs[i] : p->p.data};
+  }
+  ckpt_loaded ld = {0};
+  if (r == NEWT_OK)
+    r = w->spec.ckpt_dir[0] ? ckpt_load_checked(w->spec.ckpt_dir, CKPT_LATEST, 2, reqs, nreq, check_doc, w, &ld)
+                            : NEWT_ERR(NEWT_ERR_NOTFOUND, "no checkpoint directory");
+  if (r == NEWT_OK) {
+    for (size_t i = 0; i < n; i++) w->decl.parts[i].filled = !(w->decl.parts[i].p.flags & RESHARD_OPTIONAL);
+    load_optional(w, ld.step, stage, offs);
+    int queued = 0;
+    for (size_t i = 0; i < n; i++) { /* queued, one wait */
+      const worker_part *p = &w->decl.parts[i];
+      if (offs[i] == SIZE_MAX || !p->filled) continue;
+      worker_mem_copy(&w->o.memory, p->p.data, stage + offs[i], reshard_piece_bytes(&p->p), 2), queued = 1;
+    }
+    if (queued) r = worker_mem_sync(&w->o.memory);
+  }
+  free(ld.state_json);
+  worker_stage_release(w, stage);
+  free(reqs);
+  free(offs);
+  if (r != NEWT_OK && r != NEWT_ERR_NOTFOUND) return newt_err_wrap(r, "loading %s: ", w->spec.ckpt_dir);
+  /* every rank must have read the same step */
+  int64_t got = r == NEWT_OK ? ld.step : -1, lo = got, hi = got;
+  int size = comm_size(c);
+  int64_t *steps = malloc((size_t)size * sizeof *steps);
+  NEWT_CHECK_ALLOC(steps);
+  newt_result_t g = comm_allgather(comm_host_channel(c), &got, steps, 1, NEWT_I64); /* host memory */
+  for (int i = 0; g == NEWT_OK && i < size; i++) {
+    if (steps[i] < lo) lo = steps[i];
+    if (steps[i] > hi) hi = steps[i];
+  }
+  free(steps);
+  NEWT_CHECK(g);
+  if (lo != hi)
+    return NEWT_ERR(NEWT_ERR_CORRUPT, "ranks read different checkpoints (steps %lld to %lld) from %s", (long long)lo,
+                    (long long)hi, w->spec.ckpt_dir);
+  if (r != NEWT_OK) return r;
+  *step = ld.step;
+  return NEWT_OK;
 }

@@ -1,158 +1,213 @@
-/* The worker's training state across generations (docs/elastic.md, "Restore").
+/* The declared training state across generations (docs/elastic.md, "Restore"; newt.h's
+ * newt_state_*).
  *
- * A rank's state is a parallel trainer (model/parallel.h) for the layout of its plan: the
- * pieces of the global tensors (weights, AdamW moments) that its tensor, pipeline and
- * data-parallel coordinates and its ZeRO stage give it. On each new plan:
+ * A rank's state is what the program declares for the layout of its plan: parts of named
+ * global tensors (a box, narrowed to a range of its row-major order) and opaque bytes, in
+ * host or device memory. On each new plan:
  *
  *   - the ranks of the new communicator reshard in memory (worker/reshard.c): each says
- *     which pieces it holds and of which step (its state, its pre-step snapshot, its
- *     neighbour's replica), the newest step whose pieces cover every rank's new needs
- *     wins, and the pieces move between ranks; a replacement or a joiner is filled from
- *     its peers, a different data-parallel size re-cuts the ZeRO shards in memory;
+ *     which parts it holds and of which step (its state, its pre-update snapshot, its
+ *     neighbour's replica), the newest step whose parts cover every rank's new needs
+ *     wins, and the parts move between ranks; a replacement or a joiner is filled from
+ *     its peers, a different data-parallel size re-cuts the shards in memory;
  *   - only when no step is covered do the ranks read the newest valid checkpoint (each
- *     reading just its own pieces, under any layout), and on a new job the weights come
- *     from the seed, identically everywhere.
+ *     reading just its own parts, under any layout); on a new job there is nothing, and
+ *     the program initialises its state itself, identically everywhere.
  *
- * A rank whose last step failed holds step s, one whose step completed holds s + 1: both
- * are whole states, the newer wins when it is covered, nothing is mixed. Where a layout
- * holds pieces that no other rank has (ZeRO shards; tensor and pipeline slices without a
- * data-parallel replica), two copies keep a lost rank from forcing a trip to disk: every
- * rank snapshots its state before each step (so a step that some ranks applied and others
- * not can be rolled back everywhere), and with ZeRO each data-parallel rank keeps a copy
- * of its neighbour's shard, refreshed every spec.fault.replica_every steps. */
+ * The same exchange works out each part's role from every rank's declarations: the copy
+ * to save (one per element across the layout), the parts no other rank holds (ZeRO shards,
+ * tensor-parallel slices without a data-parallel replica), and whether every rank holds
+ * everything. A rank whose last step failed holds step s, one whose step completed holds
+ * s + 1: both are whole states, the newer wins when it is covered, nothing is mixed. Unless
+ * every rank holds everything, two copies keep a lost rank from forcing a trip to disk:
+ * every rank snapshots its state when a step is committed, before the update (so a step
+ * that some ranks applied and others not can be rolled back everywhere), and each
+ * data-parallel rank keeps a copy of its neighbour's unique parts, refreshed every
+ * spec.fault.replica_every steps. Bytes a program declares per rank are parts only that
+ * rank holds, optional: restored where a state of the step has them. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "common/log.h"
-#include "model/checkpoint.h"
 #include "worker/internal.h"
 #include "worker/reshard.h"
 
-/* The trainer's pieces as reshard pieces of one step. *out is malloc'd. */
-static newt_result_t par_pieces(const model_par *p, int64_t step, reshard_piece **out, size_t *n) {
-  model_par_piece *pp = NULL;
-  size_t np = 0;
-  NEWT_CHECK(model_par_pieces(p, &pp, &np));
-  reshard_piece *r = calloc(np ? np : 1, sizeof *r);
-  if (!r) {
-    free(pp);
-    return NEWT_ERR(NEWT_ERR_NOMEM, "out of memory listing %zu pieces", np);
+/* Whether a part's memory is the device's (not the host's): staged to move or save. */
+static int on_device(const worker *w, const worker_part *p) {
+  return !w->o.memory.host_visible && (p->p.flags & WORKER_PART_DEVICE);
+}
+
+/* --- declaring ------------------------------------------------------------------------------ */
+
+void worker_decl_free(worker_decl *d) {
+  free(d->parts);
+  memset(d, 0, sizeof *d);
+}
+
+newt_result_t worker_declare(worker *w, const reshard_piece *p) {
+  worker_decl *d = &w->decl;
+  for (size_t i = 0; i < d->n; i++) {
+    const reshard_piece *q = &d->parts[i].p;
+    if (strcmp(q->name, p->name) != 0) continue;
+    if (q->dtype != p->dtype || q->ndim != p->ndim || memcmp(q->shape, p->shape, sizeof q->shape) != 0)
+      return NEWT_ERR(NEWT_ERR_INVALID, "tensor \"%s\" was declared before with another type or shape", p->name);
+    int64_t ov = newt_slice_copy(p->shape, 1, &p->slice, NULL, &q->slice, NULL);
+    int nested = ((p->flags | q->flags) & RESHARD_DERIVED) &&
+                 (ov == newt_slice_numel(&p->slice) || ov == newt_slice_numel(&q->slice));
+    if (ov > 0 && !nested)
+      return NEWT_ERR(NEWT_ERR_INVALID, "tensor \"%s\" declared twice: this part overlaps one declared before "
+                      "(%lld elements in common)", p->name, (long long)ov);
   }
-  for (size_t i = 0; i < np; i++) {
-    snprintf(r[i].name, sizeof r[i].name, "%s", pp[i].desc.name);
-    r[i].step = step;
-    r[i].ndim = pp[i].desc.ndim;
-    memcpy(r[i].shape, pp[i].desc.shape, sizeof r[i].shape);
-    r[i].slice = pp[i].slice;
-    r[i].data = pp[i].data;
+  if (d->n == d->cap) {
+    size_t cap = d->cap ? 2 * d->cap : 64;
+    worker_part *np = realloc(d->parts, cap * sizeof *np);
+    NEWT_CHECK_ALLOC(np);
+    d->parts = np, d->cap = cap;
+  }
+  worker_part *e = &d->parts[d->n++];
+  memset(e, 0, sizeof *e);
+  e->p = *p;
+
+  return NEWT_OK;
+}
+
+/* The declared parts as reshard pieces of one step. *out is malloc'd. */
+static newt_result_t decl_pieces(const worker_decl *d, int64_t step, int skip_derived, reshard_piece **out,
+                                 size_t *n) {
+  reshard_piece *r = malloc((d->n ? d->n : 1) * sizeof *r);
+  NEWT_CHECK_ALLOC(r);
+  size_t k = 0;
+  for (size_t i = 0; i < d->n; i++) {
+    if (skip_derived && (d->parts[i].p.flags & RESHARD_DERIVED)) continue;
+    r[k] = d->parts[i].p;
+    r[k++].step = step;
   }
   *out = r;
-  *n = np;
-  free(pp);
+  *n = k;
   return NEWT_OK;
 }
 
-/* Pieces that live on this rank alone within its data-parallel group: the ZeRO shards. */
-static int unique_piece(const model_par *p, const reshard_piece *r) {
-  if (p->pc.zero == 0 || p->pc.dp == 1) return 0;
-  int moment = strncmp(r->name, MODEL_CKPT_ADAM_M, strlen(MODEL_CKPT_ADAM_M)) == 0 ||
-               strncmp(r->name, MODEL_CKPT_ADAM_V, strlen(MODEL_CKPT_ADAM_V)) == 0;
-  return moment || p->pc.zero == 3;
-}
+/* --- host staging --------------------------------------------------------------------------- */
 
-/* Frees a copy's buffers (device memory for the snapshot, host memory for the replica). */
-static void copy_free(worker_copy *cp) {
-  if (cp->dev) model_dev_free(cp->dev, cp->data);
-  else free(cp->data);
-  free(cp->spare), free(cp->pieces);
-  cp->data = cp->spare = NULL;
-  cp->pieces = NULL;
-}
-
-static void copies_free(worker *w) {
-  copy_free(&w->snap);
-  copy_free(&w->rep);
-  memset(&w->snap, 0, sizeof w->snap);
-  memset(&w->rep, 0, sizeof w->rep);
-}
-
-/* Whether this layout needs copies: anything but plain data parallelism (where every rank
- * holds the whole state and the newest state always wins). */
-static int wants_copies(const model_par_config *pc) { return pc->tp * pc->pp > 1 || pc->zero > 0; }
-
-/* Host staging of floats from the worker's pinned pool (pinned.c): memory that device
- * copies are fastest to and from, pinned once per run; given back with stage_release. */
-static newt_result_t stage_get(worker *w, model_dev *dev, size_t floats, float **out) {
-  worker_pinned *pool = NULL;
-  void *mem = NULL;
-  *out = NULL;
-  NEWT_CHECK(worker_pinned_of(w, dev, &pool));
-  newt_result_t r = worker_pinned_get(pool, floats * sizeof(float), &mem);
-  if (r != NEWT_OK) return newt_err_wrap(r, "staging %zu floats of the state on the host: ", floats);
-  *out = mem;
+/* Resharding and checkpoints read and write host memory. Pieces v[i] with dev[i] set are
+ * device memory the host cannot touch: *stage (from the pinned pool, NULL when nothing was)
+ * gets a host copy of them (download = 1: their data, every copy queued and one wait; 0:
+ * room only) and their pointers are moved there. */
+static newt_result_t stage_pieces(worker *w, reshard_piece *v, const int *dev, size_t n, int download, void **stage) {
+  *stage = NULL;
+  size_t total = 0;
+  for (size_t i = 0; i < n; i++)
+    if (dev[i]) total += reshard_piece_bytes(&v[i]);
+  if (total == 0) return NEWT_OK;
+  char *h = NULL;
+  NEWT_CHECK(worker_stage_get(w, total, (void **)&h));
+  size_t off = 0;
+  for (size_t i = 0; i < n; i++) {
+    if (!dev[i]) continue;
+    size_t b = reshard_piece_bytes(&v[i]);
+    if (download) worker_mem_copy(&w->o.memory, h + off, v[i].data, b, 1);
+    v[i].data = h + off;
+    off += b;
+  }
+  newt_result_t r = download ? worker_mem_sync(&w->o.memory) : NEWT_OK;
+  if (r != NEWT_OK) {
+    worker_stage_release(w, h);
+    return r;
+  }
+  *stage = h;
   return NEWT_OK;
 }
 
-static void stage_release(worker *w, float *stage) {
-  if (stage) worker_pinned_put(w->pinned, stage);
+/* The staged pieces' data back up to their device pointers (dst: the pieces before they
+ * were staged); nothing when stage is NULL. */
+static newt_result_t unstage_pieces(worker *w, const reshard_piece *dst, const int *dev, size_t n, const void *stage) {
+  if (!stage) return NEWT_OK;
+  const char *h = stage;
+  size_t off = 0;
+  for (size_t i = 0; i < n; i++) { /* from the pinned staging, every copy queued and one wait */
+    if (!dev[i]) continue;
+    size_t b = reshard_piece_bytes(&dst[i]);
+    worker_mem_copy(&w->o.memory, dst[i].data, h + off, b, 2);
+    off += b;
+  }
+  return worker_mem_sync(&w->o.memory);
 }
 
 /* --- snapshot and replica ----------------------------------------------------------------- */
 
-/* Lays out a copy of the given pieces in one buffer: memory of dev (NULL: the host). */
-static newt_result_t copy_layout(worker_copy *cp, model_dev *dev, const reshard_piece *src, size_t n) {
-  size_t total = 0;
-  for (size_t i = 0; i < n; i++) total += (size_t)newt_slice_numel(&src[i].slice);
+static void copy_free(worker *w, worker_copy *cp) {
+  if (cp->on_device && cp->data) w->o.memory.free(w->o.memory.ctx, cp->data);
+  else free(cp->data);
+  free(cp->spare), free(cp->pieces);
   memset(cp, 0, sizeof *cp);
-  cp->dev = dev;
+  cp->step = cp->spare_step = -1;
+}
+
+static void copies_free(worker *w) {
+  copy_free(w, &w->snap);
+  copy_free(w, &w->rep);
+}
+
+/* Lays out a copy of the given pieces in one buffer: device memory (on_device), else the
+ * host's. */
+static newt_result_t copy_layout(worker *w, worker_copy *cp, int dev, const reshard_piece *src, size_t n) {
+  size_t total = 0;
+  for (size_t i = 0; i < n; i++) total += (reshard_piece_bytes(&src[i]) + 63) / 64 * 64;
+  copy_free(w, cp);
+  cp->on_device = dev;
   cp->pieces = calloc(n ? n : 1, sizeof *cp->pieces);
-  newt_result_t r = cp->pieces ? NEWT_OK : NEWT_ERR(NEWT_ERR_NOMEM, "out of memory for a copy of %zu pieces", n);
-  if (r == NEWT_OK && dev) {
-    void *d = NULL;
-    r = model_dev_alloc(dev, (total ? total : 1) * sizeof *cp->data, &d);
-    cp->data = d;
-  } else if (r == NEWT_OK && !(cp->data = malloc((total ? total : 1) * sizeof *cp->data))) {
-    r = NEWT_ERR(NEWT_ERR_NOMEM, "out of memory for a copy of %zu floats", total);
-  }
+  newt_result_t r = cp->pieces ? NEWT_OK : NEWT_ERR(NEWT_ERR_NOMEM, "out of memory for a copy of %zu parts", n);
+  if (r == NEWT_OK && dev) r = w->o.memory.alloc(w->o.memory.ctx, total ? total : 1, (void **)&cp->data);
+  else if (r == NEWT_OK && !(cp->data = malloc(total ? total : 1)))
+    r = NEWT_ERR(NEWT_ERR_NOMEM, "out of memory for a copy of %zu bytes", total);
   if (r != NEWT_OK) {
-    copy_free(cp);
-    memset(cp, 0, sizeof *cp);
+    if (dev) cp->data = NULL;
+    copy_free(w, cp);
     return r;
   }
   size_t off = 0;
   for (size_t i = 0; i < n; i++) {
     cp->pieces[i] = src[i];
     cp->pieces[i].data = cp->data + off;
-    off += (size_t)newt_slice_numel(&src[i].slice);
+    off += (reshard_piece_bytes(&src[i]) + 63) / 64 * 64;
   }
   cp->n = n;
-  cp->len = total;
+  cp->bytes = total;
   cp->step = -1;
   return NEWT_OK;
 }
 
+/* The snapshot is one buffer of the device when any part is device memory (host parts are
+ * then copied to it from the host), else host memory: a copy queued behind the step's
+ * work, no trip through the host for the device's parts. */
 newt_result_t worker_snapshot(worker *w) {
-  if (!w->have_par || !wants_copies(&w->par.pc)) return NEWT_OK;
-  reshard_piece *cur = NULL;
-  size_t n = 0;
-  NEWT_CHECK(par_pieces(&w->par, w->par.step, &cur, &n));
-  newt_result_t r = NEWT_OK;
-  model_dev *dev = w->par.dev;
-  if (!w->snap.pieces || w->snap.n != n) {
-    copy_free(&w->snap);
-    r = copy_layout(&w->snap, dev, cur, n);
+  if (!w->has_state || w->whole) return NEWT_OK;
+  int dev = 0;
+  for (size_t i = 0; i < w->decl.n; i++) dev |= on_device(w, &w->decl.parts[i]);
+  if (!w->snap.pieces || w->snap.n != w->decl.n || w->snap.on_device != dev) {
+    reshard_piece *cur = NULL;
+    size_t n = 0;
+    NEWT_CHECK(decl_pieces(&w->decl, w->live_step, 0, &cur, &n));
+    newt_result_t r = copy_layout(w, &w->snap, dev, cur, n);
+    free(cur);
+    NEWT_CHECK(r);
   }
-  /* on the device, queued behind the step's work: no trip through the host */
-  for (size_t i = 0; r == NEWT_OK && i < n; i++)
-    model_dev_copy(dev, w->snap.pieces[i].data, cur[i].data, (size_t)newt_slice_numel(&cur[i].slice) * sizeof(float));
-  if (r == NEWT_OK) r = model_dev_error(dev);
-  if (r == NEWT_OK) {
-    w->snap.step = w->par.step;
-    for (size_t i = 0; i < n; i++) w->snap.pieces[i].step = w->par.step;
+  int uploads = 0;
+  for (size_t i = 0; i < w->decl.n; i++) {
+    const worker_part *p = &w->decl.parts[i];
+    size_t b = reshard_piece_bytes(&p->p);
+    if (!dev) memcpy(w->snap.pieces[i].data, p->p.data, b);
+    else if (on_device(w, p)) worker_mem_copy(&w->o.memory, w->snap.pieces[i].data, p->p.data, b, 0);
+    else worker_mem_copy(&w->o.memory, w->snap.pieces[i].data, p->p.data, b, 2), uploads = 1;
   }
-  free(cur);
-  return r;
+  /* device-to-device copies are queued behind the step's work and not waited for (a copy
+     that fails fails the device, which the next wait of the step says); a copy from host
+     memory is, so that its source may change */
+  if (uploads) NEWT_CHECK(worker_mem_sync(&w->o.memory));
+  w->snap.step = w->live_step;
+  for (size_t i = 0; i < w->snap.n; i++) w->snap.pieces[i].step = w->live_step;
+  return NEWT_OK;
 }
 
 /* Ring order within the data-parallel group: even ranks send first, odd ranks receive
@@ -172,287 +227,244 @@ static newt_result_t ring_shift(comm_t *c, const void *out, size_t nout, void *i
   return NEWT_OK;
 }
 
-newt_result_t worker_replicate(worker *w) {
-  const model_par *p = &w->par;
-  if (!w->have_par || p->pc.zero == 0 || p->pc.dp < 2 || !w->comms.dp) return NEWT_OK;
-  if (p->step % w->spec.replica_every != 0) return NEWT_OK;
-  reshard_piece *cur = NULL;
-  size_t n = 0;
-  NEWT_CHECK(par_pieces(p, p->step, &cur, &n));
-  /* this rank's shard, packed */
-  size_t nu = 0, total = 0;
-  for (size_t i = 0; i < n; i++)
-    if (unique_piece(p, &cur[i])) cur[nu++] = cur[i], total += (size_t)newt_slice_numel(&cur[i].slice);
-  newt_result_t r = NEWT_OK;
-  if (!w->rep.pieces) {
-    /* the first time in this generation: tell the next rank what it will keep */
-    int64_t counts[2] = {(int64_t)nu, 0};
-    r = ring_shift(w->comms.dp, &counts[0], 1, &counts[1], 1, NEWT_I64);
-    size_t nin = (size_t)counts[1];
-    char *wout = malloc(reshard_wire_size(nu) + 1), *win = malloc(reshard_wire_size(nin) + 1);
-    reshard_piece *desc = calloc(nin ? nin : 1, sizeof *desc);
-    if (r == NEWT_OK && (!wout || !win || !desc)) r = NEWT_ERR(NEWT_ERR_NOMEM, "out of memory for a replica");
-    if (r == NEWT_OK) {
-      reshard_pack(cur, nu, wout);
-      r = ring_shift(w->comms.dp, wout, reshard_wire_size(nu), win, reshard_wire_size(nin), NEWT_U8);
-    }
-    if (r == NEWT_OK) r = reshard_unpack(win, reshard_wire_size(nin), desc, nin);
-    if (r == NEWT_OK) r = copy_layout(&w->rep, NULL, desc, nin); /* held on the host */
-    if (r == NEWT_OK && !(w->rep.spare = malloc((w->rep.len ? w->rep.len : 1) * sizeof *w->rep.spare)))
-      r = NEWT_ERR(NEWT_ERR_NOMEM, "out of memory for a replica");
-    free(wout), free(win), free(desc);
-  }
-  /* this rank's shard packed on the host: a memcpy each on the CPU; on a GPU into pinned
-     staging, every copy queued and one wait */
-  int visible = model_dev_host_visible(p->dev);
-  float *packed = NULL;
-  if (r == NEWT_OK && visible && !(packed = malloc((total ? total : 1) * sizeof *packed)))
-    r = NEWT_ERR(NEWT_ERR_NOMEM, "out of memory for a replica");
-  if (r == NEWT_OK && !visible) r = stage_get(w, p->dev, total, &packed);
+/* The first replica of a generation: tells the next rank what it will keep, and lays out
+ * what this rank keeps of the previous one (host memory, and a spare of the same size). */
+static newt_result_t replica_layout(worker *w, const reshard_piece *mine, size_t nu) {
+  int64_t counts[2] = {(int64_t)nu, 0};
+  NEWT_CHECK(ring_shift(w->dp, &counts[0], 1, &counts[1], 1, NEWT_I64));
+  size_t nin = (size_t)counts[1];
+  char *wout = malloc(reshard_wire_size(nu) + 1), *win = malloc(reshard_wire_size(nin) + 1);
+  reshard_piece *desc = calloc(nin ? nin : 1, sizeof *desc);
+  newt_result_t r = wout && win && desc ? NEWT_OK : NEWT_ERR(NEWT_ERR_NOMEM, "out of memory for a replica");
   if (r == NEWT_OK) {
-    size_t off = 0;
-    for (size_t i = 0; i < nu && r == NEWT_OK; i++) {
-      size_t k = (size_t)newt_slice_numel(&cur[i].slice);
-      if (visible) r = model_dev_download(p->dev, packed + off, cur[i].data, k * sizeof *packed);
-      else model_dev_download_async(p->dev, packed + off, cur[i].data, k * sizeof *packed);
-      off += k;
-    }
-    if (r == NEWT_OK && !visible) r = model_dev_sync(p->dev);
+    reshard_pack(mine, nu, wout);
+    r = ring_shift(w->dp, wout, reshard_wire_size(nu), win, reshard_wire_size(nin), NEWT_U8);
   }
+  if (r == NEWT_OK) r = reshard_unpack(win, reshard_wire_size(nin), desc, nin);
+  if (r == NEWT_OK) r = copy_layout(w, &w->rep, 0, desc, nin);
+  if (r == NEWT_OK && !(w->rep.spare = malloc(w->rep.bytes ? w->rep.bytes : 1)))
+    r = NEWT_ERR(NEWT_ERR_NOMEM, "out of memory for a replica");
+  free(wout), free(win), free(desc);
+  return r;
+}
+
+newt_result_t worker_replicate(worker *w) {
+  if (!w->has_state || w->whole || !w->dp || w->live_step % w->spec.replica_every != 0) return NEWT_OK;
+  /* this rank's unique parts, packed on the host: a memcpy each for host memory; the
+     device's into pinned staging, every copy queued and one wait */
+  reshard_piece *mine = malloc((w->decl.n ? w->decl.n : 1) * sizeof *mine);
+  NEWT_CHECK_ALLOC(mine);
+  size_t nu = 0, total = 0;
+  for (size_t i = 0; i < w->decl.n; i++)
+    if (w->decl.parts[i].unique) {
+      mine[nu] = w->decl.parts[i].p;
+      mine[nu++].step = w->live_step;
+      total += (reshard_piece_bytes(&w->decl.parts[i].p) + 63) / 64 * 64;
+    }
+  newt_result_t r = w->rep.pieces ? NEWT_OK : replica_layout(w, mine, nu);
+  char *packed = NULL;
+  if (r == NEWT_OK) r = worker_stage_get(w, total ? total : 1, (void **)&packed);
+  int queued = 0;
+  for (size_t i = 0, k = 0, off = 0; r == NEWT_OK && i < w->decl.n; i++) {
+    const worker_part *p = &w->decl.parts[i];
+    if (!p->unique) continue;
+    size_t b = reshard_piece_bytes(&p->p);
+    if (on_device(w, p)) worker_mem_copy(&w->o.memory, packed + off, p->p.data, b, 1), queued = 1;
+    else memcpy(packed + off, p->p.data, b);
+    off += (b + 63) / 64 * 64;
+    k++;
+  }
+  if (r == NEWT_OK && queued) r = worker_mem_sync(&w->o.memory);
   if (r == NEWT_OK) {
     /* into the spare buffer: until it is whole, the previous replica stays (a rollback to
        the committed step may need it) */
     w->rep.spare_step = -1;
-    r = ring_shift(w->comms.dp, packed, total, w->rep.spare, w->rep.len, NEWT_F32);
+    r = ring_shift(w->dp, packed, total, w->rep.spare, w->rep.bytes, NEWT_U8);
   }
   if (r == NEWT_OK) {
-    float *old = w->rep.data;
+    char *old = w->rep.data;
     w->rep.data = w->rep.spare;
     w->rep.spare = old;
     for (size_t i = 0; i < w->rep.n; i++) {
-      w->rep.pieces[i].data = w->rep.data + ((float *)w->rep.pieces[i].data - old);
-      w->rep.pieces[i].step = p->step;
+      w->rep.pieces[i].data = w->rep.data + ((char *)w->rep.pieces[i].data - old);
+      w->rep.pieces[i].step = w->live_step;
     }
     /* the one before stays whole in the spare until the next transfer: where a failure cut
        another stage's step short, the job may have to roll back to it (its snapshots are of
        that step, and this replica has moved on) */
     w->rep.spare_step = w->rep.step;
-    w->rep.step = p->step;
+    w->rep.step = w->live_step;
   }
-  if (visible) free(packed);
-  else stage_release(w, packed);
-  free(cur);
+  worker_stage_release(w, packed);
+  free(mine);
   return r;
 }
 
-/* --- host staging ------------------------------------------------------------------------ */
+/* --- what a rank holds ---------------------------------------------------------------------- */
 
-/* Resharding and checkpoints read and write host memory. Pieces in memory of a device the
- * host cannot touch are staged: *stage (from the pinned pool, NULL when nothing was) gets a
- * host copy of pieces [0, n) of v (download = 1: their data, every copy queued and one
- * wait; 0: room only) and v's pointers are moved there. With a host-visible device (the
- * CPU) nothing is copied: zero-copy as ever. */
-static newt_result_t stage_pieces(worker *w, model_dev *dev, reshard_piece *v, size_t n, int download, float **stage) {
+/* What this rank holds: its state (the declaration `d` of step live_step, but the derived
+ * parts after a step whose post-update collectives failed), its snapshot (when older), its
+ * neighbour's replica and the one before. *out is malloc'd; device memory is staged into
+ * *stage (pinned, for worker_stage_release; NULL when none). */
+static newt_result_t held_pieces(worker *w, const worker_decl *d, reshard_piece **out, size_t *n, void **stage) {
   *stage = NULL;
-  if (model_dev_host_visible(dev) || n == 0) return NEWT_OK;
-  size_t total = 0;
-  for (size_t i = 0; i < n; i++) total += (size_t)newt_slice_numel(&v[i].slice);
-  float *h = NULL;
-  NEWT_CHECK(stage_get(w, dev, total, &h));
-  size_t off = 0;
-  for (size_t i = 0; i < n; i++) {
-    size_t k = (size_t)newt_slice_numel(&v[i].slice);
-    if (download) model_dev_download_async(dev, h + off, v[i].data, k * sizeof *h);
-    v[i].data = h + off;
-    off += k;
-  }
-  newt_result_t r = download ? model_dev_sync(dev) : NEWT_OK;
-  if (r != NEWT_OK) {
-    stage_release(w, h);
-    return r;
-  }
-  *stage = h;
-  return NEWT_OK;
-}
-
-/* The staged pieces' data back up to their device pointers (dst: the pieces before they
- * were staged); nothing when stage is NULL. */
-static newt_result_t unstage_pieces(model_dev *dev, const reshard_piece *dst, size_t n, const float *stage) {
-  if (!stage) return NEWT_OK;
-  size_t off = 0;
-  for (size_t i = 0; i < n; i++) { /* from the pinned staging, every copy queued and one wait */
-    size_t k = (size_t)newt_slice_numel(&dst[i].slice);
-    model_dev_upload_async(dev, dst[i].data, stage + off, k * sizeof *stage);
-    off += k;
-  }
-  return model_dev_sync(dev);
-}
-
-/* What this rank holds: its state, its snapshot (when older), its neighbour's replica.
- * *out is malloc'd; the pieces point into this rank's buffers, or into *stage (pinned, for
- * stage_release; NULL when none) where the device's memory is not the host's. */
-static newt_result_t held_pieces(worker *w, reshard_piece **out, size_t *n, float **stage) {
-  reshard_piece *cur = NULL, *have;
-  size_t ncur = 0;
-  *stage = NULL;
-  if (w->has_state && w->have_par) NEWT_CHECK(par_pieces(&w->par, w->par.step, &cur, &ncur));
-  size_t nsnap = w->snap.step >= 0 && w->snap.step != w->par.step ? w->snap.n : 0, nrep = w->rep.step >= 0 ? w->rep.n : 0;
+  size_t ncur = w->has_state ? d->n : 0;
+  size_t nsnap = w->snap.step >= 0 && w->snap.step != w->live_step ? w->snap.n : 0, nrep = w->rep.step >= 0 ? w->rep.n : 0;
   size_t nold = nrep && w->rep.spare && w->rep.spare_step >= 0 ? w->rep.n : 0; /* the replica before */
-  have = calloc(ncur + nsnap + nrep + nold + 1, sizeof *have);
-  if (!have) {
-    free(cur);
+  reshard_piece *have = calloc(ncur + nsnap + nrep + nold + 1, sizeof *have);
+  int *dev = calloc(ncur + nsnap + 1, sizeof *dev);
+  if (!have || !dev) {
+    free(have), free(dev);
     return NEWT_ERR(NEWT_ERR_NOMEM, "out of memory listing what this rank holds");
   }
-  if (ncur) memcpy(have, cur, ncur * sizeof *have);
-  if (nsnap) memcpy(have + ncur, w->snap.pieces, nsnap * sizeof *have);
-  if (nrep) memcpy(have + ncur + nsnap, w->rep.pieces, nrep * sizeof *have);
+  size_t k = 0;
+  for (size_t i = 0; i < ncur; i++) {
+    if (w->derived_stale && (d->parts[i].p.flags & RESHARD_DERIVED)) continue;
+    dev[k] = on_device(w, &d->parts[i]);
+    have[k] = d->parts[i].p;
+    have[k++].step = w->live_step;
+  }
+  for (size_t i = 0; i < nsnap; i++) {
+    dev[k] = w->snap.on_device;
+    have[k++] = w->snap.pieces[i];
+  }
+  size_t nstaged = k;
+  for (size_t i = 0; i < nrep; i++) have[k++] = w->rep.pieces[i];
   for (size_t i = 0; i < nold; i++) {
-    reshard_piece *o = &have[ncur + nsnap + nrep + i];
+    reshard_piece *o = &have[k++];
     *o = w->rep.pieces[i];
-    o->data = w->rep.spare + ((float *)w->rep.pieces[i].data - w->rep.data);
+    o->data = w->rep.spare + ((char *)w->rep.pieces[i].data - w->rep.data);
     o->step = w->rep.spare_step;
   }
-  free(cur);
-  /* the state and the snapshot are device memory; the replica is the host's already */
-  model_dev *dev = w->have_par ? w->par.dev : w->snap.dev;
-  newt_result_t r = ncur + nsnap && dev ? stage_pieces(w, dev, have, ncur + nsnap, 1, stage) : NEWT_OK;
+  newt_result_t r = stage_pieces(w, have, dev, nstaged, 1, stage);
+  free(dev);
   if (r != NEWT_OK) {
     free(have);
     return r;
   }
   *out = have;
-  *n = ncur + nsnap + nrep + nold;
-  NEWT_DEBUG(WORKER, "%s: holds its state of step %lld%s (%zu pieces), a snapshot of step %lld (%zu), replicas of steps %lld and %lld (%zu each)",
-             w->id, ncur ? (long long)w->par.step : -1LL, w->have_par && w->par.params_stale ? ", its parameters partly gathered" : "",
-             ncur, nsnap ? (long long)w->snap.step : -1LL, nsnap, nrep ? (long long)w->rep.step : -1LL,
-             nold ? (long long)w->rep.spare_step : -1LL, nrep);
+  *n = k;
+  NEWT_DEBUG(WORKER, "%s: holds its state of step %lld%s (%zu parts), a snapshot of step %lld (%zu), replicas of "
+             "steps %lld and %lld (%zu each)", w->id, ncur ? (long long)w->live_step : -1LL,
+             w->derived_stale ? ", its derived parts stale" : "", ncur, nsnap ? (long long)w->snap.step : -1LL, nsnap,
+             nrep ? (long long)w->rep.step : -1LL, nold ? (long long)w->rep.spare_step : -1LL, nrep);
   return NEWT_OK;
 }
 
 /* --- restore ------------------------------------------------------------------------------- */
 
-/* Every rank reads its own pieces of the newest checkpoint; they check they read one step. */
-static newt_result_t load_ckpt(worker *w, comm_t *c, model_par *np, int64_t *step) {
-  /* host staging (pinned) for a device the host cannot touch: read there, then uploaded */
-  float *stage = NULL;
-  if (!model_dev_host_visible(np->dev)) NEWT_CHECK(stage_get(w, np->dev, model_ckpt_par_floats(np), &stage));
-  model_ckpt_train_point pt = {.step = -1};
-  char desc[SPEC_PATH_MAX + 32];
-  spec_data_desc(&w->spec, desc, sizeof desc);
-  newt_result_t r = w->spec.ckpt_dir[0]
-                        ? model_ckpt_par_load(w->spec.ckpt_dir, CKPT_LATEST, np, desc, 2, stage, &pt)
-                        : NEWT_ERR(NEWT_ERR_NOTFOUND, "no checkpoint directory");
-  stage_release(w, stage);
-  if (r != NEWT_OK && r != NEWT_ERR_NOTFOUND) return r;
-  int64_t got = r == NEWT_OK ? pt.step : -1, lo = got, hi = got;
-  int size = comm_size(c);
-  int64_t *steps = malloc((size_t)size * sizeof *steps);
-  NEWT_CHECK_ALLOC(steps);
-  newt_result_t g = comm_allgather(comm_host_channel(c), &got, steps, 1, NEWT_I64); /* host memory */
-  for (int i = 0; g == NEWT_OK && i < size; i++) {
-    if (steps[i] < lo) lo = steps[i];
-    if (steps[i] > hi) hi = steps[i];
+newt_result_t worker_restore(worker *w, newt_restore_info *out) {
+  worker_decl *d = &w->decl;
+  if (d->n == 0 && w->prev.n) { /* nothing declared anew: the last declaration again, in place */
+    *d = w->prev;
+    memset(&w->prev, 0, sizeof w->prev);
   }
-  free(steps);
-  NEWT_CHECK(g);
-  if (lo != hi)
-    return NEWT_ERR(NEWT_ERR_CORRUPT, "ranks read different checkpoints (steps %lld to %lld) from %s", (long long)lo,
-                    (long long)hi, w->spec.ckpt_dir);
-  if (r != NEWT_OK) return r;
-  *step = pt.step; /* np->step and np->opt.t are set */
-  return NEWT_OK;
-}
-
-static int same_layout(const model_par_config *a, const model_par_config *b) {
-  return a->tp == b->tp && a->pp == b->pp && a->dp == b->dp && a->zero == b->zero && a->tp_rank == b->tp_rank &&
-         a->pp_rank == b->pp_rank && a->dp_rank == b->dp_rank;
-}
-
-newt_result_t worker_restore(worker *w, comm_t *c, const newt_plan *p, const model_par_config *pc) {
-  newt_result_t r = NEWT_OK;
-  model_par fresh, *np = &w->par;
-  int reuse = w->have_par && same_layout(&w->par.pc, pc);
-  if (!reuse) {
-    NEWT_CHECK(model_par_alloc(&fresh, &w->tcfg, pc)); /* its weights come from below */
-    np = &fresh;
-  }
-  /* what this rank holds: its state, its snapshot, its neighbour's replica */
+  size_t n = d->n;
+  int wrote = 0; /* something was written into the declared buffers */
+  if (n == 0) return NEWT_ERR(NEWT_ERR_INVALID, "newt_state_restore: nothing declared (newt_state_tensor first)");
+  /* what this rank holds (the previous declaration), what it needs (this one) */
   reshard_piece *have = NULL, *need = NULL, *need_dev = NULL;
   size_t nhave = 0, nneed = 0;
-  float *have_stage = NULL, *need_stage = NULL;
-  NEWT_CHECK_GOTO(held_pieces(w, &have, &nhave, &have_stage), r, exit);
-  NEWT_CHECK_GOTO(par_pieces(np, -1, &need, &nneed), r, exit);
-  if (!model_dev_host_visible(np->dev)) { /* received into host staging, then uploaded */
-    need_dev = malloc((nneed ? nneed : 1) * sizeof *need_dev);
-    if (!need_dev) {
-      r = NEWT_ERR(NEWT_ERR_NOMEM, "out of memory listing what this rank needs");
-      goto exit;
-    }
-    if (nneed) memcpy(need_dev, need, nneed * sizeof *need);
-    NEWT_CHECK_GOTO(stage_pieces(w, np->dev, need, nneed, 0, &need_stage), r, exit);
+  void *have_stage = NULL, *need_stage = NULL;
+  int *dev = calloc(n, sizeof *dev), *primary = calloc(n, sizeof *primary), *unique = calloc(n, sizeof *unique),
+      *filled = calloc(n, sizeof *filled);
+  newt_result_t r = dev && primary && unique && filled ? NEWT_OK : NEWT_ERR(NEWT_ERR_NOMEM, "out of memory");
+  if (r == NEWT_OK) r = held_pieces(w, w->prev.n ? &w->prev : d, &have, &nhave, &have_stage);
+  if (r == NEWT_OK) r = decl_pieces(d, -1, 0, &need, &nneed);
+  if (r == NEWT_OK && !(need_dev = malloc(n * sizeof *need_dev))) r = NEWT_ERR(NEWT_ERR_NOMEM, "out of memory");
+  if (r == NEWT_OK) { /* received into host staging, then uploaded */
+    memcpy(need_dev, need, n * sizeof *need);
+    for (size_t i = 0; i < n; i++) dev[i] = on_device(w, &d->parts[i]);
+    r = stage_pieces(w, need, dev, n, 0, &need_stage);
   }
-
-  reshard_result rr;
-  r = reshard_exchange(c, have, nhave, need, nneed, NULL, &rr);
-  if (r == NEWT_OK) r = unstage_pieces(np->dev, need_dev, nneed, need_stage);
+  /* the parts a rank keeps a copy of for its data-parallel neighbour: those no other rank of
+     the data-parallel group holds (a ZeRO shard: the tensor-parallel ranks holding the same
+     shard are of other groups, and may go at once) */
+  int members = w->plan.nranks + w->plan.ndonors;
+  int *group = malloc((size_t)members * sizeof *group);
+  if (r == NEWT_OK && !group) r = NEWT_ERR(NEWT_ERR_NOMEM, "out of memory");
+  for (int k = 0; group && k < members; k++) /* the dp group's color, as build_groups splits it */
+    group[k] = k < w->plan.nranks ? (k / (w->plan.tp * w->plan.dp)) * w->plan.tp + k % w->plan.tp : -1 - k;
+  reshard_result rr = {0};
+  reshard_roles ro = {.check = 1, .primary = primary, .unique = unique, .filled = filled, .group = group};
+  int ex = r == NEWT_OK ? reshard_exchange(w->all, have, nhave, need, n, &ro, &rr) : NEWT_ERR_INTERNAL;
+  if (r == NEWT_OK) r = (newt_result_t)ex;
+  if (ex != NEWT_ERR_INTERNAL) wrote = rr.copied + rr.received > 0;
+  if (r == NEWT_OK) r = unstage_pieces(w, need_dev, dev, n, need_stage);
+  int64_t received = r == NEWT_OK ? rr.received : 0;
   if (r == NEWT_OK) {
-    np->step = rr.step;
-    np->opt.t = rr.step; /* one AdamW update per step */
+    w->live_step = rr.step;
     snprintf(w->restore_src, sizeof w->restore_src, "%s", rr.received ? "peer" : "memory");
   } else if (r == NEWT_ERR_NOTFOUND) {
     int64_t step = -1;
-    r = load_ckpt(w, c, np, &step);
-    if (r != NEWT_OK && r != NEWT_ERR_NOTFOUND && reuse) w->has_state = 0; /* half read: not a state */
+    r = worker_ckpt_load(w, w->all, &step);
+    if (r != NEWT_OK && r != NEWT_ERR_NOTFOUND) wrote = 1; /* maybe half read */
     if (r == NEWT_OK) {
+      w->live_step = step;
       snprintf(w->restore_src, sizeof w->restore_src, "ckpt");
+      for (size_t i = 0; i < n; i++) filled[i] = d->parts[i].filled;
     } else if (r == NEWT_ERR_NOTFOUND) {
-      if (p->step > 0)
-        NEWT_ERROR(WORKER, "%s: the job was at step %lld but no rank holds a state and there is no "
-                           "checkpoint: starting again from the seed",
-                   w->id, (long long)p->step);
-      /* back to the seed (also a reused trainer, or one a checkpoint half filled) */
-      r = model_par_init_weights(np);
+      if (w->plan.step > 0)
+        NEWT_ERROR(WORKER, "%s: the job was at step %lld but no rank holds a state and there is no checkpoint: "
+                   "starting again from nothing", w->id, (long long)w->plan.step);
+      newt_err_clear();
+      r = NEWT_OK;
+      w->live_step = 0;
       snprintf(w->restore_src, sizeof w->restore_src, "init");
+      memset(filled, 0, n * sizeof *filled);
     }
   }
-exit:
-  free(have), free(need), free(need_dev);
-  stage_release(w, have_stage), stage_release(w, need_stage);
-  if (!reuse) {
-    if (r == NEWT_OK) {
-      if (w->have_par) model_par_free(&w->par);
-      w->par = fresh;
-      w->have_par = 1;
-    } else {
-      model_par_free(&fresh);
+  if (r == NEWT_OK) {
+    int missing = 0;
+    for (size_t i = 0; i < n; i++) {
+      d->parts[i].primary = primary[i];
+      d->parts[i].unique = unique[i];
+      d->parts[i].filled = filled[i];
+      missing += (d->parts[i].p.flags & RESHARD_OPTIONAL) && !filled[i] && strcmp(w->restore_src, "init") != 0;
     }
+    w->whole = ro.whole;
+    if (out) {
+      out->step = w->live_step;
+      out->source = strcmp(w->restore_src, "peer") == 0     ? NEWT_FROM_PEERS
+                    : strcmp(w->restore_src, "memory") == 0 ? NEWT_FROM_MEMORY
+                    : strcmp(w->restore_src, "ckpt") == 0   ? NEWT_FROM_CHECKPOINT
+                                                            : NEWT_FROM_NOTHING;
+      out->bytes_received = received;
+      out->bytes_missing = missing;
+    }
+  } else if (w->has_state && w->prev.n == 0 && wrote) {
+    w->has_state = 0; /* the buffers held the state and were half written: no state any more */
   }
+  free(have), free(need), free(need_dev), free(dev), free(primary), free(unique), free(filled), free(group);
+  worker_stage_release(w, have_stage), worker_stage_release(w, need_stage);
   if (r != NEWT_OK) return r;
-  copies_free(w); /* they belong to the old layout */
-  w->snap.step = w->rep.step = w->rep.spare_step = -1;
+  worker_decl_free(&w->prev); /* the program may free those buffers now */
+  copies_free(w);             /* they belong to the old layout */
   w->has_state = 1;
-  w->restore_step = w->done_step = w->committed_step = w->par.step;
+  w->state_in_decl = 1;
+  w->derived_stale = 0;
+  w->restore_step = w->done_step = w->committed_step = w->live_step;
   NEWT_INFO(WORKER, "%s: generation %llu starts at step %lld (state from %s)", w->id,
-            (unsigned long long)p->generation, (long long)w->par.step, w->restore_src);
+            (unsigned long long)w->plan.generation, (long long)w->live_step, w->restore_src);
   return NEWT_OK;
 }
 
 newt_result_t worker_donate(worker *w, comm_t *c) {
   reshard_piece *have = NULL;
   size_t n = 0;
-  float *stage = NULL;
-  NEWT_CHECK(held_pieces(w, &have, &n, &stage));
+  void *stage = NULL;
+  NEWT_CHECK(held_pieces(w, &w->decl, &have, &n, &stage));
   reshard_result rr;
   newt_result_t r = reshard_exchange(c, have, n, NULL, 0, NULL, &rr);
   free(have);
-  stage_release(w, stage);
+  worker_stage_release(w, stage);
   return r;
 }
 
 void worker_state_free(worker *w) {
   copies_free(w);
-  if (w->have_par) model_par_free(&w->par);
-  w->have_par = 0;
+  worker_decl_free(&w->decl);
+  worker_decl_free(&w->prev);
   worker_pinned_free(w->pinned); /* after the saver (worker_ckpt_free), before the device closes */
   w->pinned = NULL;
 }

@@ -17,13 +17,14 @@ common:
 rendezvous: common
 comm: common
 ckpt: common
-model: common comm ckpt
+model: common comm
 job: common rendezvous
 coordinator: common rendezvous job
-worker: common rendezvous comm model ckpt job
+worker: common rendezvous comm ckpt job
+gpt: common comm ckpt model job worker
 launch: common rendezvous job
-bench: common rendezvous comm model ckpt job launch
-cli: common rendezvous comm model ckpt job coordinator worker launch bench
+bench: common rendezvous comm model ckpt job launch gpt
+cli: common rendezvous comm model ckpt job coordinator worker gpt launch bench
 '
 
 folders=$(printf '%s\n' "$LAYERS" | sed -n 's/^\([a-z]*\):.*/\1/p')

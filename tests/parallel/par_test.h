@@ -185,6 +185,7 @@ static inline int pt_pieces_apply(const model_par *p, pt_elem_fn fn, pt_shared *
   pt_cover cv = {.sh = sh};
   for (size_t i = 0; i < n; i++) {
     if (primary_only && !pcs[i].primary) continue;
+    if (pcs[i].derived && p->params_stale) continue; /* not state: the next step rebuilds them */
     size_t bytes = (size_t)newt_slice_numel(&pcs[i].slice) * sizeof(float);
     model_par_piece h = pcs[i];
     h.data = malloc(bytes ? bytes : 1);

@@ -31,7 +31,7 @@
 #include <sys/wait.h>
 
 #include "common/fs.h"
-#include "model/checkpoint.h"
+#include "gpt/ckpt.h"
 #include "par_test.h"
 
 #define STEPS 20
@@ -120,7 +120,7 @@ static int train_steps(model_par *p, rank_ctx *rc, const layout *L, int s0, int 
     int count;
     model_step_info info;
     if (pt_fetch(&cfg, &p->pc, s, in, tg, &count) != NEWT_OK ||
-        model_par_step(p, &rc->comms, in, tg, count, NULL, &info) != NEWT_OK) {
+        model_par_step(p, &rc->comms, in, tg, count, &info) != NEWT_OK) {
       RFAIL("tp %d pp %d dp %d zero %d step %d: %s", L->tp, L->pp, L->dp, p->pc.zero, s + 1, newt_errmsg());
       break;
     }
@@ -378,7 +378,7 @@ static int strict_one(ct_world *w, const strict_case *sc, int rank, model_dev *d
     int count;
     model_step_info info;
     if (pt_fetch(&cfg, &p.pc, s, in, tg, &count) != NEWT_OK ||
-        model_par_step(&p, &rc.comms, in, tg, count, NULL, &info) != NEWT_OK) {
+        model_par_step(&p, &rc.comms, in, tg, count, &info) != NEWT_OK) {
       RFAIL("%s: step %d: %s", model_dev_name(dev), s + 1, newt_errmsg());
       break;
     }
@@ -508,11 +508,11 @@ static void test_ckpt(void) {
   ckpt_saver *sv;
   int started = 0;
   T_OK(ckpt_saver_init(&sv, &o));
-  T_OK(model_ckpt_trainer_save(sv, &tr, "generated", 0, &started));
+  T_OK(gpt_ckpt_trainer_save(sv, &tr, "generated", 0, &started));
   T_CHECK(started);
   ckpt_saver_free(sv);
   char *state = NULL;
-  T_OK(model_ckpt_trainer_state(&tr, "generated", &state));
+  T_OK(gpt_ckpt_trainer_state(&tr, "generated", &state));
   static const struct {
     int tp, pp, dp, zero;
   } lays[] = {{2, 2, 2, 1}, {2, 4, 1, 3}, {1, 1, 4, 2}, {1, 2, 1, 0}};
@@ -538,7 +538,7 @@ static void test_ckpt(void) {
     for (int r = n - 1; r >= 0; r--) T_OK(par_ckpt_save(dir_b, &p[r], r, n, tr.step, state));
     T_OK(model_trainer_init(&back, &cfg));
     int64_t step = -1;
-    T_OK(model_ckpt_trainer_resume(dir_b, &back, "generated", 1, &step));
+    T_OK(gpt_ckpt_trainer_resume(dir_b, &back, "generated", 1, &step));
     T_CHECK_MSG(step == HALF && back.opt.t == tr.opt.t, "%s: resumed step %lld", dir_b, (long long)step);
     T_CHECK_MSG(memcmp(back.gpt.params, tr.gpt.params, ref.total * sizeof(float)) == 0 &&
                     memcmp(back.opt.m, tr.opt.m, ref.total * sizeof(float)) == 0 &&
@@ -567,7 +567,7 @@ static void test_single_rank(void) {
       int count;
       model_step_info info;
       T_OK(pt_fetch(&cfg, &pc, s, in, tg, &count));
-      T_OK(model_par_step(&p, NULL, in, tg, count, NULL, &info));
+      T_OK(model_par_step(&p, NULL, in, tg, count, &info));
       if (zero == 0) T_CHECK_MSG(info.loss == ref.loss[s] && info.grad_norm == ref.norm[s],
                                  "zero 0 step %d: loss %.9g norm %.9g, single-process %.9g %.9g", s + 1, info.loss,
                                  info.grad_norm, ref.loss[s], ref.norm[s]);
@@ -609,7 +609,7 @@ static int rank_unbuffered(ct_world *w, int rank, void *arg) {
       model_batch_slice(big_cfg.batch, pc.dp_rank, pc.dp, &first, &cnt);
       count = (int)cnt;
       if (model_loader_fetch(&pt_loader, (uint64_t)s * big_cfg.batch + (uint64_t)first, cnt, in, tg) != NEWT_OK ||
-          model_par_step(&p, &rc.comms, in, tg, count, NULL, &info) != NEWT_OK) {
+          model_par_step(&p, &rc.comms, in, tg, count, &info) != NEWT_OK) {
         RFAIL("pp %d step %d: %s", L->pp, s + 1, newt_errmsg());
         break;
       }
@@ -710,9 +710,9 @@ static void test_refusals(void) {
   model_par_config_from_rank(&pc, 1, 1, 2, 0, 1);
   T_OK(model_par_init(&p, &cfg, &pc));
   int32_t x[8 * 32] = {0};
-  T_ERR(NEWT_ERR_INVALID, model_par_step(&p, NULL, x, x, 3, NULL, NULL));
+  T_ERR(NEWT_ERR_INVALID, model_par_step(&p, NULL, x, x, 3, NULL));
   T_CHECK(strstr(newt_errmsg(), "takes 4") != NULL);
-  T_ERR(NEWT_ERR_INVALID, model_par_step(&p, NULL, x, x, 4, NULL, NULL));
+  T_ERR(NEWT_ERR_INVALID, model_par_step(&p, NULL, x, x, 4, NULL));
   T_CHECK(strstr(newt_errmsg(), "communicators") != NULL);
   T_CHECK(p.step == 0);
   model_par_free(&p);
@@ -722,7 +722,7 @@ static void test_refusals(void) {
   model_par_config_from_rank(&pc, 1, 1, 4, 3, 0);
   T_OK(model_par_init(&p, &uneven, &pc));
   model_par_comms none = {0};
-  T_ERR(NEWT_ERR_INVALID, model_par_step(&p, &none, x, x, 3, NULL, NULL));
+  T_ERR(NEWT_ERR_INVALID, model_par_step(&p, &none, x, x, 3, NULL));
   model_par_free(&p);
   int l0, l1;
   model_par_stage_layers(6, 4, 0, &l0, &l1);

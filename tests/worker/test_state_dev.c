@@ -1,22 +1,24 @@
-/* The worker's state moves (worker/state.c) on a device whose memory the host cannot touch:
- * the strict test device (tests/model/dev_strict.h) against the CPU device, with 2 real rank
- * processes over the CPU backend. Each rank trains 3 steps of tp 1 pp 1 dp 2 ZeRO 1 with the
- * worker's pre-step snapshot (taken on commit, a device-to-device copy) and the ZeRO replica
- * (host memory) after every step, then loses state and restores under tp 2 ZeRO 3 through
- * worker_restore (reshard through host staging, uploaded), and trains 2 more steps:
+/* The worker's state moves (worker/state.c, save.c) on a device whose memory the host cannot
+ * touch: the strict test device (tests/model/dev_strict.h) against the CPU device, with 2
+ * real rank processes over the CPU backend. The state is the parallel trainer's pieces,
+ * declared as libnewt state the way the GPT worker does (gpt/worker.c), its memory copied
+ * through the device (a newt_memory over the model device). Each rank trains 3 steps of tp 1
+ * pp 1 dp 2 ZeRO 1 through the step protocol (worker_commit: the world's sums and the
+ * pre-update snapshot, a device-to-device copy; worker_end: the replica of the neighbour's
+ * unique parts, host memory, and the checkpoint), then loses state and restores under tp 2
+ * ZeRO 3 through worker_restore (reshard through host staging, uploaded), and trains 2 more:
  *
  *   - rank 1 lost its state: step 3 is whole from rank 0's state and its replica of rank 1's
  *     shard (the replica path);
  *   - both lost their state: step 2 is whole from the two snapshots (the snapshot path);
- *   - both lost everything but the checkpoint the worker saved at step 3 (worker/save.c:
- *     pieces downloaded into the saver's staging, which a thread reserved in the worker's
- *     pool after step 1 -- check_staging) and it is read back (worker/state.c:
- *     read into host staging, uploaded); then two more generations of the second layout,
- *     each a new saver, a save and a restore from memory: on the strict device the staging
- *     of both is pinned memory of the worker's pool (the strict device refuses a queued
- *     download anywhere else) and the second pins nothing (the pool kept what the first
- *     gave back); on the CPU device the saver's staging comes from the pool too, and the
- *     second generation allocates none either.
+ *   - both lost everything but the checkpoint saved at step 3 (parts downloaded into the
+ *     saver's staging, which a thread reserved in the worker's pool after step 1 --
+ *     check_staging) and it is read back (read into host staging, uploaded); then two more
+ *     generations of the second layout, each a new saver, a save and a restore from memory:
+ *     on the strict device the staging of both is pinned memory of the worker's pool (the
+ *     strict device refuses a queued download anywhere else) and the second pins nothing
+ *     (the pool kept what the first gave back); with host memory the saver's staging comes
+ *     from the pool too, and the second generation allocates none either.
  *
  * Each scenario must follow the single-process losses, and give the same restored step, the
  * same losses and the same final state, bit for bit, on both devices; a host access to
@@ -44,32 +46,135 @@ typedef struct outcome {
   size_t nstate;
 } outcome;
 
-static newt_result_t on_commit(void *arg) { return worker_snapshot(arg); }
+/* The rank's trainer, its groups and the worker that keeps its state. */
+typedef struct rank_state {
+  worker w;
+  model_dev *dev;
+  model_par par, old; /* old: the trainer of the last layout, the restore's source */
+  int have_par, have_old;
+  model_par_comms comms;
+  int32_t *inputs, *targets;
+} rank_state;
 
-static int step(worker *w, int s, double *loss) {
+/* --- the model device's memory for the worker (as gpt/worker.c gives it) ------------------------ */
+
+static newt_result_t m_alloc(void *ctx, size_t bytes, void **out) { return model_dev_alloc(ctx, bytes, out); }
+static void m_free(void *ctx, void *p) { model_dev_free(ctx, p); }
+static newt_result_t m_host_alloc(void *ctx, size_t bytes, void **out) { return model_dev_host_alloc(ctx, bytes, out); }
+static void m_host_free(void *ctx, void *p) { model_dev_host_free(ctx, p); }
+static void m_copy(void *ctx, void *dst, const void *src, size_t bytes, int kind) {
+  if (kind == 0) model_dev_copy(ctx, dst, src, bytes);
+  else if (kind == 1) model_dev_download_async(ctx, dst, src, bytes);
+  else model_dev_upload_async(ctx, dst, src, bytes);
+}
+static newt_result_t m_sync(void *ctx) { return model_dev_sync(ctx); }
+
+/* --- a generation: the layout's groups, the plan, the declaration ----------------------------- */
+
+/* The worker's generation of layout (tp, dp, zero) over `world`: its plan, its groups (the
+ * trainer's are the worker's), its trainer's pieces declared. */
+static newt_result_t generation(rank_state *rs, comm_t *world, int rank, uint64_t gen, int tp, int dp, int zero,
+                                int64_t step) {
+  worker *w = &rs->w;
+  plan_free(&w->plan);
+  memset(&w->plan, 0, sizeof w->plan);
+  w->plan = (newt_plan){.generation = gen, .tp = tp, .pp = 1, .dp = dp, .zero = zero, .nranks = 2, .step = step,
+                        .global_batch = cfg.batch};
+  snprintf(w->plan.switch_mode, sizeof w->plan.switch_mode, "boundary");
+  w->plan.ranks = calloc(2, sizeof *w->plan.ranks);
+  if (!w->plan.ranks) return NEWT_ERR(NEWT_ERR_NOMEM, "out of memory");
+  for (int r = 0; r < 2; r++) w->plan.ranks[r].rank = r;
+  w->me = &w->plan.ranks[rank];
+  w->all = w->train = world;
+  model_par_config pc;
+  model_par_config_from_rank(&pc, tp, 1, dp, zero, rank);
+  pc.dev = rs->dev;
+  model_par_comms_free(&rs->comms);
+  NEWT_CHECK(model_par_comms_split(world, &pc, &rs->comms));
+  w->dp = rs->comms.dp;
+  w->tp_rank = pc.tp_rank, w->dp_rank = pc.dp_rank, w->pp_rank = 0;
+  if (!rs->have_par || rs->par.pc.tp != tp || rs->par.pc.dp != dp || rs->par.pc.zero != zero) {
+    if (rs->have_par) { /* kept until the restore has read it */
+      if (rs->have_old) model_par_free(&rs->old);
+      rs->old = rs->par;
+      rs->have_old = 1;
+    }
+    NEWT_CHECK(model_par_alloc(&rs->par, &cfg, &pc));
+    rs->have_par = 1;
+  }
+  /* the state of the last generation is the source; this one declares the trainer's pieces */
+  if (w->state_in_decl) {
+    worker_decl_free(&w->prev);
+    w->prev = w->decl;
+    memset(&w->decl, 0, sizeof w->decl);
+    w->state_in_decl = 0;
+  }
+  model_par_piece *pp = NULL;
+  size_t n = 0;
+  NEWT_CHECK(model_par_pieces(&rs->par, &pp, &n));
+  newt_result_t r = NEWT_OK;
+  for (size_t i = 0; r == NEWT_OK && i < n; i++) {
+    reshard_piece p;
+    memset(&p, 0, sizeof p);
+    snprintf(p.name, sizeof p.name, "%s", pp[i].desc.name);
+    p.ndim = pp[i].desc.ndim;
+    memcpy(p.shape, pp[i].desc.shape, sizeof p.shape);
+    p.slice = pp[i].slice;
+    p.data = pp[i].data;
+    p.flags = WORKER_PART_DEVICE | (pp[i].derived ? RESHARD_DERIVED : 0);
+    r = worker_declare(w, &p);
+  }
+  free(pp);
+  w->phase = PHASE_BUILT;
+  return r;
+}
+
+/* The restore of a generation, and the trainer's step and AdamW count from it. */
+static newt_result_t restore(rank_state *rs) {
+  newt_restore_info ri = {.size = sizeof ri};
+  NEWT_CHECK(worker_restore(&rs->w, &ri));
+  NEWT_CHECK(worker_restored(&rs->w));
+  if (ri.source == NEWT_FROM_NOTHING) return NEWT_ERR(NEWT_ERR_INTERNAL, "nothing to restore from");
+  if (rs->have_old) model_par_free(&rs->old);
+  rs->have_old = 0;
+  rs->par.step = ri.step;
+  rs->par.opt.t = ri.step;
+  rs->par.params_stale = 0;
+  return NEWT_OK;
+}
+
+/* --- a step through the protocol ------------------------------------------------------------- */
+
+static int step(rank_state *rs, int s, double *loss) {
+  worker *w = &rs->w;
   int count;
   model_step_info info;
-  model_par_step_opts o = {.on_commit = on_commit, .arg = w};
-  if (pt_fetch(&cfg, &w->par.pc, s, w->inputs, w->targets, &count) != NEWT_OK ||
-      model_par_step(&w->par, &w->comms, w->inputs, w->targets, count, &o, &info) != NEWT_OK ||
-      worker_replicate(w) != NEWT_OK) {
-    fprintf(stderr, "%s: step %d: %s\n", model_dev_name(w->dev), s + 1, newt_errmsg());
+  double part[2], sums[2];
+  w->step = STEP_BEGUN;
+  newt_step_result res = {.size = sizeof res};
+  newt_result_t r = pt_fetch(&cfg, &rs->par.pc, s, rs->inputs, rs->targets, &count);
+  if (r == NEWT_OK) r = model_par_grads(&rs->par, &rs->comms, rs->inputs, rs->targets, count, part);
+  if (r == NEWT_OK) r = worker_commit(w, part, sums, 2);
+  if (r == NEWT_OK) r = res.after = model_par_apply(&rs->par, &rs->comms, sums, &info);
+  if (r == NEWT_OK) res.loss = info.loss, r = worker_end(w, &res);
+  if (r != NEWT_OK) {
+    fprintf(stderr, "%s: step %d: %s\n", model_dev_name(rs->dev), s + 1, newt_errmsg());
     return 1;
   }
   *loss = info.loss;
   if (!(fabs(info.loss - ref.loss[s]) <= 1e-5)) {
-    fprintf(stderr, "%s: step %d: loss %.9g, single-process %.9g\n", model_dev_name(w->dev), s + 1, info.loss,
+    fprintf(stderr, "%s: step %d: loss %.9g, single-process %.9g\n", model_dev_name(rs->dev), s + 1, info.loss,
             ref.loss[s]);
     return 1;
   }
   return 0;
 }
 
-/* Generations 3 and 4 of plan's layout (pc): a new saver, a save of the step the rank is at,
+/* Generations 3 and 4 of the second layout: a new saver, a save of the step the rank is at,
  * and a restore from memory each. The second must take no new block from the device (on the
  * strict device: pin no host memory), its staging coming from what the pool kept. */
-static int more_generations(worker *w, comm_t *world, int rank, const newt_plan *plan, const model_par_config *pc,
-                            int strict) {
+static int more_generations(rank_state *rs, comm_t *world, int rank, int strict) {
+  worker *w = &rs->w;
   w->spec.ckpt_every = 1; /* the step it is at is saved */
   size_t pinned[3];
   uint64_t pool_allocs[3] = {0, 0, 0};
@@ -79,14 +184,10 @@ static int more_generations(worker *w, comm_t *world, int rank, const newt_plan 
     worker_pinned_stats sg = {0};
     if (w->pinned) worker_pinned_stats_get(w->pinned, &sg);
     pool_allocs[g] = sg.allocs;
-    newt_plan pg = *plan;
-    pg.generation = 3 + (uint64_t)g;
-    pg.nranks = 2;
-    plan_rank me = {.rank = rank};
-    newt_result_t r = worker_ckpt_generation(w, &pg, &me);
-    if (r == NEWT_OK) r = worker_ckpt_step(w, &pg, &me);
+    newt_result_t r = generation(rs, world, rank, 3 + (uint64_t)g, 2, 1, 3, rs->par.step);
+    if (r == NEWT_OK) r = restore(rs);
+    if (r == NEWT_OK) r = worker_ckpt_step(w);
     if (r == NEWT_OK) r = ckpt_save_wait(w->saver, newt_deadline_in_ms(60000));
-    if (r == NEWT_OK) r = worker_restore(w, world, &pg, pc);
     if (r != NEWT_OK) {
       fprintf(stderr, "rank %d: generation %d: %s\n", rank, 3 + g, newt_errmsg());
       fails++;
@@ -99,7 +200,7 @@ static int more_generations(worker *w, comm_t *world, int rank, const newt_plan 
   pool_allocs[2] = st.allocs;
   if (!strict) {
     if (!w->pinned || st.reused == 0 || pool_allocs[2] != pool_allocs[1]) {
-      fprintf(stderr, "rank %d: FAIL the CPU device's saver staging: %s, %llu requests met from kept blocks, "
+      fprintf(stderr, "rank %d: FAIL host memory's saver staging: %s, %llu requests met from kept blocks, "
               "generation 4 allocated %llu blocks (want 0)\n", rank, w->pinned ? "a pool" : "no pool",
               (unsigned long long)st.reused, (unsigned long long)(pool_allocs[2] - pool_allocs[1]));
       fails++;
@@ -121,14 +222,13 @@ static int more_generations(worker *w, comm_t *world, int rank, const newt_plan 
 
 /* The saver's staging of a generation whose pool does not hold it yet (worker/save.c): after
  * the first step (step 1, no save due) a thread of its own reserves it in the pool, while
- * this one goes on -- on the CPU device, where nothing else takes pool memory, the pool
- * gains a block with no further call (on the strict device the replica's block may be
- * there to take) -- and the save at step PRE takes what the pool holds, allocating nothing
- * itself (before, it allocated its staging in the step loop). `before`: the pool as it was
- * before this step's worker_ckpt_step. */
-static int check_staging(worker *w, int rank, int s, const worker_pinned_stats *before) {
+ * this one goes on -- with host memory, where nothing else takes pool memory, the pool gains
+ * a block with no further call -- and the save at step PRE takes what the pool holds,
+ * allocating nothing itself. `before`: the pool as it was before this step's end. */
+static int check_staging(rank_state *rs, int rank, int s, const worker_pinned_stats *before) {
+  worker *w = &rs->w;
   worker_pinned_stats now = {0};
-  if (s == 1 && w->dev == model_dev_cpu()) {
+  if (s == 1 && rs->dev == model_dev_cpu()) {
     for (newt_deadline_t d = newt_deadline_in_ms(20000); !newt_deadline_passed(d); newt_sleep_ms(2)) {
       if (w->pinned) worker_pinned_stats_get(w->pinned, &now);
       if (now.allocs > before->allocs) return 0;
@@ -146,8 +246,18 @@ static int check_staging(worker *w, int rank, int s, const worker_pinned_stats *
   return 1;
 }
 
-/* One scenario on one device: 0 rank 1 loses its state, 1 both do, 2 both lose all but the
+/* The scenario's losses: 0 rank 1 loses its state, 1 both do, 2 both lose all but the
  * checkpoint. */
+static void lose(rank_state *rs, int scenario, int rank) {
+  worker *w = &rs->w;
+  if (scenario >= 1 || rank == 1) { /* its state is gone; snapshot and replica stay */
+    w->has_state = 0;
+    model_par_free(&rs->par);
+    rs->have_par = 0;
+  }
+  if (scenario == 2) w->snap.step = w->rep.step = w->rep.spare_step = -1; /* and them too */
+}
+
 static int run(ct_world *cw, int rank, model_dev *dev, int scenario, outcome *out) {
   memset(out, 0, sizeof *out);
   comm_config cc;
@@ -158,74 +268,77 @@ static int run(ct_world *cw, int rank, model_dev *dev, int scenario, outcome *ou
     return 1;
   }
   if (dev != model_dev_cpu()) dev_strict_comm(world);
-  static worker w;
-  memset(&w, 0, sizeof w);
-  snprintf(w.id, sizeof w.id, "rank%d", rank);
-  w.tcfg = cfg;
-  w.spec.replica_every = 1;
-  w.spec.global_batch = cfg.batch;
-  w.dev = dev;
-  w.snap.step = w.rep.step = -1;
-  static worker_opts wo = {.job = "state-dev"};
-  w.o = &wo;
-  newt_plan plan_a = {.generation = 1, .tp = 1, .pp = 1, .dp = 2, .zero = 1, .nranks = 2};
-  plan_rank me = {.rank = rank};
+  static rank_state rs;
+  memset(&rs, 0, sizeof rs);
+  rs.dev = dev;
+  worker *w = &rs.w;
+  pthread_mutex_init(&w->mu, NULL);
+  pthread_cond_init(&w->cv, NULL);
+  snprintf(w->id, sizeof w->id, "rank%d", rank);
+  w->o.job = "state-dev";
+  w->spec.replica_every = 1;
+  w->spec.global_batch = cfg.batch;
+  w->spec.steps = PRE + POST;
+  w->step_log_fd = -1;
+  w->snap.step = w->snap.spare_step = w->rep.step = w->rep.spare_step = -1;
+  if (dev == model_dev_cpu()) {
+    worker_mem_host(&w->o.memory);
+  } else {
+    w->o.memory = (newt_memory){.size = sizeof w->o.memory, .ctx = dev, .host_visible = model_dev_host_visible(dev),
+                                .alloc = m_alloc, .free = m_free, .host_alloc = m_host_alloc, .host_free = m_host_free,
+                                .copy = m_copy, .sync = m_sync};
+  }
   if (scenario == 2) {
-    snprintf(w.spec.ckpt_dir, sizeof w.spec.ckpt_dir, "%s/%s", root, dev == model_dev_cpu() ? "cpu" : "strict");
-    w.spec.ckpt_every = PRE;
-    w.spec.ckpt_keep = 2;
+    snprintf(w->spec.ckpt_dir, sizeof w->spec.ckpt_dir, "%s/%s", root, dev == model_dev_cpu() ? "cpu" : "strict");
+    w->spec.ckpt_every = PRE;
+    w->spec.ckpt_keep = 2;
   }
   size_t n = (size_t)cfg.batch * cfg.seq_len;
-  w.inputs = malloc(n * sizeof *w.inputs);
-  w.targets = malloc(n * sizeof *w.targets);
+  rs.inputs = malloc(n * sizeof *rs.inputs);
+  rs.targets = malloc(n * sizeof *rs.targets);
   int fails = 0;
-  model_par_config pc;
-  model_par_config_from_rank(&pc, 1, 1, 2, 1, rank);
-  pc.dev = dev;
-  if (model_par_comms_split(world, &pc, &w.comms) != NEWT_OK || model_par_init(&w.par, &cfg, &pc) != NEWT_OK) {
+  newt_result_t r = generation(&rs, world, rank, 1, 1, 2, 1, 0);
+  /* a new job: nothing anywhere; the trainer initialises, as the GPT worker does */
+  newt_restore_info ri = {.size = sizeof ri};
+  if (r == NEWT_OK) r = worker_restore(w, &ri);
+  if (r == NEWT_OK && ri.source != NEWT_FROM_NOTHING) r = NEWT_ERR(NEWT_ERR_INTERNAL, "a state on a new job?");
+  if (r == NEWT_OK) r = model_par_init_weights(&rs.par);
+  if (r == NEWT_OK) r = worker_restored(w);
+  if (r != NEWT_OK) {
     fprintf(stderr, "rank %d: layout A: %s\n", rank, newt_errmsg());
     fails = 1;
     goto exit;
   }
-  w.have_par = w.has_state = 1;
-  if (worker_ckpt_generation(&w, &plan_a, &me) != NEWT_OK) {
-    fprintf(stderr, "rank %d: checkpoint saver: %s\n", rank, newt_errmsg());
-    fails = 1;
-    goto exit;
-  }
   for (int s = 0; s < PRE && !fails; s++) {
-    fails += step(&w, s, &out->loss[s]);
     worker_pinned_stats before = {0};
-    if (w.pinned) worker_pinned_stats_get(w.pinned, &before);
-    if (!fails && worker_ckpt_step(&w, &plan_a, &me) != NEWT_OK) {
-      fprintf(stderr, "rank %d: checkpoint of step %d: %s\n", rank, s + 1, newt_errmsg());
-      fails = 1;
-    }
-    if (!fails && scenario == 2) fails += check_staging(&w, rank, s + 1, &before);
+    if (w->pinned) worker_pinned_stats_get(w->pinned, &before);
+    fails += step(&rs, s, &out->loss[s]);
+    if (!fails && scenario == 2) fails += check_staging(&rs, rank, s + 1, &before);
   }
-  worker_ckpt_free(&w); /* waits for the save in flight */
+  worker_ckpt_free(w); /* waits for the save in flight */
   if (fails) goto exit;
-  if (scenario >= 1 || rank == 1) w.has_state = 0; /* its state is gone; snapshot and replica stay */
-  if (scenario == 2) w.snap.step = w.rep.step = -1; /* and them too */
-  model_par_comms_free(&w.comms);
-  model_par_config_from_rank(&pc, 2, 1, 1, 3, rank);
-  pc.dev = dev;
-  newt_plan plan = {.generation = 2, .tp = 2, .pp = 1, .dp = 1, .zero = 3, .step = PRE};
-  if (model_par_comms_split(world, &pc, &w.comms) != NEWT_OK || worker_restore(&w, world, &plan, &pc) != NEWT_OK) {
+  lose(&rs, scenario, rank);
+  if ((r = generation(&rs, world, rank, 2, 2, 1, 3, PRE)) != NEWT_OK || (r = restore(&rs)) != NEWT_OK) {
     fprintf(stderr, "rank %d: restore under layout B: %s\n", rank, newt_errmsg());
     fails = 1;
     goto exit;
   }
-  out->restored = w.par.step;
-  for (int s = (int)out->restored; s < (int)out->restored + POST && !fails; s++) fails += step(&w, s, &out->loss[s]);
-  if (!fails && !(out->state = pt_pieces_download(&w.par, &out->nstate))) fails = 1;
-  if (!fails && scenario == 2) fails += more_generations(&w, world, rank, &plan, &pc, dev != model_dev_cpu());
+  out->restored = rs.par.step;
+  for (int s = (int)out->restored; s < (int)out->restored + POST && !fails; s++) fails += step(&rs, s, &out->loss[s]);
+  if (!fails && !(out->state = pt_pieces_download(&rs.par, &out->nstate))) fails = 1;
+  if (!fails && scenario == 2) fails += more_generations(&rs, world, rank, dev != model_dev_cpu());
 exit:
-  worker_ckpt_free(&w);
-  for (int i = 0; i < WORKER_PUB_SLOTS; i++) free(w.pub[i].value);
-  worker_state_free(&w);
-  model_par_comms_free(&w.comms);
-  free(w.inputs), free(w.targets);
+  worker_ckpt_free(w);
+  for (int i = 0; i < WORKER_PUB_SLOTS; i++) free(w->pub[i].value);
+  worker_state_free(w);
+  plan_free(&w->plan);
+  worker_mem_release(&w->o.memory);
+  if (rs.have_par) model_par_free(&rs.par);
+  if (rs.have_old) model_par_free(&rs.old);
+  model_par_comms_free(&rs.comms);
+  free(rs.inputs), free(rs.targets);
+  pthread_cond_destroy(&w->cv);
+  pthread_mutex_destroy(&w->mu);
   comm_free(world);
   return fails;
 }

@@ -14,7 +14,7 @@ if [ -z "$cc" ]; then
   exit 1
 fi
 mkdir -p "$work"
-cflags="-std=c11 -D_GNU_SOURCE -g -O1 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined -I$src"
+cflags="-std=c11 -D_GNU_SOURCE -g -O1 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined -I$src -I$src/include"
 common="$src/common/strutil.c $src/common/json.c $src/common/err.c $src/common/log.c $src/common/clock.c $src/common/param.c"
 cjson=$(pkg-config --cflags --libs libcjson 2>/dev/null || echo -lcjson)
 status=0

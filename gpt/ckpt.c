@@ -1,6 +1,6 @@
 /* The GPT's flat buffers as checkpoint slices, and a training run's state JSON (see
  * checkpoint.h). */
-#include "model/checkpoint.h"
+#include "gpt/ckpt.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -18,7 +18,7 @@
 typedef newt_result_t (*piece_fn)(void *ctx, const model_tensor *t, const newt_tensor_desc *d,
                                   const newt_slice *s, size_t at);
 
-static newt_result_t each_piece(const model_ckpt_bufs *b, piece_fn fn, void *ctx) {
+static newt_result_t each_piece(const gpt_ckpt_bufs *b, piece_fn fn, void *ctx) {
   if (!b->layout) return NEWT_ERR(NEWT_ERR_INVALID, "model_ckpt: no layout");
   if (b->off + b->len > b->layout->total)
     return NEWT_ERR(NEWT_ERR_INVALID, "model_ckpt: range [%zu, %zu) runs past the buffer (%zu floats)", b->off,
@@ -44,30 +44,30 @@ static newt_result_t each_piece(const model_ckpt_bufs *b, piece_fn fn, void *ctx
 
 static newt_result_t add_one(void *ctx, const model_tensor *t, const newt_tensor_desc *d, const newt_slice *s,
                              size_t at) {
-  const model_ckpt_bufs *b = ((void **)ctx)[1];
+  const gpt_ckpt_bufs *b = ((void **)ctx)[1];
   ckpt_saver *sv = ((void **)ctx)[0];
   if (b->params) NEWT_CHECK(ckpt_save_add(sv, d, s, b->params + at));
   char name[NAME_CAP];
   newt_tensor_desc md = *d;
   md.name = name;
   if (b->m) {
-    snprintf(name, sizeof name, "%s%s", MODEL_CKPT_ADAM_M, t->name);
+    snprintf(name, sizeof name, "%s%s", MODEL_PAR_NAME_M, t->name);
     NEWT_CHECK(ckpt_save_add(sv, &md, s, b->m + (at - b->moff)));
   }
   if (b->v) {
-    snprintf(name, sizeof name, "%s%s", MODEL_CKPT_ADAM_V, t->name);
+    snprintf(name, sizeof name, "%s%s", MODEL_PAR_NAME_V, t->name);
     NEWT_CHECK(ckpt_save_add(sv, &md, s, b->v + (at - b->moff)));
   }
   return NEWT_OK;
 }
 
-newt_result_t model_ckpt_add(ckpt_saver *s, const model_ckpt_bufs *b) {
+newt_result_t gpt_ckpt_add(ckpt_saver *s, const gpt_ckpt_bufs *b) {
   void *ctx[2] = {s, (void *)b};
   return each_piece(b, add_one, ctx);
 }
 
 typedef struct req_ctx {
-  const model_ckpt_bufs *b;
+  const gpt_ckpt_bufs *b;
   ckpt_request *reqs;
   char (*names)[NAME_CAP];
   size_t n;
@@ -86,14 +86,14 @@ static void push_req(req_ctx *c, const char *prefix, const model_tensor *t, cons
 static newt_result_t req_one(void *ctx, const model_tensor *t, const newt_tensor_desc *d, const newt_slice *s,
                              size_t at) {
   req_ctx *c = ctx;
-  const model_ckpt_bufs *b = c->b;
+  const gpt_ckpt_bufs *b = c->b;
   if (b->params) push_req(c, "", t, d, s, b->params + at);
-  if (b->m) push_req(c, MODEL_CKPT_ADAM_M, t, d, s, b->m + (at - b->moff));
-  if (b->v) push_req(c, MODEL_CKPT_ADAM_V, t, d, s, b->v + (at - b->moff));
+  if (b->m) push_req(c, MODEL_PAR_NAME_M, t, d, s, b->m + (at - b->moff));
+  if (b->v) push_req(c, MODEL_PAR_NAME_V, t, d, s, b->v + (at - b->moff));
   return NEWT_OK;
 }
 
-newt_result_t model_ckpt_requests(const model_ckpt_bufs *b, ckpt_request **reqs, size_t *n) {
+newt_result_t gpt_ckpt_requests(const gpt_ckpt_bufs *b, ckpt_request **reqs, size_t *n) {
   req_ctx c = {.b = b};
   NEWT_CHECK(each_piece(b, req_one, &c)); /* count */
   size_t count = c.n;
@@ -114,12 +114,12 @@ newt_result_t model_ckpt_requests(const model_ckpt_bufs *b, ckpt_request **reqs,
 
 /* ---- a whole trainer ------------------------------------------------------------------------- */
 
-static model_ckpt_bufs trainer_bufs(const model_trainer *tr) {
-  return (model_ckpt_bufs){.layout = &tr->gpt.layout, .params = tr->gpt.params, .m = tr->opt.m, .v = tr->opt.v,
+static gpt_ckpt_bufs trainer_bufs(const model_trainer *tr) {
+  return (gpt_ckpt_bufs){.layout = &tr->gpt.layout, .params = tr->gpt.params, .m = tr->opt.m, .v = tr->opt.v,
                            .moff = tr->opt.off, .mlen = tr->opt.len, .off = tr->opt.off, .len = tr->opt.len};
 }
 
-newt_result_t model_ckpt_train_state(const model_train_config *c, int64_t step, uint64_t cursor,
+newt_result_t gpt_ckpt_train_state(const model_train_config *c, int64_t step, uint64_t cursor,
                                      int64_t adam_t, const char *data, char **json) {
   cJSON *o = cJSON_CreateObject(), *rng, *cfg, *model, *optim;
   NEWT_CHECK_ALLOC(o);
@@ -157,18 +157,18 @@ newt_result_t model_ckpt_train_state(const model_train_config *c, int64_t step, 
   return NEWT_OK;
 }
 
-newt_result_t model_ckpt_trainer_state(const model_trainer *tr, const char *data, char **json) {
-  return model_ckpt_train_state(&tr->cfg, tr->step, tr->cursor, tr->opt.t, data, json);
+newt_result_t gpt_ckpt_trainer_state(const model_trainer *tr, const char *data, char **json) {
+  return gpt_ckpt_train_state(&tr->cfg, tr->step, tr->cursor, tr->opt.t, data, json);
 }
 
-newt_result_t model_ckpt_trainer_save(ckpt_saver *s, const model_trainer *tr, const char *data, int async,
+newt_result_t gpt_ckpt_trainer_save(ckpt_saver *s, const model_trainer *tr, const char *data, int async,
                                       int *started) {
   char *state = NULL;
-  NEWT_CHECK(model_ckpt_trainer_state(tr, data, &state));
+  NEWT_CHECK(gpt_ckpt_trainer_state(tr, data, &state));
   newt_result_t r = ckpt_save_begin(s, tr->step, async, started);
   if (r == NEWT_OK && *started) {
-    model_ckpt_bufs b = trainer_bufs(tr);
-    r = model_ckpt_add(s, &b);
+    gpt_ckpt_bufs b = trainer_bufs(tr);
+    r = gpt_ckpt_add(s, &b);
     if (r == NEWT_OK) r = ckpt_save_end(s, state);
     else r = ckpt_save_fail(s, r, newt_errmsg()); /* nothing half-gathered is written */
   }
@@ -224,6 +224,21 @@ static newt_result_t check_config(const cJSON *state, const model_train_config *
   return NEWT_OK;
 }
 
+newt_result_t gpt_ckpt_check_state(const model_train_config *c, const char *data, const char *state_json, int64_t step) {
+  cJSON *state = NULL;
+  NEWT_CHECK(newt_json_parse(state_json, strlen(state_json), "state", &state));
+  static int warned;
+  newt_result_t r = check_config(state, c, data, !warned);
+  warned = 1;
+  int64_t t = 0;
+  if (r == NEWT_OK) r = newt_json_get_int(state, "state", "adam_t", 1, &t);
+  if (r == NEWT_OK && t != step)
+    r = NEWT_ERR(NEWT_ERR_INVALID, "state.adam_t %lld in the checkpoint of step %lld: one update per step expected",
+                 (long long)t, (long long)step);
+  cJSON_Delete(state);
+  return r;
+}
+
 /* The training point of a loaded checkpoint (its state JSON): the same run as c and data,
  * and a step, data cursor and AdamW count that agree with the checkpoint's step. */
 static newt_result_t loaded_point(const ckpt_loaded *ld, const model_train_config *c, const char *data,
@@ -255,11 +270,11 @@ static newt_result_t check_run(void *ctx, int64_t step, const cJSON *state) {
   return check_config(state, k->c, k->data, k->seen++ == 0);
 }
 
-newt_result_t model_ckpt_trainer_resume(const char *dir, model_trainer *tr, const char *data, int threads,
+newt_result_t gpt_ckpt_trainer_resume(const char *dir, model_trainer *tr, const char *data, int threads,
                                         int64_t *step) {
   *step = -1;
   /* Read into copies: the trainer stays as it is when nothing loads. */
-  model_ckpt_bufs b = trainer_bufs(tr);
+  gpt_ckpt_bufs b = trainer_bufs(tr);
   size_t total = tr->gpt.layout.total;
   float *p = calloc(total ? total : 1, sizeof *p), *m = calloc(b.mlen ? b.mlen : 1, sizeof *m),
         *v = calloc(b.mlen ? b.mlen : 1, sizeof *v);
@@ -271,7 +286,7 @@ newt_result_t model_ckpt_trainer_resume(const char *dir, model_trainer *tr, cons
   /* The run must be the same run: checked on each manifest before asking for its tensors
    * (a mismatch names the field, not a missing tensor), and again on what loads. */
   same_run k = {&tr->cfg, data, 0};
-  if (r == NEWT_OK) r = model_ckpt_requests(&b, &reqs, &nreq);
+  if (r == NEWT_OK) r = gpt_ckpt_requests(&b, &reqs, &nreq);
   if (r == NEWT_OK) r = ckpt_load_checked(dir, CKPT_LATEST, threads, reqs, nreq, check_run, &k, &ld);
   int fresh = r == NEWT_ERR_NOTFOUND && ld.committed == 0; /* nothing committed: a fresh run */
   int64_t s = 0, cursor = 0, t = 0;
@@ -298,9 +313,9 @@ newt_result_t model_ckpt_trainer_resume(const char *dir, model_trainer *tr, cons
   return r;
 }
 
-newt_result_t model_ckpt_train_load(const char *dir, int64_t max_step, const model_train_config *c,
+newt_result_t gpt_ckpt_train_load(const char *dir, int64_t max_step, const model_train_config *c,
                                     const char *data, int threads, const ckpt_request *reqs, size_t n,
-                                    model_ckpt_train_point *out) {
+                                    gpt_ckpt_train_point *out) {
   same_run k = {c, data, 0};
   ckpt_loaded ld = {0};
   newt_result_t r = ckpt_load_checked(dir, max_step, threads, reqs, n, check_run, &k, &ld);
@@ -320,7 +335,7 @@ newt_result_t model_ckpt_train_load(const char *dir, int64_t max_step, const mod
 
 /* ---- one rank of the parallel trainer ------------------------------------------------------ */
 
-newt_result_t model_ckpt_par_add(ckpt_saver *s, const model_par *p) {
+newt_result_t gpt_ckpt_par_add(ckpt_saver *s, const model_par *p) {
   model_par_piece *pp = NULL;
   size_t n = 0;
   NEWT_CHECK(model_par_pieces(p, &pp, &n));
@@ -360,12 +375,12 @@ static size_t pieces_bytes(const model_par *p, int primary_only, size_t align) {
   return total;
 }
 
-size_t model_ckpt_par_staging_bytes(const model_par *p) { return pieces_bytes(p, 1, CKPT_STAGING_ALIGN); }
+size_t gpt_ckpt_par_staging_bytes(const model_par *p) { return pieces_bytes(p, 1, CKPT_STAGING_ALIGN); }
 
-size_t model_ckpt_par_floats(const model_par *p) { return pieces_bytes(p, 0, 1) / sizeof(float); }
+size_t gpt_ckpt_par_floats(const model_par *p) { return pieces_bytes(p, 0, 1) / sizeof(float); }
 
-newt_result_t model_ckpt_par_load(const char *dir, int64_t max_step, model_par *p, const char *data, int threads,
-                                  float *stage, model_ckpt_train_point *pt) {
+newt_result_t gpt_ckpt_par_load(const char *dir, int64_t max_step, model_par *p, const char *data, int threads,
+                                  float *stage, gpt_ckpt_train_point *pt) {
   memset(pt, 0, sizeof *pt);
   pt->step = -1;
   model_par_piece *pp = NULL;
@@ -383,7 +398,7 @@ newt_result_t model_ckpt_par_load(const char *dir, int64_t max_step, model_par *
     reqs[i] = (ckpt_request){.t = pp[i].desc, .slice = pp[i].slice, .out = stage ? stage + off : pp[i].data};
     off += (size_t)newt_slice_numel(&pp[i].slice);
   }
-  if (r == NEWT_OK) r = model_ckpt_train_load(dir, max_step, &p->cfg, data, threads, reqs, n, pt);
+  if (r == NEWT_OK) r = gpt_ckpt_train_load(dir, max_step, &p->cfg, data, threads, reqs, n, pt);
   for (size_t i = 0, off = 0; r == NEWT_OK && stage && i < n; i++) { /* queued, one wait */
     size_t k = (size_t)newt_slice_numel(&pp[i].slice);
     model_dev_upload_async(p->dev, pp[i].data, stage + off, k * sizeof *stage);

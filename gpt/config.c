@@ -1,13 +1,13 @@
-/* The trainer and the token stream a job spec asks for (worker.h): the worker builds its
+/* The trainer and the token stream a job spec asks for (gpt/gpt.h): the GPT worker builds its
  * trainer from the job's spec, and `newt train` from the spec its flags describe, with these
  * two functions, so a job and `newt train` with the same values follow one trajectory. */
 #include <stdio.h>
 #include <stdlib.h>
 
+#include "gpt/gpt.h"
 #include "model/tokens.h"
-#include "worker/worker.h"
 
-newt_result_t worker_open_data(const newt_spec *s, model_tokens *tok) {
+newt_result_t gpt_open_data(const newt_spec *s, model_tokens *tok) {
   if (s->data_path[0]) return model_tokens_open(tok, s->data_path);
   char *text = malloc((size_t)s->gen_bytes);
   NEWT_CHECK_ALLOC(text);
@@ -17,7 +17,7 @@ newt_result_t worker_open_data(const newt_spec *s, model_tokens *tok) {
   return r;
 }
 
-newt_result_t worker_train_config(const newt_spec *s, int threads, model_train_config *c) {
+newt_result_t gpt_train_config(const newt_spec *s, int threads, model_train_config *c) {
   NEWT_CHECK(model_train_defaults(c, s->preset, s->steps));
   const struct {
     const char *field;

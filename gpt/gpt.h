@@ -1,0 +1,26 @@
+/* The built-in GPT as a program on libnewt (include/newt.h): `newt worker` runs it. It
+ * builds its trainer (model/parallel.h) from the job's spec, declares the trainer's pieces as
+ * the state, and steps through newt's calls like any other program (docs/api.md), so there is
+ * one orchestration for the GPT and for a program of one's own. gpt/ckpt.h is the GPT's side
+ * of checkpoints for `newt train` (one process, no job), which writes the same state document. */
+#ifndef NEWT_GPT_GPT_H
+#define NEWT_GPT_GPT_H
+
+#include "job/spec.h"
+#include "model/tokens.h"
+#include "model/train.h"
+#include "newt.h"
+
+/* The trainer configuration a job spec asks for (model, optimizer, batch, data seeds): the
+ * same one `newt train` builds from its flags, so the two follow one trajectory. */
+newt_result_t gpt_train_config(const newt_spec *s, int threads, model_train_config *out);
+
+/* The token stream a spec names: its token file, or the generated corpus. */
+newt_result_t gpt_open_data(const newt_spec *s, model_tokens *tok);
+
+/* Trains the job's GPT as one worker until the job is done, this worker left (a signal),
+ * the job failed, or an error; returns the exit status (newt_finish's: 0 done, 3 left, 4
+ * failed, 1 an error, 2 a bad flag or spec). */
+int gpt_worker_run(const newt_join_opts *o, int threads);
+
+#endif
