@@ -14,8 +14,9 @@
  *           does (done, nothing restarted); a COMMAND that cannot run ends the agent with 2
  *           and its message, restarting nothing.
  *   run     `newt run --nproc 3 --chaos kill:worker:1@step=1,join:2@step=2 -- standin`: the
- *           workers run the program with the run's etcd, job, step log, secret and
- *           termination logs, LOCAL_RANK 0, 1, 2 of 3; the steps come from lines the test
+ *           workers run the program (its 100-odd words, more than a fixed argv would
+ *           hold, as given) with the run's etcd, job, step log, secret and termination
+ *           logs, LOCAL_RANK 0, 1, 2 of 3; the steps come from lines the test
  *           appends to the step log (as the program's rank 0 would), so w1 is killed at step
  *           1 and, once the launcher has reaped it, the joiners of step 2 take the lowest
  *           free slots (w3: 1 of 3, w4: 3 of 4). A run whose program never trains cannot
@@ -358,6 +359,8 @@ static void test_agent(void) {
 
 /* --- run ------------------------------------------------------------------------------------- */
 
+#define RUN_EXTRA_ARGS 100
+
 /* What every worker of the run gets: the run's etcd, job and files, its slot. */
 static void check_run_worker(const char *rec, const char *logs, const char *id, int slot, int world) {
   char what[64], path[400];
@@ -378,7 +381,10 @@ static void check_run_worker(const char *rec, const char *logs, const char *id, 
   T_CHECK_MSG(etcd && strncmp(etcd, "http://127.0.0.1:", 17) == 0, "%s: NEWT_ETCD %s is not the private etcd", what,
               etcd ? etcd : "(unset)");
   free(etcd);
-  T_CHECK_MSG(strstr(rec, "\narg=x y\narg=--nproc\n"), "%s: the program's arguments are not as given", what);
+  char last[48];
+  snprintf(last, sizeof last, "\narg=word-%d\n", RUN_EXTRA_ARGS - 1);
+  T_CHECK_MSG(strstr(rec, "\narg=x y\narg=--nproc\narg=word-0\n") && strstr(rec, last),
+              "%s: the program's arguments are not as given", what);
 }
 
 /* Appends step's line to the step log, as the program's rank 0 would. */
@@ -403,9 +409,16 @@ static void test_run(void) {
   snprintf(logs, sizeof logs, "%s/run", tmp);
   snprintf(out, sizeof out, "%s/run.out", tmp);
   snprintf(steps, sizeof steps, "%s/steps.jsonl", logs);
-  const char *argv[] = {newt_bin, "run", "--nproc", "3", "--job", "cmdrun", "--coordinators", "1", "--no-metrics",
-                        "--quiet", "--log-dir", logs, "--timeout-ms", "240000", "--chaos",
-                        "kill:worker:1@step=1,join:2@step=2", "--", "sh", standin, "x y", "--nproc", NULL};
+  /* a long command: more words than any fixed argv of the launcher's would hold */
+  const char *argv[24 + RUN_EXTRA_ARGS] = {newt_bin, "run", "--nproc", "3", "--job", "cmdrun", "--coordinators", "1",
+                                           "--no-metrics", "--quiet", "--log-dir", logs, "--timeout-ms", "240000",
+                                           "--chaos", "kill:worker:1@step=1,join:2@step=2", "--", "sh", standin,
+                                           "x y", "--nproc"};
+  static char extra[RUN_EXTRA_ARGS][16];
+  int a = 0;
+  while (argv[a]) a++;
+  for (int i = 0; i < RUN_EXTRA_ARGS; i++) snprintf(extra[i], sizeof extra[i], "word-%d", i), argv[a++] = extra[i];
+  argv[a] = NULL;
   pid_t run = start(argv, NULL, out);
   pid_t pids[5] = {0};
   for (int i = 0; i < 3; i++) {
