@@ -36,6 +36,7 @@
 typedef struct child {
   char id[96];
   char device[16], port[16], metrics_port[16];
+  char local_rank[32], local_world[32]; /* its LOCAL_RANK=i and LOCAL_WORLD_SIZE=n */
   char end_path[640];
   pid_t pid;              /* 0: not running */
   uint64_t started_ms;    /* monotonic */
@@ -191,7 +192,9 @@ static void set_probe_pid(agent *a, child *c, pid_t pid) {
 static newt_result_t start(agent *a, int i) {
   const cli_agent_opts *o = a->o;
   child *c = &a->kids[i];
-  const char **argv = calloc((size_t)o->argc + 16, sizeof *argv);
+  size_t words = 0;
+  while (o->command && o->command[words]) words++;
+  const char **argv = calloc((size_t)o->argc + 16 + words, sizeof *argv);
   NEWT_CHECK_ALLOC(argv);
   int n = 0;
   argv[n++] = a->exe;
@@ -204,10 +207,13 @@ static newt_result_t start(agent *a, int i) {
   const char *mine[][2] = {{"--id", c->id}, {"--device", c->device}, {"--port", c->port},
                            {"--metrics-port", c->metrics_port}, {"--termination-log", c->end_path}};
   for (size_t k = 0; k < sizeof mine / sizeof mine[0]; k++) argv[n++] = mine[k][0], argv[n++] = mine[k][1];
+  if (o->command) argv[n++] = "--"; /* the program and its arguments last, as given */
+  for (size_t k = 0; k < words; k++) argv[n++] = o->command[k];
   argv[n] = NULL;
   unlink(c->end_path);
   /* a session of its own: a terminal's ^C reaches the agent only, which forwards it once */
-  newt_spawn_opts so = {.new_session = 1, .die_with_parent = 1};
+  const char *env[] = {c->local_rank, c->local_world, NULL};
+  newt_spawn_opts so = {.env = env, .new_session = 1, .die_with_parent = 1};
   newt_result_t r = newt_proc_spawn(argv, &so, &c->pid);
   free(argv);
   if (r != NEWT_OK) {
@@ -377,6 +383,8 @@ int cli_agent_run(const cli_agent_opts *o) {
     snprintf(c->port, sizeof c->port, "%d", o->port > 0 ? o->port + i : 0);
     snprintf(c->metrics_port, sizeof c->metrics_port, "%d", o->metrics_port > 0 ? o->metrics_port + i : 0);
     snprintf(c->end_path, sizeof c->end_path, "%s/%s.end", a.dir, c->id);
+    snprintf(c->local_rank, sizeof c->local_rank, "LOCAL_RANK=%d", i);
+    snprintf(c->local_world, sizeof c->local_world, "LOCAL_WORLD_SIZE=%d", o->n);
   }
   newt_log_set_name(o->id);
   /* orphans of our children come to us, as they would to PID 1 */

@@ -3,7 +3,10 @@
  * node see each other's GPUs (NVLink, P2P) instead of one container per GPU.
  *
  * It starts `newt worker <its own flags> --id <id>-<i> --device <device+i>` with
- * --port and --metrics-port shifted by i (0 stays 0) and a termination log of its own, and:
+ * --port and --metrics-port shifted by i (0 stays 0) and a termination log of its own, with
+ * LOCAL_RANK=i and LOCAL_WORLD_SIZE=N in its environment (as torchrun sets them), followed
+ * by `-- COMMAND [ARGS...]` when it was given one (each child then execs the program in its
+ * place, cli/program.h: the child's pid and exit status are the program's), and:
  *   - reaps every child, and every orphan too (it is a subreaper, and PID 1 in a container);
  *   - forwards SIGTERM/SIGINT to every child (a worker's graceful leave) and waits for them;
  *   - restarts a child that crashed (killed by a signal, exit 1, or 3 it was not asked for)
@@ -43,6 +46,8 @@ typedef struct cli_agent_opts {
   const char *term_log;      /* the agent's termination log (cli_termination_log) */
   int argc;                  /* the worker flags to pass on: those of the fields above */
   char **argv;               /* (and --local-workers, ...) are left out by the agent */
+  char **command;            /* the program each child runs after `--` (NULL-terminated; NULL:
+                                the built-in trainer) */
 } cli_agent_opts;
 
 /* The flags the agent consumes or sets per child: not passed on as given. */

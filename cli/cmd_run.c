@@ -2,7 +2,9 @@
  * coordinators and workers as separate processes, faults injected at given steps, a
  * live progress line and a summary (see launch/launcher.h, docs/elastic.md). The log
  * directory keeps the run's files for `newt report DIR`: the summary (summary.json, also
- * where --summary says), the step log (steps.jsonl) and the event log (events.jsonl). */
+ * where --summary says), the step log (steps.jsonl) and the event log (events.jsonl).
+ * `-- COMMAND [ARGS...]`: every worker runs COMMAND, a program built on libnewt, in place
+ * of the built-in trainer (`newt worker ... -- COMMAND ARGS`, cli/program.h). */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -14,6 +16,17 @@
 #include "common/opts.h"
 #include "launch/launcher.h"
 #include "model/dev.h"
+
+#define RUN_SYNOPSIS "--nproc N [flags] [-- COMMAND [ARGS...]]"
+
+static const char run_epilogue[] =
+    "With -- COMMAND [ARGS...] every worker (the first --nproc and each chaos joiner) is\n"
+    "`newt worker <its flags> -- COMMAND ARGS`: it execs COMMAND, a training program built on\n"
+    "libnewt, with its flags in the environment (newt worker --help lists the variables) and\n"
+    "LOCAL_RANK set to the worker's slot on this host (the lowest no live worker holds: the\n"
+    "first workers get 0 to N-1, a joiner the lowest free one) and LOCAL_WORLD_SIZE to --nproc\n"
+    "(or slot + 1 when more). The program writes the step log through NEWT_STEP_LOG; the\n"
+    "summary, chaos and report are as with the built-in trainer (docs/elastic.md).\n";
 
 int newt_cmd_run(int argc, char **argv) {
   launcher_opts lo;
@@ -84,8 +97,14 @@ int newt_cmd_run(int argc, char **argv) {
       {"timeout-ms", NEWT_OPT_INT, &timeout, "give up when not done by then (0: never)"},
       {"quiet", NEWT_OPT_FLAG, &quiet, "no live line"},
       NEWT_OPT_END};
-  int rc = newt_opts_exit(newt_opts_parse("run", "--nproc N [flags]", opts, argc, argv, NULL, 0, NULL));
+  int command = -1;
+  int rc = newt_opts_exit(newt_opts_parse_command("run", RUN_SYNOPSIS, run_epilogue, opts, argc, argv, &command));
   if (rc >= 0) return rc;
+  if (command >= argc) {
+    fprintf(stderr, "newt run: -- must be followed by the program the workers run: newt run " RUN_SYNOPSIS "\n");
+    return 2;
+  }
+  if (command >= 0) lo.command = argv + command; /* NULL-terminated, as main's argv is */
   if (spec_file) {
     char *text = NULL;
     size_t len = 0;

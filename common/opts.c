@@ -65,11 +65,19 @@ int newt_opts_exit(newt_result_t res) {
   return 2;
 }
 
-newt_result_t newt_opts_parse(const char *cmd, const char *synopsis, const newt_opt *opts, int argc,
-                              char **argv, char **pos, int max_pos, int *npos) {
+/* The parser of both entry points: with command non-NULL, the first `--` ends the flags and
+ * the rest is left alone (*command: the index of the word after it, -1 without one); else the
+ * words after `--` are positional arguments. epilogue follows the usage on --help. */
+static newt_result_t parse(const char *cmd, const char *synopsis, const char *epilogue, const newt_opt *opts,
+                           int argc, char **argv, char **pos, int max_pos, int *npos, int *command) {
   int np = 0;
+  if (command) *command = -1;
   for (int i = 0; i < argc; i++) {
     const char *a = argv[i];
+    if (command && strcmp(a, "--") == 0) {
+      *command = i + 1;
+      break;
+    }
     if (strcmp(a, "--") == 0) {
       for (i++; i < argc; i++) {
         if (np >= max_pos)
@@ -87,6 +95,7 @@ newt_result_t newt_opts_parse(const char *cmd, const char *synopsis, const newt_
     }
     if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) {
       newt_opts_usage(stdout, cmd, synopsis, opts);
+      if (epilogue) printf("\n%s", epilogue);
       return NEWT_ERR_ABORTED;
     }
     if (strcmp(a, "--list-flags") == 0) {
@@ -125,4 +134,14 @@ newt_result_t newt_opts_parse(const char *cmd, const char *synopsis, const newt_
   }
   if (npos) *npos = np;
   return NEWT_OK;
+}
+
+newt_result_t newt_opts_parse(const char *cmd, const char *synopsis, const newt_opt *opts, int argc,
+                              char **argv, char **pos, int max_pos, int *npos) {
+  return parse(cmd, synopsis, NULL, opts, argc, argv, pos, max_pos, npos, NULL);
+}
+
+newt_result_t newt_opts_parse_command(const char *cmd, const char *synopsis, const char *epilogue,
+                                      const newt_opt *opts, int argc, char **argv, int *command) {
+  return parse(cmd, synopsis, epilogue, opts, argc, argv, NULL, 0, NULL, command);
 }

@@ -36,6 +36,15 @@ typedef struct newt_opt {
 newt_result_t newt_opts_parse(const char *cmd, const char *synopsis, const newt_opt *opts, int argc,
                               char **argv, char **pos, int max_pos, int *npos);
 
+/* For a subcommand that runs a program (`newt worker [flags] -- COMMAND [ARGS...]`): parses
+ * the flags before the first `--` as newt_opts_parse does (no positional argument) and
+ * leaves the words after it alone: *command is the index in argv of the first of them
+ * (argc when `--` ends argv), -1 when there is no `--`. --help and --list-flags count
+ * only before it, so `-- prog --help` asks prog. On --help the usage is followed by
+ * epilogue (may be NULL). */
+newt_result_t newt_opts_parse_command(const char *cmd, const char *synopsis, const char *epilogue,
+                                      const newt_opt *opts, int argc, char **argv, int *command);
+
 void newt_opts_usage(FILE *f, const char *cmd, const char *synopsis, const newt_opt *opts);
 
 /* The common exit path of a subcommand's flag parsing: prints the error (if any) and maps

@@ -9,7 +9,11 @@
  *
  * The run's files for `newt report` live in the log directory: rank 0 appends the step log
  * (each worker is started with --step-log), and every event the watch brings is appended
- * to the event log as it is handled. */
+ * to the event log as it is handled.
+ *
+ * With a program (launcher_opts.command) each worker is `newt worker <its flags> -- COMMAND
+ * ARGS`, which execs the program in its place, with its slot on this host as LOCAL_RANK: the
+ * pid the launcher tracks, signals and reaps is the program's. */
 #include "launch/launcher.h"
 
 #include <errno.h>
@@ -47,6 +51,7 @@ typedef struct proc {
   int killed_by_chaos;
   int metrics_port; /* a coordinator's (0: none) */
   int device;       /* a worker's GPU (-1: none) */
+  int slot;         /* a worker's slot on this host, its LOCAL_RANK (-1: a coordinator) */
 } proc;
 
 typedef struct fault {
@@ -124,82 +129,125 @@ static int free_gpu(const run *r) {
   return best;
 }
 
-static newt_result_t spawn(run *r, proc_kind kind, int index) {
-  char name[32], logp[600], threads[16], device[16];
-  snprintf(name, sizeof name, "%s%d", kind == PROC_WORKER ? "w" : "c", index);
-  snprintf(logp, sizeof logp, "%s/%s.log", r->res->log_dir, name);
-  snprintf(threads, sizeof threads, "%d", r->o->threads > 0 ? r->o->threads : 1);
-  const char *argv[40];
-  int a = 0;
-  argv[a++] = r->exe;
-  argv[a++] = kind == PROC_WORKER ? "worker" : "coordinator";
-  argv[a++] = "--etcd";
-  argv[a++] = r->etcd_url;
+/* The slot of a new worker on this host (its LOCAL_RANK): the lowest one no live worker
+ * holds, so w0..w(N-1) get 0..N-1 and a joiner or a replacement the lowest free one. */
+static int free_slot(const run *r) {
+  for (int s = 0;; s++) {
+    int held = 0;
+    for (int i = 0; i < r->nprocs && !held; i++)
+      held = r->procs[i].alive && r->procs[i].kind == PROC_WORKER && r->procs[i].slot == s;
+    if (!held) return s;
+  }
+}
+
+/* A NULL-terminated list of strings that grows as it is filled (argv, env): a long
+ * COMMAND never overflows it; oom is set when it could not grow. */
+typedef struct strv {
+  const char **v;
+  int n, cap, oom;
+} strv;
+
+static void strv_add(strv *s, const char *x) {
+  if (s->oom) return;
+  if (s->n + 2 > s->cap) {
+    int cap = s->cap ? 2 * s->cap : 32;
+    const char **v = realloc(s->v, (size_t)cap * sizeof *v);
+    if (!v) {
+      s->oom = 1;
+      return;
+    }
+    s->v = v;
+    s->cap = cap;
+  }
+  s->v[s->n++] = x;
+  s->v[s->n] = NULL;
+}
+
+static void strv_add2(strv *s, const char *flag, const char *value) {
+  strv_add(s, flag);
+  strv_add(s, value);
+}
+
+/* What one spawn writes its words into: they live until the process is started. */
+typedef struct spawn_ctx {
+  proc_kind kind;
+  char name[32], logp[600], threads[16], device[16], mport[16], hostid[128], endp[640];
+  char local_rank[32], local_world[32];
+  int gpu, share, port, slot;
+} spawn_ctx;
+
+/* The worker's flags; --share-gpus: the worker shares its GPU (--share-device: the
+   coordinator lets workers that all say so train on one GPU of this host, so tensor-parallel
+   groups still form on it) and is a host of its own to NCCL (NCCL_HOSTID: its host hash, so
+   two ranks on one GPU are not a duplicate GPU); NCCL then connects them over sockets on
+   loopback, not P2P or shared memory (docs/elastic.md, "GPU workers on one host"). */
+static void worker_args(run *r, spawn_ctx *x, strv *argv) {
+  snprintf(x->threads, sizeof x->threads, "%d", r->o->threads > 0 ? r->o->threads : 1);
+  strv_add2(argv, "--threads", x->threads);
+  strv_add2(argv, "--step-log", r->res->step_log);
+  strv_add2(argv, "--job-secret-file", r->secret_file);
+  x->gpu = free_gpu(r);
+  x->slot = free_slot(r);
+  if (x->gpu >= 0) {
+    snprintf(x->device, sizeof x->device, "%d", x->gpu);
+    strv_add2(argv, "--device", x->device);
+  }
+  x->share = x->gpu >= 0 && r->o->share_gpus;
+  if (x->share) {
+    snprintf(x->hostid, sizeof x->hostid, "NCCL_HOSTID=newt-%s-%s", r->o->spec.job, x->name);
+    strv_add(argv, "--share-device");
+  }
+  if (!r->o->command) return;
+  strv_add(argv, "--"); /* the program newt worker execs in its place (cli/program.h) */
+  for (char *const *w = r->o->command; *w; w++) strv_add(argv, *w);
+}
+
+static void coord_args(run *r, spawn_ctx *x, strv *argv) {
+  if (!r->o->no_metrics && newt_net_free_port(&x->port) == NEWT_OK) {
+    snprintf(x->mport, sizeof x->mport, "%d", x->port);
+    strv_add2(argv, "--metrics-addr", "127.0.0.1");
+  } else {
+    snprintf(x->mport, sizeof x->mport, "0");
+  }
+  strv_add2(argv, "--metrics-port", x->mport);
+}
+
+static void args_of(run *r, spawn_ctx *x, strv *argv) {
+  strv_add2(argv, r->exe, x->kind == PROC_WORKER ? "worker" : "coordinator");
+  strv_add2(argv, "--etcd", r->etcd_url);
   const rdzv_etcd_opts *ec = &r->o->etcd_client;
   const char *sec[][2] = {{"--etcd-user", ec->user}, {"--etcd-password-file", r->o->etcd_password_file},
                           {"--etcd-ca", ec->ca_file}, {"--etcd-cert", ec->cert_file}, {"--etcd-key", ec->key_file}};
   for (size_t k = 0; r->o->etcd && k < sizeof sec / sizeof sec[0]; k++)
-    if (sec[k][1] && *sec[k][1]) argv[a++] = sec[k][0], argv[a++] = sec[k][1];
-  argv[a++] = "--job";
-  argv[a++] = r->o->spec.job;
-  argv[a++] = "--id";
-  argv[a++] = name;
-  if (kind == PROC_WORKER) {
-    argv[a++] = "--threads";
-    argv[a++] = threads;
-    argv[a++] = "--step-log";
-    argv[a++] = r->res->step_log;
-    argv[a++] = "--job-secret-file";
-    argv[a++] = r->secret_file;
+    if (sec[k][1] && *sec[k][1]) strv_add2(argv, sec[k][0], sec[k][1]);
+  strv_add2(argv, "--job", r->o->spec.job);
+  strv_add2(argv, "--id", x->name);
+  if (x->kind == PROC_WORKER) worker_args(r, x, argv);
+  else coord_args(r, x, argv);
+}
+
+/* Each process says how it ended (exit status and message) in <log dir>/<name>.end, as a
+   pod does in its termination log; a worker running a program gets its slot as torchrun
+   gives it (LOCAL_RANK, and LOCAL_WORLD_SIZE: --nproc, or more once joiners outnumber it). */
+static void env_of(run *r, spawn_ctx *x, strv *env) {
+  snprintf(x->endp, sizeof x->endp, "NEWT_TERMINATION_LOG=%s/%s.end", r->res->log_dir, x->name);
+  strv_add(env, x->endp);
+  if (!getenv("NEWT_DEBUG")) strv_add(env, "NEWT_DEBUG=INFO");
+  if (x->share) {
+    strv_add(env, x->hostid);
+    strv_add(env, "NCCL_P2P_DISABLE=1");
+    strv_add(env, "NCCL_SHM_DISABLE=1");
+    if (!getenv("NCCL_SOCKET_IFNAME")) strv_add(env, "NCCL_SOCKET_IFNAME=lo");
   }
-  int gpu = kind == PROC_WORKER ? free_gpu(r) : -1;
-  if (gpu >= 0) {
-    snprintf(device, sizeof device, "%d", gpu);
-    argv[a++] = "--device";
-    argv[a++] = device;
-  }
-  /* --share-gpus: the worker shares its GPU (--share-device: the coordinator lets workers
-     that all say so train on one GPU of this host, so tensor-parallel groups still form on
-     it) and is a host of its own to NCCL (NCCL_HOSTID: its host hash, so two ranks on one
-     GPU are not a duplicate GPU); NCCL then connects them over sockets on loopback, not P2P
-     or shared memory (docs/elastic.md, "GPU workers on one host") */
-  char hostid[128];
-  int share = kind == PROC_WORKER && gpu >= 0 && r->o->share_gpus;
-  if (share) {
-    snprintf(hostid, sizeof hostid, "NCCL_HOSTID=newt-%s-%s", r->o->spec.job, name);
-    argv[a++] = "--share-device";
-  }
-  char mport[16];
-  int port = 0;
-  if (kind == PROC_COORD && !r->o->no_metrics && newt_net_free_port(&port) == NEWT_OK) {
-    snprintf(mport, sizeof mport, "%d", port);
-    argv[a++] = "--metrics-addr";
-    argv[a++] = "127.0.0.1";
-  } else {
-    snprintf(mport, sizeof mport, "0");
-  }
-  if (kind == PROC_COORD) {
-    argv[a++] = "--metrics-port";
-    argv[a++] = mport;
-  }
-  argv[a] = NULL;
-  /* each process says how it ended (exit status and message) in <log dir>/<name>.end, as a
-     pod does in its termination log */
-  char endp[640];
-  snprintf(endp, sizeof endp, "NEWT_TERMINATION_LOG=%s/%s.end", r->res->log_dir, name);
-  const char *env[8] = {endp};
-  int e = 1;
-  if (!getenv("NEWT_DEBUG")) env[e++] = "NEWT_DEBUG=INFO";
-  if (share) {
-    env[e++] = hostid;
-    env[e++] = "NCCL_P2P_DISABLE=1";
-    env[e++] = "NCCL_SHM_DISABLE=1";
-    if (!getenv("NCCL_SOCKET_IFNAME")) env[e++] = "NCCL_SOCKET_IFNAME=lo";
-  }
-  env[e] = NULL;
-  newt_spawn_opts so = {.log_path = logp, .env = env, .die_with_parent = 1};
-  pid_t pid;
-  NEWT_CHECK(newt_proc_spawn(argv, &so, &pid));
+  if (x->kind != PROC_WORKER || !r->o->command) return;
+  snprintf(x->local_rank, sizeof x->local_rank, "LOCAL_RANK=%d", x->slot);
+  snprintf(x->local_world, sizeof x->local_world, "LOCAL_WORLD_SIZE=%d", x->slot + 1 > r->o->nproc ? x->slot + 1 : r->o->nproc);
+  strv_add(env, x->local_rank);
+  strv_add(env, x->local_world);
+}
+
+/* Records a started process. */
+static newt_result_t track(run *r, const spawn_ctx *x, pid_t pid) {
   if (r->nprocs == r->cap_procs) {
     int cap = r->cap_procs ? 2 * r->cap_procs : 16;
     proc *p = realloc(r->procs, (size_t)cap * sizeof *p);
@@ -213,12 +261,30 @@ static newt_result_t spawn(run *r, proc_kind kind, int index) {
   proc *p = &r->procs[r->nprocs++];
   memset(p, 0, sizeof *p);
   p->pid = pid;
-  p->kind = kind;
+  p->kind = x->kind;
   p->alive = 1;
-  p->device = gpu;
-  snprintf(p->name, sizeof p->name, "%s", name);
-  p->metrics_port = port;
+  p->device = x->gpu;
+  p->slot = x->slot;
+  snprintf(p->name, sizeof p->name, "%s", x->name);
+  p->metrics_port = x->port;
   return NEWT_OK;
+}
+
+static newt_result_t spawn(run *r, proc_kind kind, int index) {
+  spawn_ctx x = {.kind = kind, .gpu = -1, .slot = -1};
+  snprintf(x.name, sizeof x.name, "%s%d", kind == PROC_WORKER ? "w" : "c", index);
+  snprintf(x.logp, sizeof x.logp, "%s/%s.log", r->res->log_dir, x.name);
+  strv argv = {0}, env = {0};
+  args_of(r, &x, &argv);
+  env_of(r, &x, &env);
+  newt_spawn_opts so = {.log_path = x.logp, .env = env.v, .die_with_parent = 1};
+  pid_t pid;
+  newt_result_t res = argv.oom || env.oom ? NEWT_ERR(NEWT_ERR_NOMEM, "out of memory starting %s", x.name)
+                                          : newt_proc_spawn(argv.v, &so, &pid);
+  free(argv.v);
+  free(env.v);
+  NEWT_CHECK(res);
+  return track(r, &x, pid);
 }
 
 static proc *find_proc(run *r, const char *name) {

@@ -39,6 +39,10 @@ typedef struct launcher_opts {
                            slow): each worker is a host of its own (--host, NCCL_HOSTID), so
                            the one-worker-per-GPU rule holds per identity and NCCL connects
                            them over sockets (docs/elastic.md, "GPU workers on one host") */
+  char *const *command; /* the program every worker runs (`newt worker ... -- COMMAND ARGS`,
+                           cli/program.h), NULL-terminated, with LOCAL_RANK its slot (the
+                           lowest no live worker holds) and LOCAL_WORLD_SIZE max(nproc, slot
+                           + 1); NULL: the built-in trainer */
 } launcher_opts;
 
 typedef struct launcher_recovery {

@@ -222,6 +222,30 @@ static void test_opts(void) {
   T_CHECK(strstr(newt_errmsg(), "did you mean") == NULL);
 }
 
+/* `newt worker [flags] -- COMMAND [ARGS...]`: the flags before the first `--`, the words after
+ * it left alone (flags of the program, a second `--`, --help), and no positional argument. */
+static void test_opts_command(void) {
+  int64_t n = 4;
+  const char *name = NULL;
+  newt_opt opts[] = {{"n", NEWT_OPT_INT, &n, "count"}, {"name", NEWT_OPT_STR, &name, "name"}, NEWT_OPT_END};
+  char *argv[] = {"--n", "8", "--", "prog", "--n", "9", "--", "--help"};
+  int cmd = 0;
+  T_OK(newt_opts_parse_command("t", NULL, NULL, opts, 8, argv, &cmd));
+  T_CHECK_MSG(n == 8 && cmd == 3, "n %lld, command at %d", (long long)n, cmd);
+  char *value[] = {"--name", "--", "--", "prog"}; /* a flag's value is not the end of the flags */
+  T_OK(newt_opts_parse_command("t", NULL, NULL, opts, 4, value, &cmd));
+  T_CHECK_MSG(name && strcmp(name, "--") == 0 && cmd == 3, "name %s, command at %d", name ? name : "(null)", cmd);
+  char *none[] = {"--n", "1"};
+  T_OK(newt_opts_parse_command("t", NULL, NULL, opts, 2, none, &cmd));
+  T_CHECK(cmd == -1);
+  char *empty[] = {"--n", "1", "--"};
+  T_OK(newt_opts_parse_command("t", NULL, NULL, opts, 3, empty, &cmd));
+  T_CHECK(cmd == 3);
+  char *stray[] = {"prog", "--", "x"};
+  T_ERR(NEWT_ERR_INVALID, newt_opts_parse_command("t", NULL, NULL, opts, 3, stray, &cmd));
+  T_CHECK_MSG(strstr(newt_errmsg(), "unexpected argument \"prog\""), "%s", newt_errmsg());
+}
+
 static void test_closest_name(void) {
   const char *names[] = {"nproc", "steps", "global-batch", "micro-batch", "status", "run", NULL};
   const struct {
@@ -343,6 +367,7 @@ int main(void) {
   T_RUN(test_fs);
   T_RUN(test_fs_at);
   T_RUN(test_opts);
+  T_RUN(test_opts_command);
   T_RUN(test_closest_name);
   T_RUN(test_proc);
   T_RUN(test_clock);

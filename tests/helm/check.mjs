@@ -11,7 +11,9 @@
 //                           of the built binary, etcd's against `etcd --help`, etcdctl's
 //                           against `etcdctl ... --help`; the rendered job spec with newt's
 //                           own parser (helm_spec_check); and the wiring a schema cannot see
-//                           (selectors, volumes, ports, DNS names, security settings).
+//                           (selectors, volumes, ports, DNS names, security settings); a
+//                           program of the user's (workers.command, workers.image) run as
+//                           `newt worker <the same args> -- <command>` on CPU and GPU pods.
 //   node check.mjs reject   every case of reject.yaml must make `helm template` fail with
 //                           its expected message.
 //
@@ -287,7 +289,11 @@ function checkCommandLines(docs, errors) {
         newtContainers++;
         const sub = tokens[0];
         const { flags, help } = newtFlags(sub);
-        for (const t of tokens.slice(1)) {
+        // `newt worker <flags> -- <program...>`: the words after `--` are the program's
+        const end = tokens.indexOf("--");
+        if (end >= 0 && sub !== "worker") errors.push(`${at}: newt ${sub} takes no program after --`);
+        if (end >= 0 && end === tokens.length - 1) errors.push(`${at}: newt ${sub}: -- with no program after it`);
+        for (const t of tokens.slice(1, end >= 0 ? end : undefined)) {
           if (!t.startsWith("--")) errors.push(`${at}: newt ${sub}: "${t}" is not a flag (newt takes no positional arguments here)`);
           else if (!t.includes("=")) errors.push(`${at}: newt ${sub}: ${t} has no =value`);
           else if (!flags.has(t.split("=")[0])) errors.push(`${at}: newt ${sub} does not accept ${t.split("=")[0]} (accepts ${[...flags].join(" ")})`);
@@ -475,6 +481,7 @@ function checkWorkers(docs, values, errors) {
     ids.add(c.env.find((e) => e.name === "NEWT_WORKER_ID")?.value);
     ports.add(c.args.find((a) => a.startsWith("--port=")));
     if ((c.command || [])[0] !== "/usr/local/bin/newt" || c.command.length !== 1) errors.push(`${c.name}: newt is not the exec-form command (PID 1)`);
+    checkProgram(c, w, docs, errors);
     if (values.checkpoints.enabled && !c.volumeMounts.some((m) => m.mountPath === values.checkpoints.mountPath)) errors.push(`${c.name}: checkpoint volume not mounted`);
   }
   if (ids.size !== containers || ports.size !== containers) errors.push("worker ids or ports repeat within a pod");
@@ -512,6 +519,22 @@ function checkWorkers(docs, values, errors) {
     errors.push("workers.sameZone: no required pod affinity keeps the workers in one zone");
   if (!w.sameZone && (w.topologySpread.topologyKeys || []).includes("topology.kubernetes.io/zone"))
     errors.push("workers spread across zones: every all-reduce would cross zones");
+}
+
+// workers.command: the worker's args end with `--` and the program's words, nothing of
+// newt's after them; without one there is no `--`. workers.image: with every field empty
+// the workers run the chart's image (the coordinators'); the render checks below check it set.
+function checkProgram(c, w, docs, errors) {
+  const end = c.args.indexOf("--");
+  const program = w.command || [];
+  if (!program.length && end >= 0) errors.push(`${c.name}: -- in the args without workers.command: ${c.args.join(" ")}`);
+  if (program.length && (end < 0 || canonical(c.args.slice(end + 1)) !== canonical(program)))
+    errors.push(`${c.name}: the args do not end with -- and workers.command ${JSON.stringify(program)}: ${JSON.stringify(c.args)}`);
+  const img = w.image || {};
+  const coord = docs.find((d) => d.kind === "Job" && d.metadata.labels["app.kubernetes.io/component"] === "coordinator");
+  const chartImage = coord?.spec.template.spec.containers[0].image;
+  if (!img.repository && !img.tag && !img.digest && c.image !== chartImage)
+    errors.push(`${c.name}: image ${c.image}, the chart's image is ${chartImage} and workers.image names none`);
 }
 
 // The GPU pod: one container requesting workers.gpu.count GPUs runs the node agent
@@ -784,6 +807,8 @@ async function render() {
     const cj = cdocs.find((d) => d.kind === "Job" && d.metadata.labels["app.kubernetes.io/component"] === "worker");
     if (cj.spec.template.spec.containers.some((x) => x.args.some((a) => a.startsWith("--local-workers")))) errors.push("CPU values run the node agent");
   });
+  await check("workers.command and workers.image: newt worker <the same args> -- <command>, CPU and GPU (agent) pods", (errors) =>
+    checkUserProgram(defaults, errors));
   await check("the etcd auth bootstrap enables authentication on a real etcd, idempotently", checkAuthBootstrap);
   // The unknown-field check and the schema checks must be able to fail.
   await check("the validators catch a misspelt field, a bad enum and a bad flag", async (errors) => {
@@ -806,6 +831,67 @@ async function render() {
     if (!e3.some((e) => e.includes("--no-such-flag"))) errors.push("an unknown newt flag passed");
   });
   finish();
+}
+
+// The worker containers of a render with these values laid over the defaults.
+function workerContainers(over, errors) {
+  const file = join(tmp, `over-${process.hrtime.bigint()}.yaml`);
+  writeFileSync(file, YAML.stringify(over));
+  const r = template([file]);
+  if (r.code !== 0) {
+    errors.push(r.err.trim());
+    return { docs: [], containers: [] };
+  }
+  const docs = YAML.parseAllDocuments(r.out).map((d) => d.toJS()).filter(Boolean);
+  const job = docs.find((d) => d.kind === "Job" && d.metadata.labels["app.kubernetes.io/component"] === "worker");
+  return { docs, containers: job?.spec.template.spec.containers || [] };
+}
+
+// A program of the user's (workers.command) in an image of the user's (workers.image): the
+// container runs newt worker with exactly the args it has without a command, then `--` and
+// the words as given; on GPU nodes the agent's flags come first, as without a command. The
+// coordinators keep the chart's image.
+function checkUserProgram(defaults, errors) {
+  const command = ["python", "-m", "mytrain", "--lr=3e-4", "$(POD_NAME)", "two words"];
+  const cases = [
+    { name: "CPU", over: {}, image: { repository: "registry.example.com/ml/train", tag: "v2", pullPolicy: "Always" },
+      want: "registry.example.com/ml/train:v2", policy: "Always" },
+    { name: "GPU", over: { workers: { gpu: { count: 2 } } }, image: { tag: "v3" }, want: "newt:v3", policy: defaults.image.pullPolicy },
+    { name: "digest", over: {}, image: { repository: "r.example/t", digest: `sha256:${"ab".repeat(32)}` },
+      want: `r.example/t@sha256:${"ab".repeat(32)}`, policy: defaults.image.pullPolicy },
+  ];
+  for (const k of cases) {
+    const plain = workerContainers(k.over, errors);
+    const mine = workerContainers(merge(k.over, { workers: { command, image: k.image } }), errors);
+    checkCommandLines(mine.docs, errors);
+    if (!mine.containers.length || mine.containers.length !== plain.containers.length)
+      errors.push(`${k.name}: ${mine.containers.length} worker containers with a command, ${plain.containers.length} without`);
+    mine.containers.forEach((c, i) => {
+      const want = [...plain.containers[i].args, "--", ...command];
+      if (canonical(c.args) !== canonical(want)) errors.push(`${k.name}: args ${JSON.stringify(c.args)}, want ${JSON.stringify(want)}`);
+      if (c.image !== k.want || c.imagePullPolicy !== k.policy) errors.push(`${k.name}: image ${c.image} (${c.imagePullPolicy}), want ${k.want} (${k.policy})`);
+      if (k.name === "GPU" && !(c.args.indexOf("--local-workers=2") >= 0 && c.args.indexOf("--local-workers=2") < c.args.indexOf("--")))
+        errors.push(`GPU: the agent's flags do not come before --: ${c.args.join(" ")}`);
+    });
+    const coord = mine.docs.find((d) => d.kind === "Job" && d.metadata.labels["app.kubernetes.io/component"] === "coordinator");
+    const plainCoord = plain.docs.find((d) => d.kind === "Job" && d.metadata.labels["app.kubernetes.io/component"] === "coordinator");
+    if (coord?.spec.template.spec.containers[0].image !== plainCoord?.spec.template.spec.containers[0].image)
+      errors.push(`${k.name}: workers.image changed the coordinators' image`);
+  }
+  // the check can fail: a program word missing, or one of newt's flags after --
+  const { docs, containers } = workerContainers({ workers: { command } }, errors);
+  const ok = [];
+  checkProgram(containers[0], merge(defaults.workers, { command }), docs, ok);
+  if (ok.length) errors.push(`the rendered program fails its own check: ${ok}`);
+  const cut = structuredClone(containers[0]);
+  cut.args.pop();
+  const late = structuredClone(containers[0]);
+  late.args.push("--threads=2");
+  for (const [what, c] of [["a command missing a word", cut], ["a newt flag after the command", late]]) {
+    const e = [];
+    checkProgram(c, merge(defaults.workers, { command }), docs, e);
+    if (!e.length) errors.push(`${what} passed`);
+  }
 }
 
 async function reject() {

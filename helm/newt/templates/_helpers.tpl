@@ -91,6 +91,18 @@ used when tag is empty. */}}
 {{- include "newt.imageRef" (list .Values.image .Chart.AppVersion) }}
 {{- end }}
 
+{{/* The workers' image: workers.image, each empty field the chart's image's (the global
+digest only when workers.image names nothing). */}}
+{{- define "newt.workerImage" -}}
+{{- $w := .Values.workers.image }}
+{{- if or $w.repository $w.tag $w.digest }}
+{{- $img := dict "repository" (default .Values.image.repository $w.repository) "tag" (default .Values.image.tag $w.tag) "digest" $w.digest }}
+{{- include "newt.imageRef" (list $img .Chart.AppVersion) }}
+{{- else }}
+{{- include "newt.image" . }}
+{{- end }}
+{{- end }}
+
 {{- define "newt.etcdImage" -}}
 {{- include "newt.imageRef" (list .Values.etcd.image "v3.5.17") }}
 {{- end }}
