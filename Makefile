@@ -1,12 +1,15 @@
 # The two commands of the Quickstart, and the pieces they are made of.
 #   make demo   install what is missing, build, run the main job on this host
 #   make test   install what is missing, build, run the whole suite (ctest)
+#   make install   newt and libnewt under $(DESTDIR)$(PREFIX) (default /usr/local)
 BUILD ?= build
 JOBS ?= $(shell nproc)
 CMAKE_FLAGS ?= -DCMAKE_BUILD_TYPE=RelWithDebInfo -DNEWT_WERROR=ON
 CTEST_FLAGS ?= -LE gpu
 
-.PHONY: all build deps-build deps-test deps-demo test demo asan clean
+PREFIX ?= /usr/local
+
+.PHONY: all build deps-build deps-test deps-demo test demo asan install clean
 
 all: build
 
@@ -28,6 +31,11 @@ test: deps-test build
 
 demo: deps-demo build
 	@scripts/demo.sh $(BUILD)/newt
+
+# newt, libnewt.so, libnewt.a, newt.h and newt.pc under $(DESTDIR)$(PREFIX) (bin, lib,
+# include, lib/pkgconfig)
+install: build
+	@DESTDIR="$(DESTDIR)" cmake --install $(BUILD) --prefix "$(PREFIX)"
 
 # The suite under AddressSanitizer and UBSan (CPU parts only).
 asan:
