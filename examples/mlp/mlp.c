@@ -239,7 +239,7 @@ static int usage(const char *why) {
 }
 
 int main(int argc, char **argv) {
-  model md = {.H = 64, .lr = 0.01, .seed = 1};
+  model md = {.H = 64, .lr = 0.003, .seed = 1};
   for (int i = 1; i < argc; i++) {
     char *end = NULL;
     if (i + 1 < argc && strcmp(argv[i], "--hidden") == 0) md.H = (int)strtol(argv[++i], &end, 10);

@@ -62,7 +62,14 @@ typedef struct scenario {
   const char *model;     /* the model, when not MODEL */
   int in_outage;         /* the worker's fault fires while etcd is away (newt run follows the
                             step log, not only etcd's progress) */
+  const char *program;   /* a program of one's own as the workers: `newt run ... -- $NEWT_MLP
+                            <program>` (examples/mlp, through libnewt), its reference the same
+                            program under `newt run --nproc 1` (NULL: newt's own trainer) */
 } scenario;
+
+/* newt-mlp wide enough that its steps take a while (an MLP of 64 hidden units steps in a
+   fraction of a millisecond: a lost leader's lease would outlast the whole job) */
+#define MLP "--hidden 1024"
 
 static const scenario scenarios[] = {
     {"none", 40, 4, "", {NULL}, {NULL}},
@@ -143,6 +150,22 @@ static const scenario scenarios[] = {
        (NCCL_HOSTID; without it the double refuses them as a duplicate GPU, as NCCL does) */
     {"nccl_share", 150, 3, "kill:worker:1@step=10,join:1@step=30", {"crash", "join"},
      {"--backend", "nccl", "--share-gpus", NULL}},
+    /* a program of one's own (examples/mlp through libnewt) through every kind of fault, its
+       optimizer state sharded (ZeRO 1) where the fault takes a rank: the kill's shard comes
+       back from its copy, the leaver hands its own over; with the data-parallel size kept
+       (a lost leader, etcd away) the loss is bitwise that of the same job without faults */
+    {.name = "mlp_crash", .steps = 60, .nproc = 4, .chaos = "kill:worker:1@step=10", .causes = {"crash"},
+     .extra = {"--zero", "1", NULL}, .program = MLP},
+    {.name = "mlp_hang", .steps = 60, .nproc = 4, .chaos = "stop:worker:2@step=10", .causes = {"hang"},
+     .extra = {"--comm-timeout-ms", "1000", NULL}, .program = MLP},
+    {.name = "mlp_leave", .steps = 60, .nproc = 4, .chaos = "term:worker:0@step=10", .causes = {"leave"},
+     .extra = {"--zero", "1", NULL}, .program = MLP},
+    {.name = "mlp_join", .steps = 3000, .nproc = 3, .chaos = "join:1@step=10", .causes = {"join"}, .extra = {NULL},
+     .program = MLP},
+    {.name = "mlp_coordinator", .steps = 3000, .nproc = 4, .chaos = "kill:coordinator@step=10",
+     .causes = {"coordinator"}, .extra = {"--zero", "1", NULL}, .program = MLP},
+    {.name = "mlp_etcd", .steps = 3000, .nproc = 4, .chaos = "restart:etcd:1500@step=10", .causes = {"etcd"},
+     .extra = {NULL}, .program = MLP},
 };
 
 /* "join?": a recovery that may not happen */
@@ -418,46 +441,100 @@ static void check_logs(const char *dir) {
   if (d) closedir(d);
 }
 
-static void run_scenario(const scenario *sc, const char *newt) {
-  const int STEPS = sc->steps;
+/* The scenario's `newt run` on nproc workers, with its faults or without (a reference), its
+ * logs in tmpdir/<tag>.logs and its summary in tmpdir/<tag>.json; its exit status, its
+ * output in *out (may be NULL). */
+static int scenario_run(const scenario *sc, const char *newt, const char *tag, int nproc, int faults, char **out) {
   const char *model = sc->model ? sc->model : MODEL;
-  double ref = reference_loss(newt, STEPS, model);
-  T_CHECK_MSG(isfinite(ref), "newt train gave no reference loss");
-  char logs[512], samples[512], summary[512], steps[16], gb[16], mb[16], nproc[16], job[64];
-  snprintf(logs, sizeof logs, "%s/logs", tmpdir);
-  snprintf(samples, sizeof samples, "%s/samples", tmpdir);
-  snprintf(summary, sizeof summary, "%s/summary.json", tmpdir);
-  T_OK(newt_fs_mkdirs(samples, 0755));
-  snprintf(steps, sizeof steps, "%d", STEPS);
+  char logs[512], summary[512], steps[16], gb[16], mb[16], np[16], job[64];
+  snprintf(logs, sizeof logs, "%s/%s.logs", tmpdir, tag);
+  snprintf(summary, sizeof summary, "%s/%s.json", tmpdir, tag);
+  snprintf(steps, sizeof steps, "%d", sc->steps);
   snprintf(gb, sizeof gb, "%d", GB);
   snprintf(mb, sizeof mb, "%d", MB);
-  snprintf(nproc, sizeof nproc, "%d", sc->nproc);
+  snprintf(np, sizeof np, "%d", nproc);
   snprintf(job, sizeof job, "e2e-%s", sc->name);
-  const char *argv[48];
+  const char *argv[64];
   int a = 0;
-  const char *base[] = {newt, "run", "--quiet", "--job", job, "--nproc", nproc, "--model", model, "--seq-len", SEQ,
-                        "--steps", steps, "--global-batch", gb, "--micro-batch", mb, "--comm-timeout-ms", "4000",
-                        "--log-dir", logs, "--summary", summary, "--timeout-ms", "180000"};
+  const char *base[] = {newt, "run", "--quiet", "--job", job, "--nproc", np, "--steps", steps, "--global-batch", gb,
+                        "--micro-batch", mb, "--comm-timeout-ms", "4000", "--log-dir", logs, "--summary", summary,
+                        "--timeout-ms", "180000"};
   for (size_t i = 0; i < sizeof base / sizeof base[0]; i++) argv[a++] = base[i];
-  if (sc->chaos[0]) {
+  if (!sc->program) {
+    argv[a++] = "--model";
+    argv[a++] = model;
+    argv[a++] = "--seq-len";
+    argv[a++] = SEQ;
+  }
+  if (faults && sc->chaos[0]) {
     argv[a++] = "--chaos";
     argv[a++] = sc->chaos;
   }
   for (int i = 0; sc->extra[i]; i++) argv[a++] = sc->extra[i];
   char ckdir[512], every[16];
   if (sc->ckpt_every) {
-    snprintf(ckdir, sizeof ckdir, "%s/ckpt", tmpdir);
+    snprintf(ckdir, sizeof ckdir, "%s/%s.ckpt", tmpdir, tag);
     snprintf(every, sizeof every, "%d", sc->ckpt_every);
     argv[a++] = "--ckpt-dir";
     argv[a++] = ckdir;
     argv[a++] = "--ckpt-every";
     argv[a++] = every;
   }
+  char args[256];
+  if (sc->program) {
+    const char *exe = getenv("NEWT_MLP");
+    if (!exe) {
+      fprintf(stderr, "test_elastic: NEWT_MLP (the path of examples/mlp's newt-mlp) is not set\n");
+      return -1;
+    }
+    argv[a++] = "--";
+    argv[a++] = exe;
+    snprintf(args, sizeof args, "%s", sc->program);
+    for (char *save = NULL, *w = strtok_r(args, " ", &save); w && a < 63; w = strtok_r(NULL, " ", &save)) argv[a++] = w;
+  }
   argv[a] = NULL;
+  return run_capture(argv, out);
+}
+
+/* The final loss of a reference run of the scenario (NaN when it failed). */
+static double scenario_reference(const scenario *sc, const char *newt, const char *tag, int nproc) {
+  char *out = NULL, path[600], *text = NULL;
+  size_t n;
+  int rc = scenario_run(sc, newt, tag, nproc, 0, &out);
+  if (rc != 0) fprintf(stderr, "the reference newt run (%d workers) exited %d:\n%s\n", nproc, rc, out ? out : "");
+  free(out);
+  snprintf(path, sizeof path, "%s/%s.json", tmpdir, tag);
+  double loss = NAN;
+  cJSON *j = NULL;
+  if (rc == 0 && newt_fs_read_all(path, 1 << 20, &text, &n) == NEWT_OK && newt_json_parse(text, n, path, &j) == NEWT_OK)
+    newt_json_get_double(j, "summary", "final_loss", 1, &loss);
+  cJSON_Delete(j);
+  free(text);
+  return loss;
+}
+
+static void run_scenario(const scenario *sc, const char *newt) {
+  const int STEPS = sc->steps;
+  int healthy = 1; /* only etcd or coordinators are harmed: the data-parallel size is kept */
+  for (int k = 0; k < 4 && sc->causes[k]; k++)
+    healthy &= !strcmp(sc->causes[k], "etcd") || !strcmp(sc->causes[k], "coordinator");
+  /* the uninterrupted loss: `newt train` (newt's own model), or the program on one worker;
+     a program's loss with the data-parallel size kept equals its fault-free run's bitwise */
+  double ref = sc->program ? scenario_reference(sc, newt, "ref1", 1)
+                           : reference_loss(newt, STEPS, sc->model ? sc->model : MODEL);
+  T_CHECK_MSG(isfinite(ref), "no reference loss");
+  double exact = sc->program && healthy ? scenario_reference(sc, newt, "ref", sc->nproc) : NAN;
+  T_CHECK_MSG(!sc->program || !healthy || isfinite(exact), "no fault-free loss");
+  char logs[512], samples[512], summary[512];
+  snprintf(logs, sizeof logs, "%s/run.logs", tmpdir);
+  snprintf(samples, sizeof samples, "%s/samples", tmpdir);
+  snprintf(summary, sizeof summary, "%s/run.json", tmpdir);
+  T_OK(newt_fs_mkdirs(samples, 0755));
   setenv("NEWT_SAMPLE_LOG_DIR", samples, 1);
   setenv("NEWT_KEEP_EVENTS", "4", 1); /* the leader keeps the job's keys bounded: see below */
   char *out = NULL;
-  int rc = run_capture(argv, &out);
+  int rc = scenario_run(sc, newt, "run", sc->nproc, 1, &out);
+  unsetenv("NEWT_SAMPLE_LOG_DIR");
   T_CHECK_MSG(rc == 0, "newt run exited %d:\n%s", rc, out ? out : "");
   free(out);
   char *text = NULL;
@@ -487,6 +564,8 @@ static void run_scenario(const scenario *sc, const char *newt) {
   T_CHECK_MSG(samples_n == (int64_t)STEPS * GB, "samples_consumed %lld, uninterrupted %d", (long long)samples_n,
               STEPS * GB);
   T_CHECK_MSG(fabs(loss - ref) <= 1e-4 * fmax(1.0, fabs(ref)), "final loss %.7f, uninterrupted %.7f", loss, ref);
+  T_CHECK_MSG(isnan(exact) || loss == exact, "final loss %.17g, the same job without faults %.17g: not bitwise", loss,
+              exact);
   const cJSON *recs = cJSON_GetObjectItemCaseSensitive(j, "recoveries");
   int nexp = 0, nreq = 0;
   while (nexp < 4 && sc->causes[nexp]) nreq += !optional(sc->causes[nexp++]);
@@ -569,8 +648,6 @@ static void run_scenario(const scenario *sc, const char *newt) {
   cJSON_Delete(j);
   free(text);
   check_logs(logs);
-  int healthy = 1; /* only etcd or coordinators were harmed */
-  for (int k = 0; k < nexp; k++) healthy &= !strcmp(sc->causes[k], "etcd") || !strcmp(sc->causes[k], "coordinator");
   check_generations(logs, healthy);
   if (sc->restore && strcmp(sc->restore, "ckpt") == 0) check_ckpt_restores(logs, sc->ckpt_every);
   int shards = 0; /* tensor, pipeline or ZeRO: no rank holds a whole state */
