@@ -9,7 +9,11 @@
  * from the run's step log.
  *
  * --backend nccl runs the workers on this host's GPUs over NCCL (as newt run --backend nccl,
- * with --gpus and --share-gpus); every line says its backend. */
+ * with --gpus and --share-gpus); every line says its backend.
+ *
+ * `-- COMMAND [ARGS...]` runs a program of one's own as the workers (as newt run -- COMMAND:
+ * a program built on libnewt, docs/api.md) instead of newt's own trainer; every line names
+ * the program ("program": its file name, or "newt"). */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -30,6 +34,13 @@ static int cmp_i64(const void *a, const void *b) {
 static int64_t median(int64_t *v, int n) {
   qsort(v, (size_t)n, sizeof *v, cmp_i64);
   return n ? (n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2) : -1;
+}
+
+/* What the workers run, for the JSON lines: the program's file name, or "newt". */
+static const char *program_name(const launcher_opts *o) {
+  if (!o->command) return "newt";
+  const char *slash = strrchr(o->command[0], '/');
+  return slash ? slash + 1 : o->command[0];
 }
 
 /* The spec of one run's job; 2 (and a message) when the flags make no valid job. */
@@ -82,26 +93,27 @@ static int bench_etcd_outage(const launcher_opts *base, int64_t nproc, const cha
     for (int k = 0; k < res.nrecoveries && !rec; k++)
       if (strcmp(res.recoveries[k].cause, "etcd") == 0) rec = &res.recoveries[k];
     if (r != NEWT_OK || !res.done || !rec || rec->tps_before <= 0) {
-      fprintf(stderr, "newt bench recovery: run %lld: %s\n", (long long)run,
-              r != NEWT_OK ? newt_errmsg() : !rec ? "no outage was recorded" : "no step log around the outage");
+      fprintf(stderr, "newt bench recovery: run %lld: %s (logs in %s)\n", (long long)run,
+              r != NEWT_OK ? newt_errmsg() : !rec ? "no outage was recorded" : "no step log around the outage",
+              res.log_dir);
       launcher_result_free(&res);
       continue;
     }
     ratio[ok] = rec->tps_during / rec->tps_before;
     pause[ok] = (double)rec->pause_ms;
-    printf("{\"bench\":\"recovery\",\"fault\":\"etcd-outage\",\"backend\":\"%s\",\"run\":%lld,\"nproc\":%lld,"
-           "\"preset\":\"%s\",\"outage_ms\":%lld,\"tokens_per_s_before\":%.0f,\"tokens_per_s_during\":%.0f,\"ratio\":%.3f,"
+    printf("{\"bench\":\"recovery\",\"fault\":\"etcd-outage\",\"backend\":\"%s\",\"program\":\"%s\",\"run\":%lld,"
+           "\"nproc\":%lld,\"preset\":\"%s\",\"outage_ms\":%lld,\"tokens_per_s_before\":%.0f,\"tokens_per_s_during\":%.0f,\"ratio\":%.3f,"
            "\"pause_ms\":%lld,\"steps_lost\":%lld,\"generations\":%lld}\n",
-           backend, (long long)run, (long long)nproc, preset, (long long)rec->outage_ms, rec->tps_before, rec->tps_during,
+           backend, program_name(base), (long long)run, (long long)nproc, preset, (long long)rec->outage_ms, rec->tps_before, rec->tps_during,
            ratio[ok], (long long)rec->pause_ms, (long long)rec->steps_lost, (long long)res.generations);
     fflush(stdout);
     ok++;
     launcher_result_free(&res);
   }
   if (ok)
-    printf("{\"bench\":\"recovery\",\"fault\":\"etcd-outage\",\"backend\":\"%s\",\"median_of\":%d,\"nproc\":%lld,"
-           "\"preset\":\"%s\",\"outage_ms\":%lld,\"ratio\":%.3f,\"pause_ms\":%.0f}\n",
-           backend, ok, (long long)nproc, preset, (long long)outage, newt_median(ratio, (size_t)ok), newt_median(pause, (size_t)ok));
+    printf("{\"bench\":\"recovery\",\"fault\":\"etcd-outage\",\"backend\":\"%s\",\"program\":\"%s\",\"median_of\":%d,"
+           "\"nproc\":%lld,\"preset\":\"%s\",\"outage_ms\":%lld,\"ratio\":%.3f,\"pause_ms\":%.0f}\n",
+           backend, program_name(base), ok, (long long)nproc, preset, (long long)outage, newt_median(ratio, (size_t)ok), newt_median(pause, (size_t)ok));
   free(ratio);
   free(pause);
   return ok == runs ? 0 : 1;
@@ -133,10 +145,19 @@ int newt_bench_recovery(int argc, char **argv) {
                       "with --backend nccl: workers may share a GPU (as newt run --share-gpus: tests, one GPU; slow)"},
                      {"verbose", NEWT_OPT_FLAG, &verbose, "show each run's progress"},
                      NEWT_OPT_END};
-  int rc = newt_opts_exit(newt_opts_parse("bench recovery", "[flags]", opts, argc, argv, NULL, 0, NULL));
+  int command = -1;
+  int rc = newt_opts_exit(newt_opts_parse_command("bench recovery", "[flags] [-- COMMAND [ARGS...]]",
+                                                  "COMMAND: a program built on libnewt, run as every worker (as newt "
+                                                  "run -- COMMAND) instead of newt's own trainer\n",
+                                                  opts, argc, argv, &command));
   if (rc >= 0) return rc;
+  if (command >= argc) {
+    fprintf(stderr, "newt bench recovery: -- must be followed by the program the workers run\n");
+    return 2;
+  }
   launcher_opts base;
   memset(&base, 0, sizeof base);
+  if (command >= 0) base.command = argv + command; /* NULL-terminated, as main's argv is */
   if (strcmp(backend, "nccl") == 0) {
     int visible = model_dev_cuda_count();
     if (gpus < 0) gpus = visible;
@@ -202,15 +223,16 @@ int newt_bench_recovery(int argc, char **argv) {
     chaos_free(&lo.chaos);
     const launcher_recovery *rec = res.nrecoveries ? &res.recoveries[0] : NULL;
     if (r != NEWT_OK || !res.done || !rec) {
-      fprintf(stderr, "newt bench recovery: run %lld: %s\n", (long long)run,
-              r != NEWT_OK ? newt_errmsg() : "no recovery was recorded");
+      fprintf(stderr, "newt bench recovery: run %lld: %s (logs in %s)\n", (long long)run,
+              r != NEWT_OK ? newt_errmsg() : "no recovery was recorded", res.log_dir);
       launcher_result_free(&res);
       continue;
     }
-    printf("{\"bench\":\"recovery\",\"fault\":\"%s\",\"backend\":\"%s\",\"run\":%lld,\"nproc\":%lld,\"preset\":\"%s\",\"tp\":%lld,\"pp\":%lld,"
+    printf("{\"bench\":\"recovery\",\"fault\":\"%s\",\"backend\":\"%s\",\"program\":\"%s\",\"run\":%lld,\"nproc\":%lld,"
+           "\"preset\":\"%s\",\"tp\":%lld,\"pp\":%lld,"
            "\"zero\":%lld,\"cause\":\"%s\",\"detect_ms\":%lld,\"plan_ms\":%lld,\"comm_ms\":%lld,"
            "\"restore_ms\":%lld,\"total_ms\":%lld,\"steps_lost\":%lld,\"restore\":\"%s\"}\n",
-           fault, backend, (long long)run, (long long)nproc, preset, (long long)tp, (long long)pp, (long long)zero, rec->cause,
+           fault, backend, program_name(&base), (long long)run, (long long)nproc, preset, (long long)tp, (long long)pp, (long long)zero, rec->cause,
            (long long)rec->detect_ms, (long long)rec->plan_ms, (long long)rec->comm_ms, (long long)rec->restore_ms,
            (long long)rec->total_ms, (long long)rec->steps_lost, rec->restore);
     fflush(stdout);
@@ -220,10 +242,11 @@ int newt_bench_recovery(int argc, char **argv) {
     launcher_result_free(&res);
   }
   if (ok)
-    printf("{\"bench\":\"recovery\",\"fault\":\"%s\",\"backend\":\"%s\",\"median_of\":%d,\"nproc\":%lld,\"preset\":\"%s\",\"tp\":%lld,\"pp\":%lld,"
+    printf("{\"bench\":\"recovery\",\"fault\":\"%s\",\"backend\":\"%s\",\"program\":\"%s\",\"median_of\":%d,"
+           "\"nproc\":%lld,\"preset\":\"%s\",\"tp\":%lld,\"pp\":%lld,"
            "\"zero\":%lld,\"detect_ms\":%lld,\"plan_ms\":%lld,\"comm_ms\":%lld,\"restore_ms\":%lld,"
            "\"total_ms\":%lld,\"steps_lost\":%lld}\n",
-           fault, backend, ok, (long long)nproc, preset, (long long)tp, (long long)pp, (long long)zero, (long long)median(v[0], ok),
+           fault, backend, program_name(&base), ok, (long long)nproc, preset, (long long)tp, (long long)pp, (long long)zero, (long long)median(v[0], ok),
            (long long)median(v[1], ok), (long long)median(v[2], ok), (long long)median(v[3], ok),
            (long long)median(v[4], ok), (long long)median(v[5], ok));
   for (int k = 0; k < 6; k++) free(v[k]);

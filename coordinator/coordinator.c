@@ -781,6 +781,8 @@ static void record_recovery(coord *c) {
   snprintf(ev.restore, sizeof ev.restore, "memory");
   for (int k = 0; k < c->nacks; k++) {
     const job_ack *a = &c->acks[k].a;
+    /* the plan was out once a rank saw it: the reply to our write can come after that */
+    if (a->t_plan && a->t_plan < ev.t_plan) ev.t_plan = a->t_plan;
     if (a->t_comm > ev.t_comm) ev.t_comm = a->t_comm;
     if (a->t_restore > ev.t_restore) ev.t_restore = a->t_restore;
     if (a->t_step > ev.t_step) ev.t_step = a->t_step;

@@ -156,12 +156,9 @@ static void *publisher(void *arg) {
   return NULL;
 }
 
-/* Writes everything still queued (at exit). */
-void worker_publisher_stop(worker *w) {
-  if (!w->pub_running) return;
-  /* long enough for etcd to come back from a restart: the last states matter */
-  newt_deadline_t d = newt_deadline_in_ms(w->spec.lease_ttl_ms + 3000);
-  for (;;) {
+/* Waits until the publisher has written everything queued so far, or until d. */
+static void publisher_flush(worker *w, newt_deadline_t d) {
+  while (w->pub_running) {
     pthread_mutex_lock(&w->mu);
     int pending = w->pub_state[0] != '\0';
     for (int i = 0; i < WORKER_PUB_SLOTS; i++) pending |= w->pub[i].value != NULL;
@@ -169,6 +166,13 @@ void worker_publisher_stop(worker *w) {
     if (!pending || newt_deadline_passed(d)) break;
     newt_sleep_ms(5);
   }
+}
+
+/* Writes everything still queued (at exit). */
+void worker_publisher_stop(worker *w) {
+  if (!w->pub_running) return;
+  /* long enough for etcd to come back from a restart: the last states matter */
+  publisher_flush(w, newt_deadline_in_ms(w->spec.lease_ttl_ms + 3000));
   pthread_mutex_lock(&w->mu);
   w->pub_stop = 1;
   pthread_cond_broadcast(&w->cv);
@@ -261,8 +265,12 @@ void worker_mark_done(worker *w, double loss) {
     return;
   }
   /* the end marker is what ends the job for everyone: wait for etcd as long as it takes
-     (NEWT_DONE_WAIT_MS), or until asked to stop */
+     (NEWT_DONE_WAIT_MS), or until asked to stop; what this rank queued before it (the
+     generation's acknowledgement, the last progress) goes first, so that the leader, which
+     stops reading at the end marker, has seen it (a generation that ran to the end within
+     moments is still recorded) */
   newt_deadline_t until = newt_deadline_in_ms(newt_param_DoneWaitMs());
+  publisher_flush(w, newt_deadline_in_ms(w->spec.lease_ttl_ms + 3000));
   for (;;) {
     newt_result_t r = rdzv_etcd_put(w->etcd, key, val, strlen(val), 0, job_call_deadline(), NULL);
     if (r == NEWT_OK) break;

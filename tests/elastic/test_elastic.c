@@ -67,8 +67,10 @@ typedef struct scenario {
                             program under `newt run --nproc 1` (NULL: newt's own trainer) */
 } scenario;
 
-/* newt-mlp wide enough that its steps take a while (an MLP of 64 hidden units steps in a
-   fraction of a millisecond: a lost leader's lease would outlast the whole job) */
+/* newt-mlp wide enough that its steps take a while, and the jobs long enough for a fault
+   to play out: the launcher fires a fault when the step log reaches its step, and an MLP
+   of 64 hidden units steps in a fraction of a millisecond (a lost leader's lease would
+   outlast the whole job) */
 #define MLP "--hidden 1024"
 
 static const scenario scenarios[] = {
@@ -154,11 +156,11 @@ static const scenario scenarios[] = {
        optimizer state sharded (ZeRO 1) where the fault takes a rank: the kill's shard comes
        back from its copy, the leaver hands its own over; with the data-parallel size kept
        (a lost leader, etcd away) the loss is bitwise that of the same job without faults */
-    {.name = "mlp_crash", .steps = 60, .nproc = 4, .chaos = "kill:worker:1@step=10", .causes = {"crash"},
+    {.name = "mlp_crash", .steps = 600, .nproc = 4, .chaos = "kill:worker:1@step=10", .causes = {"crash"},
      .extra = {"--zero", "1", NULL}, .program = MLP},
-    {.name = "mlp_hang", .steps = 60, .nproc = 4, .chaos = "stop:worker:2@step=10", .causes = {"hang"},
+    {.name = "mlp_hang", .steps = 600, .nproc = 4, .chaos = "stop:worker:2@step=10", .causes = {"hang"},
      .extra = {"--comm-timeout-ms", "1000", NULL}, .program = MLP},
-    {.name = "mlp_leave", .steps = 60, .nproc = 4, .chaos = "term:worker:0@step=10", .causes = {"leave"},
+    {.name = "mlp_leave", .steps = 600, .nproc = 4, .chaos = "term:worker:0@step=10", .causes = {"leave"},
      .extra = {"--zero", "1", NULL}, .program = MLP},
     {.name = "mlp_join", .steps = 3000, .nproc = 3, .chaos = "join:1@step=10", .causes = {"join"}, .extra = {NULL},
      .program = MLP},

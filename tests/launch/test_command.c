@@ -22,8 +22,12 @@
  *           free slots (w3: 1 of 3, w4: 3 of 4). A run whose program never trains cannot
  *           end by itself: SIGTERM ends it (exit 1) and no program is left behind.
  *
+ *   bench   `newt bench recovery -- newt-mlp` (examples/mlp, a program on libnewt): a line per
+ *           run naming the program with its recovery's phases, no step lost, and the
+ *           medians; `--` with nothing after it is refused.
+ *
  * Every wait is for an event (a file, a process gone), bounded generously.
- * usage: test_command worker|agent|run (ctest: command_<name>). */
+ * usage: test_command worker|agent|run|bench (ctest: command_<name>). */
 #include <errno.h>
 #include <signal.h>
 #include <stdio.h>
@@ -32,6 +36,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "cJSON.h"
 #include "common/clock.h"
 #include "common/fs.h"
 #include "common/proc.h"
@@ -455,11 +460,72 @@ static void test_run(void) {
                 (int)pids[i]);
 }
 
+/* --- bench ---------------------------------------------------------------------------------- */
+
+/* `newt bench recovery -- newt-mlp`: one JSON line per run naming the program, its fault
+ * recovered (cause crash, every phase measured, no step lost, state from memory or a peer),
+ * then the medians; a bare `--` is refused. */
+static void test_bench(void) {
+  const char *mlp = getenv("NEWT_MLP");
+  T_CHECK_MSG(mlp != NULL, "NEWT_MLP (examples/mlp's newt-mlp) is not set");
+  if (!mlp) return;
+  char out[300];
+  snprintf(out, sizeof out, "%s/bench.out", tmp);
+  const char *argv[] = {newt_bin, "bench", "recovery", "--runs", "2", "--nproc", "3", "--global-batch", "12",
+                        "--steps", "2000", "--kill-at", "10", "--", mlp, "--hidden", "128", NULL};
+  int rc = finish(start(argv, NULL, out), 240000, NULL);
+  char *text = slurp(out);
+  T_CHECK_MSG(rc == 0, "newt bench recovery -- newt-mlp exited %d:\n%s", rc, text ? text : "");
+  int runs = 0, medians = 0;
+  for (char *l = text; l && *l; l = strchr(l, '\n') ? strchr(l, '\n') + 1 : NULL) {
+    if (*l != '{') continue;
+    size_t len = strcspn(l, "\n");
+    cJSON *j = cJSON_ParseWithLength(l, len);
+    T_CHECK_MSG(j != NULL, "not JSON: %.*s", (int)len, l);
+    if (!j) continue;
+    const char *program = cJSON_GetStringValue(cJSON_GetObjectItem(j, "program"));
+    T_CHECK_MSG(program && strcmp(program, "newt-mlp") == 0, "the line names program %s: %.*s",
+                program ? program : "(none)", (int)len, l);
+    const char *phases[] = {"detect_ms", "plan_ms", "comm_ms", "restore_ms", "total_ms"};
+    double sum = 0, total = -1;
+    for (int k = 0; k < 5; k++) {
+      const cJSON *v = cJSON_GetObjectItem(j, phases[k]);
+      T_CHECK_MSG(cJSON_IsNumber(v) && v->valuedouble >= 0, "%s missing or negative: %.*s", phases[k], (int)len, l);
+      if (!cJSON_IsNumber(v)) continue;
+      if (k < 4) sum += v->valuedouble;
+      else total = v->valuedouble;
+    }
+    T_CHECK_MSG(total >= sum, "the phases add up to %.0f ms, more than the total %.0f: %.*s", sum, total, (int)len, l);
+    const cJSON *lost = cJSON_GetObjectItem(j, "steps_lost");
+    T_CHECK_MSG(cJSON_IsNumber(lost) && lost->valuedouble == 0, "steps lost: %.*s", (int)len, l);
+    if (cJSON_GetObjectItem(j, "median_of")) {
+      medians++;
+      T_CHECK_MSG(cJSON_GetObjectItem(j, "median_of")->valuedouble == 2, "median of: %.*s", (int)len, l);
+    } else {
+      runs++;
+      const char *cause = cJSON_GetStringValue(cJSON_GetObjectItem(j, "cause"));
+      const char *from = cJSON_GetStringValue(cJSON_GetObjectItem(j, "restore"));
+      T_CHECK_MSG(cause && strcmp(cause, "crash") == 0, "cause: %.*s", (int)len, l);
+      T_CHECK_MSG(from && (strcmp(from, "memory") == 0 || strcmp(from, "peer") == 0), "restore: %.*s", (int)len, l);
+    }
+    cJSON_Delete(j);
+  }
+  T_CHECK_MSG(runs == 2 && medians == 1, "%d run lines and %d median lines, want 2 and 1:\n%s", runs, medians,
+              text ? text : "");
+  free(text);
+  const char *bare[] = {newt_bin, "bench", "recovery", "--runs", "1", "--", NULL};
+  rc = finish(start(bare, NULL, out), 60000, NULL);
+  text = slurp(out);
+  T_CHECK_MSG(rc == 2 && text && strstr(text, "-- must be followed by the program"),
+              "newt bench recovery -- (nothing after it) exited %d:\n%s", rc, text ? text : "");
+  free(text);
+}
+
 int main(int argc, char **argv) {
   newt_bin = getenv("NEWT_BIN");
   const char *src = getenv("NEWT_SOURCE_DIR");
   if (argc != 2 || !newt_bin || !src) {
-    fprintf(stderr, "usage: NEWT_BIN=... NEWT_SOURCE_DIR=... test_command worker|agent|run\n");
+    fprintf(stderr, "usage: NEWT_BIN=... NEWT_SOURCE_DIR=... test_command worker|agent|run|bench\n");
     return 2;
   }
   if (!mkdtemp(tmp)) return 2;
@@ -471,6 +537,7 @@ int main(int argc, char **argv) {
   if (strcmp(argv[1], "worker") == 0) T_RUN(test_worker);
   else if (strcmp(argv[1], "agent") == 0) T_RUN(test_agent);
   else if (strcmp(argv[1], "run") == 0) T_RUN(test_run);
+  else if (strcmp(argv[1], "bench") == 0) T_RUN(test_bench);
   else T_FAIL("unknown scenario %s", argv[1]);
   if (!t_failed) newt_fs_rm_rf(tmp);
   else fprintf(stderr, "test_command: files kept in %s\n", tmp);
