@@ -333,7 +333,7 @@ void worker_report(worker *w, const newt_plan *p, int hang, int build, const cha
 void worker_publish_ack(worker *w);
 void worker_publish_progress(worker *w, double loss, double tps, int64_t step_tokens);
 void worker_publish_ckpt(worker *w, int64_t step, int64_t bytes, int64_t save_ms, double stall_ms);
-/* The end marker (rank 0 after the last step), written at once. */
+/* The end marker (every rank after the last step, the first write wins), written at once. */
 void worker_mark_done(worker *w, double loss);
 
 #endif

@@ -271,8 +271,12 @@ void worker_mark_done(worker *w, double loss) {
      moments is still recorded) */
   newt_deadline_t until = newt_deadline_in_ms(newt_param_DoneWaitMs());
   publisher_flush(w, newt_deadline_in_ms(w->spec.lease_ttl_ms + 3000));
+  /* every rank writes it, the first one wins (the others find it there): a rank 0 killed
+     between the last step and its marker must not leave a finished job unfinished */
+  rdzv_etcd_cmp absent = {.key = key, .target = RDZV_CMP_CREATE, .result = RDZV_CMP_EQUAL, .number = 0};
+  rdzv_etcd_op put = {.type = RDZV_OP_PUT, .key = key, .value = val, .value_len = strlen(val)};
   for (;;) {
-    newt_result_t r = rdzv_etcd_put(w->etcd, key, val, strlen(val), 0, job_call_deadline(), NULL);
+    newt_result_t r = rdzv_etcd_txn(w->etcd, &absent, 1, &put, 1, NULL, 0, job_call_deadline(), NULL);
     if (r == NEWT_OK) break;
     if (!rdzv_etcd_transient(r) || newt_deadline_passed(until) || worker_stop_asked(w)) {
       NEWT_WARN(WORKER, "%s: marking the job done: %s", w->id, newt_errmsg());

@@ -532,7 +532,7 @@ static newt_result_t next_step(worker *w, newt_batch *b, newt_next *next) {
   }
   if (w->live_step >= w->spec.steps) {
     NEWT_INFO(WORKER, "%s: trained the last step (%lld)", w->id, (long long)w->live_step);
-    if (w->me->rank == 0) worker_mark_done(w, w->last_loss);
+    worker_mark_done(w, w->last_loss);
     end_generation(w);
     return over(w, NEWT_NEXT_DONE, next);
   }

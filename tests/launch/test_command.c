@@ -25,9 +25,11 @@
  *   bench   `newt bench recovery -- newt-mlp` (examples/mlp, a program on libnewt): a line per
  *           run naming the program with its recovery's phases, no step lost, and the
  *           medians; `--` with nothing after it is refused.
+ *   example docs/api.md's example (examples/linreg) is the file verbatim, and trains under
+ *           `newt run -- newt-linreg` (done, every step and sample, the loss down tenfold).
  *
  * Every wait is for an event (a file, a process gone), bounded generously.
- * usage: test_command worker|agent|run|bench (ctest: command_<name>). */
+ * usage: test_command worker|agent|run|bench|example (ctest: command_<name>). */
 #include <errno.h>
 #include <signal.h>
 #include <stdio.h>
@@ -521,11 +523,67 @@ static void test_bench(void) {
   free(text);
 }
 
+/* --- example ---------------------------------------------------------------------------- */
+
+/* docs/api.md's example (examples/linreg): the page holds the file verbatim, and it trains
+ * under `newt run -- newt-linreg`: every step, every sample, the loss going down. */
+static void test_example(void) {
+  const char *exe = getenv("NEWT_LINREG"), *src = getenv("NEWT_SOURCE_DIR");
+  T_CHECK_MSG(exe != NULL, "NEWT_LINREG (examples/linreg's newt-linreg) is not set");
+  if (!exe) return;
+  char path[600];
+  snprintf(path, sizeof path, "%s/examples/linreg/linreg.c", src);
+  char *code = slurp(path);
+  snprintf(path, sizeof path, "%s/docs/api.md", src);
+  char *doc = slurp(path);
+  const char *mark = "<!-- examples/linreg/linreg.c -->\n```c\n";
+  char *at = doc ? strstr(doc, mark) : NULL;
+  T_CHECK_MSG(code && at, "docs/api.md has no block after \"<!-- examples/linreg/linreg.c -->\"");
+  if (code && at) {
+    at += strlen(mark);
+    char *end = strstr(at, "```");
+    T_CHECK_MSG(end && (size_t)(end - at) == strlen(code) && strncmp(at, code, strlen(code)) == 0,
+                "docs/api.md's example is not examples/linreg/linreg.c as it is");
+  }
+  free(code);
+  free(doc);
+  char logs[300], out[300], summary[300], steps[400];
+  snprintf(logs, sizeof logs, "%s/example", tmp);
+  snprintf(out, sizeof out, "%s/example.out", tmp);
+  snprintf(summary, sizeof summary, "%s/example.json", tmp);
+  snprintf(steps, sizeof steps, "%s/steps.jsonl", logs);
+  const char *argv[] = {newt_bin, "run", "--nproc", "3", "--steps", "100", "--global-batch", "24", "--micro-batch", "2",
+                        "--quiet", "--log-dir", logs, "--summary", summary, "--timeout-ms", "120000", "--", exe, NULL};
+  int rc = finish(start(argv, NULL, out), 180000, NULL);
+  char *text = slurp(out);
+  T_CHECK_MSG(rc == 0, "newt run -- newt-linreg exited %d:\n%s", rc, text ? text : "");
+  free(text);
+  text = slurp(summary);
+  cJSON *j = text ? cJSON_Parse(text) : NULL;
+  T_CHECK_MSG(j != NULL, "no summary at %s", summary);
+  if (j) {
+    T_CHECK(cJSON_IsTrue(cJSON_GetObjectItem(j, "done")));
+    const cJSON *st = cJSON_GetObjectItem(j, "steps"), *smp = cJSON_GetObjectItem(j, "samples_consumed"),
+                *fl = cJSON_GetObjectItem(j, "final_loss");
+    T_CHECK_MSG(cJSON_IsNumber(st) && st->valuedouble == 100, "steps: %s", text);
+    T_CHECK_MSG(cJSON_IsNumber(smp) && smp->valuedouble == 2400, "samples: %s", text);
+    char *log = slurp(steps);
+    cJSON *first = log ? cJSON_ParseWithLength(log, strcspn(log, "\n")) : NULL;
+    const cJSON *l1 = first ? cJSON_GetObjectItem(first, "loss") : NULL;
+    T_CHECK_MSG(cJSON_IsNumber(l1) && cJSON_IsNumber(fl) && fl->valuedouble < l1->valuedouble / 10,
+                "the loss went from %g to %g", l1 ? l1->valuedouble : -1, fl ? fl->valuedouble : -1);
+    cJSON_Delete(first);
+    free(log);
+  }
+  cJSON_Delete(j);
+  free(text);
+}
+
 int main(int argc, char **argv) {
   newt_bin = getenv("NEWT_BIN");
   const char *src = getenv("NEWT_SOURCE_DIR");
   if (argc != 2 || !newt_bin || !src) {
-    fprintf(stderr, "usage: NEWT_BIN=... NEWT_SOURCE_DIR=... test_command worker|agent|run|bench\n");
+    fprintf(stderr, "usage: NEWT_BIN=... NEWT_SOURCE_DIR=... test_command worker|agent|run|bench|example\n");
     return 2;
   }
   if (!mkdtemp(tmp)) return 2;
@@ -538,6 +596,7 @@ int main(int argc, char **argv) {
   else if (strcmp(argv[1], "agent") == 0) T_RUN(test_agent);
   else if (strcmp(argv[1], "run") == 0) T_RUN(test_run);
   else if (strcmp(argv[1], "bench") == 0) T_RUN(test_bench);
+  else if (strcmp(argv[1], "example") == 0) T_RUN(test_example);
   else T_FAIL("unknown scenario %s", argv[1]);
   if (!t_failed) newt_fs_rm_rf(tmp);
   else fprintf(stderr, "test_command: files kept in %s\n", tmp);
