@@ -26,7 +26,9 @@
  * buffers are forgotten at the start of each step and after the update.
  *
  * End of the step: one all-gather over the world of each rank's (sum of squared gradients,
- * sum of token losses, the caller's control values), summed in rank order; then clip, AdamW over the shard buffers, and for
+ * sum of token losses), summed in rank order (model_par_grads returns them; model_par_step
+ * gathers them over the host channel, newt's worker inside newt_step_commit with its own
+ * control values); then model_par_apply: clip, AdamW over the shard buffers, and for
  * ZeRO 1/2 the all-gather of the updated chunks into the full parameters. ZeRO 1/2 update the
  * owned chunks in place in the full buffers (moments in the shard buffers); only ZeRO 3 keeps
  * the parameters and the reduced gradients of its chunks apart.

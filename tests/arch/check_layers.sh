@@ -25,6 +25,7 @@ gpt: common comm ckpt model job worker
 launch: common rendezvous job
 bench: common rendezvous comm model ckpt job launch gpt
 cli: common rendezvous comm model ckpt job coordinator worker gpt launch bench
+examples:
 '
 
 folders=$(printf '%s\n' "$LAYERS" | sed -n 's/^\([a-z]*\):.*/\1/p')
