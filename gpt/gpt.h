@@ -7,6 +7,7 @@
 #define NEWT_GPT_GPT_H
 
 #include "job/spec.h"
+#include "model/dev.h"
 #include "model/tokens.h"
 #include "model/train.h"
 #include "newt.h"
@@ -17,6 +18,10 @@ newt_result_t gpt_train_config(const newt_spec *s, int threads, model_train_conf
 
 /* The token stream a spec names: its token file, or the generated corpus. */
 newt_result_t gpt_open_data(const newt_spec *s, model_tokens *tok);
+
+/* newt's copies of a device's memory (newt_memory) through the model's device: its
+ * allocations, pinned host memory and copies queued on its stream. */
+void gpt_dev_memory(model_dev *dev, newt_memory *out);
 
 /* Trains the job's GPT as one worker until the job is done, this worker left (a signal),
  * the job failed, or an error; returns the exit status (newt_finish's: 0 done, 3 left, 4

@@ -54,6 +54,12 @@ static void m_copy(void *ctx, void *dst, const void *src, size_t bytes, int kind
 }
 static newt_result_t m_sync(void *ctx) { return model_dev_sync(ctx); }
 
+void gpt_dev_memory(model_dev *dev, newt_memory *out) {
+  *out = (newt_memory){.size = sizeof *out, .ctx = dev, .host_visible = model_dev_host_visible(dev),
+                       .alloc = m_alloc, .free = m_free, .host_alloc = m_host_alloc, .host_free = m_host_free,
+                       .copy = m_copy, .sync = m_sync};
+}
+
 /* --- the state document ------------------------------------------------------------------- */
 
 /* The GPT's fields of a checkpoint's state: what newt train writes too (gpt/ckpt.h), but the
@@ -201,9 +207,7 @@ static newt_result_t setup(gpt_worker *g, int threads) {
     newt_result_t r = model_dev_open(MODEL_DEV_CUDA, ji.device, &g->dev);
     if (r != NEWT_OK) return newt_err_wrap(r, "spec.backend nccl: ");
     NEWT_INFO(WORKER, "%s: trains on %s", ji.worker_id, model_dev_name(g->dev));
-    g->mem = (newt_memory){.size = sizeof g->mem, .ctx = g->dev, .host_visible = model_dev_host_visible(g->dev),
-                           .alloc = m_alloc, .free = m_free, .host_alloc = m_host_alloc, .host_free = m_host_free,
-                           .copy = m_copy, .sync = m_sync};
+    gpt_dev_memory(g->dev, &g->mem);
     NEWT_CHECK(newt_use_device(g->ctx, model_dev_stream(g->dev), &g->mem));
   } else {
     g->dev = model_dev_cpu();

@@ -28,7 +28,7 @@
 #include <string.h>
 
 #include "common/fs.h"
-
+#include "gpt/gpt.h"
 #include "parallel/par_test.h"
 #include "worker/internal.h"
 
@@ -55,19 +55,6 @@ typedef struct rank_state {
   model_par_comms comms;
   int32_t *inputs, *targets;
 } rank_state;
-
-/* --- the model device's memory for the worker (as gpt/worker.c gives it) ------------------------ */
-
-static newt_result_t m_alloc(void *ctx, size_t bytes, void **out) { return model_dev_alloc(ctx, bytes, out); }
-static void m_free(void *ctx, void *p) { model_dev_free(ctx, p); }
-static newt_result_t m_host_alloc(void *ctx, size_t bytes, void **out) { return model_dev_host_alloc(ctx, bytes, out); }
-static void m_host_free(void *ctx, void *p) { model_dev_host_free(ctx, p); }
-static void m_copy(void *ctx, void *dst, const void *src, size_t bytes, int kind) {
-  if (kind == 0) model_dev_copy(ctx, dst, src, bytes);
-  else if (kind == 1) model_dev_download_async(ctx, dst, src, bytes);
-  else model_dev_upload_async(ctx, dst, src, bytes);
-}
-static newt_result_t m_sync(void *ctx) { return model_dev_sync(ctx); }
 
 /* --- a generation: the layout's groups, the plan, the declaration ----------------------------- */
 
@@ -284,9 +271,7 @@ static int run(ct_world *cw, int rank, model_dev *dev, int scenario, outcome *ou
   if (dev == model_dev_cpu()) {
     worker_mem_host(&w->o.memory);
   } else {
-    w->o.memory = (newt_memory){.size = sizeof w->o.memory, .ctx = dev, .host_visible = model_dev_host_visible(dev),
-                                .alloc = m_alloc, .free = m_free, .host_alloc = m_host_alloc, .host_free = m_host_free,
-                                .copy = m_copy, .sync = m_sync};
+    gpt_dev_memory(dev, &w->o.memory); /* as gpt/worker.c gives it */
   }
   if (scenario == 2) {
     snprintf(w->spec.ckpt_dir, sizeof w->spec.ckpt_dir, "%s/%s", root, dev == model_dev_cpu() ? "cpu" : "strict");
