@@ -12,19 +12,23 @@
  * step's number to its part), and per-job bytes "meta" (the steps done). expect() computes
  * the state after any step independently; every restore and every end is checked against it.
  *
- *   job api-main: workers A and B (the first plan waits for both). In their first generation
- *     each makes the declaration misuses (a tensor declared twice, a "newt." name, a buffer of
- *     the wrong size, size fields of 0, NULL arguments, restore and steps before the state is
- *     declared) and the pair leaves a gap in "shard" (rank 0 declares [0,4), rank 1 [6,12)):
- *     both restores fail naming it, rank 0 declares [4,6) too and the restore succeeds. Running,
- *     each makes the step misuses (declare after restore, commit or end out of order, a step
- *     begun twice -- then committed and ended, training on). B joins with an older
- *     newt_join_opts and takes its batches in an older newt_batch (the library writes only
- *     `size` bytes: a canary after them stays). B asks to leave after step LEAVE_AT: NEXT_LEFT,
- *     then calls after its part is over fail, newt_finish says 3. A takes the next generation
- *     alone: its groups of the generation before are refused naming both generations, its
- *     state (B's half of "shard" handed over) restores to the expected values; it trains to
- *     NEXT_DONE, calls after that fail, newt_finish says 0.
+ *   job api-main: workers A, B and C (the first plan waits for all three). In its first
+ *     generation each makes the declaration misuses (a tensor declared twice, a "newt." name, a
+ *     buffer of the wrong size, size fields of 0, NULL arguments, restore and steps before the
+ *     state is declared) and, running, the step misuses (declare after restore, commit or end
+ *     out of order, a step begun twice -- then committed and ended, training on). B joins with
+ *     an older newt_join_opts and takes its batches in an older newt_batch (the library writes
+ *     only `size` bytes: a canary after them stays). C kills itself (SIGKILL) as step DIE_AT
+ *     begins: a collective fails on A and B (that step's, or the copy of C's part that ends the
+ *     step before), they begin again and take the next generation, in which their groups of
+ *     the one before are refused naming both generations, and the pair leaves a gap in "shard"
+ *     (rank 0 declares [0,4) of its [0,6)): both restores fail naming it, rank 0 declares [4,6)
+ *     too, and the restore gives the state of the last step they ended (C's part from its copy
+ *     on a peer), or of the one before when C died before its copy was whole. B asks to leave
+ *     after step LEAVE_AT:
+ *     NEXT_LEFT, calls after its part is over fail, newt_finish says 3. A takes the next
+ *     generation alone (stale groups refused again, the state of B's step restored), trains to
+ *     NEXT_DONE at the expected state, calls after that fail, newt_finish says 0.
  *   job api-overlap, at the same time: workers P and Q declare parts of "shard" that overlap
  *     partially ([0,7) and [5,12)): both restores fail naming it, and each ends with
  *     newt_finish of that error (status 2: another try will not mend it). Then worker R joins the same job and trains it to the end, to
@@ -63,9 +67,10 @@
 
 #define NX 8           /* elements of the replicated tensor "x" */
 #define NS 12          /* elements of the sharded tensor "shard" */
-#define GB 4           /* the global batch (micro-batches of 1: dp 1, 2 or 4) */
+#define GB 6           /* the global batch (micro-batches of 1: dp 1, 2, 3 or 6) */
 #define MAIN_STEPS 10  /* api-main's steps */
-#define LEAVE_AT 5     /* B asks to leave after this step */
+#define DIE_AT 3       /* C kills itself (SIGKILL) as this step begins */
+#define LEAVE_AT 6     /* B asks to leave after this step */
 #define OV_STEPS 4     /* api-overlap's steps */
 #define DEADLINE_S 120 /* the whole test, generously (it takes seconds) */
 
@@ -173,6 +178,7 @@ typedef struct role {
   int overlap;      /* declare the partially overlapping parts, and end there */
   int old_structs;  /* join and take batches with the structs of an older header */
   int want_exit;    /* newt_finish's status */
+  int die_at;       /* SIGKILL itself as this step begins (0: never) */
 } role;
 
 typedef struct prog {
@@ -185,10 +191,12 @@ typedef struct prog {
   int lo, hi;         /* this rank's part of "shard" */
   newt_layout l;
   int gens;
-  int64_t done;       /* the newest step this rank ended (or restored to) */
+  int64_t done;       /* the newest step this rank applied (or restored to) */
   newt_comm *old_world, *old_dp; /* the groups of the generation before */
   uint64_t old_gen;
-  int idle_misuse, step_misuse, result_abi;
+  int idle_misuse, step_misuse;
+  int failed_steps; /* steps whose collectives failed (a peer died) */
+  int failed_since_restore;
 } prog;
 
 static void tensor(newt_tensor *t, const char *name, float *data, int64_t n, const int64_t *shape, int64_t begin,
@@ -419,14 +427,18 @@ static newt_result_t generation(prog *p) {
     memcpy(&p->shard[p->cur][p->lo], &es[p->lo], (size_t)(p->hi - p->lo) * sizeof(float));
     p->meta = 0;
   } else {
-    /* nothing failed: the state is of the last step this rank ended */
-    CHECK(cs, ri.step == p->done, "restored step %lld, this rank ended step %lld", (long long)ri.step,
-          (long long)p->done);
+    /* the state of the last step this rank applied; after a peer died, maybe the one before: the
+       dead rank's part of the last step may not have reached its copy on a peer (its send
+       returned, its peer had not read it), and then that step is done again */
+    int64_t oldest = p->done - (p->failed_since_restore ? 1 : 0);
+    CHECK(cs, ri.step >= oldest && ri.step <= p->done, "restored step %lld, this rank applied step %lld%s",
+          (long long)ri.step, (long long)p->done, p->failed_since_restore ? " (or the one before, after a failure)" : "");
     char when[64];
     snprintf(when, sizeof when, "restore of generation %llu", (unsigned long long)p->l.generation);
     check_state(p, cs, ri.step, when);
   }
   p->done = ri.step;
+  p->failed_since_restore = 0;
   newt_tensor_init(&t);
   tensor(&t, "late", p->x, NX, shape_x, 0, 0);
   EXPECT_ERR(C_DECL_RUNNING, NEWT_ERR_INVALID, newt_state_tensor(p->c, &t), "restored already");
@@ -451,6 +463,7 @@ static void idle_misuse(prog *p) {
 /* One step: this rank's sums, reduced over its data-parallel group, committed, applied. */
 static newt_result_t step(prog *p, const newt_batch *b) {
   int cs = strcmp(p->ro->job, "api-main") == 0 ? C_TRAINS : C_GOES_ON;
+  if (p->ro->die_at && b->step == p->ro->die_at) kill(getpid(), SIGKILL); /* a crash, mid-job */
   int64_t q = GB / p->l.dp;
   CHECK(cs, b->step == p->done + 1 && b->first == (b->step - 1) * GB + p->l.dp_rank * q && b->count == q,
         "step %lld: samples [%lld, +%lld), expected step %lld, [%lld, +%lld)", (long long)b->step, (long long)b->first,
@@ -482,6 +495,7 @@ static newt_result_t step(prog *p, const newt_batch *b) {
   for (int i = 0; i < NX; i++) p->x[i] = fmodf(3 * p->x[i] + G[i] + 1, 65521);
   for (int j = p->lo; j < p->hi; j++) p->shard[p->cur][j] += (float)b->step;
   p->meta = b->step;
+  p->done = b->step; /* updated: the step is done, whatever newt_step_end says of what follows it */
   newt_step_result res;
   newt_step_result_init(&res);
   res.loss = p->x[0];
@@ -503,7 +517,6 @@ static newt_result_t step(prog *p, const newt_batch *b) {
     r = newt_step_end(p->c, &res);
   }
   if (r != NEWT_OK) return r;
-  p->done = b->step;
   if (p->ro->leave_at && p->done == p->ro->leave_at) newt_leave(p->c);
   return NEWT_OK;
 }
@@ -573,10 +586,19 @@ static int run_worker(const role *ro, const char *etcd, const char *dir) {
       CHECK(C_ABI, memcmp((char *)&bb + at, pat, sizeof bb - at) == 0,
             "newt_step_begin wrote past the %zu bytes of an older newt_batch", at);
     }
-    if (next == NEWT_NEXT_GENERATION) r = generation(&p);
-    else if (next == NEWT_NEXT_STEP) r = step(&p, &bb.b);
-    else break;
-    if (r != NEWT_OK) break;
+    if (next == NEWT_NEXT_GENERATION) {
+      if ((r = generation(&p)) != NEWT_OK) break;
+    } else if (next == NEWT_NEXT_STEP) {
+      if ((r = step(&p, &bb.b)) != NEWT_OK) { /* a peer died: begin again, which recovers */
+        CHECK(cs, r == NEWT_ERR_PEER || r == NEWT_ERR_TIMEOUT || r == NEWT_ERR_ABORTED,
+              "step %lld failed with %s: %s", (long long)bb.b.step, newt_result_name(r), newt_errmsg());
+        p.failed_steps++;
+        p.failed_since_restore = 1;
+        r = NEWT_OK;
+      }
+    } else {
+      break;
+    }
   }
   int status;
   if (ro->overlap) { /* the worker ends with the restore's error */
@@ -588,6 +610,8 @@ static int run_worker(const role *ro, const char *etcd, const char *dir) {
     return status;
   }
   CHECK(cs, r == NEWT_OK, "the step loop stopped on %s: %s", newt_result_name(r), newt_errmsg());
+  int crashes = strcmp(ro->job, "api-main") == 0; /* C's death failed one step of each survivor */
+  CHECK(cs, p.failed_steps == crashes, "%d steps failed, expected %d", p.failed_steps, crashes);
   if (r == NEWT_OK && next == NEWT_NEXT_DONE) {
     CHECK(cs, p.done == ro->steps, "done after step %lld of %lld", (long long)p.done, (long long)ro->steps);
     check_state(&p, cs, p.done, "the end");
@@ -758,7 +782,7 @@ static pid_t fork_worker(const role *ro, const char *etcd, const char *dir) {
 
 static const char *spec_fmt =
     "{\"job\": \"%s\", \"train\": {\"steps\": %d, \"global_batch\": %d, \"micro_batch\": 1},"
-    " \"parallel\": {\"start_workers\": 2, \"start_timeout_ms\": 60000}, \"backend\": \"cpu\"}\n";
+    " \"parallel\": {\"start_workers\": %d, \"start_timeout_ms\": 60000}, \"backend\": \"cpu\"}\n";
 
 int main(void) {
   double t0 = now_s();
@@ -797,27 +821,28 @@ int main(void) {
     ready = file_has(elog, "serving client traffic") || file_has(elog, "ready to serve client requests");
   pid_t coords[2] = {0, 0};
   static const role roles[] = {
-      {"A", "api-main", MAIN_STEPS, 0, 0, 0, 0},       {"B", "api-main", MAIN_STEPS, LEAVE_AT, 0, 1, 3},
-      {"P", "api-overlap", OV_STEPS, 0, 1, 0, 2},      {"Q", "api-overlap", OV_STEPS, 0, 1, 0, 2},
-      {"R", "api-overlap", OV_STEPS, 0, 0, 0, 0}};
+      {"A", "api-main", MAIN_STEPS, 0, 0, 0, 0, 0},        {"B", "api-main", MAIN_STEPS, LEAVE_AT, 0, 1, 3, 0},
+      {"C", "api-main", MAIN_STEPS, 0, 0, 0, -SIGKILL, DIE_AT}, {"P", "api-overlap", OV_STEPS, 0, 1, 0, 2, 0},
+      {"Q", "api-overlap", OV_STEPS, 0, 1, 0, 2, 0},       {"R", "api-overlap", OV_STEPS, 0, 0, 0, 0, 0}};
+  const role *late = &roles[5]; /* R: once P and Q have ended */
   if (!ready) {
     fprintf(stderr, "FAIL: etcd (%s) did not serve within 30 s; its log: %s\n", etcd_bin, elog);
     atomic_fetch_add(&sh->ran[C_PROCESSES], 1), atomic_fetch_add(&sh->failed[C_PROCESSES], 1);
   } else {
     const char *jobs[2] = {"api-main", "api-overlap"};
-    int steps[2] = {MAIN_STEPS, OV_STEPS};
+    int steps[2] = {MAIN_STEPS, OV_STEPS}, start[2] = {3, 2};
     for (int j = 0; j < 2; j++) {
       char spec[600], text[600], clog[600], id[32];
       snprintf(spec, sizeof spec, "%s/%s.json", dir, jobs[j]);
       snprintf(clog, sizeof clog, "%s/coordinator-%s.log", dir, jobs[j]);
-      snprintf(text, sizeof text, spec_fmt, jobs[j], steps[j], GB);
+      snprintf(text, sizeof text, spec_fmt, jobs[j], steps[j], GB, start[j]);
       snprintf(id, sizeof id, "c-%s", jobs[j]);
       if (write_file(spec, text) != 0) return 2;
       char *cargv[] = {(char *)newt, "coordinator", "--etcd", curl, "--job", (char *)jobs[j], "--id", id, "--spec",
                        spec, "--metrics-port", "0", NULL};
       coords[j] = spawn(cargv, clog);
     }
-    for (int i = 0; i < 4; i++) {
+    for (int i = 0; i < 5; i++) {
       kids[nkids].ro = &roles[i];
       kids[nkids].pid = fork_worker(&roles[i], curl, dir), nkids++;
     }
@@ -832,11 +857,11 @@ int main(void) {
       if (!k->ended && waitpid(k->pid, &k->status, WNOHANG) == k->pid) k->ended = 1;
       running += !k->ended;
       if (k->ro && k->ro->overlap) pq_ended += k->ended;
-      if (k->ro && k->ro == &roles[4]) r_started = 1;
+      if (k->ro == late) r_started = 1;
     }
     if (pq_ended == 2 && !r_started) {
-      kids[nkids].ro = &roles[4];
-      kids[nkids].pid = fork_worker(&roles[4], curl, dir), nkids++;
+      kids[nkids].ro = late;
+      kids[nkids].pid = fork_worker(late, curl, dir), nkids++;
       continue;
     }
     if (!running) break;
@@ -856,14 +881,16 @@ int main(void) {
   }
   for (int i = 0; i < nkids; i++) {
     const kid *k = &kids[i];
-    int want = k->ro ? k->ro->want_exit : 0;
-    int ok = WIFEXITED(k->status) && WEXITSTATUS(k->status) == want;
+    int want = k->ro ? k->ro->want_exit : 0; /* < 0: killed by that signal */
+    int ok = want < 0 ? WIFSIGNALED(k->status) && WTERMSIG(k->status) == -want
+                      : WIFEXITED(k->status) && WEXITSTATUS(k->status) == want;
     atomic_fetch_add(&sh->ran[C_PROCESSES], 1);
     if (!ok) {
       atomic_fetch_add(&sh->failed[C_PROCESSES], 1);
-      fprintf(stderr, "FAIL processes_exit_right: worker %s: %s %d, expected exit %d\n", k->ro ? k->ro->id : "Z",
+      fprintf(stderr, "FAIL processes_exit_right: worker %s: %s %d, expected %s %d\n", k->ro ? k->ro->id : "Z",
               WIFEXITED(k->status) ? "exit" : "signal", WIFEXITED(k->status) ? WEXITSTATUS(k->status)
-                                                                             : WTERMSIG(k->status), want);
+                                                                             : WTERMSIG(k->status),
+              want < 0 ? "signal" : "exit", want < 0 ? -want : want);
     }
   }
   (void)timed_out;
