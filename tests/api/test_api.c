@@ -23,16 +23,17 @@
  *     step before), they begin again and take the next generation, in which their groups of
  *     the one before are refused naming both generations, and the pair leaves a gap in "shard"
  *     (rank 0 declares [0,4) of its [0,6)): both restores fail naming it, rank 0 declares [4,6)
- *     too, and the restore gives the state of the last step they ended (C's part from its copy
- *     on a peer), or of the one before when C died before its copy was whole. B asks to leave
- *     after step LEAVE_AT:
- *     NEXT_LEFT, calls after its part is over fail, newt_finish says 3. A takes the next
- *     generation alone (stale groups refused again, the state of B's step restored), trains to
- *     NEXT_DONE at the expected state, calls after that fail, newt_finish says 0.
+ *     too, and the restore gives the state of the last step they applied (C's part from its
+ *     copy on a peer), or of the one before when C died before its copy was whole. B asks to
+ *     leave after step LEAVE_AT: NEXT_LEFT, calls after its part is over fail, newt_finish says
+ *     3. A takes the next generation alone (stale groups refused again, the state of B's last
+ *     step restored), trains to NEXT_DONE at the expected state, calls after that fail,
+ *     newt_finish says 0.
  *   job api-overlap, at the same time: workers P and Q declare parts of "shard" that overlap
  *     partially ([0,7) and [5,12)): both restores fail naming it, and each ends with
- *     newt_finish of that error (status 2: another try will not mend it). Then worker R joins the same job and trains it to the end, to
- *     the expected values: the failed generation left nothing behind.
+ *     newt_finish of that error (status 2: another try will not mend it). Then worker R joins
+ *     the same job and trains it to the end, to the expected values: the failed generation
+ *     left nothing behind.
  *   a worker Z without a job: NULL handles and arguments, newt_join without a job (naming
  *     NEWT_JOB), with a size field of 0, with a bad job name.
  *
@@ -849,7 +850,6 @@ int main(void) {
   }
 
   /* every process ends; R joins api-overlap once P and Q have ended */
-  int timed_out = 0;
   for (;;) {
     int running = 0, pq_ended = 0, r_started = 0;
     for (int i = 0; i < nkids; i++) {
@@ -866,7 +866,6 @@ int main(void) {
     }
     if (!running) break;
     if (now_s() - t0 > DEADLINE_S) {
-      timed_out = 1;
       for (int i = 0; i < nkids; i++)
         if (!kids[i].ended) {
           fprintf(stderr, "FAIL: worker %s still runs after %d s: killed\n", kids[i].ro ? kids[i].ro->id : "Z",
@@ -893,7 +892,6 @@ int main(void) {
               want < 0 ? "signal" : "exit", want < 0 ? -want : want);
     }
   }
-  (void)timed_out;
   stop(coords[0]);
   stop(coords[1]);
   stop(etcd);
