@@ -16,7 +16,8 @@
 #      print the same final state, the one computed here independently (awk) from the same
 #      deterministic update.
 #
-# usage: install.sh BUILD_DIR (ctest passes it; NEWT_SOURCE_DIR is the source tree). Prints a
+# usage: install.sh BUILD_DIR (ctest passes it; NEWT_SOURCE_DIR is the source tree;
+# NEWT_CLIENT_CFLAGS, flags the client must be built with too: a sanitized build's). Prints a
 # line per check and "N passed, N failed"; exits 1 on any failure, keeping its files (also
 # kept with NEWT_KEEP_LOGS=1).
 set -u
@@ -24,6 +25,7 @@ build=$(cd "${1:?usage: install.sh BUILD_DIR}" && pwd)
 src=${NEWT_SOURCE_DIR:-$(cd "$(dirname "$0")/../.." && pwd)}
 steps=20
 gb=8
+xflags=${NEWT_CLIENT_CFLAGS:-}
 t0=$(date +%s)
 work=$(mktemp -d /tmp/newt-install-XXXXXX)
 root=$work/root
@@ -132,7 +134,7 @@ if readelf -d "$lib/libnewt.so" | grep NEEDED | grep -q libcudart; then
     sh -c "case ' $own ' in *' -lcudart '*) exit 0 ;; esac; exit 1"
 fi
 # shellcheck disable=SC2086 # flags are words
-if cc -O2 $cflags client.c -o client_shared $libs -lm >"$work/cc_shared.log" 2>&1; then
+if cc -O2 $xflags $cflags client.c -o client_shared $libs -lm >"$work/cc_shared.log" 2>&1; then
   ok build_shared
 else
   fail build_shared "cc $cflags client.c $libs -lm: $(head -20 "$work/cc_shared.log")"
@@ -140,7 +142,7 @@ fi
 # shellcheck disable=SC2046,SC2086
 static_link="$(host_libs $libs) $own $(host_libs $deplibs) -lm"
 # shellcheck disable=SC2086
-if cc -O2 $cflags client.c -o client_static $static_link >"$work/cc_static.log" 2>&1; then
+if cc -O2 $xflags $cflags client.c -o client_static $static_link >"$work/cc_static.log" 2>&1; then
   ok build_static
 else
   fail build_static "cc $cflags client.c $static_link: $(head -20 "$work/cc_static.log")"

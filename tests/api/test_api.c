@@ -778,7 +778,7 @@ static pid_t fork_worker(const role *ro, const char *etcd, const char *dir) {
   pid_t pid = fork();
   if (pid != 0) return pid;
   prctl(PR_SET_PDEATHSIG, SIGKILL);
-  _exit(ro ? run_worker(ro, etcd, dir) : run_arguments(dir));
+  exit(ro ? run_worker(ro, etcd, dir) : run_arguments(dir));
 }
 
 static const char *spec_fmt =
