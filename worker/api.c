@@ -451,6 +451,8 @@ newt_result_t newt_state_restore(newt_ctx *c, newt_restore_info *out) {
     return NEWT_ERR(NEWT_ERR_INVALID, "newt_state_restore: %s", c->phase == PHASE_RUNNING
                                                                     ? "this generation is restored already"
                                                                     : "no generation (newt_step_begin says NEXT_GENERATION first)");
+  if (out && out->size < sizeof(size_t)) /* refused before anything is restored */
+    return NEWT_ERR(NEWT_ERR_INVALID, "newt_restore_info: its size field is %zu: set it to sizeof the struct", out->size);
   newt_restore_info i = {.size = sizeof i};
   NEWT_CHECK(worker_restore(c, &i));
   NEWT_CHECK(worker_restored(c));
@@ -462,6 +464,8 @@ newt_result_t newt_state_restore(newt_ctx *c, newt_restore_info *out) {
 newt_result_t newt_step_begin(newt_ctx *c, newt_batch *b, newt_next *next) {
   CHECK_CTX(c, "newt_step_begin");
   if (!b || !next) return NEWT_ERR(NEWT_ERR_INVALID, "newt_step_begin: the batch or next is NULL");
+  if (b->size < sizeof(size_t)) /* refused before a step or a generation is handed out */
+    return NEWT_ERR(NEWT_ERR_INVALID, "newt_batch: its size field is %zu: set it to sizeof the struct", b->size);
   newt_batch full = {.size = sizeof full};
   newt_result_t r = worker_begin(c, &full, next);
   if (r != NEWT_OK) return r;

@@ -1,0 +1,198 @@
+#!/bin/sh
+# libnewt installed, and a program built against the installed copy alone:
+#
+#   1. the install (`make install`'s step: DESTDIR=<root> cmake --install <build> --prefix
+#      /usr/local) puts newt, libnewt.so, libnewt.a, newt.pc and newt.h under the root;
+#   2. the installed libnewt.so exports exactly the functions newt.h declares (NEWT_API), and
+#      libnewt.a defines no global symbol but them;
+#   3. pkg-config (PKG_CONFIG_PATH and PKG_CONFIG_SYSROOT_DIR into the root) names the root's
+#      include and lib directories, the header's version, and for --static everything libnewt.a
+#      needs (the CUDA runtime too when libnewt.so needs it); in a clean directory holding only a
+#      copy of tests/api/client.c, the client is built with it twice: against libnewt.so, and
+#      with libnewt.a linked in (-Wl,-Bstatic -lnewt -Wl,-Bdynamic, the other libraries shared);
+#   4. both binaries are the two workers of one real job, run by the installed newt
+#      (`newt run --nproc 2 -- worker.sh`: worker 0 runs the shared client with LD_LIBRARY_PATH
+#      on the installed lib, worker 1 the static one without it): the job ends done, and both
+#      print the same final state, the one computed here independently (awk) from the same
+#      deterministic update.
+#
+# usage: install.sh BUILD_DIR (ctest passes it; NEWT_SOURCE_DIR is the source tree;
+# NEWT_CLIENT_CFLAGS, flags the client must be built with too: a sanitized build's). Prints a
+# line per check and "N passed, N failed"; exits 1 on any failure, keeping its files (also
+# kept with NEWT_KEEP_LOGS=1).
+set -u
+build=$(cd "${1:?usage: install.sh BUILD_DIR}" && pwd)
+src=${NEWT_SOURCE_DIR:-$(cd "$(dirname "$0")/../.." && pwd)}
+steps=20
+gb=8
+xflags=${NEWT_CLIENT_CFLAGS:-}
+t0=$(date +%s)
+work=$(mktemp -d /tmp/newt-install-XXXXXX)
+root=$work/root
+prefix=/usr/local
+passed=0
+failed=0
+
+ok() { echo "ok     $1"; passed=$((passed + 1)); }
+fail() { echo "FAILED $1: $2"; failed=$((failed + 1)); }
+check() { # check NAME WHY COMMAND...: COMMAND must succeed
+  name=$1 why=$2
+  shift 2
+  if "$@"; then ok "$name"; else fail "$name" "$why"; fi
+}
+finish() {
+  echo "install.sh: $(($(date +%s) - t0)) s"
+  if [ "$failed" -eq 0 ] && [ -z "${NEWT_KEEP_LOGS:-}" ]; then rm -rf "$work"; else echo "files in $work"; fi
+  echo "$passed passed, $failed failed"
+  [ "$failed" -eq 0 ]
+  exit $?
+}
+for tool in cc pkg-config nm readelf awk; do
+  command -v "$tool" >/dev/null 2>&1 || { fail tools "$tool is not on PATH (scripts/install-deps.sh build)"; finish; }
+done
+
+# --- 1. the install ---------------------------------------------------------------------------
+if DESTDIR=$root cmake --install "$build" --prefix "$prefix" >"$work/install.log" 2>&1; then
+  ok install
+else
+  fail install "cmake --install failed: $(tail -5 "$work/install.log")"
+  finish
+fi
+lib=$root$prefix/lib
+missing=""
+for f in bin/newt lib/libnewt.so lib/libnewt.a lib/pkgconfig/newt.pc include/newt.h; do
+  [ -e "$root$prefix/$f" ] || missing="$missing $f"
+done
+check installed_files "missing under $root$prefix:$missing" [ -z "$missing" ]
+check installed_header "the installed newt.h differs from include/newt.h" cmp -s "$root$prefix/include/newt.h" \
+  "$src/include/newt.h"
+[ -z "$missing" ] || finish
+
+# --- 2. the symbols ----------------------------------------------------------------------------
+sed -n 's/^NEWT_API .*[ *]\(newt_[a-z0-9_]*\)(.*/\1/p' "$root$prefix/include/newt.h" | sort -u >"$work/api.txt"
+napi=$(wc -l <"$work/api.txt")
+check header_declarations "newt.h declares $napi NEWT_API functions (expected some 30)" [ "$napi" -ge 30 ]
+nm -D --defined-only "$lib/libnewt.so" | awk 'NF == 3 { print $3 }' | sort -u >"$work/so.txt"
+if cmp -s "$work/api.txt" "$work/so.txt"; then
+  ok so_exports
+else
+  fail so_exports "libnewt.so's exports are not newt.h's functions: $(diff "$work/api.txt" "$work/so.txt" | grep '^[<>]' | tr '\n' ' ')"
+fi
+nm -g --defined-only "$lib/libnewt.a" | awk 'NF == 3 { print $3 }' | sort -u >"$work/a.txt"
+if cmp -s "$work/api.txt" "$work/a.txt"; then
+  ok archive_globals
+else
+  fail archive_globals "libnewt.a's global symbols are not newt.h's functions: $(diff "$work/api.txt" "$work/a.txt" | grep '^[<>]' | tr '\n' ' ')"
+fi
+
+# --- 3. the client, from a clean directory -------------------------------------------------------
+export PKG_CONFIG_PATH="$lib/pkgconfig" PKG_CONFIG_SYSROOT_DIR="$root"
+clean=$work/clean
+mkdir "$clean" && cp "$src/tests/api/client.c" "$clean/" && cd "$clean" || { fail clean_dir "cannot make $clean"; finish; }
+version=$(sed -n 's/^#define NEWT_VERSION_\(MAJOR\|MINOR\|PATCH\) \([0-9]*\)$/\2/p' "$src/include/newt.h" | paste -sd.)
+check pc_version "pkg-config --modversion newt says '$(pkg-config --modversion newt 2>&1)', newt.h $version" \
+  [ "$(pkg-config --modversion newt 2>/dev/null)" = "$version" ]
+cflags=$(pkg-config --cflags newt) && libs=$(pkg-config --libs newt) && slibs=$(pkg-config --static --libs newt) ||
+  { fail pkg_config "pkg-config newt: $(pkg-config --cflags --libs newt 2>&1)"; finish; }
+# newt's own paths are the root's, once (the .pc is relocatable: ${pcfiledir})
+inc=$(for f in $cflags; do case $f in -I*) echo "${f#-I}"; break ;; esac; done)
+ldir=$(for f in $libs; do case $f in -L*) echo "${f#-L}"; break ;; esac; done)
+check pc_paths "pkg-config names -I$inc -L$ldir, not the root's $root$prefix/include and lib" \
+  [ "$(cd "$inc" 2>/dev/null && pwd -P)" = "$(cd "$root$prefix/include" && pwd -P)" -a \
+    "$(cd "$ldir" 2>/dev/null && pwd -P)" = "$(cd "$lib" && pwd -P)" ]
+# PKG_CONFIG_SYSROOT_DIR prefixes every -L with the root, the host's libraries' too (libcurl,
+# the CUDA runtime): only newt is under this root, so a directory that is not there but is on
+# the host is the host's. -lnewt is taken from the archive.
+host_libs() {
+  for f in "$@"; do
+    case $f in
+      -L"$root"/*) d=${f#-L"$root"}; [ ! -d "$root$d" ] && [ -d "$d" ] && f=-L$d ;;
+      -lnewt) f="-Wl,-Bstatic -lnewt -Wl,-Bdynamic" ;;
+    esac
+    printf '%s ' "$f"
+  done
+}
+# The static link: libnewt.a, what it needs itself (newt.pc's Libs.private: pthread, dl, m, the
+# CUDA runtime when built with CUDA) and its Requires.private packages (libcurl, ...) as the
+# shared libraries they are here. `pkg-config --static` names all of that, but also the
+# packages' own private libraries for a link of them that is static too (libcurl's nghttp2,
+# rtmp, ssh2, ...), whose development files a host need not have: this one has not. So it is
+# checked to name everything the link uses, and the link takes the packages shared.
+own=$(sed -n 's/^Libs.private: *//p' "$lib/pkgconfig/newt.pc")
+deps=$(pkg-config --print-requires-private newt | awk '{ print $1 }' | tr '\n' ' ')
+# shellcheck disable=SC2086 # flags and package names are words
+deplibs=$(pkg-config --libs $deps)
+unnamed=""
+# shellcheck disable=SC2086
+for f in $own $deplibs; do
+  case $f in -l*) case " $slibs " in *" $f "*) ;; *) unnamed="$unnamed $f" ;; esac ;; esac
+done
+check pc_static "pkg-config --static --libs newt ($slibs) does not name$unnamed" [ -n "$deps" -a -z "$unnamed" ]
+# a build with CUDA: libnewt.so needs the CUDA runtime, and so does the archive
+if readelf -d "$lib/libnewt.so" | grep NEEDED | grep -q libcudart; then
+  check pc_static_cuda "libnewt.so needs libcudart, newt.pc's Libs.private ($own) does not name -lcudart" \
+    sh -c "case ' $own ' in *' -lcudart '*) exit 0 ;; esac; exit 1"
+fi
+# shellcheck disable=SC2086 # flags are words
+if cc -O2 $xflags $cflags client.c -o client_shared $libs -lm >"$work/cc_shared.log" 2>&1; then
+  ok build_shared
+else
+  fail build_shared "cc $cflags client.c $libs -lm: $(head -20 "$work/cc_shared.log")"
+fi
+# shellcheck disable=SC2046,SC2086
+static_link="$(host_libs $libs) $own $(host_libs $deplibs) -lm"
+# shellcheck disable=SC2086
+if cc -O2 $xflags $cflags client.c -o client_static $static_link >"$work/cc_static.log" 2>&1; then
+  ok build_static
+else
+  fail build_static "cc $cflags client.c $static_link: $(head -20 "$work/cc_static.log")"
+fi
+cd "$work" || finish
+[ -x "$clean/client_shared" ] && [ -x "$clean/client_static" ] || finish
+check clean_dir_holds_only_client "the clean directory holds $(ls "$clean" | tr '\n' ' ')" \
+  [ "$(ls "$clean" | tr '\n' ' ')" = "client.c client_shared client_static " ]
+check shared_needs_installed_lib "the shared client does not take libnewt.so.0 from $lib: $(
+  LD_LIBRARY_PATH=$lib ldd "$clean/client_shared" | grep libnewt)" \
+  sh -c "LD_LIBRARY_PATH='$lib' ldd '$clean/client_shared' | grep -q 'libnewt.so.0 => $lib/'"
+check static_has_no_libnewt "the static client needs $(readelf -d "$clean/client_static" | grep -o 'libnewt[^]]*')" \
+  sh -c "! readelf -d '$clean/client_static' | grep NEEDED | grep -q libnewt && nm '$clean/client_static' | grep -q ' T newt_join$'"
+
+# --- 4. both clients as the workers of one job ------------------------------------------------------
+cat >"$work/worker.sh" <<EOF
+#!/bin/sh
+# worker 0 runs the shared client, the others the static one
+if [ "\${LOCAL_RANK:-0}" = 0 ]; then
+  echo "worker.sh: client_shared" >&2
+  LD_LIBRARY_PATH='$lib' exec '$clean/client_shared'
+fi
+echo "worker.sh: client_static" >&2
+unset LD_LIBRARY_PATH
+exec '$clean/client_static'
+EOF
+chmod +x "$work/worker.sh"
+unset PKG_CONFIG_PATH PKG_CONFIG_SYSROOT_DIR
+"$root$prefix/bin/newt" run --nproc 2 --steps $steps --global-batch $gb --micro-batch 2 --coordinators 1 --no-metrics \
+  --quiet --timeout-ms 240000 --log-dir "$work/run" -- "$work/worker.sh" >"$work/run.out" 2>&1
+rc=$?
+check run_done "newt run exited $rc: $(tail -5 "$work/run.out")" \
+  sh -c "[ $rc -eq 0 ] && grep -q '^newt run: done: $steps steps' '$work/run.out'"
+want=$(awk -v steps=$steps -v gb=$gb 'BEGIN {
+  for (i = 0; i < 8; i++) x[i] = i + 1
+  for (s = 1; s <= steps; s++)
+    for (i = 0; i < 8; i++) {
+      G = 0
+      for (k = (s - 1) * gb; k < s * gb; k++) G += (7 * k + 3 * i) % 11
+      v = 3 * x[i] + G + 1
+      x[i] = v - int(v / 65521) * 65521
+    }
+  printf "client: final step %d x", steps
+  for (i = 0; i < 8; i++) printf " %.0f", x[i]
+  printf "\n"
+}')
+kinds=$(cat "$work/run"/w*.log 2>/dev/null | sed -n 's/^worker.sh: //p' | sort | tr '\n' ' ')
+check both_binaries_ran "the workers ran: $kinds" [ "$kinds" = "client_shared client_static " ]
+got0=$(grep '^client: final' "$work/run/w0.log" 2>/dev/null)
+got1=$(grep '^client: final' "$work/run/w1.log" 2>/dev/null)
+check same_final_state "w0 printed '$got0', w1 '$got1'" [ -n "$got0" -a "$got0" = "$got1" ]
+check expected_final_state "the clients printed '$got0', the update computed here gives '$want'" [ "$got0" = "$want" ]
+finish
