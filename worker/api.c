@@ -31,10 +31,19 @@ void newt_step_result_init(newt_step_result *r) {
 }
 
 /* A caller's struct of `size` bytes read into a full one (zeroed, or `dflt`'s values beyond
- * what the caller's holds). */
+ * what the caller's holds). A struct of a newer header, longer than this library's, is taken
+ * when what this library does not know of it is zero (its defaults); a field set there would
+ * be ignored, so it is refused, naming its offset. */
 static newt_result_t take(const void *in, size_t have, const void *dflt, void *out, size_t full, const char *what) {
   if (have < sizeof(size_t))
     return NEWT_ERR(NEWT_ERR_INVALID, "%s: its size field is %zu: initialise it (the *_init functions)", what, have);
+  if (have > 65536)
+    return NEWT_ERR(NEWT_ERR_INVALID, "%s: its size field is %zu: not a size (uninitialised?)", what, have);
+  for (size_t k = full; k < have; k++)
+    if (((const unsigned char *)in)[k] != 0)
+      return NEWT_ERR(NEWT_ERR_UNSUPPORTED, "%s: the program's header is newer than this library (libnewt %d.%d.%d "
+                      "knows %zu bytes of it, the program's has %zu) and sets a field at byte %zu it does not know",
+                      what, NEWT_VERSION_MAJOR, NEWT_VERSION_MINOR, NEWT_VERSION_PATCH, full, have, k);
   if (dflt) memcpy(out, dflt, full);
   else memset(out, 0, full);
   memcpy(out, in, have < full ? have : full);

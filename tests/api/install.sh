@@ -8,8 +8,8 @@
 #   3. pkg-config (PKG_CONFIG_PATH and PKG_CONFIG_SYSROOT_DIR into the root) names the root's
 #      include and lib directories, the header's version, and for --static everything libnewt.a
 #      needs (the CUDA runtime too when libnewt.so needs it); in a clean directory holding only a
-#      copy of tests/api/client.c, the client is built with it twice: against libnewt.so, and
-#      with libnewt.a linked in (-Wl,-Bstatic -lnewt -Wl,-Bdynamic, the other libraries shared);
+#      copy of tests/api/client.c, the client is built with it twice: against libnewt.so
+#      (newt.pc), and with libnewt.a linked in (newt-static.pc, the other libraries shared);
 #   4. both binaries are the two workers of one real job, run by the installed newt
 #      (`newt run --nproc 2 -- worker.sh`: worker 0 runs the shared client with LD_LIBRARY_PATH
 #      on the installed lib, worker 1 the static one without it): the job ends done, and both
@@ -60,7 +60,7 @@ else
 fi
 lib=$root$prefix/lib
 missing=""
-for f in bin/newt lib/libnewt.so lib/libnewt.a lib/pkgconfig/newt.pc include/newt.h; do
+for f in bin/newt lib/libnewt.so lib/libnewt.a lib/pkgconfig/newt.pc lib/pkgconfig/newt-static.pc include/newt.h; do
   [ -e "$root$prefix/$f" ] || missing="$missing $f"
 done
 check installed_files "missing under $root$prefix:$missing" [ -z "$missing" ]
@@ -107,27 +107,30 @@ host_libs() {
   for f in "$@"; do
     case $f in
       -L"$root"/*) d=${f#-L"$root"}; [ ! -d "$root$d" ] && [ -d "$d" ] && f=-L$d ;;
-      -lnewt) f="-Wl,-Bstatic -lnewt -Wl,-Bdynamic" ;;
     esac
     printf '%s ' "$f"
   done
 }
-# The static link: libnewt.a, what it needs itself (newt.pc's Libs.private: pthread, dl, m, the
-# CUDA runtime when built with CUDA) and its Requires.private packages (libcurl, ...) as the
-# shared libraries they are here. `pkg-config --static` names all of that, but also the
-# packages' own private libraries for a link of them that is static too (libcurl's nghttp2,
-# rtmp, ssh2, ...), whose development files a host need not have: this one has not. So it is
-# checked to name everything the link uses, and the link takes the packages shared.
+# The static link: newt-static.pc names libnewt.a by its path and what it needs (its
+# dependencies as the shared libraries they are here, pthread, dl, m, the CUDA runtime when
+# built with CUDA); newt.pc's --static names the same after -lnewt, with nothing of the
+# dependencies' own private libraries (libcurl's nghttp2, rtmp, ...: a host need not have
+# their development files, this one has not)
 own=$(sed -n 's/^Libs.private: *//p' "$lib/pkgconfig/newt.pc")
-deps=$(pkg-config --print-requires-private newt | awk '{ print $1 }' | tr '\n' ' ')
-# shellcheck disable=SC2086 # flags and package names are words
-deplibs=$(pkg-config --libs $deps)
+static_libs=$(pkg-config --libs newt-static) ||
+  { fail pc_static "pkg-config newt-static: $(pkg-config --libs newt-static 2>&1)"; finish; }
 unnamed=""
 # shellcheck disable=SC2086
-for f in $own $deplibs; do
-  case $f in -l*) case " $slibs " in *" $f "*) ;; *) unnamed="$unnamed $f" ;; esac ;; esac
+for f in $own; do
+  case $f in -l*) ;; *) continue ;; esac # -L paths: the sysroot prefixes them
+  case " $slibs " in *" $f "*) ;; *) unnamed="$unnamed $f" ;; esac
+  case " $static_libs " in *" $f "*) ;; *) unnamed="$unnamed $f (newt-static)" ;; esac
 done
-check pc_static "pkg-config --static --libs newt ($slibs) does not name$unnamed" [ -n "$deps" -a -z "$unnamed" ]
+check pc_static "pkg-config --static --libs newt ($slibs) or newt-static ($static_libs) does not name$unnamed" \
+  [ -n "$own" -a -z "$unnamed" ]
+# shellcheck disable=SC2086
+check pc_static_archive "pkg-config newt-static ($static_libs) does not name $lib/libnewt.a" \
+  sh -c "for f in $static_libs; do [ \"\$f\" -ef '$lib/libnewt.a' ] && exit 0; done; exit 1"
 # a build with CUDA: libnewt.so needs the CUDA runtime, and so does the archive
 if readelf -d "$lib/libnewt.so" | grep NEEDED | grep -q libcudart; then
   check pc_static_cuda "libnewt.so needs libcudart, newt.pc's Libs.private ($own) does not name -lcudart" \
@@ -140,7 +143,7 @@ else
   fail build_shared "cc $cflags client.c $libs -lm: $(head -20 "$work/cc_shared.log")"
 fi
 # shellcheck disable=SC2046,SC2086
-static_link="$(host_libs $libs) $own $(host_libs $deplibs) -lm"
+static_link="$(host_libs $static_libs)"
 # shellcheck disable=SC2086
 if cc -O2 $xflags $cflags client.c -o client_static $static_link >"$work/cc_static.log" 2>&1; then
   ok build_static

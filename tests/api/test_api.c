@@ -18,7 +18,9 @@
  *     state is declared) and, running, the step misuses (declare after restore, commit or end
  *     out of order, a step begun twice -- then committed and ended, training on). B joins with
  *     an older newt_join_opts and takes its batches in an older newt_batch (the library writes
- *     only `size` bytes: a canary after them stays). C kills itself (SIGKILL) as step DIE_AT
+ *     only `size` bytes: a canary after them stays); a newt_tensor of a newer header that
+ *     sets a field this library does not know is refused by its offset, newt_step_results of
+ *     a newer header with zeros there are taken. C kills itself (SIGKILL) as step DIE_AT
  *     begins: a collective fails on A and B (that step's, or the copy of C's part that ends the
  *     step before), they begin again and take the next generation, in which their groups of
  *     the one before are refused naming both generations, and the pair leaves a gap in "shard"
@@ -386,6 +388,14 @@ static newt_result_t generation(prog *p) {
   int gap_hi = p->hi - (gap && p->l.rank == 0 ? 2 : 0);
   if (first) { /* the part in a newt_tensor of an older header: the flags it lacks are not read */
     tensor(&t, "shard", &p->shard[p->cur][p->lo], gap_hi - p->lo, shape_s, p->lo, gap_hi);
+    /* ... and of a newer one: a field this library does not know, set, is refused by its
+       offset (it would be ignored), and declares nothing */
+    struct {
+      newt_tensor t;
+      uint64_t later;
+    } newer = {t, 1};
+    newer.t.size = sizeof newer;
+    EXPECT_ERR(C_ABI, NEWT_ERR_UNSUPPORTED, newt_state_tensor(p->c, &newer.t), "newer", "byte");
     t.size = offsetof(newt_tensor, flags);
     t.flags = 0xdead0000u;
     EXPECT_OK(C_ABI, newt_state_tensor(p->c, &t));
@@ -514,8 +524,16 @@ static newt_result_t step(prog *p, const newt_batch *b) {
     CHECK(C_ABI, r == NEWT_OK, "newt_step_end with an older newt_step_result: %s: %s", newt_result_name(r),
           newt_errmsg());
     CHECK(C_BEGUN_TWICE, r == NEWT_OK, "the step begun twice did not end: %s", newt_errmsg());
-  } else {
-    r = newt_step_end(p->c, &res);
+  } else { /* a newer header's newt_step_result, its fields beyond this library's zero (their
+              defaults): taken as it is */
+    struct {
+      newt_step_result r;
+      uint64_t later;
+    } newer = {res, 0};
+    newer.r.size = sizeof newer;
+    r = newt_step_end(p->c, &newer.r);
+    CHECK(C_ABI, r == NEWT_OK || r == NEWT_ERR_PEER || r == NEWT_ERR_TIMEOUT || r == NEWT_ERR_ABORTED,
+          "newt_step_end with a newer newt_step_result (zero beyond): %s: %s", newt_result_name(r), newt_errmsg());
   }
   if (r != NEWT_OK) return r;
   if (p->ro->leave_at && p->done == p->ro->leave_at) newt_leave(p->c);
