@@ -647,9 +647,15 @@ static newt_result_t replan(coord *c, const char *cause, const char *switch_mode
   newt_plan p = {0};
   newt_result_t r = plan_compute(&c->spec, m, n, prev, &p);
   *no_layout = r == NEWT_ERR_UNAVAILABLE;
-  free(m);
   for (int i = 0; r == NEWT_OK && i < ndonors; i++) r = plan_add_donor(&p, donors[i].id, donors[i].host, donors[i].addr);
   free(donors);
+  /* a rank of the last plan that this one makes a spare (the layout has no room for it)
+     holds a state the ranks may need -- a ZeRO shard, its neighbour's copy of one -- so it
+     takes part in the restore as a donor, then waits as a spare */
+  for (int i = 0; r == NEWT_OK && i < n; i++)
+    if (m[i].has_state && !plan_find(&p, m[i].id) && !plan_find_donor(&p, m[i].id))
+      r = plan_add_donor(&p, m[i].id, m[i].host, m[i].addr);
+  free(m);
   if (r != NEWT_OK) {
     plan_free(&p);
     return r;

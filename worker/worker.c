@@ -137,6 +137,8 @@ static newt_result_t start_plan_watch(worker *w) {
 
 typedef enum wait_outcome { WAIT_PLAN, WAIT_LEAVE, WAIT_DONE, WAIT_FAILED } wait_outcome;
 
+static void donate(worker *w, newt_plan *p);
+
 /* Waits for a plan newer than our generation in which we are a rank (donor: a donor);
  * meanwhile notices a leave asked for and the end of the job. */
 static newt_result_t wait_plan(worker *w, int donor, newt_plan *out, wait_outcome *how) {
@@ -165,8 +167,16 @@ static newt_result_t wait_plan(worker *w, int donor, newt_plan *out, wait_outcom
       }
       if (!donor && spare_gen != w->latest.generation) {
         spare_gen = w->latest.generation;
+        /* a spare of this plan that was a rank of the last one: it hands the ranks what
+           they need of its state first (the leader named it a donor) */
+        newt_plan give;
+        int donates = w->has_state && plan_find_donor(&w->latest, w->id) && plan_copy(&give, &w->latest) == NEWT_OK;
         pthread_mutex_unlock(&w->mu);
         worker_set_state_async(w, "spare");
+        if (donates) {
+          donate(w, &give);
+          plan_free(&give);
+        }
         continue;
       }
     }
@@ -425,7 +435,7 @@ static void log_step(worker *w, int rank0, const job_step *line) {
 /* --- leaving ---------------------------------------------------------------------------------- */
 
 /* A donor's generation: build the communicator with the ranks, hand them this worker's
- * state (the parts they need), leave. */
+ * state (the parts they need); then it leaves, or waits as a spare. */
 static void donate(worker *w, newt_plan *p) {
   const plan_rank *me = plan_find_donor(p, w->id);
   comm_t *c = NULL, *none = NULL;

@@ -124,6 +124,12 @@ static const scenario scenarios[] = {
        leaver (still registered while it hands over) must not look like room for dp 4 */
     {"leave_spare", 40, 4, "term:worker:1@step=10", {"leave"}, {"--micro-batch", "6", NULL}, NULL, 0, NULL,
      "layers=4,channels=128"}, /* the tiny preset: a hand-over that takes a while */
+    /* 4 ranks with ZeRO 1 (micro-batches of 6: dp 1, 2 or 4) lose one: the 3 survivors make
+       dp 2 and a spare, and the spare's shard and copy (perhaps the only ones left of a
+       slice) reach the new ranks: it is a donor of the plan that makes it a spare */
+    {"zero_spare", 40, 4, "kill:rank:2@step=10", {"crash"}, {"--zero", "1", "--micro-batch", "6", NULL}},
+    {.name = "mlp_zero_spare", .steps = 600, .nproc = 4, .chaos = "kill:rank:0@step=10", .causes = {"crash"},
+     .extra = {"--zero", "1", "--micro-batch", "6", NULL}, .program = MLP},
     /* a lost ZeRO shard comes back from its copy on the next data-parallel rank, not from
        the checkpoints being written all along ... */
     {"zero_replica", 40, 4, "kill:rank:1@step=12", {"crash"}, {"--zero", "1", NULL}, NULL, 5, "peer"},
