@@ -256,6 +256,25 @@ void worker_publish_ckpt(worker *w, int64_t step, int64_t bytes, int64_t save_ms
   publish_record(w, JOB_REC_CKPT, 0, job_ckpt_to_json(&c), 0);
 }
 
+/* Writes the end marker unless a true one is there already (another rank's): every rank
+ * writes it, the first one wins; one that does not say the job's last step and samples (a
+ * forged or corrupt record, job_done_plausible) is replaced. */
+static newt_result_t put_done(worker *w, const char *key, const char *val) {
+  rdzv_etcd_cmp absent = {.key = key, .target = RDZV_CMP_CREATE, .result = RDZV_CMP_EQUAL, .number = 0};
+  rdzv_etcd_op put = {.type = RDZV_OP_PUT, .key = key, .value = val, .value_len = strlen(val)};
+  rdzv_etcd_op get = {.type = RDZV_OP_RANGE, .key = key};
+  rdzv_etcd_txn_result tr;
+  NEWT_CHECK(rdzv_etcd_txn(w->etcd, &absent, 1, &put, 1, &get, 1, job_call_deadline(), &tr));
+  int there = tr.succeeded;
+  if (!there && tr.n == 1 && tr.results[0].range.n == 1) {
+    const rdzv_etcd_kv *kv = &tr.results[0].range.kvs[0];
+    job_done d;
+    there = job_done_from_json(kv->value, kv->value_len, &d) == NEWT_OK && job_done_plausible(&d, &w->spec);
+  }
+  rdzv_etcd_txn_result_free(&tr);
+  return there ? NEWT_OK : rdzv_etcd_put(w->etcd, key, val, strlen(val), 0, job_call_deadline(), NULL);
+}
+
 void worker_mark_done(worker *w, double loss) {
   job_done d = {.step = w->live_step, .loss = loss, .t_ms = newt_wall_ms(), .samples = worker_cursor(w)};
   char *val = job_done_to_json(&d);
@@ -271,12 +290,10 @@ void worker_mark_done(worker *w, double loss) {
      moments is still recorded) */
   newt_deadline_t until = newt_deadline_in_ms(newt_param_DoneWaitMs());
   publisher_flush(w, newt_deadline_in_ms(w->spec.lease_ttl_ms + 3000));
-  /* every rank writes it, the first one wins (the others find it there): a rank 0 killed
-     between the last step and its marker must not leave a finished job unfinished */
-  rdzv_etcd_cmp absent = {.key = key, .target = RDZV_CMP_CREATE, .result = RDZV_CMP_EQUAL, .number = 0};
-  rdzv_etcd_op put = {.type = RDZV_OP_PUT, .key = key, .value = val, .value_len = strlen(val)};
+  /* every rank writes it (put_done): a rank 0 killed between the last step and its marker
+     must not leave a finished job unfinished */
   for (;;) {
-    newt_result_t r = rdzv_etcd_txn(w->etcd, &absent, 1, &put, 1, NULL, 0, job_call_deadline(), NULL);
+    newt_result_t r = put_done(w, key, val);
     if (r == NEWT_OK) break;
     if (!rdzv_etcd_transient(r) || newt_deadline_passed(until) || worker_stop_asked(w)) {
       NEWT_WARN(WORKER, "%s: marking the job done: %s", w->id, newt_errmsg());
