@@ -36,11 +36,17 @@ static int64_t median(int64_t *v, int n) {
   return n ? (n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2) : -1;
 }
 
-/* What the workers run, for the JSON lines: the program's file name, or "newt". */
+/* What the workers run, for the JSON lines: the program's file name (a character JSON would
+ * have to escape becomes '_'), or "newt". */
 static const char *program_name(const launcher_opts *o) {
+  static char name[64];
   if (!o->command) return "newt";
-  const char *slash = strrchr(o->command[0], '/');
-  return slash ? slash + 1 : o->command[0];
+  const char *slash = strrchr(o->command[0], '/'), *base = slash ? slash + 1 : o->command[0];
+  size_t i = 0;
+  for (; base[i] && i + 1 < sizeof name; i++)
+    name[i] = base[i] == '"' || base[i] == '\\' || (unsigned char)base[i] < 0x20 ? '_' : base[i];
+  name[i] = '\0';
+  return name;
 }
 
 /* The spec of one run's job; 2 (and a message) when the flags make no valid job. */
