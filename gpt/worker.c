@@ -17,6 +17,7 @@
 #include "common/log.h"
 #include "gpt/ckpt.h"
 #include "gpt/gpt.h"
+#include "job/ending.h"
 #include "job/spec.h"
 #include "model/dev.h"
 #include "model/loader.h"
@@ -253,7 +254,7 @@ int gpt_worker_run(const newt_join_opts *o, int threads) {
   newt_result_t r = newt_join(o, &g->ctx);
   if (r != NEWT_OK) { /* said and written to the termination log by newt_join */
     free(g);
-    return r == NEWT_ERR_INVALID || r == NEWT_ERR_UNSUPPORTED ? 2 : 1;
+    return job_exit_status(r);
   }
   r = setup(g, threads);
   if (r == NEWT_OK) r = train(g);

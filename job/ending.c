@@ -13,9 +13,13 @@ const char *job_termination_log(const char *flag) {
   return env && *env ? env : JOB_TERMINATION_LOG;
 }
 
+int job_exit_status(newt_result_t r) {
+  return r == NEWT_ERR_INVALID || r == NEWT_ERR_UNSUPPORTED ? JOB_EXIT_USAGE : JOB_EXIT_ERROR;
+}
+
 int job_end_write(const char *who, newt_result_t r, job_end *e, const char *path) {
   if (r != NEWT_OK) {
-    e->status = r == NEWT_ERR_INVALID || r == NEWT_ERR_UNSUPPORTED ? JOB_EXIT_USAGE : JOB_EXIT_ERROR;
+    e->status = job_exit_status(r);
     snprintf(e->msg, sizeof e->msg, "error: %s", newt_errmsg());
     fprintf(stderr, "%s: %s\n", who, newt_errmsg());
   } else if (!e->msg[0]) {

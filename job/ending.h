@@ -15,6 +15,10 @@
 /* The termination log to use: flag, else NEWT_TERMINATION_LOG, else the default. */
 const char *job_termination_log(const char *flag);
 
+/* The exit status of a process that stops on error r: JOB_EXIT_USAGE for what another
+ * try will not mend (NEWT_ERR_INVALID, NEWT_ERR_UNSUPPORTED), else JOB_EXIT_ERROR. */
+int job_exit_status(newt_result_t r);
+
 /* Ends a process: r is what its run returned (an error overrides e), e how it ended. Writes
  * the message to path (see above) and returns the exit status; `who` names the process in
  * the line printed on an error ("newt worker"). */

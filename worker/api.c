@@ -52,10 +52,18 @@ static newt_result_t take(const void *in, size_t have, const void *dflt, void *o
 }
 
 /* Writes a full struct into the caller's, as many bytes as its size says. */
-static newt_result_t give(void *out, const void *full, size_t n, const char *what) {
+/* A struct the library writes: its size field must hold at least itself (checked before
+ * anything is done for the call). */
+static newt_result_t writable(const void *out, const char *what) {
   size_t have = *(const size_t *)out;
   if (have < sizeof(size_t))
     return NEWT_ERR(NEWT_ERR_INVALID, "%s: its size field is %zu: set it to sizeof the struct", what, have);
+  return NEWT_OK;
+}
+
+static newt_result_t give(void *out, const void *full, size_t n, const char *what) {
+  NEWT_CHECK(writable(out, what));
+  size_t have = *(const size_t *)out;
   memcpy((char *)out + sizeof(size_t), (const char *)full + sizeof(size_t), (have < n ? have : n) - sizeof(size_t));
   return NEWT_OK;
 }
@@ -460,8 +468,7 @@ newt_result_t newt_state_restore(newt_ctx *c, newt_restore_info *out) {
     return NEWT_ERR(NEWT_ERR_INVALID, "newt_state_restore: %s", c->phase == PHASE_RUNNING
                                                                     ? "this generation is restored already"
                                                                     : "no generation (newt_step_begin says NEXT_GENERATION first)");
-  if (out && out->size < sizeof(size_t)) /* refused before anything is restored */
-    return NEWT_ERR(NEWT_ERR_INVALID, "newt_restore_info: its size field is %zu: set it to sizeof the struct", out->size);
+  if (out) NEWT_CHECK(writable(out, "newt_restore_info")); /* refused before anything is restored */
   newt_restore_info i = {.size = sizeof i};
   NEWT_CHECK(worker_restore(c, &i));
   NEWT_CHECK(worker_restored(c));
@@ -473,8 +480,7 @@ newt_result_t newt_state_restore(newt_ctx *c, newt_restore_info *out) {
 newt_result_t newt_step_begin(newt_ctx *c, newt_batch *b, newt_next *next) {
   CHECK_CTX(c, "newt_step_begin");
   if (!b || !next) return NEWT_ERR(NEWT_ERR_INVALID, "newt_step_begin: the batch or next is NULL");
-  if (b->size < sizeof(size_t)) /* refused before a step or a generation is handed out */
-    return NEWT_ERR(NEWT_ERR_INVALID, "newt_batch: its size field is %zu: set it to sizeof the struct", b->size);
+  NEWT_CHECK(writable(b, "newt_batch")); /* refused before a step or a generation is handed out */
   newt_batch full = {.size = sizeof full};
   newt_result_t r = worker_begin(c, &full, next);
   if (r != NEWT_OK) return r;

@@ -295,6 +295,11 @@ static inline int worker_stop_asked(worker *w) {
   return atomic_load(&w->leave_asked) || (w->o.handle_signals && newt_stop_requested());
 }
 
+/* Whether a part's memory is the device's (not the host's): staged to move or save. */
+static inline int worker_part_on_device(const worker *w, const worker_part *p) {
+  return !w->o.memory.host_visible && (p->p.flags & WORKER_PART_DEVICE);
+}
+
 /* The data cursor: samples consumed by the steps done. */
 static inline uint64_t worker_cursor(const worker *w) {
   return (uint64_t)w->live_step * (uint64_t)w->spec.global_batch;

@@ -31,15 +31,12 @@
 
 static int enabled(const worker *w) { return w->spec.ckpt_dir[0] && w->spec.ckpt_every > 0; }
 
-/* Bytes of the declared parts (primary_only: those this rank saves), each rounded up to
- * align. */
-static size_t parts_bytes(const worker *w, int primary_only, size_t align) {
-  size_t total = 0;
+/* The staging a save of this rank's primary parts takes: each part rounded up to the
+ * saver's alignment. */
+static size_t primary_bytes(const worker *w) {
+  size_t total = 0, align = CKPT_STAGING_ALIGN;
   for (size_t i = 0; i < w->decl.n; i++)
-    if (w->decl.parts[i].primary || !primary_only) {
-      size_t b = reshard_piece_bytes(&w->decl.parts[i].p);
-      total += (b + align - 1) / align * align;
-    }
+    if (w->decl.parts[i].primary) total += (reshard_piece_bytes(&w->decl.parts[i].p) + align - 1) / align * align;
   return total;
 }
 
@@ -74,7 +71,7 @@ static void start_staging(worker *w) {
   staging_filled(w);
   stage_fill_job *j = malloc(sizeof *j);
   if (!j) return; /* the save takes it */
-  *j = (stage_fill_job){w->pinned, parts_bytes(w, 1, CKPT_STAGING_ALIGN), w->id};
+  *j = (stage_fill_job){w->pinned, primary_bytes(w), w->id};
   w->stage_filling = pthread_create(&w->stage_fill, NULL, fill_staging, j) == 0;
   if (!w->stage_filling) free(j);
 }
@@ -112,7 +109,7 @@ newt_result_t worker_ckpt_generation(worker *w) {
   /* staging from the pool: kept across generations, pinned on a GPU */
   worker_pinned *pool = NULL;
   NEWT_CHECK(worker_pinned_of(w, &pool));
-  size_t need = parts_bytes(w, 1, CKPT_STAGING_ALIGN);
+  size_t need = primary_bytes(w);
   /* taken now when the pool holds it; else reserved in the background after the first step,
      not here: this is the path to the generation's first step (a recovery's time) */
   int has = worker_pinned_has(pool, need);
@@ -154,7 +151,7 @@ static newt_result_t add_parts(worker *w) {
     const worker_part *p = &w->decl.parts[i];
     if (!p->primary) continue;
     newt_tensor_desc t = part_desc(&p->p);
-    if (w->o.memory.host_visible || !(p->p.flags & WORKER_PART_DEVICE)) {
+    if (!worker_part_on_device(w, p)) {
       r = ckpt_save_add(w->saver, &t, &p->p.slice, p->p.data);
       continue;
     }
@@ -275,7 +272,7 @@ newt_result_t worker_ckpt_load(worker *w, comm_t *c, int64_t *step) {
   for (size_t i = 0; i < n; i++) {
     offs[i] = SIZE_MAX;
     const worker_part *p = &w->decl.parts[i];
-    if (!w->o.memory.host_visible && (p->p.flags & WORKER_PART_DEVICE)) offs[i] = total, total += reshard_piece_bytes(&p->p);
+    if (worker_part_on_device(w, p)) offs[i] = total, total += reshard_piece_bytes(&p->p);
   }
   char *stage = NULL; /* host staging (pinned) of device memory: read there, then uploaded */
   if (r == NEWT_OK && total) r = worker_stage_get(w, total, (void **)&stage);

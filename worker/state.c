@@ -33,11 +33,6 @@
 #include "worker/internal.h"
 #include "worker/reshard.h"
 
-/* Whether a part's memory is the device's (not the host's): staged to move or save. */
-static int on_device(const worker *w, const worker_part *p) {
-  return !w->o.memory.host_visible && (p->p.flags & WORKER_PART_DEVICE);
-}
-
 /* --- declaring ------------------------------------------------------------------------------ */
 
 void worker_decl_free(worker_decl *d) {
@@ -73,18 +68,15 @@ newt_result_t worker_declare(worker *w, const reshard_piece *p) {
 }
 
 /* The declared parts as reshard pieces of one step. *out is malloc'd. */
-static newt_result_t decl_pieces(const worker_decl *d, int64_t step, int skip_derived, reshard_piece **out,
-                                 size_t *n) {
+static newt_result_t decl_pieces(const worker_decl *d, int64_t step, reshard_piece **out, size_t *n) {
   reshard_piece *r = malloc((d->n ? d->n : 1) * sizeof *r);
   NEWT_CHECK_ALLOC(r);
-  size_t k = 0;
   for (size_t i = 0; i < d->n; i++) {
-    if (skip_derived && (d->parts[i].p.flags & RESHARD_DERIVED)) continue;
-    r[k] = d->parts[i].p;
-    r[k++].step = step;
+    r[i] = d->parts[i].p;
+    r[i].step = step;
   }
   *out = r;
-  *n = k;
+  *n = d->n;
   return NEWT_OK;
 }
 
@@ -149,11 +141,14 @@ static void copies_free(worker *w) {
   copy_free(w, &w->rep);
 }
 
+/* A piece's room in a copy's buffer: its bytes rounded up to a cache line. */
+static size_t padded(size_t bytes) { return (bytes + 63) / 64 * 64; }
+
 /* Lays out a copy of the given pieces in one buffer: device memory (on_device), else the
  * host's. */
 static newt_result_t copy_layout(worker *w, worker_copy *cp, int dev, const reshard_piece *src, size_t n) {
   size_t total = 0;
-  for (size_t i = 0; i < n; i++) total += (reshard_piece_bytes(&src[i]) + 63) / 64 * 64;
+  for (size_t i = 0; i < n; i++) total += padded(reshard_piece_bytes(&src[i]));
   copy_free(w, cp);
   cp->on_device = dev;
   cp->pieces = calloc(n ? n : 1, sizeof *cp->pieces);
@@ -170,7 +165,7 @@ static newt_result_t copy_layout(worker *w, worker_copy *cp, int dev, const resh
   for (size_t i = 0; i < n; i++) {
     cp->pieces[i] = src[i];
     cp->pieces[i].data = cp->data + off;
-    off += (reshard_piece_bytes(&src[i]) + 63) / 64 * 64;
+    off += padded(reshard_piece_bytes(&src[i]));
   }
   cp->n = n;
   cp->bytes = total;
@@ -184,11 +179,11 @@ static newt_result_t copy_layout(worker *w, worker_copy *cp, int dev, const resh
 newt_result_t worker_snapshot(worker *w) {
   if (!w->has_state || w->whole) return NEWT_OK;
   int dev = 0;
-  for (size_t i = 0; i < w->decl.n; i++) dev |= on_device(w, &w->decl.parts[i]);
+  for (size_t i = 0; i < w->decl.n; i++) dev |= worker_part_on_device(w, &w->decl.parts[i]);
   if (!w->snap.pieces || w->snap.n != w->decl.n || w->snap.on_device != dev) {
     reshard_piece *cur = NULL;
     size_t n = 0;
-    NEWT_CHECK(decl_pieces(&w->decl, w->live_step, 0, &cur, &n));
+    NEWT_CHECK(decl_pieces(&w->decl, w->live_step, &cur, &n));
     newt_result_t r = copy_layout(w, &w->snap, dev, cur, n);
     free(cur);
     NEWT_CHECK(r);
@@ -198,7 +193,7 @@ newt_result_t worker_snapshot(worker *w) {
     const worker_part *p = &w->decl.parts[i];
     size_t b = reshard_piece_bytes(&p->p);
     if (!dev) memcpy(w->snap.pieces[i].data, p->p.data, b);
-    else if (on_device(w, p)) worker_mem_copy(&w->o.memory, w->snap.pieces[i].data, p->p.data, b, 0);
+    else if (worker_part_on_device(w, p)) worker_mem_copy(&w->o.memory, w->snap.pieces[i].data, p->p.data, b, 0);
     else worker_mem_copy(&w->o.memory, w->snap.pieces[i].data, p->p.data, b, 2), uploads = 1;
   }
   /* device-to-device copies are queued behind the step's work and not waited for (a copy
@@ -259,7 +254,7 @@ newt_result_t worker_replicate(worker *w) {
     if (w->decl.parts[i].unique) {
       mine[nu] = w->decl.parts[i].p;
       mine[nu++].step = w->live_step;
-      total += (reshard_piece_bytes(&w->decl.parts[i].p) + 63) / 64 * 64;
+      total += padded(reshard_piece_bytes(&w->decl.parts[i].p));
     }
   newt_result_t r = w->rep.pieces ? NEWT_OK : replica_layout(w, mine, nu);
   char *packed = NULL;
@@ -269,9 +264,9 @@ newt_result_t worker_replicate(worker *w) {
     const worker_part *p = &w->decl.parts[i];
     if (!p->unique) continue;
     size_t b = reshard_piece_bytes(&p->p);
-    if (on_device(w, p)) worker_mem_copy(&w->o.memory, packed + off, p->p.data, b, 1), queued = 1;
+    if (worker_part_on_device(w, p)) worker_mem_copy(&w->o.memory, packed + off, p->p.data, b, 1), queued = 1;
     else memcpy(packed + off, p->p.data, b);
-    off += (b + 63) / 64 * 64;
+    off += padded(b);
     k++;
   }
   if (r == NEWT_OK && queued) r = worker_mem_sync(&w->o.memory);
@@ -320,7 +315,7 @@ static newt_result_t held_pieces(worker *w, const worker_decl *d, reshard_piece 
   size_t k = 0;
   for (size_t i = 0; i < ncur; i++) {
     if (w->derived_stale && (d->parts[i].p.flags & RESHARD_DERIVED)) continue;
-    dev[k] = on_device(w, &d->parts[i]);
+    dev[k] = worker_part_on_device(w, &d->parts[i]);
     have[k] = d->parts[i].p;
     have[k++].step = w->live_step;
   }
@@ -370,11 +365,11 @@ newt_result_t worker_restore(worker *w, newt_restore_info *out) {
       *filled = calloc(n, sizeof *filled);
   newt_result_t r = dev && primary && unique && filled ? NEWT_OK : NEWT_ERR(NEWT_ERR_NOMEM, "out of memory");
   if (r == NEWT_OK) r = held_pieces(w, w->prev.n ? &w->prev : d, &have, &nhave, &have_stage);
-  if (r == NEWT_OK) r = decl_pieces(d, -1, 0, &need, &nneed);
+  if (r == NEWT_OK) r = decl_pieces(d, -1, &need, &nneed);
   if (r == NEWT_OK && !(need_dev = malloc(n * sizeof *need_dev))) r = NEWT_ERR(NEWT_ERR_NOMEM, "out of memory");
   if (r == NEWT_OK) { /* received into host staging, then uploaded */
     memcpy(need_dev, need, n * sizeof *need);
-    for (size_t i = 0; i < n; i++) dev[i] = on_device(w, &d->parts[i]);
+    for (size_t i = 0; i < n; i++) dev[i] = worker_part_on_device(w, &d->parts[i]);
     r = stage_pieces(w, need, dev, n, 0, &need_stage);
   }
   /* the parts a rank keeps a copy of for its data-parallel neighbour: those no other rank of
