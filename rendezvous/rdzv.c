@@ -9,6 +9,7 @@
 #include "rendezvous/rdzv.h"
 
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -588,9 +589,13 @@ newt_result_t rdzv_event_post(rdzv_etcd *c, const char *job, const char *event_j
   int is_obj = cJSON_IsObject(j);
   cJSON_Delete(j);
   if (!is_obj) return NEWT_ERR(NEWT_ERR_INVALID, "event: expected a JSON object");
-  char rnd[9], suffix[64], key[256];
+  /* time, then this process's sequence (two events of one millisecond keep their order),
+   * then a random tag (two processes' events of one millisecond do not collide) */
+  static atomic_uint_fast32_t seq;
+  unsigned n = (unsigned)atomic_fetch_add(&seq, 1);
+  char rnd[9], suffix[80], key[256];
   NEWT_CHECK(newt_random_hex(rnd, 4));
-  snprintf(suffix, sizeof suffix, "events/%016llu-%s", (unsigned long long)newt_wall_ms(), rnd);
+  snprintf(suffix, sizeof suffix, "events/%016llu-%08x-%s", (unsigned long long)newt_wall_ms(), n, rnd);
   NEWT_CHECK(rdzv_key(key, sizeof key, job, suffix));
   return rdzv_etcd_put(c, key, event_json, strlen(event_json), 0, d, NULL);
 }

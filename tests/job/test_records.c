@@ -41,7 +41,7 @@ static void test_keys(void) {
       {"done", JOB_REC_DONE},
       {"ckpt", JOB_REC_CKPT},
       {"progress", JOB_REC_PROGRESS},
-      {"events/0000001700000000-abcd1234", JOB_REC_EVENT},
+      {"events/0000001700000000-00000000-abcd1234", JOB_REC_EVENT},
       {"election/694d7e5a1b2c", JOB_REC_ELECTION},
       {"plans", JOB_REC_OTHER},
       {"reports/7/w0", JOB_REC_OTHER},                          /* generation not 20 digits */

@@ -487,7 +487,7 @@ static void test_spec_and_events(void) {
   T_OK(rdzv_event_post(cli, "sp", "{\"kind\":\"plan\",\"generation\":2}", dl(5000)));
   rdzv_etcd_kvs r;
   T_OK(rdzv_etcd_range(cli, "/newt/sp/events/", &(rdzv_etcd_range_opts){.prefix = 1}, dl(5000), &r));
-  T_CHECK(r.n == 2 && r.n == 2 && strstr(r.kvs[0].value, "worker_failed"));
+  T_CHECK(r.n == 2 && strstr(r.kvs[0].value, "worker_failed") && strstr(r.kvs[1].value, "\"plan\""));
   rdzv_etcd_kvs_free(&r);
   T_ERR(NEWT_ERR_NOTFOUND, rdzv_plan_get(cli, "sp", dl(5000), NULL, NULL, NULL));
 }
