@@ -338,7 +338,8 @@ static newt_result_t wrap_req(newt_result_t r, comm_req_t *cr, newt_req **out) {
   *req = NULL;                                                                   \
   NEWT_CHECK(live(c, fn, &cc));                                                  \
   NEWT_CHECK(check_type(dt, op, fn));                                            \
-  return wrap_req(call, cr, req);
+  newt_result_t r_ = (call); /* before cr is read: arguments have no order */    \
+  return wrap_req(r_, cr, req);
 
 newt_result_t newt_allreduce_async(newt_comm *c, const void *send, void *recv, size_t count, newt_dtype dt, newt_op op,
                                    newt_req **req) {

@@ -1,0 +1,108 @@
+"""A small transformer language model trained elastically under newt: a PyTorch program that
+no part of newt knows, written against the Python package (docs/python.md).
+
+    newt run --nproc 4 --steps 200 --global-batch 16 --micro-batch 2 -- \
+        python3 examples/torch/train.py [--d-model 64] [--layers 2] [--lr 1e-3] [--seed 1]
+
+The model: token and position embeddings, nn.TransformerEncoderLayer blocks under a causal
+mask, a linear head; AdamW with a warm-up schedule (torch.optim.lr_scheduler.LambdaLR). The
+data: sequences of a noisy recurrence over a small vocabulary, sample i a pure function of
+(seed, i), so the sample indices newt hands a rank are its whole data loader and no sample is
+lost or repeated however the job resizes. The loss is the mean over every token of the
+global batch: each rank sums its samples' losses and divides by the global batch, and the
+gradients are summed over the data-parallel group (job.reduce_gradients).
+"""
+
+import argparse
+import sys
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+import newt
+
+VOCAB = 64
+
+
+def tokens_of(indices, seq, seed):
+    """The sequences of samples `indices` (a range), seq + 1 tokens each: t[0] from the index,
+    t[k+1] = (5 t[k] + 3) mod V, one token in four replaced by a hash of (seed, i, k)."""
+    i = torch.arange(indices.start, indices.stop, dtype=torch.int64).unsqueeze(1)
+    k = torch.arange(seq + 1, dtype=torch.int64).unsqueeze(0)
+    h = (i * 1103515245 + k * 12345 + seed * 7919) % 2147483648
+    h = (h * 1103515245 + 12345) % 2147483648
+    h = (h * 1103515245 + 12345) % 2147483648
+    out = torch.empty(len(indices), seq + 1, dtype=torch.int64)
+    out[:, 0] = h[:, 0] % VOCAB
+    for p in range(seq):
+        nxt = (5 * out[:, p] + 3) % VOCAB
+        noisy = (h[:, p + 1] >> 8) % 4 == 0
+        out[:, p + 1] = torch.where(noisy, (h[:, p + 1] >> 12) % VOCAB, nxt)
+    return out
+
+
+class LM(nn.Module):
+    def __init__(self, d_model, layers, seq):
+        super().__init__()
+        self.tok = nn.Embedding(VOCAB, d_model)
+        self.pos = nn.Embedding(seq, d_model)
+        block = nn.TransformerEncoderLayer(d_model, nhead=4, dim_feedforward=2 * d_model, dropout=0.0,
+                                           batch_first=True)
+        self.blocks = nn.TransformerEncoder(block, layers)
+        self.head = nn.Linear(d_model, VOCAB)
+        self.register_buffer("mask", torch.triu(torch.full((seq, seq), float("-inf")), diagonal=1))
+
+    def forward(self, x):
+        h = self.tok(x) + self.pos(torch.arange(x.shape[1], device=x.device))
+        return self.head(self.blocks(h, mask=self.mask))
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--d-model", type=int, default=64)
+    ap.add_argument("--layers", type=int, default=2)
+    ap.add_argument("--seq", type=int, default=32)
+    ap.add_argument("--lr", type=float, default=1e-3)
+    ap.add_argument("--warmup", type=int, default=20, help="steps of linear warm-up")
+    ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--threads", type=int, default=1, help="torch's intra-op threads")
+    args = ap.parse_args()
+    torch.set_num_threads(args.threads)
+
+    with newt.join() as job:  # etcd, job, worker id, device: from newt run's environment
+        dev = job.torch_device
+        torch.manual_seed(args.seed)  # the same start everywhere (newt also broadcasts rank 0's)
+        model = LM(args.d_model, args.layers, args.seq).to(dev)
+        opt = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.01)
+        sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / args.warmup))
+        newt.init_optimizer_state(opt)  # newt declares the optimizer's memory before training
+        job.state.add("model", model)
+        job.state.add("opt", opt)
+        job.state.add("sched", sched)
+        seq_tokens = job.global_batch * args.seq
+        loss_mean = float("nan")
+        for step in job.steps():
+            with step:  # a lost peer ends the step here; the next iteration recovers
+                opt.zero_grad(set_to_none=False)
+                loss_sum = 0.0
+                for mb in step.micro_batches():
+                    t = tokens_of(mb, args.seq, args.seed).to(dev)
+                    logits = model(t[:, :-1])
+                    loss = F.cross_entropy(logits.reshape(-1, VOCAB), t[:, 1:].reshape(-1), reduction="sum")
+                    (loss / seq_tokens).backward()
+                    loss_sum += loss.item()
+                job.reduce_gradients(model)
+                total = step.commit(loss_sum)  # every rank agrees; summed over the ranks
+                lr = sched.get_last_lr()[0]
+                opt.step()
+                sched.step()
+                loss_mean = total / seq_tokens
+                step.end(loss=loss_mean, lr=lr, tokens=seq_tokens)
+        if job.outcome == "done" and job.layout and job.layout.rank == 0:
+            print(f"train.py: done, loss {loss_mean:.6f} (state from {job.restored_from})", file=sys.stderr)
+    sys.exit(job.exit_code)
+
+
+if __name__ == "__main__":
+    main()
