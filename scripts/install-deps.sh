@@ -29,9 +29,11 @@ image_run="ca-certificates libcurl4 libcjson1 libzstd1 libxxhash0 libopenblas0 l
 build="$image_build etcd-server"
 # chromium and a font: the report of `newt report` is checked in a real headless browser;
 # prometheus: promtool checks the metrics and the chart's alert rules; mmdebstrap and
-# eatmydata: the CPU image's root filesystems are built from these lists (tests/image)
+# eatmydata: the CPU image's root filesystems are built from these lists (tests/image);
+# python3-torch, python3-numpy: the Python package's tests and examples/torch (with
+# libopenblas0-pthread, without which Debian's torch falls back to the reference BLAS)
 test="$build clang libclang-rt-14-dev openssl valgrind iproute2 etcd-client yamllint nodejs npm unzip
-      chromium fonts-dejavu-core prometheus mmdebstrap eatmydata"
+      chromium fonts-dejavu-core prometheus mmdebstrap eatmydata python3-torch python3-numpy libopenblas0-pthread"
 # the demo ends by writing its report (an HTML file: any browser opens it, none is needed)
 demo="$build bible-kjv"
 
