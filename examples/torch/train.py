@@ -101,7 +101,6 @@ def main():
                 step.end(loss=loss_mean, lr=lr, tokens=seq_tokens)
         if job.outcome == "done" and job.layout and job.layout.rank == 0:
             print(f"train.py: done, loss {loss_mean:.6f} (state from {job.restored_from})", file=sys.stderr)
-    sys.exit(job.exit_code)
 
 
 if __name__ == "__main__":

@@ -25,6 +25,7 @@ import ctypes
 import json
 import math
 import sys
+import traceback
 
 from . import _capi as C
 from ._errors import Error, PeerError, UnavailableError, UsageError, raise_for as _raise_for
@@ -124,18 +125,18 @@ class Group:
 
     def allreduce(self, t, op="sum"):
         """Reduces t over the group, in place; returns t."""
-        v = View(t, "allreduce")
+        v, o = View(t, "allreduce"), _op(op)
         if self.size > 1:
-            _check(_lib.newt_allreduce(self._comm(v), v.ptr, v.ptr, v.numel, v.dtype, _op(op)), "allreduce")
+            _check(_lib.newt_allreduce(self._comm(v), v.ptr, v.ptr, v.numel, v.dtype, o), "allreduce")
         return t
 
     def allreduce_async(self, t, op="sum"):
         """Starts an in-place allreduce of t; returns its Work."""
-        v = View(t, "allreduce")
+        v, o = View(t, "allreduce"), _op(op)
         if self.size == 1:
             return Work(None, None)
         req = ctypes.c_void_p()
-        _check(_lib.newt_allreduce_async(self._comm(v), v.ptr, v.ptr, v.numel, v.dtype, _op(op), ctypes.byref(req)),
+        _check(_lib.newt_allreduce_async(self._comm(v), v.ptr, v.ptr, v.numel, v.dtype, o, ctypes.byref(req)),
                "allreduce")
         return Work(req, t)
 
@@ -151,10 +152,11 @@ class Group:
     def reduce_scatter(self, t, out, op="sum"):
         """out gets the reduced block of this rank (t holds size blocks of out's elements)."""
         s, r = self._views(t, out, -self.size, "reduce_scatter")
+        o = _op(op)
         if self.size == 1:
             _copy(out, t)
         else:
-            _check(_lib.newt_reduce_scatter(self._comm(s), s.ptr, r.ptr, r.numel, s.dtype, _op(op)), "reduce_scatter")
+            _check(_lib.newt_reduce_scatter(self._comm(s), s.ptr, r.ptr, r.numel, s.dtype, o), "reduce_scatter")
         return out
 
     def broadcast(self, t, root=0):
@@ -297,12 +299,16 @@ class Step:
 
 class Job:
     """This process as one worker of a newt job (newt.join() makes one). A context manager:
-    leaving it ends the worker's part (deregisters, says how it ended); job.exit_code is then
-    the exit status the program should end with (0 done, 3 left, 4 the job failed, 1 an error,
-    2 an error another try will not mend)."""
+    leaving it ends the worker's part (deregisters, says how it ended) and sets job.exit_code,
+    the exit status newt's launcher, node agent and chart read (0 done, 3 left, 4 the job
+    failed, 1 an error, 2 an error another try will not mend). When the worker left, the job
+    failed or an exception escaped the block, leaving it also ends the process with that
+    status (the exception's traceback printed first); newt.join(exit_on_end=False) leaves
+    that to the program."""
 
-    def __init__(self, ctx):
+    def __init__(self, ctx, exit_on_end=True):
         self._ctx = ctx
+        self._exit_on_end = exit_on_end
         info = C.sized(C.JobInfo)
         _check(_lib.newt_job_get(ctx, ctypes.byref(info)), "newt_job_get")
         self.name = info.job.decode()
@@ -328,7 +334,14 @@ class Job:
         return self
 
     def __exit__(self, kind, exc, tb):
-        self.finish(exc)
+        code = self.finish(exc)
+        if not self._exit_on_end or isinstance(exc, SystemExit):
+            return False
+        if exc is not None:  # said as Python says it, then the status newt's tools read
+            traceback.print_exception(kind, exc, tb)
+            raise SystemExit(code)
+        if self.outcome in ("left", "failed"):
+            raise SystemExit(code)
         return False
 
     @property
@@ -488,11 +501,14 @@ class Job:
 
 
 def join(*, etcd=None, job=None, worker_id=None, host=None, addr=None, port=None, device=None, share_device=None,
-         job_secret_file=None, step_log=None, metrics_port=None, handle_signals=True, spec_wait_s=None):
+         job_secret_file=None, step_log=None, metrics_port=None, handle_signals=True, spec_wait_s=None,
+         exit_on_end=True):
     """Becomes a worker of a newt job: what is not given comes from the environment that
     `newt run`, `newt worker` and the chart set (NEWT_ETCD, NEWT_JOB, NEWT_WORKER_ID, ...).
     handle_signals: SIGTERM and Ctrl-C ask for a graceful leave at the next step boundary
-    (this rank's state handed over). Returns the Job (a context manager)."""
+    (this rank's state handed over). exit_on_end: leaving the Job's block after a leave, a
+    failed job or an exception exits the process with newt's status. Returns the Job (a
+    context manager)."""
     o = C.sized(C.JoinOpts)
     _lib.newt_join_opts_init(ctypes.byref(o))
 
@@ -515,7 +531,7 @@ def join(*, etcd=None, job=None, worker_id=None, host=None, addr=None, port=None
     ctx = ctypes.c_void_p()
     _check(_lib.newt_join(ctypes.byref(o), ctypes.byref(ctx)), "newt.join")
     try:
-        return Job(ctx)
+        return Job(ctx, exit_on_end)
     except BaseException:
         _lib.newt_finish(ctx, C.ERR_INTERNAL)
         raise

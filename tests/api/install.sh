@@ -198,4 +198,16 @@ got0=$(grep '^client: final' "$work/run/w0.log" 2>/dev/null)
 got1=$(grep '^client: final' "$work/run/w1.log" 2>/dev/null)
 check same_final_state "w0 printed '$got0', w1 '$got1'" [ -n "$got0" -a "$got0" = "$got1" ]
 check expected_final_state "the clients printed '$got0', the update computed here gives '$want'" [ "$got0" = "$want" ]
+
+# --- 5. the Python package ---------------------------------------------------------------------
+# installed beside the library (PREFIX/lib/python3.X/dist-packages/newt), it imports with
+# nothing but PYTHONPATH and loads the installed libnewt (not the build tree's)
+pkg=$(ls -d "$root$prefix"/lib/python3*/dist-packages/newt 2>/dev/null | head -1)
+check python_installed "no newt package under $root$prefix/lib/python3*/dist-packages" [ -n "$pkg" ]
+if [ -n "$pkg" ]; then
+  loaded=$(cd "$work" && env -u NEWT_LIBRARY PYTHONPATH="$(dirname "$pkg")" python3 -c \
+    'import newt; print(newt.library_path, newt.library_version())' 2>&1)
+  check python_import "import newt from the install printed: $loaded (expected $lib/libnewt.so.0)" \
+    [ "${loaded%% *}" = "$lib/libnewt.so.0" ]
+fi
 finish
