@@ -492,7 +492,14 @@ static newt_result_t step(prog *p, const newt_batch *b) {
     if (!p->step_misuse)
       EXPECT_ERR(C_NULL_ARGS, NEWT_ERR_INVALID, newt_allreduce(p->l.dp_comm, G, sum, NX, (newt_dtype)99, NEWT_SUM),
                  "99");
-    if ((r = newt_allreduce(p->l.dp_comm, G, sum, NX, NEWT_F32, NEWT_SUM)) != NEWT_OK) return r;
+    if (b->step % 2 == 0) { /* every other step the asynchronous form, which must give the same sums */
+      newt_req *req = NULL;
+      if ((r = newt_allreduce_async(p->l.dp_comm, G, sum, NX, NEWT_F32, NEWT_SUM, &req)) != NEWT_OK) return r;
+      CHECK(cs, req != NULL, "step %lld: newt_allreduce_async returned no request", (long long)b->step);
+      if (req && (r = newt_wait(req)) != NEWT_OK) return r;
+    } else if ((r = newt_allreduce(p->l.dp_comm, G, sum, NX, NEWT_F32, NEWT_SUM)) != NEWT_OK) {
+      return r;
+    }
     memcpy(G, sum, sizeof G);
   }
   double vals[33] = {(double)b->count}, sums[33] = {0};
