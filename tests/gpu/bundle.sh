@@ -6,12 +6,14 @@
 #   tests/gpu/bundle.sh DIR [BUILD]     (DIR: e.g. gpu-bundle, git-ignored)
 #
 # 1. builds newt for sm_90 with -DNEWT_CUDA=ON -DNEWT_WERROR=ON in BUILD (default
-#    build-gpu-bundle), the targets the check runs: newt, test_comm_nccl, test_kernels. An
+#    build-gpu-bundle), the targets the check runs: newt, test_comm_nccl, test_kernels, and
+#    libnewt.so with the Python package (the PyTorch step). An
 #    existing BUILD is used as it is when its cache holds those settings (CUDA found, warnings
 #    as errors, sm_90 among its architectures, no sanitizer, not the test double); a BUILD
 #    named on the command line with other settings is refused, the default one reconfigured;
 # 2. gathers into a staging tree: bin/ (the binaries, debug sections stripped, and the etcd
-#    `newt run` starts), lib/ (every shared library they load, found with ldd, but libc's, the
+#    `newt run` starts), python/newt (the package), lib/ (libnewt.so.0 and every shared
+#    library they load, found with ldd, but libc's, the
 #    CUDA driver's, cuBLAS's and NCCL's: the GPU machine's own, run.sh finds them there);
 # 3. writes DIR/newt-gpu-bundle.tar.xz (the staging tree; xz, which GNU tar and Python's
 #    tarfile both read) and DIR/MANIFEST.txt (what the bundle was built from, the newest
@@ -28,7 +30,7 @@ DIR=${1:?usage: tests/gpu/bundle.sh DIR [BUILD]}
 BUILD=${2:-build-gpu-bundle}
 named_build=$([ -n "${2:-}" ] && echo 1 || echo 0)
 MAX_BYTES=$((48 * 1024 * 1024))
-TARGETS=(newt test_comm_nccl test_kernels)
+TARGETS=(newt test_comm_nccl test_kernels newt_shared newt_python)
 say() { echo "bundle: $*"; }
 fail() { echo "bundle: $*" >&2; exit 1; }
 
@@ -63,6 +65,8 @@ cmake --build "$BUILD" -j "$(nproc)" --target "${TARGETS[@]}" -- --no-print-dire
 newt_bin=$BUILD/newt
 bins=("$newt_bin" "$BUILD/tests/comm/test_comm_nccl" "$BUILD/tests/gpu/test_kernels")
 for b in "${bins[@]}"; do [ -x "$b" ] || fail "$b was not built"; done
+libnewt=$BUILD/lib/libnewt.so.0 # and the Python package over it (tests/gpu/torch.sh)
+[ -e "$libnewt" ] && [ -f "$BUILD/python/newt/__init__.py" ] || fail "libnewt.so.0 or the Python package was not built"
 etcd_bin=${NEWT_ETCD_BIN:-$(command -v etcd || true)}
 [ -n "$etcd_bin" ] && [ -x "$etcd_bin" ] || fail "no etcd to bundle (install etcd-server: scripts/install-deps.sh build)"
 
@@ -75,6 +79,10 @@ for b in "${bins[@]}"; do
   strip --strip-debug "$stage/bin/$(basename "$b")"
 done
 cp -L "$etcd_bin" "$stage/bin/etcd"
+cp -L "$libnewt" "$stage/lib/libnewt.so.0"
+strip --strip-debug "$stage/lib/libnewt.so.0"
+mkdir -p "$stage/python/newt"
+cp "$BUILD"/python/newt/*.py "$stage/python/newt/"
 
 # the GPU machine's own: libc (glibc's libraries and the loader), the CUDA driver, cuBLAS, NCCL
 host_own() {
@@ -85,7 +93,7 @@ host_own() {
   esac
   return 1
 }
-for b in "${bins[@]}"; do
+for b in "${bins[@]}" "$libnewt"; do
   while read -r name arrow path _; do
     [ "$arrow" = "=>" ] || continue
     host_own "$name" && continue

@@ -12,8 +12,8 @@
 # image's nvidia-nccl wheel, else the loader's cache or the toolkit). `newt --version --libs`
 # says which NCCL was loaded and refuses one older than the NCCL backend needs (2.28.7).
 #
-# The steps, most valuable first, each under `timeout` with a cap (the caps add up to 295 s;
-# a step that would pass the 300 s deadline gets what is left, and none when under 5 s):
+# The steps, most valuable first, each under `timeout` with a cap (the caps add up to 325 s;
+# a step that would pass the 330 s deadline gets what is left, and none when under 5 s):
 #    15 s  unpack the bundle and check every file against its MANIFEST.txt
 #    10 s  environment: driver, GPUs, CUDA, NCCL, cuBLAS (newt --version --libs)
 #    25 s  the CUDA kernels against the CPU device's (test_kernels: stated tolerances, one
@@ -29,6 +29,8 @@
 #    40 s  an elastic `newt run --backend nccl --share-gpus` of three workers with a kill and a
 #          join, against `newt train` on the CPU (tests/gpu/elastic.sh)
 #    25 s  newt bench recovery --backend nccl --share-gpus: one recovery's phases
+#    30 s  the PyTorch example (examples/torch, the Python package) on CUDA tensors, NCCL on
+#          torch's stream: two workers and a kill against one worker (tests/gpu/torch.sh)
 # A failed step, one that timed out and one that did not run fail the script; each failed
 # step's last words are its "why" in the summary. Writes $OUT/gpu-summary.json (OUT
 # defaults to /tmp/newt-gpu), the whole log beside it ($OUT/gpu.log) and each step's own
@@ -44,7 +46,7 @@ SUMMARY=$OUT_DIR/gpu-summary.json
 exec > >(tee -a "$LOG") 2>&1
 
 T0=$(date +%s)
-BUDGET=300
+BUDGET=330
 DEADLINE=$((T0 + BUDGET))
 failed=0
 nstep=0
@@ -132,7 +134,7 @@ unpack() { # the bundle into $B, every file checked against the manifest
 }
 build_here() { # the fallback: build in $BUILD
   cmake -S . -B "$BUILD" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DNEWT_CUDA=ON -DNEWT_WERROR=ON &&
-    cmake --build "$BUILD" -j "$(nproc)" --target newt test_comm_nccl test_kernels
+    cmake --build "$BUILD" -j "$(nproc)" --target newt test_comm_nccl test_kernels newt_shared newt_python
 }
 export -f unpack build_here
 if [ -n "${NEWT_GPU_BUNDLE:-}" ]; then
@@ -141,6 +143,7 @@ if [ -n "${NEWT_GPU_BUNDLE:-}" ]; then
   step "unpack the bundle" 15 unpack "$NEWT_GPU_BUNDLE"
   bundle_line=$(sed -n 's/^built: //p' "$B/MANIFEST.txt" 2>/dev/null || true)
   NEWT=$B/bin/newt TEST_BIN=$B/bin
+  export PYTHONPATH="$B/python${PYTHONPATH:+:$PYTHONPATH}" NEWT_LIBRARY="$B/lib/libnewt.so.0"
   export PATH="$B/bin:$PATH" NEWT_ETCD_BIN="$B/bin/etcd"
   LIBS=$B/lib
 elif [ "${NEWT_GPU_BUILD:-0}" = 1 ]; then
@@ -148,6 +151,7 @@ elif [ "${NEWT_GPU_BUILD:-0}" = 1 ]; then
   export BUILD
   step "build here (NEWT_GPU_BUILD=1)" 240 build_here
   NEWT=$BUILD/newt TEST_BIN=""
+  export PYTHONPATH="$BUILD/python${PYTHONPATH:+:$PYTHONPATH}" NEWT_LIBRARY="$BUILD/lib/libnewt.so.0"
   LIBS=""
 else
   step "newt for this machine" 5 sh -c 'echo "no newt to run: set NEWT_GPU_BUNDLE to a bundle made by tests/gpu/bundle.sh (docs/model.md, \"The GPU check\"), or NEWT_GPU_BUILD=1 to build here"; exit 1'
@@ -268,6 +272,8 @@ elastic_json=$(last_json "$STEP_LOG")
 step "bench recovery --backend nccl" 25 \
   "$NEWT" bench recovery --backend nccl --share-gpus --nproc 4 --runs 1 --steps 200 --kill-at 10 --model layers=2,channels=64
 recovery_json=$(last_json "$STEP_LOG")
+step "PyTorch example on CUDA (torch.sh)" 30 tests/gpu/torch.sh "$NEWT" "$OUT_DIR"
+torch_json=$(last_json "$STEP_LOG")
 
 # --- 5. the summary ------------------------------------------------------------------------------------
 total=$(($(date +%s) - T0))
@@ -284,7 +290,8 @@ cat >"$SUMMARY" <<EOF
  "train":${train_json:-null},
  "layouts":${layouts_json:-null},
  "elastic":${elastic_json:-null},
- "recovery":${recovery_json:-null}}
+ "recovery":${recovery_json:-null},
+ "torch":${torch_json:-null}}
 EOF
 [ -z "$B" ] || rm -rf "$B"
 echo "== summary: $SUMMARY"

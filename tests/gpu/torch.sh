@@ -1,0 +1,67 @@
+#!/usr/bin/env bash
+# The GPU check's PyTorch run (tests/gpu/run.sh calls it): examples/torch/train.py through
+# the Python package on CUDA tensors, its collectives on NCCL on torch's current stream:
+# two workers sharing the host's GPUs (--share-gpus), one killed at step 10, against the same
+# script on one worker.
+#
+#   tests/gpu/torch.sh NEWT OUT_DIR      (PYTHONPATH and NEWT_LIBRARY: the package and libnewt)
+#
+# Checks, from the runs' summaries: both done with every step and every sample, one crash
+# recovered with no step lost, and the final losses within a relative TORCH_RTOL (default
+# 1e-4: both run fp32 with TF32 off, torch's default, and differ only in the order of the
+# gradient sums, which 60 steps amplify to about 1e-7). The last line on stdout is one JSON
+# object for the summary; exits non-zero when a check fails.
+set -euo pipefail
+NEWT=$1
+OUT_DIR=$2
+STEPS=${TORCH_STEPS:-60}
+RTOL=${TORCH_RTOL:-1e-4}
+py=""
+for p in python3 /opt/torch/.venv/bin/python3; do
+  if command -v "$p" >/dev/null 2>&1 && "$p" -c 'import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)' 2>/dev/null
+  then py=$(command -v "$p"); break; fi
+done
+bad=0
+fail() { echo "torch: FAILED: $*"; bad=1; }
+[ -n "$py" ] || { fail "no Python with torch that sees a GPU (python3, /opt/torch/.venv/bin/python3)"; echo '{"ok":false}'; exit 1; }
+"$py" -c 'import newt; print("torch: newt package", newt.__file__, "on", newt.library_path)' ||
+  { fail "import newt failed (PYTHONPATH=${PYTHONPATH:-}, NEWT_LIBRARY=${NEWT_LIBRARY:-})"; echo '{"ok":false}'; exit 1; }
+run() { # run TAG NPROC [FLAGS...]: a newt run of the example, its summary in OUT_DIR/torch-TAG.json
+  local tag=$1 n=$2
+  shift 2
+  rm -f "$OUT_DIR/torch-$tag.json"
+  "$NEWT" run --backend nccl --share-gpus --nproc "$n" --steps "$STEPS" --global-batch 16 --micro-batch 2 --quiet \
+    --timeout-ms 120000 --log-dir "$OUT_DIR/torch-$tag.logs" --summary "$OUT_DIR/torch-$tag.json" "$@" \
+    -- "$py" examples/torch/train.py >"$OUT_DIR/torch-$tag.out" 2>&1 ||
+    fail "$tag: newt run failed: $(tail -n 3 "$OUT_DIR/torch-$tag.out" | tr '\n' ' ') (logs: $OUT_DIR/torch-$tag.logs)"
+}
+run ref 1
+run kill 2 --chaos kill:worker:1@step=10
+"$py" - "$OUT_DIR/torch-ref.json" "$OUT_DIR/torch-kill.json" "$STEPS" "$RTOL" <<'PY' || bad=1
+import json, sys
+ref_p, run_p, steps, rtol = sys.argv[1], sys.argv[2], int(sys.argv[3]), float(sys.argv[4])
+out, bad = {"ok": False}, []
+try:
+    ref, run = json.load(open(ref_p)), json.load(open(run_p))
+except Exception as e:  # a run that failed left no summary
+    print(f"torch: FAILED: no summary: {e}")
+    print(json.dumps(out))
+    sys.exit(1)
+for name, s in (("ref", ref), ("kill", run)):
+    if not (s.get("done") and s.get("steps") == steps and s.get("samples_consumed") == steps * 16):
+        bad.append(f"{name}: done {s.get('done')}, {s.get('steps')} steps, {s.get('samples_consumed')} samples")
+recs = run.get("recoveries", [])
+if [r.get("cause") for r in recs] != ["crash"] or any(r.get("steps_lost") for r in recs):
+    bad.append(f"recoveries {recs}")
+a, b = run.get("final_loss"), ref.get("final_loss")
+rel = abs(a - b) / abs(b) if a is not None and b else None
+if rel is None or rel > rtol:
+    bad.append(f"final loss {a}, one worker's {b} (relative {rel}, at most {rtol})")
+for m in bad:
+    print("torch: FAILED:", m)
+out = {"ok": not bad, "final_loss": a, "reference_loss": b, "relative": rel,
+       "recovery_ms": recs[0].get("total_ms") if recs else None, "wall_s": run.get("wall_s")}
+print(json.dumps(out))
+sys.exit(1 if bad else 0)
+PY
+exit $bad
