@@ -20,6 +20,7 @@
 #include <unistd.h>
 
 #include "bench/bench.h"
+#include "common/fs.h"
 #include "common/opts.h"
 #include "common/strutil.h"
 #include "job/plan.h"
@@ -68,6 +69,17 @@ static int job_spec(newt_spec *s, const char *job, const char *backend, const ch
   return 0;
 }
 
+/* --keep-logs: the log directories of runs that succeeded are kept too (a failed run's always
+ * are, and named) */
+static int keep_logs;
+
+/* The end of a run that succeeded: its log directory goes unless asked for. */
+static void run_done(launcher_result *res) {
+  if (!keep_logs && newt_fs_rm_rf(res->log_dir) != NEWT_OK)
+    fprintf(stderr, "newt bench recovery: removing %s: %s\n", res->log_dir, newt_errmsg());
+  launcher_result_free(res);
+}
+
 /* Runs one job per run with etcd away for outage_ms from step at (steps: enough to train
  * through it); one JSON line per run, then the medians. */
 static int bench_etcd_outage(const launcher_opts *base, int64_t nproc, const char *preset, const char *model,
@@ -114,7 +126,7 @@ static int bench_etcd_outage(const launcher_opts *base, int64_t nproc, const cha
            ratio[ok], (long long)rec->pause_ms, (long long)rec->steps_lost, (long long)res.generations);
     fflush(stdout);
     ok++;
-    launcher_result_free(&res);
+    run_done(&res);
   }
   if (ok)
     printf("{\"bench\":\"recovery\",\"fault\":\"etcd-outage\",\"backend\":\"%s\",\"program\":\"%s\",\"median_of\":%d,"
@@ -150,6 +162,8 @@ int newt_bench_recovery(int argc, char **argv) {
                      {"share-gpus", NEWT_OPT_FLAG, &share_gpus,
                       "with --backend nccl: workers may share a GPU (as newt run --share-gpus: tests, one GPU; slow)"},
                      {"verbose", NEWT_OPT_FLAG, &verbose, "show each run's progress"},
+                     {"keep-logs", NEWT_OPT_FLAG, &keep_logs,
+                      "keep the log directories of runs that succeeded (a failed run's are kept and named)"},
                      NEWT_OPT_END};
   int command = -1;
   int rc = newt_opts_exit(newt_opts_parse_command("bench recovery", "[flags] [-- COMMAND [ARGS...]]",
@@ -245,7 +259,7 @@ int newt_bench_recovery(int argc, char **argv) {
     int64_t f[6] = {rec->detect_ms, rec->plan_ms, rec->comm_ms, rec->restore_ms, rec->total_ms, rec->steps_lost};
     for (int k = 0; k < 6; k++) v[k][ok] = f[k];
     ok++;
-    launcher_result_free(&res);
+    run_done(&res);
   }
   if (ok)
     printf("{\"bench\":\"recovery\",\"fault\":\"%s\",\"backend\":\"%s\",\"program\":\"%s\",\"median_of\":%d,"

@@ -67,6 +67,12 @@ newt_result_t cli_program_env(const cli_program *p) {
   NEWT_CHECK(put_int("NEWT_DEVICE", p->device));
   if (p->share_device) NEWT_CHECK(put("NEWT_SHARE_DEVICE", "1"));
   NEWT_CHECK(put_int("NEWT_THREADS", p->threads));
+  /* OpenMP and OpenBLAS pools of the program (PyTorch's, NumPy's): --threads each, as
+     torchrun's 1, unless the environment says otherwise -- N workers of a host each
+     spawning a thread per core would take the cores from one another */
+  char threads[24];
+  snprintf(threads, sizeof threads, "%lld", (long long)(p->threads > 0 ? p->threads : 1));
+  NEWT_CHECK(keep_or("OMP_NUM_THREADS", threads));
   NEWT_CHECK(put_given("NEWT_STEP_LOG", p->step_log));
   NEWT_CHECK(put_given("NEWT_JOB_SECRET_FILE", p->secret_file));
   NEWT_CHECK(put_int("NEWT_METRICS_PORT", p->metrics_port));

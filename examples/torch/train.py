@@ -17,45 +17,10 @@ import argparse
 import sys
 
 import torch
-import torch.nn as nn
 import torch.nn.functional as F
 
 import newt
-
-VOCAB = 64
-
-
-def tokens_of(indices, seq, seed):
-    """The sequences of samples `indices` (a range), seq + 1 tokens each: t[0] from the index,
-    t[k+1] = (5 t[k] + 3) mod V, one token in four replaced by a hash of (seed, i, k)."""
-    i = torch.arange(indices.start, indices.stop, dtype=torch.int64).unsqueeze(1)
-    k = torch.arange(seq + 1, dtype=torch.int64).unsqueeze(0)
-    h = (i * 1103515245 + k * 12345 + seed * 7919) % 2147483648
-    h = (h * 1103515245 + 12345) % 2147483648
-    h = (h * 1103515245 + 12345) % 2147483648
-    out = torch.empty(len(indices), seq + 1, dtype=torch.int64)
-    out[:, 0] = h[:, 0] % VOCAB
-    for p in range(seq):
-        nxt = (5 * out[:, p] + 3) % VOCAB
-        noisy = (h[:, p + 1] >> 8) % 4 == 0
-        out[:, p + 1] = torch.where(noisy, (h[:, p + 1] >> 12) % VOCAB, nxt)
-    return out
-
-
-class LM(nn.Module):
-    def __init__(self, d_model, layers, seq):
-        super().__init__()
-        self.tok = nn.Embedding(VOCAB, d_model)
-        self.pos = nn.Embedding(seq, d_model)
-        block = nn.TransformerEncoderLayer(d_model, nhead=4, dim_feedforward=2 * d_model, dropout=0.0,
-                                           batch_first=True)
-        self.blocks = nn.TransformerEncoder(block, layers)
-        self.head = nn.Linear(d_model, VOCAB)
-        self.register_buffer("mask", torch.triu(torch.full((seq, seq), float("-inf")), diagonal=1))
-
-    def forward(self, x):
-        h = self.tok(x) + self.pos(torch.arange(x.shape[1], device=x.device))
-        return self.head(self.blocks(h, mask=self.mask))
+from lm import LM, VOCAB, tokens_of  # the model and data (lm.py beside this file)
 
 
 def main():
@@ -86,8 +51,9 @@ def main():
             with step:  # a lost peer ends the step here; the next iteration recovers
                 opt.zero_grad(set_to_none=False)
                 loss_sum = 0.0
+                tokens = tokens_of(step.samples, args.seq, args.seed).to(dev)  # this rank's samples
                 for mb in step.micro_batches():
-                    t = tokens_of(mb, args.seq, args.seed).to(dev)
+                    t = tokens[mb.start - step.first:mb.stop - step.first]
                     logits = model(t[:, :-1])
                     loss = F.cross_entropy(logits.reshape(-1, VOCAB), t[:, 1:].reshape(-1), reduction="sum")
                     (loss / seq_tokens).backward()

@@ -93,9 +93,9 @@ class View:
             raise UsageError(f"{what}: a {type(obj).__name__}; newt reads and writes torch tensors and NumPy arrays")
 
     def same_memory(self):
-        """Whether the object still has the memory it had (not moved, not freed)."""
+        """Whether the object still has the memory it had: not moved (p.data = x, a resize) and
+        not freed (a storage resized to 0 bytes leaves a null data pointer)."""
         o = self.obj
         if is_torch(o):
-            return o.data_ptr() == self.ptr and o.numel() == self.numel and (
-                self.nbytes == 0 or storage_bytes(o) >= self.nbytes)
+            return o.data_ptr() == self.ptr and o.numel() == self.numel
         return o.ctypes.data == self.ptr and o.size == self.numel

@@ -57,7 +57,7 @@ static const char *const contract[] = {
     "NEWT_JOB", "NEWT_WORKER_ID", "NEWT_HOST", "NEWT_ADDR", "NEWT_PORT", "NEWT_DEVICE", "NEWT_SHARE_DEVICE",
     "NEWT_THREADS", "NEWT_STEP_LOG", "NEWT_JOB_SECRET_FILE", "NEWT_METRICS_PORT", "NEWT_METRICS_ADDR",
     "NEWT_TERMINATION_LOG", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "RANK", "WORLD_SIZE", "POD_NAME", "POD_IP",
-    "STANDIN_THEN", NULL};
+    "OMP_NUM_THREADS", "STANDIN_THEN", NULL};
 
 static char *slurp(const char *path) {
   char *t = NULL;
@@ -152,6 +152,7 @@ static void check_full(const char *rec, const char *pw, const char *tl, pid_t pi
   expect_var(w, rec, "NEWT_DEVICE", "3");
   expect_var(w, rec, "NEWT_SHARE_DEVICE", "1");
   expect_var(w, rec, "NEWT_THREADS", "5");
+  expect_var(w, rec, "OMP_NUM_THREADS", "5"); /* the program's thread pools: --threads */
   expect_var(w, rec, "NEWT_STEP_LOG", "/logs/steps.jsonl");
   expect_var(w, rec, "NEWT_JOB_SECRET_FILE", "/etc/secret");
   expect_var(w, rec, "NEWT_METRICS_PORT", "9402");
@@ -202,7 +203,7 @@ static void worker_defaults(void) {
   char log[300];
   snprintf(log, sizeof log, "%s/defaults.log", tmp);
   const char *argv[] = {newt_bin, "worker", "--job", "job-b", "--", "sh", standin, NULL};
-  const char *env[] = {"NEWT_THREADS=7", "STANDIN_THEN=exit", NULL};
+  const char *env[] = {"NEWT_THREADS=7", "OMP_NUM_THREADS=3", "STANDIN_THEN=exit", NULL};
   pid_t pid = start(argv, env, log);
   int rc = finish(pid, 30000, NULL);
   T_CHECK_MSG(rc == 0, "newt worker --job job-b -- standin exited %d (log %s)", rc, log);
@@ -219,6 +220,7 @@ static void worker_defaults(void) {
   expect_var(w, rec, "NEWT_PORT", "0");
   expect_var(w, rec, "NEWT_DEVICE", "-1");
   expect_var(w, rec, "NEWT_THREADS", "7"); /* inherited, no flag: stays */
+  expect_var(w, rec, "OMP_NUM_THREADS", "3"); /* inherited: the user's choice */
   expect_var(w, rec, "NEWT_METRICS_PORT", "0");
   expect_var(w, rec, "NEWT_METRICS_ADDR", "127.0.0.1");
   expect_var(w, rec, "LOCAL_RANK", "0");
