@@ -40,7 +40,8 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 # the example's model and data (no newt in them: the baseline runs no newt code)
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "examples", "torch"))
-from lm import LM, VOCAB, tokens_of  # noqa: E402
+import lm  # noqa: E402
+from lm import VOCAB, tokens_of  # noqa: E402
 
 
 def env_int(name, default):
@@ -55,14 +56,7 @@ def parse_args():
     ap.add_argument("--step-log", default=os.environ.get("STEP_LOG"), help="JSON lines (required)")
     ap.add_argument("--ckpt-dir", default=os.environ.get("CKPT_DIR"))
     ap.add_argument("--ckpt-every", type=int, default=env_int("CKPT_EVERY", 0), help="0: never")
-    # the example's own flags, with its defaults
-    ap.add_argument("--d-model", type=int, default=64)
-    ap.add_argument("--layers", type=int, default=2)
-    ap.add_argument("--seq", type=int, default=32)
-    ap.add_argument("--lr", type=float, default=1e-3)
-    ap.add_argument("--warmup", type=int, default=20, help="steps of linear warm-up")
-    ap.add_argument("--seed", type=int, default=1)
-    ap.add_argument("--threads", type=int, default=1, help="torch's intra-op threads")
+    lm.add_args(ap)  # the example's own flags, with its defaults
     args = ap.parse_args()
     if not args.step_log:
         ap.error("--step-log (or STEP_LOG) is required")
@@ -102,10 +96,7 @@ def main():
     per_rank = G // world
     log = open(args.step_log, "a", buffering=1)
 
-    torch.manual_seed(args.seed)  # the same start everywhere (DDP also broadcasts rank 0's)
-    model = LM(args.d_model, args.layers, seq)
-    opt = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.01)
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / args.warmup))
+    model, opt, sched = lm.build(args, torch.device("cpu"))  # seeded: the same start (DDP also broadcasts rank 0's)
     start = 0
     if args.ckpt_dir:
         os.makedirs(args.ckpt_dir, exist_ok=True)

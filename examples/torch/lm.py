@@ -40,3 +40,24 @@ class LM(nn.Module):
     def forward(self, x):
         h = self.tok(x) + self.pos(torch.arange(x.shape[1], device=x.device))
         return self.head(self.blocks(h, mask=self.mask))
+
+
+def add_args(ap):
+    """The model's, data's and optimizer's flags (an argparse parser's), with their defaults."""
+    ap.add_argument("--d-model", type=int, default=64)
+    ap.add_argument("--layers", type=int, default=2)
+    ap.add_argument("--seq", type=int, default=32)
+    ap.add_argument("--lr", type=float, default=1e-3)
+    ap.add_argument("--warmup", type=int, default=20, help="steps of linear warm-up")
+    ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--threads", type=int, default=1, help="torch's intra-op threads")
+
+
+def build(args, device):
+    """The model on device, AdamW (weight decay 0.01) and its LambdaLR warm-up, from the seed:
+    the same start in every process."""
+    torch.manual_seed(args.seed)
+    model = LM(args.d_model, args.layers, args.seq).to(device)
+    opt = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.01)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / args.warmup))
+    return model, opt, sched

@@ -20,27 +20,19 @@ import torch
 import torch.nn.functional as F
 
 import newt
-from lm import LM, VOCAB, tokens_of  # the model and data (lm.py beside this file)
+import lm  # the model and data (lm.py beside this file)
+from lm import VOCAB, tokens_of
 
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--d-model", type=int, default=64)
-    ap.add_argument("--layers", type=int, default=2)
-    ap.add_argument("--seq", type=int, default=32)
-    ap.add_argument("--lr", type=float, default=1e-3)
-    ap.add_argument("--warmup", type=int, default=20, help="steps of linear warm-up")
-    ap.add_argument("--seed", type=int, default=1)
-    ap.add_argument("--threads", type=int, default=1, help="torch's intra-op threads")
+    lm.add_args(ap)
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
 
     with newt.join() as job:  # etcd, job, worker id, device: from newt run's environment
         dev = job.torch_device
-        torch.manual_seed(args.seed)  # the same start everywhere (newt also broadcasts rank 0's)
-        model = LM(args.d_model, args.layers, args.seq).to(dev)
-        opt = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.01)
-        sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / args.warmup))
+        model, opt, sched = lm.build(args, dev)  # seeded: the same start everywhere (newt also broadcasts rank 0's)
         newt.init_optimizer_state(opt)  # newt declares the optimizer's memory before training
         job.state.add("model", model)
         job.state.add("opt", opt)
