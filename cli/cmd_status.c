@@ -81,7 +81,8 @@ static cJSON *checked_item(const rdzv_etcd_kv *kv, job_record rec) {
     return NULL;
   }
   if (r != NEWT_OK) {
-    fprintf(stderr, "newt status: ignoring %s: %s\n", kv->key, newt_errmsg());
+    char key[256];
+    fprintf(stderr, "newt status: ignoring %s: %s\n", newt_str_printable(key, sizeof key, kv->key), newt_errmsg());
     return NULL;
   }
   cJSON *j = NULL;

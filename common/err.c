@@ -37,11 +37,20 @@ const char *newt_result_name(newt_result_t r) {
   return names[r];
 }
 
+/* A message may quote what a file, a peer or etcd held: every control character (a
+ * terminal escape, a newline that would forge a log line) becomes '?', wherever it is
+ * printed. */
+static void scrub(char *m) {
+  for (; *m; m++)
+    if ((unsigned char)*m < 0x20 || *m == 0x7f) *m = '?';
+}
+
 newt_result_t newt_err_set(newt_result_t code, const char *file, int line, const char *fmt, ...) {
   va_list ap;
   va_start(ap, fmt);
   vsnprintf(errmsg, sizeof errmsg, fmt, ap);
   va_end(ap);
+  scrub(errmsg);
   errcode = code;
   NEWT_LOG_AT(NEWT_LOG_DEBUG, COMMON, "error %s at %s:%d: %s", newt_result_name(code), file, line,
               errmsg);
@@ -62,6 +71,7 @@ newt_result_t newt_err_wrap(newt_result_t code, const char *fmt, ...) {
   size_t m = strnlen(old, sizeof errmsg - 1 - n);
   memcpy(errmsg + n, old, m);
   errmsg[n + m] = '\0';
+  scrub(errmsg);
   errcode = code;
   return code;
 }

@@ -272,3 +272,12 @@ double newt_median(double *v, size_t n) {
   qsort(v, n, sizeof *v, cmp_double);
   return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
 }
+
+char *newt_str_printable(char *out, size_t cap, const char *src) {
+  if (!cap) return out;
+  size_t i = 0;
+  for (; src && src[i] && i + 1 < cap; i++)
+    out[i] = (unsigned char)src[i] < 0x20 || src[i] == 0x7f ? '?' : src[i];
+  out[i] = '\0';
+  return out;
+}

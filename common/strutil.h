@@ -58,6 +58,10 @@ long newt_base64_decode(const char *in, size_t n, void *out);
 char *newt_base64_encode_alloc(const void *in, size_t n);
 char *newt_base64_decode_alloc(const char *in, size_t n, size_t *outlen);
 
+/* src copied into out (cap bytes, NUL-terminated, cut to fit) with every control character
+ * made a '?': a key or value from etcd, a file or a peer, safe to print. Returns out. */
+char *newt_str_printable(char *out, size_t cap, const char *src);
+
 /* The median of v[0..n) (sorts v in place); 0 when n is 0. */
 double newt_median(double *v, size_t n);
 

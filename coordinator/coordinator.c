@@ -125,6 +125,7 @@ typedef struct coord {
   uint64_t spec_file_checked;
   newt_spec spec_next; /* guarded by mu */
   int spec_changed;    /* guarded by mu */
+  int plan_foreign;    /* guarded by mu: the stored plan is one we would not take (forged, corrupt) */
 
   int64_t steps_counted;     /* the step newt_steps_total has counted up to */
   _Atomic uint64_t tick;     /* monotonic ns the main loop last went round (/healthz) */
@@ -332,13 +333,23 @@ static void set_plan_locked(coord *c, newt_plan *p) {
   c->max_step_seen = c->prog_committed;
 }
 
+/* A plan in etcd newer than ours (the leader's, seen by a standby; or forged): taken when it
+ * agrees with the spec and is no jump far past ours. One that is not is ignored and, when
+ * this coordinator leads, put right by restore_records (our plan published again). */
 static void take_plan_locked(coord *c, const rdzv_etcd_kv *kv) {
   newt_plan p;
   if (plan_from_json(kv->value, kv->value_len, &p) != NEWT_OK) {
     NEWT_WARN(COORD, "the stored plan is not valid: %s", newt_errmsg());
+    c->plan_foreign = 1;
     return;
   }
   if (p.generation <= c->plan.generation) {
+    plan_free(&p);
+    return;
+  }
+  if (plan_check_spec(&p, &c->spec) != NEWT_OK || plan_check_jump(c->plan.generation, p.generation) != NEWT_OK) {
+    NEWT_WARN(COORD, "ignoring the stored plan: %s", newt_errmsg());
+    c->plan_foreign = 1;
     plan_free(&p);
     return;
   }
@@ -636,8 +647,10 @@ static newt_result_t replan(coord *c, const char *cause, const char *switch_mode
   }
   int ndonors = policy_donors(&v, c->recorded, donors);
   uint64_t prev = c->plan.generation;
-  for (int i = 0; i < c->nmembers; i++)
-    if (c->members[i].generation > 0 && (uint64_t)c->members[i].generation > prev) prev = (uint64_t)c->members[i].generation;
+  for (int i = 0; i < c->nmembers; i++) { /* a registration's generation far past ours is forged: not taken */
+    uint64_t g = c->members[i].generation > 0 ? (uint64_t)c->members[i].generation : 0;
+    if (g > prev && plan_check_jump(c->plan.generation, g) == NEWT_OK) prev = g;
+  }
   int64_t step = c->prog_step, lost_from = c->max_step_seen;
   uint64_t t_detect = 0;
   for (int i = 0; i < c->nreports; i++)
@@ -663,10 +676,18 @@ static newt_result_t replan(coord *c, const char *cause, const char *switch_mode
   snprintf(p.cause, sizeof p.cause, "%s", cause);
   snprintf(p.switch_mode, sizeof p.switch_mode, "%s", switch_mode);
   p.step = step;
-  char *json = plan_to_json(&p);
-  if (!json) {
+  char *json = NULL;
+  r = plan_check_publishable(&p, &json);
+  if (r == NEWT_ERR_INVALID || r == NEWT_ERR_INTERNAL) { /* no later try mends it: end, do not spin */
+    char why[JOB_TEXT_MAX];
+    snprintf(why, sizeof why, "cannot publish a plan: %s", newt_errmsg());
     plan_free(&p);
-    return NEWT_ERR(NEWT_ERR_NOMEM, "out of memory writing a plan");
+    fail_job(c, why);
+    return NEWT_OK;
+  }
+  if (r != NEWT_OK) {
+    plan_free(&p);
+    return r;
   }
   r = rdzv_plan_publish(c->cand, (int64_t)p.generation, json, job_call_deadline());
   free(json);
@@ -841,8 +862,9 @@ static void check_alarms(coord *c) {
 }
 
 /* Puts back what the leader knows when etcd lost it (an etcd without a persistent volume
- * came back empty): the spec, and the current plan under its own generation (workers
- * take only newer plans, so it changes nothing for them; joiners find it). */
+ * came back empty) or a writer replaced it: the spec, and the current plan under its own
+ * generation (workers take only newer plans, so it changes nothing for them; joiners find
+ * it) where the stored one is gone, invalid, older, or newer and forged. */
 static void restore_records(coord *c) {
   char key[256];
   rdzv_etcd_kv kv;
@@ -860,15 +882,30 @@ static void restore_records(coord *c) {
   newt_result_t cr = c->plan.generation ? plan_copy(&p, &c->plan) : NEWT_ERR_NOTFOUND;
   pthread_mutex_unlock(&c->mu);
   if (cr != NEWT_OK) return;
+  const char *lost = NULL;
   if (job_key(key, sizeof key, c->o->job, JOB_REC_PLAN, 0, NULL) == NEWT_OK &&
       (r = rdzv_etcd_get(c->etcd, key, job_call_deadline(), &kv, NULL)) == NEWT_ERR_NOTFOUND) {
+    lost = "etcd had lost the plan";
+  } else if (r == NEWT_OK) {
+    newt_plan stored;
+    if (plan_from_json(kv.value, kv.value_len, &stored) != NEWT_OK) {
+      lost = "the stored plan was not valid";
+    } else {
+      /* an older one, or a newer one we would not take: forged or corrupt (a newer one we
+         would take is the watch's to bring) */
+      if (stored.generation < p.generation ||
+          (stored.generation > p.generation && (plan_check_spec(&stored, &c->spec) != NEWT_OK ||
+                                                plan_check_jump(p.generation, stored.generation) != NEWT_OK)))
+        lost = "the stored plan was not one of this job's (forged or corrupt)";
+      plan_free(&stored);
+    }
+    rdzv_etcd_kv_free(&kv);
+  }
+  if (lost) {
     char *json = plan_to_json(&p);
     if (json && rdzv_plan_publish(c->cand, (int64_t)p.generation, json, job_call_deadline()) == NEWT_OK)
-      NEWT_WARN(COORD, "%s: etcd had lost the plan; published generation %llu again", c->id,
-                (unsigned long long)p.generation);
+      NEWT_WARN(COORD, "%s: %s; published generation %llu again", c->id, lost, (unsigned long long)p.generation);
     free(json);
-  } else if (r == NEWT_OK) {
-    rdzv_etcd_kv_free(&kv);
   }
   plan_free(&p);
 }
@@ -1110,6 +1147,11 @@ static newt_result_t lead(coord *c) {
       continue;
     }
     if (rdzv_etcd_outages_ended(c->etcd) != c->outages_seen) after_outage(c);
+    pthread_mutex_lock(&c->mu);
+    int foreign = c->plan_foreign;
+    c->plan_foreign = 0;
+    pthread_mutex_unlock(&c->mu);
+    if (foreign) restore_records(c); /* our plan over a forged one */
     check_alarms(c);
     check_spec_file(c);
     r = take_spec_change(c);

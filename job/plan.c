@@ -328,11 +328,18 @@ static newt_result_t get_bounded(const cJSON *o, const char *what, const char *f
   return NEWT_OK;
 }
 
+/* A name, an address or a word of the plan: printable ASCII without blanks, quotes or
+ * backslashes, as a registration's (a plan comes from etcd, and status, logs and the report
+ * print its fields: a terminal escape in one must not reach a screen). */
 static newt_result_t copy_str(const cJSON *o, const char *what, const char *field, char *dst, size_t cap) {
   const char *v = NULL;
   NEWT_CHECK(newt_json_get_str(o, what, field, 1, &v));
   if (!v[0] || strlen(v) >= cap)
     return NEWT_ERR(NEWT_ERR_INVALID, "%s.%s: must be 1 to %zu characters", what, field, cap - 1);
+  for (const unsigned char *c = (const unsigned char *)v; *c; c++)
+    if (*c <= 0x20 || *c >= 0x7f || *c == '"' || *c == '\\')
+      return NEWT_ERR(NEWT_ERR_INVALID, "%s.%s: byte 0x%02x at %zu is not a printable character of a name",
+                      what, field, *c, (size_t)(c - (const unsigned char *)v));
   snprintf(dst, cap, "%s", v);
   return NEWT_OK;
 }
@@ -390,7 +397,9 @@ static newt_result_t parse_plan(const cJSON *j, newt_plan *p) {
   NEWT_CHECK(get_bounded(j, w, "global_batch", 1, INT64_MAX, &p->global_batch));
   NEWT_CHECK(get_bounded(j, w, "micro_batch", 1, INT64_MAX, &p->micro_batch));
   NEWT_CHECK(get_bounded(j, w, "accum", 1, INT64_MAX, &p->accum));
-  if (p->accum * p->dp * p->micro_batch != p->global_batch)
+  int64_t per_step = 0; /* accum x dp x micro_batch, which must not overflow on the way */
+  if (__builtin_mul_overflow(p->accum, (int64_t)p->dp, &per_step) ||
+      __builtin_mul_overflow(per_step, p->micro_batch, &per_step) || per_step != p->global_batch)
     return NEWT_ERR(NEWT_ERR_INVALID, "plan.accum: %lld x dp %d x micro_batch %lld != global_batch %lld",
                     (long long)p->accum, p->dp, (long long)p->micro_batch, (long long)p->global_batch);
   NEWT_CHECK(copy_str(j, w, "restore", p->restore, sizeof p->restore));
@@ -456,5 +465,46 @@ newt_result_t plan_from_json(const char *text, size_t len, newt_plan *out) {
     return r;
   }
   *out = p;
+  return NEWT_OK;
+}
+
+newt_result_t plan_check_spec(const newt_plan *p, const newt_spec *s) {
+  const char *field = NULL;
+  int64_t have = 0, want = 0;
+  if (p->global_batch != s->global_batch) field = "global_batch", have = p->global_batch, want = s->global_batch;
+  else if (p->micro_batch != s->micro_batch) field = "micro_batch", have = p->micro_batch, want = s->micro_batch;
+  else if (p->tp != s->tp) field = "tp", have = p->tp, want = s->tp;
+  else if (p->pp != s->pp) field = "pp", have = p->pp, want = s->pp;
+  else if (p->zero != s->zero) field = "zero", have = p->zero, want = s->zero;
+  if (field)
+    return NEWT_ERR(NEWT_ERR_INVALID, "plan %llu: plan.%s is %lld, the job's spec fixes it at %lld",
+                    (unsigned long long)p->generation, field, (long long)have, (long long)want);
+  return NEWT_OK;
+}
+
+newt_result_t plan_check_jump(uint64_t have, uint64_t next) {
+  if (have == 0 || next <= have + PLAN_MAX_JUMP) return NEWT_OK;
+  return NEWT_ERR(NEWT_ERR_INVALID, "plan %llu jumps %llu generations past %llu (at most %d: a forged or corrupt "
+                  "plan record)", (unsigned long long)next, (unsigned long long)(next - have), (unsigned long long)have,
+                  PLAN_MAX_JUMP);
+}
+
+newt_result_t plan_check_publishable(const newt_plan *p, char **json) {
+  *json = NULL;
+  if (p->generation == 0 || p->generation >= (uint64_t)NEWT_JSON_INT_EXACT)
+    return NEWT_ERR(NEWT_ERR_INVALID, "plan generation %llu is past the largest a plan may have (%lld): the "
+                    "generations taken from etcd (the plan record, a registration) were forged or corrupt",
+                    (unsigned long long)p->generation, (long long)NEWT_JSON_INT_EXACT - 1);
+  char *text = plan_to_json(p);
+  if (!text) return NEWT_ERR(NEWT_ERR_NOMEM, "out of memory writing a plan");
+  newt_plan back;
+  newt_result_t r = plan_from_json(text, strlen(text), &back);
+  if (r != NEWT_OK) {
+    free(text);
+    return NEWT_ERR(NEWT_ERR_INTERNAL, "plan %llu would be refused by its readers: %s",
+                    (unsigned long long)p->generation, newt_errmsg());
+  }
+  plan_free(&back);
+  *json = text;
   return NEWT_OK;
 }

@@ -101,4 +101,18 @@ const plan_rank *plan_find_donor(const newt_plan *p, const char *worker);
 newt_result_t plan_add_donor(newt_plan *p, const char *worker, const char *host, const char *addr);
 int plan_is_spare(const newt_plan *p, const char *worker);
 
+/* What a reader checks of a plan beyond its own consistency (plan_from_json's): the fields
+ * the job's spec fixes (global and micro batch, tp, pp, ZeRO stage) agree with it, naming
+ * the first that does not; the generation is no jump of more than PLAN_MAX_JUMP past the
+ * newest one the reader knows (have; 0: none yet, anything goes). A plan that fails either
+ * is forged or corrupt: readers ignore it and the current generation goes on. */
+#define PLAN_MAX_JUMP (1 << 20)
+newt_result_t plan_check_spec(const newt_plan *p, const newt_spec *s);
+newt_result_t plan_check_jump(uint64_t have, uint64_t next);
+
+/* A plan its readers will take: the generation within the bound the parser accepts, and
+ * the serialised text parsing back (a leader never publishes what it would refuse to
+ * read). *json: that text (the caller frees it). */
+newt_result_t plan_check_publishable(const newt_plan *p, char **json);
+
 #endif

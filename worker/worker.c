@@ -77,6 +77,8 @@ static int drops_now(const newt_plan *p, const char *id) {
   return strcmp(p->switch_mode, "abort") == 0 || (!plan_find(p, id) && !plan_find_donor(p, id));
 }
 
+/* A plan from etcd, taken when it is newer than the newest one here and agrees with the
+ * job's spec; a forged or corrupt one is ignored (logged) and the generation goes on. */
 static void take_plan(worker *w, const char *json, size_t len) {
   newt_plan p;
   if (plan_from_json(json, len, &p) != NEWT_OK) {
@@ -84,6 +86,15 @@ static void take_plan(worker *w, const char *json, size_t len) {
     return;
   }
   pthread_mutex_lock(&w->mu);
+  uint64_t have = w->latest.generation;
+  newt_result_t ok = p.generation > have ? plan_check_spec(&p, &w->spec) : NEWT_OK;
+  if (ok == NEWT_OK && p.generation > have) ok = plan_check_jump(have, p.generation);
+  if (ok != NEWT_OK) {
+    pthread_mutex_unlock(&w->mu);
+    NEWT_WARN(WORKER, "%s: ignoring a plan: %s", w->id, newt_errmsg());
+    plan_free(&p);
+    return;
+  }
   if (p.generation > w->latest.generation) {
     plan_free(&w->latest);
     w->latest = p;

@@ -905,6 +905,256 @@ static void test_forged(void) {
 }
 
 
+/* A copy of plan text with `field`'s value (the text after "field": up to the next ',' or
+ * '}') replaced by `value`; NULL when the field is not there. */
+static char *plan_with(const char *plan, const char *field, const char *value) {
+  char key[64];
+  snprintf(key, sizeof key, "\"%s\":", field);
+  const char *at = strstr(plan, key);
+  if (!at) return NULL;
+  const char *v = at + strlen(key), *end = v + strcspn(v, ",}");
+  return newt_asprintf("%.*s%s%s", (int)(v - plan), plan, value, end);
+}
+
+/* Plans that parse but lie (issue 24, items 1 and 2): while a job trains, a forger puts over
+ * the plan a copy of it that is consistent in itself but, with `batch`, of the next
+ * generation with a global batch 500 times the spec's (workers fetched past their loader's
+ * buffer: SIGSEGV), or else of the largest valid generation (at the next membership change
+ * the leader published one past it, which its own parser refused, every 5 s, forever); then
+ * a worker is killed. Every reader ignores the forgery (the leader puts its own plan back),
+ * the kill is recovered in the next generation, and the job ends at the uninterrupted loss;
+ * no process crashes. */
+static void test_forged_plans(int batch) {
+  const int STEPS = 300;
+  double ref = reference_loss(newt_bin, STEPS, MODEL);
+  rdzv_etcd_server *srv = NULL;
+  rdzv_etcd_server_opts so = {0};
+  T_OK(rdzv_etcd_server_start(&so, &srv));
+  if (!srv) return;
+  rdzv_etcd_opts eo;
+  rdzv_etcd_server_client_opts(srv, &eo);
+  rdzv_etcd *c = NULL;
+  T_OK(rdzv_etcd_init(&eo, &c));
+  char logs[512], summary[512], steps[16], gb[16], mb[16];
+  snprintf(logs, sizeof logs, "%s/logs", tmpdir);
+  snprintf(summary, sizeof summary, "%s/summary.json", tmpdir);
+  snprintf(steps, sizeof steps, "%d", STEPS);
+  snprintf(gb, sizeof gb, "%d", GB);
+  snprintf(mb, sizeof mb, "%d", MB);
+  const char *argv[] = {newt_bin, "run", "--quiet", "--etcd", rdzv_etcd_server_url(srv), "--job", "lies",
+                        "--nproc", "3", "--model", MODEL, "--seq-len", SEQ, "--steps", steps, "--global-batch", gb,
+                        "--micro-batch", mb, "--log-dir", logs, "--summary", summary, "--timeout-ms", "180000",
+                        "--chaos", "kill:worker:1@step=150", NULL};
+  char outp[600];
+  snprintf(outp, sizeof outp, "%s/run.out", tmpdir);
+  newt_spawn_opts po = {.log_path = outp};
+  pid_t pid;
+  T_OK(newt_proc_spawn(argv, &po, &pid));
+  int st = -1, forged = 0;
+  for (newt_deadline_t d = newt_deadline_in_ms(200000); !newt_deadline_passed(d); newt_sleep_ms(50)) {
+    if (waitpid(pid, &st, WNOHANG) == pid) break;
+    char *plan = NULL, key[256], gen[32];
+    int64_t g = 0;
+    if (forged || rdzv_plan_get(c, "lies", newt_deadline_in_ms(1000), &plan, &g, NULL) != NEWT_OK) continue;
+    cJSON *prog = NULL;
+    int64_t step = 0;
+    if (get_json(c, "lies", "progress", &prog) == NEWT_OK) step = json_int(prog, "step"), cJSON_Delete(prog);
+    char *a = NULL, *b = NULL, *cc = NULL;
+    if (step >= 10) {
+      snprintf(gen, sizeof gen, "%lld", batch ? (long long)g + 1 : (long long)NEWT_JSON_INT_EXACT - 1);
+      a = plan_with(plan, "generation", gen);
+      /* a global batch 500 times the spec's, the plan consistent in itself (accum x dp x
+         micro_batch), so that only the spec can tell */
+      cJSON *pj = cJSON_Parse(plan);
+      int64_t dp = pj ? json_int(pj, "dp") : 0, mbs = pj ? json_int(pj, "micro_batch") : 0;
+      cJSON_Delete(pj);
+      char big[32];
+      snprintf(big, sizeof big, "%lld", (long long)(dp * mbs * 500));
+      b = a && batch ? plan_with(a, "global_batch", big) : NULL;
+      cc = b ? plan_with(b, "accum", "500") : NULL;
+      const char *put = batch ? cc : a;
+      if (put && rdzv_key(key, sizeof key, "lies", "plan") == NEWT_OK &&
+          rdzv_etcd_put(c, key, put, strlen(put), 0, newt_deadline_in_ms(1000), NULL) == NEWT_OK)
+        forged++;
+    }
+    free(a);
+    free(b);
+    free(cc);
+    free(plan);
+  }
+  if (!WIFEXITED(st)) newt_proc_stop(pid, 1000);
+  T_CHECK_MSG(WIFEXITED(st) && WEXITSTATUS(st) == 0, "newt run with forged plans did not finish well (status %d); "
+              "logs in %s", st, tmpdir);
+  T_CHECK_MSG(forged == 1, "the forger did not get to write its plan");
+  char *text = NULL;
+  size_t n;
+  cJSON *j = NULL;
+  T_OK(newt_fs_read_all(summary, 1 << 20, &text, &n));
+  if (text) T_OK(newt_json_parse(text, n, "summary", &j));
+  if (j) {
+    int done = 0;
+    int64_t st2 = 0;
+    double loss = NAN;
+    newt_json_get_bool(j, "summary", "done", 1, &done);
+    newt_json_get_int(j, "summary", "steps", 1, &st2);
+    newt_json_get_double(j, "summary", "final_loss", 1, &loss);
+    T_CHECK(done && st2 == STEPS);
+    T_CHECK_MSG(fabs(loss - ref) <= 1e-4 * fmax(1.0, fabs(ref)), "final loss %.7f, uninterrupted %.7f", loss, ref);
+    const cJSON *recs = cJSON_GetObjectItemCaseSensitive(j, "recoveries");
+    const char *cause = "";
+    if (cJSON_GetArraySize(recs) == 1) newt_json_get_str(recs->child, "recovery", "cause", 1, &cause);
+    T_CHECK_MSG(cJSON_GetArraySize(recs) == 1 && strcmp(cause, "crash") == 0,
+                "expected the kill's recovery alone:\n%s", text);
+    int64_t gens = 0;
+    newt_json_get_int(j, "summary", "generations", 1, &gens);
+    T_CHECK_MSG(gens <= 3, "%lld generations: a forged generation was taken", (long long)gens);
+    cJSON_Delete(j);
+  }
+  free(text);
+  check_generations(logs, 0);
+  check_logs(logs);
+  rdzv_etcd_free(c);
+  rdzv_etcd_server_free(srv);
+}
+static void test_forged_batch(void) { test_forged_plans(1); }
+static void test_forged_generation(void) { test_forged_plans(0); }
+
+/* One mutation of a record's value, the n-th of a fixed sequence (the same every run): a
+ * field dropped, its type swapped, a number at or past a bound, a number that disagrees
+ * with the others (doubled), an array made huge, control bytes in a string, the text cut
+ * short or made binary. Returns malloc'd bytes and their length in *len. */
+static char *mutate(const char *value, size_t vlen, unsigned n, size_t *len) {
+  static const double bounds[] = {0, -1, 2147483648.0, 9007199254740993.0, 9.3e18, 1e308, -1e308};
+  unsigned kind = n % 7, pick = n / 7;
+  cJSON *j = kind < 6 ? cJSON_ParseWithLength(value, vlen) : NULL;
+  int nf = j && cJSON_IsObject(j) ? cJSON_GetArraySize(j) : 0;
+  char *out = NULL;
+  if (nf > 0) {
+    cJSON *f = cJSON_GetArrayItem(j, (int)(pick % (unsigned)nf));
+    char name[64];
+    snprintf(name, sizeof name, "%s", f->string ? f->string : "x");
+    cJSON *repl = NULL;
+    if (kind == 0) {
+      cJSON_DeleteItemFromObjectCaseSensitive(j, name);
+    } else if (kind == 1) {
+      repl = cJSON_IsNumber(f) ? cJSON_CreateString("12x") : cJSON_IsString(f) ? cJSON_CreateNumber(12345)
+                                                                                : cJSON_CreateString("true");
+    } else if (kind == 2) {
+      repl = cJSON_CreateNumber(bounds[pick % (sizeof bounds / sizeof bounds[0])]);
+    } else if (kind == 3) {
+      repl = cJSON_IsNumber(f) ? cJSON_CreateNumber(f->valuedouble * 2 + 1) : cJSON_CreateNumber(3);
+    } else if (kind == 4) {
+      repl = cJSON_CreateArray();
+      for (int i = 0; repl && i < 20000; i++) cJSON_AddItemToArray(repl, cJSON_CreateNumber(i));
+    } else {
+      char text[128];
+      snprintf(text, sizeof text, "%s\x1b[2J\n\x07%s", cJSON_IsString(f) ? f->valuestring : "w0", "\x7f");
+      repl = cJSON_CreateString(text);
+    }
+    if (repl) cJSON_ReplaceItemInObjectCaseSensitive(j, name, repl);
+    out = cJSON_PrintUnformatted(j);
+  }
+  cJSON_Delete(j);
+  if (!out) { /* not an object, or the last kind: cut short, or bytes no parser takes */
+    out = malloc(vlen + 4);
+    if (!out) return NULL;
+    if (pick % 2 == 0 && vlen > 1) memcpy(out, value, vlen / 2), out[vlen / 2] = '\0';
+    else memcpy(out, "\x01\xff{\x00", 4), out[3] = '\0';
+    *len = pick % 2 == 0 && vlen > 1 ? vlen / 2 : 3;
+    return out;
+  }
+  *len = strlen(out);
+  return out;
+}
+
+/* Hostile etcd (issue 24, "make the class impossible"): while a job trains, a writer
+ * rewrites every record under /newt/<job>/ in turn with a mutation of its value (mutate),
+ * 600 writes in all, then stops. newt is the sanitized build (asan_build, NEWT_ASAN_BIN):
+ * no process may crash, hang or report a memory error, and the job either ends done at the
+ * uninterrupted loss with every step, or fails with a clear failure of its own. */
+static void test_hostile_etcd(void) {
+  const int STEPS = 400;
+  const char *bin = getenv("NEWT_ASAN_BIN") && *getenv("NEWT_ASAN_BIN") ? getenv("NEWT_ASAN_BIN") : newt_bin;
+  double ref = reference_loss(newt_bin, STEPS, MODEL);
+  rdzv_etcd_server *srv = NULL;
+  rdzv_etcd_server_opts so = {0};
+  T_OK(rdzv_etcd_server_start(&so, &srv));
+  if (!srv) return;
+  rdzv_etcd_opts eo;
+  rdzv_etcd_server_client_opts(srv, &eo);
+  rdzv_etcd *c = NULL;
+  T_OK(rdzv_etcd_init(&eo, &c));
+  char logs[512], summary[512], steps[16], gb[16], mb[16], prefix[256];
+  snprintf(logs, sizeof logs, "%s/logs", tmpdir);
+  snprintf(summary, sizeof summary, "%s/summary.json", tmpdir);
+  snprintf(steps, sizeof steps, "%d", STEPS);
+  snprintf(gb, sizeof gb, "%d", GB);
+  snprintf(mb, sizeof mb, "%d", MB);
+  T_OK(rdzv_key(prefix, sizeof prefix, "hostile", ""));
+  const char *argv[] = {bin, "run", "--quiet", "--etcd", rdzv_etcd_server_url(srv), "--job", "hostile",
+                        "--nproc", "3", "--model", MODEL, "--seq-len", SEQ, "--steps", steps, "--global-batch", gb,
+                        "--micro-batch", mb, "--log-dir", logs, "--summary", summary, "--timeout-ms", "240000", NULL};
+  char outp[600];
+  snprintf(outp, sizeof outp, "%s/run.out", tmpdir);
+  newt_spawn_opts po = {.log_path = outp};
+  pid_t pid;
+  T_OK(newt_proc_spawn(argv, &po, &pid));
+  int st = -1;
+  unsigned writes = 0, round = 0;
+  for (newt_deadline_t d = newt_deadline_in_ms(280000); !newt_deadline_passed(d); newt_sleep_ms(writes < 600 ? 20 : 200)) {
+    if (waitpid(pid, &st, WNOHANG) == pid) break;
+    if (writes >= 600) continue;
+    rdzv_etcd_kvs kvs;
+    if (rdzv_etcd_range(c, prefix, &(rdzv_etcd_range_opts){.prefix = 1, .sort = RDZV_SORT_KEY_ASCEND},
+                        newt_deadline_in_ms(1000), &kvs) != NEWT_OK)
+      continue;
+    if (kvs.n > 0) {
+      const rdzv_etcd_kv *kv = &kvs.kvs[round++ % kvs.n];
+      size_t len = 0;
+      char *bad = mutate(kv->value, kv->value_len, writes, &len);
+      if (bad && rdzv_etcd_put(c, kv->key, bad, len, 0, newt_deadline_in_ms(1000), NULL) == NEWT_OK) writes++;
+      free(bad);
+    }
+    rdzv_etcd_kvs_free(&kvs);
+  }
+  int ended = WIFEXITED(st);
+  if (!ended) newt_proc_stop(pid, 1000);
+  char *out = NULL;
+  size_t on = 0;
+  newt_fs_read_all(outp, 1 << 20, &out, &on);
+  T_CHECK_MSG(ended, "newt run did not end under a hostile etcd (a hang); logs in %s", tmpdir);
+  T_CHECK_MSG(writes >= 600 || (ended && WEXITSTATUS(st) != 0), "the hostile writer got %u writes in", writes);
+  T_CHECK_MSG(!out || (!strstr(out, "signal") && !strstr(out, "Sanitizer") && !strstr(out, "runtime error")),
+              "a process crashed under a hostile etcd:\n%s", out ? out : "");
+  check_logs(logs);
+  if (ended && WEXITSTATUS(st) == 0) {
+    char *text = NULL;
+    size_t n;
+    cJSON *j = NULL;
+    T_OK(newt_fs_read_all(summary, 1 << 20, &text, &n));
+    if (text) T_OK(newt_json_parse(text, n, "summary", &j));
+    int done = 0;
+    int64_t st2 = 0;
+    double loss = NAN;
+    newt_json_get_bool(j, "summary", "done", 1, &done);
+    newt_json_get_int(j, "summary", "steps", 1, &st2);
+    newt_json_get_double(j, "summary", "final_loss", 1, &loss);
+    T_CHECK_MSG(done && st2 == STEPS, "done %d after %lld steps", done, (long long)st2);
+    T_CHECK_MSG(fabs(loss - ref) <= 1e-4 * fmax(1.0, fabs(ref)), "final loss %.7f, uninterrupted %.7f", loss, ref);
+    fprintf(stderr, "  hostile etcd: %u writes; the job ended done at the uninterrupted loss\n", writes);
+    cJSON_Delete(j);
+    free(text);
+  } else if (ended) {
+    const char *last = out ? strstr(out, "newt run: ") : NULL;
+    T_CHECK_MSG(last && (strstr(last, "fail") || strstr(last, "exited")), "newt run exited %d without saying why:\n%s",
+                WEXITSTATUS(st), out ? out : "");
+    fprintf(stderr, "  hostile etcd: %u writes; the job ended with a failure of its own:\n%s", writes, out ? out : "");
+  }
+  free(out);
+  rdzv_etcd_free(c);
+  rdzv_etcd_server_free(srv);
+}
+
 /* etcd out of space (issue 12; issue 17, item 8): a job on an etcd with an 8 MiB quota,
  * which a filler then fills until etcd raises its NOSPACE alarm and refuses every write.
  * Training goes on (the step log, which rank 0 writes itself, keeps growing), `newt status`
@@ -1525,11 +1775,16 @@ int main(int argc, char **argv) {
     newt_fs_rm_rf(tmpdir);
     return rc;
   }
-  if (strcmp(argv[1], "forged") == 0 || strcmp(argv[1], "etcd_nospace") == 0 || strcmp(argv[1], "impostor") == 0 ||
-      strcmp(argv[1], "impostor_alone") == 0 || strcmp(argv[1], "tls") == 0 || strcmp(argv[1], "nccl_ckpt_cross") == 0) {
+  if (strcmp(argv[1], "forged") == 0 || strcmp(argv[1], "forged_batch") == 0 ||
+      strcmp(argv[1], "forged_generation") == 0 || strcmp(argv[1], "hostile_etcd") == 0 ||
+      strcmp(argv[1], "etcd_nospace") == 0 ||
+      strcmp(argv[1], "impostor") == 0 || strcmp(argv[1], "impostor_alone") == 0 || strcmp(argv[1], "tls") == 0 || strcmp(argv[1], "nccl_ckpt_cross") == 0) {
     snprintf(tmpdir, sizeof tmpdir, "/tmp/newt-e2e-%s-XXXXXX", argv[1]);
     if (!mkdtemp(tmpdir)) return 2;
     if (strcmp(argv[1], "forged") == 0) T_RUN(test_forged);
+    else if (strcmp(argv[1], "forged_batch") == 0) T_RUN(test_forged_batch);
+    else if (strcmp(argv[1], "hostile_etcd") == 0) T_RUN(test_hostile_etcd);
+    else if (strcmp(argv[1], "forged_generation") == 0) T_RUN(test_forged_generation);
     else if (strcmp(argv[1], "impostor") == 0) T_RUN(test_impostor);
     else if (strcmp(argv[1], "impostor_alone") == 0) T_RUN(test_impostor_alone);
     else if (strcmp(argv[1], "tls") == 0) T_RUN(test_tls);

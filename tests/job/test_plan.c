@@ -2,6 +2,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/json.h"
 #include "job/plan.h"
 #include "job/spec.h"
 #include "test.h"
@@ -259,6 +260,78 @@ static void test_plan_json(void) {
   plan_free(&p);
 }
 
+/* A plan read from etcd (issue 24, items 1, 2 and 6): products that overflow, fields that
+ * disagree with the spec, generations that jump or pass the bound, control bytes. */
+static void test_plan_hostile(void) {
+  newt_spec s;
+  spec_defaults(&s, "j");
+  s.global_batch = 8;
+  s.micro_batch = 2;
+  plan_member m[3] = {mk("w0", "h", 1, -1, -1), mk("w1", "h", 2, -1, -1), mk("w2", "h", 3, -1, -1)};
+  newt_plan p, q;
+  T_OK(plan_compute(&s, m, 3, 9, &p));
+  char *text = plan_to_json(&p), mod[4096];
+  struct {
+    const char *from, *to, *needle;
+  } bad[] = {
+      /* accum x dp x micro_batch = 8 modulo 2^64: the check itself must not overflow */
+      {"\"accum\":2", "\"accum\":4611686018427387906", "plan.accum"},
+      {"\"accum\":2", "\"accum\":9223372036854775807", "plan.accum"},
+      /* what newt status prints: no terminal escape, no newline */
+      {"\"worker\":\"w1\"", "\"worker\":\"w\\u001b[2J\"", "plan.ranks[1].worker"},
+      {"\"cause\":\"", "\"cause\":\"\\n\\u001b[2J", "plan.cause"},
+      {"\"host\":\"h\"", "\"host\":\"h \\u0007\"", "plan.ranks[0].host"},
+  };
+  for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+    char *b = strstr(text, bad[i].from);
+    T_CHECK_MSG(b != NULL, "fixture %s not in %s", bad[i].from, text);
+    if (!b) continue;
+    snprintf(mod, sizeof mod, "%.*s%s%s", (int)(b - text), text, bad[i].to, b + strlen(bad[i].from));
+    T_CHECK_MSG(plan_from_json(mod, strlen(mod), &q) == NEWT_ERR_INVALID, "accepted %s", mod);
+    T_CHECK_MSG(strstr(newt_errmsg(), bad[i].needle) != NULL, "error \"%s\" lacks %s", newt_errmsg(), bad[i].needle);
+    for (const char *c = newt_errmsg(); *c; c++)
+      T_CHECK_MSG((unsigned char)*c >= 0x20 && *c != 0x7f, "a control byte in the error: %s", newt_errmsg());
+  }
+  /* the fields the spec fixes, each named */
+  T_OK(plan_check_spec(&p, &s));
+  struct {
+    int64_t *field;
+    int64_t value;
+    const char *needle;
+  } fixed[] = {{&s.global_batch, 4096, "plan.global_batch is 8, the job's spec fixes it at 4096"},
+               {&s.micro_batch, 4, "plan.micro_batch is 2"},
+               {&s.tp, 2, "plan.tp is 1"},
+               {&s.pp, 2, "plan.pp is 1"},
+               {&s.zero, 3, "plan.zero is 0"}};
+  for (size_t i = 0; i < sizeof fixed / sizeof fixed[0]; i++) {
+    int64_t keep = *fixed[i].field;
+    *fixed[i].field = fixed[i].value;
+    T_ERR(NEWT_ERR_INVALID, plan_check_spec(&p, &s));
+    T_CHECK_MSG(strstr(newt_errmsg(), fixed[i].needle) != NULL, "error \"%s\" lacks %s", newt_errmsg(),
+                fixed[i].needle);
+    *fixed[i].field = keep;
+  }
+  /* generations: a jump far past the newest known is refused; with none known, anything */
+  T_OK(plan_check_jump(0, (uint64_t)NEWT_JSON_INT_EXACT - 2));
+  T_OK(plan_check_jump(10, 11));
+  T_OK(plan_check_jump(10, 10 + PLAN_MAX_JUMP));
+  T_ERR(NEWT_ERR_INVALID, plan_check_jump(10, 10 + PLAN_MAX_JUMP + 1));
+  T_ERR(NEWT_ERR_INVALID, plan_check_jump(10, (uint64_t)NEWT_JSON_INT_EXACT - 2));
+  T_CHECK(strstr(newt_errmsg(), "forged or corrupt") != NULL);
+  /* a leader publishes only what its readers take: the last valid generation, not one past it */
+  char *json = NULL;
+  p.generation = (uint64_t)NEWT_JSON_INT_EXACT - 1;
+  T_OK(plan_check_publishable(&p, &json));
+  T_OK(json ? plan_from_json(json, strlen(json), &q) : NEWT_ERR_INTERNAL);
+  if (json) plan_free(&q);
+  free(json);
+  p.generation = (uint64_t)NEWT_JSON_INT_EXACT;
+  T_ERR(NEWT_ERR_INVALID, plan_check_publishable(&p, &json));
+  T_CHECK(json == NULL && strstr(newt_errmsg(), "past the largest a plan may have") != NULL);
+  free(text);
+  plan_free(&p);
+}
+
 int main(void) {
   T_RUN(test_spec);
   T_RUN(test_plan_dp);
@@ -266,5 +339,6 @@ int main(void) {
   T_RUN(test_plan_keeps_whole_groups);
   T_RUN(test_plan_spreads_hosts);
   T_RUN(test_plan_json);
+  T_RUN(test_plan_hostile);
   return T_DONE();
 }
