@@ -235,9 +235,10 @@ newt_result_t plan_copy(newt_plan *dst, const newt_plan *src) {
     plan_free(dst);
     return NEWT_ERR(NEWT_ERR_NOMEM, "out of memory copying a plan");
   }
-  memcpy(dst->ranks, src->ranks, (size_t)src->nranks * sizeof *dst->ranks);
-  memcpy(dst->spares, src->spares, (size_t)src->nspares * sizeof *dst->spares);
-  memcpy(dst->donors, src->donors, (size_t)src->ndonors * sizeof *dst->donors);
+  /* an empty list may be NULL, which memcpy may not be given even for 0 bytes */
+  if (src->nranks) memcpy(dst->ranks, src->ranks, (size_t)src->nranks * sizeof *dst->ranks);
+  if (src->nspares) memcpy(dst->spares, src->spares, (size_t)src->nspares * sizeof *dst->spares);
+  if (src->ndonors) memcpy(dst->donors, src->donors, (size_t)src->ndonors * sizeof *dst->donors);
   return NEWT_OK;
 }
 
