@@ -33,8 +33,10 @@
 #include "common/fs.h"
 #include "common/json.h"
 #include "common/proc.h"
+#include "common/strutil.h"
 #include "job/runlog.h"
 #include "rendezvous/etcd_server.h"
+#include "rendezvous/rdzv.h"
 #include "test.h"
 
 #define STEPS 600
@@ -168,6 +170,53 @@ static void check_status_after(const char *url, int nrec) {
   T_CHECK_MSG(rc == 1 && out && strstr(out, "no job \"no-such-job\""), "--watch of a missing job: exit %d:\n%s", rc,
               out ? out : "");
   free(out);
+}
+
+/* Records whose strings carry terminal escapes, newlines and bells (issue 24, item 6): a plan
+ * whose cause clears the screen, a worker key and an event of the same, a checkpoint pointer
+ * with a BEL in its directory. Whatever `newt status` prints of them (text or JSON, stdout
+ * and stderr) carries no control byte but the line ends. */
+static void check_status_hostile(const char *url) {
+  rdzv_etcd_opts eo;
+  rdzv_etcd_server_client_opts(etcd, &eo);
+  rdzv_etcd *c = NULL;
+  T_OK(rdzv_etcd_init(&eo, &c));
+  if (!c) return;
+  char *plan = NULL, key[256];
+  T_OK(rdzv_plan_get(c, "ux", newt_deadline_in_ms(5000), &plan, NULL, NULL));
+  const char *cause = plan ? strstr(plan, "\"cause\":\"") : NULL;
+  if (cause) {
+    cause += strlen("\"cause\":\"");
+    char *bad = newt_asprintf("%.*s\\u001b[2J\\u001b[31m%s", (int)(cause - plan), plan, cause);
+    if (bad && rdzv_key(key, sizeof key, "ux", "plan") == NEWT_OK)
+      T_OK(rdzv_etcd_put(c, key, bad, strlen(bad), 0, newt_deadline_in_ms(5000), NULL));
+    free(bad);
+  }
+  T_CHECK_MSG(cause != NULL, "no cause in the plan: %s", plan ? plan : "");
+  free(plan);
+  const struct {
+    const char *suffix, *value;
+  } recs[] = {{"workers/w\x1b[2J", "{\"host\":\"h\x1b]0;owned\x07\",\"addr\":\"1.2.3.4:5\"}"},
+              {"events/9999999999999999-00000000-deadbeef", "{\"type\":\"waiting\",\"t_ms\":1,\"why\":\"x\x1b[2J\\u001b[2J\\n\"}"},
+              {"ckpt", "{\"step\":10,\"dir\":\"/tmp/\\u0007\\u001b[2J\",\"t_ms\":1}"}};
+  for (size_t i = 0; i < sizeof recs / sizeof recs[0]; i++)
+    if (rdzv_key(key, sizeof key, "ux", recs[i].suffix) == NEWT_OK)
+      T_OK(rdzv_etcd_put(c, key, recs[i].value, strlen(recs[i].value), 0, newt_deadline_in_ms(5000), NULL));
+  const char *text[] = {newt_bin, "status", "--etcd", url, "--job", "ux", NULL};
+  const char *json[] = {newt_bin, "status", "--etcd", url, "--job", "ux", "--json", NULL};
+  const char *const *runs[] = {text, json};
+  for (size_t k = 0; k < 2; k++) {
+    char *out = NULL;
+    run_capture(runs[k], 30000, &out);
+    for (const char *p = out; p && *p; p++)
+      if (((unsigned char)*p < 0x20 && *p != '\n') || *p == 0x7f) {
+        T_FAIL("newt status%s printed control byte 0x%02x at %ld:\n%s", k ? " --json" : "", (unsigned char)*p,
+               (long)(p - out), out);
+        break;
+      }
+    free(out);
+  }
+  rdzv_etcd_free(c);
 }
 
 /* The --watch --json lines written while the job ran. */
@@ -356,6 +405,7 @@ static void test_run(void) {
   check_step_log(steps, base, &gens);
   T_CHECK_MSG(gens >= 3, "the step log ends in generation %lld (a crash and a join: 3)", (long long)gens);
   check_status_after(url, nrec);
+  check_status_hostile(url);
 
   char page[300];
   snprintf(page, sizeof page, "%s/report.html", logs);
