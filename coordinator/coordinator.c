@@ -883,8 +883,9 @@ static void restore_records(coord *c) {
   pthread_mutex_unlock(&c->mu);
   if (cr != NEWT_OK) return;
   const char *lost = NULL;
-  if (job_key(key, sizeof key, c->o->job, JOB_REC_PLAN, 0, NULL) == NEWT_OK &&
-      (r = rdzv_etcd_get(c->etcd, key, job_call_deadline(), &kv, NULL)) == NEWT_ERR_NOTFOUND) {
+  r = job_key(key, sizeof key, c->o->job, JOB_REC_PLAN, 0, NULL);
+  if (r == NEWT_OK) r = rdzv_etcd_get(c->etcd, key, job_call_deadline(), &kv, NULL);
+  if (r == NEWT_ERR_NOTFOUND) {
     lost = "etcd had lost the plan";
   } else if (r == NEWT_OK) {
     newt_plan stored;
