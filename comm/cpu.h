@@ -66,7 +66,11 @@ static inline uint64_t le_get64(const uint8_t *p) {
 
 /* --- control messages ------------------------------------------------------------------
  * A frame is an 8-byte header {u8 type, u8 0, u16 payload length, u32 argument}
- * (little-endian) and the payload (at most CTRL_MAX_PAYLOAD bytes). */
+ * (little-endian) and the payload (at most CTRL_MAX_PAYLOAD bytes). A peer proved the
+ * secret, not its honesty: ctrl_read checks every field of every frame (the type, the
+ * reserved byte, the length against what the type carries, the argument, the ranks and
+ * codes in the payload), and a frame that fails ends the link naming the peer and the
+ * field (docs/comm.md, "What a peer with the secret can do"). */
 enum {
   CTRL_DOORBELL = 1, /* wake up: data or space in a shared-memory ring */
   CTRL_PING,         /* arg = sequence (CTRL_EXT_PROBE set: another backend's probe) */
@@ -92,6 +96,7 @@ typedef struct ctrl_msg {
  * on the same host. A ring is written by the peer (head) and read by the owner (tail). */
 #define SHM_MAGIC 0x6e65777473686d31ull /* "newtshm1" */
 #define SHM_HDR_BYTES 4096
+#define SHM_MAX_BYTES ((uint64_t)1 << 40) /* the largest segment a peer may offer */
 
 typedef struct shm_ring {
   _Atomic uint64_t head; /* bytes written, by the producer */
@@ -304,8 +309,13 @@ struct cpu_comm {
 /* --- control channel (cpu_link.c) ----------------------------------------------------- */
 /* Sends one frame without blocking; 0 when sent, -1 when it could not be (dropped). */
 int ctrl_send(cpu_comm *c, cpu_link *l, int type, uint32_t arg, const void *payload, size_t len);
-/* Reads the next frame: 1 got one, 0 none for now, -1 closed, -2 broken (why in *why). */
-int ctrl_read(cpu_link *l, ctrl_msg *m, const char **why);
+/* Reads the next frame and checks it for a communicator of c->size ranks: 1 got one, 0
+ * none for now, -1 closed, -2 a frame no honest peer sends (or a connection closed in the
+ * middle of one). why gets a clause naming what the peer did ("sent a control frame of
+ * unknown type 200", "closed its connection"). */
+int ctrl_read(cpu_comm *c, cpu_link *l, ctrl_msg *m, char *why, size_t cap);
+/* Printable text of a peer's n bytes (control characters as '?'), NUL-terminated. */
+void ctrl_text(const uint8_t *p, size_t n, char *out, size_t cap);
 /* Handles every pending frame of l in an operation or while idle (PING, PONG, FAIL,
  * BYE, DOORBELL); a closed connection marks the peer gone. */
 void ctrl_drain(cpu_comm *c, cpu_link *l);
@@ -321,8 +331,9 @@ newt_result_t link_peek(cpu_comm *c, cpu_link *l, size_t want, size_t esize, con
                         size_t *avail);
 void link_consume(cpu_comm *c, cpu_link *l, size_t n);
 /* Shared memory only: *p gets up to *room contiguous free bytes of the ring to l (at most
- * want, a multiple of esize); link_commit publishes the first n of them. */
-void link_reserve(cpu_link *l, size_t want, size_t esize, uint8_t **p, size_t *room);
+ * want, a multiple of esize); link_commit publishes the first n of them. Fails (naming
+ * the peer) when the peer's tail is out of any honest range. */
+newt_result_t link_reserve(cpu_comm *c, cpu_link *l, size_t want, size_t esize, uint8_t **p, size_t *room);
 void link_commit(cpu_comm *c, cpu_link *l, size_t n);
 /* Copies up to len incoming bytes to dst; *n copied (0: none yet). */
 newt_result_t link_recv(cpu_comm *c, cpu_link *l, void *dst, size_t len, size_t *n);

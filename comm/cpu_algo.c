@@ -109,8 +109,10 @@ static newt_result_t ring_run(cpu_comm *c, const ring_plan *p) {
         size_t room = 0;
         /* forwarding over shared memory with nothing left behind: produce straight into
          * the next ring, and store the result (if it is kept) with streaming stores */
-        if (p->fuse && ss == rs + 1 && so == ro && p->right && p->right->local && forwards(p->steps, p->n, rs))
-          link_reserve(p->right, want, p->es, &slot, &room);
+        if (p->fuse && ss == rs + 1 && so == ro && p->right && p->right->local && forwards(p->steps, p->n, rs)) {
+          res = link_reserve(c, p->right, want, p->es, &slot, &room);
+          if (res != NEWT_OK) goto out;
+        }
         if (room > 0) {
           const uint8_t *q;
           res = link_peek(c, p->left, room, p->es, &q, &got);

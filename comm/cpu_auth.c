@@ -293,9 +293,15 @@ static hs_state server_hello(hs_conn *h, const hs_ctx *ctx) {
              (unsigned long long)ctx->tag, ctx->size, (unsigned long long)ctx->members);
     return refuse(h, ctx, REJ_COMM, 1, 1, why);
   }
-  if (dst != (uint32_t)ctx->rank || src >= (uint32_t)ctx->size || src == dst ||
-      (kind != HS_KIND_CTRL && kind != HS_KIND_DATA)) {
-    snprintf(why, sizeof why, "invalid claim: rank %u connecting to rank %u (kind %u)", src, dst, kind);
+  /* every field is a fixed-size integer, each compared with what this rank expects */
+  const char *bad = NULL;
+  if (src >= (uint32_t)ctx->size) bad = "source rank out of range";
+  else if (dst != (uint32_t)ctx->rank) bad = "destination rank is not this rank";
+  else if (src == dst) bad = "source rank is this rank's own";
+  else if (kind != HS_KIND_CTRL && kind != HS_KIND_DATA) bad = "neither control (0) nor data (1)";
+  if (bad) {
+    snprintf(why, sizeof why, "invalid claim: rank %u connecting to rank %u of %d, kind %u (%s)", src, dst,
+             ctx->size, kind, bad);
     return refuse(h, ctx, REJ_RANK, 1, 1, why);
   }
   h->peer = (int)src;
@@ -428,7 +434,7 @@ hs_state hs_step(hs_conn *h, const hs_ctx *ctx) {
       case HS_S_PROOF:
         r = hs_read(h);
         if (r < 0) {
-          NEWT_WARN(COMM, "%s (rank %d): refused a connection from %s (claims rank %d): closed before its proof",
+          NEWT_WARN(COMM, "%s (rank %d): refused a connection from %s: it claims rank %d but closed before its proof",
                     ctx->where, ctx->rank, h->remote, h->peer);
           return fail(h, 0, "closed during the handshake");
         }

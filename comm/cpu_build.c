@@ -12,7 +12,13 @@
  *    receive ring per local peer, offers it to each local peer over the control
  *    connection (CTRL_SHM_OFFER: name, size, the peer's ring), and unlinks it as soon as
  *    every local peer said it mapped it (CTRL_SHM_MAPPED), so nothing is left in /dev/shm
- *    even if a rank is killed later. */
+ *    even if a rank is killed later.
+ *  - An offer comes from a peer that proved the secret, not its honesty: its segment size,
+ *    ring offset and ring size are checked without overflow (the ring lies inside the
+ *    segment, past its header, 64-byte aligned), its name is one of ours (/newt-..., no
+ *    other '/'), the file's size is the offer's and its header is the peer's of this
+ *    generation. A bad offer, or any frame no honest peer sends, fails the build naming the
+ *    peer and the field, and marks that peer (only) missing. */
 #include <errno.h>
 #include <fcntl.h>
 #include <stdio.h>
@@ -133,36 +139,64 @@ static void shm_offer(builder *b, cpu_link *l) {
   ctrl_send(c, l, CTRL_SHM_OFFER, 0, p, 24 + n);
 }
 
-static newt_result_t shm_map_peer(builder *b, cpu_link *l, const ctrl_msg *m) {
+/* Maps the segment l's peer offers (its payload has at least 25 bytes: ctrl_read) and
+ * points the ring to it there. NEWT_ERR_PEER when the offer is not one an honest peer
+ * makes; *blame then says the peer is at fault (0: a failure of this host, mmap). */
+static newt_result_t shm_map_peer(builder *b, cpu_link *l, const ctrl_msg *m, int *blame) {
   cpu_comm *c = b->c;
+  const char *who = cpu_peer_name(c, l->peer);
   char name[160];
-  if (m->len < 25 || l->peer_map)
-    return NEWT_ERR(NEWT_ERR_PEER, "rank %d sent a malformed shared-memory offer", l->peer);
-  uint64_t size = le_get64(m->payload), off = le_get64(m->payload + 8), ring = le_get64(m->payload + 16);
+  *blame = 1;
+  if (l->peer_map) return NEWT_ERR(NEWT_ERR_PEER, "%s sent a second shared-memory offer", who);
+  uint64_t size = le_get64(m->payload), off = le_get64(m->payload + 8), ring = le_get64(m->payload + 16), end;
   size_t nlen = strnlen((const char *)m->payload + 24, m->len - 24);
-  if (nlen == m->len - 24 || nlen >= sizeof name || strncmp((const char *)m->payload + 24, "/newt-", 6) != 0 ||
-      memchr(m->payload + 25, '/', nlen - 1) != NULL || ring == 0 || ring % 64 != 0 ||
-      off < SHM_HDR_BYTES || off + SHM_RING_HDR + ring > size || size > ((uint64_t)1 << 40))
-    return NEWT_ERR(NEWT_ERR_PEER, "rank %d sent an invalid shared-memory offer", l->peer);
+  if (nlen == m->len - 24 || nlen >= sizeof name || nlen < 7 || strncmp((const char *)m->payload + 24, "/newt-", 6) != 0 ||
+      memchr(m->payload + 25, '/', nlen - 1) != NULL)
+    return NEWT_ERR(NEWT_ERR_PEER,
+                    "%s sent a shared-memory offer with a bad segment name (not a NUL-terminated \"/newt-...\" "
+                    "of at most %zu bytes without another '/')",
+                    who, sizeof name - 1);
+  if (size < SHM_HDR_BYTES || size > SHM_MAX_BYTES)
+    return NEWT_ERR(NEWT_ERR_PEER, "%s sent a shared-memory offer with segment size %llu (%d to 2^40 bytes)", who,
+                    (unsigned long long)size, SHM_HDR_BYTES);
+  if (ring == 0 || ring % 64 != 0 || ring > size)
+    return NEWT_ERR(NEWT_ERR_PEER,
+                    "%s sent a shared-memory offer with a ring of %llu bytes (a nonzero multiple of 64 within its "
+                    "segment of %llu bytes)",
+                    who, (unsigned long long)ring, (unsigned long long)size);
+  if (off < SHM_HDR_BYTES || off % 64 != 0 || off >= size)
+    return NEWT_ERR(NEWT_ERR_PEER,
+                    "%s sent a shared-memory offer with ring offset %llu (a multiple of 64 from %d, within its "
+                    "segment of %llu bytes)",
+                    who, (unsigned long long)off, SHM_HDR_BYTES, (unsigned long long)size);
+  if (__builtin_add_overflow(off, (uint64_t)SHM_RING_HDR + ring, &end) || end > size)
+    return NEWT_ERR(NEWT_ERR_PEER,
+                    "%s sent a shared-memory offer whose ring (offset %llu, %d + %llu bytes) runs past the end of "
+                    "its segment of %llu bytes",
+                    who, (unsigned long long)off, SHM_RING_HDR, (unsigned long long)ring, (unsigned long long)size);
   memcpy(name, m->payload + 24, nlen + 1);
   int fd = shm_open(name, O_RDWR | O_CLOEXEC, 0);
-  if (fd < 0)
-    return NEWT_ERR(NEWT_ERR_SYS, "rank %d's shared memory %s: %s", l->peer, name, strerror(errno));
+  if (fd < 0) /* an honest peer's segment is there until every local peer mapped it */
+    return NEWT_ERR(NEWT_ERR_PEER, "%s offered shared memory %s that cannot be opened: %s", who, name,
+                    strerror(errno));
   struct stat st;
   if (fstat(fd, &st) != 0 || (uint64_t)st.st_size != size) {
     close(fd);
-    return NEWT_ERR(NEWT_ERR_PEER, "rank %d's shared memory %s has the wrong size", l->peer, name);
+    return NEWT_ERR(NEWT_ERR_PEER, "%s's shared memory %s has %lld bytes, its offer says %llu", who, name,
+                    (long long)st.st_size, (unsigned long long)size);
   }
   void *map = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
   int e = errno;
   close(fd);
-  if (map == MAP_FAILED)
-    return NEWT_ERR(NEWT_ERR_SYS, "mmap rank %d's shared memory %s: %s", l->peer, name, strerror(e));
+  if (map == MAP_FAILED) {
+    *blame = 0;
+    return NEWT_ERR(NEWT_ERR_SYS, "mmap %s's shared memory %s: %s", who, name, strerror(e));
+  }
   shm_hdr *h = map;
-  if (h->magic != SHM_MAGIC || h->generation != c->generation || h->rank != (uint32_t)l->peer) {
+  if (h->magic != SHM_MAGIC || h->generation != c->generation || h->rank != (uint32_t)l->peer ||
+      h->size != (uint32_t)c->size) {
     munmap(map, size);
-    return NEWT_ERR(NEWT_ERR_PEER, "rank %d's shared memory %s is not its segment of this generation",
-                    l->peer, name);
+    return NEWT_ERR(NEWT_ERR_PEER, "%s's shared memory %s is not its segment of this generation", who, name);
   }
   l->peer_map = map;
   l->peer_map_len = size;
@@ -177,18 +211,30 @@ static newt_result_t shm_map_peer(builder *b, cpu_link *l, const ctrl_msg *m) {
 
 static newt_result_t build_ctrl(builder *b, cpu_link *l) {
   cpu_comm *c = b->c;
+  const char *who = cpu_peer_name(c, l->peer);
   ctrl_msg m;
-  const char *why = "";
+  char why[200];
   for (;;) {
-    int r = ctrl_read(l, &m, &why);
+    int r = ctrl_read(c, l, &m, why, sizeof why);
     if (r == 0) return NEWT_OK;
+    if (r == -2) { /* a frame no honest peer sends: it is the one at fault */
+      b->dead = l->peer;
+      return NEWT_ERR(NEWT_ERR_PEER, "%s %s during the build", who, why);
+    }
     if (r < 0) { /* with no CTRL_FAIL first: it died (a rank that gives up says so) */
       b->dead = l->peer;
-      return NEWT_ERR(NEWT_ERR_PEER, "rank %d (%s) closed its control connection during the build (%s)",
-                      l->peer, c->addrs[l->peer], why);
+      return NEWT_ERR(NEWT_ERR_PEER, "%s %s during the build (the process died?)", who, why);
     }
     switch (m.type) {
-      case CTRL_SHM_OFFER: NEWT_CHECK(shm_map_peer(b, l, &m)); break;
+      case CTRL_SHM_OFFER: {
+        int blame;
+        newt_result_t e = shm_map_peer(b, l, &m, &blame);
+        if (e != NEWT_OK) {
+          if (blame) b->dead = l->peer;
+          return e;
+        }
+        break;
+      }
       case CTRL_SHM_MAPPED:
         if (!l->mapped_by_peer) {
           l->mapped_by_peer = 1;
@@ -204,12 +250,13 @@ static newt_result_t build_ctrl(builder *b, cpu_link *l) {
         ctrl_send(c, l, CTRL_PONG, m.arg, p, sizeof p);
         break;
       }
-      case CTRL_BYE: return NEWT_ERR(NEWT_ERR_PEER, "rank %d (%s) left during the build", l->peer, c->addrs[l->peer]);
+      case CTRL_BYE: return NEWT_ERR(NEWT_ERR_PEER, "%s left during the build", who);
       case CTRL_FAIL: { /* it gave up; its culprit, when it names one, is the rank it found dead */
-        int culprit = m.len >= 4 ? (int)le_get32(m.payload) : -1;
+        int culprit = (int32_t)le_get32(m.payload); /* ctrl_read: >= -1 */
+        char text[CTRL_MAX_PAYLOAD];
+        ctrl_text(m.payload + 4, m.len - 4, text, sizeof text);
         if (culprit >= 0 && culprit < c->size && culprit != c->rank) b->dead = culprit;
-        return NEWT_ERR(NEWT_ERR_PEER, "rank %d (%s) failed during the build: %.*s", l->peer,
-                        c->addrs[l->peer], (int)(m.len > 4 ? m.len - 4 : 0), (const char *)m.payload + 4);
+        return NEWT_ERR(NEWT_ERR_PEER, "%s failed during the build: %s", who, text);
       }
       default: break;
     }

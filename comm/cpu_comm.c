@@ -495,8 +495,14 @@ static newt_result_t cpu_split(struct comm *parent, int color, int key, struct c
     addrs[i] = (char *)recs + (size_t)m[i].prank * SPLIT_REC + 8;
     hosts[i] = pc->hosts[m[i].prank];
     if (m[i].prank == pc->rank) me = i;
-    if (addrs[i][0] == '\0') {
-      res = NEWT_ERR(NEWT_ERR_PEER, "split: parent rank %d sent no address", m[i].prank);
+    /* a peer's record: its address must be one a rank could listen on (printable, as long as
+       comm_config allows) before anyone connects to it */
+    size_t alen = strlen(addrs[i]);
+    int printable = 1;
+    for (size_t j = 0; j < alen; j++) printable &= addrs[i][j] > 32 && addrs[i][j] < 127;
+    if (alen == 0 || alen > 90 || !printable) {
+      res = NEWT_ERR(NEWT_ERR_PEER, "split: %s sent %s address for the new communicator",
+                     cpu_peer_name(pc, m[i].prank), alen == 0 ? "no" : "an unusable (too long or unprintable)");
       goto out;
     }
   }

@@ -10,6 +10,14 @@
  * connection is how a dead peer shows itself: without a goodbye first, the peer died and
  * the communicator fails at once naming it.
  *
+ * A peer that proved the secret may still lie. Every value read from it is checked before
+ * it is used: each control frame's fields (ctrl_read), and the counters it writes in shared
+ * memory -- the head of a ring it fills may be at most a ring ahead of our tail (or 63 bytes
+ * behind it: each side rounds its position to 64 bytes after an operation), the tail of a
+ * ring it drains only moves forward, at most 63 bytes past our head and never a ring behind
+ * it. A value out of range ends the link (link_violation): the communicator fails with
+ * NEWT_ERR_PEER naming the peer and the field, and nothing more is read from it.
+ *
  * Waiting (cpu_wait_block): spin for NEWT_COMM_SPIN_US while shared memory is involved,
  * then raise our "sleeping" flag, let the caller look once more, and sleep in poll() on
  * the eventfd (abort), every control connection and the TCP data sockets involved. A peer
@@ -60,13 +68,99 @@ int ctrl_send(cpu_comm *c, cpu_link *l, int type, uint32_t arg, const void *payl
   return -1;
 }
 
-int ctrl_read(cpu_link *l, ctrl_msg *m, const char **why) {
+static const char *ctrl_name(int type) {
+  switch (type) {
+    case CTRL_DOORBELL: return "doorbell";
+    case CTRL_PING: return "probe";
+    case CTRL_PONG: return "probe answer";
+    case CTRL_FAIL: return "failure notice";
+    case CTRL_BYE: return "goodbye";
+    case CTRL_SHM_OFFER: return "shared-memory offer";
+    case CTRL_SHM_MAPPED: return "shared-memory mapped frame";
+    default: return "control frame";
+  }
+}
+
+/* Whether m is a frame an honest peer of a communicator of `size` ranks sends: 0, or -1
+ * with why naming the field. The header was checked already (type, reserved byte, length
+ * within the buffer). */
+static int ctrl_check(const ctrl_msg *m, int size, char *why, size_t cap) {
+  const char *name = ctrl_name(m->type);
+  switch (m->type) {
+    case CTRL_PONG: {
+      if (m->len != 8 && m->len != 8 + 8 * COMM_PROBE_VALUES) {
+        snprintf(why, cap, "sent a %s of %zu payload bytes (8 or %d)", name, m->len, 8 + 8 * COMM_PROBE_VALUES);
+        return -1;
+      }
+      uint32_t in_op = le_get32(m->payload);
+      int32_t waiting_on = (int32_t)le_get32(m->payload + 4);
+      if (in_op > 1) {
+        snprintf(why, cap, "sent a %s with in-operation flag %u (0 or 1)", name, in_op);
+        return -1;
+      }
+      if (waiting_on < -1 || waiting_on >= size) {
+        snprintf(why, cap, "sent a %s saying it waits for rank %d (of %d)", name, (int)waiting_on, size);
+        return -1;
+      }
+      return 0;
+    }
+    case CTRL_FAIL: {
+      if (m->len < 4) {
+        snprintf(why, cap, "sent a %s of %zu payload bytes (at least 4)", name, m->len);
+        return -1;
+      }
+      int32_t culprit = (int32_t)le_get32(m->payload);
+      if (m->arg <= (uint32_t)NEWT_OK || m->arg >= (uint32_t)NEWT_ERR__COUNT) {
+        snprintf(why, cap, "sent a %s with code %u (not an error code)", name, m->arg);
+        return -1;
+      }
+      if (culprit < -1) {
+        snprintf(why, cap, "sent a %s naming rank %d", name, (int)culprit);
+        return -1;
+      }
+      return 0;
+    }
+    case CTRL_PING: /* the argument is a sequence number: any value is one */
+      if (m->len != 0) {
+        snprintf(why, cap, "sent a %s of %zu payload bytes (expected 0)", name, m->len);
+        return -1;
+      }
+      return 0;
+    case CTRL_SHM_OFFER: /* its fields: shm_map_peer */
+      if (m->len < 25) {
+        snprintf(why, cap, "sent a %s of %zu payload bytes (at least 25)", name, m->len);
+        return -1;
+      }
+      break;
+    default: /* doorbell, goodbye, mapped: nothing but the header */
+      if (m->len != 0) {
+        snprintf(why, cap, "sent a %s of %zu payload bytes (expected 0)", name, m->len);
+        return -1;
+      }
+      break;
+  }
+  if (m->arg != 0) {
+    snprintf(why, cap, "sent a %s with argument %u (must be 0)", name, m->arg);
+    return -1;
+  }
+  return 0;
+}
+
+int ctrl_read(cpu_comm *c, cpu_link *l, ctrl_msg *m, char *why, size_t cap) {
   for (;;) {
     if (l->crx_len >= CTRL_HDR) {
       int type = l->crx[0];
       size_t len = (size_t)l->crx[2] | ((size_t)l->crx[3] << 8);
-      if (type < CTRL_DOORBELL || type > CTRL_SHM_MAPPED || len > CTRL_MAX_PAYLOAD || l->crx[1] != 0) {
-        *why = "malformed control frame";
+      if (type < CTRL_DOORBELL || type > CTRL_SHM_MAPPED) {
+        snprintf(why, cap, "sent a control frame of unknown type %d", type);
+        return -2;
+      }
+      if (l->crx[1] != 0) {
+        snprintf(why, cap, "sent a control frame with reserved byte 0x%02x (must be 0)", l->crx[1]);
+        return -2;
+      }
+      if (len > CTRL_MAX_PAYLOAD) {
+        snprintf(why, cap, "sent a control frame of %zu payload bytes (at most %d)", len, CTRL_MAX_PAYLOAD);
         return -2;
       }
       if (l->crx_len >= CTRL_HDR + len) {
@@ -76,10 +170,13 @@ int ctrl_read(cpu_link *l, ctrl_msg *m, const char **why) {
         memcpy(m->payload, l->crx + CTRL_HDR, len);
         memmove(l->crx, l->crx + CTRL_HDR + len, l->crx_len - CTRL_HDR - len);
         l->crx_len -= CTRL_HDR + len;
-        return 1;
+        return ctrl_check(m, c->size, why, cap) == 0 ? 1 : -2;
       }
     }
-    if (l->ctrl_fd < 0 || l->ctrl_eof) return -1;
+    if (l->ctrl_fd < 0 || l->ctrl_eof) {
+      snprintf(why, cap, "closed its connection");
+      return -1;
+    }
     ssize_t n = recv(l->ctrl_fd, l->crx + l->crx_len, sizeof l->crx - l->crx_len, MSG_DONTWAIT);
     if (n > 0) {
       l->crx_len += (size_t)n;
@@ -87,9 +184,44 @@ int ctrl_read(cpu_link *l, ctrl_msg *m, const char **why) {
     }
     if (n < 0 && errno == EINTR) continue;
     if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return 0;
-    *why = n == 0 ? "closed" : strerror(errno);
+    if (n == 0 && l->crx_len > 0) { /* a frame cut short */
+      size_t want = l->crx_len >= CTRL_HDR ? CTRL_HDR + ((size_t)l->crx[2] | ((size_t)l->crx[3] << 8)) : CTRL_HDR;
+      snprintf(why, cap, "closed its connection in the middle of a control frame (%zu of %zu bytes)", l->crx_len,
+               want);
+      return -2;
+    }
+    if (n == 0) snprintf(why, cap, "closed its connection");
+    else snprintf(why, cap, "closed its connection (%s)", strerror(errno));
     return -1;
   }
+}
+
+/* Printable text from a peer's bytes (no control characters into logs and statuses). */
+void ctrl_text(const uint8_t *p, size_t n, char *out, size_t cap) {
+  size_t k = 0;
+  for (size_t i = 0; i < n && k + 1 < cap; i++) out[k++] = p[i] >= 32 && p[i] < 127 ? (char)p[i] : '?';
+  if (cap) out[k] = '\0';
+}
+
+/* A peer broke the protocol (a frame, a ring counter): the communicator fails with
+ * NEWT_ERR_PEER naming it and what it did (the verdict goes to every peer, the offender
+ * too), then its connections are shut, so nothing more is read from it. */
+static newt_result_t link_violation(cpu_comm *c, cpu_link *l, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+static newt_result_t link_violation(cpu_comm *c, cpu_link *l, const char *fmt, ...) {
+  char why[200];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(why, sizeof why, fmt, ap);
+  va_end(ap);
+  newt_result_t r = comm_fail(c->pub, NEWT_ERR_PEER, l->peer, 1, "%s %s%s%s", cpu_peer_name(c, l->peer), why,
+                              c->op_name ? " during " : "", c->op_name ? c->op_name : "");
+  /* after the verdict went round (the offender is told too): nothing more from it */
+  if (l->gone == 0) l->gone = 2;
+  l->ctrl_eof = 1;
+  if (l->ctrl_fd >= 0) shutdown(l->ctrl_fd, SHUT_RDWR);
+  if (l->data_fd >= 0) shutdown(l->data_fd, SHUT_RDWR);
+  return r;
 }
 
 void ctrl_notify_fail(cpu_comm *c, newt_result_t code, int culprit_root, const char *msg) {
@@ -108,18 +240,12 @@ static void handle_pong(cpu_comm *c, cpu_link *l, const ctrl_msg *m);
 
 /* A failure notice from l->peer: adopt its verdict (the culprit is a root rank). */
 static void handle_fail(cpu_comm *c, cpu_link *l, const ctrl_msg *m) {
-  if (m->len < 4) return;
+  /* ctrl_check: at least 4 bytes, an error code, a culprit >= -1 (a root rank: one outside
+   * this communicator is named as unknown) */
   int culprit = (int32_t)le_get32(m->payload);
   newt_result_t code = (newt_result_t)m->arg;
-  if (code <= NEWT_OK || code >= NEWT_ERR__COUNT) code = NEWT_ERR_PEER;
-  if (culprit < -1) culprit = -1;
   char msg[CTRL_MAX_PAYLOAD];
-  size_t n = m->len - 4;
-  for (size_t i = 0; i < n; i++) {
-    char ch = (char)m->payload[4 + i];
-    msg[i] = (ch >= 32 && ch < 127) ? ch : '?';
-  }
-  msg[n] = '\0';
+  ctrl_text(m->payload + 4, m->len - 4, msg, sizeof msg);
   if (culprit >= 0 && culprit == comm_to_root(c->pub, c->rank))
     comm_fail(c->pub, code, c->rank, 0, "%s reported this rank: %s", cpu_peer_name(c, l->peer), msg);
   else
@@ -128,21 +254,20 @@ static void handle_fail(cpu_comm *c, cpu_link *l, const ctrl_msg *m) {
 
 void ctrl_drain(cpu_comm *c, cpu_link *l) {
   ctrl_msg m;
-  const char *why = "";
+  char why[200];
   for (;;) {
-    int r = ctrl_read(l, &m, &why);
+    int r = ctrl_read(c, l, &m, why, sizeof why);
     if (r == 0) return;
+    if (r == -2) {
+      link_violation(c, l, "%s", why);
+      return;
+    }
     if (r < 0) {
       l->ctrl_eof = 1;
       if (l->gone == 0) {
         l->gone = 2;
-        const char *name = cpu_peer_name(c, l->peer);
-        if (r == -2)
-          comm_fail(c->pub, NEWT_ERR_PEER, l->peer, 1, "%s sent a %s", name, why);
-        else
-          comm_fail(c->pub, NEWT_ERR_PEER, l->peer, 1,
-                    "%s closed its connection%s%s (the process died?)", name,
-                    c->op_name ? " during " : "", c->op_name ? c->op_name : "");
+        comm_fail(c->pub, NEWT_ERR_PEER, l->peer, 1, "%s %s%s%s (the process died?)", cpu_peer_name(c, l->peer),
+                  why, c->op_name ? " during " : "", c->op_name ? c->op_name : "");
       }
       return;
     }
@@ -168,7 +293,9 @@ void ctrl_drain(cpu_comm *c, cpu_link *l) {
         if (l->gone == 0) l->gone = 1;
         break;
       case CTRL_DOORBELL: break;
-      default: NEWT_DEBUG(COMM, "rank %d: ignoring control frame %d from rank %d", c->rank, m.type, l->peer);
+      default: /* shared-memory set-up: every such frame of an honest peer came before the build ended */
+        link_violation(c, l, "sent a %s after the build", ctrl_name(m.type));
+        return;
     }
   }
 }
@@ -194,21 +321,34 @@ static newt_result_t tcp_broken(cpu_comm *c, cpu_link *l, const char *what, int 
                    name, what, c->op_name ? c->op_name : "an operation", strerror(err));
 }
 
-void link_reserve(cpu_link *l, size_t want, size_t esize, uint8_t **p, size_t *room) {
+newt_result_t link_reserve(cpu_comm *c, cpu_link *l, size_t want, size_t esize, uint8_t **p, size_t *room) {
   /* positions are rounded up to 64 bytes at the end of each operation, by each side on
    * its own: a difference that looks negative means "nothing yet" */
   int64_t used = (int64_t)(l->tx_head - l->tx_tail);
+  *room = 0;
+  *p = l->txd;
   if (used < 0 || (size_t)used + want > l->tx_ring) {
-    l->tx_tail = atomic_load_explicit(&l->tx->tail, memory_order_acquire);
+    uint64_t t = atomic_load_explicit(&l->tx->tail, memory_order_acquire);
+    /* the peer's: it only moves forward, never more than 63 bytes past what we wrote (its
+       rounding), never a ring behind it */
+    if ((int64_t)(t - l->tx_tail) < 0 || (int64_t)(t - l->tx_head) > 63 ||
+        (int64_t)(l->tx_head - t) > (int64_t)l->tx_ring)
+      return link_violation(c, l,
+                            "moved the shared-memory ring's tail to %llu (it was %llu; this rank's head is %llu, "
+                            "the ring holds %zu)",
+                            (unsigned long long)t, (unsigned long long)l->tx_tail,
+                            (unsigned long long)l->tx_head, l->tx_ring);
+    l->tx_tail = t;
     used = (int64_t)(l->tx_head - l->tx_tail);
     if (used < 0) used = 0;
   }
   size_t pos = (size_t)(l->tx_head % l->tx_ring);
-  size_t n = l->tx_ring - (size_t)used;
+  size_t n = l->tx_ring - (size_t)used; /* 0 <= used <= tx_ring */
   if (n > l->tx_ring - pos) n = l->tx_ring - pos;
   if (n > want) n = want;
   *p = l->txd + pos;
   *room = n - n % esize;
+  return NEWT_OK;
 }
 
 void link_commit(cpu_comm *c, cpu_link *l, size_t n) {
@@ -226,7 +366,7 @@ newt_result_t link_send(cpu_comm *c, cpu_link *l, const void *p, size_t len, siz
     for (int piece = 0; piece < 2 && done < len; piece++) { /* the ring wraps at most once */
       uint8_t *q;
       size_t room;
-      link_reserve(l, len - done, 1, &q, &room);
+      NEWT_CHECK(link_reserve(c, l, len - done, 1, &q, &room));
       if (room == 0) break;
       memcpy(q, (const uint8_t *)p + done, room);
       l->tx_head += room;
@@ -254,6 +394,11 @@ newt_result_t link_peek(cpu_comm *c, cpu_link *l, size_t want, size_t esize, con
     uint64_t head = atomic_load_explicit(&l->rx->head, memory_order_acquire);
     size_t pos = (size_t)(l->rx_tail % l->rx_ring);
     int64_t ahead = (int64_t)(head - l->rx_tail); /* < 0: the producer has not rounded yet */
+    if (ahead > (int64_t)l->rx_ring || ahead < -63) /* the peer's: at most a ring ahead */
+      return link_violation(c, l,
+                            "moved the shared-memory ring's head to %llu, %lld bytes from this rank's tail %llu "
+                            "(the ring holds %zu)",
+                            (unsigned long long)head, (long long)ahead, (unsigned long long)l->rx_tail, l->rx_ring);
     size_t n = ahead > 0 ? (size_t)ahead : 0;
     if (n > l->rx_ring - pos) n = l->rx_ring - pos;
     if (n > want) n = want;
