@@ -809,6 +809,80 @@ static int64_t json_int(const cJSON *j, const char *field) {
 
 /* --- a hostile writer in etcd ------------------------------------------------------------ */
 
+/* A job of 3 workers run by `newt run` on an etcd of the test's own, which the test writes
+ * to while the job trains (the hostile writers below). */
+typedef struct hostile_job {
+  rdzv_etcd_server *srv;
+  rdzv_etcd *c; /* the test's own client */
+  pid_t pid;
+  int status;   /* newt run's, once it ended (waitpid's) */
+  char logs[512], summary[512], out[600];
+} hostile_job;
+
+static int hostile_start(hostile_job *h, const char *bin, const char *job, int steps, const char *chaos) {
+  memset(h, 0, sizeof *h);
+  h->status = -1;
+  rdzv_etcd_server_opts so = {0};
+  T_OK(rdzv_etcd_server_start(&so, &h->srv));
+  if (!h->srv) return 0;
+  rdzv_etcd_opts eo;
+  rdzv_etcd_server_client_opts(h->srv, &eo);
+  T_OK(rdzv_etcd_init(&eo, &h->c));
+  char st[16], gb[16], mb[16];
+  snprintf(h->logs, sizeof h->logs, "%s/logs", tmpdir);
+  snprintf(h->summary, sizeof h->summary, "%s/summary.json", tmpdir);
+  snprintf(h->out, sizeof h->out, "%s/run.out", tmpdir);
+  snprintf(st, sizeof st, "%d", steps);
+  snprintf(gb, sizeof gb, "%d", GB);
+  snprintf(mb, sizeof mb, "%d", MB);
+  const char *argv[32] = {bin, "run", "--quiet", "--etcd", rdzv_etcd_server_url(h->srv), "--job", job,
+                          "--nproc", "3", "--model", MODEL, "--seq-len", SEQ, "--steps", st, "--global-batch", gb,
+                          "--micro-batch", mb, "--log-dir", h->logs, "--summary", h->summary, "--timeout-ms", "240000"};
+  int a = 25;
+  if (chaos) argv[a++] = "--chaos", argv[a++] = chaos;
+  argv[a] = NULL;
+  newt_spawn_opts po = {.log_path = h->out};
+  T_OK(newt_proc_spawn(argv, &po, &h->pid));
+  return h->c != NULL;
+}
+
+/* Whether newt run has ended (its status in h->status). */
+static int hostile_ended(hostile_job *h) { return waitpid(h->pid, &h->status, WNOHANG) == h->pid; }
+
+/* The job's progress record's step (0 when there is none yet). */
+static int64_t hostile_step(hostile_job *h, const char *job) {
+  cJSON *prog = NULL;
+  int64_t step = 0;
+  if (get_json(h->c, job, "progress", &prog) == NEWT_OK) step = json_int(prog, "step");
+  cJSON_Delete(prog);
+  return step;
+}
+
+/* The run's summary when it ended done with every step at the uninterrupted loss (NULL and
+ * a failed check otherwise); *text, its text. */
+static cJSON *hostile_done(hostile_job *h, int steps, double ref, char **text) {
+  size_t n;
+  cJSON *j = NULL;
+  *text = NULL;
+  T_OK(newt_fs_read_all(h->summary, 1 << 20, text, &n));
+  if (*text) T_OK(newt_json_parse(*text, n, "summary", &j));
+  int done = 0;
+  int64_t st = 0;
+  double loss = NAN;
+  newt_json_get_bool(j, "summary", "done", 1, &done);
+  newt_json_get_int(j, "summary", "steps", 1, &st);
+  newt_json_get_double(j, "summary", "final_loss", 1, &loss);
+  T_CHECK_MSG(done && st == steps, "done %d after %lld steps", done, (long long)st);
+  T_CHECK_MSG(fabs(loss - ref) <= 1e-4 * fmax(1.0, fabs(ref)), "final loss %.7f, uninterrupted %.7f", loss, ref);
+  return j;
+}
+
+static void hostile_free(hostile_job *h) {
+  if (h->pid > 0 && !WIFEXITED(h->status)) newt_proc_stop(h->pid, 1000);
+  rdzv_etcd_free(h->c);
+  rdzv_etcd_server_free(h->srv);
+}
+
 /* Anyone who can write under the job's prefix, or a buggy client (issue 17, items 6 and 7):
  * while a job trains, a forger writes a report in w0's name for the current generation
  * every 200 ms (on no lease, accusing nobody), forged acks, an end marker that says step 55,
@@ -817,32 +891,12 @@ static int64_t json_int(const cJSON *j, const char *field) {
 static void test_forged(void) {
   const int STEPS = 150;
   double ref = reference_loss(newt_bin, STEPS, MODEL);
-  rdzv_etcd_server *srv = NULL;
-  rdzv_etcd_server_opts so = {0};
-  T_OK(rdzv_etcd_server_start(&so, &srv));
-  if (!srv) return;
-  rdzv_etcd_opts eo;
-  rdzv_etcd_server_client_opts(srv, &eo);
-  rdzv_etcd *c = NULL;
-  T_OK(rdzv_etcd_init(&eo, &c));
-  char logs[512], summary[512], steps[16], gb[16], mb[16];
-  snprintf(logs, sizeof logs, "%s/logs", tmpdir);
-  snprintf(summary, sizeof summary, "%s/summary.json", tmpdir);
-  snprintf(steps, sizeof steps, "%d", STEPS);
-  snprintf(gb, sizeof gb, "%d", GB);
-  snprintf(mb, sizeof mb, "%d", MB);
-  const char *argv[] = {newt_bin, "run", "--quiet", "--etcd", rdzv_etcd_server_url(srv), "--job", "forged",
-                        "--nproc", "3", "--model", MODEL, "--seq-len", SEQ, "--steps", steps, "--global-batch", gb,
-                        "--micro-batch", mb, "--log-dir", logs, "--summary", summary, "--timeout-ms", "180000",
-                        NULL};
-  char outp[600];
-  snprintf(outp, sizeof outp, "%s/run.out", tmpdir);
-  newt_spawn_opts po = {.log_path = outp};
-  pid_t pid;
-  T_OK(newt_proc_spawn(argv, &po, &pid));
-  int st = -1, forged_done = 0, forged_plan = 0;
-  for (newt_deadline_t d = newt_deadline_in_ms(200000); !newt_deadline_passed(d); newt_sleep_ms(200)) {
-    if (waitpid(pid, &st, WNOHANG) == pid) break;
+  hostile_job h;
+  if (!hostile_start(&h, newt_bin, "forged", STEPS, NULL)) return;
+  rdzv_etcd *c = h.c;
+  int forged_done = 0, forged_plan = 0;
+  for (newt_deadline_t d = newt_deadline_in_ms(200000); !newt_deadline_passed(d) && !hostile_ended(&h);
+       newt_sleep_ms(200)) {
     char *plan = NULL;
     int64_t g = 0;
     if (rdzv_plan_get(c, "forged", newt_deadline_in_ms(1000), &plan, &g, NULL) != NEWT_OK) continue;
@@ -854,9 +908,7 @@ static void test_forged(void) {
                       "\"restore\":\"ckpt\",\"restore_step\":0}";
     snprintf(suffix, sizeof suffix, "acks/%020lld/w1", (long long)g);
     if (rdzv_key(key, sizeof key, "forged", suffix) == NEWT_OK) rdzv_etcd_put(c, key, ack, strlen(ack), 0, newt_deadline_in_ms(1000), NULL);
-    cJSON *prog = NULL;
-    int64_t step = 0;
-    if (get_json(c, "forged", "progress", &prog) == NEWT_OK) step = json_int(prog, "step"), cJSON_Delete(prog);
+    int64_t step = hostile_step(&h, "forged");
     if (step >= 20 && !forged_done) {
       const char *done = "{\"step\":55,\"loss\":1.0,\"t_ms\":1,\"samples\":1320}";
       if (rdzv_key(key, sizeof key, "forged", "done") == NEWT_OK &&
@@ -877,33 +929,17 @@ static void test_forged(void) {
     }
     free(plan);
   }
-  if (!WIFEXITED(st)) newt_proc_stop(pid, 1000);
-  T_CHECK_MSG(WIFEXITED(st) && WEXITSTATUS(st) == 0, "newt run with a forger did not finish well (status %d); logs in %s", st, tmpdir);
+  T_CHECK_MSG(WIFEXITED(h.status) && WEXITSTATUS(h.status) == 0, "newt run with a forger did not finish well (status %d); logs in %s", h.status, tmpdir);
   T_CHECK_MSG(forged_done && forged_plan, "the forger did not get to write (done %d, plan %d)", forged_done, forged_plan);
   char *text = NULL;
-  size_t n;
-  cJSON *j = NULL;
-  T_OK(newt_fs_read_all(summary, 1 << 20, &text, &n));
-  if (text) T_OK(newt_json_parse(text, n, "summary", &j));
-  if (j) {
-    int done = 0;
-    int64_t st2 = 0;
-    double loss = NAN;
-    newt_json_get_bool(j, "summary", "done", 1, &done);
-    newt_json_get_int(j, "summary", "steps", 1, &st2);
-    newt_json_get_double(j, "summary", "final_loss", 1, &loss);
-    T_CHECK(done && st2 == STEPS);
-    T_CHECK_MSG(fabs(loss - ref) <= 1e-4 * fmax(1.0, fabs(ref)), "final loss %.7f, uninterrupted %.7f", loss, ref);
-    T_CHECK_MSG(cJSON_GetArraySize(cJSON_GetObjectItemCaseSensitive(j, "recoveries")) == 0,
-                "the forger caused recoveries:\n%s", text);
-    cJSON_Delete(j);
-  }
+  cJSON *j = hostile_done(&h, STEPS, ref, &text);
+  T_CHECK_MSG(cJSON_GetArraySize(cJSON_GetObjectItemCaseSensitive(j, "recoveries")) == 0,
+              "the forger caused recoveries:\n%s", text ? text : "");
+  cJSON_Delete(j);
   free(text);
-  check_generations(logs, 1);
-  rdzv_etcd_free(c);
-  rdzv_etcd_server_free(srv);
+  check_generations(h.logs, 1);
+  hostile_free(&h);
 }
-
 
 /* A copy of plan text with `field`'s value (the text after "field": up to the next ',' or
  * '}') replaced by `value`; NULL when the field is not there. */
@@ -927,40 +963,16 @@ static char *plan_with(const char *plan, const char *field, const char *value) {
 static void test_forged_plans(int batch) {
   const int STEPS = 300;
   double ref = reference_loss(newt_bin, STEPS, MODEL);
-  rdzv_etcd_server *srv = NULL;
-  rdzv_etcd_server_opts so = {0};
-  T_OK(rdzv_etcd_server_start(&so, &srv));
-  if (!srv) return;
-  rdzv_etcd_opts eo;
-  rdzv_etcd_server_client_opts(srv, &eo);
-  rdzv_etcd *c = NULL;
-  T_OK(rdzv_etcd_init(&eo, &c));
-  char logs[512], summary[512], steps[16], gb[16], mb[16];
-  snprintf(logs, sizeof logs, "%s/logs", tmpdir);
-  snprintf(summary, sizeof summary, "%s/summary.json", tmpdir);
-  snprintf(steps, sizeof steps, "%d", STEPS);
-  snprintf(gb, sizeof gb, "%d", GB);
-  snprintf(mb, sizeof mb, "%d", MB);
-  const char *argv[] = {newt_bin, "run", "--quiet", "--etcd", rdzv_etcd_server_url(srv), "--job", "lies",
-                        "--nproc", "3", "--model", MODEL, "--seq-len", SEQ, "--steps", steps, "--global-batch", gb,
-                        "--micro-batch", mb, "--log-dir", logs, "--summary", summary, "--timeout-ms", "180000",
-                        "--chaos", "kill:worker:1@step=150", NULL};
-  char outp[600];
-  snprintf(outp, sizeof outp, "%s/run.out", tmpdir);
-  newt_spawn_opts po = {.log_path = outp};
-  pid_t pid;
-  T_OK(newt_proc_spawn(argv, &po, &pid));
-  int st = -1, forged = 0;
-  for (newt_deadline_t d = newt_deadline_in_ms(200000); !newt_deadline_passed(d); newt_sleep_ms(50)) {
-    if (waitpid(pid, &st, WNOHANG) == pid) break;
+  hostile_job h;
+  if (!hostile_start(&h, newt_bin, "lies", STEPS, "kill:worker:1@step=150")) return;
+  int forged = 0;
+  for (newt_deadline_t d = newt_deadline_in_ms(200000); !newt_deadline_passed(d) && !hostile_ended(&h);
+       newt_sleep_ms(50)) {
     char *plan = NULL, key[256], gen[32];
     int64_t g = 0;
-    if (forged || rdzv_plan_get(c, "lies", newt_deadline_in_ms(1000), &plan, &g, NULL) != NEWT_OK) continue;
-    cJSON *prog = NULL;
-    int64_t step = 0;
-    if (get_json(c, "lies", "progress", &prog) == NEWT_OK) step = json_int(prog, "step"), cJSON_Delete(prog);
+    if (forged || rdzv_plan_get(h.c, "lies", newt_deadline_in_ms(1000), &plan, &g, NULL) != NEWT_OK) continue;
     char *a = NULL, *b = NULL, *cc = NULL;
-    if (step >= 10) {
+    if (hostile_step(&h, "lies") >= 10) {
       snprintf(gen, sizeof gen, "%lld", batch ? (long long)g + 1 : (long long)NEWT_JSON_INT_EXACT - 1);
       a = plan_with(plan, "generation", gen);
       /* a global batch 500 times the spec's, the plan consistent in itself (accum x dp x
@@ -974,7 +986,7 @@ static void test_forged_plans(int batch) {
       cc = b ? plan_with(b, "accum", "500") : NULL;
       const char *put = batch ? cc : a;
       if (put && rdzv_key(key, sizeof key, "lies", "plan") == NEWT_OK &&
-          rdzv_etcd_put(c, key, put, strlen(put), 0, newt_deadline_in_ms(1000), NULL) == NEWT_OK)
+          rdzv_etcd_put(h.c, key, put, strlen(put), 0, newt_deadline_in_ms(1000), NULL) == NEWT_OK)
         forged++;
     }
     free(a);
@@ -982,40 +994,26 @@ static void test_forged_plans(int batch) {
     free(cc);
     free(plan);
   }
-  if (!WIFEXITED(st)) newt_proc_stop(pid, 1000);
-  T_CHECK_MSG(WIFEXITED(st) && WEXITSTATUS(st) == 0, "newt run with forged plans did not finish well (status %d); "
-              "logs in %s", st, tmpdir);
+  T_CHECK_MSG(WIFEXITED(h.status) && WEXITSTATUS(h.status) == 0, "newt run with forged plans did not finish well "
+              "(status %d); logs in %s", h.status, tmpdir);
   T_CHECK_MSG(forged == 1, "the forger did not get to write its plan");
   char *text = NULL;
-  size_t n;
-  cJSON *j = NULL;
-  T_OK(newt_fs_read_all(summary, 1 << 20, &text, &n));
-  if (text) T_OK(newt_json_parse(text, n, "summary", &j));
-  if (j) {
-    int done = 0;
-    int64_t st2 = 0;
-    double loss = NAN;
-    newt_json_get_bool(j, "summary", "done", 1, &done);
-    newt_json_get_int(j, "summary", "steps", 1, &st2);
-    newt_json_get_double(j, "summary", "final_loss", 1, &loss);
-    T_CHECK(done && st2 == STEPS);
-    T_CHECK_MSG(fabs(loss - ref) <= 1e-4 * fmax(1.0, fabs(ref)), "final loss %.7f, uninterrupted %.7f", loss, ref);
-    const cJSON *recs = cJSON_GetObjectItemCaseSensitive(j, "recoveries");
-    const char *cause = "";
-    if (cJSON_GetArraySize(recs) == 1) newt_json_get_str(recs->child, "recovery", "cause", 1, &cause);
-    T_CHECK_MSG(cJSON_GetArraySize(recs) == 1 && strcmp(cause, "crash") == 0,
-                "expected the kill's recovery alone:\n%s", text);
-    int64_t gens = 0;
-    newt_json_get_int(j, "summary", "generations", 1, &gens);
-    T_CHECK_MSG(gens <= 3, "%lld generations: a forged generation was taken", (long long)gens);
-    cJSON_Delete(j);
-  }
+  cJSON *j = hostile_done(&h, STEPS, ref, &text);
+  const cJSON *recs = cJSON_GetObjectItemCaseSensitive(j, "recoveries");
+  const char *cause = "";
+  if (cJSON_GetArraySize(recs) == 1) newt_json_get_str(recs->child, "recovery", "cause", 1, &cause);
+  T_CHECK_MSG(cJSON_GetArraySize(recs) == 1 && strcmp(cause, "crash") == 0, "expected the kill's recovery alone:\n%s",
+              text ? text : "");
+  int64_t gens = 0;
+  newt_json_get_int(j, "summary", "generations", 1, &gens);
+  T_CHECK_MSG(gens <= 3, "%lld generations: a forged generation was taken", (long long)gens);
+  cJSON_Delete(j);
   free(text);
-  check_generations(logs, 0);
-  check_logs(logs);
-  rdzv_etcd_free(c);
-  rdzv_etcd_server_free(srv);
+  check_generations(h.logs, 0);
+  check_logs(h.logs);
+  hostile_free(&h);
 }
+
 static void test_forged_batch(void) { test_forged_plans(1); }
 static void test_forged_generation(void) { test_forged_plans(0); }
 
@@ -1069,95 +1067,57 @@ static char *mutate(const char *value, size_t vlen, unsigned n, size_t *len) {
 
 /* Hostile etcd (issue 24, "make the class impossible"): while a job trains, a writer
  * rewrites every record under /newt/<job>/ in turn with a mutation of its value (mutate),
- * 600 writes in all from the job's fifth step on, then stops. newt is the sanitized build (asan_build, NEWT_ASAN_BIN):
- * no process may crash, hang or report a memory error, and the job either ends done at the
- * uninterrupted loss with every step, or fails with a clear failure of its own. */
+ * 600 writes in all from the job's fifth step on, then stops. newt is the sanitized build
+ * (asan_build, NEWT_ASAN_BIN): no process may crash, hang or report a memory error, and the
+ * job either ends done at the uninterrupted loss with every step, or fails with a clear
+ * failure of its own. */
 static void test_hostile_etcd(void) {
   const int STEPS = 400;
   const char *bin = getenv("NEWT_ASAN_BIN") && *getenv("NEWT_ASAN_BIN") ? getenv("NEWT_ASAN_BIN") : newt_bin;
   double ref = reference_loss(newt_bin, STEPS, MODEL);
-  rdzv_etcd_server *srv = NULL;
-  rdzv_etcd_server_opts so = {0};
-  T_OK(rdzv_etcd_server_start(&so, &srv));
-  if (!srv) return;
-  rdzv_etcd_opts eo;
-  rdzv_etcd_server_client_opts(srv, &eo);
-  rdzv_etcd *c = NULL;
-  T_OK(rdzv_etcd_init(&eo, &c));
-  char logs[512], summary[512], steps[16], gb[16], mb[16], prefix[256];
-  snprintf(logs, sizeof logs, "%s/logs", tmpdir);
-  snprintf(summary, sizeof summary, "%s/summary.json", tmpdir);
-  snprintf(steps, sizeof steps, "%d", STEPS);
-  snprintf(gb, sizeof gb, "%d", GB);
-  snprintf(mb, sizeof mb, "%d", MB);
+  hostile_job h;
+  char prefix[256];
   T_OK(rdzv_key(prefix, sizeof prefix, "hostile", ""));
-  const char *argv[] = {bin, "run", "--quiet", "--etcd", rdzv_etcd_server_url(srv), "--job", "hostile",
-                        "--nproc", "3", "--model", MODEL, "--seq-len", SEQ, "--steps", steps, "--global-batch", gb,
-                        "--micro-batch", mb, "--log-dir", logs, "--summary", summary, "--timeout-ms", "240000", NULL};
-  char outp[600];
-  snprintf(outp, sizeof outp, "%s/run.out", tmpdir);
-  newt_spawn_opts po = {.log_path = outp};
-  pid_t pid;
-  T_OK(newt_proc_spawn(argv, &po, &pid));
-  int st = -1;
+  if (!hostile_start(&h, bin, "hostile", STEPS, NULL)) return;
   unsigned writes = 0, round = 0;
-  for (newt_deadline_t d = newt_deadline_in_ms(280000); !newt_deadline_passed(d); newt_sleep_ms(writes < 600 ? 20 : 200)) {
-    if (waitpid(pid, &st, WNOHANG) == pid) break;
-    if (writes >= 600) continue;
-    cJSON *prog = NULL;
-    int64_t step = 0;
-    if (writes == 0 && get_json(c, "hostile", "progress", &prog) == NEWT_OK) step = json_int(prog, "step");
-    cJSON_Delete(prog);
-    if (writes == 0 && step < 5) continue; /* the job trains first: the writer comes on a running job */
+  for (newt_deadline_t d = newt_deadline_in_ms(280000); !newt_deadline_passed(d) && !hostile_ended(&h);
+       newt_sleep_ms(writes < 600 ? 20 : 200)) {
+    if (writes >= 600 || (writes == 0 && hostile_step(&h, "hostile") < 5)) continue; /* a running job first */
     rdzv_etcd_kvs kvs;
-    if (rdzv_etcd_range(c, prefix, &(rdzv_etcd_range_opts){.prefix = 1, .sort = RDZV_SORT_KEY_ASCEND},
+    if (rdzv_etcd_range(h.c, prefix, &(rdzv_etcd_range_opts){.prefix = 1, .sort = RDZV_SORT_KEY_ASCEND},
                         newt_deadline_in_ms(1000), &kvs) != NEWT_OK)
       continue;
     if (kvs.n > 0) {
       const rdzv_etcd_kv *kv = &kvs.kvs[round++ % kvs.n];
       size_t len = 0;
       char *bad = mutate(kv->value, kv->value_len, writes, &len);
-      if (bad && rdzv_etcd_put(c, kv->key, bad, len, 0, newt_deadline_in_ms(1000), NULL) == NEWT_OK) writes++;
+      if (bad && rdzv_etcd_put(h.c, kv->key, bad, len, 0, newt_deadline_in_ms(1000), NULL) == NEWT_OK) writes++;
       free(bad);
     }
     rdzv_etcd_kvs_free(&kvs);
   }
-  int ended = WIFEXITED(st);
-  if (!ended) newt_proc_stop(pid, 1000);
+  int ended = WIFEXITED(h.status);
   char *out = NULL;
   size_t on = 0;
-  newt_fs_read_all(outp, 1 << 20, &out, &on);
+  newt_fs_read_all(h.out, 1 << 20, &out, &on);
   T_CHECK_MSG(ended, "newt run did not end under a hostile etcd (a hang); logs in %s", tmpdir);
-  T_CHECK_MSG(writes >= 100 || (ended && WEXITSTATUS(st) != 0), "the hostile writer got only %u writes in", writes);
+  T_CHECK_MSG(writes >= 100 || (ended && WEXITSTATUS(h.status) != 0), "the hostile writer got only %u writes in", writes);
   T_CHECK_MSG(!out || (!strstr(out, "signal") && !strstr(out, "Sanitizer") && !strstr(out, "runtime error")),
               "a process crashed under a hostile etcd:\n%s", out ? out : "");
-  check_logs(logs);
-  if (ended && WEXITSTATUS(st) == 0) {
+  check_logs(h.logs);
+  if (ended && WEXITSTATUS(h.status) == 0) {
     char *text = NULL;
-    size_t n;
-    cJSON *j = NULL;
-    T_OK(newt_fs_read_all(summary, 1 << 20, &text, &n));
-    if (text) T_OK(newt_json_parse(text, n, "summary", &j));
-    int done = 0;
-    int64_t st2 = 0;
-    double loss = NAN;
-    newt_json_get_bool(j, "summary", "done", 1, &done);
-    newt_json_get_int(j, "summary", "steps", 1, &st2);
-    newt_json_get_double(j, "summary", "final_loss", 1, &loss);
-    T_CHECK_MSG(done && st2 == STEPS, "done %d after %lld steps", done, (long long)st2);
-    T_CHECK_MSG(fabs(loss - ref) <= 1e-4 * fmax(1.0, fabs(ref)), "final loss %.7f, uninterrupted %.7f", loss, ref);
-    fprintf(stderr, "  hostile etcd: %u writes; the job ended done at the uninterrupted loss\n", writes);
-    cJSON_Delete(j);
+    cJSON_Delete(hostile_done(&h, STEPS, ref, &text));
     free(text);
+    fprintf(stderr, "  hostile etcd: %u writes; the job ended done at the uninterrupted loss\n", writes);
   } else if (ended) {
     const char *last = out ? strstr(out, "newt run: ") : NULL;
     T_CHECK_MSG(last && (strstr(last, "fail") || strstr(last, "exited")), "newt run exited %d without saying why:\n%s",
-                WEXITSTATUS(st), out ? out : "");
+                WEXITSTATUS(h.status), out ? out : "");
     fprintf(stderr, "  hostile etcd: %u writes; the job ended with a failure of its own:\n%s", writes, out ? out : "");
   }
   free(out);
-  rdzv_etcd_free(c);
-  rdzv_etcd_server_free(srv);
+  hostile_free(&h);
 }
 
 /* etcd out of space (issue 12; issue 17, item 8): a job on an etcd with an 8 MiB quota,
