@@ -174,6 +174,11 @@ void ckpt_shape_str(int ndim, const int64_t *shape, char *out, size_t cap);
 /* Verifies that a tensor's chunks never overlap and (full = 1) cover every element. */
 newt_result_t ckpt_coverage_check(const ckpt_tensor *t, int full, const char *what);
 
+/* ---- the writer's lock (lock.c) ------------------------------------------------------ */
+
+/* The writer a saver or commit belongs to when none is named (ckpt_saver_opts.writer). */
+void ckpt_writer_default(char *out, size_t cap, int nranks, uint64_t attempt);
+
 /* ---- directory (dir.c) --------------------------------------------------------------- */
 
 /* Everything inside DIR is reached through descriptors: dirfd is an open DIR, `dir` its
@@ -198,8 +203,9 @@ void ckpt_index_name(char *out, size_t cap, int rank);
 void ckpt_failed_name(char *out, size_t cap, int rank);
 /* Removes a step directory so that it never looks committed while half removed: the
  * manifest goes first (fsync'd), then the rest. A step-<N> that is not a directory is an
- * error, never removed through. */
-newt_result_t ckpt_remove_step(int dirfd, const char *dir, int64_t step);
+ * error, never removed through. only_uncommitted: a step that holds a MANIFEST (committed
+ * since the caller looked) is left as it is. */
+newt_result_t ckpt_remove_step(int dirfd, const char *dir, int64_t step, int only_uncommitted);
 /* Writes the `latest` pointer atomically. */
 newt_result_t ckpt_write_latest(int dirfd, const char *dir, int64_t step);
 /* The step `latest` names, or -1 (missing, not a regular file, malformed). */
