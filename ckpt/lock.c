@@ -159,7 +159,8 @@ static void read_holder(int fd, char *writer, size_t wcap, char *who, size_t cap
   cJSON_Delete(j);
 }
 
-/* Writes this writer into DIR/LOCK (under LOCK_EX). */
+/* Writes this writer into DIR/LOCK (under LOCK_EX: the shorter, the better; a process
+ * stopped in between keeps everyone out until it goes on or dies). */
 static newt_result_t write_holder(int fd, const char *dir, const char *writer) {
   char cmd[512];
   own_command(cmd, sizeof cmd);
@@ -186,8 +187,7 @@ static newt_result_t write_holder(int fd, const char *dir, const char *writer) {
                    strerror(errno));
     else off += (size_t)n;
   }
-  if (r == NEWT_OK && fsync(fd) != 0) r = NEWT_ERR(NEWT_ERR_SYS, "fsync %s: %s", what, strerror(errno));
-  free(text);
+  free(text); /* not fsync'd: it matters only while its processes live, and LOCK_EX is held briefly */
   return r;
 }
 
