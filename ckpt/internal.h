@@ -17,7 +17,16 @@
 #define CKPT_CHUNK_HDR 48
 #define CKPT_ALIGN 4096 /* chunks start at multiples of this (direct I/O) */
 #define CKPT_MAX_CHUNK ((uint64_t)1 << 30)     /* raw bytes of one chunk */
-#define CKPT_MAX_MANIFEST ((size_t)1 << 30)    /* bytes of a manifest or index file */
+/* Bytes of a manifest or index file. A manifest takes about 240 bytes per chunk, 170 per rank
+ * (its file entry, with a layout like the worker's) and 60 per tensor plus its name. The
+ * largest layout a checkpoint is sized for -- 4096 ranks, 444 tensors (gpt2-124m and its AdamW
+ * moments) and 16384 chunks (that model under ZeRO-3 over dp 256 x tp 4 x pp 4 makes about
+ * 14000) -- needs 4.6 MB (test_ckpt_unit checks it fits in 60% of the bound). Reading one
+ * costs at most ~45 bytes of memory per byte (the JSON tree, then the manifest): ~350 MB for
+ * a hostile file at the bound, ~45 MB for that largest valid one. A larger file is refused
+ * before it is read; the encoder refuses to write one, so whatever newt commits reads back
+ * (docs/ckpt.md, "Limits"). */
+#define CKPT_MAX_MANIFEST ((size_t)8 << 20)
 #define CKPT_MAX_NAME 1024                     /* bytes of a tensor name */
 #define CKPT_MAX_RANKS (1 << 20)
 
