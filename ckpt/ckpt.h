@@ -30,6 +30,9 @@
  * MANIFEST (temporary name, fsync, rename, fsync of the directory), then the `latest`
  * pointer the same way, and prunes to the newest `keep` committed checkpoints.
  *
+ * One writer per directory: every saver holds its writer's lock of DIR/LOCK (ckpt_lock_take:
+ * the ranks of one job share it as "job <name>"), and another writer's saver is refused.
+ *
  * A saver and a reader are each used by one thread at a time; ckpt_saver_status,
  * ckpt_save_wait and ckpt_saver_abort may be called from any thread.
  *
