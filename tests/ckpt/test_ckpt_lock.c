@@ -9,7 +9,7 @@
  *     and verifies;
  *   - the ranks of one job (writer "job demo") share a directory as separate processes, even
  *     with a member stopped (SIGSTOP) holding it; another job and `newt train` are refused,
- *     naming "job demo";
+ *     naming "job demo"; a real job (`newt run`) keeps `newt train` out the same way;
  *   - a holder killed with SIGKILL leaves a lock file that blocks nobody;
  *   - links, FIFOs and hard links planted under the name LOCK never redirect a write;
  *   - a save of a step committed by the same attempt (a run started over) commits it again
@@ -341,6 +341,34 @@ static void test_job_ranks_share(void) {
   T_CHECK(check_committed(dir) == 1);
 }
 
+/* A real job (`newt run`, two workers) holds its directory as "job <name>": `newt train` there
+ * is refused while it runs, and its checkpoints stay whole. */
+static void test_job_and_train(void) {
+  char dir[300], logs[300], log[400], out[16384];
+  snprintf(dir, sizeof dir, "%s/run", root);
+  snprintf(logs, sizeof logs, "%s/run-logs", root);
+  snprintf(log, sizeof log, "%s/run.out", root);
+  const char *job[] = {"newt", "run", "--nproc", "2", "--job", "lockjob", "--steps", "1000000", "--model",
+                       "layers=1,channels=32", "--seq-len", "16", "--global-batch", "4", "--micro-batch", "2",
+                       "--ckpt-dir", dir, "--ckpt-every", "100", "--log-dir", logs, "--quiet", "--no-metrics", NULL};
+  pid_t pj = spawn(job, log);
+  committed_at_least c = {dir, 100};
+  T_CHECK_MSG(wait_for(committed, &c, 120000), "the job committed no checkpoint in 120 s");
+  lock_names ln = {.dir = dir, .want = "\"writer\":\"job lockjob\""};
+  T_CHECK_MSG(lock_says(&ln), "%s/LOCK does not name job lockjob", dir);
+  const char *train[] = {"newt", "train", "--model", "layers=1,channels=32", "--batch", "4", "--seq-len", "16",
+                         "--ckpt-every", "1", "--ckpt-dir", dir, "--steps", "3", NULL};
+  char out2[16384];
+  int rc = run(train, 120000, out2, sizeof out2);
+  T_CHECK_MSG(rc == 1 && strstr(out2, dir) && strstr(out2, "writer \"job lockjob\"") && strstr(out2, "newt worker"),
+              "newt train beside the job: exit %d\n%s", rc, out2);
+  T_CHECK(kill(pj, SIGTERM) == 0);
+  rc = reap(pj, 240000);
+  T_CHECK_MSG(rc != -1, "newt run did not end on SIGTERM");
+  T_CHECK_MSG(check_committed(dir) >= 1, "no committed checkpoint left");
+  (void)out;
+}
+
 static void test_dead_holder(void) {
   char dir[300], log[400];
   snprintf(dir, sizeof dir, "%s/dead", root);
@@ -437,6 +465,7 @@ int main(int argc, char **argv) {
   ts_tmpdir(root, sizeof root, "/tmp", "ckpt-lock");
   T_RUN(test_two_trains);
   T_RUN(test_job_ranks_share);
+  T_RUN(test_job_and_train);
   T_RUN(test_dead_holder);
   T_RUN(test_planted_lock);
   T_RUN(test_same_attempt_again);
