@@ -5,6 +5,8 @@
  *
  * Directory DIR (the --ckpt-dir):
  *
+ *   DIR/LOCK                            the writer's lock (lock.c): one JSON line, {writer,
+ *                                       pid, host, since_ms, cmd} of the process that took it
  *   DIR/latest                          "<N>\n": the newest committed step (a pointer for
  *                                       tools; readers trust the manifests, not this)
  *   DIR/step-<N>/                       one directory per step, N zero-padded to 10 digits
@@ -81,7 +83,9 @@
  *   |                        | and filter names, checksums (16 hex), and the slice   |
  *   | state                  | manifest only: the training state object              |
  *
- * In a manifest the chunks of each tensor cover every element exactly once. */
+ * In a manifest the chunks of each tensor cover every element exactly once. A manifest or
+ * index is at most CKPT_MAX_MANIFEST bytes (8 MiB): larger ones are never written, and are
+ * refused unread. */
 #include <errno.h>
 #include <fcntl.h>
 #include <stdio.h>
