@@ -30,6 +30,9 @@
  * MANIFEST (temporary name, fsync, rename, fsync of the directory), then the `latest`
  * pointer the same way, and prunes to the newest `keep` committed checkpoints.
  *
+ * One writer per directory: every saver holds its writer's lock of DIR/LOCK (ckpt_lock_take:
+ * the ranks of one job share it as "job <name>"), and another writer's saver is refused.
+ *
  * A saver and a reader are each used by one thread at a time; ckpt_saver_status,
  * ckpt_save_wait and ckpt_saver_abort may be called from any thread.
  *
@@ -74,6 +77,11 @@ typedef struct ckpt_saver_opts {
   uint64_t attempt;        /* same on every rank of one save attempt (e.g. the plan generation);
                               0 with nranks == 1 picks a random one */
   const char *layout_json; /* this rank's layout, e.g. {"dp":2,"tp":2,"pp":1,"zero":1,"coord":{..}} */
+  /* The writer this saver belongs to: one writer per directory (DIR/LOCK, ckpt_lock_take).
+   * Savers giving the same name share the directory -- every rank of one job: "job <name>";
+   * NULL: with nranks == 1 this process alone, else every rank of this attempt. A directory
+   * another writer holds makes ckpt_saver_init fail with NEWT_ERR_CONFLICT naming it. */
+  const char *writer;
   /* Where staging memory comes from (NULL: posix_memalign, zeroed to fault its pages in):
    * a device runtime's pinned memory, say, that device-to-host copies into reservations
    * (ckpt_save_reserve) are fastest to. staging_alloc(staging_ctx, bytes) returns host
@@ -160,11 +168,25 @@ typedef struct ckpt_commit_opts {
   newt_deadline_t deadline;
   int keep;                /* committed checkpoints to keep (< 1: keep all) */
   const atomic_int *abort; /* may be NULL */
+  const char *writer;      /* as ckpt_saver_opts.writer (NULL: the same default) */
 } ckpt_commit_opts;
 
 /* Waits for every rank's index of the step, verifies, writes the manifest, updates
  * `latest`, prunes. */
 newt_result_t ckpt_commit(const ckpt_commit_opts *o);
+
+/* ---- one writer per directory -------------------------------------------------------- */
+
+/* DIR/LOCK: a shared flock held by every process of one writer while it saves (a saver takes
+ * it in ckpt_saver_init and lets it go in ckpt_saver_free; a commit by hand for its
+ * duration). `writer` names the writer: processes giving the same name share the directory,
+ * any other name is refused with NEWT_ERR_CONFLICT, the message naming the directory and the
+ * holder (its writer, and the pid, host, command and time of the process that took it).
+ * The lock goes with the last process of its writer, however it ends (kill -9 included).
+ * DIR is made when missing. Takes of one process share one descriptor (reference counted). */
+typedef struct ckpt_lock ckpt_lock;
+newt_result_t ckpt_lock_take(const char *dir, const char *writer, ckpt_lock **out);
+void ckpt_lock_release(ckpt_lock *l); /* NULL: nothing */
 
 /* ---- reading ----------------------------------------------------------------------- */
 

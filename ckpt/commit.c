@@ -14,12 +14,23 @@
  *     committed step (abandoned saves). Nothing newer is touched: a save may be running.
  *     A `latest` that cannot be written is a warning: the manifest is the commit.
  *
+ * A commit runs under its writer's lock of DIR (lock.c: the saver's, or taken here for a
+ * commit by hand): no other writer's commit, clean-up or pruning runs in the directory
+ * meanwhile. Within the writer nothing a committed manifest names is removed either: right
+ * before the rename every shard the new manifest names is checked to be still there; the
+ * clean-up of the step keeps every file named by the manifest it wrote or by the one it
+ * finds there then (and removes no shard when that one cannot be read); pruning removes an
+ * abandoned step only while it holds no MANIFEST, and a committed step only beyond the
+ * newest `keep`, whose manifests name files of their own directories only (plain names).
+ *
  * The step directory is opened once (O_NOFOLLOW) and every file in it is read, written
  * and removed through that descriptor (dir.c says why). */
 #include <dirent.h>
+#include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "ckpt/internal.h"
@@ -174,13 +185,41 @@ static newt_result_t merge(const ckpt_commit_opts *o, ckpt_manifest *idx, ckpt_m
   return NEWT_OK;
 }
 
-/* Removes what the manifest does not reference: shards of other attempts, markers,
- * temporary files of killed writers. */
-static void clean_step(int stepfd, const ckpt_manifest *m) {
+static int names_file(const ckpt_manifest *m, const char *name) {
+  for (size_t f = 0; m && f < m->nfiles; f++)
+    if (strcmp(m->files[f].name, name) == 0) return 1;
+  return 0;
+}
+
+/* Every shard the manifest names is still there, with its size (checked right before the
+ * rename: a manifest never commits a file gone since the indexes were read). */
+static newt_result_t shards_present(int stepfd, const char *stepdir, const ckpt_manifest *m) {
+  for (size_t f = 0; f < m->nfiles; f++) {
+    struct stat st;
+    if (fstatat(stepfd, m->files[f].name, &st, AT_SYMLINK_NOFOLLOW) != 0 || !S_ISREG(st.st_mode) ||
+        (uint64_t)st.st_size != m->files[f].bytes)
+      return NEWT_ERR(NEWT_ERR_CORRUPT, "commit of %s: the shard %s of rank %d is gone or changed since its index "
+                      "was read: not committed", stepdir, m->files[f].name, m->files[f].rank);
+  }
+  return NEWT_OK;
+}
+
+/* Removes what no manifest of the step references: shards of other attempts, markers,
+ * temporary files of killed writers. The manifest there now is read again first, and what
+ * it names is kept too (it is not `m` when another commit of this step renamed its own over
+ * it); when it cannot be read, no shard is removed. */
+static void clean_step(int stepfd, const char *stepdir, const ckpt_manifest *m) {
+  ckpt_manifest now;
+  int now_ok = ckpt_manifest_load(stepfd, stepdir, "MANIFEST", 0, &now) == NEWT_OK;
+  if (!now_ok) {
+    NEWT_WARN(CKPT, "clean-up of %s: its MANIFEST does not read back (%s): no shard removed", stepdir, newt_errmsg());
+    newt_err_clear();
+  }
   int fd = dup(stepfd);
   DIR *d = fd >= 0 ? fdopendir(fd) : NULL;
   if (!d) {
     if (fd >= 0) close(fd);
+    if (now_ok) ckpt_manifest_free(&now);
     return;
   }
   struct dirent *e;
@@ -190,11 +229,11 @@ static void clean_step(int stepfd, const ckpt_manifest *m) {
     size_t len = strlen(n);
     int shard = len > 6 && strcmp(n + len - 6, ".shard") == 0;
     int junk = strstr(n, ".tmp.") != NULL || (len > 7 && strcmp(n + len - 7, ".failed") == 0);
-    if (shard)
-      for (size_t f = 0; f < m->nfiles && shard; f++) shard = strcmp(m->files[f].name, n) != 0;
+    if (shard) shard = now_ok && !names_file(m, n) && !names_file(&now, n);
     if (shard || junk) unlinkat(dirfd(d), n, 0);
   }
   closedir(d);
+  if (now_ok) ckpt_manifest_free(&now);
 }
 
 static void prune(int dirfd, const char *dir, int keep) {
@@ -218,7 +257,8 @@ static void prune(int dirfd, const char *dir, int keep) {
   for (size_t i = n; i-- > 0;) {
     int drop = committed[i] ? (keep > 0 && ++kept > keep) : steps[i] < newest;
     if (!drop) continue;
-    if (ckpt_remove_step(dirfd, dir, steps[i]) != NEWT_OK)
+    /* an abandoned step committed since the scan is kept (it holds a MANIFEST now) */
+    if (ckpt_remove_step(dirfd, dir, steps[i], !committed[i]) != NEWT_OK)
       NEWT_WARN(CKPT, "prune step %lld: %s", (long long)steps[i], newt_errmsg());
     else
       NEWT_DEBUG(CKPT, "pruned %s step %lld", committed[i] ? "committed" : "abandoned", (long long)steps[i]);
@@ -244,7 +284,12 @@ newt_result_t ckpt_commit(const ckpt_commit_opts *o) {
   ckpt_manifest m = {0};
   m.state = state;
   int dirfd = -1, stepfd = -1;
+  char writer[512];
+  if (o->writer) snprintf(writer, sizeof writer, "%s", o->writer);
+  else ckpt_writer_default(writer, sizeof writer, o->nranks, o->attempt);
+  ckpt_lock *lock = NULL; /* the saver's already, when a saver commits */
   newt_result_t r = idx ? NEWT_OK : NEWT_ERR(NEWT_ERR_NOMEM, "out of memory: %d indexes", o->nranks);
+  if (r == NEWT_OK) r = ckpt_lock_take(o->dir, writer, &lock);
   if (r == NEWT_OK) r = newt_fs_dir_open(o->dir, 1, &dirfd);
   if (r == NEWT_OK) r = wait_indexes(o, dirfd, stepdir, &stepfd, idx);
   if (r == NEWT_OK) r = merge(o, idx, &m);
@@ -253,6 +298,7 @@ newt_result_t ckpt_commit(const ckpt_commit_opts *o) {
   if (r == NEWT_OK) r = ckpt_manifest_encode(&m, &text, &len);
   int64_t delay = newt_param_CkptTestCommitDelayMs();
   if (r == NEWT_OK && delay > 0) newt_sleep_ms(delay);
+  if (r == NEWT_OK) r = shards_present(stepfd, stepdir, &m);
   if (r == NEWT_OK) r = newt_fs_write_atomic_at(stepfd, stepdir, "MANIFEST", text, len);
   free(text);
   if (r == NEWT_OK) { /* a hint for tools: the step is committed whether it moves or not */
@@ -265,7 +311,7 @@ newt_result_t ckpt_commit(const ckpt_commit_opts *o) {
     }
   }
   if (r == NEWT_OK) {
-    clean_step(stepfd, &m);
+    clean_step(stepfd, stepdir, &m);
     prune(dirfd, o->dir, o->keep);
     NEWT_INFO(CKPT, "committed step %lld (%d ranks, %zu tensors) in %s", (long long)o->step, o->nranks,
               m.ntensors, o->dir);
@@ -274,6 +320,7 @@ newt_result_t ckpt_commit(const ckpt_commit_opts *o) {
   free(idx);
   if (stepfd >= 0) close(stepfd);
   if (dirfd >= 0) close(dirfd);
+  ckpt_lock_release(lock);
   ckpt_manifest_free(&m);
   return r;
 }

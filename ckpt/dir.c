@@ -121,7 +121,7 @@ int ckpt_step_committed(int dirfd, int64_t step) {
   return c;
 }
 
-newt_result_t ckpt_remove_step(int dirfd, const char *dir, int64_t step) {
+newt_result_t ckpt_remove_step(int dirfd, const char *dir, int64_t step, int only_uncommitted) {
   char name[64], sd[4200];
   ckpt_step_name(name, sizeof name, step);
   snprintf(sd, sizeof sd, "%s/%s", dir, name);
@@ -132,6 +132,11 @@ newt_result_t ckpt_remove_step(int dirfd, const char *dir, int64_t step) {
     return NEWT_OK;
   }
   NEWT_CHECK(r); /* not a directory: never removed through */
+  if (only_uncommitted && newt_fs_exists_at(fd, "MANIFEST")) {
+    close(fd);
+    NEWT_DEBUG(CKPT, "%s is committed now: not removed", sd);
+    return NEWT_OK;
+  }
   if (unlinkat(fd, "MANIFEST", 0) == 0) r = newt_fs_fsync_fd(fd, sd);
   else if (errno != ENOENT) r = NEWT_ERR(NEWT_ERR_SYS, "remove %s/MANIFEST: %s", sd, strerror(errno));
   close(fd);

@@ -5,6 +5,8 @@
  *
  * Directory DIR (the --ckpt-dir):
  *
+ *   DIR/LOCK                            the writer's lock (lock.c): one JSON line, {writer,
+ *                                       pid, host, since_ms, cmd} of the process that took it
  *   DIR/latest                          "<N>\n": the newest committed step (a pointer for
  *                                       tools; readers trust the manifests, not this)
  *   DIR/step-<N>/                       one directory per step, N zero-padded to 10 digits
@@ -81,11 +83,15 @@
  *   |                        | and filter names, checksums (16 hex), and the slice   |
  *   | state                  | manifest only: the training state object              |
  *
- * In a manifest the chunks of each tensor cover every element exactly once. */
+ * In a manifest the chunks of each tensor cover every element exactly once. A manifest or
+ * index is at most CKPT_MAX_MANIFEST bytes (8 MiB): larger ones are never written, and are
+ * refused unread. */
 #include <errno.h>
+#include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <xxhash.h>
 
 #include "ckpt/internal.h"
@@ -362,6 +368,16 @@ newt_result_t ckpt_manifest_encode(const ckpt_manifest *m, char **text, size_t *
   char head[128];
   int hl = snprintf(head, sizeof head, "newt-ckpt %s %d %zu %016llx\n", m->is_index ? "index" : "manifest",
                     CKPT_FORMAT_VERSION, blen, (unsigned long long)ckpt_hash(body, blen));
+  if ((size_t)hl + blen > CKPT_MAX_MANIFEST) {
+    size_t nchunks = 0;
+    for (size_t i = 0; i < m->ntensors; i++) nchunks += m->tensors[i].nchunks;
+    free(body);
+    return NEWT_ERR(NEWT_ERR_INVALID, "the %s of step %lld would take %zu bytes (%zu files, %zu tensors, %zu chunks), "
+                    "more than the %zu bytes (%zu MiB) a newt manifest or index may have (docs/ckpt.md, \"Limits\"): "
+                    "not written; fewer, larger chunks (chunk_bytes) make it smaller", m->is_index ? "index" : "manifest",
+                    (long long)m->step, (size_t)hl + blen, m->nfiles, m->ntensors, nchunks, CKPT_MAX_MANIFEST,
+                    CKPT_MAX_MANIFEST >> 20);
+  }
   char *out = malloc((size_t)hl + blen + 1);
   if (!out) {
     free(body);
@@ -376,6 +392,12 @@ newt_result_t ckpt_manifest_encode(const ckpt_manifest *m, char **text, size_t *
 }
 
 /* ---- decoding ---------------------------------------------------------------------------- */
+
+/* A manifest or index larger than CKPT_MAX_MANIFEST: refused before it is read or parsed. */
+static newt_result_t too_big(const char *what, size_t bytes) {
+  return NEWT_ERR(NEWT_ERR_INVALID, "%s: %zu bytes, more than the %zu bytes (%zu MiB) a newt manifest or index may "
+                  "have: not read (docs/ckpt.md, \"Limits\")", what, bytes, CKPT_MAX_MANIFEST, CKPT_MAX_MANIFEST >> 20);
+}
 
 static newt_result_t get_range(const cJSON *o, const char *what, const char *field, int64_t lo,
                                int64_t hi, int64_t *out) {
@@ -519,7 +541,7 @@ static newt_result_t decode_tensor(const cJSON *o, const char *what, ckpt_manife
   return NEWT_OK;
 }
 
-static newt_result_t decode_file(const cJSON *o, const char *what, const ckpt_manifest *m, ckpt_file *f) {
+static newt_result_t decode_file(cJSON *o, const char *what, const ckpt_manifest *m, ckpt_file *f) {
   static const char *const known[] = {"name", "rank", "bytes", "raw_bytes", "layout", NULL};
   NEWT_CHECK(newt_json_check_fields(o, what, known));
   const char *name = NULL;
@@ -538,14 +560,11 @@ static newt_result_t decode_file(const cJSON *o, const char *what, const ckpt_ma
   NEWT_CHECK(newt_json_get_obj(o, what, "layout", 0, &layout));
   f->name = newt_strdup(name);
   NEWT_CHECK_ALLOC(f->name);
-  if (layout) {
-    f->layout = cJSON_Duplicate(layout, 1);
-    NEWT_CHECK_ALLOC(f->layout);
-  }
+  if (layout) f->layout = cJSON_DetachItemViaPointer(o, (cJSON *)layout); /* moved, not copied */
   return NEWT_OK;
 }
 
-static newt_result_t decode_body(const cJSON *root, const char *what, int want_index, ckpt_manifest *m) {
+static newt_result_t decode_body(cJSON *root, const char *what, int want_index, ckpt_manifest *m) {
   static const char *const known[] = {"format", "version", "kind", "step", "nranks", "rank", "attempt",
                                       "created_ms", "files", "tensors", "state", NULL};
   NEWT_CHECK(newt_json_check_fields(root, what, known));
@@ -579,7 +598,7 @@ static newt_result_t decode_body(const cJSON *root, const char *what, int want_i
   m->files = calloc((size_t)nf, sizeof *m->files);
   NEWT_CHECK_ALLOC(m->files);
   int i = 0;
-  for (const cJSON *it = files->child; it; it = it->next, i++) {
+  for (cJSON *it = files->child; it; it = it->next, i++) {
     char p[160];
     snprintf(p, sizeof p, "%s.files[%d]", what, i);
     NEWT_CHECK(decode_file(it, p, m, &m->files[i]));
@@ -605,8 +624,7 @@ static newt_result_t decode_body(const cJSON *root, const char *what, int want_i
   if (!want_index) {
     const cJSON *state = NULL;
     NEWT_CHECK(newt_json_get_obj(root, what, "state", 1, &state));
-    m->state = cJSON_Duplicate(state, 1);
-    NEWT_CHECK_ALLOC(m->state);
+    m->state = cJSON_DetachItemViaPointer(root, (cJSON *)state); /* moved, not copied */
   }
   return NEWT_OK;
 }
@@ -614,6 +632,7 @@ static newt_result_t decode_body(const cJSON *root, const char *what, int want_i
 newt_result_t ckpt_manifest_decode(const char *text, size_t len, const char *what, int want_index,
                                    ckpt_manifest *m) {
   memset(m, 0, sizeof *m);
+  if (len > CKPT_MAX_MANIFEST) return too_big(what, len);
   const char *nl = memchr(text, '\n', len < 200 ? len : 200);
   if (!nl)
     return NEWT_ERR(NEWT_ERR_CORRUPT, "%s: no header line (empty, truncated or not a newt checkpoint file)", what);
@@ -656,6 +675,10 @@ newt_result_t ckpt_manifest_load(int dirfd, const char *dir, const char *name, i
   size_t len = 0;
   memset(m, 0, sizeof *m);
   snprintf(what, sizeof what, "%s%s%s", dir ? dir : "", dir ? "/" : "", name);
+  struct stat st; /* the size, before anything is read: a larger file is never read, let alone parsed */
+  if (fstatat(dirfd, name, &st, AT_SYMLINK_NOFOLLOW) == 0 && S_ISREG(st.st_mode) &&
+      (uint64_t)st.st_size > CKPT_MAX_MANIFEST)
+    return too_big(what, (size_t)st.st_size);
   NEWT_CHECK(newt_fs_read_all_at(dirfd, dir, name, CKPT_MAX_MANIFEST, &text, &len));
   newt_result_t r = ckpt_manifest_decode(text, len, what, want_index, m);
   free(text);

@@ -17,7 +17,16 @@
 #define CKPT_CHUNK_HDR 48
 #define CKPT_ALIGN 4096 /* chunks start at multiples of this (direct I/O) */
 #define CKPT_MAX_CHUNK ((uint64_t)1 << 30)     /* raw bytes of one chunk */
-#define CKPT_MAX_MANIFEST ((size_t)1 << 30)    /* bytes of a manifest or index file */
+/* Bytes of a manifest or index file. A manifest takes about 240 bytes per chunk, 170 per rank
+ * (its file entry, with a layout like the worker's) and 60 per tensor plus its name. The
+ * largest layout a checkpoint is sized for -- 4096 ranks, 444 tensors (gpt2-124m and its AdamW
+ * moments) and 16384 chunks (that model under ZeRO-3 over dp 256 x tp 4 x pp 4 makes about
+ * 14000) -- needs 4.6 MB (test_ckpt_unit checks it fits in 60% of the bound). Reading one
+ * costs at most ~45 bytes of memory per byte (the JSON tree, then the manifest): ~350 MB for
+ * a hostile file at the bound, ~45 MB for that largest valid one. A larger file is refused
+ * before it is read; the encoder refuses to write one, so whatever newt commits reads back
+ * (docs/ckpt.md, "Limits"). */
+#define CKPT_MAX_MANIFEST ((size_t)8 << 20)
 #define CKPT_MAX_NAME 1024                     /* bytes of a tensor name */
 #define CKPT_MAX_RANKS (1 << 20)
 
@@ -174,6 +183,11 @@ void ckpt_shape_str(int ndim, const int64_t *shape, char *out, size_t cap);
 /* Verifies that a tensor's chunks never overlap and (full = 1) cover every element. */
 newt_result_t ckpt_coverage_check(const ckpt_tensor *t, int full, const char *what);
 
+/* ---- the writer's lock (lock.c) ------------------------------------------------------ */
+
+/* The writer a saver or commit belongs to when none is named (ckpt_saver_opts.writer). */
+void ckpt_writer_default(char *out, size_t cap, int nranks, uint64_t attempt);
+
 /* ---- directory (dir.c) --------------------------------------------------------------- */
 
 /* Everything inside DIR is reached through descriptors: dirfd is an open DIR, `dir` its
@@ -198,8 +212,9 @@ void ckpt_index_name(char *out, size_t cap, int rank);
 void ckpt_failed_name(char *out, size_t cap, int rank);
 /* Removes a step directory so that it never looks committed while half removed: the
  * manifest goes first (fsync'd), then the rest. A step-<N> that is not a directory is an
- * error, never removed through. */
-newt_result_t ckpt_remove_step(int dirfd, const char *dir, int64_t step);
+ * error, never removed through. only_uncommitted: a step that holds a MANIFEST (committed
+ * since the caller looked) is left as it is. */
+newt_result_t ckpt_remove_step(int dirfd, const char *dir, int64_t step, int only_uncommitted);
 /* Writes the `latest` pointer atomically. */
 newt_result_t ckpt_write_latest(int dirfd, const char *dir, int64_t step);
 /* The step `latest` names, or -1 (missing, not a regular file, malformed). */

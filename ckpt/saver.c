@@ -21,7 +21,12 @@
  *
  * A failure stops the other threads at their next chunk, removes the shard file and
  * leaves a `.failed` marker so that the committer stops waiting; the previous checkpoint
- * stays the newest. */
+ * stays the newest.
+ *
+ * A saver holds its writer's lock of DIR (lock.c) from ckpt_saver_init to ckpt_saver_free:
+ * one writer per directory. A shard that the step's committed manifest names is never
+ * replaced under it: a save of a committed step by the same attempt (a run started over)
+ * removes that manifest first, so the step is uncommitted, never committed and half gone. */
 #include <errno.h>
 #include <fcntl.h>
 #include <pthread.h>
@@ -73,6 +78,8 @@ typedef struct segment {
 
 struct ckpt_saver {
   char *dir, *layout_json;
+  char *writer;    /* the writer it belongs to, and its lock of DIR (lock.c) */
+  ckpt_lock *lock;
   int rank, nranks, level, skip_if_busy, commit, keep;
   size_t chunk_bytes;
   int64_t busy_wait_ms, commit_timeout_ms;
@@ -106,6 +113,7 @@ struct ckpt_saver {
   atomic_int direct;  /* fd is O_DIRECT */
   uint8_t *hdr_block; /* CKPT_ALIGN bytes, aligned */
   char shard_path[4300];
+  int shard_made;     /* this save created its shard file (removed when the save fails) */
   ckpt_job_err err;
 
   /* the background thread and the status it reports */
@@ -218,6 +226,10 @@ newt_result_t ckpt_saver_init(ckpt_saver **out, const ckpt_saver_opts *o) {
   if (s->attempt == 0 && s->nranks == 1) {
     while (s->attempt == 0) newt_random_bytes(&s->attempt, sizeof s->attempt);
   }
+  char writer[512];
+  if (o->writer) snprintf(writer, sizeof writer, "%s", o->writer);
+  else ckpt_writer_default(writer, sizeof writer, s->nranks, s->attempt);
+  s->writer = newt_strdup(writer);
   pthread_mutex_init(&s->off_mu, NULL);
   pthread_mutex_init(&s->mu, NULL);
   pthread_condattr_t ca;
@@ -227,7 +239,8 @@ newt_result_t ckpt_saver_init(ckpt_saver **out, const ckpt_saver_opts *o) {
   pthread_condattr_destroy(&ca);
   int threads = o->threads > 0 ? o->threads : 2;
   newt_result_t r = NEWT_OK;
-  if (!s->dir || !s->layout_json) r = NEWT_ERR(NEWT_ERR_NOMEM, "out of memory: ckpt saver");
+  if (!s->dir || !s->layout_json || !s->writer) r = NEWT_ERR(NEWT_ERR_NOMEM, "out of memory: ckpt saver");
+  if (r == NEWT_OK) r = ckpt_lock_take(s->dir, s->writer, &s->lock); /* first: a refused saver takes nothing */
   if (r == NEWT_OK) r = ckpt_pool_init(&s->pool, threads);
   if (r == NEWT_OK && !(s->segs = calloc((size_t)threads, sizeof *s->segs)))
     r = NEWT_ERR(NEWT_ERR_NOMEM, "out of memory: ckpt saver");
@@ -264,6 +277,7 @@ void ckpt_saver_free(ckpt_saver *s) {
     pthread_mutex_unlock(&s->mu);
     pthread_join(s->bg, NULL);
   }
+  ckpt_lock_release(s->lock); /* nothing of this saver writes any more */
   ckpt_pool_free(s->pool);
   for (int i = 0; s->segs && i < s->nsegs; i++) {
     ckpt_codec_free(&s->segs[i].codec);
@@ -280,6 +294,7 @@ void ckpt_saver_free(ckpt_saver *s) {
   free(s->state_json);
   free(s->dir);
   free(s->layout_json);
+  free(s->writer);
   pthread_mutex_destroy(&s->off_mu);
   pthread_mutex_destroy(&s->mu);
   pthread_cond_destroy(&s->cv);
@@ -546,12 +561,35 @@ static newt_result_t open_step(ckpt_saver *s, int *dirfd, int *stepfd) {
   return newt_fs_fsync_fd(*dirfd, s->dir);
 }
 
+/* A committed manifest of the step that names this save's shard (the same rank and attempt:
+ * a run started over, its attempts counted from the start again) is removed before the shard
+ * is replaced: the step is then uncommitted until this save commits it again, never
+ * committed with a file gone. A manifest that does not check out commits nothing. */
+static newt_result_t uncommit_if_named(ckpt_saver *s, int stepfd, const char *stepdir, const char *shard) {
+  if (!newt_fs_exists_at(stepfd, "MANIFEST")) return NEWT_OK;
+  ckpt_manifest m;
+  if (ckpt_manifest_load(stepfd, stepdir, "MANIFEST", 0, &m) != NEWT_OK) {
+    newt_err_clear();
+    return NEWT_OK;
+  }
+  int named = 0;
+  for (size_t f = 0; f < m.nfiles; f++) named |= strcmp(m.files[f].name, shard) == 0;
+  ckpt_manifest_free(&m);
+  if (!named) return NEWT_OK;
+  NEWT_WARN(CKPT, "rank %d: %s/MANIFEST commits step %lld with %s, which this save replaces: the step is "
+            "uncommitted until this save commits it again", s->rank, stepdir, (long long)s->step, shard);
+  if (unlinkat(stepfd, "MANIFEST", 0) != 0 && errno != ENOENT)
+    return NEWT_ERR(NEWT_ERR_SYS, "remove %s/MANIFEST: %s", stepdir, strerror(errno));
+  return newt_fs_fsync_fd(stepfd, stepdir);
+}
+
 /* Writes this rank's shard and publishes its index. */
 static newt_result_t write_shard(ckpt_saver *s, int stepfd, const char *stepdir, const char *shard,
                                  uint64_t *raw_out) {
   char marker[64];
   ckpt_failed_name(marker, sizeof marker, s->rank);
   unlinkat(stepfd, marker, 0); /* a marker of an earlier try of this step */
+  NEWT_CHECK(uncommit_if_named(s, stepfd, stepdir, shard));
   NEWT_CHECK(make_pieces(s));
   uint64_t raw = 0;
   for (size_t i = 0; i < s->nentries; i++) raw += s->entries[i].bytes;
@@ -565,6 +603,7 @@ static newt_result_t write_shard(ckpt_saver *s, int stepfd, const char *stepdir,
     direct = 0;
   }
   if (!direct) NEWT_CHECK(newt_fs_create_at(stepfd, stepdir, shard, 0, &s->fd));
+  s->shard_made = 1;
   atomic_store(&s->direct, direct);
   memset(s->hdr_block, 0, CKPT_ALIGN);
   ckpt_shard_hdr_encode(&(ckpt_shard_hdr){.rank = (uint32_t)s->rank, .nranks = (uint32_t)s->nranks,
@@ -603,11 +642,12 @@ static newt_result_t run_save(ckpt_saver *s, uint64_t *raw_out) {
   snprintf(s->shard_path, sizeof s->shard_path, "%s/%s", stepdir, shard);
   int dirfd = -1, stepfd = -1;
   char msg[1024] = "";
+  s->shard_made = 0;
   newt_result_t r = open_step(s, &dirfd, &stepfd);
   if (r == NEWT_OK) r = write_shard(s, stepfd, stepdir, shard, raw_out);
   if (r != NEWT_OK) snprintf(msg, sizeof msg, "%s", newt_errmsg());
   if (r != NEWT_OK && stepfd >= 0) {
-    unlinkat(stepfd, shard, 0);
+    if (s->shard_made) unlinkat(stepfd, shard, 0); /* its own, never a file of another save */
     write_failed_marker(s, stepfd, stepdir, msg);
   }
   if (stepfd >= 0) close(stepfd);
@@ -616,7 +656,7 @@ static newt_result_t run_save(ckpt_saver *s, uint64_t *raw_out) {
   if (s->commit) {
     ckpt_commit_opts co = {.dir = s->dir, .step = s->step, .nranks = s->nranks, .attempt = s->attempt,
                            .state_json = s->state_json, .deadline = newt_deadline_in_ms(s->commit_timeout_ms),
-                           .keep = s->keep, .abort = &s->abort};
+                           .keep = s->keep, .abort = &s->abort, .writer = s->writer};
     NEWT_CHECK(ckpt_commit(&co));
   }
   return NEWT_OK;

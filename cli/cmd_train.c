@@ -220,18 +220,22 @@ int newt_cmd_train(int argc, char **argv) {
       so.staging_free = staging_free;
       so.staging_ctx = par.dev;
     }
-    gpt_ckpt_train_point pt;
-    res = gpt_ckpt_par_load(ckpt_dir, CKPT_LATEST, &par, data_desc, 2, NULL, &pt);
+    /* the saver first: it takes the directory's lock (one writer per directory), so a run
+       refused there reads nothing and trains nothing */
+    if (ckpt_every > 0) res = ckpt_saver_init(&saver, &so);
     if (res == NEWT_OK) {
-      resumed = pt.step;
-      cursor = pt.cursor;
-    } else if (res == NEWT_ERR_NOTFOUND && pt.committed == 0) { /* nothing committed: a fresh run */
-      newt_err_clear(); /* nothing was read: the buffers hold the initial weights */
-      res = NEWT_OK;
-    } else {
-      res = newt_err_wrap(res, "resuming from %s: ", ckpt_dir);
+      gpt_ckpt_train_point pt;
+      res = gpt_ckpt_par_load(ckpt_dir, CKPT_LATEST, &par, data_desc, 2, NULL, &pt);
+      if (res == NEWT_OK) {
+        resumed = pt.step;
+        cursor = pt.cursor;
+      } else if (res == NEWT_ERR_NOTFOUND && pt.committed == 0) { /* nothing committed: a fresh run */
+        newt_err_clear(); /* nothing was read: the buffers hold the initial weights */
+        res = NEWT_OK;
+      } else {
+        res = newt_err_wrap(res, "resuming from %s: ", ckpt_dir);
+      }
     }
-    if (res == NEWT_OK && ckpt_every > 0) res = ckpt_saver_init(&saver, &so);
   }
   if (res == NEWT_OK && log_path && (res = job_runlog_open(log_path, 0, &steplog)) != NEWT_OK)
     res = newt_err_wrap(res, "--log: ");

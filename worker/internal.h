@@ -191,6 +191,7 @@ struct newt_ctx {
   job_step last_step;   /* the step log's line of the last step this rank did */
   int last_step_logged; /* ... and whether this rank wrote it */
   ckpt_saver *saver; /* this generation's (save.c) */
+  ckpt_lock *ckpt_lock; /* the job's lock of its checkpoint directory, held from the first saver on */
   int stage_fill_due;      /* the saver's staging is to be reserved in the pool by a thread
                               started after the generation's first step */
   int stage_filling;       /* that thread runs (joined before a save begins) */

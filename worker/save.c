@@ -5,6 +5,11 @@
  * (newt_state_document)}. Any layout loads them back (worker_ckpt_load: each rank its own
  * parts, after the program's check of the document).
  *
+ * The job is one writer of its checkpoint directory (ckpt_lock_take: writer "job <name>"):
+ * every rank holds the directory's lock from its first saver until it ends, across
+ * generations, so a rank of this job (a stopped rank 0 of an earlier generation, say) never
+ * keeps a newer rank out, and another job or `newt train` in that directory is refused.
+ *
  * A save in flight belongs to one generation (its attempt is the generation): when the
  * next plan drops a failed rank it can never complete, so it is aborted and the previous
  * checkpoint stays the newest; after a switch at a step boundary (everyone alive) it is
@@ -92,6 +97,9 @@ newt_result_t worker_ckpt_generation(worker *w) {
   if (!enabled(w)) return NEWT_OK;
   const newt_plan *p = &w->plan;
   end_saver(w, strcmp(p->switch_mode, "boundary") == 0); /* its staging goes back to the pool */
+  char writer[128];
+  snprintf(writer, sizeof writer, "job %s", w->o.job);
+  if (!w->ckpt_lock) NEWT_CHECK(ckpt_lock_take(w->spec.ckpt_dir, writer, &w->ckpt_lock));
   char layout[160];
   snprintf(layout, sizeof layout, "{\"dp\":%d,\"tp\":%d,\"pp\":%d,\"zero\":%d,\"rank\":%d,\"generation\":%llu}", p->dp,
            p->tp, p->pp, p->zero, w->me->rank, (unsigned long long)p->generation);
@@ -105,7 +113,8 @@ newt_result_t worker_ckpt_generation(worker *w) {
                         .keep = (int)w->spec.ckpt_keep,
                         .commit_timeout_ms = 120000,
                         .attempt = p->generation,
-                        .layout_json = layout};
+                        .layout_json = layout,
+                        .writer = writer};
   /* staging from the pool: kept across generations, pinned on a GPU */
   worker_pinned *pool = NULL;
   NEWT_CHECK(worker_pinned_of(w, &pool));
@@ -226,6 +235,8 @@ newt_result_t worker_ckpt_step(worker *w) {
 void worker_ckpt_free(worker *w) {
   staging_filled(w); /* before the pool goes */
   end_saver(w, 1);
+  ckpt_lock_release(w->ckpt_lock);
+  w->ckpt_lock = NULL;
 }
 
 /* --- loading ------------------------------------------------------------------------------------ */

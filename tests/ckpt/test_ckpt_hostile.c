@@ -10,12 +10,17 @@
  *   - FIFOs named MANIFEST, a shard, an index and `latest`: `newt ckpt ls|verify|inspect`,
  *     a load, a commit and `newt train --ckpt-dir` finish with the FIFO named;
  *   - the 569-byte MANIFEST of a [2^27, 2] tensor: `newt ckpt ls` and a resume take no
- *     time.
+ *     time;
+ *   - a 17 MiB MANIFEST (valid frame and checksum, its state an array of 8.9 million zeros,
+ *     which `newt ckpt ls` took 1.4 GB and 5 s to parse under the old 1 GiB bound): `newt ckpt
+ *     ls|inspect` and a load refuse it, naming the file and the bound, each with a peak memory
+ *     (the child's ru_maxrss) under 64 MB.
  * Everything that could hang runs as a child process (`newt`, or this binary re-executed
  * with "child") under a deadline, and counts as a failure when it is killed. */
 #include <dirent.h>
 #include <fcntl.h>
 #include <signal.h>
+#include <sys/resource.h>
 
 #include "ckpt_util.h"
 #include "common/proc.h"
@@ -107,6 +112,41 @@ static int run_deadline(const char *const *argv, int64_t ms, char *out, size_t c
   } else if (WIFEXITED(st)) {
     rc = WEXITSTATUS(st);
   }
+  char *text = NULL;
+  size_t len = 0;
+  out[0] = '\0';
+  if (newt_fs_read_all(log, 1 << 24, &text, &len) == NEWT_OK) snprintf(out, cap, "%s", text);
+  free(text);
+  return rc;
+}
+
+/* run_deadline, with the child's peak resident memory (ru_maxrss, KiB) in *rss_kb. */
+static int run_rss(const char *const *argv, int64_t ms, char *out, size_t cap, long *rss_kb) {
+  const char *bin = getenv("NEWT_BIN");
+  const char *a[32];
+  int n = 0;
+  for (; argv[n] && n < 31; n++) a[n] = argv[n];
+  a[n] = NULL;
+  a[0] = strcmp(argv[0], "self") == 0 ? self : bin ? bin : "newt";
+  char log[400];
+  snprintf(log, sizeof log, "%s/child.out", root);
+  unlink(log);
+  newt_spawn_opts so = {.log_path = log, .die_with_parent = 1};
+  pid_t pid = -1;
+  T_OK(newt_proc_spawn(a, &so, &pid));
+  int st = 0, rc = -1;
+  struct rusage ru;
+  memset(&ru, 0, sizeof ru);
+  newt_deadline_t d = newt_deadline_in_ms(ms);
+  pid_t got = 0;
+  while ((got = wait4(pid, &st, WNOHANG, &ru)) == 0 && !newt_deadline_passed(d)) newt_sleep_ms(5);
+  if (got != pid) {
+    kill(pid, SIGKILL);
+    wait4(pid, &st, 0, &ru);
+  } else if (WIFEXITED(st)) {
+    rc = WEXITSTATUS(st);
+  }
+  *rss_kb = ru.ru_maxrss;
   char *text = NULL;
   size_t len = 0;
   out[0] = '\0';
@@ -362,8 +402,68 @@ static void test_train_resume(void) {
   T_CHECK(ckpt_latest_pointer(dir) == 20);
 }
 
+/* ---- a manifest too large to read ------------------------------------------------------------- */
+
+/* child huge DIR: a load falls back past the huge manifest of step 2 to step 1. */
+static int child_huge(const char *dir) {
+  int fb = -1;
+  ts_load_check(dir, CKPT_LATEST, 1, 1, 0, &fb);
+  T_CHECK_MSG(fb == 1, "%d fallbacks", fb);
+  ckpt_reader *r = NULL;
+  T_ERR(NEWT_ERR_INVALID, ckpt_open(&r, dir, 2, 1));
+  fprintf(stderr, "open step 2: %s\n", newt_errmsg());
+  return T_DONE();
+}
+
+static void test_huge_manifest(void) {
+  char dir[300], sd[400], p[600], out[16384], bound[64];
+  snprintf(dir, sizeof dir, "%s/huge", root);
+  snprintf(bound, sizeof bound, "more than the %zu bytes", CKPT_MAX_MANIFEST);
+  T_OK(ts_save(dir, 1, 1, 0, 4096));
+  /* step 2: a well-framed manifest of 17 MiB, its state 8.9 million zeros (a JSON node each) */
+  size_t want = (size_t)17 << 20;
+  const char *head = "{\"format\":\"newt-ckpt\",\"version\":1,\"kind\":\"manifest\",\"step\":2,\"nranks\":1,"
+                     "\"attempt\":\"0000000000000001\",\"created_ms\":0,\"files\":[{\"name\":\"a.shard\",\"rank\":0,"
+                     "\"bytes\":8192,\"raw_bytes\":0}],\"tensors\":[],\"state\":{\"x\":[0";
+  char *body = malloc(want + 1);
+  T_CHECK(body != NULL);
+  if (!body) return;
+  size_t n = strlen(head);
+  memcpy(body, head, n);
+  while (n + 5 < want) body[n++] = ',', body[n++] = '0';
+  memcpy(body + n, "]}}", 4);
+  size_t len;
+  char *text = ts_frame(body, &len);
+  free(body);
+  ckpt_step_dirname(sd, sizeof sd, dir, 2);
+  T_OK(newt_fs_mkdirs(sd, 0755));
+  snprintf(p, sizeof p, "%s/MANIFEST", sd);
+  T_OK(newt_fs_write_atomic(p, text, len));
+  free(text);
+  char named[500];
+  snprintf(named, sizeof named, "%s/MANIFEST: %zu bytes, %s", sd, len, bound);
+
+  long rss = 0;
+  const char *ls[] = {"newt", "ckpt", "ls", dir, NULL};
+  int rc = run_rss(ls, 60000, out, sizeof out, &rss);
+  T_CHECK_MSG(rc == 0 && strstr(out, "step-0000000002  corrupt") && strstr(out, "step-0000000001  committed"),
+              "newt ckpt ls: exit %d (-1: hung)\n%s", rc, out);
+  T_CHECK_MSG(rss < 64 * 1024, "newt ckpt ls took %ld KiB of memory for a manifest it must not read", rss);
+  snprintf(p, sizeof p, "%s/2", dir);
+  const char *inspect[] = {"newt", "ckpt", "inspect", p, NULL};
+  rc = run_rss(inspect, 60000, out, sizeof out, &rss);
+  T_CHECK_MSG(rc == 1 && strstr(out, named), "newt ckpt inspect: exit %d, expected 1 naming \"%s\"\n%s", rc, named,
+              out);
+  T_CHECK_MSG(rss < 64 * 1024, "newt ckpt inspect took %ld KiB of memory", rss);
+  const char *child[] = {"self", "child", "huge", dir, NULL};
+  rc = run_rss(child, 60000, out, sizeof out, &rss);
+  T_CHECK_MSG(rc == 0 && strstr(out, named), "the library child: exit %d\n%s", rc, out);
+  T_CHECK_MSG(rss < 64 * 1024, "a load took %ld KiB of memory", rss);
+}
+
 int main(int argc, char **argv) {
   if (argc == 4 && strcmp(argv[1], "child") == 0 && strcmp(argv[2], "fifo") == 0) return child_fifo(argv[3]);
+  if (argc == 4 && strcmp(argv[1], "child") == 0 && strcmp(argv[2], "huge") == 0) return child_huge(argv[3]);
   if (newt_proc_self_exe(self, sizeof self) != NEWT_OK) {
     fprintf(stderr, "%s\n", newt_errmsg());
     return 1;
@@ -375,6 +475,7 @@ int main(int argc, char **argv) {
   T_RUN(test_read_links);
   T_RUN(test_fifos);
   T_RUN(test_train_resume);
+  T_RUN(test_huge_manifest);
   newt_fs_rm_rf(root);
   return T_DONE();
 }

@@ -376,6 +376,83 @@ static char *sample_manifest(size_t *len) {
   return text;
 }
 
+/* The manifest of the largest layout docs/ckpt.md ("Limits") sizes the bound for: 4096 ranks
+ * (each with a layout like the worker's), 444 tensors (gpt2-124m with its AdamW moments)
+ * and `nchunks` zstd chunks of 4 MiB, numbers as wide as such a checkpoint's. */
+static void large_manifest(ckpt_manifest *m, int nranks, size_t nchunks) {
+  memset(m, 0, sizeof *m);
+  *m = (ckpt_manifest){.step = 1234567, .nranks = nranks, .attempt = 0x123456789abcdefULL,
+                       .created_ms = 1700000000000ULL};
+  m->files = calloc((size_t)nranks, sizeof *m->files);
+  m->nfiles = (size_t)nranks;
+  const int64_t rows = 1365, cols = 768; /* a chunk: 1365 x 768 floats, 4 MiB */
+  size_t per = (nchunks + 443) / 444;
+  for (int r = 0; r < nranks; r++) {
+    char name[64], layout[160];
+    ckpt_shard_name(name, sizeof name, r, m->attempt);
+    snprintf(layout, sizeof layout, "{\"dp\":256,\"tp\":4,\"pp\":4,\"zero\":3,\"rank\":%d,\"generation\":1234}", r);
+    m->files[r] = (ckpt_file){.name = strdup(name), .rank = r, .bytes = (uint64_t)1 << 42,
+                              .raw_bytes = 123456789012ULL, .layout = cJSON_Parse(layout)};
+  }
+  size_t made = 0;
+  for (int i = 0; i < 444 && made < nchunks; i++) {
+    char name[64];
+    snprintf(name, sizeof name, "%s/h.%d.attn.qkv.w", i % 3 == 0 ? "adam.m" : i % 3 == 1 ? "adam.v" : "w", i);
+    newt_tensor_desc d = {.name = name, .dtype = NEWT_F32, .ndim = 2, .shape = {rows * (int64_t)per, cols}};
+    ckpt_tensor *t;
+    T_OK(ckpt_manifest_add_tensor(m, &d, &t));
+    for (size_t k = 0; k < per && made < nchunks; k++, made++) {
+      ckpt_chunk c = {.file = (uint32_t)(made % (size_t)nranks), .codec = CKPT_CODEC_ZSTD, .filter = CKPT_FILTER_ROT1,
+                      .offset = 1099511000000ULL + made * 4096, .stored = (uint64_t)rows * cols * 4 - 654321,
+                      .raw = (uint64_t)rows * cols * 4, .xxh_raw = 0x8899aabbccddeeffULL * (made + 1),
+                      .xxh_stored = 0x1122334455667788ULL * (made + 1)};
+      newt_slice_box(&c.slice, 2, (int64_t[]){rows * (int64_t)k, 0}, (int64_t[]){rows, cols});
+      T_OK(ckpt_tensor_add_chunk(t, &c));
+    }
+    t->shape[0] = rows * (int64_t)t->nchunks; /* exactly covered */
+  }
+  m->state = cJSON_Parse("{\"step\":1234567,\"cursor\":79012345678,\"config\":{\"model\":{\"preset\":\"gpt2-124m\","
+                         "\"vocab\":50257,\"ctx\":1024,\"layers\":12,\"heads\":12,\"channels\":768},\"batch\":512,"
+                         "\"seq_len\":1024,\"lr\":0.0006,\"seed\":1,\"data\":\"/data/openwebtext/train.tok\"}}");
+}
+
+/* The manifest bound (CKPT_MAX_MANIFEST): the largest layout's manifest fits with room (at
+ * most 60% of the bound) and reads back; one over the bound is never written, and a text over
+ * it is refused before it is parsed, naming the bound. */
+static void test_manifest_bound(void) {
+  ckpt_manifest m, back;
+  large_manifest(&m, 4096, 16384);
+  char *text = NULL;
+  size_t len = 0;
+  T_OK(ckpt_manifest_encode(&m, &text, &len));
+  fprintf(stderr, "  the largest layout's manifest: %zu bytes (4096 ranks, 444 tensors, 16384 chunks), bound %zu\n",
+          len, CKPT_MAX_MANIFEST);
+  T_CHECK_MSG(len <= CKPT_MAX_MANIFEST / 10 * 6, "%zu bytes: the bound %zu leaves too little room", len, CKPT_MAX_MANIFEST);
+  T_OK(ckpt_manifest_decode(text, len, "MANIFEST", 0, &back));
+  T_CHECK(back.nfiles == 4096 && back.ntensors == m.ntensors);
+  ckpt_manifest_free(&back);
+  free(text);
+  ckpt_manifest_free(&m);
+  /* far more chunks: the encoder refuses, naming the bound and the counts */
+  large_manifest(&m, 4096, 60000);
+  text = NULL;
+  T_ERR(NEWT_ERR_INVALID, ckpt_manifest_encode(&m, &text, &len));
+  char bound[32];
+  snprintf(bound, sizeof bound, "%zu bytes", CKPT_MAX_MANIFEST);
+  T_CHECK_MSG(strstr(newt_errmsg(), bound) && strstr(newt_errmsg(), "60000 chunks") && text == NULL,
+              "message: %s", newt_errmsg());
+  ckpt_manifest_free(&m);
+  /* a text over the bound: refused at once, whatever it holds */
+  size_t big = CKPT_MAX_MANIFEST + 1;
+  char *junk = malloc(big);
+  memset(junk, ' ', big);
+  memcpy(junk, "newt-ckpt manifest 1 0 0000000000000000\n", 40);
+  T_ERR(NEWT_ERR_INVALID, ckpt_manifest_decode(junk, big, "step-0000000001/MANIFEST", 0, &back));
+  T_CHECK_MSG(strstr(newt_errmsg(), "step-0000000001/MANIFEST") && strstr(newt_errmsg(), bound),
+              "message: %s", newt_errmsg());
+  free(junk);
+}
+
 /* Replaces the first `from` in the manifest's JSON by `to`, re-frames, decodes: must fail
  * naming `field`. */
 static void expect_rejected(const char *text, const char *from, const char *to, const char *field) {
@@ -484,6 +561,7 @@ int main(void) {
   T_RUN(test_coverage_hostile);
   T_RUN(test_flat_pieces);
   T_RUN(test_manifest);
+  T_RUN(test_manifest_bound);
   T_RUN(test_headers);
   return T_DONE();
 }
