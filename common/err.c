@@ -46,10 +46,14 @@ static void scrub(char *m) {
 }
 
 newt_result_t newt_err_set(newt_result_t code, const char *file, int line, const char *fmt, ...) {
+  /* formatted apart, then copied: an argument may be newt_errmsg() itself ("...: %s" of the
+     failure below), which vsnprintf must not read while it writes over it */
+  char msg[NEWT_ERRMSG_MAX];
   va_list ap;
   va_start(ap, fmt);
-  vsnprintf(errmsg, sizeof errmsg, fmt, ap);
+  vsnprintf(msg, sizeof msg, fmt, ap);
   va_end(ap);
+  memcpy(errmsg, msg, sizeof errmsg);
   scrub(errmsg);
   errcode = code;
   NEWT_LOG_AT(NEWT_LOG_DEBUG, COMMON, "error %s at %s:%d: %s", newt_result_name(code), file, line,

@@ -78,7 +78,10 @@ static int drops_now(const newt_plan *p, const char *id) {
 }
 
 /* A plan from etcd, taken when it is newer than the newest one here and agrees with the
- * job's spec; a forged or corrupt one is ignored (logged) and the generation goes on. */
+ * job's spec; a forged or corrupt one is ignored (logged) and the generation goes on. A
+ * worker that has not taken up any generation yet follows the record as etcd orders it: a
+ * lower generation after a higher one is the leader putting its plan back over a forged one
+ * that this worker, knowing no generation, could not tell from a real one. */
 static void take_plan(worker *w, const char *json, size_t len) {
   newt_plan p;
   if (plan_from_json(json, len, &p) != NEWT_OK) {
@@ -87,15 +90,16 @@ static void take_plan(worker *w, const char *json, size_t len) {
   }
   pthread_mutex_lock(&w->mu);
   uint64_t have = w->latest.generation;
-  newt_result_t ok = p.generation > have ? plan_check_spec(&p, &w->spec) : NEWT_OK;
-  if (ok == NEWT_OK && p.generation > have) ok = plan_check_jump(have, p.generation);
+  int newer = p.generation > have || (w->gen == 0 && p.generation < have);
+  newt_result_t ok = newer ? plan_check_spec(&p, &w->spec) : NEWT_OK;
+  if (ok == NEWT_OK && newer) ok = plan_check_jump(w->gen ? have : 0, p.generation);
   if (ok != NEWT_OK) {
     pthread_mutex_unlock(&w->mu);
     NEWT_WARN(WORKER, "%s: ignoring a plan: %s", w->id, newt_errmsg());
     plan_free(&p);
     return;
   }
-  if (p.generation > w->latest.generation) {
+  if (newer) {
     plan_free(&w->latest);
     w->latest = p;
     /* a generation still building its communicator has no step to finish: it gives way */

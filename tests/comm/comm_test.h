@@ -9,6 +9,7 @@
 
 #include <arpa/inet.h>
 #include <dirent.h>
+#include <time.h>
 #include <netinet/in.h>
 #include <pthread.h>
 #include <signal.h>
@@ -306,5 +307,18 @@ static inline int ct_count_dir(const char *path) {
 /* Open fds and threads of this process. */
 static inline int ct_fd_count(void) { return ct_count_dir("/proc/self/fd"); }
 static inline int ct_thread_count(void) { return ct_count_dir("/proc/self/task"); }
+
+/* The thread count once it is back to `want`, or what it is after 5 s: a joined thread leaves
+ * /proc/self/task a moment after pthread_join returns (the kernel reaps it), so the check
+ * waits for that event rather than catching the moment between. */
+static inline int ct_threads_back_to(int want) {
+  int n = ct_thread_count();
+  for (int i = 0; i < 500 && n != want; i++) {
+    struct timespec ts = {0, 10 * 1000 * 1000};
+    nanosleep(&ts, NULL);
+    n = ct_thread_count();
+  }
+  return n;
+}
 
 #endif

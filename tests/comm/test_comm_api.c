@@ -163,7 +163,7 @@ static void test_single_rank(void) {
   T_CHECK(st.code == NEWT_ERR_ABORTED && st.peer == -1);
   comm_free(c);
   comm_free(NULL);
-  T_CHECK(ct_fd_count() == fds && ct_thread_count() == threads);
+  T_CHECK(ct_threads_back_to(threads) == threads && ct_fd_count() == fds);
   ct_world_free(&w);
 }
 

@@ -141,7 +141,7 @@ static int fail_rank(ct_world *w, int rank, void *arg) {
   CHECKR(comm_allreduce(c, &z, &z, 1, NEWT_F32, COMM_SUM) == expect, "a later operation did not fail the same way");
   recover(w, rank, c, sc->victim);
   CHECKR(ct_fd_count() == fds0, "file descriptors: %d at start, %d at the end", fds0, ct_fd_count());
-  CHECKR(ct_thread_count() == threads0, "threads: %d at start, %d at the end", threads0, ct_thread_count());
+  CHECKR(ct_threads_back_to(threads0) == threads0, "threads: %d at start, %d at the end", threads0, ct_thread_count());
   return ct_failures;
 }
 
@@ -221,7 +221,7 @@ static int abort_rank(ct_world *w, int rank, void *arg) {
   free(x);
   free(y);
   CHECKR(ct_fd_count() == fds0, "file descriptors: %d at start, %d at the end", fds0, ct_fd_count());
-  CHECKR(ct_thread_count() == threads0, "threads: %d at start, %d at the end", threads0, ct_thread_count());
+  CHECKR(ct_threads_back_to(threads0) == threads0, "threads: %d at start, %d at the end", threads0, ct_thread_count());
   return ct_failures;
 }
 
@@ -254,7 +254,7 @@ static void test_cancel_build(void) {
     T_CHECK_MSG(ms >= 150 && ms < 5000, "gave up after %.0f ms (cancelled at 200, deadline %lld)", ms,
                 (long long)w.timeout_ms);
     T_CHECK_MSG(ct_fd_count() == fds0, "file descriptors: %d at start, %d at the end", fds0, ct_fd_count());
-    T_CHECK_MSG(ct_thread_count() == threads0, "threads: %d at start, %d at the end", threads0, ct_thread_count());
+    T_CHECK_MSG(ct_threads_back_to(threads0) == threads0, "threads: %d at start, %d at the end", threads0, ct_thread_count());
     /* already cancelled: no build at all */
     t0 = newt_now_ns();
     r = comm_create(&cfg, &c);

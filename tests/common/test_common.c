@@ -18,6 +18,19 @@
 #include "common/sys.h"
 #include "test.h"
 
+/* An error message that quotes the one below it (NEWT_ERR(..., "...: %s", newt_errmsg()), the
+ * common shape), and one that quotes a record's control bytes. */
+static void test_errmsg(void) {
+  NEWT_ERR(NEWT_ERR_TIMEOUT, "lease %s expired", "49ca234b0df7019");
+  NEWT_ERR(NEWT_ERR_CONFLICT, "c0 lost leadership: %s", newt_errmsg());
+  T_CHECK_MSG(strcmp(newt_errmsg(), "c0 lost leadership: lease 49ca234b0df7019 expired") == 0, "got \"%s\"",
+              newt_errmsg());
+  NEWT_ERR(NEWT_ERR_INVALID, "plan.cause: \"%s\"", "x\x1b[2J\ny\x7f");
+  T_CHECK_MSG(strcmp(newt_errmsg(), "plan.cause: \"x?[2J?y?\"") == 0, "got \"%s\"", newt_errmsg());
+  char out[8];
+  T_CHECK(strcmp(newt_str_printable(out, sizeof out, "a\tb\x1b[31mzzz"), "a?b?[31") == 0);
+}
+
 static void test_base64(void) {
   const char *cases[][2] = {{"", ""},         {"f", "Zg=="},         {"fo", "Zm8="},
                             {"foo", "Zm9v"},  {"foob", "Zm9vYg=="},  {"fooba", "Zm9vYmE="},
@@ -361,6 +374,7 @@ static void test_log_format(void) {
 
 int main(void) {
   T_RUN(test_log_format);
+  T_RUN(test_errmsg);
   T_RUN(test_base64);
   T_RUN(test_parse);
   T_RUN(test_json);
