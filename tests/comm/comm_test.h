@@ -9,6 +9,7 @@
 
 #include <arpa/inet.h>
 #include <dirent.h>
+#include <sys/socket.h>
 #include <time.h>
 #include <netinet/in.h>
 #include <pthread.h>
@@ -302,6 +303,17 @@ static inline int ct_count_dir(const char *path) {
     if (e->d_name[0] != '.') n++;
   closedir(d);
   return n;
+}
+
+/* Reads exactly n bytes from a socket: 0, or -1 when it closed or failed first. */
+static inline int ct_read_full(int fd, void *buf, size_t n) {
+  size_t got = 0;
+  while (got < n) {
+    ssize_t r = recv(fd, (char *)buf + got, n - got, 0);
+    if (r <= 0) return -1;
+    got += (size_t)r;
+  }
+  return 0;
 }
 
 /* Open fds and threads of this process. */

@@ -43,16 +43,6 @@ static int raw_connect(const char *addr) {
   return fd;
 }
 
-static int read_full(int fd, void *buf, size_t n) {
-  size_t got = 0;
-  while (got < n) {
-    ssize_t r = recv(fd, (char *)buf + got, n - got, 0);
-    if (r <= 0) return -1;
-    got += (size_t)r;
-  }
-  return 0;
-}
-
 static uint32_t le32(const uint8_t *p) { return p[0] | p[1] << 8 | p[2] << 16 | (uint32_t)p[3] << 24; }
 
 typedef struct raw_claim {
@@ -74,7 +64,7 @@ static int raw_handshake(const ct_world *w, const char *addr, const raw_claim *c
   hs_encode_hello(hello, cl->generation, cpu_root_tag(w->job), cpu_members_hash(w->size, w->addrs, w->hosts),
                   cl->src, cl->dst, w->size, HS_KIND_CTRL, nonce_c);
   int status = -1;
-  if (send(fd, hello, sizeof hello, MSG_NOSIGNAL) != (ssize_t)sizeof hello || read_full(fd, chal, sizeof chal) != 0)
+  if (send(fd, hello, sizeof hello, MSG_NOSIGNAL) != (ssize_t)sizeof hello || ct_read_full(fd, chal, sizeof chal) != 0)
     goto out;
   status = (int)le32(chal + 8);
   if (status != 0) goto out;
@@ -86,7 +76,7 @@ static int raw_handshake(const ct_world *w, const char *addr, const raw_claim *c
   else hs_mac(cl->secret, 32, "newt-client", hello, chal + 24, proof);
   if (proof_out) memcpy(proof_out, proof, 32);
   status = -1;
-  if (send(fd, proof, sizeof proof, MSG_NOSIGNAL) != (ssize_t)sizeof proof || read_full(fd, res, sizeof res) != 0)
+  if (send(fd, proof, sizeof proof, MSG_NOSIGNAL) != (ssize_t)sizeof proof || ct_read_full(fd, res, sizeof res) != 0)
     goto out;
   status = (int)le32(res);
 out:
@@ -192,7 +182,7 @@ static void knock_all(ct_world *w, const char *addr, int dst, int during_ops) {
     uint8_t hello[HS_HELLO_LEN], nonce_c[32] = {1}, chal[HS_CHAL_LEN], proof1[32];
     hs_encode_hello(hello, w->generation, cpu_root_tag(w->job), cpu_members_hash(w->size, w->addrs, w->hosts), src,
                     dst, w->size, HS_KIND_CTRL, nonce_c);
-    T_CHECK(send(fd, hello, sizeof hello, MSG_NOSIGNAL) == (ssize_t)sizeof hello && read_full(fd, chal, sizeof chal) == 0);
+    T_CHECK(send(fd, hello, sizeof hello, MSG_NOSIGNAL) == (ssize_t)sizeof hello && ct_read_full(fd, chal, sizeof chal) == 0);
     hs_mac(w->secret, 32, "newt-client", hello, chal + 24, proof1);
     close(fd); /* never sent: it would be accepted */
     raw_claim replay = {.generation = w->generation, .secret = w->secret, .src = src, .dst = dst, .proof = proof1};

@@ -175,16 +175,6 @@ static int send_all(int fd, const void *p, size_t n) {
   return 0;
 }
 
-static int read_full(int fd, void *buf, size_t n) {
-  size_t got = 0;
-  while (got < n) {
-    ssize_t r = recv(fd, (char *)buf + got, n - got, 0);
-    if (r <= 0) return -1;
-    got += (size_t)r;
-  }
-  return 0;
-}
-
 /* Reads until the other side closes (1), or an error or the receive timeout (0). */
 static int read_to_eof(int fd) {
   char b[512];
@@ -208,12 +198,12 @@ static int hx_join(const hx_ctx *x, const char *addr, int dst, int kind) {
   uint8_t hello[HS_HELLO_LEN], nonce[HS_NONCE_LEN], chal[HS_CHAL_LEN], proof[HS_MAC_LEN], expect[HS_MAC_LEN], res[8];
   newt_random_bytes(nonce, sizeof nonce);
   hs_encode_hello(hello, x->generation, x->tag, x->members, x->me, dst, x->size, kind, nonce);
-  if (send_all(fd, hello, sizeof hello) != 0 || read_full(fd, chal, sizeof chal) != 0 || le_get32(chal + 8) != 0)
+  if (send_all(fd, hello, sizeof hello) != 0 || ct_read_full(fd, chal, sizeof chal) != 0 || le_get32(chal + 8) != 0)
     goto bad;
   hs_mac(x->secret, 32, "newt-server", hello, chal + 24, expect);
   if (memcmp(expect, chal + 56, HS_MAC_LEN) != 0) goto bad;
   hs_mac(x->secret, 32, "newt-client", hello, chal + 24, proof);
-  if (send_all(fd, proof, sizeof proof) != 0 || read_full(fd, res, sizeof res) != 0 || le_get32(res) != 0) goto bad;
+  if (send_all(fd, proof, sizeof proof) != 0 || ct_read_full(fd, res, sizeof res) != 0 || le_get32(res) != 0) goto bad;
   return fd;
 bad:
   close(fd);
@@ -244,13 +234,13 @@ static int hx_bad_hello(ct_world *w, const hx_ctx *x, const char *addr, int mut)
   int refused = 0;
   if (mut == H_CUT) {
     refused = send_all(fd, hello, 50) == 0 && shutdown(fd, SHUT_WR) == 0;
-  } else if (send_all(fd, hello, sizeof hello) == 0 && read_full(fd, chal, sizeof chal) == 0) {
+  } else if (send_all(fd, hello, sizeof hello) == 0 && ct_read_full(fd, chal, sizeof chal) == 0) {
     if (mut != H_PROOF_CUT && mut != H_DATA_LOCAL) {
       refused = le_get32(chal + 8) != 0;
     } else if (le_get32(chal + 8) == 0) {
       hs_mac(x->secret, 32, "newt-client", hello, chal + 24, proof);
       if (mut == H_PROOF_CUT) refused = send_all(fd, proof, 10) == 0 && shutdown(fd, SHUT_WR) == 0;
-      else refused = send_all(fd, proof, sizeof proof) == 0 && read_full(fd, res, sizeof res) == 0 && le_get32(res) != 0;
+      else refused = send_all(fd, proof, sizeof proof) == 0 && ct_read_full(fd, res, sizeof res) == 0 && le_get32(res) != 0;
     }
   }
   refused = refused && read_to_eof(fd);
@@ -271,11 +261,11 @@ static int hx_frame(int fd, int type, int rsv, unsigned len, uint32_t arg, const
 
 static int hx_read_frame(int fd, int *type, uint8_t *payload, size_t *len) {
   uint8_t h[CTRL_HDR];
-  if (read_full(fd, h, sizeof h) != 0) return -1;
+  if (ct_read_full(fd, h, sizeof h) != 0) return -1;
   *type = h[0];
   *len = (size_t)h[2] | (size_t)h[3] << 8;
   if (*len > CTRL_MAX_PAYLOAD) return -1;
-  return read_full(fd, payload, *len);
+  return ct_read_full(fd, payload, *len);
 }
 
 typedef struct hx_peer {
