@@ -43,7 +43,7 @@ int newt_cmd_run(int argc, char **argv) {
   spec_defaults(&d, job);
   int64_t nproc = 4, coords = 2, steps = d.steps, gb = d.global_batch, mb = d.micro_batch, every = 0, keep = d.ckpt_keep,
           threads = 1, tp = 1, pp = 1, zero = 0, timeout = 0, lease = d.lease_ttl_ms, comm_to = d.comm_timeout_ms,
-          hang = d.hang_timeout_ms, seed = (int64_t)d.seed, data_seed = (int64_t)d.data_seed, dp_min = d.dp_min,
+          hang = d.hang_timeout_ms, first_step = d.first_step_timeout_ms, seed = (int64_t)d.seed, data_seed = (int64_t)d.data_seed, dp_min = d.dp_min,
           dp_max = d.dp_max, seq = 0, members = 1, max_failures = d.max_failures, failure_window = d.failure_window_ms;
   double lr = d.lr;
   int quiet = 0;
@@ -87,6 +87,8 @@ int newt_cmd_run(int argc, char **argv) {
       {"lease-ttl-ms", NEWT_OPT_INT, &lease, "worker and coordinator lease TTL"},
       {"comm-timeout-ms", NEWT_OPT_INT, &comm_to, "a collective without progress this long fails"},
       {"hang-timeout-ms", NEWT_OPT_INT, &hang, "no step progress this long is a hang"},
+      {"first-step-timeout-ms", NEWT_OPT_INT, &first_step,
+       "until the job's first step completed (start-up: the model, the data, CUDA), the hang deadline"},
       {"max-failures", NEWT_OPT_INT, &max_failures, "the failure budget: more crash or hang recoveries than this in the window fail the job (0: none)"},
       {"failure-window-ms", NEWT_OPT_INT, &failure_window, "the failure budget's window"},
       {"no-metrics", NEWT_OPT_FLAG, &lo.no_metrics, "coordinators serve no metrics (default: each on a free port, printed)"},
@@ -148,6 +150,7 @@ int newt_cmd_run(int argc, char **argv) {
     s->lease_ttl_ms = lease;
     s->comm_timeout_ms = comm_to;
     s->hang_timeout_ms = hang;
+    s->first_step_timeout_ms = first_step;
     s->max_failures = max_failures;
     s->failure_window_ms = failure_window;
     if (strlen(backend) >= sizeof s->backend) {

@@ -517,6 +517,7 @@ static policy_view view_locked(coord *c) {
                        .first_report = c->first_report,
                        .first_gone = c->first_gone,
                        .last_progress = prog,
+                       .steps_done = c->prog_step,
                        .outage_end = c->outage_end,
                        .join_window_ms = newt_param_JoinWindowMs(),
                        .start_window_ms = newt_param_StartWindowMs(),

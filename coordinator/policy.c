@@ -298,7 +298,9 @@ static void decide_running(const policy_view *v, policy_decision *d) {
     } else if (passed(v, d->first_gone, s->lease_ttl_ms / 2)) {
       d->reason = POLICY_LEASE_LOST;
     }
-  } else if (passed(v, v->last_progress, s->hang_timeout_ms)) {
+  } else if (passed(v, v->last_progress, v->steps_done ? s->hang_timeout_ms : s->first_step_timeout_ms)) {
+    /* until the job's first step, start-up (a model built, data read, CUDA started) has a
+       deadline of its own: no false hang is charged to the failure budget */
     d->reason = POLICY_STALL;
   } else if (passed(v, v->last_join, v->join_window_ms)) {
     /* newcomers: replan only when they allow a larger layout */

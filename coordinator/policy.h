@@ -69,6 +69,7 @@ typedef struct policy_view {
   uint64_t first_report;  /* the first report of this generation */
   uint64_t first_gone;    /* a rank of this generation was first missing */
   uint64_t last_progress; /* the newest step change, or the plan if later */
+  int64_t steps_done;     /* the job's newest completed step (0: none yet: start-up) */
   uint64_t outage_end;    /* etcd last came back after an outage (0: never) */
   int64_t join_window_ms; /* joins settle after this long without one */
   int64_t start_window_ms;

@@ -40,6 +40,7 @@ void spec_defaults(newt_spec *s, const char *job) {
   s->lease_ttl_ms = 2000;
   s->comm_timeout_ms = 3000;
   s->hang_timeout_ms = 5000;
+  s->first_step_timeout_ms = 120000;
   s->report_window_ms = 300;
   s->replica_every = 1;
   s->max_failures = 10;
@@ -118,13 +119,14 @@ static newt_result_t parse_ckpt(const cJSON *c, newt_spec *s) {
 
 static newt_result_t parse_fault(const cJSON *f, newt_spec *s) {
   static const char *const known[] = {"lease_ttl_ms", "comm_timeout_ms", "hang_timeout_ms",
-                                      "report_window_ms", "replica_every", "max_failures",
+                                      "first_step_timeout_ms", "report_window_ms", "replica_every", "max_failures",
                                       "failure_window_ms", NULL};
   const char *w = "spec.fault";
   NEWT_CHECK(newt_json_check_fields(f, w, known));
   NEWT_CHECK(newt_json_get_int(f, w, "lease_ttl_ms", 0, &s->lease_ttl_ms));
   NEWT_CHECK(newt_json_get_int(f, w, "comm_timeout_ms", 0, &s->comm_timeout_ms));
   NEWT_CHECK(newt_json_get_int(f, w, "hang_timeout_ms", 0, &s->hang_timeout_ms));
+  NEWT_CHECK(newt_json_get_int(f, w, "first_step_timeout_ms", 0, &s->first_step_timeout_ms));
   NEWT_CHECK(newt_json_get_int(f, w, "report_window_ms", 0, &s->report_window_ms));
   NEWT_CHECK(newt_json_get_int(f, w, "max_failures", 0, &s->max_failures));
   NEWT_CHECK(newt_json_get_int(f, w, "failure_window_ms", 0, &s->failure_window_ms));
@@ -256,6 +258,7 @@ newt_result_t spec_validate(const newt_spec *s) {
       {"spec.fault.lease_ttl_ms", s->lease_ttl_ms, 3600000},
       {"spec.fault.comm_timeout_ms", s->comm_timeout_ms, 86400000},
       {"spec.fault.hang_timeout_ms", s->hang_timeout_ms, 86400000},
+      {"spec.fault.first_step_timeout_ms", s->first_step_timeout_ms, 86400000},
       {"spec.fault.report_window_ms", s->report_window_ms, 3600000},
       {"spec.fault.replica_every", s->replica_every, 1 << 20},
       {"spec.fault.max_failures", s->max_failures, 1 << 20},
@@ -287,6 +290,8 @@ newt_result_t spec_validate(const newt_spec *s) {
        (long long)s->comm_timeout_ms);
   RULE(s->hang_timeout_ms >= 100, "spec.fault.hang_timeout_ms: must be at least 100, got %lld",
        (long long)s->hang_timeout_ms);
+  RULE(s->first_step_timeout_ms >= 100, "spec.fault.first_step_timeout_ms: must be at least 100, got %lld",
+       (long long)s->first_step_timeout_ms);
   RULE(s->report_window_ms >= 0, "spec.fault.report_window_ms: must not be negative");
   RULE(s->max_failures >= 0, "spec.fault.max_failures: must not be negative (0: no budget)");
   RULE(s->failure_window_ms >= 1000, "spec.fault.failure_window_ms: must be at least 1000, got %lld",
@@ -342,6 +347,7 @@ char *spec_to_json(const newt_spec *s) {
   newt_json_add_int(f, "lease_ttl_ms", s->lease_ttl_ms);
   newt_json_add_int(f, "comm_timeout_ms", s->comm_timeout_ms);
   newt_json_add_int(f, "hang_timeout_ms", s->hang_timeout_ms);
+  newt_json_add_int(f, "first_step_timeout_ms", s->first_step_timeout_ms);
   newt_json_add_int(f, "report_window_ms", s->report_window_ms);
   newt_json_add_int(f, "replica_every", s->replica_every);
   newt_json_add_int(f, "max_failures", s->max_failures);
@@ -362,7 +368,7 @@ void spec_data_desc(const newt_spec *s, char *out, size_t cap) {
 static const char *const changeable[] = {
     "parallel.dp_min",        "parallel.dp_max",        "parallel.start_workers", "parallel.start_timeout_ms",
     "ckpt.every",             "ckpt.keep",              "ckpt.level",             "fault.comm_timeout_ms",
-    "fault.hang_timeout_ms",  "fault.report_window_ms", "fault.replica_every",    "fault.max_failures",
+    "fault.hang_timeout_ms",  "fault.first_step_timeout_ms", "fault.report_window_ms", "fault.replica_every",    "fault.max_failures",
     "fault.failure_window_ms", NULL};
 
 /* Walks the leaves of a and b (the same shape: both from spec_to_json) and notes every

@@ -59,6 +59,8 @@ typedef struct newt_spec {
   int64_t lease_ttl_ms;     /* worker and coordinator leases */
   int64_t comm_timeout_ms;  /* floor of a collective's no-progress deadline */
   int64_t hang_timeout_ms;  /* a member whose step stops advancing this long is fenced */
+  int64_t first_step_timeout_ms; /* the same, until the job's first step completed (start-up: model
+                                    build, data, CUDA initialisation) */
   int64_t report_window_ms; /* how long the leader gathers failure reports before planning */
   int64_t replica_every;    /* ZeRO: refresh the in-memory copy of a shard every N steps */
   /* the failure budget: more than max_failures recoveries from a crash or hang within

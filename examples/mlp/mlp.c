@@ -2,6 +2,10 @@
  * OpenBLAS for its matrix products). docs/api.md walks through it.
  *
  *   newt run --nproc 4 [--zero 1] [--steps N] -- newt-mlp [--hidden H] [--lr LR] [--seed S]
+ *                                                         [--start-delay-ms MS]
+ *
+ * --start-delay-ms: a slow start-up on purpose (what building a large model or starting CUDA
+ * costs), spent after the first generation's restore, before the first step.
  *
  * The model: a two-layer perceptron (D inputs, H hidden units with tanh, C classes, softmax
  * cross-entropy) learning a fixed random teacher. Sample i's input is drawn by a
@@ -23,6 +27,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "newt.h"
 
@@ -234,21 +239,25 @@ static newt_result_t step(newt_ctx *c, const model *md, state *s, const newt_lay
 /* --- main ------------------------------------------------------------------------------------- */
 
 static int usage(const char *why) {
-  fprintf(stderr, "newt-mlp: %s\nusage: newt run [flags] -- newt-mlp [--hidden H] [--lr LR] [--seed S]\n", why);
+  fprintf(stderr, "newt-mlp: %s\nusage: newt run [flags] -- newt-mlp [--hidden H] [--lr LR] [--seed S] "
+                  "[--start-delay-ms MS]\n", why);
   return 2;
 }
 
 int main(int argc, char **argv) {
   model md = {.H = 64, .lr = 0.003, .seed = 1};
+  long start_delay_ms = 0;
   for (int i = 1; i < argc; i++) {
     char *end = NULL;
     if (i + 1 < argc && strcmp(argv[i], "--hidden") == 0) md.H = (int)strtol(argv[++i], &end, 10);
     else if (i + 1 < argc && strcmp(argv[i], "--lr") == 0) md.lr = strtod(argv[++i], &end);
     else if (i + 1 < argc && strcmp(argv[i], "--seed") == 0) md.seed = strtoull(argv[++i], &end, 10);
+    else if (i + 1 < argc && strcmp(argv[i], "--start-delay-ms") == 0) start_delay_ms = strtol(argv[++i], &end, 10);
     else return usage("unknown argument");
     if (!end || *end) return usage("a value is not a number");
   }
-  if (md.H < 1 || md.H > 4096 || !(md.lr > 0)) return usage("--hidden must be 1 to 4096 and --lr > 0");
+  if (md.H < 1 || md.H > 4096 || !(md.lr > 0) || start_delay_ms < 0 || start_delay_ms > 3600000)
+    return usage("--hidden must be 1 to 4096, --lr > 0 and --start-delay-ms 0 to 3600000");
   md.n = (int64_t)md.H * D + md.H + (int64_t)C * md.H + C;
   for (int k = 0; k < C * D; k++) md.teacher[k] = uniform(7, 1000000 + (uint64_t)k, 0);
   openblas_set_num_threads(1);
@@ -269,6 +278,11 @@ int main(int argc, char **argv) {
        recovers (or says what was wrong: then we stop) */
     if (next == NEWT_NEXT_GENERATION) {
       if (newt_layout_get(c, &l) == NEWT_OK && generation(c, &md, job.zero, &s, &l) == NEWT_ERR_INVALID) r = NEWT_ERR_INVALID;
+      if (start_delay_ms > 0) { /* the slow start-up, once */
+        struct timespec ts = {start_delay_ms / 1000, start_delay_ms % 1000 * 1000000};
+        nanosleep(&ts, NULL);
+        start_delay_ms = 0;
+      }
     } else {
       (void)step(c, &md, &s, &l, &b);
     }

@@ -267,6 +267,7 @@ static void build(const tcase *t, picture *pic) {
                          .first_report = ago(t->first_report),
                          .first_gone = ago(t->first_gone),
                          .last_progress = ago(t->progress),
+                         .steps_done = 10, /* a job past its start-up (test_first_step: one before) */
                          .outage_end = t->outage ? ago(t->outage) : 0,
                          .join_window_ms = 500,
                          .start_window_ms = 1000,
@@ -341,6 +342,30 @@ static void test_clocks(void) {
   pic.v.last_progress = NOW - 1000000ull;
   T_OK(policy_decide(&pic.v, &d));
   T_CHECK(d.reason == POLICY_LEASE_LOST && strcmp(policy_cause(d.reason), "hang") == 0);
+  policy_decision_free(&d);
+  plan_free(&pic.plan);
+}
+
+/* Until the job's first step, the stall deadline is first_step_timeout_ms (issue 25, item 1):
+ * start-up beyond the hang timeout is no hang; beyond its own deadline it is. */
+static void test_first_step(void) {
+  picture pic;
+  policy_decision d;
+  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
+    if (strcmp(cases[i].name, "stall: no step for hang_timeout_ms") == 0) build(&cases[i], &pic);
+  pic.v.steps_done = 0;
+  T_OK(policy_decide(&pic.v, &d));
+  T_CHECK_MSG(d.reason == POLICY_NONE, "start-up 6 s in (hang timeout %lld ms): reason %s",
+              (long long)pic.spec.hang_timeout_ms, policy_cause(d.reason) ? policy_cause(d.reason) : "none");
+  policy_decision_free(&d);
+  pic.v.last_progress = NOW - (uint64_t)(pic.spec.first_step_timeout_ms + 1000) * 1000000ull;
+  T_OK(policy_decide(&pic.v, &d));
+  T_CHECK(d.reason == POLICY_STALL);
+  policy_decision_free(&d);
+  pic.v.steps_done = 1; /* once a step completed, the hang timeout again */
+  pic.v.last_progress = NOW - (uint64_t)(pic.spec.hang_timeout_ms + 1000) * 1000000ull;
+  T_OK(policy_decide(&pic.v, &d));
+  T_CHECK(d.reason == POLICY_STALL);
   policy_decision_free(&d);
   plan_free(&pic.plan);
 }
@@ -428,6 +453,7 @@ static void test_gpu_clash(void) {
 int main(void) {
   T_RUN(test_table);
   T_RUN(test_clocks);
+  T_RUN(test_first_step);
   T_RUN(test_causes);
   T_RUN(test_members_and_donors);
   T_RUN(test_gpu_clash);

@@ -136,6 +136,10 @@ static const scenario scenarios[] = {
        dp 2 and a spare, and the spare's shard and copy (perhaps the only ones left of a
        slice) reach the new ranks: it is a donor of the plan that makes it a spare */
     {"zero_spare", 40, 4, "kill:rank:2@step=10", {"crash"}, {"--zero", "1", "--micro-batch", "6", NULL}},
+    /* a slow start-up on purpose (issue 25, item 1): every worker spends 4 s after its first
+       restore before its first step, twice the hang timeout: no false hang, no recovery */
+    {.name = "slow_start", .steps = 60, .nproc = 2, .chaos = "", .causes = {NULL},
+     .extra = {"--hang-timeout-ms", "2000", NULL}, .program = "--hidden 64 --start-delay-ms 4000"},
     {.name = "mlp_zero_spare", .steps = 600, .nproc = 4, .chaos = "kill:rank:0@step=10", .causes = {"crash"},
      .extra = {"--zero", "1", "--micro-batch", "6", NULL}, .program = MLP},
     /* a lost ZeRO shard comes back from its copy on the next data-parallel rank, not from
