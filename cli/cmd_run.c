@@ -28,6 +28,33 @@ static const char run_epilogue[] =
     "(or slot + 1 when more). The program writes the step log through NEWT_STEP_LOG; the\n"
     "summary, chaos and report are as with the built-in trainer (docs/elastic.md).\n";
 
+/* The flags that set a field of the spec: with --spec the file sets them all, and a flag
+ * beside it would be silently overridden by the file. Says which were given, and returns 1,
+ * when any was. */
+static int spec_flags_given(int argc, int command, char **argv) {
+  static const char *const fields[] = {"preset", "model", "steps", "seq-len", "global-batch", "micro-batch", "lr",
+                                       "seed", "data", "data-seed", "ckpt-dir", "ckpt-every", "ckpt-keep", "tp", "pp",
+                                       "zero", "dp-min", "dp-max", "backend", "job", "lease-ttl-ms", "comm-timeout-ms",
+                                       "hang-timeout-ms", "first-step-timeout-ms", "max-failures",
+                                       "failure-window-ms", NULL};
+  char given[512] = "";
+  int end = command >= 0 ? command : argc;
+  for (int i = 1; i < end; i++) {
+    if (strncmp(argv[i], "--", 2) != 0) continue;
+    for (int k = 0; fields[k]; k++) {
+      size_t n = strlen(fields[k]);
+      if (strncmp(argv[i] + 2, fields[k], n) == 0 && (argv[i][2 + n] == '\0' || argv[i][2 + n] == '=')) {
+        size_t l = strlen(given);
+        snprintf(given + l, sizeof given - l, "%s--%s", l ? ", " : "", fields[k]);
+      }
+    }
+  }
+  if (!given[0]) return 0;
+  fprintf(stderr, "newt run: %s: the spec file (--spec) sets the job's fields; give them in the file, or leave out "
+                  "--spec\n", given);
+  return 1;
+}
+
 int newt_cmd_run(int argc, char **argv) {
   launcher_opts lo;
   memset(&lo, 0, sizeof lo);
@@ -81,7 +108,7 @@ int newt_cmd_run(int argc, char **argv) {
       {"etcd-key", NEWT_OPT_STR, &ef.key, "with --etcd-cert: its key"},
       {"etcd-members", NEWT_OPT_INT, &members, "members of the private etcd (1..5; chaos kill|stop:etcd:I acts on one)"},
       {"job", NEWT_OPT_STR, &job_name, "job name"},
-      {"spec", NEWT_OPT_STR, &spec_file, "job spec file (flags given after it are ignored)"},
+      {"spec", NEWT_OPT_STR, &spec_file, "job spec file (the flags of the spec's fields go in it, not beside it)"},
       {"coordinators", NEWT_OPT_INT, &coords, "coordinator processes (one leads)"},
       {"threads", NEWT_OPT_INT, &threads, "compute threads per worker"},
       {"lease-ttl-ms", NEWT_OPT_INT, &lease, "worker and coordinator lease TTL"},
@@ -107,6 +134,7 @@ int newt_cmd_run(int argc, char **argv) {
     return 2;
   }
   if (command >= 0) lo.command = argv + command; /* NULL-terminated, as main's argv is */
+  if (spec_file && spec_flags_given(argc, command, argv)) return 2;
   if (spec_file) {
     char *text = NULL;
     size_t len = 0;

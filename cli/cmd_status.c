@@ -143,9 +143,9 @@ static newt_result_t collect(rdzv_etcd *c, const char *job, int nevents, cJSON *
   for (const cJSON *e = events->child; e; e = e->next)
     if (strcmp(str_of(e, "type", ""), "recovered") == 0) cJSON_AddItemToArray(recs, cJSON_Duplicate(e, 1));
   while (cJSON_GetArraySize(events) > nevents) cJSON_DeleteItemFromArray(events, 0);
-  char leader[128];
+  char leader[128], shown[128];
   if (rdzv_leader_get(c, job, newt_deadline_in_ms(5000), leader, sizeof leader, NULL) == NEWT_OK)
-    cJSON_AddStringToObject(j, "leader", leader);
+    cJSON_AddStringToObject(j, "leader", newt_str_printable(shown, sizeof shown, leader));
   else
     cJSON_AddNullToObject(j, "leader");
   int nospace = 0, corrupt = 0;
@@ -154,6 +154,13 @@ static newt_result_t collect(rdzv_etcd *c, const char *job, int nevents, cJSON *
     if (nospace) cJSON_AddItemToArray(alarms, cJSON_CreateString("NOSPACE"));
     if (corrupt) cJSON_AddItemToArray(alarms, cJSON_CreateString("CORRUPT"));
   }
+  /* the job's state in a word, as the first line of the text says it */
+  const char *state = cJSON_GetObjectItemCaseSensitive(j, "failed")     ? "failed"
+                      : cJSON_GetObjectItemCaseSensitive(j, "done")     ? "done"
+                      : cJSON_GetObjectItemCaseSensitive(j, "progress") ? "running"
+                      : cJSON_GetObjectItemCaseSensitive(j, "plan")     ? "starting"
+                                                                        : "waiting";
+  cJSON_AddStringToObject(j, "state", state);
   *out = j;
   return NEWT_OK;
 }
@@ -311,21 +318,28 @@ int newt_cmd_status(int argc, char **argv) {
   cli_etcd_flags ef;
   cli_etcd_flags_init(&ef);
   int json = 0, watch = 0;
-  int64_t wait_workers = 0, timeout = 60000, nevents = 10, interval = 1000;
+  int64_t wait_workers = 0, timeout = -1, nevents = 10, interval = 1000, etcd_wait = 60000;
   newt_opt opts[] = {CLI_ETCD_OPTS(&ef),
                      {"json", NEWT_OPT_FLAG, &json, "one JSON object per line instead of text"},
                      {"watch", NEWT_OPT_FLAG, &watch, "refresh every --interval-ms until the job is done"},
                      {"interval-ms", NEWT_OPT_INT, &interval, "how often --watch refreshes"},
                      {"wait-workers", NEWT_OPT_INT, &wait_workers, "wait until at least N workers are registered"},
-                     {"timeout-ms", NEWT_OPT_INT, &timeout, "how long --wait-workers waits"},
+                     {"timeout-ms", NEWT_OPT_INT, &timeout,
+                      "how long --wait-workers waits (default 60000); with --watch, the most it watches (default: "
+                      "until the job is done or failed)"},
+                     {"etcd-wait-ms", NEWT_OPT_INT, &etcd_wait,
+                      "with --watch, how long etcd may be unreachable before it gives up (a job's etcd ends with it)"},
                      {"events", NEWT_OPT_INT, &nevents, "newest events to show"},
                      NEWT_OPT_END};
   int rc = newt_opts_exit(newt_opts_parse("status", "--job NAME [flags]", opts, argc, argv, NULL, 0, NULL));
   if (rc >= 0) return rc;
-  if (interval < 50 || nevents < 0) {
-    fprintf(stderr, "newt status: --interval-ms must be at least 50 and --events at least 0\n");
+  if (interval < 50 || nevents < 0 || timeout < -1 || timeout == 0 || etcd_wait < 0) {
+    fprintf(stderr, "newt status: --interval-ms must be at least 50, --events at least 0, --timeout-ms positive and "
+                    "--etcd-wait-ms at least 0\n");
     return 2;
   }
+  newt_deadline_t watch_end = newt_deadline_in_ms(watch && timeout > 0 ? timeout : -1); /* -1: none */
+  if (timeout < 0) timeout = 60000; /* --wait-workers' */
   rdzv_etcd_opts eo;
   char *password = NULL;
   rdzv_etcd *c = NULL;
@@ -366,6 +380,14 @@ int newt_cmd_status(int argc, char **argv) {
               newt_errmsg(), tty ? "" : "\n");
       fflush(tty ? stdout : stderr);
       cJSON_Delete(j);
+      if (now - away_since >= (uint64_t)etcd_wait) { /* the job's etcd may have ended with it: do not spin */
+        fprintf(stderr, "%snewt status: giving up: etcd unreachable for %s, longer than --etcd-wait-ms %lld (a job "
+                "run by newt run stops its etcd when it ends)\n", tty ? "\n" : "", dur, (long long)etcd_wait);
+        r = NEWT_OK;
+        rc = 1;
+        break;
+      }
+      if (newt_deadline_passed(watch_end)) break;
       newt_sleep_ms((int64_t)interval);
       if (newt_stop_requested()) break;
       continue;
@@ -373,7 +395,10 @@ int newt_cmd_status(int argc, char **argv) {
     away_since = 0;
     if (r != NEWT_OK) break;
     show(j, json, watch, tty);
-    int done = cJSON_GetObjectItemCaseSensitive(j, "done") != NULL || cJSON_GetObjectItemCaseSensitive(j, "failed") != NULL;
+    const char *state = str_of(j, "state", "");
+    int done = strcmp(state, "done") == 0 || strcmp(state, "failed") == 0;
+    char st[16];
+    snprintf(st, sizeof st, "%s", state);
     cJSON_Delete(j);
     if (n < wait_workers) {
       fprintf(stderr, "newt status: %d workers registered for job %s after %lld ms, %lld wanted\n", n, ef.job,
@@ -383,6 +408,11 @@ int newt_cmd_status(int argc, char **argv) {
     }
     wait_workers = 0; /* waited for once, before the first look */
     if (!watch || done) break;
+    if (newt_deadline_passed(watch_end)) {
+      fprintf(stderr, "newt status: watched job %s for --timeout-ms %lld: it is still %s\n", ef.job, (long long)timeout, st);
+      rc = 1;
+      break;
+    }
     for (newt_deadline_t next = newt_deadline_in_ms(interval); !newt_deadline_passed(next) && !newt_stop_requested();)
       newt_sleep_ms(20);
     if (newt_stop_requested()) break;

@@ -5,6 +5,7 @@
 #include "cli/cmds.h"
 #include "comm/comm.h"
 #include "common/err.h"
+#include "common/log.h"
 #include "common/strutil.h"
 #include "common/sys.h"
 #include "model/dev.h"
@@ -76,6 +77,7 @@ int main(int argc, char **argv) {
     return version(libs);
   }
   newt_signals_install();
+  (void)newt_log_enabled(NEWT_LOG_ERROR, 0); /* the logging environment read now: a bad value is said at once */
   for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
     if (strcmp(argv[1], commands[i].name) == 0) return commands[i].fn(argc - 2, argv + 2);
   /* a mistyped command (or flag of newt itself): name the one that was meant */

@@ -49,8 +49,12 @@ static void parse_subsys(const char *s) {
   char buf[256];
   snprintf(buf, sizeof buf, "%s", s);
   for (char *save = NULL, *tok = strtok_r(buf, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
+    int known = 0;
     for (size_t i = 0; i < sizeof subsys_names / sizeof subsys_names[0]; i++)
-      if (strcasecmp(tok, subsys_names[i].name) == 0) mask |= subsys_names[i].bit;
+      if (strcasecmp(tok, subsys_names[i].name) == 0) mask |= subsys_names[i].bit, known = 1;
+    if (!known)
+      fprintf(stderr, "newt: NEWT_DEBUG_SUBSYS: %s is not one of COMMON, RDZV, COMM, MODEL, CKPT, COORD, WORKER, "
+                      "CLI, BENCH, JOB, ALL\n", tok);
   }
   log_subsys = invert ? ~mask : mask;
 }

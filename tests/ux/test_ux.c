@@ -96,6 +96,19 @@ static void test_cli(void) {
   expect((const char *[]){n, "--version", NULL}, 0, "newt 0.");
   expect((const char *[]){n, "report", NULL}, 2, "give a run's log directory");
   expect((const char *[]){n, "report", "/nonexistent/dir", NULL}, 2, "is not a directory");
+  /* a logging variable of an unknown value is said at once, whatever the command (item 6) */
+  setenv("NEWT_DEBUG", "verbose", 1);
+  setenv("NEWT_LOG_FORMAT", "yaml", 1);
+  setenv("NEWT_DEBUG_SUBSYS", "RDZV,NETWORK", 1);
+  expect((const char *[]){n, "report", NULL}, 2, "NEWT_DEBUG=verbose is not one of ERROR, WARN, INFO, DEBUG, TRACE");
+  expect((const char *[]){n, "report", NULL}, 2, "NEWT_LOG_FORMAT=yaml is not text or json");
+  expect((const char *[]){n, "report", NULL}, 2, "NEWT_DEBUG_SUBSYS: NETWORK is not one of");
+  unsetenv("NEWT_DEBUG");
+  unsetenv("NEWT_LOG_FORMAT");
+  unsetenv("NEWT_DEBUG_SUBSYS");
+  /* a flag of a spec field beside --spec is refused, not silently ignored (issue 25, item 6) */
+  expect((const char *[]){n, "run", "--spec", "/nonexistent/spec.json", "--steps", "3", "--lr=0.1", NULL}, 2,
+         "--steps, --lr: the spec file (--spec) sets the job's fields");
 }
 
 /* --- run: status, step log, report ------------------------------------------------------------ */
@@ -217,6 +230,39 @@ static void check_status_hostile(const char *url) {
     free(out);
   }
   rdzv_etcd_free(c);
+}
+
+/* `newt status --watch` ends (issue 25, item 3): by itself when the job is done (its JSON
+ * says "state":"done"); after --timeout-ms for a job that makes no progress; and when etcd
+ * stays unreachable past --etcd-wait-ms (the etcd of a `newt run` ends with its job). */
+static void check_watch_ends(const char *url) {
+  char *out = NULL;
+  const char *done[] = {newt_bin, "status", "--etcd", url, "--job", "ux", "--watch", "--json", NULL};
+  int rc = run_capture(done, 30000, &out);
+  T_CHECK_MSG(rc == 0 && out && strstr(out, "\"state\":\"done\""), "--watch of a done job: exit %d:\n%s", rc,
+              out ? out : "");
+  free(out);
+  rdzv_etcd_opts eo;
+  rdzv_etcd_server_client_opts(etcd, &eo);
+  rdzv_etcd *c = NULL;
+  T_OK(rdzv_etcd_init(&eo, &c));
+  char key[256];
+  const char *prog = "{\"generation\":1,\"step\":3,\"loss\":1.5,\"tokens_per_s\":1,\"t_ms\":1}";
+  if (c && rdzv_key(key, sizeof key, "stuck", "progress") == NEWT_OK)
+    T_OK(rdzv_etcd_put(c, key, prog, strlen(prog), 0, newt_deadline_in_ms(5000), NULL));
+  rdzv_etcd_free(c);
+  const char *stuck[] = {newt_bin, "status", "--etcd", url, "--job", "stuck", "--watch", "--interval-ms", "100",
+                         "--timeout-ms", "700", NULL};
+  rc = run_capture(stuck, 30000, &out);
+  T_CHECK_MSG(rc == 1 && out && strstr(out, "--timeout-ms 700: it is still running"),
+              "--watch --timeout-ms 700 of a job that makes no progress: exit %d:\n%s", rc, out ? out : "");
+  free(out);
+  const char *away[] = {newt_bin, "status", "--etcd", "http://127.0.0.1:9", "--job", "ux", "--watch", "--interval-ms",
+                        "100", "--etcd-wait-ms", "500", NULL};
+  rc = run_capture(away, 30000, &out);
+  T_CHECK_MSG(rc == 1 && out && strstr(out, "giving up: etcd unreachable"),
+              "--watch with etcd away past --etcd-wait-ms: exit %d:\n%s", rc, out ? out : "");
+  free(out);
 }
 
 /* The --watch --json lines written while the job ran. */
@@ -405,6 +451,7 @@ static void test_run(void) {
   check_step_log(steps, base, &gens);
   T_CHECK_MSG(gens >= 3, "the step log ends in generation %lld (a crash and a join: 3)", (long long)gens);
   check_status_after(url, nrec);
+  check_watch_ends(url);
   check_status_hostile(url);
 
   char page[300];
