@@ -8,6 +8,7 @@ int newt_cmd_run(int argc, char **argv);         /* single-host launcher */
 int newt_cmd_coordinator(int argc, char **argv); /* control plane */
 int newt_cmd_worker(int argc, char **argv);      /* one training process */
 int newt_cmd_status(int argc, char **argv);      /* job state from etcd */
+int newt_cmd_job(int argc, char **argv);         /* job rm: a job's records out of etcd */
 int newt_cmd_report(int argc, char **argv);      /* an HTML report of a run */
 int newt_cmd_ckpt(int argc, char **argv);        /* ls / inspect / verify */
 int newt_cmd_bench(int argc, char **argv);       /* benchmarks, JSON lines */

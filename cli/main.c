@@ -19,6 +19,7 @@ static const struct {
     {"coordinator", newt_cmd_coordinator, "run a coordinator (leader election, plans, failure detection)"},
     {"worker", newt_cmd_worker, "run one training worker"},
     {"status", newt_cmd_status, "show a job's state from etcd (--watch: live)"},
+    {"job", newt_cmd_job, "job rm: remove a job's records from etcd, so that its name can be used again"},
     {"report", newt_cmd_report, "an HTML page of a run: loss, membership, recoveries, throughput"},
     {"train", newt_cmd_train, "train in one process, without a coordinator"},
     {"ckpt", newt_cmd_ckpt, "list, inspect and verify checkpoints"},

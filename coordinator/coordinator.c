@@ -1355,7 +1355,8 @@ newt_result_t coordinator_run(const coordinator_opts *o) {
   while (r == NEWT_OK && !newt_stop_requested()) {
     atomic_store(&c->tick, newt_now_ns());
     if (job_ended(c)) {
-      NEWT_INFO(COORD, "%s: job %s has %s; exiting", c->id, c->o->job, c->failed ? "failed" : "its end marker");
+      NEWT_INFO(COORD, "%s: job %s has %s; exiting (to use the name again: newt job rm --job %s)", c->id, c->o->job,
+                c->failed ? "failed" : "its end marker", c->o->job);
       break;
     }
     rdzv_campaign_opts co = {.name = c->id, .ttl_s = (c->spec.lease_ttl_ms + 999) / 1000, .fn = on_leadership, .ud = c};

@@ -265,6 +265,42 @@ static void check_watch_ends(const char *url) {
   free(out);
 }
 
+/* `newt job rm` (issue 25, item 7): a done job's records go (asked for --yes without a
+ * terminal), its name is free again; a live one is refused without --force. */
+static void check_job_rm(const char *url) {
+  char *out = NULL;
+  const char *ask[] = {newt_bin, "job", "rm", "--etcd", url, "--job", "ux", NULL};
+  int rc = run_capture(ask, 30000, &out);
+  T_CHECK_MSG(rc == 2 && out && strstr(out, "Give --yes"), "job rm without --yes: exit %d:\n%s", rc, out ? out : "");
+  free(out);
+  rdzv_etcd_opts eo;
+  rdzv_etcd_server_client_opts(etcd, &eo);
+  rdzv_etcd *c = NULL;
+  T_OK(rdzv_etcd_init(&eo, &c));
+  char key[256];
+  int64_t lease = 0; /* a registration as a live worker has it: on a lease */
+  if (c) T_OK(rdzv_etcd_lease_grant(c, 60, 0, newt_deadline_in_ms(5000), &lease, NULL));
+  if (c && rdzv_key(key, sizeof key, "live", "workers/w0") == NEWT_OK)
+    T_OK(rdzv_etcd_put(c, key, "{}", 2, lease, newt_deadline_in_ms(5000), NULL));
+  const char *live[] = {newt_bin, "job", "rm", "--etcd", url, "--job", "live", "--yes", NULL};
+  rc = run_capture(live, 30000, &out);
+  T_CHECK_MSG(rc == 1 && out && strstr(out, "job live is live"), "job rm of a live job: exit %d:\n%s", rc,
+              out ? out : "");
+  free(out);
+  const char *yes[] = {newt_bin, "job", "rm", "--etcd", url, "--job", "ux", "--yes", NULL};
+  rc = run_capture(yes, 30000, &out);
+  T_CHECK_MSG(rc == 0 && out && strstr(out, "removed job ux"), "job rm --yes: exit %d:\n%s", rc, out ? out : "");
+  free(out);
+  char prefix[256];
+  rdzv_etcd_kvs left = {0};
+  if (c && rdzv_key(prefix, sizeof prefix, "ux", "") == NEWT_OK)
+    T_OK(rdzv_etcd_range(c, prefix, &(rdzv_etcd_range_opts){.prefix = 1, .count_only = 1}, newt_deadline_in_ms(5000),
+                         &left));
+  T_CHECK_MSG(left.count == 0, "%lld keys of job ux left after job rm", (long long)left.count);
+  rdzv_etcd_kvs_free(&left);
+  rdzv_etcd_free(c);
+}
+
 /* The --watch --json lines written while the job ran. */
 static void check_watch(const char *path, pid_t watcher) {
   int st = 0;
@@ -453,6 +489,7 @@ static void test_run(void) {
   check_status_after(url, nrec);
   check_watch_ends(url);
   check_status_hostile(url);
+  check_job_rm(url);
 
   char page[300];
   snprintf(page, sizeof page, "%s/report.html", logs);
