@@ -195,6 +195,7 @@ struct newt_ctx {
   int stage_fill_due;      /* the saver's staging is to be reserved in the pool by a thread
                               started after the generation's first step */
   int stage_filling;       /* that thread runs (joined before a save begins) */
+  atomic_int stage_filled; /* that thread has reserved what it was to (or given up) */
   pthread_t stage_fill;
   worker_pinned *pinned; /* host staging of device memory the host cannot touch (pinned.c) */
   int64_t ckpt_failed_step, ckpt_published;

@@ -50,6 +50,7 @@ typedef struct stage_fill_job {
   worker_pinned *pool;
   size_t bytes;
   const char *id;
+  atomic_int *done;
 } stage_fill_job;
 
 static void *fill_staging(void *arg) {
@@ -57,6 +58,7 @@ static void *fill_staging(void *arg) {
   if (worker_pinned_reserve(j->pool, j->bytes) != NEWT_OK)
     NEWT_WARN(WORKER, "%s: taking the checkpoint staging ahead of the first save: %s (the save takes it then)", j->id,
               newt_errmsg());
+  atomic_store(j->done, 1);
   free(j);
   return NULL;
 }
@@ -76,7 +78,8 @@ static void start_staging(worker *w) {
   staging_filled(w);
   stage_fill_job *j = malloc(sizeof *j);
   if (!j) return; /* the save takes it */
-  *j = (stage_fill_job){w->pinned, primary_bytes(w), w->id};
+  *j = (stage_fill_job){w->pinned, primary_bytes(w), w->id, &w->stage_filled};
+  atomic_store(&w->stage_filled, 0);
   w->stage_filling = pthread_create(&w->stage_fill, NULL, fill_staging, j) == 0;
   if (!w->stage_filling) free(j);
 }

@@ -216,9 +216,10 @@ static int check_staging(rank_state *rs, int rank, int s, const worker_pinned_st
   worker *w = &rs->w;
   worker_pinned_stats now = {0};
   if (s == 1 && rs->dev == model_dev_cpu()) {
+    /* the reservation done (it may take more than one block), not merely begun */
     for (newt_deadline_t d = newt_deadline_in_ms(20000); !newt_deadline_passed(d); newt_sleep_ms(2)) {
       if (w->pinned) worker_pinned_stats_get(w->pinned, &now);
-      if (now.allocs > before->allocs) return 0;
+      if (atomic_load(&w->stage_filled) && now.allocs > before->allocs) return 0;
     }
     fprintf(stderr, "rank %d: FAIL the saver's staging was not reserved after the first step (%s, %llu blocks)\n",
             rank, w->pinned ? "a pool" : "no pool", (unsigned long long)now.allocs);
