@@ -185,15 +185,21 @@ static void check_status_after(const char *url, int nrec) {
   free(out);
 }
 
+/* A client of the test's etcd (NULL, with a failed check, when it cannot be made). */
+static rdzv_etcd *ux_client(void) {
+  rdzv_etcd_opts eo;
+  rdzv_etcd_server_client_opts(etcd, &eo);
+  rdzv_etcd *c = NULL;
+  T_OK(rdzv_etcd_init(&eo, &c));
+  return c;
+}
+
 /* Records whose strings carry terminal escapes, newlines and bells (issue 24, item 6): a plan
  * whose cause clears the screen, a worker key and an event of the same, a checkpoint pointer
  * with a BEL in its directory. Whatever `newt status` prints of them (text or JSON, stdout
  * and stderr) carries no control byte but the line ends. */
 static void check_status_hostile(const char *url) {
-  rdzv_etcd_opts eo;
-  rdzv_etcd_server_client_opts(etcd, &eo);
-  rdzv_etcd *c = NULL;
-  T_OK(rdzv_etcd_init(&eo, &c));
+  rdzv_etcd *c = ux_client();
   if (!c) return;
   char *plan = NULL, key[256];
   T_OK(rdzv_plan_get(c, "ux", newt_deadline_in_ms(5000), &plan, NULL, NULL));
@@ -242,10 +248,7 @@ static void check_watch_ends(const char *url) {
   T_CHECK_MSG(rc == 0 && out && strstr(out, "\"state\":\"done\""), "--watch of a done job: exit %d:\n%s", rc,
               out ? out : "");
   free(out);
-  rdzv_etcd_opts eo;
-  rdzv_etcd_server_client_opts(etcd, &eo);
-  rdzv_etcd *c = NULL;
-  T_OK(rdzv_etcd_init(&eo, &c));
+  rdzv_etcd *c = ux_client();
   char key[256];
   const char *prog = "{\"generation\":1,\"step\":3,\"loss\":1.5,\"tokens_per_s\":1,\"t_ms\":1}";
   if (c && rdzv_key(key, sizeof key, "stuck", "progress") == NEWT_OK)
@@ -273,10 +276,7 @@ static void check_job_rm(const char *url) {
   int rc = run_capture(ask, 30000, &out);
   T_CHECK_MSG(rc == 2 && out && strstr(out, "Give --yes"), "job rm without --yes: exit %d:\n%s", rc, out ? out : "");
   free(out);
-  rdzv_etcd_opts eo;
-  rdzv_etcd_server_client_opts(etcd, &eo);
-  rdzv_etcd *c = NULL;
-  T_OK(rdzv_etcd_init(&eo, &c));
+  rdzv_etcd *c = ux_client();
   char key[256];
   int64_t lease = 0; /* a registration as a live worker has it: on a lease */
   if (c) T_OK(rdzv_etcd_lease_grant(c, 60, 0, newt_deadline_in_ms(5000), &lease, NULL));
