@@ -12,24 +12,24 @@
 # image's nvidia-nccl wheel, else the loader's cache or the toolkit). `newt --version --libs`
 # says which NCCL was loaded and refuses one older than the NCCL backend needs (2.28.7).
 #
-# The steps, most valuable first, each under `timeout` with a cap (the caps add up to 325 s;
-# a step that would pass the 330 s deadline gets what is left, and none when under 5 s):
+# The steps, most valuable first, each under `timeout` with a cap (the caps add up to 295 s;
+# a step that would pass the 300 s deadline gets what is left, and none when under 5 s):
 #    15 s  unpack the bundle and check every file against its MANIFEST.txt
 #    10 s  environment: driver, GPUs, CUDA, NCCL, cuBLAS (newt --version --libs)
 #    25 s  the CUDA kernels against the CPU device's (test_kernels: stated tolerances, one
 #          JSON line per op; the matmul timed on random data)
-#    70 s  the NCCL backend's multi-rank suite against the real NCCL (test_comm_nccl): one GPU
+#    60 s  the NCCL backend's multi-rank suite against the real NCCL (test_comm_nccl): one GPU
 #          per rank where there are enough (3), otherwise ranks sharing GPUs, each its own
-#          NCCL host (NCCL_HOSTID), over NCCL's socket transport; 20 of its 100 rebuilds
+#          NCCL host (NCCL_HOSTID), over NCCL's socket transport; 15 of its 100 rebuilds
 #    20 s  newt bench allreduce --backend nccl: 2 ranks at least (on one GPU, two sharing it)
-#    35 s  newt bench train --backend cuda --preset gpt2-124m: tokens/s and MFU
-#    55 s  the trainer's layouts (dp2 ZeRO 1, tp2 x pp2, tp2 x dp2 ZeRO 3) against
+#    30 s  newt bench train --backend cuda --preset gpt2-124m: tokens/s and MFU
+#    50 s  the trainer's layouts (dp2 ZeRO 1, tp2 x pp2, tp2 x dp2 ZeRO 3) against
 #          `newt train --device cuda`, and checkpoints crossing devices both ways
 #          (tests/gpu/layouts.sh, 30 steps)
-#    40 s  an elastic `newt run --backend nccl --share-gpus` of three workers with a kill and a
+#    35 s  an elastic `newt run --backend nccl --share-gpus` of three workers with a kill and a
 #          join, against `newt train` on the CPU (tests/gpu/elastic.sh)
 #    25 s  newt bench recovery --backend nccl --share-gpus: one recovery's phases
-#    30 s  the PyTorch example (examples/torch, the Python package) on CUDA tensors, NCCL on
+#    25 s  the PyTorch example (examples/torch, the Python package) on CUDA tensors, NCCL on
 #          torch's stream: two workers and a kill against one worker (tests/gpu/torch.sh)
 # A failed step, one that timed out and one that did not run fail the script; each failed
 # step's last words are its "why" in the summary. Writes $OUT/gpu-summary.json (OUT
@@ -46,7 +46,7 @@ SUMMARY=$OUT_DIR/gpu-summary.json
 exec > >(tee -a "$LOG") 2>&1
 
 T0=$(date +%s)
-BUDGET=330
+BUDGET=300
 DEADLINE=$((T0 + BUDGET))
 failed=0
 nstep=0
@@ -248,7 +248,7 @@ export NCCL_DEBUG=${NCCL_DEBUG:-WARN}
 # --- 2. kernels, the NCCL suite ------------------------------------------------------------------------
 step "kernels (test_kernels)" 25 "$(test_bin test_kernels)"
 kernels_json=$(all_json "$STEP_LOG")
-NEWT_TEST_REBUILDS=20 step "NCCL suite (test_comm_nccl)" 70 "$(test_bin test_comm_nccl)"
+NEWT_TEST_REBUILDS=15 step "NCCL suite (test_comm_nccl)" 60 "$(test_bin test_comm_nccl)"
 cases_json=""
 while read -r verdict name secs; do
   cases_json="$cases_json${cases_json:+,}{\"case\":$(json_str "$name"),\"result\":$(json_str "$verdict"),\"seconds\":${secs:-0}}"
@@ -258,21 +258,21 @@ done < <(sed -n 's/^\(ok\|FAILED\) *\(test_[a-z0-9_]*\) (\([0-9.]*\) s)$/\1 \2 \
 step "bench allreduce --backend nccl" 20 \
   "$NEWT" bench allreduce --backend nccl --ranks "$([ "$gpus" -gt 2 ] && echo "$gpus" || echo 2)" --min 1M --max 256M --warmup 3
 bench_json=$(all_json "$STEP_LOG")
-step "bench train gpt2-124m --backend cuda" 35 \
+step "bench train gpt2-124m --backend cuda" 30 \
   "$NEWT" bench train --backend cuda --preset gpt2-124m --batch 16 --warmup 3 --steps 10
 train_json=$(last_json "$STEP_LOG")
 
 # --- 4. layouts, elastic, recovery ---------------------------------------------------------------------
-LAYOUT_STEPS=30 LAYOUTS="dp2z1 tp2pp2 tp2dp2z3" step "layouts, checkpoints across devices" 55 \
+LAYOUT_STEPS=30 LAYOUTS="dp2z1 tp2pp2 tp2dp2z3" step "layouts, checkpoints across devices" 50 \
   tests/gpu/layouts.sh "$NEWT" "$OUT_DIR"
 layouts_json=$(last_json "$STEP_LOG")
-ELASTIC_STEPS=600 step "elastic: a kill and a join" 40 \
+ELASTIC_STEPS=600 step "elastic: a kill and a join" 35 \
   tests/gpu/elastic.sh "$NEWT" "$OUT_DIR"
 elastic_json=$(last_json "$STEP_LOG")
 step "bench recovery --backend nccl" 25 \
   "$NEWT" bench recovery --backend nccl --share-gpus --nproc 4 --runs 1 --steps 200 --kill-at 10 --model layers=2,channels=64
 recovery_json=$(last_json "$STEP_LOG")
-step "PyTorch example on CUDA (torch.sh)" 30 tests/gpu/torch.sh "$NEWT" "$OUT_DIR"
+step "PyTorch example on CUDA (torch.sh)" 25 tests/gpu/torch.sh "$NEWT" "$OUT_DIR"
 torch_json=$(last_json "$STEP_LOG")
 
 # --- 5. the summary ------------------------------------------------------------------------------------
