@@ -102,6 +102,38 @@ static double num_of(const cJSON *o, const char *k) {
   return cJSON_IsNumber(v) ? v->valuedouble : 0;
 }
 
+/* Whether the array of strings names id. */
+static int names(const cJSON *arr, const char *id) {
+  for (const cJSON *x = arr ? arr->child : NULL; x; x = x->next)
+    if (cJSON_IsString(x) && strcmp(x->valuestring, id) == 0) return 1;
+  return 0;
+}
+
+/* "spares": each registered worker that is no rank of the plan, and why: the plan's reason
+ * for the spares it names, the newest spare event's for a worker that joined after it. */
+static void add_spares(cJSON *j, const cJSON *workers, const cJSON *events) {
+  const cJSON *plan = cJSON_GetObjectItemCaseSensitive(j, "plan");
+  if (!plan) return;
+  const cJSON *ranks = cJSON_GetObjectItemCaseSensitive(plan, "ranks");
+  cJSON *spares = cJSON_AddArrayToObject(j, "spares");
+  for (const cJSON *w = workers ? workers->child : NULL; w; w = w->next) {
+    const char *id = str_of(w, "id", "?");
+    int ranked = 0;
+    for (const cJSON *r = ranks ? ranks->child : NULL; r && !ranked; r = r->next) ranked = strcmp(str_of(r, "worker", ""), id) == 0;
+    if (ranked) continue;
+    const char *why = NULL;
+    for (const cJSON *e = events ? events->child : NULL; e; e = e->next) /* oldest first: the newest wins */
+      if (strcmp(str_of(e, "type", ""), "spare") == 0 && names(cJSON_GetObjectItemCaseSensitive(e, "spare_ids"), id))
+        why = str_of(e, "why", NULL);
+    if (names(cJSON_GetObjectItemCaseSensitive(plan, "spares"), id)) why = str_of(plan, "spare_why", why);
+    cJSON *o = cJSON_CreateObject();
+    cJSON_AddStringToObject(o, "worker", id);
+    cJSON_AddStringToObject(o, "why", why ? why : "registered after the plan: the leader takes it in when a plan "
+                                                  "with it is larger");
+    cJSON_AddItemToArray(spares, o);
+  }
+}
+
 /* Everything under /newt/<job>/ that status shows, as one JSON object: the records, the
  * newest nevents events, and every recovery (the "recovered" events). NEWT_ERR_NOTFOUND
  * when the job has no key at all. */
@@ -139,6 +171,7 @@ static newt_result_t collect(rdzv_etcd *c, const char *job, int nevents, cJSON *
     else cJSON_AddItemToObject(j, single[rec], v);
   }
   rdzv_etcd_kvs_free(&all);
+  add_spares(j, workers, events);
   cJSON *recs = cJSON_AddArrayToObject(j, "recoveries");
   for (const cJSON *e = events->child; e; e = e->next)
     if (strcmp(str_of(e, "type", ""), "recovered") == 0) cJSON_AddItemToArray(recs, cJSON_Duplicate(e, 1));
@@ -178,6 +211,15 @@ static const char *ms_of(const cJSON *o, const char *a, const char *b, char *out
   return newt_fmt_duration(x > 0 && y >= x ? (y - x) / 1e3 : 0, out, cap);
 }
 
+/* The names of an array of strings, comma-separated between before and after (nothing when
+ * it is empty). */
+static void print_names(FILE *f, const char *before, const cJSON *arr, const char *after) {
+  if (!cJSON_GetArraySize(arr)) return;
+  fputs(before, f);
+  for (const cJSON *x = arr->child; x; x = x->next) fprintf(f, "%s%s", x == arr->child ? "" : ", ", cJSON_IsString(x) ? x->valuestring : "?");
+  fputs(after, f);
+}
+
 /* One line about an event, as a person would say it. */
 static void describe_event(FILE *f, const cJSON *e) {
   const char *type = str_of(e, "type", "?"), *cause = str_of(e, "cause", "?");
@@ -187,9 +229,13 @@ static void describe_event(FILE *f, const cJSON *e) {
   } else if (strcmp(type, "plan") == 0) {
     fprintf(f, "plan %.0f (%s): %.0f ranks, dp %.0f, %.0f spares", num_of(e, "generation"), cause, num_of(e, "world"),
             num_of(e, "dp"), num_of(e, "spares"));
-    const cJSON *ex = cJSON_GetObjectItemCaseSensitive(e, "excluded");
-    for (const cJSON *x = ex ? ex->child : NULL; x; x = x->next)
-      fprintf(f, "%s%s", x == ex->child ? "; left out: " : ", ", cJSON_IsString(x) ? x->valuestring : "?");
+    print_names(f, " (", cJSON_GetObjectItemCaseSensitive(e, "spare_ids"), ")");
+    print_names(f, "; left out: ", cJSON_GetObjectItemCaseSensitive(e, "excluded"), "");
+    if (num_of(e, "spares") > 0 && str_of(e, "why", NULL)) fprintf(f, "; spares because %s", str_of(e, "why", ""));
+  } else if (strcmp(type, "spare") == 0) {
+    const cJSON *ids = cJSON_GetObjectItemCaseSensitive(e, "spare_ids");
+    print_names(f, "", ids, cJSON_GetArraySize(ids) == 1 ? " joined and stays a spare: " : " joined and stay spares: ");
+    fprintf(f, "%s", str_of(e, "why", "?"));
   } else if (strcmp(type, "fence") == 0) {
     fprintf(f, "fenced worker %s (its lease revoked)", str_of(e, "worker", "?"));
   } else if (strcmp(type, "waiting") == 0) {
@@ -267,6 +313,11 @@ static void print_text(FILE *f, const cJSON *j, uint64_t now) {
     fprintf(f, "  %-20s %-8s %-10s %-4.0f %-16s %s\n", str_of(w, "id", "?"), rk, str_of(w, "state", "?"),
             num_of(w, "generation"), str_of(w, "host", "?"), str_of(w, "addr", ""));
   }
+
+  const cJSON *spares = cJSON_GetObjectItemCaseSensitive(j, "spares");
+  if (cJSON_GetArraySize(spares)) fprintf(f, "\nspares (%d): registered, not training\n", cJSON_GetArraySize(spares));
+  for (const cJSON *sp = spares ? spares->child : NULL; sp; sp = sp->next)
+    fprintf(f, "  %-20s %s\n", str_of(sp, "worker", "?"), str_of(sp, "why", "?"));
 
   const cJSON *recs = cJSON_GetObjectItemCaseSensitive(j, "recoveries");
   int nrec = cJSON_GetArraySize(recs), i = 0;

@@ -82,6 +82,7 @@ typedef struct coord {
   int done;
   uint64_t last_join;   /* monotonic ns of the last registration we had not seen */
   uint64_t join_checked_join, join_checked_gen; /* join_grows_layout said no for these */
+  job_event spare_ev;   /* ... and said why, to be posted (spare_ev.type == JOB_EV_SPARE) */
   uint64_t first_member; /* monotonic ns the first worker was seen (the first plan) */
   uint64_t first_report; /* monotonic ns of the first report of this generation (0: none) */
   uint64_t first_gone;   /* monotonic ns a rank of this generation was first missing (0: none) */
@@ -497,6 +498,7 @@ static void post_event(coord *c, job_event *ev) {
  * Leavers, donors and finishers count for nothing. Called with mu held (from the policy);
  * the answer is kept until the membership or the plan changes. */
 static int join_grows_layout(void *ud);
+static void spare_event_locked(coord *c, const plan_member *m, int n, const char *why);
 
 /* The picture as the policy sees it. Called with mu held; valid while it is held. */
 static policy_view view_locked(coord *c) {
@@ -534,12 +536,31 @@ static int join_grows_layout(void *ud) {
   int n = policy_plan_members(&v, NULL, 0, m), unplanned = 0;
   for (int i = 0; i < n; i++) unplanned += m[i].prev_rank < 0;
   newt_plan trial = {0};
-  int grows = unplanned && plan_compute(&c->spec, m, n, c->plan.generation, &trial) == NEWT_OK &&
-              trial.dp * trial.pp > c->plan.dp * c->plan.pp;
+  int planned = unplanned && plan_compute(&c->spec, m, n, c->plan.generation, &trial) == NEWT_OK;
+  int grows = planned && trial.dp * trial.pp > c->plan.dp * c->plan.pp;
+  if (!grows) c->join_checked_join = c->last_join, c->join_checked_gen = c->plan.generation;
+  if (!grows && unplanned) spare_event_locked(c, m, n, planned ? trial.spare_why : newt_errmsg());
   plan_free(&trial);
   free(m);
-  if (!grows) c->join_checked_join = c->last_join, c->join_checked_gen = c->plan.generation;
   return grows;
+}
+
+/* Workers that joined and stay spares (the layout is no larger with them): an event naming
+ * them and why, for `newt run`, `newt status` and the report; posted by decide, outside the
+ * lock. Called with mu held. */
+static void spare_event_locked(coord *c, const plan_member *m, int n, const char *why) {
+  job_event *e = &c->spare_ev;
+  job_event_free(e);
+  memset(e, 0, sizeof *e);
+  e->spare_ids = calloc((size_t)(n ? n : 1), sizeof *e->spare_ids);
+  if (!e->spare_ids) return;
+  for (int i = 0; i < n; i++) /* the plan's own spares were named with it */
+    if (m[i].prev_rank < 0 && !plan_is_spare(&c->plan, m[i].id))
+      snprintf(e->spare_ids[e->nspare_ids++], RDZV_NAME_MAX, "%s", m[i].id);
+  if (!e->nspare_ids) return;
+  e->type = JOB_EV_SPARE;
+  e->generation = (int64_t)c->plan.generation;
+  snprintf(e->why, sizeof e->why, "%s", why);
 }
 
 /* --- the failure budget -------------------------------------------------------------------- */
@@ -700,7 +721,9 @@ static newt_result_t replan(coord *c, const char *cause, const char *switch_mode
   NEWT_INFO(COORD, "published plan %llu (%s): %d ranks, dp %d, accum %lld, %d spares", (unsigned long long)p.generation,
             cause, p.nranks, p.dp, (long long)p.accum, p.nspares);
   job_event ev = {.type = JOB_EV_PLAN, .generation = (int64_t)p.generation, .world = p.nranks, .dp = p.dp,
-                  .spares = p.nspares, .excluded = exclude, .nexcluded = nexclude};
+                  .spares = p.nspares, .excluded = exclude, .nexcluded = nexclude,
+                  .spare_ids = p.spares, .nspare_ids = p.nspares};
+  snprintf(ev.why, sizeof ev.why, "%s", p.spare_why);
   snprintf(ev.cause, sizeof ev.cause, "%s", cause);
 
   pthread_mutex_lock(&c->mu);
@@ -976,7 +999,15 @@ static newt_result_t decide(coord *c) {
   newt_result_t r = policy_decide(&v, &d);
   c->first_member = d.first_member;
   c->first_gone = d.first_gone;
+  job_event spare = c->spare_ev;
+  memset(&c->spare_ev, 0, sizeof c->spare_ev);
   pthread_mutex_unlock(&c->mu);
+  if (spare.type == JOB_EV_SPARE) {
+    NEWT_INFO(COORD, "%d worker%s stay%s spare: %s", spare.nspare_ids, spare.nspare_ids == 1 ? "" : "s",
+              spare.nspare_ids == 1 ? "s" : "", spare.why);
+    post_event(c, &spare);
+  }
+  job_event_free(&spare);
   if (r != NEWT_OK) return r;
 
   const char *cause = policy_cause(d.reason);
@@ -1402,6 +1433,7 @@ newt_result_t coordinator_run(const coordinator_opts *o) {
   free(c->departed);
   free(c->held);
   free(c->held_ids);
+  job_event_free(&c->spare_ev);
   free(c->spec_file_text);
   pthread_mutex_destroy(&c->mu);
   free(c);

@@ -468,12 +468,37 @@ int job_has_failed(rdzv_etcd *c, const char *job, job_failed *out) {
 
 /* --- events ---------------------------------------------------------------------------------- */
 
-static const char *const event_types[] = {"leader",    "plan", "fence",  "waiting", "started",
-                                          "recovered", "done", "failed", "spec",    "etcd", NULL};
+static const char *const event_types[] = {"leader", "plan",   "fence", "waiting", "started", "recovered",
+                                          "done",   "failed", "spec",  "etcd",    "spare",   NULL};
 static const char *const causes[] = {"initial", "crash", "hang", "leave", "join", "coordinator", "etcd", "spec", NULL};
 
+static void add_names(cJSON *j, const char *field, char (*names)[RDZV_NAME_MAX], int n) {
+  cJSON *a = cJSON_AddArrayToObject(j, field);
+  for (int i = 0; a && i < n; i++) cJSON_AddItemToArray(a, cJSON_CreateString(names[i]));
+}
+
+/* An optional array of worker ids into *out (malloc'd; NULL when empty), each checked as a
+ * name. */
+static newt_result_t get_names(const cJSON *j, const char *what, const char *field, char (**out)[RDZV_NAME_MAX],
+                               int *n) {
+  const cJSON *a = NULL;
+  NEWT_CHECK(newt_json_get_arr(j, what, field, 0, &a));
+  int cap = cJSON_GetArraySize(a);
+  if (cap > 0 && !(*out = calloc((size_t)cap, sizeof **out)))
+    return NEWT_ERR(NEWT_ERR_NOMEM, "%s.%s: out of memory", what, field);
+  int i = 0;
+  for (const cJSON *x = a ? a->child : NULL; x; x = x->next, i++) {
+    char label[64];
+    snprintf(label, sizeof label, "%s.%s[%d]", what, field, i);
+    if (!cJSON_IsString(x)) return NEWT_ERR(NEWT_ERR_INVALID, "%s: expected a worker id", label);
+    NEWT_CHECK(rdzv_check_name(label, x->valuestring));
+    snprintf((*out)[(*n)++], RDZV_NAME_MAX, "%s", x->valuestring);
+  }
+  return NEWT_OK;
+}
+
 const char *job_event_type_name(job_event_type t) {
-  return t >= JOB_EV_LEADER && t <= JOB_EV_ETCD ? event_types[t] : "?";
+  return t >= JOB_EV_LEADER && t <= JOB_EV_SPARE ? event_types[t] : "?";
 }
 
 char *job_event_to_json(const job_event *e) {
@@ -487,10 +512,15 @@ char *job_event_to_json(const job_event *e) {
     newt_json_add_int(j, "world", e->world);
     newt_json_add_int(j, "dp", e->dp);
     newt_json_add_int(j, "spares", e->spares);
-    cJSON *ex = cJSON_AddArrayToObject(j, "excluded");
-    for (int i = 0; ex && i < e->nexcluded; i++) cJSON_AddItemToArray(ex, cJSON_CreateString(e->excluded[i]));
+    add_names(j, "excluded", e->excluded, e->nexcluded);
+    if (e->nspare_ids) add_names(j, "spare_ids", e->spare_ids, e->nspare_ids);
+    if (e->why[0]) cJSON_AddStringToObject(j, "why", e->why);
     break;
   }
+  case JOB_EV_SPARE:
+    add_names(j, "spare_ids", e->spare_ids, e->nspare_ids);
+    cJSON_AddStringToObject(j, "why", e->why);
+    break;
   case JOB_EV_FENCE:
     cJSON_AddStringToObject(j, "worker", e->worker);
     break;
@@ -546,21 +576,13 @@ newt_result_t job_event_from_json(const char *text, size_t len, job_event *out) 
     if (r == NEWT_OK) r = get_range(j, what, "world", 1, 0, INT32_MAX, &e.world);
   }
   if (r == NEWT_OK && e.type == JOB_EV_PLAN) {
-    const cJSON *ex = NULL;
     r = get_range(j, what, "dp", 0, 0, INT32_MAX, &e.dp);
     if (r == NEWT_OK) r = get_range(j, what, "spares", 0, 0, INT32_MAX, &e.spares);
-    if (r == NEWT_OK) r = newt_json_get_arr(j, what, "excluded", 0, &ex);
-    int n = cJSON_GetArraySize(ex);
-    if (r == NEWT_OK && n > 0 && !(e.excluded = calloc((size_t)n, sizeof *e.excluded)))
-      r = NEWT_ERR(NEWT_ERR_NOMEM, "event.excluded: out of memory");
-    int i = 0;
-    for (const cJSON *x = ex ? ex->child : NULL; r == NEWT_OK && x; x = x->next, i++) {
-      char label[48];
-      snprintf(label, sizeof label, "event.excluded[%d]", i);
-      if (!cJSON_IsString(x)) r = NEWT_ERR(NEWT_ERR_INVALID, "%s: expected a worker id", label);
-      else if ((r = rdzv_check_name(label, x->valuestring)) == NEWT_OK)
-        snprintf(e.excluded[e.nexcluded++], RDZV_NAME_MAX, "%s", x->valuestring);
-    }
+    if (r == NEWT_OK) r = get_names(j, what, "excluded", &e.excluded, &e.nexcluded);
+  }
+  if (r == NEWT_OK && (e.type == JOB_EV_PLAN || e.type == JOB_EV_SPARE)) {
+    r = get_names(j, what, "spare_ids", &e.spare_ids, &e.nspare_ids);
+    if (r == NEWT_OK) r = get_text(j, what, "why", e.type == JOB_EV_SPARE, e.why, sizeof e.why);
   }
   if (r == NEWT_OK && e.type == JOB_EV_FENCE) r = get_name(j, what, "worker", 1, e.worker);
   if (r == NEWT_OK && (e.type == JOB_EV_WAITING || e.type == JOB_EV_FAILED || e.type == JOB_EV_SPEC ||
@@ -594,4 +616,7 @@ void job_event_free(job_event *e) {
   free(e->excluded);
   e->excluded = NULL;
   e->nexcluded = 0;
+  free(e->spare_ids);
+  e->spare_ids = NULL;
+  e->nspare_ids = 0;
 }

@@ -206,7 +206,8 @@ newt_result_t job_ckpt_from_json(const char *text, size_t len, job_ckpt *out);
 
 typedef enum job_event_type {
   JOB_EV_LEADER = 0, /* a coordinator took the lead */
-  JOB_EV_PLAN,       /* it published a plan: generation, cause, world, dp, spares, excluded */
+  JOB_EV_PLAN,       /* it published a plan: generation, cause, world, dp, spares, excluded, and
+                        the spares by name (spare_ids) with why the layout leaves them out */
   JOB_EV_FENCE,      /* it fenced a worker: worker */
   JOB_EV_WAITING,    /* it cannot plan: why */
   JOB_EV_STARTED,    /* the first generation completed its first step: the timings below */
@@ -215,6 +216,7 @@ typedef enum job_event_type {
   JOB_EV_FAILED,     /* the leader gave up on the job: why */
   JOB_EV_SPEC,       /* a changed spec was taken (why: what changed) or refused (why) */
   JOB_EV_ETCD,       /* etcd was unwell and is well again: why (out of space, for how long) */
+  JOB_EV_SPARE,      /* workers that joined stay spares, the layout no larger with them: spare_ids, why */
 } job_event_type;
 
 typedef struct job_event {
@@ -226,8 +228,10 @@ typedef struct job_event {
   int64_t world, dp, spares;
   char (*excluded)[RDZV_NAME_MAX]; /* plan: malloc'd (job_event_free) */
   int nexcluded;
+  char (*spare_ids)[RDZV_NAME_MAX]; /* plan, spare: malloc'd (job_event_free) */
+  int nspare_ids;
   char worker[RDZV_NAME_MAX];      /* fence */
-  char why[JOB_TEXT_MAX];          /* waiting, etcd */
+  char why[JOB_TEXT_MAX];          /* waiting, etcd, failed, spec; plan and spare: why spares */
   /* started, recovered: wall ms of the trigger, the earliest detection, the plan, and the
      slowest rank's communicator, restore and first step */
   uint64_t t_trigger, t_detect, t_plan, t_comm, t_restore, t_step;

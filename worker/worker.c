@@ -548,7 +548,12 @@ static newt_result_t next_step(worker *w, newt_batch *b, newt_next *next) {
     w->leave_agreed = w->switch_agreed = 0;
     end_generation(w);
     if (leaving) {
-      hand_over(w);
+      /* when every rank leaves at once (the whole job stopped: Ctrl-C on `newt run`, every
+         pod deleted) no one stays to take the state: waiting for a plan that names us a
+         donor would only hold the exit up */
+      if (w->all_leave) NEWT_INFO(WORKER, "%s: every rank leaves after step %lld: nothing to hand over", w->id,
+                                  (long long)w->live_step);
+      else hand_over(w);
       NEWT_INFO(WORKER, "%s: left gracefully after step %lld", w->id, (long long)w->live_step);
       return over(w, NEWT_NEXT_LEFT, next);
     }
@@ -645,6 +650,7 @@ newt_result_t worker_commit(worker *w, const double *values, double *sums, int n
   free(all);
   for (int i = 0; i < n; i++) sums[i] = tot[2 + i];
   w->leave_agreed = tot[0] > 0;
+  w->all_leave = tot[0] >= (double)size && w->plan.nspares == 0;
   w->switch_agreed = tot[1] > 0;
   /* every rank finished the step before (its update, its post-update collectives): it is
      committed, and the snapshot to roll back to is taken of it now, before the update. Taken
