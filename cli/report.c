@@ -193,10 +193,40 @@ typedef struct run_view {
   const report_input *in;
   const launcher_recovery *rec;
   int nrec;
+  launcher_recovery *own; /* rec made from the event log (no summary); freed with the view */
   uint64_t t0, t_end; /* wall ms: the run's start and end */
 } run_view;
 
 static double secs(const run_view *v, uint64_t t_ms) { return ((double)t_ms - (double)v->t0) / 1e3; }
+
+/* A job's own logs without `newt run`'s summary (the chart's, on the checkpoint volume): its
+ * recoveries from the recovered events of the event log, timed as every view times them
+ * (job_recovery_time; no injected fault is known, so from the first detection). */
+static void recoveries_of_events(run_view *v, const report_input *in) {
+  int n = 0;
+  for (size_t i = 0; i < in->nevents; i++) n += in->events[i].type == JOB_EV_RECOVERED;
+  if (!n || !(v->own = calloc((size_t)n, sizeof *v->own))) return;
+  for (size_t i = 0; i < in->nevents; i++) {
+    const job_event *e = &in->events[i];
+    if (e->type != JOB_EV_RECOVERED) continue;
+    job_recovery_times rt = job_recovery_time(e, 0);
+    launcher_recovery *r = &v->own[v->nrec++];
+    snprintf(r->cause, sizeof r->cause, "%s", e->cause);
+    snprintf(r->restore, sizeof r->restore, "%s", e->restore);
+    r->t_ms = rt.start;
+    r->step = e->restore_step;
+    r->world = e->world;
+    r->generation = e->generation;
+    r->detect_ms = rt.detect_ms;
+    r->plan_ms = rt.plan_ms;
+    r->comm_ms = rt.comm_ms;
+    r->restore_ms = rt.restore_ms;
+    r->total_ms = rt.total_ms;
+    r->steps_lost = e->steps_lost;
+    r->outage_ms = r->pause_ms = -1;
+  }
+  v->rec = v->own;
+}
 
 static void view_init(run_view *v, const report_input *in) {
   memset(v, 0, sizeof *v);
@@ -205,6 +235,8 @@ static void view_init(run_view *v, const report_input *in) {
     v->rec = in->summary->res.recoveries;
     v->nrec = in->summary->res.nrecoveries;
     v->t0 = in->summary->res.t_start_ms;
+  } else if (in->nevents) {
+    recoveries_of_events(v, in);
   }
   uint64_t first = UINT64_MAX, last = 0;
   for (size_t i = 0; i < in->nsteps; i++)
@@ -623,20 +655,23 @@ static void cards(page *p, const run_view *v) {
     snprintf(a, sizeof a, "%.4f", in->baseline[in->nbaseline - 1].loss);
     card(p, a, "final loss of the baseline");
   }
-  if (s) {
+  if (s || in->nevents) {
     snprintf(a, sizeof a, "%d", v->nrec);
     card(p, a, "recoveries");
     if (v->nrec) {
       int64_t *tot = malloc((size_t)v->nrec * sizeof *tot), lost = 0;
       for (int i = 0; tot && i < v->nrec; i++) tot[i] = v->rec[i].total_ms, lost += v->rec[i].steps_lost;
-      if (tot) {
+      if (tot) { /* the middle one, or the mean of the two middle ones */
         qsort(tot, (size_t)v->nrec, sizeof *tot, cmp_i64);
-        card(p, fmt_ms(tot[v->nrec / 2], a, sizeof a), "median recovery");
+        int64_t med = v->nrec % 2 ? tot[v->nrec / 2] : (tot[v->nrec / 2 - 1] + tot[v->nrec / 2]) / 2;
+        card(p, fmt_ms(med, a, sizeof a), v->nrec == 1 ? "recovery" : "median recovery");
       }
       free(tot);
       snprintf(b, sizeof b, "%lld", (long long)lost);
       card(p, b, "steps lost");
     }
+  }
+  if (s) {
     snprintf(a, sizeof a, "%lld", (long long)s->res.generations);
     card(p, a, "generations");
     snprintf(a, sizeof a, "%lld", (long long)s->res.samples_consumed);
@@ -710,6 +745,8 @@ newt_result_t report_html(const report_input *in, newt_buf *out) {
     if (s->workers) put(p, ", %lld workers at the start", (long long)s->workers);
     if (s->global_batch) put(p, ", global batch %lld (kept across every resize)", (long long)s->global_batch);
     put(p, ".");
+  } else if (in->nevents) {
+    put(p, "A job's step and event logs, without newt run's summary: %zu steps, %d recoveries.", in->nsteps, v.nrec);
   } else {
     put(p, "A step log without a summary: %zu steps.", in->nsteps);
   }
@@ -734,21 +771,26 @@ newt_result_t report_html(const report_input *in, newt_buf *out) {
 
   put(p, "<h2>Recoveries</h2>\n");
   if (v.nrec) recovery_bars(p, &v);
-  else put(p, "<p class=\"note\">%s</p>\n", s ? "No recoveries: nothing failed, and nobody joined or left."
-                                              : "A step log alone holds no recoveries (give the run's summary).");
+  else put(p, "<p class=\"note\">%s</p>\n", s || in->nevents ? "No recoveries: nothing failed, and nobody joined or left."
+                                                            : "A step log alone holds no recoveries (give the run's "
+                                                              "summary or the job's event log).");
 
   put(p, "<h2>Throughput</h2>\n");
   throughput_chart(p, &v);
 
   if (v.nrec) {
-    put(p, "<h2>The recoveries</h2>\n<p class=\"note\">Detect: from the fault (or, when it was not injected, its "
-           "detection) to its first detection; plan: to the plan; comm.: to the communicator; restore: to the state "
-           "restored; total: to the next completed step.</p>\n");
+    put(p, "<h2>The recoveries</h2>\n<p class=\"note\">A recovery's time runs from the fault to the next completed "
+           "step, as in <code>newt run</code> and <code>newt status</code>: the fault's moment where newt run injected "
+           "it, otherwise its first detection (a survivor's report, a lapsed lease, a stall; for a join, the joiner's "
+           "registration as the leader saw it). Detect: from the fault to its first detection; plan: to the plan; "
+           "comm.: to the communicator; restore: to the state restored; total: to the next completed step. The median "
+           "of the cards is the middle recovery's total, or the mean of the two middle ones.</p>\n");
     recovery_table(p, &v);
   }
   put(p, "<footer>Made by newt %s (newt report) from ", NEWT_VERSION);
   put_text(p, in->sources);
   if (in->torn) put(p, "; %zu torn last line(s) of the step log were skipped", in->torn);
   put(p, ".</footer>\n</main></body></html>\n");
+  free(v.own);
   return pg.err;
 }

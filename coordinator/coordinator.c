@@ -40,6 +40,7 @@
 #include "coordinator/policy.h"
 #include "job/plan.h"
 #include "job/records.h"
+#include "job/runlog.h"
 #include "job/spec.h"
 #include "rendezvous/rdzv.h"
 
@@ -81,8 +82,11 @@ typedef struct coord {
   uint64_t prog_change; /* monotonic ns of the last step change */
   int done;
   uint64_t last_join;   /* monotonic ns of the last registration we had not seen */
+  uint64_t join_seen_ms; /* wall ms of the first registration the plan does not take in, since
+                            the plan (a join's recovery starts there) */
   uint64_t join_checked_join, join_checked_gen; /* join_grows_layout said no for these */
   job_event spare_ev;   /* ... and said why, to be posted (spare_ev.type == JOB_EV_SPARE) */
+  int event_log_fd;     /* coordinator_opts.event_log (-1: none) */
   uint64_t first_member; /* monotonic ns the first worker was seen (the first plan) */
   uint64_t first_report; /* monotonic ns of the first report of this generation (0: none) */
   uint64_t first_gone;   /* monotonic ns a rank of this generation was first missing (0: none) */
@@ -212,7 +216,10 @@ static void put_member(coord *c, const rdzv_etcd_kv *kv, const char *id) {
       c->cap_members = cap;
     }
     i = c->nmembers++;
-    if (!c->plan.generation || !plan_find(&c->plan, id)) c->last_join = newt_now_ns();
+    if (!c->plan.generation || !plan_find(&c->plan, id)) {
+      c->last_join = newt_now_ns();
+      if (!c->join_seen_ms) c->join_seen_ms = newt_wall_ms();
+    }
     NEWT_INFO(COORD, "worker %s joined (host %s, %s)", id, w.host, w.addr);
   }
   c->members[i] = w;
@@ -487,6 +494,8 @@ static void warn_limited(coord *c, const char *what, const char *msg) {
 static void post_event(coord *c, job_event *ev) {
   ev->t_ms = newt_wall_ms();
   snprintf(ev->coordinator, sizeof ev->coordinator, "%s", c->id);
+  if (c->event_log_fd >= 0 && job_eventlog_append(c->event_log_fd, ev) != NEWT_OK)
+    warn_limited(c, "writing the event log", newt_errmsg());
   char *text = job_event_to_json(ev);
   if (text && rdzv_event_post(c->etcd, c->o->job, text, job_call_deadline()) != NEWT_OK)
     warn_limited(c, "posting an event", newt_errmsg());
@@ -729,6 +738,7 @@ static newt_result_t replan(coord *c, const char *cause, const char *switch_mode
   pthread_mutex_lock(&c->mu);
   set_plan_locked(c, &p);
   c->prog_change = newt_now_ns();
+  c->join_seen_ms = 0; /* whoever registered before this plan is in it, or its spare */
   pthread_mutex_unlock(&c->mu);
 
   c->plan_mono = newt_now_ns();
@@ -1001,6 +1011,7 @@ static newt_result_t decide(coord *c) {
   c->first_gone = d.first_gone;
   job_event spare = c->spare_ev;
   memset(&c->spare_ev, 0, sizeof c->spare_ev);
+  uint64_t join_seen = c->join_seen_ms;
   pthread_mutex_unlock(&c->mu);
   if (spare.type == JOB_EV_SPARE) {
     NEWT_INFO(COORD, "%d worker%s stay%s spare: %s", spare.nspare_ids, spare.nspare_ids == 1 ? "" : "s",
@@ -1016,7 +1027,9 @@ static newt_result_t decide(coord *c) {
     return NEWT_OK;
   }
   if (cause) {
-    if (!c->t_trigger) c->t_trigger = newt_wall_ms();
+    /* a join's recovery starts at the joiner's registration, the others' at the decision
+       (or the reports' first detection: replan) */
+    if (!c->t_trigger) c->t_trigger = d.reason == POLICY_JOIN && join_seen ? join_seen : newt_wall_ms();
     for (int i = 0; d.fence && i < d.nexclude; i++) {
       pthread_mutex_lock(&c->mu);
       int present = find_member(c, d.exclude[i]) >= 0;
@@ -1329,8 +1342,10 @@ newt_result_t coordinator_run(const coordinator_opts *o) {
   coord *c = calloc(1, sizeof *c);
   NEWT_CHECK_ALLOC(c);
   c->o = o;
+  c->event_log_fd = -1;
   pthread_mutex_init(&c->mu, NULL);
   newt_result_t r = rdzv_check_name("job", o->job);
+  if (r == NEWT_OK && o->event_log) r = job_runlog_open(o->event_log, 0, &c->event_log_fd);
   if (o->id && *o->id) snprintf(c->id, sizeof c->id, "%s", o->id);
   else snprintf(c->id, sizeof c->id, "coordinator-%.32s-%d", newt_hostname(), (int)getpid());
   newt_log_set_name(c->id);
@@ -1434,6 +1449,7 @@ newt_result_t coordinator_run(const coordinator_opts *o) {
   free(c->held);
   free(c->held_ids);
   job_event_free(&c->spare_ev);
+  if (c->event_log_fd >= 0) close(c->event_log_fd);
   free(c->spec_file_text);
   pthread_mutex_destroy(&c->mu);
   free(c);

@@ -25,7 +25,7 @@ static const struct {
     {JOB_REC_SPEC, "spec"},         {JOB_REC_PLAN, "plan"},         {JOB_REC_PROGRESS, "progress"},
     {JOB_REC_DONE, "done"},         {JOB_REC_CKPT, "ckpt"},         {JOB_REC_WORKER, "workers/"},
     {JOB_REC_ELECTION, "election/"}, {JOB_REC_REPORT, "reports/"},  {JOB_REC_ACK, "acks/"},
-    {JOB_REC_EVENT, "events/"},     {JOB_REC_FAILED, "failed"},
+    {JOB_REC_EVENT, "events/"},     {JOB_REC_FAILED, "failed"},     {JOB_REC_FAULT, "faults/"},
 };
 
 newt_result_t job_key(char *out, size_t cap, const char *job, job_record rec, uint64_t generation, const char *id) {
@@ -41,6 +41,8 @@ newt_result_t job_key(char *out, size_t cap, const char *job, job_record rec, ui
   } else if (rec == JOB_REC_WORKER) {
     NEWT_CHECK(rdzv_check_name("worker id", id));
     snprintf(suffix, sizeof suffix, "%s%s", name, id);
+  } else if (rec == JOB_REC_FAULT) {
+    snprintf(suffix, sizeof suffix, "%s%020llu", name, (unsigned long long)generation);
   } else {
     snprintf(suffix, sizeof suffix, "%s", name);
   }
@@ -58,12 +60,12 @@ job_record job_key_parse(const char *rest, uint64_t *generation, const char **id
     if (strncmp(rest, name, n) != 0) continue;
     const char *tail = rest + n;
     job_record rec = keys[i].rec;
-    if (rec == JOB_REC_REPORT || rec == JOB_REC_ACK) {
-      /* "<20 digits>/<id>" */
+    if (rec == JOB_REC_REPORT || rec == JOB_REC_ACK || rec == JOB_REC_FAULT) {
+      /* "<20 digits>/<id>", or "<20 digits>" alone for a fault */
       size_t digits = 0;
       uint64_t g = 0;
       while (tail[digits] >= '0' && tail[digits] <= '9' && digits < 20) g = g * 10 + (uint64_t)(tail[digits++] - '0');
-      if (digits != 20 || tail[20] != '/') return JOB_REC_OTHER;
+      if (digits != 20 || tail[20] != (rec == JOB_REC_FAULT ? '\0' : '/')) return JOB_REC_OTHER;
       tail += 21;
       if (generation) *generation = g;
     }
@@ -317,6 +319,7 @@ char *job_step_to_json(const job_step *s) {
   newt_json_add_int(j, "step", s->step);
   add_real(j, "loss", s->loss);
   add_real(j, "lr", s->lr);
+  if (s->grad_norm != 0) add_real(j, "grad_norm", s->grad_norm); /* null: not finite (the step diverged) */
   add_real(j, "tokens_per_s", s->tokens_per_s);
   newt_json_add_int(j, "world", s->world);
   newt_json_add_int(j, "dp", s->dp);
@@ -337,6 +340,9 @@ newt_result_t job_step_from_json(const char *text, size_t len, job_step *out) {
   newt_result_t r = get_range(j, what, "step", 1, 1, INT64_MAX, &s.step);
   if (r == NEWT_OK) r = get_real(j, what, "loss", 1, &s.loss);
   if (r == NEWT_OK) r = get_real(j, what, "lr", 0, &s.lr);
+  if (r == NEWT_OK) r = get_real(j, what, "grad_norm", 0, &s.grad_norm);
+  if (r == NEWT_OK && s.grad_norm < 0)
+    r = NEWT_ERR(NEWT_ERR_INVALID, "%s.grad_norm: %g is negative (a norm)", what, s.grad_norm);
   if (r == NEWT_OK) r = get_real(j, what, "tokens_per_s", 0, &s.tokens_per_s);
   if (r == NEWT_OK) r = get_range(j, what, "world", 0, 1, INT32_MAX, &s.world);
   if (r == NEWT_OK) r = get_range(j, what, "dp", 0, 1, INT32_MAX, &s.dp);
@@ -610,6 +616,44 @@ newt_result_t job_event_from_json(const char *text, size_t len, job_event *out) 
   }
   *out = e;
   return NEWT_OK;
+}
+
+static int64_t ms_between(uint64_t a, uint64_t b) { return b >= a ? (int64_t)(b - a) : 0; }
+
+job_recovery_times job_recovery_time(const job_event *e, uint64_t t_fault) {
+  job_recovery_times t;
+  t.start = t_fault && t_fault <= e->t_detect ? t_fault : e->t_detect;
+  t.detect_ms = ms_between(t.start, e->t_detect);
+  t.plan_ms = ms_between(e->t_detect, e->t_plan);
+  t.comm_ms = ms_between(e->t_plan, e->t_comm);
+  t.restore_ms = ms_between(e->t_comm, e->t_restore);
+  t.total_ms = ms_between(t.start, e->t_step);
+  return t;
+}
+
+/* --- faults ---------------------------------------------------------------------------------- */
+
+char *job_fault_to_json(const job_fault *f) {
+  cJSON *j = cJSON_CreateObject();
+  if (!j) return NULL;
+  newt_json_add_int(j, "generation", f->generation);
+  newt_json_add_int(j, "t_ms", (int64_t)f->t_ms);
+  cJSON_AddStringToObject(j, "what", f->what);
+  return finish(j);
+}
+
+newt_result_t job_fault_from_json(const char *text, size_t len, job_fault *out) {
+  const char *what = "fault";
+  cJSON *j;
+  NEWT_CHECK(parse_object(text, len, what, &j));
+  job_fault f;
+  memset(&f, 0, sizeof f);
+  newt_result_t r = get_range(j, what, "generation", 1, 1, INT64_MAX, &f.generation);
+  if (r == NEWT_OK) r = get_ms(j, what, "t_ms", 1, &f.t_ms);
+  if (r == NEWT_OK) r = get_text(j, what, "what", 1, f.what, sizeof f.what);
+  cJSON_Delete(j);
+  if (r == NEWT_OK) *out = f;
+  return r;
 }
 
 void job_event_free(job_event *e) {

@@ -99,6 +99,8 @@ typedef struct run {
   int64_t done_step, done_samples;
   double done_loss;
   int stopping; /* ending every process: nothing is restarted, no exit is news */
+  job_fault *notes; /* faults we injected, to note in etcd for newt status (note_fault) */
+  int nnotes, notes_done;
 
   /* an etcd fault in progress (chaos): what was done, when to undo it */
   int etcd_down;
@@ -597,6 +599,35 @@ static uint64_t match_faults(run *r, const char *cause, uint64_t t_plan, const c
   return first;
 }
 
+/* Notes in etcd a fault we injected, for the recovery of generation gen (job_fault): newt
+ * status then times that recovery as we do. Written off the event's path (flush_notes),
+ * when etcd answers. */
+static void note_fault(run *r, int64_t gen, uint64_t t_ms, const char *what) {
+  job_fault *n = realloc(r->notes, (size_t)(r->nnotes + 1) * sizeof *n);
+  if (!n) return;
+  r->notes = n;
+  n = &r->notes[r->nnotes++];
+  memset(n, 0, sizeof *n);
+  n->generation = gen;
+  n->t_ms = t_ms;
+  snprintf(n->what, sizeof n->what, "%s", what);
+}
+
+/* Writes the notes not written yet, while etcd answers (a note waits out an outage). */
+static void flush_notes(run *r, int64_t wait_ms) {
+  while (r->notes_done < r->nnotes && r->etcd && !r->etcd_down) {
+    const job_fault *f = &r->notes[r->notes_done];
+    char key[256], *text = job_fault_to_json(f);
+    newt_result_t res = text ? job_key(key, sizeof key, r->o->spec.job, JOB_REC_FAULT, (uint64_t)f->generation, NULL)
+                             : NEWT_ERR(NEWT_ERR_NOMEM, "out of memory");
+    if (res == NEWT_OK)
+      res = rdzv_etcd_put(r->etcd, key, text, strlen(text), 0, newt_deadline_in_ms(wait_ms), NULL);
+    free(text);
+    if (res != NEWT_OK) return; /* the next look tries again */
+    r->notes_done++;
+  }
+}
+
 static void handle_event(run *r, const job_event *e) {
   const char *cause = e->cause, *restore = e->restore;
   int64_t gen = e->generation, world = e->world, lost = e->steps_lost;
@@ -606,20 +637,25 @@ static void handle_event(run *r, const job_event *e) {
     if (rec) {
       const char *what = "";
       uint64_t t_fault = match_faults(r, cause, e->t_plan, &what);
+      /* one definition in every view (job_recovery_time): from the fault we injected, else
+         the first detection; a join starts at the joiner's registration, not at the start
+         of its process. newt status learns of the fault from our note in etcd. */
+      uint64_t from_fault = strcmp(cause, "join") == 0 ? 0 : t_fault;
+      job_recovery_times rt = job_recovery_time(e, from_fault);
+      if (from_fault && rt.start == from_fault) note_fault(r, gen, from_fault, what);
       snprintf(rec->cause, sizeof rec->cause, "%s", cause);
       snprintf(rec->fault, sizeof rec->fault, "%s", what);
       snprintf(rec->restore, sizeof rec->restore, "%s", restore);
       rec->generation = gen;
       rec->t_fault = t_fault;
-      uint64_t from = t_fault ? t_fault : e->t_detect;
-      rec->t_ms = from;
+      rec->t_ms = rt.start;
       rec->step = e->restore_step;
       rec->world = world;
-      rec->detect_ms = diff(e->t_detect, from);
-      rec->plan_ms = diff(e->t_plan, e->t_detect);
-      rec->comm_ms = diff(e->t_comm, e->t_plan);
-      rec->restore_ms = diff(e->t_restore, e->t_comm);
-      rec->total_ms = diff(e->t_step, from);
+      rec->detect_ms = rt.detect_ms;
+      rec->plan_ms = rt.plan_ms;
+      rec->comm_ms = rt.comm_ms;
+      rec->restore_ms = rt.restore_ms;
+      rec->total_ms = rt.total_ms;
       rec->steps_lost = lost;
       if (!r->o->quiet)
         fprintf(stderr,
@@ -1015,6 +1051,7 @@ newt_result_t launcher_run(const launcher_opts *o, launcher_result *res) {
     for (int i = 0; i < chaos.n; i++)
       if (!events[i].fired && step >= events[i].step) fire(r, &events[i]);
     etcd_tick(r);
+    flush_notes(r, 300);
     reap(r);
     if (newt_now_s() - last_line > 0.2) {
       live_line(r, t0, 0);
@@ -1052,6 +1089,7 @@ newt_result_t launcher_run(const launcher_opts *o, launcher_result *res) {
   take_events(r, r->events, r->nevents);
   r->nevents = 0;
   pthread_mutex_unlock(&r->mu);
+  flush_notes(r, 2000);
   live_line(r, t0, 1);
   if (!o->quiet && r->line_open) fputs(news(r), stderr);
   res->done = r->done;
@@ -1072,7 +1110,9 @@ exit:
   rdzv_etcd_kvs keys;
   if (r->etcd && rdzv_etcd_range(r->etcd, r->prefix, &ko, newt_deadline_in_ms(3000), &keys) == NEWT_OK) {
     res->etcd_keys = 0;
-    for (size_t i = 0; i < keys.n; i++) res->etcd_keys += keys.kvs[i].lease == 0;
+    for (size_t i = 0; i < keys.n; i++) /* our own notes of the faults we injected are not the job's */
+      res->etcd_keys += keys.kvs[i].lease == 0 &&
+                        job_key_parse(keys.kvs[i].key + strlen(r->prefix), NULL, NULL) != JOB_REC_FAULT;
     rdzv_etcd_kvs_free(&keys);
   }
   if (r->watch) rdzv_etcd_watch_free(r->watch);
@@ -1084,6 +1124,7 @@ exit:
   free(r->events);
   free(r->procs);
   free(r->faults);
+  free(r->notes);
   pthread_mutex_destroy(&r->mu);
   free(r);
   return rc;

@@ -152,8 +152,8 @@ static void check_status_live(const char *url, pid_t run) {
         saw_recovery = 1;
         T_CHECK_MSG(strstr(out, "  #   WHEN ") && strstr(out, " crash ") && strstr(out, " ms "),
                     "the recoveries are not a table with the crash in it:\n%s", out);
-        T_CHECK_MSG(strstr(out, "recovered from crash: generation 2"), "the recovery is not among the events:\n%s",
-                    out);
+        T_CHECK_MSG(strstr(out, "recovered from crash in ") && strstr(out, ": generation 2"),
+                    "the recovery is not among the events:\n%s", out);
       }
     }
     free(out);
@@ -167,7 +167,9 @@ static void check_status_live(const char *url, pid_t run) {
   T_CHECK_MSG(saw_recovery, "newt status never showed the crash's recovery while the job ran");
 }
 
-static void check_status_after(const char *url, int nrec) {
+/* The done job's status: its recoveries, timed as the summary times them (one definition in
+ * every view: issue 25, item 9), generation by generation. */
+static void check_status_after(const char *url, int nrec, const cJSON *summary_recs) {
   const char *argv[] = {newt_bin, "status", "--etcd", url, "--job", "ux", "--json", NULL};
   char *out = NULL;
   int rc = run_capture(argv, 30000, &out);
@@ -176,8 +178,25 @@ static void check_status_after(const char *url, int nrec) {
   cJSON *j = NULL;
   if (out && newt_json_parse(out, strlen(out), "status", &j) == NEWT_OK) {
     T_CHECK_MSG(cJSON_GetObjectItemCaseSensitive(j, "done") != NULL, "the done job has no done record");
-    int n = cJSON_GetArraySize(cJSON_GetObjectItemCaseSensitive(j, "recoveries"));
+    const cJSON *recs = cJSON_GetObjectItemCaseSensitive(j, "recoveries");
+    int n = cJSON_GetArraySize(recs);
     T_CHECK_MSG(n == nrec, "newt status --json: %d recoveries, the summary %d", n, nrec);
+    for (const cJSON *r = recs ? recs->child : NULL; r; r = r->next) {
+      int64_t gen = -1, total = -1, start = -1, want_total = -2, want_start = -2;
+      newt_json_get_int(r, "status.recoveries[]", "generation", 1, &gen);
+      newt_json_get_int(r, "status.recoveries[]", "total_ms", 1, &total);
+      newt_json_get_int(r, "status.recoveries[]", "start_ms", 1, &start);
+      for (const cJSON *x = summary_recs ? summary_recs->child : NULL; x; x = x->next) {
+        int64_t g = -1;
+        newt_json_get_int(x, "summary.recoveries[]", "generation", 1, &g);
+        if (g != gen) continue;
+        newt_json_get_int(x, "summary.recoveries[]", "total_ms", 1, &want_total);
+        newt_json_get_int(x, "summary.recoveries[]", "t_ms", 1, &want_start);
+      }
+      T_CHECK_MSG(total == want_total && start == want_start,
+                  "generation %lld: newt status times it %lld ms from %lld, the summary %lld ms from %lld", (long long)gen,
+                  (long long)total, (long long)start, (long long)want_total, (long long)want_start);
+    }
     cJSON_Delete(j);
   } else {
     T_FAIL("newt status --json: %s", newt_errmsg());
@@ -348,26 +367,36 @@ static void check_step_log(const char *path, const char *base_path, int64_t *gen
     T_CHECK_MSG(s[i].step == (int64_t)i + 1, "step %zu is %lld", i + 1, (long long)s[i].step);
     T_CHECK_MSG(s[i].generation >= gen && s[i].t_ms >= t, "step %lld goes back in generation or time",
                 (long long)s[i].step);
-    T_CHECK_MSG(s[i].world >= 1 && s[i].dp >= 1 && s[i].lr > 0 && s[i].tokens_per_s > 0 && isfinite(s[i].loss),
-                "step %lld: world %lld dp %lld lr %g tokens/s %g loss %g", (long long)s[i].step,
-                (long long)s[i].world, (long long)s[i].dp, s[i].lr, s[i].tokens_per_s, s[i].loss);
+    T_CHECK_MSG(s[i].world >= 1 && s[i].dp >= 1 && s[i].lr > 0 && s[i].tokens_per_s > 0 && isfinite(s[i].loss) &&
+                    s[i].grad_norm > 0 && isfinite(s[i].grad_norm),
+                "step %lld: world %lld dp %lld lr %g tokens/s %g loss %g grad_norm %g", (long long)s[i].step,
+                (long long)s[i].world, (long long)s[i].dp, s[i].lr, s[i].tokens_per_s, s[i].loss, s[i].grad_norm);
     gen = s[i].generation, t = s[i].t_ms;
   }
   *gens = (int64_t)gen;
   T_OK(job_steplog_read(base_path, &b, &nb, NULL));
   T_CHECK_MSG(nb == STEPS, "newt train --log wrote %zu steps", nb);
   double worst = 0;
-  for (size_t i = 0; i < n && i < nb; i++) worst = fmax(worst, fabs(s[i].loss - b[i].loss));
+  double worst_norm = 0; /* the gradient norm of one process and of the job's ranks: the same step */
+  for (size_t i = 0; i < n && i < nb; i++) {
+    worst = fmax(worst, fabs(s[i].loss - b[i].loss));
+    worst_norm = fmax(worst_norm, fabs(s[i].grad_norm - b[i].grad_norm) / fmax(b[i].grad_norm, 1e-12));
+  }
   T_CHECK_MSG(worst <= 1e-3, "the run's losses differ from newt train's by up to %g", worst);
+  T_CHECK_MSG(worst_norm <= 1e-2, "the run's gradient norms differ from newt train's by up to %g (relative)", worst_norm);
   free(s);
   free(b);
 }
 
-static void check_report(const char *page, int nrec) {
+static void check_report(const char *page, int nrec, const char *median) {
   char *html = NULL;
   size_t len = 0;
   T_OK(newt_fs_read_all(page, 64 << 20, &html, &len));
   if (!html) return;
+  /* the median of the recoveries' totals as the summary has them: the mean of the middle two */
+  char card[128];
+  snprintf(card, sizeof card, "<b>%s</b><span>median recovery</span>", median);
+  T_CHECK_MSG(strstr(html, card), "the report has no card %s", card);
   T_CHECK_MSG(count(html, "<script") == 0 && count(html, "src=") == 0 && count(html, "href=") == 0,
               "the page is not self-contained (script, src or href)");
   T_CHECK_MSG(count(html, "class=\"recovery-marker\"") == (size_t)nrec, "%zu loss markers, %d recoveries",
@@ -478,10 +507,18 @@ static void test_run(void) {
   size_t len = 0;
   int nrec = -1;
   T_OK(newt_fs_read_all(summary, 1 << 20, &text, &len));
-  cJSON *j = NULL;
+  cJSON *j = NULL, *summary_recs = NULL;
+  char median[32] = "?";
   if (text && newt_json_parse(text, len, "summary", &j) == NEWT_OK) {
     const cJSON *recs = cJSON_GetObjectItemCaseSensitive(j, "recoveries");
+    summary_recs = cJSON_Duplicate(recs, 1);
     nrec = cJSON_GetArraySize(recs);
+    if (nrec == 2) {
+      int64_t a = 0, b = 0;
+      newt_json_get_int(recs->child, "recovery", "total_ms", 1, &a);
+      newt_json_get_int(recs->child->next, "recovery", "total_ms", 1, &b);
+      newt_fmt_duration((double)((a + b) / 2) / 1e3, median, sizeof median);
+    }
     T_CHECK_MSG(nrec == 2, "%d recoveries (a crash and a join expected):\n%s", nrec, text);
     for (const cJSON *r = recs ? recs->child : NULL; r; r = r->next) {
       int64_t step = 0, t_ms = 0;
@@ -497,7 +534,8 @@ static void test_run(void) {
   snprintf(steps, sizeof steps, "%s/steps.jsonl", logs);
   check_step_log(steps, base, &gens);
   T_CHECK_MSG(gens >= 3, "the step log ends in generation %lld (a crash and a join: 3)", (long long)gens);
-  check_status_after(url, nrec);
+  check_status_after(url, nrec, summary_recs);
+  cJSON_Delete(summary_recs);
   check_watch_ends(url);
   check_status_hostile(url);
   check_job_rm(url);
@@ -509,7 +547,7 @@ static void test_run(void) {
   int rc = run_capture(report, 60000, &out);
   T_CHECK_MSG(rc == 0 && out && strstr(out, page), "newt report exited %d:\n%s", rc, out ? out : "");
   free(out);
-  if (nrec > 0) check_report(page, nrec);
+  if (nrec > 0) check_report(page, nrec, median);
 }
 
 /* --- tty: the live line on a terminal ------------------------------------------------------ */
