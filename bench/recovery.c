@@ -23,6 +23,7 @@
 #include "common/fs.h"
 #include "common/opts.h"
 #include "common/strutil.h"
+#include "gpt/gpt.h"
 #include "job/plan.h"
 #include "launch/launcher.h"
 #include "model/dev.h"
@@ -50,9 +51,11 @@ static const char *program_name(const launcher_opts *o) {
   return name;
 }
 
-/* The spec of one run's job; 2 (and a message) when the flags make no valid job. */
+/* The spec of one run's job; 2 (and a message) when the flags make no valid job: checked as
+ * newt run checks one before it starts (gpt_start_check; the trainer's model unless the
+ * workers run a program). */
 static int job_spec(newt_spec *s, const char *job, const char *backend, const char *preset, const char *model,
-                    int64_t steps, int64_t gb, int64_t mb, int64_t tp, int64_t pp, int64_t zero) {
+                    int64_t steps, int64_t gb, int64_t mb, int64_t tp, int64_t pp, int64_t zero, int program) {
   spec_defaults(s, job);
   snprintf(s->backend, sizeof s->backend, "%s", backend);
   snprintf(s->preset, sizeof s->preset, "%s", preset);
@@ -62,7 +65,8 @@ static int job_spec(newt_spec *s, const char *job, const char *backend, const ch
   s->tp = tp;
   s->pp = pp;
   s->zero = zero;
-  if (spec_set_model(s, model) != NEWT_OK || spec_validate(s) != NEWT_OK) {
+  unsigned what = GPT_CHECK_SPEC | GPT_CHECK_FILES | (program ? 0 : GPT_CHECK_TRAINER);
+  if (spec_set_model(s, model) != NEWT_OK || gpt_start_check(s, what) != NEWT_OK) {
     fprintf(stderr, "newt bench recovery: %s\n", newt_errmsg());
     return 2;
   }
@@ -96,7 +100,7 @@ static int bench_etcd_outage(const launcher_opts *base, int64_t nproc, const cha
     launcher_opts lo = *base;
     char job[64], chaos[64];
     snprintf(job, sizeof job, "bench-etcd-%d-%lld", (int)getpid(), (long long)run);
-    if (job_spec(&lo.spec, job, backend, preset, model, steps, gb, mb, 1, 1, 0)) return 2;
+    if (job_spec(&lo.spec, job, backend, preset, model, steps, gb, mb, 1, 1, 0, lo.command != NULL)) return 2;
     snprintf(chaos, sizeof chaos, "restart:etcd:%lld@step=%lld", (long long)outage, (long long)at);
     if (chaos_parse(chaos, &lo.chaos) != NEWT_OK) return 2;
     lo.nproc = (int)nproc;
@@ -219,7 +223,7 @@ int newt_bench_recovery(int argc, char **argv) {
     launcher_opts lo = base;
     char job[64], chaos[64];
     snprintf(job, sizeof job, "bench-recovery-%d-%lld", (int)getpid(), (long long)run);
-    if (job_spec(&lo.spec, job, backend, preset, model, steps, gb, mb, tp, pp, zero)) return 2;
+    if (job_spec(&lo.spec, job, backend, preset, model, steps, gb, mb, tp, pp, zero, lo.command != NULL)) return 2;
     /* every worker a rank: a fault on a spare would recover nothing */
     int dp = plan_choose_dp(&lo.spec, nproc / (tp * pp));
     if (dp * tp * pp != nproc) {

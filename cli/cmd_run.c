@@ -12,8 +12,10 @@
 
 #include "cli/cmds.h"
 #include "cli/etcd_flags.h"
+#include "cli/program.h"
 #include "common/fs.h"
 #include "common/opts.h"
+#include "gpt/gpt.h"
 #include "launch/launcher.h"
 #include "model/dev.h"
 
@@ -53,6 +55,32 @@ static int spec_flags_given(int argc, int command, char **argv) {
   fprintf(stderr, "newt run: %s: the spec file (--spec) sets the job's fields; give them in the file, or leave out "
                   "--spec\n", given);
   return 1;
+}
+
+/* Everything the run can be refused for before anything of it starts (no log directory, no
+ * etcd, no process): the spec (gpt_start_check: its rules, the built-in trainer's model and
+ * data, the checkpoint directory), the workers a layout needs, the program. 0 when it may
+ * start; else the reason is said and the run exits 2. */
+static int before_start(const launcher_opts *lo) {
+  const newt_spec *s = &lo->spec;
+  int64_t group = s->tp * s->pp;
+  if (lo->nproc < group * s->dp_min) {
+    fprintf(stderr, "newt run: --nproc %d workers cannot hold one layout of tp x pp x dp_min = %lld x %lld x %lld = "
+                    "%lld ranks: start more, or lower spec.parallel.dp_min\n",
+            lo->nproc, (long long)s->tp, (long long)s->pp, (long long)s->dp_min, (long long)(group * s->dp_min));
+    return 2;
+  }
+  if (lo->command && cli_program_check(lo->command) != NEWT_OK) {
+    fprintf(stderr, "newt run: %s\n", newt_errmsg());
+    return 2;
+  }
+  /* a program has its own model and data: the trainer's checks are not its */
+  unsigned what = GPT_CHECK_SPEC | GPT_CHECK_FILES | (lo->command ? 0 : GPT_CHECK_TRAINER);
+  if (gpt_start_check(s, what) != NEWT_OK) {
+    fprintf(stderr, "newt run: %s\n", newt_errmsg());
+    return 2;
+  }
+  return 0;
 }
 
 int newt_cmd_run(int argc, char **argv) {
@@ -166,6 +194,11 @@ int newt_cmd_run(int argc, char **argv) {
     s->micro_batch = mb;
     s->lr = lr;
     s->lr_min = lr / 10;
+    if (seed < 0 || data_seed < 0) {
+      fprintf(stderr, "newt run: --%s: must not be negative, got %lld\n", seed < 0 ? "seed" : "data-seed",
+              (long long)(seed < 0 ? seed : data_seed));
+      return 2;
+    }
     s->seed = (uint64_t)seed;
     s->data_seed = (uint64_t)data_seed;
     s->ckpt_every = every;
@@ -239,6 +272,7 @@ int newt_cmd_run(int argc, char **argv) {
   lo.threads = (int)threads;
   lo.quiet = quiet;
   lo.timeout_ms = timeout;
+  if (before_start(&lo) != 0) return 2;
   launcher_result res;
   newt_result_t r = launcher_run(&lo, &res);
   if (r != NEWT_OK) fprintf(stderr, "%s\n", newt_errmsg());
@@ -260,12 +294,14 @@ int newt_cmd_run(int argc, char **argv) {
   }
   free(json);
   /* a run cut short has no report to offer: its files are kept, and it says where */
-  int interrupted = strcmp(res.outcome, "interrupted") == 0;
+  int interrupted = strcmp(res.outcome, "interrupted") == 0, by_term = strstr(res.reason, "SIGTERM") != NULL;
   if (res.log_dir[0] && !quiet && !interrupted) printf("newt run: the run's report: newt report %s\n", res.log_dir);
   launcher_result_free(&res);
   chaos_free(&lo.chaos);
   if (password) memset(password, 0, strlen(password));
   free(password);
-  if (interrupted) return 130; /* as a shell reports a command ended by Ctrl-C */
+  /* 128 + the signal, as a shell reports a command a signal ended: 130 for Ctrl-C, 143 for
+     SIGTERM */
+  if (interrupted) return by_term ? 143 : 130;
   return r == NEWT_OK && res.done ? 0 : 1;
 }

@@ -168,8 +168,10 @@ int newt_cmd_train(int argc, char **argv) {
     fprintf(stderr, "newt train: --data: a path of at most %zu characters\n", sizeof spec.data_path - 1);
     return 2;
   }
+  /* the checks of a job's start (gpt/gpt.h): the model, and the token file here */
   model_train_config cfg;
   if (strlen(preset) >= sizeof spec.preset || spec_set_model(&spec, overrides) != NEWT_OK ||
+      gpt_start_check(&spec, GPT_CHECK_TRAINER | GPT_CHECK_FILES) != NEWT_OK ||
       gpt_train_config(&spec, (int)threads, &cfg) != NEWT_OK) {
     fprintf(stderr, "newt train: %s\n", strlen(preset) >= sizeof spec.preset ? "--preset: too long" : newt_errmsg());
     return 2;

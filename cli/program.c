@@ -6,6 +6,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "cli/ending.h"
@@ -99,4 +100,41 @@ newt_result_t cli_program_exec(char *const *command, int *sig) {
   int in_path = strchr(command[0], '/') == NULL && e == ENOENT;
   return NEWT_ERR(NEWT_ERR_INVALID, "cannot run the program \"%s\" (the COMMAND after --): %s%s", command[0],
                   strerror(e), in_path ? " (not found in PATH)" : "");
+}
+
+/* 0 when path is an executable file, else the errno execve would give. */
+static int runnable(const char *path) {
+  struct stat st;
+  if (stat(path, &st) != 0) return errno;
+  if (S_ISDIR(st.st_mode)) return EISDIR;
+  if (!S_ISREG(st.st_mode) || access(path, X_OK) != 0) return EACCES;
+  return 0;
+}
+
+newt_result_t cli_program_check(char *const *command) {
+  const char *c = command[0];
+  if (!*c) return NEWT_ERR(NEWT_ERR_INVALID, "cannot run the program \"\" (the COMMAND after --): an empty name");
+  if (strchr(c, '/')) {
+    int e = runnable(c);
+    if (e) return NEWT_ERR(NEWT_ERR_INVALID, "cannot run the program \"%s\" (the COMMAND after --): %s", c, strerror(e));
+    return NEWT_OK;
+  }
+  const char *path = getenv("PATH");
+  if (!path) path = "/bin:/usr/bin"; /* execvp's default */
+  int denied = 0;
+  for (const char *p = path;; p++) {
+    const char *end = strchr(p, ':');
+    size_t n = end ? (size_t)(end - p) : strlen(p);
+    char file[4096];
+    /* an empty entry is the current directory */
+    if (snprintf(file, sizeof file, "%.*s/%s", n ? (int)n : 1, n ? p : ".", c) < (int)sizeof file) {
+      int e = runnable(file);
+      if (!e) return NEWT_OK;
+      denied |= e == EACCES;
+    }
+    if (!end) break;
+    p = end;
+  }
+  return NEWT_ERR(NEWT_ERR_INVALID, "cannot run the program \"%s\" (the COMMAND after --): %s", c,
+                  denied ? "found in PATH, but not an executable file" : "not found in PATH");
 }

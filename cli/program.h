@@ -66,4 +66,9 @@ newt_result_t cli_program_env(const cli_program *p);
  * NEWT_ERR_ABORTED when a stop signal came before it (*sig: which). */
 newt_result_t cli_program_exec(char *const *command, int *sig);
 
+/* Whether command[0] can be run, before anything is started for it (newt run -- COMMAND): a
+ * name with a '/' is an executable file; a bare name one found in PATH, as execvp finds it.
+ * NEWT_ERR_INVALID naming the command and why, in cli_program_exec's words. */
+newt_result_t cli_program_check(char *const *command);
+
 #endif

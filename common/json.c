@@ -52,14 +52,31 @@ newt_result_t newt_json_item_int(const cJSON *it, const char *what, int64_t *out
   return NEWT_ERR(NEWT_ERR_INVALID, "%s: expected an integer, got %s", what, type_name(it));
 }
 
-newt_result_t newt_json_get_int(const cJSON *obj, const char *what, const char *field, int required,
-                                int64_t *out) {
+/* The field of a strict getter as a JSON number; a string is named with its text. */
+static newt_result_t number_item(const cJSON *obj, const char *what, const char *field, int required,
+                                 const cJSON **it) {
+  NEWT_CHECK(lookup(obj, what, field, required, it));
+  if (!*it || cJSON_IsNumber(*it)) return NEWT_OK;
+  if (cJSON_IsString(*it))
+    return NEWT_ERR(NEWT_ERR_INVALID, "%s.%s: expected a number, got the string \"%.40s\"", what, field,
+                    (*it)->valuestring);
+  return NEWT_ERR(NEWT_ERR_INVALID, "%s.%s: expected a number, got %s", what, field, type_name(*it));
+}
+
+/* An int64 field: strict, a JSON number only; else a decimal string too (records). */
+static newt_result_t get_int(const cJSON *obj, const char *what, const char *field, int required, int strict,
+                             int64_t *out) {
   const cJSON *it;
-  NEWT_CHECK(lookup(obj, what, field, required, &it));
+  NEWT_CHECK(strict ? number_item(obj, what, field, required, &it) : lookup(obj, what, field, required, &it));
   if (!it) return NEWT_OK;
   char path[256];
   snprintf(path, sizeof path, "%s.%s", what, field);
   return newt_json_item_int(it, path, out);
+}
+
+newt_result_t newt_json_get_int(const cJSON *obj, const char *what, const char *field, int required,
+                                int64_t *out) {
+  return get_int(obj, what, field, required, 0, out);
 }
 
 newt_result_t newt_json_get_double(const cJSON *obj, const char *what, const char *field,
@@ -73,6 +90,22 @@ newt_result_t newt_json_get_double(const cJSON *obj, const char *what, const cha
   }
   if (cJSON_IsString(it) && newt_parse_double(it->valuestring, out) == 0) return NEWT_OK;
   return NEWT_ERR(NEWT_ERR_INVALID, "%s.%s: expected a number, got %s", what, field, type_name(it));
+}
+
+newt_result_t newt_json_get_int_strict(const cJSON *obj, const char *what, const char *field, int required,
+                                       int64_t *out) {
+  return get_int(obj, what, field, required, 1, out);
+}
+
+newt_result_t newt_json_get_double_strict(const cJSON *obj, const char *what, const char *field, int required,
+                                          double *out) {
+  const cJSON *it;
+  NEWT_CHECK(number_item(obj, what, field, required, &it));
+  if (!it) return NEWT_OK;
+  if (!isfinite(it->valuedouble))
+    return NEWT_ERR(NEWT_ERR_INVALID, "%s.%s: expected a finite number, got %g", what, field, it->valuedouble);
+  *out = it->valuedouble;
+  return NEWT_OK;
 }
 
 newt_result_t newt_json_get_bool(const cJSON *obj, const char *what, const char *field, int required,

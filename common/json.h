@@ -3,6 +3,12 @@
  * int64 fields that arrive either as numbers or as decimal strings (etcd's gateway
  * writes int64 as strings and omits zero-valued fields).
  *
+ * Two kinds of getters: newt_json_get_int and newt_json_get_double read the records newt and
+ * etcd write, where an int64 may be a decimal string (newt_json_add_int writes one beyond 15
+ * digits); the _strict ones read what a person writes (a spec file, the chart's values), where
+ * a number must be a JSON number: "steps": "20" is refused ("spec.train.steps: expected a
+ * number, got the string \"20\""), as a typo would be.
+ *
  * Getters leave *out untouched when an optional field is missing, so the caller sets
  * the default first. `what` is the path of `obj` used in messages ("spec", "plan.ranks[3]"). */
 #ifndef NEWT_COMMON_JSON_H
@@ -21,6 +27,12 @@ newt_result_t newt_json_get_int(const cJSON *obj, const char *what, const char *
                                 int64_t *out);
 newt_result_t newt_json_get_double(const cJSON *obj, const char *what, const char *field,
                                    int required, double *out);
+/* A JSON number only (strings refused, naming the field and the string); _int: an integer
+ * within +-2^53, _double: a finite one. */
+newt_result_t newt_json_get_int_strict(const cJSON *obj, const char *what, const char *field, int required,
+                                       int64_t *out);
+newt_result_t newt_json_get_double_strict(const cJSON *obj, const char *what, const char *field, int required,
+                                          double *out);
 newt_result_t newt_json_get_bool(const cJSON *obj, const char *what, const char *field, int required,
                                  int *out);
 /* *out points into obj (valid while obj lives). */

@@ -196,6 +196,9 @@ static newt_result_t setup(gpt_worker *g, int threads) {
   newt_job_info ji = {.size = sizeof ji};
   NEWT_CHECK(newt_job_get(g->ctx, &ji));
   NEWT_CHECK(spec_from_json(ji.spec_json, strlen(ji.spec_json), &g->spec));
+  /* the model's checks of a job's start (gpt/gpt.h): a bad one is a bad spec (exit 2), said
+     as newt run and newt coordinator say it */
+  NEWT_CHECK(gpt_start_check(&g->spec, GPT_CHECK_TRAINER));
   model_train_config *tc = &g->tcfg;
   NEWT_CHECK(gpt_train_config(&g->spec, threads, tc));
   /* the fixed part of the layout must fit the model (tp divides heads and vocab, ...) */
@@ -214,9 +217,13 @@ static newt_result_t setup(gpt_worker *g, int threads) {
   } else {
     g->dev = model_dev_cpu();
   }
-  NEWT_CHECK(gpt_open_data(&g->spec, &g->tok));
+  /* the token file this host sees: one that is missing or no token file is a bad spec here
+     (exit 2, not a crash to restart), as newt run refuses it before start */
+  newt_result_t dr = gpt_open_data(&g->spec, &g->tok);
+  if (dr != NEWT_OK) return newt_err_wrap(dr == NEWT_ERR_NOMEM ? dr : NEWT_ERR_INVALID, "spec.data.path: ");
   g->have_tok = 1;
-  NEWT_CHECK(model_loader_init(&g->ld, &g->tok, tc->seq_len, tc->data_seed, tc->model.vocab));
+  dr = model_loader_init(&g->ld, &g->tok, tc->seq_len, tc->data_seed, tc->model.vocab);
+  if (dr != NEWT_OK) return newt_err_wrap(NEWT_ERR_INVALID, "spec.data.path: ");
   size_t n = (size_t)g->spec.global_batch * (size_t)tc->seq_len;
   g->inputs = malloc(n * sizeof *g->inputs);
   g->targets = malloc(n * sizeof *g->targets);

@@ -4,6 +4,8 @@
 #include "job/spec.h"
 
 #include <ctype.h>
+#include <errno.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -48,12 +50,51 @@ void spec_defaults(newt_spec *s, const char *job) {
   snprintf(s->backend, sizeof s->backend, "cpu");
 }
 
-static newt_result_t get_u64(const cJSON *obj, const char *what, const char *field, uint64_t *out) {
+/* Numbers are JSON numbers: "steps": "20" is refused naming the field, as a typo would be. */
+#define GET_INT(obj, what, field, out) newt_json_get_int_strict(obj, what, field, 0, out)
+#define GET_DOUBLE(obj, what, field, out) newt_json_get_double_strict(obj, what, field, 0, out)
+
+/* A seed is 64 bits, more than a JSON number holds exactly (2^53), so spec_to_json writes one
+ * beyond SEED_NUMBER_MAX as a decimal string (as newt_json_add_int writes every int64, which is
+ * how newt wrote seeds before): a number, or such a string of digits, and nothing else. */
+#define SEED_NUMBER_MAX 999999999999999ULL /* 15 digits: what cJSON prints exactly */
+
+static newt_result_t get_seed(const cJSON *obj, const char *what, const char *field, uint64_t *out) {
+  const cJSON *it = cJSON_IsObject(obj) ? cJSON_GetObjectItemCaseSensitive(obj, field) : NULL;
+  if (cJSON_IsString(it)) {
+    const char *v = it->valuestring;
+    char *end = NULL;
+    int digits = *v >= '0' && *v <= '9';
+    for (const char *p = v; *p && digits; p++) digits = *p >= '0' && *p <= '9';
+    errno = 0;
+    unsigned long long u = digits ? strtoull(v, &end, 10) : 0;
+    if (!digits || errno || *end || u <= SEED_NUMBER_MAX)
+      return NEWT_ERR(NEWT_ERR_INVALID,
+                      "%s.%s: expected a number, got the string \"%.40s\" (a seed is a string only beyond %llu, "
+                      "where a JSON number loses digits: a string of digits up to 18446744073709551615)",
+                      what, field, v, SEED_NUMBER_MAX);
+    *out = (uint64_t)u;
+    return NEWT_OK;
+  }
+  if (cJSON_IsNumber(it) && it->valuedouble > (double)NEWT_JSON_INT_EXACT)
+    return NEWT_ERR(NEWT_ERR_INVALID, "%s.%s: %.17g is beyond 2^53, where a JSON number loses digits: write the seed "
+                    "as a string of digits", what, field, it->valuedouble);
   int64_t v = (int64_t)*out;
-  NEWT_CHECK(newt_json_get_int(obj, what, field, 0, &v));
+  NEWT_CHECK(GET_INT(obj, what, field, &v));
   if (v < 0) return NEWT_ERR(NEWT_ERR_INVALID, "%s.%s: must not be negative, got %lld", what, field, (long long)v);
   *out = (uint64_t)v;
   return NEWT_OK;
+}
+
+/* The writer of get_seed's form. */
+static void add_seed(cJSON *obj, const char *field, uint64_t v) {
+  if (v <= SEED_NUMBER_MAX) {
+    cJSON_AddNumberToObject(obj, field, (double)v);
+    return;
+  }
+  char digits[24];
+  snprintf(digits, sizeof digits, "%llu", (unsigned long long)v);
+  cJSON_AddStringToObject(obj, field, digits);
 }
 
 static newt_result_t parse_model(const cJSON *m, newt_spec *s) {
@@ -61,11 +102,11 @@ static newt_result_t parse_model(const cJSON *m, newt_spec *s) {
   const char *w = "spec.model";
   NEWT_CHECK(newt_json_check_fields(m, w, known));
   NEWT_CHECK(newt_json_get_strcpy(m, w, "preset", 0, s->preset, sizeof s->preset));
-  NEWT_CHECK(newt_json_get_int(m, w, "vocab", 0, &s->vocab));
-  NEWT_CHECK(newt_json_get_int(m, w, "ctx", 0, &s->ctx));
-  NEWT_CHECK(newt_json_get_int(m, w, "layers", 0, &s->layers));
-  NEWT_CHECK(newt_json_get_int(m, w, "heads", 0, &s->heads));
-  NEWT_CHECK(newt_json_get_int(m, w, "channels", 0, &s->channels));
+  NEWT_CHECK(GET_INT(m, w, "vocab", &s->vocab));
+  NEWT_CHECK(GET_INT(m, w, "ctx", &s->ctx));
+  NEWT_CHECK(GET_INT(m, w, "layers", &s->layers));
+  NEWT_CHECK(GET_INT(m, w, "heads", &s->heads));
+  NEWT_CHECK(GET_INT(m, w, "channels", &s->channels));
   return NEWT_OK;
 }
 
@@ -73,8 +114,8 @@ static newt_result_t parse_data(const cJSON *d, newt_spec *s) {
   static const char *const known[] = {"path", "seed", "gen_bytes", NULL};
   NEWT_CHECK(newt_json_check_fields(d, "spec.data", known));
   NEWT_CHECK(newt_json_get_strcpy(d, "spec.data", "path", 0, s->data_path, sizeof s->data_path));
-  NEWT_CHECK(newt_json_get_int(d, "spec.data", "gen_bytes", 0, &s->gen_bytes));
-  return get_u64(d, "spec.data", "seed", &s->data_seed);
+  NEWT_CHECK(GET_INT(d, "spec.data", "gen_bytes", &s->gen_bytes));
+  return get_seed(d, "spec.data", "seed", &s->data_seed);
 }
 
 static newt_result_t parse_train(const cJSON *t, newt_spec *s) {
@@ -82,29 +123,29 @@ static newt_result_t parse_train(const cJSON *t, newt_spec *s) {
                                       "weight_decay", "grad_clip", "seed", NULL};
   const char *w = "spec.train";
   NEWT_CHECK(newt_json_check_fields(t, w, known));
-  NEWT_CHECK(newt_json_get_int(t, w, "steps", 0, &s->steps));
-  NEWT_CHECK(newt_json_get_int(t, w, "global_batch", 0, &s->global_batch));
-  NEWT_CHECK(newt_json_get_int(t, w, "micro_batch", 0, &s->micro_batch));
-  NEWT_CHECK(newt_json_get_int(t, w, "seq_len", 0, &s->seq_len));
-  NEWT_CHECK(newt_json_get_double(t, w, "lr", 0, &s->lr));
-  NEWT_CHECK(newt_json_get_double(t, w, "lr_min", 0, &s->lr_min));
-  NEWT_CHECK(newt_json_get_int(t, w, "warmup", 0, &s->warmup));
-  NEWT_CHECK(newt_json_get_double(t, w, "weight_decay", 0, &s->weight_decay));
-  NEWT_CHECK(newt_json_get_double(t, w, "grad_clip", 0, &s->grad_clip));
-  return get_u64(t, w, "seed", &s->seed);
+  NEWT_CHECK(GET_INT(t, w, "steps", &s->steps));
+  NEWT_CHECK(GET_INT(t, w, "global_batch", &s->global_batch));
+  NEWT_CHECK(GET_INT(t, w, "micro_batch", &s->micro_batch));
+  NEWT_CHECK(GET_INT(t, w, "seq_len", &s->seq_len));
+  NEWT_CHECK(GET_DOUBLE(t, w, "lr", &s->lr));
+  NEWT_CHECK(GET_DOUBLE(t, w, "lr_min", &s->lr_min));
+  NEWT_CHECK(GET_INT(t, w, "warmup", &s->warmup));
+  NEWT_CHECK(GET_DOUBLE(t, w, "weight_decay", &s->weight_decay));
+  NEWT_CHECK(GET_DOUBLE(t, w, "grad_clip", &s->grad_clip));
+  return get_seed(t, w, "seed", &s->seed);
 }
 
 static newt_result_t parse_parallel(const cJSON *p, newt_spec *s) {
   static const char *const known[] = {"tp", "pp", "zero", "dp_min", "dp_max", "start_workers", "start_timeout_ms", NULL};
   const char *w = "spec.parallel";
   NEWT_CHECK(newt_json_check_fields(p, w, known));
-  NEWT_CHECK(newt_json_get_int(p, w, "tp", 0, &s->tp));
-  NEWT_CHECK(newt_json_get_int(p, w, "pp", 0, &s->pp));
-  NEWT_CHECK(newt_json_get_int(p, w, "zero", 0, &s->zero));
-  NEWT_CHECK(newt_json_get_int(p, w, "dp_min", 0, &s->dp_min));
-  NEWT_CHECK(newt_json_get_int(p, w, "start_workers", 0, &s->start_workers));
-  NEWT_CHECK(newt_json_get_int(p, w, "start_timeout_ms", 0, &s->start_timeout_ms));
-  return newt_json_get_int(p, w, "dp_max", 0, &s->dp_max);
+  NEWT_CHECK(GET_INT(p, w, "tp", &s->tp));
+  NEWT_CHECK(GET_INT(p, w, "pp", &s->pp));
+  NEWT_CHECK(GET_INT(p, w, "zero", &s->zero));
+  NEWT_CHECK(GET_INT(p, w, "dp_min", &s->dp_min));
+  NEWT_CHECK(GET_INT(p, w, "start_workers", &s->start_workers));
+  NEWT_CHECK(GET_INT(p, w, "start_timeout_ms", &s->start_timeout_ms));
+  return GET_INT(p, w, "dp_max", &s->dp_max);
 }
 
 static newt_result_t parse_ckpt(const cJSON *c, newt_spec *s) {
@@ -112,9 +153,9 @@ static newt_result_t parse_ckpt(const cJSON *c, newt_spec *s) {
   const char *w = "spec.ckpt";
   NEWT_CHECK(newt_json_check_fields(c, w, known));
   NEWT_CHECK(newt_json_get_strcpy(c, w, "dir", 0, s->ckpt_dir, sizeof s->ckpt_dir));
-  NEWT_CHECK(newt_json_get_int(c, w, "every", 0, &s->ckpt_every));
-  NEWT_CHECK(newt_json_get_int(c, w, "keep", 0, &s->ckpt_keep));
-  return newt_json_get_int(c, w, "level", 0, &s->ckpt_level);
+  NEWT_CHECK(GET_INT(c, w, "every", &s->ckpt_every));
+  NEWT_CHECK(GET_INT(c, w, "keep", &s->ckpt_keep));
+  return GET_INT(c, w, "level", &s->ckpt_level);
 }
 
 static newt_result_t parse_fault(const cJSON *f, newt_spec *s) {
@@ -123,14 +164,14 @@ static newt_result_t parse_fault(const cJSON *f, newt_spec *s) {
                                       "failure_window_ms", NULL};
   const char *w = "spec.fault";
   NEWT_CHECK(newt_json_check_fields(f, w, known));
-  NEWT_CHECK(newt_json_get_int(f, w, "lease_ttl_ms", 0, &s->lease_ttl_ms));
-  NEWT_CHECK(newt_json_get_int(f, w, "comm_timeout_ms", 0, &s->comm_timeout_ms));
-  NEWT_CHECK(newt_json_get_int(f, w, "hang_timeout_ms", 0, &s->hang_timeout_ms));
-  NEWT_CHECK(newt_json_get_int(f, w, "first_step_timeout_ms", 0, &s->first_step_timeout_ms));
-  NEWT_CHECK(newt_json_get_int(f, w, "report_window_ms", 0, &s->report_window_ms));
-  NEWT_CHECK(newt_json_get_int(f, w, "max_failures", 0, &s->max_failures));
-  NEWT_CHECK(newt_json_get_int(f, w, "failure_window_ms", 0, &s->failure_window_ms));
-  return newt_json_get_int(f, w, "replica_every", 0, &s->replica_every);
+  NEWT_CHECK(GET_INT(f, w, "lease_ttl_ms", &s->lease_ttl_ms));
+  NEWT_CHECK(GET_INT(f, w, "comm_timeout_ms", &s->comm_timeout_ms));
+  NEWT_CHECK(GET_INT(f, w, "hang_timeout_ms", &s->hang_timeout_ms));
+  NEWT_CHECK(GET_INT(f, w, "first_step_timeout_ms", &s->first_step_timeout_ms));
+  NEWT_CHECK(GET_INT(f, w, "report_window_ms", &s->report_window_ms));
+  NEWT_CHECK(GET_INT(f, w, "max_failures", &s->max_failures));
+  NEWT_CHECK(GET_INT(f, w, "failure_window_ms", &s->failure_window_ms));
+  return GET_INT(f, w, "replica_every", &s->replica_every);
 }
 
 typedef newt_result_t (*section_fn)(const cJSON *, newt_spec *);
@@ -216,7 +257,7 @@ newt_result_t spec_validate(const newt_spec *s) {
   RULE(s->global_batch % s->micro_batch == 0,
        "spec.train.global_batch: %lld is not a multiple of micro_batch %lld",
        (long long)s->global_batch, (long long)s->micro_batch);
-  RULE(s->lr > 0, "spec.train.lr: must be positive, got %g", s->lr);
+  RULE(s->lr > 0 && isfinite(s->lr), "spec.train.lr: must be positive and finite, got %g", s->lr);
   RULE(s->lr_min >= 0 && s->lr_min <= s->lr, "spec.train.lr_min: must be in [0, lr=%g], got %g",
        s->lr, s->lr_min);
   RULE(s->warmup >= -1, "spec.train.warmup: must be -1 (5%% of the steps) or more");
@@ -224,8 +265,10 @@ newt_result_t spec_validate(const newt_spec *s) {
        "spec.train.seq_len: must be in [0, ctx] (0: the model's ctx), got %lld", (long long)s->seq_len);
   RULE(s->data_path[0] || s->gen_bytes >= 2, "spec.data.gen_bytes: must be at least 2, got %lld",
        (long long)s->gen_bytes);
-  RULE(s->weight_decay >= 0, "spec.train.weight_decay: must not be negative");
-  RULE(s->grad_clip >= 0, "spec.train.grad_clip: must not be negative (0 disables clipping)");
+  RULE(s->weight_decay >= 0 && isfinite(s->weight_decay), "spec.train.weight_decay: must be finite and not negative, got %g",
+       s->weight_decay);
+  RULE(s->grad_clip >= 0 && isfinite(s->grad_clip),
+       "spec.train.grad_clip: must be finite and not negative (0 disables clipping), got %g", s->grad_clip);
   RULE(s->tp >= 1, "spec.parallel.tp: must be at least 1, got %lld", (long long)s->tp);
   RULE(s->pp >= 1, "spec.parallel.pp: must be at least 1, got %lld", (long long)s->pp);
   RULE(s->zero >= 0 && s->zero <= 3, "spec.parallel.zero: must be 0, 1, 2 or 3, got %lld",
@@ -317,7 +360,7 @@ char *spec_to_json(const newt_spec *s) {
     if (sizes[i].v) newt_json_add_int(m, sizes[i].k, sizes[i].v);
   cJSON *d = cJSON_AddObjectToObject(j, "data");
   cJSON_AddStringToObject(d, "path", s->data_path);
-  newt_json_add_int(d, "seed", (int64_t)s->data_seed);
+  add_seed(d, "seed", s->data_seed);
   newt_json_add_int(d, "gen_bytes", s->gen_bytes);
   cJSON *t = cJSON_AddObjectToObject(j, "train");
   newt_json_add_int(t, "steps", s->steps);
@@ -329,7 +372,7 @@ char *spec_to_json(const newt_spec *s) {
   newt_json_add_int(t, "warmup", s->warmup);
   cJSON_AddNumberToObject(t, "weight_decay", s->weight_decay);
   cJSON_AddNumberToObject(t, "grad_clip", s->grad_clip);
-  newt_json_add_int(t, "seed", (int64_t)s->seed);
+  add_seed(t, "seed", s->seed);
   cJSON *p = cJSON_AddObjectToObject(j, "parallel");
   newt_json_add_int(p, "tp", s->tp);
   newt_json_add_int(p, "pp", s->pp);
@@ -356,6 +399,26 @@ char *spec_to_json(const newt_spec *s) {
   char *out = newt_json_print(j);
   cJSON_Delete(j);
   return out;
+}
+
+newt_result_t spec_check_json(const newt_spec *s) {
+  char *text = spec_to_json(s);
+  NEWT_CHECK_ALLOC(text);
+  newt_spec back;
+  newt_result_t r = spec_from_json(text, strlen(text), &back);
+  char *again = r == NEWT_OK ? spec_to_json(&back) : NULL;
+  if (r != NEWT_OK) r = newt_err_wrap(r, "the spec as written does not read back: ");
+  else if (!again) r = NEWT_ERR(NEWT_ERR_NOMEM, "out of memory: the spec read back");
+  else if (strcmp(text, again) != 0) {
+    size_t i = 0;
+    while (text[i] && text[i] == again[i]) i++;
+    size_t from = i > 40 ? i - 40 : 0;
+    r = NEWT_ERR(NEWT_ERR_INVALID, "the spec reads back otherwise than written, at ...%.60s... (read: ...%.60s...)",
+                 text + from, again + from);
+  }
+  free(text);
+  free(again);
+  return r;
 }
 
 void spec_data_desc(const newt_spec *s, char *out, size_t cap) {

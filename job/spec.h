@@ -18,7 +18,13 @@
  * Every field but "job" has a default; the training defaults are those of `newt train`, so
  * a job and `newt train` with the same values follow the same trajectory. Parsing rejects unknown fields and bad values with
  * a message naming the field ("spec.parallel.tp: must be at least 1, got 0"), so a typo
- * never silently falls back to a default. */
+ * never silently falls back to a default. A number is a JSON number: "steps": "20" is refused
+ * ("spec.train.steps: expected a number, got the string \"20\""). The one exception are the
+ * seeds (data.seed, train.seed), 64-bit values: spec_to_json writes a seed beyond 15 digits as
+ * a string of digits (a JSON number holds 2^53 exactly), and only such a string is read.
+ *
+ * What a spec is checked for before a job starts beyond these rules (the model, the data, the
+ * checkpoint directory) is gpt_start_check's (gpt/gpt.h). */
 #ifndef NEWT_JOB_SPEC_H
 #define NEWT_JOB_SPEC_H
 
@@ -85,6 +91,10 @@ newt_result_t spec_validate(const newt_spec *s);
 
 /* The spec as a JSON document (every field written); malloc'd, NULL on no memory. */
 char *spec_to_json(const newt_spec *s);
+
+/* Whether the spec, written as every process of the job will read it (spec_to_json), reads
+ * back (spec_from_json) as itself: what a job publishes is what its readers accept. */
+newt_result_t spec_check_json(const newt_spec *s);
 
 /* Whether a running job may take spec b in place of a: it differs from a only in fields
  * that can change at a step boundary (parallel.dp_min, dp_max, start_*, ckpt.every, keep,

@@ -680,7 +680,13 @@ async function checkSpec(docs, values, errors) {
   if (!cm) return errors.push("no ConfigMap with spec.json");
   const file = join(tmp, `spec-${process.hrtime.bigint()}.json`);
   writeFileSync(file, cm.data["spec.json"]);
-  const r = run(need("HELM_SPEC_CHECK"), [file]);
+  // the coordinators check the spec at their start as the workers will use it: the built-in
+  // trainer's model, or a program's (workers.command), which is not checked
+  const coordJob = docs.find((d) => d.kind === "Job" && d.metadata.labels["app.kubernetes.io/component"] === "coordinator");
+  const trainerArg = coordJob?.spec.template.spec.containers[0].args.find((a) => a.startsWith("--trainer="));
+  const want = `--trainer=${(values.workers.command || []).length ? "program" : "builtin"}`;
+  if (trainerArg !== want) errors.push(`the coordinators' ${trainerArg ?? "(no --trainer)"} is not ${want} (workers.command)`);
+  const r = run(need("HELM_SPEC_CHECK"), [want, file]);
   if (r.code !== 0) return errors.push(`newt's spec parser refuses the rendered spec: ${r.err.trim()}`);
   const { tp, pp } = values.spec.parallel;
   const perPod = values.workers.gpu.count > 0 ? values.workers.gpu.count : values.workers.perPod;
@@ -812,6 +818,17 @@ async function render() {
     if (docs.some((d) => d.kind === "ConfigMap" && d.metadata.name.endsWith("-dashboard")))
       await check(`${name}: the Grafana dashboard is JSON on metrics newt exports`, (errors) => checkDashboard(docs, errors));
   }
+  await check("the chart's model presets (files/presets.json, the schema's enum) are newt's", (errors) => {
+    const r = run(need("HELM_SPEC_CHECK"), ["--presets"]);
+    if (r.code !== 0) return errors.push(`helm_spec_check --presets: ${r.err.trim()}`);
+    const newt = JSON.parse(r.out);
+    const chartPresets = JSON.parse(readFileSync(join(chart, "files/presets.json"), "utf8"));
+    if (canonical(newt) !== canonical(chartPresets))
+      errors.push(`files/presets.json ${canonical(chartPresets)} is not newt's ${canonical(newt)}`);
+    const schema = JSON.parse(readFileSync(join(chart, "values.schema.json"), "utf8"));
+    const names = schema.properties.spec.properties.model.properties.preset.enum;
+    if (canonical(names) !== canonical(Object.keys(newt))) errors.push(`the schema's presets ${names} are not newt's ${Object.keys(newt)}`);
+  });
   await check("GPU values (workers.gpu.count 4): one container with 4 GPUs runs the node agent; CPU values: none does", (errors) => {
     const gpu = join(tmp, "gpu4.yaml");
     writeFileSync(gpu, YAML.stringify({ workers: { gpu: { count: 4 } } }));

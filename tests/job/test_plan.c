@@ -1,9 +1,11 @@
 /* Unit tests of the job spec and the plan (placement, batch keeping, JSON validation). */
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "common/json.h"
 #include "job/plan.h"
+#include "job/records.h"
 #include "job/spec.h"
 #include "test.h"
 
@@ -57,6 +59,105 @@ static void test_spec(void) {
   expect_spec_error("{\"job\":\"j\",\"model\":{\"layers\":2},\"parallel\":{\"pp\":4}}", "spec.parallel.pp");
   expect_spec_error("{\"job\":\"j\",", "spec: malformed JSON");
   expect_spec_error("[1,2]", "spec");
+}
+
+/* Every number of a spec is a JSON number (issue 25, item 4): each numeric field of a whole
+ * spec, written as a string of its own value, is refused naming it. */
+static void strings_refused(cJSON *node, cJSON *root, const char *path, int *numbers) {
+  for (int i = 0; i < cJSON_GetArraySize(node); i++) {
+    cJSON *it = cJSON_GetArrayItem(node, i);
+    char sub[128], key[64];
+    snprintf(sub, sizeof sub, "%s.%s", path, it->string);
+    snprintf(key, sizeof key, "%s", it->string);
+    if (cJSON_IsObject(it)) strings_refused(it, root, sub, numbers);
+    if (!cJSON_IsNumber(it)) continue;
+    (*numbers)++;
+    double v = it->valuedouble;
+    char digits[64];
+    snprintf(digits, sizeof digits, "%.17g", v);
+    cJSON_ReplaceItemInObjectCaseSensitive(node, key, cJSON_CreateString(digits));
+    char *text = cJSON_PrintUnformatted(root);
+    newt_spec s;
+    char want[300];
+    snprintf(want, sizeof want, "%s: expected a number, got the string \"%s\"", sub, digits);
+    newt_result_t r = text ? parse(text, &s) : NEWT_ERR_NOMEM;
+    T_CHECK_MSG(r == NEWT_ERR_INVALID && strstr(newt_errmsg(), want), "%s as a string: %s (want \"%s\")", sub,
+                r == NEWT_OK ? "accepted" : newt_errmsg(), want);
+    free(text);
+    cJSON_ReplaceItemInObjectCaseSensitive(node, key, cJSON_CreateNumber(v));
+  }
+}
+
+static void test_spec_numbers(void) {
+  /* the issue's case, and a double that parses: both were accepted */
+  expect_spec_error("{\"job\":\"j\",\"train\":{\"steps\":\"20\"}}",
+                    "spec.train.steps: expected a number, got the string \"20\"");
+  expect_spec_error("{\"job\":\"j\",\"train\":{\"lr\":\"0.01\"}}",
+                    "spec.train.lr: expected a number, got the string \"0.01\"");
+  expect_spec_error("{\"job\":\"j\",\"train\":{\"lr\":\"fast\"}}", "spec.train.lr: expected a number");
+  expect_spec_error("{\"job\":\"j\",\"parallel\":{\"tp\":true}}", "spec.parallel.tp: expected a number, got a boolean");
+  expect_spec_error("{\"job\":\"j\",\"parallel\":{\"tp\":1.5}}", "spec.parallel.tp: expected an integer, got 1.5");
+  expect_spec_error("{\"job\":\"j\",\"train\":{\"lr\":1e999}}", "spec.train.lr: expected a finite number");
+  /* every numeric field of a spec that sets them all */
+  newt_spec all;
+  spec_defaults(&all, "j");
+  all.vocab = 256, all.ctx = 64, all.layers = 4, all.heads = 4, all.channels = 128, all.ckpt_every = 5;
+  snprintf(all.ckpt_dir, sizeof all.ckpt_dir, "/ckpt");
+  char *text = spec_to_json(&all);
+  cJSON *root = text ? cJSON_Parse(text) : NULL;
+  T_CHECK(root != NULL);
+  int numbers = 0;
+  if (root) strings_refused(root, root, "spec", &numbers);
+  T_CHECK_MSG(numbers == 35, "the spec has %d numeric fields, not the 35 of job/spec.h", numbers);
+  cJSON_Delete(root);
+  free(text);
+
+  /* seeds: 64 bits. Beyond 15 digits written as a string of digits (as newt wrote them
+     before, with newt_json_add_int) and read back exactly; a small one as a string, a
+     number beyond 2^53, a sign or other characters are refused */
+  newt_spec s, back;
+  spec_defaults(&s, "j");
+  s.seed = UINT64_MAX;
+  s.data_seed = 1000000000000000ull;
+  text = spec_to_json(&s);
+  T_CHECK(text && strstr(text, "\"seed\":\"18446744073709551615\"") && strstr(text, "\"seed\":\"1000000000000000\""));
+  T_OK(parse(text, &back));
+  T_CHECK(back.seed == UINT64_MAX && back.data_seed == 1000000000000000ull);
+  free(text);
+  T_OK(spec_check_json(&s));
+  T_OK(parse("{\"job\":\"j\",\"train\":{\"seed\":\"9223372036854775807\"},\"data\":{\"seed\":9007199254740992}}", &back));
+  T_CHECK(back.seed == 9223372036854775807ull && back.data_seed == 9007199254740992ull);
+  expect_spec_error("{\"job\":\"j\",\"train\":{\"seed\":\"12\"}}",
+                    "spec.train.seed: expected a number, got the string \"12\"");
+  expect_spec_error("{\"job\":\"j\",\"data\":{\"seed\":1e17}}", "spec.data.seed: 1e+17 is beyond 2^53");
+  expect_spec_error("{\"job\":\"j\",\"data\":{\"seed\":\"-1000000000000000\"}}", "spec.data.seed: expected a number");
+  expect_spec_error("{\"job\":\"j\",\"data\":{\"seed\":\"18446744073709551616\"}}", "spec.data.seed");
+  expect_spec_error("{\"job\":\"j\",\"data\":{\"seed\":\" 1000000000000000\"}}", "spec.data.seed");
+  expect_spec_error("{\"job\":\"j\",\"data\":{\"seed\":-1}}", "spec.data.seed: must not be negative");
+
+  /* what is published reads back as itself; a value the JSON cannot carry is refused first */
+  spec_defaults(&s, "j");
+  T_OK(spec_check_json(&s));
+  s.lr = INFINITY;
+  T_ERR(NEWT_ERR_INVALID, spec_validate(&s));
+  T_CHECK_MSG(strstr(newt_errmsg(), "spec.train.lr"), "%s", newt_errmsg());
+  spec_defaults(&s, "j");
+  s.grad_clip = NAN;
+  T_ERR(NEWT_ERR_INVALID, spec_validate(&s));
+  T_CHECK_MSG(strstr(newt_errmsg(), "spec.train.grad_clip"), "%s", newt_errmsg());
+
+  /* records stay lenient: etcd's gateway and newt_json_add_int write int64 as strings */
+  const char *prog = "{\"generation\":\"4\",\"step\":\"120\",\"loss\":1.5,\"t_ms\":\"1700000000000000000\"}";
+  job_progress p;
+  T_OK(job_progress_from_json(prog, strlen(prog), &p));
+  T_CHECK(p.generation == 4 && p.step == 120 && p.t_ms == 1700000000000000000ull);
+  cJSON *o = cJSON_CreateObject();
+  newt_json_add_int(o, "rev", 1234567890123456789LL);
+  int64_t rev = 0;
+  T_OK(newt_json_get_int(o, "record", "rev", 1, &rev));
+  T_CHECK(rev == 1234567890123456789LL);
+  T_ERR(NEWT_ERR_INVALID, newt_json_get_int_strict(o, "record", "rev", 1, &rev));
+  cJSON_Delete(o);
 }
 
 static plan_member mk(const char *id, const char *host, int64_t rev, int prev_rank, int prev_pp) {
@@ -364,6 +465,7 @@ static void test_plan_hostile(void) {
 
 int main(void) {
   T_RUN(test_spec);
+  T_RUN(test_spec_numbers);
   T_RUN(test_plan_dp);
   T_RUN(test_plan_tp_pp);
   T_RUN(test_plan_keeps_whole_groups);

@@ -456,7 +456,7 @@ static void test_run(void) {
   kill(run, SIGTERM);
   int rc = finish(run, 60000, NULL);
   char *text = slurp(out);
-  T_CHECK_MSG(rc == 1 && text && strstr(text, "interrupted at step 2"), "newt run on SIGTERM: exit %d:\n%s", rc,
+  T_CHECK_MSG(rc == 143 && text && strstr(text, "interrupted by SIGTERM at step 2"), "newt run on SIGTERM: exit %d:\n%s", rc,
               text ? text : "");
   free(text);
   for (int i = 0; i < 5; i++)

@@ -1,7 +1,11 @@
 /* What a person sees of newt, checked as a person would see it.
  *
  *   cli   a mistyped flag or command names the one that was meant; `newt --help` lists
- *         --version.
+ *         --version; a bad value `newt run` can see before start (an unknown preset, a missing
+ *         token file, a seq_len beyond the model's ctx, a tp that does not divide its heads, a
+ *         program not found, a string where a number belongs, a checkpoint directory another
+ *         writer holds) exits 2 naming it, with nothing started; `newt coordinator --spec` and
+ *         `newt train` refuse theirs the same way.
  *   run   a real `newt run` (its own etcd, real processes) with rank 0 killed (kill -9: the
  *         writer of the step log) and a worker joining, and all around it:
  *         - `newt status` against the live job: what it is doing in words, the workers, the
@@ -120,6 +124,73 @@ static void test_cli(void) {
   /* a flag of a spec field beside --spec is refused, not silently ignored (issue 25, item 6) */
   expect((const char *[]){n, "run", "--spec", "/nonexistent/spec.json", "--steps", "3", "--lr=0.1", NULL}, 2,
          "--steps, --lr: the spec file (--spec) sets the job's fields");
+}
+
+/* Refused before start (issue 25, item 4): exit 2 with the message naming the field and the
+ * value, and nothing of the run made: its log directory (given, so it can be looked for),
+ * which the launcher makes first, before etcd's data, the coordinators and the workers. */
+static void expect_refused(const char *const *argv, const char *needle, const char *log_dir) {
+  expect(argv, 2, needle);
+  T_CHECK_MSG(!newt_fs_exists(log_dir), "newt %s started something before refusing: %s exists", argv[1], log_dir);
+}
+
+static void test_refused_before_start(void) {
+  const char *n = newt_bin;
+  char dir[300], spec[300], ckpt[300], lock[340], train_out[300];
+  snprintf(dir, sizeof dir, "%s/refused-logs", tmp);
+  expect_refused((const char *[]){n, "run", "--preset", "huge", "--nproc", "1", "--log-dir", dir, NULL},
+                 "newt run: spec.model.preset: unknown preset \"huge\" (tiny, small or gpt2-124m)", dir);
+  expect_refused((const char *[]){n, "run", "--data", "/nonexistent/corpus.tok", "--nproc", "1", "--log-dir", dir, NULL},
+                 "newt run: spec.data.path: token file /nonexistent/corpus.tok: No such file or directory", dir);
+  expect_refused((const char *[]){n, "run", "--seq-len", "128", "--nproc", "1", "--log-dir", dir, NULL},
+                 "newt run: spec.train.seq_len: 128 is longer than the model's ctx 64 (preset tiny)", dir);
+  expect_refused((const char *[]){n, "run", "--tp", "3", "--nproc", "3", "--log-dir", dir, NULL},
+                 "newt run: spec.parallel.tp: 3 does not divide the model's heads 4 (preset tiny)", dir);
+  expect_refused((const char *[]){n, "run", "--nproc", "1", "--log-dir", dir, "--", "no-such-program-here", NULL},
+                 "newt run: cannot run the program \"no-such-program-here\" (the COMMAND after --): not found in PATH",
+                 dir);
+  /* a spec file: a string where a number belongs, in newt run and newt coordinator */
+  snprintf(spec, sizeof spec, "%s/steps-string.json", tmp);
+  const char *text = "{\"job\":\"j\",\"train\":{\"steps\":\"20\"}}";
+  T_OK(newt_fs_write_atomic(spec, text, strlen(text)));
+  expect_refused((const char *[]){n, "run", "--spec", spec, "--nproc", "1", "--log-dir", dir, NULL},
+                 "spec.train.steps: expected a number, got the string \"20\"", dir);
+  /* the coordinator checks its spec before it asks etcd anything (none answers here) */
+  expect((const char *[]){n, "coordinator", "--job", "j", "--etcd", "http://127.0.0.1:9", "--metrics-port", "0",
+                          "--spec", spec, NULL},
+         2, "spec.train.steps: expected a number, got the string \"20\"");
+  snprintf(spec, sizeof spec, "%s/huge.json", tmp);
+  text = "{\"job\":\"j\",\"model\":{\"preset\":\"huge\"}}";
+  T_OK(newt_fs_write_atomic(spec, text, strlen(text)));
+  expect((const char *[]){n, "coordinator", "--job", "j", "--etcd", "http://127.0.0.1:9", "--metrics-port", "0",
+                          "--spec", spec, NULL},
+         2, "spec.model.preset: unknown preset \"huge\"");
+  /* newt train, the trainer's own flags: the same check, the same exit */
+  expect((const char *[]){n, "train", "--data", "/nonexistent/corpus.tok", "--steps", "1", NULL}, 2,
+         "newt train: spec.data.path: token file /nonexistent/corpus.tok");
+  /* a checkpoint directory another writer holds (a newt train saving there: its lock names
+     it once taken) is refused before start, naming the holder */
+  snprintf(ckpt, sizeof ckpt, "%s/held-ckpt", tmp);
+  snprintf(lock, sizeof lock, "%s/LOCK", ckpt);
+  snprintf(train_out, sizeof train_out, "%s/holder.out", tmp);
+  const char *holder[] = {n, "train", "--model", "layers=1,channels=32", "--steps", "1000000", "--ckpt-dir", ckpt,
+                          "--ckpt-every", "1000000", NULL};
+  newt_spawn_opts so = {.log_path = train_out, .die_with_parent = 1};
+  pid_t pid = -1;
+  T_OK(newt_proc_spawn(holder, &so, &pid));
+  int held = 0;
+  for (newt_deadline_t d = newt_deadline_in_ms(60000); !held && !newt_deadline_passed(d); newt_sleep_ms(20)) {
+    char *l = NULL;
+    size_t len = 0;
+    held = newt_fs_read_all(lock, 1 << 16, &l, &len) == NEWT_OK && len > 0;
+    free(l);
+  }
+  T_CHECK_MSG(held, "newt train never took the lock of %s (see %s)", ckpt, train_out);
+  if (held)
+    expect_refused((const char *[]){n, "run", "--ckpt-dir", ckpt, "--ckpt-every", "5", "--nproc", "1", "--log-dir", dir,
+                                    NULL},
+                   "newt run: spec.ckpt.dir: ", dir);
+  if (pid > 0) newt_proc_stop(pid, 5000);
 }
 
 /* --- run: status, step log, report ------------------------------------------------------------ */
@@ -744,7 +815,10 @@ int main(int argc, char **argv) {
     return 2;
   }
   if (!mkdtemp(tmp)) return 2;
-  if (strcmp(argv[1], "cli") == 0) T_RUN(test_cli);
+  if (strcmp(argv[1], "cli") == 0) {
+    T_RUN(test_cli);
+    T_RUN(test_refused_before_start);
+  }
   else if (strcmp(argv[1], "run") == 0) T_RUN(test_run);
   else if (strcmp(argv[1], "tty") == 0) T_RUN(test_tty);
   else if (strcmp(argv[1], "stop") == 0) T_RUN(test_stop);

@@ -1,6 +1,7 @@
 {{/*
 The rules between values that values.schema.json cannot express (JSON Schema cannot
 compare two numbers or divide one by another). Each failure names the values involved.
+The model's rules hold for newt's own trainer (no workers.command): a program has its own.
 Included once, from configmap-spec.yaml, which is always rendered.
 */}}
 {{- define "newt.validate" -}}
@@ -35,9 +36,35 @@ Included once, from configmap-spec.yaml, which is always rendered.
 {{- if ne (mod $maxW $group) 0 }}
 {{- fail (printf "newt: workers.maxReplicas x %s = %d workers cannot be laid out as whole tp x pp = %d x %d groups (%d would idle)" $per $maxW $tp $pp (mod $maxW $group)) }}
 {{- end }}
-{{- $layers := int (default 0 .Values.spec.model.layers) }}
-{{- if and (gt $layers 0) (gt $pp $layers) }}
-{{- fail (printf "newt: spec.parallel.pp (%d) is more pipeline stages than spec.model.layers (%d)" $pp $layers) }}
+{{- /* the model: the preset's sizes (files/presets.json, model/config.c's; the schema's
+enum names them), each replaced by its override (0: the preset's) -- the rules the
+coordinators check at their start for newt's own trainer (gpt_start_check) */}}
+{{- if not .Values.workers.command }}
+{{- $model := .Values.spec.model }}
+{{- $preset := get (.Files.Get "files/presets.json" | fromJson) $model.preset }}
+{{- $size := dict }}
+{{- $from := dict }}
+{{- range $f := list "vocab" "ctx" "layers" "heads" "channels" }}
+{{- $over := int (default 0 (get $model $f)) }}
+{{- $_ := set $size $f (ternary $over (int (get $preset $f)) (gt $over 0)) }}
+{{- $_ = set $from $f (ternary "" (printf ", preset %s" $model.preset) (gt $over 0)) }}
+{{- end }}
+{{- if ne (mod $size.channels $size.heads) 0 }}
+{{- fail (printf "newt: spec.model.heads (%d%s) does not divide spec.model.channels (%d%s)" $size.heads $from.heads $size.channels $from.channels) }}
+{{- end }}
+{{- if gt $pp $size.layers }}
+{{- fail (printf "newt: spec.parallel.pp (%d) is more pipeline stages than spec.model.layers (%d%s)" $pp $size.layers $from.layers) }}
+{{- end }}
+{{- if ne (mod $size.heads $tp) 0 }}
+{{- fail (printf "newt: spec.parallel.tp (%d) does not divide spec.model.heads (%d%s)" $tp $size.heads $from.heads) }}
+{{- end }}
+{{- if ne (mod $size.vocab $tp) 0 }}
+{{- fail (printf "newt: spec.parallel.tp (%d) does not divide spec.model.vocab (%d%s): the embedding is split by tp" $tp $size.vocab $from.vocab) }}
+{{- end }}
+{{- $seq := int (default 0 $t.seq_len) }}
+{{- if gt $seq $size.ctx }}
+{{- fail (printf "newt: spec.train.seq_len (%d) is longer than spec.model.ctx (%d%s)" $seq $size.ctx $from.ctx) }}
+{{- end }}
 {{- end }}
 {{- $gb := int $t.global_batch }}
 {{- $mb := int $t.micro_batch }}
