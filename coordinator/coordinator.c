@@ -118,6 +118,7 @@ typedef struct coord {
   uint64_t fails[256];
   int nfails;
   int failed; /* this leader gave up on the job */
+  int led_to_end; /* this coordinator led the job to its end (done or failed): its metrics say so */
 
   /* spec changes: the file given (re-read every NEWT_SPEC_CHECK_MS), and one in etcd that
      the watch saw (taken by the main thread at the next tick) */
@@ -1189,7 +1190,13 @@ static newt_result_t lead(coord *c) {
   rdzv_etcd_watch_free(c->watch);
   c->watch = NULL;
   metrics_set(c->metrics, "newt_is_leader", 0);
-  standby_metrics(c);
+  pthread_mutex_lock(&c->mu);
+  c->led_to_end = c->failed || c->done;
+  pthread_mutex_unlock(&c->mu);
+  if (c->led_to_end) /* the job's metrics stay: its end is what the last scrapes must see */
+    metrics_set_note(c->metrics, "newt: the job has ended; this coordinator led it and exits after --metrics-linger-ms");
+  else
+    standby_metrics(c);
   return r;
 }
 
@@ -1277,6 +1284,20 @@ static int job_ended(coord *c) {
     return 1;
   }
   return job_is_done(c->etcd, c->o->job, &c->spec);
+}
+
+/* The leader that led the job to its end keeps serving its final metrics (newt_job_done or
+ * newt_job_failed 1) for --metrics-linger-ms, so that each Prometheus scrapes them at least
+ * once: the chart's alerts remember the end from them, and tell a job that ended from one
+ * whose coordinators are all gone. A signal ends the wait; /healthz stays healthy. */
+static void linger(coord *c) {
+  if (!c->metrics || !c->led_to_end || c->o->metrics_linger_ms <= 0) return;
+  NEWT_INFO(COORD, "%s: serving the job's final metrics for %d ms (--metrics-linger-ms)", c->id, c->o->metrics_linger_ms);
+  newt_deadline_t d = newt_deadline_in_ms(c->o->metrics_linger_ms);
+  while (!newt_deadline_passed(d) && !newt_stop_requested()) {
+    atomic_store(&c->tick, newt_now_ns());
+    newt_sleep_ms(100);
+  }
 }
 
 /* The end of a coordinator that ran without error: done, failed (set where it was seen),
@@ -1393,6 +1414,7 @@ newt_result_t coordinator_run(const coordinator_opts *o) {
   char msg[1024];
   snprintf(msg, sizeof msg, "%s", newt_errmsg());
   if (r == NEWT_OK) set_end(c);
+  if (r == NEWT_OK) linger(c);
   rdzv_etcd_free(c->etcd); /* before the metrics its requests count into */
   metrics_stop(c->metrics);
   plan_free(&c->plan);
