@@ -27,8 +27,8 @@ int newt_cmd_coordinator(int argc, char **argv) {
                      {"metrics-addr", NEWT_OPT_STR, &metrics_addr,
                       "addresses the metrics server binds, comma-separated (env NEWT_METRICS_ADDR; the chart: the pod IP and 127.0.0.1)"},
                      {"metrics-linger-ms", NEWT_OPT_INT, &linger_ms,
-                      "after the job's end, the coordinator that led it serves its final metrics this long, so that "
-                      "Prometheus sees the end (the chart: two scrape intervals)"},
+                      "after the job's end, serve the final metrics this long before exiting, so that Prometheus "
+                      "sees the end (the chart: two scrape intervals)"},
                      {"termination-log", NEWT_OPT_STR, &term_log,
                       "file for the termination message (env NEWT_TERMINATION_LOG; default /dev/termination-log when it exists)"},
                      NEWT_OPT_END};

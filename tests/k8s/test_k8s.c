@@ -11,8 +11,9 @@
  *           naming the field, when train.steps changed, and the job goes on.
  *   budget  the failure budget: spec.fault.max_failures 1, two workers killed with kill -9:
  *           the second failure ends the job: the coordinator and the surviving worker exit 4
- *           with "failed: failure budget spent ..." (the coordinator once its lingering
- *           metrics said newt_job_failed 1), `newt status` and the events say so.
+ *           with "failed: failure budget spent ..." (the leader once its lingering metrics
+ *           said newt_job_failed 1; a standby lingers too), `newt status` and the events
+ *           say so.
  *   agent   the node agent (`newt worker --local-workers 2`, cli/agent.h) as the chart's GPU
  *           mode runs it: both local workers train and serve /healthz on metrics port + i;
  *           one of them killed with kill -9 is restarted under its id and rejoins (a "join"
@@ -404,6 +405,8 @@ static void test_budget(void) {
     spawn(&w[i], "worker", name, job, NULL);
   }
   T_CHECK_MSG(wait_step(job, 5, 90000), "no step 5 in 90 s (logs in %s)", dir);
+  proc sb; /* a standby: c0 leads by now */
+  spawn_x(&sb, "coordinator", "c1", job, spec, linger, NULL);
   kill(w[2].pid, SIGKILL);
   wait_exit(&w[2], 5000);
   T_CHECK_MSG(wait_event(job, "\"type\":\"recovered\"", 60000), "no recovery from the first kill");
@@ -414,8 +417,25 @@ static void test_budget(void) {
   newt_buf b;
   newt_buf_init(&b);
   last_scrape(&c, "the coordinator", "\nnewt_job_failed 1\n", &b);
-  newt_buf_free(&b);
   check_end(&c, "the coordinator", wait_exit(&c, 60000), JOB_EXIT_FAILED, "failed: failure budget spent: 2 recoveries");
+  /* the standby saw the failure and lingers too (its exit 4 would fail the Kubernetes Job,
+     which stops the leader's pod before its final scrape), until SIGTERM */
+  char log[600];
+  snprintf(log, sizeof log, "%s/c1.log", dir);
+  newt_deadline_t d = newt_deadline_in_ms(60000);
+  char *text = NULL;
+  while (!newt_deadline_passed(d) && !strstr(text = slurp(log), "serving the job's final metrics")) {
+    free(text);
+    text = NULL;
+    newt_sleep_ms(100);
+  }
+  T_CHECK_MSG(text && strstr(text, "serving the job's final metrics"), "the standby does not linger: %s", text ? text : "");
+  free(text);
+  T_CHECK_MSG(get(sb.port, "/metrics", &b) == 200 && b.data && strstr(b.data, "\nnewt_is_leader 0\n"), "the standby's metrics: %s",
+              b.data ? b.data : "");
+  kill(sb.pid, SIGTERM);
+  check_end(&sb, "the standby", wait_exit(&sb, 60000), JOB_EXIT_FAILED, "failed: failure budget spent");
+  newt_buf_free(&b);
   check_end(&w[0], "w0", wait_exit(&w[0], 60000), JOB_EXIT_FAILED, "failed: failure budget spent");
   char *ev = events(job);
   T_CHECK_MSG(strstr(ev, "\"type\":\"failed\"") && strstr(ev, "failure budget spent"), "no failed event: %s", ev);
@@ -429,7 +449,7 @@ static void test_budget(void) {
   T_OK(newt_proc_spawn(argv, &so, &pid));
   int st = 0;
   T_OK(newt_proc_wait(pid, 30000, &st));
-  char *text = slurp(out);
+  text = slurp(out);
   T_CHECK_MSG(strstr(text, "FAILED") && strstr(text, "failure budget spent"), "newt status: %s", text);
   free(text);
 }
