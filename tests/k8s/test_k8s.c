@@ -15,7 +15,8 @@
  *           said newt_job_failed 1; a standby lingers too), `newt status` and the events
  *           say so.
  *   agent   the node agent (`newt worker --local-workers 2`, cli/agent.h) as the chart's GPU
- *           mode runs it: both local workers train and serve /healthz on metrics port + i;
+ *           mode runs it: both local workers train and serve /healthz and metrics (worker=,
+ *           rank= on every series) on metrics port + i;
  *           one of them killed with kill -9 is restarted under its id and rejoins (a "join"
  *           plan, the job back to 2 ranks); SIGTERM to the agent: it exits 3 ("left: ")
  *           within 30 s and leaves no worker behind.
@@ -561,8 +562,11 @@ static void test_agent(void) {
   newt_buf_init(&b);
   for (int i = 0; i < 2; i++) {
     T_CHECK_MSG(get(ag.port + i, "/healthz", &b) == 200, "local worker %d: no /healthz on port %d", i, ag.port + i);
-    T_CHECK_MSG(get(ag.port + i, "/metrics", &b) == 200 && b.data && strstr(b.data, "newt_worker_step "),
+    T_CHECK_MSG(get(ag.port + i, "/metrics", &b) == 200 && b.data && strstr(b.data, "\nnewt_worker_step{"),
                 "local worker %d: no metrics on port %d", i, ag.port + i);
+    char id[16];
+    snprintf(id, sizeof id, "node0-%d", i);
+    T_CHECK_MSG(check_worker_labels(id, b.data ? b.data : ""), "local worker %s holds no rank", id);
   }
   newt_buf_free(&b);
   pid_t w0 = worker_pid(job, "node0-0"), w1 = worker_pid(job, "node0-1");
