@@ -65,15 +65,10 @@ char *metrics_fmt_value(double v, char *out, size_t cap) {
   return out;
 }
 
-/* Writes `prefix,own` (either may be empty) into out: a series' whole label set. */
-static const char *join_labels(char *out, size_t cap, const char *prefix, const char *own) {
-  snprintf(out, cap, "%s%s%s", prefix, prefix[0] && own[0] ? "," : "", own);
-  return out;
-}
-
 static void render_series(newt_buf *b, const family *f, const series *s, const char *const_labels) {
   char v[40], le[40], labels[METRICS_CONST_LABELS + sizeof s->labels + 2];
-  join_labels(labels, sizeof labels, const_labels, s->labels);
+  /* the whole label set: the constant labels, then the series' own */
+  snprintf(labels, sizeof labels, "%s%s%s", const_labels, const_labels[0] && s->labels[0] ? "," : "", s->labels);
   const char *open = labels[0] ? "{" : "", *close = labels[0] ? "}" : "", *sep = labels[0] ? "," : "";
   if (f->kind != METRICS_HISTOGRAM) {
     newt_buf_printf(b, "%s%s%s%s %s\n", f->name, open, labels, close, metrics_fmt_value(s->value, v, sizeof v));

@@ -60,7 +60,8 @@ void metrics_observe(metrics_t *m, const char *name, const char *labels, double 
  * replaces the whole set (n 0: none), so a changed value moves every series at once and
  * no series of the old value is left. Values are escaped as the exposition format wants
  * (backslash, double quote, newline); a name must be [a-zA-Z_][a-zA-Z0-9_]*, neither "le"
- * nor starting with "__" (NEWT_ERR_INVALID); at most 255 bytes rendered in all. */
+ * nor starting with "__" (NEWT_ERR_INVALID), nor one a series sets itself; at most 255
+ * bytes rendered in all. */
 typedef struct metrics_label {
   const char *name, *value;
 } metrics_label;
