@@ -18,7 +18,7 @@ int newt_cmd_coordinator(int argc, char **argv) {
   const char *id = getenv("NEWT_COORDINATOR_ID") ? getenv("NEWT_COORDINATOR_ID") : getenv("POD_NAME");
   const char *spec = getenv("NEWT_SPEC_FILE");
   const char *metrics_addr = getenv("NEWT_METRICS_ADDR") ? getenv("NEWT_METRICS_ADDR") : "127.0.0.1";
-  const char *term_log = NULL;
+  const char *term_log = NULL, *event_log = getenv("NEWT_EVENT_LOG");
   int64_t metrics_port = 9400, linger_ms = 0;
   newt_opt opts[] = {CLI_ETCD_OPTS(&ef),
                      {"id", NEWT_OPT_STR, &id, "coordinator id (env NEWT_COORDINATOR_ID, POD_NAME; default host-pid)"},
@@ -29,6 +29,9 @@ int newt_cmd_coordinator(int argc, char **argv) {
                      {"metrics-linger-ms", NEWT_OPT_INT, &linger_ms,
                       "after the job's end, serve the final metrics this long before exiting, so that Prometheus "
                       "sees the end (the chart: two scrape intervals)"},
+                     {"event-log", NEWT_OPT_STR, &event_log,
+                      "append every event the leader posts to this file too, for newt report (env NEWT_EVENT_LOG; "
+                      "the chart: runs/<job>/events.jsonl on the checkpoint volume)"},
                      {"termination-log", NEWT_OPT_STR, &term_log,
                       "file for the termination message (env NEWT_TERMINATION_LOG; default /dev/termination-log when it exists)"},
                      NEWT_OPT_END};
@@ -36,7 +39,8 @@ int newt_cmd_coordinator(int argc, char **argv) {
   if (rc >= 0) return rc;
   job_end end = {.status = JOB_EXIT_DONE};
   coordinator_opts co = {.job = ef.job, .id = id, .spec_file = spec, .metrics_addr = metrics_addr,
-                         .metrics_port = (int)metrics_port, .metrics_linger_ms = (int)linger_ms, .end = &end};
+                         .metrics_port = (int)metrics_port, .metrics_linger_ms = (int)linger_ms, .end = &end,
+                         .event_log = event_log};
   char *password = NULL;
   newt_result_t r = cli_etcd_opts(&ef, &co.etcd, &password);
   if (r == NEWT_OK && (linger_ms < 0 || linger_ms > 3600000))

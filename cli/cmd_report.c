@@ -4,8 +4,9 @@
  * the recoveries.
  *
  * What it reads: the log directory of `newt run` (summary.json, steps.jsonl, events.jsonl),
- * or a summary (whose step_log / event_log / log_dir name the rest), or a step log alone
- * (`newt train --log`). Every file goes through its parser (launch/summary.c,
+ * or a summary (whose step_log / event_log / log_dir name the rest), or a job's own step and
+ * event logs (the chart writes them to the checkpoint volume: runs/<job>/; the recoveries
+ * then come from the event log), or a step log alone (`newt train --log`). Every file goes through its parser (launch/summary.c,
  * job/runlog.h); a bad line or field is refused with its name. */
 #include <stdio.h>
 #include <stdlib.h>
@@ -153,8 +154,10 @@ int newt_cmd_report(int argc, char **argv) {
                      .sources = sources};
   if ((r = report_html(&in, &page)) != NEWT_OK) goto done;
   if ((r = newt_fs_write_atomic(out_path, page.data, page.len)) != NEWT_OK) goto done;
-  printf("newt report: %s (%zu steps, %d recoveries, %zu KiB; open it in any browser)\n", out_path, nsteps,
-         have_sum ? sum.res.nrecoveries : 0, (page.len + 1023) / 1024);
+  int nrec = have_sum ? sum.res.nrecoveries : 0; /* without a summary, the event log's */
+  for (size_t i = 0; !have_sum && i < nevents; i++) nrec += events[i].type == JOB_EV_RECOVERED;
+  printf("newt report: %s (%zu steps, %d recoveries, %zu KiB; open it in any browser)\n", out_path, nsteps, nrec,
+         (page.len + 1023) / 1024);
   status = 0;
 done:
   if (r != NEWT_OK) fprintf(stderr, "newt report: %s\n", newt_errmsg());

@@ -259,10 +259,13 @@ int newt_cmd_run(int argc, char **argv) {
     }
   }
   free(json);
-  if (res.log_dir[0] && !quiet) printf("newt run: the run's report: newt report %s\n", res.log_dir);
+  /* a run cut short has no report to offer: its files are kept, and it says where */
+  int interrupted = strcmp(res.outcome, "interrupted") == 0;
+  if (res.log_dir[0] && !quiet && !interrupted) printf("newt run: the run's report: newt report %s\n", res.log_dir);
   launcher_result_free(&res);
   chaos_free(&lo.chaos);
   if (password) memset(password, 0, strlen(password));
   free(password);
+  if (interrupted) return 130; /* as a shell reports a command ended by Ctrl-C */
   return r == NEWT_OK && res.done ? 0 : 1;
 }

@@ -102,6 +102,101 @@ static double num_of(const cJSON *o, const char *k) {
   return cJSON_IsNumber(v) ? v->valuedouble : 0;
 }
 
+/* Whether the array of strings names id. */
+static int names(const cJSON *arr, const char *id) {
+  for (const cJSON *x = arr ? arr->child : NULL; x; x = x->next)
+    if (cJSON_IsString(x) && strcmp(x->valuestring, id) == 0) return 1;
+  return 0;
+}
+
+/* "spares": each registered worker that is no rank of the plan, and why: the plan's reason
+ * for the spares it names, the newest spare event's for a worker that joined after it. */
+static void add_spares(cJSON *j, const cJSON *workers, const cJSON *events) {
+  const cJSON *plan = cJSON_GetObjectItemCaseSensitive(j, "plan");
+  if (!plan) return;
+  const cJSON *ranks = cJSON_GetObjectItemCaseSensitive(plan, "ranks");
+  cJSON *spares = cJSON_AddArrayToObject(j, "spares");
+  for (const cJSON *w = workers ? workers->child : NULL; w; w = w->next) {
+    const char *id = str_of(w, "id", "?");
+    int ranked = 0;
+    for (const cJSON *r = ranks ? ranks->child : NULL; r && !ranked; r = r->next) ranked = strcmp(str_of(r, "worker", ""), id) == 0;
+    if (ranked) continue;
+    const char *why = NULL;
+    for (const cJSON *e = events ? events->child : NULL; e; e = e->next) /* oldest first: the newest wins */
+      if (strcmp(str_of(e, "type", ""), "spare") == 0 && names(cJSON_GetObjectItemCaseSensitive(e, "spare_ids"), id))
+        why = str_of(e, "why", NULL);
+    if (names(cJSON_GetObjectItemCaseSensitive(plan, "spares"), id)) why = str_of(plan, "spare_why", why);
+    cJSON *o = cJSON_CreateObject();
+    cJSON_AddStringToObject(o, "worker", id);
+    cJSON_AddStringToObject(o, "why", why ? why : "registered after the plan: the leader takes it in when a plan "
+                                                  "with it is larger");
+    cJSON_AddItemToArray(spares, o);
+  }
+}
+
+/* The recoveries (recovered events) and the faults newt run noted for them. */
+typedef struct timed {
+  job_event *recs;
+  int nrecs;
+  job_fault *faults;
+  int nfaults;
+} timed;
+
+static void take_timed(timed *t, const rdzv_etcd_kv *kv, job_record rec) {
+  if (rec == JOB_REC_FAULT) {
+    job_fault f;
+    job_fault *n = realloc(t->faults, (size_t)(t->nfaults + 1) * sizeof *n);
+    if (!n) return;
+    t->faults = n;
+    if (job_fault_from_json(kv->value, kv->value_len, &f) == NEWT_OK) t->faults[t->nfaults++] = f;
+    return;
+  }
+  job_event e;
+  if (job_event_from_json(kv->value, kv->value_len, &e) != NEWT_OK) return;
+  job_event *n = e.type == JOB_EV_RECOVERED ? realloc(t->recs, (size_t)(t->nrecs + 1) * sizeof *n) : NULL;
+  if (!n) {
+    job_event_free(&e);
+    return;
+  }
+  t->recs = n;
+  t->recs[t->nrecs++] = e;
+}
+
+static void timed_free(timed *t) {
+  for (int i = 0; i < t->nrecs; i++) job_event_free(&t->recs[i]);
+  free(t->recs);
+  free(t->faults);
+}
+
+/* "recoveries": each recovered event with its times as every view gives them
+ * (job_recovery_time): start_ms and the phases, from the fault where newt run noted one it
+ * injected ("fault": the chaos item), else from the first detection. */
+static void add_recoveries(cJSON *j, const timed *t) {
+  cJSON *recs = cJSON_AddArrayToObject(j, "recoveries");
+  for (int i = 0; i < t->nrecs; i++) {
+    const job_event *e = &t->recs[i];
+    const job_fault *f = NULL;
+    for (int k = 0; k < t->nfaults && !f; k++)
+      if (t->faults[k].generation == e->generation) f = &t->faults[k];
+    job_recovery_times rt = job_recovery_time(e, f ? f->t_ms : 0);
+    char *text = job_event_to_json(e);
+    cJSON *o = NULL;
+    if (!text || newt_json_parse(text, strlen(text), "event", &o) != NEWT_OK) {
+      free(text);
+      continue;
+    }
+    free(text);
+    newt_json_add_int(o, "start_ms", (int64_t)rt.start);
+    newt_json_add_int(o, "detect_ms", rt.detect_ms);
+    newt_json_add_int(o, "plan_ms", rt.plan_ms);
+    newt_json_add_int(o, "comm_ms", rt.comm_ms);
+    newt_json_add_int(o, "restore_ms", rt.restore_ms);
+    newt_json_add_int(o, "total_ms", rt.total_ms);
+    if (f && rt.start == f->t_ms) cJSON_AddStringToObject(o, "fault", f->what);
+    cJSON_AddItemToArray(recs, o);
+  }
+}
+
 /* Everything under /newt/<job>/ that status shows, as one JSON object: the records, the
  * newest nevents events, and every recovery (the "recovered" events). NEWT_ERR_NOTFOUND
  * when the job has no key at all. */
@@ -123,9 +218,11 @@ static newt_result_t collect(rdzv_etcd *c, const char *job, int nevents, cJSON *
   cJSON *events = cJSON_AddArrayToObject(j, "events");
   size_t plen = strlen(prefix);
   *nworkers = 0;
+  timed t = {0};
   for (size_t i = 0; i < all.n; i++) {
     const rdzv_etcd_kv *kv = &all.kvs[i];
     job_record rec = job_key_parse(kv->key + plen, NULL, NULL);
+    if (rec == JOB_REC_FAULT || rec == JOB_REC_EVENT) take_timed(&t, kv, rec);
     static const char *const single[] = {[JOB_REC_SPEC] = "spec", [JOB_REC_PLAN] = "plan",
                                          [JOB_REC_PROGRESS] = "progress", [JOB_REC_DONE] = "done",
                                          [JOB_REC_CKPT] = "ckpt", [JOB_REC_FAILED] = "failed"};
@@ -139,9 +236,9 @@ static newt_result_t collect(rdzv_etcd *c, const char *job, int nevents, cJSON *
     else cJSON_AddItemToObject(j, single[rec], v);
   }
   rdzv_etcd_kvs_free(&all);
-  cJSON *recs = cJSON_AddArrayToObject(j, "recoveries");
-  for (const cJSON *e = events->child; e; e = e->next)
-    if (strcmp(str_of(e, "type", ""), "recovered") == 0) cJSON_AddItemToArray(recs, cJSON_Duplicate(e, 1));
+  add_spares(j, workers, events);
+  add_recoveries(j, &t);
+  timed_free(&t);
   while (cJSON_GetArraySize(events) > nevents) cJSON_DeleteItemFromArray(events, 0);
   char leader[128], shown[128];
   if (rdzv_leader_get(c, job, newt_deadline_in_ms(5000), leader, sizeof leader, NULL) == NEWT_OK)
@@ -173,13 +270,26 @@ static const char *ago(uint64_t now, double t_ms, char *out, size_t cap) {
   return out;
 }
 
+static const char *dur_of(const cJSON *o, const char *ms, char *out, size_t cap) {
+  return newt_fmt_duration(num_of(o, ms) / 1e3, out, cap);
+}
+
 static const char *ms_of(const cJSON *o, const char *a, const char *b, char *out, size_t cap) {
   double x = num_of(o, a), y = num_of(o, b);
   return newt_fmt_duration(x > 0 && y >= x ? (y - x) / 1e3 : 0, out, cap);
 }
 
+/* The names of an array of strings, comma-separated between before and after (nothing when
+ * it is empty). */
+static void print_names(FILE *f, const char *before, const cJSON *arr, const char *after) {
+  if (!cJSON_GetArraySize(arr)) return;
+  fputs(before, f);
+  for (const cJSON *x = arr->child; x; x = x->next) fprintf(f, "%s%s", x == arr->child ? "" : ", ", cJSON_IsString(x) ? x->valuestring : "?");
+  fputs(after, f);
+}
+
 /* One line about an event, as a person would say it. */
-static void describe_event(FILE *f, const cJSON *e) {
+static void describe_event(FILE *f, const cJSON *e, const cJSON *recs) {
   const char *type = str_of(e, "type", "?"), *cause = str_of(e, "cause", "?");
   char d[32];
   if (strcmp(type, "leader") == 0) {
@@ -187,9 +297,13 @@ static void describe_event(FILE *f, const cJSON *e) {
   } else if (strcmp(type, "plan") == 0) {
     fprintf(f, "plan %.0f (%s): %.0f ranks, dp %.0f, %.0f spares", num_of(e, "generation"), cause, num_of(e, "world"),
             num_of(e, "dp"), num_of(e, "spares"));
-    const cJSON *ex = cJSON_GetObjectItemCaseSensitive(e, "excluded");
-    for (const cJSON *x = ex ? ex->child : NULL; x; x = x->next)
-      fprintf(f, "%s%s", x == ex->child ? "; left out: " : ", ", cJSON_IsString(x) ? x->valuestring : "?");
+    print_names(f, " (", cJSON_GetObjectItemCaseSensitive(e, "spare_ids"), ")");
+    print_names(f, "; left out: ", cJSON_GetObjectItemCaseSensitive(e, "excluded"), "");
+    if (num_of(e, "spares") > 0 && str_of(e, "why", NULL)) fprintf(f, "; spares because %s", str_of(e, "why", ""));
+  } else if (strcmp(type, "spare") == 0) {
+    const cJSON *ids = cJSON_GetObjectItemCaseSensitive(e, "spare_ids");
+    print_names(f, "", ids, cJSON_GetArraySize(ids) == 1 ? " joined and stays a spare: " : " joined and stay spares: ");
+    fprintf(f, "%s", str_of(e, "why", "?"));
   } else if (strcmp(type, "fence") == 0) {
     fprintf(f, "fenced worker %s (its lease revoked)", str_of(e, "worker", "?"));
   } else if (strcmp(type, "waiting") == 0) {
@@ -200,9 +314,11 @@ static void describe_event(FILE *f, const cJSON *e) {
     fprintf(f, "generation %.0f started: %.0f ranks, first step %s after the plan", num_of(e, "generation"),
             num_of(e, "world"), ms_of(e, "t_plan", "t_step", d, sizeof d));
   } else if (strcmp(type, "recovered") == 0) {
-    fprintf(f, "recovered from %s: generation %.0f, %.0f ranks, state from %s, %s from detection to the next step",
-            cause, num_of(e, "generation"), num_of(e, "world"), str_of(e, "restore", "?"),
-            ms_of(e, "t_detect", "t_step", d, sizeof d));
+    const cJSON *r = recs ? recs->child : NULL; /* its times, as the table gives them */
+    while (r && num_of(r, "generation") != num_of(e, "generation")) r = r->next;
+    fprintf(f, "recovered from %s in %s: generation %.0f, %.0f ranks, state from %s", cause,
+            r ? dur_of(r, "total_ms", d, sizeof d) : "?", num_of(e, "generation"), num_of(e, "world"),
+            str_of(e, "restore", "?"));
   } else if (strcmp(type, "done") == 0) {
     fprintf(f, "done at step %.0f, loss %.4f", num_of(e, "step"), num_of(e, "loss"));
   } else if (strcmp(type, "failed") == 0) {
@@ -268,26 +384,34 @@ static void print_text(FILE *f, const cJSON *j, uint64_t now) {
             num_of(w, "generation"), str_of(w, "host", "?"), str_of(w, "addr", ""));
   }
 
+  const cJSON *spares = cJSON_GetObjectItemCaseSensitive(j, "spares");
+  if (cJSON_GetArraySize(spares)) fprintf(f, "\nspares (%d): registered, not training\n", cJSON_GetArraySize(spares));
+  for (const cJSON *sp = spares ? spares->child : NULL; sp; sp = sp->next)
+    fprintf(f, "  %-20s %s\n", str_of(sp, "worker", "?"), str_of(sp, "why", "?"));
+
   const cJSON *recs = cJSON_GetObjectItemCaseSensitive(j, "recoveries");
   int nrec = cJSON_GetArraySize(recs), i = 0;
-  fprintf(f, "\nrecoveries (%d)%s\n", nrec, nrec ? ": each from its first detection to the next completed step" : "");
+  fprintf(f, "\nrecoveries (%d)%s\n", nrec,
+          nrec ? ": each from the fault (newt run's injected one) or else its first detection, to the next completed "
+                 "step"
+               : "");
   if (nrec)
-    fprintf(f, "  %-3s %-14s %-12s %-4s %-6s %-9s %-9s %-9s %-9s %-10s %s\n", "#", "WHEN", "CAUSE", "GEN", "RANKS",
-            "PLAN", "COMM", "RESTORE", "TOTAL", "STATE FROM", "STEPS LOST");
+    fprintf(f, "  %-3s %-14s %-12s %-4s %-6s %-9s %-9s %-9s %-9s %-9s %-10s %s\n", "#", "WHEN", "CAUSE", "GEN", "RANKS",
+            "DETECT", "PLAN", "COMM", "RESTORE", "TOTAL", "STATE FROM", "STEPS LOST");
   for (const cJSON *r = recs ? recs->child : NULL; r; r = r->next) {
-    char pl[32], cm[32], rs[32], tot[32];
-    fprintf(f, "  %-3d %-14s %-12s %-4.0f %-6.0f %-9s %-9s %-9s %-9s %-10s %.0f\n", ++i,
-            ago(now, num_of(r, "t_ms"), a, sizeof a), str_of(r, "cause", "?"), num_of(r, "generation"),
-            num_of(r, "world"), ms_of(r, "t_detect", "t_plan", pl, sizeof pl),
-            ms_of(r, "t_plan", "t_comm", cm, sizeof cm), ms_of(r, "t_comm", "t_restore", rs, sizeof rs),
-            ms_of(r, "t_detect", "t_step", tot, sizeof tot), str_of(r, "restore", "?"), num_of(r, "steps_lost"));
+    char dt[32], pl[32], cm[32], rs[32], tot[32];
+    fprintf(f, "  %-3d %-14s %-12s %-4.0f %-6.0f %-9s %-9s %-9s %-9s %-9s %-10s %.0f\n", ++i,
+            ago(now, num_of(r, "start_ms"), a, sizeof a), str_of(r, "cause", "?"), num_of(r, "generation"),
+            num_of(r, "world"), dur_of(r, "detect_ms", dt, sizeof dt), dur_of(r, "plan_ms", pl, sizeof pl),
+            dur_of(r, "comm_ms", cm, sizeof cm), dur_of(r, "restore_ms", rs, sizeof rs),
+            dur_of(r, "total_ms", tot, sizeof tot), str_of(r, "restore", "?"), num_of(r, "steps_lost"));
   }
 
   const cJSON *events = cJSON_GetObjectItemCaseSensitive(j, "events");
   if (cJSON_GetArraySize(events)) fprintf(f, "\nnewest events\n");
   for (const cJSON *e = events ? events->child : NULL; e; e = e->next) {
     fprintf(f, "  %-14s ", ago(now, num_of(e, "t_ms"), b, sizeof b));
-    describe_event(f, e);
+    describe_event(f, e, recs);
     fputc('\n', f);
   }
 }

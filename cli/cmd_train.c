@@ -303,7 +303,7 @@ int newt_cmd_train(int argc, char **argv) {
       }
     }
     if (steplog >= 0) {
-      job_step line = {.step = info.step, .loss = info.loss, .lr = info.lr,
+      job_step line = {.step = info.step, .loss = info.loss, .lr = info.lr, .grad_norm = info.grad_norm,
                        .tokens_per_s = (double)info.tokens / (info.ms / 1e3), .world = 1, .dp = 1,
                        .generation = 1, .t_ms = newt_wall_ms(), .ckpt = committed};
       if (job_steplog_append(steplog, &line) != NEWT_OK)

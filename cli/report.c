@@ -193,10 +193,40 @@ typedef struct run_view {
   const report_input *in;
   const launcher_recovery *rec;
   int nrec;
+  launcher_recovery *own; /* rec made from the event log (no summary); freed with the view */
   uint64_t t0, t_end; /* wall ms: the run's start and end */
 } run_view;
 
 static double secs(const run_view *v, uint64_t t_ms) { return ((double)t_ms - (double)v->t0) / 1e3; }
+
+/* A job's own logs without `newt run`'s summary (the chart's, on the checkpoint volume): its
+ * recoveries from the recovered events of the event log, timed as every view times them
+ * (job_recovery_time; no injected fault is known, so from the first detection). */
+static void recoveries_of_events(run_view *v, const report_input *in) {
+  int n = 0;
+  for (size_t i = 0; i < in->nevents; i++) n += in->events[i].type == JOB_EV_RECOVERED;
+  if (!n || !(v->own = calloc((size_t)n, sizeof *v->own))) return;
+  for (size_t i = 0; i < in->nevents; i++) {
+    const job_event *e = &in->events[i];
+    if (e->type != JOB_EV_RECOVERED) continue;
+    job_recovery_times rt = job_recovery_time(e, 0);
+    launcher_recovery *r = &v->own[v->nrec++];
+    snprintf(r->cause, sizeof r->cause, "%s", e->cause);
+    snprintf(r->restore, sizeof r->restore, "%s", e->restore);
+    r->t_ms = rt.start;
+    r->step = e->restore_step;
+    r->world = e->world;
+    r->generation = e->generation;
+    r->detect_ms = rt.detect_ms;
+    r->plan_ms = rt.plan_ms;
+    r->comm_ms = rt.comm_ms;
+    r->restore_ms = rt.restore_ms;
+    r->total_ms = rt.total_ms;
+    r->steps_lost = e->steps_lost;
+    r->outage_ms = r->pause_ms = -1;
+  }
+  v->rec = v->own;
+}
 
 static void view_init(run_view *v, const report_input *in) {
   memset(v, 0, sizeof *v);
@@ -205,6 +235,8 @@ static void view_init(run_view *v, const report_input *in) {
     v->rec = in->summary->res.recoveries;
     v->nrec = in->summary->res.nrecoveries;
     v->t0 = in->summary->res.t_start_ms;
+  } else if (in->nevents) {
+    recoveries_of_events(v, in);
   }
   uint64_t first = UINT64_MAX, last = 0;
   for (size_t i = 0; i < in->nsteps; i++)
@@ -321,37 +353,49 @@ static void loss_chart(page *p, const run_view *v) {
 }
 
 /* World size over time, as steps, each generation labelled where it began: from the plans
- * of the event log, else from the step log. */
+ * of the event log, else from the step log. With the event log, the registered workers too
+ * (ranks and spares: a plan's spares, workers that joined and stayed spares), dashed, when
+ * any was a spare. */
 static void membership_chart(page *p, const run_view *v) {
   const report_input *in = v->in;
   size_t cap = in->nevents + in->nsteps + 1, n = 0;
   double *t = malloc(cap * sizeof *t), *world = malloc(cap * sizeof *world), *gen = malloc(cap * sizeof *gen);
-  double *st = malloc(2 * cap * sizeof *st), *sw = malloc(2 * cap * sizeof *sw);
+  double *all = malloc(cap * sizeof *all), *st = malloc(2 * cap * sizeof *st), *sw = malloc(2 * cap * sizeof *sw);
+  double *sa = malloc(2 * cap * sizeof *sa);
   const job_event **plan = calloc(cap, sizeof *plan);
-  if (!t || !world || !gen || !st || !sw || !plan) {
-    free(t), free(world), free(gen), free(st), free(sw), free(plan);
+  if (!t || !world || !gen || !all || !st || !sw || !sa || !plan) {
+    free(t), free(world), free(gen), free(all), free(st), free(sw), free(sa), free(plan);
     p->err = NEWT_ERR(NEWT_ERR_NOMEM, "report: out of memory");
     return;
   }
   double end = secs(v, v->t_end), top = 1;
-  for (size_t i = 0; i < in->nevents; i++) { /* (time, world, generation) at each plan */
+  int spares = 0;
+  for (size_t i = 0; i < in->nevents; i++) { /* (time, world, workers, generation) at each plan and spare event */
     const job_event *e = &in->events[i];
-    if (e->type != JOB_EV_PLAN) continue;
-    plan[n] = e, t[n] = secs(v, e->t_ms), world[n] = (double)e->world, gen[n] = (double)e->generation;
+    if (e->type == JOB_EV_PLAN) {
+      plan[n] = e, t[n] = secs(v, e->t_ms), world[n] = (double)e->world, gen[n] = (double)e->generation;
+      all[n] = (double)(e->world + e->spares);
+    } else if (e->type == JOB_EV_SPARE && n > 0) {
+      t[n] = secs(v, e->t_ms), world[n] = world[n - 1], gen[n] = gen[n - 1];
+      all[n] = all[n - 1] + e->nspare_ids;
+    } else {
+      continue;
+    }
+    spares |= all[n] > world[n];
     n++;
   }
   if (n == 0)
     for (size_t i = 0; i < in->nsteps; i++) {
       const job_step *s = &in->steps[i];
       if (n && world[n - 1] == (double)s->world && gen[n - 1] == (double)s->generation) continue;
-      t[n] = secs(v, s->t_ms), world[n] = (double)s->world, gen[n] = (double)s->generation;
+      t[n] = secs(v, s->t_ms), world[n] = all[n] = (double)s->world, gen[n] = (double)s->generation;
       n++;
     }
   size_t m = 0; /* as steps: each value holds until the next change, the last one until the end */
   for (size_t i = 0; i < n; i++) {
-    st[m] = t[i], sw[m] = world[i], m++;
-    st[m] = i + 1 < n ? t[i + 1] : end, sw[m] = world[i], m++;
-    top = fmax(top, world[i]);
+    st[m] = t[i], sw[m] = world[i], sa[m] = all[i], m++;
+    st[m] = i + 1 < n ? t[i + 1] : end, sw[m] = world[i], sa[m] = all[i], m++;
+    top = fmax(top, all[i]);
   }
   chart c;
   chart_open(p, &c, "membership-chart", 300, "World size and generation over wall time");
@@ -359,7 +403,7 @@ static void membership_chart(page *p, const run_view *v) {
   c.x1 = end > 0 ? end : 1;
   c.y0 = 0;
   c.y1 = top + 1;
-  chart_axes(&c, "wall time since the start (s)", "world size (ranks)", (int)fmin(top + 1, 6));
+  chart_axes(&c, "wall time since the start (s)", "workers", (int)fmin(top + 1, 6));
   for (int i = 0; i < v->nrec; i++) { /* each recovery shaded for as long as it took */
     double a = px(&c, secs(v, v->rec[i].t_ms)), b = px(&c, secs(v, v->rec[i].t_ms) + (double)v->rec[i].total_ms / 1e3);
     put(p, "<rect class=\"band\" x=\"%.1f\" y=\"%.1f\" width=\"%.1f\" height=\"%.1f\" fill=\"%s\"/>\n", a, c.top,
@@ -373,10 +417,12 @@ static void membership_chart(page *p, const run_view *v) {
     double mx = px(&c, secs(v, v->rec[i].t_ms));
     marker(&c, mx, i, v->rec[i].cause, "timeline-marker", marker_row(mx, &lx, &row), tip);
   }
+  if (spares) chart_line(&c, st, sa, m, "workers");
   chart_line(&c, st, sw, m, "world");
   double last_x = -1e9; /* a label too close to the one before it goes higher */
   int lift = 0;
   for (size_t i = 0; i < n; i++) {
+    if (in->nevents && !plan[i]) continue; /* a spare event: no new generation */
     double x = px(&c, t[i]), y = py(&c, world[i]);
     lift = x - last_x < 64 ? lift + 1 : 0;
     last_x = x;
@@ -390,9 +436,39 @@ static void membership_chart(page *p, const run_view *v) {
     }
     put(p, ": %.0f ranks from %.2f s</title></g>\n", world[i], t[i]);
   }
-  legend(&c, c.right - 310, 22, "world", "world size (ranks); gen N: generation", 0);
+  double lg = legend(&c, c.right - (spares ? 560 : 310), 22, "world", "ranks training; gen N: generation", 0);
+  if (spares) legend(&c, lg, 22, "workers", "registered workers (ranks + spares)", 0);
   chart_close(&c);
-  free(t), free(world), free(gen), free(st), free(sw), free(plan);
+  free(t), free(world), free(gen), free(all), free(st), free(sw), free(sa), free(plan);
+}
+
+/* The spares of the run and why, one line per plan that had any and per worker that joined
+ * to stay a spare (class "spare-note"). */
+static void spare_notes(page *p, const run_view *v) {
+  const report_input *in = v->in;
+  int any = 0;
+  for (size_t i = 0; i < in->nevents; i++) {
+    const job_event *e = &in->events[i];
+    if (!((e->type == JOB_EV_PLAN && e->spares > 0) || e->type == JOB_EV_SPARE)) continue;
+    if (!any++) put(p, "<ul class=\"spares\">\n");
+    put(p, "<li class=\"spare-note\">at %.2f s, ", secs(v, e->t_ms));
+    if (e->type == JOB_EV_PLAN) {
+      put(p, "plan %lld (", (long long)e->generation);
+      put_text(p, e->cause);
+      put(p, "): %lld ranks, %lld spare%s", (long long)e->world, (long long)e->spares, e->spares == 1 ? "" : "s");
+    } else {
+      put(p, "joined and stayed spare%s", e->nspare_ids == 1 ? "" : "s");
+    }
+    for (int k = 0; k < e->nspare_ids; k++) {
+      put(p, "%s", k ? ", " : " (");
+      put_text(p, e->spare_ids[k]);
+      if (k + 1 == e->nspare_ids) put(p, ")");
+    }
+    put(p, ": ");
+    put_text(p, e->why[0] ? e->why : "the layout had no room for them");
+    put(p, "</li>\n");
+  }
+  if (any) put(p, "</ul>\n");
 }
 
 static void recovery_bars(page *p, const run_view *v) {
@@ -539,7 +615,7 @@ static const char *const STYLE =
     "svg polyline{fill:none;stroke-linejoin:round}"
     "svg .run{stroke:#1f77b4;stroke-width:2.2}svg .baseline{stroke:#111;stroke-width:1.2;stroke-dasharray:5 5;opacity:.75}"
     "svg line.run,svg line.baseline{stroke-width:2.5}"
-    "svg .world{stroke:#1f77b4;stroke-width:2.4}svg .gen circle{fill:#fff;stroke:#1f77b4;stroke-width:2}"
+    "svg .world{stroke:#1f77b4;stroke-width:2.4}svg .workers{stroke:#9467bd;stroke-width:2;stroke-dasharray:6 4}svg .gen circle{fill:#fff;stroke:#1f77b4;stroke-width:2}"
     "svg .gen text{font-weight:bold;fill:#1f4e79}svg circle.plan{fill:#1f77b4}"
     "svg .tps{stroke:#1f77b4;stroke-width:1.8}svg .tps-raw{stroke:#aac8e4;stroke-width:1}"
     "svg .band{opacity:.16}svg .badge{fill:#fff;font-size:10px;font-weight:bold}svg .mlabel{font-weight:bold}"
@@ -579,20 +655,23 @@ static void cards(page *p, const run_view *v) {
     snprintf(a, sizeof a, "%.4f", in->baseline[in->nbaseline - 1].loss);
     card(p, a, "final loss of the baseline");
   }
-  if (s) {
+  if (s || in->nevents) {
     snprintf(a, sizeof a, "%d", v->nrec);
     card(p, a, "recoveries");
     if (v->nrec) {
       int64_t *tot = malloc((size_t)v->nrec * sizeof *tot), lost = 0;
       for (int i = 0; tot && i < v->nrec; i++) tot[i] = v->rec[i].total_ms, lost += v->rec[i].steps_lost;
-      if (tot) {
+      if (tot) { /* the middle one, or the mean of the two middle ones */
         qsort(tot, (size_t)v->nrec, sizeof *tot, cmp_i64);
-        card(p, fmt_ms(tot[v->nrec / 2], a, sizeof a), "median recovery");
+        int64_t med = v->nrec % 2 ? tot[v->nrec / 2] : (tot[v->nrec / 2 - 1] + tot[v->nrec / 2]) / 2;
+        card(p, fmt_ms(med, a, sizeof a), v->nrec == 1 ? "recovery" : "median recovery");
       }
       free(tot);
       snprintf(b, sizeof b, "%lld", (long long)lost);
       card(p, b, "steps lost");
     }
+  }
+  if (s) {
     snprintf(a, sizeof a, "%lld", (long long)s->res.generations);
     card(p, a, "generations");
     snprintf(a, sizeof a, "%lld", (long long)s->res.samples_consumed);
@@ -658,9 +737,16 @@ newt_result_t report_html(const report_input *in, newt_buf *out) {
   put(p, "</h1>\n<p class=\"lead\">");
   if (s) {
     put(p, "%s after %lld steps", s->res.done ? "Finished" : "Stopped", (long long)s->res.steps);
+    if (!s->res.done && s->res.reason[0]) { /* interrupted by SIGINT at step 37, ... */
+      put(p, " (");
+      put_text(p, s->res.reason);
+      put(p, ")");
+    }
     if (s->workers) put(p, ", %lld workers at the start", (long long)s->workers);
     if (s->global_batch) put(p, ", global batch %lld (kept across every resize)", (long long)s->global_batch);
     put(p, ".");
+  } else if (in->nevents) {
+    put(p, "A job's step and event logs, without newt run's summary: %zu steps, %d recoveries.", in->nsteps, v.nrec);
   } else {
     put(p, "A step log without a summary: %zu steps.", in->nsteps);
   }
@@ -678,26 +764,33 @@ newt_result_t report_html(const report_input *in, newt_buf *out) {
            "generation did it.</p>\n", in->redone);
 
   put(p, "<h2>Membership</h2>\n<p class=\"note\">World size over wall time, each generation labelled where it "
-         "began; each recovery is shaded for as long as it took, from the fault to the next completed step.</p>\n");
+         "began; each recovery is shaded for as long as it took, from the fault to the next completed step. Spares "
+         "(registered workers the layout leaves out) are listed below the chart with the reason.</p>\n");
   membership_chart(p, &v);
+  spare_notes(p, &v);
 
   put(p, "<h2>Recoveries</h2>\n");
   if (v.nrec) recovery_bars(p, &v);
-  else put(p, "<p class=\"note\">%s</p>\n", s ? "No recoveries: nothing failed, and nobody joined or left."
-                                              : "A step log alone holds no recoveries (give the run's summary).");
+  else put(p, "<p class=\"note\">%s</p>\n", s || in->nevents ? "No recoveries: nothing failed, and nobody joined or left."
+                                                            : "A step log alone holds no recoveries (give the run's "
+                                                              "summary or the job's event log).");
 
   put(p, "<h2>Throughput</h2>\n");
   throughput_chart(p, &v);
 
   if (v.nrec) {
-    put(p, "<h2>The recoveries</h2>\n<p class=\"note\">Detect: from the fault (or, when it was not injected, its "
-           "detection) to its first detection; plan: to the plan; comm.: to the communicator; restore: to the state "
-           "restored; total: to the next completed step.</p>\n");
+    put(p, "<h2>The recoveries</h2>\n<p class=\"note\">A recovery's time runs from the fault to the next completed "
+           "step, as in <code>newt run</code> and <code>newt status</code>: the fault's moment where newt run injected "
+           "it, otherwise its first detection (a survivor's report, a lapsed lease, a stall; for a join, the joiner's "
+           "registration as the leader saw it). Detect: from the fault to its first detection; plan: to the plan; "
+           "comm.: to the communicator; restore: to the state restored; total: to the next completed step. The median "
+           "of the cards is the middle recovery's total, or the mean of the two middle ones.</p>\n");
     recovery_table(p, &v);
   }
   put(p, "<footer>Made by newt %s (newt report) from ", NEWT_VERSION);
   put_text(p, in->sources);
   if (in->torn) put(p, "; %zu torn last line(s) of the step log were skipped", in->torn);
   put(p, ".</footer>\n</main></body></html>\n");
+  free(v.own);
   return pg.err;
 }

@@ -40,6 +40,7 @@
 #include "coordinator/policy.h"
 #include "job/plan.h"
 #include "job/records.h"
+#include "job/runlog.h"
 #include "job/spec.h"
 #include "rendezvous/rdzv.h"
 
@@ -81,7 +82,11 @@ typedef struct coord {
   uint64_t prog_change; /* monotonic ns of the last step change */
   int done;
   uint64_t last_join;   /* monotonic ns of the last registration we had not seen */
+  uint64_t join_seen_ms; /* wall ms of the first registration the plan does not take in, since
+                            the plan (a join's recovery starts there) */
   uint64_t join_checked_join, join_checked_gen; /* join_grows_layout said no for these */
+  job_event spare_ev;   /* ... and said why, to be posted (spare_ev.type == JOB_EV_SPARE) */
+  int event_log_fd;     /* coordinator_opts.event_log (-1: none) */
   uint64_t first_member; /* monotonic ns the first worker was seen (the first plan) */
   uint64_t first_report; /* monotonic ns of the first report of this generation (0: none) */
   uint64_t first_gone;   /* monotonic ns a rank of this generation was first missing (0: none) */
@@ -211,7 +216,10 @@ static void put_member(coord *c, const rdzv_etcd_kv *kv, const char *id) {
       c->cap_members = cap;
     }
     i = c->nmembers++;
-    if (!c->plan.generation || !plan_find(&c->plan, id)) c->last_join = newt_now_ns();
+    if (!c->plan.generation || !plan_find(&c->plan, id)) {
+      c->last_join = newt_now_ns();
+      if (!c->join_seen_ms) c->join_seen_ms = newt_wall_ms();
+    }
     NEWT_INFO(COORD, "worker %s joined (host %s, %s)", id, w.host, w.addr);
   }
   c->members[i] = w;
@@ -486,6 +494,8 @@ static void warn_limited(coord *c, const char *what, const char *msg) {
 static void post_event(coord *c, job_event *ev) {
   ev->t_ms = newt_wall_ms();
   snprintf(ev->coordinator, sizeof ev->coordinator, "%s", c->id);
+  if (c->event_log_fd >= 0 && job_eventlog_append(c->event_log_fd, ev) != NEWT_OK)
+    warn_limited(c, "writing the event log", newt_errmsg());
   char *text = job_event_to_json(ev);
   if (text && rdzv_event_post(c->etcd, c->o->job, text, job_call_deadline()) != NEWT_OK)
     warn_limited(c, "posting an event", newt_errmsg());
@@ -497,6 +507,7 @@ static void post_event(coord *c, job_event *ev) {
  * Leavers, donors and finishers count for nothing. Called with mu held (from the policy);
  * the answer is kept until the membership or the plan changes. */
 static int join_grows_layout(void *ud);
+static void spare_event_locked(coord *c, const plan_member *m, int n, const char *why);
 
 /* The picture as the policy sees it. Called with mu held; valid while it is held. */
 static policy_view view_locked(coord *c) {
@@ -534,12 +545,31 @@ static int join_grows_layout(void *ud) {
   int n = policy_plan_members(&v, NULL, 0, m), unplanned = 0;
   for (int i = 0; i < n; i++) unplanned += m[i].prev_rank < 0;
   newt_plan trial = {0};
-  int grows = unplanned && plan_compute(&c->spec, m, n, c->plan.generation, &trial) == NEWT_OK &&
-              trial.dp * trial.pp > c->plan.dp * c->plan.pp;
+  int planned = unplanned && plan_compute(&c->spec, m, n, c->plan.generation, &trial) == NEWT_OK;
+  int grows = planned && trial.dp * trial.pp > c->plan.dp * c->plan.pp;
+  if (!grows) c->join_checked_join = c->last_join, c->join_checked_gen = c->plan.generation;
+  if (!grows && unplanned) spare_event_locked(c, m, n, planned ? trial.spare_why : newt_errmsg());
   plan_free(&trial);
   free(m);
-  if (!grows) c->join_checked_join = c->last_join, c->join_checked_gen = c->plan.generation;
   return grows;
+}
+
+/* Workers that joined and stay spares (the layout is no larger with them): an event naming
+ * them and why, for `newt run`, `newt status` and the report; posted by decide, outside the
+ * lock. Called with mu held. */
+static void spare_event_locked(coord *c, const plan_member *m, int n, const char *why) {
+  job_event *e = &c->spare_ev;
+  job_event_free(e);
+  memset(e, 0, sizeof *e);
+  e->spare_ids = calloc((size_t)(n ? n : 1), sizeof *e->spare_ids);
+  if (!e->spare_ids) return;
+  for (int i = 0; i < n; i++) /* the plan's own spares were named with it */
+    if (m[i].prev_rank < 0 && !plan_is_spare(&c->plan, m[i].id))
+      snprintf(e->spare_ids[e->nspare_ids++], RDZV_NAME_MAX, "%s", m[i].id);
+  if (!e->nspare_ids) return;
+  e->type = JOB_EV_SPARE;
+  e->generation = (int64_t)c->plan.generation;
+  snprintf(e->why, sizeof e->why, "%s", why);
 }
 
 /* --- the failure budget -------------------------------------------------------------------- */
@@ -700,12 +730,15 @@ static newt_result_t replan(coord *c, const char *cause, const char *switch_mode
   NEWT_INFO(COORD, "published plan %llu (%s): %d ranks, dp %d, accum %lld, %d spares", (unsigned long long)p.generation,
             cause, p.nranks, p.dp, (long long)p.accum, p.nspares);
   job_event ev = {.type = JOB_EV_PLAN, .generation = (int64_t)p.generation, .world = p.nranks, .dp = p.dp,
-                  .spares = p.nspares, .excluded = exclude, .nexcluded = nexclude};
+                  .spares = p.nspares, .excluded = exclude, .nexcluded = nexclude,
+                  .spare_ids = p.spares, .nspare_ids = p.nspares};
+  snprintf(ev.why, sizeof ev.why, "%s", p.spare_why);
   snprintf(ev.cause, sizeof ev.cause, "%s", cause);
 
   pthread_mutex_lock(&c->mu);
   set_plan_locked(c, &p);
   c->prog_change = newt_now_ns();
+  c->join_seen_ms = 0; /* whoever registered before this plan is in it, or its spare */
   pthread_mutex_unlock(&c->mu);
 
   c->plan_mono = newt_now_ns();
@@ -976,7 +1009,16 @@ static newt_result_t decide(coord *c) {
   newt_result_t r = policy_decide(&v, &d);
   c->first_member = d.first_member;
   c->first_gone = d.first_gone;
+  job_event spare = c->spare_ev;
+  memset(&c->spare_ev, 0, sizeof c->spare_ev);
+  uint64_t join_seen = c->join_seen_ms;
   pthread_mutex_unlock(&c->mu);
+  if (spare.type == JOB_EV_SPARE) {
+    NEWT_INFO(COORD, "%d worker%s stay%s spare: %s", spare.nspare_ids, spare.nspare_ids == 1 ? "" : "s",
+              spare.nspare_ids == 1 ? "s" : "", spare.why);
+    post_event(c, &spare);
+  }
+  job_event_free(&spare);
   if (r != NEWT_OK) return r;
 
   const char *cause = policy_cause(d.reason);
@@ -985,7 +1027,9 @@ static newt_result_t decide(coord *c) {
     return NEWT_OK;
   }
   if (cause) {
-    if (!c->t_trigger) c->t_trigger = newt_wall_ms();
+    /* a join's recovery starts at the joiner's registration, the others' at the decision
+       (or the reports' first detection: replan) */
+    if (!c->t_trigger) c->t_trigger = d.reason == POLICY_JOIN && join_seen ? join_seen : newt_wall_ms();
     for (int i = 0; d.fence && i < d.nexclude; i++) {
       pthread_mutex_lock(&c->mu);
       int present = find_member(c, d.exclude[i]) >= 0;
@@ -1320,8 +1364,10 @@ newt_result_t coordinator_run(const coordinator_opts *o) {
   coord *c = calloc(1, sizeof *c);
   NEWT_CHECK_ALLOC(c);
   c->o = o;
+  c->event_log_fd = -1;
   pthread_mutex_init(&c->mu, NULL);
   newt_result_t r = rdzv_check_name("job", o->job);
+  if (r == NEWT_OK && o->event_log) r = job_runlog_open(o->event_log, 0, &c->event_log_fd);
   if (o->id && *o->id) snprintf(c->id, sizeof c->id, "%s", o->id);
   else snprintf(c->id, sizeof c->id, "coordinator-%.32s-%d", newt_hostname(), (int)getpid());
   newt_log_set_name(c->id);
@@ -1426,6 +1472,8 @@ newt_result_t coordinator_run(const coordinator_opts *o) {
   free(c->departed);
   free(c->held);
   free(c->held_ids);
+  job_event_free(&c->spare_ev);
+  if (c->event_log_fd >= 0) close(c->event_log_fd);
   free(c->spec_file_text);
   pthread_mutex_destroy(&c->mu);
   free(c);

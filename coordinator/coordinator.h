@@ -20,6 +20,8 @@ typedef struct coordinator_opts {
   int metrics_port;         /* 0: no metrics server */
   int metrics_linger_ms;    /* after the job's end, serves its final metrics this long (0: exits at once) */
   job_end *end;             /* how it ended (exit status and message); may be NULL */
+  const char *event_log;    /* the leader appends every event it posts here too (job/runlog.h's
+                               event log, for `newt report`; its folder is made); NULL: none */
 } coordinator_opts;
 
 /* Runs until the job is done (NEWT_OK, end JOB_EXIT_DONE), failed (NEWT_OK, JOB_EXIT_FAILED:

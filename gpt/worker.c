@@ -184,6 +184,7 @@ static newt_result_t step(gpt_worker *g, const newt_batch *b) {
   res.after = model_par_apply(&g->par, &g->comms, sums, &info);
   res.loss = info.loss;
   res.lr = info.lr;
+  res.grad_norm = info.grad_norm;
   res.tokens = info.tokens;
   return newt_step_end(g->ctx, &res);
 }

@@ -324,6 +324,7 @@ typedef struct newt_step_result {
   int64_t tokens;       /* tokens of the global batch (tokens/s; 0: count samples) */
   newt_result_t after;  /* the result of collectives after the update (a ZeRO all-gather): an error leaves
                            NEWT_TENSOR_DERIVED tensors stale */
+  double grad_norm;     /* the gradients' global norm before clipping (the step log, metrics; 0: not known) */
 } newt_step_result;
 NEWT_API void newt_step_result_init(newt_step_result *r);
 /* After the update: the step is done. Progress, the step log, periodic checkpoints and the

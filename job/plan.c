@@ -12,6 +12,7 @@
  * allow (the ZeRO shard copies go to the next data-parallel rank). */
 #include "job/plan.h"
 
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -26,6 +27,38 @@ int plan_choose_dp(const newt_spec *s, int64_t max_dp) {
   for (int64_t dp = hi; dp >= s->dp_min; dp--)
     if (s->global_batch % (dp * s->micro_batch) == 0) return (int)dp;
   return 0;
+}
+
+/* Appends "; " (when why is not empty) and the formatted text, truncating at cap. */
+static void why_add(char *why, size_t cap, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+static void why_add(char *why, size_t cap, const char *fmt, ...) {
+  size_t len = strlen(why);
+  if (len && len + 2 < cap) memcpy(why + len, "; ", 3), len += 2;
+  if (len + 1 >= cap) return;
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(why + len, cap - len, fmt, ap);
+  va_end(ap);
+}
+
+/* Why n members in ngroups tensor-parallel groups train as dp x pp of them: into why. */
+static void spare_reason(const newt_spec *s, int n, int ngroups, int dp, char *why, size_t cap) {
+  int tp = (int)s->tp, pp = (int)s->pp, loose = n - ngroups * tp, unpiped = ngroups % pp;
+  int64_t max_dp = ngroups / pp, hi = max_dp < s->dp_max ? max_dp : s->dp_max;
+  why[0] = '\0';
+  if (loose > 0)
+    why_add(why, cap, "%d worker%s make%s no whole tensor-parallel group (tp %d, on one host)", loose,
+            loose == 1 ? "" : "s", loose == 1 ? "s" : "", tp);
+  if (unpiped > 0)
+    why_add(why, cap, "%d tensor-parallel group%s make%s no whole pipeline (pp %d)", unpiped, unpiped == 1 ? "" : "s",
+            unpiped == 1 ? "s" : "", pp);
+  if (max_dp > s->dp_max) why_add(why, cap, "spec.parallel.dp_max caps data parallelism at %lld", (long long)s->dp_max);
+  if (dp < hi)
+    why_add(why, cap,
+            "the global batch of %lld samples is %lld micro-batches of %lld, which split evenly over %d data-parallel "
+            "rank%s, not %lld",
+            (long long)s->global_batch, (long long)(s->global_batch / s->micro_batch), (long long)s->micro_batch, dp,
+            dp == 1 ? "" : "s", (long long)hi);
 }
 
 static int64_t member_key(const plan_member *m) {
@@ -207,6 +240,7 @@ newt_result_t plan_compute(const newt_spec *s, const plan_member *members, int n
     if (!placed) snprintf(out->spares[ns++], PLAN_ID_MAX, "%s", members[i].id);
   }
   out->nspares = ns;
+  if (ns) spare_reason(s, n, ngroups, dp, out->spare_why, sizeof out->spare_why);
   snprintf(out->restore, sizeof out->restore, "%s", all_prev ? "memory" : any_prev ? "peer" : "init");
 exit:
   free(sorted);
@@ -313,6 +347,7 @@ char *plan_to_json(const newt_plan *p) {
   for (int i = 0; i < p->nranks; i++) cJSON_AddItemToArray(ranks, rank_json(&p->ranks[i], 1));
   cJSON *spares = cJSON_AddArrayToObject(j, "spares");
   for (int i = 0; i < p->nspares; i++) cJSON_AddItemToArray(spares, cJSON_CreateString(p->spares[i]));
+  if (p->spare_why[0]) cJSON_AddStringToObject(j, "spare_why", p->spare_why);
   cJSON *donors = cJSON_AddArrayToObject(j, "donors");
   for (int i = 0; i < p->ndonors; i++) cJSON_AddItemToArray(donors, rank_json(&p->donors[i], 0));
   char *out = newt_json_print(j);
@@ -345,6 +380,21 @@ static newt_result_t copy_str(const cJSON *o, const char *what, const char *fiel
   return NEWT_OK;
 }
 
+/* Optional text for people (spare_why): printable ASCII, blanks allowed; a control byte is
+ * refused, as in a name. */
+static newt_result_t get_text(const cJSON *o, const char *what, const char *field, char *dst, size_t cap) {
+  const char *v = NULL;
+  NEWT_CHECK(newt_json_get_str(o, what, field, 0, &v));
+  if (!v) return NEWT_OK;
+  if (strlen(v) >= cap) return NEWT_ERR(NEWT_ERR_INVALID, "%s.%s: longer than %zu characters", what, field, cap - 1);
+  for (const unsigned char *c = (const unsigned char *)v; *c; c++)
+    if (*c < 0x20 || *c >= 0x7f)
+      return NEWT_ERR(NEWT_ERR_INVALID, "%s.%s: byte 0x%02x at %zu is not printable text", what, field, *c,
+                      (size_t)(c - (const unsigned char *)v));
+  snprintf(dst, cap, "%s", v);
+  return NEWT_OK;
+}
+
 static newt_result_t parse_rank(const cJSON *o, int i, const newt_plan *p, plan_rank *r) {
   char what[48];
   snprintf(what, sizeof what, "plan.ranks[%d]", i);
@@ -369,7 +419,7 @@ static newt_result_t parse_rank(const cJSON *o, int i, const newt_plan *p, plan_
 static newt_result_t parse_plan(const cJSON *j, newt_plan *p) {
   static const char *const known[] = {"generation", "secret", "created_ms", "cause", "switch", "dp", "tp",
                                       "pp", "zero", "global_batch", "micro_batch", "accum", "restore",
-                                      "step", "ranks", "spares", "donors", NULL};
+                                      "step", "ranks", "spares", "spare_why", "donors", NULL};
   const char *w = "plan";
   int64_t v;
   NEWT_CHECK(newt_json_check_fields(j, w, known));
@@ -451,7 +501,7 @@ static newt_result_t parse_plan(const cJSON *j, newt_plan *p) {
       return NEWT_ERR(NEWT_ERR_INVALID, "plan.spares[%d]: expected a worker id", i);
     snprintf(p->spares[i], PLAN_ID_MAX, "%s", o->valuestring);
   }
-  return NEWT_OK;
+  return get_text(j, w, "spare_why", p->spare_why, sizeof p->spare_why);
 }
 
 newt_result_t plan_from_json(const char *text, size_t len, newt_plan *out) {

@@ -11,6 +11,7 @@
  *    "ranks": [{"rank": 0, "worker": "w0", "host": "h", "addr": "10.0.0.1:4000",
  *               "dp": 0, "tp": 0, "pp": 0}, ...],
  *    "spares": ["w5"],
+ *    "spare_why": "the global batch ...",  why the layout leaves the spares out (with spares)
  *    "donors": [{"rank": 4, "worker": "w2", "host": "h", "addr": "10.0.0.3:4000",
  *                "dp": -1, "tp": -1, "pp": -1}]}
  *
@@ -34,6 +35,7 @@
 #define PLAN_ID_MAX 64
 #define PLAN_ADDR_MAX 96
 #define PLAN_SECRET_BYTES 32
+#define PLAN_WHY_MAX 320
 
 typedef struct plan_rank {
   int rank;
@@ -57,6 +59,8 @@ typedef struct newt_plan {
   plan_rank *ranks;
   int nspares;
   char (*spares)[PLAN_ID_MAX];
+  char spare_why[PLAN_WHY_MAX]; /* why the layout leaves the spares out ("" without spares):
+                                   printable text, for people (run, status, the report) */
   int ndonors;
   plan_rank *donors; /* rank nranks + i, coordinates -1 */
 } newt_plan;
@@ -77,7 +81,10 @@ typedef struct plan_member {
 int plan_choose_dp(const newt_spec *s, int64_t max_dp);
 
 /* Computes the plan for generation prev_gen + 1 from the live members (any order).
- * Members that keep their place keep their coordinates where the layout allows it.
+ * Members that keep their place keep their coordinates where the layout allows it; the
+ * others are spares, and spare_why says why in words (no whole tensor-parallel group on
+ * their host, no whole pipeline, spec.parallel.dp_max, or a global batch that does not
+ * split into whole micro-batches over more data-parallel ranks).
  * NEWT_ERR_UNAVAILABLE (message: how many workers are needed and how many there are)
  * when no valid layout exists. The secret is fresh random bytes. */
 newt_result_t plan_compute(const newt_spec *s, const plan_member *members, int nmembers,

@@ -25,7 +25,7 @@ static const struct {
     {JOB_REC_SPEC, "spec"},         {JOB_REC_PLAN, "plan"},         {JOB_REC_PROGRESS, "progress"},
     {JOB_REC_DONE, "done"},         {JOB_REC_CKPT, "ckpt"},         {JOB_REC_WORKER, "workers/"},
     {JOB_REC_ELECTION, "election/"}, {JOB_REC_REPORT, "reports/"},  {JOB_REC_ACK, "acks/"},
-    {JOB_REC_EVENT, "events/"},     {JOB_REC_FAILED, "failed"},
+    {JOB_REC_EVENT, "events/"},     {JOB_REC_FAILED, "failed"},     {JOB_REC_FAULT, "faults/"},
 };
 
 newt_result_t job_key(char *out, size_t cap, const char *job, job_record rec, uint64_t generation, const char *id) {
@@ -41,6 +41,8 @@ newt_result_t job_key(char *out, size_t cap, const char *job, job_record rec, ui
   } else if (rec == JOB_REC_WORKER) {
     NEWT_CHECK(rdzv_check_name("worker id", id));
     snprintf(suffix, sizeof suffix, "%s%s", name, id);
+  } else if (rec == JOB_REC_FAULT) {
+    snprintf(suffix, sizeof suffix, "%s%020llu", name, (unsigned long long)generation);
   } else {
     snprintf(suffix, sizeof suffix, "%s", name);
   }
@@ -58,12 +60,12 @@ job_record job_key_parse(const char *rest, uint64_t *generation, const char **id
     if (strncmp(rest, name, n) != 0) continue;
     const char *tail = rest + n;
     job_record rec = keys[i].rec;
-    if (rec == JOB_REC_REPORT || rec == JOB_REC_ACK) {
-      /* "<20 digits>/<id>" */
+    if (rec == JOB_REC_REPORT || rec == JOB_REC_ACK || rec == JOB_REC_FAULT) {
+      /* "<20 digits>/<id>", or "<20 digits>" alone for a fault */
       size_t digits = 0;
       uint64_t g = 0;
       while (tail[digits] >= '0' && tail[digits] <= '9' && digits < 20) g = g * 10 + (uint64_t)(tail[digits++] - '0');
-      if (digits != 20 || tail[20] != '/') return JOB_REC_OTHER;
+      if (digits != 20 || tail[20] != (rec == JOB_REC_FAULT ? '\0' : '/')) return JOB_REC_OTHER;
       tail += 21;
       if (generation) *generation = g;
     }
@@ -317,6 +319,7 @@ char *job_step_to_json(const job_step *s) {
   newt_json_add_int(j, "step", s->step);
   add_real(j, "loss", s->loss);
   add_real(j, "lr", s->lr);
+  if (s->grad_norm != 0) add_real(j, "grad_norm", s->grad_norm); /* null: not finite (the step diverged) */
   add_real(j, "tokens_per_s", s->tokens_per_s);
   newt_json_add_int(j, "world", s->world);
   newt_json_add_int(j, "dp", s->dp);
@@ -337,6 +340,9 @@ newt_result_t job_step_from_json(const char *text, size_t len, job_step *out) {
   newt_result_t r = get_range(j, what, "step", 1, 1, INT64_MAX, &s.step);
   if (r == NEWT_OK) r = get_real(j, what, "loss", 1, &s.loss);
   if (r == NEWT_OK) r = get_real(j, what, "lr", 0, &s.lr);
+  if (r == NEWT_OK) r = get_real(j, what, "grad_norm", 0, &s.grad_norm);
+  if (r == NEWT_OK && s.grad_norm < 0)
+    r = NEWT_ERR(NEWT_ERR_INVALID, "%s.grad_norm: %g is negative (a norm)", what, s.grad_norm);
   if (r == NEWT_OK) r = get_real(j, what, "tokens_per_s", 0, &s.tokens_per_s);
   if (r == NEWT_OK) r = get_range(j, what, "world", 0, 1, INT32_MAX, &s.world);
   if (r == NEWT_OK) r = get_range(j, what, "dp", 0, 1, INT32_MAX, &s.dp);
@@ -468,12 +474,37 @@ int job_has_failed(rdzv_etcd *c, const char *job, job_failed *out) {
 
 /* --- events ---------------------------------------------------------------------------------- */
 
-static const char *const event_types[] = {"leader",    "plan", "fence",  "waiting", "started",
-                                          "recovered", "done", "failed", "spec",    "etcd", NULL};
+static const char *const event_types[] = {"leader", "plan",   "fence", "waiting", "started", "recovered",
+                                          "done",   "failed", "spec",  "etcd",    "spare",   NULL};
 static const char *const causes[] = {"initial", "crash", "hang", "leave", "join", "coordinator", "etcd", "spec", NULL};
 
+static void add_names(cJSON *j, const char *field, char (*names)[RDZV_NAME_MAX], int n) {
+  cJSON *a = cJSON_AddArrayToObject(j, field);
+  for (int i = 0; a && i < n; i++) cJSON_AddItemToArray(a, cJSON_CreateString(names[i]));
+}
+
+/* An optional array of worker ids into *out (malloc'd; NULL when empty), each checked as a
+ * name. */
+static newt_result_t get_names(const cJSON *j, const char *what, const char *field, char (**out)[RDZV_NAME_MAX],
+                               int *n) {
+  const cJSON *a = NULL;
+  NEWT_CHECK(newt_json_get_arr(j, what, field, 0, &a));
+  int cap = cJSON_GetArraySize(a);
+  if (cap > 0 && !(*out = calloc((size_t)cap, sizeof **out)))
+    return NEWT_ERR(NEWT_ERR_NOMEM, "%s.%s: out of memory", what, field);
+  int i = 0;
+  for (const cJSON *x = a ? a->child : NULL; x; x = x->next, i++) {
+    char label[64];
+    snprintf(label, sizeof label, "%s.%s[%d]", what, field, i);
+    if (!cJSON_IsString(x)) return NEWT_ERR(NEWT_ERR_INVALID, "%s: expected a worker id", label);
+    NEWT_CHECK(rdzv_check_name(label, x->valuestring));
+    snprintf((*out)[(*n)++], RDZV_NAME_MAX, "%s", x->valuestring);
+  }
+  return NEWT_OK;
+}
+
 const char *job_event_type_name(job_event_type t) {
-  return t >= JOB_EV_LEADER && t <= JOB_EV_ETCD ? event_types[t] : "?";
+  return t >= JOB_EV_LEADER && t <= JOB_EV_SPARE ? event_types[t] : "?";
 }
 
 char *job_event_to_json(const job_event *e) {
@@ -487,10 +518,15 @@ char *job_event_to_json(const job_event *e) {
     newt_json_add_int(j, "world", e->world);
     newt_json_add_int(j, "dp", e->dp);
     newt_json_add_int(j, "spares", e->spares);
-    cJSON *ex = cJSON_AddArrayToObject(j, "excluded");
-    for (int i = 0; ex && i < e->nexcluded; i++) cJSON_AddItemToArray(ex, cJSON_CreateString(e->excluded[i]));
+    add_names(j, "excluded", e->excluded, e->nexcluded);
+    if (e->nspare_ids) add_names(j, "spare_ids", e->spare_ids, e->nspare_ids);
+    if (e->why[0]) cJSON_AddStringToObject(j, "why", e->why);
     break;
   }
+  case JOB_EV_SPARE:
+    add_names(j, "spare_ids", e->spare_ids, e->nspare_ids);
+    cJSON_AddStringToObject(j, "why", e->why);
+    break;
   case JOB_EV_FENCE:
     cJSON_AddStringToObject(j, "worker", e->worker);
     break;
@@ -546,21 +582,13 @@ newt_result_t job_event_from_json(const char *text, size_t len, job_event *out) 
     if (r == NEWT_OK) r = get_range(j, what, "world", 1, 0, INT32_MAX, &e.world);
   }
   if (r == NEWT_OK && e.type == JOB_EV_PLAN) {
-    const cJSON *ex = NULL;
     r = get_range(j, what, "dp", 0, 0, INT32_MAX, &e.dp);
     if (r == NEWT_OK) r = get_range(j, what, "spares", 0, 0, INT32_MAX, &e.spares);
-    if (r == NEWT_OK) r = newt_json_get_arr(j, what, "excluded", 0, &ex);
-    int n = cJSON_GetArraySize(ex);
-    if (r == NEWT_OK && n > 0 && !(e.excluded = calloc((size_t)n, sizeof *e.excluded)))
-      r = NEWT_ERR(NEWT_ERR_NOMEM, "event.excluded: out of memory");
-    int i = 0;
-    for (const cJSON *x = ex ? ex->child : NULL; r == NEWT_OK && x; x = x->next, i++) {
-      char label[48];
-      snprintf(label, sizeof label, "event.excluded[%d]", i);
-      if (!cJSON_IsString(x)) r = NEWT_ERR(NEWT_ERR_INVALID, "%s: expected a worker id", label);
-      else if ((r = rdzv_check_name(label, x->valuestring)) == NEWT_OK)
-        snprintf(e.excluded[e.nexcluded++], RDZV_NAME_MAX, "%s", x->valuestring);
-    }
+    if (r == NEWT_OK) r = get_names(j, what, "excluded", &e.excluded, &e.nexcluded);
+  }
+  if (r == NEWT_OK && (e.type == JOB_EV_PLAN || e.type == JOB_EV_SPARE)) {
+    r = get_names(j, what, "spare_ids", &e.spare_ids, &e.nspare_ids);
+    if (r == NEWT_OK) r = get_text(j, what, "why", e.type == JOB_EV_SPARE, e.why, sizeof e.why);
   }
   if (r == NEWT_OK && e.type == JOB_EV_FENCE) r = get_name(j, what, "worker", 1, e.worker);
   if (r == NEWT_OK && (e.type == JOB_EV_WAITING || e.type == JOB_EV_FAILED || e.type == JOB_EV_SPEC ||
@@ -590,8 +618,49 @@ newt_result_t job_event_from_json(const char *text, size_t len, job_event *out) 
   return NEWT_OK;
 }
 
+static int64_t ms_between(uint64_t a, uint64_t b) { return b >= a ? (int64_t)(b - a) : 0; }
+
+job_recovery_times job_recovery_time(const job_event *e, uint64_t t_fault) {
+  job_recovery_times t;
+  t.start = t_fault && t_fault <= e->t_detect ? t_fault : e->t_detect;
+  t.detect_ms = ms_between(t.start, e->t_detect);
+  t.plan_ms = ms_between(e->t_detect, e->t_plan);
+  t.comm_ms = ms_between(e->t_plan, e->t_comm);
+  t.restore_ms = ms_between(e->t_comm, e->t_restore);
+  t.total_ms = ms_between(t.start, e->t_step);
+  return t;
+}
+
+/* --- faults ---------------------------------------------------------------------------------- */
+
+char *job_fault_to_json(const job_fault *f) {
+  cJSON *j = cJSON_CreateObject();
+  if (!j) return NULL;
+  newt_json_add_int(j, "generation", f->generation);
+  newt_json_add_int(j, "t_ms", (int64_t)f->t_ms);
+  cJSON_AddStringToObject(j, "what", f->what);
+  return finish(j);
+}
+
+newt_result_t job_fault_from_json(const char *text, size_t len, job_fault *out) {
+  const char *what = "fault";
+  cJSON *j;
+  NEWT_CHECK(parse_object(text, len, what, &j));
+  job_fault f;
+  memset(&f, 0, sizeof f);
+  newt_result_t r = get_range(j, what, "generation", 1, 1, INT64_MAX, &f.generation);
+  if (r == NEWT_OK) r = get_ms(j, what, "t_ms", 1, &f.t_ms);
+  if (r == NEWT_OK) r = get_text(j, what, "what", 1, f.what, sizeof f.what);
+  cJSON_Delete(j);
+  if (r == NEWT_OK) *out = f;
+  return r;
+}
+
 void job_event_free(job_event *e) {
   free(e->excluded);
   e->excluded = NULL;
   e->nexcluded = 0;
+  free(e->spare_ids);
+  e->spare_ids = NULL;
+  e->nspare_ids = 0;
 }

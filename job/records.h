@@ -21,6 +21,8 @@
  *   ckpt                         job_ckpt      rank 0, after a    status
  *                                              commit
  *   events/<ms>-<rand>           job_event     the leader         launcher, status
+ *   faults/<gen>                 job_fault     newt run, for a    status
+ *                                              fault it injected
  *
  * <gen> is the generation as 20 zero-padded digits, so keys sort by generation. Every
  * parser validates what it reads (types, ranges, names, the set a string comes from) and a
@@ -55,14 +57,15 @@ typedef enum job_record {
   JOB_REC_CKPT,
   JOB_REC_EVENT,
   JOB_REC_FAILED,
+  JOB_REC_FAULT,
 } job_record;
 
 /* The key of a record: generation and id are used by reports and acks (id alone by
- * workers); events get their key from rdzv_event_post. */
+ * workers, generation alone by faults); events get their key from rdzv_event_post. */
 newt_result_t job_key(char *out, size_t cap, const char *job, job_record rec, uint64_t generation, const char *id);
 
 /* What the key `rest` (the part after "/newt/<job>/") holds; *generation and *id (pointing
- * into rest) are set for reports, acks (both) and workers (id). A malformed generation
+ * into rest) are set for reports, acks (both), workers (id) and faults (generation). A malformed generation
  * or id gives JOB_REC_OTHER. */
 job_record job_key_parse(const char *rest, uint64_t *generation, const char **id);
 
@@ -127,6 +130,7 @@ typedef struct job_step {
   int64_t step;         /* the step just done (1-based) */
   double loss;          /* its mean token loss; NaN when not finite (written as null) */
   double lr;            /* the learning rate it applied */
+  double grad_norm;     /* the gradients' global norm before clipping (0: not known; absent from the line) */
   double tokens_per_s;  /* tokens of the step over its wall time */
   int64_t world, dp;    /* ranks of the plan, its data-parallel size */
   uint64_t generation;  /* the plan's generation (1 for `newt train`) */
@@ -206,7 +210,8 @@ newt_result_t job_ckpt_from_json(const char *text, size_t len, job_ckpt *out);
 
 typedef enum job_event_type {
   JOB_EV_LEADER = 0, /* a coordinator took the lead */
-  JOB_EV_PLAN,       /* it published a plan: generation, cause, world, dp, spares, excluded */
+  JOB_EV_PLAN,       /* it published a plan: generation, cause, world, dp, spares, excluded, and
+                        the spares by name (spare_ids) with why the layout leaves them out */
   JOB_EV_FENCE,      /* it fenced a worker: worker */
   JOB_EV_WAITING,    /* it cannot plan: why */
   JOB_EV_STARTED,    /* the first generation completed its first step: the timings below */
@@ -215,6 +220,7 @@ typedef enum job_event_type {
   JOB_EV_FAILED,     /* the leader gave up on the job: why */
   JOB_EV_SPEC,       /* a changed spec was taken (why: what changed) or refused (why) */
   JOB_EV_ETCD,       /* etcd was unwell and is well again: why (out of space, for how long) */
+  JOB_EV_SPARE,      /* workers that joined stay spares, the layout no larger with them: spare_ids, why */
 } job_event_type;
 
 typedef struct job_event {
@@ -226,8 +232,10 @@ typedef struct job_event {
   int64_t world, dp, spares;
   char (*excluded)[RDZV_NAME_MAX]; /* plan: malloc'd (job_event_free) */
   int nexcluded;
+  char (*spare_ids)[RDZV_NAME_MAX]; /* plan, spare: malloc'd (job_event_free) */
+  int nspare_ids;
   char worker[RDZV_NAME_MAX];      /* fence */
-  char why[JOB_TEXT_MAX];          /* waiting, etcd */
+  char why[JOB_TEXT_MAX];          /* waiting, etcd, failed, spec; plan and spare: why spares */
   /* started, recovered: wall ms of the trigger, the earliest detection, the plan, and the
      slowest rank's communicator, restore and first step */
   uint64_t t_trigger, t_detect, t_plan, t_comm, t_restore, t_step;
@@ -238,6 +246,31 @@ typedef struct job_event {
 } job_event;
 
 const char *job_event_type_name(job_event_type t);
+
+/* A recovery's times, one definition for every view (newt run's lines, its summary and
+ * report, newt status): from its start -- the moment of the fault where newt run injected it
+ * (t_fault; 0: not injected), else its first detection (a survivor's report, a lapsed lease,
+ * a stall; for a join, the first registration of a joiner the leader saw) -- to the first
+ * detection (detect), the plan published (plan), the slowest rank's communicator (comm) and
+ * state (restore), and its first completed step (total, from the start). A fault after the
+ * detection is not this recovery's: the detection starts it. The leader's own metric knows no
+ * injected fault: it counts from the detection. */
+typedef struct job_recovery_times {
+  uint64_t start; /* wall ms */
+  int64_t detect_ms, plan_ms, comm_ms, restore_ms, total_ms;
+} job_recovery_times;
+job_recovery_times job_recovery_time(const job_event *e, uint64_t t_fault);
+
+/* --- a fault newt run injected, for the recovery of generation gen that answered it --------- */
+
+typedef struct job_fault {
+  int64_t generation; /* the recovery's (the generation it made) */
+  uint64_t t_ms;      /* wall ms the fault was injected */
+  char what[64];      /* the chaos item ("kill:worker:1@step=100") */
+} job_fault;
+
+char *job_fault_to_json(const job_fault *f);
+newt_result_t job_fault_from_json(const char *text, size_t len, job_fault *out);
 /* The fields of its type only. */
 char *job_event_to_json(const job_event *e);
 newt_result_t job_event_from_json(const char *text, size_t len, job_event *out);

@@ -14,6 +14,9 @@
 #define RUNLOG_MAX_BYTES ((size_t)1 << 30) /* a million steps take about 200 MB */
 
 newt_result_t job_runlog_open(const char *path, int truncate, int *fd) {
+  char dir[4096];
+  newt_fs_dirname(path, dir, sizeof dir);
+  NEWT_CHECK(newt_fs_mkdirs(dir, 0755)); /* a fresh volume's runs/<job>/ */
   int f = open(path, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC | (truncate ? O_TRUNC : 0), 0644);
   if (f < 0) return NEWT_ERR(NEWT_ERR_SYS, "%s: cannot open it for appending: %s", path, strerror(errno));
   *fd = f;

@@ -23,7 +23,8 @@
 #include "common/err.h"
 #include "job/records.h"
 
-/* Opens (creates) path for appending lines; truncate: start it empty. */
+/* Opens (creates) path for appending lines, making its folder first; truncate: start it
+ * empty. */
 newt_result_t job_runlog_open(const char *path, int truncate, int *fd);
 
 /* Appends one line: s (or e) as its codec writes it, and a newline, in one write. */

@@ -21,6 +21,7 @@
 #include <math.h>
 #include <pthread.h>
 #include <signal.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -97,6 +98,9 @@ typedef struct run {
   int done;
   int64_t done_step, done_samples;
   double done_loss;
+  int stopping; /* ending every process: nothing is restarted, no exit is news */
+  job_fault *notes; /* faults we injected, to note in etcd for newt status (note_fault) */
+  int nnotes, notes_done;
 
   /* an etcd fault in progress (chaos): what was done, when to undo it */
   int etcd_down;
@@ -277,7 +281,9 @@ static newt_result_t spawn(run *r, proc_kind kind, int index) {
   strv argv = {0}, env = {0};
   args_of(r, &x, &argv);
   env_of(r, &x, &env);
-  newt_spawn_opts so = {.log_path = x.logp, .env = env.v, .die_with_parent = 1};
+  /* a session of its own: a terminal's Ctrl-C reaches `newt run` alone, which ends the
+     processes in order (stop_all); each still dies with us */
+  newt_spawn_opts so = {.log_path = x.logp, .env = env.v, .die_with_parent = 1, .new_session = 1};
   pid_t pid;
   newt_result_t res = argv.oom || env.oom ? NEWT_ERR(NEWT_ERR_NOMEM, "out of memory starting %s", x.name)
                                           : newt_proc_spawn(argv.v, &so, &pid);
@@ -303,9 +309,10 @@ static void reap(run *r) {
     p->alive = 0;
     char how[64];
     newt_proc_status_str(st, how, sizeof how);
-    int expected = r->done || r->res->failed[0] || p->killed_by_chaos || (WIFEXITED(st) && WEXITSTATUS(st) == 0);
+    int expected = r->done || r->res->failed[0] || r->stopping || p->killed_by_chaos ||
+                   (WIFEXITED(st) && WEXITSTATUS(st) == 0);
     if (!expected && !r->o->quiet) fprintf(stderr, "%snewt run: %s exited (%s); see %s/%s.log\n", news(r), p->name, how, r->res->log_dir, p->name);
-    if (p->kind == PROC_COORD && p->killed_by_chaos && !r->done) {
+    if (p->kind == PROC_COORD && p->killed_by_chaos && !r->done && !r->stopping) {
       if (spawn(r, PROC_COORD, r->next_coord++) != NEWT_OK)
         fprintf(stderr, "newt run: restarting a coordinator: %s\n", newt_errmsg());
       p = &r->procs[i]; /* spawn may have moved the array */
@@ -439,6 +446,29 @@ static fault *add_fault(run *r, const chaos_event *e) {
   return f;
 }
 
+/* The plan in force, from etcd (NEWT_ERR_*: none, or etcd away). */
+static newt_result_t current_plan(run *r, newt_plan *out) {
+  char *json = NULL;
+  newt_result_t res = rdzv_plan_get(r->etcd, r->o->spec.job, newt_deadline_in_ms(2000), &json, NULL, NULL);
+  if (res == NEWT_OK) res = plan_from_json(json, strlen(json), out);
+  free(json);
+  return res;
+}
+
+/* A worker fault that lands on a spare (a worker the plan in force does not make a rank)
+ * costs no rank and answers no recovery: says so, and returns 1. */
+static int lands_on_spare(run *r, const char *what, const char *name) {
+  newt_plan plan;
+  if (current_plan(r, &plan) != NEWT_OK) return 0; /* etcd away: nothing to tell */
+  int spare = !plan_find(&plan, name);
+  if (spare && !r->o->quiet)
+    fprintf(stderr, "%snewt run: chaos: %s lands on %s, a spare of plan %llu (%s): no rank is lost, training goes on\n",
+            news(r), what, name, (unsigned long long)plan.generation,
+            plan_is_spare(&plan, name) && plan.spare_why[0] ? plan.spare_why : "it joined after the plan");
+  plan_free(&plan);
+  return spare;
+}
+
 static int signal_of(chaos_action a) {
   switch (a) {
     case CHAOS_KILL: return SIGKILL;
@@ -464,15 +494,12 @@ static void fire(run *r, chaos_event *e) {
       }
       if (e->by_rank) {
         /* the worker that is this rank of the plan now in force */
-        char *json = NULL;
         newt_plan plan;
         name[0] = '\0';
-        if (rdzv_plan_get(r->etcd, r->o->spec.job, newt_deadline_in_ms(2000), &json, NULL, NULL) == NEWT_OK &&
-            plan_from_json(json, strlen(json), &plan) == NEWT_OK) {
+        if (current_plan(r, &plan) == NEWT_OK) {
           if (e->index < plan.nranks) snprintf(name, sizeof name, "%s", plan.ranks[e->index].worker);
           plan_free(&plan);
         }
-        free(json);
         if (!name[0]) {
           fprintf(stderr, "newt run: chaos %s: no rank %d in the current plan\n", what, e->index);
           return;
@@ -524,8 +551,13 @@ static void fire(run *r, chaos_event *e) {
       return;
     }
     if (e->action == CHAOS_KILL) p->killed_by_chaos = 1;
-    add_fault(r, e); /* a woken worker comes back as a joiner: cont answers a join */
+    /* a woken worker comes back as a joiner: cont answers a join; a fault on a spare answers
+       nothing */
+    int spare = p->kind == PROC_WORKER && e->action != CHAOS_CONT && lands_on_spare(r, what, p->name);
+    fault *f = add_fault(r, e);
+    if (f && spare) f->matched = 1;
     kill(p->pid, signal_of(e->action));
+    if (spare) return;
   } else if (e->target != CHAOS_ETCD && e->action != CHAOS_JOIN) {
     fprintf(stderr, "newt run: chaos %s: no such process\n", what);
     return;
@@ -567,6 +599,35 @@ static uint64_t match_faults(run *r, const char *cause, uint64_t t_plan, const c
   return first;
 }
 
+/* Notes in etcd a fault we injected, for the recovery of generation gen (job_fault): newt
+ * status then times that recovery as we do. Written off the event's path (flush_notes),
+ * when etcd answers. */
+static void note_fault(run *r, int64_t gen, uint64_t t_ms, const char *what) {
+  job_fault *n = realloc(r->notes, (size_t)(r->nnotes + 1) * sizeof *n);
+  if (!n) return;
+  r->notes = n;
+  n = &r->notes[r->nnotes++];
+  memset(n, 0, sizeof *n);
+  n->generation = gen;
+  n->t_ms = t_ms;
+  snprintf(n->what, sizeof n->what, "%s", what);
+}
+
+/* Writes the notes not written yet, while etcd answers (a note waits out an outage). */
+static void flush_notes(run *r, int64_t wait_ms) {
+  while (r->notes_done < r->nnotes && r->etcd && !r->etcd_down) {
+    const job_fault *f = &r->notes[r->notes_done];
+    char key[256], *text = job_fault_to_json(f);
+    newt_result_t res = text ? job_key(key, sizeof key, r->o->spec.job, JOB_REC_FAULT, (uint64_t)f->generation, NULL)
+                             : NEWT_ERR(NEWT_ERR_NOMEM, "out of memory");
+    if (res == NEWT_OK)
+      res = rdzv_etcd_put(r->etcd, key, text, strlen(text), 0, newt_deadline_in_ms(wait_ms), NULL);
+    free(text);
+    if (res != NEWT_OK) return; /* the next look tries again */
+    r->notes_done++;
+  }
+}
+
 static void handle_event(run *r, const job_event *e) {
   const char *cause = e->cause, *restore = e->restore;
   int64_t gen = e->generation, world = e->world, lost = e->steps_lost;
@@ -576,28 +637,33 @@ static void handle_event(run *r, const job_event *e) {
     if (rec) {
       const char *what = "";
       uint64_t t_fault = match_faults(r, cause, e->t_plan, &what);
+      /* one definition in every view (job_recovery_time): from the fault we injected, else
+         the first detection; a join starts at the joiner's registration, not at the start
+         of its process. newt status learns of the fault from our note in etcd. */
+      uint64_t from_fault = strcmp(cause, "join") == 0 ? 0 : t_fault;
+      job_recovery_times rt = job_recovery_time(e, from_fault);
+      if (from_fault && rt.start == from_fault) note_fault(r, gen, from_fault, what);
       snprintf(rec->cause, sizeof rec->cause, "%s", cause);
       snprintf(rec->fault, sizeof rec->fault, "%s", what);
       snprintf(rec->restore, sizeof rec->restore, "%s", restore);
       rec->generation = gen;
       rec->t_fault = t_fault;
-      uint64_t from = t_fault ? t_fault : e->t_detect;
-      rec->t_ms = from;
+      rec->t_ms = rt.start;
       rec->step = e->restore_step;
       rec->world = world;
-      rec->detect_ms = diff(e->t_detect, from);
-      rec->plan_ms = diff(e->t_plan, e->t_detect);
-      rec->comm_ms = diff(e->t_comm, e->t_plan);
-      rec->restore_ms = diff(e->t_restore, e->t_comm);
-      rec->total_ms = diff(e->t_step, from);
+      rec->detect_ms = rt.detect_ms;
+      rec->plan_ms = rt.plan_ms;
+      rec->comm_ms = rt.comm_ms;
+      rec->restore_ms = rt.restore_ms;
+      rec->total_ms = rt.total_ms;
       rec->steps_lost = lost;
       if (!r->o->quiet)
         fprintf(stderr,
                 "%snewt run: recovered from %s in %lld ms (detect %lld, plan %lld, comm %lld, restore %lld ms; "
-                "state from %s), generation %lld, %lld ranks, %lld steps lost\n",
+                "state from %s), generation %lld, %lld rank%s, %lld step%s lost\n",
                 news(r), cause, (long long)rec->total_ms, (long long)rec->detect_ms, (long long)rec->plan_ms,
                 (long long)rec->comm_ms, (long long)rec->restore_ms, restore, (long long)gen, (long long)world,
-                (long long)lost);
+                world == 1 ? "" : "s", (long long)lost, lost == 1 ? "" : "s");
     }
   } else if (e->type == JOB_EV_LEADER) {
     /* a coordinator we killed has been replaced */
@@ -618,8 +684,28 @@ static void handle_event(run *r, const job_event *e) {
         fprintf(stderr, "%snewt run: a new coordinator leads %lld ms after the leader was lost; training went on\n",
                 news(r), (long long)rec->total_ms);
     }
-  } else if (e->type == JOB_EV_PLAN && !r->o->quiet && strcmp(cause, "initial") != 0) {
-    fprintf(stderr, "%snewt run: plan %lld (%s): %lld ranks\n", news(r), (long long)gen, cause, (long long)world);
+  } else if (e->type == JOB_EV_PLAN && !r->o->quiet && (strcmp(cause, "initial") != 0 || e->spares > 0)) {
+    fprintf(stderr, "%snewt run: plan %lld (%s): %lld rank%s", news(r), (long long)gen, cause, (long long)world,
+            world == 1 ? "" : "s");
+    if (e->spares > 0) {
+      fprintf(stderr, ", %lld spare%s (", (long long)e->spares, e->spares == 1 ? "" : "s");
+      for (int i = 0; i < e->nspare_ids; i++) fprintf(stderr, "%s%s", i ? ", " : "", e->spare_ids[i]);
+      fprintf(stderr, "): %s", e->why[0] ? e->why : "the layout has no room for them");
+    }
+    fputc('\n', stderr);
+  } else if (e->type == JOB_EV_SPARE) {
+    /* joiners the layout takes no more of than before: a join fault is answered by it */
+    for (int i = 0; i < r->nfaults; i++) {
+      fault *f = &r->faults[i];
+      if (f->matched || f->ev.action != CHAOS_JOIN || f->t_ms > e->t_ms) continue;
+      f->matched = 1;
+      break;
+    }
+    if (!r->o->quiet) {
+      fprintf(stderr, "%snewt run: ", news(r));
+      for (int i = 0; i < e->nspare_ids; i++) fprintf(stderr, "%s%s", i ? ", " : "", e->spare_ids[i]);
+      fprintf(stderr, " joined and stay%s: %s\n", e->nspare_ids == 1 ? "s a spare" : " spares", e->why);
+    }
   } else if (e->type == JOB_EV_WAITING && !r->o->quiet) {
     fprintf(stderr, "%snewt run: the coordinator waits for workers: %s\n", news(r), e->why);
   } else if (e->type == JOB_EV_ETCD && !r->o->quiet) {
@@ -868,22 +954,47 @@ static newt_result_t start(run *r) {
   return NEWT_OK;
 }
 
+/* Ends every process. A job that is over (done, failed) ends by itself, as on Kubernetes:
+ * a stopped process is woken, and what is left after 10 s is killed. A run cut short
+ * (Ctrl-C, --timeout, an error) tells every process at once (SIGTERM: a worker leaves at
+ * its step boundary, and when every rank leaves together none waits to hand its state
+ * over; a coordinator resigns) and kills, all at once, what is left after STOP_GRACE_MS:
+ * Ctrl-C ends a run within two seconds. Files stay whole either way: a step log line is
+ * one write, and a checkpoint is visible only once its manifest is committed. */
+#define STOP_GRACE_MS 1000
+
+/* How the run ended (the first call wins). */
+static void ended(launcher_result *res, const char *outcome, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+static void ended(launcher_result *res, const char *outcome, const char *fmt, ...) {
+  if (res->outcome[0]) return;
+  snprintf(res->outcome, sizeof res->outcome, "%s", outcome);
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(res->reason, sizeof res->reason, fmt, ap);
+  va_end(ap);
+}
+
+static int alive_count(run *r) {
+  reap(r);
+  int alive = 0;
+  for (int i = 0; i < r->nprocs; i++) alive += r->procs[i].alive;
+  return alive;
+}
+
 static void stop_all(run *r) {
-  /* workers and coordinators end by themselves once the job is done; a stopped one is
-     woken first, anything left after the grace period is killed */
-  int ending = r->done || r->res->failed[0]; /* they end by themselves, as on Kubernetes */
-  newt_deadline_t d = newt_deadline_in_ms(ending ? 10000 : 0);
-  for (int i = 0; i < r->nprocs; i++)
-    if (r->procs[i].alive) kill(r->procs[i].pid, ending ? SIGCONT : SIGTERM);
-  for (;;) {
-    reap(r);
-    int alive = 0;
-    for (int i = 0; i < r->nprocs; i++) alive += r->procs[i].alive;
-    if (!alive || newt_deadline_passed(d)) break;
-    newt_sleep_ms(20);
+  r->stopping = 1;
+  int ending = r->done || r->res->failed[0];
+  newt_deadline_t d = newt_deadline_in_ms(ending ? 10000 : STOP_GRACE_MS);
+  for (int i = 0; i < r->nprocs; i++) {
+    if (!r->procs[i].alive) continue;
+    kill(r->procs[i].pid, SIGCONT); /* a stopped process cannot act on SIGTERM */
+    if (!ending) kill(r->procs[i].pid, SIGTERM);
   }
+  while (alive_count(r) && !newt_deadline_passed(d)) newt_sleep_ms(10);
   for (int i = 0; i < r->nprocs; i++)
-    if (r->procs[i].alive) newt_proc_stop(r->procs[i].pid, 2000), r->procs[i].alive = 0;
+    if (r->procs[i].alive) kill(r->procs[i].pid, SIGKILL);
+  newt_deadline_t gone = newt_deadline_in_ms(10000); /* SIGKILL cannot be caught: reaping is prompt */
+  while (alive_count(r) && !newt_deadline_passed(gone)) newt_sleep_ms(5);
 }
 
 newt_result_t launcher_run(const launcher_opts *o, launcher_result *res) {
@@ -930,6 +1041,7 @@ newt_result_t launcher_run(const launcher_opts *o, launcher_result *res) {
     if (res->failed[0]) {
       rc = NEWT_ERR(NEWT_ERR_ABORTED, "newt run: the job failed at step %lld: %s; logs in %s", (long long)step,
                     res->failed, res->log_dir);
+      ended(res, "failed", "%s", res->failed);
       break;
     }
     if (done) {
@@ -939,18 +1051,22 @@ newt_result_t launcher_run(const launcher_opts *o, launcher_result *res) {
     for (int i = 0; i < chaos.n; i++)
       if (!events[i].fired && step >= events[i].step) fire(r, &events[i]);
     etcd_tick(r);
+    flush_notes(r, 300);
     reap(r);
     if (newt_now_s() - last_line > 0.2) {
       live_line(r, t0, 0);
       last_line = newt_now_s();
     }
-    if (newt_stop_requested()) {
-      rc = NEWT_ERR(NEWT_ERR_ABORTED, "newt run: interrupted at step %lld", (long long)step);
+    int sig = newt_stop_requested();
+    if (sig) {
+      ended(res, "interrupted", "interrupted by SIG%s at step %lld", sig == SIGINT ? "INT" : "TERM", (long long)step);
+      rc = NEWT_ERR(NEWT_ERR_ABORTED, "newt run: %s; the run's files are in %s", res->reason, res->log_dir);
       break;
     }
     if (newt_deadline_passed(deadline)) {
-      rc = NEWT_ERR(NEWT_ERR_TIMEOUT, "newt run: the job was not done after %lld ms (step %lld); logs in %s",
-                    (long long)o->timeout_ms, (long long)step, res->log_dir);
+      ended(res, "timeout", "not done after %lld ms (--timeout), at step %lld", (long long)o->timeout_ms,
+            (long long)step);
+      rc = NEWT_ERR(NEWT_ERR_TIMEOUT, "newt run: the job was %s; logs in %s", res->reason, res->log_dir);
       break;
     }
     int workers = 0;
@@ -960,8 +1076,8 @@ newt_result_t launcher_run(const launcher_opts *o, launcher_result *res) {
     if (!workers && !pending_joins) {
       /* the watch may lag behind (etcd came back a moment ago): the end marker decides */
       if (read_done(r, newt_deadline_in_ms(10000))) continue;
-      rc = NEWT_ERR(NEWT_ERR_UNAVAILABLE, "newt run: every worker has exited at step %lld; logs in %s",
-                    (long long)step, res->log_dir);
+      ended(res, "exited", "every worker exited at step %lld, the job not done", (long long)step);
+      rc = NEWT_ERR(NEWT_ERR_UNAVAILABLE, "newt run: %s; logs in %s", res->reason, res->log_dir);
       break;
     }
     newt_sleep_ms(5);
@@ -973,13 +1089,16 @@ newt_result_t launcher_run(const launcher_opts *o, launcher_result *res) {
   take_events(r, r->events, r->nevents);
   r->nevents = 0;
   pthread_mutex_unlock(&r->mu);
+  flush_notes(r, 2000);
   live_line(r, t0, 1);
   if (!o->quiet && r->line_open) fputs(news(r), stderr);
   res->done = r->done;
   res->steps = r->done ? r->done_step : r->step;
   res->final_loss = r->done ? r->done_loss : r->loss;
   res->samples_consumed = r->done_samples;
+  if (r->done) ended(res, "done", "%s", "");
 exit:
+  if (!res->outcome[0]) ended(res, "error", "%s", newt_errmsg());
   stop_all(r);
   res->wall_s = newt_now_s() - t0;
   measure_outages(r);
@@ -991,7 +1110,9 @@ exit:
   rdzv_etcd_kvs keys;
   if (r->etcd && rdzv_etcd_range(r->etcd, r->prefix, &ko, newt_deadline_in_ms(3000), &keys) == NEWT_OK) {
     res->etcd_keys = 0;
-    for (size_t i = 0; i < keys.n; i++) res->etcd_keys += keys.kvs[i].lease == 0;
+    for (size_t i = 0; i < keys.n; i++) /* our own notes of the faults we injected are not the job's */
+      res->etcd_keys += keys.kvs[i].lease == 0 &&
+                        job_key_parse(keys.kvs[i].key + strlen(r->prefix), NULL, NULL) != JOB_REC_FAULT;
     rdzv_etcd_kvs_free(&keys);
   }
   if (r->watch) rdzv_etcd_watch_free(r->watch);
@@ -1003,6 +1124,7 @@ exit:
   free(r->events);
   free(r->procs);
   free(r->faults);
+  free(r->notes);
   pthread_mutex_destroy(&r->mu);
   free(r);
   return rc;
@@ -1033,6 +1155,8 @@ char *launcher_summary_json(const launcher_opts *o, const launcher_result *res) 
   newt_json_add_int(j, "t_start_ms", (int64_t)res->t_start_ms);
   newt_json_add_int(j, "etcd_keys", res->etcd_keys);
   if (res->failed[0]) cJSON_AddStringToObject(j, "failed", res->failed);
+  cJSON_AddStringToObject(j, "outcome", res->outcome[0] ? res->outcome : res->done ? "done" : "error");
+  if (res->reason[0]) cJSON_AddStringToObject(j, "reason", res->reason);
   cJSON *recs = cJSON_AddArrayToObject(j, "recoveries");
   for (int i = 0; i < res->nrecoveries; i++) {
     const launcher_recovery *r = &res->recoveries[i];

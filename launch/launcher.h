@@ -85,6 +85,10 @@ typedef struct launcher_result {
   uint64_t t_start_ms;  /* wall ms the run started */
   int64_t etcd_keys;    /* keys on no lease the job left under /newt/<job>/ once every process ended (-1: unknown) */
   char failed[512];     /* the job failed: why (the leader's failure budget); "" otherwise */
+  char outcome[16];     /* how the run ended: done, failed, interrupted (SIGINT or SIGTERM to newt
+                           run), timeout (--timeout), exited (every worker exited, the job not
+                           done), error (the launcher could not go on) */
+  char reason[512];     /* why, when not done ("interrupted by SIGINT at step 37"); "" when done */
   launcher_ckpt *ckpts; /* the checkpoints committed, in step order */
   int nckpts;
 } launcher_result;

@@ -1,8 +1,8 @@
 /* The summary of a run read back (launcher.h): the parser of what launcher_summary_json
  * writes, for `newt report`. A summary is a file a person may have edited or truncated, so
  * every field is checked and a bad one named; fields added later (step, t_ms and fault of a
- * recovery, t_start_ms, steps_planned, the run's files, checkpoints) are optional, so the
- * summaries of earlier versions still read. */
+ * recovery, t_start_ms, steps_planned, the run's files, checkpoints, outcome and reason) are
+ * optional, so the summaries of earlier versions still read. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -58,6 +58,23 @@ static newt_result_t get_ckpt(const cJSON *e, const char *what, launcher_ckpt *c
   return r;
 }
 
+/* How the run ended: outcome (one of launcher.h's words) and reason; a summary written
+ * before they were has done and failed only. */
+static newt_result_t get_outcome(const cJSON *j, const char *what, launcher_result *res) {
+  static const char *const outcomes[] = {"done", "failed", "interrupted", "timeout", "exited", "error", NULL};
+  NEWT_CHECK(newt_json_get_strcpy(j, what, "failed", 0, res->failed, sizeof res->failed));
+  NEWT_CHECK(newt_json_get_strcpy(j, what, "outcome", 0, res->outcome, sizeof res->outcome));
+  NEWT_CHECK(newt_json_get_strcpy(j, what, "reason", 0, res->reason, sizeof res->reason));
+  if (!res->outcome[0]) {
+    snprintf(res->outcome, sizeof res->outcome, "%s", res->done ? "done" : res->failed[0] ? "failed" : "error");
+    return NEWT_OK;
+  }
+  for (int i = 0; outcomes[i]; i++)
+    if (strcmp(res->outcome, outcomes[i]) == 0) return NEWT_OK;
+  return NEWT_ERR(NEWT_ERR_INVALID, "%s.outcome: expected done, failed, interrupted, timeout, exited or error, got \"%s\"",
+                  what, res->outcome);
+}
+
 newt_result_t launcher_summary_from_json(const char *text, size_t len, launcher_summary *out) {
   const char *what = "summary";
   memset(out, 0, sizeof *out);
@@ -82,6 +99,7 @@ newt_result_t launcher_summary_from_json(const char *text, size_t len, launcher_
   if (r == NEWT_OK) r = newt_json_get_strcpy(j, what, "log_dir", 0, res->log_dir, sizeof res->log_dir);
   if (r == NEWT_OK) r = newt_json_get_strcpy(j, what, "step_log", 0, res->step_log, sizeof res->step_log);
   if (r == NEWT_OK) r = newt_json_get_strcpy(j, what, "event_log", 0, res->event_log, sizeof res->event_log);
+  if (r == NEWT_OK) r = get_outcome(j, what, res);
   if (r == NEWT_OK) r = newt_json_get_arr(j, what, "recoveries", 1, &recs);
   if (r == NEWT_OK) r = newt_json_get_arr(j, what, "checkpoints", 0, &cks);
   res->t_start_ms = (uint64_t)t_start;

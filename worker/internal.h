@@ -175,6 +175,8 @@ struct newt_ctx {
   step_phase step;
   int64_t step_first, step_count;
   int leave_agreed, switch_agreed; /* what the last commit's sums said */
+  int all_leave;                   /* ... every rank asked to leave, and the plan has no spare:
+                                      no one is left to hand the state to */
   int first_step_of_gen;
   double t_last;           /* when the last step ended (s, monotonic) */
   newt_next over;          /* PHASE_OVER: how */

@@ -559,7 +559,12 @@ static newt_result_t next_step(worker *w, newt_batch *b, newt_next *next) {
     w->leave_agreed = w->switch_agreed = 0;
     end_generation(w);
     if (leaving) {
-      hand_over(w);
+      /* when every rank leaves at once (the whole job stopped: Ctrl-C on `newt run`, every
+         pod deleted) no one stays to take the state: waiting for a plan that names us a
+         donor would only hold the exit up */
+      if (w->all_leave) NEWT_INFO(WORKER, "%s: every rank leaves after step %lld: nothing to hand over", w->id,
+                                  (long long)w->live_step);
+      else hand_over(w);
       NEWT_INFO(WORKER, "%s: left gracefully after step %lld", w->id, (long long)w->live_step);
       return over(w, NEWT_NEXT_LEFT, next);
     }
@@ -656,6 +661,7 @@ newt_result_t worker_commit(worker *w, const double *values, double *sums, int n
   free(all);
   for (int i = 0; i < n; i++) sums[i] = tot[2 + i];
   w->leave_agreed = tot[0] > 0;
+  w->all_leave = tot[0] >= (double)size && w->plan.nspares == 0;
   w->switch_agreed = tot[1] > 0;
   /* every rank finished the step before (its update, its post-update collectives): it is
      committed, and the snapshot to roll back to is taken of it now, before the update. Taken
@@ -688,6 +694,8 @@ newt_result_t worker_end(worker *w, const newt_step_result *res) {
   metrics_observe(w->metrics, "newt_worker_step_duration_seconds", NULL, w->t_last > 0 ? now - w->t_last : 0);
   metrics_set(w->metrics, "newt_worker_tokens_per_second", tps);
   metrics_set(w->metrics, "newt_worker_step", (double)w->live_step);
+  if (res->lr > 0) metrics_set(w->metrics, "newt_worker_learning_rate", res->lr);
+  if (res->grad_norm != 0) metrics_set(w->metrics, "newt_worker_grad_norm", res->grad_norm);
   w->t_last = now;
   w->last_loss = res->loss;
   if (w->first_step_of_gen) {
@@ -700,7 +708,8 @@ newt_result_t worker_end(worker *w, const newt_step_result *res) {
   newt_result_t cr = worker_ckpt_step(w);
   if (cr != NEWT_OK) /* a checkpoint that cannot start is reported, training goes on */
     NEWT_WARN(WORKER, "%s: checkpoint of step %lld: %s", w->id, (long long)w->live_step, newt_errmsg());
-  job_step line = {.step = w->live_step, .loss = res->loss, .lr = res->lr, .tokens_per_s = tps, .world = p->nranks,
+  job_step line = {.step = w->live_step, .loss = res->loss, .lr = res->lr, .grad_norm = res->grad_norm,
+                   .tokens_per_s = tps, .world = p->nranks,
                    .dp = p->dp, .generation = p->generation, .t_ms = newt_wall_ms(), .ckpt = w->ckpt_published};
   log_step(w, w->me->rank == 0, &line);
   return NEWT_OK;
@@ -745,6 +754,11 @@ static newt_result_t start_metrics(worker *w) {
                                       "wall time of one training step on this worker"));
   NEWT_CHECK(metrics_define(m, "newt_worker_tokens_per_second", METRICS_GAUGE, "tokens of the global batch over this worker's last step time"));
   NEWT_CHECK(metrics_define(m, "newt_worker_step", METRICS_GAUGE, "the newest step this worker completed"));
+  NEWT_CHECK(metrics_define(m, "newt_worker_learning_rate", METRICS_GAUGE,
+                            "the learning rate of this worker's last step, as its program said (0: not said)"));
+  NEWT_CHECK(metrics_define(m, "newt_worker_grad_norm", METRICS_GAUGE,
+                            "the gradients' global norm before clipping at this worker's last step, as its program "
+                            "said (0: not said; NaN: not finite)"));
   NEWT_CHECK(metrics_define(m, "newt_worker_communicator_builds_total", METRICS_COUNTER,
                             "communicators this worker built: one per generation it trained in"));
   NEWT_CHECK(metrics_define(m, "newt_worker_generation", METRICS_GAUGE, "the generation this worker trains in"));

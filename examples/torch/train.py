@@ -51,12 +51,15 @@ def main():
                     (loss / seq_tokens).backward()
                     loss_sum += loss.item()
                 job.reduce_gradients(model)
+                # the global gradient norm (the step log and metrics show it); nothing is clipped
+                gnorm = torch.linalg.vector_norm(
+                    torch.stack([p.grad.detach().norm() for p in model.parameters() if p.grad is not None])).item()
                 total = step.commit(loss_sum)  # every rank agrees; summed over the ranks
                 lr = sched.get_last_lr()[0]
                 opt.step()
                 sched.step()
                 loss_mean = total / seq_tokens
-                step.end(loss=loss_mean, lr=lr, tokens=seq_tokens)
+                step.end(loss=loss_mean, lr=lr, tokens=seq_tokens, grad_norm=gnorm)
         if job.outcome == "done" and job.layout and job.layout.rank == 0:
             print(f"train.py: done, loss {loss_mean:.6f} (state from {job.restored_from})", file=sys.stderr)
 

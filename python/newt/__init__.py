@@ -264,10 +264,12 @@ class Step:
             return None
         return sums[0] if len(values) == 1 else tuple(sums[:len(values)])
 
-    def end(self, loss=math.nan, lr=0.0, tokens=0, after=None):
+    def end(self, loss=math.nan, lr=0.0, tokens=0, after=None, grad_norm=0.0):
         """After the update: the step is done. loss: the step's mean loss (the step log, the
         summary); lr: the rate it used; tokens: tokens of the global batch (tokens/s; 0: count
-        samples); after: the exception of collectives after the update, if one failed."""
+        samples); after: the exception of collectives after the update, if one failed;
+        grad_norm: the gradients' global norm before clipping (the step log, metrics; 0: not
+        known)."""
         if not self.committed:
             raise UsageError(f"step {self.number}: ended before it was committed (step.commit() first)")
         if self.ended:
@@ -275,7 +277,7 @@ class Step:
         self._job.state.write_extras()
         res = C.sized(C.StepResult)
         _lib.newt_step_result_init(ctypes.byref(res))
-        res.loss, res.lr, res.tokens = float(loss), float(lr), int(tokens)
+        res.loss, res.lr, res.tokens, res.grad_norm = float(loss), float(lr), int(tokens), float(grad_norm)
         res.after = getattr(after, "code", C.ERR_INTERNAL) if after is not None else C.OK
         self.ended = True
         _check(_lib.newt_step_end(self._job._ctx, ctypes.byref(res)), f"step {self.number}: end")

@@ -91,7 +91,7 @@ class Batch(ctypes.Structure):
 
 class StepResult(ctypes.Structure):
     _fields_ = [("size", c_size_t), ("loss", c_double), ("lr", c_double), ("tokens", c_int64),
-                ("after", c_int)]
+                ("after", c_int), ("grad_norm", c_double)]
 
 
 def sized(struct):

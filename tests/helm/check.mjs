@@ -635,6 +635,34 @@ function newtMetrics() {
   }
   return names;
 }
+// With checkpoints, every worker container appends the step log and every coordinator the
+// event log under <mountPath>/runs/<job>/ on the checkpoint volume, which both mount: a
+// Kubernetes job's `newt report DIR` has what it needs. Without, neither flag is given.
+function checkRunLogs(docs, values, errors) {
+  const ck = values.checkpoints;
+  const job = values.job?.name || docs.find((d) => d.kind === "ConfigMap" && d.data?.["spec.json"]) &&
+    JSON.parse(docs.find((d) => d.kind === "ConfigMap" && d.data?.["spec.json"]).data["spec.json"]).job;
+  const dir = `${ck.mountPath}/runs/${job}`;
+  for (const [component, flag, file] of [["worker", "--step-log", "steps.jsonl"], ["coordinator", "--event-log", "events.jsonl"]]) {
+    const j = docs.find((d) => d.kind === "Job" && d.metadata.labels["app.kubernetes.io/component"] === component);
+    if (!j) continue;
+    const pod = j.spec.template.spec;
+    for (const c of pod.containers) {
+      const given = (c.args || []).filter((a) => a.startsWith(`${flag}=`));
+      if (!ck.enabled) {
+        if (given.length) errors.push(`${component} ${c.name}: ${given[0]} without a checkpoint volume`);
+        continue;
+      }
+      if (given.length !== 1 || given[0] !== `${flag}=${dir}/${file}`)
+        errors.push(`${component} ${c.name}: ${flag} is ${given.join(" ") || "missing"}, expected ${flag}=${dir}/${file}`);
+      if (!(c.volumeMounts || []).some((m) => m.name === "checkpoints" && m.mountPath === ck.mountPath))
+        errors.push(`${component} ${c.name}: the checkpoint volume is not mounted at ${ck.mountPath}`);
+    }
+    if (ck.enabled && !(pod.volumes || []).some((v) => v.name === "checkpoints"))
+      errors.push(`${component}: no checkpoints volume in the pod`);
+  }
+}
+
 function checkMetricNames(where, exprs, errors) {
   const known = newtMetrics();
   if (known.size < 20) return errors.push(`only ${known.size} newt metrics found in the sources`);
@@ -846,6 +874,7 @@ async function render() {
     await check(`${name}: the rendered spec passes newt's spec parser`, (errors) => checkSpec(docs, values, errors));
     await check(`${name}: wiring, labels, security settings`, (errors) => checkWiring(docs, values, errors));
     await check(`${name}: the Jobs end as newt's exit statuses say; probes on /healthz; metrics on the pod IP, kept after the end for Prometheus`, (errors) => checkJobs(docs, values, errors));
+    await check(`${name}: the run's step and event logs on the checkpoint volume, for newt report`, (errors) => checkRunLogs(docs, values, errors));
     if (docs.some((d) => d.kind === "PrometheusRule"))
       await check(`${name}: promtool check rules on the PrometheusRule; its metrics exist`, (errors) => checkRules(docs, errors));
     if (docs.some((d) => d.kind === "ConfigMap" && d.metadata.name.endsWith("-dashboard")))

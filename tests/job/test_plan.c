@@ -103,6 +103,22 @@ static void test_plan_dp(void) {
   T_CHECK(p.generation == 4 && p.dp == 4 && p.nranks == 4 && p.nspares == 1);
   T_CHECK(p.accum * p.dp * p.micro_batch == s.global_batch);
   T_CHECK(strcmp(p.spares[0], "w4") == 0); /* the latest joiner waits */
+  T_CHECK_MSG(strcmp(p.spare_why, "the global batch of 24 samples is 12 micro-batches of 2, which split evenly over 4 "
+                                  "data-parallel ranks, not 5") == 0, "spare_why: %s", p.spare_why);
+  char *pj = plan_to_json(&p);
+  newt_plan back;
+  T_OK(plan_from_json(pj, strlen(pj), &back));
+  T_CHECK(strcmp(back.spare_why, p.spare_why) == 0);
+  plan_free(&back);
+  /* a reason with a terminal escape (from a hostile etcd writer) is refused */
+  cJSON *pjs = cJSON_Parse(pj);
+  cJSON_ReplaceItemInObject(pjs, "spare_why", cJSON_CreateString("ok\033[2J"));
+  char *bad = cJSON_PrintUnformatted(pjs);
+  T_ERR(NEWT_ERR_INVALID, plan_from_json(bad, strlen(bad), &back));
+  T_CHECK_MSG(strstr(newt_errmsg(), "plan.spare_why") != NULL, "%s", newt_errmsg());
+  free(bad);
+  cJSON_Delete(pjs);
+  free(pj);
   T_CHECK(strcmp(p.restore, "init") == 0);
   for (int r = 0; r < 4; r++) T_CHECK(p.ranks[r].rank == r && p.ranks[r].dp == r);
   /* w1 dies: survivors keep their order, the spare fills in */
@@ -110,7 +126,7 @@ static void test_plan_dp(void) {
                          mk("w4", "h", 14, -1, -1)};
   newt_plan q;
   T_OK(plan_compute(&s, next, 4, p.generation, &q));
-  T_CHECK(q.generation == 5 && q.dp == 4 && q.nspares == 0);
+  T_CHECK(q.generation == 5 && q.dp == 4 && q.nspares == 0 && q.spare_why[0] == '\0');
   T_CHECK(strcmp(q.ranks[0].worker, "w0") == 0 && strcmp(q.ranks[1].worker, "w2") == 0 &&
           strcmp(q.ranks[2].worker, "w3") == 0 && strcmp(q.ranks[3].worker, "w4") == 0);
   T_CHECK(strcmp(q.restore, "peer") == 0);
@@ -132,6 +148,20 @@ static void test_plan_tp_pp(void) {
   newt_plan p;
   T_OK(plan_compute(&s, m, 8, 0, &p));
   T_CHECK(p.dp == 1 && p.nranks == 4 && p.nspares == 4);
+  /* every reason a layout has for spares, in one plan */
+  T_CHECK_MSG(strcmp(p.spare_why, "2 workers make no whole tensor-parallel group (tp 2, on one host); 1 tensor-parallel "
+                                  "group makes no whole pipeline (pp 2)") == 0,
+              "spare_why: %s", p.spare_why);
+  plan_free(&p);
+  s.dp_max = 1;
+  plan_member m4[4] = {mk("a0", "a", 1, -1, -1), mk("a1", "a", 2, -1, -1), mk("b0", "b", 3, -1, -1),
+                       mk("b1", "b", 4, -1, -1)};
+  s.pp = 1;
+  T_OK(plan_compute(&s, m4, 4, 0, &p));
+  T_CHECK_MSG(p.nspares == 2 && strcmp(p.spare_why, "spec.parallel.dp_max caps data parallelism at 1") == 0,
+              "spare_why: %s", p.spare_why);
+  s.dp_max = 64;
+  s.pp = 2;
   for (int r = 0; r < p.nranks; r += 2) T_CHECK(strcmp(p.ranks[r].host, p.ranks[r + 1].host) == 0);
   for (int r = 0; r < p.nranks; r++)
     T_CHECK((p.ranks[r].pp * p.dp + p.ranks[r].dp) * p.tp + p.ranks[r].tp == r);

@@ -198,6 +198,26 @@ static void test_events(void) {
   job_event_free(&e);
   free(text);
 
+  /* a plan's spares and why; workers that joined and stay spares */
+  char sp[2][RDZV_NAME_MAX] = {"w5", "w6"};
+  job_event spares[] = {{.type = JOB_EV_PLAN, .t_ms = 7, .generation = 2, .world = 2, .dp = 2, .spares = 2,
+                         .spare_ids = sp, .nspare_ids = 2, .why = "the global batch is 2 micro-batches"},
+                        {.type = JOB_EV_SPARE, .t_ms = 8, .spare_ids = sp, .nspare_ids = 1, .why = "no larger layout"}};
+  snprintf(spares[0].cause, sizeof spares[0].cause, "join");
+  for (int i = 0; i < 2; i++) {
+    text = job_event_to_json(&spares[i]);
+    T_OK(job_event_from_json(text, strlen(text), &e));
+    T_CHECK_MSG(e.type == spares[i].type && e.nspare_ids == spares[i].nspare_ids && strcmp(e.spare_ids[0], "w5") == 0 &&
+                strcmp(e.why, spares[i].why) == 0, "%s", text);
+    job_event_free(&e);
+    free(text);
+  }
+  EXPECT_REJECT(job_event_from_json, job_event, "{\"type\":\"spare\",\"t_ms\":1,\"spare_ids\":[\"a b\"],\"why\":\"x\"}",
+                "event.spare_ids[0]");
+  EXPECT_REJECT(job_event_from_json, job_event, "{\"type\":\"spare\",\"t_ms\":1,\"spare_ids\":[3],\"why\":\"x\"}",
+                "event.spare_ids[0]");
+  EXPECT_REJECT(job_event_from_json, job_event, "{\"type\":\"spare\",\"t_ms\":1,\"spare_ids\":[\"w1\"]}", "event.why");
+
   job_event rec = {.type = JOB_EV_RECOVERED, .t_ms = 100, .generation = 4, .world = 3, .t_trigger = 1,
                    .t_detect = 2, .t_plan = 3, .t_comm = 4, .t_restore = 5, .t_step = 6, .restore_step = 77,
                    .steps_lost = 0};

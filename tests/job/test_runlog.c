@@ -17,7 +17,7 @@
 static char dir[] = "/tmp/newt-test-runlog-XXXXXX";
 
 static job_step step_of(int64_t step, uint64_t gen, double loss) {
-  job_step s = {.step = step, .loss = loss, .lr = 1e-3, .tokens_per_s = 12345.5, .world = 4, .dp = 4,
+  job_step s = {.step = step, .loss = loss, .lr = 1e-3, .grad_norm = 0.75, .tokens_per_s = 12345.5, .world = 4, .dp = 4,
                 .generation = gen, .t_ms = 1700000000000ull + (uint64_t)step * 100, .ckpt = step >= 10 ? 10 : 0};
   return s;
 }
@@ -29,7 +29,9 @@ static void test_step_codec(void) {
   T_CHECK_MSG(strncmp(text, "{\"step\":7,\"loss\":2.71828182845904", 33) == 0 && strstr(text, ",\"lr\":0.001,"), "%s",
               text);
   T_OK(job_step_from_json(text, strlen(text), &back));
-  T_CHECK(back.step == 7 && back.loss == s.loss && back.lr == s.lr && back.tokens_per_s == s.tokens_per_s &&
+  T_CHECK_MSG(strstr(text, ",\"grad_norm\":0.75,"), "%s", text);
+  T_CHECK(back.step == 7 && back.loss == s.loss && back.lr == s.lr && back.grad_norm == 0.75 &&
+          back.tokens_per_s == s.tokens_per_s &&
           back.world == 4 && back.dp == 4 && back.generation == 2 && back.t_ms == s.t_ms && back.ckpt == 0);
   free(text);
   s.loss = NAN;
@@ -41,12 +43,13 @@ static void test_step_codec(void) {
   /* the lines of an older `newt train --log`: step, loss, lr */
   const char *old = "{\"step\":3,\"loss\":4.5,\"lr\":0.001}";
   T_OK(job_step_from_json(old, strlen(old), &back));
-  T_CHECK(back.step == 3 && back.loss == 4.5 && back.generation == 1 && back.world == 1);
+  T_CHECK(back.step == 3 && back.loss == 4.5 && back.generation == 1 && back.world == 1 && back.grad_norm == 0);
   const char *bad[][2] = {{"{\"loss\":1}", "step.step"},
                           {"{\"step\":0,\"loss\":1}", "step.step"},
                           {"{\"step\":1,\"loss\":\"x\"}", "step.loss"},
                           {"{\"step\":1,\"loss\":1,\"world\":0}", "step.world"},
                           {"{\"step\":1,\"loss\":1,\"t_ms\":-5}", "step.t_ms"},
+                          {"{\"step\":1,\"loss\":1,\"grad_norm\":-2}", "step.grad_norm"},
                           {"[1,2]", "step"}};
   for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
     T_ERR(NEWT_ERR_INVALID, job_step_from_json(bad[i][0], strlen(bad[i][0]), &back));

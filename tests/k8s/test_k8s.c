@@ -399,11 +399,18 @@ static void test_budget(void) {
   snprintf(spec, sizeof spec, "%s/spec.json", dir);
   write_spec(spec, job, 100000, 12, 0, 1); /* dp 3, 2 and 1 all split it */
   proc c, w[3];
-  spawn_x(&c, "coordinator", "c0", job, spec, linger, NULL);
+  /* the run's files as the chart puts them on the checkpoint volume (runs/<job>/, a folder
+     that does not exist yet): the leader's event log, rank 0's step log */
+  char event_log[700], step_log[700], runs[640];
+  snprintf(runs, sizeof runs, "%s/ckpt/runs/%s", dir, job);
+  snprintf(event_log, sizeof event_log, "--event-log=%s/events.jsonl", runs);
+  snprintf(step_log, sizeof step_log, "--step-log=%s/steps.jsonl", runs);
+  const char *cx[] = {event_log, linger[0], linger[1], NULL}, *wx[] = {step_log, NULL};
+  spawn_x(&c, "coordinator", "c0", job, spec, cx, NULL);
   for (int i = 0; i < 3; i++) {
     char name[8];
     snprintf(name, sizeof name, "w%d", i);
-    spawn(&w[i], "worker", name, job, NULL);
+    spawn_x(&w[i], "worker", name, job, NULL, wx, NULL);
   }
   T_CHECK_MSG(wait_step(job, 5, 90000), "no step 5 in 90 s (logs in %s)", dir);
   proc sb; /* a standby: c0 leads by now */
@@ -452,6 +459,22 @@ static void test_budget(void) {
   T_OK(newt_proc_wait(pid, 30000, &st));
   text = slurp(out);
   T_CHECK_MSG(strstr(text, "FAILED") && strstr(text, "failure budget spent"), "newt status: %s", text);
+  free(text);
+  /* newt report of the job's own files (no newt run, no summary): the recovery of the first
+     kill comes from the event log, timed as newt status times it */
+  snprintf(out, sizeof out, "%s/report.txt", dir);
+  const char *rv[] = {bin(), "report", runs, NULL};
+  T_OK(newt_proc_spawn(rv, &so, &pid));
+  T_OK(newt_proc_wait(pid, 60000, &st));
+  text = slurp(out);
+  T_CHECK_MSG(WIFEXITED(st) && WEXITSTATUS(st) == 0 && strstr(text, " steps, 1 recoveries"), "newt report %s: %s", runs,
+              text);
+  free(text);
+  char page[700];
+  snprintf(page, sizeof page, "%s/report.html", runs);
+  text = slurp(page);
+  T_CHECK_MSG(text && strstr(text, "without newt run's summary") && strstr(text, "class=\"recovery-marker\""),
+              "the report of %s has no recovery from its event log", runs);
   free(text);
 }
 

@@ -57,7 +57,21 @@ static void test_old_and_bad(void) {
                     "\"restore_ms\":4,\"total_ms\":12,\"steps_lost\":0,\"injected\":true}]}";
   T_OK(launcher_summary_from_json(old, strlen(old), &s));
   T_CHECK(s.res.nrecoveries == 1 && s.res.recoveries[0].total_ms == 12 && s.res.recoveries[0].t_fault);
+  T_CHECK(strcmp(s.res.outcome, "error") == 0 && !s.res.reason[0]); /* neither done nor failed, no outcome */
   launcher_result_free(&s.res);
+  /* how a run ended, read back */
+  launcher_opts o;
+  memset(&o, 0, sizeof o);
+  spec_defaults(&o.spec, "stopped");
+  launcher_result res = {.steps = 37, .final_loss = 5.29, .generations = 1};
+  snprintf(res.outcome, sizeof res.outcome, "interrupted");
+  snprintf(res.reason, sizeof res.reason, "interrupted by SIGINT at step 37");
+  char *text = launcher_summary_json(&o, &res);
+  T_OK(launcher_summary_from_json(text, strlen(text), &s));
+  T_CHECK_MSG(!s.res.done && strcmp(s.res.outcome, "interrupted") == 0 &&
+              strcmp(s.res.reason, "interrupted by SIGINT at step 37") == 0, "%s", text);
+  launcher_result_free(&s.res);
+  free(text);
   const char *bad[][2] = {
       {"{\"final_loss\":1,\"generations\":1,\"samples_consumed\":1,\"recoveries\":[]}", "summary.steps"},
       {"{\"steps\":1,\"final_loss\":1,\"generations\":1,\"samples_consumed\":1,\"recoveries\":[{\"cause\":\"crash\","
@@ -68,6 +82,9 @@ static void test_old_and_bad(void) {
       {"{\"steps\":1,\"final_loss\":1,\"generations\":1,\"samples_consumed\":1,\"recoveries\":[],"
        "\"checkpoints\":[{\"step\":1,\"stall_ms\":-2}]}",
        "summary.checkpoints[0].stall_ms"},
+      {"{\"steps\":1,\"final_loss\":1,\"generations\":1,\"samples_consumed\":1,\"recoveries\":[],"
+       "\"outcome\":\"vanished\"}",
+       "summary.outcome"},
       {"[]", "summary"},
       {"{\"steps\":", "summary"}};
   for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {

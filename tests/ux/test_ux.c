@@ -22,8 +22,19 @@
  *   tty   the live line of `newt run` on a terminal (script(1) gives it one): refreshed in
  *         place, with an ETA, no loss before the first step.
  *
- * usage: test_ux cli|run|tty (one ctest test each). */
+ *   stop  spares and Ctrl-C (issue 25, items 2 and 5): two workers train a global batch of
+ *         two micro-batches, two more join and stay spares (the layout is no larger with
+ *         them), and chaos kills one of them: `newt run` says the joiners stay spares and
+ *         that the kill lands on a spare, `newt status` lists the other spare with the
+ *         reason; then a SIGINT to `newt run`'s process group (a terminal's Ctrl-C): it
+ *         ends with status 130, says it was interrupted and offers no report, its summary
+ *         says "interrupted" and why, its step and event logs read whole, no process of the
+ *         run is left, and `newt report` of the run shows the spares and the interruption.
+ *
+ * usage: test_ux cli|run|tty|stop (one ctest test each). */
+#include <dirent.h>
 #include <math.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -141,8 +152,8 @@ static void check_status_live(const char *url, pid_t run) {
         saw_recovery = 1;
         T_CHECK_MSG(strstr(out, "  #   WHEN ") && strstr(out, " crash ") && strstr(out, " ms "),
                     "the recoveries are not a table with the crash in it:\n%s", out);
-        T_CHECK_MSG(strstr(out, "recovered from crash: generation 2"), "the recovery is not among the events:\n%s",
-                    out);
+        T_CHECK_MSG(strstr(out, "recovered from crash in ") && strstr(out, ": generation 2"),
+                    "the recovery is not among the events:\n%s", out);
       }
     }
     free(out);
@@ -156,7 +167,9 @@ static void check_status_live(const char *url, pid_t run) {
   T_CHECK_MSG(saw_recovery, "newt status never showed the crash's recovery while the job ran");
 }
 
-static void check_status_after(const char *url, int nrec) {
+/* The done job's status: its recoveries, timed as the summary times them (one definition in
+ * every view: issue 25, item 9), generation by generation. */
+static void check_status_after(const char *url, int nrec, const cJSON *summary_recs) {
   const char *argv[] = {newt_bin, "status", "--etcd", url, "--job", "ux", "--json", NULL};
   char *out = NULL;
   int rc = run_capture(argv, 30000, &out);
@@ -165,8 +178,25 @@ static void check_status_after(const char *url, int nrec) {
   cJSON *j = NULL;
   if (out && newt_json_parse(out, strlen(out), "status", &j) == NEWT_OK) {
     T_CHECK_MSG(cJSON_GetObjectItemCaseSensitive(j, "done") != NULL, "the done job has no done record");
-    int n = cJSON_GetArraySize(cJSON_GetObjectItemCaseSensitive(j, "recoveries"));
+    const cJSON *recs = cJSON_GetObjectItemCaseSensitive(j, "recoveries");
+    int n = cJSON_GetArraySize(recs);
     T_CHECK_MSG(n == nrec, "newt status --json: %d recoveries, the summary %d", n, nrec);
+    for (const cJSON *r = recs ? recs->child : NULL; r; r = r->next) {
+      int64_t gen = -1, total = -1, start = -1, want_total = -2, want_start = -2;
+      newt_json_get_int(r, "status.recoveries[]", "generation", 1, &gen);
+      newt_json_get_int(r, "status.recoveries[]", "total_ms", 1, &total);
+      newt_json_get_int(r, "status.recoveries[]", "start_ms", 1, &start);
+      for (const cJSON *x = summary_recs ? summary_recs->child : NULL; x; x = x->next) {
+        int64_t g = -1;
+        newt_json_get_int(x, "summary.recoveries[]", "generation", 1, &g);
+        if (g != gen) continue;
+        newt_json_get_int(x, "summary.recoveries[]", "total_ms", 1, &want_total);
+        newt_json_get_int(x, "summary.recoveries[]", "t_ms", 1, &want_start);
+      }
+      T_CHECK_MSG(total == want_total && start == want_start,
+                  "generation %lld: newt status times it %lld ms from %lld, the summary %lld ms from %lld", (long long)gen,
+                  (long long)total, (long long)start, (long long)want_total, (long long)want_start);
+    }
     cJSON_Delete(j);
   } else {
     T_FAIL("newt status --json: %s", newt_errmsg());
@@ -337,26 +367,36 @@ static void check_step_log(const char *path, const char *base_path, int64_t *gen
     T_CHECK_MSG(s[i].step == (int64_t)i + 1, "step %zu is %lld", i + 1, (long long)s[i].step);
     T_CHECK_MSG(s[i].generation >= gen && s[i].t_ms >= t, "step %lld goes back in generation or time",
                 (long long)s[i].step);
-    T_CHECK_MSG(s[i].world >= 1 && s[i].dp >= 1 && s[i].lr > 0 && s[i].tokens_per_s > 0 && isfinite(s[i].loss),
-                "step %lld: world %lld dp %lld lr %g tokens/s %g loss %g", (long long)s[i].step,
-                (long long)s[i].world, (long long)s[i].dp, s[i].lr, s[i].tokens_per_s, s[i].loss);
+    T_CHECK_MSG(s[i].world >= 1 && s[i].dp >= 1 && s[i].lr > 0 && s[i].tokens_per_s > 0 && isfinite(s[i].loss) &&
+                    s[i].grad_norm > 0 && isfinite(s[i].grad_norm),
+                "step %lld: world %lld dp %lld lr %g tokens/s %g loss %g grad_norm %g", (long long)s[i].step,
+                (long long)s[i].world, (long long)s[i].dp, s[i].lr, s[i].tokens_per_s, s[i].loss, s[i].grad_norm);
     gen = s[i].generation, t = s[i].t_ms;
   }
   *gens = (int64_t)gen;
   T_OK(job_steplog_read(base_path, &b, &nb, NULL));
   T_CHECK_MSG(nb == STEPS, "newt train --log wrote %zu steps", nb);
   double worst = 0;
-  for (size_t i = 0; i < n && i < nb; i++) worst = fmax(worst, fabs(s[i].loss - b[i].loss));
+  double worst_norm = 0; /* the gradient norm of one process and of the job's ranks: the same step */
+  for (size_t i = 0; i < n && i < nb; i++) {
+    worst = fmax(worst, fabs(s[i].loss - b[i].loss));
+    worst_norm = fmax(worst_norm, fabs(s[i].grad_norm - b[i].grad_norm) / fmax(b[i].grad_norm, 1e-12));
+  }
   T_CHECK_MSG(worst <= 1e-3, "the run's losses differ from newt train's by up to %g", worst);
+  T_CHECK_MSG(worst_norm <= 1e-2, "the run's gradient norms differ from newt train's by up to %g (relative)", worst_norm);
   free(s);
   free(b);
 }
 
-static void check_report(const char *page, int nrec) {
+static void check_report(const char *page, int nrec, const char *median) {
   char *html = NULL;
   size_t len = 0;
   T_OK(newt_fs_read_all(page, 64 << 20, &html, &len));
   if (!html) return;
+  /* the median of the recoveries' totals as the summary has them: the mean of the middle two */
+  char card[128];
+  snprintf(card, sizeof card, "<b>%s</b><span>median recovery</span>", median);
+  T_CHECK_MSG(strstr(html, card), "the report has no card %s", card);
   T_CHECK_MSG(count(html, "<script") == 0 && count(html, "src=") == 0 && count(html, "href=") == 0,
               "the page is not self-contained (script, src or href)");
   T_CHECK_MSG(count(html, "class=\"recovery-marker\"") == (size_t)nrec, "%zu loss markers, %d recoveries",
@@ -467,10 +507,18 @@ static void test_run(void) {
   size_t len = 0;
   int nrec = -1;
   T_OK(newt_fs_read_all(summary, 1 << 20, &text, &len));
-  cJSON *j = NULL;
+  cJSON *j = NULL, *summary_recs = NULL;
+  char median[32] = "?";
   if (text && newt_json_parse(text, len, "summary", &j) == NEWT_OK) {
     const cJSON *recs = cJSON_GetObjectItemCaseSensitive(j, "recoveries");
+    summary_recs = cJSON_Duplicate(recs, 1);
     nrec = cJSON_GetArraySize(recs);
+    if (nrec == 2) {
+      int64_t a = 0, b = 0;
+      newt_json_get_int(recs->child, "recovery", "total_ms", 1, &a);
+      newt_json_get_int(recs->child->next, "recovery", "total_ms", 1, &b);
+      newt_fmt_duration((double)((a + b) / 2) / 1e3, median, sizeof median);
+    }
     T_CHECK_MSG(nrec == 2, "%d recoveries (a crash and a join expected):\n%s", nrec, text);
     for (const cJSON *r = recs ? recs->child : NULL; r; r = r->next) {
       int64_t step = 0, t_ms = 0;
@@ -486,7 +534,8 @@ static void test_run(void) {
   snprintf(steps, sizeof steps, "%s/steps.jsonl", logs);
   check_step_log(steps, base, &gens);
   T_CHECK_MSG(gens >= 3, "the step log ends in generation %lld (a crash and a join: 3)", (long long)gens);
-  check_status_after(url, nrec);
+  check_status_after(url, nrec, summary_recs);
+  cJSON_Delete(summary_recs);
   check_watch_ends(url);
   check_status_hostile(url);
   check_job_rm(url);
@@ -498,7 +547,7 @@ static void test_run(void) {
   int rc = run_capture(report, 60000, &out);
   T_CHECK_MSG(rc == 0 && out && strstr(out, page), "newt report exited %d:\n%s", rc, out ? out : "");
   free(out);
-  if (nrec > 0) check_report(page, nrec);
+  if (nrec > 0) check_report(page, nrec, median);
 }
 
 /* --- tty: the live line on a terminal ------------------------------------------------------ */
@@ -535,17 +584,170 @@ static void test_tty(void) {
   free(out);
 }
 
+/* --- stop: spares said, Ctrl-C --------------------------------------------------------------- */
+
+/* Waits (bounded) until the file holds needle; returns its text (malloc'd) or NULL. */
+static char *wait_for_text(const char *path, const char *needle, int64_t timeout_ms) {
+  newt_deadline_t d = newt_deadline_in_ms(timeout_ms);
+  for (;;) {
+    char *t = NULL;
+    size_t n = 0;
+    if (newt_fs_read_all(path, 64 << 20, &t, &n) == NEWT_OK && strstr(t, needle)) return t;
+    if (newt_deadline_passed(d)) {
+      T_FAIL("%s never said \"%s\":\n%s", path, needle, t ? t : "(nothing)");
+      free(t);
+      return NULL;
+    }
+    free(t);
+    newt_sleep_ms(100);
+  }
+}
+
+/* Processes whose command line names the job (every process `newt run` started does). */
+static int processes_of(const char *job) {
+  int n = 0;
+  DIR *d = opendir("/proc");
+  for (struct dirent *e = d ? readdir(d) : NULL; e; e = readdir(d)) {
+    if (e->d_name[0] < '0' || e->d_name[0] > '9') continue;
+    char path[300], *t = NULL;
+    size_t len = 0;
+    snprintf(path, sizeof path, "/proc/%s/cmdline", e->d_name);
+    if (newt_fs_read_all(path, 1 << 16, &t, &len) != NEWT_OK) continue;
+    for (size_t i = 0; i < len; i++)
+      if (!t[i]) t[i] = ' ';
+    n += len && memmem(t, len, job, strlen(job)) != NULL;
+    free(t);
+  }
+  if (d) closedir(d);
+  return n;
+}
+
+static void test_stop(void) {
+  rdzv_etcd_server_opts so = {0};
+  T_OK(rdzv_etcd_server_start(&so, &etcd));
+  if (!etcd) return;
+  const char *url = rdzv_etcd_server_url(etcd);
+  char job[64], logs_dir[300], out_path[300], summary[400], steps[400], events[400], page[400];
+  snprintf(job, sizeof job, "ux-stop-%d", (int)getpid());
+  snprintf(logs_dir, sizeof logs_dir, "%s/stop-logs", tmp);
+  snprintf(out_path, sizeof out_path, "%s/stop.out", tmp);
+  snprintf(summary, sizeof summary, "%s/summary.json", logs_dir);
+  snprintf(steps, sizeof steps, "%s/steps.jsonl", logs_dir);
+  snprintf(events, sizeof events, "%s/events.jsonl", logs_dir);
+  snprintf(page, sizeof page, "%s/report.html", logs_dir);
+  /* two micro-batches: two ranks; the two joiners make no larger layout */
+  const char *runv[] = {newt_bin, "run", "--etcd", url, "--job", job, "--nproc", "2", "--model", MODEL, "--seq-len",
+                        "32", "--steps", "1000000", "--global-batch", "8", "--micro-batch", "4", "--chaos",
+                        "join:2@step=5,kill:worker:2@step=10", "--log-dir", logs_dir, "--timeout-ms", "600000", NULL};
+  newt_spawn_opts rso = {.log_path = out_path, .die_with_parent = 1, .new_session = 1}; /* its own group, as a shell's job */
+  pid_t run = -1;
+  T_OK(newt_proc_spawn(runv, &rso, &run));
+  if (run < 0) return;
+  char *t = wait_for_text(out_path, "chaos: kill:worker:2@step=10 lands on w2, a spare of plan 1", 180000);
+  free(t);
+  /* the other joiner, as `newt status` shows it: a spare, and why */
+  const char *status_json[] = {newt_bin, "status", "--etcd", url, "--job", job, "--json", NULL};
+  newt_deadline_t d = newt_deadline_in_ms(180000);
+  int seen = 0;
+  char *out = NULL;
+  while (!seen && !newt_deadline_passed(d)) {
+    free(out);
+    out = NULL;
+    if (run_capture(status_json, 30000, &out) == 0 && out) {
+      cJSON *j = NULL;
+      if (newt_json_parse(out, strlen(out), "status", &j) == NEWT_OK) {
+        const cJSON *sp = cJSON_GetObjectItemCaseSensitive(j, "spares");
+        for (const cJSON *x = sp ? sp->child : NULL; x; x = x->next) {
+          const cJSON *w = cJSON_GetObjectItemCaseSensitive(x, "worker"), *why = cJSON_GetObjectItemCaseSensitive(x, "why");
+          seen |= cJSON_IsString(w) && strcmp(w->valuestring, "w3") == 0 && cJSON_IsString(why) &&
+                  strstr(why->valuestring, "2 micro-batches of 4, which split evenly over 2 data-parallel ranks");
+        }
+        cJSON_Delete(j);
+      }
+    }
+    if (!seen) newt_sleep_ms(200);
+  }
+  T_CHECK_MSG(seen, "newt status never listed w3 as a spare with the reason:\n%s", out ? out : "");
+  free(out);
+  const char *status_text[] = {newt_bin, "status", "--etcd", url, "--job", job, NULL};
+  out = NULL;
+  T_CHECK(run_capture(status_text, 30000, &out) == 0);
+  T_CHECK_MSG(out && strstr(out, "spares (1): registered, not training") && strstr(out, "joined and stay"),
+              "newt status does not show the spare and its event:\n%s", out ? out : "");
+  free(out);
+  t = wait_for_text(out_path, " joined and stay", 1000);
+  T_CHECK_MSG(t && strstr(t, "w3"), "newt run does not name the spare w3:\n%s", t ? t : "");
+  free(t);
+
+  /* Ctrl-C: SIGINT to the run's process group, as a terminal sends it */
+  T_CHECK(kill(-run, SIGINT) == 0);
+  int st = 0;
+  T_CHECK_MSG(newt_proc_wait(run, 60000, &st) == NEWT_OK, "newt run did not end after SIGINT");
+  T_CHECK_MSG(WIFEXITED(st) && WEXITSTATUS(st) == 130, "newt run after SIGINT: status 0x%x, expected exit 130", st);
+  T_CHECK_MSG(processes_of(job) == 0, "%d processes of the run are left after it ended", processes_of(job));
+  size_t len = 0;
+  t = NULL;
+  T_OK(newt_fs_read_all(out_path, 64 << 20, &t, &len));
+  if (t) {
+    T_CHECK_MSG(strstr(t, "newt run: interrupted by SIGINT at step "), "no word of the interruption:\n%s", t);
+    T_CHECK_MSG(!strstr(t, "newt report"), "a report is offered for an interrupted run:\n%s", t);
+    T_CHECK_MSG(!strstr(t, "still running after"), "a process had to be waited for:\n%s", t);
+  }
+  free(t);
+  t = NULL;
+  T_OK(newt_fs_read_all(summary, 1 << 20, &t, &len));
+  cJSON *j = NULL;
+  if (t && newt_json_parse(t, len, "summary", &j) == NEWT_OK) {
+    const cJSON *oc = cJSON_GetObjectItemCaseSensitive(j, "outcome"), *why = cJSON_GetObjectItemCaseSensitive(j, "reason");
+    T_CHECK_MSG(cJSON_IsString(oc) && strcmp(oc->valuestring, "interrupted") == 0, "summary outcome:\n%s", t);
+    T_CHECK_MSG(cJSON_IsString(why) && strstr(why->valuestring, "interrupted by SIGINT at step"), "summary reason:\n%s", t);
+    T_CHECK_MSG(cJSON_IsFalse(cJSON_GetObjectItemCaseSensitive(j, "done")), "summary done:\n%s", t);
+    cJSON_Delete(j);
+  } else {
+    T_FAIL("the summary %s does not read:\n%s", summary, t ? t : "");
+  }
+  free(t);
+  job_step *sl = NULL;
+  size_t ns = 0, torn = 0;
+  T_OK(job_steplog_read(steps, &sl, &ns, &torn));
+  T_CHECK_MSG(ns > 10, "the step log has %zu steps", ns);
+  free(sl);
+  job_event *ev = NULL;
+  size_t ne = 0;
+  T_OK(job_eventlog_read(events, &ev, &ne, &torn));
+  int spare_events = 0;
+  for (size_t i = 0; i < ne; i++) spare_events += ev[i].type == JOB_EV_SPARE;
+  T_CHECK_MSG(spare_events >= 1, "the event log has no spare event (%zu events)", ne);
+  job_eventlog_free(ev, ne);
+
+  /* the report of the interrupted run: it says so, and shows the spares */
+  const char *report[] = {newt_bin, "report", logs_dir, NULL};
+  out = NULL;
+  T_CHECK(run_capture(report, 60000, &out) == 0);
+  free(out);
+  char *html = NULL;
+  T_OK(newt_fs_read_all(page, 64 << 20, &html, &len));
+  if (html) {
+    T_CHECK_MSG(strstr(html, "interrupted by SIGINT at step"), "the report does not say the run was interrupted");
+    T_CHECK_MSG(strstr(html, "class=\"spare-note\"") && strstr(html, "split evenly over 2 data-parallel ranks"),
+                "the report does not list the spares and why");
+    T_CHECK_MSG(strstr(html, "<polyline class=\"workers\""), "the report does not draw the registered workers");
+  }
+  free(html);
+}
+
 int main(int argc, char **argv) {
   newt_bin = getenv("NEWT_BIN");
   source_dir = getenv("NEWT_SOURCE_DIR");
   if (argc != 2 || !newt_bin || !source_dir) {
-    fprintf(stderr, "usage: NEWT_BIN=... NEWT_SOURCE_DIR=... test_ux cli|run|tty\n");
+    fprintf(stderr, "usage: NEWT_BIN=... NEWT_SOURCE_DIR=... test_ux cli|run|tty|stop\n");
     return 2;
   }
   if (!mkdtemp(tmp)) return 2;
   if (strcmp(argv[1], "cli") == 0) T_RUN(test_cli);
   else if (strcmp(argv[1], "run") == 0) T_RUN(test_run);
   else if (strcmp(argv[1], "tty") == 0) T_RUN(test_tty);
+  else if (strcmp(argv[1], "stop") == 0) T_RUN(test_stop);
   else T_FAIL("unknown scenario %s", argv[1]);
   if (etcd) rdzv_etcd_server_free(etcd);
   if (!t_failed) newt_fs_rm_rf(tmp);

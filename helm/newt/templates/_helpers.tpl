@@ -324,3 +324,23 @@ podFailurePolicy:
         operator: In
         values: [2, 4]
 {{- end }}
+
+{{/* The checkpoint volume (checkpoints.enabled): the chart's claim, yours, or a hostPath. */}}
+{{- define "newt.checkpointsVolume" -}}
+{{- $ck := .Values.checkpoints -}}
+- name: checkpoints
+  {{- if eq $ck.type "hostPath" }}
+  hostPath:
+    path: {{ $ck.hostPath.path }}
+    type: {{ $ck.hostPath.type }}
+  {{- else }}
+  persistentVolumeClaim:
+    claimName: {{ ternary $ck.existingClaim (printf "%s-checkpoints" (include "newt.fullname" .)) (eq $ck.type "existingClaim") }}
+  {{- end }}
+{{- end }}
+
+{{/* The run's files on the checkpoint volume, for `newt report DIR`: the workers' step log
+     (steps.jsonl) and the leader's event log (events.jsonl). */}}
+{{- define "newt.runDir" -}}
+{{- printf "%s/runs/%s" .Values.checkpoints.mountPath (include "newt.jobName" .) }}
+{{- end }}
