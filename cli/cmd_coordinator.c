@@ -43,7 +43,7 @@ int newt_cmd_coordinator(int argc, char **argv) {
   const char *metrics_addr = getenv("NEWT_METRICS_ADDR") ? getenv("NEWT_METRICS_ADDR") : "127.0.0.1";
   const char *term_log = NULL, *event_log = getenv("NEWT_EVENT_LOG");
   const char *trainer = getenv("NEWT_TRAINER") && *getenv("NEWT_TRAINER") ? getenv("NEWT_TRAINER") : "builtin";
-  int64_t metrics_port = 9400;
+  int64_t metrics_port = 9400, linger_ms = 0;
   newt_opt opts[] = {CLI_ETCD_OPTS(&ef),
                      {"id", NEWT_OPT_STR, &id, "coordinator id (env NEWT_COORDINATOR_ID, POD_NAME; default host-pid)"},
                      {"spec", NEWT_OPT_STR, &spec, "job spec file, stored in etcd when the job has none (env NEWT_SPEC_FILE)"},
@@ -53,6 +53,9 @@ int newt_cmd_coordinator(int argc, char **argv) {
                      {"metrics-port", NEWT_OPT_INT, &metrics_port, "Prometheus metrics and /healthz port (0: off)"},
                      {"metrics-addr", NEWT_OPT_STR, &metrics_addr,
                       "addresses the metrics server binds, comma-separated (env NEWT_METRICS_ADDR; the chart: the pod IP and 127.0.0.1)"},
+                     {"metrics-linger-ms", NEWT_OPT_INT, &linger_ms,
+                      "after the job's end, serve the final metrics this long before exiting, so that Prometheus "
+                      "sees the end (the chart: two scrape intervals)"},
                      {"event-log", NEWT_OPT_STR, &event_log,
                       "append every event the leader posts to this file too, for newt report (env NEWT_EVENT_LOG; "
                       "the chart: runs/<job>/events.jsonl on the checkpoint volume)"},
@@ -63,9 +66,12 @@ int newt_cmd_coordinator(int argc, char **argv) {
   if (rc >= 0) return rc;
   job_end end = {.status = JOB_EXIT_DONE};
   coordinator_opts co = {.job = ef.job, .id = id, .spec_file = spec, .metrics_addr = metrics_addr,
-                         .metrics_port = (int)metrics_port, .end = &end, .event_log = event_log};
+                         .metrics_port = (int)metrics_port, .metrics_linger_ms = (int)linger_ms, .end = &end,
+                         .event_log = event_log};
   char *password = NULL;
   newt_result_t r = cli_etcd_opts(&ef, &co.etcd, &password);
+  if (r == NEWT_OK && (linger_ms < 0 || linger_ms > 3600000))
+    r = NEWT_ERR(NEWT_ERR_INVALID, "--metrics-linger-ms must be 0..3600000");
   if (r != NEWT_OK || metrics_port < 0 || metrics_port > 65535) {
     fprintf(stderr, "newt coordinator: %s\n", r != NEWT_OK ? newt_errmsg() : "--metrics-port must be 0..65535");
     free(password);

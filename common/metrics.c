@@ -1,8 +1,10 @@
 /* The metrics registry and its HTTP endpoint (see metrics.h). Small fixed tables under
- * one mutex: a process exports a few dozen series, scraped every few seconds. */
+ * one mutex: a process exports a few dozen series, scraped every few seconds. The
+ * process_* families are not in the tables: a scrape reads them from /proc as it renders. */
 #include "common/metrics.h"
 
 #include <arpa/inet.h>
+#include <dirent.h>
 #include <math.h>
 #include <microhttpd.h>
 #include <pthread.h>
@@ -10,6 +12,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
+#include <unistd.h>
 
 #include "common/clock.h"
 #include "common/log.h"
@@ -19,6 +23,7 @@
 #define METRICS_SERIES 512
 #define METRICS_BUCKETS 16
 #define METRICS_DAEMONS 4
+#define METRICS_CONST_LABELS 256
 
 typedef struct family {
   char name[64];
@@ -46,6 +51,7 @@ struct metrics {
   family f[METRICS_FAMILIES];
   series s[METRICS_SERIES];
   unsigned hidden; /* bit g: group g is hidden */
+  char const_labels[METRICS_CONST_LABELS]; /* rendered (name="value",...), before each series' own */
   char note[256];
   metrics_health_fn health;
   void *health_ud;
@@ -59,28 +65,103 @@ char *metrics_fmt_value(double v, char *out, size_t cap) {
   return out;
 }
 
-static void render_series(newt_buf *b, const family *f, const series *s) {
-  char v[40], le[40];
-  const char *sep = s->labels[0] ? "," : "";
+static void render_series(newt_buf *b, const family *f, const series *s, const char *const_labels) {
+  char v[40], le[40], labels[METRICS_CONST_LABELS + sizeof s->labels + 2];
+  /* the whole label set: the constant labels, then the series' own */
+  snprintf(labels, sizeof labels, "%s%s%s", const_labels, const_labels[0] && s->labels[0] ? "," : "", s->labels);
+  const char *open = labels[0] ? "{" : "", *close = labels[0] ? "}" : "", *sep = labels[0] ? "," : "";
   if (f->kind != METRICS_HISTOGRAM) {
-    newt_buf_printf(b, "%s%s%s%s %s\n", f->name, s->labels[0] ? "{" : "", s->labels, s->labels[0] ? "}" : "",
-                    metrics_fmt_value(s->value, v, sizeof v));
+    newt_buf_printf(b, "%s%s%s%s %s\n", f->name, open, labels, close, metrics_fmt_value(s->value, v, sizeof v));
     return;
   }
   double cum = 0;
   for (int i = 0; i < f->nb; i++) {
     cum += s->buckets[i];
-    newt_buf_printf(b, "%s_bucket{%s%sle=\"%s\"} %s\n", f->name, s->labels, sep,
+    newt_buf_printf(b, "%s_bucket{%s%sle=\"%s\"} %s\n", f->name, labels, sep,
                     metrics_fmt_value(f->bounds[i], le, sizeof le), metrics_fmt_value(cum, v, sizeof v));
   }
-  newt_buf_printf(b, "%s_bucket{%s%sle=\"+Inf\"} %s\n", f->name, s->labels, sep, metrics_fmt_value(s->count, v, sizeof v));
-  const char *open = s->labels[0] ? "{" : "", *close = s->labels[0] ? "}" : "";
-  newt_buf_printf(b, "%s_sum%s%s%s %s\n", f->name, open, s->labels, close, metrics_fmt_value(s->value, v, sizeof v));
-  newt_buf_printf(b, "%s_count%s%s%s %s\n", f->name, open, s->labels, close, metrics_fmt_value(s->count, v, sizeof v));
+  newt_buf_printf(b, "%s_bucket{%s%sle=\"+Inf\"} %s\n", f->name, labels, sep, metrics_fmt_value(s->count, v, sizeof v));
+  newt_buf_printf(b, "%s_sum%s%s%s %s\n", f->name, open, labels, close, metrics_fmt_value(s->value, v, sizeof v));
+  newt_buf_printf(b, "%s_count%s%s%s %s\n", f->name, open, labels, close, metrics_fmt_value(s->count, v, sizeof v));
+}
+
+/* The process_* families of the Prometheus clients, read from /proc at each scrape; one
+ * that cannot be read here (NAN) is left out. */
+enum { PROC_CPU, PROC_RSS, PROC_VSIZE, PROC_START, PROC_OPEN_FDS, PROC_MAX_FDS, PROC_N };
+
+static const struct {
+  const char *name, *type, *help;
+} proc_families[PROC_N] = {
+    {"process_cpu_seconds_total", "counter", "Total user and system CPU time spent in seconds."},
+    {"process_resident_memory_bytes", "gauge", "Resident memory size in bytes."},
+    {"process_virtual_memory_bytes", "gauge", "Virtual memory size in bytes."},
+    {"process_start_time_seconds", "gauge", "Start time of the process since unix epoch in seconds."},
+    {"process_open_fds", "gauge", "Number of open file descriptors."},
+    {"process_max_fds", "gauge", "Maximum number of open file descriptors."},
+};
+
+static double boot_time_s(void) {
+  FILE *f = fopen("/proc/stat", "r");
+  if (!f) return NAN;
+  char line[256];
+  double bt = NAN;
+  while (fgets(line, sizeof line, f))
+    if (strncmp(line, "btime ", 6) == 0) {
+      bt = strtod(line + 6, NULL);
+      break;
+    }
+  fclose(f);
+  return bt;
+}
+
+static void read_proc(double v[PROC_N]) {
+  for (int i = 0; i < PROC_N; i++) v[i] = NAN;
+  long tick = sysconf(_SC_CLK_TCK), page = sysconf(_SC_PAGESIZE);
+  char text[1024];
+  FILE *f = fopen("/proc/self/stat", "r");
+  size_t n = f ? fread(text, 1, sizeof text - 1, f) : 0;
+  if (f) fclose(f);
+  text[n] = '\0';
+  /* pid (comm) state ...: comm may hold spaces and parentheses, so fields count from the
+     last ')': utime and stime are fields 14 and 15, starttime 22, vsize 23, rss 24 (proc(5)) */
+  const char *rest = strrchr(text, ')');
+  unsigned long utime, stime, vsize;
+  unsigned long long start;
+  long rss;
+  if (rest && tick > 0 &&
+      sscanf(rest + 1, " %*c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %lu %lu %*d %*d %*d %*d %*d %*d %llu %lu %ld", &utime,
+             &stime, &start, &vsize, &rss) == 5) {
+    v[PROC_CPU] = (double)(utime + stime) / (double)tick;
+    v[PROC_VSIZE] = (double)vsize;
+    v[PROC_RSS] = (double)rss * (double)page;
+    v[PROC_START] = boot_time_s() + (double)start / (double)tick;
+  }
+  DIR *d = opendir("/proc/self/fd");
+  if (d) {
+    int fds = 0;
+    for (struct dirent *e; (e = readdir(d));) fds += e->d_name[0] != '.';
+    closedir(d);
+    v[PROC_OPEN_FDS] = fds; /* counts the descriptor that reads the folder too, as the Go client does */
+  }
+  struct rlimit rl;
+  if (getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur != RLIM_INFINITY) v[PROC_MAX_FDS] = (double)rl.rlim_cur;
+}
+
+static void render_process(newt_buf *b, const double v[PROC_N], const char *const_labels) {
+  const char *open = const_labels[0] ? "{" : "", *close = const_labels[0] ? "}" : "";
+  for (int i = 0; i < PROC_N; i++) {
+    char val[40];
+    if (isnan(v[i])) continue;
+    const char *name = proc_families[i].name;
+    newt_buf_printf(b, "# HELP %s %s\n# TYPE %s %s\n%s%s%s%s %s\n", name, proc_families[i].help, name,
+                    proc_families[i].type, name, open, const_labels, close, metrics_fmt_value(v[i], val, sizeof val));
+  }
 }
 
 char *metrics_render(metrics_t *mt) {
   static const char *const kinds[] = {"gauge", "counter", "histogram"};
+  double proc[PROC_N];
+  read_proc(proc);
   newt_buf b;
   newt_buf_init(&b);
   pthread_mutex_lock(&mt->mu);
@@ -90,8 +171,9 @@ char *metrics_render(metrics_t *mt) {
     if (f->group < 32 && (mt->hidden >> f->group) & 1) continue;
     newt_buf_printf(&b, "# HELP %s %s\n# TYPE %s %s\n", f->name, f->help, f->name, kinds[f->kind]);
     for (int k = 0; k < mt->ns; k++)
-      if (mt->s[k].fam == i) render_series(&b, f, &mt->s[k]);
+      if (mt->s[k].fam == i) render_series(&b, f, &mt->s[k], mt->const_labels);
   }
+  render_process(&b, proc, mt->const_labels);
   pthread_mutex_unlock(&mt->mu);
   if (!b.data) newt_buf_append(&b, "", 0);
   return b.data;
@@ -303,6 +385,50 @@ void metrics_set_l(metrics_t *mt, const char *name, const char *labels, double v
 void metrics_add_l(metrics_t *mt, const char *name, const char *labels, double d) { update(mt, name, labels, d, OP_ADD); }
 void metrics_observe(metrics_t *mt, const char *name, const char *labels, double v) {
   update(mt, name, labels, v, OP_OBSERVE);
+}
+
+/* A label name of the exposition format: [a-zA-Z_][a-zA-Z0-9_]*, not reserved ("__" names,
+ * a histogram's le). */
+static int label_name_ok(const char *n) {
+  if (!n || !*n || strncmp(n, "__", 2) == 0 || strcmp(n, "le") == 0) return 0;
+  for (const char *c = n; *c; c++) {
+    int alpha = (*c >= 'a' && *c <= 'z') || (*c >= 'A' && *c <= 'Z') || *c == '_';
+    if (!alpha && !(c > n && *c >= '0' && *c <= '9')) return 0;
+  }
+  return 1;
+}
+
+newt_result_t metrics_set_const_labels(metrics_t *mt, const metrics_label *labels, int n) {
+  if (!mt) return NEWT_OK;
+  newt_buf b;
+  newt_buf_init(&b);
+  newt_buf_append(&b, "", 0);
+  for (int i = 0; i < n; i++) {
+    if (!label_name_ok(labels[i].name)) {
+      newt_buf_free(&b);
+      return NEWT_ERR(NEWT_ERR_INVALID, "metrics: \"%s\" is not a label name", labels[i].name ? labels[i].name : "");
+    }
+    newt_buf_printf(&b, "%s%s=\"", i ? "," : "", labels[i].name);
+    /* the exposition format's escapes in a label value: backslash, double quote, newline */
+    for (const char *c = labels[i].value ? labels[i].value : ""; *c; c++) {
+      if (*c == '\\' || *c == '"') newt_buf_printf(&b, "\\%c", *c);
+      else if (*c == '\n') newt_buf_append(&b, "\\n", 2);
+      else newt_buf_append(&b, c, 1);
+    }
+    newt_buf_append(&b, "\"", 1);
+  }
+  newt_result_t r = NEWT_OK;
+  if (!b.data) r = NEWT_ERR(NEWT_ERR_NOMEM, "metrics: out of memory");
+  else if (b.len >= METRICS_CONST_LABELS)
+    r = NEWT_ERR(NEWT_ERR_INVALID, "metrics: constant labels of %zu bytes (at most %d): %.60s...", b.len,
+                 METRICS_CONST_LABELS - 1, b.data);
+  if (r == NEWT_OK) {
+    pthread_mutex_lock(&mt->mu);
+    snprintf(mt->const_labels, sizeof mt->const_labels, "%s", b.data);
+    pthread_mutex_unlock(&mt->mu);
+  }
+  newt_buf_free(&b);
+  return r;
 }
 
 void metrics_show_group(metrics_t *mt, int group, int shown) {

@@ -7,6 +7,12 @@
  * Values print with 15 significant digits at most ("8388.1", not "8388.1000000000004"; 0.1 +
  * 0.2 as "0.3"), whole numbers without a decimal point or exponent up to 1e15.
  *
+ * Every scrape also carries the process_* families of the Prometheus clients, read from
+ * /proc as it renders: process_cpu_seconds_total (counter), process_resident_memory_bytes,
+ * process_virtual_memory_bytes, process_start_time_seconds (unix seconds), process_open_fds,
+ * process_max_fds. Constant labels (metrics_set_const_labels) go on every series, those
+ * included: a worker's worker="<id>",rank="<rank>".
+ *
  * The endpoint is input from the network (DESIGN: the metrics port is bounded): it binds
  * only the addresses it is given, holds at most `per_ip` connections from one address and
  * `total` in all (the rest are closed at once), drops a connection idle for `timeout_s`,
@@ -49,6 +55,17 @@ void metrics_add(metrics_t *m, const char *name, double delta);
 void metrics_set_l(metrics_t *m, const char *name, const char *labels, double value);
 void metrics_add_l(metrics_t *m, const char *name, const char *labels, double delta);
 void metrics_observe(metrics_t *m, const char *name, const char *labels, double value);
+
+/* Labels every series of m renders with, before its own (a worker's id and rank). A call
+ * replaces the whole set (n 0: none), so a changed value moves every series at once and
+ * no series of the old value is left. Values are escaped as the exposition format wants
+ * (backslash, double quote, newline); a name must be [a-zA-Z_][a-zA-Z0-9_]*, neither "le"
+ * nor starting with "__" (NEWT_ERR_INVALID), nor one a series sets itself; at most 255
+ * bytes rendered in all. */
+typedef struct metrics_label {
+  const char *name, *value;
+} metrics_label;
+newt_result_t metrics_set_const_labels(metrics_t *m, const metrics_label *labels, int n);
 
 /* Shows or hides the families of a group; a note (one line, may be NULL) is printed as a
  * comment at the top of every scrape (e.g. why the job's metrics are not here). */

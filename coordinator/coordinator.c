@@ -1233,7 +1233,13 @@ static newt_result_t lead(coord *c) {
   rdzv_etcd_watch_free(c->watch);
   c->watch = NULL;
   metrics_set(c->metrics, "newt_is_leader", 0);
-  standby_metrics(c);
+  pthread_mutex_lock(&c->mu);
+  int ended = c->failed || c->done;
+  pthread_mutex_unlock(&c->mu);
+  if (ended) /* the job's metrics stay: its end is what the last scrapes must see */
+    metrics_set_note(c->metrics, "newt: the job has ended; this coordinator led it and exits after --metrics-linger-ms");
+  else
+    standby_metrics(c);
   return r;
 }
 
@@ -1321,6 +1327,22 @@ static int job_ended(coord *c) {
     return 1;
   }
   return job_is_done(c->etcd, c->o->job, &c->spec);
+}
+
+/* After the job's end (done or failed) a coordinator keeps serving its final metrics for
+ * --metrics-linger-ms, so that each Prometheus scrapes them at least once: the leader's say
+ * newt_job_done or newt_job_failed 1, from which the chart's alerts remember the end and
+ * tell a job that ended from one whose coordinators are all gone. The standbys wait too: one
+ * that exited 4 at once would fail the Kubernetes Job, which stops the leader's pod before
+ * its final scrape. A signal ends the wait; /healthz stays healthy. */
+static void linger(coord *c) {
+  if (!c->metrics || c->o->metrics_linger_ms <= 0) return;
+  NEWT_INFO(COORD, "%s: serving the job's final metrics for %d ms (--metrics-linger-ms)", c->id, c->o->metrics_linger_ms);
+  newt_deadline_t d = newt_deadline_in_ms(c->o->metrics_linger_ms);
+  while (!newt_deadline_passed(d) && !newt_stop_requested()) {
+    atomic_store(&c->tick, newt_now_ns());
+    newt_sleep_ms(100);
+  }
 }
 
 /* The end of a coordinator that ran without error: done, failed (set where it was seen),
@@ -1438,7 +1460,9 @@ newt_result_t coordinator_run(const coordinator_opts *o) {
   }
   char msg[1024];
   snprintf(msg, sizeof msg, "%s", newt_errmsg());
+  int ended = r == NEWT_OK && !newt_stop_requested(); /* the loop ends so only at the job's end */
   if (r == NEWT_OK) set_end(c);
+  if (ended) linger(c);
   rdzv_etcd_free(c->etcd); /* before the metrics its requests count into */
   metrics_stop(c->metrics);
   plan_free(&c->plan);

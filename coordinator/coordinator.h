@@ -18,6 +18,7 @@ typedef struct coordinator_opts {
   const char *spec_file;    /* stored in etcd when the job has no spec yet; may be NULL */
   const char *metrics_addr; /* comma-separated IPv4 addresses; NULL: 127.0.0.1 */
   int metrics_port;         /* 0: no metrics server */
+  int metrics_linger_ms;    /* after the job's end, serves its final metrics this long (0: exits at once) */
   job_end *end;             /* how it ended (exit status and message); may be NULL */
   const char *event_log;    /* the leader appends every event it posts here too (job/runlog.h's
                                event log, for `newt report`; its folder is made); NULL: none */
@@ -25,8 +26,10 @@ typedef struct coordinator_opts {
 
 /* Runs until the job is done (NEWT_OK, end JOB_EXIT_DONE), failed (NEWT_OK, JOB_EXIT_FAILED:
  * this coordinator's failure budget ran out, or another's did), or SIGTERM/SIGINT (resigns,
- * NEWT_OK, JOB_EXIT_LEFT). While it runs, the leader re-reads spec_file every 5 s and takes
- * a changed one as coordinator_put_spec does (a ConfigMap updated by `helm upgrade`). */
+ * NEWT_OK, JOB_EXIT_LEFT); after the job's end it serves its final metrics (the leader's
+ * say how the job ended) for metrics_linger_ms before it returns (a signal cuts it short).
+ * While it runs, the leader re-reads spec_file every 5 s and takes a changed one as
+ * coordinator_put_spec does (a ConfigMap updated by `helm upgrade`). */
 newt_result_t coordinator_run(const coordinator_opts *o);
 
 /* Stores the spec of `file` for job (validated first; errors name the file and field).

@@ -150,6 +150,15 @@ static newt_result_t start_plan_watch(worker *w) {
 
 /* --- waiting for a plan ------------------------------------------------------------------- */
 
+/* Every series this worker serves carries its id and rank (rank -1: "", none: before its
+ * first generation, or a spare), so that a new rank moves them all. */
+static newt_result_t label_metrics(worker *w, int rank) {
+  char r[16] = "";
+  if (rank >= 0) snprintf(r, sizeof r, "%d", rank);
+  metrics_label l[] = {{"worker", w->id}, {"rank", r}};
+  return metrics_set_const_labels(w->metrics, l, 2);
+}
+
 typedef enum wait_outcome { WAIT_PLAN, WAIT_LEAVE, WAIT_DONE, WAIT_FAILED } wait_outcome;
 
 static void donate(worker *w, newt_plan *p);
@@ -188,6 +197,7 @@ static newt_result_t wait_plan(worker *w, int donor, newt_plan *out, wait_outcom
         int donates = w->has_state && plan_find_donor(&w->latest, w->id) && plan_copy(&give, &w->latest) == NEWT_OK;
         pthread_mutex_unlock(&w->mu);
         worker_set_state_async(w, "spare");
+        label_metrics(w, -1);
         if (donates) {
           donate(w, &give);
           plan_free(&give);
@@ -416,6 +426,7 @@ static int start_generation(worker *w, newt_plan *p) {
   metrics_add(w->metrics, "newt_worker_communicator_builds_total", 1);
   metrics_set(w->metrics, "newt_worker_generation", (double)w->plan.generation);
   metrics_set(w->metrics, "newt_worker_rank", (double)w->me->rank);
+  label_metrics(w, w->me->rank);
   NEWT_INFO(WORKER, "%s: generation %llu: rank %d of %d (tp %d, pp %d, dp %d, zero %d, accum %lld)", w->id,
             (unsigned long long)w->plan.generation, w->me->rank, w->plan.nranks, w->plan.tp, w->plan.pp, w->plan.dp,
             w->plan.zero, (long long)w->plan.accum);
@@ -753,6 +764,7 @@ static newt_result_t start_metrics(worker *w) {
   NEWT_CHECK(metrics_define(m, "newt_worker_generation", METRICS_GAUGE, "the generation this worker trains in"));
   NEWT_CHECK(metrics_define(m, "newt_worker_rank", METRICS_GAUGE, "this worker's rank in its generation"));
   metrics_set_l(m, "newt_build_info", "version=\"" NEWT_VERSION "\",role=\"worker\"", 1);
+  NEWT_CHECK(label_metrics(w, -1));
   metrics_set_health(m, worker_health, w);
   NEWT_CHECK(rdzv_etcd_set_metrics(w->etcd, m));
   NEWT_INFO(WORKER, "%s: metrics at http://%s:%d/metrics (health: /healthz)", w->id, addr, metrics_port(m));

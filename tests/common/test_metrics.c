@@ -1,7 +1,9 @@
 /* The metrics endpoint, scraped over real HTTP with libcurl: families, labels,
  * histograms, the number format, groups, /healthz, and a hostile neighbour (issue 17,
  * item 13): 1,100 connections held open from one address must neither starve a scrape
- * from another nor fill the log. */
+ * from another nor fill the log. Issue 25, item 8: the process_* families with values
+ * that fit this process, and constant labels on every series (set again: moved, escaped),
+ * each scrape passing `promtool check metrics` where promtool is installed. */
 #include <arpa/inet.h>
 #include <curl/curl.h>
 #include <errno.h>
@@ -17,6 +19,7 @@
 #include <unistd.h>
 
 #include "common/clock.h"
+#include "common/fs.h"
 #include "common/metrics.h"
 #include "common/strutil.h"
 #include "test.h"
@@ -98,6 +101,155 @@ static void test_scrape(void) {
   metrics_t *m2 = NULL;
   T_ERR(NEWT_ERR_SYS, metrics_start("127.0.0.1", metrics_port(m), NULL, &m2));
   T_ERR(NEWT_ERR_INVALID, metrics_start("not-an-ip", 0, NULL, &m2));
+  metrics_stop(m);
+}
+
+/* promtool check metrics on a scrape: 1 when it passes, or when promtool is not
+ * installed (the k8s tests require it; here it is a second opinion). */
+static int promtool_ok(const char *text, char *why, size_t cap) {
+  if (system("command -v promtool >/dev/null 2>&1") != 0) return 1;
+  char dir[] = "/tmp/newt-promtool-XXXXXX", in[64], out[64], cmd[256];
+  if (!mkdtemp(dir)) return 0;
+  snprintf(in, sizeof in, "%s/in", dir);
+  snprintf(out, sizeof out, "%s/out", dir);
+  int ok = newt_fs_write_atomic(in, text, strlen(text)) == NEWT_OK;
+  snprintf(cmd, sizeof cmd, "promtool check metrics < %s > %s 2>&1", in, out);
+  ok = ok && system(cmd) == 0;
+  char *o = NULL;
+  size_t n = 0;
+  if (newt_fs_read_all(out, 1 << 16, &o, &n) == NEWT_OK) snprintf(why, cap, "%s", o);
+  free(o);
+  unlink(in);
+  unlink(out);
+  rmdir(dir);
+  return ok;
+}
+
+/* The value of the first sample line that starts with `series` (name and labels), or NAN. */
+static double sample(const char *text, const char *series) {
+  size_t n = strlen(series);
+  for (const char *p = text; p && *p; p = strchr(p, '\n'), p = p ? p + 1 : NULL)
+    if (strncmp(p, series, n) == 0 && p[n] == ' ') return strtod(p + n + 1, NULL);
+  return NAN;
+}
+
+static double cpu_used_s(void) {
+  struct rusage ru;
+  getrusage(RUSAGE_SELF, &ru);
+  return (double)(ru.ru_utime.tv_sec + ru.ru_stime.tv_sec) + (double)(ru.ru_utime.tv_usec + ru.ru_stime.tv_usec) / 1e6;
+}
+
+/* process_*: every family with its HELP and TYPE, values this process has. */
+static void test_process(void) {
+  metrics_t *m = NULL;
+  T_OK(metrics_start("127.0.0.1", 0, NULL, &m));
+  if (!m) return;
+  /* CPU time, so that the counter has something to count: until the kernel says 50 ms */
+  volatile double x = 0;
+  while (cpu_used_s() < 0.05) x += 1;
+  newt_buf b;
+  newt_buf_init(&b);
+  T_CHECK(fetch("127.0.0.1", metrics_port(m), "/metrics", &b, 5000) == 200);
+  const char *t = b.data ? b.data : "";
+  static const char *const types[][2] = {{"process_cpu_seconds_total", "counter"}, {"process_resident_memory_bytes", "gauge"},
+                                         {"process_virtual_memory_bytes", "gauge"}, {"process_start_time_seconds", "gauge"},
+                                         {"process_open_fds", "gauge"},          {"process_max_fds", "gauge"}};
+  for (size_t i = 0; i < sizeof types / sizeof types[0]; i++) {
+    char line[128];
+    snprintf(line, sizeof line, "# TYPE %s %s\n", types[i][0], types[i][1]);
+    T_CHECK_MSG(strstr(t, line), "no \"%s\" in:\n%s", line, t);
+    snprintf(line, sizeof line, "# HELP %s ", types[i][0]);
+    T_CHECK_MSG(strstr(t, line), "no \"%s\" in:\n%s", line, t);
+  }
+  double now = (double)newt_wall_ms() / 1e3, start = sample(t, "process_start_time_seconds");
+  T_CHECK_MSG(start <= now + 1 && start > now - 86400, "process_start_time_seconds %f, now %f", start, now);
+  double rss = sample(t, "process_resident_memory_bytes"), vsz = sample(t, "process_virtual_memory_bytes");
+  T_CHECK_MSG(rss > 1e5 && vsz >= rss, "resident %f, virtual %f bytes", rss, vsz);
+  double cpu = sample(t, "process_cpu_seconds_total"), used = cpu_used_s();
+  T_CHECK_MSG(cpu > 0 && cpu <= used + 0.1, "process_cpu_seconds_total %f, getrusage %f", cpu, used);
+  double fds = sample(t, "process_open_fds"), max = sample(t, "process_max_fds");
+  struct rlimit rl;
+  getrlimit(RLIMIT_NOFILE, &rl);
+  T_CHECK_MSG(fds >= 3 && fds <= max && max == (double)rl.rlim_cur, "open fds %f, max %f (limit %llu)", fds, max,
+              (unsigned long long)rl.rlim_cur);
+  /* a descriptor opened shows: the count is read at the scrape */
+  int extra = open("/dev/null", O_RDONLY);
+  newt_buf_reset(&b);
+  T_CHECK(fetch("127.0.0.1", metrics_port(m), "/metrics", &b, 5000) == 200);
+  double fds2 = sample(b.data ? b.data : "", "process_open_fds");
+  T_CHECK_MSG(fds2 >= fds + 1, "process_open_fds %f after opening one more than %f", fds2, fds);
+  close(extra);
+  char why[1024] = "";
+  T_CHECK_MSG(promtool_ok(b.data ? b.data : "", why, sizeof why), "promtool check metrics: %s\n%s", why, b.data);
+  newt_buf_free(&b);
+  metrics_stop(m);
+}
+
+/* Constant labels: on every series (plain, labelled, histogram, process_*), moved when set
+ * again (no series of the old value left), escaped, refused when the name is not one. */
+static void test_const_labels(void) {
+  metrics_t *m = NULL;
+  T_OK(metrics_start("127.0.0.1", 0, NULL, &m));
+  if (!m) return;
+  double bounds[] = {0.1, 1};
+  T_OK(metrics_define(m, "newt_worker_step", METRICS_GAUGE, "step"));
+  T_OK(metrics_define(m, "newt_build_info", METRICS_GAUGE, "build"));
+  T_OK(metrics_define_histogram(m, "newt_worker_step_duration_seconds", 0, bounds, 2, "step time"));
+  metrics_set(m, "newt_worker_step", 12);
+  metrics_set_l(m, "newt_build_info", "version=\"1\",role=\"worker\"", 1);
+  metrics_observe(m, "newt_worker_step_duration_seconds", NULL, 0.5);
+  metrics_label l[] = {{"worker", "w0"}, {"rank", "3"}};
+  T_OK(metrics_set_const_labels(m, l, 2));
+  char *t = metrics_render(m);
+  T_CHECK_MSG(t && strstr(t, "\nnewt_worker_step{worker=\"w0\",rank=\"3\"} 12\n"), "%s", t);
+  T_CHECK_MSG(t && strstr(t, "\nnewt_build_info{worker=\"w0\",rank=\"3\",version=\"1\",role=\"worker\"} 1\n"), "%s", t);
+  T_CHECK_MSG(t && strstr(t, "\nnewt_worker_step_duration_seconds_bucket{worker=\"w0\",rank=\"3\",le=\"1\"} 1\n"), "%s", t);
+  T_CHECK_MSG(t && strstr(t, "\nnewt_worker_step_duration_seconds_count{worker=\"w0\",rank=\"3\"} 1\n"), "%s", t);
+  T_CHECK_MSG(t && strstr(t, "\nprocess_open_fds{worker=\"w0\",rank=\"3\"} "), "%s", t);
+  /* every sample line carries them */
+  int lines = 0, bare = 0;
+  const char *want = "{worker=\"w0\",rank=\"3\"";
+  for (char *p = t; p && *p; p = strchr(p, '\n'), p = p ? p + 1 : NULL) {
+    if (*p == '#' || *p == '\n') continue;
+    lines++;
+    char *end = strchr(p, '\n'), *brace = strchr(p, '{');
+    if (!brace || (end && brace > end) || strncmp(brace, want, strlen(want)) != 0) bare++;
+  }
+  T_CHECK_MSG(lines >= 12 && bare == 0, "%d of %d sample lines lack the constant labels:\n%s", bare, lines, t);
+  free(t);
+  /* a new rank: every series moves, none of the old rank is left */
+  metrics_label l2[] = {{"worker", "w0"}, {"rank", "0"}};
+  T_OK(metrics_set_const_labels(m, l2, 2));
+  t = metrics_render(m);
+  T_CHECK_MSG(t && !strstr(t, "rank=\"3\"") && strstr(t, "\nnewt_worker_step{worker=\"w0\",rank=\"0\"} 12\n"), "%s", t);
+  free(t);
+  /* escaped: backslash, quote, newline */
+  metrics_label odd[] = {{"worker", "a\\b\"c\nd"}, {"rank", ""}};
+  T_OK(metrics_set_const_labels(m, odd, 2));
+  newt_buf b;
+  newt_buf_init(&b);
+  T_CHECK(fetch("127.0.0.1", metrics_port(m), "/metrics", &b, 5000) == 200);
+  T_CHECK_MSG(b.data && strstr(b.data, "\nnewt_worker_step{worker=\"a\\\\b\\\"c\\nd\",rank=\"\"} 12\n"), "%s", b.data);
+  char why[1024] = "";
+  T_CHECK_MSG(promtool_ok(b.data ? b.data : "", why, sizeof why), "promtool check metrics: %s\n%s", why, b.data);
+  /* refused: not label names, or too long; the set in force stays */
+  metrics_label bad[][1] = {{{"9rank", "x"}}, {{"le", "x"}}, {{"__name__", "x"}}, {{"ra-nk", "x"}}, {{"", "x"}}};
+  for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) T_ERR(NEWT_ERR_INVALID, metrics_set_const_labels(m, bad[i], 1));
+  char longv[300];
+  memset(longv, 'x', sizeof longv - 1);
+  longv[sizeof longv - 1] = '\0';
+  metrics_label big[] = {{"worker", longv}};
+  T_ERR(NEWT_ERR_INVALID, metrics_set_const_labels(m, big, 1));
+  t = metrics_render(m);
+  T_CHECK_MSG(t && strstr(t, "rank=\"\"") && !strstr(t, "xxxxxxxx"), "%s", t);
+  free(t);
+  /* none again */
+  T_OK(metrics_set_const_labels(m, NULL, 0));
+  t = metrics_render(m);
+  T_CHECK_MSG(t && strstr(t, "\nnewt_worker_step 12\n") && !strstr(t, "worker=\""), "%s", t);
+  free(t);
+  T_OK(metrics_set_const_labels(NULL, l, 2)); /* no server: nothing to do */
+  newt_buf_free(&b);
   metrics_stop(m);
 }
 
@@ -211,6 +363,8 @@ int main(void) {
   curl_global_init(CURL_GLOBAL_DEFAULT);
   T_RUN(test_format);
   T_RUN(test_scrape);
+  T_RUN(test_process);
+  T_RUN(test_const_labels);
   T_RUN(test_two_addresses);
   T_RUN(test_held_connections);
   curl_global_cleanup();

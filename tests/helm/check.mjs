@@ -11,11 +11,15 @@
 //                           of the built binary, etcd's against `etcd --help`, etcdctl's
 //                           against `etcdctl ... --help`; the rendered job spec with newt's
 //                           own parser (helm_spec_check); and the wiring a schema cannot see
-//                           (selectors, volumes, ports, DNS names, security settings); a
-//                           program of the user's (workers.command, workers.image) run as
-//                           `newt worker <the same args> -- <command>` on CPU and GPU pods.
+//                           (selectors, volumes, ports, DNS names, security settings, the
+//                           coordinators' --metrics-linger-ms); a program of the user's
+//                           (workers.command, workers.image) run as `newt worker <the same
+//                           args> -- <command>` on CPU and GPU pods.
 //   node check.mjs reject   every case of reject.yaml must make `helm template` fail with
 //                           its expected message.
+//   node check.mjs rules    the PrometheusRule under `promtool test rules` (rules_test.yaml:
+//                           a total outage, a healthy job, one done, one failed), and every
+//                           rule's selectors carry the labels the ServiceMonitors' scrapes get.
 //
 // Environment (set by ctest): NEWT_HELM_TOOLS (setup.sh's cache: bin/helm, node_modules),
 // NEWT_BIN, HELM_SPEC_CHECK, NEWT_SOURCE_DIR. Prints one line per check and closes with
@@ -568,7 +572,8 @@ function checkAgent(pod, w, errors) {
 // The Jobs of coordinators and workers end as newt's exit statuses say (job/records.h):
 // 0 done (completes), 3 left on SIGTERM (ignored: replaced), 4 failed and 2 a bad flag or
 // spec (fail the Job), the rest counted against backoffLimit; probes on /healthz; metrics
-// bound to the pod IP (and loopback, for port-forward) with POD_IP defined.
+// bound to the pod IP (and loopback, for port-forward) with POD_IP defined; the
+// coordinators' kept after the end for Prometheus (checkLinger).
 function checkJobs(docs, values, errors) {
   for (const comp of ["coordinator", "worker"]) {
     const job = docs.find((d) => d.kind === "Job" && d.metadata.labels["app.kubernetes.io/component"] === comp);
@@ -596,8 +601,26 @@ function checkJobs(docs, values, errors) {
       if (!addr?.includes("$(POD_IP)") || !c.env?.some((e) => e.name === "POD_IP" && e.valueFrom?.fieldRef?.fieldPath === "status.podIP"))
         errors.push(`${at}/${c.name}: the metrics server does not bind the pod IP (${addr})`);
       if (addr?.includes("0.0.0.0")) errors.push(`${at}/${c.name}: the metrics server binds every address`);
+      if (comp === "coordinator") checkLinger(c, values, `${at}/${c.name}`, errors);
     }
   }
+}
+
+// A Prometheus duration ("15s", "1m30s") in milliseconds.
+function durationMs(d) {
+  const unit = { ns: 1e-6, us: 1e-3, "µs": 1e-3, ms: 1, s: 1e3, m: 6e4, h: 3.6e6 };
+  return [...d.matchAll(/([0-9.]+)(ns|us|µs|ms|s|m|h)/g)].reduce((ms, [, n, u]) => ms + Number(n) * unit[u], 0);
+}
+
+// With the ServiceMonitors or the alerts on, the coordinators linger after the job's end
+// for two scrape intervals (at most an hour), so that Prometheus sees newt_job_done or
+// newt_job_failed and the alerts tell an ended job from a total outage; else not at all.
+function checkLinger(c, values, at, errors) {
+  const m = values.coordinator.metrics;
+  const arg = (c.args || []).find((a) => a.startsWith("--metrics-linger-ms="));
+  const want = m.serviceMonitor.enabled || m.prometheusRule.enabled ? Math.min(3600000, 2 * durationMs(m.serviceMonitor.interval)) : undefined;
+  const got = arg ? Number(arg.split("=")[1]) : undefined;
+  if (got !== want) errors.push(`${at}: --metrics-linger-ms ${got}, want ${want} (two scrape intervals of ${m.serviceMonitor.interval})`);
 }
 
 // The metrics newt exports, from the sources that define them (histograms with their
@@ -657,6 +680,51 @@ function checkRules(docs, errors) {
     if (r.code !== 0) errors.push(`PrometheusRule/${pr.metadata.name}: promtool check rules: ${(r.out + r.err).trim()}`);
     checkMetricNames(`PrometheusRule/${pr.metadata.name}`, pr.spec.groups.flatMap((g) => g.rules.map((x) => x.expr)), errors);
   }
+}
+
+// The labels Prometheus gives the series of the ServiceMonitors' scrapes that every rule
+// selects on: namespace (the release's) and job (jobLabel: the value the selected Services
+// carry under that label). Each newt metric a rule names must be selected with both.
+function checkSelectors(docs, errors) {
+  const monitors = docs.filter((d) => d.kind === "ServiceMonitor");
+  if (monitors.length < 2) return errors.push(`${monitors.length} ServiceMonitors rendered`);
+  const jobs = new Set(), namespaces = new Set();
+  for (const m of monitors) {
+    const services = docs.filter((d) => d.kind === "Service" && Object.entries(m.spec.selector.matchLabels).every(([k, v]) => d.metadata.labels?.[k] === v));
+    if (!services.length) errors.push(`ServiceMonitor/${m.metadata.name} selects no Service`);
+    for (const svc of services) jobs.add(svc.metadata.labels?.[m.spec.jobLabel]);
+    for (const ns of m.spec.namespaceSelector?.matchNames || []) namespaces.add(ns);
+  }
+  if (jobs.size !== 1 || jobs.has(undefined)) return errors.push(`the ServiceMonitors give job labels ${[...jobs]}, want one`);
+  if (namespaces.size !== 1 || !namespaces.has(NAMESPACE)) return errors.push(`the ServiceMonitors scrape namespaces ${[...namespaces]}`);
+  const want = [`namespace="${NAMESPACE}"`, `job="${[...jobs][0]}"`];
+  for (const pr of docs.filter((d) => d.kind === "PrometheusRule"))
+    for (const r of pr.spec.groups.flatMap((g) => g.rules)) {
+      const expr = r.expr.replace(/\s+/g, " ");
+      for (const m of expr.matchAll(/\b(newt[_:][a-z_:]+)(\{[^}]*\})?/g)) {
+        const matchers = (m[2] || "").slice(1, -1).split(",").map((x) => x.trim());
+        for (const w of want) if (!matchers.includes(w)) errors.push(`${r.alert || r.record}: ${m[0]} lacks ${w}`);
+      }
+    }
+}
+
+// promtool test rules on tests/helm/rules_test.yaml against the rendered rule groups
+// (annotations left out: prose, which `promtool check rules` parses; the tests check when
+// alerts fire and with which labels). The tests' series are labelled for this release.
+function testRules(docs, errors) {
+  const pr = docs.find((d) => d.kind === "PrometheusRule");
+  if (!pr) return errors.push("no PrometheusRule rendered");
+  const tests = readFileSync(join(here, "rules_test.yaml"), "utf8");
+  for (const m of tests.matchAll(/series: '([^']*)'/g))
+    if (!m[1].includes(`namespace="${NAMESPACE}"`) || !m[1].includes(`job="${RELEASE}"`))
+      errors.push(`rules_test.yaml: ${m[1]} is not labelled namespace="${NAMESPACE}", job="${RELEASE}"`);
+  const groups = structuredClone(pr.spec.groups);
+  for (const g of groups) for (const r of g.rules) delete r.annotations;
+  const dir = mkdtempSync(join(tmp, "rules-"));
+  writeFileSync(join(dir, "rules.yaml"), YAML.stringify({ groups }));
+  writeFileSync(join(dir, "rules_test.yaml"), tests);
+  const r = run("promtool", ["test", "rules", join(dir, "rules_test.yaml")]);
+  if (r.code !== 0) errors.push(`promtool test rules: ${(r.out + r.err).trim()}`);
 }
 
 // The Grafana dashboard: JSON, and every query is on metrics newt exports.
@@ -763,7 +831,7 @@ async function lint() {
       if (r.code !== 0) errors.push((r.out + r.err).trim());
     });
   }
-  const own = [join(chart, "Chart.yaml"), join(chart, "values.yaml"), ...ciValueFiles(), join(here, "reject.yaml"), yamllintConfig];
+  const own = [join(chart, "Chart.yaml"), join(chart, "values.yaml"), ...ciValueFiles(), join(here, "reject.yaml"), join(here, "rules_test.yaml"), yamllintConfig];
   await check(`yamllint the chart's YAML (${own.length} files)`, (errors) => errors.push(...yamllint(own)));
   await check("values.schema.json is JSON and a draft-07 schema", (errors) => {
     const schema = JSON.parse(readFileSync(join(chart, "values.schema.json"), "utf8"));
@@ -811,7 +879,7 @@ async function render() {
     await check(`${name}: command lines match the flags of newt, etcd and etcdctl`, (errors) => checkCommandLines(docs, errors));
     await check(`${name}: the rendered spec passes newt's spec parser`, (errors) => checkSpec(docs, values, errors));
     await check(`${name}: wiring, labels, security settings`, (errors) => checkWiring(docs, values, errors));
-    await check(`${name}: the Jobs end as newt's exit statuses say; probes on /healthz; metrics on the pod IP`, (errors) => checkJobs(docs, values, errors));
+    await check(`${name}: the Jobs end as newt's exit statuses say; probes on /healthz; metrics on the pod IP, kept after the end for Prometheus`, (errors) => checkJobs(docs, values, errors));
     await check(`${name}: the run's step and event logs on the checkpoint volume, for newt report`, (errors) => checkRunLogs(docs, values, errors));
     if (docs.some((d) => d.kind === "PrometheusRule"))
       await check(`${name}: promtool check rules on the PrometheusRule; its metrics exist`, (errors) => checkRules(docs, errors));
@@ -961,10 +1029,24 @@ async function reject() {
   finish();
 }
 
-const modes = { lint, render, reject };
+async function rules() {
+  const values = join(tmp, "rules-values.yaml");
+  writeFileSync(values, YAML.stringify({ coordinator: { metrics: { prometheusRule: { enabled: true }, serviceMonitor: { enabled: true } } } }));
+  const r = template([values]);
+  let docs = [];
+  await check("the PrometheusRule and the ServiceMonitors render", (errors) => {
+    if (r.code !== 0) return errors.push(r.err.trim());
+    docs = YAML.parseAllDocuments(r.out).map((d) => d.toJS()).filter(Boolean);
+  });
+  await check("every rule selects its newt metrics by the namespace and job the ServiceMonitors' scrapes carry", (errors) => checkSelectors(docs, errors));
+  await check("promtool test rules (rules_test.yaml): a total outage alerts, a healthy, a done or a failed job does not (NewtJobFailed aside)", (errors) => testRules(docs, errors));
+  finish();
+}
+
+const modes = { lint, render, reject, rules };
 const mode = modes[process.argv[2]];
 if (!mode) {
-  console.error("usage: node check.mjs lint|render|reject");
+  console.error("usage: node check.mjs lint|render|reject|rules");
   process.exit(2);
 }
 await mode();

@@ -4,14 +4,19 @@
  *   ends    exit statuses and termination messages: a worker sent SIGTERM leaves (3,
  *           "left: ..."), a standby sent SIGTERM leaves (3), the rest end with the job (0,
  *           "done: ..."); the metrics of the leader, a standby and a worker pass `promtool
- *           check metrics`, a standby hides the job's metrics, /healthz answers; a changed
+ *           check metrics`, a standby hides the job's metrics, every series of a worker
+ *           carries worker= and rank=, the leader serves newt_job_done 1 after the end
+ *           (--metrics-linger-ms) until SIGTERM, /healthz answers; a changed
  *           spec file is taken at a step boundary when only ckpt.every changed and refused,
  *           naming the field, when train.steps changed, and the job goes on.
  *   budget  the failure budget: spec.fault.max_failures 1, two workers killed with kill -9:
  *           the second failure ends the job: the coordinator and the surviving worker exit 4
- *           with "failed: failure budget spent ...", `newt status` and the events say so.
+ *           with "failed: failure budget spent ..." (the leader once its lingering metrics
+ *           said newt_job_failed 1; a standby lingers too), `newt status` and the events
+ *           say so.
  *   agent   the node agent (`newt worker --local-workers 2`, cli/agent.h) as the chart's GPU
- *           mode runs it: both local workers train and serve /healthz on metrics port + i;
+ *           mode runs it: both local workers train and serve /healthz and metrics (worker=,
+ *           rank= on every series) on metrics port + i;
  *           one of them killed with kill -9 is restarted under its id and rejoins (a "join"
  *           plan, the job back to 2 ranks); SIGTERM to the agent: it exits 3 ("left: ")
  *           within 30 s and leaves no worker behind.
@@ -241,14 +246,76 @@ static void check_end(proc *p, const char *who, int status, int want, const char
   free(msg);
 }
 
+/* The value of the first sample of metric name in a scrape (after its labels), or NULL. */
+static const char *sample_of(const char *text, const char *name) {
+  size_t n = strlen(name);
+  for (const char *p = text; p && *p; p = strchr(p, '\n'), p = p ? p + 1 : NULL)
+    if (strncmp(p, name, n) == 0 && (p[n] == ' ' || p[n] == '{')) {
+      const char *v = strchr(p, ' ');
+      return v ? v + 1 : NULL;
+    }
+  return NULL;
+}
+
+/* Every sample of a worker's scrape carries worker="<id>" and the same rank="<r>" first
+ * (issue 25, item 8): r is what its newt_worker_rank says, or "" while it holds no rank (a
+ * spare). 1 when it holds a rank. */
+static int check_worker_labels(const char *id, const char *t) {
+  char want[96], rank[16] = "?";
+  int n = snprintf(want, sizeof want, "{worker=\"%s\",rank=\"", id);
+  const char *first = strstr(t, want);
+  if (first) sscanf(first + n, "%15[^\"]", rank);
+  if (first && first[n] == '"') rank[0] = '\0';
+  const char *rank_v = sample_of(t, "newt_worker_rank");
+  T_CHECK_MSG(!rank[0] || (rank_v && atoi(rank_v) == atoi(rank)), "worker %s: rank=\"%s\", newt_worker_rank %s", id, rank,
+              rank_v ? rank_v : "missing");
+  snprintf(want + n, sizeof want - (size_t)n, "%s\"", rank);
+  int lines = 0, bad = 0;
+  for (const char *p = t; p && *p; p = strchr(p, '\n'), p = p ? p + 1 : NULL) {
+    if (*p == '#' || *p == '\n') continue;
+    lines++;
+    const char *brace = strchr(p, '{'), *end = strchr(p, '\n');
+    if (!brace || (end && brace > end) || strncmp(brace, want, strlen(want)) != 0) {
+      if (!bad) T_FAIL("worker %s: a sample without %s: %.*s", id, want, end ? (int)(end - p) : 80, p);
+      bad++;
+    }
+  }
+  T_CHECK_MSG(lines >= 20 && !bad, "worker %s: %d of %d samples lack %s", id, bad, lines, want);
+  T_CHECK_MSG(strstr(t, "\nprocess_resident_memory_bytes{") && strstr(t, "\nprocess_open_fds{"), "worker %s: no process_*: %s",
+              id, t);
+  return first && rank[0] >= '0' && rank[0] <= '9';
+}
+
+/* --metrics-linger-ms for the coordinators: longer than any test waits, so only a signal
+ * ends it. */
+static const char *const linger[] = {"--metrics-linger-ms", "600000", NULL};
+
+/* The job's end on the /metrics of the coordinator that led it (it lingers): the scrape
+ * holds `want`, the job's metrics and newt_is_leader 0, and passes promtool; then SIGTERM. */
+static void last_scrape(proc *p, const char *who, const char *want, newt_buf *b) {
+  newt_deadline_t d = newt_deadline_in_ms(60000);
+  long code = 0;
+  do {
+    code = get(p->port, "/metrics", b);
+    if (code == 200 && b->data && strstr(b->data, want) && strstr(b->data, "\nnewt_is_leader 0\n")) break;
+    newt_sleep_ms(100);
+  } while (!newt_deadline_passed(d));
+  const char *t = code == 200 && b->data ? b->data : "";
+  T_CHECK_MSG(strstr(t, want) && strstr(t, "\nnewt_step ") && strstr(t, "\nnewt_is_leader 0\n"),
+              "%s's metrics after the job's end (HTTP %ld) lack %s: %s", who, code, want, t);
+  if (strstr(t, want)) promtool("end", t);
+  T_CHECK(get(p->port, "/healthz", b) == 200);
+  kill(p->pid, SIGTERM);
+}
+
 static void test_ends(void) {
   const char *job = "k8s-ends";
   char spec[600];
   snprintf(spec, sizeof spec, "%s/spec.json", dir);
   write_spec(spec, job, 220, 8, 50, 10);
   proc c[2], w[3];
-  spawn(&c[0], "coordinator", "c0", job, spec);
-  spawn(&c[1], "coordinator", "c1", job, spec);
+  spawn_x(&c[0], "coordinator", "c0", job, spec, linger, NULL);
+  spawn_x(&c[1], "coordinator", "c1", job, spec, linger, NULL);
   for (int i = 0; i < 3; i++) {
     char name[8];
     snprintf(name, sizeof name, "w%d", i);
@@ -274,7 +341,8 @@ static void test_ends(void) {
                                      "newt_checkpoint_stall_seconds",
                                      "newt_checkpoint_bytes ", "newt_checkpoint_last_step ", "newt_etcd_request_errors_total ",
                                      "newt_etcd_request_duration_seconds_bucket", "newt_workers ", "newt_spares ",
-                                     "newt_build_info{version=", "newt_world_size "};
+                                     "newt_build_info{version=", "newt_world_size ", "process_cpu_seconds_total ",
+                                     "process_resident_memory_bytes ", "process_start_time_seconds ", "process_open_fds "};
   for (size_t i = 0; i < sizeof want / sizeof want[0]; i++) T_CHECK_MSG(strstr(t, want[i]), "leader metrics lack %s", want[i]);
   promtool("leader", t);
   T_CHECK(get(c[standby].port, "/metrics", &b) == 200);
@@ -284,19 +352,22 @@ static void test_ends(void) {
   T_CHECK(get(c[leader].port, "/healthz", &b) == 200);
   /* 8 samples in micro-batches of 2 make dp 1, 2 or 4: of 3 workers one is a spare, which
      exports its metrics too but has trained nothing */
-  int trained = 0;
+  int trained = 0, ranked = 0;
   for (int i = 0; i < 3; i++) {
     T_CHECK(get(w[i].port, "/healthz", &b) == 200);
     T_CHECK(get(w[i].port, "/metrics", &b) == 200);
     t = b.data ? b.data : "";
-    T_CHECK_MSG(strstr(t, "newt_worker_tokens_per_second ") && strstr(t, "newt_worker_communicator_builds_total "),
+    char id[8];
+    snprintf(id, sizeof id, "w%d", i);
+    T_CHECK_MSG(strstr(t, "newt_worker_tokens_per_second{") && strstr(t, "newt_worker_communicator_builds_total{"),
                 "worker %d metrics: %s", i, t);
-    const char *builds = strstr(t, "\nnewt_worker_communicator_builds_total ");
-    trained += strstr(t, "newt_worker_step_duration_seconds_bucket") && builds &&
-               atoll(builds + strlen("\nnewt_worker_communicator_builds_total ")) >= 1;
+    ranked += check_worker_labels(id, t);
+    const char *builds = sample_of(t, "newt_worker_communicator_builds_total");
+    trained += strstr(t, "newt_worker_step_duration_seconds_bucket") && builds && atoll(builds) >= 1;
     promtool("worker", t);
   }
   T_CHECK_MSG(trained >= 1, "no worker exports the metrics of a trained step");
+  T_CHECK_MSG(ranked >= 1, "no worker's series carry a rank");
 
   /* a changed spec: ckpt.every may change (taken at a step boundary), train.steps may not */
   write_spec(spec, job, 220, 8, 40, 10);
@@ -315,6 +386,9 @@ static void test_ends(void) {
   check_end(&c[standby], "the standby (SIGTERM)", wait_exit(&c[standby], 30000), JOB_EXIT_LEFT, "left: ");
   /* the rest end with the job */
   for (int i = 0; i < 2; i++) check_end(&w[i], i ? "w1" : "w0", wait_exit(&w[i], 180000), JOB_EXIT_DONE, "done: ");
+  /* the leader serves the job's end until --metrics-linger-ms (the chart's alerts remember
+     it), then SIGTERM cuts the wait short and it still ends with the job */
+  last_scrape(&c[leader], "the leader", "\nnewt_job_done 1\n", &b);
   check_end(&c[leader], "the leader", wait_exit(&c[leader], 30000), JOB_EXIT_DONE, "done: ");
   newt_buf_free(&b);
 }
@@ -331,7 +405,7 @@ static void test_budget(void) {
   snprintf(runs, sizeof runs, "%s/ckpt/runs/%s", dir, job);
   snprintf(event_log, sizeof event_log, "--event-log=%s/events.jsonl", runs);
   snprintf(step_log, sizeof step_log, "--step-log=%s/steps.jsonl", runs);
-  const char *cx[] = {event_log, NULL}, *wx[] = {step_log, NULL};
+  const char *cx[] = {event_log, linger[0], linger[1], NULL}, *wx[] = {step_log, NULL};
   spawn_x(&c, "coordinator", "c0", job, spec, cx, NULL);
   for (int i = 0; i < 3; i++) {
     char name[8];
@@ -339,6 +413,8 @@ static void test_budget(void) {
     spawn_x(&w[i], "worker", name, job, NULL, wx, NULL);
   }
   T_CHECK_MSG(wait_step(job, 5, 90000), "no step 5 in 90 s (logs in %s)", dir);
+  proc sb; /* a standby: c0 leads by now */
+  spawn_x(&sb, "coordinator", "c1", job, spec, linger, NULL);
   kill(w[2].pid, SIGKILL);
   wait_exit(&w[2], 5000);
   T_CHECK_MSG(wait_event(job, "\"type\":\"recovered\"", 60000), "no recovery from the first kill");
@@ -346,7 +422,28 @@ static void test_budget(void) {
   T_CHECK(wait_step(job, s + 3, 60000));
   kill(w[1].pid, SIGKILL);
   wait_exit(&w[1], 5000);
+  newt_buf b;
+  newt_buf_init(&b);
+  last_scrape(&c, "the coordinator", "\nnewt_job_failed 1\n", &b);
   check_end(&c, "the coordinator", wait_exit(&c, 60000), JOB_EXIT_FAILED, "failed: failure budget spent: 2 recoveries");
+  /* the standby saw the failure and lingers too (its exit 4 would fail the Kubernetes Job,
+     which stops the leader's pod before its final scrape), until SIGTERM */
+  char log[600];
+  snprintf(log, sizeof log, "%s/c1.log", dir);
+  newt_deadline_t d = newt_deadline_in_ms(60000);
+  char *text = NULL;
+  while (!newt_deadline_passed(d) && !strstr(text = slurp(log), "serving the job's final metrics")) {
+    free(text);
+    text = NULL;
+    newt_sleep_ms(100);
+  }
+  T_CHECK_MSG(text && strstr(text, "serving the job's final metrics"), "the standby does not linger: %s", text ? text : "");
+  free(text);
+  T_CHECK_MSG(get(sb.port, "/metrics", &b) == 200 && b.data && strstr(b.data, "\nnewt_is_leader 0\n"), "the standby's metrics: %s",
+              b.data ? b.data : "");
+  kill(sb.pid, SIGTERM);
+  check_end(&sb, "the standby", wait_exit(&sb, 60000), JOB_EXIT_FAILED, "failed: failure budget spent");
+  newt_buf_free(&b);
   check_end(&w[0], "w0", wait_exit(&w[0], 60000), JOB_EXIT_FAILED, "failed: failure budget spent");
   char *ev = events(job);
   T_CHECK_MSG(strstr(ev, "\"type\":\"failed\"") && strstr(ev, "failure budget spent"), "no failed event: %s", ev);
@@ -360,7 +457,7 @@ static void test_budget(void) {
   T_OK(newt_proc_spawn(argv, &so, &pid));
   int st = 0;
   T_OK(newt_proc_wait(pid, 30000, &st));
-  char *text = slurp(out);
+  text = slurp(out);
   T_CHECK_MSG(strstr(text, "FAILED") && strstr(text, "failure budget spent"), "newt status: %s", text);
   free(text);
   /* newt report of the job's own files (no newt run, no summary): the recovery of the first
@@ -488,8 +585,11 @@ static void test_agent(void) {
   newt_buf_init(&b);
   for (int i = 0; i < 2; i++) {
     T_CHECK_MSG(get(ag.port + i, "/healthz", &b) == 200, "local worker %d: no /healthz on port %d", i, ag.port + i);
-    T_CHECK_MSG(get(ag.port + i, "/metrics", &b) == 200 && b.data && strstr(b.data, "newt_worker_step "),
+    T_CHECK_MSG(get(ag.port + i, "/metrics", &b) == 200 && b.data && strstr(b.data, "\nnewt_worker_step{"),
                 "local worker %d: no metrics on port %d", i, ag.port + i);
+    char id[16];
+    snprintf(id, sizeof id, "node0-%d", i);
+    T_CHECK_MSG(check_worker_labels(id, b.data ? b.data : ""), "local worker %s holds no rank", id);
   }
   newt_buf_free(&b);
   pid_t w0 = worker_pid(job, "node0-0"), w1 = worker_pid(job, "node0-1");

@@ -286,6 +286,18 @@ runs the node agent, `newt worker --local-workers`), else workers.perPod (one co
 
 {{/* How the Jobs of coordinators and workers end (docs/kubernetes.md): newt's exit statuses
 (job/records.h) against the pod failure policy, the budget of crashes, the clean-up. */}}
+{{/* A Prometheus duration ("15s", "1m30s", "500ms"; values.schema.json checks the form) in
+whole milliseconds. */}}
+{{- define "newt.durationMs" -}}
+{{- $units := dict "ns" 0.000001 "us" 0.001 "µs" 0.001 "ms" 1.0 "s" 1000.0 "m" 60000.0 "h" 3600000.0 }}
+{{- $ms := 0.0 }}
+{{- range regexFindAll "[0-9.]+[a-zµ]+" . -1 }}
+{{- $n := regexFind "^[0-9.]+" . }}
+{{- $ms = addf $ms (mulf (float64 $n) (get $units (trimPrefix $n .))) }}
+{{- end }}
+{{- $ms | int }}
+{{- end }}
+
 {{- define "newt.jobEnd" -}}
 backoffLimit: {{ .Values.jobPolicy.backoffLimit }}
 {{- with .Values.jobPolicy.activeDeadlineSeconds }}
