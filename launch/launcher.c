@@ -1076,7 +1076,7 @@ newt_result_t launcher_run(const launcher_opts *o, launcher_result *res) {
     if (!workers && !pending_joins) {
       /* the watch may lag behind (etcd came back a moment ago): the end marker decides */
       if (read_done(r, newt_deadline_in_ms(10000))) continue;
-      ended(res, "exited", "every worker exited at step %lld, the job not done", (long long)step);
+      ended(res, "exited", "every worker has exited at step %lld, the job not done", (long long)step);
       rc = NEWT_ERR(NEWT_ERR_UNAVAILABLE, "newt run: %s; logs in %s", res->reason, res->log_dir);
       break;
     }
