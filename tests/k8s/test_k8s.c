@@ -101,10 +101,17 @@ static void spawn_x(proc *p, const char *kind, const char *name, const char *job
   char log[600], port[16];
   snprintf(log, sizeof log, "%s/%s.log", dir, name);
   snprintf(p->end, sizeof p->end, "%s/%s.end", dir, name);
-  for (int k = 0; k < 50; k++) {
-    T_OK(newt_net_free_port(&p->port));
-    if (p->port < 65535 && port_free(p->port + 1)) break;
+  /* below the kernel's ephemeral range (32768 and up): a port bind(0) hands out is also what
+     any process's next outgoing connection may take before ours binds it (a flake seen under
+     a full suite: "Address already in use") */
+  static unsigned seed;
+  if (!seed) seed = (unsigned)getpid() * 2654435761u;
+  p->port = 0;
+  for (int k = 0; k < 200 && !p->port; k++) {
+    int port = 20000 + (int)(rand_r(&seed) % 12000);
+    if (port_free(port) && port_free(port + 1)) p->port = port;
   }
+  if (!p->port) T_OK(newt_net_free_port(&p->port));
   snprintf(port, sizeof port, "%d", p->port);
   const char *argv[40];
   int a = 0;
