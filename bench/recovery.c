@@ -8,6 +8,12 @@
  * (goal: at least 0.9) and the longest pause of the steps beyond their usual time (goal: 0),
  * from the run's step log.
  *
+ * Every line of a kill, term or stop also says the ranks that trained after the recovery
+ * (world_after) and the medians of the step log's tokens/s before the fault and after the
+ * recovery: `--even-batches` against its absence shows what training every survivor is worth
+ * (--nproc 3 --global-batch 12 --micro-batch 4: two survivors train as two ranks, or as one
+ * and a spare).
+ *
  * --backend nccl runs the workers on this host's GPUs over NCCL (as newt run --backend nccl,
  * with --gpus and --share-gpus); every line says its backend.
  *
@@ -25,12 +31,34 @@
 #include "common/strutil.h"
 #include "gpt/gpt.h"
 #include "job/plan.h"
+#include "job/runlog.h"
 #include "launch/launcher.h"
 #include "model/dev.h"
 
 static int cmp_i64(const void *a, const void *b) {
   int64_t x = *(const int64_t *)a, y = *(const int64_t *)b;
   return x < y ? -1 : x > y;
+}
+
+/* The medians of the step log's tokens/s in the generations before gen and in gen and
+ * after (0 when none). */
+static void step_rates(const char *path, int64_t gen, double *before, double *after) {
+  job_step *s = NULL;
+  size_t n = 0;
+  *before = *after = 0;
+  if (job_steplog_read(path, &s, &n, NULL) != NEWT_OK || job_steplog_stitch(s, &n, NULL) != NEWT_OK) return;
+  double *b = calloc(n + 1, sizeof *b), *a = calloc(n + 1, sizeof *a);
+  size_t nb = 0, na = 0;
+  for (size_t i = 0; b && a && i < n; i++) {
+    if (!(s[i].tokens_per_s > 0)) continue;
+    if ((int64_t)s[i].generation < gen) b[nb++] = s[i].tokens_per_s;
+    else a[na++] = s[i].tokens_per_s;
+  }
+  if (nb) *before = newt_median(b, nb);
+  if (na) *after = newt_median(a, na);
+  free(b);
+  free(a);
+  free(s);
 }
 
 static int64_t median(int64_t *v, int n) {
@@ -55,7 +83,8 @@ static const char *program_name(const launcher_opts *o) {
  * newt run checks one before it starts (gpt_start_check; the trainer's model unless the
  * workers run a program). */
 static int job_spec(newt_spec *s, const char *job, const char *backend, const char *preset, const char *model,
-                    int64_t steps, int64_t gb, int64_t mb, int64_t tp, int64_t pp, int64_t zero, int program) {
+                    int64_t steps, int64_t gb, int64_t mb, int64_t tp, int64_t pp, int64_t zero, int program,
+                    int even) {
   spec_defaults(s, job);
   snprintf(s->backend, sizeof s->backend, "%s", backend);
   snprintf(s->preset, sizeof s->preset, "%s", preset);
@@ -65,6 +94,7 @@ static int job_spec(newt_spec *s, const char *job, const char *backend, const ch
   s->tp = tp;
   s->pp = pp;
   s->zero = zero;
+  s->even_batches = even;
   unsigned what = GPT_CHECK_SPEC | GPT_CHECK_FILES | (program ? 0 : GPT_CHECK_TRAINER);
   if (spec_set_model(s, model) != NEWT_OK || gpt_start_check(s, what) != NEWT_OK) {
     fprintf(stderr, "newt bench recovery: %s\n", newt_errmsg());
@@ -100,7 +130,7 @@ static int bench_etcd_outage(const launcher_opts *base, int64_t nproc, const cha
     launcher_opts lo = *base;
     char job[64], chaos[64];
     snprintf(job, sizeof job, "bench-etcd-%d-%lld", (int)getpid(), (long long)run);
-    if (job_spec(&lo.spec, job, backend, preset, model, steps, gb, mb, 1, 1, 0, lo.command != NULL)) return 2;
+    if (job_spec(&lo.spec, job, backend, preset, model, steps, gb, mb, 1, 1, 0, lo.command != NULL, 0)) return 2;
     snprintf(chaos, sizeof chaos, "restart:etcd:%lld@step=%lld", (long long)outage, (long long)at);
     if (chaos_parse(chaos, &lo.chaos) != NEWT_OK) return 2;
     lo.nproc = (int)nproc;
@@ -145,6 +175,7 @@ int newt_bench_recovery(int argc, char **argv) {
   int64_t nproc = 4, steps = 0, gb = 16, mb = 4, runs = 5, kill_at = 30, threads = 1, tp = 1, pp = 1, zero = 0,
           outage = 10000;
   const char *preset = "tiny", *model = NULL, *fault = "kill", *backend = "cpu";
+  int even = 0;
   int64_t gpus = -1;
   int verbose = 0, share_gpus = 0;
   newt_opt opts[] = {{"nproc", NEWT_OPT_INT, &nproc, "workers"},
@@ -161,6 +192,9 @@ int newt_bench_recovery(int argc, char **argv) {
                      {"tp", NEWT_OPT_INT, &tp, "tensor-parallel size"},
                      {"pp", NEWT_OPT_INT, &pp, "pipeline-parallel size"},
                      {"zero", NEWT_OPT_INT, &zero, "ZeRO stage"},
+                     {"even-batches", NEWT_OPT_FLAG, &even,
+                      "only data-parallel sizes that give every rank the same whole micro-batches (survivors beyond "
+                      "wait as spares: spec.parallel.even_batches)"},
                      {"backend", NEWT_OPT_STR, &backend, "cpu, or nccl: the workers train on GPUs over NCCL (as newt run)"},
                      {"gpus", NEWT_OPT_INT, &gpus, "with --backend nccl: GPUs of this host to use (default: every visible one)"},
                      {"share-gpus", NEWT_OPT_FLAG, &share_gpus,
@@ -218,12 +252,14 @@ int newt_bench_recovery(int argc, char **argv) {
   }
   int64_t *v[6];
   for (int k = 0; k < 6; k++) v[k] = calloc((size_t)runs, sizeof(int64_t));
+  double *tps_after = calloc((size_t)runs, sizeof *tps_after);
   int ok = 0;
   for (int64_t run = 0; run < runs; run++) {
     launcher_opts lo = base;
     char job[64], chaos[64];
     snprintf(job, sizeof job, "bench-recovery-%d-%lld", (int)getpid(), (long long)run);
-    if (job_spec(&lo.spec, job, backend, preset, model, steps, gb, mb, tp, pp, zero, lo.command != NULL)) return 2;
+    if (job_spec(&lo.spec, job, backend, preset, model, steps, gb, mb, tp, pp, zero, lo.command != NULL, even))
+      return 2;
     /* every worker a rank: a fault on a spare would recover nothing */
     int dp = plan_choose_dp(&lo.spec, nproc / (tp * pp));
     if (dp * tp * pp != nproc) {
@@ -252,27 +288,34 @@ int newt_bench_recovery(int argc, char **argv) {
       launcher_result_free(&res);
       continue;
     }
+    double before, after;
+    step_rates(res.step_log, rec->generation, &before, &after);
     printf("{\"bench\":\"recovery\",\"fault\":\"%s\",\"backend\":\"%s\",\"program\":\"%s\",\"run\":%lld,\"nproc\":%lld,"
            "\"preset\":\"%s\",\"tp\":%lld,\"pp\":%lld,"
-           "\"zero\":%lld,\"cause\":\"%s\",\"detect_ms\":%lld,\"plan_ms\":%lld,\"comm_ms\":%lld,"
-           "\"restore_ms\":%lld,\"total_ms\":%lld,\"steps_lost\":%lld,\"restore\":\"%s\"}\n",
-           fault, backend, program_name(&base), (long long)run, (long long)nproc, preset, (long long)tp, (long long)pp, (long long)zero, rec->cause,
-           (long long)rec->detect_ms, (long long)rec->plan_ms, (long long)rec->comm_ms, (long long)rec->restore_ms,
-           (long long)rec->total_ms, (long long)rec->steps_lost, rec->restore);
+           "\"zero\":%lld,\"even_batches\":%s,\"cause\":\"%s\",\"detect_ms\":%lld,\"plan_ms\":%lld,\"comm_ms\":%lld,"
+           "\"restore_ms\":%lld,\"total_ms\":%lld,\"steps_lost\":%lld,\"restore\":\"%s\",\"world_after\":%lld,"
+           "\"tokens_per_s_before\":%.0f,\"tokens_per_s_after\":%.0f}\n",
+           fault, backend, program_name(&base), (long long)run, (long long)nproc, preset, (long long)tp, (long long)pp,
+           (long long)zero, even ? "true" : "false", rec->cause, (long long)rec->detect_ms, (long long)rec->plan_ms,
+           (long long)rec->comm_ms, (long long)rec->restore_ms, (long long)rec->total_ms, (long long)rec->steps_lost,
+           rec->restore, (long long)rec->world, before, after);
     fflush(stdout);
     int64_t f[6] = {rec->detect_ms, rec->plan_ms, rec->comm_ms, rec->restore_ms, rec->total_ms, rec->steps_lost};
     for (int k = 0; k < 6; k++) v[k][ok] = f[k];
+    tps_after[ok] = after;
     ok++;
     run_done(&res);
   }
   if (ok)
     printf("{\"bench\":\"recovery\",\"fault\":\"%s\",\"backend\":\"%s\",\"program\":\"%s\",\"median_of\":%d,"
            "\"nproc\":%lld,\"preset\":\"%s\",\"tp\":%lld,\"pp\":%lld,"
-           "\"zero\":%lld,\"detect_ms\":%lld,\"plan_ms\":%lld,\"comm_ms\":%lld,\"restore_ms\":%lld,"
-           "\"total_ms\":%lld,\"steps_lost\":%lld}\n",
-           fault, backend, program_name(&base), ok, (long long)nproc, preset, (long long)tp, (long long)pp, (long long)zero, (long long)median(v[0], ok),
-           (long long)median(v[1], ok), (long long)median(v[2], ok), (long long)median(v[3], ok),
-           (long long)median(v[4], ok), (long long)median(v[5], ok));
+           "\"zero\":%lld,\"even_batches\":%s,\"detect_ms\":%lld,\"plan_ms\":%lld,\"comm_ms\":%lld,\"restore_ms\":%lld,"
+           "\"total_ms\":%lld,\"steps_lost\":%lld,\"tokens_per_s_after\":%.0f}\n",
+           fault, backend, program_name(&base), ok, (long long)nproc, preset, (long long)tp, (long long)pp, (long long)zero,
+           even ? "true" : "false", (long long)median(v[0], ok), (long long)median(v[1], ok), (long long)median(v[2], ok),
+           (long long)median(v[3], ok), (long long)median(v[4], ok), (long long)median(v[5], ok),
+           newt_median(tps_after, (size_t)ok));
   for (int k = 0; k < 6; k++) free(v[k]);
+  free(tps_after);
   return ok == runs ? 0 : 1;
 }

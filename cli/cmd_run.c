@@ -36,7 +36,7 @@ static const char run_epilogue[] =
 static int spec_flags_given(int argc, int command, char **argv) {
   static const char *const fields[] = {"preset", "model", "steps", "seq-len", "global-batch", "micro-batch", "lr",
                                        "seed", "data", "data-seed", "ckpt-dir", "ckpt-every", "ckpt-keep", "tp", "pp",
-                                       "zero", "dp-min", "dp-max", "backend", "job", "lease-ttl-ms", "comm-timeout-ms",
+                                       "zero", "dp-min", "dp-max", "even-batches", "backend", "job", "lease-ttl-ms", "comm-timeout-ms",
                                        "hang-timeout-ms", "first-step-timeout-ms", "max-failures",
                                        "failure-window-ms", NULL};
   char given[512] = "";
@@ -101,7 +101,7 @@ int newt_cmd_run(int argc, char **argv) {
           hang = d.hang_timeout_ms, first_step = d.first_step_timeout_ms, seed = (int64_t)d.seed, data_seed = (int64_t)d.data_seed, dp_min = d.dp_min,
           dp_max = d.dp_max, seq = 0, members = 1, max_failures = d.max_failures, failure_window = d.failure_window_ms;
   double lr = d.lr;
-  int quiet = 0;
+  int quiet = 0, even_batches = 0;
   newt_opt opts[] = {
       {"nproc", NEWT_OPT_INT, &nproc, "workers to start"},
       {"preset", NEWT_OPT_STR, &preset, "model preset: tiny, small or gpt2-124m"},
@@ -122,6 +122,9 @@ int newt_cmd_run(int argc, char **argv) {
       {"zero", NEWT_OPT_INT, &zero, "ZeRO stage (0..3)"},
       {"dp-min", NEWT_OPT_INT, &dp_min, "smallest data-parallel size to train with"},
       {"dp-max", NEWT_OPT_INT, &dp_max, "largest data-parallel size"},
+      {"even-batches", NEWT_OPT_FLAG, &even_batches,
+       "only data-parallel sizes that give every rank the same whole micro-batches (workers beyond wait as spares); "
+       "default: every worker trains, the ranks splitting the global batch's samples as evenly as they go"},
       {"backend", NEWT_OPT_STR, &backend, "cpu, or nccl: the workers train on GPUs (one each), over NCCL"},
       {"gpus", NEWT_OPT_INT, &gpus, "with --backend nccl: GPUs of this host to use (default: every visible one); "
                                     "each worker gets the one fewest live workers use"},
@@ -208,6 +211,7 @@ int newt_cmd_run(int argc, char **argv) {
     s->zero = zero;
     s->dp_min = dp_min;
     s->dp_max = dp_max;
+    s->even_batches = even_batches;
     s->lease_ttl_ms = lease;
     s->comm_timeout_ms = comm_to;
     s->hang_timeout_ms = hang;

@@ -155,7 +155,7 @@ typedef struct newt_job_info {
   const char *job, *worker_id;
   int64_t steps;        /* the job trains this many steps */
   int64_t global_batch; /* samples per step, whatever the world size */
-  int64_t micro_batch;  /* samples per micro-batch: each rank takes accum of them per step */
+  int64_t micro_batch;  /* samples per micro-batch: each rank takes its accum of them per step */
   int zero;             /* the spec's ZeRO stage (0..3): how far the program shards its optimizer state */
   int device;           /* the CUDA device (-1: the CPU) */
   const char *spec_json; /* the job's whole spec, as JSON */
@@ -173,7 +173,9 @@ typedef struct newt_layout {
   int rank, world;    /* this rank among the ranks that train (world = dp * tp * pp) */
   int dp, tp, pp;     /* the group sizes */
   int dp_rank, tp_rank, pp_rank;
-  int64_t accum;      /* micro-batches per step on each data-parallel rank */
+  int64_t accum;      /* micro-batches per step on this data-parallel rank (the ranks split the
+                         global batch's samples as evenly as they go: the first ones may take
+                         one sample, so one micro-batch, more) */
   newt_comm *world_comm, *dp_comm, *tp_comm, *pp_comm;
 } newt_layout;
 NEWT_API newt_result_t newt_layout_get(newt_ctx *c, newt_layout *out);
@@ -295,9 +297,11 @@ typedef enum newt_next {
 
 /* A step's samples: step s covers the global sample indices [(s - 1) * global_batch,
  * s * global_batch) of the job's sample stream, whatever the world size; this rank takes
- * [first, first + count), count = accum * micro_batch. Average the loss over the global
- * batch (divide by global_batch, not count) and sum gradients over the data-parallel group:
- * the update is then the same at any world size. */
+ * [first, first + count): the data-parallel ranks split the global batch as evenly as it
+ * goes (the first global_batch % dp take one sample more), in accum micro-batches of
+ * micro_batch (the last may be shorter). Average the loss over the global batch (divide by
+ * global_batch, not count) and sum gradients over the data-parallel group: the update is
+ * then the same at any world size, however unequal the ranks' shares. */
 typedef struct newt_batch {
   size_t size;
   int64_t step; /* the step's number: steps done + 1 */

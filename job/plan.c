@@ -24,9 +24,24 @@
 
 int plan_choose_dp(const newt_spec *s, int64_t max_dp) {
   int64_t hi = max_dp < s->dp_max ? max_dp : s->dp_max;
+  if (!s->even_batches) { /* every replica trains: the ranks split the samples (a sample each at least) */
+    if (hi > s->global_batch) hi = s->global_batch;
+    return hi >= s->dp_min ? (int)hi : 0;
+  }
   for (int64_t dp = hi; dp >= s->dp_min; dp--)
     if (s->global_batch % (dp * s->micro_batch) == 0) return (int)dp;
   return 0;
+}
+
+int64_t plan_accum(int64_t global_batch, int64_t micro_batch, int64_t dp) {
+  int64_t most = (global_batch + dp - 1) / dp; /* the first ranks' samples */
+  return (most + micro_batch - 1) / micro_batch;
+}
+
+void plan_batch_slice(int64_t global_batch, int64_t dp, int64_t dp_rank, int64_t *first, int64_t *count) {
+  int64_t q = global_batch / dp, rem = global_batch % dp;
+  *first = dp_rank * q + (dp_rank < rem ? dp_rank : rem);
+  *count = q + (dp_rank < rem);
 }
 
 /* Appends "; " (when why is not empty) and the formatted text, truncating at cap. */
@@ -53,10 +68,13 @@ static void spare_reason(const newt_spec *s, int n, int ngroups, int dp, char *w
     why_add(why, cap, "%d tensor-parallel group%s make%s no whole pipeline (pp %d)", unpiped, unpiped == 1 ? "" : "s",
             unpiped == 1 ? "s" : "", pp);
   if (max_dp > s->dp_max) why_add(why, cap, "spec.parallel.dp_max caps data parallelism at %lld", (long long)s->dp_max);
-  if (dp < hi)
+  if (dp < hi && !s->even_batches)
+    why_add(why, cap, "the global batch of %lld samples gives a sample to at most %d data-parallel rank%s, not %lld",
+            (long long)s->global_batch, dp, dp == 1 ? "" : "s", (long long)hi);
+  else if (dp < hi)
     why_add(why, cap,
             "the global batch of %lld samples is %lld micro-batches of %lld, which split evenly over %d data-parallel "
-            "rank%s, not %lld",
+            "rank%s, not %lld (spec.parallel.even_batches)",
             (long long)s->global_batch, (long long)(s->global_batch / s->micro_batch), (long long)s->micro_batch, dp,
             dp == 1 ? "" : "s", (long long)hi);
 }
@@ -179,7 +197,7 @@ newt_result_t plan_compute(const newt_spec *s, const plan_member *members, int n
   out->zero = (int)s->zero;
   out->global_batch = s->global_batch;
   out->micro_batch = s->micro_batch;
-  out->accum = s->global_batch / (dp * s->micro_batch);
+  out->accum = plan_accum(s->global_batch, s->micro_batch, dp);
   out->nranks = dp * tp * pp;
   out->ranks = calloc((size_t)out->nranks, sizeof *out->ranks);
   out->nspares = n - out->nranks;
@@ -448,11 +466,18 @@ static newt_result_t parse_plan(const cJSON *j, newt_plan *p) {
   NEWT_CHECK(get_bounded(j, w, "global_batch", 1, INT64_MAX, &p->global_batch));
   NEWT_CHECK(get_bounded(j, w, "micro_batch", 1, INT64_MAX, &p->micro_batch));
   NEWT_CHECK(get_bounded(j, w, "accum", 1, INT64_MAX, &p->accum));
-  int64_t per_step = 0; /* accum x dp x micro_batch, which must not overflow on the way */
-  if (__builtin_mul_overflow(p->accum, (int64_t)p->dp, &per_step) ||
-      __builtin_mul_overflow(per_step, p->micro_batch, &per_step) || per_step != p->global_batch)
-    return NEWT_ERR(NEWT_ERR_INVALID, "plan.accum: %lld x dp %d x micro_batch %lld != global_batch %lld",
-                    (long long)p->accum, p->dp, (long long)p->micro_batch, (long long)p->global_batch);
+  /* the ranks split the global batch's samples (a sample each at least); accum is the most
+     micro-batches one takes (all of them when it splits evenly: accum x dp x micro_batch is
+     the global batch) */
+  if (p->dp > p->global_batch)
+    return NEWT_ERR(NEWT_ERR_INVALID, "plan.dp: %d data-parallel ranks for a global batch of %lld samples", p->dp,
+                    (long long)p->global_batch);
+  if (p->accum != plan_accum(p->global_batch, p->micro_batch, p->dp))
+    return NEWT_ERR(NEWT_ERR_INVALID,
+                    "plan.accum: %lld, but the first of dp %d ranks takes %lld micro-batches of %lld of the global batch "
+                    "%lld",
+                    (long long)p->accum, p->dp, (long long)plan_accum(p->global_batch, p->micro_batch, p->dp),
+                    (long long)p->micro_batch, (long long)p->global_batch);
   NEWT_CHECK(copy_str(j, w, "restore", p->restore, sizeof p->restore));
   NEWT_CHECK(get_bounded(j, w, "step", 0, INT64_MAX, &p->step));
   const cJSON *ranks = NULL, *spares = NULL;

@@ -22,7 +22,12 @@
  * Rank order is Megatron's: tp fastest, then dp, then pp:
  *   rank = (pp_idx * dp + dp_idx) * tp + tp_idx.
  * A tensor-parallel group (tp consecutive ranks) always lies on one host. The global
- * batch is kept exactly: accum = global_batch / (dp * micro_batch). */
+ * batch is kept exactly: data-parallel rank d takes plan_batch_slice of its samples (as
+ * evenly as they split, the first ranks one more), in micro-batches of micro_batch (the
+ * last one of a rank may be shorter); accum is the most micro-batches a rank takes
+ * (plan_accum: global_batch / (dp * micro_batch) when every rank takes as many). Every
+ * rank divides its loss by the global batch and the gradients are summed over the
+ * data-parallel group, so the update is the same mean at any dp. */
 #ifndef NEWT_JOB_PLAN_H
 #define NEWT_JOB_PLAN_H
 
@@ -76,9 +81,19 @@ typedef struct plan_member {
   int has_state;     /* holds training state in memory */
 } plan_member;
 
-/* The largest data-parallel size in [dp_min, dp_max], at most max_dp, that splits the
- * global batch into whole micro-batches; 0 when there is none. */
+/* The largest data-parallel size in [dp_min, dp_max], at most max_dp and at most the global
+ * batch (a sample for each rank); with spec.parallel.even_batches, the largest that also
+ * splits the global batch into the same whole micro-batches on every rank. 0 when there is
+ * none. */
 int plan_choose_dp(const newt_spec *s, int64_t max_dp);
+
+/* The most micro-batches of micro_batch one of dp ranks takes of the global batch (the
+ * first rank's). */
+int64_t plan_accum(int64_t global_batch, int64_t micro_batch, int64_t dp);
+
+/* Data-parallel rank dp_rank's samples of a step of global_batch: [first, first + count)
+ * from the step's first sample; the first global_batch % dp ranks take one more. */
+void plan_batch_slice(int64_t global_batch, int64_t dp, int64_t dp_rank, int64_t *first, int64_t *count);
 
 /* Computes the plan for generation prev_gen + 1 from the live members (any order).
  * Members that keep their place keep their coordinates where the layout allows it; the

@@ -136,7 +136,8 @@ static newt_result_t parse_train(const cJSON *t, newt_spec *s) {
 }
 
 static newt_result_t parse_parallel(const cJSON *p, newt_spec *s) {
-  static const char *const known[] = {"tp", "pp", "zero", "dp_min", "dp_max", "start_workers", "start_timeout_ms", NULL};
+  static const char *const known[] = {"tp",      "pp", "zero", "dp_min", "dp_max", "start_workers", "start_timeout_ms",
+                                      "even_batches", NULL};
   const char *w = "spec.parallel";
   NEWT_CHECK(newt_json_check_fields(p, w, known));
   NEWT_CHECK(GET_INT(p, w, "tp", &s->tp));
@@ -145,6 +146,7 @@ static newt_result_t parse_parallel(const cJSON *p, newt_spec *s) {
   NEWT_CHECK(GET_INT(p, w, "dp_min", &s->dp_min));
   NEWT_CHECK(GET_INT(p, w, "start_workers", &s->start_workers));
   NEWT_CHECK(GET_INT(p, w, "start_timeout_ms", &s->start_timeout_ms));
+  NEWT_CHECK(newt_json_get_bool(p, w, "even_batches", 0, &s->even_batches));
   return GET_INT(p, w, "dp_max", &s->dp_max);
 }
 
@@ -314,12 +316,16 @@ newt_result_t spec_validate(const newt_spec *s) {
        (long long)s->micro_batch, (long long)s->global_batch);
   RULE(s->tp * s->pp * s->dp_max <= 1 << 20, "spec.parallel: tp x pp x dp_max = %lld ranks, at most %d",
        (long long)(s->tp * s->pp * s->dp_max), 1 << 20);
-  int feasible = 0;
+  RULE(s->even_batches || s->dp_min <= s->global_batch,
+       "spec.parallel.dp_min: %lld data-parallel ranks, but the global batch has %lld samples (one for each at the "
+       "least)",
+       (long long)s->dp_min, (long long)s->global_batch);
+  int feasible = !s->even_batches; /* any size up to the global batch: the ranks split its samples */
   for (int64_t dp = s->dp_min; dp <= s->dp_max && dp <= s->global_batch && !feasible; dp++)
     feasible = s->global_batch % (dp * s->micro_batch) == 0;
   RULE(feasible,
        "spec.train.global_batch: %lld cannot be split into micro-batches of %lld over any "
-       "data-parallel size in [%lld, %lld]",
+       "data-parallel size in [%lld, %lld] (spec.parallel.even_batches asks every rank to take as many)",
        (long long)s->global_batch, (long long)s->micro_batch, (long long)s->dp_min,
        (long long)s->dp_max);
   RULE(s->ckpt_every >= 0, "spec.ckpt.every: must not be negative (0 disables checkpoints)");
@@ -381,6 +387,7 @@ char *spec_to_json(const newt_spec *s) {
   newt_json_add_int(p, "dp_max", s->dp_max);
   newt_json_add_int(p, "start_workers", s->start_workers);
   newt_json_add_int(p, "start_timeout_ms", s->start_timeout_ms);
+  if (s->even_batches) cJSON_AddBoolToObject(p, "even_batches", 1); /* absent: false, as before it existed */
   cJSON *c = cJSON_AddObjectToObject(j, "ckpt");
   cJSON_AddStringToObject(c, "dir", s->ckpt_dir);
   newt_json_add_int(c, "every", s->ckpt_every);

@@ -8,7 +8,7 @@
  *                 "lr": 1e-3, "lr_min": 1e-4, "warmup": 10, "weight_decay": 0.1,
  *                 "grad_clip": 1.0, "seed": 1},
  *    "parallel": {"tp": 1, "pp": 1, "zero": 0, "dp_min": 1, "dp_max": 64,
- *                 "start_workers": 8, "start_timeout_ms": 30000},
+ *                 "start_workers": 8, "start_timeout_ms": 30000, "even_batches": false},
  *    "ckpt":     {"dir": "/ckpt", "every": 50, "keep": 3, "level": 3},
  *    "fault":    {"lease_ttl_ms": 2000, "comm_timeout_ms": 3000, "hang_timeout_ms": 5000,
  *                 "report_window_ms": 300, "replica_every": 1,
@@ -56,6 +56,10 @@ typedef struct newt_spec {
   uint64_t seed;
   /* parallelism: tp, pp and zero are fixed; dp varies in [dp_min, dp_max] */
   int64_t tp, pp, zero, dp_min, dp_max;
+  /* 0 (default): any data-parallel size up to the global batch, the ranks taking the global
+     batch's samples as evenly as they split (the first ones one more); 1: only sizes that
+     split it into the same whole micro-batches on every rank (workers beyond wait as spares) */
+  int even_batches;
   int64_t start_workers;    /* the first plan waits for this many workers (0: until joins settle) */
   int64_t start_timeout_ms; /* ... or this long after the first registration */
   /* checkpoints (dir empty: none) */

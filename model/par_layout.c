@@ -396,8 +396,8 @@ newt_result_t model_par_alloc(model_par *p, const model_train_config *cfg, const
   NEWT_CHECK_GOTO(model_dev_alloc(p->dev, PAR_REC_MAX, &p->rec), r, fail);
   NEWT_CHECK_GOTO(model_dev_host_alloc(p->dev, PAR_REC_MAX, &p->host_rec), r, fail);
   void *acc;
-  NEWT_CHECK_GOTO(model_dev_alloc(p->dev, sizeof(double), &acc), r, fail);
-  p->loss_acc = acc;
+  NEWT_CHECK_GOTO(model_dev_alloc(p->dev, 2 * sizeof(double), &acc), r, fail);
+  p->loss_acc = acc; /* [1]: the losses of ZeRO 3's empty micro-batches, thrown away */
   return NEWT_OK;
 fail:
   model_par_free(p);

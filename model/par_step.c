@@ -23,7 +23,11 @@
  *
  * ZeRO 3 gathers a bucket's parameters (all-gather over the data-parallel group) before a
  * piece needs them, into one of two working buffers (least recently used goes); the
- * buffers are forgotten at the start of each step and after the update.
+ * buffers are forgotten at the start of each step and after the update. The gathers are
+ * collectives, so every data-parallel rank runs as many micro-batches: where the global
+ * batch gives ranks unequal numbers (one more on the first ones), the others add *empty*
+ * micro-batches -- one sequence, its logits' gradient zero, its loss counted nowhere -- which
+ * gather what a real one gathers and add exact zeros to the gradients.
  *
  * End of the step: one all-gather over the world of each rank's (sum of squared gradients,
  * sum of token losses), summed in rank order (model_par_grads returns them; model_par_step
@@ -128,12 +132,14 @@ typedef struct sched {
   const model_par_comms *c;
   const int32_t *inputs, *targets;
   int count, M, mb, T, C;
+  int own; /* micro-batches of this rank's samples; [own, M): empty ones (ZeRO 3) */
   float dscale;
 } sched;
 
 static model_acts *slot_of(sched *s, int i) {
   model_acts *a = &s->p->acts[i % s->p->nacts];
-  a->B = s->count - i * s->mb < s->mb ? s->count - i * s->mb : s->mb;
+  if (i >= s->own) a->B = 1; /* an empty micro-batch: one sequence */
+  else a->B = s->count - i * s->mb < s->mb ? s->count - i * s->mb : s->mb;
   return a;
 }
 
@@ -165,7 +171,8 @@ static newt_result_t forward(sched *s, int i) {
   model_par *p = s->p;
   const model_par_comms *c = s->c;
   model_acts *a = slot_of(s, i);
-  size_t at = (size_t)i * s->mb * s->T;
+  int empty = i >= s->own;
+  size_t at = empty ? 0 : (size_t)i * s->mb * s->T; /* an empty one reads the first sequence */
   if (p->first) {
     NEWT_CHECK(gather_unit(p, c, unit_of(p, MODEL_PAR_UNIT_WTE)));
     NEWT_CHECK(gather_unit(p, c, unit_of(p, MODEL_PAR_UNIT_WPE)));
@@ -178,7 +185,9 @@ static newt_result_t forward(sched *s, int i) {
   if (p->last) {
     NEWT_CHECK(gather_unit(p, c, unit_of(p, MODEL_PAR_UNIT_LNF)));
     NEWT_CHECK(gather_unit(p, c, unit_of(p, MODEL_PAR_UNIT_WTE)));
-    NEWT_CHECK(par_head_forward(p, c->tp, a, s->targets + at, s->dscale, p->loss_acc));
+    NEWT_CHECK(par_head_forward(p, c->tp, a, s->targets + at, s->dscale, p->loss_acc + empty));
+    if (empty) /* its logits' gradient: zero, so its backward adds exact zeros */
+      model_dev_zero(p->dev, a->logits, (size_t)a->B * s->T * (p->cfg.model.vocab / p->pc.tp) * sizeof(float));
   }
   return NEWT_OK;
 }
@@ -254,18 +263,6 @@ static newt_result_t check_step(const model_par *p, const model_par_comms *c, in
       (pc->tp > 1 && !c->tp) || (pc->dp > 1 && !c->dp) || (pc->pp > 1 && (!c->pp || ((p->first || p->last) && !c->emb))))
     return NEWT_ERR(NEWT_ERR_INVALID, "model_par_step: the communicators do not match the layout tp %d, pp %d, dp %d "
                     "(build them with model_par_comms_split)", pc->tp, pc->pp, pc->dp);
-  if (pc->zero == 3 && pc->dp > 1) { /* the gathers are collectives: every rank must run as many */
-    int mb = p->cfg.micro_batch;
-    for (int r = 1; r < pc->dp; r++) {
-      int64_t f, n0, nr;
-      model_batch_slice(p->cfg.batch, 0, pc->dp, &f, &n0);
-      model_batch_slice(p->cfg.batch, r, pc->dp, &f, &nr);
-      if ((n0 + mb - 1) / mb != (nr + mb - 1) / mb)
-        return NEWT_ERR(NEWT_ERR_INVALID, "zero 3: the global batch of %d over dp %d gives the data-parallel ranks "
-                        "different numbers of micro-batches of %d; use a batch that splits evenly",
-                        p->cfg.batch, pc->dp, mb);
-    }
-  }
   return NEWT_OK;
 }
 
@@ -331,9 +328,15 @@ newt_result_t model_par_grads(model_par *p, const model_par_comms *c, const int3
   sched s = {.p = p, .c = c, .inputs = inputs, .targets = targets, .count = count, .mb = mb, .T = T,
              .C = (int)p->cfg.model.channels, .M = (count + mb - 1) / mb,
              .dscale = 1.0f / (float)((int64_t)p->cfg.batch * T)};
+  s.own = s.M;
+  if (p->pc.zero == 3 && p->pc.dp > 1) { /* as many as the first rank, which has the most */
+    int64_t f, most;
+    model_batch_slice(p->cfg.batch, 0, p->pc.dp, &f, &most);
+    s.M = (int)((most + mb - 1) / mb);
+  }
   model_dev_zero(p->dev, p->grads, p->local.total * sizeof(float));
   model_dev_zero(p->dev, p->rec, 2 * sizeof(double));
-  model_dev_zero(p->dev, p->loss_acc, sizeof(double));
+  model_dev_zero(p->dev, p->loss_acc, 2 * sizeof(double));
   forget_gathers(p);
   newt_result_t r = run_schedule(&s);
   newt_result_t w = wait_buckets(p); /* also when the schedule failed: no request is left behind */

@@ -184,8 +184,8 @@ typedef struct model_par {
   model_scratch scratch;
   float *ce;              /* vocab-parallel cross-entropy: 3 floats per token */
   /* the end of a step: rec is this rank's totals (squared gradients and loss, as doubles),
-   * host_rec the host staging they are downloaded into; loss_acc sums the token losses of
-   * the micro-batches */
+   * host_rec the host staging they are downloaded into; loss_acc[0] sums the token losses of
+   * the micro-batches (loss_acc[1] those of ZeRO 3's empty ones, which count for nothing) */
   void *rec, *host_rec;
   double t_step;          /* when the step began (model_par_grads) */
   double *loss_acc;

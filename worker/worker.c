@@ -578,11 +578,12 @@ static newt_result_t next_step(worker *w, newt_batch *b, newt_next *next) {
     return over(w, NEWT_NEXT_DONE, next);
   }
   const newt_plan *p = &w->plan;
-  int64_t gb = p->global_batch, q = gb / p->dp, rem = gb % p->dp;
-  w->step_first = (int64_t)worker_cursor(w) + w->dp_rank * q + (w->dp_rank < rem ? w->dp_rank : rem);
-  w->step_count = q + (w->dp_rank < rem);
+  int64_t gb = p->global_batch, off;
+  plan_batch_slice(gb, p->dp, w->dp_rank, &off, &w->step_count);
+  w->step_first = (int64_t)worker_cursor(w) + off;
   *b = (newt_batch){.size = b->size, .step = w->live_step + 1, .first = w->step_first, .count = w->step_count,
-                    .micro_batch = p->micro_batch, .accum = p->accum, .global_batch = gb};
+                    .micro_batch = p->micro_batch, .accum = (w->step_count + p->micro_batch - 1) / p->micro_batch,
+                    .global_batch = gb};
   if (w->sample_log && w->tp_rank == 0 && w->pp_rank == 0) { /* one rank per data-parallel slice */
     fprintf(w->sample_log, "C %llu %lld %llu %lld\n", (unsigned long long)p->generation, (long long)w->live_step + 1,
             (unsigned long long)w->step_first, (long long)w->step_count);

@@ -200,7 +200,8 @@ def _copy(dst, src):
 class Layout:
     """The layout of one generation: this rank, the world, the data- / tensor- / pipeline-
     parallel coordinates and groups (world, dp, tp, pp: Group), and accum, the micro-batches
-    each data-parallel rank takes per step. Ranks are ordered (pp_rank * dp + dp_rank) * tp +
+    this data-parallel rank takes per step (the ranks split the global batch as evenly as it
+    goes: the first ones may take a sample, so a micro-batch, more). Ranks are ordered (pp_rank * dp + dp_rank) * tp +
     tp_rank. Valid until the next generation: ask job.layout again after each."""
 
     def __init__(self, job, l):

@@ -68,6 +68,8 @@ typedef struct scenario {
   const char *torch;     /* a PyTorch program as the workers: `newt run ... -- $NEWT_PYTHON
                             examples/torch/train.py <torch>` (through the Python package); its
                             final loss within 1e-5 (relative) of the same script on one worker */
+  int world;             /* the ranks after the last recovery (0: not checked): every survivor
+                            trains where the spec lets it */
 } scenario;
 
 /* The workers are a program of one's own (not newt's trainer). */
@@ -130,18 +132,26 @@ static const scenario scenarios[] = {
     {"leave_shards", 60, 5, "term:rank:1@step=10", {"leave"}, {"--tp", "2", "--pp", "2", "--zero", "1", NULL}},
     /* 4 ranks (micro-batches of 6: dp 1, 2 or 4) lose one: 3 make dp 2 and a spare, and the
        leaver (still registered while it hands over) must not look like room for dp 4 */
-    {"leave_spare", 40, 4, "term:worker:1@step=10", {"leave"}, {"--micro-batch", "6", NULL}, NULL, 0, NULL,
-     "layers=4,channels=128"}, /* the tiny preset: a hand-over that takes a while */
+    {"leave_spare", 40, 4, "term:worker:1@step=10", {"leave"}, {"--micro-batch", "6", "--even-batches", NULL}, NULL, 0,
+     NULL, "layers=4,channels=128"}, /* the tiny preset: a hand-over that takes a while */
     /* 4 ranks with ZeRO 1 (micro-batches of 6: dp 1, 2 or 4) lose one: the 3 survivors make
        dp 2 and a spare, and the spare's shard and copy (perhaps the only ones left of a
        slice) reach the new ranks: it is a donor of the plan that makes it a spare */
-    {"zero_spare", 40, 4, "kill:rank:2@step=10", {"crash"}, {"--zero", "1", "--micro-batch", "6", NULL}},
+    {"zero_spare", 40, 4, "kill:rank:2@step=10", {"crash"}, {"--zero", "1", "--micro-batch", "6", "--even-batches", NULL}},
+    /* every survivor trains (issue 26): the same kill without --even-batches keeps all three,
+       the ranks taking 8 samples each (micro-batches of 6 and 2); and five survivors of six
+       with ZeRO 3 take 5, 5, 5, 5 and 4 samples (micro-batches of 4: the last rank adds an
+       empty one, as ZeRO 3's gathers are collectives) */
+    {.name = "survivors", .steps = 40, .nproc = 4, .chaos = "kill:rank:2@step=10", .causes = {"crash"},
+     .extra = {"--zero", "1", "--micro-batch", "6", NULL}, .world = 3},
+    {.name = "survivors_z3", .steps = 40, .nproc = 6, .chaos = "kill:rank:2@step=10", .causes = {"crash"},
+     .extra = {"--zero", "3", "--micro-batch", "4", NULL}, .world = 5},
     /* a slow start-up on purpose (issue 25, item 1): every worker spends 4 s after its first
        restore before its first step, twice the hang timeout: no false hang, no recovery */
     {.name = "slow_start", .steps = 60, .nproc = 2, .chaos = "", .causes = {NULL},
      .extra = {"--hang-timeout-ms", "2000", NULL}, .program = "--hidden 64 --start-delay-ms 4000"},
     {.name = "mlp_zero_spare", .steps = 600, .nproc = 4, .chaos = "kill:rank:0@step=10", .causes = {"crash"},
-     .extra = {"--zero", "1", "--micro-batch", "6", NULL}, .program = MLP},
+     .extra = {"--zero", "1", "--micro-batch", "6", "--even-batches", NULL}, .program = MLP},
     /* a lost ZeRO shard comes back from its copy on the next data-parallel rank, not from
        the checkpoints being written all along ... */
     {"zero_replica", 40, 4, "kill:rank:1@step=12", {"crash"}, {"--zero", "1", NULL}, NULL, 5, "peer"},
@@ -692,6 +702,10 @@ static void run_scenario(const scenario *sc, const char *newt) {
                   : sc->restore ? strcmp(restore, sc->restore) == 0
                                                : strcmp(restore, "memory") == 0 || strcmp(restore, "peer") == 0;
     T_CHECK_MSG(from_ok, "recovery %d (%s): state from %s", i, cause, restore);
+    int64_t world = 0;
+    newt_json_get_int(r, "recovery", "world", 1, &world);
+    T_CHECK_MSG(!sc->world || r->next || world == sc->world, "recovery %d (%s): %lld ranks after it, expected %d "
+                "(every survivor training)", i, cause, (long long)world, sc->world);
   }
   cJSON_Delete(j);
   free(text);

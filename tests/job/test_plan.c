@@ -36,8 +36,15 @@ static void test_spec(void) {
   expect_spec_error("{\"job\":\"j\",\"parallel\":{\"tpp\":2}}", "spec.parallel.tpp: unknown field");
   expect_spec_error("{\"job\":\"j\",\"parallel\":{\"tp\":\"two\"}}", "spec.parallel.tp");
   expect_spec_error("{\"job\":\"j\",\"train\":{\"global_batch\":30,\"micro_batch\":4}}", "spec.train.global_batch");
-  expect_spec_error("{\"job\":\"j\",\"train\":{\"global_batch\":6,\"micro_batch\":2},\"parallel\":{\"dp_min\":2,\"dp_max\":2}}",
-                    "spec.train.global_batch");
+  /* the ranks split the samples (the first ones one more): 3 and 3 is fine, unless every rank
+     must take as many whole micro-batches */
+  T_OK(parse("{\"job\":\"j\",\"train\":{\"global_batch\":6,\"micro_batch\":2},\"parallel\":{\"dp_min\":2,\"dp_max\":2}}", &s));
+  expect_spec_error("{\"job\":\"j\",\"train\":{\"global_batch\":6,\"micro_batch\":2},"
+                    "\"parallel\":{\"dp_min\":2,\"dp_max\":2,\"even_batches\":true}}",
+                    "spec.train.global_batch: 6 cannot be split");
+  expect_spec_error("{\"job\":\"j\",\"train\":{\"global_batch\":4,\"micro_batch\":2},\"parallel\":{\"dp_min\":5}}",
+                    "spec.parallel.dp_min: 5 data-parallel ranks, but the global batch has 4 samples");
+  expect_spec_error("{\"job\":\"j\",\"parallel\":{\"even_batches\":1}}", "spec.parallel.even_batches");
   expect_spec_error("{\"job\":\"j\",\"parallel\":{\"dp_min\":4,\"dp_max\":2}}", "spec.parallel.dp_max");
   /* hostile sizes: no overflow, no division by zero, no loop of 9e15 (issue 17, item 5) */
   expect_spec_error("{\"job\":\"j\",\"train\":{\"global_batch\":8589934592,\"micro_batch\":4294967296},"
@@ -190,6 +197,20 @@ static void test_plan_dp(void) {
   spec_defaults(&s, "j");
   s.global_batch = 24;
   s.micro_batch = 2;
+  /* every replica trains: 5 ranks take 5, 5, 5, 5 and 4 samples (3, 3, 3, 3 and 2
+     micro-batches); at most one sample each */
+  T_CHECK(plan_choose_dp(&s, 5) == 5);
+  T_CHECK(plan_choose_dp(&s, 30) == 24);
+  T_CHECK(plan_accum(24, 2, 5) == 3 && plan_accum(24, 2, 4) == 3 && plan_accum(24, 2, 24) == 1);
+  int64_t first, count, tiled = 0;
+  for (int d = 0; d < 5; d++) { /* contiguous, every sample once, the first ones one more */
+    plan_batch_slice(24, 5, d, &first, &count);
+    T_CHECK(first == tiled && count == (d < 4 ? 5 : 4));
+    tiled = first + count;
+  }
+  T_CHECK(tiled == 24);
+  /* spec.parallel.even_batches: only sizes that give every rank the same whole micro-batches */
+  s.even_batches = 1;
   T_CHECK(plan_choose_dp(&s, 5) == 4); /* 5 does not divide 12 micro-batches */
   T_CHECK(plan_choose_dp(&s, 12) == 12);
   T_CHECK(plan_choose_dp(&s, 0) == 0);
@@ -205,7 +226,8 @@ static void test_plan_dp(void) {
   T_CHECK(p.accum * p.dp * p.micro_batch == s.global_batch);
   T_CHECK(strcmp(p.spares[0], "w4") == 0); /* the latest joiner waits */
   T_CHECK_MSG(strcmp(p.spare_why, "the global batch of 24 samples is 12 micro-batches of 2, which split evenly over 4 "
-                                  "data-parallel ranks, not 5") == 0, "spare_why: %s", p.spare_why);
+                                  "data-parallel ranks, not 5 (spec.parallel.even_batches)") == 0,
+              "spare_why: %s", p.spare_why);
   char *pj = plan_to_json(&p);
   newt_plan back;
   T_OK(plan_from_json(pj, strlen(pj), &back));
@@ -238,6 +260,26 @@ static void test_plan_dp(void) {
   s.dp_min = 2;
   T_ERR(NEWT_ERR_UNAVAILABLE, plan_compute(&s, m, 1, 0, &p));
   T_CHECK(strstr(newt_errmsg(), "1 workers") != NULL);
+  /* without even_batches every worker trains: 5 ranks, no spare, accum the most a rank takes;
+     a global batch of 3 samples gives a sample to 3 ranks at most */
+  s.even_batches = 0;
+  s.dp_min = 1;
+  T_OK(plan_compute(&s, m, 5, 3, &p));
+  T_CHECK_MSG(p.dp == 5 && p.nspares == 0 && p.accum == 3 && !p.spare_why[0], "dp %d, %d spares, accum %lld", p.dp,
+              p.nspares, (long long)p.accum);
+  pj = plan_to_json(&p);
+  T_OK(plan_from_json(pj, strlen(pj), &back)); /* accum 3 x dp 5 x 2 is not 24: the first ranks' share */
+  plan_free(&back);
+  free(pj);
+  plan_free(&p);
+  s.global_batch = 3;
+  s.micro_batch = 1;
+  T_OK(plan_compute(&s, m, 5, 3, &p));
+  T_CHECK_MSG(p.dp == 3 && p.nspares == 2 &&
+                  strcmp(p.spare_why, "the global batch of 3 samples gives a sample to at most 3 data-parallel ranks, "
+                                      "not 5") == 0,
+              "dp %d, %d spares: %s", p.dp, p.nspares, p.spare_why);
+  plan_free(&p);
 }
 
 static void test_plan_tp_pp(void) {
@@ -328,6 +370,7 @@ static void test_plan_json(void) {
   spec_defaults(&s, "j");
   s.global_batch = 8;
   s.micro_batch = 2;
+  s.even_batches = 1; /* 3 workers: dp 2 and a spare */
   plan_member m[3] = {mk("w0", "h", 1, -1, -1), mk("w1", "h", 2, -1, -1), mk("w2", "h", 3, -1, -1)};
   newt_plan p, q;
   T_OK(plan_compute(&s, m, 3, 9, &p));
@@ -364,7 +407,7 @@ static void test_plan_json(void) {
       {"\"generation\":10", "\"generation\":\"9223372036854775807\"", "plan.generation"},
       {"\"generation\":10", "\"generation\":9007199254740992", "plan.generation"},
       {"\"switch\":\"boundary\"", "\"switch\":\"later\"", "plan.switch"},
-      {"\"dp\":2,", "\"dp\":3,", "plan.accum"},
+      {"\"dp\":2,", "\"dp\":9,", "plan.dp: 9 data-parallel ranks for a global batch of 8"},
   };
   for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
     char *b = strstr(text, bad[i].from);

@@ -50,10 +50,12 @@ typedef struct layout {
   int hosts_by_stage; /* 1: each pipeline stage on its own host (TCP between stages) */
 } layout;
 
+/* dp 3 splits the global batch of 8 unequally (3, 3, 2 sequences: 2, 2 and 1 micro-batches
+   of 2; ZeRO 3's third rank adds an empty one), as every survivor of a kill trains */
 static const layout layouts[] = {
     {1, 1, 1, 0}, {1, 1, 2, 0}, {1, 1, 4, 0}, {1, 2, 1, 0}, {1, 2, 2, 0}, {1, 2, 4, 0},
     {1, 4, 1, 0}, {1, 4, 2, 0}, {2, 1, 1, 0}, {2, 1, 2, 0}, {2, 1, 4, 0}, {2, 2, 1, 0},
-    {2, 2, 2, 0}, {2, 4, 1, 0}, {2, 2, 2, 1},
+    {2, 2, 2, 0}, {2, 4, 1, 0}, {2, 2, 2, 1}, {1, 1, 3, 0}, {1, 2, 3, 0},
 };
 #define NLAYOUTS ((int)(sizeof layouts / sizeof layouts[0]))
 
@@ -264,6 +266,7 @@ static const transition transitions[] = {
     {{2, 2, 2, 0}, {1, 4, 2, 0}, 1, 3},
     {{1, 2, 4, 0}, {2, 1, 2, 0}, 2, 0},
     {{2, 4, 1, 0}, {1, 1, 4, 0}, 3, 1},
+    {{1, 1, 4, 0}, {1, 1, 3, 0}, 3, 3}, /* a kill of one of four: three survivors, each trains */
 };
 #define NTRANS ((int)(sizeof transitions / sizeof transitions[0]))
 #define HALF (STEPS / 2)

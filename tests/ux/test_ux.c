@@ -26,9 +26,8 @@
  *   tty   the live line of `newt run` on a terminal (script(1) gives it one): refreshed in
  *         place, with an ETA, no loss before the first step.
  *
- *   stop  spares and Ctrl-C (issue 25, items 2 and 5): two workers train a global batch of
- *         two micro-batches, two more join and stay spares (the layout is no larger with
- *         them), and chaos kills one of them: `newt run` says the joiners stay spares and
+ *   stop  spares and Ctrl-C (issue 25, items 2 and 5): two workers train with --dp-max 2,
+ *         two more join and stay spares (the layout is no larger with them), and chaos kills one of them: `newt run` says the joiners stay spares and
  *         that the kill lands on a spare, `newt status` lists the other spare with the
  *         reason; then a SIGINT to `newt run`'s process group (a terminal's Ctrl-C): it
  *         ends with status 130, says it was interrupted and offers no report, its summary
@@ -706,9 +705,9 @@ static void test_stop(void) {
   snprintf(steps, sizeof steps, "%s/steps.jsonl", logs_dir);
   snprintf(events, sizeof events, "%s/events.jsonl", logs_dir);
   snprintf(page, sizeof page, "%s/report.html", logs_dir);
-  /* two micro-batches: two ranks; the two joiners make no larger layout */
+  /* at most two data-parallel ranks: the two joiners make no larger layout */
   const char *runv[] = {newt_bin, "run", "--etcd", url, "--job", job, "--nproc", "2", "--model", MODEL, "--seq-len",
-                        "32", "--steps", "1000000", "--global-batch", "8", "--micro-batch", "4", "--chaos",
+                        "32", "--steps", "1000000", "--global-batch", "8", "--micro-batch", "4", "--dp-max", "2", "--chaos",
                         "join:2@step=5,kill:worker:2@step=10", "--log-dir", logs_dir, "--timeout-ms", "600000", NULL};
   newt_spawn_opts rso = {.log_path = out_path, .die_with_parent = 1, .new_session = 1}; /* its own group, as a shell's job */
   pid_t run = -1;
@@ -731,7 +730,7 @@ static void test_stop(void) {
         for (const cJSON *x = sp ? sp->child : NULL; x; x = x->next) {
           const cJSON *w = cJSON_GetObjectItemCaseSensitive(x, "worker"), *why = cJSON_GetObjectItemCaseSensitive(x, "why");
           seen |= cJSON_IsString(w) && strcmp(w->valuestring, "w3") == 0 && cJSON_IsString(why) &&
-                  strstr(why->valuestring, "2 micro-batches of 4, which split evenly over 2 data-parallel ranks");
+                  strstr(why->valuestring, "spec.parallel.dp_max caps data parallelism at 2");
         }
         cJSON_Delete(j);
       }
@@ -800,7 +799,7 @@ static void test_stop(void) {
   T_OK(newt_fs_read_all(page, 64 << 20, &html, &len));
   if (html) {
     T_CHECK_MSG(strstr(html, "interrupted by SIGINT at step"), "the report does not say the run was interrupted");
-    T_CHECK_MSG(strstr(html, "class=\"spare-note\"") && strstr(html, "split evenly over 2 data-parallel ranks"),
+    T_CHECK_MSG(strstr(html, "class=\"spare-note\"") && strstr(html, "spec.parallel.dp_max caps data parallelism at 2"),
                 "the report does not list the spares and why");
     T_CHECK_MSG(strstr(html, "<polyline class=\"workers\""), "the report does not draw the registered workers");
   }

@@ -73,12 +73,16 @@ coordinators check at their start for newt's own trainer (gpt_start_check) */}}
 {{- end }}
 {{- $dpMin := int (include "newt.dpMin" .) }}
 {{- $dpMax := int (include "newt.dpMax" .) }}
+{{- if .Values.spec.parallel.even_batches }}
 {{- $feasible := false }}
 {{- range $dp := untilStep $dpMin (int (add1 (min $dpMax $gb))) 1 }}
 {{- if eq (mod $gb (mul $dp $mb)) 0 }}{{ $feasible = true }}{{ end }}
 {{- end }}
 {{- if not $feasible }}
-{{- fail (printf "newt: spec.train.global_batch (%d) cannot be split into micro-batches of %d over any data-parallel size in [%d, %d] (from workers.minReplicas/maxReplicas)" $gb $mb $dpMin $dpMax) }}
+{{- fail (printf "newt: spec.train.global_batch (%d) cannot be split into micro-batches of %d over any data-parallel size in [%d, %d] (from workers.minReplicas/maxReplicas; spec.parallel.even_batches)" $gb $mb $dpMin $dpMax) }}
+{{- end }}
+{{- else if gt $dpMin $gb }}
+{{- fail (printf "newt: spec.train.global_batch (%d) has too few samples for dp_min %d data-parallel ranks (from workers.minReplicas)" $gb $dpMin) }}
 {{- end }}
 {{- if gt (float64 $t.lr_min) (float64 $t.lr) }}
 {{- fail (printf "newt: spec.train.lr_min (%v) is above spec.train.lr (%v)" $t.lr_min $t.lr) }}
