@@ -67,7 +67,7 @@ typedef struct scenario {
                             program under `newt run --nproc 1` (NULL: newt's own trainer) */
   const char *torch;     /* a PyTorch program as the workers: `newt run ... -- $NEWT_PYTHON
                             examples/torch/train.py <torch>` (through the Python package); its
-                            final loss within 1e-5 (relative) of the same script on one worker */
+                            final loss within 1e-4 (relative) of the same script on one worker */
   int world;             /* the ranks after the last recovery (0: not checked): every survivor
                             trains where the spec lets it */
 } scenario;
@@ -197,7 +197,7 @@ static const scenario scenarios[] = {
     {.name = "mlp_etcd", .steps = 3000, .nproc = 4, .chaos = "restart:etcd:1500@step=10", .causes = {"etcd"},
      .extra = {NULL}, .program = MLP},
     /* a PyTorch program (examples/torch/train.py through the Python package) through a kill,
-       a hang, a leave, a join and a lost leader: its loss within 1e-5 of the script on one
+       a hang, a leave, a join and a lost leader: its loss within 1e-4 of the script on one
        worker (bitwise that of the same job without faults while the data-parallel size is
        kept). A Python worker takes a second or more to start: a join needs the job to
        outlast that, a lost leader its lease TTL */
@@ -620,7 +620,10 @@ static void run_scenario(const scenario *sc, const char *newt) {
   T_CHECK_MSG(keys >= 0 && keys <= 12, "the job left %lld keys in etcd", (long long)keys);
   T_CHECK_MSG(samples_n == (int64_t)STEPS * GB, "samples_consumed %lld, uninterrupted %d", (long long)samples_n,
               STEPS * GB);
-  double tol = sc->torch ? 1e-5 * fabs(ref) : 1e-4 * fmax(1.0, fabs(ref));
+  /* the summation order changes with the data-parallel size (and the step it changes at):
+     rounding differences that Adam grows chaotically, to 2.3e-5 (relative) by step 200 of
+     torch_join when the joiner came at step 50 on a loaded machine */
+  double tol = sc->torch ? 1e-4 * fabs(ref) : 1e-4 * fmax(1.0, fabs(ref));
   T_CHECK_MSG(fabs(loss - ref) <= tol, "final loss %.9f, uninterrupted %.9f (within %.2g)", loss, ref, tol);
   T_CHECK_MSG(isnan(exact) || loss == exact, "final loss %.17g, the same job without faults %.17g: not bitwise", loss,
               exact);
