@@ -3,6 +3,11 @@
  * its next completed step, split into detection, planning, communicator and restore, and
  * how many steps were lost. One JSON line per run, then one with the medians.
  *
+ * --fault join starts one more worker at --kill-at (the recovery is the join: from the
+ * joiner's registration to the first step of the generation that takes it in); --fault
+ * kill-during-etcd-outage takes etcd away at --kill-at for --outage-ms (default 4000) and
+ * kills a worker two steps later, while etcd is still away.
+ *
  * --fault etcd-outage takes etcd away instead (--outage-ms, as restart:etcd:MS) and prints
  * what training did meanwhile: the tokens/s during the outage against those before it
  * (goal: at least 0.9) and the longest pause of the steps beyond their usual time (goal: 0),
@@ -173,7 +178,7 @@ static int bench_etcd_outage(const launcher_opts *base, int64_t nproc, const cha
 
 int newt_bench_recovery(int argc, char **argv) {
   int64_t nproc = 4, steps = 0, gb = 16, mb = 4, runs = 5, kill_at = 30, threads = 1, tp = 1, pp = 1, zero = 0,
-          outage = 10000;
+          outage = -1;
   const char *preset = "tiny", *model = NULL, *fault = "kill", *backend = "cpu";
   int even = 0;
   int64_t gpus = -1;
@@ -185,8 +190,11 @@ int newt_bench_recovery(int argc, char **argv) {
                      {"global-batch", NEWT_OPT_INT, &gb, "samples per step"},
                      {"micro-batch", NEWT_OPT_INT, &mb, "samples per forward/backward"},
                      {"kill-at", NEWT_OPT_INT, &kill_at, "step at which the fault is injected"},
-                     {"fault", NEWT_OPT_STR, &fault, "kill (SIGKILL, a crash), term (SIGTERM, a preemption), stop (SIGSTOP, a hang) or etcd-outage"},
-                     {"outage-ms", NEWT_OPT_INT, &outage, "with --fault etcd-outage: how long etcd is away"},
+                     {"fault", NEWT_OPT_STR, &fault,
+                      "kill (SIGKILL, a crash), term (SIGTERM, a preemption), stop (SIGSTOP, a hang), join (one more "
+                      "worker), kill-during-etcd-outage, or etcd-outage"},
+                     {"outage-ms", NEWT_OPT_INT, &outage,
+                      "with --fault etcd-outage (default 10000) or kill-during-etcd-outage (4000): how long etcd is away"},
                      {"runs", NEWT_OPT_INT, &runs, "jobs to run (one kill each)"},
                      {"threads", NEWT_OPT_INT, &threads, "compute threads per worker"},
                      {"tp", NEWT_OPT_INT, &tp, "tensor-parallel size"},
@@ -239,10 +247,16 @@ int newt_bench_recovery(int argc, char **argv) {
     return 2;
   }
   snprintf(base.spec.backend, sizeof base.spec.backend, "%s", backend);
-  int etcd = strcmp(fault, "etcd-outage") == 0;
-  if (steps == 0) steps = etcd ? 1500 : 60; /* an outage of seconds needs a job that trains through it */
-  if (strcmp(fault, "kill") != 0 && strcmp(fault, "term") != 0 && strcmp(fault, "stop") != 0 && !etcd) {
-    fprintf(stderr, "newt bench recovery: --fault: kill, term, stop or etcd-outage, not \"%s\"\n", fault);
+  int etcd = strcmp(fault, "etcd-outage") == 0, join = strcmp(fault, "join") == 0,
+      in_outage = strcmp(fault, "kill-during-etcd-outage") == 0;
+  if (outage < 0) outage = in_outage ? 4000 : 10000;
+  /* an outage of seconds needs a job that trains through it, a join one that outlasts a
+     process start */
+  if (steps == 0) steps = etcd ? 1500 : in_outage ? 1000 : join ? 400 : 60;
+  if (strcmp(fault, "kill") != 0 && strcmp(fault, "term") != 0 && strcmp(fault, "stop") != 0 && !etcd && !join &&
+      !in_outage) {
+    fprintf(stderr, "newt bench recovery: --fault: kill, term, stop, join, kill-during-etcd-outage or etcd-outage, not "
+                    "\"%s\"\n", fault);
     return 2;
   }
   if (etcd) return bench_etcd_outage(&base, nproc, preset, model, steps, gb, mb, kill_at, outage, runs, threads, verbose);
@@ -256,7 +270,7 @@ int newt_bench_recovery(int argc, char **argv) {
   int ok = 0;
   for (int64_t run = 0; run < runs; run++) {
     launcher_opts lo = base;
-    char job[64], chaos[64];
+    char job[64], chaos[160];
     snprintf(job, sizeof job, "bench-recovery-%d-%lld", (int)getpid(), (long long)run);
     if (job_spec(&lo.spec, job, backend, preset, model, steps, gb, mb, tp, pp, zero, lo.command != NULL, even))
       return 2;
@@ -270,18 +284,27 @@ int newt_bench_recovery(int argc, char **argv) {
       return 2;
     }
     /* the victim: not rank 0's usual worker, so progress keeps flowing */
-    snprintf(chaos, sizeof chaos, "%s:worker:%lld@step=%lld", fault, (long long)(1 + run % (nproc - 1)),
-             (long long)kill_at);
+    long long victim = 1 + run % (nproc - 1);
+    if (join)
+      snprintf(chaos, sizeof chaos, "join:1@step=%lld", (long long)kill_at);
+    else if (in_outage)
+      snprintf(chaos, sizeof chaos, "restart:etcd:%lld@step=%lld,kill:worker:%lld@step=%lld", (long long)outage,
+               (long long)kill_at, victim, (long long)kill_at + 2);
+    else
+      snprintf(chaos, sizeof chaos, "%s:worker:%lld@step=%lld", fault, victim, (long long)kill_at);
     if (chaos_parse(chaos, &lo.chaos) != NEWT_OK) return 2;
     lo.nproc = (int)nproc;
     lo.coordinators = 2;
     lo.threads = (int)threads;
     lo.quiet = !verbose;
-    lo.timeout_ms = 600000;
+    lo.timeout_ms = 600000 + (in_outage ? outage : 0);
     launcher_result res;
     newt_result_t r = launcher_run(&lo, &res);
     chaos_free(&lo.chaos);
-    const launcher_recovery *rec = res.nrecoveries ? &res.recoveries[0] : NULL;
+    const launcher_recovery *rec = NULL; /* the fault's: the join, or the crash (not etcd's own) */
+    for (int k = 0; k < res.nrecoveries && !rec; k++)
+      if (join ? strcmp(res.recoveries[k].cause, "join") == 0 : strcmp(res.recoveries[k].cause, "etcd") != 0)
+        rec = &res.recoveries[k];
     if (r != NEWT_OK || !res.done || !rec) {
       fprintf(stderr, "newt bench recovery: run %lld: %s (logs in %s)\n", (long long)run,
               r != NEWT_OK ? newt_errmsg() : "no recovery was recorded", res.log_dir);

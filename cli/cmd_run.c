@@ -36,7 +36,7 @@ static const char run_epilogue[] =
 static int spec_flags_given(int argc, int command, char **argv) {
   static const char *const fields[] = {"preset", "model", "steps", "seq-len", "global-batch", "micro-batch", "lr",
                                        "seed", "data", "data-seed", "ckpt-dir", "ckpt-every", "ckpt-keep", "tp", "pp",
-                                       "zero", "dp-min", "dp-max", "even-batches", "backend", "job", "lease-ttl-ms", "comm-timeout-ms",
+                                       "zero", "dp-min", "dp-max", "even-batches", "join-window-ms", "backend", "job", "lease-ttl-ms", "comm-timeout-ms",
                                        "hang-timeout-ms", "first-step-timeout-ms", "max-failures",
                                        "failure-window-ms", NULL};
   char given[512] = "";
@@ -99,7 +99,7 @@ int newt_cmd_run(int argc, char **argv) {
   int64_t nproc = 4, coords = 2, steps = d.steps, gb = d.global_batch, mb = d.micro_batch, every = 0, keep = d.ckpt_keep,
           threads = 1, tp = 1, pp = 1, zero = 0, timeout = 0, lease = d.lease_ttl_ms, comm_to = d.comm_timeout_ms,
           hang = d.hang_timeout_ms, first_step = d.first_step_timeout_ms, seed = (int64_t)d.seed, data_seed = (int64_t)d.data_seed, dp_min = d.dp_min,
-          dp_max = d.dp_max, seq = 0, members = 1, max_failures = d.max_failures, failure_window = d.failure_window_ms;
+          dp_max = d.dp_max, join_window = d.join_window_ms, seq = 0, members = 1, max_failures = d.max_failures, failure_window = d.failure_window_ms;
   double lr = d.lr;
   int quiet = 0, even_batches = 0;
   newt_opt opts[] = {
@@ -122,6 +122,8 @@ int newt_cmd_run(int argc, char **argv) {
       {"zero", NEWT_OPT_INT, &zero, "ZeRO stage (0..3)"},
       {"dp-min", NEWT_OPT_INT, &dp_min, "smallest data-parallel size to train with"},
       {"dp-max", NEWT_OPT_INT, &dp_max, "largest data-parallel size"},
+      {"join-window-ms", NEWT_OPT_INT, &join_window,
+       "joiners are taken in once no other has registered for this long (more gathers several into one plan)"},
       {"even-batches", NEWT_OPT_FLAG, &even_batches,
        "only data-parallel sizes that give every rank the same whole micro-batches (workers beyond wait as spares); "
        "default: every worker trains, the ranks splitting the global batch's samples as evenly as they go"},
@@ -212,6 +214,7 @@ int newt_cmd_run(int argc, char **argv) {
     s->dp_min = dp_min;
     s->dp_max = dp_max;
     s->even_batches = even_batches;
+    s->join_window_ms = join_window;
     s->lease_ttl_ms = lease;
     s->comm_timeout_ms = comm_to;
     s->hang_timeout_ms = hang;

@@ -44,7 +44,6 @@
 #include "job/spec.h"
 #include "rendezvous/rdzv.h"
 
-NEWT_PARAM(JoinWindowMs, "NEWT_JOIN_WINDOW_MS", 500)
 NEWT_PARAM(StartWindowMs, "NEWT_START_WINDOW_MS", 1000)
 NEWT_PARAM(CoordTickMs, "NEWT_COORD_TICK_MS", 5)
 NEWT_PARAM(KeepEvents, "NEWT_KEEP_EVENTS", 1000)
@@ -530,7 +529,7 @@ static policy_view view_locked(coord *c) {
                        .last_progress = prog,
                        .steps_done = c->prog_step,
                        .outage_end = c->outage_end,
-                       .join_window_ms = newt_param_JoinWindowMs(),
+                       .join_window_ms = c->spec.join_window_ms,
                        .start_window_ms = newt_param_StartWindowMs(),
                        .join_grows = join_grows_layout,
                        .ud = c};
@@ -959,7 +958,7 @@ static void after_outage(coord *c) {
   c->outage_end = now;
   pthread_mutex_unlock(&c->mu);
   NEWT_INFO(COORD, "%s: etcd answers again; members have %lld ms to renew their registrations", c->id,
-            (long long)(c->spec.lease_ttl_ms + newt_param_JoinWindowMs()));
+            (long long)(c->spec.lease_ttl_ms + c->spec.join_window_ms));
   restore_records(c);
 }
 

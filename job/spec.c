@@ -36,6 +36,7 @@ void spec_defaults(newt_spec *s, const char *job) {
   s->dp_max = 1024;
   s->start_workers = 0;
   s->start_timeout_ms = 30000;
+  s->join_window_ms = SPEC_JOIN_WINDOW_MS;
   s->ckpt_every = 0;
   s->ckpt_keep = 3;
   s->ckpt_level = 3;
@@ -137,7 +138,7 @@ static newt_result_t parse_train(const cJSON *t, newt_spec *s) {
 
 static newt_result_t parse_parallel(const cJSON *p, newt_spec *s) {
   static const char *const known[] = {"tp",      "pp", "zero", "dp_min", "dp_max", "start_workers", "start_timeout_ms",
-                                      "even_batches", NULL};
+                                      "even_batches", "join_window_ms", NULL};
   const char *w = "spec.parallel";
   NEWT_CHECK(newt_json_check_fields(p, w, known));
   NEWT_CHECK(GET_INT(p, w, "tp", &s->tp));
@@ -146,6 +147,7 @@ static newt_result_t parse_parallel(const cJSON *p, newt_spec *s) {
   NEWT_CHECK(GET_INT(p, w, "dp_min", &s->dp_min));
   NEWT_CHECK(GET_INT(p, w, "start_workers", &s->start_workers));
   NEWT_CHECK(GET_INT(p, w, "start_timeout_ms", &s->start_timeout_ms));
+  NEWT_CHECK(GET_INT(p, w, "join_window_ms", &s->join_window_ms));
   NEWT_CHECK(newt_json_get_bool(p, w, "even_batches", 0, &s->even_batches));
   return GET_INT(p, w, "dp_max", &s->dp_max);
 }
@@ -280,6 +282,7 @@ newt_result_t spec_validate(const newt_spec *s) {
        (long long)s->dp_max, (long long)s->dp_min);
   RULE(s->start_workers >= 0, "spec.parallel.start_workers: must not be negative");
   RULE(s->start_timeout_ms >= 0, "spec.parallel.start_timeout_ms: must not be negative");
+  RULE(s->join_window_ms >= 0, "spec.parallel.join_window_ms: must not be negative");
   RULE(s->layers == 0 || s->pp <= s->layers, "spec.parallel.pp: %lld stages for %lld layers",
        (long long)s->pp, (long long)s->layers);
   /* upper bounds, before anything multiplies two fields: a spec comes from etcd or a file
@@ -299,6 +302,7 @@ newt_result_t spec_validate(const newt_spec *s) {
       {"spec.parallel.dp_min", s->dp_min, 1 << 16},  {"spec.parallel.dp_max", s->dp_max, 1 << 16},
       {"spec.parallel.start_workers", s->start_workers, 1 << 20},
       {"spec.parallel.start_timeout_ms", s->start_timeout_ms, 86400000},
+      {"spec.parallel.join_window_ms", s->join_window_ms, 3600000},
       {"spec.ckpt.every", s->ckpt_every, (int64_t)1 << 40}, {"spec.ckpt.keep", s->ckpt_keep, 100000},
       {"spec.fault.lease_ttl_ms", s->lease_ttl_ms, 3600000},
       {"spec.fault.comm_timeout_ms", s->comm_timeout_ms, 86400000},
@@ -387,6 +391,8 @@ char *spec_to_json(const newt_spec *s) {
   newt_json_add_int(p, "dp_max", s->dp_max);
   newt_json_add_int(p, "start_workers", s->start_workers);
   newt_json_add_int(p, "start_timeout_ms", s->start_timeout_ms);
+  /* written when not the default: a spec of the defaults reads in a release without it */
+  if (s->join_window_ms != SPEC_JOIN_WINDOW_MS) newt_json_add_int(p, "join_window_ms", s->join_window_ms);
   if (s->even_batches) cJSON_AddBoolToObject(p, "even_batches", 1); /* absent: false, as before it existed */
   cJSON *c = cJSON_AddObjectToObject(j, "ckpt");
   cJSON_AddStringToObject(c, "dir", s->ckpt_dir);
@@ -437,6 +443,7 @@ void spec_data_desc(const newt_spec *s, char *out, size_t cap) {
 
 static const char *const changeable[] = {
     "parallel.dp_min",        "parallel.dp_max",        "parallel.start_workers", "parallel.start_timeout_ms",
+    "parallel.join_window_ms",
     "ckpt.every",             "ckpt.keep",              "ckpt.level",             "fault.comm_timeout_ms",
     "fault.hang_timeout_ms",  "fault.first_step_timeout_ms", "fault.report_window_ms", "fault.replica_every",    "fault.max_failures",
     "fault.failure_window_ms", NULL};

@@ -8,7 +8,8 @@
  *                 "lr": 1e-3, "lr_min": 1e-4, "warmup": 10, "weight_decay": 0.1,
  *                 "grad_clip": 1.0, "seed": 1},
  *    "parallel": {"tp": 1, "pp": 1, "zero": 0, "dp_min": 1, "dp_max": 64,
- *                 "start_workers": 8, "start_timeout_ms": 30000, "even_batches": false},
+ *                 "start_workers": 8, "start_timeout_ms": 30000, "join_window_ms": 100,
+ *                 "even_batches": false},
  *    "ckpt":     {"dir": "/ckpt", "every": 50, "keep": 3, "level": 3},
  *    "fault":    {"lease_ttl_ms": 2000, "comm_timeout_ms": 3000, "hang_timeout_ms": 5000,
  *                 "report_window_ms": 300, "replica_every": 1,
@@ -27,6 +28,8 @@
  * checkpoint directory) is gpt_start_check's (gpt/gpt.h). */
 #ifndef NEWT_JOB_SPEC_H
 #define NEWT_JOB_SPEC_H
+
+#define SPEC_JOIN_WINDOW_MS 100 /* spec.parallel.join_window_ms's default */
 
 #include <cjson/cJSON.h>
 #include <stddef.h>
@@ -62,6 +65,9 @@ typedef struct newt_spec {
   int even_batches;
   int64_t start_workers;    /* the first plan waits for this many workers (0: until joins settle) */
   int64_t start_timeout_ms; /* ... or this long after the first registration */
+  int64_t join_window_ms;   /* joiners are taken in once no other has registered for this long
+                               (100 ms: a join reaches the next generation well within 500 ms of
+                               its registration; more gathers several joiners into one plan) */
   /* checkpoints (dir empty: none) */
   char ckpt_dir[SPEC_PATH_MAX];
   int64_t ckpt_every, ckpt_keep, ckpt_level;

@@ -45,6 +45,18 @@ static void test_spec(void) {
   expect_spec_error("{\"job\":\"j\",\"train\":{\"global_batch\":4,\"micro_batch\":2},\"parallel\":{\"dp_min\":5}}",
                     "spec.parallel.dp_min: 5 data-parallel ranks, but the global batch has 4 samples");
   expect_spec_error("{\"job\":\"j\",\"parallel\":{\"even_batches\":1}}", "spec.parallel.even_batches");
+  /* the join window: 100 ms by default, written only when another (a spec of the defaults
+     reads as before it existed) */
+  T_OK(parse("{\"job\":\"j\"}", &s));
+  char *dj = spec_to_json(&s);
+  T_CHECK_MSG(s.join_window_ms == 100 && dj && !strstr(dj, "join_window_ms") && !strstr(dj, "even_batches"), "%s", dj);
+  free(dj);
+  T_OK(parse("{\"job\":\"j\",\"parallel\":{\"join_window_ms\":2000,\"even_batches\":true}}", &s));
+  dj = spec_to_json(&s);
+  T_OK(parse(dj, &back));
+  T_CHECK_MSG(back.join_window_ms == 2000 && back.even_batches == 1, "%s", dj);
+  free(dj);
+  expect_spec_error("{\"job\":\"j\",\"parallel\":{\"join_window_ms\":-1}}", "spec.parallel.join_window_ms");
   expect_spec_error("{\"job\":\"j\",\"parallel\":{\"dp_min\":4,\"dp_max\":2}}", "spec.parallel.dp_max");
   /* hostile sizes: no overflow, no division by zero, no loop of 9e15 (issue 17, item 5) */
   expect_spec_error("{\"job\":\"j\",\"train\":{\"global_batch\":8589934592,\"micro_batch\":4294967296},"
