@@ -51,6 +51,7 @@ newt_result_t comm_split(comm_t *parent, int color, int key, comm_t **out) {
   if (atomic_load(&parent->failed)) return comm_failed_err(parent, "comm_split");
   struct comm *c = comm_obj_new(parent->backend, parent->ops, parent->timeout_ms, parent->build_timeout_ms);
   NEWT_CHECK_ALLOC(c);
+  atomic_store(&c->stall_ms, atomic_load(&parent->stall_ms));
   int member = 0;
   newt_result_t res = parent->ops->split(parent, color, key, c, &member);
   if (res == NEWT_OK && member) res = comm_family_link(parent, c);
@@ -85,6 +86,7 @@ newt_result_t comm_shrink(comm_t *c, const int *exclude, int nexclude, uint64_t 
                         exclude[i], j, i);
   struct comm *n = comm_obj_new(c->backend, c->ops, c->timeout_ms, c->build_timeout_ms);
   NEWT_CHECK_ALLOC(n);
+  atomic_store(&n->stall_ms, atomic_load(&c->stall_ms));
   newt_result_t res = c->ops->shrink(c, exclude, nexclude, generation, secret, secret_len, n);
   if (res != NEWT_OK) {
     comm_obj_release(n);
@@ -102,6 +104,22 @@ newt_result_t comm_set_stream(comm_t *c, void *stream) {
 comm_t *comm_host_channel(comm_t *c) {
   if (!c) return NULL;
   return c->backend == COMM_BACKEND_NCCL && c->companion ? c->companion : c;
+}
+
+static void set_stall_one(struct comm *c, int64_t ms) {
+  int64_t v = ms < 1 ? 1 : ms > c->timeout_ms ? c->timeout_ms : ms;
+  atomic_store(&c->stall_ms, v);
+}
+
+void comm_set_stall(comm_t *c, int64_t ms) {
+  if (!c) return;
+  struct comm *members[256];
+  int n = comm_family_collect(c, members, (int)(sizeof members / sizeof members[0]));
+  if (n == 0) members[n++] = c;
+  for (int i = 0; i < n; i++) {
+    set_stall_one(members[i], ms);
+    if (members[i]->companion) set_stall_one(members[i]->companion, ms);
+  }
 }
 
 int comm_rank(const comm_t *c) { return c ? c->rank : -1; }

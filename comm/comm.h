@@ -147,6 +147,14 @@ newt_result_t comm_shrink(comm_t *c, const int *exclude, int nexclude, uint64_t 
  * already issued stay on their stream. CPU: accepted and ignored. */
 newt_result_t comm_set_stream(comm_t *c, void *stream);
 
+/* How long an operation of c's family (its root, every split, their control channels) goes
+ * without progress before the peers are probed: a peer that does not answer (stopped, hung)
+ * is named then, at once; one that answers but has not entered the operation (still
+ * computing) is waited for up to comm_config.timeout_ms, the cap. ms is clamped to
+ * [1, timeout_ms]; until set, it is timeout_ms. From any thread, between or during
+ * operations (a wait takes the new value at its next look). */
+void comm_set_stall(comm_t *c, int64_t ms);
+
 /* The communicator of the same ranks for host memory: c itself for the CPU backend, an
  * NCCL communicator's control channel (a CPU communicator whose failure is c's, and the
  * other way round). What a generation moves between host buffers (control values, pieces

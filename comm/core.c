@@ -126,6 +126,7 @@ struct comm *comm_obj_new(comm_backend b, const comm_backend_ops *ops, int64_t t
     c->backend = b;
     c->ops = ops;
     c->timeout_ms = timeout_ms;
+    atomic_init(&c->stall_ms, timeout_ms);
     c->build_timeout_ms = build_timeout_ms;
     c->status.peer = -1;
   }

@@ -353,6 +353,8 @@ typedef struct cpu_wait {
   int probe_hops;
   uint32_t probe_seq;
   uint64_t probe_until;
+  uint64_t since; /* the last progress (monotonic ns) */
+  int probes;     /* probes since then (the first is logged at INFO) */
 } cpu_wait;
 
 void cpu_wait_init(cpu_wait *w, cpu_comm *c);
@@ -360,7 +362,9 @@ void cpu_wait_init(cpu_wait *w, cpu_comm *c);
 void cpu_wait_progress(cpu_wait *w);
 /* Nothing moved: rx is the link we want data from, tx the one we want to send to (either
  * may be NULL). Returns after a short spin or a sleep; an error when the communicator
- * failed, was aborted, a peer died or made no progress for timeout_ms. */
+ * failed, was aborted, a peer died, or made no progress for the stall deadline
+ * (comm_set_stall) and did not answer a probe, or answered that it had not entered the
+ * operation for timeout_ms. */
 newt_result_t cpu_wait_block(cpu_wait *w, cpu_link *rx, cpu_link *tx);
 
 /* --- algorithms (cpu_algo.c) ----------------------------------------------------------- */

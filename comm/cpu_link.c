@@ -492,16 +492,23 @@ void links_align(cpu_comm *c) {
 
 static uint64_t spin_ns(void) { return (uint64_t)newt_param_CommSpinUs() * 1000ull; }
 
+/* The stall deadline (comm_set_stall; the timeout until set). */
+static int64_t stall_ms(cpu_comm *c) { return atomic_load_explicit(&c->pub->stall_ms, memory_order_relaxed); }
+
 static uint64_t probe_ns(cpu_comm *c) {
-  int64_t ms = c->timeout_ms / 4;
+  int64_t ms = stall_ms(c) / 4;
   if (ms < 50) ms = 50;
   if (ms > 2000) ms = 2000;
   return (uint64_t)ms * 1000000ull;
 }
 
 static uint64_t stall_ns(cpu_comm *c) {
-  return c->timeout_ms < 0 ? UINT64_MAX / 2 : (uint64_t)c->timeout_ms * 1000000ull;
+  int64_t ms = stall_ms(c);
+  return ms < 0 ? UINT64_MAX / 2 : (uint64_t)ms * 1000000ull;
 }
+
+/* How long the wait has gone without progress, in ms. */
+static long long stalled_ms(const cpu_wait *w) { return (long long)((newt_now_ns() - w->since) / 1000000ull); }
 
 void cpu_wait_init(cpu_wait *w, cpu_comm *c) {
   memset(w, 0, sizeof *w);
@@ -509,6 +516,7 @@ void cpu_wait_init(cpu_wait *w, cpu_comm *c) {
   uint64_t now = newt_now_ns();
   w->spin_until = now + spin_ns();
   w->stall_at = now + stall_ns(c);
+  w->since = now;
   w->blocker = -1;
   w->probe_target = -1;
   c->cur_wait = w;
@@ -518,6 +526,8 @@ void cpu_wait_progress(cpu_wait *w) {
   uint64_t now = newt_now_ns();
   w->spin_until = now + spin_ns();
   w->stall_at = now + stall_ns(w->c);
+  w->since = now;
+  w->probes = 0;
   w->probing = 0;
   w->blocker = -1;
   if (w->armed) {
@@ -559,9 +569,16 @@ static void handle_pong(cpu_comm *c, cpu_link *l, const ctrl_msg *m) {
   int in_op = (int)le_get32(m->payload);
   int waiting_on = (int32_t)le_get32(m->payload + 4);
   const char *name = cpu_peer_name(c, l->peer);
-  if (!in_op) {
+  int alive_verdict = !in_op || waiting_on == c->rank; /* (waiting on another: follow the chain) */
+  if (alive_verdict && stalled_ms(w) < c->timeout_ms) {
+    /* alive: still computing its part (a slow step, a straggler), or in the operation with
+       data for us still in flight (a lossy link retransmits): not a hang, nor a mismatch,
+       until the cap; only silence is named at the stall deadline */
+    w->probing = 0;
+    w->stall_at = newt_now_ns() + stall_ns(c);
+  } else if (!in_op) {
     probe_verdict(w, "%s is alive but has not entered %s after %lld ms", name,
-                  c->op_name ? c->op_name : "the operation", (long long)c->timeout_ms);
+                  c->op_name ? c->op_name : "the operation", stalled_ms(w));
   } else if (waiting_on < 0 || waiting_on >= c->size) {
     /* busy, not blocked: it is making progress of its own; wait another period */
     w->probing = 0;
@@ -648,14 +665,17 @@ newt_result_t cpu_wait_block(cpu_wait *w, cpu_link *rx, cpu_link *tx) {
                      "%s left (freed its communicator) while this rank had data for it in %s",
                      cpu_peer_name(c, tx->peer), c->op_name);
   if (!w->probing && now >= w->stall_at && w->blocker >= 0) {
-    NEWT_INFO(COMM, "rank %d: no progress in %s for %lld ms, probing rank %d", c->rank, c->op_name,
-              (long long)c->timeout_ms, w->blocker);
+    if (w->probes++ == 0)
+      NEWT_INFO(COMM, "rank %d: no progress in %s for %lld ms, probing rank %d", c->rank, c->op_name, stalled_ms(w),
+                w->blocker);
+    else
+      NEWT_DEBUG(COMM, "rank %d: no progress in %s for %lld ms, probing rank %d again", c->rank, c->op_name,
+                 stalled_ms(w), w->blocker);
     w->probe_hops = 0;
     probe_send(w, w->blocker);
   } else if (w->probing && now >= w->probe_until) {
     return probe_verdict(w, "%s made no progress for %lld ms during %s and did not answer a probe (stopped or hung)",
-                         cpu_peer_name(c, w->probe_target),
-                         (long long)c->timeout_ms, c->op_name);
+                         cpu_peer_name(c, w->probe_target), stalled_ms(w), c->op_name);
   }
   return NEWT_OK;
 }

@@ -66,7 +66,10 @@ struct comm {
   comm_backend backend;
   int rank;
   int size;
-  int64_t timeout_ms;       /* the longest an operation may go without progress */
+  int64_t timeout_ms;       /* the longest an operation may go without progress while every peer
+                               answers (one that answers but has not entered it is named then) */
+  _Atomic int64_t stall_ms; /* no progress this long: the peers are probed, and one that does not
+                               answer is named at once (comm_set_stall; at most timeout_ms) */
   int64_t build_timeout_ms; /* deadline of a build (create, split, shrink) */
   struct comm *parent; /* split parent, NULL for a root */
   int *root_ranks;     /* [size]: each rank's rank in the family's root (the communicator

@@ -234,6 +234,7 @@ typedef struct probe {
   int active, rounds;
   uint32_t seq;
   uint64_t until;
+  uint64_t since; /* the first round since the last progress began (monotonic ns) */
   uint64_t prev[PROBE_PEERS][COMM_PROBE_VALUES]; /* the previous round's answers */
 } probe;
 
@@ -241,7 +242,8 @@ typedef struct probe {
 static void probe_start(struct nccl_comm *n, probe *p) {
   p->active = 1;
   p->seq = comm_cpu_probe(n->ctl);
-  p->until = newt_now_ns() + probe_window_ns(n->pub->timeout_ms);
+  if (p->rounds == 0) p->since = newt_now_ns();
+  p->until = newt_now_ns() + probe_window_ns(atomic_load(&n->pub->stall_ms));
 }
 
 /* Evaluates a probe round made because nothing moved for timeout_ms while operation
@@ -272,7 +274,7 @@ static int probe_verdict(struct nccl_comm *n, probe *p, uint64_t head, int start
   if ((silent >= 0 || gone >= 0) && newt_now_ns() < p->until) return 0; /* wait for the answers */
   p->active = 0;
   p->rounds++;
-  long long ms = (long long)c->timeout_ms;
+  long long ms = (long long)atomic_load(&c->stall_ms);
   if (gone >= 0) { /* it said goodbye (freed its communicator), or died unnoticed so far */
     *res = comm_fail(c, NEWT_ERR_PEER, gone, 1, "%s left (its control connection is closed) while this rank waited in %s",
                      comm_cpu_peer_name(n->ctl, gone), what);
@@ -284,19 +286,22 @@ static int probe_verdict(struct nccl_comm *n, probe *p, uint64_t head, int start
                      comm_cpu_peer_name(n->ctl, silent), ms, what);
     return -1;
   }
-  if (moved || p->rounds == 1) return 1; /* everyone alive: a second round decides */
+  /* everyone alive: another period while something moved, and until the cap (timeout_ms)
+     since the first round, whatever the stall deadline: a slow step is not a hang */
+  if (moved || p->rounds == 1 || newt_now_ns() - p->since < (uint64_t)c->timeout_ms * 1000000ull) return 1;
+  ms = (long long)((newt_now_ns() - p->since) / 1000000ull) + ms;
   if (!started)
     *res = comm_fail(c, NEWT_ERR_TIMEOUT, c->rank, 1,
                      "rank %d: its stream has not reached %s for %lld ms (the work queued before it is still "
-                     "running, or hung)", c->rank, what, 2 * ms);
+                     "running, or hung)", c->rank, what, ms);
   else if (behind >= 0)
     *res = comm_fail(c, NEWT_ERR_TIMEOUT, behind, 1,
                      "%s is alive but has not reached %s (operation %llu of this communicator) for %lld ms",
-                     comm_cpu_peer_name(n->ctl, behind), what, (unsigned long long)head, 2 * ms);
+                     comm_cpu_peer_name(n->ctl, behind), what, (unsigned long long)head, ms);
   else
     *res = comm_fail(c, NEWT_ERR_TIMEOUT, -1, 1,
                      "every rank is in %s and alive, but it made no progress for %lld ms (NCCL did not complete it)",
-                     what, 2 * ms);
+                     what, ms);
   return -1;
 }
 
@@ -308,7 +313,7 @@ static newt_result_t async_failure(struct nccl_comm *n, ncclResult_t state, cons
   snprintf(detail, sizeof detail, "%s", last_error());
   probe p = {0};
   probe_start(n, &p);
-  uint64_t until = newt_now_ns() + probe_window_ns(n->pub->timeout_ms), t0 = newt_now_ns();
+  uint64_t until = newt_now_ns() + probe_window_ns(atomic_load(&n->pub->stall_ms)), t0 = newt_now_ns();
   int silent = -1;
   while (newt_now_ns() < until) {
     if (atomic_load(&n->pub->failed)) return stop_waiting(n, what); /* named by the channel */
@@ -348,7 +353,7 @@ static ncclResult_t async_state(struct nccl_comm *n) {
  * the peers are probed (probe_verdict). */
 static newt_result_t wait_op(struct nccl_comm *n, uint64_t seq, const char *what) {
   struct comm *c = n->pub;
-  uint64_t t0 = newt_now_ns(), stall = (uint64_t)c->timeout_ms * 1000000ull;
+  uint64_t t0 = newt_now_ns();
   probe p = {0};
   newt_result_t res = NEWT_OK;
   for (;;) {
@@ -387,9 +392,9 @@ static newt_result_t wait_op(struct nccl_comm *n, uint64_t seq, const char *what
         n->last_event = now;
         pthread_mutex_unlock(&n->ops_mu);
       }
-    } else if (now - from > stall) {
+    } else if (now - from > (uint64_t)atomic_load(&c->stall_ms) * 1000000ull) {
       NEWT_INFO(COMM, "rank %d: no progress in %s for %lld ms: probing the peers", c->rank, what,
-                (long long)c->timeout_ms);
+                (long long)((now - from) / 1000000ull));
       probe_start(n, &p);
     }
     nap(t0);

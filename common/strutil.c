@@ -267,6 +267,13 @@ static int cmp_double(const void *a, const void *b) {
   return x < y ? -1 : x > y;
 }
 
+double newt_percentile(double *v, size_t n, double q) {
+  if (!n) return 0;
+  qsort(v, n, sizeof *v, cmp_double);
+  size_t i = (size_t)(q * (double)(n - 1));
+  return v[i < n ? i : n - 1];
+}
+
 double newt_median(double *v, size_t n) {
   if (!n) return 0;
   qsort(v, n, sizeof *v, cmp_double);

@@ -64,5 +64,7 @@ char *newt_str_printable(char *out, size_t cap, const char *src);
 
 /* The median of v[0..n) (sorts v in place); 0 when n is 0. */
 double newt_median(double *v, size_t n);
+/* The q-quantile (0 <= q <= 1, the lower of two neighbours) of v[0..n); sorts v in place. */
+double newt_percentile(double *v, size_t n, double q);
 
 #endif

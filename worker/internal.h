@@ -179,6 +179,12 @@ struct newt_ctx {
                                       no one is left to hand the state to */
   int first_step_of_gen;
   double t_last;           /* when the last step ended (s, monotonic) */
+  /* the stall deadline of the generation's collectives follows the observed step times
+     (worker_follow_steps): the last WORKER_STEP_TIMES of them, a generation's first left out */
+#define WORKER_STEP_TIMES 64
+  double step_s[WORKER_STEP_TIMES];
+  int nstep_s, step_s_at;
+  int64_t stall_ms;        /* the deadline set on the generation's communicators (0: the cap) */
   newt_next over;          /* PHASE_OVER: how */
 
   /* this generation's timings (wall ms) and where its state came from */

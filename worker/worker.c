@@ -44,6 +44,9 @@
 #include "rendezvous/rdzv.h"
 #include "worker/internal.h"
 
+NEWT_PARAM(StallMultiple, "NEWT_STALL_MULTIPLE", 3)   /* the stall deadline: this many times ... */
+NEWT_PARAM(StallFloorMs, "NEWT_STALL_FLOOR_MS", 250)  /* ... the 95th percentile of the step times, at least this */
+
 /* --- setup ------------------------------------------------------------------------------ */
 
 /* The data-plane socket: bound once to addr:port (port 0: any free one) and held for the
@@ -674,6 +677,33 @@ newt_result_t worker_commit(worker *w, const double *values, double *sums, int n
   return NEWT_OK;
 }
 
+/* The stall deadline of the generation's collectives (comm_set_stall) follows the observed
+ * step times: NEWT_STALL_MULTIPLE times the 95th percentile of the last WORKER_STEP_TIMES
+ * steps, at least NEWT_STALL_FLOOR_MS, at most spec.fault.comm_timeout_ms (the cap, and the
+ * deadline until WORKER_STEP_TIMES / 8 steps were seen). A rank that stops (SIGSTOP, a hung
+ * host) answers no probe and is named at that deadline; one that answers but is still in
+ * its step is waited for up to the cap, so a slow but healthy step is no hang. */
+static void follow_steps(worker *w, double step_s) {
+  w->step_s[w->step_s_at] = step_s;
+  w->step_s_at = (w->step_s_at + 1) % WORKER_STEP_TIMES;
+  if (w->nstep_s < WORKER_STEP_TIMES) w->nstep_s++;
+  if (w->nstep_s < WORKER_STEP_TIMES / 8 || !w->train) return;
+  double sorted[WORKER_STEP_TIMES];
+  memcpy(sorted, w->step_s, (size_t)w->nstep_s * sizeof *sorted);
+  double p95 = newt_percentile(sorted, (size_t)w->nstep_s, 0.95);
+  int64_t ms = (int64_t)(newt_param_StallMultiple() * p95 * 1e3), cap = w->spec.comm_timeout_ms;
+  if (ms < newt_param_StallFloorMs()) ms = newt_param_StallFloorMs();
+  if (ms > cap) ms = cap;
+  if (ms == w->stall_ms) return;
+  if (w->stall_ms == 0 || ms * 4 < w->stall_ms * 3 || ms * 4 > w->stall_ms * 5) /* say a move of a quarter or more */
+    NEWT_INFO(WORKER, "%s: a collective without progress for %lld ms probes its peers (95th percentile of the last %d "
+              "steps: %.0f ms; a peer still in its step is waited for up to %lld ms)", w->id, (long long)ms,
+              w->nstep_s, p95 * 1e3, (long long)cap);
+  w->stall_ms = ms;
+  comm_set_stall(w->train, ms);
+  metrics_set(w->metrics, "newt_worker_stall_deadline_seconds", (double)ms / 1e3);
+}
+
 newt_result_t worker_end(worker *w, const newt_step_result *res) {
   if (w->phase != PHASE_RUNNING || w->step != STEP_COMMITTED)
     return NEWT_ERR(NEWT_ERR_INVALID, "newt_step_end: no step is committed (newt_step_commit first)");
@@ -697,6 +727,7 @@ newt_result_t worker_end(worker *w, const newt_step_result *res) {
   metrics_set(w->metrics, "newt_worker_step", (double)w->live_step);
   if (res->lr > 0) metrics_set(w->metrics, "newt_worker_learning_rate", res->lr);
   if (res->grad_norm != 0) metrics_set(w->metrics, "newt_worker_grad_norm", res->grad_norm);
+  if (!w->first_step_of_gen) follow_steps(w, now - w->t_last); /* a generation's first holds its restore */
   w->t_last = now;
   w->last_loss = res->loss;
   if (w->first_step_of_gen) {
@@ -727,6 +758,7 @@ newt_result_t worker_restored(worker *w) {
   w->step = STEP_IDLE;
   w->first_step_of_gen = 1;
   w->t_last = newt_now_s();
+  w->stall_ms = 0; /* the new communicators start at the cap; the next step sets the deadline */
   return NEWT_OK;
 }
 
@@ -755,6 +787,9 @@ static newt_result_t start_metrics(worker *w) {
                                       "wall time of one training step on this worker"));
   NEWT_CHECK(metrics_define(m, "newt_worker_tokens_per_second", METRICS_GAUGE, "tokens of the global batch over this worker's last step time"));
   NEWT_CHECK(metrics_define(m, "newt_worker_step", METRICS_GAUGE, "the newest step this worker completed"));
+  NEWT_CHECK(metrics_define(m, "newt_worker_stall_deadline_seconds", METRICS_GAUGE,
+                            "how long a collective goes without progress before this worker probes its peers (follows "
+                            "the step times; the cap, spec.fault.comm_timeout_ms, until enough steps were seen)"));
   NEWT_CHECK(metrics_define(m, "newt_worker_learning_rate", METRICS_GAUGE,
                             "the learning rate of this worker's last step, as its program said (0: not said)"));
   NEWT_CHECK(metrics_define(m, "newt_worker_grad_norm", METRICS_GAUGE,

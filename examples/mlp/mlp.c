@@ -2,10 +2,12 @@
  * OpenBLAS for its matrix products). docs/api.md walks through it.
  *
  *   newt run --nproc 4 [--zero 1] [--steps N] -- newt-mlp [--hidden H] [--lr LR] [--seed S]
- *                                                         [--start-delay-ms MS]
+ *                                                         [--start-delay-ms MS] [--slow-step N:MS]
  *
  * --start-delay-ms: a slow start-up on purpose (what building a large model or starting CUDA
  * costs), spent after the first generation's restore, before the first step.
+ * --slow-step N:MS: a slow but healthy step on purpose (a straggler, a pause of the host):
+ * rank 1 spends MS more in step N, before its gradients go to the others.
  *
  * The model: a two-layer perceptron (D inputs, H hidden units with tanh, C classes, softmax
  * cross-entropy) learning a fixed random teacher. Sample i's input is drawn by a
@@ -205,12 +207,20 @@ static newt_result_t generation(newt_ctx *c, const model *md, int zero, state *s
 
 /* --- a step ------------------------------------------------------------------------------------ */
 
+/* --slow-step N:MS (0 MS: none) */
+static int64_t slow_step;
+static long slow_ms;
+
 static newt_result_t step(newt_ctx *c, const model *md, state *s, const newt_layout *l, const newt_batch *b) {
   memset(s->grads, 0, sizeof(float) * (size_t)md->n);
   double loss = 0;
   for (int64_t at = 0; at < b->count; at += b->micro_batch) {
     int m = (int)(b->count - at < b->micro_batch ? b->count - at : b->micro_batch);
     loss += micro_batch(md, s->params, s->grads, b->first + at, m, b->global_batch);
+  }
+  if (slow_ms > 0 && b->step == slow_step && l->rank == 1) {
+    struct timespec ts = {slow_ms / 1000, slow_ms % 1000 * 1000000};
+    nanosleep(&ts, NULL);
   }
   if (l->dp_comm) TRY(newt_allreduce(l->dp_comm, s->grads, s->grads, (size_t)md->n, NEWT_F32, NEWT_SUM));
   double total = 0;
@@ -240,7 +250,7 @@ static newt_result_t step(newt_ctx *c, const model *md, state *s, const newt_lay
 
 static int usage(const char *why) {
   fprintf(stderr, "newt-mlp: %s\nusage: newt run [flags] -- newt-mlp [--hidden H] [--lr LR] [--seed S] "
-                  "[--start-delay-ms MS]\n", why);
+                  "[--start-delay-ms MS] [--slow-step N:MS]\n", why);
   return 2;
 }
 
@@ -253,11 +263,18 @@ int main(int argc, char **argv) {
     else if (i + 1 < argc && strcmp(argv[i], "--lr") == 0) md.lr = strtod(argv[++i], &end);
     else if (i + 1 < argc && strcmp(argv[i], "--seed") == 0) md.seed = strtoull(argv[++i], &end, 10);
     else if (i + 1 < argc && strcmp(argv[i], "--start-delay-ms") == 0) start_delay_ms = strtol(argv[++i], &end, 10);
+    else if (i + 1 < argc && strcmp(argv[i], "--slow-step") == 0) {
+      slow_step = strtoll(argv[++i], &end, 10);
+      if (end && *end == ':') slow_ms = strtol(end + 1, &end, 10);
+      else return usage("--slow-step takes N:MS");
+    }
     else return usage("unknown argument");
     if (!end || *end) return usage("a value is not a number");
   }
-  if (md.H < 1 || md.H > 4096 || !(md.lr > 0) || start_delay_ms < 0 || start_delay_ms > 3600000)
-    return usage("--hidden must be 1 to 4096, --lr > 0 and --start-delay-ms 0 to 3600000");
+  if (md.H < 1 || md.H > 4096 || !(md.lr > 0) || start_delay_ms < 0 || start_delay_ms > 3600000 || slow_step < 0 ||
+      slow_ms < 0 || slow_ms > 3600000)
+    return usage("--hidden must be 1 to 4096, --lr > 0, --start-delay-ms 0 to 3600000, --slow-step N:MS with MS 0 "
+                 "to 3600000");
   md.n = (int64_t)md.H * D + md.H + (int64_t)C * md.H + C;
   for (int k = 0; k < C * D; k++) md.teacher[k] = uniform(7, 1000000 + (uint64_t)k, 0);
   openblas_set_num_threads(1);

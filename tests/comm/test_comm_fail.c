@@ -27,6 +27,7 @@
  * here are generous). `--valgrind` runs a smaller set with longer deadlines, for the
  * leak check under valgrind registered in CMakeLists.txt. */
 #include <errno.h>
+#include <math.h>
 #include <pthread.h>
 
 #include "comm/comm.h"
@@ -165,6 +166,74 @@ static void run_failure(int n, int mode, int victim, int sig, size_t count) {
   if (sig == SIGKILL) T_CHECK_MSG(worst < (valgrind_mode ? 30000 : 3000), "detection took %.1f ms", worst);
   else T_CHECK_MSG(worst >= 900 && worst < (valgrind_mode ? 60000 : 15000), "detection took %.1f ms", worst);
   T_CHECK_MSG(ct_shm_count(w.job) == 0, "shared memory of %s left in /dev/shm", w.job);
+  ct_world_free(&w);
+}
+
+/* The stall deadline (comm_set_stall) below the cap (comm_config.timeout_ms, 20 s here): a
+ * peer alive but slow to enter an operation (it sleeps a second, five stall deadlines, in
+ * its "step") is waited for and every sum is right; a peer stopped (SIGSTOP) answers no
+ * probe and is named at the stall deadline, long before the cap. */
+#define STALL_MS 200
+static int stall_rank(ct_world *w, int rank, void *arg) {
+  const int *stop_victim = arg;
+  comm_config cfg;
+  ct_config(w, rank, &cfg);
+  comm_t *c = NULL;
+  OKR(comm_create(&cfg, &c));
+  if (!c) return 1;
+  comm_t *half = NULL; /* a split: the deadline is the family's */
+  OKR(comm_split(c, rank % 2, rank, &half));
+  comm_set_stall(c, STALL_MS);
+  int ranks[CT_MAX];
+  for (int r = 0; r < w->size; r++) ranks[r] = r;
+  if (*stop_victim < 0) {
+    for (int it = 0; it < 4 && !ct_failures; it++) {
+      if (rank == 1 && it == 2) newt_sleep_ms(5 * STALL_MS); /* a slow but healthy step */
+      check_sum(c, rank, ranks, 4099, "around a slow peer");
+    }
+    comm_free(half);
+    comm_free(c);
+    return ct_failures;
+  }
+  float x = 1, y = 0;
+  newt_result_t r = NEWT_OK;
+  for (int it = 0; it < 1000000 && r == NEWT_OK; it++) {
+    if (it == 3) atomic_fetch_add(&w->sh->ready, 1);
+    r = comm_allreduce(c, &x, &y, 1, NEWT_F32, COMM_SUM);
+  }
+  uint64_t t = newt_now_ns();
+  w->sh->val[rank] = (int64_t)(t - w->sh->t_ns[0]);
+  CHECKR(r == NEWT_ERR_TIMEOUT && strstr(newt_errmsg(), "did not answer a probe"), "error %s: %s", newt_result_name(r),
+         newt_errmsg());
+  comm_free(half);
+  comm_free(c);
+  return ct_failures;
+}
+
+static void test_stall_slow_peer(void) {
+  ct_world w;
+  ct_world_init(&w, 3, CT_SHM, "stallslow");
+  w.timeout_ms = 20000;
+  int none = -1;
+  ct_spawn(&w, stall_rank, &none);
+  T_CHECK_MSG(ct_wait(&w, 120000, NULL) == 0, "a rank failed around a slow but healthy peer");
+  ct_world_free(&w);
+}
+
+static void test_stall_stopped_peer(void) {
+  ct_world w;
+  ct_world_init(&w, 3, CT_TCP, "stallstop");
+  w.timeout_ms = 20000;
+  int victim = 2;
+  ct_spawn(&w, stall_rank, &victim);
+  int bad = ct_fault_when_ready(&w, victim, SIGSTOP, 60000, 60000);
+  T_CHECK_MSG(bad == 0, "%d survivors failed their checks", bad);
+  double worst = 0;
+  for (int r = 0; r < 2; r++) worst = fmax(worst, w.sh->val[r] / 1e6);
+  fprintf(stderr, "  SIGSTOP with a stall deadline of %d ms (cap 20 s): every survivor failed within %.1f ms\n",
+          STALL_MS, worst);
+  T_CHECK_MSG(worst < 10000, "the stopped peer was named after %.1f ms, not at the %d ms stall deadline", worst,
+              STALL_MS);
   ct_world_free(&w);
 }
 
@@ -371,6 +440,8 @@ int main(int argc, char **argv) {
   T_RUN(test_kill9_small);
   T_RUN(test_sigstop_shm);
   T_RUN(test_sigstop_tcp);
+  T_RUN(test_stall_slow_peer);
+  T_RUN(test_stall_stopped_peer);
   T_RUN(test_cancel_build);
   T_RUN(test_refused_peer);
   T_RUN(test_build_blame_died);

@@ -150,6 +150,12 @@ static const scenario scenarios[] = {
        restore before its first step, twice the hang timeout: no false hang, no recovery */
     {.name = "slow_start", .steps = 60, .nproc = 2, .chaos = "", .causes = {NULL},
      .extra = {"--hang-timeout-ms", "2000", NULL}, .program = "--hidden 64 --start-delay-ms 4000"},
+    /* a slow but healthy step (issue 26): rank 1 spends 1.5 s in step 150, six times the stall
+       deadline that follows the steps (fractions of a millisecond: its 250 ms floor) and
+       below the cap (--comm-timeout-ms 4000): its peers probe it, it answers, they wait. No
+       hang, no recovery, the fault-free loss bitwise. The sleep is the case, not a bound. */
+    {.name = "slow_step", .steps = 400, .nproc = 3, .chaos = "", .causes = {NULL}, .extra = {NULL},
+     .program = "--hidden 64 --slow-step 150:1500"},
     {.name = "mlp_zero_spare", .steps = 600, .nproc = 4, .chaos = "kill:rank:0@step=10", .causes = {"crash"},
      .extra = {"--zero", "1", "--micro-batch", "6", "--even-batches", NULL}, .program = MLP},
     /* a lost ZeRO shard comes back from its copy on the next data-parallel rank, not from
