@@ -264,8 +264,8 @@ int newt_bench_recovery(int argc, char **argv) {
     fprintf(stderr, "newt bench recovery: --runs 1..100, --nproc >= 2, 1 <= --kill-at < --steps\n");
     return 2;
   }
-  int64_t *v[6];
-  for (int k = 0; k < 6; k++) v[k] = calloc((size_t)runs, sizeof(int64_t));
+  int64_t *v[7];
+  for (int k = 0; k < 7; k++) v[k] = calloc((size_t)runs, sizeof(int64_t));
   double *tps_after = calloc((size_t)runs, sizeof *tps_after);
   int ok = 0;
   for (int64_t run = 0; run < runs; run++) {
@@ -316,15 +316,17 @@ int newt_bench_recovery(int argc, char **argv) {
     printf("{\"bench\":\"recovery\",\"fault\":\"%s\",\"backend\":\"%s\",\"program\":\"%s\",\"run\":%lld,\"nproc\":%lld,"
            "\"preset\":\"%s\",\"tp\":%lld,\"pp\":%lld,"
            "\"zero\":%lld,\"even_batches\":%s,\"cause\":\"%s\",\"detect_ms\":%lld,\"plan_ms\":%lld,\"comm_ms\":%lld,"
-           "\"restore_ms\":%lld,\"total_ms\":%lld,\"steps_lost\":%lld,\"restore\":\"%s\",\"world_after\":%lld,"
+           "\"restore_ms\":%lld,\"step_ms\":%lld,\"total_ms\":%lld,\"steps_lost\":%lld,\"restore\":\"%s\",\"world_after\":%lld,"
            "\"tokens_per_s_before\":%.0f,\"tokens_per_s_after\":%.0f}\n",
            fault, backend, program_name(&base), (long long)run, (long long)nproc, preset, (long long)tp, (long long)pp,
            (long long)zero, even ? "true" : "false", rec->cause, (long long)rec->detect_ms, (long long)rec->plan_ms,
-           (long long)rec->comm_ms, (long long)rec->restore_ms, (long long)rec->total_ms, (long long)rec->steps_lost,
+           (long long)rec->comm_ms, (long long)rec->restore_ms, (long long)rec->step_ms, (long long)rec->total_ms,
+           (long long)rec->steps_lost,
            rec->restore, (long long)rec->world, before, after);
     fflush(stdout);
-    int64_t f[6] = {rec->detect_ms, rec->plan_ms, rec->comm_ms, rec->restore_ms, rec->total_ms, rec->steps_lost};
-    for (int k = 0; k < 6; k++) v[k][ok] = f[k];
+    int64_t f[7] = {rec->detect_ms, rec->plan_ms, rec->comm_ms, rec->restore_ms, rec->total_ms, rec->steps_lost,
+                    rec->step_ms};
+    for (int k = 0; k < 7; k++) v[k][ok] = f[k];
     tps_after[ok] = after;
     ok++;
     run_done(&res);
@@ -333,12 +335,12 @@ int newt_bench_recovery(int argc, char **argv) {
     printf("{\"bench\":\"recovery\",\"fault\":\"%s\",\"backend\":\"%s\",\"program\":\"%s\",\"median_of\":%d,"
            "\"nproc\":%lld,\"preset\":\"%s\",\"tp\":%lld,\"pp\":%lld,"
            "\"zero\":%lld,\"even_batches\":%s,\"detect_ms\":%lld,\"plan_ms\":%lld,\"comm_ms\":%lld,\"restore_ms\":%lld,"
-           "\"total_ms\":%lld,\"steps_lost\":%lld,\"tokens_per_s_after\":%.0f}\n",
+           "\"step_ms\":%lld,\"total_ms\":%lld,\"steps_lost\":%lld,\"tokens_per_s_after\":%.0f}\n",
            fault, backend, program_name(&base), ok, (long long)nproc, preset, (long long)tp, (long long)pp, (long long)zero,
            even ? "true" : "false", (long long)median(v[0], ok), (long long)median(v[1], ok), (long long)median(v[2], ok),
-           (long long)median(v[3], ok), (long long)median(v[4], ok), (long long)median(v[5], ok),
-           newt_median(tps_after, (size_t)ok));
-  for (int k = 0; k < 6; k++) free(v[k]);
+           (long long)median(v[3], ok), (long long)median(v[6], ok), (long long)median(v[4], ok),
+           (long long)median(v[5], ok), newt_median(tps_after, (size_t)ok));
+  for (int k = 0; k < 7; k++) free(v[k]);
   free(tps_after);
   return ok == runs ? 0 : 1;
 }

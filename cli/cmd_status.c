@@ -191,6 +191,7 @@ static void add_recoveries(cJSON *j, const timed *t) {
     newt_json_add_int(o, "plan_ms", rt.plan_ms);
     newt_json_add_int(o, "comm_ms", rt.comm_ms);
     newt_json_add_int(o, "restore_ms", rt.restore_ms);
+    newt_json_add_int(o, "step_ms", rt.step_ms);
     newt_json_add_int(o, "total_ms", rt.total_ms);
     if (f && rt.start == f->t_ms) cJSON_AddStringToObject(o, "fault", f->what);
     cJSON_AddItemToArray(recs, o);
@@ -396,15 +397,16 @@ static void print_text(FILE *f, const cJSON *j, uint64_t now) {
                  "step"
                : "");
   if (nrec)
-    fprintf(f, "  %-3s %-14s %-12s %-4s %-6s %-9s %-9s %-9s %-9s %-9s %-10s %s\n", "#", "WHEN", "CAUSE", "GEN", "RANKS",
-            "DETECT", "PLAN", "COMM", "RESTORE", "TOTAL", "STATE FROM", "STEPS LOST");
+    fprintf(f, "  %-3s %-14s %-12s %-4s %-6s %-9s %-9s %-9s %-9s %-9s %-9s %-10s %s\n", "#", "WHEN", "CAUSE", "GEN",
+            "RANKS", "DETECT", "PLAN", "COMM", "RESTORE", "STEP", "TOTAL", "STATE FROM", "STEPS LOST");
   for (const cJSON *r = recs ? recs->child : NULL; r; r = r->next) {
-    char dt[32], pl[32], cm[32], rs[32], tot[32];
-    fprintf(f, "  %-3d %-14s %-12s %-4.0f %-6.0f %-9s %-9s %-9s %-9s %-9s %-10s %.0f\n", ++i,
+    char dt[32], pl[32], cm[32], rs[32], st[32], tot[32];
+    fprintf(f, "  %-3d %-14s %-12s %-4.0f %-6.0f %-9s %-9s %-9s %-9s %-9s %-9s %-10s %.0f\n", ++i,
             ago(now, num_of(r, "start_ms"), a, sizeof a), str_of(r, "cause", "?"), num_of(r, "generation"),
             num_of(r, "world"), dur_of(r, "detect_ms", dt, sizeof dt), dur_of(r, "plan_ms", pl, sizeof pl),
             dur_of(r, "comm_ms", cm, sizeof cm), dur_of(r, "restore_ms", rs, sizeof rs),
-            dur_of(r, "total_ms", tot, sizeof tot), str_of(r, "restore", "?"), num_of(r, "steps_lost"));
+            dur_of(r, "step_ms", st, sizeof st), dur_of(r, "total_ms", tot, sizeof tot), str_of(r, "restore", "?"),
+            num_of(r, "steps_lost"));
   }
 
   const cJSON *events = cJSON_GetObjectItemCaseSensitive(j, "events");

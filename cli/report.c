@@ -221,6 +221,7 @@ static void recoveries_of_events(run_view *v, const report_input *in) {
     r->plan_ms = rt.plan_ms;
     r->comm_ms = rt.comm_ms;
     r->restore_ms = rt.restore_ms;
+    r->step_ms = rt.step_ms;
     r->total_ms = rt.total_ms;
     r->steps_lost = e->steps_lost;
     r->outage_ms = r->pause_ms = -1;

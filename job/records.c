@@ -628,6 +628,8 @@ job_recovery_times job_recovery_time(const job_event *e, uint64_t t_fault) {
   t.comm_ms = ms_between(e->t_plan, e->t_comm);
   t.restore_ms = ms_between(e->t_comm, e->t_restore);
   t.total_ms = ms_between(t.start, e->t_step);
+  int64_t before = t.detect_ms + t.plan_ms + t.comm_ms + t.restore_ms;
+  t.step_ms = t.total_ms > before ? t.total_ms - before : 0;
   return t;
 }
 

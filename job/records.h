@@ -252,12 +252,12 @@ const char *job_event_type_name(job_event_type t);
  * (t_fault; 0: not injected), else its first detection (a survivor's report, a lapsed lease,
  * a stall; for a join, the first registration of a joiner the leader saw) -- to the first
  * detection (detect), the plan published (plan), the slowest rank's communicator (comm) and
- * state (restore), and its first completed step (total, from the start). A fault after the
+ * state (restore), and its first completed step (step): the phases add up to the total. A fault after the
  * detection is not this recovery's: the detection starts it. The leader's own metric knows no
  * injected fault: it counts from the detection. */
 typedef struct job_recovery_times {
   uint64_t start; /* wall ms */
-  int64_t detect_ms, plan_ms, comm_ms, restore_ms, total_ms;
+  int64_t detect_ms, plan_ms, comm_ms, restore_ms, step_ms, total_ms;
 } job_recovery_times;
 job_recovery_times job_recovery_time(const job_event *e, uint64_t t_fault);
 

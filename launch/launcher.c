@@ -655,14 +655,16 @@ static void handle_event(run *r, const job_event *e) {
       rec->plan_ms = rt.plan_ms;
       rec->comm_ms = rt.comm_ms;
       rec->restore_ms = rt.restore_ms;
+      rec->step_ms = rt.step_ms;
       rec->total_ms = rt.total_ms;
       rec->steps_lost = lost;
       if (!r->o->quiet)
         fprintf(stderr,
-                "%snewt run: recovered from %s in %lld ms (detect %lld, plan %lld, comm %lld, restore %lld ms; "
-                "state from %s), generation %lld, %lld rank%s, %lld step%s lost\n",
+                "%snewt run: recovered from %s in %lld ms (detect %lld, plan %lld, comm %lld, restore %lld, first "
+                "step %lld ms; state from %s), generation %lld, %lld rank%s, %lld step%s lost\n",
                 news(r), cause, (long long)rec->total_ms, (long long)rec->detect_ms, (long long)rec->plan_ms,
-                (long long)rec->comm_ms, (long long)rec->restore_ms, restore, (long long)gen, (long long)world,
+                (long long)rec->comm_ms, (long long)rec->restore_ms, (long long)rec->step_ms, restore, (long long)gen,
+                (long long)world,
                 world == 1 ? "" : "s", (long long)lost, lost == 1 ? "" : "s");
     }
   } else if (e->type == JOB_EV_LEADER) {
@@ -1170,6 +1172,7 @@ char *launcher_summary_json(const launcher_opts *o, const launcher_result *res) 
     newt_json_add_int(e, "plan_ms", r->plan_ms);
     newt_json_add_int(e, "comm_ms", r->comm_ms);
     newt_json_add_int(e, "restore_ms", r->restore_ms);
+    newt_json_add_int(e, "step_ms", r->step_ms);
     newt_json_add_int(e, "total_ms", r->total_ms);
     newt_json_add_int(e, "steps_lost", r->steps_lost);
     cJSON_AddStringToObject(e, "restore", r->restore);

@@ -52,7 +52,8 @@ typedef struct launcher_recovery {
   uint64_t t_ms;    /* wall ms it began: the fault, or its detection when not injected */
   int64_t step;     /* the step training went on from (the state restored) */
   int64_t world;    /* ranks after it */
-  int64_t detect_ms, plan_ms, comm_ms, restore_ms, total_ms, steps_lost;
+  int64_t detect_ms, plan_ms, comm_ms, restore_ms, step_ms, total_ms, steps_lost; /* step: the first step
+                                                                                    after the restore */
   int64_t generation;
   char restore[8];
   /* cause "etcd" only, from the step log (-1: unknown): how long etcd was away, the longest

@@ -34,6 +34,8 @@ static newt_result_t get_recovery(const cJSON *e, const char *what, launcher_rec
   if (r == NEWT_OK) r = get_count(e, what, "plan_ms", 1, &rec->plan_ms);
   if (r == NEWT_OK) r = get_count(e, what, "comm_ms", 1, &rec->comm_ms);
   if (r == NEWT_OK) r = get_count(e, what, "restore_ms", 1, &rec->restore_ms);
+  rec->step_ms = -1; /* absent from a summary written before it was */
+  if (r == NEWT_OK && cJSON_GetObjectItemCaseSensitive(e, "step_ms")) r = get_count(e, what, "step_ms", 1, &rec->step_ms);
   if (r == NEWT_OK) r = get_count(e, what, "total_ms", 1, &rec->total_ms);
   if (r == NEWT_OK) r = get_count(e, what, "steps_lost", 0, &rec->steps_lost);
   if (r == NEWT_OK) r = newt_json_get_bool(e, what, "injected", 0, &injected);
@@ -42,6 +44,8 @@ static newt_result_t get_recovery(const cJSON *e, const char *what, launcher_rec
   if (r == NEWT_OK) r = newt_json_get_int(e, what, "pause_ms", 0, &rec->pause_ms);
   if (r == NEWT_OK) r = newt_json_get_double(e, what, "tokens_per_s_before", 0, &rec->tps_before);
   if (r == NEWT_OK) r = newt_json_get_double(e, what, "tokens_per_s_during", 0, &rec->tps_during);
+  int64_t before = rec->detect_ms + rec->plan_ms + rec->comm_ms + rec->restore_ms;
+  if (rec->step_ms < 0) rec->step_ms = rec->total_ms > before ? rec->total_ms - before : 0; /* written before it was */
   rec->t_ms = (uint64_t)t_ms;
   rec->t_fault = injected ? (uint64_t)(t_ms ? t_ms : 1) : 0;
   return r;

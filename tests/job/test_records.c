@@ -218,6 +218,19 @@ static void test_events(void) {
                 "event.spare_ids[0]");
   EXPECT_REJECT(job_event_from_json, job_event, "{\"type\":\"spare\",\"t_ms\":1,\"spare_ids\":[\"w1\"]}", "event.why");
 
+  /* a recovery's times, one definition: from the injected fault when it came before the
+     detection, else from the detection; the phases add up to the total */
+  job_event tm = {.type = JOB_EV_RECOVERED, .t_detect = 1000, .t_plan = 1020, .t_comm = 1030, .t_restore = 1060,
+                  .t_step = 1200};
+  job_recovery_times rt = job_recovery_time(&tm, 990);
+  T_CHECK(rt.start == 990 && rt.detect_ms == 10 && rt.plan_ms == 20 && rt.comm_ms == 10 && rt.restore_ms == 30 &&
+          rt.step_ms == 140 && rt.total_ms == 210);
+  T_CHECK(rt.detect_ms + rt.plan_ms + rt.comm_ms + rt.restore_ms + rt.step_ms == rt.total_ms);
+  rt = job_recovery_time(&tm, 0); /* not injected */
+  T_CHECK(rt.start == 1000 && rt.detect_ms == 0 && rt.total_ms == 200 && rt.step_ms == 140);
+  rt = job_recovery_time(&tm, 1100); /* a fault after the detection is not this recovery's */
+  T_CHECK(rt.start == 1000 && rt.total_ms == 200);
+
   job_event rec = {.type = JOB_EV_RECOVERED, .t_ms = 100, .generation = 4, .world = 3, .t_trigger = 1,
                    .t_detect = 2, .t_plan = 3, .t_comm = 4, .t_restore = 5, .t_step = 6, .restore_step = 77,
                    .steps_lost = 0};

@@ -16,7 +16,8 @@ static void test_roundtrip(void) {
   o.nproc = 4;
   launcher_recovery recs[2] = {
       {.cause = "crash", .fault = "kill:worker:1@step=100", .t_fault = 1700000000100ull, .t_ms = 1700000000100ull,
-       .step = 100, .world = 3, .detect_ms = 77, .plan_ms = 19, .comm_ms = 14, .restore_ms = 161, .total_ms = 334,
+       .step = 100, .world = 3, .detect_ms = 77, .plan_ms = 19, .comm_ms = 14, .restore_ms = 161, .step_ms = 3,
+       .total_ms = 334,
        .generation = 2, .restore = "memory"},
       {.cause = "join", .t_ms = 1700000009000ull, .step = 200, .world = 4, .detect_ms = 1326, .plan_ms = 9,
        .comm_ms = 153, .restore_ms = 239, .total_ms = 1800, .generation = 3, .restore = "peer"}};
@@ -42,6 +43,7 @@ static void test_roundtrip(void) {
             a->restore_ms == 161 && a->total_ms == 334 && a->generation == 2 && strcmp(a->restore, "memory") == 0);
     T_CHECK(a->t_ms == 1700000000100ull);
     T_CHECK(strcmp(b->cause, "join") == 0 && !b->fault[0] && !b->t_fault && b->total_ms == 1800);
+    T_CHECK_MSG(a->step_ms == 3, "step_ms %lld", (long long)a->step_ms); /* the first step after the restore */
   }
   T_CHECK(s.res.nckpts == 2);
   if (s.res.nckpts == 2)
@@ -57,6 +59,7 @@ static void test_old_and_bad(void) {
                     "\"restore_ms\":4,\"total_ms\":12,\"steps_lost\":0,\"injected\":true}]}";
   T_OK(launcher_summary_from_json(old, strlen(old), &s));
   T_CHECK(s.res.nrecoveries == 1 && s.res.recoveries[0].total_ms == 12 && s.res.recoveries[0].t_fault);
+  T_CHECK(s.res.recoveries[0].step_ms == 2); /* written before it was: what the other phases leave of the total */
   T_CHECK(strcmp(s.res.outcome, "error") == 0 && !s.res.reason[0]); /* neither done nor failed, no outcome */
   launcher_result_free(&s.res);
   /* how a run ended, read back */
