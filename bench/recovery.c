@@ -252,7 +252,7 @@ int newt_bench_recovery(int argc, char **argv) {
   if (outage < 0) outage = in_outage ? 4000 : 10000;
   /* an outage of seconds needs a job that trains through it, a join one that outlasts a
      process start */
-  if (steps == 0) steps = etcd ? 1500 : in_outage ? 1000 : join ? 400 : 60;
+  if (steps == 0) steps = etcd ? 1500 : in_outage ? 200 : join ? 400 : 60;
   if (strcmp(fault, "kill") != 0 && strcmp(fault, "term") != 0 && strcmp(fault, "stop") != 0 && !etcd && !join &&
       !in_outage) {
     fprintf(stderr, "newt bench recovery: --fault: kill, term, stop, join, kill-during-etcd-outage or etcd-outage, not "
