@@ -209,22 +209,7 @@ static void recoveries_of_events(run_view *v, const report_input *in) {
   for (size_t i = 0; i < in->nevents; i++) {
     const job_event *e = &in->events[i];
     if (e->type != JOB_EV_RECOVERED) continue;
-    job_recovery_times rt = job_recovery_time(e, 0);
-    launcher_recovery *r = &v->own[v->nrec++];
-    snprintf(r->cause, sizeof r->cause, "%s", e->cause);
-    snprintf(r->restore, sizeof r->restore, "%s", e->restore);
-    r->t_ms = rt.start;
-    r->step = e->restore_step;
-    r->world = e->world;
-    r->generation = e->generation;
-    r->detect_ms = rt.detect_ms;
-    r->plan_ms = rt.plan_ms;
-    r->comm_ms = rt.comm_ms;
-    r->restore_ms = rt.restore_ms;
-    r->step_ms = rt.step_ms;
-    r->total_ms = rt.total_ms;
-    r->steps_lost = e->steps_lost;
-    r->outage_ms = r->pause_ms = -1;
+    launcher_recovery_of(e, 0, &v->own[v->nrec++]);
   }
   v->rec = v->own;
 }

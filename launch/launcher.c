@@ -599,6 +599,25 @@ static uint64_t match_faults(run *r, const char *cause, uint64_t t_plan, const c
   return first;
 }
 
+void launcher_recovery_of(const job_event *e, uint64_t t_fault, launcher_recovery *out) {
+  job_recovery_times rt = job_recovery_time(e, t_fault);
+  memset(out, 0, sizeof *out);
+  snprintf(out->cause, sizeof out->cause, "%s", e->cause);
+  snprintf(out->restore, sizeof out->restore, "%s", e->restore);
+  out->generation = e->generation;
+  out->t_ms = rt.start;
+  out->step = e->restore_step;
+  out->world = e->world;
+  out->detect_ms = rt.detect_ms;
+  out->plan_ms = rt.plan_ms;
+  out->comm_ms = rt.comm_ms;
+  out->restore_ms = rt.restore_ms;
+  out->step_ms = rt.step_ms;
+  out->total_ms = rt.total_ms;
+  out->steps_lost = e->steps_lost;
+  out->outage_ms = out->pause_ms = -1;
+}
+
 /* Notes in etcd a fault we injected, for the recovery of generation gen (job_fault): newt
  * status then times that recovery as we do. Written off the event's path (flush_notes),
  * when etcd answers. */
@@ -641,23 +660,10 @@ static void handle_event(run *r, const job_event *e) {
          the first detection; a join starts at the joiner's registration, not at the start
          of its process. newt status learns of the fault from our note in etcd. */
       uint64_t from_fault = strcmp(cause, "join") == 0 ? 0 : t_fault;
-      job_recovery_times rt = job_recovery_time(e, from_fault);
-      if (from_fault && rt.start == from_fault) note_fault(r, gen, from_fault, what);
-      snprintf(rec->cause, sizeof rec->cause, "%s", cause);
+      launcher_recovery_of(e, from_fault, rec);
+      if (from_fault && rec->t_ms == from_fault) note_fault(r, gen, from_fault, what);
       snprintf(rec->fault, sizeof rec->fault, "%s", what);
-      snprintf(rec->restore, sizeof rec->restore, "%s", restore);
-      rec->generation = gen;
       rec->t_fault = t_fault;
-      rec->t_ms = rt.start;
-      rec->step = e->restore_step;
-      rec->world = world;
-      rec->detect_ms = rt.detect_ms;
-      rec->plan_ms = rt.plan_ms;
-      rec->comm_ms = rt.comm_ms;
-      rec->restore_ms = rt.restore_ms;
-      rec->step_ms = rt.step_ms;
-      rec->total_ms = rt.total_ms;
-      rec->steps_lost = lost;
       if (!r->o->quiet)
         fprintf(stderr,
                 "%snewt run: recovered from %s in %lld ms (detect %lld, plan %lld, comm %lld, restore %lld, first "

@@ -11,6 +11,7 @@
 
 #include "common/err.h"
 #include "rendezvous/etcd.h"
+#include "job/records.h"
 #include "job/spec.h"
 #include "launch/chaos.h"
 
@@ -62,6 +63,10 @@ typedef struct launcher_recovery {
   int64_t outage_ms, pause_ms;
   double tps_before, tps_during;
 } launcher_recovery;
+
+/* The recovery a recovered event records, timed from t_fault (a fault injected: 0 none) by
+ * job_recovery_time, the one definition of every view; its fault's name is the caller's. */
+void launcher_recovery_of(const job_event *e, uint64_t t_fault, launcher_recovery *out);
 
 /* A committed checkpoint, as rank 0 published it (job/records.h job_ckpt). */
 typedef struct launcher_ckpt {
