@@ -495,9 +495,11 @@ static uint64_t spin_ns(void) { return (uint64_t)newt_param_CommSpinUs() * 1000u
 /* The stall deadline (comm_set_stall; the timeout until set). */
 static int64_t stall_ms(cpu_comm *c) { return atomic_load_explicit(&c->pub->stall_ms, memory_order_relaxed); }
 
+/* How long a probe's answer may take: a quarter of the stall deadline, at least 200 ms (a
+ * progress thread of a loaded host may wait that long for a CPU: no silence before it). */
 static uint64_t probe_ns(cpu_comm *c) {
   int64_t ms = stall_ms(c) / 4;
-  if (ms < 50) ms = 50;
+  if (ms < 200) ms = 200;
   if (ms > 2000) ms = 2000;
   return (uint64_t)ms * 1000000ull;
 }

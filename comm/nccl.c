@@ -128,7 +128,7 @@ static void nap(uint64_t started_ns) {
 
 static uint64_t probe_window_ns(int64_t timeout_ms) {
   int64_t ms = timeout_ms / 4;
-  return (uint64_t)(ms < 50 ? 50 : ms > 2000 ? 2000 : ms) * 1000000ull;
+  return (uint64_t)(ms < 200 ? 200 : ms > 2000 ? 2000 : ms) * 1000000ull; /* cpu_link.c's probe_ns */
 }
 
 /* --- stopping a family -------------------------------------------------------------------- */
