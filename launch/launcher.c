@@ -459,7 +459,10 @@ static newt_result_t current_plan(run *r, newt_plan *out) {
  * costs no rank and answers no recovery: says so, and returns 1. */
 static int lands_on_spare(run *r, const char *what, const char *name) {
   newt_plan plan;
-  if (current_plan(r, &plan) != NEWT_OK) return 0; /* etcd away: nothing to tell */
+  pthread_mutex_lock(&r->mu);
+  int away = r->etcd_down || r->etcd_lost_ms; /* etcd away: nothing to tell, and no waiting for it */
+  pthread_mutex_unlock(&r->mu);
+  if (away || current_plan(r, &plan) != NEWT_OK) return 0;
   int spare = !plan_find(&plan, name);
   if (spare && !r->o->quiet)
     fprintf(stderr, "%snewt run: chaos: %s lands on %s, a spare of plan %llu (%s): no rank is lost, training goes on\n",
@@ -552,11 +555,11 @@ static void fire(run *r, chaos_event *e) {
     }
     if (e->action == CHAOS_KILL) p->killed_by_chaos = 1;
     /* a woken worker comes back as a joiner: cont answers a join; a fault on a spare answers
-       nothing */
-    int spare = p->kind == PROC_WORKER && e->action != CHAOS_CONT && lands_on_spare(r, what, p->name);
+       nothing (asked of etcd after the signal, so the fault is never held up by it) */
     fault *f = add_fault(r, e);
-    if (f && spare) f->matched = 1;
     kill(p->pid, signal_of(e->action));
+    int spare = p->kind == PROC_WORKER && e->action != CHAOS_CONT && lands_on_spare(r, what, p->name);
+    if (f && spare) f->matched = 1;
     if (spare) return;
   } else if (e->target != CHAOS_ETCD && e->action != CHAOS_JOIN) {
     fprintf(stderr, "newt run: chaos %s: no such process\n", what);
