@@ -468,7 +468,7 @@ static void recovery_bars(page *p, const run_view *v) {
   double most = 1;
   for (int i = 0; i < v->nrec; i++) {
     const launcher_recovery *r = &v->rec[i];
-    double sum = (double)(r->detect_ms + r->plan_ms + r->comm_ms + r->restore_ms);
+    double sum = (double)(r->detect_ms + r->plan_ms + r->comm_ms + r->restore_ms + r->step_ms);
     most = fmax(most, fmax(sum, (double)r->total_ms));
   }
   c.x0 = 0;
@@ -497,9 +497,7 @@ static void recovery_bars(page *p, const run_view *v) {
   }
   for (int i = 0; i < v->nrec; i++) {
     const launcher_recovery *r = &v->rec[i];
-    int64_t ms[5] = {r->detect_ms, r->plan_ms, r->comm_ms, r->restore_ms, 0};
-    int64_t sum = ms[0] + ms[1] + ms[2] + ms[3];
-    ms[4] = r->total_ms > sum ? r->total_ms - sum : 0;
+    int64_t ms[5] = {r->detect_ms, r->plan_ms, r->comm_ms, r->restore_ms, r->step_ms}; /* they add up to the total */
     double y = c.top + 8 + 46.0 * i, at = 0;
     put(p, "<g class=\"recovery-bar\" data-recovery=\"%d\">", i);
     put(p, "<text class=\"rlabel\" x=\"%.1f\" y=\"%.1f\" text-anchor=\"end\" fill=\"%s\">%d  ", c.left - 10, y + 13,

@@ -33,9 +33,12 @@ int plan_choose_dp(const newt_spec *s, int64_t max_dp) {
   return 0;
 }
 
+/* a / b rounded up, for a >= 0, b >= 1, without overflow (a plan read from etcd may carry any
+ * int64) */
+static int64_t ceil_div(int64_t a, int64_t b) { return a / b + (a % b != 0); }
+
 int64_t plan_accum(int64_t global_batch, int64_t micro_batch, int64_t dp) {
-  int64_t most = (global_batch + dp - 1) / dp; /* the first ranks' samples */
-  return (most + micro_batch - 1) / micro_batch;
+  return ceil_div(ceil_div(global_batch, dp), micro_batch); /* the first ranks' samples, in micro-batches */
 }
 
 void plan_batch_slice(int64_t global_batch, int64_t dp, int64_t dp_rank, int64_t *first, int64_t *count) {

@@ -635,9 +635,13 @@ static void note_fault(run *r, int64_t gen, uint64_t t_ms, const char *what) {
   snprintf(n->what, sizeof n->what, "%s", what);
 }
 
-/* Writes the notes not written yet, while etcd answers (a note waits out an outage). */
+/* Writes the notes not written yet, while etcd answers (a note waits out an outage, and
+ * the loop is not held up asking an etcd its watch says is away). */
 static void flush_notes(run *r, int64_t wait_ms) {
-  while (r->notes_done < r->nnotes && r->etcd && !r->etcd_down) {
+  pthread_mutex_lock(&r->mu);
+  int away = r->etcd_down || r->etcd_lost_ms;
+  pthread_mutex_unlock(&r->mu);
+  while (!away && r->notes_done < r->nnotes && r->etcd) {
     const job_fault *f = &r->notes[r->notes_done];
     char key[256], *text = job_fault_to_json(f);
     newt_result_t res = text ? job_key(key, sizeof key, r->o->spec.job, JOB_REC_FAULT, (uint64_t)f->generation, NULL)
@@ -648,6 +652,11 @@ static void flush_notes(run *r, int64_t wait_ms) {
     if (res != NEWT_OK) return; /* the next look tries again */
     r->notes_done++;
   }
+}
+
+/* Worker ids, comma-separated, on stderr. */
+static void print_ids(char (*ids)[RDZV_NAME_MAX], int n) {
+  for (int i = 0; i < n; i++) fprintf(stderr, "%s%s", i ? ", " : "", ids[i]);
 }
 
 static void handle_event(run *r, const job_event *e) {
@@ -700,7 +709,7 @@ static void handle_event(run *r, const job_event *e) {
             world == 1 ? "" : "s");
     if (e->spares > 0) {
       fprintf(stderr, ", %lld spare%s (", (long long)e->spares, e->spares == 1 ? "" : "s");
-      for (int i = 0; i < e->nspare_ids; i++) fprintf(stderr, "%s%s", i ? ", " : "", e->spare_ids[i]);
+      print_ids(e->spare_ids, e->nspare_ids);
       fprintf(stderr, "): %s", e->why[0] ? e->why : "the layout has no room for them");
     }
     fputc('\n', stderr);
@@ -714,7 +723,7 @@ static void handle_event(run *r, const job_event *e) {
     }
     if (!r->o->quiet) {
       fprintf(stderr, "%snewt run: ", news(r));
-      for (int i = 0; i < e->nspare_ids; i++) fprintf(stderr, "%s%s", i ? ", " : "", e->spare_ids[i]);
+      print_ids(e->spare_ids, e->nspare_ids);
       fprintf(stderr, " joined and stay%s: %s\n", e->nspare_ids == 1 ? "s a spare" : " spares", e->why);
     }
   } else if (e->type == JOB_EV_WAITING && !r->o->quiet) {

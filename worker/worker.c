@@ -688,6 +688,9 @@ static void follow_steps(worker *w, double step_s) {
   w->step_s_at = (w->step_s_at + 1) % WORKER_STEP_TIMES;
   if (w->nstep_s < WORKER_STEP_TIMES) w->nstep_s++;
   if (w->nstep_s < WORKER_STEP_TIMES / 8 || !w->train) return;
+  /* a generation's communicators get the deadline at once; after that it is worked out every
+     eighth step, not on every step's path */
+  if (w->stall_ms && w->step_s_at % 8) return;
   double sorted[WORKER_STEP_TIMES];
   memcpy(sorted, w->step_s, (size_t)w->nstep_s * sizeof *sorted);
   double p95 = newt_percentile(sorted, (size_t)w->nstep_s, 0.95);
