@@ -455,21 +455,25 @@ static newt_result_t current_plan(run *r, newt_plan *out) {
   return res;
 }
 
+/* The plan in force before the faults of one look fire (NULL where etcd is away: nothing
+ * waits for it): the rank a "rank" fault names, and whether a worker fault lands on a spare.
+ * Taken once for all the faults due together, so that faults of one step fire back to back. */
+static newt_plan *plan_before_faults(run *r, newt_plan *buf) {
+  pthread_mutex_lock(&r->mu);
+  int away = r->etcd_down || r->etcd_lost_ms;
+  pthread_mutex_unlock(&r->mu);
+  return !away && current_plan(r, buf) == NEWT_OK ? buf : NULL;
+}
+
 /* A worker fault that lands on a spare (a worker the plan in force does not make a rank)
  * costs no rank and answers no recovery: says so, and returns 1. */
-static int lands_on_spare(run *r, const char *what, const char *name) {
-  newt_plan plan;
-  pthread_mutex_lock(&r->mu);
-  int away = r->etcd_down || r->etcd_lost_ms; /* etcd away: nothing to tell, and no waiting for it */
-  pthread_mutex_unlock(&r->mu);
-  if (away || current_plan(r, &plan) != NEWT_OK) return 0;
-  int spare = !plan_find(&plan, name);
-  if (spare && !r->o->quiet)
+static int lands_on_spare(run *r, const newt_plan *plan, const char *what, const char *name) {
+  if (!plan || plan_find(plan, name)) return 0;
+  if (!r->o->quiet)
     fprintf(stderr, "%snewt run: chaos: %s lands on %s, a spare of plan %llu (%s): no rank is lost, training goes on\n",
-            news(r), what, name, (unsigned long long)plan.generation,
-            plan_is_spare(&plan, name) && plan.spare_why[0] ? plan.spare_why : "it joined after the plan");
-  plan_free(&plan);
-  return spare;
+            news(r), what, name, (unsigned long long)plan->generation,
+            plan_is_spare(plan, name) && plan->spare_why[0] ? plan->spare_why : "it joined after the plan");
+  return 1;
 }
 
 static int signal_of(chaos_action a) {
@@ -481,7 +485,7 @@ static int signal_of(chaos_action a) {
   }
 }
 
-static void fire(run *r, chaos_event *e) {
+static void fire(run *r, chaos_event *e, const newt_plan *plan) {
   char what[64], name[RDZV_NAME_MAX];
   chaos_event_str(e, what, sizeof what);
   e->fired = 1;
@@ -497,12 +501,8 @@ static void fire(run *r, chaos_event *e) {
       }
       if (e->by_rank) {
         /* the worker that is this rank of the plan now in force */
-        newt_plan plan;
         name[0] = '\0';
-        if (current_plan(r, &plan) == NEWT_OK) {
-          if (e->index < plan.nranks) snprintf(name, sizeof name, "%s", plan.ranks[e->index].worker);
-          plan_free(&plan);
-        }
+        if (plan && e->index < plan->nranks) snprintf(name, sizeof name, "%s", plan->ranks[e->index].worker);
         if (!name[0]) {
           fprintf(stderr, "newt run: chaos %s: no rank %d in the current plan\n", what, e->index);
           return;
@@ -555,10 +555,10 @@ static void fire(run *r, chaos_event *e) {
     }
     if (e->action == CHAOS_KILL) p->killed_by_chaos = 1;
     /* a woken worker comes back as a joiner: cont answers a join; a fault on a spare answers
-       nothing (asked of etcd after the signal, so the fault is never held up by it) */
+       nothing */
     fault *f = add_fault(r, e);
     kill(p->pid, signal_of(e->action));
-    int spare = p->kind == PROC_WORKER && e->action != CHAOS_CONT && lands_on_spare(r, what, p->name);
+    int spare = p->kind == PROC_WORKER && e->action != CHAOS_CONT && lands_on_spare(r, plan, what, p->name);
     if (f && spare) f->matched = 1;
     if (spare) return;
   } else if (e->target != CHAOS_ETCD && e->action != CHAOS_JOIN) {
@@ -1068,8 +1068,14 @@ newt_result_t launcher_run(const launcher_opts *o, launcher_result *res) {
       etcd_tick(r); /* an outage the job finished in ends with the end marker reaching etcd */
       break;
     }
+    int due = 0, workers_due = 0; /* the plan in force is read once for the faults due together */
     for (int i = 0; i < chaos.n; i++)
-      if (!events[i].fired && step >= events[i].step) fire(r, &events[i]);
+      if (!events[i].fired && step >= events[i].step)
+        due = 1, workers_due |= events[i].target == CHAOS_WORKER && events[i].action != CHAOS_JOIN;
+    newt_plan before, *plan = workers_due ? plan_before_faults(r, &before) : NULL;
+    for (int i = 0; due && i < chaos.n; i++)
+      if (!events[i].fired && step >= events[i].step) fire(r, &events[i], plan);
+    if (plan) plan_free(plan);
     etcd_tick(r);
     flush_notes(r, 300);
     reap(r);
