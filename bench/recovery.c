@@ -6,7 +6,10 @@
  * --fault join starts one more worker at --kill-at (the recovery is the join: from the
  * joiner's registration to the first step of the generation that takes it in); --fault
  * kill-during-etcd-outage takes etcd away at --kill-at for --outage-ms (default 4000) and
- * kills a worker two steps later, while etcd is still away.
+ * kills a worker two steps later, while etcd is still away: the survivors go on without it
+ * (worker/peers.c), and resumed_ms says when the new layout completed its first step (the
+ * step log), while total_ms runs to the first step of the leader's plan, after etcd is back.
+ * Every line has resumed_ms (-1 where the step log shows no new layout).
  *
  * --fault etcd-outage takes etcd away instead (--outage-ms, as restart:etcd:MS) and prints
  * what training did meanwhile: the tokens/s during the outage against those before it
@@ -264,8 +267,8 @@ int newt_bench_recovery(int argc, char **argv) {
     fprintf(stderr, "newt bench recovery: --runs 1..100, --nproc >= 2, 1 <= --kill-at < --steps\n");
     return 2;
   }
-  int64_t *v[7];
-  for (int k = 0; k < 7; k++) v[k] = calloc((size_t)runs, sizeof(int64_t));
+  int64_t *v[8];
+  for (int k = 0; k < 8; k++) v[k] = calloc((size_t)runs, sizeof(int64_t));
   double *tps_after = calloc((size_t)runs, sizeof *tps_after);
   int ok = 0;
   for (int64_t run = 0; run < runs; run++) {
@@ -317,16 +320,16 @@ int newt_bench_recovery(int argc, char **argv) {
            "\"preset\":\"%s\",\"tp\":%lld,\"pp\":%lld,"
            "\"zero\":%lld,\"even_batches\":%s,\"cause\":\"%s\",\"detect_ms\":%lld,\"plan_ms\":%lld,\"comm_ms\":%lld,"
            "\"restore_ms\":%lld,\"step_ms\":%lld,\"total_ms\":%lld,\"steps_lost\":%lld,\"restore\":\"%s\",\"world_after\":%lld,"
-           "\"tokens_per_s_before\":%.0f,\"tokens_per_s_after\":%.0f}\n",
+           "\"resumed_ms\":%lld,\"tokens_per_s_before\":%.0f,\"tokens_per_s_after\":%.0f}\n",
            fault, backend, program_name(&base), (long long)run, (long long)nproc, preset, (long long)tp, (long long)pp,
            (long long)zero, even ? "true" : "false", rec->cause, (long long)rec->detect_ms, (long long)rec->plan_ms,
            (long long)rec->comm_ms, (long long)rec->restore_ms, (long long)rec->step_ms, (long long)rec->total_ms,
            (long long)rec->steps_lost,
-           rec->restore, (long long)rec->world, before, after);
+           rec->restore, (long long)rec->world, (long long)rec->resumed_ms, before, after);
     fflush(stdout);
-    int64_t f[7] = {rec->detect_ms, rec->plan_ms, rec->comm_ms, rec->restore_ms, rec->total_ms, rec->steps_lost,
-                    rec->step_ms};
-    for (int k = 0; k < 7; k++) v[k][ok] = f[k];
+    int64_t f[8] = {rec->detect_ms, rec->plan_ms, rec->comm_ms, rec->restore_ms, rec->total_ms, rec->steps_lost,
+                    rec->step_ms, rec->resumed_ms};
+    for (int k = 0; k < 8; k++) v[k][ok] = f[k];
     tps_after[ok] = after;
     ok++;
     run_done(&res);
@@ -335,12 +338,12 @@ int newt_bench_recovery(int argc, char **argv) {
     printf("{\"bench\":\"recovery\",\"fault\":\"%s\",\"backend\":\"%s\",\"program\":\"%s\",\"median_of\":%d,"
            "\"nproc\":%lld,\"preset\":\"%s\",\"tp\":%lld,\"pp\":%lld,"
            "\"zero\":%lld,\"even_batches\":%s,\"detect_ms\":%lld,\"plan_ms\":%lld,\"comm_ms\":%lld,\"restore_ms\":%lld,"
-           "\"step_ms\":%lld,\"total_ms\":%lld,\"steps_lost\":%lld,\"tokens_per_s_after\":%.0f}\n",
+           "\"step_ms\":%lld,\"total_ms\":%lld,\"steps_lost\":%lld,\"resumed_ms\":%lld,\"tokens_per_s_after\":%.0f}\n",
            fault, backend, program_name(&base), ok, (long long)nproc, preset, (long long)tp, (long long)pp, (long long)zero,
            even ? "true" : "false", (long long)median(v[0], ok), (long long)median(v[1], ok), (long long)median(v[2], ok),
            (long long)median(v[3], ok), (long long)median(v[6], ok), (long long)median(v[4], ok),
-           (long long)median(v[5], ok), newt_median(tps_after, (size_t)ok));
-  for (int k = 0; k < 7; k++) free(v[k]);
+           (long long)median(v[5], ok), (long long)median(v[7], ok), newt_median(tps_after, (size_t)ok));
+  for (int k = 0; k < 8; k++) free(v[k]);
   free(tps_after);
   return ok == runs ? 0 : 1;
 }

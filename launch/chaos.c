@@ -38,6 +38,16 @@ static newt_result_t parse_etcd(char **parts, int np, int idx, const char *shown
   e->target = CHAOS_ETCD;
   e->index = -1;
   e->arg = 2000;
+  if ((e->action == CHAOS_RESTART || e->action == CHAOS_STOP) && np == 3 && strncmp(parts[2], "until=", 6) == 0) {
+    /* away until the job completed a step (an event, not a time: a test of what training
+       does without etcd cannot pass by luck) */
+    if (newt_parse_int(parts[2] + 6, &e->until_step) != 0 || e->until_step <= e->step)
+      return BAD("--chaos: item %d \"%s\": \"%s\": etcd comes back at a step after the item's own (%lld), as in "
+                 "%s:etcd:until=%lld@step=%lld", idx + 1, shown, parts[2], (long long)e->step,
+                 action_names[e->action], (long long)e->step + 10, (long long)e->step);
+    e->arg = 0;
+    return NEWT_OK;
+  }
   switch (e->action) {
     case CHAOS_RESTART:
       if (np == 3 && (newt_parse_int(parts[2], &e->arg) != 0 || e->arg < 0 || e->arg > 600000))
@@ -194,7 +204,8 @@ const char *chaos_event_str(const chaos_event *e, char *buf, size_t cap) {
   const char *a = action_names[e->action];
   switch (e->target) {
     case CHAOS_ETCD:
-      if (e->index < 0) snprintf(buf, cap, "%s:etcd:%lld@step=%lld", a, (long long)e->arg, (long long)e->step);
+      if (e->until_step) snprintf(buf, cap, "%s:etcd:until=%lld@step=%lld", a, (long long)e->until_step, (long long)e->step);
+      else if (e->index < 0) snprintf(buf, cap, "%s:etcd:%lld@step=%lld", a, (long long)e->arg, (long long)e->step);
       else snprintf(buf, cap, "%s:etcd:%d:%lld@step=%lld", a, e->index, (long long)e->arg, (long long)e->step);
       break;
     case CHAOS_COORDINATOR:

@@ -8,6 +8,7 @@
  *          | ("kill" | "stop" | "term") ":coordinator" [":" I]  the leader when I is left out
  *          | "join:" N                                          start N new workers
  *          | "restart:etcd" [":" MS]                            down for MS ms (default 2000)
+ *          | ("restart" | "stop") ":etcd:until=" S              away until the job completed step S
  *          | "stop:etcd" [":" MS]       SIGSTOP every member for MS ms (default 2000, at least
  *                                       100), then SIGCONT: a hung etcd that accepts and never answers
  *          | "wipe:etcd" [":" MS]       down for MS ms (default 2000), then back EMPTY (its data lost)
@@ -48,6 +49,8 @@ typedef struct chaos_event {
   int by_rank;   /* worker target: index is a rank of the current plan */
   int64_t arg;   /* join: how many workers; etcd: downtime in ms (a member's 0: for good) */
   int64_t step;  /* fires once the job has completed this step */
+  int64_t until_step; /* whole etcd, restart or stop: back once the job completed this step
+                         (0: after arg ms) */
   int fired;
 } chaos_event;
 

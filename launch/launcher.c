@@ -543,7 +543,7 @@ static void fire(run *r, chaos_event *e, const newt_plan *plan) {
       r->etcd_down = 1;
       r->etcd_ev = *e;
       r->etcd_back_ms = 0;
-      r->etcd_up_at = e->index >= 0 && e->arg == 0 ? 0 : newt_now_ns() + (uint64_t)e->arg * 1000000ull;
+      r->etcd_up_at = e->until_step || (e->index >= 0 && e->arg == 0) ? 0 : newt_now_ns() + (uint64_t)e->arg * 1000000ull;
       r->etcd_fault = f ? (int)(f - r->faults) : -1;
       break;
     }
@@ -618,7 +618,7 @@ void launcher_recovery_of(const job_event *e, uint64_t t_fault, launcher_recover
   out->step_ms = rt.step_ms;
   out->total_ms = rt.total_ms;
   out->steps_lost = e->steps_lost;
-  out->outage_ms = out->pause_ms = -1;
+  out->outage_ms = out->pause_ms = out->resumed_ms = -1;
 }
 
 /* Notes in etcd a fault we injected, for the recovery of generation gen (job_fault): newt
@@ -743,7 +743,10 @@ static void handle_event(run *r, const job_event *e) {
 static void etcd_tick(run *r) {
   if (!r->etcd_down) return;
   const chaos_event *e = &r->etcd_ev;
-  if (!r->etcd_back_ms && r->etcd_up_at && newt_now_ns() >= r->etcd_up_at) {
+  pthread_mutex_lock(&r->mu);
+  int until_reached = e->until_step && r->step >= e->until_step;
+  pthread_mutex_unlock(&r->mu);
+  if (!r->etcd_back_ms && ((r->etcd_up_at && newt_now_ns() >= r->etcd_up_at) || until_reached)) {
     newt_deadline_t d = newt_deadline_in_ms(30000);
     newt_result_t res = e->index >= 0 ? (e->action == CHAOS_KILL ? rdzv_etcd_server_member_restart(r->server, e->index, d)
                                                                 : rdzv_etcd_server_member_resume(r->server, e->index))
@@ -768,7 +771,8 @@ static void etcd_tick(run *r) {
   /* training's progress must reach etcd after it came back (after the fault, for a member
      left dead, or one still away when the job's end marker reached the others: they served
      all along) */
-  uint64_t since = r->etcd_back_ms ? r->etcd_back_ms : !r->etcd_up_at || r->done ? f->t_ms : 0;
+  int for_good = !r->etcd_up_at && !r->etcd_ev.until_step; /* a member left dead */
+  uint64_t since = r->etcd_back_ms ? r->etcd_back_ms : for_good || r->done ? f->t_ms : 0;
   if (!since || (r->progress_t_ms < since && !r->done)) return;
   r->etcd_down = 0;
   f->matched = 1;
@@ -782,10 +786,10 @@ static void etcd_tick(run *r) {
   rec->world = r->world;
   uint64_t reached = r->progress_t_ms >= since ? r->progress_t_ms : newt_wall_ms(); /* or the end marker */
   rec->outage_ms = r->etcd_back_ms ? diff(r->etcd_back_ms, f->t_ms) : 0;
-  rec->pause_ms = -1; /* from the step log, at the end */
+  rec->pause_ms = rec->resumed_ms = -1; /* from the step log, at the end */
   rec->detect_ms = rec->outage_ms;
   rec->total_ms = diff(reached, f->t_ms);
-  if (!r->o->quiet && !r->etcd_back_ms && r->etcd_up_at)
+  if (!r->o->quiet && !r->etcd_back_ms && !for_good)
     fprintf(stderr, "%snewt run: the job ended while etcd's fault (%s) lasted; training went on\n", news(r), f->what);
   else if (!r->o->quiet)
     fprintf(stderr, "%snewt run: etcd was away for %lld ms; training went on, %lld ms until progress reached it again\n",
@@ -824,6 +828,19 @@ static void measure_outages(run *r) {
     rec->pause_ms = ng && longest > 3 * usual ? (int64_t)((double)longest - usual) : 0;
     rec->tps_before = newt_median(before, nb);
     rec->tps_during = newt_median(during, nd);
+  }
+  for (int k = 0; k < r->res->nrecoveries; k++) {
+    launcher_recovery *rec = &r->res->recoveries[k];
+    rec->resumed_ms = -1;
+    if (!rec->t_fault || strcmp(rec->cause, "etcd") == 0) continue;
+    int64_t world = -1; /* the world of the last step before the fault */
+    for (size_t i = 0; i < n; i++) {
+      if (s[i].t_ms <= rec->t_fault) world = s[i].world;
+      else if (world >= 0 && s[i].world != world) {
+        rec->resumed_ms = (int64_t)(s[i].t_ms - rec->t_fault);
+        break;
+      }
+    }
   }
   free(s);
 }
@@ -1202,6 +1219,7 @@ char *launcher_summary_json(const launcher_opts *o, const launcher_result *res) 
     cJSON_AddStringToObject(e, "restore", r->restore);
     cJSON_AddBoolToObject(e, "injected", r->t_fault != 0);
     if (r->fault[0]) cJSON_AddStringToObject(e, "fault", r->fault);
+    if (r->resumed_ms >= 0) newt_json_add_int(e, "resumed_ms", r->resumed_ms);
     if (strcmp(r->cause, "etcd") == 0) {
       newt_json_add_int(e, "outage_ms", r->outage_ms);
       newt_json_add_int(e, "pause_ms", r->pause_ms);

@@ -62,6 +62,11 @@ typedef struct launcher_recovery {
      pace), and the tokens/s before and during the outage */
   int64_t outage_ms, pause_ms;
   double tps_before, tps_during;
+  /* an injected fault's, from the step log (-1: unknown): from the fault to the first step
+     the new layout completed (rank 0's line after the fault with another world). Beside
+     total_ms, which ends at the first step of the leader's plan: where etcd was away and the
+     survivors went on without it (worker/peers.c), training resumed long before that plan */
+  int64_t resumed_ms;
 } launcher_recovery;
 
 /* The recovery a recovered event records, timed from t_fault (a fault injected: 0 none) by

@@ -155,6 +155,10 @@ struct newt_ctx {
   comm_t *all;           /* ranks and donors */
   comm_t *train;         /* the ranks (all itself without donors) */
   comm_t *tp, *dp, *pp;  /* NULL for a group of one */
+  comm_t *peer_parent;   /* a generation the survivors made without etcd: the shrunk
+                            communicator `all` was split from (NULL: none) */
+  int peer_epoch;        /* 0: the generation is the leader's plan; k: the k-th the survivors
+                            made of it without etcd (worker/peers.c) */
   newt_comm *comms;      /* every handle given out (all generations) */
   newt_comm *h_world, *h_tp, *h_dp, *h_pp;
 
@@ -249,6 +253,13 @@ newt_result_t worker_snapshot(worker *w);
 newt_result_t worker_replicate(worker *w);
 /* A leaving rank's part of the restore: it gives what it holds and needs nothing. */
 newt_result_t worker_donate(worker *w, comm_t *c);
+
+/* peers.c: a crash while etcd is away. 1 when the survivors of the failed generation made
+ * the next among themselves: *out its plan (same generation number), *all its communicator
+ * (ranks, then donors), *parent the one to free after it (NULL: none). 0: wait for etcd. */
+int worker_peer_recover(worker *w, newt_plan *out, comm_t **all, comm_t **parent);
+/* The key the links of p's generation prove (COMM_SECRET_MAX bytes room; *len set). */
+newt_result_t worker_generation_key(const worker *w, const newt_plan *p, unsigned char *key, size_t *len);
 void worker_decl_free(worker_decl *d);
 void worker_state_free(worker *w);
 

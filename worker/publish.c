@@ -231,7 +231,7 @@ void worker_report(worker *w, const newt_plan *p, int hang, int build, const cha
 }
 
 void worker_publish_ack(worker *w) {
-  if (!w->reg) return;
+  if (!w->reg || w->peer_epoch) return; /* the survivors' own generation is no plan of the leader's */
   job_ack a = {.rank = w->me->rank, .t_plan = w->t_plan_seen, .t_comm = w->t_comm, .t_restore = w->t_restore,
                .t_step = w->t_first_step, .restore_step = w->restore_step};
   snprintf(a.restore, sizeof a.restore, "%s", w->restore_src);

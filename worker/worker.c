@@ -262,15 +262,7 @@ static newt_result_t build_comm(worker *w, const newt_plan *p, const plan_rank *
   cfg.hosts = hosts;
   cfg.job = w->o.job;
   cfg.generation = p->generation;
-  newt_result_t r = NEWT_OK;
-  if (w->job_secret) { /* the plan's secret is only a salt: the key is the job secret's */
-    r = comm_derive_secret(w->job_secret, w->job_secret_len, w->o.job, p->generation, p->secret, sizeof p->secret,
-                           cfg.secret);
-    cfg.secret_len = COMM_KEY_BYTES;
-  } else {
-    memcpy(cfg.secret, p->secret, sizeof p->secret);
-    cfg.secret_len = sizeof p->secret;
-  }
+  newt_result_t r = worker_generation_key(w, p, cfg.secret, &cfg.secret_len);
   cfg.timeout_ms = w->spec.comm_timeout_ms;
   cfg.device = w->device >= 0 ? w->device : 0;
   cfg.listen_fd = w->listen_fd;
@@ -352,7 +344,8 @@ static void end_generation(worker *w) {
   comm_free(w->pp), comm_free(w->dp), comm_free(w->tp);
   if (w->train && w->train != w->all) comm_free(w->train);
   comm_free(w->all);
-  w->pp = w->dp = w->tp = w->train = w->all = NULL;
+  comm_free(w->peer_parent); /* what `all` was split from, when the survivors made it */
+  w->pp = w->dp = w->tp = w->train = w->all = w->peer_parent = NULL;
   w->h_world = w->h_tp = w->h_dp = w->h_pp = NULL;
   w->step = STEP_IDLE;
   atomic_store(&w->step_started, 0);
@@ -382,8 +375,11 @@ static void refresh_spec(worker *w, const newt_plan *p) {
 }
 
 /* Builds the generation of plan p (this worker a rank of it): 1 when it stands (PHASE_BUILT),
- * 0 when it never formed (reported; back to waiting). */
-static int start_generation(worker *w, newt_plan *p) {
+ * 0 when it never formed (reported; back to waiting). built: its communicator, already made
+ * (the survivors' own generation, worker/peers.c; parent: what it was split from), else
+ * NULL: built here. */
+static int start_generation(worker *w, newt_plan *p, comm_t *built, comm_t *parent) {
+  if (!built) w->peer_epoch = 0; /* a leader's plan */
   refresh_spec(w, p);
   atomic_store(&w->switch_pending, 0);
   w->t_plan_seen = newt_wall_ms();
@@ -393,7 +389,9 @@ static int start_generation(worker *w, newt_plan *p) {
   w->me = plan_find(&w->plan, w->id);
   int n = w->plan.nranks + w->plan.ndonors;
   int *missing = calloc((size_t)n, sizeof *missing);
-  newt_result_t r = missing ? build_comm(w, &w->plan, w->me, missing, &w->all) : NEWT_ERR(NEWT_ERR_NOMEM, "out of memory");
+  newt_result_t r = NEWT_OK;
+  if (built) w->all = built, w->peer_parent = parent;
+  else r = missing ? build_comm(w, &w->plan, w->me, missing, &w->all) : NEWT_ERR(NEWT_ERR_NOMEM, "out of memory");
   pthread_mutex_lock(&w->mu);
   w->gen = w->plan.generation;
   w->comm = w->all;
@@ -430,9 +428,11 @@ static int start_generation(worker *w, newt_plan *p) {
   metrics_set(w->metrics, "newt_worker_generation", (double)w->plan.generation);
   metrics_set(w->metrics, "newt_worker_rank", (double)w->me->rank);
   label_metrics(w, w->me->rank);
-  NEWT_INFO(WORKER, "%s: generation %llu: rank %d of %d (tp %d, pp %d, dp %d, zero %d, accum %lld)", w->id,
-            (unsigned long long)w->plan.generation, w->me->rank, w->plan.nranks, w->plan.tp, w->plan.pp, w->plan.dp,
-            w->plan.zero, (long long)w->plan.accum);
+  char sub[32] = ""; /* one the survivors made without etcd: "generation G (peers E)" */
+  if (w->peer_epoch) snprintf(sub, sizeof sub, " (peers %d)", w->peer_epoch);
+  NEWT_INFO(WORKER, "%s: generation %llu%s: rank %d of %d (tp %d, pp %d, dp %d, zero %d, accum %lld)", w->id,
+            (unsigned long long)w->plan.generation, sub, w->me->rank, w->plan.nranks, w->plan.tp, w->plan.pp,
+            w->plan.dp, w->plan.zero, (long long)w->plan.accum);
   /* the declaration that holds the state becomes the source of this one's restore (one
      made for a generation that never restored holds nothing: dropped) */
   if (w->state_in_decl) {
@@ -465,18 +465,21 @@ static void log_step(worker *w, int rank0, const job_step *line) {
 
 /* A donor's generation: build the communicator with the ranks, hand them this worker's
  * state (the parts they need); then it leaves, or waits as a spare. */
-static void donate(worker *w, newt_plan *p) {
+static void donate_on(worker *w, newt_plan *p, comm_t *c, comm_t *parent) {
   const plan_rank *me = plan_find_donor(p, w->id);
-  comm_t *c = NULL, *none = NULL;
+  comm_t *none = NULL;
   w->gen = p->generation;
-  newt_result_t r = build_comm(w, p, me, NULL, &c);
+  newt_result_t r = c ? NEWT_OK : build_comm(w, p, me, NULL, &c);
   if (r == NEWT_OK) r = comm_split(c, -1, me->rank, &none); /* the ranks' own group */
   if (r == NEWT_OK) r = worker_donate(w, c);
   if (r == NEWT_OK) NEWT_INFO(WORKER, "%s: handed over the state of step %lld", w->id, (long long)w->live_step);
   else NEWT_WARN(WORKER, "%s: handing over its state in generation %llu: %s", w->id, (unsigned long long)p->generation,
                  newt_errmsg());
   if (c) comm_free(c);
+  comm_free(parent);
 }
+
+static void donate(worker *w, newt_plan *p) { donate_on(w, p, NULL, NULL); }
 
 /* A leaving rank hands its state to the next generation's ranks (they may hold no other
  * copy of its parts) before it goes: the leader names it a donor of the plan without it.
@@ -544,7 +547,7 @@ static newt_result_t wait_generation(worker *w, newt_next *next) {
         return over(w, NEWT_NEXT_LEFT, next);
       case WAIT_PLAN: break;
     }
-    int built = start_generation(w, &p);
+    int built = start_generation(w, &p, NULL, NULL);
     plan_free(&p);
     if (built) {
       *next = NEWT_NEXT_GENERATION;
@@ -588,8 +591,8 @@ static newt_result_t next_step(worker *w, newt_batch *b, newt_next *next) {
                     .micro_batch = p->micro_batch, .accum = (w->step_count + p->micro_batch - 1) / p->micro_batch,
                     .global_batch = gb};
   if (w->sample_log && w->tp_rank == 0 && w->pp_rank == 0) { /* one rank per data-parallel slice */
-    fprintf(w->sample_log, "C %llu %lld %llu %lld\n", (unsigned long long)p->generation, (long long)w->live_step + 1,
-            (unsigned long long)w->step_first, (long long)w->step_count);
+    fprintf(w->sample_log, "C %llu %lld %llu %lld %d\n", (unsigned long long)p->generation, (long long)w->live_step + 1,
+            (unsigned long long)w->step_first, (long long)w->step_count, w->peer_epoch);
     fflush(w->sample_log);
   }
   if (worker_stop_asked(w) && !w->leave_announced) {
@@ -616,8 +619,22 @@ static newt_result_t recover(worker *w, newt_next *next) {
   w->t_detect = newt_wall_ms();
   if (w->step == STEP_COMMITTED) w->live_step++, w->derived_stale = 1; /* applied, not ended */
   report_failure(w);
+  /* etcd away: the survivors may go on among themselves (worker/peers.c) */
+  newt_plan p;
+  comm_t *c = NULL, *parent = NULL;
+  int peers = worker_peer_recover(w, &p, &c, &parent);
   end_generation(w);
   w->phase = PHASE_WAITING;
+  if (peers) {
+    int built = 0;
+    if (plan_find(&p, w->id)) built = start_generation(w, &p, c, parent);
+    else donate_on(w, &p, c, parent); /* a donor of it: hands its state over, then waits */
+    plan_free(&p);
+    if (built) {
+      *next = NEWT_NEXT_GENERATION;
+      return NEWT_OK;
+    }
+  }
   return wait_generation(w, next);
 }
 
@@ -715,8 +732,8 @@ newt_result_t worker_end(worker *w, const newt_step_result *res) {
   w->live_step++;
   w->derived_stale = res->after != NEWT_OK;
   if (w->sample_log) {
-    fprintf(w->sample_log, "A %llu %lld %llu\n", (unsigned long long)w->plan.generation, (long long)w->live_step,
-            (unsigned long long)newt_wall_ms());
+    fprintf(w->sample_log, "A %llu %lld %llu %d\n", (unsigned long long)w->plan.generation, (long long)w->live_step,
+            (unsigned long long)newt_wall_ms(), w->peer_epoch);
     fflush(w->sample_log);
   }
   if (res->after != NEWT_OK) return NEWT_ERR(res->after, "the step's post-update collectives failed");

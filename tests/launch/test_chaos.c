@@ -58,6 +58,8 @@ static void test_chaos_etcd(void) {
       {"kill:etcd:4:1500@step=7", CHAOS_KILL, 4, 1500, "kill:etcd:4:1500@step=7"},
       {"stop:etcd:2:800@step=7", CHAOS_STOP, 2, 800, "stop:etcd:2:800@step=7"},
       {"stop:etcd:0:0@step=7", CHAOS_STOP, 0, 0, "stop:etcd:0:0@step=7"},
+      {"restart:etcd:until=30@step=7", CHAOS_RESTART, -1, 0, "restart:etcd:until=30@step=7"},
+      {"stop:etcd:until=8@step=7", CHAOS_STOP, -1, 0, "stop:etcd:until=8@step=7"},
   };
   chaos_plan c;
   char buf[64];
@@ -102,6 +104,9 @@ static void test_chaos_etcd(void) {
       {"restart:etcd:-5@step=3", "item 1: etcd downtime \"-5\""},
       {"restart:etcd:1:2@step=3", "restart:etcd takes at most one value"},
       {"cont:etcd@step=3", "item 1 \"cont:etcd\": cont does not apply to etcd"},
+      {"restart:etcd:until=3@step=3", "\"until=3\": etcd comes back at a step after the item's own (3)"},
+      {"stop:etcd:until=x@step=3", "\"until=x\""},
+      {"wipe:etcd:until=9@step=3", "etcd downtime \"until=9\""},
       {"term:etcd:1@step=3", "term does not apply to etcd"},
       {"kill:worker:1@step=3,stop:etcd:x@step=4", "item 2 \"stop:etcd:x\""},
   };
