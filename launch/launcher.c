@@ -82,6 +82,7 @@ typedef struct run {
   char steps_line[1024]; /* its line being read, and whether it outgrew the buffer */
   size_t steps_len;
   int steps_long;
+  int64_t steps_world; /* the world of the step log's last line (0: none yet) */
   int tty;          /* stderr is a terminal: the live line refreshes in place */
   int line_open;    /* the live line is on the terminal, not ended by a line break */
   double t_line;    /* when the last plain live line was printed */
@@ -369,6 +370,26 @@ static void take(run *r, const rdzv_etcd_kv *kv) {
  * its step and the live line moves whatever etcd does. Reads what was appended since the
  * last look, at most 64 KiB a call; a line that does not parse (torn by a killed writer, or
  * longer than the buffer) is skipped. */
+/* A step log line in another world than the last while etcd is away: the survivors of a
+ * crash went on among themselves (worker/peers.c); the leader's plan, and its "recovered"
+ * line, come only once etcd is back. Says so, timed from the newest worker fault before it. */
+static void resumed_line(run *r, const job_step *s) {
+  int64_t prev = r->steps_world;
+  r->steps_world = s->world;
+  pthread_mutex_lock(&r->mu);
+  int away = r->etcd_down || r->etcd_lost_ms;
+  pthread_mutex_unlock(&r->mu);
+  if (!prev || s->world == prev || !away || r->o->quiet) return;
+  const fault *f = NULL;
+  for (int i = 0; i < r->nfaults; i++)
+    if (r->faults[i].ev.target == CHAOS_WORKER && r->faults[i].ev.action != CHAOS_JOIN && r->faults[i].t_ms <= s->t_ms)
+      f = &r->faults[i];
+  if (!f) return;
+  fprintf(stderr, "%snewt run: training resumed without etcd at step %lld, %lld ms after %s: %lld ranks (the survivors "
+          "went on among themselves; the leader's plan follows once etcd is back)\n", news(r), (long long)s->step,
+          (long long)(s->t_ms - f->t_ms), f->what, (long long)s->world);
+}
+
 static void follow_steps(run *r) {
   char chunk[65536];
   ssize_t got = r->steps_fd >= 0 ? read(r->steps_fd, chunk, sizeof chunk) : 0;
@@ -380,6 +401,7 @@ static void follow_steps(run *r) {
     }
     job_step s;
     if (!r->steps_long && job_step_from_json(r->steps_line, r->steps_len, &s) == NEWT_OK) {
+      resumed_line(r, &s);
       pthread_mutex_lock(&r->mu);
       if (s.step > r->step || (int64_t)s.generation > r->gen) {
         if (s.step > r->step) r->step = s.step;
