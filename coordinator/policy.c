@@ -283,6 +283,7 @@ static void decide_running(const policy_view *v, policy_decision *d) {
   } else if (gone && d->first_gone && v->last_progress > d->first_gone) {
     /* steps went on after the registration vanished: every rank is alive */
     d->first_gone = 0;
+    d->gone_alive = 1;
   } else if (gone) {
     /* a lease ran out and no survivor saw a connection die: a rank that crashed would have
        been reported within milliseconds, so it stopped (or lost its network) -- unless no

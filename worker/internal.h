@@ -182,6 +182,8 @@ struct newt_ctx {
   int all_leave;                   /* ... every rank asked to leave, and the plan has no spare:
                                       no one is left to hand the state to */
   int first_step_of_gen;
+  int progress_rank;       /* who writes the progress record: the lowest rank that reached etcd
+                              at the last commit (every rank agrees: the commit's sums) */
   double t_last;           /* when the last step ended (s, monotonic) */
   /* the stall deadline of the generation's collectives follows the observed step times
      (worker_follow_steps): the last WORKER_STEP_TIMES of them, a generation's first left out */

@@ -663,12 +663,15 @@ newt_result_t worker_commit(worker *w, const double *values, double *sums, int n
   if (w->phase != PHASE_RUNNING || w->step != STEP_BEGUN)
     return NEWT_ERR(NEWT_ERR_INVALID, "newt_step_commit: no step is begun (newt_step_begin said NEXT_STEP first)%s",
                     w->step == STEP_COMMITTED ? "; this step was committed already" : "");
-  /* [leave, switch, values...] of every rank, summed in rank order in double */
-  int k = n + 2, size = comm_size(w->train);
-  double mine[34];
+  /* [leave, switch, reaches etcd, values...] of every rank, summed in rank order in double */
+  int k = n + 3, size = comm_size(w->train);
+  double mine[35];
   mine[0] = worker_stop_asked(w) ? 1 : 0;
   mine[1] = (double)atomic_load(&w->switch_pending);
-  for (int i = 0; i < n; i++) mine[2 + i] = values[i];
+  pthread_mutex_lock(&w->mu);
+  mine[2] = !w->etcd || (rdzv_etcd_reachable(w->etcd) && !w->pub_failing);
+  pthread_mutex_unlock(&w->mu);
+  for (int i = 0; i < n; i++) mine[3 + i] = values[i];
   double *all = malloc((size_t)size * (size_t)k * sizeof *all);
   NEWT_CHECK_ALLOC(all);
   newt_result_t r = comm_allgather(comm_host_channel(w->train), mine, all, (size_t)k * sizeof(double), NEWT_U8);
@@ -676,11 +679,17 @@ newt_result_t worker_commit(worker *w, const double *values, double *sums, int n
     free(all);
     return r;
   }
-  double tot[34] = {0};
+  double tot[35] = {0};
   for (int q = 0; q < size; q++)
     for (int i = 0; i < k; i++) tot[i] += all[(size_t)q * (size_t)k + (size_t)i];
+  /* the progress record (the leader's evidence that steps go on) comes from the lowest rank
+     that reaches etcd, not from rank 0 alone: a rank cut from etcd, rank 0 included, is then
+     seen alive while it trains (docs/elastic.md, "When etcd is away") */
+  w->progress_rank = 0;
+  for (int q = size - 1; q >= 0; q--)
+    if (all[(size_t)q * (size_t)k + 2] > 0) w->progress_rank = q;
   free(all);
-  for (int i = 0; i < n; i++) sums[i] = tot[2 + i];
+  for (int i = 0; i < n; i++) sums[i] = tot[3 + i];
   w->leave_agreed = tot[0] > 0;
   w->all_leave = tot[0] >= (double)size && w->plan.nspares == 0;
   w->switch_agreed = tot[1] > 0;
@@ -756,7 +765,7 @@ newt_result_t worker_end(worker *w, const newt_step_result *res) {
     worker_publish_ack(w);
     if (!w->leave_announced) worker_set_state_async(w, "training");
   }
-  if (w->me->rank == 0) worker_publish_progress(w, res->loss, tps, tokens);
+  if (w->me->rank == w->progress_rank) worker_publish_progress(w, res->loss, tps, tokens);
   newt_result_t cr = worker_ckpt_step(w);
   if (cr != NEWT_OK) /* a checkpoint that cannot start is reported, training goes on */
     NEWT_WARN(WORKER, "%s: checkpoint of step %lld: %s", w->id, (long long)w->live_step, newt_errmsg());
