@@ -43,7 +43,7 @@ typedef struct worker_pinned worker_pinned;
  * strings are the worker's own copies. */
 typedef struct worker_opts {
   rdzv_etcd_opts etcd;
-  const char *job, *id, *host, *addr;
+  const char *job, *id, *host, *domain, *addr;
   int port;
   int device;       /* the CUDA device; -1: the CPU */
   void *cuda_stream;
@@ -114,6 +114,7 @@ struct newt_ctx {
   char *strings; /* the options' strings (one block) */
   char id[RDZV_NAME_MAX];
   char host[256];
+  char domain[256]; /* its failure domain (registered; the host when none was given) */
   char addr[96]; /* ip:port of the data plane */
   int listen_fd; /* its socket, held for the worker's life */
   unsigned char *job_secret; /* from opts.secret_file (NULL: none) */
