@@ -902,7 +902,8 @@ static newt_result_t read_spec(worker *w) {
 
 newt_result_t worker_join(worker *w) {
   w->step_log_fd = -1;
-  w->snap.step = w->snap.spare_step = w->rep.step = w->rep.spare_step = -1;
+  w->snap.step = w->snap.spare_step = -1;
+  for (int j = 0; j < SPEC_REPLICAS_MAX; j++) w->rep[j].step = w->rep[j].spare_step = -1;
   snprintf(w->host, sizeof w->host, "%s", w->o.host && *w->o.host ? w->o.host : newt_hostname());
   snprintf(w->domain, sizeof w->domain, "%s", w->o.domain && *w->o.domain ? w->o.domain : w->host);
   if (w->domain[strspn(w->domain, "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789.-_:/")] != '\0' ||
