@@ -137,6 +137,7 @@ static newt_result_t parse_item(char *item, int idx, chaos_event *e) {
       return BAD("--chaos: item %d \"%s\": only kill applies to a host (kill:host:I: every worker of simulated host "
                  "I at once, newt run --hosts)", idx + 1, shown);
     e->target = CHAOS_HOST;
+    if (np > 3) return BAD("--chaos: item %d \"%s\": kill:host takes one value, the host, as in kill:host:1", idx + 1, shown);
     if (np != 3 || newt_parse_int(parts[2], &v) != 0 || v < 0 || v > 1023)
       return BAD("--chaos: item %d \"%s\": host \"%s\" is not 0..1023 (a simulated host of newt run --hosts)", idx + 1,
                  shown, np > 2 ? parts[2] : "");
