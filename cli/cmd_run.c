@@ -156,7 +156,7 @@ int newt_cmd_run(int argc, char **argv) {
        "k: each data-parallel rank keeps copies of its k predecessors' ZeRO shards, in other failure domains, so any "
        "k domains lost at once recover from memory (1..8; spec.fault.replicas)"},
       {"hosts", NEWT_OPT_INT, &hosts,
-       "simulate H hosts: the workers in contiguous blocks (w0..w(N/H-1) on host0, ...; a joiner on the host with "
+       "simulate N hosts: the workers in contiguous blocks (w0..w(nproc/N-1) on host0, ...; a joiner on the host with "
        "fewest), each with --host hostI --domain hostI (its own shared memory and failure domain); chaos "
        "kill:host:I kills all of host I's at once (0: none)"},
       {"no-metrics", NEWT_OPT_FLAG, &lo.no_metrics, "coordinators serve no metrics (default: each on a free port, printed)"},
