@@ -508,6 +508,8 @@ def join(*, etcd=None, job=None, worker_id=None, host=None, addr=None, port=None
          exit_on_end=True, domain=None):
     """Becomes a worker of a newt job: what is not given comes from the environment that
     `newt run`, `newt worker` and the chart set (NEWT_ETCD, NEWT_JOB, NEWT_WORKER_ID, ...).
+    domain: the failure domain (NEWT_DOMAIN; default the host), what goes down as a unit:
+    copies of a shard are kept in other domains.
     handle_signals: SIGTERM and Ctrl-C ask for a graceful leave at the next step boundary
     (this rank's state handed over). exit_on_end: leaving the Job's block after a leave, a
     failed job or an exception exits the process with newt's status. Returns the Job (a
