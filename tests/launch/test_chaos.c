@@ -5,6 +5,15 @@
 #include "launch/chaos.h"
 #include "test.h"
 
+/* Each schedule bad[i][0] is refused, its error saying bad[i][1]. */
+static void expect_refused(const char *const (*bad)[2], size_t n) {
+  chaos_plan c;
+  for (size_t i = 0; i < n; i++) {
+    T_CHECK_MSG(chaos_parse(bad[i][0], &c) == NEWT_ERR_INVALID, "accepted %s", bad[i][0]);
+    T_CHECK_MSG(strstr(newt_errmsg(), bad[i][1]) != NULL, "error \"%s\" lacks \"%s\"", newt_errmsg(), bad[i][1]);
+  }
+}
+
 static void test_chaos(void) {
   chaos_plan c;
   T_OK(chaos_parse("kill:worker:1@step=15,stop:worker:2@step=30,term:worker:0@step=45,join:2@step=50,"
@@ -32,10 +41,7 @@ static void test_chaos(void) {
                           {"restart:worker@step=3", "restart applies to etcd"},
                           {"kill:worker:1@step=3,kill:robot:1@step=4", "item 2"},
                           {"cont:coordinator@step=3", "cont applies to workers"}};
-  for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
-    T_CHECK_MSG(chaos_parse(bad[i][0], &c) == NEWT_ERR_INVALID, "accepted %s", bad[i][0]);
-    T_CHECK_MSG(strstr(newt_errmsg(), bad[i][1]) != NULL, "error \"%s\" lacks \"%s\"", newt_errmsg(), bad[i][1]);
-  }
+  expect_refused(bad, sizeof bad / sizeof bad[0]);
 }
 
 /* The etcd forms: the whole etcd (index -1) or one member, the downtime in arg. */
@@ -105,10 +111,7 @@ static void test_chaos_etcd(void) {
       {"term:etcd:1@step=3", "term does not apply to etcd"},
       {"kill:worker:1@step=3,stop:etcd:x@step=4", "item 2 \"stop:etcd:x\""},
   };
-  for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
-    T_CHECK_MSG(chaos_parse(bad[i][0], &c) == NEWT_ERR_INVALID, "accepted %s", bad[i][0]);
-    T_CHECK_MSG(strstr(newt_errmsg(), bad[i][1]) != NULL, "error \"%s\" lacks \"%s\"", newt_errmsg(), bad[i][1]);
-  }
+  expect_refused(bad, sizeof bad / sizeof bad[0]);
 }
 
 /* kill:host:I: every worker of a simulated host (newt run --hosts); only kill applies. */
@@ -131,10 +134,7 @@ static void test_chaos_host(void) {
       {"kill:host:1:2@step=3", "item 1 \"kill:host:1:2\": kill:host takes one value"},
       {"kill:worker:1@step=3,kill:host:-1@step=4", "item 2 \"kill:host:-1\""},
   };
-  for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
-    T_CHECK_MSG(chaos_parse(bad[i][0], &c) == NEWT_ERR_INVALID, "accepted %s", bad[i][0]);
-    T_CHECK_MSG(strstr(newt_errmsg(), bad[i][1]) != NULL, "error \"%s\" lacks \"%s\"", newt_errmsg(), bad[i][1]);
-  }
+  expect_refused(bad, sizeof bad / sizeof bad[0]);
 }
 
 int main(void) {
