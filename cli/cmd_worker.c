@@ -32,13 +32,14 @@ static const char worker_epilogue[] =
     "execs COMMAND in its place (the same pid, so SIGTERM reaches the program). The program\n"
     "gets NEWT_ETCD, NEWT_ETCD_USER, NEWT_ETCD_PASSWORD_FILE, NEWT_ETCD_CA, NEWT_ETCD_CERT,\n"
     "NEWT_ETCD_KEY (those set), NEWT_JOB, NEWT_WORKER_ID (--id, else host-pid), NEWT_HOST,\n"
-    "NEWT_DOMAIN and NEWT_ADDR (when given), NEWT_PORT, NEWT_DEVICE, NEWT_SHARE_DEVICE=1 (with --share-device),\n"
-    "NEWT_THREADS, NEWT_STEP_LOG and NEWT_JOB_SECRET_FILE (when given), NEWT_METRICS_PORT,\n"
-    "NEWT_METRICS_ADDR, NEWT_TERMINATION_LOG (when there is one), and LOCAL_RANK and\n"
-    "LOCAL_WORLD_SIZE as torchrun sets them (kept when set: the node agent and newt run set\n"
-    "them; else 0 and 1). RANK and WORLD_SIZE are not set: they change while an elastic job\n"
-    "runs; the program asks the library. A flag wins over an inherited variable; the rest of\n"
-    "the environment is inherited. A COMMAND that cannot be run exits 2 (docs/elastic.md).\n"
+    "NEWT_DOMAIN and NEWT_ADDR (when given), NEWT_PORT, NEWT_DEVICE, NEWT_SHARE_DEVICE=1\n"
+    "(with --share-device), NEWT_THREADS, NEWT_STEP_LOG and NEWT_JOB_SECRET_FILE (when given),\n"
+    "NEWT_METRICS_PORT, NEWT_METRICS_ADDR, NEWT_TERMINATION_LOG (when there is one), and\n"
+    "LOCAL_RANK and LOCAL_WORLD_SIZE as torchrun sets them (kept when set: the node agent and\n"
+    "newt run set them; else 0 and 1). RANK and WORLD_SIZE are not set: they change while an\n"
+    "elastic job runs; the program asks the library. A flag wins over an inherited variable;\n"
+    "the rest of the environment is inherited. A COMMAND that cannot be run exits 2\n"
+    "(docs/elastic.md).\n"
     "With --local-workers N each local worker runs COMMAND so, LOCAL_RANK i of N.\n";
 
 /* An integer flag's fallback: the variable, when set (a bad value names it). */
