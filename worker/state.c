@@ -341,7 +341,8 @@ static newt_result_t held_pieces(worker *w, const worker_decl *d, reshard_piece 
   *stage = NULL;
   size_t ncur = w->has_state ? d->n : 0;
   size_t nsnap = w->snap.step >= 0 && w->snap.step != w->live_step ? w->snap.n : 0, nreps = 0;
-  for (int j = 0; j < SPEC_REPLICAS_MAX; j++) nreps += replica_pieces(&w->rep[j], NULL);
+  int held = 0; /* the predecessors this rank holds copies of */
+  for (int j = 0; j < SPEC_REPLICAS_MAX; j++) nreps += replica_pieces(&w->rep[j], NULL), held += w->rep[j].step >= 0;
   reshard_piece *have = calloc(ncur + nsnap + nreps + 1, sizeof *have);
   int *dev = calloc(ncur + nsnap + 1, sizeof *dev);
   if (!have || !dev) {
@@ -373,7 +374,7 @@ static newt_result_t held_pieces(worker *w, const worker_decl *d, reshard_piece 
              "steps %lld and %lld (%zu pieces of %d predecessors, with the ones before)", w->id,
              ncur ? (long long)w->live_step : -1LL, w->derived_stale ? ", its derived parts stale" : "", ncur,
              nsnap ? (long long)w->snap.step : -1LL, nsnap, (long long)w->rep[0].step, (long long)w->rep[0].spare_step,
-             nreps, w->dp ? replicas_kept(w) : 0);
+             nreps, held);
   return NEWT_OK;
 }
 
