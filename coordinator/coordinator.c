@@ -220,7 +220,8 @@ static void put_member(coord *c, const rdzv_etcd_kv *kv, const char *id) {
       c->last_join = newt_now_ns();
       if (!c->join_seen_ms) c->join_seen_ms = newt_wall_ms();
     }
-    NEWT_INFO(COORD, "worker %s joined (host %s, %s)", id, w.host, w.addr);
+    NEWT_INFO(COORD, "worker %s joined (host %s%s%s, %s)", id, w.host, strcmp(w.domain, w.host) ? ", failure domain " : "",
+              strcmp(w.domain, w.host) ? w.domain : "", w.addr);
   }
   c->members[i] = w;
 }

@@ -135,6 +135,7 @@ static void fill_member(plan_member *m, const rdzv_worker *w) {
   memset(m, 0, sizeof *m);
   snprintf(m->id, sizeof m->id, "%s", w->id);
   snprintf(m->host, sizeof m->host, "%.63s", w->host);
+  snprintf(m->domain, sizeof m->domain, "%s", w->domain);
   snprintf(m->addr, sizeof m->addr, "%.95s", w->addr);
   m->join_rev = w->create_revision;
 }

@@ -131,6 +131,9 @@ typedef struct newt_join_opts {
   int handle_signals;          /* 1: SIGTERM and SIGINT ask for a graceful leave (the default); 0: the program
                                   calls newt_leave */
   int64_t spec_wait_ms;        /* how long to wait for the job's spec to appear (0: 60 s) */
+  const char *domain;          /* the failure domain: what goes down as a unit with this worker (a node, a
+                                  rack, a zone); copies of a shard are placed in other domains. NULL:
+                                  NEWT_DOMAIN, else the host */
 } newt_join_opts;
 
 NEWT_API void newt_join_opts_init(newt_join_opts *o);

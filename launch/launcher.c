@@ -53,6 +53,7 @@ typedef struct proc {
   int metrics_port; /* a coordinator's (0: none) */
   int device;       /* a worker's GPU (-1: none) */
   int slot;         /* a worker's slot on this host, its LOCAL_RANK (-1: a coordinator) */
+  int host;         /* a worker's simulated host (launcher_opts.hosts; -1: none) */
 } proc;
 
 typedef struct fault {
@@ -145,6 +146,22 @@ static int free_slot(const run *r) {
   }
 }
 
+/* The simulated host of a new worker (launcher_opts.hosts; -1: none): the first nproc in
+ * contiguous blocks, w(i) on host i * hosts / nproc; a later one (a joiner) on the host with
+ * the fewest live workers, the lowest of those. */
+static int host_of_new(const run *r, int index) {
+  int hosts = r->o->hosts;
+  if (hosts <= 0) return -1;
+  if (index < r->o->nproc) return (int)((int64_t)index * hosts / r->o->nproc);
+  int best = 0, best_n = -1;
+  for (int h = 0; h < hosts; h++) {
+    int n = 0;
+    for (int i = 0; i < r->nprocs; i++) n += r->procs[i].alive && r->procs[i].kind == PROC_WORKER && r->procs[i].host == h;
+    if (best_n < 0 || n < best_n) best = h, best_n = n;
+  }
+  return best;
+}
+
 /* A NULL-terminated list of strings that grows as it is filled (argv, env): a long
  * COMMAND never overflows it; oom is set when it could not grow. */
 typedef struct strv {
@@ -177,8 +194,8 @@ static void strv_add2(strv *s, const char *flag, const char *value) {
 typedef struct spawn_ctx {
   proc_kind kind;
   char name[32], logp[600], threads[16], device[16], mport[16], hostid[128], endp[640];
-  char local_rank[32], local_world[32];
-  int gpu, share, port, slot;
+  char local_rank[32], local_world[32], hostname[32];
+  int gpu, share, port, slot, index, host;
 } spawn_ctx;
 
 /* The worker's flags; --share-gpus: the worker shares its GPU (--share-device: the
@@ -193,6 +210,12 @@ static void worker_args(run *r, spawn_ctx *x, strv *argv) {
   strv_add2(argv, "--job-secret-file", r->secret_file);
   x->gpu = free_gpu(r);
   x->slot = free_slot(r);
+  x->host = host_of_new(r, x->index);
+  if (x->host >= 0) { /* a simulated host: its own host (no shared memory with others) and failure domain */
+    snprintf(x->hostname, sizeof x->hostname, "host%d", x->host);
+    strv_add2(argv, "--host", x->hostname);
+    strv_add2(argv, "--domain", x->hostname);
+  }
   if (x->gpu >= 0) {
     snprintf(x->device, sizeof x->device, "%d", x->gpu);
     strv_add2(argv, "--device", x->device);
@@ -270,13 +293,14 @@ static newt_result_t track(run *r, const spawn_ctx *x, pid_t pid) {
   p->alive = 1;
   p->device = x->gpu;
   p->slot = x->slot;
+  p->host = x->host;
   snprintf(p->name, sizeof p->name, "%s", x->name);
   p->metrics_port = x->port;
   return NEWT_OK;
 }
 
 static newt_result_t spawn(run *r, proc_kind kind, int index) {
-  spawn_ctx x = {.kind = kind, .gpu = -1, .slot = -1};
+  spawn_ctx x = {.kind = kind, .gpu = -1, .slot = -1, .index = index, .host = -1};
   snprintf(x.name, sizeof x.name, "%s%d", kind == PROC_WORKER ? "w" : "c", index);
   snprintf(x.logp, sizeof x.logp, "%s/%s.log", r->res->log_dir, x.name);
   strv argv = {0}, env = {0};
@@ -507,6 +531,44 @@ static int signal_of(chaos_action a) {
   }
 }
 
+/* kill:host:I: every live worker of simulated host I, SIGKILL back to back (a node lost as a
+ * unit); one fault, answered by one recovery, unless every one of them was a spare. */
+static void fire_host(run *r, const chaos_event *e, const newt_plan *plan, const char *what) {
+  if (r->o->hosts <= 0 || e->index >= r->o->hosts) {
+    fprintf(stderr, "%snewt run: chaos %s: there is no simulated host %d (--hosts %d)\n", news(r), what, e->index,
+            r->o->hosts);
+    return;
+  }
+  pid_t pids[1024];
+  int n = 0, ranks = 0;
+  char names[512] = "";
+  for (int i = 0; i < r->nprocs && n < (int)(sizeof pids / sizeof pids[0]); i++) {
+    proc *p = &r->procs[i];
+    if (!p->alive || p->kind != PROC_WORKER || p->host != e->index) continue;
+    p->killed_by_chaos = 1;
+    pids[n++] = p->pid;
+    ranks += !plan || plan_find(plan, p->name) != NULL;
+    size_t l = strlen(names);
+    snprintf(names + l, sizeof names - l, "%s%s", l ? ", " : "", p->name);
+  }
+  if (n == 0) {
+    fprintf(stderr, "%snewt run: chaos %s: no worker of host%d is running\n", news(r), what, e->index);
+    return;
+  }
+  fault *f = add_fault(r, e);
+  for (int i = 0; i < n; i++) kill(pids[i], SIGKILL); /* nothing between them: the host goes at once */
+  if (ranks == 0) { /* every one a spare of the plan in force: no rank is lost */
+    if (f) f->matched = 1;
+    if (!r->o->quiet)
+      fprintf(stderr, "%snewt run: chaos: %s kills %s, spares of plan %llu: no rank is lost, training goes on\n",
+              news(r), what, names, (unsigned long long)plan->generation);
+    return;
+  }
+  if (!r->o->quiet)
+    fprintf(stderr, "%snewt run: chaos: %s (host%d: %s, %d worker%s at once)\n", news(r), what, e->index, names, n,
+            n == 1 ? "" : "s");
+}
+
 static void fire(run *r, chaos_event *e, const newt_plan *plan) {
   char what[64], name[RDZV_NAME_MAX];
   chaos_event_str(e, what, sizeof what);
@@ -543,6 +605,9 @@ static void fire(run *r, chaos_event *e, const newt_plan *plan) {
       }
       p = find_proc(r, name);
       break;
+    case CHAOS_HOST:
+      fire_host(r, e, plan, what);
+      return;
     case CHAOS_ETCD: {
       newt_result_t res = NEWT_OK;
       if (!r->server)
@@ -612,7 +677,8 @@ static uint64_t match_faults(run *r, const char *cause, uint64_t t_plan, const c
     fault *f = &r->faults[i];
     if (f->matched || f->t_ms > t_plan) continue;
     const chaos_event *e = &f->ev;
-    int worker_fault = e->target == CHAOS_WORKER && e->action != CHAOS_JOIN && e->action != CHAOS_CONT;
+    int worker_fault = (e->target == CHAOS_WORKER || e->target == CHAOS_HOST) && e->action != CHAOS_JOIN &&
+                       e->action != CHAOS_CONT;
     int ok = (strcmp(cause, "join") == 0 && (e->action == CHAOS_JOIN || e->action == CHAOS_CONT)) ||
              (strcmp(cause, "leave") == 0 && worker_fault && e->action == CHAOS_TERM) ||
              ((strcmp(cause, "crash") == 0 || strcmp(cause, "hang") == 0) && worker_fault &&
@@ -706,6 +772,11 @@ static void handle_event(run *r, const job_event *e) {
                 (long long)rec->comm_ms, (long long)rec->restore_ms, (long long)rec->step_ms, restore, (long long)gen,
                 (long long)world,
                 world == 1 ? "" : "s", (long long)lost, lost == 1 ? "" : "s");
+      if (!r->o->quiet && lost > 0 && (strcmp(restore, "ckpt") == 0 || strcmp(restore, "init") == 0))
+        fprintf(stderr, "newt run: WARNING: no step was whole in the ranks' memory: training went back to %s, %lld "
+                "step%s lost (more failure domains lost at once than spec.fault.replicas keeps copies for?)\n",
+                strcmp(restore, "ckpt") == 0 ? "the newest checkpoint" : "the initial state", (long long)lost,
+                lost == 1 ? "" : "s");
     }
   } else if (e->type == JOB_EV_LEADER) {
     /* a coordinator we killed has been replaced */

@@ -40,6 +40,11 @@ typedef struct launcher_opts {
                            slow): each worker is a host of its own (--host, NCCL_HOSTID), so
                            the one-worker-per-GPU rule holds per identity and NCCL connects
                            them over sockets (docs/elastic.md, "GPU workers on one host") */
+  int hosts;            /* simulated hosts (0: none, every worker on this host as it is): worker
+                           i of the first nproc is on host i * hosts / nproc (contiguous
+                           blocks), a joiner on the one with the fewest live workers; each
+                           worker gets --host hostI --domain hostI, and chaos kill:host:I kills
+                           all of host I's at once */
   char *const *command; /* the program every worker runs (`newt worker ... -- COMMAND ARGS`,
                            cli/program.h), NULL-terminated, with LOCAL_RANK its slot (the
                            lowest no live worker holds) and LOCAL_WORLD_SIZE max(nproc, slot

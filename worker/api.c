@@ -130,6 +130,7 @@ static newt_result_t resolve(const newt_join_opts *in, worker *w, char **passwor
   o->job = in->job ? in->job : env("NEWT_JOB");
   o->id = in->worker_id ? in->worker_id : env("NEWT_WORKER_ID") ? env("NEWT_WORKER_ID") : env("POD_NAME");
   o->host = in->host ? in->host : env("NEWT_HOST");
+  o->domain = in->domain ? in->domain : env("NEWT_DOMAIN");
   o->addr = in->addr ? in->addr : env("NEWT_ADDR") ? env("NEWT_ADDR") : env("POD_IP");
   o->secret_file = in->job_secret_file ? in->job_secret_file : env("NEWT_JOB_SECRET_FILE");
   o->step_log = in->step_log ? in->step_log : env("NEWT_STEP_LOG");
@@ -157,7 +158,7 @@ static newt_result_t resolve(const newt_join_opts *in, worker *w, char **passwor
   strings s = {0};
   const char **all[] = {&o->etcd.endpoints, &o->etcd.user,   &o->etcd.password, &o->etcd.ca_file, &o->etcd.cert_file,
                         &o->etcd.key_file,  &o->job,         &o->id,            &o->host,         &o->addr,
-                        &o->secret_file,    &o->step_log,    &o->metrics_addr,  &o->termination_log};
+                        &o->domain,         &o->secret_file,    &o->step_log,    &o->metrics_addr,  &o->termination_log};
   for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) keep(&s, all[i]);
   return own_strings(w, &s);
 }

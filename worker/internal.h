@@ -43,7 +43,7 @@ typedef struct worker_pinned worker_pinned;
  * strings are the worker's own copies. */
 typedef struct worker_opts {
   rdzv_etcd_opts etcd;
-  const char *job, *id, *host, *addr;
+  const char *job, *id, *host, *domain, *addr;
   int port;
   int device;       /* the CUDA device; -1: the CPU */
   void *cuda_stream;
@@ -71,8 +71,8 @@ typedef struct worker_decl {
 } worker_decl;
 
 /* A copy of some of a rank's parts, of one step (state.c): its pre-update snapshot (memory
- * of the device), or the replica of its data-parallel neighbour's unique parts (host
- * memory). step -1: none. */
+ * of the device), or a replica of a data-parallel predecessor's unique parts (host memory).
+ * step -1: none. */
 typedef struct worker_copy {
   reshard_piece *pieces;
   size_t n;
@@ -114,6 +114,7 @@ struct newt_ctx {
   char *strings; /* the options' strings (one block) */
   char id[RDZV_NAME_MAX];
   char host[256];
+  char domain[256]; /* its failure domain (registered; the host when none was given) */
   char addr[96]; /* ip:port of the data plane */
   int listen_fd; /* its socket, held for the worker's life */
   unsigned char *job_secret; /* from opts.secret_file (NULL: none) */
@@ -170,7 +171,9 @@ struct newt_ctx {
   int64_t live_step;  /* steps the declared state has done */
   int derived_stale;  /* the last step's post-update collectives failed: derived parts stale */
   int whole;          /* every rank holds everything: no copies needed */
-  worker_copy snap, rep;
+  worker_copy snap;
+  worker_copy rep[SPEC_REPLICAS_MAX]; /* rep[j]: the unique parts of data-parallel rank d-1-j
+                                         (spec.fault.replicas of them, at most dp - 1) */
   newt_doc_write_fn doc_write;
   newt_doc_check_fn doc_check;
   void *doc_arg;

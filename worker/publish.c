@@ -39,6 +39,7 @@ newt_result_t worker_register(worker *w) {
   memset(&reg, 0, sizeof reg);
   snprintf(reg.id, sizeof reg.id, "%s", w->id);
   snprintf(reg.host, sizeof reg.host, "%s", w->host);
+  snprintf(reg.domain, sizeof reg.domain, "%s", w->domain);
   snprintf(reg.addr, sizeof reg.addr, "%s", w->addr);
   reg.device = w->device;
   reg.shares_device = w->o.share_device;

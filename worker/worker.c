@@ -525,7 +525,8 @@ static newt_result_t enter(worker *w) {
     NEWT_WARN(WORKER, "%s: watching the plan: %s (waiting for etcd)", w->id, newt_errmsg());
     newt_sleep_ms(1000);
   }
-  NEWT_INFO(WORKER, "%s: registered for job %s at %s (host %s)", w->id, w->o.job, w->addr, w->host);
+  NEWT_INFO(WORKER, "%s: registered for job %s at %s (host %s, failure domain %s)", w->id, w->o.job, w->addr, w->host,
+            w->domain);
   w->phase = PHASE_WAITING;
   return NEWT_OK;
 }
@@ -927,8 +928,15 @@ static newt_result_t read_spec(worker *w) {
 
 newt_result_t worker_join(worker *w) {
   w->step_log_fd = -1;
-  w->snap.step = w->snap.spare_step = w->rep.step = w->rep.spare_step = -1;
+  w->snap.step = w->snap.spare_step = -1;
+  for (int j = 0; j < SPEC_REPLICAS_MAX; j++) w->rep[j].step = w->rep[j].spare_step = -1;
   snprintf(w->host, sizeof w->host, "%s", w->o.host && *w->o.host ? w->o.host : newt_hostname());
+  snprintf(w->domain, sizeof w->domain, "%s", w->o.domain && *w->o.domain ? w->o.domain : w->host);
+  if (w->domain[strspn(w->domain, "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789.-_:/")] != '\0' ||
+      strlen(w->o.domain ? w->o.domain : "") >= sizeof w->domain)
+    return NEWT_ERR(NEWT_ERR_INVALID, "failure domain \"%.64s\" (newt_join_opts.domain, NEWT_DOMAIN, newt worker "
+                    "--domain): letters, digits, '.', '-', '_', ':' and '/', at most %zu characters", w->domain,
+                    sizeof w->domain - 1);
   if (w->o.id && *w->o.id) snprintf(w->id, sizeof w->id, "%s", w->o.id);
   else snprintf(w->id, sizeof w->id, "%.40s-%d", w->host, (int)getpid());
   NEWT_CHECK(rdzv_check_name("worker id", w->id));

@@ -56,7 +56,7 @@ class JoinOpts(ctypes.Structure):
                 ("port", c_int), ("device", c_int), ("cuda_stream", c_void_p), ("share_device", c_int),
                 ("memory", c_void_p), ("job_secret_file", c_char_p), ("step_log", c_char_p),
                 ("metrics_addr", c_char_p), ("metrics_port", c_int), ("termination_log", c_char_p),
-                ("handle_signals", c_int), ("spec_wait_ms", c_int64)]
+                ("handle_signals", c_int), ("spec_wait_ms", c_int64), ("domain", c_char_p)]
 
 
 class JobInfo(ctypes.Structure):

@@ -164,6 +164,18 @@ static const scenario scenarios[] = {
      .program = "--hidden 64 --slow-step 150:1500"},
     {.name = "mlp_zero_spare", .steps = 600, .nproc = 4, .chaos = "kill:rank:0@step=10", .causes = {"crash"},
      .extra = {"--zero", "1", "--micro-batch", "6", "--even-batches", NULL}, .program = MLP},
+    /* a whole host lost at once (issue 26): tp 2 x pp 2 x dp 2 with ZeRO 3 on two simulated
+       hosts of four workers, host 1 killed (its four workers back to back). Each stage's two
+       groups sit on both hosts, so every shard has its copy on the surviving one: the state
+       comes from memory, not from a checkpoint or the start (which is what the placement of
+       one host's groups in one stage made of it) */
+    {.name = "host", .steps = 40, .nproc = 8, .chaos = "kill:host:1@step=10", .causes = {"crash"},
+     .extra = {"--tp", "2", "--pp", "2", "--zero", "3", "--hosts", "2", NULL}, .world = 4},
+    /* k = 2 (spec.fault.replicas): six ZeRO 3 ranks on three hosts lose two hosts at once;
+       each rank kept its two predecessors' shards, the ring ordered so that any three
+       neighbours are on three hosts, so the two survivors hold all six shards */
+    {.name = "host_k2", .steps = 40, .nproc = 6, .chaos = "kill:host:1@step=10,kill:host:2@step=10",
+     .causes = {"crash"}, .extra = {"--zero", "3", "--hosts", "3", "--replicas", "2", NULL}, .world = 2},
     /* a lost ZeRO shard comes back from its copy on the next data-parallel rank, not from
        the checkpoints being written all along ... */
     {"zero_replica", 40, 4, "kill:rank:1@step=12", {"crash"}, {"--zero", "1", NULL}, NULL, 5, "peer"},
@@ -759,6 +771,14 @@ static void test_cli(void) {
   expect_rejected(chaos1, "worker index \"x\"");
   const char *chaos2[] = {n, "run", "--chaos", "kill:worker:1@step=3,explode:etcd@step=4", NULL};
   expect_rejected(chaos2, "item 2: unknown action \"explode\"");
+  const char *host1[] = {n, "run", "--chaos", "kill:host:0@step=3", NULL};
+  expect_rejected(host1, "kill:host:0@step=3: a host to kill needs --hosts H");
+  const char *host2[] = {n, "run", "--nproc", "4", "--hosts", "2", "--chaos", "kill:host:2@step=3", NULL};
+  expect_rejected(host2, "kill:host:2@step=3: no such simulated host");
+  const char *host3[] = {n, "run", "--nproc", "4", "--hosts", "5", NULL};
+  expect_rejected(host3, "--hosts 5: 0 (none) to --nproc 4");
+  const char *reps[] = {n, "run", "--replicas", "9", NULL};
+  expect_rejected(reps, "spec.fault.replicas: must be 1..8");
   const char *batch[] = {n, "run", "--global-batch", "30", "--micro-batch", "4", NULL};
   expect_rejected(batch, "spec.train.global_batch");
   const char *model[] = {n, "run", "--model", "layerz=2", NULL};
