@@ -5,8 +5,9 @@
  * for etcd, the ranks that are left make the next layout themselves, over the data plane.
  * The rule, the same on every survivor:
  *
- *   1. etcd does not answer a read within NEWT_PEER_ETCD_MS (100 ms) (when it answers, the
- *      leader's plan comes as usual);
+ *   1. etcd is away: no endpoint takes a connection within NEWT_PEER_ETCD_MS (100 ms), or
+ *      one takes it and answers nothing within ten times that (a loaded etcd is slow, not
+ *      away); when it answers, the leader's plan comes as usual;
  *   2. every rank of the failed generation is probed at its data-plane address (a worker
  *      holds that socket for life): the ones that refuse the connection are gone (their
  *      process exited); every other rank must accept it. A rank that does not answer (a
@@ -53,14 +54,19 @@ newt_result_t worker_generation_key(const worker *w, const newt_plan *p, unsigne
   return NEWT_OK;
 }
 
-/* 1 when etcd answers a read of the plan within NEWT_PEER_ETCD_MS (a leader's plan will come:
- * no need to go on without it). */
+/* 1 when etcd answers a read of the plan (a leader's plan will come: no need to go on without
+ * it). Away: no endpoint takes a connection within NEWT_PEER_ETCD_MS, or one takes it and
+ * answers nothing for ten times that (a loaded etcd is slow, not away). */
 static int etcd_answers(worker *w) {
   char key[256];
   if (job_key(key, sizeof key, w->o.job, JOB_REC_PLAN, 0, NULL) != NEWT_OK) return 1;
-  rdzv_etcd_kv kv;
-  newt_result_t r = rdzv_etcd_get(w->etcd, key, newt_deadline_in_ms(newt_param_PeerEtcdMs()), &kv, NULL);
-  if (r == NEWT_OK) rdzv_etcd_kv_free(&kv);
+  newt_result_t r = NEWT_OK;
+  for (int64_t ms = newt_param_PeerEtcdMs(), tries = 0; tries < 2; tries++, ms *= 10) {
+    rdzv_etcd_kv kv;
+    r = rdzv_etcd_get(w->etcd, key, newt_deadline_in_ms(ms), &kv, NULL);
+    if (r == NEWT_OK) rdzv_etcd_kv_free(&kv);
+    if (r != NEWT_ERR_TIMEOUT) break; /* answered, refused everywhere, or another error */
+  }
   if (r == NEWT_OK || !rdzv_etcd_transient(r)) {
     newt_err_clear();
     return 1;
