@@ -136,7 +136,13 @@ typedef struct newt_join_opts {
                                   NEWT_DOMAIN, else the host */
 } newt_join_opts;
 
+/* The defaults of the first `size` bytes of o (the caller's sizeof, set in o->size): a
+ * program built against an older header, with a smaller struct, gets only the fields it
+ * has. newt_join_opts_init(o) is the same with sizeof *o; the function of that name (a
+ * program built against 0.1.0's header calls it) fills only the fields 0.1.0 had. */
+NEWT_API void newt_join_opts_init_size(newt_join_opts *o, size_t size);
 NEWT_API void newt_join_opts_init(newt_join_opts *o);
+#define newt_join_opts_init(o) newt_join_opts_init_size((o), sizeof *(o))
 #define NEWT_JOIN_OPTS_INIT                                                                                     \
   {                                                                                                             \
     sizeof(newt_join_opts), NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NEWT_FROM_ENV,           \

@@ -5,6 +5,7 @@
 #include <ctype.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <stddef.h>
 #include <string.h>
 
 #include "common/dtype.h"
@@ -15,10 +16,16 @@
 
 int newt_version(void) { return NEWT_VERSION_NUMBER; }
 
-void newt_join_opts_init(newt_join_opts *o) {
+void newt_join_opts_init_size(newt_join_opts *o, size_t size) {
   static const newt_join_opts d = NEWT_JOIN_OPTS_INIT;
-  *o = d;
+  if (!o || size < sizeof o->size) return;
+  if (size > sizeof d) size = sizeof d;
+  memcpy(o, &d, size);
+  o->size = size;
 }
+
+/* A program built against 0.1.0's header: its struct ends before `domain`. */
+void(newt_join_opts_init)(newt_join_opts *o) { newt_join_opts_init_size(o, offsetof(newt_join_opts, domain)); }
 
 void newt_tensor_init(newt_tensor *t) {
   static const newt_tensor d = NEWT_TENSOR_INIT;

@@ -515,7 +515,7 @@ def join(*, etcd=None, job=None, worker_id=None, host=None, addr=None, port=None
     failed job or an exception exits the process with newt's status. Returns the Job (a
     context manager)."""
     o = C.sized(C.JoinOpts)
-    _lib.newt_join_opts_init(ctypes.byref(o))
+    _lib.newt_join_opts_init_size(ctypes.byref(o), ctypes.sizeof(o))
 
     def s(v):
         return None if v is None else str(v).encode()

@@ -105,7 +105,7 @@ _PROTOS = {
     "newt_version": (c_int, []),
     "newt_errmsg": (c_char_p, []),
     "newt_result_name": (c_char_p, [c_int]),
-    "newt_join_opts_init": (None, [POINTER(JoinOpts)]),
+    "newt_join_opts_init_size": (None, [POINTER(JoinOpts), ctypes.c_size_t]),
     "newt_join": (c_int, [POINTER(JoinOpts), POINTER(c_void_p)]),
     "newt_use_device": (c_int, [c_void_p, c_void_p, c_void_p]),
     "newt_job_get": (c_int, [c_void_p, POINTER(JobInfo)]),
