@@ -355,6 +355,7 @@ typedef struct cpu_wait {
   uint64_t probe_until;
   uint64_t since; /* the last progress (monotonic ns) */
   int probes;     /* probes since then (the first is logged at INFO) */
+  int slow_said;  /* a slow or lossy link was logged during this wait */
 } cpu_wait;
 
 void cpu_wait_init(cpu_wait *w, cpu_comm *c);

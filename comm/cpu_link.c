@@ -22,13 +22,19 @@
  * then raise our "sleeping" flag, let the caller look once more, and sleep in poll() on
  * the eventfd (abort), every control connection and the TCP data sockets involved. A peer
  * that moves data for us and sees the flag clears it and sends a doorbell. No progress
- * for timeout_ms starts a probe of the peer we wait for (see cpu.h). */
+ * for timeout_ms starts a probe of the peer we wait for (see cpu.h). A probe's answer carries
+ * the bytes the peer still has in flight to us on TCP (sent, not yet acknowledged): two ranks
+ * that wait for each other with bytes in flight between them are on a slow or lossy link
+ * (TCP retransmits, backing off), not in mismatched operations, and wait on, up to
+ * LINK_SLOW_CAPS times the cap. */
 #include <errno.h>
 #include <sched.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <linux/sockios.h>
+#include <sys/ioctl.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -88,8 +94,9 @@ static int ctrl_check(const ctrl_msg *m, int size, char *why, size_t cap) {
   const char *name = ctrl_name(m->type);
   switch (m->type) {
     case CTRL_PONG: {
-      if (m->len != 8 && m->len != 8 + 8 * COMM_PROBE_VALUES) {
-        snprintf(why, cap, "sent a %s of %zu payload bytes (8 or %d)", name, m->len, 8 + 8 * COMM_PROBE_VALUES);
+      if (m->len != 8 && m->len != 12 && m->len != 8 + 8 * COMM_PROBE_VALUES && m->len != 12 + 8 * COMM_PROBE_VALUES) {
+        snprintf(why, cap, "sent a %s of %zu payload bytes (8, 12, %d or %d)", name, m->len, 8 + 8 * COMM_PROBE_VALUES,
+                 12 + 8 * COMM_PROBE_VALUES);
         return -1;
       }
       uint32_t in_op = le_get32(m->payload);
@@ -237,6 +244,7 @@ void ctrl_notify_fail(cpu_comm *c, newt_result_t code, int culprit_root, const c
 }
 
 static void handle_pong(cpu_comm *c, cpu_link *l, const ctrl_msg *m);
+static uint32_t link_in_flight(const cpu_link *l);
 
 /* A failure notice from l->peer: adopt its verdict (the culprit is a root rank). */
 static void handle_fail(cpu_comm *c, cpu_link *l, const ctrl_msg *m) {
@@ -273,7 +281,7 @@ void ctrl_drain(cpu_comm *c, cpu_link *l) {
     }
     switch (m.type) {
       case CTRL_PING: {
-        uint8_t p[8 + 8 * COMM_PROBE_VALUES];
+        uint8_t p[12 + 8 * COMM_PROBE_VALUES];
         size_t len = 8;
         int in_op = c->cur_wait != NULL;
         le_put32(p, (uint32_t)in_op);
@@ -282,8 +290,10 @@ void ctrl_drain(cpu_comm *c, cpu_link *l) {
           uint64_t ext[COMM_PROBE_VALUES] = {0};
           c->probe_hook(c->probe_arg, ext);
           for (int i = 0; i < COMM_PROBE_VALUES; i++) le_put64(p + 8 + 8 * i, ext[i]);
-          len = sizeof p;
+          len += 8 * COMM_PROBE_VALUES;
         }
+        le_put32(p + len, link_in_flight(l)); /* last: what we still have on the way to it */
+        len += 4;
         ctrl_send(c, l, CTRL_PONG, m.arg, p, len);
         break;
       }
@@ -492,6 +502,10 @@ void links_align(cpu_comm *c) {
 
 static uint64_t spin_ns(void) { return (uint64_t)newt_param_CommSpinUs() * 1000ull; }
 
+/* Two ranks waiting for each other with bytes in flight between them wait on up to this many
+ * times the cap (comm_config.timeout_ms) before the link is called dead. */
+#define LINK_SLOW_CAPS 10
+
 /* The stall deadline (comm_set_stall; the timeout until set). */
 static int64_t stall_ms(cpu_comm *c) { return atomic_load_explicit(&c->pub->stall_ms, memory_order_relaxed); }
 
@@ -558,6 +572,14 @@ static void probe_send(cpu_wait *w, int target) {
   ctrl_send(c, &c->links[target], CTRL_PING, w->probe_seq, NULL, 0);
 }
 
+/* Bytes sent on l's TCP data connection and not yet acknowledged by the peer (the kernel's
+ * send queue), capped at 2^31; 0 for shared memory or when unknown. */
+static uint32_t link_in_flight(const cpu_link *l) {
+  int n = 0;
+  if (l->local || l->data_fd < 0 || ioctl(l->data_fd, SIOCOUTQ, &n) != 0 || n < 0) return 0;
+  return (uint32_t)n;
+}
+
 static void handle_pong(cpu_comm *c, cpu_link *l, const ctrl_msg *m) {
   if (m->arg & CTRL_EXT_PROBE) { /* comm_cpu_probe's */
     if (m->len >= 8 + 8 * COMM_PROBE_VALUES) {
@@ -572,6 +594,20 @@ static void handle_pong(cpu_comm *c, cpu_link *l, const ctrl_msg *m) {
   int waiting_on = (int32_t)le_get32(m->payload + 4);
   const char *name = cpu_peer_name(c, l->peer);
   int alive_verdict = !in_op || waiting_on == c->rank; /* (waiting on another: follow the chain) */
+  /* bytes on the way between us, either way: a slow or lossy link, not a mismatch */
+  uint32_t theirs = m->len == 12 || m->len == 12 + 8 * COMM_PROBE_VALUES ? le_get32(m->payload + m->len - 4) : 0;
+  uint32_t ours = link_in_flight(l);
+  if (in_op && waiting_on == c->rank && (theirs || ours) && stalled_ms(w) >= c->timeout_ms &&
+      stalled_ms(w) < LINK_SLOW_CAPS * c->timeout_ms) {
+    if (!w->slow_said) /* once per wait */
+      NEWT_WARN(COMM, "rank %d: %s and this rank wait for each other during %s with %u bytes still in flight from it "
+                "and %u to it for %lld ms: a slow or lossy link (TCP retransmits), waiting on", c->rank, name,
+                c->op_name ? c->op_name : "the operation", theirs, ours, stalled_ms(w));
+    w->slow_said = 1;
+    w->probing = 0;
+    w->stall_at = newt_now_ns() + stall_ns(c);
+    return;
+  }
   if (alive_verdict && stalled_ms(w) < c->timeout_ms) {
     /* alive: still computing its part (a slow step, a straggler), or in the operation with
        data for us still in flight (a lossy link retransmits): not a hang, nor a mismatch,
@@ -585,6 +621,9 @@ static void handle_pong(cpu_comm *c, cpu_link *l, const ctrl_msg *m) {
     /* busy, not blocked: it is making progress of its own; wait another period */
     w->probing = 0;
     w->stall_at = newt_now_ns() + stall_ns(c);
+  } else if (waiting_on == c->rank && (theirs || ours)) {
+    probe_verdict(w, "%s and this rank wait for each other during %s with bytes in flight between them for %lld ms "
+                  "(a link that loses everything?)", name, c->op_name ? c->op_name : "the operation", stalled_ms(w));
   } else if (waiting_on == c->rank) {
     probe_verdict(w, "%s and this rank wait for each other during %s (mismatched operations?)", name,
                   c->op_name ? c->op_name : "the operation");
@@ -676,6 +715,20 @@ newt_result_t cpu_wait_block(cpu_wait *w, cpu_link *rx, cpu_link *tx) {
     w->probe_hops = 0;
     probe_send(w, w->blocker);
   } else if (w->probing && now >= w->probe_until) {
+    /* the probe itself not yet acknowledged by the peer's host: lost on a lossy link (TCP
+       sends it again), or the link is cut -- waited for up to the cap; acknowledged and not
+       answered: the process is stopped or hung */
+    int n = 0;
+    const cpu_link *t = &c->links[w->probe_target];
+    int unacked = t->ctrl_fd >= 0 && ioctl(t->ctrl_fd, SIOCOUTQ, &n) == 0 && n > 0;
+    if (unacked && stalled_ms(w) < c->timeout_ms) {
+      w->probe_until = now + probe_ns(c);
+      return NEWT_OK;
+    }
+    if (unacked)
+      return probe_verdict(w, "%s made no progress for %lld ms during %s and its host did not acknowledge a probe "
+                           "(the link is cut, or loses everything)", cpu_peer_name(c, w->probe_target), stalled_ms(w),
+                           c->op_name);
     return probe_verdict(w, "%s made no progress for %lld ms during %s and did not answer a probe (stopped or hung)",
                          cpu_peer_name(c, w->probe_target), stalled_ms(w), c->op_name);
   }

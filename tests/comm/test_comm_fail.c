@@ -18,6 +18,9 @@
  *  - whom a failed build names (comm_config.missing): a peer that died in the build, not
  *    the ranks not connected yet; a peer that gave up at its deadline, the ranks it waited
  *    for, not it.
+ *  - a slow, lossy link (`test_comm_fail slow_link`, its own network namespace, loopback
+ *    throttled with tc): two ranks waiting for each other with bytes in flight are not
+ *    called mismatched; they wait on and their sums come out right.
  *  - comm_abort from another thread: the blocked operation, the queued *_async ones and
  *    every later one fail with NEWT_ERR_ABORTED; the peer learns it at its next
  *    operation (NEWT_ERR_ABORTED too, its peer field naming the aborting rank: a rank
@@ -29,6 +32,8 @@
 #include <errno.h>
 #include <math.h>
 #include <pthread.h>
+#include <sched.h>
+#include <sys/wait.h>
 
 #include "comm/comm.h"
 #include "comm_test.h"
@@ -427,7 +432,142 @@ static void test_abort_from_thread(void) {
   ct_world_free(&w);
 }
 
+/* A slow, lossy link (issue 27): in a network namespace of its own, loopback's packets of
+ * 1 KB and more (data) pass through a 16 kbit/s class with a queue of two (the rest are
+ * dropped, so TCP retransmits, backing off), small ones (probes, acknowledgements) at full
+ * speed. Two ranks over TCP, a cap of 500 ms: their allreduce stalls far longer than the cap
+ * with bytes in flight both ways, each waiting for the other. That is a slow link, not a
+ * mismatch: they wait on (and say so), and once the throttle is lifted -- when a rank's log
+ * says it is waiting on a slow link: an event, not a time -- the sums come out right. */
+static int slow_rank(ct_world *w, int rank, void *arg) {
+  const char *dir = arg;
+  char path[512];
+  snprintf(path, sizeof path, "%s/rank%d.log", dir, rank);
+  FILE *log = freopen(path, "w", stderr);
+  if (!log) return 1;
+  setvbuf(stderr, NULL, _IONBF, 0);
+  comm_config cfg;
+  ct_config(w, rank, &cfg);
+  comm_t *c = NULL;
+  OKR(comm_create(&cfg, &c));
+  if (!c) return 1;
+  atomic_fetch_add(&w->sh->ready, 1);
+  while (!atomic_load(&w->sh->go)) newt_sleep_ms(1);
+  int ranks[2] = {0, 1};
+  for (int it = 0; it < 2 && !ct_failures; it++) check_sum(c, rank, ranks, 4096, "over a slow, lossy link");
+  comm_free(c);
+  return ct_failures;
+}
+
+static int file_has(const char *path, const char *what) {
+  FILE *f = fopen(path, "r");
+  char line[1024];
+  int found = 0;
+  while (f && !found && fgets(line, sizeof line, f)) found = strstr(line, what) != NULL;
+  if (f) fclose(f);
+  return found;
+}
+
+static void test_slow_link(void) {
+  char dir[] = "/tmp/newt-slowlink-XXXXXX";
+  T_CHECK(mkdtemp(dir) != NULL);
+  ct_world w;
+  ct_world_init(&w, 2, CT_TCP, "slowlink");
+  w.timeout_ms = 500;
+  ct_spawn(&w, slow_rank, dir);
+  for (newt_deadline_t d = newt_deadline_in_ms(60000); atomic_load(&w.sh->ready) < 2 && !newt_deadline_passed(d);)
+    newt_sleep_ms(5);
+  T_CHECK_MSG(atomic_load(&w.sh->ready) == 2, "the ranks never built their communicator");
+  int throttled = system("tc qdisc add dev lo root handle 1: htb default 30 2>/dev/null && "
+                         "tc class add dev lo parent 1: classid 1:10 htb rate 10gbit 2>/dev/null && "
+                         "tc class add dev lo parent 1: classid 1:30 htb rate 16kbit ceil 16kbit 2>/dev/null && "
+                         "tc qdisc add dev lo parent 1:30 handle 30: pfifo limit 2 && "
+                         "tc filter add dev lo parent 1: protocol ip prio 1 u32 match u16 0x0000 0xfc00 at 2 "
+                         "flowid 1:10") == 0;
+  T_CHECK_MSG(throttled, "cannot throttle loopback with tc (htb, pfifo, u32)");
+  atomic_store(&w.sh->go, 1);
+  /* the event: a rank says it waits on a slow link (or a rank ends: it failed) */
+  char log0[600], log1[600];
+  snprintf(log0, sizeof log0, "%s/rank0.log", dir);
+  snprintf(log1, sizeof log1, "%s/rank1.log", dir);
+  int said = 0, ended = 0;
+  for (newt_deadline_t d = newt_deadline_in_ms(120000); !said && !ended && !newt_deadline_passed(d); newt_sleep_ms(20)) {
+    said = file_has(log0, "a slow or lossy link") || file_has(log1, "a slow or lossy link");
+    for (int r = 0; r < 2; r++) ended |= waitpid(w.pids[r], NULL, WNOHANG) != 0;
+  }
+  if (system("tc qdisc del dev lo root 2>/dev/null")) { /* lifted, or never set */
+  }
+  T_CHECK_MSG(said && !ended, "over a slow, lossy link: %s (logs in %s)",
+              ended ? "a rank ended before saying it waits on the link" : "no rank said it waits on the link", dir);
+  if (ended) return;
+  T_CHECK_MSG(ct_wait(&w, 120000, NULL) == 0, "a rank failed over a slow, lossy link (logs in %s)", dir);
+  T_CHECK_MSG(!file_has(log0, "mismatched") && !file_has(log1, "mismatched"), "a slow link was called a mismatch");
+  ct_world_free(&w);
+}
+
+/* A link that loses everything (the same namespace, loopback's every packet dropped): the
+ * probe is never acknowledged by the peer's host, so the verdict at the cap names a cut link,
+ * not a stopped process -- and comes no earlier than the cap (a probe lost on a lossy link
+ * is sent again by TCP and may still be answered). */
+static int cut_rank(ct_world *w, int rank, void *arg) {
+  (void)arg;
+  comm_config cfg;
+  ct_config(w, rank, &cfg);
+  comm_t *c = NULL;
+  OKR(comm_create(&cfg, &c));
+  if (!c) return 1;
+  comm_set_stall(c, 100);
+  atomic_fetch_add(&w->sh->ready, 1);
+  while (!atomic_load(&w->sh->go)) newt_sleep_ms(1);
+  float x[4096] = {0}, y[4096];
+  uint64_t t0 = newt_now_ns();
+  newt_result_t r = comm_allreduce(c, x, y, 4096, NEWT_F32, COMM_SUM);
+  double ms = (double)(newt_now_ns() - t0) / 1e6;
+  CHECKR(r == NEWT_ERR_TIMEOUT && (strstr(newt_errmsg(), "did not acknowledge a probe") ||
+                                   strstr(newt_errmsg(), "reported this rank")),
+         "over a cut link: %s: %s", newt_result_name(r), newt_errmsg());
+  CHECKR(r != NEWT_OK && ms >= 400, "over a cut link: failed after %.0f ms, before the cap (500 ms)", ms);
+  comm_free(c);
+  return ct_failures;
+}
+
+static void test_cut_link(void) {
+  ct_world w;
+  ct_world_init(&w, 2, CT_TCP, "cutlink");
+  w.timeout_ms = 500;
+  ct_spawn(&w, cut_rank, NULL);
+  for (newt_deadline_t d = newt_deadline_in_ms(60000); atomic_load(&w.sh->ready) < 2 && !newt_deadline_passed(d);)
+    newt_sleep_ms(5);
+  int cut = system("tc qdisc add dev lo root handle 1: htb default 30 2>/dev/null && "
+                   "tc class add dev lo parent 1: classid 1:30 htb rate 16kbit 2>/dev/null && "
+                   "tc qdisc add dev lo parent 1:30 handle 30: pfifo limit 0") == 0;
+  T_CHECK_MSG(cut, "cannot cut loopback with tc (htb, pfifo)");
+  atomic_store(&w.sh->go, 1);
+  /* every rank ends by itself, its operation failed as it should (exit 0) or not (exit 1) */
+  int st[2] = {-1, -1}, left = 2;
+  for (newt_deadline_t d = newt_deadline_in_ms(60000); left && !newt_deadline_passed(d); newt_sleep_ms(20))
+    for (int r = 0; r < 2; r++)
+      if (w.pids[r] && waitpid(w.pids[r], &st[r], WNOHANG) == w.pids[r]) w.pids[r] = 0, left--;
+  if (system("tc qdisc del dev lo root 2>/dev/null")) { /* mended */
+  }
+  for (int r = 0; r < 2; r++)
+    T_CHECK_MSG(st[r] >= 0 && WIFEXITED(st[r]) && WEXITSTATUS(st[r]) == 0, "rank %d over a cut link: %s", r,
+                st[r] < 0 ? "still running after 60 s" : "its operation did not fail as it should");
+  ct_wait(&w, 10000, NULL); /* any still running */
+  ct_world_free(&w);
+}
+
 int main(int argc, char **argv) {
+  if (argc > 1 && strcmp(argv[1], "slow_link") == 0) {
+    /* a network namespace of its own: only its loopback is throttled */
+    if (unshare(CLONE_NEWNET) != 0 || system("ip link set lo up && ip link set lo mtu 1500") != 0) {
+      fprintf(stderr, "test_comm_fail slow_link: needs root for a network namespace (CI runs as root)\n");
+      return 1;
+    }
+    T_RUN(test_slow_link);
+    T_RUN(test_cut_link);
+    return T_DONE();
+  }
   valgrind_mode = argc > 1 && strcmp(argv[1], "--valgrind") == 0;
   if (valgrind_mode) {
     T_RUN(test_kill9_small);
