@@ -1047,6 +1047,14 @@ static newt_result_t decide(coord *c) {
     policy_decision_free(&d);
     return NEWT_OK;
   }
+  if (cause && d.partition) {
+    char names[256] = "";
+    for (int i = 0, at = 0; i < d.nexclude && at < (int)sizeof names - 1; i++)
+      at += snprintf(names + at, sizeof names - (size_t)at, "%s%s", i ? ", " : "", d.exclude[i]);
+    NEWT_WARN(COORD, "generation %llu never formed and every rank is named by most of the others (a partition no "
+              "majority explains): the largest side goes on; left out: %s", (unsigned long long)c->plan.generation,
+              names);
+  }
   if (cause) {
     /* a join's recovery starts at the joiner's registration, the others' at the decision
        (or the reports' first detection: replan) */

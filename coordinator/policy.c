@@ -109,6 +109,40 @@ static int suspect(const policy_view *v, const char *id) {
   return loses_build_tie(v, id);
 }
 
+/* Whether neither of a and b named the other in a report of a generation that never formed:
+ * their links were made, as far as they know. */
+static int build_compatible(const policy_view *v, const char *a, const char *b) {
+  const job_report *ra = report_of(v, a), *rb = report_of(v, b);
+  return !(ra && ra->build && accuses(ra, b)) && !(rb && rb->build && accuses(rb, a));
+}
+
+/* A partition no majority explains (every rank named by more than half of the others: a
+ * 2|2 split, say): the largest side whose members named none of each other, by a rule that
+ * cannot flip-flop -- from each candidate in rank order, the candidates in rank order that
+ * are compatible with every one taken so far; the largest such side, the first in rank
+ * order on a tie. in_side[k] (plan ranks) set for its members; returns its size. */
+static int largest_side(const policy_view *v, const int *cand, int *in_side) {
+  const newt_plan *p = v->plan;
+  int best = 0, *members = calloc((size_t)p->nranks, sizeof *members);
+  for (int s = 0; members && s < p->nranks; s++) {
+    if (!cand[s]) continue;
+    int n = 0;
+    members[n++] = s;
+    for (int k = 0; k < p->nranks; k++) {
+      int ok = cand[k] && k != s;
+      for (int j = 0; ok && j < n; j++) ok = build_compatible(v, p->ranks[members[j]].worker, p->ranks[k].worker);
+      if (ok) members[n++] = k;
+    }
+    if (n > best) {
+      best = n;
+      memset(in_side, 0, (size_t)p->nranks * sizeof *in_side);
+      for (int j = 0; j < n; j++) in_side[members[j]] = 1;
+    }
+  }
+  free(members);
+  return best;
+}
+
 int64_t policy_hold_out_ms(int strikes) {
   int64_t ms = 30000;
   for (int i = 1; i < strikes && ms < 600000; i++) ms *= 2;
@@ -235,6 +269,32 @@ static void decide_running(const policy_view *v, policy_decision *d) {
       unreported++;
     }
   }
+  /* a generation that never formed in which the majority rule leaves every rank out: a
+     partition no majority explains; the largest side goes on (largest_side) */
+  int *cand = calloc((size_t)(p->nranks ? p->nranks : 1), sizeof *cand), ncand = 0, nsuspect = 0, builds = 0;
+  for (int i = 0; i < nreports; i++) builds += v->reports[i].build;
+  for (int k = 0; cand && k < p->nranks; k++) {
+    const rdzv_worker *m = find_member(v, p->ranks[k].worker);
+    cand[k] = m && !policy_member_leaving(m) && !listed(v->departed, v->ndeparted, p->ranks[k].worker) &&
+              is_reporter(v, p->ranks[k].worker);
+    ncand += cand[k];
+    nsuspect += cand[k] && suspect(v, p->ranks[k].worker);
+  }
+  if (cand && builds && ncand >= 2 && nsuspect == ncand) {
+    int *side = calloc((size_t)p->nranks, sizeof *side);
+    if (side && largest_side(v, cand, side) > 0) {
+      int n = d->nexclude;
+      d->nexclude = 0;
+      for (int i = 0; i < n; i++) { /* keep the gone and the leavers; of the candidates, the other sides */
+        const plan_rank *r = plan_find(p, d->exclude[i]);
+        if ((!r || !cand[r->rank] || !side[r->rank]) && d->nexclude++ != i)
+          memmove(d->exclude[d->nexclude - 1], d->exclude[i], RDZV_NAME_MAX);
+      }
+      d->partition = 1;
+    }
+    free(side);
+  }
+  free(cand);
   /* a generation that never formed: each rank gives up at its own build deadline, and ranks
      that had a step to finish first started later, so wait for them a communicator
      timeout and the report window after it, not just the report window -- a rank that

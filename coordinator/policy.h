@@ -88,6 +88,8 @@ typedef struct policy_decision {
   /* the clocks as this look leaves them (the caller keeps them for the next) */
   uint64_t first_member, first_gone;
   int gone_alive; /* ranks' registrations vanished, but steps went on since: they are alive */
+  int partition;  /* a partition no majority explains: the largest side goes on (the others
+                     are in exclude) */
 } policy_decision;
 
 /* How long to keep a worker out of plans after it was left out of a generation that never

@@ -138,6 +138,25 @@ static const tcase cases[] = {
     {"build: ... or never does: it is stuck, and the tie goes to the state", "w0 w1 imp", "w0 w1 imp",
      "imp:buildhang:w0+w1@100#0 w0:buildhang:imp@101#65", "", 9000, 9000, 3400, NEVER, 10, 0, -1, POLICY_HANG_REPORTED,
      0, 1, "w1 imp"},
+    /* --- a partition no majority explains (issue 27): every rank is named by more than half
+       of the others, so the majority rule would leave everyone out; the largest side whose
+       members named none of each other goes on, the first in rank order on a tie --- */
+    {"partition: a 2|2 split, the side of rank 0 goes on", "w0 w1 w2 w3", "w0 w1 w2 w3",
+     "w0:buildhang:w2+w3@100 w1:buildhang:w2+w3@101 w2:buildhang:w0+w1@102 w3:buildhang:w0+w1@103", "", 9000, 9000, 5,
+     NEVER, 10, 0, -1, POLICY_HANG_REPORTED, 0, 1, "w2 w3"},
+    {"partition: a 2|2 split across the ranks (w0 w2 | w1 w3)", "w0 w1 w2 w3", "w0 w1 w2 w3",
+     "w0:buildhang:w1+w3@100 w2:buildhang:w1+w3@101 w1:buildhang:w0+w2@102 w3:buildhang:w0+w2@103", "", 9000, 9000, 5,
+     NEVER, 10, 0, -1, POLICY_HANG_REPORTED, 0, 1, "w1 w3"},
+    {"partition: 3|3, the side of rank 0", "w0 w1 w2 w3 w4 w5", "w0 w1 w2 w3 w4 w5",
+     "w0:buildhang:w3+w4+w5@100 w1:buildhang:w3+w4+w5@100 w2:buildhang:w3+w4+w5@100 w3:buildhang:w0+w1+w2@100 "
+     "w4:buildhang:w0+w1+w2@100 w5:buildhang:w0+w1+w2@100",
+     "", 9000, 9000, 5, NEVER, 10, 0, -1, POLICY_HANG_REPORTED, 0, 1, "w3 w4 w5"},
+    {"partition: 3|1 is the majority rule's (the one the three name goes)", "w0 w1 w2 w3", "w0 w1 w2 w3",
+     "w0:buildhang:w3@100 w1:buildhang:w3@101 w2:buildhang:w3@102 w3:buildhang:w0+w1+w2@103", "", 9000, 9000, 5,
+     NEVER, 10, 0, -1, POLICY_HANG_REPORTED, 0, 1, "w3"},
+    {"partition: 1|2|1, the largest side goes on", "w0 w1 w2 w3", "w0 w1 w2 w3",
+     "w0:buildhang:w1+w2+w3@100 w1:buildhang:w0+w3@101 w2:buildhang:w0+w3@102 w3:buildhang:w0+w1+w2@103", "", 9000,
+     9000, 5, NEVER, 10, 0, -1, POLICY_HANG_REPORTED, 0, 1, "w0 w3"},
     {"build: a rank died during the build (its links closed): named at once", "w0 w1 w2", "w0 w1 w2",
      "w0:build:w2@100 w1:build:w2@101", "", 9000, 9000, 5, NEVER, 10, 0, -1, POLICY_CRASH_REPORTED, 0, 1, "w2"},
     {"steps: the ranks that saw a rank abort do not outvote it", "w0 w1 w2 w3", "w0 w1 w2 w3",
