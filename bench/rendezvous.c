@@ -2,16 +2,21 @@
  *
  * For each N: a coordinator campaigns and leads, and watches membership (snapshot + watch).
  * Then the clock starts, and N simulated workers, each exactly as a real worker would
- * (its own lease, its own registration write, its own ack on that lease), register
- * concurrently from a pool of threads sharing one client (its pool of keep-alive
- * connections). When the coordinator's view holds all N, it publishes plan 1 (a guarded
- * write listing them); the workers learn the plan from a watch of the plan key and each
- * acks it; the clock stops when the coordinator's barrier over all N completes.
+ * (worker/publish.c: its own lease, its own registration write; once it took up the plan,
+ * the update of its registration that says "training" and carries its acknowledgement of
+ * the generation), register concurrently from a pool of threads sharing one client (its
+ * pool of keep-alive connections). When the coordinator's view holds all N, it publishes
+ * plan 1 (a guarded write listing them); the workers learn the plan from a watch of the
+ * plan key and each acknowledges it; the clock stops when the coordinator's view of the
+ * registrations (the same watch) shows every one of them acknowledging generation 1 -- the
+ * barrier the coordinator keeps.
  *
- * Cost: 3 etcd writes per worker (lease grant, registration txn, ack) plus one plan
- * write, each a raft commit with a WAL fsync. etcd batches concurrent proposals into one
- * fsync, so the pool's concurrency, not the round trip, sets the pace. One JSON line per N:
- *   {"bench":"rendezvous","workers":256,"ms":...,"register_ms":...,"threads":64,...} */
+ * Cost: 3 etcd writes per worker (lease grant, registration txn, the update that
+ * acknowledges) plus one plan write, each a raft commit with a WAL fsync; the workers'
+ * client counts the writes it sent (rdzv_etcd_writes), and the line says how many per
+ * worker. etcd batches concurrent proposals into one fsync, so the pool's concurrency, not
+ * the round trip, sets the pace. One JSON line per N:
+ *   {"bench":"rendezvous","workers":256,"ms":...,"register_ms":...,"writes_per_worker":3.0,...} */
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
@@ -24,6 +29,7 @@
 #include "common/log.h"
 #include "common/opts.h"
 #include "common/strutil.h"
+#include "job/records.h"
 #include "rendezvous/etcd_server.h"
 #include "rendezvous/rdzv.h"
 
@@ -68,7 +74,7 @@ static void *pool_main(void *arg) {
   }
   while (!atomic_load(&b->failed) && (i = atomic_fetch_add(&b->next_reg, 1)) < b->n) {
     mine[mine_n++] = i;
-    rdzv_worker w = {.device = -1, .state = "joining", .host = "bench"};
+    rdzv_worker w = {.device = -1, .state = "joining", .host = "bench", .pid = getpid()};
     snprintf(w.id, sizeof w.id, "%s", b->ids[i]);
     snprintf(w.addr, sizeof w.addr, "127.0.0.1:%d", 20000 + i);
     if (rdzv_register(b->c, b->job, &w, b->ttl, NULL, NULL, d, &b->regs[i]) != NEWT_OK) fail(b, "register");
@@ -81,11 +87,17 @@ static void *pool_main(void *arg) {
     pthread_mutex_lock(&b->mu);
   }
   pthread_mutex_unlock(&b->mu);
-  /* each worker acks for itself, on its own lease */
+  /* each worker takes up generation 1 and says so in its registration: state "training",
+     generation 1 and its acknowledgement (what a rank reports: its timings, where its state
+     came from), one write on its own lease */
   for (int k = 0; k < mine_n && !atomic_load(&b->failed); k++) {
     i = mine[k];
-    if (rdzv_barrier_ack(b->c, b->job, 1, b->ids[i], rdzv_registration_lease(b->regs[i]), d) != NEWT_OK)
-      fail(b, "ack");
+    uint64_t now = newt_wall_ms();
+    job_ack a = {.rank = i, .t_plan = now, .t_comm = now, .t_restore = now, .t_step = now, .restore_step = 0};
+    snprintf(a.restore, sizeof a.restore, "init");
+    char *ack = job_ack_to_json(&a);
+    if (!ack || rdzv_registration_ack(b->regs[i], "training", 1, ack, d) != NEWT_OK) fail(b, "ack");
+    free(ack);
   }
   free(mine);
   return NULL;
@@ -120,29 +132,28 @@ static void *pool_runner(void *arg) {
   return NULL;
 }
 
-/* One measurement; prints its JSON line. */
-static newt_result_t bench_one(rdzv_etcd *c, int n, int threads, int64_t ttl, int rep, const char *where) {
+/* One measurement; prints its JSON line. The coordinator uses c, the simulated workers wc. */
+static newt_result_t bench_one(rdzv_etcd *c, rdzv_etcd *wc, int n, int threads, int64_t ttl, int rep,
+                               const char *where) {
   char job[RDZV_NAME_MAX];
   snprintf(job, sizeof job, "bench-%d-%d-%d", (int)getpid(), n, rep);
-  bench_run b = {.c = c, .job = job, .n = n, .ttl = ttl};
+  bench_run b = {.c = wc, .job = job, .n = n, .ttl = ttl};
   pthread_mutex_init(&b.mu, NULL);
   pthread_cond_init(&b.cv, NULL);
   b.ids = calloc((size_t)n, sizeof *b.ids);
   b.regs = calloc((size_t)n, sizeof *b.regs);
-  const char **idp = calloc((size_t)n, sizeof *idp);
   newt_buf plan;
   newt_buf_init(&plan);
   rdzv_candidate *leader = NULL;
   rdzv_members *view = NULL;
   rdzv_etcd_watch *plan_watch = NULL;
   newt_result_t r = NEWT_OK;
-  if (!b.ids || !b.regs || !idp) {
+  if (!b.ids || !b.regs) {
     r = NEWT_ERR(NEWT_ERR_NOMEM, "out of memory for %d workers", n);
     goto out;
   }
   for (int i = 0; i < n; i++) {
     snprintf(b.ids[i], sizeof b.ids[i], "w%05d", i);
-    idp[i] = b.ids[i];
   }
   newt_deadline_t d = newt_deadline_in_ms(120000);
   rdzv_campaign_opts co = {.name = "bench-coordinator", .ttl_s = 10};
@@ -153,6 +164,7 @@ static newt_result_t bench_one(rdzv_etcd *c, int n, int threads, int64_t ttl, in
   NEWT_CHECK_GOTO(rdzv_key(plan_key, sizeof plan_key, job, "plan"), r, out);
   NEWT_CHECK_GOTO(rdzv_etcd_watch_start(c, plan_key, NULL, on_plan, &b, d, &plan_watch), r, out);
 
+  int64_t writes0 = rdzv_etcd_writes(wc), plan_writes0 = rdzv_etcd_writes(c);
   uint64_t t0 = newt_now_ns();
   pthread_t pool;
   pool_arg pa = {&b, threads < n ? threads : n};
@@ -176,18 +188,26 @@ static newt_result_t bench_one(rdzv_etcd *c, int n, int threads, int64_t ttl, in
     for (int i = 0; i < n; i++) newt_buf_printf(&plan, "%s\"%s\"", i ? "," : "", b.ids[i]);
     newt_buf_printf(&plan, "]}");
     r = rdzv_plan_publish(leader, 1, plan.data, d);
-    if (r == NEWT_OK) r = rdzv_barrier_wait(c, job, 1, idp, (size_t)n, d, &b.failed);
+    /* the barrier: the view's registrations, every one acknowledging generation 1 */
+    while (r == NEWT_OK && rdzv_members_count_acked(view, 1) < (size_t)n && !atomic_load(&b.failed)) {
+      newt_result_t w = rdzv_members_wait(view, rev, newt_deadline_min(d, newt_deadline_in_ms(100)), NULL, &rev);
+      if (w != NEWT_OK && w != NEWT_ERR_TIMEOUT) r = w;
+      else if (newt_deadline_passed(d))
+        r = NEWT_ERR(NEWT_ERR_TIMEOUT, "only %zu of %d workers acknowledged generation 1",
+                     rdzv_members_count_acked(view, 1), n);
+    }
   }
   uint64_t t1 = newt_now_ns();
+  int64_t writes = rdzv_etcd_writes(wc) - writes0, plan_writes = rdzv_etcd_writes(c) - plan_writes0;
   if (r != NEWT_OK) fail(&b, "coordinator");
   pthread_join(pool, NULL);
   if (atomic_load(&b.failed)) {
     r = NEWT_ERR(NEWT_ERR_INTERNAL, "rendezvous of %d workers failed: %s", n, b.err);
   } else {
     printf("{\"bench\":\"rendezvous\",\"workers\":%d,\"ms\":%.1f,\"register_ms\":%.1f,\"barrier_ms\":%.1f,"
-           "\"threads\":%d,\"etcd_writes\":%d,\"etcd\":\"%s\"}\n",
+           "\"threads\":%d,\"etcd_writes\":%lld,\"writes_per_worker\":%.3f,\"etcd\":\"%s\"}\n",
            n, (double)(t1 - t0) / 1e6, (double)(t_reg - t0) / 1e6, (double)(t1 - t_reg) / 1e6, pa.threads,
-           3 * n + 1, where);
+           (long long)(writes + plan_writes), (double)writes / n, where);
     fflush(stdout);
   }
 out:
@@ -204,7 +224,6 @@ out:
   newt_buf_free(&plan);
   free(b.ids);
   free(b.regs);
-  free(idp);
   pthread_mutex_destroy(&b.mu);
   pthread_cond_destroy(&b.cv);
   return r;
@@ -251,19 +270,21 @@ int newt_bench_rendezvous(int argc, char **argv) {
     fprintf(stderr, "bench rendezvous: private etcd at %s (data in %s)\n", etcd, rdzv_etcd_server_dir(srv));
   }
   rdzv_etcd_opts eo = {.endpoints = etcd};
-  rdzv_etcd *c;
+  rdzv_etcd *c = NULL, *wc = NULL; /* the coordinator's client, the workers' */
   int rc = 0;
-  if (rdzv_etcd_init(&eo, &c) != NEWT_OK) {
+  if (rdzv_etcd_init(&eo, &c) != NEWT_OK || rdzv_etcd_init(&eo, &wc) != NEWT_OK) {
     fprintf(stderr, "newt bench rendezvous: %s\n", newt_errmsg());
+    if (c) rdzv_etcd_free(c);
     rdzv_etcd_server_free(srv);
     return 1;
   }
   for (int i = 0; i < nc && rc == 0; i++)
     for (int k = 0; k < repeat && rc == 0; k++)
-      if (bench_one(c, counts[i], (int)threads, ttl, k, srv ? "private" : "external") != NEWT_OK) {
+      if (bench_one(c, wc, counts[i], (int)threads, ttl, k, srv ? "private" : "external") != NEWT_OK) {
         fprintf(stderr, "newt bench rendezvous: %s\n", newt_errmsg());
         rc = 1;
       }
+  rdzv_etcd_free(wc);
   rdzv_etcd_free(c);
   rdzv_etcd_server_free(srv);
   return rc;

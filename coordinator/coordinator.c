@@ -2,7 +2,8 @@
  *
  * A leader keeps a picture of the job built from one consistent read of /newt/<job>/ and
  * a watch from the revision after it: members (workers/), the plan, the failure reports
- * and acks of the current generation, progress and the end marker. The watch thread only
+ * and acks of the current generation (each rank's ack rides in its registration; a key
+ * acks/<gen>/<id> of the previous release counts too), progress and the end marker. The watch thread only
  * updates that picture; the main thread looks at it every few milliseconds and decides:
  *
  *   - no plan yet: plan once enough workers are there and joins have settled;
@@ -192,6 +193,8 @@ static int find_member(const coord *c, const char *id) {
   return -1;
 }
 
+static void put_ack(coord *c, const rdzv_etcd_kv *kv, const char *id, const char *text, size_t len);
+
 static void put_member(coord *c, const rdzv_etcd_kv *kv, const char *id) {
   rdzv_worker w;
   if (rdzv_worker_from_json(kv->value, kv->value_len, kv->key, &w) != NEWT_OK) {
@@ -222,6 +225,9 @@ static void put_member(coord *c, const rdzv_etcd_kv *kv, const char *id) {
     NEWT_INFO(COORD, "worker %s joined (host %s, %s)", id, w.host, w.addr);
   }
   c->members[i] = w;
+  /* the acknowledgement of the current generation, folded into the registration */
+  if (w.ack[0] && c->plan.generation && (uint64_t)w.generation == c->plan.generation)
+    put_ack(c, kv, id, w.ack, strlen(w.ack));
 }
 
 static void drop_member(coord *c, const char *id) {
@@ -278,10 +284,13 @@ static void put_report(coord *c, const rdzv_etcd_kv *kv, const char *id) {
   if (rep.step > c->max_step_seen) c->max_step_seen = rep.step;
 }
 
-static void put_ack(coord *c, const rdzv_etcd_kv *kv, const char *id) {
+/* An acknowledgement of the current generation by worker id: text is the ack, under key kv
+ * (acks/<gen>/<id>, the previous release's own key, or workers/<id>, the registration that
+ * carries it). */
+static void put_ack(coord *c, const rdzv_etcd_kv *kv, const char *id, const char *text, size_t len) {
   c_ack a;
   memset(&a, 0, sizeof a);
-  if (job_ack_from_json(kv->value, kv->value_len, &a.a) != NEWT_OK) {
+  if (job_ack_from_json(text, len, &a.a) != NEWT_OK) {
     NEWT_WARN(COORD, "ignoring %s: %s", kv->key, newt_errmsg());
     return;
   }
@@ -395,7 +404,7 @@ static void apply_kv(coord *c, const rdzv_etcd_kv *kv, int deleted) {
     if (!deleted && gen == c->plan.generation) put_report(c, kv, id);
     break;
   case JOB_REC_ACK:
-    if (!deleted && gen == c->plan.generation) put_ack(c, kv, id);
+    if (!deleted && gen == c->plan.generation) put_ack(c, kv, id, kv->value, kv->value_len);
     break;
   case JOB_REC_PROGRESS:
     if (!deleted) put_progress(c, kv);

@@ -71,10 +71,29 @@ newt_result_t rdzv_worker_to_json(const rdzv_worker *w, char **out) {
            cJSON_AddStringToObject(j, "state", w->state) && newt_json_add_int(j, "pid", w->pid) &&
            newt_json_add_int(j, "generation", w->generation) &&
            (!w->shares_device || cJSON_AddBoolToObject(j, "shares_device", 1));
+  if (ok && w->ack[0]) {
+    cJSON *ack;
+    newt_result_t r = newt_json_parse(w->ack, strlen(w->ack), "registration.ack", &ack);
+    if (r != NEWT_OK) {
+      cJSON_Delete(j);
+      return r;
+    }
+    if (!cJSON_IsObject(ack)) {
+      cJSON_Delete(ack);
+      cJSON_Delete(j);
+      return NEWT_ERR(NEWT_ERR_INVALID, "registration.ack: expected a JSON object");
+    }
+    ok = cJSON_AddItemToObject(j, "ack", ack);
+    if (!ok) cJSON_Delete(ack);
+  }
   *out = ok ? newt_json_print(j) : NULL;
   cJSON_Delete(j);
   NEWT_CHECK_ALLOC(*out);
   return NEWT_OK;
+}
+
+int rdzv_worker_acked(const rdzv_worker *w, int64_t generation) {
+  return w->generation > generation || (w->generation == generation && w->ack[0]);
 }
 
 /* Whether every character of s is in allowed. */
@@ -96,6 +115,22 @@ newt_result_t rdzv_worker_from_json(const char *text, size_t len, const char *wh
   NEWT_CHECK_GOTO(newt_json_get_int(j, what, "pid", 0, &out->pid), r, done);
   NEWT_CHECK_GOTO(newt_json_get_int(j, what, "generation", 0, &out->generation), r, done);
   NEWT_CHECK_GOTO(newt_json_get_bool(j, what, "shares_device", 0, &out->shares_device), r, done);
+  const cJSON *ack = NULL; /* absent in the previous release's registrations, and before an ack */
+  NEWT_CHECK_GOTO(newt_json_get_obj(j, what, "ack", 0, &ack), r, done);
+  if (ack) {
+    char *text = newt_json_print(ack);
+    size_t n = text ? strlen(text) : 0;
+    if (text && n < sizeof out->ack) memcpy(out->ack, text, n + 1);
+    free(text);
+    if (!text) {
+      r = NEWT_ERR(NEWT_ERR_NOMEM, "%s.ack: out of memory", what);
+      goto done;
+    }
+    if (n >= sizeof out->ack) {
+      r = NEWT_ERR(NEWT_ERR_INVALID, "%s.ack: %zu bytes, more than %d", what, n, RDZV_ACK_MAX - 1);
+      goto done;
+    }
+  }
   if (device < -1 || device > 1024) {
     r = NEWT_ERR(NEWT_ERR_INVALID, "%s.device: %lld is not a device index", what, (long long)device);
     goto done;
@@ -222,10 +257,20 @@ newt_result_t rdzv_registration_renew(rdzv_registration *r, const char *job, new
   return claim(r, job, d);
 }
 
-newt_result_t rdzv_registration_update(rdzv_registration *r, const char *state, int64_t generation,
-                                       newt_deadline_t d) {
+/* The registration rewritten (state NULL: the same; ack NULL: the same while the generation
+ * is, none when it changes), only while the key is still on our lease. */
+static newt_result_t rewrite(rdzv_registration *r, const char *state, int64_t generation, const char *ack,
+                             newt_deadline_t d) {
   rdzv_worker w = r->w;
   if (state) snprintf(w.state, sizeof w.state, "%s", state);
+  if (ack) {
+    if (strlen(ack) >= sizeof w.ack)
+      return NEWT_ERR(NEWT_ERR_INVALID, "registration %s: ack of %zu bytes, more than %d", r->key, strlen(ack),
+                      RDZV_ACK_MAX - 1);
+    snprintf(w.ack, sizeof w.ack, "%s", ack);
+  } else if (generation != w.generation) {
+    w.ack[0] = '\0';
+  }
   w.generation = generation;
   char *json;
   NEWT_CHECK(rdzv_worker_to_json(&w, &json));
@@ -244,6 +289,19 @@ newt_result_t rdzv_registration_update(rdzv_registration *r, const char *state, 
   r->w = w;
   r->w.mod_revision = rev;
   return NEWT_OK;
+}
+
+newt_result_t rdzv_registration_update(rdzv_registration *r, const char *state, int64_t generation,
+                                       newt_deadline_t d) {
+  return rewrite(r, state, generation, NULL, d);
+}
+
+newt_result_t rdzv_registration_ack(rdzv_registration *r, const char *state, int64_t generation,
+                                    const char *ack_json, newt_deadline_t d) {
+  if (!ack_json || !*ack_json)
+    return NEWT_ERR(NEWT_ERR_INVALID, "registration %s: an acknowledgement of generation %lld without its ack", r->key,
+                    (long long)generation);
+  return rewrite(r, state, generation, ack_json, d);
 }
 
 int64_t rdzv_registration_lease(const rdzv_registration *r) { return r->lease; }
@@ -505,6 +563,14 @@ size_t rdzv_members_count(rdzv_members *m) {
   return n;
 }
 
+size_t rdzv_members_count_acked(rdzv_members *m, int64_t generation) {
+  pthread_mutex_lock(&m->mu);
+  size_t n = 0;
+  for (size_t i = 0; i < m->n; i++) n += (size_t)rdzv_worker_acked(&m->w[i], generation);
+  pthread_mutex_unlock(&m->mu);
+  return n;
+}
+
 newt_result_t rdzv_members_wait(rdzv_members *m, int64_t after, newt_deadline_t d, const atomic_int *abort,
                                 int64_t *revision) {
   newt_result_t r = NEWT_OK;
@@ -620,50 +686,96 @@ newt_result_t rdzv_barrier_ack(rdzv_etcd *c, const char *job, int64_t generation
   return rdzv_etcd_put(c, key, val, strlen(val), lease, d, NULL);
 }
 
+/* A barrier counts a member as acknowledged when its key acks/<g>/<id> exists (ACK_KEY) or
+ * its registration acknowledges g (ACK_REG); either is enough, and each comes and goes with
+ * its key. */
+enum { ACK_KEY = 1, ACK_REG = 2 };
+
 typedef struct barrier {
   pthread_mutex_t mu;
   pthread_cond_t cv;
   const char **ids; /* sorted */
-  unsigned char *acked;
+  unsigned char *acked; /* ACK_KEY | ACK_REG per id */
   size_t n, have;
-  size_t prefix_len;
+  int64_t generation;
+  size_t ack_prefix_len, reg_prefix_len;
 } barrier;
+
+/* One of the barrier's two watches: which prefix it reads. */
+typedef struct barrier_source {
+  barrier *b;
+  int bit;
+} barrier_source;
 
 static int cmp_str(const void *a, const void *b) { return strcmp(*(const char *const *)a, *(const char *const *)b); }
 
-static void barrier_mark(barrier *b, const char *key, size_t key_len, int on) {
-  if (key_len <= b->prefix_len) return;
-  const char *id = key + b->prefix_len;
+/* Sets or clears `bit` of the member whose id ends kv's key (ignored when it is none of ids). */
+static void barrier_mark(barrier *b, int bit, const rdzv_etcd_kv *kv, int on) {
+  size_t plen = bit == ACK_KEY ? b->ack_prefix_len : b->reg_prefix_len;
+  if (kv->key_len <= plen) return;
+  const char *id = kv->key + plen;
+  if (strchr(id, '/')) return;
   const char **hit = bsearch(&id, b->ids, b->n, sizeof *b->ids, cmp_str);
   if (!hit) return;
+  if (on && bit == ACK_REG) { /* a registration counts when it says it took up g */
+    rdzv_worker w;
+    char what[300];
+    snprintf(what, sizeof what, "registration %.250s", kv->key);
+    on = rdzv_worker_from_json(kv->value, kv->value_len, what, &w) == NEWT_OK && strcmp(w.id, id) == 0 &&
+         rdzv_worker_acked(&w, b->generation);
+  }
   size_t i = (size_t)(hit - b->ids);
-  if (b->acked[i] != on) {
-    b->acked[i] = (unsigned char)on;
-    if (on) b->have++;
-    else b->have--;
+  int was = b->acked[i] != 0;
+  b->acked[i] = (unsigned char)(on ? b->acked[i] | bit : b->acked[i] & ~bit);
+  int is = b->acked[i] != 0;
+  if (is && !was) b->have++;
+  if (was && !is) b->have--;
+}
+
+static void barrier_clear(barrier *b, int bit) {
+  for (size_t i = 0; i < b->n; i++) {
+    int was = b->acked[i] != 0;
+    b->acked[i] = (unsigned char)(b->acked[i] & ~bit);
+    if (was && !b->acked[i]) b->have--;
   }
 }
 
 static void on_barrier_watch(void *ud, const rdzv_etcd_watch_resp *r) {
-  barrier *b = ud;
+  barrier_source *src = ud;
+  barrier *b = src->b;
   pthread_mutex_lock(&b->mu);
   if (r->kind == RDZV_WATCH_EVENTS) {
     for (size_t i = 0; i < r->n_events; i++)
-      barrier_mark(b, r->events[i].kv.key, r->events[i].kv.key_len, r->events[i].type == RDZV_EVENT_PUT);
+      barrier_mark(b, src->bit, &r->events[i].kv, r->events[i].type == RDZV_EVENT_PUT);
   } else if (r->kind == RDZV_WATCH_RESYNC) {
-    memset(b->acked, 0, b->n);
-    b->have = 0;
-    for (size_t i = 0; i < r->n_kvs; i++) barrier_mark(b, r->kvs[i].key, r->kvs[i].key_len, 1);
+    barrier_clear(b, src->bit);
+    for (size_t i = 0; i < r->n_kvs; i++) barrier_mark(b, src->bit, &r->kvs[i], 1);
   }
   pthread_cond_broadcast(&b->cv);
   pthread_mutex_unlock(&b->mu);
 }
 
+/* Reads one prefix into the barrier, then watches it from the next revision. */
+static newt_result_t barrier_follow(rdzv_etcd *c, barrier_source *src, const char *prefix, newt_deadline_t d,
+                                    rdzv_etcd_watch **w) {
+  rdzv_etcd_kvs snap = {0};
+  rdzv_etcd_range_opts ro = {.prefix = 1, .keys_only = src->bit == ACK_KEY};
+  NEWT_CHECK(rdzv_etcd_range(c, prefix, &ro, d, &snap));
+  pthread_mutex_lock(&src->b->mu);
+  for (size_t i = 0; i < snap.n; i++) barrier_mark(src->b, src->bit, &snap.kvs[i], 1);
+  pthread_mutex_unlock(&src->b->mu);
+  rdzv_etcd_watch_opts wo = {.prefix = 1, .start_revision = snap.revision + 1};
+  rdzv_etcd_kvs_free(&snap);
+  return rdzv_etcd_watch_start(c, prefix, &wo, on_barrier_watch, src, d, w);
+}
+
 newt_result_t rdzv_barrier_wait(rdzv_etcd *c, const char *job, int64_t generation, const char *const *ids, size_t n,
                                 newt_deadline_t d, const atomic_int *abort) {
-  char prefix[256];
-  NEWT_CHECK(acks_prefix(prefix, sizeof prefix, job, generation));
-  barrier b = {.n = n, .prefix_len = strlen(prefix)};
+  char ack_prefix[256], reg_prefix[256];
+  NEWT_CHECK(acks_prefix(ack_prefix, sizeof ack_prefix, job, generation));
+  NEWT_CHECK(rdzv_key(reg_prefix, sizeof reg_prefix, job, "workers/"));
+  barrier b = {.n = n, .generation = generation, .ack_prefix_len = strlen(ack_prefix),
+               .reg_prefix_len = strlen(reg_prefix)};
   b.ids = malloc((n ? n : 1) * sizeof *b.ids);
   b.acked = calloc(n ? n : 1, 1);
   if (!b.ids || !b.acked) {
@@ -675,25 +787,18 @@ newt_result_t rdzv_barrier_wait(rdzv_etcd *c, const char *job, int64_t generatio
   qsort(b.ids, n, sizeof *b.ids, cmp_str);
   pthread_mutex_init(&b.mu, NULL);
   rdzv_cond_init(&b.cv);
-  rdzv_etcd_watch *w = NULL;
-  rdzv_etcd_kvs snap = {0};
-  rdzv_etcd_range_opts ro = {.prefix = 1, .keys_only = 1};
-  newt_result_t r = rdzv_etcd_range(c, prefix, &ro, d, &snap);
-  if (r == NEWT_OK) {
-    for (size_t i = 0; i < snap.n; i++) barrier_mark(&b, snap.kvs[i].key, snap.kvs[i].key_len, 1);
-    if (b.have < n) {
-      rdzv_etcd_watch_opts wo = {.prefix = 1, .start_revision = snap.revision + 1};
-      r = rdzv_etcd_watch_start(c, prefix, &wo, on_barrier_watch, &b, d, &w);
-    }
-  }
-  rdzv_etcd_kvs_free(&snap);
+  barrier_source from_regs = {&b, ACK_REG}, from_keys = {&b, ACK_KEY};
+  rdzv_etcd_watch *wr = NULL, *wk = NULL;
+  newt_result_t r = barrier_follow(c, &from_regs, reg_prefix, d, &wr);
+  if (r == NEWT_OK) r = barrier_follow(c, &from_keys, ack_prefix, d, &wk);
   if (r == NEWT_OK) {
     pthread_mutex_lock(&b.mu);
     while (b.have < n && (r = cond_wait_slice(&b.cv, &b.mu, d, abort)) == NEWT_OK) {
     }
     pthread_mutex_unlock(&b.mu);
   }
-  rdzv_etcd_watch_free(w); /* no callback runs after this */
+  rdzv_etcd_watch_free(wr); /* no callback runs after these */
+  rdzv_etcd_watch_free(wk);
   if (r == NEWT_ERR_TIMEOUT || r == NEWT_ERR_ABORTED) {
     newt_buf missing;
     newt_buf_init(&missing);

@@ -1,5 +1,6 @@
 /* What a worker writes to etcd (job/records.h has every record): its registration and
- * its state, failure reports, acknowledgements, progress, the checkpoint pointer and the end
+ * its state, with the acknowledgement of its generation folded into the same update (one
+ * write per generation), failure reports, progress, the checkpoint pointer and the end
  * marker. Only a failure report and the end marker are written by the caller's thread
  * (the leader needs them before anything else happens); everything else goes through the
  * publisher thread, which holds the newest value of each key and writes it when etcd is
@@ -86,6 +87,8 @@ static void publish(worker *w, const char *key, char *value, int on_lease) {
   pthread_mutex_unlock(&w->mu);
 }
 
+static newt_result_t write_registration(worker *w, const char *state, const char *ack, uint64_t gen);
+
 /* Waits a little before retrying a write (called with mu held). */
 static void retry_pause(worker *w) { worker_wait_cv(w, 100); }
 
@@ -99,6 +102,7 @@ static void *publisher(void *arg) {
       pthread_mutex_lock(&w->mu);
       if (r == NEWT_OK) {
         atomic_store(&w->lease_lost, 0);
+        w->pub_ack_held = 0; /* an acknowledgement refused meanwhile goes into the renewed one */
         NEWT_INFO(WORKER, "%s: registration renewed (lease %llx)", w->id,
                   (unsigned long long)rdzv_registration_lease(w->reg));
       } else {
@@ -106,16 +110,33 @@ static void *publisher(void *arg) {
       }
       continue;
     }
-    if (w->pub_state[0]) {
-      char state[sizeof w->pub_state];
+    if (w->pub_state[0] || (w->pub_ack[0] && !w->pub_ack_held)) {
+      /* a state and an acknowledgement queued together are one write */
+      char state[sizeof w->pub_state], ack[sizeof w->pub_ack] = "";
       snprintf(state, sizeof state, "%s", w->pub_state);
+      if (!w->pub_ack_held) snprintf(ack, sizeof ack, "%s", w->pub_ack);
+      uint64_t ack_gen = w->pub_ack_gen, gen = w->gen;
       w->pub_state[0] = '\0';
+      if (!w->pub_ack_held) w->pub_ack[0] = '\0';
       pthread_mutex_unlock(&w->mu);
-      newt_result_t r = worker_set_state(w, state);
+      newt_result_t r;
+      if (ack[0] && ack_gen != gen) { /* moved on meanwhile: an old generation's ack is no news */
+        NEWT_DEBUG(WORKER, "%s: the acknowledgement of generation %llu is stale (now %llu)", w->id,
+                   (unsigned long long)ack_gen, (unsigned long long)gen);
+        ack[0] = '\0';
+      }
+      r = write_registration(w, state[0] ? state : NULL, ack[0] ? ack : NULL, gen);
       pthread_mutex_lock(&w->mu);
-      if (r != NEWT_OK && r != NEWT_ERR_CONFLICT && !w->pub_state[0]) {
+      if (r != NEWT_OK && ack[0] && !w->pub_ack[0]) {
+        /* not written: keep the acknowledgement, unless a newer one came meanwhile; when the
+           registration is no longer ours (its lease went), until it is renewed */
+        snprintf(w->pub_ack, sizeof w->pub_ack, "%s", ack);
+        w->pub_ack_gen = ack_gen;
+        w->pub_ack_held = r == NEWT_ERR_CONFLICT;
+      }
+      if (r != NEWT_OK && r != NEWT_ERR_CONFLICT) {
         /* etcd away: try again, unless a newer state came meanwhile */
-        snprintf(w->pub_state, sizeof w->pub_state, "%s", state);
+        if (state[0] && !w->pub_state[0]) snprintf(w->pub_state, sizeof w->pub_state, "%s", state);
         retry_pause(w);
       }
       continue;
@@ -160,7 +181,7 @@ static void *publisher(void *arg) {
 static void publisher_flush(worker *w, newt_deadline_t d) {
   while (w->pub_running) {
     pthread_mutex_lock(&w->mu);
-    int pending = w->pub_state[0] != '\0';
+    int pending = w->pub_state[0] != '\0' || (w->pub_ack[0] != '\0' && !w->pub_ack_held);
     for (int i = 0; i < WORKER_PUB_SLOTS; i++) pending |= w->pub[i].value != NULL;
     pthread_mutex_unlock(&w->mu);
     if (!pending || newt_deadline_passed(d)) break;
@@ -189,12 +210,24 @@ newt_result_t worker_publisher_start(worker *w) {
   return NEWT_OK;
 }
 
-newt_result_t worker_set_state(worker *w, const char *state) {
+/* Rewrites the registration at generation gen: a new state (NULL: the same), and the
+ * acknowledgement of gen when ack is not NULL. */
+static newt_result_t write_registration(worker *w, const char *state, const char *ack, uint64_t gen) {
   if (!w->reg || atomic_load(&w->lease_lost))
     return NEWT_ERR(NEWT_ERR_UNAVAILABLE, "%s: the registration is being renewed", w->id);
-  newt_result_t r = rdzv_registration_update(w->reg, state, (int64_t)w->gen, job_call_deadline());
-  if (r != NEWT_OK) NEWT_WARN(WORKER, "%s: updating the registration to %s: %s", w->id, state, newt_errmsg());
+  newt_result_t r = ack ? rdzv_registration_ack(w->reg, state, (int64_t)gen, ack, job_call_deadline())
+                        : rdzv_registration_update(w->reg, state, (int64_t)gen, job_call_deadline());
+  if (r != NEWT_OK)
+    NEWT_WARN(WORKER, "%s: updating the registration%s%s%s: %s", w->id, state ? " to " : "", state ? state : "",
+              ack ? " (acknowledging its generation)" : "", newt_errmsg());
   return r;
+}
+
+newt_result_t worker_set_state(worker *w, const char *state) {
+  pthread_mutex_lock(&w->mu);
+  uint64_t gen = w->gen;
+  pthread_mutex_unlock(&w->mu);
+  return write_registration(w, state, NULL, gen);
 }
 
 void worker_set_state_async(worker *w, const char *state) {
@@ -230,12 +263,27 @@ void worker_report(worker *w, const newt_plan *p, int hang, int build, const cha
             hang ? "hang" : "crash", why);
 }
 
-void worker_publish_ack(worker *w) {
+void worker_publish_ack(worker *w, const char *state) {
   if (!w->reg) return;
   job_ack a = {.rank = w->me->rank, .t_plan = w->t_plan_seen, .t_comm = w->t_comm, .t_restore = w->t_restore,
                .t_step = w->t_first_step, .restore_step = w->restore_step};
   snprintf(a.restore, sizeof a.restore, "%s", w->restore_src);
-  publish_record(w, JOB_REC_ACK, w->plan.generation, job_ack_to_json(&a), 1);
+  char *ack = job_ack_to_json(&a);
+  if (!ack || strlen(ack) >= sizeof w->pub_ack) { /* cannot be: an ack is ~150 bytes */
+    NEWT_ERROR(WORKER, "%s: the acknowledgement of generation %llu does not fit the registration", w->id,
+               (unsigned long long)w->plan.generation);
+    free(ack);
+    if (state) worker_set_state_async(w, state);
+    return;
+  }
+  pthread_mutex_lock(&w->mu);
+  snprintf(w->pub_ack, sizeof w->pub_ack, "%s", ack);
+  w->pub_ack_gen = w->plan.generation;
+  w->pub_ack_held = 0;
+  if (state) snprintf(w->pub_state, sizeof w->pub_state, "%s", state);
+  pthread_cond_broadcast(&w->cv);
+  pthread_mutex_unlock(&w->mu);
+  free(ack);
 }
 
 void worker_publish_progress(worker *w, double loss, double tps, int64_t step_tokens) {

@@ -438,6 +438,18 @@ static void *ack_later(void *arg) {
   return NULL;
 }
 
+typedef struct ack_args {
+  rdzv_registration *reg;
+  int64_t gen;
+} ack_args;
+
+static void *ack_reg_later(void *arg) {
+  ack_args *a = arg;
+  newt_sleep_ms(300);
+  rdzv_registration_ack(a->reg, "training", a->gen, "{\"rank\":0}", dl(5000));
+  return NULL;
+}
+
 static void test_barrier(void) {
   const char *ids[] = {"w0", "w1", "w2", "w3"};
   for (int i = 0; i < 3; i++) T_OK(rdzv_barrier_ack(cli, "bar", 1, ids[i], 0, dl(5000)));
@@ -475,6 +487,76 @@ static void test_barrier(void) {
   rdzv_candidate_free(c);
 }
 
+/* The barrier on acknowledgements folded into registrations (one write per worker per
+ * generation), beside the previous release's acks/<g>/<id> keys: either counts; one that
+ * vanishes with its registration (lease lost) no longer does; a new generation's update
+ * without its ack does not count for it; and taking up a generation costs each worker one write. */
+static void test_barrier_folded(void) {
+  const char *ids[] = {"f0", "f1", "f2"};
+  rdzv_etcd *wc = tu_client(srv); /* the workers' own client: its writes are theirs */
+  rdzv_registration *r[3] = {0};
+  int64_t w0 = rdzv_etcd_writes(wc);
+  for (int i = 0; i < 3; i++) {
+    rdzv_worker w = mkworker(ids[i]);
+    T_OK(rdzv_register(wc, "fold", &w, 30, NULL, NULL, dl(5000), &r[i]));
+  }
+  if (!r[0] || !r[1] || !r[2]) return;
+  T_CHECK_MSG(rdzv_etcd_writes(wc) - w0 == 6, "registering 3 workers took %lld writes", (long long)(rdzv_etcd_writes(wc) - w0));
+  T_ERR(NEWT_ERR_TIMEOUT, rdzv_barrier_wait(cli, "fold", 1, ids, 3, dl(300), NULL));
+  T_CHECK(strstr(newt_errmsg(), "3 of 3") != NULL);
+  /* f0 and f1 acknowledge in their registrations: one write each */
+  int64_t w1 = rdzv_etcd_writes(wc);
+  T_OK(rdzv_registration_ack(r[0], "training", 1, "{\"rank\":0}", dl(5000)));
+  T_OK(rdzv_registration_ack(r[1], "training", 1, "{\"rank\":1}", dl(5000)));
+  T_CHECK(rdzv_etcd_writes(wc) - w1 == 2);
+  T_ERR(NEWT_ERR_INVALID, rdzv_registration_ack(r[2], "training", 1, "", dl(5000)));
+  /* f2 took up generation 1 in its registration but did not acknowledge it: not counted */
+  T_OK(rdzv_registration_update(r[2], "training", 1, dl(5000)));
+  T_ERR(NEWT_ERR_TIMEOUT, rdzv_barrier_wait(cli, "fold", 1, ids, 3, dl(300), NULL));
+  T_CHECK(strstr(newt_errmsg(), "1 of 3") && strstr(newt_errmsg(), "f2") && !strstr(newt_errmsg(), "f0"));
+  /* the previous release's ack key counts as well */
+  T_OK(rdzv_barrier_ack(cli, "fold", 1, "f2", rdzv_registration_lease(r[2]), dl(5000)));
+  T_OK(rdzv_barrier_wait(cli, "fold", 1, ids, 3, dl(5000), NULL));
+  /* a state update in the same generation keeps the ack; a new generation drops it */
+  T_OK(rdzv_registration_update(r[0], "leaving", 1, dl(5000)));
+  T_OK(rdzv_barrier_wait(cli, "fold", 1, ids, 1, dl(5000), NULL));
+  char key[128];
+  rdzv_etcd_kv kv;
+  rdzv_worker back;
+  T_OK(rdzv_key(key, sizeof key, "fold", "workers/f1"));
+  T_OK(rdzv_registration_update(r[1], "spare", 2, dl(5000)));
+  T_OK(rdzv_etcd_get(cli, key, dl(5000), &kv, NULL));
+  T_OK(rdzv_worker_from_json(kv.value, kv.value_len, "reg", &back));
+  T_CHECK(back.generation == 2 && back.ack[0] == '\0' && strcmp(back.state, "spare") == 0);
+  rdzv_etcd_kv_free(&kv);
+  T_ERR(NEWT_ERR_TIMEOUT, rdzv_barrier_wait(cli, "fold", 2, ids + 1, 1, dl(300), NULL));
+  T_OK(rdzv_barrier_wait(cli, "fold", 1, ids + 1, 1, dl(5000), NULL)); /* past 1: 1 is behind it */
+  /* an acknowledgement goes with its registration: a worker whose lease is lost no longer
+     counts, even while the barrier waits (the watch sees it go) */
+  T_OK(rdzv_registration_leave(r[0], dl(5000)));
+  T_ERR(NEWT_ERR_TIMEOUT, rdzv_barrier_wait(cli, "fold", 1, ids, 1, dl(300), NULL));
+  T_CHECK(strstr(newt_errmsg(), "f0") != NULL);
+  rdzv_registration_free(r[0]);
+  r[0] = NULL;
+  rdzv_worker w = mkworker("f0");
+  T_OK(rdzv_register(wc, "fold", &w, 30, NULL, NULL, dl(5000), &r[0]));
+  atomic_int stop = 0;
+  pthread_t th;
+  ack_args aa = {.reg = r[0], .gen = 1};
+  pthread_create(&th, NULL, ack_reg_later, &aa);
+  T_OK(rdzv_barrier_wait(cli, "fold", 1, ids, 3, dl(10000), &stop)); /* the watch sees the ack come */
+  pthread_join(th, NULL);
+  int64_t before = rdzv_etcd_writes(wc);
+  T_OK(rdzv_registration_leave(r[2], dl(5000))); /* its lease and its acks/ key go together */
+  T_CHECK(rdzv_etcd_writes(wc) - before == 1);
+  T_ERR(NEWT_ERR_TIMEOUT, rdzv_barrier_wait(cli, "fold", 1, ids + 2, 1, dl(300), NULL));
+  for (int i = 0; i < 3; i++) {
+    if (i != 2 && r[i]) rdzv_registration_leave(r[i], dl(5000));
+    rdzv_registration_free(r[i]);
+  }
+  rdzv_etcd_free(wc);
+}
+
 static void test_spec_and_events(void) {
   T_OK(rdzv_spec_put(cli, "sp", "{\"model\":\"gpt\",\"tp\":2}", dl(5000)));
   char *spec;
@@ -503,6 +585,7 @@ int main(int argc, char **argv) {
   T_RUN(test_election_inprocess);
   T_RUN(test_election_processes);
   T_RUN(test_barrier);
+  T_RUN(test_barrier_folded);
   T_RUN(test_spec_and_events);
   rdzv_etcd_free(cli);
   rdzv_etcd_server_free(srv);
