@@ -766,15 +766,26 @@ static newt_result_t replan(coord *c, const char *cause, const char *switch_mode
   return NEWT_OK;
 }
 
-/* Fences a member: deletes its registration by revoking its lease. */
+/* Fences a member: deletes its registration by revoking its lease; a lease other members
+ * are registered on too (their host's, rdzv_register_on) is theirs as well: then only the
+ * member's key goes (a guarded delete while it is on that lease), and the member, when it
+ * writes again, finds it gone and registers anew, as one whose own lease was revoked. */
 static void fence(coord *c, const char *id) {
   pthread_mutex_lock(&c->mu);
-  int i = find_member(c, id);
+  int i = find_member(c, id), shared = 0;
   int64_t lease = i >= 0 ? c->members[i].lease : 0;
+  for (int k = 0; k < c->nmembers && lease; k++) shared |= k != i && c->members[k].lease == lease;
   pthread_mutex_unlock(&c->mu);
-  if (lease && rdzv_etcd_lease_revoke(c->etcd, lease, job_call_deadline()) != NEWT_OK &&
-      newt_errcode() != NEWT_ERR_NOTFOUND)
-    NEWT_WARN(COORD, "fencing %s: %s", id, newt_errmsg());
+  char key[256];
+  newt_result_t r = NEWT_OK;
+  if (lease && shared && (r = job_key(key, sizeof key, c->o->job, JOB_REC_WORKER, 0, id)) == NEWT_OK) {
+    rdzv_etcd_cmp on = {.key = key, .target = RDZV_CMP_LEASE, .result = RDZV_CMP_EQUAL, .number = lease};
+    rdzv_etcd_op del = {.type = RDZV_OP_DELETE, .key = key};
+    r = rdzv_guarded_txn(c->cand, &on, 1, &del, 1, job_call_deadline(), NULL);
+  } else if (lease && !shared) {
+    r = rdzv_etcd_lease_revoke(c->etcd, lease, job_call_deadline());
+  }
+  if (r != NEWT_OK && newt_errcode() != NEWT_ERR_NOTFOUND) NEWT_WARN(COORD, "fencing %s: %s", id, newt_errmsg());
   /* out of the picture now, not when the watch brings the deletion: no plan (nor the
      question whether newcomers allow a larger one) may count it meanwhile */
   pthread_mutex_lock(&c->mu);

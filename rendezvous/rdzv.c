@@ -171,20 +171,33 @@ struct rdzv_registration {
   int64_t ttl_s;
   rdzv_etcd_lease_lost_fn lost;
   void *ud;
+  int64_t host_lease; /* the host's lease it was handed (0: none, or it went) */
+  int shared;         /* 1: the registration is on host_lease, not a lease of its own */
 };
 
-/* Grants a lease, writes the registration on it if the id is free, keeps the lease alive. */
+/* Writes the registration on a lease if the id is free, and keeps the lease alive: the host's
+ * lease when it has one (no grant: one write; kept alive here too, so that its loss is
+ * reported here, unless this client keeps it already), else a lease of its own. A host lease
+ * etcd no longer has is given up for a lease of its own. */
 static newt_result_t claim(rdzv_registration *r, const char *job, newt_deadline_t d) {
   char *json = NULL;
-  int64_t lease = 0;
+  int64_t lease = r->host_lease;
+  int own = lease == 0;
   newt_result_t res;
   NEWT_CHECK(rdzv_worker_to_json(&r->w, &json));
-  NEWT_CHECK_GOTO(rdzv_etcd_lease_grant(r->c, r->ttl_s, 0, d, &lease, NULL), res, fail);
+  if (own) NEWT_CHECK_GOTO(rdzv_etcd_lease_grant(r->c, r->ttl_s, 0, d, &lease, NULL), res, fail);
   rdzv_etcd_cmp cmp = {.key = r->key, .target = RDZV_CMP_CREATE, .result = RDZV_CMP_EQUAL, .number = 0};
   rdzv_etcd_op put = {.type = RDZV_OP_PUT, .key = r->key, .value = json, .value_len = strlen(json), .lease = lease};
   rdzv_etcd_op get = {.type = RDZV_OP_RANGE, .key = r->key};
   rdzv_etcd_txn_result tr;
-  NEWT_CHECK_GOTO(rdzv_etcd_txn(r->c, &cmp, 1, &put, 1, &get, 1, d, &tr), res, fail_lease);
+  res = rdzv_etcd_txn(r->c, &cmp, 1, &put, 1, &get, 1, d, &tr);
+  if (res == NEWT_ERR_NOTFOUND && !own) { /* the host's lease is gone: one of our own */
+    NEWT_INFO(RDZV, "%s: host lease %llx is gone; registering on a lease of its own", r->key, (unsigned long long)lease);
+    free(json);
+    r->host_lease = 0;
+    return claim(r, job, d);
+  }
+  if (res != NEWT_OK) goto fail_lease;
   if (!tr.succeeded) {
     int64_t other = tr.n && tr.results[0].range.n ? tr.results[0].range.kvs[0].lease : 0;
     rdzv_etcd_txn_result_free(&tr);
@@ -196,21 +209,32 @@ static newt_result_t claim(rdzv_registration *r, const char *job, newt_deadline_
   r->w.mod_revision = r->w.create_revision = tr.revision;
   r->w.lease = lease;
   rdzv_etcd_txn_result_free(&tr);
-  NEWT_CHECK_GOTO(rdzv_etcd_lease_keep(r->c, lease, r->ttl_s, r->lost, r->ud), res, fail_lease);
+  r->shared = !own;
+  r->kept = 0;
+  if (own || rdzv_etcd_lease_lost(r->c, lease, NULL, 0) < 0) { /* not kept by this client yet */
+    NEWT_CHECK_GOTO(rdzv_etcd_lease_keep(r->c, lease, r->ttl_s, r->lost, r->ud), res, fail_lease);
+    r->kept = 1;
+  }
   r->lease = lease;
-  r->kept = 1;
   free(json);
   return NEWT_OK;
 fail_lease:
-  rdzv_etcd_lease_revoke(r->c, lease, newt_deadline_in_ms(1000));
+  if (own) rdzv_etcd_lease_revoke(r->c, lease, newt_deadline_in_ms(1000)); /* never the host's */
 fail:
   free(json);
   return res;
 }
 
-newt_result_t rdzv_register(rdzv_etcd *c, const char *job, const rdzv_worker *w, int64_t ttl_s,
-                            rdzv_etcd_lease_lost_fn lost, void *ud, newt_deadline_t d,
-                            rdzv_registration **out) {
+/* Deletes the registration while it is on this lease (never another's). */
+static newt_result_t delete_own_key(rdzv_registration *r, newt_deadline_t d) {
+  rdzv_etcd_cmp cmp = {.key = r->key, .target = RDZV_CMP_LEASE, .result = RDZV_CMP_EQUAL, .number = r->lease};
+  rdzv_etcd_op del = {.type = RDZV_OP_DELETE, .key = r->key};
+  return rdzv_etcd_txn(r->c, &cmp, 1, &del, 1, NULL, 0, d, NULL);
+}
+
+static newt_result_t do_register(rdzv_etcd *c, const char *job, const rdzv_worker *w, int64_t host_lease,
+                                 int64_t ttl_s, rdzv_etcd_lease_lost_fn lost, void *ud, newt_deadline_t d,
+                                 rdzv_registration **out) {
   *out = NULL;
   NEWT_CHECK(rdzv_check_name("worker id", w->id));
   char suffix[128];
@@ -222,6 +246,7 @@ newt_result_t rdzv_register(rdzv_etcd *c, const char *job, const rdzv_worker *w,
   r->ttl_s = ttl_s;
   r->lost = lost;
   r->ud = ud;
+  r->host_lease = host_lease;
   newt_result_t res = rdzv_key(r->key, sizeof r->key, job, suffix);
   if (res == NEWT_OK) res = claim(r, job, d);
   if (res != NEWT_OK) {
@@ -231,6 +256,23 @@ newt_result_t rdzv_register(rdzv_etcd *c, const char *job, const rdzv_worker *w,
   *out = r;
   return NEWT_OK;
 }
+
+newt_result_t rdzv_register(rdzv_etcd *c, const char *job, const rdzv_worker *w, int64_t ttl_s,
+                            rdzv_etcd_lease_lost_fn lost, void *ud, newt_deadline_t d,
+                            rdzv_registration **out) {
+  return do_register(c, job, w, 0, ttl_s, lost, ud, d, out);
+}
+
+newt_result_t rdzv_register_on(rdzv_etcd *c, const char *job, const rdzv_worker *w, int64_t host_lease,
+                               int64_t ttl_s, rdzv_etcd_lease_lost_fn lost, void *ud, newt_deadline_t d,
+                               rdzv_registration **out) {
+  if (host_lease <= 0)
+    return NEWT_ERR(NEWT_ERR_INVALID, "registering %s on a host lease: lease %lld is not one", w->id,
+                    (long long)host_lease);
+  return do_register(c, job, w, host_lease, ttl_s, lost, ud, d, out);
+}
+
+int rdzv_registration_shared(const rdzv_registration *r) { return r->shared; }
 
 newt_result_t rdzv_registration_renew(rdzv_registration *r, const char *job, newt_deadline_t d) {
   int64_t lease = r->lease, ttl = 0;
@@ -246,11 +288,18 @@ newt_result_t rdzv_registration_renew(rdzv_registration *r, const char *job, new
       /* etcd kept the lease (it extends every lease when it restarts): keep it again */
       if (r->kept) rdzv_etcd_lease_unkeep(r->c, lease);
       r->kept = 0;
-      NEWT_CHECK(rdzv_etcd_lease_keep(r->c, lease, r->ttl_s, r->lost, r->ud));
-      r->kept = 1;
+      if (!r->shared || rdzv_etcd_lease_lost(r->c, lease, NULL, 0) < 0) {
+        NEWT_CHECK(rdzv_etcd_lease_keep(r->c, lease, r->ttl_s, r->lost, r->ud));
+        r->kept = 1;
+      }
       return NEWT_OK;
     }
-    rdzv_etcd_lease_revoke(r->c, lease, d);
+    /* the lease lives, our key on it does not (deleted: fenced, or taken for dead by the
+       host's agent): a lease of our own goes; the host's stays for the others, and the
+       registration is written on it again */
+    if (!r->shared) rdzv_etcd_lease_revoke(r->c, lease, d);
+  } else if (r->shared) {
+    r->host_lease = 0; /* the host's lease went: one of our own from now on */
   }
   if (r->kept) rdzv_etcd_lease_unkeep(r->c, lease);
   r->kept = 0;
@@ -313,7 +362,8 @@ int rdzv_registration_lost(rdzv_registration *r, char *why, size_t cap) {
 newt_result_t rdzv_registration_leave(rdzv_registration *r, newt_deadline_t d) {
   if (r->kept) rdzv_etcd_lease_unkeep(r->c, r->lease);
   r->kept = 0;
-  newt_result_t res = rdzv_etcd_lease_revoke(r->c, r->lease, d);
+  /* on the host's lease: only our key goes (the lease is the other workers' too) */
+  newt_result_t res = r->shared ? delete_own_key(r, d) : rdzv_etcd_lease_revoke(r->c, r->lease, d);
   return res == NEWT_ERR_NOTFOUND ? NEWT_OK : res; /* already gone: left anyway */
 }
 

@@ -72,6 +72,20 @@ typedef struct rdzv_registration rdzv_registration;
 newt_result_t rdzv_register(rdzv_etcd *c, const char *job, const rdzv_worker *w, int64_t ttl_s,
                             rdzv_etcd_lease_lost_fn lost, void *ud, newt_deadline_t d,
                             rdzv_registration **out);
+/* The same, on a lease the caller is handed rather than one of its own: the host's lease,
+ * granted and kept alive by the node agent that runs this worker among others (cli/agent.h),
+ * so that registering costs one write (no grant) and the host's loss (its agent's lease)
+ * removes all its workers at once. The lease is kept alive by this client too, so that its
+ * loss is reported as above (unless this client keeps it already). A registration on a host
+ * lease never revokes it: leaving deletes its key only (a txn guarded by the lease), and the
+ * agent deletes the key of a worker that ended or stopped (the lease lives on for the
+ * others). When the host lease is gone (at the registration or a renewal), the registration
+ * goes on with a lease of its own. */
+newt_result_t rdzv_register_on(rdzv_etcd *c, const char *job, const rdzv_worker *w, int64_t host_lease,
+                               int64_t ttl_s, rdzv_etcd_lease_lost_fn lost, void *ud, newt_deadline_t d,
+                               rdzv_registration **out);
+/* 1 while the registration is on the host's lease (rdzv_register_on), 0 on its own. */
+int rdzv_registration_shared(const rdzv_registration *r);
 /* Rewrites the registration with a new state (NULL: the same) and generation (only while it
  * is still ours: NEWT_ERR_CONFLICT when the lease was lost). Its acknowledgement stays while
  * the generation does, and goes when the generation changes. */
@@ -83,15 +97,17 @@ newt_result_t rdzv_registration_update(rdzv_registration *r, const char *state, 
  * acknowledgement therefore lives and dies with its registration, on its lease. */
 newt_result_t rdzv_registration_ack(rdzv_registration *r, const char *state, int64_t generation,
                                     const char *ack_json, newt_deadline_t d);
-/* After a lost lease: when etcd still has the lease and our key on it (etcd extends every
- * lease when it restarts, so an outage shorter than the TTL loses nothing), keeps it alive
- * again; otherwise registers anew on a fresh lease (NEWT_ERR_CONFLICT when another worker
- * took the id meanwhile). NEWT_ERR_UNAVAILABLE while etcd cannot be reached. */
+/* After a lost lease, or a refused update (the key is no longer ours): when etcd still has
+ * the lease and our key on it (etcd extends every lease when it restarts, so an outage
+ * shorter than the TTL loses nothing), keeps it alive again; otherwise registers anew, on the
+ * host's lease while it lives, else on a fresh lease of its own (NEWT_ERR_CONFLICT when
+ * another worker took the id meanwhile). NEWT_ERR_UNAVAILABLE while etcd cannot be reached. */
 newt_result_t rdzv_registration_renew(rdzv_registration *r, const char *job, newt_deadline_t d);
 int64_t rdzv_registration_lease(const rdzv_registration *r);
 /* 1 when its lease was lost (why filled), else 0. */
 int rdzv_registration_lost(rdzv_registration *r, char *why, size_t cap);
-/* Graceful leave: revokes the lease, so the registration and its acks go at once. */
+/* Graceful leave: revokes the lease, so the registration and its acks go at once (on the
+ * host's lease: deletes the registration, which carries its acknowledgement). */
 newt_result_t rdzv_registration_leave(rdzv_registration *r, newt_deadline_t d);
 /* Stops the keep-alive (the registration then expires with its lease) and frees. */
 void rdzv_registration_free(rdzv_registration *r);

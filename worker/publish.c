@@ -12,14 +12,43 @@
 #include <unistd.h>
 
 #include "common/clock.h"
+#include "common/fs.h"
 #include "common/log.h"
 #include "common/param.h"
+#include "common/strutil.h"
 #include "common/sys.h"
 #include "job/records.h"
 #include "worker/internal.h"
 
 NEWT_PARAM(ProgressMs, "NEWT_PROGRESS_MS", 100)
 NEWT_PARAM(DoneWaitMs, "NEWT_DONE_WAIT_MS", 600000)
+
+/* The host's lease, from the file the node agent that started this worker names in
+ * NEWT_HOST_LEASE_FILE (cli/agent.h): the registration goes on it (rdzv_register_on), one
+ * write. The agent writes the file once the spec is in etcd, as this worker has just read
+ * it: a file not there yet is waited for up to 2 s. 0: none (a lease of its own). */
+static int64_t host_lease(const worker *w) {
+  const char *path = getenv("NEWT_HOST_LEASE_FILE");
+  if (!path || !*path) return 0;
+  for (newt_deadline_t d = newt_deadline_in_ms(2000);; newt_sleep_ms(20)) {
+    char *text = NULL;
+    size_t len = 0;
+    int64_t lease = 0;
+    if (newt_fs_read_all(path, 64, &text, &len) == NEWT_OK) {
+      while (len > 0 && (text[len - 1] == '\n' || text[len - 1] == '\r')) text[--len] = '\0';
+      if (newt_parse_int(text, &lease) != 0 || lease <= 0) {
+        NEWT_WARN(WORKER, "%s: %s: \"%.32s\" is not a lease id; registering on a lease of its own", w->id, path, text);
+        lease = 0;
+      }
+      free(text);
+      return lease;
+    }
+    if (newt_deadline_passed(d)) {
+      NEWT_INFO(WORKER, "%s: no host lease in %s yet; registering on a lease of its own", w->id, path);
+      return 0;
+    }
+  }
+}
 
 /* --- the registration ------------------------------------------------------------------------ */
 
@@ -51,7 +80,11 @@ newt_result_t worker_register(worker *w) {
      a restart or a lost lease: retry until it is gone; etcd away: wait for it */
   newt_deadline_t d = newt_deadline_in_ms(2 * w->spec.lease_ttl_ms + 5000);
   for (;;) {
-    newt_result_t r = rdzv_register(w->etcd, w->o.job, &reg, ttl_s, on_lease_lost, w, job_call_deadline(), &w->reg);
+    int64_t host = host_lease(w);
+    newt_result_t r = host > 0 ? rdzv_register_on(w->etcd, w->o.job, &reg, host, ttl_s, on_lease_lost, w,
+                                                  job_call_deadline(), &w->reg)
+                               : rdzv_register(w->etcd, w->o.job, &reg, ttl_s, on_lease_lost, w, job_call_deadline(),
+                                               &w->reg);
     if (r == NEWT_OK || worker_stop_asked(w)) return r;
     if (r == NEWT_ERR_CONFLICT && newt_deadline_passed(d)) return r;
     if (r != NEWT_ERR_CONFLICT && !rdzv_etcd_transient(r)) return r;
@@ -127,6 +160,13 @@ static void *publisher(void *arg) {
       }
       r = write_registration(w, state[0] ? state : NULL, ack[0] ? ack : NULL, gen);
       pthread_mutex_lock(&w->mu);
+      if (r == NEWT_ERR_CONFLICT && rdzv_registration_shared(w->reg)) {
+        /* our key on the host's lease was deleted (fenced, or taken for dead by the agent
+           while it was stopped) while the lease lives on: nothing else tells us, so
+           register again, as a worker whose own lease was revoked does */
+        NEWT_WARN(WORKER, "%s: the registration on the host's lease is gone; registering again", w->id);
+        atomic_store(&w->lease_lost, 1);
+      }
       if (r != NEWT_OK && ack[0] && !w->pub_ack[0]) {
         /* not written: keep the acknowledgement, unless a newer one came meanwhile; when the
            registration is no longer ours (its lease went), until it is renewed */

@@ -67,6 +67,30 @@ static int worker_main(char **argv) {
   for (;;) newt_sleep_ms(1000);
 }
 
+/* A host: one process that grants the host's lease and registers workers <name>-0..2 on it
+ * (as a node agent's workers do), then lives until killed. */
+static int host_main(char **argv) {
+  rdzv_etcd_opts o = {.endpoints = argv[0]};
+  rdzv_etcd *c = tu_client_opts(&o);
+  int64_t ttl = atoi(argv[3]), lease = 0;
+  if (rdzv_etcd_lease_grant(c, ttl, 0, dl(10000), &lease, NULL) != NEWT_OK) {
+    fprintf(stderr, "host %s: %s\n", argv[2], newt_errmsg());
+    return 2;
+  }
+  for (int i = 0; i < 3; i++) {
+    rdzv_worker w = {.device = -1, .state = "ready", .pid = getpid()};
+    snprintf(w.id, sizeof w.id, "%s-%d", argv[2], i);
+    snprintf(w.host, sizeof w.host, "%s", argv[2]);
+    rdzv_registration *r;
+    if (rdzv_register_on(c, argv[1], &w, lease, ttl, NULL, NULL, dl(10000), &r) != NEWT_OK ||
+        !rdzv_registration_shared(r)) {
+      fprintf(stderr, "host %s: %s\n", argv[2], newt_errmsg());
+      return 2;
+    }
+  }
+  for (;;) newt_sleep_ms(1000);
+}
+
 static pid_t spawn_role(const char *role, const char *job, const char *name, const char *ttl) {
   const char *argv[] = {self_exe, role, rdzv_etcd_server_url(srv), job, name, ttl, NULL};
   pid_t pid = 0;
@@ -87,6 +111,7 @@ typedef struct view_log {
   char last_state[64];
   int64_t last_rev;
   int out_of_order;
+  int64_t leave_rev[16]; /* the revisions of the first 16 leaves */
 } view_log;
 
 static void on_member(void *ud, const rdzv_member_event *e) {
@@ -96,7 +121,10 @@ static void on_member(void *ud, const rdzv_member_event *e) {
   v->last_rev = e->revision;
   switch (e->change) {
     case RDZV_MEMBER_JOIN: v->joins++; break;
-    case RDZV_MEMBER_LEAVE: v->leaves++; break;
+    case RDZV_MEMBER_LEAVE:
+      if (v->leaves < 16) v->leave_rev[v->leaves] = e->revision;
+      v->leaves++;
+      break;
     case RDZV_MEMBER_UPDATE: v->updates++; break;
     case RDZV_MEMBER_RESYNC: v->resyncs++; break;
   }
@@ -205,6 +233,97 @@ static void test_killed_worker_leaves(void) {
   double ms = (double)(newt_now_ns() - t0) / 1e6;
   fprintf(stderr, "  worker killed with kill -9 left the view after %.0f ms (TTL 2 s)\n", ms);
   T_CHECK(ms < 2000 + 4000);
+  rdzv_members_free(m);
+}
+
+/* Workers on their host's lease (rdzv_register_on): one write each; one that leaves takes
+ * only its own key; one whose key was deleted under it (its agent took it for dead, or the
+ * leader fenced it) is refused and registers on the host's lease again; the host lost (its
+ * lease revoked or expired) takes every worker on it at once, in one revision; after that a
+ * renewal, or a registration on a lease that is gone, uses a lease of its own. */
+static void test_host_lease(void) {
+  rdzv_etcd *wc = tu_client(srv); /* the host's client: its writes are the host's */
+  int64_t host = 0;
+  T_OK(rdzv_etcd_lease_grant(wc, 30, 0, dl(5000), &host, NULL));
+  view_log v = {.mu = PTHREAD_MUTEX_INITIALIZER};
+  rdzv_members *m;
+  T_OK(rdzv_members_start(cli, "host", on_member, &v, dl(5000), &m));
+  rdzv_registration *r[3] = {0};
+  int64_t w0 = rdzv_etcd_writes(wc);
+  for (int i = 0; i < 3; i++) {
+    char id[16];
+    snprintf(id, sizeof id, "h%d", i);
+    rdzv_worker w = mkworker(id);
+    T_OK(rdzv_register_on(wc, "host", &w, host, 30, NULL, NULL, dl(5000), &r[i]));
+    if (!r[i]) return;
+    T_CHECK(rdzv_registration_shared(r[i]) && rdzv_registration_lease(r[i]) == host);
+  }
+  T_CHECK_MSG(rdzv_etcd_writes(wc) - w0 == 3, "3 registrations on the host's lease took %lld writes",
+              (long long)(rdzv_etcd_writes(wc) - w0));
+  T_CHECK(wait_view(&v, 0, 3, 5000));
+  /* one leaves: its key goes, the lease and the others stay */
+  T_OK(rdzv_registration_leave(r[1], dl(5000)));
+  T_CHECK(wait_view(&v, 1, 1, 5000));
+  T_CHECK(rdzv_members_count(m) == 2);
+  int64_t ttl = 0;
+  T_OK(rdzv_etcd_lease_keepalive_once(cli, host, dl(5000), &ttl));
+  rdzv_registration_free(r[1]);
+  r[1] = NULL;
+  /* h2's key deleted under it: refused, then registered on the host's lease again */
+  char key[128];
+  T_OK(rdzv_key(key, sizeof key, "host", "workers/h2"));
+  T_OK(rdzv_etcd_delete(cli, key, 0, dl(5000), NULL, NULL));
+  T_CHECK(wait_view(&v, 1, 2, 5000));
+  T_ERR(NEWT_ERR_CONFLICT, rdzv_registration_update(r[2], "training", 1, dl(5000)));
+  T_OK(rdzv_registration_renew(r[2], "host", dl(5000)));
+  T_CHECK(rdzv_registration_shared(r[2]) && rdzv_registration_lease(r[2]) == host);
+  T_CHECK(wait_view(&v, 0, 4, 5000));
+  T_OK(rdzv_etcd_lease_keepalive_once(cli, host, dl(5000), &ttl)); /* the renewal kept the host's lease */
+  /* the host lost: both workers on its lease go at once */
+  T_OK(rdzv_etcd_lease_revoke(cli, host, dl(5000)));
+  T_CHECK(wait_view(&v, 1, 4, 5000));
+  T_CHECK(rdzv_members_count(m) == 0);
+  pthread_mutex_lock(&v.mu);
+  T_CHECK_MSG(v.leave_rev[2] == v.leave_rev[3], "the host's workers left at revisions %lld and %lld",
+              (long long)v.leave_rev[2], (long long)v.leave_rev[3]);
+  pthread_mutex_unlock(&v.mu);
+  /* after that a renewal goes on with a lease of its own, and so does a new registration */
+  T_OK(rdzv_registration_renew(r[0], "host", dl(5000)));
+  T_CHECK(!rdzv_registration_shared(r[0]) && rdzv_registration_lease(r[0]) != host);
+  rdzv_worker w9 = mkworker("h9");
+  rdzv_registration *r9 = NULL;
+  T_OK(rdzv_register_on(wc, "host", &w9, host, 30, NULL, NULL, dl(5000), &r9));
+  T_CHECK(r9 && !rdzv_registration_shared(r9) && rdzv_registration_lease(r9) != host);
+  T_ERR(NEWT_ERR_INVALID, rdzv_register_on(wc, "host", &w9, 0, 30, NULL, NULL, dl(5000), &r9));
+  T_CHECK(wait_view(&v, 0, 6, 5000));
+  rdzv_registration_leave(r[0], dl(5000));
+  rdzv_registration_free(r[0]);
+  rdzv_registration_free(r[2]);
+  if (r9) rdzv_registration_leave(r9, dl(5000));
+  rdzv_registration_free(r9);
+  rdzv_members_free(m);
+  rdzv_etcd_free(wc);
+}
+
+/* A host killed with kill -9 (its process holds the lease its three workers are on): all
+ * three leave the view together, in one revision, once its lease runs out. */
+static void test_host_killed(void) {
+  view_log v = {.mu = PTHREAD_MUTEX_INITIALIZER};
+  rdzv_members *m;
+  T_OK(rdzv_members_start(cli, "hostkill", on_member, &v, dl(5000), &m));
+  pid_t pid = spawn_role("--host", "hostkill", "node7", "2");
+  T_CHECK(wait_view(&v, 0, 3, 10000));
+  rdzv_worker *list = NULL;
+  size_t n = 0;
+  T_OK(rdzv_members_get(m, &list, &n, NULL));
+  T_CHECK(n == 3 && list[0].lease && list[0].lease == list[1].lease && list[1].lease == list[2].lease);
+  free(list);
+  kill(pid, SIGKILL);
+  newt_proc_wait(pid, 5000, NULL);
+  T_CHECK(wait_view(&v, 1, 3, 10000));
+  pthread_mutex_lock(&v.mu);
+  T_CHECK(v.leave_rev[0] == v.leave_rev[1] && v.leave_rev[1] == v.leave_rev[2]);
+  pthread_mutex_unlock(&v.mu);
   rdzv_members_free(m);
 }
 
@@ -577,11 +696,14 @@ static void test_spec_and_events(void) {
 int main(int argc, char **argv) {
   if (argc >= 6 && strcmp(argv[1], "--candidate") == 0) return candidate_main(argv + 2);
   if (argc >= 6 && strcmp(argv[1], "--worker") == 0) return worker_main(argv + 2);
+  if (argc >= 6 && strcmp(argv[1], "--host") == 0) return host_main(argv + 2);
   if (newt_proc_self_exe(self_exe, sizeof self_exe) != NEWT_OK) return 1;
   srv = tu_server(NULL);
   cli = tu_client(srv);
   T_RUN(test_membership);
   T_RUN(test_killed_worker_leaves);
+  T_RUN(test_host_lease);
+  T_RUN(test_host_killed);
   T_RUN(test_election_inprocess);
   T_RUN(test_election_processes);
   T_RUN(test_barrier);
