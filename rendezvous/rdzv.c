@@ -175,6 +175,23 @@ struct rdzv_registration {
   int shared;         /* 1: the registration is on host_lease, not a lease of its own */
 };
 
+/* Deletes the registration while it is on this lease (never another's). */
+static newt_result_t delete_own_key(rdzv_registration *r, newt_deadline_t d) {
+  rdzv_etcd_cmp cmp = {.key = r->key, .target = RDZV_CMP_LEASE, .result = RDZV_CMP_EQUAL, .number = r->lease};
+  rdzv_etcd_op del = {.type = RDZV_OP_DELETE, .key = r->key};
+  return rdzv_etcd_txn(r->c, &cmp, 1, &del, 1, NULL, 0, d, NULL);
+}
+
+/* Keeps the registration's lease alive: its own always; the host's unless this client keeps
+ * it already (another registration on it, perhaps one claiming it at this moment). */
+static newt_result_t keep_lease(rdzv_registration *r, int64_t lease) {
+  if (r->shared && rdzv_etcd_lease_lost(r->c, lease, NULL, 0) >= 0) return NEWT_OK;
+  newt_result_t res = rdzv_etcd_lease_keep(r->c, lease, r->ttl_s, r->lost, r->ud);
+  if (res != NEWT_OK && r->shared && rdzv_etcd_lease_lost(r->c, lease, NULL, 0) >= 0) return NEWT_OK;
+  r->kept = res == NEWT_OK;
+  return res;
+}
+
 /* Writes the registration on a lease if the id is free, and keeps the lease alive: the host's
  * lease when it has one (no grant: one write; kept alive here too, so that its loss is
  * reported here, unless this client keeps it already), else a lease of its own. A host lease
@@ -211,11 +228,12 @@ static newt_result_t claim(rdzv_registration *r, const char *job, newt_deadline_
   rdzv_etcd_txn_result_free(&tr);
   r->shared = !own;
   r->kept = 0;
-  if (own || rdzv_etcd_lease_lost(r->c, lease, NULL, 0) < 0) { /* not kept by this client yet */
-    NEWT_CHECK_GOTO(rdzv_etcd_lease_keep(r->c, lease, r->ttl_s, r->lost, r->ud), res, fail_lease);
-    r->kept = 1;
-  }
   r->lease = lease;
+  res = keep_lease(r, lease);
+  if (res != NEWT_OK) {
+    if (!own) delete_own_key(r, newt_deadline_in_ms(1000)); /* not registered after all */
+    goto fail_lease;
+  }
   free(json);
   return NEWT_OK;
 fail_lease:
@@ -223,13 +241,6 @@ fail_lease:
 fail:
   free(json);
   return res;
-}
-
-/* Deletes the registration while it is on this lease (never another's). */
-static newt_result_t delete_own_key(rdzv_registration *r, newt_deadline_t d) {
-  rdzv_etcd_cmp cmp = {.key = r->key, .target = RDZV_CMP_LEASE, .result = RDZV_CMP_EQUAL, .number = r->lease};
-  rdzv_etcd_op del = {.type = RDZV_OP_DELETE, .key = r->key};
-  return rdzv_etcd_txn(r->c, &cmp, 1, &del, 1, NULL, 0, d, NULL);
 }
 
 static newt_result_t do_register(rdzv_etcd *c, const char *job, const rdzv_worker *w, int64_t host_lease,
@@ -288,11 +299,7 @@ newt_result_t rdzv_registration_renew(rdzv_registration *r, const char *job, new
       /* etcd kept the lease (it extends every lease when it restarts): keep it again */
       if (r->kept) rdzv_etcd_lease_unkeep(r->c, lease);
       r->kept = 0;
-      if (!r->shared || rdzv_etcd_lease_lost(r->c, lease, NULL, 0) < 0) {
-        NEWT_CHECK(rdzv_etcd_lease_keep(r->c, lease, r->ttl_s, r->lost, r->ud));
-        r->kept = 1;
-      }
-      return NEWT_OK;
+      return keep_lease(r, lease);
     }
     /* the lease lives, our key on it does not (deleted: fenced, or taken for dead by the
        host's agent): a lease of our own goes; the host's stays for the others, and the
@@ -387,6 +394,8 @@ struct rdzv_members {
   size_t n, cap;
   int64_t revision;        /* the view is current at this revision */
   int64_t change_revision; /* revision of the last change */
+  int64_t acked_gen;       /* the generation acked_n counts (-1: none asked yet) */
+  size_t acked_n;          /* members acknowledging acked_gen, kept up to date per change */
   rdzv_etcd_watch *watch;
 };
 
@@ -489,6 +498,7 @@ static void apply_event(rdzv_members *m, const rdzv_etcd_event *e, change_list *
   if (e->type == RDZV_EVENT_DELETE) {
     if (at >= 0) {
       note(cl, RDZV_MEMBER_LEAVE, e->kv.mod_revision, &m->w[at]);
+      m->acked_n -= (size_t)rdzv_worker_acked(&m->w[at], m->acked_gen);
       remove_member(m, (size_t)at);
     }
     return;
@@ -496,9 +506,12 @@ static void apply_event(rdzv_members *m, const rdzv_etcd_event *e, change_list *
   rdzv_worker w;
   if (!decode_member(m, &e->kv, &w)) return;
   if (at >= 0) {
+    m->acked_n -= (size_t)rdzv_worker_acked(&m->w[at], m->acked_gen);
+    m->acked_n += (size_t)rdzv_worker_acked(&w, m->acked_gen);
     m->w[at] = w;
     note(cl, RDZV_MEMBER_UPDATE, e->kv.mod_revision, &w);
   } else if (insert_member(m, (size_t)(-at - 1), &w)) {
+    m->acked_n += (size_t)rdzv_worker_acked(&w, m->acked_gen);
     note(cl, RDZV_MEMBER_JOIN, e->kv.mod_revision, &w);
   }
 }
@@ -526,6 +539,8 @@ static void apply_snapshot(rdzv_members *m, const rdzv_etcd_kv *kvs, size_t n, i
   }
   free(m->w);
   m->w = fresh;
+  m->acked_n = 0;
+  for (size_t a = 0; a < k; a++) m->acked_n += (size_t)rdzv_worker_acked(&fresh[a], m->acked_gen);
   m->n = k;
   m->cap = n ? n : 1;
 }
@@ -562,6 +577,7 @@ newt_result_t rdzv_members_start(rdzv_etcd *c, const char *job, rdzv_members_fn 
   m->c = c;
   m->fn = fn;
   m->ud = ud;
+  m->acked_gen = -1;
   pthread_mutex_init(&m->mu, NULL);
   rdzv_cond_init(&m->cv);
   newt_result_t r = rdzv_key(m->prefix, sizeof m->prefix, job, "workers/");
@@ -615,8 +631,12 @@ size_t rdzv_members_count(rdzv_members *m) {
 
 size_t rdzv_members_count_acked(rdzv_members *m, int64_t generation) {
   pthread_mutex_lock(&m->mu);
-  size_t n = 0;
-  for (size_t i = 0; i < m->n; i++) n += (size_t)rdzv_worker_acked(&m->w[i], generation);
+  if (generation != m->acked_gen) { /* counted afresh once, then kept up to date per change */
+    m->acked_gen = generation;
+    m->acked_n = 0;
+    for (size_t i = 0; i < m->n; i++) m->acked_n += (size_t)rdzv_worker_acked(&m->w[i], generation);
+  }
+  size_t n = m->acked_n;
   pthread_mutex_unlock(&m->mu);
   return n;
 }

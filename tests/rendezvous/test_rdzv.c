@@ -628,6 +628,12 @@ static void test_barrier_folded(void) {
   T_OK(rdzv_registration_ack(r[0], "training", 1, "{\"rank\":0}", dl(5000)));
   T_OK(rdzv_registration_ack(r[1], "training", 1, "{\"rank\":1}", dl(5000)));
   T_CHECK(rdzv_etcd_writes(wc) - w1 == 2);
+  /* a membership view counts them too (as the leader's picture does) */
+  rdzv_members *view = NULL;
+  T_OK(rdzv_members_start(cli, "fold", NULL, NULL, dl(5000), &view));
+  if (!view) return;
+  T_CHECK(rdzv_members_count_acked(view, 1) == 2 && rdzv_members_count_acked(view, 2) == 0);
+  T_CHECK(rdzv_members_count_acked(view, 1) == 2); /* from here on counted change by change */
   T_ERR(NEWT_ERR_INVALID, rdzv_registration_ack(r[2], "training", 1, "", dl(5000)));
   /* f2 took up generation 1 in its registration but did not acknowledge it: not counted */
   T_OK(rdzv_registration_update(r[2], "training", 1, dl(5000)));
@@ -655,6 +661,12 @@ static void test_barrier_folded(void) {
   T_OK(rdzv_registration_leave(r[0], dl(5000)));
   T_ERR(NEWT_ERR_TIMEOUT, rdzv_barrier_wait(cli, "fold", 1, ids, 1, dl(300), NULL));
   T_CHECK(strstr(newt_errmsg(), "f0") != NULL);
+  /* the view, kept up to date change by change: f1 (past 1) counts, f0 gone, f2's ack is a key */
+  newt_deadline_t until = dl(5000);
+  while (rdzv_members_count(view) != 2 && !newt_deadline_passed(until)) newt_sleep_ms(10);
+  T_CHECK_MSG(rdzv_members_count_acked(view, 1) == 1, "the view counts %zu acknowledging generation 1",
+              rdzv_members_count_acked(view, 1));
+  rdzv_members_free(view);
   rdzv_registration_free(r[0]);
   r[0] = NULL;
   rdzv_worker w = mkworker("f0");
