@@ -6,12 +6,20 @@
  * --fault join starts one more worker at --kill-at (the recovery is the join: from the
  * joiner's registration to the first step of the generation that takes it in); --fault
  * kill-during-etcd-outage takes etcd away at --kill-at for --outage-ms (default 4000) and
- * kills a worker two steps later, while etcd is still away.
+ * kills a worker two steps later, while etcd is still away: the survivors go on without it
+ * (worker/peers.c), and resumed_ms says when the new layout completed its first step (the
+ * step log), while total_ms runs to the first step of the leader's plan, after etcd is back.
+ * Every line has resumed_ms (-1 where the step log shows no new layout).
  *
  * --fault etcd-outage takes etcd away instead (--outage-ms, as restart:etcd:MS) and prints
  * what training did meanwhile: the tokens/s during the outage against those before it
  * (goal: at least 0.9) and the longest pause of the steps beyond their usual time (goal: 0),
  * from the run's step log.
+ *
+ * --fault kill-host kills a whole simulated host at --kill-at (newt run --hosts: --hosts H,
+ * default 2, the workers in contiguous blocks; chaos kill:host:I, every worker of host I at
+ * once, never host 0), with --replicas k copies of each ZeRO shard (spec.fault.replicas):
+ * whether the state came back from memory is the line's "restore".
  *
  * Every line of a kill, term or stop also says the ranks that trained after the recovery
  * (world_after) and the medians of the step log's tokens/s before the fault and after the
@@ -178,7 +186,7 @@ static int bench_etcd_outage(const launcher_opts *base, int64_t nproc, const cha
 
 int newt_bench_recovery(int argc, char **argv) {
   int64_t nproc = 4, steps = 0, gb = 16, mb = 4, runs = 5, kill_at = 30, threads = 1, tp = 1, pp = 1, zero = 0,
-          outage = -1;
+          outage = -1, hosts = 0, replicas = 1;
   const char *preset = "tiny", *model = NULL, *fault = "kill", *backend = "cpu";
   int even = 0;
   int64_t gpus = -1;
@@ -192,7 +200,12 @@ int newt_bench_recovery(int argc, char **argv) {
                      {"kill-at", NEWT_OPT_INT, &kill_at, "step at which the fault is injected"},
                      {"fault", NEWT_OPT_STR, &fault,
                       "kill (SIGKILL, a crash), term (SIGTERM, a preemption), stop (SIGSTOP, a hang), join (one more "
-                      "worker), kill-during-etcd-outage, or etcd-outage"},
+                      "worker), kill-host (every worker of a simulated host at once), kill-during-etcd-outage, or "
+                      "etcd-outage"},
+                     {"hosts", NEWT_OPT_INT, &hosts,
+                      "simulated hosts, the workers in contiguous blocks (as newt run --hosts; with --fault kill-host "
+                      "default 2)"},
+                     {"replicas", NEWT_OPT_INT, &replicas, "copies of each ZeRO shard, in other hosts (spec.fault.replicas)"},
                      {"outage-ms", NEWT_OPT_INT, &outage,
                       "with --fault etcd-outage (default 10000) or kill-during-etcd-outage (4000): how long etcd is away"},
                      {"runs", NEWT_OPT_INT, &runs, "jobs to run (one kill each)"},
@@ -248,15 +261,21 @@ int newt_bench_recovery(int argc, char **argv) {
   }
   snprintf(base.spec.backend, sizeof base.spec.backend, "%s", backend);
   int etcd = strcmp(fault, "etcd-outage") == 0, join = strcmp(fault, "join") == 0,
-      in_outage = strcmp(fault, "kill-during-etcd-outage") == 0;
+      in_outage = strcmp(fault, "kill-during-etcd-outage") == 0, host = strcmp(fault, "kill-host") == 0;
+  if (host && hosts == 0) hosts = 2;
   if (outage < 0) outage = in_outage ? 4000 : 10000;
   /* an outage of seconds needs a job that trains through it, a join one that outlasts a
      process start */
   if (steps == 0) steps = etcd ? 1500 : in_outage ? 200 : join ? 400 : 60;
   if (strcmp(fault, "kill") != 0 && strcmp(fault, "term") != 0 && strcmp(fault, "stop") != 0 && !etcd && !join &&
-      !in_outage) {
-    fprintf(stderr, "newt bench recovery: --fault: kill, term, stop, join, kill-during-etcd-outage or etcd-outage, not "
-                    "\"%s\"\n", fault);
+      !in_outage && !host) {
+    fprintf(stderr, "newt bench recovery: --fault: kill, term, stop, join, kill-host, kill-during-etcd-outage or "
+                    "etcd-outage, not \"%s\"\n", fault);
+    return 2;
+  }
+  if (hosts < 0 || hosts > nproc || (host && hosts < 2) || replicas < 1 || replicas > SPEC_REPLICAS_MAX) {
+    fprintf(stderr, "newt bench recovery: --hosts 0..--nproc (at least 2 with --fault kill-host), --replicas 1..%d\n",
+            SPEC_REPLICAS_MAX);
     return 2;
   }
   if (etcd) return bench_etcd_outage(&base, nproc, preset, model, steps, gb, mb, kill_at, outage, runs, threads, verbose);
@@ -264,8 +283,8 @@ int newt_bench_recovery(int argc, char **argv) {
     fprintf(stderr, "newt bench recovery: --runs 1..100, --nproc >= 2, 1 <= --kill-at < --steps\n");
     return 2;
   }
-  int64_t *v[7];
-  for (int k = 0; k < 7; k++) v[k] = calloc((size_t)runs, sizeof(int64_t));
+  int64_t *v[8];
+  for (int k = 0; k < 8; k++) v[k] = calloc((size_t)runs, sizeof(int64_t));
   double *tps_after = calloc((size_t)runs, sizeof *tps_after);
   int ok = 0;
   for (int64_t run = 0; run < runs; run++) {
@@ -274,6 +293,8 @@ int newt_bench_recovery(int argc, char **argv) {
     snprintf(job, sizeof job, "bench-recovery-%d-%lld", (int)getpid(), (long long)run);
     if (job_spec(&lo.spec, job, backend, preset, model, steps, gb, mb, tp, pp, zero, lo.command != NULL, even))
       return 2;
+    lo.spec.replicas = replicas;
+    lo.hosts = (int)hosts;
     /* every worker a rank: a fault on a spare would recover nothing */
     int dp = plan_choose_dp(&lo.spec, nproc / (tp * pp));
     if (dp * tp * pp != nproc) {
@@ -287,6 +308,8 @@ int newt_bench_recovery(int argc, char **argv) {
     long long victim = 1 + run % (nproc - 1);
     if (join)
       snprintf(chaos, sizeof chaos, "join:1@step=%lld", (long long)kill_at);
+    else if (host) /* not host 0, where w0 (rank 0's usual worker) is */
+      snprintf(chaos, sizeof chaos, "kill:host:%lld@step=%lld", (long long)(1 + run % (hosts - 1)), (long long)kill_at);
     else if (in_outage)
       snprintf(chaos, sizeof chaos, "restart:etcd:%lld@step=%lld,kill:worker:%lld@step=%lld", (long long)outage,
                (long long)kill_at, victim, (long long)kill_at + 2);
@@ -315,18 +338,18 @@ int newt_bench_recovery(int argc, char **argv) {
     step_rates(res.step_log, rec->generation, &before, &after);
     printf("{\"bench\":\"recovery\",\"fault\":\"%s\",\"backend\":\"%s\",\"program\":\"%s\",\"run\":%lld,\"nproc\":%lld,"
            "\"preset\":\"%s\",\"tp\":%lld,\"pp\":%lld,"
-           "\"zero\":%lld,\"even_batches\":%s,\"cause\":\"%s\",\"detect_ms\":%lld,\"plan_ms\":%lld,\"comm_ms\":%lld,"
+           "\"zero\":%lld,\"hosts\":%lld,\"replicas\":%lld,\"even_batches\":%s,\"cause\":\"%s\",\"detect_ms\":%lld,\"plan_ms\":%lld,\"comm_ms\":%lld,"
            "\"restore_ms\":%lld,\"step_ms\":%lld,\"total_ms\":%lld,\"steps_lost\":%lld,\"restore\":\"%s\",\"world_after\":%lld,"
-           "\"tokens_per_s_before\":%.0f,\"tokens_per_s_after\":%.0f}\n",
+           "\"resumed_ms\":%lld,\"tokens_per_s_before\":%.0f,\"tokens_per_s_after\":%.0f}\n",
            fault, backend, program_name(&base), (long long)run, (long long)nproc, preset, (long long)tp, (long long)pp,
-           (long long)zero, even ? "true" : "false", rec->cause, (long long)rec->detect_ms, (long long)rec->plan_ms,
+           (long long)zero, (long long)hosts, (long long)replicas, even ? "true" : "false", rec->cause, (long long)rec->detect_ms, (long long)rec->plan_ms,
            (long long)rec->comm_ms, (long long)rec->restore_ms, (long long)rec->step_ms, (long long)rec->total_ms,
            (long long)rec->steps_lost,
-           rec->restore, (long long)rec->world, before, after);
+           rec->restore, (long long)rec->world, (long long)rec->resumed_ms, before, after);
     fflush(stdout);
-    int64_t f[7] = {rec->detect_ms, rec->plan_ms, rec->comm_ms, rec->restore_ms, rec->total_ms, rec->steps_lost,
-                    rec->step_ms};
-    for (int k = 0; k < 7; k++) v[k][ok] = f[k];
+    int64_t f[8] = {rec->detect_ms, rec->plan_ms, rec->comm_ms, rec->restore_ms, rec->total_ms, rec->steps_lost,
+                    rec->step_ms, rec->resumed_ms};
+    for (int k = 0; k < 8; k++) v[k][ok] = f[k];
     tps_after[ok] = after;
     ok++;
     run_done(&res);
@@ -334,13 +357,13 @@ int newt_bench_recovery(int argc, char **argv) {
   if (ok)
     printf("{\"bench\":\"recovery\",\"fault\":\"%s\",\"backend\":\"%s\",\"program\":\"%s\",\"median_of\":%d,"
            "\"nproc\":%lld,\"preset\":\"%s\",\"tp\":%lld,\"pp\":%lld,"
-           "\"zero\":%lld,\"even_batches\":%s,\"detect_ms\":%lld,\"plan_ms\":%lld,\"comm_ms\":%lld,\"restore_ms\":%lld,"
-           "\"step_ms\":%lld,\"total_ms\":%lld,\"steps_lost\":%lld,\"tokens_per_s_after\":%.0f}\n",
+           "\"zero\":%lld,\"hosts\":%lld,\"replicas\":%lld,\"even_batches\":%s,\"detect_ms\":%lld,\"plan_ms\":%lld,\"comm_ms\":%lld,\"restore_ms\":%lld,"
+           "\"step_ms\":%lld,\"total_ms\":%lld,\"steps_lost\":%lld,\"resumed_ms\":%lld,\"tokens_per_s_after\":%.0f}\n",
            fault, backend, program_name(&base), ok, (long long)nproc, preset, (long long)tp, (long long)pp, (long long)zero,
-           even ? "true" : "false", (long long)median(v[0], ok), (long long)median(v[1], ok), (long long)median(v[2], ok),
+           (long long)hosts, (long long)replicas, even ? "true" : "false", (long long)median(v[0], ok), (long long)median(v[1], ok), (long long)median(v[2], ok),
            (long long)median(v[3], ok), (long long)median(v[6], ok), (long long)median(v[4], ok),
-           (long long)median(v[5], ok), newt_median(tps_after, (size_t)ok));
-  for (int k = 0; k < 7; k++) free(v[k]);
+           (long long)median(v[5], ok), (long long)median(v[7], ok), newt_median(tps_after, (size_t)ok));
+  for (int k = 0; k < 8; k++) free(v[k]);
   free(tps_after);
   return ok == runs ? 0 : 1;
 }

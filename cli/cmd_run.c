@@ -38,7 +38,7 @@ static int spec_flags_given(int argc, int command, char **argv) {
                                        "seed", "data", "data-seed", "ckpt-dir", "ckpt-every", "ckpt-keep", "tp", "pp",
                                        "zero", "dp-min", "dp-max", "even-batches", "join-window-ms", "backend", "job", "lease-ttl-ms", "comm-timeout-ms",
                                        "hang-timeout-ms", "first-step-timeout-ms", "max-failures",
-                                       "failure-window-ms", NULL};
+                                       "failure-window-ms", "replicas", NULL};
   char given[512] = "";
   int end = command >= 0 ? command : argc;
   for (int i = 1; i < end; i++) {
@@ -99,7 +99,8 @@ int newt_cmd_run(int argc, char **argv) {
   int64_t nproc = 4, coords = 2, steps = d.steps, gb = d.global_batch, mb = d.micro_batch, every = 0, keep = d.ckpt_keep,
           threads = 1, tp = 1, pp = 1, zero = 0, timeout = 0, lease = d.lease_ttl_ms, comm_to = d.comm_timeout_ms,
           hang = d.hang_timeout_ms, first_step = d.first_step_timeout_ms, seed = (int64_t)d.seed, data_seed = (int64_t)d.data_seed, dp_min = d.dp_min,
-          dp_max = d.dp_max, join_window = d.join_window_ms, seq = 0, members = 1, max_failures = d.max_failures, failure_window = d.failure_window_ms;
+          dp_max = d.dp_max, join_window = d.join_window_ms, seq = 0, members = 1, max_failures = d.max_failures, failure_window = d.failure_window_ms,
+          hosts = 0, replicas = d.replicas;
   double lr = d.lr;
   int quiet = 0, even_batches = 0;
   newt_opt opts[] = {
@@ -151,6 +152,13 @@ int newt_cmd_run(int argc, char **argv) {
        "until the job's first step completed (start-up: the model, the data, CUDA), the hang deadline"},
       {"max-failures", NEWT_OPT_INT, &max_failures, "the failure budget: more crash or hang recoveries than this in the window fail the job (0: none)"},
       {"failure-window-ms", NEWT_OPT_INT, &failure_window, "the failure budget's window"},
+      {"replicas", NEWT_OPT_INT, &replicas,
+       "k: each data-parallel rank keeps copies of its k predecessors' ZeRO shards, in other failure domains, so any "
+       "k domains lost at once recover from memory (1..8; spec.fault.replicas)"},
+      {"hosts", NEWT_OPT_INT, &hosts,
+       "simulate N hosts: the workers in contiguous blocks (w0..w(nproc/N-1) on host0, ...; a joiner on the host with "
+       "fewest), each with --host hostI --domain hostI (its own shared memory and failure domain); chaos "
+       "kill:host:I kills all of host I's at once (0: none)"},
       {"no-metrics", NEWT_OPT_FLAG, &lo.no_metrics, "coordinators serve no metrics (default: each on a free port, printed)"},
       {"chaos", NEWT_OPT_STR, &chaos, "faults at steps: kill:worker:1@step=15,join:2@step=50,..."},
       {"summary", NEWT_OPT_STR, &lo.summary, "write the run's summary JSON here"},
@@ -221,6 +229,7 @@ int newt_cmd_run(int argc, char **argv) {
     s->first_step_timeout_ms = first_step;
     s->max_failures = max_failures;
     s->failure_window_ms = failure_window;
+    s->replicas = replicas;
     if (strlen(backend) >= sizeof s->backend) {
       fprintf(stderr, "newt run: --backend: cpu or nccl, got \"%s\"\n", backend);
       return 2;
@@ -242,6 +251,21 @@ int newt_cmd_run(int argc, char **argv) {
   if (chaos_parse(chaos, &lo.chaos) != NEWT_OK) {
     fprintf(stderr, "newt run: %s\n", newt_errmsg());
     return 2;
+  }
+  if (hosts < 0 || hosts > nproc || hosts > 1024) {
+    fprintf(stderr, "newt run: --hosts %lld: 0 (none) to --nproc %lld simulated hosts\n", (long long)hosts,
+            (long long)nproc);
+    return 2;
+  }
+  lo.hosts = (int)hosts;
+  for (int i = 0; i < lo.chaos.n; i++) {
+    const chaos_event *e = &lo.chaos.events[i];
+    char item[64];
+    if (e->target == CHAOS_HOST && e->index >= hosts) {
+      fprintf(stderr, "newt run: --chaos %s: %s\n", chaos_event_str(e, item, sizeof item),
+              hosts ? "no such simulated host (--hosts counts from host0)" : "a host to kill needs --hosts H");
+      return 2;
+    }
   }
   if (strcmp(lo.spec.backend, "nccl") == 0) {
     int visible = model_dev_cuda_count();

@@ -32,13 +32,14 @@ static const char worker_epilogue[] =
     "execs COMMAND in its place (the same pid, so SIGTERM reaches the program). The program\n"
     "gets NEWT_ETCD, NEWT_ETCD_USER, NEWT_ETCD_PASSWORD_FILE, NEWT_ETCD_CA, NEWT_ETCD_CERT,\n"
     "NEWT_ETCD_KEY (those set), NEWT_JOB, NEWT_WORKER_ID (--id, else host-pid), NEWT_HOST,\n"
-    "NEWT_ADDR (when given), NEWT_PORT, NEWT_DEVICE, NEWT_SHARE_DEVICE=1 (with --share-device),\n"
-    "NEWT_THREADS, NEWT_STEP_LOG and NEWT_JOB_SECRET_FILE (when given), NEWT_METRICS_PORT,\n"
-    "NEWT_METRICS_ADDR, NEWT_TERMINATION_LOG (when there is one), and LOCAL_RANK and\n"
-    "LOCAL_WORLD_SIZE as torchrun sets them (kept when set: the node agent and newt run set\n"
-    "them; else 0 and 1). RANK and WORLD_SIZE are not set: they change while an elastic job\n"
-    "runs; the program asks the library. A flag wins over an inherited variable; the rest of\n"
-    "the environment is inherited. A COMMAND that cannot be run exits 2 (docs/elastic.md).\n"
+    "NEWT_DOMAIN and NEWT_ADDR (when given), NEWT_PORT, NEWT_DEVICE, NEWT_SHARE_DEVICE=1\n"
+    "(with --share-device), NEWT_THREADS, NEWT_STEP_LOG and NEWT_JOB_SECRET_FILE (when given),\n"
+    "NEWT_METRICS_PORT, NEWT_METRICS_ADDR, NEWT_TERMINATION_LOG (when there is one), and\n"
+    "LOCAL_RANK and LOCAL_WORLD_SIZE as torchrun sets them (kept when set: the node agent and\n"
+    "newt run set them; else 0 and 1). RANK and WORLD_SIZE are not set: they change while an\n"
+    "elastic job runs; the program asks the library. A flag wins over an inherited variable;\n"
+    "the rest of the environment is inherited. A COMMAND that cannot be run exits 2\n"
+    "(docs/elastic.md).\n"
     "With --local-workers N each local worker runs COMMAND so, LOCAL_RANK i of N.\n";
 
 /* An integer flag's fallback: the variable, when set (a bad value names it). */
@@ -151,6 +152,7 @@ int newt_cmd_worker(int argc, char **argv) {
   cli_program p = {.etcd = &ef, .device = -1, .threads = 1};
   p.id = getenv("NEWT_WORKER_ID") ? getenv("NEWT_WORKER_ID") : getenv("POD_NAME");
   p.host = getenv("NEWT_HOST");
+  p.domain = getenv("NEWT_DOMAIN");
   p.addr = getenv("NEWT_ADDR") ? getenv("NEWT_ADDR") : getenv("POD_IP");
   p.step_log = getenv("NEWT_STEP_LOG");
   p.secret_file = getenv("NEWT_JOB_SECRET_FILE");
@@ -163,6 +165,9 @@ int newt_cmd_worker(int argc, char **argv) {
   newt_opt opts[] = {CLI_ETCD_OPTS(&ef),
                      {"id", NEWT_OPT_STR, &p.id, "worker id, unique in the job (env NEWT_WORKER_ID, POD_NAME; default host-pid)"},
                      {"host", NEWT_OPT_STR, &p.host, "host identity: workers on one host share memory (env NEWT_HOST; default hostname)"},
+                     {"domain", NEWT_OPT_STR, &p.domain,
+                      "failure domain: what goes down as a unit with this worker (a node, a rack, a zone); copies of "
+                      "a shard are kept in other domains (env NEWT_DOMAIN; default the host; docs/elastic.md)"},
                      {"addr", NEWT_OPT_STR, &p.addr, "address peers reach this worker at (env NEWT_ADDR, POD_IP; default 127.0.0.1)"},
                      {"port", NEWT_OPT_INT, &p.port, "data-plane port (0: any free port) (env NEWT_PORT)"},
                      {"device", NEWT_OPT_INT, &p.device, "CUDA device (-1: train on CPU) (env NEWT_DEVICE)"},
@@ -228,6 +233,7 @@ int newt_cmd_worker(int argc, char **argv) {
   jo.job = ef.job;
   jo.worker_id = p.id;
   jo.host = p.host;
+  jo.domain = p.domain;
   jo.addr = p.addr;
   jo.port = (int)p.port;
   jo.device = (int)p.device;

@@ -63,6 +63,7 @@ newt_result_t cli_program_env(const cli_program *p) {
   NEWT_CHECK(put_etcd(p->etcd));
   NEWT_CHECK(put("NEWT_WORKER_ID", id));
   NEWT_CHECK(put("NEWT_HOST", p->host && *p->host ? p->host : newt_hostname()));
+  NEWT_CHECK(put_given("NEWT_DOMAIN", p->domain));
   NEWT_CHECK(put_given("NEWT_ADDR", p->addr));
   NEWT_CHECK(put_int("NEWT_PORT", p->port));
   NEWT_CHECK(put_int("NEWT_DEVICE", p->device));

@@ -13,6 +13,7 @@
  *   NEWT_WORKER_ID            --id, else host-pid as newt worker makes it (the pid is the
  *                             program's: it is computed before the exec)
  *   NEWT_HOST                 --host, else the host name
+ *   NEWT_DOMAIN               --domain, when given (else the library takes the host)
  *   NEWT_ADDR                 --addr, when given (or POD_IP)
  *   NEWT_PORT                 --port, the data plane's (0: any free port)
  *   NEWT_DEVICE               --device (-1: the CPU)
@@ -44,6 +45,7 @@ typedef struct cli_program {
   const cli_etcd_flags *etcd;
   const char *id;           /* NULL or "": host-pid */
   const char *host;         /* NULL or "": the host name */
+  const char *domain;       /* the failure domain; NULL or "": not set (the host) */
   const char *addr;         /* NULL or "": not set */
   int64_t port, device, threads, metrics_port;
   int share_device;

@@ -142,6 +142,15 @@ newt_result_t comm_split(comm_t *parent, int color, int key, comm_t **out);
 newt_result_t comm_shrink(comm_t *c, const int *exclude, int nexclude, uint64_t generation,
                           const unsigned char *secret, size_t secret_len, comm_t **out);
 
+/* Which of the listeners at addrs[0..n) are gone: a TCP connect to each, all at once, for at
+ * most timeout_ms. state[i] = 1: it accepted (a process listens there, whether or not it
+ * answers), 0: refused (nothing listens: where every peer holds its listening socket for
+ * life, as workers do, its process is gone), -1: no answer by then, or another error (a
+ * host that is down, a cut link: nothing proven). NULL or empty addrs[i]: state -1, nothing
+ * tried. The connections are closed at once; the listener sees a connection that says
+ * nothing, which a build refuses. */
+newt_result_t comm_probe_listeners(const char *const *addrs, int n, int64_t timeout_ms, int *state);
+
 /* NCCL: the stream later operations of c are enqueued on (a cudaStream_t; NULL: the
  * communicator's own). They run after the work queued on it before them; operations
  * already issued stay on their stream. CPU: accepted and ignored. */

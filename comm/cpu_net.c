@@ -1,19 +1,23 @@
 /* Sockets for the CPU backend: address parsing ("host:port", "[v6]:port"), listening
  * sockets (retried while the address is still held, e.g. by a communicator of the
- * previous generation being freed), nonblocking connects and socket options. Every fd is
- * close-on-exec and nonblocking. */
+ * previous generation being freed), nonblocking connects and socket options, and the
+ * probe of peers' listeners (comm_probe_listeners). Every fd is close-on-exec and
+ * nonblocking. */
 #include <arpa/inet.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <netdb.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
+#include <poll.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
 #include "comm/cpu.h"
+#include "common/clock.h"
 #include "common/log.h"
 
 int net_set_nonblock(int fd) {
@@ -168,4 +172,59 @@ int net_accept(int lfd, char *remote, size_t cap) {
   int fd = accept4(lfd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
   if (fd >= 0) net_peer_name(fd, remote, cap);
   return fd;
+}
+
+/* --- the probe of listeners (comm.h) ------------------------------------------------------- */
+
+/* The outcome of a connect that completed (or failed) on fd: 1 connected, 0 refused, -1
+ * another error. */
+static int connect_outcome(int fd) {
+  int err = 0;
+  socklen_t len = sizeof err;
+  if (getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &len) != 0) return -1;
+  return err == 0 ? 1 : err == ECONNREFUSED ? 0 : -1;
+}
+
+newt_result_t comm_probe_listeners(const char *const *addrs, int n, int64_t timeout_ms, int *state) {
+  if (n < 0 || (n > 0 && (!addrs || !state)))
+    return NEWT_ERR(NEWT_ERR_INVALID, "comm_probe_listeners: %d addresses, addrs and state are required", n);
+  struct pollfd *fds = calloc((size_t)(n ? n : 1), sizeof *fds);
+  NEWT_CHECK_ALLOC(fds);
+  int pending = 0;
+  for (int i = 0; i < n; i++) {
+    state[i] = -1;
+    fds[i].fd = -1;
+    struct sockaddr_storage ss;
+    socklen_t len;
+    int err = 0;
+    if (!addrs[i] || !addrs[i][0] || net_resolve(addrs[i], &ss, &len) != NEWT_OK) {
+      newt_err_clear();
+      continue;
+    }
+    if (net_connect_start(&ss, len, &fds[i].fd, &err) != NEWT_OK) {
+      newt_err_clear();
+      fds[i].fd = -1;
+      state[i] = err == ECONNREFUSED ? 0 : -1;
+      continue;
+    }
+    fds[i].events = POLLOUT;
+    pending++;
+  }
+  newt_deadline_t d = newt_deadline_in_ms(timeout_ms);
+  while (pending > 0 && !newt_deadline_passed(d)) {
+    int64_t left = newt_deadline_left_ms(d);
+    int rc = poll(fds, (nfds_t)n, (int)(left > 0 ? left : 1));
+    if (rc < 0 && errno != EINTR) break;
+    for (int i = 0; rc > 0 && i < n; i++) {
+      if (fds[i].fd < 0 || !fds[i].revents) continue;
+      state[i] = connect_outcome(fds[i].fd);
+      close(fds[i].fd);
+      fds[i].fd = -1;
+      pending--;
+    }
+  }
+  for (int i = 0; i < n; i++)
+    if (fds[i].fd >= 0) close(fds[i].fd);
+  free(fds);
+  return NEWT_OK;
 }

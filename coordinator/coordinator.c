@@ -90,6 +90,7 @@ typedef struct coord {
   uint64_t first_member; /* monotonic ns the first worker was seen (the first plan) */
   uint64_t first_report; /* monotonic ns of the first report of this generation (0: none) */
   uint64_t first_gone;   /* monotonic ns a rank of this generation was first missing (0: none) */
+  int said_alive;        /* this generation's vanished ranks were said alive (say_alive_locked) */
   int64_t max_step_seen; /* newest committed step any rank of this generation said (progress, reports) */
   char (*departed)[RDZV_NAME_MAX]; /* left gracefully since the plan (their key is gone) */
   int ndeparted;
@@ -222,7 +223,8 @@ static void put_member(coord *c, const rdzv_etcd_kv *kv, const char *id) {
       c->last_join = newt_now_ns();
       if (!c->join_seen_ms) c->join_seen_ms = newt_wall_ms();
     }
-    NEWT_INFO(COORD, "worker %s joined (host %s, %s)", id, w.host, w.addr);
+    NEWT_INFO(COORD, "worker %s joined (host %s%s%s, %s)", id, w.host, strcmp(w.domain, w.host) ? ", failure domain " : "",
+              strcmp(w.domain, w.host) ? w.domain : "", w.addr);
   }
   c->members[i] = w;
   /* the acknowledgement of the current generation, folded into the registration */
@@ -346,6 +348,7 @@ static void set_plan_locked(coord *c, newt_plan *p) {
   c->ndeparted = 0;
   c->first_report = 0;
   c->first_gone = 0;
+  c->said_alive = 0;
   c->max_step_seen = c->prog_committed;
 }
 
@@ -1017,6 +1020,24 @@ static void held_refresh_locked(coord *c) {
     if (c->held[i].until > now) snprintf(c->held_ids[c->nheld_ids++], RDZV_NAME_MAX, "%s", c->held[i].id);
 }
 
+/* Says, once per generation, which ranks' registrations vanished while steps went on (the
+ * progress record: written by the lowest rank that reaches etcd): alive, cut from etcd, not
+ * fenced. Called with mu held. */
+static void say_alive_locked(coord *c) {
+  char names[256] = "";
+  int at = 0, n = 0;
+  for (int k = 0; k < c->plan.nranks && at < (int)sizeof names - 1; k++) {
+    const char *id = c->plan.ranks[k].worker;
+    int registered = 0;
+    for (int i = 0; i < c->nmembers && !registered; i++) registered = strcmp(c->members[i].id, id) == 0;
+    if (!registered) at += snprintf(names + at, sizeof names - (size_t)at, "%s%s", n++ ? ", " : "", id);
+  }
+  c->said_alive = 1;
+  NEWT_INFO(COORD, "generation %llu: the registration of %s vanished, but steps went on since (step %lld): alive "
+            "(cut from etcd?), nothing replanned", (unsigned long long)c->plan.generation, n ? names : "a rank",
+            (long long)c->prog_step);
+}
+
 /* Looks at the picture once and acts on the policy's decision. Returns NEWT_ERR_CONFLICT
  * when leadership is lost. */
 static newt_result_t decide(coord *c) {
@@ -1028,6 +1049,7 @@ static newt_result_t decide(coord *c) {
   newt_result_t r = policy_decide(&v, &d);
   c->first_member = d.first_member;
   c->first_gone = d.first_gone;
+  if (d.gone_alive && !c->said_alive) say_alive_locked(c);
   job_event spare = c->spare_ev;
   memset(&c->spare_ev, 0, sizeof c->spare_ev);
   uint64_t join_seen = c->join_seen_ms;

@@ -135,6 +135,7 @@ static void fill_member(plan_member *m, const rdzv_worker *w) {
   memset(m, 0, sizeof *m);
   snprintf(m->id, sizeof m->id, "%s", w->id);
   snprintf(m->host, sizeof m->host, "%.63s", w->host);
+  snprintf(m->domain, sizeof m->domain, "%s", w->domain);
   snprintf(m->addr, sizeof m->addr, "%.95s", w->addr);
   m->join_rev = w->create_revision;
 }
@@ -283,6 +284,7 @@ static void decide_running(const policy_view *v, policy_decision *d) {
   } else if (gone && d->first_gone && v->last_progress > d->first_gone) {
     /* steps went on after the registration vanished: every rank is alive */
     d->first_gone = 0;
+    d->gone_alive = 1;
   } else if (gone) {
     /* a lease ran out and no survivor saw a connection die: a rank that crashed would have
        been reported within milliseconds, so it stopped (or lost its network) -- unless no

@@ -87,6 +87,7 @@ typedef struct policy_decision {
   int nexclude;
   /* the clocks as this look leaves them (the caller keeps them for the next) */
   uint64_t first_member, first_gone;
+  int gone_alive; /* ranks' registrations vanished, but steps went on since: they are alive */
 } policy_decision;
 
 /* How long to keep a worker out of plans after it was left out of a generation that never

@@ -131,9 +131,18 @@ typedef struct newt_join_opts {
   int handle_signals;          /* 1: SIGTERM and SIGINT ask for a graceful leave (the default); 0: the program
                                   calls newt_leave */
   int64_t spec_wait_ms;        /* how long to wait for the job's spec to appear (0: 60 s) */
+  const char *domain;          /* the failure domain: what goes down as a unit with this worker (a node, a
+                                  rack, a zone); copies of a shard are placed in other domains. NULL:
+                                  NEWT_DOMAIN, else the host */
 } newt_join_opts;
 
+/* The defaults of the first `size` bytes of o (the caller's sizeof, set in o->size): a
+ * program built against an older header, with a smaller struct, gets only the fields it
+ * has. newt_join_opts_init(o) is the same with sizeof *o; the function of that name (a
+ * program built against 0.1.0's header calls it) fills only the fields 0.1.0 had. */
+NEWT_API void newt_join_opts_init_size(newt_join_opts *o, size_t size);
 NEWT_API void newt_join_opts_init(newt_join_opts *o);
+#define newt_join_opts_init(o) newt_join_opts_init_size((o), sizeof *(o))
 #define NEWT_JOIN_OPTS_INIT                                                                                     \
   {                                                                                                             \
     sizeof(newt_join_opts), NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NEWT_FROM_ENV,           \

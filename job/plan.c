@@ -8,8 +8,12 @@
  * spares. Pipeline slots are filled first with groups that held the same stage before, so
  * a survivor keeps its layers where it can; with tp = 1 and pp = 1 every surviving
  * worker keeps its relative order, so data-parallel indices move as little as possible.
- * Within a stage, data-parallel neighbours are put on different hosts where the hosts
- * allow (the ZeRO shard copies go to the next data-parallel rank). */
+ * Failure domains (a member's registered domain, else its host: what goes down as a unit)
+ * decide where copies live: a free pipeline slot takes a group of the domain its stage has
+ * fewest of, and each stage's data-parallel ring is ordered so that any
+ * spec.fault.replicas + 1 consecutive ranks sit in distinct domains where the domains allow
+ * (rank d keeps copies of the unique parts of ranks d-1 .. d-k: k domains lost at once
+ * leave a copy of each). The host still decides the tensor-parallel groups. */
 #include "job/plan.h"
 
 #include <stdarg.h>
@@ -107,21 +111,76 @@ static int cmp_group(const void *a, const void *b) {
   return strcmp(x->m[0]->id, y->m[0]->id);
 }
 
-/* A stage's data-parallel ring, reordered so that neighbours sit on different hosts where
- * the hosts allow: ZeRO rank d keeps its copy of rank d-1's shard, and a copy on the same
- * host dies with it. Stable: an order that already alternates (or one host) is kept. */
-static void spread_hosts(const group *groups, int *ring, int n) {
+/* A group's failure domain: its first member's (all of a group are on one host), else
+ * that host. */
+static const char *domain_of(const group *g) { return g->m[0]->domain[0] ? g->m[0]->domain : g->m[0]->host; }
+
+static int same_domain(const group *groups, int a, int b) {
+  return strcmp(domain_of(&groups[a]), domain_of(&groups[b])) == 0;
+}
+
+/* The pairs of a ring of n that sit within w consecutive places (around the ring) in one
+ * domain: 0 when any w consecutive ranks are in w distinct domains. */
+static int ring_clashes(const group *groups, const int *ring, int n, int w) {
+  int clashes = 0;
+  for (int i = 0; i < n; i++)
+    for (int t = 1; t < w; t++) clashes += same_domain(groups, ring[i], ring[(i + t) % n]);
+  return clashes;
+}
+
+/* Whether group g at place i of the ring (places 0..i-1 set) shares a domain with one of the
+ * w-1 places before it, or, around the ring, with one of the places after it that are
+ * already set (0..i+w-1-n). */
+static int clashes_at(const group *groups, const int *ring, int n, int w, int i, int g) {
+  for (int t = 1; t < w && i - t >= 0; t++)
+    if (same_domain(groups, g, ring[i - t])) return 1;
+  for (int p = 0; p <= i + w - 1 - n && p < i; p++)
+    if (same_domain(groups, g, ring[p])) return 1;
+  return 0;
+}
+
+/* A stage's data-parallel ring, reordered so that any k + 1 consecutive ranks (around the
+ * ring) sit in k + 1 distinct failure domains where the domains allow: rank d keeps copies
+ * of the unique parts of ranks d-1 .. d-k, and a copy in the same domain dies with it, so
+ * then any k domains lost at once leave a copy of every part. Stable: an order that already
+ * has it (or one domain) is kept, and a new order is taken only when it has fewer clashes;
+ * otherwise a rank found in the way is moved forward past as few others as it can be. */
+static newt_result_t spread_domains(const group *groups, int *ring, int n, int k) {
+  int w = k + 1 < n ? k + 1 : n;
+  if (w < 2) return NEWT_OK;
+  int before = ring_clashes(groups, ring, n, w);
+  if (before == 0) return NEWT_OK;
+  int *next = malloc((size_t)n * sizeof *next);
+  NEWT_CHECK_ALLOC(next);
+  memcpy(next, ring, (size_t)n * sizeof *next);
   for (int i = 1; i < n; i++) {
-    const char *prev = groups[ring[i - 1]].m[0]->host;
-    if (strcmp(groups[ring[i]].m[0]->host, prev) != 0) continue;
+    if (!clashes_at(groups, next, n, w, i, next[i])) continue;
     for (int j = i + 1; j < n; j++)
-      if (strcmp(groups[ring[j]].m[0]->host, prev) != 0) {
-        int g = ring[j]; /* move it forward, keeping the others' order */
-        memmove(ring + i + 1, ring + i, (size_t)(j - i) * sizeof *ring);
-        ring[i] = g;
+      if (!clashes_at(groups, next, n, w, i, next[j])) {
+        int g = next[j]; /* move it forward, keeping the others' order */
+        memmove(next + i + 1, next + i, (size_t)(j - i) * sizeof *next);
+        next[i] = g;
         break;
       }
   }
+  if (ring_clashes(groups, next, n, w) < before) memcpy(ring, next, (size_t)n * sizeof *ring);
+  free(next);
+  return NEWT_OK;
+}
+
+/* The unused group for a free slot of a stage: of the domains, the one with the fewest
+ * groups in that stage yet (a stage's data-parallel copies can only be spread over the
+ * domains its groups are in), first in group order among those. */
+static int pick_for_stage(const group *groups, int ngroups, const char *used, const int *stage, int filled) {
+  int best = -1, best_n = 0;
+  for (int g = 0; g < ngroups; g++) {
+    if (used[g]) continue;
+    int in = 0;
+    for (int i = 0; i < filled; i++) in += stage[i] >= 0 && same_domain(groups, g, stage[i]);
+    if (best < 0 || in < best_n) best = g, best_n = in;
+    if (in == 0) break;
+  }
+  return best;
 }
 
 newt_result_t plan_compute(const newt_spec *s, const plan_member *members, int n, uint64_t prev_gen,
@@ -227,14 +286,23 @@ newt_result_t plan_compute(const newt_spec *s, const plan_member *members, int n
       }
     for (; filled < dp; filled++) slot[pi * dp + filled] = -1;
   }
-  for (int sl = 0, g = 0; sl < nslots; sl++) {
+  /* the free slots: with dp > 1, each from the domain the stage has fewest groups of (with one
+     domain: the next group in order) */
+  for (int sl = 0; sl < nslots; sl++) {
     if (slot[sl] >= 0) continue;
-    while (used[g]) g++;
+    int pi = sl / dp, g = dp > 1 ? pick_for_stage(groups, ngroups, used, slot + pi * dp, dp) : -1;
+    if (g < 0)
+      for (g = 0; used[g]; g++) {
+      }
     used[g] = 1;
     slot[sl] = g;
   }
   free(used);
-  for (int pi = 0; pi < pp; pi++) spread_hosts(groups, slot + pi * dp, dp);
+  for (int pi = 0; pi < pp && res == NEWT_OK; pi++) res = spread_domains(groups, slot + pi * dp, dp, (int)s->replicas);
+  if (res != NEWT_OK) {
+    free(slot);
+    goto exit;
+  }
   int any_prev = 0, all_prev = 1;
   for (int sl = 0; sl < nslots; sl++) {
     int pp_idx = sl / dp, dp_idx = sl % dp;

@@ -73,7 +73,8 @@ typedef struct newt_plan {
 /* A live worker as the leader sees it. */
 typedef struct plan_member {
   char id[PLAN_ID_MAX];
-  char host[PLAN_ID_MAX];
+  char host[PLAN_ID_MAX];    /* workers of one host share memory; a tensor-parallel group is on one */
+  char domain[256];         /* its failure domain (what goes down as a unit); "": its host */
   char addr[PLAN_ADDR_MAX];
   int64_t join_rev;  /* etcd create_revision of its registration: earlier joins first */
   int prev_rank;     /* its rank in the previous plan, -1 when none */

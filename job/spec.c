@@ -46,6 +46,7 @@ void spec_defaults(newt_spec *s, const char *job) {
   s->first_step_timeout_ms = 120000;
   s->report_window_ms = 300;
   s->replica_every = 1;
+  s->replicas = 1;
   s->max_failures = 10;
   s->failure_window_ms = 600000;
   snprintf(s->backend, sizeof s->backend, "cpu");
@@ -164,8 +165,8 @@ static newt_result_t parse_ckpt(const cJSON *c, newt_spec *s) {
 
 static newt_result_t parse_fault(const cJSON *f, newt_spec *s) {
   static const char *const known[] = {"lease_ttl_ms", "comm_timeout_ms", "hang_timeout_ms",
-                                      "first_step_timeout_ms", "report_window_ms", "replica_every", "max_failures",
-                                      "failure_window_ms", NULL};
+                                      "first_step_timeout_ms", "report_window_ms", "replica_every", "replicas",
+                                      "max_failures", "failure_window_ms", NULL};
   const char *w = "spec.fault";
   NEWT_CHECK(newt_json_check_fields(f, w, known));
   NEWT_CHECK(GET_INT(f, w, "lease_ttl_ms", &s->lease_ttl_ms));
@@ -175,6 +176,7 @@ static newt_result_t parse_fault(const cJSON *f, newt_spec *s) {
   NEWT_CHECK(GET_INT(f, w, "report_window_ms", &s->report_window_ms));
   NEWT_CHECK(GET_INT(f, w, "max_failures", &s->max_failures));
   NEWT_CHECK(GET_INT(f, w, "failure_window_ms", &s->failure_window_ms));
+  NEWT_CHECK(GET_INT(f, w, "replicas", &s->replicas));
   return GET_INT(f, w, "replica_every", &s->replica_every);
 }
 
@@ -351,6 +353,9 @@ newt_result_t spec_validate(const newt_spec *s) {
        (long long)s->failure_window_ms);
   RULE(s->replica_every >= 1, "spec.fault.replica_every: must be at least 1, got %lld",
        (long long)s->replica_every);
+  RULE(s->replicas >= 1 && s->replicas <= SPEC_REPLICAS_MAX,
+       "spec.fault.replicas: must be 1..%d (copies of each ZeRO shard, on as many other failure domains), got %lld",
+       SPEC_REPLICAS_MAX, (long long)s->replicas);
   RULE(strcmp(s->backend, "cpu") == 0 || strcmp(s->backend, "nccl") == 0,
        "spec.backend: must be \"cpu\" or \"nccl\", got \"%s\"", s->backend);
   return NEWT_OK;
@@ -406,6 +411,7 @@ char *spec_to_json(const newt_spec *s) {
   newt_json_add_int(f, "first_step_timeout_ms", s->first_step_timeout_ms);
   newt_json_add_int(f, "report_window_ms", s->report_window_ms);
   newt_json_add_int(f, "replica_every", s->replica_every);
+  if (s->replicas != 1) newt_json_add_int(f, "replicas", s->replicas); /* absent: 1, as before it existed */
   newt_json_add_int(f, "max_failures", s->max_failures);
   newt_json_add_int(f, "failure_window_ms", s->failure_window_ms);
   cJSON_AddStringToObject(j, "backend", s->backend);
@@ -477,6 +483,13 @@ static const char *diff_leaves(const cJSON *a, const cJSON *b, const char *path,
 }
 
 int spec_update_allowed(const newt_spec *a, const newt_spec *b, char *changed, size_t cap) {
+  if (a->replicas != b->replicas) { /* written only when not 1: the walk below may not see it */
+    NEWT_ERR(NEWT_ERR_CONFLICT,
+             "spec.fault.replicas: %lld -> %lld cannot change while job %s runs (the placement and every rank's "
+             "copies follow it); keep the old value, or start a new job",
+             (long long)a->replicas, (long long)b->replicas, a->job);
+    return 0;
+  }
   char *ta = spec_to_json(a), *tb = spec_to_json(b);
   cJSON *ja = ta ? cJSON_Parse(ta) : NULL, *jb = tb ? cJSON_Parse(tb) : NULL;
   free(ta);

@@ -12,7 +12,7 @@
  *                 "even_batches": false},
  *    "ckpt":     {"dir": "/ckpt", "every": 50, "keep": 3, "level": 3},
  *    "fault":    {"lease_ttl_ms": 2000, "comm_timeout_ms": 3000, "hang_timeout_ms": 5000,
- *                 "report_window_ms": 300, "replica_every": 1,
+ *                 "report_window_ms": 300, "replica_every": 1, "replicas": 1,
  *                 "max_failures": 10, "failure_window_ms": 600000},
  *    "backend":  "cpu"}
  *
@@ -28,6 +28,8 @@
  * checkpoint directory) is gpt_start_check's (gpt/gpt.h). */
 #ifndef NEWT_JOB_SPEC_H
 #define NEWT_JOB_SPEC_H
+
+#define SPEC_REPLICAS_MAX 8 /* spec.fault.replicas: at most this many copies of a shard */
 
 #define SPEC_JOIN_WINDOW_MS 100 /* spec.parallel.join_window_ms's default */
 
@@ -78,7 +80,11 @@ typedef struct newt_spec {
   int64_t first_step_timeout_ms; /* the same, until the job's first step completed (start-up: model
                                     build, data, CUDA initialisation) */
   int64_t report_window_ms; /* how long the leader gathers failure reports before planning */
-  int64_t replica_every;    /* ZeRO: refresh the in-memory copy of a shard every N steps */
+  int64_t replica_every;    /* ZeRO: refresh the in-memory copies of a shard every N steps */
+  int64_t replicas;         /* k: each data-parallel rank keeps copies of the unique parts of its k
+                               predecessors in the ring, placed so that any k failure domains lost at
+                               once leave a copy of every part (1..SPEC_REPLICAS_MAX; written only
+                               when not 1, so a spec of the previous release reads the same) */
   /* the failure budget: more than max_failures recoveries from a crash or hang within
      failure_window_ms end the job (failed, with its reason); 0: no budget */
   int64_t max_failures, failure_window_ms;

@@ -38,6 +38,16 @@ static newt_result_t parse_etcd(char **parts, int np, int idx, const char *shown
   e->target = CHAOS_ETCD;
   e->index = -1;
   e->arg = 2000;
+  if ((e->action == CHAOS_RESTART || e->action == CHAOS_STOP) && np == 3 && strncmp(parts[2], "until=", 6) == 0) {
+    /* away until the job completed a step (an event, not a time: a test of what training
+       does without etcd cannot pass by luck) */
+    if (newt_parse_int(parts[2] + 6, &e->until_step) != 0 || e->until_step <= e->step)
+      return BAD("--chaos: item %d \"%s\": \"%s\": etcd comes back at a step after the item's own (%lld), as in "
+                 "%s:etcd:until=%lld@step=%lld", idx + 1, shown, parts[2], (long long)e->step,
+                 action_names[e->action], (long long)e->step + 10, (long long)e->step);
+    e->arg = 0;
+    return NEWT_OK;
+  }
   switch (e->action) {
     case CHAOS_RESTART:
       if (np == 3 && (newt_parse_int(parts[2], &e->arg) != 0 || e->arg < 0 || e->arg > 600000))
@@ -115,7 +125,7 @@ static newt_result_t parse_item(char *item, int idx, chaos_event *e) {
       break;
   }
   if (np >= 2 && strcmp(parts[1], "etcd") == 0) return parse_etcd(parts, np, idx, shown, e);
-  if (np < 2) return BAD("--chaos: item %d: %s needs a target: worker:I or coordinator", idx + 1, parts[0]);
+  if (np < 2) return BAD("--chaos: item %d: %s needs a target: worker:I, host:I or coordinator", idx + 1, parts[0]);
   if (strcmp(parts[1], "rank") == 0) {
     if (e->action == CHAOS_CONT) return BAD("--chaos: item %d: cont applies to worker:I (a stopped rank is no rank)", idx + 1);
     e->target = CHAOS_WORKER;
@@ -132,6 +142,18 @@ static newt_result_t parse_item(char *item, int idx, chaos_event *e) {
     e->index = (int)v;
     return NEWT_OK;
   }
+  if (strcmp(parts[1], "host") == 0) {
+    if (e->action != CHAOS_KILL)
+      return BAD("--chaos: item %d \"%s\": only kill applies to a host (kill:host:I: every worker of simulated host "
+                 "I at once, newt run --hosts)", idx + 1, shown);
+    e->target = CHAOS_HOST;
+    if (np > 3) return BAD("--chaos: item %d \"%s\": kill:host takes one value, the host, as in kill:host:1", idx + 1, shown);
+    if (np != 3 || newt_parse_int(parts[2], &v) != 0 || v < 0 || v > 1023)
+      return BAD("--chaos: item %d \"%s\": host \"%s\" is not 0..1023 (a simulated host of newt run --hosts)", idx + 1,
+                 shown, np > 2 ? parts[2] : "");
+    e->index = (int)v;
+    return NEWT_OK;
+  }
   if (strcmp(parts[1], "coordinator") == 0) {
     if (e->action == CHAOS_CONT) return BAD("--chaos: item %d: cont applies to workers only", idx + 1);
     e->target = CHAOS_COORDINATOR;
@@ -142,7 +164,7 @@ static newt_result_t parse_item(char *item, int idx, chaos_event *e) {
     if (np > 3) return BAD("--chaos: item %d: too many fields", idx + 1);
     return NEWT_OK;
   }
-  return BAD("--chaos: item %d: unknown target \"%s\" (worker:I, rank:R or coordinator)", idx + 1, parts[1]);
+  return BAD("--chaos: item %d: unknown target \"%s\" (worker:I, rank:R, host:I or coordinator)", idx + 1, parts[1]);
 }
 
 newt_result_t chaos_parse(const char *spec, chaos_plan *out) {
@@ -194,8 +216,12 @@ const char *chaos_event_str(const chaos_event *e, char *buf, size_t cap) {
   const char *a = action_names[e->action];
   switch (e->target) {
     case CHAOS_ETCD:
-      if (e->index < 0) snprintf(buf, cap, "%s:etcd:%lld@step=%lld", a, (long long)e->arg, (long long)e->step);
+      if (e->until_step) snprintf(buf, cap, "%s:etcd:until=%lld@step=%lld", a, (long long)e->until_step, (long long)e->step);
+      else if (e->index < 0) snprintf(buf, cap, "%s:etcd:%lld@step=%lld", a, (long long)e->arg, (long long)e->step);
       else snprintf(buf, cap, "%s:etcd:%d:%lld@step=%lld", a, e->index, (long long)e->arg, (long long)e->step);
+      break;
+    case CHAOS_HOST:
+      snprintf(buf, cap, "%s:host:%d@step=%lld", a, e->index, (long long)e->step);
       break;
     case CHAOS_COORDINATOR:
       if (e->index < 0) snprintf(buf, cap, "%s:coordinator@step=%lld", a, (long long)e->step);

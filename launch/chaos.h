@@ -6,8 +6,11 @@
  *   ACTION:= ("kill" | "stop" | "term" | "cont") ":worker:" I    SIGKILL / SIGSTOP / SIGTERM / SIGCONT
  *          | ("kill" | "stop" | "term") ":rank:" R          the worker that is rank R of the current plan
  *          | ("kill" | "stop" | "term") ":coordinator" [":" I]  the leader when I is left out
+ *          | "kill:host:" I             SIGKILL every worker of simulated host I at once, back
+ *                                       to back (newt run --hosts: a node lost as a unit)
  *          | "join:" N                                          start N new workers
  *          | "restart:etcd" [":" MS]                            down for MS ms (default 2000)
+ *          | ("restart" | "stop") ":etcd:until=" S              away until the job completed step S
  *          | "stop:etcd" [":" MS]       SIGSTOP every member for MS ms (default 2000, at least
  *                                       100), then SIGCONT: a hung etcd that accepts and never answers
  *          | "wipe:etcd" [":" MS]       down for MS ms (default 2000), then back EMPTY (its data lost)
@@ -38,16 +41,18 @@ typedef enum chaos_action {
   CHAOS_WIPE,
 } chaos_action;
 
-typedef enum chaos_target { CHAOS_WORKER, CHAOS_COORDINATOR, CHAOS_ETCD } chaos_target;
+typedef enum chaos_target { CHAOS_WORKER, CHAOS_COORDINATOR, CHAOS_ETCD, CHAOS_HOST } chaos_target;
 
 typedef struct chaos_event {
   chaos_action action;
   chaos_target target;
   int index;     /* worker or coordinator index, -1: the current leader; etcd: the
-                    member, -1: every member */
+                    member, -1: every member; host: the simulated host */
   int by_rank;   /* worker target: index is a rank of the current plan */
   int64_t arg;   /* join: how many workers; etcd: downtime in ms (a member's 0: for good) */
   int64_t step;  /* fires once the job has completed this step */
+  int64_t until_step; /* whole etcd, restart or stop: back once the job completed this step
+                         (0: after arg ms) */
   int fired;
 } chaos_event;
 

@@ -53,6 +53,7 @@ typedef struct proc {
   int metrics_port; /* a coordinator's (0: none) */
   int device;       /* a worker's GPU (-1: none) */
   int slot;         /* a worker's slot on this host, its LOCAL_RANK (-1: a coordinator) */
+  int host;         /* a worker's simulated host (launcher_opts.hosts; -1: none) */
 } proc;
 
 typedef struct fault {
@@ -82,6 +83,7 @@ typedef struct run {
   char steps_line[1024]; /* its line being read, and whether it outgrew the buffer */
   size_t steps_len;
   int steps_long;
+  int64_t steps_world; /* the world of the step log's last line (0: none yet) */
   int tty;          /* stderr is a terminal: the live line refreshes in place */
   int line_open;    /* the live line is on the terminal, not ended by a line break */
   double t_line;    /* when the last plain live line was printed */
@@ -144,6 +146,22 @@ static int free_slot(const run *r) {
   }
 }
 
+/* The simulated host of a new worker (launcher_opts.hosts; -1: none): the first nproc in
+ * contiguous blocks, w(i) on host i * hosts / nproc; a later one (a joiner) on the host with
+ * the fewest live workers, the lowest of those. */
+static int host_of_new(const run *r, int index) {
+  int hosts = r->o->hosts;
+  if (hosts <= 0) return -1;
+  if (index < r->o->nproc) return (int)((int64_t)index * hosts / r->o->nproc);
+  int best = 0, best_n = -1;
+  for (int h = 0; h < hosts; h++) {
+    int n = 0;
+    for (int i = 0; i < r->nprocs; i++) n += r->procs[i].alive && r->procs[i].kind == PROC_WORKER && r->procs[i].host == h;
+    if (best_n < 0 || n < best_n) best = h, best_n = n;
+  }
+  return best;
+}
+
 /* A NULL-terminated list of strings that grows as it is filled (argv, env): a long
  * COMMAND never overflows it; oom is set when it could not grow. */
 typedef struct strv {
@@ -176,8 +194,8 @@ static void strv_add2(strv *s, const char *flag, const char *value) {
 typedef struct spawn_ctx {
   proc_kind kind;
   char name[32], logp[600], threads[16], device[16], mport[16], hostid[128], endp[640];
-  char local_rank[32], local_world[32];
-  int gpu, share, port, slot;
+  char local_rank[32], local_world[32], hostname[32];
+  int gpu, share, port, slot, index, host;
 } spawn_ctx;
 
 /* The worker's flags; --share-gpus: the worker shares its GPU (--share-device: the
@@ -192,6 +210,12 @@ static void worker_args(run *r, spawn_ctx *x, strv *argv) {
   strv_add2(argv, "--job-secret-file", r->secret_file);
   x->gpu = free_gpu(r);
   x->slot = free_slot(r);
+  x->host = host_of_new(r, x->index);
+  if (x->host >= 0) { /* a simulated host: its own host (no shared memory with others) and failure domain */
+    snprintf(x->hostname, sizeof x->hostname, "host%d", x->host);
+    strv_add2(argv, "--host", x->hostname);
+    strv_add2(argv, "--domain", x->hostname);
+  }
   if (x->gpu >= 0) {
     snprintf(x->device, sizeof x->device, "%d", x->gpu);
     strv_add2(argv, "--device", x->device);
@@ -269,13 +293,14 @@ static newt_result_t track(run *r, const spawn_ctx *x, pid_t pid) {
   p->alive = 1;
   p->device = x->gpu;
   p->slot = x->slot;
+  p->host = x->host;
   snprintf(p->name, sizeof p->name, "%s", x->name);
   p->metrics_port = x->port;
   return NEWT_OK;
 }
 
 static newt_result_t spawn(run *r, proc_kind kind, int index) {
-  spawn_ctx x = {.kind = kind, .gpu = -1, .slot = -1};
+  spawn_ctx x = {.kind = kind, .gpu = -1, .slot = -1, .index = index, .host = -1};
   snprintf(x.name, sizeof x.name, "%s%d", kind == PROC_WORKER ? "w" : "c", index);
   snprintf(x.logp, sizeof x.logp, "%s/%s.log", r->res->log_dir, x.name);
   strv argv = {0}, env = {0};
@@ -369,6 +394,26 @@ static void take(run *r, const rdzv_etcd_kv *kv) {
  * its step and the live line moves whatever etcd does. Reads what was appended since the
  * last look, at most 64 KiB a call; a line that does not parse (torn by a killed writer, or
  * longer than the buffer) is skipped. */
+/* A step log line in another world than the last while etcd is away: the survivors of a
+ * crash went on among themselves (worker/peers.c); the leader's plan, and its "recovered"
+ * line, come only once etcd is back. Says so, timed from the newest worker fault before it. */
+static void resumed_line(run *r, const job_step *s) {
+  int64_t prev = r->steps_world;
+  r->steps_world = s->world;
+  pthread_mutex_lock(&r->mu);
+  int away = r->etcd_down || r->etcd_lost_ms;
+  pthread_mutex_unlock(&r->mu);
+  if (!prev || s->world == prev || !away || r->o->quiet) return;
+  const fault *f = NULL;
+  for (int i = 0; i < r->nfaults; i++)
+    if (r->faults[i].ev.target == CHAOS_WORKER && r->faults[i].ev.action != CHAOS_JOIN && r->faults[i].t_ms <= s->t_ms)
+      f = &r->faults[i];
+  if (!f) return;
+  fprintf(stderr, "%snewt run: training resumed without etcd at step %lld, %lld ms after %s: %lld ranks (the survivors "
+          "went on among themselves; the leader's plan follows once etcd is back)\n", news(r), (long long)s->step,
+          (long long)(s->t_ms - f->t_ms), f->what, (long long)s->world);
+}
+
 static void follow_steps(run *r) {
   char chunk[65536];
   ssize_t got = r->steps_fd >= 0 ? read(r->steps_fd, chunk, sizeof chunk) : 0;
@@ -380,6 +425,7 @@ static void follow_steps(run *r) {
     }
     job_step s;
     if (!r->steps_long && job_step_from_json(r->steps_line, r->steps_len, &s) == NEWT_OK) {
+      resumed_line(r, &s);
       pthread_mutex_lock(&r->mu);
       if (s.step > r->step || (int64_t)s.generation > r->gen) {
         if (s.step > r->step) r->step = s.step;
@@ -485,6 +531,44 @@ static int signal_of(chaos_action a) {
   }
 }
 
+/* kill:host:I: every live worker of simulated host I, SIGKILL back to back (a node lost as a
+ * unit); one fault, answered by one recovery, unless every one of them was a spare. */
+static void fire_host(run *r, const chaos_event *e, const newt_plan *plan, const char *what) {
+  if (r->o->hosts <= 0 || e->index >= r->o->hosts) {
+    fprintf(stderr, "%snewt run: chaos %s: there is no simulated host %d (--hosts %d)\n", news(r), what, e->index,
+            r->o->hosts);
+    return;
+  }
+  pid_t pids[1024];
+  int n = 0, ranks = 0;
+  char names[512] = "";
+  for (int i = 0; i < r->nprocs && n < (int)(sizeof pids / sizeof pids[0]); i++) {
+    proc *p = &r->procs[i];
+    if (!p->alive || p->kind != PROC_WORKER || p->host != e->index) continue;
+    p->killed_by_chaos = 1;
+    pids[n++] = p->pid;
+    ranks += !plan || plan_find(plan, p->name) != NULL;
+    size_t l = strlen(names);
+    snprintf(names + l, sizeof names - l, "%s%s", l ? ", " : "", p->name);
+  }
+  if (n == 0) {
+    fprintf(stderr, "%snewt run: chaos %s: no worker of host%d is running\n", news(r), what, e->index);
+    return;
+  }
+  fault *f = add_fault(r, e);
+  for (int i = 0; i < n; i++) kill(pids[i], SIGKILL); /* nothing between them: the host goes at once */
+  if (ranks == 0) { /* every one a spare of the plan in force: no rank is lost */
+    if (f) f->matched = 1;
+    if (!r->o->quiet)
+      fprintf(stderr, "%snewt run: chaos: %s kills %s, spares of plan %llu: no rank is lost, training goes on\n",
+              news(r), what, names, (unsigned long long)plan->generation);
+    return;
+  }
+  if (!r->o->quiet)
+    fprintf(stderr, "%snewt run: chaos: %s (host%d: %s, %d worker%s at once)\n", news(r), what, e->index, names, n,
+            n == 1 ? "" : "s");
+}
+
 static void fire(run *r, chaos_event *e, const newt_plan *plan) {
   char what[64], name[RDZV_NAME_MAX];
   chaos_event_str(e, what, sizeof what);
@@ -521,6 +605,9 @@ static void fire(run *r, chaos_event *e, const newt_plan *plan) {
       }
       p = find_proc(r, name);
       break;
+    case CHAOS_HOST:
+      fire_host(r, e, plan, what);
+      return;
     case CHAOS_ETCD: {
       newt_result_t res = NEWT_OK;
       if (!r->server)
@@ -543,7 +630,7 @@ static void fire(run *r, chaos_event *e, const newt_plan *plan) {
       r->etcd_down = 1;
       r->etcd_ev = *e;
       r->etcd_back_ms = 0;
-      r->etcd_up_at = e->index >= 0 && e->arg == 0 ? 0 : newt_now_ns() + (uint64_t)e->arg * 1000000ull;
+      r->etcd_up_at = e->until_step || (e->index >= 0 && e->arg == 0) ? 0 : newt_now_ns() + (uint64_t)e->arg * 1000000ull;
       r->etcd_fault = f ? (int)(f - r->faults) : -1;
       break;
     }
@@ -590,7 +677,8 @@ static uint64_t match_faults(run *r, const char *cause, uint64_t t_plan, const c
     fault *f = &r->faults[i];
     if (f->matched || f->t_ms > t_plan) continue;
     const chaos_event *e = &f->ev;
-    int worker_fault = e->target == CHAOS_WORKER && e->action != CHAOS_JOIN && e->action != CHAOS_CONT;
+    int worker_fault = (e->target == CHAOS_WORKER || e->target == CHAOS_HOST) && e->action != CHAOS_JOIN &&
+                       e->action != CHAOS_CONT;
     int ok = (strcmp(cause, "join") == 0 && (e->action == CHAOS_JOIN || e->action == CHAOS_CONT)) ||
              (strcmp(cause, "leave") == 0 && worker_fault && e->action == CHAOS_TERM) ||
              ((strcmp(cause, "crash") == 0 || strcmp(cause, "hang") == 0) && worker_fault &&
@@ -618,7 +706,7 @@ void launcher_recovery_of(const job_event *e, uint64_t t_fault, launcher_recover
   out->step_ms = rt.step_ms;
   out->total_ms = rt.total_ms;
   out->steps_lost = e->steps_lost;
-  out->outage_ms = out->pause_ms = -1;
+  out->outage_ms = out->pause_ms = out->resumed_ms = -1;
 }
 
 /* Notes in etcd a fault we injected, for the recovery of generation gen (job_fault): newt
@@ -684,6 +772,11 @@ static void handle_event(run *r, const job_event *e) {
                 (long long)rec->comm_ms, (long long)rec->restore_ms, (long long)rec->step_ms, restore, (long long)gen,
                 (long long)world,
                 world == 1 ? "" : "s", (long long)lost, lost == 1 ? "" : "s");
+      if (!r->o->quiet && lost > 0 && (strcmp(restore, "ckpt") == 0 || strcmp(restore, "init") == 0))
+        fprintf(stderr, "newt run: WARNING: no step was whole in the ranks' memory: training went back to %s, %lld "
+                "step%s lost (more failure domains lost at once than spec.fault.replicas keeps copies for?)\n",
+                strcmp(restore, "ckpt") == 0 ? "the newest checkpoint" : "the initial state", (long long)lost,
+                lost == 1 ? "" : "s");
     }
   } else if (e->type == JOB_EV_LEADER) {
     /* a coordinator we killed has been replaced */
@@ -743,7 +836,10 @@ static void handle_event(run *r, const job_event *e) {
 static void etcd_tick(run *r) {
   if (!r->etcd_down) return;
   const chaos_event *e = &r->etcd_ev;
-  if (!r->etcd_back_ms && r->etcd_up_at && newt_now_ns() >= r->etcd_up_at) {
+  pthread_mutex_lock(&r->mu);
+  int until_reached = e->until_step && r->step >= e->until_step;
+  pthread_mutex_unlock(&r->mu);
+  if (!r->etcd_back_ms && ((r->etcd_up_at && newt_now_ns() >= r->etcd_up_at) || until_reached)) {
     newt_deadline_t d = newt_deadline_in_ms(30000);
     newt_result_t res = e->index >= 0 ? (e->action == CHAOS_KILL ? rdzv_etcd_server_member_restart(r->server, e->index, d)
                                                                 : rdzv_etcd_server_member_resume(r->server, e->index))
@@ -768,7 +864,8 @@ static void etcd_tick(run *r) {
   /* training's progress must reach etcd after it came back (after the fault, for a member
      left dead, or one still away when the job's end marker reached the others: they served
      all along) */
-  uint64_t since = r->etcd_back_ms ? r->etcd_back_ms : !r->etcd_up_at || r->done ? f->t_ms : 0;
+  int for_good = !r->etcd_up_at && !r->etcd_ev.until_step; /* a member left dead */
+  uint64_t since = r->etcd_back_ms ? r->etcd_back_ms : for_good || r->done ? f->t_ms : 0;
   if (!since || (r->progress_t_ms < since && !r->done)) return;
   r->etcd_down = 0;
   f->matched = 1;
@@ -782,10 +879,10 @@ static void etcd_tick(run *r) {
   rec->world = r->world;
   uint64_t reached = r->progress_t_ms >= since ? r->progress_t_ms : newt_wall_ms(); /* or the end marker */
   rec->outage_ms = r->etcd_back_ms ? diff(r->etcd_back_ms, f->t_ms) : 0;
-  rec->pause_ms = -1; /* from the step log, at the end */
+  rec->pause_ms = rec->resumed_ms = -1; /* from the step log, at the end */
   rec->detect_ms = rec->outage_ms;
   rec->total_ms = diff(reached, f->t_ms);
-  if (!r->o->quiet && !r->etcd_back_ms && r->etcd_up_at)
+  if (!r->o->quiet && !r->etcd_back_ms && !for_good)
     fprintf(stderr, "%snewt run: the job ended while etcd's fault (%s) lasted; training went on\n", news(r), f->what);
   else if (!r->o->quiet)
     fprintf(stderr, "%snewt run: etcd was away for %lld ms; training went on, %lld ms until progress reached it again\n",
@@ -824,6 +921,19 @@ static void measure_outages(run *r) {
     rec->pause_ms = ng && longest > 3 * usual ? (int64_t)((double)longest - usual) : 0;
     rec->tps_before = newt_median(before, nb);
     rec->tps_during = newt_median(during, nd);
+  }
+  for (int k = 0; k < r->res->nrecoveries; k++) {
+    launcher_recovery *rec = &r->res->recoveries[k];
+    rec->resumed_ms = -1;
+    if (!rec->t_fault || strcmp(rec->cause, "etcd") == 0) continue;
+    int64_t world = -1; /* the world of the last step before the fault */
+    for (size_t i = 0; i < n; i++) {
+      if (s[i].t_ms <= rec->t_fault) world = s[i].world;
+      else if (world >= 0 && s[i].world != world) {
+        rec->resumed_ms = (int64_t)(s[i].t_ms - rec->t_fault);
+        break;
+      }
+    }
   }
   free(s);
 }
@@ -1202,6 +1312,7 @@ char *launcher_summary_json(const launcher_opts *o, const launcher_result *res) 
     cJSON_AddStringToObject(e, "restore", r->restore);
     cJSON_AddBoolToObject(e, "injected", r->t_fault != 0);
     if (r->fault[0]) cJSON_AddStringToObject(e, "fault", r->fault);
+    if (r->resumed_ms >= 0) newt_json_add_int(e, "resumed_ms", r->resumed_ms);
     if (strcmp(r->cause, "etcd") == 0) {
       newt_json_add_int(e, "outage_ms", r->outage_ms);
       newt_json_add_int(e, "pause_ms", r->pause_ms);

@@ -40,6 +40,11 @@ typedef struct launcher_opts {
                            slow): each worker is a host of its own (--host, NCCL_HOSTID), so
                            the one-worker-per-GPU rule holds per identity and NCCL connects
                            them over sockets (docs/elastic.md, "GPU workers on one host") */
+  int hosts;            /* simulated hosts (0: none, every worker on this host as it is): worker
+                           i of the first nproc is on host i * hosts / nproc (contiguous
+                           blocks), a joiner on the one with the fewest live workers; each
+                           worker gets --host hostI --domain hostI, and chaos kill:host:I kills
+                           all of host I's at once */
   char *const *command; /* the program every worker runs (`newt worker ... -- COMMAND ARGS`,
                            cli/program.h), NULL-terminated, with LOCAL_RANK its slot (the
                            lowest no live worker holds) and LOCAL_WORLD_SIZE max(nproc, slot
@@ -62,6 +67,11 @@ typedef struct launcher_recovery {
      pace), and the tokens/s before and during the outage */
   int64_t outage_ms, pause_ms;
   double tps_before, tps_during;
+  /* an injected fault's, from the step log (-1: unknown): from the fault to the first step
+     the new layout completed (rank 0's line after the fault with another world). Beside
+     total_ms, which ends at the first step of the leader's plan: where etcd was away and the
+     survivors went on without it (worker/peers.c), training resumed long before that plan */
+  int64_t resumed_ms;
 } launcher_recovery;
 
 /* The recovery a recovered event records, timed from t_fault (a fault injected: 0 none) by

@@ -39,7 +39,8 @@ static newt_result_t get_recovery(const cJSON *e, const char *what, launcher_rec
   if (r == NEWT_OK) r = get_count(e, what, "total_ms", 1, &rec->total_ms);
   if (r == NEWT_OK) r = get_count(e, what, "steps_lost", 0, &rec->steps_lost);
   if (r == NEWT_OK) r = newt_json_get_bool(e, what, "injected", 0, &injected);
-  rec->outage_ms = rec->pause_ms = -1;
+  rec->outage_ms = rec->pause_ms = rec->resumed_ms = -1;
+  if (r == NEWT_OK) r = newt_json_get_int(e, what, "resumed_ms", 0, &rec->resumed_ms);
   if (r == NEWT_OK) r = newt_json_get_int(e, what, "outage_ms", 0, &rec->outage_ms);
   if (r == NEWT_OK) r = newt_json_get_int(e, what, "pause_ms", 0, &rec->pause_ms);
   if (r == NEWT_OK) r = newt_json_get_double(e, what, "tokens_per_s_before", 0, &rec->tps_before);

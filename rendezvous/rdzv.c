@@ -70,7 +70,8 @@ newt_result_t rdzv_worker_to_json(const rdzv_worker *w, char **out) {
            cJSON_AddStringToObject(j, "addr", w->addr) && newt_json_add_int(j, "device", w->device) &&
            cJSON_AddStringToObject(j, "state", w->state) && newt_json_add_int(j, "pid", w->pid) &&
            newt_json_add_int(j, "generation", w->generation) &&
-           (!w->shares_device || cJSON_AddBoolToObject(j, "shares_device", 1));
+           (!w->shares_device || cJSON_AddBoolToObject(j, "shares_device", 1)) &&
+           (!w->domain[0] || strcmp(w->domain, w->host) == 0 || cJSON_AddStringToObject(j, "domain", w->domain));
   if (ok && w->ack[0]) {
     cJSON *ack;
     newt_result_t r = newt_json_parse(w->ack, strlen(w->ack), "registration.ack", &ack);
@@ -109,6 +110,7 @@ newt_result_t rdzv_worker_from_json(const char *text, size_t len, const char *wh
   NEWT_CHECK_GOTO(newt_json_get_strcpy(j, what, "id", 1, out->id, sizeof out->id), r, done);
   NEWT_CHECK_GOTO(rdzv_check_name(what, out->id), r, done);
   NEWT_CHECK_GOTO(newt_json_get_strcpy(j, what, "host", 1, out->host, sizeof out->host), r, done);
+  NEWT_CHECK_GOTO(newt_json_get_strcpy(j, what, "domain", 0, out->domain, sizeof out->domain), r, done);
   NEWT_CHECK_GOTO(newt_json_get_strcpy(j, what, "addr", 0, out->addr, sizeof out->addr), r, done);
   NEWT_CHECK_GOTO(newt_json_get_strcpy(j, what, "state", 1, out->state, sizeof out->state), r, done);
   NEWT_CHECK_GOTO(newt_json_get_int(j, what, "device", 0, &device), r, done);
@@ -140,6 +142,11 @@ newt_result_t rdzv_worker_from_json(const char *text, size_t len, const char *wh
      address (a registration comes from etcd, where anyone with write access can put it) */
   if (!text_of(out->host, "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789.-_:") || !out->host[0]) {
     r = NEWT_ERR(NEWT_ERR_INVALID, "%s.host: a host name of letters, digits, '.', '-', '_' and ':'", what);
+    goto done;
+  }
+  if (!out->domain[0]) snprintf(out->domain, sizeof out->domain, "%s", out->host); /* the previous release's */
+  else if (!text_of(out->domain, "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789.-_:/")) {
+    r = NEWT_ERR(NEWT_ERR_INVALID, "%s.domain: a failure domain of letters, digits, '.', '-', '_', ':' and '/'", what);
     goto done;
   }
   const char *colon = strrchr(out->addr, ':');

@@ -42,6 +42,9 @@ newt_result_t rdzv_key(char *out, size_t cap, const char *job, const char *suffi
 typedef struct rdzv_worker {
   char id[RDZV_NAME_MAX];
   char host[256];
+  char domain[256];   /* its failure domain (a topology label: a node, a rack, a zone): what goes
+                         as a unit; replicas are placed across domains. A record without one
+                         (the previous release) reads as its host */
   char addr[256];     /* "ip:port" of its data-plane listener ("" when none yet) */
   int device;         /* GPU index; -1: CPU */
   int shares_device;  /* 1: it trains beside other workers on its GPU that say so too (newt
@@ -57,8 +60,10 @@ typedef struct rdzv_worker {
   int64_t mod_revision;
 } rdzv_worker;
 
-/* JSON form ({"id","host","addr","device","state","pid","generation"}, "shares_device": true
- * when set, "ack": {...} when acknowledged); malloc'd. */
+/* JSON form ({"id","host","domain","addr","device","state","pid","generation"}, and
+ * "shares_device": true when set; "domain" only when it differs from the host, so a
+ * registration is what the previous release wrote unless a domain was given; "ack": {...}
+ * once acknowledged); malloc'd. */
 newt_result_t rdzv_worker_to_json(const rdzv_worker *w, char **out);
 /* Parses and checks a registration; errors name `what` and the field. */
 newt_result_t rdzv_worker_from_json(const char *text, size_t len, const char *what, rdzv_worker *out);

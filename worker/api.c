@@ -5,6 +5,7 @@
 #include <ctype.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <stddef.h>
 #include <string.h>
 
 #include "common/dtype.h"
@@ -15,10 +16,16 @@
 
 int newt_version(void) { return NEWT_VERSION_NUMBER; }
 
-void newt_join_opts_init(newt_join_opts *o) {
+void newt_join_opts_init_size(newt_join_opts *o, size_t size) {
   static const newt_join_opts d = NEWT_JOIN_OPTS_INIT;
-  *o = d;
+  if (!o || size < sizeof o->size) return;
+  if (size > sizeof d) size = sizeof d;
+  memcpy(o, &d, size);
+  o->size = size;
 }
+
+/* A program built against 0.1.0's header: its struct ends before `domain`. */
+void(newt_join_opts_init)(newt_join_opts *o) { newt_join_opts_init_size(o, offsetof(newt_join_opts, domain)); }
 
 void newt_tensor_init(newt_tensor *t) {
   static const newt_tensor d = NEWT_TENSOR_INIT;
@@ -130,6 +137,7 @@ static newt_result_t resolve(const newt_join_opts *in, worker *w, char **passwor
   o->job = in->job ? in->job : env("NEWT_JOB");
   o->id = in->worker_id ? in->worker_id : env("NEWT_WORKER_ID") ? env("NEWT_WORKER_ID") : env("POD_NAME");
   o->host = in->host ? in->host : env("NEWT_HOST");
+  o->domain = in->domain ? in->domain : env("NEWT_DOMAIN");
   o->addr = in->addr ? in->addr : env("NEWT_ADDR") ? env("NEWT_ADDR") : env("POD_IP");
   o->secret_file = in->job_secret_file ? in->job_secret_file : env("NEWT_JOB_SECRET_FILE");
   o->step_log = in->step_log ? in->step_log : env("NEWT_STEP_LOG");
@@ -157,7 +165,7 @@ static newt_result_t resolve(const newt_join_opts *in, worker *w, char **passwor
   strings s = {0};
   const char **all[] = {&o->etcd.endpoints, &o->etcd.user,   &o->etcd.password, &o->etcd.ca_file, &o->etcd.cert_file,
                         &o->etcd.key_file,  &o->job,         &o->id,            &o->host,         &o->addr,
-                        &o->secret_file,    &o->step_log,    &o->metrics_addr,  &o->termination_log};
+                        &o->domain,         &o->secret_file,    &o->step_log,    &o->metrics_addr,  &o->termination_log};
   for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) keep(&s, all[i]);
   return own_strings(w, &s);
 }

@@ -43,7 +43,7 @@ typedef struct worker_pinned worker_pinned;
  * strings are the worker's own copies. */
 typedef struct worker_opts {
   rdzv_etcd_opts etcd;
-  const char *job, *id, *host, *addr;
+  const char *job, *id, *host, *domain, *addr;
   int port;
   int device;       /* the CUDA device; -1: the CPU */
   void *cuda_stream;
@@ -71,8 +71,8 @@ typedef struct worker_decl {
 } worker_decl;
 
 /* A copy of some of a rank's parts, of one step (state.c): its pre-update snapshot (memory
- * of the device), or the replica of its data-parallel neighbour's unique parts (host
- * memory). step -1: none. */
+ * of the device), or a replica of a data-parallel predecessor's unique parts (host memory).
+ * step -1: none. */
 typedef struct worker_copy {
   reshard_piece *pieces;
   size_t n;
@@ -114,6 +114,7 @@ struct newt_ctx {
   char *strings; /* the options' strings (one block) */
   char id[RDZV_NAME_MAX];
   char host[256];
+  char domain[256]; /* its failure domain (registered; the host when none was given) */
   char addr[96]; /* ip:port of the data plane */
   int listen_fd; /* its socket, held for the worker's life */
   unsigned char *job_secret; /* from opts.secret_file (NULL: none) */
@@ -159,6 +160,10 @@ struct newt_ctx {
   comm_t *all;           /* ranks and donors */
   comm_t *train;         /* the ranks (all itself without donors) */
   comm_t *tp, *dp, *pp;  /* NULL for a group of one */
+  comm_t *peer_parent;   /* a generation the survivors made without etcd: the shrunk
+                            communicator `all` was split from (NULL: none) */
+  int peer_epoch;        /* 0: the generation is the leader's plan; k: the k-th the survivors
+                            made of it without etcd (worker/peers.c) */
   newt_comm *comms;      /* every handle given out (all generations) */
   newt_comm *h_world, *h_tp, *h_dp, *h_pp;
 
@@ -170,7 +175,9 @@ struct newt_ctx {
   int64_t live_step;  /* steps the declared state has done */
   int derived_stale;  /* the last step's post-update collectives failed: derived parts stale */
   int whole;          /* every rank holds everything: no copies needed */
-  worker_copy snap, rep;
+  worker_copy snap;
+  worker_copy rep[SPEC_REPLICAS_MAX]; /* rep[j]: the unique parts of data-parallel rank d-1-j
+                                         (spec.fault.replicas of them, at most dp - 1) */
   newt_doc_write_fn doc_write;
   newt_doc_check_fn doc_check;
   void *doc_arg;
@@ -182,6 +189,8 @@ struct newt_ctx {
   int all_leave;                   /* ... every rank asked to leave, and the plan has no spare:
                                       no one is left to hand the state to */
   int first_step_of_gen;
+  int progress_rank;       /* who writes the progress record: the lowest rank that reached etcd
+                              at the last commit (every rank agrees: the commit's sums) */
   double t_last;           /* when the last step ended (s, monotonic) */
   /* the stall deadline of the generation's collectives follows the observed step times
      (worker_follow_steps): the last WORKER_STEP_TIMES of them, a generation's first left out */
@@ -253,6 +262,13 @@ newt_result_t worker_snapshot(worker *w);
 newt_result_t worker_replicate(worker *w);
 /* A leaving rank's part of the restore: it gives what it holds and needs nothing. */
 newt_result_t worker_donate(worker *w, comm_t *c);
+
+/* peers.c: a crash while etcd is away. 1 when the survivors of the failed generation made
+ * the next among themselves: *out its plan (same generation number), *all its communicator
+ * (ranks, then donors), *parent the one to free after it (NULL: none). 0: wait for etcd. */
+int worker_peer_recover(worker *w, newt_plan *out, comm_t **all, comm_t **parent);
+/* The key the links of p's generation prove (COMM_SECRET_MAX bytes room; *len set). */
+newt_result_t worker_generation_key(const worker *w, const newt_plan *p, unsigned char *key, size_t *len);
 void worker_decl_free(worker_decl *d);
 void worker_state_free(worker *w);
 

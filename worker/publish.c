@@ -69,6 +69,7 @@ newt_result_t worker_register(worker *w) {
   memset(&reg, 0, sizeof reg);
   snprintf(reg.id, sizeof reg.id, "%s", w->id);
   snprintf(reg.host, sizeof reg.host, "%s", w->host);
+  snprintf(reg.domain, sizeof reg.domain, "%s", w->domain);
   snprintf(reg.addr, sizeof reg.addr, "%s", w->addr);
   reg.device = w->device;
   reg.shares_device = w->o.share_device;
@@ -305,6 +306,10 @@ void worker_report(worker *w, const newt_plan *p, int hang, int build, const cha
 
 void worker_publish_ack(worker *w, const char *state) {
   if (!w->reg) return;
+  if (w->peer_epoch) { /* the survivors' own generation is no plan of the leader's: no ack */
+    if (state) worker_set_state_async(w, state);
+    return;
+  }
   job_ack a = {.rank = w->me->rank, .t_plan = w->t_plan_seen, .t_comm = w->t_comm, .t_restore = w->t_restore,
                .t_step = w->t_first_step, .restore_step = w->restore_step};
   snprintf(a.restore, sizeof a.restore, "%s", w->restore_src);

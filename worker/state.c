@@ -22,8 +22,12 @@
  * every rank holds everything, two copies keep a lost rank from forcing a trip to disk:
  * every rank snapshots its state when a step is committed, before the update (so a step
  * that some ranks applied and others not can be rolled back everywhere), and each
- * data-parallel rank keeps a copy of its neighbour's unique parts, refreshed every
- * spec.fault.replica_every steps. Bytes a program declares per rank are parts only that
+ * data-parallel rank keeps copies of the unique parts of its k = spec.fault.replicas
+ * predecessors in the data-parallel ring (at most dp - 1), refreshed every
+ * spec.fault.replica_every steps: k shifts by one along the ring, each forwarding what the
+ * one before brought, so rank d gets d-1's parts, then d-2's, ... The plan orders the ring
+ * so that k + 1 consecutive ranks sit in distinct failure domains: any k domains lost at
+ * once leave a copy of every part. Bytes a program declares per rank are parts only that
  * rank holds, optional: restored where a state of the step has them. */
 #include <stdio.h>
 #include <stdlib.h>
@@ -138,7 +142,7 @@ static void copy_free(worker *w, worker_copy *cp) {
 
 static void copies_free(worker *w) {
   copy_free(w, &w->snap);
-  copy_free(w, &w->rep);
+  for (int j = 0; j < SPEC_REPLICAS_MAX; j++) copy_free(w, &w->rep[j]);
 }
 
 /* A piece's room in a copy's buffer: its bytes rounded up to a cache line. */
@@ -222,9 +226,18 @@ static newt_result_t ring_shift(comm_t *c, const void *out, size_t nout, void *i
   return NEWT_OK;
 }
 
-/* The first replica of a generation: tells the next rank what it will keep, and lays out
- * what this rank keeps of the previous one (host memory, and a spare of the same size). */
-static newt_result_t replica_layout(worker *w, const reshard_piece *mine, size_t nu) {
+/* The replicas this rank keeps: spec.fault.replicas, at most dp - 1 (beyond, a rank would
+ * get its own parts back) and SPEC_REPLICAS_MAX; one in a group of one, as ever. */
+static int replicas_kept(const worker *w) {
+  int k = w->spec.replicas > 1 ? (int)w->spec.replicas : 1, n = comm_size(w->dp);
+  if (n > 1 && k > n - 1) k = n - 1;
+  return k < SPEC_REPLICAS_MAX ? k : SPEC_REPLICAS_MAX;
+}
+
+/* The first replica of a generation, round j: tells the next rank what it will keep (this
+ * rank's unique parts in round 0, else what it keeps in rep[j-1]), and lays out in cp what
+ * this rank keeps of the one before (host memory, and a spare of the same size). */
+static newt_result_t replica_layout(worker *w, worker_copy *cp, const reshard_piece *mine, size_t nu) {
   int64_t counts[2] = {(int64_t)nu, 0};
   NEWT_CHECK(ring_shift(w->dp, &counts[0], 1, &counts[1], 1, NEWT_I64));
   size_t nin = (size_t)counts[1];
@@ -236,11 +249,33 @@ static newt_result_t replica_layout(worker *w, const reshard_piece *mine, size_t
     r = ring_shift(w->dp, wout, reshard_wire_size(nu), win, reshard_wire_size(nin), NEWT_U8);
   }
   if (r == NEWT_OK) r = reshard_unpack(win, reshard_wire_size(nin), desc, nin);
-  if (r == NEWT_OK) r = copy_layout(w, &w->rep, 0, desc, nin);
-  if (r == NEWT_OK && !(w->rep.spare = malloc(w->rep.bytes ? w->rep.bytes : 1)))
+  if (r == NEWT_OK) r = copy_layout(w, cp, 0, desc, nin);
+  if (r == NEWT_OK && !(cp->spare = malloc(cp->bytes ? cp->bytes : 1)))
     r = NEWT_ERR(NEWT_ERR_NOMEM, "out of memory for a replica");
   free(wout), free(win), free(desc);
   return r;
+}
+
+/* One round of the replicas: out (nout bytes, host memory) to the next rank, the one before's
+ * into cp's spare; once whole, the spare becomes the replica of this step. */
+static newt_result_t replica_round(worker *w, worker_copy *cp, const void *out, size_t nout) {
+  /* into the spare buffer: until it is whole, the previous replica stays (a rollback to the
+     committed step may need it) */
+  cp->spare_step = -1;
+  NEWT_CHECK(ring_shift(w->dp, out, nout, cp->spare, cp->bytes, NEWT_U8));
+  char *old = cp->data;
+  cp->data = cp->spare;
+  cp->spare = old;
+  for (size_t i = 0; i < cp->n; i++) {
+    cp->pieces[i].data = cp->data + ((char *)cp->pieces[i].data - old);
+    cp->pieces[i].step = w->live_step;
+  }
+  /* the one before stays whole in the spare until the next transfer: where a failure cut
+     another stage's step short, the job may have to roll back to it (its snapshots are of
+     that step, and this replica has moved on) */
+  cp->spare_step = cp->step;
+  cp->step = w->live_step;
+  return NEWT_OK;
 }
 
 newt_result_t worker_replicate(worker *w) {
@@ -256,40 +291,26 @@ newt_result_t worker_replicate(worker *w) {
       mine[nu++].step = w->live_step;
       total += padded(reshard_piece_bytes(&w->decl.parts[i].p));
     }
-  newt_result_t r = w->rep.pieces ? NEWT_OK : replica_layout(w, mine, nu);
+  int k = replicas_kept(w);
+  newt_result_t r = NEWT_OK;
+  for (int j = 0; r == NEWT_OK && j < k; j++) /* round j keeps rank d-1-j's: what d-1 kept in rep[j-1] */
+    if (!w->rep[j].pieces)
+      r = j == 0 ? replica_layout(w, &w->rep[0], mine, nu) : replica_layout(w, &w->rep[j], w->rep[j - 1].pieces, w->rep[j - 1].n);
   char *packed = NULL;
   if (r == NEWT_OK) r = worker_stage_get(w, total ? total : 1, (void **)&packed);
   int queued = 0;
-  for (size_t i = 0, k = 0, off = 0; r == NEWT_OK && i < w->decl.n; i++) {
+  for (size_t i = 0, off = 0; r == NEWT_OK && i < w->decl.n; i++) {
     const worker_part *p = &w->decl.parts[i];
     if (!p->unique) continue;
     size_t b = reshard_piece_bytes(&p->p);
     if (worker_part_on_device(w, p)) worker_mem_copy(&w->o.memory, packed + off, p->p.data, b, 1), queued = 1;
     else memcpy(packed + off, p->p.data, b);
     off += padded(b);
-    k++;
   }
   if (r == NEWT_OK && queued) r = worker_mem_sync(&w->o.memory);
-  if (r == NEWT_OK) {
-    /* into the spare buffer: until it is whole, the previous replica stays (a rollback to
-       the committed step may need it) */
-    w->rep.spare_step = -1;
-    r = ring_shift(w->dp, packed, total, w->rep.spare, w->rep.bytes, NEWT_U8);
-  }
-  if (r == NEWT_OK) {
-    char *old = w->rep.data;
-    w->rep.data = w->rep.spare;
-    w->rep.spare = old;
-    for (size_t i = 0; i < w->rep.n; i++) {
-      w->rep.pieces[i].data = w->rep.data + ((char *)w->rep.pieces[i].data - old);
-      w->rep.pieces[i].step = w->live_step;
-    }
-    /* the one before stays whole in the spare until the next transfer: where a failure cut
-       another stage's step short, the job may have to roll back to it (its snapshots are of
-       that step, and this replica has moved on) */
-    w->rep.spare_step = w->rep.step;
-    w->rep.step = w->live_step;
-  }
+  /* k shifts by one along the ring: this rank's parts, then what the round before brought */
+  for (int j = 0; r == NEWT_OK && j < k; j++)
+    r = j == 0 ? replica_round(w, &w->rep[0], packed, total) : replica_round(w, &w->rep[j], w->rep[j - 1].data, w->rep[j - 1].bytes);
   worker_stage_release(w, packed);
   free(mine);
   return r;
@@ -297,16 +318,32 @@ newt_result_t worker_replicate(worker *w) {
 
 /* --- what a rank holds ---------------------------------------------------------------------- */
 
+/* The pieces of replica cp this rank can offer, into have (when not NULL): the newest and
+ * the one before (its spare, whole since the last swap). Returns how many. */
+static size_t replica_pieces(const worker_copy *cp, reshard_piece *have) {
+  size_t nrep = cp->step >= 0 ? cp->n : 0;
+  size_t nold = nrep && cp->spare && cp->spare_step >= 0 ? cp->n : 0; /* the replica before */
+  for (size_t i = 0; have && i < nrep; i++) have[i] = cp->pieces[i];
+  for (size_t i = 0; have && i < nold; i++) {
+    reshard_piece *o = &have[nrep + i];
+    *o = cp->pieces[i];
+    o->data = cp->spare + ((char *)cp->pieces[i].data - cp->data);
+    o->step = cp->spare_step;
+  }
+  return nrep + nold;
+}
+
 /* What this rank holds: its state (the declaration `d` of step live_step, but the derived
- * parts after a step whose post-update collectives failed), its snapshot (when older), its
- * neighbour's replica and the one before. *out is malloc'd; device memory is staged into
- * *stage (pinned, for worker_stage_release; NULL when none). */
+ * parts after a step whose post-update collectives failed), its snapshot (when older), the
+ * replicas of its data-parallel predecessors and the ones before. *out is malloc'd; device
+ * memory is staged into *stage (pinned, for worker_stage_release; NULL when none). */
 static newt_result_t held_pieces(worker *w, const worker_decl *d, reshard_piece **out, size_t *n, void **stage) {
   *stage = NULL;
   size_t ncur = w->has_state ? d->n : 0;
-  size_t nsnap = w->snap.step >= 0 && w->snap.step != w->live_step ? w->snap.n : 0, nrep = w->rep.step >= 0 ? w->rep.n : 0;
-  size_t nold = nrep && w->rep.spare && w->rep.spare_step >= 0 ? w->rep.n : 0; /* the replica before */
-  reshard_piece *have = calloc(ncur + nsnap + nrep + nold + 1, sizeof *have);
+  size_t nsnap = w->snap.step >= 0 && w->snap.step != w->live_step ? w->snap.n : 0, nreps = 0;
+  int held = 0; /* the predecessors this rank holds copies of */
+  for (int j = 0; j < SPEC_REPLICAS_MAX; j++) nreps += replica_pieces(&w->rep[j], NULL), held += w->rep[j].step >= 0;
+  reshard_piece *have = calloc(ncur + nsnap + nreps + 1, sizeof *have);
   int *dev = calloc(ncur + nsnap + 1, sizeof *dev);
   if (!have || !dev) {
     free(have), free(dev);
@@ -324,13 +361,7 @@ static newt_result_t held_pieces(worker *w, const worker_decl *d, reshard_piece 
     have[k++] = w->snap.pieces[i];
   }
   size_t nstaged = k;
-  for (size_t i = 0; i < nrep; i++) have[k++] = w->rep.pieces[i];
-  for (size_t i = 0; i < nold; i++) {
-    reshard_piece *o = &have[k++];
-    *o = w->rep.pieces[i];
-    o->data = w->rep.spare + ((char *)w->rep.pieces[i].data - w->rep.data);
-    o->step = w->rep.spare_step;
-  }
+  for (int j = 0; j < SPEC_REPLICAS_MAX; j++) k += replica_pieces(&w->rep[j], have + k);
   newt_result_t r = stage_pieces(w, have, dev, nstaged, 1, stage);
   free(dev);
   if (r != NEWT_OK) {
@@ -340,9 +371,10 @@ static newt_result_t held_pieces(worker *w, const worker_decl *d, reshard_piece 
   *out = have;
   *n = k;
   NEWT_DEBUG(WORKER, "%s: holds its state of step %lld%s (%zu parts), a snapshot of step %lld (%zu), replicas of "
-             "steps %lld and %lld (%zu each)", w->id, ncur ? (long long)w->live_step : -1LL,
-             w->derived_stale ? ", its derived parts stale" : "", ncur, nsnap ? (long long)w->snap.step : -1LL, nsnap,
-             nrep ? (long long)w->rep.step : -1LL, nold ? (long long)w->rep.spare_step : -1LL, nrep);
+             "steps %lld and %lld (%zu pieces of %d predecessors, with the ones before)", w->id,
+             ncur ? (long long)w->live_step : -1LL, w->derived_stale ? ", its derived parts stale" : "", ncur,
+             nsnap ? (long long)w->snap.step : -1LL, nsnap, (long long)w->rep[0].step, (long long)w->rep[0].spare_step,
+             nreps, held);
   return NEWT_OK;
 }
 
@@ -395,13 +427,20 @@ newt_result_t worker_restore(worker *w, newt_restore_info *out) {
     r = worker_ckpt_load(w, w->all, &step);
     if (r != NEWT_OK && r != NEWT_ERR_NOTFOUND) wrote = 1; /* maybe half read */
     if (r == NEWT_OK) {
+      if (w->plan.step > step)
+        NEWT_WARN(WORKER, "%s: no step of the job is whole in the ranks' memory (more failure domains lost at once "
+                  "than spec.fault.replicas = %lld keeps copies for?): back to the checkpoint of step %lld, the job was "
+                  "at step %lld", w->id, (long long)(w->spec.replicas > 1 ? w->spec.replicas : 1), (long long)step,
+                  (long long)w->plan.step);
       w->live_step = step;
       snprintf(w->restore_src, sizeof w->restore_src, "ckpt");
       for (size_t i = 0; i < n; i++) filled[i] = d->parts[i].filled;
     } else if (r == NEWT_ERR_NOTFOUND) {
       if (w->plan.step > 0)
-        NEWT_ERROR(WORKER, "%s: the job was at step %lld but no rank holds a state and there is no checkpoint: "
-                   "starting again from nothing", w->id, (long long)w->plan.step);
+        NEWT_ERROR(WORKER, "%s: the job was at step %lld but no step is whole in the ranks' memory (more failure "
+                   "domains lost at once than spec.fault.replicas = %lld keeps copies for?) and there is no "
+                   "checkpoint: starting again from nothing", w->id, (long long)w->plan.step,
+                   (long long)(w->spec.replicas > 1 ? w->spec.replicas : 1));
       newt_err_clear();
       r = NEWT_OK;
       w->live_step = 0;

@@ -262,15 +262,7 @@ static newt_result_t build_comm(worker *w, const newt_plan *p, const plan_rank *
   cfg.hosts = hosts;
   cfg.job = w->o.job;
   cfg.generation = p->generation;
-  newt_result_t r = NEWT_OK;
-  if (w->job_secret) { /* the plan's secret is only a salt: the key is the job secret's */
-    r = comm_derive_secret(w->job_secret, w->job_secret_len, w->o.job, p->generation, p->secret, sizeof p->secret,
-                           cfg.secret);
-    cfg.secret_len = COMM_KEY_BYTES;
-  } else {
-    memcpy(cfg.secret, p->secret, sizeof p->secret);
-    cfg.secret_len = sizeof p->secret;
-  }
+  newt_result_t r = worker_generation_key(w, p, cfg.secret, &cfg.secret_len);
   cfg.timeout_ms = w->spec.comm_timeout_ms;
   cfg.device = w->device >= 0 ? w->device : 0;
   cfg.listen_fd = w->listen_fd;
@@ -352,7 +344,8 @@ static void end_generation(worker *w) {
   comm_free(w->pp), comm_free(w->dp), comm_free(w->tp);
   if (w->train && w->train != w->all) comm_free(w->train);
   comm_free(w->all);
-  w->pp = w->dp = w->tp = w->train = w->all = NULL;
+  comm_free(w->peer_parent); /* what `all` was split from, when the survivors made it */
+  w->pp = w->dp = w->tp = w->train = w->all = w->peer_parent = NULL;
   w->h_world = w->h_tp = w->h_dp = w->h_pp = NULL;
   w->step = STEP_IDLE;
   atomic_store(&w->step_started, 0);
@@ -382,8 +375,11 @@ static void refresh_spec(worker *w, const newt_plan *p) {
 }
 
 /* Builds the generation of plan p (this worker a rank of it): 1 when it stands (PHASE_BUILT),
- * 0 when it never formed (reported; back to waiting). */
-static int start_generation(worker *w, newt_plan *p) {
+ * 0 when it never formed (reported; back to waiting). built: its communicator, already made
+ * (the survivors' own generation, worker/peers.c; parent: what it was split from), else
+ * NULL: built here. */
+static int start_generation(worker *w, newt_plan *p, comm_t *built, comm_t *parent) {
+  if (!built) w->peer_epoch = 0; /* a leader's plan */
   refresh_spec(w, p);
   atomic_store(&w->switch_pending, 0);
   w->t_plan_seen = newt_wall_ms();
@@ -393,7 +389,9 @@ static int start_generation(worker *w, newt_plan *p) {
   w->me = plan_find(&w->plan, w->id);
   int n = w->plan.nranks + w->plan.ndonors;
   int *missing = calloc((size_t)n, sizeof *missing);
-  newt_result_t r = missing ? build_comm(w, &w->plan, w->me, missing, &w->all) : NEWT_ERR(NEWT_ERR_NOMEM, "out of memory");
+  newt_result_t r = NEWT_OK;
+  if (built) w->all = built, w->peer_parent = parent;
+  else r = missing ? build_comm(w, &w->plan, w->me, missing, &w->all) : NEWT_ERR(NEWT_ERR_NOMEM, "out of memory");
   pthread_mutex_lock(&w->mu);
   w->gen = w->plan.generation;
   w->comm = w->all;
@@ -430,9 +428,11 @@ static int start_generation(worker *w, newt_plan *p) {
   metrics_set(w->metrics, "newt_worker_generation", (double)w->plan.generation);
   metrics_set(w->metrics, "newt_worker_rank", (double)w->me->rank);
   label_metrics(w, w->me->rank);
-  NEWT_INFO(WORKER, "%s: generation %llu: rank %d of %d (tp %d, pp %d, dp %d, zero %d, accum %lld)", w->id,
-            (unsigned long long)w->plan.generation, w->me->rank, w->plan.nranks, w->plan.tp, w->plan.pp, w->plan.dp,
-            w->plan.zero, (long long)w->plan.accum);
+  char sub[32] = ""; /* one the survivors made without etcd: "generation G (peers E)" */
+  if (w->peer_epoch) snprintf(sub, sizeof sub, " (peers %d)", w->peer_epoch);
+  NEWT_INFO(WORKER, "%s: generation %llu%s: rank %d of %d (tp %d, pp %d, dp %d, zero %d, accum %lld)", w->id,
+            (unsigned long long)w->plan.generation, sub, w->me->rank, w->plan.nranks, w->plan.tp, w->plan.pp,
+            w->plan.dp, w->plan.zero, (long long)w->plan.accum);
   /* the declaration that holds the state becomes the source of this one's restore (one
      made for a generation that never restored holds nothing: dropped) */
   if (w->state_in_decl) {
@@ -465,18 +465,21 @@ static void log_step(worker *w, int rank0, const job_step *line) {
 
 /* A donor's generation: build the communicator with the ranks, hand them this worker's
  * state (the parts they need); then it leaves, or waits as a spare. */
-static void donate(worker *w, newt_plan *p) {
+static void donate_on(worker *w, newt_plan *p, comm_t *c, comm_t *parent) {
   const plan_rank *me = plan_find_donor(p, w->id);
-  comm_t *c = NULL, *none = NULL;
+  comm_t *none = NULL;
   w->gen = p->generation;
-  newt_result_t r = build_comm(w, p, me, NULL, &c);
+  newt_result_t r = c ? NEWT_OK : build_comm(w, p, me, NULL, &c);
   if (r == NEWT_OK) r = comm_split(c, -1, me->rank, &none); /* the ranks' own group */
   if (r == NEWT_OK) r = worker_donate(w, c);
   if (r == NEWT_OK) NEWT_INFO(WORKER, "%s: handed over the state of step %lld", w->id, (long long)w->live_step);
   else NEWT_WARN(WORKER, "%s: handing over its state in generation %llu: %s", w->id, (unsigned long long)p->generation,
                  newt_errmsg());
   if (c) comm_free(c);
+  comm_free(parent);
 }
+
+static void donate(worker *w, newt_plan *p) { donate_on(w, p, NULL, NULL); }
 
 /* A leaving rank hands its state to the next generation's ranks (they may hold no other
  * copy of its parts) before it goes: the leader names it a donor of the plan without it.
@@ -522,7 +525,8 @@ static newt_result_t enter(worker *w) {
     NEWT_WARN(WORKER, "%s: watching the plan: %s (waiting for etcd)", w->id, newt_errmsg());
     newt_sleep_ms(1000);
   }
-  NEWT_INFO(WORKER, "%s: registered for job %s at %s (host %s)", w->id, w->o.job, w->addr, w->host);
+  NEWT_INFO(WORKER, "%s: registered for job %s at %s (host %s, failure domain %s)", w->id, w->o.job, w->addr, w->host,
+            w->domain);
   w->phase = PHASE_WAITING;
   return NEWT_OK;
 }
@@ -544,7 +548,7 @@ static newt_result_t wait_generation(worker *w, newt_next *next) {
         return over(w, NEWT_NEXT_LEFT, next);
       case WAIT_PLAN: break;
     }
-    int built = start_generation(w, &p);
+    int built = start_generation(w, &p, NULL, NULL);
     plan_free(&p);
     if (built) {
       *next = NEWT_NEXT_GENERATION;
@@ -588,8 +592,8 @@ static newt_result_t next_step(worker *w, newt_batch *b, newt_next *next) {
                     .micro_batch = p->micro_batch, .accum = (w->step_count + p->micro_batch - 1) / p->micro_batch,
                     .global_batch = gb};
   if (w->sample_log && w->tp_rank == 0 && w->pp_rank == 0) { /* one rank per data-parallel slice */
-    fprintf(w->sample_log, "C %llu %lld %llu %lld\n", (unsigned long long)p->generation, (long long)w->live_step + 1,
-            (unsigned long long)w->step_first, (long long)w->step_count);
+    fprintf(w->sample_log, "C %llu %lld %llu %lld %d\n", (unsigned long long)p->generation, (long long)w->live_step + 1,
+            (unsigned long long)w->step_first, (long long)w->step_count, w->peer_epoch);
     fflush(w->sample_log);
   }
   if (worker_stop_asked(w) && !w->leave_announced) {
@@ -616,8 +620,22 @@ static newt_result_t recover(worker *w, newt_next *next) {
   w->t_detect = newt_wall_ms();
   if (w->step == STEP_COMMITTED) w->live_step++, w->derived_stale = 1; /* applied, not ended */
   report_failure(w);
+  /* etcd away: the survivors may go on among themselves (worker/peers.c) */
+  newt_plan p;
+  comm_t *c = NULL, *parent = NULL;
+  int peers = worker_peer_recover(w, &p, &c, &parent);
   end_generation(w);
   w->phase = PHASE_WAITING;
+  if (peers) {
+    int built = 0;
+    if (plan_find(&p, w->id)) built = start_generation(w, &p, c, parent);
+    else donate_on(w, &p, c, parent); /* a donor of it: hands its state over, then waits */
+    plan_free(&p);
+    if (built) {
+      *next = NEWT_NEXT_GENERATION;
+      return NEWT_OK;
+    }
+  }
   return wait_generation(w, next);
 }
 
@@ -646,12 +664,15 @@ newt_result_t worker_commit(worker *w, const double *values, double *sums, int n
   if (w->phase != PHASE_RUNNING || w->step != STEP_BEGUN)
     return NEWT_ERR(NEWT_ERR_INVALID, "newt_step_commit: no step is begun (newt_step_begin said NEXT_STEP first)%s",
                     w->step == STEP_COMMITTED ? "; this step was committed already" : "");
-  /* [leave, switch, values...] of every rank, summed in rank order in double */
-  int k = n + 2, size = comm_size(w->train);
-  double mine[34];
+  /* [leave, switch, reaches etcd, values...] of every rank, summed in rank order in double */
+  int k = n + 3, size = comm_size(w->train);
+  double mine[35];
   mine[0] = worker_stop_asked(w) ? 1 : 0;
   mine[1] = (double)atomic_load(&w->switch_pending);
-  for (int i = 0; i < n; i++) mine[2 + i] = values[i];
+  pthread_mutex_lock(&w->mu);
+  mine[2] = !w->etcd || (rdzv_etcd_reachable(w->etcd) && !w->pub_failing);
+  pthread_mutex_unlock(&w->mu);
+  for (int i = 0; i < n; i++) mine[3 + i] = values[i];
   double *all = malloc((size_t)size * (size_t)k * sizeof *all);
   NEWT_CHECK_ALLOC(all);
   newt_result_t r = comm_allgather(comm_host_channel(w->train), mine, all, (size_t)k * sizeof(double), NEWT_U8);
@@ -659,11 +680,17 @@ newt_result_t worker_commit(worker *w, const double *values, double *sums, int n
     free(all);
     return r;
   }
-  double tot[34] = {0};
+  double tot[35] = {0};
   for (int q = 0; q < size; q++)
     for (int i = 0; i < k; i++) tot[i] += all[(size_t)q * (size_t)k + (size_t)i];
+  /* the progress record (the leader's evidence that steps go on) comes from the lowest rank
+     that reaches etcd, not from rank 0 alone: a rank cut from etcd, rank 0 included, is then
+     seen alive while it trains (docs/elastic.md, "When etcd is away") */
+  w->progress_rank = 0;
+  for (int q = size - 1; q >= 0; q--)
+    if (all[(size_t)q * (size_t)k + 2] > 0) w->progress_rank = q;
   free(all);
-  for (int i = 0; i < n; i++) sums[i] = tot[2 + i];
+  for (int i = 0; i < n; i++) sums[i] = tot[3 + i];
   w->leave_agreed = tot[0] > 0;
   w->all_leave = tot[0] >= (double)size && w->plan.nspares == 0;
   w->switch_agreed = tot[1] > 0;
@@ -715,8 +742,8 @@ newt_result_t worker_end(worker *w, const newt_step_result *res) {
   w->live_step++;
   w->derived_stale = res->after != NEWT_OK;
   if (w->sample_log) {
-    fprintf(w->sample_log, "A %llu %lld %llu\n", (unsigned long long)w->plan.generation, (long long)w->live_step,
-            (unsigned long long)newt_wall_ms());
+    fprintf(w->sample_log, "A %llu %lld %llu %d\n", (unsigned long long)w->plan.generation, (long long)w->live_step,
+            (unsigned long long)newt_wall_ms(), w->peer_epoch);
     fflush(w->sample_log);
   }
   if (res->after != NEWT_OK) return NEWT_ERR(res->after, "the step's post-update collectives failed");
@@ -738,7 +765,7 @@ newt_result_t worker_end(worker *w, const newt_step_result *res) {
     w->t_first_step = newt_wall_ms();
     worker_publish_ack(w, w->leave_announced ? NULL : "training");
   }
-  if (w->me->rank == 0) worker_publish_progress(w, res->loss, tps, tokens);
+  if (w->me->rank == w->progress_rank) worker_publish_progress(w, res->loss, tps, tokens);
   newt_result_t cr = worker_ckpt_step(w);
   if (cr != NEWT_OK) /* a checkpoint that cannot start is reported, training goes on */
     NEWT_WARN(WORKER, "%s: checkpoint of step %lld: %s", w->id, (long long)w->live_step, newt_errmsg());
@@ -900,8 +927,15 @@ static newt_result_t read_spec(worker *w) {
 
 newt_result_t worker_join(worker *w) {
   w->step_log_fd = -1;
-  w->snap.step = w->snap.spare_step = w->rep.step = w->rep.spare_step = -1;
+  w->snap.step = w->snap.spare_step = -1;
+  for (int j = 0; j < SPEC_REPLICAS_MAX; j++) w->rep[j].step = w->rep[j].spare_step = -1;
   snprintf(w->host, sizeof w->host, "%s", w->o.host && *w->o.host ? w->o.host : newt_hostname());
+  snprintf(w->domain, sizeof w->domain, "%s", w->o.domain && *w->o.domain ? w->o.domain : w->host);
+  if (w->domain[strspn(w->domain, "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789.-_:/")] != '\0' ||
+      strlen(w->o.domain ? w->o.domain : "") >= sizeof w->domain)
+    return NEWT_ERR(NEWT_ERR_INVALID, "failure domain \"%.64s\" (newt_join_opts.domain, NEWT_DOMAIN, newt worker "
+                    "--domain): letters, digits, '.', '-', '_', ':' and '/', at most %zu characters", w->domain,
+                    sizeof w->domain - 1);
   if (w->o.id && *w->o.id) snprintf(w->id, sizeof w->id, "%s", w->o.id);
   else snprintf(w->id, sizeof w->id, "%.40s-%d", w->host, (int)getpid());
   NEWT_CHECK(rdzv_check_name("worker id", w->id));

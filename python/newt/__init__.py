@@ -505,21 +505,23 @@ class Job:
 
 def join(*, etcd=None, job=None, worker_id=None, host=None, addr=None, port=None, device=None, share_device=None,
          job_secret_file=None, step_log=None, metrics_port=None, handle_signals=True, spec_wait_s=None,
-         exit_on_end=True):
+         exit_on_end=True, domain=None):
     """Becomes a worker of a newt job: what is not given comes from the environment that
     `newt run`, `newt worker` and the chart set (NEWT_ETCD, NEWT_JOB, NEWT_WORKER_ID, ...).
+    domain: the failure domain (NEWT_DOMAIN; default the host), what goes down as a unit:
+    copies of a shard are kept in other domains.
     handle_signals: SIGTERM and Ctrl-C ask for a graceful leave at the next step boundary
     (this rank's state handed over). exit_on_end: leaving the Job's block after a leave, a
     failed job or an exception exits the process with newt's status. Returns the Job (a
     context manager)."""
     o = C.sized(C.JoinOpts)
-    _lib.newt_join_opts_init(ctypes.byref(o))
+    _lib.newt_join_opts_init_size(ctypes.byref(o), ctypes.sizeof(o))
 
     def s(v):
         return None if v is None else str(v).encode()
 
     o.etcd, o.job, o.worker_id, o.host, o.addr = s(etcd), s(job), s(worker_id), s(host), s(addr)
-    o.job_secret_file, o.step_log = s(job_secret_file), s(step_log)
+    o.job_secret_file, o.step_log, o.domain = s(job_secret_file), s(step_log), s(domain)
     if port is not None:
         o.port = int(port)
     if device is not None:

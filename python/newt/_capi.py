@@ -56,7 +56,7 @@ class JoinOpts(ctypes.Structure):
                 ("port", c_int), ("device", c_int), ("cuda_stream", c_void_p), ("share_device", c_int),
                 ("memory", c_void_p), ("job_secret_file", c_char_p), ("step_log", c_char_p),
                 ("metrics_addr", c_char_p), ("metrics_port", c_int), ("termination_log", c_char_p),
-                ("handle_signals", c_int), ("spec_wait_ms", c_int64)]
+                ("handle_signals", c_int), ("spec_wait_ms", c_int64), ("domain", c_char_p)]
 
 
 class JobInfo(ctypes.Structure):
@@ -105,7 +105,7 @@ _PROTOS = {
     "newt_version": (c_int, []),
     "newt_errmsg": (c_char_p, []),
     "newt_result_name": (c_char_p, [c_int]),
-    "newt_join_opts_init": (None, [POINTER(JoinOpts)]),
+    "newt_join_opts_init_size": (None, [POINTER(JoinOpts), ctypes.c_size_t]),
     "newt_join": (c_int, [POINTER(JoinOpts), POINTER(c_void_p)]),
     "newt_use_device": (c_int, [c_void_p, c_void_p, c_void_p]),
     "newt_job_get": (c_int, [c_void_p, POINTER(JobInfo)]),

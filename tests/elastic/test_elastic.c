@@ -113,6 +113,12 @@ static const scenario scenarios[] = {
        follows as soon as it can be published; which of the two is recorded first is a race */
     {"etcd_kill", 400, 4, "restart:etcd:4000@step=10,kill:worker:2@step=12", {"etcd|crash|hang", "etcd|crash|hang"},
      {NULL}, NULL, 0, NULL, NULL, 1},
+    /* a worker killed while etcd is away, and etcd back only once the job reached step 30:
+       the survivors must go on among themselves (worker/peers.c), or the job never gets
+       there; the leader's plan for the crash may come after etcd is back, or the job may
+       end first */
+    {"etcd_peers", 40, 4, "restart:etcd:until=30@step=10,kill:worker:1@step=15", {"etcd", "crash?"}, {NULL}, NULL, 0,
+     NULL, NULL, 1},
     {"stale", 300, 4, "stop:worker:2@step=10,cont:worker:2@step=60", {"hang", "join"}, {NULL}, "w2"},
     /* every worker killed at once: the replacements can only read the checkpoint; those
        that register after the start window (a loaded machine) join the next generation */
@@ -158,6 +164,18 @@ static const scenario scenarios[] = {
      .program = "--hidden 64 --slow-step 150:1500"},
     {.name = "mlp_zero_spare", .steps = 600, .nproc = 4, .chaos = "kill:rank:0@step=10", .causes = {"crash"},
      .extra = {"--zero", "1", "--micro-batch", "6", "--even-batches", NULL}, .program = MLP},
+    /* a whole host lost at once (issue 26): tp 2 x pp 2 x dp 2 with ZeRO 3 on two simulated
+       hosts of four workers, host 1 killed (its four workers back to back). Each stage's two
+       groups sit on both hosts, so every shard has its copy on the surviving one: the state
+       comes from memory, not from a checkpoint or the start (which is what the placement of
+       one host's groups in one stage made of it) */
+    {.name = "host", .steps = 40, .nproc = 8, .chaos = "kill:host:1@step=10", .causes = {"crash"},
+     .extra = {"--tp", "2", "--pp", "2", "--zero", "3", "--hosts", "2", NULL}, .world = 4},
+    /* k = 2 (spec.fault.replicas): six ZeRO 3 ranks on three hosts lose two hosts at once;
+       each rank kept its two predecessors' shards, the ring ordered so that any three
+       neighbours are on three hosts, so the two survivors hold all six shards */
+    {.name = "host_k2", .steps = 40, .nproc = 6, .chaos = "kill:host:1@step=10,kill:host:2@step=10",
+     .causes = {"crash"}, .extra = {"--zero", "3", "--hosts", "3", "--replicas", "2", NULL}, .world = 2},
     /* a lost ZeRO shard comes back from its copy on the next data-parallel rank, not from
        the checkpoints being written all along ... */
     {"zero_replica", 40, 4, "kill:rank:1@step=12", {"crash"}, {"--zero", "1", NULL}, NULL, 5, "peer"},
@@ -321,6 +339,10 @@ static void check_stale(const char *dir, const char *stale) {
  * their state with them, or a hung one woke and finished a step the others had given up),
  * or, where the layout shards the state (shards_state), when a survivor lacked some
  * peer's pieces of the newer step. A survivor holding a whole state is never rolled back. */
+/* Generations in order with the ones the survivors made of them without etcd (a worker's
+ * "generation G (peers E)", its sample log's epoch E): G.E after G, before G + 1. */
+#define SUBGEN(g, e) ((g) * 4096 + (e))
+
 static int took_part(const slice_rec *c, size_t nc, int worker, long long after, long long upto) {
   for (size_t i = 0; i < nc; i++)
     if (c[i].worker == worker && c[i].gen > after && c[i].gen <= upto) return 1;
@@ -346,14 +368,17 @@ static void check_samples(const char *dir, int STEPS, int shards_state) {
     char line[256];
     while (fgets(line, sizeof line, f)) {
       slice_rec r = {.worker = nw};
-      if (line[0] == 'C' && sscanf(line + 1, "%lld %lld %lld %lld", &r.gen, &r.step, &r.first, &r.count) == 4) {
+      long long epoch = 0, wall = 0; /* a generation the survivors made without etcd: (gen, epoch) */
+      if (line[0] == 'C' && sscanf(line + 1, "%lld %lld %lld %lld %lld", &r.gen, &r.step, &r.first, &r.count, &epoch) >= 4) {
+        r.gen = SUBGEN(r.gen, epoch);
         if (nc == cap) {
           cap = cap ? 2 * cap : 256;
           c = realloc(c, cap * sizeof *c);
         }
         c[nc++] = r;
-      } else if (line[0] == 'A' && sscanf(line + 1, "%lld %lld", &r.gen, &r.step) == 2 && r.step >= 1 &&
-                 r.step <= STEPS) {
+      } else if (line[0] == 'A' && sscanf(line + 1, "%lld %lld %lld %lld", &r.gen, &r.step, &wall, &epoch) >= 2 &&
+                 r.step >= 1 && r.step <= STEPS) {
+        r.gen = SUBGEN(r.gen, epoch);
         if (na == acap) {
           acap = acap ? 2 * acap : 256;
           a = realloc(a, acap * sizeof *a);
@@ -459,12 +484,14 @@ static void check_generations(const char *dir, int healthy) {
     long long last = 0;
     while (f && fgets(line, sizeof line, f)) {
       const char *p;
-      long long g;
+      long long g, ep = 0;
       int end = 0;
       if (e->d_name[0] == 'w' && (p = strstr(line, ": generation ")) &&
-          sscanf(p, ": generation %lld: rank%n", &g, &end) == 1 && end > 0) {
-        T_CHECK_MSG(g > last, "%s took up generation %lld after %lld", e->d_name, g, last);
-        last = g;
+          ((sscanf(p, ": generation %lld: rank%n", &g, &end) == 1 && end > 0) ||
+           (sscanf(p, ": generation %lld (peers %lld): rank%n", &g, &ep, &end) == 2 && end > 0))) {
+        T_CHECK_MSG(SUBGEN(g, ep) > last, "%s took up generation %lld.%lld after %lld.%lld", e->d_name, g, ep,
+                    last / 4096, last % 4096);
+        last = SUBGEN(g, ep);
       }
       if (e->d_name[0] == 'c' && strstr(line, " fenced "))
         T_CHECK_MSG(!healthy, "a healthy worker was fenced: %s: %s", e->d_name, line);
@@ -744,6 +771,14 @@ static void test_cli(void) {
   expect_rejected(chaos1, "worker index \"x\"");
   const char *chaos2[] = {n, "run", "--chaos", "kill:worker:1@step=3,explode:etcd@step=4", NULL};
   expect_rejected(chaos2, "item 2: unknown action \"explode\"");
+  const char *host1[] = {n, "run", "--chaos", "kill:host:0@step=3", NULL};
+  expect_rejected(host1, "kill:host:0@step=3: a host to kill needs --hosts H");
+  const char *host2[] = {n, "run", "--nproc", "4", "--hosts", "2", "--chaos", "kill:host:2@step=3", NULL};
+  expect_rejected(host2, "kill:host:2@step=3: no such simulated host");
+  const char *host3[] = {n, "run", "--nproc", "4", "--hosts", "5", NULL};
+  expect_rejected(host3, "--hosts 5: 0 (none) to --nproc 4");
+  const char *reps[] = {n, "run", "--replicas", "9", NULL};
+  expect_rejected(reps, "spec.fault.replicas: must be 1..8");
   const char *batch[] = {n, "run", "--global-batch", "30", "--micro-batch", "4", NULL};
   expect_rejected(batch, "spec.train.global_batch");
   const char *model[] = {n, "run", "--model", "layerz=2", NULL};
@@ -1460,29 +1495,42 @@ static void test_tls(void) {
   rdzv_etcd_server_free(srv);
 }
 
-static void test_netns(void) {
+/* A job across NETNS_HOSTS network namespaces (host i: 10.<a>.<b>.(10+i), worker w<i>):
+ * etcd and coordinator c0 outside, on the bridge (10.<a>.<b>.1). */
+typedef struct netns_job {
+  const char *job;
+  int a, b;
+  double ref;
+  rdzv_etcd *c;
+  pid_t pids[NETNS_HOSTS + 2]; /* etcd, c0, the workers */
+  int npids;
+  char samples[300];
+  int64_t final_gen; /* the plan's generation at the end (netns_finish) */
+} netns_job;
+
+static int netns_start(netns_job *J, const char *job) {
+  memset(J, 0, sizeof *J);
+  J->job = job;
   T_CHECK_MSG(geteuid() == 0, "the multi-host test needs root for ip netns (CI runs as root)");
-  if (geteuid() != 0) return;
+  if (geteuid() != 0) return -1;
   const char *newt = newt_bin;
-  int a = 77, b = (int)(getpid() % 200) + 20;
+  J->a = 77, J->b = (int)(getpid() % 200) + 20;
   snprintf(ns_tag, sizeof ns_tag, "nt%d", (int)(getpid() % 100000));
-  T_CHECK_MSG(netns_setup(a, b) == 0, "cannot build the network namespaces");
-  if (!ns_made) return;
-  double ref = reference_loss(newt, NETNS_STEPS, MODEL);
-  char bridge_ip[32], etcd_url[64], peer_url[64], etcd_dir[300], samples[300], spec_path[300], logp[400];
-  snprintf(bridge_ip, sizeof bridge_ip, "10.%d.%d.1", a, b);
+  T_CHECK_MSG(netns_setup(J->a, J->b) == 0, "cannot build the network namespaces");
+  if (!ns_made) return -1;
+  J->ref = reference_loss(newt, NETNS_STEPS, MODEL);
+  char bridge_ip[32], etcd_url[64], peer_url[64], etcd_dir[300], spec_path[300], logp[400];
+  snprintf(bridge_ip, sizeof bridge_ip, "10.%d.%d.1", J->a, J->b);
   int port = 0, pport = 0;
   T_OK(newt_net_free_port(&port));
   T_OK(newt_net_free_port(&pport));
   snprintf(etcd_url, sizeof etcd_url, "http://%s:%d", bridge_ip, port);
   snprintf(peer_url, sizeof peer_url, "http://127.0.0.1:%d", pport);
   snprintf(etcd_dir, sizeof etcd_dir, "%s/etcd", tmpdir);
-  snprintf(samples, sizeof samples, "%s/samples", tmpdir);
-  T_OK(newt_fs_mkdirs(samples, 0755));
-  setenv("NEWT_SAMPLE_LOG_DIR", samples, 1);
+  snprintf(J->samples, sizeof J->samples, "%s/samples", tmpdir);
+  T_OK(newt_fs_mkdirs(J->samples, 0755));
+  setenv("NEWT_SAMPLE_LOG_DIR", J->samples, 1);
   setenv("NEWT_DEBUG", "INFO", 0);
-  pid_t pids[NETNS_HOSTS + 2];
-  int npids = 0;
   snprintf(logp, sizeof logp, "%s/etcd.log", tmpdir);
   const char *etcd_argv[] = {"etcd", "--data-dir", etcd_dir, "--listen-client-urls", etcd_url,
                              "--advertise-client-urls", etcd_url, "--listen-peer-urls", peer_url,
@@ -1491,85 +1539,81 @@ static void test_netns(void) {
   snprintf(cluster, sizeof cluster, "default=%s", peer_url);
   etcd_argv[12] = cluster;
   newt_spawn_opts so = {.log_path = logp, .die_with_parent = 1};
-  T_OK(newt_proc_spawn(etcd_argv, &so, &pids[npids]));
-  npids++;
+  T_OK(newt_proc_spawn(etcd_argv, &so, &J->pids[J->npids]));
+  J->npids++;
   rdzv_etcd_opts eo = {.endpoints = etcd_url};
-  rdzv_etcd *c = NULL;
-  T_OK(rdzv_etcd_init(&eo, &c));
+  T_OK(rdzv_etcd_init(&eo, &J->c));
   /* the spec: small model, a collective without progress for 1.5 s is a hang */
   snprintf(spec_path, sizeof spec_path, "%s/spec.json", tmpdir);
   char spec[512];
   snprintf(spec, sizeof spec,
-           "{\"job\":\"netns\",\"model\":{\"preset\":\"tiny\",\"layers\":2,\"channels\":64},"
+           "{\"job\":\"%s\",\"model\":{\"preset\":\"tiny\",\"layers\":2,\"channels\":64},"
            "\"train\":{\"steps\":%d,\"global_batch\":%d,\"micro_batch\":%d,\"seq_len\":%s},"
            "\"fault\":{\"comm_timeout_ms\":1500}}",
-           NETNS_STEPS, GB, MB, SEQ);
+           job, NETNS_STEPS, GB, MB, SEQ);
   T_OK(newt_fs_write_atomic(spec_path, spec, strlen(spec)));
   for (newt_deadline_t d = newt_deadline_in_ms(20000); !newt_deadline_passed(d);) {
     rdzv_etcd_kvs r;
     rdzv_etcd_range_opts ro = {.count_only = 1};
-    if (rdzv_etcd_range(c, "x", &ro, newt_deadline_in_ms(500), &r) == NEWT_OK) {
+    if (rdzv_etcd_range(J->c, "x", &ro, newt_deadline_in_ms(500), &r) == NEWT_OK) {
       rdzv_etcd_kvs_free(&r);
       break;
     }
     newt_sleep_ms(100);
   }
   snprintf(logp, sizeof logp, "%s/c0.log", tmpdir);
-  const char *coord[] = {newt, "coordinator", "--etcd", etcd_url, "--job", "netns", "--id", "c0", "--spec",
+  const char *coord[] = {newt, "coordinator", "--etcd", etcd_url, "--job", job, "--id", "c0", "--spec",
                          spec_path, "--metrics-port", "0", NULL};
   so.log_path = logp;
-  T_OK(newt_proc_spawn(coord, &so, &pids[npids]));
-  npids++;
+  T_OK(newt_proc_spawn(coord, &so, &J->pids[J->npids]));
+  J->npids++;
   for (int i = 0; i < NETNS_HOSTS; i++) {
     char ns[32], id[16], host[16], addr[32];
     snprintf(ns, sizeof ns, "%s-%d", ns_tag, i);
     snprintf(id, sizeof id, "w%d", i);
     snprintf(host, sizeof host, "host%d", i);
-    snprintf(addr, sizeof addr, "10.%d.%d.%d", a, b, 10 + i);
+    snprintf(addr, sizeof addr, "10.%d.%d.%d", J->a, J->b, 10 + i);
     snprintf(logp, sizeof logp, "%s/w%d.log", tmpdir, i);
-    const char *argv[] = {"ip", "netns", "exec", ns, newt, "worker", "--etcd", etcd_url, "--job", "netns", "--id", id,
+    const char *argv[] = {"ip", "netns", "exec", ns, newt, "worker", "--etcd", etcd_url, "--job", job, "--id", id,
                           "--host", host, "--addr", addr, NULL};
     so.log_path = logp;
-    T_OK(newt_proc_spawn(argv, &so, &pids[npids]));
-    npids++;
+    T_OK(newt_proc_spawn(argv, &so, &J->pids[J->npids]));
+    J->npids++;
   }
-  /* cut host 2 off once training runs */
-  int64_t cut_step = -1;
-  cJSON *j = NULL;
-  for (newt_deadline_t d = newt_deadline_in_ms(60000); !newt_deadline_passed(d) && cut_step < 0; newt_sleep_ms(20)) {
-    if (get_json(c, "netns", "progress", &j) != NEWT_OK) continue;
+  return 0;
+}
+
+/* Waits until the job's progress record says step `at` or later: the step, -1 by 60 s. */
+static int64_t netns_wait_step(netns_job *J, int64_t at) {
+  for (newt_deadline_t d = newt_deadline_in_ms(60000); !newt_deadline_passed(d); newt_sleep_ms(20)) {
+    cJSON *j = NULL;
+    if (get_json(J->c, J->job, "progress", &j) != NEWT_OK) continue;
     int64_t step = json_int(j, "step");
     cJSON_Delete(j);
-    if (step >= 15) {
-      T_CHECK(sh("ip netns exec %s-2 ip link set %sp2 down", ns_tag, ns_tag) == 0);
-      cut_step = step;
-    }
+    if (step >= at) return step;
   }
-  T_CHECK_MSG(cut_step >= 0, "training never reached step 15; logs in %s", tmpdir);
-  /* the others replan without w2 */
-  int64_t gen2 = -1;
-  for (newt_deadline_t d = newt_deadline_in_ms(30000); cut_step >= 0 && !newt_deadline_passed(d) && gen2 < 0;
-       newt_sleep_ms(50)) {
-    char *text = NULL;
-    int64_t g = 0;
-    if (rdzv_plan_get(c, "netns", newt_deadline_in_ms(2000), &text, &g, NULL) != NEWT_OK) continue;
-    newt_plan p;
-    if (g > 1 && plan_from_json(text, strlen(text), &p) == NEWT_OK) {
-      if (!plan_find(&p, "w2")) gen2 = g;
-      plan_free(&p);
-    }
-    free(text);
-  }
-  T_CHECK_MSG(gen2 > 1, "no plan without the cut-off host; logs in %s", tmpdir);
-  /* its link comes back: it must not rejoin generation 1 */
-  newt_sleep_ms(500);
-  T_CHECK(sh("ip netns exec %s-2 ip link set %sp2 up", ns_tag, ns_tag) == 0);
-  uint64_t t_up = newt_wall_ms();
+  return -1;
+}
+
+/* The generation of the plan in etcd (0: none or unreadable). */
+static int64_t netns_plan_gen(netns_job *J, newt_plan *out) {
+  char *text = NULL;
+  int64_t g = 0;
+  if (rdzv_plan_get(J->c, J->job, newt_deadline_in_ms(2000), &text, &g, NULL) != NEWT_OK) return 0;
+  if (out && plan_from_json(text, strlen(text), out) != NEWT_OK) g = 0;
+  free(text);
+  return g;
+}
+
+/* The end: done at the last step with every sample once at the uninterrupted loss, every
+ * process exits 0 by itself; the sample logs checked. */
+static void netns_finish(netns_job *J) {
   int done = 0;
   double loss = NAN;
   int64_t final_step = -1, consumed = -1;
   for (newt_deadline_t d = newt_deadline_in_ms(180000); !newt_deadline_passed(d) && !done; newt_sleep_ms(100)) {
-    if (get_json(c, "netns", "done", &j) != NEWT_OK) continue;
+    cJSON *j = NULL;
+    if (get_json(J->c, J->job, "done", &j) != NEWT_OK) continue;
     done = 1;
     final_step = json_int(j, "step");
     consumed = json_int(j, "samples");
@@ -1579,23 +1623,54 @@ static void test_netns(void) {
   T_CHECK_MSG(done, "the job did not finish; logs in %s", tmpdir);
   T_CHECK(final_step == NETNS_STEPS);
   T_CHECK(consumed == (int64_t)NETNS_STEPS * GB);
-  T_CHECK_MSG(fabs(loss - ref) <= 1e-4 * fmax(1.0, fabs(ref)), "final loss %.7f, uninterrupted %.7f", loss, ref);
+  T_CHECK_MSG(fabs(loss - J->ref) <= 1e-4 * fmax(1.0, fabs(J->ref)), "final loss %.7f, uninterrupted %.7f", loss,
+              J->ref);
   /* every process ends by itself, the cut-off worker included */
-  for (int i = 1; i < npids; i++) {
+  for (int i = 1; i < J->npids; i++) {
     int st = 0;
-    newt_result_t r = newt_proc_wait(pids[i], 30000, &st);
+    newt_result_t r = newt_proc_wait(J->pids[i], 30000, &st);
     T_CHECK_MSG(r == NEWT_OK && WIFEXITED(st) && WEXITSTATUS(st) == 0, "process %d (%s) did not exit 0; logs in %s", i,
                 i == 1 ? "c0" : "a worker", tmpdir);
-    if (r != NEWT_OK) newt_proc_stop(pids[i], 1000);
+    if (r != NEWT_OK) newt_proc_stop(J->pids[i], 1000);
   }
-  newt_proc_stop(pids[0], 2000);
-  rdzv_etcd_free(c);
-  check_samples(samples, NETNS_STEPS, 0);
+  J->final_gen = netns_plan_gen(J, NULL);
+  newt_proc_stop(J->pids[0], 2000);
+  rdzv_etcd_free(J->c);
+  J->c = NULL;
+  check_samples(J->samples, NETNS_STEPS, 0);
+}
+
+static void test_netns(void) {
+  netns_job J;
+  if (netns_start(&J, "netns") != 0) return;
+  /* cut host 2 off once training runs */
+  int64_t cut_step = netns_wait_step(&J, 15);
+  if (cut_step >= 0) T_CHECK(sh("ip netns exec %s-2 ip link set %sp2 down", ns_tag, ns_tag) == 0);
+  T_CHECK_MSG(cut_step >= 0, "training never reached step 15; logs in %s", tmpdir);
+  /* the others replan without w2 */
+  int64_t gen2 = -1;
+  for (newt_deadline_t d = newt_deadline_in_ms(30000); cut_step >= 0 && !newt_deadline_passed(d) && gen2 < 0;
+       newt_sleep_ms(50)) {
+    newt_plan p;
+    int64_t g = netns_plan_gen(&J, &p);
+    if (g > 1) {
+      if (!plan_find(&p, "w2")) gen2 = g;
+      plan_free(&p);
+    } else if (g == 1) {
+      plan_free(&p);
+    }
+  }
+  T_CHECK_MSG(gen2 > 1, "no plan without the cut-off host; logs in %s", tmpdir);
+  /* its link comes back: it must not rejoin generation 1 */
+  newt_sleep_ms(500);
+  T_CHECK(sh("ip netns exec %s-2 ip link set %sp2 up", ns_tag, ns_tag) == 0);
+  uint64_t t_up = newt_wall_ms();
+  netns_finish(&J);
   /* once the link was back, no rank (the cut-off one least of all) took a step of
      generation 1: the old generation was gone for good */
   for (int i = 0; i < NETNS_HOSTS; i++) {
     char path[400], line[128];
-    snprintf(path, sizeof path, "%s/w%d.samples", samples, i);
+    snprintf(path, sizeof path, "%s/w%d.samples", J.samples, i);
     FILE *f = fopen(path, "r");
     T_CHECK_MSG(f != NULL, "no sample log for w%d", i);
     long long late = 0;
@@ -1610,6 +1685,56 @@ static void test_netns(void) {
   netns_cleanup();
 }
 
+/* Whether c0's log has a line with `what`. */
+static int coord_said(const char *what) {
+  char path[400], line[2048];
+  snprintf(path, sizeof path, "%s/c0.log", tmpdir);
+  FILE *f = fopen(path, "r");
+  int found = 0;
+  while (f && !found && fgets(line, sizeof line, f)) found = strstr(line, what) != NULL;
+  if (f) fclose(f);
+  return found;
+}
+
+/* Rank 0 cut from etcd (a blackhole route to etcd in its namespace; its peers still
+ * reachable) while it trains: its lease lapses, but steps go on, and the progress record
+ * that says so comes from the lowest rank that reaches etcd -- so the leader finds it alive
+ * and fences nobody (issue 27: rank 0's cut used to cost a "hang" recovery and a join,
+ * while rank 1's cost nothing). Healed once the leader said so; then the job ends in
+ * generation 1. */
+static void test_netns_etcd_cut(void) {
+  netns_job J;
+  if (netns_start(&J, "netns_etcd_cut") != 0) return;
+  int64_t at = netns_wait_step(&J, 15);
+  T_CHECK_MSG(at >= 0, "training never reached step 15; logs in %s", tmpdir);
+  newt_plan p;
+  int host = -1;
+  if (at >= 0 && netns_plan_gen(&J, &p) == 1) {
+    if (p.nranks > 0 && sscanf(p.ranks[0].worker, "w%d", &host) != 1) host = -1;
+    plan_free(&p);
+  }
+  T_CHECK_MSG(host >= 0 && host < NETNS_HOSTS, "no rank 0 in plan 1; logs in %s", tmpdir);
+  if (host < 0 || host >= NETNS_HOSTS) return;
+  T_CHECK(sh("ip netns exec %s-%d ip route add blackhole 10.%d.%d.1/32", ns_tag, host, J.a, J.b) == 0);
+  /* the leader's verdict: alive (its registration vanished and steps went on), or a plan
+     without it */
+  int alive = 0;
+  int64_t gen = 1;
+  for (newt_deadline_t d = newt_deadline_in_ms(60000); !newt_deadline_passed(d) && !alive && gen == 1;
+       newt_sleep_ms(50)) {
+    alive = coord_said("vanished, but steps went on since");
+    int64_t g = netns_plan_gen(&J, NULL);
+    if (g > 1) gen = g;
+  }
+  T_CHECK_MSG(alive && gen == 1, "rank 0 (w%d) cut from etcd: %s; logs in %s", host,
+              gen > 1 ? "the leader planned without it" : "the leader never said it alive", tmpdir);
+  T_CHECK(sh("ip netns exec %s-%d ip route del blackhole 10.%d.%d.1/32", ns_tag, host, J.a, J.b) == 0);
+  netns_finish(&J);
+  T_CHECK_MSG(!coord_said(" fenced "), "a healthy worker was fenced; logs in %s", tmpdir);
+  T_CHECK_MSG(J.final_gen == 1, "the job ended in generation %lld, not 1: a plan for nothing; logs in %s",
+              (long long)J.final_gen, tmpdir);
+  netns_cleanup();
+}
 
 static void test_scenario(void) { run_scenario(current, newt_bin); }
 
@@ -1787,10 +1912,11 @@ int main(int argc, char **argv) {
     else fprintf(stderr, "logs kept in %s\n", tmpdir);
     return rc;
   }
-  if (strcmp(argv[1], "netns") == 0) {
-    snprintf(tmpdir, sizeof tmpdir, "/tmp/newt-e2e-netns-XXXXXX");
+  if (strcmp(argv[1], "netns") == 0 || strcmp(argv[1], "netns_etcd_cut") == 0) {
+    snprintf(tmpdir, sizeof tmpdir, "/tmp/newt-e2e-%s-XXXXXX", argv[1]);
     if (!mkdtemp(tmpdir)) return 2;
-    T_RUN(test_netns);
+    if (strcmp(argv[1], "netns") == 0) T_RUN(test_netns);
+    else T_RUN(test_netns_etcd_cut);
     int rc = T_DONE();
     if (rc == 0) newt_fs_rm_rf(tmpdir);
     else fprintf(stderr, "logs kept in %s\n", tmpdir);

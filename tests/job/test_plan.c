@@ -7,6 +7,7 @@
 #include "job/plan.h"
 #include "job/records.h"
 #include "job/spec.h"
+#include "rendezvous/rdzv.h"
 #include "test.h"
 
 static newt_result_t parse(const char *text, newt_spec *s) { return spec_from_json(text, strlen(text), s); }
@@ -57,6 +58,22 @@ static void test_spec(void) {
   T_CHECK_MSG(back.join_window_ms == 2000 && back.even_batches == 1, "%s", dj);
   free(dj);
   expect_spec_error("{\"job\":\"j\",\"parallel\":{\"join_window_ms\":-1}}", "spec.parallel.join_window_ms");
+  /* spec.fault.replicas: 1 by default and then not written (a spec of the previous release
+     reads the same), 1..8, not changed while the job runs */
+  T_OK(parse("{\"job\":\"j\"}", &s));
+  dj = spec_to_json(&s);
+  T_CHECK_MSG(s.replicas == 1 && dj && !strstr(dj, "replicas"), "%s", dj);
+  free(dj);
+  T_OK(parse("{\"job\":\"j\",\"fault\":{\"replicas\":3}}", &s));
+  dj = spec_to_json(&s);
+  T_OK(parse(dj, &back));
+  T_CHECK_MSG(back.replicas == 3, "%s", dj);
+  free(dj);
+  expect_spec_error("{\"job\":\"j\",\"fault\":{\"replicas\":0}}", "spec.fault.replicas: must be 1..8");
+  expect_spec_error("{\"job\":\"j\",\"fault\":{\"replicas\":9}}", "spec.fault.replicas: must be 1..8");
+  expect_spec_error("{\"job\":\"j\",\"fault\":{\"replicas\":\"2\"}}", "spec.fault.replicas");
+  back.replicas = 1;
+  T_CHECK(!spec_update_allowed(&s, &back, NULL, 0) && strstr(newt_errmsg(), "spec.fault.replicas: 3 -> 1"));
   expect_spec_error("{\"job\":\"j\",\"parallel\":{\"dp_min\":4,\"dp_max\":2}}", "spec.parallel.dp_max");
   /* hostile sizes: no overflow, no division by zero, no loop of 9e15 (issue 17, item 5) */
   expect_spec_error("{\"job\":\"j\",\"train\":{\"global_batch\":8589934592,\"micro_batch\":4294967296},"
@@ -354,6 +371,131 @@ static void test_plan_spreads_hosts(void) {
   plan_free(&p);
 }
 
+/* The domain of data-parallel rank d of stage pi (its group's first rank's member). */
+static const char *dom_at(const newt_plan *p, const plan_member *m, int n, int pi, int d) {
+  const char *id = p->ranks[(pi * p->dp + d) * p->tp].worker;
+  for (int i = 0; i < n; i++)
+    if (strcmp(m[i].id, id) == 0) return m[i].domain[0] ? m[i].domain : m[i].host;
+  return "?";
+}
+
+/* Whether any w consecutive data-parallel ranks of every stage (around the ring) are in w
+ * distinct domains; says where not. */
+static int windows_distinct(const newt_plan *p, const plan_member *m, int n, int w) {
+  int ok = 1;
+  for (int pi = 0; pi < p->pp; pi++)
+    for (int d = 0; d < p->dp; d++)
+      for (int t = 1; t < w && t < p->dp; t++)
+        if (strcmp(dom_at(p, m, n, pi, d), dom_at(p, m, n, pi, (d + t) % p->dp)) == 0) {
+          T_FAIL("stage %d: dp %d and %d both in domain %s (window %d)", pi, d, (d + t) % p->dp,
+                 dom_at(p, m, n, pi, d), w);
+          ok = 0;
+        }
+  return ok;
+}
+
+/* spec.fault.replicas = k: any k + 1 consecutive data-parallel ranks in k + 1 distinct failure
+   domains where the domains allow, the domain (not the host) deciding; an order that already
+   has it is kept; every stage spread over the domains. */
+static void test_plan_domains(void) {
+  newt_spec s = layout_spec(1, 1, 3);
+  s.global_batch = 12;
+  /* six workers on one host, in three domains, joined in domain order: a a b b c c */
+  plan_member m[6];
+  const char *doms[6] = {"a", "a", "b", "b", "c", "c"};
+  for (int i = 0; i < 6; i++) {
+    char id[8];
+    snprintf(id, sizeof id, "w%d", i);
+    m[i] = mk(id, "h", 10 + i, -1, -1);
+    snprintf(m[i].domain, sizeof m[i].domain, "%s", doms[i]);
+  }
+  newt_plan p;
+  for (int k = 1; k <= 3; k++) { /* 3: more than the 3 domains allow; 2 is the most they do */
+    s.replicas = k;
+    T_OK(plan_compute(&s, m, 6, 0, &p));
+    T_CHECK(p.dp == 6);
+    windows_distinct(&p, m, 6, k < 3 ? k + 1 : 3);
+    for (int r = 0; r < p.nranks; r++) T_CHECK(strcmp(p.ranks[r].host, "h") == 0);
+    plan_free(&p);
+  }
+  /* an order that already has it is kept: a b c a b c by join order */
+  const char *kept[6] = {"a", "b", "c", "a", "b", "c"};
+  for (int i = 0; i < 6; i++) snprintf(m[i].domain, sizeof m[i].domain, "%s", kept[i]);
+  s.replicas = 2;
+  T_OK(plan_compute(&s, m, 6, 0, &p));
+  for (int r = 0; r < p.nranks; r++) T_CHECK_MSG(strcmp(p.ranks[r].worker, m[r].id) == 0, "rank %d: %s", r, p.ranks[r].worker);
+  plan_free(&p);
+  /* survivors of a kept ring stay in order when a domain's workers go (w1, w4 of domain b):
+     a c a c needs no move */
+  plan_member surv[4] = {m[0], m[2], m[3], m[5]};
+  for (int i = 0; i < 4; i++) surv[i].prev_rank = (int[]){0, 2, 3, 5}[i], surv[i].prev_pp = 0, surv[i].has_state = 1;
+  s.replicas = 1;
+  T_OK(plan_compute(&s, surv, 4, 1, &p));
+  T_CHECK(p.dp == 4);
+  for (int r = 0; r < p.nranks; r++) T_CHECK_MSG(strcmp(p.ranks[r].worker, surv[r].id) == 0, "rank %d: %s", r, p.ranks[r].worker);
+  windows_distinct(&p, surv, 4, 2);
+  plan_free(&p);
+  /* without a domain, the host is the domain */
+  for (int i = 0; i < 6; i++) {
+    m[i].domain[0] = '\0';
+    snprintf(m[i].host, sizeof m[i].host, "%s", doms[i]);
+  }
+  s.replicas = 2;
+  T_OK(plan_compute(&s, m, 6, 0, &p));
+  windows_distinct(&p, m, 6, 3);
+  plan_free(&p);
+  /* tp 2 x pp 2 x dp 2 on two hosts of four workers: each stage's two groups on both hosts
+     (one host's groups making a whole stage would take that stage's shards and their only
+     copies down with it) */
+  s = layout_spec(2, 2, 3);
+  plan_member e[8] = {mk("a0", "a", 1, -1, -1), mk("a1", "a", 2, -1, -1), mk("a2", "a", 3, -1, -1),
+                      mk("a3", "a", 4, -1, -1), mk("b0", "b", 5, -1, -1), mk("b1", "b", 6, -1, -1),
+                      mk("b2", "b", 7, -1, -1), mk("b3", "b", 8, -1, -1)};
+  T_OK(plan_compute(&s, e, 8, 0, &p));
+  T_CHECK(p.dp == 2 && p.pp == 2 && p.nranks == 8);
+  windows_distinct(&p, e, 8, 2);
+  for (int r = 0; r < p.nranks; r += 2) T_CHECK(strcmp(p.ranks[r].host, p.ranks[r + 1].host) == 0);
+  plan_free(&p);
+  /* one domain: nothing to spread, the order is that of one host before domains existed */
+  for (int i = 0; i < 8; i++) snprintf(e[i].host, sizeof e[i].host, "h");
+  T_OK(plan_compute(&s, e, 8, 0, &p));
+  for (int r = 0; r < p.nranks; r++) T_CHECK(strcmp(p.ranks[r].worker, e[r].id) == 0);
+  plan_free(&p);
+}
+
+/* The registration record: the domain is written when it is not the host, and a record of
+   the previous release (no domain) reads as its host. */
+static void test_registration_domain(void) {
+  rdzv_worker w, back;
+  memset(&w, 0, sizeof w);
+  snprintf(w.id, sizeof w.id, "w1");
+  snprintf(w.host, sizeof w.host, "node-7");
+  snprintf(w.domain, sizeof w.domain, "zone-a/rack-3");
+  snprintf(w.addr, sizeof w.addr, "10.0.0.7:4000");
+  snprintf(w.state, sizeof w.state, "ready");
+  w.device = -1;
+  char *json = NULL;
+  T_OK(rdzv_worker_to_json(&w, &json));
+  T_CHECK_MSG(json && strstr(json, "\"domain\":\"zone-a/rack-3\""), "%s", json);
+  T_OK(rdzv_worker_from_json(json, strlen(json), "workers/w1", &back));
+  T_CHECK(strcmp(back.domain, "zone-a/rack-3") == 0 && strcmp(back.host, "node-7") == 0);
+  free(json);
+  snprintf(w.domain, sizeof w.domain, "node-7"); /* the host's: not written, as before */
+  T_OK(rdzv_worker_to_json(&w, &json));
+  T_CHECK_MSG(json && !strstr(json, "domain"), "%s", json);
+  free(json);
+  const char *old = "{\"id\":\"w2\",\"host\":\"node-9\",\"addr\":\"10.0.0.9:4000\",\"device\":-1,"
+                    "\"state\":\"training\",\"pid\":7,\"generation\":3}";
+  T_OK(rdzv_worker_from_json(old, strlen(old), "workers/w2", &back));
+  T_CHECK_MSG(strcmp(back.domain, "node-9") == 0, "domain %s", back.domain);
+  const char *bad = "{\"id\":\"w2\",\"host\":\"n\",\"domain\":\"a b\\u001b\",\"state\":\"ready\"}";
+  T_ERR(NEWT_ERR_INVALID, rdzv_worker_from_json(bad, strlen(bad), "workers/w2", &back));
+  T_CHECK_MSG(strstr(newt_errmsg(), "workers/w2.domain") != NULL, "%s", newt_errmsg());
+  const char *num = "{\"id\":\"w2\",\"host\":\"n\",\"domain\":7,\"state\":\"ready\"}";
+  T_ERR(NEWT_ERR_INVALID, rdzv_worker_from_json(num, strlen(num), "workers/w2", &back));
+  T_CHECK_MSG(strstr(newt_errmsg(), "domain") != NULL, "%s", newt_errmsg());
+}
+
 /* tp 2 x pp 2 x dp 2 loses rank 5 (pp 1, dp 0, tp 1): the whole groups (0,1), (2,3) and
    (6,7) must make the new layout, not a group glued from rank 4 and rank 6. */
 static void test_plan_keeps_whole_groups(void) {
@@ -525,6 +667,8 @@ int main(void) {
   T_RUN(test_plan_tp_pp);
   T_RUN(test_plan_keeps_whole_groups);
   T_RUN(test_plan_spreads_hosts);
+  T_RUN(test_plan_domains);
+  T_RUN(test_registration_domain);
   T_RUN(test_plan_json);
   T_RUN(test_plan_hostile);
   return T_DONE();

@@ -5,6 +5,15 @@
 #include "launch/chaos.h"
 #include "test.h"
 
+/* Each schedule bad[i][0] is refused, its error saying bad[i][1]. */
+static void expect_refused(const char *const (*bad)[2], size_t n) {
+  chaos_plan c;
+  for (size_t i = 0; i < n; i++) {
+    T_CHECK_MSG(chaos_parse(bad[i][0], &c) == NEWT_ERR_INVALID, "accepted %s", bad[i][0]);
+    T_CHECK_MSG(strstr(newt_errmsg(), bad[i][1]) != NULL, "error \"%s\" lacks \"%s\"", newt_errmsg(), bad[i][1]);
+  }
+}
+
 static void test_chaos(void) {
   chaos_plan c;
   T_OK(chaos_parse("kill:worker:1@step=15,stop:worker:2@step=30,term:worker:0@step=45,join:2@step=50,"
@@ -32,10 +41,7 @@ static void test_chaos(void) {
                           {"restart:worker@step=3", "restart applies to etcd"},
                           {"kill:worker:1@step=3,kill:robot:1@step=4", "item 2"},
                           {"cont:coordinator@step=3", "cont applies to workers"}};
-  for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
-    T_CHECK_MSG(chaos_parse(bad[i][0], &c) == NEWT_ERR_INVALID, "accepted %s", bad[i][0]);
-    T_CHECK_MSG(strstr(newt_errmsg(), bad[i][1]) != NULL, "error \"%s\" lacks \"%s\"", newt_errmsg(), bad[i][1]);
-  }
+  expect_refused(bad, sizeof bad / sizeof bad[0]);
 }
 
 /* The etcd forms: the whole etcd (index -1) or one member, the downtime in arg. */
@@ -58,6 +64,8 @@ static void test_chaos_etcd(void) {
       {"kill:etcd:4:1500@step=7", CHAOS_KILL, 4, 1500, "kill:etcd:4:1500@step=7"},
       {"stop:etcd:2:800@step=7", CHAOS_STOP, 2, 800, "stop:etcd:2:800@step=7"},
       {"stop:etcd:0:0@step=7", CHAOS_STOP, 0, 0, "stop:etcd:0:0@step=7"},
+      {"restart:etcd:until=30@step=7", CHAOS_RESTART, -1, 0, "restart:etcd:until=30@step=7"},
+      {"stop:etcd:until=8@step=7", CHAOS_STOP, -1, 0, "stop:etcd:until=8@step=7"},
   };
   chaos_plan c;
   char buf[64];
@@ -102,17 +110,41 @@ static void test_chaos_etcd(void) {
       {"restart:etcd:-5@step=3", "item 1: etcd downtime \"-5\""},
       {"restart:etcd:1:2@step=3", "restart:etcd takes at most one value"},
       {"cont:etcd@step=3", "item 1 \"cont:etcd\": cont does not apply to etcd"},
+      {"restart:etcd:until=3@step=3", "\"until=3\": etcd comes back at a step after the item's own (3)"},
+      {"stop:etcd:until=x@step=3", "\"until=x\""},
+      {"wipe:etcd:until=9@step=3", "etcd downtime \"until=9\""},
       {"term:etcd:1@step=3", "term does not apply to etcd"},
       {"kill:worker:1@step=3,stop:etcd:x@step=4", "item 2 \"stop:etcd:x\""},
   };
-  for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
-    T_CHECK_MSG(chaos_parse(bad[i][0], &c) == NEWT_ERR_INVALID, "accepted %s", bad[i][0]);
-    T_CHECK_MSG(strstr(newt_errmsg(), bad[i][1]) != NULL, "error \"%s\" lacks \"%s\"", newt_errmsg(), bad[i][1]);
-  }
+  expect_refused(bad, sizeof bad / sizeof bad[0]);
+}
+
+/* kill:host:I: every worker of a simulated host (newt run --hosts); only kill applies. */
+static void test_chaos_host(void) {
+  chaos_plan c;
+  char buf[64];
+  T_OK(chaos_parse("kill:worker:0@step=3,kill:host:1@step=10,kill:host:2@step=10", &c));
+  T_CHECK(c.n == 3 && c.events[1].target == CHAOS_HOST && c.events[1].action == CHAOS_KILL && c.events[1].index == 1 &&
+          c.events[2].index == 2 && !c.events[1].by_rank);
+  T_CHECK(strcmp(chaos_event_str(&c.events[1], buf, sizeof buf), "kill:host:1@step=10") == 0);
+  chaos_free(&c);
+  T_OK(chaos_parse(buf, &c));
+  T_CHECK(c.n == 1 && c.events[0].target == CHAOS_HOST && c.events[0].index == 1 && c.events[0].step == 10);
+  chaos_free(&c);
+  const char *bad[][2] = {
+      {"stop:host:1@step=3", "item 1 \"stop:host:1\": only kill applies to a host"},
+      {"kill:host@step=3", "item 1 \"kill:host\": host \"\" is not 0..1023"},
+      {"kill:host:x@step=3", "host \"x\" is not 0..1023"},
+      {"kill:host:1024@step=3", "host \"1024\""},
+      {"kill:host:1:2@step=3", "item 1 \"kill:host:1:2\": kill:host takes one value"},
+      {"kill:worker:1@step=3,kill:host:-1@step=4", "item 2 \"kill:host:-1\""},
+  };
+  expect_refused(bad, sizeof bad / sizeof bad[0]);
 }
 
 int main(void) {
   T_RUN(test_chaos);
+  T_RUN(test_chaos_host);
   T_RUN(test_chaos_etcd);
   return T_DONE();
 }

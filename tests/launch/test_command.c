@@ -54,7 +54,7 @@ static const char *newt_bin, *standin;
  * only what a test sets is inherited. */
 static const char *const contract[] = {
     "NEWT_ETCD", "NEWT_ETCD_USER", "NEWT_ETCD_PASSWORD_FILE", "NEWT_ETCD_CA", "NEWT_ETCD_CERT", "NEWT_ETCD_KEY",
-    "NEWT_JOB", "NEWT_WORKER_ID", "NEWT_HOST", "NEWT_ADDR", "NEWT_PORT", "NEWT_DEVICE", "NEWT_SHARE_DEVICE",
+    "NEWT_JOB", "NEWT_WORKER_ID", "NEWT_HOST", "NEWT_DOMAIN", "NEWT_ADDR", "NEWT_PORT", "NEWT_DEVICE", "NEWT_SHARE_DEVICE",
     "NEWT_THREADS", "NEWT_STEP_LOG", "NEWT_JOB_SECRET_FILE", "NEWT_METRICS_PORT", "NEWT_METRICS_ADDR",
     "NEWT_TERMINATION_LOG", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "RANK", "WORLD_SIZE", "POD_NAME", "POD_IP",
     "OMP_NUM_THREADS", "STANDIN_THEN", NULL};
@@ -147,6 +147,7 @@ static void check_full(const char *rec, const char *pw, const char *tl, pid_t pi
   expect_var(w, rec, "NEWT_JOB", "job-a");
   expect_var(w, rec, "NEWT_WORKER_ID", "w-7");
   expect_var(w, rec, "NEWT_HOST", "host-1");
+  expect_var(w, rec, "NEWT_DOMAIN", "rack-2");
   expect_var(w, rec, "NEWT_ADDR", "10.1.2.3");
   expect_var(w, rec, "NEWT_PORT", "29501"); /* the flag, not the inherited 1234 */
   expect_var(w, rec, "NEWT_DEVICE", "3");
@@ -179,7 +180,7 @@ static void worker_full(void) {
   const char *argv[] = {newt_bin, "worker", "--etcd", "http://10.0.0.1:2379,http://10.0.0.2:2379", "--etcd-user",
                         "trainer", "--etcd-password-file", pw, "--etcd-ca", "/etc/ca.crt", "--etcd-cert",
                         "/etc/tls.crt", "--etcd-key", "/etc/tls.key", "--job", "job-a", "--id", "w-7", "--host",
-                        "host-1", "--addr", "10.1.2.3", "--port", "29501", "--device", "3", "--share-device",
+                        "host-1", "--domain", "rack-2", "--addr", "10.1.2.3", "--port", "29501", "--device", "3", "--share-device",
                         "--threads", "5", "--step-log", "/logs/steps.jsonl", "--job-secret-file", "/etc/secret",
                         "--metrics-port", "9402", "--metrics-addr", "10.1.2.3,127.0.0.1", "--termination-log", tl,
                         "--", "sh", standin, "a b", "--port", "1", "--", "--help", "", NULL};
@@ -226,7 +227,7 @@ static void worker_defaults(void) {
   expect_var(w, rec, "LOCAL_RANK", "0");
   expect_var(w, rec, "LOCAL_WORLD_SIZE", "1");
   const char *unset[] = {"NEWT_ETCD_USER", "NEWT_ETCD_PASSWORD_FILE", "NEWT_ETCD_CA", "NEWT_ETCD_CERT",
-                         "NEWT_ETCD_KEY", "NEWT_ADDR", "NEWT_SHARE_DEVICE", "NEWT_STEP_LOG",
+                         "NEWT_ETCD_KEY", "NEWT_DOMAIN", "NEWT_ADDR", "NEWT_SHARE_DEVICE", "NEWT_STEP_LOG",
                          "NEWT_JOB_SECRET_FILE", "RANK", "WORLD_SIZE", NULL};
   for (int i = 0; unset[i]; i++) expect_var(w, rec, unset[i], NULL);
   /* the default termination log is the program's only where it exists (a container) */

@@ -243,7 +243,7 @@ static void lose(rank_state *rs, int scenario, int rank) {
     model_par_free(&rs->par);
     rs->have_par = 0;
   }
-  if (scenario == 2) w->snap.step = w->rep.step = w->rep.spare_step = -1; /* and them too */
+  if (scenario == 2) w->snap.step = w->rep[0].step = w->rep[0].spare_step = -1; /* and them too */
 }
 
 static int run(ct_world *cw, int rank, model_dev *dev, int scenario, outcome *out) {
@@ -268,7 +268,8 @@ static int run(ct_world *cw, int rank, model_dev *dev, int scenario, outcome *ou
   w->spec.global_batch = cfg.batch;
   w->spec.steps = PRE + POST;
   w->step_log_fd = -1;
-  w->snap.step = w->snap.spare_step = w->rep.step = w->rep.spare_step = -1;
+  w->snap.step = w->snap.spare_step = -1;
+  for (int j = 0; j < SPEC_REPLICAS_MAX; j++) w->rep[j].step = w->rep[j].spare_step = -1;
   if (dev == model_dev_cpu()) {
     worker_mem_host(&w->o.memory);
   } else {

@@ -1,0 +1,231 @@
+/* A crash while etcd is away: the survivors go on among themselves (docs/elastic.md, "A
+ * crash while etcd is away"), and the key a generation's links prove.
+ *
+ * When a generation fails and etcd does not answer, no plan can come: instead of waiting
+ * for etcd, the ranks that are left make the next layout themselves, over the data plane.
+ * The rule, the same on every survivor:
+ *
+ *   1. etcd is away: no endpoint takes a connection within NEWT_PEER_ETCD_MS (100 ms), or
+ *      one takes it and answers nothing within ten times that (a loaded etcd is slow, not
+ *      away); when it answers, the leader's plan comes as usual;
+ *   2. every rank of the failed generation is probed at its data-plane address (a worker
+ *      holds that socket for life): the ones that refuse the connection are gone (their
+ *      process exited); every other rank must accept it. A rank that does not answer (a
+ *      stopped process, a dead host, a cut link) proves nothing: then the survivors wait for
+ *      etcd as before, since a live rank might be left out;
+ *   3. the layout is plan_compute over the survivors, every one with its old rank (the
+ *      same inputs on every survivor, so the same plan); ranks it makes spares hand their
+ *      state over as donors, as in a leader's plan;
+ *   4. the survivors shrink the failed communicator to themselves (comm_shrink: every one
+ *      passes the same list of the gone, else none forms), proving a key derived from the
+ *      failed generation's and the list, then reorder it to the plan's ranks.
+ *
+ * The result keeps the generation number: it is a sub-generation of the failed one (the
+ * worker counts them in peer_epoch), never a plan in etcd, so there are never two plans of
+ * one generation; the leader's next plan, once etcd answers, is the next generation, and
+ * the survivors switch to it as to any plan (their reports of the crash are written then).
+ * Why it cannot split the job: every live rank of the failed generation is in the new one
+ * (a rank is left out only when its process is proven gone), so no second group of the
+ * failed generation can form; and a leader decides nothing while etcd is away. The new
+ * generation has the standing of any generation whose ranks lost etcd: it trains until etcd
+ * answers (docs/elastic.md, "When etcd is away"). */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/clock.h"
+#include "common/log.h"
+#include "common/param.h"
+#include "job/records.h"
+#include "worker/internal.h"
+
+NEWT_PARAM(PeerRecovery, "NEWT_PEER_RECOVERY", 1)
+NEWT_PARAM(PeerEtcdMs, "NEWT_PEER_ETCD_MS", 100)
+NEWT_PARAM(PeerProbeMs, "NEWT_PEER_PROBE_MS", 200)
+
+newt_result_t worker_generation_key(const worker *w, const newt_plan *p, unsigned char *key, size_t *len) {
+  if (w->job_secret) { /* the plan's secret is only a salt: the key is the job secret's */
+    *len = COMM_KEY_BYTES;
+    return comm_derive_secret(w->job_secret, w->job_secret_len, w->o.job, p->generation, p->secret, sizeof p->secret,
+                              key);
+  }
+  memcpy(key, p->secret, sizeof p->secret);
+  *len = sizeof p->secret;
+  return NEWT_OK;
+}
+
+/* 1 when etcd answers a read of the plan (a leader's plan will come: no need to go on without
+ * it). Away: no endpoint takes a connection within NEWT_PEER_ETCD_MS, or one takes it and
+ * answers nothing for ten times that (a loaded etcd is slow, not away). */
+static int etcd_answers(worker *w) {
+  char key[256];
+  if (job_key(key, sizeof key, w->o.job, JOB_REC_PLAN, 0, NULL) != NEWT_OK) return 1;
+  newt_result_t r = NEWT_OK;
+  for (int64_t ms = newt_param_PeerEtcdMs(), tries = 0; tries < 2; tries++, ms *= 10) {
+    rdzv_etcd_kv kv;
+    r = rdzv_etcd_get(w->etcd, key, newt_deadline_in_ms(ms), &kv, NULL);
+    if (r == NEWT_OK) rdzv_etcd_kv_free(&kv);
+    if (r != NEWT_ERR_TIMEOUT) break; /* answered, refused everywhere, or another error */
+  }
+  if (r == NEWT_OK || !rdzv_etcd_transient(r)) {
+    newt_err_clear();
+    return 1;
+  }
+  NEWT_INFO(WORKER, "%s: generation %llu failed and etcd does not answer (%s): the survivors look for each other",
+            w->id, (unsigned long long)w->plan.generation, newt_errmsg());
+  newt_err_clear();
+  return 0;
+}
+
+/* Which ranks of the failed generation are gone (gone[r] = 1): 0 unless every other rank
+ * either refused (gone) or accepted (alive), and at least one is gone. */
+static int find_gone(worker *w, int *gone, int *ngone) {
+  const newt_plan *b = &w->plan;
+  const char **addrs = calloc((size_t)b->nranks, sizeof *addrs);
+  if (!addrs) return 0;
+  for (int r = 0; r < b->nranks; r++) addrs[r] = r == w->me->rank ? NULL : b->ranks[r].addr;
+  newt_result_t res = comm_probe_listeners(addrs, b->nranks, newt_param_PeerProbeMs(), gone);
+  free(addrs);
+  if (res != NEWT_OK) return 0;
+  *ngone = 0;
+  for (int r = 0; r < b->nranks; r++) {
+    if (r == w->me->rank) {
+      gone[r] = 0;
+      continue;
+    }
+    if (gone[r] < 0) {
+      NEWT_WARN(WORKER, "%s: rank %d (%s at %s) did not answer within %lld ms: it may be alive, so the survivors "
+                "wait for etcd", w->id, r, b->ranks[r].worker, b->ranks[r].addr, (long long)newt_param_PeerProbeMs());
+      return 0;
+    }
+    gone[r] = !gone[r]; /* probe: 1 alive, 0 refused */
+    *ngone += gone[r];
+  }
+  if (!*ngone) NEWT_INFO(WORKER, "%s: every rank of generation %llu still listens (not a crash): waiting for etcd",
+                         w->id, (unsigned long long)b->generation);
+  return *ngone > 0;
+}
+
+/* The survivors' plan: plan_compute over them with their old ranks; ranks it leaves out
+ * become donors. Same generation, secret derived from the failed one's and the gone. */
+static newt_result_t survivors_plan(worker *w, const int *gone, newt_plan *out) {
+  const newt_plan *b = &w->plan;
+  plan_member *m = calloc((size_t)b->nranks, sizeof *m);
+  NEWT_CHECK_ALLOC(m);
+  int n = 0;
+  for (int r = 0; r < b->nranks; r++) {
+    if (gone[r]) continue;
+    const plan_rank *k = &b->ranks[r];
+    plan_member *e = &m[n++];
+    snprintf(e->id, sizeof e->id, "%s", k->worker);
+    snprintf(e->host, sizeof e->host, "%s", k->host);
+    snprintf(e->addr, sizeof e->addr, "%s", k->addr);
+    e->join_rev = r;
+    e->prev_rank = r;
+    e->prev_pp = k->pp;
+    e->has_state = 1;
+  }
+  newt_result_t res = plan_compute(&w->spec, m, n, b->generation - 1, out);
+  for (int i = 0; res == NEWT_OK && i < n; i++)
+    if (!plan_find(out, m[i].id)) res = plan_add_donor(out, m[i].id, m[i].host, m[i].addr);
+  free(m);
+  if (res != NEWT_OK) {
+    plan_free(out);
+    return res;
+  }
+  out->generation = b->generation;
+  out->created_ms = b->created_ms;
+  out->step = w->committed_step;
+  snprintf(out->cause, sizeof out->cause, "crash");
+  snprintf(out->switch_mode, sizeof out->switch_mode, "abort");
+  /* the salt: HMAC(failed generation's salt, "peers" | epoch | the gone ranks) */
+  unsigned char list[4 + 4 * 64], mac[COMM_KEY_BYTES];
+  size_t len = 0;
+  uint32_t epoch = (uint32_t)w->peer_epoch + 1;
+  memcpy(list, &epoch, 4), len = 4;
+  for (int r = 0; r < b->nranks && len + 4 <= sizeof list; r++)
+    if (gone[r]) memcpy(list + len, &r, 4), len += 4;
+  res = comm_derive_secret(b->secret, sizeof b->secret, "newt-peers", b->generation, list, len, mac);
+  if (res != NEWT_OK) {
+    plan_free(out);
+    return res;
+  }
+  memcpy(out->secret, mac, sizeof out->secret < sizeof mac ? sizeof out->secret : sizeof mac);
+  return NEWT_OK;
+}
+
+/* The index of `id` in p's communicator (ranks, then donors), -1 when none. */
+static int member_index(const newt_plan *p, const char *id) {
+  const plan_rank *r = plan_find(p, id);
+  if (r) return r->rank;
+  r = plan_find_donor(p, id);
+  return r ? r->rank : -1;
+}
+
+int worker_peer_recover(worker *w, newt_plan *out, comm_t **all, comm_t **parent) {
+  *all = *parent = NULL;
+  if (!newt_param_PeerRecovery() || !w->all || !w->me || w->plan.ndonors || w->plan.nranks < 2) return 0;
+  comm_status st;
+  comm_get_status(w->all, &st);
+  if (st.code == NEWT_ERR_ABORTED) return 0; /* dropped for a newer plan, or a member's lease lapsed */
+  pthread_mutex_lock(&w->mu);
+  int newer = w->latest.generation > w->gen;
+  pthread_mutex_unlock(&w->mu);
+  if (newer || etcd_answers(w)) return 0;
+  const newt_plan *b = &w->plan;
+  int *gone = calloc((size_t)b->nranks, sizeof *gone), ngone = 0;
+  if (!gone || !find_gone(w, gone, &ngone)) {
+    free(gone);
+    return 0;
+  }
+  int *ex = calloc((size_t)ngone, sizeof *ex), nex = 0;
+  newt_result_t r = ex ? survivors_plan(w, gone, out) : NEWT_ERR(NEWT_ERR_NOMEM, "out of memory");
+  for (int k = 0; ex && k < b->nranks; k++)
+    if (gone[k]) ex[nex++] = k;
+  unsigned char key[COMM_SECRET_MAX];
+  size_t keylen = 0;
+  comm_t *s = NULL;
+  if (r == NEWT_OK) r = worker_generation_key(w, out, key, &keylen);
+  if (r == NEWT_OK) r = comm_shrink(w->all, ex, nex, b->generation, key, keylen, &s);
+  /* the shrunk communicator keeps the survivors' old order; the plan's may differ */
+  int identity = r == NEWT_OK;
+  for (int k = 0; identity && k < comm_size(s); k++) {
+    int old = k; /* the k-th survivor's old rank */
+    for (int j = 0, seen = -1; j < b->nranks; j++)
+      if (!gone[j] && ++seen == k) old = j;
+    identity = member_index(out, b->ranks[old].worker) == k;
+  }
+  if (r == NEWT_OK && !identity) {
+    comm_t *c = NULL;
+    r = comm_split(s, 0, member_index(out, w->id), &c);
+    if (r == NEWT_OK) *all = c, *parent = s;
+  } else if (r == NEWT_OK) {
+    *all = s;
+  }
+  if (r != NEWT_OK) {
+    NEWT_WARN(WORKER, "%s: the survivors of generation %llu could not go on without etcd (%s): waiting for it", w->id,
+              (unsigned long long)b->generation, newt_errmsg());
+    comm_free(s);
+    plan_free(out);
+  } else {
+    char names[256] = "";
+    for (int k = 0, at = 0; k < nex && at < (int)sizeof names - 1; k++)
+      at += snprintf(names + at, sizeof names - (size_t)at, "%s%s", k ? ", " : "", b->ranks[ex[k]].worker);
+    w->peer_epoch++;
+    /* what the leader reads once etcd answers again (a later write of this key wins) */
+    const char *accused[JOB_ACCUSE_MAX];
+    int nacc = 0;
+    for (int k = 0; k < nex && nacc < JOB_ACCUSE_MAX; k++) accused[nacc++] = b->ranks[ex[k]].worker;
+    char why[512];
+    snprintf(why, sizeof why, "%s gone (connection refused) while etcd was away: the survivors went on without it "
+             "from step %lld as %d ranks (generation %llu, peers %d)", names, (long long)w->committed_step,
+             out->nranks, (unsigned long long)b->generation, w->peer_epoch);
+    worker_report(w, b, 0, 0, accused, nacc, why);
+    NEWT_INFO(WORKER, "%s: generation %llu goes on without etcd (peers %d): %d ranks, %d donors, %s gone "
+              "(connection refused)", w->id, (unsigned long long)b->generation, w->peer_epoch, out->nranks,
+              out->ndonors, names);
+  }
+  free(gone);
+  free(ex);
+  return r == NEWT_OK;
+}
