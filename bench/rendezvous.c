@@ -2,16 +2,23 @@
  *
  * For each N: a coordinator campaigns and leads, and watches membership (snapshot + watch).
  * Then the clock starts, and N simulated workers, each exactly as a real worker would
- * (its own lease, its own registration write, its own ack on that lease), register
- * concurrently from a pool of threads sharing one client (its pool of keep-alive
- * connections). When the coordinator's view holds all N, it publishes plan 1 (a guarded
- * write listing them); the workers learn the plan from a watch of the plan key and each
- * acks it; the clock stops when the coordinator's barrier over all N completes.
+ * (worker/publish.c), register concurrently from a pool of threads sharing one client (its
+ * pool of keep-alive connections): in hosts of --per-host workers (default 8) under a node
+ * agent, whose lease (cli/agent.h: one grant per host) they register on, one write each
+ * (rdzv_register_on); with --per-host 1 as workers started alone, each with a lease of its
+ * own (a grant and the registration). Once a worker took up the plan it writes the update of
+ * its registration that says "training" and carries its acknowledgement of the generation. When the coordinator's view holds all N, it publishes
+ * plan 1 (a guarded write listing them); the workers learn the plan from a watch of the
+ * plan key and each acknowledges it; the clock stops when the coordinator's view of the
+ * registrations (the same watch) shows every one of them acknowledging generation 1 -- the
+ * barrier the coordinator keeps.
  *
- * Cost: 3 etcd writes per worker (lease grant, registration txn, ack) plus one plan
- * write, each a raft commit with a WAL fsync. etcd batches concurrent proposals into one
- * fsync, so the pool's concurrency, not the round trip, sets the pace. One JSON line per N:
- *   {"bench":"rendezvous","workers":256,"ms":...,"register_ms":...,"threads":64,...} */
+ * Cost per worker: the registration txn and the update that acknowledges, plus a lease
+ * grant per host (2 + 1/8 writes with hosts of 8; 3 alone), and one plan write, each a raft
+ * commit with a WAL fsync; the workers' client counts the writes it sent (rdzv_etcd_writes,
+ * the agents' grants included), and the line says how many per worker. etcd batches concurrent proposals into one fsync, so the pool's concurrency, not
+ * the round trip, sets the pace. One JSON line per N:
+ *   {"bench":"rendezvous","workers":256,"ms":...,"register_ms":...,"writes_per_worker":3.0,...} */
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
@@ -24,6 +31,7 @@
 #include "common/log.h"
 #include "common/opts.h"
 #include "common/strutil.h"
+#include "job/records.h"
 #include "rendezvous/etcd_server.h"
 #include "rendezvous/rdzv.h"
 
@@ -31,7 +39,10 @@ typedef struct bench_run {
   rdzv_etcd *c;
   const char *job;
   int n;
+  int per_host;              /* workers per host agent (1: each on a lease of its own) */
   int64_t ttl;
+  int64_t *host_lease;       /* per host: its agent's lease (0: not granted yet) */
+  pthread_mutex_t *host_mu;
   char (*ids)[RDZV_NAME_MAX];
   rdzv_registration **regs;
   atomic_int next_reg, next_leave, failed;
@@ -68,10 +79,24 @@ static void *pool_main(void *arg) {
   }
   while (!atomic_load(&b->failed) && (i = atomic_fetch_add(&b->next_reg, 1)) < b->n) {
     mine[mine_n++] = i;
-    rdzv_worker w = {.device = -1, .state = "joining", .host = "bench"};
+    rdzv_worker w = {.device = -1, .state = "joining", .host = "bench", .pid = getpid()};
     snprintf(w.id, sizeof w.id, "%s", b->ids[i]);
     snprintf(w.addr, sizeof w.addr, "127.0.0.1:%d", 20000 + i);
-    if (rdzv_register(b->c, b->job, &w, b->ttl, NULL, NULL, d, &b->regs[i]) != NEWT_OK) fail(b, "register");
+    if (b->per_host <= 1) { /* a worker started alone: a lease of its own */
+      if (rdzv_register(b->c, b->job, &w, b->ttl, NULL, NULL, d, &b->regs[i]) != NEWT_OK) fail(b, "register");
+      continue;
+    }
+    /* a worker under its host's agent: the agent granted the host's lease when it started
+       (here: the first of its workers to get there), the worker registers on it */
+    int h = i / b->per_host;
+    snprintf(w.host, sizeof w.host, "bench-%d", h);
+    pthread_mutex_lock(&b->host_mu[h]);
+    if (!b->host_lease[h] && rdzv_etcd_lease_grant(b->c, b->ttl, 0, d, &b->host_lease[h], NULL) != NEWT_OK)
+      fail(b, "host lease");
+    int64_t lease = b->host_lease[h];
+    pthread_mutex_unlock(&b->host_mu[h]);
+    if (lease && rdzv_register_on(b->c, b->job, &w, lease, b->ttl, NULL, NULL, d, &b->regs[i]) != NEWT_OK)
+      fail(b, "register");
   }
   /* every worker learns the plan (here: one shared watch of the plan key) */
   pthread_mutex_lock(&b->mu);
@@ -81,11 +106,17 @@ static void *pool_main(void *arg) {
     pthread_mutex_lock(&b->mu);
   }
   pthread_mutex_unlock(&b->mu);
-  /* each worker acks for itself, on its own lease */
+  /* each worker takes up generation 1 and says so in its registration: state "training",
+     generation 1 and its acknowledgement (what a rank reports: its timings, where its state
+     came from), one write on its own lease */
   for (int k = 0; k < mine_n && !atomic_load(&b->failed); k++) {
     i = mine[k];
-    if (rdzv_barrier_ack(b->c, b->job, 1, b->ids[i], rdzv_registration_lease(b->regs[i]), d) != NEWT_OK)
-      fail(b, "ack");
+    uint64_t now = newt_wall_ms();
+    job_ack a = {.rank = i, .t_plan = now, .t_comm = now, .t_restore = now, .t_step = now, .restore_step = 0};
+    snprintf(a.restore, sizeof a.restore, "init");
+    char *ack = job_ack_to_json(&a);
+    if (!ack || rdzv_registration_ack(b->regs[i], "training", 1, ack, d) != NEWT_OK) fail(b, "ack");
+    free(ack);
   }
   free(mine);
   return NULL;
@@ -96,7 +127,8 @@ static void *leave_main(void *arg) {
   int i;
   while ((i = atomic_fetch_add(&b->next_leave, 1)) < b->n) {
     if (!b->regs[i]) continue;
-    rdzv_registration_leave(b->regs[i], newt_deadline_in_ms(10000));
+    /* on a host's lease the lease's revocation below takes them all */
+    if (!rdzv_registration_shared(b->regs[i])) rdzv_registration_leave(b->regs[i], newt_deadline_in_ms(10000));
     rdzv_registration_free(b->regs[i]);
   }
   return NULL;
@@ -120,29 +152,32 @@ static void *pool_runner(void *arg) {
   return NULL;
 }
 
-/* One measurement; prints its JSON line. */
-static newt_result_t bench_one(rdzv_etcd *c, int n, int threads, int64_t ttl, int rep, const char *where) {
+/* One measurement; prints its JSON line. The coordinator uses c, the simulated workers wc. */
+static newt_result_t bench_one(rdzv_etcd *c, rdzv_etcd *wc, int n, int per_host, int threads, int64_t ttl, int rep,
+                               const char *where) {
   char job[RDZV_NAME_MAX];
   snprintf(job, sizeof job, "bench-%d-%d-%d", (int)getpid(), n, rep);
-  bench_run b = {.c = c, .job = job, .n = n, .ttl = ttl};
+  int hosts = (n + per_host - 1) / per_host;
+  bench_run b = {.c = wc, .job = job, .n = n, .per_host = per_host, .ttl = ttl};
   pthread_mutex_init(&b.mu, NULL);
   pthread_cond_init(&b.cv, NULL);
   b.ids = calloc((size_t)n, sizeof *b.ids);
   b.regs = calloc((size_t)n, sizeof *b.regs);
-  const char **idp = calloc((size_t)n, sizeof *idp);
+  b.host_lease = calloc((size_t)hosts, sizeof *b.host_lease);
+  b.host_mu = calloc((size_t)hosts, sizeof *b.host_mu);
+  for (int h = 0; b.host_mu && h < hosts; h++) pthread_mutex_init(&b.host_mu[h], NULL);
   newt_buf plan;
   newt_buf_init(&plan);
   rdzv_candidate *leader = NULL;
   rdzv_members *view = NULL;
   rdzv_etcd_watch *plan_watch = NULL;
   newt_result_t r = NEWT_OK;
-  if (!b.ids || !b.regs || !idp) {
+  if (!b.ids || !b.regs || !b.host_lease || !b.host_mu) {
     r = NEWT_ERR(NEWT_ERR_NOMEM, "out of memory for %d workers", n);
     goto out;
   }
   for (int i = 0; i < n; i++) {
     snprintf(b.ids[i], sizeof b.ids[i], "w%05d", i);
-    idp[i] = b.ids[i];
   }
   newt_deadline_t d = newt_deadline_in_ms(120000);
   rdzv_campaign_opts co = {.name = "bench-coordinator", .ttl_s = 10};
@@ -153,6 +188,7 @@ static newt_result_t bench_one(rdzv_etcd *c, int n, int threads, int64_t ttl, in
   NEWT_CHECK_GOTO(rdzv_key(plan_key, sizeof plan_key, job, "plan"), r, out);
   NEWT_CHECK_GOTO(rdzv_etcd_watch_start(c, plan_key, NULL, on_plan, &b, d, &plan_watch), r, out);
 
+  int64_t writes0 = rdzv_etcd_writes(wc), plan_writes0 = rdzv_etcd_writes(c);
   uint64_t t0 = newt_now_ns();
   pthread_t pool;
   pool_arg pa = {&b, threads < n ? threads : n};
@@ -176,24 +212,37 @@ static newt_result_t bench_one(rdzv_etcd *c, int n, int threads, int64_t ttl, in
     for (int i = 0; i < n; i++) newt_buf_printf(&plan, "%s\"%s\"", i ? "," : "", b.ids[i]);
     newt_buf_printf(&plan, "]}");
     r = rdzv_plan_publish(leader, 1, plan.data, d);
-    if (r == NEWT_OK) r = rdzv_barrier_wait(c, job, 1, idp, (size_t)n, d, &b.failed);
+    /* the barrier: the view's registrations, every one acknowledging generation 1 */
+    while (r == NEWT_OK && rdzv_members_count_acked(view, 1) < (size_t)n && !atomic_load(&b.failed)) {
+      newt_result_t w = rdzv_members_wait(view, rev, newt_deadline_min(d, newt_deadline_in_ms(100)), NULL, &rev);
+      if (w != NEWT_OK && w != NEWT_ERR_TIMEOUT) r = w;
+      else if (newt_deadline_passed(d))
+        r = NEWT_ERR(NEWT_ERR_TIMEOUT, "only %zu of %d workers acknowledged generation 1",
+                     rdzv_members_count_acked(view, 1), n);
+    }
   }
   uint64_t t1 = newt_now_ns();
+  int64_t writes = rdzv_etcd_writes(wc) - writes0, plan_writes = rdzv_etcd_writes(c) - plan_writes0;
   if (r != NEWT_OK) fail(&b, "coordinator");
   pthread_join(pool, NULL);
   if (atomic_load(&b.failed)) {
     r = NEWT_ERR(NEWT_ERR_INTERNAL, "rendezvous of %d workers failed: %s", n, b.err);
   } else {
     printf("{\"bench\":\"rendezvous\",\"workers\":%d,\"ms\":%.1f,\"register_ms\":%.1f,\"barrier_ms\":%.1f,"
-           "\"threads\":%d,\"etcd_writes\":%d,\"etcd\":\"%s\"}\n",
-           n, (double)(t1 - t0) / 1e6, (double)(t_reg - t0) / 1e6, (double)(t1 - t_reg) / 1e6, pa.threads,
-           3 * n + 1, where);
+           "\"threads\":%d,\"per_host\":%d,\"etcd_writes\":%lld,\"writes_per_worker\":%.3f,\"etcd\":\"%s\"}\n",
+           n, (double)(t1 - t0) / 1e6, (double)(t_reg - t0) / 1e6, (double)(t1 - t_reg) / 1e6, pa.threads, per_host,
+           (long long)(writes + plan_writes), (double)writes / n, where);
     fflush(stdout);
   }
 out:
   rdzv_etcd_watch_free(plan_watch);
   rdzv_members_free(view);
   if (b.regs) run_pool(&b, threads < n ? threads : n, leave_main);
+  for (int h = 0; b.host_lease && h < hosts; h++)
+    if (b.host_lease[h]) {
+      rdzv_etcd_lease_unkeep(wc, b.host_lease[h]);
+      rdzv_etcd_lease_revoke(wc, b.host_lease[h], newt_deadline_in_ms(5000));
+    }
   if (leader) {
     rdzv_candidate_resign(leader, newt_deadline_in_ms(5000));
     rdzv_candidate_free(leader);
@@ -204,7 +253,9 @@ out:
   newt_buf_free(&plan);
   free(b.ids);
   free(b.regs);
-  free(idp);
+  free(b.host_lease);
+  for (int h = 0; b.host_mu && h < hosts; h++) pthread_mutex_destroy(&b.host_mu[h]);
+  free(b.host_mu);
   pthread_mutex_destroy(&b.mu);
   pthread_cond_destroy(&b.cv);
   return r;
@@ -212,20 +263,23 @@ out:
 
 int newt_bench_rendezvous(int argc, char **argv) {
   const char *workers = "16,64,256,1024", *etcd = NULL, *data_dir = NULL;
-  int64_t threads = 64, ttl = 30, repeat = 1;
+  int64_t threads = 64, ttl = 30, repeat = 1, per_host = 8;
   newt_opt opts[] = {
       {"workers", NEWT_OPT_STR, &workers, "worker counts, comma-separated"},
       {"etcd", NEWT_OPT_STR, &etcd, "etcd endpoints (default: start a private etcd)"},
       {"data-dir", NEWT_OPT_STR, &data_dir, "directory of the private etcd (default: a new one in $TMPDIR)"},
       {"threads", NEWT_OPT_INT, &threads, "concurrent simulated workers in flight"},
       {"ttl", NEWT_OPT_INT, &ttl, "worker lease TTL in seconds"},
+      {"per-host", NEWT_OPT_INT, &per_host,
+       "workers per host, registered on their host agent's lease (1: each worker on a lease of its own, as "
+       "a worker started alone)"},
       {"repeat", NEWT_OPT_INT, &repeat, "measurements per worker count (one line each)"},
       NEWT_OPT_END,
   };
   int ex = newt_opts_exit(newt_opts_parse("bench rendezvous", "[flags]", opts, argc, argv, NULL, 0, NULL));
   if (ex >= 0) return ex;
-  if (threads < 1 || ttl < 1 || repeat < 1) {
-    fprintf(stderr, "newt bench rendezvous: --threads, --ttl and --repeat must be positive\n");
+  if (threads < 1 || ttl < 1 || repeat < 1 || per_host < 1 || per_host > 1024) {
+    fprintf(stderr, "newt bench rendezvous: --threads, --ttl and --repeat must be positive, --per-host 1..1024\n");
     return 2;
   }
   int counts[64], nc = 0;
@@ -251,19 +305,21 @@ int newt_bench_rendezvous(int argc, char **argv) {
     fprintf(stderr, "bench rendezvous: private etcd at %s (data in %s)\n", etcd, rdzv_etcd_server_dir(srv));
   }
   rdzv_etcd_opts eo = {.endpoints = etcd};
-  rdzv_etcd *c;
+  rdzv_etcd *c = NULL, *wc = NULL; /* the coordinator's client, the workers' */
   int rc = 0;
-  if (rdzv_etcd_init(&eo, &c) != NEWT_OK) {
+  if (rdzv_etcd_init(&eo, &c) != NEWT_OK || rdzv_etcd_init(&eo, &wc) != NEWT_OK) {
     fprintf(stderr, "newt bench rendezvous: %s\n", newt_errmsg());
+    if (c) rdzv_etcd_free(c);
     rdzv_etcd_server_free(srv);
     return 1;
   }
   for (int i = 0; i < nc && rc == 0; i++)
     for (int k = 0; k < repeat && rc == 0; k++)
-      if (bench_one(c, counts[i], (int)threads, ttl, k, srv ? "private" : "external") != NEWT_OK) {
+      if (bench_one(c, wc, counts[i], (int)per_host, (int)threads, ttl, k, srv ? "private" : "external") != NEWT_OK) {
         fprintf(stderr, "newt bench rendezvous: %s\n", newt_errmsg());
         rc = 1;
       }
+  rdzv_etcd_free(wc);
   rdzv_etcd_free(c);
   rdzv_etcd_server_free(srv);
   return rc;

@@ -7,12 +7,19 @@
  * The health thread probes each running child's /healthz in turn (a probe can take its
  * 3 s timeout, which the main loop must not wait for); it records, per child and under a
  * lock, the pid it probed and how many probes in a row failed. Only the main loop, which
- * reaps, signals a child: the pid it kills is one it has not reaped. */
+ * reaps, signals a child: the pid it kills is one it has not reaped.
+ *
+ * The lease thread holds the host's lease: it waits for the job's spec (the lease's TTL is
+ * the workers'), grants and keeps the lease, writes its id to the lease file the children
+ * read, and grants a new one when the keep-alive reports it lost. The main loop deletes the
+ * registration of a child that ended or stayed stopped past the TTL (a guarded txn: only
+ * while it is on the host's lease). */
 #include "cli/agent.h"
 
 #include <curl/curl.h>
 #include <errno.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -28,6 +35,8 @@
 #include "common/proc.h"
 #include "common/sys.h"
 #include "job/records.h"
+#include "job/spec.h"
+#include "rendezvous/rdzv.h"
 
 #define AGENT_BACKOFF_FIRST_MS 500
 #define AGENT_BACKOFF_MAX_MS 30000
@@ -51,6 +60,11 @@ typedef struct child {
   int fails;
   char why[256];
   char killed[320];       /* why the agent killed it (main loop only; "" when it did not) */
+  /* its registration on the host's lease (main loop only) */
+  int forget_pending;     /* it ended: its registration is to be deleted before it restarts */
+  uint64_t forget_at_ms;  /* next try (monotonic) */
+  uint64_t stopped_ms;    /* monotonic ms it was first seen stopped (0: running) */
+  int stopped_forgot;     /* its registration was deleted while it stayed stopped */
 } child;
 
 typedef struct agent {
@@ -65,6 +79,13 @@ typedef struct agent {
   pthread_mutex_t health_mu;
   pthread_cond_t health_cv;
   int health_stop;
+  /* the host's lease */
+  rdzv_etcd *etcd;        /* NULL: no host lease */
+  char lease_env[700];    /* NEWT_HOST_LEASE_FILE=<dir>/host-lease */
+  pthread_t lease_thread;
+  _Atomic int64_t lease;  /* the lease the children find in the file (0: none yet) */
+  _Atomic int64_t ttl_ms;
+  atomic_int lease_lost, lease_stop;
 } agent;
 
 static uint64_t now_ms(void) { return newt_now_ns() / 1000000; }
@@ -187,6 +208,151 @@ static void set_probe_pid(agent *a, child *c, pid_t pid) {
   pthread_mutex_unlock(&a->health_mu);
 }
 
+/* ---- the host's lease ------------------------------------------------------------------------ */
+
+static void on_host_lease_lost(void *ud, int64_t lease, const char *why) {
+  agent *a = ud;
+  NEWT_WARN(CLI, "host lease %llx lost (%s): the local workers go on with leases of their own", (unsigned long long)lease,
+            why);
+  atomic_store(&a->lease_lost, 1);
+}
+
+/* Sleeps ms in slices, returning early when the agent stops. */
+static void lease_nap(agent *a, int ms) {
+  for (int t = 0; t < ms && !atomic_load(&a->lease_stop); t += 50) newt_sleep_ms(50);
+}
+
+static void *lease_main(void *arg) {
+  agent *a = arg;
+  const char *path = a->lease_env + strlen("NEWT_HOST_LEASE_FILE=");
+  int64_t ttl_s = 0;
+  while (!atomic_load(&a->lease_stop)) {
+    if (!ttl_s) { /* the spec says the workers' lease TTL: the host's is the same */
+      char *text = NULL;
+      newt_spec spec;
+      if (rdzv_spec_get(a->etcd, a->o->job, newt_deadline_in_ms(2000), &text) == NEWT_OK &&
+          spec_from_json(text, strlen(text), &spec) == NEWT_OK)
+        ttl_s = (spec.lease_ttl_ms + 999) / 1000;
+      free(text);
+      if (!ttl_s) lease_nap(a, 200);
+      continue;
+    }
+    int64_t cur = atomic_load(&a->lease);
+    if (cur && !atomic_load(&a->lease_lost)) {
+      lease_nap(a, 100);
+      continue;
+    }
+    if (cur) { /* lost: the children fall back to their own; a new one for later starts */
+      unlink(path);
+      atomic_store(&a->lease, 0);
+      rdzv_etcd_lease_unkeep(a->etcd, cur);
+    }
+    atomic_store(&a->lease_lost, 0);
+    int64_t lease = 0;
+    if (rdzv_etcd_lease_grant(a->etcd, ttl_s, 0, newt_deadline_in_ms(2000), &lease, NULL) != NEWT_OK) {
+      lease_nap(a, 500);
+      continue;
+    }
+    char text[32];
+    int n = snprintf(text, sizeof text, "%lld\n", (long long)lease);
+    if (rdzv_etcd_lease_keep(a->etcd, lease, ttl_s, on_host_lease_lost, a) != NEWT_OK ||
+        newt_fs_write_atomic(path, text, (size_t)n) != NEWT_OK) {
+      NEWT_WARN(CLI, "host lease: %s", newt_errmsg());
+      rdzv_etcd_lease_unkeep(a->etcd, lease);
+      rdzv_etcd_lease_revoke(a->etcd, lease, newt_deadline_in_ms(1000));
+      lease_nap(a, 500);
+      continue;
+    }
+    atomic_store(&a->ttl_ms, ttl_s * 1000);
+    atomic_store(&a->lease, lease);
+    NEWT_INFO(CLI, "host lease %llx (TTL %lld s): the local workers register on it", (unsigned long long)lease,
+              (long long)ttl_s);
+  }
+  return NULL;
+}
+
+/* Starts the lease thread when the agent has etcd options (a client of its own). */
+static void lease_start(agent *a) {
+  if (!a->o->etcd || !a->o->job) return;
+  if (rdzv_etcd_init(a->o->etcd, &a->etcd) != NEWT_OK) {
+    NEWT_WARN(CLI, "no host lease (%s): the local workers register on leases of their own", newt_errmsg());
+    a->etcd = NULL;
+    return;
+  }
+  snprintf(a->lease_env, sizeof a->lease_env, "NEWT_HOST_LEASE_FILE=%s/host-lease", a->dir);
+  if (pthread_create(&a->lease_thread, NULL, lease_main, a) != 0) {
+    NEWT_WARN(CLI, "no host lease (cannot start its thread): the local workers register on leases of their own");
+    rdzv_etcd_free(a->etcd);
+    a->etcd = NULL;
+    a->lease_env[0] = '\0';
+  }
+}
+
+/* Stops the lease thread and revokes the lease: every child has ended. */
+static void lease_end(agent *a) {
+  if (!a->etcd) return;
+  atomic_store(&a->lease_stop, 1);
+  pthread_join(a->lease_thread, NULL);
+  int64_t lease = atomic_load(&a->lease);
+  if (lease) {
+    rdzv_etcd_lease_unkeep(a->etcd, lease);
+    newt_result_t r = rdzv_etcd_lease_revoke(a->etcd, lease, newt_deadline_in_ms(2000));
+    if (r != NEWT_OK && r != NEWT_ERR_NOTFOUND) NEWT_WARN(CLI, "revoking the host lease: %s", newt_errmsg());
+  }
+  rdzv_etcd_free(a->etcd);
+  a->etcd = NULL;
+}
+
+/* Deletes child c's registration while it is on the host's lease (what its own lease's end
+ * would have done): 0 done or nothing to do, -1 etcd did not answer (try again). */
+static int forget(agent *a, const child *c) {
+  int64_t lease = atomic_load(&a->lease);
+  char key[256];
+  if (!a->etcd || !lease || job_key(key, sizeof key, a->o->job, JOB_REC_WORKER, 0, c->id) != NEWT_OK) return 0;
+  rdzv_etcd_cmp on = {.key = key, .target = RDZV_CMP_LEASE, .result = RDZV_CMP_EQUAL, .number = lease};
+  rdzv_etcd_op del = {.type = RDZV_OP_DELETE, .key = key};
+  rdzv_etcd_txn_result tr;
+  if (rdzv_etcd_txn(a->etcd, &on, 1, &del, 1, NULL, 0, newt_deadline_in_ms(1000), &tr) != NEWT_OK) {
+    NEWT_WARN(CLI, "deleting the registration of local worker %s: %s (trying again)", c->id, newt_errmsg());
+    return -1;
+  }
+  if (tr.succeeded) NEWT_INFO(CLI, "local worker %s: its registration on the host lease deleted", c->id);
+  rdzv_etcd_txn_result_free(&tr);
+  return 0;
+}
+
+/* The registrations of children that ended, and of those stopped past the lease TTL. */
+static void forget_due(agent *a) {
+  if (!a->etcd) return;
+  uint64_t now = now_ms(), ttl = (uint64_t)atomic_load(&a->ttl_ms);
+  for (int i = 0; i < a->o->n; i++) {
+    child *c = &a->kids[i];
+    if (c->forget_pending && now >= c->forget_at_ms) {
+      if (forget(a, c) == 0) c->forget_pending = 0;
+      else c->forget_at_ms = now + 500;
+    }
+    if (c->pid <= 0) continue;
+    char path[64], *text = NULL;
+    size_t len = 0;
+    snprintf(path, sizeof path, "/proc/%d/stat", (int)c->pid);
+    int stopped = 0;
+    if (newt_fs_read_all(path, 4096, &text, &len) == NEWT_OK) {
+      const char *close = text ? strrchr(text, ')') : NULL; /* "pid (comm) S ..." */
+      stopped = close && close[1] == ' ' && (close[2] == 'T' || close[2] == 't');
+    }
+    free(text);
+    if (!stopped) {
+      c->stopped_ms = 0, c->stopped_forgot = 0;
+    } else if (!c->stopped_ms) {
+      c->stopped_ms = now;
+    } else if (!c->stopped_forgot && ttl && now - c->stopped_ms > ttl) {
+      NEWT_WARN(CLI, "local worker %s (pid %d) stopped for more than the lease TTL (%llu ms): its registration goes, "
+                "as its own lease would have", c->id, (int)c->pid, (unsigned long long)ttl);
+      if (forget(a, c) == 0) c->stopped_forgot = 1;
+    }
+  }
+}
+
 /* ---- children ------------------------------------------------------------------------------ */
 
 static newt_result_t start(agent *a, int i) {
@@ -212,7 +378,7 @@ static newt_result_t start(agent *a, int i) {
   argv[n] = NULL;
   unlink(c->end_path);
   /* a session of its own: a terminal's ^C reaches the agent only, which forwards it once */
-  const char *env[] = {c->local_rank, c->local_world, NULL};
+  const char *env[] = {c->local_rank, c->local_world, a->lease_env[0] ? a->lease_env : NULL, NULL};
   newt_spawn_opts so = {.env = env, .new_session = 1, .die_with_parent = 1};
   newt_result_t r = newt_proc_spawn(argv, &so, &c->pid);
   free(argv);
@@ -221,6 +387,7 @@ static newt_result_t start(agent *a, int i) {
     return r;
   }
   c->started_ms = now_ms();
+  c->stopped_ms = 0, c->stopped_forgot = 0;
   c->code = -1;
   c->killed[0] = '\0';
   set_probe_pid(a, c, c->pid);
@@ -262,6 +429,10 @@ static void ended(agent *a, int i, int st) {
   free(text);
   int code = WIFEXITED(st) ? WEXITSTATUS(st) : JOB_EXIT_ERROR;
   c->code = code;
+  /* gone now, not when a lease would run out: on the host's lease nothing else removes it */
+  c->forget_pending = a->etcd != NULL;
+  c->forget_at_ms = 0;
+  if (c->forget_pending && forget(a, c) == 0) c->forget_pending = 0;
   if (!c->msg[0] && c->killed[0]) snprintf(c->msg, sizeof c->msg, "error: killed by the node agent: %s", c->killed);
   if (!c->msg[0]) snprintf(c->msg, sizeof c->msg, "error: %s", how);
   NEWT_INFO(CLI, "local worker %s (pid %d) ended (%s) after %.1f s: %s", c->id, (int)pid, how,
@@ -317,6 +488,7 @@ static void start_due(agent *a) {
   for (int i = 0; i < a->o->n; i++) {
     child *c = &a->kids[i];
     if (!c->restart_at_ms || now < c->restart_at_ms) continue;
+    if (c->forget_pending) continue; /* its old registration first (forget_due) */
     c->restart_at_ms = 0;
     if (a->done || a->failed) continue; /* the job ended meanwhile: nothing to rejoin */
     int keep = a->o->max_restarts + 1;
@@ -393,6 +565,7 @@ int cli_agent_run(const cli_agent_opts *o) {
   if (r == NEWT_OK)
     NEWT_INFO(CLI, "node agent %s: %d local workers, at most %d restarts each within %lld s", o->id, o->n,
               o->max_restarts, (long long)(o->restart_window_ms / 1000));
+  if (r == NEWT_OK) lease_start(&a);
   for (int i = 0; r == NEWT_OK && i < o->n; i++) {
     r = start(&a, i);
     if (r != NEWT_OK) ask_all_to_leave(&a, SIGTERM);
@@ -416,6 +589,7 @@ int cli_agent_run(const cli_agent_opts *o) {
       }
       reap(&a);
       kill_unhealthy(&a);
+      forget_due(&a);
       if (!a.stop_sig) start_due(&a);
       newt_sleep_ms(50);
     }
@@ -429,6 +603,7 @@ int cli_agent_run(const cli_agent_opts *o) {
     pthread_mutex_unlock(&a.health_mu);
     pthread_join(health, NULL);
   }
+  lease_end(&a);
   if (have_dir) newt_fs_rm_rf(a.dir);
   for (int i = 0; a.kids && i < o->n; i++) free(a.kids[i].restarts);
   free(a.kids);

@@ -20,6 +20,16 @@
  *     restarts as a crash: a hung worker would otherwise keep its GPU for as long as the pod
  *     lives (the pod's liveness probe watches the first child only, and would restart them
  *     all); a child not listening yet (starting) is left alone;
+ *   - holds the host's lease (docs/rendezvous.md, A lease per host): once the job's spec is
+ *     in etcd it grants one lease of spec.fault.lease_ttl_ms, keeps it alive and writes its
+ *     id to a file named to each child in NEWT_HOST_LEASE_FILE; a child registers on it
+ *     (rdzv_register_on: one etcd write, no grant of its own), so the host's loss (the
+ *     agent's lease) removes all its workers at once. A child that ends has its
+ *     registration deleted at once (guarded by the lease; a restart waits for that), and
+ *     one stopped (SIGSTOP) for longer than the lease TTL too, as its own lease would have
+ *     expired. When the lease is lost (etcd away past the TTL) the children go on with
+ *     leases of their own and the agent grants a new one for the ones that start later; at
+ *     its end it revokes the lease. Without etcd options (NULL) it holds none;
  *   - exits once every child has ended, with the statuses of cli/ending.h: 4 when a child
  *     said the job failed, 2 on a bad flag or spec (the others are asked to leave), 1 when a
  *     child spent its restart budget (the others are asked to leave: the pod is replaced),
@@ -30,6 +40,8 @@
 #define NEWT_CLI_AGENT_H
 
 #include <stdint.h>
+
+#include "rendezvous/etcd.h"
 
 /* Probes in a row that find a child unhealthy or silent before it is killed. */
 #define AGENT_HEALTH_FAILS 3
@@ -48,6 +60,8 @@ typedef struct cli_agent_opts {
   char **argv;               /* (and --local-workers, ...) are left out by the agent */
   char **command;            /* the program each child runs after `--` (NULL-terminated; NULL:
                                 the built-in trainer) */
+  const rdzv_etcd_opts *etcd; /* the job's etcd, for the host's lease (NULL: none) */
+  const char *job;
 } cli_agent_opts;
 
 /* The flags the agent consumes or sets per child: not passed on as given. */

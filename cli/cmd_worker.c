@@ -99,7 +99,8 @@ typedef struct agent_flags {
 } agent_flags;
 
 /* The node agent (cli/agent.h), once the flags are checked. */
-static int run_agent(const cli_program *p, const agent_flags *af, int argc, char **argv, char **command) {
+static int run_agent(const cli_program *p, const agent_flags *af, const rdzv_etcd_opts *eo, const char *job, int argc,
+                     char **argv, char **command) {
   if (p->port > 0 && p->port + af->local_workers - 1 > 65535) {
     fprintf(stderr, "newt worker: --port %lld + --local-workers %lld goes beyond port 65535\n", (long long)p->port,
             (long long)af->local_workers);
@@ -125,7 +126,7 @@ static int run_agent(const cli_program *p, const agent_flags *af, int argc, char
                        .max_restarts = (int)af->max_restarts, .restart_window_ms = af->restart_window * 1000,
                        .health_every_ms = af->health_every, .metrics_addr = p->metrics_addr,
                        .term_log = cli_termination_log(p->term_log), .argc = argc, .argv = argv,
-                       .command = command};
+                       .command = command, .etcd = eo, .job = job};
   return cli_agent_run(&ao);
 }
 
@@ -211,9 +212,13 @@ int newt_cmd_worker(int argc, char **argv) {
     return 2;
   }
   if (af.local_workers > 0 || program) {
-    free(password); /* read to check it; the workers (or the program) read it themselves */
     int nflags = program ? command - 1 : argc; /* the agent passes the flags on, not `--` */
-    if (af.local_workers > 0) return run_agent(&p, &af, nflags, argv, program);
+    if (af.local_workers > 0) { /* the agent holds the host's lease: its client needs the password */
+      int st = run_agent(&p, &af, &eo, ef.job, nflags, argv, program);
+      free(password);
+      return st;
+    }
+    free(password); /* read to check it; the program reads it itself */
     return exec_program(&p, program);
   }
   free(password); /* libnewt reads the file itself */

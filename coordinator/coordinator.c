@@ -2,7 +2,8 @@
  *
  * A leader keeps a picture of the job built from one consistent read of /newt/<job>/ and
  * a watch from the revision after it: members (workers/), the plan, the failure reports
- * and acks of the current generation, progress and the end marker. The watch thread only
+ * and acks of the current generation (each rank's ack rides in its registration; a key
+ * acks/<gen>/<id> of the previous release counts too), progress and the end marker. The watch thread only
  * updates that picture; the main thread looks at it every few milliseconds and decides:
  *
  *   - no plan yet: plan once enough workers are there and joins have settled;
@@ -193,6 +194,8 @@ static int find_member(const coord *c, const char *id) {
   return -1;
 }
 
+static void put_ack(coord *c, const rdzv_etcd_kv *kv, const char *id, const char *text, size_t len);
+
 static void put_member(coord *c, const rdzv_etcd_kv *kv, const char *id) {
   rdzv_worker w;
   if (rdzv_worker_from_json(kv->value, kv->value_len, kv->key, &w) != NEWT_OK) {
@@ -224,6 +227,9 @@ static void put_member(coord *c, const rdzv_etcd_kv *kv, const char *id) {
               strcmp(w.domain, w.host) ? w.domain : "", w.addr);
   }
   c->members[i] = w;
+  /* the acknowledgement of the current generation, folded into the registration */
+  if (w.ack[0] && c->plan.generation && (uint64_t)w.generation == c->plan.generation)
+    put_ack(c, kv, id, w.ack, strlen(w.ack));
 }
 
 static void drop_member(coord *c, const char *id) {
@@ -280,10 +286,13 @@ static void put_report(coord *c, const rdzv_etcd_kv *kv, const char *id) {
   if (rep.step > c->max_step_seen) c->max_step_seen = rep.step;
 }
 
-static void put_ack(coord *c, const rdzv_etcd_kv *kv, const char *id) {
+/* An acknowledgement of the current generation by worker id: text is the ack, under key kv
+ * (acks/<gen>/<id>, the previous release's own key, or workers/<id>, the registration that
+ * carries it). */
+static void put_ack(coord *c, const rdzv_etcd_kv *kv, const char *id, const char *text, size_t len) {
   c_ack a;
   memset(&a, 0, sizeof a);
-  if (job_ack_from_json(kv->value, kv->value_len, &a.a) != NEWT_OK) {
+  if (job_ack_from_json(text, len, &a.a) != NEWT_OK) {
     NEWT_WARN(COORD, "ignoring %s: %s", kv->key, newt_errmsg());
     return;
   }
@@ -398,7 +407,7 @@ static void apply_kv(coord *c, const rdzv_etcd_kv *kv, int deleted) {
     if (!deleted && gen == c->plan.generation) put_report(c, kv, id);
     break;
   case JOB_REC_ACK:
-    if (!deleted && gen == c->plan.generation) put_ack(c, kv, id);
+    if (!deleted && gen == c->plan.generation) put_ack(c, kv, id, kv->value, kv->value_len);
     break;
   case JOB_REC_PROGRESS:
     if (!deleted) put_progress(c, kv);
@@ -760,15 +769,26 @@ static newt_result_t replan(coord *c, const char *cause, const char *switch_mode
   return NEWT_OK;
 }
 
-/* Fences a member: deletes its registration by revoking its lease. */
+/* Fences a member: deletes its registration by revoking its lease; a lease other members
+ * are registered on too (their host's, rdzv_register_on) is theirs as well: then only the
+ * member's key goes (a guarded delete while it is on that lease), and the member, when it
+ * writes again, finds it gone and registers anew, as one whose own lease was revoked. */
 static void fence(coord *c, const char *id) {
   pthread_mutex_lock(&c->mu);
-  int i = find_member(c, id);
+  int i = find_member(c, id), shared = 0;
   int64_t lease = i >= 0 ? c->members[i].lease : 0;
+  for (int k = 0; k < c->nmembers && lease; k++) shared |= k != i && c->members[k].lease == lease;
   pthread_mutex_unlock(&c->mu);
-  if (lease && rdzv_etcd_lease_revoke(c->etcd, lease, job_call_deadline()) != NEWT_OK &&
-      newt_errcode() != NEWT_ERR_NOTFOUND)
-    NEWT_WARN(COORD, "fencing %s: %s", id, newt_errmsg());
+  char key[256];
+  newt_result_t r = NEWT_OK;
+  if (lease && shared && (r = job_key(key, sizeof key, c->o->job, JOB_REC_WORKER, 0, id)) == NEWT_OK) {
+    rdzv_etcd_cmp on = {.key = key, .target = RDZV_CMP_LEASE, .result = RDZV_CMP_EQUAL, .number = lease};
+    rdzv_etcd_op del = {.type = RDZV_OP_DELETE, .key = key};
+    r = rdzv_guarded_txn(c->cand, &on, 1, &del, 1, job_call_deadline(), NULL);
+  } else if (lease && !shared) {
+    r = rdzv_etcd_lease_revoke(c->etcd, lease, job_call_deadline());
+  }
+  if (r != NEWT_OK && newt_errcode() != NEWT_ERR_NOTFOUND) NEWT_WARN(COORD, "fencing %s: %s", id, newt_errmsg());
   /* out of the picture now, not when the watch brings the deletion: no plan (nor the
      question whether newcomers allow a larger one) may count it meanwhile */
   pthread_mutex_lock(&c->mu);

@@ -7,14 +7,15 @@
  *                                              coordinator --spec
  *   plan                         job/plan.h    the leader         workers, launcher, status
  *   workers/<id>                 rdzv_worker   the worker, on     coordinator, status
- *                                (rendezvous/  its lease
- *                                rdzv.h)
+ *                                (rendezvous/  its lease; its
+ *                                rdzv.h)       "ack" is a job_ack
  *   election/<lease hex>         candidacy     coordinators       rendezvous (election)
  *                                (rendezvous)
  *   reports/<gen>/<id>           job_report    a rank whose       the leader
  *                                              collective failed
- *   acks/<gen>/<id>              job_ack       a rank after its   the leader
- *                                              first step of gen
+ *   acks/<gen>/<id>              job_ack       the previous       the leader
+ *                                              release (now in
+ *                                              the registration)
  *   progress                     job_progress  rank 0, at most    leader, launcher, status
  *                                              every 100 ms
  *   done                         job_done      rank 0, once       everyone

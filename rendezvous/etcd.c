@@ -262,8 +262,20 @@ newt_result_t rdzv_etcd_set_metrics(rdzv_etcd *c, metrics_t *m) {
 static newt_result_t request(rdzv_etcd *c, const char *path, const char *body, int flags, const char *what,
                              newt_deadline_t d, newt_buf *resp);
 
+int64_t rdzv_etcd_writes(rdzv_etcd *c) { return (int64_t)atomic_load(&c->writes); }
+
+/* Whether a request to path asks etcd to write. */
+static int is_write(const char *path) {
+  static const char *const writes[] = {"/v3/kv/put", "/v3/kv/deleterange", "/v3/kv/txn", "/v3/lease/grant",
+                                       "/v3/lease/revoke"};
+  for (size_t i = 0; i < sizeof writes / sizeof writes[0]; i++)
+    if (strcmp(path, writes[i]) == 0) return 1;
+  return 0;
+}
+
 newt_result_t rdzv_etcd_request(rdzv_etcd *c, const char *path, const char *body, int flags,
                                 const char *what, newt_deadline_t d, newt_buf *resp) {
+  if (is_write(path)) atomic_fetch_add(&c->writes, 1);
   metrics_t *m = atomic_load(&c->metrics);
   uint64_t t0 = m ? newt_now_ns() : 0;
   newt_result_t r = request(c, path, body, flags, what, d, resp);

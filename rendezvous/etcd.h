@@ -62,6 +62,10 @@ void rdzv_etcd_free(rdzv_etcd *c);
 struct metrics;
 newt_result_t rdzv_etcd_set_metrics(rdzv_etcd *c, struct metrics *m);
 
+/* How many requests of this client asked etcd to write (put, delete, txn, lease grant and
+ * revoke: each a raft proposal; keep-alives and reads are not): what a protocol costs. */
+int64_t rdzv_etcd_writes(rdzv_etcd *c);
+
 /* The endpoints as given, comma-separated (for messages). */
 const char *rdzv_etcd_endpoints(const rdzv_etcd *c);
 

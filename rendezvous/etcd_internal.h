@@ -28,6 +28,7 @@ struct rdzv_etcd {
   char *user, *password, *ca_file, *cert_file, *key_file;
   int64_t connect_ms;
   struct metrics *_Atomic metrics; /* request counts and latency go here (rdzv_etcd_set_metrics) */
+  atomic_llong writes;              /* requests that ask etcd for a write (rdzv_etcd_writes) */
 
   pthread_mutex_t auth_mu; /* token and token_gen */
   char *token;

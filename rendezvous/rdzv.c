@@ -72,10 +72,29 @@ newt_result_t rdzv_worker_to_json(const rdzv_worker *w, char **out) {
            newt_json_add_int(j, "generation", w->generation) &&
            (!w->shares_device || cJSON_AddBoolToObject(j, "shares_device", 1)) &&
            (!w->domain[0] || strcmp(w->domain, w->host) == 0 || cJSON_AddStringToObject(j, "domain", w->domain));
+  if (ok && w->ack[0]) {
+    cJSON *ack;
+    newt_result_t r = newt_json_parse(w->ack, strlen(w->ack), "registration.ack", &ack);
+    if (r != NEWT_OK) {
+      cJSON_Delete(j);
+      return r;
+    }
+    if (!cJSON_IsObject(ack)) {
+      cJSON_Delete(ack);
+      cJSON_Delete(j);
+      return NEWT_ERR(NEWT_ERR_INVALID, "registration.ack: expected a JSON object");
+    }
+    ok = cJSON_AddItemToObject(j, "ack", ack);
+    if (!ok) cJSON_Delete(ack);
+  }
   *out = ok ? newt_json_print(j) : NULL;
   cJSON_Delete(j);
   NEWT_CHECK_ALLOC(*out);
   return NEWT_OK;
+}
+
+int rdzv_worker_acked(const rdzv_worker *w, int64_t generation) {
+  return w->generation > generation || (w->generation == generation && w->ack[0]);
 }
 
 /* Whether every character of s is in allowed. */
@@ -98,6 +117,22 @@ newt_result_t rdzv_worker_from_json(const char *text, size_t len, const char *wh
   NEWT_CHECK_GOTO(newt_json_get_int(j, what, "pid", 0, &out->pid), r, done);
   NEWT_CHECK_GOTO(newt_json_get_int(j, what, "generation", 0, &out->generation), r, done);
   NEWT_CHECK_GOTO(newt_json_get_bool(j, what, "shares_device", 0, &out->shares_device), r, done);
+  const cJSON *ack = NULL; /* absent in the previous release's registrations, and before an ack */
+  NEWT_CHECK_GOTO(newt_json_get_obj(j, what, "ack", 0, &ack), r, done);
+  if (ack) {
+    char *text = newt_json_print(ack);
+    size_t n = text ? strlen(text) : 0;
+    if (text && n < sizeof out->ack) memcpy(out->ack, text, n + 1);
+    free(text);
+    if (!text) {
+      r = NEWT_ERR(NEWT_ERR_NOMEM, "%s.ack: out of memory", what);
+      goto done;
+    }
+    if (n >= sizeof out->ack) {
+      r = NEWT_ERR(NEWT_ERR_INVALID, "%s.ack: %zu bytes, more than %d", what, n, RDZV_ACK_MAX - 1);
+      goto done;
+    }
+  }
   if (device < -1 || device > 1024) {
     r = NEWT_ERR(NEWT_ERR_INVALID, "%s.device: %lld is not a device index", what, (long long)device);
     goto done;
@@ -143,20 +178,50 @@ struct rdzv_registration {
   int64_t ttl_s;
   rdzv_etcd_lease_lost_fn lost;
   void *ud;
+  int64_t host_lease; /* the host's lease it was handed (0: none, or it went) */
+  int shared;         /* 1: the registration is on host_lease, not a lease of its own */
 };
 
-/* Grants a lease, writes the registration on it if the id is free, keeps the lease alive. */
+/* Deletes the registration while it is on this lease (never another's). */
+static newt_result_t delete_own_key(rdzv_registration *r, newt_deadline_t d) {
+  rdzv_etcd_cmp cmp = {.key = r->key, .target = RDZV_CMP_LEASE, .result = RDZV_CMP_EQUAL, .number = r->lease};
+  rdzv_etcd_op del = {.type = RDZV_OP_DELETE, .key = r->key};
+  return rdzv_etcd_txn(r->c, &cmp, 1, &del, 1, NULL, 0, d, NULL);
+}
+
+/* Keeps the registration's lease alive: its own always; the host's unless this client keeps
+ * it already (another registration on it, perhaps one claiming it at this moment). */
+static newt_result_t keep_lease(rdzv_registration *r, int64_t lease) {
+  if (r->shared && rdzv_etcd_lease_lost(r->c, lease, NULL, 0) >= 0) return NEWT_OK;
+  newt_result_t res = rdzv_etcd_lease_keep(r->c, lease, r->ttl_s, r->lost, r->ud);
+  if (res != NEWT_OK && r->shared && rdzv_etcd_lease_lost(r->c, lease, NULL, 0) >= 0) return NEWT_OK;
+  r->kept = res == NEWT_OK;
+  return res;
+}
+
+/* Writes the registration on a lease if the id is free, and keeps the lease alive: the host's
+ * lease when it has one (no grant: one write; kept alive here too, so that its loss is
+ * reported here, unless this client keeps it already), else a lease of its own. A host lease
+ * etcd no longer has is given up for a lease of its own. */
 static newt_result_t claim(rdzv_registration *r, const char *job, newt_deadline_t d) {
   char *json = NULL;
-  int64_t lease = 0;
+  int64_t lease = r->host_lease;
+  int own = lease == 0;
   newt_result_t res;
   NEWT_CHECK(rdzv_worker_to_json(&r->w, &json));
-  NEWT_CHECK_GOTO(rdzv_etcd_lease_grant(r->c, r->ttl_s, 0, d, &lease, NULL), res, fail);
+  if (own) NEWT_CHECK_GOTO(rdzv_etcd_lease_grant(r->c, r->ttl_s, 0, d, &lease, NULL), res, fail);
   rdzv_etcd_cmp cmp = {.key = r->key, .target = RDZV_CMP_CREATE, .result = RDZV_CMP_EQUAL, .number = 0};
   rdzv_etcd_op put = {.type = RDZV_OP_PUT, .key = r->key, .value = json, .value_len = strlen(json), .lease = lease};
   rdzv_etcd_op get = {.type = RDZV_OP_RANGE, .key = r->key};
   rdzv_etcd_txn_result tr;
-  NEWT_CHECK_GOTO(rdzv_etcd_txn(r->c, &cmp, 1, &put, 1, &get, 1, d, &tr), res, fail_lease);
+  res = rdzv_etcd_txn(r->c, &cmp, 1, &put, 1, &get, 1, d, &tr);
+  if (res == NEWT_ERR_NOTFOUND && !own) { /* the host's lease is gone: one of our own */
+    NEWT_INFO(RDZV, "%s: host lease %llx is gone; registering on a lease of its own", r->key, (unsigned long long)lease);
+    free(json);
+    r->host_lease = 0;
+    return claim(r, job, d);
+  }
+  if (res != NEWT_OK) goto fail_lease;
   if (!tr.succeeded) {
     int64_t other = tr.n && tr.results[0].range.n ? tr.results[0].range.kvs[0].lease : 0;
     rdzv_etcd_txn_result_free(&tr);
@@ -168,21 +233,26 @@ static newt_result_t claim(rdzv_registration *r, const char *job, newt_deadline_
   r->w.mod_revision = r->w.create_revision = tr.revision;
   r->w.lease = lease;
   rdzv_etcd_txn_result_free(&tr);
-  NEWT_CHECK_GOTO(rdzv_etcd_lease_keep(r->c, lease, r->ttl_s, r->lost, r->ud), res, fail_lease);
+  r->shared = !own;
+  r->kept = 0;
   r->lease = lease;
-  r->kept = 1;
+  res = keep_lease(r, lease);
+  if (res != NEWT_OK) {
+    if (!own) delete_own_key(r, newt_deadline_in_ms(1000)); /* not registered after all */
+    goto fail_lease;
+  }
   free(json);
   return NEWT_OK;
 fail_lease:
-  rdzv_etcd_lease_revoke(r->c, lease, newt_deadline_in_ms(1000));
+  if (own) rdzv_etcd_lease_revoke(r->c, lease, newt_deadline_in_ms(1000)); /* never the host's */
 fail:
   free(json);
   return res;
 }
 
-newt_result_t rdzv_register(rdzv_etcd *c, const char *job, const rdzv_worker *w, int64_t ttl_s,
-                            rdzv_etcd_lease_lost_fn lost, void *ud, newt_deadline_t d,
-                            rdzv_registration **out) {
+static newt_result_t do_register(rdzv_etcd *c, const char *job, const rdzv_worker *w, int64_t host_lease,
+                                 int64_t ttl_s, rdzv_etcd_lease_lost_fn lost, void *ud, newt_deadline_t d,
+                                 rdzv_registration **out) {
   *out = NULL;
   NEWT_CHECK(rdzv_check_name("worker id", w->id));
   char suffix[128];
@@ -194,6 +264,7 @@ newt_result_t rdzv_register(rdzv_etcd *c, const char *job, const rdzv_worker *w,
   r->ttl_s = ttl_s;
   r->lost = lost;
   r->ud = ud;
+  r->host_lease = host_lease;
   newt_result_t res = rdzv_key(r->key, sizeof r->key, job, suffix);
   if (res == NEWT_OK) res = claim(r, job, d);
   if (res != NEWT_OK) {
@@ -203,6 +274,23 @@ newt_result_t rdzv_register(rdzv_etcd *c, const char *job, const rdzv_worker *w,
   *out = r;
   return NEWT_OK;
 }
+
+newt_result_t rdzv_register(rdzv_etcd *c, const char *job, const rdzv_worker *w, int64_t ttl_s,
+                            rdzv_etcd_lease_lost_fn lost, void *ud, newt_deadline_t d,
+                            rdzv_registration **out) {
+  return do_register(c, job, w, 0, ttl_s, lost, ud, d, out);
+}
+
+newt_result_t rdzv_register_on(rdzv_etcd *c, const char *job, const rdzv_worker *w, int64_t host_lease,
+                               int64_t ttl_s, rdzv_etcd_lease_lost_fn lost, void *ud, newt_deadline_t d,
+                               rdzv_registration **out) {
+  if (host_lease <= 0)
+    return NEWT_ERR(NEWT_ERR_INVALID, "registering %s on a host lease: lease %lld is not one", w->id,
+                    (long long)host_lease);
+  return do_register(c, job, w, host_lease, ttl_s, lost, ud, d, out);
+}
+
+int rdzv_registration_shared(const rdzv_registration *r) { return r->shared; }
 
 newt_result_t rdzv_registration_renew(rdzv_registration *r, const char *job, newt_deadline_t d) {
   int64_t lease = r->lease, ttl = 0;
@@ -218,21 +306,34 @@ newt_result_t rdzv_registration_renew(rdzv_registration *r, const char *job, new
       /* etcd kept the lease (it extends every lease when it restarts): keep it again */
       if (r->kept) rdzv_etcd_lease_unkeep(r->c, lease);
       r->kept = 0;
-      NEWT_CHECK(rdzv_etcd_lease_keep(r->c, lease, r->ttl_s, r->lost, r->ud));
-      r->kept = 1;
-      return NEWT_OK;
+      return keep_lease(r, lease);
     }
-    rdzv_etcd_lease_revoke(r->c, lease, d);
+    /* the lease lives, our key on it does not (deleted: fenced, or taken for dead by the
+       host's agent): a lease of our own goes; the host's stays for the others, and the
+       registration is written on it again */
+    if (!r->shared) rdzv_etcd_lease_revoke(r->c, lease, d);
+  } else if (r->shared) {
+    r->host_lease = 0; /* the host's lease went: one of our own from now on */
   }
   if (r->kept) rdzv_etcd_lease_unkeep(r->c, lease);
   r->kept = 0;
   return claim(r, job, d);
 }
 
-newt_result_t rdzv_registration_update(rdzv_registration *r, const char *state, int64_t generation,
-                                       newt_deadline_t d) {
+/* The registration rewritten (state NULL: the same; ack NULL: the same while the generation
+ * is, none when it changes), only while the key is still on our lease. */
+static newt_result_t rewrite(rdzv_registration *r, const char *state, int64_t generation, const char *ack,
+                             newt_deadline_t d) {
   rdzv_worker w = r->w;
   if (state) snprintf(w.state, sizeof w.state, "%s", state);
+  if (ack) {
+    if (strlen(ack) >= sizeof w.ack)
+      return NEWT_ERR(NEWT_ERR_INVALID, "registration %s: ack of %zu bytes, more than %d", r->key, strlen(ack),
+                      RDZV_ACK_MAX - 1);
+    snprintf(w.ack, sizeof w.ack, "%s", ack);
+  } else if (generation != w.generation) {
+    w.ack[0] = '\0';
+  }
   w.generation = generation;
   char *json;
   NEWT_CHECK(rdzv_worker_to_json(&w, &json));
@@ -253,6 +354,19 @@ newt_result_t rdzv_registration_update(rdzv_registration *r, const char *state, 
   return NEWT_OK;
 }
 
+newt_result_t rdzv_registration_update(rdzv_registration *r, const char *state, int64_t generation,
+                                       newt_deadline_t d) {
+  return rewrite(r, state, generation, NULL, d);
+}
+
+newt_result_t rdzv_registration_ack(rdzv_registration *r, const char *state, int64_t generation,
+                                    const char *ack_json, newt_deadline_t d) {
+  if (!ack_json || !*ack_json)
+    return NEWT_ERR(NEWT_ERR_INVALID, "registration %s: an acknowledgement of generation %lld without its ack", r->key,
+                    (long long)generation);
+  return rewrite(r, state, generation, ack_json, d);
+}
+
 int64_t rdzv_registration_lease(const rdzv_registration *r) { return r->lease; }
 
 int rdzv_registration_lost(rdzv_registration *r, char *why, size_t cap) {
@@ -262,7 +376,8 @@ int rdzv_registration_lost(rdzv_registration *r, char *why, size_t cap) {
 newt_result_t rdzv_registration_leave(rdzv_registration *r, newt_deadline_t d) {
   if (r->kept) rdzv_etcd_lease_unkeep(r->c, r->lease);
   r->kept = 0;
-  newt_result_t res = rdzv_etcd_lease_revoke(r->c, r->lease, d);
+  /* on the host's lease: only our key goes (the lease is the other workers' too) */
+  newt_result_t res = r->shared ? delete_own_key(r, d) : rdzv_etcd_lease_revoke(r->c, r->lease, d);
   return res == NEWT_ERR_NOTFOUND ? NEWT_OK : res; /* already gone: left anyway */
 }
 
@@ -286,6 +401,8 @@ struct rdzv_members {
   size_t n, cap;
   int64_t revision;        /* the view is current at this revision */
   int64_t change_revision; /* revision of the last change */
+  int64_t acked_gen;       /* the generation acked_n counts (-1: none asked yet) */
+  size_t acked_n;          /* members acknowledging acked_gen, kept up to date per change */
   rdzv_etcd_watch *watch;
 };
 
@@ -388,6 +505,7 @@ static void apply_event(rdzv_members *m, const rdzv_etcd_event *e, change_list *
   if (e->type == RDZV_EVENT_DELETE) {
     if (at >= 0) {
       note(cl, RDZV_MEMBER_LEAVE, e->kv.mod_revision, &m->w[at]);
+      m->acked_n -= (size_t)rdzv_worker_acked(&m->w[at], m->acked_gen);
       remove_member(m, (size_t)at);
     }
     return;
@@ -395,9 +513,12 @@ static void apply_event(rdzv_members *m, const rdzv_etcd_event *e, change_list *
   rdzv_worker w;
   if (!decode_member(m, &e->kv, &w)) return;
   if (at >= 0) {
+    m->acked_n -= (size_t)rdzv_worker_acked(&m->w[at], m->acked_gen);
+    m->acked_n += (size_t)rdzv_worker_acked(&w, m->acked_gen);
     m->w[at] = w;
     note(cl, RDZV_MEMBER_UPDATE, e->kv.mod_revision, &w);
   } else if (insert_member(m, (size_t)(-at - 1), &w)) {
+    m->acked_n += (size_t)rdzv_worker_acked(&w, m->acked_gen);
     note(cl, RDZV_MEMBER_JOIN, e->kv.mod_revision, &w);
   }
 }
@@ -425,6 +546,8 @@ static void apply_snapshot(rdzv_members *m, const rdzv_etcd_kv *kvs, size_t n, i
   }
   free(m->w);
   m->w = fresh;
+  m->acked_n = 0;
+  for (size_t a = 0; a < k; a++) m->acked_n += (size_t)rdzv_worker_acked(&fresh[a], m->acked_gen);
   m->n = k;
   m->cap = n ? n : 1;
 }
@@ -461,6 +584,7 @@ newt_result_t rdzv_members_start(rdzv_etcd *c, const char *job, rdzv_members_fn 
   m->c = c;
   m->fn = fn;
   m->ud = ud;
+  m->acked_gen = -1;
   pthread_mutex_init(&m->mu, NULL);
   rdzv_cond_init(&m->cv);
   newt_result_t r = rdzv_key(m->prefix, sizeof m->prefix, job, "workers/");
@@ -508,6 +632,18 @@ newt_result_t rdzv_members_get(rdzv_members *m, rdzv_worker **out, size_t *n, in
 size_t rdzv_members_count(rdzv_members *m) {
   pthread_mutex_lock(&m->mu);
   size_t n = m->n;
+  pthread_mutex_unlock(&m->mu);
+  return n;
+}
+
+size_t rdzv_members_count_acked(rdzv_members *m, int64_t generation) {
+  pthread_mutex_lock(&m->mu);
+  if (generation != m->acked_gen) { /* counted afresh once, then kept up to date per change */
+    m->acked_gen = generation;
+    m->acked_n = 0;
+    for (size_t i = 0; i < m->n; i++) m->acked_n += (size_t)rdzv_worker_acked(&m->w[i], generation);
+  }
+  size_t n = m->acked_n;
   pthread_mutex_unlock(&m->mu);
   return n;
 }
@@ -627,50 +763,96 @@ newt_result_t rdzv_barrier_ack(rdzv_etcd *c, const char *job, int64_t generation
   return rdzv_etcd_put(c, key, val, strlen(val), lease, d, NULL);
 }
 
+/* A barrier counts a member as acknowledged when its key acks/<g>/<id> exists (ACK_KEY) or
+ * its registration acknowledges g (ACK_REG); either is enough, and each comes and goes with
+ * its key. */
+enum { ACK_KEY = 1, ACK_REG = 2 };
+
 typedef struct barrier {
   pthread_mutex_t mu;
   pthread_cond_t cv;
   const char **ids; /* sorted */
-  unsigned char *acked;
+  unsigned char *acked; /* ACK_KEY | ACK_REG per id */
   size_t n, have;
-  size_t prefix_len;
+  int64_t generation;
+  size_t ack_prefix_len, reg_prefix_len;
 } barrier;
+
+/* One of the barrier's two watches: which prefix it reads. */
+typedef struct barrier_source {
+  barrier *b;
+  int bit;
+} barrier_source;
 
 static int cmp_str(const void *a, const void *b) { return strcmp(*(const char *const *)a, *(const char *const *)b); }
 
-static void barrier_mark(barrier *b, const char *key, size_t key_len, int on) {
-  if (key_len <= b->prefix_len) return;
-  const char *id = key + b->prefix_len;
+/* Sets or clears `bit` of the member whose id ends kv's key (ignored when it is none of ids). */
+static void barrier_mark(barrier *b, int bit, const rdzv_etcd_kv *kv, int on) {
+  size_t plen = bit == ACK_KEY ? b->ack_prefix_len : b->reg_prefix_len;
+  if (kv->key_len <= plen) return;
+  const char *id = kv->key + plen;
+  if (strchr(id, '/')) return;
   const char **hit = bsearch(&id, b->ids, b->n, sizeof *b->ids, cmp_str);
   if (!hit) return;
+  if (on && bit == ACK_REG) { /* a registration counts when it says it took up g */
+    rdzv_worker w;
+    char what[300];
+    snprintf(what, sizeof what, "registration %.250s", kv->key);
+    on = rdzv_worker_from_json(kv->value, kv->value_len, what, &w) == NEWT_OK && strcmp(w.id, id) == 0 &&
+         rdzv_worker_acked(&w, b->generation);
+  }
   size_t i = (size_t)(hit - b->ids);
-  if (b->acked[i] != on) {
-    b->acked[i] = (unsigned char)on;
-    if (on) b->have++;
-    else b->have--;
+  int was = b->acked[i] != 0;
+  b->acked[i] = (unsigned char)(on ? b->acked[i] | bit : b->acked[i] & ~bit);
+  int is = b->acked[i] != 0;
+  if (is && !was) b->have++;
+  if (was && !is) b->have--;
+}
+
+static void barrier_clear(barrier *b, int bit) {
+  for (size_t i = 0; i < b->n; i++) {
+    int was = b->acked[i] != 0;
+    b->acked[i] = (unsigned char)(b->acked[i] & ~bit);
+    if (was && !b->acked[i]) b->have--;
   }
 }
 
 static void on_barrier_watch(void *ud, const rdzv_etcd_watch_resp *r) {
-  barrier *b = ud;
+  barrier_source *src = ud;
+  barrier *b = src->b;
   pthread_mutex_lock(&b->mu);
   if (r->kind == RDZV_WATCH_EVENTS) {
     for (size_t i = 0; i < r->n_events; i++)
-      barrier_mark(b, r->events[i].kv.key, r->events[i].kv.key_len, r->events[i].type == RDZV_EVENT_PUT);
+      barrier_mark(b, src->bit, &r->events[i].kv, r->events[i].type == RDZV_EVENT_PUT);
   } else if (r->kind == RDZV_WATCH_RESYNC) {
-    memset(b->acked, 0, b->n);
-    b->have = 0;
-    for (size_t i = 0; i < r->n_kvs; i++) barrier_mark(b, r->kvs[i].key, r->kvs[i].key_len, 1);
+    barrier_clear(b, src->bit);
+    for (size_t i = 0; i < r->n_kvs; i++) barrier_mark(b, src->bit, &r->kvs[i], 1);
   }
   pthread_cond_broadcast(&b->cv);
   pthread_mutex_unlock(&b->mu);
 }
 
+/* Reads one prefix into the barrier, then watches it from the next revision. */
+static newt_result_t barrier_follow(rdzv_etcd *c, barrier_source *src, const char *prefix, newt_deadline_t d,
+                                    rdzv_etcd_watch **w) {
+  rdzv_etcd_kvs snap = {0};
+  rdzv_etcd_range_opts ro = {.prefix = 1, .keys_only = src->bit == ACK_KEY};
+  NEWT_CHECK(rdzv_etcd_range(c, prefix, &ro, d, &snap));
+  pthread_mutex_lock(&src->b->mu);
+  for (size_t i = 0; i < snap.n; i++) barrier_mark(src->b, src->bit, &snap.kvs[i], 1);
+  pthread_mutex_unlock(&src->b->mu);
+  rdzv_etcd_watch_opts wo = {.prefix = 1, .start_revision = snap.revision + 1};
+  rdzv_etcd_kvs_free(&snap);
+  return rdzv_etcd_watch_start(c, prefix, &wo, on_barrier_watch, src, d, w);
+}
+
 newt_result_t rdzv_barrier_wait(rdzv_etcd *c, const char *job, int64_t generation, const char *const *ids, size_t n,
                                 newt_deadline_t d, const atomic_int *abort) {
-  char prefix[256];
-  NEWT_CHECK(acks_prefix(prefix, sizeof prefix, job, generation));
-  barrier b = {.n = n, .prefix_len = strlen(prefix)};
+  char ack_prefix[256], reg_prefix[256];
+  NEWT_CHECK(acks_prefix(ack_prefix, sizeof ack_prefix, job, generation));
+  NEWT_CHECK(rdzv_key(reg_prefix, sizeof reg_prefix, job, "workers/"));
+  barrier b = {.n = n, .generation = generation, .ack_prefix_len = strlen(ack_prefix),
+               .reg_prefix_len = strlen(reg_prefix)};
   b.ids = malloc((n ? n : 1) * sizeof *b.ids);
   b.acked = calloc(n ? n : 1, 1);
   if (!b.ids || !b.acked) {
@@ -682,25 +864,18 @@ newt_result_t rdzv_barrier_wait(rdzv_etcd *c, const char *job, int64_t generatio
   qsort(b.ids, n, sizeof *b.ids, cmp_str);
   pthread_mutex_init(&b.mu, NULL);
   rdzv_cond_init(&b.cv);
-  rdzv_etcd_watch *w = NULL;
-  rdzv_etcd_kvs snap = {0};
-  rdzv_etcd_range_opts ro = {.prefix = 1, .keys_only = 1};
-  newt_result_t r = rdzv_etcd_range(c, prefix, &ro, d, &snap);
-  if (r == NEWT_OK) {
-    for (size_t i = 0; i < snap.n; i++) barrier_mark(&b, snap.kvs[i].key, snap.kvs[i].key_len, 1);
-    if (b.have < n) {
-      rdzv_etcd_watch_opts wo = {.prefix = 1, .start_revision = snap.revision + 1};
-      r = rdzv_etcd_watch_start(c, prefix, &wo, on_barrier_watch, &b, d, &w);
-    }
-  }
-  rdzv_etcd_kvs_free(&snap);
+  barrier_source from_regs = {&b, ACK_REG}, from_keys = {&b, ACK_KEY};
+  rdzv_etcd_watch *wr = NULL, *wk = NULL;
+  newt_result_t r = barrier_follow(c, &from_regs, reg_prefix, d, &wr);
+  if (r == NEWT_OK) r = barrier_follow(c, &from_keys, ack_prefix, d, &wk);
   if (r == NEWT_OK) {
     pthread_mutex_lock(&b.mu);
     while (b.have < n && (r = cond_wait_slice(&b.cv, &b.mu, d, abort)) == NEWT_OK) {
     }
     pthread_mutex_unlock(&b.mu);
   }
-  rdzv_etcd_watch_free(w); /* no callback runs after this */
+  rdzv_etcd_watch_free(wr); /* no callback runs after these */
+  rdzv_etcd_watch_free(wk);
   if (r == NEWT_ERR_TIMEOUT || r == NEWT_ERR_ABORTED) {
     newt_buf missing;
     newt_buf_init(&missing);

@@ -7,13 +7,16 @@
  *
  *   spec                        the job spec (JSON), written once by whoever starts the job
  *   workers/<id>                a worker's registration (JSON, rdzv_worker), on its lease:
- *                               it disappears when the worker dies or leaves
+ *                               it disappears when the worker dies or leaves; once the worker
+ *                               took up a generation it carries that generation's
+ *                               acknowledgement ("ack"): the barrier costs no write of its own
  *   election/<lease hex>        a coordinator's candidacy ({"name","host","pid"}), on its
  *                               lease; the leader is the lowest create_revision
  *   plan                        the current plan (JSON with "generation"), written only by
  *                               the leader, guarded by its candidacy key
  *   acks/<generation>/<id>      worker <id> acknowledges plan <generation>, on its lease
- *                               (<generation> is 20 zero-padded digits so keys sort)
+ *                               (<generation> is 20 zero-padded digits so keys sort): the
+ *                               previous release's barrier, still counted by the readers
  *   events/<ms>-<random>        job events (JSON), ms = wall-clock milliseconds (16 digits)
  *
  * Job names and worker ids are 1-63 characters of [A-Za-z0-9._-]. */
@@ -27,6 +30,7 @@
 #include "rendezvous/etcd.h"
 
 #define RDZV_NAME_MAX 64
+#define RDZV_ACK_MAX 256 /* an acknowledgement folded into a registration, as JSON text */
 
 /* 1-63 characters of [A-Za-z0-9._-]; the error names `what`. */
 newt_result_t rdzv_check_name(const char *what, const char *name);
@@ -48,6 +52,8 @@ typedef struct rdzv_worker {
   char state[64];     /* "joining", "ready", "training", "leaving", ... */
   int64_t pid;
   int64_t generation; /* the last plan generation it has taken up (0: none) */
+  char ack[RDZV_ACK_MAX]; /* its acknowledgement of `generation`: a JSON object this layer does
+                             not read ("": not acknowledged yet); it counts in the barrier */
   /* read back from etcd (ignored when writing) */
   int64_t lease;
   int64_t create_revision;
@@ -56,7 +62,8 @@ typedef struct rdzv_worker {
 
 /* JSON form ({"id","host","domain","addr","device","state","pid","generation"}, and
  * "shares_device": true when set; "domain" only when it differs from the host, so a
- * registration is what the previous release wrote unless a domain was given); malloc'd. */
+ * registration is what the previous release wrote unless a domain was given; "ack": {...}
+ * once acknowledged); malloc'd. */
 newt_result_t rdzv_worker_to_json(const rdzv_worker *w, char **out);
 /* Parses and checks a registration; errors name `what` and the field. */
 newt_result_t rdzv_worker_from_json(const char *text, size_t len, const char *what, rdzv_worker *out);
@@ -70,19 +77,42 @@ typedef struct rdzv_registration rdzv_registration;
 newt_result_t rdzv_register(rdzv_etcd *c, const char *job, const rdzv_worker *w, int64_t ttl_s,
                             rdzv_etcd_lease_lost_fn lost, void *ud, newt_deadline_t d,
                             rdzv_registration **out);
-/* Rewrites the registration with a new state / generation (only while it is still ours:
- * NEWT_ERR_CONFLICT when the lease was lost). */
+/* The same, on a lease the caller is handed rather than one of its own: the host's lease,
+ * granted and kept alive by the node agent that runs this worker among others (cli/agent.h),
+ * so that registering costs one write (no grant) and the host's loss (its agent's lease)
+ * removes all its workers at once. The lease is kept alive by this client too, so that its
+ * loss is reported as above (unless this client keeps it already). A registration on a host
+ * lease never revokes it: leaving deletes its key only (a txn guarded by the lease), and the
+ * agent deletes the key of a worker that ended or stopped (the lease lives on for the
+ * others). When the host lease is gone (at the registration or a renewal), the registration
+ * goes on with a lease of its own. */
+newt_result_t rdzv_register_on(rdzv_etcd *c, const char *job, const rdzv_worker *w, int64_t host_lease,
+                               int64_t ttl_s, rdzv_etcd_lease_lost_fn lost, void *ud, newt_deadline_t d,
+                               rdzv_registration **out);
+/* 1 while the registration is on the host's lease (rdzv_register_on), 0 on its own. */
+int rdzv_registration_shared(const rdzv_registration *r);
+/* Rewrites the registration with a new state (NULL: the same) and generation (only while it
+ * is still ours: NEWT_ERR_CONFLICT when the lease was lost). Its acknowledgement stays while
+ * the generation does, and goes when the generation changes. */
 newt_result_t rdzv_registration_update(rdzv_registration *r, const char *state, int64_t generation,
                                        newt_deadline_t d);
-/* After a lost lease: when etcd still has the lease and our key on it (etcd extends every
- * lease when it restarts, so an outage shorter than the TTL loses nothing), keeps it alive
- * again; otherwise registers anew on a fresh lease (NEWT_ERR_CONFLICT when another worker
- * took the id meanwhile). NEWT_ERR_UNAVAILABLE while etcd cannot be reached. */
+/* The same, acknowledging `generation` in the same write: ack_json (a JSON object, at most
+ * RDZV_ACK_MAX - 1 bytes, what the caller wants its barrier's reader to know) goes into the
+ * registration, which makes it count in rdzv_barrier_wait of that generation. A worker's
+ * acknowledgement therefore lives and dies with its registration, on its lease. */
+newt_result_t rdzv_registration_ack(rdzv_registration *r, const char *state, int64_t generation,
+                                    const char *ack_json, newt_deadline_t d);
+/* After a lost lease, or a refused update (the key is no longer ours): when etcd still has
+ * the lease and our key on it (etcd extends every lease when it restarts, so an outage
+ * shorter than the TTL loses nothing), keeps it alive again; otherwise registers anew, on the
+ * host's lease while it lives, else on a fresh lease of its own (NEWT_ERR_CONFLICT when
+ * another worker took the id meanwhile). NEWT_ERR_UNAVAILABLE while etcd cannot be reached. */
 newt_result_t rdzv_registration_renew(rdzv_registration *r, const char *job, newt_deadline_t d);
 int64_t rdzv_registration_lease(const rdzv_registration *r);
 /* 1 when its lease was lost (why filled), else 0. */
 int rdzv_registration_lost(rdzv_registration *r, char *why, size_t cap);
-/* Graceful leave: revokes the lease, so the registration and its acks go at once. */
+/* Graceful leave: revokes the lease, so the registration and its acks go at once (on the
+ * host's lease: deletes the registration, which carries its acknowledgement). */
 newt_result_t rdzv_registration_leave(rdzv_registration *r, newt_deadline_t d);
 /* Stops the keep-alive (the registration then expires with its lease) and frees. */
 void rdzv_registration_free(rdzv_registration *r);
@@ -103,6 +133,10 @@ typedef struct rdzv_member_event {
   const rdzv_worker *worker; /* LEAVE: its last known registration; RESYNC: NULL */
 } rdzv_member_event;
 
+/* Whether registration w acknowledges generation g: it carries an acknowledgement of g, or it
+ * has taken up a later generation (the barrier of g is behind it). */
+int rdzv_worker_acked(const rdzv_worker *w, int64_t generation);
+
 /* Called in revision order: first (on the caller's thread, inside rdzv_members_start) a
  * JOIN for each member of the snapshot, then (on the watch thread) every change. */
 typedef void (*rdzv_members_fn)(void *ud, const rdzv_member_event *e);
@@ -116,6 +150,8 @@ newt_result_t rdzv_members_start(rdzv_etcd *c, const char *job, rdzv_members_fn 
 /* A copy of the members, sorted by id (free(*out)), and the revision they are current at. */
 newt_result_t rdzv_members_get(rdzv_members *m, rdzv_worker **out, size_t *n, int64_t *revision);
 size_t rdzv_members_count(rdzv_members *m);
+/* How many members' registrations acknowledge generation g (rdzv_worker_acked). */
+size_t rdzv_members_count_acked(rdzv_members *m, int64_t generation);
 /* Waits until a membership change after revision `after` (*revision: that change's);
  * NEWT_ERR_TIMEOUT at d, NEWT_ERR_ABORTED when *abort becomes non-zero (checked every 50 ms). */
 newt_result_t rdzv_members_wait(rdzv_members *m, int64_t after, newt_deadline_t d,
@@ -190,12 +226,17 @@ newt_result_t rdzv_event_post(rdzv_etcd *c, const char *job, const char *event_j
 
 /* --- generation barrier --------------------------------------------------------------------- */
 
-/* Worker `id` acknowledges generation g (acks/<g>/<id>, on its registration lease). */
+/* A worker acknowledges generation g with one write, the update of its registration it makes
+ * anyway (rdzv_registration_ack). The previous release wrote a key of its own, acks/<g>/<id>
+ * on its registration lease: rdzv_barrier_ack still writes one (a second write per worker),
+ * and the barrier counts either. */
 newt_result_t rdzv_barrier_ack(rdzv_etcd *c, const char *job, int64_t generation, const char *id,
                                int64_t lease, newt_deadline_t d);
-/* Waits until every one of ids[0..n) has acknowledged generation g (a snapshot of acks/<g>/,
- * then a watch of it). NEWT_ERR_TIMEOUT at d naming the members still missing;
- * NEWT_ERR_ABORTED when *abort becomes non-zero. */
+/* Waits until every one of ids[0..n) has acknowledged generation g, in its registration
+ * (rdzv_worker_acked) or with a key acks/<g>/<id> (a snapshot of each prefix, then a watch of
+ * it). An acknowledgement that vanishes (its registration deleted, its lease lost) no longer
+ * counts. NEWT_ERR_TIMEOUT at d naming the members still missing; NEWT_ERR_ABORTED when
+ * *abort becomes non-zero. */
 newt_result_t rdzv_barrier_wait(rdzv_etcd *c, const char *job, int64_t generation,
                                 const char *const *ids, size_t n, newt_deadline_t d,
                                 const atomic_int *abort);

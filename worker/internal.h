@@ -141,6 +141,10 @@ struct newt_ctx {
   int pub_failing;     /* the publisher's last write failed (etcd away or full) */
   uint64_t pub_warned; /* monotonic ns it last said so */
   char pub_state[16]; /* a registration state to write ("" when none) */
+  char pub_ack[RDZV_ACK_MAX]; /* an acknowledgement to fold into the registration ("" none) */
+  uint64_t pub_ack_gen;       /* the generation it acknowledges */
+  int pub_ack_held;           /* 1: it waits for the registration's renewal (it was refused as
+                                 no longer ours: the lease went) */
   pthread_t pub_thread;
   int pub_running;
   atomic_int switch_pending; /* a newer plan asks to switch at the next step boundary */
@@ -359,9 +363,11 @@ void worker_set_state_async(worker *w, const char *state);
  * writes it at once on the registration lease (or when etcd answers again). */
 void worker_report(worker *w, const newt_plan *p, int hang, int build, const char *const *accused, int naccused,
                    const char *why);
-/* The acknowledgement of the generation (after its first step), progress (at most every
- * NEWT_PROGRESS_MS, and always the last step), the newest committed checkpoint. */
-void worker_publish_ack(worker *w);
+/* The acknowledgement of the generation (after its first step), folded into the update of
+ * the registration that says `state` (NULL: the state stays), so that taking up a generation
+ * costs one write; progress (at most every NEWT_PROGRESS_MS, and always the last step), the
+ * newest committed checkpoint. */
+void worker_publish_ack(worker *w, const char *state);
 void worker_publish_progress(worker *w, double loss, double tps, int64_t step_tokens);
 void worker_publish_ckpt(worker *w, int64_t step, int64_t bytes, int64_t save_ms, double stall_ms);
 /* The end marker (every rank after the last step, the first write wins), written at once. */

@@ -1,5 +1,6 @@
 /* What a worker writes to etcd (job/records.h has every record): its registration and
- * its state, failure reports, acknowledgements, progress, the checkpoint pointer and the end
+ * its state, with the acknowledgement of its generation folded into the same update (one
+ * write per generation), failure reports, progress, the checkpoint pointer and the end
  * marker. Only a failure report and the end marker are written by the caller's thread
  * (the leader needs them before anything else happens); everything else goes through the
  * publisher thread, which holds the newest value of each key and writes it when etcd is
@@ -11,14 +12,43 @@
 #include <unistd.h>
 
 #include "common/clock.h"
+#include "common/fs.h"
 #include "common/log.h"
 #include "common/param.h"
+#include "common/strutil.h"
 #include "common/sys.h"
 #include "job/records.h"
 #include "worker/internal.h"
 
 NEWT_PARAM(ProgressMs, "NEWT_PROGRESS_MS", 100)
 NEWT_PARAM(DoneWaitMs, "NEWT_DONE_WAIT_MS", 600000)
+
+/* The host's lease, from the file the node agent that started this worker names in
+ * NEWT_HOST_LEASE_FILE (cli/agent.h): the registration goes on it (rdzv_register_on), one
+ * write. The agent writes the file once the spec is in etcd, as this worker has just read
+ * it: a file not there yet is waited for up to 2 s. 0: none (a lease of its own). */
+static int64_t host_lease(const worker *w) {
+  const char *path = getenv("NEWT_HOST_LEASE_FILE");
+  if (!path || !*path) return 0;
+  for (newt_deadline_t d = newt_deadline_in_ms(2000);; newt_sleep_ms(20)) {
+    char *text = NULL;
+    size_t len = 0;
+    int64_t lease = 0;
+    if (newt_fs_read_all(path, 64, &text, &len) == NEWT_OK) {
+      while (len > 0 && (text[len - 1] == '\n' || text[len - 1] == '\r')) text[--len] = '\0';
+      if (newt_parse_int(text, &lease) != 0 || lease <= 0) {
+        NEWT_WARN(WORKER, "%s: %s: \"%.32s\" is not a lease id; registering on a lease of its own", w->id, path, text);
+        lease = 0;
+      }
+      free(text);
+      return lease;
+    }
+    if (newt_deadline_passed(d)) {
+      NEWT_INFO(WORKER, "%s: no host lease in %s yet; registering on a lease of its own", w->id, path);
+      return 0;
+    }
+  }
+}
 
 /* --- the registration ------------------------------------------------------------------------ */
 
@@ -51,7 +81,11 @@ newt_result_t worker_register(worker *w) {
      a restart or a lost lease: retry until it is gone; etcd away: wait for it */
   newt_deadline_t d = newt_deadline_in_ms(2 * w->spec.lease_ttl_ms + 5000);
   for (;;) {
-    newt_result_t r = rdzv_register(w->etcd, w->o.job, &reg, ttl_s, on_lease_lost, w, job_call_deadline(), &w->reg);
+    int64_t host = host_lease(w);
+    newt_result_t r = host > 0 ? rdzv_register_on(w->etcd, w->o.job, &reg, host, ttl_s, on_lease_lost, w,
+                                                  job_call_deadline(), &w->reg)
+                               : rdzv_register(w->etcd, w->o.job, &reg, ttl_s, on_lease_lost, w, job_call_deadline(),
+                                               &w->reg);
     if (r == NEWT_OK || worker_stop_asked(w)) return r;
     if (r == NEWT_ERR_CONFLICT && newt_deadline_passed(d)) return r;
     if (r != NEWT_ERR_CONFLICT && !rdzv_etcd_transient(r)) return r;
@@ -87,6 +121,8 @@ static void publish(worker *w, const char *key, char *value, int on_lease) {
   pthread_mutex_unlock(&w->mu);
 }
 
+static newt_result_t write_registration(worker *w, const char *state, const char *ack, uint64_t gen);
+
 /* Waits a little before retrying a write (called with mu held). */
 static void retry_pause(worker *w) { worker_wait_cv(w, 100); }
 
@@ -100,6 +136,7 @@ static void *publisher(void *arg) {
       pthread_mutex_lock(&w->mu);
       if (r == NEWT_OK) {
         atomic_store(&w->lease_lost, 0);
+        w->pub_ack_held = 0; /* an acknowledgement refused meanwhile goes into the renewed one */
         NEWT_INFO(WORKER, "%s: registration renewed (lease %llx)", w->id,
                   (unsigned long long)rdzv_registration_lease(w->reg));
       } else {
@@ -107,16 +144,40 @@ static void *publisher(void *arg) {
       }
       continue;
     }
-    if (w->pub_state[0]) {
-      char state[sizeof w->pub_state];
+    if (w->pub_state[0] || (w->pub_ack[0] && !w->pub_ack_held)) {
+      /* a state and an acknowledgement queued together are one write */
+      char state[sizeof w->pub_state], ack[sizeof w->pub_ack] = "";
       snprintf(state, sizeof state, "%s", w->pub_state);
+      if (!w->pub_ack_held) snprintf(ack, sizeof ack, "%s", w->pub_ack);
+      uint64_t ack_gen = w->pub_ack_gen, gen = w->gen;
       w->pub_state[0] = '\0';
+      if (!w->pub_ack_held) w->pub_ack[0] = '\0';
       pthread_mutex_unlock(&w->mu);
-      newt_result_t r = worker_set_state(w, state);
+      newt_result_t r;
+      if (ack[0] && ack_gen != gen) { /* moved on meanwhile: an old generation's ack is no news */
+        NEWT_DEBUG(WORKER, "%s: the acknowledgement of generation %llu is stale (now %llu)", w->id,
+                   (unsigned long long)ack_gen, (unsigned long long)gen);
+        ack[0] = '\0';
+      }
+      r = write_registration(w, state[0] ? state : NULL, ack[0] ? ack : NULL, gen);
       pthread_mutex_lock(&w->mu);
-      if (r != NEWT_OK && r != NEWT_ERR_CONFLICT && !w->pub_state[0]) {
+      if (r == NEWT_ERR_CONFLICT && rdzv_registration_shared(w->reg)) {
+        /* our key on the host's lease was deleted (fenced, or taken for dead by the agent
+           while it was stopped) while the lease lives on: nothing else tells us, so
+           register again, as a worker whose own lease was revoked does */
+        NEWT_WARN(WORKER, "%s: the registration on the host's lease is gone; registering again", w->id);
+        atomic_store(&w->lease_lost, 1);
+      }
+      if (r != NEWT_OK && ack[0] && !w->pub_ack[0]) {
+        /* not written: keep the acknowledgement, unless a newer one came meanwhile; when the
+           registration is no longer ours (its lease went), until it is renewed */
+        snprintf(w->pub_ack, sizeof w->pub_ack, "%s", ack);
+        w->pub_ack_gen = ack_gen;
+        w->pub_ack_held = r == NEWT_ERR_CONFLICT;
+      }
+      if (r != NEWT_OK && r != NEWT_ERR_CONFLICT) {
         /* etcd away: try again, unless a newer state came meanwhile */
-        snprintf(w->pub_state, sizeof w->pub_state, "%s", state);
+        if (state[0] && !w->pub_state[0]) snprintf(w->pub_state, sizeof w->pub_state, "%s", state);
         retry_pause(w);
       }
       continue;
@@ -161,7 +222,7 @@ static void *publisher(void *arg) {
 static void publisher_flush(worker *w, newt_deadline_t d) {
   while (w->pub_running) {
     pthread_mutex_lock(&w->mu);
-    int pending = w->pub_state[0] != '\0';
+    int pending = w->pub_state[0] != '\0' || (w->pub_ack[0] != '\0' && !w->pub_ack_held);
     for (int i = 0; i < WORKER_PUB_SLOTS; i++) pending |= w->pub[i].value != NULL;
     pthread_mutex_unlock(&w->mu);
     if (!pending || newt_deadline_passed(d)) break;
@@ -190,12 +251,24 @@ newt_result_t worker_publisher_start(worker *w) {
   return NEWT_OK;
 }
 
-newt_result_t worker_set_state(worker *w, const char *state) {
+/* Rewrites the registration at generation gen: a new state (NULL: the same), and the
+ * acknowledgement of gen when ack is not NULL. */
+static newt_result_t write_registration(worker *w, const char *state, const char *ack, uint64_t gen) {
   if (!w->reg || atomic_load(&w->lease_lost))
     return NEWT_ERR(NEWT_ERR_UNAVAILABLE, "%s: the registration is being renewed", w->id);
-  newt_result_t r = rdzv_registration_update(w->reg, state, (int64_t)w->gen, job_call_deadline());
-  if (r != NEWT_OK) NEWT_WARN(WORKER, "%s: updating the registration to %s: %s", w->id, state, newt_errmsg());
+  newt_result_t r = ack ? rdzv_registration_ack(w->reg, state, (int64_t)gen, ack, job_call_deadline())
+                        : rdzv_registration_update(w->reg, state, (int64_t)gen, job_call_deadline());
+  if (r != NEWT_OK)
+    NEWT_WARN(WORKER, "%s: updating the registration%s%s%s: %s", w->id, state ? " to " : "", state ? state : "",
+              ack ? " (acknowledging its generation)" : "", newt_errmsg());
   return r;
+}
+
+newt_result_t worker_set_state(worker *w, const char *state) {
+  pthread_mutex_lock(&w->mu);
+  uint64_t gen = w->gen;
+  pthread_mutex_unlock(&w->mu);
+  return write_registration(w, state, NULL, gen);
 }
 
 void worker_set_state_async(worker *w, const char *state) {
@@ -231,12 +304,31 @@ void worker_report(worker *w, const newt_plan *p, int hang, int build, const cha
             hang ? "hang" : "crash", why);
 }
 
-void worker_publish_ack(worker *w) {
-  if (!w->reg || w->peer_epoch) return; /* the survivors' own generation is no plan of the leader's */
+void worker_publish_ack(worker *w, const char *state) {
+  if (!w->reg) return;
+  if (w->peer_epoch) { /* the survivors' own generation is no plan of the leader's: no ack */
+    if (state) worker_set_state_async(w, state);
+    return;
+  }
   job_ack a = {.rank = w->me->rank, .t_plan = w->t_plan_seen, .t_comm = w->t_comm, .t_restore = w->t_restore,
                .t_step = w->t_first_step, .restore_step = w->restore_step};
   snprintf(a.restore, sizeof a.restore, "%s", w->restore_src);
-  publish_record(w, JOB_REC_ACK, w->plan.generation, job_ack_to_json(&a), 1);
+  char *ack = job_ack_to_json(&a);
+  if (!ack || strlen(ack) >= sizeof w->pub_ack) { /* cannot be: an ack is ~150 bytes */
+    NEWT_ERROR(WORKER, "%s: the acknowledgement of generation %llu does not fit the registration", w->id,
+               (unsigned long long)w->plan.generation);
+    free(ack);
+    if (state) worker_set_state_async(w, state);
+    return;
+  }
+  pthread_mutex_lock(&w->mu);
+  snprintf(w->pub_ack, sizeof w->pub_ack, "%s", ack);
+  w->pub_ack_gen = w->plan.generation;
+  w->pub_ack_held = 0;
+  if (state) snprintf(w->pub_state, sizeof w->pub_state, "%s", state);
+  pthread_cond_broadcast(&w->cv);
+  pthread_mutex_unlock(&w->mu);
+  free(ack);
 }
 
 void worker_publish_progress(worker *w, double loss, double tps, int64_t step_tokens) {

@@ -763,8 +763,7 @@ newt_result_t worker_end(worker *w, const newt_step_result *res) {
   if (w->first_step_of_gen) {
     w->first_step_of_gen = 0;
     w->t_first_step = newt_wall_ms();
-    worker_publish_ack(w);
-    if (!w->leave_announced) worker_set_state_async(w, "training");
+    worker_publish_ack(w, w->leave_announced ? NULL : "training");
   }
   if (w->me->rank == w->progress_rank) worker_publish_progress(w, res->loss, tps, tokens);
   newt_result_t cr = worker_ckpt_step(w);

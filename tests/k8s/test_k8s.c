@@ -17,8 +17,10 @@
  *   agent   the node agent (`newt worker --local-workers 2`, cli/agent.h) as the chart's GPU
  *           mode runs it: both local workers train and serve /healthz and metrics (worker=,
  *           rank= on every series) on metrics port + i;
- *           one of them killed with kill -9 is restarted under its id and rejoins (a "join"
- *           plan, the job back to 2 ranks); SIGTERM to the agent: it exits 3 ("left: ")
+ *           both register on the agent's host lease; one of them killed with kill -9 has its
+ *           registration deleted by the agent (the other's stays), is restarted under its id
+ *           on the host lease and rejoins (a "join" plan, the job back to 2 ranks); one
+ *           stopped has its registration deleted once it stayed stopped past the lease TTL; SIGTERM to the agent: it exits 3 ("left: ")
  *           within 30 s and leaves no worker behind.
  *   agent_done  a job that ends under an agent: it exits 0 ("done: ") and restarts nothing.
  *   agent_budget  --max-restarts 0: a local worker killed with kill -9 is not restarted, the
@@ -541,17 +543,31 @@ static int read_progress(const char *job, job_progress *p) {
   return ok;
 }
 
-/* The pid in worker id's registration (0: none). */
-static pid_t worker_pid(const char *job, const char *id) {
+/* Worker id's registration into *kv (free with rdzv_etcd_kv_free); 0 when there is none. */
+static int registration(const char *job, const char *id, rdzv_etcd_kv *kv) {
   char key[256], suffix[128];
-  rdzv_etcd_kv kv;
   snprintf(suffix, sizeof suffix, "workers/%s", id);
   if (rdzv_key(key, sizeof key, job, suffix) != NEWT_OK) return 0;
-  if (rdzv_etcd_get(cli, key, newt_deadline_in_ms(2000), &kv, NULL) != NEWT_OK) return 0;
+  return rdzv_etcd_get(cli, key, newt_deadline_in_ms(2000), kv, NULL) == NEWT_OK;
+}
+
+/* The pid in worker id's registration (0: none). */
+static pid_t worker_pid(const char *job, const char *id) {
+  rdzv_etcd_kv kv;
+  if (!registration(job, id, &kv)) return 0;
   rdzv_worker w;
   pid_t pid = rdzv_worker_from_json(kv.value, kv.value_len, "registration", &w) == NEWT_OK ? (pid_t)w.pid : 0;
   rdzv_etcd_kv_free(&kv);
   return pid;
+}
+
+/* The lease worker id's registration is on (0: none). */
+static int64_t worker_lease(const char *job, const char *id) {
+  rdzv_etcd_kv kv;
+  if (!registration(job, id, &kv)) return 0;
+  int64_t lease = kv.lease;
+  rdzv_etcd_kv_free(&kv);
+  return lease;
 }
 
 /* 1 when no process pid exists (not even a zombie). */
@@ -601,15 +617,25 @@ static void test_agent(void) {
   newt_buf_free(&b);
   pid_t w0 = worker_pid(job, "node0-0"), w1 = worker_pid(job, "node0-1");
   T_CHECK_MSG(w0 > 0 && w1 > 0, "registrations of node0-0 (pid %d) and node0-1 (pid %d)", (int)w0, (int)w1);
+  /* both registered on the host's lease, the agent's (one write each, no grant of their own) */
+  int64_t host = worker_lease(job, "node0-0");
+  T_CHECK_MSG(host && worker_lease(job, "node0-1") == host, "the local workers are on leases %llx and %llx, not one "
+              "host lease", (unsigned long long)host, (unsigned long long)worker_lease(job, "node0-1"));
   uint64_t gen = p.generation;
   int64_t step = p.step;
 
-  /* kill -9 one local worker: the agent starts it again under its id, it rejoins */
+  /* kill -9 one local worker: its registration goes at once (the agent deletes it: the host's
+     lease lives on), the agent starts it again under its id, it rejoins */
   T_CHECK(kill(w1, SIGKILL) == 0);
   pid_t again = 0;
   d = newt_deadline_in_ms(30000);
+  while (!newt_deadline_passed(d) && worker_pid(job, "node0-1") == w1) newt_sleep_ms(20);
+  T_CHECK_MSG(worker_pid(job, "node0-1") != w1, "the killed node0-1's registration is still there");
+  T_CHECK_MSG(worker_lease(job, "node0-0") == host, "node0-0's registration did not stay on the host lease");
+  d = newt_deadline_in_ms(30000);
   while (!newt_deadline_passed(d) && ((again = worker_pid(job, "node0-1")) <= 0 || again == w1)) newt_sleep_ms(100);
   T_CHECK_MSG(again > 0 && again != w1, "node0-1 (pid %d) killed: not registered again (pid %d)", (int)w1, (int)again);
+  T_CHECK_MSG(worker_lease(job, "node0-1") == host, "the restarted node0-1 is not on the host lease");
   T_CHECK_MSG(wait_event(job, "\"cause\":\"join\"", 60000), "no join plan after the restart");
   int back = 0;
   d = newt_deadline_in_ms(60000);
@@ -651,6 +677,10 @@ static void test_agent(void) {
   T_CHECK_MSG(text && strstr(text, "failed 3 health probes in a row (no answer from http://127.0.0.1:") &&
                   count(text, "restarting local worker node0-1") == 2,
               "the agent's log does not say it killed the silent node0-1 and restarted it (%s)", log);
+  /* stopped past the lease TTL (2 s) long before its third silent probe: its registration went
+     then, as its own lease's would have */
+  T_CHECK_MSG(text && strstr(text, "local worker node0-1 (pid ") && strstr(text, "stopped for more than the lease TTL"),
+              "the agent's log does not say it deleted the stopped node0-1's registration (%s)", log);
   free(text);
 
   /* SIGTERM: every local worker leaves, the agent exits 3, none stays behind */

@@ -231,6 +231,44 @@ static void test_names_and_workers(void) {
   T_OK(rdzv_worker_from_json(v6, strlen(v6), "reg", &back));
 }
 
+/* The acknowledgement a registration carries: written and read back as the same object, absent
+ * in the previous release's registrations (which still parse), bounded, an object only. */
+static void test_worker_ack(void) {
+  const char *old = "{\"id\":\"w1\",\"host\":\"h\",\"addr\":\"10.0.0.1:4000\",\"device\":-1,\"state\":\"training\","
+                    "\"pid\":42,\"generation\":3}"; /* as the previous release wrote it */
+  rdzv_worker back;
+  T_OK(rdzv_worker_from_json(old, strlen(old), "reg", &back));
+  T_CHECK(back.ack[0] == '\0' && back.generation == 3);
+  T_CHECK(rdzv_worker_acked(&back, 2) && !rdzv_worker_acked(&back, 3)); /* past 2; 3 not acknowledged */
+  rdzv_worker w = {.id = "w1", .host = "h", .state = "training", .device = -1, .generation = 3,
+                   .ack = "{\"rank\":1,\"t_step\":12,\"restore\":\"memory\"}"};
+  char *json;
+  T_OK(rdzv_worker_to_json(&w, &json));
+  T_CHECK(strstr(json, "\"ack\":{\"rank\":1,") != NULL); /* an object, not a string within */
+  T_OK(rdzv_worker_from_json(json, strlen(json), "reg", &back));
+  T_CHECK(strcmp(back.ack, w.ack) == 0 && rdzv_worker_acked(&back, 3) && !rdzv_worker_acked(&back, 4));
+  free(json);
+  snprintf(w.ack, sizeof w.ack, "[1,2]");
+  T_ERR(NEWT_ERR_INVALID, rdzv_worker_to_json(&w, &json));
+  T_CHECK(strstr(newt_errmsg(), "registration.ack") != NULL);
+  const char *bad[][2] = {
+      {"{\"id\":\"w1\",\"host\":\"h\",\"state\":\"training\",\"ack\":\"yes\"}", "reg.ack"},
+      {"{\"id\":\"w1\",\"host\":\"h\",\"state\":\"training\",\"ack\":[1]}", "reg.ack"},
+  };
+  for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+    T_CHECK_MSG(rdzv_worker_from_json(bad[i][0], strlen(bad[i][0]), "reg", &back) == NEWT_ERR_INVALID, "accepted %s",
+                bad[i][0]);
+    T_CHECK_MSG(strstr(newt_errmsg(), bad[i][1]) != NULL, "%s: %s", bad[i][0], newt_errmsg());
+  }
+  /* one longer than the registration holds is refused, naming the field */
+  char big[RDZV_ACK_MAX + 200];
+  int n = snprintf(big, sizeof big, "{\"id\":\"w1\",\"host\":\"h\",\"state\":\"training\",\"ack\":{\"x\":\"");
+  while (n < RDZV_ACK_MAX + 100) big[n++] = 'a';
+  snprintf(big + n, sizeof big - (size_t)n, "\"}}");
+  T_ERR(NEWT_ERR_INVALID, rdzv_worker_from_json(big, strlen(big), "reg", &back));
+  T_CHECK(strstr(newt_errmsg(), "reg.ack") != NULL);
+}
+
 int main(void) {
   T_RUN(test_prefix_end);
   T_RUN(test_lines_every_split);
@@ -238,6 +276,7 @@ int main(void) {
   T_RUN(test_parsers);
   T_RUN(test_parsers_reject);
   T_RUN(test_errors);
+  T_RUN(test_worker_ack);
   T_RUN(test_names_and_workers);
   return T_DONE();
 }

@@ -67,6 +67,30 @@ static int worker_main(char **argv) {
   for (;;) newt_sleep_ms(1000);
 }
 
+/* A host: one process that grants the host's lease and registers workers <name>-0..2 on it
+ * (as a node agent's workers do), then lives until killed. */
+static int host_main(char **argv) {
+  rdzv_etcd_opts o = {.endpoints = argv[0]};
+  rdzv_etcd *c = tu_client_opts(&o);
+  int64_t ttl = atoi(argv[3]), lease = 0;
+  if (rdzv_etcd_lease_grant(c, ttl, 0, dl(10000), &lease, NULL) != NEWT_OK) {
+    fprintf(stderr, "host %s: %s\n", argv[2], newt_errmsg());
+    return 2;
+  }
+  for (int i = 0; i < 3; i++) {
+    rdzv_worker w = {.device = -1, .state = "ready", .pid = getpid()};
+    snprintf(w.id, sizeof w.id, "%s-%d", argv[2], i);
+    snprintf(w.host, sizeof w.host, "%s", argv[2]);
+    rdzv_registration *r;
+    if (rdzv_register_on(c, argv[1], &w, lease, ttl, NULL, NULL, dl(10000), &r) != NEWT_OK ||
+        !rdzv_registration_shared(r)) {
+      fprintf(stderr, "host %s: %s\n", argv[2], newt_errmsg());
+      return 2;
+    }
+  }
+  for (;;) newt_sleep_ms(1000);
+}
+
 static pid_t spawn_role(const char *role, const char *job, const char *name, const char *ttl) {
   const char *argv[] = {self_exe, role, rdzv_etcd_server_url(srv), job, name, ttl, NULL};
   pid_t pid = 0;
@@ -87,6 +111,7 @@ typedef struct view_log {
   char last_state[64];
   int64_t last_rev;
   int out_of_order;
+  int64_t leave_rev[16]; /* the revisions of the first 16 leaves */
 } view_log;
 
 static void on_member(void *ud, const rdzv_member_event *e) {
@@ -96,7 +121,10 @@ static void on_member(void *ud, const rdzv_member_event *e) {
   v->last_rev = e->revision;
   switch (e->change) {
     case RDZV_MEMBER_JOIN: v->joins++; break;
-    case RDZV_MEMBER_LEAVE: v->leaves++; break;
+    case RDZV_MEMBER_LEAVE:
+      if (v->leaves < 16) v->leave_rev[v->leaves] = e->revision;
+      v->leaves++;
+      break;
     case RDZV_MEMBER_UPDATE: v->updates++; break;
     case RDZV_MEMBER_RESYNC: v->resyncs++; break;
   }
@@ -205,6 +233,97 @@ static void test_killed_worker_leaves(void) {
   double ms = (double)(newt_now_ns() - t0) / 1e6;
   fprintf(stderr, "  worker killed with kill -9 left the view after %.0f ms (TTL 2 s)\n", ms);
   T_CHECK(ms < 2000 + 4000);
+  rdzv_members_free(m);
+}
+
+/* Workers on their host's lease (rdzv_register_on): one write each; one that leaves takes
+ * only its own key; one whose key was deleted under it (its agent took it for dead, or the
+ * leader fenced it) is refused and registers on the host's lease again; the host lost (its
+ * lease revoked or expired) takes every worker on it at once, in one revision; after that a
+ * renewal, or a registration on a lease that is gone, uses a lease of its own. */
+static void test_host_lease(void) {
+  rdzv_etcd *wc = tu_client(srv); /* the host's client: its writes are the host's */
+  int64_t host = 0;
+  T_OK(rdzv_etcd_lease_grant(wc, 30, 0, dl(5000), &host, NULL));
+  view_log v = {.mu = PTHREAD_MUTEX_INITIALIZER};
+  rdzv_members *m;
+  T_OK(rdzv_members_start(cli, "host", on_member, &v, dl(5000), &m));
+  rdzv_registration *r[3] = {0};
+  int64_t w0 = rdzv_etcd_writes(wc);
+  for (int i = 0; i < 3; i++) {
+    char id[16];
+    snprintf(id, sizeof id, "h%d", i);
+    rdzv_worker w = mkworker(id);
+    T_OK(rdzv_register_on(wc, "host", &w, host, 30, NULL, NULL, dl(5000), &r[i]));
+    if (!r[i]) return;
+    T_CHECK(rdzv_registration_shared(r[i]) && rdzv_registration_lease(r[i]) == host);
+  }
+  T_CHECK_MSG(rdzv_etcd_writes(wc) - w0 == 3, "3 registrations on the host's lease took %lld writes",
+              (long long)(rdzv_etcd_writes(wc) - w0));
+  T_CHECK(wait_view(&v, 0, 3, 5000));
+  /* one leaves: its key goes, the lease and the others stay */
+  T_OK(rdzv_registration_leave(r[1], dl(5000)));
+  T_CHECK(wait_view(&v, 1, 1, 5000));
+  T_CHECK(rdzv_members_count(m) == 2);
+  int64_t ttl = 0;
+  T_OK(rdzv_etcd_lease_keepalive_once(cli, host, dl(5000), &ttl));
+  rdzv_registration_free(r[1]);
+  r[1] = NULL;
+  /* h2's key deleted under it: refused, then registered on the host's lease again */
+  char key[128];
+  T_OK(rdzv_key(key, sizeof key, "host", "workers/h2"));
+  T_OK(rdzv_etcd_delete(cli, key, 0, dl(5000), NULL, NULL));
+  T_CHECK(wait_view(&v, 1, 2, 5000));
+  T_ERR(NEWT_ERR_CONFLICT, rdzv_registration_update(r[2], "training", 1, dl(5000)));
+  T_OK(rdzv_registration_renew(r[2], "host", dl(5000)));
+  T_CHECK(rdzv_registration_shared(r[2]) && rdzv_registration_lease(r[2]) == host);
+  T_CHECK(wait_view(&v, 0, 4, 5000));
+  T_OK(rdzv_etcd_lease_keepalive_once(cli, host, dl(5000), &ttl)); /* the renewal kept the host's lease */
+  /* the host lost: both workers on its lease go at once */
+  T_OK(rdzv_etcd_lease_revoke(cli, host, dl(5000)));
+  T_CHECK(wait_view(&v, 1, 4, 5000));
+  T_CHECK(rdzv_members_count(m) == 0);
+  pthread_mutex_lock(&v.mu);
+  T_CHECK_MSG(v.leave_rev[2] == v.leave_rev[3], "the host's workers left at revisions %lld and %lld",
+              (long long)v.leave_rev[2], (long long)v.leave_rev[3]);
+  pthread_mutex_unlock(&v.mu);
+  /* after that a renewal goes on with a lease of its own, and so does a new registration */
+  T_OK(rdzv_registration_renew(r[0], "host", dl(5000)));
+  T_CHECK(!rdzv_registration_shared(r[0]) && rdzv_registration_lease(r[0]) != host);
+  rdzv_worker w9 = mkworker("h9");
+  rdzv_registration *r9 = NULL;
+  T_OK(rdzv_register_on(wc, "host", &w9, host, 30, NULL, NULL, dl(5000), &r9));
+  T_CHECK(r9 && !rdzv_registration_shared(r9) && rdzv_registration_lease(r9) != host);
+  T_ERR(NEWT_ERR_INVALID, rdzv_register_on(wc, "host", &w9, 0, 30, NULL, NULL, dl(5000), &r9));
+  T_CHECK(wait_view(&v, 0, 6, 5000));
+  rdzv_registration_leave(r[0], dl(5000));
+  rdzv_registration_free(r[0]);
+  rdzv_registration_free(r[2]);
+  if (r9) rdzv_registration_leave(r9, dl(5000));
+  rdzv_registration_free(r9);
+  rdzv_members_free(m);
+  rdzv_etcd_free(wc);
+}
+
+/* A host killed with kill -9 (its process holds the lease its three workers are on): all
+ * three leave the view together, in one revision, once its lease runs out. */
+static void test_host_killed(void) {
+  view_log v = {.mu = PTHREAD_MUTEX_INITIALIZER};
+  rdzv_members *m;
+  T_OK(rdzv_members_start(cli, "hostkill", on_member, &v, dl(5000), &m));
+  pid_t pid = spawn_role("--host", "hostkill", "node7", "2");
+  T_CHECK(wait_view(&v, 0, 3, 10000));
+  rdzv_worker *list = NULL;
+  size_t n = 0;
+  T_OK(rdzv_members_get(m, &list, &n, NULL));
+  T_CHECK(n == 3 && list[0].lease && list[0].lease == list[1].lease && list[1].lease == list[2].lease);
+  free(list);
+  kill(pid, SIGKILL);
+  newt_proc_wait(pid, 5000, NULL);
+  T_CHECK(wait_view(&v, 1, 3, 10000));
+  pthread_mutex_lock(&v.mu);
+  T_CHECK(v.leave_rev[0] == v.leave_rev[1] && v.leave_rev[1] == v.leave_rev[2]);
+  pthread_mutex_unlock(&v.mu);
   rdzv_members_free(m);
 }
 
@@ -438,6 +557,18 @@ static void *ack_later(void *arg) {
   return NULL;
 }
 
+typedef struct ack_args {
+  rdzv_registration *reg;
+  int64_t gen;
+} ack_args;
+
+static void *ack_reg_later(void *arg) {
+  ack_args *a = arg;
+  newt_sleep_ms(300);
+  rdzv_registration_ack(a->reg, "training", a->gen, "{\"rank\":0}", dl(5000));
+  return NULL;
+}
+
 static void test_barrier(void) {
   const char *ids[] = {"w0", "w1", "w2", "w3"};
   for (int i = 0; i < 3; i++) T_OK(rdzv_barrier_ack(cli, "bar", 1, ids[i], 0, dl(5000)));
@@ -475,6 +606,88 @@ static void test_barrier(void) {
   rdzv_candidate_free(c);
 }
 
+/* The barrier on acknowledgements folded into registrations (one write per worker per
+ * generation), beside the previous release's acks/<g>/<id> keys: either counts; one that
+ * vanishes with its registration (lease lost) no longer does; a new generation's update
+ * without its ack does not count for it; and taking up a generation costs each worker one write. */
+static void test_barrier_folded(void) {
+  const char *ids[] = {"f0", "f1", "f2"};
+  rdzv_etcd *wc = tu_client(srv); /* the workers' own client: its writes are theirs */
+  rdzv_registration *r[3] = {0};
+  int64_t w0 = rdzv_etcd_writes(wc);
+  for (int i = 0; i < 3; i++) {
+    rdzv_worker w = mkworker(ids[i]);
+    T_OK(rdzv_register(wc, "fold", &w, 30, NULL, NULL, dl(5000), &r[i]));
+  }
+  if (!r[0] || !r[1] || !r[2]) return;
+  T_CHECK_MSG(rdzv_etcd_writes(wc) - w0 == 6, "registering 3 workers took %lld writes", (long long)(rdzv_etcd_writes(wc) - w0));
+  T_ERR(NEWT_ERR_TIMEOUT, rdzv_barrier_wait(cli, "fold", 1, ids, 3, dl(300), NULL));
+  T_CHECK(strstr(newt_errmsg(), "3 of 3") != NULL);
+  /* f0 and f1 acknowledge in their registrations: one write each */
+  int64_t w1 = rdzv_etcd_writes(wc);
+  T_OK(rdzv_registration_ack(r[0], "training", 1, "{\"rank\":0}", dl(5000)));
+  T_OK(rdzv_registration_ack(r[1], "training", 1, "{\"rank\":1}", dl(5000)));
+  T_CHECK(rdzv_etcd_writes(wc) - w1 == 2);
+  /* a membership view counts them too (as the leader's picture does) */
+  rdzv_members *view = NULL;
+  T_OK(rdzv_members_start(cli, "fold", NULL, NULL, dl(5000), &view));
+  if (!view) return;
+  T_CHECK(rdzv_members_count_acked(view, 1) == 2 && rdzv_members_count_acked(view, 2) == 0);
+  T_CHECK(rdzv_members_count_acked(view, 1) == 2); /* from here on counted change by change */
+  T_ERR(NEWT_ERR_INVALID, rdzv_registration_ack(r[2], "training", 1, "", dl(5000)));
+  /* f2 took up generation 1 in its registration but did not acknowledge it: not counted */
+  T_OK(rdzv_registration_update(r[2], "training", 1, dl(5000)));
+  T_ERR(NEWT_ERR_TIMEOUT, rdzv_barrier_wait(cli, "fold", 1, ids, 3, dl(300), NULL));
+  T_CHECK(strstr(newt_errmsg(), "1 of 3") && strstr(newt_errmsg(), "f2") && !strstr(newt_errmsg(), "f0"));
+  /* the previous release's ack key counts as well */
+  T_OK(rdzv_barrier_ack(cli, "fold", 1, "f2", rdzv_registration_lease(r[2]), dl(5000)));
+  T_OK(rdzv_barrier_wait(cli, "fold", 1, ids, 3, dl(5000), NULL));
+  /* a state update in the same generation keeps the ack; a new generation drops it */
+  T_OK(rdzv_registration_update(r[0], "leaving", 1, dl(5000)));
+  T_OK(rdzv_barrier_wait(cli, "fold", 1, ids, 1, dl(5000), NULL));
+  char key[128];
+  rdzv_etcd_kv kv;
+  rdzv_worker back;
+  T_OK(rdzv_key(key, sizeof key, "fold", "workers/f1"));
+  T_OK(rdzv_registration_update(r[1], "spare", 2, dl(5000)));
+  T_OK(rdzv_etcd_get(cli, key, dl(5000), &kv, NULL));
+  T_OK(rdzv_worker_from_json(kv.value, kv.value_len, "reg", &back));
+  T_CHECK(back.generation == 2 && back.ack[0] == '\0' && strcmp(back.state, "spare") == 0);
+  rdzv_etcd_kv_free(&kv);
+  T_ERR(NEWT_ERR_TIMEOUT, rdzv_barrier_wait(cli, "fold", 2, ids + 1, 1, dl(300), NULL));
+  T_OK(rdzv_barrier_wait(cli, "fold", 1, ids + 1, 1, dl(5000), NULL)); /* past 1: 1 is behind it */
+  /* an acknowledgement goes with its registration: a worker whose lease is lost no longer
+     counts, even while the barrier waits (the watch sees it go) */
+  T_OK(rdzv_registration_leave(r[0], dl(5000)));
+  T_ERR(NEWT_ERR_TIMEOUT, rdzv_barrier_wait(cli, "fold", 1, ids, 1, dl(300), NULL));
+  T_CHECK(strstr(newt_errmsg(), "f0") != NULL);
+  /* the view, kept up to date change by change: f1 (past 1) counts, f0 gone, f2's ack is a key */
+  newt_deadline_t until = dl(5000);
+  while (rdzv_members_count(view) != 2 && !newt_deadline_passed(until)) newt_sleep_ms(10);
+  T_CHECK_MSG(rdzv_members_count_acked(view, 1) == 1, "the view counts %zu acknowledging generation 1",
+              rdzv_members_count_acked(view, 1));
+  rdzv_members_free(view);
+  rdzv_registration_free(r[0]);
+  r[0] = NULL;
+  rdzv_worker w = mkworker("f0");
+  T_OK(rdzv_register(wc, "fold", &w, 30, NULL, NULL, dl(5000), &r[0]));
+  atomic_int stop = 0;
+  pthread_t th;
+  ack_args aa = {.reg = r[0], .gen = 1};
+  pthread_create(&th, NULL, ack_reg_later, &aa);
+  T_OK(rdzv_barrier_wait(cli, "fold", 1, ids, 3, dl(10000), &stop)); /* the watch sees the ack come */
+  pthread_join(th, NULL);
+  int64_t before = rdzv_etcd_writes(wc);
+  T_OK(rdzv_registration_leave(r[2], dl(5000))); /* its lease and its acks/ key go together */
+  T_CHECK(rdzv_etcd_writes(wc) - before == 1);
+  T_ERR(NEWT_ERR_TIMEOUT, rdzv_barrier_wait(cli, "fold", 1, ids + 2, 1, dl(300), NULL));
+  for (int i = 0; i < 3; i++) {
+    if (i != 2 && r[i]) rdzv_registration_leave(r[i], dl(5000));
+    rdzv_registration_free(r[i]);
+  }
+  rdzv_etcd_free(wc);
+}
+
 static void test_spec_and_events(void) {
   T_OK(rdzv_spec_put(cli, "sp", "{\"model\":\"gpt\",\"tp\":2}", dl(5000)));
   char *spec;
@@ -495,14 +708,18 @@ static void test_spec_and_events(void) {
 int main(int argc, char **argv) {
   if (argc >= 6 && strcmp(argv[1], "--candidate") == 0) return candidate_main(argv + 2);
   if (argc >= 6 && strcmp(argv[1], "--worker") == 0) return worker_main(argv + 2);
+  if (argc >= 6 && strcmp(argv[1], "--host") == 0) return host_main(argv + 2);
   if (newt_proc_self_exe(self_exe, sizeof self_exe) != NEWT_OK) return 1;
   srv = tu_server(NULL);
   cli = tu_client(srv);
   T_RUN(test_membership);
   T_RUN(test_killed_worker_leaves);
+  T_RUN(test_host_lease);
+  T_RUN(test_host_killed);
   T_RUN(test_election_inprocess);
   T_RUN(test_election_processes);
   T_RUN(test_barrier);
+  T_RUN(test_barrier_folded);
   T_RUN(test_spec_and_events);
   rdzv_etcd_free(cli);
   rdzv_etcd_server_free(srv);
