@@ -135,6 +135,16 @@ static inline void ct_world_init(ct_world *w, int size, int mode, const char *na
   memset(w->sh, 0, sizeof *w->sh);
 }
 
+/* Sends this rank's stderr (its log lines, unbuffered) to <dir>/rank<rank>.log, for the
+ * parent to read back: 0, or -1 when the file cannot be opened. */
+static inline int ct_log_to(const char *dir, int rank) {
+  char path[512];
+  snprintf(path, sizeof path, "%s/rank%d.log", dir, rank);
+  if (!freopen(path, "w", stderr)) return -1;
+  setvbuf(stderr, NULL, _IONBF, 0);
+  return 0;
+}
+
 static inline void ct_world_free(ct_world *w) {
   for (int r = 0; r < w->size; r++)
     if (w->lfd[r] > 0) close(w->lfd[r]);

@@ -101,11 +101,7 @@ static int raw_closed_after(const char *addr, const void *bytes, size_t n, int64
 
 static int auth_rank(ct_world *w, int rank, void *arg) {
   (void)arg;
-  char path[300];
-  snprintf(path, sizeof path, "%s/rank%d.log", logdir, rank);
-  FILE *f = freopen(path, "w", stderr);
-  if (!f) return 1;
-  setvbuf(stderr, NULL, _IONBF, 0);
+  if (ct_log_to(logdir, rank) != 0) return 1;
   comm_config cfg;
   ct_config(w, rank, &cfg);
   comm_t *c = NULL;

@@ -440,12 +440,7 @@ static void test_abort_from_thread(void) {
  * mismatch: they wait on (and say so), and once the throttle is lifted -- when a rank's log
  * says it is waiting on a slow link: an event, not a time -- the sums come out right. */
 static int slow_rank(ct_world *w, int rank, void *arg) {
-  const char *dir = arg;
-  char path[512];
-  snprintf(path, sizeof path, "%s/rank%d.log", dir, rank);
-  FILE *log = freopen(path, "w", stderr);
-  if (!log) return 1;
-  setvbuf(stderr, NULL, _IONBF, 0);
+  if (ct_log_to(arg, rank) != 0) return 1;
   comm_config cfg;
   ct_config(w, rank, &cfg);
   comm_t *c = NULL;
