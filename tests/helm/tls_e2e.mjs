@@ -269,7 +269,8 @@ class Host {
       if ("value" in e) v = expand(String(e.value), env);
       else if (e.valueFrom?.fieldRef) {
         const f = e.valueFrom.fieldRef.fieldPath;
-        v = { "metadata.name": pod.name, "metadata.namespace": NAMESPACE, "status.podIP": pod.ip }[f];
+        // one simulated node holds every pod (the workers' failure domain: spec.nodeName)
+        v = { "metadata.name": pod.name, "metadata.namespace": NAMESPACE, "status.podIP": pod.ip, "spec.nodeName": "ci-node-0" }[f];
         if (v === undefined) throw new Fatal(`${pod.where}: env ${e.name}: fieldRef ${f} is not simulated`);
       } else if (e.valueFrom?.secretKeyRef) {
         const { name: sn, key } = e.valueFrom.secretKeyRef;
