@@ -267,6 +267,10 @@ newt_result_t worker_donate(worker *w, comm_t *c);
  * the next among themselves: *out its plan (same generation number), *all its communicator
  * (ranks, then donors), *parent the one to free after it (NULL: none). 0: wait for etcd. */
 int worker_peer_recover(worker *w, newt_plan *out, comm_t **all, comm_t **parent);
+/* Probes the data-plane listeners of the plan's ranks (this rank's own left out) for at most
+ * ms: state[r] 1 accepted, 0 refused (its process is gone: a worker holds its listener for
+ * life), -1 no answer or unknown (comm_probe_listeners). */
+newt_result_t worker_probe_ranks(worker *w, int64_t ms, int *state);
 /* The key the links of p's generation prove (COMM_SECRET_MAX bytes room; *len set). */
 newt_result_t worker_generation_key(const worker *w, const newt_plan *p, unsigned char *key, size_t *len);
 void worker_decl_free(worker_decl *d);

@@ -77,16 +77,21 @@ static int etcd_answers(worker *w) {
   return 0;
 }
 
+newt_result_t worker_probe_ranks(worker *w, int64_t ms, int *state) {
+  const newt_plan *b = &w->plan;
+  const char **addrs = calloc((size_t)(b->nranks ? b->nranks : 1), sizeof *addrs);
+  NEWT_CHECK_ALLOC(addrs);
+  for (int r = 0; r < b->nranks; r++) addrs[r] = w->me && r == w->me->rank ? NULL : b->ranks[r].addr;
+  newt_result_t res = comm_probe_listeners(addrs, b->nranks, ms, state);
+  free(addrs);
+  return res;
+}
+
 /* Which ranks of the failed generation are gone (gone[r] = 1): 0 unless every other rank
  * either refused (gone) or accepted (alive), and at least one is gone. */
 static int find_gone(worker *w, int *gone, int *ngone) {
   const newt_plan *b = &w->plan;
-  const char **addrs = calloc((size_t)b->nranks, sizeof *addrs);
-  if (!addrs) return 0;
-  for (int r = 0; r < b->nranks; r++) addrs[r] = r == w->me->rank ? NULL : b->ranks[r].addr;
-  newt_result_t res = comm_probe_listeners(addrs, b->nranks, newt_param_PeerProbeMs(), gone);
-  free(addrs);
-  if (res != NEWT_OK) return 0;
+  if (worker_probe_ranks(w, newt_param_PeerProbeMs(), gone) != NEWT_OK) return 0;
   *ngone = 0;
   for (int r = 0; r < b->nranks; r++) {
     if (r == w->me->rank) {

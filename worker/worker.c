@@ -46,6 +46,7 @@
 
 NEWT_PARAM(StallMultiple, "NEWT_STALL_MULTIPLE", 3)   /* the stall deadline: this many times ... */
 NEWT_PARAM(StallFloorMs, "NEWT_STALL_FLOOR_MS", 250)  /* ... the 95th percentile of the step times, at least this */
+NEWT_PARAM(ReportProbeMs, "NEWT_REPORT_PROBE_MS", 50)  /* a failure report probes the ranks' listeners this long */
 
 /* --- setup ------------------------------------------------------------------------------ */
 
@@ -280,13 +281,24 @@ static const char *member_id(const newt_plan *p, int r) {
                                                         : NULL;
 }
 
-/* Reports a failed collective: the communicator says whom it lost and how. */
+/* Reports a failed collective: the communicator says whom it lost and how, and every other
+ * rank whose listener refuses a connection is gone too (several processes lost at once: a
+ * host's workers, an OOM kill), so the leader need not wait out the report window for ranks
+ * nobody named. */
 static void report_failure(worker *w) {
   comm_status st;
   comm_get_status(w->all, &st);
   if (st.code == NEWT_ERR_ABORTED) return; /* we dropped it for a newer plan: nothing to report */
-  const char *accused = member_id(&w->plan, st.peer);
-  worker_report(w, &w->plan, st.code == NEWT_ERR_TIMEOUT, 0, &accused, accused ? 1 : 0, st.msg);
+  const char *accused[JOB_ACCUSE_MAX];
+  int n = 0;
+  if (member_id(&w->plan, st.peer)) accused[n++] = member_id(&w->plan, st.peer);
+  int *state = calloc((size_t)(w->plan.nranks ? w->plan.nranks : 1), sizeof *state);
+  if (state && worker_probe_ranks(w, newt_param_ReportProbeMs(), state) == NEWT_OK)
+    for (int r = 0; r < w->plan.nranks && n < JOB_ACCUSE_MAX; r++)
+      if (state[r] == 0 && r != st.peer) accused[n++] = w->plan.ranks[r].worker;
+  newt_err_clear();
+  free(state);
+  worker_report(w, &w->plan, st.code == NEWT_ERR_TIMEOUT, 0, accused, n, st.msg);
 }
 
 newt_comm *worker_comm_handle(worker *w, comm_t *c, int own) {
