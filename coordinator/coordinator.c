@@ -273,6 +273,7 @@ static void put_report(coord *c, const rdzv_etcd_kv *kv, const char *id) {
   /* the coordinator's clock orders reports and times the detection: a worker's clock (or
      a forger's) does not get into the recovery's timings */
   rep.t_ms = newt_wall_ms();
+  rep.revision = kv->mod_revision; /* a worker registered after it is not judged by it */
   for (int i = 0; i < c->nreports; i++)
     if (strcmp(c->reports[i].worker, id) == 0) {
       c->reports[i] = rep;

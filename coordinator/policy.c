@@ -38,10 +38,16 @@ static int listed(char (*list)[RDZV_NAME_MAX], int n, const char *id) {
   return 0;
 }
 
-static int accuses(const job_report *r, const char *id) {
-  for (int k = 0; k < r->naccuse; k++)
-    if (strcmp(r->accuse[k], id) == 0) return 1;
-  return 0;
+static const rdzv_worker *find_member(const policy_view *v, const char *id);
+
+/* Whether report r names id, and was written while id's registration was there: a report of
+ * a generation that is over does not judge a worker that registered again since (fenced and
+ * back, say) -- it would be fenced again at once, for good (issue 27). */
+static int accuses(const policy_view *v, const job_report *r, const char *id) {
+  int named = 0;
+  for (int k = 0; k < r->naccuse && !named; k++) named = strcmp(r->accuse[k], id) == 0;
+  const rdzv_worker *m = named && v ? find_member(v, id) : NULL;
+  return named && (!m || !r->revision || m->create_revision <= r->revision);
 }
 
 static const job_report *report_of(const policy_view *v, const char *id) {
@@ -54,7 +60,7 @@ static int is_reporter(const policy_view *v, const char *id) { return report_of(
 
 static int is_accused(const policy_view *v, const char *id) {
   for (int i = 0; i < v->nreports; i++)
-    if (accuses(&v->reports[i], id)) return 1;
+    if (accuses(v, &v->reports[i], id)) return 1;
   return 0;
 }
 
@@ -62,7 +68,7 @@ static int is_accused(const policy_view *v, const char *id) {
 static int build_accusers(const policy_view *v, const char *id) {
   int n = 0;
   for (int i = 0; i < v->nreports; i++)
-    n += v->reports[i].build && strcmp(v->reports[i].worker, id) != 0 && accuses(&v->reports[i], id);
+    n += v->reports[i].build && strcmp(v->reports[i].worker, id) != 0 && accuses(v, &v->reports[i], id);
   return n;
 }
 
@@ -73,7 +79,7 @@ static int build_accusers(const policy_view *v, const char *id) {
  * finish -- so a silent rank accused only so is still building, not dead. */
 static int only_build_timeouts(const policy_view *v, const char *id) {
   for (int i = 0; i < v->nreports; i++)
-    if (accuses(&v->reports[i], id) && !(v->reports[i].build && v->reports[i].hang)) return 0;
+    if (accuses(v, &v->reports[i], id) && !(v->reports[i].build && v->reports[i].hang)) return 0;
   return 1;
 }
 
@@ -87,7 +93,7 @@ static int loses_build_tie(const policy_view *v, const char *id) {
   const plan_rank *me = plan_find(v->plan, id);
   for (int i = 0; mine && mine->build && i < v->nreports; i++) {
     const job_report *o = &v->reports[i];
-    if (o == mine || !o->build || !accuses(o, id) || !accuses(mine, o->worker)) continue;
+    if (o == mine || !o->build || !accuses(v, o, id) || !accuses(v, mine, o->worker)) continue;
     const plan_rank *them = plan_find(v->plan, o->worker);
     if (o->step > mine->step || (o->step == mine->step && me && them && them->rank < me->rank)) return 1;
   }
@@ -113,7 +119,7 @@ static int suspect(const policy_view *v, const char *id) {
  * their links were made, as far as they know. */
 static int build_compatible(const policy_view *v, const char *a, const char *b) {
   const job_report *ra = report_of(v, a), *rb = report_of(v, b);
-  return !(ra && ra->build && accuses(ra, b)) && !(rb && rb->build && accuses(rb, a));
+  return !(ra && ra->build && accuses(v, ra, b)) && !(rb && rb->build && accuses(v, rb, a));
 }
 
 /* A partition no majority explains (every rank named by more than half of the others: a
@@ -150,11 +156,8 @@ int64_t policy_hold_out_ms(int strikes) {
 }
 
 int policy_blames_build(const policy_view *v, const char *id) {
-  for (int i = 0; i < v->nreports; i++) {
-    if (!v->reports[i].build) continue;
-    for (int k = 0; k < v->reports[i].naccuse; k++)
-      if (strcmp(v->reports[i].accuse[k], id) == 0) return 1;
-  }
+  for (int i = 0; i < v->nreports; i++)
+    if (v->reports[i].build && accuses(v, &v->reports[i], id)) return 1;
   return 0;
 }
 

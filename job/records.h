@@ -86,6 +86,8 @@ typedef struct job_report {
                                                    it knows (-1: none) */
   uint64_t t_ms;                                /* wall ms it saw the failure */
   char why[JOB_TEXT_MAX];                       /* the collective's message */
+  int64_t revision;                             /* etcd's revision of the record, set by its reader
+                                                   (not in the JSON; 0: unknown) */
 } job_report;
 
 /* {"worker","kind","accuse":[..],"step","t_ms","why"}; malloc'd, NULL on no memory. */

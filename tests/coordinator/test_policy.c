@@ -138,6 +138,15 @@ static const tcase cases[] = {
     {"build: ... or never does: it is stuck, and the tie goes to the state", "w0 w1 imp", "w0 w1 imp",
      "imp:buildhang:w0+w1@100#0 w0:buildhang:imp@101#65", "", 9000, 9000, 3400, NEVER, 10, 0, -1, POLICY_HANG_REPORTED,
      0, 1, "w1 imp"},
+    /* --- a report judges a worker only as the registration it had when the report was
+       written: one that registered again since (fenced and back) is not fenced again for
+       the same words (issue 27); the members' registrations are at revisions 10, 11, ... --- */
+    {"stale: reports older than w2's registration do not name it", "w0 w1 w2 w3", "w0 w1 w2 w3",
+     "w0:crash:w2@100^11 w1:crash:w2@101^11 w3:crash:w2@102^11", "", 9000, 9000, 5, NEVER, 10, 0, -1, POLICY_NONE, 0, 0,
+     ""},
+    {"stale: ... reports as new as its registration do", "w0 w1 w2 w3", "w0 w1 w2 w3",
+     "w0:crash:w2@100^12 w1:crash:w2@101^12 w3:crash:w2@102^12", "", 9000, 9000, 5, NEVER, 10, 0, -1,
+     POLICY_CRASH_REPORTED, 0, 1, "w2"},
     /* --- a partition no majority explains (issue 27): every rank is named by more than half
        of the others, so the majority rule would leave everyone out; the largest side whose
        members named none of each other goes on, the first in rank order on a tie --- */
@@ -249,6 +258,8 @@ static void build(const tcase *t, picture *pic) {
     job_report *r = &pic->reports[i];
     char kind[16] = "", acc[96] = "";
     unsigned long long t_ms = 0;
+    char *caret = strchr(words[i], '^'); /* "^N": the record's etcd revision (the members': 10, 11, ...) */
+    if (caret) r->revision = strtoll(caret + 1, NULL, 10), *caret = '\0';
     char *hash = strchr(words[i], '#');
     if (hash) r->step = strtoll(hash + 1, NULL, 10), *hash = '\0';
     char *at = strchr(words[i], '@');
