@@ -186,6 +186,10 @@ static const scenario scenarios[] = {
        by a newt built against the CUDA/NCCL test double (NEWT_GPU_DOUBLE; CMakeLists.txt):
        the same faults, the same checks, the same reference */
     {"nccl_crash", 100, 4, "kill:worker:1@step=10", {"crash"}, {"--backend", "nccl", NULL}},
+    /* the survivors of a crash while etcd is away go on among themselves (comm_shrink of the
+       NCCL communicator and its control channel), as etcd_peers on the CPU */
+    {"nccl_etcd_peers", 40, 4, "restart:etcd:until=30@step=10,kill:worker:1@step=15", {"etcd", "crash?"},
+     {"--backend", "nccl", NULL}, NULL, 0, NULL, NULL, 1},
     {"nccl_hang", 100, 4, "stop:worker:2@step=10", {"hang"}, {"--backend", "nccl", "--comm-timeout-ms", "1000", NULL}},
     {"nccl_join", 300, 3, "join:1@step=10", {"join"}, {"--backend", "nccl", NULL}},
     {"nccl_coordinator", 400, 4, "kill:coordinator@step=10", {"coordinator"}, {"--backend", "nccl", NULL}},
