@@ -127,7 +127,15 @@ static int build_compatible(const policy_view *v, const char *a, const char *b) 
  * cannot flip-flop -- from each candidate in rank order, the candidates in rank order that
  * are compatible with every one taken so far; the largest such side, the first in rank
  * order on a tie. in_side[k] (plan ranks) set for its members; returns its size. */
-static int largest_side(const policy_view *v, const int *cand, int *in_side) {
+/* Whether plan ranks a and b can be on one side of a running generation's cut: neither is a
+ * named rank (cut[]) that the other named. */
+static int cut_compatible(const policy_view *v, const int *cut, int a, int b) {
+  const char *ia = v->plan->ranks[a].worker, *ib = v->plan->ranks[b].worker;
+  const job_report *ra = report_of(v, ia), *rb = report_of(v, ib);
+  return !(cut[b] && ra && ra->hang && accuses(v, ra, ib)) && !(cut[a] && rb && rb->hang && accuses(v, rb, ia));
+}
+
+static int largest_side(const policy_view *v, const int *cand, const int *cut, int *in_side) {
   const newt_plan *p = v->plan;
   int best = 0, *members = calloc((size_t)p->nranks, sizeof *members);
   for (int s = 0; members && s < p->nranks; s++) {
@@ -136,7 +144,9 @@ static int largest_side(const policy_view *v, const int *cand, int *in_side) {
     members[n++] = s;
     for (int k = 0; k < p->nranks; k++) {
       int ok = cand[k] && k != s;
-      for (int j = 0; ok && j < n; j++) ok = build_compatible(v, p->ranks[members[j]].worker, p->ranks[k].worker);
+      for (int j = 0; ok && j < n; j++)
+        ok = cut ? cut_compatible(v, cut, members[j], k)
+                 : build_compatible(v, p->ranks[members[j]].worker, p->ranks[k].worker);
       if (ok) members[n++] = k;
     }
     if (n > best) {
@@ -285,7 +295,7 @@ static void decide_running(const policy_view *v, policy_decision *d) {
   }
   if (cand && builds && ncand >= 2 && nsuspect == ncand) {
     int *side = calloc((size_t)p->nranks, sizeof *side);
-    if (side && largest_side(v, cand, side) > 0) {
+    if (side && largest_side(v, cand, NULL, side) > 0) {
       int n = d->nexclude;
       d->nexclude = 0;
       for (int i = 0; i < n; i++) { /* keep the gone and the leavers; of the candidates, the other sides */
@@ -295,6 +305,31 @@ static void decide_running(const policy_view *v, policy_decision *d) {
       }
       d->partition = 1;
     }
+    free(side);
+  } else if (cand && !builds && nreports >= 3) {
+    /* a running generation: a rank that reported (it is alive and reaches etcd) but that more
+       than half of the other reporters name in reports of no progress ("hang": probes lost,
+       unanswered) was cut off from them on the data plane. It goes -- it would only fail the
+       next build -- with the largest side of the cut: ranks that named a cut-off rank are on
+       the other side from it (a 2|2 split names one rank of each side). A closed connection
+       ("crash") naming a rank that reported is the cascade of its abort, not a cut: not
+       counted */
+    int *cut = calloc((size_t)p->nranks, sizeof *cut), *side = calloc((size_t)p->nranks, sizeof *side), ncut = 0;
+    for (int k = 0; cut && side && k < p->nranks; k++) {
+      if (!cand[k]) continue;
+      int by = 0;
+      for (int i = 0; i < nreports; i++)
+        by += v->reports[i].hang && strcmp(v->reports[i].worker, p->ranks[k].worker) != 0 &&
+              accuses(v, &v->reports[i], p->ranks[k].worker);
+      cut[k] = 2 * by > nreports - 1;
+      ncut += cut[k];
+    }
+    if (ncut && largest_side(v, cand, cut, side) > 0) {
+      for (int k = 0; k < p->nranks; k++)
+        if (cand[k] && !side[k] && !listed(d->exclude, d->nexclude, p->ranks[k].worker)) exclude(d, p->ranks[k].worker);
+      d->partition = 1;
+    }
+    free(cut);
     free(side);
   }
   free(cand);

@@ -147,6 +147,19 @@ static const tcase cases[] = {
     {"stale: ... reports as new as its registration do", "w0 w1 w2 w3", "w0 w1 w2 w3",
      "w0:crash:w2@100^12 w1:crash:w2@101^12 w3:crash:w2@102^12", "", 9000, 9000, 5, NEVER, 10, 0, -1,
      POLICY_CRASH_REPORTED, 0, 1, "w2"},
+    /* --- a running generation cut on the data plane (issue 27): a rank that reported (alive,
+       it reaches etcd) but that more than half of the other reporters name was cut off from
+       them: the first replan leaves it out instead of failing its build; a 2|2 cut keeps
+       the side of rank 0; a crash's cascade (the dead report nothing) is as before --- */
+    {"cut off: a reporter all the others name goes, though it reported", "w0 w1 w2 w3", "w0 w1 w2 w3",
+     "w0:hang:w3@100 w1:hang:w3@101 w2:hang:w3@102 w3:hang:w0@103", "", 9000, 9000, 5, NEVER, 10, 0, -1,
+     POLICY_HANG_REPORTED, 0, 1, "w3"},
+    {"cut off: 2|2 while running, the side of rank 0 goes on", "w0 w1 w2 w3", "w0 w1 w2 w3",
+     "w0:hang:w2@100 w1:hang:w2@101 w2:hang:w0@102 w3:hang:w0@103", "", 9000, 9000, 5, NEVER, 10, 0, -1,
+     POLICY_HANG_REPORTED, 0, 1, "w2 w3"},
+    {"cut off: a crash's cascade, one survivor naming another, is as before", "w0 w1 w2 w3", "w0 w1 w2",
+     "w0:crash:w3@100 w1:crash:w3@101 w2:crash:w1@102", "", 9000, 9000, 5, NEVER, 10, 0, -1, POLICY_CRASH_REPORTED, 0,
+     1, "w3"},
     /* --- a partition no majority explains (issue 27): every rank is named by more than half
        of the others, so the majority rule would leave everyone out; the largest side whose
        members named none of each other goes on, the first in rank order on a tie --- */
