@@ -1072,9 +1072,14 @@ static newt_result_t decide(coord *c) {
     char names[256] = "";
     for (int i = 0, at = 0; i < d.nexclude && at < (int)sizeof names - 1; i++)
       at += snprintf(names + at, sizeof names - (size_t)at, "%s%s", i ? ", " : "", d.exclude[i]);
-    NEWT_WARN(COORD, "generation %llu never formed and every rank is named by most of the others (a partition no "
-              "majority explains): the largest side goes on; left out: %s", (unsigned long long)c->plan.generation,
-              names);
+    if (d.partition == POLICY_PARTITION_BUILD)
+      NEWT_WARN(COORD, "generation %llu never formed and every rank is named by most of the others (a partition no "
+                "majority explains): the largest side goes on; left out: %s", (unsigned long long)c->plan.generation,
+                names);
+    else
+      NEWT_WARN(COORD, "generation %llu failed and ranks that reported it are named by most of the others (cut off "
+                "from them on the data plane): the largest side goes on; left out: %s",
+                (unsigned long long)c->plan.generation, names);
   }
   if (cause) {
     /* a join's recovery starts at the joiner's registration, the others' at the decision

@@ -122,11 +122,6 @@ static int build_compatible(const policy_view *v, const char *a, const char *b) 
   return !(ra && ra->build && accuses(v, ra, b)) && !(rb && rb->build && accuses(v, rb, a));
 }
 
-/* A partition no majority explains (every rank named by more than half of the others: a
- * 2|2 split, say): the largest side whose members named none of each other, by a rule that
- * cannot flip-flop -- from each candidate in rank order, the candidates in rank order that
- * are compatible with every one taken so far; the largest such side, the first in rank
- * order on a tie. in_side[k] (plan ranks) set for its members; returns its size. */
 /* Whether plan ranks a and b can be on one side of a running generation's cut: neither is a
  * named rank (cut[]) that the other named. */
 static int cut_compatible(const policy_view *v, const int *cut, int a, int b) {
@@ -135,6 +130,13 @@ static int cut_compatible(const policy_view *v, const int *cut, int a, int b) {
   return !(cut[b] && ra && ra->hang && accuses(v, ra, ib)) && !(cut[a] && rb && rb->hang && accuses(v, rb, ia));
 }
 
+/* A partition no majority explains (every rank named by more than half of the others: a
+ * 2|2 split, say): the largest side whose members named none of each other, by a rule that
+ * cannot flip-flop -- from each candidate in rank order, the candidates in rank order that
+ * are compatible with every one taken so far; the largest such side, the first in rank
+ * order on a tie. Compatible: build_compatible with cut NULL, else cut_compatible (a running
+ * generation's cut, cut[] its cut-off ranks). in_side[k] (plan ranks) set for its members;
+ * returns its size. */
 static int largest_side(const policy_view *v, const int *cand, const int *cut, int *in_side) {
   const newt_plan *p = v->plan;
   int best = 0, *members = calloc((size_t)p->nranks, sizeof *members);
@@ -303,7 +305,7 @@ static void decide_running(const policy_view *v, policy_decision *d) {
         if ((!r || !cand[r->rank] || !side[r->rank]) && d->nexclude++ != i)
           memmove(d->exclude[d->nexclude - 1], d->exclude[i], RDZV_NAME_MAX);
       }
-      d->partition = 1;
+      d->partition = POLICY_PARTITION_BUILD;
     }
     free(side);
   } else if (cand && !builds && nreports >= 3) {
@@ -327,7 +329,7 @@ static void decide_running(const policy_view *v, policy_decision *d) {
     if (ncut && largest_side(v, cand, cut, side) > 0) {
       for (int k = 0; k < p->nranks; k++)
         if (cand[k] && !side[k] && !listed(d->exclude, d->nexclude, p->ranks[k].worker)) exclude(d, p->ranks[k].worker);
-      d->partition = 1;
+      d->partition = POLICY_PARTITION_CUT;
     }
     free(cut);
     free(side);

@@ -79,6 +79,8 @@ typedef struct policy_view {
   void *ud;
 } policy_view;
 
+enum { POLICY_PARTITION_BUILD = 1, POLICY_PARTITION_CUT = 2 };
+
 typedef struct policy_decision {
   policy_reason reason;            /* POLICY_NONE: nothing to do now */
   int at_boundary;                 /* switch at the next step boundary (else abort the step) */
@@ -88,8 +90,10 @@ typedef struct policy_decision {
   /* the clocks as this look leaves them (the caller keeps them for the next) */
   uint64_t first_member, first_gone;
   int gone_alive; /* ranks' registrations vanished, but steps went on since: they are alive */
-  int partition;  /* a partition no majority explains: the largest side goes on (the others
-                     are in exclude) */
+  int partition;  /* 0, or how the ranks in exclude were found on another side than the one
+                     that goes on: POLICY_PARTITION_BUILD (a generation that never formed, a
+                     partition no majority explains) or POLICY_PARTITION_CUT (a running
+                     generation, ranks that reported but most of the others name) */
 } policy_decision;
 
 /* How long to keep a worker out of plans after it was left out of a generation that never
