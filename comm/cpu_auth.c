@@ -423,6 +423,13 @@ hs_state hs_step(hs_conn *h, const hs_ctx *ctx) {
                     ctx->where, ctx->rank, h->remote);
           return fail(h, 0, "not a newt handshake");
         }
+        if (r == -2 && h->in_have == 0) {
+          /* closed without a byte: a liveness probe (comm_probe_listeners: a failure report,
+             survivors looking for each other), not a peer that failed its handshake */
+          NEWT_DEBUG(COMM, "%s (rank %d): a connection from %s closed without a word (a probe)", ctx->where, ctx->rank,
+                     h->remote);
+          return fail(h, 0, "closed without a word");
+        }
         if (r == -2 || r == -1) {
           NEWT_WARN(COMM, "%s (rank %d): refused a connection from %s: closed during the handshake",
                     ctx->where, ctx->rank, h->remote);
