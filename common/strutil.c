@@ -280,6 +280,12 @@ double newt_median(double *v, size_t n) {
   return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
 }
 
+char *newt_list_add(char *out, size_t cap, const char *item) {
+  size_t l = strnlen(out, cap);
+  if (l + 1 < cap) snprintf(out + l, cap - l, "%s%s", l ? ", " : "", item);
+  return out;
+}
+
 char *newt_str_printable(char *out, size_t cap, const char *src) {
   if (!cap) return out;
   size_t i = 0;

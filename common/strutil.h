@@ -62,6 +62,10 @@ char *newt_base64_decode_alloc(const char *in, size_t n, size_t *outlen);
  * made a '?': a key or value from etcd, a file or a peer, safe to print. Returns out. */
 char *newt_str_printable(char *out, size_t cap, const char *src);
 
+/* Appends item to the comma-separated list in out (cap bytes, NUL-terminated: "" to start):
+ * ", item", or item alone when out is empty; cut to fit. Returns out. */
+char *newt_list_add(char *out, size_t cap, const char *item);
+
 /* The median of v[0..n) (sorts v in place); 0 when n is 0. */
 double newt_median(double *v, size_t n);
 /* The q-quantile (0 <= q <= 1, the lower of two neighbours) of v[0..n); sorts v in place. */

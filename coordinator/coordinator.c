@@ -1026,16 +1026,11 @@ static void held_refresh_locked(coord *c) {
  * fenced. Called with mu held. */
 static void say_alive_locked(coord *c) {
   char names[256] = "";
-  int at = 0, n = 0;
-  for (int k = 0; k < c->plan.nranks && at < (int)sizeof names - 1; k++) {
-    const char *id = c->plan.ranks[k].worker;
-    int registered = 0;
-    for (int i = 0; i < c->nmembers && !registered; i++) registered = strcmp(c->members[i].id, id) == 0;
-    if (!registered) at += snprintf(names + at, sizeof names - (size_t)at, "%s%s", n++ ? ", " : "", id);
-  }
+  for (int k = 0; k < c->plan.nranks; k++)
+    if (find_member(c, c->plan.ranks[k].worker) < 0) newt_list_add(names, sizeof names, c->plan.ranks[k].worker);
   c->said_alive = 1;
   NEWT_INFO(COORD, "generation %llu: the registration of %s vanished, but steps went on since (step %lld): alive "
-            "(cut from etcd?), nothing replanned", (unsigned long long)c->plan.generation, n ? names : "a rank",
+            "(cut from etcd?), nothing replanned", (unsigned long long)c->plan.generation, names[0] ? names : "a rank",
             (long long)c->prog_step);
 }
 
@@ -1070,8 +1065,7 @@ static newt_result_t decide(coord *c) {
   }
   if (cause && d.partition) {
     char names[256] = "";
-    for (int i = 0, at = 0; i < d.nexclude && at < (int)sizeof names - 1; i++)
-      at += snprintf(names + at, sizeof names - (size_t)at, "%s%s", i ? ", " : "", d.exclude[i]);
+    for (int i = 0; i < d.nexclude; i++) newt_list_add(names, sizeof names, d.exclude[i]);
     if (d.partition == POLICY_PARTITION_BUILD)
       NEWT_WARN(COORD, "generation %llu never formed and every rank is named by most of the others (a partition no "
                 "majority explains): the largest side goes on; left out: %s", (unsigned long long)c->plan.generation,

@@ -548,8 +548,7 @@ static void fire_host(run *r, const chaos_event *e, const newt_plan *plan, const
     p->killed_by_chaos = 1;
     pids[n++] = p->pid;
     ranks += !plan || plan_find(plan, p->name) != NULL;
-    size_t l = strlen(names);
-    snprintf(names + l, sizeof names - l, "%s%s", l ? ", " : "", p->name);
+    newt_list_add(names, sizeof names, p->name);
   }
   if (n == 0) {
     fprintf(stderr, "%snewt run: chaos %s: no worker of host%d is running\n", news(r), what, e->index);

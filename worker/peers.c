@@ -36,6 +36,7 @@
 #include "common/clock.h"
 #include "common/log.h"
 #include "common/param.h"
+#include "common/strutil.h"
 #include "job/records.h"
 #include "worker/internal.h"
 
@@ -214,8 +215,7 @@ int worker_peer_recover(worker *w, newt_plan *out, comm_t **all, comm_t **parent
     plan_free(out);
   } else {
     char names[256] = "";
-    for (int k = 0, at = 0; k < nex && at < (int)sizeof names - 1; k++)
-      at += snprintf(names + at, sizeof names - (size_t)at, "%s%s", k ? ", " : "", b->ranks[ex[k]].worker);
+    for (int k = 0; k < nex; k++) newt_list_add(names, sizeof names, b->ranks[ex[k]].worker);
     w->peer_epoch++;
     /* what the leader reads once etcd answers again (a later write of this key wins) */
     const char *accused[JOB_ACCUSE_MAX];

@@ -301,10 +301,9 @@ void worker_report(worker *w, const newt_plan *p, int hang, int build, const cha
      etcd answers again, so the leader still learns whom the survivors lost */
   publish_record(w, JOB_REC_REPORT, p->generation, job_report_to_json(&rep), 1);
   char names[256] = "";
-  for (int i = 0, at = 0; i < rep.naccuse && at < (int)sizeof names - 1; i++)
-    at += snprintf(names + at, sizeof names - (size_t)at, "%s%s", i ? ", " : "; names ", rep.accuse[i]);
-  NEWT_WARN(WORKER, "%s: generation %llu failed (%s): %s%s", w->id, (unsigned long long)p->generation,
-            hang ? "hang" : "crash", why, names);
+  for (int i = 0; i < rep.naccuse; i++) newt_list_add(names, sizeof names, rep.accuse[i]);
+  NEWT_WARN(WORKER, "%s: generation %llu failed (%s): %s%s%s", w->id, (unsigned long long)p->generation,
+            hang ? "hang" : "crash", why, names[0] ? "; names " : "", names);
 }
 
 void worker_publish_ack(worker *w, const char *state) {

@@ -29,6 +29,13 @@ static void test_errmsg(void) {
   T_CHECK_MSG(strcmp(newt_errmsg(), "plan.cause: \"x?[2J?y?\"") == 0, "got \"%s\"", newt_errmsg());
   char out[8];
   T_CHECK(strcmp(newt_str_printable(out, sizeof out, "a\tb\x1b[31mzzz"), "a?b?[31") == 0);
+  char list[12] = "";
+  newt_list_add(list, sizeof list, "w1");
+  newt_list_add(list, sizeof list, "w22");
+  T_CHECK_MSG(strcmp(list, "w1, w22") == 0, "got \"%s\"", list);
+  newt_list_add(list, sizeof list, "w333"); /* cut to fit, NUL-terminated */
+  newt_list_add(list, sizeof list, "w4");   /* full: nothing more */
+  T_CHECK_MSG(strcmp(list, "w1, w22, w3") == 0, "got \"%s\"", list);
 }
 
 static void test_base64(void) {
