@@ -115,49 +115,79 @@ static int suspect(const policy_view *v, const char *id) {
   return loses_build_tie(v, id);
 }
 
-/* Whether neither of a and b named the other in a report of a generation that never formed:
- * their links were made, as far as they know. */
-static int build_compatible(const policy_view *v, const char *a, const char *b) {
-  const job_report *ra = report_of(v, a), *rb = report_of(v, b);
-  return !(ra && ra->build && accuses(v, ra, b)) && !(rb && rb->build && accuses(v, rb, a));
+/* The pairs of candidate plan ranks that cannot be on one side, as an adjacency list (CSR:
+ * the neighbours of rank k are adj[off[k] .. off[k+1])). With cut NULL, a generation that
+ * never formed: a build report of one names the other. Else a running generation's cut: a
+ * report of no progress ("hang") of one names the other, a cut-off rank (cut[]). At most
+ * JOB_ACCUSE_MAX pairs per report, so a job of any size is cheap to look at. */
+static int side_conflicts(const policy_view *v, const int *cand, const int *cut, int **off_out, int **adj_out) {
+  const newt_plan *p = v->plan;
+  int n = p->nranks, ne = 0;
+  int *ea = malloc((size_t)(v->nreports * JOB_ACCUSE_MAX + 1) * sizeof *ea);
+  int *eb = malloc((size_t)(v->nreports * JOB_ACCUSE_MAX + 1) * sizeof *eb);
+  int *off = calloc((size_t)n + 1, sizeof *off), *adj = NULL;
+  for (int i = 0; ea && eb && off && i < v->nreports; i++) {
+    const job_report *r = &v->reports[i];
+    const plan_rank *ra = plan_find(p, r->worker);
+    if (!ra || !cand[ra->rank] || (cut ? !r->hang : !r->build)) continue;
+    for (int k = 0; k < r->naccuse; k++) {
+      const plan_rank *rb = plan_find(p, r->accuse[k]);
+      if (!rb || !cand[rb->rank] || rb == ra || (cut && !cut[rb->rank]) || !accuses(v, r, r->accuse[k])) continue;
+      ea[ne] = ra->rank, eb[ne++] = rb->rank;
+    }
+  }
+  if (ea && eb && off && (adj = malloc((size_t)(2 * ne + 1) * sizeof *adj))) {
+    for (int e = 0; e < ne; e++) off[ea[e] + 1]++, off[eb[e] + 1]++;
+    for (int k = 0; k < n; k++) off[k + 1] += off[k];
+    int *at = malloc((size_t)(n + 1) * sizeof *at);
+    if (at) {
+      memcpy(at, off, (size_t)n * sizeof *at);
+      for (int e = 0; e < ne; e++) adj[at[ea[e]]++] = eb[e], adj[at[eb[e]]++] = ea[e];
+      free(at);
+    } else {
+      free(adj), adj = NULL;
+    }
+  }
+  free(ea), free(eb);
+  if (!adj) {
+    free(off);
+    return -1;
+  }
+  *off_out = off, *adj_out = adj;
+  return 0;
 }
 
-/* Whether plan ranks a and b can be on one side of a running generation's cut: neither is a
- * named rank (cut[]) that the other named. */
-static int cut_compatible(const policy_view *v, const int *cut, int a, int b) {
-  const char *ia = v->plan->ranks[a].worker, *ib = v->plan->ranks[b].worker;
-  const job_report *ra = report_of(v, ia), *rb = report_of(v, ib);
-  return !(cut[b] && ra && ra->hang && accuses(v, ra, ib)) && !(cut[a] && rb && rb->hang && accuses(v, rb, ia));
-}
-
-/* A partition no majority explains (every rank named by more than half of the others: a
- * 2|2 split, say): the largest side whose members named none of each other, by a rule that
- * cannot flip-flop -- from each candidate in rank order, the candidates in rank order that
- * are compatible with every one taken so far; the largest such side, the first in rank
- * order on a tie. Compatible: build_compatible with cut NULL, else cut_compatible (a running
- * generation's cut, cut[] its cut-off ranks). in_side[k] (plan ranks) set for its members;
- * returns its size. */
+/* The largest side of a partition, by a rule that cannot flip-flop: from each candidate in
+ * rank order, the candidates in rank order that conflict with none taken so far
+ * (side_conflicts); the largest such side, the first in rank order on a tie. Every start
+ * without a conflict gives the side of the first candidate, so only that one and the ranks
+ * with conflicts are tried. in_side[k] (plan ranks) set for its members; returns its size
+ * (0: out of memory). */
 static int largest_side(const policy_view *v, const int *cand, const int *cut, int *in_side) {
   const newt_plan *p = v->plan;
-  int best = 0, *members = calloc((size_t)p->nranks, sizeof *members);
-  for (int s = 0; members && s < p->nranks; s++) {
-    if (!cand[s]) continue;
-    int n = 0;
-    members[n++] = s;
+  int *off = NULL, *adj = NULL, best = 0, first = -1;
+  int *taken = calloc((size_t)p->nranks + 1, sizeof *taken);
+  if (!taken || side_conflicts(v, cand, cut, &off, &adj) != 0) {
+    free(taken);
+    return 0;
+  }
+  for (int s = 0; s < p->nranks; s++) {
+    if (!cand[s] || (first >= 0 && off[s + 1] == off[s])) continue;
+    if (first < 0) first = s;
+    memset(taken, 0, (size_t)p->nranks * sizeof *taken);
+    taken[s] = 1;
+    int n = 1;
     for (int k = 0; k < p->nranks; k++) {
-      int ok = cand[k] && k != s;
-      for (int j = 0; ok && j < n; j++)
-        ok = cut ? cut_compatible(v, cut, members[j], k)
-                 : build_compatible(v, p->ranks[members[j]].worker, p->ranks[k].worker);
-      if (ok) members[n++] = k;
+      int ok = cand[k] && !taken[k];
+      for (int j = off[k]; ok && j < off[k + 1]; j++) ok = !taken[adj[j]];
+      if (ok) taken[k] = 1, n++;
     }
     if (n > best) {
       best = n;
-      memset(in_side, 0, (size_t)p->nranks * sizeof *in_side);
-      for (int j = 0; j < n; j++) in_side[members[j]] = 1;
+      memcpy(in_side, taken, (size_t)p->nranks * sizeof *in_side);
     }
   }
-  free(members);
+  free(taken), free(off), free(adj);
   return best;
 }
 
