@@ -1742,8 +1742,8 @@ static void test_netns_peers_cut(void) {
  * so the largest side of the cut -- on a tie, the one of the lowest rank -- must go on as a
  * plan of its own (if a plan with all four comes first, it never forms and its build reports
  * name every rank by two of three: the same rule decides). It used to take all four again,
- * then leave everyone out and spin on fencing for good. Healed once that plan is out; the job ends with every sample once at
- * the uninterrupted loss. */
+ * then leave everyone out and spin on fencing for good. Healed once that plan is out; the
+ * job ends with every sample once at the uninterrupted loss. */
 static void test_netns_split(void) {
   netns_job J;
   if (netns_start(&J, "netns_split") != 0) return;
