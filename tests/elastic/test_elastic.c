@@ -93,7 +93,9 @@ static const scenario scenarios[] = {
     {"etcd", 400, 4, "restart:etcd:1500@step=10", {"etcd"}, {NULL}},
     {"crash2", 40, 4, "kill:worker:1@step=10,kill:worker:2@step=10", {"crash"}, {NULL}},
     {"crash_hang", 40, 4, "kill:worker:0@step=10,stop:worker:3@step=10", {"crash"}, {NULL}},
-    {"leave_join", 300, 4, "term:worker:3@step=10,join:2@step=20", {"leave", "join"}, {NULL}},
+    /* two joiners started together may register further apart than the join window
+       (spec.parallel.join_window_ms, 100 ms) on a loaded machine: one join plan or two */
+    {"leave_join", 300, 4, "term:worker:3@step=10,join:2@step=20", {"leave", "join", "join?"}, {NULL}},
     {"coordinator_crash", 400, 4, "kill:coordinator@step=10,kill:worker:2@step=20", {"coordinator", "crash"}, {NULL}},
     /* a worker leaving while etcd is away (the launcher follows the step log, so the fault
        fires at its step during the outage): its hand-over waits for a plan, which follows
