@@ -61,6 +61,7 @@ typedef struct fault {
   char what[64];  /* "kill:worker:1@step=15" */
   uint64_t t_ms;
   int matched;
+  int join_first, joined; /* join: its joiners are w<join_first>.. (ev.arg of them); how many a plan has seen */
 } fault;
 
 typedef struct run {
@@ -576,10 +577,12 @@ static void fire(run *r, chaos_event *e, const newt_plan *plan) {
   switch (e->target) {
     case CHAOS_WORKER:
       if (e->action == CHAOS_JOIN) {
+        int first = r->next_worker;
         for (int64_t k = 0; k < e->arg; k++)
           if (spawn(r, PROC_WORKER, r->next_worker++) != NEWT_OK)
             fprintf(stderr, "newt run: chaos %s: %s\n", what, newt_errmsg());
-        add_fault(r, e);
+        fault *f = add_fault(r, e);
+        if (f) f->join_first = first;
         break;
       }
       if (e->by_rank) {
@@ -667,23 +670,53 @@ static launcher_recovery *add_recovery(run *r) {
 
 static int64_t diff(uint64_t a, uint64_t b) { return a >= b ? (int64_t)(a - b) : 0; }
 
+/* How many of a join fault's joiners plan (its ranks, spares and donors) or ids (a spare
+ * event's) name. */
+static int joiners_seen(const fault *f, const newt_plan *plan, char (*ids)[RDZV_NAME_MAX], int nids) {
+  int n = 0;
+  for (int64_t k = 0; k < f->ev.arg; k++) {
+    char name[RDZV_NAME_MAX];
+    snprintf(name, sizeof name, "w%lld", (long long)(f->join_first + k));
+    int seen = plan && (plan_find(plan, name) || plan_is_spare(plan, name) || plan_find_donor(plan, name));
+    for (int i = 0; !seen && i < nids; i++) seen = strcmp(ids[i], name) == 0;
+    n += seen;
+  }
+  return n;
+}
+
+/* Whether a join (or a spare event) answers join fault f: it does where a plan names more of
+ * its joiners than before; the fault is answered in full once every joiner was seen. Several
+ * joiners of one fault may register far enough apart to be taken in by two plans. Without a
+ * plan to look at (etcd away), the first join answers it. */
+static int join_answers(fault *f, const newt_plan *plan, char (*ids)[RDZV_NAME_MAX], int nids) {
+  if (!plan && nids == 0) return f->matched = 1;
+  int seen = joiners_seen(f, plan, ids, nids);
+  if (seen <= f->joined) return 0;
+  f->joined = seen;
+  f->matched = seen >= f->ev.arg;
+  return 1;
+}
+
 /* The faults a recovery answers: every unmatched fault of its kind injected before its
  * plan (several at once are coalesced into one plan); for a crash or hang, any worker
- * fault, since a stopped worker may be seen first through its expired lease. */
-static uint64_t match_faults(run *r, const char *cause, uint64_t t_plan, const char **what) {
+ * fault, since a stopped worker may be seen first through its expired lease; for a join,
+ * the join faults whose joiners plan names (join_answers). */
+static uint64_t match_faults(run *r, const char *cause, uint64_t t_plan, const newt_plan *plan, const char **what) {
   uint64_t first = 0;
+  int join = strcmp(cause, "join") == 0;
   for (int i = 0; i < r->nfaults; i++) {
     fault *f = &r->faults[i];
     if (f->matched || f->t_ms > t_plan) continue;
     const chaos_event *e = &f->ev;
     int worker_fault = (e->target == CHAOS_WORKER || e->target == CHAOS_HOST) && e->action != CHAOS_JOIN &&
                        e->action != CHAOS_CONT;
-    int ok = (strcmp(cause, "join") == 0 && (e->action == CHAOS_JOIN || e->action == CHAOS_CONT)) ||
+    int ok = (join && e->action == CHAOS_CONT) ||
              (strcmp(cause, "leave") == 0 && worker_fault && e->action == CHAOS_TERM) ||
              ((strcmp(cause, "crash") == 0 || strcmp(cause, "hang") == 0) && worker_fault &&
               e->action != CHAOS_TERM);
+    if (ok) f->matched = 1;
+    else if (join && e->action == CHAOS_JOIN) ok = join_answers(f, plan, NULL, 0);
     if (!ok) continue;
-    f->matched = 1;
     if (!first || f->t_ms < first) first = f->t_ms, *what = f->what;
   }
   return first;
@@ -754,7 +787,10 @@ static void handle_event(run *r, const job_event *e) {
     launcher_recovery *rec = add_recovery(r);
     if (rec) {
       const char *what = "";
-      uint64_t t_fault = match_faults(r, cause, e->t_plan, &what);
+      /* a join is matched by its joiners in the plan in force (a later one names them too) */
+      newt_plan buf, *plan = strcmp(cause, "join") == 0 ? plan_before_faults(r, &buf) : NULL;
+      uint64_t t_fault = match_faults(r, cause, e->t_plan, plan, &what);
+      if (plan) plan_free(plan);
       /* one definition in every view (job_recovery_time): from the fault we injected, else
          the first detection; a join starts at the joiner's registration, not at the start
          of its process. newt status learns of the fault from our note in etcd. */
@@ -810,8 +846,7 @@ static void handle_event(run *r, const job_event *e) {
     for (int i = 0; i < r->nfaults; i++) {
       fault *f = &r->faults[i];
       if (f->matched || f->ev.action != CHAOS_JOIN || f->t_ms > e->t_ms) continue;
-      f->matched = 1;
-      break;
+      if (join_answers(f, NULL, e->spare_ids, e->nspare_ids)) break;
     }
     if (!r->o->quiet) {
       fprintf(stderr, "%snewt run: ", news(r));
