@@ -99,7 +99,7 @@ int newt_cmd_run(int argc, char **argv) {
   int64_t nproc = 4, coords = 2, steps = d.steps, gb = d.global_batch, mb = d.micro_batch, every = 0, keep = d.ckpt_keep,
           threads = 1, tp = 1, pp = 1, zero = 0, timeout = 0, lease = d.lease_ttl_ms, comm_to = d.comm_timeout_ms,
           hang = d.hang_timeout_ms, first_step = d.first_step_timeout_ms, seed = (int64_t)d.seed, data_seed = (int64_t)d.data_seed, dp_min = d.dp_min,
-          dp_max = d.dp_max, join_window = d.join_window_ms, seq = 0, members = 1, max_failures = d.max_failures, failure_window = d.failure_window_ms,
+          dp_max = d.dp_max, join_window = d.join_window_ms, seq = 0, members = 1, max_failures = d.max_failures, failure_window = d.failure_window_ms, progress_timeout = d.progress_timeout_ms,
           hosts = 0, replicas = d.replicas;
   double lr = d.lr;
   int quiet = 0, even_batches = 0;
@@ -152,6 +152,7 @@ int newt_cmd_run(int argc, char **argv) {
        "until the job's first step completed (start-up: the model, the data, CUDA), the hang deadline"},
       {"max-failures", NEWT_OPT_INT, &max_failures, "the failure budget: more crash or hang recoveries than this in the window fail the job (0: none)"},
       {"failure-window-ms", NEWT_OPT_INT, &failure_window, "the failure budget's window"},
+      {"progress-timeout-ms", NEWT_OPT_INT, &progress_timeout, "once the job has a plan, no step completed this long fails the job, naming what it waited for (0: wait for ever)"},
       {"replicas", NEWT_OPT_INT, &replicas,
        "k: each data-parallel rank keeps copies of its k predecessors' ZeRO shards, in other failure domains, so any "
        "k domains lost at once recover from memory (1..8; spec.fault.replicas)"},
@@ -229,6 +230,7 @@ int newt_cmd_run(int argc, char **argv) {
     s->first_step_timeout_ms = first_step;
     s->max_failures = max_failures;
     s->failure_window_ms = failure_window;
+    s->progress_timeout_ms = progress_timeout;
     s->replicas = replicas;
     if (strlen(backend) >= sizeof s->backend) {
       fprintf(stderr, "newt run: --backend: cpu or nccl, got \"%s\"\n", backend);

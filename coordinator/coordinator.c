@@ -79,7 +79,9 @@ typedef struct coord {
   int64_t prog_step;
   int64_t prog_committed; /* the newest step every rank completed, by the progress record */
   double prog_loss, prog_tps;
-  uint64_t prog_change; /* monotonic ns of the last step change */
+  uint64_t prog_change; /* monotonic ns of the last step change (or the plan, if later) */
+  uint64_t stall_from;  /* monotonic ns the progress bound counts from: the newest step change,
+                           this leader's start or etcd's return (a plan does not reset it) */
   int done;
   uint64_t last_join;   /* monotonic ns of the last registration we had not seen */
   uint64_t join_seen_ms; /* wall ms of the first registration the plan does not take in, since
@@ -98,6 +100,8 @@ typedef struct coord {
     char id[RDZV_NAME_MAX];
     uint64_t until; /* monotonic ns */
     int strikes;
+    uint64_t gen;   /* the generation it could not be in: a links record of a later one ends the
+                       hold at once (put_links) */
   } *held;                         /* workers a generation could not take in: kept out a while */
   int nheld;
   char (*held_ids)[RDZV_NAME_MAX]; /* those still held, for the policy */
@@ -113,6 +117,7 @@ typedef struct coord {
   uint64_t t_published; /* wall ms */
   int64_t lost_from;    /* newest step reached before the plan (steps_lost) */
   int waiting_logged;
+  char waiting_why[JOB_TEXT_MAX / 2]; /* why the last replan found no layout (waiting_logged) */
   uint64_t outages_seen; /* rdzv_etcd_outages_ended when last looked at */
   uint64_t outage_end;   /* monotonic ns etcd last came back (0: never) */
   uint64_t last_warn;    /* monotonic ns of the last rate-limited warning */
@@ -323,7 +328,7 @@ static void put_progress(coord *c, const rdzv_etcd_kv *kv) {
   int64_t step = pr.step;
   c->prog_loss = pr.loss;
   c->prog_tps = pr.tokens_per_s;
-  if (step != c->prog_step) c->prog_change = newt_now_ns();
+  if (step != c->prog_step) c->prog_change = c->stall_from = newt_now_ns();
   c->prog_step = step;
   /* a recovery loses the committed steps it goes back behind; the step rank 0 finished
      first is not one while another rank may still lack it */
@@ -393,6 +398,8 @@ static void take_spec_locked(coord *c, const rdzv_etcd_kv *kv) {
   c->spec_changed = 1;
 }
 
+static void put_links(coord *c, const rdzv_etcd_kv *kv, const char *id);
+
 /* One key of the job changed (value NULL: deleted). Called with mu held. */
 static void apply_kv(coord *c, const rdzv_etcd_kv *kv, int deleted) {
   size_t plen = strlen(c->prefix);
@@ -412,6 +419,9 @@ static void apply_kv(coord *c, const rdzv_etcd_kv *kv, int deleted) {
     break;
   case JOB_REC_PROGRESS:
     if (!deleted) put_progress(c, kv);
+    break;
+  case JOB_REC_LINKS:
+    if (!deleted) put_links(c, kv, id);
     break;
   case JOB_REC_DONE: {
     job_done d;
@@ -661,6 +671,35 @@ static int budget_spent(coord *c, const char *cause) {
            n, newt_fmt_duration((double)c->spec.failure_window_ms / 1e3, d, sizeof d), (long long)c->spec.max_failures,
            (long long)c->spec.failure_window_ms, cause, (long long)c->prog_step);
   fail_job(c, why);
+  return 1;
+}
+
+/* The progress bound (spec.fault.progress_timeout_ms): once the job has a plan, no step
+ * completed for that long -- counted from the newest step, this leader's start and etcd's
+ * return, not reset by a plan (generations that never form are no progress) -- fails the
+ * job, naming what it waited for. Before the job's first step the bound is at least the
+ * first step's own deadline. Returns 1 when it failed the job. */
+static int past_progress_bound(coord *c) {
+  int64_t bound = c->spec.progress_timeout_ms;
+  pthread_mutex_lock(&c->mu);
+  uint64_t from = c->stall_from, gen = c->plan.generation;
+  int64_t step = c->prog_step;
+  int waiting = c->waiting_logged;
+  char why[sizeof c->waiting_why];
+  snprintf(why, sizeof why, "%s", c->waiting_why);
+  pthread_mutex_unlock(&c->mu);
+  if (bound <= 0 || !gen || !from) return 0;
+  if (step <= 0 && bound < c->spec.first_step_timeout_ms) bound = c->spec.first_step_timeout_ms;
+  uint64_t now = newt_now_ns();
+  if (now < from || now - from < (uint64_t)bound * 1000000ull) return 0;
+  char msg[JOB_TEXT_MAX], d[32];
+  snprintf(msg, sizeof msg,
+           "no step completed for %s (spec.fault.progress_timeout_ms %lld) since step %lld (generation %llu in force%s%s): "
+           "the job cannot make progress",
+           newt_fmt_duration((double)(now - from) / 1e9, d, sizeof d), (long long)c->spec.progress_timeout_ms,
+           (long long)step, (unsigned long long)gen, waiting ? "; the leader cannot plan: " : "",
+           waiting ? why : "");
+  fail_job(c, msg);
   return 1;
 }
 
@@ -977,7 +1016,7 @@ static void after_outage(coord *c) {
   c->outages_seen = rdzv_etcd_outages_ended(c->etcd);
   pthread_mutex_lock(&c->mu);
   uint64_t now = newt_now_ns();
-  c->prog_change = now;
+  c->prog_change = c->stall_from = now;
   c->first_gone = 0;
   c->outage_end = now;
   pthread_mutex_unlock(&c->mu);
@@ -1007,10 +1046,31 @@ static void hold_out(coord *c, const char *id) {
   }
   int64_t ms = policy_hold_out_ms(++c->held[i].strikes);
   c->held[i].until = newt_now_ns() + (uint64_t)ms * 1000000ull;
+  c->held[i].gen = c->plan.generation;
   pthread_mutex_unlock(&c->mu);
   char d[32];
-  NEWT_WARN(COORD, "%s: %s could not join generation %llu (the others could not make its links); no plan takes it "
-            "for %s", c->id, id, (unsigned long long)c->plan.generation, newt_fmt_duration((double)ms / 1e3, d, sizeof d));
+  NEWT_WARN(COORD, "%s: %s could not be in generation %llu (the others could not make its links, or it was cut off "
+            "from them); no plan takes it for %s, or until it reaches every rank of a later one", c->id, id,
+            (unsigned long long)c->plan.generation, newt_fmt_duration((double)ms / 1e3, d, sizeof d));
+}
+
+/* links/<id>: a worker left out reaches every rank of a generation. One held out since an
+ * earlier generation is let back at once: the cut that kept it out healed. Called with mu
+ * held. */
+static void put_links(coord *c, const rdzv_etcd_kv *kv, const char *id) {
+  job_links l;
+  if (job_links_from_json(kv->value, kv->value_len, &l) != NEWT_OK) {
+    NEWT_WARN(COORD, "ignoring %s: %s", kv->key, newt_errmsg());
+    return;
+  }
+  uint64_t now = newt_now_ns();
+  for (int i = 0; i < c->nheld; i++) {
+    struct held *h = &c->held[i];
+    if (strcmp(h->id, id) != 0 || h->until <= now || (uint64_t)l.generation <= h->gen) continue;
+    h->until = now;
+    NEWT_INFO(COORD, "%s: %s reaches every rank of generation %lld again: its hold-out ends", c->id, id,
+              (long long)l.generation);
+  }
 }
 
 /* The ids still held out, for the policy. Called with mu held. */
@@ -1083,7 +1143,9 @@ static newt_result_t decide(coord *c) {
       pthread_mutex_lock(&c->mu);
       int present = find_member(c, d.exclude[i]) >= 0;
       policy_view now = view_locked(c); /* the reports as they are now: the watch may have moved them */
-      int blamed = present && policy_blames_build(&now, d.exclude[i]);
+      /* a worker a build could not take in, or one on another side of a partition: held out
+         until its links work again (put_links), so that no generation is tried with it first */
+      int blamed = present && (d.partition || policy_blames_build(&now, d.exclude[i]));
       pthread_mutex_unlock(&c->mu);
       if (blamed) hold_out(c, d.exclude[i]);
       if (present) fence(c, d.exclude[i]);
@@ -1097,6 +1159,7 @@ static newt_result_t decide(coord *c) {
         snprintf(ev.why, sizeof ev.why, "%s", newt_errmsg());
         post_event(c, &ev);
         c->waiting_logged = 1;
+        snprintf(c->waiting_why, sizeof c->waiting_why, "%s", newt_errmsg());
       }
       r = NEWT_OK;
     }
@@ -1200,7 +1263,7 @@ static newt_result_t lead(coord *c) {
   recount_failures(c);
   job_event ev = {.type = JOB_EV_LEADER};
   post_event(c, &ev);
-  c->plan_mono = newt_now_ns();
+  c->plan_mono = c->stall_from = newt_now_ns();
   c->recorded = 1; /* a predecessor's generation: its recovery is its own */
   c->t_trigger = 0;
   NEWT_CHECK(start_picture(c));
@@ -1270,6 +1333,7 @@ static newt_result_t lead(coord *c) {
       metrics_set(c->metrics, "newt_job_done", 1);
       break;
     }
+    if (past_progress_bound(c)) break;
     r = decide(c);
     if (r != NEWT_OK && r != NEWT_ERR_CONFLICT) {
       /* etcd refused or did not answer (an outage, NOSPACE): nothing is lost by trying again

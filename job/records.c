@@ -26,6 +26,7 @@ static const struct {
     {JOB_REC_DONE, "done"},         {JOB_REC_CKPT, "ckpt"},         {JOB_REC_WORKER, "workers/"},
     {JOB_REC_ELECTION, "election/"}, {JOB_REC_REPORT, "reports/"},  {JOB_REC_ACK, "acks/"},
     {JOB_REC_EVENT, "events/"},     {JOB_REC_FAILED, "failed"},     {JOB_REC_FAULT, "faults/"},
+    {JOB_REC_LINKS, "links/"},
 };
 
 newt_result_t job_key(char *out, size_t cap, const char *job, job_record rec, uint64_t generation, const char *id) {
@@ -38,7 +39,7 @@ newt_result_t job_key(char *out, size_t cap, const char *job, job_record rec, ui
   if (rec == JOB_REC_REPORT || rec == JOB_REC_ACK) {
     NEWT_CHECK(rdzv_check_name("worker id", id));
     snprintf(suffix, sizeof suffix, "%s%020llu/%s", name, (unsigned long long)generation, id);
-  } else if (rec == JOB_REC_WORKER) {
+  } else if (rec == JOB_REC_WORKER || rec == JOB_REC_LINKS) {
     NEWT_CHECK(rdzv_check_name("worker id", id));
     snprintf(suffix, sizeof suffix, "%s%s", name, id);
   } else if (rec == JOB_REC_FAULT) {
@@ -69,7 +70,7 @@ job_record job_key_parse(const char *rest, uint64_t *generation, const char **id
       tail += 21;
       if (generation) *generation = g;
     }
-    if (rec == JOB_REC_REPORT || rec == JOB_REC_ACK || rec == JOB_REC_WORKER) {
+    if (rec == JOB_REC_REPORT || rec == JOB_REC_ACK || rec == JOB_REC_WORKER || rec == JOB_REC_LINKS) {
       char name_copy[RDZV_NAME_MAX];
       if (strlen(tail) >= sizeof name_copy) return JOB_REC_OTHER;
       snprintf(name_copy, sizeof name_copy, "%s", tail);
@@ -655,6 +656,27 @@ newt_result_t job_fault_from_json(const char *text, size_t len, job_fault *out) 
   if (r == NEWT_OK) r = get_text(j, what, "what", 1, f.what, sizeof f.what);
   cJSON_Delete(j);
   if (r == NEWT_OK) *out = f;
+  return r;
+}
+
+char *job_links_to_json(const job_links *l) {
+  cJSON *j = cJSON_CreateObject();
+  if (!j) return NULL;
+  newt_json_add_int(j, "generation", l->generation);
+  newt_json_add_int(j, "t_ms", (int64_t)l->t_ms);
+  return finish(j);
+}
+
+newt_result_t job_links_from_json(const char *text, size_t len, job_links *out) {
+  const char *what = "links";
+  cJSON *j;
+  NEWT_CHECK(parse_object(text, len, what, &j));
+  job_links l;
+  memset(&l, 0, sizeof l);
+  newt_result_t r = get_range(j, what, "generation", 1, 1, INT64_MAX, &l.generation);
+  if (r == NEWT_OK) r = get_ms(j, what, "t_ms", 1, &l.t_ms);
+  cJSON_Delete(j);
+  if (r == NEWT_OK) *out = l;
   return r;
 }
 

@@ -24,6 +24,9 @@
  *   events/<ms>-<rand>           job_event     the leader         launcher, status
  *   faults/<gen>                 job_fault     newt run, for a    status
  *                                              fault it injected
+ *   links/<id>                   job_links     a worker left out  the leader
+ *                                              of a plan, on its
+ *                                              lease
  *
  * <gen> is the generation as 20 zero-padded digits, so keys sort by generation. Every
  * parser validates what it reads (types, ranges, names, the set a string comes from) and a
@@ -59,14 +62,15 @@ typedef enum job_record {
   JOB_REC_EVENT,
   JOB_REC_FAILED,
   JOB_REC_FAULT,
+  JOB_REC_LINKS,
 } job_record;
 
 /* The key of a record: generation and id are used by reports and acks (id alone by
- * workers, generation alone by faults); events get their key from rdzv_event_post. */
+ * workers and links, generation alone by faults); events get their key from rdzv_event_post. */
 newt_result_t job_key(char *out, size_t cap, const char *job, job_record rec, uint64_t generation, const char *id);
 
 /* What the key `rest` (the part after "/newt/<job>/") holds; *generation and *id (pointing
- * into rest) are set for reports, acks (both), workers (id) and faults (generation). A malformed generation
+ * into rest) are set for reports, acks (both), workers and links (id) and faults (generation). A malformed generation
  * or id gives JOB_REC_OTHER. */
 job_record job_key_parse(const char *rest, uint64_t *generation, const char **id);
 
@@ -274,6 +278,20 @@ typedef struct job_fault {
 
 char *job_fault_to_json(const job_fault *f);
 newt_result_t job_fault_from_json(const char *text, size_t len, job_fault *out);
+
+/* --- a worker left out of plans reaches every rank of generation g -------------------------- */
+
+/* A worker that was a rank and is not one of the plan in force connects to every rank's
+ * data-plane listener; when each one answered (took the connection or refused it: the link
+ * works either way), it says so here, on its lease. The leader lets a worker it holds out
+ * back at once on it, instead of after its hold-out (a cut that healed). */
+typedef struct job_links {
+  int64_t generation; /* the plan whose ranks it reached */
+  uint64_t t_ms;      /* wall ms it reached the last of them */
+} job_links;
+
+char *job_links_to_json(const job_links *l);
+newt_result_t job_links_from_json(const char *text, size_t len, job_links *out);
 /* The fields of its type only. */
 char *job_event_to_json(const job_event *e);
 newt_result_t job_event_from_json(const char *text, size_t len, job_event *out);

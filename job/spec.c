@@ -49,6 +49,7 @@ void spec_defaults(newt_spec *s, const char *job) {
   s->replicas = 1;
   s->max_failures = 10;
   s->failure_window_ms = 600000;
+  s->progress_timeout_ms = SPEC_PROGRESS_TIMEOUT_MS;
   snprintf(s->backend, sizeof s->backend, "cpu");
 }
 
@@ -166,7 +167,7 @@ static newt_result_t parse_ckpt(const cJSON *c, newt_spec *s) {
 static newt_result_t parse_fault(const cJSON *f, newt_spec *s) {
   static const char *const known[] = {"lease_ttl_ms", "comm_timeout_ms", "hang_timeout_ms",
                                       "first_step_timeout_ms", "report_window_ms", "replica_every", "replicas",
-                                      "max_failures", "failure_window_ms", NULL};
+                                      "max_failures", "failure_window_ms", "progress_timeout_ms", NULL};
   const char *w = "spec.fault";
   NEWT_CHECK(newt_json_check_fields(f, w, known));
   NEWT_CHECK(GET_INT(f, w, "lease_ttl_ms", &s->lease_ttl_ms));
@@ -177,6 +178,7 @@ static newt_result_t parse_fault(const cJSON *f, newt_spec *s) {
   NEWT_CHECK(GET_INT(f, w, "max_failures", &s->max_failures));
   NEWT_CHECK(GET_INT(f, w, "failure_window_ms", &s->failure_window_ms));
   NEWT_CHECK(GET_INT(f, w, "replicas", &s->replicas));
+  NEWT_CHECK(GET_INT(f, w, "progress_timeout_ms", &s->progress_timeout_ms));
   return GET_INT(f, w, "replica_every", &s->replica_every);
 }
 
@@ -314,6 +316,7 @@ newt_result_t spec_validate(const newt_spec *s) {
       {"spec.fault.replica_every", s->replica_every, 1 << 20},
       {"spec.fault.max_failures", s->max_failures, 1 << 20},
       {"spec.fault.failure_window_ms", s->failure_window_ms, (int64_t)30 * 86400000},
+      {"spec.fault.progress_timeout_ms", s->progress_timeout_ms, (int64_t)30 * 86400000},
   };
   for (size_t i = 0; i < sizeof caps / sizeof caps[0]; i++)
     RULE(caps[i].v <= caps[i].max, "%s: at most %lld, got %lld", caps[i].field, (long long)caps[i].max,
@@ -351,6 +354,9 @@ newt_result_t spec_validate(const newt_spec *s) {
   RULE(s->max_failures >= 0, "spec.fault.max_failures: must not be negative (0: no budget)");
   RULE(s->failure_window_ms >= 1000, "spec.fault.failure_window_ms: must be at least 1000, got %lld",
        (long long)s->failure_window_ms);
+  RULE(s->progress_timeout_ms == 0 || s->progress_timeout_ms >= 1000,
+       "spec.fault.progress_timeout_ms: must be 0 (wait for ever) or at least 1000, got %lld",
+       (long long)s->progress_timeout_ms);
   RULE(s->replica_every >= 1, "spec.fault.replica_every: must be at least 1, got %lld",
        (long long)s->replica_every);
   RULE(s->replicas >= 1 && s->replicas <= SPEC_REPLICAS_MAX,
@@ -414,6 +420,8 @@ char *spec_to_json(const newt_spec *s) {
   if (s->replicas != 1) newt_json_add_int(f, "replicas", s->replicas); /* absent: 1, as before it existed */
   newt_json_add_int(f, "max_failures", s->max_failures);
   newt_json_add_int(f, "failure_window_ms", s->failure_window_ms);
+  if (s->progress_timeout_ms != SPEC_PROGRESS_TIMEOUT_MS) /* absent: the default, as before it existed */
+    newt_json_add_int(f, "progress_timeout_ms", s->progress_timeout_ms);
   cJSON_AddStringToObject(j, "backend", s->backend);
   char *out = newt_json_print(j);
   cJSON_Delete(j);
@@ -452,23 +460,30 @@ static const char *const changeable[] = {
     "parallel.join_window_ms",
     "ckpt.every",             "ckpt.keep",              "ckpt.level",             "fault.comm_timeout_ms",
     "fault.hang_timeout_ms",  "fault.first_step_timeout_ms", "fault.report_window_ms", "fault.replica_every",    "fault.max_failures",
-    "fault.failure_window_ms", NULL};
+    "fault.failure_window_ms", "fault.progress_timeout_ms", NULL};
 
-/* Walks the leaves of a and b (the same shape: both from spec_to_json) and notes every
- * difference; returns the first that may not change (NULL: none). */
+/* Walks the leaves of a and b (both from spec_to_json: the same shape, but for the fields
+ * written only when not their default, absent from one side) and notes every difference;
+ * returns the first that may not change (NULL: none). */
 static const char *diff_leaves(const cJSON *a, const cJSON *b, const char *path, newt_buf *changed, char *bad,
                                size_t cap) {
-  if (cJSON_IsObject(a)) {
+  if (cJSON_IsObject(a) || cJSON_IsObject(b)) {
     const char *first = NULL;
-    for (const cJSON *x = a->child; x; x = x->next) {
-      char sub[128];
-      snprintf(sub, sizeof sub, "%s%s%s", path, *path ? "." : "", x->string);
-      const char *r = diff_leaves(x, cJSON_GetObjectItemCaseSensitive(b, x->string), sub, changed, bad, cap);
-      if (r && !first) first = r;
+    for (int side = 0; side < 2; side++) { /* a's fields, then those only b has */
+      const cJSON *from = side ? b : a;
+      for (const cJSON *x = from ? from->child : NULL; x; x = x->next) {
+        const cJSON *other = cJSON_GetObjectItemCaseSensitive(side ? a : b, x->string);
+        if (side && other) continue;
+        char sub[128];
+        snprintf(sub, sizeof sub, "%s%s%s", path, *path ? "." : "", x->string);
+        const char *r = side ? diff_leaves(NULL, x, sub, changed, bad, cap) : diff_leaves(x, other, sub, changed, bad, cap);
+        if (r && !first) first = r;
+      }
     }
     return first;
   }
-  char *sa = cJSON_PrintUnformatted(a), *sb = b ? cJSON_PrintUnformatted(b) : NULL;
+  /* a field written only when not its default reads "default" where absent */
+  char *sa = a ? cJSON_PrintUnformatted(a) : newt_strdup("default"), *sb = b ? cJSON_PrintUnformatted(b) : newt_strdup("default");
   const char *res = NULL;
   if (sa && sb && strcmp(sa, sb) != 0) {
     int ok = 0;

@@ -32,6 +32,7 @@
 #define SPEC_REPLICAS_MAX 8 /* spec.fault.replicas: at most this many copies of a shard */
 
 #define SPEC_JOIN_WINDOW_MS 100 /* spec.parallel.join_window_ms's default */
+#define SPEC_PROGRESS_TIMEOUT_MS 600000 /* spec.fault.progress_timeout_ms's default: 10 min */
 
 #include <cjson/cJSON.h>
 #include <stddef.h>
@@ -88,6 +89,11 @@ typedef struct newt_spec {
   /* the failure budget: more than max_failures recoveries from a crash or hang within
      failure_window_ms end the job (failed, with its reason); 0: no budget */
   int64_t max_failures, failure_window_ms;
+  /* the progress bound: once the job has a plan, no step completed for this long (counted
+     from the newest step, the leader's start and etcd's return; before the first step, at
+     least first_step_timeout_ms) ends the job (failed, naming what it waited for); 0: it waits
+     for ever. Written only when not the default. */
+  int64_t progress_timeout_ms;
   char backend[8];          /* "cpu" or "nccl" */
 } newt_spec;
 

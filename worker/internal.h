@@ -271,6 +271,17 @@ int worker_peer_recover(worker *w, newt_plan *out, comm_t **all, comm_t **parent
  * ms: state[r] 1 accepted, 0 refused (its process is gone: a worker holds its listener for
  * life), -1 no answer or unknown (comm_probe_listeners). */
 newt_result_t worker_probe_ranks(worker *w, int64_t ms, int *state);
+/* A worker that was a rank and is left out of the plan in force (cut off, or on the smaller
+ * side of a partition) connects to every rank of that plan, at most every
+ * NEWT_PEER_PROBE_MS; once each answered, it writes links/<id> (job_links) on its lease, so
+ * that the leader lets it back at once instead of after its hold-out. Called from the wait
+ * for a plan; lp starts zeroed. */
+typedef struct links_proof {
+  uint64_t proven;  /* the newest generation it said it reaches */
+  uint64_t next_ms; /* wall ms of the next try */
+  int said;         /* logged that links do not answer */
+} links_proof;
+void worker_prove_links(worker *w, links_proof *lp);
 /* The key the links of p's generation prove (COMM_SECRET_MAX bytes room; *len set). */
 newt_result_t worker_generation_key(const worker *w, const newt_plan *p, unsigned char *key, size_t *len);
 void worker_decl_free(worker_decl *d);
@@ -374,6 +385,7 @@ void worker_report(worker *w, const newt_plan *p, int hang, int build, const cha
 void worker_publish_ack(worker *w, const char *state);
 void worker_publish_progress(worker *w, double loss, double tps, int64_t step_tokens);
 void worker_publish_ckpt(worker *w, int64_t step, int64_t bytes, int64_t save_ms, double stall_ms);
+void worker_publish_links(worker *w, const job_links *l);
 /* The end marker (every rank after the last step, the first write wins), written at once. */
 void worker_mark_done(worker *w, double loss);
 

@@ -78,14 +78,50 @@ static int etcd_answers(worker *w) {
   return 0;
 }
 
-newt_result_t worker_probe_ranks(worker *w, int64_t ms, int *state) {
-  const newt_plan *b = &w->plan;
-  const char **addrs = calloc((size_t)(b->nranks ? b->nranks : 1), sizeof *addrs);
+/* Probes the listeners of p's ranks but ours. */
+static newt_result_t probe_plan(const worker *w, const newt_plan *p, int64_t ms, int *state) {
+  const char **addrs = calloc((size_t)(p->nranks ? p->nranks : 1), sizeof *addrs);
   NEWT_CHECK_ALLOC(addrs);
-  for (int r = 0; r < b->nranks; r++) addrs[r] = w->me && r == w->me->rank ? NULL : b->ranks[r].addr;
-  newt_result_t res = comm_probe_listeners(addrs, b->nranks, ms, state);
+  for (int r = 0; r < p->nranks; r++) addrs[r] = strcmp(p->ranks[r].worker, w->id) == 0 ? NULL : p->ranks[r].addr;
+  newt_result_t res = comm_probe_listeners(addrs, p->nranks, ms, state);
   free(addrs);
   return res;
+}
+
+newt_result_t worker_probe_ranks(worker *w, int64_t ms, int *state) { return probe_plan(w, &w->plan, ms, state); }
+
+/* --- a worker left out proves its links --------------------------------------------------- */
+
+void worker_prove_links(worker *w, links_proof *lp) {
+  uint64_t now = newt_wall_ms();
+  if (now < lp->next_ms) return;
+  lp->next_ms = now + (uint64_t)newt_param_PeerProbeMs();
+  newt_plan p;
+  pthread_mutex_lock(&w->mu);
+  /* only a worker that was a rank (the leader may hold it out), of a plan that leaves it out */
+  int due = w->gen > 0 && w->latest.generation > lp->proven && w->latest.nranks > 0 &&
+            !plan_find(&w->latest, w->id) && !plan_find_donor(&w->latest, w->id);
+  newt_result_t r = due ? plan_copy(&p, &w->latest) : NEWT_OK;
+  pthread_mutex_unlock(&w->mu);
+  if (!due || r != NEWT_OK) return;
+  int *state = calloc((size_t)p.nranks, sizeof *state), answered = 0;
+  if (state && probe_plan(w, &p, newt_param_PeerProbeMs(), state) == NEWT_OK)
+    for (int k = 0; k < p.nranks; k++) answered += state[k] >= 0 || strcmp(p.ranks[k].worker, w->id) == 0;
+  if (state && answered == p.nranks) {
+    /* every rank answered (took the connection, or refused it: the route works either way) */
+    job_links l = {.generation = (int64_t)p.generation, .t_ms = newt_wall_ms()};
+    lp->proven = p.generation;
+    worker_publish_links(w, &l);
+    NEWT_INFO(WORKER, "%s: every rank of generation %llu answers on the data plane (it was left out of it): said so",
+              w->id, (unsigned long long)p.generation);
+  } else if (state && !lp->said) {
+    lp->said = 1;
+    NEWT_INFO(WORKER, "%s: left out of generation %llu, and %d of its %d ranks do not answer on the data plane (a cut "
+              "link?): trying again every %lld ms", w->id, (unsigned long long)p.generation, p.nranks - answered,
+              p.nranks, (long long)newt_param_PeerProbeMs());
+  }
+  free(state);
+  plan_free(&p);
 }
 
 /* Which ranks of the failed generation are gone (gone[r] = 1): 0 unless every other rank

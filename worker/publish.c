@@ -345,6 +345,10 @@ void worker_publish_progress(worker *w, double loss, double tps, int64_t step_to
   publish_record(w, JOB_REC_PROGRESS, 0, job_progress_to_json(&pr), 0);
 }
 
+void worker_publish_links(worker *w, const job_links *l) {
+  publish_record(w, JOB_REC_LINKS, 0, job_links_to_json(l), 1);
+}
+
 void worker_publish_ckpt(worker *w, int64_t step, int64_t bytes, int64_t save_ms, double stall_ms) {
   job_ckpt c = {.step = step, .bytes = bytes, .save_ms = save_ms, .stall_ms = stall_ms};
   snprintf(c.dir, sizeof c.dir, "%s", w->spec.ckpt_dir);

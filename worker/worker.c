@@ -172,6 +172,7 @@ static void donate(worker *w, newt_plan *p);
 static newt_result_t wait_plan(worker *w, int donor, newt_plan *out, wait_outcome *how) {
   uint64_t spare_gen = 0;
   uint64_t next_done_check = 0;
+  links_proof links = {0};
   /* a leaver waits (bounded: it must exit well within a pod's grace period) for the plan
      that names it a donor; the leader publishes it within milliseconds, or after a
      leadership change within a lease TTL */
@@ -211,6 +212,7 @@ static newt_result_t wait_plan(worker *w, int donor, newt_plan *out, wait_outcom
     }
     worker_wait_cv(w, 50);
     pthread_mutex_unlock(&w->mu);
+    if (!donor) worker_prove_links(w, &links);
     uint64_t now = newt_wall_ms();
     if (now >= next_done_check) {
       next_done_check = now + 500;

@@ -1706,6 +1706,36 @@ static int netns_cut(const netns_job *J, const int *side, int add) {
   return rc;
 }
 
+/* Once a cut healed: the generation of the first plan with every worker again (0: the job
+ * ended first, or none came within 60 s), and whether the leader let the left-out back
+ * because they reach every rank again (links/<id>), not because their hold-out ran out. */
+static int64_t netns_all_back(netns_job *J) {
+  for (newt_deadline_t d = newt_deadline_in_ms(60000); !newt_deadline_passed(d); newt_sleep_ms(20)) {
+    newt_plan p;
+    int64_t g = netns_plan_gen(J, &p);
+    if (g <= 0) continue;
+    int n = p.nranks;
+    plan_free(&p);
+    if (n == NETNS_HOSTS) return g;
+    cJSON *done = NULL;
+    if (get_json(J->c, J->job, "done", &done) == NEWT_OK) {
+      cJSON_Delete(done);
+      return 0;
+    }
+  }
+  return 0;
+}
+
+static void netns_check_back(netns_job *J) {
+  int64_t g = netns_all_back(J);
+  T_CHECK_MSG(g > 0, "the workers left out never came back once the cut healed; logs in %s", tmpdir);
+  /* one held out (it reported, so the leader knew it alive and cut off) was let back on its
+     links, not when its hold-out ran out; one that was not held out joined as it came */
+  T_CHECK_MSG(!coord_said("no plan takes it for") || coord_said("again: its hold-out ends"),
+              "the left-out came back (generation %lld), but not on their links: the leader held them out until "
+              "their hold-out ran out; logs in %s", (long long)g, tmpdir);
+}
+
 static int netns_split(const netns_job *J, int add) {
   static const int halves[NETNS_HOSTS] = {0, 0, 1, 1};
   return netns_cut(J, halves, add);
@@ -1735,6 +1765,7 @@ static void test_netns_peers_cut(void) {
   T_CHECK_MSG(first == 2 && has_w2 == 0, "the first plan after w2 was cut from its peers: generation %lld, %s; logs in %s",
               (long long)first, has_w2 ? "with w2 (its build fails)" : "without w2", tmpdir);
   T_CHECK(netns_cut(&J, alone, 0) == 0);
+  netns_check_back(&J); /* as soon as its links work, not after its 30 s hold-out */
   netns_finish(&J);
   netns_cleanup();
 }
@@ -1772,6 +1803,7 @@ static void test_netns_split(void) {
      with all four came first, the build's partition no majority explains */
   T_CHECK_MSG(coord_said("the largest side goes on"), "the leader did not say it decided a partition");
   T_CHECK(netns_split(&J, 0) == 0);
+  netns_check_back(&J); /* everyone back in one generation, as soon as the links work */
   netns_finish(&J);
   netns_cleanup();
 }
@@ -1825,6 +1857,30 @@ static void test_netns_etcd_cut(void) {
   T_CHECK_MSG(J.final_gen == 1, "the job ended in generation %lld, not 1: a plan for nothing; logs in %s",
               (long long)J.final_gen, tmpdir);
   netns_cleanup();
+}
+
+/* A job that cannot make progress ends, within a stated bound (issue 27): two workers and
+ * dp_min 2, one killed -- no layout fits the survivor, and no worker comes. The leader fails
+ * the job once no step completed for spec.fault.progress_timeout_ms (5 s here: a healthy step
+ * of this model takes milliseconds, and a stalled one a hang recovery within the hang timeout,
+ * also 5 s), naming the bound and what it waited for; newt run ends with that failure. It
+ * used to wait for ever (here: until --timeout-ms, which says something else). */
+static void test_stuck(void) {
+  char dir[400], gb[16], mb[16];
+  snprintf(dir, sizeof dir, "%s/run", tmpdir);
+  snprintf(gb, sizeof gb, "%d", GB);
+  snprintf(mb, sizeof mb, "%d", MB);
+  const char *argv[] = {newt_bin, "run", "--nproc", "2", "--dp-min", "2", "--model", MODEL, "--seq-len", SEQ, "--steps",
+                        "100000", "--global-batch", gb, "--micro-batch", mb, "--progress-timeout-ms", "5000", "--chaos",
+                        "kill:worker:1@step=3", "--timeout-ms", "120000", "--log-dir", dir, "--quiet", NULL};
+  char *out = NULL;
+  int rc = run_capture(argv, &out);
+  T_CHECK_MSG(rc != 0, "newt run exited 0:\n%s", out ? out : "");
+  T_CHECK_MSG(out && strstr(out, "the job failed") && strstr(out, "no step completed for") &&
+                  strstr(out, "(spec.fault.progress_timeout_ms 5000) since step") &&
+                  strstr(out, "the leader cannot plan: no layout") && strstr(out, "the job cannot make progress"),
+              "newt run does not end with the progress bound's failure:\n%s", out ? out : "");
+  free(out);
 }
 
 static void test_scenario(void) { run_scenario(current, newt_bin); }
@@ -1986,7 +2042,8 @@ int main(int argc, char **argv) {
   if (strcmp(argv[1], "forged") == 0 || strcmp(argv[1], "forged_batch") == 0 ||
       strcmp(argv[1], "forged_generation") == 0 || strcmp(argv[1], "hostile_etcd") == 0 ||
       strcmp(argv[1], "etcd_nospace") == 0 ||
-      strcmp(argv[1], "impostor") == 0 || strcmp(argv[1], "impostor_alone") == 0 || strcmp(argv[1], "tls") == 0 || strcmp(argv[1], "nccl_ckpt_cross") == 0) {
+      strcmp(argv[1], "impostor") == 0 || strcmp(argv[1], "impostor_alone") == 0 || strcmp(argv[1], "tls") == 0 ||
+      strcmp(argv[1], "nccl_ckpt_cross") == 0 || strcmp(argv[1], "stuck") == 0) {
     snprintf(tmpdir, sizeof tmpdir, "/tmp/newt-e2e-%s-XXXXXX", argv[1]);
     if (!mkdtemp(tmpdir)) return 2;
     if (strcmp(argv[1], "forged") == 0) T_RUN(test_forged);
@@ -1997,6 +2054,7 @@ int main(int argc, char **argv) {
     else if (strcmp(argv[1], "impostor_alone") == 0) T_RUN(test_impostor_alone);
     else if (strcmp(argv[1], "tls") == 0) T_RUN(test_tls);
     else if (strcmp(argv[1], "nccl_ckpt_cross") == 0) T_RUN(test_ckpt_cross);
+    else if (strcmp(argv[1], "stuck") == 0) T_RUN(test_stuck);
     else T_RUN(test_nospace);
     int rc = T_DONE();
     if (rc == 0) newt_fs_rm_rf(tmpdir);

@@ -74,6 +74,24 @@ static void test_spec(void) {
   expect_spec_error("{\"job\":\"j\",\"fault\":{\"replicas\":\"2\"}}", "spec.fault.replicas");
   back.replicas = 1;
   T_CHECK(!spec_update_allowed(&s, &back, NULL, 0) && strstr(newt_errmsg(), "spec.fault.replicas: 3 -> 1"));
+  /* spec.fault.progress_timeout_ms: 10 min by default and then not written, 0 (for ever) or
+     at least 1000, changeable while the job runs -- and the change is named though the old
+     spec does not write the field */
+  T_OK(parse("{\"job\":\"j\"}", &s));
+  dj = spec_to_json(&s);
+  T_CHECK_MSG(s.progress_timeout_ms == 600000 && dj && !strstr(dj, "progress_timeout_ms"), "%s", dj);
+  free(dj);
+  T_OK(parse("{\"job\":\"j\",\"fault\":{\"progress_timeout_ms\":0}}", &back));
+  dj = spec_to_json(&back);
+  T_CHECK_MSG(dj && strstr(dj, "\"progress_timeout_ms\":0"), "%s", dj);
+  free(dj);
+  char what[256] = "";
+  T_CHECK(spec_update_allowed(&s, &back, what, sizeof what));
+  T_CHECK_MSG(strstr(what, "fault.progress_timeout_ms default -> 0"), "changed: %s", what);
+  T_CHECK(spec_update_allowed(&back, &s, what, sizeof what));
+  T_CHECK_MSG(strstr(what, "fault.progress_timeout_ms 0 -> default"), "changed: %s", what);
+  expect_spec_error("{\"job\":\"j\",\"fault\":{\"progress_timeout_ms\":999}}", "spec.fault.progress_timeout_ms");
+  expect_spec_error("{\"job\":\"j\",\"fault\":{\"progress_timeout_ms\":-1}}", "spec.fault.progress_timeout_ms");
   expect_spec_error("{\"job\":\"j\",\"parallel\":{\"dp_min\":4,\"dp_max\":2}}", "spec.parallel.dp_max");
   /* hostile sizes: no overflow, no division by zero, no loop of 9e15 (issue 17, item 5) */
   expect_spec_error("{\"job\":\"j\",\"train\":{\"global_batch\":8589934592,\"micro_batch\":4294967296},"

@@ -32,6 +32,10 @@ static void test_keys(void) {
   T_CHECK(strcmp(key, "/newt/j1/progress") == 0);
   T_OK(job_key(key, sizeof key, "j1", JOB_REC_WORKER, 0, "w9"));
   T_CHECK(job_key_parse("workers/w9", NULL, &id) == JOB_REC_WORKER && strcmp(id, "w9") == 0);
+  T_OK(job_key(key, sizeof key, "j1", JOB_REC_LINKS, 0, "w9"));
+  T_CHECK(strcmp(key, "/newt/j1/links/w9") == 0);
+  T_CHECK(job_key_parse("links/w9", NULL, &id) == JOB_REC_LINKS && strcmp(id, "w9") == 0);
+  T_ERR(NEWT_ERR_INVALID, job_key(key, sizeof key, "j1", JOB_REC_LINKS, 0, "../x"));
   struct {
     const char *rest;
     job_record rec;
@@ -49,6 +53,8 @@ static void test_keys(void) {
       {"reports/00000000000000000007/w 0", JOB_REC_OTHER},      /* bad id */
       {"acks/00000000000000000007/", JOB_REC_OTHER},            /* empty id */
       {"workers/../../x", JOB_REC_OTHER},
+      {"links/", JOB_REC_OTHER},
+      {"links/a b", JOB_REC_OTHER},
   };
   for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
     T_CHECK_MSG(job_key_parse(cases[i].rest, &g, &id) == cases[i].rec, "job_key_parse(%s)", cases[i].rest);
@@ -122,6 +128,18 @@ static void test_ack(void) {
                 "\"restore_step\":0}",
                 "ack.rank");
   EXPECT_REJECT(job_ack_from_json, job_ack, "{\"rank\":0,\"t_plan\":1}", "ack.t_comm");
+}
+
+/* links: a round trip, and the fields checked */
+static void test_links(void) {
+  job_links l = {.generation = 7, .t_ms = 1700000000123ull}, lb;
+  char *text = job_links_to_json(&l);
+  T_OK(job_links_from_json(text, strlen(text), &lb));
+  T_CHECK(lb.generation == 7 && lb.t_ms == 1700000000123ull);
+  free(text);
+  EXPECT_REJECT(job_links_from_json, job_links, "{\"generation\":0,\"t_ms\":1}", "links.generation");
+  EXPECT_REJECT(job_links_from_json, job_links, "{\"generation\":3}", "links.t_ms");
+  EXPECT_REJECT(job_links_from_json, job_links, "[1]", "links");
 }
 
 static void test_progress_done_ckpt(void) {
@@ -275,6 +293,7 @@ int main(void) {
   T_RUN(test_keys);
   T_RUN(test_report);
   T_RUN(test_ack);
+  T_RUN(test_links);
   T_RUN(test_progress_done_ckpt);
   T_RUN(test_events);
   return T_DONE();
