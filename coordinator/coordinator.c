@@ -100,8 +100,11 @@ typedef struct coord {
     char id[RDZV_NAME_MAX];
     uint64_t until; /* monotonic ns */
     int strikes;
-    uint64_t gen;   /* the generation it could not be in: a links record of a later one ends the
-                       hold at once (put_links) */
+    uint64_t gen;   /* the generation it could not be in */
+    int64_t links_gen; /* its newest links record: of this later generation (0: none) ... */
+    int links_ok;      /* ... all of whose ranks answered (put_links): the hold ends at once;
+                          else it lasts while they do not, past until */
+    int said_kept;     /* logged that it is kept out past until */
   } *held;                         /* workers a generation could not take in: kept out a while */
   int nheld;
   char (*held_ids)[RDZV_NAME_MAX]; /* those still held, for the policy */
@@ -398,7 +401,7 @@ static void take_spec_locked(coord *c, const rdzv_etcd_kv *kv) {
   c->spec_changed = 1;
 }
 
-static void put_links(coord *c, const rdzv_etcd_kv *kv, const char *id);
+static void put_links(coord *c, const rdzv_etcd_kv *kv, const char *id, int deleted);
 
 /* One key of the job changed (value NULL: deleted). Called with mu held. */
 static void apply_kv(coord *c, const rdzv_etcd_kv *kv, int deleted) {
@@ -421,7 +424,7 @@ static void apply_kv(coord *c, const rdzv_etcd_kv *kv, int deleted) {
     if (!deleted) put_progress(c, kv);
     break;
   case JOB_REC_LINKS:
-    if (!deleted) put_links(c, kv, id);
+    put_links(c, kv, id, deleted);
     break;
   case JOB_REC_DONE: {
     job_done d;
@@ -1025,8 +1028,9 @@ static void after_outage(coord *c) {
   restore_records(c);
 }
 
-/* Keeps a worker a generation could not take in out of plans for a while (it registers again
- * after its fence, and would stop the job the same way at once). */
+/* Keeps a worker fenced alive out of plans (it registers again after its fence, and would
+ * stop the job the same way at once): until it says it reaches every rank of a later plan
+ * (put_links), and past until while it says it does not (held_refresh_locked). */
 static void hold_out(coord *c, const char *id) {
   pthread_mutex_lock(&c->mu);
   int i = 0;
@@ -1049,36 +1053,62 @@ static void hold_out(coord *c, const char *id) {
   c->held[i].gen = c->plan.generation;
   pthread_mutex_unlock(&c->mu);
   char d[32];
-  NEWT_WARN(COORD, "%s: %s could not be in generation %llu (the others could not make its links, or it was cut off "
-            "from them); no plan takes it for %s, or until it reaches every rank of a later one", c->id, id,
-            (unsigned long long)c->plan.generation, newt_fmt_duration((double)ms / 1e3, d, sizeof d));
+  NEWT_WARN(COORD, "%s: %s is left out of generation %llu alive (the others lost it: a cut link, a stop, a build "
+            "that could not take it in); no plan takes it until it reaches every rank of a later one, or for %s at "
+            "most while it says nothing", c->id, id, (unsigned long long)c->plan.generation,
+            newt_fmt_duration((double)ms / 1e3, d, sizeof d));
 }
 
-/* links/<id>: a worker left out reaches every rank of a generation. One held out since an
- * earlier generation is let back at once: the cut that kept it out healed. Called with mu
- * held. */
-static void put_links(coord *c, const rdzv_etcd_kv *kv, const char *id) {
-  job_links l;
-  if (job_links_from_json(kv->value, kv->value_len, &l) != NEWT_OK) {
+/* links/<id> (or its deletion): what a worker left out says of its links to the ranks of a
+ * plan. One held out since an earlier generation is let back at once when all of them
+ * answered (the cut that kept it out healed), and kept out past its hold-out while they do
+ * not (held_refresh_locked). Called with mu held. */
+static void put_links(coord *c, const rdzv_etcd_kv *kv, const char *id, int deleted) {
+  job_links l = {0};
+  if (!deleted && job_links_from_json(kv->value, kv->value_len, &l) != NEWT_OK) {
     NEWT_WARN(COORD, "ignoring %s: %s", kv->key, newt_errmsg());
     return;
   }
   uint64_t now = newt_now_ns();
   for (int i = 0; i < c->nheld; i++) {
     struct held *h = &c->held[i];
-    if (strcmp(h->id, id) != 0 || h->until <= now || (uint64_t)l.generation <= h->gen) continue;
+    if (strcmp(h->id, id) != 0) continue;
+    int was_held = h->until > now || h->said_kept;
+    if (deleted || (uint64_t)l.generation <= h->gen) { /* gone, or of the generation it failed */
+      h->links_gen = 0;
+      continue;
+    }
+    h->links_gen = l.generation;
+    h->links_ok = l.answered == l.ranks;
+    if (!h->links_ok || !was_held) continue;
     h->until = now;
+    h->said_kept = 0;
     NEWT_INFO(COORD, "%s: %s reaches every rank of generation %lld again: its hold-out ends", c->id, id,
               (long long)l.generation);
   }
 }
 
-/* The ids still held out, for the policy. Called with mu held. */
+/* The ids still held out, for the policy: those whose hold-out has not run out, and those
+ * that say they still do not reach every rank of a plan after the one they failed (taken
+ * in, they would only fail its build). Called with mu held. */
 static void held_refresh_locked(coord *c) {
   uint64_t now = newt_now_ns();
+  int before = c->nheld_ids;
   c->nheld_ids = 0;
-  for (int i = 0; i < c->nheld; i++)
-    if (c->held[i].until > now) snprintf(c->held_ids[c->nheld_ids++], RDZV_NAME_MAX, "%s", c->held[i].id);
+  for (int i = 0; i < c->nheld; i++) {
+    struct held *h = &c->held[i];
+    int cut = h->links_gen > 0 && !h->links_ok;
+    if (h->until <= now && cut && !h->said_kept) {
+      h->said_kept = 1;
+      NEWT_INFO(COORD, "%s: the hold-out of %s ran out, but it does not reach every rank of generation %lld: kept "
+                "out until it does", c->id, h->id, (long long)h->links_gen);
+    }
+    if (h->until <= now && !cut) h->said_kept = 0;
+    if (h->until > now || cut) snprintf(c->held_ids[c->nheld_ids++], RDZV_NAME_MAX, "%s", h->id);
+  }
+  /* one let back may make a larger layout: join_grows_layout's cached "no" is moot (the list
+     only shrinks by releases; a new hold comes with a plan, which moots it anyway) */
+  if (c->nheld_ids < before) c->join_checked_gen = UINT64_MAX;
 }
 
 /* Says, once per generation, which ranks' registrations vanished while steps went on (the
@@ -1142,12 +1172,12 @@ static newt_result_t decide(coord *c) {
     for (int i = 0; d.fence && i < d.nexclude; i++) {
       pthread_mutex_lock(&c->mu);
       int present = find_member(c, d.exclude[i]) >= 0;
-      policy_view now = view_locked(c); /* the reports as they are now: the watch may have moved them */
-      /* a worker a build could not take in, or one on another side of a partition: held out
-         until its links work again (put_links), so that no generation is tried with it first */
-      int blamed = present && (d.partition || policy_blames_build(&now, d.exclude[i]));
       pthread_mutex_unlock(&c->mu);
-      if (blamed) hold_out(c, d.exclude[i]);
+      /* a worker fenced alive (a build could not take it in, it was on another side of a
+         partition or cut, it stopped or hung) registers again at once: held out until its
+         links to the ranks of a later plan work (put_links), so that no generation is tried
+         with it first -- a cut link would fail that build */
+      if (present) hold_out(c, d.exclude[i]);
       if (present) fence(c, d.exclude[i]);
     }
     int no_layout;

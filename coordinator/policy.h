@@ -96,14 +96,12 @@ typedef struct policy_decision {
                      generation, ranks that reported but most of the others name) */
 } policy_decision;
 
-/* How long to keep a worker out of plans after it was left out of a generation that never
- * formed because of it, the strikes-th time in a row (it cannot prove the job's key, or
- * cannot reach the others): 30 s, doubling, at most 10 min -- so that one worker that cannot
- * join does not stop the job over and over by registering again. */
+/* How long at most to keep a worker out of plans after it was fenced alive, the strikes-th
+ * time (a build could not take it in, it was cut off, it stopped): 30 s, doubling, at most
+ * 10 min -- so that one worker that cannot join does not stop the job over and over by
+ * registering again. The leader ends it sooner when the worker says it reaches every rank of
+ * a later plan, and keeps it past it while the worker says it does not (job_links). */
 int64_t policy_hold_out_ms(int strikes);
-/* Whether a decision left out ranks a generation that never formed could not take in
- * (build reports accused them): those to hold out. */
-int policy_blames_build(const policy_view *v, const char *id);
 
 /* Looks at the picture once. Only NEWT_ERR_NOMEM fails. */
 newt_result_t policy_decide(const policy_view *v, policy_decision *out);

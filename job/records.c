@@ -663,6 +663,8 @@ char *job_links_to_json(const job_links *l) {
   cJSON *j = cJSON_CreateObject();
   if (!j) return NULL;
   newt_json_add_int(j, "generation", l->generation);
+  newt_json_add_int(j, "answered", l->answered);
+  newt_json_add_int(j, "ranks", l->ranks);
   newt_json_add_int(j, "t_ms", (int64_t)l->t_ms);
   return finish(j);
 }
@@ -674,6 +676,8 @@ newt_result_t job_links_from_json(const char *text, size_t len, job_links *out) 
   job_links l;
   memset(&l, 0, sizeof l);
   newt_result_t r = get_range(j, what, "generation", 1, 1, INT64_MAX, &l.generation);
+  if (r == NEWT_OK) r = get_range(j, what, "ranks", 1, 1, 1 << 20, &l.ranks);
+  if (r == NEWT_OK) r = get_range(j, what, "answered", 1, 0, l.ranks, &l.answered);
   if (r == NEWT_OK) r = get_ms(j, what, "t_ms", 1, &l.t_ms);
   cJSON_Delete(j);
   if (r == NEWT_OK) *out = l;

@@ -282,12 +282,16 @@ newt_result_t job_fault_from_json(const char *text, size_t len, job_fault *out);
 /* --- a worker left out of plans reaches every rank of generation g -------------------------- */
 
 /* A worker that was a rank and is not one of the plan in force connects to every rank's
- * data-plane listener; when each one answered (took the connection or refused it: the link
- * works either way), it says so here, on its lease. The leader lets a worker it holds out
- * back at once on it, instead of after its hold-out (a cut that healed). */
+ * data-plane listener and says here, on its lease, how many answered (took the connection
+ * or refused it: the link works either way): once for each plan, and again when that
+ * changes. The leader lets a worker it holds out back at once when all of a later plan's
+ * ranks answered (a cut that healed), and keeps it out past its hold-out while they do not
+ * (it would only fail the next build). */
 typedef struct job_links {
-  int64_t generation; /* the plan whose ranks it reached */
-  uint64_t t_ms;      /* wall ms it reached the last of them */
+  int64_t generation; /* the plan whose ranks it probed */
+  int64_t answered;   /* how many of them answered */
+  int64_t ranks;      /* of how many (its own rank, if any, not probed, counts as answered) */
+  uint64_t t_ms;      /* wall ms of the probe */
 } job_links;
 
 char *job_links_to_json(const job_links *l);

@@ -150,6 +150,8 @@ struct newt_ctx {
   atomic_int switch_pending; /* a newer plan asks to switch at the next step boundary */
   atomic_int build_cancel;   /* a newer plan came while a communicator was being built */
   atomic_int lease_lost;
+  atomic_int renewed; /* the registration was renewed since the last plan that made this worker a rank (fenced,
+                        or its lease lapsed): a worker left out then proves its links (worker_prove_links) */
   atomic_int leave_asked;    /* newt_leave */
 
   /* the generation: its plan, this rank in it, its groups */
@@ -273,13 +275,14 @@ int worker_peer_recover(worker *w, newt_plan *out, comm_t **all, comm_t **parent
 newt_result_t worker_probe_ranks(worker *w, int64_t ms, int *state);
 /* A worker that was a rank and is left out of the plan in force (cut off, or on the smaller
  * side of a partition) connects to every rank of that plan, at most every
- * NEWT_PEER_PROBE_MS; once each answered, it writes links/<id> (job_links) on its lease, so
- * that the leader lets it back at once instead of after its hold-out. Called from the wait
- * for a plan; lp starts zeroed. */
+ * NEWT_PEER_PROBE_MS, until all answered, and writes how many did in links/<id> (job_links)
+ * on its lease, once for each plan and again when that changes: the leader lets it back at
+ * once when all did, and keeps it out while they do not. Called from the wait for a plan;
+ * lp starts zeroed. */
 typedef struct links_proof {
-  uint64_t proven;  /* the newest generation it said it reaches */
+  uint64_t gen;     /* the plan it last said something of */
+  int ok;           /* whether all that plan's ranks answered */
   uint64_t next_ms; /* wall ms of the next try */
-  int said;         /* logged that links do not answer */
 } links_proof;
 void worker_prove_links(worker *w, links_proof *lp);
 /* The key the links of p's generation prove (COMM_SECRET_MAX bytes room; *len set). */

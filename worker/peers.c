@@ -100,8 +100,9 @@ void worker_prove_links(worker *w, links_proof *lp) {
   lp->next_ms = now + (uint64_t)newt_param_PeerProbeMs();
   newt_plan p;
   pthread_mutex_lock(&w->mu);
-  /* only a worker that was a rank (the leader may hold it out), of a plan that leaves it out */
-  int due = w->gen > 0 && w->latest.generation > lp->proven && w->latest.nranks > 0 &&
+  /* only a worker that was a rank and lost its registration since (the leader fenced it: it
+     may hold it out), of a plan that leaves it out, until all of that plan's ranks answered */
+  int due = w->gen > 0 && atomic_load(&w->renewed) && w->latest.nranks > 0 && !(w->latest.generation == lp->gen && lp->ok) &&
             !plan_find(&w->latest, w->id) && !plan_find_donor(&w->latest, w->id);
   newt_result_t r = due ? plan_copy(&p, &w->latest) : NEWT_OK;
   pthread_mutex_unlock(&w->mu);
@@ -109,20 +110,21 @@ void worker_prove_links(worker *w, links_proof *lp) {
   int *state = calloc((size_t)p.nranks, sizeof *state), answered = 0;
   if (state && probe_plan(w, &p, newt_param_PeerProbeMs(), state) == NEWT_OK)
     for (int k = 0; k < p.nranks; k++) answered += state[k] >= 0 || strcmp(p.ranks[k].worker, w->id) == 0;
-  if (state && answered == p.nranks) {
-    /* every rank answered (took the connection, or refused it: the route works either way) */
-    job_links l = {.generation = (int64_t)p.generation, .t_ms = newt_wall_ms()};
-    lp->proven = p.generation;
-    worker_publish_links(w, &l);
-    NEWT_INFO(WORKER, "%s: every rank of generation %llu answers on the data plane (it was left out of it): said so",
-              w->id, (unsigned long long)p.generation);
-  } else if (state && !lp->said) {
-    lp->said = 1;
-    NEWT_INFO(WORKER, "%s: left out of generation %llu, and %d of its %d ranks do not answer on the data plane (a cut "
-              "link?): trying again every %lld ms", w->id, (unsigned long long)p.generation, p.nranks - answered,
-              p.nranks, (long long)newt_param_PeerProbeMs());
-  }
   free(state);
+  int ok = answered == p.nranks;
+  if (p.generation != lp->gen || ok != lp->ok) { /* news: once a plan, and when it changes */
+    job_links l = {.generation = (int64_t)p.generation, .answered = answered, .ranks = p.nranks, .t_ms = newt_wall_ms()};
+    worker_publish_links(w, &l);
+    if (ok)
+      NEWT_INFO(WORKER, "%s: left out of generation %llu, and every one of its ranks answers on the data plane: said so",
+                w->id, (unsigned long long)p.generation);
+    else
+      NEWT_INFO(WORKER, "%s: left out of generation %llu, and %d of its %d ranks do not answer on the data plane (a cut "
+                "link?): said so; trying again every %lld ms", w->id, (unsigned long long)p.generation,
+                p.nranks - answered, p.nranks, (long long)newt_param_PeerProbeMs());
+    lp->gen = p.generation;
+    lp->ok = ok;
+  }
   plan_free(&p);
 }
 

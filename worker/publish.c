@@ -136,6 +136,7 @@ static void *publisher(void *arg) {
       pthread_mutex_lock(&w->mu);
       if (r == NEWT_OK) {
         atomic_store(&w->lease_lost, 0);
+        atomic_store(&w->renewed, 1);
         w->pub_ack_held = 0; /* an acknowledgement refused meanwhile goes into the renewed one */
         NEWT_INFO(WORKER, "%s: registration renewed (lease %llx)", w->id,
                   (unsigned long long)rdzv_registration_lease(w->reg));

@@ -191,6 +191,7 @@ static newt_result_t wait_plan(worker *w, int donor, newt_plan *out, wait_outcom
         newt_result_t r = plan_copy(out, &w->latest);
         pthread_mutex_unlock(&w->mu);
         NEWT_CHECK(r);
+        if (!donor) atomic_store(&w->renewed, 0); /* taken in: nothing to prove any more */
         *how = WAIT_PLAN;
         return NEWT_OK;
       }

@@ -132,13 +132,18 @@ static void test_ack(void) {
 
 /* links: a round trip, and the fields checked */
 static void test_links(void) {
-  job_links l = {.generation = 7, .t_ms = 1700000000123ull}, lb;
+  job_links l = {.generation = 7, .answered = 2, .ranks = 3, .t_ms = 1700000000123ull}, lb;
   char *text = job_links_to_json(&l);
   T_OK(job_links_from_json(text, strlen(text), &lb));
-  T_CHECK(lb.generation == 7 && lb.t_ms == 1700000000123ull);
+  T_CHECK(memcmp(&l, &lb, sizeof l) == 0);
   free(text);
-  EXPECT_REJECT(job_links_from_json, job_links, "{\"generation\":0,\"t_ms\":1}", "links.generation");
-  EXPECT_REJECT(job_links_from_json, job_links, "{\"generation\":3}", "links.t_ms");
+  EXPECT_REJECT(job_links_from_json, job_links, "{\"generation\":0,\"answered\":1,\"ranks\":1,\"t_ms\":1}",
+                "links.generation");
+  EXPECT_REJECT(job_links_from_json, job_links, "{\"generation\":3,\"answered\":4,\"ranks\":3,\"t_ms\":1}",
+                "links.answered");
+  EXPECT_REJECT(job_links_from_json, job_links, "{\"generation\":3,\"answered\":0,\"ranks\":0,\"t_ms\":1}",
+                "links.ranks");
+  EXPECT_REJECT(job_links_from_json, job_links, "{\"generation\":3,\"answered\":1,\"ranks\":1}", "links.t_ms");
   EXPECT_REJECT(job_links_from_json, job_links, "[1]", "links");
 }
 
