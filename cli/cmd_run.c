@@ -160,6 +160,10 @@ int newt_cmd_run(int argc, char **argv) {
        "simulate N hosts: the workers in contiguous blocks (w0..w(nproc/N-1) on host0, ...; a joiner on the host with "
        "fewest), each with --host hostI --domain hostI (its own shared memory and failure domain); chaos "
        "kill:host:I kills all of host I's at once (0: none)"},
+      {"netns", NEWT_OPT_FLAG, &lo.netns,
+       "each simulated host (each worker, without --hosts) in a network namespace of its own on a bridge (root): the "
+       "workers talk TCP between their own addresses, and chaos cut:worker|rank|host:I[:MS|:until=S] (from the "
+       "others) and cut-etcd:... (from etcd and the coordinators) partition them for real"},
       {"no-metrics", NEWT_OPT_FLAG, &lo.no_metrics, "coordinators serve no metrics (default: each on a free port, printed)"},
       {"chaos", NEWT_OPT_STR, &chaos, "faults at steps: kill:worker:1@step=15,join:2@step=50,..."},
       {"summary", NEWT_OPT_STR, &lo.summary, "write the run's summary JSON here"},
@@ -265,9 +269,19 @@ int newt_cmd_run(int argc, char **argv) {
     char item[64];
     if (e->target == CHAOS_HOST && e->index >= hosts) {
       fprintf(stderr, "newt run: --chaos %s: %s\n", chaos_event_str(e, item, sizeof item),
-              hosts ? "no such simulated host (--hosts counts from host0)" : "a host to kill needs --hosts H");
+              hosts ? "no such simulated host (--hosts counts from host0)"
+                    : e->action == CHAOS_KILL ? "a host to kill needs --hosts H" : "a host target needs --hosts H");
       return 2;
     }
+    if ((e->action == CHAOS_CUT || e->action == CHAOS_CUT_ETCD) && !lo.netns) {
+      fprintf(stderr, "newt run: --chaos %s: a cut needs --netns (each host in a network namespace of its own)\n",
+              chaos_event_str(e, item, sizeof item));
+      return 2;
+    }
+  }
+  if (lo.netns && ef.endpoints) {
+    fprintf(stderr, "newt run: --netns runs its own etcd on the namespaces' bridge: leave out --etcd\n");
+    return 2;
   }
   if (strcmp(lo.spec.backend, "nccl") == 0) {
     int visible = model_dev_cuda_count();

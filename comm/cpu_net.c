@@ -211,9 +211,12 @@ newt_result_t comm_probe_listeners(const char *const *addrs, int n, int64_t time
     pending++;
   }
   newt_deadline_t d = newt_deadline_in_ms(timeout_ms);
-  while (pending > 0 && !newt_deadline_passed(d)) {
+  /* polled at least once, also past the deadline: a prober that lost the CPU for longer
+     still sees the connections the kernels made meanwhile */
+  for (int last = 0; pending > 0 && !last;) {
     int64_t left = newt_deadline_left_ms(d);
-    int rc = poll(fds, (nfds_t)n, (int)(left > 0 ? left : 1));
+    last = left <= 0;
+    int rc = poll(fds, (nfds_t)n, (int)(left > 0 ? left : 0));
     if (rc < 0 && errno != EINTR) break;
     for (int i = 0; rc > 0 && i < n; i++) {
       if (fds[i].fd < 0 || !fds[i].revents) continue;

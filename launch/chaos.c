@@ -10,7 +10,7 @@
 #include "common/strutil.h"
 #include "rendezvous/etcd_server.h"
 
-static const char *const action_names[] = {"kill", "stop", "term", "cont", "join", "restart", "wipe"};
+static const char *const action_names[] = {"kill", "stop", "term", "cont", "join", "restart", "wipe", "cut", "cut-etcd"};
 
 #define BAD(...) NEWT_ERR(NEWT_ERR_INVALID, __VA_ARGS__)
 
@@ -82,6 +82,35 @@ static newt_result_t parse_etcd(char **parts, int np, int idx, const char *shown
   }
 }
 
+/* ("cut" | "cut-etcd") ":" ("worker" | "rank" | "host") ":" I [":" MS | ":until=" S] */
+static newt_result_t parse_cut(char **parts, int np, int idx, const char *shown, chaos_event *e) {
+  const char *a = action_names[e->action];
+  if (np < 3)
+    return BAD("--chaos: item %d \"%s\": %s needs a target, as in %s:worker:1, %s:rank:0 or %s:host:1 (and :MS or "
+               ":until=S: how long; none: it lasts)", idx + 1, shown, a, a, a, a);
+  int64_t v;
+  if (strcmp(parts[1], "worker") == 0 || strcmp(parts[1], "rank") == 0) {
+    e->target = CHAOS_WORKER;
+    e->by_rank = parts[1][0] == 'r';
+  } else if (strcmp(parts[1], "host") == 0) {
+    e->target = CHAOS_HOST;
+  } else {
+    return BAD("--chaos: item %d \"%s\": %s applies to worker:I, rank:R or host:I", idx + 1, shown, a);
+  }
+  if (newt_parse_int(parts[2], &v) != 0 || v < 0 || v > 100000)
+    return BAD("--chaos: item %d \"%s\": %s \"%s\" is not a number", idx + 1, shown, parts[1], parts[2]);
+  e->index = (int)v;
+  if (np == 4 && strncmp(parts[3], "until=", 6) == 0) {
+    if (newt_parse_int(parts[3] + 6, &e->until_step) != 0 || e->until_step <= e->step)
+      return BAD("--chaos: item %d \"%s\": \"%s\": the cut is mended at a step after the item's own (%lld)", idx + 1,
+                 shown, parts[3], (long long)e->step);
+  } else if (np == 4 && (newt_parse_int(parts[3], &e->arg) != 0 || e->arg < 1 || e->arg > 3600000)) {
+    return BAD("--chaos: item %d \"%s\": how long the cut lasts, \"%s\", is not 1..3600000 ms", idx + 1, shown,
+               parts[3]);
+  }
+  return NEWT_OK;
+}
+
 static newt_result_t parse_item(char *item, int idx, chaos_event *e) {
   memset(e, 0, sizeof *e);
   char *at = strstr(item, "@step=");
@@ -103,7 +132,7 @@ static newt_result_t parse_item(char *item, int idx, chaos_event *e) {
   for (int i = 0; i < (int)(sizeof action_names / sizeof action_names[0]); i++)
     if (strcmp(parts[0], action_names[i]) == 0) a = i;
   if (a < 0)
-    return BAD("--chaos: item %d: unknown action \"%s\" (kill, stop, term, cont, join, restart, wipe)",
+    return BAD("--chaos: item %d: unknown action \"%s\" (kill, stop, term, cont, join, restart, wipe, cut, cut-etcd)",
                idx + 1, parts[0]);
   e->action = (chaos_action)a;
   int64_t v;
@@ -115,6 +144,9 @@ static newt_result_t parse_item(char *item, int idx, chaos_event *e) {
       e->arg = v;
       e->index = -1;
       return NEWT_OK;
+    case CHAOS_CUT:
+    case CHAOS_CUT_ETCD:
+      return parse_cut(parts, np, idx, shown, e);
     case CHAOS_RESTART:
     case CHAOS_WIPE:
       if (np < 2 || strcmp(parts[1], "etcd") != 0)
@@ -214,6 +246,14 @@ void chaos_free(chaos_plan *p) {
 
 const char *chaos_event_str(const chaos_event *e, char *buf, size_t cap) {
   const char *a = action_names[e->action];
+  if (e->action == CHAOS_CUT || e->action == CHAOS_CUT_ETCD) {
+    char len[40] = "";
+    if (e->until_step) snprintf(len, sizeof len, ":until=%lld", (long long)e->until_step);
+    else if (e->arg) snprintf(len, sizeof len, ":%lld", (long long)e->arg);
+    snprintf(buf, cap, "%s:%s:%d%s@step=%lld", a, e->target == CHAOS_HOST ? "host" : e->by_rank ? "rank" : "worker",
+             e->index, len, (long long)e->step);
+    return buf;
+  }
   switch (e->target) {
     case CHAOS_ETCD:
       if (e->until_step) snprintf(buf, cap, "%s:etcd:until=%lld@step=%lld", a, (long long)e->until_step, (long long)e->step);

@@ -17,6 +17,14 @@
  *          | "kill:etcd:" I [":" MS]    kill -9 member I, restart it after MS ms (default 2000;
  *                                       0: never)
  *          | "stop:etcd:" I ":" MS      SIGSTOP member I, SIGCONT after MS ms (0: never)
+ *          | ("cut" | "cut-etcd") ":" ("worker" | "rank" | "host") ":" I [":" MS | ":until=" S]
+ *                                       newt run --netns: the worker's (the rank's, the simulated
+ *                                       host's) network namespace cut, with blackhole routes, from
+ *                                       every other host (cut: a partition of the data plane;
+ *                                       etcd and the coordinators still reach it) or from etcd
+ *                                       and the coordinators (cut-etcd: its peers still reach
+ *                                       it); mended after MS ms or once the job completed step
+ *                                       S (neither: it lasts)
  *
  * Worker I is the launcher's I-th worker process (w<I>, in start order, joins included).
  * Member I of the private etcd is 0..4 here; whether the etcd has it is the launcher's
@@ -39,6 +47,8 @@ typedef enum chaos_action {
   CHAOS_JOIN,
   CHAOS_RESTART,
   CHAOS_WIPE,
+  CHAOS_CUT,      /* the data plane: a partition */
+  CHAOS_CUT_ETCD, /* etcd and the coordinators */
 } chaos_action;
 
 typedef enum chaos_target { CHAOS_WORKER, CHAOS_COORDINATOR, CHAOS_ETCD, CHAOS_HOST } chaos_target;
@@ -49,10 +59,11 @@ typedef struct chaos_event {
   int index;     /* worker or coordinator index, -1: the current leader; etcd: the
                     member, -1: every member; host: the simulated host */
   int by_rank;   /* worker target: index is a rank of the current plan */
-  int64_t arg;   /* join: how many workers; etcd: downtime in ms (a member's 0: for good) */
+  int64_t arg;   /* join: how many workers; etcd: downtime in ms (a member's 0: for good); cut:
+                    how long in ms (0: until until_step, or for good) */
   int64_t step;  /* fires once the job has completed this step */
-  int64_t until_step; /* whole etcd, restart or stop: back once the job completed this step
-                         (0: after arg ms) */
+  int64_t until_step; /* whole etcd, restart or stop; a cut: back (mended) once the job
+                         completed this step (0: after arg ms) */
   int fired;
 } chaos_event;
 

@@ -39,6 +39,7 @@
 #include "job/plan.h"
 #include "job/records.h"
 #include "job/runlog.h"
+#include "launch/netns.h"
 #include "rendezvous/etcd_server.h"
 #include "rendezvous/rdzv.h"
 
@@ -54,6 +55,7 @@ typedef struct proc {
   int device;       /* a worker's GPU (-1: none) */
   int slot;         /* a worker's slot on this host, its LOCAL_RANK (-1: a coordinator) */
   int host;         /* a worker's simulated host (launcher_opts.hosts; -1: none) */
+  int nshost;       /* with --netns: the host whose namespace it runs in (-1: none) */
 } proc;
 
 typedef struct fault {
@@ -62,6 +64,9 @@ typedef struct fault {
   uint64_t t_ms;
   int matched;
   int join_first, joined; /* join: its joiners are w<join_first>.. (ev.arg of them); how many a plan has seen */
+  char (*back)[RDZV_NAME_MAX]; /* a mended cut: the workers it left out, whose joins answer it
+                                  (malloc'd; NULL: not a mend) */
+  int nback;
 } fault;
 
 typedef struct run {
@@ -112,6 +117,16 @@ typedef struct run {
   uint64_t etcd_back_ms; /* wall ms it served again (0: not yet) */
   int etcd_fault;        /* index into faults */
   uint64_t etcd_lost_ms; /* wall ms our watch of etcd last broke with nothing since (0: fine) */
+
+  netns_net *net; /* --netns: the namespaces (NULL: none) */
+  struct cut {    /* cuts in force that are to be mended (chaos cut:..., cut-etcd:...) */
+    int host;
+    netns_link link;
+    uint64_t at;        /* monotonic ns to mend it (0: at until_step) */
+    int64_t until_step;
+    char what[64];
+  } *cuts;
+  int ncuts;
 } run;
 
 /* What starts a line of news: a line break ending the live line, when one is open on the
@@ -197,6 +212,8 @@ typedef struct spawn_ctx {
   char name[32], logp[600], threads[16], device[16], mport[16], hostid[128], endp[640];
   char local_rank[32], local_world[32], hostname[32];
   int gpu, share, port, slot, index, host;
+  int nshost;             /* --netns: the host whose namespace it runs in (-1: none) ... */
+  const char *ns, *addr;  /* ... its name and address */
 } spawn_ctx;
 
 /* The worker's flags; --share-gpus: the worker shares its GPU (--share-device: the
@@ -217,6 +234,7 @@ static void worker_args(run *r, spawn_ctx *x, strv *argv) {
     strv_add2(argv, "--host", x->hostname);
     strv_add2(argv, "--domain", x->hostname);
   }
+  if (x->addr) strv_add2(argv, "--addr", x->addr); /* its namespace's own address */
   if (x->gpu >= 0) {
     snprintf(x->device, sizeof x->device, "%d", x->gpu);
     strv_add2(argv, "--device", x->device);
@@ -295,16 +313,24 @@ static newt_result_t track(run *r, const spawn_ctx *x, pid_t pid) {
   p->device = x->gpu;
   p->slot = x->slot;
   p->host = x->host;
+  p->nshost = x->nshost;
   snprintf(p->name, sizeof p->name, "%s", x->name);
   p->metrics_port = x->port;
   return NEWT_OK;
 }
 
 static newt_result_t spawn(run *r, proc_kind kind, int index) {
-  spawn_ctx x = {.kind = kind, .gpu = -1, .slot = -1, .index = index, .host = -1};
+  spawn_ctx x = {.kind = kind, .gpu = -1, .slot = -1, .index = index, .host = -1, .nshost = -1};
   snprintf(x.name, sizeof x.name, "%s%d", kind == PROC_WORKER ? "w" : "c", index);
   snprintf(x.logp, sizeof x.logp, "%s/%s.log", r->res->log_dir, x.name);
   strv argv = {0}, env = {0};
+  if (r->net && kind == PROC_WORKER) { /* in its host's namespace (one of its own without --hosts) */
+    int h = host_of_new(r, index);
+    x.nshost = h >= 0 ? h : index;
+    NEWT_CHECK(netns_host(r->net, x.nshost, &x.ns, &x.addr));
+    strv_add2(&argv, "ip", "netns");
+    strv_add2(&argv, "exec", x.ns);
+  }
   args_of(r, &x, &argv);
   env_of(r, &x, &env);
   /* a session of its own: a terminal's Ctrl-C reaches `newt run` alone, which ends the
@@ -569,11 +595,106 @@ static void fire_host(run *r, const chaos_event *e, const newt_plan *plan, const
             n == 1 ? "" : "s");
 }
 
+/* cut:... / cut-etcd:...: the target's namespace cut (netns_cut), to be mended after arg ms
+ * or at until_step (mend_cuts). A cut of the data plane is a worker fault a recovery answers
+ * (the others lose the cut-off ranks), unless no rank is there; a cut from etcd answers none
+ * (the job goes on as it is: docs/elastic.md, "etcd away"). */
+static void fire_cut(run *r, const chaos_event *e, const newt_plan *plan, const char *what) {
+  int host = e->target == CHAOS_HOST ? e->index : -1;
+  if (e->target != CHAOS_HOST) {
+    char name[RDZV_NAME_MAX] = "";
+    if (!e->by_rank) snprintf(name, sizeof name, "w%d", e->index);
+    else if (plan && e->index < plan->nranks) snprintf(name, sizeof name, "%s", plan->ranks[e->index].worker);
+    proc *p = name[0] ? find_proc(r, name) : NULL;
+    if (!p || !p->alive) {
+      fprintf(stderr, "%snewt run: chaos %s: %s\n", news(r), what, name[0] ? "not running" : "no such rank now");
+      return;
+    }
+    host = p->nshost;
+  }
+  netns_link link = e->action == CHAOS_CUT ? NETNS_PEERS : NETNS_ETCD;
+  if (netns_cut(r->net, host, link, 1) != NEWT_OK) {
+    fprintf(stderr, "%snewt run: chaos %s: %s\n", news(r), what, newt_errmsg());
+    return;
+  }
+  char names[256] = "";
+  int ranks = 0;
+  for (int i = 0; i < r->nprocs; i++) {
+    const proc *p = &r->procs[i];
+    if (!p->alive || p->kind != PROC_WORKER || p->nshost != host) continue;
+    newt_list_add(names, sizeof names, p->name);
+    ranks += !plan || plan_find(plan, p->name) != NULL;
+  }
+  fault *f = add_fault(r, e);
+  if (f && (link == NETNS_ETCD || ranks == 0)) f->matched = 1;
+  if (e->arg || e->until_step) {
+    struct cut *c = realloc(r->cuts, (size_t)(r->ncuts + 1) * sizeof *c);
+    if (c) {
+      r->cuts = c;
+      c = &r->cuts[r->ncuts++];
+      *c = (struct cut){.host = host, .link = link, .until_step = e->until_step,
+                        .at = e->arg ? newt_now_ns() + (uint64_t)e->arg * 1000000ull : 0};
+      snprintf(c->what, sizeof c->what, "%s", what);
+    }
+  }
+  if (!r->o->quiet)
+    fprintf(stderr, "%snewt run: chaos: %s (the namespace of %s cut from %s)\n", news(r), what, names[0] ? names : "no worker",
+            link == NETNS_PEERS ? "every other host: a partition of the data plane" : "etcd and the coordinators");
+}
+
+/* A data-plane cut mended: the workers it left out (alive, no rank of the plan in force)
+ * come back as joiners, so the mend is a fault their joins answer (join_answers), as a
+ * woken worker's cont is. */
+static void note_mend(run *r, const struct cut *c) {
+  newt_plan buf, *plan = plan_before_faults(r, &buf);
+  int n = 0;
+  char (*back)[RDZV_NAME_MAX] = calloc((size_t)(r->nprocs ? r->nprocs : 1), sizeof *back);
+  for (int i = 0; back && i < r->nprocs; i++) {
+    const proc *p = &r->procs[i];
+    /* without a plan to look at (etcd away), those of the cut host */
+    int out = plan ? !plan_find(plan, p->name) : p->nshost == c->host;
+    if (p->alive && p->kind == PROC_WORKER && out) snprintf(back[n++], RDZV_NAME_MAX, "%s", p->name);
+  }
+  if (plan) plan_free(plan);
+  chaos_event ev = {.action = CHAOS_CUT, .target = CHAOS_HOST, .index = c->host};
+  fault *f = n ? add_fault(r, &ev) : NULL;
+  if (!f) {
+    free(back);
+    return;
+  }
+  snprintf(f->what, sizeof f->what, "%.50s mended", c->what);
+  f->back = back;
+  f->nback = n;
+}
+
+/* Mends the cuts whose time or step has come. */
+static void mend_cuts(run *r, int64_t step) {
+  uint64_t now = newt_now_ns();
+  for (int i = 0; i < r->ncuts;) {
+    struct cut *c = &r->cuts[i];
+    if (c->at ? now < c->at : step < c->until_step) {
+      i++;
+      continue;
+    }
+    if (netns_cut(r->net, c->host, c->link, 0) != NEWT_OK) {
+      fprintf(stderr, "%snewt run: chaos %s: cannot mend it: %s\n", news(r), c->what, newt_errmsg());
+    } else {
+      if (!r->o->quiet) fprintf(stderr, "%snewt run: chaos: %s mended\n", news(r), c->what);
+      if (c->link == NETNS_PEERS) note_mend(r, c);
+    }
+    r->cuts[i] = r->cuts[--r->ncuts];
+  }
+}
+
 static void fire(run *r, chaos_event *e, const newt_plan *plan) {
   char what[64], name[RDZV_NAME_MAX];
   chaos_event_str(e, what, sizeof what);
   e->fired = 1;
   proc *p = NULL;
+  if (e->action == CHAOS_CUT || e->action == CHAOS_CUT_ETCD) {
+    fire_cut(r, e, plan, what);
+    return;
+  }
   switch (e->target) {
     case CHAOS_WORKER:
       if (e->action == CHAOS_JOIN) {
@@ -672,11 +793,19 @@ static int64_t diff(uint64_t a, uint64_t b) { return a >= b ? (int64_t)(a - b) :
 
 /* How many of a join fault's joiners plan (its ranks, spares and donors) or ids (a spare
  * event's) name. */
+/* The workers whose joins answer a join fault (its joiners) or a mended cut (those it left
+ * out): how many, and the k-th. */
+static int64_t joiner_count(const fault *f) { return f->back ? f->nback : f->ev.arg; }
+static void joiner_name(const fault *f, int64_t k, char *name, size_t cap) {
+  if (f->back) snprintf(name, cap, "%s", f->back[k]);
+  else snprintf(name, cap, "w%lld", (long long)(f->join_first + k));
+}
+
 static int joiners_seen(const fault *f, const newt_plan *plan, char (*ids)[RDZV_NAME_MAX], int nids) {
   int n = 0;
-  for (int64_t k = 0; k < f->ev.arg; k++) {
+  for (int64_t k = 0; k < joiner_count(f); k++) {
     char name[RDZV_NAME_MAX];
-    snprintf(name, sizeof name, "w%lld", (long long)(f->join_first + k));
+    joiner_name(f, k, name, sizeof name);
     int seen = plan && (plan_find(plan, name) || plan_is_spare(plan, name) || plan_find_donor(plan, name));
     for (int i = 0; !seen && i < nids; i++) seen = strcmp(ids[i], name) == 0;
     n += seen;
@@ -693,7 +822,7 @@ static int join_answers(fault *f, const newt_plan *plan, char (*ids)[RDZV_NAME_M
   int seen = joiners_seen(f, plan, ids, nids);
   if (seen <= f->joined) return 0;
   f->joined = seen;
-  f->matched = seen >= f->ev.arg;
+  f->matched = seen >= joiner_count(f);
   return 1;
 }
 
@@ -708,14 +837,14 @@ static uint64_t match_faults(run *r, const char *cause, uint64_t t_plan, const n
     fault *f = &r->faults[i];
     if (f->matched || f->t_ms > t_plan) continue;
     const chaos_event *e = &f->ev;
-    int worker_fault = (e->target == CHAOS_WORKER || e->target == CHAOS_HOST) && e->action != CHAOS_JOIN &&
-                       e->action != CHAOS_CONT;
+    int worker_fault = !f->back && (e->target == CHAOS_WORKER || e->target == CHAOS_HOST) &&
+                       e->action != CHAOS_JOIN && e->action != CHAOS_CONT;
     int ok = (join && e->action == CHAOS_CONT) ||
              (strcmp(cause, "leave") == 0 && worker_fault && e->action == CHAOS_TERM) ||
              ((strcmp(cause, "crash") == 0 || strcmp(cause, "hang") == 0) && worker_fault &&
               e->action != CHAOS_TERM);
     if (ok) f->matched = 1;
-    else if (join && e->action == CHAOS_JOIN) ok = join_answers(f, plan, NULL, 0);
+    else if (join && (e->action == CHAOS_JOIN || f->back)) ok = join_answers(f, plan, NULL, 0);
     if (!ok) continue;
     if (!first || f->t_ms < first) first = f->t_ms, *what = f->what;
   }
@@ -845,7 +974,7 @@ static void handle_event(run *r, const job_event *e) {
     /* joiners the layout takes no more of than before: a join fault is answered by it */
     for (int i = 0; i < r->nfaults; i++) {
       fault *f = &r->faults[i];
-      if (f->matched || f->ev.action != CHAOS_JOIN || f->t_ms > e->t_ms) continue;
+      if (f->matched || (f->ev.action != CHAOS_JOIN && !f->back) || f->t_ms > e->t_ms) continue;
       if (join_answers(f, NULL, e->spare_ids, e->nspare_ids)) break;
     }
     if (!r->o->quiet) {
@@ -1071,13 +1200,15 @@ static newt_result_t start(run *r) {
     if (!mkdtemp(r->res->log_dir)) return NEWT_ERR(NEWT_ERR_SYS, "mkdtemp %s: %s", r->res->log_dir, strerror(errno));
   }
   NEWT_CHECK(open_run_files(r));
+  if (o->netns) NEWT_CHECK(netns_start(&r->net));
   if (o->etcd) {
     snprintf(r->etcd_url, sizeof r->etcd_url, "%s", o->etcd);
   } else {
     char dir[600];
     snprintf(dir, sizeof dir, "%s/etcd", r->res->log_dir);
     NEWT_CHECK(newt_fs_mkdirs(dir, 0755));
-    rdzv_etcd_server_opts so = {.dir = dir, .members = o->etcd_members};
+    /* with --netns, on the bridge: the workers' namespaces reach it there (and so do we) */
+    rdzv_etcd_server_opts so = {.dir = dir, .members = o->etcd_members, .client_host = r->net ? netns_gateway(r->net) : NULL};
     newt_result_t res = rdzv_etcd_server_start(&so, &r->server);
     if (res != NEWT_OK) return newt_err_wrap(res, "newt run needs etcd (Debian package etcd-server) or --etcd URL: ");
     snprintf(r->etcd_url, sizeof r->etcd_url, "%s", rdzv_etcd_server_url(r->server));
@@ -1175,11 +1306,23 @@ newt_result_t launcher_run(const launcher_opts *o, launcher_result *res) {
   double t0 = newt_now_s();
   res->t_start_ms = newt_wall_ms();
   newt_result_t rc = NEWT_OK;
-  for (int i = 0; i < o->chaos.n; i++)
-    if (o->chaos.events[i].target == CHAOS_ETCD && o->etcd) {
+  for (int i = 0; i < o->chaos.n; i++) {
+    const chaos_event *e = &o->chaos.events[i];
+    char item[64];
+    if (e->target == CHAOS_ETCD && o->etcd) {
       rc = NEWT_ERR(NEWT_ERR_INVALID, "--chaos restart:etcd needs the private etcd (leave out --etcd)");
       goto exit;
     }
+    if ((e->action == CHAOS_CUT || e->action == CHAOS_CUT_ETCD) && !o->netns) {
+      rc = NEWT_ERR(NEWT_ERR_INVALID, "--chaos %s: a cut needs --netns (each host in a network namespace: root)",
+                    chaos_event_str(e, item, sizeof item));
+      goto exit;
+    }
+  }
+  if (o->netns && o->etcd) {
+    rc = NEWT_ERR(NEWT_ERR_INVALID, "--netns runs its own etcd on the namespaces' bridge: leave out --etcd");
+    goto exit;
+  }
   NEWT_CHECK_GOTO(start(r), rc, exit);
   chaos_plan chaos = o->chaos;
   chaos_event *events = chaos.n ? calloc((size_t)chaos.n, sizeof *events) : NULL;
@@ -1220,6 +1363,7 @@ newt_result_t launcher_run(const launcher_opts *o, launcher_result *res) {
     for (int i = 0; due && i < chaos.n; i++)
       if (!events[i].fired && step >= events[i].step) fire(r, &events[i], plan);
     if (plan) plan_free(plan);
+    if (r->ncuts) mend_cuts(r, step);
     etcd_tick(r);
     flush_notes(r, 300);
     reap(r);
@@ -1269,6 +1413,9 @@ newt_result_t launcher_run(const launcher_opts *o, launcher_result *res) {
   if (r->done) ended(res, "done", "%s", "");
 exit:
   if (!res->outcome[0]) ended(res, "error", "%s", newt_errmsg());
+  /* what went wrong, kept across the clean-up below (which may fail at things of its own) */
+  char why[1024];
+  snprintf(why, sizeof why, "%s", rc != NEWT_OK ? newt_errmsg() : "");
   stop_all(r);
   res->wall_s = newt_now_s() - t0;
   measure_outages(r);
@@ -1288,16 +1435,19 @@ exit:
   if (r->watch) rdzv_etcd_watch_free(r->watch);
   if (r->etcd) rdzv_etcd_free(r->etcd);
   if (r->server) rdzv_etcd_server_free(r->server);
+  netns_free(r->net); /* once every process in them has ended */
+  free(r->cuts);
   if (r->event_log_fd >= 0) close(r->event_log_fd);
   if (r->steps_fd >= 0) close(r->steps_fd);
   for (int i = 0; i < r->nevents; i++) job_event_free(&r->events[i]);
   free(r->events);
   free(r->procs);
+  for (int i = 0; i < r->nfaults; i++) free(r->faults[i].back);
   free(r->faults);
   free(r->notes);
   pthread_mutex_destroy(&r->mu);
   free(r);
-  return rc;
+  return rc == NEWT_OK ? NEWT_OK : NEWT_ERR(rc, "%s", why);
 }
 
 void launcher_result_free(launcher_result *res) {

@@ -45,6 +45,10 @@ typedef struct launcher_opts {
                            blocks), a joiner on the one with the fewest live workers; each
                            worker gets --host hostI --domain hostI, and chaos kill:host:I kills
                            all of host I's at once */
+  int netns;            /* each simulated host (each worker, without hosts) in a network namespace
+                           of its own on a bridge (launch/netns.h; root): workers talk TCP
+                           between their own addresses, etcd and the coordinators listen on the
+                           bridge, and chaos cut:... / cut-etcd:... partition them for real */
   char *const *command; /* the program every worker runs (`newt worker ... -- COMMAND ARGS`,
                            cli/program.h), NULL-terminated, with LOCAL_RANK its slot (the
                            lowest no live worker holds) and LOCAL_WORLD_SIZE max(nproc, slot

@@ -52,6 +52,7 @@ struct rdzv_etcd_server {
   unsigned epoch;      /* bumped by each wipe: a fresh cluster has a token of its own */
   member m[RDZV_ETCD_MAX_MEMBERS];
   char urls[RDZV_ETCD_MAX_MEMBERS * 128]; /* every member's client URL, comma-separated */
+  char client_host[64];
   char *tls_cert, *tls_key, *tls_ca, *client_cert, *client_key, *root_password;
 };
 
@@ -334,7 +335,7 @@ static newt_result_t pick_ports(rdzv_etcd_server *s) {
   size_t used = 0;
   for (int i = 0; i < s->n; i++) {
     member *m = &s->m[i];
-    snprintf(m->url, sizeof m->url, "%s://127.0.0.1:%d", s->tls_cert ? "https" : "http", m->client_port);
+    snprintf(m->url, sizeof m->url, "%s://%s:%d", s->tls_cert ? "https" : "http", s->client_host, m->client_port);
     used += (size_t)snprintf(s->urls + used, sizeof s->urls - used, "%s%s", i ? "," : "", m->url);
   }
   return NEWT_OK;
@@ -400,6 +401,7 @@ newt_result_t rdzv_etcd_server_start(const rdzv_etcd_server_opts *o, rdzv_etcd_s
   NEWT_CHECK_ALLOC(s);
   s->o = *o;
   s->n = o->members > 0 ? o->members : 1;
+  snprintf(s->client_host, sizeof s->client_host, "%s", o->client_host && *o->client_host ? o->client_host : "127.0.0.1");
   s->tls_cert = dup_opt(o->tls_cert);
   s->tls_key = dup_opt(o->tls_key);
   s->tls_ca = dup_opt(o->tls_ca);

@@ -55,6 +55,8 @@ typedef struct rdzv_etcd_server_opts {
   int64_t start_timeout_ms;   /* 0: 30000 */
   int members;                /* 1..RDZV_ETCD_MAX_MEMBERS; 0: 1 */
   int64_t quota_bytes;        /* --quota-backend-bytes; 0: etcd's default (2 GiB) */
+  const char *client_host;    /* the IPv4 address clients reach it at (NULL: 127.0.0.1); peers
+                                 stay on loopback */
 } rdzv_etcd_server_opts;
 
 /* Starts it and waits until every member serves. NEWT_ERR_NOTFOUND names the etcd-server package

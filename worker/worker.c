@@ -296,9 +296,12 @@ static void report_failure(worker *w) {
   int n = 0;
   if (member_id(&w->plan, st.peer)) accused[n++] = member_id(&w->plan, st.peer);
   int *state = calloc((size_t)(w->plan.nranks ? w->plan.nranks : 1), sizeof *state);
+  /* and every rank whose listener refuses a connection (gone) or takes none within the
+     probe's time (a cut link, a host down: a listener's kernel answers for a stopped or busy
+     process): a cut names the whole other side, so the leader sees the partition at once */
   if (state && worker_probe_ranks(w, newt_param_ReportProbeMs(), state) == NEWT_OK)
     for (int r = 0; r < w->plan.nranks && n < JOB_ACCUSE_MAX; r++)
-      if (state[r] == 0 && r != st.peer) accused[n++] = w->plan.ranks[r].worker;
+      if (state[r] != 1 && r != st.peer && r != w->me->rank) accused[n++] = w->plan.ranks[r].worker;
   newt_err_clear();
   free(state);
   worker_report(w, &w->plan, st.code == NEWT_ERR_TIMEOUT, 0, accused, n, st.msg);

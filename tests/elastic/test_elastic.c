@@ -175,6 +175,13 @@ static const scenario scenarios[] = {
        pass on a peer starved of the CPU before the closed connections of the dead are seen */
     {.name = "host", .steps = 40, .nproc = 8, .chaos = "kill:host:1@step=10", .causes = {"crash|hang"},
      .extra = {"--tp", "2", "--pp", "2", "--zero", "3", "--hosts", "2", NULL}, .world = 4},
+    /* a partition made by newt run itself (issue 27): --netns puts each simulated host in a
+       network namespace, and chaos cut:host:1 blackholes host 1's routes to host 0 (both
+       still reach etcd) until step 40. One side goes on as the largest side of the cut; the
+       other is held out while its probes find the plan's ranks unreachable, and joins as
+       soon as the cut is mended (the mend is the fault those joins answer) */
+    {.name = "netns_chaos", .steps = 200, .nproc = 4, .chaos = "cut:host:1:until=40@step=15",
+     .causes = {"hang|crash", "join", "join?"}, .extra = {"--netns", "--hosts", "2", NULL}, .world = 4},
     /* k = 2 (spec.fault.replicas): six ZeRO 3 ranks on three hosts lose two hosts at once;
        each rank kept its two predecessors' shards, the ring ordered so that any three
        neighbours are on three hosts, so the two survivors hold all six shards */

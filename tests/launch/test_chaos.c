@@ -142,8 +142,54 @@ static void test_chaos_host(void) {
   expect_refused(bad, sizeof bad / sizeof bad[0]);
 }
 
+/* cut, cut-etcd: a worker's, a rank's or a simulated host's namespace (newt run --netns) cut
+ * from the others or from etcd, for MS ms, until step S, or for good. */
+static void test_chaos_cut(void) {
+  struct {
+    const char *in;
+    chaos_action action;
+    chaos_target target;
+    int by_rank, index;
+    int64_t arg, until;
+    const char *printed;
+  } good[] = {
+      {"cut:worker:2@step=5", CHAOS_CUT, CHAOS_WORKER, 0, 2, 0, 0, "cut:worker:2@step=5"},
+      {"cut:rank:0:3000@step=5", CHAOS_CUT, CHAOS_WORKER, 1, 0, 3000, 0, "cut:rank:0:3000@step=5"},
+      {"cut:host:1:until=40@step=5", CHAOS_CUT, CHAOS_HOST, 0, 1, 0, 40, "cut:host:1:until=40@step=5"},
+      {"cut-etcd:rank:0:until=9@step=5", CHAOS_CUT_ETCD, CHAOS_WORKER, 1, 0, 0, 9, "cut-etcd:rank:0:until=9@step=5"},
+      {"cut-etcd:worker:3:10@step=5", CHAOS_CUT_ETCD, CHAOS_WORKER, 0, 3, 10, 0, "cut-etcd:worker:3:10@step=5"},
+  };
+  chaos_plan c;
+  char buf[64];
+  for (size_t i = 0; i < sizeof good / sizeof good[0]; i++) {
+    T_OK(chaos_parse(good[i].in, &c));
+    T_CHECK_MSG(c.n == 1, "%s gave %d events", good[i].in, c.n);
+    if (c.n != 1) {
+      chaos_free(&c);
+      continue;
+    }
+    chaos_event e = c.events[0];
+    chaos_free(&c);
+    T_CHECK_MSG(e.action == good[i].action && e.target == good[i].target && e.by_rank == good[i].by_rank &&
+                    e.index == good[i].index && e.arg == good[i].arg && e.until_step == good[i].until && e.step == 5,
+                "%s: action %d target %d index %d arg %lld until %lld", good[i].in, (int)e.action, (int)e.target,
+                e.index, (long long)e.arg, (long long)e.until_step);
+    T_CHECK_MSG(strcmp(chaos_event_str(&e, buf, sizeof buf), good[i].printed) == 0, "%s printed as %s", good[i].in, buf);
+  }
+  const char *bad[][2] = {
+      {"cut@step=3", "item 1 \"cut\": cut needs a target"},
+      {"cut:coordinator:0@step=3", "cut applies to worker:I, rank:R or host:I"},
+      {"cut:worker:x@step=3", "worker \"x\" is not a number"},
+      {"cut:worker:1:0@step=3", "how long the cut lasts, \"0\", is not 1..3600000 ms"},
+      {"cut-etcd:host:1:until=3@step=3", "\"until=3\": the cut is mended at a step after the item's own (3)"},
+      {"cut:worker:1:2:3@step=3", "too many"},
+  };
+  expect_refused(bad, sizeof bad / sizeof bad[0]);
+}
+
 int main(void) {
   T_RUN(test_chaos);
+  T_RUN(test_chaos_cut);
   T_RUN(test_chaos_host);
   T_RUN(test_chaos_etcd);
   return T_DONE();
