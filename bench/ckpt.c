@@ -269,7 +269,7 @@ int newt_bench_ckpt(int argc, char **argv) {
   snprintf(async_dir, sizeof async_dir, "%s/async", dir);
   ckpt_saver_opts so = {.dir = sync_dir, .rank = 0, .nranks = 1, .threads = (int)threads, .level = (int)level,
                         .chunk_bytes = (size_t)chunk, .commit = 1, .keep = 1,
-                        .layout_json = "{\"dp\":1,\"tp\":1,\"pp\":1,\"zero\":0}"};
+                        .layout = {.has = CKPT_LAYOUT_SHAPE, .dp = 1, .tp = 1, .pp = 1}};
   if (level == 0) so.level = CKPT_LEVEL_RAW;
   ckpt_saver_opts ao = so;
   ao.dir = async_dir;

@@ -58,6 +58,30 @@
 
 /* ---- saving ------------------------------------------------------------------------ */
 
+/* A rank's layout as its checkpoint records it (the manifest's files[].layout, a JSON object):
+ * for tools and people (`newt ckpt inspect`); no load reads it, since any layout loads any
+ * checkpoint. The fields named in `has` are written, in the order below. */
+enum {
+  CKPT_LAYOUT_DP = 1u << 0,
+  CKPT_LAYOUT_TP = 1u << 1,
+  CKPT_LAYOUT_PP = 1u << 2,
+  CKPT_LAYOUT_ZERO = 1u << 3,
+  CKPT_LAYOUT_RANK = 1u << 4,
+  CKPT_LAYOUT_GENERATION = 1u << 5,
+  CKPT_LAYOUT_SHAPE = CKPT_LAYOUT_DP | CKPT_LAYOUT_TP | CKPT_LAYOUT_PP | CKPT_LAYOUT_ZERO, /* newt train's */
+  CKPT_LAYOUT_ALL = CKPT_LAYOUT_SHAPE | CKPT_LAYOUT_RANK | CKPT_LAYOUT_GENERATION,     /* a job rank's */
+};
+
+typedef struct ckpt_layout {
+  unsigned has;             /* CKPT_LAYOUT_* bits: the fields set */
+  int64_t dp, tp, pp, zero; /* data, tensor and pipeline parallel sizes, the ZeRO stage */
+  int64_t rank;             /* the rank that wrote the shard */
+  int64_t generation;       /* the plan it saved under */
+} ckpt_layout;
+
+/* The layout as a manifest holds it: an object of the fields in `has` (NULL: out of memory). */
+cJSON *ckpt_layout_json(const ckpt_layout *l);
+
 typedef struct ckpt_saver ckpt_saver;
 
 typedef struct ckpt_saver_opts {
@@ -76,7 +100,7 @@ typedef struct ckpt_saver_opts {
   int64_t commit_timeout_ms; /* committer's wait for the other ranks' indexes (default 600000) */
   uint64_t attempt;        /* same on every rank of one save attempt (e.g. the plan generation);
                               0 with nranks == 1 picks a random one */
-  const char *layout_json; /* this rank's layout, e.g. {"dp":2,"tp":2,"pp":1,"zero":1,"coord":{..}} */
+  ckpt_layout layout;      /* this rank's layout, as the manifest records it (zero: none) */
   /* The writer this saver belongs to: one writer per directory (DIR/LOCK, ckpt_lock_take).
    * Savers giving the same name share the directory -- every rank of one job: "job <name>";
    * NULL: with nranks == 1 this process alone, else every rank of this attempt. A directory

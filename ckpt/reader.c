@@ -534,7 +534,7 @@ newt_result_t ckpt_inspect(const char *stepdir, cJSON **out) {
     cJSON_AddStringToObject(x, "file", m.files[f].name);
     newt_json_add_int(x, "bytes", (int64_t)m.files[f].bytes);
     newt_json_add_int(x, "raw_bytes", (int64_t)m.files[f].raw_bytes);
-    cJSON_AddItemToObject(x, "layout", m.files[f].layout ? cJSON_Duplicate(m.files[f].layout, 1) : cJSON_CreateObject());
+    cJSON_AddItemToObject(x, "layout", ckpt_layout_json(&m.files[f].layout));
     cJSON_AddItemToArray(ranks, x);
     file += m.files[f].bytes;
   }

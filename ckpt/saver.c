@@ -77,7 +77,8 @@ typedef struct segment {
 } segment;
 
 struct ckpt_saver {
-  char *dir, *layout_json;
+  char *dir;
+  ckpt_layout layout;
   char *writer;    /* the writer it belongs to, and its lock of DIR (lock.c) */
   ckpt_lock *lock;
   int rank, nranks, level, skip_if_busy, commit, keep;
@@ -195,17 +196,13 @@ newt_result_t ckpt_saver_init(ckpt_saver **out, const ckpt_saver_opts *o) {
                     ZSTD_maxCLevel());
   if (!o->staging_alloc != !o->staging_free)
     return NEWT_ERR(NEWT_ERR_INVALID, "ckpt saver: staging_alloc and staging_free are given together or not at all");
-  if (o->layout_json) {
-    cJSON *j = NULL;
-    NEWT_CHECK(newt_json_parse(o->layout_json, strlen(o->layout_json), "ckpt saver layout_json", &j));
-    int obj = cJSON_IsObject(j);
-    cJSON_Delete(j);
-    if (!obj) return NEWT_ERR(NEWT_ERR_INVALID, "ckpt saver layout_json: expected an object");
-  }
+  if (o->layout.has & ~(unsigned)CKPT_LAYOUT_ALL)
+    return NEWT_ERR(NEWT_ERR_INVALID, "ckpt saver: layout.has 0x%x names fields other than CKPT_LAYOUT_ALL's",
+                    o->layout.has);
   ckpt_saver *s = calloc(1, sizeof *s);
   NEWT_CHECK_ALLOC(s);
   s->dir = newt_strdup(o->dir);
-  s->layout_json = newt_strdup(o->layout_json ? o->layout_json : "{}");
+  s->layout = o->layout;
   s->rank = o->rank;
   s->nranks = o->nranks;
   s->level = o->level > 0 ? o->level : o->level == CKPT_LEVEL_RAW ? 0 : 1;
@@ -239,7 +236,7 @@ newt_result_t ckpt_saver_init(ckpt_saver **out, const ckpt_saver_opts *o) {
   pthread_condattr_destroy(&ca);
   int threads = o->threads > 0 ? o->threads : 2;
   newt_result_t r = NEWT_OK;
-  if (!s->dir || !s->layout_json || !s->writer) r = NEWT_ERR(NEWT_ERR_NOMEM, "out of memory: ckpt saver");
+  if (!s->dir || !s->writer) r = NEWT_ERR(NEWT_ERR_NOMEM, "out of memory: ckpt saver");
   if (r == NEWT_OK) r = ckpt_lock_take(s->dir, s->writer, &s->lock); /* first: a refused saver takes nothing */
   if (r == NEWT_OK) r = ckpt_pool_init(&s->pool, threads);
   if (r == NEWT_OK && !(s->segs = calloc((size_t)threads, sizeof *s->segs)))
@@ -293,7 +290,6 @@ void ckpt_saver_free(ckpt_saver *s) {
   free(s->hdr_block);
   free(s->state_json);
   free(s->dir);
-  free(s->layout_json);
   free(s->writer);
   pthread_mutex_destroy(&s->off_mu);
   pthread_mutex_destroy(&s->mu);
@@ -518,7 +514,7 @@ static newt_result_t write_index(ckpt_saver *s, int stepfd, const char *stepdir,
   if (!m.files) return NEWT_ERR(NEWT_ERR_NOMEM, "out of memory: shard index");
   m.nfiles = 1;
   m.files[0] = (ckpt_file){.name = newt_strdup(shard_name), .rank = s->rank, .bytes = s->next_off,
-                           .raw_bytes = raw_bytes, .layout = cJSON_Parse(s->layout_json)};
+                           .raw_bytes = raw_bytes, .layout = s->layout};
   if (!m.files[0].name) r = NEWT_ERR(NEWT_ERR_NOMEM, "out of memory: shard index");
   /* one tensor per entry (tensor i holds entry i's pieces), merged by name below; empty
    * tensors (no pieces) are listed too, so that the manifest knows them */

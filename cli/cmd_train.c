@@ -214,7 +214,8 @@ int newt_cmd_train(int argc, char **argv) {
   /* resume, and the saver for what comes next */
   if (res == NEWT_OK && ckpt_dir) {
     ckpt_saver_opts so = {.dir = ckpt_dir, .rank = 0, .nranks = 1, .threads = 2, .level = (int)ckpt_level,
-                          .keep = (int)ckpt_keep, .commit = 1, .layout_json = "{\"dp\":1,\"tp\":1,\"pp\":1,\"zero\":0}"};
+                          .keep = (int)ckpt_keep, .commit = 1,
+                          .layout = {.has = CKPT_LAYOUT_SHAPE, .dp = 1, .tp = 1, .pp = 1}};
     if (ckpt_level == 0) so.level = CKPT_LEVEL_RAW;
     so.staging_hint = gpt_ckpt_par_staging_bytes(&par); /* the first save's staging: one block */
     if (!model_dev_host_visible(par.dev)) { /* a GPU's downloads land in its pinned memory */

@@ -103,9 +103,6 @@ newt_result_t worker_ckpt_generation(worker *w) {
   char writer[128];
   snprintf(writer, sizeof writer, "job %s", w->o.job);
   if (!w->ckpt_lock) NEWT_CHECK(ckpt_lock_take(w->spec.ckpt_dir, writer, &w->ckpt_lock));
-  char layout[160];
-  snprintf(layout, sizeof layout, "{\"dp\":%d,\"tp\":%d,\"pp\":%d,\"zero\":%d,\"rank\":%d,\"generation\":%llu}", p->dp,
-           p->tp, p->pp, p->zero, w->me->rank, (unsigned long long)p->generation);
   ckpt_saver_opts so = {.dir = w->spec.ckpt_dir,
                         .rank = w->me->rank,
                         .nranks = p->nranks,
@@ -116,7 +113,8 @@ newt_result_t worker_ckpt_generation(worker *w) {
                         .keep = (int)w->spec.ckpt_keep,
                         .commit_timeout_ms = 120000,
                         .attempt = p->generation,
-                        .layout_json = layout,
+                        .layout = {.has = CKPT_LAYOUT_ALL, .dp = p->dp, .tp = p->tp, .pp = p->pp, .zero = p->zero,
+                                   .rank = w->me->rank, .generation = (int64_t)p->generation},
                         .writer = writer};
   /* staging from the pool: kept across generations, pinned on a GPU */
   worker_pinned *pool = NULL;

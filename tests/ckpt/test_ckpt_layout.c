@@ -214,7 +214,9 @@ static newt_result_t save_rank(save_arg *a) {
   snprintf(lj, sizeof lj, "{\"tp\":%d,\"pp\":%d,\"dp\":%d,\"zero\":%d}", a->lo->tp, a->lo->pp, a->lo->dp, a->lo->zero);
   ckpt_saver_opts o = {.dir = a->dir, .rank = a->rank, .nranks = nranks, .threads = 2, .level = 1,
                        .chunk_bytes = a->chunk, .commit = a->rank == 0, .keep = 2, .commit_timeout_ms = 60000,
-                       .attempt = 0x5eed0000u + (uint64_t)a->step, .layout_json = lj};
+                       .attempt = 0x5eed0000u + (uint64_t)a->step,
+                       .layout = {.has = CKPT_LAYOUT_SHAPE, .dp = a->lo->dp, .tp = a->lo->tp, .pp = a->lo->pp,
+                                  .zero = a->lo->zero}};
   ckpt_saver *s;
   NEWT_CHECK(ckpt_saver_init(&s, &o));
   need *pieces = malloc(4096 * sizeof *pieces);
