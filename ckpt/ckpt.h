@@ -9,7 +9,8 @@
  * them assembled from whichever stored chunks overlap them. Tensor names and the training
  * state are the caller's: ckpt/ knows tensors, slices, chunks and manifests, never the model
  * or the optimizer (gpt/ckpt.h names the GPT's weights and AdamW moments and writes
- * its training point). The training state is one JSON object, stored in the manifest as given.
+ * its training point). The training state is one JSON object the caller builds (a cJSON tree,
+ * never text: it is encoded once, with the manifest), stored in the manifest as given.
  *
  * Saving, one saver per rank (rank 0 usually commits):
  *
@@ -21,7 +22,7 @@
  *   ckpt_save_begin(s, step, 1, &go);            // 1 = async; waits (or skips) if busy
  *   if (go) {
  *     ckpt_save_add(s, &desc, &slice, data);     // once per slice this rank stores
- *     ckpt_save_end(s, state_json);              // async: returns after the snapshot copy
+ *     ckpt_save_end(s, state);                   // async: returns after the snapshot copy
  *   }
  *   ckpt_saver_status(s, &st);                   // DONE / FAILED with a message
  *
@@ -161,10 +162,11 @@ newt_result_t ckpt_save_add(ckpt_saver *s, const newt_tensor_desc *t, const newt
  * filled (e.g. by a device-to-host copy) before ckpt_save_end. */
 newt_result_t ckpt_save_reserve(ckpt_saver *s, const newt_tensor_desc *t, const newt_slice *slice,
                                 void **dst);
-/* Ends the save. state_json (an object; NULL = {}) is the training state the committer
- * stores in the manifest. Sync: returns the save's result. Async: returns once the
- * snapshot is taken; the result comes later through ckpt_saver_status / ckpt_save_wait. */
-newt_result_t ckpt_save_end(ckpt_saver *s, const char *state_json);
+/* Ends the save. state (an object; NULL = {}) is the training state the committer stores in
+ * the manifest: the saver keeps a copy, the caller its own. Sync: returns the save's result.
+ * Async: returns once the snapshot is taken; the result comes later through
+ * ckpt_saver_status / ckpt_save_wait. */
+newt_result_t ckpt_save_end(ckpt_saver *s, const cJSON *state);
 /* Ends a save begun (between ckpt_save_begin and ckpt_save_end) without writing it, as
  * failed with result r for `why` (the status says so; a `.failed` marker in the step's
  * directory stops the committer waiting for this rank): for a caller that could not gather
@@ -188,7 +190,7 @@ typedef struct ckpt_commit_opts {
   int64_t step;
   int nranks;
   uint64_t attempt;        /* accept only indexes of this attempt (0: any) */
-  const char *state_json;  /* NULL: {} */
+  const cJSON *state;      /* the training state, an object (NULL: {}) */
   newt_deadline_t deadline;
   int keep;                /* committed checkpoints to keep (< 1: keep all) */
   const atomic_int *abort; /* may be NULL */
@@ -246,7 +248,7 @@ newt_result_t ckpt_read_slice(ckpt_reader *r, const newt_tensor_desc *t, const n
 
 typedef struct ckpt_loaded {
   int64_t step;
-  char *state_json; /* malloc'd; the caller frees it */
+  cJSON *state;     /* the training state object; the caller frees it (cJSON_Delete) */
   int fallbacks;    /* newer committed checkpoints skipped as torn or corrupt */
   int committed;    /* committed checkpoints (<= max_step) looked at: 0 on a fresh directory */
 } ckpt_loaded;

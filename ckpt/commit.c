@@ -35,7 +35,6 @@
 
 #include "ckpt/internal.h"
 #include "common/fs.h"
-#include "common/json.h"
 #include "common/log.h"
 #include "common/strutil.h"
 
@@ -271,13 +270,10 @@ newt_result_t ckpt_commit(const ckpt_commit_opts *o) {
   if (!o->dir || !*o->dir || o->step < 0 || o->nranks < 1 || o->nranks > CKPT_MAX_RANKS)
     return NEWT_ERR(NEWT_ERR_INVALID, "ckpt_commit: dir \"%s\", step %lld, nranks %d", o->dir ? o->dir : "",
                     (long long)o->step, o->nranks);
-  cJSON *state = NULL;
-  const char *sj = o->state_json ? o->state_json : "{}";
-  NEWT_CHECK(newt_json_parse(sj, strlen(sj), "ckpt_commit state_json", &state));
-  if (!cJSON_IsObject(state)) {
-    cJSON_Delete(state);
-    return NEWT_ERR(NEWT_ERR_INVALID, "ckpt_commit state_json: expected an object");
-  }
+  if (o->state && !cJSON_IsObject(o->state))
+    return NEWT_ERR(NEWT_ERR_INVALID, "ckpt_commit: the training state is not a JSON object");
+  cJSON *state = o->state ? cJSON_Duplicate(o->state, 1) : cJSON_CreateObject();
+  NEWT_CHECK_ALLOC(state);
   char stepdir[4096];
   ckpt_step_dirname(stepdir, sizeof stepdir, o->dir, o->step);
   ckpt_manifest *idx = calloc((size_t)o->nranks, sizeof *idx);

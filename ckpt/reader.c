@@ -441,12 +441,12 @@ newt_result_t ckpt_load_checked(const char *dir, int64_t max_step, int threads, 
     }
     if (rr == NEWT_OK) {
       out->step = steps[i];
-      out->state_json = newt_json_print(ckpt_reader_state(r));
+      out->state = r->m.state; /* moved: the reader's parse is the only one */
+      r->m.state = NULL;
       out->fallbacks = fallbacks;
       ckpt_close(r);
       free(steps);
       close(dirfd);
-      if (!out->state_json) return NEWT_ERR(NEWT_ERR_NOMEM, "out of memory printing the training state");
       if (fallbacks) NEWT_WARN(CKPT, "loaded step %lld after skipping %d newer checkpoint(s)", (long long)out->step, fallbacks);
       return NEWT_OK;
     }

@@ -37,7 +37,6 @@
 
 #include "ckpt/internal.h"
 #include "common/fs.h"
-#include "common/json.h"
 #include "common/log.h"
 #include "common/strutil.h"
 #include "common/sys.h"
@@ -103,7 +102,7 @@ struct ckpt_saver {
   uint64_t t_begin;
   entry *entries;
   size_t nentries, ecap;
-  char *state_json;
+  cJSON *state;       /* the training state (the committer's), a copy of the caller's */
   piece *pieces;
   size_t npieces, pcap;
 
@@ -288,7 +287,7 @@ void ckpt_saver_free(ckpt_saver *s) {
   free(s->entries);
   free(s->pieces);
   free(s->hdr_block);
-  free(s->state_json);
+  cJSON_Delete(s->state);
   free(s->dir);
   free(s->writer);
   pthread_mutex_destroy(&s->off_mu);
@@ -651,7 +650,7 @@ static newt_result_t run_save(ckpt_saver *s, uint64_t *raw_out) {
   if (r != NEWT_OK) return NEWT_ERR(r, "%s", msg);
   if (s->commit) {
     ckpt_commit_opts co = {.dir = s->dir, .step = s->step, .nranks = s->nranks, .attempt = s->attempt,
-                           .state_json = s->state_json, .deadline = newt_deadline_in_ms(s->commit_timeout_ms),
+                           .state = s->state, .deadline = newt_deadline_in_ms(s->commit_timeout_ms),
                            .keep = s->keep, .abort = &s->abort, .writer = s->writer};
     NEWT_CHECK(ckpt_commit(&co));
   }
@@ -737,19 +736,14 @@ static newt_result_t snapshot(ckpt_saver *s) {
   return NEWT_OK;
 }
 
-newt_result_t ckpt_save_end(ckpt_saver *s, const char *state_json) {
+newt_result_t ckpt_save_end(ckpt_saver *s, const cJSON *state) {
   if (!s->building) return NEWT_ERR(NEWT_ERR_INVALID, "ckpt_save_end: no save begun");
   s->building = 0;
-  if (state_json) {
-    cJSON *j = NULL;
-    NEWT_CHECK(newt_json_parse(state_json, strlen(state_json), "ckpt_save_end state_json", &j));
-    int obj = cJSON_IsObject(j);
-    cJSON_Delete(j);
-    if (!obj) return NEWT_ERR(NEWT_ERR_INVALID, "ckpt_save_end state_json: expected an object");
-  }
-  free(s->state_json);
-  s->state_json = newt_strdup(state_json ? state_json : "{}");
-  NEWT_CHECK_ALLOC(s->state_json);
+  if (state && !cJSON_IsObject(state))
+    return NEWT_ERR(NEWT_ERR_INVALID, "ckpt_save_end: the training state is not a JSON object");
+  cJSON_Delete(s->state);
+  s->state = state ? cJSON_Duplicate(state, 1) : cJSON_CreateObject();
+  NEWT_CHECK_ALLOC(s->state);
   if (!s->async) {
     pthread_mutex_lock(&s->mu);
     s->running = 1;

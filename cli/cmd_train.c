@@ -80,7 +80,7 @@ static void staging_free(void *dev, void *p) { model_dev_host_free(dev, p); }
 
 /* Saves the trainer as its step, in the background once the state is on the host. */
 static newt_result_t save(ckpt_saver *s, const model_par *p, uint64_t cursor, const char *data, int *started) {
-  char *state = NULL;
+  cJSON *state = NULL;
   NEWT_CHECK(gpt_ckpt_train_state(&p->cfg, p->step, cursor, p->opt.t, data, &state));
   newt_result_t r = ckpt_save_begin(s, p->step, 1, started);
   if (r == NEWT_OK && *started) {
@@ -88,7 +88,7 @@ static newt_result_t save(ckpt_saver *s, const model_par *p, uint64_t cursor, co
     if (r == NEWT_OK) r = ckpt_save_end(s, state);
     else r = ckpt_save_fail(s, r, newt_errmsg()); /* what was staged must not be written */
   }
-  free(state);
+  cJSON_Delete(state);
   return r;
 }
 

@@ -176,8 +176,9 @@ static newt_result_t add_parts(worker *w) {
   return r;
 }
 
-/* The state document of a save at `step`: the worker's fields, then the program's. */
-static newt_result_t state_document(worker *w, int64_t step, char **out) {
+/* The state document of a save at `step`: the worker's fields, then the program's (text
+ * from newt.h's newt_doc_write_fn, parsed here once). *out is the caller's. */
+static newt_result_t state_document(worker *w, int64_t step, cJSON **out) {
   *out = NULL;
   cJSON *o = cJSON_CreateObject();
   NEWT_CHECK_ALLOC(o);
@@ -199,9 +200,12 @@ static newt_result_t state_document(worker *w, int64_t step, char **out) {
     cJSON_Delete(prog);
     free(mine);
   }
-  if (r == NEWT_OK && !(*out = cJSON_PrintUnformatted(o))) r = NEWT_ERR(NEWT_ERR_NOMEM, "out of memory");
-  cJSON_Delete(o);
-  return r;
+  if (r != NEWT_OK) {
+    cJSON_Delete(o);
+    return r;
+  }
+  *out = o;
+  return NEWT_OK;
 }
 
 newt_result_t worker_ckpt_step(worker *w) {
@@ -224,12 +228,12 @@ newt_result_t worker_ckpt_step(worker *w) {
   NEWT_CHECK(ckpt_save_begin(w->saver, w->live_step, 1, &started));
   if (!started) return NEWT_OK; /* the last save is still being written: skip this one */
   newt_result_t res = add_parts(w);
-  char *state = NULL;
+  cJSON *state = NULL;
   if (res == NEWT_OK && w->me->rank == 0) res = state_document(w, w->live_step, &state);
   /* staging half filled: the save ends as failed and writes nothing (its marker stops the
      committer waiting for this rank) */
   res = res == NEWT_OK ? ckpt_save_end(w->saver, state) : ckpt_save_fail(w->saver, res, newt_errmsg());
-  free(state);
+  cJSON_Delete(state);
   return res;
 }
 
@@ -309,7 +313,7 @@ newt_result_t worker_ckpt_load(worker *w, comm_t *c, int64_t *step) {
     }
     if (queued) r = worker_mem_sync(&w->o.memory);
   }
-  free(ld.state_json);
+  cJSON_Delete(ld.state);
   worker_stage_release(w, stage);
   free(reqs);
   free(offs);

@@ -45,9 +45,7 @@ static void test_sync_async(void) {
     T_OK(ckpt_save_reserve(sv, &later.t[i], NULL, &dst));
     if (later.bytes[i]) memcpy(dst, later.data[i], later.bytes[i]);
   }
-  char js[256];
-  ts_state_json(3, js, sizeof js);
-  T_OK(ckpt_save_end(sv, js));
+  T_OK(ts_save_end(sv, 3));
   T_OK(ckpt_save_wait(sv, newt_deadline_in_ms(60000)));
   ts_load_check(dir, CKPT_LATEST, 3, 1, 0, NULL);
   /* misuse is refused */
@@ -62,7 +60,10 @@ static void test_sync_async(void) {
   bad.offset[0] = 1;
   T_ERR(NEWT_ERR_INVALID, ckpt_save_add(sv, &later.t[0], &bad, later.data[0]));
   T_CHECK(strstr(newt_errmsg(), "lies outside tensor \"wte\"") != NULL);
-  T_ERR(NEWT_ERR_INVALID, ckpt_save_end(sv, "[1,2]")); /* the state must be an object */
+  cJSON *arr = cJSON_Parse("[1,2]");
+  T_ERR(NEWT_ERR_INVALID, ckpt_save_end(sv, arr)); /* the state must be an object */
+  T_CHECK(strstr(newt_errmsg(), "the training state is not a JSON object") != NULL);
+  cJSON_Delete(arr);
   ckpt_saver_free(sv);
   ts_free(&s);
   ts_free(&later);
@@ -206,9 +207,7 @@ static newt_result_t save_rank(const char *dir, int rank, int nranks, uint64_t a
     size_t es = newt_dtype_size(s->t[i].dtype);
     r = ckpt_save_add(sv, &s->t[i], &sl, (const uint8_t *)s->data[i] + (size_t)sl.begin * es);
   }
-  char js[256];
-  ts_state_json(step, js, sizeof js);
-  if (r == NEWT_OK) r = ckpt_save_end(sv, js);
+  if (r == NEWT_OK) r = ts_save_end(sv, step);
   ckpt_saver_free(sv);
   return r;
 }
@@ -441,9 +440,7 @@ static void test_staging_allocator(void) {
     T_CHECK(!later.bytes[i] || (uintptr_t)dst % CKPT_STAGING_ALIGN == 0);
     if (later.bytes[i]) memcpy(dst, later.data[i], later.bytes[i]);
   }
-  char js[256];
-  ts_state_json(3, js, sizeof js);
-  T_OK(ckpt_save_end(sv, js));
+  T_OK(ts_save_end(sv, 3));
   T_OK(ckpt_save_wait(sv, newt_deadline_in_ms(60000)));
   T_CHECK_MSG(a.allocs == warm, "a warm saver allocated %d more staging blocks", a.allocs - warm);
   ts_load_check(dir, CKPT_LATEST, 3, 1, 0, NULL);
