@@ -275,10 +275,40 @@ typedef struct ckpt_verify_result {
 } ckpt_verify_result;
 newt_result_t ckpt_verify(const char *stepdir, ckpt_report_fn report, void *ctx, ckpt_verify_result *res);
 
-/* A description of a step directory for tools: path, step, nranks, attempt, created_ms,
- * raw_bytes, stored_bytes, file_bytes, ratio, ranks[] {rank, file, bytes, raw_bytes,
- * layout}, tensors[] {name, dtype, shape, chunks, raw_bytes, stored_bytes}, state. */
-newt_result_t ckpt_inspect(const char *stepdir, cJSON **out);
+/* A description of a step directory for tools (`newt ckpt inspect`), from its manifest. */
+typedef struct ckpt_info_file {
+  int rank;
+  char *name;                /* the shard file, inside the step directory */
+  uint64_t bytes, raw_bytes; /* its size, the tensor bytes it holds */
+  ckpt_layout layout;        /* the layout its rank saved under */
+} ckpt_info_file;
+
+typedef struct ckpt_info_tensor {
+  char *name;
+  newt_dtype dtype;
+  int ndim;
+  int64_t shape[NEWT_SLICE_MAX_DIMS];
+  size_t chunks;
+  uint64_t raw_bytes, stored_bytes; /* of its chunks, raw and as stored */
+} ckpt_info_tensor;
+
+typedef struct ckpt_info {
+  char *path; /* the step directory, as given */
+  int64_t step;
+  int nranks;
+  uint64_t attempt, created_ms;
+  uint64_t raw_bytes, stored_bytes, file_bytes; /* tensors' bytes, their chunks' stored bytes, the shard files' */
+  double ratio;                                  /* raw_bytes / stored_bytes (1 when nothing is stored) */
+  ckpt_info_file *files;                         /* one per shard file, in the manifest's order */
+  size_t nfiles;
+  ckpt_info_tensor *tensors; /* in name order */
+  size_t ntensors;
+  cJSON *state; /* the training state object */
+} ckpt_info;
+
+/* Fills *out (ckpt_info_free it; nothing to free on failure). */
+newt_result_t ckpt_inspect(const char *stepdir, ckpt_info *out);
+void ckpt_info_free(ckpt_info *info);
 
 /* ---- listing ----------------------------------------------------------------------- */
 
