@@ -143,6 +143,8 @@ typedef struct ckpt_save_status {
   double stall_ms;       /* time the caller spent in begin..end of the last save */
   double write_ms;       /* compress + write + fsync (+ commit) of the last save */
   uint64_t raw_bytes, file_bytes; /* of the last save, this rank */
+  uint64_t step_bytes;  /* the committer's: bytes of every file of the step it committed (the shards,
+                           the indexes, the manifest); 0 on other ranks and when it failed */
 } ckpt_save_status;
 
 newt_result_t ckpt_saver_init(ckpt_saver **out, const ckpt_saver_opts *opts);
@@ -195,6 +197,8 @@ typedef struct ckpt_commit_opts {
   int keep;                /* committed checkpoints to keep (< 1: keep all) */
   const atomic_int *abort; /* may be NULL */
   const char *writer;      /* as ckpt_saver_opts.writer (NULL: the same default) */
+  uint64_t *step_bytes;    /* may be NULL; a commit sets it to the bytes of every file of the
+                              committed step (shards, indexes, manifest) */
 } ckpt_commit_opts;
 
 /* Waits for every rank's index of the step, verifies, writes the manifest, updates

@@ -711,6 +711,7 @@ newt_result_t ckpt_manifest_decode(const char *text, size_t len, const char *wha
   newt_result_t r = decode_body(root, what, want_index, m);
   cJSON_Delete(root);
   if (r != NEWT_OK) ckpt_manifest_free(m);
+  else m->encoded_bytes = len;
   return r;
 }
 

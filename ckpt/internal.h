@@ -103,6 +103,7 @@ typedef struct ckpt_manifest {
   ckpt_tensor *tensors; /* sorted by name once parsed or finished */
   size_t ntensors, cap;
   cJSON *state;         /* manifest only */
+  size_t encoded_bytes; /* the framed text it was decoded from (0: built in memory) */
 } ckpt_manifest;
 
 void ckpt_manifest_free(ckpt_manifest *m);

@@ -630,7 +630,8 @@ static newt_result_t write_shard(ckpt_saver *s, int stepfd, const char *stepdir,
   return r;
 }
 
-static newt_result_t run_save(ckpt_saver *s, uint64_t *raw_out) {
+/* Writes the save; the committer commits it (*step_bytes: the committed step's bytes). */
+static newt_result_t run_save(ckpt_saver *s, uint64_t *raw_out, uint64_t *step_bytes) {
   char stepdir[4096], shard[64];
   ckpt_step_dirname(stepdir, sizeof stepdir, s->dir, s->step);
   ckpt_shard_name(shard, sizeof shard, s->rank, s->attempt);
@@ -651,7 +652,7 @@ static newt_result_t run_save(ckpt_saver *s, uint64_t *raw_out) {
   if (s->commit) {
     ckpt_commit_opts co = {.dir = s->dir, .step = s->step, .nranks = s->nranks, .attempt = s->attempt,
                            .state = s->state, .deadline = newt_deadline_in_ms(s->commit_timeout_ms),
-                           .keep = s->keep, .abort = &s->abort, .writer = s->writer};
+                           .keep = s->keep, .abort = &s->abort, .writer = s->writer, .step_bytes = step_bytes};
     NEWT_CHECK(ckpt_commit(&co));
   }
   return NEWT_OK;
@@ -659,14 +660,15 @@ static newt_result_t run_save(ckpt_saver *s, uint64_t *raw_out) {
 
 /* Runs the save built by begin/add/end and records its outcome in the status. */
 static void save_and_report(ckpt_saver *s) {
-  uint64_t t0 = newt_now_ns(), raw = 0;
-  newt_result_t r = run_save(s, &raw);
+  uint64_t t0 = newt_now_ns(), raw = 0, step_bytes = 0;
+  newt_result_t r = run_save(s, &raw, &step_bytes);
   pthread_mutex_lock(&s->mu);
   s->st.step = s->step;
   s->st.result = r;
   s->st.write_ms = (double)(newt_now_ns() - t0) / 1e6;
   s->st.raw_bytes = raw;
   s->st.file_bytes = r == NEWT_OK ? s->next_off : 0;
+  s->st.step_bytes = r == NEWT_OK ? step_bytes : 0;
   if (r == NEWT_OK) {
     s->st.state = CKPT_SAVE_DONE;
     s->st.message[0] = '\0';

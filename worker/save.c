@@ -132,18 +132,6 @@ newt_result_t worker_ckpt_generation(worker *w) {
   return ckpt_saver_init(&w->saver, &so);
 }
 
-/* The bytes on disk of committed step `step`, every rank's files (0: not found). */
-static int64_t ckpt_bytes(worker *w, int64_t step) {
-  ckpt_step_info *info = NULL;
-  size_t n = 0;
-  int64_t bytes = 0;
-  if (ckpt_list(w->spec.ckpt_dir, &info, &n) != NEWT_OK) return 0;
-  for (size_t i = 0; i < n; i++)
-    if (info[i].step == step && info[i].committed) bytes = (int64_t)info[i].disk_bytes;
-  free(info);
-  return bytes;
-}
-
 /* The part's tensor as the checkpoint names it. */
 static newt_tensor_desc part_desc(const reshard_piece *p) {
   newt_tensor_desc t = {.name = p->name, .dtype = p->dtype, .ndim = p->ndim};
@@ -220,7 +208,8 @@ newt_result_t worker_ckpt_step(worker *w) {
   }
   if (w->me->rank == 0 && st.state == CKPT_SAVE_DONE && st.last_ok_step > w->ckpt_published) {
     w->ckpt_published = st.last_ok_step;
-    worker_publish_ckpt(w, st.last_ok_step, ckpt_bytes(w, st.last_ok_step), (int64_t)st.write_ms, st.stall_ms);
+    /* the bytes the committer wrote down: the directory is not listed again */
+    worker_publish_ckpt(w, st.last_ok_step, (int64_t)st.step_bytes, (int64_t)st.write_ms, st.stall_ms);
   }
   if (w->live_step % w->spec.ckpt_every != 0) return NEWT_OK;
   staging_filled(w); /* the save takes the block it reserved */

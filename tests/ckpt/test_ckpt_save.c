@@ -288,6 +288,41 @@ static void test_commit_checks(void) {
   ts_free(&other);
 }
 
+/* The committer carries the size of the step it committed (what the worker publishes): every
+ * file of it, as a listing of the directory counts them; the other rank reports none. */
+static void test_step_bytes(void) {
+  char dir[300];
+  subdir(dir, sizeof dir, "bytes");
+  tstate s;
+  ts_make(&s, 6, 1, 0);
+  ckpt_saver *sv[2] = {NULL, NULL};
+  for (int r = 1; r >= 0; r--) { /* rank 1's index first: rank 0's sync save commits */
+    ckpt_saver_opts o = {.dir = dir, .rank = r, .nranks = 2, .commit = r == 0, .attempt = 3,
+                         .commit_timeout_ms = 20000};
+    T_OK(ckpt_saver_init(&sv[r], &o));
+    if (!sv[r]) return;
+    int started;
+    T_OK(ckpt_save_begin(sv[r], 6, 0, &started));
+    for (size_t i = (size_t)r; i < s.n; i += 2) T_OK(ckpt_save_add(sv[r], &s.t[i], NULL, s.data[i]));
+    T_OK(ts_save_end(sv[r], 6));
+  }
+  ckpt_save_status st0, st1;
+  ckpt_saver_status(sv[0], &st0);
+  ckpt_saver_status(sv[1], &st1);
+  ckpt_step_info *info = NULL;
+  size_t n = 0;
+  T_OK(ckpt_list(dir, &info, &n));
+  T_CHECK_MSG(n == 1 && info[0].committed && st0.step_bytes == info[0].disk_bytes,
+              "the committer says %llu bytes, the directory holds %llu", (unsigned long long)st0.step_bytes,
+              n ? (unsigned long long)info[0].disk_bytes : 0ULL);
+  T_CHECK(st0.step_bytes > st0.file_bytes + st1.file_bytes); /* the shards, and the indexes and manifest */
+  T_CHECK(st1.state == CKPT_SAVE_DONE && st1.step_bytes == 0);
+  free(info);
+  ckpt_saver_free(sv[0]);
+  ckpt_saver_free(sv[1]);
+  ts_free(&s);
+}
+
 static void test_prune(void) {
   char dir[300], sd[400];
   subdir(dir, sizeof dir, "prune");
@@ -510,6 +545,7 @@ int main(void) {
   T_RUN(test_save_fail);
   T_RUN(test_stale_attempt);
   T_RUN(test_commit_checks);
+  T_RUN(test_step_bytes);
   T_RUN(test_prune);
   T_RUN(test_request_errors);
   T_RUN(test_staging_allocator);
