@@ -194,9 +194,7 @@ newt_result_t ckpt_chunk_hdr_decode(const uint8_t in[CKPT_CHUNK_HDR], const char
 
 void ckpt_manifest_free(ckpt_manifest *m) {
   if (!m) return;
-  for (size_t i = 0; i < m->nfiles; i++) {
-    free(m->files[i].name);
-  }
+  for (size_t i = 0; i < m->nfiles; i++) free(m->files[i].name);
   free(m->files);
   for (size_t i = 0; i < m->ntensors; i++) {
     free(m->tensors[i].name);
