@@ -24,6 +24,7 @@
 #include "bench/bench.h"
 #include "ckpt/ckpt.h"
 #include "common/fs.h"
+#include "common/json.h"
 #include "common/opts.h"
 #include "common/strutil.h"
 #include "gpt/ckpt.h"
@@ -224,9 +225,13 @@ static newt_result_t save_all(ckpt_saver *s, const bstate *st, int64_t step, int
   NEWT_CHECK(ckpt_save_begin(s, step, async, &started));
   if (!started) return NEWT_ERR(NEWT_ERR_INTERNAL, "save of step %lld skipped", (long long)step);
   for (size_t i = 0; i < st->n; i++) NEWT_CHECK(ckpt_save_add(s, &st->t[i], NULL, st->data[i]));
-  char state[128];
-  snprintf(state, sizeof state, "{\"step\":%lld,\"bench\":true}", (long long)step);
-  return ckpt_save_end(s, state);
+  cJSON *state = cJSON_CreateObject();
+  NEWT_CHECK_ALLOC(state);
+  newt_json_add_int(state, "step", step);
+  cJSON_AddBoolToObject(state, "bench", 1);
+  newt_result_t r = ckpt_save_end(s, state);
+  cJSON_Delete(state);
+  return r;
 }
 
 int newt_bench_ckpt(int argc, char **argv) {
@@ -269,7 +274,7 @@ int newt_bench_ckpt(int argc, char **argv) {
   snprintf(async_dir, sizeof async_dir, "%s/async", dir);
   ckpt_saver_opts so = {.dir = sync_dir, .rank = 0, .nranks = 1, .threads = (int)threads, .level = (int)level,
                         .chunk_bytes = (size_t)chunk, .commit = 1, .keep = 1,
-                        .layout_json = "{\"dp\":1,\"tp\":1,\"pp\":1,\"zero\":0}"};
+                        .layout = {.has = CKPT_LAYOUT_SHAPE, .dp = 1, .tp = 1, .pp = 1}};
   if (level == 0) so.level = CKPT_LEVEL_RAW;
   ckpt_saver_opts ao = so;
   ao.dir = async_dir;
@@ -318,7 +323,7 @@ int newt_bench_ckpt(int argc, char **argv) {
     r = ckpt_load(sync_dir, CKPT_LATEST, (int)threads, reqs, st.n, &ld);
     t_load[k] = newt_now_s() - t0;
     if (r != NEWT_OK) break;
-    free(ld.state_json);
+    cJSON_Delete(ld.state);
     for (size_t i = 0; i < st.n && r == NEWT_OK; i++) {
       size_t b = (size_t)newt_shape_numel(st.t[i].ndim, st.t[i].shape) * newt_dtype_size(st.t[i].dtype);
       if (memcmp(outs[i], st.data[i], b) != 0)

@@ -9,7 +9,8 @@
  * them assembled from whichever stored chunks overlap them. Tensor names and the training
  * state are the caller's: ckpt/ knows tensors, slices, chunks and manifests, never the model
  * or the optimizer (gpt/ckpt.h names the GPT's weights and AdamW moments and writes
- * its training point). The training state is one JSON object, stored in the manifest as given.
+ * its training point). The training state is one JSON object the caller builds (a cJSON tree,
+ * never text: it is encoded once, with the manifest), stored in the manifest as given.
  *
  * Saving, one saver per rank (rank 0 usually commits):
  *
@@ -21,7 +22,7 @@
  *   ckpt_save_begin(s, step, 1, &go);            // 1 = async; waits (or skips) if busy
  *   if (go) {
  *     ckpt_save_add(s, &desc, &slice, data);     // once per slice this rank stores
- *     ckpt_save_end(s, state_json);              // async: returns after the snapshot copy
+ *     ckpt_save_end(s, state);                   // async: returns after the snapshot copy
  *   }
  *   ckpt_saver_status(s, &st);                   // DONE / FAILED with a message
  *
@@ -58,6 +59,30 @@
 
 /* ---- saving ------------------------------------------------------------------------ */
 
+/* A rank's layout as its checkpoint records it (the manifest's files[].layout, a JSON object):
+ * for tools and people (`newt ckpt inspect`); no load reads it, since any layout loads any
+ * checkpoint. The fields named in `has` are written, in the order below. */
+enum {
+  CKPT_LAYOUT_DP = 1u << 0,
+  CKPT_LAYOUT_TP = 1u << 1,
+  CKPT_LAYOUT_PP = 1u << 2,
+  CKPT_LAYOUT_ZERO = 1u << 3,
+  CKPT_LAYOUT_RANK = 1u << 4,
+  CKPT_LAYOUT_GENERATION = 1u << 5,
+  CKPT_LAYOUT_SHAPE = CKPT_LAYOUT_DP | CKPT_LAYOUT_TP | CKPT_LAYOUT_PP | CKPT_LAYOUT_ZERO, /* newt train's */
+  CKPT_LAYOUT_ALL = CKPT_LAYOUT_SHAPE | CKPT_LAYOUT_RANK | CKPT_LAYOUT_GENERATION,     /* a job rank's */
+};
+
+typedef struct ckpt_layout {
+  unsigned has;             /* CKPT_LAYOUT_* bits: the fields set */
+  int64_t dp, tp, pp, zero; /* data, tensor and pipeline parallel sizes, the ZeRO stage */
+  int64_t rank;             /* the rank that wrote the shard */
+  int64_t generation;       /* the plan it saved under */
+} ckpt_layout;
+
+/* The layout as a manifest holds it: an object of the fields in `has` (NULL: out of memory). */
+cJSON *ckpt_layout_json(const ckpt_layout *l);
+
 typedef struct ckpt_saver ckpt_saver;
 
 typedef struct ckpt_saver_opts {
@@ -76,7 +101,7 @@ typedef struct ckpt_saver_opts {
   int64_t commit_timeout_ms; /* committer's wait for the other ranks' indexes (default 600000) */
   uint64_t attempt;        /* same on every rank of one save attempt (e.g. the plan generation);
                               0 with nranks == 1 picks a random one */
-  const char *layout_json; /* this rank's layout, e.g. {"dp":2,"tp":2,"pp":1,"zero":1,"coord":{..}} */
+  ckpt_layout layout;      /* this rank's layout, as the manifest records it (zero: none) */
   /* The writer this saver belongs to: one writer per directory (DIR/LOCK, ckpt_lock_take).
    * Savers giving the same name share the directory -- every rank of one job: "job <name>";
    * NULL: with nranks == 1 this process alone, else every rank of this attempt. A directory
@@ -118,6 +143,8 @@ typedef struct ckpt_save_status {
   double stall_ms;       /* time the caller spent in begin..end of the last save */
   double write_ms;       /* compress + write + fsync (+ commit) of the last save */
   uint64_t raw_bytes, file_bytes; /* of the last save, this rank */
+  uint64_t step_bytes;  /* the committer's: bytes of every file of the step it committed (the shards,
+                           the indexes, the manifest); 0 on other ranks and when it failed */
 } ckpt_save_status;
 
 newt_result_t ckpt_saver_init(ckpt_saver **out, const ckpt_saver_opts *opts);
@@ -137,10 +164,11 @@ newt_result_t ckpt_save_add(ckpt_saver *s, const newt_tensor_desc *t, const newt
  * filled (e.g. by a device-to-host copy) before ckpt_save_end. */
 newt_result_t ckpt_save_reserve(ckpt_saver *s, const newt_tensor_desc *t, const newt_slice *slice,
                                 void **dst);
-/* Ends the save. state_json (an object; NULL = {}) is the training state the committer
- * stores in the manifest. Sync: returns the save's result. Async: returns once the
- * snapshot is taken; the result comes later through ckpt_saver_status / ckpt_save_wait. */
-newt_result_t ckpt_save_end(ckpt_saver *s, const char *state_json);
+/* Ends the save. state (an object; NULL = {}) is the training state the committer stores in
+ * the manifest: the saver keeps a copy, the caller its own. Sync: returns the save's result.
+ * Async: returns once the snapshot is taken; the result comes later through
+ * ckpt_saver_status / ckpt_save_wait. */
+newt_result_t ckpt_save_end(ckpt_saver *s, const cJSON *state);
 /* Ends a save begun (between ckpt_save_begin and ckpt_save_end) without writing it, as
  * failed with result r for `why` (the status says so; a `.failed` marker in the step's
  * directory stops the committer waiting for this rank): for a caller that could not gather
@@ -164,11 +192,13 @@ typedef struct ckpt_commit_opts {
   int64_t step;
   int nranks;
   uint64_t attempt;        /* accept only indexes of this attempt (0: any) */
-  const char *state_json;  /* NULL: {} */
+  const cJSON *state;      /* the training state, an object (NULL: {}) */
   newt_deadline_t deadline;
   int keep;                /* committed checkpoints to keep (< 1: keep all) */
   const atomic_int *abort; /* may be NULL */
   const char *writer;      /* as ckpt_saver_opts.writer (NULL: the same default) */
+  uint64_t *step_bytes;    /* may be NULL; a commit sets it to the bytes of every file of the
+                              committed step (shards, indexes, manifest) */
 } ckpt_commit_opts;
 
 /* Waits for every rank's index of the step, verifies, writes the manifest, updates
@@ -222,7 +252,7 @@ newt_result_t ckpt_read_slice(ckpt_reader *r, const newt_tensor_desc *t, const n
 
 typedef struct ckpt_loaded {
   int64_t step;
-  char *state_json; /* malloc'd; the caller frees it */
+  cJSON *state;     /* the training state object; the caller frees it (cJSON_Delete) */
   int fallbacks;    /* newer committed checkpoints skipped as torn or corrupt */
   int committed;    /* committed checkpoints (<= max_step) looked at: 0 on a fresh directory */
 } ckpt_loaded;
@@ -249,10 +279,40 @@ typedef struct ckpt_verify_result {
 } ckpt_verify_result;
 newt_result_t ckpt_verify(const char *stepdir, ckpt_report_fn report, void *ctx, ckpt_verify_result *res);
 
-/* A description of a step directory for tools: path, step, nranks, attempt, created_ms,
- * raw_bytes, stored_bytes, file_bytes, ratio, ranks[] {rank, file, bytes, raw_bytes,
- * layout}, tensors[] {name, dtype, shape, chunks, raw_bytes, stored_bytes}, state. */
-newt_result_t ckpt_inspect(const char *stepdir, cJSON **out);
+/* A description of a step directory for tools (`newt ckpt inspect`), from its manifest. */
+typedef struct ckpt_info_file {
+  int rank;
+  char *name;                /* the shard file, inside the step directory */
+  uint64_t bytes, raw_bytes; /* its size, the tensor bytes it holds */
+  ckpt_layout layout;        /* the layout its rank saved under */
+} ckpt_info_file;
+
+typedef struct ckpt_info_tensor {
+  char *name;
+  newt_dtype dtype;
+  int ndim;
+  int64_t shape[NEWT_SLICE_MAX_DIMS];
+  size_t chunks;
+  uint64_t raw_bytes, stored_bytes; /* of its chunks, raw and as stored */
+} ckpt_info_tensor;
+
+typedef struct ckpt_info {
+  char *path; /* the step directory, as given */
+  int64_t step;
+  int nranks;
+  uint64_t attempt, created_ms;
+  uint64_t raw_bytes, stored_bytes, file_bytes; /* tensors' bytes, their chunks' stored bytes, the shard files' */
+  double ratio;                                  /* raw_bytes / stored_bytes (1 when nothing is stored) */
+  ckpt_info_file *files;                         /* one per shard file, in the manifest's order */
+  size_t nfiles;
+  ckpt_info_tensor *tensors; /* in name order */
+  size_t ntensors;
+  cJSON *state; /* the training state object */
+} ckpt_info;
+
+/* Fills *out (ckpt_info_free it; nothing to free on failure). */
+newt_result_t ckpt_inspect(const char *stepdir, ckpt_info *out);
+void ckpt_info_free(ckpt_info *info);
 
 /* ---- listing ----------------------------------------------------------------------- */
 

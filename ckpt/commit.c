@@ -35,7 +35,6 @@
 
 #include "ckpt/internal.h"
 #include "common/fs.h"
-#include "common/json.h"
 #include "common/log.h"
 #include "common/strutil.h"
 
@@ -267,17 +266,23 @@ static void prune(int dirfd, const char *dir, int keep) {
   free(steps);
 }
 
+/* The bytes of the committed step: its shards, every rank's index (as read) and the manifest
+ * (manifest_len as written). */
+static uint64_t step_bytes(const ckpt_manifest *m, const ckpt_manifest *idx, int nranks, size_t manifest_len) {
+  uint64_t b = manifest_len;
+  for (size_t f = 0; f < m->nfiles; f++) b += m->files[f].bytes;
+  for (int r = 0; r < nranks; r++) b += idx[r].encoded_bytes;
+  return b;
+}
+
 newt_result_t ckpt_commit(const ckpt_commit_opts *o) {
   if (!o->dir || !*o->dir || o->step < 0 || o->nranks < 1 || o->nranks > CKPT_MAX_RANKS)
     return NEWT_ERR(NEWT_ERR_INVALID, "ckpt_commit: dir \"%s\", step %lld, nranks %d", o->dir ? o->dir : "",
                     (long long)o->step, o->nranks);
-  cJSON *state = NULL;
-  const char *sj = o->state_json ? o->state_json : "{}";
-  NEWT_CHECK(newt_json_parse(sj, strlen(sj), "ckpt_commit state_json", &state));
-  if (!cJSON_IsObject(state)) {
-    cJSON_Delete(state);
-    return NEWT_ERR(NEWT_ERR_INVALID, "ckpt_commit state_json: expected an object");
-  }
+  if (o->state && !cJSON_IsObject(o->state))
+    return NEWT_ERR(NEWT_ERR_INVALID, "ckpt_commit: the training state is not a JSON object");
+  cJSON *state = o->state ? cJSON_Duplicate(o->state, 1) : cJSON_CreateObject();
+  NEWT_CHECK_ALLOC(state);
   char stepdir[4096];
   ckpt_step_dirname(stepdir, sizeof stepdir, o->dir, o->step);
   ckpt_manifest *idx = calloc((size_t)o->nranks, sizeof *idx);
@@ -301,6 +306,7 @@ newt_result_t ckpt_commit(const ckpt_commit_opts *o) {
   if (r == NEWT_OK) r = shards_present(stepfd, stepdir, &m);
   if (r == NEWT_OK) r = newt_fs_write_atomic_at(stepfd, stepdir, "MANIFEST", text, len);
   free(text);
+  if (r == NEWT_OK && o->step_bytes) *o->step_bytes = step_bytes(&m, idx, o->nranks, len);
   if (r == NEWT_OK) { /* a hint for tools: the step is committed whether it moves or not */
     int64_t latest = ckpt_latest_at(dirfd, o->dir);
     if ((latest <= o->step || !ckpt_step_committed(dirfd, latest)) &&

@@ -76,6 +76,8 @@
  *   | files[]                | {name, rank, bytes, raw_bytes, layout}: shard files   |
  *   |                        | (plain names inside the step directory), their sizes, |
  *   |                        | the tensor bytes they hold, the rank's layout object  |
+ *   |                        | (ckpt_layout: dp, tp, pp, zero, rank, generation, the |
+ *   |                        | ones set, in this order; a reader passes over others) |
  *   | tensors[]              | {name, dtype, shape[], chunks[]}, sorted by name      |
  *   | tensors[].chunks[]     | {file, offset, stored, raw, codec, filter, xxh_raw,   |
  *   |                        | xxh_stored, box_offset[], box_shape[], begin, end}:   |
@@ -88,6 +90,7 @@
  * refused unread. */
 #include <errno.h>
 #include <fcntl.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -191,10 +194,7 @@ newt_result_t ckpt_chunk_hdr_decode(const uint8_t in[CKPT_CHUNK_HDR], const char
 
 void ckpt_manifest_free(ckpt_manifest *m) {
   if (!m) return;
-  for (size_t i = 0; i < m->nfiles; i++) {
-    free(m->files[i].name);
-    cJSON_Delete(m->files[i].layout);
-  }
+  for (size_t i = 0; i < m->nfiles; i++) free(m->files[i].name);
   free(m->files);
   for (size_t i = 0; i < m->ntensors; i++) {
     free(m->tensors[i].name);
@@ -293,6 +293,49 @@ int ckpt_plain_name(const char *name) {
   return 1;
 }
 
+/* ---- the layout --------------------------------------------------------------------------- */
+
+/* The layout's fields, in the order a manifest writes them (the order newt always wrote). */
+static const struct {
+  const char *name;
+  unsigned bit;
+  size_t off;
+} layout_fields[] = {
+    {"dp", CKPT_LAYOUT_DP, offsetof(ckpt_layout, dp)},
+    {"tp", CKPT_LAYOUT_TP, offsetof(ckpt_layout, tp)},
+    {"pp", CKPT_LAYOUT_PP, offsetof(ckpt_layout, pp)},
+    {"zero", CKPT_LAYOUT_ZERO, offsetof(ckpt_layout, zero)},
+    {"rank", CKPT_LAYOUT_RANK, offsetof(ckpt_layout, rank)},
+    {"generation", CKPT_LAYOUT_GENERATION, offsetof(ckpt_layout, generation)},
+};
+#define NLAYOUT (sizeof layout_fields / sizeof layout_fields[0])
+
+static int64_t *layout_slot(ckpt_layout *l, size_t i) { return (int64_t *)((char *)l + layout_fields[i].off); }
+
+cJSON *ckpt_layout_json(const ckpt_layout *l) {
+  cJSON *o = cJSON_CreateObject();
+  for (size_t i = 0; o && i < NLAYOUT; i++)
+    if (l->has & layout_fields[i].bit)
+      cJSON_AddNumberToObject(o, layout_fields[i].name, (double)*layout_slot((ckpt_layout *)l, i));
+  return o;
+}
+
+/* The fields of a manifest's layout object that this build knows. The layout is a note for
+ * tools that no load reads, and the previous releases took any object: a field of another
+ * name or type is passed over, never a reason to refuse a checkpoint. */
+static void decode_layout(const cJSON *o, ckpt_layout *l) {
+  memset(l, 0, sizeof *l);
+  for (size_t i = 0; o && i < NLAYOUT; i++) {
+    const cJSON *it = cJSON_GetObjectItemCaseSensitive(o, layout_fields[i].name);
+    if (!it) continue;
+    if (newt_json_item_int(it, layout_fields[i].name, layout_slot(l, i)) != NEWT_OK) {
+      newt_err_clear();
+      continue;
+    }
+    l->has |= layout_fields[i].bit;
+  }
+}
+
 /* ---- encoding -------------------------------------------------------------------------- */
 
 static cJSON *int_array(int n, const int64_t *v) {
@@ -345,7 +388,7 @@ newt_result_t ckpt_manifest_encode(const ckpt_manifest *m, char **text, size_t *
     newt_json_add_int(o, "rank", f->rank);
     newt_json_add_int(o, "bytes", (int64_t)f->bytes);
     newt_json_add_int(o, "raw_bytes", (int64_t)f->raw_bytes);
-    cJSON_AddItemToObject(o, "layout", f->layout ? cJSON_Duplicate(f->layout, 1) : cJSON_CreateObject());
+    cJSON_AddItemToObject(o, "layout", ckpt_layout_json(&f->layout));
     cJSON_AddItemToArray(files, o);
   }
   cJSON *tensors = cJSON_AddArrayToObject(root, "tensors");
@@ -541,7 +584,7 @@ static newt_result_t decode_tensor(const cJSON *o, const char *what, ckpt_manife
   return NEWT_OK;
 }
 
-static newt_result_t decode_file(cJSON *o, const char *what, const ckpt_manifest *m, ckpt_file *f) {
+static newt_result_t decode_file(const cJSON *o, const char *what, const ckpt_manifest *m, ckpt_file *f) {
   static const char *const known[] = {"name", "rank", "bytes", "raw_bytes", "layout", NULL};
   NEWT_CHECK(newt_json_check_fields(o, what, known));
   const char *name = NULL;
@@ -560,7 +603,7 @@ static newt_result_t decode_file(cJSON *o, const char *what, const ckpt_manifest
   NEWT_CHECK(newt_json_get_obj(o, what, "layout", 0, &layout));
   f->name = newt_strdup(name);
   NEWT_CHECK_ALLOC(f->name);
-  if (layout) f->layout = cJSON_DetachItemViaPointer(o, (cJSON *)layout); /* moved, not copied */
+  decode_layout(layout, &f->layout);
   return NEWT_OK;
 }
 
@@ -666,6 +709,7 @@ newt_result_t ckpt_manifest_decode(const char *text, size_t len, const char *wha
   newt_result_t r = decode_body(root, what, want_index, m);
   cJSON_Delete(root);
   if (r != NEWT_OK) ckpt_manifest_free(m);
+  else m->encoded_bytes = len;
   return r;
 }
 

@@ -88,7 +88,7 @@ typedef struct ckpt_file {
   int rank;
   uint64_t bytes;    /* file size */
   uint64_t raw_bytes;
-  cJSON *layout;     /* the rank's layout object (may be NULL) */
+  ckpt_layout layout; /* the rank's layout (has 0: none recorded) */
 } ckpt_file;
 
 /* A manifest, or one rank's index (is_index, one file, no state). */
@@ -103,6 +103,7 @@ typedef struct ckpt_manifest {
   ckpt_tensor *tensors; /* sorted by name once parsed or finished */
   size_t ntensors, cap;
   cJSON *state;         /* manifest only */
+  size_t encoded_bytes; /* the framed text it was decoded from (0: built in memory) */
 } ckpt_manifest;
 
 void ckpt_manifest_free(ckpt_manifest *m);

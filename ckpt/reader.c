@@ -18,7 +18,6 @@
 
 #include "ckpt/internal.h"
 #include "common/fs.h"
-#include "common/json.h"
 #include "common/log.h"
 #include "common/strutil.h"
 
@@ -441,12 +440,12 @@ newt_result_t ckpt_load_checked(const char *dir, int64_t max_step, int threads, 
     }
     if (rr == NEWT_OK) {
       out->step = steps[i];
-      out->state_json = newt_json_print(ckpt_reader_state(r));
+      out->state = r->m.state; /* moved: the reader's parse is the only one */
+      r->m.state = NULL;
       out->fallbacks = fallbacks;
       ckpt_close(r);
       free(steps);
       close(dirfd);
-      if (!out->state_json) return NEWT_ERR(NEWT_ERR_NOMEM, "out of memory printing the training state");
       if (fallbacks) NEWT_WARN(CKPT, "loaded step %lld after skipping %d newer checkpoint(s)", (long long)out->step, fallbacks);
       return NEWT_OK;
     }
@@ -503,7 +502,32 @@ newt_result_t ckpt_verify(const char *stepdir, ckpt_report_fn report, void *ctx,
   return NEWT_OK;
 }
 
-newt_result_t ckpt_inspect(const char *stepdir, cJSON **out) {
+/* The manifest's shard files and tensors as ckpt_info holds them (names moved out of m). */
+static void info_take(ckpt_manifest *m, ckpt_info *in) {
+  for (size_t f = 0; f < m->nfiles; f++) {
+    const ckpt_file *mf = &m->files[f];
+    in->files[f] = (ckpt_info_file){.rank = mf->rank, .name = mf->name, .bytes = mf->bytes,
+                                    .raw_bytes = mf->raw_bytes, .layout = mf->layout};
+    m->files[f].name = NULL;
+    in->file_bytes += mf->bytes;
+  }
+  for (size_t i = 0; i < m->ntensors; i++) {
+    ckpt_tensor *t = &m->tensors[i];
+    ckpt_info_tensor *x = &in->tensors[i];
+    *x = (ckpt_info_tensor){.name = t->name, .dtype = t->dtype, .ndim = t->ndim, .chunks = t->nchunks};
+    memcpy(x->shape, t->shape, sizeof x->shape);
+    t->name = NULL;
+    for (size_t j = 0; j < t->nchunks; j++) {
+      x->raw_bytes += t->chunks[j].raw;
+      x->stored_bytes += t->chunks[j].stored;
+    }
+    in->raw_bytes += x->raw_bytes;
+    in->stored_bytes += x->stored_bytes;
+  }
+}
+
+newt_result_t ckpt_inspect(const char *stepdir, ckpt_info *out) {
+  memset(out, 0, sizeof *out);
   ckpt_manifest m;
   char *sd = NULL;
   int fd;
@@ -514,57 +538,35 @@ newt_result_t ckpt_inspect(const char *stepdir, cJSON **out) {
   }
   free(sd);
   NEWT_CHECK(res);
-  cJSON *o = cJSON_CreateObject();
-  if (!o) {
+  out->path = newt_strdup(stepdir);
+  out->files = calloc(m.nfiles ? m.nfiles : 1, sizeof *out->files);
+  out->tensors = calloc(m.ntensors ? m.ntensors : 1, sizeof *out->tensors);
+  if (!out->path || !out->files || !out->tensors) {
     ckpt_manifest_free(&m);
-    return NEWT_ERR(NEWT_ERR_NOMEM, "out of memory");
+    ckpt_info_free(out);
+    return NEWT_ERR(NEWT_ERR_NOMEM, "out of memory describing %s", stepdir);
   }
-  char hex[17];
-  snprintf(hex, sizeof hex, "%016llx", (unsigned long long)m.attempt);
-  cJSON_AddStringToObject(o, "path", stepdir);
-  newt_json_add_int(o, "step", m.step);
-  newt_json_add_int(o, "nranks", m.nranks);
-  cJSON_AddStringToObject(o, "attempt", hex);
-  newt_json_add_int(o, "created_ms", (int64_t)m.created_ms);
-  uint64_t raw = 0, stored = 0, file = 0;
-  cJSON *ranks = cJSON_AddArrayToObject(o, "ranks");
-  for (size_t f = 0; f < m.nfiles; f++) {
-    cJSON *x = cJSON_CreateObject();
-    newt_json_add_int(x, "rank", m.files[f].rank);
-    cJSON_AddStringToObject(x, "file", m.files[f].name);
-    newt_json_add_int(x, "bytes", (int64_t)m.files[f].bytes);
-    newt_json_add_int(x, "raw_bytes", (int64_t)m.files[f].raw_bytes);
-    cJSON_AddItemToObject(x, "layout", m.files[f].layout ? cJSON_Duplicate(m.files[f].layout, 1) : cJSON_CreateObject());
-    cJSON_AddItemToArray(ranks, x);
-    file += m.files[f].bytes;
-  }
-  cJSON *tensors = cJSON_AddArrayToObject(o, "tensors");
-  for (size_t i = 0; i < m.ntensors; i++) {
-    const ckpt_tensor *t = &m.tensors[i];
-    uint64_t tr = 0, ts = 0;
-    for (size_t j = 0; j < t->nchunks; j++) {
-      tr += t->chunks[j].raw;
-      ts += t->chunks[j].stored;
-    }
-    cJSON *x = cJSON_CreateObject();
-    cJSON_AddStringToObject(x, "name", t->name);
-    cJSON_AddStringToObject(x, "dtype", newt_dtype_name(t->dtype));
-    cJSON *shape = cJSON_AddArrayToObject(x, "shape");
-    for (int k = 0; k < t->ndim; k++) cJSON_AddItemToArray(shape, cJSON_CreateNumber((double)t->shape[k]));
-    newt_json_add_int(x, "chunks", (int64_t)t->nchunks);
-    newt_json_add_int(x, "raw_bytes", (int64_t)tr);
-    newt_json_add_int(x, "stored_bytes", (int64_t)ts);
-    cJSON_AddItemToArray(tensors, x);
-    raw += tr;
-    stored += ts;
-  }
-  newt_json_add_int(o, "raw_bytes", (int64_t)raw);
-  newt_json_add_int(o, "stored_bytes", (int64_t)stored);
-  newt_json_add_int(o, "file_bytes", (int64_t)file);
-  cJSON_AddNumberToObject(o, "ratio", stored ? (double)raw / (double)stored : 1.0);
-  cJSON_AddItemToObject(o, "state", m.state);
+  out->step = m.step;
+  out->nranks = m.nranks;
+  out->attempt = m.attempt;
+  out->created_ms = m.created_ms;
+  out->nfiles = m.nfiles;
+  out->ntensors = m.ntensors;
+  info_take(&m, out);
+  out->ratio = out->stored_bytes ? (double)out->raw_bytes / (double)out->stored_bytes : 1.0;
+  out->state = m.state; /* moved */
   m.state = NULL;
   ckpt_manifest_free(&m);
-  *out = o;
   return NEWT_OK;
+}
+
+void ckpt_info_free(ckpt_info *in) {
+  if (!in) return;
+  for (size_t f = 0; in->files && f < in->nfiles; f++) free(in->files[f].name);
+  for (size_t i = 0; in->tensors && i < in->ntensors; i++) free(in->tensors[i].name);
+  free(in->files);
+  free(in->tensors);
+  free(in->path);
+  cJSON_Delete(in->state);
+  memset(in, 0, sizeof *in);
 }

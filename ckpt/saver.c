@@ -37,7 +37,6 @@
 
 #include "ckpt/internal.h"
 #include "common/fs.h"
-#include "common/json.h"
 #include "common/log.h"
 #include "common/strutil.h"
 #include "common/sys.h"
@@ -77,7 +76,8 @@ typedef struct segment {
 } segment;
 
 struct ckpt_saver {
-  char *dir, *layout_json;
+  char *dir;
+  ckpt_layout layout;
   char *writer;    /* the writer it belongs to, and its lock of DIR (lock.c) */
   ckpt_lock *lock;
   int rank, nranks, level, skip_if_busy, commit, keep;
@@ -102,7 +102,7 @@ struct ckpt_saver {
   uint64_t t_begin;
   entry *entries;
   size_t nentries, ecap;
-  char *state_json;
+  cJSON *state;       /* the training state (the committer's), a copy of the caller's */
   piece *pieces;
   size_t npieces, pcap;
 
@@ -195,17 +195,13 @@ newt_result_t ckpt_saver_init(ckpt_saver **out, const ckpt_saver_opts *o) {
                     ZSTD_maxCLevel());
   if (!o->staging_alloc != !o->staging_free)
     return NEWT_ERR(NEWT_ERR_INVALID, "ckpt saver: staging_alloc and staging_free are given together or not at all");
-  if (o->layout_json) {
-    cJSON *j = NULL;
-    NEWT_CHECK(newt_json_parse(o->layout_json, strlen(o->layout_json), "ckpt saver layout_json", &j));
-    int obj = cJSON_IsObject(j);
-    cJSON_Delete(j);
-    if (!obj) return NEWT_ERR(NEWT_ERR_INVALID, "ckpt saver layout_json: expected an object");
-  }
+  if (o->layout.has & ~(unsigned)CKPT_LAYOUT_ALL)
+    return NEWT_ERR(NEWT_ERR_INVALID, "ckpt saver: layout.has 0x%x names fields other than CKPT_LAYOUT_ALL's",
+                    o->layout.has);
   ckpt_saver *s = calloc(1, sizeof *s);
   NEWT_CHECK_ALLOC(s);
   s->dir = newt_strdup(o->dir);
-  s->layout_json = newt_strdup(o->layout_json ? o->layout_json : "{}");
+  s->layout = o->layout;
   s->rank = o->rank;
   s->nranks = o->nranks;
   s->level = o->level > 0 ? o->level : o->level == CKPT_LEVEL_RAW ? 0 : 1;
@@ -239,7 +235,7 @@ newt_result_t ckpt_saver_init(ckpt_saver **out, const ckpt_saver_opts *o) {
   pthread_condattr_destroy(&ca);
   int threads = o->threads > 0 ? o->threads : 2;
   newt_result_t r = NEWT_OK;
-  if (!s->dir || !s->layout_json || !s->writer) r = NEWT_ERR(NEWT_ERR_NOMEM, "out of memory: ckpt saver");
+  if (!s->dir || !s->writer) r = NEWT_ERR(NEWT_ERR_NOMEM, "out of memory: ckpt saver");
   if (r == NEWT_OK) r = ckpt_lock_take(s->dir, s->writer, &s->lock); /* first: a refused saver takes nothing */
   if (r == NEWT_OK) r = ckpt_pool_init(&s->pool, threads);
   if (r == NEWT_OK && !(s->segs = calloc((size_t)threads, sizeof *s->segs)))
@@ -291,9 +287,8 @@ void ckpt_saver_free(ckpt_saver *s) {
   free(s->entries);
   free(s->pieces);
   free(s->hdr_block);
-  free(s->state_json);
+  cJSON_Delete(s->state);
   free(s->dir);
-  free(s->layout_json);
   free(s->writer);
   pthread_mutex_destroy(&s->off_mu);
   pthread_mutex_destroy(&s->mu);
@@ -518,7 +513,7 @@ static newt_result_t write_index(ckpt_saver *s, int stepfd, const char *stepdir,
   if (!m.files) return NEWT_ERR(NEWT_ERR_NOMEM, "out of memory: shard index");
   m.nfiles = 1;
   m.files[0] = (ckpt_file){.name = newt_strdup(shard_name), .rank = s->rank, .bytes = s->next_off,
-                           .raw_bytes = raw_bytes, .layout = cJSON_Parse(s->layout_json)};
+                           .raw_bytes = raw_bytes, .layout = s->layout};
   if (!m.files[0].name) r = NEWT_ERR(NEWT_ERR_NOMEM, "out of memory: shard index");
   /* one tensor per entry (tensor i holds entry i's pieces), merged by name below; empty
    * tensors (no pieces) are listed too, so that the manifest knows them */
@@ -635,7 +630,8 @@ static newt_result_t write_shard(ckpt_saver *s, int stepfd, const char *stepdir,
   return r;
 }
 
-static newt_result_t run_save(ckpt_saver *s, uint64_t *raw_out) {
+/* Writes the save; the committer commits it (*step_bytes: the committed step's bytes). */
+static newt_result_t run_save(ckpt_saver *s, uint64_t *raw_out, uint64_t *step_bytes) {
   char stepdir[4096], shard[64];
   ckpt_step_dirname(stepdir, sizeof stepdir, s->dir, s->step);
   ckpt_shard_name(shard, sizeof shard, s->rank, s->attempt);
@@ -655,8 +651,8 @@ static newt_result_t run_save(ckpt_saver *s, uint64_t *raw_out) {
   if (r != NEWT_OK) return NEWT_ERR(r, "%s", msg);
   if (s->commit) {
     ckpt_commit_opts co = {.dir = s->dir, .step = s->step, .nranks = s->nranks, .attempt = s->attempt,
-                           .state_json = s->state_json, .deadline = newt_deadline_in_ms(s->commit_timeout_ms),
-                           .keep = s->keep, .abort = &s->abort, .writer = s->writer};
+                           .state = s->state, .deadline = newt_deadline_in_ms(s->commit_timeout_ms),
+                           .keep = s->keep, .abort = &s->abort, .writer = s->writer, .step_bytes = step_bytes};
     NEWT_CHECK(ckpt_commit(&co));
   }
   return NEWT_OK;
@@ -664,14 +660,15 @@ static newt_result_t run_save(ckpt_saver *s, uint64_t *raw_out) {
 
 /* Runs the save built by begin/add/end and records its outcome in the status. */
 static void save_and_report(ckpt_saver *s) {
-  uint64_t t0 = newt_now_ns(), raw = 0;
-  newt_result_t r = run_save(s, &raw);
+  uint64_t t0 = newt_now_ns(), raw = 0, step_bytes = 0;
+  newt_result_t r = run_save(s, &raw, &step_bytes);
   pthread_mutex_lock(&s->mu);
   s->st.step = s->step;
   s->st.result = r;
   s->st.write_ms = (double)(newt_now_ns() - t0) / 1e6;
   s->st.raw_bytes = raw;
   s->st.file_bytes = r == NEWT_OK ? s->next_off : 0;
+  s->st.step_bytes = r == NEWT_OK ? step_bytes : 0;
   if (r == NEWT_OK) {
     s->st.state = CKPT_SAVE_DONE;
     s->st.message[0] = '\0';
@@ -741,19 +738,14 @@ static newt_result_t snapshot(ckpt_saver *s) {
   return NEWT_OK;
 }
 
-newt_result_t ckpt_save_end(ckpt_saver *s, const char *state_json) {
+newt_result_t ckpt_save_end(ckpt_saver *s, const cJSON *state) {
   if (!s->building) return NEWT_ERR(NEWT_ERR_INVALID, "ckpt_save_end: no save begun");
   s->building = 0;
-  if (state_json) {
-    cJSON *j = NULL;
-    NEWT_CHECK(newt_json_parse(state_json, strlen(state_json), "ckpt_save_end state_json", &j));
-    int obj = cJSON_IsObject(j);
-    cJSON_Delete(j);
-    if (!obj) return NEWT_ERR(NEWT_ERR_INVALID, "ckpt_save_end state_json: expected an object");
-  }
-  free(s->state_json);
-  s->state_json = newt_strdup(state_json ? state_json : "{}");
-  NEWT_CHECK_ALLOC(s->state_json);
+  if (state && !cJSON_IsObject(state))
+    return NEWT_ERR(NEWT_ERR_INVALID, "ckpt_save_end: the training state is not a JSON object");
+  cJSON_Delete(s->state);
+  s->state = state ? cJSON_Duplicate(state, 1) : cJSON_CreateObject();
+  NEWT_CHECK_ALLOC(s->state);
   if (!s->async) {
     pthread_mutex_lock(&s->mu);
     s->running = 1;

@@ -105,60 +105,114 @@ static int cmd_ls(const char *dir, int json) {
   return 0;
 }
 
+/* `inspect --json`: the description as one JSON object (the fields and their order are
+ * what this command has always printed). */
+static void print_info_json(const ckpt_info *in) {
+  cJSON *o = cJSON_CreateObject(), *ranks, *tensors;
+  char hex[17];
+  snprintf(hex, sizeof hex, "%016llx", (unsigned long long)in->attempt);
+  cJSON_AddStringToObject(o, "path", in->path);
+  newt_json_add_int(o, "step", in->step);
+  newt_json_add_int(o, "nranks", in->nranks);
+  cJSON_AddStringToObject(o, "attempt", hex);
+  newt_json_add_int(o, "created_ms", (int64_t)in->created_ms);
+  cJSON_AddItemToObject(o, "ranks", ranks = cJSON_CreateArray());
+  for (size_t f = 0; f < in->nfiles; f++) {
+    const ckpt_info_file *x = &in->files[f];
+    cJSON *j = cJSON_CreateObject();
+    newt_json_add_int(j, "rank", x->rank);
+    cJSON_AddStringToObject(j, "file", x->name);
+    newt_json_add_int(j, "bytes", (int64_t)x->bytes);
+    newt_json_add_int(j, "raw_bytes", (int64_t)x->raw_bytes);
+    cJSON_AddItemToObject(j, "layout", ckpt_layout_json(&x->layout));
+    cJSON_AddItemToArray(ranks, j);
+  }
+  cJSON_AddItemToObject(o, "tensors", tensors = cJSON_CreateArray());
+  for (size_t i = 0; i < in->ntensors; i++) {
+    const ckpt_info_tensor *t = &in->tensors[i];
+    cJSON *j = cJSON_CreateObject(), *shape;
+    cJSON_AddStringToObject(j, "name", t->name);
+    cJSON_AddStringToObject(j, "dtype", newt_dtype_name(t->dtype));
+    cJSON_AddItemToObject(j, "shape", shape = cJSON_CreateArray());
+    for (int k = 0; k < t->ndim; k++) cJSON_AddItemToArray(shape, cJSON_CreateNumber((double)t->shape[k]));
+    newt_json_add_int(j, "chunks", (int64_t)t->chunks);
+    newt_json_add_int(j, "raw_bytes", (int64_t)t->raw_bytes);
+    newt_json_add_int(j, "stored_bytes", (int64_t)t->stored_bytes);
+    cJSON_AddItemToArray(tensors, j);
+  }
+  newt_json_add_int(o, "raw_bytes", (int64_t)in->raw_bytes);
+  newt_json_add_int(o, "stored_bytes", (int64_t)in->stored_bytes);
+  newt_json_add_int(o, "file_bytes", (int64_t)in->file_bytes);
+  cJSON_AddNumberToObject(o, "ratio", in->ratio);
+  cJSON_AddItemReferenceToObject(o, "state", in->state); /* printed, not copied */
+  char *t = cJSON_PrintUnformatted(o);
+  printf("%s\n", t ? t : "{}");
+  free(t);
+  cJSON_Delete(o);
+}
+
+static void print_ranks(const ckpt_info *in) {
+  char a[32], b[32];
+  printf("\nlayout: %zu rank(s)\n", in->nfiles);
+  for (size_t f = 0; f < in->nfiles; f++) {
+    const ckpt_info_file *x = &in->files[f];
+    cJSON *lj = ckpt_layout_json(&x->layout);
+    char *lay = lj ? cJSON_PrintUnformatted(lj) : NULL;
+    human(x->bytes, a, sizeof a);
+    human(x->raw_bytes, b, sizeof b);
+    printf("  rank %-4d %s  %s of %s  %s\n", x->rank, x->name, a, b, lay ? lay : "");
+    free(lay);
+    cJSON_Delete(lj);
+  }
+}
+
+static void print_tensors(const ckpt_info *in) {
+  char a[32], b[32];
+  printf("\ntensors: %zu\n  %-40s %-5s %-22s %6s %11s %11s %6s\n", in->ntensors, "NAME", "DTYPE", "SHAPE", "CHUNKS",
+         "RAW", "STORED", "RATIO");
+  for (size_t i = 0; i < in->ntensors; i++) {
+    const ckpt_info_tensor *t = &in->tensors[i];
+    char shape[64] = "";
+    for (int k = 0; k < t->ndim; k++)
+      snprintf(shape + strlen(shape), sizeof shape - strlen(shape), "%s%lld", shape[0] ? "x" : "",
+               (long long)t->shape[k]);
+    double raw = (double)t->raw_bytes, st = (double)t->stored_bytes;
+    human(t->raw_bytes, a, sizeof a);
+    human(t->stored_bytes, b, sizeof b);
+    printf("  %-40s %-5s %-22s %6zu %11s %11s %6.3f\n", t->name, newt_dtype_name(t->dtype), shape, t->chunks, a, b,
+           st > 0 ? raw / st : 1.0);
+  }
+}
+
 static int cmd_inspect(const char *arg, int json) {
   char sd[4096];
   if (resolve_step(arg, sd, sizeof sd) != 0) return 1;
-  cJSON *o = NULL;
-  if (ckpt_inspect(sd, &o) != NEWT_OK) {
+  ckpt_info in;
+  if (ckpt_inspect(sd, &in) != NEWT_OK) {
     fprintf(stderr, "newt ckpt inspect: %s\n", newt_errmsg());
     return 1;
   }
   if (json) {
-    char *t = cJSON_PrintUnformatted(o);
-    printf("%s\n", t ? t : "{}");
-    free(t);
-    cJSON_Delete(o);
+    print_info_json(&in);
+    ckpt_info_free(&in);
     return 0;
   }
   char a[32], b[32], c[32], when[64] = "?";
-  human((uint64_t)cJSON_GetObjectItem(o, "raw_bytes")->valuedouble, a, sizeof a);
-  human((uint64_t)cJSON_GetObjectItem(o, "stored_bytes")->valuedouble, b, sizeof b);
-  human((uint64_t)cJSON_GetObjectItem(o, "file_bytes")->valuedouble, c, sizeof c);
-  time_t secs = (time_t)(cJSON_GetObjectItem(o, "created_ms")->valuedouble / 1000);
+  human(in.raw_bytes, a, sizeof a);
+  human(in.stored_bytes, b, sizeof b);
+  human(in.file_bytes, c, sizeof c);
+  time_t secs = (time_t)(in.created_ms / 1000);
   struct tm tm;
   if (localtime_r(&secs, &tm)) strftime(when, sizeof when, "%Y-%m-%d %H:%M:%S", &tm);
-  printf("checkpoint %s\n  step %.0f, committed %s, attempt %s\n", sd, cJSON_GetObjectItem(o, "step")->valuedouble,
-         when, cJSON_GetObjectItem(o, "attempt")->valuestring);
-  printf("  tensors hold %s, stored in %s (ratio %.3f), shard files %s\n", a, b,
-         cJSON_GetObjectItem(o, "ratio")->valuedouble, c);
-  const cJSON *ranks = cJSON_GetObjectItem(o, "ranks");
-  printf("\nlayout: %d rank(s)\n", cJSON_GetArraySize(ranks));
-  for (const cJSON *x = ranks->child; x; x = x->next) {
-    char *lay = cJSON_PrintUnformatted(cJSON_GetObjectItem(x, "layout"));
-    human((uint64_t)cJSON_GetObjectItem(x, "bytes")->valuedouble, a, sizeof a);
-    human((uint64_t)cJSON_GetObjectItem(x, "raw_bytes")->valuedouble, b, sizeof b);
-    printf("  rank %-4.0f %s  %s of %s  %s\n", cJSON_GetObjectItem(x, "rank")->valuedouble,
-           cJSON_GetObjectItem(x, "file")->valuestring, a, b, lay ? lay : "");
-    free(lay);
-  }
-  const cJSON *tensors = cJSON_GetObjectItem(o, "tensors");
-  printf("\ntensors: %d\n  %-40s %-5s %-22s %6s %11s %11s %6s\n", cJSON_GetArraySize(tensors), "NAME", "DTYPE", "SHAPE",
-         "CHUNKS", "RAW", "STORED", "RATIO");
-  for (const cJSON *x = tensors->child; x; x = x->next) {
-    char shape[64] = "";
-    for (const cJSON *d = cJSON_GetObjectItem(x, "shape")->child; d; d = d->next)
-      snprintf(shape + strlen(shape), sizeof shape - strlen(shape), "%s%.0f", shape[0] ? "x" : "", d->valuedouble);
-    double raw = cJSON_GetObjectItem(x, "raw_bytes")->valuedouble, st = cJSON_GetObjectItem(x, "stored_bytes")->valuedouble;
-    human((uint64_t)raw, a, sizeof a);
-    human((uint64_t)st, b, sizeof b);
-    printf("  %-40s %-5s %-22s %6.0f %11s %11s %6.3f\n", cJSON_GetObjectItem(x, "name")->valuestring,
-           cJSON_GetObjectItem(x, "dtype")->valuestring, shape, cJSON_GetObjectItem(x, "chunks")->valuedouble, a, b,
-           st > 0 ? raw / st : 1.0);
-  }
-  char *state = cJSON_Print(cJSON_GetObjectItem(o, "state"));
+  printf("checkpoint %s\n  step %lld, committed %s, attempt %016llx\n", sd, (long long)in.step, when,
+         (unsigned long long)in.attempt);
+  printf("  tensors hold %s, stored in %s (ratio %.3f), shard files %s\n", a, b, in.ratio, c);
+  print_ranks(&in);
+  print_tensors(&in);
+  char *state = cJSON_Print(in.state);
   printf("\ntraining state:\n%s\n", state ? state : "{}");
   free(state);
-  cJSON_Delete(o);
+  ckpt_info_free(&in);
   return 0;
 }
 

@@ -80,7 +80,7 @@ static void staging_free(void *dev, void *p) { model_dev_host_free(dev, p); }
 
 /* Saves the trainer as its step, in the background once the state is on the host. */
 static newt_result_t save(ckpt_saver *s, const model_par *p, uint64_t cursor, const char *data, int *started) {
-  char *state = NULL;
+  cJSON *state = NULL;
   NEWT_CHECK(gpt_ckpt_train_state(&p->cfg, p->step, cursor, p->opt.t, data, &state));
   newt_result_t r = ckpt_save_begin(s, p->step, 1, started);
   if (r == NEWT_OK && *started) {
@@ -88,7 +88,7 @@ static newt_result_t save(ckpt_saver *s, const model_par *p, uint64_t cursor, co
     if (r == NEWT_OK) r = ckpt_save_end(s, state);
     else r = ckpt_save_fail(s, r, newt_errmsg()); /* what was staged must not be written */
   }
-  free(state);
+  cJSON_Delete(state);
   return r;
 }
 
@@ -214,7 +214,8 @@ int newt_cmd_train(int argc, char **argv) {
   /* resume, and the saver for what comes next */
   if (res == NEWT_OK && ckpt_dir) {
     ckpt_saver_opts so = {.dir = ckpt_dir, .rank = 0, .nranks = 1, .threads = 2, .level = (int)ckpt_level,
-                          .keep = (int)ckpt_keep, .commit = 1, .layout_json = "{\"dp\":1,\"tp\":1,\"pp\":1,\"zero\":0}"};
+                          .keep = (int)ckpt_keep, .commit = 1,
+                          .layout = {.has = CKPT_LAYOUT_SHAPE, .dp = 1, .tp = 1, .pp = 1}};
     if (ckpt_level == 0) so.level = CKPT_LEVEL_RAW;
     so.staging_hint = gpt_ckpt_par_staging_bytes(&par); /* the first save's staging: one block */
     if (!model_dev_host_visible(par.dev)) { /* a GPU's downloads land in its pinned memory */

@@ -120,7 +120,7 @@ static gpt_ckpt_bufs trainer_bufs(const model_trainer *tr) {
 }
 
 newt_result_t gpt_ckpt_train_state(const model_train_config *c, int64_t step, uint64_t cursor,
-                                     int64_t adam_t, const char *data, char **json) {
+                                     int64_t adam_t, const char *data, cJSON **state) {
   cJSON *o = cJSON_CreateObject(), *rng, *cfg, *model, *optim;
   NEWT_CHECK_ALLOC(o);
   newt_json_add_int(o, "step", step);
@@ -151,19 +151,17 @@ newt_result_t gpt_ckpt_train_state(const model_train_config *c, int64_t step, ui
   cJSON_AddNumberToObject(optim, "eps", c->optim.eps);
   cJSON_AddNumberToObject(optim, "weight_decay", c->optim.weight_decay);
   cJSON_AddNumberToObject(optim, "grad_clip", c->optim.grad_clip);
-  *json = cJSON_PrintUnformatted(o);
-  cJSON_Delete(o);
-  NEWT_CHECK_ALLOC(*json);
+  *state = o;
   return NEWT_OK;
 }
 
-newt_result_t gpt_ckpt_trainer_state(const model_trainer *tr, const char *data, char **json) {
-  return gpt_ckpt_train_state(&tr->cfg, tr->step, tr->cursor, tr->opt.t, data, json);
+newt_result_t gpt_ckpt_trainer_state(const model_trainer *tr, const char *data, cJSON **state) {
+  return gpt_ckpt_train_state(&tr->cfg, tr->step, tr->cursor, tr->opt.t, data, state);
 }
 
 newt_result_t gpt_ckpt_trainer_save(ckpt_saver *s, const model_trainer *tr, const char *data, int async,
                                       int *started) {
-  char *state = NULL;
+  cJSON *state = NULL;
   NEWT_CHECK(gpt_ckpt_trainer_state(tr, data, &state));
   newt_result_t r = ckpt_save_begin(s, tr->step, async, started);
   if (r == NEWT_OK && *started) {
@@ -172,7 +170,7 @@ newt_result_t gpt_ckpt_trainer_save(ckpt_saver *s, const model_trainer *tr, cons
     if (r == NEWT_OK) r = ckpt_save_end(s, state);
     else r = ckpt_save_fail(s, r, newt_errmsg()); /* nothing half-gathered is written */
   }
-  free(state);
+  cJSON_Delete(state);
   return r;
 }
 
@@ -239,20 +237,18 @@ newt_result_t gpt_ckpt_check_state(const model_train_config *c, const char *data
   return r;
 }
 
-/* The training point of a loaded checkpoint (its state JSON): the same run as c and data,
- * and a step, data cursor and AdamW count that agree with the checkpoint's step. */
+/* The training point of a loaded checkpoint (its state): the same run as c and data, and a
+ * step, data cursor and AdamW count that agree with the checkpoint's step. */
 static newt_result_t loaded_point(const ckpt_loaded *ld, const model_train_config *c, const char *data,
                                   const char *dir, int64_t *s, int64_t *cursor, int64_t *t) {
-  cJSON *state = NULL;
-  newt_result_t r = newt_json_parse(ld->state_json, strlen(ld->state_json), "state", &state);
-  if (r == NEWT_OK) r = check_config(state, c, data, 0);
+  const cJSON *state = ld->state;
+  newt_result_t r = check_config(state, c, data, 0);
   if (r == NEWT_OK) r = newt_json_get_int(state, "state", "step", 1, s);
   if (r == NEWT_OK) r = newt_json_get_int(state, "state", "cursor", 1, cursor);
   if (r == NEWT_OK) r = newt_json_get_int(state, "state", "adam_t", 1, t);
   if (r == NEWT_OK && (*s != ld->step || *cursor < 0 || *t < 0))
     r = NEWT_ERR(NEWT_ERR_INVALID, "%s: state.step %lld in the checkpoint of step %lld", dir, (long long)*s,
                  (long long)ld->step);
-  cJSON_Delete(state);
   return r;
 }
 
@@ -305,7 +301,7 @@ newt_result_t gpt_ckpt_trainer_resume(const char *dir, model_trainer *tr, const 
   } else {
     newt_err_wrap(r, "resuming from %s: ", dir);
   }
-  free(ld.state_json);
+  cJSON_Delete(ld.state);
   free(reqs);
   free(p);
   free(m);
@@ -329,7 +325,7 @@ newt_result_t gpt_ckpt_train_load(const char *dir, int64_t max_step, const model
     out->adam_t = t;
     out->fallbacks = ld.fallbacks;
   }
-  free(ld.state_json);
+  cJSON_Delete(ld.state);
   return r == NEWT_OK ? NEWT_OK : newt_err_wrap(r, "loading %s: ", dir);
 }
 

@@ -40,9 +40,9 @@ newt_result_t gpt_ckpt_requests(const gpt_ckpt_bufs *b, ckpt_request **reqs, siz
 
 /* The training state stored with a run's checkpoint (the format below), for a run of
  * config c at a step: what every layout's committer stores, so a checkpoint of one layout
- * (or of newt train) resumes under any other. */
+ * (or of newt train) resumes under any other. *state is the caller's (cJSON_Delete). */
 newt_result_t gpt_ckpt_train_state(const model_train_config *c, int64_t step, uint64_t cursor,
-                                     int64_t adam_t, const char *data, char **json);
+                                     int64_t adam_t, const char *data, cJSON **state);
 
 /* Whether a checkpoint's state document (of the given step) is of the run of config c and
  * data: NEWT_ERR_INVALID naming the field when not (another learning-rate schedule only
@@ -103,7 +103,7 @@ newt_result_t gpt_ckpt_par_load(const char *dir, int64_t max_step, model_par *p,
  *    channels}, "batch", "micro_batch", "seq_len", "data", "optim": {...}}}
  * `data` names the token source ("generated:<bytes>" or a file path). The RNG is
  * counter-based (model/rng.h): its whole state is the two seeds plus the step and cursor. */
-newt_result_t gpt_ckpt_trainer_state(const model_trainer *tr, const char *data, char **json);
+newt_result_t gpt_ckpt_trainer_state(const model_trainer *tr, const char *data, cJSON **state);
 
 /* Saves the trainer (weights, moments, state) as step tr->step; see ckpt_save_begin for
  * async and *started. */

@@ -1,7 +1,6 @@
 /* The trainer and the token stream a job spec asks for (gpt/gpt.h): the GPT worker builds its
  * trainer from the job's spec, and `newt train` from the spec its flags describe, with these
  * two functions, so a job and `newt train` with the same values follow one trajectory. */
-#include <stdio.h>
 #include <stdlib.h>
 
 #include "gpt/gpt.h"
@@ -25,10 +24,7 @@ newt_result_t gpt_train_config(const newt_spec *s, int threads, model_train_conf
   } over[] = {{"vocab", s->vocab}, {"ctx", s->ctx}, {"layers", s->layers}, {"heads", s->heads},
               {"channels", s->channels}};
   for (size_t i = 0; i < sizeof over / sizeof over[0]; i++) {
-    if (!over[i].v) continue;
-    char v[32];
-    snprintf(v, sizeof v, "%lld", (long long)over[i].v);
-    NEWT_CHECK(model_config_set(&c->model, over[i].field, v));
+    if (over[i].v) NEWT_CHECK(model_config_set_int(&c->model, over[i].field, over[i].v));
   }
   c->batch = (int)s->global_batch;
   c->micro_batch = (int)s->micro_batch;

@@ -67,10 +67,12 @@ void gpt_dev_memory(model_dev *dev, newt_memory *out) {
  * step and cursor, which are newt's. */
 static char *doc_write(void *arg, int64_t step) {
   gpt_worker *g = arg;
-  char *json = NULL;
+  cJSON *state = NULL;
   if (gpt_ckpt_train_state(&g->tcfg, step, (uint64_t)step * (uint64_t)g->spec.global_batch, step, g->data_desc,
-                           &json) != NEWT_OK)
+                           &state) != NEWT_OK)
     return NULL;
+  char *json = cJSON_PrintUnformatted(state); /* newt.h's document is text: the library's edge */
+  cJSON_Delete(state);
   return json;
 }
 

@@ -30,21 +30,33 @@ newt_result_t model_config_preset(const char *name, model_config *cfg) {
                   name ? name : "(null)");
 }
 
+/* The field of cfg named `field`: NULL when there is none of that name. */
+static int64_t *field_slot(model_config *cfg, const char *field) {
+  if (strcmp(field, "vocab") == 0) return &cfg->vocab;
+  if (strcmp(field, "ctx") == 0) return &cfg->ctx;
+  if (strcmp(field, "layers") == 0) return &cfg->layers;
+  if (strcmp(field, "heads") == 0) return &cfg->heads;
+  if (strcmp(field, "channels") == 0) return &cfg->channels;
+  return NULL;
+}
+
+static newt_result_t unknown_field(const char *field) {
+  return NEWT_ERR(NEWT_ERR_INVALID, "model field \"%s\" is unknown (vocab, ctx, layers, heads or channels)", field);
+}
+
+newt_result_t model_config_set_int(model_config *cfg, const char *field, int64_t v) {
+  int64_t *slot = field_slot(cfg, field);
+  if (!slot) return unknown_field(field);
+  *slot = v;
+  return NEWT_OK;
+}
+
 newt_result_t model_config_set(model_config *cfg, const char *field, const char *value) {
-  int64_t *slot = NULL;
-  if (strcmp(field, "vocab") == 0) slot = &cfg->vocab;
-  else if (strcmp(field, "ctx") == 0) slot = &cfg->ctx;
-  else if (strcmp(field, "layers") == 0) slot = &cfg->layers;
-  else if (strcmp(field, "heads") == 0) slot = &cfg->heads;
-  else if (strcmp(field, "channels") == 0) slot = &cfg->channels;
-  else
-    return NEWT_ERR(NEWT_ERR_INVALID,
-                    "model field \"%s\" is unknown (vocab, ctx, layers, heads or channels)", field);
+  if (!field_slot(cfg, field)) return unknown_field(field);
   int64_t v;
   if (newt_parse_int(value, &v) != 0)
     return NEWT_ERR(NEWT_ERR_INVALID, "model.%s: expected an integer, got \"%s\"", field, value);
-  *slot = v;
-  return NEWT_OK;
+  return model_config_set_int(cfg, field, v);
 }
 
 newt_result_t model_config_override(model_config *cfg, const char *list) {

@@ -1,8 +1,10 @@
 /* The GPT-2 model's shape: presets (tiny, small, gpt2-124m) and field overrides.
  *
  * A config is five integers; every other size (head size, MLP width, the tensor table)
- * is derived from them. Overrides are "field=value" pairs (or set one by one with
- * model_config_set), checked together by model_config_check, whose errors name the field. */
+ * is derived from them. A field is set by name with its value (model_config_set_int: a
+ * spec's numbers), or from text (model_config_set, model_config_override: "field=value"
+ * pairs a person typed); all are checked together by model_config_check, whose errors
+ * name the field. */
 #ifndef NEWT_MODEL_CONFIG_H
 #define NEWT_MODEL_CONFIG_H
 
@@ -22,7 +24,9 @@ typedef struct model_config {
  * L 6, NH 6, C 384), "gpt2-124m" (V 50257, ctx 1024, L 12, NH 12, C 768). */
 newt_result_t model_config_preset(const char *name, model_config *cfg);
 
-/* Sets one field by name ("vocab", "ctx", "layers", "heads", "channels"); value is decimal. */
+/* Sets one field by name ("vocab", "ctx", "layers", "heads", "channels") to v. */
+newt_result_t model_config_set_int(model_config *cfg, const char *field, int64_t v);
+/* The same from text a person typed: value is decimal. */
 newt_result_t model_config_set(model_config *cfg, const char *field, const char *value);
 
 /* Applies a comma-separated list of overrides: "layers=2,channels=64". NULL or "" is a no-op. */

@@ -213,7 +213,8 @@ newt_result_t rdzv_leader_get(rdzv_etcd *c, const char *job, newt_deadline_t d, 
 
 /* --- plan, spec, events --------------------------------------------------------------------- */
 
-/* The leader publishes plan `generation` (plan_json must hold that "generation"). */
+/* The leader publishes plan `generation`: plan_json, the plan's record as its codec encoded it
+ * (job/plan.h), put as it is. */
 newt_result_t rdzv_plan_publish(rdzv_candidate *cand, int64_t generation, const char *plan_json,
                                 newt_deadline_t d);
 /* The current plan (malloc'd JSON) and its generation; NEWT_ERR_NOTFOUND when none. */

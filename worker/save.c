@@ -103,9 +103,6 @@ newt_result_t worker_ckpt_generation(worker *w) {
   char writer[128];
   snprintf(writer, sizeof writer, "job %s", w->o.job);
   if (!w->ckpt_lock) NEWT_CHECK(ckpt_lock_take(w->spec.ckpt_dir, writer, &w->ckpt_lock));
-  char layout[160];
-  snprintf(layout, sizeof layout, "{\"dp\":%d,\"tp\":%d,\"pp\":%d,\"zero\":%d,\"rank\":%d,\"generation\":%llu}", p->dp,
-           p->tp, p->pp, p->zero, w->me->rank, (unsigned long long)p->generation);
   ckpt_saver_opts so = {.dir = w->spec.ckpt_dir,
                         .rank = w->me->rank,
                         .nranks = p->nranks,
@@ -116,7 +113,8 @@ newt_result_t worker_ckpt_generation(worker *w) {
                         .keep = (int)w->spec.ckpt_keep,
                         .commit_timeout_ms = 120000,
                         .attempt = p->generation,
-                        .layout_json = layout,
+                        .layout = {.has = CKPT_LAYOUT_ALL, .dp = p->dp, .tp = p->tp, .pp = p->pp, .zero = p->zero,
+                                   .rank = w->me->rank, .generation = (int64_t)p->generation},
                         .writer = writer};
   /* staging from the pool: kept across generations, pinned on a GPU */
   worker_pinned *pool = NULL;
@@ -132,18 +130,6 @@ newt_result_t worker_ckpt_generation(worker *w) {
   so.staging_free = worker_pinned_staging_free;
   so.staging_ctx = pool;
   return ckpt_saver_init(&w->saver, &so);
-}
-
-/* The bytes on disk of committed step `step`, every rank's files (0: not found). */
-static int64_t ckpt_bytes(worker *w, int64_t step) {
-  ckpt_step_info *info = NULL;
-  size_t n = 0;
-  int64_t bytes = 0;
-  if (ckpt_list(w->spec.ckpt_dir, &info, &n) != NEWT_OK) return 0;
-  for (size_t i = 0; i < n; i++)
-    if (info[i].step == step && info[i].committed) bytes = (int64_t)info[i].disk_bytes;
-  free(info);
-  return bytes;
 }
 
 /* The part's tensor as the checkpoint names it. */
@@ -178,8 +164,9 @@ static newt_result_t add_parts(worker *w) {
   return r;
 }
 
-/* The state document of a save at `step`: the worker's fields, then the program's. */
-static newt_result_t state_document(worker *w, int64_t step, char **out) {
+/* The state document of a save at `step`: the worker's fields, then the program's (text
+ * from newt.h's newt_doc_write_fn, parsed here once). *out is the caller's. */
+static newt_result_t state_document(worker *w, int64_t step, cJSON **out) {
   *out = NULL;
   cJSON *o = cJSON_CreateObject();
   NEWT_CHECK_ALLOC(o);
@@ -201,9 +188,12 @@ static newt_result_t state_document(worker *w, int64_t step, char **out) {
     cJSON_Delete(prog);
     free(mine);
   }
-  if (r == NEWT_OK && !(*out = cJSON_PrintUnformatted(o))) r = NEWT_ERR(NEWT_ERR_NOMEM, "out of memory");
-  cJSON_Delete(o);
-  return r;
+  if (r != NEWT_OK) {
+    cJSON_Delete(o);
+    return r;
+  }
+  *out = o;
+  return NEWT_OK;
 }
 
 newt_result_t worker_ckpt_step(worker *w) {
@@ -218,7 +208,8 @@ newt_result_t worker_ckpt_step(worker *w) {
   }
   if (w->me->rank == 0 && st.state == CKPT_SAVE_DONE && st.last_ok_step > w->ckpt_published) {
     w->ckpt_published = st.last_ok_step;
-    worker_publish_ckpt(w, st.last_ok_step, ckpt_bytes(w, st.last_ok_step), (int64_t)st.write_ms, st.stall_ms);
+    /* the bytes the committer wrote down: the directory is not listed again */
+    worker_publish_ckpt(w, st.last_ok_step, (int64_t)st.step_bytes, (int64_t)st.write_ms, st.stall_ms);
   }
   if (w->live_step % w->spec.ckpt_every != 0) return NEWT_OK;
   staging_filled(w); /* the save takes the block it reserved */
@@ -226,12 +217,12 @@ newt_result_t worker_ckpt_step(worker *w) {
   NEWT_CHECK(ckpt_save_begin(w->saver, w->live_step, 1, &started));
   if (!started) return NEWT_OK; /* the last save is still being written: skip this one */
   newt_result_t res = add_parts(w);
-  char *state = NULL;
+  cJSON *state = NULL;
   if (res == NEWT_OK && w->me->rank == 0) res = state_document(w, w->live_step, &state);
   /* staging half filled: the save ends as failed and writes nothing (its marker stops the
      committer waiting for this rank) */
   res = res == NEWT_OK ? ckpt_save_end(w->saver, state) : ckpt_save_fail(w->saver, res, newt_errmsg());
-  free(state);
+  cJSON_Delete(state);
   return res;
 }
 
@@ -311,7 +302,7 @@ newt_result_t worker_ckpt_load(worker *w, comm_t *c, int64_t *step) {
     }
     if (queued) r = worker_mem_sync(&w->o.memory);
   }
-  free(ld.state_json);
+  cJSON_Delete(ld.state);
   worker_stage_release(w, stage);
   free(reqs);
   free(offs);

@@ -196,9 +196,7 @@ static int child_save(const char *dir, const char *writer, int rank, int nranks,
     sl.end = b;
     r = ckpt_save_add(sv, &s.t[i], &sl, (const uint8_t *)s.data[i] + (size_t)a * newt_dtype_size(s.t[i].dtype));
   }
-  char js[256];
-  ts_state_json(step, js, sizeof js);
-  if (r == NEWT_OK) r = ckpt_save_end(sv, js);
+  if (r == NEWT_OK) r = ts_save_end(sv, step);
   if (r != NEWT_OK) fprintf(stderr, "child save: %s\n", newt_errmsg());
   ckpt_saver_free(sv);
   ts_free(&s);

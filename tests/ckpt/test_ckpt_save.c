@@ -45,9 +45,7 @@ static void test_sync_async(void) {
     T_OK(ckpt_save_reserve(sv, &later.t[i], NULL, &dst));
     if (later.bytes[i]) memcpy(dst, later.data[i], later.bytes[i]);
   }
-  char js[256];
-  ts_state_json(3, js, sizeof js);
-  T_OK(ckpt_save_end(sv, js));
+  T_OK(ts_save_end(sv, 3));
   T_OK(ckpt_save_wait(sv, newt_deadline_in_ms(60000)));
   ts_load_check(dir, CKPT_LATEST, 3, 1, 0, NULL);
   /* misuse is refused */
@@ -62,7 +60,10 @@ static void test_sync_async(void) {
   bad.offset[0] = 1;
   T_ERR(NEWT_ERR_INVALID, ckpt_save_add(sv, &later.t[0], &bad, later.data[0]));
   T_CHECK(strstr(newt_errmsg(), "lies outside tensor \"wte\"") != NULL);
-  T_ERR(NEWT_ERR_INVALID, ckpt_save_end(sv, "[1,2]")); /* the state must be an object */
+  cJSON *arr = cJSON_Parse("[1,2]");
+  T_ERR(NEWT_ERR_INVALID, ckpt_save_end(sv, arr)); /* the state must be an object */
+  T_CHECK(strstr(newt_errmsg(), "the training state is not a JSON object") != NULL);
+  cJSON_Delete(arr);
   ckpt_saver_free(sv);
   ts_free(&s);
   ts_free(&later);
@@ -206,9 +207,7 @@ static newt_result_t save_rank(const char *dir, int rank, int nranks, uint64_t a
     size_t es = newt_dtype_size(s->t[i].dtype);
     r = ckpt_save_add(sv, &s->t[i], &sl, (const uint8_t *)s->data[i] + (size_t)sl.begin * es);
   }
-  char js[256];
-  ts_state_json(step, js, sizeof js);
-  if (r == NEWT_OK) r = ckpt_save_end(sv, js);
+  if (r == NEWT_OK) r = ts_save_end(sv, step);
   ckpt_saver_free(sv);
   return r;
 }
@@ -287,6 +286,41 @@ static void test_commit_checks(void) {
   ts_load_check(dir, CKPT_LATEST, 9, 1, 0, NULL);
   ts_free(&s);
   ts_free(&other);
+}
+
+/* The committer carries the size of the step it committed (what the worker publishes): every
+ * file of it, as a listing of the directory counts them; the other rank reports none. */
+static void test_step_bytes(void) {
+  char dir[300];
+  subdir(dir, sizeof dir, "bytes");
+  tstate s;
+  ts_make(&s, 6, 1, 0);
+  ckpt_saver *sv[2] = {NULL, NULL};
+  for (int r = 1; r >= 0; r--) { /* rank 1's index first: rank 0's sync save commits */
+    ckpt_saver_opts o = {.dir = dir, .rank = r, .nranks = 2, .commit = r == 0, .attempt = 3,
+                         .commit_timeout_ms = 20000};
+    T_OK(ckpt_saver_init(&sv[r], &o));
+    if (!sv[r]) return;
+    int started;
+    T_OK(ckpt_save_begin(sv[r], 6, 0, &started));
+    for (size_t i = (size_t)r; i < s.n; i += 2) T_OK(ckpt_save_add(sv[r], &s.t[i], NULL, s.data[i]));
+    T_OK(ts_save_end(sv[r], 6));
+  }
+  ckpt_save_status st0, st1;
+  ckpt_saver_status(sv[0], &st0);
+  ckpt_saver_status(sv[1], &st1);
+  ckpt_step_info *info = NULL;
+  size_t n = 0;
+  T_OK(ckpt_list(dir, &info, &n));
+  T_CHECK_MSG(n == 1 && info[0].committed && st0.step_bytes == info[0].disk_bytes,
+              "the committer says %llu bytes, the directory holds %llu", (unsigned long long)st0.step_bytes,
+              n ? (unsigned long long)info[0].disk_bytes : 0ULL);
+  T_CHECK(st0.step_bytes > st0.file_bytes + st1.file_bytes); /* the shards, and the indexes and manifest */
+  T_CHECK(st1.state == CKPT_SAVE_DONE && st1.step_bytes == 0);
+  free(info);
+  ckpt_saver_free(sv[0]);
+  ckpt_saver_free(sv[1]);
+  ts_free(&s);
 }
 
 static void test_prune(void) {
@@ -441,9 +475,7 @@ static void test_staging_allocator(void) {
     T_CHECK(!later.bytes[i] || (uintptr_t)dst % CKPT_STAGING_ALIGN == 0);
     if (later.bytes[i]) memcpy(dst, later.data[i], later.bytes[i]);
   }
-  char js[256];
-  ts_state_json(3, js, sizeof js);
-  T_OK(ckpt_save_end(sv, js));
+  T_OK(ts_save_end(sv, 3));
   T_OK(ckpt_save_wait(sv, newt_deadline_in_ms(60000)));
   T_CHECK_MSG(a.allocs == warm, "a warm saver allocated %d more staging blocks", a.allocs - warm);
   ts_load_check(dir, CKPT_LATEST, 3, 1, 0, NULL);
@@ -513,6 +545,7 @@ int main(void) {
   T_RUN(test_save_fail);
   T_RUN(test_stale_attempt);
   T_RUN(test_commit_checks);
+  T_RUN(test_step_bytes);
   T_RUN(test_prune);
   T_RUN(test_request_errors);
   T_RUN(test_staging_allocator);

@@ -388,11 +388,11 @@ static void large_manifest(ckpt_manifest *m, int nranks, size_t nchunks) {
   const int64_t rows = 1365, cols = 768; /* a chunk: 1365 x 768 floats, 4 MiB */
   size_t per = (nchunks + 443) / 444;
   for (int r = 0; r < nranks; r++) {
-    char name[64], layout[160];
+    char name[64];
     ckpt_shard_name(name, sizeof name, r, m->attempt);
-    snprintf(layout, sizeof layout, "{\"dp\":256,\"tp\":4,\"pp\":4,\"zero\":3,\"rank\":%d,\"generation\":1234}", r);
+    ckpt_layout layout = {.has = CKPT_LAYOUT_ALL, .dp = 256, .tp = 4, .pp = 4, .zero = 3, .rank = r, .generation = 1234};
     m->files[r] = (ckpt_file){.name = strdup(name), .rank = r, .bytes = (uint64_t)1 << 42,
-                              .raw_bytes = 123456789012ULL, .layout = cJSON_Parse(layout)};
+                              .raw_bytes = 123456789012ULL, .layout = layout};
   }
   size_t made = 0;
   for (int i = 0; i < 444 && made < nchunks; i++) {

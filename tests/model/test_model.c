@@ -32,6 +32,13 @@ static void test_presets_and_overrides(void) {
   T_OK(model_config_override(&c, "heads=3"));
   T_ERR(NEWT_ERR_INVALID, model_config_check(&c));
   T_CHECK(strstr(newt_errmsg(), "model.heads") != NULL);
+  /* by value, as a spec's numbers are set */
+  T_OK(model_config_set_int(&c, "heads", 4));
+  T_OK(model_config_set_int(&c, "vocab", 50257));
+  T_CHECK(c.heads == 4 && c.vocab == 50257 && c.layers == 2);
+  T_OK(model_config_check(&c));
+  T_ERR(NEWT_ERR_INVALID, model_config_set_int(&c, "width", 8));
+  T_CHECK(strstr(newt_errmsg(), "model field \"width\" is unknown") != NULL);
 }
 
 static void test_layout(void) {

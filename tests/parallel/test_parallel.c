@@ -470,13 +470,14 @@ static newt_result_t par_ckpt_load(const char *dir, model_par *p) {
   for (size_t i = 0; i < n; i++) reqs[i] = (ckpt_request){.t = pcs[i].desc, .slice = pcs[i].slice, .out = pcs[i].data};
   ckpt_loaded ld = {0};
   newt_result_t r = ckpt_load(dir, CKPT_LATEST, 1, reqs, n, &ld);
-  free(ld.state_json);
+  cJSON_Delete(ld.state);
   free(reqs);
   free(pcs);
   return r;
 }
 
-static newt_result_t par_ckpt_save(const char *dir, model_par *p, int rank, int nranks, int64_t step, const char *state) {
+static newt_result_t par_ckpt_save(const char *dir, model_par *p, int rank, int nranks, int64_t step,
+                                   const cJSON *state) {
   ckpt_saver_opts o = {.dir = dir, .rank = rank, .nranks = nranks, .commit = rank == 0, .attempt = 1,
                        .commit_timeout_ms = 60000};
   ckpt_saver *sv;
@@ -514,7 +515,7 @@ static void test_ckpt(void) {
   T_OK(gpt_ckpt_trainer_save(sv, &tr, "generated", 0, &started));
   T_CHECK(started);
   ckpt_saver_free(sv);
-  char *state = NULL;
+  cJSON *state = NULL;
   T_OK(gpt_ckpt_trainer_state(&tr, "generated", &state));
   static const struct {
     int tp, pp, dp, zero;
@@ -550,7 +551,7 @@ static void test_ckpt(void) {
     model_trainer_free(&back);
     for (int r = 0; r < n; r++) model_par_free(&p[r]);
   }
-  free(state);
+  cJSON_Delete(state);
   model_trainer_free(&tr);
   newt_fs_rm_rf(root);
 }

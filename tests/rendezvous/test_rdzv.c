@@ -362,7 +362,7 @@ static void test_election_inprocess(void) {
   T_OK(rdzv_leader_get(cli, "el", dl(5000), name, sizeof name, NULL));
   T_CHECK(strcmp(name, "a") == 0);
   T_OK(rdzv_plan_publish(a, 1, "{\"generation\":1,\"workers\":[]}", dl(5000)));
-  T_ERR(NEWT_ERR_INVALID, rdzv_plan_publish(a, 2, "{\"generation\":1}", dl(5000)));
+  T_ERR(NEWT_ERR_INVALID, rdzv_plan_publish(a, 0, "{\"generation\":0}", dl(5000))); /* generations start at 1 */
   T_ERR(NEWT_ERR_CONFLICT, rdzv_plan_publish(b, 2, "{\"generation\":2}", dl(5000))); /* not the leader */
   /* a resigns: b takes over at once */
   uint64_t t0 = newt_now_ns();
