@@ -163,7 +163,7 @@ int newt_cmd_run(int argc, char **argv) {
       {"netns", NEWT_OPT_FLAG, &lo.netns,
        "each simulated host (each worker, without --hosts) in a network namespace of its own on a bridge (root): the "
        "workers talk TCP between their own addresses, and chaos cut:worker|rank|host:I[:MS|:until=S] (from the "
-       "others) and cut-etcd:... (from etcd and the coordinators) partition them for real"},
+       "others) cut-etcd:... (from etcd and the coordinators) partition them for real, and slow:...:KBIT slows a link"},
       {"no-metrics", NEWT_OPT_FLAG, &lo.no_metrics, "coordinators serve no metrics (default: each on a free port, printed)"},
       {"chaos", NEWT_OPT_STR, &chaos, "faults at steps: kill:worker:1@step=15,join:2@step=50,..."},
       {"summary", NEWT_OPT_STR, &lo.summary, "write the run's summary JSON here"},
@@ -273,8 +273,8 @@ int newt_cmd_run(int argc, char **argv) {
                     : e->action == CHAOS_KILL ? "a host to kill needs --hosts H" : "a host target needs --hosts H");
       return 2;
     }
-    if ((e->action == CHAOS_CUT || e->action == CHAOS_CUT_ETCD) && !lo.netns) {
-      fprintf(stderr, "newt run: --chaos %s: a cut needs --netns (each host in a network namespace of its own)\n",
+    if ((e->action == CHAOS_CUT || e->action == CHAOS_CUT_ETCD || e->action == CHAOS_SLOW) && !lo.netns) {
+      fprintf(stderr, "newt run: --chaos %s: needs --netns (each host in a network namespace of its own)\n",
               chaos_event_str(e, item, sizeof item));
       return 2;
     }

@@ -104,6 +104,10 @@ typedef struct coord {
     int64_t links_gen; /* its newest links record: of this later generation (0: none) ... */
     int links_ok;      /* ... all of whose ranks answered (put_links): the hold ends at once;
                           else it lasts while they do not, past until */
+    int build;         /* a build could not take it in: its links answering proves nothing (a
+                          worker without the job's key has working links), only their coming
+                          back after a cut does: the hold ends early only after saw_cut */
+    int saw_cut;       /* it said it did not reach a later plan's ranks */
     int said_kept;     /* logged that it is kept out past until */
   } *held;                         /* workers a generation could not take in: kept out a while */
   int nheld;
@@ -1031,7 +1035,7 @@ static void after_outage(coord *c) {
 /* Keeps a worker fenced alive out of plans (it registers again after its fence, and would
  * stop the job the same way at once): until it says it reaches every rank of a later plan
  * (put_links), and past until while it says it does not (held_refresh_locked). */
-static void hold_out(coord *c, const char *id) {
+static void hold_out(coord *c, const char *id, int build) {
   pthread_mutex_lock(&c->mu);
   int i = 0;
   while (i < c->nheld && strcmp(c->held[i].id, id) != 0) i++;
@@ -1051,6 +1055,9 @@ static void hold_out(coord *c, const char *id) {
   int64_t ms = policy_hold_out_ms(++c->held[i].strikes);
   c->held[i].until = newt_now_ns() + (uint64_t)ms * 1000000ull;
   c->held[i].gen = c->plan.generation;
+  c->held[i].build = build;
+  c->held[i].saw_cut = 0;
+  c->held[i].links_gen = 0;
   pthread_mutex_unlock(&c->mu);
   char d[32];
   NEWT_WARN(COORD, "%s: %s is left out of generation %llu alive (the others lost it: a cut link, a stop, a build "
@@ -1080,7 +1087,8 @@ static void put_links(coord *c, const rdzv_etcd_kv *kv, const char *id, int dele
     }
     h->links_gen = l.generation;
     h->links_ok = l.answered == l.ranks;
-    if (!h->links_ok || !was_held) continue;
+    h->saw_cut |= !h->links_ok;
+    if (!h->links_ok || !was_held || (h->build && !h->saw_cut)) continue;
     h->until = now;
     h->said_kept = 0;
     NEWT_INFO(COORD, "%s: %s reaches every rank of generation %lld again: its hold-out ends", c->id, id,
@@ -1172,12 +1180,14 @@ static newt_result_t decide(coord *c) {
     for (int i = 0; d.fence && i < d.nexclude; i++) {
       pthread_mutex_lock(&c->mu);
       int present = find_member(c, d.exclude[i]) >= 0;
+      policy_view now = view_locked(c); /* the reports as they are now: the watch may have moved them */
+      int build = present && policy_blames_build(&now, d.exclude[i]);
       pthread_mutex_unlock(&c->mu);
       /* a worker fenced alive (a build could not take it in, it was on another side of a
          partition or cut, it stopped or hung) registers again at once: held out until its
          links to the ranks of a later plan work (put_links), so that no generation is tried
          with it first -- a cut link would fail that build */
-      if (present) hold_out(c, d.exclude[i]);
+      if (present) hold_out(c, d.exclude[i], build);
       if (present) fence(c, d.exclude[i]);
     }
     int no_layout;

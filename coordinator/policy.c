@@ -197,6 +197,12 @@ int64_t policy_hold_out_ms(int strikes) {
   return ms < 600000 ? ms : 600000;
 }
 
+int policy_blames_build(const policy_view *v, const char *id) {
+  for (int i = 0; i < v->nreports; i++)
+    if (v->reports[i].build && accuses(v, &v->reports[i], id)) return 1;
+  return 0;
+}
+
 /* ns from t to now; 0 when t is later (a watch thread may stamp a time after ours). */
 static uint64_t elapsed(uint64_t now, uint64_t t) { return now > t ? now - t : 0; }
 

@@ -102,6 +102,9 @@ typedef struct policy_decision {
  * registering again. The leader ends it sooner when the worker says it reaches every rank of
  * a later plan, and keeps it past it while the worker says it does not (job_links). */
 int64_t policy_hold_out_ms(int strikes);
+/* Whether build reports (a generation that never formed) accuse id: its links were not made,
+ * or it could not prove the generation's key. */
+int policy_blames_build(const policy_view *v, const char *id);
 
 /* Looks at the picture once. Only NEWT_ERR_NOMEM fails. */
 newt_result_t policy_decide(const policy_view *v, policy_decision *out);

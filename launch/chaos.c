@@ -10,7 +10,7 @@
 #include "common/strutil.h"
 #include "rendezvous/etcd_server.h"
 
-static const char *const action_names[] = {"kill", "stop", "term", "cont", "join", "restart", "wipe", "cut", "cut-etcd"};
+static const char *const action_names[] = {"kill", "stop", "term", "cont", "join", "restart", "wipe", "cut", "cut-etcd", "slow"};
 
 #define BAD(...) NEWT_ERR(NEWT_ERR_INVALID, __VA_ARGS__)
 
@@ -82,9 +82,17 @@ static newt_result_t parse_etcd(char **parts, int np, int idx, const char *shown
   }
 }
 
-/* ("cut" | "cut-etcd") ":" ("worker" | "rank" | "host") ":" I [":" MS | ":until=" S] */
+/* ("cut" | "cut-etcd") ":" ("worker" | "rank" | "host") ":" I [":" MS | ":until=" S], and
+ * "slow" with ":" KBIT before the length */
 static newt_result_t parse_cut(char **parts, int np, int idx, const char *shown, chaos_event *e) {
-  const char *a = action_names[e->action];
+  const char *a = action_names[e->action], *what = e->action == CHAOS_SLOW ? "the slow link" : "the cut";
+  if (e->action == CHAOS_SLOW) { /* its rate: then the rest reads as a cut's */
+    if (np < 4 || newt_parse_int(parts[3], &e->kbit) != 0 || e->kbit < 8 || e->kbit > 100000000)
+      return BAD("--chaos: item %d \"%s\": slow needs a rate of 8..100000000 kbit/s after the target, as in "
+                 "slow:host:1:20000 (and :MS or :until=S)", idx + 1, shown);
+    for (int k = 3; k + 1 < np; k++) parts[k] = parts[k + 1];
+    np--;
+  }
   if (np < 3)
     return BAD("--chaos: item %d \"%s\": %s needs a target, as in %s:worker:1, %s:rank:0 or %s:host:1 (and :MS or "
                ":until=S: how long; none: it lasts)", idx + 1, shown, a, a, a, a);
@@ -102,10 +110,10 @@ static newt_result_t parse_cut(char **parts, int np, int idx, const char *shown,
   e->index = (int)v;
   if (np == 4 && strncmp(parts[3], "until=", 6) == 0) {
     if (newt_parse_int(parts[3] + 6, &e->until_step) != 0 || e->until_step <= e->step)
-      return BAD("--chaos: item %d \"%s\": \"%s\": the cut is mended at a step after the item's own (%lld)", idx + 1,
-                 shown, parts[3], (long long)e->step);
+      return BAD("--chaos: item %d \"%s\": \"%s\": %s is mended at a step after the item's own (%lld)", idx + 1,
+                 shown, parts[3], what, (long long)e->step);
   } else if (np == 4 && (newt_parse_int(parts[3], &e->arg) != 0 || e->arg < 1 || e->arg > 3600000)) {
-    return BAD("--chaos: item %d \"%s\": how long the cut lasts, \"%s\", is not 1..3600000 ms", idx + 1, shown,
+    return BAD("--chaos: item %d \"%s\": how long %s lasts, \"%s\", is not 1..3600000 ms", idx + 1, shown, what,
                parts[3]);
   }
   return NEWT_OK;
@@ -121,10 +129,10 @@ static newt_result_t parse_item(char *item, int idx, chaos_event *e) {
     return BAD("--chaos: item %d: step \"%s\" is not a non-negative integer", idx + 1, steps);
   char shown[128]; /* the item as given, for messages: tokenizing cuts it up */
   snprintf(shown, sizeof shown, "%s", item);
-  char *parts[4] = {0};
+  char *parts[5] = {0};
   int np = 0;
   for (char *save = NULL, *tok = strtok_r(item, ":", &save); tok; tok = strtok_r(NULL, ":", &save)) {
-    if (np == 4) return BAD("--chaos: item %d \"%s\": too many ':' fields", idx + 1, item);
+    if (np == 5 || (np == 4 && strcmp(parts[0], "slow") != 0)) return BAD("--chaos: item %d \"%s\": too many ':' fields", idx + 1, item);
     parts[np++] = tok;
   }
   if (np == 0) return BAD("--chaos: item %d is empty", idx + 1);
@@ -132,7 +140,7 @@ static newt_result_t parse_item(char *item, int idx, chaos_event *e) {
   for (int i = 0; i < (int)(sizeof action_names / sizeof action_names[0]); i++)
     if (strcmp(parts[0], action_names[i]) == 0) a = i;
   if (a < 0)
-    return BAD("--chaos: item %d: unknown action \"%s\" (kill, stop, term, cont, join, restart, wipe, cut, cut-etcd)",
+    return BAD("--chaos: item %d: unknown action \"%s\" (kill, stop, term, cont, join, restart, wipe, cut, cut-etcd, slow)",
                idx + 1, parts[0]);
   e->action = (chaos_action)a;
   int64_t v;
@@ -146,6 +154,7 @@ static newt_result_t parse_item(char *item, int idx, chaos_event *e) {
       return NEWT_OK;
     case CHAOS_CUT:
     case CHAOS_CUT_ETCD:
+    case CHAOS_SLOW:
       return parse_cut(parts, np, idx, shown, e);
     case CHAOS_RESTART:
     case CHAOS_WIPE:
@@ -246,10 +255,12 @@ void chaos_free(chaos_plan *p) {
 
 const char *chaos_event_str(const chaos_event *e, char *buf, size_t cap) {
   const char *a = action_names[e->action];
-  if (e->action == CHAOS_CUT || e->action == CHAOS_CUT_ETCD) {
-    char len[40] = "";
-    if (e->until_step) snprintf(len, sizeof len, ":until=%lld", (long long)e->until_step);
-    else if (e->arg) snprintf(len, sizeof len, ":%lld", (long long)e->arg);
+  if (e->action == CHAOS_CUT || e->action == CHAOS_CUT_ETCD || e->action == CHAOS_SLOW) {
+    char len[64] = "";
+    if (e->action == CHAOS_SLOW) snprintf(len, sizeof len, ":%lld", (long long)e->kbit);
+    size_t at = strlen(len);
+    if (e->until_step) snprintf(len + at, sizeof len - at, ":until=%lld", (long long)e->until_step);
+    else if (e->arg) snprintf(len + at, sizeof len - at, ":%lld", (long long)e->arg);
     snprintf(buf, cap, "%s:%s:%d%s@step=%lld", a, e->target == CHAOS_HOST ? "host" : e->by_rank ? "rank" : "worker",
              e->index, len, (long long)e->step);
     return buf;

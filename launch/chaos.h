@@ -25,6 +25,9 @@
  *                                       and the coordinators (cut-etcd: its peers still reach
  *                                       it); mended after MS ms or once the job completed step
  *                                       S (neither: it lasts)
+ *          | "slow:" ("worker" | "rank" | "host") ":" I ":" KBIT [":" MS | ":until=" S]
+ *                                       newt run --netns: its link shaped to KBIT kbit/s both
+ *                                       ways with a short queue (bursts dropped: slow and lossy)
  *
  * Worker I is the launcher's I-th worker process (w<I>, in start order, joins included).
  * Member I of the private etcd is 0..4 here; whether the etcd has it is the launcher's
@@ -49,6 +52,7 @@ typedef enum chaos_action {
   CHAOS_WIPE,
   CHAOS_CUT,      /* the data plane: a partition */
   CHAOS_CUT_ETCD, /* etcd and the coordinators */
+  CHAOS_SLOW,     /* a slow, lossy link */
 } chaos_action;
 
 typedef enum chaos_target { CHAOS_WORKER, CHAOS_COORDINATOR, CHAOS_ETCD, CHAOS_HOST } chaos_target;
@@ -64,6 +68,7 @@ typedef struct chaos_event {
   int64_t step;  /* fires once the job has completed this step */
   int64_t until_step; /* whole etcd, restart or stop; a cut: back (mended) once the job
                          completed this step (0: after arg ms) */
+  int64_t kbit;       /* slow: the link's rate, kbit/s */
   int fired;
 } chaos_event;
 

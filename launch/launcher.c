@@ -119,8 +119,10 @@ typedef struct run {
   uint64_t etcd_lost_ms; /* wall ms our watch of etcd last broke with nothing since (0: fine) */
 
   netns_net *net; /* --netns: the namespaces (NULL: none) */
-  struct cut {    /* cuts in force that are to be mended (chaos cut:..., cut-etcd:...) */
+  struct cut {    /* cuts and slow links in force that are to be mended (chaos cut:..., cut-etcd:...,
+                     slow:...) */
     int host;
+    int slow;       /* a slow link (else a cut of link) */
     netns_link link;
     uint64_t at;        /* monotonic ns to mend it (0: at until_step) */
     int64_t until_step;
@@ -613,7 +615,8 @@ static void fire_cut(run *r, const chaos_event *e, const newt_plan *plan, const 
     host = p->nshost;
   }
   netns_link link = e->action == CHAOS_CUT ? NETNS_PEERS : NETNS_ETCD;
-  if (netns_cut(r->net, host, link, 1) != NEWT_OK) {
+  int slow = e->action == CHAOS_SLOW;
+  if ((slow ? netns_slow(r->net, host, e->kbit) : netns_cut(r->net, host, link, 1)) != NEWT_OK) {
     fprintf(stderr, "%snewt run: chaos %s: %s\n", news(r), what, newt_errmsg());
     return;
   }
@@ -626,20 +629,22 @@ static void fire_cut(run *r, const chaos_event *e, const newt_plan *plan, const 
     ranks += !plan || plan_find(plan, p->name) != NULL;
   }
   fault *f = add_fault(r, e);
-  if (f && (link == NETNS_ETCD || ranks == 0)) f->matched = 1;
+  if (f && (slow || link == NETNS_ETCD || ranks == 0)) f->matched = 1; /* no recovery is to answer it */
   if (e->arg || e->until_step) {
     struct cut *c = realloc(r->cuts, (size_t)(r->ncuts + 1) * sizeof *c);
     if (c) {
       r->cuts = c;
       c = &r->cuts[r->ncuts++];
-      *c = (struct cut){.host = host, .link = link, .until_step = e->until_step,
+      *c = (struct cut){.host = host, .slow = slow, .link = link, .until_step = e->until_step,
                         .at = e->arg ? newt_now_ns() + (uint64_t)e->arg * 1000000ull : 0};
       snprintf(c->what, sizeof c->what, "%s", what);
     }
   }
   if (!r->o->quiet)
-    fprintf(stderr, "%snewt run: chaos: %s (the namespace of %s cut from %s)\n", news(r), what, names[0] ? names : "no worker",
-            link == NETNS_PEERS ? "every other host: a partition of the data plane" : "etcd and the coordinators");
+    fprintf(stderr, "%snewt run: chaos: %s (the namespace of %s %s)\n", news(r), what, names[0] ? names : "no worker",
+            slow                 ? "on a slow link with a short queue: slow and lossy"
+            : link == NETNS_PEERS ? "cut from every other host: a partition of the data plane"
+                                  : "cut from etcd and the coordinators");
 }
 
 /* A data-plane cut mended: the workers it left out (alive, no rank of the plan in force)
@@ -676,11 +681,11 @@ static void mend_cuts(run *r, int64_t step) {
       i++;
       continue;
     }
-    if (netns_cut(r->net, c->host, c->link, 0) != NEWT_OK) {
+    if ((c->slow ? netns_slow(r->net, c->host, 0) : netns_cut(r->net, c->host, c->link, 0)) != NEWT_OK) {
       fprintf(stderr, "%snewt run: chaos %s: cannot mend it: %s\n", news(r), c->what, newt_errmsg());
     } else {
       if (!r->o->quiet) fprintf(stderr, "%snewt run: chaos: %s mended\n", news(r), c->what);
-      if (c->link == NETNS_PEERS) note_mend(r, c);
+      if (!c->slow && c->link == NETNS_PEERS) note_mend(r, c);
     }
     r->cuts[i] = r->cuts[--r->ncuts];
   }
@@ -691,7 +696,7 @@ static void fire(run *r, chaos_event *e, const newt_plan *plan) {
   chaos_event_str(e, what, sizeof what);
   e->fired = 1;
   proc *p = NULL;
-  if (e->action == CHAOS_CUT || e->action == CHAOS_CUT_ETCD) {
+  if (e->action == CHAOS_CUT || e->action == CHAOS_CUT_ETCD || e->action == CHAOS_SLOW) {
     fire_cut(r, e, plan, what);
     return;
   }
@@ -1313,8 +1318,8 @@ newt_result_t launcher_run(const launcher_opts *o, launcher_result *res) {
       rc = NEWT_ERR(NEWT_ERR_INVALID, "--chaos restart:etcd needs the private etcd (leave out --etcd)");
       goto exit;
     }
-    if ((e->action == CHAOS_CUT || e->action == CHAOS_CUT_ETCD) && !o->netns) {
-      rc = NEWT_ERR(NEWT_ERR_INVALID, "--chaos %s: a cut needs --netns (each host in a network namespace: root)",
+    if ((e->action == CHAOS_CUT || e->action == CHAOS_CUT_ETCD || e->action == CHAOS_SLOW) && !o->netns) {
+      rc = NEWT_ERR(NEWT_ERR_INVALID, "--chaos %s: needs --netns (each host in a network namespace: root)",
                     chaos_event_str(e, item, sizeof item));
       goto exit;
     }

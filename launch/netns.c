@@ -27,16 +27,16 @@ struct netns_net {
   netns_host_state h[NETNS_HOSTS_MAX];
 };
 
-/* Runs one `ip` command given as words split at spaces (our names have none); its output is
- * dropped, its failure returned with the command. */
-static newt_result_t ip(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
-static newt_result_t ip(const char *fmt, ...) {
-  char cmd[512], words[520];
+/* Runs one command (`ip`, `tc`) given as words split at spaces (our names have none); its
+ * output is dropped, its failure returned with the command. */
+static newt_result_t run(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+static newt_result_t run(const char *fmt, ...) {
+  char cmd[512], words[512];
   va_list ap;
   va_start(ap, fmt);
   vsnprintf(cmd, sizeof cmd, fmt, ap);
   va_end(ap);
-  snprintf(words, sizeof words, "ip %s", cmd);
+  snprintf(words, sizeof words, "%s", cmd);
   const char *argv[40];
   int n = 0;
   for (char *save = NULL, *t = strtok_r(words, " ", &save); t && n < 39; t = strtok_r(NULL, " ", &save)) argv[n++] = t;
@@ -46,7 +46,7 @@ static newt_result_t ip(const char *fmt, ...) {
   int st = 0;
   NEWT_CHECK(newt_proc_spawn(argv, &so, &pid));
   NEWT_CHECK(newt_proc_wait(pid, 10000, &st));
-  if (!WIFEXITED(st) || WEXITSTATUS(st) != 0) return NEWT_ERR(NEWT_ERR_SYS, "newt run --netns: `ip %s` failed", cmd);
+  if (!WIFEXITED(st) || WEXITSTATUS(st) != 0) return NEWT_ERR(NEWT_ERR_SYS, "newt run --netns: `%s` failed", cmd);
   return NEWT_OK;
 }
 
@@ -62,13 +62,13 @@ newt_result_t netns_start(netns_net **out) {
   snprintf(n->tag, sizeof n->tag, "nw%d", (int)(getpid() % 100000));
   snprintf(n->bridge, sizeof n->bridge, "%sbr", n->tag);
   snprintf(n->gateway, sizeof n->gateway, "10.%d.%d.1", n->a, n->b);
-  newt_result_t r = ip("link add %s type bridge", n->bridge);
+  newt_result_t r = run("ip link add %s type bridge", n->bridge);
   if (r != NEWT_OK) {
     free(n);
     return newt_err_wrap(NEWT_ERR_UNSUPPORTED, "cannot make a bridge (is iproute2 installed, and may we make links?): ");
   }
-  r = ip("addr add %s/24 dev %s", n->gateway, n->bridge);
-  if (r == NEWT_OK) r = ip("link set %s up", n->bridge);
+  r = run("ip addr add %s/24 dev %s", n->gateway, n->bridge);
+  if (r == NEWT_OK) r = run("ip link set %s up", n->bridge);
   if (r != NEWT_OK) {
     netns_free(n);
     return r;
@@ -89,14 +89,14 @@ newt_result_t netns_host(netns_net *n, int host, const char **ns, const char **a
     snprintf(h->peer, sizeof h->peer, "%sp%d", n->tag, host);
     snprintf(h->addr, sizeof h->addr, "10.%d.%d.%d", n->a, n->b, 10 + host);
     h->made = 1; /* from here on netns_free removes what there is of it */
-    NEWT_CHECK(ip("netns add %s", h->ns));
-    NEWT_CHECK(ip("link add %s type veth peer name %s", h->veth, h->peer));
-    NEWT_CHECK(ip("link set %s netns %s", h->peer, h->ns));
-    NEWT_CHECK(ip("link set %s master %s", h->veth, n->bridge));
-    NEWT_CHECK(ip("link set %s up", h->veth));
-    NEWT_CHECK(ip("-n %s addr add %s/24 dev %s", h->ns, h->addr, h->peer));
-    NEWT_CHECK(ip("-n %s link set %s up", h->ns, h->peer));
-    NEWT_CHECK(ip("-n %s link set lo up", h->ns));
+    NEWT_CHECK(run("ip netns add %s", h->ns));
+    NEWT_CHECK(run("ip link add %s type veth peer name %s", h->veth, h->peer));
+    NEWT_CHECK(run("ip link set %s netns %s", h->peer, h->ns));
+    NEWT_CHECK(run("ip link set %s master %s", h->veth, n->bridge));
+    NEWT_CHECK(run("ip link set %s up", h->veth));
+    NEWT_CHECK(run("ip -n %s addr add %s/24 dev %s", h->ns, h->addr, h->peer));
+    NEWT_CHECK(run("ip -n %s link set %s up", h->ns, h->peer));
+    NEWT_CHECK(run("ip -n %s link set lo up", h->ns));
   }
   *ns = h->ns;
   *addr = h->addr;
@@ -107,11 +107,11 @@ newt_result_t netns_host(netns_net *n, int host, const char **ns, const char **a
 static newt_result_t apply(netns_net *n, netns_host_state *h) {
   char subnet[24];
   snprintf(subnet, sizeof subnet, "10.%d.%d.0/24", n->a, n->b);
-  if (h->peers_cut) NEWT_CHECK(ip("-n %s route replace blackhole %s", h->ns, subnet));
-  else NEWT_CHECK(ip("-n %s route replace %s dev %s proto kernel scope link src %s", h->ns, subnet, h->peer, h->addr));
-  if (h->etcd_cut) return ip("-n %s route replace blackhole %s/32", h->ns, n->gateway);
-  if (h->peers_cut) return ip("-n %s route replace %s/32 dev %s src %s", h->ns, n->gateway, h->peer, h->addr);
-  (void)ip("-n %s route del %s/32", h->ns, n->gateway); /* none there is fine */
+  if (h->peers_cut) NEWT_CHECK(run("ip -n %s route replace blackhole %s", h->ns, subnet));
+  else NEWT_CHECK(run("ip -n %s route replace %s dev %s proto kernel scope link src %s", h->ns, subnet, h->peer, h->addr));
+  if (h->etcd_cut) return run("ip -n %s route replace blackhole %s/32", h->ns, n->gateway);
+  if (h->peers_cut) return run("ip -n %s route replace %s/32 dev %s src %s", h->ns, n->gateway, h->peer, h->addr);
+  (void)run("ip -n %s route del %s/32", h->ns, n->gateway); /* none there is fine */
   return NEWT_OK;
 }
 
@@ -124,13 +124,35 @@ newt_result_t netns_cut(netns_net *n, int host, netns_link what, int on) {
   return apply(n, h);
 }
 
+/* Shapes (or, kbit 0, unshapes) one device: `in` the namespace ns, or ours (NULL). */
+static newt_result_t shape(const char *ns, const char *dev, int64_t kbit) {
+  char pre[64] = "";
+  if (ns) snprintf(pre, sizeof pre, "ip netns exec %s ", ns);
+  if (kbit <= 0) {
+    (void)run("%stc qdisc del dev %s root", pre, dev); /* none there is fine */
+    return NEWT_OK;
+  }
+  NEWT_CHECK(run("%stc qdisc replace dev %s root handle 1: htb default 1", pre, dev));
+  NEWT_CHECK(run("%stc class replace dev %s parent 1: classid 1:1 htb rate %lldkbit ceil %lldkbit", pre, dev,
+                 (long long)kbit, (long long)kbit));
+  return run("%stc qdisc replace dev %s parent 1:1 handle 10: pfifo limit 16", pre, dev);
+}
+
+newt_result_t netns_slow(netns_net *n, int host, int64_t kbit) {
+  if (host < 0 || host >= NETNS_HOSTS_MAX || !n->h[host].made)
+    return NEWT_ERR(NEWT_ERR_NOTFOUND, "newt run --netns: there is no host %d", host);
+  netns_host_state *h = &n->h[host];
+  NEWT_CHECK(shape(h->ns, h->peer, kbit)); /* what it sends */
+  return shape(NULL, h->veth, kbit);       /* what it receives */
+}
+
 void netns_free(netns_net *n) {
   if (!n) return;
   for (int i = 0; i < NETNS_HOSTS_MAX; i++) {
     if (!n->h[i].made) continue;
-    (void)ip("netns del %s", n->h[i].ns); /* its end of the veth goes with it, and so the pair */
-    (void)ip("link del %s", n->h[i].veth);
+    (void)run("ip netns del %s", n->h[i].ns); /* its end of the veth goes with it, and so the pair */
+    (void)run("ip link del %s", n->h[i].veth);
   }
-  (void)ip("link del %s", n->bridge);
+  (void)run("ip link del %s", n->bridge);
   free(n);
 }

@@ -30,6 +30,10 @@ typedef enum netns_link {
 /* Cuts (on 1) or mends (on 0) host i's routes to `what` (blackhole routes in its namespace:
  * its packets there are dropped, so no TCP connection either way gets through). */
 newt_result_t netns_cut(netns_net *n, int host, netns_link what, int on);
+/* Slows host i's link (kbit > 0) or gives it back its speed (0): both directions of its veth
+ * shaped to kbit/s (tc htb) with a short queue (pfifo of 16 packets), so a burst beyond it is
+ * dropped -- a slow and lossy link, which TCP's retransmissions make slower still. */
+newt_result_t netns_slow(netns_net *n, int host, int64_t kbit);
 /* Removes every namespace, veth and the bridge. NULL: nothing. */
 void netns_free(netns_net *n);
 

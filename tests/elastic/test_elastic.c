@@ -182,6 +182,11 @@ static const scenario scenarios[] = {
        soon as the cut is mended (the mend is the fault those joins answer) */
     {.name = "netns_chaos", .steps = 200, .nproc = 4, .chaos = "cut:host:1:until=40@step=15",
      .causes = {"hang|crash", "join", "join?"}, .extra = {"--netns", "--hosts", "2", NULL}, .world = 4},
+    /* a slow, lossy link (issue 27): host 1's veth shaped to 20 Mbit/s both ways with a queue
+       of 16 packets (bursts dropped, TCP retransmits) from step 10 to 25: steps take ten
+       times as long, and no rank takes that for a hang or a deadlock -- no recovery */
+    {.name = "netns_slow", .steps = 60, .nproc = 4, .chaos = "slow:host:1:20000:until=25@step=10", .causes = {NULL},
+     .extra = {"--netns", "--hosts", "2", NULL}},
     /* k = 2 (spec.fault.replicas): six ZeRO 3 ranks on three hosts lose two hosts at once;
        each rank kept its two predecessors' shards, the ring ordered so that any three
        neighbours are on three hosts, so the two survivors hold all six shards */

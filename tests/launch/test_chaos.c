@@ -158,6 +158,8 @@ static void test_chaos_cut(void) {
       {"cut:host:1:until=40@step=5", CHAOS_CUT, CHAOS_HOST, 0, 1, 0, 40, "cut:host:1:until=40@step=5"},
       {"cut-etcd:rank:0:until=9@step=5", CHAOS_CUT_ETCD, CHAOS_WORKER, 1, 0, 0, 9, "cut-etcd:rank:0:until=9@step=5"},
       {"cut-etcd:worker:3:10@step=5", CHAOS_CUT_ETCD, CHAOS_WORKER, 0, 3, 10, 0, "cut-etcd:worker:3:10@step=5"},
+      {"slow:host:1:20000:until=30@step=5", CHAOS_SLOW, CHAOS_HOST, 0, 1, 0, 30, "slow:host:1:20000:until=30@step=5"},
+      {"slow:worker:2:64@step=5", CHAOS_SLOW, CHAOS_WORKER, 0, 2, 0, 0, "slow:worker:2:64@step=5"},
   };
   chaos_plan c;
   char buf[64];
@@ -183,6 +185,9 @@ static void test_chaos_cut(void) {
       {"cut:worker:1:0@step=3", "how long the cut lasts, \"0\", is not 1..3600000 ms"},
       {"cut-etcd:host:1:until=3@step=3", "\"until=3\": the cut is mended at a step after the item's own (3)"},
       {"cut:worker:1:2:3@step=3", "too many"},
+      {"slow:host:1@step=3", "slow needs a rate of 8..100000000 kbit/s"},
+      {"slow:host:1:fast@step=3", "slow needs a rate"},
+      {"slow:host:1:100:0@step=3", "how long the slow link lasts, \"0\""},
   };
   expect_refused(bad, sizeof bad / sizeof bad[0]);
 }
