@@ -1822,6 +1822,22 @@ static void test_netns_split(void) {
   netns_cleanup();
 }
 
+/* Starts netns job `job` and waits for step 15: the host of plan 1's rank 0 (-1: none; the
+ * failure is recorded). */
+static int netns_start_rank0(netns_job *J, const char *job) {
+  if (netns_start(J, job) != 0) return -1;
+  int64_t at = netns_wait_step(J, 15);
+  T_CHECK_MSG(at >= 0, "training never reached step 15; logs in %s", tmpdir);
+  newt_plan p;
+  int host = -1;
+  if (at >= 0 && netns_plan_gen(J, &p) == 1) {
+    if (p.nranks > 0 && sscanf(p.ranks[0].worker, "w%d", &host) != 1) host = -1;
+    plan_free(&p);
+  }
+  T_CHECK_MSG(host >= 0 && host < NETNS_HOSTS, "no rank 0 in plan 1; logs in %s", tmpdir);
+  return host >= 0 && host < NETNS_HOSTS ? host : -1;
+}
+
 /* A 3|1 split that lasts (issue 27): the host of plan 1's rank 0 cut from the other three
  * (blackhole routes both ways), all four still reaching etcd, until the job is done. The
  * three go on as the largest side; the one left out is fenced once and then kept out -- its
@@ -1830,17 +1846,8 @@ static void test_netns_split(void) {
  * the job. The job trains in generation 2 from the cut to its end. */
 static void test_netns_lone(void) {
   netns_job J;
-  if (netns_start(&J, "netns_lone") != 0) return;
-  int64_t at = netns_wait_step(&J, 15);
-  T_CHECK_MSG(at >= 0, "training never reached step 15; logs in %s", tmpdir);
-  newt_plan p;
-  int host = -1;
-  if (at >= 0 && netns_plan_gen(&J, &p) == 1) {
-    if (p.nranks > 0 && sscanf(p.ranks[0].worker, "w%d", &host) != 1) host = -1;
-    plan_free(&p);
-  }
-  T_CHECK_MSG(host >= 0 && host < NETNS_HOSTS, "no rank 0 in plan 1; logs in %s", tmpdir);
-  if (host < 0 || host >= NETNS_HOSTS) return;
+  int host = netns_start_rank0(&J, "netns_lone");
+  if (host < 0) return;
   int lone[NETNS_HOSTS] = {0};
   lone[host] = 1;
   T_CHECK(netns_cut(&J, lone, 1) == 0);
@@ -1849,6 +1856,7 @@ static void test_netns_lone(void) {
   int64_t gen = 0;
   int with_lone = -1;
   for (newt_deadline_t d = newt_deadline_in_ms(90000); !newt_deadline_passed(d) && !gen; newt_sleep_ms(20)) {
+    newt_plan p;
     int64_t g = netns_plan_gen(&J, &p);
     if (g <= 0) continue;
     if (g > 1) gen = g, with_lone = plan_find(&p, name) != NULL;
@@ -1881,17 +1889,8 @@ static int coord_said(const char *what) {
  * generation 1. */
 static void test_netns_etcd_cut(void) {
   netns_job J;
-  if (netns_start(&J, "netns_etcd_cut") != 0) return;
-  int64_t at = netns_wait_step(&J, 15);
-  T_CHECK_MSG(at >= 0, "training never reached step 15; logs in %s", tmpdir);
-  newt_plan p;
-  int host = -1;
-  if (at >= 0 && netns_plan_gen(&J, &p) == 1) {
-    if (p.nranks > 0 && sscanf(p.ranks[0].worker, "w%d", &host) != 1) host = -1;
-    plan_free(&p);
-  }
-  T_CHECK_MSG(host >= 0 && host < NETNS_HOSTS, "no rank 0 in plan 1; logs in %s", tmpdir);
-  if (host < 0 || host >= NETNS_HOSTS) return;
+  int host = netns_start_rank0(&J, "netns_etcd_cut");
+  if (host < 0) return;
   T_CHECK(sh("ip netns exec %s-%d ip route add blackhole 10.%d.%d.1/32", ns_tag, host, J.a, J.b) == 0);
   /* the leader's verdict: alive (its registration vanished and steps went on), or a plan
      without it */
