@@ -262,7 +262,7 @@ static const unsigned char *refused_byte(const char *s, codec_kind k) {
 static newt_result_t read_string(const cJSON *j, const char *what, const codec_field *f, int req, void *rec) {
   char *out = at(rec, f);
   const char *s = NULL;
-  NEWT_CHECK(newt_json_get_str(j, what, f->name, req || f->kind == CODEC_K_TOKEN, &s));
+  NEWT_CHECK(newt_json_get_str(j, what, f->name, req, &s));
   if (!s) return NEWT_OK;
   size_t n = strlen(s);
   if (f->kind == CODEC_K_TOKEN && (!n || n >= f->size))

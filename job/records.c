@@ -11,6 +11,7 @@
 #include "common/json.h"
 #include "common/log.h"
 #include "common/param.h"
+#include "common/strutil.h"
 #include "job/codec.h"
 
 NEWT_PARAM(EtcdCallMs, "NEWT_ETCD_CALL_MS", 5000)
@@ -30,10 +31,27 @@ static const struct {
     {JOB_REC_LINKS, "links/"},
 };
 
+/* The key of rec, or its prefix when it ends in '/' (NULL: none). */
+static const char *key_name(job_record rec) {
+  for (size_t i = 0; i < sizeof keys / sizeof keys[0]; i++)
+    if (keys[i].rec == rec) return keys[i].name;
+  return NULL;
+}
+
+newt_result_t job_prefix(char *out, size_t cap, const char *job, job_record rec, int64_t generation) {
+  const char *name = key_name(rec);
+  if (!name || name[strlen(name) - 1] != '/')
+    return NEWT_ERR(NEWT_ERR_INVALID, "job_prefix: record %d has a key of its own, no prefix", (int)rec);
+  char suffix[64];
+  if ((rec == JOB_REC_REPORT || rec == JOB_REC_ACK) && generation >= 0)
+    snprintf(suffix, sizeof suffix, "%s%020llu/", name, (unsigned long long)generation);
+  else
+    snprintf(suffix, sizeof suffix, "%s", name);
+  return rdzv_key(out, cap, job, suffix);
+}
+
 newt_result_t job_key(char *out, size_t cap, const char *job, job_record rec, uint64_t generation, const char *id) {
-  const char *name = NULL;
-  for (size_t i = 0; i < sizeof keys / sizeof keys[0] && !name; i++)
-    if (keys[i].rec == rec) name = keys[i].name;
+  const char *name = key_name(rec);
   if (!name || rec == JOB_REC_ELECTION || rec == JOB_REC_EVENT)
     return NEWT_ERR(NEWT_ERR_INVALID, "job_key: no single key for record %d", (int)rec);
   char suffix[128];
@@ -103,6 +121,114 @@ int job_restore_rank(const char *restore) {
     if (strcmp(restore, restores[i]) == 0) return i;
   return -1;
 }
+
+/* --- registration ----------------------------------------------------------------------------- */
+
+/* Whether every character of s is in allowed. */
+static int text_of(const char *s, const char *allowed) { return s[strspn(s, allowed)] == '\0'; }
+
+#define NAME_CHARS "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789.-_:"
+
+/* What others print and connect to: no control characters, nothing but a name or an address (a
+ * registration comes from etcd, where anyone with write access can put it). */
+static newt_result_t check_host(const char *what, const void *rec) {
+  const job_worker *w = rec;
+  if (w->host[0] && text_of(w->host, NAME_CHARS)) return NEWT_OK;
+  return NEWT_ERR(NEWT_ERR_INVALID, "%s.host: a host name of letters, digits, '.', '-', '_' and ':'", what);
+}
+
+static newt_result_t check_domain(const char *what, const void *rec) {
+  job_worker *w = (job_worker *)rec;
+  if (!w->domain[0]) snprintf(w->domain, sizeof w->domain, "%s", w->host); /* the previous release's */
+  else if (!text_of(w->domain, NAME_CHARS "/"))
+    return NEWT_ERR(NEWT_ERR_INVALID, "%s.domain: a failure domain of letters, digits, '.', '-', '_', ':' and '/'", what);
+  return NEWT_OK;
+}
+
+/* The domain is written only when it is not the host's: what the previous release wrote. */
+static int domain_is_host(const void *rec) {
+  const job_worker *w = rec;
+  return !w->domain[0] || strcmp(w->domain, w->host) == 0;
+}
+
+static newt_result_t check_addr(const char *what, const void *rec) {
+  const job_worker *w = rec;
+  const char *colon = strrchr(w->addr, ':');
+  int64_t port = 0;
+  if (w->addr[0] && (!colon || colon == w->addr || !text_of(w->addr, "0123456789abcdefABCDEF.:[]") ||
+                     newt_parse_int(colon + 1, &port) != 0 || port < 1 || port > 65535))
+    return NEWT_ERR(NEWT_ERR_INVALID, "%s.addr: \"%.64s\" is not an IP address and port", what, w->addr);
+  return NEWT_OK;
+}
+
+static newt_result_t check_state(const char *what, const void *rec) {
+  const job_worker *w = rec;
+  if (w->state[0] && text_of(w->state, "abcdefghijklmnopqrstuvwxyz-_")) return NEWT_OK;
+  return NEWT_ERR(NEWT_ERR_INVALID, "%s.state: lower-case letters only", what);
+}
+
+/* The acknowledgement: a JSON object this record carries as text (its own codec is job_ack's). */
+static newt_result_t put_ack(cJSON *obj, const codec_field *f, const void *rec) {
+  const job_worker *w = rec;
+  if (!w->ack[0]) return NEWT_OK;
+  cJSON *ack;
+  NEWT_CHECK(newt_json_parse(w->ack, strlen(w->ack), "registration.ack", &ack));
+  if (!cJSON_IsObject(ack)) {
+    cJSON_Delete(ack);
+    return NEWT_ERR(NEWT_ERR_INVALID, "registration.ack: expected a JSON object");
+  }
+  if (cJSON_AddItemToObject(obj, f->name, ack)) return NEWT_OK;
+  cJSON_Delete(ack);
+  return NEWT_ERR(NEWT_ERR_NOMEM, "out of memory writing registration.ack");
+}
+
+static newt_result_t get_ack(const cJSON *j, const char *what, const codec_field *f, void *rec, int required) {
+  job_worker *w = rec;
+  const cJSON *ack = NULL; /* absent in the previous release's registrations, and before an ack */
+  NEWT_CHECK(newt_json_get_obj(j, what, f->name, required, &ack));
+  if (!ack) return NEWT_OK;
+  char *text = newt_json_print(ack);
+  if (!text) return NEWT_ERR(NEWT_ERR_NOMEM, "%s.ack: out of memory", what);
+  size_t n = strlen(text);
+  if (n < sizeof w->ack) memcpy(w->ack, text, n + 1);
+  free(text);
+  if (n >= sizeof w->ack) return NEWT_ERR(NEWT_ERR_INVALID, "%s.ack: %zu bytes, more than %d", what, n, JOB_ACK_MAX - 1);
+  return NEWT_OK;
+}
+
+static const codec_field worker_fields[] = {
+    {CODEC_NAME(job_worker, id, "id"), CODEC_REQUIRED},
+    {CODEC_STR(job_worker, host, "host"), CODEC_REQUIRED, .check = check_host},
+    {CODEC_STR(job_worker, addr, "addr"), .check = check_addr},
+    {CODEC_INT(job_worker, device, "device", -1, 1024), .def = -1},
+    {CODEC_STR(job_worker, state, "state"), CODEC_REQUIRED, .check = check_state},
+    {CODEC_INT(job_worker, pid, "pid", 0, INT64_MAX)},
+    {CODEC_INT(job_worker, generation, "generation", 0, NEWT_JSON_INT_EXACT - 1)},
+    {CODEC_BOOL(job_worker, shares_device, "shares_device"), CODEC_OMIT},
+    {CODEC_STR(job_worker, domain, "domain"), .skip = domain_is_host, .check = check_domain},
+    {CODEC_CUSTOM(job_worker, ack, "ack", put_ack, get_ack)},
+};
+static const codec_table worker_table = CODEC_TABLE(job_worker, "registration", worker_fields);
+
+newt_result_t job_worker_to_json(const job_worker *w, char **out) { return codec_encode(&worker_table, w, out); }
+
+newt_result_t job_worker_from_json(const char *text, size_t len, const char *what, job_worker *out) {
+  return codec_read(&worker_table, text, len, what, out);
+}
+
+int job_worker_acked(const job_worker *w, int64_t generation) {
+  return w->generation > generation || (w->generation == generation && w->ack[0]);
+}
+
+/* --- candidacy ------------------------------------------------------------------------------- */
+
+static const codec_field candidacy_fields[] = {
+    {CODEC_TEXT(job_candidacy, name, "name"), CODEC_REQUIRED},
+    {CODEC_TEXT(job_candidacy, host, "host")},
+    {CODEC_INT(job_candidacy, pid, "pid", 0, INT64_MAX)},
+};
+static const codec_table candidacy_table = CODEC_TABLE(job_candidacy, "candidacy", candidacy_fields);
+RECORD_CODEC(job_candidacy, candidacy_table)
 
 /* --- report ---------------------------------------------------------------------------------- */
 

@@ -1,6 +1,8 @@
 /* The job's records as the previous release wrote them: golden bytes, captured by running the
  * codecs of the release before issue 28 (the hand-written encoders of job/records.c, plan.c,
- * spec.c and rendezvous' registration) on the values built below. Today's codecs must
+ * spec.c, and rendezvous' registration, rdzv_worker, now job_worker; the candidacy, which
+ * rdzv_elect.c printed as {"name":"%s","host":"%s","pid":%d}) on the values built below.
+ * Today's codecs must
  *   (a) read each of them back to the same value,
  *   (b) write the same value to the same bytes, byte for byte,
  * so that a job's records in etcd stay what every release reads and writes. Rejections
@@ -39,12 +41,13 @@ CODEC_OF(job_fault, job_fault_to_json, job_fault_from_json)
 CODEC_OF(job_links, job_links_to_json, job_links_from_json)
 CODEC_OF(newt_spec, spec_to_json, spec_from_json)
 CODEC_OF(newt_plan, plan_to_json, plan_from_json)
+CODEC_OF(job_candidacy, job_candidacy_to_json, job_candidacy_from_json)
 
 static char *enc_worker(const void *v) {
   char *out = NULL;
-  return rdzv_worker_to_json(v, &out) == NEWT_OK ? out : NULL;
+  return job_worker_to_json(v, &out) == NEWT_OK ? out : NULL;
 }
-static newt_result_t dec_worker(const char *t, size_t n, void *o) { return rdzv_worker_from_json(t, n, "reg", o); }
+static newt_result_t dec_worker(const char *t, size_t n, void *o) { return job_worker_from_json(t, n, "reg", o); }
 
 /* NaN is NaN: the bits of a double read back as null need not be the bits written. */
 static int same_real(double a, double b) { return (isnan(a) && isnan(b)) || a == b; }
@@ -112,7 +115,8 @@ static const codec fault_codec = {sizeof(job_fault), enc_job_fault, dec_job_faul
 static const codec links_codec = {sizeof(job_links), enc_job_links, dec_job_links, NULL, NULL};
 static const codec spec_codec = {sizeof(newt_spec), enc_newt_spec, dec_newt_spec, NULL, NULL};
 static const codec plan_codec = {sizeof(newt_plan), enc_newt_plan, dec_newt_plan, same_plan, free_plan};
-static const codec worker_codec = {sizeof(rdzv_worker), enc_worker, dec_worker, NULL, NULL};
+static const codec candidacy_codec = {sizeof(job_candidacy), enc_job_candidacy, dec_job_candidacy, NULL, NULL};
+static const codec worker_codec = {sizeof(job_worker), enc_worker, dec_worker, NULL, NULL};
 
 /* (a) and (b) for one value and its golden bytes. */
 static void check(const char *name, const codec *c, const void *value, const char *golden) {
@@ -467,7 +471,7 @@ static void test_plan(void) {
 }
 
 static void test_registration(void) {
-  rdzv_worker w;
+  job_worker w;
   memset(&w, 0, sizeof w);
   snprintf(w.id, sizeof w.id, "w1");
   snprintf(w.host, sizeof w.host, "node-7");
@@ -498,6 +502,15 @@ static void test_registration(void) {
         "\"generation\":0}");
 }
 
+static void test_candidacy(void) {
+  job_candidacy c;
+  memset(&c, 0, sizeof c);
+  snprintf(c.name, sizeof c.name, "coordinator-1");
+  snprintf(c.host, sizeof c.host, "node-7");
+  c.pid = 4242;
+  check("candidacy", &candidacy_codec, &c, "{\"name\":\"coordinator-1\",\"host\":\"node-7\",\"pid\":4242}");
+}
+
 int main(void) {
   T_RUN(test_report_ack);
   T_RUN(test_progress_step_done);
@@ -506,5 +519,6 @@ int main(void) {
   T_RUN(test_spec);
   T_RUN(test_plan);
   T_RUN(test_registration);
+  T_RUN(test_candidacy);
   return T_DONE();
 }
