@@ -5,7 +5,7 @@
  * (worker/publish.c), register concurrently from a pool of threads sharing one client (its
  * pool of keep-alive connections): in hosts of --per-host workers (default 8) under a node
  * agent, whose lease (cli/agent.h: one grant per host) they register on, one write each
- * (rdzv_register_on); with --per-host 1 as workers started alone, each with a lease of its
+ * (job_register_on); with --per-host 1 as workers started alone, each with a lease of its
  * own (a grant and the registration). Once a worker took up the plan it writes the update of
  * its registration that says "training" and carries its acknowledgement of the generation. When the coordinator's view holds all N, it publishes
  * plan 1 (a guarded write listing them); the workers learn the plan from a watch of the
@@ -32,6 +32,7 @@
 #include "common/opts.h"
 #include "common/strutil.h"
 #include "job/records.h"
+#include "job/store.h"
 #include "rendezvous/etcd_server.h"
 #include "rendezvous/rdzv.h"
 
@@ -79,11 +80,11 @@ static void *pool_main(void *arg) {
   }
   while (!atomic_load(&b->failed) && (i = atomic_fetch_add(&b->next_reg, 1)) < b->n) {
     mine[mine_n++] = i;
-    rdzv_worker w = {.device = -1, .state = "joining", .host = "bench", .pid = getpid()};
+    job_worker w = {.device = -1, .state = "joining", .host = "bench", .pid = getpid()};
     snprintf(w.id, sizeof w.id, "%s", b->ids[i]);
     snprintf(w.addr, sizeof w.addr, "127.0.0.1:%d", 20000 + i);
     if (b->per_host <= 1) { /* a worker started alone: a lease of its own */
-      if (rdzv_register(b->c, b->job, &w, b->ttl, NULL, NULL, d, &b->regs[i]) != NEWT_OK) fail(b, "register");
+      if (job_register(b->c, b->job, &w, b->ttl, NULL, NULL, d, &b->regs[i]) != NEWT_OK) fail(b, "register");
       continue;
     }
     /* a worker under its host's agent: the agent granted the host's lease when it started
@@ -95,7 +96,7 @@ static void *pool_main(void *arg) {
       fail(b, "host lease");
     int64_t lease = b->host_lease[h];
     pthread_mutex_unlock(&b->host_mu[h]);
-    if (lease && rdzv_register_on(b->c, b->job, &w, lease, b->ttl, NULL, NULL, d, &b->regs[i]) != NEWT_OK)
+    if (lease && job_register_on(b->c, b->job, &w, lease, b->ttl, NULL, NULL, d, &b->regs[i]) != NEWT_OK)
       fail(b, "register");
   }
   /* every worker learns the plan (here: one shared watch of the plan key) */
@@ -115,7 +116,7 @@ static void *pool_main(void *arg) {
     job_ack a = {.rank = i, .t_plan = now, .t_comm = now, .t_restore = now, .t_step = now, .restore_step = 0};
     snprintf(a.restore, sizeof a.restore, "init");
     char *ack = job_ack_to_json(&a);
-    if (!ack || rdzv_registration_ack(b->regs[i], "training", 1, ack, d) != NEWT_OK) fail(b, "ack");
+    if (!ack || job_registration_ack(b->regs[i], "training", 1, ack, d) != NEWT_OK) fail(b, "ack");
     free(ack);
   }
   free(mine);
@@ -181,11 +182,11 @@ static newt_result_t bench_one(rdzv_etcd *c, rdzv_etcd *wc, int n, int per_host,
   }
   newt_deadline_t d = newt_deadline_in_ms(120000);
   rdzv_campaign_opts co = {.name = "bench-coordinator", .ttl_s = 10};
-  NEWT_CHECK_GOTO(rdzv_campaign(c, job, &co, d, &leader), r, out);
+  NEWT_CHECK_GOTO(job_campaign(c, job, &co, d, &leader), r, out);
   NEWT_CHECK_GOTO(rdzv_candidate_wait(leader, d), r, out);
-  NEWT_CHECK_GOTO(rdzv_members_start(c, job, NULL, NULL, d, &view), r, out);
+  NEWT_CHECK_GOTO(job_members_start(c, job, NULL, NULL, d, &view), r, out);
   char plan_key[256];
-  NEWT_CHECK_GOTO(rdzv_key(plan_key, sizeof plan_key, job, "plan"), r, out);
+  NEWT_CHECK_GOTO(job_key(plan_key, sizeof plan_key, job, JOB_REC_PLAN, 0, NULL), r, out);
   NEWT_CHECK_GOTO(rdzv_etcd_watch_start(c, plan_key, NULL, on_plan, &b, d, &plan_watch), r, out);
 
   int64_t writes0 = rdzv_etcd_writes(wc), plan_writes0 = rdzv_etcd_writes(c);
@@ -211,14 +212,14 @@ static newt_result_t bench_one(rdzv_etcd *c, rdzv_etcd *wc, int n, int per_host,
     newt_buf_printf(&plan, "{\"generation\":1,\"workers\":[");
     for (int i = 0; i < n; i++) newt_buf_printf(&plan, "%s\"%s\"", i ? "," : "", b.ids[i]);
     newt_buf_printf(&plan, "]}");
-    r = rdzv_plan_publish(leader, 1, plan.data, d);
+    r = job_plan_publish(leader, job, 1, plan.data, d);
     /* the barrier: the view's registrations, every one acknowledging generation 1 */
-    while (r == NEWT_OK && rdzv_members_count_acked(view, 1) < (size_t)n && !atomic_load(&b.failed)) {
+    while (r == NEWT_OK && job_members_count_acked(view, 1) < (size_t)n && !atomic_load(&b.failed)) {
       newt_result_t w = rdzv_members_wait(view, rev, newt_deadline_min(d, newt_deadline_in_ms(100)), NULL, &rev);
       if (w != NEWT_OK && w != NEWT_ERR_TIMEOUT) r = w;
       else if (newt_deadline_passed(d))
         r = NEWT_ERR(NEWT_ERR_TIMEOUT, "only %zu of %d workers acknowledged generation 1",
-                     rdzv_members_count_acked(view, 1), n);
+                     job_members_count_acked(view, 1), n);
     }
   }
   uint64_t t1 = newt_now_ns();

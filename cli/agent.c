@@ -36,6 +36,7 @@
 #include "common/sys.h"
 #include "job/records.h"
 #include "job/spec.h"
+#include "job/store.h"
 #include "rendezvous/rdzv.h"
 
 #define AGENT_BACKOFF_FIRST_MS 500
@@ -230,7 +231,7 @@ static void *lease_main(void *arg) {
     if (!ttl_s) { /* the spec says the workers' lease TTL: the host's is the same */
       char *text = NULL;
       newt_spec spec;
-      if (rdzv_spec_get(a->etcd, a->o->job, newt_deadline_in_ms(2000), &text) == NEWT_OK &&
+      if (job_spec_get(a->etcd, a->o->job, newt_deadline_in_ms(2000), &text) == NEWT_OK &&
           spec_from_json(text, strlen(text), &spec) == NEWT_OK)
         ttl_s = (spec.lease_ttl_ms + 999) / 1000;
       free(text);

@@ -23,7 +23,7 @@
  *   - holds the host's lease (docs/rendezvous.md, A lease per host): once the job's spec is
  *     in etcd it grants one lease of spec.fault.lease_ttl_ms, keeps it alive and writes its
  *     id to a file named to each child in NEWT_HOST_LEASE_FILE; a child registers on it
- *     (rdzv_register_on: one etcd write, no grant of its own), so the host's loss (the
+ *     (job_register_on: one etcd write, no grant of its own), so the host's loss (the
  *     agent's lease) removes all its workers at once. A child that ends has its
  *     registration deleted at once (guarded by the lease; a restart waits for that), and
  *     one stopped (SIGSTOP) for longer than the lease TTL too, as its own lease would have

@@ -25,6 +25,7 @@
 #include "common/proc.h"
 #include "common/strutil.h"
 #include "common/sys.h"
+#include "job/store.h"
 #include "rendezvous/etcd_server.h"
 #include "rendezvous/rdzv.h"
 
@@ -72,8 +73,8 @@ typedef struct worker_ctx {
 static void worker_on_member(void *ud, const rdzv_member_event *e) {
   worker_ctx *w = ud;
   static const char *verbs[] = {"joined", "left", "updated", "resync"};
-  if (e->worker && strcmp(e->worker->id, w->name) != 0 && e->change != RDZV_MEMBER_UPDATE)
-    say("sees %s %s (revision %lld)", e->worker->id, verbs[e->change], (long long)e->revision);
+  if (e->id && strcmp(e->id, w->name) != 0 && e->change != RDZV_MEMBER_UPDATE)
+    say("sees %s %s (revision %lld)", e->id, verbs[e->change], (long long)e->revision);
 }
 
 static void worker_on_plan(void *ud, const rdzv_etcd_watch_resp *r) {
@@ -90,7 +91,7 @@ static void worker_on_plan(void *ud, const rdzv_etcd_watch_resp *r) {
     for (int k = 0; k < n; k++) in |= strcmp(ids[k], w->name) == 0;
     if (!in) continue;
     list_ids(list, sizeof list, ids, n);
-    if (rdzv_barrier_ack(w->c, w->job, g, w->name, rdzv_registration_lease(w->reg), newt_deadline_in_ms(5000)) == NEWT_OK) {
+    if (job_barrier_ack(w->c, w->job, g, w->name, rdzv_registration_lease(w->reg), newt_deadline_in_ms(5000)) == NEWT_OK) {
       w->acked = g;
       say("plan %lld: workers [%s]: acknowledged", (long long)g, list);
     } else {
@@ -101,20 +102,20 @@ static void worker_on_plan(void *ud, const rdzv_etcd_watch_resp *r) {
 
 static int run_worker(rdzv_etcd *c, const char *job, const char *name, int64_t ttl) {
   worker_ctx w = {.c = c, .job = job, .name = name};
-  rdzv_worker info = {.device = -1, .state = "ready", .pid = getpid()};
+  job_worker info = {.device = -1, .state = "ready", .pid = getpid()};
   snprintf(info.id, sizeof info.id, "%s", name);
   snprintf(info.host, sizeof info.host, "%s", newt_hostname());
-  if (rdzv_register(c, job, &info, ttl, NULL, NULL, newt_deadline_in_ms(10000), &w.reg) != NEWT_OK) {
+  if (job_register(c, job, &info, ttl, NULL, NULL, newt_deadline_in_ms(10000), &w.reg) != NEWT_OK) {
     say("cannot register: %s", newt_errmsg());
     return 1;
   }
   say("registered on lease %llx (TTL %lld s, pid %d)", (unsigned long long)rdzv_registration_lease(w.reg),
       (long long)ttl, (int)getpid());
   char plan_key[256];
-  rdzv_key(plan_key, sizeof plan_key, job, "plan");
+  job_key(plan_key, sizeof plan_key, job, JOB_REC_PLAN, 0, NULL);
   rdzv_members *m = NULL;
   rdzv_etcd_watch *pw = NULL;
-  if (rdzv_members_start(c, job, worker_on_member, &w, newt_deadline_in_ms(10000), &m) != NEWT_OK ||
+  if (job_members_start(c, job, worker_on_member, &w, newt_deadline_in_ms(10000), &m) != NEWT_OK ||
       rdzv_etcd_watch_start(c, plan_key, &(rdzv_etcd_watch_opts){.start_revision = 1}, worker_on_plan, &w,
                             newt_deadline_in_ms(10000), &pw) != NEWT_OK) {
     say("cannot watch: %s", newt_errmsg());
@@ -139,10 +140,10 @@ static void on_leadership(void *ud, int leading, const char *why) {
   if (!leading) say("no longer leader: %s", why);
 }
 
-static int publish(rdzv_candidate *cand, rdzv_members *m, int64_t g) {
-  rdzv_worker *ws;
+static int publish(rdzv_candidate *cand, rdzv_members *m, const char *job, int64_t g) {
+  job_worker *ws;
   size_t n;
-  if (rdzv_members_get(m, &ws, &n, NULL) != NEWT_OK) return -1;
+  if (job_members_get(m, &ws, &n, NULL) != NEWT_OK) return -1;
   newt_buf b;
   newt_buf_init(&b);
   newt_buf_printf(&b, "{\"generation\":%lld,\"leader\":\"%s\",\"workers\":[", (long long)g, me);
@@ -153,7 +154,7 @@ static int publish(rdzv_candidate *cand, rdzv_members *m, int64_t g) {
   }
   newt_buf_printf(&b, "]}");
   free(ws);
-  newt_result_t r = rdzv_plan_publish(cand, g, b.data, newt_deadline_in_ms(5000));
+  newt_result_t r = job_plan_publish(cand, job, g, b.data, newt_deadline_in_ms(5000));
   newt_buf_free(&b);
   if (r != NEWT_OK) {
     say("plan %lld refused: %s", (long long)g, newt_errmsg());
@@ -166,7 +167,7 @@ static int publish(rdzv_candidate *cand, rdzv_members *m, int64_t g) {
 static int run_coordinator(rdzv_etcd *c, const char *job, const char *name, int64_t ttl) {
   rdzv_candidate *cand;
   rdzv_campaign_opts co = {.name = name, .ttl_s = ttl, .fn = on_leadership};
-  if (rdzv_campaign(c, job, &co, newt_deadline_in_ms(10000), &cand) != NEWT_OK) {
+  if (job_campaign(c, job, &co, newt_deadline_in_ms(10000), &cand) != NEWT_OK) {
     say("cannot campaign: %s", newt_errmsg());
     return 1;
   }
@@ -181,16 +182,16 @@ static int run_coordinator(rdzv_etcd *c, const char *job, const char *name, int6
   }
   say("elected leader");
   rdzv_members *m;
-  if (rdzv_members_start(c, job, NULL, NULL, newt_deadline_in_ms(10000), &m) != NEWT_OK) return 1;
+  if (job_members_start(c, job, NULL, NULL, newt_deadline_in_ms(10000), &m) != NEWT_OK) return 1;
   int64_t g = 0;
-  rdzv_plan_get(c, job, newt_deadline_in_ms(5000), NULL, &g, NULL);
+  job_plan_get(c, job, newt_deadline_in_ms(5000), NULL, &g, NULL);
   int64_t seen = 0;
   size_t last_n = (size_t)-1;
   while (!newt_stop_requested() && rdzv_candidate_is_leader(cand)) {
     size_t n = rdzv_members_count(m);
     /* a new plan when membership changed (and at once after an election) */
     if (n != last_n && n > 0) {
-      if (publish(cand, m, ++g) != 0) break;
+      if (publish(cand, m, job, ++g) != 0) break;
       last_n = n;
     }
     rdzv_members_wait(m, seen, newt_deadline_in_ms(200), NULL, &seen);
@@ -225,7 +226,7 @@ static newt_result_t wait_plan(rdzv_etcd *c, const char *job, int64_t after, int
   for (;;) {
     char *json = NULL;
     int64_t g = 0;
-    if (rdzv_plan_get(c, job, d, &json, &g, NULL) == NEWT_OK && g > after) {
+    if (job_plan_get(c, job, d, &json, &g, NULL) == NEWT_OK && g > after) {
       char ids[64][RDZV_NAME_MAX];
       int n = 0;
       parse_plan(json, strlen(json), &g, ids, &n);
@@ -238,7 +239,7 @@ static newt_result_t wait_plan(rdzv_etcd *c, const char *job, int64_t after, int
       if (n == want) {
         const char *idp[64];
         for (int i = 0; i < n; i++) idp[i] = ids[i];
-        NEWT_CHECK(rdzv_barrier_wait(c, job, g, idp, (size_t)n, d, NULL));
+        NEWT_CHECK(job_barrier_wait(c, job, g, idp, (size_t)n, d, NULL));
         *gen = g;
         return NEWT_OK;
       }

@@ -11,6 +11,7 @@
 #include "cli/etcd_flags.h"
 #include "common/opts.h"
 #include "common/strutil.h"
+#include "job/records.h"
 #include "rendezvous/rdzv.h"
 
 /* The keys of the job, and how many of them say it is live: registrations and candidacies
@@ -24,9 +25,9 @@ static newt_result_t count_keys(rdzv_etcd *c, const char *job, int64_t *all, int
   *all = n.count;
   rdzv_etcd_kvs_free(&n);
   *live = 0;
-  const char *const alive[] = {"workers/", "election/"};
+  const job_record alive[] = {JOB_REC_WORKER, JOB_REC_ELECTION};
   for (size_t i = 0; i < sizeof alive / sizeof alive[0]; i++) {
-    NEWT_CHECK(rdzv_key(sub, sizeof sub, job, alive[i]));
+    NEWT_CHECK(job_prefix(sub, sizeof sub, job, alive[i], -1));
     NEWT_CHECK(rdzv_etcd_range(c, sub, &(rdzv_etcd_range_opts){.prefix = 1, .keys_only = 1},
                                newt_deadline_in_ms(5000), &n));
     for (size_t k = 0; k < n.n; k++) *live += n.kvs[k].lease != 0;

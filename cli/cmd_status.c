@@ -19,6 +19,7 @@
 #include "job/plan.h"
 #include "job/records.h"
 #include "job/spec.h"
+#include "job/store.h"
 #include "rendezvous/rdzv.h"
 
 /* A record decoded by its codec, re-encoded as a JSON item: NULL (and a warning naming
@@ -29,9 +30,9 @@ static cJSON *checked_item(const rdzv_etcd_kv *kv, job_record rec) {
   newt_result_t r = NEWT_OK;
   switch (rec) {
   case JOB_REC_WORKER: {
-    rdzv_worker w;
-    r = rdzv_worker_from_json(kv->value, kv->value_len, kv->key, &w);
-    if (r == NEWT_OK) r = rdzv_worker_to_json(&w, &text);
+    job_worker w;
+    r = job_worker_from_json(kv->value, kv->value_len, kv->key, &w);
+    if (r == NEWT_OK) r = job_worker_to_json(&w, &text);
     break;
   }
   case JOB_REC_PLAN: {
@@ -242,7 +243,7 @@ static newt_result_t collect(rdzv_etcd *c, const char *job, int nevents, cJSON *
   timed_free(&t);
   while (cJSON_GetArraySize(events) > nevents) cJSON_DeleteItemFromArray(events, 0);
   char leader[128], shown[128];
-  if (rdzv_leader_get(c, job, newt_deadline_in_ms(5000), leader, sizeof leader, NULL) == NEWT_OK)
+  if (job_leader_get(c, job, newt_deadline_in_ms(5000), leader, sizeof leader, NULL) == NEWT_OK)
     cJSON_AddStringToObject(j, "leader", newt_str_printable(shown, sizeof shown, leader));
   else
     cJSON_AddNullToObject(j, "leader");

@@ -43,6 +43,7 @@
 #include "job/records.h"
 #include "job/runlog.h"
 #include "job/spec.h"
+#include "job/store.h"
 #include "rendezvous/rdzv.h"
 
 NEWT_PARAM(StartWindowMs, "NEWT_START_WINDOW_MS", 1000)
@@ -69,7 +70,7 @@ typedef struct coord {
   char prefix[256];
 
   pthread_mutex_t mu; /* guards the picture below, written by the watch thread */
-  rdzv_worker *members;
+  job_worker *members;
   int nmembers, cap_members;
   newt_plan plan; /* generation 0: none */
   job_report *reports;
@@ -165,7 +166,7 @@ newt_result_t coordinator_put_spec(rdzv_etcd *c, const char *job, const char *fi
   char *norm = spec_to_json(&s);
   NEWT_CHECK_ALLOC(norm);
   char key[256];
-  r = rdzv_key(key, sizeof key, job, "spec");
+  r = job_key(key, sizeof key, job, JOB_REC_SPEC, 0, NULL);
   rdzv_etcd_cmp cmp = {.key = key, .target = RDZV_CMP_CREATE, .result = RDZV_CMP_EQUAL, .number = 0};
   rdzv_etcd_op put = {.type = RDZV_OP_PUT, .key = key, .value = norm, .value_len = strlen(norm)};
   rdzv_etcd_op get = {.type = RDZV_OP_RANGE, .key = key};
@@ -209,8 +210,8 @@ static int find_member(const coord *c, const char *id) {
 static void put_ack(coord *c, const rdzv_etcd_kv *kv, const char *id, const char *text, size_t len);
 
 static void put_member(coord *c, const rdzv_etcd_kv *kv, const char *id) {
-  rdzv_worker w;
-  if (rdzv_worker_from_json(kv->value, kv->value_len, kv->key, &w) != NEWT_OK) {
+  job_worker w;
+  if (job_worker_from_json(kv->value, kv->value_len, kv->key, &w) != NEWT_OK) {
     NEWT_WARN(COORD, "ignoring a registration: %s", newt_errmsg());
     return;
   }
@@ -225,7 +226,7 @@ static void put_member(coord *c, const rdzv_etcd_kv *kv, const char *id) {
   if (i < 0) {
     if (c->nmembers == c->cap_members) {
       int cap = c->cap_members ? 2 * c->cap_members : 16;
-      rdzv_worker *m = realloc(c->members, (size_t)cap * sizeof *m);
+      job_worker *m = realloc(c->members, (size_t)cap * sizeof *m);
       if (!m) return;
       c->members = m;
       c->cap_members = cap;
@@ -526,7 +527,7 @@ static void post_event(coord *c, job_event *ev) {
   if (c->event_log_fd >= 0 && job_eventlog_append(c->event_log_fd, ev) != NEWT_OK)
     warn_limited(c, "writing the event log", newt_errmsg());
   char *text = job_event_to_json(ev);
-  if (text && rdzv_event_post(c->etcd, c->o->job, text, job_call_deadline()) != NEWT_OK)
+  if (text && job_event_post(c->etcd, c->o->job, text, job_call_deadline()) != NEWT_OK)
     warn_limited(c, "posting an event", newt_errmsg());
   free(text);
 }
@@ -627,7 +628,7 @@ static void count_failure(coord *c, uint64_t t_ms) {
 static void recount_failures(coord *c) {
   char prefix[256];
   c->nfails = 0;
-  if (rdzv_key(prefix, sizeof prefix, c->o->job, "events/") != NEWT_OK) return;
+  if (job_prefix(prefix, sizeof prefix, c->o->job, JOB_REC_EVENT, -1) != NEWT_OK) return;
   rdzv_etcd_range_opts ro = {.prefix = 1, .sort = RDZV_SORT_KEY_ASCEND};
   rdzv_etcd_kvs evs;
   if (rdzv_etcd_range(c->etcd, prefix, &ro, job_call_deadline(), &evs) != NEWT_OK) return;
@@ -729,7 +730,7 @@ static newt_result_t replan(coord *c, const char *cause, const char *switch_mode
   policy_view v = view_locked(c);
   int n = policy_plan_members(&v, exclude, nexclude, m);
   for (int i = 0; i < c->nmembers; i++) {
-    const rdzv_worker *w = &c->members[i], *o = policy_gpu_taken(&v, exclude, nexclude, w);
+    const job_worker *w = &c->members[i], *o = policy_gpu_taken(&v, exclude, nexclude, w);
     if (o && !policy_member_leaving(w) && !policy_member_done(w))
       NEWT_WARN(COORD, "%s is on GPU %d of host %s, which %s uses: NCCL cannot run two ranks on one GPU, so %s "
                 "waits for it (give each worker its own --device)", w->id, w->device, w->host, o->id, w->id);
@@ -778,7 +779,7 @@ static newt_result_t replan(coord *c, const char *cause, const char *switch_mode
     plan_free(&p);
     return r;
   }
-  r = rdzv_plan_publish(c->cand, (int64_t)p.generation, json, job_call_deadline());
+  r = job_plan_publish(c->cand, c->o->job, (int64_t)p.generation, json, job_call_deadline());
   free(json);
   if (r != NEWT_OK) {
     plan_free(&p);
@@ -817,7 +818,7 @@ static newt_result_t replan(coord *c, const char *cause, const char *switch_mode
 }
 
 /* Fences a member: deletes its registration by revoking its lease; a lease other members
- * are registered on too (their host's, rdzv_register_on) is theirs as well: then only the
+ * are registered on too (their host's, job_register_on) is theirs as well: then only the
  * member's key goes (a guarded delete while it is on that lease), and the member, when it
  * writes again, finds it gone and registers anew, as one whose own lease was revoked. */
 static void fence(coord *c, const char *id) {
@@ -854,7 +855,7 @@ static void fence(coord *c, const char *id) {
  * leadership; a failure is tried again at the next generation. */
 static void housekeeping(coord *c, uint64_t gen) {
   if (gen > 1) {
-    if (rdzv_barrier_forget(c->cand, c->o->job, (int64_t)gen, job_call_deadline()) != NEWT_OK)
+    if (job_barrier_forget(c->cand, c->o->job, (int64_t)gen, job_call_deadline()) != NEWT_OK)
       NEWT_DEBUG(COORD, "forgetting old acks: %s", newt_errmsg());
     char from[256], to[256];
     if (job_key(from, sizeof from, c->o->job, JOB_REC_REPORT, 0, "x") == NEWT_OK &&
@@ -868,7 +869,7 @@ static void housekeeping(coord *c, uint64_t gen) {
   }
   char prefix[256];
   int64_t keep = newt_param_KeepEvents();
-  if (rdzv_key(prefix, sizeof prefix, c->o->job, "events/") != NEWT_OK) return;
+  if (job_prefix(prefix, sizeof prefix, c->o->job, JOB_REC_EVENT, -1) != NEWT_OK) return;
   rdzv_etcd_range_opts ro = {.prefix = 1, .count_only = 1};
   rdzv_etcd_kvs cnt;
   if (rdzv_etcd_range(c->etcd, prefix, &ro, job_call_deadline(), &cnt) != NEWT_OK) return;
@@ -976,7 +977,7 @@ static void restore_records(coord *c) {
   if (r == NEWT_OK) rdzv_etcd_kv_free(&kv);
   else if (r == NEWT_ERR_NOTFOUND) {
     char *spec = spec_to_json(&c->spec);
-    if (spec && rdzv_spec_put(c->etcd, c->o->job, spec, job_call_deadline()) == NEWT_OK)
+    if (spec && job_spec_put(c->etcd, c->o->job, spec, job_call_deadline()) == NEWT_OK)
       NEWT_WARN(COORD, "%s: etcd had lost the job's spec; stored it again", c->id);
     free(spec);
   }
@@ -1007,7 +1008,7 @@ static void restore_records(coord *c) {
   }
   if (lost) {
     char *json = plan_to_json(&p);
-    if (json && rdzv_plan_publish(c->cand, (int64_t)p.generation, json, job_call_deadline()) == NEWT_OK)
+    if (json && job_plan_publish(c->cand, c->o->job, (int64_t)p.generation, json, job_call_deadline()) == NEWT_OK)
       NEWT_WARN(COORD, "%s: %s; published generation %llu again", c->id, lost, (unsigned long long)p.generation);
     free(json);
   }
@@ -1547,7 +1548,7 @@ newt_result_t coordinator_run(const coordinator_opts *o) {
   newt_deadline_t d = newt_deadline_in_ms(60000);
   while (r == NEWT_OK) {
     /* etcd away: wait for it as long as it takes; no spec in a reachable etcd: 60 s */
-    r = rdzv_spec_get(c->etcd, o->job, job_call_deadline(), &spec);
+    r = job_spec_get(c->etcd, o->job, job_call_deadline(), &spec);
     if (r == NEWT_OK || fatal(r)) break;
     if (r != NEWT_ERR_NOTFOUND) {
       warn_limited(c, "reading the spec", newt_errmsg());
@@ -1581,7 +1582,7 @@ newt_result_t coordinator_run(const coordinator_opts *o) {
       break;
     }
     rdzv_campaign_opts co = {.name = c->id, .ttl_s = (c->spec.lease_ttl_ms + 999) / 1000, .fn = on_leadership, .ud = c};
-    r = rdzv_campaign(c->etcd, o->job, &co, job_call_deadline(), &c->cand);
+    r = job_campaign(c->etcd, o->job, &co, job_call_deadline(), &c->cand);
     if (r != NEWT_OK && !fatal(r)) {
       /* etcd away, full or refusing for now: campaign again once it is back */
       warn_limited(c, "campaigning", newt_errmsg());

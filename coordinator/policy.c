@@ -20,13 +20,13 @@ const char *policy_cause(policy_reason r) {
   return NULL;
 }
 
-int policy_member_leaving(const rdzv_worker *w) {
+int policy_member_leaving(const job_worker *w) {
   return strcmp(w->state, "leaving") == 0 || strcmp(w->state, "left") == 0;
 }
 
-int policy_member_done(const rdzv_worker *w) { return strcmp(w->state, "done") == 0; }
+int policy_member_done(const job_worker *w) { return strcmp(w->state, "done") == 0; }
 
-static const rdzv_worker *find_member(const policy_view *v, const char *id) {
+static const job_worker *find_member(const policy_view *v, const char *id) {
   for (int i = 0; i < v->nmembers; i++)
     if (strcmp(v->members[i].id, id) == 0) return &v->members[i];
   return NULL;
@@ -38,7 +38,7 @@ static int listed(char (*list)[RDZV_NAME_MAX], int n, const char *id) {
   return 0;
 }
 
-static const rdzv_worker *find_member(const policy_view *v, const char *id);
+static const job_worker *find_member(const policy_view *v, const char *id);
 
 /* Whether report r names id, and was written while id's registration was there: a report of
  * a generation that is over does not judge a worker that registered again since (fenced and
@@ -46,7 +46,7 @@ static const rdzv_worker *find_member(const policy_view *v, const char *id);
 static int accuses(const policy_view *v, const job_report *r, const char *id) {
   int named = 0;
   for (int k = 0; k < r->naccuse && !named; k++) named = strcmp(r->accuse[k], id) == 0;
-  const rdzv_worker *m = named && v ? find_member(v, id) : NULL;
+  const job_worker *m = named && v ? find_member(v, id) : NULL;
   return named && (!m || !r->revision || m->create_revision <= r->revision);
 }
 
@@ -210,7 +210,7 @@ static int passed(const policy_view *v, uint64_t since, int64_t ms) {
   return elapsed(v->now, since) >= (uint64_t)ms * 1000000ull;
 }
 
-static void fill_member(plan_member *m, const rdzv_worker *w) {
+static void fill_member(plan_member *m, const job_worker *w) {
   memset(m, 0, sizeof *m);
   snprintf(m->id, sizeof m->id, "%s", w->id);
   snprintf(m->host, sizeof m->host, "%.63s", w->host);
@@ -220,25 +220,25 @@ static void fill_member(plan_member *m, const rdzv_worker *w) {
 }
 
 /* A member the next plan may use, GPU clashes aside. */
-static int candidate(const policy_view *v, char (*exclude)[RDZV_NAME_MAX], int nexclude, const rdzv_worker *w) {
+static int candidate(const policy_view *v, char (*exclude)[RDZV_NAME_MAX], int nexclude, const job_worker *w) {
   return !policy_member_leaving(w) && !policy_member_done(w) && w->addr[0] && !listed(exclude, nexclude, w->id) &&
          !listed(v->held_out, v->nheld_out, w->id);
 }
 
 /* Whether candidate a keeps a GPU both it and b registered on: a rank of the current plan
  * before a newcomer (it holds state), then the earlier registration, then the smaller id. */
-static int keeps_gpu(const policy_view *v, const rdzv_worker *a, const rdzv_worker *b) {
+static int keeps_gpu(const policy_view *v, const job_worker *a, const job_worker *b) {
   int ra = v->plan->generation && plan_find(v->plan, a->id), rb = v->plan->generation && plan_find(v->plan, b->id);
   if (ra != rb) return ra;
   if (a->create_revision != b->create_revision) return a->create_revision < b->create_revision;
   return strcmp(a->id, b->id) < 0;
 }
 
-const rdzv_worker *policy_gpu_taken(const policy_view *v, char (*exclude)[RDZV_NAME_MAX], int nexclude,
-                                    const rdzv_worker *w) {
+const job_worker *policy_gpu_taken(const policy_view *v, char (*exclude)[RDZV_NAME_MAX], int nexclude,
+                                    const job_worker *w) {
   if (strcmp(v->spec->backend, "nccl") != 0 || w->device < 0) return NULL;
   for (int i = 0; i < v->nmembers; i++) {
-    const rdzv_worker *o = &v->members[i];
+    const job_worker *o = &v->members[i];
     if (o != w && o->device == w->device && strcmp(o->host, w->host) == 0 && !(o->shares_device && w->shares_device) &&
         candidate(v, exclude, nexclude, o) && keeps_gpu(v, o, w))
       return o;
@@ -249,7 +249,7 @@ const rdzv_worker *policy_gpu_taken(const policy_view *v, char (*exclude)[RDZV_N
 int policy_plan_members(const policy_view *v, char (*exclude)[RDZV_NAME_MAX], int nexclude, plan_member *out) {
   int n = 0;
   for (int i = 0; i < v->nmembers; i++) {
-    const rdzv_worker *w = &v->members[i];
+    const job_worker *w = &v->members[i];
     if (!candidate(v, exclude, nexclude, w) || policy_gpu_taken(v, exclude, nexclude, w)) continue;
     plan_member *m = &out[n++];
     fill_member(m, w);
@@ -264,7 +264,7 @@ int policy_plan_members(const policy_view *v, char (*exclude)[RDZV_NAME_MAX], in
 int policy_donors(const policy_view *v, int plan_started, plan_member *out) {
   int n = 0;
   for (int i = 0; i < v->nmembers; i++) {
-    const rdzv_worker *w = &v->members[i];
+    const job_worker *w = &v->members[i];
     if (strcmp(w->state, "leaving") != 0 || !w->addr[0]) continue;
     if (!plan_find(v->plan, w->id) && (plan_started || !plan_find_donor(v->plan, w->id))) continue;
     fill_member(&out[n++], w);
@@ -298,7 +298,7 @@ static void decide_running(const policy_view *v, policy_decision *d) {
   int gone = 0, leaving = 0, unreported = 0, nreports = v->nreports;
   for (int k = 0; k < p->nranks; k++) {
     const char *id = p->ranks[k].worker;
-    const rdzv_worker *m = find_member(v, id);
+    const job_worker *m = find_member(v, id);
     if (!m && listed(v->departed, v->ndeparted, id)) {
       leaving++;
       exclude(d, id);
@@ -319,7 +319,7 @@ static void decide_running(const policy_view *v, policy_decision *d) {
   int *cand = calloc((size_t)(p->nranks ? p->nranks : 1), sizeof *cand), ncand = 0, nsuspect = 0, builds = 0;
   for (int i = 0; i < nreports; i++) builds += v->reports[i].build;
   for (int k = 0; cand && k < p->nranks; k++) {
-    const rdzv_worker *m = find_member(v, p->ranks[k].worker);
+    const job_worker *m = find_member(v, p->ranks[k].worker);
     cand[k] = m && !policy_member_leaving(m) && !listed(v->departed, v->ndeparted, p->ranks[k].worker) &&
               is_reporter(v, p->ranks[k].worker);
     ncand += cand[k];

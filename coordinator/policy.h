@@ -54,7 +54,7 @@ const char *policy_cause(policy_reason r);
 typedef struct policy_view {
   const newt_spec *spec;
   const newt_plan *plan;           /* generation 0: none yet */
-  const rdzv_worker *members;      /* the registered workers */
+  const job_worker *members;      /* the registered workers */
   int nmembers;
   const job_report *reports;       /* of the plan's generation */
   int nreports;
@@ -111,8 +111,8 @@ newt_result_t policy_decide(const policy_view *v, policy_decision *out);
 void policy_decision_free(policy_decision *d);
 
 /* A member leaving gracefully (state "leaving" or "left"); one that finished ("done"). */
-int policy_member_leaving(const rdzv_worker *w);
-int policy_member_done(const rdzv_worker *w);
+int policy_member_leaving(const job_worker *w);
+int policy_member_done(const job_worker *w);
 
 /* The candidates of the next plan: members that are not leaving, not done, have a data-plane
  * address, are not held out and are not in exclude; out has room for v->nmembers. Returns
@@ -124,8 +124,8 @@ int policy_plan_members(const policy_view *v, char (*exclude)[RDZV_NAME_MAX], in
  * registered on too (a rank of the current plan first, then the earlier registration), or
  * NULL when w's GPU is its own (or the job trains on CPUs, or w on no GPU). Such a w is left
  * out of the next plan until the GPU is free. */
-const rdzv_worker *policy_gpu_taken(const policy_view *v, char (*exclude)[RDZV_NAME_MAX], int nexclude,
-                                    const rdzv_worker *w);
+const job_worker *policy_gpu_taken(const policy_view *v, char (*exclude)[RDZV_NAME_MAX], int nexclude,
+                                    const job_worker *w);
 
 /* The donors of the next plan: members leaving gracefully that hold state someone needs --
  * ranks of the current plan, and its donors while it has not started (once it has, they

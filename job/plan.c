@@ -25,6 +25,8 @@
 #include "common/json.h"
 #include "common/strutil.h"
 #include "common/sys.h"
+#include "job/codec.h"
+#include "rendezvous/rdzv.h"
 
 int plan_choose_dp(const newt_spec *s, int64_t max_dp) {
   int64_t hi = max_dp < s->dp_max ? max_dp : s->dp_max;
@@ -398,215 +400,185 @@ int plan_is_spare(const newt_plan *p, const char *worker) {
   return 0;
 }
 
-/* A rank (with its coordinates) or a donor (without). */
-static cJSON *rank_json(const plan_rank *r, int coords) {
-  cJSON *o = cJSON_CreateObject();
-  newt_json_add_int(o, "rank", r->rank);
-  cJSON_AddStringToObject(o, "worker", r->worker);
-  cJSON_AddStringToObject(o, "host", r->host);
-  cJSON_AddStringToObject(o, "addr", r->addr);
-  if (coords) {
-    newt_json_add_int(o, "dp", r->dp);
-    newt_json_add_int(o, "tp", r->tp);
-    newt_json_add_int(o, "pp", r->pp);
+/* --- the plan's record ------------------------------------------------------------------------ */
+
+/* A rank of the plan: its entry, then its coordinates. A donor is a rank without them: the
+ * table's first four fields. */
+static const codec_field rank_fields[] = {
+    {CODEC_INT(plan_rank, rank, "rank", 0, INT32_MAX), CODEC_REQUIRED},
+    {CODEC_TOKEN(plan_rank, worker, "worker"), CODEC_REQUIRED},
+    {CODEC_TOKEN(plan_rank, host, "host"), CODEC_REQUIRED},
+    {CODEC_TOKEN(plan_rank, addr, "addr"), CODEC_REQUIRED},
+    {CODEC_INT(plan_rank, dp, "dp", -1, INT32_MAX), CODEC_REQUIRED, .def = -1},
+    {CODEC_INT(plan_rank, tp, "tp", -1, INT32_MAX), CODEC_REQUIRED, .def = -1},
+    {CODEC_INT(plan_rank, pp, "pp", -1, INT32_MAX), CODEC_REQUIRED, .def = -1},
+};
+static const codec_table rank_table = CODEC_TABLE(plan_rank, "rank", rank_fields);
+static const codec_table donor_table = {.name = "donor", .size = sizeof(plan_rank), .fields = rank_fields, .n = 4};
+
+/* v in [lo, hi], for the bounds only the plan around an entry knows. */
+static newt_result_t bounded(const char *what, const char *field, int64_t v, int64_t lo, int64_t hi) {
+  if (v >= lo && v <= hi) return NEWT_OK;
+  return NEWT_ERR(NEWT_ERR_INVALID, "%s.%s: %lld is out of range [%lld, %lld]", what, field, (long long)v,
+                  (long long)lo, (long long)hi);
+}
+
+/* Entry i of the ranks, or of the donors (after the ranks: their rank is nranks + i). */
+static newt_result_t parse_rank(const cJSON *o, const char *what, int i, const newt_plan *p, int donor, plan_rank *r) {
+  char label[96];
+  snprintf(label, sizeof label, "%s[%d]", what, i);
+  NEWT_CHECK(codec_decode_object(donor ? &donor_table : &rank_table, o, label, r));
+  NEWT_CHECK(bounded(label, "rank", r->rank, donor ? p->nranks + i : i, donor ? p->nranks + i : i));
+  if (donor) {
+    r->dp = r->tp = r->pp = -1;
+    if (plan_find(p, r->worker)) return NEWT_ERR(NEWT_ERR_INVALID, "%s.worker: \"%s\" is also a rank", label, r->worker);
+    return NEWT_OK;
   }
-  return o;
-}
-
-char *plan_to_json(const newt_plan *p) {
-  cJSON *j = cJSON_CreateObject();
-  if (!j) return NULL;
-  char secret[2 * PLAN_SECRET_BYTES + 1];
-  newt_hex_encode(p->secret, sizeof p->secret, secret);
-  newt_json_add_int(j, "generation", (int64_t)p->generation);
-  cJSON_AddStringToObject(j, "secret", secret);
-  newt_json_add_int(j, "created_ms", (int64_t)p->created_ms);
-  cJSON_AddStringToObject(j, "cause", p->cause);
-  cJSON_AddStringToObject(j, "switch", p->switch_mode);
-  newt_json_add_int(j, "dp", p->dp);
-  newt_json_add_int(j, "tp", p->tp);
-  newt_json_add_int(j, "pp", p->pp);
-  newt_json_add_int(j, "zero", p->zero);
-  newt_json_add_int(j, "global_batch", p->global_batch);
-  newt_json_add_int(j, "micro_batch", p->micro_batch);
-  newt_json_add_int(j, "accum", p->accum);
-  cJSON_AddStringToObject(j, "restore", p->restore);
-  newt_json_add_int(j, "step", p->step);
-  cJSON *ranks = cJSON_AddArrayToObject(j, "ranks");
-  for (int i = 0; i < p->nranks; i++) cJSON_AddItemToArray(ranks, rank_json(&p->ranks[i], 1));
-  cJSON *spares = cJSON_AddArrayToObject(j, "spares");
-  for (int i = 0; i < p->nspares; i++) cJSON_AddItemToArray(spares, cJSON_CreateString(p->spares[i]));
-  if (p->spare_why[0]) cJSON_AddStringToObject(j, "spare_why", p->spare_why);
-  cJSON *donors = cJSON_AddArrayToObject(j, "donors");
-  for (int i = 0; i < p->ndonors; i++) cJSON_AddItemToArray(donors, rank_json(&p->donors[i], 0));
-  char *out = newt_json_print(j);
-  cJSON_Delete(j);
-  return out;
-}
-
-static newt_result_t get_bounded(const cJSON *o, const char *what, const char *field, int64_t lo,
-                                 int64_t hi, int64_t *out) {
-  NEWT_CHECK(newt_json_get_int(o, what, field, 1, out));
-  if (*out < lo || *out > hi)
-    return NEWT_ERR(NEWT_ERR_INVALID, "%s.%s: %lld is outside [%lld, %lld]", what, field,
-                    (long long)*out, (long long)lo, (long long)hi);
-  return NEWT_OK;
-}
-
-/* A name, an address or a word of the plan: printable ASCII without blanks, quotes or
- * backslashes, as a registration's (a plan comes from etcd, and status, logs and the report
- * print its fields: a terminal escape in one must not reach a screen). */
-static newt_result_t copy_str(const cJSON *o, const char *what, const char *field, char *dst, size_t cap) {
-  const char *v = NULL;
-  NEWT_CHECK(newt_json_get_str(o, what, field, 1, &v));
-  if (!v[0] || strlen(v) >= cap)
-    return NEWT_ERR(NEWT_ERR_INVALID, "%s.%s: must be 1 to %zu characters", what, field, cap - 1);
-  for (const unsigned char *c = (const unsigned char *)v; *c; c++)
-    if (*c <= 0x20 || *c >= 0x7f || *c == '"' || *c == '\\')
-      return NEWT_ERR(NEWT_ERR_INVALID, "%s.%s: byte 0x%02x at %zu is not a printable character of a name",
-                      what, field, *c, (size_t)(c - (const unsigned char *)v));
-  snprintf(dst, cap, "%s", v);
-  return NEWT_OK;
-}
-
-/* Optional text for people (spare_why): printable ASCII, blanks allowed; a control byte is
- * refused, as in a name. */
-static newt_result_t get_text(const cJSON *o, const char *what, const char *field, char *dst, size_t cap) {
-  const char *v = NULL;
-  NEWT_CHECK(newt_json_get_str(o, what, field, 0, &v));
-  if (!v) return NEWT_OK;
-  if (strlen(v) >= cap) return NEWT_ERR(NEWT_ERR_INVALID, "%s.%s: longer than %zu characters", what, field, cap - 1);
-  for (const unsigned char *c = (const unsigned char *)v; *c; c++)
-    if (*c < 0x20 || *c >= 0x7f)
-      return NEWT_ERR(NEWT_ERR_INVALID, "%s.%s: byte 0x%02x at %zu is not printable text", what, field, *c,
-                      (size_t)(c - (const unsigned char *)v));
-  snprintf(dst, cap, "%s", v);
-  return NEWT_OK;
-}
-
-static newt_result_t parse_rank(const cJSON *o, int i, const newt_plan *p, plan_rank *r) {
-  char what[48];
-  snprintf(what, sizeof what, "plan.ranks[%d]", i);
-  int64_t v;
-  NEWT_CHECK(get_bounded(o, what, "rank", i, i, &v));
-  r->rank = (int)v;
-  NEWT_CHECK(copy_str(o, what, "worker", r->worker, sizeof r->worker));
-  NEWT_CHECK(copy_str(o, what, "host", r->host, sizeof r->host));
-  NEWT_CHECK(copy_str(o, what, "addr", r->addr, sizeof r->addr));
-  NEWT_CHECK(get_bounded(o, what, "dp", 0, p->dp - 1, &v));
-  r->dp = (int)v;
-  NEWT_CHECK(get_bounded(o, what, "tp", 0, p->tp - 1, &v));
-  r->tp = (int)v;
-  NEWT_CHECK(get_bounded(o, what, "pp", 0, p->pp - 1, &v));
-  r->pp = (int)v;
+  NEWT_CHECK(bounded(label, "dp", r->dp, 0, p->dp - 1));
+  NEWT_CHECK(bounded(label, "tp", r->tp, 0, p->tp - 1));
+  NEWT_CHECK(bounded(label, "pp", r->pp, 0, p->pp - 1));
   if ((r->pp * p->dp + r->dp) * p->tp + r->tp != r->rank)
-    return NEWT_ERR(NEWT_ERR_INVALID, "%s: coordinates (dp %d, tp %d, pp %d) do not give rank %d",
-                    what, r->dp, r->tp, r->pp, r->rank);
+    return NEWT_ERR(NEWT_ERR_INVALID, "%s: coordinates (dp %d, tp %d, pp %d) do not give rank %d", label, r->dp, r->tp,
+                    r->pp, r->rank);
   return NEWT_OK;
 }
 
-static newt_result_t parse_plan(const cJSON *j, newt_plan *p) {
-  static const char *const known[] = {"generation", "secret", "created_ms", "cause", "switch", "dp", "tp",
-                                      "pp", "zero", "global_batch", "micro_batch", "accum", "restore",
-                                      "step", "ranks", "spares", "spare_why", "donors", NULL};
-  const char *w = "plan";
-  int64_t v;
-  NEWT_CHECK(newt_json_check_fields(j, w, known));
-  /* a plan's generation counts plans: one near 2^53 is forged or corrupt (and JSON numbers
-     are exact only up to there) */
-  NEWT_CHECK(get_bounded(j, w, "generation", 1, NEWT_JSON_INT_EXACT - 1, &v));
-  p->generation = (uint64_t)v;
-  const char *secret = NULL;
-  NEWT_CHECK(newt_json_get_str(j, w, "secret", 1, &secret));
-  if (strlen(secret) != 2 * PLAN_SECRET_BYTES || newt_hex_decode(secret, p->secret, PLAN_SECRET_BYTES) != 0)
-    return NEWT_ERR(NEWT_ERR_INVALID, "plan.secret: expected %d hex digits", 2 * PLAN_SECRET_BYTES);
-  NEWT_CHECK(get_bounded(j, w, "created_ms", 0, INT64_MAX, &v));
-  p->created_ms = (uint64_t)v;
-  NEWT_CHECK(copy_str(j, w, "cause", p->cause, sizeof p->cause));
-  NEWT_CHECK(copy_str(j, w, "switch", p->switch_mode, sizeof p->switch_mode));
-  if (strcmp(p->switch_mode, "abort") != 0 && strcmp(p->switch_mode, "boundary") != 0)
-    return NEWT_ERR(NEWT_ERR_INVALID, "plan.switch: must be \"abort\" or \"boundary\", got \"%s\"", p->switch_mode);
-  NEWT_CHECK(get_bounded(j, w, "dp", 1, 1 << 20, &v));
-  p->dp = (int)v;
-  NEWT_CHECK(get_bounded(j, w, "tp", 1, 1 << 10, &v));
-  p->tp = (int)v;
-  NEWT_CHECK(get_bounded(j, w, "pp", 1, 1 << 10, &v));
-  p->pp = (int)v;
-  NEWT_CHECK(get_bounded(j, w, "zero", 0, 3, &v));
-  p->zero = (int)v;
-  NEWT_CHECK(get_bounded(j, w, "global_batch", 1, INT64_MAX, &p->global_batch));
-  NEWT_CHECK(get_bounded(j, w, "micro_batch", 1, INT64_MAX, &p->micro_batch));
-  NEWT_CHECK(get_bounded(j, w, "accum", 1, INT64_MAX, &p->accum));
-  /* the ranks split the global batch's samples (a sample each at least); accum is the most
-     micro-batches one takes (all of them when it splits evenly: accum x dp x micro_batch is
-     the global batch) */
-  if (p->dp > p->global_batch)
-    return NEWT_ERR(NEWT_ERR_INVALID, "plan.dp: %d data-parallel ranks for a global batch of %lld samples", p->dp,
-                    (long long)p->global_batch);
-  if (p->accum != plan_accum(p->global_batch, p->micro_batch, p->dp))
-    return NEWT_ERR(NEWT_ERR_INVALID,
-                    "plan.accum: %lld, but the first of dp %d ranks takes %lld micro-batches of %lld of the global batch "
-                    "%lld",
-                    (long long)p->accum, p->dp, (long long)plan_accum(p->global_batch, p->micro_batch, p->dp),
-                    (long long)p->micro_batch, (long long)p->global_batch);
-  NEWT_CHECK(copy_str(j, w, "restore", p->restore, sizeof p->restore));
-  NEWT_CHECK(get_bounded(j, w, "step", 0, INT64_MAX, &p->step));
-  const cJSON *ranks = NULL, *spares = NULL;
-  NEWT_CHECK(newt_json_get_arr(j, w, "ranks", 1, &ranks));
-  NEWT_CHECK(newt_json_get_arr(j, w, "spares", 1, &spares));
+static newt_result_t put_entries(cJSON *obj, const char *name, const codec_table *t, const plan_rank *r, int n) {
+  cJSON *a = cJSON_AddArrayToObject(obj, name);
+  NEWT_CHECK_ALLOC(a);
+  for (int i = 0; i < n; i++) {
+    cJSON *o = cJSON_CreateObject();
+    if (!o || !cJSON_AddItemToArray(a, o)) {
+      cJSON_Delete(o);
+      return NEWT_ERR(NEWT_ERR_NOMEM, "out of memory writing a plan");
+    }
+    NEWT_CHECK(codec_encode_object(t, o, &r[i]));
+  }
+  return NEWT_OK;
+}
+
+static newt_result_t put_ranks(cJSON *obj, const codec_field *f, const void *rec) {
+  const newt_plan *p = rec;
+  return put_entries(obj, f->name, &rank_table, p->ranks, p->nranks);
+}
+
+static newt_result_t put_donors(cJSON *obj, const codec_field *f, const void *rec) {
+  const newt_plan *p = rec;
+  return put_entries(obj, f->name, &donor_table, p->donors, p->ndonors);
+}
+
+/* The ranks: dp x tp x pp of them (counted before any is read), each in its place, no worker twice. */
+static newt_result_t get_ranks(const cJSON *j, const char *what, const codec_field *f, void *rec, int required) {
+  newt_plan *p = rec;
+  const cJSON *ranks = NULL;
+  NEWT_CHECK(newt_json_get_arr(j, what, f->name, required, &ranks));
   int64_t want = (int64_t)p->dp * p->tp * p->pp;
   if (cJSON_GetArraySize(ranks) != want)
-    return NEWT_ERR(NEWT_ERR_INVALID, "plan.ranks: %d entries, expected dp x tp x pp = %lld",
+    return NEWT_ERR(NEWT_ERR_INVALID, "%s.%s: %d entries, expected dp x tp x pp = %lld", what, f->name,
                     cJSON_GetArraySize(ranks), (long long)want);
   p->nranks = (int)want;
-  p->nspares = cJSON_GetArraySize(spares);
   p->ranks = calloc((size_t)p->nranks, sizeof *p->ranks);
-  p->spares = calloc((size_t)(p->nspares ? p->nspares : 1), sizeof *p->spares);
   NEWT_CHECK_ALLOC(p->ranks);
-  NEWT_CHECK_ALLOC(p->spares);
+  char label[48];
+  snprintf(label, sizeof label, "%s.%s", what, f->name);
   int i = 0;
-  for (const cJSON *o = ranks->child; o; o = o->next, i++) NEWT_CHECK(parse_rank(o, i, p, &p->ranks[i]));
+  for (const cJSON *o = ranks->child; o; o = o->next, i++) NEWT_CHECK(parse_rank(o, label, i, p, 0, &p->ranks[i]));
   for (int a = 0; a < p->nranks; a++)
     for (int b = a + 1; b < p->nranks; b++)
       if (strcmp(p->ranks[a].worker, p->ranks[b].worker) == 0)
-        return NEWT_ERR(NEWT_ERR_INVALID, "plan.ranks[%d].worker: \"%s\" is also rank %d", b,
-                        p->ranks[b].worker, a);
+        return NEWT_ERR(NEWT_ERR_INVALID, "%s[%d].worker: \"%s\" is also rank %d", label, b, p->ranks[b].worker, a);
+  return NEWT_OK;
+}
+
+static newt_result_t get_donors(const cJSON *j, const char *what, const codec_field *f, void *rec, int required) {
+  newt_plan *p = rec;
   const cJSON *donors = NULL;
-  NEWT_CHECK(newt_json_get_arr(j, w, "donors", 0, &donors));
-  p->ndonors = donors ? cJSON_GetArraySize(donors) : 0;
-  p->donors = calloc((size_t)(p->ndonors ? p->ndonors : 1), sizeof *p->donors);
+  NEWT_CHECK(newt_json_get_arr(j, what, f->name, required, &donors));
+  int n = donors ? cJSON_GetArraySize(donors) : 0;
+  p->donors = calloc((size_t)(n ? n : 1), sizeof *p->donors);
   NEWT_CHECK_ALLOC(p->donors);
-  i = 0;
-  for (const cJSON *o = donors ? donors->child : NULL; o; o = o->next, i++) {
-    char what[48];
-    snprintf(what, sizeof what, "plan.donors[%d]", i);
-    plan_rank *d = &p->donors[i];
-    int64_t v;
-    NEWT_CHECK(get_bounded(o, what, "rank", p->nranks + i, p->nranks + i, &v));
-    d->rank = (int)v;
-    NEWT_CHECK(copy_str(o, what, "worker", d->worker, sizeof d->worker));
-    NEWT_CHECK(copy_str(o, what, "host", d->host, sizeof d->host));
-    NEWT_CHECK(copy_str(o, what, "addr", d->addr, sizeof d->addr));
-    d->dp = d->tp = d->pp = -1;
-    if (plan_find(p, d->worker))
-      return NEWT_ERR(NEWT_ERR_INVALID, "%s.worker: \"%s\" is also a rank", what, d->worker);
-  }
-  i = 0;
-  for (const cJSON *o = spares->child; o; o = o->next, i++) {
-    if (!cJSON_IsString(o) || !o->valuestring[0] || strlen(o->valuestring) >= PLAN_ID_MAX)
-      return NEWT_ERR(NEWT_ERR_INVALID, "plan.spares[%d]: expected a worker id", i);
-    snprintf(p->spares[i], PLAN_ID_MAX, "%s", o->valuestring);
-  }
-  return get_text(j, w, "spare_why", p->spare_why, sizeof p->spare_why);
+  p->ndonors = n;
+  char label[48];
+  snprintf(label, sizeof label, "%s.%s", what, f->name);
+  int i = 0;
+  for (const cJSON *o = donors ? donors->child : NULL; o; o = o->next, i++)
+    NEWT_CHECK(parse_rank(o, label, i, p, 1, &p->donors[i]));
+  return NEWT_OK;
+}
+
+static newt_result_t put_secret(cJSON *obj, const codec_field *f, const void *rec) {
+  const newt_plan *p = rec;
+  char hex[2 * PLAN_SECRET_BYTES + 1];
+  newt_hex_encode(p->secret, sizeof p->secret, hex);
+  return cJSON_AddStringToObject(obj, f->name, hex) ? NEWT_OK : NEWT_ERR(NEWT_ERR_NOMEM, "out of memory writing a plan");
+}
+
+static newt_result_t get_secret(const cJSON *j, const char *what, const codec_field *f, void *rec, int required) {
+  newt_plan *p = rec;
+  const char *hex = NULL;
+  NEWT_CHECK(newt_json_get_str(j, what, f->name, required, &hex));
+  if (strlen(hex) != 2 * PLAN_SECRET_BYTES || newt_hex_decode(hex, p->secret, PLAN_SECRET_BYTES) != 0)
+    return NEWT_ERR(NEWT_ERR_INVALID, "%s.%s: expected %d hex digits", what, f->name, 2 * PLAN_SECRET_BYTES);
+  return NEWT_OK;
+}
+
+/* The ranks split the global batch's samples (a sample each at least); accum is the most
+ * micro-batches one takes (all of them when it splits evenly: accum x dp x micro_batch is the
+ * global batch). */
+static newt_result_t check_accum(const char *what, const void *rec) {
+  const newt_plan *p = rec;
+  if (p->dp > p->global_batch)
+    return NEWT_ERR(NEWT_ERR_INVALID, "%s.dp: %d data-parallel ranks for a global batch of %lld samples", what, p->dp,
+                    (long long)p->global_batch);
+  int64_t accum = plan_accum(p->global_batch, p->micro_batch, p->dp);
+  if (p->accum != accum)
+    return NEWT_ERR(NEWT_ERR_INVALID,
+                    "%s.accum: %lld, but the first of dp %d ranks takes %lld micro-batches of %lld of the global batch "
+                    "%lld",
+                    what, (long long)p->accum, p->dp, (long long)accum, (long long)p->micro_batch,
+                    (long long)p->global_batch);
+  return NEWT_OK;
+}
+
+static const char *const switches[] = {"abort", "boundary", NULL};
+_Static_assert(PLAN_ID_MAX == RDZV_NAME_MAX, "a plan's spares are worker ids (CODEC_K_NAMES)");
+
+/* The plan's fields in the order they are written. A plan comes from etcd, and status, logs and
+ * the report print its words and names: printable characters only (CODEC_K_TOKEN). A plan's
+ * generation counts plans: one near 2^53 is forged or corrupt (and JSON numbers are exact only
+ * up to there). */
+static const codec_field plan_fields[] = {
+    {CODEC_INT(newt_plan, generation, "generation", 1, NEWT_JSON_INT_EXACT - 1), CODEC_REQUIRED},
+    {CODEC_CUSTOM(newt_plan, secret, "secret", put_secret, get_secret), CODEC_REQUIRED},
+    {CODEC_MS(newt_plan, created_ms, "created_ms"), CODEC_REQUIRED},
+    {CODEC_TOKEN(newt_plan, cause, "cause"), CODEC_REQUIRED},
+    {CODEC_WORD(newt_plan, switch_mode, "switch", switches), CODEC_REQUIRED},
+    {CODEC_INT(newt_plan, dp, "dp", 1, 1 << 20), CODEC_REQUIRED},
+    {CODEC_INT(newt_plan, tp, "tp", 1, 1 << 10), CODEC_REQUIRED},
+    {CODEC_INT(newt_plan, pp, "pp", 1, 1 << 10), CODEC_REQUIRED},
+    {CODEC_INT(newt_plan, zero, "zero", 0, 3), CODEC_REQUIRED},
+    {CODEC_INT(newt_plan, global_batch, "global_batch", 1, INT64_MAX), CODEC_REQUIRED},
+    {CODEC_INT(newt_plan, micro_batch, "micro_batch", 1, INT64_MAX), CODEC_REQUIRED},
+    {CODEC_INT(newt_plan, accum, "accum", 1, INT64_MAX), CODEC_REQUIRED, .check = check_accum},
+    {CODEC_TOKEN(newt_plan, restore, "restore"), CODEC_REQUIRED},
+    {CODEC_INT(newt_plan, step, "step", 0, INT64_MAX), CODEC_REQUIRED},
+    {CODEC_CUSTOM(newt_plan, ranks, "ranks", put_ranks, get_ranks), CODEC_REQUIRED},
+    {CODEC_NAMES(newt_plan, spares, nspares, "spares", 0), CODEC_REQUIRED},
+    {CODEC_PRINTABLE(newt_plan, spare_why, "spare_why"), CODEC_OMIT}, /* with spares */
+    {CODEC_CUSTOM(newt_plan, donors, "donors", put_donors, get_donors)},
+};
+static const codec_table plan_table = {.name = "plan", .size = sizeof(newt_plan), .fields = plan_fields,
+                                       .n = sizeof plan_fields / sizeof plan_fields[0], .closed = 1};
+
+char *plan_to_json(const newt_plan *p) {
+  char *text;
+  return codec_encode(&plan_table, p, &text) == NEWT_OK ? text : NULL;
 }
 
 newt_result_t plan_from_json(const char *text, size_t len, newt_plan *out) {
-  cJSON *j = NULL;
-  NEWT_CHECK(newt_json_parse(text, len, "plan", &j));
   newt_plan p;
   memset(&p, 0, sizeof p);
-  newt_result_t r = parse_plan(j, &p);
-  cJSON_Delete(j);
+  newt_result_t r = codec_decode(&plan_table, text, len, "plan", &p);
   if (r != NEWT_OK) {
     plan_free(&p);
     return r;

@@ -1,16 +1,17 @@
-/* The records of a job in etcd: one writer and one parser for each, shared by every process
- * that reads or writes them (worker, coordinator, `newt run`, `newt status`), so a field is
- * named in one place. Everything of a job lives under /newt/<job>/:
+/* The records of a job in etcd and their keys: job/ owns them all (rendezvous/ sees keys and
+ * bytes only; job/store.h hands them to its protocols). Each record is one table of its fields
+ * (job/codec.h) from which its writer and its parser are made, shared by every process that
+ * reads or writes it (worker, coordinator, `newt run`, `newt status`), so a field is named in
+ * one place. Everything of a job lives under /newt/<job>/:
  *
  *   key                          record        written by         read by
  *   spec                         job/spec.h    launcher, newt     all
  *                                              coordinator --spec
  *   plan                         job/plan.h    the leader         workers, launcher, status
- *   workers/<id>                 rdzv_worker   the worker, on     coordinator, status
- *                                (rendezvous/  its lease; its
- *                                rdzv.h)       "ack" is a job_ack
- *   election/<lease hex>         candidacy     coordinators       rendezvous (election)
- *                                (rendezvous)
+ *   workers/<id>                 job_worker    the worker, on     coordinator, status
+ *                                              its lease; its
+ *                                              "ack" is a job_ack
+ *   election/<lease hex>         job_candidacy coordinators       the election, status
  *   reports/<gen>/<id>           job_report    a rank whose       the leader
  *                                              collective failed
  *   acks/<gen>/<id>              job_ack       the previous       the leader
@@ -31,7 +32,8 @@
  * <gen> is the generation as 20 zero-padded digits, so keys sort by generation. Every
  * parser validates what it reads (types, ranges, names, the set a string comes from) and a
  * rejection names the record and the field: "report.kind: expected crash or hang, got
- * \"x\"". Writers produce only what their parser accepts (the tests check each round trip). */
+ * \"x\"". Writers produce only what their parser accepts (the tests check each round trip),
+ * and the bytes the previous release wrote (tests/job/test_records_compat.c). */
 #ifndef NEWT_JOB_RECORDS_H
 #define NEWT_JOB_RECORDS_H
 
@@ -66,8 +68,13 @@ typedef enum job_record {
 } job_record;
 
 /* The key of a record: generation and id are used by reports and acks (id alone by
- * workers and links, generation alone by faults); events get their key from rdzv_event_post. */
+ * workers and links, generation alone by faults); events get their key from job_event_post
+ * (job/store.h), candidacies from the election. */
 newt_result_t job_key(char *out, size_t cap, const char *job, job_record rec, uint64_t generation, const char *id);
+/* The prefix of a record's keys: "/newt/<job>/workers/", ".../events/", ".../election/"; for
+ * acks and reports, the keys of one generation (".../acks/<gen>/"; generation -1: of every
+ * one, ".../acks/"). Other records ignore the generation. */
+newt_result_t job_prefix(char *out, size_t cap, const char *job, job_record rec, int64_t generation);
 
 /* What the key `rest` (the part after "/newt/<job>/") holds; *generation and *id (pointing
  * into rest) are set for reports, acks (both), workers and links (id) and faults (generation). A malformed generation
@@ -76,6 +83,54 @@ job_record job_key_parse(const char *rest, uint64_t *generation, const char **id
 
 /* The deadline of one etcd call of the control plane (NEWT_ETCD_CALL_MS, 5 s). */
 newt_deadline_t job_call_deadline(void);
+
+/* --- a worker's registration (workers/<id>, on its lease) --------------------------------- */
+
+#define JOB_ACK_MAX 256 /* an acknowledgement folded into a registration, as JSON text */
+
+typedef struct job_worker {
+  char id[RDZV_NAME_MAX];
+  char host[256];
+  char domain[256];   /* its failure domain (a topology label: a node, a rack, a zone): what goes
+                         as a unit; replicas are placed across domains. A record without one
+                         (the previous release) reads as its host */
+  char addr[256];     /* "ip:port" of its data-plane listener ("" when none yet) */
+  int device;         /* GPU index; -1: CPU */
+  int shares_device;  /* 1: it trains beside other workers on its GPU that say so too (newt
+                         worker --share-device); 0: it wants the GPU to itself */
+  char state[64];     /* "joining", "ready", "training", "leaving", ... */
+  int64_t pid;
+  int64_t generation; /* the last plan generation it has taken up (0: none) */
+  char ack[JOB_ACK_MAX]; /* its acknowledgement of `generation` (a job_ack as JSON: kept as text,
+                            "": not acknowledged yet); it counts in the barrier */
+  /* read back from etcd by its readers (not in the JSON) */
+  int64_t lease;
+  int64_t create_revision;
+  int64_t mod_revision;
+} job_worker;
+
+/* {"id","host","addr","device","state","pid","generation"}, and "shares_device": true when
+ * set; "domain" only when it differs from the host, so a registration is what the previous
+ * release wrote unless a domain was given; "ack": {...} once acknowledged (an ack that is not a
+ * JSON object is refused, "registration.ack"). *out malloc'd. */
+newt_result_t job_worker_to_json(const job_worker *w, char **out);
+/* Parses and checks a registration; errors name `what` (NULL: "registration") and the field. */
+newt_result_t job_worker_from_json(const char *text, size_t len, const char *what, job_worker *out);
+/* Whether registration w acknowledges generation g: it carries an acknowledgement of g, or it
+ * has taken up a later generation (the barrier of g is behind it). */
+int job_worker_acked(const job_worker *w, int64_t generation);
+
+/* --- a coordinator's candidacy (election/<lease hex>, on its lease) ------------------------ */
+
+typedef struct job_candidacy {
+  char name[RDZV_NAME_MAX]; /* the coordinator's id */
+  char host[256];
+  int64_t pid;
+} job_candidacy;
+
+/* {"name","host","pid"}; malloc'd, NULL on no memory. */
+char *job_candidacy_to_json(const job_candidacy *c);
+newt_result_t job_candidacy_from_json(const char *text, size_t len, job_candidacy *out);
 
 /* --- a failure report: a rank saw a collective of generation g fail -------------------------- */
 

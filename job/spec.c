@@ -1,6 +1,7 @@
-/* Parsing, validation and printing of the job spec (see spec.h). Each section is read
- * with the field-naming JSON getters; unknown fields are errors; spec_validate holds the
- * rules that tie fields together. */
+/* Parsing, validation and printing of the job spec (see spec.h). The spec is a table of its
+ * sections and fields (job/codec.h: names, defaults, the order they are written in; unknown
+ * fields are errors, numbers are JSON numbers); spec_validate holds the ranges and the rules
+ * that tie fields together. */
 #include "job/spec.h"
 
 #include <ctype.h>
@@ -12,57 +13,16 @@
 
 #include "common/json.h"
 #include "common/strutil.h"
-
-void spec_defaults(newt_spec *s, const char *job) {
-  memset(s, 0, sizeof *s);
-  snprintf(s->job, sizeof s->job, "%s", job ? job : "");
-  snprintf(s->preset, sizeof s->preset, "tiny");
-  s->data_seed = 1;
-  s->gen_bytes = 1 << 21;
-  s->steps = 100;
-  s->global_batch = 32;
-  s->micro_batch = 4;
-  s->seq_len = 0;
-  s->lr = 1e-3;
-  s->lr_min = 1e-4;
-  s->weight_decay = 0.1;
-  s->grad_clip = 1.0;
-  s->warmup = -1;
-  s->seed = 1;
-  s->tp = 1;
-  s->pp = 1;
-  s->zero = 0;
-  s->dp_min = 1;
-  s->dp_max = 1024;
-  s->start_workers = 0;
-  s->start_timeout_ms = 30000;
-  s->join_window_ms = SPEC_JOIN_WINDOW_MS;
-  s->ckpt_every = 0;
-  s->ckpt_keep = 3;
-  s->ckpt_level = 3;
-  s->lease_ttl_ms = 2000;
-  s->comm_timeout_ms = 3000;
-  s->hang_timeout_ms = 5000;
-  s->first_step_timeout_ms = 120000;
-  s->report_window_ms = 300;
-  s->replica_every = 1;
-  s->replicas = 1;
-  s->max_failures = 10;
-  s->failure_window_ms = 600000;
-  s->progress_timeout_ms = SPEC_PROGRESS_TIMEOUT_MS;
-  snprintf(s->backend, sizeof s->backend, "cpu");
-}
-
-/* Numbers are JSON numbers: "steps": "20" is refused naming the field, as a typo would be. */
-#define GET_INT(obj, what, field, out) newt_json_get_int_strict(obj, what, field, 0, out)
-#define GET_DOUBLE(obj, what, field, out) newt_json_get_double_strict(obj, what, field, 0, out)
+#include "job/codec.h"
 
 /* A seed is 64 bits, more than a JSON number holds exactly (2^53), so spec_to_json writes one
  * beyond SEED_NUMBER_MAX as a decimal string (as newt_json_add_int writes every int64, which is
  * how newt wrote seeds before): a number, or such a string of digits, and nothing else. */
 #define SEED_NUMBER_MAX 999999999999999ULL /* 15 digits: what cJSON prints exactly */
 
-static newt_result_t get_seed(const cJSON *obj, const char *what, const char *field, uint64_t *out) {
+static newt_result_t get_seed(const cJSON *obj, const char *what, const codec_field *f, void *rec, int required) {
+  const char *field = f->name;
+  uint64_t *out = (uint64_t *)((char *)rec + f->off);
   const cJSON *it = cJSON_IsObject(obj) ? cJSON_GetObjectItemCaseSensitive(obj, field) : NULL;
   if (cJSON_IsString(it)) {
     const char *v = it->valuestring;
@@ -83,129 +43,107 @@ static newt_result_t get_seed(const cJSON *obj, const char *what, const char *fi
     return NEWT_ERR(NEWT_ERR_INVALID, "%s.%s: %.17g is beyond 2^53, where a JSON number loses digits: write the seed "
                     "as a string of digits", what, field, it->valuedouble);
   int64_t v = (int64_t)*out;
-  NEWT_CHECK(GET_INT(obj, what, field, &v));
+  NEWT_CHECK(newt_json_get_int_strict(obj, what, field, required, &v));
   if (v < 0) return NEWT_ERR(NEWT_ERR_INVALID, "%s.%s: must not be negative, got %lld", what, field, (long long)v);
   *out = (uint64_t)v;
   return NEWT_OK;
 }
 
 /* The writer of get_seed's form. */
-static void add_seed(cJSON *obj, const char *field, uint64_t v) {
-  if (v <= SEED_NUMBER_MAX) {
-    cJSON_AddNumberToObject(obj, field, (double)v);
-    return;
-  }
+static newt_result_t put_seed(cJSON *obj, const codec_field *f, const void *rec) {
+  uint64_t v;
+  memcpy(&v, (const char *)rec + f->off, sizeof v);
   char digits[24];
   snprintf(digits, sizeof digits, "%llu", (unsigned long long)v);
-  cJSON_AddStringToObject(obj, field, digits);
+  const cJSON *added = v <= SEED_NUMBER_MAX ? cJSON_AddNumberToObject(obj, f->name, (double)v)
+                                            : cJSON_AddStringToObject(obj, f->name, digits);
+  return added ? NEWT_OK : NEWT_ERR(NEWT_ERR_NOMEM, "out of memory writing the spec's %s", f->name);
 }
 
-static newt_result_t parse_model(const cJSON *m, newt_spec *s) {
-  static const char *const known[] = {"preset", "vocab", "ctx", "layers", "heads", "channels", NULL};
-  const char *w = "spec.model";
-  NEWT_CHECK(newt_json_check_fields(m, w, known));
-  NEWT_CHECK(newt_json_get_strcpy(m, w, "preset", 0, s->preset, sizeof s->preset));
-  NEWT_CHECK(GET_INT(m, w, "vocab", &s->vocab));
-  NEWT_CHECK(GET_INT(m, w, "ctx", &s->ctx));
-  NEWT_CHECK(GET_INT(m, w, "layers", &s->layers));
-  NEWT_CHECK(GET_INT(m, w, "heads", &s->heads));
-  NEWT_CHECK(GET_INT(m, w, "channels", &s->channels));
-  return NEWT_OK;
-}
+/* The spec, section by section: its fields, their defaults (those of `newt train`, so a job and
+ * `newt train` with the same values follow the same trajectory) and the order they are written
+ * in. Ranges and the rules that tie fields together are spec_validate's. Fields marked omit are
+ * written only when not their default: a spec of the defaults reads in a release without them
+ * (absent: the default, as before they existed). */
+#define SPEC_SECTION(label, fields_)                                                                               \
+  {.name = (label), .size = sizeof(newt_spec), .fields = (fields_), .n = sizeof(fields_) / sizeof((fields_)[0]),    \
+   .strict = 1, .closed = 1}
+#define NUM(m, key, d) {CODEC_NUM(newt_spec, m, key), .def = (d)}
+#define REAL(m, key, d) {CODEC_REAL(newt_spec, m, key), .ddef = (d)}
 
-static newt_result_t parse_data(const cJSON *d, newt_spec *s) {
-  static const char *const known[] = {"path", "seed", "gen_bytes", NULL};
-  NEWT_CHECK(newt_json_check_fields(d, "spec.data", known));
-  NEWT_CHECK(newt_json_get_strcpy(d, "spec.data", "path", 0, s->data_path, sizeof s->data_path));
-  NEWT_CHECK(GET_INT(d, "spec.data", "gen_bytes", &s->gen_bytes));
-  return get_seed(d, "spec.data", "seed", &s->data_seed);
-}
+static const codec_field model_fields[] = {
+    {CODEC_STR(newt_spec, preset, "preset"), .sdef = "tiny"},
+    /* 0 keeps the preset's value, and is not written */
+    {CODEC_NUM(newt_spec, vocab, "vocab"), CODEC_OMIT},     {CODEC_NUM(newt_spec, ctx, "ctx"), CODEC_OMIT},
+    {CODEC_NUM(newt_spec, layers, "layers"), CODEC_OMIT},   {CODEC_NUM(newt_spec, heads, "heads"), CODEC_OMIT},
+    {CODEC_NUM(newt_spec, channels, "channels"), CODEC_OMIT},
+};
+static const codec_field data_fields[] = {
+    {CODEC_STR(newt_spec, data_path, "path")},
+    {CODEC_CUSTOM(newt_spec, data_seed, "seed", put_seed, get_seed), .def = 1},
+    NUM(gen_bytes, "gen_bytes", 1 << 21),
+};
+static const codec_field train_fields[] = {
+    NUM(steps, "steps", 100),        NUM(global_batch, "global_batch", 32), NUM(micro_batch, "micro_batch", 4),
+    NUM(seq_len, "seq_len", 0),      REAL(lr, "lr", 1e-3),                  REAL(lr_min, "lr_min", 1e-4),
+    NUM(warmup, "warmup", -1),       REAL(weight_decay, "weight_decay", 0.1), REAL(grad_clip, "grad_clip", 1.0),
+    {CODEC_CUSTOM(newt_spec, seed, "seed", put_seed, get_seed), .def = 1},
+};
+static const codec_field parallel_fields[] = {
+    NUM(tp, "tp", 1),
+    NUM(pp, "pp", 1),
+    NUM(zero, "zero", 0),
+    NUM(dp_min, "dp_min", 1),
+    NUM(dp_max, "dp_max", 1024),
+    NUM(start_workers, "start_workers", 0),
+    NUM(start_timeout_ms, "start_timeout_ms", 30000),
+    {CODEC_NUM(newt_spec, join_window_ms, "join_window_ms"), .def = SPEC_JOIN_WINDOW_MS, CODEC_OMIT},
+    {CODEC_BOOL(newt_spec, even_batches, "even_batches"), CODEC_OMIT},
+};
+static const codec_field ckpt_fields[] = {
+    {CODEC_STR(newt_spec, ckpt_dir, "dir")}, NUM(ckpt_every, "every", 0), NUM(ckpt_keep, "keep", 3),
+    NUM(ckpt_level, "level", 3),
+};
+static const codec_field fault_fields[] = {
+    NUM(lease_ttl_ms, "lease_ttl_ms", 2000),
+    NUM(comm_timeout_ms, "comm_timeout_ms", 3000),
+    NUM(hang_timeout_ms, "hang_timeout_ms", 5000),
+    NUM(first_step_timeout_ms, "first_step_timeout_ms", 120000),
+    NUM(report_window_ms, "report_window_ms", 300),
+    NUM(replica_every, "replica_every", 1),
+    {CODEC_NUM(newt_spec, replicas, "replicas"), .def = 1, CODEC_OMIT},
+    NUM(max_failures, "max_failures", 10),
+    NUM(failure_window_ms, "failure_window_ms", 600000),
+    {CODEC_NUM(newt_spec, progress_timeout_ms, "progress_timeout_ms"), .def = SPEC_PROGRESS_TIMEOUT_MS, CODEC_OMIT},
+};
+static const codec_table model_table = SPEC_SECTION("spec.model", model_fields);
+static const codec_table data_table = SPEC_SECTION("spec.data", data_fields);
+static const codec_table train_table = SPEC_SECTION("spec.train", train_fields);
+static const codec_table parallel_table = SPEC_SECTION("spec.parallel", parallel_fields);
+static const codec_table ckpt_table = SPEC_SECTION("spec.ckpt", ckpt_fields);
+static const codec_table fault_table = SPEC_SECTION("spec.fault", fault_fields);
+static const codec_field spec_fields[] = {
+    {CODEC_STR(newt_spec, job, "job"), CODEC_REQUIRED},
+    {CODEC_OBJECT("model", model_table)},
+    {CODEC_OBJECT("data", data_table)},
+    {CODEC_OBJECT("train", train_table)},
+    {CODEC_OBJECT("parallel", parallel_table)},
+    {CODEC_OBJECT("ckpt", ckpt_table)},
+    {CODEC_OBJECT("fault", fault_table)},
+    {CODEC_STR(newt_spec, backend, "backend"), .sdef = "cpu"},
+};
+static const codec_table spec_table = SPEC_SECTION("spec", spec_fields);
 
-static newt_result_t parse_train(const cJSON *t, newt_spec *s) {
-  static const char *const known[] = {"steps", "global_batch", "micro_batch", "seq_len", "lr", "lr_min", "warmup",
-                                      "weight_decay", "grad_clip", "seed", NULL};
-  const char *w = "spec.train";
-  NEWT_CHECK(newt_json_check_fields(t, w, known));
-  NEWT_CHECK(GET_INT(t, w, "steps", &s->steps));
-  NEWT_CHECK(GET_INT(t, w, "global_batch", &s->global_batch));
-  NEWT_CHECK(GET_INT(t, w, "micro_batch", &s->micro_batch));
-  NEWT_CHECK(GET_INT(t, w, "seq_len", &s->seq_len));
-  NEWT_CHECK(GET_DOUBLE(t, w, "lr", &s->lr));
-  NEWT_CHECK(GET_DOUBLE(t, w, "lr_min", &s->lr_min));
-  NEWT_CHECK(GET_INT(t, w, "warmup", &s->warmup));
-  NEWT_CHECK(GET_DOUBLE(t, w, "weight_decay", &s->weight_decay));
-  NEWT_CHECK(GET_DOUBLE(t, w, "grad_clip", &s->grad_clip));
-  return get_seed(t, w, "seed", &s->seed);
+void spec_defaults(newt_spec *s, const char *job) {
+  memset(s, 0, sizeof *s);
+  codec_defaults(&spec_table, s);
+  snprintf(s->job, sizeof s->job, "%s", job ? job : "");
 }
-
-static newt_result_t parse_parallel(const cJSON *p, newt_spec *s) {
-  static const char *const known[] = {"tp",      "pp", "zero", "dp_min", "dp_max", "start_workers", "start_timeout_ms",
-                                      "even_batches", "join_window_ms", NULL};
-  const char *w = "spec.parallel";
-  NEWT_CHECK(newt_json_check_fields(p, w, known));
-  NEWT_CHECK(GET_INT(p, w, "tp", &s->tp));
-  NEWT_CHECK(GET_INT(p, w, "pp", &s->pp));
-  NEWT_CHECK(GET_INT(p, w, "zero", &s->zero));
-  NEWT_CHECK(GET_INT(p, w, "dp_min", &s->dp_min));
-  NEWT_CHECK(GET_INT(p, w, "start_workers", &s->start_workers));
-  NEWT_CHECK(GET_INT(p, w, "start_timeout_ms", &s->start_timeout_ms));
-  NEWT_CHECK(GET_INT(p, w, "join_window_ms", &s->join_window_ms));
-  NEWT_CHECK(newt_json_get_bool(p, w, "even_batches", 0, &s->even_batches));
-  return GET_INT(p, w, "dp_max", &s->dp_max);
-}
-
-static newt_result_t parse_ckpt(const cJSON *c, newt_spec *s) {
-  static const char *const known[] = {"dir", "every", "keep", "level", NULL};
-  const char *w = "spec.ckpt";
-  NEWT_CHECK(newt_json_check_fields(c, w, known));
-  NEWT_CHECK(newt_json_get_strcpy(c, w, "dir", 0, s->ckpt_dir, sizeof s->ckpt_dir));
-  NEWT_CHECK(GET_INT(c, w, "every", &s->ckpt_every));
-  NEWT_CHECK(GET_INT(c, w, "keep", &s->ckpt_keep));
-  return GET_INT(c, w, "level", &s->ckpt_level);
-}
-
-static newt_result_t parse_fault(const cJSON *f, newt_spec *s) {
-  static const char *const known[] = {"lease_ttl_ms", "comm_timeout_ms", "hang_timeout_ms",
-                                      "first_step_timeout_ms", "report_window_ms", "replica_every", "replicas",
-                                      "max_failures", "failure_window_ms", "progress_timeout_ms", NULL};
-  const char *w = "spec.fault";
-  NEWT_CHECK(newt_json_check_fields(f, w, known));
-  NEWT_CHECK(GET_INT(f, w, "lease_ttl_ms", &s->lease_ttl_ms));
-  NEWT_CHECK(GET_INT(f, w, "comm_timeout_ms", &s->comm_timeout_ms));
-  NEWT_CHECK(GET_INT(f, w, "hang_timeout_ms", &s->hang_timeout_ms));
-  NEWT_CHECK(GET_INT(f, w, "first_step_timeout_ms", &s->first_step_timeout_ms));
-  NEWT_CHECK(GET_INT(f, w, "report_window_ms", &s->report_window_ms));
-  NEWT_CHECK(GET_INT(f, w, "max_failures", &s->max_failures));
-  NEWT_CHECK(GET_INT(f, w, "failure_window_ms", &s->failure_window_ms));
-  NEWT_CHECK(GET_INT(f, w, "replicas", &s->replicas));
-  NEWT_CHECK(GET_INT(f, w, "progress_timeout_ms", &s->progress_timeout_ms));
-  return GET_INT(f, w, "replica_every", &s->replica_every);
-}
-
-typedef newt_result_t (*section_fn)(const cJSON *, newt_spec *);
 
 newt_result_t spec_from_cjson(const cJSON *j, newt_spec *out) {
-  static const char *const known[] = {"job", "model", "data", "train", "parallel", "ckpt", "fault",
-                                      "backend", NULL};
-  static const struct {
-    const char *name;
-    section_fn fn;
-  } sections[] = {{"model", parse_model},       {"data", parse_data}, {"train", parse_train},
-                  {"parallel", parse_parallel}, {"ckpt", parse_ckpt}, {"fault", parse_fault}};
-  NEWT_CHECK(newt_json_check_fields(j, "spec", known));
-  const char *job = NULL;
-  NEWT_CHECK(newt_json_get_str(j, "spec", "job", 1, &job));
   newt_spec s;
-  spec_defaults(&s, "");
-  if (strlen(job) >= sizeof s.job)
-    return NEWT_ERR(NEWT_ERR_INVALID, "spec.job: longer than %zu characters", sizeof s.job - 1);
-  snprintf(s.job, sizeof s.job, "%s", job);
-  for (size_t i = 0; i < sizeof sections / sizeof sections[0]; i++) {
-    const cJSON *sec = NULL;
-    NEWT_CHECK(newt_json_get_obj(j, "spec", sections[i].name, 0, &sec));
-    if (sec) NEWT_CHECK(sections[i].fn(sec, &s));
-  }
-  NEWT_CHECK(newt_json_get_strcpy(j, "spec", "backend", 0, s.backend, sizeof s.backend));
+  memset(&s, 0, sizeof s);
+  NEWT_CHECK(codec_decode_object(&spec_table, j, "spec", &s));
   NEWT_CHECK(spec_validate(&s));
   *out = s;
   return NEWT_OK;
@@ -368,64 +306,8 @@ newt_result_t spec_validate(const newt_spec *s) {
 }
 
 char *spec_to_json(const newt_spec *s) {
-  cJSON *j = cJSON_CreateObject();
-  if (!j) return NULL;
-  cJSON_AddStringToObject(j, "job", s->job);
-  cJSON *m = cJSON_AddObjectToObject(j, "model");
-  cJSON_AddStringToObject(m, "preset", s->preset);
-  const struct {
-    const char *k;
-    int64_t v;
-  } sizes[] = {{"vocab", s->vocab}, {"ctx", s->ctx}, {"layers", s->layers}, {"heads", s->heads}, {"channels", s->channels}};
-  for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++)
-    if (sizes[i].v) newt_json_add_int(m, sizes[i].k, sizes[i].v);
-  cJSON *d = cJSON_AddObjectToObject(j, "data");
-  cJSON_AddStringToObject(d, "path", s->data_path);
-  add_seed(d, "seed", s->data_seed);
-  newt_json_add_int(d, "gen_bytes", s->gen_bytes);
-  cJSON *t = cJSON_AddObjectToObject(j, "train");
-  newt_json_add_int(t, "steps", s->steps);
-  newt_json_add_int(t, "global_batch", s->global_batch);
-  newt_json_add_int(t, "micro_batch", s->micro_batch);
-  newt_json_add_int(t, "seq_len", s->seq_len);
-  cJSON_AddNumberToObject(t, "lr", s->lr);
-  cJSON_AddNumberToObject(t, "lr_min", s->lr_min);
-  newt_json_add_int(t, "warmup", s->warmup);
-  cJSON_AddNumberToObject(t, "weight_decay", s->weight_decay);
-  cJSON_AddNumberToObject(t, "grad_clip", s->grad_clip);
-  add_seed(t, "seed", s->seed);
-  cJSON *p = cJSON_AddObjectToObject(j, "parallel");
-  newt_json_add_int(p, "tp", s->tp);
-  newt_json_add_int(p, "pp", s->pp);
-  newt_json_add_int(p, "zero", s->zero);
-  newt_json_add_int(p, "dp_min", s->dp_min);
-  newt_json_add_int(p, "dp_max", s->dp_max);
-  newt_json_add_int(p, "start_workers", s->start_workers);
-  newt_json_add_int(p, "start_timeout_ms", s->start_timeout_ms);
-  /* written when not the default: a spec of the defaults reads in a release without it */
-  if (s->join_window_ms != SPEC_JOIN_WINDOW_MS) newt_json_add_int(p, "join_window_ms", s->join_window_ms);
-  if (s->even_batches) cJSON_AddBoolToObject(p, "even_batches", 1); /* absent: false, as before it existed */
-  cJSON *c = cJSON_AddObjectToObject(j, "ckpt");
-  cJSON_AddStringToObject(c, "dir", s->ckpt_dir);
-  newt_json_add_int(c, "every", s->ckpt_every);
-  newt_json_add_int(c, "keep", s->ckpt_keep);
-  newt_json_add_int(c, "level", s->ckpt_level);
-  cJSON *f = cJSON_AddObjectToObject(j, "fault");
-  newt_json_add_int(f, "lease_ttl_ms", s->lease_ttl_ms);
-  newt_json_add_int(f, "comm_timeout_ms", s->comm_timeout_ms);
-  newt_json_add_int(f, "hang_timeout_ms", s->hang_timeout_ms);
-  newt_json_add_int(f, "first_step_timeout_ms", s->first_step_timeout_ms);
-  newt_json_add_int(f, "report_window_ms", s->report_window_ms);
-  newt_json_add_int(f, "replica_every", s->replica_every);
-  if (s->replicas != 1) newt_json_add_int(f, "replicas", s->replicas); /* absent: 1, as before it existed */
-  newt_json_add_int(f, "max_failures", s->max_failures);
-  newt_json_add_int(f, "failure_window_ms", s->failure_window_ms);
-  if (s->progress_timeout_ms != SPEC_PROGRESS_TIMEOUT_MS) /* absent: the default, as before it existed */
-    newt_json_add_int(f, "progress_timeout_ms", s->progress_timeout_ms);
-  cJSON_AddStringToObject(j, "backend", s->backend);
-  char *out = newt_json_print(j);
-  cJSON_Delete(j);
-  return out;
+  char *text;
+  return codec_encode(&spec_table, s, &text) == NEWT_OK ? text : NULL;
 }
 
 newt_result_t spec_check_json(const newt_spec *s) {

@@ -39,6 +39,7 @@
 #include "job/plan.h"
 #include "job/records.h"
 #include "job/runlog.h"
+#include "job/store.h"
 #include "launch/netns.h"
 #include "rendezvous/etcd_server.h"
 #include "rendezvous/rdzv.h"
@@ -524,7 +525,7 @@ static fault *add_fault(run *r, const chaos_event *e) {
 /* The plan in force, from etcd (NEWT_ERR_*: none, or etcd away). */
 static newt_result_t current_plan(run *r, newt_plan *out) {
   char *json = NULL;
-  newt_result_t res = rdzv_plan_get(r->etcd, r->o->spec.job, newt_deadline_in_ms(2000), &json, NULL, NULL);
+  newt_result_t res = job_plan_get(r->etcd, r->o->spec.job, newt_deadline_in_ms(2000), &json, NULL, NULL);
   if (res == NEWT_OK) res = plan_from_json(json, strlen(json), out);
   free(json);
   return res;
@@ -727,7 +728,7 @@ static void fire(run *r, chaos_event *e, const newt_plan *plan) {
     case CHAOS_COORDINATOR:
       if (e->index >= 0) {
         snprintf(name, sizeof name, "c%d", e->index);
-      } else if (rdzv_leader_get(r->etcd, r->o->spec.job, newt_deadline_in_ms(2000), name, sizeof name, NULL) != NEWT_OK) {
+      } else if (job_leader_get(r->etcd, r->o->spec.job, newt_deadline_in_ms(2000), name, sizeof name, NULL) != NEWT_OK) {
         fprintf(stderr, "newt run: chaos %s: no leader to act on (%s)\n", what, newt_errmsg());
         return;
       }
@@ -1236,7 +1237,7 @@ static newt_result_t start(run *r) {
   if (!sp.start_workers) sp.start_workers = o->nproc;
   char *spec = spec_to_json(&sp);
   NEWT_CHECK_ALLOC(spec);
-  newt_result_t res = rdzv_spec_put(r->etcd, o->spec.job, spec, newt_deadline_in_ms(5000));
+  newt_result_t res = job_spec_put(r->etcd, o->spec.job, spec, newt_deadline_in_ms(5000));
   free(spec);
   NEWT_CHECK(res);
   rdzv_etcd_watch_opts wo = {.prefix = 1, .start_revision = rev + 1};

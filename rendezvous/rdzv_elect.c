@@ -1,6 +1,6 @@
-/* Leader election among coordinators, and the writes only a leader may make (rdzv.h).
+/* Leader election among candidates, and the writes only a leader may make (rdzv.h).
  *
- * Each candidate holds a lease and one key on it, election/<lease hex>. The leader is the
+ * Each candidate holds a lease and one key on it, <prefix><lease hex>. The leader is the
  * candidate whose key has the lowest create_revision. Since revisions only grow, no key
  * created later can ever sort before an existing one: a candidate that once held the
  * lowest key keeps leading for exactly as long as its key exists. That is what makes the
@@ -9,7 +9,7 @@
  * own view of the world (a leader paused by SIGSTOP past its TTL comes back deposed, and
  * its first guarded write fails with NEWT_ERR_CONFLICT).
  *
- * A candidate learns of changes through a watch of election/ (snapshot first, then the
+ * A candidate learns of changes through a watch of the prefix (snapshot first, then the
  * watch from the snapshot's revision + 1), and of its own lease's loss from the
  * keep-alive thread, which gives up on it locally no later than etcd can expire it (the
  * local expiry counts from when a renewal was sent, etcd's from when it arrived). State
@@ -19,12 +19,9 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
-#include <unistd.h>
 
-#include "common/json.h"
 #include "common/log.h"
 #include "common/strutil.h"
-#include "common/sys.h"
 #include "rendezvous/etcd_internal.h"
 #include "rendezvous/rdzv.h"
 
@@ -35,7 +32,6 @@ typedef struct cand_key {
 
 struct rdzv_candidate {
   rdzv_etcd *c;
-  char job[RDZV_NAME_MAX];
   char prefix[200];
   char key[256];
   char name[RDZV_NAME_MAX];
@@ -143,7 +139,7 @@ static void on_election_watch(void *ud, const rdzv_etcd_watch_resp *r) {
   report(c);
 }
 
-newt_result_t rdzv_campaign(rdzv_etcd *ec, const char *job, const rdzv_campaign_opts *o, newt_deadline_t d,
+newt_result_t rdzv_campaign(rdzv_etcd *ec, const char *prefix, const rdzv_campaign_opts *o, newt_deadline_t d,
                             rdzv_candidate **out) {
   *out = NULL;
   const char *name = o && o->name ? o->name : "coordinator";
@@ -155,22 +151,18 @@ newt_result_t rdzv_campaign(rdzv_etcd *ec, const char *job, const rdzv_campaign_
   c->ttl_s = ttl;
   c->fn = o ? o->fn : NULL;
   c->ud = o ? o->ud : NULL;
-  snprintf(c->job, sizeof c->job, "%s", job ? job : "");
   snprintf(c->name, sizeof c->name, "%s", name);
   pthread_mutex_init(&c->mu, NULL);
   pthread_mutex_init(&c->notify_mu, NULL);
   rdzv_cond_init(&c->cv);
-  newt_result_t r;
-  char *val = NULL;
+  newt_result_t r = NEWT_OK;
+  const char *val = o && o->value ? o->value : c->name;
   rdzv_etcd_kvs snap = {0};
-  NEWT_CHECK_GOTO(rdzv_key(c->prefix, sizeof c->prefix, job, "election/"), r, fail);
+  if (strlen(prefix) >= sizeof c->prefix)
+    NEWT_CHECK_GOTO(NEWT_ERR(NEWT_ERR_INVALID, "election %.80s...: prefix too long", prefix), r, fail);
+  snprintf(c->prefix, sizeof c->prefix, "%s", prefix);
   NEWT_CHECK_GOTO(rdzv_etcd_lease_grant(ec, ttl, 0, d, &c->lease, NULL), r, fail);
   snprintf(c->key, sizeof c->key, "%s%016llx", c->prefix, (unsigned long long)c->lease);
-  val = newt_asprintf("{\"name\":\"%s\",\"host\":\"%s\",\"pid\":%d}", c->name, newt_hostname(), (int)getpid());
-  if (!val) {
-    r = NEWT_ERR(NEWT_ERR_NOMEM, "out of memory");
-    goto fail_lease;
-  }
   NEWT_CHECK_GOTO(rdzv_etcd_put(ec, c->key, val, strlen(val), c->lease, d, &c->create_revision), r, fail_lease);
   NEWT_CHECK_GOTO(rdzv_etcd_lease_keep(ec, c->lease, ttl, on_lease_lost, c), r, fail_lease);
   c->kept = 1;
@@ -186,8 +178,7 @@ newt_result_t rdzv_campaign(rdzv_etcd *ec, const char *job, const rdzv_campaign_
   recompute_locked(c);
   pthread_mutex_unlock(&c->mu);
   report(c);
-  free(val);
-  NEWT_INFO(RDZV, "%s: candidate in job %s (key %s, create_revision %lld, TTL %lld s)", c->name, job, c->key,
+  NEWT_INFO(RDZV, "%s: candidate (key %s, create_revision %lld, TTL %lld s)", c->name, c->key,
             (long long)c->create_revision, (long long)ttl);
   *out = c;
   return NEWT_OK;
@@ -197,7 +188,6 @@ fail_keep:
 fail_lease:
   rdzv_etcd_lease_revoke(ec, c->lease, newt_deadline_in_ms(1000));
 fail:
-  free(val);
   rdzv_candidate_free(c);
   return r;
 }
@@ -223,9 +213,9 @@ newt_result_t rdzv_candidate_wait(rdzv_candidate *c, newt_deadline_t d) {
   pthread_mutex_unlock(&c->mu);
   switch (r) {
     case NEWT_OK: return NEWT_OK;
-    case NEWT_ERR_TIMEOUT: return NEWT_ERR(r, "%s: not leading job %s by the deadline (another candidate leads)", c->name, c->job);
-    case NEWT_ERR_ABORTED: return NEWT_ERR(r, "%s: waiting for leadership of job %s: aborted", c->name, c->job);
-    default: return NEWT_ERR(r, "%s: lost its candidacy in job %s: %s", c->name, c->job, why);
+    case NEWT_ERR_TIMEOUT: return NEWT_ERR(r, "%s: not leading %s by the deadline (another candidate leads)", c->name, c->prefix);
+    case NEWT_ERR_ABORTED: return NEWT_ERR(r, "%s: waiting for leadership of %s: aborted", c->name, c->prefix);
+    default: return NEWT_ERR(r, "%s: lost its candidacy in %s: %s", c->name, c->prefix, why);
   }
 }
 
@@ -306,7 +296,7 @@ newt_result_t rdzv_guarded_txn(rdzv_candidate *c, const rdzv_etcd_cmp *cmps, siz
   int may = c->ever_led && !c->lost;
   pthread_mutex_unlock(&c->mu);
   if (!may)
-    return NEWT_ERR(NEWT_ERR_CONFLICT, "%s: not the leader of job %s: the write is refused", c->name, c->job);
+    return NEWT_ERR(NEWT_ERR_CONFLICT, "%s: not the leader of %s: the write is refused", c->name, c->prefix);
   rdzv_etcd_cmp *all = calloc(ncmp + 1, sizeof *all);
   NEWT_CHECK_ALLOC(all);
   all[0] = (rdzv_etcd_cmp){.key = c->key, .target = RDZV_CMP_CREATE, .result = RDZV_CMP_EQUAL,
@@ -344,27 +334,6 @@ newt_result_t rdzv_guarded_put(rdzv_candidate *c, const char *key, const void *v
   return NEWT_OK;
 }
 
-/* The caller encoded plan_json from the plan whose generation it passes (job/'s codec): the
- * bytes are put as they are, never parsed again here to find what the caller already knows. */
-newt_result_t rdzv_plan_publish(rdzv_candidate *c, int64_t generation, const char *plan_json, newt_deadline_t d) {
-  if (generation < 1) return NEWT_ERR(NEWT_ERR_INVALID, "publishing plan generation %lld: expected 1 or more",
-                                      (long long)generation);
-  char key[256];
-  NEWT_CHECK(rdzv_key(key, sizeof key, c->job, "plan"));
-  newt_result_t r = rdzv_guarded_put(c, key, plan_json, strlen(plan_json), d, NULL);
-  if (r == NEWT_OK) NEWT_DEBUG(RDZV, "%s: published plan generation %lld", c->name, (long long)generation);
-  return r;
-}
-
-newt_result_t rdzv_barrier_forget(rdzv_candidate *c, const char *job, int64_t below, newt_deadline_t d) {
-  char from[256], to[256], suffix[64];
-  NEWT_CHECK(rdzv_key(from, sizeof from, job, "acks/"));
-  snprintf(suffix, sizeof suffix, "acks/%020lld/", (long long)below);
-  NEWT_CHECK(rdzv_key(to, sizeof to, job, suffix));
-  rdzv_etcd_op del = {.type = RDZV_OP_DELETE, .key = from, .range_end = to};
-  return rdzv_guarded_txn(c, NULL, 0, &del, 1, d, NULL);
-}
-
 newt_result_t rdzv_candidate_resign(rdzv_candidate *c, newt_deadline_t d) {
   if (c->kept) rdzv_etcd_lease_unkeep(c->c, c->lease);
   c->kept = 0;
@@ -385,28 +354,16 @@ void rdzv_candidate_free(rdzv_candidate *c) {
   free(c);
 }
 
-newt_result_t rdzv_leader_get(rdzv_etcd *c, const char *job, newt_deadline_t d, char *name, size_t cap,
-                              int64_t *create_revision) {
-  char prefix[200];
-  NEWT_CHECK(rdzv_key(prefix, sizeof prefix, job, "election/"));
+newt_result_t rdzv_leader_get(rdzv_etcd *c, const char *prefix, newt_deadline_t d, rdzv_etcd_kv *leader) {
   rdzv_etcd_range_opts ro = {.prefix = 1, .limit = 1, .sort = RDZV_SORT_CREATE_ASCEND};
   rdzv_etcd_kvs r;
   NEWT_CHECK(rdzv_etcd_range(c, prefix, &ro, d, &r));
   if (r.n == 0) {
     rdzv_etcd_kvs_free(&r);
-    return NEWT_ERR(NEWT_ERR_NOTFOUND, "job %s: no coordinator is running for leader", job);
+    return NEWT_ERR(NEWT_ERR_NOTFOUND, "%s: no candidate is running for leader", prefix);
   }
-  if (create_revision) *create_revision = r.kvs[0].create_revision;
-  if (name && cap) {
-    name[0] = '\0';
-    cJSON *j = NULL;
-    const char *s = NULL;
-    if (newt_json_parse(r.kvs[0].value, r.kvs[0].value_len, "candidacy", &j) == NEWT_OK &&
-        newt_json_get_str(j, "candidacy", "name", 1, &s) == NEWT_OK && s)
-      snprintf(name, cap, "%s", s);
-    cJSON_Delete(j);
-    if (!name[0]) snprintf(name, cap, "%s", r.kvs[0].key);
-  }
+  *leader = r.kvs[0]; /* the lowest create_revision leads */
+  memset(&r.kvs[0], 0, sizeof r.kvs[0]);
   rdzv_etcd_kvs_free(&r);
   return NEWT_OK;
 }

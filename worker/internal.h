@@ -28,6 +28,7 @@
 #include "job/plan.h"
 #include "job/records.h"
 #include "job/spec.h"
+#include "job/store.h"
 #include "newt.h"
 #include "rendezvous/etcd.h"
 #include "common/sys.h"
@@ -141,7 +142,7 @@ struct newt_ctx {
   int pub_failing;     /* the publisher's last write failed (etcd away or full) */
   uint64_t pub_warned; /* monotonic ns it last said so */
   char pub_state[16]; /* a registration state to write ("" when none) */
-  char pub_ack[RDZV_ACK_MAX]; /* an acknowledgement to fold into the registration ("" none) */
+  char pub_ack[JOB_ACK_MAX]; /* an acknowledgement to fold into the registration ("" none) */
   uint64_t pub_ack_gen;       /* the generation it acknowledges */
   int pub_ack_held;           /* 1: it waits for the registration's renewal (it was refused as
                                  no longer ours: the lease went) */

@@ -24,7 +24,7 @@ NEWT_PARAM(ProgressMs, "NEWT_PROGRESS_MS", 100)
 NEWT_PARAM(DoneWaitMs, "NEWT_DONE_WAIT_MS", 600000)
 
 /* The host's lease, from the file the node agent that started this worker names in
- * NEWT_HOST_LEASE_FILE (cli/agent.h): the registration goes on it (rdzv_register_on), one
+ * NEWT_HOST_LEASE_FILE (cli/agent.h): the registration goes on it (job_register_on), one
  * write. The agent writes the file once the spec is in etcd, as this worker has just read
  * it: a file not there yet is waited for up to 2 s. 0: none (a lease of its own). */
 static int64_t host_lease(const worker *w) {
@@ -65,7 +65,7 @@ static void on_lease_lost(void *ud, int64_t lease, const char *why) {
 }
 
 newt_result_t worker_register(worker *w) {
-  rdzv_worker reg;
+  job_worker reg;
   memset(&reg, 0, sizeof reg);
   snprintf(reg.id, sizeof reg.id, "%s", w->id);
   snprintf(reg.host, sizeof reg.host, "%s", w->host);
@@ -82,9 +82,9 @@ newt_result_t worker_register(worker *w) {
   newt_deadline_t d = newt_deadline_in_ms(2 * w->spec.lease_ttl_ms + 5000);
   for (;;) {
     int64_t host = host_lease(w);
-    newt_result_t r = host > 0 ? rdzv_register_on(w->etcd, w->o.job, &reg, host, ttl_s, on_lease_lost, w,
+    newt_result_t r = host > 0 ? job_register_on(w->etcd, w->o.job, &reg, host, ttl_s, on_lease_lost, w,
                                                   job_call_deadline(), &w->reg)
-                               : rdzv_register(w->etcd, w->o.job, &reg, ttl_s, on_lease_lost, w, job_call_deadline(),
+                               : job_register(w->etcd, w->o.job, &reg, ttl_s, on_lease_lost, w, job_call_deadline(),
                                                &w->reg);
     if (r == NEWT_OK || worker_stop_asked(w)) return r;
     if (r == NEWT_ERR_CONFLICT && newt_deadline_passed(d)) return r;
@@ -132,7 +132,7 @@ static void *publisher(void *arg) {
   while (!w->pub_stop) {
     if (atomic_load(&w->lease_lost) && w->reg) {
       pthread_mutex_unlock(&w->mu);
-      newt_result_t r = rdzv_registration_renew(w->reg, w->o.job, job_call_deadline());
+      newt_result_t r = rdzv_registration_renew(w->reg, job_call_deadline());
       pthread_mutex_lock(&w->mu);
       if (r == NEWT_OK) {
         atomic_store(&w->lease_lost, 0);
@@ -257,8 +257,8 @@ newt_result_t worker_publisher_start(worker *w) {
 static newt_result_t write_registration(worker *w, const char *state, const char *ack, uint64_t gen) {
   if (!w->reg || atomic_load(&w->lease_lost))
     return NEWT_ERR(NEWT_ERR_UNAVAILABLE, "%s: the registration is being renewed", w->id);
-  newt_result_t r = ack ? rdzv_registration_ack(w->reg, state, (int64_t)gen, ack, job_call_deadline())
-                        : rdzv_registration_update(w->reg, state, (int64_t)gen, job_call_deadline());
+  newt_result_t r = ack ? job_registration_ack(w->reg, state, (int64_t)gen, ack, job_call_deadline())
+                        : job_registration_update(w->reg, state, (int64_t)gen, job_call_deadline());
   if (r != NEWT_OK)
     NEWT_WARN(WORKER, "%s: updating the registration%s%s%s: %s", w->id, state ? " to " : "", state ? state : "",
               ack ? " (acknowledging its generation)" : "", newt_errmsg());

@@ -375,7 +375,7 @@ static void end_generation(worker *w) {
 static void refresh_spec(worker *w, const newt_plan *p) {
   if (strcmp(p->cause, "spec") != 0 && p->generation <= w->gen + 1) return;
   char *text = NULL;
-  if (rdzv_spec_get(w->etcd, w->o.job, newt_deadline_in_ms(1000), &text) != NEWT_OK) return;
+  if (job_spec_get(w->etcd, w->o.job, newt_deadline_in_ms(1000), &text) != NEWT_OK) return;
   newt_spec s;
   char what[512];
   if (spec_from_json(text, strlen(text), &s) == NEWT_OK && memcmp(&s, &w->spec, sizeof s) != 0) {
@@ -919,7 +919,7 @@ static newt_result_t read_spec(worker *w) {
   int64_t wait = w->o.spec_wait_ms > 0 ? w->o.spec_wait_ms : 60000;
   newt_deadline_t d = newt_deadline_in_ms(wait);
   for (;;) {
-    newt_result_t r = rdzv_spec_get(w->etcd, w->o.job, job_call_deadline(), &spec);
+    newt_result_t r = job_spec_get(w->etcd, w->o.job, job_call_deadline(), &spec);
     if (r == NEWT_OK) break;
     if (rdzv_etcd_transient(r)) { /* etcd away: wait for it; the spec's own wait starts after */
       NEWT_WARN(WORKER, "%s: reading the job's spec: %s (waiting for etcd)", w->id, newt_errmsg());

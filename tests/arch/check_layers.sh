@@ -3,7 +3,9 @@
 #   1. folders: each product folder includes only the folders its row of LAYERS allows,
 #      so no folder includes a folder that includes it back;
 #   2. files: no two object files of the product call each other in a loop (a symbol
-#      defined in one and used by another is an arrow; any cycle of arrows fails).
+#      defined in one and used by another is an arrow; any cycle of arrows fails);
+#   3. records: rendezvous/ names no record of a job (job/ owns every key and record): no
+#      key of one as a string literal, no record type or codec.
 # Usage: check_layers.sh SOURCE_DIR BUILD_DIR (ctest runs it as arch_layers). Exits non-zero
 # naming every violation.
 set -u
@@ -90,5 +92,18 @@ done | awk '
     exit bad
   }' || fail=1
 
-if [ "$fail" -eq 0 ]; then echo "layers: folders and files without loops"; fi
+# 3. The job's keys ("plan", "workers/", "acks/%020lld/", ...) and records (rdzv_worker, a
+# plan or spec codec, anything job_) belong to job/ (records.h's table): rendezvous/ knows keys,
+# leases and revisions a caller hands it.
+single='spec|plan|progress|done|ckpt|failed'
+prefixed='workers|election|reports|acks|events|faults|links'
+hits=$(grep -nE "\"($single)\"|\"($prefixed)/|\b(rdzv_(worker|plan|spec|event|barrier_ack|barrier_forget|members_count_acked)|job_[a-z_]+|plan_[a-z_]+|spec_[a-z_]+)\b" \
+       "$src"/rendezvous/*.c "$src"/rendezvous/*.h 2>/dev/null | sed "s,^$src/,,")
+if [ -n "$hits" ]; then
+  echo "layers: rendezvous/ names a record of the job (its key or its type belongs to job/):"
+  printf '%s\n' "$hits" | sed 's/^/  /'
+  fail=1
+fi
+
+if [ "$fail" -eq 0 ]; then echo "layers: folders and files without loops; rendezvous/ names no record"; fi
 exit $fail

@@ -225,7 +225,7 @@ static uint64_t ago(int64_t ms) { return ms == NEVER ? 0 : NOW - (uint64_t)ms * 
 typedef struct picture {
   newt_spec spec;
   newt_plan plan;
-  rdzv_worker members[16];
+  job_worker members[16];
   job_report reports[16];
   char departed[16][RDZV_NAME_MAX];
   int asked; /* join_grows was asked */
@@ -257,7 +257,7 @@ static void build(const tcase *t, picture *pic) {
   }
   int nm = split(t->members, words, 16);
   for (int i = 0; i < nm; i++) {
-    rdzv_worker *w = &pic->members[i];
+    job_worker *w = &pic->members[i];
     char *colon = strchr(words[i], ':');
     snprintf(w->state, sizeof w->state, "%s", colon ? colon + 1 : "training");
     if (colon) *colon = '\0';

@@ -37,6 +37,7 @@
 #include "common/sys.h"
 #include "job/plan.h"
 #include "job/runlog.h"
+#include "job/store.h"
 #include "rendezvous/etcd_server.h"
 #include "rendezvous/rdzv.h"
 #include "test.h"
@@ -981,7 +982,7 @@ static void test_forged(void) {
        newt_sleep_ms(200)) {
     char *plan = NULL;
     int64_t g = 0;
-    if (rdzv_plan_get(c, "forged", newt_deadline_in_ms(1000), &plan, &g, NULL) != NEWT_OK) continue;
+    if (job_plan_get(c, "forged", newt_deadline_in_ms(1000), &plan, &g, NULL) != NEWT_OK) continue;
     char key[256], suffix[128];
     const char *rep = "{\"worker\":\"w0\",\"kind\":\"crash\",\"accuse\":[],\"step\":1,\"t_ms\":1,\"why\":\"forged\"}";
     snprintf(suffix, sizeof suffix, "reports/%020lld/w0", (long long)g);
@@ -1052,7 +1053,7 @@ static void test_forged_plans(int batch) {
        newt_sleep_ms(50)) {
     char *plan = NULL, key[256], gen[32];
     int64_t g = 0;
-    if (forged || rdzv_plan_get(h.c, "lies", newt_deadline_in_ms(1000), &plan, &g, NULL) != NEWT_OK) continue;
+    if (forged || job_plan_get(h.c, "lies", newt_deadline_in_ms(1000), &plan, &g, NULL) != NEWT_OK) continue;
     char *a = NULL, *b = NULL, *cc = NULL;
     if (hostile_step(&h, "lies") >= 10) {
       snprintf(gen, sizeof gen, "%lld", batch ? (long long)g + 1 : (long long)NEWT_JSON_INT_EXACT - 1);
@@ -1260,7 +1261,7 @@ static void test_nospace(void) {
   char victim_id[RDZV_NAME_MAX] = "";
   char *plan_text = NULL;
   newt_plan plan;
-  if (rdzv_plan_get(c, "nospace", newt_deadline_in_ms(2000), &plan_text, NULL, NULL) == NEWT_OK &&
+  if (job_plan_get(c, "nospace", newt_deadline_in_ms(2000), &plan_text, NULL, NULL) == NEWT_OK &&
       plan_from_json(plan_text, strlen(plan_text), &plan) == NEWT_OK) {
     if (plan.nranks > 1) snprintf(victim_id, sizeof victim_id, "%s", plan.ranks[1].worker);
     plan_free(&plan);
@@ -1619,7 +1620,7 @@ static int64_t netns_wait_step(netns_job *J, int64_t at) {
 static int64_t netns_plan_gen(netns_job *J, newt_plan *out) {
   char *text = NULL;
   int64_t g = 0;
-  if (rdzv_plan_get(J->c, J->job, newt_deadline_in_ms(2000), &text, &g, NULL) != NEWT_OK) return 0;
+  if (job_plan_get(J->c, J->job, newt_deadline_in_ms(2000), &text, &g, NULL) != NEWT_OK) return 0;
   if (out && plan_from_json(text, strlen(text), out) != NEWT_OK) g = 0;
   free(text);
   return g;

@@ -7,6 +7,7 @@
 #include "job/plan.h"
 #include "job/records.h"
 #include "job/spec.h"
+#include "job/store.h"
 #include "rendezvous/rdzv.h"
 #include "test.h"
 
@@ -484,7 +485,7 @@ static void test_plan_domains(void) {
 /* The registration record: the domain is written when it is not the host, and a record of
    the previous release (no domain) reads as its host. */
 static void test_registration_domain(void) {
-  rdzv_worker w, back;
+  job_worker w, back;
   memset(&w, 0, sizeof w);
   snprintf(w.id, sizeof w.id, "w1");
   snprintf(w.host, sizeof w.host, "node-7");
@@ -493,24 +494,24 @@ static void test_registration_domain(void) {
   snprintf(w.state, sizeof w.state, "ready");
   w.device = -1;
   char *json = NULL;
-  T_OK(rdzv_worker_to_json(&w, &json));
+  T_OK(job_worker_to_json(&w, &json));
   T_CHECK_MSG(json && strstr(json, "\"domain\":\"zone-a/rack-3\""), "%s", json);
-  T_OK(rdzv_worker_from_json(json, strlen(json), "workers/w1", &back));
+  T_OK(job_worker_from_json(json, strlen(json), "workers/w1", &back));
   T_CHECK(strcmp(back.domain, "zone-a/rack-3") == 0 && strcmp(back.host, "node-7") == 0);
   free(json);
   snprintf(w.domain, sizeof w.domain, "node-7"); /* the host's: not written, as before */
-  T_OK(rdzv_worker_to_json(&w, &json));
+  T_OK(job_worker_to_json(&w, &json));
   T_CHECK_MSG(json && !strstr(json, "domain"), "%s", json);
   free(json);
   const char *old = "{\"id\":\"w2\",\"host\":\"node-9\",\"addr\":\"10.0.0.9:4000\",\"device\":-1,"
                     "\"state\":\"training\",\"pid\":7,\"generation\":3}";
-  T_OK(rdzv_worker_from_json(old, strlen(old), "workers/w2", &back));
+  T_OK(job_worker_from_json(old, strlen(old), "workers/w2", &back));
   T_CHECK_MSG(strcmp(back.domain, "node-9") == 0, "domain %s", back.domain);
   const char *bad = "{\"id\":\"w2\",\"host\":\"n\",\"domain\":\"a b\\u001b\",\"state\":\"ready\"}";
-  T_ERR(NEWT_ERR_INVALID, rdzv_worker_from_json(bad, strlen(bad), "workers/w2", &back));
+  T_ERR(NEWT_ERR_INVALID, job_worker_from_json(bad, strlen(bad), "workers/w2", &back));
   T_CHECK_MSG(strstr(newt_errmsg(), "workers/w2.domain") != NULL, "%s", newt_errmsg());
   const char *num = "{\"id\":\"w2\",\"host\":\"n\",\"domain\":7,\"state\":\"ready\"}";
-  T_ERR(NEWT_ERR_INVALID, rdzv_worker_from_json(num, strlen(num), "workers/w2", &back));
+  T_ERR(NEWT_ERR_INVALID, job_worker_from_json(num, strlen(num), "workers/w2", &back));
   T_CHECK_MSG(strstr(newt_errmsg(), "domain") != NULL, "%s", newt_errmsg());
 }
 

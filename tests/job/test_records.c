@@ -294,6 +294,83 @@ static void test_events(void) {
   EXPECT_REJECT(job_event_from_json, job_event, "{\"type\":\"done\",\"t_ms\":1}", "event.step");
 }
 
+/* The registration record: a round trip, shares_device written only when set, hostile
+ * registrations refused naming the field (issue 17, item 9). */
+static void test_registration(void) {
+  job_worker w = {.id = "w1", .host = "h", .addr = "10.0.0.1:4000", .device = 3, .state = "ready", .pid = 42,
+                  .generation = 7};
+  char *json;
+  T_OK(job_worker_to_json(&w, &json));
+  job_worker back;
+  T_OK(job_worker_from_json(json, strlen(json), "reg", &back));
+  T_CHECK(strcmp(back.id, "w1") == 0 && back.device == 3 && back.generation == 7 && strcmp(back.addr, w.addr) == 0);
+  T_CHECK(back.shares_device == 0 && strstr(json, "shares_device") == NULL); /* written only when set */
+  free(json);
+  w.shares_device = 1;
+  T_OK(job_worker_to_json(&w, &json));
+  T_OK(job_worker_from_json(json, strlen(json), "reg", &back));
+  T_CHECK(back.shares_device == 1);
+  free(json);
+  T_ERR(NEWT_ERR_INVALID, job_worker_from_json("{\"id\":\"w1\",\"host\":\"h\"}", 22, "reg", &back));
+  T_CHECK(strstr(newt_errmsg(), "reg.state") != NULL);
+  T_ERR(NEWT_ERR_INVALID, job_worker_from_json("{\"id\":\"w 1\",\"host\":\"h\",\"state\":\"x\"}", 35, "reg", &back));
+  /* hostile registrations (issue 17, item 9): terminal escapes, a bad address, a forged generation */
+  const char *bad[][2] = {
+      {"{\"id\":\"w1\",\"host\":\"h\\u001b[2J\",\"state\":\"ready\"}", "reg.host"},
+      {"{\"id\":\"w1\",\"host\":\"h\",\"addr\":\"10.0.0.1\",\"state\":\"ready\"}", "reg.addr"},
+      {"{\"id\":\"w1\",\"host\":\"h\",\"addr\":\"10.0.0.1:99999\",\"state\":\"ready\"}", "reg.addr"},
+      {"{\"id\":\"w1\",\"host\":\"h\",\"addr\":\"x;rm:1\",\"state\":\"ready\"}", "reg.addr"},
+      {"{\"id\":\"w1\",\"host\":\"h\",\"state\":\"READY\\n\"}", "reg.state"},
+      {"{\"id\":\"w1\",\"host\":\"h\",\"state\":\"ready\",\"generation\":\"9223372036854775807\"}", "reg.generation"},
+      {"{\"id\":\"w1\",\"host\":\"h\",\"state\":\"ready\",\"shares_device\":\"yes\"}", "reg.shares_device"},
+  };
+  for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+    T_CHECK_MSG(job_worker_from_json(bad[i][0], strlen(bad[i][0]), "reg", &back) == NEWT_ERR_INVALID, "accepted %s",
+                bad[i][0]);
+    T_CHECK_MSG(strstr(newt_errmsg(), bad[i][1]) != NULL, "%s: %s", bad[i][0], newt_errmsg());
+  }
+  const char *v6 = "{\"id\":\"w1\",\"host\":\"node-7.zone_a\",\"addr\":\"[fe80::1]:4000\",\"state\":\"training\"}";
+  T_OK(job_worker_from_json(v6, strlen(v6), "reg", &back));
+}
+
+/* The acknowledgement a registration carries: written and read back as the same object, absent
+ * in the previous release's registrations (which still parse), bounded, an object only. */
+static void test_worker_ack(void) {
+  const char *old = "{\"id\":\"w1\",\"host\":\"h\",\"addr\":\"10.0.0.1:4000\",\"device\":-1,\"state\":\"training\","
+                    "\"pid\":42,\"generation\":3}"; /* as the previous release wrote it */
+  job_worker back;
+  T_OK(job_worker_from_json(old, strlen(old), "reg", &back));
+  T_CHECK(back.ack[0] == '\0' && back.generation == 3);
+  T_CHECK(job_worker_acked(&back, 2) && !job_worker_acked(&back, 3)); /* past 2; 3 not acknowledged */
+  job_worker w = {.id = "w1", .host = "h", .state = "training", .device = -1, .generation = 3,
+                  .ack = "{\"rank\":1,\"t_step\":12,\"restore\":\"memory\"}"};
+  char *json;
+  T_OK(job_worker_to_json(&w, &json));
+  T_CHECK(strstr(json, "\"ack\":{\"rank\":1,") != NULL); /* an object, not a string within */
+  T_OK(job_worker_from_json(json, strlen(json), "reg", &back));
+  T_CHECK(strcmp(back.ack, w.ack) == 0 && job_worker_acked(&back, 3) && !job_worker_acked(&back, 4));
+  free(json);
+  snprintf(w.ack, sizeof w.ack, "[1,2]");
+  T_ERR(NEWT_ERR_INVALID, job_worker_to_json(&w, &json));
+  T_CHECK(strstr(newt_errmsg(), "registration.ack") != NULL);
+  const char *bad[][2] = {
+      {"{\"id\":\"w1\",\"host\":\"h\",\"state\":\"training\",\"ack\":\"yes\"}", "reg.ack"},
+      {"{\"id\":\"w1\",\"host\":\"h\",\"state\":\"training\",\"ack\":[1]}", "reg.ack"},
+  };
+  for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+    T_CHECK_MSG(job_worker_from_json(bad[i][0], strlen(bad[i][0]), "reg", &back) == NEWT_ERR_INVALID, "accepted %s",
+                bad[i][0]);
+    T_CHECK_MSG(strstr(newt_errmsg(), bad[i][1]) != NULL, "%s: %s", bad[i][0], newt_errmsg());
+  }
+  /* one longer than the registration holds is refused, naming the field */
+  char big[JOB_ACK_MAX + 200];
+  int n = snprintf(big, sizeof big, "{\"id\":\"w1\",\"host\":\"h\",\"state\":\"training\",\"ack\":{\"x\":\"");
+  while (n < JOB_ACK_MAX + 100) big[n++] = 'a';
+  snprintf(big + n, sizeof big - (size_t)n, "\"}}");
+  T_ERR(NEWT_ERR_INVALID, job_worker_from_json(big, strlen(big), "reg", &back));
+  T_CHECK(strstr(newt_errmsg(), "reg.ack") != NULL);
+}
+
 int main(void) {
   T_RUN(test_keys);
   T_RUN(test_report);
@@ -301,5 +378,7 @@ int main(void) {
   T_RUN(test_links);
   T_RUN(test_progress_done_ckpt);
   T_RUN(test_events);
+  T_RUN(test_registration);
+  T_RUN(test_worker_ack);
   return T_DONE();
 }

@@ -50,6 +50,7 @@
 #include "common/strutil.h"
 #include "common/sys.h"
 #include "job/records.h"
+#include "job/store.h"
 #include "rendezvous/etcd_server.h"
 #include "rendezvous/rdzv.h"
 #include "test.h"
@@ -555,8 +556,8 @@ static int registration(const char *job, const char *id, rdzv_etcd_kv *kv) {
 static pid_t worker_pid(const char *job, const char *id) {
   rdzv_etcd_kv kv;
   if (!registration(job, id, &kv)) return 0;
-  rdzv_worker w;
-  pid_t pid = rdzv_worker_from_json(kv.value, kv.value_len, "registration", &w) == NEWT_OK ? (pid_t)w.pid : 0;
+  job_worker w;
+  pid_t pid = job_worker_from_json(kv.value, kv.value_len, "registration", &w) == NEWT_OK ? (pid_t)w.pid : 0;
   rdzv_etcd_kv_free(&kv);
   return pid;
 }

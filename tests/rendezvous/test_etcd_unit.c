@@ -187,86 +187,14 @@ static void test_errors(void) {
   T_CHECK(e.message[0] != '\0');
 }
 
-static void test_names_and_workers(void) {
+static void test_names_and_keys(void) {
   T_OK(rdzv_check_name("job", "my-job_1.0"));
   T_ERR(NEWT_ERR_INVALID, rdzv_check_name("job", "a/b"));
   T_ERR(NEWT_ERR_INVALID, rdzv_check_name("job", ""));
   T_ERR(NEWT_ERR_INVALID, rdzv_check_name("job", "0123456789012345678901234567890123456789012345678901234567890123"));
   char key[64];
-  T_OK(rdzv_key(key, sizeof key, "j", "plan"));
-  T_CHECK(strcmp(key, "/newt/j/plan") == 0);
-  rdzv_worker w = {.id = "w1", .host = "h", .addr = "10.0.0.1:4000", .device = 3, .state = "ready", .pid = 42,
-                   .generation = 7};
-  char *json;
-  T_OK(rdzv_worker_to_json(&w, &json));
-  rdzv_worker back;
-  T_OK(rdzv_worker_from_json(json, strlen(json), "reg", &back));
-  T_CHECK(strcmp(back.id, "w1") == 0 && back.device == 3 && back.generation == 7 && strcmp(back.addr, w.addr) == 0);
-  T_CHECK(back.shares_device == 0 && strstr(json, "shares_device") == NULL); /* written only when set */
-  free(json);
-  w.shares_device = 1;
-  T_OK(rdzv_worker_to_json(&w, &json));
-  T_OK(rdzv_worker_from_json(json, strlen(json), "reg", &back));
-  T_CHECK(back.shares_device == 1);
-  free(json);
-  T_ERR(NEWT_ERR_INVALID, rdzv_worker_from_json("{\"id\":\"w1\",\"host\":\"h\"}", 22, "reg", &back));
-  T_CHECK(strstr(newt_errmsg(), "reg.state") != NULL);
-  T_ERR(NEWT_ERR_INVALID, rdzv_worker_from_json("{\"id\":\"w 1\",\"host\":\"h\",\"state\":\"x\"}", 35, "reg", &back));
-  /* hostile registrations (issue 17, item 9): terminal escapes, a bad address, a forged generation */
-  const char *bad[][2] = {
-      {"{\"id\":\"w1\",\"host\":\"h\\u001b[2J\",\"state\":\"ready\"}", "reg.host"},
-      {"{\"id\":\"w1\",\"host\":\"h\",\"addr\":\"10.0.0.1\",\"state\":\"ready\"}", "reg.addr"},
-      {"{\"id\":\"w1\",\"host\":\"h\",\"addr\":\"10.0.0.1:99999\",\"state\":\"ready\"}", "reg.addr"},
-      {"{\"id\":\"w1\",\"host\":\"h\",\"addr\":\"x;rm:1\",\"state\":\"ready\"}", "reg.addr"},
-      {"{\"id\":\"w1\",\"host\":\"h\",\"state\":\"READY\\n\"}", "reg.state"},
-      {"{\"id\":\"w1\",\"host\":\"h\",\"state\":\"ready\",\"generation\":\"9223372036854775807\"}", "reg.generation"},
-      {"{\"id\":\"w1\",\"host\":\"h\",\"state\":\"ready\",\"shares_device\":\"yes\"}", "reg.shares_device"},
-  };
-  for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
-    T_CHECK_MSG(rdzv_worker_from_json(bad[i][0], strlen(bad[i][0]), "reg", &back) == NEWT_ERR_INVALID, "accepted %s",
-                bad[i][0]);
-    T_CHECK_MSG(strstr(newt_errmsg(), bad[i][1]) != NULL, "%s: %s", bad[i][0], newt_errmsg());
-  }
-  const char *v6 = "{\"id\":\"w1\",\"host\":\"node-7.zone_a\",\"addr\":\"[fe80::1]:4000\",\"state\":\"training\"}";
-  T_OK(rdzv_worker_from_json(v6, strlen(v6), "reg", &back));
-}
-
-/* The acknowledgement a registration carries: written and read back as the same object, absent
- * in the previous release's registrations (which still parse), bounded, an object only. */
-static void test_worker_ack(void) {
-  const char *old = "{\"id\":\"w1\",\"host\":\"h\",\"addr\":\"10.0.0.1:4000\",\"device\":-1,\"state\":\"training\","
-                    "\"pid\":42,\"generation\":3}"; /* as the previous release wrote it */
-  rdzv_worker back;
-  T_OK(rdzv_worker_from_json(old, strlen(old), "reg", &back));
-  T_CHECK(back.ack[0] == '\0' && back.generation == 3);
-  T_CHECK(rdzv_worker_acked(&back, 2) && !rdzv_worker_acked(&back, 3)); /* past 2; 3 not acknowledged */
-  rdzv_worker w = {.id = "w1", .host = "h", .state = "training", .device = -1, .generation = 3,
-                   .ack = "{\"rank\":1,\"t_step\":12,\"restore\":\"memory\"}"};
-  char *json;
-  T_OK(rdzv_worker_to_json(&w, &json));
-  T_CHECK(strstr(json, "\"ack\":{\"rank\":1,") != NULL); /* an object, not a string within */
-  T_OK(rdzv_worker_from_json(json, strlen(json), "reg", &back));
-  T_CHECK(strcmp(back.ack, w.ack) == 0 && rdzv_worker_acked(&back, 3) && !rdzv_worker_acked(&back, 4));
-  free(json);
-  snprintf(w.ack, sizeof w.ack, "[1,2]");
-  T_ERR(NEWT_ERR_INVALID, rdzv_worker_to_json(&w, &json));
-  T_CHECK(strstr(newt_errmsg(), "registration.ack") != NULL);
-  const char *bad[][2] = {
-      {"{\"id\":\"w1\",\"host\":\"h\",\"state\":\"training\",\"ack\":\"yes\"}", "reg.ack"},
-      {"{\"id\":\"w1\",\"host\":\"h\",\"state\":\"training\",\"ack\":[1]}", "reg.ack"},
-  };
-  for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
-    T_CHECK_MSG(rdzv_worker_from_json(bad[i][0], strlen(bad[i][0]), "reg", &back) == NEWT_ERR_INVALID, "accepted %s",
-                bad[i][0]);
-    T_CHECK_MSG(strstr(newt_errmsg(), bad[i][1]) != NULL, "%s: %s", bad[i][0], newt_errmsg());
-  }
-  /* one longer than the registration holds is refused, naming the field */
-  char big[RDZV_ACK_MAX + 200];
-  int n = snprintf(big, sizeof big, "{\"id\":\"w1\",\"host\":\"h\",\"state\":\"training\",\"ack\":{\"x\":\"");
-  while (n < RDZV_ACK_MAX + 100) big[n++] = 'a';
-  snprintf(big + n, sizeof big - (size_t)n, "\"}}");
-  T_ERR(NEWT_ERR_INVALID, rdzv_worker_from_json(big, strlen(big), "reg", &back));
-  T_CHECK(strstr(newt_errmsg(), "reg.ack") != NULL);
+  T_OK(rdzv_key(key, sizeof key, "j", "x/y"));
+  T_CHECK(strcmp(key, "/newt/j/x/y") == 0);
 }
 
 int main(void) {
@@ -276,7 +204,6 @@ int main(void) {
   T_RUN(test_parsers);
   T_RUN(test_parsers_reject);
   T_RUN(test_errors);
-  T_RUN(test_worker_ack);
-  T_RUN(test_names_and_workers);
+  T_RUN(test_names_and_keys);
   return T_DONE();
 }

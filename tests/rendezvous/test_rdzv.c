@@ -3,7 +3,8 @@
  * expires), the membership view (snapshot + watch), leader election with real candidate
  * processes (kill -9 of the leader, SIGSTOP of the next one past its TTL; an observer
  * watching etcd checks that every leader write came from the one leader of that moment),
- * deposed leaders' guarded writes, and the generation barrier.
+ * deposed leaders' guarded writes, and the generation barrier; each through the job's records
+ * over them (job/store.h), as the coordinator and the worker use them.
  *
  * The candidate and worker processes are this binary re-executed with --candidate or
  * --worker. */
@@ -15,6 +16,7 @@
 
 #include "common/json.h"
 #include "rdzv_test.h"
+#include "job/store.h"
 #include "rendezvous/rdzv.h"
 
 static rdzv_etcd_server *srv;
@@ -32,7 +34,7 @@ static int candidate_main(char **argv) {
   rdzv_etcd *c = tu_client_opts(&o);
   rdzv_campaign_opts co = {.name = argv[2], .ttl_s = atoi(argv[3])};
   rdzv_candidate *cand;
-  if (rdzv_campaign(c, argv[1], &co, dl(10000), &cand) != NEWT_OK) {
+  if (job_campaign(c, argv[1], &co, dl(10000), &cand) != NEWT_OK) {
     fprintf(stderr, "%s: campaign: %s\n", argv[2], newt_errmsg());
     return 2;
   }
@@ -56,11 +58,11 @@ static int candidate_main(char **argv) {
 static int worker_main(char **argv) {
   rdzv_etcd_opts o = {.endpoints = argv[0]};
   rdzv_etcd *c = tu_client_opts(&o);
-  rdzv_worker w = {.device = -1, .state = "ready", .pid = getpid()};
+  job_worker w = {.device = -1, .state = "ready", .pid = getpid()};
   snprintf(w.id, sizeof w.id, "%s", argv[2]);
   snprintf(w.host, sizeof w.host, "%s", "localhost");
   rdzv_registration *r;
-  if (rdzv_register(c, argv[1], &w, atoi(argv[3]), NULL, NULL, dl(10000), &r) != NEWT_OK) {
+  if (job_register(c, argv[1], &w, atoi(argv[3]), NULL, NULL, dl(10000), &r) != NEWT_OK) {
     fprintf(stderr, "worker %s: %s\n", argv[2], newt_errmsg());
     return 2;
   }
@@ -78,11 +80,11 @@ static int host_main(char **argv) {
     return 2;
   }
   for (int i = 0; i < 3; i++) {
-    rdzv_worker w = {.device = -1, .state = "ready", .pid = getpid()};
+    job_worker w = {.device = -1, .state = "ready", .pid = getpid()};
     snprintf(w.id, sizeof w.id, "%s-%d", argv[2], i);
     snprintf(w.host, sizeof w.host, "%s", argv[2]);
     rdzv_registration *r;
-    if (rdzv_register_on(c, argv[1], &w, lease, ttl, NULL, NULL, dl(10000), &r) != NEWT_OK ||
+    if (job_register_on(c, argv[1], &w, lease, ttl, NULL, NULL, dl(10000), &r) != NEWT_OK ||
         !rdzv_registration_shared(r)) {
       fprintf(stderr, "host %s: %s\n", argv[2], newt_errmsg());
       return 2;
@@ -128,9 +130,10 @@ static void on_member(void *ud, const rdzv_member_event *e) {
     case RDZV_MEMBER_UPDATE: v->updates++; break;
     case RDZV_MEMBER_RESYNC: v->resyncs++; break;
   }
-  if (e->worker) {
-    snprintf(v->last_id, sizeof v->last_id, "%s", e->worker->id);
-    snprintf(v->last_state, sizeof v->last_state, "%s", e->worker->state);
+  if (e->value) {
+    const job_worker *w = e->value;
+    snprintf(v->last_id, sizeof v->last_id, "%s", e->id);
+    snprintf(v->last_state, sizeof v->last_state, "%s", w->state);
   }
   pthread_mutex_unlock(&v->mu);
 }
@@ -148,8 +151,8 @@ static int wait_view(view_log *v, int which, int want, int64_t ms) {
   return view_get(v, which) >= want;
 }
 
-static rdzv_worker mkworker(const char *id) {
-  rdzv_worker w = {.device = -1, .state = "joining", .host = "localhost", .pid = getpid()};
+static job_worker mkworker(const char *id) {
+  job_worker w = {.device = -1, .state = "joining", .host = "localhost", .pid = getpid()};
   snprintf(w.id, sizeof w.id, "%s", id);
   return w;
 }
@@ -159,50 +162,50 @@ static void test_membership(void) {
   for (int i = 0; i < 3; i++) {
     char id[16];
     snprintf(id, sizeof id, "w%d", i);
-    rdzv_worker w = mkworker(id);
-    T_OK(rdzv_register(cli, "mem", &w, 10, NULL, NULL, dl(5000), &r[i]));
+    job_worker w = mkworker(id);
+    T_OK(job_register(cli, "mem", &w, 10, NULL, NULL, dl(5000), &r[i]));
   }
   /* an id in use is refused */
-  rdzv_worker dup = mkworker("w1");
+  job_worker dup = mkworker("w1");
   rdzv_registration *rd;
-  T_ERR(NEWT_ERR_CONFLICT, rdzv_register(cli, "mem", &dup, 10, NULL, NULL, dl(5000), &rd));
+  T_ERR(NEWT_ERR_CONFLICT, job_register(cli, "mem", &dup, 10, NULL, NULL, dl(5000), &rd));
   T_CHECK(strstr(newt_errmsg(), "w1") != NULL);
 
   view_log v = {.mu = PTHREAD_MUTEX_INITIALIZER};
   rdzv_members *m;
-  T_OK(rdzv_members_start(cli, "mem", on_member, &v, dl(5000), &m));
+  T_OK(job_members_start(cli, "mem", on_member, &v, dl(5000), &m));
   T_CHECK(view_get(&v, 0) == 3 && rdzv_members_count(m) == 3); /* the snapshot, delivered before start returns */
-  rdzv_worker *list;
+  job_worker *list;
   size_t n;
   int64_t rev0;
-  T_OK(rdzv_members_get(m, &list, &n, &rev0));
+  T_OK(job_members_get(m, &list, &n, &rev0));
   T_CHECK(n == 3 && strcmp(list[0].id, "w0") == 0 && strcmp(list[2].id, "w2") == 0 && list[1].lease == rdzv_registration_lease(r[1]));
   free(list);
 
-  rdzv_worker w3 = mkworker("w3");
-  T_OK(rdzv_register(cli, "mem", &w3, 10, NULL, NULL, dl(5000), &r[3]));
+  job_worker w3 = mkworker("w3");
+  T_OK(job_register(cli, "mem", &w3, 10, NULL, NULL, dl(5000), &r[3]));
   T_CHECK(wait_view(&v, 0, 4, 5000));
-  T_OK(rdzv_registration_update(r[0], "training", 5, dl(5000)));
+  T_OK(job_registration_update(r[0], "training", 5, dl(5000)));
   T_CHECK(wait_view(&v, 2, 1, 5000));
   pthread_mutex_lock(&v.mu);
   T_CHECK(strcmp(v.last_id, "w0") == 0 && strcmp(v.last_state, "training") == 0);
   pthread_mutex_unlock(&v.mu);
   /* a graceful leave is seen at once */
   int64_t before = 0;
-  T_OK(rdzv_members_get(m, &list, &n, &before));
+  T_OK(job_members_get(m, &list, &n, &before));
   free(list);
   T_OK(rdzv_registration_leave(r[2], dl(5000)));
   int64_t rev = 0;
   T_OK(rdzv_members_wait(m, before, dl(5000), NULL, &rev));
   T_CHECK(wait_view(&v, 1, 1, 5000) && rev > before);
-  T_OK(rdzv_members_get(m, &list, &n, NULL));
+  T_OK(job_members_get(m, &list, &n, NULL));
   T_CHECK(n == 3);
   free(list);
   rdzv_registration_free(r[2]);
   /* a lease that is no longer kept alive expires and takes its registration with it */
-  rdzv_worker w4 = mkworker("w4");
+  job_worker w4 = mkworker("w4");
   rdzv_registration *r4;
-  T_OK(rdzv_register(cli, "mem", &w4, 1, NULL, NULL, dl(5000), &r4));
+  T_OK(job_register(cli, "mem", &w4, 1, NULL, NULL, dl(5000), &r4));
   T_CHECK(wait_view(&v, 0, 5, 5000));
   uint64_t t0 = newt_now_ns();
   rdzv_registration_free(r4); /* stops the keep-alive without revoking */
@@ -223,7 +226,7 @@ static void test_membership(void) {
 static void test_killed_worker_leaves(void) {
   view_log v = {.mu = PTHREAD_MUTEX_INITIALIZER};
   rdzv_members *m;
-  T_OK(rdzv_members_start(cli, "kill", on_member, &v, dl(5000), &m));
+  T_OK(job_members_start(cli, "kill", on_member, &v, dl(5000), &m));
   pid_t pid = spawn_role("--worker", "kill", "victim", "2");
   T_CHECK(wait_view(&v, 0, 1, 10000));
   uint64_t t0 = newt_now_ns();
@@ -236,7 +239,7 @@ static void test_killed_worker_leaves(void) {
   rdzv_members_free(m);
 }
 
-/* Workers on their host's lease (rdzv_register_on): one write each; one that leaves takes
+/* Workers on their host's lease (job_register_on): one write each; one that leaves takes
  * only its own key; one whose key was deleted under it (its agent took it for dead, or the
  * leader fenced it) is refused and registers on the host's lease again; the host lost (its
  * lease revoked or expired) takes every worker on it at once, in one revision; after that a
@@ -247,14 +250,14 @@ static void test_host_lease(void) {
   T_OK(rdzv_etcd_lease_grant(wc, 30, 0, dl(5000), &host, NULL));
   view_log v = {.mu = PTHREAD_MUTEX_INITIALIZER};
   rdzv_members *m;
-  T_OK(rdzv_members_start(cli, "host", on_member, &v, dl(5000), &m));
+  T_OK(job_members_start(cli, "host", on_member, &v, dl(5000), &m));
   rdzv_registration *r[3] = {0};
   int64_t w0 = rdzv_etcd_writes(wc);
   for (int i = 0; i < 3; i++) {
     char id[16];
     snprintf(id, sizeof id, "h%d", i);
-    rdzv_worker w = mkworker(id);
-    T_OK(rdzv_register_on(wc, "host", &w, host, 30, NULL, NULL, dl(5000), &r[i]));
+    job_worker w = mkworker(id);
+    T_OK(job_register_on(wc, "host", &w, host, 30, NULL, NULL, dl(5000), &r[i]));
     if (!r[i]) return;
     T_CHECK(rdzv_registration_shared(r[i]) && rdzv_registration_lease(r[i]) == host);
   }
@@ -274,8 +277,8 @@ static void test_host_lease(void) {
   T_OK(rdzv_key(key, sizeof key, "host", "workers/h2"));
   T_OK(rdzv_etcd_delete(cli, key, 0, dl(5000), NULL, NULL));
   T_CHECK(wait_view(&v, 1, 2, 5000));
-  T_ERR(NEWT_ERR_CONFLICT, rdzv_registration_update(r[2], "training", 1, dl(5000)));
-  T_OK(rdzv_registration_renew(r[2], "host", dl(5000)));
+  T_ERR(NEWT_ERR_CONFLICT, job_registration_update(r[2], "training", 1, dl(5000)));
+  T_OK(rdzv_registration_renew(r[2], dl(5000)));
   T_CHECK(rdzv_registration_shared(r[2]) && rdzv_registration_lease(r[2]) == host);
   T_CHECK(wait_view(&v, 0, 4, 5000));
   T_OK(rdzv_etcd_lease_keepalive_once(cli, host, dl(5000), &ttl)); /* the renewal kept the host's lease */
@@ -288,13 +291,13 @@ static void test_host_lease(void) {
               (long long)v.leave_rev[2], (long long)v.leave_rev[3]);
   pthread_mutex_unlock(&v.mu);
   /* after that a renewal goes on with a lease of its own, and so does a new registration */
-  T_OK(rdzv_registration_renew(r[0], "host", dl(5000)));
+  T_OK(rdzv_registration_renew(r[0], dl(5000)));
   T_CHECK(!rdzv_registration_shared(r[0]) && rdzv_registration_lease(r[0]) != host);
-  rdzv_worker w9 = mkworker("h9");
+  job_worker w9 = mkworker("h9");
   rdzv_registration *r9 = NULL;
-  T_OK(rdzv_register_on(wc, "host", &w9, host, 30, NULL, NULL, dl(5000), &r9));
+  T_OK(job_register_on(wc, "host", &w9, host, 30, NULL, NULL, dl(5000), &r9));
   T_CHECK(r9 && !rdzv_registration_shared(r9) && rdzv_registration_lease(r9) != host);
-  T_ERR(NEWT_ERR_INVALID, rdzv_register_on(wc, "host", &w9, 0, 30, NULL, NULL, dl(5000), &r9));
+  T_ERR(NEWT_ERR_INVALID, job_register_on(wc, "host", &w9, 0, 30, NULL, NULL, dl(5000), &r9));
   T_CHECK(wait_view(&v, 0, 6, 5000));
   rdzv_registration_leave(r[0], dl(5000));
   rdzv_registration_free(r[0]);
@@ -310,12 +313,12 @@ static void test_host_lease(void) {
 static void test_host_killed(void) {
   view_log v = {.mu = PTHREAD_MUTEX_INITIALIZER};
   rdzv_members *m;
-  T_OK(rdzv_members_start(cli, "hostkill", on_member, &v, dl(5000), &m));
+  T_OK(job_members_start(cli, "hostkill", on_member, &v, dl(5000), &m));
   pid_t pid = spawn_role("--host", "hostkill", "node7", "2");
   T_CHECK(wait_view(&v, 0, 3, 10000));
-  rdzv_worker *list = NULL;
+  job_worker *list = NULL;
   size_t n = 0;
-  T_OK(rdzv_members_get(m, &list, &n, NULL));
+  T_OK(job_members_get(m, &list, &n, NULL));
   T_CHECK(n == 3 && list[0].lease && list[0].lease == list[1].lease && list[1].lease == list[2].lease);
   free(list);
   kill(pid, SIGKILL);
@@ -349,9 +352,9 @@ static void test_election_inprocess(void) {
   rdzv_candidate *a, *b;
   rdzv_campaign_opts oa = {.name = "a", .ttl_s = 5, .fn = on_lead, .ud = &la};
   rdzv_campaign_opts ob = {.name = "b", .ttl_s = 5, .fn = on_lead, .ud = &lb};
-  T_OK(rdzv_campaign(cli, "el", &oa, dl(5000), &a));
+  T_OK(job_campaign(cli, "el", &oa, dl(5000), &a));
   T_OK(rdzv_candidate_wait(a, dl(5000)));
-  T_OK(rdzv_campaign(cli, "el", &ob, dl(5000), &b));
+  T_OK(job_campaign(cli, "el", &ob, dl(5000), &b));
   T_ERR(NEWT_ERR_TIMEOUT, rdzv_candidate_wait(b, dl(300)));
   pthread_t th;
   pthread_create(&th, NULL, abort_later, b);
@@ -359,33 +362,33 @@ static void test_election_inprocess(void) {
   pthread_join(th, NULL);
   T_CHECK(rdzv_candidate_is_leader(a) && !rdzv_candidate_is_leader(b));
   char name[64];
-  T_OK(rdzv_leader_get(cli, "el", dl(5000), name, sizeof name, NULL));
+  T_OK(job_leader_get(cli, "el", dl(5000), name, sizeof name, NULL));
   T_CHECK(strcmp(name, "a") == 0);
-  T_OK(rdzv_plan_publish(a, 1, "{\"generation\":1,\"workers\":[]}", dl(5000)));
-  T_ERR(NEWT_ERR_INVALID, rdzv_plan_publish(a, 0, "{\"generation\":0}", dl(5000))); /* generations start at 1 */
-  T_ERR(NEWT_ERR_CONFLICT, rdzv_plan_publish(b, 2, "{\"generation\":2}", dl(5000))); /* not the leader */
+  T_OK(job_plan_publish(a, "el", 1, "{\"generation\":1,\"workers\":[]}", dl(5000)));
+  T_ERR(NEWT_ERR_INVALID, job_plan_publish(a, "el", 0, "{\"generation\":0}", dl(5000))); /* generations start at 1 */
+  T_ERR(NEWT_ERR_CONFLICT, job_plan_publish(b, "el", 2, "{\"generation\":2}", dl(5000))); /* not the leader */
   /* a resigns: b takes over at once */
   uint64_t t0 = newt_now_ns();
   T_OK(rdzv_candidate_resign(a, dl(5000)));
   T_OK(rdzv_candidate_wait(b, dl(5000)));
   fprintf(stderr, "  takeover after resign: %.0f ms\n", (double)(newt_now_ns() - t0) / 1e6);
-  T_ERR(NEWT_ERR_CONFLICT, rdzv_plan_publish(a, 2, "{\"generation\":2}", dl(5000)));
-  T_OK(rdzv_plan_publish(b, 2, "{\"generation\":2}", dl(5000)));
+  T_ERR(NEWT_ERR_CONFLICT, job_plan_publish(a, "el", 2, "{\"generation\":2}", dl(5000)));
+  T_OK(job_plan_publish(b, "el", 2, "{\"generation\":2}", dl(5000)));
   int64_t g = 0;
-  T_OK(rdzv_plan_get(cli, "el", dl(5000), NULL, &g, NULL));
+  T_OK(job_plan_get(cli, "el", dl(5000), NULL, &g, NULL));
   T_CHECK(g == 2);
   T_CHECK(atomic_load(&la.gained) == 1 && atomic_load(&la.lost) == 1 && atomic_load(&lb.gained) == 1);
 
   /* deposed from outside: b's lease is revoked by someone else; its guarded write fails */
   rdzv_etcd *other = tu_client(srv);
   T_OK(rdzv_etcd_lease_revoke(other, rdzv_candidate_lease(b), dl(5000)));
-  newt_result_t r = rdzv_plan_publish(b, 3, "{\"generation\":3}", dl(5000));
+  newt_result_t r = job_plan_publish(b, "el", 3, "{\"generation\":3}", dl(5000));
   T_CHECK(r == NEWT_ERR_CONFLICT);
   fprintf(stderr, "  deposed leader's write: %s\n", newt_errmsg());
   for (int i = 0; i < 100 && !atomic_load(&lb.lost); i++) newt_sleep_ms(20);
   T_CHECK(atomic_load(&lb.lost) == 1 && !rdzv_candidate_is_leader(b));
   T_ERR(NEWT_ERR_CONFLICT, rdzv_candidate_wait(b, dl(1000)));
-  T_OK(rdzv_plan_get(cli, "el", dl(5000), NULL, &g, NULL));
+  T_OK(job_plan_get(cli, "el", dl(5000), NULL, &g, NULL));
   T_CHECK(g == 2);
   rdzv_etcd_free(other);
   rdzv_candidate_free(a);
@@ -553,7 +556,7 @@ typedef struct late_ack {
 static void *ack_later(void *arg) {
   late_ack *a = arg;
   newt_sleep_ms(300);
-  rdzv_barrier_ack(cli, "bar", a->gen, a->id, 0, dl(5000));
+  job_barrier_ack(cli, "bar", a->gen, a->id, 0, dl(5000));
   return NULL;
 }
 
@@ -565,16 +568,16 @@ typedef struct ack_args {
 static void *ack_reg_later(void *arg) {
   ack_args *a = arg;
   newt_sleep_ms(300);
-  rdzv_registration_ack(a->reg, "training", a->gen, "{\"rank\":0}", dl(5000));
+  job_registration_ack(a->reg, "training", a->gen, "{\"rank\":0}", dl(5000));
   return NULL;
 }
 
 static void test_barrier(void) {
   const char *ids[] = {"w0", "w1", "w2", "w3"};
-  for (int i = 0; i < 3; i++) T_OK(rdzv_barrier_ack(cli, "bar", 1, ids[i], 0, dl(5000)));
-  T_OK(rdzv_barrier_ack(cli, "bar", 2, "w3", 0, dl(5000))); /* another generation does not count */
+  for (int i = 0; i < 3; i++) T_OK(job_barrier_ack(cli, "bar", 1, ids[i], 0, dl(5000)));
+  T_OK(job_barrier_ack(cli, "bar", 2, "w3", 0, dl(5000))); /* another generation does not count */
   uint64_t t0 = newt_now_ns();
-  newt_result_t r = rdzv_barrier_wait(cli, "bar", 1, ids, 4, dl(800), NULL);
+  newt_result_t r = job_barrier_wait(cli, "bar", 1, ids, 4, dl(800), NULL);
   double ms = (double)(newt_now_ns() - t0) / 1e6;
   T_CHECK(r == NEWT_ERR_TIMEOUT);
   fprintf(stderr, "  %s\n", newt_errmsg());
@@ -583,25 +586,25 @@ static void test_barrier(void) {
   late_ack la = {.id = "w3", .gen = 1};
   pthread_t th;
   pthread_create(&th, NULL, ack_later, &la);
-  T_OK(rdzv_barrier_wait(cli, "bar", 1, ids, 4, dl(10000), NULL));
+  T_OK(job_barrier_wait(cli, "bar", 1, ids, 4, dl(10000), NULL));
   pthread_join(th, NULL);
   /* acks on a lease vanish with it: a dead member no longer counts */
   int64_t lease;
   T_OK(rdzv_etcd_lease_grant(cli, 30, 0, dl(5000), &lease, NULL));
-  T_OK(rdzv_barrier_ack(cli, "bar", 5, "w0", lease, dl(5000)));
-  T_OK(rdzv_barrier_wait(cli, "bar", 5, ids, 1, dl(5000), NULL));
+  T_OK(job_barrier_ack(cli, "bar", 5, "w0", lease, dl(5000)));
+  T_OK(job_barrier_wait(cli, "bar", 5, ids, 1, dl(5000), NULL));
   T_OK(rdzv_etcd_lease_revoke(cli, lease, dl(5000)));
-  T_ERR(NEWT_ERR_TIMEOUT, rdzv_barrier_wait(cli, "bar", 5, ids, 1, dl(300), NULL));
+  T_ERR(NEWT_ERR_TIMEOUT, job_barrier_wait(cli, "bar", 5, ids, 1, dl(300), NULL));
   atomic_int stop = 1;
-  T_ERR(NEWT_ERR_ABORTED, rdzv_barrier_wait(cli, "bar", 5, ids, 1, dl(5000), &stop));
+  T_ERR(NEWT_ERR_ABORTED, job_barrier_wait(cli, "bar", 5, ids, 1, dl(5000), &stop));
   /* the leader forgets old generations */
   rdzv_candidate *c = NULL;
-  T_OK(rdzv_campaign(cli, "bar", &(rdzv_campaign_opts){.name = "k", .ttl_s = 5}, dl(5000), &c));
+  T_OK(job_campaign(cli, "bar", &(rdzv_campaign_opts){.name = "k", .ttl_s = 5}, dl(5000), &c));
   if (!c) return;
   T_OK(rdzv_candidate_wait(c, dl(5000)));
-  T_OK(rdzv_barrier_forget(c, "bar", 2, dl(5000)));
-  T_ERR(NEWT_ERR_TIMEOUT, rdzv_barrier_wait(cli, "bar", 1, ids, 1, dl(200), NULL));
-  T_OK(rdzv_barrier_wait(cli, "bar", 2, ids + 3, 1, dl(2000), NULL));
+  T_OK(job_barrier_forget(c, "bar", 2, dl(5000)));
+  T_ERR(NEWT_ERR_TIMEOUT, job_barrier_wait(cli, "bar", 1, ids, 1, dl(200), NULL));
+  T_OK(job_barrier_wait(cli, "bar", 2, ids + 3, 1, dl(2000), NULL));
   T_OK(rdzv_candidate_resign(c, dl(5000)));
   rdzv_candidate_free(c);
 }
@@ -616,71 +619,71 @@ static void test_barrier_folded(void) {
   rdzv_registration *r[3] = {0};
   int64_t w0 = rdzv_etcd_writes(wc);
   for (int i = 0; i < 3; i++) {
-    rdzv_worker w = mkworker(ids[i]);
-    T_OK(rdzv_register(wc, "fold", &w, 30, NULL, NULL, dl(5000), &r[i]));
+    job_worker w = mkworker(ids[i]);
+    T_OK(job_register(wc, "fold", &w, 30, NULL, NULL, dl(5000), &r[i]));
   }
   if (!r[0] || !r[1] || !r[2]) return;
   T_CHECK_MSG(rdzv_etcd_writes(wc) - w0 == 6, "registering 3 workers took %lld writes", (long long)(rdzv_etcd_writes(wc) - w0));
-  T_ERR(NEWT_ERR_TIMEOUT, rdzv_barrier_wait(cli, "fold", 1, ids, 3, dl(300), NULL));
+  T_ERR(NEWT_ERR_TIMEOUT, job_barrier_wait(cli, "fold", 1, ids, 3, dl(300), NULL));
   T_CHECK(strstr(newt_errmsg(), "3 of 3") != NULL);
   /* f0 and f1 acknowledge in their registrations: one write each */
   int64_t w1 = rdzv_etcd_writes(wc);
-  T_OK(rdzv_registration_ack(r[0], "training", 1, "{\"rank\":0}", dl(5000)));
-  T_OK(rdzv_registration_ack(r[1], "training", 1, "{\"rank\":1}", dl(5000)));
+  T_OK(job_registration_ack(r[0], "training", 1, "{\"rank\":0}", dl(5000)));
+  T_OK(job_registration_ack(r[1], "training", 1, "{\"rank\":1}", dl(5000)));
   T_CHECK(rdzv_etcd_writes(wc) - w1 == 2);
   /* a membership view counts them too (as the leader's picture does) */
   rdzv_members *view = NULL;
-  T_OK(rdzv_members_start(cli, "fold", NULL, NULL, dl(5000), &view));
+  T_OK(job_members_start(cli, "fold", NULL, NULL, dl(5000), &view));
   if (!view) return;
-  T_CHECK(rdzv_members_count_acked(view, 1) == 2 && rdzv_members_count_acked(view, 2) == 0);
-  T_CHECK(rdzv_members_count_acked(view, 1) == 2); /* from here on counted change by change */
-  T_ERR(NEWT_ERR_INVALID, rdzv_registration_ack(r[2], "training", 1, "", dl(5000)));
+  T_CHECK(job_members_count_acked(view, 1) == 2 && job_members_count_acked(view, 2) == 0);
+  T_CHECK(job_members_count_acked(view, 1) == 2); /* from here on counted change by change */
+  T_ERR(NEWT_ERR_INVALID, job_registration_ack(r[2], "training", 1, "", dl(5000)));
   /* f2 took up generation 1 in its registration but did not acknowledge it: not counted */
-  T_OK(rdzv_registration_update(r[2], "training", 1, dl(5000)));
-  T_ERR(NEWT_ERR_TIMEOUT, rdzv_barrier_wait(cli, "fold", 1, ids, 3, dl(300), NULL));
+  T_OK(job_registration_update(r[2], "training", 1, dl(5000)));
+  T_ERR(NEWT_ERR_TIMEOUT, job_barrier_wait(cli, "fold", 1, ids, 3, dl(300), NULL));
   T_CHECK(strstr(newt_errmsg(), "1 of 3") && strstr(newt_errmsg(), "f2") && !strstr(newt_errmsg(), "f0"));
   /* the previous release's ack key counts as well */
-  T_OK(rdzv_barrier_ack(cli, "fold", 1, "f2", rdzv_registration_lease(r[2]), dl(5000)));
-  T_OK(rdzv_barrier_wait(cli, "fold", 1, ids, 3, dl(5000), NULL));
+  T_OK(job_barrier_ack(cli, "fold", 1, "f2", rdzv_registration_lease(r[2]), dl(5000)));
+  T_OK(job_barrier_wait(cli, "fold", 1, ids, 3, dl(5000), NULL));
   /* a state update in the same generation keeps the ack; a new generation drops it */
-  T_OK(rdzv_registration_update(r[0], "leaving", 1, dl(5000)));
-  T_OK(rdzv_barrier_wait(cli, "fold", 1, ids, 1, dl(5000), NULL));
+  T_OK(job_registration_update(r[0], "leaving", 1, dl(5000)));
+  T_OK(job_barrier_wait(cli, "fold", 1, ids, 1, dl(5000), NULL));
   char key[128];
   rdzv_etcd_kv kv;
-  rdzv_worker back;
+  job_worker back;
   T_OK(rdzv_key(key, sizeof key, "fold", "workers/f1"));
-  T_OK(rdzv_registration_update(r[1], "spare", 2, dl(5000)));
+  T_OK(job_registration_update(r[1], "spare", 2, dl(5000)));
   T_OK(rdzv_etcd_get(cli, key, dl(5000), &kv, NULL));
-  T_OK(rdzv_worker_from_json(kv.value, kv.value_len, "reg", &back));
+  T_OK(job_worker_from_json(kv.value, kv.value_len, "reg", &back));
   T_CHECK(back.generation == 2 && back.ack[0] == '\0' && strcmp(back.state, "spare") == 0);
   rdzv_etcd_kv_free(&kv);
-  T_ERR(NEWT_ERR_TIMEOUT, rdzv_barrier_wait(cli, "fold", 2, ids + 1, 1, dl(300), NULL));
-  T_OK(rdzv_barrier_wait(cli, "fold", 1, ids + 1, 1, dl(5000), NULL)); /* past 1: 1 is behind it */
+  T_ERR(NEWT_ERR_TIMEOUT, job_barrier_wait(cli, "fold", 2, ids + 1, 1, dl(300), NULL));
+  T_OK(job_barrier_wait(cli, "fold", 1, ids + 1, 1, dl(5000), NULL)); /* past 1: 1 is behind it */
   /* an acknowledgement goes with its registration: a worker whose lease is lost no longer
      counts, even while the barrier waits (the watch sees it go) */
   T_OK(rdzv_registration_leave(r[0], dl(5000)));
-  T_ERR(NEWT_ERR_TIMEOUT, rdzv_barrier_wait(cli, "fold", 1, ids, 1, dl(300), NULL));
+  T_ERR(NEWT_ERR_TIMEOUT, job_barrier_wait(cli, "fold", 1, ids, 1, dl(300), NULL));
   T_CHECK(strstr(newt_errmsg(), "f0") != NULL);
   /* the view, kept up to date change by change: f1 (past 1) counts, f0 gone, f2's ack is a key */
   newt_deadline_t until = dl(5000);
   while (rdzv_members_count(view) != 2 && !newt_deadline_passed(until)) newt_sleep_ms(10);
-  T_CHECK_MSG(rdzv_members_count_acked(view, 1) == 1, "the view counts %zu acknowledging generation 1",
-              rdzv_members_count_acked(view, 1));
+  T_CHECK_MSG(job_members_count_acked(view, 1) == 1, "the view counts %zu acknowledging generation 1",
+              job_members_count_acked(view, 1));
   rdzv_members_free(view);
   rdzv_registration_free(r[0]);
   r[0] = NULL;
-  rdzv_worker w = mkworker("f0");
-  T_OK(rdzv_register(wc, "fold", &w, 30, NULL, NULL, dl(5000), &r[0]));
+  job_worker w = mkworker("f0");
+  T_OK(job_register(wc, "fold", &w, 30, NULL, NULL, dl(5000), &r[0]));
   atomic_int stop = 0;
   pthread_t th;
   ack_args aa = {.reg = r[0], .gen = 1};
   pthread_create(&th, NULL, ack_reg_later, &aa);
-  T_OK(rdzv_barrier_wait(cli, "fold", 1, ids, 3, dl(10000), &stop)); /* the watch sees the ack come */
+  T_OK(job_barrier_wait(cli, "fold", 1, ids, 3, dl(10000), &stop)); /* the watch sees the ack come */
   pthread_join(th, NULL);
   int64_t before = rdzv_etcd_writes(wc);
   T_OK(rdzv_registration_leave(r[2], dl(5000))); /* its lease and its acks/ key go together */
   T_CHECK(rdzv_etcd_writes(wc) - before == 1);
-  T_ERR(NEWT_ERR_TIMEOUT, rdzv_barrier_wait(cli, "fold", 1, ids + 2, 1, dl(300), NULL));
+  T_ERR(NEWT_ERR_TIMEOUT, job_barrier_wait(cli, "fold", 1, ids + 2, 1, dl(300), NULL));
   for (int i = 0; i < 3; i++) {
     if (i != 2 && r[i]) rdzv_registration_leave(r[i], dl(5000));
     rdzv_registration_free(r[i]);
@@ -689,20 +692,20 @@ static void test_barrier_folded(void) {
 }
 
 static void test_spec_and_events(void) {
-  T_OK(rdzv_spec_put(cli, "sp", "{\"model\":\"gpt\",\"tp\":2}", dl(5000)));
+  T_OK(job_spec_put(cli, "sp", "{\"model\":\"gpt\",\"tp\":2}", dl(5000)));
   char *spec;
-  T_OK(rdzv_spec_get(cli, "sp", dl(5000), &spec));
+  T_OK(job_spec_get(cli, "sp", dl(5000), &spec));
   T_CHECK(strstr(spec, "\"tp\":2") != NULL);
   free(spec);
-  T_ERR(NEWT_ERR_INVALID, rdzv_spec_put(cli, "sp", "{not json", dl(5000)));
-  T_ERR(NEWT_ERR_INVALID, rdzv_spec_put(cli, "bad/job", "{}", dl(5000)));
-  T_OK(rdzv_event_post(cli, "sp", "{\"kind\":\"worker_failed\",\"id\":\"w1\"}", dl(5000)));
-  T_OK(rdzv_event_post(cli, "sp", "{\"kind\":\"plan\",\"generation\":2}", dl(5000)));
+  T_ERR(NEWT_ERR_INVALID, job_spec_put(cli, "sp", "{not json", dl(5000)));
+  T_ERR(NEWT_ERR_INVALID, job_spec_put(cli, "bad/job", "{}", dl(5000)));
+  T_OK(job_event_post(cli, "sp", "{\"kind\":\"worker_failed\",\"id\":\"w1\"}", dl(5000)));
+  T_OK(job_event_post(cli, "sp", "{\"kind\":\"plan\",\"generation\":2}", dl(5000)));
   rdzv_etcd_kvs r;
   T_OK(rdzv_etcd_range(cli, "/newt/sp/events/", &(rdzv_etcd_range_opts){.prefix = 1}, dl(5000), &r));
   T_CHECK(r.n == 2 && strstr(r.kvs[0].value, "worker_failed") && strstr(r.kvs[1].value, "\"plan\""));
   rdzv_etcd_kvs_free(&r);
-  T_ERR(NEWT_ERR_NOTFOUND, rdzv_plan_get(cli, "sp", dl(5000), NULL, NULL, NULL));
+  T_ERR(NEWT_ERR_NOTFOUND, job_plan_get(cli, "sp", dl(5000), NULL, NULL, NULL));
 }
 
 int main(int argc, char **argv) {

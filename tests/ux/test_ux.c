@@ -49,6 +49,7 @@
 #include "common/proc.h"
 #include "common/strutil.h"
 #include "job/runlog.h"
+#include "job/store.h"
 #include "rendezvous/etcd_server.h"
 #include "rendezvous/rdzv.h"
 #include "test.h"
@@ -302,7 +303,7 @@ static void check_status_hostile(const char *url) {
   rdzv_etcd *c = ux_client();
   if (!c) return;
   char *plan = NULL, key[256];
-  T_OK(rdzv_plan_get(c, "ux", newt_deadline_in_ms(5000), &plan, NULL, NULL));
+  T_OK(job_plan_get(c, "ux", newt_deadline_in_ms(5000), &plan, NULL, NULL));
   const char *cause = plan ? strstr(plan, "\"cause\":\"") : NULL;
   if (cause) {
     cause += strlen("\"cause\":\"");

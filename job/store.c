@@ -1,0 +1,289 @@
+/* The job's records in etcd over rendezvous' generic protocols (see store.h): keys from
+ * job_key / job_prefix, values from the records' codecs. */
+#include "job/store.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "common/json.h"
+#include "common/log.h"
+#include "common/sys.h"
+#include "job/codec.h"
+
+/* --- plan, spec, events --------------------------------------------------------------------- */
+
+newt_result_t job_plan_publish(rdzv_candidate *cand, const char *job, int64_t generation, const char *plan_json,
+                               newt_deadline_t d) {
+  if (generation < 1)
+    return NEWT_ERR(NEWT_ERR_INVALID, "publishing plan generation %lld: expected 1 or more", (long long)generation);
+  char key[256];
+  NEWT_CHECK(job_key(key, sizeof key, job, JOB_REC_PLAN, 0, NULL));
+  NEWT_CHECK(rdzv_guarded_put(cand, key, plan_json, strlen(plan_json), d, NULL));
+  NEWT_DEBUG(JOB, "published plan generation %lld of job %s", (long long)generation, job);
+  return NEWT_OK;
+}
+
+/* The value of the job's record rec (malloc'd, NUL-terminated). */
+static newt_result_t get_value(rdzv_etcd *c, const char *job, job_record rec, newt_deadline_t d, char **out,
+                               int64_t *mod_revision) {
+  char key[256];
+  NEWT_CHECK(job_key(key, sizeof key, job, rec, 0, NULL));
+  rdzv_etcd_kv kv;
+  NEWT_CHECK(rdzv_etcd_get(c, key, d, &kv, NULL));
+  *out = kv.value;
+  if (mod_revision) *mod_revision = kv.mod_revision;
+  kv.value = NULL;
+  rdzv_etcd_kv_free(&kv);
+  return NEWT_OK;
+}
+
+/* A plan's generation, read without the rest of the plan (plan_from_json checks the whole). */
+typedef struct plan_head {
+  int64_t generation;
+} plan_head;
+static const codec_field plan_head_fields[] = {
+    {CODEC_INT(plan_head, generation, "generation", 0, INT64_MAX), CODEC_REQUIRED},
+};
+static const codec_table plan_head_table = CODEC_TABLE(plan_head, "plan", plan_head_fields);
+
+newt_result_t job_plan_get(rdzv_etcd *c, const char *job, newt_deadline_t d, char **json, int64_t *generation,
+                           int64_t *mod_revision) {
+  char *s;
+  NEWT_CHECK(get_value(c, job, JOB_REC_PLAN, d, &s, mod_revision));
+  plan_head h;
+  newt_result_t r = codec_read(&plan_head_table, s, strlen(s), NULL, &h);
+  if (r != NEWT_OK) {
+    free(s);
+    return r;
+  }
+  if (generation) *generation = h.generation;
+  if (json) *json = s;
+  else free(s);
+  return NEWT_OK;
+}
+
+/* text as a JSON document (an object when object is set); errors name what. */
+static newt_result_t check_json(const char *text, const char *what, int object) {
+  cJSON *j;
+  NEWT_CHECK(newt_json_parse(text, strlen(text), what, &j));
+  int ok = !object || cJSON_IsObject(j);
+  cJSON_Delete(j);
+  return ok ? NEWT_OK : NEWT_ERR(NEWT_ERR_INVALID, "%s: expected a JSON object", what);
+}
+
+newt_result_t job_spec_put(rdzv_etcd *c, const char *job, const char *spec_json, newt_deadline_t d) {
+  char key[256];
+  NEWT_CHECK(job_key(key, sizeof key, job, JOB_REC_SPEC, 0, NULL));
+  NEWT_CHECK(check_json(spec_json, "spec", 0));
+  return rdzv_etcd_put(c, key, spec_json, strlen(spec_json), 0, d, NULL);
+}
+
+newt_result_t job_spec_get(rdzv_etcd *c, const char *job, newt_deadline_t d, char **spec_json) {
+  return get_value(c, job, JOB_REC_SPEC, d, spec_json, NULL);
+}
+
+newt_result_t job_event_post(rdzv_etcd *c, const char *job, const char *event_json, newt_deadline_t d) {
+  NEWT_CHECK(check_json(event_json, "event", 1));
+  /* time, then this process's sequence (two events of one millisecond keep their order),
+   * then a random tag (two processes' events of one millisecond do not collide) */
+  static atomic_uint_fast32_t seq;
+  unsigned n = (unsigned)atomic_fetch_add(&seq, 1);
+  char rnd[9], key[256];
+  NEWT_CHECK(newt_random_hex(rnd, 4));
+  NEWT_CHECK(job_prefix(key, sizeof key - 40, job, JOB_REC_EVENT, -1));
+  size_t len = strlen(key);
+  snprintf(key + len, sizeof key - len, "%016llu-%08x-%s", (unsigned long long)newt_wall_ms(), n, rnd);
+  return rdzv_etcd_put(c, key, event_json, strlen(event_json), 0, d, NULL);
+}
+
+/* --- a worker's registration ---------------------------------------------------------------- */
+
+static newt_result_t encode_worker(const void *rec, char **out) { return job_worker_to_json(rec, out); }
+
+static newt_result_t do_register(rdzv_etcd *c, const char *job, const job_worker *w, int64_t host_lease,
+                                 int64_t ttl_s, rdzv_etcd_lease_lost_fn lost, void *ud, newt_deadline_t d,
+                                 rdzv_registration **out) {
+  *out = NULL;
+  char key[256], what[160];
+  NEWT_CHECK(job_key(key, sizeof key, job, JOB_REC_WORKER, 0, w->id));
+  snprintf(what, sizeof what, "worker id %s in job %s", w->id, job);
+  rdzv_register_opts o = {.rec = w, .size = sizeof *w, .encode = encode_worker, .host_lease = host_lease,
+                          .ttl_s = ttl_s, .lost = lost, .ud = ud, .what = what};
+  return rdzv_register(c, key, &o, d, out);
+}
+
+newt_result_t job_register(rdzv_etcd *c, const char *job, const job_worker *w, int64_t ttl_s,
+                           rdzv_etcd_lease_lost_fn lost, void *ud, newt_deadline_t d, rdzv_registration **out) {
+  return do_register(c, job, w, 0, ttl_s, lost, ud, d, out);
+}
+
+newt_result_t job_register_on(rdzv_etcd *c, const char *job, const job_worker *w, int64_t host_lease, int64_t ttl_s,
+                              rdzv_etcd_lease_lost_fn lost, void *ud, newt_deadline_t d, rdzv_registration **out) {
+  if (host_lease <= 0)
+    return NEWT_ERR(NEWT_ERR_INVALID, "registering %s on a host lease: lease %lld is not one", w->id,
+                    (long long)host_lease);
+  return do_register(c, job, w, host_lease, ttl_s, lost, ud, d, out);
+}
+
+/* The registration rewritten (state NULL: the same; ack NULL: the same while the generation
+ * is, none when it changes). */
+static newt_result_t rewrite(rdzv_registration *r, const char *state, int64_t generation, const char *ack,
+                             newt_deadline_t d) {
+  job_worker w = *(const job_worker *)rdzv_registration_record(r);
+  if (state) snprintf(w.state, sizeof w.state, "%s", state);
+  if (ack) {
+    if (strlen(ack) >= sizeof w.ack)
+      return NEWT_ERR(NEWT_ERR_INVALID, "registration %s: ack of %zu bytes, more than %d", rdzv_registration_key(r),
+                      strlen(ack), JOB_ACK_MAX - 1);
+    snprintf(w.ack, sizeof w.ack, "%s", ack);
+  } else if (generation != w.generation) {
+    w.ack[0] = '\0';
+  }
+  w.generation = generation;
+  return rdzv_registration_put(r, &w, d);
+}
+
+newt_result_t job_registration_update(rdzv_registration *r, const char *state, int64_t generation, newt_deadline_t d) {
+  return rewrite(r, state, generation, NULL, d);
+}
+
+newt_result_t job_registration_ack(rdzv_registration *r, const char *state, int64_t generation, const char *ack_json,
+                                   newt_deadline_t d) {
+  if (!ack_json || !*ack_json)
+    return NEWT_ERR(NEWT_ERR_INVALID, "registration %s: an acknowledgement of generation %lld without its ack",
+                    rdzv_registration_key(r), (long long)generation);
+  return rewrite(r, state, generation, ack_json, d);
+}
+
+/* --- the membership view -------------------------------------------------------------------- */
+
+/* workers/<id> into w: its record, with the id of its key; 0 (logged) when it is not one. */
+static int decode_registration(const rdzv_etcd_kv *kv, const char *id, job_worker *w, int quiet) {
+  char what[300];
+  snprintf(what, sizeof what, "registration %.250s", kv->key);
+  if (job_worker_from_json(kv->value, kv->value_len, what, w) != NEWT_OK) {
+    if (!quiet) NEWT_WARN(JOB, "ignoring a malformed worker registration: %s", newt_errmsg());
+    return 0;
+  }
+  if (strcmp(w->id, id) != 0) {
+    if (!quiet) NEWT_WARN(JOB, "ignoring registration %s: its id is \"%s\"", kv->key, w->id);
+    return 0;
+  }
+  w->lease = kv->lease;
+  w->create_revision = kv->create_revision;
+  w->mod_revision = kv->mod_revision;
+  return 1;
+}
+
+static int decode_member(const rdzv_etcd_kv *kv, const char *id, void *member) {
+  return decode_registration(kv, id, member, 0);
+}
+
+static int member_acked(const void *member, int64_t generation) { return job_worker_acked(member, generation); }
+
+newt_result_t job_members_start(rdzv_etcd *c, const char *job, rdzv_members_fn fn, void *ud, newt_deadline_t d,
+                                rdzv_members **out) {
+  char prefix[256];
+  NEWT_CHECK(job_prefix(prefix, sizeof prefix, job, JOB_REC_WORKER, -1));
+  rdzv_members_opts o = {.size = sizeof(job_worker), .decode = decode_member, .counts = member_acked, .fn = fn,
+                         .ud = ud};
+  return rdzv_members_start(c, prefix, &o, d, out);
+}
+
+newt_result_t job_members_get(rdzv_members *m, job_worker **out, size_t *n, int64_t *revision) {
+  void *list;
+  NEWT_CHECK(rdzv_members_get(m, &list, n, revision));
+  *out = list;
+  return NEWT_OK;
+}
+
+size_t job_members_count_acked(rdzv_members *m, int64_t generation) { return rdzv_members_count_if(m, generation); }
+
+/* --- the generation barrier ----------------------------------------------------------------- */
+
+/* The previous release's acknowledgement: a key of its own, acks/<g>/<id>, holding when. */
+typedef struct barrier_ack {
+  uint64_t t;
+} barrier_ack;
+static const codec_field barrier_ack_fields[] = {{CODEC_MS(barrier_ack, t, "t"), CODEC_REQUIRED}};
+static const codec_table barrier_ack_table = CODEC_TABLE(barrier_ack, "ack", barrier_ack_fields);
+
+newt_result_t job_barrier_ack(rdzv_etcd *c, const char *job, int64_t generation, const char *id, int64_t lease,
+                              newt_deadline_t d) {
+  if (generation < 0) return NEWT_ERR(NEWT_ERR_INVALID, "barrier: negative generation %lld", (long long)generation);
+  char key[256], *value;
+  NEWT_CHECK(job_key(key, sizeof key, job, JOB_REC_ACK, (uint64_t)generation, id));
+  barrier_ack a = {.t = newt_wall_ms()};
+  NEWT_CHECK(codec_encode(&barrier_ack_table, &a, &value));
+  newt_result_t r = rdzv_etcd_put(c, key, value, strlen(value), lease, d, NULL);
+  free(value);
+  return r;
+}
+
+/* A registration counts in the barrier of g when it says it took g up (job_worker_acked). */
+static int registration_counts(void *ud, const rdzv_etcd_kv *kv, const char *id) {
+  job_worker w;
+  return decode_registration(kv, id, &w, 1) && job_worker_acked(&w, *(const int64_t *)ud);
+}
+
+newt_result_t job_barrier_wait(rdzv_etcd *c, const char *job, int64_t generation, const char *const *ids, size_t n,
+                               newt_deadline_t d, const atomic_int *abort) {
+  if (generation < 0) return NEWT_ERR(NEWT_ERR_INVALID, "barrier: negative generation %lld", (long long)generation);
+  char regs[256], acks[256], what[160];
+  NEWT_CHECK(job_prefix(regs, sizeof regs, job, JOB_REC_WORKER, -1));
+  NEWT_CHECK(job_prefix(acks, sizeof acks, job, JOB_REC_ACK, generation));
+  snprintf(what, sizeof what, "barrier of job %s generation %lld", job, (long long)generation);
+  rdzv_barrier_source src[2] = {{.prefix = regs, .counts = registration_counts, .ud = &generation},
+                                {.prefix = acks}};
+  return rdzv_barrier_wait(c, src, 2, what, ids, n, d, abort);
+}
+
+newt_result_t job_barrier_forget(rdzv_candidate *cand, const char *job, int64_t below, newt_deadline_t d) {
+  if (below < 0) return NEWT_ERR(NEWT_ERR_INVALID, "barrier: negative generation %lld", (long long)below);
+  char from[256], to[256];
+  NEWT_CHECK(job_prefix(from, sizeof from, job, JOB_REC_ACK, -1));
+  NEWT_CHECK(job_prefix(to, sizeof to, job, JOB_REC_ACK, below));
+  rdzv_etcd_op del = {.type = RDZV_OP_DELETE, .key = from, .range_end = to};
+  return rdzv_guarded_txn(cand, NULL, 0, &del, 1, d, NULL);
+}
+
+/* --- the coordinators' election ------------------------------------------------------------- */
+
+newt_result_t job_campaign(rdzv_etcd *c, const char *job, const rdzv_campaign_opts *o, newt_deadline_t d,
+                           rdzv_candidate **out) {
+  *out = NULL;
+  char prefix[256];
+  NEWT_CHECK(job_prefix(prefix, sizeof prefix, job, JOB_REC_ELECTION, -1));
+  job_candidacy me;
+  memset(&me, 0, sizeof me);
+  snprintf(me.name, sizeof me.name, "%s", o && o->name ? o->name : "coordinator");
+  snprintf(me.host, sizeof me.host, "%s", newt_hostname());
+  me.pid = getpid();
+  char *value = job_candidacy_to_json(&me);
+  NEWT_CHECK_ALLOC(value);
+  rdzv_campaign_opts co = o ? *o : (rdzv_campaign_opts){0};
+  co.value = value;
+  newt_result_t r = rdzv_campaign(c, prefix, &co, d, out);
+  free(value);
+  return r;
+}
+
+newt_result_t job_leader_get(rdzv_etcd *c, const char *job, newt_deadline_t d, char *name, size_t cap,
+                             int64_t *create_revision) {
+  char prefix[256];
+  NEWT_CHECK(job_prefix(prefix, sizeof prefix, job, JOB_REC_ELECTION, -1));
+  rdzv_etcd_kv kv;
+  newt_result_t r = rdzv_leader_get(c, prefix, d, &kv);
+  if (r == NEWT_ERR_NOTFOUND) return NEWT_ERR(r, "job %s: no coordinator is running for leader", job);
+  NEWT_CHECK(r);
+  if (create_revision) *create_revision = kv.create_revision;
+  if (name && cap) {
+    job_candidacy cd;
+    if (job_candidacy_from_json(kv.value, kv.value_len, &cd) == NEWT_OK && cd.name[0]) snprintf(name, cap, "%s", cd.name);
+    else snprintf(name, cap, "%s", kv.key);
+  }
+  rdzv_etcd_kv_free(&kv);
+  return NEWT_OK;
+}

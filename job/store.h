@@ -1,0 +1,85 @@
+/* The job's records in etcd, written and read through rendezvous' generic protocols: every key
+ * comes from job_key / job_prefix (records.h), every value from its record's codec, and
+ * rendezvous/ sees only keys, leases and bytes. What each protocol guarantees is
+ * docs/rendezvous.md's; what each record holds is records.h's. */
+#ifndef NEWT_JOB_STORE_H
+#define NEWT_JOB_STORE_H
+
+#include <stdatomic.h>
+
+#include "job/records.h"
+#include "rendezvous/rdzv.h"
+
+/* --- plan, spec, events --------------------------------------------------------------------- */
+
+/* The leader publishes plan `generation`: plan_json, the plan's record as its codec encoded it
+ * (job/plan.h), put as it is, guarded by the candidacy. */
+newt_result_t job_plan_publish(rdzv_candidate *cand, const char *job, int64_t generation, const char *plan_json,
+                               newt_deadline_t d);
+/* The current plan (malloc'd JSON, may be NULL) and its generation; NEWT_ERR_NOTFOUND when none. */
+newt_result_t job_plan_get(rdzv_etcd *c, const char *job, newt_deadline_t d, char **json, int64_t *generation,
+                           int64_t *mod_revision);
+/* The spec's record (spec_to_json's text; a JSON document, else refused). */
+newt_result_t job_spec_put(rdzv_etcd *c, const char *job, const char *spec_json, newt_deadline_t d);
+newt_result_t job_spec_get(rdzv_etcd *c, const char *job, newt_deadline_t d, char **spec_json);
+/* Appends an event (a JSON object: job_event_to_json's) under events/<ms>-<seq>-<rand>. */
+newt_result_t job_event_post(rdzv_etcd *c, const char *job, const char *event_json, newt_deadline_t d);
+
+/* --- a worker's registration ---------------------------------------------------------------- */
+
+/* Registers w at workers/<w->id> on a lease of its own (rdzv_register: NEWT_ERR_CONFLICT when
+ * the id is registered by a live lease already); job_register_on: on the host's lease. The
+ * handle is rendezvous' (rdzv_registration_renew, _lease, _lost, _leave, _free, _shared). */
+newt_result_t job_register(rdzv_etcd *c, const char *job, const job_worker *w, int64_t ttl_s,
+                           rdzv_etcd_lease_lost_fn lost, void *ud, newt_deadline_t d, rdzv_registration **out);
+newt_result_t job_register_on(rdzv_etcd *c, const char *job, const job_worker *w, int64_t host_lease, int64_t ttl_s,
+                              rdzv_etcd_lease_lost_fn lost, void *ud, newt_deadline_t d, rdzv_registration **out);
+/* Rewrites the registration with a new state (NULL: the same) and generation (only while it
+ * is still ours: NEWT_ERR_CONFLICT when the lease was lost). Its acknowledgement stays while
+ * the generation does, and goes when the generation changes. */
+newt_result_t job_registration_update(rdzv_registration *r, const char *state, int64_t generation, newt_deadline_t d);
+/* The same, acknowledging `generation` in the same write: ack_json (a JSON object, at most
+ * JOB_ACK_MAX - 1 bytes: a job_ack) goes into the registration, which makes it count in
+ * job_barrier_wait of that generation. A worker's acknowledgement therefore lives and dies
+ * with its registration, on its lease. */
+newt_result_t job_registration_ack(rdzv_registration *r, const char *state, int64_t generation, const char *ack_json,
+                                   newt_deadline_t d);
+
+/* --- the membership view of workers/ -------------------------------------------------------- */
+
+/* rdzv_members of the job's registrations: each member a job_worker (an event's value; lease
+ * and revisions read back), malformed ones ignored with a warning. */
+newt_result_t job_members_start(rdzv_etcd *c, const char *job, rdzv_members_fn fn, void *ud, newt_deadline_t d,
+                                rdzv_members **out);
+/* A copy of the members, sorted by id (free(*out)), and the revision they are current at. */
+newt_result_t job_members_get(rdzv_members *m, job_worker **out, size_t *n, int64_t *revision);
+/* How many members' registrations acknowledge generation g (job_worker_acked). */
+size_t job_members_count_acked(rdzv_members *m, int64_t generation);
+
+/* --- the generation barrier ----------------------------------------------------------------- */
+
+/* A worker acknowledges generation g with one write, the update of its registration it makes
+ * anyway (job_registration_ack). The previous release wrote a key of its own, acks/<g>/<id> on
+ * its registration lease: job_barrier_ack still writes one (a second write per worker), and
+ * the barrier counts either. */
+newt_result_t job_barrier_ack(rdzv_etcd *c, const char *job, int64_t generation, const char *id, int64_t lease,
+                              newt_deadline_t d);
+/* Waits until every one of ids[0..n) has acknowledged generation g, in its registration or
+ * with a key acks/<g>/<id> (rdzv_barrier_wait over both). */
+newt_result_t job_barrier_wait(rdzv_etcd *c, const char *job, int64_t generation, const char *const *ids, size_t n,
+                               newt_deadline_t d, const atomic_int *abort);
+/* Deletes the acks of every generation below g (the leader's housekeeping). */
+newt_result_t job_barrier_forget(rdzv_candidate *cand, const char *job, int64_t below_generation, newt_deadline_t d);
+
+/* --- the coordinators' election ------------------------------------------------------------- */
+
+/* Enters the job's election (election/<lease hex>, holding a job_candidacy: o->name, this host
+ * and pid). */
+newt_result_t job_campaign(rdzv_etcd *c, const char *job, const rdzv_campaign_opts *o, newt_deadline_t d,
+                           rdzv_candidate **out);
+/* Who leads the job's election now (for observers): its name (may be NULL; the candidacy key
+ * when its record says none) and create_revision; NEWT_ERR_NOTFOUND when nobody runs. */
+newt_result_t job_leader_get(rdzv_etcd *c, const char *job, newt_deadline_t d, char *name, size_t cap,
+                             int64_t *create_revision);
+
+#endif
