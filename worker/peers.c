@@ -102,7 +102,8 @@ void worker_prove_links(worker *w, links_proof *lp) {
   pthread_mutex_lock(&w->mu);
   /* only a worker that was a rank and lost its registration since (the leader fenced it: it
      may hold it out), of a plan that leaves it out, until all of that plan's ranks answered */
-  int due = w->gen > 0 && atomic_load(&w->renewed) && w->latest.nranks > 0 && !(w->latest.generation == lp->gen && lp->ok) &&
+  int said_all = w->latest.generation == lp->gen && lp->ok;
+  int due = w->gen > 0 && atomic_load(&w->renewed) && w->latest.nranks > 0 && !said_all &&
             !plan_find(&w->latest, w->id) && !plan_find_donor(&w->latest, w->id);
   newt_result_t r = due ? plan_copy(&p, &w->latest) : NEWT_OK;
   pthread_mutex_unlock(&w->mu);
