@@ -1759,7 +1759,9 @@ static int netns_split(const netns_job *J, int add) {
 /* One worker cut from its peers, not from etcd (issue 27): it keeps its lease and reports the
  * failure too, but all the others name it in reports of no progress, so the first plan after
  * the failure leaves it out (it used to take it in again, and that generation never formed).
- * Healed once that plan is out; the job ends with every sample once at the uninterrupted loss. */
+ * Healed once that plan is out: it is back in a plan as soon as its links work (held out, it
+ * is let back on its probes, not when its hold-out runs out), and the job ends with every
+ * sample once at the uninterrupted loss. */
 static void test_netns_peers_cut(void) {
   netns_job J;
   if (netns_start(&J, "netns_peers_cut") != 0) return;
@@ -1790,8 +1792,9 @@ static void test_netns_peers_cut(void) {
  * so the largest side of the cut -- on a tie, the one of the lowest rank -- must go on as a
  * plan of its own (if a plan with all four comes first, it never forms and its build reports
  * name every rank by two of three: the same rule decides). It used to take all four again,
- * then leave everyone out and spin on fencing for good. Healed once that plan is out; the
- * job ends with every sample once at the uninterrupted loss. */
+ * then leave everyone out and spin on fencing for good. Healed once that plan is out: the
+ * other side is back, all four in one plan, as soon as its links work (on its probes), and
+ * the job ends with every sample once at the uninterrupted loss. */
 static void test_netns_split(void) {
   netns_job J;
   if (netns_start(&J, "netns_split") != 0) return;
