@@ -1708,6 +1708,16 @@ static void test_netns(void) {
 
 static int coord_said(const char *what);
 
+/* Starts netns job `job` and waits until it trains (step 15): 0, or -1 with the failure
+ * recorded. */
+static int netns_start_training(netns_job *J, const char *job) {
+  if (netns_start(J, job) != 0) return -1;
+  int64_t at = netns_wait_step(J, 15);
+  T_CHECK_MSG(at >= 0, "training never reached step 15; logs in %s", tmpdir);
+  return at >= 0 ? 0 : -1;
+}
+
+
 /* Cuts (add 1) or mends (add 0) the links between the hosts of side[] 1 and those of side[]
  * 0: blackhole routes to the other side's addresses in each namespace (etcd, on the bridge,
  * stays reachable). */
@@ -1764,10 +1774,7 @@ static int netns_split(const netns_job *J, int add) {
  * sample once at the uninterrupted loss. */
 static void test_netns_peers_cut(void) {
   netns_job J;
-  if (netns_start(&J, "netns_peers_cut") != 0) return;
-  int64_t at = netns_wait_step(&J, 15);
-  T_CHECK_MSG(at >= 0, "training never reached step 15; logs in %s", tmpdir);
-  if (at < 0) return;
+  if (netns_start_training(&J, "netns_peers_cut") != 0) return;
   static const int alone[NETNS_HOSTS] = {0, 0, 1, 0}; /* host 2: w2 */
   T_CHECK(netns_cut(&J, alone, 1) == 0);
   int64_t first = 0;
@@ -1797,10 +1804,7 @@ static void test_netns_peers_cut(void) {
  * the job ends with every sample once at the uninterrupted loss. */
 static void test_netns_split(void) {
   netns_job J;
-  if (netns_start(&J, "netns_split") != 0) return;
-  int64_t at = netns_wait_step(&J, 15);
-  T_CHECK_MSG(at >= 0, "training never reached step 15; logs in %s", tmpdir);
-  if (at < 0) return;
+  if (netns_start_training(&J, "netns_split") != 0) return;
   T_CHECK(netns_split(&J, 1) == 0);
   int64_t side_gen = 0;
   for (newt_deadline_t d = newt_deadline_in_ms(90000); !newt_deadline_passed(d) && !side_gen; newt_sleep_ms(50)) {
@@ -1832,12 +1836,10 @@ static void test_netns_split(void) {
 /* Starts netns job `job` and waits for step 15: the host of plan 1's rank 0 (-1: none; the
  * failure is recorded). */
 static int netns_start_rank0(netns_job *J, const char *job) {
-  if (netns_start(J, job) != 0) return -1;
-  int64_t at = netns_wait_step(J, 15);
-  T_CHECK_MSG(at >= 0, "training never reached step 15; logs in %s", tmpdir);
+  if (netns_start_training(J, job) != 0) return -1;
   newt_plan p;
   int host = -1;
-  if (at >= 0 && netns_plan_gen(J, &p) == 1) {
+  if (netns_plan_gen(J, &p) == 1) {
     if (p.nranks > 0 && sscanf(p.ranks[0].worker, "w%d", &host) != 1) host = -1;
     plan_free(&p);
   }
