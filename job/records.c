@@ -39,6 +39,7 @@ static const char *key_name(job_record rec) {
 }
 
 newt_result_t job_prefix(char *out, size_t cap, const char *job, job_record rec, int64_t generation) {
+  if (rec == JOB_REC_OTHER) return rdzv_key(out, cap, job, ""); /* the whole job */
   const char *name = key_name(rec);
   if (!name || name[strlen(name) - 1] != '/')
     return NEWT_ERR(NEWT_ERR_INVALID, "job_prefix: record %d has a key of its own, no prefix", (int)rec);

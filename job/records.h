@@ -73,7 +73,8 @@ typedef enum job_record {
 newt_result_t job_key(char *out, size_t cap, const char *job, job_record rec, uint64_t generation, const char *id);
 /* The prefix of a record's keys: "/newt/<job>/workers/", ".../events/", ".../election/"; for
  * acks and reports, the keys of one generation (".../acks/<gen>/"; generation -1: of every
- * one, ".../acks/"). Other records ignore the generation. */
+ * one, ".../acks/"). Other records ignore the generation; JOB_REC_OTHER: the whole job's,
+ * "/newt/<job>/". */
 newt_result_t job_prefix(char *out, size_t cap, const char *job, job_record rec, int64_t generation);
 
 /* What the key `rest` (the part after "/newt/<job>/") holds; *generation and *id (pointing

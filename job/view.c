@@ -1,0 +1,392 @@
+/* One typed picture of a job (see view.h). */
+#include "job/view.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/log.h"
+#include "common/strutil.h"
+#include "job/store.h"
+
+/* --- one key, decoded ------------------------------------------------------------------------ */
+
+static newt_result_t decode_record(job_change *c, const rdzv_etcd_kv *kv) {
+  const char *v = kv->value;
+  size_t n = kv->value_len;
+  switch (c->rec) {
+  case JOB_REC_SPEC: return spec_from_json(v, n, &c->u.spec);
+  case JOB_REC_PLAN: return plan_from_json(v, n, &c->u.plan);
+  case JOB_REC_ELECTION: return job_candidacy_from_json(v, n, &c->u.candidacy);
+  case JOB_REC_REPORT: {
+    NEWT_CHECK(job_report_from_json(v, n, &c->u.report));
+    if (strcmp(c->u.report.worker, c->id) != 0)
+      return NEWT_ERR(NEWT_ERR_INVALID, "it is signed by worker %s", c->u.report.worker);
+    return NEWT_OK;
+  }
+  case JOB_REC_ACK: return job_ack_from_json(v, n, &c->u.ack);
+  case JOB_REC_PROGRESS: return job_progress_from_json(v, n, &c->u.progress);
+  case JOB_REC_DONE: return job_done_from_json(v, n, &c->u.done);
+  case JOB_REC_CKPT: return job_ckpt_from_json(v, n, &c->u.ckpt);
+  case JOB_REC_EVENT: return job_event_from_json(v, n, &c->u.event);
+  case JOB_REC_FAILED: return job_failed_from_json(v, n, &c->u.failed);
+  case JOB_REC_FAULT: return job_fault_from_json(v, n, &c->u.fault);
+  case JOB_REC_LINKS: return job_links_from_json(v, n, &c->u.links);
+  case JOB_REC_WORKER: {
+    job_worker *w = &c->u.worker;
+    NEWT_CHECK(job_worker_from_json(v, n, "registration", w));
+    if (strcmp(w->id, c->id) != 0) return NEWT_ERR(NEWT_ERR_INVALID, "it registers id %s", w->id);
+    w->lease = kv->lease;
+    w->create_revision = kv->create_revision;
+    w->mod_revision = kv->mod_revision;
+    return NEWT_OK;
+  }
+  default: return NEWT_OK;
+  }
+}
+
+void job_change_decode(const char *prefix, const rdzv_etcd_kv *kv, int deleted, job_change *out) {
+  memset(out, 0, sizeof *out);
+  out->kv = kv;
+  out->deleted = deleted;
+  size_t plen = strlen(prefix);
+  if (kv->key_len <= plen || strncmp(kv->key, prefix, plen) != 0) return;
+  const char *id = NULL;
+  out->rec = job_key_parse(kv->key + plen, &out->generation, &id);
+  if (id) snprintf(out->id, sizeof out->id, "%s", id);
+  if (deleted || out->rec == JOB_REC_OTHER) return;
+  if (decode_record(out, kv) == NEWT_OK) return;
+  /* what was read so far is released: the record never reaches a caller */
+  char key[256];
+  snprintf(out->why, sizeof out->why, "%s: %s", newt_str_printable(key, sizeof key, kv->key), newt_errmsg());
+  job_change_free(out);
+  out->rec = JOB_REC_OTHER;
+  out->refused = 1;
+}
+
+void job_change_free(job_change *c) {
+  if (c->deleted) return;
+  if (c->rec == JOB_REC_EVENT) job_event_free(&c->u.event);
+  if (c->rec == JOB_REC_PLAN) plan_free(&c->u.plan);
+  c->rec = JOB_REC_OTHER;
+}
+
+/* --- the picture ------------------------------------------------------------------------------ */
+
+#define VIEW_KEY_MAX 160
+
+/* The view's bookkeeping beside the picture: the key of each event (a deletion names it) and
+ * every candidacy (the leader is the oldest). */
+struct job_view_keys {
+  char (*events)[VIEW_KEY_MAX];
+  struct candidate {
+    char key[VIEW_KEY_MAX];
+    int64_t create_revision;
+    job_candidacy c;
+  } *cands;
+  int ncands;
+};
+
+static newt_result_t copy_names(char (**dst)[RDZV_NAME_MAX], char (*src)[RDZV_NAME_MAX], int n) {
+  *dst = NULL;
+  if (n <= 0 || !src) return NEWT_OK;
+  *dst = malloc((size_t)n * sizeof **dst);
+  if (!*dst) return NEWT_ERR(NEWT_ERR_NOMEM, "out of memory for an event's names");
+  memcpy(*dst, src, (size_t)n * sizeof **dst);
+  return NEWT_OK;
+}
+
+static newt_result_t event_copy(job_event *dst, const job_event *src) {
+  *dst = *src;
+  dst->excluded = NULL;
+  dst->spare_ids = NULL;
+  newt_result_t r = copy_names(&dst->excluded, src->excluded, src->nexcluded);
+  if (r == NEWT_OK) r = copy_names(&dst->spare_ids, src->spare_ids, src->nspare_ids);
+  if (r != NEWT_OK) job_event_free(dst);
+  return r;
+}
+
+/* Grows an array of n elements of size sz to hold one more. */
+static int grow(void *arrp, int n, size_t sz) {
+  void **arr = arrp;
+  if (n & (n - 1) && n > 0) return 1; /* capacity: powers of two from 1 */
+  void *p = realloc(*arr, (size_t)(n ? 2 * n : 1) * sz);
+  if (!p) return 0;
+  *arr = p;
+  return 1;
+}
+
+static int key_is(const rdzv_etcd_kv *kv, const char *key) {
+  return kv->key_len == strlen(key) && memcmp(kv->key, key, kv->key_len) == 0;
+}
+
+static void put_worker(job_view *v, const job_change *c) {
+  int i = 0;
+  while (i < v->nworkers && strcmp(v->workers[i].id, c->id) < 0) i++;
+  if (i < v->nworkers && strcmp(v->workers[i].id, c->id) == 0) {
+    if (c->deleted) memmove(&v->workers[i], &v->workers[i + 1], (size_t)(--v->nworkers - i) * sizeof *v->workers);
+    else v->workers[i] = c->u.worker;
+    return;
+  }
+  if (c->deleted || !grow(&v->workers, v->nworkers, sizeof *v->workers)) return;
+  memmove(&v->workers[i + 1], &v->workers[i], (size_t)(v->nworkers++ - i) * sizeof *v->workers);
+  v->workers[i] = c->u.worker;
+}
+
+static void put_event(job_view *v, struct job_view_keys *k, const job_change *c) {
+  for (int i = 0; i < v->nevents; i++)
+    if (key_is(c->kv, k->events[i])) {
+      if (!c->deleted) return; /* an event is written once */
+      job_event_free(&v->events[i]);
+      memmove(&v->events[i], &v->events[i + 1], (size_t)(v->nevents - i - 1) * sizeof *v->events);
+      memmove(&k->events[i], &k->events[i + 1], (size_t)(v->nevents - i - 1) * sizeof *k->events);
+      v->nevents--;
+      return;
+    }
+  if (c->deleted || c->kv->key_len >= VIEW_KEY_MAX) return;
+  if (!grow(&v->events, v->nevents, sizeof *v->events) || !grow(&k->events, v->nevents, sizeof *k->events)) return;
+  if (event_copy(&v->events[v->nevents], &c->u.event) != NEWT_OK) return;
+  snprintf(k->events[v->nevents++], VIEW_KEY_MAX, "%.*s", (int)c->kv->key_len, c->kv->key);
+}
+
+static void put_fault(job_view *v, const job_change *c) {
+  int i = 0;
+  while (i < v->nfaults && (uint64_t)v->faults[i].generation < c->generation) i++;
+  int same = i < v->nfaults && (uint64_t)v->faults[i].generation == c->generation;
+  if (same && c->deleted) memmove(&v->faults[i], &v->faults[i + 1], (size_t)(--v->nfaults - i) * sizeof *v->faults);
+  else if (same) v->faults[i] = c->u.fault;
+  else if (!c->deleted && grow(&v->faults, v->nfaults, sizeof *v->faults)) {
+    memmove(&v->faults[i + 1], &v->faults[i], (size_t)(v->nfaults++ - i) * sizeof *v->faults);
+    v->faults[i] = c->u.fault;
+  }
+}
+
+static void find_leader(job_view *v, const struct job_view_keys *k) {
+  v->leader_rev = 0;
+  memset(&v->leader, 0, sizeof v->leader);
+  for (int i = 0; i < k->ncands; i++)
+    if (!v->leader_rev || k->cands[i].create_revision < v->leader_rev) {
+      v->leader_rev = k->cands[i].create_revision;
+      v->leader = k->cands[i].c;
+    }
+}
+
+static void put_candidacy(job_view *v, struct job_view_keys *k, const job_change *c) {
+  int i = 0;
+  while (i < k->ncands && !key_is(c->kv, k->cands[i].key)) i++;
+  if (i < k->ncands && c->deleted) k->cands[i] = k->cands[--k->ncands];
+  else if (i == k->ncands && (c->deleted || c->kv->key_len >= VIEW_KEY_MAX || !grow(&k->cands, k->ncands, sizeof *k->cands)))
+    return;
+  else if (!c->deleted) {
+    if (i == k->ncands) k->ncands++;
+    snprintf(k->cands[i].key, VIEW_KEY_MAX, "%.*s", (int)c->kv->key_len, c->kv->key);
+    k->cands[i].create_revision = c->kv->create_revision;
+    k->cands[i].c = c->u.candidacy;
+  }
+  find_leader(v, k);
+}
+
+static void put_plan(job_view *v, const job_change *c) {
+  newt_plan p;
+  if (c->deleted) {
+    plan_free(&v->plan);
+    memset(&v->plan, 0, sizeof v->plan);
+  } else if (plan_copy(&p, &c->u.plan) == NEWT_OK) {
+    plan_free(&v->plan);
+    v->plan = p;
+  }
+}
+
+void job_view_apply(job_view *v, const job_change *c) {
+  if (c->kv && c->kv->mod_revision > v->revision) v->revision = c->kv->mod_revision;
+  if (c->refused) v->nrefused++;
+  if (!v->keys && !(v->keys = calloc(1, sizeof *v->keys))) return;
+  int del = c->deleted;
+  switch (c->rec) {
+  case JOB_REC_SPEC:
+    v->has_spec = !del;
+    if (!del) v->spec = c->u.spec;
+    break;
+  case JOB_REC_PLAN: put_plan(v, c); break;
+  case JOB_REC_WORKER: put_worker(v, c); break;
+  case JOB_REC_ELECTION: put_candidacy(v, v->keys, c); break;
+  case JOB_REC_PROGRESS:
+    v->has_progress = !del;
+    if (!del) v->progress = c->u.progress;
+    break;
+  case JOB_REC_DONE:
+    v->has_done = !del;
+    if (!del) v->done = c->u.done;
+    break;
+  case JOB_REC_FAILED:
+    v->has_failed = !del;
+    if (!del) v->failed = c->u.failed;
+    break;
+  case JOB_REC_CKPT:
+    v->has_ckpt = !del;
+    if (!del) v->ckpt = c->u.ckpt;
+    break;
+  case JOB_REC_EVENT: put_event(v, v->keys, c); break;
+  case JOB_REC_FAULT: put_fault(v, c); break;
+  default: break; /* reports, acks and links are the leader's alone: it keeps them as it judges them */
+  }
+}
+
+const job_worker *job_view_worker(const job_view *v, const char *id) {
+  for (int i = 0; i < v->nworkers; i++)
+    if (strcmp(v->workers[i].id, id) == 0) return &v->workers[i];
+  return NULL;
+}
+
+void job_view_free(job_view *v) {
+  plan_free(&v->plan);
+  free(v->workers);
+  for (int i = 0; i < v->nevents; i++) job_event_free(&v->events[i]);
+  free(v->events);
+  free(v->faults);
+  if (v->keys) {
+    free(v->keys->events);
+    free(v->keys->cands);
+    free(v->keys);
+  }
+  memset(v, 0, sizeof *v);
+}
+
+/* --- reading it whole -------------------------------------------------------------------------- */
+
+/* The order a resync batch comes in: the spec, the plan, the progress, the registrations, the
+ * rest (a stable sort: key order within each). */
+static int rank_of(const job_change *c) {
+  switch (c->rec) {
+  case JOB_REC_SPEC: return 0;
+  case JOB_REC_PLAN: return 1;
+  case JOB_REC_PROGRESS: return 2;
+  case JOB_REC_WORKER: return 3;
+  default: return 4;
+  }
+}
+
+/* The changes of a whole read, decoded and in resync order (*out malloc'd, n of them). */
+static newt_result_t decode_all(const char *prefix, const rdzv_etcd_kvs *all, job_change **out) {
+  job_change *tmp = calloc(all->n ? all->n : 1, sizeof *tmp);
+  *out = calloc(all->n ? all->n : 1, sizeof **out);
+  if (!tmp || !*out) {
+    free(tmp);
+    free(*out);
+    *out = NULL;
+    return NEWT_ERR(NEWT_ERR_NOMEM, "out of memory for the %zu keys of the job", all->n);
+  }
+  for (size_t i = 0; i < all->n; i++) job_change_decode(prefix, &all->kvs[i], 0, &tmp[i]);
+  size_t k = 0;
+  for (int pass = 0; pass <= 4; pass++)
+    for (size_t i = 0; i < all->n; i++)
+      if (rank_of(&tmp[i]) == pass) (*out)[k++] = tmp[i];
+  free(tmp);
+  return NEWT_OK;
+}
+
+static void free_changes(job_change *chs, size_t n) {
+  for (size_t i = 0; chs && i < n; i++) job_change_free(&chs[i]);
+  free(chs);
+}
+
+newt_result_t job_view_read(rdzv_etcd *c, const char *job, newt_deadline_t d,
+                            void (*warn)(void *ud, const job_change *ch), void *ud, job_view *out) {
+  memset(out, 0, sizeof *out);
+  char prefix[256];
+  NEWT_CHECK(job_prefix(prefix, sizeof prefix, job, JOB_REC_OTHER, -1));
+  rdzv_etcd_kvs all;
+  rdzv_etcd_range_opts ro = {.prefix = 1};
+  NEWT_CHECK(rdzv_etcd_range(c, prefix, &ro, d, &all));
+  if (all.n == 0) {
+    rdzv_etcd_kvs_free(&all);
+    return NEWT_ERR(NEWT_ERR_NOTFOUND, "no job \"%s\" in etcd at %s (no key under %s)", job, rdzv_etcd_endpoints(c),
+                    prefix);
+  }
+  job_change *chs;
+  newt_result_t r = decode_all(prefix, &all, &chs);
+  for (size_t i = 0; r == NEWT_OK && i < all.n; i++) {
+    if (chs[i].refused && warn) warn(ud, &chs[i]);
+    job_view_apply(out, &chs[i]);
+  }
+  out->revision = all.revision;
+  free_changes(chs, r == NEWT_OK ? all.n : 0);
+  rdzv_etcd_kvs_free(&all);
+  return r;
+}
+
+/* --- following it ----------------------------------------------------------------------------- */
+
+struct job_follow {
+  char prefix[256];
+  job_follow_fn fn;
+  job_follow_health_fn health;
+  void *ud;
+  int broken; /* the watch's thread only: the stream broke and nothing came since */
+  rdzv_etcd_watch *watch;
+};
+
+static void deliver_all(job_follow *f, const rdzv_etcd_kvs *all) {
+  job_change *chs;
+  if (decode_all(f->prefix, all, &chs) != NEWT_OK) {
+    NEWT_WARN(JOB, "%s", newt_errmsg());
+    return;
+  }
+  f->fn(f->ud, chs, all->n, 1);
+  free_changes(chs, all->n);
+}
+
+static void on_watch(void *ud, const rdzv_etcd_watch_resp *r) {
+  job_follow *f = ud;
+  if (r->kind == RDZV_WATCH_ERROR) {
+    if (!f->broken && f->health) f->health(f->ud, 0, r->error ? r->error : "the watch broke");
+    f->broken = 1;
+    return;
+  }
+  if (f->broken && f->health) f->health(f->ud, 1, NULL);
+  f->broken = 0;
+  if (r->kind == RDZV_WATCH_RESYNC) {
+    rdzv_etcd_kvs all = {.kvs = r->kvs, .n = r->n_kvs, .revision = r->revision};
+    deliver_all(f, &all);
+  } else if (r->kind == RDZV_WATCH_EVENTS && r->n_events) {
+    job_change *chs = calloc(r->n_events, sizeof *chs);
+    if (!chs) {
+      NEWT_WARN(JOB, "out of memory for %zu changes of the job: they are lost", r->n_events);
+      return;
+    }
+    for (size_t i = 0; i < r->n_events; i++)
+      job_change_decode(f->prefix, &r->events[i].kv, r->events[i].type == RDZV_EVENT_DELETE, &chs[i]);
+    f->fn(f->ud, chs, r->n_events, 0);
+    free_changes(chs, r->n_events);
+  }
+}
+
+newt_result_t job_follow_start(rdzv_etcd *c, const char *job, job_follow_fn fn, job_follow_health_fn health,
+                               void *ud, newt_deadline_t d, job_follow **out) {
+  *out = NULL;
+  job_follow *f = calloc(1, sizeof *f);
+  if (!f) return NEWT_ERR(NEWT_ERR_NOMEM, "out of memory");
+  f->fn = fn;
+  f->health = health;
+  f->ud = ud;
+  newt_result_t r = job_prefix(f->prefix, sizeof f->prefix, job, JOB_REC_OTHER, -1);
+  rdzv_etcd_kvs all = {0};
+  rdzv_etcd_range_opts ro = {.prefix = 1};
+  if (r == NEWT_OK) r = rdzv_etcd_range(c, f->prefix, &ro, d, &all);
+  if (r == NEWT_OK) deliver_all(f, &all);
+  rdzv_etcd_watch_opts wo = {.prefix = 1, .start_revision = all.revision + 1, .progress_notify = 1};
+  if (r == NEWT_OK) r = rdzv_etcd_watch_start(c, f->prefix, &wo, on_watch, f, d, &f->watch);
+  rdzv_etcd_kvs_free(&all);
+  if (r != NEWT_OK) {
+    free(f);
+    return r;
+  }
+  *out = f;
+  return NEWT_OK;
+}
+
+void job_follow_free(job_follow *f) {
+  if (!f) return;
+  rdzv_etcd_watch_free(f->watch);
+  free(f);
+}
