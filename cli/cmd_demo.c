@@ -25,6 +25,8 @@
 #include "common/proc.h"
 #include "common/strutil.h"
 #include "common/sys.h"
+#include "job/plan.h"
+#include "job/spec.h"
 #include "job/store.h"
 #include "rendezvous/etcd_server.h"
 #include "rendezvous/rdzv.h"
@@ -42,18 +44,16 @@ static void say(const char *fmt, ...) {
   fflush(stdout);
 }
 
-/* Plan JSON -> generation and worker ids (at most 64). */
+/* The stored plan's generation and its ranks' worker ids (at most 64), read by the plan's own
+ * codec (job/plan.h): the demo's plans are the job's plans. */
 static int parse_plan(const char *json, size_t len, int64_t *gen, char ids[][RDZV_NAME_MAX], int *n) {
-  cJSON *j;
-  if (newt_json_parse(json, len, "plan", &j) != NEWT_OK) return -1;
-  const cJSON *arr = NULL;
+  newt_plan p;
   *n = 0;
-  int ok = newt_json_get_int(j, "plan", "generation", 1, gen) == NEWT_OK &&
-           newt_json_get_arr(j, "plan", "workers", 1, &arr) == NEWT_OK;
-  for (const cJSON *it = ok ? arr->child : NULL; it && *n < 64; it = it->next)
-    if (cJSON_IsString(it)) snprintf(ids[(*n)++], RDZV_NAME_MAX, "%s", it->valuestring);
-  cJSON_Delete(j);
-  return ok ? 0 : -1;
+  if (plan_from_json(json, len, &p) != NEWT_OK) return -1;
+  *gen = (int64_t)p.generation;
+  for (int i = 0; i < p.nranks && *n < 64; i++) snprintf(ids[(*n)++], RDZV_NAME_MAX, "%s", p.ranks[i].worker);
+  plan_free(&p);
+  return 0;
 }
 
 static void list_ids(char *out, size_t cap, char ids[][RDZV_NAME_MAX], int n) {
@@ -140,22 +140,40 @@ static void on_leadership(void *ud, int leading, const char *why) {
   if (!leading) say("no longer leader: %s", why);
 }
 
+/* Plan g for the registered workers, made by the job's planner (plan_compute, over a spec of
+ * the defaults) and written by the plan's codec. The demo's workers have no data plane: a
+ * rank's address is "-" (nobody connects to it). */
+static newt_result_t make_plan(const char *job, const job_worker *ws, size_t n, int64_t g, char **json) {
+  newt_spec s;
+  spec_defaults(&s, job);
+  plan_member *pm = calloc(n ? n : 1, sizeof *pm);
+  if (!pm) return NEWT_ERR(NEWT_ERR_NOMEM, "out of memory");
+  for (size_t i = 0; i < n; i++) {
+    snprintf(pm[i].id, sizeof pm[i].id, "%s", ws[i].id);
+    snprintf(pm[i].host, sizeof pm[i].host, "%s", ws[i].host);
+    snprintf(pm[i].addr, sizeof pm[i].addr, "%s", ws[i].addr[0] ? ws[i].addr : "-");
+    pm[i].join_rev = ws[i].create_revision;
+    pm[i].prev_rank = pm[i].prev_pp = -1;
+  }
+  newt_plan p;
+  newt_result_t r = plan_compute(&s, pm, (int)n, (uint64_t)g - 1, &p);
+  free(pm);
+  if (r != NEWT_OK) return r;
+  r = plan_check_publishable(&p, json);
+  plan_free(&p);
+  return r;
+}
+
 static int publish(rdzv_candidate *cand, rdzv_members *m, const char *job, int64_t g) {
   job_worker *ws;
   size_t n;
   if (job_members_get(m, &ws, &n, NULL) != NEWT_OK) return -1;
-  newt_buf b;
-  newt_buf_init(&b);
-  newt_buf_printf(&b, "{\"generation\":%lld,\"leader\":\"%s\",\"workers\":[", (long long)g, me);
-  char list[1024] = "";
-  for (size_t i = 0; i < n; i++) {
-    newt_buf_printf(&b, "%s\"%s\"", i ? "," : "", ws[i].id);
-    snprintf(list + strlen(list), sizeof list - strlen(list), "%s%s", i ? " " : "", ws[i].id);
-  }
-  newt_buf_printf(&b, "]}");
+  char list[1024] = "", *json = NULL;
+  for (size_t i = 0; i < n; i++) snprintf(list + strlen(list), sizeof list - strlen(list), "%s%s", i ? " " : "", ws[i].id);
+  newt_result_t r = make_plan(job, ws, n, g, &json);
   free(ws);
-  newt_result_t r = job_plan_publish(cand, job, g, b.data, newt_deadline_in_ms(5000));
-  newt_buf_free(&b);
+  if (r == NEWT_OK) r = job_plan_publish(cand, job, g, json, newt_deadline_in_ms(5000));
+  free(json);
   if (r != NEWT_OK) {
     say("plan %lld refused: %s", (long long)g, newt_errmsg());
     return -1;
@@ -230,12 +248,9 @@ static newt_result_t wait_plan(rdzv_etcd *c, const char *job, int64_t after, int
       char ids[64][RDZV_NAME_MAX];
       int n = 0;
       parse_plan(json, strlen(json), &g, ids, &n);
-      cJSON *j = NULL;
-      const char *l = "?";
-      if (newt_json_parse(json, strlen(json), "plan", &j) == NEWT_OK) newt_json_get_str(j, "plan", "leader", 0, &l);
-      snprintf(leader, cap, "%s", l ? l : "?");
-      cJSON_Delete(j);
       free(json);
+      /* who published it: the election's leader (the plan is written only by the leader) */
+      if (job_leader_get(c, job, d, leader, cap, NULL) != NEWT_OK) snprintf(leader, cap, "?");
       if (n == want) {
         const char *idp[64];
         for (int i = 0; i < n; i++) idp[i] = ids[i];

@@ -19,419 +19,321 @@
 #include "job/plan.h"
 #include "job/records.h"
 #include "job/spec.h"
-#include "job/store.h"
+#include "job/view.h"
 #include "rendezvous/rdzv.h"
 
-/* A record decoded by its codec, re-encoded as a JSON item: NULL (and a warning naming
- * the key) when it does not pass its parser, so status never shows what the job would
- * refuse. */
-static cJSON *checked_item(const rdzv_etcd_kv *kv, job_record rec) {
-  char *text = NULL;
-  newt_result_t r = NEWT_OK;
-  switch (rec) {
-  case JOB_REC_WORKER: {
-    job_worker w;
-    r = job_worker_from_json(kv->value, kv->value_len, kv->key, &w);
-    if (r == NEWT_OK) r = job_worker_to_json(&w, &text);
-    break;
-  }
-  case JOB_REC_PLAN: {
-    newt_plan p;
-    r = plan_from_json(kv->value, kv->value_len, &p);
-    if (r == NEWT_OK) {
-      memset(p.secret, 0, sizeof p.secret); /* never shown */
-      text = plan_to_json(&p);
-      plan_free(&p);
-    }
-    break;
-  }
-  case JOB_REC_PROGRESS: {
-    job_progress p;
-    if ((r = job_progress_from_json(kv->value, kv->value_len, &p)) == NEWT_OK) text = job_progress_to_json(&p);
-    break;
-  }
-  case JOB_REC_DONE: {
-    job_done d;
-    if ((r = job_done_from_json(kv->value, kv->value_len, &d)) == NEWT_OK) text = job_done_to_json(&d);
-    break;
-  }
-  case JOB_REC_FAILED: {
-    job_failed fl;
-    if ((r = job_failed_from_json(kv->value, kv->value_len, &fl)) == NEWT_OK) text = job_failed_to_json(&fl);
-    break;
-  }
-  case JOB_REC_CKPT: {
-    job_ckpt c;
-    if ((r = job_ckpt_from_json(kv->value, kv->value_len, &c)) == NEWT_OK) text = job_ckpt_to_json(&c);
-    break;
-  }
-  case JOB_REC_EVENT: {
-    job_event e;
-    if ((r = job_event_from_json(kv->value, kv->value_len, &e)) == NEWT_OK) {
-      text = job_event_to_json(&e);
-      job_event_free(&e);
-    }
-    break;
-  }
-  case JOB_REC_SPEC: {
-    newt_spec sp;
-    if ((r = spec_from_json(kv->value, kv->value_len, &sp)) == NEWT_OK) text = spec_to_json(&sp);
-    break;
-  }
-  default:
-    return NULL;
-  }
-  if (r != NEWT_OK) {
-    char key[256];
-    fprintf(stderr, "newt status: ignoring %s: %s\n", newt_str_printable(key, sizeof key, kv->key), newt_errmsg());
-    return NULL;
-  }
-  cJSON *j = NULL;
-  if (text) newt_json_parse(text, strlen(text), kv->key, &j);
-  free(text);
-  if (j && rec == JOB_REC_PLAN) cJSON_DeleteItemFromObject(j, "secret");
-  return j;
+/* What status shows of a job: the typed picture (job/view.h) and what it derives from it. */
+typedef struct status {
+  const char *job;
+  job_view v;
+  int nospace, corrupt, alarms_read; /* etcd's alarms */
+  struct spare {
+    char id[RDZV_NAME_MAX];
+    const char *why; /* into the plan or an event of v */
+  } *spares;
+  int nspares;
+  struct recovery {
+    const job_event *e; /* a recovered event of v */
+    const job_fault *f; /* the fault newt run noted for its generation (NULL: none) */
+    job_recovery_times t;
+  } *recs;
+  int nrecs;
+  const char *state; /* the job's state in a word, as the first line of the text says it */
+} status;
+
+static void status_free(status *st) {
+  job_view_free(&st->v);
+  free(st->spares);
+  free(st->recs);
+  memset(st, 0, sizeof *st);
 }
 
-static const char *str_of(const cJSON *o, const char *k, const char *deflt) {
-  const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, k);
-  return cJSON_IsString(v) ? v->valuestring : deflt;
-}
-
-static double num_of(const cJSON *o, const char *k) {
-  const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, k);
-  return cJSON_IsNumber(v) ? v->valuedouble : 0;
-}
-
-/* Whether the array of strings names id. */
-static int names(const cJSON *arr, const char *id) {
-  for (const cJSON *x = arr ? arr->child : NULL; x; x = x->next)
-    if (cJSON_IsString(x) && strcmp(x->valuestring, id) == 0) return 1;
+static int names(char (*ids)[RDZV_NAME_MAX], int n, const char *id) {
+  for (int i = 0; i < n; i++)
+    if (strcmp(ids[i], id) == 0) return 1;
   return 0;
 }
 
-/* "spares": each registered worker that is no rank of the plan, and why: the plan's reason
- * for the spares it names, the newest spare event's for a worker that joined after it. */
-static void add_spares(cJSON *j, const cJSON *workers, const cJSON *events) {
-  const cJSON *plan = cJSON_GetObjectItemCaseSensitive(j, "plan");
-  if (!plan) return;
-  const cJSON *ranks = cJSON_GetObjectItemCaseSensitive(plan, "ranks");
-  cJSON *spares = cJSON_AddArrayToObject(j, "spares");
-  for (const cJSON *w = workers ? workers->child : NULL; w; w = w->next) {
-    const char *id = str_of(w, "id", "?");
-    int ranked = 0;
-    for (const cJSON *r = ranks ? ranks->child : NULL; r && !ranked; r = r->next) ranked = strcmp(str_of(r, "worker", ""), id) == 0;
-    if (ranked) continue;
-    const char *why = NULL;
-    for (const cJSON *e = events ? events->child : NULL; e; e = e->next) /* oldest first: the newest wins */
-      if (strcmp(str_of(e, "type", ""), "spare") == 0 && names(cJSON_GetObjectItemCaseSensitive(e, "spare_ids"), id))
-        why = str_of(e, "why", NULL);
-    if (names(cJSON_GetObjectItemCaseSensitive(plan, "spares"), id)) why = str_of(plan, "spare_why", why);
-    cJSON *o = cJSON_CreateObject();
-    cJSON_AddStringToObject(o, "worker", id);
-    cJSON_AddStringToObject(o, "why", why ? why : "registered after the plan: the leader takes it in when a plan "
-                                                  "with it is larger");
-    cJSON_AddItemToArray(spares, o);
+/* Each registered worker that is no rank of the plan, and why: the plan's reason for the
+ * spares it names, the newest spare event's for a worker that joined after it. */
+static void find_spares(status *st) {
+  const job_view *v = &st->v;
+  if (!v->plan.generation || !(st->spares = calloc((size_t)v->nworkers + 1, sizeof *st->spares))) return;
+  for (int i = 0; i < v->nworkers; i++) {
+    const char *id = v->workers[i].id, *why = NULL;
+    if (plan_find(&v->plan, id)) continue;
+    for (int k = 0; k < v->nevents; k++) /* oldest first: the newest wins */
+      if (v->events[k].type == JOB_EV_SPARE && names(v->events[k].spare_ids, v->events[k].nspare_ids, id))
+        why = v->events[k].why;
+    if (plan_is_spare(&v->plan, id)) why = v->plan.spare_why;
+    struct spare *sp = &st->spares[st->nspares++];
+    snprintf(sp->id, sizeof sp->id, "%s", id);
+    sp->why = why ? why : "registered after the plan: the leader takes it in when a plan with it is larger";
   }
 }
 
-/* The recoveries (recovered events) and the faults newt run noted for them. */
-typedef struct timed {
-  job_event *recs;
-  int nrecs;
-  job_fault *faults;
-  int nfaults;
-} timed;
-
-static void take_timed(timed *t, const rdzv_etcd_kv *kv, job_record rec) {
-  if (rec == JOB_REC_FAULT) {
-    job_fault f;
-    job_fault *n = realloc(t->faults, (size_t)(t->nfaults + 1) * sizeof *n);
-    if (!n) return;
-    t->faults = n;
-    if (job_fault_from_json(kv->value, kv->value_len, &f) == NEWT_OK) t->faults[t->nfaults++] = f;
-    return;
-  }
-  job_event e;
-  if (job_event_from_json(kv->value, kv->value_len, &e) != NEWT_OK) return;
-  job_event *n = e.type == JOB_EV_RECOVERED ? realloc(t->recs, (size_t)(t->nrecs + 1) * sizeof *n) : NULL;
-  if (!n) {
-    job_event_free(&e);
-    return;
-  }
-  t->recs = n;
-  t->recs[t->nrecs++] = e;
-}
-
-static void timed_free(timed *t) {
-  for (int i = 0; i < t->nrecs; i++) job_event_free(&t->recs[i]);
-  free(t->recs);
-  free(t->faults);
-}
-
-/* "recoveries": each recovered event with its times as every view gives them
- * (job_recovery_time): start_ms and the phases, from the fault where newt run noted one it
- * injected ("fault": the chaos item), else from the first detection. */
-static void add_recoveries(cJSON *j, const timed *t) {
-  cJSON *recs = cJSON_AddArrayToObject(j, "recoveries");
-  for (int i = 0; i < t->nrecs; i++) {
-    const job_event *e = &t->recs[i];
-    const job_fault *f = NULL;
-    for (int k = 0; k < t->nfaults && !f; k++)
-      if (t->faults[k].generation == e->generation) f = &t->faults[k];
-    job_recovery_times rt = job_recovery_time(e, f ? f->t_ms : 0);
-    char *text = job_event_to_json(e);
-    cJSON *o = NULL;
-    if (!text || newt_json_parse(text, strlen(text), "event", &o) != NEWT_OK) {
-      free(text);
-      continue;
-    }
-    free(text);
-    newt_json_add_int(o, "start_ms", (int64_t)rt.start);
-    newt_json_add_int(o, "detect_ms", rt.detect_ms);
-    newt_json_add_int(o, "plan_ms", rt.plan_ms);
-    newt_json_add_int(o, "comm_ms", rt.comm_ms);
-    newt_json_add_int(o, "restore_ms", rt.restore_ms);
-    newt_json_add_int(o, "step_ms", rt.step_ms);
-    newt_json_add_int(o, "total_ms", rt.total_ms);
-    if (f && rt.start == f->t_ms) cJSON_AddStringToObject(o, "fault", f->what);
-    cJSON_AddItemToArray(recs, o);
+/* Each recovered event with its times as every view gives them (job_recovery_time): from the
+ * fault where newt run noted one it injected, else from the first detection. */
+static void find_recoveries(status *st) {
+  const job_view *v = &st->v;
+  if (!(st->recs = calloc((size_t)v->nevents + 1, sizeof *st->recs))) return;
+  for (int i = 0; i < v->nevents; i++) {
+    const job_event *e = &v->events[i];
+    if (e->type != JOB_EV_RECOVERED) continue;
+    struct recovery *r = &st->recs[st->nrecs++];
+    r->e = e;
+    for (int k = 0; k < v->nfaults && !r->f; k++)
+      if (v->faults[k].generation == e->generation) r->f = &v->faults[k];
+    r->t = job_recovery_time(e, r->f ? r->f->t_ms : 0);
   }
 }
 
-/* Everything under /newt/<job>/ that status shows, as one JSON object: the records, the
- * newest nevents events, and every recovery (the "recovered" events). NEWT_ERR_NOTFOUND
- * when the job has no key at all. */
-static newt_result_t collect(rdzv_etcd *c, const char *job, int nevents, cJSON **out, int *nworkers) {
-  char prefix[256];
-  NEWT_CHECK(rdzv_key(prefix, sizeof prefix, job, ""));
-  rdzv_etcd_kvs all;
-  rdzv_etcd_range_opts ro = {.prefix = 1};
-  NEWT_CHECK(rdzv_etcd_range(c, prefix, &ro, newt_deadline_in_ms(5000), &all));
-  *nworkers = 0;
-  if (all.n == 0) {
-    rdzv_etcd_kvs_free(&all);
-    return NEWT_ERR(NEWT_ERR_NOTFOUND, "no job \"%s\" in etcd at %s (no key under %s)", job, rdzv_etcd_endpoints(c),
-                    prefix);
-  }
-  cJSON *j = cJSON_CreateObject();
-  cJSON_AddStringToObject(j, "job", job);
-  cJSON *workers = cJSON_AddArrayToObject(j, "workers");
-  cJSON *events = cJSON_AddArrayToObject(j, "events");
-  size_t plen = strlen(prefix);
-  *nworkers = 0;
-  timed t = {0};
-  for (size_t i = 0; i < all.n; i++) {
-    const rdzv_etcd_kv *kv = &all.kvs[i];
-    job_record rec = job_key_parse(kv->key + plen, NULL, NULL);
-    if (rec == JOB_REC_FAULT || rec == JOB_REC_EVENT) take_timed(&t, kv, rec);
-    static const char *const single[] = {[JOB_REC_SPEC] = "spec", [JOB_REC_PLAN] = "plan",
-                                         [JOB_REC_PROGRESS] = "progress", [JOB_REC_DONE] = "done",
-                                         [JOB_REC_CKPT] = "ckpt", [JOB_REC_FAILED] = "failed"};
-    if (rec != JOB_REC_WORKER && rec != JOB_REC_EVENT &&
-        (rec >= (int)(sizeof single / sizeof single[0]) || !single[rec]))
-      continue;
-    cJSON *v = checked_item(kv, rec);
-    if (!v) continue;
-    if (rec == JOB_REC_WORKER) cJSON_AddItemToArray(workers, v), (*nworkers)++;
-    else if (rec == JOB_REC_EVENT) cJSON_AddItemToArray(events, v);
-    else cJSON_AddItemToObject(j, single[rec], v);
-  }
-  rdzv_etcd_kvs_free(&all);
-  add_spares(j, workers, events);
-  add_recoveries(j, &t);
-  timed_free(&t);
-  while (cJSON_GetArraySize(events) > nevents) cJSON_DeleteItemFromArray(events, 0);
-  char leader[128], shown[128];
-  if (job_leader_get(c, job, newt_deadline_in_ms(5000), leader, sizeof leader, NULL) == NEWT_OK)
-    cJSON_AddStringToObject(j, "leader", newt_str_printable(shown, sizeof shown, leader));
-  else
-    cJSON_AddNullToObject(j, "leader");
-  int nospace = 0, corrupt = 0;
-  cJSON *alarms = cJSON_AddArrayToObject(j, "etcd_alarms");
-  if (rdzv_etcd_alarms(c, newt_deadline_in_ms(5000), &nospace, &corrupt) == NEWT_OK) {
-    if (nospace) cJSON_AddItemToArray(alarms, cJSON_CreateString("NOSPACE"));
-    if (corrupt) cJSON_AddItemToArray(alarms, cJSON_CreateString("CORRUPT"));
-  }
-  /* the job's state in a word, as the first line of the text says it */
-  const char *state = cJSON_GetObjectItemCaseSensitive(j, "failed")     ? "failed"
-                      : cJSON_GetObjectItemCaseSensitive(j, "done")     ? "done"
-                      : cJSON_GetObjectItemCaseSensitive(j, "progress") ? "running"
-                      : cJSON_GetObjectItemCaseSensitive(j, "plan")     ? "starting"
-                                                                        : "waiting";
-  cJSON_AddStringToObject(j, "state", state);
-  *out = j;
+static void warn_refused(void *ud, const job_change *ch) {
+  (void)ud;
+  fprintf(stderr, "newt status: ignoring %s\n", ch->why);
+}
+
+/* Everything under /newt/<job>/ that status shows. NEWT_ERR_NOTFOUND when the job has no key
+ * at all. */
+static newt_result_t collect(rdzv_etcd *c, const char *job, status *st) {
+  memset(st, 0, sizeof *st);
+  st->job = job;
+  NEWT_CHECK(job_view_read(c, job, newt_deadline_in_ms(5000), warn_refused, NULL, &st->v));
+  find_spares(st);
+  find_recoveries(st);
+  st->alarms_read = rdzv_etcd_alarms(c, newt_deadline_in_ms(5000), &st->nospace, &st->corrupt) == NEWT_OK;
+  const job_view *v = &st->v;
+  st->state = v->has_failed ? "failed" : v->has_done ? "done" : v->has_progress ? "running" : v->plan.generation ? "starting"
+                                                                                                                   : "waiting";
   return NEWT_OK;
 }
 
+/* --- as JSON: each record by its codec, at the edge ------------------------------------------ */
+
+/* A record's JSON text (malloc'd, may be NULL) added to obj under key, or to the array obj
+ * when key is NULL. */
+static cJSON *add_text(cJSON *obj, const char *key, char *text) {
+  cJSON *j = NULL;
+  if (text) newt_json_parse(text, strlen(text), key ? key : "record", &j);
+  free(text);
+  if (!j) return NULL;
+  if (key) cJSON_AddItemToObject(obj, key, j);
+  else cJSON_AddItemToArray(obj, j);
+  return j;
+}
+
+static void json_records(cJSON *j, const status *st, int nevents) {
+  const job_view *v = &st->v;
+  cJSON *workers = cJSON_AddArrayToObject(j, "workers");
+  for (int i = 0; i < v->nworkers; i++) {
+    char *text = NULL;
+    if (job_worker_to_json(&v->workers[i], &text) == NEWT_OK) add_text(workers, NULL, text);
+  }
+  cJSON *events = cJSON_AddArrayToObject(j, "events");
+  for (int i = v->nevents > nevents ? v->nevents - nevents : 0; i < v->nevents; i++)
+    add_text(events, NULL, job_event_to_json(&v->events[i]));
+  if (v->has_spec) add_text(j, "spec", spec_to_json(&v->spec));
+  if (v->plan.generation) {
+    newt_plan p = v->plan;
+    memset(p.secret, 0, sizeof p.secret);
+    cJSON *pj = add_text(j, "plan", plan_to_json(&p));
+    if (pj) cJSON_DeleteItemFromObject(pj, "secret"); /* never shown */
+  }
+  if (v->has_progress) add_text(j, "progress", job_progress_to_json(&v->progress));
+  if (v->has_done) add_text(j, "done", job_done_to_json(&v->done));
+  if (v->has_ckpt) add_text(j, "ckpt", job_ckpt_to_json(&v->ckpt));
+  if (v->has_failed) add_text(j, "failed", job_failed_to_json(&v->failed));
+}
+
+static cJSON *to_json(const status *st, int nevents) {
+  cJSON *j = cJSON_CreateObject();
+  cJSON_AddStringToObject(j, "job", st->job);
+  json_records(j, st, nevents);
+  if (st->v.plan.generation) {
+    cJSON *spares = cJSON_AddArrayToObject(j, "spares");
+    for (int i = 0; i < st->nspares; i++) {
+      cJSON *o = cJSON_CreateObject();
+      cJSON_AddStringToObject(o, "worker", st->spares[i].id);
+      cJSON_AddStringToObject(o, "why", st->spares[i].why);
+      cJSON_AddItemToArray(spares, o);
+    }
+  }
+  cJSON *recs = cJSON_AddArrayToObject(j, "recoveries");
+  for (int i = 0; i < st->nrecs; i++) {
+    const struct recovery *r = &st->recs[i];
+    cJSON *o = add_text(recs, NULL, job_event_to_json(r->e));
+    if (!o) continue;
+    newt_json_add_int(o, "start_ms", (int64_t)r->t.start);
+    newt_json_add_int(o, "detect_ms", r->t.detect_ms);
+    newt_json_add_int(o, "plan_ms", r->t.plan_ms);
+    newt_json_add_int(o, "comm_ms", r->t.comm_ms);
+    newt_json_add_int(o, "restore_ms", r->t.restore_ms);
+    newt_json_add_int(o, "step_ms", r->t.step_ms);
+    newt_json_add_int(o, "total_ms", r->t.total_ms);
+    if (r->f && r->t.start == r->f->t_ms) cJSON_AddStringToObject(o, "fault", r->f->what);
+  }
+  char shown[128];
+  if (st->v.leader_rev)
+    cJSON_AddStringToObject(j, "leader", newt_str_printable(shown, sizeof shown, st->v.leader.name));
+  else
+    cJSON_AddNullToObject(j, "leader");
+  cJSON *alarms = cJSON_AddArrayToObject(j, "etcd_alarms");
+  if (st->nospace) cJSON_AddItemToArray(alarms, cJSON_CreateString("NOSPACE"));
+  if (st->corrupt) cJSON_AddItemToArray(alarms, cJSON_CreateString("CORRUPT"));
+  cJSON_AddStringToObject(j, "state", st->state);
+  return j;
+}
+
+/* --- as text --------------------------------------------------------------------------------- */
+
 /* "12 s ago" for a wall-clock stamp in ms ("just now" when it is not in the past). */
-static const char *ago(uint64_t now, double t_ms, char *out, size_t cap) {
-  if (!(t_ms > 0) || t_ms >= (double)now) return snprintf(out, cap, "just now"), out;
+static const char *ago(uint64_t now, uint64_t t_ms, char *out, size_t cap) {
+  if (!t_ms || t_ms >= now) return snprintf(out, cap, "just now"), out;
   char d[32];
-  snprintf(out, cap, "%s ago", newt_fmt_duration(((double)now - t_ms) / 1e3, d, sizeof d));
+  snprintf(out, cap, "%s ago", newt_fmt_duration((double)(now - t_ms) / 1e3, d, sizeof d));
   return out;
 }
 
-static const char *dur_of(const cJSON *o, const char *ms, char *out, size_t cap) {
-  return newt_fmt_duration(num_of(o, ms) / 1e3, out, cap);
-}
+static const char *dur(int64_t ms, char *out, size_t cap) { return newt_fmt_duration((double)ms / 1e3, out, cap); }
 
-static const char *ms_of(const cJSON *o, const char *a, const char *b, char *out, size_t cap) {
-  double x = num_of(o, a), y = num_of(o, b);
-  return newt_fmt_duration(x > 0 && y >= x ? (y - x) / 1e3 : 0, out, cap);
-}
-
-/* The names of an array of strings, comma-separated between before and after (nothing when
- * it is empty). */
-static void print_names(FILE *f, const char *before, const cJSON *arr, const char *after) {
-  if (!cJSON_GetArraySize(arr)) return;
+/* The names, comma-separated between before and after (nothing when there are none). */
+static void print_names(FILE *f, const char *before, char (*ids)[RDZV_NAME_MAX], int n, const char *after) {
+  if (n <= 0 || !ids) return;
   fputs(before, f);
-  for (const cJSON *x = arr->child; x; x = x->next) fprintf(f, "%s%s", x == arr->child ? "" : ", ", cJSON_IsString(x) ? x->valuestring : "?");
+  for (int i = 0; i < n; i++) fprintf(f, "%s%s", i ? ", " : "", ids[i]);
   fputs(after, f);
 }
 
 /* One line about an event, as a person would say it. */
-static void describe_event(FILE *f, const cJSON *e, const cJSON *recs) {
-  const char *type = str_of(e, "type", "?"), *cause = str_of(e, "cause", "?");
+static void describe_event(FILE *f, const job_event *e, const status *st) {
   char d[32];
-  if (strcmp(type, "leader") == 0) {
-    fprintf(f, "coordinator %s leads", str_of(e, "coordinator", "?"));
-  } else if (strcmp(type, "plan") == 0) {
-    fprintf(f, "plan %.0f (%s): %.0f ranks, dp %.0f, %.0f spares", num_of(e, "generation"), cause, num_of(e, "world"),
-            num_of(e, "dp"), num_of(e, "spares"));
-    print_names(f, " (", cJSON_GetObjectItemCaseSensitive(e, "spare_ids"), ")");
-    print_names(f, "; left out: ", cJSON_GetObjectItemCaseSensitive(e, "excluded"), "");
-    if (num_of(e, "spares") > 0 && str_of(e, "why", NULL)) fprintf(f, "; spares because %s", str_of(e, "why", ""));
-  } else if (strcmp(type, "spare") == 0) {
-    const cJSON *ids = cJSON_GetObjectItemCaseSensitive(e, "spare_ids");
-    print_names(f, "", ids, cJSON_GetArraySize(ids) == 1 ? " joined and stays a spare: " : " joined and stay spares: ");
-    fprintf(f, "%s", str_of(e, "why", "?"));
-  } else if (strcmp(type, "fence") == 0) {
-    fprintf(f, "fenced worker %s (its lease revoked)", str_of(e, "worker", "?"));
-  } else if (strcmp(type, "waiting") == 0) {
-    fprintf(f, "waiting: %s", str_of(e, "why", "?"));
-  } else if (strcmp(type, "etcd") == 0) {
-    fprintf(f, "%s", str_of(e, "why", "?"));
-  } else if (strcmp(type, "started") == 0) {
-    fprintf(f, "generation %.0f started: %.0f ranks, first step %s after the plan", num_of(e, "generation"),
-            num_of(e, "world"), ms_of(e, "t_plan", "t_step", d, sizeof d));
-  } else if (strcmp(type, "recovered") == 0) {
-    const cJSON *r = recs ? recs->child : NULL; /* its times, as the table gives them */
-    while (r && num_of(r, "generation") != num_of(e, "generation")) r = r->next;
-    fprintf(f, "recovered from %s in %s: generation %.0f, %.0f ranks, state from %s", cause,
-            r ? dur_of(r, "total_ms", d, sizeof d) : "?", num_of(e, "generation"), num_of(e, "world"),
-            str_of(e, "restore", "?"));
-  } else if (strcmp(type, "done") == 0) {
-    fprintf(f, "done at step %.0f, loss %.4f", num_of(e, "step"), num_of(e, "loss"));
-  } else if (strcmp(type, "failed") == 0) {
-    fprintf(f, "the job failed: %s", str_of(e, "why", "?"));
-  } else if (strcmp(type, "spec") == 0) {
-    fprintf(f, "spec %s", str_of(e, "why", "?"));
-  } else {
-    fprintf(f, "%s", type);
+  switch (e->type) {
+  case JOB_EV_LEADER: fprintf(f, "coordinator %s leads", e->coordinator); break;
+  case JOB_EV_PLAN:
+    fprintf(f, "plan %lld (%s): %lld ranks, dp %lld, %lld spares", (long long)e->generation, e->cause,
+            (long long)e->world, (long long)e->dp, (long long)e->spares);
+    print_names(f, " (", e->spare_ids, e->nspare_ids, ")");
+    print_names(f, "; left out: ", e->excluded, e->nexcluded, "");
+    if (e->spares > 0 && e->why[0]) fprintf(f, "; spares because %s", e->why);
+    break;
+  case JOB_EV_SPARE:
+    print_names(f, "", e->spare_ids, e->nspare_ids, e->nspare_ids == 1 ? " joined and stays a spare: " : " joined and stay spares: ");
+    fprintf(f, "%s", e->why);
+    break;
+  case JOB_EV_FENCE: fprintf(f, "fenced worker %s (its lease revoked)", e->worker); break;
+  case JOB_EV_WAITING: fprintf(f, "waiting: %s", e->why); break;
+  case JOB_EV_ETCD: fprintf(f, "%s", e->why); break;
+  case JOB_EV_STARTED:
+    fprintf(f, "generation %lld started: %lld ranks, first step %s after the plan", (long long)e->generation,
+            (long long)e->world, dur(e->t_step >= e->t_plan && e->t_plan ? (int64_t)(e->t_step - e->t_plan) : 0, d, sizeof d));
+    break;
+  case JOB_EV_RECOVERED: {
+    const struct recovery *r = NULL; /* its times, as the table gives them */
+    for (int i = 0; i < st->nrecs && !r; i++)
+      if (st->recs[i].e->generation == e->generation) r = &st->recs[i];
+    fprintf(f, "recovered from %s in %s: generation %lld, %lld ranks, state from %s", e->cause,
+            r ? dur(r->t.total_ms, d, sizeof d) : "?", (long long)e->generation, (long long)e->world, e->restore);
+    break;
+  }
+  case JOB_EV_DONE: fprintf(f, "done at step %lld, loss %.4f", (long long)e->step, e->loss); break;
+  case JOB_EV_FAILED: fprintf(f, "the job failed: %s", e->why); break;
+  case JOB_EV_SPEC: fprintf(f, "spec %s", e->why); break;
+  default: fprintf(f, "%s", job_event_type_name(e->type)); break;
   }
 }
 
-static void print_text(FILE *f, const cJSON *j, uint64_t now) {
-  const cJSON *plan = cJSON_GetObjectItemCaseSensitive(j, "plan");
-  const cJSON *prog = cJSON_GetObjectItemCaseSensitive(j, "progress");
-  const cJSON *done = cJSON_GetObjectItemCaseSensitive(j, "done");
-  const cJSON *failed = cJSON_GetObjectItemCaseSensitive(j, "failed");
-  const cJSON *spec = cJSON_GetObjectItemCaseSensitive(j, "spec");
-  const cJSON *ckpt = cJSON_GetObjectItemCaseSensitive(j, "ckpt");
-  const cJSON *train = spec ? cJSON_GetObjectItemCaseSensitive(spec, "train") : NULL;
-  double steps = train ? num_of(train, "steps") : 0;
-  char a[48], b[48];
-  fprintf(f, "job %s: ", str_of(j, "job", "?"));
-  if (failed)
-    fprintf(f, "FAILED %s: %s\n", ago(now, num_of(failed, "t_ms"), a, sizeof a), str_of(failed, "why", "?"));
-  else if (done)
-    fprintf(f, "done at step %.0f, final loss %.4f, %.0f samples, %s\n", num_of(done, "step"), num_of(done, "loss"),
-            num_of(done, "samples"), ago(now, num_of(done, "t_ms"), a, sizeof a));
-  else if (prog && steps > 0)
-    fprintf(f, "running, step %.0f of %.0f (%.0f%%)\n", num_of(prog, "step"), steps, 100 * num_of(prog, "step") / steps);
+/* The first lines: the state in words, the leader, etcd's alarms, progress, plan, checkpoint. */
+static void print_head(FILE *f, const status *st, uint64_t now) {
+  const job_view *v = &st->v;
+  const newt_plan *plan = &v->plan;
+  char a[48];
+  fprintf(f, "job %s: ", st->job);
+  if (v->has_failed)
+    fprintf(f, "FAILED %s: %s\n", ago(now, v->failed.t_ms, a, sizeof a), v->failed.why);
+  else if (v->has_done)
+    fprintf(f, "done at step %lld, final loss %.4f, %lld samples, %s\n", (long long)v->done.step, v->done.loss,
+            (long long)v->done.samples, ago(now, v->done.t_ms, a, sizeof a));
+  else if (v->has_progress && v->has_spec && v->spec.steps > 0)
+    fprintf(f, "running, step %lld of %lld (%.0f%%)\n", (long long)v->progress.step, (long long)v->spec.steps,
+            100.0 * (double)v->progress.step / (double)v->spec.steps);
   else
-    fprintf(f, "%s\n", plan ? "starting: no step yet" : "waiting for a plan");
-  fprintf(f, "  leader      %s\n", str_of(j, "leader", "none"));
-  for (const cJSON *a = cJSON_GetObjectItemCaseSensitive(j, "etcd_alarms") ? cJSON_GetObjectItemCaseSensitive(j, "etcd_alarms")->child : NULL;
-       a; a = a->next)
-    fprintf(f, "  etcd        %s\n",
-            strcmp(a->valuestring, "NOSPACE") == 0
-                ? "out of space (NOSPACE alarm): it refuses every write until space is freed (etcdctl compact, "
-                  "defrag, alarm disarm); training goes on, plans and progress wait"
-                : "a member's data is corrupt (CORRUPT alarm): replace that member");
-  if (prog && !done)
-    fprintf(f, "  progress    loss %.4f, %.0f tokens/s, world %.0f (dp %.0f), generation %.0f, %s\n",
-            num_of(prog, "loss"), num_of(prog, "tokens_per_s"), num_of(prog, "world"), num_of(prog, "dp"),
-            num_of(prog, "generation"), ago(now, num_of(prog, "t_ms"), a, sizeof a));
-  if (plan)
-    fprintf(f, "  plan        generation %.0f (%s): %d ranks, dp %.0f x tp %.0f x pp %.0f, accum %.0f, %s\n",
-            num_of(plan, "generation"), str_of(plan, "cause", "?"),
-            cJSON_GetArraySize(cJSON_GetObjectItemCaseSensitive(plan, "ranks")), num_of(plan, "dp"), num_of(plan, "tp"),
-            num_of(plan, "pp"), num_of(plan, "accum"), ago(now, num_of(plan, "created_ms"), a, sizeof a));
-  if (ckpt) fprintf(f, "  checkpoint  step %.0f in %s\n", num_of(ckpt, "step"), str_of(ckpt, "dir", "?"));
+    fprintf(f, "%s\n", plan->generation ? "starting: no step yet" : "waiting for a plan");
+  char shown[128];
+  fprintf(f, "  leader      %s\n", v->leader_rev ? newt_str_printable(shown, sizeof shown, v->leader.name) : "none");
+  if (st->nospace)
+    fprintf(f, "  etcd        out of space (NOSPACE alarm): it refuses every write until space is freed (etcdctl "
+               "compact, defrag, alarm disarm); training goes on, plans and progress wait\n");
+  if (st->corrupt) fprintf(f, "  etcd        a member's data is corrupt (CORRUPT alarm): replace that member\n");
+  if (v->has_progress && !v->has_done)
+    fprintf(f, "  progress    loss %.4f, %.0f tokens/s, world %lld (dp %lld), generation %llu, %s\n", v->progress.loss,
+            v->progress.tokens_per_s, (long long)v->progress.world, (long long)v->progress.dp,
+            (unsigned long long)v->progress.generation, ago(now, v->progress.t_ms, a, sizeof a));
+  if (plan->generation)
+    fprintf(f, "  plan        generation %llu (%s): %d ranks, dp %d x tp %d x pp %d, accum %lld, %s\n",
+            (unsigned long long)plan->generation, plan->cause, plan->nranks, plan->dp, plan->tp, plan->pp,
+            (long long)plan->accum, ago(now, plan->created_ms, a, sizeof a));
+  if (v->has_ckpt) fprintf(f, "  checkpoint  step %lld in %s\n", (long long)v->ckpt.step, v->ckpt.dir);
+}
 
-  const cJSON *workers = cJSON_GetObjectItemCaseSensitive(j, "workers");
-  fprintf(f, "\nworkers (%d)\n", cJSON_GetArraySize(workers));
-  if (cJSON_GetArraySize(workers))
-    fprintf(f, "  %-20s %-8s %-10s %-4s %-16s %s\n", "ID", "RANK", "STATE", "GEN", "HOST", "ADDRESS");
-  for (const cJSON *w = workers ? workers->child : NULL; w; w = w->next) {
-    int rank = -1;
-    const cJSON *ranks = plan ? cJSON_GetObjectItemCaseSensitive(plan, "ranks") : NULL;
-    for (const cJSON *r = ranks ? ranks->child : NULL; r; r = r->next)
-      if (strcmp(str_of(r, "worker", ""), str_of(w, "id", "?")) == 0) rank = (int)num_of(r, "rank");
-    char rk[16];
-    snprintf(rk, sizeof rk, rank >= 0 ? "%d" : "spare", rank);
-    fprintf(f, "  %-20s %-8s %-10s %-4.0f %-16s %s\n", str_of(w, "id", "?"), rk, str_of(w, "state", "?"),
-            num_of(w, "generation"), str_of(w, "host", "?"), str_of(w, "addr", ""));
-  }
-
-  const cJSON *spares = cJSON_GetObjectItemCaseSensitive(j, "spares");
-  if (cJSON_GetArraySize(spares)) fprintf(f, "\nspares (%d): registered, not training\n", cJSON_GetArraySize(spares));
-  for (const cJSON *sp = spares ? spares->child : NULL; sp; sp = sp->next)
-    fprintf(f, "  %-20s %s\n", str_of(sp, "worker", "?"), str_of(sp, "why", "?"));
-
-  const cJSON *recs = cJSON_GetObjectItemCaseSensitive(j, "recoveries");
-  int nrec = cJSON_GetArraySize(recs), i = 0;
-  fprintf(f, "\nrecoveries (%d)%s\n", nrec,
-          nrec ? ": each from the fault (newt run's injected one) or else its first detection, to the next completed "
-                 "step"
-               : "");
-  if (nrec)
+static void print_recoveries(FILE *f, const status *st, uint64_t now) {
+  fprintf(f, "\nrecoveries (%d)%s\n", st->nrecs,
+          st->nrecs ? ": each from the fault (newt run's injected one) or else its first detection, to the next "
+                      "completed step"
+                    : "");
+  if (st->nrecs)
     fprintf(f, "  %-3s %-14s %-12s %-4s %-6s %-9s %-9s %-9s %-9s %-9s %-9s %-10s %s\n", "#", "WHEN", "CAUSE", "GEN",
             "RANKS", "DETECT", "PLAN", "COMM", "RESTORE", "STEP", "TOTAL", "STATE FROM", "STEPS LOST");
-  for (const cJSON *r = recs ? recs->child : NULL; r; r = r->next) {
-    char dt[32], pl[32], cm[32], rs[32], st[32], tot[32];
-    fprintf(f, "  %-3d %-14s %-12s %-4.0f %-6.0f %-9s %-9s %-9s %-9s %-9s %-9s %-10s %.0f\n", ++i,
-            ago(now, num_of(r, "start_ms"), a, sizeof a), str_of(r, "cause", "?"), num_of(r, "generation"),
-            num_of(r, "world"), dur_of(r, "detect_ms", dt, sizeof dt), dur_of(r, "plan_ms", pl, sizeof pl),
-            dur_of(r, "comm_ms", cm, sizeof cm), dur_of(r, "restore_ms", rs, sizeof rs),
-            dur_of(r, "step_ms", st, sizeof st), dur_of(r, "total_ms", tot, sizeof tot), str_of(r, "restore", "?"),
-            num_of(r, "steps_lost"));
+  for (int i = 0; i < st->nrecs; i++) {
+    const struct recovery *r = &st->recs[i];
+    char a[48], dt[32], pl[32], cm[32], rs[32], sp[32], tot[32];
+    fprintf(f, "  %-3d %-14s %-12s %-4lld %-6lld %-9s %-9s %-9s %-9s %-9s %-9s %-10s %lld\n", i + 1,
+            ago(now, r->t.start, a, sizeof a), r->e->cause, (long long)r->e->generation, (long long)r->e->world,
+            dur(r->t.detect_ms, dt, sizeof dt), dur(r->t.plan_ms, pl, sizeof pl), dur(r->t.comm_ms, cm, sizeof cm),
+            dur(r->t.restore_ms, rs, sizeof rs), dur(r->t.step_ms, sp, sizeof sp), dur(r->t.total_ms, tot, sizeof tot),
+            r->e->restore, (long long)r->e->steps_lost);
   }
+}
 
-  const cJSON *events = cJSON_GetObjectItemCaseSensitive(j, "events");
-  if (cJSON_GetArraySize(events)) fprintf(f, "\nnewest events\n");
-  for (const cJSON *e = events ? events->child : NULL; e; e = e->next) {
-    fprintf(f, "  %-14s ", ago(now, num_of(e, "t_ms"), b, sizeof b));
-    describe_event(f, e, recs);
+static void print_text(FILE *f, const status *st, int nevents, uint64_t now) {
+  const job_view *v = &st->v;
+  print_head(f, st, now);
+  fprintf(f, "\nworkers (%d)\n", v->nworkers);
+  if (v->nworkers) fprintf(f, "  %-20s %-8s %-10s %-4s %-16s %s\n", "ID", "RANK", "STATE", "GEN", "HOST", "ADDRESS");
+  for (int i = 0; i < v->nworkers; i++) {
+    const job_worker *w = &v->workers[i];
+    const plan_rank *pr = plan_find(&v->plan, w->id);
+    char rk[16];
+    snprintf(rk, sizeof rk, pr ? "%d" : "spare", pr ? pr->rank : 0);
+    fprintf(f, "  %-20s %-8s %-10s %-4lld %-16s %s\n", w->id, rk, w->state, (long long)w->generation, w->host, w->addr);
+  }
+  if (st->nspares) fprintf(f, "\nspares (%d): registered, not training\n", st->nspares);
+  for (int i = 0; i < st->nspares; i++) fprintf(f, "  %-20s %s\n", st->spares[i].id, st->spares[i].why);
+  print_recoveries(f, st, now);
+  int first = v->nevents > nevents ? v->nevents - nevents : 0;
+  if (v->nevents > first) fprintf(f, "\nnewest events\n");
+  for (int i = first; i < v->nevents; i++) {
+    char b[48];
+    fprintf(f, "  %-14s ", ago(now, v->events[i].t_ms, b, sizeof b));
+    describe_event(f, &v->events[i], st);
     fputc('\n', f);
   }
 }
 
 /* One look at the job, as text or one JSON line; on a terminal with --watch it replaces the
  * last one on the screen. */
-static void show(const cJSON *j, int json, int watch, int tty) {
+static void show(const status *st, int nevents, int json, int watch, int tty) {
   if (json) {
-    char *t = newt_json_print(j);
+    cJSON *j = to_json(st, nevents);
+    char *t = j ? newt_json_print(j) : NULL;
     printf("%s\n", t ? t : "{}");
     free(t);
+    cJSON_Delete(j);
   } else {
     char *text = NULL;
     size_t len = 0;
     FILE *m = open_memstream(&text, &len);
     if (!m) return;
-    print_text(m, j, newt_wall_ms());
+    print_text(m, st, nevents, newt_wall_ms());
     fclose(m);
     if (watch && tty) printf("\033[H\033[2J"); /* home, clear: the new picture in place */
     fputs(text, stdout);
@@ -487,13 +389,14 @@ int newt_cmd_status(int argc, char **argv) {
   char clock[32];
   rc = 0;
   for (;;) {
-    cJSON *j = NULL;
-    r = collect(c, ef.job, (int)nevents, &j, &n);
+    status st;
+    r = collect(c, ef.job, &st);
+    n = r == NEWT_OK ? st.v.nworkers : 0;
     /* --wait-workers: a job that is not there yet may come */
     int waiting = (r == NEWT_OK || r == NEWT_ERR_NOTFOUND) && n < wait_workers && !newt_deadline_passed(d) &&
                   !newt_stop_requested();
     if (waiting) {
-      cJSON_Delete(j);
+      status_free(&st);
       newt_sleep_ms(200);
       continue;
     }
@@ -506,7 +409,7 @@ int newt_cmd_status(int argc, char **argv) {
               newt_fmt_duration((double)(now - away_since) / 1e3, dur, sizeof dur), newt_fmt_utc(away_since, clock, sizeof clock),
               newt_errmsg(), tty ? "" : "\n");
       fflush(tty ? stdout : stderr);
-      cJSON_Delete(j);
+      status_free(&st);
       if (now - away_since >= (uint64_t)etcd_wait) { /* the job's etcd may have ended with it: do not spin */
         fprintf(stderr, "%snewt status: giving up: etcd unreachable for %s, longer than --etcd-wait-ms %lld (a job "
                 "run by newt run stops its etcd when it ends)\n", tty ? "\n" : "", dur, (long long)etcd_wait);
@@ -520,13 +423,14 @@ int newt_cmd_status(int argc, char **argv) {
       continue;
     }
     away_since = 0;
-    if (r != NEWT_OK) break;
-    show(j, json, watch, tty);
-    const char *state = str_of(j, "state", "");
-    int done = strcmp(state, "done") == 0 || strcmp(state, "failed") == 0;
-    char st[16];
-    snprintf(st, sizeof st, "%s", state);
-    cJSON_Delete(j);
+    if (r != NEWT_OK) {
+      status_free(&st);
+      break;
+    }
+    show(&st, (int)nevents, json, watch, tty);
+    int done = st.v.has_failed || st.v.has_done;
+    const char *state = st.state;
+    status_free(&st);
     if (n < wait_workers) {
       fprintf(stderr, "newt status: %d workers registered for job %s after %lld ms, %lld wanted\n", n, ef.job,
               (long long)timeout, (long long)wait_workers);
@@ -536,7 +440,7 @@ int newt_cmd_status(int argc, char **argv) {
     wait_workers = 0; /* waited for once, before the first look */
     if (!watch || done) break;
     if (newt_deadline_passed(watch_end)) {
-      fprintf(stderr, "newt status: watched job %s for --timeout-ms %lld: it is still %s\n", ef.job, (long long)timeout, st);
+      fprintf(stderr, "newt status: watched job %s for --timeout-ms %lld: it is still %s\n", ef.job, (long long)timeout, state);
       rc = 1;
       break;
     }
