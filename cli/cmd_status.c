@@ -163,13 +163,7 @@ static cJSON *to_json(const status *st, int nevents) {
     const struct recovery *r = &st->recs[i];
     cJSON *o = add_text(recs, NULL, job_event_to_json(r->e));
     if (!o) continue;
-    newt_json_add_int(o, "start_ms", (int64_t)r->t.start);
-    newt_json_add_int(o, "detect_ms", r->t.detect_ms);
-    newt_json_add_int(o, "plan_ms", r->t.plan_ms);
-    newt_json_add_int(o, "comm_ms", r->t.comm_ms);
-    newt_json_add_int(o, "restore_ms", r->t.restore_ms);
-    newt_json_add_int(o, "step_ms", r->t.step_ms);
-    newt_json_add_int(o, "total_ms", r->t.total_ms);
+    job_recovery_times_add(o, &r->t);
     if (r->f && r->t.start == r->f->t_ms) cJSON_AddStringToObject(o, "fault", r->f->what);
   }
   char shown[128];

@@ -426,6 +426,18 @@ job_recovery_times job_recovery_time(const job_event *e, uint64_t t_fault) {
   return t;
 }
 
+static const codec_field times_fields[] = {
+    {CODEC_MS(job_recovery_times, start, "start_ms")},     {CODEC_MS(job_recovery_times, detect_ms, "detect_ms")},
+    {CODEC_MS(job_recovery_times, plan_ms, "plan_ms")},    {CODEC_MS(job_recovery_times, comm_ms, "comm_ms")},
+    {CODEC_MS(job_recovery_times, restore_ms, "restore_ms")}, {CODEC_MS(job_recovery_times, step_ms, "step_ms")},
+    {CODEC_MS(job_recovery_times, total_ms, "total_ms")},
+};
+static const codec_table times_table = CODEC_TABLE(job_recovery_times, "recovery", times_fields);
+
+newt_result_t job_recovery_times_add(cJSON *obj, const job_recovery_times *t) {
+  return codec_encode_object(&times_table, obj, t);
+}
+
 /* --- faults ---------------------------------------------------------------------------------- */
 
 static const codec_field fault_fields[] = {

@@ -323,6 +323,8 @@ typedef struct job_recovery_times {
   int64_t detect_ms, plan_ms, comm_ms, restore_ms, step_ms, total_ms;
 } job_recovery_times;
 job_recovery_times job_recovery_time(const job_event *e, uint64_t t_fault);
+/* Adds them to obj as start_ms, detect_ms, plan_ms, comm_ms, restore_ms, step_ms, total_ms. */
+newt_result_t job_recovery_times_add(cJSON *obj, const job_recovery_times *t);
 
 /* --- a fault newt run injected, for the recovery of generation gen that answered it --------- */
 
