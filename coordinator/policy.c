@@ -290,32 +290,84 @@ static void exclude(policy_decision *d, const char *id) {
   snprintf(d->exclude[d->nexclude++], RDZV_NAME_MAX, "%s", id);
 }
 
-/* A running generation: failures first (reports, vanished ranks, a stall), then leaves,
-   then joins. */
-static void decide_running(const policy_view *v, policy_decision *d) {
+/* Each rank of the plan: gone (its registration vanished), leaving (gracefully, or gone after
+   it said so), suspect (the reports leave it out: excluded) or, while there are reports, not
+   reported yet. */
+static void sort_ranks(const policy_view *v, policy_decision *d, int *gone, int *leaving, int *unreported) {
   const newt_plan *p = v->plan;
-  const newt_spec *s = v->spec;
-  int gone = 0, leaving = 0, unreported = 0, nreports = v->nreports;
+  int nreports = v->nreports;
   for (int k = 0; k < p->nranks; k++) {
     const char *id = p->ranks[k].worker;
     const job_worker *m = find_member(v, id);
     if (!m && listed(v->departed, v->ndeparted, id)) {
-      leaving++;
+      (*leaving)++;
       exclude(d, id);
     } else if (!m) {
-      gone++;
+      (*gone)++;
       exclude(d, id);
     } else if (policy_member_leaving(m)) {
-      leaving++;
+      (*leaving)++;
       exclude(d, id);
     } else if (nreports && suspect(v, id)) {
       exclude(d, id);
     } else if (nreports && !is_reporter(v, id)) {
-      unreported++;
+      (*unreported)++;
     }
   }
-  /* a generation that never formed in which the majority rule leaves every rank out: a
-     partition no majority explains; the largest side goes on (largest_side) */
+}
+
+/* A generation that never formed in which the majority rule leaves every rank out (cand: the
+   ranks that reported, all suspect): the largest side goes on; of the candidates, the
+   other sides stay excluded, and the gone and the leavers. */
+static void partition_build(const policy_view *v, const int *cand, policy_decision *d) {
+  const newt_plan *p = v->plan;
+  int *side = calloc((size_t)p->nranks, sizeof *side);
+  if (side && largest_side(v, cand, NULL, side) > 0) {
+    int n = d->nexclude;
+    d->nexclude = 0;
+    for (int i = 0; i < n; i++) {
+      const plan_rank *r = plan_find(p, d->exclude[i]);
+      if ((!r || !cand[r->rank] || !side[r->rank]) && d->nexclude++ != i)
+        memmove(d->exclude[d->nexclude - 1], d->exclude[i], RDZV_NAME_MAX);
+    }
+    d->partition = POLICY_PARTITION_BUILD;
+  }
+  free(side);
+}
+
+/* A running generation: a rank that reported (it is alive and reaches etcd) but that more
+   than half of the other reporters name in reports of no progress ("hang": probes lost,
+   unanswered) was cut off from them on the data plane. It goes -- it would only fail the
+   next build -- with the largest side of the cut: ranks that named a cut-off rank are on
+   the other side from it (a 2|2 split names one rank of each side). A closed connection
+   ("crash") naming a rank that reported is the cascade of its abort, not a cut: not
+   counted. */
+static void partition_cut(const policy_view *v, const int *cand, policy_decision *d) {
+  const newt_plan *p = v->plan;
+  int nreports = v->nreports;
+  int *cut = calloc((size_t)p->nranks, sizeof *cut), *side = calloc((size_t)p->nranks, sizeof *side), ncut = 0;
+  for (int k = 0; cut && side && k < p->nranks; k++) {
+    if (!cand[k]) continue;
+    int by = 0;
+    for (int i = 0; i < nreports; i++)
+      by += v->reports[i].hang && strcmp(v->reports[i].worker, p->ranks[k].worker) != 0 &&
+            accuses(v, &v->reports[i], p->ranks[k].worker);
+    cut[k] = 2 * by > nreports - 1;
+    ncut += cut[k];
+  }
+  if (ncut && largest_side(v, cand, cut, side) > 0) {
+    for (int k = 0; k < p->nranks; k++)
+      if (cand[k] && !side[k] && !listed(d->exclude, d->nexclude, p->ranks[k].worker)) exclude(d, p->ranks[k].worker);
+    d->partition = POLICY_PARTITION_CUT;
+  }
+  free(cut);
+  free(side);
+}
+
+/* The sides of a partition the reports reveal (partition_build, partition_cut). */
+static void find_partition(const policy_view *v, policy_decision *d) {
+  const newt_plan *p = v->plan;
+  int nreports = v->nreports;
   int *cand = calloc((size_t)(p->nranks ? p->nranks : 1), sizeof *cand), ncand = 0, nsuspect = 0, builds = 0;
   for (int i = 0; i < nreports; i++) builds += v->reports[i].build;
   for (int k = 0; cand && k < p->nranks; k++) {
@@ -325,60 +377,31 @@ static void decide_running(const policy_view *v, policy_decision *d) {
     ncand += cand[k];
     nsuspect += cand[k] && suspect(v, p->ranks[k].worker);
   }
-  if (cand && builds && ncand >= 2 && nsuspect == ncand) {
-    int *side = calloc((size_t)p->nranks, sizeof *side);
-    if (side && largest_side(v, cand, NULL, side) > 0) {
-      int n = d->nexclude;
-      d->nexclude = 0;
-      for (int i = 0; i < n; i++) { /* keep the gone and the leavers; of the candidates, the other sides */
-        const plan_rank *r = plan_find(p, d->exclude[i]);
-        if ((!r || !cand[r->rank] || !side[r->rank]) && d->nexclude++ != i)
-          memmove(d->exclude[d->nexclude - 1], d->exclude[i], RDZV_NAME_MAX);
-      }
-      d->partition = POLICY_PARTITION_BUILD;
-    }
-    free(side);
-  } else if (cand && !builds && nreports >= 3) {
-    /* a running generation: a rank that reported (it is alive and reaches etcd) but that more
-       than half of the other reporters name in reports of no progress ("hang": probes lost,
-       unanswered) was cut off from them on the data plane. It goes -- it would only fail the
-       next build -- with the largest side of the cut: ranks that named a cut-off rank are on
-       the other side from it (a 2|2 split names one rank of each side). A closed connection
-       ("crash") naming a rank that reported is the cascade of its abort, not a cut: not
-       counted */
-    int *cut = calloc((size_t)p->nranks, sizeof *cut), *side = calloc((size_t)p->nranks, sizeof *side), ncut = 0;
-    for (int k = 0; cut && side && k < p->nranks; k++) {
-      if (!cand[k]) continue;
-      int by = 0;
-      for (int i = 0; i < nreports; i++)
-        by += v->reports[i].hang && strcmp(v->reports[i].worker, p->ranks[k].worker) != 0 &&
-              accuses(v, &v->reports[i], p->ranks[k].worker);
-      cut[k] = 2 * by > nreports - 1;
-      ncut += cut[k];
-    }
-    if (ncut && largest_side(v, cand, cut, side) > 0) {
-      for (int k = 0; k < p->nranks; k++)
-        if (cand[k] && !side[k] && !listed(d->exclude, d->nexclude, p->ranks[k].worker)) exclude(d, p->ranks[k].worker);
-      d->partition = POLICY_PARTITION_CUT;
-    }
-    free(cut);
-    free(side);
-  }
+  if (cand && builds && ncand >= 2 && nsuspect == ncand) partition_build(v, cand, d);
+  else if (cand && !builds && nreports >= 3) partition_cut(v, cand, d);
   free(cand);
-  /* a generation that never formed: each rank gives up at its own build deadline, and ranks
-     that had a step to finish first started later, so wait for them a communicator
-     timeout and the report window after it, not just the report window -- a rank that
-     reports first (one refused at once, for lack of the job's secret) must not get the
-     others fenced for being slower to say the same */
+}
+
+/* Whether the report window passed. A generation that never formed: each rank gives up at
+   its own build deadline, and ranks that had a step to finish first started later, so wait
+   for them a communicator timeout and the report window after it, not just the report
+   window -- a rank that reports first (one refused at once, for lack of the job's secret)
+   must not get the others fenced for being slower to say the same. */
+static int report_window_over(const policy_view *v) {
+  const newt_spec *s = v->spec;
   int64_t window = s->report_window_ms;
-  for (int i = 0; i < nreports; i++)
+  for (int i = 0; i < v->nreports; i++)
     if (v->reports[i].build && s->comm_timeout_ms + s->report_window_ms > window)
       window = s->comm_timeout_ms + s->report_window_ms;
-  int window_over = v->first_report && passed(v, v->first_report, window);
-  /* everyone who could report did: decide at once -- unless the accused who are silent
-     outnumber those who reported (one rank blaming the rest may be the odd one out: wait
-     for the others to have their say), or one of them is accused only by the timeouts of a
-     build (it is still building: wait for its report, or the window) */
+  return v->first_report && passed(v, v->first_report, window);
+}
+
+/* Everyone who could report did: decide at once -- unless the accused who are silent
+   outnumber those who reported (one rank blaming the rest may be the odd one out: wait for
+   the others to have their say), or one of them is accused only by the timeouts of a build
+   (it is still building: wait for its report, or the window). */
+static int all_said(const policy_view *v, int unreported) {
+  const newt_plan *p = v->plan;
   int silent_suspects = 0, silent_building = 0;
   for (int k = 0; k < p->nranks; k++) {
     const char *id = p->ranks[k].worker;
@@ -386,50 +409,72 @@ static void decide_running(const policy_view *v, policy_decision *d) {
     silent_suspects++;
     silent_building += only_build_timeouts(v, id);
   }
-  int all_said = unreported == 0 && silent_building == 0 && nreports >= silent_suspects;
-  if (nreports && (all_said || window_over)) {
-    if (window_over && unreported) {
-      /* ranks that neither reported nor were named: they are stuck too */
-      for (int k = 0; k < p->nranks; k++) {
-        const char *id = p->ranks[k].worker;
-        if (find_member(v, id) && !is_reporter(v, id) && !is_accused(v, id)) exclude(d, id);
-      }
+  return unreported == 0 && silent_building == 0 && v->nreports >= silent_suspects;
+}
+
+/* The reports are in. stuck: the window passed with ranks that neither reported nor were
+   named: they are stuck too. */
+static void decide_reported(const policy_view *v, policy_decision *d, int stuck) {
+  const newt_plan *p = v->plan;
+  for (int k = 0; stuck && k < p->nranks; k++) {
+    const char *id = p->ranks[k].worker;
+    if (find_member(v, id) && !is_reporter(v, id) && !is_accused(v, id)) exclude(d, id);
+  }
+  /* a failure cascades (each rank that sees one aborts, closing its links), so the kind of
+     the earliest report is the kind of the fault */
+  int first_hang = 0;
+  uint64_t first_t = UINT64_MAX;
+  for (int i = 0; i < v->nreports; i++)
+    if (v->reports[i].t_ms < first_t || (v->reports[i].t_ms == first_t && !v->reports[i].hang)) {
+      first_t = v->reports[i].t_ms;
+      first_hang = v->reports[i].hang;
     }
-    /* a failure cascades (each rank that sees one aborts, closing its links), so the kind
-       of the earliest report is the kind of the fault */
-    int first_hang = 0;
-    uint64_t first_t = UINT64_MAX;
-    for (int i = 0; i < nreports; i++)
-      if (v->reports[i].t_ms < first_t || (v->reports[i].t_ms == first_t && !v->reports[i].hang)) {
-        first_t = v->reports[i].t_ms;
-        first_hang = v->reports[i].hang;
-      }
-    d->reason = first_hang ? POLICY_HANG_REPORTED : POLICY_CRASH_REPORTED;
-  } else if (nreports) {
-    /* more reports may come: wait for them (or the window) */
-  } else if (leaving && !gone) {
-    d->reason = POLICY_LEAVE, d->at_boundary = 1;
-  } else if (gone && v->outage_end && !passed(v, v->outage_end, s->lease_ttl_ms + v->join_window_ms)) {
+  d->reason = first_hang ? POLICY_HANG_REPORTED : POLICY_CRASH_REPORTED;
+}
+
+/* gone ranks' registrations vanished and nobody reported. */
+static void decide_gone(const policy_view *v, policy_decision *d, int gone) {
+  const newt_spec *s = v->spec;
+  if (v->outage_end && !passed(v, v->outage_end, s->lease_ttl_ms + v->join_window_ms)) {
     /* etcd came back a moment ago: the ranks are renewing their registrations */
-  } else if (gone && d->first_gone && v->last_progress > d->first_gone) {
+  } else if (d->first_gone && v->last_progress > d->first_gone) {
     /* steps went on after the registration vanished: every rank is alive */
     d->first_gone = 0;
     d->gone_alive = 1;
-  } else if (gone) {
+  } else {
     /* a lease ran out and no survivor saw a connection die: a rank that crashed would have
        been reported within milliseconds, so it stopped (or lost its network) -- unless no
        rank survived to report anything. Leases of ranks that died together run out up to a
        renewal period apart: wait that long for the others (or a report). */
     if (!d->first_gone) d->first_gone = v->now;
-    if (gone == p->nranks) {
+    if (gone == v->plan->nranks) {
       /* nobody left: nothing runs and no state is held, so gather the workers that are
          arriving (as for the first plan: replacements start together but register as
          their processes come up) instead of planning with the first one -- until as many
          are here as the plan had, or arrivals settled for the start window */
-      if (v->nmembers >= p->nranks || passed(v, v->last_join, v->start_window_ms)) d->reason = POLICY_ALL_GONE;
+      if (v->nmembers >= v->plan->nranks || passed(v, v->last_join, v->start_window_ms)) d->reason = POLICY_ALL_GONE;
     } else if (passed(v, d->first_gone, s->lease_ttl_ms / 2)) {
       d->reason = POLICY_LEASE_LOST;
     }
+  }
+}
+
+/* A running generation: failures first (reports, vanished ranks, a stall), then leaves,
+   then joins. */
+static void decide_running(const policy_view *v, policy_decision *d) {
+  const newt_spec *s = v->spec;
+  int gone = 0, leaving = 0, unreported = 0;
+  sort_ranks(v, d, &gone, &leaving, &unreported);
+  find_partition(v, d);
+  int window_over = report_window_over(v);
+  if (v->nreports && (all_said(v, unreported) || window_over)) {
+    decide_reported(v, d, window_over && unreported);
+  } else if (v->nreports) {
+    /* more reports may come: wait for them (or the window) */
+  } else if (leaving && !gone) {
+    d->reason = POLICY_LEAVE, d->at_boundary = 1;
+  } else if (gone) {
+    decide_gone(v, d, gone);
   } else if (passed(v, v->last_progress, v->steps_done ? s->hang_timeout_ms : s->first_step_timeout_ms)) {
     /* until the job's first step, start-up (a model built, data read, CUDA started) has a
        deadline of its own: no false hang is charged to the failure budget */

@@ -2,8 +2,8 @@
  * the current plan, the failure reports of its generation, who left, and the clocks of
  * joins, reports, lost leases and progress), a decision out (whether to replan, why, at once
  * or at the next step boundary, and whom to leave out or fence). No etcd, no threads, no
- * clock reads: coordinator.c builds the picture from its watch and acts on the decision, and
- * tests/coordinator/test_policy.c drives every cause through a table.
+ * clock reads: picture.c builds the picture from the job's changes, decide.c acts on the
+ * decision, and tests/coordinator/test_policy.c drives every cause through a table.
  *
  * The causes (the plan's "cause", what events and `newt run` report):
  *   initial  the first plan: once spec.parallel.start_workers are registered (or

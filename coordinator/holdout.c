@@ -1,0 +1,97 @@
+/* Workers held out of plans. A worker the leader fences while it is still registered (it was
+ * on another side of a partition or cut, it stopped or hung, a build could not take it in)
+ * registers again at once, and would stop the job the same way if a plan took it straight
+ * back: it is held out until it says it reaches every rank of a later plan (its links/<id>,
+ * coord_put_links), and past its hold-out while it says it does not (coord_held_refresh_locked).
+ * docs/elastic.md, "Back as soon as the links work". */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/clock.h"
+#include "common/log.h"
+#include "common/strutil.h"
+#include "coordinator/coord.h"
+
+/* The hold of id, added when it has none (NULL: no memory). Called with mu held. */
+static c_held *held_of(coord *c, const char *id) {
+  int i = 0;
+  while (i < c->nheld && strcmp(c->held[i].id, id) != 0) i++;
+  if (i < c->nheld) return &c->held[i];
+  c_held *h = realloc(c->held, (size_t)(c->nheld + 1) * sizeof *h);
+  char (*ids)[RDZV_NAME_MAX] = realloc(c->held_ids, (size_t)(c->nheld + 1) * sizeof *ids);
+  if (h) c->held = h;
+  if (ids) c->held_ids = ids;
+  if (!h || !ids) return NULL;
+  memset(&c->held[i], 0, sizeof c->held[i]);
+  snprintf(c->held[i].id, sizeof c->held[i].id, "%s", id);
+  c->nheld++;
+  return &c->held[i];
+}
+
+void coord_hold_out(coord *c, const char *id, int build) {
+  pthread_mutex_lock(&c->mu);
+  c_held *h = held_of(c, id);
+  if (!h) {
+    pthread_mutex_unlock(&c->mu);
+    return;
+  }
+  int64_t ms = policy_hold_out_ms(++h->strikes);
+  h->until = newt_now_ns() + (uint64_t)ms * 1000000ull;
+  h->gen = c->plan.generation;
+  h->build = build;
+  h->saw_cut = 0;
+  h->links_gen = 0;
+  pthread_mutex_unlock(&c->mu);
+  char d[32];
+  NEWT_WARN(COORD, "%s: %s is left out of generation %llu alive (the others lost it: a cut link, a stop, a build "
+            "that could not take it in); no plan takes it until it reaches every rank of a later one, or for %s at "
+            "most while it says nothing", c->id, id, (unsigned long long)c->plan.generation,
+            newt_fmt_duration((double)ms / 1e3, d, sizeof d));
+}
+
+/* One held out since an earlier generation is let back at once when all of a
+ * later plan's ranks answered (the cut that kept it out healed), and kept out past its
+ * hold-out while they do not (coord_held_refresh_locked). */
+void coord_put_links(coord *c, const char *id, const job_links *l) {
+  uint64_t now = newt_now_ns();
+  for (int i = 0; i < c->nheld; i++) {
+    c_held *h = &c->held[i];
+    if (strcmp(h->id, id) != 0) continue;
+    int was_held = h->until > now || h->said_kept;
+    if (!l || (uint64_t)l->generation <= h->gen) { /* gone, or of the generation it failed */
+      h->links_gen = 0;
+      continue;
+    }
+    h->links_gen = l->generation;
+    h->links_ok = l->answered == l->ranks;
+    h->saw_cut |= !h->links_ok;
+    if (!h->links_ok || !was_held || (h->build && !h->saw_cut)) continue;
+    h->until = now;
+    h->said_kept = 0;
+    NEWT_INFO(COORD, "%s: %s reaches every rank of generation %lld again: its hold-out ends", c->id, id,
+              (long long)l->generation);
+  }
+}
+
+/* Those whose hold-out has not run out, and those that say they still do not reach every
+ * rank of a plan after the one they failed (taken in, they would only fail its build). */
+void coord_held_refresh_locked(coord *c) {
+  uint64_t now = newt_now_ns();
+  int before = c->nheld_ids;
+  c->nheld_ids = 0;
+  for (int i = 0; i < c->nheld; i++) {
+    c_held *h = &c->held[i];
+    int cut = h->links_gen > 0 && !h->links_ok;
+    if (h->until <= now && cut && !h->said_kept) {
+      h->said_kept = 1;
+      NEWT_INFO(COORD, "%s: the hold-out of %s ran out, but it does not reach every rank of generation %lld: kept "
+                "out until it does", c->id, h->id, (long long)h->links_gen);
+    }
+    if (h->until <= now && !cut) h->said_kept = 0;
+    if (h->until > now || cut) snprintf(c->held_ids[c->nheld_ids++], RDZV_NAME_MAX, "%s", h->id);
+  }
+  /* one let back may make a larger layout: join_grows_layout's cached "no" is moot (the list
+     only shrinks by releases; a new hold comes with a plan, which moots it anyway) */
+  if (c->nheld_ids < before) c->join_checked_gen = UINT64_MAX;
+}
