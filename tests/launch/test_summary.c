@@ -64,6 +64,7 @@ static void test_old_and_bad(void) {
   T_CHECK(s.res.nrecoveries == 1 && s.res.recoveries[0].total_ms == 12 && s.res.recoveries[0].t_fault);
   T_CHECK(s.res.recoveries[0].step_ms == 2); /* written before it was: what the other phases leave of the total */
   T_CHECK(strcmp(s.res.outcome, "error") == 0 && !s.res.reason[0]); /* neither done nor failed, no outcome */
+  T_CHECK(s.res.etcd_keys == -1 && s.res.t_start_ms == 0 && s.res.nckpts == 0); /* not recorded */
   launcher_result_free(&s.res);
   /* how a run ended, read back */
   launcher_opts o;
@@ -191,7 +192,8 @@ static void check_compat(const char *name, launcher_result want) {
               (long long)s.workers);
   T_CHECK_MSG(got->done == want.done && got->steps == want.steps && got->final_loss == want.final_loss &&
               got->generations == want.generations && got->samples_consumed == want.samples_consumed &&
-              got->wall_s == want.wall_s && got->t_start_ms == want.t_start_ms, "%s: the run's figures", name);
+              got->wall_s == want.wall_s && got->t_start_ms == want.t_start_ms && got->etcd_keys == want.etcd_keys,
+              "%s: the run's figures", name);
   T_CHECK_MSG(strcmp(got->log_dir, want.log_dir) == 0 && strcmp(got->step_log, want.step_log) == 0 &&
               strcmp(got->event_log, want.event_log) == 0, "%s: the run's files", name);
   T_CHECK_MSG(strcmp(got->failed, want.failed) == 0 && strcmp(got->outcome, want.outcome) == 0 &&
