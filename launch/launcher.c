@@ -40,6 +40,7 @@
 #include "job/records.h"
 #include "job/runlog.h"
 #include "job/store.h"
+#include "job/view.h"
 #include "launch/netns.h"
 #include "rendezvous/etcd_server.h"
 #include "rendezvous/rdzv.h"
@@ -77,7 +78,7 @@ typedef struct run {
   char etcd_url[512];
   rdzv_etcd_server *server;
   rdzv_etcd *etcd;
-  rdzv_etcd_watch *watch;
+  job_follow *follow;
   char prefix[256];
   char secret_file[600]; /* the job's secret the workers derive data-plane keys from */
   proc *procs;
@@ -377,46 +378,87 @@ static void reap(run *r) {
 
 /* --- the watch ------------------------------------------------------------------------------- */
 
-static void take(run *r, const rdzv_etcd_kv *kv) {
-  size_t plen = strlen(r->prefix);
-  if (kv->key_len <= plen) return;
-  job_record rec = job_key_parse(kv->key + plen, NULL, NULL);
-  if (rec == JOB_REC_PROGRESS) {
-    job_progress p;
-    if (job_progress_from_json(kv->value, kv->value_len, &p) != NEWT_OK) return;
-    if (p.step > r->step) r->step = p.step;
-    r->gen = (int64_t)p.generation;
-    r->loss = p.loss;
-    r->tps = p.tokens_per_s;
-    r->world = (int)p.world;
-    r->dp = (int)p.dp;
-    r->progress_t_ms = p.t_ms;
-  } else if (rec == JOB_REC_DONE) {
-    job_done d;
-    if (job_done_from_json(kv->value, kv->value_len, &d) != NEWT_OK || !job_done_plausible(&d, &r->o->spec)) return;
-    r->done_step = d.step;
-    r->done_loss = d.loss;
-    r->done_samples = (int64_t)d.samples;
-    r->done = 1;
-  } else if (rec == JOB_REC_CKPT) { /* each new pointer once (a resync shows the newest again) */
-    job_ckpt c;
-    launcher_result *res = r->res;
-    if (job_ckpt_from_json(kv->value, kv->value_len, &c) != NEWT_OK) return;
-    if (res->nckpts && res->ckpts[res->nckpts - 1].step >= c.step) return;
-    launcher_ckpt *n = realloc(res->ckpts, (size_t)(res->nckpts + 1) * sizeof *n);
-    if (!n) return;
-    res->ckpts = n;
-    n[res->nckpts++] = (launcher_ckpt){.step = c.step, .bytes = c.bytes, .save_ms = c.save_ms, .stall_ms = c.stall_ms};
-  } else if (rec == JOB_REC_EVENT) {
-    if (r->nevents == r->cap_events) {
-      int cap = r->cap_events ? 2 * r->cap_events : 32;
-      job_event *e = realloc(r->events, (size_t)cap * sizeof *e);
-      if (!e) return;
-      r->events = e;
-      r->cap_events = cap;
-    }
-    if (job_event_from_json(kv->value, kv->value_len, &r->events[r->nevents]) == NEWT_OK) r->nevents++;
+/* A copy of a list of worker ids (NULL for none, or out of memory). */
+static void *copy_ids(const void *ids, int n) {
+  void *p = n > 0 ? malloc((size_t)n * RDZV_NAME_MAX) : NULL;
+  if (p) memcpy(p, ids, (size_t)n * RDZV_NAME_MAX);
+  return p;
+}
+
+/* Queues an event for the main loop, a copy of its own: the change's is freed with its batch. */
+static void queue_event(run *r, const job_event *e) {
+  if (r->nevents == r->cap_events) {
+    int cap = r->cap_events ? 2 * r->cap_events : 32;
+    job_event *evs = realloc(r->events, (size_t)cap * sizeof *evs);
+    if (!evs) return;
+    r->events = evs;
+    r->cap_events = cap;
   }
+  job_event *q = &r->events[r->nevents];
+  *q = *e;
+  q->excluded = copy_ids(e->excluded, e->nexcluded);
+  q->spare_ids = copy_ids(e->spare_ids, e->nspare_ids);
+  if ((e->nexcluded > 0 && !q->excluded) || (e->nspare_ids > 0 && !q->spare_ids)) {
+    job_event_free(q);
+    return;
+  }
+  r->nevents++;
+}
+
+static void take_progress(run *r, const job_progress *p) {
+  if (p->step > r->step) r->step = p->step;
+  r->gen = (int64_t)p->generation;
+  r->loss = p->loss;
+  r->tps = p->tokens_per_s;
+  r->world = (int)p->world;
+  r->dp = (int)p->dp;
+  r->progress_t_ms = p->t_ms;
+}
+
+static void take_done(run *r, const job_done *d) {
+  if (!job_done_plausible(d, &r->o->spec)) return;
+  r->done_step = d->step;
+  r->done_loss = d->loss;
+  r->done_samples = (int64_t)d->samples;
+  r->done = 1;
+}
+
+static void take_ckpt(launcher_result *res, const job_ckpt *c) {
+  if (res->nckpts && res->ckpts[res->nckpts - 1].step >= c->step) return;
+  launcher_ckpt *n = realloc(res->ckpts, (size_t)(res->nckpts + 1) * sizeof *n);
+  if (!n) return;
+  res->ckpts = n;
+  n[res->nckpts++] = (launcher_ckpt){.step = c->step, .bytes = c->bytes, .save_ms = c->save_ms, .stall_ms = c->stall_ms};
+}
+
+/* One change into the picture (r->mu held); events are queued unless resync. A deletion, a
+ * record its codec refused and the records the launcher does not follow change nothing. */
+static void take(run *r, const job_change *ch, int resync) {
+  if (ch->deleted) return;
+  switch (ch->rec) {
+    case JOB_REC_PROGRESS: take_progress(r, &ch->u.progress); break;
+    case JOB_REC_DONE: take_done(r, &ch->u.done); break;
+    case JOB_REC_CKPT: take_ckpt(r->res, &ch->u.ckpt); break;
+    case JOB_REC_EVENT:
+      if (!resync) queue_event(r, &ch->u.event);
+      break;
+    default: break;
+  }
+}
+
+static void on_changes(void *ud, const job_change *chs, size_t n, int resync) {
+  run *r = ud;
+  pthread_mutex_lock(&r->mu);
+  for (size_t i = 0; i < n; i++) take(r, &chs[i], resync);
+  pthread_mutex_unlock(&r->mu);
+}
+
+static void on_health(void *ud, int ok, const char *why) {
+  (void)why;
+  run *r = ud;
+  pthread_mutex_lock(&r->mu);
+  r->etcd_lost_ms = ok ? 0 : newt_wall_ms();
+  pthread_mutex_unlock(&r->mu);
 }
 
 /* Follows the step log rank 0 appends to (the run's own file, job/runlog.h): each step
@@ -472,40 +514,36 @@ static void follow_steps(run *r) {
   }
 }
 
+/* Reads the record rec (a key of its own: job_key) into *ch, decoded (JOB_REC_OTHER where
+ * its codec refused it; job_change_free it). NEWT_ERR_NOTFOUND: no such key; else etcd's. */
+static newt_result_t read_record(run *r, job_record rec, newt_deadline_t d, job_change *ch) {
+  char key[256];
+  rdzv_etcd_kv kv;
+  NEWT_CHECK(job_key(key, sizeof key, r->o->spec.job, rec, 0, NULL));
+  NEWT_CHECK(rdzv_etcd_get(r->etcd, key, d, &kv, NULL));
+  job_change_decode(r->prefix, &kv, 0, ch);
+  ch->kv = NULL; /* freed here: what the change holds is its own */
+  rdzv_etcd_kv_free(&kv);
+  return NEWT_OK;
+}
+
 /* Reads the end marker from etcd directly (retrying until d while etcd does not answer);
  * 1 when the job is done (taken as the watch would), 0 when it is not or etcd is away. */
 static int read_done(run *r, newt_deadline_t d) {
-  char key[256];
-  if (job_key(key, sizeof key, r->o->spec.job, JOB_REC_DONE, 0, NULL) != NEWT_OK) return 0;
   for (;;) {
-    rdzv_etcd_kv kv;
-    newt_result_t res = rdzv_etcd_get(r->etcd, key, newt_deadline_min(d, newt_deadline_in_ms(2000)), &kv, NULL);
+    job_change ch;
+    newt_result_t res = read_record(r, JOB_REC_DONE, newt_deadline_min(d, newt_deadline_in_ms(2000)), &ch);
     if (res == NEWT_OK) {
       pthread_mutex_lock(&r->mu);
-      take(r, &kv);
+      take(r, &ch, 1);
       int done = r->done;
       pthread_mutex_unlock(&r->mu);
-      rdzv_etcd_kv_free(&kv);
+      job_change_free(&ch);
       return done;
     }
     if (res == NEWT_ERR_NOTFOUND || newt_deadline_passed(d)) return 0;
     newt_sleep_ms(100);
   }
-}
-
-static void on_watch(void *ud, const rdzv_etcd_watch_resp *w) {
-  run *r = ud;
-  pthread_mutex_lock(&r->mu);
-  if (w->kind == RDZV_WATCH_ERROR && !r->etcd_lost_ms) r->etcd_lost_ms = newt_wall_ms();
-  else if (w->kind != RDZV_WATCH_ERROR) r->etcd_lost_ms = 0;
-  if (w->kind == RDZV_WATCH_EVENTS) {
-    for (size_t i = 0; i < w->n_events; i++)
-      if (w->events[i].type == RDZV_EVENT_PUT) take(r, &w->events[i].kv);
-  } else if (w->kind == RDZV_WATCH_RESYNC) {
-    for (size_t i = 0; i < w->n_kvs; i++)
-      if (job_key_parse(w->kvs[i].key + strlen(r->prefix), NULL, NULL) != JOB_REC_EVENT) take(r, &w->kvs[i]);
-  }
-  pthread_mutex_unlock(&r->mu);
 }
 
 /* --- chaos ----------------------------------------------------------------------------------- */
@@ -522,13 +560,13 @@ static fault *add_fault(run *r, const chaos_event *e) {
   return f;
 }
 
-/* The plan in force, from etcd (NEWT_ERR_*: none, or etcd away). */
+/* The plan in force, from etcd (NEWT_ERR_*: none, etcd away, or refused). */
 static newt_result_t current_plan(run *r, newt_plan *out) {
-  char *json = NULL;
-  newt_result_t res = job_plan_get(r->etcd, r->o->spec.job, newt_deadline_in_ms(2000), &json, NULL, NULL);
-  if (res == NEWT_OK) res = plan_from_json(json, strlen(json), out);
-  free(json);
-  return res;
+  job_change ch;
+  NEWT_CHECK(read_record(r, JOB_REC_PLAN, newt_deadline_in_ms(2000), &ch));
+  if (ch.rec != JOB_REC_PLAN) return NEWT_ERR(NEWT_ERR_INVALID, "%s", ch.why);
+  *out = ch.u.plan; /* its arrays are the caller's now */
+  return NEWT_OK;
 }
 
 /* The plan in force before the faults of one look fire (NULL where etcd is away: nothing
@@ -1222,12 +1260,12 @@ static newt_result_t start(run *r) {
   rdzv_etcd_opts eo = o->etcd ? o->etcd_client : (rdzv_etcd_opts){0};
   eo.endpoints = r->etcd_url;
   NEWT_CHECK(rdzv_etcd_init(&eo, &r->etcd));
-  NEWT_CHECK(rdzv_key(r->prefix, sizeof r->prefix, o->spec.job, ""));
+  NEWT_CHECK(job_prefix(r->prefix, sizeof r->prefix, o->spec.job, JOB_REC_OTHER, -1));
   /* a job name is used once: refuse to mix with the keys of an earlier run */
   rdzv_etcd_range_opts ro = {.prefix = 1, .count_only = 1};
   rdzv_etcd_kvs existing;
   NEWT_CHECK(rdzv_etcd_range(r->etcd, r->prefix, &ro, newt_deadline_in_ms(5000), &existing));
-  int64_t count = existing.count, rev = existing.revision;
+  int64_t count = existing.count;
   rdzv_etcd_kvs_free(&existing);
   if (count > 0)
     return NEWT_ERR(NEWT_ERR_CONFLICT, "job %s already has keys in etcd at %s: pick another --job", o->spec.job,
@@ -1240,8 +1278,7 @@ static newt_result_t start(run *r) {
   newt_result_t res = job_spec_put(r->etcd, o->spec.job, spec, newt_deadline_in_ms(5000));
   free(spec);
   NEWT_CHECK(res);
-  rdzv_etcd_watch_opts wo = {.prefix = 1, .start_revision = rev + 1};
-  NEWT_CHECK(rdzv_etcd_watch_start(r->etcd, r->prefix, &wo, on_watch, r, newt_deadline_in_ms(5000), &r->watch));
+  NEWT_CHECK(job_follow_start(r->etcd, o->spec.job, on_changes, on_health, r, newt_deadline_in_ms(5000), &r->follow));
   for (int i = 0; i < o->coordinators; i++) NEWT_CHECK(spawn(r, PROC_COORD, r->next_coord++));
   for (int i = 0; i < o->nproc; i++) NEWT_CHECK(spawn(r, PROC_WORKER, r->next_worker++));
   if (!o->quiet) {
@@ -1431,14 +1468,16 @@ exit:
   res->etcd_keys = -1;
   rdzv_etcd_range_opts ko = {.prefix = 1, .keys_only = 1};
   rdzv_etcd_kvs keys;
-  if (r->etcd && rdzv_etcd_range(r->etcd, r->prefix, &ko, newt_deadline_in_ms(3000), &keys) == NEWT_OK) {
+  char faults[256]; /* our own notes of the faults we injected are not the job's */
+  if (r->etcd && job_prefix(faults, sizeof faults, o->spec.job, JOB_REC_FAULT, -1) == NEWT_OK &&
+      rdzv_etcd_range(r->etcd, r->prefix, &ko, newt_deadline_in_ms(3000), &keys) == NEWT_OK) {
     res->etcd_keys = 0;
-    for (size_t i = 0; i < keys.n; i++) /* our own notes of the faults we injected are not the job's */
+    for (size_t i = 0; i < keys.n; i++)
       res->etcd_keys += keys.kvs[i].lease == 0 &&
-                        job_key_parse(keys.kvs[i].key + strlen(r->prefix), NULL, NULL) != JOB_REC_FAULT;
+                        !(keys.kvs[i].key_len >= strlen(faults) && memcmp(keys.kvs[i].key, faults, strlen(faults)) == 0);
     rdzv_etcd_kvs_free(&keys);
   }
-  if (r->watch) rdzv_etcd_watch_free(r->watch);
+  job_follow_free(r->follow);
   if (r->etcd) rdzv_etcd_free(r->etcd);
   if (r->server) rdzv_etcd_server_free(r->server);
   netns_free(r->net); /* once every process in them has ended */
