@@ -129,7 +129,8 @@ typedef struct launcher_summary {
   launcher_result res;   /* recoveries malloc'd: launcher_result_free */
 } launcher_summary;
 
-/* Parses what launcher_summary_json writes; errors name the field
+/* Parses what launcher_summary_json writes (and what earlier versions wrote: a field added
+ * later reads as its default, etcd_keys as -1); errors name the field
  * ("summary.recoveries[1].total_ms: ..."). */
 newt_result_t launcher_summary_from_json(const char *text, size_t len, launcher_summary *out);
 

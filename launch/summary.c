@@ -1,132 +1,197 @@
-/* The summary of a run read back (launcher.h): the parser of what launcher_summary_json
- * writes, for `newt report`. A summary is a file a person may have edited or truncated, so
- * every field is checked and a bad one named; fields added later (step, t_ms and fault of a
- * recovery, t_start_ms, steps_planned, the run's files, checkpoints, outcome and reason) are
- * optional, so the summaries of earlier versions still read. */
+/* The summary of a run (launcher.h): what `newt run` writes in its log directory (and where
+ * --summary says), and `newt report` reads back. One codec (job/codec.h) of three tables, a
+ * recovery, a checkpoint and the summary around them, so that a field is spelled once: the
+ * writer is the tables in order (the bytes are the previous release's: a table is never
+ * reordered, tests/launch/fixtures/), the reader the same tables with their checks.
+ *
+ * A summary is a file a person may have edited or truncated, so every field is checked and a
+ * bad one named ("summary.recoveries[2].detect_ms: ..."). Fields added later (step, t_ms and
+ * fault of a recovery, t_start_ms, steps_planned, the run's files, checkpoints, outcome and
+ * reason) are optional, so the summaries of earlier versions still read: a recovery without
+ * step_ms gets what the other phases leave of its total, a summary without an outcome the
+ * one its done and failed say. Some fields are written only where they mean something: an
+ * outage's (outage_ms, pause_ms, tokens/s) for cause etcd, resumed_ms once measured, a
+ * checkpoint's sizes and times once known. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "common/json.h"
+#include "job/codec.h"
 #include "job/records.h"
 #include "launch/launcher.h"
 
-/* An integer field that cannot be negative. */
-static newt_result_t get_count(const cJSON *j, const char *what, const char *field, int required, int64_t *out) {
-  NEWT_CHECK(newt_json_get_int(j, what, field, required, out));
-  if (*out < 0) return NEWT_ERR(NEWT_ERR_INVALID, "%s.%s: %lld is negative", what, field, (long long)*out);
+/* --- arrays of records ------------------------------------------------------------------------ */
+
+/* A field that is an array of records of f->sub's table: a malloc'd array at f's place in the
+ * struct, its count an int at f->count_off (launcher_result_free frees it). */
+#define SUMMARY_ARRAY(m, n, key, table)                                                                         \
+  CODEC_CUSTOM(launcher_summary, m, key, put_array, get_array), .sub = &(table),                             \
+      .count_off = offsetof(launcher_summary, n)
+
+static newt_result_t put_array(cJSON *obj, const codec_field *f, const void *rec) {
+  const char *items;
+  memcpy(&items, (const char *)rec + f->off, sizeof items);
+  int n = *(const int *)((const char *)rec + f->count_off);
+  cJSON *a = cJSON_AddArrayToObject(obj, f->name);
+  for (int i = 0; a && i < n; i++) {
+    cJSON *e = cJSON_CreateObject();
+    if (!e || !cJSON_AddItemToArray(a, e)) {
+      cJSON_Delete(e);
+      a = NULL;
+      break;
+    }
+    NEWT_CHECK(codec_encode_object(f->sub, e, items + (size_t)i * f->sub->size));
+  }
+  return a ? NEWT_OK : NEWT_ERR(NEWT_ERR_NOMEM, "out of memory writing %s", f->name);
+}
+
+static newt_result_t get_array(const cJSON *obj, const char *what, const codec_field *f, void *rec, int required) {
+  const cJSON *a = NULL;
+  NEWT_CHECK(newt_json_get_arr(obj, what, f->name, required, &a));
+  int n = a ? cJSON_GetArraySize(a) : 0, *count = (int *)((char *)rec + f->count_off);
+  char *items = n > 0 ? calloc((size_t)n, f->sub->size) : NULL;
+  if (n > 0 && !items) return NEWT_ERR(NEWT_ERR_NOMEM, "%s.%s: out of memory for %d", what, f->name, n);
+  memcpy((char *)rec + f->off, &items, sizeof items);
+  *count = 0;
+  for (const cJSON *e = a ? a->child : NULL; e; e = e->next, (*count)++) {
+    char label[96];
+    snprintf(label, sizeof label, "%s.%s[%d]", what, f->name, *count);
+    NEWT_CHECK(codec_decode_object(f->sub, e, label, items + (size_t)*count * f->sub->size));
+  }
   return NEWT_OK;
 }
 
-static newt_result_t get_recovery(const cJSON *e, const char *what, launcher_recovery *rec) {
-  memset(rec, 0, sizeof *rec);
+/* --- a recovery ------------------------------------------------------------------------------- */
+
+/* The outage's fields are an etcd recovery's alone. */
+static int not_etcd(const void *rec) { return strcmp(((const launcher_recovery *)rec)->cause, "etcd") != 0; }
+
+/* "injected": the recovery answers a fault we injected. Read back, the fault's time is the
+ * recovery's start (t_ms, read before it; 1 where that is not recorded). */
+static newt_result_t put_injected(cJSON *obj, const codec_field *f, const void *rec) {
+  if (cJSON_AddBoolToObject(obj, f->name, ((const launcher_recovery *)rec)->t_fault != 0)) return NEWT_OK;
+  return NEWT_ERR(NEWT_ERR_NOMEM, "out of memory writing %s", f->name);
+}
+
+static newt_result_t get_injected(const cJSON *obj, const char *what, const codec_field *f, void *rec, int required) {
+  launcher_recovery *r = rec;
   int injected = 0;
-  int64_t t_ms = 0;
-  newt_result_t r = newt_json_get_strcpy(e, what, "cause", 1, rec->cause, sizeof rec->cause);
-  if (r == NEWT_OK) r = newt_json_get_strcpy(e, what, "fault", 0, rec->fault, sizeof rec->fault);
-  if (r == NEWT_OK) r = newt_json_get_strcpy(e, what, "restore", 0, rec->restore, sizeof rec->restore);
-  if (r == NEWT_OK) r = get_count(e, what, "generation", 0, &rec->generation);
-  if (r == NEWT_OK) r = get_count(e, what, "step", 0, &rec->step);
-  if (r == NEWT_OK) r = get_count(e, what, "world", 0, &rec->world);
-  if (r == NEWT_OK) r = get_count(e, what, "t_ms", 0, &t_ms);
-  if (r == NEWT_OK) r = get_count(e, what, "detect_ms", 1, &rec->detect_ms);
-  if (r == NEWT_OK) r = get_count(e, what, "plan_ms", 1, &rec->plan_ms);
-  if (r == NEWT_OK) r = get_count(e, what, "comm_ms", 1, &rec->comm_ms);
-  if (r == NEWT_OK) r = get_count(e, what, "restore_ms", 1, &rec->restore_ms);
-  rec->step_ms = -1; /* absent from a summary written before it was */
-  if (r == NEWT_OK && cJSON_GetObjectItemCaseSensitive(e, "step_ms")) r = get_count(e, what, "step_ms", 1, &rec->step_ms);
-  if (r == NEWT_OK) r = get_count(e, what, "total_ms", 1, &rec->total_ms);
-  if (r == NEWT_OK) r = get_count(e, what, "steps_lost", 0, &rec->steps_lost);
-  if (r == NEWT_OK) r = newt_json_get_bool(e, what, "injected", 0, &injected);
-  rec->outage_ms = rec->pause_ms = rec->resumed_ms = -1;
-  if (r == NEWT_OK) r = newt_json_get_int(e, what, "resumed_ms", 0, &rec->resumed_ms);
-  if (r == NEWT_OK) r = newt_json_get_int(e, what, "outage_ms", 0, &rec->outage_ms);
-  if (r == NEWT_OK) r = newt_json_get_int(e, what, "pause_ms", 0, &rec->pause_ms);
-  if (r == NEWT_OK) r = newt_json_get_double(e, what, "tokens_per_s_before", 0, &rec->tps_before);
-  if (r == NEWT_OK) r = newt_json_get_double(e, what, "tokens_per_s_during", 0, &rec->tps_during);
-  int64_t before = rec->detect_ms + rec->plan_ms + rec->comm_ms + rec->restore_ms;
-  if (rec->step_ms < 0) rec->step_ms = rec->total_ms > before ? rec->total_ms - before : 0; /* written before it was */
-  rec->t_ms = (uint64_t)t_ms;
-  rec->t_fault = injected ? (uint64_t)(t_ms ? t_ms : 1) : 0;
-  return r;
+  NEWT_CHECK(newt_json_get_bool(obj, what, f->name, required, &injected));
+  r->t_fault = injected ? (r->t_ms ? r->t_ms : 1) : 0;
+  return NEWT_OK;
 }
 
-static newt_result_t get_ckpt(const cJSON *e, const char *what, launcher_ckpt *c) {
-  memset(c, 0, sizeof *c);
-  newt_result_t r = get_count(e, what, "step", 1, &c->step);
-  if (r == NEWT_OK) r = get_count(e, what, "bytes", 0, &c->bytes);
-  if (r == NEWT_OK) r = get_count(e, what, "save_ms", 0, &c->save_ms);
-  if (r == NEWT_OK) r = newt_json_get_double(e, what, "stall_ms", 0, &c->stall_ms);
-  if (r == NEWT_OK && !(c->stall_ms >= 0 && c->stall_ms <= JOB_STALL_MS_MAX))
-    r = NEWT_ERR(NEWT_ERR_INVALID, "%s.stall_ms: %g is out of range [0, %g]", what, c->stall_ms, JOB_STALL_MS_MAX);
-  return r;
+#define RECOVERY_MS(m, key) CODEC_MS(launcher_recovery, m, key)
+/* -1: not measured */
+#define RECOVERY_OPT(m, key) CODEC_INT(launcher_recovery, m, key, -1, INT64_MAX), .def = -1
+
+static const codec_field recovery_fields[] = {
+    {CODEC_STR(launcher_recovery, cause, "cause"), CODEC_REQUIRED},
+    {RECOVERY_MS(generation, "generation")},
+    {RECOVERY_MS(step, "step")},
+    {RECOVERY_MS(world, "world")},
+    {RECOVERY_MS(t_ms, "t_ms")},
+    {RECOVERY_MS(detect_ms, "detect_ms"), CODEC_REQUIRED},
+    {RECOVERY_MS(plan_ms, "plan_ms"), CODEC_REQUIRED},
+    {RECOVERY_MS(comm_ms, "comm_ms"), CODEC_REQUIRED},
+    {RECOVERY_MS(restore_ms, "restore_ms"), CODEC_REQUIRED},
+    {RECOVERY_OPT(step_ms, "step_ms")}, /* absent (or -1): derived once read (summary_read) */
+    {RECOVERY_MS(total_ms, "total_ms"), CODEC_REQUIRED},
+    {RECOVERY_MS(steps_lost, "steps_lost")},
+    {CODEC_STR(launcher_recovery, restore, "restore")},
+    {CODEC_CUSTOM(launcher_recovery, t_fault, "injected", put_injected, get_injected)},
+    {CODEC_STR(launcher_recovery, fault, "fault"), CODEC_OMIT},
+    {RECOVERY_OPT(resumed_ms, "resumed_ms"), CODEC_OMIT},
+    {RECOVERY_OPT(outage_ms, "outage_ms"), .skip = not_etcd},
+    {RECOVERY_OPT(pause_ms, "pause_ms"), .skip = not_etcd},
+    {CODEC_REAL(launcher_recovery, tps_before, "tokens_per_s_before"), .skip = not_etcd},
+    {CODEC_REAL(launcher_recovery, tps_during, "tokens_per_s_during"), .skip = not_etcd},
+};
+static const codec_table recovery_table = CODEC_TABLE(launcher_recovery, "recovery", recovery_fields);
+
+/* --- a checkpoint ----------------------------------------------------------------------------- */
+
+static const codec_field ckpt_fields[] = {
+    {CODEC_MS(launcher_ckpt, step, "step"), CODEC_REQUIRED},
+    {CODEC_MS(launcher_ckpt, bytes, "bytes"), CODEC_OMIT},
+    {CODEC_MS(launcher_ckpt, save_ms, "save_ms"), CODEC_OMIT},
+    {CODEC_REAL(launcher_ckpt, stall_ms, "stall_ms"), CODEC_OMIT, .dmin = 0, .dmax = JOB_STALL_MS_MAX},
+};
+static const codec_table ckpt_table = CODEC_TABLE(launcher_ckpt, "checkpoint", ckpt_fields);
+
+/* --- the summary ------------------------------------------------------------------------------ */
+
+/* How a run ends (launcher_result.outcome). */
+static const char *const outcomes[] = {"done", "failed", "interrupted", "timeout", "exited", "error", NULL};
+
+#define SUMMARY_MS(m, key) CODEC_MS(launcher_summary, m, key)
+
+static const codec_field summary_fields[] = {
+    {CODEC_STR(launcher_summary, job, "job")},
+    {CODEC_BOOL(launcher_summary, res.done, "done")},
+    {SUMMARY_MS(res.steps, "steps"), CODEC_REQUIRED},
+    {CODEC_REAL(launcher_summary, res.final_loss, "final_loss"), CODEC_REQUIRED}, /* not finite: written as 0 */
+    {SUMMARY_MS(res.generations, "generations"), CODEC_REQUIRED},
+    {SUMMARY_MS(res.samples_consumed, "samples_consumed"), CODEC_REQUIRED},
+    {SUMMARY_MS(global_batch, "global_batch")},
+    {SUMMARY_MS(workers, "workers")},
+    {SUMMARY_MS(steps_planned, "steps_planned")},
+    {CODEC_REAL(launcher_summary, res.wall_s, "wall_s")},
+    {SUMMARY_MS(res.t_start_ms, "t_start_ms")},
+    {CODEC_INT(launcher_summary, res.etcd_keys, "etcd_keys", -1, INT64_MAX), .def = -1},
+    {CODEC_STR(launcher_summary, res.failed, "failed"), CODEC_OMIT},
+    {CODEC_WORD(launcher_summary, res.outcome, "outcome", outcomes)}, /* absent: derived once read */
+    {CODEC_STR(launcher_summary, res.reason, "reason"), CODEC_OMIT},
+    {SUMMARY_ARRAY(res.recoveries, res.nrecoveries, "recoveries", recovery_table), CODEC_REQUIRED},
+    {SUMMARY_ARRAY(res.ckpts, res.nckpts, "checkpoints", ckpt_table)},
+    {CODEC_STR(launcher_summary, res.log_dir, "log_dir")},
+    {CODEC_STR(launcher_summary, res.step_log, "step_log")},
+    {CODEC_STR(launcher_summary, res.event_log, "event_log")},
+};
+static const codec_table summary_table = CODEC_TABLE(launcher_summary, "summary", summary_fields);
+
+char *launcher_summary_json(const launcher_opts *o, const launcher_result *res) {
+  launcher_summary s = {.global_batch = o->spec.global_batch, .workers = o->nproc, .steps_planned = o->spec.steps,
+                        .res = *res};
+  snprintf(s.job, sizeof s.job, "%s", o->spec.job);
+  if (!isfinite(s.res.final_loss)) s.res.final_loss = 0;
+  if (!s.res.outcome[0]) snprintf(s.res.outcome, sizeof s.res.outcome, "%s", res->done ? "done" : "error");
+  cJSON *j = cJSON_CreateObject();
+  char *text = j && codec_encode_object(&summary_table, j, &s) == NEWT_OK ? cJSON_Print(j) : NULL; /* for people too */
+  cJSON_Delete(j);
+  return text;
 }
 
-/* How the run ended: outcome (one of launcher.h's words) and reason; a summary written
- * before they were has done and failed only. */
-static newt_result_t get_outcome(const cJSON *j, const char *what, launcher_result *res) {
-  static const char *const outcomes[] = {"done", "failed", "interrupted", "timeout", "exited", "error", NULL};
-  NEWT_CHECK(newt_json_get_strcpy(j, what, "failed", 0, res->failed, sizeof res->failed));
-  NEWT_CHECK(newt_json_get_strcpy(j, what, "outcome", 0, res->outcome, sizeof res->outcome));
-  NEWT_CHECK(newt_json_get_strcpy(j, what, "reason", 0, res->reason, sizeof res->reason));
-  if (!res->outcome[0]) {
-    snprintf(res->outcome, sizeof res->outcome, "%s", res->done ? "done" : res->failed[0] ? "failed" : "error");
-    return NEWT_OK;
+/* What a summary of an earlier version leaves out, derived: a recovery's first step (what the
+ * other phases leave of its total), how the run ended (from done and failed). */
+static void summary_read(launcher_result *res) {
+  for (int i = 0; i < res->nrecoveries; i++) {
+    launcher_recovery *rec = &res->recoveries[i];
+    int64_t before = rec->detect_ms + rec->plan_ms + rec->comm_ms + rec->restore_ms;
+    if (rec->step_ms < 0) rec->step_ms = rec->total_ms > before ? rec->total_ms - before : 0;
   }
-  for (int i = 0; outcomes[i]; i++)
-    if (strcmp(res->outcome, outcomes[i]) == 0) return NEWT_OK;
-  return NEWT_ERR(NEWT_ERR_INVALID, "%s.outcome: expected done, failed, interrupted, timeout, exited or error, got \"%s\"",
-                  what, res->outcome);
+  if (!res->outcome[0])
+    snprintf(res->outcome, sizeof res->outcome, "%s", res->done ? "done" : res->failed[0] ? "failed" : "error");
 }
 
 newt_result_t launcher_summary_from_json(const char *text, size_t len, launcher_summary *out) {
-  const char *what = "summary";
   memset(out, 0, sizeof *out);
-  cJSON *j = NULL;
-  NEWT_CHECK(newt_json_parse(text, len, what, &j));
-  launcher_result *res = &out->res;
-  const cJSON *recs = NULL, *cks = NULL;
-  int64_t t_start = 0;
-  res->final_loss = NAN;
-  newt_result_t r = cJSON_IsObject(j) ? NEWT_OK : NEWT_ERR(NEWT_ERR_INVALID, "summary: expected a JSON object");
-  if (r == NEWT_OK) r = newt_json_get_strcpy(j, what, "job", 0, out->job, sizeof out->job);
-  if (r == NEWT_OK) r = newt_json_get_bool(j, what, "done", 0, &res->done);
-  if (r == NEWT_OK) r = get_count(j, what, "steps", 1, &res->steps);
-  if (r == NEWT_OK) r = newt_json_get_double(j, what, "final_loss", 1, &res->final_loss);
-  if (r == NEWT_OK) r = get_count(j, what, "generations", 1, &res->generations);
-  if (r == NEWT_OK) r = get_count(j, what, "samples_consumed", 1, &res->samples_consumed);
-  if (r == NEWT_OK) r = get_count(j, what, "global_batch", 0, &out->global_batch);
-  if (r == NEWT_OK) r = get_count(j, what, "workers", 0, &out->workers);
-  if (r == NEWT_OK) r = get_count(j, what, "steps_planned", 0, &out->steps_planned);
-  if (r == NEWT_OK) r = newt_json_get_double(j, what, "wall_s", 0, &res->wall_s);
-  if (r == NEWT_OK) r = get_count(j, what, "t_start_ms", 0, &t_start);
-  if (r == NEWT_OK) r = newt_json_get_strcpy(j, what, "log_dir", 0, res->log_dir, sizeof res->log_dir);
-  if (r == NEWT_OK) r = newt_json_get_strcpy(j, what, "step_log", 0, res->step_log, sizeof res->step_log);
-  if (r == NEWT_OK) r = newt_json_get_strcpy(j, what, "event_log", 0, res->event_log, sizeof res->event_log);
-  if (r == NEWT_OK) r = get_outcome(j, what, res);
-  if (r == NEWT_OK) r = newt_json_get_arr(j, what, "recoveries", 1, &recs);
-  if (r == NEWT_OK) r = newt_json_get_arr(j, what, "checkpoints", 0, &cks);
-  res->t_start_ms = (uint64_t)t_start;
-  int n = recs ? cJSON_GetArraySize(recs) : 0;
-  if (r == NEWT_OK && n > 0 && !(res->recoveries = calloc((size_t)n, sizeof *res->recoveries)))
-    r = NEWT_ERR(NEWT_ERR_NOMEM, "summary.recoveries: out of memory for %d", n);
-  for (const cJSON *e = recs ? recs->child : NULL; r == NEWT_OK && e; e = e->next) {
-    char label[48];
-    snprintf(label, sizeof label, "summary.recoveries[%d]", res->nrecoveries);
-    if (!cJSON_IsObject(e)) r = NEWT_ERR(NEWT_ERR_INVALID, "%s: expected an object", label);
-    else if ((r = get_recovery(e, label, &res->recoveries[res->nrecoveries])) == NEWT_OK) res->nrecoveries++;
+  newt_result_t r = codec_decode(&summary_table, text, len, NULL, out);
+  if (r != NEWT_OK) {
+    launcher_result_free(&out->res);
+    return r;
   }
-  int nc = cks ? cJSON_GetArraySize(cks) : 0;
-  if (r == NEWT_OK && nc > 0 && !(res->ckpts = calloc((size_t)nc, sizeof *res->ckpts)))
-    r = NEWT_ERR(NEWT_ERR_NOMEM, "summary.checkpoints: out of memory for %d", nc);
-  for (const cJSON *e = cks ? cks->child : NULL; r == NEWT_OK && e; e = e->next) {
-    char label[48];
-    snprintf(label, sizeof label, "summary.checkpoints[%d]", res->nckpts);
-    if (!cJSON_IsObject(e)) r = NEWT_ERR(NEWT_ERR_INVALID, "%s: expected an object", label);
-    else if ((r = get_ckpt(e, label, &res->ckpts[res->nckpts])) == NEWT_OK) res->nckpts++;
-  }
-  cJSON_Delete(j);
-  if (r != NEWT_OK) launcher_result_free(res);
-  return r;
+  summary_read(&out->res);
+  return NEWT_OK;
+}
+
+void launcher_result_free(launcher_result *res) {
+  free(res->recoveries);
+  res->recoveries = NULL;
+  res->nrecoveries = 0;
+  free(res->ckpts);
+  res->ckpts = NULL;
+  res->nckpts = 0;
 }

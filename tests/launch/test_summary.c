@@ -1,10 +1,13 @@
-/* Unit tests of the summary of `newt run` read back (launch/summary.c): what
- * launcher_summary_json writes parses back field for field, an earlier summary without the
- * newer fields still reads, and a bad field is refused by name. */
+/* Unit tests of the summary of `newt run` (launch/summary.c): what launcher_summary_json
+ * writes parses back field for field, an earlier summary without the newer fields still
+ * reads, a bad field is refused by name, and the summaries of the previous release
+ * (fixtures/: written by the writer before issue 28's codec) read back to the values they
+ * were written from and are written again to the same bytes. */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/fs.h"
 #include "launch/launcher.h"
 #include "test.h"
 
@@ -61,6 +64,7 @@ static void test_old_and_bad(void) {
   T_CHECK(s.res.nrecoveries == 1 && s.res.recoveries[0].total_ms == 12 && s.res.recoveries[0].t_fault);
   T_CHECK(s.res.recoveries[0].step_ms == 2); /* written before it was: what the other phases leave of the total */
   T_CHECK(strcmp(s.res.outcome, "error") == 0 && !s.res.reason[0]); /* neither done nor failed, no outcome */
+  T_CHECK(s.res.etcd_keys == -1 && s.res.t_start_ms == 0 && s.res.nckpts == 0); /* not recorded */
   launcher_result_free(&s.res);
   /* how a run ended, read back */
   launcher_opts o;
@@ -96,8 +100,127 @@ static void test_old_and_bad(void) {
   }
 }
 
+/* --- the previous release's summaries (fixtures/README.md) -------------------------------- */
+
+static launcher_opts compat_opts(void) {
+  launcher_opts o;
+  memset(&o, 0, sizeof o);
+  spec_defaults(&o.spec, "compat");
+  o.spec.steps = 300;
+  o.spec.global_batch = 24;
+  o.nproc = 4;
+  return o;
+}
+
+/* The values of fixtures/summary-done.json: a recovery of every kind newt run records. */
+static launcher_recovery compat_recs[5] = {
+    {.cause = "crash", .fault = "kill:worker:1@step=100", .t_fault = 1700000000100ull, .t_ms = 1700000000100ull,
+     .step = 100, .world = 3, .detect_ms = 77, .plan_ms = 19, .comm_ms = 14, .restore_ms = 161, .step_ms = 3,
+     .total_ms = 334, .steps_lost = 0, .generation = 2, .restore = "memory", .outage_ms = -1, .pause_ms = -1,
+     .resumed_ms = 120},
+    {.cause = "join", .t_ms = 1700000009000ull, .step = 200, .world = 4, .detect_ms = 1326, .plan_ms = 9,
+     .comm_ms = 153, .restore_ms = 239, .step_ms = 73, .total_ms = 1800, .generation = 3, .restore = "peer",
+     .outage_ms = -1, .pause_ms = -1, .resumed_ms = -1},
+    {.cause = "etcd", .fault = "restart:etcd@step=150", .t_fault = 1700000012000ull, .t_ms = 1700000012000ull,
+     .step = 150, .world = 4, .detect_ms = 2100, .total_ms = 2450, .restore = "memory", .outage_ms = 2100,
+     .pause_ms = 0, .tps_before = 51234.5, .tps_during = 49876.25, .resumed_ms = -1},
+    {.cause = "coordinator", .fault = "kill:coordinator:leader@step=180", .t_fault = 1700000015000ull,
+     .t_ms = 1700000015000ull, .step = 180, .world = 4, .detect_ms = 812, .total_ms = 812, .restore = "memory",
+     .outage_ms = -1, .pause_ms = -1, .resumed_ms = -1},
+    {.cause = "hang", .fault = "stop:worker:2@step=250", .t_fault = 1700000020000ull, .t_ms = 1700000020000ull,
+     .step = 248, .world = 3, .detect_ms = 3001, .plan_ms = 12, .comm_ms = 40, .restore_ms = 900, .step_ms = 20,
+     .total_ms = 3973, .steps_lost = 2, .generation = 4, .restore = "ckpt", .outage_ms = -1, .pause_ms = -1,
+     .resumed_ms = 4100}};
+static launcher_ckpt compat_ckpts[3] = {{.step = 100, .bytes = 4096, .save_ms = 812, .stall_ms = 3.125},
+                                        {.step = 200},
+                                        {.step = 300, .bytes = 8192, .stall_ms = 0.5}};
+
+static void compat_paths(launcher_result *res, const char *dir, int files) {
+  snprintf(res->log_dir, sizeof res->log_dir, "/tmp/%s", dir);
+  if (!files) return;
+  snprintf(res->step_log, sizeof res->step_log, "/tmp/%s/steps.jsonl", dir);
+  snprintf(res->event_log, sizeof res->event_log, "/tmp/%s/events.jsonl", dir);
+}
+
+static launcher_result compat_done(void) {
+  launcher_result res = {.done = 1, .steps = 300, .final_loss = 2.1889, .generations = 4, .samples_consumed = 7200,
+                         .wall_s = 25.5, .recoveries = compat_recs, .nrecoveries = 5, .t_start_ms = 1699999990000ull,
+                         .etcd_keys = 7, .ckpts = compat_ckpts, .nckpts = 3};
+  compat_paths(&res, "compat-logs", 1);
+  snprintf(res.outcome, sizeof res.outcome, "done");
+  return res;
+}
+
+/* A failed run: a loss that was not finite (written as 0), etcd's keys unknown. */
+static launcher_result compat_failed(void) {
+  launcher_result res = {.steps = 41, .final_loss = NAN, .generations = 2, .samples_consumed = 984, .wall_s = 9.75,
+                         .t_start_ms = 1699999980000ull, .etcd_keys = -1};
+  compat_paths(&res, "failed-logs", 1);
+  snprintf(res.failed, sizeof res.failed, "3 crashes in 60 s: the failure budget (spec.fault.max_failures) is spent");
+  snprintf(res.outcome, sizeof res.outcome, "failed");
+  snprintf(res.reason, sizeof res.reason, "%s", res.failed);
+  return res;
+}
+
+/* A run that ended before it said how: no outcome (written as error). */
+static launcher_result compat_error(void) {
+  launcher_result res = {.etcd_keys = -1};
+  compat_paths(&res, "error-logs", 0);
+  return res;
+}
+
+/* The fixture `name` reads back to want (as it reads: a loss not finite as 0, no outcome as
+ * error), and want is written to its bytes. */
+static void check_compat(const char *name, launcher_result want) {
+  char path[1024], *text = NULL;
+  size_t len = 0;
+  snprintf(path, sizeof path, "%s/tests/launch/fixtures/%s", getenv("NEWT_SOURCE_DIR"), name);
+  T_OK(newt_fs_read_all(path, 1 << 20, &text, &len));
+  if (!text) return;
+  launcher_opts o = compat_opts();
+  char *again = launcher_summary_json(&o, &want);
+  T_CHECK_MSG(again && strcmp(again, text) == 0, "%s written again:\n%s\nwas:\n%s", name, again ? again : "(null)", text);
+  free(again);
+  launcher_summary s;
+  T_OK(launcher_summary_from_json(text, len, &s));
+  free(text);
+  if (!isfinite(want.final_loss)) want.final_loss = 0;
+  if (!want.outcome[0]) snprintf(want.outcome, sizeof want.outcome, "error");
+  const launcher_result *got = &s.res;
+  T_CHECK_MSG(strcmp(s.job, "compat") == 0 && s.steps_planned == 300 && s.global_batch == 24 && s.workers == 4,
+              "%s: %s %lld %lld %lld", name, s.job, (long long)s.steps_planned, (long long)s.global_batch,
+              (long long)s.workers);
+  T_CHECK_MSG(got->done == want.done && got->steps == want.steps && got->final_loss == want.final_loss &&
+              got->generations == want.generations && got->samples_consumed == want.samples_consumed &&
+              got->wall_s == want.wall_s && got->t_start_ms == want.t_start_ms && got->etcd_keys == want.etcd_keys,
+              "%s: the run's figures", name);
+  T_CHECK_MSG(strcmp(got->log_dir, want.log_dir) == 0 && strcmp(got->step_log, want.step_log) == 0 &&
+              strcmp(got->event_log, want.event_log) == 0, "%s: the run's files", name);
+  T_CHECK_MSG(strcmp(got->failed, want.failed) == 0 && strcmp(got->outcome, want.outcome) == 0 &&
+              strcmp(got->reason, want.reason) == 0, "%s: %s, %s, %s", name, got->failed, got->outcome, got->reason);
+  T_CHECK_MSG(got->nrecoveries == want.nrecoveries && got->nckpts == want.nckpts, "%s: %d recoveries, %d checkpoints",
+              name, got->nrecoveries, got->nckpts);
+  for (int i = 0; i < got->nrecoveries && i < want.nrecoveries; i++)
+    T_CHECK_MSG(memcmp(&got->recoveries[i], &want.recoveries[i], sizeof want.recoveries[i]) == 0, "%s: recovery %d",
+                name, i);
+  for (int i = 0; i < got->nckpts && i < want.nckpts; i++)
+    T_CHECK_MSG(memcmp(&got->ckpts[i], &want.ckpts[i], sizeof want.ckpts[i]) == 0, "%s: checkpoint %d", name, i);
+  launcher_result_free(&s.res);
+}
+
+static void test_previous_release(void) {
+  check_compat("summary-done.json", compat_done());
+  check_compat("summary-failed.json", compat_failed());
+  check_compat("summary-error.json", compat_error());
+}
+
 int main(void) {
+  if (!getenv("NEWT_SOURCE_DIR")) {
+    fprintf(stderr, "NEWT_SOURCE_DIR is not set (ctest sets it): the fixtures are in its tests/launch/fixtures\n");
+    return 1;
+  }
   T_RUN(test_roundtrip);
   T_RUN(test_old_and_bad);
+  T_RUN(test_previous_release);
   return T_DONE();
 }

@@ -1,0 +1,152 @@
+/* The job as the launcher sees it (run.h): job/view.h's typed changes taken into the run's
+ * picture, on the watch's thread, under the run's lock:
+ *
+ *   progress    the step (it only grows), generation, loss, throughput and world
+ *   done        the end marker, when it is plausible for the spec (job_done_plausible)
+ *   ckpt        each new checkpoint pointer once, into the result (a resync shows the newest
+ *               again)
+ *   events      queued for the main loop (recoveries.c); a resync does not queue them again:
+ *               they were handled when they came
+ *
+ * Our watch breaking is etcd away (etcd_lost_ms, for the live line and for what waits on
+ * etcd) until it delivers again. The plan in force and the end marker are also read
+ * directly, decoded the same way (job_change_decode). */
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/clock.h"
+#include "job/records.h"
+#include "launch/run.h"
+
+/* A copy of a list of worker ids (NULL for none, or out of memory). */
+static void *copy_ids(const void *ids, int n) {
+  void *p = n > 0 ? malloc((size_t)n * RDZV_NAME_MAX) : NULL;
+  if (p) memcpy(p, ids, (size_t)n * RDZV_NAME_MAX);
+  return p;
+}
+
+/* Queues an event for the main loop, a copy of its own: the change's is freed with its batch. */
+static void queue_event(run *r, const job_event *e) {
+  if (r->nevents == r->cap_events) {
+    int cap = r->cap_events ? 2 * r->cap_events : 32;
+    job_event *evs = realloc(r->events, (size_t)cap * sizeof *evs);
+    if (!evs) return;
+    r->events = evs;
+    r->cap_events = cap;
+  }
+  job_event *q = &r->events[r->nevents];
+  *q = *e;
+  q->excluded = copy_ids(e->excluded, e->nexcluded);
+  q->spare_ids = copy_ids(e->spare_ids, e->nspare_ids);
+  if ((e->nexcluded > 0 && !q->excluded) || (e->nspare_ids > 0 && !q->spare_ids)) {
+    job_event_free(q);
+    return;
+  }
+  r->nevents++;
+}
+
+static void take_progress(run *r, const job_progress *p) {
+  if (p->step > r->step) r->step = p->step;
+  r->gen = (int64_t)p->generation;
+  r->loss = p->loss;
+  r->tps = p->tokens_per_s;
+  r->world = (int)p->world;
+  r->dp = (int)p->dp;
+  r->progress_t_ms = p->t_ms;
+}
+
+static void take_done(run *r, const job_done *d) {
+  if (!job_done_plausible(d, &r->o->spec)) return;
+  r->done_step = d->step;
+  r->done_loss = d->loss;
+  r->done_samples = (int64_t)d->samples;
+  r->done = 1;
+}
+
+static void take_ckpt(launcher_result *res, const job_ckpt *c) {
+  if (res->nckpts && res->ckpts[res->nckpts - 1].step >= c->step) return;
+  launcher_ckpt *n = realloc(res->ckpts, (size_t)(res->nckpts + 1) * sizeof *n);
+  if (!n) return;
+  res->ckpts = n;
+  n[res->nckpts++] =
+      (launcher_ckpt){.step = c->step, .bytes = c->bytes, .save_ms = c->save_ms, .stall_ms = c->stall_ms};
+}
+
+/* One change into the picture (r->mu held); events are queued unless resync. A deletion, a
+ * record its codec refused and the records the launcher does not follow change nothing. */
+static void take(run *r, const job_change *ch, int resync) {
+  if (ch->deleted) return;
+  switch (ch->rec) {
+    case JOB_REC_PROGRESS: take_progress(r, &ch->u.progress); break;
+    case JOB_REC_DONE: take_done(r, &ch->u.done); break;
+    case JOB_REC_CKPT: take_ckpt(r->res, &ch->u.ckpt); break;
+    case JOB_REC_EVENT:
+      if (!resync) queue_event(r, &ch->u.event);
+      break;
+    default: break;
+  }
+}
+
+static void on_changes(void *ud, const job_change *chs, size_t n, int resync) {
+  run *r = ud;
+  pthread_mutex_lock(&r->mu);
+  for (size_t i = 0; i < n; i++) take(r, &chs[i], resync);
+  pthread_mutex_unlock(&r->mu);
+}
+
+static void on_health(void *ud, int ok, const char *why) {
+  (void)why;
+  run *r = ud;
+  pthread_mutex_lock(&r->mu);
+  r->etcd_lost_ms = ok ? 0 : newt_wall_ms();
+  pthread_mutex_unlock(&r->mu);
+}
+
+newt_result_t follow_start(run *r, newt_deadline_t d) {
+  return job_follow_start(r->etcd, r->o->spec.job, on_changes, on_health, r, d, &r->follow);
+}
+
+int follow_etcd_away(run *r) {
+  pthread_mutex_lock(&r->mu);
+  int away = r->etcd_down || r->etcd_lost_ms;
+  pthread_mutex_unlock(&r->mu);
+  return away;
+}
+
+/* Reads the record rec (a key of its own: job_key) into *ch, decoded (JOB_REC_OTHER where
+ * its codec refused it; job_change_free it). NEWT_ERR_NOTFOUND: no such key; else etcd's. */
+static newt_result_t read_record(run *r, job_record rec, newt_deadline_t d, job_change *ch) {
+  char key[256];
+  rdzv_etcd_kv kv;
+  NEWT_CHECK(job_key(key, sizeof key, r->o->spec.job, rec, 0, NULL));
+  NEWT_CHECK(rdzv_etcd_get(r->etcd, key, d, &kv, NULL));
+  job_change_decode(r->prefix, &kv, 0, ch);
+  ch->kv = NULL; /* freed here: what the change holds is its own */
+  rdzv_etcd_kv_free(&kv);
+  return NEWT_OK;
+}
+
+int follow_read_done(run *r, newt_deadline_t d) {
+  for (;;) {
+    job_change ch;
+    newt_result_t res = read_record(r, JOB_REC_DONE, newt_deadline_min(d, newt_deadline_in_ms(2000)), &ch);
+    if (res == NEWT_OK) {
+      pthread_mutex_lock(&r->mu);
+      take(r, &ch, 1);
+      int done = r->done;
+      pthread_mutex_unlock(&r->mu);
+      job_change_free(&ch);
+      return done;
+    }
+    if (res == NEWT_ERR_NOTFOUND || newt_deadline_passed(d)) return 0;
+    newt_sleep_ms(100);
+  }
+}
+
+newt_plan *follow_plan(run *r, newt_plan *buf) {
+  job_change ch;
+  if (follow_etcd_away(r) || read_record(r, JOB_REC_PLAN, newt_deadline_in_ms(2000), &ch) != NEWT_OK) return NULL;
+  if (ch.rec != JOB_REC_PLAN) return NULL; /* refused: nothing of it is left to free */
+  *buf = ch.u.plan;                        /* its arrays are the caller's now */
+  return buf;
+}
