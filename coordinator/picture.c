@@ -60,11 +60,11 @@ static void put_ack(coord *c, const job_change *ch, const job_ack *ack) {
   c->acks[c->nacks++] = a;
 }
 
-/* The acknowledgement folded into registration ch: a job_ack the registration keeps as text,
- * so it is read here with the ack's own codec. */
+/* The acknowledgement folded into registration ch (job_worker_ack: a bad one is refused while
+ * the registration stands). */
 static void put_folded_ack(coord *c, const job_change *ch) {
   job_ack a;
-  if (job_ack_from_json(ch->u.worker.ack, strlen(ch->u.worker.ack), &a) != NEWT_OK) {
+  if (job_worker_ack(&ch->u.worker, &a) != NEWT_OK) {
     NEWT_WARN(COORD, "ignoring %s: %s", ch->kv->key, newt_errmsg());
     return;
   }

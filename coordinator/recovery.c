@@ -104,9 +104,12 @@ static void adopt(coord *c, newt_plan *p, const char *cause, char (*exclude)[RDZ
   uint64_t now = newt_wall_ms();
   NEWT_INFO(COORD, "published plan %llu (%s): %d ranks, dp %d, accum %lld, %d spares", (unsigned long long)p->generation,
             cause, p->nranks, p->dp, (long long)p->accum, p->nspares);
+  /* the event's own copy of the spares: once the plan is the picture's, the watch may replace it */
+  char(*spares)[RDZV_NAME_MAX] = p->nspares > 0 ? malloc((size_t)p->nspares * sizeof *spares) : NULL;
+  if (spares) memcpy(spares, p->spares, (size_t)p->nspares * sizeof *spares);
   job_event ev = {.type = JOB_EV_PLAN, .generation = (int64_t)p->generation, .world = p->nranks, .dp = p->dp,
                   .spares = p->nspares, .excluded = exclude, .nexcluded = nexclude,
-                  .spare_ids = p->spares, .nspare_ids = p->nspares};
+                  .spare_ids = spares, .nspare_ids = spares ? p->nspares : 0};
   snprintf(ev.why, sizeof ev.why, "%s", p->spare_why);
   snprintf(ev.cause, sizeof ev.cause, "%s", cause);
 
@@ -130,6 +133,7 @@ static void adopt(coord *c, newt_plan *p, const char *cause, char (*exclude)[RDZ
   metrics_set(c->metrics, "newt_spares", (double)c->plan.nspares);
   coord_count_plan(c, cause, now);
   coord_post_event(c, &ev);
+  free(spares);
 }
 
 /* *no_layout is set (and NEWT_ERR_UNAVAILABLE returned) when no layout fits the live

@@ -221,6 +221,11 @@ int job_worker_acked(const job_worker *w, int64_t generation) {
   return w->generation > generation || (w->generation == generation && w->ack[0]);
 }
 
+newt_result_t job_worker_ack(const job_worker *w, job_ack *out) {
+  if (!w->ack[0]) return NEWT_ERR(NEWT_ERR_NOTFOUND, "registration of %s: no acknowledgement", w->id);
+  return job_ack_from_json(w->ack, strlen(w->ack), out);
+}
+
 /* --- candidacy ------------------------------------------------------------------------------- */
 
 static const codec_field candidacy_fields[] = {
@@ -410,6 +415,22 @@ static const codec_table event_table = CODEC_TABLE(job_event, "event", event_fie
 RECORD_CODEC(job_event, event_table)
 
 void job_event_free(job_event *e) { codec_free(&event_table, e); }
+
+/* A malloc'd copy of n worker ids (NULL for none); 0 when out of memory. */
+static int copy_ids(char (**dst)[RDZV_NAME_MAX], char (*src)[RDZV_NAME_MAX], int n) {
+  *dst = n > 0 && src ? malloc((size_t)n * sizeof **dst) : NULL;
+  if (*dst) memcpy(*dst, src, (size_t)n * sizeof **dst);
+  return *dst || n <= 0 || !src;
+}
+
+newt_result_t job_event_copy(job_event *dst, const job_event *src) {
+  *dst = *src;
+  if (copy_ids(&dst->excluded, src->excluded, src->nexcluded) &&
+      copy_ids(&dst->spare_ids, src->spare_ids, src->nspare_ids))
+    return NEWT_OK;
+  job_event_free(dst);
+  return NEWT_ERR(NEWT_ERR_NOMEM, "out of memory copying an event's names");
+}
 
 static int64_t ms_between(uint64_t a, uint64_t b) { return b >= a ? (int64_t)(b - a) : 0; }
 

@@ -120,6 +120,10 @@ newt_result_t job_worker_from_json(const char *text, size_t len, const char *wha
 /* Whether registration w acknowledges generation g: it carries an acknowledgement of g, or it
  * has taken up a later generation (the barrier of g is behind it). */
 int job_worker_acked(const job_worker *w, int64_t generation);
+/* The acknowledgement w carries (of w->generation), read by the ack's codec: NEWT_ERR_NOTFOUND
+ * when it carries none; a bad one is refused (naming the field) while the registration stands. */
+typedef struct job_ack job_ack;
+newt_result_t job_worker_ack(const job_worker *w, job_ack *out);
 
 /* --- a coordinator's candidacy (election/<lease hex>, on its lease) ------------------------ */
 
@@ -358,5 +362,7 @@ newt_result_t job_links_from_json(const char *text, size_t len, job_links *out);
 char *job_event_to_json(const job_event *e);
 newt_result_t job_event_from_json(const char *text, size_t len, job_event *out);
 void job_event_free(job_event *e);
+/* A deep copy (its own name lists); *dst is left empty when out of memory. */
+newt_result_t job_event_copy(job_event *dst, const job_event *src);
 
 #endif

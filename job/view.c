@@ -87,25 +87,6 @@ struct job_view_keys {
   int ncands;
 };
 
-static newt_result_t copy_names(char (**dst)[RDZV_NAME_MAX], char (*src)[RDZV_NAME_MAX], int n) {
-  *dst = NULL;
-  if (n <= 0 || !src) return NEWT_OK;
-  *dst = malloc((size_t)n * sizeof **dst);
-  if (!*dst) return NEWT_ERR(NEWT_ERR_NOMEM, "out of memory for an event's names");
-  memcpy(*dst, src, (size_t)n * sizeof **dst);
-  return NEWT_OK;
-}
-
-static newt_result_t event_copy(job_event *dst, const job_event *src) {
-  *dst = *src;
-  dst->excluded = NULL;
-  dst->spare_ids = NULL;
-  newt_result_t r = copy_names(&dst->excluded, src->excluded, src->nexcluded);
-  if (r == NEWT_OK) r = copy_names(&dst->spare_ids, src->spare_ids, src->nspare_ids);
-  if (r != NEWT_OK) job_event_free(dst);
-  return r;
-}
-
 /* Grows an array of n elements of size sz to hold one more. */
 static int grow(void *arrp, int n, size_t sz) {
   void **arr = arrp;
@@ -145,7 +126,7 @@ static void put_event(job_view *v, struct job_view_keys *k, const job_change *c)
     }
   if (c->deleted || c->kv->key_len >= VIEW_KEY_MAX) return;
   if (!grow(&v->events, v->nevents, sizeof *v->events) || !grow(&k->events, v->nevents, sizeof *k->events)) return;
-  if (event_copy(&v->events[v->nevents], &c->u.event) != NEWT_OK) return;
+  if (job_event_copy(&v->events[v->nevents], &c->u.event) != NEWT_OK) return;
   snprintf(k->events[v->nevents++], VIEW_KEY_MAX, "%.*s", (int)c->kv->key_len, c->kv->key);
 }
 

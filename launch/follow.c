@@ -18,13 +18,6 @@
 #include "job/records.h"
 #include "launch/run.h"
 
-/* A copy of a list of worker ids (NULL for none, or out of memory). */
-static void *copy_ids(const void *ids, int n) {
-  void *p = n > 0 ? malloc((size_t)n * RDZV_NAME_MAX) : NULL;
-  if (p) memcpy(p, ids, (size_t)n * RDZV_NAME_MAX);
-  return p;
-}
-
 /* Queues an event for the main loop, a copy of its own: the change's is freed with its batch. */
 static void queue_event(run *r, const job_event *e) {
   if (r->nevents == r->cap_events) {
@@ -34,15 +27,7 @@ static void queue_event(run *r, const job_event *e) {
     r->events = evs;
     r->cap_events = cap;
   }
-  job_event *q = &r->events[r->nevents];
-  *q = *e;
-  q->excluded = copy_ids(e->excluded, e->nexcluded);
-  q->spare_ids = copy_ids(e->spare_ids, e->nspare_ids);
-  if ((e->nexcluded > 0 && !q->excluded) || (e->nspare_ids > 0 && !q->spare_ids)) {
-    job_event_free(q);
-    return;
-  }
-  r->nevents++;
+  if (job_event_copy(&r->events[r->nevents], e) == NEWT_OK) r->nevents++;
 }
 
 static void take_progress(run *r, const job_progress *p) {
