@@ -45,7 +45,7 @@ void coord_recount_failures(coord *c) {
   uint64_t now = newt_wall_ms();
   for (size_t i = 0; i < evs.n; i++) {
     job_change ch;
-    if (coord_decode(c->o->job, &evs.kvs[i], JOB_REC_EVENT, &ch) != NEWT_OK) continue;
+    if (job_change_expect(c->o->job, &evs.kvs[i], JOB_REC_EVENT, &ch) != NEWT_OK) continue;
     const job_event *e = &ch.u.event;
     if (e->type == JOB_EV_PLAN && is_failure(e->cause) && e->t_ms + (uint64_t)c->spec.failure_window_ms > now)
       count_failure(c, e->t_ms);

@@ -187,11 +187,6 @@ void coord_drop_member(coord *c, const char *id);
 void coord_set_plan_locked(coord *c, newt_plan *p);
 /* The picture as the policy sees it. Called with mu held; valid while it is held. */
 policy_view coord_view_locked(coord *c);
-/* kv, a key of job, decoded as record rec (NEWT_ERR_INVALID, naming key and field, when it is
- * refused or another record); free with job_change_free. */
-newt_result_t coord_decode(const char *job, const rdzv_etcd_kv *kv, job_record rec, job_change *out);
-/* The job's record rec read and decoded (coord_decode; out->kv NULL); NEWT_ERR_NOTFOUND: none. */
-newt_result_t coord_read(rdzv_etcd *e, const char *job, job_record rec, job_change *out);
 
 /* --- holdout.c -------------------------------------------------------------------------------- */
 

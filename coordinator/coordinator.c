@@ -361,7 +361,7 @@ static newt_result_t read_spec(coord *c) {
   newt_deadline_t d = newt_deadline_in_ms(60000);
   for (;;) {
     job_change ch;
-    newt_result_t r = coord_read(c->etcd, c->o->job, JOB_REC_SPEC, &ch);
+    newt_result_t r = job_change_get(c->etcd, c->o->job, JOB_REC_SPEC, job_call_deadline(), &ch);
     if (r == NEWT_OK) c->spec = ch.u.spec;
     job_change_free(&ch);
     if (r == NEWT_OK || fatal(r)) return r;

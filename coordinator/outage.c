@@ -54,7 +54,7 @@ static void restore_spec(coord *c) {
 /* Why the stored plan is not ours as it should be (NULL: it is, or etcd did not answer). */
 static const char *plan_lost(coord *c, const newt_plan *ours) {
   job_change ch;
-  newt_result_t r = coord_read(c->etcd, c->o->job, JOB_REC_PLAN, &ch);
+  newt_result_t r = job_change_get(c->etcd, c->o->job, JOB_REC_PLAN, job_call_deadline(), &ch);
   if (r == NEWT_ERR_NOTFOUND) return "etcd had lost the plan";
   if (r == NEWT_ERR_INVALID) return "the stored plan was not valid";
   if (r != NEWT_OK) return NULL;

@@ -351,28 +351,3 @@ policy_view coord_view_locked(coord *c) {
                        .join_grows = join_grows_layout,
                        .ud = c};
 }
-
-/* --- one record read ---------------------------------------------------------------------------- */
-
-newt_result_t coord_decode(const char *job, const rdzv_etcd_kv *kv, job_record rec, job_change *out) {
-  char prefix[256];
-  memset(out, 0, sizeof *out);
-  NEWT_CHECK(job_prefix(prefix, sizeof prefix, job, JOB_REC_OTHER, -1));
-  job_change_decode(prefix, kv, 0, out);
-  if (out->rec == rec) return NEWT_OK;
-  job_change_free(out);
-  if (out->refused) return NEWT_ERR(NEWT_ERR_INVALID, "%s", out->why);
-  return NEWT_ERR(NEWT_ERR_INVALID, "%.*s: not the record expected there", (int)kv->key_len, kv->key);
-}
-
-newt_result_t coord_read(rdzv_etcd *e, const char *job, job_record rec, job_change *out) {
-  char key[256];
-  rdzv_etcd_kv kv;
-  memset(out, 0, sizeof *out);
-  NEWT_CHECK(job_key(key, sizeof key, job, rec, 0, NULL));
-  NEWT_CHECK(rdzv_etcd_get(e, key, job_call_deadline(), &kv, NULL));
-  newt_result_t r = coord_decode(job, &kv, rec, out);
-  out->kv = NULL;
-  rdzv_etcd_kv_free(&kv);
-  return r;
-}

@@ -59,7 +59,7 @@ newt_result_t coordinator_put_spec(rdzv_etcd *c, const char *job, const char *fi
   if (r == NEWT_OK && !tr.succeeded && tr.n == 1 && tr.results[0].range.n == 1) {
     const rdzv_etcd_kv *kv = &tr.results[0].range.kvs[0];
     job_change old;
-    r = coord_decode(job, kv, JOB_REC_SPEC, &old);
+    r = job_change_expect(job, kv, JOB_REC_SPEC, &old);
     if (r == NEWT_OK) r = replace_spec(c, file, kv, &old.u.spec, &s, &put, changed, cap);
     job_change_free(&old);
   }

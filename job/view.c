@@ -71,6 +71,30 @@ void job_change_free(job_change *c) {
   c->rec = JOB_REC_OTHER;
 }
 
+newt_result_t job_change_expect(const char *job, const rdzv_etcd_kv *kv, job_record rec, job_change *out) {
+  char prefix[256];
+  memset(out, 0, sizeof *out);
+  NEWT_CHECK(job_prefix(prefix, sizeof prefix, job, JOB_REC_OTHER, -1));
+  job_change_decode(prefix, kv, 0, out);
+  if (out->rec == rec) return NEWT_OK;
+  job_change_free(out);
+  if (out->refused) return NEWT_ERR(NEWT_ERR_INVALID, "%s", out->why);
+  char key[256];
+  return NEWT_ERR(NEWT_ERR_INVALID, "%s: not the record expected there", newt_str_printable(key, sizeof key, kv->key));
+}
+
+newt_result_t job_change_get(rdzv_etcd *c, const char *job, job_record rec, newt_deadline_t d, job_change *out) {
+  char key[256];
+  rdzv_etcd_kv kv;
+  memset(out, 0, sizeof *out);
+  NEWT_CHECK(job_key(key, sizeof key, job, rec, 0, NULL));
+  NEWT_CHECK(rdzv_etcd_get(c, key, d, &kv, NULL));
+  newt_result_t r = job_change_expect(job, &kv, rec, out);
+  out->kv = NULL; /* freed here */
+  rdzv_etcd_kv_free(&kv);
+  return r;
+}
+
 /* --- the picture ------------------------------------------------------------------------------ */
 
 #define VIEW_KEY_MAX 160

@@ -56,6 +56,12 @@ typedef struct job_change {
  * refuses is refused (why says so). Free with job_change_free. */
 void job_change_decode(const char *prefix, const rdzv_etcd_kv *kv, int deleted, job_change *out);
 void job_change_free(job_change *c);
+/* kv decoded as record rec of job: NEWT_ERR_INVALID, naming the key and why, when its codec
+ * refuses it or it is another record (nothing is left to free then). */
+newt_result_t job_change_expect(const char *job, const rdzv_etcd_kv *kv, job_record rec, job_change *out);
+/* The job's record rec (a key of its own: job_key) read and decoded (job_change_expect;
+ * out->kv is NULL, what the change holds is its own); NEWT_ERR_NOTFOUND: no such key. */
+newt_result_t job_change_get(rdzv_etcd *c, const char *job, job_record rec, newt_deadline_t d, job_change *out);
 
 /* --- the picture ------------------------------------------------------------------------------ */
 

@@ -10,7 +10,7 @@
  *
  * Our watch breaking is etcd away (etcd_lost_ms, for the live line and for what waits on
  * etcd) until it delivers again. The plan in force and the end marker are also read
- * directly, decoded the same way (job_change_decode). */
+ * directly, decoded the same way (job_change_get). */
 #include <stdlib.h>
 #include <string.h>
 
@@ -98,23 +98,12 @@ int follow_etcd_away(run *r) {
   return away;
 }
 
-/* Reads the record rec (a key of its own: job_key) into *ch, decoded (JOB_REC_OTHER where
- * its codec refused it; job_change_free it). NEWT_ERR_NOTFOUND: no such key; else etcd's. */
-static newt_result_t read_record(run *r, job_record rec, newt_deadline_t d, job_change *ch) {
-  char key[256];
-  rdzv_etcd_kv kv;
-  NEWT_CHECK(job_key(key, sizeof key, r->o->spec.job, rec, 0, NULL));
-  NEWT_CHECK(rdzv_etcd_get(r->etcd, key, d, &kv, NULL));
-  job_change_decode(r->prefix, &kv, 0, ch);
-  ch->kv = NULL; /* freed here: what the change holds is its own */
-  rdzv_etcd_kv_free(&kv);
-  return NEWT_OK;
-}
-
 int follow_read_done(run *r, newt_deadline_t d) {
   for (;;) {
     job_change ch;
-    newt_result_t res = read_record(r, JOB_REC_DONE, newt_deadline_min(d, newt_deadline_in_ms(2000)), &ch);
+    newt_deadline_t each = newt_deadline_min(d, newt_deadline_in_ms(2000));
+    newt_result_t res = job_change_get(r->etcd, r->o->spec.job, JOB_REC_DONE, each, &ch);
+    if (res == NEWT_ERR_INVALID) return 0; /* refused: no end marker the job would take */
     if (res == NEWT_OK) {
       pthread_mutex_lock(&r->mu);
       take(r, &ch, 1);
@@ -130,8 +119,9 @@ int follow_read_done(run *r, newt_deadline_t d) {
 
 newt_plan *follow_plan(run *r, newt_plan *buf) {
   job_change ch;
-  if (follow_etcd_away(r) || read_record(r, JOB_REC_PLAN, newt_deadline_in_ms(2000), &ch) != NEWT_OK) return NULL;
-  if (ch.rec != JOB_REC_PLAN) return NULL; /* refused: nothing of it is left to free */
-  *buf = ch.u.plan;                        /* its arrays are the caller's now */
+  if (follow_etcd_away(r) ||
+      job_change_get(r->etcd, r->o->spec.job, JOB_REC_PLAN, newt_deadline_in_ms(2000), &ch) != NEWT_OK)
+    return NULL;
+  *buf = ch.u.plan; /* its arrays are the caller's now */
   return buf;
 }
