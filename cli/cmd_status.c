@@ -132,7 +132,10 @@ static void json_records(cJSON *j, const status *st, int nevents) {
   cJSON *events = cJSON_AddArrayToObject(j, "events");
   for (int i = v->nevents > nevents ? v->nevents - nevents : 0; i < v->nevents; i++)
     add_text(events, NULL, job_event_to_json(&v->events[i]));
-  if (v->has_spec) add_text(j, "spec", spec_to_json(&v->spec));
+  /* the single records in their keys' order, as etcd lists them (the previous release's output) */
+  if (v->has_ckpt) add_text(j, "ckpt", job_ckpt_to_json(&v->ckpt));
+  if (v->has_done) add_text(j, "done", job_done_to_json(&v->done));
+  if (v->has_failed) add_text(j, "failed", job_failed_to_json(&v->failed));
   if (v->plan.generation) {
     newt_plan p = v->plan;
     memset(p.secret, 0, sizeof p.secret);
@@ -140,9 +143,7 @@ static void json_records(cJSON *j, const status *st, int nevents) {
     if (pj) cJSON_DeleteItemFromObject(pj, "secret"); /* never shown */
   }
   if (v->has_progress) add_text(j, "progress", job_progress_to_json(&v->progress));
-  if (v->has_done) add_text(j, "done", job_done_to_json(&v->done));
-  if (v->has_ckpt) add_text(j, "ckpt", job_ckpt_to_json(&v->ckpt));
-  if (v->has_failed) add_text(j, "failed", job_failed_to_json(&v->failed));
+  if (v->has_spec) add_text(j, "spec", spec_to_json(&v->spec));
 }
 
 static cJSON *to_json(const status *st, int nevents) {
