@@ -4,8 +4,11 @@
  * snapshot, then the watch's batches); a forged registration, a report signed by another
  * worker and a value that is no JSON arrive refused, never as records; a deleted
  * registration, event and candidacy leave the picture, and the leader is the oldest candidacy
- * left. Waits are for the change to arrive, bounded only so that a broken watch fails. */
+ * left. Waits are for the change to arrive, bounded only so that a broken watch fails. And
+ * `newt status --json`, which reads the job through the view, prints for a job's keys what the
+ * previous release printed, byte for byte (tests/job/fixtures). */
 #include <pthread.h>
+#include <sys/wait.h>
 #include <string.h>
 #include <unistd.h>
 
@@ -243,11 +246,63 @@ static void test_follow(void) {
   job_view_free(&f.v);
 }
 
+/* --- newt status over the view: the previous release's output ------------------------------ */
+
+static char *read_file(const char *path, size_t *len) {
+  char *text = NULL;
+  if (newt_fs_read_all(path, 1 << 22, &text, len) != NEWT_OK) T_FAIL("%s", newt_errmsg());
+  return text;
+}
+
+/* tests/job/fixtures: a job's keys and what 5d15263's `newt status --json` printed for them. */
+static void test_status_previous_release(void) {
+  const char *src = getenv("NEWT_SOURCE_DIR"), *bin = getenv("NEWT_BIN");
+  if (!src || !bin) {
+    T_FAIL("NEWT_SOURCE_DIR and NEWT_BIN must be set (ctest sets them)");
+    return;
+  }
+  char path[1024], out[1024];
+  snprintf(path, sizeof path, "%s/tests/job/fixtures/status-keys.txt", src);
+  size_t len = 0;
+  char *keys = read_file(path, &len);
+  int nkeys = 0;
+  for (char *line = keys ? strtok(keys, "\n") : NULL; line; line = strtok(NULL, "\n"), nkeys++) {
+    char *value = strtok(NULL, "\n");
+    T_CHECK(value != NULL);
+    if (value) put("fix", line, value);
+  }
+  free(keys);
+  T_CHECK_MSG(nkeys == 18, "%d keys in the fixture", nkeys);
+  char tmp[256];
+  tu_tmpdir(tmp, sizeof tmp, "status");
+  snprintf(out, sizeof out, "%s/status.json", tmp);
+  const char *argv[] = {bin, "status", "--etcd", rdzv_etcd_server_url(srv), "--job", "fix", "--json", "--events", "100",
+                        NULL};
+  newt_spawn_opts so = {.log_path = out};
+  pid_t pid;
+  int st = -1;
+  T_OK(newt_proc_spawn(argv, &so, &pid));
+  T_OK(newt_proc_wait(pid, 60000, &st));
+  T_CHECK_MSG(WIFEXITED(st) && WEXITSTATUS(st) == 0, "newt status: status %d", st);
+  size_t glen = 0, elen = 0;
+  char *got = read_file(out, &glen);
+  snprintf(path, sizeof path, "%s/tests/job/fixtures/status-expected.json", src);
+  char *want = read_file(path, &elen);
+  T_CHECK_MSG(got && want && glen == elen && memcmp(got, want, glen) == 0,
+              "newt status --json differs from the previous release's:\n%s\nexpected:\n%s", got ? got : "",
+              want ? want : "");
+  free(got);
+  free(want);
+  unlink(out);
+  rmdir(tmp);
+}
+
 int main(void) {
   srv = tu_server(NULL);
   cli = tu_client(srv);
   T_RUN(test_read);
   T_RUN(test_follow);
+  T_RUN(test_status_previous_release);
   rdzv_etcd_free(cli);
   rdzv_etcd_server_free(srv);
   return T_DONE();
