@@ -9,7 +9,7 @@
  *   outage.c       etcd unwell: its alarms, its return, the records it lost put back
  *   recovery.c     replan, fence, record a recovery, housekeeping
  *   budget.c       the failure budget and the progress bound: when the leader gives up
- *   picture.c      the job's changes (job/view.h) taken into the picture; one record read
+ *   picture.c      the job's changes (job/view.h) taken into the picture
  *   holdout.c      workers held out of plans, and what their links say
  *   events.c       events posted, warnings rate-limited
  *
