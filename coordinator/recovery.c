@@ -11,6 +11,11 @@
 #include "coordinator/coord.h"
 #include "job/store.h"
 
+/* Tests: a pause between a plan's publication and its taking into the picture, in which the
+ * watch brings the plan and its ranks' first acks before the main thread (a loaded machine's
+ * scheduling, made certain). */
+NEWT_PARAM(AdoptPauseMs, "NEWT_COORD_ADOPT_PAUSE_MS", 0)
+
 NEWT_PARAM(KeepEvents, "NEWT_KEEP_EVENTS", 1000)
 
 /* --- a plan ----------------------------------------------------------------------------------- */
@@ -113,8 +118,12 @@ static void adopt(coord *c, newt_plan *p, const char *cause, char (*exclude)[RDZ
   snprintf(ev.why, sizeof ev.why, "%s", p->spare_why);
   snprintf(ev.cause, sizeof ev.cause, "%s", cause);
 
+  if (newt_param_AdoptPauseMs() > 0) newt_sleep_ms(newt_param_AdoptPauseMs());
   pthread_mutex_lock(&c->mu);
-  coord_set_plan_locked(c, p);
+  /* the watch may have brought our plan already (its secret is ours alone), and with it the
+     first acks of its ranks (a fast program acks within milliseconds): they stay */
+  if (c->plan.generation == p->generation && memcmp(c->plan.secret, p->secret, sizeof p->secret) == 0) plan_free(p);
+  else coord_set_plan_locked(c, p);
   c->prog_change = newt_now_ns();
   c->join_seen_ms = 0; /* whoever registered before this plan is in it, or its spare */
   pthread_mutex_unlock(&c->mu);

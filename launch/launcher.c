@@ -246,7 +246,14 @@ static newt_result_t run_loop(run *r) {
   newt_deadline_t deadline = newt_deadline_in_ms(r->o->timeout_ms > 0 ? r->o->timeout_ms : -1);
   double last_line = 0;
   while (!look(r, deadline, &last_line, &rc)) newt_sleep_ms(5);
-  newt_sleep_ms(r->done ? 100 : 0);
+  /* the leader's last words come after the end marker: the last recovery, then "done" (at
+     most 3 s, while a coordinator lives to say them) */
+  for (newt_deadline_t d = newt_deadline_in_ms(3000); r->done && !r->leader_done && !newt_deadline_passed(d);) {
+    newt_sleep_ms(5);
+    handle_queued(r, NULL, NULL);
+    procs_reap(r);
+    if (!procs_coordinators(r)) break;
+  }
   handle_queued(r, NULL, NULL);
   recoveries_flush_notes(r, 2000);
   live_line(r, 1);

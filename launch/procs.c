@@ -251,11 +251,14 @@ void procs_reap(run *r) {
 }
 
 
-int procs_workers(const run *r) {
+static int live(const run *r, proc_kind kind) {
   int n = 0;
-  for (int i = 0; i < r->nprocs; i++) n += r->procs[i].alive && r->procs[i].kind == PROC_WORKER;
+  for (int i = 0; i < r->nprocs; i++) n += r->procs[i].alive && r->procs[i].kind == kind;
   return n;
 }
+
+int procs_workers(const run *r) { return live(r, PROC_WORKER); }
+int procs_coordinators(const run *r) { return live(r, PROC_COORD); }
 
 /* Live processes, once the exited are reaped. */
 static int alive_count(run *r) {

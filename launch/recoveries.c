@@ -242,6 +242,7 @@ static void handle_event(run *r, const job_event *e) {
   else if (e->type == JOB_EV_LEADER) on_leader(r, e);
   else if (e->type == JOB_EV_PLAN) on_plan(r, e);
   else if (e->type == JOB_EV_SPARE) on_spare(r, e);
+  else if (e->type == JOB_EV_DONE) r->leader_done = 1;
   else if (e->type == JOB_EV_FAILED) {
     snprintf(r->res->failed, sizeof r->res->failed, "%s", e->why);
     fprintf(stderr, "%snewt run: the job failed: %s\n", live_news(r), e->why);

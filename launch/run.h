@@ -101,6 +101,8 @@ typedef struct run {
   job_event *events; /* events not handled yet */
   int nevents, cap_events;
   int done;
+  int leader_done; /* the main thread: the leader said the job is done (its "done" event, posted
+                     after it recorded the last recovery) */
   int64_t done_step, done_samples;
   double done_loss;
   uint64_t etcd_lost_ms; /* wall ms our watch of etcd last broke with nothing since (0: fine) */
@@ -157,8 +159,9 @@ newt_result_t procs_spawn(run *r, proc_kind kind, int index);
 proc *procs_find(run *r, const char *name);
 /* Reaps exited children; a coordinator that chaos killed is started again. */
 void procs_reap(run *r);
-/* Live workers. */
+/* Live workers; live coordinators. */
 int procs_workers(const run *r);
+int procs_coordinators(const run *r);
 /* Ends every process (see procs.c for how). */
 void procs_stop_all(run *r);
 
