@@ -183,7 +183,9 @@ void coord_picture_stop(coord *c);
 int coord_find_member(const coord *c, const char *id);
 /* Member id is gone (its key deleted, or fenced). Called with mu held. */
 void coord_drop_member(coord *c, const char *id);
-/* p (moved in) is the current plan: this generation's reports, acks, departures start anew. */
+/* p (moved in) is the current plan: this generation's reports, acks, departures start anew;
+ * unless p is the current plan already (the watch brought our own plan, and its ranks' first
+ * acks, before we took it in after publishing it): then they stay. */
 void coord_set_plan_locked(coord *c, newt_plan *p);
 /* The picture as the policy sees it. Called with mu held; valid while it is held. */
 policy_view coord_view_locked(coord *c);

@@ -154,6 +154,10 @@ static void put_progress(coord *c, const job_progress *pr) {
 /* --- the plan, the spec, the end, the checkpoint ------------------------------------------- */
 
 void coord_set_plan_locked(coord *c, newt_plan *p) {
+  if (c->plan.generation == p->generation && memcmp(c->plan.secret, p->secret, sizeof p->secret) == 0) {
+    plan_free(p); /* the current one already (a secret is one plan's alone): what it gathered stays */
+    return;
+  }
   plan_free(&c->plan);
   c->plan = *p;
   c->nreports = 0;

@@ -120,10 +120,7 @@ static void adopt(coord *c, newt_plan *p, const char *cause, char (*exclude)[RDZ
 
   if (newt_param_AdoptPauseMs() > 0) newt_sleep_ms(newt_param_AdoptPauseMs());
   pthread_mutex_lock(&c->mu);
-  /* the watch may have brought our plan already (its secret is ours alone), and with it the
-     first acks of its ranks (a fast program acks within milliseconds): they stay */
-  if (c->plan.generation == p->generation && memcmp(c->plan.secret, p->secret, sizeof p->secret) == 0) plan_free(p);
-  else coord_set_plan_locked(c, p);
+  coord_set_plan_locked(c, p); /* the watch may have brought it first, with acks: they stay */
   c->prog_change = newt_now_ns();
   c->join_seen_ms = 0; /* whoever registered before this plan is in it, or its spare */
   pthread_mutex_unlock(&c->mu);

@@ -179,10 +179,9 @@ static void find_leader(job_view *v, const struct job_view_keys *k) {
 static void put_candidacy(job_view *v, struct job_view_keys *k, const job_change *c) {
   int i = 0;
   while (i < k->ncands && !key_is(c->kv, k->cands[i].key)) i++;
-  if (i < k->ncands && c->deleted) k->cands[i] = k->cands[--k->ncands];
-  else if (i == k->ncands && (c->deleted || c->kv->key_len >= VIEW_KEY_MAX || !grow(&k->cands, k->ncands, sizeof *k->cands)))
-    return;
-  else if (!c->deleted) {
+  if (c->deleted) {
+    if (i < k->ncands) k->cands[i] = k->cands[--k->ncands];
+  } else if (i < k->ncands || (c->kv->key_len < VIEW_KEY_MAX && grow(&k->cands, k->ncands, sizeof *k->cands))) {
     if (i == k->ncands) k->ncands++;
     snprintf(k->cands[i].key, VIEW_KEY_MAX, "%.*s", (int)c->kv->key_len, c->kv->key);
     k->cands[i].create_revision = c->kv->create_revision;
@@ -202,35 +201,26 @@ static void put_plan(job_view *v, const job_change *c) {
   }
 }
 
+/* A record of a key of its own: its newest value, or none once deleted. */
+static void put_single(int *has, void *dst, const void *src, size_t size, int deleted) {
+  *has = !deleted;
+  if (!deleted) memcpy(dst, src, size);
+}
+
 void job_view_apply(job_view *v, const job_change *c) {
   if (c->kv && c->kv->mod_revision > v->revision) v->revision = c->kv->mod_revision;
   if (c->refused) v->nrefused++;
   if (!v->keys && !(v->keys = calloc(1, sizeof *v->keys))) return;
   int del = c->deleted;
   switch (c->rec) {
-  case JOB_REC_SPEC:
-    v->has_spec = !del;
-    if (!del) v->spec = c->u.spec;
-    break;
+  case JOB_REC_SPEC: put_single(&v->has_spec, &v->spec, &c->u.spec, sizeof v->spec, del); break;
   case JOB_REC_PLAN: put_plan(v, c); break;
   case JOB_REC_WORKER: put_worker(v, c); break;
   case JOB_REC_ELECTION: put_candidacy(v, v->keys, c); break;
-  case JOB_REC_PROGRESS:
-    v->has_progress = !del;
-    if (!del) v->progress = c->u.progress;
-    break;
-  case JOB_REC_DONE:
-    v->has_done = !del;
-    if (!del) v->done = c->u.done;
-    break;
-  case JOB_REC_FAILED:
-    v->has_failed = !del;
-    if (!del) v->failed = c->u.failed;
-    break;
-  case JOB_REC_CKPT:
-    v->has_ckpt = !del;
-    if (!del) v->ckpt = c->u.ckpt;
-    break;
+  case JOB_REC_PROGRESS: put_single(&v->has_progress, &v->progress, &c->u.progress, sizeof v->progress, del); break;
+  case JOB_REC_DONE: put_single(&v->has_done, &v->done, &c->u.done, sizeof v->done, del); break;
+  case JOB_REC_FAILED: put_single(&v->has_failed, &v->failed, &c->u.failed, sizeof v->failed, del); break;
+  case JOB_REC_CKPT: put_single(&v->has_ckpt, &v->ckpt, &c->u.ckpt, sizeof v->ckpt, del); break;
   case JOB_REC_EVENT: put_event(v, v->keys, c); break;
   case JOB_REC_FAULT: put_fault(v, c); break;
   default: break; /* reports, acks and links are the leader's alone: it keeps them as it judges them */
