@@ -1,6 +1,8 @@
 /* The `newt` binary: dispatches to a subcommand (see cli/cmds.h). */
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "cli/cmds.h"
 #include "comm/comm.h"
@@ -9,6 +11,7 @@
 #include "common/strutil.h"
 #include "common/sys.h"
 #include "model/dev.h"
+#include "model/ops.h"
 
 static const struct {
   const char *name;
@@ -49,10 +52,29 @@ static int version(int libs) {
   r = comm_backend_library(COMM_BACKEND_NCCL, d, sizeof d);
   printf("nccl: %s\n", r == NEWT_OK ? d : newt_errmsg());
   bad |= r != NEWT_OK;
+  const char *hint = model_blas_core_hint();
+  if (hint)
+    printf("openblas: core %s by its own choice; newt run, worker, train and bench ask for %s (OpenBLAS does not "
+           "know this CPU's model)\n", model_blas_core(), hint);
+  else
+    printf("openblas: core %s%s\n", model_blas_core(), getenv("OPENBLAS_CORETYPE") ? " (OPENBLAS_CORETYPE)" : "");
   r = model_dev_cuda_library(d, sizeof d);
   printf("cublas: %s\n", r == NEWT_OK ? d : newt_errmsg());
   bad |= r != NEWT_OK;
   return bad;
+}
+
+/* The commands that compute with the model (or start processes that do, which inherit the
+ * variable) start again with OPENBLAS_CORETYPE set when OpenBLAS took this CPU for an older
+ * one (model/ops.h): the GEMMs of a step run several times faster. Same process, same pid. */
+static void blas_core(char **argv) {
+  static const char *const computes[] = {"run", "worker", "train", "bench"};
+  int any = 0;
+  for (size_t i = 0; i < sizeof computes / sizeof computes[0]; i++) any |= strcmp(argv[1], computes[i]) == 0;
+  const char *core = any ? model_blas_core_hint() : NULL;
+  if (!core || setenv("OPENBLAS_CORETYPE", core, 1) != 0) return;
+  execv("/proc/self/exe", argv);
+  unsetenv("OPENBLAS_CORETYPE"); /* not started again: on with the kernels loaded */
 }
 
 static void usage(FILE *f) {
@@ -77,6 +99,7 @@ int main(int argc, char **argv) {
     }
     return version(libs);
   }
+  blas_core(argv);
   newt_signals_install();
   (void)newt_log_enabled(NEWT_LOG_ERROR, 0); /* the logging environment read now: a bad value is said at once */
   for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)

@@ -22,6 +22,17 @@
 int model_threads_set(int threads);
 int model_threads_get(void);
 
+/* OpenBLAS picks its kernels once, when it loads, from the CPU's model number, and takes a
+ * model it does not know for its oldest x86-64 core: Debian 12's 0.3.21 runs an Emerald
+ * Rapids (family 6, model 207) on Prescott's SSE3 kernels, at a quarter of the speed of its
+ * AVX-512 ones. model_blas_core_hint names the core OPENBLAS_CORETYPE should ask for when
+ * OpenBLAS took one without AVX2 on a CPU (and OS) that runs AVX2 and FMA: Cooperlake or
+ * SkylakeX (AVX-512, with or without BF16) or Haswell; NULL when OPENBLAS_CORETYPE is set
+ * or OpenBLAS's own choice stands. The variable counts only at a process's start (cli/main.c
+ * sets it and starts the binary again). model_blas_core: the core in use. */
+const char *model_blas_core_hint(void);
+const char *model_blas_core(void);
+
 /* Floats of per-thread scratch the ops below need for sizes T and C/NH (see
  * model_attention_*, model_layernorm_backward); callers pass `scratch` with
  * model_threads_get() times this many floats. */

@@ -15,7 +15,9 @@
 #include <cblas.h>
 #include <math.h>
 #include <omp.h>
+#include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 
 static int n_threads = 1;
 
@@ -28,6 +30,29 @@ int model_threads_set(int threads) {
 }
 
 int model_threads_get(void) { return n_threads; }
+
+const char *model_blas_core(void) { return openblas_get_corename(); }
+
+const char *model_blas_core_hint(void) {
+#if defined(__x86_64__) && defined(__GNUC__)
+  if (getenv("OPENBLAS_CORETYPE")) return NULL;
+  /* OpenBLAS's x86-64 cores without AVX2 (its names, as openblas_get_corename says them) */
+  static const char *const before_avx2[] = {"unknown", "katmai", "coppermine", "northwood", "prescott", "banias",
+                                            "atom", "core2", "penryn", "dunnington", "nehalem", "sandybridge",
+                                            "opteron", "barcelona", "bobcat", "bulldozer", "piledriver", "nano"};
+  const char *core = openblas_get_corename();
+  int old = 0;
+  for (size_t i = 0; core && i < sizeof before_avx2 / sizeof before_avx2[0]; i++) old |= !strcasecmp(core, before_avx2[i]);
+  __builtin_cpu_init(); /* its answers include the OS's: AVX state saved on a switch */
+  if (!old || !__builtin_cpu_supports("avx2") || !__builtin_cpu_supports("fma")) return NULL;
+  if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512dq") &&
+      __builtin_cpu_supports("avx512vl"))
+    return __builtin_cpu_supports("avx512bf16") ? "Cooperlake" : "SkylakeX";
+  return "Haswell";
+#else
+  return NULL;
+#endif
+}
 
 size_t model_ops_scratch_floats(int T, int C, int NH) {
   (void)NH;

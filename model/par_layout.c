@@ -5,7 +5,8 @@
  * The local table walks the global one in order, keeping the tensors of this stage, each at
  * its tensor-parallel shape, grouped in buckets (wte, wpe, each layer, lnf). A tensor
  * starts at a MODEL_ALIGN boundary; a bucket is padded to a multiple of dp * MODEL_ALIGN,
- * so that its dp chunks are equal and aligned. The shard buffers hold this rank's chunk of
+ * so that its dp chunks are equal and aligned (ZeRO 0 has no chunks: a multiple of
+ * MODEL_ALIGN, the same buffers at any dp, which model_par_relayout keeps). The shard buffers hold this rank's chunk of
  * every bucket, one after the other (the moments; with ZeRO 3 also the parameters and the
  * reduced gradients); with ZeRO 3 `shard` lists the runs of tensors in them, so AdamW (which
  * only needs offsets, sizes and decay flags) runs over them as over a whole model. */
@@ -179,7 +180,7 @@ static void split_tensor(const model_par *p, const model_tensor *g, model_tensor
 
 static newt_result_t build_tables(model_par *p) {
   const model_layout *gl = &p->global;
-  size_t dp = (size_t)p->pc.dp;
+  size_t dp = p->pc.zero ? (size_t)p->pc.dp : 1; /* the chunks a bucket is cut into */
   model_layout *lay = &p->local;
   lay->cfg = gl->cfg;
   lay->tensors = calloc(gl->n, sizeof *lay->tensors);
@@ -329,6 +330,26 @@ static newt_result_t init_weights(model_par *p) {
 
 #define PAR_REC_MAX (2 * sizeof(double)) /* a step's totals: squares and loss */
 
+/* The micro-batches a stage keeps in flight on 1F1B: at most pp - stage, and at most those
+ * of data-parallel rank 0, which has the most. */
+static int acts_in_flight(const model_train_config *cfg, const model_par_config *pc) {
+  int64_t first_count, count;
+  model_batch_slice(cfg->batch, 0, pc->dp, &first_count, &count);
+  int M = (int)((count + cfg->micro_batch - 1) / cfg->micro_batch);
+  return pc->pp - pc->pp_rank < M ? pc->pp - pc->pp_rank : M;
+}
+
+newt_result_t model_par_relayout(model_par *p, const model_par_config *pc) {
+  const model_par_config *o = &p->pc;
+  if (pc->zero != 0 || o->zero != 0 || pc->tp != o->tp || pc->pp != o->pp || pc->tp_rank != o->tp_rank ||
+      pc->pp_rank != o->pp_rank || (pc->dev && pc->dev != p->dev) || acts_in_flight(&p->cfg, pc) != p->nacts)
+    return NEWT_ERR(NEWT_ERR_UNSUPPORTED, "model_par_relayout: the layout changes more than the data-parallel size");
+  NEWT_CHECK(model_par_config_check(pc, &p->cfg));
+  p->pc.dp = pc->dp;
+  p->pc.dp_rank = pc->dp_rank;
+  return NEWT_OK;
+}
+
 newt_result_t model_par_alloc(model_par *p, const model_train_config *cfg, const model_par_config *pc) {
   memset(p, 0, sizeof *p);
   NEWT_CHECK(model_par_config_check(pc, cfg));
@@ -377,12 +398,9 @@ newt_result_t model_par_alloc(model_par *p, const model_train_config *cfg, const
     model_dev_free(p->dev, v);
     goto fail;
   }
-  /* activations: the micro-batches a stage has in flight on 1F1B, at most pp - stage */
+  /* activations: the micro-batches a stage has in flight on 1F1B */
   int T = cfg->seq_len, mb = cfg->micro_batch;
-  int64_t first_count, count;
-  model_batch_slice(cfg->batch, 0, pc->dp, &first_count, &count); /* rank 0 has the most */
-  int M = (int)((count + mb - 1) / mb);
-  p->nacts = pc->pp - pc->pp_rank < M ? pc->pp - pc->pp_rank : M;
+  p->nacts = acts_in_flight(cfg, pc);
   p->acts = calloc((size_t)p->nacts, sizeof *p->acts);
   if (!p->acts) {
     r = NEWT_ERR(NEWT_ERR_NOMEM, "model_par: out of memory");

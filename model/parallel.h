@@ -204,6 +204,12 @@ newt_result_t model_par_init(model_par *p, const model_train_config *cfg, const 
 newt_result_t model_par_alloc(model_par *p, const model_train_config *cfg, const model_par_config *pc);
 newt_result_t model_par_init_weights(model_par *p);
 void model_par_free(model_par *p);
+/* The same rank in a layout that differs only in its data-parallel size and place, under
+ * ZeRO 0 (every data-parallel rank holds the whole replica, in buffers of the same layout at
+ * any dp): pc taken in place, the buffers and their contents kept. NEWT_ERR_UNSUPPORTED
+ * where the buffers would differ (another stage or tensor-parallel slice, ZeRO 1-3, a
+ * pipeline stage that keeps more micro-batches in flight): make a new trainer then. */
+newt_result_t model_par_relayout(model_par *p, const model_par_config *pc);
 
 /* One optimizer step over the global batch. inputs and targets are this data-parallel
  * rank's slice of it ((count, T) each; count from model_batch_slice(cfg.batch, dp_rank,

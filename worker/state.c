@@ -380,6 +380,20 @@ static newt_result_t held_pieces(worker *w, const worker_decl *d, reshard_piece 
 
 /* --- restore ------------------------------------------------------------------------------- */
 
+/* Whether a part of b lies in memory of a part of a: a program that keeps its buffers
+ * across generations declares them again (a trainer whose layout changed only in its
+ * data-parallel size), and a restore then writes into what the previous declaration holds. */
+static int decl_overlaps(const worker_decl *a, const worker_decl *b) {
+  for (size_t i = 0; i < a->n; i++) {
+    const char *p = a->parts[i].p.data, *pe = p + reshard_piece_bytes(&a->parts[i].p);
+    for (size_t j = 0; j < b->n; j++) {
+      const char *q = b->parts[j].p.data, *qe = q + reshard_piece_bytes(&b->parts[j].p);
+      if (p < qe && q < pe) return 1;
+    }
+  }
+  return 0;
+}
+
 newt_result_t worker_restore(worker *w, newt_restore_info *out) {
   worker_decl *d = &w->decl;
   if (d->n == 0 && w->prev.n) { /* nothing declared anew: the last declaration again, in place */
@@ -466,7 +480,7 @@ newt_result_t worker_restore(worker *w, newt_restore_info *out) {
       out->bytes_received = received;
       out->bytes_missing = missing;
     }
-  } else if (w->has_state && w->prev.n == 0 && wrote) {
+  } else if (w->has_state && wrote && (w->prev.n == 0 || decl_overlaps(&w->prev, d))) {
     w->has_state = 0; /* the buffers held the state and were half written: no state any more */
   }
   free(have), free(need), free(need_dev), free(dev), free(primary), free(unique), free(filled), free(group);
