@@ -9,7 +9,7 @@
  * preset's ctx, and prints one JSON line with the median step:
  * {"bench":"train","preset":...,"threads":...,"tp":...,"pp":...,"dp":...,"zero":...,"ranks":...,
  *  "batch":...,"micro_batch":...,"seq_len":...,"params":...,"tokens_per_s":...,"ms_per_step":...,
- *  "gflops":...,"state_bytes":...,"act_bytes":...}
+ *  "gflops":...,"state_bytes":...,"act_bytes":...,"blas_core":...}
  * gflops counts 6 FLOPs per parameter per token plus the causal half of attention
  * (model_flops_per_token), for the whole layout. With tp * pp * dp = 1 and zero 0 it times the
  * single-process trainer (model/train.h); otherwise it forks tp * pp * dp processes, each a
@@ -17,7 +17,9 @@
  * backend over shared memory, and rank 0 reports (every step ends in a collective over all
  * ranks, so their step times agree). state_bytes and act_bytes are rank 0's parameters,
  * gradients and moments, and its activations. The default micro-batch is the data-parallel
- * rank's share of the batch, split in pp micro-batches when pp > 1.
+ * rank's share of the batch, split in pp micro-batches when pp > 1. blas_core (CPU only): the
+ * OpenBLAS core the GEMMs ran on (model/ops.h: newt asks for the CPU's own where OpenBLAS
+ * does not know it).
  *
  * --backend cuda times the parallel trainer on GPUs (model/dev.h): with one rank in this
  * process, without communicators, on GPU --device; with more, rank r is a forked process on
@@ -87,6 +89,7 @@ static void print_line(const bench_line *b) {
          "\"ms_per_step\":%.2f,\"gflops\":%.2f,\"state_bytes\":%zu,\"act_bytes\":%zu",
          b->preset, b->threads, b->pc.tp, b->pc.pp, b->pc.dp, b->pc.zero, b->pc.tp * b->pc.pp * b->pc.dp, c->batch,
          c->micro_batch, c->seq_len, b->params, tps, b->ms, flops / 1e9, b->state_bytes, b->act_bytes);
+  if (!b->device) printf(",\"blas_core\":\"%s\"", model_blas_core());
   if (b->device) {
     printf(",\"backend\":\"cuda\",\"device\":\"");
     for (const char *q = b->device; *q; q++) /* a name is plain text; keep the line JSON anyway */

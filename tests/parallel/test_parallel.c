@@ -587,6 +587,44 @@ static void test_single_rank(void) {
   }
 }
 
+/* ---- a trainer kept across a change of the data-parallel size (ZeRO 0) ----------------------------- */
+
+/* Data-parallel rank 2 of 3 taken, in place, to the only rank of 1 (a survivor's restore
+ * moves nothing): the same buffers, and then the single-process trainer bit for bit. What
+ * changes more than dp is refused, the trainer untouched. */
+static void test_relayout(void) {
+  model_par_config pc, one, other;
+  model_par_config_from_rank(&pc, 1, 1, 3, 0, 2);
+  model_par p;
+  T_OK(model_par_init(&p, &cfg, &pc));
+  float *params = p.params, *grads = p.grads, *m = p.opt.m;
+  model_par_config_from_rank(&other, 2, 1, 1, 0, 0); /* another tensor-parallel slice */
+  T_CHECK(model_par_relayout(&p, &other) == NEWT_ERR_UNSUPPORTED && p.pc.dp == 3 && p.pc.tp == 1);
+  model_par_config_from_rank(&other, 1, 1, 1, 1, 0); /* ZeRO 1: other buffers */
+  T_CHECK(model_par_relayout(&p, &other) == NEWT_ERR_UNSUPPORTED && p.pc.dp == 3);
+  newt_err_clear();
+  model_par_config_from_rank(&one, 1, 1, 1, 0, 0);
+  T_OK(model_par_relayout(&p, &one));
+  T_CHECK(p.pc.dp == 1 && p.pc.dp_rank == 0 && p.params == params && p.grads == grads && p.opt.m == m);
+  T_CHECK_MSG(p.local.total == ref.total, "ZeRO 0's buffers at dp 3: %zu floats, at dp 1: %zu", p.local.total,
+              ref.total);
+  size_t n = (size_t)cfg.batch * cfg.seq_len;
+  int32_t *in = malloc(n * sizeof *in), *tg = malloc(n * sizeof *tg);
+  for (int s = 0; s < STEPS; s++) {
+    int count;
+    model_step_info info;
+    T_OK(pt_fetch(&cfg, &one, s, in, tg, &count));
+    T_OK(model_par_step(&p, NULL, in, tg, count, &info));
+    T_CHECK_MSG(info.loss == ref.loss[s] && info.grad_norm == ref.norm[s],
+                "after the relayout, step %d: loss %.9g norm %.9g, single-process %.9g %.9g", s + 1, info.loss,
+                info.grad_norm, ref.loss[s], ref.norm[s]);
+  }
+  T_CHECK(memcmp(p.params, ref.params, ref.total * sizeof(float)) == 0);
+  free(in);
+  free(tg);
+  model_par_free(&p);
+}
+
 /* ---- the pipeline with messages larger than the shared-memory rings -------------------------------- */
 
 static model_train_config big_cfg;
@@ -711,7 +749,7 @@ static void test_refusals(void) {
   model_par p;
   T_ERR(NEWT_ERR_INVALID, model_par_init(&p, &cfg, &pc));
   /* a step with the wrong slice, or without the communicators the layout needs */
-  model_par_config_from_rank(&pc, 1, 1, 2, 0, 1);
+  model_par_config_from_rank(&pc, 1, 1, 3, 0, 2);
   T_OK(model_par_init(&p, &cfg, &pc));
   int32_t x[8 * 32] = {0};
   T_ERR(NEWT_ERR_INVALID, model_par_step(&p, NULL, x, x, 3, NULL));
@@ -746,6 +784,7 @@ int main(int argc, char **argv) {
   const char *only = argc > 1 ? argv[1] : NULL;
   if (!only || strcmp(only, "single") == 0) T_RUN(test_single_rank);
   if (!only || strcmp(only, "refusals") == 0) T_RUN(test_refusals);
+  if (!only || strcmp(only, "relayout") == 0) T_RUN(test_relayout);
   if (!only || strcmp(only, "bench") == 0) T_RUN(test_bench);
   if (!only || strcmp(only, "ckpt") == 0) T_RUN(test_ckpt);
   if (!only || strcmp(only, "unbuffered") == 0) T_RUN(test_pipeline_unbuffered);
