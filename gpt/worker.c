@@ -2,7 +2,8 @@
  *
  * It joins, builds its trainer configuration from the job's spec and opens its device; then
  * it loops on newt_step_begin. On each generation it makes the parallel trainer
- * (model/parallel.h) for the layout it is given (kept when the layout is the same), takes
+ * (model/parallel.h) for the layout it is given (kept when the layout is the same, or differs
+ * only in its data-parallel size under ZeRO 0: model_par_relayout, nothing moved), takes
  * the trainer's groups from newt's (the embedding group of a pipeline's first and last
  * stage split from the world), declares every piece of the trainer as the state, and lets
  * newt restore it (a new job initialises the weights from the seed). A step: its samples
