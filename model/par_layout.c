@@ -6,10 +6,11 @@
  * its tensor-parallel shape, grouped in buckets (wte, wpe, each layer, lnf). A tensor
  * starts at a MODEL_ALIGN boundary; a bucket is padded to a multiple of dp * MODEL_ALIGN,
  * so that its dp chunks are equal and aligned (ZeRO 0 has no chunks: a multiple of
- * MODEL_ALIGN, the same buffers at any dp, which model_par_relayout keeps). The shard buffers hold this rank's chunk of
- * every bucket, one after the other (the moments; with ZeRO 3 also the parameters and the
- * reduced gradients); with ZeRO 3 `shard` lists the runs of tensors in them, so AdamW (which
- * only needs offsets, sizes and decay flags) runs over them as over a whole model. */
+ * MODEL_ALIGN, the same buffers at any dp, which model_par_relayout keeps). The shard
+ * buffers hold this rank's chunk of every bucket, one after the other (the moments; with
+ * ZeRO 3 also the parameters and the reduced gradients); with ZeRO 3 `shard` lists the runs
+ * of tensors in them, so AdamW (which only needs offsets, sizes and decay flags) runs over
+ * them as over a whole model. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>

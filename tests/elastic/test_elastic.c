@@ -183,7 +183,8 @@ static const scenario scenarios[] = {
        still reach etcd) until step 40. One side goes on as the largest side of the cut; the
        other is held out while its probes find the plan's ranks unreachable, and joins as
        soon as the cut is mended (the mend is the fault those joins answer) */
-    {.name = "netns_chaos", .steps = 600, .nproc = 4, /* the second join must come before the end */ .chaos = "cut:host:1:until=40@step=15",
+    /* (600 steps: the second join comes before the end) */
+    {.name = "netns_chaos", .steps = 600, .nproc = 4, .chaos = "cut:host:1:until=40@step=15",
      .causes = {"hang|crash", "join", "join?"}, .extra = {"--netns", "--hosts", "2", NULL}, .world = 4},
     /* a slow, lossy link (issue 27): host 1's veth shaped to 20 Mbit/s both ways with a queue
        of 16 packets (bursts dropped, TCP retransmits) from step 10 to 25: steps take ten
