@@ -87,6 +87,18 @@ typedef struct worker_copy {
                          before the newest), -1 once the next transfer started writing it */
 } worker_copy;
 
+/* A crash report's second look (worker_recheck_start, peers.c). */
+typedef struct report_recheck {
+  newt_plan plan;   /* the failed generation's plan (nranks 0: nothing to look at) */
+  int hang;
+  char why[JOB_TEXT_MAX];
+  int naccused;
+  char accused[JOB_ACCUSE_MAX][RDZV_NAME_MAX];
+  int nsuspects;
+  int *suspects;    /* ranks of plan */
+  int looks;        /* looks taken */
+} report_recheck;
+
 /* A group of a generation, as the program holds it: it outlives its generation (a stale
  * handle is refused, never freed under the program). */
 #define WORKER_COMM_MAGIC 0x6e636f6du
@@ -205,6 +217,7 @@ struct newt_ctx {
 
   /* this generation's timings (wall ms) and where its state came from */
   uint64_t t_plan_seen, t_comm, t_restore, t_first_step, t_detect, progress_ms;
+  report_recheck recheck; /* the last crash report's second look (peers.c) */
   char restore_src[8];
   int64_t restore_step;
   int64_t done_step;      /* the newest step this rank completed */
@@ -286,6 +299,18 @@ typedef struct links_proof {
   uint64_t next_ms; /* wall ms of the next try */
 } links_proof;
 void worker_prove_links(worker *w, links_proof *lp);
+/* A crash report's second look. A host's workers die together, and the first probe may come
+ * before the kernel closed a dying one's listener (its exit unmaps a large address space
+ * before it closes its files), so the report names one and the leader waits out its report
+ * window for the rest. worker_recheck_start keeps the report and the ranks that still
+ * listened on a host that lost one (state: worker_probe_ranks'); worker_recheck, called
+ * from the wait for a plan, probes them again a few times within ~300 ms of the report and
+ * writes the report again, naming every rank gone; it returns the ms until its next look (-1:
+ * none left). */
+void worker_recheck_start(worker *w, const int *state, int hang, const char *const *accused, int naccused,
+                          const char *why);
+int64_t worker_recheck(worker *w);
+void worker_recheck_free(worker *w);
 /* The key the links of p's generation prove (COMM_SECRET_MAX bytes room; *len set). */
 newt_result_t worker_generation_key(const worker *w, const newt_plan *p, unsigned char *key, size_t *len);
 void worker_decl_free(worker_decl *d);

@@ -92,6 +92,88 @@ static newt_result_t probe_plan(const worker *w, const newt_plan *p, int64_t ms,
 
 newt_result_t worker_probe_ranks(worker *w, int64_t ms, int *state) { return probe_plan(w, &w->plan, ms, state); }
 
+/* --- a crash report's second look ------------------------------------------------------------ */
+
+/* When the looks come, in ms after the detection: a dying process's listener closes within
+ * milliseconds of its kill, later on a loaded host; the last look is at the leader's default
+ * report window (fault.report_window_ms), past which it plans anyway. */
+static const int64_t recheck_at_ms[] = {5, 15, 40, 100, 200, 300};
+#define RECHECK_PROBE_MS 20 /* a listener's kernel answers in microseconds; none: left as it was */
+
+void worker_recheck_free(worker *w) {
+  report_recheck *rc = &w->recheck;
+  plan_free(&rc->plan);
+  free(rc->suspects);
+  memset(rc, 0, sizeof *rc);
+}
+
+/* Whether rank r of p is on the host of a worker named in accused. */
+static int near_accused(const newt_plan *p, int r, const char *const *accused, int naccused) {
+  for (int a = 0; a < naccused; a++) {
+    const plan_rank *k = plan_find(p, accused[a]);
+    if (k && strcmp(k->host, p->ranks[r].host) == 0) return 1;
+  }
+  return 0;
+}
+
+void worker_recheck_start(worker *w, const int *state, int hang, const char *const *accused, int naccused,
+                          const char *why) {
+  worker_recheck_free(w);
+  report_recheck *rc = &w->recheck;
+  const newt_plan *p = &w->plan;
+  if (!state || naccused < 1 || naccused >= JOB_ACCUSE_MAX || p->nranks < 1) return;
+  int *s = malloc((size_t)p->nranks * sizeof *s), n = 0;
+  for (int r = 0; s && r < p->nranks; r++)
+    if (state[r] == 1 && r != w->me->rank && near_accused(p, r, accused, naccused)) s[n++] = r;
+  if (!n || plan_copy(&rc->plan, p) != NEWT_OK) {
+    free(s);
+    newt_err_clear();
+    return;
+  }
+  rc->suspects = s;
+  rc->nsuspects = n;
+  rc->hang = hang;
+  snprintf(rc->why, sizeof rc->why, "%s", why ? why : "");
+  for (int a = 0; a < naccused; a++) snprintf(rc->accused[rc->naccused++], sizeof rc->accused[0], "%s", accused[a]);
+}
+
+int64_t worker_recheck(worker *w) {
+  report_recheck *rc = &w->recheck;
+  int nlooks = (int)(sizeof recheck_at_ms / sizeof recheck_at_ms[0]);
+  if (!rc->nsuspects || rc->looks >= nlooks) {
+    worker_recheck_free(w);
+    return -1;
+  }
+  uint64_t now = newt_wall_ms(), due = w->t_detect + (uint64_t)recheck_at_ms[rc->looks];
+  if (now < due) return (int64_t)(due - now);
+  rc->looks++;
+  const char **addrs = calloc((size_t)rc->nsuspects, sizeof *addrs);
+  int *state = calloc((size_t)rc->nsuspects, sizeof *state);
+  int named = 0;
+  for (int i = 0; addrs && state && i < rc->nsuspects; i++) addrs[i] = rc->plan.ranks[rc->suspects[i]].addr;
+  if (addrs && state && comm_probe_listeners(addrs, rc->nsuspects, RECHECK_PROBE_MS, state) == NEWT_OK) {
+    int kept = 0;
+    for (int i = 0; i < rc->nsuspects; i++) {
+      if (state[i] == 0 && rc->naccused < JOB_ACCUSE_MAX) { /* refused: gone since the first look */
+        snprintf(rc->accused[rc->naccused++], sizeof rc->accused[0], "%s", rc->plan.ranks[rc->suspects[i]].worker);
+        named++;
+      } else {
+        rc->suspects[kept++] = rc->suspects[i];
+      }
+    }
+    rc->nsuspects = kept;
+  }
+  newt_err_clear();
+  free(addrs);
+  free(state);
+  if (named) {
+    const char *accused[JOB_ACCUSE_MAX];
+    for (int a = 0; a < rc->naccused; a++) accused[a] = rc->accused[a];
+    worker_report(w, &rc->plan, rc->hang, 0, accused, rc->naccused, rc->why);
+  }
+  return worker_recheck(w); /* the next look, or none */
+}
+
 /* --- a worker left out proves its links --------------------------------------------------- */
 
 void worker_prove_links(worker *w, links_proof *lp) {

@@ -179,6 +179,7 @@ static newt_result_t wait_plan(worker *w, int donor, newt_plan *out, wait_outcom
   int64_t donor_wait = 3 * w->spec.lease_ttl_ms + 5000;
   if (donor_wait > 10000) donor_wait = 10000;
   newt_deadline_t give_up = newt_deadline_in_ms(donor ? donor_wait : -1);
+  int64_t recheck_ms = donor ? -1 : worker_recheck(w); /* the last crash report's next look */
   for (;;) {
     if ((!donor && worker_stop_asked(w)) || newt_deadline_passed(give_up)) {
       *how = WAIT_LEAVE;
@@ -211,9 +212,10 @@ static newt_result_t wait_plan(worker *w, int donor, newt_plan *out, wait_outcom
         continue;
       }
     }
-    worker_wait_cv(w, 50);
+    worker_wait_cv(w, recheck_ms >= 0 && recheck_ms < 50 ? (int)recheck_ms : 50);
     pthread_mutex_unlock(&w->mu);
     if (!donor) worker_prove_links(w, &links);
+    if (recheck_ms >= 0) recheck_ms = worker_recheck(w);
     uint64_t now = newt_wall_ms();
     if (now >= next_done_check) {
       next_done_check = now + 500;
@@ -303,8 +305,9 @@ static void report_failure(worker *w) {
     for (int r = 0; r < w->plan.nranks && n < JOB_ACCUSE_MAX; r++)
       if (state[r] != 1 && r != st.peer && r != w->me->rank) accused[n++] = w->plan.ranks[r].worker;
   newt_err_clear();
-  free(state);
   worker_report(w, &w->plan, st.code == NEWT_ERR_TIMEOUT, 0, accused, n, st.msg);
+  worker_recheck_start(w, state, st.code == NEWT_ERR_TIMEOUT, accused, n, st.msg); /* while the plan is awaited */
+  free(state);
 }
 
 newt_comm *worker_comm_handle(worker *w, comm_t *c, int own) {
@@ -990,6 +993,7 @@ static void teardown(worker *w) {
   if (w->all) end_generation(w);
   plan_free(&w->latest);
   plan_free(&w->plan);
+  worker_recheck_free(w);
   worker_state_free(w);
   for (newt_comm *h = w->comms, *nx; h; h = nx) {
     nx = h->next;

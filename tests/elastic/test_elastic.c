@@ -50,7 +50,9 @@
 typedef struct scenario {
   const char *name;
   int steps; /* long enough for the faults to play out: a join takes a process start, a
-                lost coordinator its lease TTL, an etcd restart its downtime */
+                lost coordinator its lease TTL, an etcd restart its downtime (sized for the
+                GPT's steps on the CPU's own GEMM kernels, ~4x faster than the generic ones
+                these counts were first chosen for: docs/model.md) */
   int nproc;
   const char *chaos;
   const char *causes[4]; /* expected recoveries, in order; "join?": one that may not happen */
@@ -89,34 +91,34 @@ static const scenario scenarios[] = {
     {"crash", 40, 4, "kill:worker:1@step=10", {"crash"}, {NULL}},
     {"hang", 40, 4, "stop:worker:2@step=10", {"hang"}, {"--comm-timeout-ms", "1000", NULL}},
     {"leave", 40, 4, "term:worker:0@step=10", {"leave"}, {NULL}},
-    {"join", 300, 3, "join:1@step=10", {"join"}, {NULL}},
-    {"coordinator", 400, 4, "kill:coordinator@step=10", {"coordinator"}, {NULL}},
-    {"etcd", 400, 4, "restart:etcd:1500@step=10", {"etcd"}, {NULL}},
+    {"join", 1200, 3, "join:1@step=10", {"join"}, {NULL}},
+    {"coordinator", 1600, 4, "kill:coordinator@step=10", {"coordinator"}, {NULL}},
+    {"etcd", 1600, 4, "restart:etcd:1500@step=10", {"etcd"}, {NULL}},
     {"crash2", 40, 4, "kill:worker:1@step=10,kill:worker:2@step=10", {"crash"}, {NULL}},
     {"crash_hang", 40, 4, "kill:worker:0@step=10,stop:worker:3@step=10", {"crash"}, {NULL}},
     /* two joiners started together may register further apart than the join window
        (spec.parallel.join_window_ms, 100 ms) on a loaded machine: one join plan or two */
-    {"leave_join", 300, 4, "term:worker:3@step=10,join:2@step=20", {"leave", "join", "join?"}, {NULL}},
-    {"coordinator_crash", 400, 4, "kill:coordinator@step=10,kill:worker:2@step=20", {"coordinator", "crash"}, {NULL}},
+    {"leave_join", 1200, 4, "term:worker:3@step=10,join:2@step=20", {"leave", "join", "join?"}, {NULL}},
+    {"coordinator_crash", 1600, 4, "kill:coordinator@step=10,kill:worker:2@step=20", {"coordinator", "crash"}, {NULL}},
     /* a worker leaving while etcd is away (the launcher follows the step log, so the fault
        fires at its step during the outage): its hand-over waits for a plan, which follows
        as soon as it can be published; which of the two is recorded first is a race */
-    {"etcd_leave", 400, 4, "restart:etcd:1000@step=10,term:worker:1@step=25", {"etcd|leave", "etcd|leave"}, {NULL}},
+    {"etcd_leave", 1600, 4, "restart:etcd:1000@step=10,term:worker:1@step=25", {"etcd|leave", "etcd|leave"}, {NULL}},
     /* etcd away longer than every lease (2 s TTL), hung, emptied, or one member of three
        lost: training goes on at its pace, nobody is fenced, nothing is replanned (but after
        a wipe, which takes one plan from the workers' memory) */
-    {"etcd_2s", 400, 4, "restart:etcd:2000@step=10", {"etcd"}, {NULL}},
-    {"etcd_10s", 400, 4, "restart:etcd:10000@step=10", {"etcd"}, {NULL}},
+    {"etcd_2s", 1600, 4, "restart:etcd:2000@step=10", {"etcd"}, {NULL}},
+    {"etcd_10s", 1600, 4, "restart:etcd:10000@step=10", {"etcd"}, {NULL}},
     {"etcd_60s", 400, 4, "restart:etcd:60000@step=10", {"etcd"}, {NULL}}, /* the job ends during it */
-    {"etcd_stop", 400, 4, "stop:etcd:4000@step=10", {"etcd"}, {NULL}},
-    {"etcd_wipe", 400, 4, "wipe:etcd:2000@step=10", {"etcd"}, {NULL}},
-    {"etcd_member", 400, 4, "kill:etcd:0:3000@step=10", {"etcd"}, {"--etcd-members", "3", NULL}},
-    {"etcd_member_stop", 400, 4, "stop:etcd:1:3000@step=10", {"etcd"}, {"--etcd-members", "3", NULL}},
+    {"etcd_stop", 1600, 4, "stop:etcd:4000@step=10", {"etcd"}, {NULL}},
+    {"etcd_wipe", 1600, 4, "wipe:etcd:2000@step=10", {"etcd"}, {NULL}},
+    {"etcd_member", 1600, 4, "kill:etcd:0:3000@step=10", {"etcd"}, {"--etcd-members", "3", NULL}},
+    {"etcd_member_stop", 1600, 4, "stop:etcd:1:3000@step=10", {"etcd"}, {"--etcd-members", "3", NULL}},
     /* a worker killed while etcd is away: the survivors go on among themselves, and once etcd
        is back (an event: step 30, not a downtime, which a job of fast steps may outlast) the
-       leader's plan follows and the crash is recorded as they take it up, 370 steps before
+       leader's plan follows and the crash is recorded as they take it up, 1570 steps before
        the end; which of the two is recorded first is a race */
-    {"etcd_kill", 400, 4, "restart:etcd:until=30@step=10,kill:worker:2@step=12", {"etcd|crash|hang", "etcd|crash|hang"},
+    {"etcd_kill", 1600, 4, "restart:etcd:until=30@step=10,kill:worker:2@step=12", {"etcd|crash|hang", "etcd|crash|hang"},
      {NULL}, NULL, 0, NULL, NULL, 1},
     /* a worker killed while etcd is away, and etcd back only once the job reached step 30:
        the survivors must go on among themselves (worker/peers.c), or the job never gets
@@ -124,19 +126,19 @@ static const scenario scenarios[] = {
        end first */
     {"etcd_peers", 40, 4, "restart:etcd:until=30@step=10,kill:worker:1@step=15", {"etcd", "crash?"}, {NULL}, NULL, 0,
      NULL, NULL, 1},
-    {"stale", 300, 4, "stop:worker:2@step=10,cont:worker:2@step=60", {"hang", "join"}, {NULL}, "w2"},
+    {"stale", 1200, 4, "stop:worker:2@step=10,cont:worker:2@step=60", {"hang", "join"}, {NULL}, "w2"},
     /* every worker killed at once: the replacements can only read the checkpoint; those
        that register after the start window (a loaded machine) join the next generation */
     {"ckpt", 60, 3, "kill:worker:0@step=25,kill:worker:1@step=25,kill:worker:2@step=25,join:3@step=25",
      {"crash|hang", "join?"}, {NULL}, NULL, 10, "ckpt"},
     /* every parallel mode through a resize: tp 2 x pp 2 x dp 2 loses a rank (dp 1, the
        ZeRO shards re-cut), then grows back with a new worker (dp 2) */
-    {"tp2pp2z0", 150, 8, "kill:rank:3@step=10,join:1@step=30", {"crash", "join"}, {"--tp", "2", "--pp", "2", NULL}},
-    {"tp2pp2z1", 150, 8, "kill:rank:5@step=10,join:1@step=30", {"crash", "join"},
+    {"tp2pp2z0", 400, 8, "kill:rank:3@step=10,join:1@step=30", {"crash", "join"}, {"--tp", "2", "--pp", "2", NULL}},
+    {"tp2pp2z1", 400, 8, "kill:rank:5@step=10,join:1@step=30", {"crash", "join"},
      {"--tp", "2", "--pp", "2", "--zero", "1", NULL}},
-    {"tp2pp2z2", 150, 8, "kill:rank:6@step=10,join:1@step=30", {"crash", "join"},
+    {"tp2pp2z2", 400, 8, "kill:rank:6@step=10,join:1@step=30", {"crash", "join"},
      {"--tp", "2", "--pp", "2", "--zero", "2", NULL}},
-    {"tp2pp2z3", 150, 8, "kill:rank:1@step=10,join:1@step=30", {"crash", "join"},
+    {"tp2pp2z3", 400, 8, "kill:rank:1@step=10,join:1@step=30", {"crash", "join"},
      {"--tp", "2", "--pp", "2", "--zero", "3", NULL}},
     /* a rank whose pieces nobody else holds (tp 2 x pp 2 x dp 1, ZeRO 1) leaves: it hands
        them to the next generation (a spare takes its place) before it goes */
@@ -1230,7 +1232,10 @@ static int coordinator_said_nospace(const char *logs) {
 }
 
 static void test_nospace(void) {
-  const int STEPS = 1200; /* long enough to train through the fill, the kill and the clean-up */
+  /* long enough to train through the fill, the kill, the leader's next look at etcd's alarms
+     (every 5 s) and the clean-up: 1200 steps were when a step took ~17 ms, not at ~4 ms on
+     the CPU's own GEMM kernels (docs/model.md) */
+  const int STEPS = 5000;
   double ref = reference_loss(newt_bin, STEPS, MODEL);
   rdzv_etcd_server *srv = NULL;
   rdzv_etcd_server_opts so = {.quota_bytes = 8 << 20};
@@ -1713,6 +1718,7 @@ static void test_netns(void) {
 }
 
 static int coord_said(const char *what);
+static int64_t worker_log_generation(const char *name, int64_t min);
 
 /* Starts netns job `job` and waits until it trains (step 15): 0, or -1 with the failure
  * recorded. */
@@ -1880,9 +1886,32 @@ static void test_netns_lone(void) {
   T_CHECK_MSG(gen == 2 && with_lone == 0, "the first plan after %s (rank 0) was cut from the others: generation %lld, "
               "%s; logs in %s", name, (long long)gen, with_lone ? "with it" : "without it", tmpdir);
   netns_finish(&J); /* the cut lasts: the job ends without it, and it ends too */
-  T_CHECK_MSG(J.final_gen == 2, "the job ended in generation %lld: a plan tried %s again while it was cut off; logs in "
-              "%s", (long long)J.final_gen, name, tmpdir);
+  /* no later plan named it: it never built a generation after the first, nor failed to (a
+     rank of the majority side that the cut's cascade made look stuck may be left out with it,
+     and then joins back on its links: more generations, none of them with the lone one) */
+  int64_t tried = worker_log_generation(name, 2);
+  T_CHECK_MSG(tried == 0, "a plan tried %s again while it was cut off (its log: generation %lld); logs in %s", name,
+              (long long)tried, tmpdir);
   netns_cleanup();
+}
+
+/* The first generation >= min that worker `name`'s log says it built or failed to build
+ * ("<name>: generation G: rank ..." or "<name>: generation G failed"), else 0. */
+static int64_t worker_log_generation(const char *name, int64_t min) {
+  char path[400], line[2048], head[64];
+  snprintf(path, sizeof path, "%s/%s.log", tmpdir, name);
+  snprintf(head, sizeof head, "%s: generation ", name);
+  FILE *f = fopen(path, "r");
+  int64_t found = 0;
+  while (f && !found && fgets(line, sizeof line, f)) {
+    const char *at = strstr(line, head);
+    if (!at) continue;
+    char *end = NULL;
+    long long g = strtoll(at + strlen(head), &end, 10);
+    if (end && (*end == ':' || strncmp(end, " failed", 7) == 0) && g >= min) found = g;
+  }
+  if (f) fclose(f);
+  return found;
 }
 
 /* Whether c0's log has a line with `what`. */
