@@ -1,7 +1,8 @@
 /* A crash while etcd is away: the survivors go on among themselves (docs/elastic.md, "A
- * crash while etcd is away"); the key a generation's links prove; and a worker left out of
- * a plan proving that its links to the plan's ranks work (docs/elastic.md, "Back as soon as
- * the links work").
+ * crash while etcd is away"); the key a generation's links prove; a crash report's second
+ * look at the ranks of a host that lost one (internal.h, worker_recheck); and a worker left
+ * out of a plan proving that its links to the plan's ranks work (docs/elastic.md, "Back as
+ * soon as the links work").
  *
  * When a generation fails and etcd does not answer, no plan can come: instead of waiting
  * for etcd, the ranks that are left make the next layout themselves, over the data plane.
