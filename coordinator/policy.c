@@ -396,20 +396,41 @@ static int report_window_over(const policy_view *v) {
   return v->first_report && passed(v, v->first_report, window);
 }
 
+/* Whether a report of no progress (a hang's) names id: as each side of a cut sees the
+ * other. (A rank that aborted on a fault is named by crash reports: its links closed.) */
+static int hang_accused(const policy_view *v, const char *id) {
+  for (int i = 0; i < v->nreports; i++)
+    if (v->reports[i].hang && accuses(v, &v->reports[i], id)) return 1;
+  return 0;
+}
+
+/* Whether every report that names id comes from a rank that a hang's report names in turn:
+ * each side of a cut names the other, so a rank named only by the other side may be a
+ * member of this side whose own report is on its way (the reports of one cut arrive
+ * milliseconds apart), not a dead rank. */
+static int only_disputed(const policy_view *v, const char *id) {
+  for (int i = 0; i < v->nreports; i++)
+    if (accuses(v, &v->reports[i], id) && !hang_accused(v, v->reports[i].worker)) return 0;
+  return 1;
+}
+
 /* Everyone who could report did: decide at once -- unless the accused who are silent
    outnumber those who reported (one rank blaming the rest may be the odd one out: wait for
    the others to have their say), or one of them is accused only by the timeouts of a build
-   (it is still building: wait for its report, or the window). */
+   (it is still building: wait for its report, or the window), or only by ranks that are
+   accused themselves (a cut: the lone rank's report came first, naming the others, and
+   theirs are on their way; deciding on it would leave the larger side out). */
 static int all_said(const policy_view *v, int unreported) {
   const newt_plan *p = v->plan;
-  int silent_suspects = 0, silent_building = 0;
+  int silent_suspects = 0, silent_building = 0, silent_disputed = 0;
   for (int k = 0; k < p->nranks; k++) {
     const char *id = p->ranks[k].worker;
     if (!find_member(v, id) || !is_accused(v, id) || is_reporter(v, id)) continue;
     silent_suspects++;
     silent_building += only_build_timeouts(v, id);
+    silent_disputed += only_disputed(v, id);
   }
-  return unreported == 0 && silent_building == 0 && v->nreports >= silent_suspects;
+  return unreported == 0 && silent_building == 0 && silent_disputed == 0 && v->nreports >= silent_suspects;
 }
 
 /* The reports are in. stuck: the window passed with ranks that neither reported nor were

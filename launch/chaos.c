@@ -1,4 +1,4 @@
-/* Parsing of chaos schedules (see chaos.h): an item is split at '@step=' and then at ':';
+/* Parsing of chaos schedules (see chaos.h): an item is split at '@step=' (or '@ckpt=') and then at ':';
  * the action picks the target's grammar. Errors name the item by its number (and, for the
  * etcd forms, its text). */
 #include "launch/chaos.h"
@@ -121,12 +121,15 @@ static newt_result_t parse_cut(char **parts, int np, int idx, const char *shown,
 
 static newt_result_t parse_item(char *item, int idx, chaos_event *e) {
   memset(e, 0, sizeof *e);
-  char *at = strstr(item, "@step=");
-  if (!at) return BAD("--chaos: item %d \"%s\": missing \"@step=N\"", idx + 1, item);
+  char *at = strstr(item, "@step="), *ck = strstr(item, "@ckpt=");
+  if (!at && !ck) return BAD("--chaos: item %d \"%s\": missing \"@step=N\" (or \"@ckpt=N\")", idx + 1, item);
+  if (!at) at = ck;
   *at = '\0';
   const char *steps = at + 6;
-  if (newt_parse_int(steps, &e->step) != 0 || e->step < 0)
-    return BAD("--chaos: item %d: step \"%s\" is not a non-negative integer", idx + 1, steps);
+  int64_t *when = at == ck ? &e->ckpt_step : &e->step;
+  if (newt_parse_int(steps, when) != 0 || *when < (at == ck ? 1 : 0))
+    return BAD("--chaos: item %d: %s \"%s\" is not a %s integer", idx + 1, at == ck ? "checkpoint step" : "step",
+               steps, at == ck ? "positive" : "non-negative");
   char shown[128]; /* the item as given, for messages: tokenizing cuts it up */
   snprintf(shown, sizeof shown, "%s", item);
   char *parts[5] = {0};
@@ -253,7 +256,8 @@ void chaos_free(chaos_plan *p) {
   memset(p, 0, sizeof *p);
 }
 
-const char *chaos_event_str(const chaos_event *e, char *buf, size_t cap) {
+/* The item without its trigger. */
+static void action_str(const chaos_event *e, char *buf, size_t cap) {
   const char *a = action_names[e->action];
   if (e->action == CHAOS_CUT || e->action == CHAOS_CUT_ETCD || e->action == CHAOS_SLOW) {
     char len[64] = "";
@@ -261,26 +265,32 @@ const char *chaos_event_str(const chaos_event *e, char *buf, size_t cap) {
     size_t at = strlen(len);
     if (e->until_step) snprintf(len + at, sizeof len - at, ":until=%lld", (long long)e->until_step);
     else if (e->arg) snprintf(len + at, sizeof len - at, ":%lld", (long long)e->arg);
-    snprintf(buf, cap, "%s:%s:%d%s@step=%lld", a, e->target == CHAOS_HOST ? "host" : e->by_rank ? "rank" : "worker",
-             e->index, len, (long long)e->step);
-    return buf;
+    snprintf(buf, cap, "%s:%s:%d%s", a, e->target == CHAOS_HOST ? "host" : e->by_rank ? "rank" : "worker", e->index,
+             len);
+    return;
   }
   switch (e->target) {
     case CHAOS_ETCD:
-      if (e->until_step) snprintf(buf, cap, "%s:etcd:until=%lld@step=%lld", a, (long long)e->until_step, (long long)e->step);
-      else if (e->index < 0) snprintf(buf, cap, "%s:etcd:%lld@step=%lld", a, (long long)e->arg, (long long)e->step);
-      else snprintf(buf, cap, "%s:etcd:%d:%lld@step=%lld", a, e->index, (long long)e->arg, (long long)e->step);
+      if (e->until_step) snprintf(buf, cap, "%s:etcd:until=%lld", a, (long long)e->until_step);
+      else if (e->index < 0) snprintf(buf, cap, "%s:etcd:%lld", a, (long long)e->arg);
+      else snprintf(buf, cap, "%s:etcd:%d:%lld", a, e->index, (long long)e->arg);
       break;
-    case CHAOS_HOST:
-      snprintf(buf, cap, "%s:host:%d@step=%lld", a, e->index, (long long)e->step);
-      break;
+    case CHAOS_HOST: snprintf(buf, cap, "%s:host:%d", a, e->index); break;
     case CHAOS_COORDINATOR:
-      if (e->index < 0) snprintf(buf, cap, "%s:coordinator@step=%lld", a, (long long)e->step);
-      else snprintf(buf, cap, "%s:coordinator:%d@step=%lld", a, e->index, (long long)e->step);
+      if (e->index < 0) snprintf(buf, cap, "%s:coordinator", a);
+      else snprintf(buf, cap, "%s:coordinator:%d", a, e->index);
       break;
     default:
-      if (e->action == CHAOS_JOIN) snprintf(buf, cap, "join:%lld@step=%lld", (long long)e->arg, (long long)e->step);
-      else snprintf(buf, cap, "%s:%s:%d@step=%lld", a, e->by_rank ? "rank" : "worker", e->index, (long long)e->step);
+      if (e->action == CHAOS_JOIN) snprintf(buf, cap, "join:%lld", (long long)e->arg);
+      else snprintf(buf, cap, "%s:%s:%d", a, e->by_rank ? "rank" : "worker", e->index);
   }
+}
+
+const char *chaos_event_str(const chaos_event *e, char *buf, size_t cap) {
+  action_str(e, buf, cap);
+  size_t at = strlen(buf);
+  if (at < cap)
+    snprintf(buf + at, cap - at, e->ckpt_step ? "@ckpt=%lld" : "@step=%lld",
+             (long long)(e->ckpt_step ? e->ckpt_step : e->step));
   return buf;
 }

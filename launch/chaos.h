@@ -2,7 +2,9 @@
  * faults injected for real at given steps; the launcher (launcher.h) fires them.
  *
  *   SPEC  := ITEM ("," ITEM)*
- *   ITEM  := ACTION "@step=" N
+ *   ITEM  := ACTION ("@step=" N | "@ckpt=" N)
+ *            @step: once the job completed step N; @ckpt: once a checkpoint of step N or a
+ *            newer one committed (an event, not a step count that a slow save may outlast)
  *   ACTION:= ("kill" | "stop" | "term" | "cont") ":worker:" I    SIGKILL / SIGSTOP / SIGTERM / SIGCONT
  *          | ("kill" | "stop" | "term") ":rank:" R          the worker that is rank R of the current plan
  *          | ("kill" | "stop" | "term") ":coordinator" [":" I]  the leader when I is left out
@@ -66,6 +68,7 @@ typedef struct chaos_event {
   int64_t arg;   /* join: how many workers; etcd: downtime in ms (a member's 0: for good); cut:
                     how long in ms (0: until until_step, or for good) */
   int64_t step;  /* fires once the job has completed this step */
+  int64_t ckpt_step; /* ... and a checkpoint of this step or newer committed (0: no condition) */
   int64_t until_step; /* whole etcd, restart or stop; a cut: back (mended) once the job
                          completed this step (0: after arg ms) */
   int64_t kbit;       /* slow: the link's rate, kbit/s */

@@ -328,13 +328,22 @@ void inject_etcd_tick(run *r) {
             live_news(r), (long long)rec->outage_ms, (long long)rec->total_ms);
 }
 
+/* Whether e is due: its step completed, and its checkpoint (@ckpt) committed (ckpt: the
+ * newest committed checkpoint's step, -1: none). */
+static int is_due(const chaos_event *e, int64_t step, int64_t ckpt) {
+  return !e->fired && step >= e->step && (!e->ckpt_step || ckpt >= e->ckpt_step);
+}
+
 void inject_due(run *r, int64_t step) {
+  pthread_mutex_lock(&r->mu); /* the watch's thread adds checkpoints */
+  int64_t ckpt = r->res->nckpts ? r->res->ckpts[r->res->nckpts - 1].step : -1;
+  pthread_mutex_unlock(&r->mu);
   int due = 0, workers_due = 0; /* the plan in force is read once for the faults due together */
   for (int i = 0; i < r->nchaos; i++)
-    if (!r->chaos[i].fired && step >= r->chaos[i].step)
+    if (is_due(&r->chaos[i], step, ckpt))
       due = 1, workers_due |= r->chaos[i].target == CHAOS_WORKER && r->chaos[i].action != CHAOS_JOIN;
   newt_plan before, *plan = workers_due ? follow_plan(r, &before) : NULL;
   for (int i = 0; due && i < r->nchaos; i++)
-    if (!r->chaos[i].fired && step >= r->chaos[i].step) fire(r, &r->chaos[i], plan);
+    if (is_due(&r->chaos[i], step, ckpt)) fire(r, &r->chaos[i], plan);
   if (plan) plan_free(plan);
 }

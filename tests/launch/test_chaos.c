@@ -31,9 +31,17 @@ static void test_chaos(void) {
   T_CHECK(c.n == 1 && c.events[0].by_rank && c.events[0].index == 2 && c.events[0].target == CHAOS_WORKER);
   T_CHECK(strcmp(chaos_event_str(&c.events[0], buf, sizeof buf), "kill:rank:2@step=4") == 0);
   chaos_free(&c);
+  /* once a checkpoint of step 20 (or newer) committed: no step condition */
+  T_OK(chaos_parse("kill:worker:0@ckpt=20,kill:host:1@ckpt=5", &c));
+  T_CHECK(c.n == 2 && c.events[0].ckpt_step == 20 && c.events[0].step == 0 && c.events[1].ckpt_step == 5);
+  T_CHECK(strcmp(chaos_event_str(&c.events[0], buf, sizeof buf), "kill:worker:0@ckpt=20") == 0);
+  T_CHECK(strcmp(chaos_event_str(&c.events[1], buf, sizeof buf), "kill:host:1@ckpt=5") == 0);
+  chaos_free(&c);
   T_OK(chaos_parse("", &c));
   T_CHECK(c.n == 0);
   const char *bad[][2] = {{"kill:worker:1", "missing \"@step=N\""},
+                          {"kill:worker:1@ckpt=0", "checkpoint step \"0\" is not a positive integer"},
+                          {"kill:worker:1@ckpt=x", "checkpoint step"},
                           {"kill:worker:x@step=3", "worker index"},
                           {"explode:worker:1@step=3", "unknown action \"explode\""},
                           {"kill:worker:1@step=-2", "step"},
