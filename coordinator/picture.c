@@ -120,6 +120,10 @@ static void put_report(coord *c, const job_change *ch) {
   rep.revision = ch->kv->mod_revision; /* a worker registered after it is not judged by it */
   for (int i = 0; i < c->nreports; i++)
     if (strcmp(c->reports[i].worker, ch->id) == 0) {
+      /* the same rank's report written again (its second look named more ranks gone): the
+         same detection, timed and judged from its first arrival */
+      rep.t_ms = c->reports[i].t_ms;
+      rep.revision = c->reports[i].revision;
       c->reports[i] = rep;
       return;
     }

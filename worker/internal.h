@@ -304,7 +304,7 @@ void worker_prove_links(worker *w, links_proof *lp);
  * before it closes its files), so the report names one and the leader waits out its report
  * window for the rest. worker_recheck_start keeps the report and the ranks that still
  * listened on a host that lost one (state: worker_probe_ranks'); worker_recheck, called
- * from the wait for a plan, probes them again a few times within ~300 ms of the report and
+ * from the wait for a plan, probes them again 10 to 300 ms after the detection and
  * writes the report again, naming every rank gone; it returns the ms until its next look (-1:
  * none left). */
 void worker_recheck_start(worker *w, const int *state, int hang, const char *const *accused, int naccused,

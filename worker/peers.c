@@ -97,10 +97,10 @@ newt_result_t worker_probe_ranks(worker *w, int64_t ms, int *state) { return pro
 
 /* When the looks come, in ms after the detection: a dying process's listener closes within
  * milliseconds of its kill, later on a loaded host; the first look leaves the report's own
- * write to etcd the CPU (on 2 cores a look at 5 ms delayed the first report by ~3 ms), the
- * last is at the leader's default report window (fault.report_window_ms), past which it
- * plans anyway. */
-static const int64_t recheck_at_ms[] = {20, 50, 100, 200, 300};
+ * write to etcd the CPU (on 2 cores a look at 5 ms seemed to delay the first report by ~3
+ * ms; after a plain crash the plan has come by 10 ms, and no look is taken), the last is at
+ * the leader's default report window (fault.report_window_ms), past which it plans anyway. */
+static const int64_t recheck_at_ms[] = {10, 30, 60, 100, 200, 300};
 #define RECHECK_PROBE_MS 20 /* a listener's kernel answers in microseconds; none: left as it was */
 
 void worker_recheck_free(worker *w) {
