@@ -278,6 +278,11 @@ int newt_cmd_run(int argc, char **argv) {
               chaos_event_str(e, item, sizeof item));
       return 2;
     }
+    if (e->ckpt_step && (!lo.spec.ckpt_dir[0] || lo.spec.ckpt_every < 1)) {
+      fprintf(stderr, "newt run: --chaos %s: the job writes no checkpoints (--ckpt-dir and --ckpt-every): it would "
+              "never fire\n", chaos_event_str(e, item, sizeof item));
+      return 2;
+    }
   }
   if (lo.netns && ef.endpoints) {
     fprintf(stderr, "newt run: --netns runs its own etcd on the namespaces' bridge: leave out --etcd\n");

@@ -1,5 +1,5 @@
-/* Parsing of chaos schedules (see chaos.h): an item is split at '@step=' (or '@ckpt=') and then at ':';
- * the action picks the target's grammar. Errors name the item by its number (and, for the
+/* Parsing of chaos schedules (see chaos.h): an item is split at '@step=' (or '@ckpt=') and
+ * then at ':'; the action picks the target's grammar. Errors name the item by its number (and, for the
  * etcd forms, its text). */
 #include "launch/chaos.h"
 

@@ -43,6 +43,9 @@ static newt_result_t check_opts(const launcher_opts *o) {
     if ((e->action == CHAOS_CUT || e->action == CHAOS_CUT_ETCD || e->action == CHAOS_SLOW) && !o->netns)
       return NEWT_ERR(NEWT_ERR_INVALID, "--chaos %s: needs --netns (each host in a network namespace: root)",
                       chaos_event_str(e, item, sizeof item));
+    if (e->ckpt_step && (!o->spec.ckpt_dir[0] || o->spec.ckpt_every < 1))
+      return NEWT_ERR(NEWT_ERR_INVALID, "--chaos %s: the job writes no checkpoints (--ckpt-dir and --ckpt-every): it "
+                      "would never fire", chaos_event_str(e, item, sizeof item));
   }
   if (o->netns && o->etcd)
     return NEWT_ERR(NEWT_ERR_INVALID, "--netns runs its own etcd on the namespaces' bridge: leave out --etcd");

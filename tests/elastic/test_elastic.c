@@ -801,6 +801,8 @@ static void test_cli(void) {
   expect_rejected(host1, "kill:host:0@step=3: a host to kill needs --hosts H");
   const char *host2[] = {n, "run", "--nproc", "4", "--hosts", "2", "--chaos", "kill:host:2@step=3", NULL};
   expect_rejected(host2, "kill:host:2@step=3: no such simulated host");
+  const char *ckpt1[] = {n, "run", "--chaos", "kill:worker:0@ckpt=20", NULL};
+  expect_rejected(ckpt1, "kill:worker:0@ckpt=20: the job writes no checkpoints");
   const char *host3[] = {n, "run", "--nproc", "4", "--hosts", "5", NULL};
   expect_rejected(host3, "--hosts 5: 0 (none) to --nproc 4");
   const char *reps[] = {n, "run", "--replicas", "9", NULL};
