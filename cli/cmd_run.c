@@ -273,20 +273,6 @@ int newt_cmd_run(int argc, char **argv) {
                     : e->action == CHAOS_KILL ? "a host to kill needs --hosts H" : "a host target needs --hosts H");
       return 2;
     }
-    if ((e->action == CHAOS_CUT || e->action == CHAOS_CUT_ETCD || e->action == CHAOS_SLOW) && !lo.netns) {
-      fprintf(stderr, "newt run: --chaos %s: needs --netns (each host in a network namespace of its own)\n",
-              chaos_event_str(e, item, sizeof item));
-      return 2;
-    }
-    if (e->ckpt_step && (!lo.spec.ckpt_dir[0] || lo.spec.ckpt_every < 1)) {
-      fprintf(stderr, "newt run: --chaos %s: the job writes no checkpoints (--ckpt-dir and --ckpt-every): it would "
-              "never fire\n", chaos_event_str(e, item, sizeof item));
-      return 2;
-    }
-  }
-  if (lo.netns && ef.endpoints) {
-    fprintf(stderr, "newt run: --netns runs its own etcd on the namespaces' bridge: leave out --etcd\n");
-    return 2;
   }
   if (strcmp(lo.spec.backend, "nccl") == 0) {
     int visible = model_dev_cuda_count();
@@ -319,6 +305,10 @@ int newt_cmd_run(int argc, char **argv) {
     lo.etcd_password_file = ef.password_file;
   } else if (ef.user || ef.password_file || ef.ca || ef.cert || ef.key) {
     fprintf(stderr, "newt run: --etcd-user, --etcd-password-file, --etcd-ca, --etcd-cert and --etcd-key go with --etcd\n");
+    return 2;
+  }
+  if (launcher_check_opts(&lo) != NEWT_OK) { /* options that cannot go together */
+    fprintf(stderr, "newt run: %s\n", newt_errmsg());
     return 2;
   }
   lo.threads = (int)threads;

@@ -144,9 +144,12 @@ static newt_result_t generation(gpt_worker *g) {
   model_par_config pc;
   model_par_config_from_rank(&pc, l.tp, l.pp, l.dp, (int)g->spec.zero, l.rank);
   pc.dev = g->dev;
-  if (g->have_par && g->par_restored && !same_layout(&g->par.pc, &pc) && model_par_relayout(&g->par, &pc) == NEWT_OK)
-    NEWT_DEBUG(WORKER, "the trainer keeps its buffers: data-parallel rank %d of %d", pc.dp_rank, pc.dp);
-  newt_err_clear();
+  if (g->have_par && g->par_restored && !same_layout(&g->par.pc, &pc)) {
+    if (model_par_relayout(&g->par, &pc) == NEWT_OK)
+      NEWT_DEBUG(WORKER, "the trainer keeps its buffers: data-parallel rank %d of %d", pc.dp_rank, pc.dp);
+    else
+      newt_err_clear(); /* buffers of another layout: a new trainer, below */
+  }
   if (!g->have_par || !same_layout(&g->par.pc, &pc)) {
     if (g->have_par && g->par_restored) { /* the trainer holding the state: the restore's source */
       g->old = g->par;

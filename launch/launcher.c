@@ -33,13 +33,13 @@
 
 /* --- the start ------------------------------------------------------------------------------ */
 
-/* Options that cannot go together, refused before anything starts. */
-static newt_result_t check_opts(const launcher_opts *o) {
+newt_result_t launcher_check_opts(const launcher_opts *o) {
   for (int i = 0; i < o->chaos.n; i++) {
     const chaos_event *e = &o->chaos.events[i];
     char item[64];
     if (e->target == CHAOS_ETCD && o->etcd)
-      return NEWT_ERR(NEWT_ERR_INVALID, "--chaos restart:etcd needs the private etcd (leave out --etcd)");
+      return NEWT_ERR(NEWT_ERR_INVALID, "--chaos %s: needs the private etcd (leave out --etcd)",
+                      chaos_event_str(e, item, sizeof item));
     if ((e->action == CHAOS_CUT || e->action == CHAOS_CUT_ETCD || e->action == CHAOS_SLOW) && !o->netns)
       return NEWT_ERR(NEWT_ERR_INVALID, "--chaos %s: needs --netns (each host in a network namespace: root)",
                       chaos_event_str(e, item, sizeof item));
@@ -324,7 +324,7 @@ newt_result_t launcher_run(const launcher_opts *o, launcher_result *res) {
   pthread_mutex_init(&r->mu, NULL);
   r->t0 = newt_now_s();
   res->t_start_ms = newt_wall_ms();
-  newt_result_t rc = check_opts(o);
+  newt_result_t rc = launcher_check_opts(o);
   if (rc == NEWT_OK) rc = start(r);
   if (rc == NEWT_OK) rc = run_loop(r);
   if (!res->outcome[0]) ended(res, "error", "%s", newt_errmsg());

@@ -113,6 +113,11 @@ typedef struct launcher_result {
   int nckpts;
 } launcher_result;
 
+/* The options that cannot go together (chaos on etcd with --etcd, a cut without --netns, a
+ * checkpoint trigger for a job that writes none, --netns with --etcd): NEWT_ERR_INVALID
+ * naming them, before anything starts. launcher_run checks them too. */
+newt_result_t launcher_check_opts(const launcher_opts *o);
+
 /* Runs the job to its end. NEWT_OK when it finished; the result is filled either way. */
 newt_result_t launcher_run(const launcher_opts *o, launcher_result *res);
 void launcher_result_free(launcher_result *res);
