@@ -38,7 +38,8 @@ static int spec_flags_given(int argc, int command, char **argv) {
                                        "seed", "data", "data-seed", "ckpt-dir", "ckpt-every", "ckpt-keep", "tp", "pp",
                                        "zero", "dp-min", "dp-max", "even-batches", "join-window-ms", "backend", "job", "lease-ttl-ms", "comm-timeout-ms",
                                        "hang-timeout-ms", "first-step-timeout-ms", "max-failures",
-                                       "failure-window-ms", "replicas", NULL};
+                                       "failure-window-ms", "replicas", "on-state-loss", "verify-every",
+                                       "on-mismatch", NULL};
   char given[512] = "";
   int end = command >= 0 ? command : argc;
   for (int i = 1; i < end; i++) {
@@ -100,7 +101,8 @@ int newt_cmd_run(int argc, char **argv) {
           threads = 1, tp = 1, pp = 1, zero = 0, timeout = 0, lease = d.lease_ttl_ms, comm_to = d.comm_timeout_ms,
           hang = d.hang_timeout_ms, first_step = d.first_step_timeout_ms, seed = (int64_t)d.seed, data_seed = (int64_t)d.data_seed, dp_min = d.dp_min,
           dp_max = d.dp_max, join_window = d.join_window_ms, seq = 0, members = 1, max_failures = d.max_failures, failure_window = d.failure_window_ms, progress_timeout = d.progress_timeout_ms,
-          hosts = 0, replicas = d.replicas;
+          hosts = 0, replicas = d.replicas, verify_every = d.verify_every;
+  const char *on_state_loss = spec_state_loss_name(d.on_state_loss), *on_mismatch = spec_mismatch_name(d.on_mismatch);
   double lr = d.lr;
   int quiet = 0, even_batches = 0;
   newt_opt opts[] = {
@@ -156,6 +158,13 @@ int newt_cmd_run(int argc, char **argv) {
       {"replicas", NEWT_OPT_INT, &replicas,
        "k: each data-parallel rank keeps copies of its k predecessors' ZeRO shards, in other failure domains, so any "
        "k domains lost at once recover from memory (1..8; spec.fault.replicas)"},
+      {"on-state-loss", NEWT_OPT_STR, &on_state_loss,
+       "when no step is whole in the ranks' memory: checkpoint (back to the newest checkpoint; without one the job "
+       "fails), fail, or restart (the newest checkpoint, else the initial state); spec.fault.on_state_loss"},
+      {"verify-every", NEWT_OPT_INT, &verify_every,
+       "fingerprint the replicated state and compare it across data-parallel replicas every N steps (0: never)"},
+      {"on-mismatch", NEWT_OPT_STR, &on_mismatch,
+       "when replicas disagree: rollback (to the newest step they agreed at), warn, or fail; spec.fault.on_mismatch"},
       {"hosts", NEWT_OPT_INT, &hosts,
        "simulate N hosts: the workers in contiguous blocks (w0..w(nproc/N-1) on host0, ...; a joiner on the host with "
        "fewest), each with --host hostI --domain hostI (its own shared memory and failure domain); chaos "
@@ -236,6 +245,15 @@ int newt_cmd_run(int argc, char **argv) {
     s->failure_window_ms = failure_window;
     s->progress_timeout_ms = progress_timeout;
     s->replicas = replicas;
+    s->verify_every = verify_every;
+    s->on_state_loss = spec_state_loss_parse(on_state_loss);
+    s->on_mismatch = spec_mismatch_parse(on_mismatch);
+    if (s->on_state_loss < 0 || s->on_mismatch < 0) {
+      fprintf(stderr, "newt run: %s: expected %s, got \"%s\"\n", s->on_state_loss < 0 ? "--on-state-loss" : "--on-mismatch",
+              s->on_state_loss < 0 ? "checkpoint, fail or restart" : "rollback, warn or fail",
+              s->on_state_loss < 0 ? on_state_loss : on_mismatch);
+      return 2;
+    }
     if (strlen(backend) >= sizeof s->backend) {
       fprintf(stderr, "newt run: --backend: cpu or nccl, got \"%s\"\n", backend);
       return 2;
@@ -345,5 +363,6 @@ int newt_cmd_run(int argc, char **argv) {
   /* 128 + the signal, as a shell reports a command a signal ended: 130 for Ctrl-C, 143 for
      SIGTERM */
   if (interrupted) return by_term ? 143 : 130;
+  if (strcmp(res.outcome, "failed") == 0) return JOB_EXIT_FAILED; /* as every process of the job */
   return r == NEWT_OK && res.done ? 0 : 1;
 }

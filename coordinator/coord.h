@@ -67,6 +67,8 @@ typedef struct coord {
   newt_plan plan; /* generation 0: none */
   job_report *reports;
   int nreports;
+  char lost_why[JOB_TEXT_MAX]; /* a rank of the plan in force reported the job's state lost: why
+                                  ("": none); kept apart from the reports, which the policy reads */
   c_ack *acks;
   int nacks;
   int64_t prog_step;
@@ -172,6 +174,10 @@ void coord_fail_job(coord *c, const char *why);
 int coord_budget_spent(coord *c, const char *cause);
 /* Whether no step completed for spec.fault.progress_timeout_ms (it fails the job). */
 int coord_past_progress_bound(coord *c);
+/* Whether a rank of the current plan reported the job's state lost (spec.fault.on_state_loss:
+ * no step whole in memory, and no checkpoint or not allowed): it fails the job, with the
+ * rank's words. */
+int coord_state_lost(coord *c);
 
 /* --- picture.c -------------------------------------------------------------------------------- */
 

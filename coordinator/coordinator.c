@@ -155,7 +155,7 @@ static newt_result_t lead_round(coord *c, int *stop) {
     r = NEWT_OK;
   }
   *stop = 1;
-  if (r != NEWT_OK || finish_if_done(c) || coord_past_progress_bound(c)) return r;
+  if (r != NEWT_OK || finish_if_done(c) || coord_state_lost(c) || coord_past_progress_bound(c)) return r;
   *stop = 0;
   r = coord_decide(c);
   if (r != NEWT_OK && r != NEWT_ERR_CONFLICT) {

@@ -114,6 +114,10 @@ void coord_drop_member(coord *c, const char *id) {
 static void put_report(coord *c, const job_change *ch) {
   job_report rep = ch->u.report;
   if (!from_live_rank(c, ch)) return;
+  if (rep.lost[0]) { /* no failure to plan for: the job fails (coord_state_lost) */
+    if (!c->lost_why[0]) snprintf(c->lost_why, sizeof c->lost_why, "%s", rep.lost);
+    return;
+  }
   /* the coordinator's clock orders reports and times the detection: a worker's clock (or
      a forger's) does not get into the recovery's timings */
   rep.t_ms = newt_wall_ms();

@@ -315,6 +315,7 @@ newt_result_t plan_compute(const newt_spec *s, const plan_member *members, int n
       snprintf(r->worker, sizeof r->worker, "%s", m->id);
       snprintf(r->host, sizeof r->host, "%s", m->host);
       snprintf(r->addr, sizeof r->addr, "%s", m->addr);
+      if (m->domain[0] && strcmp(m->domain, m->host) != 0) snprintf(r->domain, sizeof r->domain, "%s", m->domain);
       r->dp = dp_idx;
       r->tp = t;
       r->pp = pp_idx;
@@ -402,8 +403,15 @@ int plan_is_spare(const newt_plan *p, const char *worker) {
 
 /* --- the plan's record ------------------------------------------------------------------------ */
 
-/* A rank of the plan: its entry, then its coordinates. A donor is a rank without them: the
- * table's first four fields. */
+/* The domain is written only when it is not the host's: a plan is what the previous release
+ * wrote unless a worker registered a domain of its own. */
+static int rank_domain_is_host(const void *rec) {
+  const plan_rank *r = rec;
+  return !r->domain[0] || strcmp(r->domain, r->host) == 0;
+}
+
+/* A rank of the plan: its entry, then its coordinates (and its failure domain). A donor is a
+ * rank without them: the table's first four fields. */
 static const codec_field rank_fields[] = {
     {CODEC_INT(plan_rank, rank, "rank", 0, INT32_MAX), CODEC_REQUIRED},
     {CODEC_TOKEN(plan_rank, worker, "worker"), CODEC_REQUIRED},
@@ -412,6 +420,7 @@ static const codec_field rank_fields[] = {
     {CODEC_INT(plan_rank, dp, "dp", -1, INT32_MAX), CODEC_REQUIRED, .def = -1},
     {CODEC_INT(plan_rank, tp, "tp", -1, INT32_MAX), CODEC_REQUIRED, .def = -1},
     {CODEC_INT(plan_rank, pp, "pp", -1, INT32_MAX), CODEC_REQUIRED, .def = -1},
+    {CODEC_TOKEN(plan_rank, domain, "domain"), .skip = rank_domain_is_host},
 };
 static const codec_table rank_table = CODEC_TABLE(plan_rank, "rank", rank_fields);
 static const codec_table donor_table = {.name = "donor", .size = sizeof(plan_rank), .fields = rank_fields, .n = 4};

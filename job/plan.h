@@ -48,7 +48,11 @@ typedef struct plan_rank {
   char host[PLAN_ID_MAX];
   char addr[PLAN_ADDR_MAX];
   int dp, tp, pp; /* coordinates */
+  char domain[256]; /* its failure domain; "" (and absent from the record): its host */
 } plan_rank;
+
+/* A rank's failure domain: its own, else its host. */
+static inline const char *plan_rank_domain(const plan_rank *r) { return r->domain[0] ? r->domain : r->host; }
 
 typedef struct newt_plan {
   uint64_t generation;

@@ -246,6 +246,7 @@ static const codec_field report_fields[] = {
     {CODEC_INT(job_report, step, "step", -1, INT64_MAX), CODEC_REQUIRED, .def = -1},
     {CODEC_MS(job_report, t_ms, "t_ms"), CODEC_REQUIRED},
     {CODEC_TEXT(job_report, why, "why")},
+    {CODEC_TEXT(job_report, lost, "lost"), CODEC_OMIT},
 };
 static const codec_table report_table = CODEC_TABLE(job_report, "report", report_fields);
 RECORD_CODEC(job_report, report_table)

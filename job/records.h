@@ -150,6 +150,8 @@ typedef struct job_report {
                                                    it knows (-1: none) */
   uint64_t t_ms;                                /* wall ms it saw the failure */
   char why[JOB_TEXT_MAX];                       /* the collective's message */
+  char lost[JOB_TEXT_MAX];                      /* the job's state is lost and the job fails: why
+                                                   (spec.fault.on_state_loss; "" and absent: not so) */
   int64_t revision;                             /* etcd's revision of the record, set by its reader
                                                    (not in the JSON; 0: unknown) */
 } job_report;

@@ -104,6 +104,19 @@ static const codec_field ckpt_fields[] = {
     {CODEC_STR(newt_spec, ckpt_dir, "dir")}, NUM(ckpt_every, "every", 0), NUM(ckpt_keep, "keep", 3),
     NUM(ckpt_level, "level", 3),
 };
+static const char *const state_losses[] = {"checkpoint", "fail", "restart", NULL};
+static const char *const mismatches[] = {"rollback", "warn", "fail", NULL};
+static const char *word_of(const char *const *words, int n, int v) { return v >= 0 && v < n ? words[v] : NULL; }
+static int word_index(const char *const *words, const char *w) {
+  for (int i = 0; w && words[i]; i++)
+    if (strcmp(words[i], w) == 0) return i;
+  return -1;
+}
+const char *spec_state_loss_name(int v) { return word_of(state_losses, 3, v); }
+const char *spec_mismatch_name(int v) { return word_of(mismatches, 3, v); }
+int spec_state_loss_parse(const char *word) { return word_index(state_losses, word); }
+int spec_mismatch_parse(const char *word) { return word_index(mismatches, word); }
+
 static const codec_field fault_fields[] = {
     NUM(lease_ttl_ms, "lease_ttl_ms", 2000),
     NUM(comm_timeout_ms, "comm_timeout_ms", 3000),
@@ -115,6 +128,9 @@ static const codec_field fault_fields[] = {
     NUM(max_failures, "max_failures", 10),
     NUM(failure_window_ms, "failure_window_ms", 600000),
     {CODEC_NUM(newt_spec, progress_timeout_ms, "progress_timeout_ms"), .def = SPEC_PROGRESS_TIMEOUT_MS, CODEC_OMIT},
+    {CODEC_ENUM(newt_spec, on_state_loss, "on_state_loss", state_losses), CODEC_OMIT},
+    {CODEC_NUM(newt_spec, verify_every, "verify_every"), .def = SPEC_VERIFY_EVERY, CODEC_OMIT},
+    {CODEC_ENUM(newt_spec, on_mismatch, "on_mismatch", mismatches), CODEC_OMIT},
 };
 static const codec_table model_table = SPEC_SECTION("spec.model", model_fields);
 static const codec_table data_table = SPEC_SECTION("spec.data", data_fields);
@@ -255,6 +271,7 @@ newt_result_t spec_validate(const newt_spec *s) {
       {"spec.fault.max_failures", s->max_failures, 1 << 20},
       {"spec.fault.failure_window_ms", s->failure_window_ms, (int64_t)30 * 86400000},
       {"spec.fault.progress_timeout_ms", s->progress_timeout_ms, (int64_t)30 * 86400000},
+      {"spec.fault.verify_every", s->verify_every, 1 << 20},
   };
   for (size_t i = 0; i < sizeof caps / sizeof caps[0]; i++)
     RULE(caps[i].v <= caps[i].max, "%s: at most %lld, got %lld", caps[i].field, (long long)caps[i].max,
@@ -295,6 +312,8 @@ newt_result_t spec_validate(const newt_spec *s) {
   RULE(s->progress_timeout_ms == 0 || s->progress_timeout_ms >= 1000,
        "spec.fault.progress_timeout_ms: must be 0 (wait for ever) or at least 1000, got %lld",
        (long long)s->progress_timeout_ms);
+  RULE(s->verify_every >= 0, "spec.fault.verify_every: must not be negative (0: never), got %lld",
+       (long long)s->verify_every);
   RULE(s->replica_every >= 1, "spec.fault.replica_every: must be at least 1, got %lld",
        (long long)s->replica_every);
   RULE(s->replicas >= 1 && s->replicas <= SPEC_REPLICAS_MAX,
@@ -342,7 +361,8 @@ static const char *const changeable[] = {
     "parallel.join_window_ms",
     "ckpt.every",             "ckpt.keep",              "ckpt.level",             "fault.comm_timeout_ms",
     "fault.hang_timeout_ms",  "fault.first_step_timeout_ms", "fault.report_window_ms", "fault.replica_every",    "fault.max_failures",
-    "fault.failure_window_ms", "fault.progress_timeout_ms", NULL};
+    "fault.failure_window_ms", "fault.progress_timeout_ms", "fault.on_state_loss", "fault.verify_every",
+    "fault.on_mismatch", NULL};
 
 /* Walks the leaves of a and b (both from spec_to_json: the same shape, but for the fields
  * written only when not their default, absent from one side) and notes every difference;

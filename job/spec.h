@@ -13,7 +13,8 @@
  *    "ckpt":     {"dir": "/ckpt", "every": 50, "keep": 3, "level": 3},
  *    "fault":    {"lease_ttl_ms": 2000, "comm_timeout_ms": 3000, "hang_timeout_ms": 5000,
  *                 "report_window_ms": 300, "replica_every": 1, "replicas": 1,
- *                 "max_failures": 10, "failure_window_ms": 600000},
+ *                 "max_failures": 10, "failure_window_ms": 600000,
+ *                 "on_state_loss": "checkpoint", "verify_every": 10, "on_mismatch": "rollback"},
  *    "backend":  "cpu"}
  *
  * Every field but "job" has a default; the training defaults are those of `newt train`, so
@@ -33,6 +34,22 @@
 
 #define SPEC_JOIN_WINDOW_MS 100 /* spec.parallel.join_window_ms's default */
 #define SPEC_PROGRESS_TIMEOUT_MS 600000 /* spec.fault.progress_timeout_ms's default: 10 min */
+#define SPEC_VERIFY_EVERY 10 /* spec.fault.verify_every's default (docs/elastic.md, "Replicas that disagree") */
+
+/* spec.fault.on_state_loss: what a job does when no step is whole in its ranks' memory (more
+   failure domains lost at once than spec.fault.replicas keeps copies for) */
+typedef enum spec_state_loss {
+  SPEC_LOSS_CHECKPOINT = 0, /* "checkpoint": back to the newest committed checkpoint; without one the job fails */
+  SPEC_LOSS_FAIL = 1,       /* "fail": the job fails, even with a checkpoint to go back to */
+  SPEC_LOSS_RESTART = 2,    /* "restart": the newest checkpoint, else the initial state (every step lost) */
+} spec_state_loss;
+/* spec.fault.on_mismatch: what a job does when data-parallel replicas of its replicated state
+   disagree (a flipped bit, a program whose own code makes them drift) */
+typedef enum spec_mismatch {
+  SPEC_MISMATCH_ROLLBACK = 0, /* "rollback": back to the newest step whose fingerprints agreed, from memory */
+  SPEC_MISMATCH_WARN = 1,     /* "warn": said (log, event), training goes on */
+  SPEC_MISMATCH_FAIL = 2,     /* "fail": the job fails, naming the tensor, the step and the ranks */
+} spec_mismatch;
 
 #include <cjson/cJSON.h>
 #include <stddef.h>
@@ -94,8 +111,21 @@ typedef struct newt_spec {
      least first_step_timeout_ms) ends the job (failed, naming what it waited for); 0: it waits
      for ever. Written only when not the default. */
   int64_t progress_timeout_ms;
+  int on_state_loss;    /* spec_state_loss (written only when not "checkpoint") */
+  /* replicas that disagree: every verify_every steps each data-parallel rank fingerprints its
+     replicated state and the ranks compare (0: never); on_mismatch (spec_mismatch) says what a
+     mismatch does. Written only when not the default. */
+  int64_t verify_every;
+  int on_mismatch;
   char backend[8];          /* "cpu" or "nccl" */
 } newt_spec;
+
+/* The words of spec.fault.on_state_loss and spec.fault.on_mismatch ("checkpoint", "rollback");
+ * NULL for a value out of range. Parse a word with spec_*_parse: -1 when it is none. */
+const char *spec_state_loss_name(int v);
+const char *spec_mismatch_name(int v);
+int spec_state_loss_parse(const char *word);
+int spec_mismatch_parse(const char *word);
 
 /* Defaults for everything; job set to `job`. */
 void spec_defaults(newt_spec *s, const char *job);

@@ -184,6 +184,25 @@ static void handle_queued(run *r, int64_t *step, int *done) {
   free(evs);
 }
 
+/* The termination message of a worker that exited 4 (the job failed: it says why, in
+ * <log dir>/<name>.end), into why; 0 when none did. */
+static int worker_failure(run *r, char *why, size_t cap) {
+  for (int i = 0; i < r->nprocs; i++) {
+    const proc *p = &r->procs[i];
+    if (p->kind != PROC_WORKER || p->status != JOB_EXIT_FAILED) continue;
+    char path[600], *text = NULL;
+    size_t len = 0;
+    snprintf(path, sizeof path, "%s/%s.end", r->res->log_dir, p->name);
+    if (newt_fs_read_all(path, 4096, &text, &len) != NEWT_OK) continue;
+    while (len && (text[len - 1] == '\n' || text[len - 1] == '\r')) len--;
+    const char *m = len > 8 && strncmp(text, "failed: ", 8) == 0 ? text + 8 : text;
+    snprintf(why, cap, "%.*s (%s's termination message)", (int)(len - (size_t)(m - text)), m, p->name);
+    free(text);
+    return 1;
+  }
+  return 0;
+}
+
 /* Whether the run is cut short now (its outcome and *rc set): a signal, --timeout, or every
  * worker gone, no join to come, and the job not done. */
 static int cut_short(run *r, int64_t step, newt_deadline_t deadline, newt_result_t *rc) {
@@ -205,6 +224,14 @@ static int cut_short(run *r, int64_t step, newt_deadline_t deadline, newt_result
   if (procs_workers(r) || pending_joins) return 0;
   /* the watch may lag behind (etcd came back a moment ago): the end marker decides */
   if (follow_read_done(r, newt_deadline_in_ms(10000))) return 0;
+  /* no leader said the job failed (none is left, or etcd is away), but the workers did */
+  if (worker_failure(r, res->failed, sizeof res->failed)) {
+    fprintf(stderr, "%snewt run: the job failed: %s\n", live_news(r), res->failed);
+    ended(res, "failed", "%s", res->failed);
+    *rc = NEWT_ERR(NEWT_ERR_ABORTED, "newt run: the job failed at step %lld: %s; logs in %s", (long long)step,
+                   res->failed, res->log_dir);
+    return 1;
+  }
   ended(res, "exited", "every worker has exited at step %lld, the job not done", (long long)step);
   *rc = NEWT_ERR(NEWT_ERR_UNAVAILABLE, "newt run: %s; logs in %s", res->reason, res->log_dir);
   return 1;

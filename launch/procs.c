@@ -187,6 +187,7 @@ static newt_result_t track(run *r, const spawn_ctx *x, pid_t pid) {
   p->pid = pid;
   p->kind = x->kind;
   p->alive = 1;
+  p->status = -1;
   p->device = x->gpu;
   p->slot = x->slot;
   p->host = x->host;
@@ -235,6 +236,7 @@ void procs_reap(run *r) {
     int st;
     if (waitpid(p->pid, &st, WNOHANG) != p->pid) continue;
     p->alive = 0;
+    p->status = WIFEXITED(st) ? WEXITSTATUS(st) : WIFSIGNALED(st) ? 128 + WTERMSIG(st) : 1;
     char how[64];
     newt_proc_status_str(st, how, sizeof how);
     int expected = r->done || r->res->failed[0] || r->stopping || p->killed_by_chaos ||

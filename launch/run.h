@@ -34,6 +34,7 @@ typedef struct proc {
   proc_kind kind;
   char name[32];
   int alive;
+  int status;       /* once it exited: its exit status, 128 + the signal that ended it (-1: alive) */
   int killed_by_chaos;
   int metrics_port; /* a coordinator's (0: none) */
   int device;       /* a worker's GPU (-1: none) */

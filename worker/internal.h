@@ -170,6 +170,8 @@ struct newt_ctx {
   /* the generation: its plan, this rank in it, its groups */
   worker_phase phase;
   newt_plan plan;        /* valid from PHASE_BUILT */
+  newt_plan held_plan;   /* the plan of the last generation this rank trained in (its state's
+                            holders: named when a state is lost) */
   const plan_rank *me;   /* in plan */
   int tp_rank, dp_rank, pp_rank;
   comm_t *all;           /* ranks and donors */
@@ -214,6 +216,8 @@ struct newt_ctx {
   int nstep_s, step_s_at;
   int64_t stall_ms;        /* the deadline set on the generation's communicators (0: the cap) */
   newt_next over;          /* PHASE_OVER: how */
+  int over_told;           /* ... and newt_step_begin said so (a failed restore enters PHASE_OVER
+                              without a begin: the next begin says it) */
 
   /* this generation's timings (wall ms) and where its state came from */
   uint64_t t_plan_seen, t_comm, t_restore, t_first_step, t_detect, progress_ms;
@@ -407,6 +411,9 @@ void worker_set_state_async(worker *w, const char *state);
  * writes it at once on the registration lease (or when etcd answers again). */
 void worker_report(worker *w, const newt_plan *p, int hang, int build, const char *const *accused, int naccused,
                    const char *why);
+/* The job's state is lost in generation p and the job fails (spec.fault.on_state_loss): a
+ * report whose `lost` says why, from which the leader fails the job. Queued like any report. */
+void worker_report_lost(worker *w, const newt_plan *p, const char *why);
 /* The acknowledgement of the generation (after its first step), folded into the update of
  * the registration that says `state` (NULL: the state stays), so that taking up a generation
  * costs one write; progress (at most every NEWT_PROGRESS_MS, and always the last step), the

@@ -252,6 +252,7 @@ static newt_result_t survivors_plan(worker *w, const int *gone, newt_plan *out) 
     snprintf(e->id, sizeof e->id, "%s", k->worker);
     snprintf(e->host, sizeof e->host, "%s", k->host);
     snprintf(e->addr, sizeof e->addr, "%s", k->addr);
+    snprintf(e->domain, sizeof e->domain, "%s", k->domain);
     e->join_rev = r;
     e->prev_rank = r;
     e->prev_pp = k->pp;

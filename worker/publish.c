@@ -307,6 +307,14 @@ void worker_report(worker *w, const newt_plan *p, int hang, int build, const cha
             hang ? "hang" : "crash", why, names[0] ? "; names " : "", names);
 }
 
+void worker_report_lost(worker *w, const newt_plan *p, const char *why) {
+  job_report rep = {.step = w->committed_step, .t_ms = newt_wall_ms()};
+  snprintf(rep.worker, sizeof rep.worker, "%s", w->id);
+  snprintf(rep.why, sizeof rep.why, "the job's state is lost");
+  snprintf(rep.lost, sizeof rep.lost, "%s", why);
+  publish_record(w, JOB_REC_REPORT, p->generation, job_report_to_json(&rep), 1);
+}
+
 void worker_publish_ack(worker *w, const char *state) {
   if (!w->reg) return;
   if (w->peer_epoch) { /* the survivors' own generation is no plan of the leader's: no ack */

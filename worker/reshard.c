@@ -238,6 +238,35 @@ static int covered(const rank_view *v, int n, const held *hs, int64_t step) {
   return 1;
 }
 
+static int cmp_name(const void *a, const void *b) { return strcmp(*(const char *const *)a, *(const char *const *)b); }
+
+/* The tensors whose needs the pieces of hs (held at one step) do not cover, into res->lost
+ * (the first few by name) and res->nlost. */
+static void describe_lost(const rank_view *v, int n, const held *hs, reshard_result *res) {
+  size_t m = 0;
+  for (int j = 0; j < n; j++) m += (size_t)v[j].nneed;
+  const char **names = malloc((m ? m : 1) * sizeof *names);
+  if (!names) return;
+  size_t k = 0;
+  for (int j = 0; j < n; j++)
+    for (int64_t i = 0; i < v[j].nneed; i++) {
+      const wire_piece *need = &v[j].need[i];
+      if (!(need->flags & RESHARD_OPTIONAL) && held_sum(hs, need) != numel(need)) names[k++] = need->name;
+    }
+  qsort(names, k, sizeof *names, cmp_name);
+  size_t l = 0;
+  int shown = 0;
+  for (size_t i = 0; i < k; i++) {
+    if (i && strcmp(names[i], names[i - 1]) == 0) continue; /* a tensor counts once, however many parts */
+    res->nlost++;
+    if (shown < 4 && l < sizeof res->lost)
+      l += (size_t)snprintf(res->lost + l, sizeof res->lost - l, "%s%.*s", shown ? ", " : "", RESHARD_NAME_MAX,
+                            names[i]), shown++;
+  }
+  if (res->nlost > shown && l < sizeof res->lost) snprintf(res->lost + l, sizeof res->lost - l, ", ...");
+  free(names);
+}
+
 /* The moves: for each need of each rank, each overlapping distinct slice from one of its
  * holders: the receiver itself when it holds it, else one chosen by (rank + need). */
 static newt_result_t plan_units(const rank_view *v, int n, const held *hs, unit **out, size_t *nout) {
@@ -519,6 +548,7 @@ newt_result_t reshard_exchange(comm_t *c, const reshard_piece *have, size_t nhav
   /* 2. the newest step that covers every need */
   int64_t step = -1, below = INT64_MAX;
   held hs = {0};
+  res->newest = -1;
   for (;;) {
     int64_t cand = -1;
     for (int i = 0; i < n; i++)
@@ -530,9 +560,14 @@ newt_result_t reshard_exchange(comm_t *c, const reshard_piece *have, size_t nhav
       step = cand;
       break;
     }
+    if (res->newest < 0) { /* what the newest step lacks: said if none is whole */
+      res->newest = cand;
+      describe_lost(v, n, &hs, res);
+    }
     held_free(&hs);
     below = cand;
   }
+  if (res->newest < 0) res->newest = step;
   if (step < 0) {
     r = NEWT_ERR(NEWT_ERR_NOTFOUND, "reshard: what the %d ranks hold in memory covers no step whole", n);
     goto exit;

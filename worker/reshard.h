@@ -54,6 +54,11 @@ typedef struct reshard_result {
   int64_t received;    /* elements this rank received from peers */
   int64_t copied;      /* elements this rank copied from its own pieces */
   int source;          /* 0: all from own memory, 1: some from peers */
+  int64_t newest;      /* the newest step any rank holds a piece of (-1: none) */
+  /* NEWT_ERR_NOTFOUND: the tensors whose needed parts the newest step's pieces do not cover
+     ("adam.m/wte, wte, ...": the first few by name; "" when nothing is held), and how many */
+  char lost[256];
+  int nlost;
 } reshard_result;
 
 /* What reshard_exchange works out about the needs of every rank, for the caller (may be
@@ -77,7 +82,8 @@ typedef struct reshard_roles {
 /* Collective over c. `have`: the pieces this rank holds, each of its own step (nhave 0:
  * nothing). On NEWT_OK every need piece of every rank is filled with the data of res->step
  * (optional ones where that step holds them). NEWT_ERR_NOTFOUND (on every rank, nothing
- * changed, the roles still worked out) when no step's holdings cover every rank's needs.
+ * changed, the roles still worked out) when no step's holdings cover every rank's needs:
+ * res->newest and res->lost then say which step was newest and what it lacks.
  * `have` and `need` may point into the same memory (a rank keeping its pieces). */
 newt_result_t reshard_exchange(comm_t *c, const reshard_piece *have, size_t nhave, const reshard_piece *need,
                                size_t nneed, reshard_roles *roles, reshard_result *res);

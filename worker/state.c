@@ -378,6 +378,85 @@ static newt_result_t held_pieces(worker *w, const worker_decl *d, reshard_piece 
   return NEWT_OK;
 }
 
+/* --- a state lost ---------------------------------------------------------------------------- */
+
+/* The ranks of the generation this rank last trained in that the plan in force no longer
+ * has (as ranks or donors), into buf: "rank 1 (w1, domain host0), rank 2 (...)". */
+static void gone_ranks(const worker *w, char *buf, size_t cap) {
+  const newt_plan *h = &w->held_plan;
+  size_t l = 0;
+  int named = 0, more = 0;
+  buf[0] = '\0';
+  for (int r = 0; r < h->nranks; r++) {
+    const plan_rank *k = &h->ranks[r];
+    if (plan_find(&w->plan, k->worker) || plan_find_donor(&w->plan, k->worker)) continue;
+    if (named == 4 || l + 96 >= cap) {
+      more++;
+      continue;
+    }
+    l += (size_t)snprintf(buf + l, cap - l, "%srank %d (%.40s, domain %.40s)", named ? ", " : "", k->rank, k->worker,
+                          plan_rank_domain(k));
+    named++;
+  }
+  if (more && l < cap) snprintf(buf + l, cap - l, " and %d more", more);
+}
+
+/* No step is whole in the ranks' memory (reshard_exchange said NEWT_ERR_NOTFOUND: rr). When
+ * the job had trained (a rank held a step, or the plan says the job was past step 0) its
+ * state is lost, and spec.fault.on_state_loss decides: the newest checkpoint, the initial
+ * state, or the job fails (every rank the same way: they decide on the same exchange). A new
+ * job reads its checkpoint when there is one, else starts from its initial state. Sets
+ * restore_src, live_step and filled; *wrote when a checkpoint read may have half-written the
+ * declared buffers. */
+static newt_result_t state_lost(worker *w, const reshard_result *rr, int *filled, size_t n, int *wrote) {
+  worker_decl *d = &w->decl;
+  int64_t at = rr->newest > w->plan.step ? rr->newest : w->plan.step; /* the newest step the job had reached */
+  int lost = at > 0, mode = (int)w->spec.on_state_loss;
+  int64_t k = w->spec.replicas > 1 ? w->spec.replicas : 1, step = -1;
+  newt_result_t r = lost && mode == SPEC_LOSS_FAIL ? NEWT_ERR_NOTFOUND : worker_ckpt_load(w, w->all, &step);
+  if (r != NEWT_OK && r != NEWT_ERR_NOTFOUND) *wrote = 1; /* maybe half read */
+  if (r == NEWT_OK) {
+    if (lost && at > step)
+      NEWT_WARN(WORKER, "%s: no step of the job is whole in the ranks' memory (more failure domains lost at once than "
+                "spec.fault.replicas = %lld keeps copies for?): the job was at step %lld, back to the checkpoint of step "
+                "%lld, %lld steps to train again", w->id, (long long)k, (long long)at, (long long)step,
+                (long long)(at - step));
+    w->live_step = step;
+    snprintf(w->restore_src, sizeof w->restore_src, "ckpt");
+    for (size_t i = 0; i < n; i++) filled[i] = d->parts[i].filled;
+    return NEWT_OK;
+  }
+  if (r != NEWT_ERR_NOTFOUND) return r;
+  newt_err_clear();
+  if (!lost || mode == SPEC_LOSS_RESTART) {
+    if (lost)
+      NEWT_WARN(WORKER, "%s: no step of the job is whole in the ranks' memory and there is no checkpoint: the job was "
+                "at step %lld and starts again from its initial state (spec.fault.on_state_loss restart), %lld steps "
+                "to train again", w->id, (long long)at, (long long)at);
+    w->live_step = 0;
+    snprintf(w->restore_src, sizeof w->restore_src, "init");
+    memset(filled, 0, n * sizeof *filled);
+    return NEWT_OK;
+  }
+  /* the job fails: what is lost, who held it, what to do */
+  char gone[256], lostw[320], why[JOB_TEXT_MAX];
+  gone_ranks(w, gone, sizeof gone);
+  if (rr->lost[0])
+    snprintf(lostw, sizeof lostw, "; lost: parts of %d tensor%s (%s)", rr->nlost, rr->nlost == 1 ? "" : "s", rr->lost);
+  else lostw[0] = '\0';
+  snprintf(why, sizeof why,
+           "state lost at step %lld: no step is whole in the ranks' memory%s%s%s%s (spec.fault.replicas is %lld) and %s. "
+           "Remedy: more copies (--replicas, across more failure domains), checkpoints (--ckpt-dir, --ckpt-every), or "
+           "--on-state-loss restart to start again from step 0",
+           (long long)at, gone[0] ? " after " : "", gone, gone[0] ? " went at once" : "", lostw, (long long)k,
+           mode == SPEC_LOSS_FAIL ? "spec.fault.on_state_loss is fail" : "there is no checkpoint to go back to");
+  NEWT_ERROR(WORKER, "%s: the job fails: %s", w->id, why);
+  w->failed = 1;
+  snprintf(w->failed_why, sizeof w->failed_why, "%s", why);
+  worker_report_lost(w, &w->plan, why);
+  return NEWT_ERR(NEWT_ERR_ABORTED, "the job failed: %s", why);
+}
+
 /* --- restore ------------------------------------------------------------------------------- */
 
 /* Whether a part of b lies in memory of a part of a: a program that keeps its buffers
@@ -437,30 +516,7 @@ newt_result_t worker_restore(worker *w, newt_restore_info *out) {
     w->live_step = rr.step;
     snprintf(w->restore_src, sizeof w->restore_src, "%s", rr.received ? "peer" : "memory");
   } else if (r == NEWT_ERR_NOTFOUND) {
-    int64_t step = -1;
-    r = worker_ckpt_load(w, w->all, &step);
-    if (r != NEWT_OK && r != NEWT_ERR_NOTFOUND) wrote = 1; /* maybe half read */
-    if (r == NEWT_OK) {
-      if (w->plan.step > step)
-        NEWT_WARN(WORKER, "%s: no step of the job is whole in the ranks' memory (more failure domains lost at once "
-                  "than spec.fault.replicas = %lld keeps copies for?): back to the checkpoint of step %lld, the job was "
-                  "at step %lld", w->id, (long long)(w->spec.replicas > 1 ? w->spec.replicas : 1), (long long)step,
-                  (long long)w->plan.step);
-      w->live_step = step;
-      snprintf(w->restore_src, sizeof w->restore_src, "ckpt");
-      for (size_t i = 0; i < n; i++) filled[i] = d->parts[i].filled;
-    } else if (r == NEWT_ERR_NOTFOUND) {
-      if (w->plan.step > 0)
-        NEWT_ERROR(WORKER, "%s: the job was at step %lld but no step is whole in the ranks' memory (more failure "
-                   "domains lost at once than spec.fault.replicas = %lld keeps copies for?) and there is no "
-                   "checkpoint: starting again from nothing", w->id, (long long)w->plan.step,
-                   (long long)(w->spec.replicas > 1 ? w->spec.replicas : 1));
-      newt_err_clear();
-      r = NEWT_OK;
-      w->live_step = 0;
-      snprintf(w->restore_src, sizeof w->restore_src, "init");
-      memset(filled, 0, n * sizeof *filled);
-    }
+    r = state_lost(w, &rr, filled, n, &wrote);
   }
   if (r == NEWT_OK) {
     int missing = 0;

@@ -668,6 +668,10 @@ newt_result_t worker_begin(worker *w, newt_batch *b, newt_next *next) {
     case PHASE_JOINED: NEWT_CHECK(enter(w)); return wait_generation(w, next);
     case PHASE_WAITING: return wait_generation(w, next);
     case PHASE_BUILT:
+      if (w->failed) { /* the restore found the job's state lost, and the job fails */
+        end_generation(w);
+        return over(w, NEWT_NEXT_FAILED, next);
+      }
       if (generation_failed(w)) return recover(w, next); /* the restore's collectives failed */
       return NEWT_ERR(NEWT_ERR_INVALID, "newt_step_begin: generation %llu is built but its state is not restored "
                       "(declare it, then newt_state_restore)", (unsigned long long)w->plan.generation);
@@ -799,6 +803,9 @@ newt_result_t worker_end(worker *w, const newt_step_result *res) {
 
 newt_result_t worker_restored(worker *w) {
   w->t_restore = newt_wall_ms();
+  /* the ranks of this generation hold the state from now on: named if it is ever lost */
+  plan_free(&w->held_plan);
+  if (plan_copy(&w->held_plan, &w->plan) != NEWT_OK) memset(&w->held_plan, 0, sizeof w->held_plan);
   /* a rank 0 killed right after a step may have taken that step's line with it, and the new
      rank 0 may not have done that step itself (its state came from a peer): every rank that
      did it and has not written it writes it (a line twice is harmless: readers keep one) */
@@ -993,6 +1000,7 @@ static void teardown(worker *w) {
   if (w->all) end_generation(w);
   plan_free(&w->latest);
   plan_free(&w->plan);
+  plan_free(&w->held_plan);
   worker_recheck_free(w);
   worker_state_free(w);
   for (newt_comm *h = w->comms, *nx; h; h = nx) {
@@ -1014,7 +1022,12 @@ int worker_finish(worker *w, newt_result_t r) {
   job_end *e = &w->end;
   char msg[1024];
   snprintf(msg, sizeof msg, "%s", newt_errmsg()); /* the program's error, kept across teardown */
-  if (r == NEWT_OK && w->phase == PHASE_OVER) {
+  if (w->failed) { /* the job failed: whatever the program made of it (a restore that found the
+                       state lost returned an error), that is how this worker ends */
+    r = NEWT_OK;
+    e->status = JOB_EXIT_FAILED;
+    snprintf(e->msg, sizeof e->msg, "failed: %s", w->failed_why);
+  } else if (r == NEWT_OK && w->phase == PHASE_OVER) {
     if (w->over == NEWT_NEXT_FAILED) {
       e->status = JOB_EXIT_FAILED;
       snprintf(e->msg, sizeof e->msg, "failed: %s", w->failed_why);

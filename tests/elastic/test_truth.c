@@ -1,0 +1,236 @@
+/* newt never claims what did not happen (issue 35): real `newt run` jobs, faults injected for
+ * real, and what newt says of them checked against what happened.
+ *
+ *   state_loss  two neighbouring data-parallel ranks killed at once under ZeRO 1 and ZeRO 3,
+ *               with one copy of each shard (spec.fault.replicas 1): no step is whole in the
+ *               survivors' memory. Without a checkpoint the job fails -- newt run exits 4,
+ *               says why (the step, the ranks gone, what was lost, the remedy), the summary's
+ *               outcome is "failed" and every worker's termination message says the same;
+ *               with --on-state-loss fail it fails although a checkpoint is there; with
+ *               --on-state-loss restart it starts again from the initial state and says so.
+ *   state_ckpt  the same loss with checkpoints: the job resumes from the newest one, ends
+ *               done at the uninterrupted run's loss, and its recovery says so.
+ *
+ * usage: NEWT_BIN=path/to/newt test_truth <scenario> (one ctest test per scenario). */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "common/fs.h"
+#include "common/json.h"
+#include "common/proc.h"
+#include "test.h"
+
+#define GB "24"
+#define MB "2"
+#define MODEL "layers=2,channels=64"
+#define SEQ "32"
+
+static const char *newt_bin;
+static char tmpdir[256];
+
+/* Runs argv, its stdout and stderr into *out (malloc'd); returns the exit status or -1. */
+static int run_capture(const char *const *argv, char **out) {
+  char path[512];
+  snprintf(path, sizeof path, "%s/out.%d", tmpdir, (int)getpid());
+  unlink(path);
+  newt_spawn_opts so = {.log_path = path};
+  pid_t pid;
+  if (newt_proc_spawn(argv, &so, &pid) != NEWT_OK) return -1;
+  int st = 0;
+  if (newt_proc_wait(pid, 300000, &st) != NEWT_OK) {
+    newt_proc_stop(pid, 1000);
+    return -1;
+  }
+  size_t n;
+  if (out && newt_fs_read_all(path, 64 << 20, out, &n) != NEWT_OK) *out = NULL;
+  return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+}
+
+/* One `newt run` of the test model on nproc workers (tag: its job, logs in tmpdir/<tag> and
+ * summary tmpdir/<tag>.json), with more flags (NULL-terminated); its exit status, its
+ * output in *out. */
+static int job_run(const char *tag, int nproc, int steps, const char *const *extra, char **out) {
+  char logs[512], summary[512], st[16], np[16];
+  snprintf(logs, sizeof logs, "%s/%s", tmpdir, tag);
+  snprintf(summary, sizeof summary, "%s/%s.json", tmpdir, tag);
+  snprintf(st, sizeof st, "%d", steps);
+  snprintf(np, sizeof np, "%d", nproc);
+  const char *argv[48] = {newt_bin, "run", "--quiet", "--job", tag, "--nproc", np, "--model", MODEL, "--seq-len", SEQ,
+                          "--steps", st, "--global-batch", GB, "--micro-batch", MB, "--log-dir", logs, "--summary",
+                          summary, "--timeout-ms", "180000"};
+  int a = 23;
+  for (int i = 0; extra && extra[i] && a < 47; i++) argv[a++] = extra[i];
+  return run_capture(argv, out);
+}
+
+/* The summary of run `tag` (NULL when it cannot be read). */
+static cJSON *summary_of(const char *tag) {
+  char path[512], *text = NULL;
+  size_t n;
+  snprintf(path, sizeof path, "%s/%s.json", tmpdir, tag);
+  cJSON *j = NULL;
+  if (newt_fs_read_all(path, 1 << 20, &text, &n) == NEWT_OK) newt_json_parse(text, n, path, &j);
+  free(text);
+  return j;
+}
+
+static const char *str_of(const cJSON *j, const char *key) {
+  const cJSON *v = j ? cJSON_GetObjectItemCaseSensitive(j, key) : NULL;
+  return cJSON_IsString(v) ? v->valuestring : "";
+}
+
+static double num_of(const cJSON *j, const char *key) {
+  const cJSON *v = j ? cJSON_GetObjectItemCaseSensitive(j, key) : NULL;
+  return cJSON_IsNumber(v) ? v->valuedouble : NAN;
+}
+
+/* The loss of `newt train` over the same steps, batch and model (NaN when it failed). */
+static double train_loss(int steps) {
+  char st[16], *out = NULL;
+  snprintf(st, sizeof st, "%d", steps);
+  const char *argv[] = {newt_bin, "train", "--model", MODEL, "--seq-len", SEQ, "--steps", st, "--batch", GB,
+                        "--micro-batch", MB, NULL};
+  int rc = run_capture(argv, &out);
+  double loss = NAN;
+  const char *last = out ? strrchr(out, '{') : NULL; /* its closing JSON line */
+  cJSON *j = NULL;
+  if (rc == 0 && last && newt_json_parse(last, strlen(last), "train", &j) == NEWT_OK) loss = num_of(j, "final_loss");
+  cJSON_Delete(j);
+  free(out);
+  return loss;
+}
+
+/* Every worker of run tag that wrote a termination message says `prefix`...; how many did. */
+static int ends_say(const char *tag, int nproc, const char *prefix, const char *also) {
+  int n = 0;
+  for (int i = 0; i < nproc; i++) {
+    char path[600], *text = NULL;
+    size_t len;
+    snprintf(path, sizeof path, "%s/%s/w%d.end", tmpdir, tag, i);
+    if (newt_fs_read_all(path, 1 << 16, &text, &len) != NEWT_OK) continue; /* killed: no message */
+    T_CHECK_MSG(strncmp(text, prefix, strlen(prefix)) == 0 && (!also || strstr(text, also)),
+                "%s: w%d's termination message is not \"%s...\"%s%s: %s", tag, i, prefix, also ? " with " : "",
+                also ? also : "", text);
+    n++;
+    free(text);
+  }
+  return n;
+}
+
+/* Two neighbours in the data-parallel ring (ranks 1 and 2 of 4: rank 1's shard and its one
+   copy) killed at once */
+#define KILL2 "kill:rank:1@step=12,kill:rank:2@step=12"
+
+/* A lost state fails the job: exit 4, the reason everywhere, nothing claimed. */
+static void check_failed(const char *tag, int rc, const char *out, const char *because) {
+  T_CHECK_MSG(rc == 4, "%s: newt run exited %d, expected 4 (the job failed):\n%s", tag, rc, out ? out : "");
+  T_CHECK_MSG(out && strstr(out, "the job failed: state lost at step ") && strstr(out, "rank 1 (") &&
+                  strstr(out, "rank 2 (") && strstr(out, "lost: parts of ") && strstr(out, because) &&
+                  strstr(out, "Remedy: ") && strstr(out, "--replicas") && strstr(out, "--ckpt-every") &&
+                  strstr(out, "--on-state-loss restart"),
+              "%s: newt run does not say why the job failed:\n%s", tag, out ? out : "");
+  T_CHECK_MSG(!out || !strstr(out, "newt run: done"), "%s: newt run claims the job done:\n%s", tag, out);
+  cJSON *s = summary_of(tag);
+  T_CHECK_MSG(s && strcmp(str_of(s, "outcome"), "failed") == 0 && strstr(str_of(s, "failed"), "state lost at step "),
+              "%s: the summary's outcome is \"%s\" (failed: \"%s\")", tag, str_of(s, "outcome"), str_of(s, "failed"));
+  const cJSON *done = s ? cJSON_GetObjectItemCaseSensitive(s, "done") : NULL;
+  T_CHECK_MSG(cJSON_IsFalse(done), "%s: the summary says the job is done", tag);
+  cJSON_Delete(s);
+  /* the two survivors (and no one else) said it in their termination messages */
+  T_CHECK_MSG(ends_say(tag, 4, "failed: state lost at step ", because) == 2,
+              "%s: not every survivor ended with the failure", tag);
+}
+
+static void test_state_loss(void) {
+  char *out = NULL;
+  /* ZeRO 1 and ZeRO 3 without a checkpoint: the job fails */
+  const char *z1[] = {"--zero", "1", "--chaos", KILL2, NULL};
+  int rc = job_run("z1", 4, 40, z1, &out);
+  check_failed("z1", rc, out, "there is no checkpoint to go back to");
+  free(out);
+  const char *z3[] = {"--zero", "3", "--chaos", KILL2, NULL};
+  rc = job_run("z3", 4, 40, z3, &out);
+  check_failed("z3", rc, out, "there is no checkpoint to go back to");
+  free(out);
+  /* a checkpoint to go back to, but the spec says fail */
+  char ck[400];
+  snprintf(ck, sizeof ck, "%s/fail.ckpt", tmpdir);
+  const char *fail[] = {"--zero", "3", "--ckpt-dir", ck, "--ckpt-every", "5", "--on-state-loss", "fail", "--chaos",
+                        "kill:rank:1@ckpt=10,kill:rank:2@ckpt=10", NULL};
+  rc = job_run("fail", 4, 40, fail, &out);
+  check_failed("fail", rc, out, "spec.fault.on_state_loss is fail");
+  free(out);
+  /* the opt-in: training starts again from the initial state, said, and ends done at the
+     uninterrupted loss (the same spec from step 0) */
+  const char *restart[] = {"--zero", "1", "--on-state-loss", "restart", "--chaos", KILL2, NULL};
+  rc = job_run("restart", 4, 40, restart, &out);
+  T_CHECK_MSG(rc == 0, "restart: newt run exited %d:\n%s", rc, out ? out : "");
+  free(out);
+  cJSON *s = summary_of("restart");
+  const cJSON *recs = s ? cJSON_GetObjectItemCaseSensitive(s, "recoveries") : NULL;
+  const cJSON *r0 = recs ? cJSON_GetArrayItem(recs, 0) : NULL;
+  T_CHECK_MSG(cJSON_GetArraySize(recs) == 1 && strcmp(str_of(r0, "restore"), "init") == 0 && num_of(r0, "step") == 0,
+              "restart: the recovery did not start again from the initial state");
+  T_CHECK_MSG(strcmp(str_of(s, "outcome"), "done") == 0, "restart: outcome %s", str_of(s, "outcome"));
+  double ref = train_loss(40);
+  T_CHECK_MSG(fabs(num_of(s, "final_loss") - ref) <= 1e-4 * fmax(1.0, fabs(ref)), "restart: final loss %.7f, "
+              "uninterrupted %.7f", num_of(s, "final_loss"), ref);
+  cJSON_Delete(s);
+  char log[600], *text = NULL;
+  size_t n;
+  int said = 0;
+  for (int i = 0; i < 4 && !said; i++) {
+    snprintf(log, sizeof log, "%s/restart/w%d.log", tmpdir, i);
+    if (newt_fs_read_all(log, 64 << 20, &text, &n) != NEWT_OK) continue;
+    said = strstr(text, "starts again from its initial state (spec.fault.on_state_loss restart)") != NULL;
+    free(text);
+  }
+  T_CHECK_MSG(said, "restart: no worker said that training starts again from the initial state");
+}
+
+/* With checkpoints the same loss goes back to the newest one, and says so. */
+static void test_state_ckpt(void) {
+  char ck[400], *out = NULL;
+  snprintf(ck, sizeof ck, "%s/ck", tmpdir);
+  const char *flags[] = {"--zero", "3", "--ckpt-dir", ck, "--ckpt-every", "5", "--chaos",
+                         "kill:rank:1@ckpt=10,kill:rank:2@ckpt=10", NULL};
+  int rc = job_run("ckpt", 4, 40, flags, &out);
+  T_CHECK_MSG(rc == 0, "ckpt: newt run exited %d:\n%s", rc, out ? out : "");
+  free(out);
+  cJSON *s = summary_of("ckpt");
+  const cJSON *recs = s ? cJSON_GetObjectItemCaseSensitive(s, "recoveries") : NULL;
+  const cJSON *r0 = recs ? cJSON_GetArrayItem(recs, 0) : NULL;
+  T_CHECK_MSG(cJSON_GetArraySize(recs) == 1 && strcmp(str_of(r0, "restore"), "ckpt") == 0 && num_of(r0, "step") >= 10,
+              "ckpt: the recovery did not go back to a checkpoint");
+  T_CHECK_MSG(strcmp(str_of(s, "outcome"), "done") == 0 && num_of(s, "steps") == 40, "ckpt: outcome %s",
+              str_of(s, "outcome"));
+  double ref = train_loss(40);
+  T_CHECK_MSG(fabs(num_of(s, "final_loss") - ref) <= 1e-4 * fmax(1.0, fabs(ref)),
+              "ckpt: final loss %.7f, uninterrupted %.7f", num_of(s, "final_loss"), ref);
+  cJSON_Delete(s);
+}
+
+int main(int argc, char **argv) {
+  newt_bin = getenv("NEWT_BIN");
+  if (!newt_bin || argc < 2) {
+    fprintf(stderr, "usage: NEWT_BIN=path/to/newt test_truth <scenario>\n");
+    return 2;
+  }
+  snprintf(tmpdir, sizeof tmpdir, "/tmp/newt-truth-%s-XXXXXX", argv[1]);
+  if (!mkdtemp(tmpdir)) return 2;
+  t_cur_name = argv[1];
+  if (strcmp(argv[1], "state_loss") == 0) T_RUN(test_state_loss);
+  else if (strcmp(argv[1], "state_ckpt") == 0) T_RUN(test_state_ckpt);
+  else {
+    fprintf(stderr, "test_truth: no scenario \"%s\"\n", argv[1]);
+    return 2;
+  }
+  int rc = T_DONE();
+  if (rc == 0) newt_fs_rm_rf(tmpdir);
+  else fprintf(stderr, "logs kept in %s\n", tmpdir);
+  return rc;
+}
