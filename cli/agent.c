@@ -438,7 +438,7 @@ static void ended(agent *a, int i, int st) {
   if (!c->msg[0]) snprintf(c->msg, sizeof c->msg, "error: %s", how);
   NEWT_INFO(CLI, "local worker %s (pid %d) ended (%s) after %.1f s: %s", c->id, (int)pid, how,
             (double)(now_ms() - c->started_ms) / 1000.0, c->msg);
-  if (code == JOB_EXIT_DONE) a->done = 1;
+  if (code == JOB_EXIT_DONE || code == JOB_EXIT_LEFT_OUT) a->done = 1; /* left out: the job is done without it */
   if (code == JOB_EXIT_FAILED) a->failed = i + 1;
   if (code == JOB_EXIT_USAGE && !a->usage) {
     a->usage = i + 1;
@@ -449,7 +449,7 @@ static void ended(agent *a, int i, int st) {
     }
   }
   /* a crash (a signal, exit 1 or any other status) or a leave nobody asked for */
-  int crashed = code != JOB_EXIT_DONE && code != JOB_EXIT_FAILED && code != JOB_EXIT_USAGE;
+  int crashed = code != JOB_EXIT_DONE && code != JOB_EXIT_FAILED && code != JOB_EXIT_USAGE && code != JOB_EXIT_LEFT_OUT;
   if (!crashed || a->stop_sig || a->giving_up || a->done || a->failed) return;
   uint64_t now = now_ms();
   int recent = recent_restarts(a, c, now);
@@ -520,6 +520,8 @@ static void decide(agent *a, job_end *e) {
     e->status = want;
     for (int i = 0; i < a->o->n && !who; i++)
       if (a->kids[i].code == want) who = i + 1;
+    for (int i = 0; i < a->o->n && !who && a->done; i++) /* every one that trained was left out */
+      if (a->kids[i].code == JOB_EXIT_LEFT_OUT) who = i + 1, e->status = JOB_EXIT_LEFT_OUT;
   }
   if (!who) { /* no child ended as the agent did (e.g. none ever started) */
     snprintf(e->msg, sizeof e->msg, "%s: %d local workers ended", e->status == JOB_EXIT_LEFT ? "left" : "error", a->o->n);

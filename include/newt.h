@@ -351,7 +351,8 @@ NEWT_API void newt_leave(newt_ctx *c);
 
 /* Ends this worker's part: deregisters, writes the termination message, frees c. `r` is the
  * program's own verdict (NEWT_OK, or the error that stops it). Returns the exit status the
- * program should end with: 0 done, 3 left, 4 the job failed, 1 an error, 2 an error another
+ * program should end with: 0 done, 3 left, 4 the job failed, 5 left out (this worker trained, was
+ * left out -- stopped, cut off -- and the job ended done without it), 1 an error, 2 an error another
  * try will not mend (NEWT_ERR_INVALID, NEWT_ERR_UNSUPPORTED), as `newt worker`'s (the node
  * agent and the chart read them). */
 NEWT_API int newt_finish(newt_ctx *c, newt_result_t r);

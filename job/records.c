@@ -316,7 +316,9 @@ int job_done_plausible(const job_done *d, const newt_spec *spec) {
   return d->step == spec->steps && d->samples == (uint64_t)spec->steps * (uint64_t)spec->global_batch;
 }
 
-int job_is_done(rdzv_etcd *c, const char *job, const newt_spec *spec) {
+int job_is_done(rdzv_etcd *c, const char *job, const newt_spec *spec) { return job_done_get(c, job, spec, NULL); }
+
+int job_done_get(rdzv_etcd *c, const char *job, const newt_spec *spec, job_done *out) {
   char key[256];
   rdzv_etcd_kv kv;
   if (job_key(key, sizeof key, job, JOB_REC_DONE, 0, NULL) != NEWT_OK) return 0;
@@ -331,6 +333,7 @@ int job_is_done(rdzv_etcd *c, const char *job, const newt_spec *spec) {
     NEWT_WARN(JOB, "ignoring %s: %s", key, newt_errmsg());
   }
   rdzv_etcd_kv_free(&kv);
+  if (ok && out) *out = d;
   return ok;
 }
 

@@ -228,6 +228,8 @@ newt_result_t job_done_from_json(const char *text, size_t len, job_done *out);
  * says the job trained all its `steps` (job_done_plausible): a forged or corrupt one that
  * says otherwise is ignored, with a warning. */
 int job_is_done(rdzv_etcd *c, const char *job, const newt_spec *spec);
+/* The same, and the marker in *out when it counts. */
+int job_done_get(rdzv_etcd *c, const char *job, const newt_spec *spec, job_done *out);
 /* The end marker of a job of this spec: its last step, and the samples of every step. */
 int job_done_plausible(const job_done *d, const newt_spec *spec);
 
@@ -253,6 +255,9 @@ enum {
   JOB_EXIT_USAGE = 2,  /* a bad flag or spec: another try will not do better */
   JOB_EXIT_LEFT = 3,   /* left on SIGTERM before the end: the job goes on without it */
   JOB_EXIT_FAILED = 4, /* the job failed (its reason in `newt status` and the message) */
+  JOB_EXIT_LEFT_OUT = 5, /* this worker trained, was left out (fenced: stopped, hung, cut off) and
+                            not taken back before the job ended: it speaks for itself only (the
+                            step it was left out at; the job's own end as its marker says) */
 };
 typedef struct job_end {
   int status;      /* JOB_EXIT_* */

@@ -111,6 +111,9 @@ typedef struct launcher_result {
   char reason[512];     /* why, when not done ("interrupted by SIGINT at step 37"); "" when done */
   launcher_ckpt *ckpts; /* the checkpoints committed, in step order */
   int nckpts;
+  char (*left_out)[RDZV_NAME_MAX]; /* workers that ended left out (JOB_EXIT_LEFT_OUT: they trained, were
+                                      left out and not taken back before the end); malloc'd */
+  int nleft_out;
 } launcher_result;
 
 /* The options that cannot go together (chaos on etcd with --etcd, a cut without --netns, a

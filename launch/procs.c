@@ -12,6 +12,7 @@
 #include <sys/wait.h>
 
 #include "common/clock.h"
+#include "common/fs.h"
 #include "common/proc.h"
 #include "common/sys.h"
 #include "launch/run.h"
@@ -229,6 +230,26 @@ proc *procs_find(run *r, const char *name) {
   return NULL;
 }
 
+/* A worker that ended left out (it trained, was left out and not taken back before the job
+ * ended): counted in the summary, and said with its own termination message. */
+static void left_out(run *r, const proc *p) {
+  launcher_result *res = r->res;
+  char(*l)[RDZV_NAME_MAX] = realloc(res->left_out, (size_t)(res->nleft_out + 1) * sizeof *l);
+  if (l) {
+    res->left_out = l;
+    snprintf(l[res->nleft_out++], RDZV_NAME_MAX, "%s", p->name);
+  }
+  if (r->o->quiet) return;
+  char path[600], *text = NULL;
+  size_t len = 0;
+  snprintf(path, sizeof path, "%s/%s.end", res->log_dir, p->name);
+  if (newt_fs_read_all(path, 4096, &text, &len) == NEWT_OK)
+    while (len && (text[len - 1] == '\n' || text[len - 1] == '\r')) len--;
+  fprintf(stderr, "%snewt run: %s exited %d (%.*s)\n", live_news(r), p->name, JOB_EXIT_LEFT_OUT, (int)len,
+          text ? text : "left out");
+  free(text);
+}
+
 void procs_reap(run *r) {
   for (int i = 0; i < r->nprocs; i++) {
     proc *p = &r->procs[i];
@@ -241,6 +262,10 @@ void procs_reap(run *r) {
     newt_proc_status_str(st, how, sizeof how);
     int expected = r->done || r->res->failed[0] || r->stopping || p->killed_by_chaos ||
                    (WIFEXITED(st) && WEXITSTATUS(st) == 0);
+    if (p->kind == PROC_WORKER && p->status == JOB_EXIT_LEFT_OUT) {
+      left_out(r, p);
+      expected = 1;
+    }
     if (!expected && !r->o->quiet)
       fprintf(stderr, "%snewt run: %s exited (%s); see %s/%s.log\n", live_news(r), p->name, how, r->res->log_dir,
               p->name);

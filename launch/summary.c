@@ -146,6 +146,7 @@ static const codec_field summary_fields[] = {
     {CODEC_STR(launcher_summary, res.reason, "reason"), CODEC_OMIT},
     {SUMMARY_ARRAY(res.recoveries, res.nrecoveries, "recoveries", recovery_table), CODEC_REQUIRED},
     {SUMMARY_ARRAY(res.ckpts, res.nckpts, "checkpoints", ckpt_table)},
+    {CODEC_NAMES(launcher_summary, res.left_out, res.nleft_out, "left_out", 0), CODEC_OMIT},
     {CODEC_STR(launcher_summary, res.log_dir, "log_dir")},
     {CODEC_STR(launcher_summary, res.step_log, "step_log")},
     {CODEC_STR(launcher_summary, res.event_log, "event_log")},
@@ -194,4 +195,7 @@ void launcher_result_free(launcher_result *res) {
   free(res->ckpts);
   res->ckpts = NULL;
   res->nckpts = 0;
+  free(res->left_out);
+  res->left_out = NULL;
+  res->nleft_out = 0;
 }

@@ -244,6 +244,10 @@ struct newt_ctx {
   struct metrics *metrics;          /* --metrics-port (NULL: none) */
   _Atomic uint64_t step_started;    /* monotonic ns the step under way began (0: none) */
   int failed;                       /* the leader gave up on the job (the failed record) */
+  job_done end_marker;              /* the job's end marker, when this worker learned of the end from
+                                       it (waiting for a plan: it did not train the last step) */
+  int have_end_marker;
+  int trained_last;                 /* this rank trained the job's last step (its loss is the job's) */
   char failed_why[JOB_TEXT_MAX];
   job_end end;                      /* how it ended (newt_finish) */
 };

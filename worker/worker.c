@@ -219,7 +219,8 @@ static newt_result_t wait_plan(worker *w, int donor, newt_plan *out, wait_outcom
     uint64_t now = newt_wall_ms();
     if (now >= next_done_check) {
       next_done_check = now + 500;
-      if (job_is_done(w->etcd, w->o.job, &w->spec)) {
+      if (job_done_get(w->etcd, w->o.job, &w->spec, &w->end_marker)) {
+        w->have_end_marker = 1;
         *how = WAIT_DONE;
         return NEWT_OK;
       }
@@ -601,6 +602,7 @@ static newt_result_t next_step(worker *w, newt_batch *b, newt_next *next) {
   }
   if (w->live_step >= w->spec.steps) {
     NEWT_INFO(WORKER, "%s: trained the last step (%lld)", w->id, (long long)w->live_step);
+    w->trained_last = 1;
     worker_mark_done(w, w->last_loss);
     end_generation(w);
     return over(w, NEWT_NEXT_DONE, next);
@@ -1018,6 +1020,29 @@ static void teardown(worker *w) {
   metrics_stop(w->metrics); /* after the client whose requests it counts */
 }
 
+/* The job is done. A rank that trained its last step says so with the job's loss (every rank
+ * has the same: the commit's sums); a worker that learned of the end from the end marker
+ * speaks only for itself: left out after the steps it trained (JOB_EXIT_LEFT_OUT), or a spare
+ * that trained none, with the job's end as the marker says. */
+static void ended_done(worker *w, job_end *e) {
+  const job_done *m = &w->end_marker;
+  if (w->trained_last) {
+    e->status = JOB_EXIT_DONE;
+    snprintf(e->msg, sizeof e->msg, "done: job %s trained its %lld steps (final loss %.4f)", w->o.job,
+             (long long)w->spec.steps, w->last_loss);
+  } else if (w->done_step > 0 || w->held_plan.generation > 0) {
+    e->status = JOB_EXIT_LEFT_OUT;
+    snprintf(e->msg, sizeof e->msg,
+             "left out: %s trained up to step %lld (generation %llu) and was left out; the job went on without it "
+             "and is done: %lld steps, final loss %.4f (its end marker)", w->id, (long long)w->done_step,
+             (unsigned long long)w->held_plan.generation, (long long)m->step, m->loss);
+  } else {
+    e->status = JOB_EXIT_DONE;
+    snprintf(e->msg, sizeof e->msg, "done: job %s is done: %lld steps, final loss %.4f (its end marker); %s waited as a "
+             "spare and trained none of them", w->o.job, (long long)m->step, m->loss, w->id);
+  }
+}
+
 int worker_finish(worker *w, newt_result_t r) {
   job_end *e = &w->end;
   char msg[1024];
@@ -1036,9 +1061,7 @@ int worker_finish(worker *w, newt_result_t r) {
       snprintf(e->msg, sizeof e->msg, "left: after step %lld of %lld; the job goes on without %s",
                (long long)w->live_step, (long long)w->spec.steps, w->id);
     } else {
-      e->status = JOB_EXIT_DONE;
-      snprintf(e->msg, sizeof e->msg, "done: job %s trained its %lld steps (final loss %.4f)", w->o.job,
-               (long long)w->spec.steps, w->last_loss);
+      ended_done(w, e);
     }
   } else if (r == NEWT_OK) { /* finished before its part was over: as a leave */
     e->status = JOB_EXIT_LEFT;
@@ -1046,9 +1069,9 @@ int worker_finish(worker *w, newt_result_t r) {
              (long long)w->spec.steps);
   }
   if (w->reg && !rdzv_registration_lost(w->reg, NULL, 0)) {
-    const char *state = r != NEWT_OK || e->status == JOB_EXIT_FAILED ? "failed"
-                        : e->status == JOB_EXIT_DONE                  ? "done"
-                                                                      : "left";
+    const char *state = r != NEWT_OK || e->status == JOB_EXIT_FAILED                 ? "failed"
+                        : e->status == JOB_EXIT_DONE || e->status == JOB_EXIT_LEFT_OUT ? "done"
+                                                                                       : "left";
     worker_set_state_async(w, state);
     worker_publisher_stop(w);
     if (rdzv_registration_leave(w->reg, job_call_deadline()) != NEWT_OK)

@@ -303,7 +303,8 @@ class Step:
 class Job:
     """This process as one worker of a newt job (newt.join() makes one). A context manager:
     leaving it ends the worker's part (deregisters, says how it ended) and sets job.exit_code,
-    the exit status newt's launcher, node agent and chart read (0 done, 3 left, 4 the job
+    the exit status newt's launcher, node agent and chart read (0 done, 3 left, 5 left out of a
+    job done without it, 4 the job
     failed, 1 an error, 2 an error another try will not mend). When the worker left, the job
     failed or an exception escaped the block, leaving it also ends the process with that
     status (the exception's traceback printed first); newt.join(exit_on_end=False) leaves
@@ -343,7 +344,7 @@ class Job:
         if exc is not None:  # said as Python says it, then the status newt's tools read
             traceback.print_exception(kind, exc, tb)
             raise SystemExit(code)
-        if self.outcome in ("left", "failed"):
+        if self.outcome in ("left", "failed") or code:  # 5: left out of a job that is done
             raise SystemExit(code)
         return False
 

@@ -10,6 +10,10 @@
  *               --on-state-loss restart it starts again from the initial state and says so.
  *   state_ckpt  the same loss with checkpoints: the job resumes from the newest one, ends
  *               done at the uninterrupted run's loss, and its recovery says so.
+ *   left_out    a worker stopped (SIGSTOP), left out, and woken only once the job is done
+ *               (newt run wakes what it stopped at the end): it claims nothing of the job's
+ *               success -- it exits 5, its termination message says the step it was left out
+ *               at and the job's end as the end marker says -- and newt run counts it.
  *
  * usage: NEWT_BIN=path/to/newt test_truth <scenario> (one ctest test per scenario). */
 #include <math.h>
@@ -214,6 +218,37 @@ static void test_state_ckpt(void) {
   cJSON_Delete(s);
 }
 
+static void test_left_out(void) {
+  char *out = NULL;
+  const char *flags[] = {"--comm-timeout-ms", "1000", "--chaos", "stop:worker:2@step=10", NULL};
+  int rc = job_run("left", 4, 60, flags, &out);
+  T_CHECK_MSG(rc == 0, "left: newt run exited %d:\n%s", rc, out ? out : "");
+  free(out);
+  cJSON *s = summary_of("left");
+  const cJSON *lo = s ? cJSON_GetObjectItemCaseSensitive(s, "left_out") : NULL;
+  T_CHECK_MSG(cJSON_GetArraySize(lo) == 1 && strcmp(cJSON_GetArrayItem(lo, 0)->valuestring, "w2") == 0,
+              "left: the summary does not count w2 as left out");
+  double loss = num_of(s, "final_loss");
+  cJSON_Delete(s);
+  char path[600], *text = NULL, want[128];
+  size_t n;
+  snprintf(path, sizeof path, "%s/left/w2.end", tmpdir);
+  T_OK(newt_fs_read_all(path, 1 << 16, &text, &n));
+  long long step = -1;
+  const char *p = text ? strstr(text, "trained up to step ") : NULL;
+  if (p) step = strtoll(p + strlen("trained up to step "), NULL, 10);
+  /* its own step, not the job's; the job's end as its marker says, its loss the job's */
+  snprintf(want, sizeof want, "the job went on without it and is done: 60 steps, final loss %.4f", loss);
+  T_CHECK_MSG(text && strncmp(text, "left out: w2 trained up to step ", 32) == 0 && step >= 10 && step < 60 &&
+                  strstr(text, want),
+              "left: w2's termination message: %s (expected the step it was left out at and \"%s\")",
+              text ? text : "(none)", want);
+  free(text);
+  /* the others trained the last step: done, with the job's loss */
+  snprintf(want, sizeof want, "(final loss %.4f)", loss);
+  T_CHECK_MSG(ends_say("left", 2, "done: job left trained its 60 steps", want) == 2, "left: w0 and w1 do not say done");
+}
+
 int main(int argc, char **argv) {
   newt_bin = getenv("NEWT_BIN");
   if (!newt_bin || argc < 2) {
@@ -225,6 +260,7 @@ int main(int argc, char **argv) {
   t_cur_name = argv[1];
   if (strcmp(argv[1], "state_loss") == 0) T_RUN(test_state_loss);
   else if (strcmp(argv[1], "state_ckpt") == 0) T_RUN(test_state_ckpt);
+  else if (strcmp(argv[1], "left_out") == 0) T_RUN(test_left_out);
   else {
     fprintf(stderr, "test_truth: no scenario \"%s\"\n", argv[1]);
     return 2;

@@ -591,6 +591,7 @@ function checkJobs(docs, values, errors) {
     const rules = job.spec.podFailurePolicy?.rules || [];
     const codes = (action) => rules.filter((r) => r.action === action && r.onExitCodes?.operator === "In").flatMap((r) => r.onExitCodes.values);
     if (!codes("Ignore").includes(3)) errors.push(`${at}: exit 3 (left on SIGTERM) is not ignored`);
+    if (!codes("Ignore").includes(5)) errors.push(`${at}: exit 5 (a worker left out of a job done without it) is not ignored`);
     if (!codes("FailJob").includes(4) || !codes("FailJob").includes(2)) errors.push(`${at}: exits 4 (failed) and 2 (bad flag or spec) do not fail the Job`);
     if (!rules.some((r) => r.action === "Ignore" && r.onPodConditions?.some((c) => c.type === "DisruptionTarget"))) errors.push(`${at}: disruptions are counted as failures`);
     for (const c of pod.containers) {

@@ -308,11 +308,12 @@ ttlSecondsAfterFinished: {{ .Values.cleanup.ttlSecondsAfterFinished }}
 {{- end }}
 podFailurePolicy:
   rules:
-    # 3: left on SIGTERM (preemption, drain, scale-down): replaced, not a failure
+    # 3: left on SIGTERM (preemption, drain, scale-down): replaced, not a failure;
+    # 5: a worker left out (stopped, cut off) that the job, done without it, did not take back
     - action: Ignore
       onExitCodes:
         operator: In
-        values: [3]
+        values: [3, 5]
     # evicted, preempted, its node shut down: replaced, not a failure
     - action: Ignore
       onPodConditions:
