@@ -233,6 +233,7 @@ static void describe_event(FILE *f, const job_event *e, const status *st) {
   case JOB_EV_DONE: fprintf(f, "done at step %lld, loss %.4f", (long long)e->step, e->loss); break;
   case JOB_EV_FAILED: fprintf(f, "the job failed: %s", e->why); break;
   case JOB_EV_SPEC: fprintf(f, "spec %s", e->why); break;
+  case JOB_EV_MISMATCH: fprintf(f, "%s (said by %s)", e->why, e->worker); break;
   default: fprintf(f, "%s", job_event_type_name(e->type)); break;
   }
 }

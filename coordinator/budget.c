@@ -119,10 +119,10 @@ int coord_past_progress_bound(coord *c) {
   return 1;
 }
 
-int coord_state_lost(coord *c) {
+int coord_fatal_report(coord *c) {
   char why[JOB_TEXT_MAX] = "";
   pthread_mutex_lock(&c->mu);
-  snprintf(why, sizeof why, "%s", c->lost_why); /* from a rank of the plan in force only (put_report) */
+  snprintf(why, sizeof why, "%s", c->fatal_why); /* from a rank of the plan in force only (put_report) */
   pthread_mutex_unlock(&c->mu);
   if (!why[0]) return 0;
   coord_fail_job(c, why);

@@ -67,8 +67,11 @@ typedef struct coord {
   newt_plan plan; /* generation 0: none */
   job_report *reports;
   int nreports;
-  char lost_why[JOB_TEXT_MAX]; /* a rank of the plan in force reported the job's state lost: why
-                                  ("": none); kept apart from the reports, which the policy reads */
+  job_event said[8];            /* events a rank's report asks for (replicas that disagreed), to post
+                                   outside the lock (coord_post_said) */
+  int nsaid;
+  char fatal_why[JOB_TEXT_MAX]; /* a rank of the plan in force reported that the job fails: why
+                                   ("": none); kept apart from the reports, which the policy reads */
   c_ack *acks;
   int nacks;
   int64_t prog_step;
@@ -174,10 +177,10 @@ void coord_fail_job(coord *c, const char *why);
 int coord_budget_spent(coord *c, const char *cause);
 /* Whether no step completed for spec.fault.progress_timeout_ms (it fails the job). */
 int coord_past_progress_bound(coord *c);
-/* Whether a rank of the current plan reported the job's state lost (spec.fault.on_state_loss:
- * no step whole in memory, and no checkpoint or not allowed): it fails the job, with the
- * rank's words. */
-int coord_state_lost(coord *c);
+/* Whether a rank of the current plan reported that the job fails (its state lost,
+ * spec.fault.on_state_loss; its replicas disagree, spec.fault.on_mismatch): it fails the
+ * job, with the rank's words. */
+int coord_fatal_report(coord *c);
 
 /* --- picture.c -------------------------------------------------------------------------------- */
 
@@ -209,6 +212,8 @@ void coord_held_refresh_locked(coord *c);
 
 /* Posts an event of this coordinator, stamped now (and appends it to the event log). */
 void coord_post_event(coord *c, job_event *ev);
+/* Posts the events the ranks' reports asked for (c->said). */
+void coord_post_said(coord *c);
 /* A warning that repeats every tick: logged when it changes, else at most every 10 s. */
 void coord_warn_limited(coord *c, const char *what, const char *msg);
 

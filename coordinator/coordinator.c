@@ -149,13 +149,14 @@ static newt_result_t lead_round(coord *c, int *stop) {
   if (foreign) coord_restore_records(c); /* our plan over a forged one */
   coord_check_alarms(c);
   coord_check_spec_file(c);
+  coord_post_said(c);
   newt_result_t r = coord_take_spec_change(c);
   if (r != NEWT_OK && r != NEWT_ERR_CONFLICT) {
     coord_warn_limited(c, "taking the changed spec", newt_errmsg());
     r = NEWT_OK;
   }
   *stop = 1;
-  if (r != NEWT_OK || finish_if_done(c) || coord_state_lost(c) || coord_past_progress_bound(c)) return r;
+  if (r != NEWT_OK || finish_if_done(c) || coord_fatal_report(c) || coord_past_progress_bound(c)) return r;
   *stop = 0;
   r = coord_decide(c);
   if (r != NEWT_OK && r != NEWT_ERR_CONFLICT) {

@@ -18,6 +18,19 @@ void coord_warn_limited(coord *c, const char *what, const char *msg) {
   NEWT_WARN(COORD, "%s: %s: %s (trying again)", c->id, what, msg);
 }
 
+void coord_post_said(coord *c) {
+  job_event said[sizeof c->said / sizeof c->said[0]];
+  pthread_mutex_lock(&c->mu);
+  int n = c->nsaid;
+  memcpy(said, c->said, (size_t)n * sizeof *said);
+  c->nsaid = 0;
+  pthread_mutex_unlock(&c->mu);
+  for (int i = 0; i < n; i++) {
+    NEWT_WARN(COORD, "%s: %s", said[i].worker, said[i].why);
+    coord_post_event(c, &said[i]);
+  }
+}
+
 void coord_post_event(coord *c, job_event *ev) {
   ev->t_ms = newt_wall_ms();
   snprintf(ev->coordinator, sizeof ev->coordinator, "%s", c->id);

@@ -114,10 +114,19 @@ void coord_drop_member(coord *c, const char *id) {
 static void put_report(coord *c, const job_change *ch) {
   job_report rep = ch->u.report;
   if (!from_live_rank(c, ch)) return;
-  if (rep.lost[0]) { /* no failure to plan for: the job fails (coord_state_lost) */
-    if (!c->lost_why[0]) snprintf(c->lost_why, sizeof c->lost_why, "%s", rep.lost);
+  if (rep.mismatch[0]) { /* replicas disagreed: said as an event, nothing to plan for */
+    job_event ev = {.type = JOB_EV_MISMATCH, .generation = (int64_t)c->plan.generation, .step = rep.mismatch_step,
+                    .restore_step = rep.back_to};
+    snprintf(ev.worker, sizeof ev.worker, "%s", ch->id);
+    snprintf(ev.action, sizeof ev.action, "%s", rep.action);
+    snprintf(ev.why, sizeof ev.why, "%s", rep.mismatch);
+    if (c->nsaid < (int)(sizeof c->said / sizeof c->said[0])) c->said[c->nsaid++] = ev; /* posted off the lock */
+  }
+  if (rep.fatal[0]) { /* no failure to plan for: the job fails (coord_fatal_report) */
+    if (!c->fatal_why[0]) snprintf(c->fatal_why, sizeof c->fatal_why, "%s", rep.fatal);
     return;
   }
+  if (rep.mismatch[0]) return;
   /* the coordinator's clock orders reports and times the detection: a worker's clock (or
      a forger's) does not get into the recovery's timings */
   rep.t_ms = newt_wall_ms();

@@ -114,6 +114,7 @@ job_record job_key_parse(const char *rest, uint64_t *generation, const char **id
   newt_result_t T##_from_json(const char *text, size_t len, T *out) { return codec_read(&(table), text, len, NULL, out); }
 
 static const char *const kinds[] = {"crash", "hang", NULL};
+static const char *const mismatch_actions[] = {"rollback", "warn", "fail", NULL}; /* spec.fault.on_mismatch's */
 static const char *const phases[] = {"step", "build", NULL};
 static const char *const restores[] = {"memory", "peer", "init", "ckpt", NULL};
 
@@ -246,7 +247,11 @@ static const codec_field report_fields[] = {
     {CODEC_INT(job_report, step, "step", -1, INT64_MAX), CODEC_REQUIRED, .def = -1},
     {CODEC_MS(job_report, t_ms, "t_ms"), CODEC_REQUIRED},
     {CODEC_TEXT(job_report, why, "why")},
-    {CODEC_TEXT(job_report, lost, "lost"), CODEC_OMIT},
+    {CODEC_TEXT(job_report, mismatch, "mismatch"), CODEC_OMIT},
+    {CODEC_WORD(job_report, action, "action", mismatch_actions), CODEC_OMIT},
+    {CODEC_INT(job_report, mismatch_step, "mismatch_step", 0, INT64_MAX), CODEC_OMIT},
+    {CODEC_INT(job_report, back_to, "back_to", 0, INT64_MAX), CODEC_OMIT},
+    {CODEC_TEXT(job_report, fatal, "fatal"), CODEC_OMIT},
 };
 static const codec_table report_table = CODEC_TABLE(job_report, "report", report_fields);
 RECORD_CODEC(job_report, report_table)
@@ -375,12 +380,12 @@ int job_has_failed(rdzv_etcd *c, const char *job, job_failed *out) {
 
 /* --- events ---------------------------------------------------------------------------------- */
 
-static const char *const event_types[] = {"leader", "plan",   "fence", "waiting", "started", "recovered",
-                                          "done",   "failed", "spec",  "etcd",    "spare",   NULL};
+static const char *const event_types[] = {"leader", "plan", "fence", "waiting", "started", "recovered", "done",
+                                          "failed", "spec", "etcd",  "spare",   "mismatch",  NULL};
 static const char *const causes[] = {"initial", "crash", "hang", "leave", "join", "coordinator", "etcd", "spec", NULL};
 
 const char *job_event_type_name(job_event_type t) {
-  return t >= JOB_EV_LEADER && t <= JOB_EV_SPARE ? event_types[t] : "?";
+  return t >= JOB_EV_LEADER && t <= JOB_EV_MISMATCH ? event_types[t] : "?";
 }
 
 /* The fields of each type (a field is in the types of its mask, `type` first selects them). */
@@ -389,18 +394,20 @@ const char *job_event_type_name(job_event_type t) {
 #define EV_TIMED (CODEC_V(JOB_EV_STARTED) | CODEC_V(JOB_EV_RECOVERED))
 #define EV_WHY (CODEC_V(JOB_EV_WAITING) | CODEC_V(JOB_EV_FAILED) | CODEC_V(JOB_EV_SPEC) | CODEC_V(JOB_EV_ETCD))
 #define EV_DONE CODEC_V(JOB_EV_DONE)
+#define EV_MISMATCH CODEC_V(JOB_EV_MISMATCH)
 
 static const codec_field event_fields[] = {
     {CODEC_ENUM(job_event, type, "type", event_types), CODEC_REQUIRED, .flags = CODEC_SELECTS},
-    {CODEC_INT(job_event, generation, "generation", 1, INT64_MAX), .in = EV_PLAN | EV_TIMED, CODEC_REQUIRED},
+    {CODEC_INT(job_event, generation, "generation", 1, INT64_MAX), .in = EV_PLAN | EV_TIMED | EV_MISMATCH, CODEC_REQUIRED},
     {CODEC_WORD(job_event, cause, "cause", causes), .in = EV_PLAN | EV_TIMED, CODEC_REQUIRED},
     {CODEC_INT(job_event, world, "world", 0, INT32_MAX), .in = EV_PLAN | EV_TIMED, CODEC_REQUIRED},
     {CODEC_INT(job_event, dp, "dp", 0, INT32_MAX), .in = EV_PLAN},
     {CODEC_INT(job_event, spares, "spares", 0, INT32_MAX), .in = EV_PLAN},
     {CODEC_NAMES(job_event, excluded, nexcluded, "excluded", 0), .in = EV_PLAN},
     {CODEC_NAMES(job_event, spare_ids, nspare_ids, "spare_ids", 0), .in = EV_PLAN | EV_SPARE, .omit = EV_PLAN},
-    {CODEC_TEXT(job_event, why, "why"), .in = EV_PLAN | EV_SPARE | EV_WHY, .req = EV_SPARE, .omit = EV_PLAN},
-    {CODEC_NAME(job_event, worker, "worker"), .in = CODEC_V(JOB_EV_FENCE), CODEC_REQUIRED},
+    {CODEC_TEXT(job_event, why, "why"), .in = EV_PLAN | EV_SPARE | EV_WHY | EV_MISMATCH, .req = EV_SPARE | EV_MISMATCH,
+     .omit = EV_PLAN},
+    {CODEC_NAME(job_event, worker, "worker"), .in = CODEC_V(JOB_EV_FENCE) | EV_MISMATCH, CODEC_REQUIRED},
     {CODEC_MS(job_event, t_trigger, "t_trigger"), .in = EV_TIMED, CODEC_REQUIRED},
     {CODEC_MS(job_event, t_detect, "t_detect"), .in = EV_TIMED, CODEC_REQUIRED},
     {CODEC_MS(job_event, t_plan, "t_plan"), .in = EV_TIMED, CODEC_REQUIRED},
@@ -408,9 +415,10 @@ static const codec_field event_fields[] = {
     {CODEC_MS(job_event, t_restore, "t_restore"), .in = EV_TIMED, CODEC_REQUIRED},
     {CODEC_MS(job_event, t_step, "t_step"), .in = EV_TIMED, CODEC_REQUIRED},
     {CODEC_WORD(job_event, restore, "restore", restores), .in = EV_TIMED, CODEC_REQUIRED},
-    {CODEC_INT(job_event, restore_step, "restore_step", 0, INT64_MAX), .in = EV_TIMED, CODEC_REQUIRED},
+    {CODEC_INT(job_event, restore_step, "restore_step", 0, INT64_MAX), .in = EV_TIMED | EV_MISMATCH, CODEC_REQUIRED},
     {CODEC_INT(job_event, steps_lost, "steps_lost", 0, INT64_MAX), .in = EV_TIMED, CODEC_REQUIRED},
-    {CODEC_INT(job_event, step, "step", 0, INT64_MAX), .in = EV_DONE, CODEC_REQUIRED},
+    {CODEC_INT(job_event, step, "step", 0, INT64_MAX), .in = EV_DONE | EV_MISMATCH, CODEC_REQUIRED},
+    {CODEC_WORD(job_event, action, "action", mismatch_actions), .in = EV_MISMATCH, CODEC_REQUIRED},
     {CODEC_REAL(job_event, loss, "loss"), .in = EV_DONE, CODEC_REQUIRED, .flags = CODEC_NULL},
     {CODEC_MS(job_event, t_ms, "t_ms"), CODEC_REQUIRED},
     {CODEC_TEXT(job_event, coordinator, "coordinator")},

@@ -150,8 +150,15 @@ typedef struct job_report {
                                                    it knows (-1: none) */
   uint64_t t_ms;                                /* wall ms it saw the failure */
   char why[JOB_TEXT_MAX];                       /* the collective's message */
-  char lost[JOB_TEXT_MAX];                      /* the job's state is lost and the job fails: why
-                                                   (spec.fault.on_state_loss; "" and absent: not so) */
+  /* replicas disagreed at step mismatch_step of this generation (worker/verify.c): the words
+     ("" and absent: not so), what was done (rollback, warn, fail) and the step training went
+     on from (back_to) */
+  char mismatch[JOB_TEXT_MAX];
+  char action[JOB_WORD_MAX];
+  int64_t mismatch_step, back_to;
+  char fatal[JOB_TEXT_MAX];                     /* the job fails, and why: its state is lost
+                                                   (spec.fault.on_state_loss), its replicas disagree
+                                                   (spec.fault.on_mismatch); "" and absent: not so */
   int64_t revision;                             /* etcd's revision of the record, set by its reader
                                                    (not in the JSON; 0: unknown) */
 } job_report;
@@ -295,6 +302,9 @@ typedef enum job_event_type {
   JOB_EV_SPEC,       /* a changed spec was taken (why: what changed) or refused (why) */
   JOB_EV_ETCD,       /* etcd was unwell and is well again: why (out of space, for how long) */
   JOB_EV_SPARE,      /* workers that joined stay spares, the layout no larger with them: spare_ids, why */
+  JOB_EV_MISMATCH,   /* data-parallel replicas disagreed (a rank's report): generation, step (the
+                        check's), restore_step (the step training went on from), action (rollback,
+                        warn, fail), worker (who said it), why (the tensors, the ranks) */
 } job_event_type;
 
 typedef struct job_event {
@@ -315,8 +325,9 @@ typedef struct job_event {
   uint64_t t_trigger, t_detect, t_plan, t_comm, t_restore, t_step;
   char restore[8];
   int64_t restore_step, steps_lost;
-  int64_t step; /* done */
+  int64_t step; /* done; mismatch: the step checked */
   double loss;  /* done */
+  char action[JOB_WORD_MAX]; /* mismatch: rollback, warn or fail */
 } job_event;
 
 const char *job_event_type_name(job_event_type t);

@@ -10,7 +10,7 @@
 #include "common/strutil.h"
 #include "rendezvous/etcd_server.h"
 
-static const char *const action_names[] = {"kill", "stop", "term", "cont", "join", "restart", "wipe", "cut", "cut-etcd", "slow"};
+static const char *const action_names[] = {"kill", "stop", "term", "cont", "join", "restart", "wipe", "cut", "cut-etcd", "slow", "flip"};
 
 #define BAD(...) NEWT_ERR(NEWT_ERR_INVALID, __VA_ARGS__)
 
@@ -143,7 +143,7 @@ static newt_result_t parse_item(char *item, int idx, chaos_event *e) {
   for (int i = 0; i < (int)(sizeof action_names / sizeof action_names[0]); i++)
     if (strcmp(parts[0], action_names[i]) == 0) a = i;
   if (a < 0)
-    return BAD("--chaos: item %d: unknown action \"%s\" (kill, stop, term, cont, join, restart, wipe, cut, cut-etcd, slow)",
+    return BAD("--chaos: item %d: unknown action \"%s\" (kill, stop, term, cont, join, restart, wipe, cut, cut-etcd, slow, flip)",
                idx + 1, parts[0]);
   e->action = (chaos_action)a;
   int64_t v;
@@ -159,6 +159,20 @@ static newt_result_t parse_item(char *item, int idx, chaos_event *e) {
     case CHAOS_CUT_ETCD:
     case CHAOS_SLOW:
       return parse_cut(parts, np, idx, shown, e);
+    case CHAOS_FLIP: /* flip:rank:R[:TENSOR]@step=N */
+      if (np < 3 || np > 4 || strcmp(parts[1], "rank") != 0 || newt_parse_int(parts[2], &v) != 0 || v < 0 || v > 100000)
+        return BAD("--chaos: item %d \"%s\": flip applies to a rank, as in flip:rank:1@step=20 or "
+                   "flip:rank:1:wte@step=20 (a tensor of its state)", idx + 1, shown);
+      if (e->ckpt_step || e->step < 1)
+        return BAD("--chaos: item %d \"%s\": flip lands after a step (@step=N, N at least 1), armed in every worker "
+                   "at its start", idx + 1, shown);
+      if (np == 4 && (strlen(parts[3]) >= sizeof e->tensor || strpbrk(parts[3], ";\"' ")))
+        return BAD("--chaos: item %d \"%s\": \"%s\" is no tensor name", idx + 1, shown, parts[3]);
+      e->target = CHAOS_WORKER;
+      e->by_rank = 1;
+      e->index = (int)v;
+      if (np == 4) snprintf(e->tensor, sizeof e->tensor, "%s", parts[3]);
+      return NEWT_OK;
     case CHAOS_RESTART:
     case CHAOS_WIPE:
       if (np < 2 || strcmp(parts[1], "etcd") != 0)
@@ -282,6 +296,7 @@ static void action_str(const chaos_event *e, char *buf, size_t cap) {
       break;
     default:
       if (e->action == CHAOS_JOIN) snprintf(buf, cap, "join:%lld", (long long)e->arg);
+      else if (e->action == CHAOS_FLIP) snprintf(buf, cap, "flip:rank:%d%s%s", e->index, e->tensor[0] ? ":" : "", e->tensor);
       else snprintf(buf, cap, "%s:%s:%d", a, e->by_rank ? "rank" : "worker", e->index);
   }
 }

@@ -27,6 +27,11 @@
  *                                       and the coordinators (cut-etcd: its peers still reach
  *                                       it); mended after MS ms or once the job completed step
  *                                       S (neither: it lasts)
+ *          | "flip:rank:" R [":" TENSOR]  once rank R has done step N (@step only), one bit of one
+ *                                       element of TENSOR (default: its first replicated part) is
+ *                                       flipped in its memory: silent data corruption. Armed in
+ *                                       every worker at its start (NEWT_CHAOS_FLIP), so it lands
+ *                                       at that very step; the replicas' check finds it
  *          | "slow:" ("worker" | "rank" | "host") ":" I ":" KBIT [":" MS | ":until=" S]
  *                                       newt run --netns: its link shaped to KBIT kbit/s both
  *                                       ways with a short queue (bursts dropped: slow and lossy)
@@ -55,6 +60,7 @@ typedef enum chaos_action {
   CHAOS_CUT,      /* the data plane: a partition */
   CHAOS_CUT_ETCD, /* etcd and the coordinators */
   CHAOS_SLOW,     /* a slow, lossy link */
+  CHAOS_FLIP,     /* a bit of a rank's state flipped (armed in the workers at their start) */
 } chaos_action;
 
 typedef enum chaos_target { CHAOS_WORKER, CHAOS_COORDINATOR, CHAOS_ETCD, CHAOS_HOST } chaos_target;
@@ -72,6 +78,7 @@ typedef struct chaos_event {
   int64_t until_step; /* whole etcd, restart or stop; a cut: back (mended) once the job
                          completed this step (0: after arg ms) */
   int64_t kbit;       /* slow: the link's rate, kbit/s */
+  char tensor[72];    /* flip: the tensor ("": the rank's first replicated part) */
   int fired;
 } chaos_event;
 

@@ -267,6 +267,11 @@ static void fire(run *r, chaos_event *e, const newt_plan *plan) {
   else if (e->target == CHAOS_HOST) fire_host(r, e, plan, what);
   else if (e->target == CHAOS_ETCD) fired = fire_etcd(r, e, what);
   else if (e->target == CHAOS_WORKER && e->action == CHAOS_JOIN) fire_join(r, e, what), fired = 1;
+  else if (e->action == CHAOS_FLIP) { /* armed in the workers: the rank flips it itself, at that step */
+    if (!r->o->quiet)
+      fprintf(stderr, "%snewt run: chaos: %s (rank %d flipped a bit of %s after step %lld, as armed)\n", live_news(r),
+              what, e->index, e->tensor[0] ? e->tensor : "its first replicated part", (long long)e->step);
+  }
   else fired = fire_signal(r, e, plan, what);
   if (fired && !r->o->quiet) fprintf(stderr, "%snewt run: chaos: %s\n", live_news(r), what);
 }

@@ -82,6 +82,17 @@ typedef struct launcher_recovery {
  * job_recovery_time, the one definition of every view; its fault's name is the caller's. */
 void launcher_recovery_of(const job_event *e, uint64_t t_fault, launcher_recovery *out);
 
+/* Replicas that disagreed (a mismatch event of the leader's, from a rank's report): the step
+ * checked, the step training went on from (back_to: the same when nothing was rolled back),
+ * what was done (rollback, warn, fail), who said it and the words. */
+typedef struct launcher_mismatch {
+  int64_t step, back_to, generation;
+  uint64_t t_ms;
+  char action[16];
+  char worker[64];
+  char why[512];
+} launcher_mismatch;
+
 /* A committed checkpoint, as rank 0 published it (job/records.h job_ckpt). */
 typedef struct launcher_ckpt {
   int64_t step;
@@ -111,6 +122,8 @@ typedef struct launcher_result {
   char reason[512];     /* why, when not done ("interrupted by SIGINT at step 37"); "" when done */
   launcher_ckpt *ckpts; /* the checkpoints committed, in step order */
   int nckpts;
+  launcher_mismatch *mismatches; /* replicas that disagreed, in the order said */
+  int nmismatches;
   char (*left_out)[RDZV_NAME_MAX]; /* workers that ended left out (JOB_EXIT_LEFT_OUT: they trained, were
                                       left out and not taken back before the end); malloc'd */
   int nleft_out;

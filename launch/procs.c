@@ -88,7 +88,7 @@ static void strv_add2(strv *s, const char *flag, const char *value) {
 typedef struct spawn_ctx {
   proc_kind kind;
   char name[32], logp[600], threads[16], device[16], mport[16], hostid[128], endp[640];
-  char local_rank[32], local_world[32], hostname[32];
+  char local_rank[32], local_world[32], hostname[32], flip[400];
   int gpu, share, port, slot, index, host;
   int nshost;             /* --netns: the host whose namespace it runs in (-1: none) ... */
   const char *ns, *addr;  /* ... its name and address */
@@ -163,6 +163,18 @@ static void env_of(run *r, spawn_ctx *x, strv *env) {
     strv_add(env, "NCCL_P2P_DISABLE=1");
     strv_add(env, "NCCL_SHM_DISABLE=1");
     if (!getenv("NCCL_SOCKET_IFNAME")) strv_add(env, "NCCL_SOCKET_IFNAME=lo");
+  }
+  if (x->kind == PROC_WORKER) { /* chaos flip:rank:R[:T]@step=N, armed: "R:N[:T];..." (worker/verify.c) */
+    size_t l = (size_t)snprintf(x->flip, sizeof x->flip, "NEWT_CHAOS_FLIP=");
+    int any = 0;
+    for (int i = 0; i < r->nchaos && l < sizeof x->flip; i++) {
+      const chaos_event *e = &r->chaos[i];
+      if (e->action != CHAOS_FLIP) continue;
+      l += (size_t)snprintf(x->flip + l, sizeof x->flip - l, "%s%d:%lld%s%s", any ? ";" : "", e->index,
+                            (long long)e->step, e->tensor[0] ? ":" : "", e->tensor);
+      any = 1;
+    }
+    if (any) strv_add(env, x->flip);
   }
   if (x->kind != PROC_WORKER || !r->o->command) return;
   snprintf(x->local_rank, sizeof x->local_rank, "LOCAL_RANK=%d", x->slot);

@@ -236,12 +236,28 @@ static void on_spare(run *r, const job_event *e) {
   fprintf(stderr, " joined and stay%s: %s\n", e->nspare_ids == 1 ? "s a spare" : " spares", e->why);
 }
 
+/* Replicas that disagreed: said, and kept for the summary. */
+static void on_mismatch(run *r, const job_event *e) {
+  launcher_result *res = r->res;
+  launcher_mismatch *m = realloc(res->mismatches, (size_t)(res->nmismatches + 1) * sizeof *m);
+  if (m) {
+    res->mismatches = m;
+    m += res->nmismatches++;
+    *m = (launcher_mismatch){.step = e->step, .back_to = e->restore_step, .generation = e->generation, .t_ms = e->t_ms};
+    snprintf(m->action, sizeof m->action, "%s", e->action);
+    snprintf(m->worker, sizeof m->worker, "%s", e->worker);
+    snprintf(m->why, sizeof m->why, "%s", e->why);
+  }
+  if (!r->o->quiet) fprintf(stderr, "%snewt run: %s\n", live_news(r), e->why);
+}
+
 static void handle_event(run *r, const job_event *e) {
   if (e->generation > r->res->generations) r->res->generations = e->generation;
   if (e->type == JOB_EV_RECOVERED) on_recovered(r, e);
   else if (e->type == JOB_EV_LEADER) on_leader(r, e);
   else if (e->type == JOB_EV_PLAN) on_plan(r, e);
   else if (e->type == JOB_EV_SPARE) on_spare(r, e);
+  else if (e->type == JOB_EV_MISMATCH) on_mismatch(r, e);
   else if (e->type == JOB_EV_DONE) r->leader_done = 1;
   else if (e->type == JOB_EV_FAILED) {
     snprintf(r->res->failed, sizeof r->res->failed, "%s", e->why);

@@ -111,6 +111,20 @@ static const codec_field recovery_fields[] = {
 };
 static const codec_table recovery_table = CODEC_TABLE(launcher_recovery, "recovery", recovery_fields);
 
+/* --- replicas that disagreed -------------------------------------------------------------------- */
+
+static const char *const mismatch_actions[] = {"rollback", "warn", "fail", NULL};
+static const codec_field mismatch_fields[] = {
+    {CODEC_MS(launcher_mismatch, step, "step"), CODEC_REQUIRED},
+    {CODEC_MS(launcher_mismatch, back_to, "back_to"), CODEC_REQUIRED},
+    {CODEC_WORD(launcher_mismatch, action, "action", mismatch_actions), CODEC_REQUIRED},
+    {CODEC_MS(launcher_mismatch, generation, "generation")},
+    {CODEC_MS(launcher_mismatch, t_ms, "t_ms")},
+    {CODEC_STR(launcher_mismatch, worker, "worker")},
+    {CODEC_TEXT(launcher_mismatch, why, "why")},
+};
+static const codec_table mismatch_table = CODEC_TABLE(launcher_mismatch, "mismatch", mismatch_fields);
+
 /* --- a checkpoint ----------------------------------------------------------------------------- */
 
 static const codec_field ckpt_fields[] = {
@@ -147,6 +161,7 @@ static const codec_field summary_fields[] = {
     {SUMMARY_ARRAY(res.recoveries, res.nrecoveries, "recoveries", recovery_table), CODEC_REQUIRED},
     {SUMMARY_ARRAY(res.ckpts, res.nckpts, "checkpoints", ckpt_table)},
     {CODEC_NAMES(launcher_summary, res.left_out, res.nleft_out, "left_out", 0), CODEC_OMIT},
+    {SUMMARY_ARRAY(res.mismatches, res.nmismatches, "mismatches", mismatch_table), CODEC_OMIT},
     {CODEC_STR(launcher_summary, res.log_dir, "log_dir")},
     {CODEC_STR(launcher_summary, res.step_log, "step_log")},
     {CODEC_STR(launcher_summary, res.event_log, "event_log")},
@@ -197,5 +212,8 @@ void launcher_result_free(launcher_result *res) {
   res->nckpts = 0;
   free(res->left_out);
   res->left_out = NULL;
+  free(res->mismatches);
+  res->mismatches = NULL;
+  res->nmismatches = 0;
   res->nleft_out = 0;
 }

@@ -63,6 +63,7 @@ typedef struct worker_part {
   reshard_piece p;
   int primary; /* this rank saves it (worked out at the restore) */
   int unique;  /* no other rank holds it: the data-parallel neighbour keeps a copy */
+  int replicated; /* every rank of its data-parallel group holds it alike: verified (verify.c) */
   int filled;  /* the restore filled it (an optional part may not be) */
 } worker_part;
 
@@ -195,6 +196,14 @@ struct newt_ctx {
   worker_copy snap;
   worker_copy rep[SPEC_REPLICAS_MAX]; /* rep[j]: the unique parts of data-parallel rank d-1-j
                                          (spec.fault.replicas of them, at most dp - 1) */
+  worker_copy vsnap;       /* the newest verified state: every declared part, host memory (verify.c) */
+  int64_t verified_step;   /* its step (-1: none) */
+  int mismatch_rolled;     /* the last check disagreed and was rolled back; no check agreed since */
+  int64_t rollback_to;     /* a check rolled back to this verified step: the next begin starts the
+                              generation again, restored from the verified copy (-1: none) */
+  int64_t mismatches;      /* checks that disagreed (under warn: said, the first and every 100th) */
+  char chaos_flip[160];    /* NEWT_CHAOS_FLIP, tests and chaos ("": none) */
+  int chaos_flipped;
   newt_doc_write_fn doc_write;
   newt_doc_check_fn doc_check;
   void *doc_arg;
@@ -216,8 +225,6 @@ struct newt_ctx {
   int nstep_s, step_s_at;
   int64_t stall_ms;        /* the deadline set on the generation's communicators (0: the cap) */
   newt_next over;          /* PHASE_OVER: how */
-  int over_told;           /* ... and newt_step_begin said so (a failed restore enters PHASE_OVER
-                              without a begin: the next begin says it) */
 
   /* this generation's timings (wall ms) and where its state came from */
   uint64_t t_plan_seen, t_comm, t_restore, t_first_step, t_detect, progress_ms;
@@ -283,7 +290,32 @@ newt_result_t worker_declare(worker *w, const reshard_piece *p);
 /* Makes the newest whole state the state of every rank of the generation. */
 newt_result_t worker_restore(worker *w, newt_restore_info *out);
 newt_result_t worker_snapshot(worker *w);
-newt_result_t worker_replicate(worker *w);
+/* The replicas of the data-parallel predecessors' unique parts, every spec.fault.replica_every
+ * steps (force: now, whatever the step). */
+newt_result_t worker_replicate(worker *w, int force);
+/* A copy's buffers laid out for the given pieces, in one block of the device's memory (dev)
+ * or the host's (step -1 until filled); freed (step -1, nothing held). */
+newt_result_t worker_copy_layout(worker *w, worker_copy *cp, int dev, const reshard_piece *src, size_t n);
+void worker_copy_free(worker *w, worker_copy *cp);
+
+/* --- replicas that disagree (verify.c) ----------------------------------------------------- */
+
+/* A check of the replicated state (docs/elastic.md, "Replicas that disagree"), at the end of
+ * a step (after its update, before its checkpoint, replicas and log line) when it is due --
+ * every spec.fault.verify_every steps and at every checkpoint's step -- and right after a
+ * restore (at_restore): each rank fingerprints the parts its data-parallel group holds alike
+ * and the ranks compare them. Agreement: the state is kept as the verified copy. A
+ * disagreement is said (log, the mismatch record) and spec.fault.on_mismatch acts: warn goes
+ * on; rollback drops every copy newer than the verified one (*rolled_back 1): the next
+ * newt_step_begin says NEXT_GENERATION, the program restores, and the restore takes the
+ * verified copy; fail -- or a disagreement there is nothing to roll back to, or that came back right
+ * after a rollback (the program's own code: drift) -- fails the job (w->failed,
+ * NEWT_ERR_ABORTED). Collective over the generation's ranks. */
+newt_result_t worker_verify(worker *w, int at_restore, int *rolled_back);
+/* The chaos flip (NEWT_CHAOS_FLIP="R:N[:TENSOR]", newt run --chaos flip:rank:R@step=N): once
+ * this worker is rank R and has done step N, one bit of one element of the tensor (else of
+ * its first replicated part) is flipped in place, in the memory it lives in. */
+void worker_chaos_flip(worker *w);
 /* A leaving rank's part of the restore: it gives what it holds and needs nothing. */
 newt_result_t worker_donate(worker *w, comm_t *c);
 
@@ -415,9 +447,15 @@ void worker_set_state_async(worker *w, const char *state);
  * writes it at once on the registration lease (or when etcd answers again). */
 void worker_report(worker *w, const newt_plan *p, int hang, int build, const char *const *accused, int naccused,
                    const char *why);
-/* The job's state is lost in generation p and the job fails (spec.fault.on_state_loss): a
- * report whose `lost` says why, from which the leader fails the job. Queued like any report. */
-void worker_report_lost(worker *w, const newt_plan *p, const char *why);
+/* The job fails in generation p (its state lost, spec.fault.on_state_loss; its replicas
+ * disagree, spec.fault.on_mismatch): a report whose `fatal` says why, from which the leader
+ * fails the job. Queued like any report. */
+void worker_report_fatal(worker *w, const newt_plan *p, const char *why);
+/* Replicas disagreed at `step` (verify.c): a report whose `mismatch` says it, what was done
+ * (action: rollback, warn, fail) and the step training went on from; the leader makes it an
+ * event, and for fail also fails the job (the report's `fatal`: one key per rank and
+ * generation, so one report says both). Queued like any report. */
+void worker_publish_mismatch(worker *w, int64_t step, int64_t back_to, const char *action, const char *why);
 /* The acknowledgement of the generation (after its first step), folded into the update of
  * the registration that says `state` (NULL: the state stays), so that taking up a generation
  * costs one write; progress (at most every NEWT_PROGRESS_MS, and always the last step), the

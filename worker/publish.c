@@ -307,12 +307,22 @@ void worker_report(worker *w, const newt_plan *p, int hang, int build, const cha
             hang ? "hang" : "crash", why, names[0] ? "; names " : "", names);
 }
 
-void worker_report_lost(worker *w, const newt_plan *p, const char *why) {
+void worker_report_fatal(worker *w, const newt_plan *p, const char *why) {
   job_report rep = {.step = w->committed_step, .t_ms = newt_wall_ms()};
   snprintf(rep.worker, sizeof rep.worker, "%s", w->id);
-  snprintf(rep.why, sizeof rep.why, "the job's state is lost");
-  snprintf(rep.lost, sizeof rep.lost, "%s", why);
+  snprintf(rep.why, sizeof rep.why, "the job fails");
+  snprintf(rep.fatal, sizeof rep.fatal, "%s", why);
   publish_record(w, JOB_REC_REPORT, p->generation, job_report_to_json(&rep), 1);
+}
+
+void worker_publish_mismatch(worker *w, int64_t step, int64_t back_to, const char *action, const char *why) {
+  job_report rep = {.step = w->committed_step, .t_ms = newt_wall_ms(), .mismatch_step = step, .back_to = back_to};
+  snprintf(rep.worker, sizeof rep.worker, "%s", w->id);
+  snprintf(rep.why, sizeof rep.why, "replicas disagree");
+  snprintf(rep.mismatch, sizeof rep.mismatch, "%s", why);
+  snprintf(rep.action, sizeof rep.action, "%s", action);
+  if (strcmp(action, "fail") == 0) snprintf(rep.fatal, sizeof rep.fatal, "%s", why); /* one report: one key */
+  publish_record(w, JOB_REC_REPORT, w->plan.generation, job_report_to_json(&rep), 1);
 }
 
 void worker_publish_ack(worker *w, const char *state) {

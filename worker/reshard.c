@@ -371,9 +371,9 @@ static int inside_other(const entry *e, size_t a, size_t b, size_t i, int (*keep
 static int any_part(const entry *x) { (void)x; return 1; }
 static int plain_part(const entry *x) { return !(x->p->flags & RESHARD_DERIVED); }
 
-/* One tensor's parts, e[a, b) (sorted: identical parts adjacent, by rank): the check that
- * they tile it, then this rank's roles in it. */
-static newt_result_t tensor_roles(const entry *e, size_t a, size_t b, int me, reshard_roles *ro) {
+/* One tensor's parts, e[a, b) (sorted: identical parts adjacent, by rank) of n ranks: the
+ * check that they tile it, then this rank's roles in it. */
+static newt_result_t tensor_roles(const entry *e, size_t a, size_t b, int n, int me, reshard_roles *ro) {
   const wire_piece *t = e[a].p;
   int64_t total = tensor_numel(t), sum = 0;
   for (size_t i = a + 1; ro->check && i < b; i++) {
@@ -406,6 +406,14 @@ static newt_result_t tensor_roles(const entry *e, size_t a, size_t b, int me, re
   if (ro->check && sum != total)
     return NEWT_ERR(NEWT_ERR_INVALID, "tensor \"%s\" (%lld elements): the ranks' parts do not tile it: %lld elements are "
                     "declared by no rank", t->name, (long long)total, (long long)(total - sum));
+  for (size_t i = a; ro->replicated && i < b; i++) { /* a part every rank of this rank's group holds alike */
+    if (e[i].rank != me || (e[i].p->flags & RESHARD_OPTIONAL)) continue;
+    int holders = 0, size = 0;
+    for (size_t k = a; k < b; k++)
+      holders += same_slice(e[k].p, e[i].p) && (!ro->group || ro->group[e[k].rank] == ro->group[me]);
+    for (int r = 0; r < n; r++) size += !ro->group || ro->group[r] == ro->group[me];
+    ro->replicated[e[i].idx] = size > 1 && holders == size;
+  }
   for (size_t i = a; ro->unique && i < b; i++) { /* a part of this rank nobody else (of its group) holds */
     if (e[i].rank != me) continue;
     int alone = 1;
@@ -476,7 +484,7 @@ static newt_result_t work_out_roles(const rank_view *v, int n, int me, reshard_r
   for (size_t a = 0; a < m && res == NEWT_OK;) {
     size_t b = a + 1;
     while (b < m && strcmp(e[b].p->name, e[a].p->name) == 0) b++;
-    res = tensor_roles(e, a, b, me, ro);
+    res = tensor_roles(e, a, b, n, me, ro);
     /* both orders put a tensor's parts at [a, b); "whole" walks them rank by rank */
     if (res == NEWT_OK && ro->whole && !tensor_whole(byrank, a, b, n)) ro->whole = 0;
     a = b;

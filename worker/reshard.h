@@ -75,6 +75,8 @@ typedef struct reshard_roles {
   const int *group; /* [ranks of c]: each rank's group (NULL: one group of all); a rank of
                        group -1 (a donor) holds nothing that counts */
   int *filled;   /* 1 where the need was filled (an optional one may not be) */
+  int *replicated; /* 1 where every rank of this rank's group (of two or more) needs this very part,
+                      not optional: a replica the group's ranks must hold alike */
   int whole;     /* out: every rank needs every (non-optional) tensor whole: plain data
                     parallelism, where the newest state always wins and no copy is needed */
 } reshard_roles;

@@ -132,7 +132,7 @@ static newt_result_t unstage_pieces(worker *w, const reshard_piece *dst, const i
 
 /* --- snapshot and replica ----------------------------------------------------------------- */
 
-static void copy_free(worker *w, worker_copy *cp) {
+void worker_copy_free(worker *w, worker_copy *cp) {
   if (cp->on_device && cp->data) w->o.memory.free(w->o.memory.ctx, cp->data);
   else free(cp->data);
   free(cp->spare), free(cp->pieces);
@@ -141,19 +141,19 @@ static void copy_free(worker *w, worker_copy *cp) {
 }
 
 static void copies_free(worker *w) {
-  copy_free(w, &w->snap);
-  for (int j = 0; j < SPEC_REPLICAS_MAX; j++) copy_free(w, &w->rep[j]);
+  worker_copy_free(w, &w->snap);
+  worker_copy_free(w, &w->vsnap);
+  w->verified_step = -1;
+  for (int j = 0; j < SPEC_REPLICAS_MAX; j++) worker_copy_free(w, &w->rep[j]);
 }
 
 /* A piece's room in a copy's buffer: its bytes rounded up to a cache line. */
 static size_t padded(size_t bytes) { return (bytes + 63) / 64 * 64; }
 
-/* Lays out a copy of the given pieces in one buffer: device memory (on_device), else the
- * host's. */
-static newt_result_t copy_layout(worker *w, worker_copy *cp, int dev, const reshard_piece *src, size_t n) {
+newt_result_t worker_copy_layout(worker *w, worker_copy *cp, int dev, const reshard_piece *src, size_t n) {
   size_t total = 0;
   for (size_t i = 0; i < n; i++) total += padded(reshard_piece_bytes(&src[i]));
-  copy_free(w, cp);
+  worker_copy_free(w, cp);
   cp->on_device = dev;
   cp->pieces = calloc(n ? n : 1, sizeof *cp->pieces);
   newt_result_t r = cp->pieces ? NEWT_OK : NEWT_ERR(NEWT_ERR_NOMEM, "out of memory for a copy of %zu parts", n);
@@ -162,7 +162,7 @@ static newt_result_t copy_layout(worker *w, worker_copy *cp, int dev, const resh
     r = NEWT_ERR(NEWT_ERR_NOMEM, "out of memory for a copy of %zu bytes", total);
   if (r != NEWT_OK) {
     if (dev) cp->data = NULL;
-    copy_free(w, cp);
+    worker_copy_free(w, cp);
     return r;
   }
   size_t off = 0;
@@ -188,7 +188,7 @@ newt_result_t worker_snapshot(worker *w) {
     reshard_piece *cur = NULL;
     size_t n = 0;
     NEWT_CHECK(decl_pieces(&w->decl, w->live_step, &cur, &n));
-    newt_result_t r = copy_layout(w, &w->snap, dev, cur, n);
+    newt_result_t r = worker_copy_layout(w, &w->snap, dev, cur, n);
     free(cur);
     NEWT_CHECK(r);
   }
@@ -249,7 +249,7 @@ static newt_result_t replica_layout(worker *w, worker_copy *cp, const reshard_pi
     r = ring_shift(w->dp, wout, reshard_wire_size(nu), win, reshard_wire_size(nin), NEWT_U8);
   }
   if (r == NEWT_OK) r = reshard_unpack(win, reshard_wire_size(nin), desc, nin);
-  if (r == NEWT_OK) r = copy_layout(w, cp, 0, desc, nin);
+  if (r == NEWT_OK) r = worker_copy_layout(w, cp, 0, desc, nin);
   if (r == NEWT_OK && !(cp->spare = malloc(cp->bytes ? cp->bytes : 1)))
     r = NEWT_ERR(NEWT_ERR_NOMEM, "out of memory for a replica");
   free(wout), free(win), free(desc);
@@ -278,8 +278,8 @@ static newt_result_t replica_round(worker *w, worker_copy *cp, const void *out, 
   return NEWT_OK;
 }
 
-newt_result_t worker_replicate(worker *w) {
-  if (!w->has_state || w->whole || !w->dp || w->live_step % w->spec.replica_every != 0) return NEWT_OK;
+newt_result_t worker_replicate(worker *w, int force) {
+  if (!w->has_state || w->whole || !w->dp || (!force && w->live_step % w->spec.replica_every != 0)) return NEWT_OK;
   /* this rank's unique parts, packed on the host: a memcpy each for host memory; the
      device's into pinned staging, every copy queued and one wait */
   reshard_piece *mine = malloc((w->decl.n ? w->decl.n : 1) * sizeof *mine);
@@ -339,11 +339,13 @@ static size_t replica_pieces(const worker_copy *cp, reshard_piece *have) {
  * memory is staged into *stage (pinned, for worker_stage_release; NULL when none). */
 static newt_result_t held_pieces(worker *w, const worker_decl *d, reshard_piece **out, size_t *n, void **stage) {
   *stage = NULL;
-  size_t ncur = w->has_state ? d->n : 0;
+  size_t ncur = w->has_state && w->rollback_to < 0 ? d->n : 0; /* a rollback's state is the verified copy's */
   size_t nsnap = w->snap.step >= 0 && w->snap.step != w->live_step ? w->snap.n : 0, nreps = 0;
+  /* the verified copy (verify.c), host memory, when of another step than the snapshot's */
+  size_t nver = w->vsnap.step >= 0 && w->vsnap.step != w->live_step && w->vsnap.step != w->snap.step ? w->vsnap.n : 0;
   int held = 0; /* the predecessors this rank holds copies of */
   for (int j = 0; j < SPEC_REPLICAS_MAX; j++) nreps += replica_pieces(&w->rep[j], NULL), held += w->rep[j].step >= 0;
-  reshard_piece *have = calloc(ncur + nsnap + nreps + 1, sizeof *have);
+  reshard_piece *have = calloc(ncur + nsnap + nver + nreps + 1, sizeof *have);
   int *dev = calloc(ncur + nsnap + 1, sizeof *dev);
   if (!have || !dev) {
     free(have), free(dev);
@@ -361,6 +363,7 @@ static newt_result_t held_pieces(worker *w, const worker_decl *d, reshard_piece 
     have[k++] = w->snap.pieces[i];
   }
   size_t nstaged = k;
+  for (size_t i = 0; i < nver; i++) have[k++] = w->vsnap.pieces[i];
   for (int j = 0; j < SPEC_REPLICAS_MAX; j++) k += replica_pieces(&w->rep[j], have + k);
   newt_result_t r = stage_pieces(w, have, dev, nstaged, 1, stage);
   free(dev);
@@ -453,7 +456,7 @@ static newt_result_t state_lost(worker *w, const reshard_result *rr, int *filled
   NEWT_ERROR(WORKER, "%s: the job fails: %s", w->id, why);
   w->failed = 1;
   snprintf(w->failed_why, sizeof w->failed_why, "%s", why);
-  worker_report_lost(w, &w->plan, why);
+  worker_report_fatal(w, &w->plan, why);
   return NEWT_ERR(NEWT_ERR_ABORTED, "the job failed: %s", why);
 }
 
@@ -487,8 +490,8 @@ newt_result_t worker_restore(worker *w, newt_restore_info *out) {
   size_t nhave = 0, nneed = 0;
   void *have_stage = NULL, *need_stage = NULL;
   int *dev = calloc(n, sizeof *dev), *primary = calloc(n, sizeof *primary), *unique = calloc(n, sizeof *unique),
-      *filled = calloc(n, sizeof *filled);
-  newt_result_t r = dev && primary && unique && filled ? NEWT_OK : NEWT_ERR(NEWT_ERR_NOMEM, "out of memory");
+      *filled = calloc(n, sizeof *filled), *replicated = calloc(n, sizeof *replicated);
+  newt_result_t r = dev && primary && unique && filled && replicated ? NEWT_OK : NEWT_ERR(NEWT_ERR_NOMEM, "out of memory");
   if (r == NEWT_OK) r = held_pieces(w, w->prev.n ? &w->prev : d, &have, &nhave, &have_stage);
   if (r == NEWT_OK) r = decl_pieces(d, -1, &need, &nneed);
   if (r == NEWT_OK && !(need_dev = malloc(n * sizeof *need_dev))) r = NEWT_ERR(NEWT_ERR_NOMEM, "out of memory");
@@ -500,14 +503,17 @@ newt_result_t worker_restore(worker *w, newt_restore_info *out) {
   /* the parts a rank keeps a copy of for its data-parallel neighbour: those no other rank of
      the data-parallel group holds (a ZeRO shard: the tensor-parallel ranks holding the same
      shard are of other groups, and may go at once) */
-  int members = w->plan.nranks + w->plan.ndonors;
+  /* a rollback restores among the ranks (the donors, if any, left after the first restore) */
+  comm_t *all = w->rollback_to >= 0 ? w->train : w->all;
+  int members = w->rollback_to >= 0 ? w->plan.nranks : w->plan.nranks + w->plan.ndonors;
   int *group = malloc((size_t)members * sizeof *group);
   if (r == NEWT_OK && !group) r = NEWT_ERR(NEWT_ERR_NOMEM, "out of memory");
   for (int k = 0; group && k < members; k++) /* the dp group's color, as build_groups splits it */
     group[k] = k < w->plan.nranks ? (k / (w->plan.tp * w->plan.dp)) * w->plan.tp + k % w->plan.tp : -1 - k;
   reshard_result rr = {0};
-  reshard_roles ro = {.check = 1, .primary = primary, .unique = unique, .filled = filled, .group = group};
-  int ex = r == NEWT_OK ? reshard_exchange(w->all, have, nhave, need, n, &ro, &rr) : NEWT_ERR_INTERNAL;
+  reshard_roles ro = {.check = 1, .primary = primary, .unique = unique, .filled = filled, .group = group,
+                      .replicated = replicated};
+  int ex = r == NEWT_OK ? reshard_exchange(all, have, nhave, need, n, &ro, &rr) : NEWT_ERR_INTERNAL;
   if (r == NEWT_OK) r = (newt_result_t)ex;
   if (ex != NEWT_ERR_INTERNAL) wrote = rr.copied + rr.received > 0;
   if (r == NEWT_OK) r = unstage_pieces(w, need_dev, dev, n, need_stage);
@@ -524,6 +530,7 @@ newt_result_t worker_restore(worker *w, newt_restore_info *out) {
       d->parts[i].primary = primary[i];
       d->parts[i].unique = unique[i];
       d->parts[i].filled = filled[i];
+      d->parts[i].replicated = replicated[i];
       missing += (d->parts[i].p.flags & RESHARD_OPTIONAL) && !filled[i] && strcmp(w->restore_src, "init") != 0;
     }
     w->whole = ro.whole;
@@ -539,11 +546,13 @@ newt_result_t worker_restore(worker *w, newt_restore_info *out) {
   } else if (w->has_state && wrote && (w->prev.n == 0 || decl_overlaps(&w->prev, d))) {
     w->has_state = 0; /* the buffers held the state and were half written: no state any more */
   }
-  free(have), free(need), free(need_dev), free(dev), free(primary), free(unique), free(filled), free(group);
+  free(have), free(need), free(need_dev), free(dev), free(primary), free(unique), free(filled), free(replicated),
+      free(group);
   worker_stage_release(w, have_stage), worker_stage_release(w, need_stage);
   if (r != NEWT_OK) return r;
   worker_decl_free(&w->prev); /* the program may free those buffers now */
   copies_free(w);             /* they belong to the old layout */
+  w->rollback_to = -1;
   w->has_state = 1;
   w->state_in_decl = 1;
   w->derived_stale = 0;

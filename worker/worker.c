@@ -662,7 +662,30 @@ static newt_result_t recover(worker *w, newt_next *next) {
   return wait_generation(w, next);
 }
 
+/* Replicas disagreed and a check rolled back (verify.c): the generation starts again, its
+ * layout and groups the same; the program declares and restores, and the restore takes the
+ * verified copy. */
+static newt_result_t restart_generation(worker *w, newt_next *next) {
+  NEWT_INFO(WORKER, "%s: generation %llu starts again from step %lld, its newest verified step", w->id,
+            (unsigned long long)w->plan.generation, (long long)w->rollback_to);
+  if (w->state_in_decl) { /* as start_generation: the declaration holding the state is the restore's source */
+    worker_decl_free(&w->prev);
+    w->prev = w->decl;
+    w->state_in_decl = 0;
+  } else {
+    worker_decl_free(&w->decl);
+  }
+  memset(&w->decl, 0, sizeof w->decl);
+  w->phase = PHASE_BUILT;
+  *next = NEWT_NEXT_GENERATION;
+  return NEWT_OK;
+}
+
 newt_result_t worker_begin(worker *w, newt_batch *b, newt_next *next) {
+  if (w->failed && w->phase != PHASE_OVER) { /* a restore or a check found the job failing (its words in failed_why) */
+    if (w->all) end_generation(w);
+    return over(w, NEWT_NEXT_FAILED, next);
+  }
   switch (w->phase) {
     case PHASE_OVER:
       return NEWT_ERR(NEWT_ERR_INVALID, "newt_step_begin: this worker's part is over (%s): call newt_finish",
@@ -670,16 +693,13 @@ newt_result_t worker_begin(worker *w, newt_batch *b, newt_next *next) {
     case PHASE_JOINED: NEWT_CHECK(enter(w)); return wait_generation(w, next);
     case PHASE_WAITING: return wait_generation(w, next);
     case PHASE_BUILT:
-      if (w->failed) { /* the restore found the job's state lost, and the job fails */
-        end_generation(w);
-        return over(w, NEWT_NEXT_FAILED, next);
-      }
       if (generation_failed(w)) return recover(w, next); /* the restore's collectives failed */
       return NEWT_ERR(NEWT_ERR_INVALID, "newt_step_begin: generation %llu is built but its state is not restored "
                       "(declare it, then newt_state_restore)", (unsigned long long)w->plan.generation);
     case PHASE_RUNNING: break;
   }
   if (generation_failed(w)) return recover(w, next);
+  if (w->rollback_to >= 0) return restart_generation(w, next);
   if (w->step != STEP_IDLE)
     return NEWT_ERR(NEWT_ERR_INVALID, "newt_step_begin: step %lld was begun and not %s, and its generation is "
                     "healthy (commit and end every step; after a failed collective, begin again)",
@@ -774,8 +794,14 @@ newt_result_t worker_end(worker *w, const newt_step_result *res) {
     fflush(w->sample_log);
   }
   if (res->after != NEWT_OK) return NEWT_ERR(res->after, "the step's post-update collectives failed");
-  NEWT_CHECK(worker_replicate(w));
   w->done_step = w->live_step;
+  worker_chaos_flip(w);
+  /* the replicated state checked (when due) before it is copied, checkpointed or logged: a
+     disagreement rolled back returns here, the next step the one after the verified step */
+  int rolled = 0;
+  NEWT_CHECK(worker_verify(w, 0, &rolled));
+  if (rolled) return NEWT_OK;
+  NEWT_CHECK(worker_replicate(w, 0));
   const newt_plan *p = &w->plan;
   int64_t tokens = res->tokens > 0 ? res->tokens : p->global_batch;
   double now = newt_now_s(), tps = w->t_last > 0 ? (double)tokens / (now - w->t_last) : 0;
@@ -813,6 +839,8 @@ newt_result_t worker_restored(worker *w) {
      did it and has not written it writes it (a line twice is harmless: readers keep one) */
   if (!w->last_step_logged && w->last_step.step == w->live_step && w->live_step > 0) log_step(w, 1, &w->last_step);
   NEWT_CHECK(worker_ckpt_generation(w));
+  int rolled = 0; /* a restored state is checked at once: the generation's first verified copy */
+  NEWT_CHECK(worker_verify(w, 1, &rolled));
   w->phase = PHASE_RUNNING;
   w->step = STEP_IDLE;
   w->first_step_of_gen = 1;
@@ -959,6 +987,9 @@ newt_result_t worker_join(worker *w) {
   w->step_log_fd = -1;
   w->snap.step = w->snap.spare_step = -1;
   for (int j = 0; j < SPEC_REPLICAS_MAX; j++) w->rep[j].step = w->rep[j].spare_step = -1;
+  w->vsnap.step = w->vsnap.spare_step = w->verified_step = w->rollback_to = -1;
+  const char *flip = getenv("NEWT_CHAOS_FLIP");
+  if (flip) snprintf(w->chaos_flip, sizeof w->chaos_flip, "%s", flip);
   snprintf(w->host, sizeof w->host, "%s", w->o.host && *w->o.host ? w->o.host : newt_hostname());
   snprintf(w->domain, sizeof w->domain, "%s", w->o.domain && *w->o.domain ? w->o.domain : w->host);
   if (w->domain[strspn(w->domain, "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789.-_:/")] != '\0' ||

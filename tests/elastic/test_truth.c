@@ -10,6 +10,14 @@
  *               --on-state-loss restart it starts again from the initial state and says so.
  *   state_ckpt  the same loss with checkpoints: the job resumes from the newest one, ends
  *               done at the uninterrupted run's loss, and its recovery says so.
+ *   flip        one bit of one rank's replicated weights flipped (chaos flip:rank:1@step=15):
+ *               the check at step 20 names the tensor and the rank, the job rolls back to step
+ *               10 and ends at the uninterrupted loss (1e-5 relative), the rollback in the
+ *               summary; without the check (--verify-every 0) the same flip ends elsewhere
+ *               (the fault is real), and with --on-mismatch fail the job fails naming it.
+ *   drift       a PyTorch program with BatchNorm declared as state: its running statistics
+ *               drift apart on each rank by its own code; the first check names them with the
+ *               way out and rolls back, the second fails the job saying it is the program's.
  *   left_out    a worker stopped (SIGSTOP), left out, and woken only once the job is done
  *               (newt run wakes what it stopped at the end): it claims nothing of the job's
  *               success -- it exits 5, its termination message says the step it was left out
@@ -218,6 +226,85 @@ static void test_state_ckpt(void) {
   cJSON_Delete(s);
 }
 
+/* The summary's mismatches (NULL when none). */
+static const cJSON *mismatches_of(const cJSON *s) { return s ? cJSON_GetObjectItemCaseSensitive(s, "mismatches") : NULL; }
+
+static void test_flip(void) {
+  double ref = train_loss(40);
+  char *out = NULL;
+  /* a layer norm's gain halved (or doubled) on rank 1 after step 15 */
+#define FLIP "flip:rank:1:h.0.ln1.w@step=15"
+  const char *flip[] = {"--chaos", FLIP, NULL};
+  int rc = job_run("flip", 4, 40, flip, &out);
+  T_CHECK_MSG(rc == 0, "flip: newt run exited %d:\n%s", rc, out ? out : "");
+  free(out);
+  cJSON *s = summary_of("flip");
+  const cJSON *m = mismatches_of(s), *m0 = cJSON_GetArrayItem(m, 0);
+  T_CHECK_MSG(cJSON_GetArraySize(m) == 1 && num_of(m0, "step") == 20 && num_of(m0, "back_to") == 10 &&
+                  strcmp(str_of(m0, "action"), "rollback") == 0 &&
+                  strstr(str_of(m0, "why"), "replicas disagree at step 20: h.0.ln1.w (1 tensor) differs on rank 1 (") &&
+                  strstr(str_of(m0, "why"), "rolled back to step 10"),
+              "flip: the summary does not record the rollback from step 20 to 10, naming the tensor and the rank: %s",
+              str_of(m0, "why"));
+  T_CHECK_MSG(strcmp(str_of(s, "outcome"), "done") == 0 && num_of(s, "steps") == 40, "flip: outcome %s",
+              str_of(s, "outcome"));
+  double loss = num_of(s, "final_loss");
+  T_CHECK_MSG(fabs(loss - ref) <= 1e-5 * fabs(ref), "flip: final loss %.9f, uninterrupted %.9f", loss, ref);
+  cJSON_Delete(s);
+  /* the fault is real: unchecked, the same flip ends elsewhere */
+  const char *off[] = {"--verify-every", "0", "--chaos", FLIP, NULL};
+  rc = job_run("flip_off", 4, 40, off, &out);
+  free(out);
+  s = summary_of("flip_off");
+  T_CHECK_MSG(rc == 0 && cJSON_GetArraySize(mismatches_of(s)) == 0, "flip_off: exited %d", rc);
+  T_CHECK_MSG(fabs(num_of(s, "final_loss") - ref) > 1e-5 * fabs(ref),
+              "flip_off: the flipped bit changed nothing (final loss %.9f, uninterrupted %.9f)", num_of(s, "final_loss"),
+              ref);
+  cJSON_Delete(s);
+  /* on_mismatch fail: the job fails, naming it */
+  const char *fail[] = {"--on-mismatch", "fail", "--chaos", FLIP, NULL};
+  rc = job_run("flip_fail", 4, 40, fail, &out);
+  T_CHECK_MSG(rc == 4 && out && strstr(out, "the job failed at step ") &&
+                  strstr(out, "replicas disagree at step 20: h.0.ln1.w") && strstr(out, "spec.fault.on_mismatch fail"),
+              "flip_fail: exited %d:\n%s", rc, out ? out : "");
+  free(out);
+  T_CHECK_MSG(ends_say("flip_fail", 4, "failed: replicas disagree at step 20: h.0.ln1.w", NULL) == 4,
+              "flip_fail: not every worker ended with the failure");
+}
+
+static void test_drift(void) {
+  const char *py = getenv("NEWT_PYTHON"), *src = getenv("NEWT_SOURCE_DIR");
+  if (!py || !src) {
+    T_FAIL("NEWT_PYTHON (a Python with torch) or NEWT_SOURCE_DIR is not set");
+    return;
+  }
+  char script[600], *out = NULL;
+  snprintf(script, sizeof script, "%s/tests/elastic/drift.py", src);
+  char logs[512], summary[512];
+  snprintf(logs, sizeof logs, "%s/drift", tmpdir);
+  snprintf(summary, sizeof summary, "%s/drift.json", tmpdir);
+  const char *argv[] = {newt_bin, "run", "--quiet", "--job", "drift", "--nproc", "3", "--steps", "40", "--global-batch",
+                        "12", "--micro-batch", "2", "--log-dir", logs, "--summary", summary, "--timeout-ms", "180000",
+                        "--", py, script, NULL};
+  int rc = run_capture(argv, &out);
+  T_CHECK_MSG(rc == 4 && out && strstr(out, "the job failed at step ") &&
+                  strstr(out, "replicas disagree again at step 10") && strstr(out, "The program's own code makes them differ"),
+              "drift: newt run exited %d:\n%s", rc, out ? out : "");
+  free(out);
+  /* the first check names the tensors with the way out and rolls back; the second fails */
+  cJSON *s = summary_of("drift");
+  const cJSON *m = mismatches_of(s), *m0 = cJSON_GetArrayItem(m, 0), *m1 = cJSON_GetArrayItem(m, 1);
+  T_CHECK_MSG(strcmp(str_of(s, "outcome"), "failed") == 0 && cJSON_GetArraySize(m) == 2 &&
+                  strcmp(str_of(m0, "action"), "rollback") == 0 && strcmp(str_of(m1, "action"), "fail") == 0,
+              "drift: the summary does not record the rollback and the failure");
+  T_CHECK_MSG(strstr(str_of(m0, "why"), "replicas disagree at step 10: model.1.running_mean, model.1.running_var") &&
+                  strstr(str_of(m0, "why"), "BatchNorm") && strstr(str_of(m0, "why"), "declare it per rank"),
+              "drift: the first check does not name the drifting buffers with the way out: %s", str_of(m0, "why"));
+  T_CHECK_MSG(strstr(str_of(s, "failed"), "model.1.running_mean"), "drift: the failure does not name them: %s",
+              str_of(s, "failed"));
+  cJSON_Delete(s);
+}
+
 static void test_left_out(void) {
   char *out = NULL;
   const char *flags[] = {"--comm-timeout-ms", "1000", "--chaos", "stop:worker:2@step=10", NULL};
@@ -261,6 +348,8 @@ int main(int argc, char **argv) {
   if (strcmp(argv[1], "state_loss") == 0) T_RUN(test_state_loss);
   else if (strcmp(argv[1], "state_ckpt") == 0) T_RUN(test_state_ckpt);
   else if (strcmp(argv[1], "left_out") == 0) T_RUN(test_left_out);
+  else if (strcmp(argv[1], "flip") == 0) T_RUN(test_flip);
+  else if (strcmp(argv[1], "drift") == 0) T_RUN(test_drift);
   else {
     fprintf(stderr, "test_truth: no scenario \"%s\"\n", argv[1]);
     return 2;
