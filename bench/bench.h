@@ -9,5 +9,6 @@ int newt_bench_collective(const char *op, int argc, char **argv); /* allreduce, 
 int newt_bench_train(int argc, char **argv);
 int newt_bench_ckpt(int argc, char **argv);
 int newt_bench_recovery(int argc, char **argv);
+int newt_bench_verify(int argc, char **argv); /* bench/train.c: the check of the replicas, per step */
 
 #endif

@@ -43,11 +43,14 @@
 #include "common/opts.h"
 #include "common/proc.h"
 #include "common/sys.h"
+#include "job/spec.h"
 #include "model/dev.h"
 #include "model/ops.h"
 #include "model/parallel.h"
 #include "model/rng.h"
 #include "model/train.h"
+
+#include <xxhash.h>
 
 static int cmp_double(const void *a, const void *b) {
   double x = *(const double *)a, y = *(const double *)b;
@@ -78,7 +81,47 @@ typedef struct bench_line {
   int gpu;            /* --backend cuda: the first GPU (rank r trains on gpu + r); -1: the CPU */
   const char *device; /* --backend cuda: rank 0's model_dev_name; NULL on the CPU */
   double peak;        /* --backend cuda: rank 0's model_dev_peak_flops (0: unknown) */
+  int64_t verify_every; /* newt bench verify: the check's interval (0: newt bench train) */
+  double check_ms;      /* ... the median check */
+  size_t repl_bytes;    /* ... rank 0's replicated bytes (fingerprinted) */
 } bench_line;
+
+/* newt bench verify's line: the step, the check, and what the check costs a step at the
+ * interval. */
+static void print_verify(const bench_line *b) {
+  double per = b->check_ms / (double)b->verify_every;
+  printf("{\"bench\":\"verify\",\"preset\":\"%s\",\"threads\":%d,\"dp\":%d,\"zero\":%d,\"batch\":%d,"
+         "\"micro_batch\":%d,\"params\":%zu,\"state_bytes\":%zu,\"replicated_bytes\":%zu,\"every\":%lld,"
+         "\"ms_per_step\":%.2f,\"check_ms\":%.3f,\"cost_ms_per_step\":%.4f,\"cost_pct\":%.3f,\"blas_core\":\"%s\"}\n",
+         b->preset, b->threads, b->pc.dp, b->pc.zero, b->cfg->batch, b->cfg->micro_batch, b->params, b->state_bytes,
+         b->repl_bytes, (long long)b->verify_every, b->ms, b->check_ms, per, 100.0 * per / b->ms, model_blas_core());
+  fflush(stdout);
+}
+
+/* The work of one check of the replicas (worker/verify.c) on this rank's state, as a worker
+ * does it for the pieces the GPT declares: XXH3 of each part its data-parallel group holds
+ * alike (ZeRO 0: every part; ZeRO 1/2: the full parameters; ZeRO 3: none), a copy of every
+ * part into the verified copy, the 16-byte all-gather of the fingerprints. Its ms. */
+static double check_once(const model_par_piece *pc, size_t n, int zero, char *copy, comm_t *world, size_t *repl) {
+  double t0 = newt_now_s();
+  uint64_t h = 0;
+  size_t off = 0;
+  *repl = 0;
+  for (size_t i = 0; i < n; i++) {
+    size_t b = (size_t)newt_slice_numel(&pc[i].slice) * sizeof(float);
+    if (zero == 0 || pc[i].derived) {
+      uint64_t kv[2] = {h, XXH3_64bits(pc[i].data, b)};
+      h = XXH3_64bits(kv, sizeof kv);
+      *repl += b;
+    }
+    memcpy(copy + off, pc[i].data, b);
+    off += b;
+  }
+  uint64_t mine[2] = {h, n}, *all = malloc((size_t)comm_size(world) * sizeof mine);
+  if (!all || comm_allgather(world, mine, all, sizeof mine, NEWT_U8) != NEWT_OK) h = 0;
+  free(all);
+  return (newt_now_s() - t0) * 1e3;
+}
 
 static void print_line(const bench_line *b) {
   const model_train_config *c = b->cfg;
@@ -219,6 +262,10 @@ static int bench_rank(bench_line *b, const bench_world *w, int rank, int64_t war
   model_par_comms comms = {0};
   model_par p;
   int have_p = 0, rc = 1;
+  model_par_piece *pieces = NULL; /* newt bench verify's */
+  size_t npieces = 0, total = 0, repl = 0;
+  char *copy = NULL;
+  double *check = NULL;
   model_par_config pc;
   model_par_config_from_rank(&pc, b->pc.tp, b->pc.pp, b->pc.dp, b->pc.zero, rank);
   pc.dev = dev;
@@ -236,6 +283,13 @@ static int bench_rank(bench_line *b, const bench_world *w, int rank, int64_t war
   model_batch_slice(cfg->batch, pc.dp_rank, pc.dp, &first, &count);
   size_t at = (size_t)first * cfg->seq_len;
   model_step_info info;
+  /* newt bench verify: the check after every step, timed apart from it */
+  if (b->verify_every) {
+    check = malloc((size_t)steps * sizeof *check);
+    if (!check || model_par_pieces(&p, &pieces, &npieces) != NEWT_OK) goto out;
+    for (size_t i = 0; i < npieces; i++) total += (size_t)newt_slice_numel(&pieces[i].slice) * sizeof(float);
+    if (!(copy = malloc(total ? total : 1))) goto out;
+  }
   for (int64_t s = 0; s < warmup + steps; s++) {
     double t0 = newt_now_s();
     if (model_par_step(&p, &comms, x + at, y + at, (int)count, &info) != NEWT_OK ||
@@ -245,12 +299,24 @@ static int bench_rank(bench_line *b, const bench_world *w, int rank, int64_t war
     }
     double t = dev ? (newt_now_s() - t0) * 1e3 : info.ms; /* a GPU's step: to its sync */
     if (s >= warmup) ms[s - warmup] = t;
+    if (copy) {
+      double c = check_once(pieces, npieces, pc.zero, copy, world, &repl);
+      if (s >= warmup) check[s - warmup] = c;
+    }
     if (rank == 0) fprintf(stderr, "step %lld loss %.4f %.1f ms\n", (long long)s + 1, info.loss, t);
   }
   if (rank == 0) {
     b->ms = median_ms(ms, steps);
     b->params = p.global.nparams;
     model_par_memory(&p, &b->state_bytes, &b->act_bytes);
+    if (copy) {
+      b->check_ms = median_ms(check, steps);
+      b->repl_bytes = repl;
+      b->state_bytes = total;
+      print_verify(b);
+      rc = 0;
+      goto out;
+    }
     if (dev) {
       b->device = model_dev_name(dev);
       b->peak = model_dev_peak_flops(dev);
@@ -259,6 +325,9 @@ static int bench_rank(bench_line *b, const bench_world *w, int rank, int64_t war
   }
   rc = 0;
 out:
+  free(pieces);
+  free(copy);
+  free(check);
   if (have_p) model_par_free(&p);
   model_par_comms_free(&comms);
   comm_free(world);
@@ -406,5 +475,55 @@ int newt_bench_train(int argc, char **argv) {
   }
   if (cuda && tp * pp * dp == 1) return bench_cuda(&b, (int)device, warmup, steps);
   if (tp * pp * dp == 1 && zero == 0) return bench_single(&b, warmup, steps);
+  return bench_parallel(&b, warmup, steps);
+}
+
+/* newt bench verify: what the check of the replicas (docs/elastic.md, "Replicas that
+ * disagree") costs a step, at the interval given (spec.fault.verify_every's default), for a
+ * data-parallel layout of the preset: the ranks train as newt bench train's do, and after
+ * every step each does a check's work (worker/verify.c: XXH3 of its replicated parts, a copy
+ * of its whole state, the 16-byte all-gather), timed apart. One JSON line: the median step,
+ * the median check, and the check over the interval against the step (cost_pct).
+ *
+ *   newt bench verify --preset tiny|small [--dp 4] [--zero 0] [--every 10] [--batch 16]
+ *                     [--steps 20] [--threads 1] */
+int newt_bench_verify(int argc, char **argv) {
+  const char *preset = "tiny";
+  int64_t threads = 1, batch = 16, micro = 0, steps = 20, warmup = 3, dp = 4, zero = 0, every = SPEC_VERIFY_EVERY;
+  newt_opt opts[] = {
+      {"preset", NEWT_OPT_STR, &preset, "model preset: tiny, small or gpt2-124m"},
+      {"threads", NEWT_OPT_INT, &threads, "CPU threads per rank"},
+      {"batch", NEWT_OPT_INT, &batch, "sequences per step (the global batch)"},
+      {"micro-batch", NEWT_OPT_INT, &micro, "sequences per forward/backward (0: the rank's share)"},
+      {"steps", NEWT_OPT_INT, &steps, "timed steps (each followed by a timed check)"},
+      {"warmup", NEWT_OPT_INT, &warmup, "untimed steps first"},
+      {"dp", NEWT_OPT_INT, &dp, "data-parallel ranks (at least 2: one compares with the others)"},
+      {"zero", NEWT_OPT_INT, &zero, "ZeRO stage 0..3"},
+      {"every", NEWT_OPT_INT, &every, "the check's interval in steps (spec.fault.verify_every)"},
+      NEWT_OPT_END,
+  };
+  int rc = newt_opts_exit(newt_opts_parse("bench verify", "[flags]", opts, argc, argv, NULL, 0, NULL));
+  if (rc >= 0) return rc;
+  model_train_config cfg;
+  if (model_train_defaults(&cfg, preset, warmup + steps) != NEWT_OK) {
+    fprintf(stderr, "newt bench verify: %s\n", newt_errmsg());
+    return 2;
+  }
+  if (threads < 1 || batch < dp || batch > 1 << 16 || micro < 0 || steps < 1 || warmup < 0 || dp < 2 || dp > 64 ||
+      zero < 0 || zero > 3 || every < 1) {
+    fprintf(stderr, "newt bench verify: --dp 2..64, --batch at least --dp, --zero 0..3, --every, --steps and "
+                    "--threads at least 1\n");
+    return 2;
+  }
+  cfg.threads = (int)threads;
+  cfg.batch = (int)batch;
+  cfg.seq_len = (int)cfg.model.ctx;
+  cfg.micro_batch = micro ? (int)micro : (int)((batch + dp - 1) / dp);
+  bench_line b = {.preset = preset, .threads = (int)threads, .cfg = &cfg, .gpu = -1, .verify_every = every};
+  model_par_config_from_rank(&b.pc, 1, 1, (int)dp, (int)zero, 0);
+  if (model_par_config_check(&b.pc, &cfg) != NEWT_OK) {
+    fprintf(stderr, "newt bench verify: %s\n", newt_errmsg());
+    return 2;
+  }
   return bench_parallel(&b, warmup, steps);
 }

@@ -137,6 +137,9 @@ static const codec_table ckpt_table = CODEC_TABLE(launcher_ckpt, "checkpoint", c
 
 /* --- the summary ------------------------------------------------------------------------------ */
 
+/* Written only when replicas disagreed: a run without is what the previous release wrote. */
+static int no_mismatches(const void *rec) { return ((const launcher_summary *)rec)->res.nmismatches == 0; }
+
 /* How a run ends (launcher_result.outcome). */
 static const char *const outcomes[] = {"done", "failed", "interrupted", "timeout", "exited", "error", NULL};
 
@@ -161,7 +164,7 @@ static const codec_field summary_fields[] = {
     {SUMMARY_ARRAY(res.recoveries, res.nrecoveries, "recoveries", recovery_table), CODEC_REQUIRED},
     {SUMMARY_ARRAY(res.ckpts, res.nckpts, "checkpoints", ckpt_table)},
     {CODEC_NAMES(launcher_summary, res.left_out, res.nleft_out, "left_out", 0), CODEC_OMIT},
-    {SUMMARY_ARRAY(res.mismatches, res.nmismatches, "mismatches", mismatch_table), CODEC_OMIT},
+    {SUMMARY_ARRAY(res.mismatches, res.nmismatches, "mismatches", mismatch_table), .skip = no_mismatches},
     {CODEC_STR(launcher_summary, res.log_dir, "log_dir")},
     {CODEC_STR(launcher_summary, res.step_log, "step_log")},
     {CODEC_STR(launcher_summary, res.event_log, "event_log")},

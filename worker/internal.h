@@ -199,6 +199,7 @@ struct newt_ctx {
   worker_copy vsnap;       /* the newest verified state: every declared part, host memory (verify.c) */
   int64_t verified_step;   /* its step (-1: none) */
   int mismatch_rolled;     /* the last check disagreed and was rolled back; no check agreed since */
+  int verify_next;         /* a check is due after the next step (a new job's first) */
   int64_t rollback_to;     /* a check rolled back to this verified step: the next begin starts the
                               generation again, restored from the verified copy (-1: none) */
   int64_t mismatches;      /* checks that disagreed (under warn: said, the first and every 100th) */

@@ -6,7 +6,8 @@
  * the same update to the same values. A flipped bit (silent data corruption), or a program
  * whose own code changes a replica on one rank (BatchNorm's running statistics), breaks that
  * without any error. So every spec.fault.verify_every steps, at every checkpoint's step (a
- * checkpoint is only ever of a verified state) and right after each restore, every rank
+ * checkpoint is only ever of a verified state) and right after each restore (after the first
+ * step of a new job, whose program initialises its state once the restore returned), every rank
  * fingerprints its replicated parts -- XXH3 of each part's bytes, keyed by its name and
  * slice, the keys sorted -- and the ranks all-gather one 64-bit fingerprint each (a
  * collective of 16 bytes per rank on the host channel). Agreement: the state is copied into
@@ -70,7 +71,7 @@ static uint64_t part_key(const reshard_piece *p) {
  * decide alike: the step and the plan are the same on every rank. */
 static int due(const worker *w, int at_restore) {
   if (w->spec.verify_every <= 0 || w->plan.dp < 2 || !w->train) return 0;
-  if (at_restore) return 1;
+  if (at_restore || w->verify_next) return 1;
   int ckpt = w->saver && w->spec.ckpt_every > 0 && w->live_step % w->spec.ckpt_every == 0;
   return ckpt || w->live_step % w->spec.verify_every == 0;
 }
@@ -224,6 +225,13 @@ exit:
 newt_result_t worker_verify(worker *w, int at_restore, int *rolled_back) {
   *rolled_back = 0;
   if (!due(w, at_restore)) return NEWT_OK;
+  if (at_restore && strcmp(w->restore_src, "init") == 0) {
+    /* nothing was restored: the program initialises its state after the restore returns,
+       so the first check comes after the first step */
+    w->verify_next = 1;
+    return NEWT_OK;
+  }
+  w->verify_next = 0;
   size_t n = w->decl.n;
   const char **view = calloc(n ? n : 1, sizeof *view);
   fp_pair *pairs = calloc(n ? n : 1, sizeof *pairs);
@@ -300,8 +308,9 @@ newt_result_t worker_verify(worker *w, int at_restore, int *rolled_back) {
     snprintf(why, sizeof why, "replicas disagree at step %lld: %s (spec.fault.on_mismatch fail; %s)", (long long)step,
              what, way_out);
   else if (at_restore || back < 0)
-    snprintf(why, sizeof why, "replicas disagree right after the restore of step %lld, with no verified step to go back "
-             "to: %s. The program's own code makes them differ? %s", (long long)step, what, way_out);
+    snprintf(why, sizeof why, "replicas disagree at step %lld, %s, with no verified step to go back to: %s. The "
+             "program's own code makes them differ (or it initialises them differently on each rank)? %s",
+             (long long)step, at_restore ? "right after the restore" : "the first check of the job", what, way_out);
   else
     snprintf(why, sizeof why, "replicas disagree again at step %lld, the first check after the rollback to step %lld: "
              "%s. The program's own code makes them differ: %s", (long long)step, (long long)back, what, way_out);
