@@ -114,6 +114,11 @@ void coord_drop_member(coord *c, const char *id) {
 static void put_report(coord *c, const job_change *ch) {
   job_report rep = ch->u.report;
   if (!from_live_rank(c, ch)) return;
+  /* the step its writer completed, and when it saw the failure by its own clock (the step
+     the fault hit: coord_fault_step_locked) */
+  int64_t done = rep.done_step > 0 ? rep.done_step : rep.step;
+  if (done > c->gen_done) c->gen_done = done;
+  if (!c->gen_detect || rep.t_ms < c->gen_detect) c->gen_detect = rep.t_ms;
   /* the coordinator's clock orders reports and times the detection: a worker's clock (or
      a forger's) does not get into the recovery's timings */
   rep.t_ms = newt_wall_ms();
@@ -132,7 +137,6 @@ static void put_report(coord *c, const job_change *ch) {
   c->reports = r;
   c->reports[c->nreports++] = rep;
   if (!c->first_report) c->first_report = newt_now_ns();
-  if (rep.step > c->max_step_seen) c->max_step_seen = rep.step;
 }
 
 static void put_progress(coord *c, const job_progress *pr) {
@@ -141,10 +145,7 @@ static void put_progress(coord *c, const job_progress *pr) {
   c->prog_tps = pr->tokens_per_s;
   if (step != c->prog_step) c->prog_change = c->stall_from = newt_now_ns();
   c->prog_step = step;
-  /* a recovery loses the committed steps it goes back behind; the step rank 0 finished
-     first is not one while another rank may still lack it */
-  c->prog_committed = pr->committed >= 0 ? pr->committed : step;
-  if (c->prog_committed > c->max_step_seen) c->max_step_seen = c->prog_committed;
+  if (pr->generation == c->plan.generation && step >= c->gen_prog) c->gen_prog = step, c->gen_prog_t = pr->t_ms;
   if (step > c->steps_counted) { /* a step rolled back and done again counts once */
     metrics_add(c->metrics, "newt_steps_total", (double)(step - c->steps_counted));
     metrics_add(c->metrics, "newt_tokens_total", (double)(step - c->steps_counted) * (double)pr->step_tokens);
@@ -170,7 +171,16 @@ void coord_set_plan_locked(coord *c, newt_plan *p) {
   c->first_report = 0;
   c->first_gone = 0;
   c->said_alive = 0;
-  c->max_step_seen = c->prog_committed;
+  c->gen_done = c->gen_prog = 0;
+  c->gen_detect = c->gen_prog_t = 0;
+}
+
+int64_t coord_fault_step_locked(const coord *c) {
+  int64_t step = c->gen_done;
+  /* the progress of the failed generation, written before the fault was seen: rank 0 may have
+     completed a step the survivors did not (it died after it) */
+  if (c->gen_prog > step && (!c->gen_detect || c->gen_prog_t <= c->gen_detect)) step = c->gen_prog;
+  return step;
 }
 
 /* A plan in etcd newer than ours (the leader's, seen by a standby; or forged): taken when it

@@ -4,7 +4,7 @@
  *   progress    the step (it only grows), generation, loss, throughput and world
  *   done        the end marker, when it is plausible for the spec (job_done_plausible)
  *   ckpt        each new checkpoint pointer once, into the result (a resync shows the newest
- *               again)
+ *               again), and rank 0's count of the saves it skipped
  *   events      queued for the main loop (recoveries.c); a resync does not queue them again:
  *               they were handled when they came
  *
@@ -49,6 +49,9 @@ static void take_done(run *r, const job_done *d) {
 }
 
 static void take_ckpt(launcher_result *res, const job_ckpt *c) {
+  /* rank 0's count of the saves it skipped (written again at each skip; a new rank 0 counts
+     its own: the count never goes down) */
+  if (c->skipped > res->ckpts_skipped) res->ckpts_skipped = c->skipped;
   if (res->nckpts && res->ckpts[res->nckpts - 1].step >= c->step) return;
   launcher_ckpt *n = realloc(res->ckpts, (size_t)(res->nckpts + 1) * sizeof *n);
   if (!n) return;

@@ -334,6 +334,9 @@ newt_result_t launcher_run(const launcher_opts *o, launcher_result *res) {
   procs_stop_all(r);
   res->wall_s = newt_now_s() - r->t0;
   recoveries_measure(r);
+  /* the steps each recovery did again, in samples: every sample once is samples_consumed =
+     steps x global_batch and none repeated */
+  for (int i = 0; i < res->nrecoveries; i++) res->samples_repeated += res->recoveries[i].steps_lost * o->spec.global_batch;
   count_keys(r);
   run_free(r);
   return rc == NEWT_OK ? NEWT_OK : NEWT_ERR(rc, "%s", why);

@@ -349,7 +349,7 @@ int worker_peer_recover(worker *w, newt_plan *out, comm_t **all, comm_t **parent
     for (int k = 0; k < nex && nacc < JOB_ACCUSE_MAX; k++) accused[nacc++] = b->ranks[ex[k]].worker;
     char why[512];
     snprintf(why, sizeof why, "%s gone (connection refused) while etcd was away: the survivors went on without it "
-             "from step %lld as %d ranks (generation %llu, peers %d)", names, (long long)w->committed_step,
+             "from step %lld as %d ranks (generation %llu, peers %d)", names, (long long)w->done_step,
              out->nranks, (unsigned long long)b->generation, w->peer_epoch);
     worker_report(w, b, 0, 0, accused, nacc, why);
     NEWT_INFO(WORKER, "%s: generation %llu goes on without etcd (peers %d): %d ranks, %d donors, %s gone "

@@ -293,7 +293,8 @@ static void publish_record(worker *w, job_record rec, uint64_t generation, char 
 
 void worker_report(worker *w, const newt_plan *p, int hang, int build, const char *const *accused, int naccused,
                    const char *why) {
-  job_report rep = {.hang = hang, .build = build, .step = w->committed_step, .t_ms = w->t_detect};
+  job_report rep = {.hang = hang, .build = build, .step = w->committed_step, .done_step = w->done_step,
+                    .t_ms = w->t_detect};
   snprintf(rep.worker, sizeof rep.worker, "%s", w->id);
   for (int i = 0; i < naccused && rep.naccuse < JOB_ACCUSE_MAX; i++)
     snprintf(rep.accuse[rep.naccuse++], sizeof rep.accuse[0], "%s", accused[i]);
