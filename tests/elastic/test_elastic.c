@@ -2087,6 +2087,62 @@ static double cross_run(const char *newt, const char *job, int nproc, int steps,
   return loss;
 }
 
+/* The summary of a run (NULL when it cannot be read: said). */
+static cJSON *read_summary(const char *path) {
+  char *text = NULL;
+  size_t n = 0;
+  cJSON *j = NULL;
+  T_OK(newt_fs_read_all(path, 1 << 20, &text, &n));
+  if (text) T_OK(newt_json_parse(text, n, path, &j));
+  free(text);
+  return j;
+}
+
+/* A run that resumes from an earlier run's checkpoint says so (issue 35): a job trained to its
+ * end with checkpoints every 10 steps, then a job of more steps on the same directory. The
+ * first summary has no resumed_from; the second's names the step its first generation
+ * started at (as its started event says it) and the directory, and newt run said it. */
+static void test_resume(void) {
+  char ckdir[512], logs[2][512], summary[2][512], gb[16], mb[16];
+  snprintf(ckdir, sizeof ckdir, "%s/ck", tmpdir);
+  snprintf(gb, sizeof gb, "%d", GB);
+  snprintf(mb, sizeof mb, "%d", MB);
+  const char *steps[2] = {"20", "40"};
+  char *out[2] = {NULL, NULL};
+  for (int k = 0; k < 2; k++) {
+    snprintf(logs[k], sizeof logs[k], "%s/run%d", tmpdir, k);
+    snprintf(summary[k], sizeof summary[k], "%s/run%d.json", tmpdir, k);
+    const char *argv[] = {newt_bin, "run", "--nproc", "2", "--model", MODEL, "--seq-len", SEQ, "--steps", steps[k],
+                          "--global-batch", gb, "--micro-batch", mb, "--ckpt-dir", ckdir, "--ckpt-every", "10",
+                          "--log-dir", logs[k], "--summary", summary[k], "--timeout-ms", "180000", NULL};
+    int rc = run_capture(argv, &out[k]);
+    T_CHECK_MSG(rc == 0, "run %d: newt run exited %d:\n%s", k, rc, out[k] ? out[k] : "");
+  }
+  cJSON *first = read_summary(summary[0]), *second = read_summary(summary[1]);
+  T_CHECK_MSG(first && !cJSON_GetObjectItemCaseSensitive(first, "resumed_from"),
+              "a run that started afresh says it resumed:\n%s", out[0] ? out[0] : "");
+  T_CHECK_MSG(out[0] && !strstr(out[0], "resumed from the checkpoint"), "%s", out[0] ? out[0] : "");
+  const cJSON *from = second ? cJSON_GetObjectItemCaseSensitive(second, "resumed_from") : NULL;
+  int64_t step = -1, samples = -1;
+  const char *dir = "";
+  if (from) {
+    newt_json_get_int(from, "resumed_from", "step", 1, &step);
+    newt_json_get_str(from, "resumed_from", "dir", 1, &dir);
+  }
+  if (second) newt_json_get_int(second, "summary", "samples_consumed", 1, &samples);
+  /* the first run's last save is waited for at its end: its newest checkpoint is step 20 */
+  T_CHECK_MSG(from && step == 20 && strcmp(dir, ckdir) == 0, "the second run's summary: resumed_from step %lld, dir "
+              "\"%s\" (expected 20 in %s)", (long long)step, dir, ckdir);
+  char said[600];
+  snprintf(said, sizeof said, "resumed from the checkpoint of step 20 in %s", ckdir);
+  T_CHECK_MSG(out[1] && strstr(out[1], said), "newt run did not say \"%s\":\n%s", said, out[1] ? out[1] : "");
+  T_CHECK_MSG(samples == 40 * GB, "samples_consumed %lld: the cursor of step 40", (long long)samples);
+  cJSON_Delete(first);
+  cJSON_Delete(second);
+  free(out[0]);
+  free(out[1]);
+}
+
 /* Flips one bit in the middle of the (first) shard file of a step directory: 0 when done. */
 static int flip_shard_byte(const char *step_dir) {
   DIR *d = opendir(step_dir);
@@ -2190,7 +2246,7 @@ int main(int argc, char **argv) {
       strcmp(argv[1], "forged_generation") == 0 || strcmp(argv[1], "hostile_etcd") == 0 ||
       strcmp(argv[1], "etcd_nospace") == 0 ||
       strcmp(argv[1], "impostor") == 0 || strcmp(argv[1], "impostor_alone") == 0 || strcmp(argv[1], "tls") == 0 ||
-      strcmp(argv[1], "nccl_ckpt_cross") == 0 || strcmp(argv[1], "stuck") == 0) {
+      strcmp(argv[1], "nccl_ckpt_cross") == 0 || strcmp(argv[1], "stuck") == 0 || strcmp(argv[1], "resume") == 0) {
     snprintf(tmpdir, sizeof tmpdir, "/tmp/newt-e2e-%s-XXXXXX", argv[1]);
     if (!mkdtemp(tmpdir)) return 2;
     if (strcmp(argv[1], "forged") == 0) T_RUN(test_forged);
@@ -2202,6 +2258,7 @@ int main(int argc, char **argv) {
     else if (strcmp(argv[1], "tls") == 0) T_RUN(test_tls);
     else if (strcmp(argv[1], "nccl_ckpt_cross") == 0) T_RUN(test_ckpt_cross);
     else if (strcmp(argv[1], "stuck") == 0) T_RUN(test_stuck);
+    else if (strcmp(argv[1], "resume") == 0) T_RUN(test_resume);
     else T_RUN(test_nospace);
     int rc = T_DONE();
     if (rc == 0) newt_fs_rm_rf(tmpdir);
