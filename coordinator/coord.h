@@ -111,6 +111,7 @@ typedef struct coord {
   int64_t fault_step;   /* the step the job had reached when the fault the plan answers hit
                            (coord_fault_step_locked, taken with the plan): the recovery redoes
                            what lies beyond the step it restores */
+  int went_on;          /* ... and its survivors went on after it, without etcd (coord_fault_step_locked) */
   int waiting_logged;
   char waiting_why[JOB_TEXT_MAX / 2]; /* why the last replan found no layout (waiting_logged) */
   uint64_t outages_seen; /* rdzv_etcd_outages_ended when last looked at */
@@ -198,8 +199,9 @@ void coord_set_plan_locked(coord *c, newt_plan *p);
 /* The picture as the policy sees it. Called with mu held; valid while it is held. */
 policy_view coord_view_locked(coord *c);
 /* The newest step the current generation had completed when it failed, as its ranks said it
- * (0: none said). Called with mu held. */
-int64_t coord_fault_step_locked(const coord *c);
+ * (0: none said); *went_on (may be NULL): its survivors trained on in it after the failure was
+ * seen (a crash while etcd was away: worker/peers.c). Called with mu held. */
+int64_t coord_fault_step_locked(const coord *c, int *went_on);
 
 /* --- holdout.c -------------------------------------------------------------------------------- */
 

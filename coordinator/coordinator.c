@@ -71,7 +71,7 @@ static void take_over_generation(coord *c) {
     c->t_published = c->plan.created_ms;
     c->t_detect = c->t_published;
     c->t_trigger = c->t_published;
-    c->fault_step = coord_fault_step_locked(c);
+    c->fault_step = coord_fault_step_locked(c, &c->went_on);
   }
   pthread_mutex_unlock(&c->mu);
 }

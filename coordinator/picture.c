@@ -175,11 +175,14 @@ void coord_set_plan_locked(coord *c, newt_plan *p) {
   c->gen_detect = c->gen_prog_t = 0;
 }
 
-int64_t coord_fault_step_locked(const coord *c) {
+int64_t coord_fault_step_locked(const coord *c, int *went_on) {
   int64_t step = c->gen_done;
   /* the progress of the failed generation, written before the fault was seen: rank 0 may have
-     completed a step the survivors did not (it died after it) */
-  if (c->gen_prog > step && (!c->gen_detect || c->gen_prog_t <= c->gen_detect)) step = c->gen_prog;
+     completed a step the survivors did not (it died after it); written after it, and beyond
+     every report, it is the survivors' own generation going on without etcd */
+  int before = !c->gen_detect || c->gen_prog_t <= c->gen_detect;
+  if (c->gen_prog > step && before) step = c->gen_prog;
+  if (went_on) *went_on = c->gen_done > 0 && c->gen_prog > c->gen_done && !before;
   return step;
 }
 

@@ -27,6 +27,7 @@ typedef struct plan_inputs {
   uint64_t prev;           /* the generation to plan above */
   int64_t fault_step;      /* the step the current generation had reached (coord_fault_step_locked;
                               where none said, the newest progress): the plan's step */
+  int went_on;             /* its survivors trained on after the failure (without etcd) */
   uint64_t t_detect;       /* wall ms of the earliest report (0: none) */
 } plan_inputs;
 
@@ -63,7 +64,7 @@ static newt_result_t read_inputs(coord *c, char (*exclude)[RDZV_NAME_MAX], int n
     uint64_t g = c->members[i].generation > 0 ? (uint64_t)c->members[i].generation : 0;
     if (g > in->prev && plan_check_jump(c->plan.generation, g) == NEWT_OK) in->prev = g;
   }
-  in->fault_step = coord_fault_step_locked(c);
+  in->fault_step = coord_fault_step_locked(c, &in->went_on);
   if (in->fault_step <= 0) in->fault_step = c->prog_step;
   for (int i = 0; i < c->nreports; i++)
     if (!in->t_detect || c->reports[i].t_ms < in->t_detect) in->t_detect = c->reports[i].t_ms;
@@ -133,6 +134,7 @@ static void adopt(coord *c, newt_plan *p, const char *cause, char (*exclude)[RDZ
   if (!c->t_trigger) c->t_trigger = now;
   c->t_detect = in->t_detect ? in->t_detect : c->t_trigger;
   c->fault_step = in->fault_step;
+  c->went_on = in->went_on;
   c->waiting_logged = 0;
   metrics_set(c->metrics, "newt_generation", (double)c->plan.generation);
   metrics_set(c->metrics, "newt_world_size", (double)c->plan.nranks);
@@ -287,12 +289,15 @@ void coord_record_recovery(coord *c) {
   pthread_mutex_unlock(&c->mu);
   c->recorded = 1;
   /* one account: the fault hit at fault_step, training went on from the step restored, and
-     what lies between is done again (a rank may restore a step it applied but no report
-     said: the fault hit there at the latest) */
+     what lies between is done again. A step restored beyond it is one a rank applied and no
+     report or progress said (the progress record is written at most every 100 ms): the
+     fault hit there at the latest. Unless the survivors went on without etcd: then this
+     plan took over later, where they had got to, and nothing was done again */
   int64_t lost = 0;
   if (ev.type == JOB_EV_RECOVERED) {
-    ev.fault_step = c->fault_step > ev.restore_step ? c->fault_step : ev.restore_step;
-    lost = ev.fault_step - ev.restore_step;
+    ev.fault_step = c->fault_step;
+    if (!c->went_on && ev.fault_step < ev.restore_step) ev.fault_step = ev.restore_step;
+    lost = ev.fault_step > ev.restore_step ? ev.fault_step - ev.restore_step : 0;
   }
   ev.steps_lost = lost;
   snprintf(ev.cause, sizeof ev.cause, "%s", c->cause);

@@ -101,6 +101,21 @@ int follow_etcd_away(run *r) {
   return away;
 }
 
+int64_t follow_etcd_revision(run *r, int64_t wait_ms) {
+  /* the newest change of a key the job holds now (an event, the end marker, ...): writes
+     outside the job's prefix, in a shared etcd, are no change of ours to wait for */
+  rdzv_etcd_range_opts ro = {.prefix = 1, .keys_only = 1};
+  rdzv_etcd_kvs kvs;
+  if (!r->etcd || rdzv_etcd_range(r->etcd, r->prefix, &ro, newt_deadline_in_ms(wait_ms), &kvs) != NEWT_OK) return -1;
+  int64_t rev = 0;
+  for (size_t i = 0; i < kvs.n; i++)
+    if (kvs.kvs[i].mod_revision > rev) rev = kvs.kvs[i].mod_revision;
+  rdzv_etcd_kvs_free(&kvs);
+  return rev;
+}
+
+int follow_caught_up(run *r, int64_t rev) { return rev < 0 || job_follow_revision(r->follow) >= rev; }
+
 int follow_read_done(run *r, newt_deadline_t d) {
   for (;;) {
     job_change ch;

@@ -250,12 +250,15 @@ static newt_result_t run_loop(run *r) {
   double last_line = 0;
   while (!look(r, deadline, &last_line, &rc)) newt_sleep_ms(5);
   /* the leader's last words come after the end marker: the last recovery, then "done" (at
-     most 3 s, while a coordinator lives to say them) */
-  for (newt_deadline_t d = newt_deadline_in_ms(3000); r->done && !r->leader_done && !newt_deadline_passed(d);) {
+     most 3 s, while a coordinator lives to say them, or our watch has yet to bring what etcd
+     holds: after an outage its back-off may keep it a moment behind the end) */
+  int64_t rev = r->done ? follow_etcd_revision(r, 1000) : -1;
+  for (newt_deadline_t d = newt_deadline_in_ms(3000);
+       r->done && (!r->leader_done || !follow_caught_up(r, rev)) && !newt_deadline_passed(d);) {
     newt_sleep_ms(5);
     handle_queued(r, NULL, NULL);
     procs_reap(r);
-    if (!procs_coordinators(r)) break;
+    if (!procs_coordinators(r) && follow_caught_up(r, rev)) break;
   }
   handle_queued(r, NULL, NULL);
   recoveries_flush_notes(r, 2000);

@@ -14,7 +14,8 @@
  * before its plan. Each fault we injected that a recovery answered is noted in etcd (faults/
  * <gen>) for newt status, which then times that recovery as we do. Once the run ended, the
  * step log adds what etcd could not say: how long training paused while etcd was away, and
- * when the layout after a fault took its first step (resumed_ms). */
+ * when the layout after a fault took its first step (resumed_ms); a fault the survivors went
+ * on from without etcd and that no recovery of the leader's answered is said, not recorded. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -183,15 +184,21 @@ static void on_recovered(run *r, const job_event *e) {
   snprintf(rec->fault, sizeof rec->fault, "%s", what);
   rec->t_fault = t_fault;
   if (r->o->quiet) return;
-  /* one account of the steps, as the summary, newt status and the report give it */
+  /* one account of the steps, as the summary, newt status and the report give it; a plan
+     that took over from survivors who went on without etcd comes at a later step */
+  char account[160];
+  if (rec->fault_step < from)
+    snprintf(account, sizeof account, "the fault hit at step %lld, the survivors went on without etcd, and the "
+             "leader's plan took over at step %lld", (long long)rec->fault_step, (long long)from);
+  else
+    snprintf(account, sizeof account, "the fault hit at step %lld, training went on from step %lld",
+             (long long)rec->fault_step, (long long)from);
   fprintf(stderr,
           "%snewt run: recovered from %s in %lld ms (detect %lld, plan %lld, comm %lld, restore %lld, first "
-          "step %lld ms; state from %s), generation %lld, %lld rank%s: the fault hit at step %lld, training went on "
-          "from step %lld, %lld step%s redone\n",
+          "step %lld ms; state from %s), generation %lld, %lld rank%s: %s, %lld step%s redone\n",
           live_news(r), cause, (long long)rec->total_ms, (long long)rec->detect_ms, (long long)rec->plan_ms,
           (long long)rec->comm_ms, (long long)rec->restore_ms, (long long)rec->step_ms, restore, (long long)gen,
-          (long long)world, world == 1 ? "" : "s", (long long)rec->fault_step, (long long)from, (long long)lost,
-          lost == 1 ? "" : "s");
+          (long long)world, world == 1 ? "" : "s", account, (long long)lost, lost == 1 ? "" : "s");
   if (lost > 0 && (strcmp(restore, "ckpt") == 0 || strcmp(restore, "init") == 0))
     fprintf(stderr, "newt run: WARNING: no step was whole in the ranks' memory: training went back to %s (step "
             "%lld), %lld step%s redone (more failure domains lost at once than spec.fault.replicas keeps copies for?)\n",
@@ -323,6 +330,25 @@ static int64_t resumed_after(uint64_t t_fault, const job_step *s, size_t n) {
   return -1;
 }
 
+/* A worker fault no recovery of the leader's answered, after which the step log shows the
+ * survivors going on without etcd (another world): the job ended before the leader's plan
+ * for it was taken up (etcd away to the end, no coordinator). Said as it is: no record is
+ * made up for it. */
+static void say_unrecorded(run *r, const job_step *s, size_t n) {
+  for (int i = 0; i < r->nfaults && !r->o->quiet; i++) {
+    const fault *f = &r->faults[i];
+    const chaos_event *e = &f->ev;
+    if (f->matched || f->back || (e->target != CHAOS_WORKER && e->target != CHAOS_HOST) || e->action == CHAOS_JOIN ||
+        e->action == CHAOS_CONT)
+      continue;
+    int64_t resumed = resumed_after(f->t_ms, s, n);
+    if (resumed >= 0)
+      fprintf(stderr, "newt run: %s: the survivors went on without etcd (training resumed %lld ms after it), but the "
+              "job ended before the leader's plan for it was taken up: the recovery is in no record (the summary "
+              "has none)\n", f->what, (long long)resumed);
+  }
+}
+
 void recoveries_measure(run *r) {
   job_step *s = NULL;
   size_t n = 0;
@@ -336,5 +362,6 @@ void recoveries_measure(run *r) {
     if (etcd && n >= 3) measure_outage(rec, s, n);
     rec->resumed_ms = rec->t_fault && !etcd ? resumed_after(rec->t_fault, s, n) : -1;
   }
+  say_unrecorded(r, s, n);
   free(s);
 }

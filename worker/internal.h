@@ -417,5 +417,10 @@ void worker_publish_ckpt(worker *w, int64_t step, int64_t bytes, int64_t save_ms
 void worker_publish_links(worker *w, const job_links *l);
 /* The end marker (every rank after the last step, the first write wins), written at once. */
 void worker_mark_done(worker *w, double loss);
+/* Waits until the publisher has written everything queued so far, or until d. */
+void worker_publisher_flush(worker *w, newt_deadline_t d);
+/* How long the end waits for etcd (NEWT_DONE_WAIT_MS, 10 min): the end marker, and the leader's
+ * plan for a generation the survivors made without etcd (worker.c). */
+int64_t worker_done_wait_ms(void);
 
 #endif

@@ -219,8 +219,9 @@ static void *publisher(void *arg) {
   return NULL;
 }
 
-/* Waits until the publisher has written everything queued so far, or until d. */
-static void publisher_flush(worker *w, newt_deadline_t d) {
+int64_t worker_done_wait_ms(void) { return newt_param_DoneWaitMs(); }
+
+void worker_publisher_flush(worker *w, newt_deadline_t d) {
   while (w->pub_running) {
     pthread_mutex_lock(&w->mu);
     int pending = w->pub_state[0] != '\0' || (w->pub_ack[0] != '\0' && !w->pub_ack_held);
@@ -235,7 +236,7 @@ static void publisher_flush(worker *w, newt_deadline_t d) {
 void worker_publisher_stop(worker *w) {
   if (!w->pub_running) return;
   /* long enough for etcd to come back from a restart: the last states matter */
-  publisher_flush(w, newt_deadline_in_ms(w->spec.lease_ttl_ms + 3000));
+  worker_publisher_flush(w, newt_deadline_in_ms(w->spec.lease_ttl_ms + 3000));
   pthread_mutex_lock(&w->mu);
   w->pub_stop = 1;
   pthread_cond_broadcast(&w->cv);
@@ -390,7 +391,7 @@ void worker_mark_done(worker *w, double loss) {
      stops reading at the end marker, has seen it (a generation that ran to the end within
      moments is still recorded) */
   newt_deadline_t until = newt_deadline_in_ms(newt_param_DoneWaitMs());
-  publisher_flush(w, newt_deadline_in_ms(w->spec.lease_ttl_ms + 3000));
+  worker_publisher_flush(w, newt_deadline_in_ms(w->spec.lease_ttl_ms + 3000));
   /* every rank writes it (put_done): a rank 0 killed between the last step and its marker
      must not leave a finished job unfinished */
   for (;;) {
