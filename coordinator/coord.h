@@ -135,6 +135,7 @@ typedef struct coord {
   int plan_foreign;    /* guarded by mu: the stored plan is one we would not take (forged, corrupt) */
 
   int64_t steps_counted;     /* the step newt_steps_total has counted up to */
+  int64_t ckpt_seen;         /* the newest checkpoint whose save the metrics observed (guarded by mu) */
   _Atomic uint64_t tick;     /* monotonic ns the main loop last went round (/healthz) */
 } coord;
 

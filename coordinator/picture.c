@@ -223,6 +223,9 @@ static void put_done(coord *c, const job_change *ch) {
 
 static void put_ckpt(coord *c, const job_ckpt *ck) {
   metrics_set(c->metrics, "newt_checkpoint_last_step", (double)ck->step);
+  /* rank 0 writes the record again at each skipped save: its commit is observed once */
+  if (ck->step <= c->ckpt_seen) return;
+  c->ckpt_seen = ck->step;
   if (ck->bytes > 0) metrics_set(c->metrics, "newt_checkpoint_bytes", (double)ck->bytes);
   if (ck->save_ms > 0) metrics_observe(c->metrics, "newt_checkpoint_save_duration_seconds", NULL, (double)ck->save_ms / 1e3);
   if (ck->stall_ms > 0) metrics_observe(c->metrics, "newt_checkpoint_stall_seconds", NULL, ck->stall_ms / 1e3);

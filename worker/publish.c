@@ -353,9 +353,16 @@ void worker_publish_links(worker *w, const job_links *l) {
 }
 
 void worker_publish_ckpt(worker *w, int64_t step, int64_t bytes, int64_t save_ms, double stall_ms) {
-  job_ckpt c = {.step = step, .bytes = bytes, .save_ms = save_ms, .stall_ms = stall_ms};
+  job_ckpt c = {.step = step, .bytes = bytes, .save_ms = save_ms, .stall_ms = stall_ms, .skipped = w->ckpt_skipped};
   snprintf(c.dir, sizeof c.dir, "%s", w->spec.ckpt_dir);
+  w->ckpt_pub = c;
   publish_record(w, JOB_REC_CKPT, 0, job_ckpt_to_json(&c), 0);
+}
+
+void worker_publish_ckpt_skips(worker *w) {
+  if (w->ckpt_pub.step <= 0) return; /* no checkpoint to point at yet: the first commit's record carries the count */
+  w->ckpt_pub.skipped = w->ckpt_skipped;
+  publish_record(w, JOB_REC_CKPT, 0, job_ckpt_to_json(&w->ckpt_pub), 0);
 }
 
 /* Writes the end marker unless a true one is there already (another rank's): every rank

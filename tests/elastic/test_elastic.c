@@ -2167,6 +2167,52 @@ static void test_resume(void) {
   free(out[1]);
 }
 
+/* Skipped saves are said (issue 35): with NEWT_CKPT_HOLD (ckpt/saver.c) a save stays in flight
+ * until the next one is due, which is then skipped -- a save too slow to keep up, made
+ * certain. Every skip is a WARN line of the worker's log, and the summary's
+ * checkpoints_skipped is the count of rank 0's lines; newt run says it. */
+static void test_ckpt_skips(void) {
+  char ckdir[512], logs[512], summary[512], gb[16], mb[16];
+  snprintf(ckdir, sizeof ckdir, "%s/ck", tmpdir);
+  snprintf(logs, sizeof logs, "%s/run", tmpdir);
+  snprintf(summary, sizeof summary, "%s/run.json", tmpdir);
+  snprintf(gb, sizeof gb, "%d", GB);
+  snprintf(mb, sizeof mb, "%d", MB);
+  const char *argv[] = {newt_bin, "run", "--nproc", "2", "--model", MODEL, "--seq-len", SEQ, "--steps", "20",
+                        "--global-batch", gb, "--micro-batch", mb, "--ckpt-dir", ckdir, "--ckpt-every", "2",
+                        "--log-dir", logs, "--summary", summary, "--timeout-ms", "180000", NULL};
+  setenv("NEWT_CKPT_HOLD", "1", 1);
+  char *out = NULL;
+  int rc = run_capture(argv, &out);
+  unsetenv("NEWT_CKPT_HOLD");
+  T_CHECK_MSG(rc == 0, "newt run exited %d:\n%s", rc, out ? out : "");
+  /* the worker that is rank 0 (no fault: of generation 1 throughout), and its skip lines */
+  int64_t lines = 0, rank0 = 0;
+  for (int k = 0; k < 2; k++) {
+    char path[600], line[1024];
+    snprintf(path, sizeof path, "%s/w%d.log", logs, k);
+    FILE *f = fopen(path, "r");
+    int64_t n = 0, is0 = 0;
+    while (f && fgets(line, sizeof line, f)) {
+      n += strstr(line, "skipped: the save of step") && strstr(line, " is still being written") != NULL;
+      is0 |= strstr(line, ": generation 1: rank 0 of") != NULL;
+    }
+    if (f) fclose(f);
+    if (is0) lines = n, rank0++;
+  }
+  T_CHECK_MSG(rank0 == 1, "%lld workers say they were rank 0 of generation 1", (long long)rank0);
+  cJSON *j = read_summary(summary);
+  int64_t skipped = 0;
+  if (j) newt_json_get_int(j, "summary", "checkpoints_skipped", 0, &skipped);
+  T_CHECK_MSG(skipped == lines && skipped > 0, "the summary says %lld checkpoints skipped, rank 0's log %lld",
+              (long long)skipped, (long long)lines);
+  char said[64];
+  snprintf(said, sizeof said, ", %lld checkpoint%s skipped,", (long long)skipped, skipped == 1 ? "" : "s");
+  T_CHECK_MSG(out && strstr(out, said), "newt run did not say \"%s\":\n%s", said, out ? out : "");
+  cJSON_Delete(j);
+  free(out);
+}
+
 /* Flips one bit in the middle of the (first) shard file of a step directory: 0 when done. */
 static int flip_shard_byte(const char *step_dir) {
   DIR *d = opendir(step_dir);
@@ -2270,7 +2316,8 @@ int main(int argc, char **argv) {
       strcmp(argv[1], "forged_generation") == 0 || strcmp(argv[1], "hostile_etcd") == 0 ||
       strcmp(argv[1], "etcd_nospace") == 0 ||
       strcmp(argv[1], "impostor") == 0 || strcmp(argv[1], "impostor_alone") == 0 || strcmp(argv[1], "tls") == 0 ||
-      strcmp(argv[1], "nccl_ckpt_cross") == 0 || strcmp(argv[1], "stuck") == 0 || strcmp(argv[1], "resume") == 0) {
+      strcmp(argv[1], "nccl_ckpt_cross") == 0 || strcmp(argv[1], "stuck") == 0 || strcmp(argv[1], "resume") == 0 ||
+      strcmp(argv[1], "ckpt_skips") == 0) {
     snprintf(tmpdir, sizeof tmpdir, "/tmp/newt-e2e-%s-XXXXXX", argv[1]);
     if (!mkdtemp(tmpdir)) return 2;
     if (strcmp(argv[1], "forged") == 0) T_RUN(test_forged);
@@ -2283,6 +2330,7 @@ int main(int argc, char **argv) {
     else if (strcmp(argv[1], "nccl_ckpt_cross") == 0) T_RUN(test_ckpt_cross);
     else if (strcmp(argv[1], "stuck") == 0) T_RUN(test_stuck);
     else if (strcmp(argv[1], "resume") == 0) T_RUN(test_resume);
+    else if (strcmp(argv[1], "ckpt_skips") == 0) T_RUN(test_ckpt_skips);
     else T_RUN(test_nospace);
     int rc = T_DONE();
     if (rc == 0) newt_fs_rm_rf(tmpdir);
