@@ -38,8 +38,14 @@
 #include "ckpt/internal.h"
 #include "common/fs.h"
 #include "common/log.h"
+#include "common/param.h"
 #include "common/strutil.h"
 #include "common/sys.h"
+
+/* Tests: a save, once written (and committed), stays in flight until the next one is asked
+ * for (ckpt_save_begin: with skip_if_busy it is skipped, deterministically), waited for,
+ * aborted or the saver freed -- a save too slow to keep up, made certain. */
+NEWT_PARAM(CkptHold, "NEWT_CKPT_HOLD", 0)
 
 #define STAGING_MIN ((size_t)1 << 20)
 #define SNAPSHOT_PIECE ((size_t)4 << 20)
@@ -119,6 +125,7 @@ struct ckpt_saver {
   /* the background thread and the status it reports */
   pthread_t bg;
   int bg_started, bg_job, bg_stop, running;
+  int release; /* NEWT_CKPT_HOLD: the save in flight may end now */
   pthread_mutex_t mu;
   pthread_cond_t cv;
   atomic_int abort;
@@ -263,10 +270,17 @@ static void clear_entries(ckpt_saver *s) {
   s->nentries = 0;
 }
 
+/* NEWT_CKPT_HOLD: lets the save in flight end. Called with mu held. */
+static void release_locked(ckpt_saver *s) {
+  s->release = 1;
+  pthread_cond_broadcast(&s->cv);
+}
+
 void ckpt_saver_free(ckpt_saver *s) {
   if (!s) return;
   if (s->bg_started) {
     pthread_mutex_lock(&s->mu);
+    release_locked(s);
     while (s->running) pthread_cond_wait(&s->cv, &s->mu);
     s->bg_stop = 1;
     pthread_cond_broadcast(&s->cv);
@@ -320,10 +334,12 @@ newt_result_t ckpt_save_begin(ckpt_saver *s, int64_t step, int async, int *start
   pthread_mutex_lock(&s->mu);
   if (s->running && s->skip_if_busy) {
     s->st.saves_skipped++;
+    release_locked(s);
     pthread_mutex_unlock(&s->mu);
     NEWT_DEBUG(CKPT, "step %lld: a save is in flight, skipping this one", (long long)step);
     return NEWT_OK;
   }
+  release_locked(s);
   int idle = wait_idle(s, newt_deadline_in_ms(s->busy_wait_ms));
   int64_t busy_step = s->st.step;
   pthread_mutex_unlock(&s->mu);
@@ -695,6 +711,8 @@ static void *bg_main(void *arg) {
     pthread_mutex_unlock(&s->mu);
     save_and_report(s);
     pthread_mutex_lock(&s->mu);
+    while (newt_param_CkptHold() && !s->release && !s->bg_stop && !atomic_load(&s->abort))
+      pthread_cond_wait(&s->cv, &s->mu);
     s->running = 0;
     pthread_cond_broadcast(&s->cv);
   }
@@ -763,6 +781,7 @@ newt_result_t ckpt_save_end(ckpt_saver *s, const cJSON *state) {
   NEWT_CHECK(snapshot(s));
   pthread_mutex_lock(&s->mu);
   s->running = 1;
+  s->release = 0;
   s->bg_job = 1;
   s->st.state = CKPT_SAVE_RUNNING;
   s->st.stall_ms = (double)(newt_now_ns() - s->t_begin) / 1e6;
@@ -800,6 +819,7 @@ newt_result_t ckpt_save_fail(ckpt_saver *s, newt_result_t r, const char *why) {
 
 newt_result_t ckpt_save_wait(ckpt_saver *s, newt_deadline_t deadline) {
   pthread_mutex_lock(&s->mu);
+  release_locked(s);
   int idle = wait_idle(s, deadline);
   newt_result_t r = s->st.state == CKPT_SAVE_FAILED ? s->st.result : NEWT_OK;
   int64_t step = s->st.step;
@@ -811,7 +831,12 @@ newt_result_t ckpt_save_wait(ckpt_saver *s, newt_deadline_t deadline) {
   return NEWT_OK;
 }
 
-void ckpt_saver_abort(ckpt_saver *s) { atomic_store(&s->abort, 1); }
+void ckpt_saver_abort(ckpt_saver *s) {
+  atomic_store(&s->abort, 1);
+  pthread_mutex_lock(&s->mu);
+  release_locked(s);
+  pthread_mutex_unlock(&s->mu);
+}
 
 void ckpt_saver_status(ckpt_saver *s, ckpt_save_status *st) {
   pthread_mutex_lock(&s->mu);

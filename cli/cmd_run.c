@@ -336,10 +336,17 @@ int newt_cmd_run(int argc, char **argv) {
   launcher_result res;
   newt_result_t r = launcher_run(&lo, &res);
   if (r != NEWT_OK) fprintf(stderr, "%s\n", newt_errmsg());
-  if (res.done)
-    printf("newt run: done: %lld steps, final loss %.4f, %lld generations, %d recoveries, %lld samples, %.1f s\n",
+  if (res.done) {
+    char repeated[64] = "", skipped[64] = ""; /* said where there are some */
+    if (res.samples_repeated > 0)
+      snprintf(repeated, sizeof repeated, " (%lld trained twice)", (long long)res.samples_repeated);
+    if (res.ckpts_skipped > 0)
+      snprintf(skipped, sizeof skipped, ", %lld checkpoint%s skipped", (long long)res.ckpts_skipped,
+               res.ckpts_skipped == 1 ? "" : "s");
+    printf("newt run: done: %lld steps, final loss %.4f, %lld generations, %d recoveries, %lld samples%s%s, %.1f s\n",
            (long long)res.steps, res.final_loss, (long long)res.generations, res.nrecoveries,
-           (long long)res.samples_consumed, res.wall_s);
+           (long long)res.samples_consumed, repeated, skipped, res.wall_s);
+  }
   /* the summary: in the log directory for `newt report`, and where --summary says */
   char in_dir[600];
   snprintf(in_dir, sizeof in_dir, "%s/summary.json", res.log_dir);

@@ -226,8 +226,10 @@ static void describe_event(FILE *f, const job_event *e, const status *st) {
     const struct recovery *r = NULL; /* its times, as the table gives them */
     for (int i = 0; i < st->nrecs && !r; i++)
       if (st->recs[i].e->generation == e->generation) r = &st->recs[i];
-    fprintf(f, "recovered from %s in %s: generation %lld, %lld ranks, state from %s", e->cause,
-            r ? dur(r->t.total_ms, d, sizeof d) : "?", (long long)e->generation, (long long)e->world, e->restore);
+    fprintf(f, "recovered from %s in %s: generation %lld, %lld ranks, state from %s; the fault hit at step %lld, "
+            "training went on from step %lld, %lld redone", e->cause, r ? dur(r->t.total_ms, d, sizeof d) : "?",
+            (long long)e->generation, (long long)e->world, e->restore, (long long)job_event_fault_step(e),
+            (long long)e->restore_step, (long long)e->steps_lost);
     break;
   }
   case JOB_EV_DONE: fprintf(f, "done at step %lld, loss %.4f", (long long)e->step, e->loss); break;
@@ -268,7 +270,12 @@ static void print_head(FILE *f, const status *st, uint64_t now) {
     fprintf(f, "  plan        generation %llu (%s): %d ranks, dp %d x tp %d x pp %d, accum %lld, %s\n",
             (unsigned long long)plan->generation, plan->cause, plan->nranks, plan->dp, plan->tp, plan->pp,
             (long long)plan->accum, ago(now, plan->created_ms, a, sizeof a));
-  if (v->has_ckpt) fprintf(f, "  checkpoint  step %lld in %s\n", (long long)v->ckpt.step, v->ckpt.dir);
+  if (v->has_ckpt) {
+    fprintf(f, "  checkpoint  step %lld in %s", (long long)v->ckpt.step, v->ckpt.dir);
+    if (v->ckpt.skipped > 0) /* saves rank 0 skipped, its previous one still being written */
+      fprintf(f, " (%lld skipped: the save before was still being written)", (long long)v->ckpt.skipped);
+    fputc('\n', f);
+  }
 }
 
 static void print_recoveries(FILE *f, const status *st, uint64_t now) {
@@ -277,16 +284,18 @@ static void print_recoveries(FILE *f, const status *st, uint64_t now) {
                       "completed step"
                     : "");
   if (st->nrecs)
-    fprintf(f, "  %-3s %-14s %-12s %-4s %-6s %-9s %-9s %-9s %-9s %-9s %-9s %-10s %s\n", "#", "WHEN", "CAUSE", "GEN",
-            "RANKS", "DETECT", "PLAN", "COMM", "RESTORE", "STEP", "TOTAL", "STATE FROM", "STEPS LOST");
+    fprintf(f, "  %-3s %-14s %-12s %-4s %-6s %-9s %-9s %-9s %-9s %-9s %-9s %-10s %-9s %-9s %s\n", "#", "WHEN", "CAUSE",
+            "GEN", "RANKS", "DETECT", "PLAN", "COMM", "RESTORE", "STEP", "TOTAL", "STATE FROM", "FAULT AT", "WENT ON",
+            "REDONE");
   for (int i = 0; i < st->nrecs; i++) {
     const struct recovery *r = &st->recs[i];
     char a[48], dt[32], pl[32], cm[32], rs[32], sp[32], tot[32];
-    fprintf(f, "  %-3d %-14s %-12s %-4lld %-6lld %-9s %-9s %-9s %-9s %-9s %-9s %-10s %lld\n", i + 1,
+    fprintf(f, "  %-3d %-14s %-12s %-4lld %-6lld %-9s %-9s %-9s %-9s %-9s %-9s %-10s %-9lld %-9lld %lld\n", i + 1,
             ago(now, r->t.start, a, sizeof a), r->e->cause, (long long)r->e->generation, (long long)r->e->world,
             dur(r->t.detect_ms, dt, sizeof dt), dur(r->t.plan_ms, pl, sizeof pl), dur(r->t.comm_ms, cm, sizeof cm),
             dur(r->t.restore_ms, rs, sizeof rs), dur(r->t.step_ms, sp, sizeof sp), dur(r->t.total_ms, tot, sizeof tot),
-            r->e->restore, (long long)r->e->steps_lost);
+            r->e->restore, (long long)job_event_fault_step(r->e), (long long)r->e->restore_step,
+            (long long)r->e->steps_lost);
   }
 }
 

@@ -281,9 +281,11 @@ static void marker(chart *c, double x, int index, const char *cause, const char 
 
 static void recovery_tip(const launcher_recovery *r, int i, char *out, size_t cap) {
   char total[32];
-  snprintf(out, cap, "recovery %d: %s%s%s, %s, generation %lld, %lld ranks after, state from %s", i + 1, r->cause,
-           r->fault[0] ? " after " : "", r->fault, fmt_ms(r->total_ms, total, sizeof total), (long long)r->generation,
-           (long long)r->world, r->restore[0] ? r->restore : "?");
+  snprintf(out, cap, "recovery %d: %s%s%s, %s, generation %lld, %lld ranks after, state from %s; the fault hit at "
+           "step %lld, training went on from step %lld, %lld redone", i + 1, r->cause, r->fault[0] ? " after " : "",
+           r->fault, fmt_ms(r->total_ms, total, sizeof total), (long long)r->generation, (long long)r->world,
+           r->restore[0] ? r->restore : "?", (long long)launcher_recovery_fault_step(r), (long long)r->step,
+           (long long)r->steps_lost);
 }
 
 /* --- the charts ----------------------------------------------------------------------------- */
@@ -652,7 +654,7 @@ static void cards(page *p, const run_view *v) {
       }
       free(tot);
       snprintf(b, sizeof b, "%lld", (long long)lost);
-      card(p, b, "steps lost");
+      card(p, b, "steps redone");
     }
   }
   if (s) {
@@ -660,6 +662,18 @@ static void cards(page *p, const run_view *v) {
     card(p, a, "generations");
     snprintf(a, sizeof a, "%lld", (long long)s->res.samples_consumed);
     card(p, a, "samples consumed");
+    if (s->res.samples_repeated > 0) {
+      snprintf(a, sizeof a, "%lld", (long long)s->res.samples_repeated);
+      card(p, a, "samples trained twice");
+    }
+    if (s->res.ckpts_skipped > 0) {
+      snprintf(a, sizeof a, "%lld", (long long)s->res.ckpts_skipped);
+      card(p, a, "checkpoints skipped");
+    }
+    if (s->res.resumed_step > 0) {
+      snprintf(a, sizeof a, "%lld", (long long)s->res.resumed_step);
+      card(p, a, "resumed from the checkpoint of step");
+    }
     card(p, newt_fmt_duration(s->res.wall_s, a, sizeof a), "wall time");
   }
   put(p, "</div>\n");
@@ -688,17 +702,19 @@ static void baseline_note(page *p, const report_input *in) {
 
 static void recovery_table(page *p, const run_view *v) {
   put(p, "<table id=\"recoveries\"><thead><tr><th>#</th><th class=\"l\">cause</th><th class=\"l\">fault "
-         "injected</th><th>at step</th><th>at (s)</th><th>gen.</th><th>ranks after</th><th>detect</th>"
-         "<th>plan</th><th>comm.</th><th>restore</th><th>total</th><th class=\"l\">state from</th>"
-         "<th>steps lost</th></tr></thead>\n<tbody>\n");
+         "injected</th><th>fault at step</th><th>went on from step</th><th>at (s)</th><th>gen.</th><th>ranks "
+         "after</th><th>detect</th><th>plan</th><th>comm.</th><th>restore</th><th>total</th><th class=\"l\">state "
+         "from</th><th>steps redone</th></tr></thead>\n<tbody>\n");
   for (int i = 0; i < v->nrec; i++) {
     const launcher_recovery *r = &v->rec[i];
     put(p, "<tr><td>%d</td><td class=\"l\" style=\"color:%s;font-weight:bold\">", i + 1, cause_color(r->cause));
     put_text(p, r->cause);
     put(p, "</td><td class=\"l\">");
     put_text(p, r->fault[0] ? r->fault : r->t_fault ? "yes" : "no");
-    put(p, "</td><td>%.0f</td><td>%.2f</td><td>%lld</td><td>%lld</td>", recovery_step(v, r), r->t_ms ? secs(v, r->t_ms) : 0,
-        (long long)r->generation, (long long)r->world);
+    double from = recovery_step(v, r);
+    int64_t hit = r->fault_step > 0 ? r->fault_step : (int64_t)from + r->steps_lost; /* launcher_recovery_fault_step */
+    put(p, "</td><td>%lld</td><td>%.0f</td><td>%.2f</td><td>%lld</td><td>%lld</td>", (long long)hit, from,
+        r->t_ms ? secs(v, r->t_ms) : 0, (long long)r->generation, (long long)r->world);
     put(p, "<td>%lld ms</td><td>%lld ms</td><td>%lld ms</td><td>%lld ms</td><td><b>%lld ms</b></td><td class=\"l\">",
         (long long)r->detect_ms, (long long)r->plan_ms, (long long)r->comm_ms, (long long)r->restore_ms,
         (long long)r->total_ms);
@@ -729,6 +745,11 @@ newt_result_t report_html(const report_input *in, newt_buf *out) {
     if (s->workers) put(p, ", %lld workers at the start", (long long)s->workers);
     if (s->global_batch) put(p, ", global batch %lld (kept across every resize)", (long long)s->global_batch);
     put(p, ".");
+    if (s->res.resumed_step > 0) { /* the first generation's state came from an earlier run's checkpoint */
+      put(p, " Resumed from the checkpoint of step %lld in ", (long long)s->res.resumed_step);
+      put_text(p, s->res.resumed_dir[0] ? s->res.resumed_dir : "?");
+      put(p, ".");
+    }
   } else if (in->nevents) {
     put(p, "A job's step and event logs, without newt run's summary: %zu steps, %d recoveries.", in->nsteps, v.nrec);
   } else {
@@ -768,7 +789,10 @@ newt_result_t report_html(const report_input *in, newt_buf *out) {
            "it, otherwise its first detection (a survivor's report, a lapsed lease, a stall; for a join, the joiner's "
            "registration as the leader saw it). Detect: from the fault to its first detection; plan: to the plan; "
            "comm.: to the communicator; restore: to the state restored; total: to the next completed step. The median "
-           "of the cards is the middle recovery's total, or the mean of the two middle ones.</p>\n");
+           "of the cards is the middle recovery's total, or the mean of the two middle ones. The steps are one "
+           "account: the fault hit when the job had completed its <i>fault at step</i>, training went on from the "
+           "step its state was restored at, and the steps between were done again (<i>steps redone</i>, each one "
+           "global batch of samples trained twice).</p>\n");
     recovery_table(p, &v);
   }
   put(p, "<footer>Made by newt %s (newt report) from ", NEWT_VERSION);

@@ -75,7 +75,6 @@ typedef struct coord {
   c_ack *acks;
   int nacks;
   int64_t prog_step;
-  int64_t prog_committed; /* the newest step every rank completed, by the progress record */
   double prog_loss, prog_tps;
   uint64_t prog_change; /* monotonic ns of the last step change (or the plan, if later) */
   uint64_t stall_from;  /* monotonic ns the progress bound counts from: the newest step change,
@@ -91,7 +90,14 @@ typedef struct coord {
   uint64_t first_report; /* monotonic ns of the first report of this generation (0: none) */
   uint64_t first_gone;   /* monotonic ns a rank of this generation was first missing (0: none) */
   int said_alive;        /* this generation's vanished ranks were said alive (say_alive_locked) */
-  int64_t max_step_seen; /* newest committed step any rank of this generation said (progress, reports) */
+  /* the step the current generation had reached when it failed (coord_fault_step_locked): the
+     newest step its reports say their writers completed, and its newest progress record when
+     that was written before the first detection (the survivors of a crash while etcd is away
+     go on in the same generation: what they did since is not where the fault hit) */
+  int64_t gen_done;      /* newest done_step of its reports (their step, for the previous release's) */
+  uint64_t gen_detect;   /* earliest detection its reports say, by their writers' clocks (0: none) */
+  int64_t gen_prog;      /* its newest progress record's step (0: none yet) ... */
+  uint64_t gen_prog_t;   /* ... and when that was written */
   char (*departed)[RDZV_NAME_MAX]; /* left gracefully since the plan (their key is gone) */
   int ndeparted;
   c_held *held;                    /* workers a generation could not take in: kept out a while */
@@ -107,7 +113,10 @@ typedef struct coord {
   uint64_t t_trigger;   /* wall ms: when we learnt of it */
   uint64_t t_detect;    /* wall ms: the earliest detection (a survivor's report) */
   uint64_t t_published; /* wall ms */
-  int64_t lost_from;    /* newest step reached before the plan (steps_lost) */
+  int64_t fault_step;   /* the step the job had reached when the fault the plan answers hit
+                           (coord_fault_step_locked, taken with the plan): the recovery redoes
+                           what lies beyond the step it restores */
+  int went_on;          /* ... and its survivors went on after it, without etcd (coord_fault_step_locked) */
   int waiting_logged;
   char waiting_why[JOB_TEXT_MAX / 2]; /* why the last replan found no layout (waiting_logged) */
   uint64_t outages_seen; /* rdzv_etcd_outages_ended when last looked at */
@@ -131,6 +140,7 @@ typedef struct coord {
   int plan_foreign;    /* guarded by mu: the stored plan is one we would not take (forged, corrupt) */
 
   int64_t steps_counted;     /* the step newt_steps_total has counted up to */
+  int64_t ckpt_seen;         /* the newest checkpoint whose save the metrics observed (guarded by mu) */
   _Atomic uint64_t tick;     /* monotonic ns the main loop last went round (/healthz) */
 } coord;
 
@@ -198,6 +208,10 @@ void coord_drop_member(coord *c, const char *id);
 void coord_set_plan_locked(coord *c, newt_plan *p);
 /* The picture as the policy sees it. Called with mu held; valid while it is held. */
 policy_view coord_view_locked(coord *c);
+/* The newest step the current generation had completed when it failed, as its ranks said it
+ * (0: none said); *went_on (may be NULL): its survivors trained on in it after the failure was
+ * seen (a crash while etcd was away: worker/peers.c). Called with mu held. */
+int64_t coord_fault_step_locked(const coord *c, int *went_on);
 
 /* --- holdout.c -------------------------------------------------------------------------------- */
 

@@ -71,7 +71,7 @@ static void take_over_generation(coord *c) {
     c->t_published = c->plan.created_ms;
     c->t_detect = c->t_published;
     c->t_trigger = c->t_published;
-    c->lost_from = c->max_step_seen;
+    c->fault_step = coord_fault_step_locked(c, &c->went_on);
   }
   pthread_mutex_unlock(&c->mu);
 }

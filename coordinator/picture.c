@@ -127,6 +127,11 @@ static void put_report(coord *c, const job_change *ch) {
     return;
   }
   if (rep.mismatch[0]) return;
+  /* the step its writer completed, and when it saw the failure by its own clock (the step
+     the fault hit: coord_fault_step_locked) */
+  int64_t done = rep.done_step > 0 ? rep.done_step : rep.step;
+  if (done > c->gen_done) c->gen_done = done;
+  if (!c->gen_detect || rep.t_ms < c->gen_detect) c->gen_detect = rep.t_ms;
   /* the coordinator's clock orders reports and times the detection: a worker's clock (or
      a forger's) does not get into the recovery's timings */
   rep.t_ms = newt_wall_ms();
@@ -145,7 +150,6 @@ static void put_report(coord *c, const job_change *ch) {
   c->reports = r;
   c->reports[c->nreports++] = rep;
   if (!c->first_report) c->first_report = newt_now_ns();
-  if (rep.step > c->max_step_seen) c->max_step_seen = rep.step;
 }
 
 static void put_progress(coord *c, const job_progress *pr) {
@@ -154,10 +158,7 @@ static void put_progress(coord *c, const job_progress *pr) {
   c->prog_tps = pr->tokens_per_s;
   if (step != c->prog_step) c->prog_change = c->stall_from = newt_now_ns();
   c->prog_step = step;
-  /* a recovery loses the committed steps it goes back behind; the step rank 0 finished
-     first is not one while another rank may still lack it */
-  c->prog_committed = pr->committed >= 0 ? pr->committed : step;
-  if (c->prog_committed > c->max_step_seen) c->max_step_seen = c->prog_committed;
+  if (pr->generation == c->plan.generation && step >= c->gen_prog) c->gen_prog = step, c->gen_prog_t = pr->t_ms;
   if (step > c->steps_counted) { /* a step rolled back and done again counts once */
     metrics_add(c->metrics, "newt_steps_total", (double)(step - c->steps_counted));
     metrics_add(c->metrics, "newt_tokens_total", (double)(step - c->steps_counted) * (double)pr->step_tokens);
@@ -183,7 +184,19 @@ void coord_set_plan_locked(coord *c, newt_plan *p) {
   c->first_report = 0;
   c->first_gone = 0;
   c->said_alive = 0;
-  c->max_step_seen = c->prog_committed;
+  c->gen_done = c->gen_prog = 0;
+  c->gen_detect = c->gen_prog_t = 0;
+}
+
+int64_t coord_fault_step_locked(const coord *c, int *went_on) {
+  int64_t step = c->gen_done;
+  /* the progress of the failed generation, written before the fault was seen: rank 0 may have
+     completed a step the survivors did not (it died after it); written after it, and beyond
+     every report, it is the survivors' own generation going on without etcd */
+  int before = !c->gen_detect || c->gen_prog_t <= c->gen_detect;
+  if (c->gen_prog > step && before) step = c->gen_prog;
+  if (went_on) *went_on = c->gen_done > 0 && c->gen_prog > c->gen_done && !before;
+  return step;
 }
 
 /* A plan in etcd newer than ours (the leader's, seen by a standby; or forged): taken when it
@@ -223,6 +236,9 @@ static void put_done(coord *c, const job_change *ch) {
 
 static void put_ckpt(coord *c, const job_ckpt *ck) {
   metrics_set(c->metrics, "newt_checkpoint_last_step", (double)ck->step);
+  /* rank 0 writes the record again at each skipped save: its commit is observed once */
+  if (ck->step <= c->ckpt_seen) return;
+  c->ckpt_seen = ck->step;
   if (ck->bytes > 0) metrics_set(c->metrics, "newt_checkpoint_bytes", (double)ck->bytes);
   if (ck->save_ms > 0) metrics_observe(c->metrics, "newt_checkpoint_save_duration_seconds", NULL, (double)ck->save_ms / 1e3);
   if (ck->stall_ms > 0) metrics_observe(c->metrics, "newt_checkpoint_stall_seconds", NULL, ck->stall_ms / 1e3);

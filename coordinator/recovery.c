@@ -25,7 +25,9 @@ typedef struct plan_inputs {
   plan_member *m, *donors; /* the candidates and the leavers that donate state (malloc'd) */
   int n, ndonors;
   uint64_t prev;           /* the generation to plan above */
-  int64_t step, lost_from; /* the newest step, the newest committed one seen (steps_lost) */
+  int64_t fault_step;      /* the step the current generation had reached (coord_fault_step_locked;
+                              where none said, the newest progress): the plan's step */
+  int went_on;             /* its survivors trained on after the failure (without etcd) */
   uint64_t t_detect;       /* wall ms of the earliest report (0: none) */
 } plan_inputs;
 
@@ -62,8 +64,8 @@ static newt_result_t read_inputs(coord *c, char (*exclude)[RDZV_NAME_MAX], int n
     uint64_t g = c->members[i].generation > 0 ? (uint64_t)c->members[i].generation : 0;
     if (g > in->prev && plan_check_jump(c->plan.generation, g) == NEWT_OK) in->prev = g;
   }
-  in->step = c->prog_step;
-  in->lost_from = c->max_step_seen;
+  in->fault_step = coord_fault_step_locked(c, &in->went_on);
+  if (in->fault_step <= 0) in->fault_step = c->prog_step;
   for (int i = 0; i < c->nreports; i++)
     if (!in->t_detect || c->reports[i].t_ms < in->t_detect) in->t_detect = c->reports[i].t_ms;
   pthread_mutex_unlock(&c->mu);
@@ -131,7 +133,8 @@ static void adopt(coord *c, newt_plan *p, const char *cause, char (*exclude)[RDZ
   c->t_published = now;
   if (!c->t_trigger) c->t_trigger = now;
   c->t_detect = in->t_detect ? in->t_detect : c->t_trigger;
-  c->lost_from = in->lost_from;
+  c->fault_step = in->fault_step;
+  c->went_on = in->went_on;
   c->waiting_logged = 0;
   metrics_set(c->metrics, "newt_generation", (double)c->plan.generation);
   metrics_set(c->metrics, "newt_world_size", (double)c->plan.nranks);
@@ -155,7 +158,7 @@ newt_result_t coord_replan(coord *c, const char *cause, const char *switch_mode,
   if (r == NEWT_OK) {
     snprintf(p.cause, sizeof p.cause, "%s", cause);
     snprintf(p.switch_mode, sizeof p.switch_mode, "%s", switch_mode);
-    p.step = in.step;
+    p.step = in.fault_step;
     r = publish(c, &p, &failed);
   }
   if (r == NEWT_OK && !failed) adopt(c, &p, cause, exclude, nexclude, &in);
@@ -285,12 +288,28 @@ void coord_record_recovery(coord *c) {
   job_event ev = recovery_event_locked(c);
   pthread_mutex_unlock(&c->mu);
   c->recorded = 1;
-  int64_t lost = c->lost_from - ev.restore_step;
-  if (lost < 0 || ev.type == JOB_EV_STARTED) lost = 0;
+  /* one account: the fault hit at fault_step, training went on from the step restored, and
+     what lies between is done again. A step restored beyond it is one a rank applied and no
+     report or progress said (the progress record is written at most every 100 ms): the
+     fault hit there at the latest. Unless the survivors went on without etcd: then this
+     plan took over later, where they had got to, and nothing was done again */
+  int64_t lost = 0;
+  if (ev.type == JOB_EV_RECOVERED) {
+    ev.fault_step = c->fault_step;
+    if (!c->went_on && ev.fault_step < ev.restore_step) ev.fault_step = ev.restore_step;
+    lost = ev.fault_step > ev.restore_step ? ev.fault_step - ev.restore_step : 0;
+  }
   ev.steps_lost = lost;
   snprintf(ev.cause, sizeof ev.cause, "%s", c->cause);
-  NEWT_INFO(COORD, "generation %llu (%s) complete: %lld ms from detection to its first step, %lld steps lost",
-            (unsigned long long)ev.generation, c->cause, (long long)(ev.t_step - c->t_detect), (long long)lost);
+  if (ev.type == JOB_EV_RECOVERED)
+    NEWT_INFO(COORD, "generation %llu (%s) complete: %lld ms from detection to its first step; the fault hit at step "
+              "%lld, training went on from step %lld, %lld step%s redone", (unsigned long long)ev.generation, c->cause,
+              (long long)(ev.t_step - c->t_detect), (long long)ev.fault_step, (long long)ev.restore_step,
+              (long long)lost, lost == 1 ? "" : "s");
+  else
+    NEWT_INFO(COORD, "generation %llu (%s) complete: %lld ms from its plan to its first step, from step %lld (state "
+              "from %s)", (unsigned long long)ev.generation, c->cause, (long long)(ev.t_step - c->t_detect),
+              (long long)ev.restore_step, ev.restore);
   if (ev.type == JOB_EV_RECOVERED) {
     char labels[64];
     snprintf(labels, sizeof labels, "cause=\"%s\"", c->cause);

@@ -245,6 +245,8 @@ static const codec_field report_fields[] = {
     {CODEC_ENUM(job_report, build, "during", phases)},
     {CODEC_NAMES(job_report, accuse, naccuse, "accuse", JOB_ACCUSE_MAX)},
     {CODEC_INT(job_report, step, "step", -1, INT64_MAX), CODEC_REQUIRED, .def = -1},
+    /* 0: not said (the previous release's reports), and not written */
+    {CODEC_INT(job_report, done_step, "done_step", 0, INT64_MAX), CODEC_OMIT},
     {CODEC_MS(job_report, t_ms, "t_ms"), CODEC_REQUIRED},
     {CODEC_TEXT(job_report, why, "why")},
     {CODEC_TEXT(job_report, mismatch, "mismatch"), CODEC_OMIT},
@@ -351,6 +353,7 @@ static const codec_field ckpt_fields[] = {
     {CODEC_INT(job_ckpt, bytes, "bytes", 0, INT64_MAX), CODEC_OMIT},
     {CODEC_INT(job_ckpt, save_ms, "save_ms", 0, INT64_MAX), CODEC_OMIT},
     {CODEC_REAL(job_ckpt, stall_ms, "stall_ms"), .dmin = 0, .dmax = JOB_STALL_MS_MAX, .scale = 1e3, CODEC_OMIT},
+    {CODEC_INT(job_ckpt, skipped, "skipped", 0, INT64_MAX), CODEC_OMIT},
 };
 static const codec_table ckpt_table = CODEC_TABLE(job_ckpt, "ckpt", ckpt_fields);
 RECORD_CODEC(job_ckpt, ckpt_table)
@@ -388,6 +391,10 @@ const char *job_event_type_name(job_event_type t) {
   return t >= JOB_EV_LEADER && t <= JOB_EV_MISMATCH ? event_types[t] : "?";
 }
 
+int64_t job_event_fault_step(const job_event *e) {
+  return e->fault_step > 0 ? e->fault_step : e->restore_step + e->steps_lost;
+}
+
 /* The fields of each type (a field is in the types of its mask, `type` first selects them). */
 #define EV_PLAN CODEC_V(JOB_EV_PLAN)
 #define EV_SPARE CODEC_V(JOB_EV_SPARE)
@@ -417,6 +424,9 @@ static const codec_field event_fields[] = {
     {CODEC_WORD(job_event, restore, "restore", restores), .in = EV_TIMED, CODEC_REQUIRED},
     {CODEC_INT(job_event, restore_step, "restore_step", 0, INT64_MAX), .in = EV_TIMED | EV_MISMATCH, CODEC_REQUIRED},
     {CODEC_INT(job_event, steps_lost, "steps_lost", 0, INT64_MAX), .in = EV_TIMED, CODEC_REQUIRED},
+    /* 0: not said (the previous release's events, or a fault before the first step), and not
+       written: job_event_fault_step */
+    {CODEC_INT(job_event, fault_step, "fault_step", 0, INT64_MAX), .in = CODEC_V(JOB_EV_RECOVERED), CODEC_OMIT},
     {CODEC_INT(job_event, step, "step", 0, INT64_MAX), .in = EV_DONE | EV_MISMATCH, CODEC_REQUIRED},
     {CODEC_WORD(job_event, action, "action", mismatch_actions), .in = EV_MISMATCH, CODEC_REQUIRED},
     {CODEC_REAL(job_event, loss, "loss"), .in = EV_DONE, CODEC_REQUIRED, .flags = CODEC_NULL},

@@ -148,6 +148,10 @@ typedef struct job_report {
   int naccuse;
   int64_t step;                                 /* the newest step every rank completed, as far as
                                                    it knows (-1: none) */
+  int64_t done_step;                            /* the newest step it completed itself (0: not said,
+                                                   a report of the previous release): the job's
+                                                   step when the fault hit is the newest of these
+                                                   (job_event.fault_step) */
   uint64_t t_ms;                                /* wall ms it saw the failure */
   char why[JOB_TEXT_MAX];                       /* the collective's message */
   /* replicas disagreed at step mismatch_step of this generation (worker/verify.c): the words
@@ -163,7 +167,8 @@ typedef struct job_report {
                                                    (not in the JSON; 0: unknown) */
 } job_report;
 
-/* {"worker","kind","accuse":[..],"step","t_ms","why"}; malloc'd, NULL on no memory. */
+/* {"worker","kind","accuse":[..],"step","done_step","t_ms","why"} (done_step only when said);
+ * malloc'd, NULL on no memory. */
 char *job_report_to_json(const job_report *r);
 newt_result_t job_report_from_json(const char *text, size_t len, job_report *out);
 
@@ -281,6 +286,9 @@ typedef struct job_ckpt {
   double stall_ms; /* rank 0's stall: what the save took of its step loop (ckpt_save_begin to
                       ckpt_save_end: the snapshot, or the device's downloads), to the µs,
                       [0, JOB_STALL_MS_MAX] (0: unknown) */
+  int64_t skipped; /* saves the worker that is rank 0 skipped so far because its previous save was
+                      still being written (0: none, or a record of the previous release); rank 0
+                      writes the pointer again at each skip */
 } job_ckpt;
 #define JOB_STALL_MS_MAX 1e9
 
@@ -325,12 +333,20 @@ typedef struct job_event {
   uint64_t t_trigger, t_detect, t_plan, t_comm, t_restore, t_step;
   char restore[8];
   int64_t restore_step, steps_lost;
+  int64_t fault_step; /* recovered: the newest step the job had completed when the fault hit (the
+                         newest its failed generation's ranks said: their reports, its progress);
+                         steps_lost = fault_step - restore_step, the steps done again. 0: not
+                         said (an event of the previous release: job_event_fault_step) */
   int64_t step; /* done; mismatch: the step checked */
   double loss;  /* done */
   char action[JOB_WORD_MAX]; /* mismatch: rollback, warn or fail */
 } job_event;
 
 const char *job_event_type_name(job_event_type t);
+/* A recovery's one account of steps: the step the fault hit (fault_step; for an event that
+ * does not say it, restore_step + steps_lost), from which training went back to restore_step,
+ * doing steps_lost steps again. */
+int64_t job_event_fault_step(const job_event *e);
 
 /* A recovery's times, one definition for every view (newt run's lines, its summary and
  * report, newt status): from its start -- the moment of the fault where newt run injected it

@@ -1,6 +1,7 @@
 /* One typed picture of a job (see view.h). */
 #include "job/view.h"
 
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -318,6 +319,7 @@ struct job_follow {
   job_follow_health_fn health;
   void *ud;
   int broken; /* the watch's thread only: the stream broke and nothing came since */
+  _Atomic int64_t handed; /* the newest revision fn has returned from (job_follow_revision) */
   rdzv_etcd_watch *watch;
 };
 
@@ -329,6 +331,7 @@ static void deliver_all(job_follow *f, const rdzv_etcd_kvs *all) {
   }
   f->fn(f->ud, chs, all->n, 1);
   free_changes(chs, all->n);
+  atomic_store(&f->handed, all->revision);
 }
 
 static void on_watch(void *ud, const rdzv_etcd_watch_resp *r) {
@@ -354,6 +357,7 @@ static void on_watch(void *ud, const rdzv_etcd_watch_resp *r) {
     f->fn(f->ud, chs, r->n_events, 0);
     free_changes(chs, r->n_events);
   }
+  if (r->kind != RDZV_WATCH_ERROR && r->revision > atomic_load(&f->handed)) atomic_store(&f->handed, r->revision);
 }
 
 newt_result_t job_follow_start(rdzv_etcd *c, const char *job, job_follow_fn fn, job_follow_health_fn health,
@@ -379,6 +383,8 @@ newt_result_t job_follow_start(rdzv_etcd *c, const char *job, job_follow_fn fn, 
   *out = f;
   return NEWT_OK;
 }
+
+int64_t job_follow_revision(job_follow *f) { return f ? atomic_load(&f->handed) : 0; }
 
 void job_follow_free(job_follow *f) {
   if (!f) return;

@@ -118,6 +118,9 @@ typedef struct job_follow job_follow;
  * thread. health may be NULL. */
 newt_result_t job_follow_start(rdzv_etcd *c, const char *job, job_follow_fn fn, job_follow_health_fn health,
                                void *ud, newt_deadline_t d, job_follow **out);
+/* The newest revision whose batch fn has returned from (the snapshot's, then the watch's): a
+ * reader that read a key's revision knows whether the batches up to it have come. */
+int64_t job_follow_revision(job_follow *f);
 /* Stops the watch and waits for its thread (never from fn). NULL is fine. */
 void job_follow_free(job_follow *f);
 

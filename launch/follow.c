@@ -4,7 +4,7 @@
  *   progress    the step (it only grows), generation, loss, throughput and world
  *   done        the end marker, when it is plausible for the spec (job_done_plausible)
  *   ckpt        each new checkpoint pointer once, into the result (a resync shows the newest
- *               again)
+ *               again), and rank 0's count of the saves it skipped
  *   events      queued for the main loop (recoveries.c); a resync does not queue them again:
  *               they were handled when they came
  *
@@ -49,6 +49,9 @@ static void take_done(run *r, const job_done *d) {
 }
 
 static void take_ckpt(launcher_result *res, const job_ckpt *c) {
+  /* rank 0's count of the saves it skipped (written again at each skip; a new rank 0 counts
+     its own: the count never goes down) */
+  if (c->skipped > res->ckpts_skipped) res->ckpts_skipped = c->skipped;
   if (res->nckpts && res->ckpts[res->nckpts - 1].step >= c->step) return;
   launcher_ckpt *n = realloc(res->ckpts, (size_t)(res->nckpts + 1) * sizeof *n);
   if (!n) return;
@@ -97,6 +100,21 @@ int follow_etcd_away(run *r) {
   pthread_mutex_unlock(&r->mu);
   return away;
 }
+
+int64_t follow_etcd_revision(run *r, int64_t wait_ms) {
+  /* the newest change of a key the job holds now (an event, the end marker, ...): writes
+     outside the job's prefix, in a shared etcd, are no change of ours to wait for */
+  rdzv_etcd_range_opts ro = {.prefix = 1, .keys_only = 1};
+  rdzv_etcd_kvs kvs;
+  if (!r->etcd || rdzv_etcd_range(r->etcd, r->prefix, &ro, newt_deadline_in_ms(wait_ms), &kvs) != NEWT_OK) return -1;
+  int64_t rev = 0;
+  for (size_t i = 0; i < kvs.n; i++)
+    if (kvs.kvs[i].mod_revision > rev) rev = kvs.kvs[i].mod_revision;
+  rdzv_etcd_kvs_free(&kvs);
+  return rev;
+}
+
+int follow_caught_up(run *r, int64_t rev) { return rev < 0 || job_follow_revision(r->follow) >= rev; }
 
 int follow_read_done(run *r, newt_deadline_t d) {
   for (;;) {

@@ -277,12 +277,15 @@ static newt_result_t run_loop(run *r) {
   double last_line = 0;
   while (!look(r, deadline, &last_line, &rc)) newt_sleep_ms(5);
   /* the leader's last words come after the end marker: the last recovery, then "done" (at
-     most 3 s, while a coordinator lives to say them) */
-  for (newt_deadline_t d = newt_deadline_in_ms(3000); r->done && !r->leader_done && !newt_deadline_passed(d);) {
+     most 3 s, while a coordinator lives to say them, or our watch has yet to bring what etcd
+     holds: after an outage its back-off may keep it a moment behind the end) */
+  int64_t rev = r->done ? follow_etcd_revision(r, 1000) : -1;
+  for (newt_deadline_t d = newt_deadline_in_ms(3000);
+       r->done && (!r->leader_done || !follow_caught_up(r, rev)) && !newt_deadline_passed(d);) {
     newt_sleep_ms(5);
     handle_queued(r, NULL, NULL);
     procs_reap(r);
-    if (!procs_coordinators(r)) break;
+    if (!procs_coordinators(r) && follow_caught_up(r, rev)) break;
   }
   handle_queued(r, NULL, NULL);
   recoveries_flush_notes(r, 2000);
@@ -361,6 +364,12 @@ newt_result_t launcher_run(const launcher_opts *o, launcher_result *res) {
   procs_stop_all(r);
   res->wall_s = newt_now_s() - r->t0;
   recoveries_measure(r);
+  /* the steps each recovery did again, and each rollback of replicas that disagreed, in
+     samples: every sample once is samples_consumed = steps x global_batch and none repeated */
+  for (int i = 0; i < res->nrecoveries; i++) res->samples_repeated += res->recoveries[i].steps_lost * o->spec.global_batch;
+  for (int i = 0; i < res->nmismatches; i++)
+    if (strcmp(res->mismatches[i].action, "rollback") == 0 && res->mismatches[i].step > res->mismatches[i].back_to)
+      res->samples_repeated += (res->mismatches[i].step - res->mismatches[i].back_to) * o->spec.global_batch;
   count_keys(r);
   run_free(r);
   return rc == NEWT_OK ? NEWT_OK : NEWT_ERR(rc, "%s", why);

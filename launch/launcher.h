@@ -61,6 +61,8 @@ typedef struct launcher_recovery {
   uint64_t t_fault; /* wall ms of the fault (0: not injected by us) */
   uint64_t t_ms;    /* wall ms it began: the fault, or its detection when not injected */
   int64_t step;     /* the step training went on from (the state restored) */
+  int64_t fault_step; /* the newest step the job had completed when the fault hit: steps_lost =
+                         fault_step - step steps were done again (job_event_fault_step) */
   int64_t world;    /* ranks after it */
   int64_t detect_ms, plan_ms, comm_ms, restore_ms, step_ms, total_ms, steps_lost; /* step: the first step
                                                                                     after the restore */
@@ -81,6 +83,9 @@ typedef struct launcher_recovery {
 /* The recovery a recovered event records, timed from t_fault (a fault injected: 0 none) by
  * job_recovery_time, the one definition of every view; its fault's name is the caller's. */
 void launcher_recovery_of(const job_event *e, uint64_t t_fault, launcher_recovery *out);
+/* The step the fault hit: fault_step, or for a summary that does not say it (an earlier
+ * version's), step + steps_lost. */
+int64_t launcher_recovery_fault_step(const launcher_recovery *r);
 
 /* Replicas that disagreed (a mismatch event of the leader's, from a rank's report): the step
  * checked, the step training went on from (back_to: the same when nothing was rolled back),
@@ -107,6 +112,7 @@ typedef struct launcher_result {
   double final_loss;
   int64_t generations;
   int64_t samples_consumed;
+  int64_t samples_repeated; /* samples trained twice: each recovery's steps_lost x the global batch */
   double wall_s;
   launcher_recovery *recoveries;
   int nrecoveries;
@@ -127,6 +133,11 @@ typedef struct launcher_result {
   char (*left_out)[RDZV_NAME_MAX]; /* workers that ended left out (JOB_EXIT_LEFT_OUT: they trained, were
                                       left out and not taken back before the end); malloc'd */
   int nleft_out;
+  int64_t ckpts_skipped; /* saves rank 0 skipped, its previous save still being written (the ckpt
+                            record's count: job_ckpt.skipped) */
+  int64_t resumed_step;  /* the run's first generation started from the checkpoint of this step (an
+                            earlier run's, in resumed_dir); 0: it started afresh */
+  char resumed_dir[512];
 } launcher_result;
 
 /* The options that cannot go together (chaos on etcd with --etcd, a cut without --netns, a

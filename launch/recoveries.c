@@ -14,7 +14,8 @@
  * before its plan. Each fault we injected that a recovery answered is noted in etcd (faults/
  * <gen>) for newt status, which then times that recovery as we do. Once the run ended, the
  * step log adds what etcd could not say: how long training paused while etcd was away, and
- * when the layout after a fault took its first step (resumed_ms). */
+ * when the layout after a fault took its first step (resumed_ms); a fault the survivors went
+ * on from without etcd and that no recovery of the leader's answered is said, not recorded. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -42,7 +43,7 @@ launcher_recovery *recoveries_add_unplanned(run *r, const char *cause, const fau
   snprintf(rec->restore, sizeof rec->restore, "memory");
   snprintf(rec->fault, sizeof rec->fault, "%s", f->what);
   rec->t_fault = rec->t_ms = f->t_ms;
-  rec->step = r->step;
+  rec->step = rec->fault_step = r->step; /* training went on: nothing done again */
   rec->world = r->world;
   return rec;
 }
@@ -115,6 +116,7 @@ void launcher_recovery_of(const job_event *e, uint64_t t_fault, launcher_recover
   out->generation = e->generation;
   out->t_ms = rt.start;
   out->step = e->restore_step;
+  out->fault_step = job_event_fault_step(e);
   out->world = e->world;
   out->detect_ms = rt.detect_ms;
   out->plan_ms = rt.plan_ms;
@@ -165,7 +167,7 @@ static void print_ids(char (*ids)[RDZV_NAME_MAX], int n) {
 /* A recovery: timed from the fault we injected that it answers, else its first detection. */
 static void on_recovered(run *r, const job_event *e) {
   const char *cause = e->cause, *restore = e->restore;
-  int64_t gen = e->generation, world = e->world, lost = e->steps_lost;
+  int64_t gen = e->generation, world = e->world, lost = e->steps_lost, from = e->restore_step;
   launcher_recovery *rec = add_recovery(r);
   if (!rec) return;
   const char *what = "";
@@ -182,17 +184,27 @@ static void on_recovered(run *r, const job_event *e) {
   snprintf(rec->fault, sizeof rec->fault, "%s", what);
   rec->t_fault = t_fault;
   if (r->o->quiet) return;
+  /* one account of the steps, as the summary, newt status and the report give it; a plan
+     that took over from survivors who went on without etcd comes at a later step */
+  char account[160];
+  if (rec->fault_step < from)
+    snprintf(account, sizeof account, "the fault hit at step %lld, the survivors went on without etcd, and the "
+             "leader's plan took over at step %lld", (long long)rec->fault_step, (long long)from);
+  else
+    snprintf(account, sizeof account, "the fault hit at step %lld, training went on from step %lld",
+             (long long)rec->fault_step, (long long)from);
   fprintf(stderr,
           "%snewt run: recovered from %s in %lld ms (detect %lld, plan %lld, comm %lld, restore %lld, first "
-          "step %lld ms; state from %s), generation %lld, %lld rank%s, %lld step%s lost\n",
+          "step %lld ms; state from %s), generation %lld, %lld rank%s: %s, %lld step%s redone\n",
           live_news(r), cause, (long long)rec->total_ms, (long long)rec->detect_ms, (long long)rec->plan_ms,
           (long long)rec->comm_ms, (long long)rec->restore_ms, (long long)rec->step_ms, restore, (long long)gen,
-          (long long)world, world == 1 ? "" : "s", (long long)lost, lost == 1 ? "" : "s");
+          (long long)world, world == 1 ? "" : "s", account, (long long)lost, lost == 1 ? "" : "s");
   if (lost > 0 && (strcmp(restore, "ckpt") == 0 || strcmp(restore, "init") == 0))
-    fprintf(stderr, "newt run: WARNING: no step was whole in the ranks' memory: training went back to %s, %lld "
-            "step%s lost (more failure domains lost at once than spec.fault.replicas keeps copies for?)\n",
-            strcmp(restore, "ckpt") == 0 ? "the newest checkpoint" : "the initial state", (long long)lost,
-            lost == 1 ? "" : "s");
+    fprintf(stderr, "newt run: WARNING: no step was whole in the ranks' memory: training went back to %s (step "
+            "%lld), %lld step%s redone (more failure domains lost at once than spec.fault.replicas keeps copies for?)%s\n",
+            strcmp(restore, "ckpt") == 0 ? "the newest checkpoint" : "the initial state", (long long)from,
+            (long long)lost, lost == 1 ? "" : "s",
+            strcmp(restore, "init") == 0 ? "; started again from nothing as spec.fault.on_state_loss restart allows" : "");
 }
 
 /* A new leader: a coordinator we killed has been replaced. */
@@ -251,9 +263,23 @@ static void on_mismatch(run *r, const job_event *e) {
   if (!r->o->quiet) fprintf(stderr, "%snewt run: %s\n", live_news(r), e->why);
 }
 
+/* The first generation took up its state: from a checkpoint of an earlier run (the summary's
+ * resumed_from), or afresh. */
+static void on_started(run *r, const job_event *e) {
+  launcher_result *res = r->res;
+  if (strcmp(e->restore, "ckpt") != 0 || e->restore_step <= 0 || res->resumed_step > 0) return;
+  res->resumed_step = e->restore_step;
+  snprintf(res->resumed_dir, sizeof res->resumed_dir, "%s", r->o->spec.ckpt_dir);
+  if (!r->o->quiet)
+    fprintf(stderr, "%snewt run: resumed from the checkpoint of step %lld in %s (an earlier run's): steps 1 to %lld "
+            "are not trained again\n", live_news(r), (long long)res->resumed_step, res->resumed_dir,
+            (long long)res->resumed_step);
+}
+
 static void handle_event(run *r, const job_event *e) {
   if (e->generation > r->res->generations) r->res->generations = e->generation;
   if (e->type == JOB_EV_RECOVERED) on_recovered(r, e);
+  else if (e->type == JOB_EV_STARTED) on_started(r, e);
   else if (e->type == JOB_EV_LEADER) on_leader(r, e);
   else if (e->type == JOB_EV_PLAN) on_plan(r, e);
   else if (e->type == JOB_EV_SPARE) on_spare(r, e);
@@ -321,6 +347,25 @@ static int64_t resumed_after(uint64_t t_fault, const job_step *s, size_t n) {
   return -1;
 }
 
+/* A worker fault no recovery of the leader's answered, after which the step log shows the
+ * survivors going on without etcd (another world): the job ended before the leader's plan
+ * for it was taken up (etcd away to the end, no coordinator). Said as it is: no record is
+ * made up for it. */
+static void say_unrecorded(run *r, const job_step *s, size_t n) {
+  for (int i = 0; i < r->nfaults && !r->o->quiet; i++) {
+    const fault *f = &r->faults[i];
+    const chaos_event *e = &f->ev;
+    if (f->matched || f->back || (e->target != CHAOS_WORKER && e->target != CHAOS_HOST) || e->action == CHAOS_JOIN ||
+        e->action == CHAOS_CONT)
+      continue;
+    int64_t resumed = resumed_after(f->t_ms, s, n);
+    if (resumed >= 0)
+      fprintf(stderr, "newt run: %s: the survivors went on without etcd (training resumed %lld ms after it), but the "
+              "job ended before the leader's plan for it was taken up: the recovery is in no record (the summary "
+              "has none)\n", f->what, (long long)resumed);
+  }
+}
+
 void recoveries_measure(run *r) {
   job_step *s = NULL;
   size_t n = 0;
@@ -334,5 +379,6 @@ void recoveries_measure(run *r) {
     if (etcd && n >= 3) measure_outage(rec, s, n);
     rec->resumed_ms = rec->t_fault && !etcd ? resumed_after(rec->t_fault, s, n) : -1;
   }
+  say_unrecorded(r, s, n);
   free(s);
 }

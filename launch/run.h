@@ -134,6 +134,11 @@ static inline int64_t run_ms_between(uint64_t a, uint64_t b) { return a >= b ? (
 newt_result_t follow_start(run *r, newt_deadline_t d);
 /* Whether etcd is away: a fault of ours in force, or our watch of it broken. */
 int follow_etcd_away(run *r);
+/* The revision of the newest change of the job's keys in etcd now (-1: it did not answer within
+ * wait_ms), and whether our watch has handed us every change up to rev yet (an outage's
+ * back-off may keep it behind for a moment). */
+int64_t follow_etcd_revision(run *r, int64_t wait_ms);
+int follow_caught_up(run *r, int64_t rev);
 /* Reads the end marker directly (retrying until d while etcd does not answer), taken as the
  * watch would: 1 when the job is done, 0 when it is not or etcd is away. */
 int follow_read_done(run *r, newt_deadline_t d);
@@ -175,7 +180,8 @@ launcher_recovery *recoveries_add_unplanned(run *r, const char *cause, const fau
 void recoveries_take_events(run *r, job_event *evs, int n);
 /* Writes the notes of our faults not written yet, while etcd answers (wait_ms a write). */
 void recoveries_flush_notes(run *r, int64_t wait_ms);
-/* Each etcd outage's pause and throughput, and each injected fault's resumed_ms, from the step log. */
+/* Each etcd outage's pause and throughput, and each injected fault's resumed_ms, from the step
+ * log; a worker fault the survivors went on from without etcd and no recovery answered, said. */
 void recoveries_measure(run *r);
 
 /* --- inject.c: chaos --------------------------------------------------------------------------- */

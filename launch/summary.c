@@ -5,13 +5,16 @@
  * reordered, tests/launch/fixtures/), the reader the same tables with their checks.
  *
  * A summary is a file a person may have edited or truncated, so every field is checked and a
- * bad one named ("summary.recoveries[2].detect_ms: ..."). Fields added later (step, t_ms and
- * fault of a recovery, t_start_ms, steps_planned, the run's files, checkpoints, outcome and
- * reason) are optional, so the summaries of earlier versions still read: a recovery without
+ * bad one named ("summary.recoveries[2].detect_ms: ..."). Fields added later (step, t_ms,
+ * fault and fault_step of a recovery, t_start_ms, steps_planned, the run's files,
+ * checkpoints, outcome and reason, samples_repeated, checkpoints_skipped, resumed_from) are
+ * optional, so the summaries of earlier versions still read: a recovery without
  * step_ms gets what the other phases leave of its total, a summary without an outcome the
  * one its done and failed say. Some fields are written only where they mean something: an
  * outage's (outage_ms, pause_ms, tokens/s) for cause etcd, resumed_ms once measured, a
- * checkpoint's sizes and times once known. */
+ * checkpoint's sizes and times once known, the counts where they are not 0, resumed_from for
+ * a run that started from a checkpoint. A recovery without fault_step (0) hit at step +
+ * steps_lost: launcher_recovery_fault_step. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -91,6 +94,7 @@ static const codec_field recovery_fields[] = {
     {CODEC_STR(launcher_recovery, cause, "cause"), CODEC_REQUIRED},
     {RECOVERY_MS(generation, "generation")},
     {RECOVERY_MS(step, "step")},
+    {RECOVERY_MS(fault_step, "fault_step"), CODEC_OMIT}, /* absent (0): step + steps_lost */
     {RECOVERY_MS(world, "world")},
     {RECOVERY_MS(t_ms, "t_ms")},
     {RECOVERY_MS(detect_ms, "detect_ms"), CODEC_REQUIRED},
@@ -135,6 +139,17 @@ static const codec_field ckpt_fields[] = {
 };
 static const codec_table ckpt_table = CODEC_TABLE(launcher_ckpt, "checkpoint", ckpt_fields);
 
+/* --- where the run's state came from ------------------------------------------------------ */
+
+/* Written only for a run whose first generation started from a checkpoint (an earlier run's). */
+static int not_resumed(const void *rec) { return ((const launcher_summary *)rec)->res.resumed_step <= 0; }
+
+static const codec_field resumed_fields[] = {
+    {CODEC_MS(launcher_summary, res.resumed_step, "step"), CODEC_REQUIRED},
+    {CODEC_STR(launcher_summary, res.resumed_dir, "dir")},
+};
+static const codec_table resumed_table = CODEC_TABLE(launcher_summary, "resumed_from", resumed_fields);
+
 /* --- the summary ------------------------------------------------------------------------------ */
 
 /* Written only when replicas disagreed: a run without is what the previous release wrote. */
@@ -152,6 +167,7 @@ static const codec_field summary_fields[] = {
     {CODEC_REAL(launcher_summary, res.final_loss, "final_loss"), CODEC_REQUIRED}, /* not finite: written as 0 */
     {SUMMARY_MS(res.generations, "generations"), CODEC_REQUIRED},
     {SUMMARY_MS(res.samples_consumed, "samples_consumed"), CODEC_REQUIRED},
+    {SUMMARY_MS(res.samples_repeated, "samples_repeated"), CODEC_OMIT}, /* absent: 0 */
     {SUMMARY_MS(global_batch, "global_batch")},
     {SUMMARY_MS(workers, "workers")},
     {SUMMARY_MS(steps_planned, "steps_planned")},
@@ -163,6 +179,8 @@ static const codec_field summary_fields[] = {
     {CODEC_STR(launcher_summary, res.reason, "reason"), CODEC_OMIT},
     {SUMMARY_ARRAY(res.recoveries, res.nrecoveries, "recoveries", recovery_table), CODEC_REQUIRED},
     {SUMMARY_ARRAY(res.ckpts, res.nckpts, "checkpoints", ckpt_table)},
+    {SUMMARY_MS(res.ckpts_skipped, "checkpoints_skipped"), CODEC_OMIT}, /* absent: 0 */
+    {CODEC_OBJECT("resumed_from", resumed_table), .skip = not_resumed},
     {CODEC_NAMES(launcher_summary, res.left_out, res.nleft_out, "left_out", 0), CODEC_OMIT},
     {SUMMARY_ARRAY(res.mismatches, res.nmismatches, "mismatches", mismatch_table), .skip = no_mismatches},
     {CODEC_STR(launcher_summary, res.log_dir, "log_dir")},
@@ -204,6 +222,10 @@ newt_result_t launcher_summary_from_json(const char *text, size_t len, launcher_
   }
   summary_read(&out->res);
   return NEWT_OK;
+}
+
+int64_t launcher_recovery_fault_step(const launcher_recovery *r) {
+  return r->fault_step > 0 ? r->fault_step : r->step + r->steps_lost;
 }
 
 void launcher_result_free(launcher_result *res) {

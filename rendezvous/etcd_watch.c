@@ -17,7 +17,8 @@
  *     counts revisions from 1 again, so the thread reads the whole range (RESYNC) and
  *     watches from there.
  * When the stream breaks (etcd restarts, a proxy cuts it), the thread backs off (100 ms
- * doubling to 1 s, cut short by a cancel) and re-opens from `next` on the next endpoint,
+ * doubling to 1 s, cut short by a cancel or by the client's calls coming back from an
+ * outage) and re-opens from `next` on the next endpoint,
  * so no revision is missed or repeated. A stream can also die without breaking: an etcd
  * that is starting takes the connection and never answers the create request, and a
  * connection across an outage may be dead with nobody to close it. So a stream that is not
@@ -53,6 +54,7 @@ struct rdzv_etcd_watch {
   /* per-stream state (watch thread only) */
   rdzv_etcd_lines lines;
   int created, stop_stream, need_resync, token_error;
+  unsigned long long opened_at; /* the client's recoveries when the last stream was opened */
   int ever_created;
   newt_result_t stream_code; /* the code of stream_err */
   newt_result_t last_code;
@@ -157,13 +159,20 @@ static size_t on_data(char *data, size_t size, size_t nmemb, void *ud) {
   return n;
 }
 
-/* Sleeps up to ms; returns early on cancel. */
+/* Sleeps up to ms; returns early on cancel, and once the client's calls have come back from an
+ * outage since the stream was opened (rdzv_etcd.recoveries): etcd answers again, so the stream
+ * is re-opened at once, not at the end of a back-off that may be a second and more past etcd's
+ * return (a leader would see the reports queued during the outage that much later). */
 static void nap(rdzv_etcd_watch *w, int64_t ms) {
   uint64_t until = newt_now_ns() + (uint64_t)ms * 1000000ull;
-  struct timespec ts = {(time_t)(until / 1000000000ull), (long)(until % 1000000000ull)};
   pthread_mutex_lock(&w->mu);
-  while (!atomic_load(&w->cancel) && newt_now_ns() < until)
-    if (pthread_cond_timedwait(&w->cv, &w->mu, &ts) != 0) break;
+  while (!atomic_load(&w->cancel) && atomic_load(&w->c->recoveries) == w->opened_at) {
+    uint64_t now = newt_now_ns(), next = now + 20000000ull; /* look at the client every 20 ms */
+    if (now >= until) break;
+    if (next > until) next = until;
+    struct timespec ts = {(time_t)(next / 1000000000ull), (long)(next % 1000000000ull)};
+    pthread_cond_timedwait(&w->cv, &w->mu, &ts);
+  }
   pthread_mutex_unlock(&w->mu);
 }
 
@@ -227,6 +236,7 @@ static void run_stream(rdzv_etcd_watch *w, size_t endpoint) {
   uint64_t opened = newt_now_ns();
   int64_t create_ms = 3 * c->connect_ms > 3000 ? 3 * c->connect_ms : 3000;
   unsigned long long epoch = atomic_load(&c->recoveries);
+  w->opened_at = epoch;
   for (;;) {
     int running = 0;
     CURLMcode mc = curl_multi_perform(w->multi, &running);

@@ -248,6 +248,9 @@ struct newt_ctx {
   pthread_t stage_fill;
   worker_pinned *pinned; /* host staging of device memory the host cannot touch (pinned.c) */
   int64_t ckpt_failed_step, ckpt_published;
+  int64_t ckpt_skipped; /* saves this worker skipped, its previous one still being written (rank
+                           0's count reaches the summary in the ckpt record) */
+  job_ckpt ckpt_pub;    /* the ckpt record rank 0 last published (written again at each skip) */
   int leave_announced;
   struct metrics *metrics;          /* --metrics-port (NULL: none) */
   _Atomic uint64_t step_started;    /* monotonic ns the step under way began (0: none) */
@@ -464,8 +467,16 @@ void worker_publish_mismatch(worker *w, int64_t step, int64_t back_to, const cha
 void worker_publish_ack(worker *w, const char *state);
 void worker_publish_progress(worker *w, double loss, double tps, int64_t step_tokens);
 void worker_publish_ckpt(worker *w, int64_t step, int64_t bytes, int64_t save_ms, double stall_ms);
+/* The ckpt record again (rank 0, once it published one), with this worker's count of skipped
+ * saves. */
+void worker_publish_ckpt_skips(worker *w);
 void worker_publish_links(worker *w, const job_links *l);
 /* The end marker (every rank after the last step, the first write wins), written at once. */
 void worker_mark_done(worker *w, double loss);
+/* Waits until the publisher has written everything queued so far, or until d. */
+void worker_publisher_flush(worker *w, newt_deadline_t d);
+/* How long the end waits for etcd (NEWT_DONE_WAIT_MS, 10 min): the end marker, and the leader's
+ * plan for a generation the survivors made without etcd (worker.c). */
+int64_t worker_done_wait_ms(void);
 
 #endif

@@ -110,8 +110,11 @@ void worker_recheck_free(worker *w) {
   memset(rc, 0, sizeof *rc);
 }
 
-/* Whether rank r of p is on the host of a worker named in accused. */
+/* Whether rank r of p is on the host of a worker named in accused, and not named itself (a
+ * rank named by a closed connection may still listen for a moment: named once is enough). */
 static int near_accused(const newt_plan *p, int r, const char *const *accused, int naccused) {
+  for (int a = 0; a < naccused; a++)
+    if (strcmp(accused[a], p->ranks[r].worker) == 0) return 0;
   for (int a = 0; a < naccused; a++) {
     const plan_rank *k = plan_find(p, accused[a]);
     if (k && strcmp(k->host, p->ranks[r].host) == 0) return 1;
@@ -350,7 +353,7 @@ int worker_peer_recover(worker *w, newt_plan *out, comm_t **all, comm_t **parent
     for (int k = 0; k < nex && nacc < JOB_ACCUSE_MAX; k++) accused[nacc++] = b->ranks[ex[k]].worker;
     char why[512];
     snprintf(why, sizeof why, "%s gone (connection refused) while etcd was away: the survivors went on without it "
-             "from step %lld as %d ranks (generation %llu, peers %d)", names, (long long)w->committed_step,
+             "from step %lld as %d ranks (generation %llu, peers %d)", names, (long long)w->done_step,
              out->nranks, (unsigned long long)b->generation, w->peer_epoch);
     worker_report(w, b, 0, 0, accused, nacc, why);
     NEWT_INFO(WORKER, "%s: generation %llu goes on without etcd (peers %d): %d ranks, %d donors, %s gone "

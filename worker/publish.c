@@ -219,8 +219,9 @@ static void *publisher(void *arg) {
   return NULL;
 }
 
-/* Waits until the publisher has written everything queued so far, or until d. */
-static void publisher_flush(worker *w, newt_deadline_t d) {
+int64_t worker_done_wait_ms(void) { return newt_param_DoneWaitMs(); }
+
+void worker_publisher_flush(worker *w, newt_deadline_t d) {
   while (w->pub_running) {
     pthread_mutex_lock(&w->mu);
     int pending = w->pub_state[0] != '\0' || (w->pub_ack[0] != '\0' && !w->pub_ack_held);
@@ -235,7 +236,7 @@ static void publisher_flush(worker *w, newt_deadline_t d) {
 void worker_publisher_stop(worker *w) {
   if (!w->pub_running) return;
   /* long enough for etcd to come back from a restart: the last states matter */
-  publisher_flush(w, newt_deadline_in_ms(w->spec.lease_ttl_ms + 3000));
+  worker_publisher_flush(w, newt_deadline_in_ms(w->spec.lease_ttl_ms + 3000));
   pthread_mutex_lock(&w->mu);
   w->pub_stop = 1;
   pthread_cond_broadcast(&w->cv);
@@ -293,7 +294,8 @@ static void publish_record(worker *w, job_record rec, uint64_t generation, char 
 
 void worker_report(worker *w, const newt_plan *p, int hang, int build, const char *const *accused, int naccused,
                    const char *why) {
-  job_report rep = {.hang = hang, .build = build, .step = w->committed_step, .t_ms = w->t_detect};
+  job_report rep = {.hang = hang, .build = build, .step = w->committed_step, .done_step = w->done_step,
+                    .t_ms = w->t_detect};
   snprintf(rep.worker, sizeof rep.worker, "%s", w->id);
   for (int i = 0; i < naccused && rep.naccuse < JOB_ACCUSE_MAX; i++)
     snprintf(rep.accuse[rep.naccuse++], sizeof rep.accuse[0], "%s", accused[i]);
@@ -369,9 +371,16 @@ void worker_publish_links(worker *w, const job_links *l) {
 }
 
 void worker_publish_ckpt(worker *w, int64_t step, int64_t bytes, int64_t save_ms, double stall_ms) {
-  job_ckpt c = {.step = step, .bytes = bytes, .save_ms = save_ms, .stall_ms = stall_ms};
+  job_ckpt c = {.step = step, .bytes = bytes, .save_ms = save_ms, .stall_ms = stall_ms, .skipped = w->ckpt_skipped};
   snprintf(c.dir, sizeof c.dir, "%s", w->spec.ckpt_dir);
+  w->ckpt_pub = c;
   publish_record(w, JOB_REC_CKPT, 0, job_ckpt_to_json(&c), 0);
+}
+
+void worker_publish_ckpt_skips(worker *w) {
+  if (w->ckpt_pub.step <= 0) return; /* no checkpoint to point at yet: the first commit's record carries the count */
+  w->ckpt_pub.skipped = w->ckpt_skipped;
+  publish_record(w, JOB_REC_CKPT, 0, job_ckpt_to_json(&w->ckpt_pub), 0);
 }
 
 /* Writes the end marker unless a true one is there already (another rank's): every rank
@@ -407,7 +416,7 @@ void worker_mark_done(worker *w, double loss) {
      stops reading at the end marker, has seen it (a generation that ran to the end within
      moments is still recorded) */
   newt_deadline_t until = newt_deadline_in_ms(newt_param_DoneWaitMs());
-  publisher_flush(w, newt_deadline_in_ms(w->spec.lease_ttl_ms + 3000));
+  worker_publisher_flush(w, newt_deadline_in_ms(w->spec.lease_ttl_ms + 3000));
   /* every rank writes it (put_done): a rank 0 killed between the last step and its marker
      must not leave a finished job unfinished */
   for (;;) {

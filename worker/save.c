@@ -10,6 +10,11 @@
  * generations, so a rank of this job (a stopped rank 0 of an earlier generation, say) never
  * keeps a newer rank out, and another job or `newt train` in that directory is refused.
  *
+ * A save due while the previous one is still being written is skipped (the saver's
+ * skip_if_busy: a step never waits for the disk), and said: a WARN line naming both steps, and
+ * rank 0 writes its count into the ckpt record again (job_ckpt.skipped), whence the summary's
+ * checkpoints_skipped. NEWT_CKPT_HOLD (ckpt/saver.c) makes a save that slow, for tests.
+ *
  * A save in flight belongs to one generation (its attempt is the generation): when the
  * next plan drops a failed rank it can never complete, so it is aborted and the previous
  * checkpoint stays the newest; after a switch at a step boundary (everyone alive) it is
@@ -215,7 +220,14 @@ newt_result_t worker_ckpt_step(worker *w) {
   staging_filled(w); /* the save takes the block it reserved */
   int started = 0;
   NEWT_CHECK(ckpt_save_begin(w->saver, w->live_step, 1, &started));
-  if (!started) return NEWT_OK; /* the last save is still being written: skip this one */
+  if (!started) { /* the last save is still being written: this one is skipped, and said */
+    w->ckpt_skipped++;
+    NEWT_WARN(WORKER, "%s: checkpoint of step %lld skipped: the save of step %lld is still being written (%lld "
+              "skipped so far; a save slower than spec.ckpt.every steps)", w->id, (long long)w->live_step,
+              (long long)st.step, (long long)w->ckpt_skipped);
+    if (w->me->rank == 0) worker_publish_ckpt_skips(w);
+    return NEWT_OK;
+  }
   newt_result_t res = add_parts(w);
   cJSON *state = NULL;
   if (res == NEWT_OK && w->me->rank == 0) res = state_document(w, w->live_step, &state);

@@ -168,8 +168,9 @@ typedef enum wait_outcome { WAIT_PLAN, WAIT_LEAVE, WAIT_DONE, WAIT_FAILED } wait
 static void donate(worker *w, newt_plan *p);
 
 /* Waits for a plan newer than our generation in which we are a rank (donor: a donor);
- * meanwhile notices a leave asked for and the end of the job. */
-static newt_result_t wait_plan(worker *w, int donor, newt_plan *out, wait_outcome *how) {
+ * meanwhile notices a leave asked for and the end of the job. A rank gives up (WAIT_LEAVE) at
+ * until, a donor at its own bound. */
+static newt_result_t wait_plan(worker *w, int donor, newt_deadline_t until, newt_plan *out, wait_outcome *how) {
   uint64_t spare_gen = 0;
   uint64_t next_done_check = 0;
   links_proof links = {0};
@@ -178,7 +179,7 @@ static newt_result_t wait_plan(worker *w, int donor, newt_plan *out, wait_outcom
      leadership change within a lease TTL */
   int64_t donor_wait = 3 * w->spec.lease_ttl_ms + 5000;
   if (donor_wait > 10000) donor_wait = 10000;
-  newt_deadline_t give_up = newt_deadline_in_ms(donor ? donor_wait : -1);
+  newt_deadline_t give_up = donor ? newt_deadline_in_ms(donor_wait) : until;
   int64_t recheck_ms = donor ? -1 : worker_recheck(w); /* the last crash report's next look */
   for (;;) {
     if ((!donor && worker_stop_asked(w)) || newt_deadline_passed(give_up)) {
@@ -518,7 +519,7 @@ static void hand_over(worker *w) {
   }
   newt_plan p;
   wait_outcome wo;
-  if (wait_plan(w, 1, &p, &wo) != NEWT_OK || wo != WAIT_PLAN) {
+  if (wait_plan(w, 1, NEWT_DEADLINE_NONE, &p, &wo) != NEWT_OK || wo != WAIT_PLAN) {
     NEWT_WARN(WORKER, "%s: no plan took over its state of step %lld", w->id, (long long)w->live_step);
     return;
   }
@@ -558,7 +559,7 @@ static newt_result_t wait_generation(worker *w, newt_next *next) {
   for (;;) {
     newt_plan p;
     wait_outcome wo;
-    NEWT_CHECK(wait_plan(w, 0, &p, &wo));
+    NEWT_CHECK(wait_plan(w, 0, NEWT_DEADLINE_NONE, &p, &wo));
     switch (wo) {
       case WAIT_DONE: NEWT_INFO(WORKER, "%s: the job is done", w->id); return over(w, NEWT_NEXT_DONE, next);
       case WAIT_FAILED:
@@ -577,6 +578,67 @@ static newt_result_t wait_generation(worker *w, newt_next *next) {
       return NEWT_OK;
     }
   }
+}
+
+/* The last step was trained in a generation the survivors of a crash made while etcd was away
+ * (peers.c): no plan of the leader's names the membership the job ends with, and the crash is
+ * in no record. So the end waits for the leader's plan, which follows the survivors' reports
+ * once etcd is back (the end marker needs etcd too): its generation is taken up with no step
+ * left to train, acknowledged (end_trained), and the end marker follows, so the recovery is
+ * recorded and the job ends in a generation of the leader's. At most NEWT_DONE_WAIT_MS: then
+ * the job ends as it is, saying so. */
+static newt_result_t end_after_leaders_plan(worker *w, newt_next *next) {
+  NEWT_INFO(WORKER, "%s: trained the last step (%lld) in generation %llu (peers %d), which no plan of the leader's "
+            "names: waiting for the leader's plan (it follows once etcd is back) before the end", w->id,
+            (long long)w->live_step, (unsigned long long)w->plan.generation, w->peer_epoch);
+  end_generation(w);
+  w->phase = PHASE_WAITING;
+  newt_deadline_t until = newt_deadline_in_ms(worker_done_wait_ms());
+  for (;;) {
+    newt_plan p;
+    wait_outcome wo;
+    NEWT_CHECK(wait_plan(w, 0, until, &p, &wo));
+    if (wo == WAIT_DONE) return over(w, NEWT_NEXT_DONE, next);
+    if (wo == WAIT_FAILED) {
+      NEWT_ERROR(WORKER, "%s: the job failed: %s", w->id, w->failed_why);
+      return over(w, NEWT_NEXT_FAILED, next);
+    }
+    if (wo == WAIT_LEAVE) { /* asked to stop, or no plan came: the job is trained all the same */
+      NEWT_WARN(WORKER, "%s: no plan of the leader's came for generation %llu (peers %d)%s: the job ends without its "
+                "recovery in the record", w->id, (unsigned long long)w->gen, w->peer_epoch,
+                worker_stop_asked(w) ? " before this worker was asked to stop" : "");
+      worker_mark_done(w, w->last_loss);
+      return over(w, NEWT_NEXT_DONE, next);
+    }
+    int built = start_generation(w, &p, NULL, NULL);
+    plan_free(&p);
+    if (built) {
+      *next = NEWT_NEXT_GENERATION;
+      return NEWT_OK;
+    }
+  }
+}
+
+/* The job's last step is done. A generation taken up with no step left to train (the
+ * leader's plan after the survivors' own, end_after_leaders_plan) is acknowledged now, and
+ * every rank's acknowledgement is in etcd before any end marker (a barrier after each rank's
+ * publisher wrote its own): the leader records the recovery before it sees the end. */
+static newt_result_t end_trained(worker *w, newt_next *next) {
+  w->trained_last = 1; /* its loss is the job's: every rank has the same (the commit's sums) */
+  if (w->peer_epoch) return end_after_leaders_plan(w, next);
+  NEWT_INFO(WORKER, "%s: trained the last step (%lld)", w->id, (long long)w->live_step);
+  if (w->first_step_of_gen) {
+    w->first_step_of_gen = 0;
+    w->t_first_step = newt_wall_ms();
+    worker_publish_ack(w, NULL);
+    worker_publisher_flush(w, newt_deadline_in_ms(w->spec.lease_ttl_ms + 3000));
+    if (comm_barrier(comm_host_channel(w->train)) != NEWT_OK) /* a rank lost at the end: its own marker follows */
+      NEWT_WARN(WORKER, "%s: waiting for the other ranks' acknowledgements of generation %llu: %s", w->id,
+                (unsigned long long)w->plan.generation, newt_errmsg());
+  }
+  worker_mark_done(w, w->last_loss);
+  end_generation(w);
+  return over(w, NEWT_NEXT_DONE, next);
 }
 
 /* The step that comes, or the end of the generation the last commit agreed on. */
@@ -600,13 +662,7 @@ static newt_result_t next_step(worker *w, newt_batch *b, newt_next *next) {
     w->phase = PHASE_WAITING;
     return wait_generation(w, next);
   }
-  if (w->live_step >= w->spec.steps) {
-    NEWT_INFO(WORKER, "%s: trained the last step (%lld)", w->id, (long long)w->live_step);
-    w->trained_last = 1;
-    worker_mark_done(w, w->last_loss);
-    end_generation(w);
-    return over(w, NEWT_NEXT_DONE, next);
-  }
+  if (w->live_step >= w->spec.steps) return end_trained(w, next);
   const newt_plan *p = &w->plan;
   int64_t gb = p->global_batch, off;
   plan_batch_slice(gb, p->dp, w->dp_rank, &off, &w->step_count);

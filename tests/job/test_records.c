@@ -84,8 +84,18 @@ static void test_report(void) {
   snprintf(none.worker, sizeof none.worker, "w0");
   text = job_report_to_json(&none);
   T_OK(job_report_from_json(text, strlen(text), &back));
-  T_CHECK(back.naccuse == 0 && back.hang == 0 && back.step == -1);
+  T_CHECK(back.naccuse == 0 && back.hang == 0 && back.step == -1 && back.done_step == 0);
+  T_CHECK_MSG(!strstr(text, "done_step"), "a report that says no step of its own writes none: %s", text);
   free(text);
+  /* the reporter's own newest step (issue 35): written when said, read back; a report of the
+     previous release has none (0) */
+  none.done_step = 42;
+  text = job_report_to_json(&none);
+  T_OK(job_report_from_json(text, strlen(text), &back));
+  T_CHECK_MSG(back.done_step == 42 && strstr(text, "\"done_step\":42"), "%s", text);
+  free(text);
+  EXPECT_REJECT(job_report_from_json, job_report,
+                "{\"worker\":\"w1\",\"kind\":\"crash\",\"step\":1,\"done_step\":-1,\"t_ms\":1}", "report.done_step");
 
   EXPECT_REJECT(job_report_from_json, job_report, "[1]", "report: expected a JSON object");
   EXPECT_REJECT(job_report_from_json, job_report, "{\"worker\":\"w1\",\"kind\":\"x\",\"step\":1,\"t_ms\":1}",
@@ -200,10 +210,18 @@ static void test_progress_done_ckpt(void) {
   text = job_ckpt_to_json(&c);
   T_OK(job_ckpt_from_json(text, strlen(text), &cb));
   T_CHECK(cb.save_ms == 812 && fabs(cb.stall_ms - 3.142) < 1e-9);
-  free(text);
   EXPECT_REJECT(job_ckpt_from_json, job_ckpt, "{\"step\":3,\"dir\":\"d\",\"stall_ms\":-1}", "ckpt.stall_ms");
   EXPECT_REJECT(job_ckpt_from_json, job_ckpt, "{\"step\":3,\"dir\":\"d\",\"stall_ms\":1e12}", "ckpt.stall_ms");
   EXPECT_REJECT(job_ckpt_from_json, job_ckpt, "{\"step\":3,\"dir\":\"d\",\"stall_ms\":\"slow\"}", "ckpt.stall_ms");
+  /* the saves rank 0 skipped (issue 35): written only when some were */
+  T_CHECK_MSG(!strstr(text, "skipped"), "%s", text);
+  free(text);
+  c.skipped = 3;
+  text = job_ckpt_to_json(&c);
+  T_OK(job_ckpt_from_json(text, strlen(text), &cb));
+  T_CHECK_MSG(cb.skipped == 3 && strstr(text, "\"skipped\":3"), "%s", text);
+  free(text);
+  EXPECT_REJECT(job_ckpt_from_json, job_ckpt, "{\"step\":3,\"dir\":\"d\",\"skipped\":-2}", "ckpt.skipped");
 }
 
 static void test_events(void) {
@@ -263,7 +281,24 @@ static void test_events(void) {
   T_OK(job_event_from_json(text, strlen(text), &e));
   T_CHECK(e.type == JOB_EV_RECOVERED && e.t_detect == 2 && e.t_step == 6 && e.restore_step == 77);
   T_CHECK(strcmp(e.restore, "memory") == 0 && strcmp(e.cause, "hang") == 0);
+  /* without fault_step (the previous release's events): the step the fault hit is the step
+     restored plus the steps done again */
+  T_CHECK_MSG(!strstr(text, "fault_step") && e.fault_step == 0 && job_event_fault_step(&e) == 77, "%s", text);
   job_event_free(&e);
+  free(text);
+  /* with it (issue 35): one account, fault_step - restore_step = steps_lost */
+  rec.fault_step = 80;
+  rec.steps_lost = 3;
+  text = job_event_to_json(&rec);
+  T_OK(job_event_from_json(text, strlen(text), &e));
+  T_CHECK_MSG(e.fault_step == 80 && job_event_fault_step(&e) == 80 && e.steps_lost == 3, "%s", text);
+  job_event_free(&e);
+  free(text);
+  /* only a recovered event says it */
+  job_event started = rec;
+  started.type = JOB_EV_STARTED;
+  text = job_event_to_json(&started);
+  T_CHECK_MSG(text && !strstr(text, "fault_step"), "%s", text);
   free(text);
 
   job_event others[] = {{.type = JOB_EV_LEADER, .t_ms = 1},

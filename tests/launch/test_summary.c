@@ -51,6 +51,27 @@ static void test_roundtrip(void) {
   T_CHECK(s.res.nckpts == 2);
   if (s.res.nckpts == 2)
     T_CHECK(memcmp(&s.res.ckpts[0], &cks[0], sizeof cks[0]) == 0 && memcmp(&s.res.ckpts[1], &cks[1], sizeof cks[1]) == 0);
+  /* one account of each recovery, the samples trained twice, the saves skipped, and a run
+     resumed from an earlier run's checkpoint (issue 35): written when there is something to
+     say, read back */
+  T_CHECK_MSG(!strstr(text, "samples_repeated") && !strstr(text, "checkpoints_skipped") && !strstr(text, "resumed_from") &&
+              !strstr(text, "fault_step"), "%s", text);
+  T_CHECK(s.res.nrecoveries < 1 || launcher_recovery_fault_step(&s.res.recoveries[0]) == 100);
+  launcher_result_free(&s.res);
+  free(text);
+  recs[0].fault_step = 104;
+  recs[0].steps_lost = 4;
+  res.samples_repeated = 4 * 24;
+  res.ckpts_skipped = 3;
+  res.resumed_step = 60;
+  snprintf(res.resumed_dir, sizeof res.resumed_dir, "/ck/demo");
+  text = launcher_summary_json(&o, &res);
+  T_OK(launcher_summary_from_json(text, strlen(text), &s));
+  T_CHECK_MSG(s.res.samples_repeated == 96 && s.res.ckpts_skipped == 3 && s.res.resumed_step == 60 &&
+              strcmp(s.res.resumed_dir, "/ck/demo") == 0, "%s", text);
+  T_CHECK_MSG(s.res.nrecoveries == 2 && s.res.recoveries[0].fault_step == 104 && s.res.recoveries[0].steps_lost == 4 &&
+              launcher_recovery_fault_step(&s.res.recoveries[0]) == 104, "%s", text);
+  T_CHECK_MSG(strstr(text, "\"resumed_from\":\t{") != NULL, "%s", text);
   launcher_result_free(&s.res);
   free(text);
 }
@@ -65,6 +86,9 @@ static void test_old_and_bad(void) {
   T_CHECK(s.res.recoveries[0].step_ms == 2); /* written before it was: what the other phases leave of the total */
   T_CHECK(strcmp(s.res.outcome, "error") == 0 && !s.res.reason[0]); /* neither done nor failed, no outcome */
   T_CHECK(s.res.etcd_keys == -1 && s.res.t_start_ms == 0 && s.res.nckpts == 0); /* not recorded */
+  /* a recovery of an earlier version says no fault_step: it hit at step + steps_lost */
+  T_CHECK(s.res.recoveries[0].fault_step == 0 && launcher_recovery_fault_step(&s.res.recoveries[0]) == 0);
+  T_CHECK(s.res.samples_repeated == 0 && s.res.ckpts_skipped == 0 && s.res.resumed_step == 0);
   launcher_result_free(&s.res);
   /* how a run ended, read back */
   launcher_opts o;
@@ -92,6 +116,12 @@ static void test_old_and_bad(void) {
       {"{\"steps\":1,\"final_loss\":1,\"generations\":1,\"samples_consumed\":1,\"recoveries\":[],"
        "\"outcome\":\"vanished\"}",
        "summary.outcome"},
+      {"{\"steps\":1,\"final_loss\":1,\"generations\":1,\"samples_consumed\":1,\"recoveries\":[],"
+       "\"resumed_from\":{\"dir\":\"/ck\"}}",
+       "summary.resumed_from.step"},
+      {"{\"steps\":1,\"final_loss\":1,\"generations\":1,\"samples_consumed\":1,\"samples_repeated\":-24,"
+       "\"recoveries\":[]}",
+       "summary.samples_repeated"},
       {"[]", "summary"},
       {"{\"steps\":", "summary"}};
   for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
