@@ -125,6 +125,7 @@ int coord_fatal_report(coord *c) {
   snprintf(why, sizeof why, "%s", c->fatal_why); /* from a rank of the plan in force only (put_report) */
   pthread_mutex_unlock(&c->mu);
   if (!why[0]) return 0;
+  coord_post_said(c); /* what the same report said (a mismatch) comes before the failure */
   coord_fail_job(c, why);
   return 1;
 }

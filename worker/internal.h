@@ -294,9 +294,7 @@ newt_result_t worker_declare(worker *w, const reshard_piece *p);
 /* Makes the newest whole state the state of every rank of the generation. */
 newt_result_t worker_restore(worker *w, newt_restore_info *out);
 newt_result_t worker_snapshot(worker *w);
-/* The replicas of the data-parallel predecessors' unique parts, every spec.fault.replica_every
- * steps (force: now, whatever the step). */
-newt_result_t worker_replicate(worker *w, int force);
+newt_result_t worker_replicate(worker *w);
 /* A copy's buffers laid out for the given pieces, in one block of the device's memory (dev)
  * or the host's (step -1 until filled); freed (step -1, nothing held). */
 newt_result_t worker_copy_layout(worker *w, worker_copy *cp, int dev, const reshard_piece *src, size_t n);

@@ -278,8 +278,8 @@ static newt_result_t replica_round(worker *w, worker_copy *cp, const void *out, 
   return NEWT_OK;
 }
 
-newt_result_t worker_replicate(worker *w, int force) {
-  if (!w->has_state || w->whole || !w->dp || (!force && w->live_step % w->spec.replica_every != 0)) return NEWT_OK;
+newt_result_t worker_replicate(worker *w) {
+  if (!w->has_state || w->whole || !w->dp || w->live_step % w->spec.replica_every != 0) return NEWT_OK;
   /* this rank's unique parts, packed on the host: a memcpy each for host memory; the
      device's into pinned staging, every copy queued and one wait */
   reshard_piece *mine = malloc((w->decl.n ? w->decl.n : 1) * sizeof *mine);

@@ -181,6 +181,8 @@ static newt_result_t describe(worker *w, const fp_pair *mine, int64_t n, char *w
   char names[200] = "", differ[160] = "";
   int nbad = 0, *odd = calloc((size_t)size, sizeof *odd), nodd = 0, majority = 1;
   if (r == NEWT_OK && !odd) r = NEWT_ERR(NEWT_ERR_NOMEM, "out of memory comparing replicas");
+  for (int q = 1; r == NEWT_OK && same_n && q < size; q++) /* the same parts, in key order, on every rank */
+    for (int64_t k = 0; k < n && same_n; k++) same_n = all[(size_t)q * (size_t)maxn + (size_t)k].key == all[(size_t)k].key;
   if (r == NEWT_OK && !same_n) {
     snprintf(why, cap, "the data-parallel ranks of tp %d, pp %d declare different replicated parts (%lld here)", t, pp,
              (long long)n);

@@ -397,6 +397,21 @@ static void refresh_spec(worker *w, const newt_plan *p) {
   free(text);
 }
 
+/* The generation's groups are built (or kept, restart_generation): the declaration that holds
+ * the state becomes the source of the next one's restore (one made for a generation that never
+ * restored holds nothing: dropped), and the program declares and restores. */
+static void await_declaration(worker *w) {
+  if (w->state_in_decl) {
+    worker_decl_free(&w->prev);
+    w->prev = w->decl;
+    w->state_in_decl = 0;
+  } else {
+    worker_decl_free(&w->decl);
+  }
+  memset(&w->decl, 0, sizeof w->decl);
+  w->phase = PHASE_BUILT;
+}
+
 /* Builds the generation of plan p (this worker a rank of it): 1 when it stands (PHASE_BUILT),
  * 0 when it never formed (reported; back to waiting). built: its communicator, already made
  * (the survivors' own generation, worker/peers.c; parent: what it was split from), else
@@ -456,17 +471,7 @@ static int start_generation(worker *w, newt_plan *p, comm_t *built, comm_t *pare
   NEWT_INFO(WORKER, "%s: generation %llu%s: rank %d of %d (tp %d, pp %d, dp %d, zero %d, accum %lld)", w->id,
             (unsigned long long)w->plan.generation, sub, w->me->rank, w->plan.nranks, w->plan.tp, w->plan.pp,
             w->plan.dp, w->plan.zero, (long long)w->plan.accum);
-  /* the declaration that holds the state becomes the source of this one's restore (one
-     made for a generation that never restored holds nothing: dropped) */
-  if (w->state_in_decl) {
-    worker_decl_free(&w->prev);
-    w->prev = w->decl;
-    w->state_in_decl = 0;
-  } else {
-    worker_decl_free(&w->decl);
-  }
-  memset(&w->decl, 0, sizeof w->decl);
-  w->phase = PHASE_BUILT;
+  await_declaration(w);
   return 1;
 }
 
@@ -724,15 +729,7 @@ static newt_result_t recover(worker *w, newt_next *next) {
 static newt_result_t restart_generation(worker *w, newt_next *next) {
   NEWT_INFO(WORKER, "%s: generation %llu starts again from step %lld, its newest verified step", w->id,
             (unsigned long long)w->plan.generation, (long long)w->rollback_to);
-  if (w->state_in_decl) { /* as start_generation: the declaration holding the state is the restore's source */
-    worker_decl_free(&w->prev);
-    w->prev = w->decl;
-    w->state_in_decl = 0;
-  } else {
-    worker_decl_free(&w->decl);
-  }
-  memset(&w->decl, 0, sizeof w->decl);
-  w->phase = PHASE_BUILT;
+  await_declaration(w);
   *next = NEWT_NEXT_GENERATION;
   return NEWT_OK;
 }
@@ -850,14 +847,14 @@ newt_result_t worker_end(worker *w, const newt_step_result *res) {
     fflush(w->sample_log);
   }
   if (res->after != NEWT_OK) return NEWT_ERR(res->after, "the step's post-update collectives failed");
-  w->done_step = w->live_step;
   worker_chaos_flip(w);
   /* the replicated state checked (when due) before it is copied, checkpointed or logged: a
      disagreement rolled back returns here, the next step the one after the verified step */
   int rolled = 0;
   NEWT_CHECK(worker_verify(w, 0, &rolled));
   if (rolled) return NEWT_OK;
-  NEWT_CHECK(worker_replicate(w, 0));
+  NEWT_CHECK(worker_replicate(w));
+  w->done_step = w->live_step; /* with its copies made: a rank lost before them costs this step */
   const newt_plan *p = &w->plan;
   int64_t tokens = res->tokens > 0 ? res->tokens : p->global_batch;
   double now = newt_now_s(), tps = w->t_last > 0 ? (double)tokens / (now - w->t_last) : 0;

@@ -35,6 +35,7 @@
 #include "common/fs.h"
 #include "common/json.h"
 #include "common/proc.h"
+#include "tests/elastic/e2e.h"
 #include "test.h"
 
 #define GB "24"
@@ -46,22 +47,7 @@ static const char *newt_bin;
 static char tmpdir[256];
 
 /* Runs argv, its stdout and stderr into *out (malloc'd); returns the exit status or -1. */
-static int run_capture(const char *const *argv, char **out) {
-  char path[512];
-  snprintf(path, sizeof path, "%s/out.%d", tmpdir, (int)getpid());
-  unlink(path);
-  newt_spawn_opts so = {.log_path = path};
-  pid_t pid;
-  if (newt_proc_spawn(argv, &so, &pid) != NEWT_OK) return -1;
-  int st = 0;
-  if (newt_proc_wait(pid, 300000, &st) != NEWT_OK) {
-    newt_proc_stop(pid, 1000);
-    return -1;
-  }
-  size_t n;
-  if (out && newt_fs_read_all(path, 64 << 20, out, &n) != NEWT_OK) *out = NULL;
-  return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
-}
+static int run_capture(const char *const *argv, char **out) { return e2e_run_capture(tmpdir, argv, out); }
 
 /* One `newt run` of the test model on nproc workers (tag: its job, logs in tmpdir/<tag> and
  * summary tmpdir/<tag>.json), with more flags (NULL-terminated); its exit status, its
@@ -188,6 +174,10 @@ static void test_state_loss(void) {
   const cJSON *r0 = recs ? cJSON_GetArrayItem(recs, 0) : NULL;
   T_CHECK_MSG(cJSON_GetArraySize(recs) == 1 && strcmp(str_of(r0, "restore"), "init") == 0 && num_of(r0, "step") == 0,
               "restart: the recovery did not start again from the initial state");
+  T_CHECK_MSG(num_of(r0, "fault_step") >= 12 && num_of(r0, "steps_lost") == num_of(r0, "fault_step") &&
+                  num_of(s, "samples_repeated") == num_of(r0, "steps_lost") * 24,
+              "restart: fault_step %.0f, steps_lost %.0f, samples_repeated %.0f do not add up", num_of(r0, "fault_step"),
+              num_of(r0, "steps_lost"), num_of(s, "samples_repeated"));
   T_CHECK_MSG(strcmp(str_of(s, "outcome"), "done") == 0, "restart: outcome %s", str_of(s, "outcome"));
   double ref = train_loss(40);
   T_CHECK_MSG(fabs(num_of(s, "final_loss") - ref) <= 1e-4 * fmax(1.0, fabs(ref)), "restart: final loss %.7f, "
@@ -219,6 +209,12 @@ static void test_state_ckpt(void) {
   const cJSON *r0 = recs ? cJSON_GetArrayItem(recs, 0) : NULL;
   T_CHECK_MSG(cJSON_GetArraySize(recs) == 1 && strcmp(str_of(r0, "restore"), "ckpt") == 0 && num_of(r0, "step") >= 10,
               "ckpt: the recovery did not go back to a checkpoint");
+  /* one account: the step the fault hit, the step training went on from, the steps redone,
+     and the samples trained twice */
+  double fault = num_of(r0, "fault_step"), from = num_of(r0, "step"), lost = num_of(r0, "steps_lost");
+  T_CHECK_MSG(fault >= 10 && lost == fault - from && lost > 0 && num_of(s, "samples_repeated") == lost * 24,
+              "ckpt: fault_step %.0f, step %.0f, steps_lost %.0f, samples_repeated %.0f do not add up", fault, from, lost,
+              num_of(s, "samples_repeated"));
   T_CHECK_MSG(strcmp(str_of(s, "outcome"), "done") == 0 && num_of(s, "steps") == 40, "ckpt: outcome %s",
               str_of(s, "outcome"));
   double ref = train_loss(40);
@@ -249,6 +245,8 @@ static void test_flip(void) {
               str_of(m0, "why"));
   T_CHECK_MSG(strcmp(str_of(s, "outcome"), "done") == 0 && num_of(s, "steps") == 40, "flip: outcome %s",
               str_of(s, "outcome"));
+  T_CHECK_MSG(num_of(s, "samples_repeated") == 10 * 24, "flip: samples_repeated %.0f, the rollback redid 10 steps",
+              num_of(s, "samples_repeated"));
   double loss = num_of(s, "final_loss");
   T_CHECK_MSG(fabs(loss - ref) <= 1e-5 * fabs(ref), "flip: final loss %.9f, uninterrupted %.9f", loss, ref);
   cJSON_Delete(s);

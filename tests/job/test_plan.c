@@ -75,6 +75,28 @@ static void test_spec(void) {
   expect_spec_error("{\"job\":\"j\",\"fault\":{\"replicas\":\"2\"}}", "spec.fault.replicas");
   back.replicas = 1;
   T_CHECK(!spec_update_allowed(&s, &back, NULL, 0) && strstr(newt_errmsg(), "spec.fault.replicas: 3 -> 1"));
+  /* spec.fault.on_state_loss, verify_every, on_mismatch: checkpoint, 10 and rollback by default
+     and then not written; words from their sets, a count not negative; changeable */
+  T_OK(parse("{\"job\":\"j\"}", &s));
+  dj = spec_to_json(&s);
+  T_CHECK_MSG(s.on_state_loss == SPEC_LOSS_CHECKPOINT && s.verify_every == SPEC_VERIFY_EVERY &&
+                  s.on_mismatch == SPEC_MISMATCH_ROLLBACK && dj && !strstr(dj, "on_state_loss") &&
+                  !strstr(dj, "verify_every") && !strstr(dj, "on_mismatch"),
+              "%s", dj);
+  free(dj);
+  T_OK(parse("{\"job\":\"j\",\"fault\":{\"on_state_loss\":\"restart\",\"verify_every\":0,\"on_mismatch\":\"warn\"}}", &s));
+  dj = spec_to_json(&s);
+  T_OK(parse(dj, &back));
+  T_CHECK_MSG(back.on_state_loss == SPEC_LOSS_RESTART && back.verify_every == 0 && back.on_mismatch == SPEC_MISMATCH_WARN,
+              "%s", dj);
+  free(dj);
+  expect_spec_error("{\"job\":\"j\",\"fault\":{\"on_state_loss\":\"init\"}}", "spec.fault.on_state_loss");
+  expect_spec_error("{\"job\":\"j\",\"fault\":{\"on_mismatch\":\"ignore\"}}", "spec.fault.on_mismatch");
+  expect_spec_error("{\"job\":\"j\",\"fault\":{\"verify_every\":-1}}", "spec.fault.verify_every");
+  T_CHECK(spec_state_loss_parse("fail") == SPEC_LOSS_FAIL && spec_state_loss_parse("x") < 0 &&
+          strcmp(spec_mismatch_name(SPEC_MISMATCH_FAIL), "fail") == 0 && spec_mismatch_name(7) == NULL);
+  spec_defaults(&back, "j");
+  T_CHECK(spec_update_allowed(&s, &back, NULL, 0));
   /* spec.fault.progress_timeout_ms: 10 min by default and then not written, 0 (for ever) or
      at least 1000, changeable while the job runs -- and the change is named though the old
      spec does not write the field */
@@ -554,6 +576,23 @@ static void test_plan_json(void) {
   T_CHECK(plan_find(&q, "w1") && plan_find(&q, "w1")->rank == 1);
   T_CHECK(plan_is_spare(&q, "w2") && !plan_find(&q, "w2"));
   plan_free(&q);
+  /* a rank's failure domain: written only when not its host (the previous release's plan
+     otherwise), read back, its host when absent */
+  T_CHECK(text && !strstr(text, "\"domain\""));
+  plan_member md[2] = {mk("w0", "h0", 1, -1, -1), mk("w1", "h1", 2, -1, -1)};
+  snprintf(md[1].domain, sizeof md[1].domain, "rack7");
+  newt_plan pd;
+  s.even_batches = 0;
+  T_OK(plan_compute(&s, md, 2, 1, &pd));
+  char *td = plan_to_json(&pd);
+  const char *d1 = td ? strstr(td, "\"domain\"") : NULL; /* w1's alone */
+  T_CHECK_MSG(d1 && strncmp(d1, "\"domain\":\"rack7\"", 16) == 0 && !strstr(d1 + 1, "\"domain\""), "%s", td);
+  T_OK(plan_from_json(td, strlen(td), &q));
+  T_CHECK(plan_find(&q, "w1") && strcmp(plan_rank_domain(plan_find(&q, "w1")), "rack7") == 0);
+  T_CHECK(plan_find(&q, "w0") && strcmp(plan_rank_domain(plan_find(&q, "w0")), "h0") == 0 && !plan_find(&q, "w0")->domain[0]);
+  plan_free(&q);
+  plan_free(&pd);
+  free(td);
   /* a donor after the ranks */
   newt_plan dn;
   T_OK(plan_copy(&dn, &p));

@@ -72,8 +72,32 @@ static void test_roundtrip(void) {
   T_CHECK_MSG(s.res.nrecoveries == 2 && s.res.recoveries[0].fault_step == 104 && s.res.recoveries[0].steps_lost == 4 &&
               launcher_recovery_fault_step(&s.res.recoveries[0]) == 104, "%s", text);
   T_CHECK_MSG(strstr(text, "\"resumed_from\":\t{") != NULL, "%s", text);
+  /* replicas that disagreed and workers left out: written when there are some, read back */
+  T_CHECK(text && !strstr(text, "mismatches") && !strstr(text, "left_out"));
   launcher_result_free(&s.res);
   free(text);
+  launcher_mismatch mm = {.step = 20, .back_to = 10, .generation = 1, .t_ms = 1700000000200ull, .action = "rollback",
+                          .worker = "w1", .why = "replicas disagree at step 20: wte"};
+  char left[1][RDZV_NAME_MAX] = {"w2"};
+  res.mismatches = &mm;
+  res.nmismatches = 1;
+  res.left_out = left;
+  res.nleft_out = 1;
+  text = launcher_summary_json(&o, &res);
+  T_OK(launcher_summary_from_json(text, strlen(text), &s));
+  T_CHECK(s.res.nmismatches == 1 && s.res.nleft_out == 1);
+  if (s.res.nmismatches == 1 && s.res.nleft_out == 1) {
+    const launcher_mismatch *m = &s.res.mismatches[0];
+    T_CHECK(m->step == 20 && m->back_to == 10 && m->generation == 1 && strcmp(m->action, "rollback") == 0 &&
+            strcmp(m->worker, "w1") == 0 && strcmp(m->why, mm.why) == 0 && strcmp(s.res.left_out[0], "w2") == 0);
+  }
+  launcher_result_free(&s.res);
+  free(text);
+  /* an action outside the set is refused, naming it */
+  const char *bad = "{\"steps\":40,\"final_loss\":3.5,\"generations\":2,\"samples_consumed\":960,\"recoveries\":[],"
+                    "\"mismatches\":[{\"step\":20,\"back_to\":10,\"action\":\"shrug\"}]}";
+  T_ERR(NEWT_ERR_INVALID, launcher_summary_from_json(bad, strlen(bad), &s));
+  T_CHECK_MSG(strstr(newt_errmsg(), "mismatches[0].action") != NULL, "%s", newt_errmsg());
 }
 
 static void test_old_and_bad(void) {
