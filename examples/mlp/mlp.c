@@ -55,7 +55,8 @@ typedef struct state {
   int dp, dp_rank, zero;
   int64_t chunk, lo, hi;  /* the owned range [lo, hi) of [0, n) */
   float *params, *grads, *m, *v, *gather;
-  double ema;             /* running mean of the loss */
+  double *ema;            /* running mean of the loss: declared state, so memory that lives as long
+                             as the generation's buffers (never the stack) */
 } state;
 
 /* --- data ----------------------------------------------------------------------------------- */
@@ -136,7 +137,7 @@ static void init_params(const model *md, float *p) {
 /* --- a generation ------------------------------------------------------------------------------ */
 
 static void state_free(state *s) {
-  free(s->params), free(s->grads), free(s->m), free(s->v), free(s->gather);
+  free(s->params), free(s->grads), free(s->m), free(s->v), free(s->gather), free(s->ema);
   memset(s, 0, sizeof *s);
 }
 
@@ -165,7 +166,7 @@ static newt_result_t generation(newt_ctx *c, const model *md, int zero, state *s
     fprintf(stderr, "newt-mlp: trains data-parallel only: the job asks for tp %d and pp %d\n", l->tp, l->pp);
     return NEWT_ERR_INVALID;
   }
-  state ns = {.dp = l->dp, .dp_rank = l->dp_rank, .zero = zero > 0, .ema = s->ema};
+  state ns = {.dp = l->dp, .dp_rank = l->dp_rank, .zero = zero > 0};
   ns.chunk = (md->n + l->dp - 1) / l->dp;
   ns.lo = ns.zero ? (int64_t)l->dp_rank * ns.chunk : 0;
   ns.hi = ns.zero ? ns.lo + ns.chunk : md->n;
@@ -176,7 +177,8 @@ static newt_result_t generation(newt_ctx *c, const model *md, int zero, state *s
   ns.gather = calloc(padded, sizeof(float));
   ns.m = calloc(padded, sizeof(float));
   ns.v = calloc(padded, sizeof(float));
-  if (!ns.params || !ns.grads || !ns.gather || !ns.m || !ns.v) {
+  ns.ema = calloc(1, sizeof(double));
+  if (!ns.params || !ns.grads || !ns.gather || !ns.m || !ns.v || !ns.ema) {
     state_free(&ns);
     return NEWT_ERR_NOMEM;
   }
@@ -189,7 +191,7 @@ static newt_result_t generation(newt_ctx *c, const model *md, int zero, state *s
   }
   if (r == NEWT_OK) r = declare(c, "adam.m", md->n, ns.m + ns.lo, ns.lo, ns.hi, 0);
   if (r == NEWT_OK) r = declare(c, "adam.v", md->n, ns.v + ns.lo, ns.lo, ns.hi, 0);
-  if (r == NEWT_OK) r = newt_state_bytes(c, "loss_ema", NEWT_PER_JOB, &ns.ema, sizeof ns.ema);
+  if (r == NEWT_OK) r = newt_state_bytes(c, "loss_ema", NEWT_PER_JOB, ns.ema, sizeof *ns.ema);
   newt_restore_info ri = {.size = sizeof ri};
   if (r == NEWT_OK) r = newt_state_restore(c, &ri);
   if (r != NEWT_OK) {
@@ -200,7 +202,7 @@ static newt_result_t generation(newt_ctx *c, const model *md, int zero, state *s
   *s = ns;
   if (ri.source == NEWT_FROM_NOTHING) {
     init_params(md, s->params);
-    s->ema = 0;
+    *s->ema = 0;
   }
   return NEWT_OK;
 }
@@ -238,7 +240,7 @@ static newt_result_t step(newt_ctx *c, const model *md, state *s, const newt_lay
   newt_step_result_init(&res);
   res.loss = total / (double)b->global_batch;
   res.lr = md->lr;
-  s->ema = s->ema == 0 ? res.loss : 0.9 * s->ema + 0.1 * res.loss;
+  *s->ema = *s->ema == 0 ? res.loss : 0.9 * *s->ema + 0.1 * res.loss;
   if (s->zero && l->dp_comm) { /* the parameters whole again */
     res.after = newt_allgather(l->dp_comm, s->params + s->lo, s->gather, (size_t)s->chunk, NEWT_F32);
     if (res.after == NEWT_OK) memcpy(s->params, s->gather, sizeof(float) * (size_t)md->n);
@@ -304,7 +306,7 @@ int main(int argc, char **argv) {
       (void)step(c, &md, &s, &l, &b);
     }
   }
-  if (r == NEWT_OK && s.params && l.rank == 0) fprintf(stderr, "newt-mlp: loss (running mean) %.6f\n", s.ema);
+  if (r == NEWT_OK && s.params && l.rank == 0) fprintf(stderr, "newt-mlp: loss (running mean) %.6f\n", *s.ema);
   state_free(&s);
   return newt_finish(c, r);
 }
