@@ -257,10 +257,16 @@ class Step:
             raise UsageError(f"step {self.number}: committed twice")
         if len(values) > 32:
             raise UsageError(f"step {self.number}: {len(values)} values to commit, at most 32")
+        if self._job._async_error is not None:  # a collective in another thread failed (newt.torch's buckets)
+            raise self._job._async_error
+        for f in self._job._before_commit:
+            f()
         vals = (ctypes.c_double * max(1, len(values)))(*[float(v) for v in values])
         sums = (ctypes.c_double * max(1, len(values)))()
         _check(_lib.newt_step_commit(self._job._ctx, vals, sums, len(values)), f"step {self.number}: commit")
         self.committed = True
+        for f in self._job._after_commit:  # local work only: nothing between the commit and the update may fail
+            f()
         if not values:
             return None
         return sums[0] if len(values) == 1 else tuple(sums[:len(values)])
@@ -293,6 +299,12 @@ class Step:
             return False
         if isinstance(exc, Error) and not isinstance(exc, UsageError):
             self.error = exc  # a lost peer (or another failure of the generation): newt recovers
+            return True
+        failed = self._job._async_error
+        if failed is not None and isinstance(exc, RuntimeError):
+            # a collective in another thread (newt.torch's buckets) met it, and torch's backward
+            # raised it as its own error
+            self.error, self._job._async_error = failed, None
             return True
         return False
 
@@ -330,6 +342,11 @@ class Job:
         self.exit_code = None
         self._started = False
         self._grad_buffers = {}
+        self._step = None  # the step under way (newt.torch's hook scales by its share)
+        self._async_error = None  # a collective that failed in another thread (newt.torch's buckets)
+        self._before_commit = []  # called at each commit, before it (newt.torch: the buffers made equal)
+        self._before_restore = []  # called at each new generation, before the state is declared (newt.torch)
+        self._after_commit = []  # called at each commit that succeeded, before the update (newt.torch)
 
     def __repr__(self):
         return f"<newt.Job {self.name!r} worker {self.worker_id!r}>"
@@ -378,6 +395,10 @@ class Job:
         self.exit_code = _lib.newt_finish(ctx, r)
         return self.exit_code
 
+    def _set_async_error(self, e):
+        if self._async_error is None:
+            self._async_error = e
+
     def _start(self):
         """Before the first step: a GPU job's collectives and copies go on torch's stream."""
         self._started = True
@@ -411,6 +432,7 @@ class Job:
             _check(r, "newt_step_begin")
             if nxt.value == C.NEXT_STEP:
                 step = Step(self, b)
+                self._step, self._async_error = step, None
                 yield step
             elif nxt.value == C.NEXT_GENERATION:
                 step = None
@@ -424,6 +446,8 @@ class Job:
         l = C.sized(C.Layout)
         _check(_lib.newt_layout_get(self._ctx, ctypes.byref(l)), "newt_layout_get")
         self.layout = Layout(self, l)
+        for f in self._before_restore:
+            f()
         try:
             self.state.declare(_lib, self._ctx, _raise_for)
             ri = C.sized(C.RestoreInfo)

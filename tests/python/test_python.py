@@ -1,8 +1,10 @@
 """The Python package's own tests (ctest python_*): misuse raises newt.UsageError naming what
 is wrong (misuse.py, each mode a real `newt run` job), Ctrl-C leaves gracefully, the
 optimizer's state allocated ahead is what a first step finds, the NumPy example trains
-through a kill to the loss of one worker, and an installed package finds its installed
-library. Run: NEWT_BIN=build/newt PYTHONPATH=build/python python3 tests/python/test_python.py [CASE]
+through a kill to the loss of one worker, an installed package finds its installed library,
+and newt.torch's DistributedDataParallel keeps BatchNorm's buffers equal, reduces exactly
+what the global batch's mean asks (accumulated with no_sync), and trains autocast bf16
+through a kill. Run: NEWT_BIN=build/newt PYTHONPATH=build/python python3 tests/python/test_python.py [CASE]
 
 Environment: NEWT_BIN (the newt binary), NEWT_SOURCE_DIR (the repository), PYTHONPATH (the
 package). Prints "ok CASE" per case; exits 1 when any failed."""
@@ -26,11 +28,11 @@ def check(cond, what):
     return cond
 
 
-def newt_run(tmp, tag, nproc, steps, script, args=(), extra=()):
+def newt_run(tmp, tag, nproc, steps, script, args=(), extra=(), gb=8):
     """A `newt run` of a Python script; (exit status, its output, its logs dir, its summary or None)."""
     logs, summary = os.path.join(tmp, tag), os.path.join(tmp, tag + ".json")
     cmd = [NEWT, "run", "--job", "py-" + tag.replace("_", "-"), "--nproc", str(nproc), "--steps", str(steps),
-           "--global-batch", "8", "--micro-batch", "2", "--log-dir", logs, "--summary", summary,
+           "--global-batch", str(gb), "--micro-batch", "2", "--log-dir", logs, "--summary", summary,
            "--timeout-ms", "120000", *extra, "--", sys.executable, script, *args]
     p = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=180)
     s = None
@@ -129,8 +131,71 @@ def test_import_errors(tmp):
     print("ok import_errors", flush=True)
 
 
+def ddp_digests(logs, n):
+    """Each rank's fingerprint of its BatchNorm buffers at the end (ddp.py's last line)."""
+    out = {}
+    for i in range(n):
+        path = os.path.join(logs, f"w{i}.log")
+        if not os.path.exists(path):
+            continue
+        for line in log_of(logs, f"w{i}").splitlines():
+            if line.startswith("ddp.py: rank ") and " buffers " in line:
+                out[f"w{i}"] = line.split(" buffers ")[1].split()[0]
+    return out
+
+
+def test_ddp_buffers(tmp):
+    """examples/torch/ddp.py on 3 ranks: BatchNorm's buffers bitwise equal on every rank at the
+    end (broadcast_buffers); without it each rank's drift apart and newt's check of the
+    replicas fails the job, naming them."""
+    script = os.path.join(SRC, "examples", "torch", "ddp.py")
+    rc, out, logs, s = newt_run(tmp, "ddp_bn", 3, 20, script)
+    digests = ddp_digests(logs, 3)
+    check(rc == 0 and s and s["done"], f"ddp buffers: newt run exited {rc}:\n{out}")
+    check(len(digests) == 3 and len(set(digests.values())) == 1, f"ddp buffers: the ranks' buffers differ: {digests}")
+    rc, out, logs, s = newt_run(tmp, "ddp_bn_off", 3, 20, script, ["--no-broadcast-buffers"])
+    check(rc == 4 and s and s["outcome"] == "failed" and "running_mean" in s.get("failed", ""),
+          f"ddp buffers off: newt run exited {rc}, not the job failing on BatchNorm's buffers:\n{out}")
+    print("ok ddp_buffers", flush=True)
+
+
+def test_ddp_no_sync(tmp):
+    """Accumulation with no_sync() gives the gradients of the global batch's mean, on ranks of
+    unequal shares (ddp_units.py checks it at every step)."""
+    rc, out, logs, s = newt_run(tmp, "ddp_units", 3, 6, os.path.join(HERE, "ddp_units.py"))
+    text = "".join(log_of(logs, f"w{i}") for i in range(3))
+    check(rc == 0 and s and s["done"], f"ddp no_sync: newt run exited {rc}:\n{out}")
+    check("FAIL" not in text and text.count("ok step ") == 18, f"ddp no_sync: {text[-3000:]}")
+    check("2 micro-batches" in text and "1 micro-batches" in text, "ddp no_sync: no rank accumulated")
+    print("ok ddp_no_sync", flush=True)
+
+
+def test_ddp_autocast(tmp):
+    """examples/torch/ddp.py with autocast bf16 through a kill: every step, every sample, no
+    step lost, near the loss of one worker. A global batch of 24 in micro-batches of 2 splits
+    into the same micro-batches on 4, 3 or 1 ranks (BatchNorm normalises each over the same
+    samples), so the world size changes only the order the gradients are summed in: in fp32
+    that moves the final loss by 1.3e-7 (relative) here, but bf16 keeps 8 bits of mantissa,
+    and weights that differ in their last fp32 bits round some activations the other way
+    (1.3e-3 here): within 5e-3."""
+    script = os.path.join(SRC, "examples", "torch", "ddp.py")
+    rc1, out1, _, ref = newt_run(tmp, "ddp_bf16_ref", 1, 60, script, ["--autocast", "bf16"], gb=24)
+    rc, out, _, s = newt_run(tmp, "ddp_bf16", 4, 60, script, ["--autocast", "bf16"],
+                             extra=["--chaos", "kill:worker:1@step=10"], gb=24)
+    if not check(rc1 == 0 and rc == 0 and ref and s, f"ddp autocast: newt run exited {rc1} / {rc}:\n{out1}\n{out}"):
+        return
+    check(s["steps"] == 60 and s["samples_consumed"] == 60 * 24 and "samples_repeated" not in s,
+          f"ddp autocast: {s['steps']} steps, {s['samples_consumed']} samples")
+    causes = [r["cause"] for r in s["recoveries"]]
+    check(causes == ["crash"] and s["recoveries"][0]["steps_lost"] == 0, f"ddp autocast: recoveries {s['recoveries']}")
+    a, b = s["final_loss"], ref["final_loss"]
+    check(abs(a - b) <= 5e-3 * abs(b), f"ddp autocast: final loss {a!r}, one worker's {b!r}")
+    print(f"ok ddp_autocast (final loss {a:.9g}, one worker {b:.9g})", flush=True)
+
+
 CASES = {"misuse": test_misuse, "sigint": test_sigint, "init_optimizer_state": test_init_optimizer_state,
-         "numpy": test_numpy, "import_errors": test_import_errors}
+         "numpy": test_numpy, "import_errors": test_import_errors, "ddp_buffers": test_ddp_buffers,
+         "ddp_no_sync": test_ddp_no_sync, "ddp_autocast": test_ddp_autocast}
 
 
 def main():

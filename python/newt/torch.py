@@ -1,0 +1,206 @@
+"""PyTorch's own DistributedDataParallel over newt (docs/python.md, "A DDP script").
+
+    model = newt.torch.DistributedDataParallel(Net(), job)   # instead of torch's DDP
+    for step in job.steps():
+        with step:
+            for i, mb in enumerate(step.micro_batches()):
+                last = i == len(step.micro_batches()) - 1
+                with model.no_sync() if not last else contextlib.nullcontext():
+                    loss = F.cross_entropy(model(x_of(mb)), y_of(mb), reduction="sum") / step.count
+                    loss.backward()                      # buckets go over newt as backward makes them
+            total = step.commit(loss_sum)
+            opt.step(); opt.zero_grad()
+            step.end(loss=total / step.global_batch)
+
+torch's DDP is kept whole -- its reducer, its buckets in reverse order of the parameters,
+its hooks, no_sync(), find_unused_parameters -- over a process group of one process (gloo,
+in this process alone), so it never talks to another process itself. What it would send,
+it hands to a communication hook: each bucket, as backward fills it, is scaled and summed
+over newt's data-parallel group asynchronously (newt's allreduce on the group of the
+generation in force, looked up at every bucket: a new generation needs no new DDP), and a
+thread of this module completes the bucket's future when newt's reduction is done, so the
+reduction of one bucket overlaps the backward of the next. A reduction that fails (a peer
+lost) still completes its future, so torch's reducer ends its backward as usual; the step's
+commit then raises the failure (no update is applied) and `with step:` hands it to newt,
+which recovers -- as torchft's DDP does.
+
+The update is newt's: the same at any world size. A rank's loss is its samples' share of the
+step: summed per sample and divided by step.count (or, as a stock DDP script computes it, a
+mean per micro-batch divided by the number of micro-batches, when they are full); the hook
+scales each bucket by step.count / global_batch before the sum, so the gradients are those
+of the global batch's mean, whatever the ranks' shares.
+
+broadcast_buffers keeps every replica's module buffers equal (BatchNorm's running statistics
+change in the forward pass, from each rank's own samples): rank 0's are broadcast over the
+data-parallel group at each commit (torch's DDP does it before each forward: between a commit
+and the next forward nothing changes them), so the state newt checks, snapshots and saves is
+the same on every rank. And the buffers a step makes are taken up only once the step is
+committed (below, "_keep_buffers"): a step that fails leaves them as they were.
+"""
+
+import queue
+import threading
+
+import torch
+import torch.distributed as dist
+
+from ._errors import Error, UsageError
+
+__all__ = ["DistributedDataParallel"]
+
+_PG = None
+
+
+def _one_process_group():
+    """A process group of this process alone: torch's DDP runs over it and talks to no one."""
+    global _PG
+    if _PG is None:
+        if not dist.is_available() or not dist.is_gloo_available():
+            raise UsageError("newt.torch.DistributedDataParallel needs torch.distributed with gloo")
+        _PG = dist.ProcessGroupGloo(dist.HashStore(), 0, 1)
+    return _PG
+
+
+class _Waiter:
+    """Completes the futures of the buckets in flight, in the order they were handed over."""
+
+    def __init__(self):
+        self._q = queue.Queue()
+        self._thread = threading.Thread(target=self._run, name="newt-ddp", daemon=True)
+        self._thread.start()
+
+    def put(self, work, fut, buf, on_error):
+        self._q.put((work, fut, buf, on_error))
+
+    def _run(self):
+        while True:
+            work, fut, buf, on_error = self._q.get()
+            try:
+                work.wait()  # releases the GIL while newt reduces
+            except BaseException as e:  # noqa: BLE001 (the future must complete, whatever happened)
+                on_error(e if isinstance(e, Error) else Error(f"a bucket's reduction: {e}"))
+            # completed either way, so that torch's reducer ends its backward as usual; a failed
+            # reduction fails the step's commit (step.commit raises it: no update is applied)
+            fut.set_result(buf)
+
+
+def _copy_into(dst, src):
+    """Copies of the tensors src, in dst's tensors when they fit; returns them."""
+    if dst is None or len(dst) != len(src) or any(d.shape != t.shape or d.dtype != t.dtype for d, t in zip(dst, src)):
+        return [t.detach().clone() for t in src]
+    for d, t in zip(dst, src):
+        d.copy_(t.detach())
+    return dst
+
+
+class DistributedDataParallel(torch.nn.Module):
+    """torch.nn.parallel.DistributedDataParallel over newt's data-parallel group. Declare its
+    state as the module's (job.state.add("model", ddp) or ddp.module); use ddp(x), ddp.no_sync()
+    and ddp.module as with torch's."""
+
+    def __init__(self, module, job, *, bucket_cap_mb=25, broadcast_buffers=True, find_unused_parameters=False,
+                 gradient_as_bucket_view=False):
+        super().__init__()
+        self.module = module
+        self._job = job
+        self.broadcast_buffers = broadcast_buffers
+        # find_unused_parameters is on whatever the caller says: torch's DDP rebuilds its buckets
+        # after its first iteration (from the order the gradients were ready) unless it is, and a
+        # joiner's first iteration would then pair its initial buckets with the survivors'
+        # rebuilt ones: the buckets must be the same on every rank, so they are the initial ones,
+        # in reverse order of the parameters, always. (A parameter a step does not use is
+        # reduced as zeros, as the flag asks.)
+        del find_unused_parameters
+        kw = dict(process_group=_one_process_group(), bucket_cap_mb=bucket_cap_mb, broadcast_buffers=False,
+                  find_unused_parameters=True, gradient_as_bucket_view=gradient_as_bucket_view)
+        dev = next((p.device for p in module.parameters()), torch.device("cpu"))
+        if dev.type == "cuda":
+            kw["device_ids"] = [dev.index]
+        # torch's DDP is kept out of the module tree: the parameters are named module.<name>,
+        # as under torch's DDP, once
+        object.__setattr__(self, "_ddp", torch.nn.parallel.DistributedDataParallel(module, **kw))
+        self._ddp.register_comm_hook(None, self._hook)
+        object.__setattr__(self, "_waiter", _Waiter())
+        object.__setattr__(self, "_kept", None)  # the buffers as the step under way found them
+        object.__setattr__(self, "_made", None)  # ... and as it made them, at its commit
+        self._kept_step = None  # the step they were kept for (None: none under way)
+        job._before_commit.append(self._before_commit)
+        job._after_commit.append(self._after_commit)
+        job._before_restore.append(self._restore_buffers)
+
+    def forward(self, *args, **kwargs):
+        self._keep_buffers()
+        return self._ddp(*args, **kwargs)
+
+    def no_sync(self):
+        """Backward passes inside accumulate gradients locally; the next one outside reduces."""
+        return self._ddp.no_sync()
+
+    # A forward pass changes the module's buffers (BatchNorm's running statistics) before the
+    # step is committed, and on each rank from its own samples. newt's contract is that the
+    # state changes after the commit only (its snapshot at the commit is the state before the
+    # step; a step that fails before it must leave the state as it was). So the buffers as the
+    # step found them are kept at its first forward; at the commit, the buffers the step made
+    # are broadcast from rank 0 (broadcast_buffers) and set aside, the kept ones put back for
+    # the commit's snapshot, and the step's taken up once the commit is done; a step that fails
+    # before its commit gets the kept ones back before the next generation's restore.
+
+    def _keep_buffers(self):
+        step = self._job._step
+        if step is None or self._kept_step == step.number:
+            return
+        self._kept = _copy_into(self._kept, list(self.module.buffers()))
+        self._kept_step = step.number
+
+    def _before_commit(self):
+        bufs = list(self.module.buffers())
+        if self._kept_step is None or not bufs:
+            return
+        layout = self._job.layout
+        if self.broadcast_buffers and layout is not None and layout.dp.size > 1:
+            for b in bufs:
+                layout.dp.broadcast(b, 0)
+        self._made = _copy_into(self._made, bufs)
+        with torch.no_grad():
+            for k, b in zip(self._kept, bufs):
+                b.copy_(k)
+
+    def _after_commit(self):
+        if self._kept_step is None or self._made is None:
+            return
+        with torch.no_grad():
+            for m, b in zip(self._made, self.module.buffers()):
+                b.copy_(m)
+        self._kept_step = None  # the next step keeps what this one made
+
+    def _restore_buffers(self):
+        if self._kept_step is None:
+            return
+        with torch.no_grad():
+            for k, b in zip(self._kept, self.module.buffers()):
+                b.copy_(k)
+        self._kept_step = None
+
+    def _hook(self, state, bucket):
+        """A bucket of gradients, as backward filled it: its share of the global batch, summed
+        over the data-parallel group in the background."""
+        buf = bucket.buffer()
+        fut = torch.futures.Future()
+        job = self._job
+        step = job._step
+        if step is None:
+            fut.set_exception(UsageError("newt.torch.DistributedDataParallel: backward outside a step of job.steps()"))
+            return fut
+        buf.mul_(step.count / job.global_batch)
+        group = job.layout.dp
+        if group.size == 1:
+            fut.set_result(buf)
+            return fut
+        try:
+            work = group.allreduce_async(buf)
+        except Error as e:
+            job._set_async_error(e)
+            fut.set_result(buf)
+            return fut
+        self._waiter.put(work, fut, buf, job._set_async_error)
+        return fut
