@@ -301,7 +301,9 @@ typedef enum newt_next {
   NEWT_NEXT_GENERATION = 1, /* a new layout: newt_layout_get, declare the state, newt_state_restore */
   NEWT_NEXT_DONE = 2,       /* the job trained its last step */
   NEWT_NEXT_LEFT = 3,       /* this worker left (a signal, newt_leave), its state handed over */
-  NEWT_NEXT_FAILED = 4      /* the job failed (its failure budget is spent) */
+  NEWT_NEXT_FAILED = 4,     /* the job failed (its failure budget is spent, its state lost, ...) */
+  NEWT_NEXT_LEFT_OUT = 5    /* the job is done without this worker: it trained, was left out (stopped, cut
+                               off) and not taken back before the end; its loss is not the job's */
 } newt_next;
 
 /* A step's samples: step s covers the global sample indices [(s - 1) * global_batch,

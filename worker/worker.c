@@ -532,7 +532,7 @@ static void hand_over(worker *w) {
   plan_free(&p);
 }
 
-/* The worker's part is over: how (NEXT_DONE, LEFT, FAILED). */
+/* The worker's part is over: how (NEXT_DONE, LEFT, FAILED, LEFT_OUT). */
 static newt_result_t over(worker *w, newt_next how, newt_next *next) {
   w->phase = PHASE_OVER;
   w->over = how;
@@ -566,7 +566,9 @@ static newt_result_t wait_generation(worker *w, newt_next *next) {
     wait_outcome wo;
     NEWT_CHECK(wait_plan(w, 0, NEWT_DEADLINE_NONE, &p, &wo));
     switch (wo) {
-      case WAIT_DONE: NEWT_INFO(WORKER, "%s: the job is done", w->id); return over(w, NEWT_NEXT_DONE, next);
+      case WAIT_DONE: /* without this worker when it trained and was left out: it says so (ended_done) */
+        NEWT_INFO(WORKER, "%s: the job is done", w->id);
+        return over(w, w->done_step > 0 || w->held_plan.generation > 0 ? NEWT_NEXT_LEFT_OUT : NEWT_NEXT_DONE, next);
       case WAIT_FAILED:
         NEWT_ERROR(WORKER, "%s: the job failed: %s", w->id, w->failed_why);
         return over(w, NEWT_NEXT_FAILED, next);
@@ -742,7 +744,10 @@ newt_result_t worker_begin(worker *w, newt_batch *b, newt_next *next) {
   switch (w->phase) {
     case PHASE_OVER:
       return NEWT_ERR(NEWT_ERR_INVALID, "newt_step_begin: this worker's part is over (%s): call newt_finish",
-                      w->over == NEWT_NEXT_DONE ? "the job is done" : w->over == NEWT_NEXT_LEFT ? "it left" : "the job failed");
+                      w->over == NEWT_NEXT_DONE       ? "the job is done"
+                      : w->over == NEWT_NEXT_LEFT_OUT ? "the job is done without it"
+                      : w->over == NEWT_NEXT_LEFT     ? "it left"
+                                                      : "the job failed");
     case PHASE_JOINED: NEWT_CHECK(enter(w)); return wait_generation(w, next);
     case PHASE_WAITING: return wait_generation(w, next);
     case PHASE_BUILT:

@@ -4,7 +4,7 @@ torch DDP script is (docs/python.md, "A DDP script": the lines that differ from 
 torchrun).
 
     newt run --nproc 4 --steps 100 --global-batch 24 --micro-batch 2 -- \\
-        python3 examples/torch/ddp.py [--lr 2e-3] [--seed 1] [--no-broadcast-buffers] [--autocast bf16]
+        python3 examples/torch/ddp.py [--lr 2e-3] [--seed 1] [--no-broadcast-buffers] [--autocast bf16] [--zero1]
 
 The data: 8x8 single-channel images whose class is a pure function of (seed, i), so the sample
 indices newt hands a rank are its whole data loader. Each micro-batch's loss is summed over
@@ -12,6 +12,9 @@ its samples and divided by the rank's samples of the step (step.count): newt's D
 each bucket by the rank's share of the global batch, so the update is the global batch's mean
 at any world size. BatchNorm's running statistics are made equal on every rank
 (broadcast_buffers, as torch's DDP does); at the end each rank prints a fingerprint of them.
+With --zero1 the optimizer is newt.torch.ZeroRedundancyOptimizer: AdamW's state sharded over
+the data-parallel ranks (ZeRO stage 1), resharded by newt at every resize; at the end each rank
+prints its optimizer state's bytes.
 """
 
 import argparse
@@ -72,6 +75,7 @@ def main():
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--no-broadcast-buffers", action="store_true", help="leave BatchNorm's buffers to each rank")
     ap.add_argument("--autocast", choices=["none", "bf16"], default="none", help="mixed precision in the forward")
+    ap.add_argument("--zero1", action="store_true", help="AdamW's state sharded over the ranks (ZeRO stage 1)")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
 
@@ -80,9 +84,13 @@ def main():
         torch.manual_seed(args.seed)
         net = Net().to(dev)
         model = newt.torch.DistributedDataParallel(net, job, broadcast_buffers=not args.no_broadcast_buffers)
-        opt = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.01)
+        if args.zero1:
+            opt = newt.torch.ZeroRedundancyOptimizer(model.parameters(), torch.optim.AdamW, job, lr=args.lr,
+                                                     weight_decay=0.01)
+        else:
+            opt = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.01)
+            newt.init_optimizer_state(opt)
         sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / args.warmup))
-        newt.init_optimizer_state(opt)
         job.state.add("model", model)
         job.state.add("opt", opt)
         job.state.add("sched", sched)
@@ -110,8 +118,11 @@ def main():
                 loss_mean = total / job.global_batch
                 step.end(loss=loss_mean, lr=lr)
         if job.outcome == "done" and job.layout:
-            print(f"ddp.py: rank {job.layout.rank} done, loss {loss_mean:.6f}, buffers {buffers_digest(net)} "
-                  f"(state from {job.restored_from})", file=sys.stderr)
+            opt_bytes = opt.state_bytes() if args.zero1 else sum(
+                v.numel() * v.element_size() for st in opt.state.values() for v in st.values() if torch.is_tensor(v))
+            print(f"ddp.py: rank {job.layout.rank} done, loss {loss_mean:.6f}, buffers {buffers_digest(net)}, "
+                  f"optimizer state {opt_bytes} bytes of {job.layout.dp_size} ranks (state from {job.restored_from})",
+                  file=sys.stderr)
 
 
 if __name__ == "__main__":

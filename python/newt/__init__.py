@@ -438,7 +438,8 @@ class Job:
                 step = None
                 self._generation()
             else:
-                self.outcome = {C.NEXT_DONE: "done", C.NEXT_LEFT: "left", C.NEXT_FAILED: "failed"}[nxt.value]
+                self.outcome = {C.NEXT_DONE: "done", C.NEXT_LEFT: "left", C.NEXT_FAILED: "failed",
+                                C.NEXT_LEFT_OUT: "left out"}.get(nxt.value, "done")
                 return
 
     def _generation(self):

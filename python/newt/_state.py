@@ -133,12 +133,26 @@ def _optimizer_items(prefix, opt):
     return items, get, put
 
 
+class Part:
+    """A part of a tensor that a layout cuts (newt.torch's ZeRO shards): `tensor` holds the
+    elements [begin, begin + tensor.numel()) of a flat tensor of `whole` elements named
+    `name` (whole None: the tensor is the whole, the same on every rank). A provider gives
+    them anew for each generation: their memory and their slice follow the layout, and newt
+    moves the elements between the old parts and the new ones."""
+
+    __slots__ = ("name", "tensor", "whole", "begin")
+
+    def __init__(self, name, tensor, whole=None, begin=0):
+        self.name, self.tensor, self.whole, self.begin = name, tensor, whole, begin
+
+
 class State:
     """job.state: what newt keeps, restores and checkpoints for the program."""
 
     def __init__(self):
         self._tensors = []
         self._extras = []
+        self._providers = []  # (prefix, parts(prefix) -> [Part]): cut anew for each layout
         self._names = set()
         self._sealed = False
 
@@ -169,6 +183,11 @@ class State:
         torch = sys.modules.get("torch")
         if is_torch(obj) or is_numpy(obj):
             self._add_tensors([_TensorItem(name, lambda: obj)])
+        elif callable(getattr(obj, "_newt_parts", None)):  # newt.torch's ZeroRedundancyOptimizer: parts that
+            self._claim(name, C.NAME_MAX, "state")        # each layout cuts anew
+            self._providers.append((name, obj._newt_parts))
+            get, put = obj._newt_extra()
+            self.extra(name + ".rest", get, put, capacity=capacity)
         elif torch is not None and isinstance(obj, torch.nn.Module):
             self._add_tensors(_module_items(name, obj))
         elif torch is not None and isinstance(obj, torch.optim.Optimizer):
@@ -212,6 +231,24 @@ class State:
             d.bytes = t.view.nbytes
             d.flags = C.TENSOR_DEVICE if t.view.device >= 0 else 0
             raise_for(lib, lib.newt_state_tensor(ctx, ctypes.byref(d)), f"declaring state tensor {t.name!r}")
+        for prefix, parts in self._providers:
+            for p in parts(prefix):
+                if p.tensor.numel() == 0:
+                    continue  # this rank holds none of it (more ranks than elements)
+                v = View(p.tensor, f"state tensor {p.name!r}")
+                d = C.sized(C.Tensor)
+                lib.newt_tensor_init(ctypes.byref(d))
+                whole = p.whole if p.whole is not None else v.numel
+                shape = (ctypes.c_int64 * 1)(whole)
+                d.name = p.name.encode()
+                d.dtype = v.dtype
+                d.ndim = 1
+                d.shape = shape
+                d.begin, d.end = p.begin, p.begin + v.numel
+                d.data = v.ptr
+                d.bytes = v.nbytes
+                d.flags = C.TENSOR_DEVICE if v.device >= 0 else 0
+                raise_for(lib, lib.newt_state_tensor(ctx, ctypes.byref(d)), f"declaring state tensor {p.name!r}")
         for e in self._extras:
             raise_for(lib, lib.newt_state_bytes(ctx, e.name.encode(), e.scope, e.buf, e.capacity),
                       f"declaring state extra {e.name!r}")

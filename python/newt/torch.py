@@ -46,7 +46,7 @@ import torch.distributed as dist
 
 from ._errors import Error, UsageError
 
-__all__ = ["DistributedDataParallel"]
+__all__ = ["DistributedDataParallel", "ZeroRedundancyOptimizer"]
 
 _PG = None
 
@@ -204,3 +204,182 @@ class DistributedDataParallel(torch.nn.Module):
             return fut
         self._waiter.put(work, fut, buf, job._set_async_error)
         return fut
+
+
+class ZeroRedundancyOptimizer(torch.optim.Optimizer):
+    """A torch optimizer whose state is sharded over newt's data-parallel group (ZeRO stage 1,
+    as torch's ZeroRedundancyOptimizer): the parameters are one flat vector of N elements in
+    the order given; data-parallel rank d of D keeps and updates its chunk [d*c, (d+1)*c) of it
+    (c = ceil(N / D)) with an optimizer of optimizer_class over that chunk alone, so its
+    optimizer state is about 1/D of the whole; after the update the ranks all-gather the chunks,
+    and every rank has every parameter. Declared as state (job.state.add("opt", zero)), the
+    shards are parts of flat tensors ("opt.exp_avg" of N elements, ...): at every resize newt
+    cuts them anew and moves the elements between ranks in memory, and keeps the replicas of
+    each shard as it does for any unique part. Gradients come whole (newt.torch's DDP, or
+    job.reduce_gradients); param_groups is the inner optimizer's one group, for a scheduler.
+
+        opt = newt.torch.ZeroRedundancyOptimizer(model.parameters(), torch.optim.AdamW, job, lr=1e-3)
+        job.state.add("model", model); job.state.add("opt", opt)   # before job.steps()
+    """
+
+    def __init__(self, params, optimizer_class, job, **defaults):  # pylint: disable=super-init-not-called
+        # a torch Optimizer for whoever checks (a scheduler), whose groups and state are the
+        # inner optimizer's of the shard in force: torch.optim.Optimizer.__init__ is not run
+        self._params = [p for p in params if p.requires_grad]
+        if not self._params:
+            raise UsageError("ZeroRedundancyOptimizer: no parameter that requires a gradient")
+        dt, dev = self._params[0].dtype, self._params[0].device
+        if any(p.dtype != dt or p.device != dev for p in self._params):
+            raise UsageError("ZeroRedundancyOptimizer: the parameters must share one dtype and device")
+        self._job = job
+        self._cls, self._defaults = optimizer_class, dict(defaults)
+        self._sizes = [p.numel() for p in self._params]
+        self.numel = sum(self._sizes)
+        self._dtype, self._device = dt, dev
+        self._layout = None  # (generation, rank, size) the shard is cut for
+        self._old = None  # the last layout's optimizer, read by the restore that replaces it
+        self._inner = None
+        self._hyper = {}  # the group's hyperparameters as a scheduler last left them
+        self._cut(0, 1)  # before the first generation: the whole vector (init_optimizer_state, declaring)
+        job._before_restore.append(self._relayout)
+
+    # --- the shard of the layout in force -----------------------------------------------------
+
+    def _range(self, rank, size):
+        c = -(-self.numel // size)
+        lo = min(rank * c, self.numel)
+        return lo, min(lo + c, self.numel)
+
+    def _cut(self, rank, size):
+        """A new shard and an optimizer over it for data-parallel rank `rank` of `size`; the
+        last one's stays alive until the restore has read it."""
+        self._old = self._inner
+        if self._inner is not None:
+            self._hyper = {k: v for k, v in self._inner.param_groups[0].items() if k != "params"}
+        self._lo, self._hi = self._range(rank, size)
+        self._size = size
+        self._shard = torch.zeros(self._hi - self._lo, dtype=self._dtype, device=self._device, requires_grad=True)
+        self._inner = self._cls([self._shard], **self._defaults)
+        self._inner.param_groups[0].update(self._hyper)  # as a scheduler left them (initial_lr too)
+        _init_state(self._inner)
+
+    def _relayout(self):
+        layout = self._job.layout
+        key = (layout.generation, layout.dp_rank, layout.dp_size)
+        if self._layout == key:
+            return
+        self._layout = key
+        self._cut(layout.dp_rank, layout.dp_size)
+
+    def _newt_parts(self, prefix):
+        """The shard's optimizer state as parts of flat tensors of N elements (the scalars, the
+        same on every rank, whole)."""
+        from ._state import Part
+        parts = []
+        for k, v in self._inner.state[self._shard].items():
+            if not torch.is_tensor(v):
+                continue
+            if v.numel() == self._shard.numel() and v.dim() == 1:
+                parts.append(Part(f"{prefix}.{k}", v, self.numel, self._lo))
+            else:
+                parts.append(Part(f"{prefix}.{k}", v.reshape(-1) if v.dim() else v.reshape(1)))
+        return parts
+
+    def _newt_extra(self):
+        """The rest: the group's hyperparameters (as a scheduler changes them) and the state's
+        entries that are not tensors."""
+        def get():
+            g = {k: v for k, v in self._inner.param_groups[0].items() if k != "params"}
+            rest = {k: v for k, v in self._inner.state[self._shard].items() if not torch.is_tensor(v)}
+            return {"group": g, "state": rest}
+
+        def put(value):
+            self._inner.param_groups[0].update(value["group"])
+            self._inner.state[self._shard].update(value["state"])
+            self._old = None  # restored: the last layout's shard is read
+        return get, put
+
+    # --- the optimizer -------------------------------------------------------------------------
+
+    @property
+    def param_groups(self):
+        return self._inner.param_groups
+
+    @property
+    def state(self):
+        return self._inner.state
+
+    @property
+    def defaults(self):
+        return self._defaults
+
+    def state_dict(self):
+        raise UsageError("ZeroRedundancyOptimizer: its state is this rank's shard; newt keeps and checkpoints it "
+                         "(job.state.add), a state_dict of it would be one rank's part")
+
+    def load_state_dict(self, state_dict):
+        raise UsageError("ZeroRedundancyOptimizer: newt restores its shards (job.state.add), not load_state_dict")
+
+    def add_param_group(self, param_group):
+        raise UsageError("ZeroRedundancyOptimizer: one group of the parameters given at its construction")
+
+    def __repr__(self):
+        return (f"<newt.torch.ZeroRedundancyOptimizer of {self._cls.__name__}: {self.numel} parameters, this rank "
+                f"[{self._lo}, {self._hi}) of {self._size} shards>")
+
+    def state_bytes(self):
+        """Bytes of this rank's optimizer state (its shard's)."""
+        return sum(v.numel() * v.element_size() for v in self._inner.state[self._shard].values() if torch.is_tensor(v))
+
+    def zero_grad(self, set_to_none=False):
+        for p in self._params:
+            if p.grad is not None:
+                if set_to_none:
+                    p.grad = None
+                else:
+                    p.grad.zero_()
+
+    def _slices(self):
+        """(parameter, its elements [a, b) in this rank's shard, where in the shard)."""
+        off = 0
+        for p, n in zip(self._params, self._sizes):
+            a, b = max(self._lo, off), min(self._hi, off + n)
+            if a < b:
+                yield p, a - off, b - off, a - self._lo
+            off += n
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        """This rank's shard of the parameters updated from the (whole, reduced) gradients,
+        then every shard all-gathered over the data-parallel group."""
+        if closure is not None:
+            raise UsageError("ZeroRedundancyOptimizer.step: no closure (the gradients are reduced before it)")
+        self._old = None  # a restore has read the last layout's shard by now
+        shard = self._shard
+        if shard.grad is None:
+            shard.grad = torch.zeros_like(shard)
+        for p, a, b, at in self._slices():
+            shard[at:at + b - a].copy_(p.reshape(-1)[a:b])
+            g = p.grad.reshape(-1)[a:b] if p.grad is not None else 0
+            shard.grad[at:at + b - a].copy_(g)
+        self._inner.step()
+        group = self._job.layout.dp if self._job.layout else None
+        size = group.size if group is not None else 1
+        c = -(-self.numel // size)
+        if size > 1:
+            mine = torch.zeros(c, dtype=self._dtype, device=self._device)
+            mine[:shard.numel()] = shard
+            every = torch.empty(c * size, dtype=self._dtype, device=self._device)
+            group.allgather(mine, every)
+        else:
+            every = shard
+        flat = every[:self.numel]
+        off = 0
+        for p, n in zip(self._params, self._sizes):
+            p.reshape(-1).copy_(flat[off:off + n])
+            off += n
+
+
+def _init_state(opt):
+    from . import init_optimizer_state
+    init_optimizer_state(opt)

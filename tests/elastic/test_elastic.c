@@ -280,6 +280,12 @@ static const scenario scenarios[] = {
      .causes = {"crash", "hang", "leave", "join|coordinator", "join|coordinator"},
      .extra = {"--comm-timeout-ms", "1000", NULL},
      .torch = "", .script = "examples/torch/ddp.py", .tol = 1e-5},
+    /* the same with AdamW's state sharded over the ranks (newt.torch.ZeroRedundancyOptimizer,
+       ZeRO stage 1): newt reshards the shards in memory at every resize */
+    {.name = "torch_zero1", .steps = 400, .nproc = 4,
+     .chaos = "kill:worker:1@step=10,stop:worker:2@step=50,term:worker:0@step=90,join:1@step=130,kill:coordinator@step=170",
+     .causes = {"crash", "hang", "leave", "join|coordinator", "join|coordinator"},
+     .extra = {"--comm-timeout-ms", "1000", NULL}, .torch = "--zero1", .script = "examples/torch/ddp.py", .tol = 1e-5},
 };
 
 /* "join?": a recovery that may not happen */

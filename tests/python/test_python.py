@@ -193,9 +193,39 @@ def test_ddp_autocast(tmp):
     print(f"ok ddp_autocast (final loss {a:.9g}, one worker {b:.9g})", flush=True)
 
 
+def test_ddp_zero1(tmp):
+    """examples/torch/ddp.py --zero1: AdamW's state sharded over the ranks (ZeRO stage 1), each
+    rank's about a third of one worker's on 3 ranks, the same loss as without it."""
+    script = os.path.join(SRC, "examples", "torch", "ddp.py")
+    rc1, out1, logs1, ref = newt_run(tmp, "zero1_ref", 1, 20, script, ["--zero1"], gb=24)
+    rc, out, logs, s = newt_run(tmp, "zero1", 3, 20, script, ["--zero1"], gb=24)
+    rc0, out0, _, plain = newt_run(tmp, "zero1_plain", 3, 20, script, gb=24)
+
+    def opt_bytes(logs_dir, n):
+        out = []
+        for i in range(n):
+            for line in log_of(logs_dir, f"w{i}").splitlines():
+                if line.startswith("ddp.py: rank ") and " optimizer state " in line:
+                    out.append(int(line.split(" optimizer state ")[1].split()[0]))
+        return out
+    if not check(rc1 == 0 and rc == 0 and rc0 == 0 and ref and s and plain,
+                 f"zero1: newt run exited {rc1} / {rc} / {rc0}:\n{out1}\n{out}\n{out0}"):
+        return
+    whole, shards = opt_bytes(logs1, 1), opt_bytes(logs, 3)
+    check(len(whole) == 1 and len(shards) == 3, f"zero1: the ranks did not say their optimizer state: {whole} {shards}")
+    if whole and len(shards) == 3:
+        # a third of the moments each (the step counter, one scalar, on every rank)
+        check(all(b <= whole[0] / 3 + 64 for b in shards) and sum(shards) <= whole[0] + 3 * 64,
+              f"zero1: optimizer state per rank {shards} bytes, one worker's {whole[0]}")
+    a, b, c = s["final_loss"], ref["final_loss"], plain["final_loss"]
+    check(abs(a - b) <= 1e-5 * abs(b) and abs(a - c) <= 1e-5 * abs(c),
+          f"zero1: final loss {a!r}, one worker's {b!r}, unsharded {c!r}")
+    print(f"ok ddp_zero1 (optimizer state per rank {shards} bytes, one worker {whole})", flush=True)
+
+
 CASES = {"misuse": test_misuse, "sigint": test_sigint, "init_optimizer_state": test_init_optimizer_state,
          "numpy": test_numpy, "import_errors": test_import_errors, "ddp_buffers": test_ddp_buffers,
-         "ddp_no_sync": test_ddp_no_sync, "ddp_autocast": test_ddp_autocast}
+         "ddp_no_sync": test_ddp_no_sync, "ddp_autocast": test_ddp_autocast, "ddp_zero1": test_ddp_zero1}
 
 
 def main():
