@@ -3,23 +3,26 @@ workers, and the same training (bench/torch/ddp_train.py) under torchrun with gl
 
     /usr/bin/python3 bench/torch/compare.py [throughput|recovery|all] [flags]
 
-throughput: runs the example under `newt run --nproc 2` and ddp_train.py under torchrun
---nproc_per_node 2, alternately for --rounds rounds, with the same steps, global batch G and
-micro-batch M. Each run's figure is the median over windows of --window steps, from step
+throughput: runs the example under `newt run --nproc 2` (its gradients reduced by
+job.reduce_gradients, and again with --ddp: torch's DistributedDataParallel over newt,
+newt.torch) and ddp_train.py under torchrun --nproc_per_node 2, alternately for --rounds rounds,
+with the same steps, global batch G and micro-batch M. Each run's figure is the median over windows of --window steps, from step
 --warmup on, of the window's tokens (G seq a step) over its wall time, from the step log's wall
 times (windows, not single steps: newt's step log has whole milliseconds, a step tens of
 them); the line has the median over the rounds (each round's in newt_rounds and ddp_rounds;
 load_before: the 1-minute load average at the start, for telling a busy machine's figures
 apart; the final losses agree to about 1e-7, the two trainings being the same):
-  {"bench":"torch_throughput","newt_tokens_per_s":..,"ddp_tokens_per_s":..,"ratio":newt/ddp,...}
+  {"bench":"torch_throughput","newt_tokens_per_s":..,"newt_ddp_tokens_per_s":..,"ddp_tokens_per_s":..,
+   "ratio":newt/ddp,"ratio_ddp":newt_ddp/ddp,"ddp_over_reduce_gradients":newt_ddp/newt,...}
 recovery: `newt bench recovery --fault kill` of the example (--runs runs, a worker SIGKILLed at
-step --kill-at; its median line), and --runs torchrun jobs of ddp_train.py (--max_restarts 3,
+step --kill-at; its median line; again with --ddp), and --runs torchrun jobs of ddp_train.py (--max_restarts 3,
 a checkpoint every --ckpt-every steps) in each of which rank 1 is SIGKILLed once the step log
 reaches step --kill-at: the time from the kill to the first step the restarted workers complete,
 and the steps done before the restart that the restart did again (rank 0's steps completed
 before its restart, less the checkpoint's step). Medians:
-  {"bench":"torch_recovery","newt_recovery_ms":..,"newt_steps_lost":..,"torchrun_recovery_ms":..,
-   "torchrun_steps_redone":..,"ratio":newt/torchrun,...}
+  {"bench":"torch_recovery","newt_recovery_ms":..,"newt_steps_lost":..,"newt_ddp_recovery_ms":..,
+   "newt_ddp_steps_lost":..,"torchrun_recovery_ms":..,"torchrun_steps_redone":..,"ratio":newt/torchrun,
+   "ratio_ddp":newt_ddp/torchrun,...}
 
 Every run gets OMP_NUM_THREADS=1, as torchrun sets it for its workers by itself: newt run does
 not, and without it Debian's OpenBLAS runs a thread pool of its own besides torch's one thread,
@@ -166,20 +169,23 @@ def torchrun(o, work, extra, ddp_args):
             "--seq", str(o.seq), *ddp_args]
 
 
-def newt_throughput(o, work, env, k):
-    d = os.path.join(work, f"newt-{k}")
+def newt_throughput(o, work, env, k, ddp=False):
+    """The example under newt: its gradients reduced by job.reduce_gradients, or (ddp) by torch's
+    DDP over newt (newt.torch), each bucket as backward fills it."""
+    tag = f"newt{'-ddp' if ddp else ''}-{k}"
+    d = os.path.join(work, tag)
     cmd = [o.newt, "run", "--quiet", "--nproc", str(o.nproc), "--steps", str(o.steps), "--global-batch",
            str(o.global_batch), "--micro-batch", str(o.micro_batch), "--log-dir", d, "--summary", d + ".json",
-           "--timeout-ms", str(int(o.timeout_s * 1000)), "--", o.python, EXAMPLE, "--seq", str(o.seq)]
+           "--timeout-ms", str(int(o.timeout_s * 1000)), "--", o.python, EXAMPLE, "--seq", str(o.seq),
+           *(["--ddp"] if ddp else [])]
     os.makedirs(d)
-    run(cmd, f"newt run (round {k})", [d + ".log", os.path.join(d, "w0.log"), os.path.join(d, "w1.log")], env,
-        o.timeout_s + 30)
+    what = f"newt run{' --ddp' if ddp else ''} (round {k})"
+    run(cmd, what, [d + ".log", os.path.join(d, "w0.log"), os.path.join(d, "w1.log")], env, o.timeout_s + 30)
     ev = read_jsonl(os.path.join(d, "steps.jsonl"))
     times = {e["step"]: e["t_ms"] / 1000.0 for e in ev}
     if set(times) != set(range(1, o.steps + 1)):
-        raise Fail(f"newt run (round {k}): steps {sorted(times)[:3]}.. in its step log, 1..{o.steps} expected")
-    return median_tokens_per_s(times, o.warmup, o.window, o.global_batch * o.seq, f"newt run (round {k})"), \
-        ev[-1]["loss"]
+        raise Fail(f"{what}: steps {sorted(times)[:3]}.. in its step log, 1..{o.steps} expected")
+    return median_tokens_per_s(times, o.warmup, o.window, o.global_batch * o.seq, what), ev[-1]["loss"]
 
 
 def ddp_throughput(o, work, env, k):
@@ -197,30 +203,38 @@ def ddp_throughput(o, work, env, k):
 
 
 def throughput(o, work, env):
+    """Alternating rounds of the three: newt with job.reduce_gradients, newt with torch's DDP
+    over newt (newt.torch), torch's DDP over gloo under torchrun."""
     load = os.getloadavg()[0]
-    newt, ddp = [], []
+    newt, newt_ddp, ddp = [], [], []
     for k in range(o.rounds):
         n, n_loss = newt_throughput(o, work, env, k)
+        w, w_loss = newt_throughput(o, work, env, k, ddp=True)
         d, d_loss = ddp_throughput(o, work, env, k)
         newt.append(n)
+        newt_ddp.append(w)
         ddp.append(d)
-        print(json.dumps({"round": k, "newt_tokens_per_s": round(n), "ddp_tokens_per_s": round(d),
-                          "newt_final_loss": n_loss, "ddp_final_loss": d_loss}), file=sys.stderr)
-    n, d = statistics.median(newt), statistics.median(ddp)
-    return {"bench": "torch_throughput", "newt_tokens_per_s": round(n), "ddp_tokens_per_s": round(d),
-            "ratio": round(n / d, 3), "steps": o.steps, "warmup": o.warmup, "window": o.window,
+        print(json.dumps({"round": k, "newt_tokens_per_s": round(n), "newt_ddp_tokens_per_s": round(w),
+                          "ddp_tokens_per_s": round(d), "newt_final_loss": n_loss, "newt_ddp_final_loss": w_loss,
+                          "ddp_final_loss": d_loss}), file=sys.stderr)
+    n, w, d = statistics.median(newt), statistics.median(newt_ddp), statistics.median(ddp)
+    return {"bench": "torch_throughput", "newt_tokens_per_s": round(n), "newt_ddp_tokens_per_s": round(w),
+            "ddp_tokens_per_s": round(d), "ratio": round(n / d, 3), "ratio_ddp": round(w / d, 3),
+            "ddp_over_reduce_gradients": round(w / n, 3), "steps": o.steps, "warmup": o.warmup, "window": o.window,
             "global_batch": o.global_batch,
             "micro_batch": o.micro_batch, "seq": o.seq, "workers": o.nproc, "rounds": o.rounds,
-            "newt_rounds": [round(x) for x in newt], "ddp_rounds": [round(x) for x in ddp],
-            "newt_final_loss": round(n_loss, 6), "ddp_final_loss": round(d_loss, 6), "load_before": round(load, 2)}
+            "newt_rounds": [round(x) for x in newt], "newt_ddp_rounds": [round(x) for x in newt_ddp],
+            "ddp_rounds": [round(x) for x in ddp], "newt_final_loss": round(n_loss, 6),
+            "newt_ddp_final_loss": round(w_loss, 6), "ddp_final_loss": round(d_loss, 6), "load_before": round(load, 2)}
 
 
-def newt_recovery(o, work, env):
-    log = os.path.join(work, "newt-recovery.log")
-    out = os.path.join(work, "newt-recovery.jsonl")
+def newt_recovery(o, work, env, ddp=False):
+    tag = "newt-ddp-recovery" if ddp else "newt-recovery"
+    log = os.path.join(work, tag + ".log")
+    out = os.path.join(work, tag + ".jsonl")
     cmd = [o.newt, "bench", "recovery", "--nproc", str(o.nproc), "--steps", str(o.rec_steps), "--global-batch",
            str(o.global_batch), "--micro-batch", str(o.micro_batch), "--kill-at", str(o.kill_at), "--fault", "kill",
-           "--runs", str(o.runs), "--", o.python, EXAMPLE, "--seq", str(o.seq)]
+           "--runs", str(o.runs), "--", o.python, EXAMPLE, "--seq", str(o.seq), *(["--ddp"] if ddp else [])]
     p = spawn(cmd, log, env, out)
     wait(p, "newt bench recovery", [log, out], o.timeout_s * o.runs)  # it removes its runs' logs but a failed one's
     lines = read_jsonl(out)
@@ -299,11 +313,14 @@ def torchrun_recovery(o, work, env, k):
 def recovery(o, work, env):
     load = os.getloadavg()[0]
     n_ms, n_lost = newt_recovery(o, work, env)
+    w_ms, w_lost = newt_recovery(o, work, env, ddp=True)
     t = [torchrun_recovery(o, work, env, k) for k in range(o.runs)]
     t_ms, t_redone = statistics.median(x[0] for x in t), statistics.median(x[1] for x in t)
     return {"bench": "torch_recovery", "newt_recovery_ms": n_ms, "newt_steps_lost": n_lost,
+            "newt_ddp_recovery_ms": w_ms, "newt_ddp_steps_lost": w_lost,
             "torchrun_recovery_ms": round(t_ms), "torchrun_steps_redone": t_redone,
-            "ratio": round(n_ms / t_ms, 3) if t_ms > 0 else None, "runs": o.runs, "workers": o.nproc,
+            "ratio": round(n_ms / t_ms, 3) if t_ms > 0 else None,
+            "ratio_ddp": round(w_ms / t_ms, 3) if t_ms > 0 else None, "runs": o.runs, "workers": o.nproc,
             "steps": o.rec_steps, "kill_at": o.kill_at, "ckpt_every": o.ckpt_every, "load_before": round(load, 2)}
 
 

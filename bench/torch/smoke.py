@@ -15,9 +15,11 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 TINY = ["all", "--steps", "24", "--warmup", "4", "--rounds", "1", "--rec-steps", "24", "--kill-at", "12",
         "--ckpt-every", "10", "--runs", "1", "--timeout-s", "120"]
 # each field: True, a positive number; False, a number at least 0
-WANT = {"torch_throughput": {"newt_tokens_per_s": True, "ddp_tokens_per_s": True, "ratio": True},
-        "torch_recovery": {"newt_recovery_ms": True, "newt_steps_lost": False, "torchrun_recovery_ms": True,
-                           "torchrun_steps_redone": True, "ratio": True}}
+WANT = {"torch_throughput": {"newt_tokens_per_s": True, "newt_ddp_tokens_per_s": True, "ddp_tokens_per_s": True,
+                             "ratio": True, "ratio_ddp": True, "ddp_over_reduce_gradients": True},
+        "torch_recovery": {"newt_recovery_ms": True, "newt_steps_lost": False, "newt_ddp_recovery_ms": True,
+                           "newt_ddp_steps_lost": False, "torchrun_recovery_ms": True, "torchrun_steps_redone": True,
+                           "ratio": True, "ratio_ddp": True}}
 
 
 def main():
