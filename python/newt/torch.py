@@ -185,7 +185,10 @@ class DistributedDataParallel(torch.nn.Module):
         """A bucket of gradients, as backward filled it: its share of the global batch, summed
         over the data-parallel group in the background."""
         buf = bucket.buffer()
-        fut = torch.futures.Future()
+        # a future of CUDA tensors says its device: torch then orders its readers after the
+        # streams it is completed on (newt's NCCL ran on torch's current stream, and newt_wait
+        # returned once it was done)
+        fut = torch.futures.Future(devices=[buf.device]) if buf.is_cuda else torch.futures.Future()
         job = self._job
         step = job._step
         if step is None:

@@ -22,15 +22,16 @@
 #          per rank where there are enough (3), otherwise ranks sharing GPUs, each its own
 #          NCCL host (NCCL_HOSTID), over NCCL's socket transport; 15 of its 100 rebuilds
 #    20 s  newt bench allreduce --backend nccl: 2 ranks at least (on one GPU, two sharing it)
-#    30 s  newt bench train --backend cuda --preset gpt2-124m: tokens/s and MFU
-#    50 s  the trainer's layouts (dp2 ZeRO 1, tp2 x pp2, tp2 x dp2 ZeRO 3) against
+#    20 s  newt bench train --backend cuda --preset gpt2-124m: tokens/s and MFU
+#    40 s  the trainer's layouts (dp2 ZeRO 1, tp2 x pp2, tp2 x dp2 ZeRO 3) against
 #          `newt train --device cuda`, and checkpoints crossing devices both ways
 #          (tests/gpu/layouts.sh, 30 steps)
 #    35 s  an elastic `newt run --backend nccl --share-gpus` of three workers with a kill and a
 #          join, against `newt train` on the CPU (tests/gpu/elastic.sh)
 #    25 s  newt bench recovery --backend nccl --share-gpus: one recovery's phases
-#    25 s  the PyTorch example (examples/torch, the Python package) on CUDA tensors, NCCL on
-#          torch's stream: two workers and a kill against one worker (tests/gpu/torch.sh)
+#    45 s  the PyTorch example (examples/torch, the Python package) on CUDA tensors, NCCL on
+#          torch's stream: two workers and a kill against one worker, with job.reduce_gradients
+#          and with torch's DDP over newt (newt.torch, --ddp) (tests/gpu/torch.sh)
 # A failed step, one that timed out and one that did not run fail the script; each failed
 # step's last words are its "why" in the summary. Writes $OUT/gpu-summary.json (OUT
 # defaults to /tmp/newt-gpu), the whole log beside it ($OUT/gpu.log) and each step's own
@@ -258,12 +259,12 @@ done < <(sed -n 's/^\(ok\|FAILED\) *\(test_[a-z0-9_]*\) (\([0-9.]*\) s)$/\1 \2 \
 step "bench allreduce --backend nccl" 20 \
   "$NEWT" bench allreduce --backend nccl --ranks "$([ "$gpus" -gt 2 ] && echo "$gpus" || echo 2)" --min 1M --max 256M --warmup 3
 bench_json=$(all_json "$STEP_LOG")
-step "bench train gpt2-124m --backend cuda" 30 \
+step "bench train gpt2-124m --backend cuda" 20 \
   "$NEWT" bench train --backend cuda --preset gpt2-124m --batch 16 --warmup 3 --steps 10
 train_json=$(last_json "$STEP_LOG")
 
 # --- 4. layouts, elastic, recovery ---------------------------------------------------------------------
-LAYOUT_STEPS=30 LAYOUTS="dp2z1 tp2pp2 tp2dp2z3" step "layouts, checkpoints across devices" 50 \
+LAYOUT_STEPS=30 LAYOUTS="dp2z1 tp2pp2 tp2dp2z3" step "layouts, checkpoints across devices" 40 \
   tests/gpu/layouts.sh "$NEWT" "$OUT_DIR"
 layouts_json=$(last_json "$STEP_LOG")
 ELASTIC_STEPS=600 step "elastic: a kill and a join" 35 \
@@ -272,7 +273,7 @@ elastic_json=$(last_json "$STEP_LOG")
 step "bench recovery --backend nccl" 25 \
   "$NEWT" bench recovery --backend nccl --share-gpus --nproc 4 --runs 1 --steps 200 --kill-at 10 --model layers=2,channels=64
 recovery_json=$(last_json "$STEP_LOG")
-step "PyTorch example on CUDA (torch.sh)" 25 tests/gpu/torch.sh "$NEWT" "$OUT_DIR"
+step "PyTorch example and DDP on CUDA (torch.sh)" 45 tests/gpu/torch.sh "$NEWT" "$OUT_DIR"
 torch_json=$(last_json "$STEP_LOG")
 
 # --- 5. the summary ------------------------------------------------------------------------------------
