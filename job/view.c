@@ -305,22 +305,25 @@ static int rank_of(const job_change *c) {
   }
 }
 
-/* The changes of a whole read, decoded and in resync order (*out malloc'd, n of them). */
+/* A key's place in a resync batch, from the key alone (a record its codec refuses keeps the
+ * place of its key), so that the changes are decoded straight into their order. */
+static int pass_of(const char *prefix, size_t plen, const rdzv_etcd_kv *kv) {
+  if (kv->key_len <= plen || strncmp(kv->key, prefix, plen) != 0) return 4;
+  uint64_t generation;
+  const char *id;
+  job_change c = {.rec = job_key_parse(kv->key + plen, &generation, &id)};
+  return rank_of(&c);
+}
+
+/* The changes of a whole read, decoded and in resync order (*out malloc'd, n of them: a
+ * change is some 2.8 KB, so there is one array of them, not two). */
 static newt_result_t decode_all(const char *prefix, const rdzv_etcd_kvs *all, job_change **out) {
-  job_change *tmp = calloc(all->n ? all->n : 1, sizeof *tmp);
   *out = calloc(all->n ? all->n : 1, sizeof **out);
-  if (!tmp || !*out) {
-    free(tmp);
-    free(*out);
-    *out = NULL;
-    return NEWT_ERR(NEWT_ERR_NOMEM, "out of memory for the %zu keys of the job", all->n);
-  }
-  for (size_t i = 0; i < all->n; i++) job_change_decode(prefix, &all->kvs[i], 0, &tmp[i]);
-  size_t k = 0;
+  if (!*out) return NEWT_ERR(NEWT_ERR_NOMEM, "out of memory for the %zu keys of the job", all->n);
+  size_t k = 0, plen = strlen(prefix);
   for (int pass = 0; pass <= 4; pass++)
     for (size_t i = 0; i < all->n; i++)
-      if (rank_of(&tmp[i]) == pass) (*out)[k++] = tmp[i];
-  free(tmp);
+      if (pass_of(prefix, plen, &all->kvs[i]) == pass) job_change_decode(prefix, &all->kvs[i], 0, &(*out)[k++]);
   return NEWT_OK;
 }
 
@@ -342,16 +345,20 @@ newt_result_t job_view_read(rdzv_etcd *c, const char *job, newt_deadline_t d,
     return NEWT_ERR(NEWT_ERR_NOTFOUND, "no job \"%s\" in etcd at %s (no key under %s)", job, rdzv_etcd_endpoints(c),
                     prefix);
   }
-  job_change *chs;
-  newt_result_t r = decode_all(prefix, &all, &chs);
-  for (size_t i = 0; r == NEWT_OK && i < all.n; i++) {
-    if (chs[i].refused && warn) warn(ud, &chs[i]);
-    job_view_apply(out, &chs[i]);
-  }
+  /* one change at a time, in resync order: the view keeps what it needs of each */
+  size_t plen = strlen(prefix);
+  for (int pass = 0; pass <= 4; pass++)
+    for (size_t i = 0; i < all.n; i++) {
+      if (pass_of(prefix, plen, &all.kvs[i]) != pass) continue;
+      job_change ch;
+      job_change_decode(prefix, &all.kvs[i], 0, &ch);
+      if (ch.refused && warn) warn(ud, &ch);
+      job_view_apply(out, &ch);
+      job_change_free(&ch);
+    }
   out->revision = all.revision;
-  free_changes(chs, r == NEWT_OK ? all.n : 0);
   rdzv_etcd_kvs_free(&all);
-  return r;
+  return NEWT_OK;
 }
 
 /* --- following it ----------------------------------------------------------------------------- */
