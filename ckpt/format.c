@@ -5,8 +5,9 @@
  *
  * Directory DIR (the --ckpt-dir):
  *
- *   DIR/LOCK                            the writer's lock (lock.c): one JSON line, {writer,
- *                                       pid, host, since_ms, cmd} of the process that took it
+ *   DIR/LOCK                            the writer's lock (lock.c, mode 0600): one JSON line,
+ *                                       {writer, pid, host, since_ms, cmd} of the process that
+ *                                       took it
  *   DIR/latest                          "<N>\n": the newest committed step (a pointer for
  *                                       tools; readers trust the manifests, not this)
  *   DIR/step-<N>/                       one directory per step, N zero-padded to 10 digits
