@@ -5,8 +5,9 @@
  *
  * Directory DIR (the --ckpt-dir):
  *
- *   DIR/LOCK                            the writer's lock (lock.c): one JSON line, {writer,
- *                                       pid, host, since_ms, cmd} of the process that took it
+ *   DIR/LOCK                            the writer's lock (lock.c, mode 0600): one JSON line,
+ *                                       {writer, pid, host, since_ms, cmd} of the process that
+ *                                       took it
  *   DIR/latest                          "<N>\n": the newest committed step (a pointer for
  *                                       tools; readers trust the manifests, not this)
  *   DIR/step-<N>/                       one directory per step, N zero-padded to 10 digits
@@ -83,7 +84,8 @@
  *   |                        | xxh_stored, box_offset[], box_shape[], begin, end}:   |
  *   |                        | file index, offset of the chunk header, sizes, codec  |
  *   |                        | and filter names, checksums (16 hex), and the slice   |
- *   | state                  | manifest only: the training state object              |
+ *   | state                  | manifest only: the training state object (at most     |
+ *   |                        | 65,536 JSON values: CKPT_MAX_STATE_VALUES)            |
  *
  * In a manifest the chunks of each tensor cover every element exactly once. A manifest or
  * index is at most CKPT_MAX_MANIFEST bytes (8 MiB): larger ones are never written, and are
@@ -368,7 +370,19 @@ static cJSON *chunk_json(const ckpt_chunk *c) {
   return o;
 }
 
+/* The values of a JSON tree (the item and everything under it). */
+static size_t tree_values(const cJSON *it) {
+  size_t n = 1;
+  for (const cJSON *c = it ? it->child : NULL; c; c = c->next) n += tree_values(c);
+  return n;
+}
+
 newt_result_t ckpt_manifest_encode(const ckpt_manifest *m, char **text, size_t *len) {
+  size_t sv = m->is_index || !m->state ? 0 : tree_values(m->state);
+  if (sv > CKPT_MAX_STATE_VALUES) /* its readers would refuse it */
+    return NEWT_ERR(NEWT_ERR_INVALID, "the state document of step %lld has %zu JSON values, more than the %d a "
+                    "manifest may hold (docs/ckpt.md, \"Limits\"): not written", (long long)m->step, sv,
+                    CKPT_MAX_STATE_VALUES);
   cJSON *root = cJSON_CreateObject();
   NEWT_CHECK_ALLOC(root);
   cJSON_AddStringToObject(root, "format", "newt-ckpt");
@@ -547,9 +561,9 @@ static newt_result_t decode_chunk(const cJSON *o, const char *what, const ckpt_m
   return NEWT_OK;
 }
 
-static newt_result_t decode_tensor(const cJSON *o, const char *what, ckpt_manifest *m) {
-  static const char *const known[] = {"name", "dtype", "shape", "chunks", NULL};
-  NEWT_CHECK(newt_json_check_fields(o, what, known));
+/* A tensor's name, dtype and shape (o holds those members alone: its chunks are read one at a
+ * time, by decode_tensor below): added to m, *out. */
+static newt_result_t decode_tensor_head(const cJSON *o, const char *what, ckpt_manifest *m, ckpt_tensor **out) {
   const char *name = NULL, *dt = NULL;
   NEWT_CHECK(newt_json_get_str(o, what, "name", 1, &name));
   size_t nl = strlen(name);
@@ -569,19 +583,7 @@ static newt_result_t decode_tensor(const cJSON *o, const char *what, ckpt_manife
       return NEWT_ERR(NEWT_ERR_INVALID, "%s.shape: too many elements", what);
     numel *= d.shape[i];
   }
-  ckpt_tensor *t;
-  NEWT_CHECK(ckpt_manifest_add_tensor(m, &d, &t));
-  const cJSON *chunks = NULL;
-  NEWT_CHECK(newt_json_get_arr(o, what, "chunks", 1, &chunks));
-  int j = 0;
-  for (const cJSON *it = chunks->child; it; it = it->next, j++) {
-    char p[300];
-    snprintf(p, sizeof p, "%s.chunks[%d]", what, j);
-    ckpt_chunk c;
-    NEWT_CHECK(decode_chunk(it, p, m, t, &c));
-    NEWT_CHECK(ckpt_tensor_add_chunk(t, &c));
-  }
-  return NEWT_OK;
+  return ckpt_manifest_add_tensor(m, &d, out);
 }
 
 static newt_result_t decode_file(const cJSON *o, const char *what, const ckpt_manifest *m, ckpt_file *f) {
@@ -607,69 +609,362 @@ static newt_result_t decode_file(const cJSON *o, const char *what, const ckpt_ma
   return NEWT_OK;
 }
 
-static newt_result_t decode_body(cJSON *root, const char *what, int want_index, ckpt_manifest *m) {
-  static const char *const known[] = {"format", "version", "kind", "step", "nranks", "rank", "attempt",
-                                      "created_ms", "files", "tensors", "state", NULL};
-  NEWT_CHECK(newt_json_check_fields(root, what, known));
-  const char *format = NULL, *kind = NULL;
-  NEWT_CHECK(newt_json_get_str(root, what, "format", 1, &format));
-  if (strcmp(format, "newt-ckpt") != 0)
-    return NEWT_ERR(NEWT_ERR_INVALID, "%s.format: \"%.40s\", expected \"newt-ckpt\"", what, format);
-  int64_t v;
-  NEWT_CHECK(get_range(root, what, "version", CKPT_FORMAT_VERSION, CKPT_FORMAT_VERSION, &v));
-  NEWT_CHECK(newt_json_get_str(root, what, "kind", 1, &kind));
-  if (strcmp(kind, want_index ? "index" : "manifest") != 0)
-    return NEWT_ERR(NEWT_ERR_INVALID, "%s.kind: \"%.40s\", expected \"%s\"", what, kind,
-                    want_index ? "index" : "manifest");
-  m->is_index = want_index;
-  NEWT_CHECK(get_range(root, what, "step", 0, MAXV, &m->step));
-  NEWT_CHECK(get_range(root, what, "nranks", 1, CKPT_MAX_RANKS, &v));
-  m->nranks = (int)v;
-  if (want_index) {
-    NEWT_CHECK(get_range(root, what, "rank", 0, m->nranks - 1, &v));
-    m->rank = (int)v;
-  }
-  NEWT_CHECK(get_hex(root, what, "attempt", &m->attempt));
-  NEWT_CHECK(get_range(root, what, "created_ms", 0, MAXV, &v));
-  m->created_ms = (uint64_t)v;
+/* ---- reading the JSON a piece at a time ---------------------------------------------------
+ *
+ * A manifest is at most 8 MiB, but a tree of cJSON items holds 10 to 40 times the text (64
+ * bytes and a malloc'd key per value: an 8 MiB manifest took 344 MB to inspect). So the
+ * document is walked as text: the top object's members, each element of `files` and
+ * `tensors`, each tensor's members and each of its chunks are found by their brackets, and
+ * cJSON parses one small piece at a time, freed before the next; the chunks and tensors are
+ * counted first and their arrays made to measure. What is held at once is the text, the
+ * decoded structs (about the text's size) and one piece. The walk only finds where a value
+ * ends (strings and their escapes, nesting); cJSON checks each piece's syntax, and an error
+ * says the byte of the whole text, as a whole parse did. The state object, kept as a cJSON
+ * tree, is bounded (CKPT_MAX_STATE_VALUES). */
 
-  const cJSON *files = NULL;
-  NEWT_CHECK(newt_json_get_arr(root, what, "files", 1, &files));
-  int nf = cJSON_GetArraySize(files);
-  if (nf < 1 || nf > m->nranks * 16)
-    return NEWT_ERR(NEWT_ERR_INVALID, "%s.files: %d entries for %d ranks", what, nf, m->nranks);
-  m->files = calloc((size_t)nf, sizeof *m->files);
-  NEWT_CHECK_ALLOC(m->files);
-  int i = 0;
-  for (cJSON *it = files->child; it; it = it->next, i++) {
-    char p[160];
-    snprintf(p, sizeof p, "%s.files[%d]", what, i);
-    NEWT_CHECK(decode_file(it, p, m, &m->files[i]));
-    m->nfiles++;
-    for (int k = 0; k < i; k++)
-      if (strcmp(m->files[k].name, m->files[i].name) == 0)
-        return NEWT_ERR(NEWT_ERR_INVALID, "%s.name: \"%s\" is listed twice", p, m->files[i].name);
+typedef struct jtext {
+  const char *body; /* the whole JSON text, for offsets in messages */
+  size_t len;
+  const char *what;
+} jtext;
+
+typedef struct jspan {
+  const char *p, *end; /* [p, end): one value, no blanks around it */
+} jspan;
+
+static const char *skip_blank(const char *p, const char *end) {
+  while (p < end && (*p == ' ' || *p == '\t' || *p == '\n' || *p == '\r')) p++;
+  return p;
+}
+
+static newt_result_t malformed(const jtext *t, const char *at) {
+  return NEWT_ERR(NEWT_ERR_INVALID, "%s: malformed JSON at byte %zu of %zu", t->what, (size_t)(at - t->body), t->len);
+}
+
+/* The end of the value starting at p (its last byte + 1), NULL when the text ends first. */
+static const char *value_end(const char *p, const char *end) {
+  if (p >= end) return NULL;
+  if (*p == '"') {
+    for (p++; p < end; p++) {
+      if (*p == '\\') p++;
+      else if (*p == '"') return p + 1;
+    }
+    return NULL;
   }
-  const cJSON *tensors = NULL;
-  NEWT_CHECK(newt_json_get_arr(root, what, "tensors", 1, &tensors));
-  i = 0;
-  for (const cJSON *it = tensors->child; it; it = it->next, i++) {
-    char p[160];
-    snprintf(p, sizeof p, "%s.tensors[%d]", what, i);
-    NEWT_CHECK(decode_tensor(it, p, m));
+  if (*p == '{' || *p == '[') {
+    size_t depth = 0;
+    for (; p < end; p++) {
+      if (*p == '"') {
+        if (!(p = value_end(p, end))) return NULL;
+        p--;
+      } else if (*p == '{' || *p == '[') {
+        depth++;
+      } else if (*p == '}' || *p == ']') {
+        if (--depth == 0) return p + 1;
+      }
+    }
+    return NULL;
   }
-  NEWT_CHECK(ckpt_manifest_sort(m, 0, what));
-  for (size_t k = 0; k < m->ntensors; k++) {
-    char p[CKPT_MAX_NAME + 64];
-    snprintf(p, sizeof p, "%s: tensor \"%s\"", what, m->tensors[k].name);
-    NEWT_CHECK(ckpt_coverage_check(&m->tensors[k], !want_index, p));
+  while (p < end && *p != ',' && *p != '}' && *p != ']' && *p != ' ' && *p != '\t' && *p != '\n' && *p != '\r') p++;
+  return p;
+}
+
+/* What a value is, from its first byte, as json.c names it (its syntax is not checked). */
+static const char *kind_of(jspan v) {
+  switch (v.p < v.end ? *v.p : 0) {
+  case '{': return "an object";
+  case '[': return "an array";
+  case '"': return "a string";
+  case 't': case 'f': return "a boolean";
+  case 'n': return "null";
+  default: return "a number";
   }
-  if (!want_index) {
-    const cJSON *state = NULL;
-    NEWT_CHECK(newt_json_get_obj(root, what, "state", 1, &state));
-    m->state = cJSON_DetachItemViaPointer(root, (cJSON *)state); /* moved, not copied */
+}
+
+/* One piece parsed by cJSON. */
+static newt_result_t parse_piece(const jtext *t, jspan v, cJSON **out) {
+  const char *end = NULL;
+  *out = cJSON_ParseWithLengthOpts(v.p, (size_t)(v.end - v.p), &end, 0);
+  if (!*out || (end && end != v.end)) {
+    cJSON_Delete(*out);
+    *out = NULL;
+    return malformed(t, end && end >= v.p && end <= v.end ? end : v.p);
   }
   return NEWT_OK;
+}
+
+/* The elements of an array or the members of an object, one at a time: *it is where the walk
+ * is (the open bracket first). Returns 1 and the next element (an object's member: its key
+ * too, still quoted), 0 at the closing bracket, -1 malformed (*it at the fault). */
+static int next_in(const char **it, const char *end, int object, jspan *key, jspan *val) {
+  const char *p = *it;
+  if (*p == '{' || *p == '[') {
+    p = skip_blank(p + 1, end);
+    if (p < end && *p == (object ? '}' : ']')) return *it = p + 1, 0;
+  } else if (*p == ',') {
+    p = skip_blank(p + 1, end);
+  } else if (*p == (object ? '}' : ']')) {
+    return *it = p + 1, 0;
+  } else {
+    return -1;
+  }
+  if (object) {
+    const char *k = value_end(p, end);
+    if (p >= end || *p != '"' || !k) return *it = p, -1;
+    *key = (jspan){p, k};
+    p = skip_blank(k, end);
+    if (p >= end || *p != ':') return *it = p, -1;
+    p = skip_blank(p + 1, end);
+  }
+  const char *v = value_end(p, end);
+  if (!v || v == p) return *it = p, -1;
+  *val = (jspan){p, v};
+  p = skip_blank(v, end);
+  if (p >= end || (*p != ',' && *p != (object ? '}' : ']'))) return *it = p, -1;
+  *it = p;
+  return 1;
+}
+
+/* The elements of the array v (each at most once: n counts them when out is NULL). */
+static newt_result_t array_elements(const jtext *t, jspan v, jspan *out, size_t *n) {
+  const char *it = v.p;
+  jspan key, val;
+  int r;
+  *n = 0;
+  while ((r = next_in(&it, v.end, 0, &key, &val)) == 1) {
+    if (out) out[*n] = val;
+    (*n)++;
+  }
+  return r < 0 ? malformed(t, it) : NEWT_OK;
+}
+
+/* A member's key as text (keys newt reads are plain words: one with an escape is no key of
+ * theirs and reads as unknown, quoted as written). */
+static void key_text(jspan k, char *out, size_t cap) {
+  size_t n = (size_t)(k.end - k.p) - 2;
+  snprintf(out, cap, "%.*s", (int)(n < cap ? n : cap - 1), k.p + 1);
+}
+
+/* An object's members, for the names in known (a name once: the first, as cJSON takes it).
+ * members[i] is known[i]'s value (p NULL: absent); an unknown name is refused by name. */
+static newt_result_t object_members(const jtext *t, jspan v, const char *what, const char *const *known,
+                                    jspan *members) {
+  size_t nk = 0;
+  while (known[nk]) members[nk++] = (jspan){NULL, NULL};
+  if (v.p >= v.end || *v.p != '{') return NEWT_ERR(NEWT_ERR_INVALID, "%s: expected an object, got %s", what, kind_of(v));
+  const char *it = v.p;
+  jspan key, val;
+  int r;
+  while ((r = next_in(&it, v.end, 1, &key, &val)) == 1) {
+    char name[64];
+    key_text(key, name, sizeof name);
+    size_t i = 0;
+    while (i < nk && strcmp(known[i], name) != 0) i++;
+    if (i == nk) return NEWT_ERR(NEWT_ERR_INVALID, "%s.%s: unknown field", what, name);
+    if (!members[i].p) members[i] = val;
+  }
+  return r < 0 ? malformed(t, it) : NEWT_OK;
+}
+
+/* The members of `pick` (indexes into known, -1 ended) parsed into one small cJSON object, for
+ * the getters of json.h. */
+static newt_result_t small_object(const jtext *t, const char *const *known, const jspan *members, const int *pick,
+                                  cJSON **out) {
+  *out = cJSON_CreateObject();
+  NEWT_CHECK_ALLOC(*out);
+  for (const int *k = pick; *k >= 0; k++) {
+    if (!members[*k].p) continue;
+    cJSON *item;
+    newt_result_t r = parse_piece(t, members[*k], &item);
+    if (r == NEWT_OK && !cJSON_AddItemToObject(*out, known[*k], item)) {
+      cJSON_Delete(item);
+      r = NEWT_ERR(NEWT_ERR_NOMEM, "out of memory reading %s", t->what);
+    }
+    if (r != NEWT_OK) {
+      cJSON_Delete(*out);
+      *out = NULL;
+      return r;
+    }
+  }
+  return NEWT_OK;
+}
+
+/* An array member that must be there: its elements (malloc'd, *n of them). */
+static newt_result_t required_array(const jtext *t, jspan v, const char *what, const char *field, jspan **out,
+                                    size_t *n) {
+  *out = NULL;
+  *n = 0;
+  if (!v.p) return NEWT_ERR(NEWT_ERR_INVALID, "%s.%s: missing required field", what, field);
+  if (*v.p != '[') return NEWT_ERR(NEWT_ERR_INVALID, "%s.%s: expected an array, got %s", what, field, kind_of(v));
+  NEWT_CHECK(array_elements(t, v, NULL, n));
+  *out = malloc((*n ? *n : 1) * sizeof **out);
+  NEWT_CHECK_ALLOC(*out);
+  return array_elements(t, v, *out, n);
+}
+
+/* The JSON values in v, counted without parsing it (a comma or an opening bracket outside a
+ * string begins one). */
+static size_t count_values(jspan v) {
+  size_t n = 1;
+  for (const char *p = v.p; p < v.end; p++) {
+    if (*p == '"') {
+      const char *e = value_end(p, v.end);
+      if (!e) break;
+      p = e - 1;
+    } else if (*p == ',' || *p == '[' || *p == '{') {
+      n++;
+    }
+  }
+  return n;
+}
+
+/* Tensor i of the manifest: its head, then its chunks one at a time into an array made to
+ * measure. */
+static newt_result_t decode_tensor(const jtext *t, jspan v, const char *what, ckpt_manifest *m) {
+  static const char *const known[] = {"name", "dtype", "shape", "chunks", NULL};
+  static const int head[] = {0, 1, 2, -1};
+  jspan members[4];
+  NEWT_CHECK(object_members(t, v, what, known, members));
+  cJSON *o;
+  NEWT_CHECK(small_object(t, known, members, head, &o));
+  ckpt_tensor *tensor = NULL;
+  newt_result_t r = decode_tensor_head(o, what, m, &tensor);
+  cJSON_Delete(o);
+  NEWT_CHECK(r);
+  jspan *chunks;
+  size_t n;
+  NEWT_CHECK(required_array(t, members[3], what, "chunks", &chunks, &n));
+  if (n && !(tensor->chunks = malloc(n * sizeof *tensor->chunks))) r = NEWT_ERR(NEWT_ERR_NOMEM, "out of memory reading %s", what);
+  else tensor->cap = n;
+  for (size_t j = 0; r == NEWT_OK && j < n; j++) {
+    char p[300];
+    snprintf(p, sizeof p, "%s.chunks[%zu]", what, j);
+    cJSON *it;
+    ckpt_chunk c;
+    if ((r = parse_piece(t, chunks[j], &it)) != NEWT_OK) break;
+    r = decode_chunk(it, p, m, tensor, &c);
+    cJSON_Delete(it);
+    if (r == NEWT_OK) r = ckpt_tensor_add_chunk(tensor, &c);
+  }
+  free(chunks);
+  return r;
+}
+
+typedef struct file_name_at {
+  const char *name;
+  size_t i;
+} file_name_at;
+
+static int by_file_name(const void *a, const void *b) {
+  const file_name_at *x = a, *y = b;
+  int c = strcmp(x->name, y->name);
+  return c ? c : (x->i > y->i) - (x->i < y->i);
+}
+
+/* No shard file listed twice: the names sorted, neighbours compared (n log n). The one named
+ * is the first, in the list's order, whose name came before. */
+static newt_result_t check_files_once(const ckpt_manifest *m, const char *what) {
+  if (m->nfiles < 2) return NEWT_OK;
+  file_name_at *v = malloc(m->nfiles * sizeof *v);
+  NEWT_CHECK_ALLOC(v);
+  for (size_t i = 0; i < m->nfiles; i++) v[i] = (file_name_at){m->files[i].name, i};
+  qsort(v, m->nfiles, sizeof *v, by_file_name);
+  size_t twice = m->nfiles;
+  for (size_t i = 1; i < m->nfiles; i++)
+    if (strcmp(v[i - 1].name, v[i].name) == 0 && v[i].i < twice) twice = v[i].i;
+  free(v);
+  if (twice == m->nfiles) return NEWT_OK;
+  return NEWT_ERR(NEWT_ERR_INVALID, "%s.files[%zu].name: \"%s\" is listed twice", what, twice, m->files[twice].name);
+}
+
+static newt_result_t decode_body(const jtext *t, int want_index, ckpt_manifest *m) {
+  static const char *const known[] = {"format", "version", "kind", "step", "nranks", "rank", "attempt",
+                                      "created_ms", "files", "tensors", "state", NULL};
+  enum { F_FILES = 8, F_TENSORS = 9, F_STATE = 10 };
+  static const int head[] = {0, 1, 2, 3, 4, 5, 6, 7, -1};
+  const char *what = t->what;
+  const char *p = skip_blank(t->body, t->body + t->len);
+  const char *e = value_end(p, t->body + t->len);
+  if (!e) return malformed(t, p < t->body + t->len ? t->body + t->len : p);
+  jspan members[11];
+  NEWT_CHECK(object_members(t, (jspan){p, e}, what, known, members));
+  cJSON *root;
+  NEWT_CHECK(small_object(t, known, members, head, &root));
+  newt_result_t r = NEWT_OK;
+  const char *format = NULL, *kind = NULL;
+  int64_t v;
+  if ((r = newt_json_get_str(root, what, "format", 1, &format)) != NEWT_OK) goto out;
+  if (strcmp(format, "newt-ckpt") != 0) {
+    r = NEWT_ERR(NEWT_ERR_INVALID, "%s.format: \"%.40s\", expected \"newt-ckpt\"", what, format);
+    goto out;
+  }
+  if ((r = get_range(root, what, "version", CKPT_FORMAT_VERSION, CKPT_FORMAT_VERSION, &v)) != NEWT_OK) goto out;
+  if ((r = newt_json_get_str(root, what, "kind", 1, &kind)) != NEWT_OK) goto out;
+  if (strcmp(kind, want_index ? "index" : "manifest") != 0) {
+    r = NEWT_ERR(NEWT_ERR_INVALID, "%s.kind: \"%.40s\", expected \"%s\"", what, kind, want_index ? "index" : "manifest");
+    goto out;
+  }
+  m->is_index = want_index;
+  if ((r = get_range(root, what, "step", 0, MAXV, &m->step)) != NEWT_OK) goto out;
+  if ((r = get_range(root, what, "nranks", 1, CKPT_MAX_RANKS, &v)) != NEWT_OK) goto out;
+  m->nranks = (int)v;
+  if (want_index) {
+    if ((r = get_range(root, what, "rank", 0, m->nranks - 1, &v)) != NEWT_OK) goto out;
+    m->rank = (int)v;
+  }
+  if ((r = get_hex(root, what, "attempt", &m->attempt)) != NEWT_OK) goto out;
+  if ((r = get_range(root, what, "created_ms", 0, MAXV, &v)) != NEWT_OK) goto out;
+  m->created_ms = (uint64_t)v;
+
+  jspan *items = NULL;
+  size_t n = 0;
+  if ((r = required_array(t, members[F_FILES], what, "files", &items, &n)) != NEWT_OK) goto out;
+  if (n < 1 || n > (size_t)m->nranks * 16) {
+    r = NEWT_ERR(NEWT_ERR_INVALID, "%s.files: %zu entries for %d ranks", what, n, m->nranks);
+  } else if (!(m->files = calloc(n, sizeof *m->files))) {
+    r = NEWT_ERR(NEWT_ERR_NOMEM, "out of memory reading %s", what);
+  }
+  for (size_t i = 0; r == NEWT_OK && i < n; i++) {
+    char fp[160];
+    snprintf(fp, sizeof fp, "%s.files[%zu]", what, i);
+    cJSON *it;
+    if ((r = parse_piece(t, items[i], &it)) != NEWT_OK) break;
+    r = decode_file(it, fp, m, &m->files[i]);
+    cJSON_Delete(it);
+    if (r == NEWT_OK) m->nfiles++;
+  }
+  free(items);
+  items = NULL;
+  if (r == NEWT_OK) r = check_files_once(m, what);
+  if (r == NEWT_OK) r = required_array(t, members[F_TENSORS], what, "tensors", &items, &n);
+  if (r == NEWT_OK && n && !(m->tensors = calloc(n, sizeof *m->tensors)))
+    r = NEWT_ERR(NEWT_ERR_NOMEM, "out of memory reading %s", what);
+  else if (r == NEWT_OK) m->cap = n;
+  for (size_t i = 0; r == NEWT_OK && i < n; i++) {
+    char tp[160];
+    snprintf(tp, sizeof tp, "%s.tensors[%zu]", what, i);
+    r = decode_tensor(t, items[i], tp, m);
+  }
+  free(items);
+  if (r != NEWT_OK) goto out;
+  if ((r = ckpt_manifest_sort(m, 0, what)) != NEWT_OK) goto out;
+  for (size_t k = 0; k < m->ntensors; k++) {
+    char cp[CKPT_MAX_NAME + 64];
+    snprintf(cp, sizeof cp, "%s: tensor \"%s\"", what, m->tensors[k].name);
+    if ((r = ckpt_coverage_check(&m->tensors[k], !want_index, cp)) != NEWT_OK) goto out;
+  }
+  if (!want_index) {
+    jspan st = members[F_STATE];
+    if (!st.p) r = NEWT_ERR(NEWT_ERR_INVALID, "%s.state: missing required field", what);
+    else if (*st.p != '{') r = NEWT_ERR(NEWT_ERR_INVALID, "%s.state: expected an object, got %s", what, kind_of(st));
+    else if ((n = count_values(st)) > CKPT_MAX_STATE_VALUES)
+      r = NEWT_ERR(NEWT_ERR_INVALID, "%s.state: %zu values, at most %d (docs/ckpt.md, \"Limits\")", what, n,
+                   CKPT_MAX_STATE_VALUES);
+    else r = parse_piece(t, st, &m->state);
+  }
+out:
+  cJSON_Delete(root);
+  return r;
 }
 
 newt_result_t ckpt_manifest_decode(const char *text, size_t len, const char *what, int want_index,
@@ -704,10 +999,8 @@ newt_result_t ckpt_manifest_decode(const char *text, size_t len, const char *wha
   snprintf(want, sizeof want, "%016llx", (unsigned long long)ckpt_hash(body, (size_t)blen));
   if (strcmp(want, hex) != 0)
     return NEWT_ERR(NEWT_ERR_CORRUPT, "%s: checksum mismatch (header %s, content %s)", what, hex, want);
-  cJSON *root = NULL;
-  NEWT_CHECK(newt_json_parse(body, (size_t)blen, what, &root));
-  newt_result_t r = decode_body(root, what, want_index, m);
-  cJSON_Delete(root);
+  jtext t = {body, (size_t)blen, what};
+  newt_result_t r = decode_body(&t, want_index, m);
   if (r != NEWT_OK) ckpt_manifest_free(m);
   else m->encoded_bytes = len;
   return r;

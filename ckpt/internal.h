@@ -22,11 +22,11 @@
  * largest layout a checkpoint is sized for -- 4096 ranks, 444 tensors (gpt2-124m and its AdamW
  * moments) and 16384 chunks (that model under ZeRO-3 over dp 256 x tp 4 x pp 4 makes about
  * 14000) -- needs 4.6 MB (test_ckpt_unit checks it fits in 60% of the bound). Reading one
- * costs at most ~45 bytes of memory per byte (the JSON tree, then the manifest): ~350 MB for
- * a hostile file at the bound, ~45 MB for that largest valid one. A larger file is refused
- * before it is read; the encoder refuses to write one, so whatever newt commits reads back
- * (docs/ckpt.md, "Limits"). */
+ * holds the text, the decoded manifest (about its size) and one piece of JSON at a time
+ * (format.c): 20 to 27 MB at the bound. A larger file is refused before it is read; the
+ * encoder refuses to write one, so whatever newt commits reads back (docs/ckpt.md, "Limits"). */
 #define CKPT_MAX_MANIFEST ((size_t)8 << 20)
+#define CKPT_MAX_STATE_VALUES 65536 /* JSON values in a manifest's state document (a tree of them is kept) */
 #define CKPT_MAX_NAME 1024                     /* bytes of a tensor name */
 #define CKPT_MAX_RANKS (1 << 20)
 

@@ -30,7 +30,15 @@
  * The directory may be written by others (docs/ckpt.md, "A directory others can write"): a
  * symbolic link, FIFO or other special file planted under the name LOCK is removed itself and
  * a regular file made; a regular file with more than one link (perhaps a hard link to a file
- * elsewhere) is never written through: taking the lock fails, naming it. */
+ * elsewhere) is never written through: taking the lock fails, naming it.
+ *
+ * Holding the lock needs write access to the file (issue 37, item 8). flock(2) takes any
+ * descriptor, a read-only one too, so whoever can open the file can keep every writer out;
+ * and a read lock of fcntl(2) blocks a write lock as well. So nobody may open it who may not
+ * write it: it is made mode 0600, and a lock file of an older release (0644: read by anyone)
+ * is made so too -- chmod at once, and, when nobody holds it, replaced by a new file (a
+ * descriptor opened before the chmod would otherwise keep its power). Whoever takes the lock
+ * checks afterwards that the name still leads to the file it locked, and starts over if not. */
 #include <errno.h>
 #include <fcntl.h>
 #include <pthread.h>
@@ -87,9 +95,21 @@ static void own_command(char *out, size_t cap) {
   out[n] = '\0';
 }
 
-/* DIR/LOCK opened for reading and writing, a regular file of one link (made when missing;
- * anything else under the name is removed itself, a directory or a hard link refused). */
-static newt_result_t open_lock_file(int dirfd, const char *dir, int *fd, struct stat *st) {
+/* The read permissions of mode given to a class (group, others) that may not write: who could
+ * hold the lock without the right to write it. */
+static mode_t read_only_bits(mode_t mode) {
+  mode_t r = 0;
+  if ((mode & S_IRGRP) && !(mode & S_IWGRP)) r |= S_IRGRP;
+  if ((mode & S_IROTH) && !(mode & S_IWOTH)) r |= S_IROTH;
+  return r;
+}
+
+/* DIR/LOCK opened for reading and writing, a regular file of one link (made when missing, mode
+ * 0600; anything else under the name is removed itself, a directory or a hard link refused).
+ * *readable: the file could be opened by someone who may not write it (an older release's
+ * 0644): its mode is made tight here, and take() replaces it when nobody holds it. */
+static newt_result_t open_lock_file(int dirfd, const char *dir, int *fd, struct stat *st, int *readable) {
+  *readable = 0;
   for (int tries = 0;; tries++) {
     if (fstatat(dirfd, LOCK_NAME, st, AT_SYMLINK_NOFOLLOW) == 0 && !S_ISREG(st->st_mode)) {
       if (S_ISDIR(st->st_mode) || tries >= 3)
@@ -101,7 +121,7 @@ static newt_result_t open_lock_file(int dirfd, const char *dir, int *fd, struct 
         return NEWT_ERR(NEWT_ERR_SYS, "remove %s/%s: %s", dir, LOCK_NAME, strerror(errno));
       continue;
     }
-    *fd = openat(dirfd, LOCK_NAME, O_RDWR | O_CREAT | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC, 0644);
+    *fd = openat(dirfd, LOCK_NAME, O_RDWR | O_CREAT | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC, 0600);
     if (*fd < 0) {
       if ((errno == ELOOP || errno == ENXIO || errno == EISDIR) && tries < 3) continue; /* swapped meanwhile */
       return NEWT_ERR(errno == ENOSPC ? NEWT_ERR_NOSPACE : NEWT_ERR_SYS, "open %s/%s: %s", dir, LOCK_NAME,
@@ -121,6 +141,15 @@ static newt_result_t open_lock_file(int dirfd, const char *dir, int *fd, struct 
       return NEWT_ERR(NEWT_ERR_INVALID, "%s/%s has %llu links (another name for a file elsewhere?): not written "
                       "through, the writer's lock cannot be taken; remove it", dir, LOCK_NAME,
                       (unsigned long long)st->st_nlink);
+    }
+    mode_t ro = read_only_bits(st->st_mode);
+    if (ro) {
+      *readable = 1;
+      mode_t tight = st->st_mode & 07666 & ~ro;
+      if (fchmod(*fd, tight) != 0)
+        NEWT_WARN(CKPT, "%s/%s is mode %04o (uid %d): whoever may read it can keep every writer out, and its mode "
+                  "cannot be changed here (%s); make it %04o", dir, LOCK_NAME, (unsigned)(st->st_mode & 07777),
+                  (int)st->st_uid, strerror(errno), (unsigned)tight);
     }
     return NEWT_OK;
   }
@@ -197,14 +226,59 @@ static newt_result_t refused(const char *dir, const char *who) {
                   "of that writer has exited", dir, who, dir, LOCK_NAME);
 }
 
-/* Takes the flock on a new descriptor of DIR/LOCK for `writer` (steps 1 to 3 above). */
-static newt_result_t take(int fd, const char *dir, const char *writer) {
+/* A new DIR/LOCK in place of the one fd holds exclusively (nobody else holds it): mode
+ * `mode`, under a temporary name first, then renamed over it. */
+static newt_result_t replace_lock_file(int dirfd, const char *dir, mode_t mode) {
+  char tmp[64];
+  snprintf(tmp, sizeof tmp, "%s.%d.new", LOCK_NAME, (int)getpid());
+  unlinkat(dirfd, tmp, 0);
+  int fd = openat(dirfd, tmp, O_RDWR | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
+  if (fd < 0) return NEWT_ERR(NEWT_ERR_SYS, "create %s/%s: %s", dir, tmp, strerror(errno));
+  int ok = fchmod(fd, mode) == 0;
+  close(fd);
+  if (!ok || renameat(dirfd, tmp, dirfd, LOCK_NAME) != 0) {
+    newt_result_t r = NEWT_ERR(NEWT_ERR_SYS, "replace %s/%s: %s", dir, LOCK_NAME, strerror(errno));
+    unlinkat(dirfd, tmp, 0);
+    return r;
+  }
+  NEWT_INFO(CKPT, "%s/%s could be read by those who may not write it: replaced by a file of mode %04o", dir, LOCK_NAME,
+            (unsigned)mode);
+  return NEWT_OK;
+}
+
+/* Whether DIR/LOCK still names the file fd has open (a writer may have replaced it). */
+static int still_named(int dirfd, int fd) {
+  struct stat a, b;
+  return fstat(fd, &a) == 0 && fstatat(dirfd, LOCK_NAME, &b, AT_SYMLINK_NOFOLLOW) == 0 && a.st_dev == b.st_dev &&
+         a.st_ino == b.st_ino;
+}
+
+/* Takes the flock on a new descriptor of DIR/LOCK for `writer` (steps 1 to 3 above). *again:
+ * the lock was not taken because the file under the name changed (replaced here or by
+ * another writer): open it again and start over. */
+static newt_result_t take(int fd, int dirfd, const char *dir, const char *writer, int readable, int *again) {
   newt_deadline_t deadline = newt_deadline_in_ms(LOCK_EX_WAIT_MS);
   int64_t sleep_us = 200;
   char held[512], who[1200];
+  *again = 0;
   for (;;) {
     int shared = 0;
     if (flock(fd, LOCK_EX | LOCK_NB) == 0) {
+      if (!still_named(dirfd, fd)) { /* replaced since it was opened */
+        flock(fd, LOCK_UN);
+        *again = 1;
+        return NEWT_OK;
+      }
+      struct stat st;
+      if (readable && fstat(fd, &st) == 0) { /* nobody holds it: a new file, which nobody has open */
+        if (replace_lock_file(dirfd, dir, st.st_mode & 07666 & ~read_only_bits(st.st_mode)) == NEWT_OK) {
+          flock(fd, LOCK_UN);
+          *again = 1;
+          return NEWT_OK;
+        }
+        NEWT_WARN(CKPT, "%s: the lock file is kept as it is", newt_errmsg());
+        readable = 0;
+      }
       newt_result_t r = write_holder(fd, dir, writer);
       if (r != NEWT_OK) {
         flock(fd, LOCK_UN);
@@ -217,6 +291,11 @@ static newt_result_t take(int fd, const char *dir, const char *writer) {
       return NEWT_ERR(NEWT_ERR_SYS, "flock %s/%s: %s", dir, LOCK_NAME, strerror(errno));
     }
     if (shared) {
+      if (!still_named(dirfd, fd)) { /* a file replaced since it was opened: its lock keeps nobody out */
+        flock(fd, LOCK_UN);
+        *again = 1;
+        return NEWT_OK;
+      }
       read_holder(fd, held, sizeof held, who, sizeof who);
       if (strcmp(held, writer) == 0) return NEWT_OK;
       flock(fd, LOCK_UN);
@@ -261,9 +340,20 @@ newt_result_t ckpt_lock_take(const char *dir, const char *writer, ckpt_lock **ou
     return r;
   }
   int fd = -1;
-  r = open_lock_file(dirfd, dir, &fd, &st);
+  for (int tries = 0;; tries++) {
+    int readable = 0, again = 0;
+    r = open_lock_file(dirfd, dir, &fd, &st, &readable);
+    if (r == NEWT_OK) r = take(fd, dirfd, dir, writer, readable, &again);
+    if (r != NEWT_OK || !again) break;
+    close(fd);
+    fd = -1;
+    if (tries == 8) {
+      r = NEWT_ERR(NEWT_ERR_CONFLICT, "checkpoint directory %s: %s/%s was replaced under this writer %d times", dir,
+                   dir, LOCK_NAME, tries + 1);
+      break;
+    }
+  }
   close(dirfd);
-  if (r == NEWT_OK) r = take(fd, dir, writer);
   if (r == NEWT_OK && (!(l = calloc(1, sizeof *l)) || !(l->writer = newt_strdup(writer)))) {
     free(l);
     r = NEWT_ERR(NEWT_ERR_NOMEM, "out of memory: checkpoint lock");

@@ -63,8 +63,8 @@ static void find_spares(status *st) {
     const char *id = v->workers[i].id, *why = NULL;
     if (plan_find(&v->plan, id)) continue;
     for (int k = 0; k < v->nevents; k++) /* oldest first: the newest wins */
-      if (v->events[k].type == JOB_EV_SPARE && names(v->events[k].spare_ids, v->events[k].nspare_ids, id))
-        why = v->events[k].why;
+      if (v->events[k]->type == JOB_EV_SPARE && names(v->events[k]->spare_ids, v->events[k]->nspare_ids, id))
+        why = v->events[k]->why;
     if (plan_is_spare(&v->plan, id)) why = v->plan.spare_why;
     struct spare *sp = &st->spares[st->nspares++];
     snprintf(sp->id, sizeof sp->id, "%s", id);
@@ -78,7 +78,7 @@ static void find_recoveries(status *st) {
   const job_view *v = &st->v;
   if (!(st->recs = calloc((size_t)v->nevents + 1, sizeof *st->recs))) return;
   for (int i = 0; i < v->nevents; i++) {
-    const job_event *e = &v->events[i];
+    const job_event *e = v->events[i];
     if (e->type != JOB_EV_RECOVERED) continue;
     struct recovery *r = &st->recs[st->nrecs++];
     r->e = e;
@@ -131,7 +131,7 @@ static void json_records(cJSON *j, const status *st, int nevents) {
   }
   cJSON *events = cJSON_AddArrayToObject(j, "events");
   for (int i = v->nevents > nevents ? v->nevents - nevents : 0; i < v->nevents; i++)
-    add_text(events, NULL, job_event_to_json(&v->events[i]));
+    add_text(events, NULL, job_event_to_json(v->events[i]));
   /* the single records in their keys' order, as etcd lists them (the previous release's output) */
   if (v->has_ckpt) add_text(j, "ckpt", job_ckpt_to_json(&v->ckpt));
   if (v->has_done) add_text(j, "done", job_done_to_json(&v->done));
@@ -318,8 +318,8 @@ static void print_text(FILE *f, const status *st, int nevents, uint64_t now) {
   if (v->nevents > first) fprintf(f, "\nnewest events\n");
   for (int i = first; i < v->nevents; i++) {
     char b[48];
-    fprintf(f, "  %-14s ", ago(now, v->events[i].t_ms, b, sizeof b));
-    describe_event(f, &v->events[i], st);
+    fprintf(f, "  %-14s ", ago(now, v->events[i]->t_ms, b, sizeof b));
+    describe_event(f, v->events[i], st);
     fputc('\n', f);
   }
 }

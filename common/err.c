@@ -2,6 +2,7 @@
 #include "err.h"
 
 #include <stdarg.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -37,12 +38,43 @@ const char *newt_result_name(newt_result_t r) {
   return names[r];
 }
 
+/* The bytes of the well-formed UTF-8 sequence at s (1 to 4) and its code point, or 0: a
+ * byte that starts none (a continuation byte alone, an overlong form, a surrogate, a code
+ * point past U+10FFFF, a sequence cut short by the end). */
+static int utf8_seq(const unsigned char *s, uint32_t *cp) {
+  int n;
+  uint32_t min;
+  if (s[0] < 0x80) return *cp = s[0], 1;
+  if (s[0] >= 0xc2 && s[0] <= 0xdf) n = 2, min = 0x80, *cp = s[0] & 0x1fu;
+  else if (s[0] >= 0xe0 && s[0] <= 0xef) n = 3, min = 0x800, *cp = s[0] & 0x0fu;
+  else if (s[0] >= 0xf0 && s[0] <= 0xf4) n = 4, min = 0x10000, *cp = s[0] & 0x07u;
+  else return 0;
+  for (int i = 1; i < n; i++) { /* the terminating NUL is no continuation byte: never read past it */
+    if ((s[i] & 0xc0) != 0x80) return 0;
+    *cp = *cp << 6 | (s[i] & 0x3fu);
+  }
+  if (*cp < min || *cp > 0x10ffff || (*cp >= 0xd800 && *cp <= 0xdfff)) return 0;
+  return n;
+}
+
 /* A message may quote what a file, a peer or etcd held: every control character (a
  * terminal escape, a newline that would forge a log line) becomes '?', wherever it is
  * printed. */
-static void scrub(char *m) {
-  for (; *m; m++)
-    if ((unsigned char)*m < 0x20 || *m == 0x7f) *m = '?';
+char *newt_text_scrub(char *s) {
+  unsigned char *r = (unsigned char *)s, *w = r;
+  while (*r) {
+    uint32_t cp = 0;
+    int n = utf8_seq(r, &cp);
+    if (n == 0 || cp < 0x20 || cp == 0x7f || (cp >= 0x80 && cp <= 0x9f)) {
+      *w++ = '?';
+      r += n ? n : 1;
+    } else {
+      memmove(w, r, (size_t)n);
+      w += n, r += n;
+    }
+  }
+  *w = '\0';
+  return s;
 }
 
 newt_result_t newt_err_set(newt_result_t code, const char *file, int line, const char *fmt, ...) {
@@ -54,7 +86,7 @@ newt_result_t newt_err_set(newt_result_t code, const char *file, int line, const
   vsnprintf(msg, sizeof msg, fmt, ap);
   va_end(ap);
   memcpy(errmsg, msg, sizeof errmsg);
-  scrub(errmsg);
+  newt_text_scrub(errmsg);
   errcode = code;
   NEWT_LOG_AT(NEWT_LOG_DEBUG, COMMON, "error %s at %s:%d: %s", newt_result_name(code), file, line,
               errmsg);
@@ -75,7 +107,7 @@ newt_result_t newt_err_wrap(newt_result_t code, const char *fmt, ...) {
   size_t m = strnlen(old, sizeof errmsg - 1 - n);
   memcpy(errmsg + n, old, m);
   errmsg[n + m] = '\0';
-  scrub(errmsg);
+  newt_text_scrub(errmsg);
   errcode = code;
   return code;
 }

@@ -35,6 +35,12 @@ newt_result_t newt_errcode(void);
 /* Clears this thread's message. */
 void newt_err_clear(void);
 
+/* Text from outside (a file, a peer, etcd) made safe to print, in place: every control
+ * character -- C0 (below 0x20), DEL and C1 (U+0080 to U+009F: CSI is U+009B, in UTF-8 the
+ * bytes C2 9B) -- and every byte of no well-formed UTF-8 sequence (a raw 0x9B is CSI to an
+ * 8-bit terminal) becomes one '?'. Returns s. */
+char *newt_text_scrub(char *s);
+
 /* Logs "via file:line: expr" at DEBUG level for the COMMON subsystem. */
 void newt_err_trace(newt_result_t r, const char *file, int line, const char *expr);
 

@@ -13,6 +13,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/resource.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 #include "common/clock.h"
@@ -42,8 +43,23 @@ typedef struct series {
   double buckets[METRICS_BUCKETS]; /* per bound, not cumulative */
 } series;
 
+/* A connection a listener holds, oldest first (see on_connection). */
+typedef struct held {
+  int fd;
+  int evicted; /* shut down to make room: closed by libmicrohttpd at its next look */
+  struct held *prev, *next;
+} held;
+
+/* One address's daemon and the connections it holds. Only its daemon's thread touches it. */
+typedef struct listener {
+  struct MHD_Daemon *daemon;
+  held *oldest, *newest;
+  int n;     /* held and not evicted */
+  int limit; /* metrics_limits.total */
+} listener;
+
 struct metrics {
-  struct MHD_Daemon *daemon[METRICS_DAEMONS];
+  listener ls[METRICS_DAEMONS];
   int ndaemons;
   int port;
   pthread_mutex_t mu;
@@ -218,9 +234,10 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
   return r;
 }
 
-/* What libmicrohttpd complains of (a refused connection, a full table): at most one line
- * every 10 s, with the count of those not shown, so a flood cannot fill the log. */
-static void on_mhd_log(void *cls, const char *fmt, va_list ap) {
+/* What the endpoint complains of (a refused connection, a full table, a connection closed
+ * for a new one): at most one line every 10 s, with the count of those not shown, so a
+ * flood cannot fill the log. */
+static void vlog_limited(const char *fmt, va_list ap) {
   static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
   static uint64_t last;
   static long suppressed;
@@ -242,16 +259,82 @@ static void on_mhd_log(void *cls, const char *fmt, va_list ap) {
   NEWT_WARN(COMMON, "metrics endpoint: %s (%ld more such messages in the last 10 s)", msg, n);
 }
 
+static void log_limited(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+static void log_limited(const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  vlog_limited(fmt, ap);
+  va_end(ap);
+}
+
+static void on_mhd_log(void *cls, const char *fmt, va_list ap) {
+  (void)cls;
+  vlog_limited(fmt, ap);
+}
+
+/* Room for a new connection, whatever slow clients hold (issue 37, item 5). At its limit
+ * libmicrohttpd stops accepting (new connections wait in the kernel's queue until one it
+ * holds closes): 8 addresses holding 8 partial requests each (a byte every few seconds
+ * defeats its idle timeout) kept every /healthz probe out. So its own limit is `total` plus
+ * a reserve, and this listener holds `total`: a connection that
+ * comes when all are held shuts down the oldest one (its request unfinished or its reply
+ * unread for longest), which libmicrohttpd then closes. A probe sends its request at once,
+ * so it is answered unless `total` newer connections come before its request does. Called
+ * on the daemon's one thread, before a connection is served and when it is closed (before
+ * its socket is: the descriptor shut down is still its own). */
+#define METRICS_RESERVE 16
+
+static void on_connection(void *cls, struct MHD_Connection *conn, void **ctx, enum MHD_ConnectionNotificationCode toe) {
+  listener *l = cls;
+  if (toe == MHD_CONNECTION_NOTIFY_CLOSED) {
+    held *h = *ctx;
+    if (!h) return;
+    if (h->prev) h->prev->next = h->next;
+    else l->oldest = h->next;
+    if (h->next) h->next->prev = h->prev;
+    else l->newest = h->prev;
+    if (!h->evicted) l->n--;
+    free(h);
+    *ctx = NULL;
+    return;
+  }
+  const union MHD_ConnectionInfo *ci = MHD_get_connection_info(conn, MHD_CONNECTION_INFO_CONNECTION_FD);
+  held *h = ci ? calloc(1, sizeof *h) : NULL;
+  if (!h) return; /* not counted: the reserve covers it */
+  h->fd = ci->connect_fd;
+  if (l->n >= l->limit) {
+    held *o = l->oldest;
+    while (o && o->evicted) o = o->next;
+    if (o) {
+      shutdown(o->fd, SHUT_RDWR);
+      o->evicted = 1;
+      l->n--;
+      log_limited("%d connections held: the oldest was closed for a new one (slow clients?)", l->limit);
+    }
+  }
+  h->prev = l->newest;
+  if (l->newest) l->newest->next = h;
+  else l->oldest = h;
+  l->newest = h;
+  l->n++;
+  *ctx = h;
+}
+
 static newt_result_t start_one(metrics_t *mt, const char *addr, int port, const metrics_limits *l) {
   struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
   if (inet_pton(AF_INET, addr, &sa.sin_addr) != 1)
     return NEWT_ERR(NEWT_ERR_INVALID, "--metrics-addr: \"%s\" is not an IPv4 address", addr);
+  listener *ls = &mt->ls[mt->ndaemons];
+  *ls = (listener){.limit = l->total};
   struct MHD_Daemon *d = MHD_start_daemon(
       MHD_USE_AUTO_INTERNAL_THREAD | MHD_USE_ERROR_LOG, (uint16_t)port, NULL, NULL, on_request, mt,
-      MHD_OPTION_EXTERNAL_LOGGER, on_mhd_log, NULL, MHD_OPTION_SOCK_ADDR, &sa, MHD_OPTION_CONNECTION_LIMIT, (unsigned)l->total, MHD_OPTION_PER_IP_CONNECTION_LIMIT,
-      (unsigned)l->per_ip, MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)l->timeout_s, MHD_OPTION_END);
+      MHD_OPTION_EXTERNAL_LOGGER, on_mhd_log, NULL, MHD_OPTION_SOCK_ADDR, &sa,
+      MHD_OPTION_CONNECTION_LIMIT, (unsigned)(l->total + METRICS_RESERVE), MHD_OPTION_NOTIFY_CONNECTION, on_connection, ls,
+      MHD_OPTION_PER_IP_CONNECTION_LIMIT, (unsigned)l->per_ip, MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)l->timeout_s,
+      MHD_OPTION_END);
   if (!d) return NEWT_ERR(NEWT_ERR_SYS, "metrics: cannot serve on %s:%d (port in use?)", addr, port);
-  mt->daemon[mt->ndaemons++] = d;
+  ls->daemon = d;
+  mt->ndaemons++;
   if (!mt->port) {
     const union MHD_DaemonInfo *info = MHD_get_daemon_info(d, MHD_DAEMON_INFO_BIND_PORT);
     mt->port = info ? info->port : port;
@@ -456,7 +539,7 @@ void metrics_set_health(metrics_t *mt, metrics_health_fn fn, void *ud) {
 
 void metrics_stop(metrics_t *mt) {
   if (!mt) return;
-  for (int i = 0; i < mt->ndaemons; i++) MHD_stop_daemon(mt->daemon[i]);
+  for (int i = 0; i < mt->ndaemons; i++) MHD_stop_daemon(mt->ls[i].daemon); /* closes (and frees) what each holds */
   pthread_mutex_destroy(&mt->mu);
   free(mt);
 }

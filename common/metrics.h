@@ -14,9 +14,12 @@
  * included: a worker's worker="<id>",rank="<rank>".
  *
  * The endpoint is input from the network (DESIGN: the metrics port is bounded): it binds
- * only the addresses it is given, holds at most `per_ip` connections from one address and
- * `total` in all (the rest are closed at once), drops a connection idle for `timeout_s`,
- * and logs what libmicrohttpd complains of at most once every 10 s. */
+ * only the addresses it is given, holds at most `per_ip` connections from one address (the
+ * rest are closed at once) and `total` in all, drops a connection idle for `timeout_s`, and
+ * logs what it complains of at most once every 10 s. Slow clients cannot hold it shut: a
+ * connection that comes when `total` are held closes the oldest one (a partial request
+ * trickled a byte at a time is never idle), so /healthz and scrapes are answered whatever
+ * the others hold. */
 #ifndef NEWT_COMMON_METRICS_H
 #define NEWT_COMMON_METRICS_H
 
@@ -30,7 +33,7 @@ typedef enum metrics_kind { METRICS_GAUGE, METRICS_COUNTER, METRICS_HISTOGRAM } 
 
 typedef struct metrics_limits {
   int per_ip;    /* connections from one address (0: 8) */
-  int total;     /* connections in all (0: 64) */
+  int total;     /* connections in all (0: 64); one more closes the oldest */
   int timeout_s; /* an idle connection is closed after this (0: 5) */
 } metrics_limits;
 

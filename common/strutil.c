@@ -289,8 +289,7 @@ char *newt_list_add(char *out, size_t cap, const char *item) {
 char *newt_str_printable(char *out, size_t cap, const char *src) {
   if (!cap) return out;
   size_t i = 0;
-  for (; src && src[i] && i + 1 < cap; i++)
-    out[i] = (unsigned char)src[i] < 0x20 || src[i] == 0x7f ? '?' : src[i];
+  for (; src && src[i] && i + 1 < cap; i++) out[i] = src[i];
   out[i] = '\0';
-  return out;
+  return newt_text_scrub(out);
 }

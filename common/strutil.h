@@ -59,7 +59,8 @@ char *newt_base64_encode_alloc(const void *in, size_t n);
 char *newt_base64_decode_alloc(const char *in, size_t n, size_t *outlen);
 
 /* src copied into out (cap bytes, NUL-terminated, cut to fit) with every control character
- * made a '?': a key or value from etcd, a file or a peer, safe to print. Returns out. */
+ * (C0, DEL, C1) and every byte of no well-formed UTF-8 sequence made a '?' (newt_text_scrub):
+ * a key or value from etcd, a file or a peer, safe to print. Returns out. */
 char *newt_str_printable(char *out, size_t cap, const char *src);
 
 /* Appends item to the comma-separated list in out (cap bytes, NUL-terminated: "" to start):

@@ -257,7 +257,9 @@ NEWT_API void newt_tensor_init(newt_tensor *t);
 
 /* Declares a tensor of this rank's state for the current generation (after
  * NEXT_GENERATION, before newt_state_restore). The memory must stay valid, and be written
- * only by the program's steps, until the next generation's restore returned. */
+ * only by the program's steps, until the next generation's restore returned. Sizes are
+ * checked without overflow here: the tensor's bytes (the shape's product times the dtype's
+ * size) fit 64 bits, offset[i] + extent[i] <= shape[i]; else NEWT_ERR_INVALID naming the field. */
 NEWT_API newt_result_t newt_state_tensor(newt_ctx *c, const newt_tensor *t);
 
 typedef enum newt_scope {
@@ -265,7 +267,8 @@ typedef enum newt_scope {
   NEWT_PER_RANK = 1 /* this rank's own (an RNG): restored to the rank of the same number where a state of
                        that step has one, else left as it is (newt_restore_info.bytes_missing) */
 } newt_scope;
-/* Declares opaque bytes of the state: len bytes at buf, saved and restored with the tensors. */
+/* Declares opaque bytes of the state: len bytes at buf (len at most INT64_MAX), saved and
+ * restored with the tensors. */
 NEWT_API newt_result_t newt_state_bytes(newt_ctx *c, const char *name, newt_scope scope, void *buf, size_t len);
 
 /* The program's own fields of a checkpoint's state document (a JSON object's text, malloc'd:

@@ -279,9 +279,7 @@ static newt_result_t read_string(const cJSON *j, const char *what, const codec_f
     NEWT_CHECK(rdzv_check_name(label, s));
   }
   memcpy(out, s, n + 1);
-  if (f->kind == CODEC_K_TEXT) /* readers print it: no terminal escape, no newline */
-    for (char *p = out; *p; p++)
-      if ((unsigned char)*p < 0x20 || *p == 0x7f) *p = '?';
+  if (f->kind == CODEC_K_TEXT) newt_text_scrub(out); /* readers print it: no terminal escape (C0, C1), no newline */
   return NEWT_OK;
 }
 

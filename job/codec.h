@@ -43,7 +43,8 @@ typedef enum codec_kind {
   CODEC_K_BOOL,      /* int: true or false */
   CODEC_K_ENUM,      /* int or enum: the index of a word of `words`, written as the word */
   CODEC_K_WORD,      /* char[]: one of `words` */
-  CODEC_K_TEXT,      /* char[]: free text for people; a control character reads as '?' (readers print it) */
+  CODEC_K_TEXT,      /* char[]: free text for people; a control character (C0, DEL, C1) or a byte of
+                        no UTF-8 sequence reads as '?' (readers print it: newt_text_scrub) */
   CODEC_K_PRINTABLE, /* char[]: printable ASCII text, blanks allowed; anything else is refused */
   CODEC_K_TOKEN,     /* char[]: a name, an address or a word: 1 or more printable ASCII characters,
                         no blanks, quotes or backslashes */

@@ -433,14 +433,58 @@ static newt_result_t bounded(const char *what, const char *field, int64_t v, int
 }
 
 /* Entry i of the ranks, or of the donors (after the ranks: their rank is nranks + i). */
-static newt_result_t parse_rank(const cJSON *o, const char *what, int i, const newt_plan *p, int donor, plan_rank *r) {
+typedef struct rank_of {
+  const char *worker;
+  int rank;
+} rank_of;
+
+static int by_worker(const void *a, const void *b) {
+  const rank_of *x = a, *y = b;
+  int c = strcmp(x->worker, y->worker);
+  return c ? c : (x->rank > y->rank) - (x->rank < y->rank);
+}
+
+/* The ranks' workers sorted (ties by rank), malloc'd: a plan of 100,000 ranks is read in every
+ * watcher at every put, so what is checked against the ranks is looked up in n log n, never
+ * compared pairwise. NULL when out of memory. */
+static rank_of *sorted_ranks(const newt_plan *p) {
+  rank_of *v = malloc((size_t)(p->nranks ? p->nranks : 1) * sizeof *v);
+  if (!v) return NULL;
+  for (int i = 0; i < p->nranks; i++) v[i] = (rank_of){p->ranks[i].worker, i};
+  qsort(v, (size_t)p->nranks, sizeof *v, by_worker);
+  return v;
+}
+
+static int by_name(const void *key, const void *elem) { return strcmp(key, ((const rank_of *)elem)->worker); }
+
+/* No worker is two ranks: neighbours of the sorted ranks compared. The pair named is the one
+ * a scan in rank order meets first: the lowest rank whose worker comes again, and the next. */
+static newt_result_t check_workers_once(const newt_plan *p, const char *label) {
+  rank_of *v = sorted_ranks(p);
+  NEWT_CHECK_ALLOC(v);
+  int a = -1, b = -1;
+  for (int i = 1; i < p->nranks; i++)
+    if (strcmp(v[i - 1].worker, v[i].worker) == 0) {
+      if (a < 0 || v[i - 1].rank < a) a = v[i - 1].rank, b = v[i].rank; /* a run's first two, in rank order */
+      while (i + 1 < p->nranks && strcmp(v[i].worker, v[i + 1].worker) == 0) i++;
+    }
+  free(v);
+  if (a >= 0) return NEWT_ERR(NEWT_ERR_INVALID, "%s[%d].worker: \"%s\" is also rank %d", label, b, p->ranks[b].worker, a);
+  return NEWT_OK;
+}
+
+/* Entry i of a plan's ranks, or of its donors (`sorted`: the ranks, sorted_ranks). */
+static newt_result_t parse_rank(const cJSON *o, const char *what, int i, const newt_plan *p, const rank_of *sorted,
+                                plan_rank *r) {
+  int donor = sorted != NULL;
   char label[96];
   snprintf(label, sizeof label, "%s[%d]", what, i);
   NEWT_CHECK(codec_decode_object(donor ? &donor_table : &rank_table, o, label, r));
   NEWT_CHECK(bounded(label, "rank", r->rank, donor ? p->nranks + i : i, donor ? p->nranks + i : i));
   if (donor) {
     r->dp = r->tp = r->pp = -1;
-    if (plan_find(p, r->worker)) return NEWT_ERR(NEWT_ERR_INVALID, "%s.worker: \"%s\" is also a rank", label, r->worker);
+    if (bsearch(r->worker, sorted, (size_t)p->nranks, sizeof *sorted, by_name))
+      return NEWT_ERR(NEWT_ERR_INVALID, "%s.worker: \"%s\" is also a rank", label, r->worker);
     return NEWT_OK;
   }
   NEWT_CHECK(bounded(label, "dp", r->dp, 0, p->dp - 1));
@@ -491,12 +535,8 @@ static newt_result_t get_ranks(const cJSON *j, const char *what, const codec_fie
   char label[48];
   snprintf(label, sizeof label, "%s.%s", what, f->name);
   int i = 0;
-  for (const cJSON *o = ranks->child; o; o = o->next, i++) NEWT_CHECK(parse_rank(o, label, i, p, 0, &p->ranks[i]));
-  for (int a = 0; a < p->nranks; a++)
-    for (int b = a + 1; b < p->nranks; b++)
-      if (strcmp(p->ranks[a].worker, p->ranks[b].worker) == 0)
-        return NEWT_ERR(NEWT_ERR_INVALID, "%s[%d].worker: \"%s\" is also rank %d", label, b, p->ranks[b].worker, a);
-  return NEWT_OK;
+  for (const cJSON *o = ranks->child; o; o = o->next, i++) NEWT_CHECK(parse_rank(o, label, i, p, NULL, &p->ranks[i]));
+  return check_workers_once(p, label);
 }
 
 static newt_result_t get_donors(const cJSON *j, const char *what, const codec_field *f, void *rec, int required) {
@@ -509,10 +549,15 @@ static newt_result_t get_donors(const cJSON *j, const char *what, const codec_fi
   p->ndonors = n;
   char label[48];
   snprintf(label, sizeof label, "%s.%s", what, f->name);
+  if (!n) return NEWT_OK;
+  rank_of *sorted = sorted_ranks(p);
+  NEWT_CHECK_ALLOC(sorted);
+  newt_result_t r = NEWT_OK;
   int i = 0;
-  for (const cJSON *o = donors ? donors->child : NULL; o; o = o->next, i++)
-    NEWT_CHECK(parse_rank(o, label, i, p, 1, &p->donors[i]));
-  return NEWT_OK;
+  for (const cJSON *o = donors->child; o && r == NEWT_OK; o = o->next, i++)
+    r = parse_rank(o, label, i, p, sorted, &p->donors[i]);
+  free(sorted);
+  return r;
 }
 
 static newt_result_t put_secret(cJSON *obj, const codec_field *f, const void *rec) {

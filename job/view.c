@@ -103,7 +103,7 @@ newt_result_t job_change_get(rdzv_etcd *c, const char *job, job_record rec, newt
 /* The view's bookkeeping beside the picture: the key of each event (a deletion names it) and
  * every candidacy (the leader is the oldest). */
 struct job_view_keys {
-  char (*events)[VIEW_KEY_MAX];
+  char **events; /* beside v->events, malloc'd */
   struct candidate {
     char key[VIEW_KEY_MAX];
     int64_t create_revision;
@@ -139,20 +139,59 @@ static void put_worker(job_view *v, const job_change *c) {
   v->workers[i] = c->u.worker;
 }
 
+/* kv's key against a key of the view, as strcmp orders them. */
+static int key_cmp(const rdzv_etcd_kv *kv, const char *key) {
+  size_t n = strlen(key), m = kv->key_len < n ? kv->key_len : n;
+  int c = memcmp(kv->key, key, m);
+  return c ? c : (kv->key_len > n) - (kv->key_len < n);
+}
+
+/* The events are kept in key order (their keys start with the time): where kv's key is, or
+ * would go, by binary search. A snapshot's keys come in order, each one appended: the 40,000
+ * events of a long job are taken in n log n (a scan of every key per event made it n^2, 5 s
+ * for `newt status`). One that comes out of order moves pointers, not events. *found: the
+ * key is there already. */
+static int event_at(const job_view *v, const struct job_view_keys *k, const rdzv_etcd_kv *kv, int *found) {
+  *found = 0;
+  if (!v->nevents || key_cmp(kv, k->events[v->nevents - 1]) > 0) return v->nevents; /* the newest: appended */
+  int lo = 0, hi = v->nevents;
+  while (lo < hi) {
+    int mid = lo + (hi - lo) / 2, c = key_cmp(kv, k->events[mid]);
+    if (c == 0) return *found = 1, mid;
+    if (c < 0) hi = mid;
+    else lo = mid + 1;
+  }
+  return lo;
+}
+
 static void put_event(job_view *v, struct job_view_keys *k, const job_change *c) {
-  for (int i = 0; i < v->nevents; i++)
-    if (key_is(c->kv, k->events[i])) {
-      if (!c->deleted) return; /* an event is written once */
-      job_event_free(&v->events[i]);
-      memmove(&v->events[i], &v->events[i + 1], (size_t)(v->nevents - i - 1) * sizeof *v->events);
-      memmove(&k->events[i], &k->events[i + 1], (size_t)(v->nevents - i - 1) * sizeof *k->events);
-      v->nevents--;
-      return;
-    }
+  int found, i = event_at(v, k, c->kv, &found);
+  if (found) {
+    if (!c->deleted) return; /* an event is written once */
+    job_event_free(v->events[i]);
+    free(v->events[i]);
+    free(k->events[i]);
+    memmove(&v->events[i], &v->events[i + 1], (size_t)(v->nevents - i - 1) * sizeof *v->events);
+    memmove(&k->events[i], &k->events[i + 1], (size_t)(v->nevents - i - 1) * sizeof *k->events);
+    v->nevents--;
+    return;
+  }
   if (c->deleted || c->kv->key_len >= VIEW_KEY_MAX) return;
   if (!grow(&v->events, v->nevents, sizeof *v->events) || !grow(&k->events, v->nevents, sizeof *k->events)) return;
-  if (job_event_copy(&v->events[v->nevents], &c->u.event) != NEWT_OK) return;
-  snprintf(k->events[v->nevents++], VIEW_KEY_MAX, "%.*s", (int)c->kv->key_len, c->kv->key);
+  job_event *e = malloc(sizeof *e);
+  char *key = malloc(c->kv->key_len + 1);
+  if (!e || !key || job_event_copy(e, &c->u.event) != NEWT_OK) {
+    free(e);
+    free(key);
+    return;
+  }
+  memcpy(key, c->kv->key, c->kv->key_len);
+  key[c->kv->key_len] = '\0';
+  memmove(&v->events[i + 1], &v->events[i], (size_t)(v->nevents - i) * sizeof *v->events); /* an older key: its place */
+  memmove(&k->events[i + 1], &k->events[i], (size_t)(v->nevents - i) * sizeof *k->events);
+  v->events[i] = e;
+  k->events[i] = key;
+  v->nevents++;
 }
 
 static void put_fault(job_view *v, const job_change *c) {
@@ -237,7 +276,11 @@ const job_worker *job_view_worker(const job_view *v, const char *id) {
 void job_view_free(job_view *v) {
   plan_free(&v->plan);
   free(v->workers);
-  for (int i = 0; i < v->nevents; i++) job_event_free(&v->events[i]);
+  for (int i = 0; i < v->nevents; i++) {
+    job_event_free(v->events[i]);
+    free(v->events[i]);
+    if (v->keys) free(v->keys->events[i]);
+  }
   free(v->events);
   free(v->faults);
   if (v->keys) {
@@ -262,22 +305,25 @@ static int rank_of(const job_change *c) {
   }
 }
 
-/* The changes of a whole read, decoded and in resync order (*out malloc'd, n of them). */
+/* A key's place in a resync batch, from the key alone (a record its codec refuses keeps the
+ * place of its key), so that the changes are decoded straight into their order. */
+static int pass_of(const char *prefix, size_t plen, const rdzv_etcd_kv *kv) {
+  if (kv->key_len <= plen || strncmp(kv->key, prefix, plen) != 0) return 4;
+  uint64_t generation;
+  const char *id;
+  job_change c = {.rec = job_key_parse(kv->key + plen, &generation, &id)};
+  return rank_of(&c);
+}
+
+/* The changes of a whole read, decoded and in resync order (*out malloc'd, n of them: a
+ * change is some 2.8 KB, so there is one array of them, not two). */
 static newt_result_t decode_all(const char *prefix, const rdzv_etcd_kvs *all, job_change **out) {
-  job_change *tmp = calloc(all->n ? all->n : 1, sizeof *tmp);
   *out = calloc(all->n ? all->n : 1, sizeof **out);
-  if (!tmp || !*out) {
-    free(tmp);
-    free(*out);
-    *out = NULL;
-    return NEWT_ERR(NEWT_ERR_NOMEM, "out of memory for the %zu keys of the job", all->n);
-  }
-  for (size_t i = 0; i < all->n; i++) job_change_decode(prefix, &all->kvs[i], 0, &tmp[i]);
-  size_t k = 0;
+  if (!*out) return NEWT_ERR(NEWT_ERR_NOMEM, "out of memory for the %zu keys of the job", all->n);
+  size_t k = 0, plen = strlen(prefix);
   for (int pass = 0; pass <= 4; pass++)
     for (size_t i = 0; i < all->n; i++)
-      if (rank_of(&tmp[i]) == pass) (*out)[k++] = tmp[i];
-  free(tmp);
+      if (pass_of(prefix, plen, &all->kvs[i]) == pass) job_change_decode(prefix, &all->kvs[i], 0, &(*out)[k++]);
   return NEWT_OK;
 }
 
@@ -299,16 +345,20 @@ newt_result_t job_view_read(rdzv_etcd *c, const char *job, newt_deadline_t d,
     return NEWT_ERR(NEWT_ERR_NOTFOUND, "no job \"%s\" in etcd at %s (no key under %s)", job, rdzv_etcd_endpoints(c),
                     prefix);
   }
-  job_change *chs;
-  newt_result_t r = decode_all(prefix, &all, &chs);
-  for (size_t i = 0; r == NEWT_OK && i < all.n; i++) {
-    if (chs[i].refused && warn) warn(ud, &chs[i]);
-    job_view_apply(out, &chs[i]);
-  }
+  /* one change at a time, in resync order: the view keeps what it needs of each */
+  size_t plen = strlen(prefix);
+  for (int pass = 0; pass <= 4; pass++)
+    for (size_t i = 0; i < all.n; i++) {
+      if (pass_of(prefix, plen, &all.kvs[i]) != pass) continue;
+      job_change ch;
+      job_change_decode(prefix, &all.kvs[i], 0, &ch);
+      if (ch.refused && warn) warn(ud, &ch);
+      job_view_apply(out, &ch);
+      job_change_free(&ch);
+    }
   out->revision = all.revision;
-  free_changes(chs, r == NEWT_OK ? all.n : 0);
   rdzv_etcd_kvs_free(&all);
-  return r;
+  return NEWT_OK;
 }
 
 /* --- following it ----------------------------------------------------------------------------- */

@@ -78,7 +78,8 @@ typedef struct job_view {
   job_done done;
   job_failed failed;
   job_ckpt ckpt;
-  job_event *events;       /* in key order: oldest first */
+  job_event **events;      /* in key order: oldest first (each malloc'd: one that comes out of order
+                              moves pointers) */
   int nevents;
   job_fault *faults;       /* in key order: by generation */
   int nfaults;

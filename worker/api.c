@@ -411,23 +411,33 @@ newt_result_t newt_state_tensor(newt_ctx *c, const newt_tensor *tin) {
     return NEWT_ERR(NEWT_ERR_INVALID, "tensor \"%s\": unknown flags 0x%x", nm, t.flags);
   if ((t.flags & NEWT_TENSOR_DEVICE) && c->device < 0 && c->o.memory.host_visible)
     return NEWT_ERR(NEWT_ERR_INVALID, "tensor \"%s\": device memory, but this worker has no device", nm);
-  int64_t offset[NEWT_SLICE_MAX_DIMS] = {0}, extent[NEWT_SLICE_MAX_DIMS] = {0}, box = 1;
+  if ((t.offset == NULL) != (t.extent == NULL))
+    return NEWT_ERR(NEWT_ERR_INVALID, "tensor \"%s\": give both offset and extent, or neither", nm);
+  /* Every product and sum checked before it is made (the numbers are the program's): the
+     whole tensor's bytes fit an int64_t, so the box, the part and its bytes do too. */
+  const int64_t esize = (int64_t)newt_dtype_size(t.dtype);
+  int64_t offset[NEWT_SLICE_MAX_DIMS] = {0}, extent[NEWT_SLICE_MAX_DIMS] = {0}, box = 1, whole = 1;
   for (int i = 0; i < t.ndim; i++) {
-    if (t.shape[i] < 1) return NEWT_ERR(NEWT_ERR_INVALID, "tensor \"%s\": dimension %d is %lld", nm, i, (long long)t.shape[i]);
+    if (t.shape[i] < 1) return NEWT_ERR(NEWT_ERR_INVALID, "tensor \"%s\": shape[%d] is %lld", nm, i, (long long)t.shape[i]);
+    if (whole > INT64_MAX / esize / t.shape[i])
+      return NEWT_ERR(NEWT_ERR_INVALID, "tensor \"%s\": shape[%d] %lld: the tensor's bytes (its shape's product times %lld) "
+                      "overflow 64 bits", nm, i, (long long)t.shape[i], (long long)esize);
+    whole *= t.shape[i];
     offset[i] = t.offset ? t.offset[i] : 0;
     extent[i] = t.extent ? t.extent[i] : t.shape[i];
-    if ((t.offset == NULL) != (t.extent == NULL))
-      return NEWT_ERR(NEWT_ERR_INVALID, "tensor \"%s\": give both offset and extent, or neither", nm);
-    if (offset[i] < 0 || extent[i] < 1 || offset[i] + extent[i] > t.shape[i])
-      return NEWT_ERR(NEWT_ERR_INVALID, "tensor \"%s\": dimension %d: the box [%lld, %lld) is not inside [0, %lld)", nm, i,
-                      (long long)offset[i], (long long)(offset[i] + extent[i]), (long long)t.shape[i]);
-    box *= extent[i];
+    if (offset[i] < 0 || offset[i] >= t.shape[i])
+      return NEWT_ERR(NEWT_ERR_INVALID, "tensor \"%s\": offset[%d] %lld is not inside [0, %lld)", nm, i,
+                      (long long)offset[i], (long long)t.shape[i]);
+    if (extent[i] < 1 || extent[i] > t.shape[i] - offset[i])
+      return NEWT_ERR(NEWT_ERR_INVALID, "tensor \"%s\": extent[%d] %lld: the box from offset %lld is not inside [0, %lld)",
+                      nm, i, (long long)extent[i], (long long)offset[i], (long long)t.shape[i]);
+    box *= extent[i]; /* at most whole */
   }
   int64_t end = t.end ? t.end : box;
   if (t.begin < 0 || end > box || t.begin >= end)
-    return NEWT_ERR(NEWT_ERR_INVALID, "tensor \"%s\": elements [%lld, %lld) of a box of %lld", nm, (long long)t.begin,
-                    (long long)end, (long long)box);
-  size_t want = (size_t)(end - t.begin) * newt_dtype_size(t.dtype);
+    return NEWT_ERR(NEWT_ERR_INVALID, "tensor \"%s\": begin and end: elements [%lld, %lld) of a box of %lld", nm,
+                    (long long)t.begin, (long long)end, (long long)box);
+  size_t want = (size_t)((end - t.begin) * esize);
   if (t.bytes != want)
     return NEWT_ERR(NEWT_ERR_INVALID, "tensor \"%s\": its buffer has %zu bytes, its part %zu (%lld %s elements)", nm,
                     t.bytes, want, (long long)(end - t.begin), newt_dtype_name(t.dtype));
@@ -452,6 +462,8 @@ newt_result_t newt_state_bytes(newt_ctx *c, const char *name, newt_scope scope, 
   if (scope != NEWT_PER_JOB && scope != NEWT_PER_RANK)
     return NEWT_ERR(NEWT_ERR_INVALID, "newt_state_bytes \"%s\": scope %d is not a newt_scope", name, (int)scope);
   if (!buf || len == 0) return NEWT_ERR(NEWT_ERR_INVALID, "newt_state_bytes \"%s\": %zu bytes at %p", name, len, buf);
+  if (len > (size_t)INT64_MAX) /* a checkpoint's sizes are int64_t */
+    return NEWT_ERR(NEWT_ERR_INVALID, "newt_state_bytes \"%s\": len %zu is over %lld bytes", name, len, (long long)INT64_MAX);
   reshard_piece p;
   memset(&p, 0, sizeof p);
   if (scope == NEWT_PER_JOB) snprintf(p.name, sizeof p.name, "newt.job/%s", name);

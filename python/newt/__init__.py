@@ -63,19 +63,45 @@ def _op(op):
 
 
 class Work:
-    """An asynchronous collective in flight; wait() once (it raises what the collective met)."""
+    """An asynchronous collective in flight; wait() once (it raises what the collective met).
+    A Work dropped without wait() is safe: newt keeps it, and the buffers libnewt writes into,
+    until the collective is done, and waits for it before the next step (job.steps()) or at
+    the job's end; a wait() after that raises what the collective met, if anything."""
+
+    # Every Work issued and not yet waited for, in issue order: a Work the program drops stays
+    # here, so its buffers outlive the collective (freed, libnewt would write into freed memory).
+    _in_flight = {}
 
     def __init__(self, req, keep):
         self._req = req
         self._keep = keep  # the buffers, alive until the collective is done
+        self._error = None
+        if req is not None:
+            Work._in_flight[id(self)] = self
 
-    def wait(self):
+    def _complete(self):
         if self._req is None:
             return
         req, self._req = self._req, None
+        Work._in_flight.pop(id(self), None)
         r = _lib.newt_wait(req)
         self._keep = None
-        _check(r, "collective")
+        try:
+            _check(r, "collective")
+        except Error as e:
+            self._error = e
+
+    def wait(self):
+        self._complete()
+        if self._error is not None:
+            e, self._error = self._error, None
+            raise e
+
+    @classmethod
+    def _wait_all(cls):
+        """Waits for every collective not waited for yet (a dropped Work's included)."""
+        for w in list(cls._in_flight.values()):
+            w._complete()
 
 
 class Group:
@@ -391,6 +417,7 @@ class Job:
             r = C.ERR_SYS
         else:
             r = C.ERR_INVALID  # the program's own error: another try would meet it again
+        Work._wait_all()
         ctx, self._ctx = self._ctx, None
         self.exit_code = _lib.newt_finish(ctx, r)
         return self.exit_code
@@ -423,6 +450,7 @@ class Job:
                 raise UsageError(f"step {step.number} was not ended: in each step call step.commit() and "
                                  "step.end(), inside `with step:` (a lost peer then ends it for a recovery)")
             self.state.check()
+            Work._wait_all()  # a Work dropped in the step: its buffers were kept until now
             b = C.sized(C.Batch)
             nxt = ctypes.c_int()
             r = _lib.newt_step_begin(self._ctx, ctypes.byref(b), ctypes.byref(nxt))

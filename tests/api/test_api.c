@@ -14,7 +14,8 @@
  *
  *   job api-main: workers A, B and C (the first plan waits for all three). In its first
  *     generation each makes the declaration misuses (a tensor declared twice, a "newt." name, a
- *     buffer of the wrong size, size fields of 0, NULL arguments, restore and steps before the
+ *     buffer of the wrong size, shapes, offsets, extents and byte lengths whose products or sums
+ *     overflow 64 bits, size fields of 0, NULL arguments, restore and steps before the
  *     state is declared) and, running, the step misuses (declare after restore, commit or end
  *     out of order, a step begun twice -- then committed and ended, training on). B joins with
  *     an older newt_join_opts and takes its batches in an older newt_batch (the library writes
@@ -86,6 +87,7 @@ enum {
   C_NEWT_NAME,
   C_TWICE,
   C_BYTES,
+  C_OVERFLOW,       /* sizes whose product or sum overflows 64 bits (issue 37, item 7) */
   C_GAP,
   C_OVERLAP,
   C_ORDER,          /* restore, begin and commit before the state is restored */
@@ -103,7 +105,7 @@ enum {
 };
 static const char *const case_names[NCASES] = {
     "null_args",         "size_zero",       "join_without_job", "newt_name",        "tensor_declared_twice",
-    "wrong_buffer_size", "parts_leave_gap", "parts_overlap",    "calls_before_restore", "state_after_restore",
+    "wrong_buffer_size", "sizes_overflow", "parts_leave_gap", "parts_overlap",    "calls_before_restore", "state_after_restore",
     "commit_without_begin", "step_begun_twice", "stale_generation", "after_done",   "after_left",
     "abi_older_structs", "main_job_trains_right", "job_goes_on_after_overlap", "processes_exit_right"};
 
@@ -266,6 +268,24 @@ static void declaration_misuse(prog *p) {
   tensor(&t, "wrong", p->x, NX, shape_x, 2, 6);
   t.bytes = NX * sizeof(float); /* the part [2, 6) is 16 bytes */
   EXPECT_ERR(C_BYTES, NEWT_ERR_INVALID, newt_state_tensor(p->c, &t), "\"wrong\"", "32", "16");
+
+  /* sizes that overflow, each refused at the call naming the field (before, a shape of
+     [2^60 + 1, 16] floats passed as 64 bytes, and an offset of INT64_MAX passed) */
+  static const int64_t shape_wrap[2] = {((int64_t)1 << 60) + 1, 16}, shape_big[2] = {(int64_t)1 << 61, 1};
+  static const int64_t off_max[1] = {INT64_MAX}, ext_one[1] = {1}, off_two[1] = {2}, ext_max[1] = {INT64_MAX};
+  tensor(&t, "wrap", p->x, NX, shape_wrap, 0, 0);
+  t.ndim = 2, t.bytes = 64; /* 2^64 + 16 elements wrap to 16 */
+  EXPECT_ERR(C_OVERFLOW, NEWT_ERR_INVALID, newt_state_tensor(p->c, &t), "\"wrap\"", "shape[1]", "overflow");
+  tensor(&t, "wrap", p->x, NX, shape_big, 0, 0);
+  t.ndim = 2, t.bytes = (size_t)1 << 63; /* 2^61 floats: 2^63 bytes */
+  EXPECT_ERR(C_OVERFLOW, NEWT_ERR_INVALID, newt_state_tensor(p->c, &t), "\"wrap\"", "shape[0]", "overflow");
+  tensor(&t, "wrap", p->x, 1, shape_x, 0, 0);
+  t.offset = off_max, t.extent = ext_one; /* INT64_MAX + 1 wraps below the shape */
+  EXPECT_ERR(C_OVERFLOW, NEWT_ERR_INVALID, newt_state_tensor(p->c, &t), "\"wrap\"", "offset[0]");
+  t.offset = off_two, t.extent = ext_max;
+  EXPECT_ERR(C_OVERFLOW, NEWT_ERR_INVALID, newt_state_tensor(p->c, &t), "\"wrap\"", "extent[0]");
+  EXPECT_ERR(C_OVERFLOW, NEWT_ERR_INVALID, newt_state_bytes(p->c, "huge", NEWT_PER_JOB, &p->meta, ((size_t)1 << 63) + 16),
+             "\"huge\"", "len");
 
   tensor(&t, "zero", p->x, NX, shape_x, 0, 0);
   t.size = 0;

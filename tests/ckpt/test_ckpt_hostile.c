@@ -14,7 +14,9 @@
  *   - a 17 MiB MANIFEST (valid frame and checksum, its state an array of 8.9 million zeros,
  *     which `newt ckpt ls` took 1.4 GB and 5 s to parse under the old 1 GiB bound): `newt ckpt
  *     ls|inspect` and a load refuse it, naming the file and the bound, each with a peak memory
- *     (the child's ru_maxrss) under 64 MB.
+ *     (the child's ru_maxrss) under 64 MB;
+ *   - manifests at the 8 MiB bound (issue 37, item 11): one of 32,000 one-chunk tensors is
+ *     inspected, and one whose state holds 4 million zeros refused, each under 64 MB.
  * Everything that could hang runs as a child process (`newt`, or this binary re-executed
  * with "child") under a deadline, and counts as a failure when it is killed. */
 #include <dirent.h>
@@ -24,6 +26,7 @@
 
 #include "ckpt_util.h"
 #include "common/proc.h"
+#include "common/strutil.h"
 
 static char root[256], self[4096];
 
@@ -461,6 +464,60 @@ static void test_huge_manifest(void) {
   T_CHECK_MSG(rss < 64 * 1024, "a load took %ld KiB of memory", rss);
 }
 
+/* A manifest at the bound (issue 37, item 11), JSON of about `bytes`: many one-chunk tensors
+ * (what newt writes for a model of many small parts), or its state an array of zeros. */
+static char *bound_manifest(int zeros, size_t bytes) {
+  newt_buf b;
+  newt_buf_init(&b);
+  size_t n = bytes / 260;
+  newt_buf_printf(&b, "{\"format\":\"newt-ckpt\",\"version\":1,\"kind\":\"manifest\",\"step\":3,\"nranks\":1,"
+                      "\"attempt\":\"0000000000000001\",\"created_ms\":0,\"files\":[{\"name\":\"a.shard\",\"rank\":0,"
+                      "\"bytes\":8192,\"raw_bytes\":0}],\"tensors\":[");
+  for (size_t k = 0; !zeros && k < n; k++)
+    newt_buf_printf(&b, "%s{\"name\":\"layers.%08zu.weight\",\"dtype\":\"f32\",\"shape\":[4],\"chunks\":[{\"file\":0,"
+                        "\"offset\":4096,\"stored\":16,\"raw\":16,\"codec\":\"raw\",\"filter\":\"none\",\"xxh_raw\":"
+                        "\"0000000000000000\",\"xxh_stored\":\"0000000000000000\",\"box_offset\":[0],\"box_shape\":[4],"
+                        "\"begin\":0,\"end\":4}]}",
+                    k ? "," : "", k);
+  newt_buf_printf(&b, "],\"state\":{\"x\":[0");
+  while (zeros && b.len + 8 < bytes) newt_buf_append(&b, ",0,0,0,0", 8);
+  newt_buf_printf(&b, "]}}");
+  return b.data;
+}
+
+/* Issue 37, item 11: a manifest under the 8 MiB bound still took 344 MB to inspect (a JSON
+ * tree of the whole file: 40 times the text for a state of zeros, 22 times for tiny tensors).
+ * Now the file is read a piece at a time: `newt ckpt inspect` of 8 MiB of one-chunk tensors
+ * reads them all with a peak memory under 64 MB, and a state of 4 million zeros is refused,
+ * naming the bound on its values, under 64 MB too. */
+static void test_manifest_at_bound(void) {
+  char dir[300], sd[400], p[600], out[16384];
+  snprintf(dir, sizeof dir, "%s/bound", root);
+  for (int zeros = 0; zeros < 2; zeros++) {
+    char *body = bound_manifest(zeros, CKPT_MAX_MANIFEST - 4096);
+    size_t len;
+    char *text = ts_frame(body, &len);
+    free(body);
+    ckpt_step_dirname(sd, sizeof sd, dir, 3 + zeros);
+    T_OK(newt_fs_mkdirs(sd, 0755));
+    snprintf(p, sizeof p, "%s/MANIFEST", sd);
+    T_OK(newt_fs_write_atomic(p, text, len));
+    free(text);
+    T_CHECK_MSG(len <= CKPT_MAX_MANIFEST, "the manifest has %zu bytes", len);
+    long rss = 0;
+    const char *inspect[] = {"newt", "ckpt", "inspect", sd, NULL};
+    int rc = run_rss(inspect, 120000, out, sizeof out, &rss);
+    if (zeros)
+      T_CHECK_MSG(rc == 1 && strstr(out, "MANIFEST.state") && strstr(out, "at most 65536"),
+                  "newt ckpt inspect of a state of zeros: exit %d, expected 1 naming the bound\n%.2000s", rc, out);
+    else
+      T_CHECK_MSG(rc == 0 && strstr(out, "layers.00000000.weight"), "newt ckpt inspect of %zu bytes: exit %d\n%.2000s",
+                  len, rc, out);
+    T_CHECK_MSG(rss < 64 * 1024, "newt ckpt inspect of a %zu-byte manifest (%s) took %ld KiB of memory", len,
+                zeros ? "a state of zeros" : "one-chunk tensors", rss);
+  }
+}
+
 int main(int argc, char **argv) {
   if (argc == 4 && strcmp(argv[1], "child") == 0 && strcmp(argv[2], "fifo") == 0) return child_fifo(argv[3]);
   if (argc == 4 && strcmp(argv[1], "child") == 0 && strcmp(argv[2], "huge") == 0) return child_huge(argv[3]);
@@ -476,6 +533,7 @@ int main(int argc, char **argv) {
   T_RUN(test_fifos);
   T_RUN(test_train_resume);
   T_RUN(test_huge_manifest);
+  T_RUN(test_manifest_at_bound);
   newt_fs_rm_rf(root);
   return T_DONE();
 }

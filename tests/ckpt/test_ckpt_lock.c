@@ -12,6 +12,9 @@
  *     naming "job demo"; a real job (`newt run`) keeps `newt train` out the same way;
  *   - a holder killed with SIGKILL leaves a lock file that blocks nobody;
  *   - links, FIFOs and hard links planted under the name LOCK never redirect a write;
+ *   - read access alone holds nothing (issue 37, item 8): the lock file is 0600, another user
+ *     cannot open it, and an older release's 0644 file that a reader opened beforehand is
+ *     replaced, its reader's flock keeping nobody out;
  *   - a save of a step committed by the same attempt (a run started over) commits it again
  *     whole, never with a file of its manifest gone. */
 #include <fcntl.h>
@@ -23,6 +26,7 @@
 #include "common/sys.h"
 
 static char root[256], self[4096];
+static int reader_pipe = -1; /* reader_holds' child waits while it is open */
 
 /* Spawns argv (argv[0] "newt": $NEWT_BIN; "self": this binary) with its output in log. */
 static pid_t spawn(const char *const *argv, const char *log) {
@@ -434,6 +438,93 @@ static void test_planted_lock(void) {
   ckpt_lock_release(l);
 }
 
+/* A reader of DIR/LOCK, in a child: as user 65534 when `other` (this test runs as root),
+ * it opens the lock file read-only and takes `how` (LOCK_SH or LOCK_EX) on it, then waits
+ * for its pipe to close. Returns its pid; *held: 1 when it holds the lock, 0 when it could
+ * not open the file or lock it. */
+static pid_t reader_holds(const char *lock, int other, int how, int *held) {
+  int up[2], down[2];
+  *held = -1;
+  if (pipe(up) != 0 || pipe(down) != 0) return -1;
+  pid_t pid = fork();
+  if (pid == 0) {
+    close(up[0]);
+    close(down[1]);
+    char ok = 0;
+    if (!other || (setgid(65534) == 0 && setuid(65534) == 0)) {
+      int fd = open(lock, O_RDONLY | O_CLOEXEC);
+      ok = fd >= 0 && flock(fd, how | LOCK_NB) == 0;
+    }
+    if (write(up[1], &ok, 1) != 1) _exit(1);
+    char c;
+    while (read(down[0], &c, 1) > 0) {
+    }
+    _exit(0);
+  }
+  close(up[1]);
+  close(down[0]);
+  char ok = 0;
+  *held = pid > 0 && read(up[0], &ok, 1) == 1 ? ok : -1;
+  close(up[0]);
+  reader_pipe = down[1];
+  return pid;
+}
+
+static void reader_done(pid_t pid) {
+  close(reader_pipe);
+  if (pid > 0) waitpid(pid, NULL, 0);
+}
+
+/* Issue 37, item 8: read access alone to DIR/LOCK kept every writer out (the file was 0644
+ * and flock takes a read-only descriptor). Now the lock file is 0600: another user cannot
+ * open it to hold it; and a lock file of an older release (0644) that a reader opened before
+ * any writer came is replaced when next taken, so the reader's lock keeps nobody out. */
+static void test_reader_cannot_hold(void) {
+  char dir[300], lock[400];
+  snprintf(dir, sizeof dir, "%s/reader", root);
+  snprintf(lock, sizeof lock, "%s/LOCK", dir);
+  T_OK(newt_fs_mkdirs(dir, 0755));
+  T_CHECK(chmod(root, 0755) == 0 && chmod(dir, 0755) == 0); /* the reader may reach the file */
+  ckpt_lock *l = NULL;
+  T_OK(ckpt_lock_take(dir, "job a", &l));
+  ckpt_lock_release(l);
+  struct stat st;
+  T_CHECK_MSG(stat(lock, &st) == 0 && (st.st_mode & 0777) == 0600, "%s is mode %04o", lock, (unsigned)(st.st_mode & 0777));
+  int held;
+  if (geteuid() == 0) { /* another user who may read the directory */
+    pid_t r = reader_holds(lock, 1, LOCK_SH, &held);
+    T_CHECK_MSG(held == 0, "user 65534 holds %s (%d)", lock, held);
+    l = NULL;
+    T_OK(ckpt_lock_take(dir, "job b", &l));
+    ckpt_lock_release(l);
+    reader_done(r);
+  } else {
+    printf("  (not root: the reader as another user is not tried)\n");
+  }
+  /* an older release's lock file, 0644, opened by a reader before the next writer came */
+  T_CHECK(unlink(lock) == 0);
+  const char *old = "{\"writer\":\"job old\",\"pid\":1,\"host\":\"h\",\"since_ms\":1,\"cmd\":\"newt\"}";
+  int fd = open(lock, O_WRONLY | O_CREAT | O_EXCL, 0644);
+  T_CHECK(fd >= 0 && fchmod(fd, 0644) == 0 && write(fd, old, strlen(old)) == (ssize_t)strlen(old));
+  if (fd >= 0) close(fd);
+  int rfd = open(lock, O_RDONLY | O_CLOEXEC);
+  T_CHECK(rfd >= 0);
+  l = NULL;
+  T_OK(ckpt_lock_take(dir, "job c", &l));
+  ckpt_lock_release(l);
+  T_CHECK_MSG(stat(lock, &st) == 0 && (st.st_mode & 0777) == 0600, "%s is mode %04o", lock, (unsigned)(st.st_mode & 0777));
+  T_CHECK_MSG(rfd >= 0 && flock(rfd, LOCK_EX | LOCK_NB) == 0, "the reader's descriptor cannot take its lock");
+  l = NULL;
+  T_OK(ckpt_lock_take(dir, "job d", &l)); /* the reader's lock is on a file nobody uses */
+  ckpt_lock_release(l);
+  if (rfd >= 0) close(rfd);
+  if (geteuid() == 0) { /* and the file the name leads to now is closed to user 65534 */
+    pid_t r = reader_holds(lock, 1, LOCK_EX, &held);
+    T_CHECK_MSG(held == 0, "user 65534 holds %s (%d)", lock, held);
+    reader_done(r);
+  }
+}
+
 /* A run started over (its attempts counted from the start again) saves a step committed by
  * the same attempt: the step is committed again, whole; nothing of a committed manifest is
  * ever missing. */
@@ -466,6 +557,7 @@ int main(int argc, char **argv) {
   T_RUN(test_job_and_train);
   T_RUN(test_dead_holder);
   T_RUN(test_planted_lock);
+  T_RUN(test_reader_cannot_hold);
   T_RUN(test_same_attempt_again);
   newt_fs_rm_rf(root);
   return T_DONE();

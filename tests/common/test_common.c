@@ -29,6 +29,15 @@ static void test_errmsg(void) {
   T_CHECK_MSG(strcmp(newt_errmsg(), "plan.cause: \"x?[2J?y?\"") == 0, "got \"%s\"", newt_errmsg());
   char out[8];
   T_CHECK(strcmp(newt_str_printable(out, sizeof out, "a\tb\x1b[31mzzz"), "a?b?[31") == 0);
+  /* C1 controls too (issue 37, item 9): CSI as UTF-8 (C2 9B) and as a raw byte, NEL (C2 85):
+     each one '?'; every byte of an overlong CSI (E0 82 9B) or a cut sequence a '?'; well-formed
+     UTF-8 is kept */
+  NEWT_ERR(NEWT_ERR_INVALID, "why: \"%s\"", "a\xc2\x9b" "2J b\x9b" "2J c\xc2\x85 d\xe0\x82\x9b \xe2\x80\x9cok\xe2\x80\x9d \xf0\x9f\x90\xa2 \xe2\x80");
+  T_CHECK_MSG(strcmp(newt_errmsg(), "why: \"a?2J b?2J c? d??? \xe2\x80\x9cok\xe2\x80\x9d \xf0\x9f\x90\xa2 ??\"") == 0, "got \"%s\"",
+              newt_errmsg());
+  char wide[64];
+  T_CHECK_MSG(strcmp(newt_str_printable(wide, sizeof wide, "x\xc2\x9b[2Jy\x9b" "31m\xc2\xa0z"), "x?[2Jy?31m\xc2\xa0z") == 0,
+              "got \"%s\"", wide);
   char list[12] = "";
   newt_list_add(list, sizeof list, "w1");
   newt_list_add(list, sizeof list, "w22");

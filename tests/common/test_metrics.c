@@ -3,7 +3,8 @@
  * item 13): 1,100 connections held open from one address must neither starve a scrape
  * from another nor fill the log. Issue 25, item 8: the process_* families with values
  * that fit this process, and constant labels on every series (set again: moved, escaped),
- * each scrape passing `promtool check metrics` where promtool is installed. */
+ * each scrape passing `promtool check metrics` where promtool is installed. Issue 37, item
+ * 5: slow clients from many addresses holding partial requests must not keep /healthz out. */
 #include <arpa/inet.h>
 #include <curl/curl.h>
 #include <errno.h>
@@ -359,6 +360,68 @@ static void test_held_connections(void) {
   rmdir(dir);
 }
 
+/* A slow client from 127.0.0.<host>: connected, its request begun and never ended (the
+ * headers' blank line never comes); -1 when it cannot connect. */
+static int slow_client(int host, int port) {
+  struct sockaddr_in from = {.sin_family = AF_INET}, to = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
+  char ip[32];
+  snprintf(ip, sizeof ip, "127.0.0.%d", host);
+  inet_pton(AF_INET, ip, &from.sin_addr);
+  inet_pton(AF_INET, "127.0.0.1", &to.sin_addr);
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  if (fd < 0) return -1;
+  static const char part[] = "GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Slow: ";
+  if (bind(fd, (struct sockaddr *)&from, sizeof from) != 0 || connect(fd, (struct sockaddr *)&to, sizeof to) != 0 ||
+      send(fd, part, sizeof part - 1, MSG_NOSIGNAL) != (ssize_t)(sizeof part - 1)) {
+    close(fd);
+    return -1;
+  }
+  return fd;
+}
+
+/* Issue 37, item 5: slow clients from 16 addresses, 8 from each (the most one address may
+ * hold), each holding a partial request: 128 connections tried, twice what the endpoint
+ * holds. /healthz from 127.0.0.1 must be answered, five times over, the slow clients
+ * connecting again before each probe in place of whatever the server closed. The idle
+ * timeout is made long: these clients stand for ones that send a byte before each timeout
+ * (a trickled request is never idle). Before, the first 64 filled the table, libmicrohttpd
+ * stopped accepting, and every probe waited behind them unanswered. */
+static void test_slow_clients(void) {
+  metrics_t *m = NULL;
+  metrics_limits lim = {.timeout_s = 3600};
+  T_OK(metrics_start("127.0.0.1", 0, &lim, &m));
+  if (!m) return;
+  int port = metrics_port(m);
+  enum { ADDRS = 16, PER = 8, PROBES = 5 };
+  int fds[ADDRS][PER];
+  memset(fds, -1, sizeof fds);
+  for (int probe = 0; probe < PROBES; probe++) {
+    int held = 0;
+    for (int a = 0; a < ADDRS; a++)
+      for (int k = 0; k < PER; k++) {
+        char c;
+        ssize_t n = fds[a][k] >= 0 ? recv(fds[a][k], &c, 1, MSG_DONTWAIT) : -1;
+        if (fds[a][k] >= 0 && (n >= 0 || (errno != EAGAIN && errno != EWOULDBLOCK))) { /* closed by the server */
+          close(fds[a][k]);
+          fds[a][k] = -1;
+        }
+        if (fds[a][k] < 0) fds[a][k] = slow_client(10 + a, port);
+        held += fds[a][k] >= 0;
+      }
+    T_CHECK_MSG(held > 64, "only %d slow clients connected", held);
+    newt_buf b;
+    newt_buf_init(&b);
+    long code = fetch("127.0.0.1", port, "/healthz", &b, 20000);
+    T_CHECK_MSG(code == 200 && b.data && strcmp(b.data, "ok\n") == 0, "probe %d with %d slow clients: HTTP %ld", probe,
+                held, code);
+    newt_buf_free(&b);
+  }
+  for (int a = 0; a < ADDRS; a++)
+    for (int k = 0; k < PER; k++)
+      if (fds[a][k] >= 0) close(fds[a][k]);
+  metrics_stop(m);
+}
+
 int main(void) {
   curl_global_init(CURL_GLOBAL_DEFAULT);
   T_RUN(test_format);
@@ -367,6 +430,7 @@ int main(void) {
   T_RUN(test_const_labels);
   T_RUN(test_two_addresses);
   T_RUN(test_held_connections);
+  T_RUN(test_slow_clients);
   curl_global_cleanup();
   return T_DONE();
 }

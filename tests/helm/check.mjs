@@ -282,6 +282,29 @@ function podSpecs(docs) {
   }
   return out;
 }
+// No password on any container's command line (issue 37, item 10): a process's arguments are
+// readable by anyone on the node (/proc/<pid>/cmdline). A command or argument may not name an
+// environment variable from a Secret (Kubernetes expands $(NAME) there), nor one made of such
+// a variable, nor carry etcdctl's password flags or a --user of the form name:password.
+function checkNoPasswordArgs(docs, errors) {
+  for (const { spec, where } of podSpecs(docs)) {
+    for (const c of [...(spec.initContainers || []), ...spec.containers]) {
+      const secret = new Set((c.env || []).filter((e) => e.valueFrom?.secretKeyRef).map((e) => e.name));
+      for (let grew = true; grew;) { // a variable made of a secret one is secret too
+        grew = false;
+        for (const e of c.env || [])
+          if (!secret.has(e.name) && typeof e.value === "string" && [...secret].some((n) => e.value.includes(`$(${n})`)))
+            secret.add(e.name), (grew = true);
+      }
+      for (const a of [...(c.command || []), ...(c.args || [])]) {
+        const named = [...secret].filter((n) => a.includes(`$(${n})`));
+        if (named.length) errors.push(`${where}/${c.name}: a command-line argument expands ${named.map((n) => `$(${n})`).join(", ")}, from a Secret`);
+        if (/--(new-user-)?password\b/.test(a)) errors.push(`${where}/${c.name}: a password flag on the command line: ${a.slice(0, 120)}`);
+        if (/--user[= ]+["']?[^\s"':]*:/.test(a)) errors.push(`${where}/${c.name}: --user name:password on the command line: ${a.slice(0, 120)}`);
+      }
+    }
+  }
+}
 function checkCommandLines(docs, errors) {
   let newtContainers = 0;
   for (const { spec, where } of podSpecs(docs)) {
@@ -772,6 +795,8 @@ async function checkSpec(docs, values, errors) {
 // The auth bootstrap Job's script, run for real against a private etcd (Debian's etcd
 // 3.4 on loopback ports) with the Secrets' files under a temporary folder: it must turn
 // authentication on, confine the newt user to /newt/<job>/, and succeed when run again.
+// Every program it runs is run through a wrapper that writes down its arguments: no password
+// may be among them (issue 37, item 10; before, etcdctl had --user root:<password>).
 async function checkAuthBootstrap(errors) {
   const r = helm(["template", RELEASE, chart, "--namespace", NAMESPACE, "--kube-version", KUBE_VERSION,
     "--show-only", "templates/etcd-auth-job.yaml", "--set", "etcdClient.auth.enabled=true",
@@ -783,6 +808,13 @@ async function checkAuthBootstrap(errors) {
   for (const [sub, pw] of [["etcd-root", "rootpw"], ["etcd-auth", "userpw"]]) {
     mkdirSync(join(dir, sub));
     writeFileSync(join(dir, sub, "password"), pw);
+  }
+  const shims = join(dir, "bin"), argvLog = join(dir, "argv.log");
+  mkdirSync(shims);
+  for (const prog of ["etcdctl", "cat", "grep", "sleep", "printf", "echo", "env"]) {
+    const real = run("sh", ["-c", `command -v ${prog} || :`]).out.trim();
+    if (!real.startsWith("/")) continue; // a built-in of the shell only
+    writeFileSync(join(shims, prog), `#!/bin/sh\nprintf '%s ' "$0" "$@" >> '${argvLog}'\necho >> '${argvLog}'\nexec '${real}' "$@"\n`, { mode: 0o755 });
   }
   const [client, peer] = [await freePort(), await freePort()];
   const url = `http://127.0.0.1:${client}`;
@@ -800,9 +832,14 @@ async function checkAuthBootstrap(errors) {
       await new Promise((ok) => setTimeout(ok, 200));
     }
     for (const attempt of ["first", "second"]) {
-      const s = run("sh", ["-ec", script], { env, timeout: 60000 });
+      const s = run("sh", ["-ec", script], { env: { ...env, PATH: `${shims}:${env.PATH}` }, timeout: 60000 });
       if (s.code !== 0) errors.push(`${attempt} run failed (${s.code}): ${s.out}${s.err}`);
     }
+    const argvs = existsSync(argvLog) ? readFileSync(argvLog, "utf8").split("\n").filter(Boolean) : [];
+    if (!argvs.some((a) => a.includes("etcdctl"))) errors.push("no etcdctl run was written down: the wrappers were not used");
+    for (const a of argvs)
+      for (const pw of ["rootpw", "userpw"])
+        if (a.includes(pw)) errors.push(`a password on a command line: ${a.replaceAll(pw, "<password>").replaceAll(shims, "").trim()}`);
     const key = `/newt/${envOf.NEWT_JOB}/probe`;
     if (ctl("user", "list").code === 0) errors.push("authentication is not enabled: an anonymous request succeeded");
     if (ctl("--user", "newt:userpw", "put", key, "v").code !== 0) errors.push(`the newt user cannot write ${key}`);
@@ -878,6 +915,7 @@ async function render() {
     });
     await check(`${name}: yamllint on the rendered output`, (errors) => errors.push(...yamllint([out])));
     await check(`${name}: command lines match the flags of newt, etcd and etcdctl`, (errors) => checkCommandLines(docs, errors));
+    await check(`${name}: no password on any container's command line`, (errors) => checkNoPasswordArgs(docs, errors));
     await check(`${name}: the rendered spec passes newt's spec parser`, (errors) => checkSpec(docs, values, errors));
     await check(`${name}: wiring, labels, security settings`, (errors) => checkWiring(docs, values, errors));
     await check(`${name}: the Jobs end as newt's exit statuses say; probes on /healthz; metrics on the pod IP, kept after the end for Prometheus`, (errors) => checkJobs(docs, values, errors));

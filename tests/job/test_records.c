@@ -80,6 +80,16 @@ static void test_report(void) {
   T_OK(job_report_from_json(text, strlen(text), &back));
   T_CHECK_MSG(strcmp(back.why, "line?next ?[2J") == 0, "why: %s", back.why);
   free(text);
+  /* and C1 controls (issue 37, item 9): CSI as UTF-8 (C2 9B), as a raw byte and as a JSON
+     escape; other UTF-8 kept */
+  snprintf(r.why, sizeof r.why, "a\xc2\x9b" "2J b\x9b" "2J \xe2\x80\x9cok\xe2\x80\x9d");
+  text = job_report_to_json(&r);
+  T_OK(job_report_from_json(text, strlen(text), &back));
+  T_CHECK_MSG(strcmp(back.why, "a?2J b?2J \xe2\x80\x9cok\xe2\x80\x9d") == 0, "why: %s", back.why);
+  free(text);
+  const char *esc = "{\"worker\":\"w1\",\"kind\":\"crash\",\"step\":1,\"t_ms\":1,\"why\":\"c\\u009b2J\"}";
+  T_OK(job_report_from_json(esc, strlen(esc), &back));
+  T_CHECK_MSG(strcmp(back.why, "c?2J") == 0, "why: %s", back.why);
   job_report none = {.step = -1};
   snprintf(none.worker, sizeof none.worker, "w0");
   text = job_report_to_json(&none);

@@ -112,8 +112,8 @@ static void check_picture(const job_view *v, const char *job) {
   T_CHECK(!v->has_done && !v->has_failed);
   T_CHECK_MSG(v->nevents == 3, "%d events", v->nevents);
   if (v->nevents == 3)
-    T_CHECK(strcmp(v->events[0].why, "first") == 0 && strcmp(v->events[2].why, "third") == 0 &&
-            v->events[2].type == JOB_EV_ETCD);
+    T_CHECK(strcmp(v->events[0]->why, "first") == 0 && strcmp(v->events[2]->why, "third") == 0 &&
+            v->events[2]->type == JOB_EV_ETCD);
   T_CHECK(v->nfaults == 1 && v->faults[0].generation == 2 && strcmp(v->faults[0].what, "kill:worker:1@step=5") == 0);
   T_CHECK(v->leader_rev > 0 && strcmp(v->leader.name, "c0") == 0);
   T_CHECK_MSG(v->nrefused == 1, "%d refused", v->nrefused);
@@ -224,7 +224,7 @@ static void test_follow(void) {
   rdzv_etcd_kvs_free(&evs);
   T_CHECK_MSG(wait_for(&f, three_events), "the deleted event stayed");
   pthread_mutex_lock(&f.mu);
-  T_CHECK(f.v.nevents == 3 && strcmp(f.v.events[0].why, "second") == 0 && strcmp(f.v.events[2].why, "fourth") == 0);
+  T_CHECK(f.v.nevents == 3 && strcmp(f.v.events[0]->why, "second") == 0 && strcmp(f.v.events[2]->why, "fourth") == 0);
   pthread_mutex_unlock(&f.mu);
 
   job_done dn = {.step = 50, .loss = 1.25, .samples = 1600, .t_ms = newt_wall_ms()};

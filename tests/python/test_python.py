@@ -4,7 +4,8 @@ optimizer's state allocated ahead is what a first step finds, the NumPy example 
 through a kill to the loss of one worker, an installed package finds its installed library,
 and newt.torch's DistributedDataParallel keeps BatchNorm's buffers equal, reduces exactly
 what the global batch's mean asks (accumulated with no_sync), and trains autocast bf16
-through a kill. Run: NEWT_BIN=build/newt PYTHONPATH=build/python python3 tests/python/test_python.py [CASE]
+through a kill, and a Work dropped while its collective is in flight crashes nothing
+(dropped_work.py). Run: NEWT_BIN=build/newt PYTHONPATH=build/python python3 tests/python/test_python.py [CASE]
 
 Environment: NEWT_BIN (the newt binary), NEWT_SOURCE_DIR (the repository), PYTHONPATH (the
 package). Prints "ok CASE" per case; exits 1 when any failed."""
@@ -122,6 +123,20 @@ def test_numpy(tmp):
     print(f"ok numpy (final loss {a:.9g}, one worker {b:.9g})", flush=True)
 
 
+def test_dropped_work(tmp):
+    """A Work dropped without wait() while its collective is in flight (dropped_work.py): no
+    crash, no recovery, the job trains to its end."""
+    rc, out, logs, s = newt_run(tmp, "dropped", 2, 4, os.path.join(HERE, "dropped_work.py"), [tmp])
+    texts = [log_of(logs, w) for w in ("w0", "w1")]
+    went_on = sum("dropped_work: rank" in t and "went on" in t for t in texts)
+    check(rc == 0 and s and s["done"] and s["steps"] == 4, f"dropped work: newt run exited {rc}:\n{out}")
+    check(s is not None and not s.get("recoveries"), f"dropped work: recoveries {(s or {}).get('recoveries')} "
+          f"(a worker crashed?):\n{out}")
+    check(went_on == 2, f"dropped work: {went_on} of 2 ranks went on past the dropped Work:\n{texts[0][-2000:]}\n"
+          f"{texts[1][-2000:]}")
+    print("ok dropped_work", flush=True)
+
+
 def test_import_errors(tmp):
     """A package that cannot find libnewt says where it looked; one of another major refuses."""
     env = dict(os.environ, NEWT_LIBRARY=os.path.join(tmp, "no-such-libnewt.so.0"))
@@ -225,7 +240,8 @@ def test_ddp_zero1(tmp):
 
 CASES = {"misuse": test_misuse, "sigint": test_sigint, "init_optimizer_state": test_init_optimizer_state,
          "numpy": test_numpy, "import_errors": test_import_errors, "ddp_buffers": test_ddp_buffers,
-         "ddp_no_sync": test_ddp_no_sync, "ddp_autocast": test_ddp_autocast, "ddp_zero1": test_ddp_zero1}
+         "ddp_no_sync": test_ddp_no_sync, "ddp_autocast": test_ddp_autocast, "ddp_zero1": test_ddp_zero1,
+         "dropped_work": test_dropped_work}
 
 
 def main():

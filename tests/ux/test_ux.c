@@ -297,8 +297,10 @@ static rdzv_etcd *ux_client(void) {
 
 /* Records whose strings carry terminal escapes, newlines and bells (issue 24, item 6): a plan
  * whose cause clears the screen, a worker key and an event of the same, a checkpoint pointer
- * with a BEL in its directory. Whatever `newt status` prints of them (text or JSON, stdout
- * and stderr) carries no control byte but the line ends. */
+ * with a BEL in its directory; and C1 controls (issue 37, item 9): CSI as UTF-8 (C2 9B), as a
+ * raw byte and as a JSON escape, in an event's reason and the checkpoint's directory.
+ * Whatever `newt status` prints of them (text or JSON, stdout and stderr) carries no control
+ * byte but the line ends, C1 included, and no byte of a malformed UTF-8 sequence. */
 static void check_status_hostile(const char *url) {
   rdzv_etcd *c = ux_client();
   if (!c) return;
@@ -318,7 +320,9 @@ static void check_status_hostile(const char *url) {
     const char *suffix, *value;
   } recs[] = {{"workers/w\x1b[2J", "{\"host\":\"h\x1b]0;owned\x07\",\"addr\":\"1.2.3.4:5\"}"},
               {"events/9999999999999999-00000000-deadbeef", "{\"type\":\"waiting\",\"t_ms\":1,\"why\":\"x\x1b[2J\\u001b[2J\\n\"}"},
-              {"ckpt", "{\"step\":10,\"dir\":\"/tmp/\\u0007\\u001b[2J\",\"t_ms\":1}"}};
+              {"events/9999999999999999-00000001-deadbeef",
+               "{\"type\":\"waiting\",\"t_ms\":2,\"why\":\"c1 \xc2\x9b" "2J \x9b" "31m \\u009b2J\"}"},
+              {"ckpt", "{\"step\":10,\"dir\":\"/tmp/\\u0007\\u001b[2J\xc2\x9b" "31m\\u0085\",\"t_ms\":1}"}};
   for (size_t i = 0; i < sizeof recs / sizeof recs[0]; i++)
     if (rdzv_key(key, sizeof key, "ux", recs[i].suffix) == NEWT_OK)
       T_OK(rdzv_etcd_put(c, key, recs[i].value, strlen(recs[i].value), 0, newt_deadline_in_ms(5000), NULL));
@@ -328,12 +332,18 @@ static void check_status_hostile(const char *url) {
   for (size_t k = 0; k < 2; k++) {
     char *out = NULL;
     run_capture(runs[k], 30000, &out);
-    for (const char *p = out; p && *p; p++)
-      if (((unsigned char)*p < 0x20 && *p != '\n') || *p == 0x7f) {
-        T_FAIL("newt status%s printed control byte 0x%02x at %ld:\n%s", k ? " --json" : "", (unsigned char)*p,
+    for (const char *p = out; p && *p; p++) {
+      const unsigned char *u = (const unsigned char *)p;
+      int c1 = u[0] == 0xc2 && u[1] >= 0x80 && u[1] <= 0x9f; /* U+0080..U+009F in UTF-8 */
+      int lone = (u[0] >= 0x80 && u[0] <= 0xbf) || u[0] == 0xc0 || u[0] == 0xc1 || u[0] >= 0xf5; /* starts no sequence */
+      if ((u[0] < 0x20 && *p != '\n') || u[0] == 0x7f || c1 || lone) {
+        T_FAIL("newt status%s printed control byte 0x%02x%s at %ld:\n%s", k ? " --json" : "", u[0], c1 ? " (C1)" : "",
                (long)(p - out), out);
         break;
       }
+      if (u[0] >= 0xc2) /* a sequence's lead: its continuation bytes are no control */
+        while ((u[1] & 0xc0) == 0x80) p++, u++;
+    }
     free(out);
   }
   rdzv_etcd_free(c);
