@@ -107,20 +107,28 @@ def test_init_optimizer_state(_tmp):
     print("ok init_optimizer_state", flush=True)
 
 
+def check_one_kill(name, one, killed, steps, gb, tol):
+    """A run through one kill against one worker's run of the same job: both exit 0, every
+    step and every sample once, one recovery (a crash) that lost no step, the final loss
+    within tol (relative) of one worker's. one, killed: (rc, output, summary)."""
+    (rc1, out1, ref), (rc, out, s) = one, killed
+    if not check(rc1 == 0 and rc == 0 and ref and s, f"{name}: newt run exited {rc1} / {rc}:\n{out1}\n{out}"):
+        return
+    check(s["steps"] == steps and s["samples_consumed"] == steps * gb and "samples_repeated" not in s,
+          f"{name}: {s['steps']} steps, {s['samples_consumed']} samples, {s.get('samples_repeated')} repeated")
+    causes = [r["cause"] for r in s["recoveries"]]
+    check(causes == ["crash"] and s["recoveries"][0]["steps_lost"] == 0, f"{name}: recoveries {s['recoveries']}")
+    a, b = s["final_loss"], ref["final_loss"]
+    check(abs(a - b) <= tol * abs(b), f"{name}: final loss {a!r}, one worker's {b!r}")
+    print(f"ok {name} (final loss {a:.9g}, one worker {b:.9g})", flush=True)
+
+
 def test_numpy(tmp):
     """The NumPy example through a kill: every step, every sample, the loss of one worker."""
     script = os.path.join(SRC, "examples", "numpy", "train.py")
     rc1, out1, _, ref = newt_run(tmp, "np_ref", 1, 120, script)
     rc, out, _, s = newt_run(tmp, "np_kill", 4, 120, script, extra=["--chaos", "kill:worker:1@step=10"])
-    if not check(rc1 == 0 and rc == 0 and ref and s, f"numpy: newt run exited {rc1} / {rc}:\n{out1}\n{out}"):
-        return
-    check(s["steps"] == 120 and s["samples_consumed"] == 120 * 8, f"numpy: {s['steps']} steps, "
-          f"{s['samples_consumed']} samples")
-    causes = [r["cause"] for r in s["recoveries"]]
-    check(causes == ["crash"] and s["recoveries"][0]["steps_lost"] == 0, f"numpy: recoveries {s['recoveries']}")
-    a, b = s["final_loss"], ref["final_loss"]
-    check(abs(a - b) <= 1e-5 * abs(b), f"numpy: final loss {a!r}, one worker's {b!r}")
-    print(f"ok numpy (final loss {a:.9g}, one worker {b:.9g})", flush=True)
+    check_one_kill("numpy", (rc1, out1, ref), (rc, out, s), 120, 8, 1e-5)
 
 
 def test_dropped_work(tmp):
@@ -197,15 +205,7 @@ def test_ddp_autocast(tmp):
     rc1, out1, _, ref = newt_run(tmp, "ddp_bf16_ref", 1, 60, script, ["--autocast", "bf16"], gb=24)
     rc, out, _, s = newt_run(tmp, "ddp_bf16", 4, 60, script, ["--autocast", "bf16"],
                              extra=["--chaos", "kill:worker:1@step=10"], gb=24)
-    if not check(rc1 == 0 and rc == 0 and ref and s, f"ddp autocast: newt run exited {rc1} / {rc}:\n{out1}\n{out}"):
-        return
-    check(s["steps"] == 60 and s["samples_consumed"] == 60 * 24 and "samples_repeated" not in s,
-          f"ddp autocast: {s['steps']} steps, {s['samples_consumed']} samples")
-    causes = [r["cause"] for r in s["recoveries"]]
-    check(causes == ["crash"] and s["recoveries"][0]["steps_lost"] == 0, f"ddp autocast: recoveries {s['recoveries']}")
-    a, b = s["final_loss"], ref["final_loss"]
-    check(abs(a - b) <= 5e-3 * abs(b), f"ddp autocast: final loss {a!r}, one worker's {b!r}")
-    print(f"ok ddp_autocast (final loss {a:.9g}, one worker {b:.9g})", flush=True)
+    check_one_kill("ddp_autocast", (rc1, out1, ref), (rc, out, s), 60, 24, 5e-3)
 
 
 def test_ddp_zero1(tmp):
