@@ -139,6 +139,10 @@ struct newt_ctx {
                                 load takes only steps that prove it (has 0: no secret) */
   double last_tps;           /* the newest progress this rank published: its throughput ... */
   int64_t last_step_tokens;  /* ... and a step's tokens (the last step's progress, with the end marker) */
+  uint64_t leader_gen;       /* the generation of the leader's plan taken last, and its salt: what a
+                                rank says of that generation is proved with it, in the survivors' own
+                                generation too (worker/peers.c: same number, a salt of their own) */
+  unsigned char leader_salt[PLAN_SECRET_BYTES];
   char ckpt_refused[600];    /* the last load found committed checkpoints, none proving the key:
                                 why, naming the newest one's MANIFEST ("": not so) */
   rdzv_etcd *etcd;

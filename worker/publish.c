@@ -293,12 +293,14 @@ static void publish_record(worker *w, job_record rec, uint64_t generation, char 
     free(value);
 }
 
-/* A report of generation p, proved with the job secret (job_report_seal), queued for the
- * publisher on our lease. */
+/* A report of generation p, proved with the job secret and the salt of the leader's plan of
+ * that generation (job_report_seal: the survivors' own generation has the same number and a
+ * salt of its own, which the leader never sees), queued for the publisher on our lease. */
 static void publish_report(worker *w, const newt_plan *p, job_report *rep) {
   char key[256];
+  const unsigned char *salt = p->generation == w->leader_gen ? w->leader_salt : p->secret;
   if (job_key(key, sizeof key, w->o.job, JOB_REC_REPORT, p->generation, w->id) != NEWT_OK ||
-      job_report_seal(&w->auth, key, p->secret, sizeof p->secret, rep) != NEWT_OK) {
+      job_report_seal(&w->auth, key, salt, PLAN_SECRET_BYTES, rep) != NEWT_OK) {
     NEWT_WARN(WORKER, "%s: the report of generation %llu is not written: %s", w->id, (unsigned long long)p->generation,
               newt_errmsg());
     return;

@@ -417,7 +417,11 @@ static void await_declaration(worker *w) {
  * (the survivors' own generation, worker/peers.c; parent: what it was split from), else
  * NULL: built here. */
 static int start_generation(worker *w, newt_plan *p, comm_t *built, comm_t *parent) {
-  if (!built) w->peer_epoch = 0; /* a leader's plan */
+  if (!built) { /* a leader's plan */
+    w->peer_epoch = 0;
+    w->leader_gen = p->generation;
+    memcpy(w->leader_salt, p->secret, sizeof w->leader_salt);
+  }
   refresh_spec(w, p);
   atomic_store(&w->switch_pending, 0);
   w->t_plan_seen = newt_wall_ms();
