@@ -57,6 +57,23 @@
 #define CKPT_LATEST (-1)
 #define CKPT_LEVEL_RAW (-1) /* ckpt_saver_opts.level: store every chunk uncompressed */
 
+/* ---- whose checkpoint ----------------------------------------------------------------- */
+
+/* A checkpoint is bound to the job that wrote it: with a key, every shard index and manifest
+ * ends in "mac", HMAC-SHA256 under that key of the file's JSON before it (format.c), so the
+ * manifest proves every chunk's place, size and checksum, the step and the training state. A
+ * reader given the key takes a step only when its manifest proves the key: a step another job
+ * wrote (another key), or one written without a key (the previous release, a job without a
+ * secret), is skipped as a corrupt one is, naming its MANIFEST (NEWT_ERR_AUTH), and the load
+ * falls back to the previous one. A reader without a key (newt ckpt ls|inspect|verify) reads
+ * every step and proves nothing. docs/ckpt.md, "Whose checkpoint". */
+typedef struct ckpt_key {
+  int has; /* 0: none (nothing proved, nothing asked) */
+  unsigned char bytes[32];
+} ckpt_key;
+/* The checkpoints' key of a job secret: HMAC-SHA256(secret, "newt-checkpoint"). */
+newt_result_t ckpt_key_of_secret(ckpt_key *k, const unsigned char *secret, size_t len);
+
 /* ---- saving ------------------------------------------------------------------------ */
 
 /* A rank's layout as its checkpoint records it (the manifest's files[].layout, a JSON object):
@@ -102,6 +119,7 @@ typedef struct ckpt_saver_opts {
   uint64_t attempt;        /* same on every rank of one save attempt (e.g. the plan generation);
                               0 with nranks == 1 picks a random one */
   ckpt_layout layout;      /* this rank's layout, as the manifest records it (zero: none) */
+  const ckpt_key *key;     /* its index, and the committer's manifest, proved with it (NULL: none) */
   /* The writer this saver belongs to: one writer per directory (DIR/LOCK, ckpt_lock_take).
    * Savers giving the same name share the directory -- every rank of one job: "job <name>";
    * NULL: with nranks == 1 this process alone, else every rank of this attempt. A directory
@@ -199,6 +217,7 @@ typedef struct ckpt_commit_opts {
   const char *writer;      /* as ckpt_saver_opts.writer (NULL: the same default) */
   uint64_t *step_bytes;    /* may be NULL; a commit sets it to the bytes of every file of the
                               committed step (shards, indexes, manifest) */
+  const ckpt_key *key;     /* the indexes must prove it, the manifest is proved with it (NULL: none) */
 } ckpt_commit_opts;
 
 /* Waits for every rank's index of the step, verifies, writes the manifest, updates
@@ -232,6 +251,8 @@ typedef struct ckpt_request {
  * is valid (CKPT_LATEST). threads: decompression threads (< 1: 2). Inside DIR nothing is
  * reached through a symbolic link: a step-<N> or MANIFEST that is one is not a checkpoint. */
 newt_result_t ckpt_open(ckpt_reader **out, const char *dir, int64_t step, int threads);
+/* The same, taking only a step whose manifest proves key (NULL or none: any). */
+newt_result_t ckpt_open_keyed(ckpt_reader **out, const char *dir, int64_t step, int threads, const ckpt_key *key);
 /* Opens one step directory by its path (its last component must not be a symbolic link). */
 newt_result_t ckpt_open_path(ckpt_reader **out, const char *stepdir, int threads);
 void ckpt_close(ckpt_reader *r);
@@ -255,6 +276,9 @@ typedef struct ckpt_loaded {
   cJSON *state;     /* the training state object; the caller frees it (cJSON_Delete) */
   int fallbacks;    /* newer committed checkpoints skipped as torn or corrupt */
   int committed;    /* committed checkpoints (<= max_step) looked at: 0 on a fresh directory */
+  int refused;      /* ... of which were skipped for not proving the key (another job's, or
+                       written without a key) */
+  char refused_why[600]; /* the newest one's reason, naming its MANIFEST ("": none) */
 } ckpt_loaded;
 /* Reads the requests from the newest committed checkpoint with step <= max_step
  * (CKPT_LATEST: any) that reads back whole, falling back past torn or corrupt ones.
@@ -267,6 +291,15 @@ newt_result_t ckpt_load(const char *dir, int64_t max_step, int threads, const ck
 typedef newt_result_t (*ckpt_state_check_fn)(void *ctx, int64_t step, const cJSON *state);
 newt_result_t ckpt_load_checked(const char *dir, int64_t max_step, int threads, const ckpt_request *reqs,
                                 size_t n, ckpt_state_check_fn check, void *ctx, ckpt_loaded *out);
+/* ckpt_load_checked taking only steps whose manifest proves key (NULL or none: any); the
+ * others are fallbacks, counted in out->refused. */
+newt_result_t ckpt_load_keyed(const char *dir, int64_t max_step, int threads, const ckpt_request *reqs, size_t n,
+                              ckpt_state_check_fn check, void *ctx, const ckpt_key *key, ckpt_loaded *out);
+/* Adopts a step as the key's: verifies every chunk of stepdir (ckpt_verify), then writes its
+ * MANIFEST again proved with key (temporary name, fsync, rename). For a checkpoint one trusts
+ * that a job with a key would refuse: written by the previous release, without a key, or under
+ * another key (`newt ckpt sign`). */
+newt_result_t ckpt_sign(const char *stepdir, const ckpt_key *key);
 
 /* Verifies every checksum of a step directory; calls report for each problem found
  * (the message names the file and chunk). Returns NEWT_ERR_CORRUPT when any was found,

@@ -94,7 +94,12 @@ static newt_result_t try_index(const ckpt_commit_opts *o, int stepfd, const char
   ckpt_index_name(name, sizeof name, r);
   snprintf(path, sizeof path, "%s/%s", stepdir, name);
   if (!newt_fs_exists_at(stepfd, name)) return check_failed(stepfd, stepdir, r, o->attempt);
-  NEWT_CHECK(ckpt_manifest_load(stepfd, stepdir, name, 1, idx));
+  newt_result_t lr = ckpt_manifest_load_keyed(stepfd, stepdir, name, 1, o->key, idx);
+  if (lr == NEWT_ERR_AUTH) { /* not this job's (planted): waited past, as another attempt's is */
+    newt_err_clear();
+    return check_failed(stepfd, stepdir, r, o->attempt);
+  }
+  NEWT_CHECK(lr);
   if (o->attempt != 0 && idx->attempt != o->attempt) { /* stale: wait for this attempt's */
     ckpt_manifest_free(idx);
     return check_failed(stepfd, stepdir, r, o->attempt);
@@ -300,7 +305,7 @@ newt_result_t ckpt_commit(const ckpt_commit_opts *o) {
   if (r == NEWT_OK) r = merge(o, idx, &m);
   char *text = NULL;
   size_t len = 0;
-  if (r == NEWT_OK) r = ckpt_manifest_encode(&m, &text, &len);
+  if (r == NEWT_OK) r = ckpt_manifest_encode_keyed(&m, o->key, &text, &len);
   int64_t delay = newt_param_CkptTestCommitDelayMs();
   if (r == NEWT_OK && delay > 0) newt_sleep_ms(delay);
   if (r == NEWT_OK) r = shards_present(stepfd, stepdir, &m);

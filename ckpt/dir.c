@@ -20,7 +20,9 @@
 #include "ckpt/internal.h"
 #include "common/fs.h"
 #include "common/log.h"
+#include "common/secret.h"
 #include "common/strutil.h"
+#include "common/sys.h"
 
 void ckpt_step_name(char *out, size_t cap, int64_t step) { snprintf(out, cap, "step-%010lld", (long long)step); }
 

@@ -86,6 +86,10 @@
  *   |                        | and filter names, checksums (16 hex), and the slice   |
  *   | state                  | manifest only: the training state object (at most     |
  *   |                        | 65,536 JSON values: CKPT_MAX_STATE_VALUES)            |
+ *   | mac                    | written with a key (ckpt_key), always the last field: |
+ *   |                        | HMAC-SHA256 under the key of "newt-manifest" (or      |
+ *   |                        | "newt-index"), a zero byte and the JSON text without  |
+ *   |                        | it (the text up to `,"mac":`, then "}"), 64 hex       |
  *
  * In a manifest the chunks of each tensor cover every element exactly once. A manifest or
  * index is at most CKPT_MAX_MANIFEST bytes (8 MiB): larger ones are never written, and are
@@ -103,6 +107,7 @@
 #include "common/clock.h"
 #include "common/fs.h"
 #include "common/json.h"
+#include "common/secret.h"
 #include "common/strutil.h"
 
 static const char *const codec_names[CKPT_CODEC__COUNT] = {"raw", "zstd"};
@@ -377,7 +382,30 @@ static size_t tree_values(const cJSON *it) {
   return n;
 }
 
+newt_result_t ckpt_key_of_secret(ckpt_key *k, const unsigned char *secret, size_t len) {
+  memset(k, 0, sizeof *k);
+  const void *parts[] = {"newt-checkpoint"};
+  size_t lens[] = {15};
+  NEWT_CHECK(newt_hmac(secret, len, parts, lens, 1, k->bytes));
+  k->has = 1;
+  return NEWT_OK;
+}
+
+#define MAC_SUFFIX_LEN (8 + NEWT_MAC_HEX + 2) /* ,"mac":"<64 hex>"} */
+
+/* The mac of a manifest's or index's JSON text without its mac: body[0, n) then "}". */
+static newt_result_t body_mac(const ckpt_key *key, int index, const char *body, size_t n, unsigned char out[32]) {
+  const char *label = index ? "newt-index" : "newt-manifest";
+  const void *parts[] = {label, "", body, "}"};
+  size_t lens[] = {strlen(label), 1, n, 1};
+  return newt_hmac(key->bytes, sizeof key->bytes, parts, lens, 4, out);
+}
+
 newt_result_t ckpt_manifest_encode(const ckpt_manifest *m, char **text, size_t *len) {
+  return ckpt_manifest_encode_keyed(m, NULL, text, len);
+}
+
+newt_result_t ckpt_manifest_encode_keyed(const ckpt_manifest *m, const ckpt_key *key, char **text, size_t *len) {
   size_t sv = m->is_index || !m->state ? 0 : tree_values(m->state);
   if (sv > CKPT_MAX_STATE_VALUES) /* its readers would refuse it */
     return NEWT_ERR(NEWT_ERR_INVALID, "the state document of step %lld has %zu JSON values, more than the %d a "
@@ -422,6 +450,23 @@ newt_result_t ckpt_manifest_encode(const ckpt_manifest *m, char **text, size_t *
   cJSON_Delete(root);
   NEWT_CHECK_ALLOC(body);
   size_t blen = strlen(body);
+  if (key && key->has) { /* the mac of the text without it, as its last field */
+    unsigned char mac[NEWT_MAC_BYTES];
+    char hex[NEWT_MAC_HEX + 1];
+    newt_result_t r = body_mac(key, m->is_index, body, blen - 1, mac);
+    char *signed_body = r == NEWT_OK ? malloc(blen + MAC_SUFFIX_LEN) : NULL;
+    if (r == NEWT_OK && !signed_body) r = NEWT_ERR(NEWT_ERR_NOMEM, "out of memory encoding a manifest");
+    if (r != NEWT_OK) {
+      free(body);
+      return r;
+    }
+    newt_hex_encode(mac, sizeof mac, hex);
+    memcpy(signed_body, body, blen - 1);
+    snprintf(signed_body + blen - 1, MAC_SUFFIX_LEN + 1, ",\"mac\":\"%s\"}", hex);
+    free(body);
+    body = signed_body;
+    blen = strlen(body);
+  }
   char head[128];
   int hl = snprintf(head, sizeof head, "newt-ckpt %s %d %zu %016llx\n", m->is_index ? "index" : "manifest",
                     CKPT_FORMAT_VERSION, blen, (unsigned long long)ckpt_hash(body, blen));
@@ -879,14 +924,14 @@ static newt_result_t check_files_once(const ckpt_manifest *m, const char *what) 
 
 static newt_result_t decode_body(const jtext *t, int want_index, ckpt_manifest *m) {
   static const char *const known[] = {"format", "version", "kind", "step", "nranks", "rank", "attempt",
-                                      "created_ms", "files", "tensors", "state", NULL};
-  enum { F_FILES = 8, F_TENSORS = 9, F_STATE = 10 };
+                                      "created_ms", "files", "tensors", "state", "mac", NULL};
+  enum { F_FILES = 8, F_TENSORS = 9, F_STATE = 10, F_MAC = 11 };
   static const int head[] = {0, 1, 2, 3, 4, 5, 6, 7, -1};
   const char *what = t->what;
   const char *p = skip_blank(t->body, t->body + t->len);
   const char *e = value_end(p, t->body + t->len);
   if (!e) return malformed(t, p < t->body + t->len ? t->body + t->len : p);
-  jspan members[11];
+  jspan members[12];
   NEWT_CHECK(object_members(t, (jspan){p, e}, what, known, members));
   cJSON *root;
   NEWT_CHECK(small_object(t, known, members, head, &root));
@@ -962,13 +1007,47 @@ static newt_result_t decode_body(const jtext *t, int want_index, ckpt_manifest *
                    CKPT_MAX_STATE_VALUES);
     else r = parse_piece(t, st, &m->state);
   }
+  jspan mac = members[F_MAC]; /* its proof is check_mac's; here its form: a string, the last field */
+  if (r == NEWT_OK && mac.p &&
+      (t->len < MAC_SUFFIX_LEN || mac.p != t->body + t->len - MAC_SUFFIX_LEN + 7 || mac.end != t->body + t->len - 1 ||
+       memcmp(t->body + t->len - MAC_SUFFIX_LEN, ",\"mac\":\"", 8) != 0))
+    r = NEWT_ERR(NEWT_ERR_INVALID, "%s.mac: 64 hex digits, the last field", what);
 out:
   cJSON_Delete(root);
   return r;
 }
 
+/* A file's "mac": the last field, its form, and with a key its proof (before the JSON is
+ * parsed: another job's file costs no parse). */
+static newt_result_t check_mac(const char *body, size_t blen, const char *what, int index, const ckpt_key *key) {
+  static const char head[] = ",\"mac\":\"";
+  const char *at = blen >= MAC_SUFFIX_LEN ? body + blen - MAC_SUFFIX_LEN : NULL;
+  int has = at && memcmp(at, head, 8) == 0 && at[MAC_SUFFIX_LEN - 2] == '"' && at[MAC_SUFFIX_LEN - 1] == '}';
+  unsigned char got[NEWT_MAC_BYTES], want[NEWT_MAC_BYTES];
+  char hex[NEWT_MAC_HEX + 1];
+  if (has) {
+    memcpy(hex, at + 8, NEWT_MAC_HEX);
+    hex[NEWT_MAC_HEX] = '\0';
+    has = newt_hex_decode(hex, got, sizeof got) == 0;
+  }
+  if (!key || !key->has) return NEWT_OK; /* its form: the parser's (the last field, 64 hex digits) */
+  if (!has)
+    return NEWT_ERR(NEWT_ERR_AUTH, "%s: not proved by this job's key (written without one: by a job without a secret, "
+                    "newt train without one or the previous release; `newt ckpt sign` adopts a step you trust)", what);
+  NEWT_CHECK(body_mac(key, index, body, blen - MAC_SUFFIX_LEN, want));
+  if (!newt_ct_equal(got, want, sizeof got))
+    return NEWT_ERR(NEWT_ERR_AUTH, "%s: proved by another key than this job's: another job's checkpoint (or changed "
+                    "since it was written); not read", what);
+  return NEWT_OK;
+}
+
 newt_result_t ckpt_manifest_decode(const char *text, size_t len, const char *what, int want_index,
                                    ckpt_manifest *m) {
+  return ckpt_manifest_decode_keyed(text, len, what, want_index, NULL, m);
+}
+
+newt_result_t ckpt_manifest_decode_keyed(const char *text, size_t len, const char *what, int want_index,
+                                         const ckpt_key *key, ckpt_manifest *m) {
   memset(m, 0, sizeof *m);
   if (len > CKPT_MAX_MANIFEST) return too_big(what, len);
   const char *nl = memchr(text, '\n', len < 200 ? len : 200);
@@ -999,6 +1078,7 @@ newt_result_t ckpt_manifest_decode(const char *text, size_t len, const char *wha
   snprintf(want, sizeof want, "%016llx", (unsigned long long)ckpt_hash(body, (size_t)blen));
   if (strcmp(want, hex) != 0)
     return NEWT_ERR(NEWT_ERR_CORRUPT, "%s: checksum mismatch (header %s, content %s)", what, hex, want);
+  NEWT_CHECK(check_mac(body, (size_t)blen, what, want_index, key));
   jtext t = {body, (size_t)blen, what};
   newt_result_t r = decode_body(&t, want_index, m);
   if (r != NEWT_OK) ckpt_manifest_free(m);
@@ -1008,6 +1088,11 @@ newt_result_t ckpt_manifest_decode(const char *text, size_t len, const char *wha
 
 newt_result_t ckpt_manifest_load(int dirfd, const char *dir, const char *name, int want_index,
                                  ckpt_manifest *m) {
+  return ckpt_manifest_load_keyed(dirfd, dir, name, want_index, NULL, m);
+}
+
+newt_result_t ckpt_manifest_load_keyed(int dirfd, const char *dir, const char *name, int want_index,
+                                       const ckpt_key *key, ckpt_manifest *m) {
   char *text = NULL, what[4400];
   size_t len = 0;
   memset(m, 0, sizeof *m);
@@ -1017,7 +1102,7 @@ newt_result_t ckpt_manifest_load(int dirfd, const char *dir, const char *name, i
       (uint64_t)st.st_size > CKPT_MAX_MANIFEST)
     return too_big(what, (size_t)st.st_size);
   NEWT_CHECK(newt_fs_read_all_at(dirfd, dir, name, CKPT_MAX_MANIFEST, &text, &len));
-  newt_result_t r = ckpt_manifest_decode(text, len, what, want_index, m);
+  newt_result_t r = ckpt_manifest_decode_keyed(text, len, what, want_index, key, m);
   free(text);
   return r;
 }

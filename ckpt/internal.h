@@ -115,15 +115,23 @@ newt_result_t ckpt_tensor_add_chunk(ckpt_tensor *t, const ckpt_chunk *c);
  * agree on dtype and shape. */
 newt_result_t ckpt_manifest_sort(ckpt_manifest *m, int allow_dups, const char *what);
 const ckpt_tensor *ckpt_manifest_find(const ckpt_manifest *m, const char *name);
-/* Framed text: header line + JSON, malloc'd. */
+/* Framed text: header line + JSON, malloc'd; with a key (not NULL, has) the JSON ends in
+ * its "mac". */
 newt_result_t ckpt_manifest_encode(const ckpt_manifest *m, char **text, size_t *len);
-/* Parses and validates framed text; every error names `what` and the field. */
+newt_result_t ckpt_manifest_encode_keyed(const ckpt_manifest *m, const ckpt_key *key, char **text, size_t *len);
+/* Parses and validates framed text; every error names `what` and the field. With a key, a
+ * file whose "mac" does not prove it is NEWT_ERR_AUTH (checked before the JSON is parsed);
+ * without, a "mac" is checked for its form only. */
 newt_result_t ckpt_manifest_decode(const char *text, size_t len, const char *what, int want_index,
                                    ckpt_manifest *m);
+newt_result_t ckpt_manifest_decode_keyed(const char *text, size_t len, const char *what, int want_index,
+                                         const ckpt_key *key, ckpt_manifest *m);
 /* Reads and decodes the regular file `name` in dirfd (dir: its path; the messages name
  * dir/name). AT_FDCWD with a path as name works too (its last component is not followed). */
 newt_result_t ckpt_manifest_load(int dirfd, const char *dir, const char *name, int want_index,
                                  ckpt_manifest *m);
+newt_result_t ckpt_manifest_load_keyed(int dirfd, const char *dir, const char *name, int want_index,
+                                       const ckpt_key *key, ckpt_manifest *m);
 /* 1 when name is a plain file name (no '/', not "." or "..", [A-Za-z0-9._-] only). */
 int ckpt_plain_name(const char *name);
 

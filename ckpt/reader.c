@@ -61,7 +61,7 @@ void ckpt_close(ckpt_reader *r) {
 
 /* A reader on the open step directory stepfd (the reader's from here on: closed on failure
  * too); stepdir is its path. */
-static newt_result_t open_fd(ckpt_reader **out, int stepfd, const char *stepdir, int threads) {
+static newt_result_t open_fd(ckpt_reader **out, int stepfd, const char *stepdir, int threads, const ckpt_key *key) {
   ckpt_reader *r = calloc(1, sizeof *r);
   if (!r) {
     close(stepfd);
@@ -72,7 +72,7 @@ static newt_result_t open_fd(ckpt_reader **out, int stepfd, const char *stepdir,
   newt_result_t res = NEWT_OK;
   if (!(r->stepdir = newt_strdup(stepdir))) res = NEWT_ERR(NEWT_ERR_NOMEM, "out of memory opening %s", stepdir);
   if (res == NEWT_OK) {
-    res = ckpt_manifest_load(r->dirfd, r->stepdir, "MANIFEST", 0, &r->m);
+    res = ckpt_manifest_load_keyed(r->dirfd, r->stepdir, "MANIFEST", 0, key, &r->m);
     if (res == NEWT_ERR_NOTFOUND)
       res = NEWT_ERR(NEWT_ERR_NOTFOUND, "%s: no MANIFEST: the step was never committed", r->stepdir);
   }
@@ -109,7 +109,7 @@ newt_result_t ckpt_open_path(ckpt_reader **out, const char *stepdir, int threads
   char *sd = NULL;
   int fd;
   newt_result_t res = open_step_path(stepdir, &sd, &fd);
-  if (res == NEWT_OK) res = open_fd(out, fd, sd, threads);
+  if (res == NEWT_OK) res = open_fd(out, fd, sd, threads, NULL);
   free(sd);
   return res;
 }
@@ -137,6 +137,10 @@ static int committed_step(int dirfd, const char *dir, int64_t step) {
 }
 
 newt_result_t ckpt_open(ckpt_reader **out, const char *dir, int64_t step, int threads) {
+  return ckpt_open_keyed(out, dir, step, threads, NULL);
+}
+
+newt_result_t ckpt_open_keyed(ckpt_reader **out, const char *dir, int64_t step, int threads, const ckpt_key *key) {
   char sd[4200];
   int dirfd, fd;
   if (step >= 0) {
@@ -147,7 +151,7 @@ newt_result_t ckpt_open(ckpt_reader **out, const char *dir, int64_t step, int th
     if (r == NEWT_ERR_NOTFOUND)
       return NEWT_ERR(NEWT_ERR_NOTFOUND, "%s: no MANIFEST: the step was never committed", sd);
     NEWT_CHECK(r);
-    return open_fd(out, fd, sd, threads);
+    return open_fd(out, fd, sd, threads, key);
   }
   int64_t *steps = NULL;
   size_t n = 0;
@@ -157,7 +161,7 @@ newt_result_t ckpt_open(ckpt_reader **out, const char *dir, int64_t step, int th
   for (size_t i = n; r == NEWT_OK && i-- > 0;) {
     if ((fd = committed_step(dirfd, dir, steps[i])) < 0) continue;
     ckpt_step_dirname(sd, sizeof sd, dir, steps[i]);
-    if (open_fd(out, fd, sd, threads) == NEWT_OK) {
+    if (open_fd(out, fd, sd, threads, key) == NEWT_OK) {
       free(steps);
       close(dirfd);
       return NEWT_OK;
@@ -410,6 +414,11 @@ newt_result_t ckpt_read_slice(ckpt_reader *r, const newt_tensor_desc *t, const n
 
 newt_result_t ckpt_load_checked(const char *dir, int64_t max_step, int threads, const ckpt_request *reqs,
                                 size_t n, ckpt_state_check_fn check, void *ctx, ckpt_loaded *out) {
+  return ckpt_load_keyed(dir, max_step, threads, reqs, n, check, ctx, NULL, out);
+}
+
+newt_result_t ckpt_load_keyed(const char *dir, int64_t max_step, int threads, const ckpt_request *reqs, size_t n,
+                              ckpt_state_check_fn check, void *ctx, const ckpt_key *key, ckpt_loaded *out) {
   memset(out, 0, sizeof *out);
   out->step = -1;
   int64_t *steps = NULL;
@@ -426,7 +435,11 @@ newt_result_t ckpt_load_checked(const char *dir, int64_t max_step, int threads, 
     char sd[4200];
     ckpt_step_dirname(sd, sizeof sd, dir, steps[i]);
     ckpt_reader *r = NULL;
-    newt_result_t rr = open_fd(&r, fd, sd, threads); /* the one parse of this manifest */
+    newt_result_t rr = open_fd(&r, fd, sd, threads, key); /* the one parse of this manifest */
+    if (rr == NEWT_ERR_AUTH) {
+      out->refused++;
+      if (!out->refused_why[0]) snprintf(out->refused_why, sizeof out->refused_why, "%s", newt_errmsg());
+    }
     if (rr == NEWT_OK) {
       /* A state the caller refuses, or a request that does not fit the checkpoint, is the
        * caller's error: no fallback. */
@@ -500,6 +513,28 @@ newt_result_t ckpt_verify(const char *stepdir, ckpt_report_fn report, void *ctx,
   ckpt_close(r);
   if (vr->bad) return NEWT_ERR(NEWT_ERR_CORRUPT, "%s: %zu problem(s) found", stepdir, vr->bad);
   return NEWT_OK;
+}
+
+newt_result_t ckpt_sign(const char *stepdir, const ckpt_key *key) {
+  if (!key || !key->has) return NEWT_ERR(NEWT_ERR_INVALID, "ckpt_sign %s: no key", stepdir);
+  ckpt_verify_result vr;
+  NEWT_CHECK(ckpt_verify(stepdir, NULL, NULL, &vr));
+  char *sd = NULL, *text = NULL;
+  size_t len = 0;
+  int fd = -1;
+  ckpt_manifest m;
+  memset(&m, 0, sizeof m);
+  newt_result_t res = open_step_path(stepdir, &sd, &fd);
+  if (res == NEWT_OK) res = ckpt_manifest_load(fd, sd, "MANIFEST", 0, &m);
+  if (res == NEWT_OK) res = ckpt_manifest_encode_keyed(&m, key, &text, &len);
+  if (res == NEWT_OK) res = newt_fs_write_atomic_at(fd, sd, "MANIFEST", text, len);
+  if (res == NEWT_OK)
+    NEWT_INFO(CKPT, "%s: its %zu chunks read back whole; its MANIFEST now proves this key", sd, vr.chunks);
+  ckpt_manifest_free(&m);
+  free(text);
+  if (fd >= 0) close(fd);
+  free(sd);
+  return res;
 }
 
 /* The manifest's shard files and tensors as ckpt_info holds them (names moved out of m). */

@@ -90,6 +90,7 @@ struct ckpt_saver {
   size_t chunk_bytes;
   int64_t busy_wait_ms, commit_timeout_ms;
   uint64_t attempt;
+  ckpt_key key; /* opts.key's (has 0: none) */
 
   ckpt_pool *pool;
   segment *segs; /* one per pool worker */
@@ -219,6 +220,7 @@ newt_result_t ckpt_saver_init(ckpt_saver **out, const ckpt_saver_opts *o) {
   s->busy_wait_ms = o->busy_wait_ms > 0 ? o->busy_wait_ms : 600000;
   s->commit_timeout_ms = o->commit_timeout_ms > 0 ? o->commit_timeout_ms : 600000;
   s->attempt = o->attempt;
+  if (o->key) s->key = *o->key;
   s->ext_alloc = o->staging_alloc;
   s->hint = o->staging_hint;
   s->ext_free = o->staging_free;
@@ -542,7 +544,7 @@ static newt_result_t write_index(ckpt_saver *s, int stepfd, const char *stepdir,
   if (r == NEWT_OK) r = ckpt_manifest_sort(&m, 1, "shard index");
   char *text = NULL;
   size_t len = 0;
-  if (r == NEWT_OK) r = ckpt_manifest_encode(&m, &text, &len);
+  if (r == NEWT_OK) r = ckpt_manifest_encode_keyed(&m, &s->key, &text, &len);
   ckpt_manifest_free(&m);
   if (r != NEWT_OK) return r;
   char name[64];
@@ -668,7 +670,8 @@ static newt_result_t run_save(ckpt_saver *s, uint64_t *raw_out, uint64_t *step_b
   if (s->commit) {
     ckpt_commit_opts co = {.dir = s->dir, .step = s->step, .nranks = s->nranks, .attempt = s->attempt,
                            .state = s->state, .deadline = newt_deadline_in_ms(s->commit_timeout_ms),
-                           .keep = s->keep, .abort = &s->abort, .writer = s->writer, .step_bytes = step_bytes};
+                           .keep = s->keep, .abort = &s->abort, .writer = s->writer, .step_bytes = step_bytes,
+                           .key = &s->key};
     NEWT_CHECK(ckpt_commit(&co));
   }
   return NEWT_OK;

@@ -3,6 +3,10 @@
  *   newt ckpt ls DIR [--json]            steps, committed or not, sizes, ratio, the latest
  *   newt ckpt inspect DIR/STEP [--json]  layout, tensors (shape, dtype, sizes), ratio, state
  *   newt ckpt verify DIR/STEP            every checksum; exit status 1 on any problem
+ *   newt ckpt sign DIR/STEP [--job-secret-file F]
+ *                                        adopts a step: every checksum verified, then its
+ *                                        MANIFEST proved with the secret's key (default: the
+ *                                        directory's own job.secret, made when missing)
  *
  * DIR/STEP is a step directory (DIR/step-0000000042), DIR/42, or DIR itself (the newest
  * committed step). */
@@ -17,6 +21,7 @@
 #include "common/fs.h"
 #include "common/json.h"
 #include "common/opts.h"
+#include "common/secret.h"
 #include "common/strutil.h"
 
 static void human(uint64_t b, char *out, size_t cap) {
@@ -239,10 +244,36 @@ static int cmd_verify(const char *arg) {
   return 0;
 }
 
+/* A step one trusts, adopted by a job with a key (docs/ckpt.md, "Whose checkpoint"). */
+static int cmd_sign(const char *arg, const char *secret_file) {
+  char sd[4096], dir[4096];
+  if (resolve_step(arg, sd, sizeof sd) != 0) return 1;
+  newt_fs_dirname(sd, dir, sizeof dir);
+  unsigned char *secret = NULL;
+  size_t len = 0;
+  ckpt_key key;
+  newt_result_t r = secret_file ? newt_secret_read(secret_file, &secret, &len) : newt_secret_in_dir(dir, 1, &secret, &len);
+  if (r == NEWT_OK) r = ckpt_key_of_secret(&key, secret, len);
+  newt_secret_free(secret, len);
+  if (r == NEWT_OK) r = ckpt_sign(sd, &key);
+  memset(&key, 0, sizeof key);
+  if (r != NEWT_OK) {
+    fprintf(stderr, "newt ckpt sign: %s\n", newt_errmsg());
+    return 1;
+  }
+  printf("%s: every checksum verified; its MANIFEST is proved with the key of %s%s\n", sd,
+         secret_file ? secret_file : dir, secret_file ? "" : "/job.secret");
+  return 0;
+}
+
 int newt_cmd_ckpt(int argc, char **argv) {
-  static const char *synopsis = "ls DIR | inspect DIR/STEP | verify DIR/STEP [--json]";
+  static const char *synopsis = "ls DIR | inspect DIR/STEP | verify DIR/STEP | sign DIR/STEP [--json] [--job-secret-file F]";
   int json = 0;
-  newt_opt opts[] = {{"json", NEWT_OPT_FLAG, &json, "print JSON (ls, inspect)"}, NEWT_OPT_END};
+  const char *secret_file = NULL;
+  newt_opt opts[] = {{"json", NEWT_OPT_FLAG, &json, "print JSON (ls, inspect)"},
+                     {"job-secret-file", NEWT_OPT_STR, &secret_file,
+                      "sign: the job secret whose key proves the step (default: the directory's own job.secret)"},
+                     NEWT_OPT_END};
   char *pos[2];
   int npos = 0;
   int ex = newt_opts_exit(newt_opts_parse("ckpt", synopsis, opts, argc, argv, pos, 2, &npos));
@@ -254,6 +285,7 @@ int newt_cmd_ckpt(int argc, char **argv) {
   if (strcmp(pos[0], "ls") == 0) return cmd_ls(pos[1], json);
   if (strcmp(pos[0], "inspect") == 0) return cmd_inspect(pos[1], json);
   if (strcmp(pos[0], "verify") == 0) return cmd_verify(pos[1]);
-  fprintf(stderr, "newt ckpt: unknown command \"%s\" (ls, inspect or verify)\n", pos[0]);
+  if (strcmp(pos[0], "sign") == 0) return cmd_sign(pos[1], secret_file);
+  fprintf(stderr, "newt ckpt: unknown command \"%s\" (ls, inspect, verify or sign)\n", pos[0]);
   return 2;
 }

@@ -41,7 +41,7 @@ int newt_cmd_coordinator(int argc, char **argv) {
   const char *id = getenv("NEWT_COORDINATOR_ID") ? getenv("NEWT_COORDINATOR_ID") : getenv("POD_NAME");
   const char *spec = getenv("NEWT_SPEC_FILE");
   const char *metrics_addr = getenv("NEWT_METRICS_ADDR") ? getenv("NEWT_METRICS_ADDR") : "127.0.0.1";
-  const char *term_log = NULL, *event_log = getenv("NEWT_EVENT_LOG");
+  const char *term_log = NULL, *event_log = getenv("NEWT_EVENT_LOG"), *secret_file = getenv("NEWT_JOB_SECRET_FILE");
   const char *trainer = getenv("NEWT_TRAINER") && *getenv("NEWT_TRAINER") ? getenv("NEWT_TRAINER") : "builtin";
   int64_t metrics_port = 9400, linger_ms = 0;
   newt_opt opts[] = {CLI_ETCD_OPTS(&ef),
@@ -61,13 +61,16 @@ int newt_cmd_coordinator(int argc, char **argv) {
                       "the chart: runs/<job>/events.jsonl on the checkpoint volume)"},
                      {"termination-log", NEWT_OPT_STR, &term_log,
                       "file for the termination message (env NEWT_TERMINATION_LOG; default /dev/termination-log when it exists)"},
+                     {"job-secret-file", NEWT_OPT_STR, &secret_file,
+                      "the job secret the workers hold (env NEWT_JOB_SECRET_FILE): a rank's report, acknowledgement or "
+                      "end marker counts only when it proves it"},
                      NEWT_OPT_END};
   int rc = newt_opts_exit(newt_opts_parse("coordinator", "--job NAME [flags]", opts, argc, argv, NULL, 0, NULL));
   if (rc >= 0) return rc;
   job_end end = {.status = JOB_EXIT_DONE};
   coordinator_opts co = {.job = ef.job, .id = id, .spec_file = spec, .metrics_addr = metrics_addr,
                          .metrics_port = (int)metrics_port, .metrics_linger_ms = (int)linger_ms, .end = &end,
-                         .event_log = event_log};
+                         .event_log = event_log, .secret_file = secret_file};
   char *password = NULL;
   newt_result_t r = cli_etcd_opts(&ef, &co.etcd, &password);
   if (r == NEWT_OK && (linger_ms < 0 || linger_ms > 3600000))

@@ -176,7 +176,11 @@ int newt_cmd_run(int argc, char **argv) {
       {"no-metrics", NEWT_OPT_FLAG, &lo.no_metrics, "coordinators serve no metrics (default: each on a free port, printed)"},
       {"chaos", NEWT_OPT_STR, &chaos, "faults at steps: kill:worker:1@step=15,join:2@step=50,..."},
       {"summary", NEWT_OPT_STR, &lo.summary, "write the run's summary JSON here"},
-      {"log-dir", NEWT_OPT_STR, &lo.log_dir, "per-process logs and the run's files (default: a new directory under /tmp)"},
+      {"log-dir", NEWT_OPT_STR, &lo.log_dir, "per-process logs and the run's files (default: a new directory under /tmp); "
+       "yours, written by nobody else"},
+      {"job-secret-file", NEWT_OPT_STR, &lo.secret_file,
+       "the job secret (yours, mode 0600; default: the checkpoint directory's own job.secret, made when missing, "
+       "else a new one): the data plane's keys, the proof of the records and checkpoints of the job"},
       {"step-log", NEWT_OPT_STR, &lo.step_log, "the step log, one JSON line per step (default: steps.jsonl in the log directory)"},
       {"timeout-ms", NEWT_OPT_INT, &timeout, "give up when not done by then (0: never)"},
       {"quiet", NEWT_OPT_FLAG, &quiet, "no live line"},

@@ -28,7 +28,9 @@
 
 #include "cli/cmds.h"
 #include "common/clock.h"
+#include "common/fs.h"
 #include "common/opts.h"
+#include "common/secret.h"
 #include "common/sys.h"
 #include "gpt/ckpt.h"
 #include "gpt/gpt.h"
@@ -97,7 +99,7 @@ int newt_cmd_train(int argc, char **argv) {
   int64_t steps = 100, threads = 1, batch = 8, micro = 0, seq = 0, seed = 1, data_seed = 1,
           warmup = -1, gen_bytes = 1 << 21;
   double lr = 1e-3, lr_min = -1, wd = 0.1, clip = 1.0, beta1 = 0.9, beta2 = 0.95, eps = 1e-8;
-  const char *ckpt_dir = NULL, *log_path = NULL;
+  const char *ckpt_dir = NULL, *log_path = NULL, *secret_file = NULL;
   int64_t ckpt_every = 0, ckpt_keep = 3, ckpt_level = 1;
   newt_opt opts[] = {
       {"preset", NEWT_OPT_STR, &preset, "model preset: tiny, small or gpt2-124m"},
@@ -123,6 +125,9 @@ int newt_cmd_train(int argc, char **argv) {
       {"ckpt-every", NEWT_OPT_INT, &ckpt_every, "save a checkpoint every K steps (0: only resume)"},
       {"ckpt-keep", NEWT_OPT_INT, &ckpt_keep, "committed checkpoints to keep"},
       {"ckpt-level", NEWT_OPT_INT, &ckpt_level, "zstd level of checkpoints (0: uncompressed)"},
+      {"job-secret-file", NEWT_OPT_STR, &secret_file,
+       "the secret the checkpoints are proved with (yours, mode 0600; default: the checkpoint directory's own "
+       "job.secret, made when missing): a checkpoint that does not prove it is not resumed from"},
       {"log", NEWT_OPT_STR, &log_path, "append one JSON line per step (the step log: step, loss, lr, ...) to FILE"},
       {"step-log", NEWT_OPT_STR, &log_path, "the same as --log"},
       {"device", NEWT_OPT_STR, &device, "cpu, or cuda[:N]: GPU N (cuda: LOCAL_RANK's, else 0)"},
@@ -211,10 +216,25 @@ int newt_cmd_train(int argc, char **argv) {
     if (!inputs || !targets)
       res = NEWT_ERR(NEWT_ERR_NOMEM, "out of memory for a batch of %d x %d", cfg.batch, cfg.seq_len);
   }
-  /* resume, and the saver for what comes next */
+  /* resume, and the saver for what comes next; both with the checkpoints' key of the secret (the
+     directory's own unless one is given: docs/ckpt.md, "Whose checkpoint") */
+  ckpt_key key = {0};
+  if (res == NEWT_OK && ckpt_dir) {
+    unsigned char *secret = NULL;
+    size_t slen = 0;
+    res = secret_file ? newt_secret_read(secret_file, &secret, &slen)
+                      : newt_secret_in_dir(ckpt_dir, ckpt_every > 0 || newt_fs_exists(ckpt_dir), &secret, &slen);
+    if (res == NEWT_ERR_NOTFOUND && !secret_file) { /* no directory, nothing to resume, nothing to save */
+      newt_err_clear();
+      res = NEWT_OK;
+    } else if (res == NEWT_OK) {
+      res = ckpt_key_of_secret(&key, secret, slen);
+    }
+    newt_secret_free(secret, slen);
+  }
   if (res == NEWT_OK && ckpt_dir) {
     ckpt_saver_opts so = {.dir = ckpt_dir, .rank = 0, .nranks = 1, .threads = 2, .level = (int)ckpt_level,
-                          .keep = (int)ckpt_keep, .commit = 1,
+                          .keep = (int)ckpt_keep, .commit = 1, .key = &key,
                           .layout = {.has = CKPT_LAYOUT_SHAPE, .dp = 1, .tp = 1, .pp = 1}};
     if (ckpt_level == 0) so.level = CKPT_LEVEL_RAW;
     so.staging_hint = gpt_ckpt_par_staging_bytes(&par); /* the first save's staging: one block */
@@ -228,7 +248,7 @@ int newt_cmd_train(int argc, char **argv) {
     if (ckpt_every > 0) res = ckpt_saver_init(&saver, &so);
     if (res == NEWT_OK) {
       gpt_ckpt_train_point pt;
-      res = gpt_ckpt_par_load(ckpt_dir, CKPT_LATEST, &par, data_desc, 2, NULL, &pt);
+      res = gpt_ckpt_par_load(ckpt_dir, CKPT_LATEST, &par, data_desc, 2, NULL, &key, &pt);
       if (res == NEWT_OK) {
         resumed = pt.step;
         cursor = pt.cursor;

@@ -38,7 +38,15 @@ newt_result_t newt_proc_spawn(const char *const *argv, const newt_spawn_opts *op
     if (opts->new_session) setsid();
     signal(SIGPIPE, SIG_DFL);
     if (opts->log_path) {
-      int fd = open(opts->log_path, O_WRONLY | O_CREAT | O_APPEND, 0644);
+      int fd = opts->log_dir_fd
+                   ? openat(*opts->log_dir_fd, opts->log_path, O_WRONLY | O_CREAT | O_APPEND | O_NOFOLLOW | O_NOCTTY, 0644)
+                   : open(opts->log_path, O_WRONLY | O_CREAT | O_APPEND, 0644);
+      if (fd < 0 && opts->log_dir_fd) { /* never written through a link: the child does not run */
+        int e = errno;
+        ssize_t w = write(errpipe[1], &e, sizeof e);
+        (void)w;
+        _exit(127);
+      }
       if (fd >= 0) {
         dup2(fd, 1);
         dup2(fd, 2);

@@ -11,6 +11,8 @@
 
 typedef struct newt_spawn_opts {
   const char *log_path;      /* stdout+stderr appended here; NULL inherits */
+  const int *log_dir_fd;     /* non-NULL: log_path is a name in this open directory, opened there
+                                without following a link (O_NOFOLLOW: a planted link is refused) */
   const char *const *env;    /* extra "K=V" entries, NULL-terminated; may be NULL */
   const char *cwd;           /* NULL keeps ours */
   int new_session;           /* setsid(): its own process group (kill the group) */

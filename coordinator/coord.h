@@ -75,11 +75,20 @@ typedef struct coord {
   c_ack *acks;
   int nacks;
   int64_t prog_step;
+  int64_t prog_max;     /* the newest step any progress record said: an end marker beyond it is not
+                           the job's end (job_done_counts) */
   double prog_loss, prog_tps;
   uint64_t prog_change; /* monotonic ns of the last step change (or the plan, if later) */
   uint64_t stall_from;  /* monotonic ns the progress bound counts from: the newest step change,
                            this leader's start or etcd's return (a plan does not reset it) */
   int done;
+  job_done done_seen;   /* an end marker the watch brought, judged once its batch is taken in ... */
+  char done_key[256];   /* ... its key ("": none pending) and revision */
+  int64_t done_seen_rev;
+  int64_t done_rev;     /* the revision of the last one found wanting (said once) */
+  job_auth auth;        /* the records' key (auth.has 0: the job has no secret) */
+  uint64_t auth_warned; /* monotonic ns of the last warning of records that prove nothing ... */
+  int auth_refused;     /* ... and how many since */
   uint64_t last_join;   /* monotonic ns of the last registration we had not seen */
   uint64_t join_seen_ms; /* wall ms of the first registration the plan does not take in, since
                             the plan (a join's recovery starts there) */

@@ -282,7 +282,7 @@ static int job_ended(coord *c) {
     c->failed = 1;
     return 1;
   }
-  return job_is_done(c->etcd, c->o->job, &c->spec);
+  return job_is_done(c->etcd, c->o->job, &c->spec, &c->auth);
 }
 
 /* After the job's end (done or failed) a coordinator keeps serving its final metrics for
@@ -306,7 +306,7 @@ static void linger(coord *c) {
 static void set_end(coord *c) {
   job_end *e = c->o->end;
   if (!e || e->status == JOB_EXIT_FAILED) return;
-  if (newt_stop_requested() && !job_is_done(c->etcd, c->o->job, &c->spec)) {
+  if (newt_stop_requested() && !job_is_done(c->etcd, c->o->job, &c->spec, &c->auth)) {
     e->status = JOB_EXIT_LEFT;
     snprintf(e->msg, sizeof e->msg, "left: stopped by signal %d before the end of job %s; the other coordinators go on",
              newt_stop_requested(), c->o->job);
@@ -327,6 +327,11 @@ static newt_result_t setup(coord *c, const coordinator_opts *o) {
   else snprintf(c->id, sizeof c->id, "coordinator-%.32s-%d", newt_hostname(), (int)getpid());
   newt_log_set_name(c->id);
   if (r == NEWT_OK) r = job_key(c->plan_key, sizeof c->plan_key, o->job, JOB_REC_PLAN, 0, NULL);
+  /* the job secret: what a rank says for itself counts only with its proof */
+  if (r == NEWT_OK) r = job_auth_load(&c->auth, o->secret_file, o->job);
+  if (r == NEWT_OK && !c->auth.has)
+    NEWT_WARN(COORD, "%s: no job secret (--job-secret-file, NEWT_JOB_SECRET_FILE): reports, acknowledgements and the "
+              "end marker count as anyone with write access to etcd wrote them", c->id);
   if (r == NEWT_OK) r = rdzv_etcd_init(&o->etcd, &c->etcd);
   return r;
 }

@@ -22,6 +22,10 @@ typedef struct coordinator_opts {
   job_end *end;             /* how it ended (exit status and message); may be NULL */
   const char *event_log;    /* the leader appends every event it posts here too (job/runlog.h's
                                event log, for `newt report`; its folder is made); NULL: none */
+  const char *secret_file;  /* the job secret (newt_secret_read's checks): a report, an
+                               acknowledgement, a links record or the end marker counts only when
+                               it proves it (job_report_check, ...); NULL or "": none, the previous
+                               release's records counted as they are */
 } coordinator_opts;
 
 /* Runs until the job is done (NEWT_OK, end JOB_EXIT_DONE), failed (NEWT_OK, JOB_EXIT_FAILED:

@@ -3,9 +3,13 @@
  * then the watch's batches, each change a typed record. The watch's thread only updates the
  * picture, under mu, one batch at a time; the main thread reads it (coord_view_locked) and
  * decides. What counts is judged here: a report or an acknowledgement only from a rank of
- * the current plan, registered now, on its own lease; the coordinator's clock on reports and
- * acks; a plan taken only when it agrees with the spec and is no jump far past ours; a spec
- * only when a running job may take it; an end marker only when it is plausible. */
+ * the current plan, registered now, on its own lease, and -- when the job has a secret --
+ * proving it (job_report_check: the lease id is readable by anyone, and etcd lets any writer
+ * put a key on any lease); the coordinator's clock on reports and acks; a links record only
+ * with its proof; a plan taken only when it agrees with the spec and is no jump far past ours;
+ * a spec only when a running job may take it; an end marker only when it is plausible, proves
+ * the secret and says no step beyond the newest progress of the job (job_done_counts), judged
+ * once its batch is taken in. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -23,6 +27,27 @@ int coord_find_member(const coord *c, const char *id) {
   for (int i = 0; i < c->nmembers; i++)
     if (strcmp(c->members[i].id, id) == 0) return i;
   return -1;
+}
+
+/* A record that does not prove the job secret counts for nothing: said at once, then at most
+ * every 10 s with the count (a forger may write one every few milliseconds). */
+static int proved(coord *c, newt_result_t r) {
+  if (r == NEWT_OK) return 1;
+  uint64_t now = newt_now_ns();
+  c->auth_refused++;
+  if (!c->auth_warned || now - c->auth_warned >= 10000000000ull) {
+    NEWT_WARN(COORD, "ignoring %s%s", newt_errmsg(),
+              c->auth_refused > 1 ? " (and others that prove nothing since the last such warning)" : "");
+    c->auth_warned = now;
+    c->auth_refused = 0;
+  }
+  return 0;
+}
+
+/* The key of change ch as text. */
+static const char *key_of(const job_change *ch, char *buf, size_t cap) {
+  snprintf(buf, cap, "%.*s", (int)ch->kv->key_len, ch->kv->key);
+  return buf;
 }
 
 /* Whether a report or ack (change ch) comes from a rank of the current plan, registered now
@@ -64,10 +89,14 @@ static void put_ack(coord *c, const job_change *ch, const job_ack *ack) {
  * the registration stands). */
 static void put_folded_ack(coord *c, const job_change *ch) {
   job_ack a;
+  char key[256];
   if (job_worker_ack(&ch->u.worker, &a) != NEWT_OK) {
     NEWT_WARN(COORD, "ignoring %s: %s", ch->kv->key, newt_errmsg());
     return;
   }
+  if (!proved(c, job_ack_check(&c->auth, key_of(ch, key, sizeof key), ch->u.worker.generation, c->plan.secret,
+                               sizeof c->plan.secret, &a)))
+    return;
   put_ack(c, ch, &a);
 }
 
@@ -113,6 +142,9 @@ void coord_drop_member(coord *c, const char *id) {
 
 static void put_report(coord *c, const job_change *ch) {
   job_report rep = ch->u.report;
+  char key[256];
+  if (!proved(c, job_report_check(&c->auth, key_of(ch, key, sizeof key), c->plan.secret, sizeof c->plan.secret, &rep)))
+    return;
   if (!from_live_rank(c, ch)) return;
   if (rep.mismatch[0]) { /* replicas disagreed: said as an event, nothing to plan for */
     job_event ev = {.type = JOB_EV_MISMATCH, .generation = (int64_t)c->plan.generation, .step = rep.mismatch_step,
@@ -158,6 +190,7 @@ static void put_progress(coord *c, const job_progress *pr) {
   c->prog_tps = pr->tokens_per_s;
   if (step != c->prog_step) c->prog_change = c->stall_from = newt_now_ns();
   c->prog_step = step;
+  if (step > c->prog_max) c->prog_max = step;
   if (pr->generation == c->plan.generation && step >= c->gen_prog) c->gen_prog = step, c->gen_prog_t = pr->t_ms;
   if (step > c->steps_counted) { /* a step rolled back and done again counts once */
     metrics_add(c->metrics, "newt_steps_total", (double)(step - c->steps_counted));
@@ -226,12 +259,26 @@ static void take_spec_locked(coord *c, const newt_spec *s) {
   c->spec_changed = 1;
 }
 
+/* An end marker, judged once the batch that brought it is taken in (a rank writes its last
+ * step's progress in the same transaction: judge_done). */
 static void put_done(coord *c, const job_change *ch) {
-  if (!job_done_plausible(&ch->u.done, &c->spec))
-    NEWT_WARN(COORD, "ignoring %s: it says step %lld of %lld", ch->kv->key, (long long)ch->u.done.step,
-              (long long)c->spec.steps);
-  else
-    c->done = 1;
+  c->done_seen = ch->u.done;
+  key_of(ch, c->done_key, sizeof c->done_key);
+  c->done_seen_rev = ch->kv->mod_revision;
+}
+
+/* The end marker counts when it is plausible, proves the job secret and says no step beyond
+ * the newest progress of the job: one that says the last step while the ranks are at step 12
+ * is not the end, and the job trains on (job_done_counts). Said once per version of it. */
+static void judge_done(coord *c) {
+  if (!c->done_key[0]) return;
+  newt_result_t r = job_done_counts(&c->done_seen, c->done_key, &c->spec, &c->auth, c->prog_max);
+  if (r == NEWT_OK) c->done = 1;
+  else if (c->done_rev != c->done_seen_rev) {
+    NEWT_WARN(COORD, "ignoring the end marker %s; the job trains on", newt_errmsg());
+    c->done_rev = c->done_seen_rev;
+  }
+  c->done_key[0] = '\0';
 }
 
 static void put_ckpt(coord *c, const job_ckpt *ck) {
@@ -266,15 +313,23 @@ static void apply_locked(coord *c, const job_change *ch) {
   case JOB_REC_REPORT:
     if (!del && current) put_report(c, ch);
     break;
-  case JOB_REC_ACK:
-    if (!del && current) put_ack(c, ch, &ch->u.ack);
+  case JOB_REC_ACK: { /* the previous release's own key: proved as a folded one is */
+    char key[256];
+    if (!del && current &&
+        proved(c, job_ack_check(&c->auth, key_of(ch, key, sizeof key), (int64_t)ch->generation, c->plan.secret,
+                                sizeof c->plan.secret, &ch->u.ack)))
+      put_ack(c, ch, &ch->u.ack);
     break;
+  }
   case JOB_REC_PROGRESS:
     if (!del) put_progress(c, &ch->u.progress);
     break;
-  case JOB_REC_LINKS:
-    coord_put_links(c, ch->id, del ? NULL : &ch->u.links);
+  case JOB_REC_LINKS: {
+    char key[256];
+    if (del || proved(c, job_links_check(&c->auth, key_of(ch, key, sizeof key), &ch->u.links)))
+      coord_put_links(c, ch->id, del ? NULL : &ch->u.links);
     break;
+  }
   case JOB_REC_DONE:
     if (!del) put_done(c, ch);
     break;
@@ -305,6 +360,7 @@ static void on_batch(void *ud, const job_change *chs, size_t n, int resync) {
   pthread_mutex_lock(&c->mu);
   if (resync) reset_picture_locked(c);
   for (size_t i = 0; i < n; i++) apply_locked(c, &chs[i]);
+  judge_done(c);
   pthread_mutex_unlock(&c->mu);
 }
 

@@ -311,11 +311,12 @@ newt_result_t gpt_ckpt_trainer_resume(const char *dir, model_trainer *tr, const 
 
 newt_result_t gpt_ckpt_train_load(const char *dir, int64_t max_step, const model_train_config *c,
                                     const char *data, int threads, const ckpt_request *reqs, size_t n,
-                                    gpt_ckpt_train_point *out) {
+                                    const ckpt_key *key, gpt_ckpt_train_point *out) {
   same_run k = {c, data, 0};
   ckpt_loaded ld = {0};
-  newt_result_t r = ckpt_load_checked(dir, max_step, threads, reqs, n, check_run, &k, &ld);
+  newt_result_t r = ckpt_load_keyed(dir, max_step, threads, reqs, n, check_run, &k, key, &ld);
   out->committed = ld.committed;
+  out->refused = ld.refused;
   if (r != NEWT_OK) return r;
   int64_t s = 0, cursor = 0, t = 0;
   r = loaded_point(&ld, c, data, dir, &s, &cursor, &t);
@@ -376,7 +377,7 @@ size_t gpt_ckpt_par_staging_bytes(const model_par *p) { return pieces_bytes(p, 1
 size_t gpt_ckpt_par_floats(const model_par *p) { return pieces_bytes(p, 0, 1) / sizeof(float); }
 
 newt_result_t gpt_ckpt_par_load(const char *dir, int64_t max_step, model_par *p, const char *data, int threads,
-                                  float *stage, gpt_ckpt_train_point *pt) {
+                                  float *stage, const ckpt_key *key, gpt_ckpt_train_point *pt) {
   memset(pt, 0, sizeof *pt);
   pt->step = -1;
   model_par_piece *pp = NULL;
@@ -394,7 +395,7 @@ newt_result_t gpt_ckpt_par_load(const char *dir, int64_t max_step, model_par *p,
     reqs[i] = (ckpt_request){.t = pp[i].desc, .slice = pp[i].slice, .out = stage ? stage + off : pp[i].data};
     off += (size_t)newt_slice_numel(&pp[i].slice);
   }
-  if (r == NEWT_OK) r = gpt_ckpt_train_load(dir, max_step, &p->cfg, data, threads, reqs, n, pt);
+  if (r == NEWT_OK) r = gpt_ckpt_train_load(dir, max_step, &p->cfg, data, threads, reqs, n, key, pt);
   for (size_t i = 0, off = 0; r == NEWT_OK && stage && i < n; i++) { /* queued, one wait */
     size_t k = (size_t)newt_slice_numel(&pp[i].slice);
     model_dev_upload_async(p->dev, pp[i].data, stage + off, k * sizeof *stage);

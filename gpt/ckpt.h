@@ -55,6 +55,7 @@ typedef struct gpt_ckpt_train_point {
   int64_t adam_t;
   int fallbacks; /* newer committed checkpoints skipped as torn or corrupt */
   int committed; /* committed checkpoints looked at (set on failure too): 0 on a fresh directory */
+  int refused;   /* ... of which did not prove the key (another job's, or written without it) */
 } gpt_ckpt_train_point;
 
 /* Reads the requests (any slices of weights and moments) from the newest committed
@@ -64,7 +65,7 @@ typedef struct gpt_ckpt_train_point {
  * written on failure. */
 newt_result_t gpt_ckpt_train_load(const char *dir, int64_t max_step, const model_train_config *c,
                                     const char *data, int threads, const ckpt_request *reqs, size_t n,
-                                    gpt_ckpt_train_point *out);
+                                    const ckpt_key *key, gpt_ckpt_train_point *out);
 
 /* ---- one rank of the parallel trainer (model/parallel.h), on any device -------------------- */
 
@@ -93,7 +94,7 @@ size_t gpt_ckpt_par_floats(const model_par *p);
  * (pt->committed says whether there were any). p's buffers may be partly written on
  * failure. */
 newt_result_t gpt_ckpt_par_load(const char *dir, int64_t max_step, model_par *p, const char *data, int threads,
-                                  float *stage, gpt_ckpt_train_point *pt);
+                                  float *stage, const ckpt_key *key, gpt_ckpt_train_point *pt);
 
 /* ---- a whole single-process trainer (model/train.h) --------------------------------------- */
 

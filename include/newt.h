@@ -123,7 +123,9 @@ typedef struct newt_join_opts {
   void *cuda_stream;     /* the program's cudaStream_t (NULL: the legacy default stream) */
   int share_device;      /* 1: other workers may train on this GPU too; NEWT_FROM_ENV: NEWT_SHARE_DEVICE */
   const newt_memory *memory; /* NULL: built in (host memory, or the CUDA runtime for a device) */
-  const char *job_secret_file; /* NULL: NEWT_JOB_SECRET_FILE (the data plane's keys come from it) */
+  const char *job_secret_file; /* NULL: NEWT_JOB_SECRET_FILE (the data plane's keys, and the proof of
+                                  its records and checkpoints, come from it; refused when another user
+                                  owns it or can read or write it) */
   const char *step_log;        /* while rank 0, one JSON line per step here; NULL: NEWT_STEP_LOG */
   const char *metrics_addr;    /* NULL: NEWT_METRICS_ADDR, else 127.0.0.1 */
   int metrics_port;            /* /metrics and /healthz (0: none); NEWT_FROM_ENV: NEWT_METRICS_PORT */

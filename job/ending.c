@@ -27,7 +27,7 @@ int job_end_write(const char *who, newt_result_t r, job_end *e, const char *path
   }
   /* the default exists only in a container; elsewhere nothing is written */
   int explicit = strcmp(path, JOB_TERMINATION_LOG) != 0;
-  int fd = open(path, O_WRONLY | O_TRUNC | O_CLOEXEC | (explicit ? O_CREAT : 0), 0644);
+  int fd = open(path, O_WRONLY | O_TRUNC | O_CLOEXEC | O_NOFOLLOW | O_NOCTTY | (explicit ? O_CREAT : 0), 0644);
   if (fd >= 0) {
     char line[sizeof e->msg + 2];
     int n = snprintf(line, sizeof line, "%s\n", e->msg);

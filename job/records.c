@@ -4,6 +4,8 @@
 #include "job/records.h"
 
 #include <math.h>
+#include <stdatomic.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -254,6 +256,7 @@ static const codec_field report_fields[] = {
     {CODEC_INT(job_report, mismatch_step, "mismatch_step", 0, INT64_MAX), CODEC_OMIT},
     {CODEC_INT(job_report, back_to, "back_to", 0, INT64_MAX), CODEC_OMIT},
     {CODEC_TEXT(job_report, fatal, "fatal"), CODEC_OMIT},
+    {CODEC_TOKEN(job_report, mac, "mac"), CODEC_OMIT},
 };
 static const codec_table report_table = CODEC_TABLE(job_report, "report", report_fields);
 RECORD_CODEC(job_report, report_table)
@@ -268,6 +271,7 @@ static const codec_field ack_fields[] = {
     {CODEC_MS(job_ack, t_step, "t_step"), CODEC_REQUIRED},
     {CODEC_WORD(job_ack, restore, "restore", restores), CODEC_REQUIRED},
     {CODEC_INT(job_ack, restore_step, "restore_step", 0, INT64_MAX), CODEC_REQUIRED},
+    {CODEC_TOKEN(job_ack, mac, "mac"), CODEC_OMIT},
 };
 static const codec_table ack_table = CODEC_TABLE(job_ack, "ack", ack_fields);
 RECORD_CODEC(job_ack, ack_table)
@@ -315,6 +319,7 @@ static const codec_field done_fields[] = {
     {CODEC_REAL(job_done, loss, "loss"), CODEC_REQUIRED, .flags = CODEC_NULL},
     {CODEC_MS(job_done, t_ms, "t_ms"), CODEC_REQUIRED},
     {CODEC_MS(job_done, samples, "samples"), CODEC_REQUIRED},
+    {CODEC_TOKEN(job_done, mac, "mac"), CODEC_OMIT},
 };
 static const codec_table done_table = CODEC_TABLE(job_done, "done", done_fields);
 RECORD_CODEC(job_done, done_table)
@@ -323,23 +328,36 @@ int job_done_plausible(const job_done *d, const newt_spec *spec) {
   return d->step == spec->steps && d->samples == (uint64_t)spec->steps * (uint64_t)spec->global_batch;
 }
 
-int job_is_done(rdzv_etcd *c, const char *job, const newt_spec *spec) { return job_done_get(c, job, spec, NULL); }
+int job_is_done(rdzv_etcd *c, const char *job, const newt_spec *spec, const job_auth *auth) {
+  return job_done_get(c, job, spec, auth, NULL);
+}
 
-int job_done_get(rdzv_etcd *c, const char *job, const newt_spec *spec, job_done *out) {
+/* The step of the job's progress record (-1: none, or unreadable). */
+static int64_t progress_step(rdzv_etcd *c, const char *job) {
+  char key[256];
+  rdzv_etcd_kv kv;
+  if (job_key(key, sizeof key, job, JOB_REC_PROGRESS, 0, NULL) != NEWT_OK) return -1;
+  if (rdzv_etcd_get(c, key, job_call_deadline(), &kv, NULL) != NEWT_OK) return -1;
+  job_progress p;
+  int64_t step = job_progress_from_json(kv.value, kv.value_len, &p) == NEWT_OK ? p.step : -1;
+  rdzv_etcd_kv_free(&kv);
+  return step;
+}
+
+int job_done_get(rdzv_etcd *c, const char *job, const newt_spec *spec, const job_auth *auth, job_done *out) {
   char key[256];
   rdzv_etcd_kv kv;
   if (job_key(key, sizeof key, job, JOB_REC_DONE, 0, NULL) != NEWT_OK) return 0;
   if (rdzv_etcd_get(c, key, job_call_deadline(), &kv, NULL) != NEWT_OK) return 0;
   job_done d;
   int ok = job_done_from_json(kv.value, kv.value_len, &d) == NEWT_OK;
-  if (ok && !job_done_plausible(&d, spec)) {
-    NEWT_WARN(JOB, "ignoring %s: step %lld and %llu samples, but the job has %lld steps of %lld", key,
-              (long long)d.step, (unsigned long long)d.samples, (long long)spec->steps, (long long)spec->global_batch);
-    ok = 0;
-  } else if (!ok) {
-    NEWT_WARN(JOB, "ignoring %s: %s", key, newt_errmsg());
-  }
+  int64_t rev = kv.mod_revision;
   rdzv_etcd_kv_free(&kv);
+  /* the progress after the marker: a rank writes its last step's with it */
+  if (ok && job_done_counts(&d, key, spec, auth, progress_step(c, job)) != NEWT_OK) ok = 0;
+  /* said once per version of the record: the callers ask again and again */
+  static _Atomic int64_t said;
+  if (!ok && atomic_exchange(&said, rev) != rev) NEWT_WARN(JOB, "ignoring the end marker %s", newt_errmsg());
   if (ok && out) *out = d;
   return ok;
 }
@@ -498,6 +516,142 @@ static const codec_field links_fields[] = {
     {CODEC_INT(job_links, answered, "answered", 0, INT64_MAX), CODEC_MAX_OF(job_links, ranks), CODEC_REQUIRED},
     {CODEC_INT(job_links, ranks, "ranks", 1, 1 << 20), CODEC_REQUIRED},
     {CODEC_MS(job_links, t_ms, "t_ms"), CODEC_REQUIRED},
+    {CODEC_TOKEN(job_links, mac, "mac"), CODEC_OMIT},
 };
 static const codec_table links_table = CODEC_TABLE(job_links, "links", links_fields);
 RECORD_CODEC(job_links, links_table)
+
+/* --- proofs: what a rank says for itself, under the job secret (records.h) --------------------- */
+
+newt_result_t job_auth_init(job_auth *a, const unsigned char *secret, size_t len, const char *job) {
+  memset(a, 0, sizeof *a);
+  if (!secret) return NEWT_OK;
+  const void *parts[] = {"newt-records", "", job};
+  size_t lens[] = {12, 1, strlen(job)};
+  NEWT_CHECK(newt_hmac(secret, len, parts, lens, 3, a->key));
+  a->has = 1;
+  return NEWT_OK;
+}
+
+newt_result_t job_auth_load(job_auth *a, const char *path, const char *job) {
+  memset(a, 0, sizeof *a);
+  if (!path || !*path) return NEWT_OK;
+  unsigned char *secret = NULL;
+  size_t n = 0;
+  NEWT_CHECK(newt_secret_read(path, &secret, &n));
+  newt_result_t r = job_auth_init(a, secret, n, job);
+  memset(secret, 0, n);
+  free(secret);
+  return r;
+}
+
+/* The mac of record rec (of table t, its "mac" at mac_off) at etcd key `key`: over its
+ * canonical bytes, the codec's writing of what its reader decodes (a text field's control
+ * characters read as '?', a field out of its range is left out), so that writer and reader
+ * prove the same bytes. */
+static newt_result_t record_mac(const job_auth *a, const codec_table *t, const void *rec, size_t mac_off,
+                                const char *key, int64_t generation, const unsigned char *salt, size_t salt_len,
+                                unsigned char out[NEWT_MAC_BYTES]) {
+  char *first = NULL, *canon = NULL;
+  void *tmp = calloc(1, t->size), *back = calloc(1, t->size);
+  newt_result_t r = tmp && back ? NEWT_OK : NEWT_ERR(NEWT_ERR_NOMEM, "out of memory proving a record");
+  if (r == NEWT_OK) {
+    memcpy(tmp, rec, t->size);
+    ((char *)tmp)[mac_off] = '\0';
+    r = codec_encode(t, tmp, &first);
+  }
+  if (r == NEWT_OK) r = codec_read(t, first, strlen(first), NULL, back);
+  if (r == NEWT_OK) {
+    ((char *)back)[mac_off] = '\0';
+    r = codec_encode(t, back, &canon);
+    codec_free(t, back);
+  }
+  if (r == NEWT_OK) {
+    unsigned char gen[8];
+    for (int i = 0; i < 8; i++) gen[i] = (unsigned char)((uint64_t)generation >> (8 * i));
+    const void *parts[] = {"newt-record", "", key, "", gen, salt ? (const void *)salt : "", canon};
+    size_t lens[] = {11, 1, strlen(key), 1, sizeof gen, salt ? salt_len : 0, strlen(canon)};
+    r = newt_hmac(a->key, sizeof a->key, parts, lens, 7, out);
+  }
+  free(first);
+  free(canon);
+  free(tmp);
+  free(back);
+  return r;
+}
+
+static newt_result_t seal(const job_auth *a, const codec_table *t, void *rec, size_t mac_off, size_t mac_size,
+                          const char *key, int64_t generation, const unsigned char *salt, size_t salt_len) {
+  char *mac = (char *)rec + mac_off;
+  mac[0] = '\0';
+  if (!a || !a->has) return NEWT_OK;
+  unsigned char m[NEWT_MAC_BYTES];
+  NEWT_CHECK(record_mac(a, t, rec, mac_off, key, generation, salt, salt_len, m));
+  if (mac_size < NEWT_MAC_HEX + 1) return NEWT_ERR(NEWT_ERR_INTERNAL, "a record's mac field is too small");
+  newt_hex_encode(m, sizeof m, mac);
+  return NEWT_OK;
+}
+
+static newt_result_t check(const job_auth *a, const codec_table *t, const void *rec, size_t mac_off, const char *key,
+                           int64_t generation, const unsigned char *salt, size_t salt_len) {
+  if (!a || !a->has) return NEWT_OK;
+  const char *mac = (const char *)rec + mac_off;
+  if (!mac[0]) return NEWT_ERR(NEWT_ERR_AUTH, "%s: no mac, and this job holds a secret: not written by one of its ranks", key);
+  unsigned char want[NEWT_MAC_BYTES], got[NEWT_MAC_BYTES];
+  if (strlen(mac) != NEWT_MAC_HEX || newt_hex_decode(mac, got, sizeof got) != 0)
+    return NEWT_ERR(NEWT_ERR_AUTH, "%s: its mac is not %d hex digits", key, NEWT_MAC_HEX);
+  NEWT_CHECK(record_mac(a, t, rec, mac_off, key, generation, salt, salt_len, want));
+  if (!newt_ct_equal(want, got, sizeof want))
+    return NEWT_ERR(NEWT_ERR_AUTH, "%s: its mac does not prove the job's secret: not written by one of its ranks (or "
+                    "changed since)", key);
+  return NEWT_OK;
+}
+
+newt_result_t job_report_seal(const job_auth *a, const char *key, const unsigned char *salt, size_t salt_len,
+                              job_report *r) {
+  return seal(a, &report_table, r, offsetof(job_report, mac), sizeof r->mac, key, 0, salt, salt_len);
+}
+
+newt_result_t job_report_check(const job_auth *a, const char *key, const unsigned char *salt, size_t salt_len,
+                               const job_report *r) {
+  return check(a, &report_table, r, offsetof(job_report, mac), key, 0, salt, salt_len);
+}
+
+newt_result_t job_ack_seal(const job_auth *a, const char *key, int64_t generation, const unsigned char *salt,
+                           size_t salt_len, job_ack *ack) {
+  return seal(a, &ack_table, ack, offsetof(job_ack, mac), sizeof ack->mac, key, generation, salt, salt_len);
+}
+
+newt_result_t job_ack_check(const job_auth *a, const char *key, int64_t generation, const unsigned char *salt,
+                            size_t salt_len, const job_ack *ack) {
+  return check(a, &ack_table, ack, offsetof(job_ack, mac), key, generation, salt, salt_len);
+}
+
+newt_result_t job_links_seal(const job_auth *a, const char *key, job_links *l) {
+  return seal(a, &links_table, l, offsetof(job_links, mac), sizeof l->mac, key, 0, NULL, 0);
+}
+
+newt_result_t job_links_check(const job_auth *a, const char *key, const job_links *l) {
+  return check(a, &links_table, l, offsetof(job_links, mac), key, 0, NULL, 0);
+}
+
+newt_result_t job_done_seal(const job_auth *a, const char *key, job_done *d) {
+  return seal(a, &done_table, d, offsetof(job_done, mac), sizeof d->mac, key, 0, NULL, 0);
+}
+
+newt_result_t job_done_check(const job_auth *a, const char *key, const job_done *d) {
+  return check(a, &done_table, d, offsetof(job_done, mac), key, 0, NULL, 0);
+}
+
+newt_result_t job_done_counts(const job_done *d, const char *key, const newt_spec *spec, const job_auth *auth,
+                              int64_t progress) {
+  if (!job_done_plausible(d, spec))
+    return NEWT_ERR(NEWT_ERR_INVALID, "%s: step %lld and %llu samples, but the job has %lld steps of %lld", key,
+                    (long long)d->step, (unsigned long long)d->samples, (long long)spec->steps,
+                    (long long)spec->global_batch);
+  NEWT_CHECK(job_done_check(auth, key, d));
+  if (progress < d->step)
+    return NEWT_ERR(NEWT_ERR_INVALID, "%s: it says step %lld, the job's last, but its ranks have reached step %lld: not "
+                    "the job's end", key, (long long)d->step, (long long)progress);
+  return NEWT_OK;
+}

@@ -29,6 +29,9 @@
  *                                              of a plan, on its
  *                                              lease
  *
+ * A report, an acknowledgement, a links record and the end marker carry their writer's proof
+ * of the job secret ("mac", job_auth below): a reader with the secret counts them only with it.
+ *
  * <gen> is the generation as 20 zero-padded digits, so keys sort by generation. Every
  * parser validates what it reads (types, ranges, names, the set a string comes from) and a
  * rejection names the record and the field: "report.kind: expected crash or hang, got
@@ -41,12 +44,14 @@
 
 #include "common/clock.h"
 #include "common/err.h"
+#include "common/secret.h"
 #include "job/spec.h"
 #include "rendezvous/rdzv.h"
 
 #define JOB_ACCUSE_MAX 8   /* workers one report may name */
 #define JOB_TEXT_MAX 512   /* free text: a report's why, a waiting event's why */
 #define JOB_WORD_MAX 16    /* causes, kinds, restore sources */
+#define JOB_MAC_MAX (NEWT_MAC_HEX + 1) /* a record's "mac": 64 hex digits */
 
 /* --- keys ------------------------------------------------------------------------------------ */
 
@@ -85,9 +90,31 @@ job_record job_key_parse(const char *rest, uint64_t *generation, const char **id
 /* The deadline of one etcd call of the control plane (NEWT_ETCD_CALL_MS, 5 s). */
 newt_deadline_t job_call_deadline(void);
 
+/* --- what a rank says for itself, proved by the job secret ------------------------------------ */
+
+/* The records a rank writes for itself -- a report (a failed collective, replicas that
+ * disagree, the job failing), an acknowledgement, its links -- and the end marker carry "mac":
+ * HMAC-SHA256 under the job's records key, HMAC-SHA256(job secret, "newt-records" 0 job), of
+ * "newt-record" 0 <its etcd key> 0 <the plan's salt, for a report or an ack> <its canonical
+ * bytes: the codec's writing of it without mac>. Moved to another key, generation or job, a
+ * record proves nothing. A reader that holds the secret counts a record only with a valid mac
+ * (the check); one without the secret, and a job without one, write and read the records of
+ * the previous release (no mac). etcd's own access control says who may write at all; the mac
+ * says which of those writers holds the job secret (the ranks, the coordinators). */
+typedef struct job_auth {
+  int has; /* 0: no secret (nothing sealed, nothing checked) */
+  unsigned char key[NEWT_MAC_BYTES];
+} job_auth;
+
+/* The records key of `job` from its secret (secret NULL: a job without one, has = 0). */
+newt_result_t job_auth_init(job_auth *a, const unsigned char *secret, size_t len, const char *job);
+/* The job secret file read (newt_secret_read's checks) into the records key of job (path NULL
+ * or "": none, has = 0, NEWT_OK). */
+newt_result_t job_auth_load(job_auth *a, const char *path, const char *job);
+
 /* --- a worker's registration (workers/<id>, on its lease) --------------------------------- */
 
-#define JOB_ACK_MAX 256 /* an acknowledgement folded into a registration, as JSON text */
+#define JOB_ACK_MAX 384 /* an acknowledgement folded into a registration, as JSON text */
 
 typedef struct job_worker {
   char id[RDZV_NAME_MAX];
@@ -163,6 +190,8 @@ typedef struct job_report {
   char fatal[JOB_TEXT_MAX];                     /* the job fails, and why: its state is lost
                                                    (spec.fault.on_state_loss), its replicas disagree
                                                    (spec.fault.on_mismatch); "" and absent: not so */
+  char mac[JOB_MAC_MAX];                        /* its writer's proof (job_report_seal; "" and
+                                                   absent: a job without a secret) */
   int64_t revision;                             /* etcd's revision of the record, set by its reader
                                                    (not in the JSON; 0: unknown) */
 } job_report;
@@ -171,6 +200,13 @@ typedef struct job_report {
  * malloc'd, NULL on no memory. */
 char *job_report_to_json(const job_report *r);
 newt_result_t job_report_from_json(const char *text, size_t len, job_report *out);
+/* Sets r->mac for the record at etcd key `key` in the generation whose plan's salt is given
+ * (nothing without a key). */
+newt_result_t job_report_seal(const job_auth *a, const char *key, const unsigned char *salt, size_t salt_len,
+                              job_report *r);
+/* NEWT_OK when r proves itself (or a has no key); else NEWT_ERR_AUTH saying why. */
+newt_result_t job_report_check(const job_auth *a, const char *key, const unsigned char *salt, size_t salt_len,
+                               const job_report *r);
 
 /* --- an acknowledgement: a rank took up generation g and completed its first step ----------- */
 
@@ -180,10 +216,17 @@ typedef struct job_ack {
                                                  restored, first step done */
   char restore[8];                            /* where its state came from: memory, peer, ckpt, init */
   int64_t restore_step;                       /* the step it restored */
+  char mac[JOB_MAC_MAX];                      /* its writer's proof (job_ack_seal; "": none) */
 } job_ack;
 
 char *job_ack_to_json(const job_ack *a);
 newt_result_t job_ack_from_json(const char *text, size_t len, job_ack *out);
+/* As for reports; key: the registration's key (workers/<id>) for an acknowledgement folded into
+ * it, acks/<gen>/<id> for the previous release's; the generation acknowledged is in the proof. */
+newt_result_t job_ack_seal(const job_auth *a, const char *key, int64_t generation, const unsigned char *salt,
+                           size_t salt_len, job_ack *ack);
+newt_result_t job_ack_check(const job_auth *a, const char *key, int64_t generation, const unsigned char *salt,
+                            size_t salt_len, const job_ack *ack);
 
 /* The sources of state, cheapest first (the order a recovery is summarised by: its worst). */
 int job_restore_rank(const char *restore); /* 0 memory, 1 peer, 2 init, 3 ckpt; -1 unknown */
@@ -231,19 +274,29 @@ typedef struct job_done {
   double loss;
   uint64_t t_ms;
   uint64_t samples; /* samples consumed: steps x global batch */
+  char mac[JOB_MAC_MAX]; /* the rank's proof (job_done_seal; "": a job without a secret) */
 } job_done;
 
 char *job_done_to_json(const job_done *d);
 newt_result_t job_done_from_json(const char *text, size_t len, job_done *out);
-/* Whether the job has its end marker (reads /newt/<job>/done; 0 also when etcd cannot be
- * reached: the caller asks again later). A marker counts only when it passes its parser and
- * says the job trained all its `steps` (job_done_plausible): a forged or corrupt one that
- * says otherwise is ignored, with a warning. */
-int job_is_done(rdzv_etcd *c, const char *job, const newt_spec *spec);
+/* Whether the job has its end marker (reads /newt/<job>/done, and its progress; 0 also when
+ * etcd cannot be reached: the caller asks again later). A marker counts only when it passes
+ * its parser and job_done_counts: a forged or corrupt one is ignored, with a warning. auth:
+ * the job's records key (NULL or none: the previous release's rule, no proof asked). */
+int job_is_done(rdzv_etcd *c, const char *job, const newt_spec *spec, const job_auth *auth);
 /* The same, and the marker in *out when it counts. */
-int job_done_get(rdzv_etcd *c, const char *job, const newt_spec *spec, job_done *out);
+int job_done_get(rdzv_etcd *c, const char *job, const newt_spec *spec, const job_auth *auth, job_done *out);
 /* The end marker of a job of this spec: its last step, and the samples of every step. */
 int job_done_plausible(const job_done *d, const newt_spec *spec);
+newt_result_t job_done_seal(const job_auth *a, const char *key, job_done *d);
+newt_result_t job_done_check(const job_auth *a, const char *key, const job_done *d);
+/* Whether end marker d (read under key) ends a job of this spec whose ranks are known to have
+ * reached step `progress` (the newest progress record's step): plausible, proved by a rank of
+ * the job when auth has a key, and no step beyond the progress of the job (a rank writes the
+ * last step's progress in the same transaction as its marker: worker/publish.c). NEWT_OK, or why
+ * not (NEWT_ERR_INVALID: forged or corrupt; NEWT_ERR_AUTH: no proof). */
+newt_result_t job_done_counts(const job_done *d, const char *key, const newt_spec *spec, const job_auth *auth,
+                              int64_t progress);
 
 /* --- the job failed: the leader gave up on it (the failure budget) --------------------------- */
 
@@ -388,10 +441,13 @@ typedef struct job_links {
   int64_t answered;   /* how many of them answered */
   int64_t ranks;      /* of how many (its own rank, if any, not probed, counts as answered) */
   uint64_t t_ms;      /* wall ms of the probe */
+  char mac[JOB_MAC_MAX]; /* its writer's proof (job_links_seal; "": none) */
 } job_links;
 
 char *job_links_to_json(const job_links *l);
 newt_result_t job_links_from_json(const char *text, size_t len, job_links *out);
+newt_result_t job_links_seal(const job_auth *a, const char *key, job_links *l);
+newt_result_t job_links_check(const job_auth *a, const char *key, const job_links *l);
 /* The fields of its type only. */
 char *job_event_to_json(const job_event *e);
 newt_result_t job_event_from_json(const char *text, size_t len, job_event *out);

@@ -17,8 +17,15 @@ newt_result_t job_runlog_open(const char *path, int truncate, int *fd) {
   char dir[4096];
   newt_fs_dirname(path, dir, sizeof dir);
   NEWT_CHECK(newt_fs_mkdirs(dir, 0755)); /* a fresh volume's runs/<job>/ */
-  int f = open(path, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC | (truncate ? O_TRUNC : 0), 0644);
-  if (f < 0) return NEWT_ERR(NEWT_ERR_SYS, "%s: cannot open it for appending: %s", path, strerror(errno));
+  return job_runlog_open_at(AT_FDCWD, NULL, path, truncate, fd);
+}
+
+newt_result_t job_runlog_open_at(int dirfd, const char *dir, const char *name, int truncate, int *fd) {
+  int f = openat(dirfd, name, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC | O_NOFOLLOW | O_NOCTTY | (truncate ? O_TRUNC : 0),
+                 0644);
+  if (f < 0)
+    return NEWT_ERR(NEWT_ERR_SYS, "%s%s%s: cannot open it for appending: %s", dir ? dir : "", dir ? "/" : "", name,
+                    errno == ELOOP ? "it is a symbolic link, not followed" : strerror(errno));
   *fd = f;
   return NEWT_OK;
 }

@@ -24,8 +24,10 @@
 #include "job/records.h"
 
 /* Opens (creates) path for appending lines, making its folder first; truncate: start it
- * empty. */
+ * empty. A symbolic link in its place is refused, never written through. */
 newt_result_t job_runlog_open(const char *path, int truncate, int *fd);
+/* The same for `name` in the open directory dirfd (dir: its path, for messages). */
+newt_result_t job_runlog_open_at(int dirfd, const char *dir, const char *name, int truncate, int *fd);
 
 /* Appends one line: s (or e) as its codec writes it, and a newline, in one write. */
 newt_result_t job_steplog_append(int fd, const job_step *s);

@@ -2,7 +2,9 @@
  * picture, on the watch's thread, under the run's lock:
  *
  *   progress    the step (it only grows), generation, loss, throughput and world
- *   done        the end marker, when it is plausible for the spec (job_done_plausible)
+ *   done        the end marker, when it ends the job (job_done_counts: plausible for the spec,
+ *               proved by a rank of the job, no step beyond the job's progress), judged once
+ *               its batch is taken in: a rank writes its last step's progress with it
  *   ckpt        each new checkpoint pointer once, into the result (a resync shows the newest
  *               again), and rank 0's count of the saves it skipped
  *   events      queued for the main loop (recoveries.c); a resync does not queue them again:
@@ -13,6 +15,8 @@
  * directly, decoded the same way (job_change_get). */
 #include <stdlib.h>
 #include <string.h>
+
+#include <stdio.h>
 
 #include "common/clock.h"
 #include "job/records.h"
@@ -40,8 +44,27 @@ static void take_progress(run *r, const job_progress *p) {
   r->progress_t_ms = p->t_ms;
 }
 
-static void take_done(run *r, const job_done *d) {
-  if (!job_done_plausible(d, &r->o->spec)) return;
+static void take_done(run *r, const job_change *ch) {
+  r->done_seen = ch->u.done;
+  r->done_seen_rev = ch->kv ? ch->kv->mod_revision : 0;
+  r->done_pending = 1;
+}
+
+/* The end marker taken when it is the job's end: a forged one (it says the last step while
+ * the ranks are at step 12, or it does not prove the job secret) is said once and the job
+ * trains on. */
+static void judge_done(run *r) {
+  if (!r->done_pending || r->done) return;
+  r->done_pending = 0;
+  char key[256];
+  const job_done *d = &r->done_seen;
+  if (job_key(key, sizeof key, r->o->spec.job, JOB_REC_DONE, 0, NULL) != NEWT_OK) return;
+  if (job_done_counts(d, key, &r->o->spec, &r->auth, r->step) != NEWT_OK) {
+    if (r->done_rev != r->done_seen_rev)
+      snprintf(r->done_warn, sizeof r->done_warn, "ignoring the end marker %s; the job trains on", newt_errmsg());
+    r->done_rev = r->done_seen_rev;
+    return;
+  }
   r->done_step = d->step;
   r->done_loss = d->loss;
   r->done_samples = (int64_t)d->samples;
@@ -66,7 +89,7 @@ static void take(run *r, const job_change *ch, int resync) {
   if (ch->deleted) return;
   switch (ch->rec) {
     case JOB_REC_PROGRESS: take_progress(r, &ch->u.progress); break;
-    case JOB_REC_DONE: take_done(r, &ch->u.done); break;
+    case JOB_REC_DONE: take_done(r, ch); break;
     case JOB_REC_CKPT: take_ckpt(r->res, &ch->u.ckpt); break;
     case JOB_REC_EVENT:
       if (!resync) queue_event(r, &ch->u.event);
@@ -79,6 +102,7 @@ static void on_changes(void *ud, const job_change *chs, size_t n, int resync) {
   run *r = ud;
   pthread_mutex_lock(&r->mu);
   for (size_t i = 0; i < n; i++) take(r, &chs[i], resync);
+  judge_done(r);
   pthread_mutex_unlock(&r->mu);
 }
 
@@ -120,11 +144,21 @@ int follow_read_done(run *r, newt_deadline_t d) {
   for (;;) {
     job_change ch;
     newt_deadline_t each = newt_deadline_min(d, newt_deadline_in_ms(2000));
+    /* the progress first: a rank writes its last step's with the marker */
+    job_change pc;
+    if (job_change_get(r->etcd, r->o->spec.job, JOB_REC_PROGRESS, each, &pc) == NEWT_OK) {
+      pthread_mutex_lock(&r->mu);
+      take(r, &pc, 1);
+      pthread_mutex_unlock(&r->mu);
+      job_change_free(&pc);
+    }
     newt_result_t res = job_change_get(r->etcd, r->o->spec.job, JOB_REC_DONE, each, &ch);
     if (res == NEWT_ERR_INVALID) return 0; /* refused: no end marker the job would take */
     if (res == NEWT_OK) {
       pthread_mutex_lock(&r->mu);
       take(r, &ch, 1);
+      r->done_seen_rev = -1; /* read directly: said as the watch's */
+      judge_done(r);
       int done = r->done;
       pthread_mutex_unlock(&r->mu);
       job_change_free(&ch);

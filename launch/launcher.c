@@ -25,6 +25,7 @@
 #include "common/clock.h"
 #include "common/fs.h"
 #include "common/proc.h"
+#include "common/secret.h"
 #include "common/strutil.h"
 #include "common/sys.h"
 #include "job/runlog.h"
@@ -49,35 +50,79 @@ newt_result_t launcher_check_opts(const launcher_opts *o) {
   }
   if (o->netns && o->etcd)
     return NEWT_ERR(NEWT_ERR_INVALID, "--netns runs its own etcd on the namespaces' bridge: leave out --etcd");
+  /* a log directory that is there already: this user's, written by nobody else (root writes in
+     it: another user's links there would make it truncate and append to files of theirs) */
+  int fd = -1;
+  newt_result_t r = o->log_dir && newt_fs_exists(o->log_dir) ? newt_dir_trusted(o->log_dir, "--log-dir", &fd) : NEWT_OK;
+  if (fd >= 0) close(fd);
+  NEWT_CHECK(r);
+  if (o->secret_file) {
+    unsigned char *secret = NULL;
+    size_t len = 0;
+    r = newt_secret_read(o->secret_file, &secret, &len);
+    newt_secret_free(secret, len);
+    NEWT_CHECK(r);
+  }
   return NEWT_OK;
 }
 
+/* The job secret's bytes: --job-secret-file's, the checkpoint directory's own (made when
+ * missing, so that runs on one directory share the checkpoints' key), or new ones. */
+static newt_result_t job_secret(run *r, unsigned char **secret, size_t *len) {
+  const launcher_opts *o = r->o;
+  if (o->secret_file) return newt_secret_read(o->secret_file, secret, len);
+  const char *ck = o->spec.ckpt_dir;
+  if (ck[0] && (o->spec.ckpt_every > 0 || newt_fs_exists(ck))) return newt_secret_in_dir(ck, 1, secret, len);
+  unsigned char key[32];
+  unsigned char *hex = malloc(65);
+  NEWT_CHECK_ALLOC(hex);
+  newt_result_t res = newt_random_bytes(key, sizeof key);
+  newt_hex_encode(key, sizeof key, (char *)hex);
+  memset(key, 0, sizeof key);
+  *secret = hex;
+  *len = 64;
+  return res;
+}
+
+/* A file of ours in the log directory, made anew, mode 0600: a stale file or a link in its place
+ * is removed itself, never written through. */
+static newt_result_t write_private(run *r, const char *name, const void *data, size_t len, char *path, size_t cap) {
+  snprintf(path, cap, "%s/%s", r->res->log_dir, name);
+  unlinkat(r->log_fd, name, 0);
+  int fd = openat(r->log_fd, name, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
+  if (fd < 0) return NEWT_ERR(NEWT_ERR_SYS, "creating %s: %s", path, strerror(errno));
+  newt_result_t w = newt_fs_write_all(fd, data, len, path);
+  close(fd);
+  return w;
+}
+
 /* The run's files (job/runlog.h), started empty: a log directory used before holds no
- * earlier run's lines. */
+ * earlier run's lines. Each is opened through the directory's descriptor, never through a
+ * link (newt run may run as root, the directory checked to be its own). */
 static newt_result_t open_run_files(run *r) {
   launcher_result *res = r->res;
-  if (r->o->step_log) snprintf(res->step_log, sizeof res->step_log, "%s", r->o->step_log);
-  else snprintf(res->step_log, sizeof res->step_log, "%s/steps.jsonl", res->log_dir);
-  snprintf(res->event_log, sizeof res->event_log, "%s/events.jsonl", res->log_dir);
   int fd;
-  NEWT_CHECK(job_runlog_open(res->step_log, 1, &fd));
-  close(fd);
-  r->steps_fd = open(res->step_log, O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
+  if (r->o->step_log) {
+    snprintf(res->step_log, sizeof res->step_log, "%s", r->o->step_log);
+    NEWT_CHECK(job_runlog_open(res->step_log, 1, &fd));
+    close(fd);
+    r->steps_fd = open(res->step_log, O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
+  } else {
+    snprintf(res->step_log, sizeof res->step_log, "%s/steps.jsonl", res->log_dir);
+    NEWT_CHECK(job_runlog_open_at(r->log_fd, res->log_dir, "steps.jsonl", 1, &fd));
+    close(fd);
+    r->steps_fd = openat(r->log_fd, "steps.jsonl", O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
+  }
+  snprintf(res->event_log, sizeof res->event_log, "%s/events.jsonl", res->log_dir);
   /* the job's secret, readable by us alone: the plans in etcd carry only salts */
-  unsigned char key[32];
-  char hex[65];
-  snprintf(r->secret_file, sizeof r->secret_file, "%s/job.secret", res->log_dir);
-  unlink(r->secret_file);
-  NEWT_CHECK(newt_random_bytes(key, sizeof key));
-  newt_hex_encode(key, sizeof key, hex);
-  fd = open(r->secret_file, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
-  if (fd < 0) return NEWT_ERR(NEWT_ERR_SYS, "creating %s: %s", r->secret_file, strerror(errno));
-  newt_result_t w = newt_fs_write_all(fd, hex, 64, r->secret_file);
-  close(fd);
-  memset(key, 0, sizeof key);
-  memset(hex, 0, sizeof hex);
+  unsigned char *secret = NULL;
+  size_t len = 0;
+  NEWT_CHECK(job_secret(r, &secret, &len));
+  newt_result_t w = write_private(r, "job.secret", secret, len, r->secret_file, sizeof r->secret_file);
+  if (w == NEWT_OK) w = job_auth_init(&r->auth, secret, len, r->o->spec.job);
+  newt_secret_free(secret, len);
   NEWT_CHECK(w);
-  return job_runlog_open(res->event_log, 1, &r->event_log_fd);
+  return job_runlog_open_at(r->log_fd, res->log_dir, "events.jsonl", 1, &r->event_log_fd);
 }
 
 /* The etcd of the run: the one given (--etcd), or a private one started in the log directory. */
@@ -88,14 +133,36 @@ static newt_result_t start_etcd(run *r) {
   } else {
     char dir[600];
     snprintf(dir, sizeof dir, "%s/etcd", r->res->log_dir);
-    NEWT_CHECK(newt_fs_mkdirs(dir, 0755));
+    /* empty: an earlier run's data in a log directory used again holds its users and passwords */
+    NEWT_CHECK(newt_fs_rm_rf_at(r->log_fd, r->res->log_dir, "etcd"));
+    NEWT_CHECK(newt_fs_mkdirs(dir, 0700));
+    /* authentication on: root (its password in our memory alone) and the job's own user, who
+       may read and write the job's keys only; its password is a file of the log directory (mode
+       0600), which every process is given (--etcd-user, --etcd-password-file): another user of
+       this host reaches etcd's port, not the job */
+    char root_pw[65], user_pw[65];
+    unsigned char raw[64];
+    NEWT_CHECK(newt_random_bytes(raw, sizeof raw));
+    newt_hex_encode(raw, 32, root_pw);
+    newt_hex_encode(raw + 32, 32, user_pw);
+    memset(raw, 0, sizeof raw);
+    snprintf(r->etcd_user, sizeof r->etcd_user, "newt-%.80s", o->spec.job);
+    newt_result_t res = write_private(r, "etcd.password", user_pw, 64, r->etcd_pw_file, sizeof r->etcd_pw_file);
     /* with --netns, on the bridge: the workers' namespaces reach it there (and so do we) */
-    rdzv_etcd_server_opts so = {.dir = dir, .members = o->etcd_members, .client_host = r->net ? netns_gateway(r->net) : NULL};
-    newt_result_t res = rdzv_etcd_server_start(&so, &r->server);
-    if (res != NEWT_OK) return newt_err_wrap(res, "newt run needs etcd (Debian package etcd-server) or --etcd URL: ");
+    rdzv_etcd_server_opts so = {.dir = dir, .members = o->etcd_members, .client_host = r->net ? netns_gateway(r->net) : NULL,
+                                .root_password = root_pw, .user = r->etcd_user, .user_password = user_pw,
+                                .user_prefix = r->prefix};
+    if (res == NEWT_OK) {
+      res = rdzv_etcd_server_start(&so, &r->server);
+      if (res != NEWT_OK) res = newt_err_wrap(res, "newt run needs etcd (Debian package etcd-server) or --etcd URL: ");
+    }
+    memset(root_pw, 0, sizeof root_pw);
+    memset(user_pw, 0, sizeof user_pw);
+    NEWT_CHECK(res);
     snprintf(r->etcd_url, sizeof r->etcd_url, "%s", rdzv_etcd_server_url(r->server));
   }
   rdzv_etcd_opts eo = o->etcd ? o->etcd_client : (rdzv_etcd_opts){0};
+  if (r->server) rdzv_etcd_server_user_opts(r->server, &eo);
   eo.endpoints = r->etcd_url;
   return rdzv_etcd_init(&eo, &r->etcd);
 }
@@ -137,17 +204,20 @@ static newt_result_t start(run *r) {
     snprintf(r->res->log_dir, sizeof r->res->log_dir, "/tmp/newt-run-%s-XXXXXX", o->spec.job);
     if (!mkdtemp(r->res->log_dir)) return NEWT_ERR(NEWT_ERR_SYS, "mkdtemp %s: %s", r->res->log_dir, strerror(errno));
   }
+  /* ours, written by nobody else, and so every directory above it: its files are opened here */
+  NEWT_CHECK(newt_dir_trusted(r->res->log_dir, "--log-dir", &r->log_fd));
+  NEWT_CHECK(job_prefix(r->prefix, sizeof r->prefix, o->spec.job, JOB_REC_OTHER, -1));
   NEWT_CHECK(open_run_files(r));
   if (o->netns) NEWT_CHECK(netns_start(&r->net));
   NEWT_CHECK(start_etcd(r));
-  NEWT_CHECK(job_prefix(r->prefix, sizeof r->prefix, o->spec.job, JOB_REC_OTHER, -1));
   NEWT_CHECK(put_spec(r));
   NEWT_CHECK(follow_start(r, newt_deadline_in_ms(5000)));
   for (int i = 0; i < o->coordinators; i++) NEWT_CHECK(procs_spawn(r, PROC_COORD, r->next_coord++));
   for (int i = 0; i < o->nproc; i++) NEWT_CHECK(procs_spawn(r, PROC_WORKER, r->next_worker++));
   if (!o->quiet) {
-    fprintf(stderr, "newt run: job %s: %d workers, %d coordinators, etcd %s, logs in %s\n", o->spec.job, o->nproc,
-            o->coordinators, r->etcd_url, r->res->log_dir);
+    fprintf(stderr, "newt run: job %s: %d workers, %d coordinators, etcd %s%s%s%s, logs in %s\n", o->spec.job,
+            o->nproc, o->coordinators, r->etcd_url, r->etcd_user[0] ? " (user " : "", r->etcd_user,
+            r->etcd_user[0] ? ", --etcd-password-file etcd.password in the logs)" : "", r->res->log_dir);
     for (int i = 0; i < r->nprocs; i++)
       if (r->procs[i].kind == PROC_COORD && r->procs[i].metrics_port)
         fprintf(stderr, "newt run: %s serves metrics at http://127.0.0.1:%d/metrics (the leader's are the job's)\n",
@@ -179,7 +249,11 @@ static void handle_queued(run *r, int64_t *step, int *done) {
   r->nevents = r->cap_events = 0;
   if (step) *step = r->step;
   if (done) *done = r->done;
+  char warn[sizeof r->done_warn];
+  snprintf(warn, sizeof warn, "%s", r->done_warn);
+  r->done_warn[0] = '\0';
   pthread_mutex_unlock(&r->mu);
+  if (warn[0] && !r->o->quiet) fprintf(stderr, "%snewt run: %s\n", live_news(r), warn);
   recoveries_take_events(r, evs, n);
   free(evs);
 }
@@ -190,10 +264,10 @@ static int worker_failure(run *r, char *why, size_t cap) {
   for (int i = 0; i < r->nprocs; i++) {
     const proc *p = &r->procs[i];
     if (p->kind != PROC_WORKER || p->status != JOB_EXIT_FAILED) continue;
-    char path[600], *text = NULL;
+    char name[64], *text = NULL;
     size_t len = 0;
-    snprintf(path, sizeof path, "%s/%s.end", r->res->log_dir, p->name);
-    if (newt_fs_read_all(path, 4096, &text, &len) != NEWT_OK) continue;
+    snprintf(name, sizeof name, "%s.end", p->name);
+    if (newt_fs_read_all_at(r->log_fd, r->res->log_dir, name, 4096, &text, &len) != NEWT_OK) continue;
     while (len && (text[len - 1] == '\n' || text[len - 1] == '\r')) len--;
     const char *m = len > 8 && strncmp(text, "failed: ", 8) == 0 ? text + 8 : text;
     snprintf(why, cap, "%.*s (%s's termination message)", (int)(len - (size_t)(m - text)), m, p->name);
@@ -330,6 +404,7 @@ static void run_free(run *r) {
   free(r->cuts);
   if (r->event_log_fd >= 0) close(r->event_log_fd);
   if (r->steps_fd >= 0) close(r->steps_fd);
+  if (r->log_fd >= 0) close(r->log_fd);
   for (int i = 0; i < r->nevents; i++) job_event_free(&r->events[i]);
   free(r->events);
   free(r->procs);
@@ -350,6 +425,7 @@ newt_result_t launcher_run(const launcher_opts *o, launcher_result *res) {
   r->etcd_fault = -1;
   r->event_log_fd = -1;
   r->steps_fd = -1;
+  r->log_fd = -1;
   r->tty = isatty(STDERR_FILENO);
   pthread_mutex_init(&r->mu, NULL);
   r->t0 = newt_now_s();

@@ -28,7 +28,12 @@ typedef struct launcher_opts {
   int etcd_members;     /* members of the private etcd (0: 1); chaos kill|stop:etcd:I acts on one */
   chaos_plan chaos;
   const char *summary;  /* write the summary JSON here; may be NULL */
-  const char *log_dir;  /* per-process logs; NULL: a new directory under /tmp */
+  const char *log_dir;  /* per-process logs; NULL: a new directory under /tmp. It must be this user's and
+                           written by nobody else, as every directory above it (newt_dir_trusted):
+                           every file in it is opened through its descriptor, never through a link */
+  const char *secret_file; /* the job secret (newt_secret_read's checks); NULL: the checkpoint
+                              directory's own (DIR/job.secret, made when missing) when the job has one,
+                              else a new one; a copy is <log dir>/job.secret, which the processes read */
   const char *step_log; /* the step log; NULL: steps.jsonl in the log directory */
   int threads;          /* per worker */
   int quiet;            /* no live line, no event lines */

@@ -5,11 +5,14 @@
  * ARGS`, which execs the program in its place, with its slot on this host as LOCAL_RANK: the
  * pid the launcher tracks, signals and reaps is the program's. With --netns a worker starts
  * inside its host's namespace (`ip netns exec`). */
+#include <errno.h>
+#include <fcntl.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/wait.h>
+#include <unistd.h>
 
 #include "common/clock.h"
 #include "common/fs.h"
@@ -103,7 +106,6 @@ static void worker_args(run *r, spawn_ctx *x, strv *argv) {
   snprintf(x->threads, sizeof x->threads, "%d", r->o->threads > 0 ? r->o->threads : 1);
   strv_add2(argv, "--threads", x->threads);
   strv_add2(argv, "--step-log", r->res->step_log);
-  strv_add2(argv, "--job-secret-file", r->secret_file);
   x->gpu = free_gpu(r);
   x->slot = free_slot(r);
   x->host = host_of_new(r, x->index);
@@ -145,8 +147,13 @@ static void args_of(run *r, spawn_ctx *x, strv *argv) {
                           {"--etcd-ca", ec->ca_file}, {"--etcd-cert", ec->cert_file}, {"--etcd-key", ec->key_file}};
   for (size_t k = 0; r->o->etcd && k < sizeof sec / sizeof sec[0]; k++)
     if (sec[k][1] && *sec[k][1]) strv_add2(argv, sec[k][0], sec[k][1]);
+  if (r->etcd_user[0]) { /* the private etcd's user of this job */
+    strv_add2(argv, "--etcd-user", r->etcd_user);
+    strv_add2(argv, "--etcd-password-file", r->etcd_pw_file);
+  }
   strv_add2(argv, "--job", r->o->spec.job);
   strv_add2(argv, "--id", x->name);
+  strv_add2(argv, "--job-secret-file", r->secret_file);
   if (x->kind == PROC_WORKER) worker_args(r, x, argv);
   else coord_args(r, x, argv);
 }
@@ -226,7 +233,19 @@ newt_result_t procs_spawn(run *r, proc_kind kind, int index) {
   env_of(r, &x, &env);
   /* a session of its own: a terminal's Ctrl-C reaches `newt run` alone, which ends the
      processes in order (procs_stop_all); each still dies with us */
-  newt_spawn_opts so = {.log_path = x.logp, .env = env.v, .die_with_parent = 1, .new_session = 1};
+  /* its log, in the log directory's descriptor: a link planted there is refused, never written
+     through (the child opens it the same way) */
+  char logname[64];
+  snprintf(logname, sizeof logname, "%s.log", x.name);
+  int lfd = openat(r->log_fd, logname, O_WRONLY | O_CREAT | O_APPEND | O_NOFOLLOW | O_NOCTTY | O_CLOEXEC, 0644);
+  if (lfd < 0) {
+    free(argv.v);
+    free(env.v);
+    return NEWT_ERR(NEWT_ERR_SYS, "%s: %s", x.logp, errno == ELOOP ? "a symbolic link: not followed" : strerror(errno));
+  }
+  close(lfd);
+  newt_spawn_opts so = {.log_path = logname, .log_dir_fd = &r->log_fd, .env = env.v, .die_with_parent = 1,
+                        .new_session = 1};
   pid_t pid;
   newt_result_t res = argv.oom || env.oom ? NEWT_ERR(NEWT_ERR_NOMEM, "out of memory starting %s", x.name)
                                           : newt_proc_spawn(argv.v, &so, &pid);
@@ -252,10 +271,10 @@ static void left_out(run *r, const proc *p) {
     snprintf(l[res->nleft_out++], RDZV_NAME_MAX, "%s", p->name);
   }
   if (r->o->quiet) return;
-  char path[600], *text = NULL;
+  char name[64], *text = NULL;
   size_t len = 0;
-  snprintf(path, sizeof path, "%s/%s.end", res->log_dir, p->name);
-  if (newt_fs_read_all(path, 4096, &text, &len) == NEWT_OK)
+  snprintf(name, sizeof name, "%s.end", p->name);
+  if (newt_fs_read_all_at(r->log_fd, res->log_dir, name, 4096, &text, &len) == NEWT_OK)
     while (len && (text[len - 1] == '\n' || text[len - 1] == '\r')) len--;
   fprintf(stderr, "%snewt run: %s exited %d (%.*s)\n", live_news(r), p->name, JOB_EXIT_LEFT_OUT, (int)len,
           text ? text : "left out");

@@ -75,6 +75,10 @@ typedef struct run {
   job_follow *follow;
   char prefix[256];      /* the job's keys: /newt/<job>/ */
   char secret_file[600]; /* the job's secret the workers derive data-plane keys from */
+  int log_fd;            /* the log directory, checked (newt_dir_trusted): its files are opened here */
+  job_auth auth;         /* the records' key of the job secret: an end marker counts with its proof */
+  char etcd_user[96];    /* the private etcd's user of this job ("": no auth, --etcd) ... */
+  char etcd_pw_file[600]; /* ... and its password's file in the log directory (mode 0600) */
   proc *procs;
   int nprocs, cap_procs, next_worker, next_coord;
   chaos_event *chaos; /* the schedule, each marked once fired */
@@ -102,6 +106,11 @@ typedef struct run {
   job_event *events; /* events not handled yet */
   int nevents, cap_events;
   int done;
+  job_done done_seen;  /* an end marker the watch brought, judged once its batch is taken in */
+  int done_pending;
+  int64_t done_rev;    /* the revision of the marker found wanting last (said once) */
+  int64_t done_seen_rev;
+  char done_warn[600]; /* a marker found wanting, to be said by the main loop ("": none) */
   int leader_done; /* the main thread: the leader said the job is done (its "done" event, posted
                      after it recorded the last recovery) */
   int64_t done_step, done_samples;

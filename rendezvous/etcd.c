@@ -151,6 +151,16 @@ newt_result_t rdzv_etcd_reauth(rdzv_etcd *c, uint64_t gen, newt_deadline_t d) {
   return r;
 }
 
+void rdzv_etcd_forget_token(rdzv_etcd *c, uint64_t gen) {
+  if (!c->user || !gen) return;
+  pthread_mutex_lock(&c->auth_mu);
+  if (c->token_gen == gen && c->token) {
+    free(c->token);
+    c->token = NULL;
+  }
+  pthread_mutex_unlock(&c->auth_mu);
+}
+
 newt_result_t rdzv_etcd_headers(rdzv_etcd *c, newt_deadline_t d, struct curl_slist **out, uint64_t *gen) {
   struct curl_slist *h = curl_slist_append(NULL, "Content-Type: application/json");
   if (h) h = curl_slist_append(h, "Expect:");
@@ -384,7 +394,10 @@ static newt_result_t request(rdzv_etcd *c, const char *path, const char *body, i
         res = NEWT_ERR(a.res, "etcd %s: %s", what, fails.data);
         goto done;
       }
-      if (a.res == NEWT_ERR_TIMEOUT) worst = NEWT_ERR_TIMEOUT;
+      if (a.res == NEWT_ERR_TIMEOUT) {
+        worst = NEWT_ERR_TIMEOUT;
+        rdzv_etcd_forget_token(c, gen); /* one etcd cannot check is held, not refused (a wipe) */
+      }
       if (a.retry_safe || idempotent) {
         retry = 1;
         continue;

@@ -65,6 +65,11 @@ CURL *rdzv_etcd_handle_new(rdzv_etcd *c);
  * *gen is the token generation used (for rdzv_etcd_reauth). */
 newt_result_t rdzv_etcd_headers(rdzv_etcd *c, newt_deadline_t d, struct curl_slist **out,
                                 uint64_t *gen);
+/* Forgets token `gen` (unless another thread traded it since): the next request trades the
+ * password anew. For a request that got no answer in time: an etcd emptied and started again
+ * (chaos wipe) holds a request whose token is newer than its own history instead of refusing
+ * it, so such a token is never seen refused. */
+void rdzv_etcd_forget_token(rdzv_etcd *c, uint64_t gen);
 /* Trades the password for a new token, unless another thread already did since `gen`. */
 newt_result_t rdzv_etcd_reauth(rdzv_etcd *c, uint64_t gen, newt_deadline_t d);
 

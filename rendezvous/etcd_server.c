@@ -54,6 +54,7 @@ struct rdzv_etcd_server {
   char urls[RDZV_ETCD_MAX_MEMBERS * 128]; /* every member's client URL, comma-separated */
   char client_host[64];
   char *tls_cert, *tls_key, *tls_ca, *client_cert, *client_key, *root_password;
+  char *user, *user_password, *user_prefix;
 };
 
 const char *rdzv_etcd_server_url(const rdzv_etcd_server *s) { return s->urls; }
@@ -78,6 +79,14 @@ void rdzv_etcd_server_client_opts(const rdzv_etcd_server *s, rdzv_etcd_opts *o) 
   if (s->root_password) {
     o->user = "root";
     o->password = s->root_password;
+  }
+}
+
+void rdzv_etcd_server_user_opts(const rdzv_etcd_server *s, rdzv_etcd_opts *o) {
+  rdzv_etcd_server_client_opts(s, o);
+  if (s->user) {
+    o->user = s->user;
+    o->password = s->user_password;
   }
 }
 
@@ -361,6 +370,52 @@ static newt_result_t admin(rdzv_etcd *c, const char *path, const char *body, new
   return r;
 }
 
+/* The user of its own: a role of its name that may read and write [prefix, its end), and the
+ * user with that role (etcd's JSON gateway carries keys in base64). */
+static newt_result_t add_user(rdzv_etcd *c, const rdzv_etcd_server *s, newt_deadline_t d) {
+  size_t n = strlen(s->user_prefix);
+  char *end = newt_strdup(s->user_prefix);
+  NEWT_CHECK_ALLOC(end);
+  end[n - 1]++; /* the prefix's range end: its last byte plus one */
+  char *k64 = malloc(newt_base64_encoded_len(n)), *e64 = malloc(newt_base64_encoded_len(n));
+  cJSON *role = cJSON_CreateObject(), *grant = cJSON_CreateObject(), *user = cJSON_CreateObject(),
+        *link = cJSON_CreateObject();
+  newt_result_t r = k64 && e64 && role && grant && user && link ? NEWT_OK : NEWT_ERR(NEWT_ERR_NOMEM, "out of memory");
+  char *bodies[4] = {NULL, NULL, NULL, NULL};
+  if (r == NEWT_OK) {
+    newt_base64_encode(s->user_prefix, n, k64);
+    newt_base64_encode(end, n, e64);
+    cJSON_AddStringToObject(role, "name", s->user);
+    cJSON_AddStringToObject(grant, "name", s->user);
+    cJSON *perm = cJSON_AddObjectToObject(grant, "perm");
+    cJSON_AddStringToObject(perm, "permType", "READWRITE");
+    cJSON_AddStringToObject(perm, "key", k64);
+    cJSON_AddStringToObject(perm, "range_end", e64);
+    cJSON_AddStringToObject(user, "name", s->user);
+    cJSON_AddStringToObject(user, "password", s->user_password);
+    cJSON_AddStringToObject(link, "user", s->user);
+    cJSON_AddStringToObject(link, "role", s->user);
+    cJSON *objs[4] = {role, grant, user, link};
+    for (int i = 0; i < 4; i++)
+      if (!(bodies[i] = cJSON_PrintUnformatted(objs[i]))) r = NEWT_ERR(NEWT_ERR_NOMEM, "out of memory");
+  }
+  static const char *const paths[4] = {"/v3/auth/role/add", "/v3/auth/role/grant", "/v3/auth/user/add",
+                                       "/v3/auth/user/grant"};
+  for (int i = 0; r == NEWT_OK && i < 4; i++) r = admin(c, paths[i], bodies[i], d);
+  for (int i = 0; i < 4; i++) {
+    if (bodies[i]) memset(bodies[i], 0, strlen(bodies[i]));
+    free(bodies[i]);
+  }
+  cJSON_Delete(role);
+  cJSON_Delete(grant);
+  cJSON_Delete(user);
+  cJSON_Delete(link);
+  free(k64);
+  free(e64);
+  free(end);
+  return r == NEWT_OK ? r : newt_err_wrap(r, "adding etcd user %s: ", s->user);
+}
+
 static newt_result_t enable_auth(rdzv_etcd_server *s, newt_deadline_t d) {
   rdzv_etcd_opts co;
   rdzv_etcd_server_client_opts(s, &co);
@@ -375,9 +430,10 @@ static newt_result_t enable_auth(rdzv_etcd_server *s, newt_deadline_t d) {
   newt_result_t r = body ? NEWT_OK : NEWT_ERR(NEWT_ERR_NOMEM, "out of memory");
   if (r == NEWT_OK) r = admin(c, "/v3/auth/user/add", body, d);
   if (r == NEWT_OK) r = admin(c, "/v3/auth/user/grant", "{\"user\":\"root\",\"role\":\"root\"}", d);
-  if (r == NEWT_OK) r = admin(c, "/v3/auth/enable", "{}", d);
   if (body) memset(body, 0, strlen(body));
   free(body);
+  if (r == NEWT_OK && s->user) r = add_user(c, s, d);
+  if (r == NEWT_OK) r = admin(c, "/v3/auth/enable", "{}", d);
   rdzv_etcd_free(c);
   if (r != NEWT_OK) return newt_err_wrap(r, "enabling auth on %s: ", s->urls);
   return NEWT_OK;
@@ -397,6 +453,8 @@ newt_result_t rdzv_etcd_server_start(const rdzv_etcd_server_opts *o, rdzv_etcd_s
     return NEWT_ERR(NEWT_ERR_INVALID, "etcd server: members %d is not 1..%d", o->members, RDZV_ETCD_MAX_MEMBERS);
   if (o->quota_bytes < 0)
     return NEWT_ERR(NEWT_ERR_INVALID, "etcd server: quota_bytes %lld is negative", (long long)o->quota_bytes);
+  if (o->user && *o->user && (!o->root_password || !o->user_password || !o->user_prefix || !*o->user_prefix))
+    return NEWT_ERR(NEWT_ERR_INVALID, "etcd server: user %s needs root_password, a password and a prefix", o->user);
   rdzv_etcd_server *s = calloc(1, sizeof *s);
   NEWT_CHECK_ALLOC(s);
   s->o = *o;
@@ -408,6 +466,11 @@ newt_result_t rdzv_etcd_server_start(const rdzv_etcd_server_opts *o, rdzv_etcd_s
   s->client_cert = dup_opt(o->client_cert);
   s->client_key = dup_opt(o->client_key);
   s->root_password = o->root_password ? newt_strdup(o->root_password) : NULL;
+  if (o->root_password && o->user && *o->user) {
+    s->user = newt_strdup(o->user);
+    s->user_password = newt_strdup(o->user_password);
+    s->user_prefix = newt_strdup(o->user_prefix);
+  }
   newt_result_t r = find_binary(o->binary, &s->binary);
   if (r != NEWT_OK) goto fail;
   if (o->dir && *o->dir) {
@@ -628,5 +691,9 @@ void rdzv_etcd_server_free(rdzv_etcd_server *s) {
   free(s->client_key);
   if (s->root_password) memset(s->root_password, 0, strlen(s->root_password));
   free(s->root_password);
+  if (s->user_password) memset(s->user_password, 0, strlen(s->user_password));
+  free(s->user_password);
+  free(s->user);
+  free(s->user_prefix);
   free(s);
 }

@@ -23,7 +23,7 @@
  * and data directory (a restarted member rejoins its cluster); wipe starts it again empty
  * on the same ports, as an etcd without a persistent volume comes back after a reschedule.
  * TLS (server certificate, optionally client-certificate auth) and auth (user root with a
- * password) are options. Errors name the member and quote the end of its log. */
+ * password, and a user of the caller's that may read and write one prefix) are options. Errors name the member and quote the end of its log. */
 #ifndef NEWT_RENDEZVOUS_ETCD_SERVER_H
 #define NEWT_RENDEZVOUS_ETCD_SERVER_H
 
@@ -50,6 +50,10 @@ typedef struct rdzv_etcd_server_opts {
   const char *client_cert;    /* the certificate our own admin client shows (mTLS) */
   const char *client_key;
   const char *root_password;  /* non-NULL: enable auth, user "root" with this password */
+  const char *user;           /* with root_password: a user of its own too, with this password, that may read
+                                 and write the keys under user_prefix only (a role of the user's name) */
+  const char *user_password;
+  const char *user_prefix;
   int64_t progress_notify_ms; /* watch progress notifications every this often; 0: etcd's 10 min */
   int64_t auth_token_ttl_s;   /* simple-token lifetime; 0: etcd's 300 s */
   int64_t start_timeout_ms;   /* 0: 30000 */
@@ -75,6 +79,8 @@ const char *rdzv_etcd_server_member_url(const rdzv_etcd_server *s, int i);
 pid_t rdzv_etcd_server_member_pid(const rdzv_etcd_server *s, int i);
 /* Client options that reach it (endpoints, CA, client cert, root and its password). The
  * strings point into s. */
+/* ... as the user of its own (opts.user), when there is one; else as root. */
+void rdzv_etcd_server_user_opts(const rdzv_etcd_server *s, rdzv_etcd_opts *o);
 void rdzv_etcd_server_client_opts(const rdzv_etcd_server *s, rdzv_etcd_opts *o);
 
 /* The whole etcd: each call acts on every member. */

@@ -253,6 +253,9 @@ static void run_stream(rdzv_etcd_watch *w, size_t endpoint) {
       rdzv_fmt(w->stream_err, sizeof w->stream_err, "%s: no answer to the create request within %lld ms", url,
                (long long)create_ms);
       w->stream_code = NEWT_ERR_UNAVAILABLE;
+      /* a token etcd cannot check (emptied and started again: its history is behind the token)
+         is held, not refused: trade the password anew */
+      w->token_error = c->user != NULL;
       break;
     }
     if (atomic_load(&c->recoveries) != epoch) {

@@ -133,6 +133,18 @@ struct newt_ctx {
   int listen_fd; /* its socket, held for the worker's life */
   unsigned char *job_secret; /* from opts.secret_file (NULL: none) */
   size_t job_secret_len;
+  job_auth auth;             /* the records' key made of it: what this rank says for itself is
+                                proved with it, an end marker is believed only with its proof */
+  ckpt_key ckpt_key;         /* the checkpoints' key made of it: its saves are proved with it, a
+                                load takes only steps that prove it (has 0: no secret) */
+  double last_tps;           /* the newest progress this rank published: its throughput ... */
+  int64_t last_step_tokens;  /* ... and a step's tokens (the last step's progress, with the end marker) */
+  uint64_t leader_gen;       /* the generation of the leader's plan taken last, and its salt: what a
+                                rank says of that generation is proved with it, in the survivors' own
+                                generation too (worker/peers.c: same number, a salt of their own) */
+  unsigned char leader_salt[PLAN_SECRET_BYTES];
+  char ckpt_refused[600];    /* the last load found committed checkpoints, none proving the key:
+                                why, naming the newest one's MANIFEST ("": not so) */
   rdzv_etcd *etcd;
   newt_spec spec;
   char *spec_json;

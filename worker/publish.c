@@ -6,6 +6,7 @@
  * publisher thread, which holds the newest value of each key and writes it when etcd is
  * there, so a step never waits on etcd. After a lost lease the publisher renews the
  * registration before it writes anything else. */
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -292,6 +293,21 @@ static void publish_record(worker *w, job_record rec, uint64_t generation, char 
     free(value);
 }
 
+/* A report of generation p, proved with the job secret and the salt of the leader's plan of
+ * that generation (job_report_seal: the survivors' own generation has the same number and a
+ * salt of its own, which the leader never sees), queued for the publisher on our lease. */
+static void publish_report(worker *w, const newt_plan *p, job_report *rep) {
+  char key[256];
+  const unsigned char *salt = p->generation == w->leader_gen ? w->leader_salt : p->secret;
+  if (job_key(key, sizeof key, w->o.job, JOB_REC_REPORT, p->generation, w->id) != NEWT_OK ||
+      job_report_seal(&w->auth, key, salt, PLAN_SECRET_BYTES, rep) != NEWT_OK) {
+    NEWT_WARN(WORKER, "%s: the report of generation %llu is not written: %s", w->id, (unsigned long long)p->generation,
+              newt_errmsg());
+    return;
+  }
+  publish_record(w, JOB_REC_REPORT, p->generation, job_report_to_json(rep), 1);
+}
+
 void worker_report(worker *w, const newt_plan *p, int hang, int build, const char *const *accused, int naccused,
                    const char *why) {
   job_report rep = {.hang = hang, .build = build, .step = w->committed_step, .done_step = w->done_step,
@@ -302,7 +318,7 @@ void worker_report(worker *w, const newt_plan *p, int hang, int build, const cha
   snprintf(rep.why, sizeof rep.why, "%s", why);
   /* through the publisher, which wakes at once: while etcd is away it is written when
      etcd answers again, so the leader still learns whom the survivors lost */
-  publish_record(w, JOB_REC_REPORT, p->generation, job_report_to_json(&rep), 1);
+  publish_report(w, p, &rep);
   char names[256] = "";
   for (int i = 0; i < rep.naccuse; i++) newt_list_add(names, sizeof names, rep.accuse[i]);
   NEWT_WARN(WORKER, "%s: generation %llu failed (%s): %s%s%s", w->id, (unsigned long long)p->generation,
@@ -314,7 +330,7 @@ void worker_report_fatal(worker *w, const newt_plan *p, const char *why) {
   snprintf(rep.worker, sizeof rep.worker, "%s", w->id);
   snprintf(rep.why, sizeof rep.why, "the job fails");
   snprintf(rep.fatal, sizeof rep.fatal, "%s", why);
-  publish_record(w, JOB_REC_REPORT, p->generation, job_report_to_json(&rep), 1);
+  publish_report(w, p, &rep);
 }
 
 void worker_publish_mismatch(worker *w, int64_t step, int64_t back_to, const char *action, const char *why) {
@@ -324,7 +340,7 @@ void worker_publish_mismatch(worker *w, int64_t step, int64_t back_to, const cha
   snprintf(rep.mismatch, sizeof rep.mismatch, "%s", why);
   snprintf(rep.action, sizeof rep.action, "%s", action);
   if (strcmp(action, "fail") == 0) snprintf(rep.fatal, sizeof rep.fatal, "%s", why); /* one report: one key */
-  publish_record(w, JOB_REC_REPORT, w->plan.generation, job_report_to_json(&rep), 1);
+  publish_report(w, &w->plan, &rep);
 }
 
 void worker_publish_ack(worker *w, const char *state) {
@@ -336,6 +352,11 @@ void worker_publish_ack(worker *w, const char *state) {
   job_ack a = {.rank = w->me->rank, .t_plan = w->t_plan_seen, .t_comm = w->t_comm, .t_restore = w->t_restore,
                .t_step = w->t_first_step, .restore_step = w->restore_step};
   snprintf(a.restore, sizeof a.restore, "%s", w->restore_src);
+  char key[256];
+  if (job_key(key, sizeof key, w->o.job, JOB_REC_WORKER, 0, w->id) != NEWT_OK ||
+      job_ack_seal(&w->auth, key, (int64_t)w->plan.generation, w->plan.secret, sizeof w->plan.secret, &a) != NEWT_OK)
+    NEWT_WARN(WORKER, "%s: the acknowledgement of generation %llu is not proved: %s", w->id,
+              (unsigned long long)w->plan.generation, newt_errmsg());
   char *ack = job_ack_to_json(&a);
   if (!ack || strlen(ack) >= sizeof w->pub_ack) { /* cannot be: an ack is ~150 bytes */
     NEWT_ERROR(WORKER, "%s: the acknowledgement of generation %llu does not fit the registration", w->id,
@@ -358,6 +379,8 @@ void worker_publish_progress(worker *w, double loss, double tps, int64_t step_to
   uint64_t now = newt_wall_ms();
   if (now - w->progress_ms < (uint64_t)newt_param_ProgressMs() && w->live_step < w->spec.steps) return;
   w->progress_ms = now;
+  w->last_tps = tps;
+  w->last_step_tokens = step_tokens;
   const newt_plan *p = &w->plan;
   job_progress pr = {.generation = p->generation, .step = w->live_step, .committed = w->committed_step,
                      .loss = loss, .tokens_per_s = tps,
@@ -367,7 +390,14 @@ void worker_publish_progress(worker *w, double loss, double tps, int64_t step_to
 }
 
 void worker_publish_links(worker *w, const job_links *l) {
-  publish_record(w, JOB_REC_LINKS, 0, job_links_to_json(l), 1);
+  job_links sealed = *l;
+  char key[256];
+  if (job_key(key, sizeof key, w->o.job, JOB_REC_LINKS, 0, w->id) != NEWT_OK ||
+      job_links_seal(&w->auth, key, &sealed) != NEWT_OK) {
+    NEWT_WARN(WORKER, "%s: its links record is not written: %s", w->id, newt_errmsg());
+    return;
+  }
+  publish_record(w, JOB_REC_LINKS, 0, job_links_to_json(&sealed), 1);
 }
 
 void worker_publish_ckpt(worker *w, int64_t step, int64_t bytes, int64_t save_ms, double stall_ms) {
@@ -383,31 +413,53 @@ void worker_publish_ckpt_skips(worker *w) {
   publish_record(w, JOB_REC_CKPT, 0, job_ckpt_to_json(&w->ckpt_pub), 0);
 }
 
+/* Whether the end marker in etcd (kv) is a true one, as this rank would write it: proved by
+ * a rank of the job (with the secret), the last step, and the loss and samples every rank
+ * agreed on. */
+static int done_is_true(const worker *w, const char *key, const rdzv_etcd_kv *kv, const job_done *mine) {
+  job_done d;
+  return job_done_from_json(kv->value, kv->value_len, &d) == NEWT_OK && job_done_plausible(&d, &w->spec) &&
+         job_done_check(&w->auth, key, &d) == NEWT_OK && d.step == mine->step && d.samples == mine->samples &&
+         (d.loss == mine->loss || (isnan(d.loss) && isnan(mine->loss)));
+}
+
 /* Writes the end marker unless a true one is there already (another rank's): every rank
- * writes it, the first one wins; one that does not say the job's last step and samples (a
- * forged or corrupt record, job_done_plausible) is replaced. */
-static newt_result_t put_done(worker *w, const char *key, const char *val) {
+ * writes it, the first one wins; one that is not true (a forged or corrupt record,
+ * done_is_true) is replaced. The job's progress of the last step goes in the same
+ * transaction, before the marker: a reader believes an end marker only when the progress it
+ * has seen reached its step (job_done_counts), and sees them in this order. */
+static newt_result_t put_done(worker *w, const char *key, const char *val, const job_done *mine, const char *pkey,
+                              const char *prog) {
   rdzv_etcd_cmp absent = {.key = key, .target = RDZV_CMP_CREATE, .result = RDZV_CMP_EQUAL, .number = 0};
-  rdzv_etcd_op put = {.type = RDZV_OP_PUT, .key = key, .value = val, .value_len = strlen(val)};
+  rdzv_etcd_op puts[2] = {{.type = RDZV_OP_PUT, .key = pkey, .value = prog, .value_len = strlen(prog)},
+                          {.type = RDZV_OP_PUT, .key = key, .value = val, .value_len = strlen(val)}};
   rdzv_etcd_op get = {.type = RDZV_OP_RANGE, .key = key};
   rdzv_etcd_txn_result tr;
-  NEWT_CHECK(rdzv_etcd_txn(w->etcd, &absent, 1, &put, 1, &get, 1, job_call_deadline(), &tr));
+  NEWT_CHECK(rdzv_etcd_txn(w->etcd, &absent, 1, puts, 2, &get, 1, job_call_deadline(), &tr));
   int there = tr.succeeded;
-  if (!there && tr.n == 1 && tr.results[0].range.n == 1) {
-    const rdzv_etcd_kv *kv = &tr.results[0].range.kvs[0];
-    job_done d;
-    there = job_done_from_json(kv->value, kv->value_len, &d) == NEWT_OK && job_done_plausible(&d, &w->spec);
-  }
+  if (!there && tr.n == 1 && tr.results[0].range.n == 1) there = done_is_true(w, key, &tr.results[0].range.kvs[0], mine);
   rdzv_etcd_txn_result_free(&tr);
-  return there ? NEWT_OK : rdzv_etcd_put(w->etcd, key, val, strlen(val), 0, job_call_deadline(), NULL);
+  if (there) return NEWT_OK;
+  NEWT_WARN(WORKER, "%s: the end marker in etcd is not this job's true end: written again", w->id);
+  return rdzv_etcd_txn(w->etcd, NULL, 0, puts, 2, NULL, 0, job_call_deadline(), NULL);
 }
 
 void worker_mark_done(worker *w, double loss) {
   job_done d = {.step = w->live_step, .loss = loss, .t_ms = newt_wall_ms(), .samples = worker_cursor(w)};
-  char *val = job_done_to_json(&d);
-  char key[256];
-  if (!val || job_key(key, sizeof key, w->o.job, JOB_REC_DONE, 0, NULL) != NEWT_OK) {
+  const newt_plan *p = &w->plan;
+  job_progress pr = {.generation = p->generation, .step = w->live_step, .committed = w->committed_step,
+                     .loss = loss, .tokens_per_s = w->last_tps, .world = p->nranks, .dp = p->dp,
+                     .t_ms = d.t_ms, .step_tokens = w->last_step_tokens};
+  char key[256], pkey[256];
+  char *val = NULL, *prog = job_progress_to_json(&pr);
+  if (job_key(key, sizeof key, w->o.job, JOB_REC_DONE, 0, NULL) == NEWT_OK &&
+      job_key(pkey, sizeof pkey, w->o.job, JOB_REC_PROGRESS, 0, NULL) == NEWT_OK &&
+      job_done_seal(&w->auth, key, &d) == NEWT_OK)
+    val = job_done_to_json(&d);
+  if (!val || !prog) {
+    NEWT_WARN(WORKER, "%s: marking the job done: %s", w->id, *newt_errmsg() ? newt_errmsg() : "out of memory");
     free(val);
+    free(prog);
     return;
   }
   /* the end marker is what ends the job for everyone: wait for etcd as long as it takes
@@ -420,7 +472,7 @@ void worker_mark_done(worker *w, double loss) {
   /* every rank writes it (put_done): a rank 0 killed between the last step and its marker
      must not leave a finished job unfinished */
   for (;;) {
-    newt_result_t r = put_done(w, key, val);
+    newt_result_t r = put_done(w, key, val, &d, pkey, prog);
     if (r == NEWT_OK) break;
     if (!rdzv_etcd_transient(r) || newt_deadline_passed(until) || worker_stop_asked(w)) {
       NEWT_WARN(WORKER, "%s: marking the job done: %s", w->id, newt_errmsg());
@@ -430,4 +482,5 @@ void worker_mark_done(worker *w, double loss) {
     newt_sleep_ms(500);
   }
   free(val);
+  free(prog);
 }

@@ -120,7 +120,8 @@ newt_result_t worker_ckpt_generation(worker *w) {
                         .attempt = p->generation,
                         .layout = {.has = CKPT_LAYOUT_ALL, .dp = p->dp, .tp = p->tp, .pp = p->pp, .zero = p->zero,
                                    .rank = w->me->rank, .generation = (int64_t)p->generation},
-                        .writer = writer};
+                        .writer = writer,
+                        .key = &w->ckpt_key};
   /* staging from the pool: kept across generations, pinned on a GPU */
   worker_pinned *pool = NULL;
   NEWT_CHECK(worker_pinned_of(w, &pool));
@@ -269,7 +270,7 @@ static newt_result_t check_doc(void *ctx, int64_t step, const cJSON *state) {
  * is there: a missing one stays unfilled. */
 static void load_optional(worker *w, int64_t step, char *stage, const size_t *offs) {
   ckpt_reader *rd = NULL;
-  if (ckpt_open(&rd, w->spec.ckpt_dir, step, 2) != NEWT_OK) return;
+  if (ckpt_open_keyed(&rd, w->spec.ckpt_dir, step, 2, &w->ckpt_key) != NEWT_OK) return;
   for (size_t i = 0; i < w->decl.n; i++) {
     worker_part *p = &w->decl.parts[i];
     if (!(p->p.flags & RESHARD_OPTIONAL)) continue;
@@ -301,8 +302,17 @@ newt_result_t worker_ckpt_load(worker *w, comm_t *c, int64_t *step) {
   }
   ckpt_loaded ld = {0};
   if (r == NEWT_OK)
-    r = w->spec.ckpt_dir[0] ? ckpt_load_checked(w->spec.ckpt_dir, CKPT_LATEST, 2, reqs, nreq, check_doc, w, &ld)
-                            : NEWT_ERR(NEWT_ERR_NOTFOUND, "no checkpoint directory");
+    r = w->spec.ckpt_dir[0]
+            ? ckpt_load_keyed(w->spec.ckpt_dir, CKPT_LATEST, 2, reqs, nreq, check_doc, w, &w->ckpt_key, &ld)
+            : NEWT_ERR(NEWT_ERR_NOTFOUND, "no checkpoint directory");
+  /* committed checkpoints, none of them this job's to trust: said (state.c fails the job
+     rather than start over and prune them) */
+  w->ckpt_refused[0] = '\0';
+  if (r == NEWT_ERR_NOTFOUND && ld.refused > 0)
+    if (snprintf(w->ckpt_refused, sizeof w->ckpt_refused, "%s holds %d committed checkpoint%s, none proved by this "
+                 "job's secret (the newest: %s)", w->spec.ckpt_dir, ld.committed, ld.committed == 1 ? "" : "s",
+                 ld.refused_why) >= (int)sizeof w->ckpt_refused)
+      snprintf(w->ckpt_refused + sizeof w->ckpt_refused - 5, 5, "...)");
   if (r == NEWT_OK) {
     for (size_t i = 0; i < n; i++) w->decl.parts[i].filled = !(w->decl.parts[i].p.flags & RESHARD_OPTIONAL);
     load_optional(w, ld.step, stage, offs);

@@ -431,6 +431,19 @@ static newt_result_t state_lost(worker *w, const reshard_result *rr, int *filled
   }
   if (r != NEWT_ERR_NOTFOUND) return r;
   newt_err_clear();
+  char why[JOB_TEXT_MAX];
+  /* checkpoints there, none of them this job's: never started over on top of them (its saves
+     would prune them) */
+  if (w->ckpt_refused[0] && !(lost && mode == SPEC_LOSS_FAIL)) {
+    snprintf(why, sizeof why, "%.*s. Remedy: the job secret that wrote them (--job-secret-file), `newt ckpt sign` of "
+             "a step you trust (docs/ckpt.md, \"Whose checkpoint\"), or another checkpoint directory",
+             (int)(sizeof why - 200), w->ckpt_refused);
+    NEWT_ERROR(WORKER, "%s: the job fails: %s", w->id, why);
+    w->failed = 1;
+    snprintf(w->failed_why, sizeof w->failed_why, "%s", why);
+    worker_report_fatal(w, &w->plan, why);
+    return NEWT_ERR(NEWT_ERR_ABORTED, "the job failed: %s", why);
+  }
   if (!lost || mode == SPEC_LOSS_RESTART) {
     if (lost)
       NEWT_WARN(WORKER, "%s: no step of the job is whole in the ranks' memory and there is no checkpoint: the job was "
@@ -442,7 +455,7 @@ static newt_result_t state_lost(worker *w, const reshard_result *rr, int *filled
     return NEWT_OK;
   }
   /* the job fails: what is lost, who held it, what to do */
-  char gone[256], lostw[320], why[JOB_TEXT_MAX];
+  char gone[256], lostw[320];
   gone_ranks(w, gone, sizeof gone);
   if (rr->lost[0])
     snprintf(lostw, sizeof lostw, "; lost: parts of %d tensor%s (%s)", rr->nlost, rr->nlost == 1 ? "" : "s", rr->lost);

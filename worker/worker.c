@@ -220,7 +220,7 @@ static newt_result_t wait_plan(worker *w, int donor, newt_deadline_t until, newt
     uint64_t now = newt_wall_ms();
     if (now >= next_done_check) {
       next_done_check = now + 500;
-      if (job_done_get(w->etcd, w->o.job, &w->spec, &w->end_marker)) {
+      if (job_done_get(w->etcd, w->o.job, &w->spec, &w->auth, &w->end_marker)) {
         w->have_end_marker = 1;
         *how = WAIT_DONE;
         return NEWT_OK;
@@ -417,7 +417,11 @@ static void await_declaration(worker *w) {
  * (the survivors' own generation, worker/peers.c; parent: what it was split from), else
  * NULL: built here. */
 static int start_generation(worker *w, newt_plan *p, comm_t *built, comm_t *parent) {
-  if (!built) w->peer_epoch = 0; /* a leader's plan */
+  if (!built) { /* a leader's plan */
+    w->peer_epoch = 0;
+    w->leader_gen = p->generation;
+    memcpy(w->leader_salt, p->secret, sizeof w->leader_salt);
+  }
   refresh_spec(w, p);
   atomic_store(&w->switch_pending, 0);
   w->t_plan_seen = newt_wall_ms();
@@ -991,22 +995,26 @@ static newt_result_t pick_device(worker *w) {
   return NEWT_OK;
 }
 
+/* The job secret (newt_secret_read: refused when another user owns it or can read or write
+ * it) and the keys made of it: the records' and the checkpoints'. */
 static newt_result_t read_secret(worker *w) {
   const char *f = w->o.secret_file;
   if (!f || !*f) {
     NEWT_WARN(WORKER, "%s: no job secret (job_secret_file, NEWT_JOB_SECRET_FILE): the data plane's keys are in the "
-              "plans, which anyone who can read etcd can read", w->id);
+              "plans, which anyone who can read etcd can read, and nothing it writes to etcd or its checkpoints "
+              "proves it is this job's", w->id);
     return NEWT_OK;
   }
-  char *sec = NULL;
+  unsigned char *sec = NULL;
   size_t n = 0;
-  newt_result_t r = newt_fs_read_all(f, 4096, &sec, &n);
-  if (r == NEWT_OK && n < 16) r = NEWT_ERR(NEWT_ERR_INVALID, "%s: a job secret needs at least 16 bytes, it has %zu", f, n);
+  newt_result_t r = newt_secret_read(f, &sec, &n);
+  if (r == NEWT_OK) r = job_auth_init(&w->auth, sec, n, w->o.job);
+  if (r == NEWT_OK) r = ckpt_key_of_secret(&w->ckpt_key, sec, n);
   if (r != NEWT_OK) {
-    free(sec);
-    return newt_err_wrap(r, "the job secret file: ");
+    newt_secret_free(sec, n);
+    return r;
   }
-  w->job_secret = (unsigned char *)sec;
+  w->job_secret = sec;
   w->job_secret_len = n;
   return NEWT_OK;
 }
@@ -1102,8 +1110,9 @@ static void teardown(worker *w) {
   if (w->sample_log) fclose(w->sample_log);
   if (w->step_log_fd >= 0) close(w->step_log_fd);
   if (w->listen_fd > 0) close(w->listen_fd);
-  if (w->job_secret) memset(w->job_secret, 0, w->job_secret_len);
-  free(w->job_secret);
+  newt_secret_free(w->job_secret, w->job_secret_len);
+  memset(&w->auth, 0, sizeof w->auth);
+  memset(&w->ckpt_key, 0, sizeof w->ckpt_key);
   free(w->spec_json);
   rdzv_etcd_free(w->etcd);
   metrics_stop(w->metrics); /* after the client whose requests it counts */

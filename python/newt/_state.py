@@ -1,11 +1,24 @@
 """The program's training state as newt holds it: tensors and arrays newt reads and writes in
-place (a module's parameters and buffers, an optimizer's state), and extras, picklable
-values newt carries as opaque bytes (an optimizer's hyperparameters, a scheduler's or a data
-loader's position, an RNG). Declared once, before the first step; at every generation this
-package declares the same memory again and lets libnewt restore it (newt.h's
-newt_state_tensor, newt_state_bytes, newt_state_restore)."""
+place (a module's parameters and buffers, an optimizer's state), and extras, plain values newt
+carries as opaque bytes (an optimizer's hyperparameters, a scheduler's or a data loader's
+position, an RNG). Declared once, before the first step; at every generation this package
+declares the same memory again and lets libnewt restore it (newt.h's newt_state_tensor,
+newt_state_bytes, newt_state_restore).
 
+An extra's bytes come back from a checkpoint, which whoever can write the checkpoint volume
+can change, so they are data, never code: JSON with a tag for each type JSON lacks (_encode):
+None, bools, ints, floats, strings, bytes, lists, tuples, dicts (any keys of these kinds),
+torch tensors and NumPy arrays of numeric dtypes. The reader builds those types and nothing
+else; an unknown tag is refused, naming the extra. A checkpoint of the previous release holds
+pickles: those are read by an unpickler that resolves no global at all (plain containers and
+numbers only), so a pickle naming any function or class -- the only way a pickle runs code --
+is refused, never loaded (docs/python.md, "Extras are data")."""
+
+import base64
 import ctypes
+import io
+import json
+import math
 import pickle
 import struct
 import sys
@@ -14,7 +27,158 @@ from . import _capi as C
 from ._errors import Error, UsageError
 from ._tensor import View, is_numpy, is_torch
 
-DEFAULT_CAPACITY = 64 * 1024  # bytes of an extra's pickle, the same on every rank
+DEFAULT_CAPACITY = 64 * 1024  # bytes of an extra's encoding, the same on every rank
+_MAGIC = b"NEWTX1\n"  # an extra's encoding: this, then its JSON (a pickle of the previous release starts b"\x80")
+_TAG = "$newt"
+_TORCH_DTYPES = ("float32", "float64", "float16", "bfloat16", "int8", "int16", "int32", "int64", "uint8", "bool")
+_PLAIN = "None, bool, int, float, str, bytes, list, tuple, dict, torch tensors and NumPy arrays"
+
+
+class _Refused(ValueError):
+    """Restored bytes that are not an extra's plain data."""
+
+
+def _encode(v, what, depth=0):
+    """v as JSON-ready plain data, tagged where JSON has no type of its own."""
+    if depth > 100:
+        raise UsageError(f"{what}: nested more than 100 deep")
+    if v is None or isinstance(v, (bool, str)):
+        return v
+    if isinstance(v, int):
+        return int(v)
+    if isinstance(v, float):
+        return float(v) if math.isfinite(v) else {_TAG: "float", "v": repr(float(v))}
+    if isinstance(v, (bytes, bytearray)):
+        return {_TAG: "bytes", "v": base64.b64encode(bytes(v)).decode()}
+    if isinstance(v, list):
+        return [_encode(x, what, depth + 1) for x in v]
+    if isinstance(v, tuple):
+        return {_TAG: "tuple", "v": [_encode(x, what, depth + 1) for x in v]}
+    if isinstance(v, dict):
+        return {_TAG: "dict", "v": [[_encode(k, what, depth + 1), _encode(x, what, depth + 1)] for k, x in v.items()]}
+    if is_torch(v):
+        dt = str(v.dtype).replace("torch.", "")
+        if dt not in _TORCH_DTYPES or v.is_sparse:
+            raise UsageError(f"{what}: a tensor of {v.dtype} is not plain data newt carries in an extra")
+        t = v.detach().to("cpu").contiguous()
+        raw = t.reshape(-1).view(sys.modules["torch"].uint8).numpy().tobytes() if t.numel() else b""
+        return {_TAG: "tensor", "dtype": dt, "shape": list(t.shape), "v": base64.b64encode(raw).decode()}
+    np = sys.modules.get("numpy")
+    if np is not None and isinstance(v, np.ndarray):
+        if v.dtype.kind not in "biufc" or v.dtype.hasobject:
+            raise UsageError(f"{what}: an array of {v.dtype} is not plain data newt carries in an extra")
+        a = np.ascontiguousarray(v)
+        return {_TAG: "ndarray", "dtype": a.dtype.str, "shape": list(a.shape), "v": base64.b64encode(a.tobytes()).decode()}
+    if np is not None and isinstance(v, np.generic) and v.dtype.kind in "biuf":
+        return _encode(v.item(), what, depth)
+    raise UsageError(f"{what}: a {type(v).__module__}.{type(v).__qualname__} is not plain data newt carries in an "
+                     f"extra ({_PLAIN}); give get() and set() that turn it into such data and back")
+
+
+def _shape(obj, n_bytes, itemsize):
+    shape = obj.get("shape")
+    if not isinstance(shape, list) or len(shape) > 64 or not all(type(d) is int and 0 <= d for d in shape):
+        raise _Refused("a tensor's shape is not a list of sizes")
+    count = 1
+    for d in shape:
+        count *= d
+    if count * itemsize != n_bytes:
+        raise _Refused(f"a tensor of shape {shape} does not hold {n_bytes} bytes")
+    return shape
+
+
+def _b64(obj):
+    v = obj.get("v")
+    if not isinstance(v, str):
+        raise _Refused("bytes that are not base64")
+    try:
+        return base64.b64decode(v.encode("ascii"), validate=True)
+    except (ValueError, UnicodeEncodeError):
+        raise _Refused("bytes that are not base64") from None
+
+
+def _decode(v, depth=0):
+    """Plain data from what json.loads made of an extra: the tags' types, nothing else."""
+    if depth > 200:
+        raise _Refused("nested too deep")
+    if v is None or isinstance(v, (bool, int, float, str)):
+        return v
+    if isinstance(v, list):
+        return [_decode(x, depth + 1) for x in v]
+    if not isinstance(v, dict) or not isinstance(v.get(_TAG), str):
+        raise _Refused("a JSON object that is not one of newt's tags")
+    tag = v[_TAG]
+    if tag == "float" and v.get("v") in ("inf", "-inf", "nan"):
+        return float(v["v"])
+    if tag == "bytes":
+        return _b64(v)
+    if tag == "tuple" and isinstance(v.get("v"), list):
+        return tuple(_decode(x, depth + 1) for x in v["v"])
+    if tag == "dict" and isinstance(v.get("v"), list):
+        out = {}
+        for pair in v["v"]:
+            if not isinstance(pair, list) or len(pair) != 2:
+                raise _Refused("a dict entry that is not a [key, value] pair")
+            k = _decode(pair[0], depth + 1)
+            try:
+                out[k] = _decode(pair[1], depth + 1)
+            except TypeError:
+                raise _Refused(f"a dict key of {type(k).__name__}") from None
+        return out
+    if tag == "tensor":
+        torch = sys.modules.get("torch")
+        dt = v.get("dtype")
+        if torch is None or dt not in _TORCH_DTYPES:
+            raise _Refused(f"a tensor of dtype {dt!r}")
+        raw = _b64(v)
+        dtype = getattr(torch, dt)
+        shape = _shape(v, len(raw), torch.empty((), dtype=dtype).element_size())
+        if not raw:
+            return torch.empty(shape, dtype=dtype)
+        return torch.frombuffer(bytearray(raw), dtype=dtype).reshape(shape).clone()
+    if tag == "ndarray":
+        np = sys.modules.get("numpy")
+        if np is None:
+            raise _Refused("an array, and this program has not loaded NumPy")
+        dts = v.get("dtype")
+        try:
+            dt = np.dtype(dts) if isinstance(dts, str) and len(dts) <= 8 else None
+        except TypeError:
+            dt = None
+        if dt is None or dt.kind not in "biufc" or dt.hasobject:
+            raise _Refused(f"an array of dtype {dts!r}")
+        raw = _b64(v)
+        return np.frombuffer(raw, dtype=dt).reshape(_shape(v, len(raw), dt.itemsize)).copy()
+    raise _Refused(f"an unknown tag {tag!r}")
+
+
+class _NoGlobals(pickle.Unpickler):
+    """The previous release's extras, pickled: plain containers and numbers only. A pickle runs
+    code only through a global it names (a function to call, a class to build): none is
+    resolved here."""
+
+    def find_class(self, module, name):
+        raise _Refused(f"a pickle of the previous release that names {module}.{name}: newt loads no pickle "
+                       "that names code")
+
+
+def _decode_bytes(data):
+    """An extra's value from its restored bytes (_MAGIC and JSON, or an old plain pickle)."""
+    if data.startswith(_MAGIC):
+        try:
+            text = data[len(_MAGIC):].decode("utf-8")
+            return _decode(json.loads(text))
+        except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as e:
+            raise _Refused(f"not an extra's JSON ({type(e).__name__})") from None
+    if data[:1] == b"\x80":
+        try:
+            return _NoGlobals(io.BytesIO(data)).load()
+        except _Refused:
+            raise
+        except (pickle.UnpicklingError, EOFError, ValueError, TypeError, IndexError, KeyError, AttributeError,
+                RecursionError, MemoryError) as e:
+            raise _Refused(f"not a plain pickle ({type(e).__name__}: {e})") from None
+    raise _Refused("neither newt's encoding of an extra nor a pickle of the previous release")
 
 
 def _check_name(name, limit, what):
@@ -58,8 +222,8 @@ class _TensorItem:
 
 
 class _ExtraItem:
-    """An extra: get() gives a picklable value, set(value) takes one back; carried in a
-    buffer of `capacity` bytes: a length (8 bytes) and the pickle."""
+    """An extra: get() gives a value of plain data, set(value) takes one back; carried in a
+    buffer of `capacity` bytes: a length (8 bytes) and its encoding (_MAGIC, then JSON)."""
 
     __slots__ = ("name", "get", "set", "scope", "capacity", "buf")
 
@@ -74,9 +238,10 @@ class _ExtraItem:
         self.buf = ctypes.create_string_buffer(capacity)
 
     def write(self):
-        data = pickle.dumps(self.get(), protocol=4)
+        value = _encode(self.get(), f"state extra {self.name!r}")
+        data = _MAGIC + json.dumps(value, separators=(",", ":"), allow_nan=False).encode("utf-8")
         if len(data) + 8 > self.capacity:
-            raise UsageError(f"state extra {self.name!r}: its pickle is {len(data)} bytes, more than its capacity "
+            raise UsageError(f"state extra {self.name!r}: its encoding is {len(data)} bytes, more than its capacity "
                              f"of {self.capacity - 8}; give a larger capacity= (the same on every rank)")
         ctypes.memmove(self.buf, struct.pack("<Q", len(data)) + data, len(data) + 8)
 
@@ -87,7 +252,12 @@ class _ExtraItem:
         if n + 8 > self.capacity:
             raise Error(f"state extra {self.name!r}: a restored length of {n} bytes exceeds its capacity",
                         C.ERR_CORRUPT, "corrupt")
-        self.set(pickle.loads(self.buf.raw[8:8 + n]))
+        try:
+            value = _decode_bytes(self.buf.raw[8:8 + n])
+        except _Refused as e:
+            raise Error(f"state extra {self.name!r}: the restored bytes are refused: {e} (an extra is plain data, "
+                        "never code: docs/python.md)", C.ERR_INVALID, "invalid") from None
+        self.set(value)
 
 
 def _module_items(prefix, module):
@@ -178,7 +348,7 @@ class State:
         torch.nn.Module (its parameters and buffers, in place), a torch.optim.Optimizer (its
         state tensors in place, its hyperparameters as an extra; allocate its state first),
         or any object with state_dict() and load_state_dict() (an LR scheduler, a data loader's
-        position: an extra, pickled). Returns obj."""
+        position: an extra, its state_dict as plain data). Returns obj."""
         self._refuse_if_sealed(name)
         torch = sys.modules.get("torch")
         if is_torch(obj) or is_numpy(obj):
@@ -203,9 +373,10 @@ class State:
         return obj
 
     def extra(self, name, get, set, *, per_rank=False, capacity=DEFAULT_CAPACITY):  # noqa: A002 (set: as a setter)
-        """Declares a picklable extra: get() gives its value, set(value) takes a restored one.
-        per_rank: this rank's own (an RNG's state), else the same on every rank. capacity:
-        the most bytes its pickle may take, the same on every rank."""
+        """Declares an extra: get() gives its value (plain data: None, bool, int, float, str,
+        bytes, lists, tuples, dicts, torch tensors, NumPy arrays), set(value) takes a restored
+        one. per_rank: this rank's own (an RNG's state), else the same on every rank. capacity:
+        the most bytes its encoding may take, the same on every rank."""
         self._claim(name, 48, "state extra")
         self._extras.append(_ExtraItem(name, get, set, per_rank, capacity))
 

@@ -17,6 +17,9 @@
  *     (the child's ru_maxrss) under 64 MB;
  *   - manifests at the 8 MiB bound (issue 37, item 11): one of 32,000 one-chunk tensors is
  *     inspected, and one whose state holds 4 million zeros refused, each under 64 MB.
+ *   - another job's well-formed step, newer, copied in (issue 37): a load with this job's key
+ *     refuses it naming its MANIFEST and falls back to this job's own; so is a step written
+ *     without a key, until `ckpt_sign` adopts it; a reader without a key reads them all.
  * Everything that could hang runs as a child process (`newt`, or this binary re-executed
  * with "child") under a deadline, and counts as a failure when it is killed. */
 #include <dirent.h>
@@ -518,6 +521,99 @@ static void test_manifest_at_bound(void) {
   }
 }
 
+/* One rank saves the state of `step` with `key` (NULL: none) and commits it. */
+static newt_result_t save_keyed(const char *dir, int64_t step, const ckpt_key *key) {
+  ckpt_saver_opts o = {.dir = dir, .rank = 0, .nranks = 1, .threads = 2, .level = 3, .commit = 1, .keep = 10,
+                       .key = key};
+  ckpt_saver *sv;
+  NEWT_CHECK(ckpt_saver_init(&sv, &o));
+  tstate s;
+  ts_make(&s, step, 1, 0);
+  int started = 0;
+  newt_result_t r = ckpt_save_begin(sv, step, 0, &started);
+  if (r == NEWT_OK) r = ts_save_into(sv, &s, step);
+  ts_free(&s);
+  ckpt_saver_free(sv);
+  return r;
+}
+
+/* The step a load with `key` takes (its state checked against that step's), the refusals. */
+static int64_t load_keyed(const char *dir, const ckpt_key *key, ckpt_loaded *ld) {
+  tstate want;
+  ts_make(&want, 0, 1, 0);
+  ckpt_request reqs[TS_MAX];
+  for (size_t i = 0; i + 1 < want.n; i++) { /* the empty tensor has no slice to ask for */
+    reqs[i] = (ckpt_request){.t = want.t[i], .out = malloc(want.bytes[i] ? want.bytes[i] : 1)};
+    newt_slice_whole(&reqs[i].slice, &want.t[i]);
+  }
+  newt_result_t r = ckpt_load_keyed(dir, CKPT_LATEST, 2, reqs, want.n - 1, NULL, NULL, key, ld);
+  int64_t got = r == NEWT_OK ? ld->step : -1;
+  if (r == NEWT_OK) { /* the tensors of the step it says */
+    tstate at;
+    ts_make(&at, got, 1, 0);
+    for (size_t i = 0; i + 1 < want.n; i++)
+      T_CHECK_MSG(memcmp(reqs[i].out, at.data[i], at.bytes[i]) == 0, "step %lld: tensor %s differs", (long long)got,
+                  at.names[i]);
+    ts_free(&at);
+  }
+  cJSON_Delete(ld->state);
+  ld->state = NULL;
+  for (size_t i = 0; i + 1 < want.n; i++) free(reqs[i].out);
+  ts_free(&want);
+  return got;
+}
+
+static void test_another_jobs_step(void) {
+  char dir[512], other[512], sd[700], from[600], to[600];
+  snprintf(dir, sizeof dir, "%s/mine", root);
+  snprintf(other, sizeof other, "%s/theirs", root);
+  ckpt_key mine, theirs;
+  T_OK(ckpt_key_of_secret(&mine, (const unsigned char *)"my job secret, 32 bytes long....", 32));
+  T_OK(ckpt_key_of_secret(&theirs, (const unsigned char *)"their job secret, also 32 bytes", 32));
+  T_OK(save_keyed(dir, 10, &mine));
+  T_OK(save_keyed(other, 20, &theirs)); /* another job's, well formed, newer: copied in */
+  ckpt_step_dirname(from, sizeof from, other, 20);
+  ckpt_step_dirname(to, sizeof to, dir, 20);
+  T_OK(newt_fs_mkdirs(to, 0755));
+  DIR *d = opendir(from);
+  for (struct dirent *e; d && (e = readdir(d));) {
+    if (e->d_name[0] == '.') continue;
+    char a[900], b[900];
+    snprintf(a, sizeof a, "%s/%s", from, e->d_name);
+    snprintf(b, sizeof b, "%s/%s", to, e->d_name);
+    copy_file(a, b);
+  }
+  if (d) closedir(d);
+  ckpt_loaded ld;
+  T_CHECK_MSG(load_keyed(dir, &mine, &ld) == 10, "a load with this job's key took step %lld", (long long)ld.step);
+  snprintf(sd, sizeof sd, "%s/MANIFEST", to);
+  T_CHECK_MSG(ld.refused == 1 && ld.fallbacks == 1 && strstr(ld.refused_why, sd) && strstr(ld.refused_why, "another"),
+              "refused %d, fallbacks %d: %s", ld.refused, ld.fallbacks, ld.refused_why);
+  T_CHECK(load_keyed(dir, NULL, &ld) == 20); /* without a key: proves nothing, reads it */
+  ckpt_reader *rd = NULL;
+  T_ERR(NEWT_ERR_AUTH, ckpt_open_keyed(&rd, dir, 20, 1, &mine));
+  T_CHECK(strstr(newt_errmsg(), sd) != NULL);
+  /* written without a key (the previous release, a job without a secret): refused, until adopted */
+  T_OK(save_keyed(dir, 30, NULL));
+  T_CHECK(load_keyed(dir, &mine, &ld) == 10 && ld.refused == 2 && strstr(ld.refused_why, "without one"));
+  ckpt_step_dirname(sd, sizeof sd, dir, 30);
+  T_OK(ckpt_sign(sd, &mine));
+  T_CHECK_MSG(load_keyed(dir, &mine, &ld) == 30 && ld.refused == 0, "after the sign: step %lld, %d refused",
+              (long long)ld.step, ld.refused);
+  /* a step of ours changed afterwards (its state, checksums made right again) is another's */
+  ckpt_manifest m;
+  char *text = NULL;
+  size_t len = 0;
+  T_OK(ckpt_manifest_load(AT_FDCWD, NULL, strcat(sd, "/MANIFEST"), 0, &m));
+  cJSON_ReplaceItemInObject(m.state, "lr_step", cJSON_CreateNumber(7));
+  T_OK(ckpt_manifest_encode_keyed(&m, &theirs, &text, &len));
+  ckpt_manifest_free(&m);
+  unlink(sd);
+  put_file(sd, text ? text : "");
+  free(text);
+  T_CHECK(load_keyed(dir, &mine, &ld) == 10 && ld.refused == 2);
+}
+
 int main(int argc, char **argv) {
   if (argc == 4 && strcmp(argv[1], "child") == 0 && strcmp(argv[2], "fifo") == 0) return child_fifo(argv[3]);
   if (argc == 4 && strcmp(argv[1], "child") == 0 && strcmp(argv[2], "huge") == 0) return child_huge(argv[3]);
@@ -534,6 +630,7 @@ int main(int argc, char **argv) {
   T_RUN(test_train_resume);
   T_RUN(test_huge_manifest);
   T_RUN(test_manifest_at_bound);
+  T_RUN(test_another_jobs_step);
   newt_fs_rm_rf(root);
   return T_DONE();
 }

@@ -518,7 +518,8 @@ function checkWorkers(docs, values, errors) {
     const pc = docs.find((d) => d.kind === "PriorityClass");
     if (!pc || pod.priorityClassName !== pc.metadata.name) errors.push("workers do not use the PriorityClass created for them");
   }
-  // The job secret reaches every worker, as a file from its Secret, and no one else
+  // The job secret reaches every worker and every coordinator (which counts a rank's report
+  // or end marker only with its proof), as a file from its Secret, and no one else
   // (docs/elastic.md, "Trust").
   const js = values.jobSecret;
   const vol = (pod.volumes || []).find((v) => v.secret?.items?.some((i) => i.key === js.key && i.path === "secret"));
@@ -538,8 +539,19 @@ function checkWorkers(docs, values, errors) {
       }
     }
   } else if (vol || pod.containers.some((c) => c.env.some((e) => e.name === "NEWT_JOB_SECRET_FILE"))) errors.push("jobSecret is off, yet workers get one");
+  const coordJob = docs.find((d) => d.kind === "Job" && d.metadata.labels["app.kubernetes.io/component"] === "coordinator");
+  const coordPod = coordJob?.spec?.template?.spec;
+  if (vol && coordPod) {
+    const cvol = (coordPod.volumes || []).find((v) => v.secret?.secretName === vol.secret.secretName);
+    for (const c of coordPod.containers) {
+      const file = c.env.find((e) => e.name === "NEWT_JOB_SECRET_FILE")?.value;
+      const m = cvol && c.volumeMounts.find((m) => m.name === cvol.name);
+      if (!m || file !== `${m.mountPath}/secret`) errors.push(`coordinator ${c.name}: NEWT_JOB_SECRET_FILE ${file} is not the mounted job secret`);
+    }
+  }
   for (const { spec, where } of podSpecs(docs))
-    if (spec !== pod && vol && (spec.volumes || []).some((v) => v.secret?.secretName === vol.secret.secretName)) errors.push(`${where} mounts the job secret; only workers need it`);
+    if (spec !== pod && spec !== coordPod && vol && (spec.volumes || []).some((v) => v.secret?.secretName === vol.secret.secretName))
+      errors.push(`${where} mounts the job secret; only workers and coordinators need it`);
   if (w.topologySpread.enabled && pod.topologySpreadConstraints?.length !== w.topologySpread.topologyKeys.length) errors.push("topology spread constraints missing");
   const zone = pod.affinity?.podAffinity?.requiredDuringSchedulingIgnoredDuringExecution?.find((t) => t.topologyKey === "topology.kubernetes.io/zone");
   if (w.sameZone && !w.affinity?.podAffinity && !(zone && matches(zone.labelSelector.matchLabels, sts.spec.template.metadata.labels)))

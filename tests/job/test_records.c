@@ -416,6 +416,84 @@ static void test_worker_ack(void) {
   T_CHECK(strstr(newt_errmsg(), "reg.ack") != NULL);
 }
 
+/* What a rank says for itself, proved by the job secret (issue 37, items 3 and 4): a sealed
+ * record reads back and checks; the same bytes under another key, generation, salt or job, or
+ * with any field changed, or without the proof, do not; a job without a secret seals and
+ * checks nothing (the previous release's records). The end marker counts only when plausible,
+ * proved, and not beyond the job's progress. */
+static void test_proofs(void) {
+  const unsigned char secret[] = "0123456789abcdef0123456789abcdef", other[] = "fedcba9876543210fedcba9876543210";
+  unsigned char salt[32], salt2[32];
+  memset(salt, 7, sizeof salt);
+  memset(salt2, 8, sizeof salt2);
+  job_auth a, b, c, none;
+  T_OK(job_auth_init(&a, secret, 32, "job1"));
+  T_OK(job_auth_init(&b, other, 32, "job1"));
+  T_OK(job_auth_init(&c, secret, 32, "job2"));
+  T_OK(job_auth_init(&none, NULL, 0, "job1"));
+  const char *key = "/newt/job1/reports/00000000000000000003/w0";
+  job_report r = {.hang = 1, .step = 12, .t_ms = 5, .naccuse = 2};
+  snprintf(r.worker, sizeof r.worker, "w0");
+  snprintf(r.accuse[0], sizeof r.accuse[0], "w1");
+  snprintf(r.accuse[1], sizeof r.accuse[1], "w2");
+  snprintf(r.why, sizeof r.why, "a control character\x1b and a newline\n"); /* read back as '?' */
+  T_OK(job_report_seal(&a, key, salt, sizeof salt, &r));
+  T_CHECK(strlen(r.mac) == 64);
+  char *text = job_report_to_json(&r);
+  job_report back;
+  T_OK(job_report_from_json(text, strlen(text), &back));
+  T_OK(job_report_check(&a, key, salt, sizeof salt, &back));
+  T_ERR(NEWT_ERR_AUTH, job_report_check(&b, key, salt, sizeof salt, &back));  /* another secret */
+  T_ERR(NEWT_ERR_AUTH, job_report_check(&c, key, salt, sizeof salt, &back));  /* another job */
+  T_ERR(NEWT_ERR_AUTH, job_report_check(&a, key, salt2, sizeof salt2, &back)); /* another plan */
+  T_ERR(NEWT_ERR_AUTH, job_report_check(&a, "/newt/job1/reports/00000000000000000004/w0", salt, sizeof salt, &back));
+  T_OK(job_report_check(&none, key, salt, sizeof salt, &back)); /* no secret: nothing asked */
+  back.naccuse = 1;                                                /* a field changed */
+  T_ERR(NEWT_ERR_AUTH, job_report_check(&a, key, salt, sizeof salt, &back));
+  T_CHECK(strstr(newt_errmsg(), key) != NULL);
+  free(text);
+  /* the previous release's report: no mac, refused where the job has a secret */
+  const char *old = "{\"worker\":\"w0\",\"kind\":\"hang\",\"accuse\":[\"w1\"],\"step\":1,\"t_ms\":1,\"why\":\"x\"}";
+  T_OK(job_report_from_json(old, strlen(old), &back));
+  T_ERR(NEWT_ERR_AUTH, job_report_check(&a, key, salt, sizeof salt, &back));
+  T_CHECK(strstr(newt_errmsg(), "no mac") != NULL);
+  T_OK(job_report_check(&none, key, salt, sizeof salt, &back));
+  /* an acknowledgement names its generation; links; a job without a secret writes no mac */
+  job_ack k = {.rank = 1, .t_plan = 1, .t_comm = 2, .t_restore = 3, .t_step = 4, .restore_step = 0};
+  snprintf(k.restore, sizeof k.restore, "peer");
+  T_OK(job_ack_seal(&a, "/newt/job1/workers/w1", 3, salt, sizeof salt, &k));
+  T_OK(job_ack_check(&a, "/newt/job1/workers/w1", 3, salt, sizeof salt, &k));
+  T_ERR(NEWT_ERR_AUTH, job_ack_check(&a, "/newt/job1/workers/w1", 4, salt, sizeof salt, &k));
+  T_ERR(NEWT_ERR_AUTH, job_ack_check(&a, "/newt/job1/workers/w2", 3, salt, sizeof salt, &k));
+  text = job_ack_to_json(&k);
+  T_CHECK(text && strlen(text) < JOB_ACK_MAX);
+  free(text);
+  job_links l = {.generation = 3, .answered = 2, .ranks = 2, .t_ms = 9};
+  T_OK(job_links_seal(&none, "/newt/job1/links/w4", &l));
+  T_CHECK(l.mac[0] == '\0');
+  T_OK(job_links_seal(&a, "/newt/job1/links/w4", &l));
+  T_OK(job_links_check(&a, "/newt/job1/links/w4", &l));
+  T_ERR(NEWT_ERR_AUTH, job_links_check(&a, "/newt/job1/links/w5", &l));
+  /* the end marker: plausible, proved, and not beyond the job's progress */
+  newt_spec spec;
+  spec_defaults(&spec, "job1");
+  spec.steps = 100000;
+  spec.global_batch = 8;
+  job_done d = {.step = 100000, .loss = 1.5, .t_ms = 3, .samples = 800000};
+  const char *dkey = "/newt/job1/done";
+  T_OK(job_done_seal(&a, dkey, &d));
+  T_OK(job_done_counts(&d, dkey, &spec, &a, 100000));
+  T_ERR(NEWT_ERR_INVALID, job_done_counts(&d, dkey, &spec, &a, 12)); /* the ranks are at step 12 */
+  T_CHECK(strstr(newt_errmsg(), "step 12") != NULL);
+  T_ERR(NEWT_ERR_AUTH, job_done_counts(&d, dkey, &spec, &b, 100000));
+  job_done forged = {.step = 100000, .loss = 0, .t_ms = 3, .samples = 800000};
+  T_ERR(NEWT_ERR_AUTH, job_done_counts(&forged, dkey, &spec, &a, 100000));
+  T_OK(job_done_counts(&forged, dkey, &spec, &none, 100000)); /* no secret: progress and plausibility only */
+  T_ERR(NEWT_ERR_INVALID, job_done_counts(&forged, dkey, &spec, &none, 12));
+  forged.step = 55;
+  T_ERR(NEWT_ERR_INVALID, job_done_counts(&forged, dkey, &spec, &none, 100000));
+}
+
 int main(void) {
   T_RUN(test_keys);
   T_RUN(test_report);
@@ -425,5 +503,6 @@ int main(void) {
   T_RUN(test_events);
   T_RUN(test_registration);
   T_RUN(test_worker_ack);
+  T_RUN(test_proofs);
   return T_DONE();
 }
