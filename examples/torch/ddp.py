@@ -4,7 +4,8 @@ torch DDP script is (docs/python.md, "A DDP script": the lines that differ from 
 torchrun).
 
     newt run --nproc 4 --steps 100 --global-batch 24 --micro-batch 2 -- \\
-        python3 examples/torch/ddp.py [--lr 2e-3] [--seed 1] [--no-broadcast-buffers] [--autocast bf16] [--zero1]
+        python3 examples/torch/ddp.py [--lr 2e-3] [--seed 1] [--no-broadcast-buffers] [--autocast bf16|fp16]
+                                      [--overflow-sample I] [--zero1]
 
 The data: 8x8 single-channel images whose class is a pure function of (seed, i), so the sample
 indices newt hands a rank are its whole data loader. Each micro-batch's loss is summed over
@@ -15,6 +16,13 @@ at any world size. BatchNorm's running statistics are made equal on every rank
 With --zero1 the optimizer is newt.torch.ZeroRedundancyOptimizer: AdamW's state sharded over
 the data-parallel ranks (ZeRO stage 1), resharded by newt at every resize; at the end each rank
 prints its optimizer state's bytes.
+
+With --autocast fp16 (CUDA, or a torch whose torch.amp.GradScaler takes the CPU) a GradScaler
+scales the loss; its state is declared (job.state.add("scaler", scaler): its state_dict, an
+extra). --overflow-sample I makes the gradient of the micro-batch holding sample I infinite (a
+real overflow in the backward): the reduced gradients then hold it on every rank, so every rank's
+scaler skips that step and halves its scale alike, and the run ends as the same script on one
+worker does. At the end each rank prints the steps its scaler skipped and its scale.
 """
 
 import argparse
@@ -67,6 +75,19 @@ def buffers_digest(model):
     return h.hexdigest()[:16]
 
 
+def grad_scaler(dev):
+    """torch's GradScaler for the device, or None where this torch has none for it."""
+    amp = getattr(torch, "amp", None)
+    if amp is not None and hasattr(amp, "GradScaler"):  # torch 2.3 and later: any device
+        try:
+            return amp.GradScaler(dev.type)
+        except (RuntimeError, TypeError, ValueError):
+            pass
+    if dev.type == "cuda":
+        return torch.cuda.amp.GradScaler()
+    return None
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--lr", type=float, default=2e-3)
@@ -74,9 +95,17 @@ def main():
     ap.add_argument("--warmup", type=int, default=10)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--no-broadcast-buffers", action="store_true", help="leave BatchNorm's buffers to each rank")
-    ap.add_argument("--autocast", choices=["none", "bf16"], default="none", help="mixed precision in the forward")
+    ap.add_argument("--autocast", choices=["none", "bf16", "fp16"], default="none",
+                    help="mixed precision in the forward (fp16: with a GradScaler)")
+    ap.add_argument("--overflow-sample", type=int, default=-1,
+                    help="with fp16: the sample whose micro-batch's gradient overflows (its step is skipped)")
     ap.add_argument("--zero1", action="store_true", help="AdamW's state sharded over the ranks (ZeRO stage 1)")
     args = ap.parse_args()
+    if args.overflow_sample >= 0 and args.autocast != "fp16":
+        ap.error("--overflow-sample needs --autocast fp16 (a GradScaler to find the overflow)")
+    if args.autocast == "fp16" and args.zero1:
+        ap.error("--autocast fp16 is not combined with --zero1 here (GradScaler unscales the optimizer's own "
+                 "parameters' gradients)")
     torch.set_num_threads(args.threads)
 
     with newt.join() as job:
@@ -94,7 +123,17 @@ def main():
         job.state.add("model", model)
         job.state.add("opt", opt)
         job.state.add("sched", sched)
-        amp = torch.autocast(dev.type, dtype=torch.bfloat16) if args.autocast == "bf16" else contextlib.nullcontext()
+        scaler = None
+        if args.autocast == "fp16":
+            scaler = grad_scaler(dev)
+            if scaler is None:
+                print(f"ddp.py: --autocast fp16 needs CUDA or a torch with torch.amp.GradScaler (2.3 and later) for "
+                      f"the {dev.type}; this is torch {torch.__version__}", file=sys.stderr)
+                sys.exit(2)
+            job.state.add("scaler", scaler)  # its scale and growth tracker: an extra
+        dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(args.autocast)
+        amp = torch.autocast(dev.type, dtype=dtype) if dtype is not None else contextlib.nullcontext()
+        skipped = 0
         loss_mean = float("nan")
         for step in job.steps():
             with step:
@@ -109,11 +148,20 @@ def main():
                         with amp:
                             out = model(x.to(dev))
                         loss = F.cross_entropy(out.float(), y.to(dev), reduction="sum")
-                        (loss / step.count).backward()
+                        scaled = loss / step.count
+                        if args.overflow_sample in mb:
+                            scaled = scaled * float("inf")  # an overflow: inf and nan in this backward
+                        (scaler.scale(scaled) if scaler else scaled).backward()
                     loss_sum += loss.item()
                 total = step.commit(loss_sum)
                 lr = sched.get_last_lr()[0]
-                opt.step()
+                if scaler:  # the reduced gradients are the same on every rank: so is the skip
+                    before = scaler.get_scale()
+                    scaler.step(opt)
+                    scaler.update()
+                    skipped += scaler.get_scale() < before
+                else:
+                    opt.step()
                 sched.step()
                 loss_mean = total / job.global_batch
                 step.end(loss=loss_mean, lr=lr)
@@ -121,7 +169,8 @@ def main():
             opt_bytes = opt.state_bytes() if args.zero1 else sum(
                 v.numel() * v.element_size() for st in opt.state.values() for v in st.values() if torch.is_tensor(v))
             print(f"ddp.py: rank {job.layout.rank} done, loss {loss_mean:.6f}, buffers {buffers_digest(net)}, "
-                  f"optimizer state {opt_bytes} bytes of {job.layout.dp_size} ranks (state from {job.restored_from})",
+                  f"optimizer state {opt_bytes} bytes of {job.layout.dp_size} ranks (state from {job.restored_from})"
+                  + (f", scaler skipped {skipped} steps, scale {scaler.get_scale():g}" if scaler else ""),
                   file=sys.stderr)
 
 

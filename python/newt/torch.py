@@ -14,7 +14,8 @@
 
 torch's DDP is kept whole -- its reducer, its buckets in reverse order of the parameters,
 its hooks, no_sync(), find_unused_parameters -- over a process group of one process (gloo,
-in this process alone), so it never talks to another process itself. What it would send,
+in this process alone: torch.distributed's default group, a world of one), so it never talks
+to another process itself. What it would send,
 it hands to a communication hook: each bucket, as backward fills it, is scaled and summed
 over newt's data-parallel group asynchronously (newt's allreduce on the group of the
 generation in force, looked up at every bucket: a new generation needs no new DDP), and a
@@ -52,12 +53,24 @@ _PG = None
 
 
 def _one_process_group():
-    """A process group of this process alone: torch's DDP runs over it and talks to no one."""
+    """A process group of this process alone: torch's DDP runs over it and talks to no one.
+
+    It is torch.distributed's default group, made a world of one (gloo over an in-memory
+    store) when nothing made it yet: the one way of making a group that torch 1.13 and every
+    torch 2.x take alike (a bare ProcessGroupGloo is a ProcessGroup in 1.13 but only a Backend
+    in 2.x, which DDP refuses). A default group of more than one process is a torchrun world,
+    whose ranks are not newt's: refused."""
     global _PG
     if _PG is None:
         if not dist.is_available() or not dist.is_gloo_available():
             raise UsageError("newt.torch.DistributedDataParallel needs torch.distributed with gloo")
-        _PG = dist.ProcessGroupGloo(dist.HashStore(), 0, 1)
+        if not dist.is_initialized():
+            dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+        elif dist.get_world_size() != 1:
+            raise UsageError(f"newt.torch.DistributedDataParallel: torch.distributed is already initialized with "
+                             f"{dist.get_world_size()} processes; newt's ranks are the job's, not torch.distributed's "
+                             "(docs/python.md, \"What a script must not do\"): leave init_process_group out")
+        _PG = dist.group.WORLD
     return _PG
 
 

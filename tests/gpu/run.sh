@@ -12,7 +12,7 @@
 # image's nvidia-nccl wheel, else the loader's cache or the toolkit). `newt --version --libs`
 # says which NCCL was loaded and refuses one older than the NCCL backend needs (2.28.7).
 #
-# The steps, most valuable first, each under `timeout` with a cap (the caps add up to 295 s;
+# The steps, most valuable first, each under `timeout` with a cap (the caps add up to 300 s;
 # a step that would pass the 300 s deadline gets what is left, and none when under 5 s):
 #    15 s  unpack the bundle and check every file against its MANIFEST.txt
 #    10 s  environment: driver, GPUs, CUDA, NCCL, cuBLAS (newt --version --libs)
@@ -29,9 +29,10 @@
 #    35 s  an elastic `newt run --backend nccl --share-gpus` of three workers with a kill and a
 #          join, against `newt train` on the CPU (tests/gpu/elastic.sh)
 #    25 s  newt bench recovery --backend nccl --share-gpus: one recovery's phases
-#    45 s  the PyTorch example (examples/torch, the Python package) on CUDA tensors, NCCL on
+#    50 s  the PyTorch example (examples/torch, the Python package) on CUDA tensors, NCCL on
 #          torch's stream: two workers and a kill against one worker, with job.reduce_gradients
-#          and with torch's DDP over newt (newt.torch, --ddp) (tests/gpu/torch.sh)
+#          and with torch's DDP over newt (newt.torch, --ddp); the stock DDP script (ddp.py) in
+#          fp16 with a GradScaler and an overflow after the kill (tests/gpu/torch.sh)
 # A failed step, one that timed out and one that did not run fail the script; each failed
 # step's last words are its "why" in the summary. Writes $OUT/gpu-summary.json (OUT
 # defaults to /tmp/newt-gpu), the whole log beside it ($OUT/gpu.log) and each step's own
@@ -273,7 +274,7 @@ elastic_json=$(last_json "$STEP_LOG")
 step "bench recovery --backend nccl" 25 \
   "$NEWT" bench recovery --backend nccl --share-gpus --nproc 4 --runs 1 --steps 200 --kill-at 10 --model layers=2,channels=64
 recovery_json=$(last_json "$STEP_LOG")
-step "PyTorch example and DDP on CUDA (torch.sh)" 45 tests/gpu/torch.sh "$NEWT" "$OUT_DIR"
+step "PyTorch example and DDP on CUDA (torch.sh)" 50 tests/gpu/torch.sh "$NEWT" "$OUT_DIR"
 torch_json=$(last_json "$STEP_LOG")
 
 # --- 5. the summary ------------------------------------------------------------------------------------
