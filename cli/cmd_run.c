@@ -367,6 +367,13 @@ int newt_cmd_run(int argc, char **argv) {
   /* a run cut short has no report to offer: its files are kept, and it says where */
   int interrupted = strcmp(res.outcome, "interrupted") == 0, by_term = strstr(res.reason, "SIGTERM") != NULL;
   if (res.log_dir[0] && !quiet && !interrupted) printf("newt run: the run's report: newt report %s\n", res.log_dir);
+  if (interrupted && lo.spec.ckpt_dir[0]) { /* what a run on the directory takes up, as it is on disk */
+    if (res.newest_ckpt > 0)
+      printf("newt run: the newest checkpoint in %s is step %lld: newt run with --ckpt-dir %s resumes from it (on "
+             "any number of workers)\n", lo.spec.ckpt_dir, (long long)res.newest_ckpt, lo.spec.ckpt_dir);
+    else
+      printf("newt run: %s holds no checkpoint: a run on it starts from step 0\n", lo.spec.ckpt_dir);
+  }
   launcher_result_free(&res);
   chaos_free(&lo.chaos);
   if (password) memset(password, 0, strlen(password));

@@ -22,6 +22,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "ckpt/ckpt.h"
 #include "common/clock.h"
 #include "common/fs.h"
 #include "common/proc.h"
@@ -438,6 +439,16 @@ newt_result_t launcher_run(const launcher_opts *o, launcher_result *res) {
   char why[1024];
   snprintf(why, sizeof why, "%s", rc != NEWT_OK ? newt_errmsg() : "");
   procs_stop_all(r);
+  /* the step a run on the checkpoint directory resumes from, once no process writes it */
+  int64_t newest = o->spec.ckpt_dir[0] ? ckpt_latest_pointer(o->spec.ckpt_dir) : -1;
+  res->newest_ckpt = newest > 0 ? newest : 0;
+  if (!res->done) { /* cut short: the steps the ranks ended after the cut (a stop's last), from their log */
+    for (int k = 0; k < 1024 && live_follow_steps(r); k++) {
+    }
+    res->steps = r->step;
+    res->final_loss = r->loss;
+    res->samples_consumed = r->step * o->spec.global_batch; /* the cursor of the last committed step */
+  }
   res->wall_s = newt_now_s() - r->t0;
   recoveries_measure(r);
   /* the steps each recovery did again, and each rollback of replicas that disagreed, in

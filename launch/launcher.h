@@ -143,6 +143,8 @@ typedef struct launcher_result {
   int64_t resumed_step;  /* the run's first generation started from the checkpoint of this step (an
                             earlier run's, in resumed_dir); 0: it started afresh */
   char resumed_dir[512];
+  int64_t newest_ckpt;   /* the newest checkpoint in spec.ckpt_dir once every process ended (its
+                            `latest`): the step a run on that directory resumes from; 0: none */
 } launcher_result;
 
 /* The options that cannot go together (chaos on etcd with --etcd, a cut without --netns, a
@@ -163,6 +165,7 @@ typedef struct launcher_summary {
   char job[64];
   int64_t steps_planned; /* the spec's steps (0: not recorded) */
   int64_t global_batch, workers;
+  char ckpt_dir[SPEC_PATH_MAX]; /* the spec's checkpoint directory, where newest_checkpoint is */
   launcher_result res;   /* recoveries malloc'd: launcher_result_free */
 } launcher_summary;
 

@@ -50,8 +50,8 @@ static void take_step(run *r, const job_step *s) {
 }
 
 /* Reads what was appended since the last look, at most 64 KiB a call; a line that does not
- * parse (torn by a killed writer, or longer than the buffer) is skipped. */
-void live_follow_steps(run *r) {
+ * parse (torn by a killed writer, or longer than the buffer) is skipped. 1 when it read some. */
+int live_follow_steps(run *r) {
   char chunk[65536];
   ssize_t got = r->steps_fd >= 0 ? read(r->steps_fd, chunk, sizeof chunk) : 0;
   for (ssize_t i = 0; i < got; i++) {
@@ -68,6 +68,7 @@ void live_follow_steps(run *r) {
     r->steps_len = 0;
     r->steps_long = 0;
   }
+  return got > 0;
 }
 
 /* etcd away (our watch of it broke, and nothing came since): " | etcd unreachable for 12s". */

@@ -331,14 +331,23 @@ static int alive_count(run *r) {
  * (Ctrl-C, --timeout, an error) tells every process at once (SIGTERM: a worker leaves at
  * its step boundary, and when every rank leaves together none waits to hand its state
  * over; a coordinator resigns) and kills, all at once, what is left after STOP_GRACE_MS:
- * Ctrl-C ends a run within two seconds. Files stay whole either way: a step log line is
+ * Ctrl-C ends a run within two seconds. But a job with a checkpoint directory stopped by a
+ * signal saves the step its ranks stop at before they leave (worker_ckpt_stop), so that a
+ * run on the directory resumes from that very step: its processes get STOP_SAVE_GRACE_MS,
+ * and a second Ctrl-C ends newt run at once. Files stay whole either way: a step log line is
  * one write, and a checkpoint is visible only once its manifest is committed. */
 #define STOP_GRACE_MS 1000
+#define STOP_SAVE_GRACE_MS 160000 /* the workers' STOP_SAVE_MS (worker/save.c) and a margin */
 
 void procs_stop_all(run *r) {
   r->stopping = 1;
   int ending = r->done || r->res->failed[0];
-  newt_deadline_t d = newt_deadline_in_ms(ending ? 10000 : STOP_GRACE_MS);
+  int saving = !ending && newt_stop_requested() && r->o->spec.ckpt_dir[0] && r->o->spec.ckpt_every > 0 &&
+               procs_workers(r) > 0;
+  if (saving && !r->o->quiet)
+    fprintf(stderr, "newt run: stopping: the workers save the step they stop at to %s before they leave (Ctrl-C "
+            "again: end them now)\n", r->o->spec.ckpt_dir);
+  newt_deadline_t d = newt_deadline_in_ms(ending ? 10000 : saving ? STOP_SAVE_GRACE_MS : STOP_GRACE_MS);
   for (int i = 0; i < r->nprocs; i++) {
     if (!r->procs[i].alive) continue;
     kill(r->procs[i].pid, SIGCONT); /* a stopped process cannot act on SIGTERM */

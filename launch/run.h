@@ -163,8 +163,9 @@ newt_plan *follow_plan(run *r, newt_plan *buf);
 const char *live_news(run *r);
 /* The live line (last: the final one, printed whatever the time since the one before). */
 void live_line(run *r, int last);
-/* Reads what rank 0 appended to the step log since the last look, into the run's picture. */
-void live_follow_steps(run *r);
+/* Reads what rank 0 appended to the step log since the last look, into the run's picture
+ * (at most 64 KiB: 1 when it read some). */
+int live_follow_steps(run *r);
 
 /* --- procs.c: the processes -------------------------------------------------------------------- */
 

@@ -150,6 +150,15 @@ static const codec_field resumed_fields[] = {
 };
 static const codec_table resumed_table = CODEC_TABLE(launcher_summary, "resumed_from", resumed_fields);
 
+/* Written only for a run whose checkpoint directory holds a committed step at its end. */
+static int no_newest(const void *rec) { return ((const launcher_summary *)rec)->res.newest_ckpt <= 0; }
+
+static const codec_field newest_fields[] = {
+    {CODEC_MS(launcher_summary, res.newest_ckpt, "step"), CODEC_REQUIRED},
+    {CODEC_STR(launcher_summary, ckpt_dir, "dir")},
+};
+static const codec_table newest_table = CODEC_TABLE(launcher_summary, "newest_checkpoint", newest_fields);
+
 /* --- the summary ------------------------------------------------------------------------------ */
 
 /* Written only when replicas disagreed: a run without is what the previous release wrote. */
@@ -181,6 +190,7 @@ static const codec_field summary_fields[] = {
     {SUMMARY_ARRAY(res.ckpts, res.nckpts, "checkpoints", ckpt_table)},
     {SUMMARY_MS(res.ckpts_skipped, "checkpoints_skipped"), CODEC_OMIT}, /* absent: 0 */
     {CODEC_OBJECT("resumed_from", resumed_table), .skip = not_resumed},
+    {CODEC_OBJECT("newest_checkpoint", newest_table), .skip = no_newest},
     {CODEC_NAMES(launcher_summary, res.left_out, res.nleft_out, "left_out", 0), CODEC_OMIT},
     {SUMMARY_ARRAY(res.mismatches, res.nmismatches, "mismatches", mismatch_table), .skip = no_mismatches},
     {CODEC_STR(launcher_summary, res.log_dir, "log_dir")},
@@ -193,6 +203,7 @@ char *launcher_summary_json(const launcher_opts *o, const launcher_result *res) 
   launcher_summary s = {.global_batch = o->spec.global_batch, .workers = o->nproc, .steps_planned = o->spec.steps,
                         .res = *res};
   snprintf(s.job, sizeof s.job, "%s", o->spec.job);
+  snprintf(s.ckpt_dir, sizeof s.ckpt_dir, "%s", o->spec.ckpt_dir);
   if (!isfinite(s.res.final_loss)) s.res.final_loss = 0;
   if (!s.res.outcome[0]) snprintf(s.res.outcome, sizeof s.res.outcome, "%s", res->done ? "done" : "error");
   cJSON *j = cJSON_CreateObject();

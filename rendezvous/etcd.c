@@ -4,7 +4,8 @@
  * idle curl handle from the pool (whose connections are still open), tries the preferred
  * endpoint and then the others, re-authenticates once when etcd says the token is
  * invalid, and when no endpoint can be connected to, backs off (25 ms doubling to 500 ms)
- * and tries again until the deadline. Every transfer's curl timeout is the time left
+ * and tries again until the deadline (and, reaching none by then, forgets its token: an
+ * etcd that comes back holds none of the tokens it gave). Every transfer's curl timeout is the time left
  * before the call's deadline, so no call outlives it. */
 #include "rendezvous/etcd_internal.h"
 
@@ -308,6 +309,8 @@ static newt_result_t request(rdzv_etcd *c, const char *path, const char *body, i
   int idempotent = (flags & RDZV_REQ_IDEMPOTENT) != 0;
   newt_result_t res = NEWT_OK;
   newt_result_t worst = NEWT_ERR_UNAVAILABLE;
+  uint64_t used_gen = 0; /* the token of the last attempt */
+  int answered = 0;      /* some endpoint answered over HTTP */
   for (;;) {
     newt_buf_reset(&fails);
     worst = NEWT_ERR_UNAVAILABLE;
@@ -341,6 +344,8 @@ static newt_result_t request(rdzv_etcd *c, const char *path, const char *body, i
       }
       transfer(c, h, url, body, hdrs, da, resp, &a);
       curl_slist_free_all(hdrs);
+      used_gen = gen;
+      answered |= a.res == NEWT_OK;
       if (a.res == NEWT_OK && a.status == 200) {
         atomic_store(&c->preferred, i);
         if (atomic_exchange(&c->failing, 0)) atomic_fetch_add(&c->recoveries, 1);
@@ -414,6 +419,11 @@ static newt_result_t request(rdzv_etcd *c, const char *path, const char *body, i
     if (backoff_ms < 500) backoff_ms *= 2;
   }
   atomic_store(&c->failing, 1);
+  /* no endpoint could be reached at all: etcd went away, and an etcd that comes back has
+     lost every simple token it gave (they live in its memory); a wiped one holds a request
+     with such a token until its deadline rather than refuse it. The next call authenticates
+     afresh. */
+  if (!answered) rdzv_etcd_forget_token(c, used_gen);
   res = NEWT_ERR(worst, "etcd %s: no endpoint answered by the deadline: %s", what,
                  fails.len ? fails.data : "(no attempt)");
 done:

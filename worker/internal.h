@@ -295,6 +295,13 @@ newt_comm *worker_comm_handle(worker *w, comm_t *c, int own);
  * (every rank its primary parts, rank 0 commits). */
 newt_result_t worker_ckpt_generation(worker *w);
 newt_result_t worker_ckpt_step(worker *w);
+/* The job ends after live_step: it trained its last step, or the whole job stops (every rank
+ * leaves at once: w->all_leave, and no one stays to take the state). Every rank saves that
+ * step, whatever spec.ckpt.every says, and waits for it (rank 0: until committed) before it
+ * ends, so a run on the directory takes up the job where it ended; an error says the step,
+ * `why` and that the newest checkpoint stays the one to resume from. Nothing without a
+ * checkpoint directory. */
+newt_result_t worker_ckpt_final(worker *w, const char *why);
 void worker_ckpt_free(worker *w);
 /* Every rank reads its own parts of the newest checkpoint that reads back whole; they
  * check they read one step. NEWT_ERR_NOTFOUND when there is none. */

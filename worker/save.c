@@ -41,6 +41,11 @@
 
 static int enabled(const worker *w) { return w->spec.ckpt_dir[0] && w->spec.ckpt_every > 0; }
 
+/* How long a last save may take (worker_ckpt_final): the committer's wait for the other
+ * ranks' shards (commit_timeout_ms below) and a margin. newt run waits as long
+ * (launch/procs.c, STOP_SAVE_GRACE_MS). */
+#define STOP_SAVE_MS 150000
+
 /* The staging a save of this rank's primary parts takes: each part rounded up to the
  * saver's alignment. */
 static size_t primary_bytes(const worker *w) {
@@ -202,6 +207,32 @@ static newt_result_t state_document(worker *w, int64_t step, cJSON **out) {
   return NEWT_OK;
 }
 
+/* Begins and ends a save of live_step: this rank's primary parts and, on rank 0, the state
+ * document. A save still being written skips it (said, and counted). */
+static newt_result_t save_live_step(worker *w) {
+  staging_filled(w); /* the save takes the block it reserved */
+  int started = 0;
+  NEWT_CHECK(ckpt_save_begin(w->saver, w->live_step, 1, &started));
+  if (!started) { /* the last save is still being written: this one is skipped, and said */
+    ckpt_save_status st;
+    ckpt_saver_status(w->saver, &st);
+    w->ckpt_skipped++;
+    NEWT_WARN(WORKER, "%s: checkpoint of step %lld skipped: the save of step %lld is still being written (%lld "
+              "skipped so far; a save slower than spec.ckpt.every steps)", w->id, (long long)w->live_step,
+              (long long)st.step, (long long)w->ckpt_skipped);
+    if (w->me->rank == 0) worker_publish_ckpt_skips(w);
+    return NEWT_OK;
+  }
+  newt_result_t res = add_parts(w);
+  cJSON *state = NULL;
+  if (res == NEWT_OK && w->me->rank == 0) res = state_document(w, w->live_step, &state);
+  /* staging half filled: the save ends as failed and writes nothing (its marker stops the
+     committer waiting for this rank) */
+  res = res == NEWT_OK ? ckpt_save_end(w->saver, state) : ckpt_save_fail(w->saver, res, newt_errmsg());
+  cJSON_Delete(state);
+  return res;
+}
+
 newt_result_t worker_ckpt_step(worker *w) {
   if (!w->saver) return NEWT_OK;
   if (w->stage_fill_due) start_staging(w); /* after the generation's first step: the staging, meanwhile */
@@ -218,25 +249,40 @@ newt_result_t worker_ckpt_step(worker *w) {
     worker_publish_ckpt(w, st.last_ok_step, (int64_t)st.step_bytes, (int64_t)st.write_ms, st.stall_ms);
   }
   if (w->live_step % w->spec.ckpt_every != 0) return NEWT_OK;
-  staging_filled(w); /* the save takes the block it reserved */
-  int started = 0;
-  NEWT_CHECK(ckpt_save_begin(w->saver, w->live_step, 1, &started));
-  if (!started) { /* the last save is still being written: this one is skipped, and said */
-    w->ckpt_skipped++;
-    NEWT_WARN(WORKER, "%s: checkpoint of step %lld skipped: the save of step %lld is still being written (%lld "
-              "skipped so far; a save slower than spec.ckpt.every steps)", w->id, (long long)w->live_step,
-              (long long)st.step, (long long)w->ckpt_skipped);
-    if (w->me->rank == 0) worker_publish_ckpt_skips(w);
-    return NEWT_OK;
+  return save_live_step(w);
+}
+
+newt_result_t worker_ckpt_final(worker *w, const char *why) {
+  if (!w->saver) return NEWT_OK;
+  newt_deadline_t d = newt_deadline_in_ms(STOP_SAVE_MS);
+  ckpt_save_status st;
+  ckpt_saver_status(w->saver, &st);
+  newt_result_t r = NEWT_OK;
+  if (st.step != w->live_step) { /* not saved at its step end (not due, or skipped) */
+    NEWT_INFO(WORKER, "%s: %s after step %lld: saving it to %s", w->id, why, (long long)w->live_step,
+              w->spec.ckpt_dir);
+    ckpt_save_wait(w->saver, d); /* the save in flight first: this one is not skipped */
+    r = save_live_step(w);
   }
-  newt_result_t res = add_parts(w);
-  cJSON *state = NULL;
-  if (res == NEWT_OK && w->me->rank == 0) res = state_document(w, w->live_step, &state);
-  /* staging half filled: the save ends as failed and writes nothing (its marker stops the
-     committer waiting for this rank) */
-  res = res == NEWT_OK ? ckpt_save_end(w->saver, state) : ckpt_save_fail(w->saver, res, newt_errmsg());
-  cJSON_Delete(state);
-  return res;
+  /* every rank's shard written, then rank 0 commits: a rank lost meanwhile fails the barrier
+     at once (its sockets closed), and rank 0 stops waiting for its shard rather than for the
+     commit's timeout */
+  if (w->me->rank != 0 && r == NEWT_OK) r = ckpt_save_wait(w->saver, d);
+  newt_result_t br = comm_barrier(comm_host_channel(w->train));
+  if (br != NEWT_OK && w->me->rank == 0) ckpt_saver_abort(w->saver);
+  if (w->me->rank == 0 && r == NEWT_OK) r = ckpt_save_wait(w->saver, d);
+  if (r == NEWT_OK && br != NEWT_OK) r = br;
+  ckpt_saver_status(w->saver, &st);
+  if (r != NEWT_OK || st.last_ok_step != w->live_step)
+    return NEWT_ERR(r != NEWT_OK ? r : NEWT_ERR_INTERNAL, "%s: the checkpoint of step %lld (%s) was not written: %s "
+                    "(the newest one in %s stays the one to resume from)", w->id, (long long)w->live_step, why,
+                    r != NEWT_OK ? newt_errmsg() : st.message, w->spec.ckpt_dir);
+  NEWT_INFO(WORKER, "%s: saved step %lld (%s) to %s", w->id, (long long)w->live_step, why, w->spec.ckpt_dir);
+  if (w->me->rank == 0 && st.last_ok_step > w->ckpt_published) {
+    w->ckpt_published = st.last_ok_step;
+    worker_publish_ckpt(w, st.last_ok_step, (int64_t)st.step_bytes, (int64_t)st.write_ms, st.stall_ms);
+  }
+  return NEWT_OK;
 }
 
 void worker_ckpt_free(worker *w) {

@@ -647,6 +647,9 @@ static newt_result_t end_trained(worker *w, newt_next *next) {
       NEWT_WARN(WORKER, "%s: waiting for the other ranks' acknowledgements of generation %llu: %s", w->id,
                 (unsigned long long)w->plan.generation, newt_errmsg());
   }
+  /* the job's last state in its checkpoint directory before the marker ends it (newt run gives
+     the processes of a job done 10 s; a save is waited for before that clock starts) */
+  if (worker_ckpt_final(w, "the job's last step") != NEWT_OK) NEWT_WARN(WORKER, "%s", newt_errmsg());
   worker_mark_done(w, w->last_loss);
   end_generation(w);
   return over(w, NEWT_NEXT_DONE, next);
@@ -659,11 +662,14 @@ static newt_result_t next_step(worker *w, newt_batch *b, newt_next *next) {
     NEWT_INFO(WORKER, "%s: %s after step %lld", w->id, w->leave_agreed ? "a rank leaves" : "switching to the next plan",
               (long long)w->live_step);
     w->leave_agreed = w->switch_agreed = 0;
+    /* when every rank leaves at once (the whole job stopped: Ctrl-C on `newt run`, every pod
+       deleted) no one stays to take the state: it goes to the checkpoint directory, if the job
+       has one, so that a run on it resumes from this very step */
+    if (leaving && w->all_leave && worker_ckpt_final(w, "the whole job stops") != NEWT_OK)
+      NEWT_WARN(WORKER, "%s", newt_errmsg());
     end_generation(w);
     if (leaving) {
-      /* when every rank leaves at once (the whole job stopped: Ctrl-C on `newt run`, every
-         pod deleted) no one stays to take the state: waiting for a plan that names us a
-         donor would only hold the exit up */
+      /* ... and waiting for a plan that names us a donor would only hold the exit up */
       if (w->all_leave) NEWT_INFO(WORKER, "%s: every rank leaves after step %lld: nothing to hand over", w->id,
                                   (long long)w->live_step);
       else hand_over(w);

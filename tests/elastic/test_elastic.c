@@ -2133,45 +2133,104 @@ static cJSON *read_summary(const char *path) {
   return j;
 }
 
-/* A run that resumes from an earlier run's checkpoint says so (issue 35): a job trained to its
- * end with checkpoints every 10 steps, then a job of more steps on the same directory. The
- * first summary has no resumed_from; the second's names the step its first generation
- * started at (as its started event says it) and the directory, and newt run said it. */
+/* The newest checkpoint a run says it leaves, {"step", "dir"} of its summary (-1: none). */
+static int64_t newest_ckpt(const cJSON *summary, const char *dir) {
+  const cJSON *n = summary ? cJSON_GetObjectItemCaseSensitive(summary, "newest_checkpoint") : NULL;
+  int64_t step = -1;
+  const char *d = "";
+  if (!n || newt_json_get_int(n, "newest_checkpoint", "step", 1, &step) != NEWT_OK ||
+      newt_json_get_str(n, "newest_checkpoint", "dir", 1, &d) != NEWT_OK || strcmp(d, dir) != 0)
+    return -1;
+  return step;
+}
+
+/* A whole job stopped, then resumed on another number of workers (issues 35 and 38): a job of
+ * a million steps with a checkpoint due every 1000, stopped by Ctrl-C (SIGINT to newt run's
+ * process group) once it trained 5 steps. Its workers save the step they stop at before they
+ * leave: the summary's newest_checkpoint is its last step, newt run says it, and the steps'
+ * samples are counted. A run of 6 steps more on the same directory, on 2 workers instead of
+ * 3, resumes from that very step: its summary's resumed_from names it and the directory,
+ * newt run said it, the samples are those of every step once, and its own last step is saved
+ * at its end (not a multiple of the 1000). The first run says nothing of a resume. */
 static void test_resume(void) {
-  char ckdir[512], logs[2][512], summary[2][512], gb[16], mb[16];
+  char ckdir[512], logs[2][512], summary[2][512], out_path[600], gb[16], mb[16], steps2[32], said[700];
   snprintf(ckdir, sizeof ckdir, "%s/ck", tmpdir);
   snprintf(gb, sizeof gb, "%d", GB);
   snprintf(mb, sizeof mb, "%d", MB);
-  const char *steps[2] = {"20", "40"};
-  char *out[2] = {NULL, NULL};
   for (int k = 0; k < 2; k++) {
     snprintf(logs[k], sizeof logs[k], "%s/run%d", tmpdir, k);
     snprintf(summary[k], sizeof summary[k], "%s/run%d.json", tmpdir, k);
-    const char *argv[] = {newt_bin, "run", "--nproc", "2", "--model", MODEL, "--seq-len", SEQ, "--steps", steps[k],
-                          "--global-batch", gb, "--micro-batch", mb, "--ckpt-dir", ckdir, "--ckpt-every", "10",
-                          "--log-dir", logs[k], "--summary", summary[k], "--timeout-ms", "180000", NULL};
-    int rc = run_capture(argv, &out[k]);
-    T_CHECK_MSG(rc == 0, "run %d: newt run exited %d:\n%s", k, rc, out[k] ? out[k] : "");
   }
-  cJSON *first = read_summary(summary[0]), *second = read_summary(summary[1]);
+  snprintf(out_path, sizeof out_path, "%s/run0.out", tmpdir);
+  const char *argv0[] = {newt_bin, "run", "--nproc", "3", "--model", MODEL, "--seq-len", SEQ, "--steps", "1000000",
+                         "--global-batch", gb, "--micro-batch", mb, "--ckpt-dir", ckdir, "--ckpt-every", "1000",
+                         "--log-dir", logs[0], "--summary", summary[0], "--timeout-ms", "600000", NULL};
+  newt_spawn_opts so = {.log_path = out_path, .die_with_parent = 1, .new_session = 1}; /* its own group, as a shell's job */
+  pid_t run = -1;
+  T_OK(newt_proc_spawn(argv0, &so, &run));
+  if (run < 0) return;
+  /* the event: 5 steps in the step log */
+  char steps_path[600];
+  snprintf(steps_path, sizeof steps_path, "%s/steps.jsonl", logs[0]);
+  size_t ns = 0;
+  for (newt_deadline_t d = newt_deadline_in_ms(300000); ns < 5 && !newt_deadline_passed(d);) {
+    job_step *sl = NULL;
+    size_t torn = 0;
+    ns = 0;
+    if (job_steplog_read(steps_path, &sl, &ns, &torn) != NEWT_OK) ns = 0;
+    free(sl);
+    if (ns < 5) newt_sleep_ms(100);
+  }
+  T_CHECK_MSG(ns >= 5, "the first run made %zu steps", ns);
+  T_CHECK(kill(-run, SIGINT) == 0); /* Ctrl-C */
+  int st = 0;
+  T_CHECK_MSG(newt_proc_wait(run, 300000, &st) == NEWT_OK, "newt run did not end after SIGINT");
+  T_CHECK_MSG(WIFEXITED(st) && WEXITSTATUS(st) == 130, "newt run after SIGINT: status 0x%x, expected exit 130", st);
+  char *out[2] = {NULL, NULL};
+  size_t len = 0;
+  T_OK(newt_fs_read_all(out_path, 1 << 20, &out[0], &len));
+  cJSON *first = read_summary(summary[0]);
+  int64_t stopped = -1, samples = -1;
+  if (first) {
+    newt_json_get_int(first, "summary", "steps", 1, &stopped);
+    newt_json_get_int(first, "summary", "samples_consumed", 1, &samples);
+  }
   T_CHECK_MSG(first && !cJSON_GetObjectItemCaseSensitive(first, "resumed_from"),
               "a run that started afresh says it resumed:\n%s", out[0] ? out[0] : "");
   T_CHECK_MSG(out[0] && !strstr(out[0], "resumed from the checkpoint"), "%s", out[0] ? out[0] : "");
+  T_CHECK_MSG(stopped >= 5 && newest_ckpt(first, ckdir) == stopped,
+              "the stopped run: its last step %lld, its newest checkpoint %lld (expected the same: saved as it "
+              "stopped)\n%s", (long long)stopped, (long long)newest_ckpt(first, ckdir), out[0] ? out[0] : "");
+  T_CHECK_MSG(samples == stopped * GB, "the stopped run: samples_consumed %lld after %lld steps", (long long)samples,
+              (long long)stopped);
+  snprintf(said, sizeof said, "the newest checkpoint in %s is step %lld", ckdir, (long long)stopped);
+  T_CHECK_MSG(out[0] && strstr(out[0], said), "newt run did not say \"%s\":\n%s", said, out[0] ? out[0] : "");
+
+  /* the same job resumed on 2 workers, 6 steps more */
+  snprintf(steps2, sizeof steps2, "%lld", (long long)(stopped + 6));
+  const char *argv1[] = {newt_bin, "run", "--nproc", "2", "--model", MODEL, "--seq-len", SEQ, "--steps", steps2,
+                         "--global-batch", gb, "--micro-batch", mb, "--ckpt-dir", ckdir, "--ckpt-every", "1000",
+                         "--log-dir", logs[1], "--summary", summary[1], "--timeout-ms", "180000", NULL};
+  int rc = run_capture(argv1, &out[1]);
+  T_CHECK_MSG(rc == 0, "the resumed run: newt run exited %d:\n%s", rc, out[1] ? out[1] : "");
+  cJSON *second = read_summary(summary[1]);
   const cJSON *from = second ? cJSON_GetObjectItemCaseSensitive(second, "resumed_from") : NULL;
-  int64_t step = -1, samples = -1;
+  int64_t step = -1;
   const char *dir = "";
+  samples = -1;
   if (from) {
     newt_json_get_int(from, "resumed_from", "step", 1, &step);
     newt_json_get_str(from, "resumed_from", "dir", 1, &dir);
   }
   if (second) newt_json_get_int(second, "summary", "samples_consumed", 1, &samples);
-  /* the first run's last save is waited for at its end: its newest checkpoint is step 20 */
-  T_CHECK_MSG(from && step == 20 && strcmp(dir, ckdir) == 0, "the second run's summary: resumed_from step %lld, dir "
-              "\"%s\" (expected 20 in %s)", (long long)step, dir, ckdir);
-  char said[600];
-  snprintf(said, sizeof said, "resumed from the checkpoint of step 20 in %s", ckdir);
+  T_CHECK_MSG(from && step == stopped && strcmp(dir, ckdir) == 0, "the resumed run's summary: resumed_from step %lld, "
+              "dir \"%s\" (expected %lld in %s)", (long long)step, dir, (long long)stopped, ckdir);
+  snprintf(said, sizeof said, "resumed from the checkpoint of step %lld in %s", (long long)stopped, ckdir);
   T_CHECK_MSG(out[1] && strstr(out[1], said), "newt run did not say \"%s\":\n%s", said, out[1] ? out[1] : "");
-  T_CHECK_MSG(samples == 40 * GB, "samples_consumed %lld: the cursor of step 40", (long long)samples);
+  T_CHECK_MSG(samples == (stopped + 6) * GB, "samples_consumed %lld: the cursor of step %lld", (long long)samples,
+              (long long)(stopped + 6));
+  T_CHECK_MSG(newest_ckpt(second, ckdir) == stopped + 6, "the resumed run's newest checkpoint: %lld, expected its "
+              "last step %lld (saved at its end)", (long long)newest_ckpt(second, ckdir), (long long)(stopped + 6));
   cJSON_Delete(first);
   cJSON_Delete(second);
   free(out[0]);
