@@ -281,7 +281,7 @@ static void log_last_line(run *r, const proc *p, char *out, size_t cap) {
   line = line ? line + 1 : tail;
   for (char *c = line; *c; c++)
     if ((unsigned char)*c < 0x20 || (unsigned char)*c == 0x7f) *c = '?';
-  snprintf(out, cap, "%s", line);
+  snprintf(out, cap, "%.1100s", line);
 }
 
 /* What a worker said as it ended: its termination message (<name>.end, written by

@@ -74,7 +74,7 @@ static const char *etcd_url(void) {
 static void test_join_wait(void) {
   int port = 0;
   T_OK(newt_net_free_port(&port)); /* nothing listens there */
-  char ev[64], tl[300], tle[340], addr[64];
+  char ev[128], tl[300], tle[340], addr[64];
   snprintf(addr, sizeof addr, "127.0.0.1:%d", port);
   snprintf(ev, sizeof ev, "NEWT_ETCD=http://%s", addr);
   snprintf(tl, sizeof tl, "%s/join.end", tmp);
