@@ -81,6 +81,15 @@ static int64_t median(int64_t *v, int n) {
 
 /* What the workers run, for the JSON lines: the program's file name (a character JSON would
  * have to escape becomes '_'), or "newt". */
+/* The line's "preset": the model preset newt's own trainer used, quoted; null for a program
+ * of one's own, which used none. */
+static const char *preset_json(const launcher_opts *o, const char *preset) {
+  static char q[80];
+  if (o->command) return "null";
+  snprintf(q, sizeof q, "\"%.64s\"", preset);
+  return q;
+}
+
 static const char *program_name(const launcher_opts *o) {
   static char name[64];
   if (!o->command) return "newt";
@@ -167,9 +176,9 @@ static int bench_etcd_outage(const launcher_opts *base, int64_t nproc, const cha
     ratio[ok] = rec->tps_during / rec->tps_before;
     pause[ok] = (double)rec->pause_ms;
     printf("{\"bench\":\"recovery\",\"fault\":\"etcd-outage\",\"backend\":\"%s\",\"program\":\"%s\",\"run\":%lld,"
-           "\"nproc\":%lld,\"preset\":\"%s\",\"outage_ms\":%lld,\"tokens_per_s_before\":%.0f,\"tokens_per_s_during\":%.0f,\"ratio\":%.3f,"
+           "\"nproc\":%lld,\"preset\":%s,\"outage_ms\":%lld,\"tokens_per_s_before\":%.0f,\"tokens_per_s_during\":%.0f,\"ratio\":%.3f,"
            "\"pause_ms\":%lld,\"steps_lost\":%lld,\"generations\":%lld}\n",
-           backend, program_name(base), (long long)run, (long long)nproc, preset, (long long)rec->outage_ms, rec->tps_before, rec->tps_during,
+           backend, program_name(base), (long long)run, (long long)nproc, preset_json(base, preset), (long long)rec->outage_ms, rec->tps_before, rec->tps_during,
            ratio[ok], (long long)rec->pause_ms, (long long)rec->steps_lost, (long long)res.generations);
     fflush(stdout);
     ok++;
@@ -177,8 +186,8 @@ static int bench_etcd_outage(const launcher_opts *base, int64_t nproc, const cha
   }
   if (ok)
     printf("{\"bench\":\"recovery\",\"fault\":\"etcd-outage\",\"backend\":\"%s\",\"program\":\"%s\",\"median_of\":%d,"
-           "\"nproc\":%lld,\"preset\":\"%s\",\"outage_ms\":%lld,\"ratio\":%.3f,\"pause_ms\":%.0f}\n",
-           backend, program_name(base), ok, (long long)nproc, preset, (long long)outage, newt_median(ratio, (size_t)ok), newt_median(pause, (size_t)ok));
+           "\"nproc\":%lld,\"preset\":%s,\"outage_ms\":%lld,\"ratio\":%.3f,\"pause_ms\":%.0f}\n",
+           backend, program_name(base), ok, (long long)nproc, preset_json(base, preset), (long long)outage, newt_median(ratio, (size_t)ok), newt_median(pause, (size_t)ok));
   free(ratio);
   free(pause);
   return ok == runs ? 0 : 1;
@@ -337,11 +346,11 @@ int newt_bench_recovery(int argc, char **argv) {
     double before, after;
     step_rates(res.step_log, rec->generation, &before, &after);
     printf("{\"bench\":\"recovery\",\"fault\":\"%s\",\"backend\":\"%s\",\"program\":\"%s\",\"run\":%lld,\"nproc\":%lld,"
-           "\"preset\":\"%s\",\"tp\":%lld,\"pp\":%lld,"
+           "\"preset\":%s,\"tp\":%lld,\"pp\":%lld,"
            "\"zero\":%lld,\"hosts\":%lld,\"replicas\":%lld,\"even_batches\":%s,\"cause\":\"%s\",\"detect_ms\":%lld,\"plan_ms\":%lld,\"comm_ms\":%lld,"
            "\"restore_ms\":%lld,\"step_ms\":%lld,\"total_ms\":%lld,\"steps_lost\":%lld,\"restore\":\"%s\",\"world_after\":%lld,"
            "\"resumed_ms\":%lld,\"tokens_per_s_before\":%.0f,\"tokens_per_s_after\":%.0f}\n",
-           fault, backend, program_name(&base), (long long)run, (long long)nproc, preset, (long long)tp, (long long)pp,
+           fault, backend, program_name(&base), (long long)run, (long long)nproc, preset_json(&base, preset), (long long)tp, (long long)pp,
            (long long)zero, (long long)hosts, (long long)replicas, even ? "true" : "false", rec->cause, (long long)rec->detect_ms, (long long)rec->plan_ms,
            (long long)rec->comm_ms, (long long)rec->restore_ms, (long long)rec->step_ms, (long long)rec->total_ms,
            (long long)rec->steps_lost,
@@ -356,10 +365,10 @@ int newt_bench_recovery(int argc, char **argv) {
   }
   if (ok)
     printf("{\"bench\":\"recovery\",\"fault\":\"%s\",\"backend\":\"%s\",\"program\":\"%s\",\"median_of\":%d,"
-           "\"nproc\":%lld,\"preset\":\"%s\",\"tp\":%lld,\"pp\":%lld,"
+           "\"nproc\":%lld,\"preset\":%s,\"tp\":%lld,\"pp\":%lld,"
            "\"zero\":%lld,\"hosts\":%lld,\"replicas\":%lld,\"even_batches\":%s,\"detect_ms\":%lld,\"plan_ms\":%lld,\"comm_ms\":%lld,\"restore_ms\":%lld,"
            "\"step_ms\":%lld,\"total_ms\":%lld,\"steps_lost\":%lld,\"resumed_ms\":%lld,\"tokens_per_s_after\":%.0f}\n",
-           fault, backend, program_name(&base), ok, (long long)nproc, preset, (long long)tp, (long long)pp, (long long)zero,
+           fault, backend, program_name(&base), ok, (long long)nproc, preset_json(&base, preset), (long long)tp, (long long)pp, (long long)zero,
            (long long)hosts, (long long)replicas, even ? "true" : "false", (long long)median(v[0], ok), (long long)median(v[1], ok), (long long)median(v[2], ok),
            (long long)median(v[3], ok), (long long)median(v[6], ok), (long long)median(v[4], ok),
            (long long)median(v[5], ok), (long long)median(v[7], ok), newt_median(tps_after, (size_t)ok));

@@ -280,10 +280,12 @@ static void marker(chart *c, double x, int index, const char *cause, const char 
 }
 
 static void recovery_tip(const launcher_recovery *r, int i, char *out, size_t cap) {
-  char total[32];
-  snprintf(out, cap, "recovery %d: %s%s%s, %s, generation %lld, %lld ranks after, state from %s; the fault hit at "
+  char total[32], started[80] = "";
+  if (r->from_start_ms >= 0)
+    snprintf(started, sizeof started, " (%lld ms from the joiner's process start)", (long long)r->from_start_ms);
+  snprintf(out, cap, "recovery %d: %s%s%s, %s%s, generation %lld, %lld ranks after, state from %s; the fault hit at "
            "step %lld, training went on from step %lld, %lld redone", i + 1, r->cause, r->fault[0] ? " after " : "",
-           r->fault, fmt_ms(r->total_ms, total, sizeof total), (long long)r->generation, (long long)r->world,
+           r->fault, fmt_ms(r->total_ms, total, sizeof total), started, (long long)r->generation, (long long)r->world,
            r->restore[0] ? r->restore : "?", (long long)launcher_recovery_fault_step(r), (long long)r->step,
            (long long)r->steps_lost);
 }
@@ -715,9 +717,12 @@ static void recovery_table(page *p, const run_view *v) {
     int64_t hit = r->fault_step > 0 ? r->fault_step : (int64_t)from + r->steps_lost; /* launcher_recovery_fault_step */
     put(p, "</td><td>%lld</td><td>%.0f</td><td>%.2f</td><td>%lld</td><td>%lld</td>", (long long)hit, from,
         r->t_ms ? secs(v, r->t_ms) : 0, (long long)r->generation, (long long)r->world);
-    put(p, "<td>%lld ms</td><td>%lld ms</td><td>%lld ms</td><td>%lld ms</td><td><b>%lld ms</b></td><td class=\"l\">",
+    put(p, "<td>%lld ms</td><td>%lld ms</td><td>%lld ms</td><td>%lld ms</td><td><b>%lld ms</b>",
         (long long)r->detect_ms, (long long)r->plan_ms, (long long)r->comm_ms, (long long)r->restore_ms,
         (long long)r->total_ms);
+    if (r->from_start_ms >= 0) /* a join: the joiner's start-up too */
+      put(p, "<br><span class=\"from-start\">%lld ms from the joiner's process start</span>", (long long)r->from_start_ms);
+    put(p, "</td><td class=\"l\">");
     put_text(p, r->restore[0] ? r->restore : "?");
     put(p, "</td><td>%lld</td></tr>\n", (long long)r->steps_lost);
   }

@@ -225,7 +225,11 @@ int64_t coord_fault_step_locked(const coord *c, int *went_on);
 /* --- holdout.c -------------------------------------------------------------------------------- */
 
 /* Keeps a worker fenced alive out of plans (until its links to a later plan's ranks work). */
-void coord_hold_out(coord *c, const char *id, int build);
+/* known: what the reports say of it, in words ("its connections closed ..."). */
+void coord_hold_out(coord *c, const char *id, int build, const char *known);
+/* id registered (again): when it is held out, it was fenced alive, and that is said. Called
+ * with mu held. */
+void coord_held_registered_locked(coord *c, const char *id);
 /* links/<id> (l NULL: deleted): a held worker's links to a plan's ranks. Called with mu held. */
 void coord_put_links(coord *c, const char *id, const job_links *l);
 /* The ids still held out, for the policy (c->held_ids). Called with mu held. */

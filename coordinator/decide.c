@@ -47,6 +47,29 @@ static void say_partition(const coord *c, const policy_decision *d) {
               (unsigned long long)c->plan.generation, names);
 }
 
+/* What the reports of the generation say of id, in words: the others' connections to it
+ * closed (its process ended: a crash, a kill; or its host closed them), it answered nobody
+ * by the deadline (stopped, hung, or a cut link), or a build could not take it in. Whether
+ * it is alive no report can say. Called with mu held. */
+static void lost_how(const policy_view *v, const char *id, int build, char *out, size_t cap) {
+  int crash = 0, hang = 0;
+  for (int i = 0; i < v->nreports; i++)
+    for (int k = 0; k < v->reports[i].naccuse; k++)
+      if (strcmp(v->reports[i].accuse[k], id) == 0 && !v->reports[i].build) v->reports[i].hang ? hang++ : crash++;
+  if (build)
+    snprintf(out, cap, "the build of the generation could not take it in (its links were not made)");
+  else if (crash && !hang)
+    snprintf(out, cap, "the others' connections to it closed (%d report%s: its process ended -- a crash, a kill -- "
+             "or its host closed them)", crash, crash == 1 ? "" : "s");
+  else if (hang && !crash)
+    snprintf(out, cap, "it answered none of the others by the deadline (%d report%s: stopped, hung, or a cut link)",
+             hang, hang == 1 ? "" : "s");
+  else if (hang)
+    snprintf(out, cap, "the others lost it (%d saw its connections close, %d no answer by the deadline)", crash, hang);
+  else
+    snprintf(out, cap, "the others lost it (no report says how)");
+}
+
 /* A worker fenced alive (a build could not take it in, it was on another side of a
  * partition or cut, it stopped or hung) registers again at once: held out until its links to
  * the ranks of a later plan work (coord_put_links), so that no generation is tried with it first
@@ -57,8 +80,10 @@ static void fence_excluded(coord *c, const policy_decision *d) {
     int present = coord_find_member(c, d->exclude[i]) >= 0;
     policy_view now = coord_view_locked(c); /* the reports as they are now: the watch may have moved them */
     int build = present && policy_blames_build(&now, d->exclude[i]);
+    char known[200];
+    lost_how(&now, d->exclude[i], build, known, sizeof known);
     pthread_mutex_unlock(&c->mu);
-    if (present) coord_hold_out(c, d->exclude[i], build);
+    if (present) coord_hold_out(c, d->exclude[i], build, known);
     if (present) coord_fence(c, d->exclude[i]);
   }
 }

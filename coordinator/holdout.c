@@ -29,7 +29,7 @@ static c_held *held_of(coord *c, const char *id) {
   return &c->held[i];
 }
 
-void coord_hold_out(coord *c, const char *id, int build) {
+void coord_hold_out(coord *c, const char *id, int build, const char *known) {
   pthread_mutex_lock(&c->mu);
   c_held *h = held_of(c, id);
   if (!h) {
@@ -44,10 +44,21 @@ void coord_hold_out(coord *c, const char *id, int build) {
   h->links_gen = 0;
   pthread_mutex_unlock(&c->mu);
   char d[32];
-  NEWT_WARN(COORD, "%s: %s is left out of generation %llu alive (the others lost it: a cut link, a stop, a build "
-            "that could not take it in); no plan takes it until it reaches every rank of a later one, or for %s at "
-            "most while it says nothing", c->id, id, (unsigned long long)c->plan.generation,
+  /* what is known, no more: the others lost it and its lease still held; whether it lives,
+     only a registration after the fence will say */
+  NEWT_WARN(COORD, "%s: %s is left out of generation %llu: %s, and its registration's lease had not run out: "
+            "fenced. Should it be alive and register again, no plan takes it until it reaches every rank of a later "
+            "one, or for %s at most while it says nothing", c->id, id, (unsigned long long)c->plan.generation, known,
             newt_fmt_duration((double)ms / 1e3, d, sizeof d));
+}
+
+void coord_held_registered_locked(coord *c, const char *id) {
+  uint64_t now = newt_now_ns();
+  for (int i = 0; i < c->nheld; i++)
+    if (strcmp(c->held[i].id, id) == 0 && c->held[i].until > now)
+      NEWT_INFO(COORD, "%s: %s registered again after its fence: alive, though the others of generation %llu lost it "
+                "(a cut link, a stop, a build that could not take it in); held out", c->id, id,
+                (unsigned long long)c->held[i].gen);
 }
 
 /* One held out since an earlier generation is let back at once when all of a

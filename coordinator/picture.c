@@ -119,6 +119,7 @@ static void put_member(coord *c, const job_change *ch) {
     NEWT_INFO(COORD, "worker %s joined (host %s%s%s, %s)", ch->id, w->host,
               strcmp(w->domain, w->host) ? ", failure domain " : "", strcmp(w->domain, w->host) ? w->domain : "",
               w->addr);
+    coord_held_registered_locked(c, ch->id);
   }
   c->members[i] = *w;
   /* the acknowledgement of the current generation, folded into the registration */

@@ -132,7 +132,8 @@ typedef struct newt_join_opts {
   const char *termination_log; /* NULL: NEWT_TERMINATION_LOG, else /dev/termination-log when it exists */
   int handle_signals;          /* 1: SIGTERM and SIGINT ask for a graceful leave (the default); 0: the program
                                   calls newt_leave */
-  int64_t spec_wait_ms;        /* how long to wait for the job's spec to appear (0: 60 s) */
+  int64_t spec_wait_ms;        /* how long to wait, in all, for etcd to answer and the job's spec to appear;
+                                  then newt_join fails naming etcd's address (0: NEWT_SPEC_WAIT_MS, else 60 s) */
   const char *domain;          /* the failure domain: what goes down as a unit with this worker (a node, a
                                   rack, a zone); copies of a shard are placed in other domains. NULL:
                                   NEWT_DOMAIN, else the host */

@@ -83,6 +83,10 @@ typedef struct launcher_recovery {
      total_ms, which ends at the first step of the leader's plan: where etcd was away and the
      survivors went on without it (worker/peers.c), training resumed long before that plan */
   int64_t resumed_ms;
+  /* a join newt run started (chaos join): from the joiners' process start (the launcher
+     started them) to the first step, start-up (a program's imports) included; total_ms is
+     the job's own wait, from the registration (-1: not known) */
+  int64_t from_start_ms;
 } launcher_recovery;
 
 /* The recovery a recovered event records, timed from t_fault (a fault injected: 0 none) by

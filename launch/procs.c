@@ -261,6 +261,44 @@ proc *procs_find(run *r, const char *name) {
   return NULL;
 }
 
+/* The last line of a worker's log (a program that ended before newt_finish: the loader's
+ * error, the end of a traceback, the program's own message), non-printing bytes as '?';
+ * "" when there is none. */
+static void log_last_line(run *r, const proc *p, char *out, size_t cap) {
+  char name[64], tail[2048];
+  int fd = -1;
+  uint64_t size = 0;
+  out[0] = '\0';
+  snprintf(name, sizeof name, "%s.log", p->name);
+  if (newt_fs_open_read_at(r->log_fd, r->res->log_dir, name, &fd, &size) != NEWT_OK) return;
+  off_t from = size > sizeof tail - 1 ? (off_t)(size - (sizeof tail - 1)) : 0;
+  ssize_t n = pread(fd, tail, sizeof tail - 1, from);
+  close(fd);
+  if (n <= 0) return;
+  while (n > 0 && (tail[n - 1] == '\n' || tail[n - 1] == '\r' || tail[n - 1] == ' ')) n--;
+  tail[n] = '\0';
+  char *line = strrchr(tail, '\n');
+  line = line ? line + 1 : tail;
+  for (char *c = line; *c; c++)
+    if ((unsigned char)*c < 0x20 || (unsigned char)*c == 0x7f) *c = '?';
+  snprintf(out, cap, "%.1100s", line);
+}
+
+/* What a worker said as it ended: its termination message (<name>.end, written by
+ * newt_finish), else the last line of its log. "" when neither says anything. */
+static void last_words(run *r, const proc *p, char *out, size_t cap) {
+  char name[64], *text = NULL;
+  size_t len = 0;
+  snprintf(name, sizeof name, "%s.end", p->name);
+  out[0] = '\0';
+  if (newt_fs_read_all_at(r->log_fd, r->res->log_dir, name, 4096, &text, &len) == NEWT_OK) {
+    while (len && (text[len - 1] == '\n' || text[len - 1] == '\r')) len--;
+    snprintf(out, cap, "%.*s", (int)len, text ? text : "");
+    free(text);
+  }
+  if (!out[0]) log_last_line(r, p, out, cap);
+}
+
 /* A worker that ended left out (it trained, was left out and not taken back before the job
  * ended): counted in the summary, and said with its own termination message. */
 static void left_out(run *r, const proc *p) {
@@ -297,9 +335,12 @@ void procs_reap(run *r) {
       left_out(r, p);
       expected = 1;
     }
-    if (!expected && !r->o->quiet)
-      fprintf(stderr, "%snewt run: %s exited (%s); see %s/%s.log\n", live_news(r), p->name, how, r->res->log_dir,
-              p->name);
+    if (!expected && !r->o->quiet) { /* with its own last words: the cause is rarely one file away */
+      char words[1200];
+      last_words(r, p, words, sizeof words);
+      fprintf(stderr, "%snewt run: %s exited (%s)%s%s; see %s/%s.log\n", live_news(r), p->name, how,
+              words[0] ? ": " : "", words, r->res->log_dir, p->name);
+    }
     if (p->kind == PROC_COORD && p->killed_by_chaos && !r->done && !r->stopping) {
       if (procs_spawn(r, PROC_COORD, r->next_coord++) != NEWT_OK)
         fprintf(stderr, "newt run: restarting a coordinator: %s\n", newt_errmsg());

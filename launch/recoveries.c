@@ -45,6 +45,7 @@ launcher_recovery *recoveries_add_unplanned(run *r, const char *cause, const fau
   rec->t_fault = rec->t_ms = f->t_ms;
   rec->step = rec->fault_step = r->step; /* training went on: nothing done again */
   rec->world = r->world;
+  rec->from_start_ms = -1;
   return rec;
 }
 
@@ -125,7 +126,7 @@ void launcher_recovery_of(const job_event *e, uint64_t t_fault, launcher_recover
   out->step_ms = rt.step_ms;
   out->total_ms = rt.total_ms;
   out->steps_lost = e->steps_lost;
-  out->outage_ms = out->pause_ms = out->resumed_ms = -1;
+  out->outage_ms = out->pause_ms = out->resumed_ms = out->from_start_ms = -1;
 }
 
 /* Notes in etcd a fault we injected, for the recovery of generation gen (job_fault): newt
@@ -183,7 +184,15 @@ static void on_recovered(run *r, const job_event *e) {
   if (from_fault && rec->t_ms == from_fault) note_fault(r, gen, from_fault, what);
   snprintf(rec->fault, sizeof rec->fault, "%s", what);
   rec->t_fault = t_fault;
+  /* a join we started: its start-up too, from the process start to the first step */
+  uint64_t end = rec->t_ms + (uint64_t)rec->total_ms;
+  if (!from_fault && t_fault && strcmp(cause, "join") == 0)
+    rec->from_start_ms = end > t_fault && (int64_t)(end - t_fault) > rec->total_ms ? (int64_t)(end - t_fault)
+                                                                                     : rec->total_ms;
   if (r->o->quiet) return;
+  char started[80] = "";
+  if (rec->from_start_ms >= 0)
+    snprintf(started, sizeof started, ", %lld ms from the joiner's process start", (long long)rec->from_start_ms);
   /* one account of the steps, as the summary, newt status and the report give it; a plan
      that took over from survivors who went on without etcd comes at a later step */
   char account[160];
@@ -194,9 +203,9 @@ static void on_recovered(run *r, const job_event *e) {
     snprintf(account, sizeof account, "the fault hit at step %lld, training went on from step %lld",
              (long long)rec->fault_step, (long long)from);
   fprintf(stderr,
-          "%snewt run: recovered from %s in %lld ms (detect %lld, plan %lld, comm %lld, restore %lld, first "
+          "%snewt run: recovered from %s in %lld ms%s (detect %lld, plan %lld, comm %lld, restore %lld, first "
           "step %lld ms; state from %s), generation %lld, %lld rank%s: %s, %lld step%s redone\n",
-          live_news(r), cause, (long long)rec->total_ms, (long long)rec->detect_ms, (long long)rec->plan_ms,
+          live_news(r), cause, (long long)rec->total_ms, started, (long long)rec->detect_ms, (long long)rec->plan_ms,
           (long long)rec->comm_ms, (long long)rec->restore_ms, (long long)rec->step_ms, restore, (long long)gen,
           (long long)world, world == 1 ? "" : "s", account, (long long)lost, lost == 1 ? "" : "s");
   if (lost > 0 && (strcmp(restore, "ckpt") == 0 || strcmp(restore, "init") == 0))

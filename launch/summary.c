@@ -108,6 +108,7 @@ static const codec_field recovery_fields[] = {
     {CODEC_CUSTOM(launcher_recovery, t_fault, "injected", put_injected, get_injected)},
     {CODEC_STR(launcher_recovery, fault, "fault"), CODEC_OMIT},
     {RECOVERY_OPT(resumed_ms, "resumed_ms"), CODEC_OMIT},
+    {RECOVERY_OPT(from_start_ms, "from_start_ms"), CODEC_OMIT}, /* a join newt run started */
     {RECOVERY_OPT(outage_ms, "outage_ms"), .skip = not_etcd},
     {RECOVERY_OPT(pause_ms, "pause_ms"), .skip = not_etcd},
     {CODEC_REAL(launcher_recovery, tps_before, "tokens_per_s_before"), .skip = not_etcd},

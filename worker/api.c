@@ -143,7 +143,10 @@ static newt_result_t resolve(const newt_join_opts *in, worker *w, char **passwor
   o->step_log = in->step_log ? in->step_log : env("NEWT_STEP_LOG");
   o->metrics_addr = in->metrics_addr ? in->metrics_addr : env("NEWT_METRICS_ADDR");
   o->termination_log = in->termination_log;
-  if (!o->job) return NEWT_ERR(NEWT_ERR_INVALID, "newt_join: no job (newt_join_opts.job, or NEWT_JOB)");
+  if (!o->job)
+    return NEWT_ERR(NEWT_ERR_INVALID, "newt_join: no job (newt_join_opts.job, or NEWT_JOB): run the program under "
+                    "newt, as `newt run -- PROGRAM [ARGS]` (or `newt worker -- PROGRAM`), which sets NEWT_JOB, "
+                    "NEWT_ETCD and the rest");
   NEWT_CHECK(int_opt(in->port, "NEWT_PORT", 0, 0, 65535, &o->port));
   NEWT_CHECK(int_opt(in->device, "NEWT_DEVICE", -1, -1, 4095, &o->device));
   NEWT_CHECK(int_opt(in->share_device, "NEWT_SHARE_DEVICE", 0, 0, 1, &o->share_device));
@@ -154,6 +157,11 @@ static newt_result_t resolve(const newt_join_opts *in, worker *w, char **passwor
   o->cuda_stream = in->cuda_stream;
   o->handle_signals = in->handle_signals != 0;
   o->spec_wait_ms = in->spec_wait_ms;
+  if (o->spec_wait_ms <= 0) { /* 0: NEWT_SPEC_WAIT_MS, else 60 s (read_spec) */
+    int ms = 0;
+    NEWT_CHECK(int_opt(NEWT_FROM_ENV, "NEWT_SPEC_WAIT_MS", 0, 1, 86400000, &ms));
+    o->spec_wait_ms = ms;
+  }
   if (in->memory) NEWT_CHECK(take(in->memory, in->memory->size, NULL, &o->memory, sizeof o->memory, "newt_join_opts.memory"));
   if (o->etcd.user) {
     if (!pw_file) return NEWT_ERR(NEWT_ERR_INVALID, "newt_join: etcd user %s needs a password file", o->etcd.user);
@@ -494,8 +502,12 @@ newt_result_t newt_state_restore(newt_ctx *c, newt_restore_info *out) {
                                                                     : "no generation (newt_step_begin says NEXT_GENERATION first)");
   if (out) NEWT_CHECK(writable(out, "newt_restore_info")); /* refused before anything is restored */
   newt_restore_info i = {.size = sizeof i};
-  NEWT_CHECK(worker_restore(c, &i));
-  NEWT_CHECK(worker_restored(c));
+  newt_result_t r = worker_restore(c, &i);
+  if (r == NEWT_OK) r = worker_restored(c);
+  if (r != NEWT_OK) { /* kept: a step begun unrestored says it (and so the termination message) */
+    snprintf(c->restore_err, sizeof c->restore_err, "%s", newt_errmsg());
+    return r;
+  }
   return out ? give(out, &i, sizeof i, "newt_restore_info") : NEWT_OK;
 }
 

@@ -272,6 +272,8 @@ struct newt_ctx {
   int have_end_marker;
   int trained_last;                 /* this rank trained the job's last step (its loss is the job's) */
   char failed_why[JOB_TEXT_MAX];
+  char restore_err[JOB_TEXT_MAX]; /* this generation's newt_state_restore failed, and why ("": not so):
+                                     the root cause of a step begun unrestored */
   job_end end;                      /* how it ended (newt_finish) */
 };
 

@@ -409,6 +409,7 @@ static void await_declaration(worker *w) {
     worker_decl_free(&w->decl);
   }
   memset(&w->decl, 0, sizeof w->decl);
+  w->restore_err[0] = '\0';
   w->phase = PHASE_BUILT;
 }
 
@@ -762,6 +763,9 @@ newt_result_t worker_begin(worker *w, newt_batch *b, newt_next *next) {
     case PHASE_WAITING: return wait_generation(w, next);
     case PHASE_BUILT:
       if (generation_failed(w)) return recover(w, next); /* the restore's collectives failed */
+      if (w->restore_err[0]) /* the root cause, not this consequence of it */
+        return NEWT_ERR(NEWT_ERR_INVALID, "newt_step_begin: generation %llu is built but its state is not restored: "
+                        "its newt_state_restore failed: %s", (unsigned long long)w->plan.generation, w->restore_err);
       return NEWT_ERR(NEWT_ERR_INVALID, "newt_step_begin: generation %llu is built but its state is not restored "
                       "(declare it, then newt_state_restore)", (unsigned long long)w->plan.generation);
     case PHASE_RUNNING: break;
@@ -1025,26 +1029,43 @@ static newt_result_t read_secret(worker *w) {
   return NEWT_OK;
 }
 
-/* The job's spec from etcd, waiting for it to appear (and for etcd). */
+/* The job's spec from etcd, waiting for it to appear and for etcd to answer: spec_wait_ms in
+ * all (60 s by default), each call within what is left of it. Past it, an error that names
+ * etcd's address, what was tried and etcd's last answer. */
 static newt_result_t read_spec(worker *w) {
-  char *spec = NULL;
+  char *spec = NULL, last[512] = "", key[300], took[32];
   int64_t wait = w->o.spec_wait_ms > 0 ? w->o.spec_wait_ms : 60000;
   newt_deadline_t d = newt_deadline_in_ms(wait);
+  double warned = 0;
+  int tries = 0, away = 0;
+  if (job_key(key, sizeof key, w->o.job, JOB_REC_SPEC, 0, NULL) != NEWT_OK) snprintf(key, sizeof key, "its spec");
+  newt_fmt_duration((double)wait / 1e3, took, sizeof took);
   for (;;) {
-    newt_result_t r = job_spec_get(w->etcd, w->o.job, job_call_deadline(), &spec);
+    newt_result_t r = job_spec_get(w->etcd, w->o.job, newt_deadline_min(job_call_deadline(), d), &spec);
+    tries++;
     if (r == NEWT_OK) break;
-    if (rdzv_etcd_transient(r)) { /* etcd away: wait for it; the spec's own wait starts after */
-      NEWT_WARN(WORKER, "%s: reading the job's spec: %s (waiting for etcd)", w->id, newt_errmsg());
-      d = newt_deadline_in_ms(wait);
-      newt_sleep_ms(1000);
-    } else if (r != NEWT_ERR_NOTFOUND || newt_deadline_passed(d)) {
-      return r == NEWT_ERR_NOTFOUND
-                 ? NEWT_ERR(NEWT_ERR_NOTFOUND, "job %s has no spec in etcd at %s (start a coordinator with --spec)",
-                            w->o.job, rdzv_etcd_endpoints(w->etcd))
-                 : r;
+    if (r != NEWT_ERR_NOTFOUND && !rdzv_etcd_transient(r)) return r;
+    away = rdzv_etcd_transient(r);
+    if (away) {
+      snprintf(last, sizeof last, "%s", newt_errmsg());
+      if (newt_now_s() - warned >= 10) { /* said at most every 10 s */
+        NEWT_WARN(WORKER, "%s: reading the job's spec: %s (waiting for etcd at %s, %s in all)", w->id, last,
+                  rdzv_etcd_endpoints(w->etcd), took);
+        warned = newt_now_s();
+      }
+    }
+    if (newt_deadline_passed(d)) {
+      if (away)
+        return NEWT_ERR(NEWT_ERR_UNAVAILABLE, "newt_join: etcd at %s did not answer within %s (spec_wait_ms, "
+                        "NEWT_SPEC_WAIT_MS): %d tries to read %s; the last: %s", rdzv_etcd_endpoints(w->etcd), took,
+                        tries, key, last);
+      return NEWT_ERR(NEWT_ERR_NOTFOUND, "job %s has no spec in etcd at %s after %s (%s; start a coordinator with "
+                      "--spec, or run the program under `newt run -- PROGRAM`)", w->o.job,
+                      rdzv_etcd_endpoints(w->etcd), took, key);
     }
     if (worker_stop_asked(w)) return NEWT_ERR(NEWT_ERR_ABORTED, "stopped while waiting for the spec");
-    newt_sleep_ms(100);
+    int64_t pause = away ? 1000 : 100, left = newt_deadline_left_ms(d);
+    newt_sleep_ms(pause < left ? pause : left);
   }
   newt_result_t r = spec_from_json(spec, strlen(spec), &w->spec);
   if (r != NEWT_OK) {
@@ -1181,8 +1202,8 @@ int worker_finish(worker *w, newt_result_t r) {
     if (rdzv_registration_leave(w->reg, job_call_deadline()) != NEWT_OK)
       NEWT_WARN(WORKER, "%s: leaving: %s", w->id, newt_errmsg());
   }
-  char who[96];
-  snprintf(who, sizeof who, "newt worker %s", w->id);
+  char who[96]; /* no id yet: a join refused before it had one */
+  snprintf(who, sizeof who, "newt worker%s%s", w->id[0] ? " " : "", w->id);
   const char *path = job_termination_log(w->o.termination_log);
   teardown(w);
   if (r != NEWT_OK) (void)NEWT_ERR(r, "%s", msg);

@@ -1920,7 +1920,7 @@ static void test_netns_split(void) {
      build's partition no majority explains (if a plan with all four came first), or -- when
      one side's reports come after the report window -- that side left out as silent and
      accused: each way the leader says whom it left out alive */
-  T_CHECK_MSG(coord_said("the largest side goes on") || coord_said("alive (the others lost it"),
+  T_CHECK_MSG(coord_said("the largest side goes on") || coord_said("its registration's lease had not run out: fenced"),
               "the leader did not say how it decided the partition; logs in %s", tmpdir);
   T_CHECK(netns_split(&J, 0) == 0);
   netns_check_back(&J); /* everyone back in one generation, as soon as the links work */

@@ -154,6 +154,31 @@ def test_import_errors(tmp):
     print("ok import_errors", flush=True)
 
 
+def test_join_unreachable(tmp):
+    """newt.join with etcd on a closed loopback port gives up after its wait (spec_wait_s),
+    raising newt.Error that names etcd's address. The subprocess's timeout is a failsafe only."""
+    import socket
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()  # nothing listens there now
+    code = ("import newt\n"
+            "try:\n"
+            f"    newt.join(etcd='http://127.0.0.1:{port}', job='py-wait', spec_wait_s=1)\n"
+            "except newt.Error as e:\n"
+            "    print('raised', type(e).__name__, e, flush=True)\n")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("NEWT_")}
+    env["NEWT_TERMINATION_LOG"] = os.path.join(tmp, "join.end")
+    try:
+        p = subprocess.run([sys.executable, "-c", code], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                           text=True, timeout=120)
+        out = p.stdout
+    except subprocess.TimeoutExpired as e:
+        out = f"still waiting at the failsafe: {e.stdout}"
+    check("raised" in out and f"127.0.0.1:{port}" in out, f"join_unreachable: {out[-1500:]}")
+    print("ok join_unreachable", flush=True)
+
+
 def ddp_digests(logs, n):
     """Each rank's fingerprint of its BatchNorm buffers at the end (ddp.py's last line)."""
     out = {}
@@ -241,7 +266,7 @@ def test_ddp_zero1(tmp):
 CASES = {"misuse": test_misuse, "sigint": test_sigint, "init_optimizer_state": test_init_optimizer_state,
          "numpy": test_numpy, "import_errors": test_import_errors, "ddp_buffers": test_ddp_buffers,
          "ddp_no_sync": test_ddp_no_sync, "ddp_autocast": test_ddp_autocast, "ddp_zero1": test_ddp_zero1,
-         "dropped_work": test_dropped_work}
+         "dropped_work": test_dropped_work, "join_unreachable": test_join_unreachable}
 
 
 def main():
