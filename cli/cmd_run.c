@@ -10,6 +10,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "ckpt/ckpt.h"
 #include "cli/cmds.h"
 #include "cli/etcd_flags.h"
 #include "cli/program.h"
@@ -340,6 +341,9 @@ int newt_cmd_run(int argc, char **argv) {
   launcher_result res;
   newt_result_t r = launcher_run(&lo, &res);
   if (r != NEWT_OK) fprintf(stderr, "%s\n", newt_errmsg());
+  /* the step a run on the checkpoint directory resumes from, now that no process writes it */
+  int64_t newest = lo.spec.ckpt_dir[0] ? ckpt_latest_pointer(lo.spec.ckpt_dir) : -1;
+  res.newest_ckpt = newest > 0 ? newest : 0;
   if (res.done) {
     char repeated[64] = "", skipped[64] = ""; /* said where there are some */
     if (res.samples_repeated > 0)

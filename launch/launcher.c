@@ -22,7 +22,6 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "ckpt/ckpt.h"
 #include "common/clock.h"
 #include "common/fs.h"
 #include "common/proc.h"
@@ -439,9 +438,6 @@ newt_result_t launcher_run(const launcher_opts *o, launcher_result *res) {
   char why[1024];
   snprintf(why, sizeof why, "%s", rc != NEWT_OK ? newt_errmsg() : "");
   procs_stop_all(r);
-  /* the step a run on the checkpoint directory resumes from, once no process writes it */
-  int64_t newest = o->spec.ckpt_dir[0] ? ckpt_latest_pointer(o->spec.ckpt_dir) : -1;
-  res->newest_ckpt = newest > 0 ? newest : 0;
   if (!res->done) { /* cut short: the steps the ranks ended after the cut (a stop's last), from their log */
     for (int k = 0; k < 1024 && live_follow_steps(r); k++) {
     }

@@ -148,7 +148,8 @@ typedef struct launcher_result {
                             earlier run's, in resumed_dir); 0: it started afresh */
   char resumed_dir[512];
   int64_t newest_ckpt;   /* the newest checkpoint in spec.ckpt_dir once every process ended (its
-                            `latest`): the step a run on that directory resumes from; 0: none */
+                            `latest`, set by newt run): what a run on that directory resumes
+                            from; 0: none */
 } launcher_result;
 
 /* The options that cannot go together (chaos on etcd with --etcd, a cut without --netns, a
