@@ -40,7 +40,10 @@ static const char worker_epilogue[] =
     "elastic job runs; the program asks the library. A flag wins over an inherited variable;\n"
     "the rest of the environment is inherited. A COMMAND that cannot be run exits 2\n"
     "(docs/elastic.md).\n"
-    "With --local-workers N each local worker runs COMMAND so, LOCAL_RANK i of N.\n";
+    "With --local-workers N each local worker runs COMMAND so, LOCAL_RANK i of N.\n"
+    "NEWT_SPEC_WAIT_MS bounds how long joining waits for etcd to answer and for the job's spec\n"
+    "(default 60000: 60 s), the built-in trainer's and a COMMAND's alike; past it the worker exits\n"
+    "naming etcd's address.\n";
 
 /* An integer flag's fallback: the variable, when set (a bad value names it). */
 static newt_result_t env_int(const char *name, int64_t *v) {
