@@ -17,6 +17,7 @@
 #include "common/clock.h"
 #include "common/fs.h"
 #include "common/proc.h"
+#include "common/strutil.h"
 #include "common/sys.h"
 #include "launch/run.h"
 
@@ -281,6 +282,37 @@ static void left_out(run *r, const proc *p) {
   free(text);
 }
 
+/* The last line of <name>.log that says something (its tail read through the directory's
+ * descriptor, never through a link), made printable, into out; "" when there is none. */
+static void last_log_line(const run *r, const char *name, char *out, size_t cap) {
+  char file[64], buf[4097];
+  out[0] = '\0';
+  snprintf(file, sizeof file, "%s.log", name);
+  int fd = openat(r->log_fd, file, O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
+  if (fd < 0) return;
+  off_t end = lseek(fd, 0, SEEK_END);
+  ssize_t n = end < 0 ? -1 : pread(fd, buf, sizeof buf - 1, end > 4096 ? end - 4096 : 0);
+  close(fd);
+  if (n <= 0) return;
+  buf[n] = '\0';
+  while (n > 0 && (buf[n - 1] == '\n' || buf[n - 1] == '\r' || buf[n - 1] == ' ')) buf[--n] = '\0';
+  char *line = strrchr(buf, '\n');
+  newt_str_printable(out, cap, line ? line + 1 : buf);
+}
+
+/* A worker that exited 126 or 127 never ran newt's code (the shell or the loader could not
+ * start the program: a library not found, a file not executable), so it has no termination
+ * message: its log's last line is the loader's word, said here rather than one file away. */
+static void say_not_started(run *r, const proc *p, const char *how) {
+  char line[512];
+  last_log_line(r, p->name, line, sizeof line);
+  fprintf(stderr, "%snewt run: %s exited (%s): %s (%s/%s.log)\n", live_news(r), p->name, how,
+          line[0] ? line : "the program could not be started", r->res->log_dir, p->name);
+  if (strstr(line, "error while loading shared libraries"))
+    fprintf(stderr, "newt run: ---> HINT: build the program with $(pkg-config --cflags --libs newt): its rpath names "
+                    "libnewt's directory (docs/api.md, \"Build, link, run\"); or set LD_LIBRARY_PATH\n");
+}
+
 void procs_reap(run *r) {
   for (int i = 0; i < r->nprocs; i++) {
     proc *p = &r->procs[i];
@@ -297,7 +329,9 @@ void procs_reap(run *r) {
       left_out(r, p);
       expected = 1;
     }
-    if (!expected && !r->o->quiet)
+    if (!expected && !r->o->quiet && p->kind == PROC_WORKER && (p->status == 126 || p->status == 127))
+      say_not_started(r, p, how);
+    else if (!expected && !r->o->quiet)
       fprintf(stderr, "%snewt run: %s exited (%s); see %s/%s.log\n", live_news(r), p->name, how, r->res->log_dir,
               p->name);
     if (p->kind == PROC_COORD && p->killed_by_chaos && !r->done && !r->stopping) {
