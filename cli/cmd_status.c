@@ -393,10 +393,15 @@ static int say_run_over(const runfile *rf, int json) {
   } else {
     printf("job %s: ", rf->job);
     if (done) printf("done at step %lld, final loss %.4f", (long long)rf->steps, rf->loss);
-    else printf("%s at step %lld%s%s", rf->outcome, (long long)rf->steps, reason[0] ? ": " : "", reason);
+    else if (strcmp(rf->outcome, "failed") == 0) printf("FAILED at step %lld: %s", (long long)rf->steps, reason);
+    else if (reason[0]) printf("%s", reason); /* "interrupted by SIGINT at step 12", ... */
+    else printf("%s at step %lld", rf->outcome, (long long)rf->steps);
     printf(" (its newt run ended %s, and its etcd with it)\n", ago(newt_wall_ms(), rf->t_end_ms, a, sizeof a));
-    if (rf->log_dir[0] && (done || rf->steps > 0)) printf("  the run's report: newt report %s\n", rf->log_dir);
-    else if (rf->log_dir[0]) printf("  the run's files are in %s\n", rf->log_dir);
+    /* a report where newt run offers one: a run that made steps and was not cut short */
+    if (done || (rf->steps > 0 && strcmp(rf->outcome, "interrupted") != 0))
+      printf("  the run's report: newt report %s\n", rf->log_dir);
+    else
+      printf("  the run's files are in %s\n", rf->log_dir);
   }
   fflush(stdout);
   return rf->ended ? 0 : 1;

@@ -160,10 +160,10 @@ cd "$work" || finish
 check clean_dir_holds_only_client "the clean directory holds $(ls "$clean" | tr '\n' ' ')" \
   [ "$(ls "$clean" | tr '\n' ' ')" = "client.c client_shared client_static " ]
 # the rpath of newt.pc: the installed libnewt.so.0, with no LD_LIBRARY_PATH
-found=$(env -u LD_LIBRARY_PATH ldd "$clean/client_shared" | sed -n 's/^.*libnewt.so.0 => \([^ ]*\) .*$/\1/p')
+found=$(env -u LD_LIBRARY_PATH ldd "$clean/client_shared" | sed -n 's/^.*libnewt.so.0 => \(\/[^ ]*\) .*$/\1/p')
 check shared_needs_installed_lib "the shared client, with no LD_LIBRARY_PATH, does not take libnewt.so.0 from $lib: $(
   env -u LD_LIBRARY_PATH ldd "$clean/client_shared" | grep libnewt)" \
-  [ -n "$found" ] && [ "$found" -ef "$lib/libnewt.so.0" ]
+  sh -c "[ -n '$found' ] && [ '$found' -ef '$lib/libnewt.so.0' ]"
 check static_has_no_libnewt "the static client needs $(readelf -d "$clean/client_static" | grep -o 'libnewt[^]]*')" \
   sh -c "! readelf -d '$clean/client_static' | grep NEEDED | grep -q libnewt && nm '$clean/client_static' | grep -q ' T newt_join$'"
 
