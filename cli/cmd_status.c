@@ -3,7 +3,9 @@
  * ("12 s ago") and durations ("334 ms"). --watch refreshes it (in place on a terminal) until
  * the job is done; --json prints the same as one JSON object per line (per refresh with
  * --watch). A job with no keys in etcd is an error (exit 1, saying so). --wait-workers N
- * waits until at least N workers are registered (the Helm chart's test hook). */
+ * waits until at least N workers are registered (the Helm chart's test hook). Without --etcd
+ * (or NEWT_ETCD) a job of a `newt run` of this host is found by its record (launch/runfile.h),
+ * which also says how the run ended once its private etcd is gone: a watch ends with the run. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
