@@ -364,7 +364,8 @@ typedef struct found {
  * process is gone (a newer run of the name took the record, or none is left). */
 static int run_over(found *f) {
   runfile now;
-  if (runfile_read(f->rec.job, &now, NULL, 0) == NEWT_OK && now.pid == f->rec.pid && now.t_start_ms == f->rec.t_start_ms)
+  if (runfile_read(f->rec.job, &now, NULL, 0) == NEWT_OK && now.pid == f->rec.pid &&
+      now.t_start_ms == f->rec.t_start_ms)
     f->rec = now;
   return runfile_over(&f->rec);
 }
@@ -384,7 +385,8 @@ static int say_run_over(const runfile *rf, int json) {
     newt_json_add_int(e, "steps", rf->steps);
     cJSON_AddNumberToObject(e, "loss", rf->loss);
     cJSON_AddStringToObject(e, "log_dir", rf->log_dir);
-    cJSON_AddStringToObject(j, "state", done ? "done" : rf->ended && strcmp(rf->outcome, "failed") == 0 ? "failed" : "ended");
+    int failed = rf->ended && strcmp(rf->outcome, "failed") == 0;
+    cJSON_AddStringToObject(j, "state", done ? "done" : failed ? "failed" : "ended");
     char *t = newt_json_print(j);
     printf("%s\n", t ? t : "{}");
     free(t);

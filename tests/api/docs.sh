@@ -92,6 +92,7 @@ fi
 
 # --- docs/python.md ---------------------------------------------------------------------------
 if run python docs/python.md 1; then ok python_runs; else fail python_runs "$(tail -20 "$work/python.out")"; fi
+# shellcheck disable=SC3013 # dash's test knows -ef
 if [ "$(tail -1 "$work/python.out")" -ef "$prefix/lib/libnewt.so.0" ]; then ok python_loads_prefix_lib; else
   fail python_loads_prefix_lib "import newt printed $(tail -1 "$work/python.out"), not $prefix/lib/libnewt.so.0"
 fi

@@ -52,20 +52,18 @@ finish() {
 }
 # gone PID SECONDS: waits for the process to exit (a failsafe bound, not a measure)
 gone() {
-  n=0
+  end=$(($(date +%s) + $2))
   while kill -0 "$1" 2>/dev/null; do
-    n=$((n + 1))
-    [ "$n" -gt $(($2 * 10)) ] && return 1
+    [ "$(date +%s)" -ge "$end" ] && return 1
     sleep 0.1
   done
   return 0
 }
 # status_until JOB WORD OUT: `newt status --job JOB` until it exits 0 saying WORD (failsafe: 180 s)
 status_until() {
-  n=0
-  while [ "$n" -lt 900 ]; do
+  end=$(($(date +%s) + 180))
+  while [ "$(date +%s)" -lt "$end" ]; do
     if "$newt" status --job "$1" >"$3" 2>&1 && grep -q "$2" "$3"; then return 0; fi
-    n=$((n + 1))
     sleep 0.2
   done
   return 1
