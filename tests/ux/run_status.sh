@@ -88,7 +88,7 @@ check record_private "the record $rec or its directory is not this user's alone:
   [ "$(stat -c %a "$records")" = 700 -a "$(stat -c %a "$rec")" = 600 ]
 pw=$(cat "$work/live/etcd.password" 2>/dev/null)
 check record_holds_no_password "the record holds etcd's password: $(cat "$rec")" \
-  sh -c "[ -n '$pw' ] && ! grep -q '$pw' '$rec'"
+  sh -c "[ -n '$pw' ] && [ -f '$rec' ] && ! grep -q '$pw' '$rec'"
 chmod 644 "$rec"
 "$newt" status --job live >"$work/open.out" 2>&1
 check record_readable_refused "a record others can read was taken: $(cat "$work/open.out")" \
