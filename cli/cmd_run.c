@@ -368,9 +368,11 @@ int newt_cmd_run(int argc, char **argv) {
     }
   }
   free(json);
-  /* a run cut short has no report to offer: its files are kept, and it says where */
+  /* a run cut short, or one that made no step (its workers could not start), has no report to
+     offer: its files are kept, and the line above says where */
   int interrupted = strcmp(res.outcome, "interrupted") == 0, by_term = strstr(res.reason, "SIGTERM") != NULL;
-  if (res.log_dir[0] && !quiet && !interrupted) printf("newt run: the run's report: newt report %s\n", res.log_dir);
+  if (res.log_dir[0] && !quiet && !interrupted && (res.done || res.steps > 0))
+    printf("newt run: the run's report: newt report %s\n", res.log_dir);
   if (interrupted && lo.spec.ckpt_dir[0]) { /* what a run on the directory takes up, as it is on disk */
     if (res.newest_ckpt > 0)
       printf("newt run: the newest checkpoint in %s is step %lld: newt run with --ckpt-dir %s resumes from it (on "

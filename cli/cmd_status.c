@@ -3,7 +3,9 @@
  * ("12 s ago") and durations ("334 ms"). --watch refreshes it (in place on a terminal) until
  * the job is done; --json prints the same as one JSON object per line (per refresh with
  * --watch). A job with no keys in etcd is an error (exit 1, saying so). --wait-workers N
- * waits until at least N workers are registered (the Helm chart's test hook). */
+ * waits until at least N workers are registered (the Helm chart's test hook). Without --etcd
+ * (or NEWT_ETCD) a job of a `newt run` of this host is found by its record (launch/runfile.h),
+ * which also says how the run ended once its private etcd is gone: a watch ends with the run. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -14,12 +16,14 @@
 #include "common/clock.h"
 #include "common/json.h"
 #include "common/opts.h"
+#include "common/secret.h"
 #include "common/strutil.h"
 #include "common/sys.h"
 #include "job/plan.h"
 #include "job/records.h"
 #include "job/spec.h"
 #include "job/view.h"
+#include "launch/runfile.h"
 #include "rendezvous/rdzv.h"
 
 /* What status shows of a job: the typed picture (job/view.h) and what it derives from it. */
@@ -348,6 +352,105 @@ static void show(const status *st, int nevents, int json, int watch, int tty) {
   fflush(stdout);
 }
 
+/* --- a newt run job, found by its record (launch/runfile.h) ----------------------------------- */
+
+typedef struct found {
+  int have; /* the etcd is the one a newt run recorded for the job */
+  runfile rec;
+  char path[700];
+} found;
+
+/* Whether the run of the record is over, the record read again: it said how it ended, or its
+ * process is gone (a newer run of the name took the record, or none is left). */
+static int run_over(found *f) {
+  runfile now;
+  if (runfile_read(f->rec.job, &now, NULL, 0) == NEWT_OK && now.pid == f->rec.pid &&
+      now.t_start_ms == f->rec.t_start_ms)
+    f->rec = now;
+  return runfile_over(&f->rec);
+}
+
+/* The end of a run whose etcd ended with it, as its record says it: status's last word (the
+ * watch's too). 0 when the record says how it ended, 1 when its process went without a word. */
+static int say_run_over(const runfile *rf, int json) {
+  char a[48], reason[512];
+  newt_str_printable(reason, sizeof reason, rf->reason);
+  int done = rf->ended && strcmp(rf->outcome, "done") == 0;
+  if (json) {
+    cJSON *j = cJSON_CreateObject();
+    cJSON_AddStringToObject(j, "job", rf->job);
+    cJSON *e = cJSON_AddObjectToObject(j, "run_ended");
+    cJSON_AddStringToObject(e, "outcome", rf->ended ? rf->outcome : "gone");
+    cJSON_AddStringToObject(e, "reason", reason);
+    newt_json_add_int(e, "steps", rf->steps);
+    cJSON_AddNumberToObject(e, "loss", rf->loss);
+    cJSON_AddStringToObject(e, "log_dir", rf->log_dir);
+    int failed = rf->ended && strcmp(rf->outcome, "failed") == 0;
+    cJSON_AddStringToObject(j, "state", done ? "done" : failed ? "failed" : "ended");
+    char *t = newt_json_print(j);
+    printf("%s\n", t ? t : "{}");
+    free(t);
+    cJSON_Delete(j);
+  } else if (!rf->ended) {
+    printf("job %s: its newt run (pid %lld) is gone without saying how it ended (killed?), and its etcd with it; "
+           "the run's files are in %s\n", rf->job, (long long)rf->pid, rf->log_dir);
+  } else {
+    printf("job %s: ", rf->job);
+    if (done) printf("done at step %lld, final loss %.4f", (long long)rf->steps, rf->loss);
+    else if (strcmp(rf->outcome, "failed") == 0) printf("FAILED at step %lld: %s", (long long)rf->steps, reason);
+    else if (reason[0]) printf("%s", reason); /* "interrupted by SIGINT at step 12", ... */
+    else printf("%s at step %lld", rf->outcome, (long long)rf->steps);
+    printf(" (its newt run ended %s, and its etcd with it)\n", ago(newt_wall_ms(), rf->t_end_ms, a, sizeof a));
+    /* a report where newt run offers one: a run that made steps and was not cut short */
+    if (done || (rf->steps > 0 && strcmp(rf->outcome, "interrupted") != 0))
+      printf("  the run's report: newt report %s\n", rf->log_dir);
+    else
+      printf("  the run's files are in %s\n", rf->log_dir);
+  }
+  fflush(stdout);
+  return rf->ended ? 0 : 1;
+}
+
+/* The etcd of a newt run job when no --etcd (nor NEWT_ETCD) names one: its record's endpoint,
+ * user and files. The password is read with a secret file's checks (newt_secret_read). 0: go
+ * on (f->have says whether a record was found); else the exit status. */
+static int find_run(cli_etcd_flags *ef, found *f, char **password) {
+  memset(f, 0, sizeof *f);
+  if (cli_etcd_given(ef) || !ef->job || rdzv_check_name("--job", ef->job) != NEWT_OK) return 0;
+  newt_result_t r = runfile_read(ef->job, &f->rec, f->path, sizeof f->path);
+  if (r == NEWT_ERR_NOTFOUND) return 0;
+  if (r != NEWT_OK) {
+    fprintf(stderr, "newt status: %s\n", newt_errmsg());
+    return 1;
+  }
+  f->have = 1;
+  ef->endpoints = f->rec.etcd;
+  ef->user = ef->password_file = NULL; /* read below, with the checks of a secret */
+  ef->ca = f->rec.ca[0] ? f->rec.ca : NULL;
+  ef->cert = f->rec.cert[0] ? f->rec.cert : NULL;
+  ef->key = f->rec.key[0] ? f->rec.key : NULL;
+  if (!f->rec.user[0] || (f->rec.private_etcd && runfile_over(&f->rec))) return 0;
+  unsigned char *pw = NULL;
+  size_t len = 0;
+  if (newt_secret_read(f->rec.password_file, &pw, &len) != NEWT_OK) {
+    fprintf(stderr, "newt status: the etcd password of job %s's newt run (recorded in %s): %s\n", ef->job, f->path,
+            newt_errmsg());
+    return 1;
+  }
+  while (len > 0 && (pw[len - 1] == '\n' || pw[len - 1] == '\r')) len--;
+  *password = malloc(len + 1);
+  if (*password) {
+    memcpy(*password, pw, len);
+    (*password)[len] = '\0';
+  }
+  newt_secret_free(pw, len);
+  if (!*password) {
+    fprintf(stderr, "newt status: out of memory\n");
+    return 1;
+  }
+  return 0;
+}
+
 int newt_cmd_status(int argc, char **argv) {
   cli_etcd_flags ef;
   cli_etcd_flags_init(&ef);
@@ -375,11 +478,19 @@ int newt_cmd_status(int argc, char **argv) {
   newt_deadline_t watch_end = newt_deadline_in_ms(watch && timeout > 0 ? timeout : -1); /* -1: none */
   if (timeout < 0) timeout = 60000; /* --wait-workers' */
   rdzv_etcd_opts eo;
-  char *password = NULL;
+  char *password = NULL, *run_pw = NULL;
   rdzv_etcd *c = NULL;
+  found fd;
+  if ((rc = find_run(&ef, &fd, &run_pw)) != 0) return rc;
+  if (fd.have && fd.rec.private_etcd && runfile_over(&fd.rec)) return say_run_over(&fd.rec, json);
   if (cli_etcd_opts(&ef, &eo, &password) != NEWT_OK) {
     fprintf(stderr, "newt status: %s\n", newt_errmsg());
+    free(run_pw);
     return 2;
+  }
+  if (run_pw) {
+    eo.user = fd.rec.user;
+    eo.password = password = run_pw;
   }
   if (rdzv_etcd_init(&eo, &c) != NEWT_OK) {
     fprintf(stderr, "newt status: %s\n", newt_errmsg());
@@ -391,6 +502,7 @@ int newt_cmd_status(int argc, char **argv) {
   int n = 0;
   newt_result_t r;
   uint64_t away_since = 0; /* wall ms etcd stopped answering (--watch) */
+  int over = 0;            /* the recorded newt run of the job ended (--watch) */
   char clock[32];
   rc = 0;
   for (;;) {
@@ -405,6 +517,13 @@ int newt_cmd_status(int argc, char **argv) {
       newt_sleep_ms(200);
       continue;
     }
+    if (r != NEWT_OK && rdzv_etcd_transient(r) && fd.have && fd.rec.private_etcd && run_over(&fd)) {
+      /* the job's newt run ended, and its etcd with it: its record says how */
+      status_free(&st);
+      rc = say_run_over(&fd.rec, json);
+      r = NEWT_OK;
+      break;
+    }
     if (r != NEWT_OK && watch && rdzv_etcd_transient(r)) {
       /* --watch outlives an outage: say since when etcd is away, and look again */
       uint64_t now = newt_wall_ms();
@@ -416,8 +535,9 @@ int newt_cmd_status(int argc, char **argv) {
       fflush(tty ? stdout : stderr);
       status_free(&st);
       if (now - away_since >= (uint64_t)etcd_wait) { /* the job's etcd may have ended with it: do not spin */
-        fprintf(stderr, "%snewt status: giving up: etcd unreachable for %s, longer than --etcd-wait-ms %lld (a job "
-                "run by newt run stops its etcd when it ends)\n", tty ? "\n" : "", dur, (long long)etcd_wait);
+        fprintf(stderr, "%snewt status: giving up: etcd unreachable at %s for %s, longer than --etcd-wait-ms %lld (a "
+                "job run by newt run stops its etcd when it ends)\n", tty ? "\n" : "", eo.endpoints, dur,
+                (long long)etcd_wait);
         r = NEWT_OK;
         rc = 1;
         break;
@@ -444,17 +564,36 @@ int newt_cmd_status(int argc, char **argv) {
     }
     wait_workers = 0; /* waited for once, before the first look */
     if (!watch || done) break;
+    if (over) { /* its newt run ended, and this last look at etcd did not see the job end */
+      rc = say_run_over(&fd.rec, json);
+      break;
+    }
     if (newt_deadline_passed(watch_end)) {
       fprintf(stderr, "newt status: watched job %s for --timeout-ms %lld: it is still %s\n", ef.job, (long long)timeout, state);
       rc = 1;
       break;
     }
-    for (newt_deadline_t next = newt_deadline_in_ms(interval); !newt_deadline_passed(next) && !newt_stop_requested();)
+    /* the wait for the next look ends early when the run of a recorded job ends: one last look
+       at its etcd (the end marker), before its etcd is gone */
+    uint64_t looked = 0;
+    for (newt_deadline_t next = newt_deadline_in_ms(interval); !newt_deadline_passed(next) && !newt_stop_requested();) {
       newt_sleep_ms(20);
+      if (fd.have && fd.rec.private_etcd && newt_wall_ms() - looked >= 200) {
+        looked = newt_wall_ms();
+        if ((over = run_over(&fd))) break;
+      }
+    }
     if (newt_stop_requested()) break;
   }
   if (r != NEWT_OK) {
+    char run_dir[600];
     fprintf(stderr, "newt status: %s\n", newt_errmsg());
+    if (rdzv_etcd_transient(r) && fd.have)
+      fprintf(stderr, "newt status: that is the etcd of job %s's newt run (pid %lld), recorded in %s\n", ef.job,
+              (long long)fd.rec.pid, fd.path);
+    else if (rdzv_etcd_transient(r) && !cli_etcd_given(&ef) && runfile_dir(run_dir, sizeof run_dir) == NEWT_OK)
+      fprintf(stderr, "newt status: no newt run of job %s is recorded for this user on this host (%s): give the job's "
+              "etcd with --etcd URL (or NEWT_ETCD)\n", ef.job, run_dir);
     rc = 1;
   }
   rdzv_etcd_free(c);

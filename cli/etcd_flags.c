@@ -12,8 +12,10 @@ static const char *env_or(const char *name, const char *deflt) {
   return v && *v ? v : deflt;
 }
 
+const char cli_etcd_default[] = "http://127.0.0.1:2379";
+
 void cli_etcd_flags_init(cli_etcd_flags *f) {
-  f->endpoints = env_or("NEWT_ETCD", "http://127.0.0.1:2379");
+  f->endpoints = env_or("NEWT_ETCD", cli_etcd_default);
   f->user = env_or("NEWT_ETCD_USER", NULL);
   f->password_file = env_or("NEWT_ETCD_PASSWORD_FILE", NULL);
   f->ca = env_or("NEWT_ETCD_CA", NULL);
@@ -42,3 +44,5 @@ newt_result_t cli_etcd_opts(const cli_etcd_flags *f, rdzv_etcd_opts *o, char **p
   }
   return NEWT_OK;
 }
+
+int cli_etcd_given(const cli_etcd_flags *f) { return f->endpoints != cli_etcd_default; }

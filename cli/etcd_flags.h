@@ -24,8 +24,11 @@ typedef struct cli_etcd_flags {
   const char *job;
 } cli_etcd_flags;
 
-/* Fills defaults from the environment. */
+/* Fills defaults from the environment (endpoints: cli_etcd_default when NEWT_ETCD is not set). */
+extern const char cli_etcd_default[];
 void cli_etcd_flags_init(cli_etcd_flags *f);
+/* Whether the endpoints were given (--etcd or NEWT_ETCD), not the default. */
+int cli_etcd_given(const cli_etcd_flags *f);
 
 /* The client options the flags ask for; the password is read from its file into a
  * malloc'd string (*password, freed by the caller; trailing newline dropped). Checks

@@ -188,6 +188,51 @@ static newt_result_t put_spec(run *r) {
   return res;
 }
 
+/* path made absolute (as given when it cannot be) into out: a record is read from anywhere. */
+static void abs_path(char *out, size_t cap, const char *path) {
+  char *real = path && path[0] ? realpath(path, NULL) : NULL;
+  snprintf(out, cap, "%s", real ? real : path ? path : "");
+  free(real);
+}
+
+/* The record newt status finds the job by (runfile.h); a run goes on without it. */
+static void record(run *r) {
+  const launcher_opts *o = r->o;
+  runfile *rf = &r->rec;
+  memset(rf, 0, sizeof *rf);
+  snprintf(rf->job, sizeof rf->job, "%s", o->spec.job);
+  rf->pid = getpid();
+  rf->t_start_ms = r->res->t_start_ms;
+  rf->private_etcd = r->server != NULL;
+  snprintf(rf->etcd, sizeof rf->etcd, "%s", r->etcd_url);
+  const char *user = r->server ? r->etcd_user : o->etcd_client.user;
+  const char *pw = r->server ? r->etcd_pw_file : o->etcd_password_file;
+  snprintf(rf->user, sizeof rf->user, "%s", user ? user : "");
+  abs_path(rf->password_file, sizeof rf->password_file, pw);
+  if (o->etcd) {
+    abs_path(rf->ca, sizeof rf->ca, o->etcd_client.ca_file);
+    abs_path(rf->cert, sizeof rf->cert, o->etcd_client.cert_file);
+    abs_path(rf->key, sizeof rf->key, o->etcd_client.key_file);
+  }
+  abs_path(rf->log_dir, sizeof rf->log_dir, r->res->log_dir);
+  if (runfile_write(rf) == NEWT_OK) r->rec_written = 1;
+  else if (!o->quiet)
+    fprintf(stderr, "newt run: newt status --job %s cannot find this run by itself: %s\n", o->spec.job, newt_errmsg());
+}
+
+/* The one command that shows the job: `newt status --job NAME` where the record is written,
+ * else with the flags that reach its etcd. */
+static void say_status_command(const run *r) {
+  const runfile *rf = &r->rec;
+  if (r->rec_written) {
+    fprintf(stderr, "newt run: watch it with: newt status --job %s --watch\n", rf->job);
+    return;
+  }
+  fprintf(stderr, "newt run: watch it with: newt status --job %s --etcd %s", rf->job, rf->etcd);
+  if (rf->user[0]) fprintf(stderr, " --etcd-user %s --etcd-password-file %s", rf->user, rf->password_file);
+  fprintf(stderr, "%s%s --watch\n", rf->ca[0] ? " --etcd-ca " : "", rf->ca);
+}
+
 static newt_result_t start(run *r) {
   const launcher_opts *o = r->o;
   if (o->chaos.n) { /* our copy of the schedule: each marked once fired */
@@ -214,10 +259,12 @@ static newt_result_t start(run *r) {
   NEWT_CHECK(follow_start(r, newt_deadline_in_ms(5000)));
   for (int i = 0; i < o->coordinators; i++) NEWT_CHECK(procs_spawn(r, PROC_COORD, r->next_coord++));
   for (int i = 0; i < o->nproc; i++) NEWT_CHECK(procs_spawn(r, PROC_WORKER, r->next_worker++));
+  record(r);
   if (!o->quiet) {
     fprintf(stderr, "newt run: job %s: %d workers, %d coordinators, etcd %s%s%s%s, logs in %s\n", o->spec.job,
             o->nproc, o->coordinators, r->etcd_url, r->etcd_user[0] ? " (user " : "", r->etcd_user,
             r->etcd_user[0] ? ", --etcd-password-file etcd.password in the logs)" : "", r->res->log_dir);
+    say_status_command(r);
     for (int i = 0; i < r->nprocs; i++)
       if (r->procs[i].kind == PROC_COORD && r->procs[i].metrics_port)
         fprintf(stderr, "newt run: %s serves metrics at http://127.0.0.1:%d/metrics (the leader's are the job's)\n",
@@ -454,6 +501,17 @@ newt_result_t launcher_run(const launcher_opts *o, launcher_result *res) {
     if (strcmp(res->mismatches[i].action, "rollback") == 0 && res->mismatches[i].step > res->mismatches[i].back_to)
       res->samples_repeated += (res->mismatches[i].step - res->mismatches[i].back_to) * o->spec.global_batch;
   count_keys(r);
+  if (r->rec_written) { /* how it ended, before its etcd does: a watcher that finds it gone reads this */
+    runfile *rf = &r->rec;
+    rf->ended = 1;
+    snprintf(rf->outcome, sizeof rf->outcome, "%s", res->outcome);
+    snprintf(rf->reason, sizeof rf->reason, "%s", res->reason);
+    rf->steps = res->steps;
+    rf->loss = res->final_loss;
+    rf->t_end_ms = newt_wall_ms();
+    if (runfile_end(rf) != NEWT_OK && !o->quiet)
+      fprintf(stderr, "newt run: recording the end for newt status: %s\n", newt_errmsg());
+  }
   run_free(r);
   return rc == NEWT_OK ? NEWT_OK : NEWT_ERR(rc, "%s", why);
 }

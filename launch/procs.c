@@ -17,6 +17,7 @@
 #include "common/clock.h"
 #include "common/fs.h"
 #include "common/proc.h"
+#include "common/strutil.h"
 #include "common/sys.h"
 #include "launch/run.h"
 
@@ -261,27 +262,22 @@ proc *procs_find(run *r, const char *name) {
   return NULL;
 }
 
-/* The last line of a worker's log (a program that ended before newt_finish: the loader's
- * error, the end of a traceback, the program's own message), non-printing bytes as '?';
- * "" when there is none. */
-static void log_last_line(run *r, const proc *p, char *out, size_t cap) {
-  char name[64], tail[2048];
-  int fd = -1;
-  uint64_t size = 0;
+/* The last line of <name>.log that says something (its tail read through the directory's
+ * descriptor, never through a link), made printable, into out; "" when there is none. */
+static void last_log_line(const run *r, const char *name, char *out, size_t cap) {
+  char file[64], buf[4097];
   out[0] = '\0';
-  snprintf(name, sizeof name, "%s.log", p->name);
-  if (newt_fs_open_read_at(r->log_fd, r->res->log_dir, name, &fd, &size) != NEWT_OK) return;
-  off_t from = size > sizeof tail - 1 ? (off_t)(size - (sizeof tail - 1)) : 0;
-  ssize_t n = pread(fd, tail, sizeof tail - 1, from);
+  snprintf(file, sizeof file, "%s.log", name);
+  int fd = openat(r->log_fd, file, O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
+  if (fd < 0) return;
+  off_t end = lseek(fd, 0, SEEK_END);
+  ssize_t n = end < 0 ? -1 : pread(fd, buf, sizeof buf - 1, end > 4096 ? end - 4096 : 0);
   close(fd);
   if (n <= 0) return;
-  while (n > 0 && (tail[n - 1] == '\n' || tail[n - 1] == '\r' || tail[n - 1] == ' ')) n--;
-  tail[n] = '\0';
-  char *line = strrchr(tail, '\n');
-  line = line ? line + 1 : tail;
-  for (char *c = line; *c; c++)
-    if ((unsigned char)*c < 0x20 || (unsigned char)*c == 0x7f) *c = '?';
-  snprintf(out, cap, "%.1100s", line);
+  buf[n] = '\0';
+  while (n > 0 && (buf[n - 1] == '\n' || buf[n - 1] == '\r' || buf[n - 1] == ' ')) buf[--n] = '\0';
+  char *line = strrchr(buf, '\n');
+  newt_str_printable(out, cap, line ? line + 1 : buf);
 }
 
 /* What a worker said as it ended: its termination message (<name>.end, written by
@@ -296,7 +292,7 @@ static void last_words(run *r, const proc *p, char *out, size_t cap) {
     snprintf(out, cap, "%.*s", (int)len, text ? text : "");
     free(text);
   }
-  if (!out[0]) log_last_line(r, p, out, cap);
+  if (!out[0]) last_log_line(r, p->name, out, cap);
 }
 
 /* A worker that ended left out (it trained, was left out and not taken back before the job
@@ -338,8 +334,15 @@ void procs_reap(run *r) {
     if (!expected && !r->o->quiet) { /* with its own last words: the cause is rarely one file away */
       char words[1200];
       last_words(r, p, words, sizeof words);
+      if (!words[0] && p->kind == PROC_WORKER && (p->status == 126 || p->status == 127))
+        snprintf(words, sizeof words, "the program could not be started");
       fprintf(stderr, "%snewt run: %s exited (%s)%s%s; see %s/%s.log\n", live_news(r), p->name, how,
               words[0] ? ": " : "", words, r->res->log_dir, p->name);
+      /* 126, 127: the shell or the loader could not start the program (it ran none of newt's
+         code, and its log's last line is the loader's word) */
+      if (p->kind == PROC_WORKER && p->status == 127 && strstr(words, "error while loading shared libraries"))
+        fprintf(stderr, "newt run: ---> HINT: build the program with $(pkg-config --cflags --libs newt): its rpath "
+                        "names libnewt's directory (docs/api.md, \"Build, link, run\"); or set LD_LIBRARY_PATH\n");
     }
     if (p->kind == PROC_COORD && p->killed_by_chaos && !r->done && !r->stopping) {
       if (procs_spawn(r, PROC_COORD, r->next_coord++) != NEWT_OK)

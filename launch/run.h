@@ -12,6 +12,8 @@
  *   follow.c      the job as the launcher sees it (job/view.h): progress, the end marker,
  *                 checkpoints and events as they come; the plan in force and the end marker
  *                 read directly
+ *   runfile.c     the record of the run for `newt status --job` (runfile.h: where its etcd
+ *                 is, how it ended), written by launcher.c, read by cli/cmd_status.c
  *
  * What the watch's thread writes (progress, done, the events not handled yet, etcd_lost_ms)
  * is under mu; everything else is the main loop's. */
@@ -25,6 +27,7 @@
 #include "launch/chaos.h"
 #include "launch/launcher.h"
 #include "launch/netns.h"
+#include "launch/runfile.h"
 #include "rendezvous/etcd_server.h"
 
 typedef enum proc_kind { PROC_WORKER, PROC_COORD } proc_kind;
@@ -131,6 +134,9 @@ typedef struct run {
   netns_net *net; /* --netns: the namespaces (NULL: none) */
   cut *cuts;
   int ncuts;
+
+  runfile rec;     /* where newt status finds the job (runfile.h) ... */
+  int rec_written; /* ... once written */
 } run;
 
 /* Milliseconds from b to a, wall times (0 where a is before b). */

@@ -138,7 +138,7 @@ _PROTOS = {
 
 def _candidates():
     """Where libnewt.so may be, in order: NEWT_LIBRARY; beside this package in the build tree
-    (build/python/newt -> build/lib) or in an install (PREFIX/lib/pythonX.Y/dist-packages/newt
+    (build/python/newt -> build/lib) or in an install (PREFIX/lib/python3/dist-packages/newt
     -> PREFIX/lib); then the loader's own search (LD_LIBRARY_PATH, ld.so.cache)."""
     env = os.environ.get("NEWT_LIBRARY")
     if env:

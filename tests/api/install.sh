@@ -11,10 +11,15 @@
 #      copy of tests/api/client.c, the client is built with it twice: against libnewt.so
 #      (newt.pc), and with libnewt.a linked in (newt-static.pc, the other libraries shared);
 #   4. both binaries are the two workers of one real job, run by the installed newt
-#      (`newt run --nproc 2 -- worker.sh`: worker 0 runs the shared client with LD_LIBRARY_PATH
-#      on the installed lib, worker 1 the static one without it): the job ends done, and both
-#      print the same final state, the one computed here independently (awk) from the same
-#      deterministic update.
+#      (`newt run --nproc 2 -- worker.sh`: worker 0 runs the shared client, worker 1 the static
+#      one, neither with LD_LIBRARY_PATH: newt.pc's rpath finds libnewt.so): the job ends done,
+#      and both print the same final state, the one computed here independently (awk) from the
+#      same deterministic update; a client linked without the rpath (-L -lnewt alone) cannot
+#      start, and `newt run` says the loader's message from the worker's log, offering no report
+#      of a run that made no step;
+#   5. the Python package (PREFIX/lib/python3/dist-packages/newt) imports with that directory
+#      on PYTHONPATH and loads the installed libnewt; newt.pth in PREFIX/lib/python3.X/
+#      dist-packages (a directory Debian's python3 searches for /usr/local) leads to it.
 #
 # usage: install.sh BUILD_DIR (ctest passes it; NEWT_SOURCE_DIR is the source tree;
 # NEWT_CLIENT_CFLAGS, flags the client must be built with too: a sanitized build's). Prints a
@@ -154,9 +159,11 @@ cd "$work" || finish
 [ -x "$clean/client_shared" ] && [ -x "$clean/client_static" ] || finish
 check clean_dir_holds_only_client "the clean directory holds $(ls "$clean" | tr '\n' ' ')" \
   [ "$(ls "$clean" | tr '\n' ' ')" = "client.c client_shared client_static " ]
-check shared_needs_installed_lib "the shared client does not take libnewt.so.0 from $lib: $(
-  LD_LIBRARY_PATH=$lib ldd "$clean/client_shared" | grep libnewt)" \
-  sh -c "LD_LIBRARY_PATH='$lib' ldd '$clean/client_shared' | grep -q 'libnewt.so.0 => $lib/'"
+# the rpath of newt.pc: the installed libnewt.so.0, with no LD_LIBRARY_PATH
+found=$(env -u LD_LIBRARY_PATH ldd "$clean/client_shared" | sed -n 's/^.*libnewt.so.0 => \(\/[^ ]*\) .*$/\1/p')
+check shared_needs_installed_lib "the shared client, with no LD_LIBRARY_PATH, does not take libnewt.so.0 from $lib: $(
+  env -u LD_LIBRARY_PATH ldd "$clean/client_shared" | grep libnewt)" \
+  sh -c "[ -n '$found' ] && [ '$found' -ef '$lib/libnewt.so.0' ]"
 check static_has_no_libnewt "the static client needs $(readelf -d "$clean/client_static" | grep -o 'libnewt[^]]*')" \
   sh -c "! readelf -d '$clean/client_static' | grep NEEDED | grep -q libnewt && nm '$clean/client_static' | grep -q ' T newt_join$'"
 
@@ -164,12 +171,12 @@ check static_has_no_libnewt "the static client needs $(readelf -d "$clean/client
 cat >"$work/worker.sh" <<EOF
 #!/bin/sh
 # worker 0 runs the shared client, the others the static one
+unset LD_LIBRARY_PATH
 if [ "\${LOCAL_RANK:-0}" = 0 ]; then
   echo "worker.sh: client_shared" >&2
-  LD_LIBRARY_PATH='$lib' exec '$clean/client_shared'
+  exec '$clean/client_shared'
 fi
 echo "worker.sh: client_static" >&2
-unset LD_LIBRARY_PATH
 exec '$clean/client_static'
 EOF
 chmod +x "$work/worker.sh"
@@ -199,15 +206,39 @@ got1=$(grep '^client: final' "$work/run/w1.log" 2>/dev/null)
 check same_final_state "w0 printed '$got0', w1 '$got1'" [ -n "$got0" -a "$got0" = "$got1" ]
 check expected_final_state "the clients printed '$got0', the update computed here gives '$want'" [ "$got0" = "$want" ]
 
+# a client linked without newt.pc's rpath cannot start: newt run says the loader's word
+if cc -O2 $xflags $cflags "$clean/client.c" -o "$work/client_norpath" -L"$lib" -lnewt -lm >"$work/cc_norpath.log" 2>&1; then
+  env -u LD_LIBRARY_PATH "$root$prefix/bin/newt" run --nproc 1 --steps 2 --global-batch 2 --micro-batch 2 \
+    --coordinators 1 --no-metrics --timeout-ms 120000 --log-dir "$work/norpath" -- "$work/client_norpath" \
+    >"$work/norpath.out" 2>&1
+  rc=$?
+  check not_started_says_loader "newt run (exit $rc) does not say the loader's message: $(cat "$work/norpath.out")" \
+    sh -c "[ $rc -ne 0 ] && grep -q 'w0 exited (exit 127): .*error while loading shared libraries: libnewt.so.0' \
+      '$work/norpath.out'"
+  check not_started_no_report "newt run offers a report of a run that made no step: $(cat "$work/norpath.out")" \
+    sh -c "! grep -q 'newt report' '$work/norpath.out'"
+else
+  fail build_norpath "cc client.c -L$lib -lnewt: $(head -20 "$work/cc_norpath.log")"
+fi
+
 # --- 5. the Python package ---------------------------------------------------------------------
-# installed beside the library (PREFIX/lib/python3.X/dist-packages/newt), it imports with
-# nothing but PYTHONPATH and loads the installed libnewt (not the build tree's)
-pkg=$(ls -d "$root$prefix"/lib/python3*/dist-packages/newt 2>/dev/null | head -1)
-check python_installed "no newt package under $root$prefix/lib/python3*/dist-packages" [ -n "$pkg" ]
-if [ -n "$pkg" ]; then
-  loaded=$(cd "$work" && env -u NEWT_LIBRARY PYTHONPATH="$(dirname "$pkg")" python3 -c \
+# installed beside the library (PREFIX/lib/python3/dist-packages/newt), it imports with
+# nothing but PYTHONPATH and loads the installed libnewt (not the build tree's); newt.pth in
+# PREFIX/lib/python3.X/dist-packages, a directory Debian's python3 searches for /usr/local,
+# names it (relative to itself: it holds under DESTDIR too)
+py=/usr/bin/python3
+[ -x "$py" ] || py=python3
+pkg=$root$prefix/lib/python3/dist-packages/newt
+check python_installed "no newt package at $pkg" [ -f "$pkg/__init__.py" ]
+if [ -f "$pkg/__init__.py" ]; then
+  loaded=$(cd "$work" && env -u NEWT_LIBRARY PYTHONPATH="$(dirname "$pkg")" "$py" -c \
     'import newt; print(newt.library_path, newt.library_version())' 2>&1)
   check python_import "import newt from the install printed: $loaded (expected $lib/libnewt.so.0)" \
     [ "${loaded%% *}" = "$lib/libnewt.so.0" ]
+  site=$root$prefix/lib/python$("$py" -c 'import sys; print("%d.%d" % sys.version_info[:2])')/dist-packages
+  loaded=$(cd "$work" && env -u NEWT_LIBRARY -u PYTHONPATH "$py" -c \
+    "import site; site.addsitedir('$site'); import newt; print(newt.library_path)" 2>&1)
+  check python_pth "import newt through $site/newt.pth printed: $loaded (expected $lib/libnewt.so.0)" \
+    [ "$loaded" = "$lib/libnewt.so.0" ]
 fi
 finish
