@@ -70,6 +70,8 @@ typedef struct coord {
   job_event said[8];            /* events a rank's report asks for (replicas that disagreed), to post
                                    outside the lock (coord_post_said) */
   int nsaid;
+  job_event said_last;          /* the last mismatch queued: the same one again (every rank of a
+                                   group reports a failing one) is posted once */
   char fatal_why[JOB_TEXT_MAX]; /* a rank of the plan in force reported that the job fails: why
                                    ("": none); kept apart from the reports, which the policy reads */
   c_ack *acks;

@@ -153,7 +153,13 @@ static void put_report(coord *c, const job_change *ch) {
     snprintf(ev.worker, sizeof ev.worker, "%s", ch->id);
     snprintf(ev.action, sizeof ev.action, "%s", rep.action);
     snprintf(ev.why, sizeof ev.why, "%s", rep.mismatch);
-    if (c->nsaid < (int)(sizeof c->said / sizeof c->said[0])) c->said[c->nsaid++] = ev; /* posted off the lock */
+    const job_event *l = &c->said_last;
+    int again = l->generation == ev.generation && l->step == ev.step && strcmp(l->action, ev.action) == 0 &&
+                strcmp(l->why, ev.why) == 0;
+    if (!again && c->nsaid < (int)(sizeof c->said / sizeof c->said[0])) {
+      c->said[c->nsaid++] = ev; /* posted off the lock */
+      c->said_last = ev;
+    }
   }
   if (rep.fatal[0]) { /* no failure to plan for: the job fails (coord_fatal_report) */
     if (!c->fatal_why[0]) snprintf(c->fatal_why, sizeof c->fatal_why, "%s", rep.fatal);

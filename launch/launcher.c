@@ -345,6 +345,25 @@ static int cut_short(run *r, int64_t step, newt_deadline_t deadline, newt_result
   if (procs_workers(r) || pending_joins) return 0;
   /* the watch may lag behind (etcd came back a moment ago): the end marker decides */
   if (follow_read_done(r, newt_deadline_in_ms(10000))) return 0;
+  /* the leader's word before the workers': its failed record, and the events before it (a
+     mismatch), may still be on their way when the workers it failed have all exited (they
+     said the job failed: a leader alive says it too, within a few seconds) */
+  int64_t rev = follow_etcd_revision(r, 1000);
+  char said[64];
+  int failed = worker_failure(r, said, sizeof said);
+  for (newt_deadline_t d = newt_deadline_in_ms(failed && procs_coordinators(r) ? 5000 : 3000);
+       !newt_deadline_passed(d) && !res->failed[0];) {
+    if (!failed && follow_caught_up(r, rev)) break;
+    newt_sleep_ms(5);
+    handle_queued(r, NULL, NULL);
+  }
+  handle_queued(r, NULL, NULL);
+  if (res->failed[0]) {
+    ended(res, "failed", "%s", res->failed);
+    *rc = NEWT_ERR(NEWT_ERR_ABORTED, "newt run: the job failed at step %lld: %s; logs in %s", (long long)step,
+                   res->failed, res->log_dir);
+    return 1;
+  }
   /* no leader said the job failed (none is left, or etcd is away), but the workers did */
   if (worker_failure(r, res->failed, sizeof res->failed)) {
     fprintf(stderr, "%snewt run: the job failed: %s\n", live_news(r), res->failed);

@@ -317,8 +317,10 @@ newt_result_t worker_verify(worker *w, int at_restore, int *rolled_back) {
     snprintf(why, sizeof why, "replicas disagree again at step %lld, the first check after the rollback to step %lld: "
              "%s. The program's own code makes them differ: %s", (long long)step, (long long)back, what, way_out);
   if (here) NEWT_ERROR(WORKER, "%s: the job fails: %s", w->id, why);
-  if (here && w->dp_rank == 0) worker_publish_mismatch(w, step, step, "fail", why); /* and the job fails */
-  else if (here) worker_report_fatal(w, &w->plan, why);
+  /* every rank of the group says it, the mismatch and the failure in one report: whichever
+     the leader reads first, it says the mismatch before the failure (it posts one of the
+     same words once) */
+  if (here) worker_publish_mismatch(w, step, step, "fail", why);
   w->failed = 1;
   snprintf(w->failed_why, sizeof w->failed_why, "%s", why);
   return NEWT_ERR(NEWT_ERR_ABORTED, "the job failed: %s", why);

@@ -23,11 +23,7 @@ src=${NEWT_SOURCE_DIR:-$(cd "$(dirname "$0")/../.." && pwd)}
 t0=$(date +%s)
 work=$(mktemp -d /tmp/newt-docs-XXXXXX)
 prefix=$work/opt/newt
-passed=0
-failed=0
-
-ok() { echo "ok     $1"; passed=$((passed + 1)); }
-fail() { echo "FAILED $1: $2"; failed=$((failed + 1)); }
+. "$src/tests/check.sh" # ok, fail, check
 finish() {
   echo "docs.sh: $(($(date +%s) - t0)) s"
   if [ "$failed" -eq 0 ] && [ -z "${NEWT_KEEP_LOGS:-}" ]; then rm -rf "$work"; else echo "files in $work"; fi

@@ -35,16 +35,8 @@ t0=$(date +%s)
 work=$(mktemp -d /tmp/newt-install-XXXXXX)
 root=$work/root
 prefix=/usr/local
-passed=0
-failed=0
 
-ok() { echo "ok     $1"; passed=$((passed + 1)); }
-fail() { echo "FAILED $1: $2"; failed=$((failed + 1)); }
-check() { # check NAME WHY COMMAND...: COMMAND must succeed
-  name=$1 why=$2
-  shift 2
-  if "$@"; then ok "$name"; else fail "$name" "$why"; fi
-}
+. "$src/tests/check.sh" # ok, fail, check
 finish() {
   echo "install.sh: $(($(date +%s) - t0)) s"
   if [ "$failed" -eq 0 ] && [ -z "${NEWT_KEEP_LOGS:-}" ]; then rm -rf "$work"; else echo "files in $work"; fi

@@ -2124,12 +2124,8 @@ static double cross_run(const char *newt, const char *job, int nproc, int steps,
 
 /* The summary of a run (NULL when it cannot be read: said). */
 static cJSON *read_summary(const char *path) {
-  char *text = NULL;
-  size_t n = 0;
-  cJSON *j = NULL;
-  T_OK(newt_fs_read_all(path, 1 << 20, &text, &n));
-  if (text) T_OK(newt_json_parse(text, n, path, &j));
-  free(text);
+  cJSON *j = e2e_read_json(path);
+  T_CHECK_MSG(j != NULL, "the summary %s does not read", path);
   return j;
 }
 

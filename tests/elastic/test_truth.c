@@ -68,40 +68,13 @@ static int job_run(const char *tag, int nproc, int steps, const char *const *ext
 
 /* The summary of run `tag` (NULL when it cannot be read). */
 static cJSON *summary_of(const char *tag) {
-  char path[512], *text = NULL;
-  size_t n;
+  char path[512];
   snprintf(path, sizeof path, "%s/%s.json", tmpdir, tag);
-  cJSON *j = NULL;
-  if (newt_fs_read_all(path, 1 << 20, &text, &n) == NEWT_OK) newt_json_parse(text, n, path, &j);
-  free(text);
-  return j;
-}
-
-static const char *str_of(const cJSON *j, const char *key) {
-  const cJSON *v = j ? cJSON_GetObjectItemCaseSensitive(j, key) : NULL;
-  return cJSON_IsString(v) ? v->valuestring : "";
-}
-
-static double num_of(const cJSON *j, const char *key) {
-  const cJSON *v = j ? cJSON_GetObjectItemCaseSensitive(j, key) : NULL;
-  return cJSON_IsNumber(v) ? v->valuedouble : NAN;
+  return e2e_read_json(path);
 }
 
 /* The loss of `newt train` over the same steps, batch and model (NaN when it failed). */
-static double train_loss(int steps) {
-  char st[16], *out = NULL;
-  snprintf(st, sizeof st, "%d", steps);
-  const char *argv[] = {newt_bin, "train", "--model", MODEL, "--seq-len", SEQ, "--steps", st, "--batch", GB,
-                        "--micro-batch", MB, NULL};
-  int rc = run_capture(argv, &out);
-  double loss = NAN;
-  const char *last = out ? strrchr(out, '{') : NULL; /* its closing JSON line */
-  cJSON *j = NULL;
-  if (rc == 0 && last && newt_json_parse(last, strlen(last), "train", &j) == NEWT_OK) loss = num_of(j, "final_loss");
-  cJSON_Delete(j);
-  free(out);
-  return loss;
-}
+static double train_loss(int steps) { return e2e_train_loss(tmpdir, newt_bin, MODEL, SEQ, GB, MB, steps); }
 
 /* Every worker of run tag that wrote a termination message says `prefix`...; how many did. */
 static int ends_say(const char *tag, int nproc, const char *prefix, const char *also) {
@@ -134,8 +107,8 @@ static void check_failed(const char *tag, int rc, const char *out, const char *b
               "%s: newt run does not say why the job failed:\n%s", tag, out ? out : "");
   T_CHECK_MSG(!out || !strstr(out, "newt run: done"), "%s: newt run claims the job done:\n%s", tag, out);
   cJSON *s = summary_of(tag);
-  T_CHECK_MSG(s && strcmp(str_of(s, "outcome"), "failed") == 0 && strstr(str_of(s, "failed"), "state lost at step "),
-              "%s: the summary's outcome is \"%s\" (failed: \"%s\")", tag, str_of(s, "outcome"), str_of(s, "failed"));
+  T_CHECK_MSG(s && strcmp(e2e_str(s, "outcome"), "failed") == 0 && strstr(e2e_str(s, "failed"), "state lost at step "),
+              "%s: the summary's outcome is \"%s\" (failed: \"%s\")", tag, e2e_str(s, "outcome"), e2e_str(s, "failed"));
   const cJSON *done = s ? cJSON_GetObjectItemCaseSensitive(s, "done") : NULL;
   T_CHECK_MSG(cJSON_IsFalse(done), "%s: the summary says the job is done", tag);
   cJSON_Delete(s);
@@ -172,16 +145,16 @@ static void test_state_loss(void) {
   cJSON *s = summary_of("restart");
   const cJSON *recs = s ? cJSON_GetObjectItemCaseSensitive(s, "recoveries") : NULL;
   const cJSON *r0 = recs ? cJSON_GetArrayItem(recs, 0) : NULL;
-  T_CHECK_MSG(cJSON_GetArraySize(recs) == 1 && strcmp(str_of(r0, "restore"), "init") == 0 && num_of(r0, "step") == 0,
+  T_CHECK_MSG(cJSON_GetArraySize(recs) == 1 && strcmp(e2e_str(r0, "restore"), "init") == 0 && e2e_num(r0, "step") == 0,
               "restart: the recovery did not start again from the initial state");
-  T_CHECK_MSG(num_of(r0, "fault_step") >= 12 && num_of(r0, "steps_lost") == num_of(r0, "fault_step") &&
-                  num_of(s, "samples_repeated") == num_of(r0, "steps_lost") * 24,
-              "restart: fault_step %.0f, steps_lost %.0f, samples_repeated %.0f do not add up", num_of(r0, "fault_step"),
-              num_of(r0, "steps_lost"), num_of(s, "samples_repeated"));
-  T_CHECK_MSG(strcmp(str_of(s, "outcome"), "done") == 0, "restart: outcome %s", str_of(s, "outcome"));
+  T_CHECK_MSG(e2e_num(r0, "fault_step") >= 12 && e2e_num(r0, "steps_lost") == e2e_num(r0, "fault_step") &&
+                  e2e_num(s, "samples_repeated") == e2e_num(r0, "steps_lost") * 24,
+              "restart: fault_step %.0f, steps_lost %.0f, samples_repeated %.0f do not add up", e2e_num(r0, "fault_step"),
+              e2e_num(r0, "steps_lost"), e2e_num(s, "samples_repeated"));
+  T_CHECK_MSG(strcmp(e2e_str(s, "outcome"), "done") == 0, "restart: outcome %s", e2e_str(s, "outcome"));
   double ref = train_loss(40);
-  T_CHECK_MSG(fabs(num_of(s, "final_loss") - ref) <= 1e-4 * fmax(1.0, fabs(ref)), "restart: final loss %.7f, "
-              "uninterrupted %.7f", num_of(s, "final_loss"), ref);
+  T_CHECK_MSG(fabs(e2e_num(s, "final_loss") - ref) <= 1e-4 * fmax(1.0, fabs(ref)), "restart: final loss %.7f, "
+              "uninterrupted %.7f", e2e_num(s, "final_loss"), ref);
   cJSON_Delete(s);
   char log[600], *text = NULL;
   size_t n;
@@ -207,19 +180,19 @@ static void test_state_ckpt(void) {
   cJSON *s = summary_of("ckpt");
   const cJSON *recs = s ? cJSON_GetObjectItemCaseSensitive(s, "recoveries") : NULL;
   const cJSON *r0 = recs ? cJSON_GetArrayItem(recs, 0) : NULL;
-  T_CHECK_MSG(cJSON_GetArraySize(recs) == 1 && strcmp(str_of(r0, "restore"), "ckpt") == 0 && num_of(r0, "step") >= 10,
+  T_CHECK_MSG(cJSON_GetArraySize(recs) == 1 && strcmp(e2e_str(r0, "restore"), "ckpt") == 0 && e2e_num(r0, "step") >= 10,
               "ckpt: the recovery did not go back to a checkpoint");
   /* one account: the step the fault hit, the step training went on from, the steps redone,
      and the samples trained twice */
-  double fault = num_of(r0, "fault_step"), from = num_of(r0, "step"), lost = num_of(r0, "steps_lost");
-  T_CHECK_MSG(fault >= 10 && lost == fault - from && lost > 0 && num_of(s, "samples_repeated") == lost * 24,
+  double fault = e2e_num(r0, "fault_step"), from = e2e_num(r0, "step"), lost = e2e_num(r0, "steps_lost");
+  T_CHECK_MSG(fault >= 10 && lost == fault - from && lost > 0 && e2e_num(s, "samples_repeated") == lost * 24,
               "ckpt: fault_step %.0f, step %.0f, steps_lost %.0f, samples_repeated %.0f do not add up", fault, from, lost,
-              num_of(s, "samples_repeated"));
-  T_CHECK_MSG(strcmp(str_of(s, "outcome"), "done") == 0 && num_of(s, "steps") == 40, "ckpt: outcome %s",
-              str_of(s, "outcome"));
+              e2e_num(s, "samples_repeated"));
+  T_CHECK_MSG(strcmp(e2e_str(s, "outcome"), "done") == 0 && e2e_num(s, "steps") == 40, "ckpt: outcome %s",
+              e2e_str(s, "outcome"));
   double ref = train_loss(40);
-  T_CHECK_MSG(fabs(num_of(s, "final_loss") - ref) <= 1e-4 * fmax(1.0, fabs(ref)),
-              "ckpt: final loss %.7f, uninterrupted %.7f", num_of(s, "final_loss"), ref);
+  T_CHECK_MSG(fabs(e2e_num(s, "final_loss") - ref) <= 1e-4 * fmax(1.0, fabs(ref)),
+              "ckpt: final loss %.7f, uninterrupted %.7f", e2e_num(s, "final_loss"), ref);
   cJSON_Delete(s);
 }
 
@@ -237,17 +210,17 @@ static void test_flip(void) {
   free(out);
   cJSON *s = summary_of("flip");
   const cJSON *m = mismatches_of(s), *m0 = cJSON_GetArrayItem(m, 0);
-  T_CHECK_MSG(cJSON_GetArraySize(m) == 1 && num_of(m0, "step") == 20 && num_of(m0, "back_to") == 10 &&
-                  strcmp(str_of(m0, "action"), "rollback") == 0 &&
-                  strstr(str_of(m0, "why"), "replicas disagree at step 20: h.0.ln1.w (1 tensor) differs on rank 1 (") &&
-                  strstr(str_of(m0, "why"), "rolled back to step 10"),
+  T_CHECK_MSG(cJSON_GetArraySize(m) == 1 && e2e_num(m0, "step") == 20 && e2e_num(m0, "back_to") == 10 &&
+                  strcmp(e2e_str(m0, "action"), "rollback") == 0 &&
+                  strstr(e2e_str(m0, "why"), "replicas disagree at step 20: h.0.ln1.w (1 tensor) differs on rank 1 (") &&
+                  strstr(e2e_str(m0, "why"), "rolled back to step 10"),
               "flip: the summary does not record the rollback from step 20 to 10, naming the tensor and the rank: %s",
-              str_of(m0, "why"));
-  T_CHECK_MSG(strcmp(str_of(s, "outcome"), "done") == 0 && num_of(s, "steps") == 40, "flip: outcome %s",
-              str_of(s, "outcome"));
-  T_CHECK_MSG(num_of(s, "samples_repeated") == 10 * 24, "flip: samples_repeated %.0f, the rollback redid 10 steps",
-              num_of(s, "samples_repeated"));
-  double loss = num_of(s, "final_loss");
+              e2e_str(m0, "why"));
+  T_CHECK_MSG(strcmp(e2e_str(s, "outcome"), "done") == 0 && e2e_num(s, "steps") == 40, "flip: outcome %s",
+              e2e_str(s, "outcome"));
+  T_CHECK_MSG(e2e_num(s, "samples_repeated") == 10 * 24, "flip: samples_repeated %.0f, the rollback redid 10 steps",
+              e2e_num(s, "samples_repeated"));
+  double loss = e2e_num(s, "final_loss");
   T_CHECK_MSG(fabs(loss - ref) <= 1e-5 * fabs(ref), "flip: final loss %.9f, uninterrupted %.9f", loss, ref);
   cJSON_Delete(s);
   /* the fault is real: unchecked, the same flip ends elsewhere */
@@ -256,8 +229,8 @@ static void test_flip(void) {
   free(out);
   s = summary_of("flip_off");
   T_CHECK_MSG(rc == 0 && cJSON_GetArraySize(mismatches_of(s)) == 0, "flip_off: exited %d", rc);
-  T_CHECK_MSG(fabs(num_of(s, "final_loss") - ref) > 1e-5 * fabs(ref),
-              "flip_off: the flipped bit changed nothing (final loss %.9f, uninterrupted %.9f)", num_of(s, "final_loss"),
+  T_CHECK_MSG(fabs(e2e_num(s, "final_loss") - ref) > 1e-5 * fabs(ref),
+              "flip_off: the flipped bit changed nothing (final loss %.9f, uninterrupted %.9f)", e2e_num(s, "final_loss"),
               ref);
   cJSON_Delete(s);
   /* on_mismatch fail: the job fails, naming it */
@@ -293,17 +266,17 @@ static void test_drift(void) {
      is no verified step to go back to, and it is the program's own doing */
   cJSON *s = summary_of("drift");
   const cJSON *m = mismatches_of(s), *m0 = cJSON_GetArrayItem(m, 0);
-  const char *why = str_of(m0, "why");
-  T_CHECK_MSG(strcmp(str_of(s, "outcome"), "failed") == 0 && cJSON_GetArraySize(m) == 1 &&
-                  strcmp(str_of(m0, "action"), "fail") == 0 && num_of(m0, "step") == 1,
+  const char *why = e2e_str(m0, "why");
+  T_CHECK_MSG(strcmp(e2e_str(s, "outcome"), "failed") == 0 && cJSON_GetArraySize(m) == 1 &&
+                  strcmp(e2e_str(m0, "action"), "fail") == 0 && e2e_num(m0, "step") == 1,
               "drift: the summary does not record the failure at the first check");
   T_CHECK_MSG(strstr(why, "replicas disagree at step 1, the first check of the job") &&
                   strstr(why, "model.1.running_mean, model.1.running_var (2 tensors) differ among ranks") &&
                   strstr(why, "The program's own code makes them differ") && strstr(why, "BatchNorm") &&
                   strstr(why, "declare it per rank"),
               "drift: the first check does not name the drifting buffers with the way out: %s", why);
-  T_CHECK_MSG(strstr(str_of(s, "failed"), "model.1.running_mean"), "drift: the failure does not name them: %s",
-              str_of(s, "failed"));
+  T_CHECK_MSG(strstr(e2e_str(s, "failed"), "model.1.running_mean"), "drift: the failure does not name them: %s",
+              e2e_str(s, "failed"));
   cJSON_Delete(s);
 }
 
@@ -317,7 +290,7 @@ static void test_left_out(void) {
   const cJSON *lo = s ? cJSON_GetObjectItemCaseSensitive(s, "left_out") : NULL;
   T_CHECK_MSG(cJSON_GetArraySize(lo) == 1 && strcmp(cJSON_GetArrayItem(lo, 0)->valuestring, "w2") == 0,
               "left: the summary does not count w2 as left out");
-  double loss = num_of(s, "final_loss");
+  double loss = e2e_num(s, "final_loss");
   cJSON_Delete(s);
   char path[600], *text = NULL, want[128];
   size_t n;

@@ -30,17 +30,9 @@ export XDG_RUNTIME_DIR="$work/xdg"
 mkdir -m 700 "$XDG_RUNTIME_DIR"
 unset NEWT_ETCD NEWT_ETCD_USER NEWT_ETCD_PASSWORD_FILE NEWT_JOB
 records=$XDG_RUNTIME_DIR/newt
-passed=0
-failed=0
 pids=""
 
-ok() { echo "ok     $1"; passed=$((passed + 1)); }
-fail() { echo "FAILED $1: $2"; failed=$((failed + 1)); }
-check() { # check NAME WHY COMMAND...: COMMAND must succeed
-  name=$1 why=$2
-  shift 2
-  if "$@"; then ok "$name"; else fail "$name" "$why"; fi
-}
+. "$(dirname "$0")/../check.sh" # ok, fail, check
 finish() {
   for p in $pids; do kill -INT "$p" 2>/dev/null; done
   for p in $pids; do wait "$p" 2>/dev/null; done
