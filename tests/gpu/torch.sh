@@ -6,7 +6,8 @@
 # newt.torch: each bucket's reduction on NCCL on torch's stream, from the hook); and
 # examples/torch/ddp.py, the stock DDP script, in fp16 with a GradScaler, one sample's gradient
 # made to overflow after the kill: every rank's scaler skips that step alike, and the run ends
-# as the script does on one worker (the same loss, one step skipped, the same scale).
+# as the script does on one worker (the same loss, the same steps skipped -- the overflow's at
+# least -- and the same scale).
 #
 #   tests/gpu/torch.sh NEWT OUT_DIR      (PYTHONPATH and NEWT_LIBRARY: the package and libnewt)
 #
@@ -86,11 +87,12 @@ for tag, ref in (("ref", None), ("kill", "ref"), ("kill_ddp", "ref"), ("fp16_ref
                    f"at most {tol})")
 sc = {tag: scaler_of(tag) for tag in ("fp16_ref", "fp16_kill")}
 for tag, v in sc.items():
-    if v is None or v[0] != 1:
-        bad.append(f"{tag}: rank 0's scaler skipped {v and v[0]} steps, expected the overflow's 1 (logs: "
+    if v is None or v[0] < 1:
+        bad.append(f"{tag}: rank 0's scaler skipped {v and v[0]} steps, expected the overflow's at least (logs: "
                    f"{out_dir}/torch-{tag}.logs)")
-if sc["fp16_ref"] and sc["fp16_kill"] and sc["fp16_ref"][1] != sc["fp16_kill"][1]:
-    bad.append(f"fp16: scale {sc['fp16_kill'][1]} after the kill, one worker's {sc['fp16_ref'][1]}")
+if sc["fp16_ref"] and sc["fp16_kill"] and sc["fp16_ref"] != sc["fp16_kill"]:
+    bad.append(f"fp16: after the kill the scaler skipped {sc['fp16_kill'][0]} steps and its scale is "
+               f"{sc['fp16_kill'][1]}; on one worker {sc['fp16_ref'][0]} and {sc['fp16_ref'][1]}")
 for m in bad:
     print("torch: FAILED:", m)
 ref, run, ddp, fp16 = s["ref"], s["kill"], s["kill_ddp"], s["fp16_kill"]
