@@ -10,6 +10,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <dirent.h>
 #include <sys/prctl.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -115,15 +116,55 @@ newt_result_t newt_proc_stop(pid_t pid, int64_t grace_ms) {
   return newt_proc_wait(pid, 10000, NULL);
 }
 
-int newt_proc_alive(pid_t pid) {
-  if (pid <= 0 || kill(pid, 0) != 0) return 0;
-  char path[64], state = '?';
-  snprintf(path, sizeof path, "/proc/%d/stat", (int)pid);
+/* The state letter of /proc/PATH/stat ('R', 'S', 'T', 'Z'...); '?' when it cannot be read. */
+static char stat_state(const char *path) {
+  char state = '?';
   FILE *f = fopen(path, "r");
-  if (!f) return 1;
+  if (!f) return '?';
   if (fscanf(f, "%*d (%*[^)]) %c", &state) != 1) state = '?';
   fclose(f);
+  return state;
+}
+
+int newt_proc_alive(pid_t pid) {
+  if (pid <= 0 || kill(pid, 0) != 0) return 0;
+  char path[64];
+  snprintf(path, sizeof path, "/proc/%d/stat", (int)pid);
+  char state = stat_state(path);
   return state != 'Z' && state != 'X';
+}
+
+/* 1 when every thread of pid is stopped (or gone). */
+static int all_threads_stopped(pid_t pid) {
+  char dir[64];
+  snprintf(dir, sizeof dir, "/proc/%d/task", (int)pid);
+  DIR *d = opendir(dir);
+  if (!d) return 1; /* gone */
+  int stopped = 1;
+  struct dirent *e;
+  while (stopped && (e = readdir(d))) {
+    if (e->d_name[0] == '.') continue;
+    char path[400];
+    snprintf(path, sizeof path, "%s/%s/stat", dir, e->d_name);
+    char st = stat_state(path);
+    stopped = st == 'T' || st == 't' || st == '?' || st == 'Z' || st == 'X';
+  }
+  closedir(d);
+  return stopped;
+}
+
+newt_result_t newt_proc_pause(pid_t pid, int64_t timeout_ms) {
+  if (pid <= 0 || kill(pid, SIGSTOP) != 0)
+    return NEWT_ERR(NEWT_ERR_SYS, "SIGSTOP to %d: %s", (int)pid, pid > 0 ? strerror(errno) : "no such process");
+  newt_deadline_t d = newt_deadline_in_ms(timeout_ms);
+  int64_t nap_us = 100;
+  while (!all_threads_stopped(pid)) {
+    if (newt_deadline_passed(d))
+      return NEWT_ERR(NEWT_ERR_TIMEOUT, "process %d not stopped %lld ms after SIGSTOP", (int)pid, (long long)timeout_ms);
+    newt_sleep_us(nap_us);
+    if (nap_us < 5000) nap_us *= 2;
+  }
+  return NEWT_OK;
 }
 
 const char *newt_proc_status_str(int st, char *buf, size_t cap) {

@@ -28,6 +28,11 @@ newt_result_t newt_proc_wait(pid_t pid, int64_t timeout_ms, int *status);
 /* SIGTERM, then SIGKILL after grace_ms, then reaps. */
 newt_result_t newt_proc_stop(pid_t pid, int64_t grace_ms);
 
+/* SIGSTOP, then waits (up to timeout_ms) until every thread of pid is stopped: a signal
+ * is delivered when each thread next enters the kernel, and a thread busy on another core
+ * may answer one more request after kill() returned. */
+newt_result_t newt_proc_pause(pid_t pid, int64_t timeout_ms);
+
 /* 1 when pid exists and is not a zombie of ours. */
 int newt_proc_alive(pid_t pid);
 

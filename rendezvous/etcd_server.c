@@ -553,7 +553,10 @@ static newt_result_t signal_all(rdzv_etcd_server *s, int sig, const char *what) 
     member *m = &s->m[i];
     if (!m->pid) continue;
     running++;
-    if (kill(m->pid, sig) != 0)
+    if (sig == SIGSTOP) { /* stopped on return: it answers nothing more */
+      newt_result_t r = newt_proc_pause(m->pid, 5000);
+      if (r != NEWT_OK) return NEWT_ERR(r, "%s: %s", who(s, i, name, sizeof name), newt_errmsg());
+    } else if (kill(m->pid, sig) != 0)
       return NEWT_ERR(NEWT_ERR_SYS, "%s to %s: %s", what, who(s, i, name, sizeof name), strerror(errno));
   }
   if (!running)
@@ -617,7 +620,12 @@ static newt_result_t member_signal(rdzv_etcd_server *s, int i, int sig, const ch
 }
 
 newt_result_t rdzv_etcd_server_member_pause(rdzv_etcd_server *s, int i) {
-  return member_signal(s, i, SIGSTOP, "SIGSTOP");
+  member *m = NULL;
+  char name[160];
+  NEWT_CHECK(member_at(s, i, &m));
+  if (!m->pid) return NEWT_ERR(NEWT_ERR_SYS, "SIGSTOP to %s: not running", who(s, i, name, sizeof name));
+  newt_result_t r = newt_proc_pause(m->pid, 5000); /* stopped on return: it answers nothing more */
+  return r == NEWT_OK ? NEWT_OK : NEWT_ERR(r, "%s: %s", who(s, i, name, sizeof name), newt_errmsg());
 }
 
 newt_result_t rdzv_etcd_server_member_resume(rdzv_etcd_server *s, int i) {
