@@ -249,7 +249,7 @@ out:
     rdzv_candidate_free(leader);
   }
   char prefix[128];
-  if (rdzv_key(prefix, sizeof prefix, job, "") == NEWT_OK)
+  if (newt_job_path(prefix, sizeof prefix, job, "") == NEWT_OK)
     rdzv_etcd_delete(c, prefix, 1, newt_deadline_in_ms(10000), NULL, NULL);
   newt_buf_free(&plan);
   free(b.ids);

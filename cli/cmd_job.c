@@ -18,7 +18,7 @@
  * on a lease (a process keeps it alive; a key without one is no process's). */
 static newt_result_t count_keys(rdzv_etcd *c, const char *job, int64_t *all, int64_t *live) {
   char prefix[256], sub[256];
-  NEWT_CHECK(rdzv_key(prefix, sizeof prefix, job, ""));
+  NEWT_CHECK(newt_job_path(prefix, sizeof prefix, job, ""));
   rdzv_etcd_kvs n;
   NEWT_CHECK(rdzv_etcd_range(c, prefix, &(rdzv_etcd_range_opts){.prefix = 1, .count_only = 1},
                              newt_deadline_in_ms(5000), &n));
@@ -66,7 +66,7 @@ static int job_rm(rdzv_etcd *c, const char *job, int yes, int force) {
   }
   char prefix[256];
   int64_t deleted = 0;
-  if (rdzv_key(prefix, sizeof prefix, job, "") != NEWT_OK ||
+  if (newt_job_path(prefix, sizeof prefix, job, "") != NEWT_OK ||
       rdzv_etcd_delete(c, prefix, 1, newt_deadline_in_ms(10000), &deleted, NULL) != NEWT_OK) {
     fprintf(stderr, "newt job rm: %s\n", newt_errmsg());
     return 1;

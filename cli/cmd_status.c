@@ -416,7 +416,7 @@ static int say_run_over(const runfile *rf, int json) {
  * on (f->have says whether a record was found); else the exit status. */
 static int find_run(cli_etcd_flags *ef, found *f, char **password) {
   memset(f, 0, sizeof *f);
-  if (cli_etcd_given(ef) || !ef->job || rdzv_check_name("--job", ef->job) != NEWT_OK) return 0;
+  if (cli_etcd_given(ef) || !ef->job || newt_check_name("--job", ef->job) != NEWT_OK) return 0;
   newt_result_t r = runfile_read(ef->job, &f->rec, f->path, sizeof f->path);
   if (r == NEWT_ERR_NOTFOUND) return 0;
   if (r != NEWT_OK) {

@@ -85,7 +85,7 @@ static int exec_program(const cli_program *p, char **command) {
   job_end end = {.status = JOB_EXIT_USAGE};
   char id[128];
   cli_program_id(p, id, sizeof id);
-  newt_result_t r = rdzv_check_name("--id", id);
+  newt_result_t r = newt_check_name("--id", id);
   if (r == NEWT_OK) r = cli_program_env(p);
   int sig = 0;
   if (r == NEWT_OK) r = cli_program_exec(command, &sig);
@@ -119,7 +119,7 @@ static int run_agent(const cli_program *p, const agent_flags *af, const rdzv_etc
   cli_program_id(p, own_id, sizeof own_id);
   char first[96];
   snprintf(first, sizeof first, "%s-%lld", own_id, (long long)af->local_workers - 1);
-  if (rdzv_check_name("--id", first) != NEWT_OK) {
+  if (newt_check_name("--id", first) != NEWT_OK) {
     fprintf(stderr, "newt worker: %s (with --local-workers the ids are ID-0 ... ID-%lld)\n", newt_errmsg(),
             (long long)af->local_workers - 1);
     return 2;

@@ -28,7 +28,7 @@ newt_result_t cli_etcd_opts(const cli_etcd_flags *f, rdzv_etcd_opts *o, char **p
   memset(o, 0, sizeof *o);
   *password = NULL;
   if (!f->job || !*f->job) return NEWT_ERR(NEWT_ERR_INVALID, "--job: required (or set NEWT_JOB)");
-  NEWT_CHECK(rdzv_check_name("--job", f->job));
+  NEWT_CHECK(newt_check_name("--job", f->job));
   o->endpoints = f->endpoints;
   o->ca_file = f->ca;
   o->cert_file = f->cert;

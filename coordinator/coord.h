@@ -27,6 +27,7 @@
 #include "job/plan.h"
 #include "job/records.h"
 #include "job/spec.h"
+#include "job/store.h"
 #include "job/view.h"
 #include "rendezvous/rdzv.h"
 

@@ -321,7 +321,7 @@ static newt_result_t setup(coord *c, const coordinator_opts *o) {
   c->o = o;
   c->event_log_fd = -1;
   pthread_mutex_init(&c->mu, NULL);
-  newt_result_t r = rdzv_check_name("job", o->job);
+  newt_result_t r = newt_check_name("job", o->job);
   if (r == NEWT_OK && o->event_log) r = job_runlog_open(o->event_log, 0, &c->event_log_fd);
   if (o->id && *o->id) snprintf(c->id, sizeof c->id, "%s", o->id);
   else snprintf(c->id, sizeof c->id, "coordinator-%.32s-%d", newt_hostname(), (int)getpid());

@@ -9,7 +9,7 @@
 #include <string.h>
 
 #include "common/json.h"
-#include "rendezvous/rdzv.h"
+#include "common/name.h"
 
 /* --- fields in the struct ------------------------------------------------------------------ */
 
@@ -49,7 +49,7 @@ static int *count_of(void *rec, const codec_field *f) { return (int *)((char *)r
 static int count_in(const void *rec, const codec_field *f) { return *(const int *)((const char *)rec + f->count_off); }
 
 /* The names of a NAMES field: the array in the struct, or the malloc'd one it points to. */
-typedef char name_t[RDZV_NAME_MAX];
+typedef char name_t[NEWT_ID_MAX];
 static name_t *names_in(const void *rec, const codec_field *f) {
   if (f->cap > 0) return (name_t *)cat(rec, f);
   name_t *p;
@@ -276,7 +276,7 @@ static newt_result_t read_string(const cJSON *j, const char *what, const codec_f
   if (f->kind == CODEC_K_NAME) {
     char label[400];
     snprintf(label, sizeof label, "%s.%s", what, f->name);
-    NEWT_CHECK(rdzv_check_name(label, s));
+    NEWT_CHECK(newt_check_name(label, s));
   }
   memcpy(out, s, n + 1);
   if (f->kind == CODEC_K_TEXT) newt_text_scrub(out); /* readers print it: no terminal escape (C0, C1), no newline */
@@ -302,8 +302,8 @@ static newt_result_t read_names(const cJSON *j, const char *what, const codec_fi
     char label[400];
     snprintf(label, sizeof label, "%s.%s[%d]", what, f->name, i);
     if (!cJSON_IsString(x)) return NEWT_ERR(NEWT_ERR_INVALID, "%s: expected a worker id", label);
-    NEWT_CHECK(rdzv_check_name(label, x->valuestring));
-    snprintf(names[(*count)++], RDZV_NAME_MAX, "%s", x->valuestring);
+    NEWT_CHECK(newt_check_name(label, x->valuestring));
+    snprintf(names[(*count)++], NEWT_ID_MAX, "%s", x->valuestring);
   }
   return NEWT_OK;
 }

@@ -36,6 +36,7 @@
 #include <stdint.h>
 
 #include "common/err.h"
+#include "common/name.h"
 
 typedef enum codec_kind {
   CODEC_K_INT,       /* int64_t, uint64_t or int; an integer (a decimal string too, unless strict) */
@@ -49,9 +50,9 @@ typedef enum codec_kind {
   CODEC_K_TOKEN,     /* char[]: a name, an address or a word: 1 or more printable ASCII characters,
                         no blanks, quotes or backslashes */
   CODEC_K_STR,       /* char[]: any string that fits (a check says more, where it must) */
-  CODEC_K_NAME,      /* char[RDZV_NAME_MAX]: a worker id (rdzv_check_name) */
-  CODEC_K_NAMES,     /* worker ids: char[cap][RDZV_NAME_MAX] in the struct (cap > 0) or a malloc'd
-                        char (*)[RDZV_NAME_MAX] (cap 0, codec_free), their count an int at count_off */
+  CODEC_K_NAME,      /* char[NEWT_ID_MAX]: a worker id (newt_check_name) */
+  CODEC_K_NAMES,     /* worker ids: char[cap][NEWT_ID_MAX] in the struct (cap > 0) or a malloc'd
+                        char (*)[NEWT_ID_MAX] (cap 0, codec_free), their count an int at count_off */
   CODEC_K_OBJECT,    /* a nested object, described by `sub`, its fields in the same struct */
   CODEC_K_CUSTOM,    /* encode and decode say it all */
 } codec_kind;

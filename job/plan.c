@@ -23,10 +23,10 @@
 
 #include "common/clock.h"
 #include "common/json.h"
+#include "common/name.h"
 #include "common/strutil.h"
 #include "common/sys.h"
 #include "job/codec.h"
-#include "rendezvous/rdzv.h"
 
 int plan_choose_dp(const newt_spec *s, int64_t max_dp) {
   int64_t hi = max_dp < s->dp_max ? max_dp : s->dp_max;
@@ -595,7 +595,7 @@ static newt_result_t check_accum(const char *what, const void *rec) {
 }
 
 static const char *const switches[] = {"abort", "boundary", NULL};
-_Static_assert(PLAN_ID_MAX == RDZV_NAME_MAX, "a plan's spares are worker ids (CODEC_K_NAMES)");
+_Static_assert(PLAN_ID_MAX == NEWT_ID_MAX, "a plan's spares are worker ids (CODEC_K_NAMES)");
 
 /* The plan's fields in the order they are written. A plan comes from etcd, and status, logs and
  * the report print its words and names: printable characters only (CODEC_K_TOKEN). A plan's

@@ -1,24 +1,18 @@
 /* The records of a job in etcd (see records.h): keys, and for each record the table of its
  * fields (job/codec.h) that writes it (a cJSON document, so strings are always escaped), reads
- * it and checks every field it takes before anyone acts on it. */
+ * it and checks every field it takes before anyone acts on it. Bytes and structs only: the
+ * reads in etcd are job/store.c's. */
 #include "job/records.h"
 
 #include <math.h>
-#include <stdatomic.h>
 #include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "common/json.h"
-#include "common/log.h"
-#include "common/param.h"
 #include "common/strutil.h"
 #include "job/codec.h"
-
-NEWT_PARAM(EtcdCallMs, "NEWT_ETCD_CALL_MS", 5000)
-
-newt_deadline_t job_call_deadline(void) { return newt_deadline_in_ms(newt_param_EtcdCallMs()); }
 
 /* --- keys ------------------------------------------------------------------------------------ */
 
@@ -41,7 +35,7 @@ static const char *key_name(job_record rec) {
 }
 
 newt_result_t job_prefix(char *out, size_t cap, const char *job, job_record rec, int64_t generation) {
-  if (rec == JOB_REC_OTHER) return rdzv_key(out, cap, job, ""); /* the whole job */
+  if (rec == JOB_REC_OTHER) return newt_job_path(out, cap, job, ""); /* the whole job */
   const char *name = key_name(rec);
   if (!name || name[strlen(name) - 1] != '/')
     return NEWT_ERR(NEWT_ERR_INVALID, "job_prefix: record %d has a key of its own, no prefix", (int)rec);
@@ -50,7 +44,7 @@ newt_result_t job_prefix(char *out, size_t cap, const char *job, job_record rec,
     snprintf(suffix, sizeof suffix, "%s%020llu/", name, (unsigned long long)generation);
   else
     snprintf(suffix, sizeof suffix, "%s", name);
-  return rdzv_key(out, cap, job, suffix);
+  return newt_job_path(out, cap, job, suffix);
 }
 
 newt_result_t job_key(char *out, size_t cap, const char *job, job_record rec, uint64_t generation, const char *id) {
@@ -59,17 +53,17 @@ newt_result_t job_key(char *out, size_t cap, const char *job, job_record rec, ui
     return NEWT_ERR(NEWT_ERR_INVALID, "job_key: no single key for record %d", (int)rec);
   char suffix[128];
   if (rec == JOB_REC_REPORT || rec == JOB_REC_ACK) {
-    NEWT_CHECK(rdzv_check_name("worker id", id));
+    NEWT_CHECK(newt_check_name("worker id", id));
     snprintf(suffix, sizeof suffix, "%s%020llu/%s", name, (unsigned long long)generation, id);
   } else if (rec == JOB_REC_WORKER || rec == JOB_REC_LINKS) {
-    NEWT_CHECK(rdzv_check_name("worker id", id));
+    NEWT_CHECK(newt_check_name("worker id", id));
     snprintf(suffix, sizeof suffix, "%s%s", name, id);
   } else if (rec == JOB_REC_FAULT) {
     snprintf(suffix, sizeof suffix, "%s%020llu", name, (unsigned long long)generation);
   } else {
     snprintf(suffix, sizeof suffix, "%s", name);
   }
-  return rdzv_key(out, cap, job, suffix);
+  return newt_job_path(out, cap, job, suffix);
 }
 
 job_record job_key_parse(const char *rest, uint64_t *generation, const char **id) {
@@ -93,10 +87,10 @@ job_record job_key_parse(const char *rest, uint64_t *generation, const char **id
       if (generation) *generation = g;
     }
     if (rec == JOB_REC_REPORT || rec == JOB_REC_ACK || rec == JOB_REC_WORKER || rec == JOB_REC_LINKS) {
-      char name_copy[RDZV_NAME_MAX];
+      char name_copy[NEWT_ID_MAX];
       if (strlen(tail) >= sizeof name_copy) return JOB_REC_OTHER;
       snprintf(name_copy, sizeof name_copy, "%s", tail);
-      if (rdzv_check_name("worker id", name_copy) != NEWT_OK) return JOB_REC_OTHER;
+      if (newt_check_name("worker id", name_copy) != NEWT_OK) return JOB_REC_OTHER;
       if (id) *id = tail;
     }
     return rec;
@@ -328,40 +322,6 @@ int job_done_plausible(const job_done *d, const newt_spec *spec) {
   return d->step == spec->steps && d->samples == (uint64_t)spec->steps * (uint64_t)spec->global_batch;
 }
 
-int job_is_done(rdzv_etcd *c, const char *job, const newt_spec *spec, const job_auth *auth) {
-  return job_done_get(c, job, spec, auth, NULL);
-}
-
-/* The step of the job's progress record (-1: none, or unreadable). */
-static int64_t progress_step(rdzv_etcd *c, const char *job) {
-  char key[256];
-  rdzv_etcd_kv kv;
-  if (job_key(key, sizeof key, job, JOB_REC_PROGRESS, 0, NULL) != NEWT_OK) return -1;
-  if (rdzv_etcd_get(c, key, job_call_deadline(), &kv, NULL) != NEWT_OK) return -1;
-  job_progress p;
-  int64_t step = job_progress_from_json(kv.value, kv.value_len, &p) == NEWT_OK ? p.step : -1;
-  rdzv_etcd_kv_free(&kv);
-  return step;
-}
-
-int job_done_get(rdzv_etcd *c, const char *job, const newt_spec *spec, const job_auth *auth, job_done *out) {
-  char key[256];
-  rdzv_etcd_kv kv;
-  if (job_key(key, sizeof key, job, JOB_REC_DONE, 0, NULL) != NEWT_OK) return 0;
-  if (rdzv_etcd_get(c, key, job_call_deadline(), &kv, NULL) != NEWT_OK) return 0;
-  job_done d;
-  int ok = job_done_from_json(kv.value, kv.value_len, &d) == NEWT_OK;
-  int64_t rev = kv.mod_revision;
-  rdzv_etcd_kv_free(&kv);
-  /* the progress after the marker: a rank writes its last step's with it */
-  if (ok && job_done_counts(&d, key, spec, auth, progress_step(c, job)) != NEWT_OK) ok = 0;
-  /* said once per version of the record: the callers ask again and again */
-  static _Atomic int64_t said;
-  if (!ok && atomic_exchange(&said, rev) != rev) NEWT_WARN(JOB, "ignoring the end marker %s", newt_errmsg());
-  if (ok && out) *out = d;
-  return ok;
-}
-
 /* --- checkpoint pointer ---------------------------------------------------------------------- */
 
 static const codec_field ckpt_fields[] = {
@@ -385,19 +345,6 @@ static const codec_field failed_fields[] = {
 };
 static const codec_table failed_table = CODEC_TABLE(job_failed, "failed", failed_fields);
 RECORD_CODEC(job_failed, failed_table)
-
-int job_has_failed(rdzv_etcd *c, const char *job, job_failed *out) {
-  char key[256];
-  rdzv_etcd_kv kv;
-  if (job_key(key, sizeof key, job, JOB_REC_FAILED, 0, NULL) != NEWT_OK) return 0;
-  if (rdzv_etcd_get(c, key, job_call_deadline(), &kv, NULL) != NEWT_OK) return 0;
-  job_failed f;
-  int ok = job_failed_from_json(kv.value, kv.value_len, &f) == NEWT_OK;
-  if (!ok) NEWT_WARN(JOB, "ignoring %s: %s", key, newt_errmsg());
-  else if (out) *out = f;
-  rdzv_etcd_kv_free(&kv);
-  return ok;
-}
 
 /* --- events ---------------------------------------------------------------------------------- */
 
@@ -457,7 +404,7 @@ RECORD_CODEC(job_event, event_table)
 void job_event_free(job_event *e) { codec_free(&event_table, e); }
 
 /* A malloc'd copy of n worker ids (NULL for none); 0 when out of memory. */
-static int copy_ids(char (**dst)[RDZV_NAME_MAX], char (*src)[RDZV_NAME_MAX], int n) {
+static int copy_ids(char (**dst)[NEWT_ID_MAX], char (*src)[NEWT_ID_MAX], int n) {
   *dst = n > 0 && src ? malloc((size_t)n * sizeof **dst) : NULL;
   if (*dst) memcpy(*dst, src, (size_t)n * sizeof **dst);
   return *dst || n <= 0 || !src;

@@ -36,7 +36,10 @@
  * parser validates what it reads (types, ranges, names, the set a string comes from) and a
  * rejection names the record and the field: "report.kind: expected crash or hang, got
  * \"x\"". Writers produce only what their parser accepts (the tests check each round trip),
- * and the bytes the previous release wrote (tests/job/test_records_compat.c). */
+ * and the bytes the previous release wrote (tests/job/test_records_compat.c).
+ *
+ * This file and its codecs are pure: bytes to structs and back, no etcd (tests/arch checks
+ * it). Reading and writing the records in etcd is job/store.h's. */
 #ifndef NEWT_JOB_RECORDS_H
 #define NEWT_JOB_RECORDS_H
 
@@ -44,9 +47,9 @@
 
 #include "common/clock.h"
 #include "common/err.h"
+#include "common/name.h"
 #include "common/secret.h"
 #include "job/spec.h"
-#include "rendezvous/rdzv.h"
 
 #define JOB_ACCUSE_MAX 8   /* workers one report may name */
 #define JOB_TEXT_MAX 512   /* free text: a report's why, a waiting event's why */
@@ -87,9 +90,6 @@ newt_result_t job_prefix(char *out, size_t cap, const char *job, job_record rec,
  * or id gives JOB_REC_OTHER. */
 job_record job_key_parse(const char *rest, uint64_t *generation, const char **id);
 
-/* The deadline of one etcd call of the control plane (NEWT_ETCD_CALL_MS, 5 s). */
-newt_deadline_t job_call_deadline(void);
-
 /* --- what a rank says for itself, proved by the job secret ------------------------------------ */
 
 /* The records a rank writes for itself -- a report (a failed collective, replicas that
@@ -117,7 +117,7 @@ newt_result_t job_auth_load(job_auth *a, const char *path, const char *job);
 #define JOB_ACK_MAX 384 /* an acknowledgement folded into a registration, as JSON text */
 
 typedef struct job_worker {
-  char id[RDZV_NAME_MAX];
+  char id[NEWT_ID_MAX];
   char host[256];
   char domain[256];   /* its failure domain (a topology label: a node, a rack, a zone): what goes
                          as a unit; replicas are placed across domains. A record without one
@@ -155,7 +155,7 @@ newt_result_t job_worker_ack(const job_worker *w, job_ack *out);
 /* --- a coordinator's candidacy (election/<lease hex>, on its lease) ------------------------ */
 
 typedef struct job_candidacy {
-  char name[RDZV_NAME_MAX]; /* the coordinator's id */
+  char name[NEWT_ID_MAX]; /* the coordinator's id */
   char host[256];
   int64_t pid;
 } job_candidacy;
@@ -167,11 +167,11 @@ newt_result_t job_candidacy_from_json(const char *text, size_t len, job_candidac
 /* --- a failure report: a rank saw a collective of generation g fail -------------------------- */
 
 typedef struct job_report {
-  char worker[RDZV_NAME_MAX];                   /* who reports (the key's id) */
+  char worker[NEWT_ID_MAX];                   /* who reports (the key's id) */
   int hang;                                     /* "hang": no progress by the deadline; else "crash" */
   int build;                                    /* the generation never formed ("during":"build"):
                                                    the accused are those whose links were not made */
-  char accuse[JOB_ACCUSE_MAX][RDZV_NAME_MAX];   /* whom it lost (none: it cannot tell) */
+  char accuse[JOB_ACCUSE_MAX][NEWT_ID_MAX];   /* whom it lost (none: it cannot tell) */
   int naccuse;
   int64_t step;                                 /* the newest step every rank completed, as far as
                                                    it knows (-1: none) */
@@ -279,13 +279,6 @@ typedef struct job_done {
 
 char *job_done_to_json(const job_done *d);
 newt_result_t job_done_from_json(const char *text, size_t len, job_done *out);
-/* Whether the job has its end marker (reads /newt/<job>/done, and its progress; 0 also when
- * etcd cannot be reached: the caller asks again later). A marker counts only when it passes
- * its parser and job_done_counts: a forged or corrupt one is ignored, with a warning. auth:
- * the job's records key (NULL or none: the previous release's rule, no proof asked). */
-int job_is_done(rdzv_etcd *c, const char *job, const newt_spec *spec, const job_auth *auth);
-/* The same, and the marker in *out when it counts. */
-int job_done_get(rdzv_etcd *c, const char *job, const newt_spec *spec, const job_auth *auth, job_done *out);
 /* The end marker of a job of this spec: its last step, and the samples of every step. */
 int job_done_plausible(const job_done *d, const newt_spec *spec);
 newt_result_t job_done_seal(const job_auth *a, const char *key, job_done *d);
@@ -303,13 +296,11 @@ newt_result_t job_done_counts(const job_done *d, const char *key, const newt_spe
 typedef struct job_failed {
   char why[JOB_TEXT_MAX];
   uint64_t t_ms;
-  char coordinator[RDZV_NAME_MAX];
+  char coordinator[NEWT_ID_MAX];
 } job_failed;
 
 char *job_failed_to_json(const job_failed *f);
 newt_result_t job_failed_from_json(const char *text, size_t len, job_failed *out);
-/* Whether the job has failed (reads /newt/<job>/failed; 0 also when etcd cannot be reached). */
-int job_has_failed(rdzv_etcd *c, const char *job, job_failed *out);
 
 /* How a coordinator or worker process ended, for its exit status and its termination
  * message (Kubernetes shows the message in `kubectl describe pod`; the chart's Jobs act on
@@ -371,15 +362,15 @@ typedef enum job_event_type {
 typedef struct job_event {
   job_event_type type;
   uint64_t t_ms;
-  char coordinator[RDZV_NAME_MAX];
+  char coordinator[NEWT_ID_MAX];
   int64_t generation;
   char cause[JOB_WORD_MAX];
   int64_t world, dp, spares;
-  char (*excluded)[RDZV_NAME_MAX]; /* plan: malloc'd (job_event_free) */
+  char (*excluded)[NEWT_ID_MAX]; /* plan: malloc'd (job_event_free) */
   int nexcluded;
-  char (*spare_ids)[RDZV_NAME_MAX]; /* plan, spare: malloc'd (job_event_free) */
+  char (*spare_ids)[NEWT_ID_MAX]; /* plan, spare: malloc'd (job_event_free) */
   int nspare_ids;
-  char worker[RDZV_NAME_MAX];      /* fence */
+  char worker[NEWT_ID_MAX];      /* fence */
   char why[JOB_TEXT_MAX];          /* waiting, etcd, failed, spec; plan and spare: why spares */
   /* started, recovered: wall ms of the trigger, the earliest detection, the plan, and the
      slowest rank's communicator, restore and first step */

@@ -2,6 +2,7 @@
  * job_key / job_prefix, values from the records' codecs. */
 #include "job/store.h"
 
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -9,8 +10,13 @@
 
 #include "common/json.h"
 #include "common/log.h"
+#include "common/param.h"
 #include "common/sys.h"
 #include "job/codec.h"
+
+NEWT_PARAM(EtcdCallMs, "NEWT_ETCD_CALL_MS", 5000)
+
+newt_deadline_t job_call_deadline(void) { return newt_deadline_in_ms(newt_param_EtcdCallMs()); }
 
 /* --- plan, spec, events --------------------------------------------------------------------- */
 
@@ -96,6 +102,55 @@ newt_result_t job_event_post(rdzv_etcd *c, const char *job, const char *event_js
   size_t len = strlen(key);
   snprintf(key + len, sizeof key - len, "%016llu-%08x-%s", (unsigned long long)newt_wall_ms(), n, rnd);
   return rdzv_etcd_put(c, key, event_json, strlen(event_json), 0, d, NULL);
+}
+
+/* --- the end: done or failed ---------------------------------------------------------------- */
+
+int job_is_done(rdzv_etcd *c, const char *job, const newt_spec *spec, const job_auth *auth) {
+  return job_done_get(c, job, spec, auth, NULL);
+}
+
+/* The step of the job's progress record (-1: none, or unreadable). */
+static int64_t progress_step(rdzv_etcd *c, const char *job) {
+  char key[256];
+  rdzv_etcd_kv kv;
+  if (job_key(key, sizeof key, job, JOB_REC_PROGRESS, 0, NULL) != NEWT_OK) return -1;
+  if (rdzv_etcd_get(c, key, job_call_deadline(), &kv, NULL) != NEWT_OK) return -1;
+  job_progress p;
+  int64_t step = job_progress_from_json(kv.value, kv.value_len, &p) == NEWT_OK ? p.step : -1;
+  rdzv_etcd_kv_free(&kv);
+  return step;
+}
+
+int job_done_get(rdzv_etcd *c, const char *job, const newt_spec *spec, const job_auth *auth, job_done *out) {
+  char key[256];
+  rdzv_etcd_kv kv;
+  if (job_key(key, sizeof key, job, JOB_REC_DONE, 0, NULL) != NEWT_OK) return 0;
+  if (rdzv_etcd_get(c, key, job_call_deadline(), &kv, NULL) != NEWT_OK) return 0;
+  job_done d;
+  int ok = job_done_from_json(kv.value, kv.value_len, &d) == NEWT_OK;
+  int64_t rev = kv.mod_revision;
+  rdzv_etcd_kv_free(&kv);
+  /* the progress after the marker: a rank writes its last step's with it */
+  if (ok && job_done_counts(&d, key, spec, auth, progress_step(c, job)) != NEWT_OK) ok = 0;
+  /* said once per version of the record: the callers ask again and again */
+  static _Atomic int64_t said;
+  if (!ok && atomic_exchange(&said, rev) != rev) NEWT_WARN(JOB, "ignoring the end marker %s", newt_errmsg());
+  if (ok && out) *out = d;
+  return ok;
+}
+
+int job_has_failed(rdzv_etcd *c, const char *job, job_failed *out) {
+  char key[256];
+  rdzv_etcd_kv kv;
+  if (job_key(key, sizeof key, job, JOB_REC_FAILED, 0, NULL) != NEWT_OK) return 0;
+  if (rdzv_etcd_get(c, key, job_call_deadline(), &kv, NULL) != NEWT_OK) return 0;
+  job_failed f;
+  int ok = job_failed_from_json(kv.value, kv.value_len, &f) == NEWT_OK;
+  if (!ok) NEWT_WARN(JOB, "ignoring %s: %s", key, newt_errmsg());
+  else if (out) *out = f;
+  rdzv_etcd_kv_free(&kv);
+  return ok;
 }
 
 /* --- a worker's registration ---------------------------------------------------------------- */

@@ -10,6 +10,9 @@
 #include "job/records.h"
 #include "rendezvous/rdzv.h"
 
+/* The deadline of one etcd call of the control plane (NEWT_ETCD_CALL_MS, 5 s). */
+newt_deadline_t job_call_deadline(void);
+
 /* --- plan, spec, events --------------------------------------------------------------------- */
 
 /* The leader publishes plan `generation`: plan_json, the plan's record as its codec encoded it
@@ -24,6 +27,18 @@ newt_result_t job_spec_put(rdzv_etcd *c, const char *job, const char *spec_json,
 newt_result_t job_spec_get(rdzv_etcd *c, const char *job, newt_deadline_t d, char **spec_json);
 /* Appends an event (a JSON object: job_event_to_json's) under events/<ms>-<seq>-<rand>. */
 newt_result_t job_event_post(rdzv_etcd *c, const char *job, const char *event_json, newt_deadline_t d);
+
+/* --- the end: done or failed ---------------------------------------------------------------- */
+
+/* Whether the job has its end marker (reads /newt/<job>/done, and its progress; 0 also when
+ * etcd cannot be reached: the caller asks again later). A marker counts only when it passes
+ * its parser and job_done_counts: a forged or corrupt one is ignored, with a warning. auth:
+ * the job's records key (NULL or none: the previous release's rule, no proof asked). */
+int job_is_done(rdzv_etcd *c, const char *job, const newt_spec *spec, const job_auth *auth);
+/* The same, and the marker in *out when it counts. */
+int job_done_get(rdzv_etcd *c, const char *job, const newt_spec *spec, const job_auth *auth, job_done *out);
+/* Whether the job has failed (reads /newt/<job>/failed; 0 also when etcd cannot be reached). */
+int job_has_failed(rdzv_etcd *c, const char *job, job_failed *out);
 
 /* --- a worker's registration ---------------------------------------------------------------- */
 

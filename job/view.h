@@ -13,6 +13,10 @@
  *               the whole job again, and that batch comes marked resync: the caller's own
  *               picture starts again from it.
  *
+ * view.c decodes and builds the picture (bytes and structs, no etcd call: tests/arch checks
+ * it); follow.c, on the store side with store.c, reads etcd for it (job_change_get,
+ * job_view_read, job_follow_*).
+ *
  * A record its codec refuses never reaches a caller as a record: its change has rec
  * JOB_REC_OTHER and `refused` set, and the warning that names the key and the field is the
  * caller's to give (each client words it for its reader). */
@@ -32,7 +36,7 @@ typedef struct job_change {
   int refused;             /* its codec refused the value: newt_errmsg() said why (in `why`) */
   char why[512];           /* refused: the codec's error, naming the record and the field */
   const rdzv_etcd_kv *kv;  /* the key, its lease and revisions (the caller's, borrowed) */
-  char id[RDZV_NAME_MAX];  /* workers/<id>, reports/<g>/<id>, acks/<g>/<id>, links/<id> */
+  char id[NEWT_ID_MAX];  /* workers/<id>, reports/<g>/<id>, acks/<g>/<id>, links/<id> */
   uint64_t generation;     /* reports/<g>/..., acks/<g>/..., faults/<g> */
   union {
     job_worker worker; /* lease and revisions filled from kv; its id is the key's, else refused */
@@ -59,7 +63,7 @@ void job_change_free(job_change *c);
 /* kv decoded as record rec of job: NEWT_ERR_INVALID, naming the key and why, when its codec
  * refuses it or it is another record (nothing is left to free then). */
 newt_result_t job_change_expect(const char *job, const rdzv_etcd_kv *kv, job_record rec, job_change *out);
-/* The job's record rec (a key of its own: job_key) read and decoded (job_change_expect;
+/* The job's record rec (a key of its own: job_key) read and decoded (follow.c) (job_change_expect;
  * out->kv is NULL, what the change holds is its own); NEWT_ERR_NOTFOUND: no such key. */
 newt_result_t job_change_get(rdzv_etcd *c, const char *job, job_record rec, newt_deadline_t d, job_change *out);
 
@@ -92,7 +96,11 @@ typedef struct job_view {
 /* Takes one change into the picture (a record's newest value, a deletion, an event or a fault
  * appended in key order). Refused and unknown keys change nothing but nrefused. */
 void job_view_apply(job_view *v, const job_change *c);
-/* The whole job read at once (one range): NEWT_ERR_NOTFOUND, naming the job and the endpoint,
+/* The picture of a whole read of the job under prefix (all: its keys, any order), each change
+ * taken in resync order (job_follow_fn); warn (may be NULL) is told of each refused record. */
+void job_view_take(job_view *out, const char *prefix, const rdzv_etcd_kvs *all,
+                   void (*warn)(void *ud, const job_change *ch), void *ud);
+/* The whole job read at once (one range, follow.c): NEWT_ERR_NOTFOUND, naming the job and the endpoint,
  * when it has no key at all. warn (may be NULL) is told of each refused record. */
 newt_result_t job_view_read(rdzv_etcd *c, const char *job, newt_deadline_t d,
                             void (*warn)(void *ud, const job_change *ch), void *ud, job_view *out);
@@ -113,6 +121,11 @@ typedef void (*job_follow_fn)(void *ud, const job_change *chs, size_t n, int res
 typedef void (*job_follow_health_fn)(void *ud, int ok, const char *why);
 
 typedef struct job_follow job_follow;
+
+/* The changes of a whole read, decoded and in resync order (*out malloc'd, all->n of them: a
+ * change is some 2.8 KB, so there is one array of them, not two); job_changes_free frees them. */
+newt_result_t job_changes_decode(const char *prefix, const rdzv_etcd_kvs *all, job_change **out);
+void job_changes_free(job_change *chs, size_t n);
 
 /* Reads the whole job, hands it to fn as one resync batch (on the calling thread, before it
  * returns), then watches from the next revision: fn gets every later batch on the watch's

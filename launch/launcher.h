@@ -139,7 +139,7 @@ typedef struct launcher_result {
   int nckpts;
   launcher_mismatch *mismatches; /* replicas that disagreed, in the order said */
   int nmismatches;
-  char (*left_out)[RDZV_NAME_MAX]; /* workers that ended left out (JOB_EXIT_LEFT_OUT: they trained, were
+  char (*left_out)[NEWT_ID_MAX]; /* workers that ended left out (JOB_EXIT_LEFT_OUT: they trained, were
                                       left out and not taken back before the end); malloc'd */
   int nleft_out;
   int64_t ckpts_skipped; /* saves rank 0 skipped, its previous save still being written (the ckpt

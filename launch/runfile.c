@@ -109,7 +109,7 @@ static newt_result_t from_json(const char *text, size_t len, const char *what, r
 
 newt_result_t runfile_write(const runfile *rf) {
   char dir[600], name[RDZV_NAME_MAX + 8], tmp[RDZV_NAME_MAX + 40];
-  NEWT_CHECK(rdzv_check_name("job name", rf->job));
+  NEWT_CHECK(newt_check_name("job name", rf->job));
   int dfd;
   NEWT_CHECK(open_dir(dir, sizeof dir, &dfd));
   snprintf(name, sizeof name, "%s.run", rf->job);
@@ -131,7 +131,7 @@ newt_result_t runfile_write(const runfile *rf) {
 
 newt_result_t runfile_read(const char *job, runfile *rf, char *path, size_t cap) {
   char dir[600], name[RDZV_NAME_MAX + 8], where[700];
-  NEWT_CHECK(rdzv_check_name("--job", job));
+  NEWT_CHECK(newt_check_name("--job", job));
   int dfd;
   NEWT_CHECK(open_dir(dir, sizeof dir, &dfd));
   snprintf(name, sizeof name, "%s.run", job);

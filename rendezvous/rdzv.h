@@ -14,14 +14,11 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "common/name.h"
 #include "rendezvous/etcd.h"
 
-#define RDZV_NAME_MAX 64
-
-/* 1-63 characters of [A-Za-z0-9._-]; the error names `what`. */
-newt_result_t rdzv_check_name(const char *what, const char *name);
-/* "/newt/<job>/" + suffix into out. */
-newt_result_t rdzv_key(char *out, size_t cap, const char *job, const char *suffix);
+/* A member's or candidate's name (common/name.h: newt_check_name checks it). */
+#define RDZV_NAME_MAX NEWT_ID_MAX
 
 /* --- registration ------------------------------------------------------------------------ */
 

@@ -143,7 +143,7 @@ newt_result_t rdzv_campaign(rdzv_etcd *ec, const char *prefix, const rdzv_campai
                             rdzv_candidate **out) {
   *out = NULL;
   const char *name = o && o->name ? o->name : "coordinator";
-  NEWT_CHECK(rdzv_check_name("candidate name", name));
+  NEWT_CHECK(newt_check_name("candidate name", name));
   int64_t ttl = o && o->ttl_s > 0 ? o->ttl_s : 10;
   rdzv_candidate *c = calloc(1, sizeof *c);
   NEWT_CHECK_ALLOC(c);

@@ -1092,8 +1092,8 @@ newt_result_t worker_join(worker *w) {
                     sizeof w->domain - 1);
   if (w->o.id && *w->o.id) snprintf(w->id, sizeof w->id, "%s", w->o.id);
   else snprintf(w->id, sizeof w->id, "%.40s-%d", w->host, (int)getpid());
-  NEWT_CHECK(rdzv_check_name("worker id", w->id));
-  NEWT_CHECK(rdzv_check_name("job", w->o.job));
+  NEWT_CHECK(newt_check_name("worker id", w->id));
+  NEWT_CHECK(newt_check_name("job", w->o.job));
   newt_log_set_name(w->id);
   const char *ip = w->o.addr && *w->o.addr ? w->o.addr : "127.0.0.1";
   int port = 0;

@@ -959,7 +959,7 @@ static int netns_setup(int a, int b) {
 static newt_result_t get_json(rdzv_etcd *c, const char *job, const char *key, cJSON **out) {
   char k[256];
   rdzv_etcd_kv kv;
-  NEWT_CHECK(rdzv_key(k, sizeof k, job, key));
+  NEWT_CHECK(newt_job_path(k, sizeof k, job, key));
   NEWT_CHECK(rdzv_etcd_get(c, k, newt_deadline_in_ms(3000), &kv, NULL));
   newt_result_t r = newt_json_parse(kv.value, kv.value_len, key, out);
   rdzv_etcd_kv_free(&kv);
@@ -1069,15 +1069,15 @@ static void test_forged(void) {
     char key[256], suffix[128];
     const char *rep = "{\"worker\":\"w0\",\"kind\":\"crash\",\"accuse\":[],\"step\":1,\"t_ms\":1,\"why\":\"forged\"}";
     snprintf(suffix, sizeof suffix, "reports/%020lld/w0", (long long)g);
-    if (rdzv_key(key, sizeof key, "forged", suffix) == NEWT_OK) rdzv_etcd_put(c, key, rep, strlen(rep), 0, newt_deadline_in_ms(1000), NULL);
+    if (newt_job_path(key, sizeof key, "forged", suffix) == NEWT_OK) rdzv_etcd_put(c, key, rep, strlen(rep), 0, newt_deadline_in_ms(1000), NULL);
     const char *ack = "{\"rank\":1,\"t_plan\":1,\"t_comm\":1,\"t_restore\":1,\"t_step\":99999999999999,"
                       "\"restore\":\"ckpt\",\"restore_step\":0}";
     snprintf(suffix, sizeof suffix, "acks/%020lld/w1", (long long)g);
-    if (rdzv_key(key, sizeof key, "forged", suffix) == NEWT_OK) rdzv_etcd_put(c, key, ack, strlen(ack), 0, newt_deadline_in_ms(1000), NULL);
+    if (newt_job_path(key, sizeof key, "forged", suffix) == NEWT_OK) rdzv_etcd_put(c, key, ack, strlen(ack), 0, newt_deadline_in_ms(1000), NULL);
     int64_t step = hostile_step(&h, "forged");
     if (step >= 20 && !forged_done) {
       const char *done = "{\"step\":55,\"loss\":1.0,\"t_ms\":1,\"samples\":1320}";
-      if (rdzv_key(key, sizeof key, "forged", "done") == NEWT_OK &&
+      if (newt_job_path(key, sizeof key, "forged", "done") == NEWT_OK &&
           rdzv_etcd_put(c, key, done, strlen(done), 0, newt_deadline_in_ms(1000), NULL) == NEWT_OK)
         forged_done = 1;
     }
@@ -1087,7 +1087,7 @@ static void test_forged(void) {
       char *at = strstr(plan, gen);
       if (at) {
         char *copy = newt_asprintf("%.*s\"generation\":\"9223372036854775807\"%s", (int)(at - plan), plan, at + strlen(gen));
-        if (copy && rdzv_key(key, sizeof key, "forged", "plan") == NEWT_OK &&
+        if (copy && newt_job_path(key, sizeof key, "forged", "plan") == NEWT_OK &&
             rdzv_etcd_put(c, key, copy, strlen(copy), 0, newt_deadline_in_ms(1000), NULL) == NEWT_OK)
           forged_plan = 1;
         free(copy);
@@ -1151,7 +1151,7 @@ static void test_forged_plans(int batch) {
       b = a && batch ? plan_with(a, "global_batch", big) : NULL;
       cc = b ? plan_with(b, "accum", "500") : NULL;
       const char *put = batch ? cc : a;
-      if (put && rdzv_key(key, sizeof key, "lies", "plan") == NEWT_OK &&
+      if (put && newt_job_path(key, sizeof key, "lies", "plan") == NEWT_OK &&
           rdzv_etcd_put(h.c, key, put, strlen(put), 0, newt_deadline_in_ms(1000), NULL) == NEWT_OK)
         forged++;
     }
@@ -1243,7 +1243,7 @@ static void test_hostile_etcd(void) {
   double ref = reference_loss(newt_bin, STEPS, MODEL);
   hostile_job h;
   char prefix[256];
-  T_OK(rdzv_key(prefix, sizeof prefix, "hostile", ""));
+  T_OK(newt_job_path(prefix, sizeof prefix, "hostile", ""));
   if (!hostile_start(&h, bin, "hostile", STEPS, NULL)) return;
   unsigned writes = 0, round = 0;
   for (newt_deadline_t d = newt_deadline_in_ms(280000); !newt_deadline_passed(d) && !hostile_ended(&h);

@@ -235,7 +235,7 @@ static void test_progress_done_ckpt(void) {
 }
 
 static void test_events(void) {
-  char ex[2][RDZV_NAME_MAX] = {"w1", "w4"};
+  char ex[2][NEWT_ID_MAX] = {"w1", "w4"};
   job_event plan = {.type = JOB_EV_PLAN, .t_ms = 99, .generation = 3, .world = 6, .dp = 3, .spares = 1,
                     .excluded = ex, .nexcluded = 2};
   snprintf(plan.coordinator, sizeof plan.coordinator, "c0");
@@ -250,7 +250,7 @@ static void test_events(void) {
   free(text);
 
   /* a plan's spares and why; workers that joined and stay spares */
-  char sp[2][RDZV_NAME_MAX] = {"w5", "w6"};
+  char sp[2][NEWT_ID_MAX] = {"w5", "w6"};
   job_event spares[] = {{.type = JOB_EV_PLAN, .t_ms = 7, .generation = 2, .world = 2, .dp = 2, .spares = 2,
                          .spare_ids = sp, .nspare_ids = 2, .why = "the global batch is 2 micro-batches"},
                         {.type = JOB_EV_SPARE, .t_ms = 8, .spare_ids = sp, .nspare_ids = 1, .why = "no larger layout"}};

@@ -52,7 +52,7 @@ static newt_result_t dec_worker(const char *t, size_t n, void *o) { return job_w
 /* NaN is NaN: the bits of a double read back as null need not be the bits written. */
 static int same_real(double a, double b) { return (isnan(a) && isnan(b)) || a == b; }
 
-static int same_names(char (*a)[RDZV_NAME_MAX], int na, char (*b)[RDZV_NAME_MAX], int nb) {
+static int same_names(char (*a)[NEWT_ID_MAX], int na, char (*b)[NEWT_ID_MAX], int nb) {
   if (na != nb) return 0;
   for (int i = 0; i < na; i++)
     if (strcmp(a[i], b[i]) != 0) return 0;
@@ -263,7 +263,7 @@ static void test_ckpt_failed_fault_links(void) {
 
 /* An event of `type` with every field of the struct set, so that a field written or read
  * for a type it does not belong to shows. */
-static job_event full_event(job_event_type type, char (*ex)[RDZV_NAME_MAX], int nex, char (*sp)[RDZV_NAME_MAX],
+static job_event full_event(job_event_type type, char (*ex)[NEWT_ID_MAX], int nex, char (*sp)[NEWT_ID_MAX],
                             int nsp) {
   job_event e;
   memset(&e, 0, sizeof e);
@@ -326,7 +326,7 @@ static job_event kept(job_event e) {
 }
 
 static void test_events(void) {
-  char ex[2][RDZV_NAME_MAX] = {"w1", "w4"}, sp[2][RDZV_NAME_MAX] = {"w5", "w6"};
+  char ex[2][NEWT_ID_MAX] = {"w1", "w4"}, sp[2][NEWT_ID_MAX] = {"w5", "w6"};
   static const char *const golden[] = {
       [JOB_EV_LEADER] = "{\"type\":\"leader\",\"t_ms\":1700000005000,\"coordinator\":\"c0\"}",
       [JOB_EV_PLAN] = "{\"type\":\"plan\",\"generation\":4,\"cause\":\"crash\",\"world\":6,\"dp\":3,\"spares\":2,"

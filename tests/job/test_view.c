@@ -26,7 +26,7 @@ static newt_deadline_t dl(int64_t ms) { return newt_deadline_in_ms(ms); }
 
 static void put(const char *job, const char *suffix, const char *value) {
   char key[256];
-  T_OK(rdzv_key(key, sizeof key, job, suffix));
+  T_OK(newt_job_path(key, sizeof key, job, suffix));
   T_OK(rdzv_etcd_put(cli, key, value, strlen(value), 0, dl(5000), NULL));
 }
 

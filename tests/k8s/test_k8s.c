@@ -225,7 +225,7 @@ static char *events(const char *job) {
   char prefix[256];
   newt_buf b;
   newt_buf_init(&b);
-  rdzv_key(prefix, sizeof prefix, job, "events/");
+  newt_job_path(prefix, sizeof prefix, job, "events/");
   rdzv_etcd_range_opts ro = {.prefix = 1, .sort = RDZV_SORT_KEY_ASCEND};
   rdzv_etcd_kvs all;
   if (rdzv_etcd_range(cli, prefix, &ro, newt_deadline_in_ms(5000), &all) == NEWT_OK) {
@@ -554,7 +554,7 @@ static int read_progress(const char *job, job_progress *p) {
 static int registration(const char *job, const char *id, rdzv_etcd_kv *kv) {
   char key[256], suffix[128];
   snprintf(suffix, sizeof suffix, "workers/%s", id);
-  if (rdzv_key(key, sizeof key, job, suffix) != NEWT_OK) return 0;
+  if (newt_job_path(key, sizeof key, job, suffix) != NEWT_OK) return 0;
   return rdzv_etcd_get(cli, key, newt_deadline_in_ms(2000), kv, NULL) == NEWT_OK;
 }
 

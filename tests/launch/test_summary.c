@@ -78,7 +78,7 @@ static void test_roundtrip(void) {
   free(text);
   launcher_mismatch mm = {.step = 20, .back_to = 10, .generation = 1, .t_ms = 1700000000200ull, .action = "rollback",
                           .worker = "w1", .why = "replicas disagree at step 20: wte"};
-  char left[1][RDZV_NAME_MAX] = {"w2"};
+  char left[1][NEWT_ID_MAX] = {"w2"};
   res.mismatches = &mm;
   res.nmismatches = 1;
   res.left_out = left;

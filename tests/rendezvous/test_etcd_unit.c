@@ -188,12 +188,12 @@ static void test_errors(void) {
 }
 
 static void test_names_and_keys(void) {
-  T_OK(rdzv_check_name("job", "my-job_1.0"));
-  T_ERR(NEWT_ERR_INVALID, rdzv_check_name("job", "a/b"));
-  T_ERR(NEWT_ERR_INVALID, rdzv_check_name("job", ""));
-  T_ERR(NEWT_ERR_INVALID, rdzv_check_name("job", "0123456789012345678901234567890123456789012345678901234567890123"));
+  T_OK(newt_check_name("job", "my-job_1.0"));
+  T_ERR(NEWT_ERR_INVALID, newt_check_name("job", "a/b"));
+  T_ERR(NEWT_ERR_INVALID, newt_check_name("job", ""));
+  T_ERR(NEWT_ERR_INVALID, newt_check_name("job", "0123456789012345678901234567890123456789012345678901234567890123"));
   char key[64];
-  T_OK(rdzv_key(key, sizeof key, "j", "x/y"));
+  T_OK(newt_job_path(key, sizeof key, "j", "x/y"));
   T_CHECK(strcmp(key, "/newt/j/x/y") == 0);
 }
 

@@ -43,7 +43,7 @@ static int candidate_main(char **argv) {
     return 4;
   }
   char key[256];
-  rdzv_key(key, sizeof key, argv[1], "owner");
+  newt_job_path(key, sizeof key, argv[1], "owner");
   for (;;) {
     newt_result_t r = rdzv_guarded_put(cand, key, argv[2], strlen(argv[2]), dl(1000), NULL);
     if (r == NEWT_ERR_CONFLICT) {
@@ -274,7 +274,7 @@ static void test_host_lease(void) {
   r[1] = NULL;
   /* h2's key deleted under it: refused, then registered on the host's lease again */
   char key[128];
-  T_OK(rdzv_key(key, sizeof key, "host", "workers/h2"));
+  T_OK(newt_job_path(key, sizeof key, "host", "workers/h2"));
   T_OK(rdzv_etcd_delete(cli, key, 0, dl(5000), NULL, NULL));
   T_CHECK(wait_view(&v, 1, 2, 5000));
   T_ERR(NEWT_ERR_CONFLICT, job_registration_update(r[2], "training", 1, dl(5000)));
@@ -459,7 +459,7 @@ static void test_election_processes(void) {
   history *h = calloc(1, sizeof *h);
   pthread_mutex_init(&h->mu, NULL);
   char prefix[64];
-  rdzv_key(prefix, sizeof prefix, job, "");
+  newt_job_path(prefix, sizeof prefix, job, "");
   rdzv_etcd_watch *w;
   T_OK(rdzv_etcd_watch_start(cli, prefix, &(rdzv_etcd_watch_opts){.prefix = 1}, on_history, h, dl(5000), &w));
   char names[3][16] = {"c0", "c1", "c2"};
@@ -651,7 +651,7 @@ static void test_barrier_folded(void) {
   char key[128];
   rdzv_etcd_kv kv;
   job_worker back;
-  T_OK(rdzv_key(key, sizeof key, "fold", "workers/f1"));
+  T_OK(newt_job_path(key, sizeof key, "fold", "workers/f1"));
   T_OK(job_registration_update(r[1], "spare", 2, dl(5000)));
   T_OK(rdzv_etcd_get(cli, key, dl(5000), &kv, NULL));
   T_OK(job_worker_from_json(kv.value, kv.value_len, "reg", &back));

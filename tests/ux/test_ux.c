@@ -310,7 +310,7 @@ static void check_status_hostile(const char *url) {
   if (cause) {
     cause += strlen("\"cause\":\"");
     char *bad = newt_asprintf("%.*s\\u001b[2J\\u001b[31m%s", (int)(cause - plan), plan, cause);
-    if (bad && rdzv_key(key, sizeof key, "ux", "plan") == NEWT_OK)
+    if (bad && newt_job_path(key, sizeof key, "ux", "plan") == NEWT_OK)
       T_OK(rdzv_etcd_put(c, key, bad, strlen(bad), 0, newt_deadline_in_ms(5000), NULL));
     free(bad);
   }
@@ -324,7 +324,7 @@ static void check_status_hostile(const char *url) {
                "{\"type\":\"waiting\",\"t_ms\":2,\"why\":\"c1 \xc2\x9b" "2J \x9b" "31m \\u009b2J\"}"},
               {"ckpt", "{\"step\":10,\"dir\":\"/tmp/\\u0007\\u001b[2J\xc2\x9b" "31m\\u0085\",\"t_ms\":1}"}};
   for (size_t i = 0; i < sizeof recs / sizeof recs[0]; i++)
-    if (rdzv_key(key, sizeof key, "ux", recs[i].suffix) == NEWT_OK)
+    if (newt_job_path(key, sizeof key, "ux", recs[i].suffix) == NEWT_OK)
       T_OK(rdzv_etcd_put(c, key, recs[i].value, strlen(recs[i].value), 0, newt_deadline_in_ms(5000), NULL));
   const char *text[] = {newt_bin, "status", "--etcd", url, "--job", "ux", NULL};
   const char *json[] = {newt_bin, "status", "--etcd", url, "--job", "ux", "--json", NULL};
@@ -362,7 +362,7 @@ static void check_watch_ends(const char *url) {
   rdzv_etcd *c = ux_client();
   char key[256];
   const char *prog = "{\"generation\":1,\"step\":3,\"loss\":1.5,\"tokens_per_s\":1,\"t_ms\":1}";
-  if (c && rdzv_key(key, sizeof key, "stuck", "progress") == NEWT_OK)
+  if (c && newt_job_path(key, sizeof key, "stuck", "progress") == NEWT_OK)
     T_OK(rdzv_etcd_put(c, key, prog, strlen(prog), 0, newt_deadline_in_ms(5000), NULL));
   rdzv_etcd_free(c);
   const char *stuck[] = {newt_bin, "status", "--etcd", url, "--job", "stuck", "--watch", "--interval-ms", "100",
@@ -391,7 +391,7 @@ static void check_job_rm(const char *url) {
   char key[256];
   int64_t lease = 0; /* a registration as a live worker has it: on a lease */
   if (c) T_OK(rdzv_etcd_lease_grant(c, 60, 0, newt_deadline_in_ms(5000), &lease, NULL));
-  if (c && rdzv_key(key, sizeof key, "live", "workers/w0") == NEWT_OK)
+  if (c && newt_job_path(key, sizeof key, "live", "workers/w0") == NEWT_OK)
     T_OK(rdzv_etcd_put(c, key, "{}", 2, lease, newt_deadline_in_ms(5000), NULL));
   const char *live[] = {newt_bin, "job", "rm", "--etcd", url, "--job", "live", "--yes", NULL};
   rc = run_capture(live, 30000, &out);
@@ -404,7 +404,7 @@ static void check_job_rm(const char *url) {
   free(out);
   char prefix[256];
   rdzv_etcd_kvs left = {0};
-  if (c && rdzv_key(prefix, sizeof prefix, "ux", "") == NEWT_OK)
+  if (c && newt_job_path(prefix, sizeof prefix, "ux", "") == NEWT_OK)
     T_OK(rdzv_etcd_range(c, prefix, &(rdzv_etcd_range_opts){.prefix = 1, .count_only = 1}, newt_deadline_in_ms(5000),
                          &left));
   T_CHECK_MSG(left.count == 0, "%lld keys of job ux left after job rm", (long long)left.count);
