@@ -5,7 +5,10 @@
 #   2. files: no two object files of the product call each other in a loop (a symbol
 #      defined in one and used by another is an arrow; any cycle of arrows fails);
 #   3. records: rendezvous/ names no record of a job (job/ owns every key and record): no
-#      key of one as a string literal, no record type or codec.
+#      key of one as a string literal, no record type or codec;
+#   4. job/'s codecs are pure: only its store side (JOB_STORE) calls rendezvous/; the other
+#      files of job/ turn bytes into structs and back, and include no rendezvous/ header
+#      (but view.[ch], which decode etcd's key-values and may see rendezvous/etcd.h's types).
 # Usage: check_layers.sh SOURCE_DIR BUILD_DIR (ctest runs it as arch_layers). Exits non-zero
 # naming every violation.
 set -u
@@ -105,5 +108,34 @@ if [ -n "$hits" ]; then
   fail=1
 fi
 
-if [ "$fail" -eq 0 ]; then echo "layers: folders and files without loops; rendezvous/ names no record"; fi
+# 4. job/'s store side reads and writes etcd (store.c: the records over rendezvous' protocols;
+# follow.c: the reads behind view.h); every other file of job/ is pure. From the objects: no
+# rdzv_ symbol used outside the store side; from the sources: no rendezvous/ header included
+# (view.[ch] may include rendezvous/etcd.h, for a key-value's type).
+JOB_STORE='store follow'
+JOB_KV='view'
+for o in $(find "$build/job" -path '*/CMakeFiles/newt_job.dir/*' -name '*.c.o' 2>/dev/null | sort); do
+  f=$(basename "$o" .c.o)
+  [ -f "$src/job/$f.c" ] || continue
+  case " $JOB_STORE " in *" $f "*) continue ;; esac
+  calls=$(nm "$o" 2>/dev/null | awk '$1 == "U" && $2 ~ /^rdzv_/ { print $2 }' | tr '\n' ' ' | sed 's/ $//')
+  if [ -n "$calls" ]; then
+    echo "layers: job/$f.c calls rendezvous/ ($calls), but only job/'s store side (store.c, follow.c) may: move the call to job/store.c"
+    fail=1
+  fi
+done
+for p in "$src"/job/*.c "$src"/job/*.h; do
+  f=$(basename "$p"); f=${f%.*}
+  case " $JOB_STORE " in *" $f "*) continue ;; esac
+  case " $JOB_KV " in
+    *" $f "*) inc=$(grep -n '^#include "rendezvous/' "$p" | grep -v '"rendezvous/etcd.h"') ;;
+    *) inc=$(grep -n '^#include "rendezvous/' "$p") ;;
+  esac
+  if [ -n "$inc" ]; then
+    echo "layers: job/$(basename "$p") is a pure codec of job/ and includes rendezvous/: $(printf '%s' "$inc" | tr '\n' ' ')"
+    fail=1
+  fi
+done
+
+if [ "$fail" -eq 0 ]; then echo "layers: folders and files without loops; rendezvous/ names no record; job/'s codecs call no etcd"; fi
 exit $fail
