@@ -12,8 +12,8 @@
  * The lease thread holds the host's lease: it waits for the job's spec (the lease's TTL is
  * the workers'), grants and keeps the lease, writes its id to the lease file the children
  * read, and grants a new one when the keep-alive reports it lost. The main loop deletes the
- * registration of a child that ended or stayed stopped past the TTL (a guarded txn: only
- * while it is on the host's lease). */
+ * registration of a child that ended or stayed stopped past the TTL (job_registration_forget:
+ * a transaction guarded by the host's lease, so only while the key is on it). */
 #include "cli/agent.h"
 
 #include <curl/curl.h>
@@ -308,17 +308,13 @@ static void lease_end(agent *a) {
  * would have done): 0 done or nothing to do, -1 etcd did not answer (try again). */
 static int forget(agent *a, const child *c) {
   int64_t lease = atomic_load(&a->lease);
-  char key[256];
-  if (!a->etcd || !lease || job_key(key, sizeof key, a->o->job, JOB_REC_WORKER, 0, c->id) != NEWT_OK) return 0;
-  rdzv_etcd_cmp on = {.key = key, .target = RDZV_CMP_LEASE, .result = RDZV_CMP_EQUAL, .number = lease};
-  rdzv_etcd_op del = {.type = RDZV_OP_DELETE, .key = key};
-  rdzv_etcd_txn_result tr;
-  if (rdzv_etcd_txn(a->etcd, &on, 1, &del, 1, NULL, 0, newt_deadline_in_ms(1000), &tr) != NEWT_OK) {
+  int deleted;
+  if (!a->etcd || !lease) return 0;
+  if (job_registration_forget(a->etcd, a->o->job, c->id, lease, newt_deadline_in_ms(1000), &deleted) != NEWT_OK) {
     NEWT_WARN(CLI, "deleting the registration of local worker %s: %s (trying again)", c->id, newt_errmsg());
     return -1;
   }
-  if (tr.succeeded) NEWT_INFO(CLI, "local worker %s: its registration on the host lease deleted", c->id);
-  rdzv_etcd_txn_result_free(&tr);
+  if (deleted) NEWT_INFO(CLI, "local worker %s: its registration on the host lease deleted", c->id);
   return 0;
 }
 

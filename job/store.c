@@ -212,6 +212,20 @@ newt_result_t job_registration_ack(rdzv_registration *r, const char *state, int6
   return rewrite(r, state, generation, ack_json, d);
 }
 
+newt_result_t job_registration_forget(rdzv_etcd *c, const char *job, const char *id, int64_t lease, newt_deadline_t d,
+                                      int *deleted) {
+  if (deleted) *deleted = 0;
+  char key[256];
+  if (job_key(key, sizeof key, job, JOB_REC_WORKER, 0, id) != NEWT_OK) return NEWT_OK;
+  rdzv_etcd_cmp on = {.key = key, .target = RDZV_CMP_LEASE, .result = RDZV_CMP_EQUAL, .number = lease};
+  rdzv_etcd_op del = {.type = RDZV_OP_DELETE, .key = key};
+  rdzv_etcd_txn_result tr;
+  NEWT_CHECK(rdzv_etcd_txn(c, &on, 1, &del, 1, NULL, 0, d, &tr));
+  if (deleted) *deleted = tr.succeeded;
+  rdzv_etcd_txn_result_free(&tr);
+  return NEWT_OK;
+}
+
 /* --- the membership view -------------------------------------------------------------------- */
 
 /* workers/<id> into w: its record, with the id of its key; 0 (logged) when it is not one. */

@@ -59,6 +59,14 @@ newt_result_t job_registration_update(rdzv_registration *r, const char *state, i
  * with its registration, on its lease. */
 newt_result_t job_registration_ack(rdzv_registration *r, const char *state, int64_t generation, const char *ack_json,
                                    newt_deadline_t d);
+/* The node agent's part (cli/agent.c): deletes the registration workers/<id> while it is on
+ * the host's `lease`, in one transaction guarded by the key's lease (what the end of the
+ * worker's own lease would have done: the lease lives on for the host's other workers).
+ * *deleted (may be NULL): 1 when it was there on that lease and is gone, 0 when it was not
+ * (none, or on another lease). A job or id that is no name has no registration: NEWT_OK and 0,
+ * without a call. */
+newt_result_t job_registration_forget(rdzv_etcd *c, const char *job, const char *id, int64_t lease, newt_deadline_t d,
+                                      int *deleted);
 
 /* --- the membership view of workers/ -------------------------------------------------------- */
 
