@@ -24,6 +24,7 @@
 #include <time.h>
 
 #include "ckpt/ckpt.h"
+#include "common/backend.h"
 #include "comm/comm.h"
 #include "job/plan.h"
 #include "job/records.h"
@@ -148,6 +149,7 @@ struct newt_ctx {
   rdzv_etcd *etcd;
   newt_spec spec;
   char *spec_json;
+  const newt_backend *backend; /* the spec's backend (common/backend.h): its device, its communicator */
   int device;    /* the GPU ordinal (registered with the host); -1: none */
   int device_set; /* newt_use_device was called (or not needed) */
   rdzv_registration *reg;
@@ -386,8 +388,6 @@ void worker_state_free(worker *w);
 void worker_mem_host(newt_memory *m);
 newt_result_t worker_mem_cuda(newt_memory *m, int device, void *stream);
 void worker_mem_release(newt_memory *m);
-/* GPUs this process can use (0 without CUDA, a driver or a GPU). */
-int worker_cuda_count(void);
 /* Queues a copy (kind 0 device to device, 1 device to host, 2 host to device). */
 static inline void worker_mem_copy(const newt_memory *m, void *dst, const void *src, size_t bytes, int kind) {
   m->copy(m->ctx, dst, src, bytes, kind);

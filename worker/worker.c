@@ -256,8 +256,9 @@ static newt_result_t build_comm(worker *w, const newt_plan *p, const plan_rank *
   }
   comm_config cfg;
   memset(&cfg, 0, sizeof cfg);
-  /* NCCL on the program's stream: collectives follow the work queued before them */
-  cfg.backend = w->device >= 0 ? COMM_BACKEND_NCCL : COMM_BACKEND_CPU;
+  /* the spec's backend; on a GPU on the program's stream: collectives follow the work queued
+     before them */
+  cfg.backend = w->backend->id;
   cfg.stream = w->o.cuda_stream;
   cfg.rank = me->rank;
   cfg.size = n;
@@ -966,31 +967,34 @@ static newt_result_t start_metrics(worker *w) {
   return NEWT_OK;
 }
 
-/* The device: the one the options name; else, for a job on GPUs (spec.backend nccl),
- * LOCAL_RANK modulo the GPUs visible (as launchers set it), else the only one; -1 (the CPU)
- * for a CPU job. */
+/* The spec's backend (its row of common/backend.h) and the device: for a backend on GPUs
+ * (spec.backend nccl) the one the options name, else LOCAL_RANK modulo the GPUs visible (as
+ * launchers set it), else the only one; -1 (the CPU) for a CPU backend. */
 static newt_result_t pick_device(worker *w) {
   int want = w->o.device, gpus = 0;
-  int nccl = strcmp(w->spec.backend, "nccl") == 0;
-  gpus = worker_cuda_count();
-  if (!nccl) {
-    if (want >= 0) NEWT_INFO(WORKER, "%s: the job trains on CPUs (spec.backend cpu): device %d only registered", w->id, want);
+  w->backend = newt_backend_find(w->spec.backend);
+  if (!w->backend) /* spec_validate refused it already */
+    return NEWT_ERR(NEWT_ERR_INVALID, "spec.backend: \"%s\" is no backend", w->spec.backend);
+  gpus = comm_gpu_count(NULL);
+  if (!newt_backend_uses_gpu(w->backend)) {
+    if (want >= 0) NEWT_INFO(WORKER, "%s: the job trains on CPUs (spec.backend %s): device %d only registered", w->id,
+                             w->backend->name, want);
     w->device = -1;
     return NEWT_OK;
   }
   if (gpus == 0)
     return NEWT_ERR(NEWT_ERR_UNSUPPORTED,
-                    "spec.backend nccl: this worker sees no GPU (a build without CUDA, no driver, or "
-                    "CUDA_VISIBLE_DEVICES=%s)",
+                    "spec.backend %s: this worker sees no GPU (a build without CUDA, no driver, or "
+                    "CUDA_VISIBLE_DEVICES=%s)", w->backend->name,
                     getenv("CUDA_VISIBLE_DEVICES") ? getenv("CUDA_VISIBLE_DEVICES") : "(unset)");
   const char *local = getenv("LOCAL_RANK");
   if (want < 0 && local && *local) want = atoi(local) % gpus;
   if (want < 0 && gpus == 1) want = 0;
   if (want < 0)
     return NEWT_ERR(NEWT_ERR_INVALID,
-                    "spec.backend nccl: %d GPUs are visible; the device (--device, NEWT_DEVICE or LOCAL_RANK) says "
+                    "spec.backend %s: %d GPUs are visible; the device (--device, NEWT_DEVICE or LOCAL_RANK) says "
                     "which one this worker trains on",
-                    gpus);
+                    w->backend->name, gpus);
   if (want >= gpus)
     return NEWT_ERR(NEWT_ERR_INVALID, "device %d: this worker sees %d GPU%s (0 to %d)", want, gpus, gpus == 1 ? "" : "s",
                     gpus - 1);
