@@ -2,8 +2,13 @@
  * api.c its argument checks). The state shared by its files; arrows go one way, from the top:
  *
  *   api.c       the public functions: checks and handles, then the calls below
- *   worker.c    life: joining, the plan watch, waiting for plans, generations, the step
- *               protocol (begin, commit, end), leaving, finishing
+ *   worker.c    the step protocol (begin, commit, end): what happens between steps, the
+ *               end of a generation, a failure, a leave, the job's end; it drives
+ *     join.c        joining: identity, socket, secret, etcd, metrics, spec, backend, device
+ *     wait.c        waiting for a plan; a spare's or a leaver's hand-over as a donor
+ *     generation.c  a generation built (communicator, groups), its failure reported, ended
+ *     watch.c       the plan watch (its own thread)
+ *     finish.c      the end: the termination message, everything released
  *   state.c     the declared training state: restore (memory, peers, else the checkpoint
  *               through save.c), the pre-update snapshot, the replica of the data-parallel
  *               neighbour's unique parts, a leaver's hand-over (uses reshard.c)
@@ -279,19 +284,60 @@ struct newt_ctx {
   job_end end;                      /* how it ended (newt_finish) */
 };
 
-/* --- life (worker.c) ----------------------------------------------------------------------- */
+/* --- the step protocol (worker.c) ------------------------------------------------------------ */
 
-/* Joins: the spec, the data-plane socket, metrics; not registered yet. */
-newt_result_t worker_join(worker *w);
 newt_result_t worker_begin(worker *w, newt_batch *b, newt_next *next);
 newt_result_t worker_commit(worker *w, const double *values, double *sums, int n);
 newt_result_t worker_end(worker *w, const newt_step_result *r);
 /* After a restore: the generation runs (its saver, the step log's last line). */
 newt_result_t worker_restored(worker *w);
-/* Ends the worker's part; the exit status. Frees w. */
-int worker_finish(worker *w, newt_result_t r);
+
+/* --- joining (join.c) -------------------------------------------------------------------------- */
+
+/* Joins: the spec, the backend and device, the data-plane socket, metrics; not registered yet. */
+newt_result_t worker_join(worker *w);
+/* Labels every series this worker serves with its id and rank (-1: none, a spare). */
+newt_result_t worker_label_metrics(worker *w, int rank);
+
+/* --- the plan watch (watch.c) ------------------------------------------------------------------ */
+
+/* The plan as it is, then every change after the revision it was read at. */
+newt_result_t worker_watch_plan(worker *w);
+/* Whether plan p ends the running generation at once rather than at the next step boundary. */
+int worker_plan_drops_now(const newt_plan *p, const char *id);
+
+/* --- waiting for a plan (wait.c) --------------------------------------------------------------- */
+
+typedef enum wait_outcome { WAIT_PLAN, WAIT_LEAVE, WAIT_DONE, WAIT_FAILED } wait_outcome;
+/* Waits for a plan newer than the worker's generation naming it a rank (donor: a donor), a
+ * leave asked for (a rank gives up at until, a donor at its own bound), or the job's end. */
+newt_result_t worker_wait_plan(worker *w, int donor, newt_deadline_t until, newt_plan *out, wait_outcome *how);
+/* A donor's generation of plan p: its communicator (c, or built here; parent freed after),
+ * this worker's state handed to its ranks. */
+void worker_donate_on(worker *w, newt_plan *p, comm_t *c, comm_t *parent);
+/* A leaving rank hands its state to the next generation's ranks before it goes. */
+void worker_hand_over(worker *w);
+
+/* --- a generation (generation.c) --------------------------------------------------------------- */
+
+/* The communicator of plan p's ranks, then its donors, over the spec's backend. */
+newt_result_t worker_build_comm(worker *w, const newt_plan *p, const plan_rank *me, int *missing, comm_t **out);
+/* Builds the generation of plan p (taken over): 1 when it stands (PHASE_BUILT), 0 when it
+ * never formed (reported). built/parent: the survivors' own communicator, else NULL. */
+int worker_start_generation(worker *w, newt_plan *p, comm_t *built, comm_t *parent);
+/* The declaration that holds the state becomes the next restore's source; PHASE_BUILT. */
+void worker_await_declaration(worker *w);
+/* Reports the running generation's failed collective: whom this rank lost. */
+void worker_report_failure(worker *w);
+/* Ends the generation: its groups freed, every handle of it stale. */
+void worker_end_generation(worker *w);
 /* The handle of a group of the running generation. */
 newt_comm *worker_comm_handle(worker *w, comm_t *c, int own);
+
+/* --- finishing (finish.c) ---------------------------------------------------------------------- */
+
+/* Ends the worker's part; the exit status. Frees w. */
+int worker_finish(worker *w, newt_result_t r);
 
 /* --- checkpoints (save.c) -------------------------------------------------------------------- */
 
