@@ -129,7 +129,11 @@ typedef enum worker_phase {
 
 typedef enum step_phase { STEP_IDLE, STEP_BEGUN, STEP_COMMITTED } step_phase;
 
+/* A worker. Its fields in groups, each filled by the file its heading names (others read it);
+ * a group's comment says who else writes it. */
 struct newt_ctx {
+  /* --- what joining fills (api.c's options, join.c): fixed for the worker's life, but the
+     spec, whose fields that may change while the job runs generation.c takes at a plan --- */
   worker_opts o;
   char *strings; /* the options' strings (one block) */
   char id[RDZV_NAME_MAX];
@@ -143,23 +147,21 @@ struct newt_ctx {
                                 proved with it, an end marker is believed only with its proof */
   ckpt_key ckpt_key;         /* the checkpoints' key made of it: its saves are proved with it, a
                                 load takes only steps that prove it (has 0: no secret) */
-  double last_tps;           /* the newest progress this rank published: its throughput ... */
-  int64_t last_step_tokens;  /* ... and a step's tokens (the last step's progress, with the end marker) */
-  uint64_t leader_gen;       /* the generation of the leader's plan taken last, and its salt: what a
-                                rank says of that generation is proved with it, in the survivors' own
-                                generation too (worker/peers.c: same number, a salt of their own) */
-  unsigned char leader_salt[PLAN_SECRET_BYTES];
-  char ckpt_refused[600];    /* the last load found committed checkpoints, none proving the key:
-                                why, naming the newest one's MANIFEST ("": not so) */
   rdzv_etcd *etcd;
   newt_spec spec;
   char *spec_json;
   const newt_backend *backend; /* the spec's backend (common/backend.h): its device, its communicator */
   int device;    /* the GPU ordinal (registered with the host); -1: none */
   int device_set; /* newt_use_device was called (or not needed) */
+  struct metrics *metrics;          /* --metrics-port (NULL: none) */
+  FILE *sample_log; /* NEWT_SAMPLE_LOG_DIR: the samples of every step, for tests */
+  int step_log_fd;  /* --step-log, appended to while rank 0 (-1: none) */
+
+  /* --- etcd: the registration (publish.c) and the plan watch (watch.c) --- */
   rdzv_registration *reg;
   rdzv_etcd_watch *plan_watch;
 
+  /* --- what the program's thread shares with the watch and publisher threads --- */
   pthread_mutex_t mu; /* guards what the watch and publisher threads share: */
   pthread_cond_t cv;
   newt_plan latest;   /* the newest plan seen (generation 0: none) */
@@ -186,8 +188,11 @@ struct newt_ctx {
   atomic_int renewed; /* the registration was renewed since the last plan that made this worker a rank (fenced,
                         or its lease lapsed): a worker left out then proves its links (worker_prove_links) */
   atomic_int leave_asked;    /* newt_leave */
+  _Atomic uint64_t step_started;    /* monotonic ns the step under way began (0: none; the
+                                       health endpoint's thread reads it) */
 
-  /* the generation: its plan, this rank in it, its groups */
+  /* --- the generation (generation.c; peers.c for the survivors' own): its plan, this rank
+     in it, its groups, its timings --- */
   worker_phase phase;
   newt_plan plan;        /* valid from PHASE_BUILT */
   newt_plan held_plan;   /* the plan of the last generation this rank trained in (its state's
@@ -201,11 +206,20 @@ struct newt_ctx {
                             communicator `all` was split from (NULL: none) */
   int peer_epoch;        /* 0: the generation is the leader's plan; k: the k-th the survivors
                             made of it without etcd (worker/peers.c) */
+  uint64_t leader_gen;       /* the generation of the leader's plan taken last, and its salt: what a
+                                rank says of that generation is proved with it, in the survivors' own
+                                generation too (worker/peers.c: same number, a salt of their own) */
+  unsigned char leader_salt[PLAN_SECRET_BYTES];
   newt_comm *comms;      /* every handle given out (all generations) */
   newt_comm *h_world, *h_tp, *h_dp, *h_pp;
+  /* this generation's timings (wall ms) and where its state came from (state.c) */
+  uint64_t t_plan_seen, t_comm, t_restore, t_first_step, t_detect;
+  char restore_src[8];
+  int64_t restore_step;
+  report_recheck recheck; /* the last crash report's second look (peers.c) */
 
-  /* the state: declared for the generation, and the previous generation's (a source of the
-     restore, released by it) */
+  /* --- the declared state (state.c; api.c declares): declared for the generation, and the
+     previous generation's (a source of the restore, released by it) --- */
   worker_decl decl, prev;
   int has_state;      /* the state's declaration holds a whole state of live_step */
   int state_in_decl;  /* that declaration is decl (restored), else prev (decl being made) */
@@ -215,6 +229,13 @@ struct newt_ctx {
   worker_copy snap;
   worker_copy rep[SPEC_REPLICAS_MAX]; /* rep[j]: the unique parts of data-parallel rank d-1-j
                                          (spec.fault.replicas of them, at most dp - 1) */
+  newt_doc_write_fn doc_write;
+  newt_doc_check_fn doc_check;
+  void *doc_arg;
+  char restore_err[JOB_TEXT_MAX]; /* this generation's newt_state_restore failed, and why ("": not so):
+                                     the root cause of a step begun unrestored */
+
+  /* --- replicas that disagree (verify.c) --- */
   worker_copy vsnap;       /* the newest verified state: every declared part, host memory (verify.c) */
   int64_t verified_step;   /* its step (-1: none) */
   int mismatch_rolled;     /* the last check disagreed and was rolled back; no check agreed since */
@@ -222,18 +243,16 @@ struct newt_ctx {
   int64_t rollback_to;     /* a check rolled back to this verified step: the next begin starts the
                               generation again, restored from the verified copy (-1: none) */
   int64_t mismatches;      /* checks that disagreed (under warn: said, the first and every 100th) */
-  char chaos_flip[160];    /* NEWT_CHAOS_FLIP, tests and chaos ("": none) */
+  char chaos_flip[160];    /* NEWT_CHAOS_FLIP, tests and chaos ("": none; read at the join) */
   int chaos_flipped;
-  newt_doc_write_fn doc_write;
-  newt_doc_check_fn doc_check;
-  void *doc_arg;
 
-  /* the step */
+  /* --- the step (worker.c) --- */
   step_phase step;
   int64_t step_first, step_count;
   int leave_agreed, switch_agreed; /* what the last commit's sums said */
   int all_leave;                   /* ... every rank asked to leave, and the plan has no spare:
                                       no one is left to hand the state to */
+  int leave_announced;             /* this rank said it leaves (its registration's state) */
   int first_step_of_gen;
   int progress_rank;       /* who writes the progress record: the lowest rank that reached etcd
                               at the last commit (every rank agrees: the commit's sums) */
@@ -244,20 +263,18 @@ struct newt_ctx {
   double step_s[WORKER_STEP_TIMES];
   int nstep_s, step_s_at;
   int64_t stall_ms;        /* the deadline set on the generation's communicators (0: the cap) */
-  newt_next over;          /* PHASE_OVER: how */
-
-  /* this generation's timings (wall ms) and where its state came from */
-  uint64_t t_plan_seen, t_comm, t_restore, t_first_step, t_detect, progress_ms;
-  report_recheck recheck; /* the last crash report's second look (peers.c) */
-  char restore_src[8];
-  int64_t restore_step;
   int64_t done_step;      /* the newest step this rank completed */
   int64_t committed_step; /* the newest step every rank completed, as far as this rank knows */
   double last_loss;
-  FILE *sample_log; /* NEWT_SAMPLE_LOG_DIR: the samples of every step, for tests */
-  int step_log_fd;  /* --step-log, appended to while rank 0 (-1: none) */
   job_step last_step;   /* the step log's line of the last step this rank did */
   int last_step_logged; /* ... and whether this rank wrote it */
+
+  /* --- progress published (publish.c) --- */
+  uint64_t progress_ms;      /* wall ms it last published progress */
+  double last_tps;           /* the newest progress this rank published: its throughput ... */
+  int64_t last_step_tokens;  /* ... and a step's tokens (the last step's progress, with the end marker) */
+
+  /* --- checkpoints (save.c) --- */
   ckpt_saver *saver; /* this generation's (save.c) */
   ckpt_lock *ckpt_lock; /* the job's lock of its checkpoint directory, held from the first saver on */
   int stage_fill_due;      /* the saver's staging is to be reserved in the pool by a thread
@@ -270,17 +287,17 @@ struct newt_ctx {
   int64_t ckpt_skipped; /* saves this worker skipped, its previous one still being written (rank
                            0's count reaches the summary in the ckpt record) */
   job_ckpt ckpt_pub;    /* the ckpt record rank 0 last published (written again at each skip) */
-  int leave_announced;
-  struct metrics *metrics;          /* --metrics-port (NULL: none) */
-  _Atomic uint64_t step_started;    /* monotonic ns the step under way began (0: none) */
+  char ckpt_refused[600];    /* the last load found committed checkpoints, none proving the key:
+                                why, naming the newest one's MANIFEST ("": not so) */
+
+  /* --- the end (worker.c, wait.c; finish.c says it) --- */
+  newt_next over;          /* PHASE_OVER: how */
   int failed;                       /* the leader gave up on the job (the failed record) */
+  char failed_why[JOB_TEXT_MAX];
   job_done end_marker;              /* the job's end marker, when this worker learned of the end from
                                        it (waiting for a plan: it did not train the last step) */
   int have_end_marker;
   int trained_last;                 /* this rank trained the job's last step (its loss is the job's) */
-  char failed_why[JOB_TEXT_MAX];
-  char restore_err[JOB_TEXT_MAX]; /* this generation's newt_state_restore failed, and why ("": not so):
-                                     the root cause of a step begun unrestored */
   job_end end;                      /* how it ended (newt_finish) */
 };
 
