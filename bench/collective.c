@@ -34,6 +34,7 @@
 
 #include "bench/bench.h"
 #include "comm/comm.h"
+#include "common/backend.h"
 #include "common/clock.h"
 #include "common/dtype.h"
 #include "common/log.h"
@@ -59,9 +60,29 @@ typedef struct bench_args {
   const char *hosts[MAX_RANKS];
   unsigned char secret[32];
   char job[48];
-  int nccl; /* device buffers, the NCCL backend */
+  const newt_backend *be; /* the backend's row (common/backend.h) */
+  int nccl; /* device buffers: a GPU backend (NCCL) */
   int gpus;
 } bench_args;
+
+/* --backend: shm or tcp (the CPU backend over one transport: ranks on one host, or a host
+ * each), or a backend of the table that computes on GPUs; NULL for any other word. */
+static const newt_backend *bench_backend(const char *name) {
+  if (strcmp(name, "shm") == 0 || strcmp(name, "tcp") == 0) return newt_backend_of(NEWT_BACKEND_CPU);
+  const newt_backend *b = newt_backend_find(name);
+  return newt_backend_uses_gpu(b) ? b : NULL;
+}
+
+/* What --backend takes, as a sentence lists it: "shm, tcp or nccl". */
+static const char *bench_backends(char *out, size_t cap) {
+  size_t at = (size_t)snprintf(out, cap, "shm, tcp");
+  const newt_backend *b, *last = NULL;
+  for (int i = 0; (b = newt_backend_at(i)) != NULL; i++)
+    if (newt_backend_uses_gpu(b)) last = b;
+  for (int i = 0; (b = newt_backend_at(i)) != NULL && at < cap; i++)
+    if (newt_backend_uses_gpu(b)) at += (size_t)snprintf(out + at, cap - at, "%s%s", b == last ? " or " : ", ", b->name);
+  return out;
+}
 
 /* Buffers where the backend computes: device memory for nccl. */
 static void *buf_alloc(const bench_args *a, size_t n) {
@@ -112,7 +133,7 @@ static newt_result_t max_over_ranks(comm_t *c, const bench_args *a, void *scratc
 
 static newt_result_t create(const bench_args *a, int rank, uint64_t generation, void *scratch, comm_t **c,
                             uint64_t *ns) {
-  comm_config cfg = {.backend = a->nccl ? COMM_BACKEND_NCCL : COMM_BACKEND_CPU, .rank = rank,
+  comm_config cfg = {.backend = a->be->id, .rank = rank,
                      .size = (int)a->ranks, .addrs = a->addrs, .hosts = a->hosts, .job = a->job,
                      .generation = generation, .secret_len = sizeof a->secret, .timeout_ms = a->timeout_ms,
                      .device = a->gpus > 0 ? rank % a->gpus : 0};
@@ -267,8 +288,8 @@ static int gpu_count(char *why, size_t cap) {
   pid_t pid = fork();
   if (pid == 0) {
     close(fds[0]);
-    int n = 0;
-    cudaError_t e = cudaGetDeviceCount(&n);
+    int count_err = 0, n = comm_gpu_count(&count_err);
+    cudaError_t e = (cudaError_t)count_err;
     char msg[256];
     if (e != cudaSuccess) snprintf(msg, sizeof msg, "E%s (%s)", cudaGetErrorName(e), cudaGetErrorString(e));
     else snprintf(msg, sizeof msg, "N%d", n);
@@ -315,7 +336,8 @@ int newt_bench_collective(const char *op, int argc, char **argv) {
     return 2;
   }
   int t = newt_dtype_from_name(a.dtype_name);
-  if (a.ranks == -1 && strcmp(a.backend, "nccl") != 0) a.ranks = 2;
+  a.be = bench_backend(a.backend);
+  if (a.ranks == -1 && !newt_backend_uses_gpu(a.be)) a.ranks = 2;
   if (a.ranks != -1 && (a.ranks < 1 || a.ranks > MAX_RANKS)) {
     fprintf(stderr, "newt %s: --ranks %lld: expected 1 to %d\n", cmd, (long long)a.ranks, MAX_RANKS);
     return 2;
@@ -325,8 +347,9 @@ int newt_bench_collective(const char *op, int argc, char **argv) {
             (long long)a.max);
     return 2;
   }
-  if (strcmp(a.backend, "shm") != 0 && strcmp(a.backend, "tcp") != 0 && strcmp(a.backend, "nccl") != 0) {
-    fprintf(stderr, "newt %s: --backend \"%s\": expected shm, tcp or nccl\n", cmd, a.backend);
+  if (!a.be) {
+    char names[128];
+    fprintf(stderr, "newt %s: --backend \"%s\": expected %s\n", cmd, a.backend, bench_backends(names, sizeof names));
     return 2;
   }
   if (t != NEWT_F32 && t != NEWT_BF16) {
@@ -338,12 +361,12 @@ int newt_bench_collective(const char *op, int argc, char **argv) {
     return 2;
   }
   a.dt = (newt_dtype)t;
-  a.nccl = strcmp(a.backend, "nccl") == 0;
+  a.nccl = newt_backend_uses_gpu(a.be);
   if (a.nccl) {
     char why[320];
     a.gpus = gpu_count(why, sizeof why);
     if (a.gpus < 1) {
-      fprintf(stderr, "newt %s: --backend nccl: %s\n", cmd, why);
+      fprintf(stderr, "newt %s: --backend %s: %s\n", cmd, a.backend, why);
       return 1;
     }
     /* one rank per GPU; on one GPU two ranks: a collective of one rank moves nothing */

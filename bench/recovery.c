@@ -246,7 +246,7 @@ int newt_bench_recovery(int argc, char **argv) {
   launcher_opts base;
   memset(&base, 0, sizeof base);
   if (command >= 0) base.command = argv + command; /* NULL-terminated, as main's argv is */
-  if (strcmp(backend, "nccl") == 0) {
+  if (newt_backend_uses_gpu(newt_backend_find(backend))) {
     int visible = model_dev_cuda_count();
     if (gpus < 0) gpus = visible;
     if (visible == 0) {

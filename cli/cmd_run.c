@@ -297,7 +297,7 @@ int newt_cmd_run(int argc, char **argv) {
       return 2;
     }
   }
-  if (strcmp(lo.spec.backend, "nccl") == 0) {
+  if (newt_backend_uses_gpu(newt_backend_find(lo.spec.backend))) {
     int visible = model_dev_cuda_count();
     if (gpus < 0) gpus = visible;
     if (visible == 0) {

@@ -49,9 +49,13 @@ static int version(int libs) {
   newt_result_t r = model_dev_cuda_describe(d, sizeof d);
   printf("cuda: %s%s%s\n", d, r == NEWT_OK ? "" : ": ", r == NEWT_OK ? "" : newt_errmsg());
   bad |= r != NEWT_OK;
-  r = comm_backend_library(COMM_BACKEND_NCCL, d, sizeof d);
-  printf("nccl: %s\n", r == NEWT_OK ? d : newt_errmsg());
-  bad |= r != NEWT_OK;
+  const newt_backend *b;
+  for (int i = 0; (b = newt_backend_at(i)) != NULL; i++) { /* the GPU backends' libraries (the CPU's is built in) */
+    if (!newt_backend_uses_gpu(b)) continue;
+    r = comm_backend_library(b->id, d, sizeof d);
+    printf("%s: %s\n", b->name, r == NEWT_OK ? d : newt_errmsg());
+    bad |= r != NEWT_OK;
+  }
   const char *hint = model_blas_core_hint();
   if (hint)
     printf("openblas: core %s by its own choice; newt run, worker, train and bench ask for %s (OpenBLAS does not "

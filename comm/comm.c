@@ -23,14 +23,14 @@ newt_result_t comm_create(const comm_config *cfg, comm_t **out) {
   if (cfg->build_timeout_ms < 0)
     return NEWT_ERR(NEWT_ERR_INVALID, "comm_config.build_timeout_ms is %lld, expected >= 0 (0: the default)",
                     (long long)cfg->build_timeout_ms);
-  if (cfg->backend != COMM_BACKEND_CPU && cfg->backend != COMM_BACKEND_NCCL)
+  if (!newt_backend_of(cfg->backend))
     return NEWT_ERR(NEWT_ERR_INVALID, "comm_config.backend %d is not a backend", (int)cfg->backend);
   const comm_backend_ops *ops = comm_backend_ops_of(cfg->backend);
-  if (!ops) /* only NCCL can be left out */
+  if (!ops) /* only a GPU backend can be left out */
     return NEWT_ERR(NEWT_ERR_UNSUPPORTED,
-                    "comm_create: the NCCL backend is not built into this newt (built without the CUDA "
+                    "comm_create: %s is not built into this newt (built without the CUDA "
                     "toolkit); rebuild with -DNEWT_CUDA=ON where CUDA and NCCL are installed, or use the "
-                    "CPU backend");
+                    "CPU backend", comm_backend_label(cfg->backend));
   /* the backend sets build_timeout_ms from its default when cfg leaves it 0 */
   struct comm *c = comm_obj_new(cfg->backend, ops, cfg->timeout_ms, cfg->build_timeout_ms);
   NEWT_CHECK_ALLOC(c);
@@ -103,7 +103,7 @@ newt_result_t comm_set_stream(comm_t *c, void *stream) {
 
 comm_t *comm_host_channel(comm_t *c) {
   if (!c) return NULL;
-  return c->backend == COMM_BACKEND_NCCL && c->companion ? c->companion : c;
+  return newt_backend_uses_gpu(newt_backend_of(c->backend)) && c->companion ? c->companion : c;
 }
 
 static void set_stall_one(struct comm *c, int64_t ms) {

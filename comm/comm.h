@@ -35,22 +35,30 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "common/backend.h"
 #include "common/dtype.h"
 #include "common/err.h"
 
 typedef struct comm comm_t;
 typedef struct comm_req comm_req_t;
 
-typedef enum comm_backend {
-  COMM_BACKEND_CPU = 0, /* shared memory within a host, TCP between hosts */
-  COMM_BACKEND_NCCL = 1,
-} comm_backend;
+/* A communicator's backend: a row of the backend table (common/backend.h), which names it
+ * and says its device; comm/backend.c holds each one's operations and library. */
+typedef newt_backend_id comm_backend;
+#define COMM_BACKEND_CPU NEWT_BACKEND_CPU
+#define COMM_BACKEND_NCCL NEWT_BACKEND_NCCL
 
 /* The library behind backend b, loaded now if it is not yet: a line naming its version and
  * file into desc (CPU: "built in"; NCCL: libnccl.so.2, loaded at run time: comm/nccl_lib.h).
  * NEWT_ERR_UNSUPPORTED for a backend this newt was built without; else the loader's error
  * (what it tried, or a version too old). */
 newt_result_t comm_backend_library(comm_backend b, char *desc, size_t n);
+
+/* GPUs this process can use (cudaGetDeviceCount; CUDA_VISIBLE_DEVICES applies): 0 in a build
+ * without CUDA, on a host without a driver or GPU. The one count of newt's: the worker, the
+ * model's device, `newt run` and the benches ask it. cuda_error (may be NULL) gets the CUDA
+ * runtime's error when the count failed (a cudaError_t; 0: none, also without CUDA). */
+int comm_gpu_count(int *cuda_error);
 
 typedef enum comm_op { COMM_SUM = 0, COMM_AVG = 1, COMM_MAX = 2 } comm_op;
 

@@ -685,7 +685,6 @@ static newt_result_t cpu_check_reduce(newt_dtype dt, const char *what) {
 }
 
 const comm_backend_ops comm_cpu_ops = {
-    .name = "cpu",
     .create = cpu_create,
     .split = cpu_split,
     .shrink = cpu_shrink,

@@ -141,11 +141,11 @@ void comm_futex_wake(_Atomic uint32_t *addr);
 
 /* --- the table of a backend's operations ----------------------------------------------
  * One const table per backend (comm_cpu_ops in cpu_comm.c, comm_nccl_ops in nccl.c when
- * built with NEWT_HAVE_CUDA), as NCCL's transports or SQLite's VFS. comm.c has checked the
+ * built with NEWT_HAVE_CUDA), as NCCL's transports or SQLite's VFS; its name and device are
+ * its row of the backend table (common/backend.h), backend.c maps that row to it. comm.c has checked the
  * arguments the interface defines before any entry is called; c->rank, c->size,
  * c->timeout_ms and c->ops are set, c->impl is the backend's to set and clear. */
 struct comm_backend_ops {
-  const char *name; /* "cpu", "nccl" */
   /* Builds c from cfg (checking what only this backend reads first); collective. */
   newt_result_t (*create)(const comm_config *cfg, struct comm *c);
   /* comm_split: *member = 1 when child was built (color >= 0); child->rank/size set. */
@@ -194,5 +194,7 @@ extern const comm_backend_ops comm_nccl_ops; /* defined only with NEWT_HAVE_CUDA
 
 /* The table of backend b; NULL when b is not built into this newt (backend.c). */
 const comm_backend_ops *comm_backend_ops_of(comm_backend b);
+/* What messages call backend b ("the NCCL backend"). */
+const char *comm_backend_label(comm_backend b);
 
 #endif

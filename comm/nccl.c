@@ -959,7 +959,6 @@ static newt_result_t nccl_set_stream(struct comm *c, void *stream) {
 }
 
 const comm_backend_ops comm_nccl_ops = {
-    .name = "nccl",
     .create = nccl_create,
     .split = nccl_split,
     .shrink = nccl_shrink,

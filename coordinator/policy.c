@@ -5,6 +5,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/backend.h"
+
 const char *policy_cause(policy_reason r) {
   switch (r) {
   case POLICY_INITIAL: return "initial";
@@ -236,7 +238,7 @@ static int keeps_gpu(const policy_view *v, const job_worker *a, const job_worker
 
 const job_worker *policy_gpu_taken(const policy_view *v, char (*exclude)[RDZV_NAME_MAX], int nexclude,
                                     const job_worker *w) {
-  if (strcmp(v->spec->backend, "nccl") != 0 || w->device < 0) return NULL;
+  if (!newt_backend_uses_gpu(newt_backend_find(v->spec->backend)) || w->device < 0) return NULL;
   for (int i = 0; i < v->nmembers; i++) {
     const job_worker *o = &v->members[i];
     if (o != w && o->device == w->device && strcmp(o->host, w->host) == 0 && !(o->shares_device && w->shares_device) &&

@@ -119,11 +119,11 @@ int policy_member_done(const job_worker *w);
  * how many. */
 int policy_plan_members(const policy_view *v, char (*exclude)[RDZV_NAME_MAX], int nexclude, plan_member *out);
 
-/* With spec.backend "nccl", two ranks of one communicator cannot share a GPU (NCCL refuses
- * a duplicate device of one host): the candidate that keeps a GPU which candidate w
- * registered on too (a rank of the current plan first, then the earlier registration), or
- * NULL when w's GPU is its own (or the job trains on CPUs, or w on no GPU). Such a w is left
- * out of the next plan until the GPU is free. */
+/* With a backend on GPUs (common/backend.h; spec.backend nccl), two ranks of one communicator
+ * cannot share a GPU (NCCL refuses a duplicate device of one host): the candidate that keeps a
+ * GPU which candidate w registered on too (a rank of the current plan first, then the earlier
+ * registration), or NULL when w's GPU is its own (or the job trains on CPUs, or w on no GPU).
+ * Such a w is left out of the next plan until the GPU is free. */
 const job_worker *policy_gpu_taken(const policy_view *v, char (*exclude)[RDZV_NAME_MAX], int nexclude,
                                     const job_worker *w);
 

@@ -11,6 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/backend.h"
 #include "common/json.h"
 #include "common/strutil.h"
 #include "job/codec.h"
@@ -319,8 +320,9 @@ newt_result_t spec_validate(const newt_spec *s) {
   RULE(s->replicas >= 1 && s->replicas <= SPEC_REPLICAS_MAX,
        "spec.fault.replicas: must be 1..%d (copies of each ZeRO shard, on as many other failure domains), got %lld",
        SPEC_REPLICAS_MAX, (long long)s->replicas);
-  RULE(strcmp(s->backend, "cpu") == 0 || strcmp(s->backend, "nccl") == 0,
-       "spec.backend: must be \"cpu\" or \"nccl\", got \"%s\"", s->backend);
+  char backends[128]; /* the backend table's names (common/backend.h) */
+  RULE(newt_backend_find(s->backend), "spec.backend: must be %s, got \"%s\"",
+       newt_backend_names(backends, sizeof backends, "\""), s->backend);
   return NEWT_OK;
 }
 

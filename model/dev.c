@@ -13,6 +13,7 @@
 #endif
 #endif
 
+#include "comm/comm.h"
 #include "model/dev_internal.h"
 
 static newt_result_t failed(const model_dev *d) {
@@ -34,22 +35,11 @@ newt_result_t model_dev_open(model_dev_kind kind, int ordinal, model_dev **out) 
 #endif
 }
 
-int model_dev_cuda_count(void) {
-#ifdef NEWT_HAVE_CUDA
-  int n = 0;
-  if (cudaGetDeviceCount(&n) != cudaSuccess) {
-    (void)cudaGetLastError(); /* "no driver", "no device": none to use */
-    return 0;
-  }
-  return n;
-#else
-  return 0;
-#endif
-}
+int model_dev_cuda_count(void) { return comm_gpu_count(NULL); }
 
 newt_result_t model_dev_cuda_describe(char *desc, size_t n) {
 #ifdef NEWT_HAVE_CUDA
-  int rt = 0, drv = 0, count = 0;
+  int rt = 0, drv = 0;
   (void)cudaRuntimeGetVersion(&rt);
   cudaError_t e = cudaDriverGetVersion(&drv);
   if (e != cudaSuccess || drv == 0) {
@@ -57,8 +47,8 @@ newt_result_t model_dev_cuda_describe(char *desc, size_t n) {
     snprintf(desc, n, "CUDA runtime %d.%d", rt / 1000, rt % 1000 / 10);
     return NEWT_ERR(NEWT_ERR_CUDA, "no CUDA driver (libcuda.so.1) could be loaded: no GPU can be used");
   }
-  e = cudaGetDeviceCount(&count);
-  if (e != cudaSuccess) (void)cudaGetLastError();
+  int count_err = 0, count = comm_gpu_count(&count_err);
+  e = (cudaError_t)count_err;
   char name[sizeof ((struct cudaDeviceProp *)0)->name + 8] = "";
   struct cudaDeviceProp prop;
   if (count > 0 && cudaGetDeviceProperties(&prop, 0) == cudaSuccess) snprintf(name, sizeof name, " (%s)", prop.name);

@@ -30,6 +30,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "common/backend.h" /* a backend's device (newt_backend_uses_gpu) is the CUDA one here */
 #include "common/err.h"
 #include "model/layout.h"
 #include "model/optim.h"
@@ -51,8 +52,8 @@ model_dev *model_dev_cpu(void);
 newt_result_t model_dev_open(model_dev_kind kind, int ordinal, model_dev **out);
 /* Waits for the device's work and frees what model_dev_open made (not the CPU device). */
 void model_dev_close(model_dev *d);
-/* GPUs this process can use (cudaGetDeviceCount; CUDA_VISIBLE_DEVICES applies): 0 in a
- * build without CUDA, on a host without a driver or GPU. */
+/* GPUs this process can use (comm_gpu_count, the one count: cudaGetDeviceCount;
+ * CUDA_VISIBLE_DEVICES applies): 0 in a build without CUDA, on a host without a driver or GPU. */
 int model_dev_cuda_count(void);
 
 /* What the CUDA device would run on, for `newt --version --libs`: "CUDA runtime 13.0,

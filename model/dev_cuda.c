@@ -22,6 +22,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "comm/comm.h"
 #include "model/cuda/kernels.h"
 #include "model/dev_internal.h"
 
@@ -302,13 +303,11 @@ static const model_dev_ops cuda_ops = {
 
 newt_result_t model_dev_cuda_open(int ordinal, model_dev **out) {
   *out = NULL;
-  int n = 0;
-  cudaError_t e = cudaGetDeviceCount(&n);
-  if (e != cudaSuccess) {
-    (void)cudaGetLastError();
+  int count_err = 0, n = comm_gpu_count(&count_err);
+  cudaError_t e = (cudaError_t)count_err;
+  if (e != cudaSuccess)
     return NEWT_ERR(NEWT_ERR_CUDA, "cuda:%d: cudaGetDeviceCount: %s (%s): no GPU this process can use", ordinal,
                     cudaGetErrorName(e), cudaGetErrorString(e));
-  }
   if (ordinal < 0 || ordinal >= n)
     return NEWT_ERR(NEWT_ERR_CUDA, "cuda:%d: no such GPU: this process sees %d (CUDA_VISIBLE_DEVICES applies)",
                     ordinal, n);

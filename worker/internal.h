@@ -2,8 +2,13 @@
  * api.c its argument checks). The state shared by its files; arrows go one way, from the top:
  *
  *   api.c       the public functions: checks and handles, then the calls below
- *   worker.c    life: joining, the plan watch, waiting for plans, generations, the step
- *               protocol (begin, commit, end), leaving, finishing
+ *   worker.c    the step protocol (begin, commit, end): what happens between steps, the
+ *               end of a generation, a failure, a leave, the job's end; it drives
+ *     join.c        joining: identity, socket, secret, etcd, metrics, spec, backend, device
+ *     wait.c        waiting for a plan; a spare's or a leaver's hand-over as a donor
+ *     generation.c  a generation built (communicator, groups), its failure reported, ended
+ *     watch.c       the plan watch (its own thread)
+ *     finish.c      the end: the termination message, everything released
  *   state.c     the declared training state: restore (memory, peers, else the checkpoint
  *               through save.c), the pre-update snapshot, the replica of the data-parallel
  *               neighbour's unique parts, a leaver's hand-over (uses reshard.c)
@@ -24,6 +29,7 @@
 #include <time.h>
 
 #include "ckpt/ckpt.h"
+#include "common/backend.h"
 #include "comm/comm.h"
 #include "job/plan.h"
 #include "job/records.h"
@@ -123,7 +129,11 @@ typedef enum worker_phase {
 
 typedef enum step_phase { STEP_IDLE, STEP_BEGUN, STEP_COMMITTED } step_phase;
 
+/* A worker. Its fields in groups, each filled by the file its heading names (others read it);
+ * a group's comment says who else writes it. */
 struct newt_ctx {
+  /* --- what joining fills (api.c's options, join.c): fixed for the worker's life, but the
+     spec, whose fields that may change while the job runs generation.c takes at a plan --- */
   worker_opts o;
   char *strings; /* the options' strings (one block) */
   char id[RDZV_NAME_MAX];
@@ -137,22 +147,21 @@ struct newt_ctx {
                                 proved with it, an end marker is believed only with its proof */
   ckpt_key ckpt_key;         /* the checkpoints' key made of it: its saves are proved with it, a
                                 load takes only steps that prove it (has 0: no secret) */
-  double last_tps;           /* the newest progress this rank published: its throughput ... */
-  int64_t last_step_tokens;  /* ... and a step's tokens (the last step's progress, with the end marker) */
-  uint64_t leader_gen;       /* the generation of the leader's plan taken last, and its salt: what a
-                                rank says of that generation is proved with it, in the survivors' own
-                                generation too (worker/peers.c: same number, a salt of their own) */
-  unsigned char leader_salt[PLAN_SECRET_BYTES];
-  char ckpt_refused[600];    /* the last load found committed checkpoints, none proving the key:
-                                why, naming the newest one's MANIFEST ("": not so) */
   rdzv_etcd *etcd;
   newt_spec spec;
   char *spec_json;
+  const newt_backend *backend; /* the spec's backend (common/backend.h): its device, its communicator */
   int device;    /* the GPU ordinal (registered with the host); -1: none */
   int device_set; /* newt_use_device was called (or not needed) */
+  struct metrics *metrics;          /* --metrics-port (NULL: none) */
+  FILE *sample_log; /* NEWT_SAMPLE_LOG_DIR: the samples of every step, for tests */
+  int step_log_fd;  /* --step-log, appended to while rank 0 (-1: none) */
+
+  /* --- etcd: the registration (publish.c) and the plan watch (watch.c) --- */
   rdzv_registration *reg;
   rdzv_etcd_watch *plan_watch;
 
+  /* --- what the program's thread shares with the watch and publisher threads --- */
   pthread_mutex_t mu; /* guards what the watch and publisher threads share: */
   pthread_cond_t cv;
   newt_plan latest;   /* the newest plan seen (generation 0: none) */
@@ -179,8 +188,11 @@ struct newt_ctx {
   atomic_int renewed; /* the registration was renewed since the last plan that made this worker a rank (fenced,
                         or its lease lapsed): a worker left out then proves its links (worker_prove_links) */
   atomic_int leave_asked;    /* newt_leave */
+  _Atomic uint64_t step_started;    /* monotonic ns the step under way began (0: none; the
+                                       health endpoint's thread reads it) */
 
-  /* the generation: its plan, this rank in it, its groups */
+  /* --- the generation (generation.c; peers.c for the survivors' own): its plan, this rank
+     in it, its groups, its timings --- */
   worker_phase phase;
   newt_plan plan;        /* valid from PHASE_BUILT */
   newt_plan held_plan;   /* the plan of the last generation this rank trained in (its state's
@@ -194,11 +206,20 @@ struct newt_ctx {
                             communicator `all` was split from (NULL: none) */
   int peer_epoch;        /* 0: the generation is the leader's plan; k: the k-th the survivors
                             made of it without etcd (worker/peers.c) */
+  uint64_t leader_gen;       /* the generation of the leader's plan taken last, and its salt: what a
+                                rank says of that generation is proved with it, in the survivors' own
+                                generation too (worker/peers.c: same number, a salt of their own) */
+  unsigned char leader_salt[PLAN_SECRET_BYTES];
   newt_comm *comms;      /* every handle given out (all generations) */
   newt_comm *h_world, *h_tp, *h_dp, *h_pp;
+  /* this generation's timings (wall ms) and where its state came from (state.c) */
+  uint64_t t_plan_seen, t_comm, t_restore, t_first_step, t_detect;
+  char restore_src[8];
+  int64_t restore_step;
+  report_recheck recheck; /* the last crash report's second look (peers.c) */
 
-  /* the state: declared for the generation, and the previous generation's (a source of the
-     restore, released by it) */
+  /* --- the declared state (state.c; api.c declares): declared for the generation, and the
+     previous generation's (a source of the restore, released by it) --- */
   worker_decl decl, prev;
   int has_state;      /* the state's declaration holds a whole state of live_step */
   int state_in_decl;  /* that declaration is decl (restored), else prev (decl being made) */
@@ -208,6 +229,13 @@ struct newt_ctx {
   worker_copy snap;
   worker_copy rep[SPEC_REPLICAS_MAX]; /* rep[j]: the unique parts of data-parallel rank d-1-j
                                          (spec.fault.replicas of them, at most dp - 1) */
+  newt_doc_write_fn doc_write;
+  newt_doc_check_fn doc_check;
+  void *doc_arg;
+  char restore_err[JOB_TEXT_MAX]; /* this generation's newt_state_restore failed, and why ("": not so):
+                                     the root cause of a step begun unrestored */
+
+  /* --- replicas that disagree (verify.c) --- */
   worker_copy vsnap;       /* the newest verified state: every declared part, host memory (verify.c) */
   int64_t verified_step;   /* its step (-1: none) */
   int mismatch_rolled;     /* the last check disagreed and was rolled back; no check agreed since */
@@ -215,18 +243,16 @@ struct newt_ctx {
   int64_t rollback_to;     /* a check rolled back to this verified step: the next begin starts the
                               generation again, restored from the verified copy (-1: none) */
   int64_t mismatches;      /* checks that disagreed (under warn: said, the first and every 100th) */
-  char chaos_flip[160];    /* NEWT_CHAOS_FLIP, tests and chaos ("": none) */
+  char chaos_flip[160];    /* NEWT_CHAOS_FLIP, tests and chaos ("": none; read at the join) */
   int chaos_flipped;
-  newt_doc_write_fn doc_write;
-  newt_doc_check_fn doc_check;
-  void *doc_arg;
 
-  /* the step */
+  /* --- the step (worker.c) --- */
   step_phase step;
   int64_t step_first, step_count;
   int leave_agreed, switch_agreed; /* what the last commit's sums said */
   int all_leave;                   /* ... every rank asked to leave, and the plan has no spare:
                                       no one is left to hand the state to */
+  int leave_announced;             /* this rank said it leaves (its registration's state) */
   int first_step_of_gen;
   int progress_rank;       /* who writes the progress record: the lowest rank that reached etcd
                               at the last commit (every rank agrees: the commit's sums) */
@@ -237,20 +263,18 @@ struct newt_ctx {
   double step_s[WORKER_STEP_TIMES];
   int nstep_s, step_s_at;
   int64_t stall_ms;        /* the deadline set on the generation's communicators (0: the cap) */
-  newt_next over;          /* PHASE_OVER: how */
-
-  /* this generation's timings (wall ms) and where its state came from */
-  uint64_t t_plan_seen, t_comm, t_restore, t_first_step, t_detect, progress_ms;
-  report_recheck recheck; /* the last crash report's second look (peers.c) */
-  char restore_src[8];
-  int64_t restore_step;
   int64_t done_step;      /* the newest step this rank completed */
   int64_t committed_step; /* the newest step every rank completed, as far as this rank knows */
   double last_loss;
-  FILE *sample_log; /* NEWT_SAMPLE_LOG_DIR: the samples of every step, for tests */
-  int step_log_fd;  /* --step-log, appended to while rank 0 (-1: none) */
   job_step last_step;   /* the step log's line of the last step this rank did */
   int last_step_logged; /* ... and whether this rank wrote it */
+
+  /* --- progress published (publish.c) --- */
+  uint64_t progress_ms;      /* wall ms it last published progress */
+  double last_tps;           /* the newest progress this rank published: its throughput ... */
+  int64_t last_step_tokens;  /* ... and a step's tokens (the last step's progress, with the end marker) */
+
+  /* --- checkpoints (save.c) --- */
   ckpt_saver *saver; /* this generation's (save.c) */
   ckpt_lock *ckpt_lock; /* the job's lock of its checkpoint directory, held from the first saver on */
   int stage_fill_due;      /* the saver's staging is to be reserved in the pool by a thread
@@ -263,33 +287,74 @@ struct newt_ctx {
   int64_t ckpt_skipped; /* saves this worker skipped, its previous one still being written (rank
                            0's count reaches the summary in the ckpt record) */
   job_ckpt ckpt_pub;    /* the ckpt record rank 0 last published (written again at each skip) */
-  int leave_announced;
-  struct metrics *metrics;          /* --metrics-port (NULL: none) */
-  _Atomic uint64_t step_started;    /* monotonic ns the step under way began (0: none) */
+  char ckpt_refused[600];    /* the last load found committed checkpoints, none proving the key:
+                                why, naming the newest one's MANIFEST ("": not so) */
+
+  /* --- the end (worker.c, wait.c; finish.c says it) --- */
+  newt_next over;          /* PHASE_OVER: how */
   int failed;                       /* the leader gave up on the job (the failed record) */
+  char failed_why[JOB_TEXT_MAX];
   job_done end_marker;              /* the job's end marker, when this worker learned of the end from
                                        it (waiting for a plan: it did not train the last step) */
   int have_end_marker;
   int trained_last;                 /* this rank trained the job's last step (its loss is the job's) */
-  char failed_why[JOB_TEXT_MAX];
-  char restore_err[JOB_TEXT_MAX]; /* this generation's newt_state_restore failed, and why ("": not so):
-                                     the root cause of a step begun unrestored */
   job_end end;                      /* how it ended (newt_finish) */
 };
 
-/* --- life (worker.c) ----------------------------------------------------------------------- */
+/* --- the step protocol (worker.c) ------------------------------------------------------------ */
 
-/* Joins: the spec, the data-plane socket, metrics; not registered yet. */
-newt_result_t worker_join(worker *w);
 newt_result_t worker_begin(worker *w, newt_batch *b, newt_next *next);
 newt_result_t worker_commit(worker *w, const double *values, double *sums, int n);
 newt_result_t worker_end(worker *w, const newt_step_result *r);
 /* After a restore: the generation runs (its saver, the step log's last line). */
 newt_result_t worker_restored(worker *w);
-/* Ends the worker's part; the exit status. Frees w. */
-int worker_finish(worker *w, newt_result_t r);
+
+/* --- joining (join.c) -------------------------------------------------------------------------- */
+
+/* Joins: the spec, the backend and device, the data-plane socket, metrics; not registered yet. */
+newt_result_t worker_join(worker *w);
+/* Labels every series this worker serves with its id and rank (-1: none, a spare). */
+newt_result_t worker_label_metrics(worker *w, int rank);
+
+/* --- the plan watch (watch.c) ------------------------------------------------------------------ */
+
+/* The plan as it is, then every change after the revision it was read at. */
+newt_result_t worker_watch_plan(worker *w);
+/* Whether plan p ends the running generation at once rather than at the next step boundary. */
+int worker_plan_drops_now(const newt_plan *p, const char *id);
+
+/* --- waiting for a plan (wait.c) --------------------------------------------------------------- */
+
+typedef enum wait_outcome { WAIT_PLAN, WAIT_LEAVE, WAIT_DONE, WAIT_FAILED } wait_outcome;
+/* Waits for a plan newer than the worker's generation naming it a rank (donor: a donor), a
+ * leave asked for (a rank gives up at until, a donor at its own bound), or the job's end. */
+newt_result_t worker_wait_plan(worker *w, int donor, newt_deadline_t until, newt_plan *out, wait_outcome *how);
+/* A donor's generation of plan p: its communicator (c, or built here; parent freed after),
+ * this worker's state handed to its ranks. */
+void worker_donate_on(worker *w, newt_plan *p, comm_t *c, comm_t *parent);
+/* A leaving rank hands its state to the next generation's ranks before it goes. */
+void worker_hand_over(worker *w);
+
+/* --- a generation (generation.c) --------------------------------------------------------------- */
+
+/* The communicator of plan p's ranks, then its donors, over the spec's backend. */
+newt_result_t worker_build_comm(worker *w, const newt_plan *p, const plan_rank *me, int *missing, comm_t **out);
+/* Builds the generation of plan p (taken over): 1 when it stands (PHASE_BUILT), 0 when it
+ * never formed (reported). built/parent: the survivors' own communicator, else NULL. */
+int worker_start_generation(worker *w, newt_plan *p, comm_t *built, comm_t *parent);
+/* The declaration that holds the state becomes the next restore's source; PHASE_BUILT. */
+void worker_await_declaration(worker *w);
+/* Reports the running generation's failed collective: whom this rank lost. */
+void worker_report_failure(worker *w);
+/* Ends the generation: its groups freed, every handle of it stale. */
+void worker_end_generation(worker *w);
 /* The handle of a group of the running generation. */
 newt_comm *worker_comm_handle(worker *w, comm_t *c, int own);
+
+/* --- finishing (finish.c) ---------------------------------------------------------------------- */
+
+/* Ends the worker's part; the exit status. Frees w. */
+int worker_finish(worker *w, newt_result_t r);
 
 /* --- checkpoints (save.c) -------------------------------------------------------------------- */
 
@@ -386,8 +451,6 @@ void worker_state_free(worker *w);
 void worker_mem_host(newt_memory *m);
 newt_result_t worker_mem_cuda(newt_memory *m, int device, void *stream);
 void worker_mem_release(newt_memory *m);
-/* GPUs this process can use (0 without CUDA, a driver or a GPU). */
-int worker_cuda_count(void);
 /* Queues a copy (kind 0 device to device, 1 device to host, 2 host to device). */
 static inline void worker_mem_copy(const newt_memory *m, void *dst, const void *src, size_t bytes, int kind) {
   m->copy(m->ctx, dst, src, bytes, kind);

@@ -137,16 +137,3 @@ void worker_mem_release(newt_memory *m) {
 #endif
   memset(m, 0, sizeof *m);
 }
-
-int worker_cuda_count(void) {
-#ifdef NEWT_HAVE_CUDA
-  int n = 0;
-  if (cudaGetDeviceCount(&n) != cudaSuccess) {
-    (void)cudaGetLastError(); /* "no driver", "no device": none to use */
-    return 0;
-  }
-  return n;
-#else
-  return 0;
-#endif
-}

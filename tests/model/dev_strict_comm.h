@@ -29,7 +29,7 @@ static inline newt_result_t dev_strict_comm_submit(struct comm *c, struct comm_r
 
 /* world: a CPU communicator, not split yet. */
 static inline void dev_strict_comm(comm_t *world) {
-  if (!dev_strict_comm_ops.name) {
+  if (!dev_strict_comm_ops.run) {
     dev_strict_comm_ops = comm_cpu_ops;
     dev_strict_comm_ops.run = dev_strict_comm_run;
     dev_strict_comm_ops.submit = dev_strict_comm_submit;
