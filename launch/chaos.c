@@ -34,12 +34,12 @@ struct chaos_kind {
   chaos_target target;  /* a rank is a worker target (by_rank) */
   const char *grammar;  /* what follows the action (chaos.h has the whole grammar) */
   int fields;           /* the most ':' fields of an item (the action's first row says) */
+  const char *want;     /* a host target: said where --hosts is missing (NULL: none) */
   /* the fields into e (its action set): the target and the values (the action's first row
      reads every target of it) */
   newt_result_t (*parse)(chaos_item *it, chaos_event *e);
   void (*print)(const chaos_kind *k, const chaos_event *e, char *buf, size_t cap); /* without the trigger */
   unsigned needs;       /* CHAOS_NEEDS_*: what the run must offer it */
-  const char *want;     /* said where --hosts is missing (NULL: the need's own words) */
   int (*fire)(run *r, const chaos_event *e, const newt_plan *plan, const char *what); /* inject.c */
   void (*mend)(run *r, int64_t step); /* undoes what is due of its faults in force (NULL: none) */
   chaos_answer answer;  /* the recovery that answers its fault */
@@ -92,7 +92,8 @@ static newt_result_t parse_etcd(chaos_item *it, chaos_event *e) {
       if (np > 3) return BAD("--chaos: item %d: restart:etcd takes at most one value", n);
       return NEWT_OK;
     case CHAOS_WIPE:
-      if (np > 3) return BAD("--chaos: item %d \"%s\": wipe:etcd takes at most one value (the downtime in ms)", n, shown);
+      if (np > 3)
+        return BAD("--chaos: item %d \"%s\": wipe:etcd takes at most one value (the downtime in ms)", n, shown);
       return np == 3 ? etcd_ms(parts[2], 0, it, &e->arg) : NEWT_OK;
     case CHAOS_KILL:
       if (np < 3)
@@ -184,7 +185,8 @@ static newt_result_t parse_host(chaos_item *it, chaos_event *e) {
     return BAD("--chaos: item %d \"%s\": only kill applies to a host (kill:host:I: every worker of simulated host "
                "I at once, newt run --hosts)", n, it->shown);
   e->target = CHAOS_HOST;
-  if (it->np > 3) return BAD("--chaos: item %d \"%s\": kill:host takes one value, the host, as in kill:host:1", n, it->shown);
+  if (it->np > 3)
+    return BAD("--chaos: item %d \"%s\": kill:host takes one value, the host, as in kill:host:1", n, it->shown);
   if (it->np != 3 || newt_parse_int(it->parts[2], &v) != 0 || v < 0 || v > 1023)
     return BAD("--chaos: item %d \"%s\": host \"%s\" is not 0..1023 (a simulated host of newt run --hosts)", n,
                it->shown, it->np > 2 ? it->parts[2] : "");
@@ -304,29 +306,54 @@ static void print_flip(const chaos_kind *k, const chaos_event *e, char *buf, siz
 #define N_PLAN CHAOS_NEEDS_PLAN
 
 /* Grouped by what they act on: processes, the network, etcd (mends run in this order: a cut
- * is mended before etcd comes back). The first row of an action reads all its items. */
+ * is mended before etcd comes back). Each row is two lines:
+ *   name, action, target, grammar, most ':' fields, what a missing --hosts is said as;
+ *   parse, print, needs, fire, mend, answer.
+ * The first row of an action reads all its items. */
 static const chaos_kind chaos_kinds[] = {
-  /* name      action         on grammar                    fields parse            print          needs           want                              fire               mend               answer */
-  {"kill",     CHAOS_KILL,    W, "worker:I | rank:R",             4, parse_signal,    print_process, N_PLAN,         NULL,                             inject_fire_signal, NULL,              CHAOS_ANSWER_CRASH},
-  {"kill",     CHAOS_KILL,    C, "coordinator[:I]",               4, parse_signal,    print_process, 0,              NULL,                             inject_fire_signal, NULL,              CHAOS_ANSWER_LEADER},
-  {"kill",     CHAOS_KILL,    H, "host:I",                        4, parse_signal,    print_process, N_HOSTS,        "a host to kill needs --hosts H", inject_fire_host,   NULL,              CHAOS_ANSWER_CRASH},
-  {"stop",     CHAOS_STOP,    W, "worker:I | rank:R",             4, parse_signal,    print_process, N_PLAN,         NULL,                             inject_fire_signal, NULL,              CHAOS_ANSWER_CRASH},
-  {"stop",     CHAOS_STOP,    C, "coordinator[:I]",               4, parse_signal,    print_process, 0,              NULL,                             inject_fire_signal, NULL,              CHAOS_ANSWER_LEADER},
-  {"term",     CHAOS_TERM,    W, "worker:I | rank:R",             4, parse_signal,    print_process, N_PLAN,         NULL,                             inject_fire_signal, NULL,              CHAOS_ANSWER_LEAVE},
-  {"term",     CHAOS_TERM,    C, "coordinator[:I]",               4, parse_signal,    print_process, 0,              NULL,                             inject_fire_signal, NULL,              CHAOS_ANSWER_LEADER},
-  {"cont",     CHAOS_CONT,    W, "worker:I",                      4, parse_cont,      print_process, N_PLAN,         NULL,                             inject_fire_signal, NULL,              CHAOS_ANSWER_WAKE},
-  {"join",     CHAOS_JOIN,    W, "N",                             4, parse_join,      print_join,    0,              NULL,                             inject_fire_join,   NULL,              CHAOS_ANSWER_JOINERS},
-  {"flip",     CHAOS_FLIP,    W, "rank:R[:TENSOR]",               4, parse_flip,      print_flip,    N_PLAN,         NULL,                             inject_fire_flip,   NULL,              CHAOS_ANSWER_NONE},
-  {"cut",      CHAOS_CUT,     W, "worker:I | rank:R [:MS | :until=S]", 4, parse_cut, print_cut,     N_NET | N_PLAN, NULL,                             inject_fire_cut,    inject_mend_cuts,  CHAOS_ANSWER_CRASH},
-  {"cut",      CHAOS_CUT,     H, "host:I [:MS | :until=S]",       4, parse_cut,       print_cut,     N_NET | N_HOSTS, "a host target needs --hosts H", inject_fire_cut,    inject_mend_cuts,  CHAOS_ANSWER_CRASH},
-  {"cut-etcd", CHAOS_CUT_ETCD, W, "worker:I | rank:R [:MS | :until=S]", 4, parse_cut, print_cut,    N_NET | N_PLAN, NULL,                             inject_fire_cut,    inject_mend_cuts,  CHAOS_ANSWER_NONE},
-  {"cut-etcd", CHAOS_CUT_ETCD, H, "host:I [:MS | :until=S]",      4, parse_cut,       print_cut,     N_NET | N_HOSTS, "a host target needs --hosts H", inject_fire_cut,    inject_mend_cuts,  CHAOS_ANSWER_NONE},
-  {"slow",     CHAOS_SLOW,    W, "worker:I:KBIT | rank:R:KBIT [:MS | :until=S]", 5, parse_cut, print_cut, N_NET | N_PLAN, NULL,                      inject_fire_cut,    inject_mend_cuts,  CHAOS_ANSWER_NONE},
-  {"slow",     CHAOS_SLOW,    H, "host:I:KBIT [:MS | :until=S]",  5, parse_cut,       print_cut,     N_NET | N_HOSTS, "a host target needs --hosts H", inject_fire_cut,    inject_mend_cuts,  CHAOS_ANSWER_NONE},
-  {"kill",     CHAOS_KILL,    E, "etcd:I[:MS]",                   4, parse_signal,    print_etcd,    N_ETCD,         NULL,                             inject_fire_etcd,   inject_etcd_tick,  CHAOS_ANSWER_ETCD},
-  {"stop",     CHAOS_STOP,    E, "etcd[:MS | :until=S] | etcd:I:MS", 4, parse_signal, print_etcd,    N_ETCD,         NULL,                             inject_fire_etcd,   inject_etcd_tick,  CHAOS_ANSWER_ETCD},
-  {"restart",  CHAOS_RESTART, E, "etcd[:MS | :until=S]",          4, parse_etcd_only, print_etcd,    N_ETCD,         NULL,                             inject_fire_etcd,   inject_etcd_tick,  CHAOS_ANSWER_ETCD},
-  {"wipe",     CHAOS_WIPE,    E, "etcd[:MS]",                     4, parse_etcd_only, print_etcd,    N_ETCD,         NULL,                             inject_fire_etcd,   inject_etcd_tick,  CHAOS_ANSWER_ETCD},
+  /* processes */
+  {"kill",     CHAOS_KILL,     W, "worker:I | rank:R",                        4, NULL,
+   parse_signal,    print_process, N_PLAN,          inject_fire_signal, NULL,             CHAOS_ANSWER_CRASH},
+  {"kill",     CHAOS_KILL,     C, "coordinator[:I]",                          4, NULL,
+   parse_signal,    print_process, 0,               inject_fire_signal, NULL,             CHAOS_ANSWER_LEADER},
+  {"kill",     CHAOS_KILL,     H, "host:I",                                   4, "a host to kill needs --hosts H",
+   parse_signal,    print_process, N_HOSTS,         inject_fire_host,   NULL,             CHAOS_ANSWER_CRASH},
+  {"stop",     CHAOS_STOP,     W, "worker:I | rank:R",                        4, NULL,
+   parse_signal,    print_process, N_PLAN,          inject_fire_signal, NULL,             CHAOS_ANSWER_CRASH},
+  {"stop",     CHAOS_STOP,     C, "coordinator[:I]",                          4, NULL,
+   parse_signal,    print_process, 0,               inject_fire_signal, NULL,             CHAOS_ANSWER_LEADER},
+  {"term",     CHAOS_TERM,     W, "worker:I | rank:R",                        4, NULL,
+   parse_signal,    print_process, N_PLAN,          inject_fire_signal, NULL,             CHAOS_ANSWER_LEAVE},
+  {"term",     CHAOS_TERM,     C, "coordinator[:I]",                          4, NULL,
+   parse_signal,    print_process, 0,               inject_fire_signal, NULL,             CHAOS_ANSWER_LEADER},
+  {"cont",     CHAOS_CONT,     W, "worker:I",                                 4, NULL,
+   parse_cont,      print_process, N_PLAN,          inject_fire_signal, NULL,             CHAOS_ANSWER_WAKE},
+  {"join",     CHAOS_JOIN,     W, "N",                                        4, NULL,
+   parse_join,      print_join,    0,               inject_fire_join,   NULL,             CHAOS_ANSWER_JOINERS},
+  {"flip",     CHAOS_FLIP,     W, "rank:R[:TENSOR]",                          4, NULL,
+   parse_flip,      print_flip,    N_PLAN,          inject_fire_flip,   NULL,             CHAOS_ANSWER_NONE},
+  /* the network (newt run --netns) */
+  {"cut",      CHAOS_CUT,      W, "(worker:I | rank:R)[:MS | :until=S]",      4, NULL,
+   parse_cut,       print_cut,     N_NET | N_PLAN,  inject_fire_cut,    inject_mend_cuts, CHAOS_ANSWER_CRASH},
+  {"cut",      CHAOS_CUT,      H, "host:I[:MS | :until=S]",                   4, "a host target needs --hosts H",
+   parse_cut,       print_cut,     N_NET | N_HOSTS, inject_fire_cut,    inject_mend_cuts, CHAOS_ANSWER_CRASH},
+  {"cut-etcd", CHAOS_CUT_ETCD, W, "(worker:I | rank:R)[:MS | :until=S]",      4, NULL,
+   parse_cut,       print_cut,     N_NET | N_PLAN,  inject_fire_cut,    inject_mend_cuts, CHAOS_ANSWER_NONE},
+  {"cut-etcd", CHAOS_CUT_ETCD, H, "host:I[:MS | :until=S]",                   4, "a host target needs --hosts H",
+   parse_cut,       print_cut,     N_NET | N_HOSTS, inject_fire_cut,    inject_mend_cuts, CHAOS_ANSWER_NONE},
+  {"slow",     CHAOS_SLOW,     W, "(worker:I | rank:R):KBIT[:MS | :until=S]", 5, NULL,
+   parse_cut,       print_cut,     N_NET | N_PLAN,  inject_fire_cut,    inject_mend_cuts, CHAOS_ANSWER_NONE},
+  {"slow",     CHAOS_SLOW,     H, "host:I:KBIT[:MS | :until=S]",              5, "a host target needs --hosts H",
+   parse_cut,       print_cut,     N_NET | N_HOSTS, inject_fire_cut,    inject_mend_cuts, CHAOS_ANSWER_NONE},
+  /* etcd (the private one) */
+  {"kill",     CHAOS_KILL,     E, "etcd:I[:MS]",                              4, NULL,
+   parse_signal,    print_etcd,    N_ETCD,          inject_fire_etcd,   inject_etcd_tick, CHAOS_ANSWER_ETCD},
+  {"stop",     CHAOS_STOP,     E, "etcd[:MS | :until=S] | etcd:I:MS",         4, NULL,
+   parse_signal,    print_etcd,    N_ETCD,          inject_fire_etcd,   inject_etcd_tick, CHAOS_ANSWER_ETCD},
+  {"restart",  CHAOS_RESTART,  E, "etcd[:MS | :until=S]",                     4, NULL,
+   parse_etcd_only, print_etcd,    N_ETCD,          inject_fire_etcd,   inject_etcd_tick, CHAOS_ANSWER_ETCD},
+  {"wipe",     CHAOS_WIPE,     E, "etcd[:MS]",                                4, NULL,
+   parse_etcd_only, print_etcd,    N_ETCD,          inject_fire_etcd,   inject_etcd_tick, CHAOS_ANSWER_ETCD},
 };
 #define NKINDS (sizeof chaos_kinds / sizeof chaos_kinds[0])
 
@@ -465,7 +492,7 @@ newt_result_t chaos_check_needs(const launcher_opts *o, unsigned which) {
     if (needs & CHAOS_NEEDS_HOSTS && e->index >= o->hosts)
       return BAD("--chaos %s: %s", chaos_event_str(e, item, sizeof item),
                  o->hosts ? "no such simulated host (--hosts counts from host0)"
-                          : k->want ? k->want : "a host target needs --hosts H");
+                          : k->want);
   }
   return NEWT_OK;
 }

@@ -1,9 +1,9 @@
-/* Chaos (run.h): the faults of the schedule fired for real when the job reaches their step
- * (signals to processes, a host's workers at once, a network namespace cut or slowed, etcd
- * stopped, wiped or a member killed), each recorded as a fault with the wall time it was
- * injected, for the recovery that answers it (recoveries.c). Cuts are mended and etcd's faults
- * undone when their time or step comes; an etcd fault is a recovery of its own, recorded once
- * training's progress reaches etcd again. */
+/* Chaos (run.h): each action's fire and mend functions, which chaos.c's table names and calls
+ * when the job reaches an item's step: signals to processes, a host's workers at once, a
+ * network namespace cut or slowed, workers started, etcd stopped, wiped or a member killed.
+ * Each fault is recorded with the wall time it was injected, for the recovery that answers it
+ * (recoveries.c). Cuts are mended and etcd's faults undone when their time or step comes; an
+ * etcd fault is a recovery of its own, recorded once training's progress reaches etcd again. */
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
