@@ -287,15 +287,9 @@ int newt_cmd_run(int argc, char **argv) {
     return 2;
   }
   lo.hosts = (int)hosts;
-  for (int i = 0; i < lo.chaos.n; i++) {
-    const chaos_event *e = &lo.chaos.events[i];
-    char item[64];
-    if (e->target == CHAOS_HOST && e->index >= hosts) {
-      fprintf(stderr, "newt run: --chaos %s: %s\n", chaos_event_str(e, item, sizeof item),
-              hosts ? "no such simulated host (--hosts counts from host0)"
-                    : e->action == CHAOS_KILL ? "a host to kill needs --hosts H" : "a host target needs --hosts H");
-      return 2;
-    }
+  if (launcher_check_hosts(&lo) != NEWT_OK) { /* the hosts the chaos names */
+    fprintf(stderr, "newt run: %s\n", newt_errmsg());
+    return 2;
   }
   if (newt_backend_uses_gpu(newt_backend_find(lo.spec.backend))) {
     int visible = model_dev_cuda_count();

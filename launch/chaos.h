@@ -41,7 +41,9 @@
  * check. stop:etcd with one value is the whole etcd (so a member needs both values).
  * Example: kill:worker:1@step=15,stop:worker:2@step=30,term:worker:0@step=45,join:2@step=50,
  *          kill:coordinator@step=60,restart:etcd@step=70,kill:etcd:1:0@step=80,wipe:etcd@step=90
- * Errors name the item and what is wrong with it. */
+ * Errors name the item and what is wrong with it. chaos.c holds the actions as one table, a
+ * row per action and target (its grammar, printing, needs, fire and mend functions, and the
+ * recovery that answers it): a new action is a value of chaos_action, a row and its functions. */
 #ifndef NEWT_LAUNCH_CHAOS_H
 #define NEWT_LAUNCH_CHAOS_H
 

@@ -1,9 +1,9 @@
-/* Chaos (run.h): the faults of the schedule fired for real when the job reaches their step
- * (signals to processes, a host's workers at once, a network namespace cut or slowed, etcd
- * stopped, wiped or a member killed), each recorded as a fault with the wall time it was
- * injected, for the recovery that answers it (recoveries.c). Cuts are mended and etcd's faults
- * undone when their time or step comes; an etcd fault is a recovery of its own, recorded once
- * training's progress reaches etcd again. */
+/* Chaos (run.h): each action's fire and mend functions, which chaos.c's table names and calls
+ * when the job reaches an item's step: signals to processes, a host's workers at once, a
+ * network namespace cut or slowed, workers started, etcd stopped, wiped or a member killed.
+ * Each fault is recorded with the wall time it was injected, for the recovery that answers it
+ * (recoveries.c). Cuts are mended and etcd's faults undone when their time or step comes; an
+ * etcd fault is a recovery of its own, recorded once training's progress reaches etcd again. */
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -15,14 +15,14 @@
 #include "launch/run.h"
 
 /* A fault fired now, recorded for the recovery that answers it (NULL: out of memory). */
-static fault *add_fault(run *r, const chaos_event *e) {
+static fault *add_fault(run *r, const chaos_event *e, const char *what) {
   fault *f = realloc(r->faults, (size_t)(r->nfaults + 1) * sizeof *f);
   if (!f) return NULL;
   r->faults = f;
   f = &r->faults[r->nfaults++];
   memset(f, 0, sizeof *f);
   f->ev = *e;
-  chaos_event_str(e, f->what, sizeof f->what);
+  snprintf(f->what, sizeof f->what, "%s", what);
   f->t_ms = newt_wall_ms();
   return f;
 }
@@ -49,11 +49,11 @@ static int signal_of(chaos_action a) {
 
 /* kill:host:I: every live worker of simulated host I, SIGKILL back to back (a node lost as a
  * unit); one fault, answered by one recovery, unless every one of them was a spare. */
-static void fire_host(run *r, const chaos_event *e, const newt_plan *plan, const char *what) {
+int inject_fire_host(run *r, const chaos_event *e, const newt_plan *plan, const char *what) {
   if (r->o->hosts <= 0 || e->index >= r->o->hosts) {
     fprintf(stderr, "%snewt run: chaos %s: there is no simulated host %d (--hosts %d)\n", live_news(r), what, e->index,
             r->o->hosts);
-    return;
+    return 0;
   }
   pid_t pids[1024];
   int n = 0, ranks = 0;
@@ -68,27 +68,28 @@ static void fire_host(run *r, const chaos_event *e, const newt_plan *plan, const
   }
   if (n == 0) {
     fprintf(stderr, "%snewt run: chaos %s: no worker of host%d is running\n", live_news(r), what, e->index);
-    return;
+    return 0;
   }
-  fault *f = add_fault(r, e);
+  fault *f = add_fault(r, e, what);
   for (int i = 0; i < n; i++) kill(pids[i], SIGKILL); /* nothing between them: the host goes at once */
   if (ranks == 0) { /* every one a spare of the plan in force: no rank is lost */
     if (f) f->matched = 1;
     if (!r->o->quiet)
       fprintf(stderr, "%snewt run: chaos: %s kills %s, spares of plan %llu: no rank is lost, training goes on\n",
               live_news(r), what, names, (unsigned long long)plan->generation);
-    return;
+    return 0;
   }
   if (!r->o->quiet)
     fprintf(stderr, "%snewt run: chaos: %s (host%d: %s, %d worker%s at once)\n", live_news(r), what, e->index, names, n,
             n == 1 ? "" : "s");
+  return 0;
 }
 
 /* cut:... / cut-etcd:...: the target's namespace cut (netns_cut), to be mended after arg ms
  * or at until_step (inject_mend_cuts). A cut of the data plane is a worker fault a recovery
  * answers (the others lose the cut-off ranks), unless no rank is there; a cut from etcd
  * answers none (the job goes on as it is: docs/elastic.md, "etcd away"). */
-static void fire_cut(run *r, const chaos_event *e, const newt_plan *plan, const char *what) {
+int inject_fire_cut(run *r, const chaos_event *e, const newt_plan *plan, const char *what) {
   int host = e->target == CHAOS_HOST ? e->index : -1;
   if (e->target != CHAOS_HOST) {
     char name[RDZV_NAME_MAX] = "";
@@ -97,7 +98,7 @@ static void fire_cut(run *r, const chaos_event *e, const newt_plan *plan, const 
     proc *p = name[0] ? procs_find(r, name) : NULL;
     if (!p || !p->alive) {
       fprintf(stderr, "%snewt run: chaos %s: %s\n", live_news(r), what, name[0] ? "not running" : "no such rank now");
-      return;
+      return 0;
     }
     host = p->nshost;
   }
@@ -105,7 +106,7 @@ static void fire_cut(run *r, const chaos_event *e, const newt_plan *plan, const 
   int slow = e->action == CHAOS_SLOW;
   if ((slow ? netns_slow(r->net, host, e->kbit) : netns_cut(r->net, host, link, 1)) != NEWT_OK) {
     fprintf(stderr, "%snewt run: chaos %s: %s\n", live_news(r), what, newt_errmsg());
-    return;
+    return 0;
   }
   char names[256] = "";
   int ranks = 0;
@@ -115,8 +116,9 @@ static void fire_cut(run *r, const chaos_event *e, const newt_plan *plan, const 
     newt_list_add(names, sizeof names, p->name);
     ranks += !plan || plan_find(plan, p->name) != NULL;
   }
-  fault *f = add_fault(r, e);
-  if (f && (slow || link == NETNS_ETCD || ranks == 0)) f->matched = 1; /* no recovery is to answer it */
+  fault *f = add_fault(r, e, what);
+  if (f && ranks == 0) f->matched = 1; /* no rank lost: no recovery is to answer it (nor ever one a slow link or a
+                                          cut from etcd: their rows say so) */
   if (e->arg || e->until_step) {
     cut *c = realloc(r->cuts, (size_t)(r->ncuts + 1) * sizeof *c);
     if (c) {
@@ -133,6 +135,7 @@ static void fire_cut(run *r, const chaos_event *e, const newt_plan *plan, const 
             slow                 ? "on a slow link with a short queue: slow and lossy"
             : link == NETNS_PEERS ? "cut from every other host: a partition of the data plane"
                                   : "cut from etcd and the coordinators");
+  return 0;
 }
 
 /* A data-plane cut mended: the workers it left out (alive, no rank of the plan in force)
@@ -150,12 +153,14 @@ static void note_mend(run *r, const cut *c) {
   }
   if (plan) plan_free(plan);
   chaos_event ev = {.action = CHAOS_CUT, .target = CHAOS_HOST, .index = c->host};
-  fault *f = n ? add_fault(r, &ev) : NULL;
+  char what[64];
+  snprintf(what, sizeof what, "%.50s mended", c->what);
+  fault *f = n ? add_fault(r, &ev, what) : NULL;
   if (!f) {
     free(back);
     return;
   }
-  snprintf(f->what, sizeof f->what, "%.50s mended", c->what);
+  f->answer = CHAOS_ANSWER_JOINERS;
   f->back = back;
   f->nback = n;
 }
@@ -180,18 +185,21 @@ void inject_mend_cuts(run *r, int64_t step) {
 
 /* join:N: N new workers, answered by the plans that take them in (or the spare events that
  * say they stay out). */
-static void fire_join(run *r, const chaos_event *e, const char *what) {
+int inject_fire_join(run *r, const chaos_event *e, const newt_plan *plan, const char *what) {
+  (void)plan;
   int first = r->next_worker;
   for (int64_t k = 0; k < e->arg; k++)
     if (procs_spawn(r, PROC_WORKER, r->next_worker++) != NEWT_OK)
       fprintf(stderr, "newt run: chaos %s: %s\n", what, newt_errmsg());
-  fault *f = add_fault(r, e);
+  fault *f = add_fault(r, e, what);
   if (f) f->join_first = first;
+  return 1;
 }
 
 /* The whole etcd stopped or paused, or a member killed or paused (the private etcd only),
  * until inject_etcd_tick undoes it. 1 when it was done. */
-static int fire_etcd(run *r, const chaos_event *e, const char *what) {
+int inject_fire_etcd(run *r, const chaos_event *e, const newt_plan *plan, const char *what) {
+  (void)plan;
   newt_result_t res = NEWT_OK;
   if (!r->server)
     res = NEWT_ERR(NEWT_ERR_UNSUPPORTED, "chaos on etcd needs the private etcd (no --etcd)");
@@ -209,7 +217,7 @@ static int fire_etcd(run *r, const chaos_event *e, const char *what) {
     fprintf(stderr, "%snewt run: chaos %s: %s\n", live_news(r), what, newt_errmsg());
     return 0;
   }
-  fault *f = add_fault(r, e);
+  fault *f = add_fault(r, e, what);
   r->etcd_down = 1;
   r->etcd_ev = *e;
   r->etcd_back_ms = 0;
@@ -238,7 +246,7 @@ static int target_name(run *r, const chaos_event *e, const newt_plan *plan, cons
 /* kill, stop, term or cont of a worker or a coordinator. A woken worker comes back as a
  * joiner (cont answers a join); a fault on a spare answers nothing. 1 when it was sent and
  * is not a spare's (lands_on_spare says that one). */
-static int fire_signal(run *r, const chaos_event *e, const newt_plan *plan, const char *what) {
+int inject_fire_signal(run *r, const chaos_event *e, const newt_plan *plan, const char *what) {
   char name[RDZV_NAME_MAX];
   if (!target_name(r, e, plan, what, name, sizeof name)) return 0;
   proc *p = procs_find(r, name);
@@ -251,29 +259,21 @@ static int fire_signal(run *r, const chaos_event *e, const newt_plan *plan, cons
     return 0;
   }
   if (e->action == CHAOS_KILL) p->killed_by_chaos = 1;
-  fault *f = add_fault(r, e);
+  fault *f = add_fault(r, e, what);
   kill(p->pid, signal_of(e->action));
   int spare = p->kind == PROC_WORKER && e->action != CHAOS_CONT && lands_on_spare(r, plan, what, p->name);
   if (f && spare) f->matched = 1;
   return !spare;
 }
 
-static void fire(run *r, chaos_event *e, const newt_plan *plan) {
-  char what[64];
-  chaos_event_str(e, what, sizeof what);
-  e->fired = 1;
-  int fired = 0; /* fired, with nothing said of it yet */
-  if (e->action == CHAOS_CUT || e->action == CHAOS_CUT_ETCD || e->action == CHAOS_SLOW) fire_cut(r, e, plan, what);
-  else if (e->target == CHAOS_HOST) fire_host(r, e, plan, what);
-  else if (e->target == CHAOS_ETCD) fired = fire_etcd(r, e, what);
-  else if (e->target == CHAOS_WORKER && e->action == CHAOS_JOIN) fire_join(r, e, what), fired = 1;
-  else if (e->action == CHAOS_FLIP) { /* armed in the workers: the rank flips it itself, at that step */
-    if (!r->o->quiet)
-      fprintf(stderr, "%snewt run: chaos: %s (rank %d flipped a bit of %s after step %lld, as armed)\n", live_news(r),
-              what, e->index, e->tensor[0] ? e->tensor : "its first replicated part", (long long)e->step);
-  }
-  else fired = fire_signal(r, e, plan, what);
-  if (fired && !r->o->quiet) fprintf(stderr, "%snewt run: chaos: %s\n", live_news(r), what);
+/* flip: armed in the workers at their start (procs.c), so the rank flips it itself, at that
+ * step; said, no fault recorded. */
+int inject_fire_flip(run *r, const chaos_event *e, const newt_plan *plan, const char *what) {
+  (void)plan;
+  if (!r->o->quiet)
+    fprintf(stderr, "%snewt run: chaos: %s (rank %d flipped a bit of %s after step %lld, as armed)\n", live_news(r),
+            what, e->index, e->tensor[0] ? e->tensor : "its first replicated part", (long long)e->step);
+  return 0;
 }
 
 /* Undoes the etcd fault in force once its time or step has come: the store started, resumed
@@ -301,7 +301,8 @@ static void etcd_back(run *r) {
             e->index >= 0 ? "has all its members again" : e->action == CHAOS_WIPE ? "serves again, empty" : "serves again");
 }
 
-void inject_etcd_tick(run *r) {
+void inject_etcd_tick(run *r, int64_t step) {
+  (void)step;
   if (!r->etcd_down) return;
   etcd_back(r);
   if (!r->etcd_down) return; /* it could not be brought back */
@@ -331,24 +332,4 @@ void inject_etcd_tick(run *r) {
   else if (!r->o->quiet)
     fprintf(stderr, "%snewt run: etcd was away for %lld ms; training went on, %lld ms until progress reached it again\n",
             live_news(r), (long long)rec->outage_ms, (long long)rec->total_ms);
-}
-
-/* Whether e is due: its step completed, and its checkpoint (@ckpt) committed (ckpt: the
- * newest committed checkpoint's step, -1: none). */
-static int is_due(const chaos_event *e, int64_t step, int64_t ckpt) {
-  return !e->fired && step >= e->step && (!e->ckpt_step || ckpt >= e->ckpt_step);
-}
-
-void inject_due(run *r, int64_t step) {
-  pthread_mutex_lock(&r->mu); /* the watch's thread adds checkpoints */
-  int64_t ckpt = r->res->nckpts ? r->res->ckpts[r->res->nckpts - 1].step : -1;
-  pthread_mutex_unlock(&r->mu);
-  int due = 0, workers_due = 0; /* the plan in force is read once for the faults due together */
-  for (int i = 0; i < r->nchaos; i++)
-    if (is_due(&r->chaos[i], step, ckpt))
-      due = 1, workers_due |= r->chaos[i].target == CHAOS_WORKER && r->chaos[i].action != CHAOS_JOIN;
-  newt_plan before, *plan = workers_due ? follow_plan(r, &before) : NULL;
-  for (int i = 0; due && i < r->nchaos; i++)
-    if (is_due(&r->chaos[i], step, ckpt)) fire(r, &r->chaos[i], plan);
-  if (plan) plan_free(plan);
 }

@@ -35,25 +35,14 @@
 /* --- the start ------------------------------------------------------------------------------ */
 
 newt_result_t launcher_check_opts(const launcher_opts *o) {
-  for (int i = 0; i < o->chaos.n; i++) {
-    const chaos_event *e = &o->chaos.events[i];
-    char item[64];
-    if (e->target == CHAOS_ETCD && o->etcd)
-      return NEWT_ERR(NEWT_ERR_INVALID, "--chaos %s: needs the private etcd (leave out --etcd)",
-                      chaos_event_str(e, item, sizeof item));
-    if ((e->action == CHAOS_CUT || e->action == CHAOS_CUT_ETCD || e->action == CHAOS_SLOW) && !o->netns)
-      return NEWT_ERR(NEWT_ERR_INVALID, "--chaos %s: needs --netns (each host in a network namespace: root)",
-                      chaos_event_str(e, item, sizeof item));
-    if (e->ckpt_step && (!o->spec.ckpt_dir[0] || o->spec.ckpt_every < 1))
-      return NEWT_ERR(NEWT_ERR_INVALID, "--chaos %s: the job writes no checkpoints (--ckpt-dir and --ckpt-every): it "
-                      "would never fire", chaos_event_str(e, item, sizeof item));
-  }
+  newt_result_t r = chaos_check_needs(o, CHAOS_NEEDS_ETCD | CHAOS_NEEDS_NETNS | CHAOS_NEEDS_CKPT);
+  if (r != NEWT_OK) return r;
   if (o->netns && o->etcd)
     return NEWT_ERR(NEWT_ERR_INVALID, "--netns runs its own etcd on the namespaces' bridge: leave out --etcd");
   /* a log directory that is there already: this user's, written by nobody else (root writes in
      it: another user's links there would make it truncate and append to files of theirs) */
   int fd = -1;
-  newt_result_t r = o->log_dir && newt_fs_exists(o->log_dir) ? newt_dir_trusted(o->log_dir, "--log-dir", &fd) : NEWT_OK;
+  r = o->log_dir && newt_fs_exists(o->log_dir) ? newt_dir_trusted(o->log_dir, "--log-dir", &fd) : NEWT_OK;
   if (fd >= 0) close(fd);
   NEWT_CHECK(r);
   if (o->secret_file) {
@@ -65,6 +54,8 @@ newt_result_t launcher_check_opts(const launcher_opts *o) {
   }
   return NEWT_OK;
 }
+
+newt_result_t launcher_check_hosts(const launcher_opts *o) { return chaos_check_needs(o, CHAOS_NEEDS_HOSTS); }
 
 /* The job secret's bytes: --job-secret-file's, the checkpoint directory's own (made when
  * missing, so that runs on one directory share the checkpoints' key), or new ones. */
@@ -341,7 +332,8 @@ static int cut_short(run *r, int64_t step, newt_deadline_t deadline, newt_result
     return 1;
   }
   int pending_joins = 0;
-  for (int i = 0; i < r->nchaos; i++) pending_joins += !r->chaos[i].fired && r->chaos[i].action == CHAOS_JOIN;
+  for (int i = 0; i < r->nchaos; i++)
+    pending_joins += !r->chaos[i].fired && chaos_event_answer(&r->chaos[i]) == CHAOS_ANSWER_JOINERS;
   if (procs_workers(r) || pending_joins) return 0;
   /* the watch may lag behind (etcd came back a moment ago): the end marker decides */
   if (follow_read_done(r, newt_deadline_in_ms(10000))) return 0;
@@ -393,12 +385,11 @@ static int look(run *r, newt_deadline_t deadline, double *last_line, newt_result
     return 1;
   }
   if (done) {
-    inject_etcd_tick(r); /* an outage the job finished in ends with the end marker reaching etcd */
+    inject_etcd_tick(r, step); /* an outage the job finished in ends with the end marker reaching etcd */
     return 1;
   }
-  inject_due(r, step);
-  if (r->ncuts) inject_mend_cuts(r, step);
-  inject_etcd_tick(r);
+  chaos_fire_due(r, step);
+  chaos_mend(r, step);
   recoveries_flush_notes(r, 300);
   procs_reap(r);
   if (newt_now_s() - *last_line > 0.2) {

@@ -156,6 +156,10 @@ typedef struct launcher_result {
  * checkpoint trigger for a job that writes none, --netns with --etcd): NEWT_ERR_INVALID
  * naming them, before anything starts. launcher_run checks them too. */
 newt_result_t launcher_check_opts(const launcher_opts *o);
+/* The simulated hosts the chaos schedule names are among o->hosts (kill:host:I, cut:host:I, ...):
+ * NEWT_ERR_INVALID naming the first item that names another (newt run checks it once --hosts
+ * is read). */
+newt_result_t launcher_check_hosts(const launcher_opts *o);
 
 /* Runs the job to its end. NEWT_OK when it finished; the result is filled either way. */
 newt_result_t launcher_run(const launcher_opts *o, launcher_result *res);

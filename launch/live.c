@@ -27,7 +27,8 @@ static void resumed_line(run *r, const job_step *s) {
   if (!prev || s->world == prev || !follow_etcd_away(r) || r->o->quiet) return;
   const fault *f = NULL;
   for (int i = 0; i < r->nfaults; i++)
-    if (r->faults[i].ev.target == CHAOS_WORKER && r->faults[i].ev.action != CHAOS_JOIN && r->faults[i].t_ms <= s->t_ms)
+    if (r->faults[i].ev.target == CHAOS_WORKER && r->faults[i].answer != CHAOS_ANSWER_JOINERS &&
+        r->faults[i].t_ms <= s->t_ms)
       f = &r->faults[i];
   if (!f) return;
   fprintf(stderr, "%snewt run: training resumed without etcd at step %lld, %lld ms after %s: %lld ranks (the survivors "

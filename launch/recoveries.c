@@ -84,25 +84,33 @@ static int join_answers(fault *f, const newt_plan *plan, char (*ids)[RDZV_NAME_M
   return 1;
 }
 
-/* The faults a recovery answers: every unmatched fault of its kind injected before its
- * plan (several at once are coalesced into one plan); for a crash or hang, any worker
- * fault, since a stopped worker may be seen first through its expired lease; for a join,
- * the join faults whose joiners plan names (join_answers). */
+/* The answer of the faults a recovery of cause answers at once (a join's joiners are
+ * counted: join_answers). */
+static chaos_answer answer_of(const char *cause) {
+  static const struct {
+    const char *cause;
+    chaos_answer answer;
+  } answers[] = {{"crash", CHAOS_ANSWER_CRASH}, {"hang", CHAOS_ANSWER_CRASH}, {"leave", CHAOS_ANSWER_LEAVE},
+                 {"join", CHAOS_ANSWER_WAKE}};
+  for (size_t i = 0; i < sizeof answers / sizeof answers[0]; i++)
+    if (strcmp(cause, answers[i].cause) == 0) return answers[i].answer;
+  return CHAOS_ANSWER_NONE;
+}
+
+/* The faults a recovery answers: every unmatched fault of its answer (its action's row in
+ * chaos.c says it) injected before its plan (several at once are coalesced into one plan);
+ * for a crash or hang, any worker fault, since a stopped worker may be seen first through
+ * its expired lease; for a join, a woken worker, and the join faults whose joiners plan
+ * names (join_answers). */
 static uint64_t match_faults(run *r, const char *cause, uint64_t t_plan, const newt_plan *plan, const char **what) {
   uint64_t first = 0;
-  int join = strcmp(cause, "join") == 0;
+  chaos_answer answer = answer_of(cause);
   for (int i = 0; i < r->nfaults; i++) {
     fault *f = &r->faults[i];
     if (f->matched || f->t_ms > t_plan) continue;
-    const chaos_event *e = &f->ev;
-    int worker_fault = !f->back && (e->target == CHAOS_WORKER || e->target == CHAOS_HOST) &&
-                       e->action != CHAOS_JOIN && e->action != CHAOS_CONT;
-    int ok = (join && e->action == CHAOS_CONT) ||
-             (strcmp(cause, "leave") == 0 && worker_fault && e->action == CHAOS_TERM) ||
-             ((strcmp(cause, "crash") == 0 || strcmp(cause, "hang") == 0) && worker_fault &&
-              e->action != CHAOS_TERM);
+    int ok = answer != CHAOS_ANSWER_NONE && f->answer == answer;
     if (ok) f->matched = 1;
-    else if (join && (e->action == CHAOS_JOIN || f->back)) ok = join_answers(f, plan, NULL, 0);
+    else if (answer == CHAOS_ANSWER_WAKE && f->answer == CHAOS_ANSWER_JOINERS) ok = join_answers(f, plan, NULL, 0);
     if (!ok) continue;
     if (!first || f->t_ms < first) first = f->t_ms, *what = f->what;
   }
@@ -220,7 +228,7 @@ static void on_recovered(run *r, const job_event *e) {
 static void on_leader(run *r, const job_event *e) {
   for (int i = 0; i < r->nfaults; i++) {
     fault *f = &r->faults[i];
-    if (f->matched || f->ev.target != CHAOS_COORDINATOR || f->t_ms > e->t_ms) continue;
+    if (f->matched || f->answer != CHAOS_ANSWER_LEADER || f->t_ms > e->t_ms) continue;
     f->matched = 1;
     launcher_recovery *rec = recoveries_add_unplanned(r, "coordinator", f);
     if (!rec) break;
@@ -248,7 +256,7 @@ static void on_plan(run *r, const job_event *e) {
 static void on_spare(run *r, const job_event *e) {
   for (int i = 0; i < r->nfaults; i++) {
     fault *f = &r->faults[i];
-    if (f->matched || (f->ev.action != CHAOS_JOIN && !f->back) || f->t_ms > e->t_ms) continue;
+    if (f->matched || f->answer != CHAOS_ANSWER_JOINERS || f->t_ms > e->t_ms) continue;
     if (join_answers(f, NULL, e->spare_ids, e->nspare_ids)) break;
   }
   if (r->o->quiet) return;
@@ -363,10 +371,7 @@ static int64_t resumed_after(uint64_t t_fault, const job_step *s, size_t n) {
 static void say_unrecorded(run *r, const job_step *s, size_t n) {
   for (int i = 0; i < r->nfaults && !r->o->quiet; i++) {
     const fault *f = &r->faults[i];
-    const chaos_event *e = &f->ev;
-    if (f->matched || f->back || (e->target != CHAOS_WORKER && e->target != CHAOS_HOST) || e->action == CHAOS_JOIN ||
-        e->action == CHAOS_CONT)
-      continue;
+    if (f->matched || (f->answer != CHAOS_ANSWER_CRASH && f->answer != CHAOS_ANSWER_LEAVE)) continue;
     int64_t resumed = resumed_after(f->t_ms, s, n);
     if (resumed >= 0)
       fprintf(stderr, "newt run: %s: the survivors went on without etcd (training resumed %lld ms after it), but the "

@@ -3,8 +3,12 @@
  * those below it (no two call each other: tests/arch/check_layers.sh):
  *
  *   launcher.c    the run: its start, the main loop, its end
- *   inject.c      chaos: the faults fired when their step comes, cuts mended, etcd's faults
- *                 undone and timed
+ *   chaos.c       the chaos actions' table (a row per action and target: its grammar, its
+ *                 printing, what it needs, its fire and mend functions, the recovery that
+ *                 answers it), and the loops over it: items parsed and printed, needs
+ *                 checked, the faults due fired, those in force mended
+ *   inject.c      each action's fire and mend functions: signals, a host's workers, cuts and
+ *                 slow links, joins, etcd's faults (undone and timed)
  *   recoveries.c  the leader's events handled: each fault paired with the recovery that
  *                 answers it, the notes of our faults for newt status, outages measured
  *   procs.c       the processes: started (flags, environment), reaped, stopped
@@ -46,11 +50,34 @@ typedef struct proc {
   int nshost;       /* with --netns: the host whose namespace it runs in (-1: none) */
 } proc;
 
+/* What answers a fault we injected: each row of chaos.c's table says it, and recoveries.c
+ * pairs the leader's events with the faults by it. */
+typedef enum chaos_answer {
+  CHAOS_ANSWER_NONE,    /* nothing: the fault is matched when fired (a slow link, a cut from etcd) */
+  CHAOS_ANSWER_CRASH,   /* a crash or hang: a rank lost (a stopped worker may be seen first
+                           through its expired lease) */
+  CHAOS_ANSWER_LEAVE,   /* a leave: a worker told to go */
+  CHAOS_ANSWER_WAKE,    /* a join: a woken worker comes back as a joiner */
+  CHAOS_ANSWER_JOINERS, /* the joins or spare events that name its joiners (a join, a mended cut) */
+  CHAOS_ANSWER_LEADER,  /* a new leader: a coordinator lost */
+  CHAOS_ANSWER_ETCD,    /* training's progress reaching etcd again (inject_etcd_tick) */
+} chaos_answer;
+
+/* What an action needs of the run (chaos.c's rows; a @ckpt trigger adds checkpoints). */
+enum {
+  CHAOS_NEEDS_ETCD = 1,  /* the private etcd (no --etcd) */
+  CHAOS_NEEDS_NETNS = 2, /* --netns */
+  CHAOS_NEEDS_CKPT = 4,  /* checkpoints written (--ckpt-dir and --ckpt-every) */
+  CHAOS_NEEDS_HOSTS = 8, /* its host among --hosts */
+  CHAOS_NEEDS_PLAN = 16, /* the plan in force, read when it fires (a rank, a spare) */
+};
+
 /* A fault we injected, until the recovery that answers it is seen. */
 typedef struct fault {
   chaos_event ev;
   char what[64];  /* "kill:worker:1@step=15" */
   uint64_t t_ms;
+  chaos_answer answer;
   int matched;
   int join_first, joined; /* join: its joiners are w<join_first>.. (ev.arg of them); how many a plan has seen */
   char (*back)[RDZV_NAME_MAX]; /* a mended cut: the workers it left out, whose joins answer it
@@ -200,14 +227,33 @@ void recoveries_flush_notes(run *r, int64_t wait_ms);
  * log; a worker fault the survivors went on from without etcd and no recovery answered, said. */
 void recoveries_measure(run *r);
 
-/* --- inject.c: chaos --------------------------------------------------------------------------- */
+/* --- chaos.c: the actions' table, looped over ------------------------------------------------ */
 
+/* Whether the run o offers every item of its schedule what it needs (the CHAOS_NEEDS_* of
+ * which): NEWT_ERR_INVALID naming the first item that lacks something. */
+newt_result_t chaos_check_needs(const launcher_opts *o, unsigned which);
+/* What answers the fault e would be (its row's answer). */
+chaos_answer chaos_event_answer(const chaos_event *e);
 /* Fires the faults of the schedule due at step (the plan in force read once for them all). */
-void inject_due(run *r, int64_t step);
-/* Mends the cuts whose time or step has come. */
+void chaos_fire_due(run *r, int64_t step);
+/* Mends what is due of the faults in force (each row's mend, once). */
+void chaos_mend(run *r, int64_t step);
+
+/* --- inject.c: each action's fire and mend ------------------------------------------------------ */
+
+/* The fire functions of chaos.c's rows: fault e, printed as what, injected (plan: the plan in
+ * force where the row reads it, else NULL), each fault recorded with add_fault. 1 when it was
+ * fired with nothing said of it yet (the caller says it), 0 when it said what happened. */
+int inject_fire_signal(run *r, const chaos_event *e, const newt_plan *plan, const char *what);
+int inject_fire_host(run *r, const chaos_event *e, const newt_plan *plan, const char *what);
+int inject_fire_cut(run *r, const chaos_event *e, const newt_plan *plan, const char *what);
+int inject_fire_join(run *r, const chaos_event *e, const newt_plan *plan, const char *what);
+int inject_fire_etcd(run *r, const chaos_event *e, const newt_plan *plan, const char *what);
+int inject_fire_flip(run *r, const chaos_event *e, const newt_plan *plan, const char *what);
+/* The mend functions: the cuts and slow links whose time or step has come mended; an etcd
+ * fault undone when its time is up, and recorded once training's progress (or the end
+ * marker) reaches etcd again. */
 void inject_mend_cuts(run *r, int64_t step);
-/* Undoes an etcd fault when its time is up, and records it once training's progress (or the
- * end marker) reaches etcd again. */
-void inject_etcd_tick(run *r);
+void inject_etcd_tick(run *r, int64_t step);
 
 #endif
