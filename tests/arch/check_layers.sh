@@ -51,9 +51,11 @@ for f in $folders; do
 done
 
 # File-level arrows from the symbol tables of the product's objects (libraries newt_* and
-# the newt binary; not the test double's build in gpu-double/). An undefined symbol of A
-# defined in B: A -> B.
-objs=$(find "$build" -path '*/CMakeFiles/newt*.dir/*' -name '*.o' | grep -v '/tests/' | grep -v '/gpu-double' | sort)
+# the newt binary; not the builds of the same sources that tests make inside this one, the
+# test double's in gpu-double/ and the sanitized binary's in asan/, which may be left from
+# older sources). An undefined symbol of A defined in B: A -> B.
+objs=$(cd "$build" && find . -path '*/CMakeFiles/newt*.dir/*' -name '*.o' | grep -v '/tests/' |
+       grep -v -e '^\./gpu-double/' -e '^\./asan/' | sed "s,^\.,$build," | sort)
 [ -n "$objs" ] || { echo "layers: no object files under $build (build first)"; exit 1; }
 for o in $objs; do
   # build/comm/CMakeFiles/newt_comm.dir/x.c.o -> comm/x.c; .../newt.dir/__/bench/y.c.o -> bench/y.c
