@@ -234,6 +234,52 @@ static newt_result_t save_all(ckpt_saver *s, const bstate *st, int64_t step, int
   return r;
 }
 
+/* The times of each repeat, seconds */
+typedef struct bench_times {
+  double *save, *load, *stall, *async;
+  int warm; /* --warm: the page cache is kept */
+  int cold; /* the last load's page cache was dropped */
+} bench_times;
+
+/* Repeat k: a synchronous save, an asynchronous one (its stall and its whole), and a load of
+ * the synchronous one, checked bit for bit against the state; its times into t. */
+static newt_result_t one_repeat(ckpt_saver *ss, ckpt_saver *as, const bstate *st, int64_t k, const char *sync_dir,
+                                int threads, ckpt_request *reqs, void **outs, bench_times *t, uint64_t *file_bytes) {
+  sync();
+  double t0 = newt_now_s();
+  newt_result_t r = save_all(ss, st, k + 1, 0);
+  t->save[k] = newt_now_s() - t0;
+  NEWT_CHECK(r);
+  ckpt_save_status ssst;
+  ckpt_saver_status(ss, &ssst);
+  *file_bytes = ssst.file_bytes;
+
+  sync();
+  t0 = newt_now_s();
+  r = save_all(as, st, k + 1, 1);
+  t->stall[k] = newt_now_s() - t0;
+  if (r == NEWT_OK) r = ckpt_save_wait(as, NEWT_DEADLINE_NONE);
+  t->async[k] = newt_now_s() - t0;
+  NEWT_CHECK(r);
+
+  t->cold = !t->warm && drop_caches();
+  ckpt_loaded ld;
+  t0 = newt_now_s();
+  r = ckpt_load(sync_dir, CKPT_LATEST, threads, reqs, st->n, &ld);
+  t->load[k] = newt_now_s() - t0;
+  NEWT_CHECK(r);
+  cJSON_Delete(ld.state);
+  for (size_t i = 0; i < st->n && r == NEWT_OK; i++) {
+    size_t b = (size_t)newt_shape_numel(st->t[i].ndim, st->t[i].shape) * newt_dtype_size(st->t[i].dtype);
+    if (memcmp(outs[i], st->data[i], b) != 0)
+      r = NEWT_ERR(NEWT_ERR_INTERNAL, "tensor %s did not load back bit for bit", st->t[i].name);
+    memset(outs[i], 0xff, b);
+  }
+  fprintf(stderr, "bench ckpt: repeat %lld: sync save %.3f s, async stall %.1f ms (total %.3f s), load %.3f s\n",
+          (long long)k + 1, t->save[k], t->stall[k] * 1e3, t->async[k], t->load[k]);
+  return r;
+}
+
 int newt_bench_ckpt(int argc, char **argv) {
   int64_t bytes = (int64_t)1 << 30, threads = 2, level = 1, chunk = 4 << 20, repeat = 3;
   const char *kind = "train", *dir = NULL;
@@ -299,39 +345,10 @@ int newt_bench_ckpt(int argc, char **argv) {
     reqs[i].out = outs[i];
     newt_slice_whole(&reqs[i].slice, &st.t[i]);
   }
+  bench_times bt = {t_save, t_load, t_stall, t_async, .warm = warm};
   for (int64_t k = 0; r == NEWT_OK && k < repeat; k++) {
-    sync();
-    double t0 = newt_now_s();
-    r = save_all(ss, &st, k + 1, 0);
-    t_save[k] = newt_now_s() - t0;
-    if (r != NEWT_OK) break;
-    ckpt_save_status ssst;
-    ckpt_saver_status(ss, &ssst);
-    file_bytes = ssst.file_bytes;
-
-    sync();
-    t0 = newt_now_s();
-    r = save_all(as, &st, k + 1, 1);
-    t_stall[k] = newt_now_s() - t0;
-    if (r == NEWT_OK) r = ckpt_save_wait(as, NEWT_DEADLINE_NONE);
-    t_async[k] = newt_now_s() - t0;
-    if (r != NEWT_OK) break;
-
-    cold = !warm && drop_caches() && cold;
-    ckpt_loaded ld;
-    t0 = newt_now_s();
-    r = ckpt_load(sync_dir, CKPT_LATEST, (int)threads, reqs, st.n, &ld);
-    t_load[k] = newt_now_s() - t0;
-    if (r != NEWT_OK) break;
-    cJSON_Delete(ld.state);
-    for (size_t i = 0; i < st.n && r == NEWT_OK; i++) {
-      size_t b = (size_t)newt_shape_numel(st.t[i].ndim, st.t[i].shape) * newt_dtype_size(st.t[i].dtype);
-      if (memcmp(outs[i], st.data[i], b) != 0)
-        r = NEWT_ERR(NEWT_ERR_INTERNAL, "tensor %s did not load back bit for bit", st.t[i].name);
-      memset(outs[i], 0xff, b);
-    }
-    fprintf(stderr, "bench ckpt: repeat %lld: sync save %.3f s, async stall %.1f ms (total %.3f s), load %.3f s\n",
-            (long long)k + 1, t_save[k], t_stall[k] * 1e3, t_async[k], t_load[k]);
+    r = one_repeat(ss, as, &st, k, sync_dir, (int)threads, reqs, outs, &bt, &file_bytes);
+    cold = bt.cold && cold;
   }
   if (r == NEWT_OK) {
     int n = (int)repeat;

@@ -312,6 +312,41 @@ static int gpu_count(char *why, size_t cap) {
 #endif
 }
 
+/* The ranks, a process each (killed with this one), waited for: 0 when every one exited 0;
+ * else 1, the others killed at the first that did not. */
+static int run_ranks(const bench_args *a) {
+  fflush(stdout);
+  pid_t pids[MAX_RANKS] = {0};
+  pid_t parent = getpid();
+  for (int r = 0; r < a->ranks; r++) {
+    pid_t pid = fork();
+    if (pid < 0) {
+      perror("fork");
+      for (int q = 0; q < r; q++) kill(pids[q], SIGKILL);
+      return 1;
+    }
+    if (pid == 0) {
+      prctl(PR_SET_PDEATHSIG, SIGKILL);
+      if (getppid() != parent) _exit(1);
+      int code = bench_rank(a, r);
+      fflush(stdout);
+      _exit(code);
+    }
+    pids[r] = pid;
+  }
+  int failed = 0;
+  for (int r = 0; r < a->ranks; r++) {
+    int st = 0;
+    if (newt_proc_wait(pids[r], -1, &st) != NEWT_OK || !WIFEXITED(st) || WEXITSTATUS(st) != 0) {
+      if (!failed)
+        for (int q = 0; q < a->ranks; q++)
+          if (q != r) kill(pids[q], SIGKILL);
+      failed = 1;
+    }
+  }
+  return failed ? 1 : 0;
+}
+
 int newt_bench_collective(const char *op, int argc, char **argv) {
   bench_args a = {.op = op, .backend = "shm", .dtype_name = "f32", .ranks = -1, .min = 4, .max = 64 << 20,
                   .iters = 0, .warmup = 3, .timeout_ms = 60000};
@@ -392,34 +427,5 @@ int newt_bench_collective(const char *op, int argc, char **argv) {
     fprintf(stderr, "newt %s: %s\n", cmd, newt_errmsg());
     return 1;
   }
-  fflush(stdout);
-  pid_t pids[MAX_RANKS] = {0};
-  pid_t parent = getpid();
-  for (int r = 0; r < a.ranks; r++) {
-    pid_t pid = fork();
-    if (pid < 0) {
-      perror("fork");
-      for (int q = 0; q < r; q++) kill(pids[q], SIGKILL);
-      return 1;
-    }
-    if (pid == 0) {
-      prctl(PR_SET_PDEATHSIG, SIGKILL);
-      if (getppid() != parent) _exit(1);
-      int code = bench_rank(&a, r);
-      fflush(stdout);
-      _exit(code);
-    }
-    pids[r] = pid;
-  }
-  int failed = 0;
-  for (int r = 0; r < a.ranks; r++) {
-    int st = 0;
-    if (newt_proc_wait(pids[r], -1, &st) != NEWT_OK || !WIFEXITED(st) || WEXITSTATUS(st) != 0) {
-      if (!failed)
-        for (int q = 0; q < a.ranks; q++)
-          if (q != r) kill(pids[q], SIGKILL);
-      failed = 1;
-    }
-  }
-  return failed ? 1 : 0;
+  return run_ranks(&a);
 }

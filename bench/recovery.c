@@ -45,6 +45,7 @@
 #include "gpt/gpt.h"
 #include "job/plan.h"
 #include "job/runlog.h"
+#include "job/spec_flags.h"
 #include "launch/launcher.h"
 #include "model/dev.h"
 
@@ -101,29 +102,27 @@ static const char *program_name(const launcher_opts *o) {
   return name;
 }
 
-/* The spec of one run's job; 2 (and a message) when the flags make no valid job: checked as
- * newt run checks one before it starts (gpt_start_check; the trainer's model unless the
- * workers run a program). */
-static int job_spec(newt_spec *s, const char *job, const char *backend, const char *preset, const char *model,
-                    int64_t steps, int64_t gb, int64_t mb, int64_t tp, int64_t pp, int64_t zero, int program,
-                    int even) {
-  spec_defaults(s, job);
-  snprintf(s->backend, sizeof s->backend, "%s", backend);
-  snprintf(s->preset, sizeof s->preset, "%s", preset);
-  s->steps = steps;
-  s->global_batch = gb;
-  s->micro_batch = mb;
-  s->tp = tp;
-  s->pp = pp;
-  s->zero = zero;
-  s->even_batches = even;
+/* The spec of one run's job: the flags' (base) named job; 2 (and a message) when the flags
+ * make no valid job: checked as newt run checks one before it starts (gpt_start_check; the
+ * trainer's model unless the workers run a program). */
+static int job_spec(newt_spec *s, const newt_spec *base, const char *job, int program) {
+  *s = *base;
+  snprintf(s->job, sizeof s->job, "%s", job);
   unsigned what = GPT_CHECK_SPEC | GPT_CHECK_FILES | (program ? 0 : GPT_CHECK_TRAINER);
-  if (spec_set_model(s, model) != NEWT_OK || gpt_start_check(s, what) != NEWT_OK) {
+  if (gpt_start_check(s, what) != NEWT_OK) {
     fprintf(stderr, "newt bench recovery: %s\n", newt_errmsg());
     return 2;
   }
   return 0;
 }
+
+/* newt bench recovery's flags beside the spec's (those are a spec_flags), and the fault's kind */
+typedef struct recovery_flags {
+  int64_t nproc, runs, kill_at, threads, outage, hosts, gpus;
+  const char *fault;
+  int verbose, share_gpus;
+  int etcd, join, in_outage, host; /* --fault etcd-outage, join, kill-during-etcd-outage, kill-host */
+} recovery_flags;
 
 /* --keep-logs: the log directories of runs that succeeded are kept too (a failed run's always
  * are, and named) */
@@ -138,10 +137,14 @@ static void run_done(launcher_result *res) {
 
 /* Runs one job per run with etcd away for outage_ms from step at (steps: enough to train
  * through it); one JSON line per run, then the medians. */
-static int bench_etcd_outage(const launcher_opts *base, int64_t nproc, const char *preset, const char *model,
-                             int64_t steps, int64_t gb, int64_t mb, int64_t at, int64_t outage, int64_t runs,
-                             int64_t threads, int verbose) {
-  const char *backend = base->spec.backend;
+static int bench_etcd_outage(const launcher_opts *base, const recovery_flags *f) {
+  const char *backend = base->spec.backend, *preset = base->spec.preset;
+  int64_t nproc = f->nproc, at = f->kill_at, outage = f->outage, runs = f->runs;
+  newt_spec spec = base->spec; /* one layout, whatever the flags: tp 1, pp 1, ZeRO 0 */
+  spec.tp = spec.pp = 1;
+  spec.zero = 0;
+  spec.even_batches = 0;
+  spec.replicas = 1;
   if (outage < 100 || outage > 600000) {
     fprintf(stderr, "newt bench recovery: --outage-ms 100..600000\n");
     return 2;
@@ -152,13 +155,13 @@ static int bench_etcd_outage(const launcher_opts *base, int64_t nproc, const cha
     launcher_opts lo = *base;
     char job[64], chaos[64];
     snprintf(job, sizeof job, "bench-etcd-%d-%lld", (int)getpid(), (long long)run);
-    if (job_spec(&lo.spec, job, backend, preset, model, steps, gb, mb, 1, 1, 0, lo.command != NULL, 0)) return 2;
+    if (job_spec(&lo.spec, &spec, job, lo.command != NULL)) return 2;
     snprintf(chaos, sizeof chaos, "restart:etcd:%lld@step=%lld", (long long)outage, (long long)at);
     if (chaos_parse(chaos, &lo.chaos) != NEWT_OK) return 2;
     lo.nproc = (int)nproc;
     lo.coordinators = 2;
-    lo.threads = (int)threads;
-    lo.quiet = !verbose;
+    lo.threads = (int)f->threads;
+    lo.quiet = !f->verbose;
     lo.timeout_ms = 600000 + outage;
     launcher_result res;
     newt_result_t r = launcher_run(&lo, &res);
@@ -193,59 +196,59 @@ static int bench_etcd_outage(const launcher_opts *base, int64_t nproc, const cha
   return ok == runs ? 0 : 1;
 }
 
-int newt_bench_recovery(int argc, char **argv) {
-  int64_t nproc = 4, steps = 0, gb = 16, mb = 4, runs = 5, kill_at = 30, threads = 1, tp = 1, pp = 1, zero = 0,
-          outage = -1, hosts = 0, replicas = 1;
-  const char *preset = "tiny", *model = NULL, *fault = "kill", *backend = "cpu";
-  int even = 0;
-  int64_t gpus = -1;
-  int verbose = 0, share_gpus = 0;
-  newt_opt opts[] = {{"nproc", NEWT_OPT_INT, &nproc, "workers"},
-                     {"preset", NEWT_OPT_STR, &preset, "model preset"},
-                     {"model", NEWT_OPT_STR, &model, "overrides of the preset: layers=2,channels=64,..."},
-                     {"steps", NEWT_OPT_INT, &steps, "steps of each run (0: 60; with etcd-outage, 1500)"},
-                     {"global-batch", NEWT_OPT_INT, &gb, "samples per step"},
-                     {"micro-batch", NEWT_OPT_INT, &mb, "samples per forward/backward"},
-                     {"kill-at", NEWT_OPT_INT, &kill_at, "step at which the fault is injected"},
-                     {"fault", NEWT_OPT_STR, &fault,
+/* The flags, in --help's order, parsed into f and sf; -1 to go on, else the exit status
+ * (--help: 0, a bad flag: 2). *command: the index of the program after `--` (-1: none). */
+static int parse_flags(int argc, char **argv, recovery_flags *f, spec_flags *sf, int *command) {
+  *f = (recovery_flags){.nproc = 4, .runs = 5, .kill_at = 30, .threads = 1, .outage = -1, .gpus = -1,
+                        .fault = "kill"};
+  newt_spec d;
+  spec_defaults(&d, "bench-recovery");
+  d.steps = 0; /* the fault's own */
+  d.global_batch = 16;
+  newt_opt opts[] = {{"nproc", NEWT_OPT_INT, &f->nproc, "workers"},
+                     SPEC_OPT_HELP("preset", "model preset"),
+                     SPEC_OPT("model"),
+                     SPEC_OPT_HELP("steps", "steps of each run (0: 60; with etcd-outage, 1500)"),
+                     SPEC_OPT_HELP("global-batch", "samples per step"),
+                     SPEC_OPT_HELP("micro-batch", "samples per forward/backward"),
+                     {"kill-at", NEWT_OPT_INT, &f->kill_at, "step at which the fault is injected"},
+                     {"fault", NEWT_OPT_STR, &f->fault,
                       "kill (SIGKILL, a crash), term (SIGTERM, a preemption), stop (SIGSTOP, a hang), join (one more "
                       "worker), kill-host (every worker of a simulated host at once), kill-during-etcd-outage, or "
                       "etcd-outage"},
-                     {"hosts", NEWT_OPT_INT, &hosts,
+                     {"hosts", NEWT_OPT_INT, &f->hosts,
                       "simulated hosts, the workers in contiguous blocks (as newt run --hosts; with --fault kill-host "
                       "default 2)"},
-                     {"replicas", NEWT_OPT_INT, &replicas, "copies of each ZeRO shard, in other hosts (spec.fault.replicas)"},
-                     {"outage-ms", NEWT_OPT_INT, &outage,
+                     SPEC_OPT_HELP("replicas", "copies of each ZeRO shard, in other hosts (spec.fault.replicas)"),
+                     {"outage-ms", NEWT_OPT_INT, &f->outage,
                       "with --fault etcd-outage (default 10000) or kill-during-etcd-outage (4000): how long etcd is away"},
-                     {"runs", NEWT_OPT_INT, &runs, "jobs to run (one kill each)"},
-                     {"threads", NEWT_OPT_INT, &threads, "compute threads per worker"},
-                     {"tp", NEWT_OPT_INT, &tp, "tensor-parallel size"},
-                     {"pp", NEWT_OPT_INT, &pp, "pipeline-parallel size"},
-                     {"zero", NEWT_OPT_INT, &zero, "ZeRO stage"},
-                     {"even-batches", NEWT_OPT_FLAG, &even,
-                      "only data-parallel sizes that give every rank the same whole micro-batches (survivors beyond "
-                      "wait as spares: spec.parallel.even_batches)"},
-                     {"backend", NEWT_OPT_STR, &backend, "cpu, or nccl: the workers train on GPUs over NCCL (as newt run)"},
-                     {"gpus", NEWT_OPT_INT, &gpus, "with --backend nccl: GPUs of this host to use (default: every visible one)"},
-                     {"share-gpus", NEWT_OPT_FLAG, &share_gpus,
+                     {"runs", NEWT_OPT_INT, &f->runs, "jobs to run (one kill each)"},
+                     {"threads", NEWT_OPT_INT, &f->threads, "compute threads per worker"},
+                     SPEC_OPT("tp"),
+                     SPEC_OPT("pp"),
+                     SPEC_OPT_HELP("zero", "ZeRO stage"),
+                     SPEC_OPT_HELP("even-batches",
+                                   "only data-parallel sizes that give every rank the same whole micro-batches "
+                                   "(survivors beyond wait as spares: spec.parallel.even_batches)"),
+                     SPEC_OPT_HELP("backend", "cpu, or nccl: the workers train on GPUs over NCCL (as newt run)"),
+                     {"gpus", NEWT_OPT_INT, &f->gpus, "with --backend nccl: GPUs of this host to use (default: every visible one)"},
+                     {"share-gpus", NEWT_OPT_FLAG, &f->share_gpus,
                       "with --backend nccl: workers may share a GPU (as newt run --share-gpus: tests, one GPU; slow)"},
-                     {"verbose", NEWT_OPT_FLAG, &verbose, "show each run's progress"},
+                     {"verbose", NEWT_OPT_FLAG, &f->verbose, "show each run's progress"},
                      {"keep-logs", NEWT_OPT_FLAG, &keep_logs,
                       "keep the log directories of runs that succeeded (a failed run's are kept and named)"},
                      NEWT_OPT_END};
-  int command = -1;
-  int rc = newt_opts_exit(newt_opts_parse_command("bench recovery", "[flags] [-- COMMAND [ARGS...]]",
-                                                  "COMMAND: a program built on libnewt, run as every worker (as newt "
-                                                  "run -- COMMAND) instead of newt's own trainer\n",
-                                                  opts, argc, argv, &command));
-  if (rc >= 0) return rc;
-  if (command >= argc) {
-    fprintf(stderr, "newt bench recovery: -- must be followed by the program the workers run\n");
-    return 2;
-  }
-  launcher_opts base;
-  memset(&base, 0, sizeof base);
-  if (command >= 0) base.command = argv + command; /* NULL-terminated, as main's argv is */
+  if (spec_flags_bind(sf, opts, &d) != NEWT_OK) return newt_opts_exit(NEWT_ERR_INVALID);
+  return newt_opts_exit(newt_opts_parse_command("bench recovery", "[flags] [-- COMMAND [ARGS...]]",
+                                                "COMMAND: a program built on libnewt, run as every worker (as newt "
+                                                "run -- COMMAND) instead of newt's own trainer\n",
+                                                opts, argc, argv, command));
+}
+
+/* The backend's GPUs (--gpus, --share-gpus) into base. 0, or 2 with the reason said. */
+static int check_backend(const recovery_flags *f, launcher_opts *base) {
+  const char *backend = base->spec.backend;
+  int64_t gpus = f->gpus;
   if (newt_backend_uses_gpu(newt_backend_find(backend))) {
     int visible = model_dev_cuda_count();
     if (gpus < 0) gpus = visible;
@@ -259,120 +262,186 @@ int newt_bench_recovery(int argc, char **argv) {
               visible == 1 ? "" : "s");
       return 2;
     }
-    base.gpus = (int)gpus;
-    base.share_gpus = share_gpus;
+    base->gpus = (int)gpus;
+    base->share_gpus = f->share_gpus;
   } else if (strcmp(backend, "cpu") != 0) {
     fprintf(stderr, "newt bench recovery: --backend: cpu or nccl, not \"%s\"\n", backend);
     return 2;
-  } else if (gpus > 0 || share_gpus) {
+  } else if (gpus > 0 || f->share_gpus) {
     fprintf(stderr, "newt bench recovery: %s goes with --backend nccl\n", gpus > 0 ? "--gpus" : "--share-gpus");
     return 2;
   }
-  snprintf(base.spec.backend, sizeof base.spec.backend, "%s", backend);
-  int etcd = strcmp(fault, "etcd-outage") == 0, join = strcmp(fault, "join") == 0,
-      in_outage = strcmp(fault, "kill-during-etcd-outage") == 0, host = strcmp(fault, "kill-host") == 0;
-  if (host && hosts == 0) hosts = 2;
-  if (outage < 0) outage = in_outage ? 4000 : 10000;
+  return 0;
+}
+
+/* The fault's kind, and the defaults that follow from it (--hosts, --outage-ms, --steps). 0,
+ * or 2 with the reason said. */
+static int check_fault(recovery_flags *f, newt_spec *s) {
+  const char *fault = f->fault;
+  f->etcd = strcmp(fault, "etcd-outage") == 0;
+  f->join = strcmp(fault, "join") == 0;
+  f->in_outage = strcmp(fault, "kill-during-etcd-outage") == 0;
+  f->host = strcmp(fault, "kill-host") == 0;
+  if (f->host && f->hosts == 0) f->hosts = 2;
+  if (f->outage < 0) f->outage = f->in_outage ? 4000 : 10000;
   /* an outage of seconds needs a job that trains through it, a join one that outlasts a
      process start */
-  if (steps == 0) steps = etcd ? 1500 : in_outage ? 200 : join ? 400 : 60;
-  if (strcmp(fault, "kill") != 0 && strcmp(fault, "term") != 0 && strcmp(fault, "stop") != 0 && !etcd && !join &&
-      !in_outage && !host) {
+  if (s->steps == 0) s->steps = f->etcd ? 1500 : f->in_outage ? 200 : f->join ? 400 : 60;
+  if (strcmp(fault, "kill") != 0 && strcmp(fault, "term") != 0 && strcmp(fault, "stop") != 0 && !f->etcd &&
+      !f->join && !f->in_outage && !f->host) {
     fprintf(stderr, "newt bench recovery: --fault: kill, term, stop, join, kill-host, kill-during-etcd-outage or "
                     "etcd-outage, not \"%s\"\n", fault);
     return 2;
   }
-  if (hosts < 0 || hosts > nproc || (host && hosts < 2) || replicas < 1 || replicas > SPEC_REPLICAS_MAX) {
+  if (f->hosts < 0 || f->hosts > f->nproc || (f->host && f->hosts < 2) || s->replicas < 1 ||
+      s->replicas > SPEC_REPLICAS_MAX) {
     fprintf(stderr, "newt bench recovery: --hosts 0..--nproc (at least 2 with --fault kill-host), --replicas 1..%d\n",
             SPEC_REPLICAS_MAX);
     return 2;
   }
-  if (etcd) return bench_etcd_outage(&base, nproc, preset, model, steps, gb, mb, kill_at, outage, runs, threads, verbose);
-  if (runs < 1 || runs > 100 || nproc < 2 || kill_at < 1 || kill_at >= steps) {
+  return 0;
+}
+
+/* The chaos of run `run`: the fault at --kill-at, on a victim that is not rank 0's usual
+ * worker (w0, on host 0), so progress keeps flowing. */
+static void fault_chaos(const recovery_flags *f, int64_t run, char *chaos, size_t cap) {
+  long long victim = 1 + run % (f->nproc - 1), at = (long long)f->kill_at;
+  if (f->join)
+    snprintf(chaos, cap, "join:1@step=%lld", at);
+  else if (f->host)
+    snprintf(chaos, cap, "kill:host:%lld@step=%lld", (long long)(1 + run % (f->hosts - 1)), at);
+  else if (f->in_outage)
+    snprintf(chaos, cap, "restart:etcd:%lld@step=%lld,kill:worker:%lld@step=%lld", (long long)f->outage, at, victim,
+             at + 2);
+  else
+    snprintf(chaos, cap, "%s:worker:%lld@step=%lld", f->fault, victim, at);
+}
+
+/* Every worker a rank: a fault on a spare would recover nothing. 0, or 2 with the reason said. */
+static int check_all_ranks(const recovery_flags *f, const newt_spec *s) {
+  int64_t tp = s->tp, pp = s->pp;
+  int dp = plan_choose_dp(s, f->nproc / (tp * pp));
+  if (dp * tp * pp == f->nproc) return 0;
+  fprintf(stderr, "newt bench recovery: --nproc %lld: a layout of tp %lld x pp %lld takes %lld of them (global batch "
+                  "%lld in micro-batches of %lld), the rest would be spares; use --nproc %lld\n",
+          (long long)f->nproc, (long long)tp, (long long)pp, (long long)(dp * tp * pp), (long long)s->global_batch,
+          (long long)s->micro_batch, (long long)(dp ? dp * tp * pp : tp * pp));
+  return 2;
+}
+
+/* The recoveries' numbers, a column per measure, a row per run that succeeded */
+typedef struct recovery_table {
+  int64_t *v[8]; /* detect, plan, comm, restore, total, steps lost, step, resumed (ms) */
+  double *tps_after;
+  int ok;
+} recovery_table;
+
+/* The JSON line of a recovery, and its row of t. */
+static void say_recovery(const launcher_opts *base, const recovery_flags *f, int64_t run,
+                         const launcher_recovery *rec, const launcher_result *res, recovery_table *t) {
+  const newt_spec *s = &base->spec;
+  double before, after;
+  step_rates(res->step_log, rec->generation, &before, &after);
+  printf("{\"bench\":\"recovery\",\"fault\":\"%s\",\"backend\":\"%s\",\"program\":\"%s\",\"run\":%lld,\"nproc\":%lld,"
+         "\"preset\":%s,\"tp\":%lld,\"pp\":%lld,"
+         "\"zero\":%lld,\"hosts\":%lld,\"replicas\":%lld,\"even_batches\":%s,\"cause\":\"%s\",\"detect_ms\":%lld,\"plan_ms\":%lld,\"comm_ms\":%lld,"
+         "\"restore_ms\":%lld,\"step_ms\":%lld,\"total_ms\":%lld,\"steps_lost\":%lld,\"restore\":\"%s\",\"world_after\":%lld,"
+         "\"resumed_ms\":%lld,\"tokens_per_s_before\":%.0f,\"tokens_per_s_after\":%.0f}\n",
+         f->fault, s->backend, program_name(base), (long long)run, (long long)f->nproc, preset_json(base, s->preset),
+         (long long)s->tp, (long long)s->pp, (long long)s->zero, (long long)f->hosts, (long long)s->replicas,
+         s->even_batches ? "true" : "false", rec->cause, (long long)rec->detect_ms, (long long)rec->plan_ms,
+         (long long)rec->comm_ms, (long long)rec->restore_ms, (long long)rec->step_ms, (long long)rec->total_ms,
+         (long long)rec->steps_lost,
+         rec->restore, (long long)rec->world, (long long)rec->resumed_ms, before, after);
+  fflush(stdout);
+  int64_t v[8] = {rec->detect_ms, rec->plan_ms, rec->comm_ms, rec->restore_ms, rec->total_ms, rec->steps_lost,
+                  rec->step_ms, rec->resumed_ms};
+  for (int k = 0; k < 8; k++) t->v[k][t->ok] = v[k];
+  t->tps_after[t->ok] = after;
+  t->ok++;
+}
+
+/* The line of the medians. */
+static void say_medians(const launcher_opts *base, const recovery_flags *f, recovery_table *t) {
+  const newt_spec *s = &base->spec;
+  int ok = t->ok;
+  printf("{\"bench\":\"recovery\",\"fault\":\"%s\",\"backend\":\"%s\",\"program\":\"%s\",\"median_of\":%d,"
+         "\"nproc\":%lld,\"preset\":%s,\"tp\":%lld,\"pp\":%lld,"
+         "\"zero\":%lld,\"hosts\":%lld,\"replicas\":%lld,\"even_batches\":%s,\"detect_ms\":%lld,\"plan_ms\":%lld,\"comm_ms\":%lld,\"restore_ms\":%lld,"
+         "\"step_ms\":%lld,\"total_ms\":%lld,\"steps_lost\":%lld,\"resumed_ms\":%lld,\"tokens_per_s_after\":%.0f}\n",
+         f->fault, s->backend, program_name(base), ok, (long long)f->nproc, preset_json(base, s->preset),
+         (long long)s->tp, (long long)s->pp, (long long)s->zero, (long long)f->hosts, (long long)s->replicas,
+         s->even_batches ? "true" : "false", (long long)median(t->v[0], ok), (long long)median(t->v[1], ok),
+         (long long)median(t->v[2], ok), (long long)median(t->v[3], ok), (long long)median(t->v[6], ok),
+         (long long)median(t->v[4], ok), (long long)median(t->v[5], ok), (long long)median(t->v[7], ok),
+         newt_median(t->tps_after, (size_t)ok));
+}
+
+/* One run: the job, its fault, its recovery said and kept in t. 0 (a failed run is said and
+ * skipped), or 2 when the flags make no run. */
+static int run_one(const launcher_opts *base, const recovery_flags *f, int64_t run, recovery_table *t) {
+  launcher_opts lo = *base;
+  char job[64], chaos[160];
+  snprintf(job, sizeof job, "bench-recovery-%d-%lld", (int)getpid(), (long long)run);
+  if (job_spec(&lo.spec, &base->spec, job, lo.command != NULL) || check_all_ranks(f, &lo.spec)) return 2;
+  lo.hosts = (int)f->hosts;
+  fault_chaos(f, run, chaos, sizeof chaos);
+  if (chaos_parse(chaos, &lo.chaos) != NEWT_OK) return 2;
+  lo.nproc = (int)f->nproc;
+  lo.coordinators = 2;
+  lo.threads = (int)f->threads;
+  lo.quiet = !f->verbose;
+  lo.timeout_ms = 600000 + (f->in_outage ? f->outage : 0);
+  launcher_result res;
+  newt_result_t r = launcher_run(&lo, &res);
+  chaos_free(&lo.chaos);
+  const launcher_recovery *rec = NULL; /* the fault's: the join, or the crash (not etcd's own) */
+  for (int k = 0; k < res.nrecoveries && !rec; k++)
+    if (f->join ? strcmp(res.recoveries[k].cause, "join") == 0 : strcmp(res.recoveries[k].cause, "etcd") != 0)
+      rec = &res.recoveries[k];
+  if (r != NEWT_OK || !res.done || !rec) {
+    fprintf(stderr, "newt bench recovery: run %lld: %s (logs in %s)\n", (long long)run,
+            r != NEWT_OK ? newt_errmsg() : "no recovery was recorded", res.log_dir);
+    launcher_result_free(&res);
+    return 0;
+  }
+  say_recovery(base, f, run, rec, &res, t);
+  run_done(&res);
+  return 0;
+}
+
+int newt_bench_recovery(int argc, char **argv) {
+  recovery_flags f;
+  spec_flags sf;
+  int command = -1;
+  int rc = parse_flags(argc, argv, &f, &sf, &command);
+  if (rc >= 0) return rc;
+  if (command >= argc) {
+    fprintf(stderr, "newt bench recovery: -- must be followed by the program the workers run\n");
+    return 2;
+  }
+  launcher_opts base;
+  memset(&base, 0, sizeof base);
+  if (command >= 0) base.command = argv + command; /* NULL-terminated, as main's argv is */
+  base.spec = sf.defaults;
+  if (spec_flags_apply(&sf, &base.spec) != NEWT_OK) {
+    fprintf(stderr, "newt bench recovery: %s\n", newt_errmsg());
+    return 2;
+  }
+  if (check_backend(&f, &base) != 0 || check_fault(&f, &base.spec) != 0) return 2;
+  if (f.etcd) return bench_etcd_outage(&base, &f);
+  if (f.runs < 1 || f.runs > 100 || f.nproc < 2 || f.kill_at < 1 || f.kill_at >= base.spec.steps) {
     fprintf(stderr, "newt bench recovery: --runs 1..100, --nproc >= 2, 1 <= --kill-at < --steps\n");
     return 2;
   }
-  int64_t *v[8];
-  for (int k = 0; k < 8; k++) v[k] = calloc((size_t)runs, sizeof(int64_t));
-  double *tps_after = calloc((size_t)runs, sizeof *tps_after);
-  int ok = 0;
-  for (int64_t run = 0; run < runs; run++) {
-    launcher_opts lo = base;
-    char job[64], chaos[160];
-    snprintf(job, sizeof job, "bench-recovery-%d-%lld", (int)getpid(), (long long)run);
-    if (job_spec(&lo.spec, job, backend, preset, model, steps, gb, mb, tp, pp, zero, lo.command != NULL, even))
-      return 2;
-    lo.spec.replicas = replicas;
-    lo.hosts = (int)hosts;
-    /* every worker a rank: a fault on a spare would recover nothing */
-    int dp = plan_choose_dp(&lo.spec, nproc / (tp * pp));
-    if (dp * tp * pp != nproc) {
-      fprintf(stderr, "newt bench recovery: --nproc %lld: a layout of tp %lld x pp %lld takes %lld of them (global batch "
-                      "%lld in micro-batches of %lld), the rest would be spares; use --nproc %lld\n",
-              (long long)nproc, (long long)tp, (long long)pp, (long long)(dp * tp * pp), (long long)gb, (long long)mb,
-              (long long)(dp ? dp * tp * pp : tp * pp));
-      return 2;
-    }
-    /* the victim: not rank 0's usual worker, so progress keeps flowing */
-    long long victim = 1 + run % (nproc - 1);
-    if (join)
-      snprintf(chaos, sizeof chaos, "join:1@step=%lld", (long long)kill_at);
-    else if (host) /* not host 0, where w0 (rank 0's usual worker) is */
-      snprintf(chaos, sizeof chaos, "kill:host:%lld@step=%lld", (long long)(1 + run % (hosts - 1)), (long long)kill_at);
-    else if (in_outage)
-      snprintf(chaos, sizeof chaos, "restart:etcd:%lld@step=%lld,kill:worker:%lld@step=%lld", (long long)outage,
-               (long long)kill_at, victim, (long long)kill_at + 2);
-    else
-      snprintf(chaos, sizeof chaos, "%s:worker:%lld@step=%lld", fault, victim, (long long)kill_at);
-    if (chaos_parse(chaos, &lo.chaos) != NEWT_OK) return 2;
-    lo.nproc = (int)nproc;
-    lo.coordinators = 2;
-    lo.threads = (int)threads;
-    lo.quiet = !verbose;
-    lo.timeout_ms = 600000 + (in_outage ? outage : 0);
-    launcher_result res;
-    newt_result_t r = launcher_run(&lo, &res);
-    chaos_free(&lo.chaos);
-    const launcher_recovery *rec = NULL; /* the fault's: the join, or the crash (not etcd's own) */
-    for (int k = 0; k < res.nrecoveries && !rec; k++)
-      if (join ? strcmp(res.recoveries[k].cause, "join") == 0 : strcmp(res.recoveries[k].cause, "etcd") != 0)
-        rec = &res.recoveries[k];
-    if (r != NEWT_OK || !res.done || !rec) {
-      fprintf(stderr, "newt bench recovery: run %lld: %s (logs in %s)\n", (long long)run,
-              r != NEWT_OK ? newt_errmsg() : "no recovery was recorded", res.log_dir);
-      launcher_result_free(&res);
-      continue;
-    }
-    double before, after;
-    step_rates(res.step_log, rec->generation, &before, &after);
-    printf("{\"bench\":\"recovery\",\"fault\":\"%s\",\"backend\":\"%s\",\"program\":\"%s\",\"run\":%lld,\"nproc\":%lld,"
-           "\"preset\":%s,\"tp\":%lld,\"pp\":%lld,"
-           "\"zero\":%lld,\"hosts\":%lld,\"replicas\":%lld,\"even_batches\":%s,\"cause\":\"%s\",\"detect_ms\":%lld,\"plan_ms\":%lld,\"comm_ms\":%lld,"
-           "\"restore_ms\":%lld,\"step_ms\":%lld,\"total_ms\":%lld,\"steps_lost\":%lld,\"restore\":\"%s\",\"world_after\":%lld,"
-           "\"resumed_ms\":%lld,\"tokens_per_s_before\":%.0f,\"tokens_per_s_after\":%.0f}\n",
-           fault, backend, program_name(&base), (long long)run, (long long)nproc, preset_json(&base, preset), (long long)tp, (long long)pp,
-           (long long)zero, (long long)hosts, (long long)replicas, even ? "true" : "false", rec->cause, (long long)rec->detect_ms, (long long)rec->plan_ms,
-           (long long)rec->comm_ms, (long long)rec->restore_ms, (long long)rec->step_ms, (long long)rec->total_ms,
-           (long long)rec->steps_lost,
-           rec->restore, (long long)rec->world, (long long)rec->resumed_ms, before, after);
-    fflush(stdout);
-    int64_t f[8] = {rec->detect_ms, rec->plan_ms, rec->comm_ms, rec->restore_ms, rec->total_ms, rec->steps_lost,
-                    rec->step_ms, rec->resumed_ms};
-    for (int k = 0; k < 8; k++) v[k][ok] = f[k];
-    tps_after[ok] = after;
-    ok++;
-    run_done(&res);
-  }
-  if (ok)
-    printf("{\"bench\":\"recovery\",\"fault\":\"%s\",\"backend\":\"%s\",\"program\":\"%s\",\"median_of\":%d,"
-           "\"nproc\":%lld,\"preset\":%s,\"tp\":%lld,\"pp\":%lld,"
-           "\"zero\":%lld,\"hosts\":%lld,\"replicas\":%lld,\"even_batches\":%s,\"detect_ms\":%lld,\"plan_ms\":%lld,\"comm_ms\":%lld,\"restore_ms\":%lld,"
-           "\"step_ms\":%lld,\"total_ms\":%lld,\"steps_lost\":%lld,\"resumed_ms\":%lld,\"tokens_per_s_after\":%.0f}\n",
-           fault, backend, program_name(&base), ok, (long long)nproc, preset_json(&base, preset), (long long)tp, (long long)pp, (long long)zero,
-           (long long)hosts, (long long)replicas, even ? "true" : "false", (long long)median(v[0], ok), (long long)median(v[1], ok), (long long)median(v[2], ok),
-           (long long)median(v[3], ok), (long long)median(v[6], ok), (long long)median(v[4], ok),
-           (long long)median(v[5], ok), (long long)median(v[7], ok), newt_median(tps_after, (size_t)ok));
-  for (int k = 0; k < 8; k++) free(v[k]);
-  free(tps_after);
-  return ok == runs ? 0 : 1;
+  recovery_table t = {.ok = 0};
+  for (int k = 0; k < 8; k++) t.v[k] = calloc((size_t)f.runs, sizeof(int64_t));
+  t.tps_after = calloc((size_t)f.runs, sizeof *t.tps_after);
+  for (int64_t run = 0; run < f.runs; run++)
+    if (run_one(&base, &f, run, &t) != 0) return 2;
+  if (t.ok) say_medians(&base, &f, &t);
+  int ok = t.ok;
+  for (int k = 0; k < 8; k++) free(t.v[k]);
+  free(t.tps_after);
+  return ok == f.runs ? 0 : 1;
 }

@@ -56,6 +56,24 @@ static newt_result_t read_summary(const char *path, launcher_summary *s) {
   return NEWT_OK;
 }
 
+/* The step and event logs not given as flags: the directory's, else what the summary names
+ * (p_steps and p_events hold them, 1024 bytes each); an event log that is not there is none. */
+static newt_result_t log_paths(const char *dir, const launcher_summary *sum, const char **steps_path, char *p_steps,
+                               const char **events_path, char *p_events) {
+  const char *from = dir ? dir : sum && sum->res.log_dir[0] ? sum->res.log_dir : NULL;
+  if (!*steps_path) {
+    if (dir || !sum || !sum->res.step_log[0]) NEWT_CHECK(path_in(p_steps, 1024, from ? from : ".", "steps.jsonl"));
+    else NEWT_CHECK(path_in(p_steps, 1024, sum->res.step_log, ""));
+    *steps_path = p_steps;
+  }
+  if (!*events_path) {
+    if (dir || !sum || !sum->res.event_log[0]) NEWT_CHECK(path_in(p_events, 1024, from ? from : ".", "events.jsonl"));
+    else NEWT_CHECK(path_in(p_events, 1024, sum->res.event_log, ""));
+    if (newt_fs_exists(p_events)) *events_path = p_events;
+  }
+  return NEWT_OK;
+}
+
 int newt_cmd_report(int argc, char **argv) {
   const char *summary_path = NULL, *steps_path = NULL, *events_path = NULL, *baseline = NULL, *out_path = NULL,
              *title = NULL;
@@ -101,20 +119,7 @@ int newt_cmd_report(int argc, char **argv) {
     if ((r = read_summary(summary_path, &sum)) != NEWT_OK) goto done;
     have_sum = 1;
   }
-  /* the step and event logs: flags, else the directory, else what the summary names */
-  const char *from = dir ? dir : have_sum && sum.res.log_dir[0] ? sum.res.log_dir : NULL;
-  if (!steps_path) {
-    if (dir || !have_sum || !sum.res.step_log[0]) r = path_in(p_steps, sizeof p_steps, from ? from : ".", "steps.jsonl");
-    else r = path_in(p_steps, sizeof p_steps, sum.res.step_log, "");
-    if (r != NEWT_OK) goto done;
-    steps_path = p_steps;
-  }
-  if (!events_path) {
-    if (dir || !have_sum || !sum.res.event_log[0]) r = path_in(p_events, sizeof p_events, from ? from : ".", "events.jsonl");
-    else r = path_in(p_events, sizeof p_events, sum.res.event_log, "");
-    if (r != NEWT_OK) goto done;
-    if (newt_fs_exists(p_events)) events_path = p_events;
-  }
+  if ((r = log_paths(dir, have_sum ? &sum : NULL, &steps_path, p_steps, &events_path, p_events)) != NEWT_OK) goto done;
   if ((r = read_steps(steps_path, &steps, &nsteps, &redone, &torn)) != NEWT_OK) {
     if (r == NEWT_ERR_NOTFOUND) r = newt_err_wrap(r, "no step log (newt run writes steps.jsonl in its log directory): ");
     goto done;

@@ -451,39 +451,149 @@ static int find_run(cli_etcd_flags *ef, found *f, char **password) {
   return 0;
 }
 
-int newt_cmd_status(int argc, char **argv) {
+/* newt status's flags */
+typedef struct status_flags {
   cli_etcd_flags ef;
-  cli_etcd_flags_init(&ef);
-  int json = 0, watch = 0;
-  int64_t wait_workers = 0, timeout = -1, nevents = 10, interval = 1000, etcd_wait = 60000;
-  newt_opt opts[] = {CLI_ETCD_OPTS(&ef),
-                     {"json", NEWT_OPT_FLAG, &json, "one JSON object per line instead of text"},
-                     {"watch", NEWT_OPT_FLAG, &watch, "refresh every --interval-ms until the job is done"},
-                     {"interval-ms", NEWT_OPT_INT, &interval, "how often --watch refreshes"},
-                     {"wait-workers", NEWT_OPT_INT, &wait_workers, "wait until at least N workers are registered"},
-                     {"timeout-ms", NEWT_OPT_INT, &timeout,
+  int json, watch;
+  int64_t wait_workers, timeout, nevents, interval, etcd_wait;
+} status_flags;
+
+/* The flags parsed into f and checked; -1 to go on, else the exit status. */
+static int parse_flags(int argc, char **argv, status_flags *f) {
+  *f = (status_flags){.timeout = -1, .nevents = 10, .interval = 1000, .etcd_wait = 60000};
+  cli_etcd_flags_init(&f->ef);
+  newt_opt opts[] = {CLI_ETCD_OPTS(&f->ef),
+                     {"json", NEWT_OPT_FLAG, &f->json, "one JSON object per line instead of text"},
+                     {"watch", NEWT_OPT_FLAG, &f->watch, "refresh every --interval-ms until the job is done"},
+                     {"interval-ms", NEWT_OPT_INT, &f->interval, "how often --watch refreshes"},
+                     {"wait-workers", NEWT_OPT_INT, &f->wait_workers, "wait until at least N workers are registered"},
+                     {"timeout-ms", NEWT_OPT_INT, &f->timeout,
                       "how long --wait-workers waits (default 60000); with --watch, the most it watches (default: "
                       "until the job is done or failed)"},
-                     {"etcd-wait-ms", NEWT_OPT_INT, &etcd_wait,
+                     {"etcd-wait-ms", NEWT_OPT_INT, &f->etcd_wait,
                       "with --watch, how long etcd may be unreachable before it gives up (a job's etcd ends with it)"},
-                     {"events", NEWT_OPT_INT, &nevents, "newest events to show"},
+                     {"events", NEWT_OPT_INT, &f->nevents, "newest events to show"},
                      NEWT_OPT_END};
   int rc = newt_opts_exit(newt_opts_parse("status", "--job NAME [flags]", opts, argc, argv, NULL, 0, NULL));
   if (rc >= 0) return rc;
-  if (interval < 50 || nevents < 0 || timeout < -1 || timeout == 0 || etcd_wait < 0) {
+  if (f->interval < 50 || f->nevents < 0 || f->timeout < -1 || f->timeout == 0 || f->etcd_wait < 0) {
     fprintf(stderr, "newt status: --interval-ms must be at least 50, --events at least 0, --timeout-ms positive and "
                     "--etcd-wait-ms at least 0\n");
     return 2;
   }
-  newt_deadline_t watch_end = newt_deadline_in_ms(watch && timeout > 0 ? timeout : -1); /* -1: none */
-  if (timeout < 0) timeout = 60000; /* --wait-workers' */
+  return -1;
+}
+
+/* Where the looks are: the deadlines, since when etcd is away, whether the job's run ended */
+typedef struct looks {
+  newt_deadline_t watch_end, d; /* --watch's end; --wait-workers' */
+  uint64_t away_since;          /* wall ms etcd stopped answering (--watch) */
+  int over;                     /* the recorded newt run of the job ended (--watch) */
+  int tty;
+} looks;
+
+/* --watch outlives an outage: says since when etcd is away, and waits --interval-ms. 1 to look
+ * again; 0 to stop (the error said after); -1 when it gives up (said). */
+static int etcd_away(const status_flags *f, const char *endpoints, looks *l) {
+  uint64_t now = newt_wall_ms();
+  if (!l->away_since) l->away_since = now;
+  char dur[32], clock[32];
+  fprintf(l->tty ? stdout : stderr, "%snewt status: etcd unreachable for %s (since %s): %s%s", l->tty ? "\r\033[K" : "",
+          newt_fmt_duration((double)(now - l->away_since) / 1e3, dur, sizeof dur),
+          newt_fmt_utc(l->away_since, clock, sizeof clock), newt_errmsg(), l->tty ? "" : "\n");
+  fflush(l->tty ? stdout : stderr);
+  if (now - l->away_since >= (uint64_t)f->etcd_wait) { /* the job's etcd may have ended with it: do not spin */
+    fprintf(stderr, "%snewt status: giving up: etcd unreachable at %s for %s, longer than --etcd-wait-ms %lld (a "
+            "job run by newt run stops its etcd when it ends)\n", l->tty ? "\n" : "", endpoints, dur,
+            (long long)f->etcd_wait);
+    return -1;
+  }
+  if (newt_deadline_passed(l->watch_end)) return 0;
+  newt_sleep_ms((int64_t)f->interval);
+  return newt_stop_requested() ? 0 : 1;
+}
+
+/* The wait for the next look: it ends early when the run of a recorded job ends, for one last
+ * look at its etcd (the end marker) before its etcd is gone. */
+static void wait_next(const status_flags *f, found *fd, looks *l) {
+  uint64_t looked = 0;
+  for (newt_deadline_t next = newt_deadline_in_ms(f->interval); !newt_deadline_passed(next) && !newt_stop_requested();) {
+    newt_sleep_ms(20);
+    if (fd->have && fd->rec.private_etcd && newt_wall_ms() - looked >= 200) {
+      looked = newt_wall_ms();
+      if ((l->over = run_over(fd))) break;
+    }
+  }
+}
+
+/* The looks at the job, once or (--watch) until it ends; the exit status, *r the error of the
+ * last look (said by the caller). */
+static int look(status_flags *f, rdzv_etcd *c, const rdzv_etcd_opts *eo, found *fd, looks *l, newt_result_t *r) {
+  for (;;) {
+    status st;
+    *r = collect(c, f->ef.job, &st);
+    int n = *r == NEWT_OK ? st.v.nworkers : 0;
+    /* --wait-workers: a job that is not there yet may come */
+    if ((*r == NEWT_OK || *r == NEWT_ERR_NOTFOUND) && n < f->wait_workers && !newt_deadline_passed(l->d) &&
+        !newt_stop_requested()) {
+      status_free(&st);
+      newt_sleep_ms(200);
+      continue;
+    }
+    if (*r != NEWT_OK && rdzv_etcd_transient(*r) && fd->have && fd->rec.private_etcd && run_over(fd)) {
+      /* the job's newt run ended, and its etcd with it: its record says how */
+      status_free(&st);
+      *r = NEWT_OK;
+      return say_run_over(&fd->rec, f->json);
+    }
+    if (*r != NEWT_OK && f->watch && rdzv_etcd_transient(*r)) {
+      status_free(&st);
+      int again = etcd_away(f, eo->endpoints, l);
+      if (again > 0) continue;
+      if (again < 0) *r = NEWT_OK;
+      return again < 0 ? 1 : 0;
+    }
+    l->away_since = 0;
+    if (*r != NEWT_OK) {
+      status_free(&st);
+      return 0;
+    }
+    show(&st, (int)f->nevents, f->json, f->watch, l->tty);
+    int done = st.v.has_failed || st.v.has_done;
+    const char *state = st.state;
+    status_free(&st);
+    if (n < f->wait_workers) {
+      fprintf(stderr, "newt status: %d workers registered for job %s after %lld ms, %lld wanted\n", n, f->ef.job,
+              (long long)f->timeout, (long long)f->wait_workers);
+      return 1;
+    }
+    f->wait_workers = 0; /* waited for once, before the first look */
+    if (!f->watch || done) return 0;
+    if (l->over) return say_run_over(&fd->rec, f->json); /* its newt run ended, and this last look did not see the
+                                                            job end */
+    if (newt_deadline_passed(l->watch_end)) {
+      fprintf(stderr, "newt status: watched job %s for --timeout-ms %lld: it is still %s\n", f->ef.job,
+              (long long)f->timeout, state);
+      return 1;
+    }
+    wait_next(f, fd, l);
+    if (newt_stop_requested()) return 0;
+  }
+}
+
+int newt_cmd_status(int argc, char **argv) {
+  status_flags f;
+  int rc = parse_flags(argc, argv, &f);
+  if (rc >= 0) return rc;
+  looks l = {.watch_end = newt_deadline_in_ms(f.watch && f.timeout > 0 ? f.timeout : -1)}; /* -1: none */
+  if (f.timeout < 0) f.timeout = 60000; /* --wait-workers' */
   rdzv_etcd_opts eo;
   char *password = NULL, *run_pw = NULL;
   rdzv_etcd *c = NULL;
   found fd;
-  if ((rc = find_run(&ef, &fd, &run_pw)) != 0) return rc;
-  if (fd.have && fd.rec.private_etcd && runfile_over(&fd.rec)) return say_run_over(&fd.rec, json);
-  if (cli_etcd_opts(&ef, &eo, &password) != NEWT_OK) {
+  if ((rc = find_run(&f.ef, &fd, &run_pw)) != 0) return rc;
+  if (fd.have && fd.rec.private_etcd && runfile_over(&fd.rec)) return say_run_over(&fd.rec, f.json);
+  if (cli_etcd_opts(&f.ef, &eo, &password) != NEWT_OK) {
     fprintf(stderr, "newt status: %s\n", newt_errmsg());
     free(run_pw);
     return 2;
@@ -497,103 +607,19 @@ int newt_cmd_status(int argc, char **argv) {
     free(password);
     return 1;
   }
-  int tty = isatty(STDOUT_FILENO);
-  newt_deadline_t d = newt_deadline_in_ms(timeout);
-  int n = 0;
+  l.tty = isatty(STDOUT_FILENO);
+  l.d = newt_deadline_in_ms(f.timeout);
   newt_result_t r;
-  uint64_t away_since = 0; /* wall ms etcd stopped answering (--watch) */
-  int over = 0;            /* the recorded newt run of the job ended (--watch) */
-  char clock[32];
-  rc = 0;
-  for (;;) {
-    status st;
-    r = collect(c, ef.job, &st);
-    n = r == NEWT_OK ? st.v.nworkers : 0;
-    /* --wait-workers: a job that is not there yet may come */
-    int waiting = (r == NEWT_OK || r == NEWT_ERR_NOTFOUND) && n < wait_workers && !newt_deadline_passed(d) &&
-                  !newt_stop_requested();
-    if (waiting) {
-      status_free(&st);
-      newt_sleep_ms(200);
-      continue;
-    }
-    if (r != NEWT_OK && rdzv_etcd_transient(r) && fd.have && fd.rec.private_etcd && run_over(&fd)) {
-      /* the job's newt run ended, and its etcd with it: its record says how */
-      status_free(&st);
-      rc = say_run_over(&fd.rec, json);
-      r = NEWT_OK;
-      break;
-    }
-    if (r != NEWT_OK && watch && rdzv_etcd_transient(r)) {
-      /* --watch outlives an outage: say since when etcd is away, and look again */
-      uint64_t now = newt_wall_ms();
-      if (!away_since) away_since = now;
-      char dur[32];
-      fprintf(tty ? stdout : stderr, "%snewt status: etcd unreachable for %s (since %s): %s%s", tty ? "\r\033[K" : "",
-              newt_fmt_duration((double)(now - away_since) / 1e3, dur, sizeof dur), newt_fmt_utc(away_since, clock, sizeof clock),
-              newt_errmsg(), tty ? "" : "\n");
-      fflush(tty ? stdout : stderr);
-      status_free(&st);
-      if (now - away_since >= (uint64_t)etcd_wait) { /* the job's etcd may have ended with it: do not spin */
-        fprintf(stderr, "%snewt status: giving up: etcd unreachable at %s for %s, longer than --etcd-wait-ms %lld (a "
-                "job run by newt run stops its etcd when it ends)\n", tty ? "\n" : "", eo.endpoints, dur,
-                (long long)etcd_wait);
-        r = NEWT_OK;
-        rc = 1;
-        break;
-      }
-      if (newt_deadline_passed(watch_end)) break;
-      newt_sleep_ms((int64_t)interval);
-      if (newt_stop_requested()) break;
-      continue;
-    }
-    away_since = 0;
-    if (r != NEWT_OK) {
-      status_free(&st);
-      break;
-    }
-    show(&st, (int)nevents, json, watch, tty);
-    int done = st.v.has_failed || st.v.has_done;
-    const char *state = st.state;
-    status_free(&st);
-    if (n < wait_workers) {
-      fprintf(stderr, "newt status: %d workers registered for job %s after %lld ms, %lld wanted\n", n, ef.job,
-              (long long)timeout, (long long)wait_workers);
-      rc = 1;
-      break;
-    }
-    wait_workers = 0; /* waited for once, before the first look */
-    if (!watch || done) break;
-    if (over) { /* its newt run ended, and this last look at etcd did not see the job end */
-      rc = say_run_over(&fd.rec, json);
-      break;
-    }
-    if (newt_deadline_passed(watch_end)) {
-      fprintf(stderr, "newt status: watched job %s for --timeout-ms %lld: it is still %s\n", ef.job, (long long)timeout, state);
-      rc = 1;
-      break;
-    }
-    /* the wait for the next look ends early when the run of a recorded job ends: one last look
-       at its etcd (the end marker), before its etcd is gone */
-    uint64_t looked = 0;
-    for (newt_deadline_t next = newt_deadline_in_ms(interval); !newt_deadline_passed(next) && !newt_stop_requested();) {
-      newt_sleep_ms(20);
-      if (fd.have && fd.rec.private_etcd && newt_wall_ms() - looked >= 200) {
-        looked = newt_wall_ms();
-        if ((over = run_over(&fd))) break;
-      }
-    }
-    if (newt_stop_requested()) break;
-  }
+  rc = look(&f, c, &eo, &fd, &l, &r);
   if (r != NEWT_OK) {
     char run_dir[600];
     fprintf(stderr, "newt status: %s\n", newt_errmsg());
     if (rdzv_etcd_transient(r) && fd.have)
-      fprintf(stderr, "newt status: that is the etcd of job %s's newt run (pid %lld), recorded in %s\n", ef.job,
+      fprintf(stderr, "newt status: that is the etcd of job %s's newt run (pid %lld), recorded in %s\n", f.ef.job,
               (long long)fd.rec.pid, fd.path);
-    else if (rdzv_etcd_transient(r) && !cli_etcd_given(&ef) && runfile_dir(run_dir, sizeof run_dir) == NEWT_OK)
+    else if (rdzv_etcd_transient(r) && !cli_etcd_given(&f.ef) && runfile_dir(run_dir, sizeof run_dir) == NEWT_OK)
       fprintf(stderr, "newt status: no newt run of job %s is recorded for this user on this host (%s): give the job's "
-              "etcd with --etcd URL (or NEWT_ETCD)\n", ef.job, run_dir);
+              "etcd with --etcd URL (or NEWT_ETCD)\n", f.ef.job, run_dir);
     rc = 1;
   }
   rdzv_etcd_free(c);

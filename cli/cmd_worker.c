@@ -148,6 +148,33 @@ static int check_ranges(const cli_program *p, const agent_flags *af) {
   return 0;
 }
 
+/* The built-in trainer as this worker (gpt_worker_run), with the flags as its join options. */
+static int run_builtin(const cli_program *p, const cli_etcd_flags *ef) {
+  newt_join_opts jo;
+  newt_join_opts_init(&jo);
+  jo.etcd = ef->endpoints;
+  jo.etcd_user = ef->user;
+  jo.etcd_password_file = ef->password_file;
+  jo.etcd_ca = ef->ca;
+  jo.etcd_cert = ef->cert;
+  jo.etcd_key = ef->key;
+  jo.job = ef->job;
+  jo.worker_id = p->id;
+  jo.host = p->host;
+  jo.domain = p->domain;
+  jo.addr = p->addr;
+  jo.port = (int)p->port;
+  jo.device = (int)p->device;
+  jo.share_device = p->share_device;
+  jo.step_log = p->step_log;
+  jo.job_secret_file = p->secret_file;
+  jo.metrics_addr = p->metrics_addr;
+  jo.metrics_port = (int)p->metrics_port;
+  jo.termination_log = cli_termination_log(p->term_log);
+  jo.handle_signals = 1;
+  return gpt_worker_run(&jo, (int)p->threads);
+}
+
 int newt_cmd_worker(int argc, char **argv) {
   newt_log_set_default_level(NEWT_LOG_INFO); /* lifecycle lines: plan, joined, left, done */
   cli_etcd_flags ef;
@@ -225,27 +252,5 @@ int newt_cmd_worker(int argc, char **argv) {
     return exec_program(&p, program);
   }
   free(password); /* libnewt reads the file itself */
-  newt_join_opts jo;
-  newt_join_opts_init(&jo);
-  jo.etcd = ef.endpoints;
-  jo.etcd_user = ef.user;
-  jo.etcd_password_file = ef.password_file;
-  jo.etcd_ca = ef.ca;
-  jo.etcd_cert = ef.cert;
-  jo.etcd_key = ef.key;
-  jo.job = ef.job;
-  jo.worker_id = p.id;
-  jo.host = p.host;
-  jo.domain = p.domain;
-  jo.addr = p.addr;
-  jo.port = (int)p.port;
-  jo.device = (int)p.device;
-  jo.share_device = p.share_device;
-  jo.step_log = p.step_log;
-  jo.job_secret_file = p.secret_file;
-  jo.metrics_addr = p.metrics_addr;
-  jo.metrics_port = (int)p.metrics_port;
-  jo.termination_log = cli_termination_log(p.term_log);
-  jo.handle_signals = 1;
-  return gpt_worker_run(&jo, (int)p.threads);
+  return run_builtin(&p, &ef);
 }

@@ -151,6 +151,35 @@ static const codec_field spec_fields[] = {
 };
 static const codec_table spec_table = SPEC_SECTION("spec", spec_fields);
 
+/* A field of table t by its name, its length n (NULL: none). */
+static const codec_field *field_named(const codec_table *t, const char *name, size_t n) {
+  for (size_t i = 0; i < t->n; i++)
+    if (strlen(t->fields[i].name) == n && strncmp(t->fields[i].name, name, n) == 0) return &t->fields[i];
+  return NULL;
+}
+
+const codec_field *spec_field(const char *path) {
+  const char *dot = strchr(path, '.');
+  const codec_field *f = field_named(&spec_table, path, dot ? (size_t)(dot - path) : strlen(path));
+  if (!f || !dot) return f;
+  return f->kind == CODEC_K_OBJECT ? field_named(f->sub, dot + 1, strlen(dot + 1)) : NULL;
+}
+
+int spec_field_path(size_t i, char *path, size_t cap) {
+  for (size_t k = 0; k < spec_table.n; k++) {
+    const codec_field *f = &spec_table.fields[k];
+    size_t n = f->kind == CODEC_K_OBJECT ? f->sub->n : 1; /* the fields it holds */
+    if (i >= n) {
+      i -= n;
+      continue;
+    }
+    if (f->kind == CODEC_K_OBJECT) snprintf(path, cap, "%s.%s", f->name, f->sub->fields[i].name);
+    else snprintf(path, cap, "%s", f->name);
+    return 1;
+  }
+  return 0;
+}
+
 void spec_defaults(newt_spec *s, const char *job) {
   memset(s, 0, sizeof *s);
   codec_defaults(&spec_table, s);

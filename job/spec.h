@@ -117,7 +117,7 @@ typedef struct newt_spec {
      mismatch does. Written only when not the default. */
   int64_t verify_every;
   int on_mismatch;
-  char backend[8];          /* "cpu" or "nccl" */
+  char backend[8];          /* a row of common/backend.h: cpu, nccl */
 } newt_spec;
 
 /* The words of spec.fault.on_state_loss and spec.fault.on_mismatch ("checkpoint", "rollback");
@@ -126,6 +126,14 @@ const char *spec_state_loss_name(int v);
 const char *spec_mismatch_name(int v);
 int spec_state_loss_parse(const char *word);
 int spec_mismatch_parse(const char *word);
+
+/* The descriptor of a field of the spec by its path in the JSON ("train.global_batch", "job",
+ * "model": a section is a field too); NULL when the spec has none. What the command line's
+ * flags (job/spec_flags.h) write a field by. */
+const struct codec_field *spec_field(const char *path);
+/* The path of the spec's i-th field, sections opened ("job", "model.preset", ...) into path;
+ * 0 once i is past the last. */
+int spec_field_path(size_t i, char *path, size_t cap);
 
 /* Defaults for everything; job set to `job`. */
 void spec_defaults(newt_spec *s, const char *job);
