@@ -660,11 +660,15 @@ function checkLinger(c, values, at, errors) {
 }
 
 // The metrics newt exports, from the sources that define them (histograms with their
-// series), and etcd's own.
+// series), and etcd's own: the files of the processes that serve metrics (the coordinator,
+// the worker, the etcd client of both) that call metrics_define, wherever a split moved it.
 function newtMetrics() {
   const names = new Set();
-  for (const f of ["coordinator/coordinator.c", "worker/worker.c", "rendezvous/etcd.c"]) {
+  const files = ["coordinator", "worker", "rendezvous"].flatMap((d) =>
+    readdirSync(join(src, d)).filter((f) => f.endsWith(".c")).map((f) => join(d, f)));
+  for (const f of files) {
     const text = readFileSync(join(src, f), "utf8");
+    if (!text.includes("metrics_define")) continue;
     for (const m of text.matchAll(/"(newt_[a-z_]+)"/g)) names.add(m[1]);
     for (const m of text.matchAll(/metrics_define_histogram\([^"]*"(newt_[a-z_]+)"/g))
       for (const sfx of ["_bucket", "_sum", "_count"]) names.add(m[1] + sfx);
