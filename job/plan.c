@@ -105,6 +105,7 @@ static int cmp_host_then_key(const void *a, const void *b) {
 typedef struct group {
   const plan_member **m; /* tp members */
   int64_t key;
+  int dom;               /* its failure domain's number (domain_number): equal numbers, equal domains */
 } group;
 
 static int cmp_group(const void *a, const void *b) {
@@ -117,8 +118,28 @@ static int cmp_group(const void *a, const void *b) {
  * that host. */
 static const char *domain_of(const group *g) { return g->m[0]->domain[0] ? g->m[0]->domain : g->m[0]->host; }
 
-static int same_domain(const group *groups, int a, int b) {
-  return strcmp(domain_of(&groups[a]), domain_of(&groups[b])) == 0;
+static int same_domain(const group *groups, int a, int b) { return groups[a].dom == groups[b].dom; }
+
+static int cmp_domain_of(const void *a, const void *b) {
+  const group *x = *(const group *const *)a, *y = *(const group *const *)b;
+  return strcmp(domain_of(x), domain_of(y));
+}
+
+/* Numbers the groups' failure domains 0..*ndomains-1 (by sorting their names: n log n, where
+ * comparing names pairwise while placing would cost the square of the groups). */
+static newt_result_t domain_number(group *groups, int ngroups, int *ndomains) {
+  group **v = malloc((size_t)(ngroups ? ngroups : 1) * sizeof *v);
+  NEWT_CHECK_ALLOC(v);
+  for (int g = 0; g < ngroups; g++) v[g] = &groups[g];
+  qsort(v, (size_t)ngroups, sizeof *v, cmp_domain_of);
+  int d = -1;
+  for (int i = 0; i < ngroups; i++) {
+    if (i == 0 || strcmp(domain_of(v[i - 1]), domain_of(v[i])) != 0) d++;
+    v[i]->dom = d;
+  }
+  free(v);
+  *ndomains = d + 1;
+  return NEWT_OK;
 }
 
 /* The pairs of a ring of n that sit within w consecutive places (around the ring) in one
@@ -146,7 +167,9 @@ static int clashes_at(const group *groups, const int *ring, int n, int w, int i,
  * of the unique parts of ranks d-1 .. d-k, and a copy in the same domain dies with it, so
  * then any k domains lost at once leave a copy of every part. Stable: an order that already
  * has it (or one domain) is kept, and a new order is taken only when it has fewer clashes;
- * otherwise a rank found in the way is moved forward past as few others as it can be. */
+ * otherwise a rank found in the way is moved forward past as few others as it can be (at most
+ * SPREAD_WINDOW: a ring of 100,000 ranks in few domains is not searched to its end for each). */
+#define SPREAD_WINDOW 1024
 static newt_result_t spread_domains(const group *groups, int *ring, int n, int k) {
   int w = k + 1 < n ? k + 1 : n;
   if (w < 2) return NEWT_OK;
@@ -157,7 +180,7 @@ static newt_result_t spread_domains(const group *groups, int *ring, int n, int k
   memcpy(next, ring, (size_t)n * sizeof *next);
   for (int i = 1; i < n; i++) {
     if (!clashes_at(groups, next, n, w, i, next[i])) continue;
-    for (int j = i + 1; j < n; j++)
+    for (int j = i + 1; j < n && j - i <= SPREAD_WINDOW; j++)
       if (!clashes_at(groups, next, n, w, i, next[j])) {
         int g = next[j]; /* move it forward, keeping the others' order */
         memmove(next + i + 1, next + i, (size_t)(j - i) * sizeof *next);
@@ -170,20 +193,103 @@ static newt_result_t spread_domains(const group *groups, int *ring, int n, int k
   return NEWT_OK;
 }
 
-/* The unused group for a free slot of a stage: of the domains, the one with the fewest
- * groups in that stage yet (a stage's data-parallel copies can only be spread over the
- * domains its groups are in), first in group order among those. */
-static int pick_for_stage(const group *groups, int ngroups, const char *used, const int *stage, int filled) {
-  int best = -1, best_n = 0;
-  for (int g = 0; g < ngroups; g++) {
-    if (used[g]) continue;
-    int in = 0;
-    for (int i = 0; i < filled; i++) in += stage[i] >= 0 && same_domain(groups, g, stage[i]);
-    if (best < 0 || in < best_n) best = g, best_n = in;
-    if (in == 0) break;
-  }
-  return best;
+/* The free slots of the stages (slot -1), filled: with dp > 1 each from the domain the stage
+ * has fewest groups of yet (a stage's data-parallel copies can only be spread over the domains
+ * its groups are in), first in group order among those; with dp 1 the next unused group. The
+ * domains wait in a heap keyed by (groups in the stage, their first unused group), so a slot
+ * costs log(domains), not a scan of the groups. */
+typedef struct dom_queue {
+  int *groups;  /* the groups of each domain, in group order: domain d's at groups[start[d]..start[d+1]) */
+  int *start;
+  int *first;   /* domain d's next group to look at (used ones are skipped when met) */
+  int *count;   /* the groups of domain d in the stage being filled */
+  int *heap, nheap;
+} dom_queue;
+
+static int dq_head(const dom_queue *q, const char *used, int d) {
+  while (q->first[d] < q->start[d + 1] && used[q->groups[q->first[d]]]) q->first[d]++;
+  return q->first[d] < q->start[d + 1] ? q->groups[q->first[d]] : -1;
 }
+
+static int dq_less(const dom_queue *q, int a, int b) {
+  if (q->count[a] != q->count[b]) return q->count[a] < q->count[b];
+  return q->groups[q->first[a]] < q->groups[q->first[b]];
+}
+
+static void dq_down(dom_queue *q, int i) {
+  for (;;) {
+    int l = 2 * i + 1, r = l + 1, m = i;
+    if (l < q->nheap && dq_less(q, q->heap[l], q->heap[m])) m = l;
+    if (r < q->nheap && dq_less(q, q->heap[r], q->heap[m])) m = r;
+    if (m == i) return;
+    int t = q->heap[i];
+    q->heap[i] = q->heap[m], q->heap[m] = t, i = m;
+  }
+}
+
+static void fill_stage(dom_queue *q, const group *groups, int ndomains, char *used, int *stage, int dp) {
+  memset(q->count, 0, (size_t)ndomains * sizeof *q->count);
+  for (int i = 0; i < dp; i++)
+    if (stage[i] >= 0) q->count[groups[stage[i]].dom]++;
+  q->nheap = 0;
+  for (int d = 0; d < ndomains; d++)
+    if (dq_head(q, used, d) >= 0) q->heap[q->nheap++] = d;
+  for (int i = q->nheap / 2 - 1; i >= 0; i--) dq_down(q, i);
+  for (int i = 0; i < dp && q->nheap > 0; i++) {
+    if (stage[i] >= 0) continue;
+    int d = q->heap[0], g = dq_head(q, used, d);
+    used[g] = 1;
+    stage[i] = g;
+    q->count[d]++;
+    if (dq_head(q, used, d) < 0) q->heap[0] = q->heap[--q->nheap];
+    dq_down(q, 0);
+  }
+}
+
+static newt_result_t fill_slots(const group *groups, int ngroups, int ndomains, char *used, int *slot, int dp,
+                                int pp) {
+  if (dp == 1) {
+    int g = 0;
+    for (int pi = 0; pi < pp; pi++)
+      if (slot[pi] < 0) {
+        while (used[g]) g++;
+        used[g] = 1;
+        slot[pi] = g;
+      }
+    return NEWT_OK;
+  }
+  dom_queue q = {0};
+  size_t nd = (size_t)ndomains + 1;
+  q.groups = malloc((size_t)(ngroups ? ngroups : 1) * sizeof *q.groups);
+  q.start = calloc(nd + 1, sizeof *q.start);
+  q.first = malloc(nd * sizeof *q.first);
+  q.count = malloc(nd * sizeof *q.count);
+  q.heap = malloc(nd * sizeof *q.heap);
+  newt_result_t r = NEWT_OK;
+  if (!q.groups || !q.start || !q.first || !q.count || !q.heap) {
+    r = NEWT_ERR(NEWT_ERR_NOMEM, "out of memory placing %d groups", ngroups);
+    goto out;
+  }
+  for (int g = 0; g < ngroups; g++) q.start[groups[g].dom + 1]++; /* counting sort: group order kept */
+  for (int d = 0; d < ndomains; d++) q.start[d + 1] += q.start[d];
+  memcpy(q.first, q.start, nd * sizeof *q.first);
+  for (int g = 0; g < ngroups; g++) q.groups[q.first[groups[g].dom]++] = g;
+  memcpy(q.first, q.start, nd * sizeof *q.first);
+  for (int pi = 0; pi < pp; pi++) {
+    int free_slots = 0;
+    for (int i = 0; i < dp; i++) free_slots += slot[pi * dp + i] < 0;
+    if (free_slots) fill_stage(&q, groups, ndomains, used, slot + pi * dp, dp);
+  }
+out:
+  free(q.groups);
+  free(q.start);
+  free(q.first);
+  free(q.count);
+  free(q.heap);
+  return r;
+}
+
+static newt_result_t plan_index(newt_plan *p);
 
 newt_result_t plan_compute(const newt_spec *s, const plan_member *members, int n, uint64_t prev_gen,
                            newt_plan *out) {
@@ -279,30 +385,29 @@ newt_result_t plan_compute(const newt_spec *s, const plan_member *members, int n
     res = NEWT_ERR(NEWT_ERR_NOMEM, "out of memory placing %d groups", ngroups);
     goto exit;
   }
-  for (int pi = 0; pi < pp; pi++) {
-    int filled = 0;
-    for (int g = 0; g < ngroups && filled < dp; g++)
-      if (!used[g] && groups[g].m[0]->prev_pp == pi) {
-        used[g] = 1;
-        slot[pi * dp + filled++] = g;
-      }
-    for (; filled < dp; filled++) slot[pi * dp + filled] = -1;
+  /* first the groups that held a stage, in group order, while it has room */
+  int *filled = calloc((size_t)pp, sizeof *filled), ndomains = 0;
+  for (int sl = 0; sl < nslots; sl++) slot[sl] = -1;
+  for (int g = 0; filled && g < ngroups; g++) {
+    int pi = groups[g].m[0]->prev_pp;
+    if (pi >= 0 && pi < pp && filled[pi] < dp) {
+      used[g] = 1;
+      slot[pi * dp + filled[pi]++] = g;
+    }
   }
-  /* the free slots: with dp > 1, each from the domain the stage has fewest groups of (with one
-     domain: the next group in order) */
-  for (int sl = 0; sl < nslots; sl++) {
-    if (slot[sl] >= 0) continue;
-    int pi = sl / dp, g = dp > 1 ? pick_for_stage(groups, ngroups, used, slot + pi * dp, dp) : -1;
-    if (g < 0)
-      for (g = 0; used[g]; g++) {
-      }
-    used[g] = 1;
-    slot[sl] = g;
-  }
+  res = filled ? domain_number(groups, ngroups, &ndomains) : NEWT_ERR(NEWT_ERR_NOMEM, "out of memory placing");
+  free(filled);
+  if (res == NEWT_OK) res = fill_slots(groups, ngroups, ndomains, used, slot, dp, pp);
   free(used);
   for (int pi = 0; pi < pp && res == NEWT_OK; pi++) res = spread_domains(groups, slot + pi * dp, dp, (int)s->replicas);
   if (res != NEWT_OK) {
     free(slot);
+    goto exit;
+  }
+  char *placed = calloc((size_t)(n ? n : 1), 1); /* by member: it is a rank */
+  if (!placed) {
+    free(slot);
+    res = NEWT_ERR(NEWT_ERR_NOMEM, "out of memory placing %d workers", n);
     goto exit;
   }
   int any_prev = 0, all_prev = 1;
@@ -310,6 +415,7 @@ newt_result_t plan_compute(const newt_spec *s, const plan_member *members, int n
     int pp_idx = sl / dp, dp_idx = sl % dp;
     for (int t = 0; t < tp; t++) {
       const plan_member *m = groups[slot[sl]].m[t];
+      placed[m - members] = 1;
       plan_rank *r = &out->ranks[(pp_idx * dp + dp_idx) * tp + t];
       r->rank = (pp_idx * dp + dp_idx) * tp + t;
       snprintf(r->worker, sizeof r->worker, "%s", m->id);
@@ -326,14 +432,13 @@ newt_result_t plan_compute(const newt_spec *s, const plan_member *members, int n
   free(slot);
   /* spares: the members not placed, in a stable order */
   int ns = 0;
-  for (int i = 0; i < n; i++) {
-    int placed = 0;
-    for (int r = 0; r < out->nranks && !placed; r++) placed = strcmp(out->ranks[r].worker, members[i].id) == 0;
-    if (!placed) snprintf(out->spares[ns++], PLAN_ID_MAX, "%s", members[i].id);
-  }
+  for (int i = 0; i < n; i++)
+    if (!placed[i]) snprintf(out->spares[ns++], PLAN_ID_MAX, "%s", members[i].id);
+  free(placed);
   out->nspares = ns;
   if (ns) spare_reason(s, n, ngroups, dp, out->spare_why, sizeof out->spare_why);
   snprintf(out->restore, sizeof out->restore, "%s", all_prev ? "memory" : any_prev ? "peer" : "init");
+  res = plan_index(out);
 exit:
   free(sorted);
   free(rest);
@@ -343,6 +448,8 @@ exit:
 }
 
 void plan_free(newt_plan *p) {
+  free(p->by_worker);
+  p->by_worker = NULL;
   free(p->ranks);
   free(p->spares);
   free(p->donors);
@@ -365,10 +472,28 @@ newt_result_t plan_copy(newt_plan *dst, const newt_plan *src) {
   if (src->nranks) memcpy(dst->ranks, src->ranks, (size_t)src->nranks * sizeof *dst->ranks);
   if (src->nspares) memcpy(dst->spares, src->spares, (size_t)src->nspares * sizeof *dst->spares);
   if (src->ndonors) memcpy(dst->donors, src->donors, (size_t)src->ndonors * sizeof *dst->donors);
+  dst->by_worker = NULL;
+  if (!src->by_worker) return NEWT_OK;
+  dst->by_worker = malloc((size_t)(src->nranks ? src->nranks : 1) * sizeof *dst->by_worker);
+  if (!dst->by_worker) {
+    plan_free(dst);
+    return NEWT_ERR(NEWT_ERR_NOMEM, "out of memory copying a plan");
+  }
+  if (src->nranks) memcpy(dst->by_worker, src->by_worker, (size_t)src->nranks * sizeof *dst->by_worker);
   return NEWT_OK;
 }
 
 const plan_rank *plan_find(const newt_plan *p, const char *worker) {
+  if (p->by_worker) {
+    int lo = 0, hi = p->nranks;
+    while (lo < hi) {
+      int mid = lo + (hi - lo) / 2, c = strcmp(p->ranks[p->by_worker[mid]].worker, worker);
+      if (c == 0) return &p->ranks[p->by_worker[mid]];
+      if (c < 0) lo = mid + 1;
+      else hi = mid;
+    }
+    return NULL;
+  }
   for (int i = 0; i < p->nranks; i++)
     if (strcmp(p->ranks[i].worker, worker) == 0) return &p->ranks[i];
   return NULL;
@@ -456,6 +581,24 @@ static rank_of *sorted_ranks(const newt_plan *p) {
 }
 
 static int by_name(const void *key, const void *elem) { return strcmp(key, ((const rank_of *)elem)->worker); }
+
+/* p->by_worker, for plan_find (a plan whose workers are not all distinct is refused before
+ * anyone looks one up). */
+static newt_result_t plan_index(newt_plan *p) {
+  free(p->by_worker);
+  p->by_worker = NULL;
+  rank_of *v = sorted_ranks(p);
+  int *idx = malloc((size_t)(p->nranks ? p->nranks : 1) * sizeof *idx);
+  if (!v || !idx) {
+    free(v);
+    free(idx);
+    return NEWT_ERR(NEWT_ERR_NOMEM, "out of memory indexing a plan of %d ranks", p->nranks);
+  }
+  for (int i = 0; i < p->nranks; i++) idx[i] = v[i].rank;
+  free(v);
+  p->by_worker = idx;
+  return NEWT_OK;
+}
 
 /* No worker is two ranks: neighbours of the sorted ranks compared. The pair named is the one
  * a scan in rank order meets first: the lowest rank whose worker comes again, and the next. */
@@ -633,6 +776,7 @@ newt_result_t plan_from_json(const char *text, size_t len, newt_plan *out) {
   newt_plan p;
   memset(&p, 0, sizeof p);
   newt_result_t r = codec_decode(&plan_table, text, len, "plan", &p);
+  if (r == NEWT_OK) r = plan_index(&p);
   if (r != NEWT_OK) {
     plan_free(&p);
     return r;

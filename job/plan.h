@@ -72,6 +72,8 @@ typedef struct newt_plan {
                                    printable text, for people (run, status, the report) */
   int ndonors;
   plan_rank *donors; /* rank nranks + i, coordinates -1 */
+  int *by_worker;    /* plan.c's: the ranks' indices sorted by worker, so that plan_find is a binary
+                        search (set by plan_compute, plan_from_json, plan_copy; NULL: plan_find scans) */
 } newt_plan;
 
 /* A live worker as the leader sees it. */
@@ -120,7 +122,8 @@ newt_result_t plan_copy(newt_plan *dst, const newt_plan *src);
 char *plan_to_json(const newt_plan *p);
 newt_result_t plan_from_json(const char *text, size_t len, newt_plan *out);
 
-/* The entry of `worker`, or NULL when it is not a rank of the plan. */
+/* The entry of `worker`, or NULL when it is not a rank of the plan (log n with the index a
+ * computed, parsed or copied plan carries; a plan built by hand is scanned). */
 const plan_rank *plan_find(const newt_plan *p, const char *worker);
 /* The donor entry of `worker`, or NULL. */
 const plan_rank *plan_find_donor(const newt_plan *p, const char *worker);
