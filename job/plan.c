@@ -24,6 +24,7 @@
 #include "common/clock.h"
 #include "common/json.h"
 #include "common/name.h"
+#include "common/secret.h"
 #include "common/strutil.h"
 #include "common/sys.h"
 #include "job/codec.h"
@@ -450,6 +451,9 @@ exit:
 void plan_free(newt_plan *p) {
   free(p->by_worker);
   p->by_worker = NULL;
+  free(p->shards);
+  p->shards = NULL;
+  p->nshards = 0;
   free(p->ranks);
   free(p->spares);
   free(p->donors);
@@ -473,6 +477,16 @@ newt_result_t plan_copy(newt_plan *dst, const newt_plan *src) {
   if (src->nspares) memcpy(dst->spares, src->spares, (size_t)src->nspares * sizeof *dst->spares);
   if (src->ndonors) memcpy(dst->donors, src->donors, (size_t)src->ndonors * sizeof *dst->donors);
   dst->by_worker = NULL;
+  dst->shards = NULL;
+  if (src->nshards) {
+    dst->shards = malloc((size_t)src->nshards * sizeof *dst->shards);
+    if (!dst->shards) {
+      dst->nshards = 0;
+      plan_free(dst);
+      return NEWT_ERR(NEWT_ERR_NOMEM, "out of memory copying a plan");
+    }
+    memcpy(dst->shards, src->shards, (size_t)src->nshards * sizeof *dst->shards);
+  }
   if (!src->by_worker) return NEWT_OK;
   dst->by_worker = malloc((size_t)(src->nranks ? src->nranks : 1) * sizeof *dst->by_worker);
   if (!dst->by_worker) {
@@ -667,7 +681,10 @@ static newt_result_t put_donors(cJSON *obj, const codec_field *f, const void *re
 static newt_result_t get_ranks(const cJSON *j, const char *what, const codec_field *f, void *rec, int required) {
   newt_plan *p = rec;
   const cJSON *ranks = NULL;
-  NEWT_CHECK(newt_json_get_arr(j, what, f->name, required, &ranks));
+  (void)required;
+  if (!cJSON_GetObjectItemCaseSensitive(j, f->name) && cJSON_GetObjectItemCaseSensitive(j, "shards"))
+    return NEWT_OK; /* a head: its ranks are in its shards (get_shards) */
+  NEWT_CHECK(newt_json_get_arr(j, what, f->name, 1, &ranks));
   int64_t want = (int64_t)p->dp * p->tp * p->pp;
   if (cJSON_GetArraySize(ranks) != want)
     return NEWT_ERR(NEWT_ERR_INVALID, "%s.%s: %d entries, expected dp x tp x pp = %lld", what, f->name,
@@ -701,6 +718,85 @@ static newt_result_t get_donors(const cJSON *j, const char *what, const codec_fi
     r = parse_rank(o, label, i, p, sorted, &p->donors[i]);
   free(sorted);
   return r;
+}
+
+
+/* --- a head's shards ---------------------------------------------------------------------------- */
+
+static newt_result_t put_digest(cJSON *obj, const codec_field *f, const void *rec) {
+  const plan_shard_ref *r = rec;
+  char hex[2 * PLAN_DIGEST_BYTES + 1];
+  newt_hex_encode(r->digest, sizeof r->digest, hex);
+  return cJSON_AddStringToObject(obj, f->name, hex) ? NEWT_OK : NEWT_ERR(NEWT_ERR_NOMEM, "out of memory writing a plan");
+}
+
+static newt_result_t get_digest(const cJSON *j, const char *what, const codec_field *f, void *rec, int required) {
+  plan_shard_ref *r = rec;
+  const char *hex = NULL;
+  NEWT_CHECK(newt_json_get_str(j, what, f->name, required, &hex));
+  if (strlen(hex) != 2 * PLAN_DIGEST_BYTES || newt_hex_decode(hex, r->digest, PLAN_DIGEST_BYTES) != 0)
+    return NEWT_ERR(NEWT_ERR_INVALID, "%s.%s: expected %d hex digits", what, f->name, 2 * PLAN_DIGEST_BYTES);
+  return NEWT_OK;
+}
+
+static const codec_field shard_ref_fields[] = {
+    {CODEC_TOKEN(plan_shard_ref, host, "host"), CODEC_REQUIRED},
+    {CODEC_INT(plan_shard_ref, ranks, "ranks", 1, INT32_MAX), CODEC_REQUIRED},
+    {CODEC_CUSTOM(plan_shard_ref, digest, "digest", put_digest, get_digest), CODEC_REQUIRED},
+};
+static const codec_table shard_ref_table = CODEC_TABLE(plan_shard_ref, "shard", shard_ref_fields);
+
+static int no_shards(const void *rec) { return ((const newt_plan *)rec)->nshards == 0; }
+static int in_shards(const void *rec) { return ((const newt_plan *)rec)->nshards > 0; }
+
+static newt_result_t put_shards(cJSON *obj, const codec_field *f, const void *rec) {
+  const newt_plan *p = rec;
+  cJSON *a = cJSON_AddArrayToObject(obj, f->name);
+  NEWT_CHECK_ALLOC(a);
+  for (int i = 0; i < p->nshards; i++) {
+    cJSON *o = cJSON_CreateObject();
+    if (!o || !cJSON_AddItemToArray(a, o)) {
+      cJSON_Delete(o);
+      return NEWT_ERR(NEWT_ERR_NOMEM, "out of memory writing a plan");
+    }
+    NEWT_CHECK(codec_encode_object(&shard_ref_table, o, &p->shards[i]));
+  }
+  return NEWT_OK;
+}
+
+/* A head's shards: hosts in increasing order, counts adding up to dp x tp x pp; the ranks are
+ * made empty (rank -1), for the shards to fill. */
+static newt_result_t get_shards(const cJSON *j, const char *what, const codec_field *f, void *rec, int required) {
+  newt_plan *p = rec;
+  const cJSON *a = NULL;
+  NEWT_CHECK(newt_json_get_arr(j, what, f->name, required, &a));
+  if (!a) return NEWT_OK;
+  if (p->ranks) return NEWT_ERR(NEWT_ERR_INVALID, "%s: both ranks and shards", what);
+  int n = cJSON_GetArraySize(a);
+  if (n < 1 || n > PLAN_SHARD_MAX)
+    return NEWT_ERR(NEWT_ERR_INVALID, "%s.%s: %d shards, expected 1 to %d", what, f->name, n, PLAN_SHARD_MAX);
+  p->shards = calloc((size_t)n, sizeof *p->shards);
+  NEWT_CHECK_ALLOC(p->shards);
+  p->nshards = n;
+  int64_t total = 0, want = (int64_t)p->dp * p->tp * p->pp;
+  int i = 0;
+  char label[64];
+  for (const cJSON *o = a->child; o; o = o->next, i++) {
+    snprintf(label, sizeof label, "%s.%s[%d]", what, f->name, i);
+    NEWT_CHECK(codec_decode_object(&shard_ref_table, o, label, &p->shards[i]));
+    if (i > 0 && strcmp(p->shards[i - 1].host, p->shards[i].host) >= 0)
+      return NEWT_ERR(NEWT_ERR_INVALID, "%s.host: \"%s\" does not come after shard %d's \"%s\"", label,
+                      p->shards[i].host, i - 1, p->shards[i - 1].host);
+    total += p->shards[i].ranks;
+  }
+  if (total != want)
+    return NEWT_ERR(NEWT_ERR_INVALID, "%s.%s: %lld ranks in all, expected dp x tp x pp = %lld", what, f->name,
+                    (long long)total, (long long)want);
+  p->nranks = (int)want;
+  p->ranks = calloc((size_t)(want ? want : 1), sizeof *p->ranks);
+  NEWT_CHECK_ALLOC(p->ranks);
+  for (int r = 0; r < p->nranks; r++) p->ranks[r].rank = -1;
+  return NEWT_OK;
 }
 
 static newt_result_t put_secret(cJSON *obj, const codec_field *f, const void *rec) {
@@ -759,7 +855,8 @@ static const codec_field plan_fields[] = {
     {CODEC_INT(newt_plan, accum, "accum", 1, INT64_MAX), CODEC_REQUIRED, .check = check_accum},
     {CODEC_TOKEN(newt_plan, restore, "restore"), CODEC_REQUIRED},
     {CODEC_INT(newt_plan, step, "step", 0, INT64_MAX), CODEC_REQUIRED},
-    {CODEC_CUSTOM(newt_plan, ranks, "ranks", put_ranks, get_ranks), CODEC_REQUIRED},
+    {CODEC_CUSTOM(newt_plan, ranks, "ranks", put_ranks, get_ranks), CODEC_REQUIRED, .skip = in_shards},
+    {CODEC_CUSTOM(newt_plan, shards, "shards", put_shards, get_shards), .skip = no_shards}, /* a head's */
     {CODEC_NAMES(newt_plan, spares, nspares, "spares", 0), CODEC_REQUIRED},
     {CODEC_PRINTABLE(newt_plan, spare_why, "spare_why"), CODEC_OMIT}, /* with spares */
     {CODEC_CUSTOM(newt_plan, donors, "donors", put_donors, get_donors)},
@@ -769,20 +866,33 @@ static const codec_table plan_table = {.name = "plan", .size = sizeof(newt_plan)
 
 char *plan_to_json(const newt_plan *p) {
   char *text;
-  return codec_encode(&plan_table, p, &text) == NEWT_OK ? text : NULL;
+  newt_plan whole = *p; /* a plan read in shards is written whole: its ranks, not its head's list */
+  whole.nshards = 0;
+  whole.shards = NULL;
+  return codec_encode(&plan_table, &whole, &text) == NEWT_OK ? text : NULL;
 }
 
-newt_result_t plan_from_json(const char *text, size_t len, newt_plan *out) {
+newt_result_t plan_head_from_json(const char *text, size_t len, newt_plan *out) {
   newt_plan p;
   memset(&p, 0, sizeof p);
   newt_result_t r = codec_decode(&plan_table, text, len, "plan", &p);
-  if (r == NEWT_OK) r = plan_index(&p);
+  if (r == NEWT_OK && !p.nshards) r = plan_index(&p);
   if (r != NEWT_OK) {
     plan_free(&p);
     return r;
   }
   *out = p;
   return NEWT_OK;
+}
+
+newt_result_t plan_from_json(const char *text, size_t len, newt_plan *out) {
+  NEWT_CHECK(plan_head_from_json(text, len, out));
+  if (!out->nshards) return NEWT_OK;
+  uint64_t g = out->generation;
+  int n = out->nshards;
+  plan_free(out);
+  return NEWT_ERR(NEWT_ERR_INVALID, "plan %llu is a head of %d shards: its ranks are read with its shards",
+                  (unsigned long long)g, n);
 }
 
 newt_result_t plan_check_spec(const newt_plan *p, const newt_spec *s) {
@@ -824,4 +934,201 @@ newt_result_t plan_check_publishable(const newt_plan *p, char **json) {
   plan_free(&back);
   *json = text;
   return NEWT_OK;
+}
+
+/* --- a plan in shards (plan.h) ------------------------------------------------------------------ */
+
+typedef struct shard_rec {
+  uint64_t generation;
+  int shard;
+} shard_rec;
+static const codec_field shard_fields[] = {
+    {CODEC_INT(shard_rec, generation, "generation", 1, NEWT_JSON_INT_EXACT - 1), CODEC_REQUIRED},
+    {CODEC_INT(shard_rec, shard, "shard", 0, PLAN_SHARD_MAX - 1), CODEC_REQUIRED},
+};
+static const codec_table shard_table = CODEC_TABLE(shard_rec, "shard", shard_fields);
+
+static int by_host_then_rank(const void *a, const void *b) {
+  const plan_rank *x = *(const plan_rank *const *)a, *y = *(const plan_rank *const *)b;
+  int c = strcmp(x->host, y->host);
+  return c ? c : (x->rank > y->rank) - (x->rank < y->rank);
+}
+
+/* Shard `at` of the ranks v[from..to) (sorted by host): its record's text. */
+static char *shard_text(const newt_plan *p, int at, const plan_rank *const *v, int from, int to) {
+  cJSON *o = cJSON_CreateObject(), *a = NULL;
+  shard_rec sr = {.generation = p->generation, .shard = at};
+  int ok = o && codec_encode_object(&shard_table, o, &sr) == NEWT_OK && (a = cJSON_AddArrayToObject(o, "ranks"));
+  for (int k = from; ok && k < to; k++) {
+    cJSON *e = cJSON_CreateObject();
+    ok = e && cJSON_AddItemToArray(a, e) && codec_encode_object(&rank_table, e, v[k]) == NEWT_OK;
+  }
+  char *text = ok ? cJSON_PrintUnformatted(o) : NULL;
+  cJSON_Delete(o);
+  return text;
+}
+
+void plan_shard_texts_free(char **shards, int n) {
+  for (int i = 0; shards && i < n; i++) free(shards[i]);
+  free(shards);
+}
+
+newt_result_t plan_shard_encode(const newt_plan *p, int shard_ranks, char **head, char ***shards, int *nshards) {
+  *head = NULL, *shards = NULL, *nshards = 0;
+  if (shard_ranks < 1) shard_ranks = 1;
+  const plan_rank **v = malloc((size_t)(p->nranks ? p->nranks : 1) * sizeof *v);
+  int cap = p->nranks / shard_ranks + 2, n = 0;
+  char **texts = calloc((size_t)cap, sizeof *texts);
+  newt_plan h = *p;
+  h.shards = calloc((size_t)cap, sizeof *h.shards);
+  newt_result_t r = NEWT_OK;
+  if (!v || !texts || !h.shards) {
+    r = NEWT_ERR(NEWT_ERR_NOMEM, "out of memory cutting a plan of %d ranks into shards", p->nranks);
+    goto out;
+  }
+  for (int i = 0; i < p->nranks; i++) v[i] = &p->ranks[i];
+  qsort(v, (size_t)p->nranks, sizeof *v, by_host_then_rank);
+  for (int from = 0; from < p->nranks && r == NEWT_OK;) {
+    int to = from + shard_ranks < p->nranks ? from + shard_ranks : p->nranks;
+    while (to < p->nranks && strcmp(v[to]->host, v[to - 1]->host) == 0) to++; /* a host is never cut */
+    if (n == PLAN_SHARD_MAX || n == cap) {
+      r = NEWT_ERR(NEWT_ERR_INVALID, "a plan of %d ranks in shards of %d is over %d shards", p->nranks, shard_ranks,
+                   n);
+      break;
+    }
+    texts[n] = shard_text(p, n, v, from, to);
+    if (!texts[n]) r = NEWT_ERR(NEWT_ERR_NOMEM, "out of memory writing shard %d of plan %llu", n,
+                                (unsigned long long)p->generation);
+    else r = newt_sha256(texts[n], strlen(texts[n]), h.shards[n].digest);
+    snprintf(h.shards[n].host, sizeof h.shards[n].host, "%s", v[from]->host);
+    h.shards[n].ranks = to - from;
+    n++;
+    from = to;
+  }
+  h.nshards = n;
+  if (r == NEWT_OK && codec_encode(&plan_table, &h, head) != NEWT_OK)
+    r = NEWT_ERR(NEWT_ERR_NOMEM, "out of memory writing the head of plan %llu", (unsigned long long)p->generation);
+out:
+  free(v);
+  free(h.shards);
+  if (r != NEWT_OK) {
+    plan_shard_texts_free(texts, n);
+    return r;
+  }
+  *shards = texts, *nshards = n;
+  return NEWT_OK;
+}
+
+int plan_is_partial(const newt_plan *p) {
+  for (int i = 0; i < p->nshards; i++)
+    if (!p->shards[i].added) return 1;
+  return 0;
+}
+
+int plan_shard_of_host(const newt_plan *p, const char *host) {
+  int lo = 0, hi = p->nshards; /* the last shard whose first host is not after host */
+  while (lo < hi) {
+    int mid = lo + (hi - lo) / 2;
+    if (strcmp(p->shards[mid].host, host) <= 0) lo = mid + 1;
+    else hi = mid;
+  }
+  return lo - 1;
+}
+
+/* Entry k of shard i, checked against the head: a rank of the plan with its coordinates, on
+ * one of the shard's hosts. */
+static newt_result_t shard_entry(const newt_plan *p, int i, const cJSON *o, const char *label, plan_rank *r) {
+  NEWT_CHECK(codec_decode_object(&rank_table, o, label, r));
+  NEWT_CHECK(bounded(label, "rank", r->rank, 0, p->nranks - 1));
+  NEWT_CHECK(bounded(label, "dp", r->dp, 0, p->dp - 1));
+  NEWT_CHECK(bounded(label, "tp", r->tp, 0, p->tp - 1));
+  NEWT_CHECK(bounded(label, "pp", r->pp, 0, p->pp - 1));
+  if ((r->pp * p->dp + r->dp) * p->tp + r->tp != r->rank)
+    return NEWT_ERR(NEWT_ERR_INVALID, "%s: coordinates (dp %d, tp %d, pp %d) do not give rank %d", label, r->dp, r->tp,
+                    r->pp, r->rank);
+  if (strcmp(r->host, p->shards[i].host) < 0 || (i + 1 < p->nshards && strcmp(r->host, p->shards[i + 1].host) >= 0))
+    return NEWT_ERR(NEWT_ERR_INVALID, "%s.host: \"%s\" is not one of the shard's hosts", label, r->host);
+  return NEWT_OK;
+}
+
+newt_result_t plan_shard_read(const newt_plan *p, int i, const char *text, size_t len, plan_rank **out, int *n) {
+  *out = NULL, *n = 0;
+  char what[64];
+  snprintf(what, sizeof what, "plan %llu shard %d", (unsigned long long)p->generation, i);
+  if (i < 0 || i >= p->nshards) return NEWT_ERR(NEWT_ERR_INVALID, "%s: the head lists %d shards", what, p->nshards);
+  unsigned char digest[PLAN_DIGEST_BYTES];
+  NEWT_CHECK(newt_sha256(text, len, digest));
+  if (memcmp(digest, p->shards[i].digest, sizeof digest) != 0)
+    return NEWT_ERR(NEWT_ERR_INVALID, "%s: its digest is not the one its head names (forged, or of another plan)",
+                    what);
+  cJSON *j = cJSON_ParseWithLength(text, len);
+  if (!j) return NEWT_ERR(NEWT_ERR_INVALID, "%s: not JSON", what);
+  shard_rec sr;
+  const cJSON *a = NULL;
+  newt_result_t r = codec_decode_object(&shard_table, j, what, &sr);
+  if (r == NEWT_OK && (sr.generation != p->generation || sr.shard != i))
+    r = NEWT_ERR(NEWT_ERR_INVALID, "%s: it says plan %llu shard %d", what, (unsigned long long)sr.generation, sr.shard);
+  if (r == NEWT_OK) r = newt_json_get_arr(j, what, "ranks", 1, &a);
+  if (r == NEWT_OK && cJSON_GetArraySize(a) != p->shards[i].ranks)
+    r = NEWT_ERR(NEWT_ERR_INVALID, "%s.ranks: %d entries, its head says %d", what, cJSON_GetArraySize(a),
+                 p->shards[i].ranks);
+  plan_rank *v = r == NEWT_OK ? calloc((size_t)p->shards[i].ranks, sizeof *v) : NULL;
+  if (r == NEWT_OK && !v) r = NEWT_ERR(NEWT_ERR_NOMEM, "out of memory reading %s", what);
+  int k = 0;
+  char label[96];
+  for (const cJSON *o = a ? a->child : NULL; r == NEWT_OK && o; o = o->next, k++) {
+    snprintf(label, sizeof label, "%s.ranks[%d]", what, k);
+    r = shard_entry(p, i, o, label, &v[k]);
+  }
+  cJSON_Delete(j);
+  if (r != NEWT_OK) {
+    free(v);
+    return r;
+  }
+  *out = v, *n = k;
+  return NEWT_OK;
+}
+
+newt_result_t plan_shard_add(newt_plan *p, int i, const char *text, size_t len) {
+  plan_rank *v;
+  int n;
+  NEWT_CHECK(plan_shard_read(p, i, text, len, &v, &n));
+  if (p->shards[i].added) {
+    free(v);
+    return NEWT_ERR(NEWT_ERR_INVALID, "plan %llu shard %d: given twice", (unsigned long long)p->generation, i);
+  }
+  for (int k = 0; k < n; k++) {
+    if (p->ranks[v[k].rank].rank >= 0) {
+      int r = v[k].rank;
+      free(v);
+      return NEWT_ERR(NEWT_ERR_INVALID, "plan %llu shard %d.ranks[%d]: rank %d is given twice",
+                      (unsigned long long)p->generation, i, k, r);
+    }
+    p->ranks[v[k].rank] = v[k];
+  }
+  free(v);
+  p->shards[i].added = 1;
+  return NEWT_OK;
+}
+
+newt_result_t plan_shards_done(newt_plan *p) {
+  for (int i = 0; i < p->nshards; i++)
+    if (!p->shards[i].added)
+      return NEWT_ERR(NEWT_ERR_NOTFOUND, "plan %llu: shard %d (hosts from \"%s\") is missing",
+                      (unsigned long long)p->generation, i, p->shards[i].host);
+  for (int r = 0; r < p->nranks; r++) /* the counts add up and no rank came twice: each is there */
+    if (p->ranks[r].rank != r)
+      return NEWT_ERR(NEWT_ERR_INVALID, "plan %llu: rank %d is in no shard", (unsigned long long)p->generation, r);
+  NEWT_CHECK(check_workers_once(p, "plan.ranks"));
+  if (p->ndonors) {
+    rank_of *sorted = sorted_ranks(p);
+    NEWT_CHECK_ALLOC(sorted);
+    for (int i = 0; i < p->ndonors; i++)
+      if (bsearch(p->donors[i].worker, sorted, (size_t)p->nranks, sizeof *sorted, by_name)) {
+        free(sorted);
+        return NEWT_ERR(NEWT_ERR_INVALID, "plan.donors[%d].worker: \"%s\" is also a rank", i, p->donors[i].worker);
+      }
+    free(sorted);
+  }
+  return plan_index(p);
 }
