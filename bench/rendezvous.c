@@ -64,11 +64,13 @@ typedef struct bench_run {
   rdzv_registration **regs;
   atomic_int next_reg, next_ack, next_leave, failed;
   int lost_host;             /* the host lost in the replan (-1: none yet) */
+  int check_plan;            /* the leader checks a plan reads back before it publishes it */
   pthread_mutex_t mu;
   pthread_cond_t cv;
   uint64_t plan_gen;         /* the newest plan the workers hold (the watch parsed it) */
   uint64_t plan_seen_ns;     /* when they got it */
-  double parse_ms;           /* the watch's parse of the newest plan */
+  double parse_ms;           /* the watch's read of the newest plan (its shards read and parsed) */
+  double host_read_ms;       /* a host's read of its own shard (median of 8) */
   char err[512];
 } bench_run;
 
@@ -81,26 +83,69 @@ static void fail(bench_run *b, const char *what) {
 
 static newt_deadline_t op_deadline(const bench_run *b) { return newt_deadline_in_ms(b->op_ms); }
 
-/* The workers hold a plan once it is parsed (each real worker parses it: one parse here). */
+/* One host's read of a plan in shards: the head's shard of its host (plan_shard_of_host), at
+ * the head's revision: what a host agent hands its workers. Its ms into *ms. */
+static void host_read(bench_run *b, const newt_plan *head, int64_t rev, int h, double *ms) {
+  char host[64];
+  snprintf(host, sizeof host, "bench-%d", h);
+  uint64_t t0 = newt_now_ns();
+  plan_rank *v = NULL;
+  int n = 0, i = plan_shard_of_host(head, host);
+  if (i < 0 || job_plan_shard_get(b->c, b->job, head, i, rev, op_deadline(b), &v, &n) != NEWT_OK) {
+    fail(b, "a host's read of its shard");
+    return;
+  }
+  int mine = 0;
+  for (int k = 0; k < n; k++) mine += strcmp(v[k].host, host) == 0;
+  if (mine != (h == b->n / b->per_host ? b->n % b->per_host : b->per_host)) fail(b, "a host's ranks in its shard");
+  free(v);
+  *ms = (double)(newt_now_ns() - t0) / 1e6;
+}
+
+static int cmp_double(const void *a, const void *b) {
+  double x = *(const double *)a, y = *(const double *)b;
+  return (x > y) - (x < y);
+}
+
+/* The workers hold a plan once it is read whole (a plan in shards: its head, then its shards at
+ * the head's revision, as a worker's plan watch reads it): one read here stands for every
+ * worker's. A plan in shards is also read as 8 hosts read it (the head and their own shard):
+ * the median is host_read_ms. */
+static void take_plan(bench_run *b, const rdzv_etcd_kv *kv) {
+  newt_plan p;
+  uint64_t t0 = newt_now_ns();
+  if (plan_head_from_json(kv->value, kv->value_len, &p) != NEWT_OK) {
+    fail(b, "a worker's read of the plan");
+    return;
+  }
+  double host_ms[8] = {0};
+  int nh = 0;
+  if (plan_is_partial(&p)) {
+    int hosts = (b->n + b->per_host - 1) / b->per_host;
+    for (; nh < 8 && nh < hosts; nh++) host_read(b, &p, kv->mod_revision, 1 + (int)((int64_t)nh * (hosts - 1) / 8), &host_ms[nh]);
+    t0 = newt_now_ns();
+    if (job_plan_shards_get(b->c, b->job, &p, kv->mod_revision, op_deadline(b)) != NEWT_OK) {
+      fail(b, "a worker's read of the plan's shards");
+      plan_free(&p);
+      return;
+    }
+  }
+  qsort(host_ms, (size_t)nh, sizeof host_ms[0], cmp_double);
+  pthread_mutex_lock(&b->mu);
+  b->parse_ms = (double)(newt_now_ns() - t0) / 1e6;
+  b->host_read_ms = nh ? host_ms[nh / 2] : b->parse_ms;
+  b->plan_gen = p.generation;
+  b->plan_seen_ns = newt_now_ns();
+  pthread_cond_broadcast(&b->cv);
+  pthread_mutex_unlock(&b->mu);
+  plan_free(&p);
+}
+
 static void on_plan(void *ud, const rdzv_etcd_watch_resp *r) {
   bench_run *b = ud;
   if (r->kind != RDZV_WATCH_EVENTS) return;
-  for (size_t i = 0; i < r->n_events; i++) {
-    if (r->events[i].type != RDZV_EVENT_PUT) continue;
-    newt_plan p;
-    uint64_t t0 = newt_now_ns();
-    if (plan_from_json(r->events[i].kv.value, r->events[i].kv.value_len, &p) != NEWT_OK) {
-      fail(b, "a worker's read of the plan");
-      continue;
-    }
-    pthread_mutex_lock(&b->mu);
-    b->parse_ms = (double)(newt_now_ns() - t0) / 1e6;
-    b->plan_gen = p.generation;
-    b->plan_seen_ns = newt_now_ns();
-    pthread_cond_broadcast(&b->cv);
-    pthread_mutex_unlock(&b->mu);
-    plan_free(&p);
-  }
+  for (size_t i = 0; i < r->n_events; i++)
+    if (r->events[i].type == RDZV_EVENT_PUT) take_plan(b, &r->events[i].kv);
 }
 
 /* Worker i's address: host h's own loopback address, a port per worker of the host. */
@@ -269,10 +314,9 @@ static newt_result_t leader_plan(leader *l, bench_run *b, const char *job) {
   char *json = NULL;
   newt_result_t r = plan_compute(&l->spec, m, (int)n, l->plan.generation, &p);
   free(m);
-  if (r == NEWT_OK) r = plan_check_publishable(&p, &json);
-  if (r == NEWT_OK) r = job_plan_publish(l->cand, job, (int64_t)p.generation, json, op_deadline(b));
-  if (r == NEWT_OK) l->plan_bytes = strlen(json);
+  if (r == NEWT_OK && b->check_plan) r = plan_check_publishable(&p, &json); /* the coordinator's check */
   free(json);
+  if (r == NEWT_OK) r = job_plan_publish_plan(l->cand, job, &p, op_deadline(b), &l->plan_bytes);
   if (r != NEWT_OK) {
     plan_free(&p);
     return r;
@@ -308,7 +352,7 @@ static newt_result_t leader_start(leader *l, rdzv_etcd *c, bench_run *b, newt_de
 
 /* What one measurement found, for its line. */
 typedef struct result {
-  double ms, register_ms, barrier_ms, plan_ms, parse_ms;
+  double ms, register_ms, barrier_ms, plan_ms, parse_ms, host_read_ms;
   double replan_ms, replan_ack_ms, replan_plan_ms;
   int64_t writes, plan_writes;
   size_t plan_bytes;
@@ -334,6 +378,7 @@ static newt_result_t rendezvous(bench_run *b, leader *l, int threads, newt_deadl
   res->plan_ms = l->plan_ms;
   res->plan_bytes = l->plan_bytes;
   res->parse_ms = b->parse_ms;
+  res->host_read_ms = b->host_read_ms;
   res->writes = rdzv_etcd_writes(b->c) - writes0;
   res->plan_writes = rdzv_etcd_writes(l->c) - plan_writes0;
   return atomic_load(&b->failed) ? NEWT_ERR(NEWT_ERR_INTERNAL, "%s", b->err) : r;
@@ -373,10 +418,10 @@ static void print_result(const bench_run *b, const result *x, int threads, rdzv_
   int64_t max_req = rdzv_etcd_max_request(c) > rdzv_etcd_max_request(wc) ? rdzv_etcd_max_request(c)
                                                                            : rdzv_etcd_max_request(wc);
   printf("{\"bench\":\"rendezvous\",\"workers\":%d,\"ms\":%.1f,\"register_ms\":%.1f,\"barrier_ms\":%.1f,"
-         "\"plan_ms\":%.1f,\"plan_bytes\":%zu,\"plan_parse_ms\":%.1f,\"replan_ms\":%.1f,\"replan_ack_ms\":%.1f,"
+         "\"plan_ms\":%.1f,\"plan_bytes\":%zu,\"plan_read_ms\":%.1f,\"host_read_ms\":%.1f,\"replan_ms\":%.1f,\"replan_ack_ms\":%.1f,"
          "\"replan_plan_ms\":%.1f,\"threads\":%d,\"per_host\":%d,\"etcd_writes\":%lld,\"writes_per_worker\":%.3f,"
          "\"max_request_bytes\":%lld,\"peak_rss_mb\":%.1f,\"etcd\":\"%s\"}\n",
-         b->n, x->ms, x->register_ms, x->barrier_ms, x->plan_ms, x->plan_bytes, x->parse_ms, x->replan_ms,
+         b->n, x->ms, x->register_ms, x->barrier_ms, x->plan_ms, x->plan_bytes, x->parse_ms, x->host_read_ms, x->replan_ms,
          x->replan_ack_ms, x->replan_plan_ms, threads, b->per_host, (long long)(x->writes + x->plan_writes),
          (double)x->writes / b->n, (long long)max_req, (double)ru.ru_maxrss / 1024.0, where);
   fflush(stdout);
@@ -410,7 +455,7 @@ static void bench_free(bench_run *b, leader *l, rdzv_etcd_watch *watch, int thre
 }
 
 typedef struct bench_opts {
-  int per_host, threads, replan;
+  int per_host, threads, replan, check_plan;
   int64_t ttl, op_ms;
   const char *where;
 } bench_opts;
@@ -421,7 +466,7 @@ static newt_result_t bench_one(rdzv_etcd *c, rdzv_etcd *wc, int n, const bench_o
   snprintf(job, sizeof job, "bench-%d-%d-%d", (int)getpid(), n, rep);
   int hosts = (n + o->per_host - 1) / o->per_host, threads = o->threads < n ? o->threads : n;
   bench_run b = {.c = wc, .job = job, .n = n, .per_host = o->per_host, .ttl = o->ttl, .op_ms = o->op_ms,
-                 .lost_host = -1};
+                 .lost_host = -1, .check_plan = o->check_plan};
   leader l = {.c = c};
   rdzv_etcd_watch *watch = NULL;
   result res = {0};
@@ -451,7 +496,7 @@ out:
 
 int newt_bench_rendezvous(int argc, char **argv) {
   const char *workers = "16,64,256,1024", *etcd = NULL, *data_dir = NULL;
-  int64_t threads = 64, ttl = 30, repeat = 1, per_host = 8, op_ms = 30000, replan_on = 1;
+  int64_t threads = 64, ttl = 30, repeat = 1, per_host = 8, op_ms = 30000, replan_on = 1, check_plan = 1;
   newt_opt opts[] = {
       {"workers", NEWT_OPT_STR, &workers, "worker counts, comma-separated"},
       {"etcd", NEWT_OPT_STR, &etcd, "etcd endpoints (default: start a private etcd)"},
@@ -463,6 +508,8 @@ int newt_bench_rendezvous(int argc, char **argv) {
        "a worker started alone)"},
       {"repeat", NEWT_OPT_INT, &repeat, "measurements per worker count (one line each)"},
       {"op-ms", NEWT_OPT_INT, &op_ms, "the deadline of each etcd call, in ms"},
+      {"check-plan", NEWT_OPT_INT, &check_plan,
+       "1: the leader checks that a plan reads back before publishing it, as the coordinator does (0: not)"},
       {"replan", NEWT_OPT_INT, &replan_on, "1: after the rendezvous, lose host 0 and time the next plan (0: not)"},
       NEWT_OPT_END,
   };
@@ -504,7 +551,8 @@ int newt_bench_rendezvous(int argc, char **argv) {
     rdzv_etcd_server_free(srv);
     return 1;
   }
-  bench_opts bo = {.per_host = (int)per_host, .threads = (int)threads, .replan = replan_on != 0, .ttl = ttl,
+  bench_opts bo = {.per_host = (int)per_host, .threads = (int)threads, .replan = replan_on != 0,
+                   .check_plan = check_plan != 0, .ttl = ttl,
                    .op_ms = op_ms, .where = srv ? "private" : "external"};
   for (int i = 0; i < nc && rc == 0; i++)
     for (int k = 0; k < repeat && rc == 0; k++)

@@ -709,7 +709,7 @@ static newt_result_t get_donors(const cJSON *j, const char *what, const codec_fi
   p->ndonors = n;
   char label[48];
   snprintf(label, sizeof label, "%s.%s", what, f->name);
-  if (!n) return NEWT_OK;
+  if (!n || p->nshards) return NEWT_OK; /* a head's donors are checked once its ranks are in (plan_shards_done) */
   rank_of *sorted = sorted_ranks(p);
   NEWT_CHECK_ALLOC(sorted);
   newt_result_t r = NEWT_OK;
@@ -764,8 +764,8 @@ static newt_result_t put_shards(cJSON *obj, const codec_field *f, const void *re
   return NEWT_OK;
 }
 
-/* A head's shards: hosts in increasing order, counts adding up to dp x tp x pp; the ranks are
- * made empty (rank -1), for the shards to fill. */
+/* A head's shards: hosts in increasing order, counts adding up to dp x tp x pp. The head has no
+ * ranks yet (nranks 0): the first shard added makes them, empty (rank -1), for the shards to fill. */
 static newt_result_t get_shards(const cJSON *j, const char *what, const codec_field *f, void *rec, int required) {
   newt_plan *p = rec;
   const cJSON *a = NULL;
@@ -792,11 +792,7 @@ static newt_result_t get_shards(const cJSON *j, const char *what, const codec_fi
   if (total != want)
     return NEWT_ERR(NEWT_ERR_INVALID, "%s.%s: %lld ranks in all, expected dp x tp x pp = %lld", what, f->name,
                     (long long)total, (long long)want);
-  p->nranks = (int)want;
-  p->ranks = calloc((size_t)(want ? want : 1), sizeof *p->ranks);
-  NEWT_CHECK_ALLOC(p->ranks);
-  for (int r = 0; r < p->nranks; r++) p->ranks[r].rank = -1;
-  return NEWT_OK;
+  return NEWT_OK; /* no ranks until a shard is added (plan_shard_add): a host reads only its own */
 }
 
 static newt_result_t put_secret(cJSON *obj, const codec_field *f, const void *rec) {
@@ -1039,7 +1035,7 @@ int plan_shard_of_host(const newt_plan *p, const char *host) {
  * one of the shard's hosts. */
 static newt_result_t shard_entry(const newt_plan *p, int i, const cJSON *o, const char *label, plan_rank *r) {
   NEWT_CHECK(codec_decode_object(&rank_table, o, label, r));
-  NEWT_CHECK(bounded(label, "rank", r->rank, 0, p->nranks - 1));
+  NEWT_CHECK(bounded(label, "rank", r->rank, 0, (int64_t)p->dp * p->tp * p->pp - 1));
   NEWT_CHECK(bounded(label, "dp", r->dp, 0, p->dp - 1));
   NEWT_CHECK(bounded(label, "tp", r->tp, 0, p->tp - 1));
   NEWT_CHECK(bounded(label, "pp", r->pp, 0, p->pp - 1));
@@ -1096,6 +1092,17 @@ newt_result_t plan_shard_add(newt_plan *p, int i, const char *text, size_t len) 
   if (p->shards[i].added) {
     free(v);
     return NEWT_ERR(NEWT_ERR_INVALID, "plan %llu shard %d: given twice", (unsigned long long)p->generation, i);
+  }
+  if (!p->ranks) { /* the first shard: every rank empty until its shard gives it */
+    int64_t want = (int64_t)p->dp * p->tp * p->pp;
+    p->ranks = malloc((size_t)want * sizeof *p->ranks);
+    if (!p->ranks) {
+      free(v);
+      return NEWT_ERR(NEWT_ERR_NOMEM, "out of memory for the %lld ranks of plan %llu", (long long)want,
+                      (unsigned long long)p->generation);
+    }
+    for (int64_t r = 0; r < want; r++) p->ranks[r].rank = -1;
+    p->nranks = (int)want;
   }
   for (int k = 0; k < n; k++) {
     if (p->ranks[v[k].rank].rank >= 0) {

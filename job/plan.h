@@ -174,8 +174,8 @@ newt_result_t plan_check_publishable(const newt_plan *p, char **json);
  * and (*shards)[0..*nshards), each shard's (plan_shard_texts_free). */
 newt_result_t plan_shard_encode(const newt_plan *p, int shard_ranks, char **head, char ***shards, int *nshards);
 void plan_shard_texts_free(char **shards, int n);
-/* A plan record as stored: a whole plan (as plan_from_json), or a head: nshards > 0 and ranks
- * still empty (rank -1) until each shard is added. plan_from_json refuses a head. */
+/* A plan record as stored: a whole plan (as plan_from_json), or a head: nshards > 0 and no
+ * ranks (nranks 0) until a shard is added. plan_from_json refuses a head. */
 newt_result_t plan_head_from_json(const char *text, size_t len, newt_plan *out);
 /* 1 while p is a head with shards not yet added. */
 int plan_is_partial(const newt_plan *p);
