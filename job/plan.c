@@ -632,7 +632,7 @@ static newt_result_t check_workers_once(const newt_plan *p, const char *label) {
 
 /* Entry i of a plan's ranks, or of its donors (`sorted`: the ranks, sorted_ranks). */
 static newt_result_t parse_rank(const cJSON *o, const char *what, int i, const newt_plan *p, const rank_of *sorted,
-                                plan_rank *r) {
+                                int nsorted, plan_rank *r) {
   int donor = sorted != NULL;
   char label[96];
   snprintf(label, sizeof label, "%s[%d]", what, i);
@@ -640,7 +640,7 @@ static newt_result_t parse_rank(const cJSON *o, const char *what, int i, const n
   NEWT_CHECK(bounded(label, "rank", r->rank, donor ? p->nranks + i : i, donor ? p->nranks + i : i));
   if (donor) {
     r->dp = r->tp = r->pp = -1;
-    if (bsearch(r->worker, sorted, (size_t)p->nranks, sizeof *sorted, by_name))
+    if (bsearch(r->worker, sorted, (size_t)nsorted, sizeof *sorted, by_name))
       return NEWT_ERR(NEWT_ERR_INVALID, "%s.worker: \"%s\" is also a rank", label, r->worker);
     return NEWT_OK;
   }
@@ -695,7 +695,7 @@ static newt_result_t get_ranks(const cJSON *j, const char *what, const codec_fie
   char label[48];
   snprintf(label, sizeof label, "%s.%s", what, f->name);
   int i = 0;
-  for (const cJSON *o = ranks->child; o; o = o->next, i++) NEWT_CHECK(parse_rank(o, label, i, p, NULL, &p->ranks[i]));
+  for (const cJSON *o = ranks->child; o; o = o->next, i++) NEWT_CHECK(parse_rank(o, label, i, p, NULL, 0, &p->ranks[i]));
   return check_workers_once(p, label);
 }
 
@@ -709,13 +709,17 @@ static newt_result_t get_donors(const cJSON *j, const char *what, const codec_fi
   p->ndonors = n;
   char label[48];
   snprintf(label, sizeof label, "%s.%s", what, f->name);
-  if (!n || p->nshards) return NEWT_OK; /* a head's donors are checked once its ranks are in (plan_shards_done) */
-  rank_of *sorted = sorted_ranks(p);
+  if (!n) return NEWT_OK;
+  /* a head has no ranks yet: its donors come after dp x tp x pp ranks, and are checked against
+     them once they are in (plan_shards_done) */
+  newt_plan q = *p;
+  if (p->nshards) q.nranks = (int)((int64_t)p->dp * p->tp * p->pp);
+  rank_of *sorted = p->nshards ? calloc(1, sizeof *sorted) : sorted_ranks(p);
   NEWT_CHECK_ALLOC(sorted);
   newt_result_t r = NEWT_OK;
   int i = 0;
   for (const cJSON *o = donors->child; o && r == NEWT_OK; o = o->next, i++)
-    r = parse_rank(o, label, i, p, sorted, &p->donors[i]);
+    r = parse_rank(o, label, i, &q, sorted, p->nshards ? 0 : p->nranks, &p->donors[i]);
   free(sorted);
   return r;
 }

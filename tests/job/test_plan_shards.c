@@ -1,7 +1,7 @@
 /* A plan in shards (job/plan.h, job/store.h) against a real etcd. NEWT_PLAN_SHARD_RANKS is 16
  * here, so a plan of 100 ranks on 13 hosts is a head and 7 shards:
  *   - the codec: the shards cut at hosts, the head naming each by its first host and digest,
- *     every rank back in its place; plan_shard_of_host finds a host's shard from the head;
+ *     every rank back in its place, a donor kept in the head; plan_shard_of_host finds a host's shard from the head;
  *     plan_from_json refuses a head; a plan of at most 16 ranks is one record, byte for byte
  *     plan_to_json's, and a record of the previous release still reads;
  *   - publishing: every reader (job_change_get, job_view_read, job_follow, a worker's
@@ -56,6 +56,7 @@ static int same_ranks(const newt_plan *a, const newt_plan *b) {
 static void test_codec(void) {
   newt_plan p, h;
   make_plan(100, 0, &p);
+  T_OK(plan_add_donor(&p, "leaver", "h99", "127.0.99.1:4000")); /* a donor: in the head, rank 100 */
   char *head, **texts;
   int n;
   T_OK(plan_shard_encode(&p, 16, &head, &texts, &n));
@@ -71,6 +72,8 @@ static void test_codec(void) {
   T_ERR(NEWT_ERR_INVALID, plan_shard_add(&h, 3, texts[3], strlen(texts[3])));
   T_OK(plan_shards_done(&h));
   T_CHECK(same_ranks(&p, &h));
+  const plan_rank *d = plan_find_donor(&h, "leaver");
+  T_CHECK(h.ndonors == 1 && d && d->rank == 100 && strcmp(d->addr, "127.0.99.1:4000") == 0);
   T_CHECK(plan_find(&h, "w042") && strcmp(plan_find(&h, "w042")->worker, "w042") == 0);
   /* one shard alone: the ranks of its hosts; another shard's bytes under its index are not it */
   plan_rank *v;
