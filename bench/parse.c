@@ -4,7 +4,10 @@
  *   newt bench parse [--ranks 17500,100000] [--events 40000] [--manifest-mb 8] [--repeat R]
  *
  *   plan      a plan of N ranks (dp N) as JSON, read back by plan_from_json (every watcher
- *             does it at every put of the plan): parse_ms, the median of R reads.
+ *             did it at every put of the plan): parse_ms, the median of R reads.
+ *   plan_shards  the same plan in shards of 2048 ranks, as a plan of more ranks is stored: a
+ *             host's read (the head and its own shard: host_ms) and the whole plan (the head
+ *             and every shard: whole_ms), with the head's and the largest shard's bytes.
  *   events    N event records decoded and taken into a job_view, as `newt status` does with
  *             a snapshot (order "key": etcd lists them so) and as a watcher does when they
  *             come one at a time newest key first (order "reverse"): view_ms.
@@ -43,6 +46,52 @@ static int cmp_double(const void *a, const void *b) {
 
 /* --- a plan of n ranks ------------------------------------------------------------------------ */
 
+/* The same plan in shards of 2048 ranks (job_plan_publish_plan's): a host's read, the head and
+ * the shard of its host (host_ms: what a worker needs for its own rank and its host's), and
+ * the whole plan from the head and every shard (whole_ms), medians of R reads. */
+static int bench_plan_shards(const newt_plan *p, int repeat) {
+  char *head, **texts;
+  int ns, bad = 0;
+  if (plan_shard_encode(p, 2048, &head, &texts, &ns) != NEWT_OK) {
+    fprintf(stderr, "newt bench parse: plan in shards: %s\n", newt_errmsg());
+    return 1;
+  }
+  double *th = calloc((size_t)repeat, sizeof *th), *tw = calloc((size_t)repeat, sizeof *tw);
+  size_t biggest = 0;
+  for (int i = 0; i < ns; i++) biggest = strlen(texts[i]) > biggest ? strlen(texts[i]) : biggest;
+  bad = !th || !tw;
+  const char *host = p->ranks[p->nranks / 2].host;
+  for (int k = 0; k < repeat && !bad; k++) {
+    newt_plan q;
+    plan_rank *v = NULL;
+    int nv = 0;
+    uint64_t t0 = newt_now_ns();
+    bad = plan_head_from_json(head, strlen(head), &q) != NEWT_OK;
+    int i = bad ? -1 : plan_shard_of_host(&q, host);
+    bad = bad || i < 0 || plan_shard_read(&q, i, texts[i], strlen(texts[i]), &v, &nv) != NEWT_OK || nv < 1;
+    th[k] = ms_since(t0);
+    free(v);
+    for (int j = 0; j < ns && !bad; j++) bad = plan_shard_add(&q, j, texts[j], strlen(texts[j])) != NEWT_OK;
+    bad = bad || plan_shards_done(&q) != NEWT_OK || q.nranks != p->nranks;
+    tw[k] = ms_since(t0);
+    plan_free(&q);
+  }
+  if (bad) fprintf(stderr, "newt bench parse: plan of %d ranks in shards: %s\n", p->nranks, newt_errmsg());
+  else {
+    qsort(th, (size_t)repeat, sizeof *th, cmp_double);
+    qsort(tw, (size_t)repeat, sizeof *tw, cmp_double);
+    printf("{\"bench\":\"parse\",\"what\":\"plan_shards\",\"ranks\":%d,\"shards\":%d,\"head_bytes\":%zu,"
+           "\"shard_bytes_max\":%zu,\"repeat\":%d,\"host_ms\":%.3f,\"whole_ms\":%.3f}\n",
+           p->nranks, ns, strlen(head), biggest, repeat, th[repeat / 2], tw[repeat / 2]);
+    fflush(stdout);
+  }
+  free(th);
+  free(tw);
+  free(head);
+  plan_shard_texts_free(texts, ns);
+  return bad;
+}
+
 static int bench_plan(int n, int repeat) {
   newt_plan p;
   memset(&p, 0, sizeof p);
@@ -67,6 +116,7 @@ static int bench_plan(int n, int repeat) {
   }
   char *text = plan_to_json(&p), last[PLAN_ID_MAX];
   snprintf(last, sizeof last, "%s", p.ranks[n - 1].worker);
+  int bad_shards = bench_plan_shards(&p, repeat);
   plan_free(&p);
   if (!text) return 1;
   size_t len = strlen(text);
@@ -91,7 +141,7 @@ static int bench_plan(int n, int repeat) {
   }
   free(t);
   free(text);
-  return bad;
+  return bad || bad_shards;
 }
 
 /* --- n events into a view --------------------------------------------------------------------- */

@@ -36,6 +36,13 @@ newt_result_t newt_hmac(const void *key, size_t key_len, const void *const *part
   return NEWT_OK;
 }
 
+newt_result_t newt_sha256(const void *data, size_t n, unsigned char out[NEWT_MAC_BYTES]) {
+  unsigned int outlen = NEWT_MAC_BYTES;
+  if (EVP_Digest(data, n, out, &outlen, EVP_sha256(), NULL) != 1 || outlen != NEWT_MAC_BYTES)
+    return NEWT_ERR(NEWT_ERR_INTERNAL, "SHA-256 failed");
+  return NEWT_OK;
+}
+
 int newt_ct_equal(const void *a, const void *b, size_t n) { return CRYPTO_memcmp(a, b, n) == 0; }
 
 /* Whether this process is in group g (its effective group or a supplementary one). */

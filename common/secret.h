@@ -27,6 +27,9 @@
 /* HMAC-SHA256(key, the n parts of msg one after another) into out. */
 newt_result_t newt_hmac(const void *key, size_t key_len, const void *const *parts, const size_t *lens, int n,
                         unsigned char out[NEWT_MAC_BYTES]);
+/* SHA-256 of n bytes into out (NEWT_MAC_BYTES): a digest, for what a sealed record names by
+ * its content (a plan's head names its shards so). */
+newt_result_t newt_sha256(const void *data, size_t n, unsigned char out[NEWT_MAC_BYTES]);
 /* 1 when the n bytes of a and b are equal, in time that does not depend on where they differ. */
 int newt_ct_equal(const void *a, const void *b, size_t n);
 

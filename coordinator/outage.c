@@ -81,10 +81,8 @@ void coord_restore_records(coord *c) {
   if (cr != NEWT_OK) return;
   const char *lost = plan_lost(c, &p);
   if (lost) {
-    char *json = plan_to_json(&p);
-    if (json && job_plan_publish(c->cand, c->o->job, (int64_t)p.generation, json, job_call_deadline()) == NEWT_OK)
+    if (job_plan_publish_plan(c->cand, c->o->job, &p, job_call_deadline(), NULL) == NEWT_OK)
       NEWT_WARN(COORD, "%s: %s; published generation %llu again", c->id, lost, (unsigned long long)p.generation);
-    free(json);
   }
   plan_free(&p);
 }

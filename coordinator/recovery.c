@@ -99,8 +99,8 @@ static newt_result_t publish(coord *c, const newt_plan *p, int *failed) {
     *failed = 1;
     return NEWT_OK;
   }
-  if (r == NEWT_OK) r = job_plan_publish(c->cand, c->o->job, (int64_t)p->generation, json, job_call_deadline());
   free(json);
+  if (r == NEWT_OK) r = job_plan_publish_plan(c->cand, c->o->job, p, job_call_deadline(), NULL);
   return r;
 }
 

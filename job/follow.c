@@ -2,10 +2,12 @@
  * job read into a job_view, and job_follow (a snapshot, then the watch, as batches of changes).
  * The store side of job/: view.c decodes, this file reads. */
 #include <stdatomic.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "common/log.h"
+#include "common/strutil.h"
 #include "job/store.h"
 #include "job/view.h"
 
@@ -18,6 +20,14 @@ newt_result_t job_change_get(rdzv_etcd *c, const char *job, job_record rec, newt
   NEWT_CHECK(job_key(key, sizeof key, job, rec, 0, NULL));
   NEWT_CHECK(rdzv_etcd_get(c, key, d, &kv, NULL));
   newt_result_t r = job_change_expect(job, &kv, rec, out);
+  if (r == NEWT_OK && rec == JOB_REC_PLAN && plan_is_partial(&out->u.plan)) { /* a head: its shards */
+    r = job_plan_shards_get(c, job, &out->u.plan, kv.mod_revision, d);
+    if (r != NEWT_OK) {
+      char k[256];
+      r = NEWT_ERR(r, "%s: %s", newt_str_printable(k, sizeof k, kv.key), newt_errmsg());
+      job_change_free(out);
+    }
+  }
   out->kv = NULL; /* freed here */
   rdzv_etcd_kv_free(&kv);
   return r;
@@ -46,6 +56,8 @@ newt_result_t job_view_read(rdzv_etcd *c, const char *job, newt_deadline_t d,
 /* --- following it ----------------------------------------------------------------------------- */
 
 struct job_follow {
+  rdzv_etcd *c;
+  char job[NEWT_ID_MAX];
   char prefix[256];
   job_follow_fn fn;
   job_follow_health_fn health;
@@ -84,8 +96,14 @@ static void on_watch(void *ud, const rdzv_etcd_watch_resp *r) {
       NEWT_WARN(JOB, "out of memory for %zu changes of the job: they are lost", r->n_events);
       return;
     }
-    for (size_t i = 0; i < r->n_events; i++)
+    for (size_t i = 0; i < r->n_events; i++) {
       job_change_decode(f->prefix, &r->events[i].kv, r->events[i].type == RDZV_EVENT_DELETE, &chs[i]);
+      job_change *ch = &chs[i];
+      /* a plan head: its shards, written before it, read at its revision */
+      if (ch->rec == JOB_REC_PLAN && plan_is_partial(&ch->u.plan) &&
+          job_plan_shards_get(f->c, f->job, &ch->u.plan, ch->kv->mod_revision, job_call_deadline()) != NEWT_OK)
+        job_change_refuse(ch);
+    }
     f->fn(f->ud, chs, r->n_events, 0);
     job_changes_free(chs, r->n_events);
   }
@@ -97,6 +115,8 @@ newt_result_t job_follow_start(rdzv_etcd *c, const char *job, job_follow_fn fn, 
   *out = NULL;
   job_follow *f = calloc(1, sizeof *f);
   if (!f) return NEWT_ERR(NEWT_ERR_NOMEM, "out of memory");
+  f->c = c;
+  snprintf(f->job, sizeof f->job, "%s", job);
   f->fn = fn;
   f->health = health;
   f->ud = ud;

@@ -24,6 +24,7 @@
 #include "common/clock.h"
 #include "common/json.h"
 #include "common/name.h"
+#include "common/secret.h"
 #include "common/strutil.h"
 #include "common/sys.h"
 #include "job/codec.h"
@@ -105,6 +106,7 @@ static int cmp_host_then_key(const void *a, const void *b) {
 typedef struct group {
   const plan_member **m; /* tp members */
   int64_t key;
+  int dom;               /* its failure domain's number (domain_number): equal numbers, equal domains */
 } group;
 
 static int cmp_group(const void *a, const void *b) {
@@ -117,8 +119,28 @@ static int cmp_group(const void *a, const void *b) {
  * that host. */
 static const char *domain_of(const group *g) { return g->m[0]->domain[0] ? g->m[0]->domain : g->m[0]->host; }
 
-static int same_domain(const group *groups, int a, int b) {
-  return strcmp(domain_of(&groups[a]), domain_of(&groups[b])) == 0;
+static int same_domain(const group *groups, int a, int b) { return groups[a].dom == groups[b].dom; }
+
+static int cmp_domain_of(const void *a, const void *b) {
+  const group *x = *(const group *const *)a, *y = *(const group *const *)b;
+  return strcmp(domain_of(x), domain_of(y));
+}
+
+/* Numbers the groups' failure domains 0..*ndomains-1 (by sorting their names: n log n, where
+ * comparing names pairwise while placing would cost the square of the groups). */
+static newt_result_t domain_number(group *groups, int ngroups, int *ndomains) {
+  group **v = malloc((size_t)(ngroups ? ngroups : 1) * sizeof *v);
+  NEWT_CHECK_ALLOC(v);
+  for (int g = 0; g < ngroups; g++) v[g] = &groups[g];
+  qsort(v, (size_t)ngroups, sizeof *v, cmp_domain_of);
+  int d = -1;
+  for (int i = 0; i < ngroups; i++) {
+    if (i == 0 || strcmp(domain_of(v[i - 1]), domain_of(v[i])) != 0) d++;
+    v[i]->dom = d;
+  }
+  free(v);
+  *ndomains = d + 1;
+  return NEWT_OK;
 }
 
 /* The pairs of a ring of n that sit within w consecutive places (around the ring) in one
@@ -146,7 +168,9 @@ static int clashes_at(const group *groups, const int *ring, int n, int w, int i,
  * of the unique parts of ranks d-1 .. d-k, and a copy in the same domain dies with it, so
  * then any k domains lost at once leave a copy of every part. Stable: an order that already
  * has it (or one domain) is kept, and a new order is taken only when it has fewer clashes;
- * otherwise a rank found in the way is moved forward past as few others as it can be. */
+ * otherwise a rank found in the way is moved forward past as few others as it can be (at most
+ * SPREAD_WINDOW: a ring of 100,000 ranks in few domains is not searched to its end for each). */
+#define SPREAD_WINDOW 1024
 static newt_result_t spread_domains(const group *groups, int *ring, int n, int k) {
   int w = k + 1 < n ? k + 1 : n;
   if (w < 2) return NEWT_OK;
@@ -157,7 +181,7 @@ static newt_result_t spread_domains(const group *groups, int *ring, int n, int k
   memcpy(next, ring, (size_t)n * sizeof *next);
   for (int i = 1; i < n; i++) {
     if (!clashes_at(groups, next, n, w, i, next[i])) continue;
-    for (int j = i + 1; j < n; j++)
+    for (int j = i + 1; j < n && j - i <= SPREAD_WINDOW; j++)
       if (!clashes_at(groups, next, n, w, i, next[j])) {
         int g = next[j]; /* move it forward, keeping the others' order */
         memmove(next + i + 1, next + i, (size_t)(j - i) * sizeof *next);
@@ -170,20 +194,103 @@ static newt_result_t spread_domains(const group *groups, int *ring, int n, int k
   return NEWT_OK;
 }
 
-/* The unused group for a free slot of a stage: of the domains, the one with the fewest
- * groups in that stage yet (a stage's data-parallel copies can only be spread over the
- * domains its groups are in), first in group order among those. */
-static int pick_for_stage(const group *groups, int ngroups, const char *used, const int *stage, int filled) {
-  int best = -1, best_n = 0;
-  for (int g = 0; g < ngroups; g++) {
-    if (used[g]) continue;
-    int in = 0;
-    for (int i = 0; i < filled; i++) in += stage[i] >= 0 && same_domain(groups, g, stage[i]);
-    if (best < 0 || in < best_n) best = g, best_n = in;
-    if (in == 0) break;
-  }
-  return best;
+/* The free slots of the stages (slot -1), filled: with dp > 1 each from the domain the stage
+ * has fewest groups of yet (a stage's data-parallel copies can only be spread over the domains
+ * its groups are in), first in group order among those; with dp 1 the next unused group. The
+ * domains wait in a heap keyed by (groups in the stage, their first unused group), so a slot
+ * costs log(domains), not a scan of the groups. */
+typedef struct dom_queue {
+  int *groups;  /* the groups of each domain, in group order: domain d's at groups[start[d]..start[d+1]) */
+  int *start;
+  int *first;   /* domain d's next group to look at (used ones are skipped when met) */
+  int *count;   /* the groups of domain d in the stage being filled */
+  int *heap, nheap;
+} dom_queue;
+
+static int dq_head(const dom_queue *q, const char *used, int d) {
+  while (q->first[d] < q->start[d + 1] && used[q->groups[q->first[d]]]) q->first[d]++;
+  return q->first[d] < q->start[d + 1] ? q->groups[q->first[d]] : -1;
 }
+
+static int dq_less(const dom_queue *q, int a, int b) {
+  if (q->count[a] != q->count[b]) return q->count[a] < q->count[b];
+  return q->groups[q->first[a]] < q->groups[q->first[b]];
+}
+
+static void dq_down(dom_queue *q, int i) {
+  for (;;) {
+    int l = 2 * i + 1, r = l + 1, m = i;
+    if (l < q->nheap && dq_less(q, q->heap[l], q->heap[m])) m = l;
+    if (r < q->nheap && dq_less(q, q->heap[r], q->heap[m])) m = r;
+    if (m == i) return;
+    int t = q->heap[i];
+    q->heap[i] = q->heap[m], q->heap[m] = t, i = m;
+  }
+}
+
+static void fill_stage(dom_queue *q, const group *groups, int ndomains, char *used, int *stage, int dp) {
+  memset(q->count, 0, (size_t)ndomains * sizeof *q->count);
+  for (int i = 0; i < dp; i++)
+    if (stage[i] >= 0) q->count[groups[stage[i]].dom]++;
+  q->nheap = 0;
+  for (int d = 0; d < ndomains; d++)
+    if (dq_head(q, used, d) >= 0) q->heap[q->nheap++] = d;
+  for (int i = q->nheap / 2 - 1; i >= 0; i--) dq_down(q, i);
+  for (int i = 0; i < dp && q->nheap > 0; i++) {
+    if (stage[i] >= 0) continue;
+    int d = q->heap[0], g = dq_head(q, used, d);
+    used[g] = 1;
+    stage[i] = g;
+    q->count[d]++;
+    if (dq_head(q, used, d) < 0) q->heap[0] = q->heap[--q->nheap];
+    dq_down(q, 0);
+  }
+}
+
+static newt_result_t fill_slots(const group *groups, int ngroups, int ndomains, char *used, int *slot, int dp,
+                                int pp) {
+  if (dp == 1) {
+    int g = 0;
+    for (int pi = 0; pi < pp; pi++)
+      if (slot[pi] < 0) {
+        while (used[g]) g++;
+        used[g] = 1;
+        slot[pi] = g;
+      }
+    return NEWT_OK;
+  }
+  dom_queue q = {0};
+  size_t nd = (size_t)ndomains + 1;
+  q.groups = malloc((size_t)(ngroups ? ngroups : 1) * sizeof *q.groups);
+  q.start = calloc(nd + 1, sizeof *q.start);
+  q.first = malloc(nd * sizeof *q.first);
+  q.count = malloc(nd * sizeof *q.count);
+  q.heap = malloc(nd * sizeof *q.heap);
+  newt_result_t r = NEWT_OK;
+  if (!q.groups || !q.start || !q.first || !q.count || !q.heap) {
+    r = NEWT_ERR(NEWT_ERR_NOMEM, "out of memory placing %d groups", ngroups);
+    goto out;
+  }
+  for (int g = 0; g < ngroups; g++) q.start[groups[g].dom + 1]++; /* counting sort: group order kept */
+  for (int d = 0; d < ndomains; d++) q.start[d + 1] += q.start[d];
+  memcpy(q.first, q.start, nd * sizeof *q.first);
+  for (int g = 0; g < ngroups; g++) q.groups[q.first[groups[g].dom]++] = g;
+  memcpy(q.first, q.start, nd * sizeof *q.first);
+  for (int pi = 0; pi < pp; pi++) {
+    int free_slots = 0;
+    for (int i = 0; i < dp; i++) free_slots += slot[pi * dp + i] < 0;
+    if (free_slots) fill_stage(&q, groups, ndomains, used, slot + pi * dp, dp);
+  }
+out:
+  free(q.groups);
+  free(q.start);
+  free(q.first);
+  free(q.count);
+  free(q.heap);
+  return r;
+}
+
+static newt_result_t plan_index(newt_plan *p);
 
 newt_result_t plan_compute(const newt_spec *s, const plan_member *members, int n, uint64_t prev_gen,
                            newt_plan *out) {
@@ -279,30 +386,29 @@ newt_result_t plan_compute(const newt_spec *s, const plan_member *members, int n
     res = NEWT_ERR(NEWT_ERR_NOMEM, "out of memory placing %d groups", ngroups);
     goto exit;
   }
-  for (int pi = 0; pi < pp; pi++) {
-    int filled = 0;
-    for (int g = 0; g < ngroups && filled < dp; g++)
-      if (!used[g] && groups[g].m[0]->prev_pp == pi) {
-        used[g] = 1;
-        slot[pi * dp + filled++] = g;
-      }
-    for (; filled < dp; filled++) slot[pi * dp + filled] = -1;
+  /* first the groups that held a stage, in group order, while it has room */
+  int *filled = calloc((size_t)pp, sizeof *filled), ndomains = 0;
+  for (int sl = 0; sl < nslots; sl++) slot[sl] = -1;
+  for (int g = 0; filled && g < ngroups; g++) {
+    int pi = groups[g].m[0]->prev_pp;
+    if (pi >= 0 && pi < pp && filled[pi] < dp) {
+      used[g] = 1;
+      slot[pi * dp + filled[pi]++] = g;
+    }
   }
-  /* the free slots: with dp > 1, each from the domain the stage has fewest groups of (with one
-     domain: the next group in order) */
-  for (int sl = 0; sl < nslots; sl++) {
-    if (slot[sl] >= 0) continue;
-    int pi = sl / dp, g = dp > 1 ? pick_for_stage(groups, ngroups, used, slot + pi * dp, dp) : -1;
-    if (g < 0)
-      for (g = 0; used[g]; g++) {
-      }
-    used[g] = 1;
-    slot[sl] = g;
-  }
+  res = filled ? domain_number(groups, ngroups, &ndomains) : NEWT_ERR(NEWT_ERR_NOMEM, "out of memory placing");
+  free(filled);
+  if (res == NEWT_OK) res = fill_slots(groups, ngroups, ndomains, used, slot, dp, pp);
   free(used);
   for (int pi = 0; pi < pp && res == NEWT_OK; pi++) res = spread_domains(groups, slot + pi * dp, dp, (int)s->replicas);
   if (res != NEWT_OK) {
     free(slot);
+    goto exit;
+  }
+  char *placed = calloc((size_t)(n ? n : 1), 1); /* by member: it is a rank */
+  if (!placed) {
+    free(slot);
+    res = NEWT_ERR(NEWT_ERR_NOMEM, "out of memory placing %d workers", n);
     goto exit;
   }
   int any_prev = 0, all_prev = 1;
@@ -310,6 +416,7 @@ newt_result_t plan_compute(const newt_spec *s, const plan_member *members, int n
     int pp_idx = sl / dp, dp_idx = sl % dp;
     for (int t = 0; t < tp; t++) {
       const plan_member *m = groups[slot[sl]].m[t];
+      placed[m - members] = 1;
       plan_rank *r = &out->ranks[(pp_idx * dp + dp_idx) * tp + t];
       r->rank = (pp_idx * dp + dp_idx) * tp + t;
       snprintf(r->worker, sizeof r->worker, "%s", m->id);
@@ -326,14 +433,13 @@ newt_result_t plan_compute(const newt_spec *s, const plan_member *members, int n
   free(slot);
   /* spares: the members not placed, in a stable order */
   int ns = 0;
-  for (int i = 0; i < n; i++) {
-    int placed = 0;
-    for (int r = 0; r < out->nranks && !placed; r++) placed = strcmp(out->ranks[r].worker, members[i].id) == 0;
-    if (!placed) snprintf(out->spares[ns++], PLAN_ID_MAX, "%s", members[i].id);
-  }
+  for (int i = 0; i < n; i++)
+    if (!placed[i]) snprintf(out->spares[ns++], PLAN_ID_MAX, "%s", members[i].id);
+  free(placed);
   out->nspares = ns;
   if (ns) spare_reason(s, n, ngroups, dp, out->spare_why, sizeof out->spare_why);
   snprintf(out->restore, sizeof out->restore, "%s", all_prev ? "memory" : any_prev ? "peer" : "init");
+  res = plan_index(out);
 exit:
   free(sorted);
   free(rest);
@@ -343,6 +449,11 @@ exit:
 }
 
 void plan_free(newt_plan *p) {
+  free(p->by_worker);
+  p->by_worker = NULL;
+  free(p->shards);
+  p->shards = NULL;
+  p->nshards = 0;
   free(p->ranks);
   free(p->spares);
   free(p->donors);
@@ -365,10 +476,38 @@ newt_result_t plan_copy(newt_plan *dst, const newt_plan *src) {
   if (src->nranks) memcpy(dst->ranks, src->ranks, (size_t)src->nranks * sizeof *dst->ranks);
   if (src->nspares) memcpy(dst->spares, src->spares, (size_t)src->nspares * sizeof *dst->spares);
   if (src->ndonors) memcpy(dst->donors, src->donors, (size_t)src->ndonors * sizeof *dst->donors);
+  dst->by_worker = NULL;
+  dst->shards = NULL;
+  if (src->nshards) {
+    dst->shards = malloc((size_t)src->nshards * sizeof *dst->shards);
+    if (!dst->shards) {
+      dst->nshards = 0;
+      plan_free(dst);
+      return NEWT_ERR(NEWT_ERR_NOMEM, "out of memory copying a plan");
+    }
+    memcpy(dst->shards, src->shards, (size_t)src->nshards * sizeof *dst->shards);
+  }
+  if (!src->by_worker) return NEWT_OK;
+  dst->by_worker = malloc((size_t)(src->nranks ? src->nranks : 1) * sizeof *dst->by_worker);
+  if (!dst->by_worker) {
+    plan_free(dst);
+    return NEWT_ERR(NEWT_ERR_NOMEM, "out of memory copying a plan");
+  }
+  if (src->nranks) memcpy(dst->by_worker, src->by_worker, (size_t)src->nranks * sizeof *dst->by_worker);
   return NEWT_OK;
 }
 
 const plan_rank *plan_find(const newt_plan *p, const char *worker) {
+  if (p->by_worker) {
+    int lo = 0, hi = p->nranks;
+    while (lo < hi) {
+      int mid = lo + (hi - lo) / 2, c = strcmp(p->ranks[p->by_worker[mid]].worker, worker);
+      if (c == 0) return &p->ranks[p->by_worker[mid]];
+      if (c < 0) lo = mid + 1;
+      else hi = mid;
+    }
+    return NULL;
+  }
   for (int i = 0; i < p->nranks; i++)
     if (strcmp(p->ranks[i].worker, worker) == 0) return &p->ranks[i];
   return NULL;
@@ -457,6 +596,24 @@ static rank_of *sorted_ranks(const newt_plan *p) {
 
 static int by_name(const void *key, const void *elem) { return strcmp(key, ((const rank_of *)elem)->worker); }
 
+/* p->by_worker, for plan_find (a plan whose workers are not all distinct is refused before
+ * anyone looks one up). */
+static newt_result_t plan_index(newt_plan *p) {
+  free(p->by_worker);
+  p->by_worker = NULL;
+  rank_of *v = sorted_ranks(p);
+  int *idx = malloc((size_t)(p->nranks ? p->nranks : 1) * sizeof *idx);
+  if (!v || !idx) {
+    free(v);
+    free(idx);
+    return NEWT_ERR(NEWT_ERR_NOMEM, "out of memory indexing a plan of %d ranks", p->nranks);
+  }
+  for (int i = 0; i < p->nranks; i++) idx[i] = v[i].rank;
+  free(v);
+  p->by_worker = idx;
+  return NEWT_OK;
+}
+
 /* No worker is two ranks: neighbours of the sorted ranks compared. The pair named is the one
  * a scan in rank order meets first: the lowest rank whose worker comes again, and the next. */
 static newt_result_t check_workers_once(const newt_plan *p, const char *label) {
@@ -475,7 +632,7 @@ static newt_result_t check_workers_once(const newt_plan *p, const char *label) {
 
 /* Entry i of a plan's ranks, or of its donors (`sorted`: the ranks, sorted_ranks). */
 static newt_result_t parse_rank(const cJSON *o, const char *what, int i, const newt_plan *p, const rank_of *sorted,
-                                plan_rank *r) {
+                                int nsorted, plan_rank *r) {
   int donor = sorted != NULL;
   char label[96];
   snprintf(label, sizeof label, "%s[%d]", what, i);
@@ -483,7 +640,7 @@ static newt_result_t parse_rank(const cJSON *o, const char *what, int i, const n
   NEWT_CHECK(bounded(label, "rank", r->rank, donor ? p->nranks + i : i, donor ? p->nranks + i : i));
   if (donor) {
     r->dp = r->tp = r->pp = -1;
-    if (bsearch(r->worker, sorted, (size_t)p->nranks, sizeof *sorted, by_name))
+    if (bsearch(r->worker, sorted, (size_t)nsorted, sizeof *sorted, by_name))
       return NEWT_ERR(NEWT_ERR_INVALID, "%s.worker: \"%s\" is also a rank", label, r->worker);
     return NEWT_OK;
   }
@@ -524,7 +681,10 @@ static newt_result_t put_donors(cJSON *obj, const codec_field *f, const void *re
 static newt_result_t get_ranks(const cJSON *j, const char *what, const codec_field *f, void *rec, int required) {
   newt_plan *p = rec;
   const cJSON *ranks = NULL;
-  NEWT_CHECK(newt_json_get_arr(j, what, f->name, required, &ranks));
+  (void)required;
+  if (!cJSON_GetObjectItemCaseSensitive(j, f->name) && cJSON_GetObjectItemCaseSensitive(j, "shards"))
+    return NEWT_OK; /* a head: its ranks are in its shards (get_shards) */
+  NEWT_CHECK(newt_json_get_arr(j, what, f->name, 1, &ranks));
   int64_t want = (int64_t)p->dp * p->tp * p->pp;
   if (cJSON_GetArraySize(ranks) != want)
     return NEWT_ERR(NEWT_ERR_INVALID, "%s.%s: %d entries, expected dp x tp x pp = %lld", what, f->name,
@@ -535,7 +695,7 @@ static newt_result_t get_ranks(const cJSON *j, const char *what, const codec_fie
   char label[48];
   snprintf(label, sizeof label, "%s.%s", what, f->name);
   int i = 0;
-  for (const cJSON *o = ranks->child; o; o = o->next, i++) NEWT_CHECK(parse_rank(o, label, i, p, NULL, &p->ranks[i]));
+  for (const cJSON *o = ranks->child; o; o = o->next, i++) NEWT_CHECK(parse_rank(o, label, i, p, NULL, 0, &p->ranks[i]));
   return check_workers_once(p, label);
 }
 
@@ -550,14 +710,93 @@ static newt_result_t get_donors(const cJSON *j, const char *what, const codec_fi
   char label[48];
   snprintf(label, sizeof label, "%s.%s", what, f->name);
   if (!n) return NEWT_OK;
-  rank_of *sorted = sorted_ranks(p);
+  /* a head has no ranks yet: its donors come after dp x tp x pp ranks, and are checked against
+     them once they are in (plan_shards_done) */
+  newt_plan q = *p;
+  if (p->nshards) q.nranks = (int)((int64_t)p->dp * p->tp * p->pp);
+  rank_of *sorted = p->nshards ? calloc(1, sizeof *sorted) : sorted_ranks(p);
   NEWT_CHECK_ALLOC(sorted);
   newt_result_t r = NEWT_OK;
   int i = 0;
   for (const cJSON *o = donors->child; o && r == NEWT_OK; o = o->next, i++)
-    r = parse_rank(o, label, i, p, sorted, &p->donors[i]);
+    r = parse_rank(o, label, i, &q, sorted, p->nshards ? 0 : p->nranks, &p->donors[i]);
   free(sorted);
   return r;
+}
+
+
+/* --- a head's shards ---------------------------------------------------------------------------- */
+
+static newt_result_t put_digest(cJSON *obj, const codec_field *f, const void *rec) {
+  const plan_shard_ref *r = rec;
+  char hex[2 * PLAN_DIGEST_BYTES + 1];
+  newt_hex_encode(r->digest, sizeof r->digest, hex);
+  return cJSON_AddStringToObject(obj, f->name, hex) ? NEWT_OK : NEWT_ERR(NEWT_ERR_NOMEM, "out of memory writing a plan");
+}
+
+static newt_result_t get_digest(const cJSON *j, const char *what, const codec_field *f, void *rec, int required) {
+  plan_shard_ref *r = rec;
+  const char *hex = NULL;
+  NEWT_CHECK(newt_json_get_str(j, what, f->name, required, &hex));
+  if (strlen(hex) != 2 * PLAN_DIGEST_BYTES || newt_hex_decode(hex, r->digest, PLAN_DIGEST_BYTES) != 0)
+    return NEWT_ERR(NEWT_ERR_INVALID, "%s.%s: expected %d hex digits", what, f->name, 2 * PLAN_DIGEST_BYTES);
+  return NEWT_OK;
+}
+
+static const codec_field shard_ref_fields[] = {
+    {CODEC_TOKEN(plan_shard_ref, host, "host"), CODEC_REQUIRED},
+    {CODEC_INT(plan_shard_ref, ranks, "ranks", 1, INT32_MAX), CODEC_REQUIRED},
+    {CODEC_CUSTOM(plan_shard_ref, digest, "digest", put_digest, get_digest), CODEC_REQUIRED},
+};
+static const codec_table shard_ref_table = CODEC_TABLE(plan_shard_ref, "shard", shard_ref_fields);
+
+static int no_shards(const void *rec) { return ((const newt_plan *)rec)->nshards == 0; }
+static int in_shards(const void *rec) { return ((const newt_plan *)rec)->nshards > 0; }
+
+static newt_result_t put_shards(cJSON *obj, const codec_field *f, const void *rec) {
+  const newt_plan *p = rec;
+  cJSON *a = cJSON_AddArrayToObject(obj, f->name);
+  NEWT_CHECK_ALLOC(a);
+  for (int i = 0; i < p->nshards; i++) {
+    cJSON *o = cJSON_CreateObject();
+    if (!o || !cJSON_AddItemToArray(a, o)) {
+      cJSON_Delete(o);
+      return NEWT_ERR(NEWT_ERR_NOMEM, "out of memory writing a plan");
+    }
+    NEWT_CHECK(codec_encode_object(&shard_ref_table, o, &p->shards[i]));
+  }
+  return NEWT_OK;
+}
+
+/* A head's shards: hosts in increasing order, counts adding up to dp x tp x pp. The head has no
+ * ranks yet (nranks 0): the first shard added makes them, empty (rank -1), for the shards to fill. */
+static newt_result_t get_shards(const cJSON *j, const char *what, const codec_field *f, void *rec, int required) {
+  newt_plan *p = rec;
+  const cJSON *a = NULL;
+  NEWT_CHECK(newt_json_get_arr(j, what, f->name, required, &a));
+  if (!a) return NEWT_OK;
+  if (p->ranks) return NEWT_ERR(NEWT_ERR_INVALID, "%s: both ranks and shards", what);
+  int n = cJSON_GetArraySize(a);
+  if (n < 1 || n > PLAN_SHARD_MAX)
+    return NEWT_ERR(NEWT_ERR_INVALID, "%s.%s: %d shards, expected 1 to %d", what, f->name, n, PLAN_SHARD_MAX);
+  p->shards = calloc((size_t)n, sizeof *p->shards);
+  NEWT_CHECK_ALLOC(p->shards);
+  p->nshards = n;
+  int64_t total = 0, want = (int64_t)p->dp * p->tp * p->pp;
+  int i = 0;
+  char label[64];
+  for (const cJSON *o = a->child; o; o = o->next, i++) {
+    snprintf(label, sizeof label, "%s.%s[%d]", what, f->name, i);
+    NEWT_CHECK(codec_decode_object(&shard_ref_table, o, label, &p->shards[i]));
+    if (i > 0 && strcmp(p->shards[i - 1].host, p->shards[i].host) >= 0)
+      return NEWT_ERR(NEWT_ERR_INVALID, "%s.host: \"%s\" does not come after shard %d's \"%s\"", label,
+                      p->shards[i].host, i - 1, p->shards[i - 1].host);
+    total += p->shards[i].ranks;
+  }
+  if (total != want)
+    return NEWT_ERR(NEWT_ERR_INVALID, "%s.%s: %lld ranks in all, expected dp x tp x pp = %lld", what, f->name,
+                    (long long)total, (long long)want);
+  return NEWT_OK; /* no ranks until a shard is added (plan_shard_add): a host reads only its own */
 }
 
 static newt_result_t put_secret(cJSON *obj, const codec_field *f, const void *rec) {
@@ -616,7 +855,8 @@ static const codec_field plan_fields[] = {
     {CODEC_INT(newt_plan, accum, "accum", 1, INT64_MAX), CODEC_REQUIRED, .check = check_accum},
     {CODEC_TOKEN(newt_plan, restore, "restore"), CODEC_REQUIRED},
     {CODEC_INT(newt_plan, step, "step", 0, INT64_MAX), CODEC_REQUIRED},
-    {CODEC_CUSTOM(newt_plan, ranks, "ranks", put_ranks, get_ranks), CODEC_REQUIRED},
+    {CODEC_CUSTOM(newt_plan, ranks, "ranks", put_ranks, get_ranks), CODEC_REQUIRED, .skip = in_shards},
+    {CODEC_CUSTOM(newt_plan, shards, "shards", put_shards, get_shards), .skip = no_shards}, /* a head's */
     {CODEC_NAMES(newt_plan, spares, nspares, "spares", 0), CODEC_REQUIRED},
     {CODEC_PRINTABLE(newt_plan, spare_why, "spare_why"), CODEC_OMIT}, /* with spares */
     {CODEC_CUSTOM(newt_plan, donors, "donors", put_donors, get_donors)},
@@ -626,19 +866,33 @@ static const codec_table plan_table = {.name = "plan", .size = sizeof(newt_plan)
 
 char *plan_to_json(const newt_plan *p) {
   char *text;
-  return codec_encode(&plan_table, p, &text) == NEWT_OK ? text : NULL;
+  newt_plan whole = *p; /* a plan read in shards is written whole: its ranks, not its head's list */
+  whole.nshards = 0;
+  whole.shards = NULL;
+  return codec_encode(&plan_table, &whole, &text) == NEWT_OK ? text : NULL;
 }
 
-newt_result_t plan_from_json(const char *text, size_t len, newt_plan *out) {
+newt_result_t plan_head_from_json(const char *text, size_t len, newt_plan *out) {
   newt_plan p;
   memset(&p, 0, sizeof p);
   newt_result_t r = codec_decode(&plan_table, text, len, "plan", &p);
+  if (r == NEWT_OK && !p.nshards) r = plan_index(&p);
   if (r != NEWT_OK) {
     plan_free(&p);
     return r;
   }
   *out = p;
   return NEWT_OK;
+}
+
+newt_result_t plan_from_json(const char *text, size_t len, newt_plan *out) {
+  NEWT_CHECK(plan_head_from_json(text, len, out));
+  if (!out->nshards) return NEWT_OK;
+  uint64_t g = out->generation;
+  int n = out->nshards;
+  plan_free(out);
+  return NEWT_ERR(NEWT_ERR_INVALID, "plan %llu is a head of %d shards: its ranks are read with its shards",
+                  (unsigned long long)g, n);
 }
 
 newt_result_t plan_check_spec(const newt_plan *p, const newt_spec *s) {
@@ -680,4 +934,212 @@ newt_result_t plan_check_publishable(const newt_plan *p, char **json) {
   plan_free(&back);
   *json = text;
   return NEWT_OK;
+}
+
+/* --- a plan in shards (plan.h) ------------------------------------------------------------------ */
+
+typedef struct shard_rec {
+  uint64_t generation;
+  int shard;
+} shard_rec;
+static const codec_field shard_fields[] = {
+    {CODEC_INT(shard_rec, generation, "generation", 1, NEWT_JSON_INT_EXACT - 1), CODEC_REQUIRED},
+    {CODEC_INT(shard_rec, shard, "shard", 0, PLAN_SHARD_MAX - 1), CODEC_REQUIRED},
+};
+static const codec_table shard_table = CODEC_TABLE(shard_rec, "shard", shard_fields);
+
+static int by_host_then_rank(const void *a, const void *b) {
+  const plan_rank *x = *(const plan_rank *const *)a, *y = *(const plan_rank *const *)b;
+  int c = strcmp(x->host, y->host);
+  return c ? c : (x->rank > y->rank) - (x->rank < y->rank);
+}
+
+/* Shard `at` of the ranks v[from..to) (sorted by host): its record's text. */
+static char *shard_text(const newt_plan *p, int at, const plan_rank *const *v, int from, int to) {
+  cJSON *o = cJSON_CreateObject(), *a = NULL;
+  shard_rec sr = {.generation = p->generation, .shard = at};
+  int ok = o && codec_encode_object(&shard_table, o, &sr) == NEWT_OK && (a = cJSON_AddArrayToObject(o, "ranks"));
+  for (int k = from; ok && k < to; k++) {
+    cJSON *e = cJSON_CreateObject();
+    ok = e && cJSON_AddItemToArray(a, e) && codec_encode_object(&rank_table, e, v[k]) == NEWT_OK;
+  }
+  char *text = ok ? cJSON_PrintUnformatted(o) : NULL;
+  cJSON_Delete(o);
+  return text;
+}
+
+void plan_shard_texts_free(char **shards, int n) {
+  for (int i = 0; shards && i < n; i++) free(shards[i]);
+  free(shards);
+}
+
+newt_result_t plan_shard_encode(const newt_plan *p, int shard_ranks, char **head, char ***shards, int *nshards) {
+  *head = NULL, *shards = NULL, *nshards = 0;
+  if (shard_ranks < 1) shard_ranks = 1;
+  const plan_rank **v = malloc((size_t)(p->nranks ? p->nranks : 1) * sizeof *v);
+  int cap = p->nranks / shard_ranks + 2, n = 0;
+  char **texts = calloc((size_t)cap, sizeof *texts);
+  newt_plan h = *p;
+  h.shards = calloc((size_t)cap, sizeof *h.shards);
+  newt_result_t r = NEWT_OK;
+  if (!v || !texts || !h.shards) {
+    r = NEWT_ERR(NEWT_ERR_NOMEM, "out of memory cutting a plan of %d ranks into shards", p->nranks);
+    goto out;
+  }
+  for (int i = 0; i < p->nranks; i++) v[i] = &p->ranks[i];
+  qsort(v, (size_t)p->nranks, sizeof *v, by_host_then_rank);
+  for (int from = 0; from < p->nranks && r == NEWT_OK;) {
+    int to = from + shard_ranks < p->nranks ? from + shard_ranks : p->nranks;
+    while (to < p->nranks && strcmp(v[to]->host, v[to - 1]->host) == 0) to++; /* a host is never cut */
+    if (n == PLAN_SHARD_MAX || n == cap) {
+      r = NEWT_ERR(NEWT_ERR_INVALID, "a plan of %d ranks in shards of %d is over %d shards", p->nranks, shard_ranks,
+                   n);
+      break;
+    }
+    texts[n] = shard_text(p, n, v, from, to);
+    if (!texts[n]) r = NEWT_ERR(NEWT_ERR_NOMEM, "out of memory writing shard %d of plan %llu", n,
+                                (unsigned long long)p->generation);
+    else r = newt_sha256(texts[n], strlen(texts[n]), h.shards[n].digest);
+    snprintf(h.shards[n].host, sizeof h.shards[n].host, "%s", v[from]->host);
+    h.shards[n].ranks = to - from;
+    n++;
+    from = to;
+  }
+  h.nshards = n;
+  if (r == NEWT_OK && codec_encode(&plan_table, &h, head) != NEWT_OK)
+    r = NEWT_ERR(NEWT_ERR_NOMEM, "out of memory writing the head of plan %llu", (unsigned long long)p->generation);
+out:
+  free(v);
+  free(h.shards);
+  if (r != NEWT_OK) {
+    plan_shard_texts_free(texts, n);
+    return r;
+  }
+  *shards = texts, *nshards = n;
+  return NEWT_OK;
+}
+
+int plan_is_partial(const newt_plan *p) {
+  for (int i = 0; i < p->nshards; i++)
+    if (!p->shards[i].added) return 1;
+  return 0;
+}
+
+int plan_shard_of_host(const newt_plan *p, const char *host) {
+  int lo = 0, hi = p->nshards; /* the last shard whose first host is not after host */
+  while (lo < hi) {
+    int mid = lo + (hi - lo) / 2;
+    if (strcmp(p->shards[mid].host, host) <= 0) lo = mid + 1;
+    else hi = mid;
+  }
+  return lo - 1;
+}
+
+/* Entry k of shard i, checked against the head: a rank of the plan with its coordinates, on
+ * one of the shard's hosts. */
+static newt_result_t shard_entry(const newt_plan *p, int i, const cJSON *o, const char *label, plan_rank *r) {
+  NEWT_CHECK(codec_decode_object(&rank_table, o, label, r));
+  NEWT_CHECK(bounded(label, "rank", r->rank, 0, (int64_t)p->dp * p->tp * p->pp - 1));
+  NEWT_CHECK(bounded(label, "dp", r->dp, 0, p->dp - 1));
+  NEWT_CHECK(bounded(label, "tp", r->tp, 0, p->tp - 1));
+  NEWT_CHECK(bounded(label, "pp", r->pp, 0, p->pp - 1));
+  if ((r->pp * p->dp + r->dp) * p->tp + r->tp != r->rank)
+    return NEWT_ERR(NEWT_ERR_INVALID, "%s: coordinates (dp %d, tp %d, pp %d) do not give rank %d", label, r->dp, r->tp,
+                    r->pp, r->rank);
+  if (strcmp(r->host, p->shards[i].host) < 0 || (i + 1 < p->nshards && strcmp(r->host, p->shards[i + 1].host) >= 0))
+    return NEWT_ERR(NEWT_ERR_INVALID, "%s.host: \"%s\" is not one of the shard's hosts", label, r->host);
+  return NEWT_OK;
+}
+
+newt_result_t plan_shard_read(const newt_plan *p, int i, const char *text, size_t len, plan_rank **out, int *n) {
+  *out = NULL, *n = 0;
+  char what[64];
+  snprintf(what, sizeof what, "plan %llu shard %d", (unsigned long long)p->generation, i);
+  if (i < 0 || i >= p->nshards) return NEWT_ERR(NEWT_ERR_INVALID, "%s: the head lists %d shards", what, p->nshards);
+  unsigned char digest[PLAN_DIGEST_BYTES];
+  NEWT_CHECK(newt_sha256(text, len, digest));
+  if (memcmp(digest, p->shards[i].digest, sizeof digest) != 0)
+    return NEWT_ERR(NEWT_ERR_INVALID, "%s: its digest is not the one its head names (forged, or of another plan)",
+                    what);
+  cJSON *j = cJSON_ParseWithLength(text, len);
+  if (!j) return NEWT_ERR(NEWT_ERR_INVALID, "%s: not JSON", what);
+  shard_rec sr;
+  const cJSON *a = NULL;
+  newt_result_t r = codec_decode_object(&shard_table, j, what, &sr);
+  if (r == NEWT_OK && (sr.generation != p->generation || sr.shard != i))
+    r = NEWT_ERR(NEWT_ERR_INVALID, "%s: it says plan %llu shard %d", what, (unsigned long long)sr.generation, sr.shard);
+  if (r == NEWT_OK) r = newt_json_get_arr(j, what, "ranks", 1, &a);
+  if (r == NEWT_OK && cJSON_GetArraySize(a) != p->shards[i].ranks)
+    r = NEWT_ERR(NEWT_ERR_INVALID, "%s.ranks: %d entries, its head says %d", what, cJSON_GetArraySize(a),
+                 p->shards[i].ranks);
+  plan_rank *v = r == NEWT_OK ? calloc((size_t)p->shards[i].ranks, sizeof *v) : NULL;
+  if (r == NEWT_OK && !v) r = NEWT_ERR(NEWT_ERR_NOMEM, "out of memory reading %s", what);
+  int k = 0;
+  char label[96];
+  for (const cJSON *o = a ? a->child : NULL; r == NEWT_OK && o; o = o->next, k++) {
+    snprintf(label, sizeof label, "%s.ranks[%d]", what, k);
+    r = shard_entry(p, i, o, label, &v[k]);
+  }
+  cJSON_Delete(j);
+  if (r != NEWT_OK) {
+    free(v);
+    return r;
+  }
+  *out = v, *n = k;
+  return NEWT_OK;
+}
+
+newt_result_t plan_shard_add(newt_plan *p, int i, const char *text, size_t len) {
+  plan_rank *v;
+  int n;
+  NEWT_CHECK(plan_shard_read(p, i, text, len, &v, &n));
+  if (p->shards[i].added) {
+    free(v);
+    return NEWT_ERR(NEWT_ERR_INVALID, "plan %llu shard %d: given twice", (unsigned long long)p->generation, i);
+  }
+  if (!p->ranks) { /* the first shard: every rank empty until its shard gives it */
+    int64_t want = (int64_t)p->dp * p->tp * p->pp;
+    p->ranks = malloc((size_t)want * sizeof *p->ranks);
+    if (!p->ranks) {
+      free(v);
+      return NEWT_ERR(NEWT_ERR_NOMEM, "out of memory for the %lld ranks of plan %llu", (long long)want,
+                      (unsigned long long)p->generation);
+    }
+    for (int64_t r = 0; r < want; r++) p->ranks[r].rank = -1;
+    p->nranks = (int)want;
+  }
+  for (int k = 0; k < n; k++) {
+    if (p->ranks[v[k].rank].rank >= 0) {
+      int r = v[k].rank;
+      free(v);
+      return NEWT_ERR(NEWT_ERR_INVALID, "plan %llu shard %d.ranks[%d]: rank %d is given twice",
+                      (unsigned long long)p->generation, i, k, r);
+    }
+    p->ranks[v[k].rank] = v[k];
+  }
+  free(v);
+  p->shards[i].added = 1;
+  return NEWT_OK;
+}
+
+newt_result_t plan_shards_done(newt_plan *p) {
+  for (int i = 0; i < p->nshards; i++)
+    if (!p->shards[i].added)
+      return NEWT_ERR(NEWT_ERR_NOTFOUND, "plan %llu: shard %d (hosts from \"%s\") is missing",
+                      (unsigned long long)p->generation, i, p->shards[i].host);
+  for (int r = 0; r < p->nranks; r++) /* the counts add up and no rank came twice: each is there */
+    if (p->ranks[r].rank != r)
+      return NEWT_ERR(NEWT_ERR_INVALID, "plan %llu: rank %d is in no shard", (unsigned long long)p->generation, r);
+  NEWT_CHECK(check_workers_once(p, "plan.ranks"));
+  if (p->ndonors) {
+    rank_of *sorted = sorted_ranks(p);
+    NEWT_CHECK_ALLOC(sorted);
+    for (int i = 0; i < p->ndonors; i++)
+      if (bsearch(p->donors[i].worker, sorted, (size_t)p->nranks, sizeof *sorted, by_name)) {
+        free(sorted);
+        return NEWT_ERR(NEWT_ERR_INVALID, "plan.donors[%d].worker: \"%s\" is also a rank", i, p->donors[i].worker);
+      }
+    free(sorted);
+  }
+  return plan_index(p);
 }

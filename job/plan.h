@@ -54,6 +54,16 @@ typedef struct plan_rank {
 /* A rank's failure domain: its own, else its host. */
 static inline const char *plan_rank_domain(const plan_rank *r) { return r->domain[0] ? r->domain : r->host; }
 
+/* A shard of a plan too large for one etcd request (see "A plan in shards" below): the head
+ * lists them in host order. */
+#define PLAN_DIGEST_BYTES 32
+typedef struct plan_shard_ref {
+  char host[PLAN_ID_MAX]; /* its first host: shard i holds the ranks of the hosts in [host_i, host_i+1) */
+  int ranks;              /* how many ranks it holds */
+  unsigned char digest[PLAN_DIGEST_BYTES]; /* SHA-256 of its record's bytes */
+  int added;              /* a reader's: its ranks are in the plan (plan_shard_add) */
+} plan_shard_ref;
+
 typedef struct newt_plan {
   uint64_t generation;
   unsigned char secret[PLAN_SECRET_BYTES];
@@ -72,6 +82,10 @@ typedef struct newt_plan {
                                    printable text, for people (run, status, the report) */
   int ndonors;
   plan_rank *donors; /* rank nranks + i, coordinates -1 */
+  int nshards;       /* a plan read in shards: its head's list (0: a plan in one record) */
+  plan_shard_ref *shards;
+  int *by_worker;    /* plan.c's: the ranks' indices sorted by worker, so that plan_find is a binary
+                        search (set by plan_compute, plan_from_json, plan_copy; NULL: plan_find scans) */
 } newt_plan;
 
 /* A live worker as the leader sees it. */
@@ -120,7 +134,8 @@ newt_result_t plan_copy(newt_plan *dst, const newt_plan *src);
 char *plan_to_json(const newt_plan *p);
 newt_result_t plan_from_json(const char *text, size_t len, newt_plan *out);
 
-/* The entry of `worker`, or NULL when it is not a rank of the plan. */
+/* The entry of `worker`, or NULL when it is not a rank of the plan (log n with the index a
+ * computed, parsed or copied plan carries; a plan built by hand is scanned). */
 const plan_rank *plan_find(const newt_plan *p, const char *worker);
 /* The donor entry of `worker`, or NULL. */
 const plan_rank *plan_find_donor(const newt_plan *p, const char *worker);
@@ -141,5 +156,40 @@ newt_result_t plan_check_jump(uint64_t have, uint64_t next);
  * the serialised text parsing back (a leader never publishes what it would refuse to
  * read). *json: that text (the caller frees it). */
 newt_result_t plan_check_publishable(const newt_plan *p, char **json);
+
+/* --- a plan in shards ---------------------------------------------------------------------------
+ *
+ * A plan of more ranks than fit one etcd request (100,000 ranks are some 11 MB; etcd takes
+ * 1.5 MiB) is stored as a head and shards. The head is the plan's record without "ranks" and
+ * with "shards": [{"host": first host, "ranks": count, "digest": SHA-256 hex}, ...]; shard i is
+ * {"generation": g, "shard": i, "ranks": [entries as in a plan]} and holds the ranks of the
+ * hosts from its first host to the next shard's (ranks sorted by host, then rank; a host is
+ * never cut), so that a worker finds the shard of its own host, its tensor-parallel group
+ * with it, in the head alone. The head names each shard by its digest: a shard that is not
+ * the one the head was written with is refused, naming it. A plan of at most one shard's
+ * ranks is one record, the previous release's bytes. */
+#define PLAN_SHARD_MAX 65536
+
+/* Cuts p into shards of about shard_ranks ranks (at host boundaries): *head, the head's text,
+ * and (*shards)[0..*nshards), each shard's (plan_shard_texts_free). */
+newt_result_t plan_shard_encode(const newt_plan *p, int shard_ranks, char **head, char ***shards, int *nshards);
+void plan_shard_texts_free(char **shards, int n);
+/* A plan record as stored: a whole plan (as plan_from_json), or a head: nshards > 0 and no
+ * ranks (nranks 0) until a shard is added. plan_from_json refuses a head. */
+newt_result_t plan_head_from_json(const char *text, size_t len, newt_plan *out);
+/* 1 while p is a head with shards not yet added. */
+int plan_is_partial(const newt_plan *p);
+/* Shard i of head p, checked (its digest the head's, its generation and index, each entry a
+ * rank of the plan in range with its coordinates, on a host of the shard's, in the shard's
+ * count) and parsed into *out (malloc'd, *n entries). Errors name the shard: "plan 7 shard
+ * 3: ...". */
+newt_result_t plan_shard_read(const newt_plan *p, int i, const char *text, size_t len, plan_rank **out, int *n);
+/* Shard i read (plan_shard_read) into p's ranks; a rank already given is refused. */
+newt_result_t plan_shard_add(newt_plan *p, int i, const char *text, size_t len);
+/* Once every shard is added: no shard missing (named), every rank there, no worker twice;
+ * the plan is whole (plan_find works). */
+newt_result_t plan_shards_done(newt_plan *p);
+/* The shard that holds host's ranks, if any (-1: no shard's hosts take it in). */
+int plan_shard_of_host(const newt_plan *p, const char *host);
 
 #endif

@@ -24,7 +24,7 @@ static const struct {
     {JOB_REC_DONE, "done"},         {JOB_REC_CKPT, "ckpt"},         {JOB_REC_WORKER, "workers/"},
     {JOB_REC_ELECTION, "election/"}, {JOB_REC_REPORT, "reports/"},  {JOB_REC_ACK, "acks/"},
     {JOB_REC_EVENT, "events/"},     {JOB_REC_FAILED, "failed"},     {JOB_REC_FAULT, "faults/"},
-    {JOB_REC_LINKS, "links/"},
+    {JOB_REC_LINKS, "links/"},      {JOB_REC_PLAN_SHARD, "plan/"},
 };
 
 /* The key of rec, or its prefix when it ends in '/' (NULL: none). */
@@ -40,7 +40,7 @@ newt_result_t job_prefix(char *out, size_t cap, const char *job, job_record rec,
   if (!name || name[strlen(name) - 1] != '/')
     return NEWT_ERR(NEWT_ERR_INVALID, "job_prefix: record %d has a key of its own, no prefix", (int)rec);
   char suffix[64];
-  if ((rec == JOB_REC_REPORT || rec == JOB_REC_ACK) && generation >= 0)
+  if ((rec == JOB_REC_REPORT || rec == JOB_REC_ACK || rec == JOB_REC_PLAN_SHARD) && generation >= 0)
     snprintf(suffix, sizeof suffix, "%s%020llu/", name, (unsigned long long)generation);
   else
     snprintf(suffix, sizeof suffix, "%s", name);
@@ -52,8 +52,8 @@ newt_result_t job_key(char *out, size_t cap, const char *job, job_record rec, ui
   if (!name || rec == JOB_REC_ELECTION || rec == JOB_REC_EVENT)
     return NEWT_ERR(NEWT_ERR_INVALID, "job_key: no single key for record %d", (int)rec);
   char suffix[128];
-  if (rec == JOB_REC_REPORT || rec == JOB_REC_ACK) {
-    NEWT_CHECK(newt_check_name("worker id", id));
+  if (rec == JOB_REC_REPORT || rec == JOB_REC_ACK || rec == JOB_REC_PLAN_SHARD) {
+    NEWT_CHECK(newt_check_name(rec == JOB_REC_PLAN_SHARD ? "shard" : "worker id", id));
     snprintf(suffix, sizeof suffix, "%s%020llu/%s", name, (unsigned long long)generation, id);
   } else if (rec == JOB_REC_WORKER || rec == JOB_REC_LINKS) {
     NEWT_CHECK(newt_check_name("worker id", id));
@@ -77,7 +77,7 @@ job_record job_key_parse(const char *rest, uint64_t *generation, const char **id
     if (strncmp(rest, name, n) != 0) continue;
     const char *tail = rest + n;
     job_record rec = keys[i].rec;
-    if (rec == JOB_REC_REPORT || rec == JOB_REC_ACK || rec == JOB_REC_FAULT) {
+    if (rec == JOB_REC_REPORT || rec == JOB_REC_ACK || rec == JOB_REC_FAULT || rec == JOB_REC_PLAN_SHARD) {
       /* "<20 digits>/<id>", or "<20 digits>" alone for a fault */
       size_t digits = 0;
       uint64_t g = 0;
@@ -86,7 +86,8 @@ job_record job_key_parse(const char *rest, uint64_t *generation, const char **id
       tail += 21;
       if (generation) *generation = g;
     }
-    if (rec == JOB_REC_REPORT || rec == JOB_REC_ACK || rec == JOB_REC_WORKER || rec == JOB_REC_LINKS) {
+    if (rec == JOB_REC_REPORT || rec == JOB_REC_ACK || rec == JOB_REC_WORKER || rec == JOB_REC_LINKS ||
+        rec == JOB_REC_PLAN_SHARD) {
       char name_copy[NEWT_ID_MAX];
       if (strlen(tail) >= sizeof name_copy) return JOB_REC_OTHER;
       snprintf(name_copy, sizeof name_copy, "%s", tail);

@@ -73,6 +73,7 @@ typedef enum job_record {
   JOB_REC_FAILED,
   JOB_REC_FAULT,
   JOB_REC_LINKS,
+  JOB_REC_PLAN_SHARD, /* plan/<generation>/<shard>: a shard of a plan too large for one record (plan.h) */
 } job_record;
 
 /* The key of a record: generation and id are used by reports and acks (id alone by

@@ -15,6 +15,12 @@
 #include "job/codec.h"
 
 NEWT_PARAM(EtcdCallMs, "NEWT_ETCD_CALL_MS", 5000)
+/* A plan of more ranks than this is written as a head and shards of about this many ranks
+ * (some 100 bytes each: 2048 are some 200 KB, 270 KB in the gateway's base64). */
+NEWT_PARAM(PlanShardRanks, "NEWT_PLAN_SHARD_RANKS", 2048)
+/* The shards one guarded transaction writes at most, by their bytes (etcd refuses a request
+ * over 1.5 MiB; base64 makes 4 bytes of 3): some 700 KB a request. */
+NEWT_PARAM(PlanTxnBytes, "NEWT_PLAN_TXN_BYTES", 512 * 1024)
 
 newt_deadline_t job_call_deadline(void) { return newt_deadline_in_ms(newt_param_EtcdCallMs()); }
 
@@ -29,6 +35,122 @@ newt_result_t job_plan_publish(rdzv_candidate *cand, const char *job, int64_t ge
   NEWT_CHECK(rdzv_guarded_put(cand, key, plan_json, strlen(plan_json), d, NULL));
   NEWT_DEBUG(JOB, "published plan generation %lld of job %s", (long long)generation, job);
   return NEWT_OK;
+}
+
+/* The key of shard i of plan g. */
+static newt_result_t shard_key(char *out, size_t cap, const char *job, uint64_t g, int i) {
+  char id[16];
+  snprintf(id, sizeof id, "%06d", i);
+  return job_key(out, cap, job, JOB_REC_PLAN_SHARD, g, id);
+}
+
+/* The shards, in guarded transactions of at most PlanTxnBytes of values (and 64 puts) each. */
+static newt_result_t put_shards(rdzv_candidate *cand, const char *job, uint64_t g, char **texts, int n,
+                                newt_deadline_t d) {
+  rdzv_etcd_op ops[64];
+  char keys[64][256];
+  newt_result_t r = NEWT_OK;
+  for (int i = 0; i < n && r == NEWT_OK;) {
+    size_t bytes = 0;
+    int k = 0;
+    while (i < n && k < 64 && (k == 0 || bytes + strlen(texts[i]) <= (size_t)newt_param_PlanTxnBytes())) {
+      NEWT_CHECK(shard_key(keys[k], sizeof keys[k], job, g, i));
+      ops[k] = (rdzv_etcd_op){.type = RDZV_OP_PUT, .key = keys[k], .value = texts[i], .value_len = strlen(texts[i])};
+      bytes += ops[k].value_len;
+      k++, i++;
+    }
+    r = rdzv_guarded_txn(cand, NULL, 0, ops, (size_t)k, d, NULL);
+  }
+  return r;
+}
+
+newt_result_t job_plan_publish_plan(rdzv_candidate *cand, const char *job, const newt_plan *p, newt_deadline_t d,
+                                    size_t *bytes) {
+  if (bytes) *bytes = 0;
+  if (p->nranks <= newt_param_PlanShardRanks()) { /* one record: the previous release's */
+    char *json = plan_to_json(p);
+    if (!json) return NEWT_ERR(NEWT_ERR_NOMEM, "out of memory writing plan %llu", (unsigned long long)p->generation);
+    newt_result_t r = job_plan_publish(cand, job, (int64_t)p->generation, json, d);
+    if (bytes) *bytes = strlen(json);
+    free(json);
+    return r;
+  }
+  char *head, **texts, key[256], below[256];
+  int n;
+  NEWT_CHECK(plan_shard_encode(p, (int)newt_param_PlanShardRanks(), &head, &texts, &n));
+  /* the shards first, then the head that names them: a reader that sees the head finds them */
+  newt_result_t r = put_shards(cand, job, p->generation, texts, n, d);
+  if (r == NEWT_OK) r = job_key(key, sizeof key, job, JOB_REC_PLAN, 0, NULL);
+  if (r == NEWT_OK) r = job_prefix(below, sizeof below, job, JOB_REC_PLAN_SHARD, (int64_t)p->generation);
+  char from[256];
+  if (r == NEWT_OK) r = job_prefix(from, sizeof from, job, JOB_REC_PLAN_SHARD, -1);
+  if (r == NEWT_OK) {
+    /* the head, and the shards of older plans deleted (a reader of an older head reads its
+       shards at its head's revision) */
+    rdzv_etcd_op ops[2] = {{.type = RDZV_OP_PUT, .key = key, .value = head, .value_len = strlen(head)},
+                           {.type = RDZV_OP_DELETE, .key = from, .range_end = below}};
+    r = rdzv_guarded_txn(cand, NULL, 0, ops, 2, d, NULL);
+  }
+  if (bytes) {
+    *bytes = strlen(head);
+    for (int i = 0; i < n; i++) *bytes += strlen(texts[i]);
+  }
+  free(head);
+  plan_shard_texts_free(texts, n);
+  if (r == NEWT_OK)
+    NEWT_DEBUG(JOB, "published plan generation %llu of job %s in %d shards", (unsigned long long)p->generation, job, n);
+  return r;
+}
+
+/* The shard index of a shard key's id ("000003"), -1 when it is none. */
+static int shard_index(const char *id) {
+  int i = 0, k = 0;
+  for (; id[k] >= '0' && id[k] <= '9' && k < 6; k++) i = i * 10 + (id[k] - '0');
+  return k == 6 && id[k] == '\0' ? i : -1;
+}
+
+newt_result_t job_plan_shards_get(rdzv_etcd *c, const char *job, newt_plan *head, int64_t revision,
+                                  newt_deadline_t d) {
+  if (!plan_is_partial(head)) return NEWT_OK;
+  char prefix[256], end[256], from[300];
+  size_t plen, elen;
+  NEWT_CHECK(job_prefix(prefix, sizeof prefix, job, JOB_REC_PLAN_SHARD, (int64_t)head->generation));
+  plen = strlen(prefix);
+  rdzv_etcd_prefix_end(prefix, plen, end, &elen);
+  snprintf(from, sizeof from, "%s", prefix);
+  for (;;) { /* in pieces of 4 shards: no answer is larger than a few requests */
+    rdzv_etcd_kvs kvs;
+    rdzv_etcd_range_opts o = {.range_end = end, .limit = 4, .revision = revision};
+    NEWT_CHECK(rdzv_etcd_range(c, from, &o, d, &kvs));
+    newt_result_t r = NEWT_OK;
+    for (size_t k = 0; k < kvs.n && r == NEWT_OK; k++) {
+      int i = kvs.kvs[k].key_len > plen ? shard_index(kvs.kvs[k].key + plen) : -1;
+      if (i >= 0 && i < head->nshards && !head->shards[i].added)
+        r = plan_shard_add(head, i, kvs.kvs[k].value, kvs.kvs[k].value_len);
+    }
+    int more = kvs.more && kvs.n > 0;
+    /* on from the key after the last one read: keys here are text, and the last one with a
+       byte 1 after it comes before any longer key that starts with it */
+    if (more) snprintf(from, sizeof from, "%.*s\x01", (int)kvs.kvs[kvs.n - 1].key_len, kvs.kvs[kvs.n - 1].key);
+    rdzv_etcd_kvs_free(&kvs);
+    NEWT_CHECK(r);
+    if (!more) break;
+  }
+  return plan_shards_done(head);
+}
+
+newt_result_t job_plan_shard_get(rdzv_etcd *c, const char *job, const newt_plan *head, int i, int64_t revision,
+                                 newt_deadline_t d, plan_rank **out, int *n) {
+  char key[256];
+  NEWT_CHECK(shard_key(key, sizeof key, job, head->generation, i));
+  rdzv_etcd_kvs kvs;
+  rdzv_etcd_range_opts o = {.revision = revision};
+  NEWT_CHECK(rdzv_etcd_range(c, key, &o, d, &kvs));
+  newt_result_t r = kvs.n == 1 ? plan_shard_read(head, i, kvs.kvs[0].value, kvs.kvs[0].value_len, out, n)
+                               : NEWT_ERR(NEWT_ERR_NOTFOUND, "plan %llu: shard %d (%s) is missing",
+                                          (unsigned long long)head->generation, i, key);
+  rdzv_etcd_kvs_free(&kvs);
+  return r;
 }
 
 /* The value of the job's record rec (malloc'd, NUL-terminated). */

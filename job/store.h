@@ -7,6 +7,7 @@
 
 #include <stdatomic.h>
 
+#include "job/plan.h"
 #include "job/records.h"
 #include "rendezvous/rdzv.h"
 
@@ -19,6 +20,23 @@ newt_deadline_t job_call_deadline(void);
  * (job/plan.h), put as it is, guarded by the candidacy. */
 newt_result_t job_plan_publish(rdzv_candidate *cand, const char *job, int64_t generation, const char *plan_json,
                                newt_deadline_t d);
+/* The leader publishes plan p: one record as plan_to_json writes it (job_plan_publish) when it
+ * has at most NEWT_PLAN_SHARD_RANKS ranks (2048); otherwise its shards (plan_shard_encode),
+ * each at plan/<generation>/<shard>, in guarded transactions of at most NEWT_PLAN_TXN_BYTES of
+ * values (512 KiB), then the head, in one guarded transaction that also deletes the shards of
+ * older plans: the head is the commit point, and a deposed leader's shards are refused like
+ * its head. *bytes (may be NULL): the bytes written, head and shards. */
+newt_result_t job_plan_publish_plan(rdzv_candidate *cand, const char *job, const newt_plan *p, newt_deadline_t d,
+                                    size_t *bytes);
+/* The shards of head (plan_head_from_json of the plan record read at `revision`), read at that
+ * revision (in pieces of 4) and added: the whole plan, or an error naming the shard missing
+ * or refused. A plan in one record is left as it is. */
+newt_result_t job_plan_shards_get(rdzv_etcd *c, const char *job, newt_plan *head, int64_t revision,
+                                  newt_deadline_t d);
+/* Shard i of head alone, read at `revision` and checked (plan_shard_read): what a worker that
+ * needs only its own host's ranks reads (plan_shard_of_host). */
+newt_result_t job_plan_shard_get(rdzv_etcd *c, const char *job, const newt_plan *head, int i, int64_t revision,
+                                 newt_deadline_t d, plan_rank **out, int *n);
 /* The current plan (malloc'd JSON, may be NULL) and its generation; NEWT_ERR_NOTFOUND when none. */
 newt_result_t job_plan_get(rdzv_etcd *c, const char *job, newt_deadline_t d, char **json, int64_t *generation,
                            int64_t *mod_revision);

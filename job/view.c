@@ -17,7 +17,7 @@ static newt_result_t decode_record(job_change *c, const rdzv_etcd_kv *kv) {
   size_t n = kv->value_len;
   switch (c->rec) {
   case JOB_REC_SPEC: return spec_from_json(v, n, &c->u.spec);
-  case JOB_REC_PLAN: return plan_from_json(v, n, &c->u.plan);
+  case JOB_REC_PLAN: return plan_head_from_json(v, n, &c->u.plan); /* a head's shards: shards_from, follow.c */
   case JOB_REC_ELECTION: return job_candidacy_from_json(v, n, &c->u.candidacy);
   case JOB_REC_REPORT: {
     NEWT_CHECK(job_report_from_json(v, n, &c->u.report));
@@ -57,12 +57,38 @@ void job_change_decode(const char *prefix, const rdzv_etcd_kv *kv, int deleted, 
   if (id) snprintf(out->id, sizeof out->id, "%s", id);
   if (deleted || out->rec == JOB_REC_OTHER) return;
   if (decode_record(out, kv) == NEWT_OK) return;
+  job_change_refuse(out);
+}
+
+void job_change_refuse(job_change *c) {
   /* what was read so far is released: the record never reaches a caller */
   char key[256];
-  snprintf(out->why, sizeof out->why, "%s: %s", newt_str_printable(key, sizeof key, kv->key), newt_errmsg());
-  job_change_free(out);
-  out->rec = JOB_REC_OTHER;
-  out->refused = 1;
+  snprintf(c->why, sizeof c->why, "%s: %s", newt_str_printable(key, sizeof key, c->kv->key), newt_errmsg());
+  job_change_free(c);
+  c->rec = JOB_REC_OTHER;
+  c->refused = 1;
+}
+
+/* A plan head's shards taken from the same read (a whole read holds every key of the job); the
+ * change is refused, naming the shard, when one is missing or is not the one the head names. */
+static void shards_from(const char *prefix, const rdzv_etcd_kvs *all, job_change *ch) {
+  if (ch->rec != JOB_REC_PLAN || !plan_is_partial(&ch->u.plan)) return;
+  size_t plen = strlen(prefix);
+  newt_result_t r = NEWT_OK;
+  for (size_t i = 0; i < all->n && r == NEWT_OK; i++) {
+    const rdzv_etcd_kv *kv = &all->kvs[i];
+    uint64_t g = 0;
+    const char *id = NULL;
+    if (kv->key_len <= plen || strncmp(kv->key, prefix, plen) != 0 ||
+        job_key_parse(kv->key + plen, &g, &id) != JOB_REC_PLAN_SHARD || g != ch->u.plan.generation)
+      continue;
+    char *end;
+    long k = strtol(id, &end, 10);
+    if (*end == '\0' && k >= 0 && k < ch->u.plan.nshards && !ch->u.plan.shards[k].added)
+      r = plan_shard_add(&ch->u.plan, (int)k, kv->value, kv->value_len);
+  }
+  if (r == NEWT_OK) r = plan_shards_done(&ch->u.plan);
+  if (r != NEWT_OK) job_change_refuse(ch);
 }
 
 void job_change_free(job_change *c) {
@@ -309,7 +335,10 @@ newt_result_t job_changes_decode(const char *prefix, const rdzv_etcd_kvs *all, j
   size_t k = 0, plen = strlen(prefix);
   for (int pass = 0; pass <= 4; pass++)
     for (size_t i = 0; i < all->n; i++)
-      if (pass_of(prefix, plen, &all->kvs[i]) == pass) job_change_decode(prefix, &all->kvs[i], 0, &(*out)[k++]);
+      if (pass_of(prefix, plen, &all->kvs[i]) == pass) {
+        job_change_decode(prefix, &all->kvs[i], 0, &(*out)[k]);
+        shards_from(prefix, all, &(*out)[k++]);
+      }
   return NEWT_OK;
 }
 
@@ -327,6 +356,7 @@ void job_view_take(job_view *out, const char *prefix, const rdzv_etcd_kvs *all,
       if (pass_of(prefix, plen, &all->kvs[i]) != pass) continue;
       job_change ch;
       job_change_decode(prefix, &all->kvs[i], 0, &ch);
+      shards_from(prefix, all, &ch);
       if (ch.refused && warn) warn(ud, &ch);
       job_view_apply(out, &ch);
       job_change_free(&ch);

@@ -60,6 +60,10 @@ typedef struct job_change {
  * refuses is refused (why says so). Free with job_change_free. */
 void job_change_decode(const char *prefix, const rdzv_etcd_kv *kv, int deleted, job_change *out);
 void job_change_free(job_change *c);
+/* Refuses c (decoded from c->kv): its record freed, rec JOB_REC_OTHER, refused set and `why`
+ * newt_errmsg() after the key. A plan head whose shards are missing or not its own is refused so
+ * (job_changes_decode finds them in the same read, follow.c in etcd at the head's revision). */
+void job_change_refuse(job_change *c);
 /* kv decoded as record rec of job: NEWT_ERR_INVALID, naming the key and why, when its codec
  * refuses it or it is another record (nothing is left to free then). */
 newt_result_t job_change_expect(const char *job, const rdzv_etcd_kv *kv, job_record rec, job_change *out);

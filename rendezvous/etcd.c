@@ -274,6 +274,7 @@ static newt_result_t request(rdzv_etcd *c, const char *path, const char *body, i
                              newt_deadline_t d, newt_buf *resp);
 
 int64_t rdzv_etcd_writes(rdzv_etcd *c) { return (int64_t)atomic_load(&c->writes); }
+int64_t rdzv_etcd_max_request(rdzv_etcd *c) { return (int64_t)atomic_load(&c->max_body); }
 
 /* Whether a request to path asks etcd to write. */
 static int is_write(const char *path) {
@@ -287,6 +288,9 @@ static int is_write(const char *path) {
 newt_result_t rdzv_etcd_request(rdzv_etcd *c, const char *path, const char *body, int flags,
                                 const char *what, newt_deadline_t d, newt_buf *resp) {
   if (is_write(path)) atomic_fetch_add(&c->writes, 1);
+  long long len = body ? (long long)strlen(body) : 0, seen = atomic_load(&c->max_body);
+  while (len > seen && !atomic_compare_exchange_weak(&c->max_body, &seen, len)) {
+  }
   metrics_t *m = atomic_load(&c->metrics);
   uint64_t t0 = m ? newt_now_ns() : 0;
   newt_result_t r = request(c, path, body, flags, what, d, resp);

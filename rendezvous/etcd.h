@@ -65,6 +65,10 @@ newt_result_t rdzv_etcd_set_metrics(rdzv_etcd *c, struct metrics *m);
 /* How many requests of this client asked etcd to write (put, delete, txn, lease grant and
  * revoke: each a raft proposal; keep-alives and reads are not): what a protocol costs. */
 int64_t rdzv_etcd_writes(rdzv_etcd *c);
+/* The bytes of the largest request body this client sent (JSON, values in base64): what
+ * etcd's request limit (--max-request-bytes, 1.5 MiB by default) is measured against, with
+ * the base64 of the gateway on top. */
+int64_t rdzv_etcd_max_request(rdzv_etcd *c);
 
 /* The endpoints as given, comma-separated (for messages). */
 const char *rdzv_etcd_endpoints(const rdzv_etcd *c);

@@ -29,6 +29,7 @@ struct rdzv_etcd {
   int64_t connect_ms;
   struct metrics *_Atomic metrics; /* request counts and latency go here (rdzv_etcd_set_metrics) */
   atomic_llong writes;              /* requests that ask etcd for a write (rdzv_etcd_writes) */
+  atomic_llong max_body;            /* the bytes of the largest request body sent (rdzv_etcd_max_request) */
 
   pthread_mutex_t auth_mu; /* token and token_gen */
   char *token;

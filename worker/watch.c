@@ -1,5 +1,6 @@
 /* The plan watch (internal.h): an etcd watch on /newt/<job>/plan, on the watch's own thread,
- * keeps the newest plan this worker may take (newer than the one it has and agreeing with
+ * keeps the newest plan this worker may take (a plan in shards read whole: its head, then its
+ * shards at the head's revision) (newer than the one it has and agreeing with
  * the spec; a forged or corrupt one is logged and ignored) and wakes whoever waits for one.
  * A plan that ends the running generation at once (its switch "abort", or nothing in it for
  * this worker) aborts the generation's communicator, so that a pending collective returns; one
@@ -12,6 +13,7 @@
 #include "common/log.h"
 #include "job/plan.h"
 #include "job/records.h"
+#include "job/store.h"
 #include "rendezvous/etcd.h"
 #include "worker/internal.h"
 
@@ -27,10 +29,17 @@ int worker_plan_drops_now(const newt_plan *p, const char *id) {
  * worker that has not taken up any generation yet follows the record as etcd orders it: a
  * lower generation after a higher one is the leader putting its plan back over a forged one
  * that this worker, knowing no generation, could not tell from a real one. */
-static void take_plan(worker *w, const char *json, size_t len) {
+static void take_plan(worker *w, const char *json, size_t len, int64_t revision) {
   newt_plan p;
-  if (plan_from_json(json, len, &p) != NEWT_OK) {
+  if (plan_head_from_json(json, len, &p) != NEWT_OK) {
     NEWT_WARN(WORKER, "%s: ignoring a plan: %s", w->id, newt_errmsg());
+    return;
+  }
+  /* a head: its shards, written before it, read at its revision (every one: the communicator,
+     the groups and the state's moves are built from every rank's place) */
+  if (plan_is_partial(&p) && job_plan_shards_get(w->etcd, w->o.job, &p, revision, job_call_deadline()) != NEWT_OK) {
+    NEWT_WARN(WORKER, "%s: ignoring a plan: %s", w->id, newt_errmsg());
+    plan_free(&p);
     return;
   }
   pthread_mutex_lock(&w->mu);
@@ -69,9 +78,9 @@ static void on_plan(void *ud, const rdzv_etcd_watch_resp *r) {
   worker *w = ud;
   if (r->kind == RDZV_WATCH_EVENTS) {
     for (size_t i = 0; i < r->n_events; i++)
-      if (r->events[i].type == RDZV_EVENT_PUT) take_plan(w, r->events[i].kv.value, r->events[i].kv.value_len);
+      if (r->events[i].type == RDZV_EVENT_PUT) take_plan(w, r->events[i].kv.value, r->events[i].kv.value_len, r->events[i].kv.mod_revision);
   } else if (r->kind == RDZV_WATCH_RESYNC) {
-    for (size_t i = 0; i < r->n_kvs; i++) take_plan(w, r->kvs[i].value, r->kvs[i].value_len);
+    for (size_t i = 0; i < r->n_kvs; i++) take_plan(w, r->kvs[i].value, r->kvs[i].value_len, r->kvs[i].mod_revision);
   }
 }
 
@@ -84,7 +93,7 @@ newt_result_t worker_watch_plan(worker *w) {
   int64_t rev = 0;
   newt_result_t r = rdzv_etcd_get(w->etcd, key, job_call_deadline(), &kv, &rev);
   if (r == NEWT_OK) {
-    take_plan(w, kv.value, kv.value_len);
+    take_plan(w, kv.value, kv.value_len, kv.mod_revision);
     rdzv_etcd_kv_free(&kv);
   } else if (r != NEWT_ERR_NOTFOUND) {
     return r;

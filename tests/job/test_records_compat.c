@@ -90,6 +90,7 @@ static int same_plan(const void *pa, const void *pb) {
   newt_plan x = *a, y = *b;
   x.ranks = y.ranks = x.donors = y.donors = NULL;
   x.spares = y.spares = NULL;
+  x.by_worker = y.by_worker = NULL;
   if (memcmp(&x, &y, sizeof x) != 0) return 0;
   for (int i = 0; i < a->nranks; i++)
     if (memcmp(&a->ranks[i], &b->ranks[i], sizeof a->ranks[i]) != 0) return 0;
