@@ -547,3 +547,13 @@ int newt_finish(newt_ctx *c, newt_result_t r) {
 }
 
 comm_t *worker_comm_of(newt_comm *c) { return c && c->magic == WORKER_COMM_MAGIC ? c->c : NULL; }
+
+newt_result_t worker_end_job_now(newt_ctx *c) {
+  if (!c) return NEWT_ERR(NEWT_ERR_INVALID, "worker_end_job_now: no worker");
+  if (!c->spec.restart)
+    return NEWT_ERR(NEWT_ERR_INVALID, "worker_end_job_now: job %s is not in the restart mode (spec.restart)", c->o.job);
+  if (c->phase != PHASE_RUNNING || c->step != STEP_IDLE || c->live_step < 1)
+    return NEWT_ERR(NEWT_ERR_INVALID, "worker_end_job_now: only after a step's newt_step_end");
+  c->end_now = 1;
+  return NEWT_OK;
+}
