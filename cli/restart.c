@@ -68,8 +68,19 @@ NEWT_PARAM(RestartGraceMs, "NEWT_RESTART_GRACE_MS", 5000)  /* SIGTERM, then SIGK
 
 extern char **environ;
 
-/* The values of a beat, summed over the world. */
-enum { V_PROGRESSED, V_EXITED_OK, V_FAILED, V_STOPPED, V_LOSS, V_STEP, V_N };
+/* The values of a beat, summed over the world (V_LOSS, V_STEP and V_T are rank 0's alone: its
+ * program's loss and step, its wall clock, the time every rank agrees on). */
+enum { V_PROGRESSED, V_STARTED, V_EXITED_OK, V_FAILED, V_STOPPED, V_LOSS, V_STEP, V_T, V_N };
+
+/* The state newt keeps for the supervisors (NEWT_PER_JOB bytes, the same on every rank): the
+ * programs' starts, and the agreed times of the restarts a failure or a hang asked for, the
+ * newest RESTART_RING of them, for the failure budget. */
+#define RESTART_RING 256
+typedef struct restart_state {
+  int64_t starts;   /* the programs' generations the job started */
+  int64_t nfail;    /* failure restarts so far */
+  int64_t fail_ms[RESTART_RING];
+} restart_state;
 
 /* What each rank says at an exchange (int64 each). */
 enum { X_ADDR, X_PORT, X_STARTS, X_HOST, X_N };
@@ -83,6 +94,7 @@ typedef struct child {
   uint64_t io;       /* rchar + wchar of its process group at the last look */
   struct timespec hb; /* the heartbeat file's time and size at the last look */
   off_t hb_size;
+  int started;       /* it printed a NEWT_STEP line or wrote its heartbeat: its start-up is over */
 } child;
 
 typedef struct sup {
@@ -95,9 +107,9 @@ typedef struct sup {
   char hb_path[PATH_MAX];
   int step_log_fd;    /* -1: none */
   newt_layout l;
-  int64_t starts;     /* the programs' generations the job started (agreed at each exchange) */
+  restart_state st;   /* declared: restored at each generation */
   int restart_due;    /* the last beat's sums asked for a restart */
-  int64_t quiet;      /* beats in a row in which no program progressed */
+  int64_t progress_ms; /* the agreed time of the newest beat at which a program progressed (0: none yet) */
   child ch;
   int64_t step;       /* the program's newest NEWT_STEP (rank 0's writes it to the step log) */
   double loss;
@@ -117,10 +129,11 @@ static void take_line(sup *s, const char *line) {
   double loss = NAN;
   sscanf(line + used, " loss %lf", &loss);
   s->step = n;
+  s->ch.started = 1;
   if (isfinite(loss)) s->loss = loss;
   if (s->l.rank != 0 || s->step_log_fd < 0) return;
   job_step js = {.step = n, .loss = isfinite(loss) ? loss : NAN, .world = s->l.world, .dp = s->l.world,
-                 .generation = s->l.generation, .t_ms = newt_wall_ms(), .restarts = s->starts - 1};
+                 .generation = s->l.generation, .t_ms = newt_wall_ms(), .restarts = s->st.starts - 1};
   if (job_steplog_append(s->step_log_fd, &js) != NEWT_OK)
     NEWT_WARN(CLI, "step log %s: %s", s->o->step_log, newt_errmsg());
 }
@@ -293,7 +306,7 @@ static void place(sup *s, const int64_t *all) {
  * restart count (the most any rank has seen, plus one), the hosts. Collective. */
 static newt_result_t exchange(sup *s) {
   int world = s->l.world;
-  int64_t mine[X_N] = {s->addr, 0, s->starts, (int64_t)s->host_hash};
+  int64_t mine[X_N] = {s->addr, 0, s->st.starts, (int64_t)s->host_hash};
   if (s->l.rank == 0) {
     int port = 0;
     NEWT_CHECK(free_port(s->addr, &port));
@@ -308,7 +321,7 @@ static newt_result_t exchange(sup *s) {
     int64_t starts = 0;
     for (int i = 0; i < world; i++)
       if (all[i * X_N + X_STARTS] > starts) starts = all[i * X_N + X_STARTS];
-    s->starts = starts + 1;
+    s->st.starts = starts + 1;
     struct in_addr a = {.s_addr = (uint32_t)all[X_ADDR]};
     inet_ntop(AF_INET, &a, s->master, sizeof s->master);
     s->port = (int)all[X_PORT];
@@ -385,7 +398,7 @@ static int build_env(const sup *s, envv *e) {
   bad |= env_put(e, "WORLD_SIZE", "%d", l->world) | env_put(e, "GROUP_WORLD_SIZE", "%d", s->group_world);
   bad |= env_put(e, "ROLE_WORLD_SIZE", "%d", l->world) | env_put(e, "MASTER_ADDR", "%s", s->master);
   bad |= env_put(e, "MASTER_PORT", "%d", s->port);
-  bad |= env_put(e, "TORCHELASTIC_RESTART_COUNT", "%lld", (long long)(s->starts - 1));
+  bad |= env_put(e, "TORCHELASTIC_RESTART_COUNT", "%lld", (long long)(s->st.starts - 1));
   bad |= env_put(e, "TORCHELASTIC_MAX_RESTARTS", "%lld", (long long)s->spec.max_failures);
   bad |= env_put(e, "TORCHELASTIC_RUN_ID", "%s", s->spec.job);
   bad |= env_put(e, "TORCHELASTIC_USE_AGENT_STORE", "False");
@@ -466,7 +479,7 @@ static newt_result_t spawn(sup *s) {
   group_look(pid, &s->ch.io, &stopped);
   NEWT_INFO(CLI, "started the program (pid %d): RANK %d WORLD_SIZE %d LOCAL_RANK %d MASTER_ADDR %s MASTER_PORT %d "
             "TORCHELASTIC_RESTART_COUNT %lld (generation %llu)", (int)pid, s->l.rank, s->l.world, s->local_rank,
-            s->master, s->port, (long long)(s->starts - 1), (unsigned long long)s->l.generation);
+            s->master, s->port, (long long)(s->st.starts - 1), (unsigned long long)s->l.generation);
   return NEWT_OK;
 }
 
@@ -478,12 +491,12 @@ static newt_result_t generation(sup *s) {
   NEWT_CHECK(newt_layout_get(s->ctx, &s->l));
   /* the programs keep their own state; newt keeps the count of their starts (a joiner's comes
      from its peers) */
-  NEWT_CHECK(newt_state_bytes(s->ctx, "restart.starts", NEWT_PER_JOB, &s->starts, sizeof s->starts));
+  NEWT_CHECK(newt_state_bytes(s->ctx, "restart.state", NEWT_PER_JOB, &s->st, sizeof s->st));
   newt_restore_info ri = {.size = sizeof ri};
   NEWT_CHECK(newt_state_restore(s->ctx, &ri));
   NEWT_CHECK(exchange(s));
   s->restart_due = 0;
-  s->quiet = 0;
+  s->progress_ms = 0;
   return spawn(s);
 }
 
@@ -491,51 +504,74 @@ static newt_result_t generation(sup *s) {
 static void watch(sup *s, double v[V_N]) {
   child *c = &s->ch;
   newt_deadline_t d = newt_deadline_in_ms(newt_param_RestartBeatMs());
-  while (!c->exited && !newt_deadline_passed(d)) {
-    pump(s, 10);
+  int was = c->exited; /* an end is said at once; a program that ended waits out the beat */
+  while ((was || !c->exited) && !newt_deadline_passed(d)) {
+    pump(s, was ? newt_deadline_left_ms(d) : 10);
     reap(s);
   }
   uint64_t io = 0;
   int stopped = 0;
   if (!c->exited) group_look(c->pid, &io, &stopped);
-  int progressed = !c->exited && io != c->io;
-  progressed |= heartbeat_changed(s);
+  int beat_file = heartbeat_changed(s);
+  int progressed = (!c->exited && io != c->io) || beat_file;
+  c->started |= beat_file;
   if (!c->exited) c->io = io;
   int ok = c->exited && WIFEXITED(c->status) && WEXITSTATUS(c->status) == 0;
   v[V_PROGRESSED] = progressed;
+  v[V_STARTED] = c->started;
   v[V_EXITED_OK] = ok;
   v[V_FAILED] = c->exited && !ok;
   v[V_STOPPED] = stopped;
   v[V_LOSS] = s->l.rank == 0 && isfinite(s->loss) ? s->loss : 0;
   v[V_STEP] = s->l.rank == 0 ? (double)s->step : 0;
+  v[V_T] = s->l.rank == 0 ? (double)newt_wall_ms() : 0;
 }
 
-/* What the sums of a beat ask for: 1 the job is done, 0 go on (a restart marked due). */
-static int decide(sup *s, const double *sum) {
+/* A failure restart counted against spec.fault.max_failures within failure_window_ms (at
+ * agreed time t): 1 when the budget is spent. */
+static int budget_spent(sup *s, int64_t t) {
+  restart_state *st = &s->st;
+  st->fail_ms[st->nfail++ % RESTART_RING] = t;
+  int64_t max = s->spec.max_failures, in_window = 0;
+  if (max <= 0) return 0;
+  int64_t n = st->nfail < RESTART_RING ? st->nfail : RESTART_RING;
+  for (int64_t i = 0; i < n; i++) in_window += t - st->fail_ms[i] <= s->spec.failure_window_ms;
+  return in_window > max;
+}
+
+/* How long the programs may make no progress: spec.fault.hang_timeout_ms once one of them said
+ * it runs (a NEWT_STEP line, its heartbeat), first_step_timeout_ms before (its start-up: an
+ * import that maps its libraries reads nothing). */
+static int64_t quiet_limit(const sup *s, const double *sum) {
+  return sum[V_STARTED] > 0 ? s->spec.hang_timeout_ms : s->spec.first_step_timeout_ms;
+}
+
+/* What the sums of a beat ask for: 1 the job is done, -1 it fails (why), 0 go on (a restart
+ * marked due when one is). */
+static int decide(sup *s, const double *sum, char *why, size_t cap) {
   int world = s->l.world;
-  const char *why = NULL;
-  char buf[160];
-  if (sum[V_FAILED] > 0) {
-    snprintf(buf, sizeof buf, "%.0f program%s failed", sum[V_FAILED], sum[V_FAILED] == 1 ? "" : "s");
-    why = buf;
-  } else if (sum[V_STOPPED] > 0) {
-    snprintf(buf, sizeof buf, "%.0f program%s stopped (hung)", sum[V_STOPPED], sum[V_STOPPED] == 1 ? "" : "s");
-    why = buf;
-  } else if (sum[V_EXITED_OK] == world) {
+  int64_t t = (int64_t)sum[V_T];
+  if (sum[V_PROGRESSED] > 0 || !s->progress_ms) s->progress_ms = t;
+  if (sum[V_FAILED] > 0)
+    snprintf(why, cap, "%.0f program%s failed", sum[V_FAILED], sum[V_FAILED] == 1 ? "" : "s");
+  else if (sum[V_STOPPED] > 0)
+    snprintf(why, cap, "%.0f program%s stopped (hung)", sum[V_STOPPED], sum[V_STOPPED] == 1 ? "" : "s");
+  else if (sum[V_EXITED_OK] == world)
     return 1;
-  } else if (sum[V_PROGRESSED] == 0 && ++s->quiet * newt_param_RestartBeatMs() >= s->spec.hang_timeout_ms) {
-    snprintf(buf, sizeof buf, "no program progressed for %lld ms (no I/O, no heartbeat)",
-             (long long)(s->quiet * newt_param_RestartBeatMs()));
-    why = buf;
-  } else if (sum[V_PROGRESSED] > 0) {
-    s->quiet = 0;
-  }
-  if (why) {
-    NEWT_INFO(CLI, "restarting the programs of generation %llu (restart %lld): %s", (unsigned long long)s->l.generation,
-              (long long)s->starts, why);
-    s->restart_due = 1;
-  }
-  return 0;
+  else if (t - s->progress_ms >= quiet_limit(s, sum))
+    snprintf(why, cap, "no program progressed for %lld ms (no I/O, no heartbeat: %s)", (long long)(t - s->progress_ms),
+             sum[V_STARTED] > 0 ? "spec.fault.hang_timeout_ms" : "spec.fault.first_step_timeout_ms, before any step");
+  else
+    return 0;
+  NEWT_INFO(CLI, "restarting the programs of generation %llu (restart %lld): %s", (unsigned long long)s->l.generation,
+            (long long)s->st.starts, why);
+  s->restart_due = 1;
+  if (!budget_spent(s, t)) return 0;
+  size_t n = strlen(why);
+  snprintf(why + n, cap - n, "; %lld restarts for a failure within spec.fault.failure_window_ms %lld, more than "
+           "spec.fault.max_failures %lld", (long long)s->st.nfail, (long long)s->spec.failure_window_ms,
+           (long long)s->spec.max_failures);
+  return -1;
 }
 
 static newt_result_t beat(sup *s) {
@@ -543,20 +579,24 @@ static newt_result_t beat(sup *s) {
     end_child(s, newt_param_RestartGraceMs(), "a restart");
     NEWT_CHECK(exchange(s));
     s->restart_due = 0;
-    s->quiet = 0;
+    s->progress_ms = 0;
     NEWT_CHECK(spawn(s));
   }
   double v[V_N], sum[V_N];
   watch(s, v);
   NEWT_CHECK(newt_step_commit(s->ctx, v, sum, V_N));
-  int done = decide(s, sum);
+  char why[512];
+  int outcome = decide(s, sum, why, sizeof why);
   newt_step_result res;
   newt_step_result_init(&res);
   res.loss = sum[V_LOSS];
   NEWT_CHECK(newt_step_end(s->ctx, &res));
-  if (done) {
+  if (outcome > 0) {
     NEWT_INFO(CLI, "every program exited 0 (the program's step %lld): the job is done", (long long)sum[V_STEP]);
     NEWT_CHECK(worker_end_job_now(s->ctx));
+  } else if (outcome < 0) {
+    s->restart_due = 0;
+    NEWT_CHECK(worker_fail_job(s->ctx, why));
   }
   return NEWT_OK;
 }

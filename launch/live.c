@@ -39,11 +39,11 @@ static void resumed_line(run *r, const job_step *s) {
 /* A step of the log into the run's picture, where it is newer than what etcd said. */
 static void take_step(run *r, const job_step *s) {
   pthread_mutex_lock(&r->mu);
+  if (s->restarts > r->restarts) r->restarts = s->restarts;
   if (s->step > r->step || (int64_t)s->generation > r->gen) {
     if (s->step > r->step) r->step = s->step;
     r->gen = (int64_t)s->generation;
     r->loss = s->loss;
-    if (s->restarts > r->restarts) r->restarts = s->restarts;
     r->tps = s->tokens_per_s;
     r->world = (int)s->world;
     r->dp = (int)s->dp;

@@ -10,6 +10,7 @@
 
 #include "common/dtype.h"
 #include "common/fs.h"
+#include "common/log.h"
 #include "common/sys.h"
 #include "worker/bridge.h"
 #include "worker/internal.h"
@@ -555,5 +556,16 @@ newt_result_t worker_end_job_now(newt_ctx *c) {
   if (c->phase != PHASE_RUNNING || c->step != STEP_IDLE || c->live_step < 1)
     return NEWT_ERR(NEWT_ERR_INVALID, "worker_end_job_now: only after a step's newt_step_end");
   c->end_now = 1;
+  return NEWT_OK;
+}
+
+newt_result_t worker_fail_job(newt_ctx *c, const char *why) {
+  if (!c || !why) return NEWT_ERR(NEWT_ERR_INVALID, "worker_fail_job: no worker or no reason");
+  if (c->phase != PHASE_RUNNING)
+    return NEWT_ERR(NEWT_ERR_INVALID, "worker_fail_job: only while a generation runs");
+  NEWT_ERROR(WORKER, "%s: the job fails: %s", c->id, why);
+  c->failed = 1;
+  snprintf(c->failed_why, sizeof c->failed_why, "%s", why);
+  worker_report_fatal(c, &c->plan, why);
   return NEWT_OK;
 }

@@ -16,4 +16,9 @@ comm_t *worker_comm_of(newt_comm *c);
  * NEXT_DONE. NEWT_ERR_INVALID in a job of another mode, or anywhere but after newt_step_end. */
 newt_result_t worker_end_job_now(newt_ctx *c);
 
+/* The restart mode's failure budget spent (cli/restart.c): the job fails, `why` its reason
+ * (every rank calls it at the same step; the leader fails the job on their reports, as on a
+ * lost state's). The next newt_step_begin says NEXT_FAILED. */
+newt_result_t worker_fail_job(newt_ctx *c, const char *why);
+
 #endif
