@@ -17,6 +17,10 @@ same block of the epoch's permutation at any world size dividing it, and DDP's a
 gradient is the global batch's mean, so a run that changes its world size and resumes from its
 checkpoints ends at the uninterrupted run's loss (to float64's rounding of the sums).
 
+With STEP_LOG in the environment rank 0 also appends {"step", "world", "restart", "t"} to that
+file per step (a script's own log, as torch_tiny_gpt.py's: bench/torch/restart.py times
+recoveries from it under newt and under torchrun alike).
+
 Options for tests, none needed otherwise: --dump-env DIR (write this rank's torchrun variables
 to DIR/env-RANK.json once the process group is up, and exit), --gate FILE (a line `S R` in FILE
 holds every rank before step S + 1 while TORCHELASTIC_RESTART_COUNT is R: a test injects a
@@ -117,6 +121,7 @@ def main():
     loader = DataLoader(data, batch_size=a.global_batch // world, sampler=sampler)
     per_epoch = len(loader)
     loss_fn = nn.MSELoss(reduction="sum")
+    log = open(os.environ["STEP_LOG"], "a") if os.environ.get("STEP_LOG") and rank == 0 else None
     while step < a.steps:
         epoch, skip = divmod(step, per_epoch)
         sampler.set_epoch(epoch)
@@ -135,6 +140,9 @@ def main():
             dist.all_reduce(total)
             if rank == 0:
                 print(f"NEWT_STEP {step} loss {total.item() / a.global_batch:.17g}", flush=True)
+                if log:
+                    log.write(json.dumps({"step": step, "world": world, "restart": restart, "t": time.time()}) + "\n")
+                    log.flush()
             if step % a.ckpt_every == 0 and rank == 0:
                 os.makedirs(a.ckpt_dir, exist_ok=True)
                 tmp = ckpt + ".tmp"
