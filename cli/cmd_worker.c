@@ -6,7 +6,8 @@
  * which runs N such workers (one per GPU of the node) and restarts the ones that crash.
  * `-- COMMAND [ARGS...]`: instead of the built-in trainer, the flags become the environment
  * of cli/program.h and COMMAND (a program built on libnewt) is exec'd in newt's place; with
- * --local-workers each local worker does so. */
+ * --local-workers each local worker does so. With --restart and `-- COMMAND` (a program that
+ * does not link newt), the worker stays and supervises COMMAND (cli/restart.h). */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
