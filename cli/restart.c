@@ -18,8 +18,14 @@
  * What the sums say, every supervisor alike (they are bitwise the same on every rank):
  *
  *   a program failed (exit != 0, a signal) or is stopped (SIGSTOP)   restart all, same world
- *   no program progressed for spec.fault.hang_timeout_ms of beats     restart all, same world
+ *   no program progressed for spec.fault.hang_timeout_ms              restart all, same world
+ *     (first_step_timeout_ms until one printed a step or wrote its heartbeat)
  *   every program exited 0                                            the job is done
+ *   failure restarts beyond spec.fault.max_failures in the window     the job fails
+ *
+ * Times are rank 0's clock, a value of the beat's commit, so every rank agrees on them; the
+ * restart count and the failure restarts' times are state newt keeps for the supervisors
+ * (NEWT_PER_JOB bytes: a joiner gets them from its peers).
  *
  * Progress is the I/O of the program's process group (rchar + wchar of /proc/PID/io) or a
  * change of the heartbeat file (NEWT_HEARTBEAT_FILE: its time or size). A supervisor killed,
@@ -255,7 +261,9 @@ static void end_child(sup *s, int64_t grace_ms, const char *why) {
     }
   }
   kill(-c->pid, SIGKILL); /* what it left behind in its group */
-  while (c->out >= 0) pump(s, 50);
+  /* what it wrote last; a process that left its group may hold the pipe open: not waited for */
+  for (newt_deadline_t d = newt_deadline_in_ms(1000); c->out >= 0 && !newt_deadline_passed(d);) pump(s, 50);
+  if (c->out >= 0) close(c->out);
   *c = (child){.out = -1};
 }
 
