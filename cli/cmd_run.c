@@ -47,7 +47,7 @@ static int spec_flags_conflict(const spec_flags *sf, int argc, int command, char
 typedef struct run_flags {
   int64_t nproc, coords, threads, timeout, members, hosts, gpus;
   const char *chaos, *spec_file;
-  int quiet;
+  int quiet, restart;
   cli_etcd_flags ef; /* --etcd and how to reach it; no environment: newt run starts its own etcd */
 } run_flags;
 
@@ -105,6 +105,11 @@ static int parse_flags(int argc, char **argv, run_flags *f, launcher_opts *lo, s
       {"step-log", NEWT_OPT_STR, &lo->step_log, "the step log, one JSON line per step (default: steps.jsonl in the log directory)"},
       {"timeout-ms", NEWT_OPT_INT, &f->timeout, "give up when not done by then (0: never)"},
       {"quiet", NEWT_OPT_FLAG, &f->quiet, "no live line"},
+      {"restart", NEWT_OPT_FLAG, &f->restart,
+       "the restart mode: COMMAND does not link newt (a script torchrun would run); each worker starts it with "
+       "torchrun's environment and restarts every one when the membership changes or one fails or hangs; the "
+       "steps counted are the lines `NEWT_STEP <n> [loss <x>]` it prints (docs/elastic.md, Scripts that do not "
+       "link newt)"},
       NEWT_OPT_END};
   if (spec_flags_bind(sf, opts, &d) != NEWT_OK) return newt_opts_exit(NEWT_ERR_INVALID);
   return newt_opts_exit(newt_opts_parse_command("run", RUN_SYNOPSIS, run_epilogue, opts, argc, argv, command));
@@ -232,6 +237,23 @@ static int setup_etcd(run_flags *f, launcher_opts *lo, char **password) {
   return 0;
 }
 
+/* The restart mode (--restart, or a spec file that says "restart": true): the program after
+ * `--` is supervised, and the spec gets the mode's fields (spec_set_restart). 0, or 2 with the
+ * reason said. */
+static int restart_mode(const run_flags *f, launcher_opts *lo) {
+  if (!f->restart && !lo->spec.restart) return 0;
+  if (!lo->command) {
+    fprintf(stderr, "newt run: --restart goes with -- COMMAND, the program the workers supervise\n");
+    return 2;
+  }
+  spec_set_restart(&lo->spec);
+  if (spec_validate(&lo->spec) != NEWT_OK) {
+    fprintf(stderr, "newt run: --restart: %s\n", newt_errmsg());
+    return 2;
+  }
+  return 0;
+}
+
 /* Everything before the launch: the flags, the spec, the checks. -1 to launch, else the exit
  * status. */
 static int prepare(int argc, char **argv, run_flags *f, launcher_opts *lo, char **password) {
@@ -246,6 +268,7 @@ static int prepare(int argc, char **argv, run_flags *f, launcher_opts *lo, char 
   if (command >= 0) lo->command = argv + command; /* NULL-terminated, as main's argv is */
   if (f->spec_file && spec_flags_conflict(&sf, argc, command, argv)) return 2;
   if (build_spec(f, &sf, &lo->spec) != 0 || check_flags(f, lo) != 0) return 2;
+  if (restart_mode(f, lo) != 0) return 2;
   if (check_chaos_hosts(lo) != 0 || check_gpus(lo, f->gpus) != 0) return 2;
   lo->nproc = (int)f->nproc;
   lo->coordinators = (int)f->coords;

@@ -252,9 +252,15 @@ static void print_head(FILE *f, const status *st, uint64_t now) {
   fprintf(f, "job %s: ", st->job);
   if (v->has_failed)
     fprintf(f, "FAILED %s: %s\n", ago(now, v->failed.t_ms, a, sizeof a), v->failed.why);
+  else if (v->has_done && v->has_spec && v->spec.restart) /* beats: the program's steps are its own */
+    fprintf(f, "done (restart mode: every program exited 0) at beat %lld, the program's loss %.4f, %s\n",
+            (long long)v->done.step, v->done.loss, ago(now, v->done.t_ms, a, sizeof a));
   else if (v->has_done)
     fprintf(f, "done at step %lld, final loss %.4f, %lld samples, %s\n", (long long)v->done.step, v->done.loss,
             (long long)v->done.samples, ago(now, v->done.t_ms, a, sizeof a));
+  else if (v->has_progress && v->has_spec && v->spec.restart)
+    fprintf(f, "running (restart mode: the supervisors' beat %lld; the program's steps are in the step log), the "
+            "program's loss %.4f\n", (long long)v->progress.step, v->progress.loss);
   else if (v->has_progress && v->has_spec && v->spec.steps > 0)
     fprintf(f, "running, step %lld of %lld (%.0f%%)\n", (long long)v->progress.step, (long long)v->spec.steps,
             100.0 * (double)v->progress.step / (double)v->spec.steps);

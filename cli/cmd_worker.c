@@ -6,7 +6,8 @@
  * which runs N such workers (one per GPU of the node) and restarts the ones that crash.
  * `-- COMMAND [ARGS...]`: instead of the built-in trainer, the flags become the environment
  * of cli/program.h and COMMAND (a program built on libnewt) is exec'd in newt's place; with
- * --local-workers each local worker does so. */
+ * --local-workers each local worker does so. With --restart and `-- COMMAND` (a program that
+ * does not link newt), the worker stays and supervises COMMAND (cli/restart.h). */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -17,6 +18,7 @@
 #include "cli/ending.h"
 #include "cli/etcd_flags.h"
 #include "cli/program.h"
+#include "cli/restart.h"
 #include "common/log.h"
 #include "common/opts.h"
 #include "common/strutil.h"
@@ -148,8 +150,8 @@ static int check_ranges(const cli_program *p, const agent_flags *af) {
   return 0;
 }
 
-/* The built-in trainer as this worker (gpt_worker_run), with the flags as its join options. */
-static int run_builtin(const cli_program *p, const cli_etcd_flags *ef) {
+/* The flags as the worker's join options. */
+static void join_opts_of(const cli_program *p, const cli_etcd_flags *ef, newt_join_opts *out) {
   newt_join_opts jo;
   newt_join_opts_init(&jo);
   jo.etcd = ef->endpoints;
@@ -172,7 +174,33 @@ static int run_builtin(const cli_program *p, const cli_etcd_flags *ef) {
   jo.metrics_port = (int)p->metrics_port;
   jo.termination_log = cli_termination_log(p->term_log);
   jo.handle_signals = 1;
+  *out = jo;
+}
+
+/* The built-in trainer as this worker (gpt_worker_run), with the flags as its join options. */
+static int run_builtin(const cli_program *p, const cli_etcd_flags *ef) {
+  newt_join_opts jo;
+  join_opts_of(p, ef, &jo);
   return gpt_worker_run(&jo, (int)p->threads);
+}
+
+/* The restart mode's supervisor of COMMAND (cli/restart.h): the step log is its own to write
+ * (the program's steps), not the library's (its beats). */
+static int run_restart(const cli_program *p, const cli_etcd_flags *ef, char **command) {
+  newt_join_opts jo;
+  join_opts_of(p, ef, &jo);
+  jo.step_log = "";
+  char id[128];
+  cli_program_id(p, id, sizeof id);
+  jo.worker_id = id;
+  newt_result_t r = cli_program_check(command);
+  if (r != NEWT_OK) {
+    job_end end = {.status = JOB_EXIT_USAGE};
+    return cli_end("worker", r, &end, cli_termination_log(p->term_log));
+  }
+  cli_restart_opts ro = {.join = &jo, .command = command, .step_log = p->step_log, .addr = p->addr,
+                         .threads = (int)p->threads};
+  return cli_restart_run(&ro);
 }
 
 int newt_cmd_worker(int argc, char **argv) {
@@ -188,6 +216,7 @@ int newt_cmd_worker(int argc, char **argv) {
   p.secret_file = getenv("NEWT_JOB_SECRET_FILE");
   p.metrics_addr = getenv("NEWT_METRICS_ADDR") ? getenv("NEWT_METRICS_ADDR") : "127.0.0.1";
   agent_flags af = {.max_restarts = 5, .restart_window = 600, .health_every = 5000};
+  int restart = 0;
   if (env_defaults(&p.port, &p.device, &p.threads, &p.metrics_port, &p.share_device) != NEWT_OK) {
     fprintf(stderr, "newt worker: %s\n", newt_errmsg());
     return 2;
@@ -215,6 +244,11 @@ int newt_cmd_worker(int argc, char **argv) {
                       "addresses the metrics server binds, comma-separated (env NEWT_METRICS_ADDR)"},
                      {"termination-log", NEWT_OPT_STR, &p.term_log,
                       "file for the termination message (env NEWT_TERMINATION_LOG; default /dev/termination-log when it exists)"},
+                     {"restart", NEWT_OPT_FLAG, &restart,
+                      "with -- COMMAND: COMMAND does not link newt (a script torchrun would run): supervise it, "
+                      "starting it with torchrun's environment (RANK, WORLD_SIZE, MASTER_ADDR, ...) at each "
+                      "generation and restarting it when the job's membership changes (a job of newt run --restart; "
+                      "docs/elastic.md, Scripts that do not link newt)"},
                      {"local-workers", NEWT_OPT_INT, &af.local_workers,
                       "run N workers, worker i as --id ID-i --device DEVICE+i --port PORT+i --metrics-port METRICS-PORT+i, "
                       "restarting the ones that crash (the node agent: docs/kubernetes.md, GPU nodes; 0: be one worker)"},
@@ -240,6 +274,15 @@ int newt_cmd_worker(int argc, char **argv) {
   if (check_ranges(&p, &af) != 0) {
     free(password);
     return 2;
+  }
+  if (restart && !program) {
+    fprintf(stderr, "newt worker: --restart goes with -- COMMAND, the program to supervise\n");
+    free(password);
+    return 2;
+  }
+  if (restart && af.local_workers == 0) {
+    free(password); /* libnewt reads the file itself */
+    return run_restart(&p, &ef, program);
   }
   if (af.local_workers > 0 || program) {
     int nflags = program ? command - 1 : argc; /* the agent passes the flags on, not `--` */

@@ -656,14 +656,21 @@ static void cards(page *p, const run_view *v) {
       }
       free(tot);
       snprintf(b, sizeof b, "%lld", (long long)lost);
-      card(p, b, "steps redone");
+      if (!s || !s->res.restart_mode) card(p, b, "steps redone"); /* else beats: the program's are below */
     }
   }
   if (s) {
     snprintf(a, sizeof a, "%lld", (long long)s->res.generations);
     card(p, a, "generations");
-    snprintf(a, sizeof a, "%lld", (long long)s->res.samples_consumed);
-    card(p, a, "samples consumed");
+    if (s->res.restart_mode) { /* the program's own: newt counted none of its samples */
+      snprintf(a, sizeof a, "%lld", (long long)s->res.restarts);
+      card(p, a, "restarts of the program");
+      snprintf(a, sizeof a, "%lld", (long long)s->res.steps_redone);
+      card(p, a, "the program's steps redone");
+    } else {
+      snprintf(a, sizeof a, "%lld", (long long)s->res.samples_consumed);
+      card(p, a, "samples consumed");
+    }
     if (s->res.samples_repeated > 0) {
       snprintf(a, sizeof a, "%lld", (long long)s->res.samples_repeated);
       card(p, a, "samples trained twice");

@@ -303,6 +303,8 @@ static const codec_field step_fields[] = {
     {CODEC_MS(job_step, generation, "generation"), .def = 1},
     {CODEC_MS(job_step, t_ms, "t_ms")},
     {CODEC_INT(job_step, ckpt, "ckpt", 0, INT64_MAX)},
+    /* the restart mode's: the programs restarted before this step's (0: none, and not written) */
+    {CODEC_INT(job_step, restarts, "restarts", 0, INT64_MAX), CODEC_OMIT},
 };
 static const codec_table step_table = CODEC_TABLE(job_step, "step", step_fields);
 RECORD_CODEC(job_step, step_table)
@@ -320,7 +322,10 @@ static const codec_table done_table = CODEC_TABLE(job_done, "done", done_fields)
 RECORD_CODEC(job_done, done_table)
 
 int job_done_plausible(const job_done *d, const newt_spec *spec) {
-  return d->step == spec->steps && d->samples == (uint64_t)spec->steps * (uint64_t)spec->global_batch;
+  /* in the restart mode the job ends at the beat where every program exited 0: any beat up to
+     the last (docs/elastic.md, "Scripts that do not link newt") */
+  int step_ok = spec->restart ? d->step >= 1 && d->step <= spec->steps : d->step == spec->steps;
+  return step_ok && d->samples == (uint64_t)d->step * (uint64_t)spec->global_batch;
 }
 
 /* --- checkpoint pointer ---------------------------------------------------------------------- */

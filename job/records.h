@@ -261,6 +261,8 @@ typedef struct job_step {
   uint64_t generation;  /* the plan's generation (1 for `newt train`) */
   uint64_t t_ms;        /* wall ms when the step was done */
   int64_t ckpt;         /* the newest committed checkpoint the writer knows of (0: none) */
+  int64_t restarts;     /* the restart mode: the program's step, and how many times the programs were
+                           restarted before it (0: none, and not written; docs/elastic.md) */
 } job_step;
 
 /* {"step","loss","lr","tokens_per_s","world","dp","generation","t_ms","ckpt"}, in this

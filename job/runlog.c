@@ -155,6 +155,7 @@ static int by_step_gen_line(const void *a, const void *b) {
   const ranked *x = a, *y = b;
   if (x->s.step != y->s.step) return x->s.step < y->s.step ? -1 : 1;
   if (x->s.generation != y->s.generation) return x->s.generation < y->s.generation ? -1 : 1;
+  if (x->s.restarts != y->s.restarts) return x->s.restarts < y->s.restarts ? -1 : 1;
   return x->line < y->line ? -1 : x->line > y->line;
 }
 
@@ -169,7 +170,8 @@ newt_result_t job_steplog_stitch(job_step *s, size_t *n, size_t *redone) {
   for (size_t first = 0, last; first < *n; first = last + 1) {
     last = first; /* [first, last]: the lines of one step, the winner last */
     while (last + 1 < *n && r[last + 1].s.step == r[first].s.step) last++;
-    if (redone && r[first].s.generation != r[last].s.generation) (*redone)++;
+    if (redone && (r[first].s.generation != r[last].s.generation || r[first].s.restarts != r[last].s.restarts))
+      (*redone)++;
     s[out++] = r[last].s;
   }
   free(r);

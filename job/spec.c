@@ -148,6 +148,7 @@ static const codec_field spec_fields[] = {
     {CODEC_OBJECT("ckpt", ckpt_table)},
     {CODEC_OBJECT("fault", fault_table)},
     {CODEC_STR(newt_spec, backend, "backend"), .sdef = "cpu"},
+    {CODEC_BOOL(newt_spec, restart, "restart"), CODEC_OMIT},
 };
 static const codec_table spec_table = SPEC_SECTION("spec", spec_fields);
 
@@ -323,6 +324,9 @@ newt_result_t spec_validate(const newt_spec *s) {
        (long long)s->global_batch, (long long)s->micro_batch, (long long)s->dp_min,
        (long long)s->dp_max);
   RULE(s->ckpt_every >= 0, "spec.ckpt.every: must not be negative (0 disables checkpoints)");
+  RULE(!s->restart || !s->ckpt_dir[0],
+       "spec.ckpt.dir: a job of the restart mode (spec.restart) keeps no checkpoint of newt's: its program saves its "
+       "own; leave the directory out");
   RULE(s->ckpt_keep >= 1, "spec.ckpt.keep: must be at least 1, got %lld", (long long)s->ckpt_keep);
   RULE(s->ckpt_level >= -7 && s->ckpt_level <= 22, "spec.ckpt.level: zstd levels are -7..22, got %lld",
        (long long)s->ckpt_level);
@@ -353,6 +357,13 @@ newt_result_t spec_validate(const newt_spec *s) {
   RULE(newt_backend_find(s->backend), "spec.backend: must be %s, got \"%s\"",
        newt_backend_names(backends, sizeof backends, "\""), s->backend);
   return NEWT_OK;
+}
+
+void spec_set_restart(newt_spec *s) {
+  s->restart = 1;
+  s->steps = SPEC_RESTART_BEATS;
+  s->global_batch = SPEC_RESTART_BATCH;
+  s->micro_batch = 1;
 }
 
 char *spec_to_json(const newt_spec *s) {
@@ -431,6 +442,13 @@ static const char *diff_leaves(const cJSON *a, const cJSON *b, const char *path,
 }
 
 int spec_update_allowed(const newt_spec *a, const newt_spec *b, char *changed, size_t cap) {
+  if (a->restart != b->restart) { /* written only when set: the walk below may not see it */
+    NEWT_ERR(NEWT_ERR_CONFLICT,
+             "spec.restart: %s -> %s cannot change while job %s runs (its workers are %s); start a new job",
+             a->restart ? "true" : "false", b->restart ? "true" : "false", a->job,
+             a->restart ? "supervisors of programs that do not link newt" : "programs on libnewt");
+    return 0;
+  }
   if (a->replicas != b->replicas) { /* written only when not 1: the walk below may not see it */
     NEWT_ERR(NEWT_ERR_CONFLICT,
              "spec.fault.replicas: %lld -> %lld cannot change while job %s runs (the placement and every rank's "

@@ -118,6 +118,12 @@ typedef struct newt_spec {
   int64_t verify_every;
   int on_mismatch;
   char backend[8];          /* a row of common/backend.h: cpu, nccl */
+  /* 1: the restart mode (docs/elastic.md, "Scripts that do not link newt"): the workers are
+     supervisors of programs that do not link newt (`newt worker --restart -- COMMAND`), and
+     the job's steps are their beats, not the program's steps; the job ends done at a beat
+     where every program exited 0, at most train.steps beats. Written only when set, so a spec
+     of the previous release reads the same. */
+  int restart;
 } newt_spec;
 
 /* The words of spec.fault.on_state_loss and spec.fault.on_mismatch ("checkpoint", "rollback");
@@ -134,6 +140,14 @@ const struct codec_field *spec_field(const char *path);
 /* The path of the spec's i-th field, sections opened ("job", "model.preset", ...) into path;
  * 0 once i is past the last. */
 int spec_field_path(size_t i, char *path, size_t cap);
+
+/* The restart mode's fields (docs/elastic.md, "Scripts that do not link newt"): restart set,
+ * train.steps the most beats (SPEC_RESTART_BEATS), a global batch of SPEC_RESTART_BATCH
+ * samples in micro-batches of 1 (a beat's samples are nobody's: they only let any world up to
+ * it be planned). */
+#define SPEC_RESTART_BEATS ((int64_t)1 << 40)
+#define SPEC_RESTART_BATCH 1024
+void spec_set_restart(newt_spec *s);
 
 /* Defaults for everything; job set to `job`. */
 void spec_defaults(newt_spec *s, const char *job);

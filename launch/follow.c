@@ -35,6 +35,14 @@ static void queue_event(run *r, const job_event *e) {
 }
 
 static void take_progress(run *r, const job_progress *p) {
+  if (r->o->spec.restart) { /* beats: the program's steps come from the step log */
+    if (p->step > r->beat) r->beat = p->step;
+    r->gen = (int64_t)p->generation;
+    r->world = (int)p->world;
+    r->dp = (int)p->dp;
+    r->progress_t_ms = p->t_ms;
+    return;
+  }
   if (p->step > r->step) r->step = p->step;
   r->gen = (int64_t)p->generation;
   r->loss = p->loss;
@@ -59,7 +67,7 @@ static void judge_done(run *r) {
   char key[256];
   const job_done *d = &r->done_seen;
   if (job_key(key, sizeof key, r->o->spec.job, JOB_REC_DONE, 0, NULL) != NEWT_OK) return;
-  if (job_done_counts(d, key, &r->o->spec, &r->auth, r->step) != NEWT_OK) {
+  if (job_done_counts(d, key, &r->o->spec, &r->auth, r->o->spec.restart ? r->beat : r->step) != NEWT_OK) {
     if (r->done_rev != r->done_seen_rev)
       snprintf(r->done_warn, sizeof r->done_warn, "ignoring the end marker %s; the job trains on", newt_errmsg());
     r->done_rev = r->done_seen_rev;

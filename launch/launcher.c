@@ -399,6 +399,26 @@ static int look(run *r, newt_deadline_t deadline, double *last_line, newt_result
   return cut_short(r, step, deadline, rc);
 }
 
+/* The restart mode's figures: the program's steps and loss from the step log (the supervisors'
+ * beats are not the program's steps, and newt counted none of its samples), its restarts, and
+ * the steps its restarts made it do again (job_steplog_stitch). */
+static void restart_figures(run *r) {
+  launcher_result *res = r->res;
+  for (int k = 0; k < 1024 && live_follow_steps(r); k++) {
+  }
+  res->restart_mode = 1;
+  res->beats = r->done ? r->done_step : r->beat;
+  res->steps = r->step;
+  res->final_loss = r->loss;
+  res->samples_consumed = 0;
+  res->restarts = r->restarts;
+  job_step *s = NULL;
+  size_t n = 0, redone = 0;
+  if (job_steplog_read(res->step_log, &s, &n, NULL) == NEWT_OK && job_steplog_stitch(s, &n, &redone) == NEWT_OK)
+    res->steps_redone = (int64_t)redone;
+  free(s);
+}
+
 /* The loop, then the run's figures: the last events (the final recovery, "done"), the notes
  * not written yet, the last live line. */
 static newt_result_t run_loop(run *r) {
@@ -426,6 +446,7 @@ static newt_result_t run_loop(run *r) {
   res->steps = r->done ? r->done_step : r->step;
   res->final_loss = r->done ? r->done_loss : r->loss;
   res->samples_consumed = r->done_samples;
+  if (r->o->spec.restart) restart_figures(r);
   if (r->done) ended(res, "done", "%s", "");
   return rc;
 }
@@ -501,12 +522,14 @@ newt_result_t launcher_run(const launcher_opts *o, launcher_result *res) {
     res->steps = r->step;
     res->final_loss = r->loss;
     res->samples_consumed = r->step * o->spec.global_batch; /* the cursor of the last committed step */
+    if (o->spec.restart) restart_figures(r);
   }
   res->wall_s = newt_now_s() - r->t0;
   recoveries_measure(r);
   /* the steps each recovery did again, and each rollback of replicas that disagreed, in
      samples: every sample once is samples_consumed = steps x global_batch and none repeated */
-  for (int i = 0; i < res->nrecoveries; i++) res->samples_repeated += res->recoveries[i].steps_lost * o->spec.global_batch;
+  for (int i = 0; i < res->nrecoveries && !o->spec.restart; i++)
+    res->samples_repeated += res->recoveries[i].steps_lost * o->spec.global_batch;
   for (int i = 0; i < res->nmismatches; i++)
     if (strcmp(res->mismatches[i].action, "rollback") == 0 && res->mismatches[i].step > res->mismatches[i].back_to)
       res->samples_repeated += (res->mismatches[i].step - res->mismatches[i].back_to) * o->spec.global_batch;

@@ -147,6 +147,12 @@ typedef struct launcher_result {
   int64_t resumed_step;  /* the run's first generation started from the checkpoint of this step (an
                             earlier run's, in resumed_dir); 0: it started afresh */
   char resumed_dir[512];
+  /* the restart mode (spec.restart): steps and final_loss are the program's (its NEWT_STEP lines),
+     samples_consumed 0 (newt counts none of its samples); restarts: how many times the programs
+     were started again (TORCHELASTIC_RESTART_COUNT of the last start); steps_redone: the program's
+     steps done again after a restart (from its last checkpoint); beats: the supervisors' steps */
+  int restart_mode;
+  int64_t restarts, steps_redone, beats;
   int64_t newest_ckpt;   /* the newest checkpoint in spec.ckpt_dir once every process ended (its
                             `latest`, set by newt run): what a run on that directory resumes
                             from; 0: none */

@@ -39,6 +39,7 @@ static void resumed_line(run *r, const job_step *s) {
 /* A step of the log into the run's picture, where it is newer than what etcd said. */
 static void take_step(run *r, const job_step *s) {
   pthread_mutex_lock(&r->mu);
+  if (s->restarts > r->restarts) r->restarts = s->restarts;
   if (s->step > r->step || (int64_t)s->generation > r->gen) {
     if (s->step > r->step) r->step = s->step;
     r->gen = (int64_t)s->generation;
@@ -84,6 +85,23 @@ static void away_for(run *r, char *out, size_t cap) {
   snprintf(out, cap, " | etcd unreachable for %s", newt_fmt_duration(wall > lost ? (double)(wall - lost) / 1e3 : 0, d, sizeof d));
 }
 
+/* The restart mode's line: the program's step, its loss and the restarts. */
+static void restart_line(run *r, double now) {
+  r->t_line = now;
+  char took[32];
+  newt_fmt_duration(now - r->t0, took, sizeof took);
+  const char *rec = r->res->nrecoveries == 1 ? "recovery" : "recoveries";
+  if (r->step <= 0)
+    fprintf(stderr, "%snewt run: starting %d programs: no NEWT_STEP line yet, %s in%s", r->tty ? "\r\033[K" : "",
+            r->o->nproc, took, r->tty ? "" : "\n");
+  else
+    fprintf(stderr, "%snewt run: the program's step %lld, loss %.4f, world %d, generation %lld, %lld restart%s, %d %s, "
+            "%s in%s", r->tty ? "\r\033[K" : "", (long long)r->step, r->loss, r->world, (long long)r->gen,
+            (long long)r->restarts, r->restarts == 1 ? "" : "s", r->res->nrecoveries, rec, took, r->tty ? "" : "\n");
+  r->line_open = r->tty;
+  fflush(stderr);
+}
+
 /* On a terminal: one line refreshed in place, with the time left at the pace since the first
  * step seen. Elsewhere (a log file, a CI console): a plain line every few seconds, and the
  * last one. No loss is shown before the first step. */
@@ -91,6 +109,10 @@ void live_line(run *r, int last) {
   if (r->o->quiet) return;
   double now = newt_now_s();
   int64_t step = r->step, steps = r->o->spec.steps;
+  if (r->o->spec.restart) { /* the program's steps: newt knows no total, no tokens */
+    if (last || r->tty || now - r->t_line >= 5.0) restart_line(r, now);
+    return;
+  }
   if (step > 0 && !r->t_step0) r->t_step0 = now, r->step0 = step;
   if (!r->tty && !last && now - r->t_line < 5.0) return;
   r->t_line = now;

@@ -126,6 +126,7 @@ static void worker_args(run *r, spawn_ctx *x, strv *argv) {
     strv_add(argv, "--share-device");
   }
   if (!r->o->command) return;
+  if (r->o->spec.restart) strv_add(argv, "--restart"); /* it supervises the program (cli/restart.h) */
   strv_add(argv, "--"); /* the program newt worker execs in its place (cli/program.h) */
   for (char *const *w = r->o->command; *w; w++) strv_add(argv, *w);
 }

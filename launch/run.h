@@ -129,7 +129,9 @@ typedef struct run {
   int64_t step0;
 
   pthread_mutex_t mu; /* the picture the watch keeps: */
-  int64_t step, gen;
+  int64_t step, gen;  /* in the restart mode the step is the program's, from the step log */
+  int64_t beat;       /* the restart mode: the supervisors' beats (the progress record's step) */
+  int64_t restarts;   /* the restart mode: the programs' restarts, from the step log */
   double loss, tps;
   int world, dp;
   uint64_t progress_t_ms;

@@ -162,6 +162,34 @@ static const codec_table newest_table = CODEC_TABLE(launcher_summary, "newest_ch
 
 /* --- the summary ------------------------------------------------------------------------------ */
 
+/* Written only in the restart mode (spec.restart). */
+static int not_restart(const void *rec) { return !((const launcher_summary *)rec)->res.restart_mode; }
+
+static const codec_field restart_fields[] = {
+    {CODEC_MS(launcher_summary, res.restarts, "restarts"), CODEC_REQUIRED},
+    {CODEC_MS(launcher_summary, res.steps_redone, "steps_redone"), CODEC_REQUIRED},
+    {CODEC_MS(launcher_summary, res.beats, "beats")},
+};
+static const codec_table restart_table = CODEC_TABLE(launcher_summary, "restart", restart_fields);
+
+/* Read back: a summary with a restart object is of the restart mode. */
+static newt_result_t get_restart(const cJSON *obj, const char *what, const codec_field *f, void *rec, int required) {
+  launcher_summary *s = rec;
+  const cJSON *o = cJSON_GetObjectItemCaseSensitive(obj, f->name);
+  (void)required;
+  if (!o) return NEWT_OK;
+  char label[96];
+  snprintf(label, sizeof label, "%s.%s", what, f->name);
+  s->res.restart_mode = 1;
+  return codec_decode_object(&restart_table, o, label, s);
+}
+
+static newt_result_t put_restart(cJSON *obj, const codec_field *f, const void *rec) {
+  cJSON *o = cJSON_AddObjectToObject(obj, f->name);
+  if (!o) return NEWT_ERR(NEWT_ERR_NOMEM, "out of memory writing %s", f->name);
+  return codec_encode_object(&restart_table, o, rec);
+}
+
 /* Written only when replicas disagreed: a run without is what the previous release wrote. */
 static int no_mismatches(const void *rec) { return ((const launcher_summary *)rec)->res.nmismatches == 0; }
 
@@ -194,6 +222,7 @@ static const codec_field summary_fields[] = {
     {CODEC_OBJECT("newest_checkpoint", newest_table), .skip = no_newest},
     {CODEC_NAMES(launcher_summary, res.left_out, res.nleft_out, "left_out", 0), CODEC_OMIT},
     {SUMMARY_ARRAY(res.mismatches, res.nmismatches, "mismatches", mismatch_table), .skip = no_mismatches},
+    {CODEC_CUSTOM(launcher_summary, res.restart_mode, "restart", put_restart, get_restart), .skip = not_restart},
     {CODEC_STR(launcher_summary, res.log_dir, "log_dir")},
     {CODEC_STR(launcher_summary, res.step_log, "step_log")},
     {CODEC_STR(launcher_summary, res.event_log, "event_log")},
@@ -203,6 +232,7 @@ static const codec_table summary_table = CODEC_TABLE(launcher_summary, "summary"
 char *launcher_summary_json(const launcher_opts *o, const launcher_result *res) {
   launcher_summary s = {.global_batch = o->spec.global_batch, .workers = o->nproc, .steps_planned = o->spec.steps,
                         .res = *res};
+  if (o->spec.restart) s.global_batch = s.steps_planned = 0; /* the beats' own: not the program's */
   snprintf(s.job, sizeof s.job, "%s", o->spec.job);
   snprintf(s.ckpt_dir, sizeof s.ckpt_dir, "%s", o->spec.ckpt_dir);
   if (!isfinite(s.res.final_loss)) s.res.final_loss = 0;

@@ -10,6 +10,7 @@
 
 #include "common/dtype.h"
 #include "common/fs.h"
+#include "common/log.h"
 #include "common/sys.h"
 #include "worker/bridge.h"
 #include "worker/internal.h"
@@ -547,3 +548,24 @@ int newt_finish(newt_ctx *c, newt_result_t r) {
 }
 
 comm_t *worker_comm_of(newt_comm *c) { return c && c->magic == WORKER_COMM_MAGIC ? c->c : NULL; }
+
+newt_result_t worker_end_job_now(newt_ctx *c) {
+  if (!c) return NEWT_ERR(NEWT_ERR_INVALID, "worker_end_job_now: no worker");
+  if (!c->spec.restart)
+    return NEWT_ERR(NEWT_ERR_INVALID, "worker_end_job_now: job %s is not in the restart mode (spec.restart)", c->o.job);
+  if (c->phase != PHASE_RUNNING || c->step != STEP_IDLE || c->live_step < 1)
+    return NEWT_ERR(NEWT_ERR_INVALID, "worker_end_job_now: only after a step's newt_step_end");
+  c->end_now = 1;
+  return NEWT_OK;
+}
+
+newt_result_t worker_fail_job(newt_ctx *c, const char *why) {
+  if (!c || !why) return NEWT_ERR(NEWT_ERR_INVALID, "worker_fail_job: no worker or no reason");
+  if (c->phase != PHASE_RUNNING)
+    return NEWT_ERR(NEWT_ERR_INVALID, "worker_fail_job: only while a generation runs");
+  NEWT_ERROR(WORKER, "%s: the job fails: %s", c->id, why);
+  c->failed = 1;
+  snprintf(c->failed_why, sizeof c->failed_why, "%s", why);
+  worker_report_fatal(c, &c->plan, why);
+  return NEWT_OK;
+}

@@ -298,6 +298,8 @@ struct newt_ctx {
                                        it (waiting for a plan: it did not train the last step) */
   int have_end_marker;
   int trained_last;                 /* this rank trained the job's last step (its loss is the job's) */
+  int end_now;                      /* the restart mode: the job ends done at the step last ended
+                                       (worker_end_job_now, worker/bridge.h) */
   job_end end;                      /* how it ended (newt_finish) */
 };
 

@@ -198,7 +198,7 @@ static newt_result_t next_step(worker *w, newt_batch *b, newt_next *next) {
     w->phase = PHASE_WAITING;
     return wait_generation(w, next);
   }
-  if (w->live_step >= w->spec.steps) return end_trained(w, next);
+  if (w->live_step >= w->spec.steps || w->end_now) return end_trained(w, next);
   const newt_plan *p = &w->plan;
   int64_t gb = p->global_batch, off;
   plan_batch_slice(gb, p->dp, w->dp_rank, &off, &w->step_count);

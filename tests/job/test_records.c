@@ -2,10 +2,12 @@
  * record's writer read back by its parser, and malformed input refused with the record and
  * field named. */
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "job/records.h"
+#include "job/spec.h"
 #include "test.h"
 
 /* The parser must refuse text with NEWT_ERR_INVALID and an error naming `needle`. */
@@ -494,6 +496,39 @@ static void test_proofs(void) {
   T_ERR(NEWT_ERR_INVALID, job_done_counts(&forged, dkey, &spec, &none, 100000));
 }
 
+/* The restart mode's spec: "restart" written only when set (a spec of the previous release
+ * reads and writes the same bytes), read back; its end marker may come at any beat up to the
+ * last, with that beat's samples; a spec with newt's checkpoints is refused by name. */
+static void test_restart_mode(void) {
+  newt_spec spec, back;
+  spec_defaults(&spec, "job1");
+  char *text = spec_to_json(&spec);
+  T_CHECK(text && strstr(text, "restart") == NULL);
+  free(text);
+  spec_set_restart(&spec);
+  T_OK(spec_validate(&spec));
+  text = spec_to_json(&spec);
+  T_CHECK(text && strstr(text, "\"restart\":true") != NULL);
+  T_OK(spec_from_json(text, strlen(text), &back));
+  T_CHECK(back.restart == 1 && back.steps == SPEC_RESTART_BEATS);
+  free(text);
+  job_auth none = {0};
+  job_done d = {.step = 164, .loss = 0.05, .t_ms = 3, .samples = 164 * SPEC_RESTART_BATCH};
+  T_OK(job_done_counts(&d, "/newt/job1/done", &spec, &none, 164));
+  d.samples = 163 * SPEC_RESTART_BATCH; /* not that beat's */
+  T_ERR(NEWT_ERR_INVALID, job_done_counts(&d, "/newt/job1/done", &spec, &none, 164));
+  spec.restart = 0; /* another mode: only the last step ends the job */
+  d.samples = 164 * SPEC_RESTART_BATCH;
+  T_ERR(NEWT_ERR_INVALID, job_done_counts(&d, "/newt/job1/done", &spec, &none, 164));
+  spec.restart = 1;
+  snprintf(spec.ckpt_dir, sizeof spec.ckpt_dir, "/tmp/ck");
+  T_ERR(NEWT_ERR_INVALID, spec_validate(&spec));
+  T_CHECK(strstr(newt_errmsg(), "spec.ckpt.dir") != NULL);
+  spec_defaults(&back, "job1");
+  T_CHECK(!spec_update_allowed(&spec, &back, NULL, 0));
+  T_CHECK(strstr(newt_errmsg(), "spec.restart") != NULL);
+}
+
 int main(void) {
   T_RUN(test_keys);
   T_RUN(test_report);
@@ -504,5 +539,6 @@ int main(void) {
   T_RUN(test_registration);
   T_RUN(test_worker_ack);
   T_RUN(test_proofs);
+  T_RUN(test_restart_mode);
   return T_DONE();
 }

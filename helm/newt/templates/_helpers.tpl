@@ -281,6 +281,16 @@ runs the node agent, `newt worker --local-workers`), else workers.perPod (one co
 {{- $_ = set $s.parallel "dp_min" (int (include "newt.dpMin" .)) }}
 {{- $_ = set $s.parallel "dp_max" (int (include "newt.dpMax" .)) }}
 {{- $_ = set $s.ckpt "dir" (ternary .Values.checkpoints.mountPath "" .Values.checkpoints.enabled) }}
+{{- if .Values.workers.restart }}
+{{- /* the restart mode (job/spec.h spec_set_restart): the steps are the supervisors' beats, and
+the program keeps its own checkpoints (the volume is still mounted for it) */}}
+{{- $_ = set $s "restart" true }}
+{{- $_ = set $s.train "steps" 1099511627776 }}
+{{- $_ = set $s.train "global_batch" 1024 }}
+{{- $_ = set $s.train "micro_batch" 1 }}
+{{- $_ = set $s.ckpt "dir" "" }}
+{{- $_ = set $s.ckpt "every" 0 }}
+{{- end }}
 {{- toPrettyJson $s }}
 {{- end }}
 

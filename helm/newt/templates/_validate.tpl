@@ -39,6 +39,9 @@ Included once, from configmap-spec.yaml, which is always rendered.
 {{- /* the model: the preset's sizes (files/presets.json, model/config.c's; the schema's
 enum names them), each replaced by its override (0: the preset's) -- the rules the
 coordinators check at their start for newt's own trainer (gpt_start_check) */}}
+{{- if and .Values.workers.restart (not .Values.workers.command) }}
+{{- fail "newt: workers.restart supervises workers.command, a program that does not link newt: set workers.command" }}
+{{- end }}
 {{- if not .Values.workers.command }}
 {{- $model := .Values.spec.model }}
 {{- $preset := get (.Files.Get "files/presets.json" | fromJson) $model.preset }}
