@@ -27,8 +27,12 @@
  * restart count and the failure restarts' times are state newt keeps for the supervisors
  * (NEWT_PER_JOB bytes: a joiner gets them from its peers).
  *
- * Progress is the I/O of the program's process group (rchar + wchar of /proc/PID/io) or a
- * change of the heartbeat file (NEWT_HEARTBEAT_FILE: its time or size). A supervisor killed,
+ * Progress is activity of the program's process group (its I/O, rchar + wchar of
+ * /proc/PID/io, or its CPU time: a long step that computes and says nothing is not a hang)
+ * or a change of the heartbeat file (NEWT_HEARTBEAT_FILE: its time or size). A program that
+ * waits for ever in a collective that blocks (gloo) does neither; one that spins in it
+ * (NCCL polls) still uses CPU: it is found through its heartbeat, which, once the program
+ * wrote it, alone says whether it progresses. A supervisor killed,
  * stopped or asked to leave (SIGTERM) is newt's own fault: the others' commit fails or
  * agrees a leave, and the leader's next plan is a new generation.
  *
@@ -101,6 +105,7 @@ typedef struct child {
   struct timespec hb; /* the heartbeat file's time and size at the last look */
   off_t hb_size;
   int started;       /* it printed a NEWT_STEP line or wrote its heartbeat: its start-up is over */
+  int hb_used;       /* it wrote its heartbeat: from then on that alone says it progresses */
 } child;
 
 typedef struct sup {
@@ -179,7 +184,8 @@ static void pump(sup *s, int64_t wait_ms) {
 
 /* --- the program's process group -------------------------------------------------------------- */
 
-/* One process's state letter, process group and I/O (rchar + wchar); 0 when it is read. */
+/* One process's state letter, process group and activity: its I/O (rchar + wchar) and its
+ * CPU time in clock ticks (utime + stime), summed; 0 when it is read. */
 static int proc_look(const char *pid, char *state, long *pgrp, uint64_t *io) {
   char path[64], buf[1024];
   snprintf(path, sizeof path, "/proc/%s/stat", pid);
@@ -190,8 +196,12 @@ static int proc_look(const char *pid, char *state, long *pgrp, uint64_t *io) {
   buf[n] = 0;
   char *rp = strrchr(buf, ')'); /* the command's name may hold anything */
   long ppid;
-  if (!rp || sscanf(rp + 1, " %c %ld %ld", state, &ppid, pgrp) != 3) return -1;
-  *io = 0;
+  unsigned long long utime = 0, stime = 0;
+  int got = rp ? sscanf(rp + 1, " %c %ld %ld %*d %*d %*d %*u %*u %*u %*u %*u %llu %llu", state, &ppid, pgrp, &utime,
+                        &stime)
+               : 0;
+  if (got < 3) return -1;
+  *io = got == 5 ? utime + stime : 0; /* a program that computes is not hung */
   snprintf(path, sizeof path, "/proc/%s/io", pid);
   if (!(f = fopen(path, "r"))) return 0; /* not readable: its state still counts */
   unsigned long long v;
@@ -202,7 +212,8 @@ static int proc_look(const char *pid, char *state, long *pgrp, uint64_t *io) {
   return 0;
 }
 
-/* The I/O of the program's process group, and whether a process of it is stopped. */
+/* The activity (I/O and CPU time) of the program's process group, and whether a process of
+ * it is stopped. */
 static void group_look(pid_t pgid, uint64_t *io, int *stopped) {
   *io = 0;
   *stopped = 0;
@@ -521,7 +532,10 @@ static void watch(sup *s, double v[V_N]) {
   int stopped = 0;
   if (!c->exited) group_look(c->pid, &io, &stopped);
   int beat_file = heartbeat_changed(s);
-  int progressed = (!c->exited && io != c->io) || beat_file;
+  c->hb_used |= beat_file;
+  /* a program that keeps a heartbeat is judged by it (one that spins in a collective that
+     never ends still uses CPU); any other by the activity of its processes */
+  int progressed = c->hb_used ? beat_file : (!c->exited && io != c->io);
   c->started |= beat_file;
   if (!c->exited) c->io = io;
   int ok = c->exited && WIFEXITED(c->status) && WEXITSTATUS(c->status) == 0;
@@ -567,7 +581,7 @@ static int decide(sup *s, const double *sum, char *why, size_t cap) {
   else if (sum[V_EXITED_OK] == world)
     return 1;
   else if (t - s->progress_ms >= quiet_limit(s, sum))
-    snprintf(why, cap, "no program progressed for %lld ms (no I/O, no heartbeat: %s)", (long long)(t - s->progress_ms),
+    snprintf(why, cap, "no program progressed for %lld ms (no I/O, no CPU time, no heartbeat: %s)", (long long)(t - s->progress_ms),
              sum[V_STARTED] > 0 ? "spec.fault.hang_timeout_ms" : "spec.fault.first_step_timeout_ms, before any step");
   else
     return 0;

@@ -727,26 +727,28 @@ static newt_result_t get_donors(const cJSON *j, const char *what, const codec_fi
 
 /* --- a head's shards ---------------------------------------------------------------------------- */
 
-static newt_result_t put_digest(cJSON *obj, const codec_field *f, const void *rec) {
-  const plan_shard_ref *r = rec;
-  char hex[2 * PLAN_DIGEST_BYTES + 1];
-  newt_hex_encode(r->digest, sizeof r->digest, hex);
+/* A field of bytes (a shard's digest, the plan's secret) as hex digits: f->size bytes at
+ * f->off, written and read back exactly. */
+static newt_result_t put_hex(cJSON *obj, const codec_field *f, const void *rec) {
+  char hex[2 * 64 + 1];
+  if (f->size > 64) return NEWT_ERR(NEWT_ERR_INVALID, "plan.%s: %zu bytes, more than a hex field holds", f->name, f->size);
+  newt_hex_encode((const unsigned char *)rec + f->off, f->size, hex);
   return cJSON_AddStringToObject(obj, f->name, hex) ? NEWT_OK : NEWT_ERR(NEWT_ERR_NOMEM, "out of memory writing a plan");
 }
 
-static newt_result_t get_digest(const cJSON *j, const char *what, const codec_field *f, void *rec, int required) {
-  plan_shard_ref *r = rec;
+static newt_result_t get_hex(const cJSON *j, const char *what, const codec_field *f, void *rec, int required) {
   const char *hex = NULL;
   NEWT_CHECK(newt_json_get_str(j, what, f->name, required, &hex));
-  if (strlen(hex) != 2 * PLAN_DIGEST_BYTES || newt_hex_decode(hex, r->digest, PLAN_DIGEST_BYTES) != 0)
-    return NEWT_ERR(NEWT_ERR_INVALID, "%s.%s: expected %d hex digits", what, f->name, 2 * PLAN_DIGEST_BYTES);
+  if (!hex) return NEWT_OK; /* absent and not required: the default */
+  if (strlen(hex) != 2 * f->size || newt_hex_decode(hex, (unsigned char *)rec + f->off, f->size) != 0)
+    return NEWT_ERR(NEWT_ERR_INVALID, "%s.%s: expected %d hex digits", what, f->name, (int)(2 * f->size));
   return NEWT_OK;
 }
 
 static const codec_field shard_ref_fields[] = {
     {CODEC_TOKEN(plan_shard_ref, host, "host"), CODEC_REQUIRED},
     {CODEC_INT(plan_shard_ref, ranks, "ranks", 1, INT32_MAX), CODEC_REQUIRED},
-    {CODEC_CUSTOM(plan_shard_ref, digest, "digest", put_digest, get_digest), CODEC_REQUIRED},
+    {CODEC_CUSTOM(plan_shard_ref, digest, "digest", put_hex, get_hex), CODEC_REQUIRED},
 };
 static const codec_table shard_ref_table = CODEC_TABLE(plan_shard_ref, "shard", shard_ref_fields);
 
@@ -799,22 +801,6 @@ static newt_result_t get_shards(const cJSON *j, const char *what, const codec_fi
   return NEWT_OK; /* no ranks until a shard is added (plan_shard_add): a host reads only its own */
 }
 
-static newt_result_t put_secret(cJSON *obj, const codec_field *f, const void *rec) {
-  const newt_plan *p = rec;
-  char hex[2 * PLAN_SECRET_BYTES + 1];
-  newt_hex_encode(p->secret, sizeof p->secret, hex);
-  return cJSON_AddStringToObject(obj, f->name, hex) ? NEWT_OK : NEWT_ERR(NEWT_ERR_NOMEM, "out of memory writing a plan");
-}
-
-static newt_result_t get_secret(const cJSON *j, const char *what, const codec_field *f, void *rec, int required) {
-  newt_plan *p = rec;
-  const char *hex = NULL;
-  NEWT_CHECK(newt_json_get_str(j, what, f->name, required, &hex));
-  if (strlen(hex) != 2 * PLAN_SECRET_BYTES || newt_hex_decode(hex, p->secret, PLAN_SECRET_BYTES) != 0)
-    return NEWT_ERR(NEWT_ERR_INVALID, "%s.%s: expected %d hex digits", what, f->name, 2 * PLAN_SECRET_BYTES);
-  return NEWT_OK;
-}
-
 /* The ranks split the global batch's samples (a sample each at least); accum is the most
  * micro-batches one takes (all of them when it splits evenly: accum x dp x micro_batch is the
  * global batch). */
@@ -842,7 +828,7 @@ _Static_assert(PLAN_ID_MAX == NEWT_ID_MAX, "a plan's spares are worker ids (CODE
  * up to there). */
 static const codec_field plan_fields[] = {
     {CODEC_INT(newt_plan, generation, "generation", 1, NEWT_JSON_INT_EXACT - 1), CODEC_REQUIRED},
-    {CODEC_CUSTOM(newt_plan, secret, "secret", put_secret, get_secret), CODEC_REQUIRED},
+    {CODEC_CUSTOM(newt_plan, secret, "secret", put_hex, get_hex), CODEC_REQUIRED},
     {CODEC_MS(newt_plan, created_ms, "created_ms"), CODEC_REQUIRED},
     {CODEC_TOKEN(newt_plan, cause, "cause"), CODEC_REQUIRED},
     {CODEC_WORD(newt_plan, switch_mode, "switch", switches), CODEC_REQUIRED},

@@ -259,6 +259,10 @@ function newtFlags(sub) {
   }
   return flagCache.get(sub);
 }
+// The flags a --help lists with no value after their name (`  --restart      ...`): given bare.
+function bareFlags(help) {
+  return new Set([...(help || "").matchAll(/^ {2}(--[a-z0-9-]+) {2,}/gm)].map((m) => m[1]));
+}
 function helpFlags(cmd, args) {
   const key = [cmd, ...args].join(" ");
   if (!flagCache.has(key)) {
@@ -322,7 +326,8 @@ function checkCommandLines(docs, errors) {
         if (end >= 0 && end === tokens.length - 1) errors.push(`${at}: newt ${sub}: -- with no program after it`);
         for (const t of tokens.slice(1, end >= 0 ? end : undefined)) {
           if (!t.startsWith("--")) errors.push(`${at}: newt ${sub}: "${t}" is not a flag (newt takes no positional arguments here)`);
-          else if (!t.includes("=")) errors.push(`${at}: newt ${sub}: ${t} has no =value`);
+          else if (!t.includes("=") && !bareFlags(help).has(t)) errors.push(`${at}: newt ${sub}: ${t} has no =value`);
+          else if (t.includes("=") && bareFlags(help).has(t.split("=")[0])) errors.push(`${at}: newt ${sub}: ${t}: the flag takes no value`);
           else if (!flags.has(t.split("=")[0])) errors.push(`${at}: newt ${sub} does not accept ${t.split("=")[0]} (accepts ${[...flags].join(" ")})`);
         }
         for (const e of c.env || []) {
@@ -978,6 +983,8 @@ async function render() {
   });
   await check("workers.command and workers.image: newt worker <the same args> -- <command>, CPU and GPU (agent) pods", (errors) =>
     checkUserProgram(defaults, errors));
+  await check("workers.restart: newt worker --restart <the same args> -- <command>, a restart-mode spec newt's parser takes",
+    (errors) => checkRestartMode(defaults, errors));
   await check("the etcd auth bootstrap enables authentication on a real etcd, idempotently", checkAuthBootstrap);
   // The unknown-field check and the schema checks must be able to fail.
   await check("the validators catch a misspelt field, a bad enum and a bad flag", async (errors) => {
@@ -1000,6 +1007,36 @@ async function render() {
     if (!e3.some((e) => e.includes("--no-such-flag"))) errors.push("an unknown newt flag passed");
   });
   finish();
+}
+
+// The restart mode (workers.restart): every worker container runs newt worker with the args it
+// has without it plus --restart, before the command; the spec says the mode and newt's own
+// parser takes it; without a command the render is refused, naming the value.
+async function checkRestartMode(defaults, errors) {
+  const command = ["python3", "train.py", "--ckpt=/ckpt/mine.pt"];
+  const plain = workerContainers({ workers: { command } }, errors);
+  const over = { workers: { command, restart: true } };
+  const mine = workerContainers(over, errors);
+  checkCommandLines(mine.docs, errors);
+  if (!mine.containers.length || mine.containers.length !== plain.containers.length)
+    errors.push(`${mine.containers.length} worker containers in the restart mode, ${plain.containers.length} without`);
+  mine.containers.forEach((c, i) => {
+    const at = c.args.indexOf("--restart"), dash = c.args.indexOf("--");
+    if (at < 0 || dash < 0 || at > dash) errors.push(`no --restart before the command: ${c.args.join(" ")}`);
+    const rest = c.args.filter((a, k) => k !== at);
+    if (canonical(rest) !== canonical(plain.containers[i].args))
+      errors.push(`args ${JSON.stringify(c.args)}, want those without the mode and --restart`);
+  });
+  const cm = mine.docs.find((d) => d.kind === "ConfigMap" && d.data?.["spec.json"]);
+  const spec = cm ? JSON.parse(cm.data["spec.json"]) : {};
+  if (spec.restart !== true) errors.push(`the spec does not say the restart mode: ${cm?.data["spec.json"]}`);
+  if (spec.ckpt?.dir) errors.push(`the restart mode's spec has newt's checkpoints on (${spec.ckpt.dir}): the program keeps its own`);
+  await checkSpec(mine.docs, merge(defaults, over), errors);
+  const file = join(tmp, `over-${process.hrtime.bigint()}.yaml`);
+  writeFileSync(file, YAML.stringify({ workers: { restart: true } }));
+  const r = template([file]);
+  if (r.code === 0 || !r.err.includes("workers.restart"))
+    errors.push(`workers.restart without workers.command rendered (exit ${r.code}): ${r.err.trim()}`);
 }
 
 // The worker containers of a render with these values laid over the defaults.

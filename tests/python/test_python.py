@@ -16,17 +16,7 @@ import subprocess
 import sys
 import tempfile
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-SRC = os.environ.get("NEWT_SOURCE_DIR", os.path.dirname(os.path.dirname(HERE)))
-NEWT = os.environ.get("NEWT_BIN", os.path.join(SRC, "build", "newt"))
-failures = []
-
-
-def check(cond, what):
-    if not cond:
-        failures.append(what)
-        print(f"FAIL {what}", flush=True)
-    return cond
+from harness import HERE, NEWT, SRC, check, failures
 
 
 def newt_run(tmp, tag, nproc, steps, script, args=(), extra=(), gb=8):

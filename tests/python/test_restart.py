@@ -28,19 +28,10 @@ import sys
 import tempfile
 import time
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-SRC = os.environ.get("NEWT_SOURCE_DIR", os.path.dirname(os.path.dirname(HERE)))
-NEWT = os.environ.get("NEWT_BIN", os.path.join(SRC, "build", "newt"))
+from harness import NEWT, SRC, check, failures
+
 PY = os.environ.get("NEWT_PYTHON", "/usr/bin/python3")
 SCRIPT = os.path.join(SRC, "examples", "torch", "torchrun_ddp.py")
-failures = []
-
-
-def check(cond, what):
-    if not cond:
-        failures.append(what)
-        print(f"FAIL {what}", flush=True)
-    return cond
 
 
 def run_cmd(tmp, tag, nproc, script_args, extra=()):
