@@ -31,8 +31,8 @@
  * /proc/PID/io, or its CPU time: a long step that computes and says nothing is not a hang)
  * or a change of the heartbeat file (NEWT_HEARTBEAT_FILE: its time or size). A program that
  * waits for ever in a collective that blocks (gloo) does neither; one that spins in it
- * (NCCL polls) still uses CPU: it is found through its heartbeat, which, once the program
- * wrote it, alone says whether it progresses. A supervisor killed,
+ * (NCCL polls) still uses CPU and is left to that library's own timeout (torch's
+ * init_process_group(timeout=...), its NCCL watchdog), which ends it: a failure, restarted. A supervisor killed,
  * stopped or asked to leave (SIGTERM) is newt's own fault: the others' commit fails or
  * agrees a leave, and the leader's next plan is a new generation.
  *
@@ -105,7 +105,6 @@ typedef struct child {
   struct timespec hb; /* the heartbeat file's time and size at the last look */
   off_t hb_size;
   int started;       /* it printed a NEWT_STEP line or wrote its heartbeat: its start-up is over */
-  int hb_used;       /* it wrote its heartbeat: from then on that alone says it progresses */
 } child;
 
 typedef struct sup {
@@ -532,10 +531,7 @@ static void watch(sup *s, double v[V_N]) {
   int stopped = 0;
   if (!c->exited) group_look(c->pid, &io, &stopped);
   int beat_file = heartbeat_changed(s);
-  c->hb_used |= beat_file;
-  /* a program that keeps a heartbeat is judged by it (one that spins in a collective that
-     never ends still uses CPU); any other by the activity of its processes */
-  int progressed = c->hb_used ? beat_file : (!c->exited && io != c->io);
+  int progressed = (!c->exited && io != c->io) || beat_file;
   c->started |= beat_file;
   if (!c->exited) c->io = io;
   int ok = c->exited && WIFEXITED(c->status) && WEXITSTATUS(c->status) == 0;
