@@ -292,6 +292,13 @@ static void say_done(const launcher_result *res) {
   if (res->ckpts_skipped > 0)
     snprintf(skipped, sizeof skipped, ", %lld checkpoint%s skipped", (long long)res->ckpts_skipped,
              res->ckpts_skipped == 1 ? "" : "s");
+  if (res->restart_mode) { /* the programs' own steps and restarts: newt counted none of their samples */
+    printf("newt run: done: the programs' %lld steps, final loss %.4f, %lld restart%s (%lld of their steps done "
+           "again), %lld generations, %.1f s\n",
+           (long long)res->steps, res->final_loss, (long long)res->restarts, res->restarts == 1 ? "" : "s",
+           (long long)res->steps_redone, (long long)res->generations, res->wall_s);
+    return;
+  }
   printf("newt run: done: %lld steps, final loss %.4f, %lld generations, %d recoveries, %lld samples%s%s, %.1f s\n",
          (long long)res->steps, res->final_loss, (long long)res->generations, res->nrecoveries,
          (long long)res->samples_consumed, repeated, skipped, res->wall_s);

@@ -203,6 +203,14 @@ static void on_recovered(run *r, const job_event *e) {
     snprintf(started, sizeof started, ", %lld ms from the joiner's process start", (long long)rec->from_start_ms);
   /* one account of the steps, as the summary, newt status and the report give it; a plan
      that took over from survivors who went on without etcd comes at a later step */
+  if (r->o->spec.restart) { /* the programs start again from their own checkpoints: newt kept no step of theirs */
+    fprintf(stderr,
+            "%snewt run: a new generation after a %s in %lld ms%s (detect %lld, plan %lld, first beat %lld ms), "
+            "generation %lld, %lld rank%s: the programs start again from their own checkpoints\n",
+            live_news(r), cause, (long long)rec->total_ms, started, (long long)rec->detect_ms, (long long)rec->plan_ms,
+            (long long)rec->step_ms, (long long)gen, (long long)world, world == 1 ? "" : "s");
+    return;
+  }
   char account[160];
   if (rec->fault_step < from)
     snprintf(account, sizeof account, "the fault hit at step %lld, the survivors went on without etcd, and the "
