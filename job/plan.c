@@ -630,6 +630,17 @@ static newt_result_t check_workers_once(const newt_plan *p, const char *label) {
   return NEWT_OK;
 }
 
+/* A rank's coordinates within the plan's sizes, and the rank they give. */
+static newt_result_t check_coords(const newt_plan *p, const plan_rank *r, const char *label) {
+  NEWT_CHECK(bounded(label, "dp", r->dp, 0, p->dp - 1));
+  NEWT_CHECK(bounded(label, "tp", r->tp, 0, p->tp - 1));
+  NEWT_CHECK(bounded(label, "pp", r->pp, 0, p->pp - 1));
+  if ((r->pp * p->dp + r->dp) * p->tp + r->tp != r->rank)
+    return NEWT_ERR(NEWT_ERR_INVALID, "%s: coordinates (dp %d, tp %d, pp %d) do not give rank %d", label, r->dp, r->tp,
+                    r->pp, r->rank);
+  return NEWT_OK;
+}
+
 /* Entry i of a plan's ranks, or of its donors (`sorted`: the ranks, sorted_ranks). */
 static newt_result_t parse_rank(const cJSON *o, const char *what, int i, const newt_plan *p, const rank_of *sorted,
                                 int nsorted, plan_rank *r) {
@@ -644,13 +655,7 @@ static newt_result_t parse_rank(const cJSON *o, const char *what, int i, const n
       return NEWT_ERR(NEWT_ERR_INVALID, "%s.worker: \"%s\" is also a rank", label, r->worker);
     return NEWT_OK;
   }
-  NEWT_CHECK(bounded(label, "dp", r->dp, 0, p->dp - 1));
-  NEWT_CHECK(bounded(label, "tp", r->tp, 0, p->tp - 1));
-  NEWT_CHECK(bounded(label, "pp", r->pp, 0, p->pp - 1));
-  if ((r->pp * p->dp + r->dp) * p->tp + r->tp != r->rank)
-    return NEWT_ERR(NEWT_ERR_INVALID, "%s: coordinates (dp %d, tp %d, pp %d) do not give rank %d", label, r->dp, r->tp,
-                    r->pp, r->rank);
-  return NEWT_OK;
+  return check_coords(p, r, label);
 }
 
 static newt_result_t put_entries(cJSON *obj, const char *name, const codec_table *t, const plan_rank *r, int n) {
@@ -1026,12 +1031,7 @@ int plan_shard_of_host(const newt_plan *p, const char *host) {
 static newt_result_t shard_entry(const newt_plan *p, int i, const cJSON *o, const char *label, plan_rank *r) {
   NEWT_CHECK(codec_decode_object(&rank_table, o, label, r));
   NEWT_CHECK(bounded(label, "rank", r->rank, 0, (int64_t)p->dp * p->tp * p->pp - 1));
-  NEWT_CHECK(bounded(label, "dp", r->dp, 0, p->dp - 1));
-  NEWT_CHECK(bounded(label, "tp", r->tp, 0, p->tp - 1));
-  NEWT_CHECK(bounded(label, "pp", r->pp, 0, p->pp - 1));
-  if ((r->pp * p->dp + r->dp) * p->tp + r->tp != r->rank)
-    return NEWT_ERR(NEWT_ERR_INVALID, "%s: coordinates (dp %d, tp %d, pp %d) do not give rank %d", label, r->dp, r->tp,
-                    r->pp, r->rank);
+  NEWT_CHECK(check_coords(p, r, label));
   if (strcmp(r->host, p->shards[i].host) < 0 || (i + 1 < p->nshards && strcmp(r->host, p->shards[i + 1].host) >= 0))
     return NEWT_ERR(NEWT_ERR_INVALID, "%s.host: \"%s\" is not one of the shard's hosts", label, r->host);
   return NEWT_OK;
