@@ -100,7 +100,7 @@ typedef struct child {
   int out;           /* its stdout (a pipe; -1: none) */
   char line[1024];   /* the line being read, for NEWT_STEP */
   size_t len;
-  int exited, status; /* reaped, its waitpid status */
+  int exited, status; /* it ended (a zombie until end_child reaps it), its waitpid status */
   uint64_t io;       /* rchar + wchar of its process group at the last look */
   struct timespec hb; /* the heartbeat file's time and size at the last look */
   off_t hb_size;
@@ -241,11 +241,19 @@ static int heartbeat_changed(sup *s) {
   return changed;
 }
 
-static void reap(sup *s) {
+/* Notes the program's end without reaping it: while it is a zombie its pid, the id of its
+ * process group, cannot be given to another process, so end_child's kill of the group can
+ * never reach a stranger's. block: wait for the end. */
+static void reap(sup *s, int block) {
   child *c = &s->ch;
   if (!c->pid || c->exited) return;
-  int st;
-  if (waitpid(c->pid, &st, WNOHANG) == c->pid) c->exited = 1, c->status = st;
+  siginfo_t si = {0};
+  int flags = WEXITED | WNOWAIT | (block ? 0 : WNOHANG);
+  while (waitid(P_PID, (id_t)c->pid, &si, flags) < 0 && errno == EINTR) {
+  }
+  if (si.si_pid != c->pid) return;
+  c->exited = 1; /* the status as waitpid would give it (exit code << 8, or the signal) */
+  c->status = si.si_code == CLD_EXITED ? (si.si_status & 0xff) << 8 : (si.si_status & 0x7f);
 }
 
 /* Ends the program: SIGTERM (and SIGCONT, for a stopped one) to its group, SIGKILL after
@@ -253,7 +261,7 @@ static void reap(sup *s) {
 static void end_child(sup *s, int64_t grace_ms, const char *why) {
   child *c = &s->ch;
   if (!c->pid) return;
-  reap(s);
+  reap(s, 0);
   if (!c->exited) {
     NEWT_INFO(CLI, "ending the program (pid %d): %s", (int)c->pid, why);
     kill(-c->pid, SIGTERM);
@@ -261,16 +269,16 @@ static void end_child(sup *s, int64_t grace_ms, const char *why) {
     newt_deadline_t d = newt_deadline_in_ms(grace_ms);
     while (!c->exited && !newt_deadline_passed(d)) {
       pump(s, 5);
-      reap(s);
+      reap(s, 0);
     }
     if (!c->exited) {
       kill(-c->pid, SIGKILL);
-      while (waitpid(c->pid, &c->status, 0) < 0 && errno == EINTR) {
-      }
-      c->exited = 1;
+      reap(s, 1);
     }
   }
-  kill(-c->pid, SIGKILL); /* what it left behind in its group */
+  kill(-c->pid, SIGKILL); /* what it left behind in its group; the group is still its own */
+  while (waitpid(c->pid, NULL, 0) < 0 && errno == EINTR) {
+  }
   /* what it wrote last; a process that left its group may hold the pipe open: not waited for */
   for (newt_deadline_t d = newt_deadline_in_ms(1000); c->out >= 0 && !newt_deadline_passed(d);) pump(s, 50);
   if (c->out >= 0) close(c->out);
@@ -525,7 +533,7 @@ static void watch(sup *s, double v[V_N]) {
   int was = c->exited; /* an end is said at once; a program that ended waits out the beat */
   while ((was || !c->exited) && !newt_deadline_passed(d)) {
     pump(s, was ? newt_deadline_left_ms(d) : 10);
-    reap(s);
+    reap(s, 0);
   }
   uint64_t io = 0;
   int stopped = 0;

@@ -19,7 +19,7 @@ WANT = {"torch_throughput": {"newt_tokens_per_s": True, "newt_ddp_tokens_per_s":
                              "ratio": True, "ratio_ddp": True, "ddp_over_reduce_gradients": True},
         "torch_recovery": {"newt_recovery_ms": True, "newt_steps_lost": False, "newt_ddp_recovery_ms": True,
                            "newt_ddp_steps_lost": False, "torchrun_recovery_ms": True, "torchrun_steps_redone": True,
-                           "ratio": True, "ratio_ddp": True}}
+                           "torchrun_failed_runs": False, "ratio": True, "ratio_ddp": True}}
 
 
 def main():
