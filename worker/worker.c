@@ -201,7 +201,7 @@ static newt_result_t next_step(worker *w, newt_batch *b, newt_next *next) {
   if (w->live_step >= w->spec.steps) return end_trained(w, next);
   const newt_plan *p = &w->plan;
   int64_t gb = p->global_batch, off;
-  plan_batch_slice(gb, p->dp, w->dp_rank, &off, &w->step_count);
+  plan_slice(p, w->dp_rank, &off, &w->step_count);
   w->step_first = (int64_t)worker_cursor(w) + off;
   *b = (newt_batch){.size = b->size, .step = w->live_step + 1, .first = w->step_first, .count = w->step_count,
                     .micro_batch = p->micro_batch, .accum = (w->step_count + p->micro_batch - 1) / p->micro_batch,
