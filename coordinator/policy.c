@@ -493,7 +493,7 @@ int policy_rebalance_due(const policy_view *v) {
   const newt_spec *s = v->spec;
   const newt_plan *p = v->plan;
   const job_progress *pr = v->progress;
-  if (!pr || s->straggler_window <= 0 || s->even_batches || p->dp < 2 || pr->generation != p->generation ||
+  if (!pr || s->straggler_window <= 0 || s->even_batches || s->zero >= 3 || p->dp < 2 || pr->generation != p->generation ||
       pr->straggle < s->straggler_window || pr->straggle_ms < v->straggle_min_ms || !(pr->sample_us > 0))
     return 0;
   double *us = malloc((size_t)p->dp * sizeof *us);

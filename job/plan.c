@@ -420,7 +420,7 @@ newt_result_t plan_compute(const newt_spec *s, const plan_member *members, int n
     }
   }
   free(slot);
-  if (s->straggler_window > 0 && !s->even_batches) {
+  if (s->straggler_window > 0 && !s->even_batches && s->zero < 3) { /* ZeRO 3: every rank runs the most micro-batches */
     out->shares = plan_shares_for(s->global_batch, dp, us, s->straggler_margin, &res);
     if (out->shares) out->accum = plan_most_micro(out);
   }

@@ -34,7 +34,7 @@
 
 #define SPEC_JOIN_WINDOW_MS 100 /* spec.parallel.join_window_ms's default */
 #define SPEC_PROGRESS_TIMEOUT_MS 600000 /* spec.fault.progress_timeout_ms's default: 10 min */
-#define SPEC_STRAGGLER_MARGIN 0.25 /* spec.fault.straggler_margin's default */
+#define SPEC_STRAGGLER_MARGIN 0.5 /* spec.fault.straggler_margin's default */
 #define SPEC_STRAGGLER_WINDOW 20   /* spec.fault.straggler_window's default, in steps */
 #define SPEC_VERIFY_EVERY 10 /* spec.fault.verify_every's default (docs/elastic.md, "Replicas that disagree") */
 
