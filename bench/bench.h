@@ -11,5 +11,6 @@ int newt_bench_ckpt(int argc, char **argv);
 int newt_bench_recovery(int argc, char **argv);
 int newt_bench_verify(int argc, char **argv); /* bench/train.c: the check of the replicas, per step */
 int newt_bench_parse(int argc, char **argv);  /* plans, events and manifests read as they grow */
+int newt_bench_straggler(int argc, char **argv); /* bench/straggler.c: rebalancing against equal shares */
 
 #endif

@@ -6,7 +6,7 @@
 #include "cli/cmds.h"
 
 int newt_cmd_bench(int argc, char **argv) {
-  const char *names = "rendezvous, allreduce, reduce_scatter, allgather, train, ckpt, recovery, verify, parse";
+  const char *names = "rendezvous, allreduce, reduce_scatter, allgather, train, ckpt, recovery, straggler, verify, parse";
   if (argc < 1 || strcmp(argv[0], "--help") == 0) {
     fprintf(argc < 1 ? stderr : stdout, "usage: newt bench <%s> [flags]\n", names);
     return argc < 1 ? 2 : 0;
@@ -18,6 +18,7 @@ int newt_cmd_bench(int argc, char **argv) {
   if (strcmp(b, "train") == 0) return newt_bench_train(argc - 1, argv + 1);
   if (strcmp(b, "ckpt") == 0) return newt_bench_ckpt(argc - 1, argv + 1);
   if (strcmp(b, "recovery") == 0) return newt_bench_recovery(argc - 1, argv + 1);
+  if (strcmp(b, "straggler") == 0) return newt_bench_straggler(argc - 1, argv + 1);
   if (strcmp(b, "verify") == 0) return newt_bench_verify(argc - 1, argv + 1);
   if (strcmp(b, "parse") == 0) return newt_bench_parse(argc - 1, argv + 1);
   fprintf(stderr, "newt bench: unknown benchmark \"%s\" (one of %s)\n", b, names);

@@ -244,6 +244,29 @@ static void describe_event(FILE *f, const job_event *e, const status *st) {
   }
 }
 
+/* The ranks' speeds the progress record carries (docs/elastic.md, "Stragglers"): the median
+ * data-parallel rank's compute per sample, those off it by the margin (named by the plan of
+ * the same generation), how long one has been off, and the plan's shares. */
+static void print_speeds(FILE *f, const job_progress *pr, const newt_plan *plan) {
+  if (!(pr->sample_us > 0)) return;
+  fprintf(f, "  speeds      %.0f us of compute per sample (the median rank)", pr->sample_us);
+  for (int i = 0; i < pr->nslow && i < JOB_SLOW_MAX; i++) {
+    const char *who = "?";
+    for (int k = 0; plan->generation == pr->generation && k < plan->nranks; k++)
+      if (plan->ranks[k].dp == pr->slow[i].dp && plan->ranks[k].tp == 0 && plan->ranks[k].pp == 0)
+        who = plan->ranks[k].worker;
+    fprintf(f, "%s %s (dp %d) %.0f us, %.2fx", i ? "," : ";", who, pr->slow[i].dp, pr->slow[i].us,
+            pr->slow[i].us / pr->sample_us);
+  }
+  if (pr->straggle > 0)
+    fprintf(f, "; a rank off the median for %lld steps (%.1f s)", (long long)pr->straggle, (double)pr->straggle_ms / 1e3);
+  if (plan->shares) {
+    fprintf(f, "; shares");
+    for (int d = 0; d < plan->dp; d++) fprintf(f, "%s%lld", d ? "," : " ", (long long)plan->shares[d]);
+  }
+  fputc('\n', f);
+}
+
 /* The first lines: the state in words, the leader, etcd's alarms, progress, plan, checkpoint. */
 static void print_head(FILE *f, const status *st, uint64_t now) {
   const job_view *v = &st->v;
@@ -276,6 +299,7 @@ static void print_head(FILE *f, const status *st, uint64_t now) {
     fprintf(f, "  progress    loss %.4f, %.0f tokens/s, world %lld (dp %lld), generation %llu, %s\n", v->progress.loss,
             v->progress.tokens_per_s, (long long)v->progress.world, (long long)v->progress.dp,
             (unsigned long long)v->progress.generation, ago(now, v->progress.t_ms, a, sizeof a));
+  if (v->has_progress && !v->has_done) print_speeds(f, &v->progress, plan);
   if (plan->generation)
     fprintf(f, "  plan        generation %llu (%s): %d ranks, dp %d x tp %d x pp %d, accum %lld, %s\n",
             (unsigned long long)plan->generation, plan->cause, plan->nranks, plan->dp, plan->tp, plan->pp,

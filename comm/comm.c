@@ -7,6 +7,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "comm/internal.h"
 #include "common/log.h"
@@ -160,9 +161,23 @@ state:
   return NEWT_OK;
 }
 
+/* Time this thread spent in blocking operations and waits (comm_thread_wait_ns). */
+static _Thread_local uint64_t waited_ns;
+
+static uint64_t mono_ns(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+uint64_t comm_thread_wait_ns(void) { return waited_ns; }
+
 static newt_result_t run(struct comm *c, const comm_opdesc *op) {
   NEWT_CHECK(check_op(c, op));
-  return c->ops->run(c, op);
+  uint64_t t0 = mono_ns();
+  newt_result_t r = c->ops->run(c, op);
+  waited_ns += mono_ns() - t0;
+  return r;
 }
 
 static newt_result_t submit(struct comm *c, const comm_opdesc *op, comm_req_t **req) {
@@ -238,7 +253,11 @@ newt_result_t comm_allgather_async(comm_t *c, const void *send, void *recv, size
 newt_result_t comm_wait(comm_req_t *r) {
   if (!r) return NEWT_ERR(NEWT_ERR_INVALID, "comm_wait: req is NULL");
   struct comm *c = r->c;
-  if (c && !atomic_load_explicit(&r->done, memory_order_acquire)) c->ops->wait_req(r);
+  if (c && !atomic_load_explicit(&r->done, memory_order_acquire)) {
+    uint64_t t0 = mono_ns();
+    c->ops->wait_req(r);
+    waited_ns += mono_ns() - t0;
+  }
   newt_result_t res = r->result;
   char msg[sizeof r->msg];
   snprintf(msg, sizeof msg, "%s", r->msg);

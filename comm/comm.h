@@ -210,6 +210,12 @@ newt_result_t comm_allgather_async(comm_t *c, const void *send, void *recv, size
                                    newt_dtype dt, comm_req_t **req);
 newt_result_t comm_wait(comm_req_t *req);
 
+/* Nanoseconds the calling thread has spent, since it started, inside blocking operations and
+ * comm_wait, of any communicator: what a rank waits for its peers (and moves bytes) rather than
+ * computes. A step's compute is its wall time less what this grew by (worker/speed.c). Two
+ * clock reads per call. */
+uint64_t comm_thread_wait_ns(void);
+
 /* Makes every pending and later operation fail (NEWT_ERR_ABORTED) within 100 ms. The
  * peers are told: their operations fail with NEWT_ERR_ABORTED too, comm_get_status naming
  * this rank (a deliberate drop, e.g. for a newer plan, not a crash). Async-signal-unsafe,

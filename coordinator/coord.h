@@ -81,6 +81,7 @@ typedef struct coord {
   int64_t prog_max;     /* the newest step any progress record said: an end marker beyond it is not
                            the job's end (job_done_counts) */
   double prog_loss, prog_tps;
+  job_progress prog_speed; /* the newest progress record: the ranks' speeds in its generation (policy_rebalance_due) */
   uint64_t prog_change; /* monotonic ns of the last step change (or the plan, if later) */
   uint64_t stall_from;  /* monotonic ns the progress bound counts from: the newest step change,
                            this leader's start or etcd's return (a plan does not reset it) */

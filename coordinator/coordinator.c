@@ -257,7 +257,7 @@ static newt_result_t define_metrics(coord *c) {
   NEWT_CHECK(metrics_define_histogram(c->metrics, "newt_checkpoint_stall_seconds", GROUP_JOB, stall_s, 11,
                                       "what a checkpoint's save took of rank 0's step loop: its snapshot or downloads"));
   /* every cause from the start, so that rate() has a series before the first recovery */
-  static const char *const causes[] = {"crash", "hang", "leave", "join", "coordinator", "etcd", "spec"};
+  static const char *const causes[] = {"crash", "hang", "leave", "join", "coordinator", "etcd", "spec", "rebalance"};
   for (size_t i = 0; i < sizeof causes / sizeof causes[0]; i++) {
     char l[48];
     snprintf(l, sizeof l, "cause=\"%s\"", causes[i]);

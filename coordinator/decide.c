@@ -99,9 +99,31 @@ static void say_waiting(coord *c, const char *cause) {
   snprintf(c->waiting_why, sizeof c->waiting_why, "%s", newt_errmsg());
 }
 
+/* Why the shares change, in the log: the ranks off the median's speed the progress says. */
+static void say_straggle(coord *c) {
+  pthread_mutex_lock(&c->mu);
+  job_progress pr = c->prog_speed;
+  char ranks[512] = "";
+  for (int i = 0; i < pr.nslow && i < JOB_SLOW_MAX; i++) {
+    const char *who = "?";
+    for (int k = 0; k < c->plan.nranks; k++)
+      if (c->plan.ranks[k].dp == pr.slow[i].dp && c->plan.ranks[k].tp == 0 && c->plan.ranks[k].pp == 0)
+        who = c->plan.ranks[k].worker;
+    size_t at = strlen(ranks);
+    snprintf(ranks + at, sizeof ranks - at, "%s%s (dp %d) %.0f us, %.2fx", at ? ", " : "", who, pr.slow[i].dp,
+             pr.slow[i].us, pr.slow[i].us / pr.sample_us);
+  }
+  pthread_mutex_unlock(&c->mu);
+  NEWT_INFO(COORD, "generation %llu: a rank's compute stayed off the median rank's for %lld steps (%lld ms); compute "
+            "per sample: the median %.0f us%s%s: the shares follow the speeds", (unsigned long long)pr.generation,
+            (long long)pr.straggle, (long long)pr.straggle_ms, pr.sample_us, ranks[0] ? "; " : ", no rank off it",
+            ranks);
+}
+
 /* Replans for cause, as d says. */
 static newt_result_t act(coord *c, const policy_decision *d, const char *cause, uint64_t join_seen) {
   if (d->partition) say_partition(c, d);
+  if (d->reason == POLICY_REBALANCE) say_straggle(c);
   /* a join's recovery starts at the joiner's registration, the others' at the decision (or
      the reports' first detection: coord_replan) */
   if (!c->t_trigger) c->t_trigger = d->reason == POLICY_JOIN && join_seen ? join_seen : newt_wall_ms();

@@ -20,6 +20,9 @@
 #include "coordinator/coord.h"
 
 NEWT_PARAM(StartWindowMs, "NEWT_START_WINDOW_MS", 1000)
+/* a straggle shorter than this is noise, however many steps it spans (a rank descheduled for a
+   moment spans many short steps): docs/elastic.md, "Stragglers" */
+NEWT_PARAM(StraggleMinMs, "NEWT_STRAGGLER_MIN_MS", 1000)
 
 /* --- members, reports, acks, progress ------------------------------------------------------ */
 
@@ -195,6 +198,7 @@ static void put_progress(coord *c, const job_progress *pr) {
   int64_t step = pr->step;
   c->prog_loss = pr->loss;
   c->prog_tps = pr->tokens_per_s;
+  c->prog_speed = *pr;
   if (step != c->prog_step) c->prog_change = c->stall_from = newt_now_ns();
   c->prog_step = step;
   if (step > c->prog_max) c->prog_max = step;
@@ -448,6 +452,8 @@ policy_view coord_view_locked(coord *c) {
                        .outage_end = c->outage_end,
                        .join_window_ms = c->spec.join_window_ms,
                        .start_window_ms = newt_param_StartWindowMs(),
+                       .progress = c->prog_speed.generation ? &c->prog_speed : NULL,
+                       .straggle_min_ms = newt_param_StraggleMinMs(),
                        .join_grows = join_grows_layout,
                        .ud = c};
 }

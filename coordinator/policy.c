@@ -17,6 +17,7 @@ const char *policy_cause(policy_reason r) {
   case POLICY_STALL: return "hang";
   case POLICY_LEAVE: return "leave";
   case POLICY_JOIN: return "join";
+  case POLICY_REBALANCE: return "rebalance";
   case POLICY_NONE: break;
   }
   return NULL;
@@ -482,6 +483,31 @@ static void decide_gone(const policy_view *v, policy_decision *d, int gone) {
   }
 }
 
+void policy_progress_us(const job_progress *pr, int dp, double *us) {
+  for (int d = 0; d < dp; d++) us[d] = pr->sample_us > 0 ? pr->sample_us : 0;
+  for (int i = 0; i < pr->nslow && i < JOB_SLOW_MAX; i++)
+    if (pr->slow[i].dp >= 0 && pr->slow[i].dp < dp) us[pr->slow[i].dp] = pr->slow[i].us;
+}
+
+int policy_rebalance_due(const policy_view *v) {
+  const newt_spec *s = v->spec;
+  const newt_plan *p = v->plan;
+  const job_progress *pr = v->progress;
+  if (!pr || s->straggler_window <= 0 || s->even_batches || s->zero >= 3 || p->dp < 2 || pr->generation != p->generation ||
+      pr->straggle < s->straggler_window || pr->straggle_ms < v->straggle_min_ms || !(pr->sample_us > 0))
+    return 0;
+  double *us = malloc((size_t)p->dp * sizeof *us);
+  if (!us) return 0;
+  policy_progress_us(pr, p->dp, us);
+  newt_result_t err;
+  int64_t *shares = plan_shares_for(p->global_batch, p->dp, us, s->straggler_margin, &err);
+  free(us);
+  int differ = (shares == NULL) != (p->shares == NULL);
+  for (int d = 0; shares && p->shares && d < p->dp && !differ; d++) differ = shares[d] != p->shares[d];
+  free(shares);
+  return err == NEWT_OK && differ;
+}
+
 /* A running generation: failures first (reports, vanished ranks, a stall), then leaves,
    then joins. */
 static void decide_running(const policy_view *v, policy_decision *d) {
@@ -502,6 +528,8 @@ static void decide_running(const policy_view *v, policy_decision *d) {
     /* until the job's first step, start-up (a model built, data read, CUDA started) has a
        deadline of its own: no false hang is charged to the failure budget */
     d->reason = POLICY_STALL;
+  } else if (policy_rebalance_due(v)) {
+    d->reason = POLICY_REBALANCE, d->at_boundary = 1;
   } else if (passed(v, v->last_join, v->join_window_ms)) {
     /* newcomers: replan only when they allow a larger layout */
     if (v->join_grows && v->join_grows(v->ud)) d->reason = POLICY_JOIN, d->at_boundary = 1;

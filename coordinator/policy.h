@@ -18,6 +18,10 @@
  *            spec.fault.hang_timeout_ms (a stall nobody could name)
  *   leave    a rank announced a graceful leave (SIGTERM): at the step boundary
  *   join     newcomers would make a larger layout, once joins have settled: at the boundary
+ *   rebalance a data-parallel rank's compute stayed more than spec.fault.straggler_margin
+ *            above or below the median rank's for spec.fault.straggler_window steps (and at
+ *            least the view's straggle_min_ms), and the shares its measured speeds earn differ
+ *            from the plan's: at the boundary, the same members (docs/elastic.md, "Stragglers")
  * A finishing job (a worker in state "done") is never replanned.
  *
  * etcd is not the judge of who lives: every step needs every rank, so a rank whose
@@ -46,6 +50,7 @@ typedef enum policy_reason {
   POLICY_STALL,          /* no step for hang_timeout_ms */
   POLICY_LEAVE,
   POLICY_JOIN,
+  POLICY_REBALANCE,     /* a straggler, or one recovered: the shares follow the measured speeds */
 } policy_reason;
 
 /* "initial", "crash", "hang", "leave", "join"; NULL for POLICY_NONE. */
@@ -73,6 +78,8 @@ typedef struct policy_view {
   uint64_t outage_end;    /* etcd last came back after an outage (0: never) */
   int64_t join_window_ms; /* joins settle after this long without one */
   int64_t start_window_ms;
+  const job_progress *progress; /* the newest progress record (its speeds; NULL: none yet) */
+  int64_t straggle_min_ms;      /* a straggle shorter than this is noise (rebalance) */
   /* Whether the members not in the plan would make a larger one (asked only once joins
      have settled and nothing else is wrong); may be NULL (never). */
   int (*join_grows)(void *ud);
@@ -105,6 +112,15 @@ int64_t policy_hold_out_ms(int strikes);
 /* Whether build reports (a generation that never formed) accuse id: its links were not made,
  * or it could not prove the generation's key. */
 int policy_blames_build(const policy_view *v, const char *id);
+
+/* The compute per sample of each of the dp data-parallel ranks of the progress record's
+ * generation (us[dp]): a rank it lists off the median, else the median's (0: not measured). */
+void policy_progress_us(const job_progress *pr, int dp, double *us);
+
+/* Whether the progress record says a straggle long enough (spec.fault.straggler_window steps,
+ * straggle_min_ms) in the plan's generation, and the shares the measured speeds earn
+ * (plan_shares_for) are not the plan's. */
+int policy_rebalance_due(const policy_view *v);
 
 /* Looks at the picture once. Only NEWT_ERR_NOMEM fails. */
 newt_result_t policy_decide(const policy_view *v, policy_decision *out);

@@ -64,6 +64,16 @@ static newt_result_t read_inputs(coord *c, char (*exclude)[RDZV_NAME_MAX], int n
     uint64_t g = c->members[i].generation > 0 ? (uint64_t)c->members[i].generation : 0;
     if (g > in->prev && plan_check_jump(c->plan.generation, g) == NEWT_OK) in->prev = g;
   }
+  /* the ranks' measured speeds (the newest progress of the plan in force): the next plan's
+     shares follow them (plan_compute) */
+  double *us = c->prog_speed.generation == c->plan.generation && c->plan.dp > 0
+                   ? malloc((size_t)c->plan.dp * sizeof *us) : NULL;
+  if (us) policy_progress_us(&c->prog_speed, c->plan.dp, us);
+  for (int i = 0; us && i < in->n; i++) {
+    const plan_rank *r = plan_find(&c->plan, in->m[i].id);
+    if (r) in->m[i].sample_us = us[r->dp];
+  }
+  free(us);
   in->fault_step = coord_fault_step_locked(c, &in->went_on);
   if (in->fault_step <= 0) in->fault_step = c->prog_step;
   for (int i = 0; i < c->nreports; i++)
@@ -104,6 +114,19 @@ static newt_result_t publish(coord *c, const newt_plan *p, int *failed) {
   return r;
 }
 
+/* The shares of p in words, after what why says: "samples per step by measured speed: w0 7, w1 7,
+ * w2 3, w3 7" (the first data-parallel rank of each: its tensor and pipeline peers take the same). */
+static void say_shares(const newt_plan *p, char *why, size_t cap) {
+  size_t at = strlen(why);
+  at += (size_t)snprintf(why + at, at < cap ? cap - at : 0, "%ssamples per step by measured speed:", at ? "; " : "");
+  for (int d = 0; d < p->dp && at < cap; d++) {
+    const char *id = "?";
+    for (int k = 0; k < p->nranks; k++)
+      if (p->ranks[k].dp == d && p->ranks[k].tp == 0 && p->ranks[k].pp == 0) id = p->ranks[k].worker;
+    at += (size_t)snprintf(why + at, cap - at, "%s %s %lld", d ? "," : "", id, (long long)p->shares[d]);
+  }
+}
+
 /* p (moved in), published, is the current plan: its recovery's clocks start, its metrics
  * and its event. */
 static void adopt(coord *c, newt_plan *p, const char *cause, char (*exclude)[RDZV_NAME_MAX], int nexclude,
@@ -118,6 +141,7 @@ static void adopt(coord *c, newt_plan *p, const char *cause, char (*exclude)[RDZ
                   .spares = p->nspares, .excluded = exclude, .nexcluded = nexclude,
                   .spare_ids = spares, .nspare_ids = spares ? p->nspares : 0};
   snprintf(ev.why, sizeof ev.why, "%s", p->spare_why);
+  if (p->shares) say_shares(p, ev.why, sizeof ev.why);
   snprintf(ev.cause, sizeof ev.cause, "%s", cause);
 
   if (newt_param_AdoptPauseMs() > 0) newt_sleep_ms(newt_param_AdoptPauseMs());

@@ -86,7 +86,7 @@ static newt_result_t doc_check(void *arg, const char *state_json, int64_t step) 
 
 static int same_layout(const model_par_config *a, const model_par_config *b) {
   return a->tp == b->tp && a->pp == b->pp && a->dp == b->dp && a->zero == b->zero && a->tp_rank == b->tp_rank &&
-         a->pp_rank == b->pp_rank && a->dp_rank == b->dp_rank;
+         a->pp_rank == b->pp_rank && a->dp_rank == b->dp_rank && a->max_micro == b->max_micro;
 }
 
 /* The trainer's groups: newt's, and the tied embedding's (first and last stage of each
@@ -144,6 +144,7 @@ static newt_result_t generation(gpt_worker *g) {
   model_par_config pc;
   model_par_config_from_rank(&pc, l.tp, l.pp, l.dp, (int)g->spec.zero, l.rank);
   pc.dev = g->dev;
+  pc.max_micro = (int)l.accum_max; /* the shares may be uneven (a rebalanced plan): the most a rank takes */
   if (g->have_par && g->par_restored && !same_layout(&g->par.pc, &pc)) {
     if (model_par_relayout(&g->par, &pc) == NEWT_OK)
       NEWT_DEBUG(WORKER, "the trainer keeps its buffers: data-parallel rank %d of %d", pc.dp_rank, pc.dp);

@@ -187,8 +187,11 @@ typedef struct newt_layout {
   int dp_rank, tp_rank, pp_rank;
   int64_t accum;      /* micro-batches per step on this data-parallel rank (the ranks split the
                          global batch's samples as evenly as they go: the first ones may take
-                         one sample, so one micro-batch, more) */
+                         one sample, so one micro-batch, more; or by their measured speeds) */
   newt_comm *world_comm, *dp_comm, *tp_comm, *pp_comm;
+  int64_t accum_max;  /* the most micro-batches any data-parallel rank takes per step (the ranks'
+                         shares may differ by more than one: the leader rebalances for a
+                         straggler by measured speed; docs/elastic.md, "Stragglers") */
 } newt_layout;
 NEWT_API newt_result_t newt_layout_get(newt_ctx *c, newt_layout *out);
 

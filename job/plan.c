@@ -16,6 +16,7 @@
  * leave a copy of each). The host still decides the tensor-parallel groups. */
 #include "job/plan.h"
 
+#include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -52,6 +53,94 @@ void plan_batch_slice(int64_t global_batch, int64_t dp, int64_t dp_rank, int64_t
   int64_t q = global_batch / dp, rem = global_batch % dp;
   *first = dp_rank * q + (dp_rank < rem ? dp_rank : rem);
   *count = q + (dp_rank < rem);
+}
+
+void plan_slice(const newt_plan *p, int64_t dp_rank, int64_t *first, int64_t *count) {
+  if (!p->shares) {
+    plan_batch_slice(p->global_batch, p->dp, dp_rank, first, count);
+    return;
+  }
+  int64_t at = 0;
+  for (int64_t d = 0; d < dp_rank; d++) at += p->shares[d];
+  *first = at;
+  *count = p->shares[dp_rank];
+}
+
+int64_t plan_most_micro(const newt_plan *p) {
+  if (!p->shares) return plan_accum(p->global_batch, p->micro_batch, p->dp);
+  int64_t most = 0;
+  for (int d = 0; d < p->dp; d++)
+    if (ceil_div(p->shares[d], p->micro_batch) > most) most = ceil_div(p->shares[d], p->micro_batch);
+  return most;
+}
+
+newt_result_t plan_shares_by_speed(int64_t global_batch, int dp, const double *speed, int64_t *out) {
+  if (dp < 1 || dp > global_batch)
+    return NEWT_ERR(NEWT_ERR_INVALID, "%d data-parallel ranks cannot share a global batch of %lld samples", dp,
+                    (long long)global_batch);
+  double total = 0;
+  for (int d = 0; d < dp; d++) {
+    if (!(speed[d] > 0) || !isfinite(speed[d]))
+      return NEWT_ERR(NEWT_ERR_INVALID, "data-parallel rank %d: speed %g is not positive", d, speed[d]);
+    total += speed[d];
+  }
+  /* a sample each first, then the rest in proportion to the speeds: whole parts, then one more
+     to the largest remainders (the lower rank on a tie) */
+  int64_t rest = global_batch - dp, given = 0;
+  double *rem = malloc((size_t)dp * sizeof *rem);
+  NEWT_CHECK_ALLOC(rem);
+  for (int d = 0; d < dp; d++) {
+    double want = (double)global_batch * speed[d] / total - 1.0, whole = want > 0 ? floor(want) : 0;
+    if (whole > (double)(rest - given)) whole = (double)(rest - given);
+    out[d] = 1 + (int64_t)whole;
+    given += (int64_t)whole;
+    rem[d] = want - whole;
+  }
+  for (; given < rest; given++) {
+    int best = 0;
+    for (int d = 1; d < dp; d++)
+      if (rem[d] > rem[best]) best = d;
+    out[best]++;
+    rem[best] -= 1.0;
+  }
+  free(rem);
+  return NEWT_OK;
+}
+
+int64_t *plan_shares_for(int64_t global_batch, int dp, const double *us, double margin, newt_result_t *err) {
+  *err = NEWT_OK;
+  if (dp < 2 || dp > global_batch) return NULL;
+  double *v = malloc((size_t)dp * sizeof *v), lo = 0, hi = 0;
+  int64_t *shares = NULL;
+  int known = 0;
+  if (!v) {
+    *err = NEWT_ERR(NEWT_ERR_NOMEM, "out of memory sharing the global batch");
+    return NULL;
+  }
+  for (int d = 0; d < dp; d++)
+    if (us[d] > 0) v[known++] = us[d];
+  double median = known ? newt_percentile(v, (size_t)known, 0.5) : 0;
+  for (int d = 0; d < dp; d++) {
+    double t = us[d] > 0 ? us[d] : median;
+    v[d] = t > 0 ? 1.0 / t : 0;
+    if (d == 0 || t < lo) lo = t;
+    if (d == 0 || t > hi) hi = t;
+  }
+  if (known >= 2 && lo > 0 && hi > (1.0 + margin) * lo) {
+    shares = malloc((size_t)dp * sizeof *shares);
+    if (!shares) *err = NEWT_ERR(NEWT_ERR_NOMEM, "out of memory sharing the global batch");
+    else if ((*err = plan_shares_by_speed(global_batch, dp, v, shares)) != NEWT_OK) free(shares), shares = NULL;
+  }
+  free(v);
+  /* shares that come out even are no shares */
+  int even = shares != NULL;
+  for (int d = 0; even && d < dp; d++) {
+    int64_t first, count;
+    plan_batch_slice(global_batch, dp, d, &first, &count);
+    even = shares[d] == count;
+  }
+  if (even) free(shares), shares = NULL;
+  return shares;
 }
 
 /* Appends "; " (when why is not empty) and the formatted text, truncating at cap. */
@@ -412,11 +501,18 @@ newt_result_t plan_compute(const newt_spec *s, const plan_member *members, int n
     goto exit;
   }
   int any_prev = 0, all_prev = 1;
+  double *us = calloc((size_t)dp, sizeof *us); /* a data-parallel rank's compute per sample: its slowest member's */
+  if (!us) {
+    free(slot);
+    res = NEWT_ERR(NEWT_ERR_NOMEM, "out of memory placing %d groups", ngroups);
+    goto exit;
+  }
   for (int sl = 0; sl < nslots; sl++) {
     int pp_idx = sl / dp, dp_idx = sl % dp;
     for (int t = 0; t < tp; t++) {
       const plan_member *m = groups[slot[sl]].m[t];
       placed[m - members] = 1;
+      if (m->sample_us > us[dp_idx]) us[dp_idx] = m->sample_us;
       plan_rank *r = &out->ranks[(pp_idx * dp + dp_idx) * tp + t];
       r->rank = (pp_idx * dp + dp_idx) * tp + t;
       snprintf(r->worker, sizeof r->worker, "%s", m->id);
@@ -431,6 +527,12 @@ newt_result_t plan_compute(const newt_spec *s, const plan_member *members, int n
     }
   }
   free(slot);
+  if (s->straggler_window > 0 && !s->even_batches && s->zero < 3) { /* ZeRO 3: every rank runs the most micro-batches */
+    out->shares = plan_shares_for(s->global_batch, dp, us, s->straggler_margin, &res);
+    if (out->shares) out->accum = plan_most_micro(out);
+  }
+  free(us);
+  if (res != NEWT_OK) goto exit;
   /* spares: the members not placed, in a stable order */
   int ns = 0;
   for (int i = 0; i < n; i++)
@@ -457,18 +559,24 @@ void plan_free(newt_plan *p) {
   free(p->ranks);
   free(p->spares);
   free(p->donors);
+  free(p->shares);
   p->ranks = NULL;
   p->spares = NULL;
   p->donors = NULL;
+  p->shares = NULL;
   p->nranks = p->nspares = p->ndonors = 0;
 }
 
 newt_result_t plan_copy(newt_plan *dst, const newt_plan *src) {
   *dst = *src;
+  dst->by_worker = NULL; /* src's until copied below: plan_free(dst) on the way out must not free them */
+  dst->shards = NULL;
+  dst->nshards = 0;
   dst->ranks = calloc((size_t)(src->nranks ? src->nranks : 1), sizeof *dst->ranks);
   dst->spares = calloc((size_t)(src->nspares ? src->nspares : 1), sizeof *dst->spares);
   dst->donors = calloc((size_t)(src->ndonors ? src->ndonors : 1), sizeof *dst->donors);
-  if (!dst->ranks || !dst->spares || !dst->donors) {
+  dst->shares = src->shares ? malloc((size_t)src->dp * sizeof *dst->shares) : NULL;
+  if (!dst->ranks || !dst->spares || !dst->donors || (src->shares && !dst->shares)) {
     plan_free(dst);
     return NEWT_ERR(NEWT_ERR_NOMEM, "out of memory copying a plan");
   }
@@ -476,16 +584,15 @@ newt_result_t plan_copy(newt_plan *dst, const newt_plan *src) {
   if (src->nranks) memcpy(dst->ranks, src->ranks, (size_t)src->nranks * sizeof *dst->ranks);
   if (src->nspares) memcpy(dst->spares, src->spares, (size_t)src->nspares * sizeof *dst->spares);
   if (src->ndonors) memcpy(dst->donors, src->donors, (size_t)src->ndonors * sizeof *dst->donors);
-  dst->by_worker = NULL;
-  dst->shards = NULL;
+  if (src->shares) memcpy(dst->shares, src->shares, (size_t)src->dp * sizeof *dst->shares);
   if (src->nshards) {
     dst->shards = malloc((size_t)src->nshards * sizeof *dst->shards);
     if (!dst->shards) {
-      dst->nshards = 0;
       plan_free(dst);
       return NEWT_ERR(NEWT_ERR_NOMEM, "out of memory copying a plan");
     }
     memcpy(dst->shards, src->shards, (size_t)src->nshards * sizeof *dst->shards);
+    dst->nshards = src->nshards;
   }
   if (!src->by_worker) return NEWT_OK;
   dst->by_worker = malloc((size_t)(src->nranks ? src->nranks : 1) * sizeof *dst->by_worker);
@@ -775,6 +882,23 @@ static newt_result_t put_shards(cJSON *obj, const codec_field *f, const void *re
   return NEWT_OK;
 }
 
+/* The shares: written only when set (a plan without them is the previous release's bytes). */
+static int no_shares(const void *rec) { return ((const newt_plan *)rec)->shares == NULL; }
+
+static newt_result_t put_shares(cJSON *obj, const codec_field *f, const void *rec) {
+  const newt_plan *p = rec;
+  cJSON *a = cJSON_AddArrayToObject(obj, f->name);
+  NEWT_CHECK_ALLOC(a);
+  for (int d = 0; d < p->dp; d++) {
+    cJSON *n = cJSON_CreateNumber((double)p->shares[d]);
+    if (!n || !cJSON_AddItemToArray(a, n)) {
+      cJSON_Delete(n);
+      return NEWT_ERR(NEWT_ERR_NOMEM, "out of memory writing a plan");
+    }
+  }
+  return NEWT_OK;
+}
+
 /* A head's shards: hosts in increasing order, counts adding up to dp x tp x pp. The head has no
  * ranks yet (nranks 0): the first shard added makes them, empty (rank -1), for the shards to fill. */
 static newt_result_t get_shards(const cJSON *j, const char *what, const codec_field *f, void *rec, int required) {
@@ -806,15 +930,44 @@ static newt_result_t get_shards(const cJSON *j, const char *what, const codec_fi
   return NEWT_OK; /* no ranks until a shard is added (plan_shard_add): a host reads only its own */
 }
 
-/* The ranks split the global batch's samples (a sample each at least); accum is the most
- * micro-batches one takes (all of them when it splits evenly: accum x dp x micro_batch is the
- * global batch). */
+
+/* dp whole numbers, each 1..global_batch, summing to the global batch (dp and the batch are read
+ * before them). */
+static newt_result_t get_shares(const cJSON *j, const char *what, const codec_field *f, void *rec, int required) {
+  newt_plan *p = rec;
+  const cJSON *a = NULL;
+  NEWT_CHECK(newt_json_get_arr(j, what, f->name, required, &a));
+  if (!a) return NEWT_OK;
+  if (cJSON_GetArraySize(a) != p->dp)
+    return NEWT_ERR(NEWT_ERR_INVALID, "%s.%s: %d entries, expected dp = %d", what, f->name, cJSON_GetArraySize(a),
+                    p->dp);
+  p->shares = malloc((size_t)p->dp * sizeof *p->shares);
+  NEWT_CHECK_ALLOC(p->shares);
+  int64_t sum = 0;
+  int d = 0;
+  for (const cJSON *n = a->child; n; n = n->next, d++) {
+    double v = cJSON_IsNumber(n) ? n->valuedouble : -1;
+    if (!(v >= 1 && v <= (double)p->global_batch) || v != floor(v))
+      return NEWT_ERR(NEWT_ERR_INVALID, "%s.%s[%d]: expected a whole number of samples 1..%lld", what, f->name, d,
+                      (long long)p->global_batch);
+    p->shares[d] = (int64_t)v;
+    sum += p->shares[d];
+  }
+  if (sum != p->global_batch)
+    return NEWT_ERR(NEWT_ERR_INVALID, "%s.%s: %lld samples in all, the global batch is %lld", what, f->name,
+                    (long long)sum, (long long)p->global_batch);
+  return NEWT_OK;
+}
+
+/* The ranks split the global batch's samples (a sample each at least; by the shares when the
+ * plan has them); accum is the most micro-batches one takes (all of them when it splits evenly:
+ * accum x dp x micro_batch is the global batch). */
 static newt_result_t check_accum(const char *what, const void *rec) {
   const newt_plan *p = rec;
   if (p->dp > p->global_batch)
     return NEWT_ERR(NEWT_ERR_INVALID, "%s.dp: %d data-parallel ranks for a global batch of %lld samples", what, p->dp,
                     (long long)p->global_batch);
-  int64_t accum = plan_accum(p->global_batch, p->micro_batch, p->dp);
+  int64_t accum = plan_most_micro(p);
   if (p->accum != accum)
     return NEWT_ERR(NEWT_ERR_INVALID,
                     "%s.accum: %lld, but the first of dp %d ranks takes %lld micro-batches of %lld of the global batch "
@@ -843,6 +996,8 @@ static const codec_field plan_fields[] = {
     {CODEC_INT(newt_plan, zero, "zero", 0, 3), CODEC_REQUIRED},
     {CODEC_INT(newt_plan, global_batch, "global_batch", 1, INT64_MAX), CODEC_REQUIRED},
     {CODEC_INT(newt_plan, micro_batch, "micro_batch", 1, INT64_MAX), CODEC_REQUIRED},
+    /* a new field, written only when set: a plan without it is the previous release's bytes */
+    {CODEC_CUSTOM(newt_plan, shares, "shares", put_shares, get_shares), .skip = no_shares},
     {CODEC_INT(newt_plan, accum, "accum", 1, INT64_MAX), CODEC_REQUIRED, .check = check_accum},
     {CODEC_TOKEN(newt_plan, restore, "restore"), CODEC_REQUIRED},
     {CODEC_INT(newt_plan, step, "step", 0, INT64_MAX), CODEC_REQUIRED},

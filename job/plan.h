@@ -86,6 +86,10 @@ typedef struct newt_plan {
   plan_shard_ref *shards;
   int *by_worker;    /* plan.c's: the ranks' indices sorted by worker, so that plan_find is a binary
                         search (set by plan_compute, plan_from_json, plan_copy; NULL: plan_find scans) */
+  /* Samples per step of each data-parallel rank ([dp], summing to the global batch), set when the
+     leader rebalanced for ranks of unequal speed (a straggler: docs/elastic.md, "Stragglers");
+     NULL: as evenly as they split (plan_batch_slice). Written only when set. */
+  int64_t *shares;
 } newt_plan;
 
 /* A live worker as the leader sees it. */
@@ -98,6 +102,7 @@ typedef struct plan_member {
   int prev_rank;     /* its rank in the previous plan, -1 when none */
   int prev_pp;       /* its pipeline stage in the previous plan, -1 when none */
   int has_state;     /* holds training state in memory */
+  double sample_us;  /* its measured compute per sample, in microseconds (0: not measured) */
 } plan_member;
 
 /* The largest data-parallel size in [dp_min, dp_max], at most max_dp and at most the global
@@ -114,13 +119,35 @@ int64_t plan_accum(int64_t global_batch, int64_t micro_batch, int64_t dp);
  * from the step's first sample; the first global_batch % dp ranks take one more. */
 void plan_batch_slice(int64_t global_batch, int64_t dp, int64_t dp_rank, int64_t *first, int64_t *count);
 
+/* Data-parallel rank dp_rank's samples of a step of plan p: its share (p->shares), else
+ * plan_batch_slice's. */
+void plan_slice(const newt_plan *p, int64_t dp_rank, int64_t *first, int64_t *count);
+
+/* The most micro-batches one data-parallel rank of p takes (what p->accum must be). */
+int64_t plan_most_micro(const newt_plan *p);
+
+/* The global batch split over dp ranks in proportion to their speeds (speed[d] > 0, any
+ * unit): out[d] >= 1 samples, summing to global_batch (largest remainders; ties to the lower
+ * rank). NEWT_ERR_INVALID when dp exceeds the global batch or a speed is not positive. */
+newt_result_t plan_shares_by_speed(int64_t global_batch, int dp, const double *speed, int64_t *out);
+
+/* The shares a plan of dp ranks gives ranks of the measured compute per sample us[d] (0: not
+ * measured, taken as the median of those measured): NULL (even shares) unless the slowest is
+ * more than 1 + margin times the fastest, else malloc'd plan_shares_by_speed of 1 / us.
+ * *err set on no memory. */
+int64_t *plan_shares_for(int64_t global_batch, int dp, const double *us, double margin, newt_result_t *err);
+
 /* Computes the plan for generation prev_gen + 1 from the live members (any order).
  * Members that keep their place keep their coordinates where the layout allows it; the
  * others are spares, and spare_why says why in words (no whole tensor-parallel group on
  * their host, no whole pipeline, spec.parallel.dp_max, or a global batch that does not
  * split into whole micro-batches over more data-parallel ranks).
  * NEWT_ERR_UNAVAILABLE (message: how many workers are needed and how many there are)
- * when no valid layout exists. The secret is fresh random bytes. */
+ * when no valid layout exists. The secret is fresh random bytes. With
+ * spec.fault.straggler_window > 0 (rebalancing; not with spec.parallel.even_batches) and
+ * members whose sample_us was measured, a data-parallel rank's speed is that of its slowest
+ * member, and the shares follow the speeds where they differ by more than
+ * spec.fault.straggler_margin (plan_shares_for). */
 newt_result_t plan_compute(const newt_spec *s, const plan_member *members, int nmembers,
                            uint64_t prev_gen, newt_plan *out);
 

@@ -273,6 +273,44 @@ RECORD_CODEC(job_ack, ack_table)
 
 /* --- progress -------------------------------------------------------------------------------- */
 
+/* The ranks off the median's speed: [[dp, us], ...], at most JOB_SLOW_MAX. */
+static int no_slow(const void *rec) { return ((const job_progress *)rec)->nslow <= 0; }
+
+static newt_result_t put_slow(cJSON *obj, const codec_field *f, const void *rec) {
+  const job_progress *p = rec;
+  cJSON *a = cJSON_AddArrayToObject(obj, f->name);
+  NEWT_CHECK_ALLOC(a);
+  for (int i = 0; i < p->nslow && i < JOB_SLOW_MAX; i++) {
+    cJSON *e = cJSON_CreateArray();
+    if (!e || !cJSON_AddItemToArray(a, e) || !cJSON_AddItemToArray(e, cJSON_CreateNumber(p->slow[i].dp)) ||
+        !cJSON_AddItemToArray(e, cJSON_CreateNumber(round(p->slow[i].us * 10) / 10)))
+      return NEWT_ERR(NEWT_ERR_NOMEM, "out of memory writing progress");
+  }
+  return NEWT_OK;
+}
+
+static newt_result_t get_slow(const cJSON *j, const char *what, const codec_field *f, void *rec, int required) {
+  job_progress *p = rec;
+  const cJSON *a = NULL;
+  NEWT_CHECK(newt_json_get_arr(j, what, f->name, required, &a));
+  p->nslow = 0;
+  if (!a) return NEWT_OK;
+  if (cJSON_GetArraySize(a) > JOB_SLOW_MAX)
+    return NEWT_ERR(NEWT_ERR_INVALID, "%s.%s: %d entries, at most %d", what, f->name, cJSON_GetArraySize(a), JOB_SLOW_MAX);
+  for (const cJSON *e = a->child; e; e = e->next) {
+    const cJSON *d = cJSON_GetArrayItem(e, 0), *us = cJSON_GetArrayItem(e, 1);
+    if (!cJSON_IsArray(e) || cJSON_GetArraySize(e) != 2 || !cJSON_IsNumber(d) || !cJSON_IsNumber(us) ||
+        !(d->valuedouble >= 0 && d->valuedouble <= (1 << 20)) || d->valuedouble != floor(d->valuedouble) ||
+        !(us->valuedouble > 0 && us->valuedouble <= 1e12))
+      return NEWT_ERR(NEWT_ERR_INVALID, "%s.%s[%d]: expected [data-parallel index, microseconds per sample]", what,
+                      f->name, p->nslow);
+    p->slow[p->nslow].dp = (int)d->valuedouble;
+    p->slow[p->nslow].us = us->valuedouble;
+    p->nslow++;
+  }
+  return NEWT_OK;
+}
+
 static const codec_field progress_fields[] = {
     {CODEC_MS(job_progress, generation, "generation"), CODEC_REQUIRED},
     {CODEC_INT(job_progress, step, "step", 0, INT64_MAX), CODEC_REQUIRED},
@@ -285,6 +323,12 @@ static const codec_field progress_fields[] = {
     {CODEC_INT(job_progress, world, "world", 0, INT32_MAX)},
     {CODEC_INT(job_progress, dp, "dp", 0, INT32_MAX)},
     {CODEC_MS(job_progress, t_ms, "t_ms"), CODEC_REQUIRED},
+    /* new fields, each written only when set: a progress record without them is the previous
+       release's bytes */
+    {CODEC_REAL(job_progress, sample_us, "sample_us"), CODEC_OMIT, .dmin = 0, .dmax = 1e12, .scale = 10},
+    {CODEC_CUSTOM(job_progress, slow, "slow", put_slow, get_slow), .skip = no_slow},
+    {CODEC_INT(job_progress, straggle, "straggle", 0, INT32_MAX), CODEC_OMIT},
+    {CODEC_MS(job_progress, straggle_ms, "straggle_ms"), CODEC_OMIT},
 };
 static const codec_table progress_table = CODEC_TABLE(job_progress, "progress", progress_fields);
 RECORD_CODEC(job_progress, progress_table)
@@ -356,7 +400,7 @@ RECORD_CODEC(job_failed, failed_table)
 
 static const char *const event_types[] = {"leader", "plan", "fence", "waiting", "started", "recovered", "done",
                                           "failed", "spec", "etcd",  "spare",   "mismatch",  NULL};
-static const char *const causes[] = {"initial", "crash", "hang", "leave", "join", "coordinator", "etcd", "spec", NULL};
+static const char *const causes[] = {"initial", "crash", "hang", "leave", "join", "coordinator", "etcd", "spec", "rebalance", NULL};
 
 const char *job_event_type_name(job_event_type t) {
   return t >= JOB_EV_LEADER && t <= JOB_EV_MISMATCH ? event_types[t] : "?";

@@ -244,7 +244,24 @@ typedef struct job_progress {
   int64_t world, dp;
   uint64_t t_ms;
   int64_t step_tokens; /* tokens of one step: global batch x sequence length (0: unknown) */
+  /* the ranks' speeds (issue 41; docs/elastic.md, "Stragglers"), each written only when set:
+     the median data-parallel rank's compute per sample over the last steps of the generation,
+     in microseconds (0: not measured), and the ranks off it by more than
+     spec.fault.straggler_margin (at most JOB_SLOW_MAX, the farthest first: a rank not listed
+     computes at the median's speed) */
+  double sample_us;
+  int nslow;
+  struct job_slow {
+    int dp;        /* its data-parallel index in the generation's plan */
+    double us;     /* its compute per sample, microseconds */
+  } slow[8];
+  /* the longest run of steps, up to the newest, in which one data-parallel rank's compute
+     stayed more than the margin above (a straggler) or below (one recovered, or given too
+     little) the median rank's, and its length in ms: the leader rebalances once it reaches
+     spec.fault.straggler_window steps (0: none) */
+  int64_t straggle, straggle_ms;
 } job_progress;
+#define JOB_SLOW_MAX 8
 
 char *job_progress_to_json(const job_progress *p);
 newt_result_t job_progress_from_json(const char *text, size_t len, job_progress *out);

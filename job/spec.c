@@ -132,6 +132,8 @@ static const codec_field fault_fields[] = {
     {CODEC_ENUM(newt_spec, on_state_loss, "on_state_loss", state_losses), CODEC_OMIT},
     {CODEC_NUM(newt_spec, verify_every, "verify_every"), .def = SPEC_VERIFY_EVERY, CODEC_OMIT},
     {CODEC_ENUM(newt_spec, on_mismatch, "on_mismatch", mismatches), CODEC_OMIT},
+    {CODEC_REAL(newt_spec, straggler_margin, "straggler_margin"), .ddef = SPEC_STRAGGLER_MARGIN, CODEC_OMIT},
+    {CODEC_NUM(newt_spec, straggler_window, "straggler_window"), .def = SPEC_STRAGGLER_WINDOW, CODEC_OMIT},
 };
 static const codec_table model_table = SPEC_SECTION("spec.model", model_fields);
 static const codec_table data_table = SPEC_SECTION("spec.data", data_fields);
@@ -303,6 +305,7 @@ newt_result_t spec_validate(const newt_spec *s) {
       {"spec.fault.failure_window_ms", s->failure_window_ms, (int64_t)30 * 86400000},
       {"spec.fault.progress_timeout_ms", s->progress_timeout_ms, (int64_t)30 * 86400000},
       {"spec.fault.verify_every", s->verify_every, 1 << 20},
+      {"spec.fault.straggler_window", s->straggler_window, 4096},
   };
   for (size_t i = 0; i < sizeof caps / sizeof caps[0]; i++)
     RULE(caps[i].v <= caps[i].max, "%s: at most %lld, got %lld", caps[i].field, (long long)caps[i].max,
@@ -348,6 +351,11 @@ newt_result_t spec_validate(const newt_spec *s) {
        (long long)s->progress_timeout_ms);
   RULE(s->verify_every >= 0, "spec.fault.verify_every: must not be negative (0: never), got %lld",
        (long long)s->verify_every);
+  RULE(s->straggler_window >= 0, "spec.fault.straggler_window: must not be negative (0: never rebalance), got %lld",
+       (long long)s->straggler_window);
+  RULE(s->straggler_margin >= 0.01 && s->straggler_margin <= 100,
+       "spec.fault.straggler_margin: must be 0.01..100 (a fraction of the median rank's compute), got %g",
+       s->straggler_margin);
   RULE(s->replica_every >= 1, "spec.fault.replica_every: must be at least 1, got %lld",
        (long long)s->replica_every);
   RULE(s->replicas >= 1 && s->replicas <= SPEC_REPLICAS_MAX,
@@ -404,7 +412,7 @@ static const char *const changeable[] = {
     "ckpt.every",             "ckpt.keep",              "ckpt.level",             "fault.comm_timeout_ms",
     "fault.hang_timeout_ms",  "fault.first_step_timeout_ms", "fault.report_window_ms", "fault.replica_every",    "fault.max_failures",
     "fault.failure_window_ms", "fault.progress_timeout_ms", "fault.on_state_loss", "fault.verify_every",
-    "fault.on_mismatch", NULL};
+    "fault.on_mismatch", "fault.straggler_margin", "fault.straggler_window", NULL};
 
 /* Walks the leaves of a and b (both from spec_to_json: the same shape, but for the fields
  * written only when not their default, absent from one side) and notes every difference;

@@ -34,6 +34,8 @@
 
 #define SPEC_JOIN_WINDOW_MS 100 /* spec.parallel.join_window_ms's default */
 #define SPEC_PROGRESS_TIMEOUT_MS 600000 /* spec.fault.progress_timeout_ms's default: 10 min */
+#define SPEC_STRAGGLER_MARGIN 0.5 /* spec.fault.straggler_margin's default */
+#define SPEC_STRAGGLER_WINDOW 20   /* spec.fault.straggler_window's default, in steps */
 #define SPEC_VERIFY_EVERY 10 /* spec.fault.verify_every's default (docs/elastic.md, "Replicas that disagree") */
 
 /* spec.fault.on_state_loss: what a job does when no step is whole in its ranks' memory (more
@@ -117,6 +119,12 @@ typedef struct newt_spec {
      mismatch does. Written only when not the default. */
   int64_t verify_every;
   int on_mismatch;
+  /* stragglers (docs/elastic.md, "Stragglers"): a data-parallel rank whose compute in a step
+     stays more than straggler_margin (a fraction) above or below the median rank's for
+     straggler_window steps in a row has its share of the global batch set by the measured
+     speeds (0 window: never rebalanced). Written only when not the default. */
+  double straggler_margin;
+  int64_t straggler_window;
   char backend[8];          /* a row of common/backend.h: cpu, nccl */
   /* 1: the restart mode (docs/elastic.md, "Scripts that do not link newt"): the workers are
      supervisors of programs that do not link newt (`newt worker --restart -- COMMAND`), and

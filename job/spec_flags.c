@@ -99,6 +99,12 @@ static const spec_flag rows[] = {
      "fails), fail, or restart (the newest checkpoint, else the initial state); spec.fault.on_state_loss"},
     {"verify-every", "fault.verify_every",
      "fingerprint the replicated state and compare it across data-parallel replicas every N steps (0: never)"},
+    {"straggler-margin", "fault.straggler_margin",
+     "a data-parallel rank whose compute stays this fraction above (or below) the median rank's is a straggler "
+     "(or recovered)"},
+    {"straggler-window", "fault.straggler_window",
+     "... for this many steps in a row: the leader sets the ranks' shares of the global batch by their measured "
+     "speeds (0: never)"},
     {"on-mismatch", "fault.on_mismatch",
      "when replicas disagree: rollback (to the newest step they agreed at), warn, or fail; spec.fault.on_mismatch"},
 };

@@ -261,6 +261,30 @@ static newt_result_t parse_flip(chaos_item *it, chaos_event *e) {
   return NEWT_OK;
 }
 
+/* slowcpu:(worker:I | rank:R):P%[:until=S] */
+static newt_result_t parse_slowcpu(chaos_item *it, chaos_event *e) {
+  char **parts = it->parts;
+  int np = it->np, n = it->idx + 1;
+  int64_t v, pct;
+  char *end = NULL;
+  if (np < 4 || (strcmp(parts[1], "worker") != 0 && strcmp(parts[1], "rank") != 0) ||
+      newt_parse_int(parts[2], &v) != 0 || v < 0 || v > 100000)
+    return BAD("--chaos: item %d \"%s\": slowcpu applies to worker:I or rank:R with the CPU time it keeps, as in "
+               "slowcpu:worker:1:50%%@step=20 or slowcpu:rank:0:25%%:until=60@step=20", n, it->shown);
+  e->target = CHAOS_WORKER;
+  e->by_rank = parts[1][0] == 'r';
+  e->index = (int)v;
+  pct = strtoll(parts[3], &end, 10);
+  if (end == parts[3] || strcmp(end, "%") != 0 || pct < 1 || pct > 99)
+    return BAD("--chaos: item %d \"%s\": \"%s\": the CPU time the worker keeps is 1%%..99%%", n, it->shown, parts[3]);
+  e->percent = (int)pct;
+  if (np == 5 && (strncmp(parts[4], "until=", 6) != 0 || newt_parse_int(parts[4] + 6, &e->until_step) != 0 ||
+                  e->until_step <= e->step))
+    return BAD("--chaos: item %d \"%s\": \"%s\": the slowdown ends at a step after the item's own (%lld), as "
+               "until=%lld", n, it->shown, parts[4], (long long)e->step, (long long)e->step + 20);
+  return NEWT_OK;
+}
+
 /* --- printing: the item without its trigger ----------------------------------------------------- */
 
 static void print_process(const chaos_kind *k, const chaos_event *e, char *buf, size_t cap) {
@@ -288,6 +312,12 @@ static void print_cut(const chaos_kind *k, const chaos_event *e, char *buf, size
 
 static void print_join(const chaos_kind *k, const chaos_event *e, char *buf, size_t cap) {
   snprintf(buf, cap, "%s:%lld", k->name, (long long)e->arg);
+}
+
+static void print_slowcpu(const chaos_kind *k, const chaos_event *e, char *buf, size_t cap) {
+  char until[32] = "";
+  if (e->until_step) snprintf(until, sizeof until, ":until=%lld", (long long)e->until_step);
+  snprintf(buf, cap, "%s:%s:%d:%d%%%s", k->name, e->by_rank ? "rank" : "worker", e->index, e->percent, until);
 }
 
 static void print_flip(const chaos_kind *k, const chaos_event *e, char *buf, size_t cap) {
@@ -332,6 +362,8 @@ static const chaos_kind chaos_kinds[] = {
    parse_join,      print_join,    0,               inject_fire_join,   NULL,             CHAOS_ANSWER_JOINERS},
   {"flip",     CHAOS_FLIP,     W, "rank:R[:TENSOR]",                          4, NULL,
    parse_flip,      print_flip,    N_PLAN,          inject_fire_flip,   NULL,             CHAOS_ANSWER_NONE},
+  {"slowcpu",  CHAOS_SLOWCPU,  W, "(worker:I | rank:R):P%[:until=S]",        5, NULL,
+   parse_slowcpu,   print_slowcpu, N_PLAN,          inject_fire_slowcpu, inject_mend_slowcpu, CHAOS_ANSWER_REBALANCE},
   /* the network (newt run --netns) */
   {"cut",      CHAOS_CUT,      W, "(worker:I | rank:R)[:MS | :until=S]",      4, NULL,
    parse_cut,       print_cut,     N_NET | N_PLAN,  inject_fire_cut,    inject_mend_cuts, CHAOS_ANSWER_CRASH},
@@ -541,6 +573,8 @@ void chaos_fire_due(run *r, int64_t step) {
     if (is_due(&r->chaos[i], step, ckpt)) fire(r, &r->chaos[i], plan);
   if (plan) plan_free(plan);
 }
+
+void chaos_end(run *r) { inject_mend_slowcpu(r, -1); }
 
 void chaos_mend(run *r, int64_t step) {
   for (size_t i = 0; i < NKINDS; i++) {

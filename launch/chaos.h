@@ -32,6 +32,12 @@
  *                                       flipped in its memory: silent data corruption. Armed in
  *                                       every worker at its start (NEWT_CHAOS_FLIP), so it lands
  *                                       at that very step; the replicas' check finds it
+ *          | "slowcpu:" ("worker" | "rank") ":" I ":" P "%" [":until=" S]
+ *                                       the worker's CPU time cut down to P percent (1..99) of its
+ *                                       busiest peer's until the job completed step S (none: it
+ *                                       lasts): SIGSTOP whenever it runs ahead of that, SIGCONT
+ *                                       once it is behind (read every 2 ms). A straggler, which
+ *                                       the leader answers by rebalancing (docs/elastic.md)
  *          | "slow:" ("worker" | "rank" | "host") ":" I ":" KBIT [":" MS | ":until=" S]
  *                                       newt run --netns: its link shaped to KBIT kbit/s both
  *                                       ways with a short queue (bursts dropped: slow and lossy)
@@ -63,6 +69,7 @@ typedef enum chaos_action {
   CHAOS_CUT_ETCD, /* etcd and the coordinators */
   CHAOS_SLOW,     /* a slow, lossy link */
   CHAOS_FLIP,     /* a bit of a rank's state flipped (armed in the workers at their start) */
+  CHAOS_SLOWCPU,  /* a worker's CPU time cut down to a fraction: a straggler */
 } chaos_action;
 
 typedef enum chaos_target { CHAOS_WORKER, CHAOS_COORDINATOR, CHAOS_ETCD, CHAOS_HOST } chaos_target;
@@ -80,6 +87,7 @@ typedef struct chaos_event {
   int64_t until_step; /* whole etcd, restart or stop; a cut: back (mended) once the job
                          completed this step (0: after arg ms) */
   int64_t kbit;       /* slow: the link's rate, kbit/s */
+  int percent;        /* slowcpu: the CPU time left, percent */
   char tensor[72];    /* flip: the tensor ("": the rank's first replicated part) */
   int fired;
 } chaos_event;

@@ -4,7 +4,10 @@
  * Each fault is recorded with the wall time it was injected, for the recovery that answers it
  * (recoveries.c). Cuts are mended and etcd's faults undone when their time or step comes; an
  * etcd fault is a recovery of its own, recorded once training's progress reaches etcd again. */
+#include <dirent.h>
+#include <pthread.h>
 #include <signal.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -332,4 +335,124 @@ void inject_etcd_tick(run *r, int64_t step) {
   else if (!r->o->quiet)
     fprintf(stderr, "%snewt run: etcd was away for %lld ms; training went on, %lld ms until progress reached it again\n",
             live_news(r), (long long)rec->outage_ms, (long long)rec->total_ms);
+}
+
+/* --- slowcpu: a worker's CPU time cut down ------------------------------------------------------ */
+
+#define THROTTLE_TICK_US 2000    /* how often the CPU times are read */
+#define THROTTLE_WINDOW_MS 200   /* the span over which the CPU times are compared, anew each time */
+#define THROTTLE_SLACK_NS 2000000 /* what the target may run ahead before it is stopped */
+
+/* The CPU time of every thread of pid so far (schedstat: ns on a CPU); 0 when it is gone. */
+static uint64_t cpu_ns(pid_t pid) {
+  char dir[64], path[128], buf[128];
+  snprintf(dir, sizeof dir, "/proc/%d/task", (int)pid);
+  DIR *d = opendir(dir);
+  uint64_t sum = 0;
+  struct dirent *e;
+  while (d && (e = readdir(d))) {
+    if (e->d_name[0] == '.') continue;
+    snprintf(path, sizeof path, "%s/%.20s/schedstat", dir, e->d_name);
+    FILE *f = fopen(path, "r");
+    if (f && fgets(buf, sizeof buf, f)) sum += strtoull(buf, NULL, 10);
+    if (f) fclose(f);
+  }
+  if (d) closedir(d);
+  return sum;
+}
+
+/* The throttle: every THROTTLE_TICK_US, the target's CPU time in the current window against
+ * the busiest peer's; ahead of percent of it (by more than the slack), the target is stopped,
+ * else it runs. So it gets percent of the CPU time its peers get, whether the machine's CPUs
+ * are idle or crowded (a fixed quota, cgroup v2's cpu.max, slows nothing on a crowded machine,
+ * where every worker gets less than the quota anyway). Left running at the end. */
+static void *duty_cycle(void *arg) {
+  throttle *t = arg;
+  int stopped = 0;
+  uint64_t base = 0, *peer_base = calloc((size_t)(t->npeers ? t->npeers : 1), sizeof *peer_base), since = 0;
+  while (peer_base && !atomic_load(&t->stop)) {
+    uint64_t now = newt_now_ns();
+    if (!since || now - since > THROTTLE_WINDOW_MS * 1000000ull) { /* a new window */
+      since = now;
+      base = cpu_ns(t->pid);
+      for (int i = 0; i < t->npeers; i++) peer_base[i] = cpu_ns(t->peers[i]);
+    }
+    uint64_t mine = cpu_ns(t->pid), busiest = 0;
+    if (mine == 0) break; /* it is gone */
+    for (int i = 0; i < t->npeers; i++) {
+      uint64_t p = cpu_ns(t->peers[i]);
+      if (p > peer_base[i] && p - peer_base[i] > busiest) busiest = p - peer_base[i];
+    }
+    double allowed = (double)busiest * t->percent / 100.0 + THROTTLE_SLACK_NS;
+    int ahead = mine > base && (double)(mine - base) > allowed;
+    if (ahead && !stopped) stopped = kill(t->pid, SIGSTOP) == 0;
+    else if (!ahead && stopped) kill(t->pid, SIGCONT), stopped = 0;
+    newt_sleep_us(THROTTLE_TICK_US);
+  }
+  free(peer_base);
+  kill(t->pid, SIGCONT);
+  return NULL;
+}
+
+int inject_fire_slowcpu(run *r, const chaos_event *e, const newt_plan *plan, const char *what) {
+  char name[RDZV_NAME_MAX] = "";
+  if (!e->by_rank) snprintf(name, sizeof name, "w%d", e->index);
+  else if (plan && e->index < plan->nranks) snprintf(name, sizeof name, "%s", plan->ranks[e->index].worker);
+  proc *p = name[0] ? procs_find(r, name) : NULL;
+  if (!p || !p->alive) {
+    fprintf(stderr, "%snewt run: chaos %s: %s\n", live_news(r), what, name[0] ? "not running" : "no such rank now");
+    return 0;
+  }
+  throttle **list = realloc(r->throttles, (size_t)(r->nthrottles + 1) * sizeof *list), *t = calloc(1, sizeof *t);
+  if (list) r->throttles = list;
+  if (!list || !t) {
+    free(t);
+    fprintf(stderr, "%snewt run: chaos %s: out of memory\n", live_news(r), what);
+    return 0;
+  }
+  *t = (throttle){.pid = p->pid, .percent = e->percent, .until_step = e->until_step};
+  snprintf(t->name, sizeof t->name, "%s", p->name);
+  snprintf(t->what, sizeof t->what, "%s", what);
+  for (int i = 0; i < r->nprocs && t->npeers < THROTTLE_PEERS; i++) /* its peers: the other workers now */
+    if (r->procs[i].alive && r->procs[i].kind == PROC_WORKER && r->procs[i].pid != p->pid)
+      t->peers[t->npeers++] = r->procs[i].pid;
+  if (pthread_create(&t->thread, NULL, duty_cycle, t) != 0) {
+    free(t);
+    fprintf(stderr, "%snewt run: chaos %s: cannot start its throttle\n", live_news(r), what);
+    return 0;
+  }
+  t->has_thread = 1;
+  r->throttles[r->nthrottles++] = t;
+  fault *f = add_fault(r, e, what);
+  if (f && plan && !plan_find(plan, p->name)) f->matched = 1; /* a spare's speed moves no share */
+  if (!r->o->quiet)
+    fprintf(stderr, "%snewt run: chaos: %s (%s gets %d%% of the CPU time its busiest peer gets: stopped and "
+            "continued as it runs ahead)\n", live_news(r), what, p->name, e->percent);
+  return 0;
+}
+
+void inject_mend_slowcpu(run *r, int64_t step) {
+  for (int i = 0; i < r->nthrottles;) {
+    throttle *t = r->throttles[i];
+    if (step >= 0 && (!t->until_step || step < t->until_step)) {
+      i++;
+      continue;
+    }
+    atomic_store(&t->stop, 1);
+    if (t->has_thread) pthread_join(t->thread, NULL);
+    if (step >= 0) { /* its end is a fault too: the plan that gives its share back answers it */
+      chaos_event ev = {.action = CHAOS_SLOWCPU, .target = CHAOS_WORKER, .index = -1};
+      char what[64];
+      snprintf(what, sizeof what, "%.50s ended", t->what);
+      fault *f = add_fault(r, &ev, what);
+      if (f) f->answer = CHAOS_ANSWER_REBALANCE;
+      if (!r->o->quiet) fprintf(stderr, "%snewt run: chaos: %s (%s has its CPU again)\n", live_news(r), what, t->name);
+    }
+    free(t);
+    r->throttles[i] = r->throttles[--r->nthrottles];
+  }
+  if (step < 0) {
+    free(r->throttles);
+    r->throttles = NULL;
+  }
 }

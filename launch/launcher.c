@@ -515,6 +515,7 @@ newt_result_t launcher_run(const launcher_opts *o, launcher_result *res) {
   /* what went wrong, kept across the clean-up below (which may fail at things of its own) */
   char why[1024];
   snprintf(why, sizeof why, "%s", rc != NEWT_OK ? newt_errmsg() : "");
+  chaos_end(r);
   procs_stop_all(r);
   if (!res->done) { /* cut short: the steps the ranks ended after the cut (a stop's last), from their log */
     for (int k = 0; k < 1024 && live_follow_steps(r); k++) {

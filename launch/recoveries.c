@@ -91,7 +91,7 @@ static chaos_answer answer_of(const char *cause) {
     const char *cause;
     chaos_answer answer;
   } answers[] = {{"crash", CHAOS_ANSWER_CRASH}, {"hang", CHAOS_ANSWER_CRASH}, {"leave", CHAOS_ANSWER_LEAVE},
-                 {"join", CHAOS_ANSWER_WAKE}};
+                 {"join", CHAOS_ANSWER_WAKE}, {"rebalance", CHAOS_ANSWER_REBALANCE}};
   for (size_t i = 0; i < sizeof answers / sizeof answers[0]; i++)
     if (strcmp(cause, answers[i].cause) == 0) return answers[i].answer;
   return CHAOS_ANSWER_NONE;

@@ -25,6 +25,7 @@
 #define NEWT_LAUNCH_RUN_H
 
 #include <pthread.h>
+#include <stdatomic.h>
 #include <sys/types.h>
 
 #include "job/view.h"
@@ -61,6 +62,7 @@ typedef enum chaos_answer {
   CHAOS_ANSWER_JOINERS, /* the joins or spare events that name its joiners (a join, a mended cut) */
   CHAOS_ANSWER_LEADER,  /* a new leader: a coordinator lost */
   CHAOS_ANSWER_ETCD,    /* training's progress reaching etcd again (inject_etcd_tick) */
+  CHAOS_ANSWER_REBALANCE, /* a plan that rebalances the shares (a straggler, or its end) */
 } chaos_answer;
 
 /* What an action needs of the run (chaos.c's rows; a @ckpt trigger adds checkpoints). */
@@ -94,6 +96,22 @@ typedef struct cut {
   int64_t until_step;
   char what[64];
 } cut;
+
+/* A worker slowed down (chaos slowcpu): a thread stops and continues it so that it gets percent
+ * of the CPU time its busiest peer gets, until until_step. */
+#define THROTTLE_PEERS 64
+typedef struct throttle {
+  pid_t pid;
+  char name[32];
+  int percent;
+  int64_t until_step; /* 0: it lasts */
+  char what[64];
+  pid_t peers[THROTTLE_PEERS]; /* the other workers when it began */
+  int npeers;
+  pthread_t thread;
+  int has_thread;
+  atomic_int stop;
+} throttle;
 
 typedef struct run {
   const launcher_opts *o;
@@ -163,6 +181,8 @@ typedef struct run {
   netns_net *net; /* --netns: the namespaces (NULL: none) */
   cut *cuts;
   int ncuts;
+  throttle **throttles; /* workers slowed down (chaos slowcpu) */
+  int nthrottles;
 
   runfile rec;     /* where newt status finds the job (runfile.h) ... */
   int rec_written; /* ... once written */
@@ -240,6 +260,8 @@ chaos_answer chaos_event_answer(const chaos_event *e);
 void chaos_fire_due(run *r, int64_t step);
 /* Mends what is due of the faults in force (each row's mend, once). */
 void chaos_mend(run *r, int64_t step);
+/* Ends what chaos left in force that would hold up the end (slowed workers). */
+void chaos_end(run *r);
 
 /* --- inject.c: each action's fire and mend ------------------------------------------------------ */
 
@@ -252,10 +274,13 @@ int inject_fire_cut(run *r, const chaos_event *e, const newt_plan *plan, const c
 int inject_fire_join(run *r, const chaos_event *e, const newt_plan *plan, const char *what);
 int inject_fire_etcd(run *r, const chaos_event *e, const newt_plan *plan, const char *what);
 int inject_fire_flip(run *r, const chaos_event *e, const newt_plan *plan, const char *what);
+int inject_fire_slowcpu(run *r, const chaos_event *e, const newt_plan *plan, const char *what);
 /* The mend functions: the cuts and slow links whose time or step has come mended; an etcd
  * fault undone when its time is up, and recorded once training's progress (or the end
  * marker) reaches etcd again. */
 void inject_mend_cuts(run *r, int64_t step);
+/* Ends the slowdowns due at step (every one when step < 0: the run ends). */
+void inject_mend_slowcpu(run *r, int64_t step);
 void inject_etcd_tick(run *r, int64_t step);
 
 #endif

@@ -336,7 +336,7 @@ static newt_result_t init_weights(model_par *p) {
 static int acts_in_flight(const model_train_config *cfg, const model_par_config *pc) {
   int64_t first_count, count;
   model_batch_slice(cfg->batch, 0, pc->dp, &first_count, &count);
-  int M = (int)((count + cfg->micro_batch - 1) / cfg->micro_batch);
+  int M = pc->max_micro > 0 ? pc->max_micro : (int)((count + cfg->micro_batch - 1) / cfg->micro_batch);
   return pc->pp - pc->pp_rank < M ? pc->pp - pc->pp_rank : M;
 }
 

@@ -254,6 +254,7 @@ static newt_result_t check_step(const model_par *p, const model_par_comms *c, in
   const model_par_config *pc = &p->pc;
   int64_t first, want;
   model_batch_slice(p->cfg.batch, pc->dp_rank, pc->dp, &first, &want);
+  if (pc->max_micro > 0 && count >= 1 && count <= (int64_t)pc->max_micro * p->cfg.micro_batch) return NEWT_OK;
   if (count != want)
     return NEWT_ERR(NEWT_ERR_INVALID,
                     "model_par_step: %d sequences, but data-parallel rank %d of %d takes %lld of the global batch of %d",
@@ -329,10 +330,10 @@ newt_result_t model_par_grads(model_par *p, const model_par_comms *c, const int3
              .C = (int)p->cfg.model.channels, .M = (count + mb - 1) / mb,
              .dscale = 1.0f / (float)((int64_t)p->cfg.batch * T)};
   s.own = s.M;
-  if (p->pc.zero == 3 && p->pc.dp > 1) { /* as many as the first rank, which has the most */
+  if (p->pc.zero == 3 && p->pc.dp > 1) { /* as many as the rank with the most */
     int64_t f, most;
     model_batch_slice(p->cfg.batch, 0, p->pc.dp, &f, &most);
-    s.M = (int)((most + mb - 1) / mb);
+    s.M = p->pc.max_micro > 0 ? p->pc.max_micro : (int)((most + mb - 1) / mb);
   }
   model_dev_zero(p->dev, p->grads, p->local.total * sizeof(float));
   model_dev_zero(p->dev, p->rec, 2 * sizeof(double));

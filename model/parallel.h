@@ -90,6 +90,9 @@ typedef struct model_par_config {
   int zero;       /* ZeRO stage 0..3 */
   int tp_rank, pp_rank, dp_rank;
   model_dev *dev; /* the device the rank trains on (model/dev.h); NULL: model_dev_cpu() */
+  int max_micro;  /* the most micro-batches a data-parallel rank takes per step, when the ranks'
+                     shares are uneven by more than a sample (a rebalanced plan); 0: those of
+                     model_batch_slice's first rank. A step then takes any count up to it. */
 } model_par_config;
 
 /* The coordinates of world rank `rank` (rank = (pp_rank * dp + dp_rank) * tp + tp_rank). */

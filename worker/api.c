@@ -252,12 +252,12 @@ newt_result_t newt_layout_get(newt_ctx *c, newt_layout *out) {
     return NEWT_ERR(NEWT_ERR_INVALID, "newt_layout_get: no generation (newt_step_begin says NEXT_GENERATION first)");
   const newt_plan *p = &c->plan;
   int64_t first, count; /* this rank's micro-batches: its share of the global batch's samples */
-  plan_batch_slice(p->global_batch, p->dp, c->dp_rank, &first, &count);
+  plan_slice(p, c->dp_rank, &first, &count);
   newt_layout l = {.size = sizeof l, .generation = p->generation, .rank = c->me->rank, .world = p->nranks,
                    .dp = p->dp, .tp = p->tp, .pp = p->pp, .dp_rank = c->dp_rank, .tp_rank = c->tp_rank,
                    .pp_rank = c->pp_rank, .accum = (count + p->micro_batch - 1) / p->micro_batch,
                    .world_comm = c->h_world, .dp_comm = c->h_dp,
-                   .tp_comm = c->h_tp, .pp_comm = c->h_pp};
+                   .tp_comm = c->h_tp, .pp_comm = c->h_pp, .accum_max = p->accum};
   return give(out, &l, sizeof l, "newt_layout");
 }
 

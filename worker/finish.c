@@ -24,6 +24,7 @@ static void teardown(worker *w) {
   plan_free(&w->latest);
   plan_free(&w->plan);
   plan_free(&w->held_plan);
+  worker_speed_free(&w->speed);
   worker_recheck_free(w);
   worker_state_free(w);
   for (newt_comm *h = w->comms, *nx; h; h = nx) {

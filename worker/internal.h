@@ -40,6 +40,7 @@
 #include "common/sys.h"
 #include "rendezvous/rdzv.h"
 #include "worker/reshard.h"
+#include "worker/speed.h"
 
 #define WORKER_PUB_SLOTS 8
 
@@ -254,6 +255,8 @@ struct newt_ctx {
                                       no one is left to hand the state to */
   int leave_announced;             /* this rank said it leaves (its registration's state) */
   int first_step_of_gen;
+  uint64_t wait_at_begin;  /* comm_thread_wait_ns when the step under way began */
+  worker_speed speed;      /* the generation's ranks' speeds (speed.c), for the progress record */
   int progress_rank;       /* who writes the progress record: the lowest rank that reached etcd
                               at the last commit (every rank agrees: the commit's sums) */
   double t_last;           /* when the last step ended (s, monotonic) */

@@ -82,6 +82,10 @@ static newt_result_t start_metrics(worker *w) {
                                       "wall time of one training step on this worker"));
   NEWT_CHECK(metrics_define(m, "newt_worker_tokens_per_second", METRICS_GAUGE, "tokens of the global batch over this worker's last step time"));
   NEWT_CHECK(metrics_define(m, "newt_worker_step", METRICS_GAUGE, "the newest step this worker completed"));
+  NEWT_CHECK(metrics_define(m, "newt_worker_compute_seconds", METRICS_GAUGE,
+                            "this rank's compute in its last step: begin to commit, less its time in collectives"));
+  NEWT_CHECK(metrics_define(m, "newt_worker_sample_compute_seconds", METRICS_GAUGE,
+                            "this rank's compute per sample in its last step (its speed: docs/elastic.md, Stragglers)"));
   NEWT_CHECK(metrics_define(m, "newt_worker_stall_deadline_seconds", METRICS_GAUGE,
                             "how long a collective goes without progress before this worker probes its peers (follows "
                             "the step times; the cap, spec.fault.comm_timeout_ms, until enough steps were seen)"));

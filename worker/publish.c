@@ -386,6 +386,7 @@ void worker_publish_progress(worker *w, double loss, double tps, int64_t step_to
                      .loss = loss, .tokens_per_s = tps,
                      .world = p->nranks, .dp = p->dp, .t_ms = now,
                      .step_tokens = step_tokens};
+  worker_speed_summary(&w->speed, now, &pr);
   publish_record(w, JOB_REC_PROGRESS, 0, job_progress_to_json(&pr), 0);
 }
 

@@ -201,7 +201,7 @@ static newt_result_t next_step(worker *w, newt_batch *b, newt_next *next) {
   if (w->live_step >= w->spec.steps || w->end_now) return end_trained(w, next);
   const newt_plan *p = &w->plan;
   int64_t gb = p->global_batch, off;
-  plan_batch_slice(gb, p->dp, w->dp_rank, &off, &w->step_count);
+  plan_slice(p, w->dp_rank, &off, &w->step_count);
   w->step_first = (int64_t)worker_cursor(w) + off;
   *b = (newt_batch){.size = b->size, .step = w->live_step + 1, .first = w->step_first, .count = w->step_count,
                     .micro_batch = p->micro_batch, .accum = (w->step_count + p->micro_batch - 1) / p->micro_batch,
@@ -216,6 +216,7 @@ static newt_result_t next_step(worker *w, newt_batch *b, newt_next *next) {
     w->leave_announced = 1;
     worker_set_state_async(w, "leaving");
   }
+  w->wait_at_begin = comm_thread_wait_ns();
   atomic_store(&w->step_started, newt_now_ns());
   w->step = STEP_BEGUN;
   *next = NEWT_NEXT_STEP;
@@ -301,15 +302,20 @@ newt_result_t worker_commit(worker *w, const double *values, double *sums, int n
   if (w->phase != PHASE_RUNNING || w->step != STEP_BEGUN)
     return NEWT_ERR(NEWT_ERR_INVALID, "newt_step_commit: no step is begun (newt_step_begin said NEXT_STEP first)%s",
                     w->step == STEP_COMMITTED ? "; this step was committed already" : "");
-  /* [leave, switch, reaches etcd, values...] of every rank, summed in rank order in double */
-  int k = n + 3, size = comm_size(w->train);
-  double mine[35];
+  /* [leave, switch, reaches etcd, compute, values...] of every rank, summed in rank order in
+     double; compute: this rank's seconds from begin to here less its time in collectives
+     (speed.c: the ranks' speeds) */
+  int k = n + 4, size = comm_size(w->train);
+  double mine[36];
   mine[0] = worker_stop_asked(w) ? 1 : 0;
   mine[1] = (double)atomic_load(&w->switch_pending);
   pthread_mutex_lock(&w->mu);
   mine[2] = !w->etcd || (rdzv_etcd_reachable(w->etcd) && !w->pub_failing);
   pthread_mutex_unlock(&w->mu);
-  for (int i = 0; i < n; i++) mine[3 + i] = values[i];
+  uint64_t began = atomic_load(&w->step_started), waited = comm_thread_wait_ns() - w->wait_at_begin;
+  double compute = began ? ((double)(newt_now_ns() - began) - (double)waited) / 1e9 : 0;
+  mine[3] = compute > 0 ? compute : 0;
+  for (int i = 0; i < n; i++) mine[4 + i] = values[i];
   double *all = malloc((size_t)size * (size_t)k * sizeof *all);
   NEWT_CHECK_ALLOC(all);
   newt_result_t r = comm_allgather(comm_host_channel(w->train), mine, all, (size_t)k * sizeof(double), NEWT_U8);
@@ -317,9 +323,15 @@ newt_result_t worker_commit(worker *w, const double *values, double *sums, int n
     free(all);
     return r;
   }
-  double tot[35] = {0};
+  double tot[36] = {0};
   for (int q = 0; q < size; q++)
     for (int i = 0; i < k; i++) tot[i] += all[(size_t)q * (size_t)k + (size_t)i];
+  if (!w->first_step_of_gen) /* a generation's first holds lazy starts */
+    worker_speed_step(&w->speed, &w->plan, all + 3, k, size, newt_wall_ms());
+  if (w->step_count > 0) {
+    metrics_set(w->metrics, "newt_worker_compute_seconds", mine[3]);
+    metrics_set(w->metrics, "newt_worker_sample_compute_seconds", mine[3] / (double)w->step_count);
+  }
   /* the progress record (the leader's evidence that steps go on) comes from the lowest rank
      that reaches etcd, not from rank 0 alone: a rank cut from etcd, rank 0 included, is then
      seen alive while it trains (docs/elastic.md, "When etcd is away") */
@@ -327,7 +339,7 @@ newt_result_t worker_commit(worker *w, const double *values, double *sums, int n
   for (int q = size - 1; q >= 0; q--)
     if (all[(size_t)q * (size_t)k + 2] > 0) w->progress_rank = q;
   free(all);
-  for (int i = 0; i < n; i++) sums[i] = tot[3 + i];
+  for (int i = 0; i < n; i++) sums[i] = tot[4 + i];
   w->leave_agreed = tot[0] > 0;
   w->all_leave = tot[0] >= (double)size && w->plan.nspares == 0;
   w->switch_agreed = tot[1] > 0;
@@ -435,6 +447,8 @@ newt_result_t worker_restored(worker *w) {
   w->step = STEP_IDLE;
   w->first_step_of_gen = 1;
   w->t_last = newt_now_s();
+  if (worker_speed_start(&w->speed, &w->plan, &w->spec) != NEWT_OK) /* measured for people and the leader: training goes on */
+    NEWT_WARN(WORKER, "%s: %s", w->id, newt_errmsg());
   w->stall_ms = 0; /* the new communicators start at the cap; the next step sets the deadline */
   return NEWT_OK;
 }

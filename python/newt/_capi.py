@@ -69,7 +69,7 @@ class Layout(ctypes.Structure):
     _fields_ = [("size", c_size_t), ("generation", c_uint64), ("rank", c_int), ("world", c_int),
                 ("dp", c_int), ("tp", c_int), ("pp", c_int), ("dp_rank", c_int), ("tp_rank", c_int),
                 ("pp_rank", c_int), ("accum", c_int64), ("world_comm", c_void_p), ("dp_comm", c_void_p),
-                ("tp_comm", c_void_p), ("pp_comm", c_void_p)]
+                ("tp_comm", c_void_p), ("pp_comm", c_void_p), ("accum_max", c_int64)]
 
 
 class Tensor(ctypes.Structure):

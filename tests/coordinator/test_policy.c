@@ -418,6 +418,72 @@ static void test_first_step(void) {
   plan_free(&pic.plan);
 }
 
+/* Stragglers (issue 41): a rank off the median for a whole window (and the minimum time)
+ * rebalances at the boundary, nobody fenced; a shorter straggle, another generation's
+ * progress, or speeds that earn the plan's own shares do nothing. */
+static void test_rebalance(void) {
+  picture pic;
+  policy_decision d;
+  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
+    if (strcmp(cases[i].name, "healthy: nothing to do") == 0) build(&cases[i], &pic);
+  pic.plan.dp = pic.plan.nranks; /* four data-parallel ranks of a global batch of 24 */
+  pic.plan.tp = pic.plan.pp = 1;
+  pic.plan.global_batch = pic.spec.global_batch = 24;
+  pic.plan.micro_batch = 2;
+  for (int k = 0; k < pic.plan.nranks; k++) pic.plan.ranks[k].dp = k;
+  job_progress pr = {.generation = pic.plan.generation, .step = 50, .sample_us = 400, .nslow = 1,
+                     .slow = {{.dp = 2, .us = 800}}, .straggle = 20, .straggle_ms = 3000};
+  pic.v.progress = &pr;
+  pic.v.straggle_min_ms = 1000;
+  T_OK(policy_decide(&pic.v, &d));
+  T_CHECK_MSG(d.reason == POLICY_REBALANCE && d.at_boundary && !d.fence && d.nexclude == 0, "reason %d", d.reason);
+  T_CHECK(strcmp(policy_cause(POLICY_REBALANCE), "rebalance") == 0);
+  policy_decision_free(&d);
+  static const struct {
+    int64_t straggle, straggle_ms;
+    int gen_off, zero, window;
+    const char *why;
+  } none[] = {
+      {19, 3000, 0, 0, 20, "a straggle shorter than the window"},
+      {20, 900, 0, 0, 20, "a straggle shorter than straggle_min_ms"},
+      {20, 3000, -1, 0, 20, "the progress of another generation"},
+      {20, 3000, 0, 3, 20, "ZeRO 3"},
+      {20, 3000, 0, 0, 0, "rebalancing off"},
+  };
+  for (size_t i = 0; i < sizeof none / sizeof none[0]; i++) {
+    job_progress q = pr;
+    q.straggle = none[i].straggle;
+    q.straggle_ms = none[i].straggle_ms;
+    q.generation = pic.plan.generation + (uint64_t)none[i].gen_off;
+    pic.spec.zero = none[i].zero;
+    pic.spec.straggler_window = none[i].window;
+    pic.v.progress = &q;
+    T_OK(policy_decide(&pic.v, &d));
+    T_CHECK_MSG(d.reason == POLICY_NONE, "%s: reason %d", none[i].why, d.reason);
+    policy_decision_free(&d);
+  }
+  pic.spec.zero = 0;
+  pic.spec.straggler_window = 20;
+  /* the plan already has the shares these speeds earn: nothing to do; its even shares back once
+     no rank is listed */
+  double us[4];
+  pic.v.progress = &pr;
+  policy_progress_us(&pr, pic.plan.dp, us);
+  newt_result_t err;
+  pic.plan.shares = plan_shares_for(pic.plan.global_batch, pic.plan.dp, us, pic.spec.straggler_margin, &err);
+  T_CHECK(pic.plan.shares != NULL);
+  T_OK(policy_decide(&pic.v, &d));
+  T_CHECK_MSG(d.reason == POLICY_NONE, "the plan's own shares: reason %d", d.reason);
+  policy_decision_free(&d);
+  job_progress back = pr;
+  back.nslow = 0;
+  pic.v.progress = &back;
+  T_OK(policy_decide(&pic.v, &d));
+  T_CHECK_MSG(d.reason == POLICY_REBALANCE, "a rank recovered: reason %d", d.reason);
+  policy_decision_free(&d);
+  plan_free(&pic.plan);
+}
+
 static void test_causes(void) {
   T_CHECK(policy_cause(POLICY_NONE) == NULL);
   T_CHECK(strcmp(policy_cause(POLICY_INITIAL), "initial") == 0);
@@ -502,6 +568,7 @@ int main(void) {
   T_RUN(test_table);
   T_RUN(test_clocks);
   T_RUN(test_first_step);
+  T_RUN(test_rebalance);
   T_RUN(test_causes);
   T_RUN(test_members_and_donors);
   T_RUN(test_gpu_clash);

@@ -718,10 +718,98 @@ static void test_plan_hostile(void) {
   plan_free(&p);
 }
 
+/* Stragglers (issue 41): the leader gives a slow data-parallel rank a smaller share of the
+ * global batch, in proportion to the measured speeds, and the plan carries the shares (a new
+ * field, written only when set: a plan of even shares is the previous release's bytes). */
+static void test_plan_shares(void) {
+  int64_t out[4];
+  double speed[4] = {2, 2, 2, 1}; /* one rank at half speed */
+  T_OK(plan_shares_by_speed(24, 4, speed, out));
+  T_CHECK_MSG(out[0] == 7 && out[1] == 7 && out[2] == 7 && out[3] == 3, "shares %lld %lld %lld %lld",
+              (long long)out[0], (long long)out[1], (long long)out[2], (long long)out[3]);
+  double slow[3] = {1000, 1, 1}; /* a sample each at least */
+  T_OK(plan_shares_by_speed(5, 3, slow, out));
+  T_CHECK(out[0] == 3 && out[1] == 1 && out[2] == 1);
+  double bad[2] = {1, 0};
+  T_CHECK(plan_shares_by_speed(8, 2, bad, out) == NEWT_ERR_INVALID);
+  T_CHECK(plan_shares_by_speed(1, 2, speed, out) == NEWT_ERR_INVALID);
+  /* measured compute per sample: within the margin the shares stay even (NULL) */
+  newt_result_t err;
+  double near[4] = {100, 110, 105, 120}, far[4] = {100, 100, 0, 200};
+  T_CHECK(plan_shares_for(24, 4, near, 0.25, &err) == NULL && err == NEWT_OK);
+  int64_t *sh = plan_shares_for(24, 4, far, 0.25, &err); /* the unmeasured one: the median's speed */
+  T_CHECK(sh && sh[0] == 7 && sh[1] == 7 && sh[2] == 7 && sh[3] == 3);
+  free(sh);
+  /* plan_compute: the members' measurements make the shares, a slice each, accum the most */
+  newt_spec s;
+  spec_defaults(&s, "j");
+  s.global_batch = 24;
+  s.micro_batch = 2;
+  plan_member m[4];
+  for (int i = 0; i < 4; i++) {
+    char id[8];
+    snprintf(id, sizeof id, "w%d", i);
+    m[i] = mk(id, "h", 10 + i, i, 0);
+    m[i].sample_us = i == 2 ? 900 : 450;
+  }
+  newt_plan p, q;
+  T_OK(plan_compute(&s, m, 4, 1, &p));
+  T_CHECK(p.shares && p.shares[0] == 7 && p.shares[1] == 7 && p.shares[2] == 3 && p.shares[3] == 7);
+  T_CHECK_MSG(p.accum == 4, "accum %lld", (long long)p.accum);
+  int64_t first, count, at = 0;
+  for (int d = 0; d < 4; d++) {
+    plan_slice(&p, d, &first, &count);
+    T_CHECK(first == at && count == p.shares[d]);
+    at += count;
+  }
+  T_CHECK(at == 24);
+  char *json = plan_to_json(&p);
+  T_CHECK(json && strstr(json, "\"shares\":[7,7,3,7]"));
+  T_OK(plan_from_json(json, strlen(json), &q));
+  T_CHECK(q.shares && q.shares[2] == 3 && q.accum == 4);
+  newt_plan c;
+  T_OK(plan_copy(&c, &q));
+  T_CHECK(c.shares && c.shares != q.shares && c.shares[3] == 7);
+  plan_free(&c);
+  plan_free(&q);
+  /* shares that are no split of the global batch, or that the accum does not follow */
+  static const struct {
+    const char *from, *to, *err;
+  } bad_shares[] = {
+      {"[7,7,3,7]", "[7,7,3,6]", "plan.shares: 23 samples in all, the global batch is 24"},
+      {"[7,7,3,7]", "[7,7,10]", "plan.shares: 3 entries, expected dp = 4"},
+      {"[7,7,3,7]", "[7,7,0,10]", "plan.shares[2]: expected a whole number of samples 1..24"},
+      {"[7,7,3,7]", "[6,6,6,6]", "plan.accum: 4, but"},
+  };
+  for (size_t i = 0; json && i < sizeof bad_shares / sizeof bad_shares[0]; i++) {
+    char buf[4096];
+    const char *at_ = strstr(json, bad_shares[i].from);
+    snprintf(buf, sizeof buf, "%.*s%s%s", (int)(at_ - json), json, bad_shares[i].to, at_ + strlen(bad_shares[i].from));
+    newt_plan r;
+    T_CHECK(plan_from_json(buf, strlen(buf), &r) == NEWT_ERR_INVALID);
+    T_CHECK_MSG(strstr(newt_errmsg(), bad_shares[i].err) != NULL, "%s", newt_errmsg());
+  }
+  free(json);
+  plan_free(&p);
+  /* even speeds, or rebalancing off: no shares, and the record has none */
+  for (int i = 0; i < 4; i++) m[i].sample_us = 450;
+  T_OK(plan_compute(&s, m, 4, 1, &p));
+  json = plan_to_json(&p);
+  T_CHECK(!p.shares && json && !strstr(json, "shares"));
+  free(json);
+  plan_free(&p);
+  m[2].sample_us = 900;
+  s.straggler_window = 0;
+  T_OK(plan_compute(&s, m, 4, 1, &p));
+  T_CHECK(!p.shares && p.accum == 3);
+  plan_free(&p);
+}
+
 int main(void) {
   T_RUN(test_spec);
   T_RUN(test_spec_numbers);
   T_RUN(test_plan_dp);
+  T_RUN(test_plan_shares);
   T_RUN(test_plan_tp_pp);
   T_RUN(test_plan_keeps_whole_groups);
   T_RUN(test_plan_spreads_hosts);

@@ -200,9 +200,34 @@ static void test_chaos_cut(void) {
   expect_refused(bad, sizeof bad / sizeof bad[0]);
 }
 
+/* slowcpu: a worker's CPU time cut down to a fraction of its busiest peer's (issue 41). */
+static void test_chaos_slowcpu(void) {
+  chaos_plan c;
+  char buf[64];
+  T_OK(chaos_parse("slowcpu:worker:1:50%:until=60@step=20,slowcpu:rank:0:25%@step=5", &c));
+  T_CHECK(c.n == 2);
+  if (c.n == 2) {
+    const chaos_event *a = &c.events[0], *b = &c.events[1]; /* sorted by step */
+    T_CHECK(a->action == CHAOS_SLOWCPU && a->by_rank && a->index == 0 && a->percent == 25 && a->until_step == 0);
+    T_CHECK(b->action == CHAOS_SLOWCPU && !b->by_rank && b->index == 1 && b->percent == 50 && b->until_step == 60);
+    T_CHECK_MSG(strcmp(chaos_event_str(b, buf, sizeof buf), "slowcpu:worker:1:50%:until=60@step=20") == 0, "%s", buf);
+    T_CHECK_MSG(strcmp(chaos_event_str(a, buf, sizeof buf), "slowcpu:rank:0:25%@step=5") == 0, "%s", buf);
+  }
+  chaos_free(&c);
+  const char *bad[][2] = {
+      {"slowcpu:worker:1@step=3", "slowcpu applies to worker:I or rank:R with the CPU time it keeps"},
+      {"slowcpu:host:1:50%@step=3", "slowcpu applies to worker:I or rank:R"},
+      {"slowcpu:worker:1:50@step=3", "\"50\": the CPU time the worker keeps is 1%..99%"},
+      {"slowcpu:worker:1:100%@step=3", "1%..99%"},
+      {"slowcpu:worker:1:50%:until=3@step=3", "the slowdown ends at a step after the item's own (3)"},
+  };
+  expect_refused(bad, sizeof bad / sizeof bad[0]);
+}
+
 int main(void) {
   T_RUN(test_chaos);
   T_RUN(test_chaos_cut);
+  T_RUN(test_chaos_slowcpu);
   T_RUN(test_chaos_host);
   T_RUN(test_chaos_etcd);
   return T_DONE();
