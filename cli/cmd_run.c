@@ -62,7 +62,8 @@ static int parse_flags(int argc, char **argv, run_flags *f, launcher_opts *lo, s
   newt_opt opts[] = {
       {"nproc", NEWT_OPT_INT, &f->nproc, "workers to start"},
       SPEC_OPT("preset"), SPEC_OPT("model"), SPEC_OPT("steps"), SPEC_OPT("seq-len"), SPEC_OPT("global-batch"),
-      SPEC_OPT("micro-batch"), SPEC_OPT("lr"), SPEC_OPT("seed"), SPEC_OPT("data"), SPEC_OPT("data-seed"),
+      SPEC_OPT("micro-batch"), SPEC_OPT("lr"), SPEC_OPT("lr-min"), SPEC_OPT("warmup"), SPEC_OPT("seed"),
+      SPEC_OPT("data"), SPEC_OPT("data-seed"),
       SPEC_OPT("ckpt-dir"), SPEC_OPT("ckpt-every"), SPEC_OPT("ckpt-keep"), SPEC_OPT("tp"), SPEC_OPT("pp"),
       SPEC_OPT("zero"), SPEC_OPT("dp-min"), SPEC_OPT("dp-max"), SPEC_OPT("join-window-ms"),
       SPEC_OPT("even-batches"), SPEC_OPT("backend"),

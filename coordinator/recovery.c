@@ -43,7 +43,8 @@ static void warn_shared_gpus_locked(coord *c, const policy_view *v, char (*exclu
 
 /* The generation is above every one a member has taken up (after etcd lost its data, the
  * registrations remember what the plan key forgot). */
-static newt_result_t read_inputs(coord *c, char (*exclude)[RDZV_NAME_MAX], int nexclude, plan_inputs *in) {
+static newt_result_t read_inputs(coord *c, char (*exclude)[RDZV_NAME_MAX], int nexclude, plan_inputs *in,
+                                 int speeds) {
   memset(in, 0, sizeof *in);
   pthread_mutex_lock(&c->mu);
   size_t room = (size_t)(c->nmembers ? c->nmembers : 1);
@@ -64,9 +65,11 @@ static newt_result_t read_inputs(coord *c, char (*exclude)[RDZV_NAME_MAX], int n
     uint64_t g = c->members[i].generation > 0 ? (uint64_t)c->members[i].generation : 0;
     if (g > in->prev && plan_check_jump(c->plan.generation, g) == NEWT_OK) in->prev = g;
   }
-  /* the ranks' measured speeds (the newest progress of the plan in force): the next plan's
-     shares follow them (plan_compute) */
-  double *us = c->prog_speed.generation == c->plan.generation && c->plan.dp > 0
+  /* the ranks' measured speeds (the newest progress of the plan in force), when speeds decide
+     (speeds: a rebalance, or a plan that has shares already; any other plan shares evenly, so
+     that a crowded machine's noise moves no share): the next plan's shares follow them
+     (plan_compute) */
+  double *us = speeds && c->prog_speed.generation == c->plan.generation && c->plan.dp > 0
                    ? malloc((size_t)c->plan.dp * sizeof *us) : NULL;
   if (us) policy_progress_us(&c->prog_speed, c->plan.dp, us);
   for (int i = 0; us && i < in->n; i++) {
@@ -175,7 +178,7 @@ newt_result_t coord_replan(coord *c, const char *cause, const char *switch_mode,
                            int nexclude, int *no_layout) {
   *no_layout = 0;
   plan_inputs in;
-  NEWT_CHECK(read_inputs(c, exclude, nexclude, &in));
+  NEWT_CHECK(read_inputs(c, exclude, nexclude, &in, strcmp(cause, "rebalance") == 0 || c->plan.shares != NULL));
   newt_plan p = {0};
   int failed = 0;
   newt_result_t r = compute(c, &in, &p, no_layout);

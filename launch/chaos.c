@@ -261,7 +261,7 @@ static newt_result_t parse_flip(chaos_item *it, chaos_event *e) {
   return NEWT_OK;
 }
 
-/* slowcpu:(worker:I | rank:R):P%[:until=S] */
+/* slowcpu:(worker:I | rank:R):P%[:until=(S | rebalanced)] */
 static newt_result_t parse_slowcpu(chaos_item *it, chaos_event *e) {
   char **parts = it->parts;
   int np = it->np, n = it->idx + 1;
@@ -278,10 +278,12 @@ static newt_result_t parse_slowcpu(chaos_item *it, chaos_event *e) {
   if (end == parts[3] || strcmp(end, "%") != 0 || pct < 1 || pct > 99)
     return BAD("--chaos: item %d \"%s\": \"%s\": the CPU time the worker keeps is 1%%..99%%", n, it->shown, parts[3]);
   e->percent = (int)pct;
-  if (np == 5 && (strncmp(parts[4], "until=", 6) != 0 || newt_parse_int(parts[4] + 6, &e->until_step) != 0 ||
+  e->until_rebalanced = np == 5 && strcmp(parts[4], "until=rebalanced") == 0;
+  if (np == 5 && !e->until_rebalanced && (strncmp(parts[4], "until=", 6) != 0 || newt_parse_int(parts[4] + 6, &e->until_step) != 0 ||
                   e->until_step <= e->step))
     return BAD("--chaos: item %d \"%s\": \"%s\": the slowdown ends at a step after the item's own (%lld), as "
-               "until=%lld", n, it->shown, parts[4], (long long)e->step, (long long)e->step + 20);
+               "until=%lld, or once a plan answered it, as until=rebalanced", n, it->shown, parts[4],
+               (long long)e->step, (long long)e->step + 20);
   return NEWT_OK;
 }
 
@@ -317,6 +319,7 @@ static void print_join(const chaos_kind *k, const chaos_event *e, char *buf, siz
 static void print_slowcpu(const chaos_kind *k, const chaos_event *e, char *buf, size_t cap) {
   char until[32] = "";
   if (e->until_step) snprintf(until, sizeof until, ":until=%lld", (long long)e->until_step);
+  if (e->until_rebalanced) snprintf(until, sizeof until, ":until=rebalanced");
   snprintf(buf, cap, "%s:%s:%d:%d%%%s", k->name, e->by_rank ? "rank" : "worker", e->index, e->percent, until);
 }
 
@@ -362,7 +365,7 @@ static const chaos_kind chaos_kinds[] = {
    parse_join,      print_join,    0,               inject_fire_join,   NULL,             CHAOS_ANSWER_JOINERS},
   {"flip",     CHAOS_FLIP,     W, "rank:R[:TENSOR]",                          4, NULL,
    parse_flip,      print_flip,    N_PLAN,          inject_fire_flip,   NULL,             CHAOS_ANSWER_NONE},
-  {"slowcpu",  CHAOS_SLOWCPU,  W, "(worker:I | rank:R):P%[:until=S]",        5, NULL,
+  {"slowcpu",  CHAOS_SLOWCPU,  W, "(worker:I | rank:R):P%[:until=S|rebalanced]", 5, NULL,
    parse_slowcpu,   print_slowcpu, N_PLAN,          inject_fire_slowcpu, inject_mend_slowcpu, CHAOS_ANSWER_REBALANCE},
   /* the network (newt run --netns) */
   {"cut",      CHAOS_CUT,      W, "(worker:I | rank:R)[:MS | :until=S]",      4, NULL,

@@ -32,12 +32,12 @@
  *                                       flipped in its memory: silent data corruption. Armed in
  *                                       every worker at its start (NEWT_CHAOS_FLIP), so it lands
  *                                       at that very step; the replicas' check finds it
- *          | "slowcpu:" ("worker" | "rank") ":" I ":" P "%" [":until=" S]
- *                                       the worker's CPU time cut down to P percent (1..99) of its
- *                                       busiest peer's until the job completed step S (none: it
- *                                       lasts): SIGSTOP whenever it runs ahead of that, SIGCONT
- *                                       once it is behind (read every 2 ms). A straggler, which
- *                                       the leader answers by rebalancing (docs/elastic.md)
+ *          | "slowcpu:" ("worker" | "rank") ":" I ":" P "%" [":until=" (S | "rebalanced")]
+ *                                       the worker runs P percent (1..99) of the time: stopped and
+ *                                       continued every 20 ms, until the job completed step S,
+ *                                       or until the plan that answers it is in force
+ *                                       (rebalanced), or for good. A straggler, which the leader
+ *                                       answers by rebalancing (docs/elastic.md)
  *          | "slow:" ("worker" | "rank" | "host") ":" I ":" KBIT [":" MS | ":until=" S]
  *                                       newt run --netns: its link shaped to KBIT kbit/s both
  *                                       ways with a short queue (bursts dropped: slow and lossy)
@@ -88,6 +88,7 @@ typedef struct chaos_event {
                          completed this step (0: after arg ms) */
   int64_t kbit;       /* slow: the link's rate, kbit/s */
   int percent;        /* slowcpu: the CPU time left, percent */
+  int until_rebalanced; /* slowcpu: it ends once a plan answered it (until=rebalanced) */
   char tensor[72];    /* flip: the tensor ("": the rank's first replicated part) */
   int fired;
 } chaos_event;

@@ -339,57 +339,23 @@ void inject_etcd_tick(run *r, int64_t step) {
 
 /* --- slowcpu: a worker's CPU time cut down ------------------------------------------------------ */
 
-#define THROTTLE_TICK_US 2000    /* how often the CPU times are read */
-#define THROTTLE_WINDOW_MS 200   /* the span over which the CPU times are compared, anew each time */
-#define THROTTLE_SLACK_NS 2000000 /* what the target may run ahead before it is stopped */
+#define THROTTLE_PERIOD_US 20000 /* one stop/continue cycle: short beside a step of milliseconds */
 
-/* The CPU time of every thread of pid so far (schedstat: ns on a CPU); 0 when it is gone. */
-static uint64_t cpu_ns(pid_t pid) {
-  char dir[64], path[128], buf[128];
-  snprintf(dir, sizeof dir, "/proc/%d/task", (int)pid);
-  DIR *d = opendir(dir);
-  uint64_t sum = 0;
-  struct dirent *e;
-  while (d && (e = readdir(d))) {
-    if (e->d_name[0] == '.') continue;
-    snprintf(path, sizeof path, "%s/%.20s/schedstat", dir, e->d_name);
-    FILE *f = fopen(path, "r");
-    if (f && fgets(buf, sizeof buf, f)) sum += strtoull(buf, NULL, 10);
-    if (f) fclose(f);
-  }
-  if (d) closedir(d);
-  return sum;
-}
-
-/* The throttle: every THROTTLE_TICK_US, the target's CPU time in the current window against
- * the busiest peer's; ahead of percent of it (by more than the slack), the target is stopped,
- * else it runs. So it gets percent of the CPU time its peers get, whether the machine's CPUs
- * are idle or crowded (a fixed quota, cgroup v2's cpu.max, slows nothing on a crowded machine,
- * where every worker gets less than the quota anyway). Left running at the end. */
+/* The throttle: in every period of THROTTLE_PERIOD_US the target runs percent of it and is
+ * stopped for the rest, so that it does percent of the work it would do otherwise, whether the
+ * machine's CPUs are idle or crowded: a GPU throttled to a fraction of its clock. (A cgroup's
+ * cpu.max is a quota of a CPU, which slows nothing on a crowded machine where the worker gets
+ * less than the quota anyway; and a share of its peers' CPU time feeds back on itself, as they
+ * wait for it.) Left running at the end. */
 static void *duty_cycle(void *arg) {
   throttle *t = arg;
-  int stopped = 0;
-  uint64_t base = 0, *peer_base = calloc((size_t)(t->npeers ? t->npeers : 1), sizeof *peer_base), since = 0;
-  while (peer_base && !atomic_load(&t->stop)) {
-    uint64_t now = newt_now_ns();
-    if (!since || now - since > THROTTLE_WINDOW_MS * 1000000ull) { /* a new window */
-      since = now;
-      base = cpu_ns(t->pid);
-      for (int i = 0; i < t->npeers; i++) peer_base[i] = cpu_ns(t->peers[i]);
-    }
-    uint64_t mine = cpu_ns(t->pid), busiest = 0;
-    if (mine == 0) break; /* it is gone */
-    for (int i = 0; i < t->npeers; i++) {
-      uint64_t p = cpu_ns(t->peers[i]);
-      if (p > peer_base[i] && p - peer_base[i] > busiest) busiest = p - peer_base[i];
-    }
-    double allowed = (double)busiest * t->percent / 100.0 + THROTTLE_SLACK_NS;
-    int ahead = mine > base && (double)(mine - base) > allowed;
-    if (ahead && !stopped) stopped = kill(t->pid, SIGSTOP) == 0;
-    else if (!ahead && stopped) kill(t->pid, SIGCONT), stopped = 0;
-    newt_sleep_us(THROTTLE_TICK_US);
+  uint64_t run_us = (uint64_t)THROTTLE_PERIOD_US * (uint64_t)t->percent / 100u;
+  while (!atomic_load(&t->stop)) {
+    if (kill(t->pid, SIGCONT) != 0) break; /* it is gone */
+    newt_sleep_us(run_us);
+    if (atomic_load(&t->stop) || kill(t->pid, SIGSTOP) != 0) break;
+    newt_sleep_us(THROTTLE_PERIOD_US - run_us);
   }
-  free(peer_base);
   kill(t->pid, SIGCONT);
   return NULL;
 }
@@ -410,12 +376,10 @@ int inject_fire_slowcpu(run *r, const chaos_event *e, const newt_plan *plan, con
     fprintf(stderr, "%snewt run: chaos %s: out of memory\n", live_news(r), what);
     return 0;
   }
-  *t = (throttle){.pid = p->pid, .percent = e->percent, .until_step = e->until_step};
+  *t = (throttle){.pid = p->pid, .percent = e->percent, .until_step = e->until_step, .fault = -1,
+                  .until_rebalanced = e->until_rebalanced};
   snprintf(t->name, sizeof t->name, "%s", p->name);
   snprintf(t->what, sizeof t->what, "%s", what);
-  for (int i = 0; i < r->nprocs && t->npeers < THROTTLE_PEERS; i++) /* its peers: the other workers now */
-    if (r->procs[i].alive && r->procs[i].kind == PROC_WORKER && r->procs[i].pid != p->pid)
-      t->peers[t->npeers++] = r->procs[i].pid;
   if (pthread_create(&t->thread, NULL, duty_cycle, t) != 0) {
     free(t);
     fprintf(stderr, "%snewt run: chaos %s: cannot start its throttle\n", live_news(r), what);
@@ -424,17 +388,20 @@ int inject_fire_slowcpu(run *r, const chaos_event *e, const newt_plan *plan, con
   t->has_thread = 1;
   r->throttles[r->nthrottles++] = t;
   fault *f = add_fault(r, e, what);
+  if (f) t->fault = r->nfaults - 1;
   if (f && plan && !plan_find(plan, p->name)) f->matched = 1; /* a spare's speed moves no share */
   if (!r->o->quiet)
-    fprintf(stderr, "%snewt run: chaos: %s (%s gets %d%% of the CPU time its busiest peer gets: stopped and "
-            "continued as it runs ahead)\n", live_news(r), what, p->name, e->percent);
+    fprintf(stderr, "%snewt run: chaos: %s (%s runs %d%% of the time: stopped and continued every %d ms)\n",
+            live_news(r), what, p->name, e->percent, THROTTLE_PERIOD_US / 1000);
   return 0;
 }
 
 void inject_mend_slowcpu(run *r, int64_t step) {
   for (int i = 0; i < r->nthrottles;) {
     throttle *t = r->throttles[i];
-    if (step >= 0 && (!t->until_step || step < t->until_step)) {
+    /* until=rebalanced: until a plan answered it (the fault matched: recoveries.c) */
+    int answered = t->until_rebalanced && t->fault >= 0 && t->fault < r->nfaults && r->faults[t->fault].matched;
+    if (step >= 0 && !answered && (!t->until_step || step < t->until_step)) {
       i++;
       continue;
     }

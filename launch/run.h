@@ -97,17 +97,16 @@ typedef struct cut {
   char what[64];
 } cut;
 
-/* A worker slowed down (chaos slowcpu): a thread stops and continues it so that it gets percent
- * of the CPU time its busiest peer gets, until until_step. */
-#define THROTTLE_PEERS 64
+/* A worker slowed down (chaos slowcpu): a thread stops and continues it so that it runs percent
+ * of the time, until until_step, or until a plan answered its fault (until_rebalanced). */
 typedef struct throttle {
   pid_t pid;
   char name[32];
   int percent;
-  int64_t until_step; /* 0: it lasts */
+  int64_t until_step;   /* 0: it lasts */
+  int until_rebalanced; /* it ends once the plan that answers it is in force */
+  int fault;            /* its fault in run.faults (-1: none) */
   char what[64];
-  pid_t peers[THROTTLE_PEERS]; /* the other workers when it began */
-  int npeers;
   pthread_t thread;
   int has_thread;
   atomic_int stop;

@@ -76,6 +76,17 @@ void worker_speed_step(worker_speed *s, const newt_plan *p, const double *comput
   double all = medians(s, s->c);
   for (int d = 0; d < s->dp && all > 0; d++)
     s->off |= s->med[d] > (1.0 + s->margin) * all || s->med[d] * (1.0 + s->margin) < all;
+  if (s->off || !p->shares) return;
+  /* shares in force, and every rank's compute per sample within the margin of every other's:
+     the straggler recovered, and even shares are its due (a rank with a small share does its
+     step's fixed work over fewer samples, so its compute per step alone may never look off) */
+  medians(s, s->us);
+  double lo = 0, hi = 0;
+  for (int d = 0; d < s->dp; d++) {
+    if (d == 0 || s->med[d] < lo) lo = s->med[d];
+    if (d == 0 || s->med[d] > hi) hi = s->med[d];
+  }
+  s->off = lo > 0 && hi <= (1.0 + s->margin) * lo;
 }
 
 void worker_speed_summary(const worker_speed *s, uint64_t now_ms, job_progress *pr) {

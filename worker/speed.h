@@ -6,7 +6,8 @@
  * data-parallel rank (the slowest of its tensor and pipeline ranks), its compute per step
  * and per sample, and whether the median over the window of one rank's compute per step is
  * more than spec.fault.straggler_margin above or below the median rank's (a straggler, or one
- * that recovered with a smaller share). Medians: a slowdown of fewer than half the window's
+ * that recovered with a smaller share), or, under shares, whether every rank's compute per
+ * sample is within the margin of every other's (the straggler recovered). Medians: a slowdown of fewer than half the window's
  * steps moves none. The progress record carries the summary (worker_speed_summary); the
  * leader decides (coordinator/policy.c). */
 #ifndef NEWT_WORKER_SPEED_H
