@@ -1,6 +1,6 @@
 /* newt bench straggler: what rebalancing is worth when one worker is slow (issue 41). Runs
  * jobs on this host (private etcd, coordinators, --nproc CPU workers), one worker slowed by
- * chaos slowcpu to --percent of its busiest peer's CPU time from --slow-at on:
+ * chaos slowcpu to run --percent of the time from --slow-at on:
  *
  *   uninterrupted  no slowdown: the final loss the others are held to
  *   equal          the slowdown, rebalancing off (spec.fault.straggler_window 0): equal shares
@@ -136,7 +136,7 @@ int newt_bench_straggler(int argc, char **argv) {
                      SPEC_OPT("straggler-window"),
                      SPEC_OPT("straggler-margin"),
                      {"slow-at", NEWT_OPT_INT, &f.slow_at, "step after which worker 1 is slowed"},
-                     {"percent", NEWT_OPT_INT, &f.percent, "the CPU time it keeps, percent of its busiest peer's"},
+                     {"percent", NEWT_OPT_INT, &f.percent, "the time it runs, percent (chaos slowcpu)"},
                      {"recover-at", NEWT_OPT_INT, &f.recover_at,
                       "step at which the slowdown ends in the recovering job (0: halfway from --slow-at to the end)"},
                      {"threads", NEWT_OPT_INT, &f.threads, "compute threads per worker"},

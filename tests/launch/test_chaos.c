@@ -200,7 +200,7 @@ static void test_chaos_cut(void) {
   expect_refused(bad, sizeof bad / sizeof bad[0]);
 }
 
-/* slowcpu: a worker's CPU time cut down to a fraction of its busiest peer's (issue 41). */
+/* slowcpu: a worker run a fraction of the time (issue 41). */
 static void test_chaos_slowcpu(void) {
   chaos_plan c;
   char buf[64];
@@ -214,7 +214,14 @@ static void test_chaos_slowcpu(void) {
     T_CHECK_MSG(strcmp(chaos_event_str(a, buf, sizeof buf), "slowcpu:rank:0:25%@step=5") == 0, "%s", buf);
   }
   chaos_free(&c);
+  T_OK(chaos_parse("slowcpu:worker:2:40%:until=rebalanced@step=7", &c));
+  T_CHECK(c.n == 1 && c.events[0].until_rebalanced && c.events[0].until_step == 0 && c.events[0].percent == 40);
+  if (c.n == 1)
+    T_CHECK_MSG(strcmp(chaos_event_str(&c.events[0], buf, sizeof buf), "slowcpu:worker:2:40%:until=rebalanced@step=7") == 0,
+                "%s", buf);
+  chaos_free(&c);
   const char *bad[][2] = {
+      {"slowcpu:worker:1:50%:until=balanced@step=3", "or once a plan answered it, as until=rebalanced"},
       {"slowcpu:worker:1@step=3", "slowcpu applies to worker:I or rank:R with the CPU time it keeps"},
       {"slowcpu:host:1:50%@step=3", "slowcpu applies to worker:I or rank:R"},
       {"slowcpu:worker:1:50@step=3", "\"50\": the CPU time the worker keeps is 1%..99%"},
