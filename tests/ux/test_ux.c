@@ -19,9 +19,10 @@
  *           no faults) with the same spec;
  *         - `newt report` of the run with that training run as --baseline, opened in a real
  *           headless browser (Debian's chromium): the page loads without a console message,
- *           its DOM holds the five charts (rank speeds too) and one marker per recovery of the summary (in
- *           the loss and membership charts and the bars), and its screenshot is not blank
- *           (tests/ux/png_check.mjs decodes it). Without chromium the test fails saying so.
+ *           its DOM holds the five charts (the ranks' speeds too) and one marker per recovery of
+ *           the summary (in the loss and membership charts and the bars), and its screenshot is
+ *           not blank (tests/ux/png_check.mjs decodes it). Without chromium the test fails
+ *           saying so.
  *
  *   tty   the live line of `newt run` on a terminal (script(1) gives it one): refreshed in
  *         place, with an ETA, no loss before the first step.
