@@ -1,7 +1,7 @@
 /* newt report: a run as one self-contained HTML page (cli/report.h): the loss curve with
  * each recovery marked (and a reference run drawn on top with --baseline), the membership
- * timeline, where each recovery's time went, throughput and checkpoints, and a table of
- * the recoveries.
+ * timeline, where each recovery's time went, throughput and checkpoints, the ranks' speeds
+ * (where the step log has them), and a table of the recoveries.
  *
  * What it reads: the log directory of `newt run` (summary.json, steps.jsonl, events.jsonl),
  * or a summary (whose step_log / event_log / log_dir name the rest), or a job's own step and

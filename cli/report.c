@@ -66,7 +66,8 @@ static const char *cause_color(const char *cause) {
   static const struct {
     const char *cause, *color;
   } colors[] = {{"crash", "#d62728"}, {"hang", "#9467bd"},        {"leave", "#e6850e"},
-                {"join", "#2ca02c"},  {"coordinator", "#8c564b"}, {"etcd", "#17becf"}};
+                {"join", "#2ca02c"},  {"coordinator", "#8c564b"}, {"etcd", "#17becf"},
+                {"rebalance", "#8f9a12"}};
   for (size_t i = 0; i < sizeof colors / sizeof colors[0]; i++)
     if (strcmp(cause, colors[i].cause) == 0) return colors[i].color;
   return "#555";
@@ -588,6 +589,146 @@ static void throughput_chart(page *p, const run_view *v) {
   free(t), free(raw), free(avg);
 }
 
+/* --- rank speeds (issue 41) ------------------------------------------------------------------ */
+
+#define SPEED_RANKS 8 /* the slow ranks drawn (a colour each); the rest are in the note */
+
+static int has_speeds(const report_input *in) {
+  for (size_t i = 0; i < in->nsteps; i++)
+    if (in->steps[i].sample_us > 0) return 1;
+  return 0;
+}
+
+static int is_rebalance(const launcher_recovery *r) { return strcmp(r->cause, "rebalance") == 0; }
+
+/* The data-parallel ranks the step log ever lists as off the median, each once, in the order
+ * first seen (at most cap, *more set when there were others); returns how many. */
+static int slow_ranks(const report_input *in, int *dps, int cap, int *more) {
+  int n = 0;
+  *more = 0;
+  for (size_t i = 0; i < in->nsteps; i++)
+    for (int k = 0; k < in->steps[i].nslow && k < JOB_SLOW_MAX; k++) {
+      int d = in->steps[i].slow[k].dp, seen = 0;
+      for (int j = 0; j < n; j++) seen |= dps[j] == d;
+      if (seen) continue;
+      if (n < cap) dps[n++] = d;
+      else *more = 1;
+    }
+  return n;
+}
+
+/* Rank d's compute per sample at step s: as listed, else the median's (a rank not listed is
+ * within the margin of it); not known where the step has no speeds or no such rank. */
+static double rank_us(const job_step *s, int d) {
+  if (!(s->sample_us > 0) || d >= s->dp) return NAN;
+  for (int k = 0; k < s->nslow && k < JOB_SLOW_MAX; k++)
+    if (s->slow[k].dp == d) return s->slow[k].us;
+  return s->sample_us;
+}
+
+/* A marker where each rebalance took effect: the step training went on from, as on the loss
+ * chart, numbered as the recoveries' table numbers it. */
+static void rebalance_markers(chart *c, const run_view *v) {
+  double lx = -1e9;
+  int row = 0;
+  for (int i = 0; i < v->nrec; i++) {
+    if (!is_rebalance(&v->rec[i])) continue;
+    char tip[256];
+    snprintf(tip, sizeof tip, "recovery %d: rebalance to generation %lld, the new shares from step %lld", i + 1,
+             (long long)v->rec[i].generation, (long long)recovery_step(v, &v->rec[i]) + 1);
+    double mx = px(c, recovery_step(v, &v->rec[i]));
+    marker(c, mx, i, "rebalance", "rebalance-marker", marker_row(mx, &lx, &row), tip);
+  }
+}
+
+/* The median rank's compute per sample against step, each rank the step log lists as off it
+ * beside it, and a marker where each rebalance took effect. */
+static void speed_chart(page *p, const run_view *v, const int *dps, int nd) {
+  const report_input *in = v->in;
+  size_t n = in->nsteps;
+  double *x = malloc((n + 1) * sizeof *x), *y = malloc((n + 1) * sizeof *y);
+  if (!x || !y) {
+    free(x), free(y);
+    p->err = NEWT_ERR(NEWT_ERR_NOMEM, "report: out of memory");
+    return;
+  }
+  double hi = 0, last = 1;
+  for (size_t i = 0; i < n; i++) {
+    const job_step *s = &in->steps[i];
+    hi = fmax(hi, s->sample_us);
+    for (int k = 0; k < s->nslow && k < JOB_SLOW_MAX; k++) hi = fmax(hi, s->slow[k].us);
+    last = fmax(last, (double)s->step);
+    x[i] = (double)s->step;
+  }
+  chart c;
+  chart_open(p, &c, "speed-chart", 340, "Compute per sample of the median rank and of each slow rank against step, "
+                                        "with each rebalance marked");
+  c.x0 = 0;
+  c.x1 = last;
+  c.y0 = 0;
+  c.y1 = hi * 1.15;
+  double lo = 0;
+  nice_range(&lo, &c.y1, 5);
+  chart_axes(&c, "step", "compute per sample (\xc2\xb5s)", 5);
+  rebalance_markers(&c, v);
+  char cls[32], name[32];
+  double lgx = c.left + 10;
+  for (int j = 0; j < nd; j++) { /* under the median's line: a rank's meets it where it is not listed */
+    for (size_t i = 0; i < n; i++) y[i] = rank_us(&in->steps[i], dps[j]);
+    snprintf(cls, sizeof cls, "speed-rank sr%d", j);
+    put(p, "<g data-dp=\"%d\">", dps[j]);
+    chart_line(&c, x, y, n, cls);
+    put(p, "</g>\n");
+    snprintf(name, sizeof name, "dp %d", dps[j]);
+    lgx = legend(&c, lgx, 22, cls, name, 0);
+  }
+  for (size_t i = 0; i < n; i++) y[i] = in->steps[i].sample_us > 0 ? in->steps[i].sample_us : NAN;
+  chart_line(&c, x, y, n, "speed-median");
+  legend(&c, lgx, 22, "speed-median", "median rank", 0);
+  chart_close(&c);
+  free(x), free(y);
+}
+
+/* Under the chart: how many rebalances, and the shares of the newest plan the event log has
+ * (its event's why: "samples per step by measured speed: w1 4, w0 10, w2 10"). */
+static void speed_note(page *p, const run_view *v, int more) {
+  static const char *const SHARES = "samples per step by measured speed:";
+  int rebalances = 0;
+  for (int i = 0; i < v->nrec; i++) rebalances += is_rebalance(&v->rec[i]);
+  put(p, "<p class=\"note\" id=\"speed-note\">%d rebalance%s.", rebalances, rebalances == 1 ? "" : "s");
+  const job_event *plan = NULL;
+  for (size_t i = 0; i < v->in->nevents; i++)
+    if (v->in->events[i].type == JOB_EV_PLAN) plan = &v->in->events[i];
+  if (plan) {
+    const char *shares = strstr(plan->why, SHARES);
+    put(p, " The last plan (generation %lld, ", (long long)plan->generation);
+    put_text(p, plan->cause);
+    if (shares) {
+      put(p, ") gives each data-parallel rank its samples per step by measured speed:");
+      put_text(p, shares + strlen(SHARES));
+      put(p, ".");
+    } else {
+      put(p, ") shares the global batch evenly.");
+    }
+  }
+  if (more) put(p, " More than %d ranks were off the median: the first %d listed are drawn.", SPEED_RANKS, SPEED_RANKS);
+  put(p, "</p>\n");
+}
+
+/* The section, only for a step log with the ranks' speeds (a run of the previous release, or
+ * of `newt train`, has none: no empty chart). */
+static void speed_section(page *p, const run_view *v) {
+  if (!has_speeds(v->in)) return;
+  int dps[SPEED_RANKS], more = 0;
+  int nd = slow_ranks(v->in, dps, SPEED_RANKS, &more);
+  put(p, "<h2>Rank speeds</h2>\n<p class=\"note\">Each data-parallel rank's compute per sample (its step's compute "
+         "less its time in collectives, over its samples), as the step log has it: the median rank's over the last "
+         "steps, and each rank ever found off it by more than the margin (a rank is drawn at the median where the "
+         "step does not list it: it is within the margin). Dashed: a rebalance, from the step it took effect.</p>\n");
+  speed_chart(p, v, dps, nd);
+  speed_note(p, v, more);
+}
+
 /* --- the page ------------------------------------------------------------------------------- */
 
 static const char *const STYLE =
@@ -606,6 +747,9 @@ static const char *const STYLE =
     "svg .world{stroke:#1f77b4;stroke-width:2.4}svg .workers{stroke:#9467bd;stroke-width:2;stroke-dasharray:6 4}svg .gen circle{fill:#fff;stroke:#1f77b4;stroke-width:2}"
     "svg .gen text{font-weight:bold;fill:#1f4e79}svg circle.plan{fill:#1f77b4}"
     "svg .tps{stroke:#1f77b4;stroke-width:1.8}svg .tps-raw{stroke:#aac8e4;stroke-width:1}"
+    "svg .speed-median{stroke:#1f77b4;stroke-width:2.4}svg .speed-rank{stroke-width:1.6}"
+    "svg .sr0{stroke:#d62728}svg .sr1{stroke:#ff7f0e}svg .sr2{stroke:#9467bd}svg .sr3{stroke:#8c564b}"
+    "svg .sr4{stroke:#e377c2}svg .sr5{stroke:#7f7f7f}svg .sr6{stroke:#17becf}svg .sr7{stroke:#2ca02c}"
     "svg .band{opacity:.16}svg .badge{fill:#fff;font-size:10px;font-weight:bold}svg .mlabel{font-weight:bold}"
     "svg .ckpt-tick line{stroke:#444;stroke-width:1.5}svg .ckpt-tick path,svg .ckpt-key{fill:#444}"
     "svg .rlabel{font-weight:bold;font-size:13px}svg .rsub{fill:#666;font-size:11px}"
@@ -794,6 +938,7 @@ newt_result_t report_html(const report_input *in, newt_buf *out) {
 
   put(p, "<h2>Throughput</h2>\n");
   throughput_chart(p, &v);
+  speed_section(p, &v);
 
   if (v.nrec) {
     put(p, "<h2>The recoveries</h2>\n<p class=\"note\">A recovery's time runs from the fault to the next completed "

@@ -8,11 +8,14 @@
  *   recoveries one bar per recovery split into detect, plan, communicator, restore (and
  *              the first step after it), labelled in ms
  *   throughput tokens/s over wall time, checkpoint commits as ticks
+ *   speeds     (a step log with the ranks' speeds only) the median rank's compute per sample
+ *              and each rank's the step log lists as off it, against step; each rebalance
+ *              marked where it took effect; under it, the rebalances and the last plan's shares
  *   table      the recoveries, one row each
  *
  * Every recovery marker carries class "recovery-marker" (loss chart) and
  * "timeline-marker" (membership chart) and data-recovery="<index>", so tests and scripts
- * can count them. */
+ * can count them; a rebalance's on the speeds chart, "rebalance-marker". */
 #ifndef NEWT_CLI_REPORT_H
 #define NEWT_CLI_REPORT_H
 

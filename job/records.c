@@ -273,27 +273,32 @@ RECORD_CODEC(job_ack, ack_table)
 
 /* --- progress -------------------------------------------------------------------------------- */
 
-/* The ranks off the median's speed: [[dp, us], ...], at most JOB_SLOW_MAX. */
-static int no_slow(const void *rec) { return ((const job_progress *)rec)->nslow <= 0; }
+/* The ranks off the median's speed, [[dp, us], ...] (at most JOB_SLOW_MAX, written only when
+ * there is one), of a progress record or a step log's line: the field's offset is the array's
+ * and count_off its count's, so both records spell it with one row (CODEC_SLOW). */
+#define CODEC_SLOW(T) CODEC_CUSTOM(T, slow, "slow", put_slow, get_slow), .count_off = offsetof(T, nslow)
 
 static newt_result_t put_slow(cJSON *obj, const codec_field *f, const void *rec) {
-  const job_progress *p = rec;
+  const struct job_slow *slow = (const void *)((const char *)rec + f->off);
+  int n = *(const int *)((const char *)rec + f->count_off);
+  if (n <= 0) return NEWT_OK;
   cJSON *a = cJSON_AddArrayToObject(obj, f->name);
   NEWT_CHECK_ALLOC(a);
-  for (int i = 0; i < p->nslow && i < JOB_SLOW_MAX; i++) {
+  for (int i = 0; i < n && i < JOB_SLOW_MAX; i++) {
     cJSON *e = cJSON_CreateArray();
-    if (!e || !cJSON_AddItemToArray(a, e) || !cJSON_AddItemToArray(e, cJSON_CreateNumber(p->slow[i].dp)) ||
-        !cJSON_AddItemToArray(e, cJSON_CreateNumber(round(p->slow[i].us * 10) / 10)))
-      return NEWT_ERR(NEWT_ERR_NOMEM, "out of memory writing progress");
+    if (!e || !cJSON_AddItemToArray(a, e) || !cJSON_AddItemToArray(e, cJSON_CreateNumber(slow[i].dp)) ||
+        !cJSON_AddItemToArray(e, cJSON_CreateNumber(round(slow[i].us * 10) / 10)))
+      return NEWT_ERR(NEWT_ERR_NOMEM, "out of memory writing %s", f->name);
   }
   return NEWT_OK;
 }
 
 static newt_result_t get_slow(const cJSON *j, const char *what, const codec_field *f, void *rec, int required) {
-  job_progress *p = rec;
+  struct job_slow *slow = (void *)((char *)rec + f->off);
+  int *n = (int *)((char *)rec + f->count_off);
   const cJSON *a = NULL;
   NEWT_CHECK(newt_json_get_arr(j, what, f->name, required, &a));
-  p->nslow = 0;
+  *n = 0;
   if (!a) return NEWT_OK;
   if (cJSON_GetArraySize(a) > JOB_SLOW_MAX)
     return NEWT_ERR(NEWT_ERR_INVALID, "%s.%s: %d entries, at most %d", what, f->name, cJSON_GetArraySize(a), JOB_SLOW_MAX);
@@ -303,10 +308,10 @@ static newt_result_t get_slow(const cJSON *j, const char *what, const codec_fiel
         !(d->valuedouble >= 0 && d->valuedouble <= (1 << 20)) || d->valuedouble != floor(d->valuedouble) ||
         !(us->valuedouble > 0 && us->valuedouble <= 1e12))
       return NEWT_ERR(NEWT_ERR_INVALID, "%s.%s[%d]: expected [data-parallel index, microseconds per sample]", what,
-                      f->name, p->nslow);
-    p->slow[p->nslow].dp = (int)d->valuedouble;
-    p->slow[p->nslow].us = us->valuedouble;
-    p->nslow++;
+                      f->name, *n);
+    slow[*n].dp = (int)d->valuedouble;
+    slow[*n].us = us->valuedouble;
+    (*n)++;
   }
   return NEWT_OK;
 }
@@ -326,7 +331,7 @@ static const codec_field progress_fields[] = {
     /* new fields, each written only when set: a progress record without them is the previous
        release's bytes */
     {CODEC_REAL(job_progress, sample_us, "sample_us"), CODEC_OMIT, .dmin = 0, .dmax = 1e12, .scale = 10},
-    {CODEC_CUSTOM(job_progress, slow, "slow", put_slow, get_slow), .skip = no_slow},
+    {CODEC_SLOW(job_progress)},
     {CODEC_INT(job_progress, straggle, "straggle", 0, INT32_MAX), CODEC_OMIT},
     {CODEC_MS(job_progress, straggle_ms, "straggle_ms"), CODEC_OMIT},
 };
@@ -349,6 +354,10 @@ static const codec_field step_fields[] = {
     {CODEC_INT(job_step, ckpt, "ckpt", 0, INT64_MAX)},
     /* the restart mode's: the programs restarted before this step's (0: none, and not written) */
     {CODEC_INT(job_step, restarts, "restarts", 0, INT64_MAX), CODEC_OMIT},
+    /* the ranks' speeds, as the progress record carries them, each written only when known: a
+       line without them is the previous release's bytes */
+    {CODEC_REAL(job_step, sample_us, "sample_us"), CODEC_OMIT, .dmin = 0, .dmax = 1e12, .scale = 10},
+    {CODEC_SLOW(job_step)},
 };
 static const codec_table step_table = CODEC_TABLE(job_step, "step", step_fields);
 RECORD_CODEC(job_step, step_table)

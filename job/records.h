@@ -234,6 +234,8 @@ int job_restore_rank(const char *restore); /* 0 memory, 1 peer, 2 init, 3 ckpt; 
 
 /* --- progress: the newest step of the job (rank 0, rate-limited) ------------------------------ */
 
+#define JOB_SLOW_MAX 8 /* the ranks off the median's speed a record lists */
+
 typedef struct job_progress {
   uint64_t generation;
   int64_t step;
@@ -254,14 +256,13 @@ typedef struct job_progress {
   struct job_slow {
     int dp;        /* its data-parallel index in the generation's plan */
     double us;     /* its compute per sample, microseconds */
-  } slow[8];
+  } slow[JOB_SLOW_MAX];
   /* the longest run of steps, up to the newest, in which one data-parallel rank's compute
      stayed more than the margin above (a straggler) or below (one recovered, or given too
      little) the median rank's, and its length in ms: the leader rebalances once it reaches
      spec.fault.straggler_window steps (0: none) */
   int64_t straggle, straggle_ms;
 } job_progress;
-#define JOB_SLOW_MAX 8
 
 char *job_progress_to_json(const job_progress *p);
 newt_result_t job_progress_from_json(const char *text, size_t len, job_progress *out);
@@ -280,10 +281,17 @@ typedef struct job_step {
   int64_t ckpt;         /* the newest committed checkpoint the writer knows of (0: none) */
   int64_t restarts;     /* the restart mode: the program's step, and how many times the programs were
                            restarted before it (0: none, and not written; docs/elastic.md) */
+  /* the ranks' speeds at this step, the progress record's (worker_speed_summary; issue 41),
+     each written only when known: the median data-parallel rank's compute per sample in
+     microseconds (0: not measured), and the ranks off it by the margin, the farthest first */
+  double sample_us;
+  int nslow;
+  struct job_slow slow[JOB_SLOW_MAX];
 } job_step;
 
 /* {"step","loss","lr","tokens_per_s","world","dp","generation","t_ms","ckpt"}, in this
- * order, on one line; malloc'd, NULL on no memory. */
+ * order, on one line (then "restarts", "sample_us" and "slow" where set); malloc'd, NULL on
+ * no memory. */
 char *job_step_to_json(const job_step *s);
 newt_result_t job_step_from_json(const char *text, size_t len, job_step *out);
 

@@ -117,3 +117,11 @@ void worker_speed_summary(const worker_speed *s, uint64_t now_ms, job_progress *
     pr->straggle_ms = now_ms > oldest ? (int64_t)(now_ms - oldest) : 0;
   }
 }
+
+void worker_speed_line(const worker_speed *s, job_step *line) {
+  job_progress pr = {0};
+  worker_speed_summary(s, 0, &pr);
+  line->sample_us = pr.sample_us;
+  line->nslow = pr.nslow;
+  memcpy(line->slow, pr.slow, sizeof line->slow);
+}

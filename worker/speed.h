@@ -43,5 +43,7 @@ void worker_speed_step(worker_speed *s, const newt_plan *p, const double *comput
 
 /* The account into the progress record's speed fields (sample_us, slow, straggle). */
 void worker_speed_summary(const worker_speed *s, uint64_t now_ms, job_progress *pr);
+/* The same summary into a step log's line (sample_us, slow). */
+void worker_speed_line(const worker_speed *s, job_step *line);
 
 #endif

@@ -427,6 +427,7 @@ newt_result_t worker_end(worker *w, const newt_step_result *res) {
   job_step line = {.step = w->live_step, .loss = res->loss, .lr = res->lr, .grad_norm = res->grad_norm,
                    .tokens_per_s = tps, .world = p->nranks,
                    .dp = p->dp, .generation = p->generation, .t_ms = newt_wall_ms(), .ckpt = w->ckpt_published};
+  worker_speed_line(&w->speed, &line); /* the speeds the progress record carries, for the report */
   log_step(w, w->me->rank == 0, &line);
   return NEWT_OK;
 }

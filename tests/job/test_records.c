@@ -236,6 +236,49 @@ static void test_progress_done_ckpt(void) {
   EXPECT_REJECT(job_ckpt_from_json, job_ckpt, "{\"step\":3,\"dir\":\"d\",\"skipped\":-2}", "ckpt.skipped");
 }
 
+/* The ranks' speeds in a step log's line (issue 41): written only when known, so a line
+ * without them is the previous release's bytes; read back as written; a malformed list of the
+ * slow ranks is refused by name. The progress record shares the codec: its list reads back. */
+static void test_step_speeds(void) {
+  job_step s = {.step = 9, .loss = 2.5, .lr = 0.01, .tokens_per_s = 100, .world = 3, .dp = 3, .generation = 2,
+                .t_ms = 1700000000000ull};
+  char *text = job_step_to_json(&s);
+  T_CHECK_MSG(text && !strstr(text, "sample_us") && !strstr(text, "slow"), "%s", text);
+  free(text);
+  s.sample_us = 812.25;
+  s.nslow = 2;
+  s.slow[0] = (struct job_slow){.dp = 2, .us = 2400.5};
+  s.slow[1] = (struct job_slow){.dp = 0, .us = 300};
+  text = job_step_to_json(&s);
+  T_CHECK_MSG(text && strstr(text, "\"sample_us\":812.3,\"slow\":[[2,2400.5],[0,300]]"), "%s", text);
+  job_step b;
+  T_OK(job_step_from_json(text, strlen(text), &b));
+  T_CHECK(fabs(b.sample_us - 812.3) < 1e-9 && b.nslow == 2 && b.slow[0].dp == 2 && b.slow[0].us == 2400.5 &&
+          b.slow[1].dp == 0 && b.slow[1].us == 300 && b.step == 9);
+  free(text);
+  const char *old = "{\"step\":9,\"loss\":2.5,\"t_ms\":1}";
+  T_OK(job_step_from_json(old, strlen(old), &b));
+  T_CHECK(b.sample_us == 0 && b.nslow == 0);
+  EXPECT_REJECT(job_step_from_json, job_step, "{\"step\":9,\"loss\":2.5,\"slow\":[[1]]}", "step.slow[0]");
+  EXPECT_REJECT(job_step_from_json, job_step, "{\"step\":9,\"loss\":2.5,\"slow\":[[1,0]]}", "step.slow[0]");
+  EXPECT_REJECT(job_step_from_json, job_step, "{\"step\":9,\"loss\":2.5,\"slow\":[[0,5],[1.5,5]]}",
+                "step.slow[1]");
+  EXPECT_REJECT(job_step_from_json, job_step, "{\"step\":9,\"loss\":2.5,\"slow\":{\"dp\":1}}", "step.slow");
+  EXPECT_REJECT(job_step_from_json, job_step,
+                "{\"step\":9,\"loss\":2.5,\"slow\":[[0,1],[1,1],[2,1],[3,1],[4,1],[5,1],[6,1],[7,1],[8,1]]}",
+                "step.slow");
+  EXPECT_REJECT(job_step_from_json, job_step, "{\"step\":9,\"loss\":2.5,\"sample_us\":-1}", "step.sample_us");
+  job_progress p = {.generation = 2, .step = 9, .loss = 1, .t_ms = 1, .sample_us = 50, .nslow = 1};
+  p.slow[0] = (struct job_slow){.dp = 1, .us = 125};
+  text = job_progress_to_json(&p);
+  job_progress pb;
+  T_OK(job_progress_from_json(text, strlen(text), &pb));
+  T_CHECK_MSG(pb.nslow == 1 && pb.slow[0].dp == 1 && pb.slow[0].us == 125 && pb.sample_us == 50, "%s", text);
+  free(text);
+  EXPECT_REJECT(job_progress_from_json, job_progress,
+                "{\"generation\":1,\"step\":3,\"loss\":1,\"t_ms\":1,\"slow\":[[-1,5]]}", "progress.slow[0]");
+}
+
 static void test_events(void) {
   char ex[2][NEWT_ID_MAX] = {"w1", "w4"};
   job_event plan = {.type = JOB_EV_PLAN, .t_ms = 99, .generation = 3, .world = 6, .dp = 3, .spares = 1,
@@ -535,6 +578,7 @@ int main(void) {
   T_RUN(test_ack);
   T_RUN(test_links);
   T_RUN(test_progress_done_ckpt);
+  T_RUN(test_step_speeds);
   T_RUN(test_events);
   T_RUN(test_registration);
   T_RUN(test_worker_ack);

@@ -19,9 +19,10 @@
  *           no faults) with the same spec;
  *         - `newt report` of the run with that training run as --baseline, opened in a real
  *           headless browser (Debian's chromium): the page loads without a console message,
- *           its DOM holds the four charts and one marker per recovery of the summary (in
- *           the loss and membership charts and the bars), and its screenshot is not blank
- *           (tests/ux/png_check.mjs decodes it). Without chromium the test fails saying so.
+ *           its DOM holds the five charts (the ranks' speeds too) and one marker per recovery of
+ *           the summary (in the loss and membership charts and the bars), and its screenshot is
+ *           not blank (tests/ux/png_check.mjs decodes it). Without chromium the test fails
+ *           saying so.
  *
  *   tty   the live line of `newt run` on a terminal (script(1) gives it one): refreshed in
  *         place, with an ETA, no loss before the first step.
@@ -34,13 +35,19 @@
  *         says "interrupted" and why, its step and event logs read whole, no process of the
  *         run is left, and `newt report` of the run shows the spares and the interruption.
  *
- * usage: test_ux cli|run|tty|stop (one ctest test each). */
+ *   report_speeds  `newt report` of a step log with the ranks' speeds and an event log with a
+ *         crash and two rebalances (issue 41) draws the chart of rank speeds: the median, a
+ *         line per rank ever listed slow, a marker per rebalance (not the crash), and under it
+ *         the count and the last plan's shares; the same run without speeds has no such chart.
+ *
+ * usage: test_ux cli|run|tty|stop|report_speeds (one ctest test each). */
 #include <dirent.h>
 #include <math.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -509,10 +516,11 @@ static void check_report(const char *page, int nrec, const char *median) {
   if (d) {
     /* no console message at all: the page has no script, so any is a load error */
     T_CHECK_MSG(!strstr(d, ":CONSOLE"), "the browser's console says something:\n%s", strstr(d, ":CONSOLE"));
+    /* the workers measure their speeds (issue 41): the step log has them, and the page their chart */
     const char *charts[] = {"id=\"loss-chart\"", "id=\"membership-chart\"", "id=\"recovery-chart\"",
-                            "id=\"throughput-chart\""};
-    for (size_t i = 0; i < 4; i++) T_CHECK_MSG(strstr(d, charts[i]), "the DOM has no %s", charts[i]);
-    T_CHECK_MSG(count(d, "<svg") == 4, "the DOM has %zu svg elements", count(d, "<svg"));
+                            "id=\"throughput-chart\"", "id=\"speed-chart\""};
+    for (size_t i = 0; i < 5; i++) T_CHECK_MSG(strstr(d, charts[i]), "the DOM has no %s", charts[i]);
+    T_CHECK_MSG(count(d, "<svg") == 5, "the DOM has %zu svg elements", count(d, "<svg"));
     T_CHECK_MSG(count(d, "<polyline") >= 4, "the DOM has %zu series", count(d, "<polyline"));
     const char *kinds[] = {"class=\"recovery-marker\"", "class=\"timeline-marker\"", "class=\"recovery-bar\""};
     for (size_t i = 0; i < 3; i++)
@@ -820,11 +828,105 @@ static void test_stop(void) {
   free(html);
 }
 
+/* --- report: rank speeds ---------------------------------------------------------------------- */
+
+#define T0 1700000000000ull
+
+/* Steps 1..30 of 3 data-parallel ranks: generation 2 (a crash) from step 6, 3 (a rebalance)
+ * from step 11, 4 (another) from step 21. With speeds: dp 1 slow until the first rebalance and
+ * a little after it, dp 2 below the median near the end. */
+static void write_speed_steps(const char *path, int speeds) {
+  int fd = -1;
+  T_OK(job_runlog_open(path, 1, &fd));
+  for (int64_t k = 1; k <= 30; k++) {
+    job_step s = {.step = k, .loss = 4.0 - 0.05 * (double)k, .lr = 0.01, .tokens_per_s = 1000, .world = 3, .dp = 3,
+                  .generation = k <= 5 ? 1 : k <= 10 ? 2 : k <= 20 ? 3 : 4, .t_ms = T0 + 100 * (uint64_t)k};
+    if (speeds) {
+      s.sample_us = k <= 10 ? 100 : 120;
+      if (k >= 3 && k <= 14) s.slow[s.nslow++] = (struct job_slow){.dp = 1, .us = k <= 10 ? 400 : 260};
+      if (k >= 25) s.slow[s.nslow++] = (struct job_slow){.dp = 2, .us = 40};
+    }
+    T_OK(job_steplog_append(fd, &s));
+  }
+  close(fd);
+}
+
+static void add_plan(int fd, int64_t gen, const char *cause, const char *why, int64_t step) {
+  job_event e = {.type = JOB_EV_PLAN, .t_ms = T0 + 100 * (uint64_t)step + 10, .generation = gen, .world = 3, .dp = 3};
+  snprintf(e.cause, sizeof e.cause, "%s", cause);
+  snprintf(e.why, sizeof e.why, "%s", why);
+  T_OK(job_eventlog_append(fd, &e));
+  if (gen == 1) return;
+  uint64_t t = e.t_ms;
+  job_event r = {.type = JOB_EV_RECOVERED, .t_ms = t + 50, .generation = gen, .world = 3, .t_trigger = t - 5,
+                 .t_detect = t - 5, .t_plan = t, .t_comm = t + 10, .t_restore = t + 20, .t_step = t + 50,
+                 .restore_step = step, .fault_step = step};
+  snprintf(r.cause, sizeof r.cause, "%s", cause);
+  snprintf(r.restore, sizeof r.restore, "memory");
+  T_OK(job_eventlog_append(fd, &r));
+}
+
+static char *report_of(const char *dir, int speeds) {
+  char path[512];
+  T_CHECK(mkdir(dir, 0700) == 0);
+  snprintf(path, sizeof path, "%s/steps.jsonl", dir);
+  write_speed_steps(path, speeds);
+  snprintf(path, sizeof path, "%s/events.jsonl", dir);
+  int fd = -1;
+  T_OK(job_runlog_open(path, 1, &fd));
+  add_plan(fd, 1, "initial", "", 0);
+  add_plan(fd, 2, "crash", "", 5);
+  add_plan(fd, 3, "rebalance", "samples per step by measured speed: w0 10, w1 4, w2 10", 10);
+  add_plan(fd, 4, "rebalance", "samples per step by measured speed: w0 9, w1 6, w2 9", 20);
+  close(fd);
+  char *out = NULL, *html = NULL;
+  size_t n = 0;
+  const char *argv[] = {newt_bin, "report", dir, NULL};
+  int rc = run_capture(argv, 30000, &out);
+  T_CHECK_MSG(rc == 0, "newt report %s exited %d:\n%s", dir, rc, out ? out : "");
+  free(out);
+  snprintf(path, sizeof path, "%s/report.html", dir);
+  T_OK(newt_fs_read_all(path, 64 << 20, &html, &n));
+  return html;
+}
+
+static void test_report_speeds(void) {
+  char dir[300];
+  snprintf(dir, sizeof dir, "%s/speeds", tmp);
+  char *html = report_of(dir, 1);
+  const char *chart = html ? strstr(html, "id=\"speed-chart\"") : NULL;
+  T_CHECK_MSG(chart, "no chart of rank speeds in %s/report.html", dir);
+  if (chart) {
+    T_CHECK_MSG(count(chart, "class=\"rebalance-marker\"") == 2, "%zu rebalance markers, 2 rebalances (and a crash)",
+                count(chart, "class=\"rebalance-marker\""));
+    /* numbered as the table numbers them: the crash is recovery 1 (index 0) */
+    T_CHECK(strstr(chart, "class=\"rebalance-marker\" data-recovery=\"1\"") &&
+            strstr(chart, "class=\"rebalance-marker\" data-recovery=\"2\""));
+    T_CHECK_MSG(count(chart, "<polyline class=\"speed-rank") == 2 && strstr(chart, "data-dp=\"1\"") &&
+                    strstr(chart, "data-dp=\"2\""),
+                "not one line for each of dp 1 and dp 2");
+    T_CHECK(count(chart, "<polyline class=\"speed-median\"") == 1);
+    const char *note = strstr(chart, "id=\"speed-note\">");
+    T_CHECK_MSG(note && strstr(note, "2 rebalances.") && strstr(note, "generation 4, rebalance") &&
+                    strstr(note, "w0 9, w1 6, w2 9") && !strstr(note, "w1 4"),
+                "the note does not give 2 rebalances and the last plan's shares: %.300s", note ? note : "(none)");
+  }
+  /* the crash's marker is on the loss chart, not on the speeds' */
+  T_CHECK(html && count(html, "class=\"recovery-marker\"") == 3);
+  free(html);
+  snprintf(dir, sizeof dir, "%s/no-speeds", tmp);
+  html = report_of(dir, 0);
+  T_CHECK_MSG(html && strstr(html, "id=\"loss-chart\""), "no report in %s", dir);
+  T_CHECK_MSG(html && !strstr(html, "speed-chart") && !strstr(html, "Rank speeds") && !strstr(html, "rebalance-marker"),
+              "a run without speeds has a chart of them");
+  free(html);
+}
+
 int main(int argc, char **argv) {
   newt_bin = getenv("NEWT_BIN");
   source_dir = getenv("NEWT_SOURCE_DIR");
   if (argc != 2 || !newt_bin || !source_dir) {
-    fprintf(stderr, "usage: NEWT_BIN=... NEWT_SOURCE_DIR=... test_ux cli|run|tty|stop\n");
+    fprintf(stderr, "usage: NEWT_BIN=... NEWT_SOURCE_DIR=... test_ux cli|run|tty|stop|report_speeds\n");
     return 2;
   }
   if (!mkdtemp(tmp)) return 2;
@@ -835,6 +937,7 @@ int main(int argc, char **argv) {
   else if (strcmp(argv[1], "run") == 0) T_RUN(test_run);
   else if (strcmp(argv[1], "tty") == 0) T_RUN(test_tty);
   else if (strcmp(argv[1], "stop") == 0) T_RUN(test_stop);
+  else if (strcmp(argv[1], "report_speeds") == 0) T_RUN(test_report_speeds);
   else T_FAIL("unknown scenario %s", argv[1]);
   if (etcd) rdzv_etcd_server_free(etcd);
   if (!t_failed) newt_fs_rm_rf(tmp);

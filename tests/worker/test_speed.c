@@ -56,6 +56,11 @@ static void test_straggler(void) {
   worker_speed_summary(&s, 3000, &pr);
   T_CHECK_MSG(pr.nslow == 1 && pr.slow[0].dp == 1 && pr.straggle == WIN, "summary: %d slow, dp %d, straggle %lld",
               pr.nslow, pr.nslow ? pr.slow[0].dp : -1, (long long)pr.straggle);
+  job_step line = {0}; /* the step log's line carries the same speeds */
+  worker_speed_line(&s, &line);
+  T_CHECK_MSG(line.sample_us == pr.sample_us && line.sample_us > 0 && line.nslow == 1 &&
+                  line.slow[0].dp == 1 && line.slow[0].us == pr.slow[0].us,
+              "line: %g us, %d slow", line.sample_us, line.nslow);
   worker_speed_free(&s);
 }
 
