@@ -43,9 +43,12 @@ static double ring_median(const worker_speed *s, const double *ring, int d) {
   return newt_percentile(v, (size_t)s->n, 0.5);
 }
 
-/* Each data-parallel rank's median over the ring into s->med[0..dp); the median of those. */
+/* Each data-parallel rank's median over the ring into s->med[0..dp); the median of those, the
+ * ranks' reference. Of two ranks, the smaller: their median is their mean, which neither is
+ * ever 1 + margin times when one is twice as slow as the other. */
 static double medians(const worker_speed *s, const double *ring) {
   for (int d = 0; d < s->dp; d++) s->med[d] = ring_median(s, ring, d);
+  if (s->dp == 2) return s->med[0] < s->med[1] ? s->med[0] : s->med[1];
   double *v = s->med + (s->dp > s->window ? s->dp : s->window);
   memcpy(v, s->med, (size_t)s->dp * sizeof *v);
   return newt_percentile(v, (size_t)s->dp, 0.5);

@@ -87,7 +87,29 @@ static void test_give_back(void) {
   worker_speed_free(&s);
 }
 
+/* Two ranks: one twice as slow as the other is a straggler (their median, their mean, is not a
+ * reference either is far from). */
+static void test_two(void) {
+  newt_plan p;
+  worker_speed s;
+  plan3(&p, NULL);
+  p.dp = 2, p.nranks = 2;
+  start(&s, &p);
+  double c[2] = {0.05, 0.05};
+  for (int i = 0; i < WIN; i++) worker_speed_step(&s, &p, c, 1, 2, (uint64_t)(1000 + i * 100));
+  T_CHECK(!s.off);
+  c[1] = 0.10;
+  for (int i = 0; i < WIN; i++) worker_speed_step(&s, &p, c, 1, 2, (uint64_t)(2000 + i * 100));
+  T_CHECK_MSG(s.off, "of two ranks, one at half the other's speed is not off");
+  job_progress pr;
+  memset(&pr, 0, sizeof pr);
+  worker_speed_summary(&s, 3000, &pr);
+  T_CHECK_MSG(pr.nslow == 1 && pr.slow[0].dp == 1, "summary: %d slow, dp %d", pr.nslow, pr.nslow ? pr.slow[0].dp : -1);
+  worker_speed_free(&s);
+}
+
 int main(void) {
+  T_RUN(test_two);
   T_RUN(test_straggler);
   T_RUN(test_give_back);
   return T_DONE();
