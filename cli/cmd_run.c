@@ -87,6 +87,7 @@ static int parse_flags(int argc, char **argv, run_flags *f, launcher_opts *lo, s
       SPEC_OPT("first-step-timeout-ms"), SPEC_OPT("max-failures"), SPEC_OPT("failure-window-ms"),
       SPEC_OPT("progress-timeout-ms"), SPEC_OPT("replicas"), SPEC_OPT("on-state-loss"), SPEC_OPT("verify-every"),
       SPEC_OPT("on-mismatch"), SPEC_OPT("straggler-margin"), SPEC_OPT("straggler-window"),
+      SPEC_OPT("straggler-replace"),
       {"hosts", NEWT_OPT_INT, &f->hosts,
        "simulate N hosts: the workers in contiguous blocks (w0..w(nproc/N-1) on host0, ...; a joiner on the host with "
        "fewest), each with --host hostI --domain hostI (its own shared memory and failure domain); chaos "

@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "common/backend.h"
+#include "common/strutil.h"
 
 const char *policy_cause(policy_reason r) {
   switch (r) {
@@ -489,6 +490,22 @@ void policy_progress_us(const job_progress *pr, int dp, double *us) {
     if (pr->slow[i].dp >= 0 && pr->slow[i].dp < dp) us[pr->slow[i].dp] = pr->slow[i].us;
 }
 
+int policy_replace_dp(const newt_spec *s, const newt_plan *p, const double *us) {
+  if (s->straggler_replace < 1 || p->nspares < 1 || p->dp < 2) return -1;
+  int worst = 0;
+  for (int d = 1; d < p->dp; d++)
+    if (us[d] > us[worst]) worst = d;
+  /* against the median of the others (of two ranks, the other one's) */
+  double *v = malloc((size_t)p->dp * sizeof *v);
+  if (!v) return -1;
+  int n = 0;
+  for (int d = 0; d < p->dp; d++)
+    if (d != worst) v[n++] = us[d];
+  double median = newt_percentile(v, (size_t)n, 0.5);
+  free(v);
+  return median > 0 && us[worst] >= s->straggler_replace * median ? worst : -1;
+}
+
 int policy_rebalance_due(const policy_view *v) {
   const newt_spec *s = v->spec;
   const newt_plan *p = v->plan;
@@ -501,8 +518,8 @@ int policy_rebalance_due(const policy_view *v) {
   policy_progress_us(pr, p->dp, us);
   newt_result_t err;
   int64_t *shares = plan_shares_for(p->global_batch, p->dp, us, s->straggler_margin, &err);
+  int differ = (shares == NULL) != (p->shares == NULL) || policy_replace_dp(s, p, us) >= 0;
   free(us);
-  int differ = (shares == NULL) != (p->shares == NULL);
   for (int d = 0; shares && p->shares && d < p->dp && !differ; d++) differ = shares[d] != p->shares[d];
   free(shares);
   return err == NEWT_OK && differ;

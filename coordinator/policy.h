@@ -117,6 +117,11 @@ int policy_blames_build(const policy_view *v, const char *id);
  * generation (us[dp]): a rank it lists off the median, else the median's (0: not measured). */
 void policy_progress_us(const job_progress *pr, int dp, double *us);
 
+/* The data-parallel rank to replace by an idle spare rather than rebalance (-1: none): the
+ * slowest by us (compute per sample, [dp]) when it is at least spec.fault.straggler_replace
+ * times the median of the others' and plan p has a spare (docs/elastic.md, "Stragglers"). */
+int policy_replace_dp(const newt_spec *s, const newt_plan *p, const double *us);
+
 /* Whether the progress record says a straggle long enough (spec.fault.straggler_window steps,
  * straggle_min_ms) in the plan's generation, and the shares the measured speeds earn
  * (plan_shares_for) are not the plan's. */

@@ -72,9 +72,17 @@ static newt_result_t read_inputs(coord *c, char (*exclude)[RDZV_NAME_MAX], int n
   double *us = speeds && c->prog_speed.generation == c->plan.generation && c->plan.dp > 0
                    ? malloc((size_t)c->plan.dp * sizeof *us) : NULL;
   if (us) policy_progress_us(&c->prog_speed, c->plan.dp, us);
+  int out = us ? policy_replace_dp(&c->spec, &c->plan, us) : -1;
   for (int i = 0; us && i < in->n; i++) {
     const plan_rank *r = plan_find(&c->plan, in->m[i].id);
     if (r) in->m[i].sample_us = us[r->dp];
+    if (!r || r->dp != out) continue;
+    /* a straggler replaced by a spare: planned as the newest of newcomers, after every idle
+       spare, so that it becomes one (registered, not fenced) */
+    NEWT_INFO(COORD, "%s (data-parallel rank %d) computes %.0f us a sample, at least %g times the median rank's: a "
+              "spare takes its place", in->m[i].id, out, us[out], c->spec.straggler_replace);
+    in->m[i].prev_rank = in->m[i].prev_pp = -1;
+    in->m[i].join_rev = (int64_t)1 << 50;
   }
   free(us);
   in->fault_step = coord_fault_step_locked(c, &in->went_on);

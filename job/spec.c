@@ -134,6 +134,7 @@ static const codec_field fault_fields[] = {
     {CODEC_ENUM(newt_spec, on_mismatch, "on_mismatch", mismatches), CODEC_OMIT},
     {CODEC_REAL(newt_spec, straggler_margin, "straggler_margin"), .ddef = SPEC_STRAGGLER_MARGIN, CODEC_OMIT},
     {CODEC_NUM(newt_spec, straggler_window, "straggler_window"), .def = SPEC_STRAGGLER_WINDOW, CODEC_OMIT},
+    {CODEC_REAL(newt_spec, straggler_replace, "straggler_replace"), .ddef = 0, CODEC_OMIT},
 };
 static const codec_table model_table = SPEC_SECTION("spec.model", model_fields);
 static const codec_table data_table = SPEC_SECTION("spec.data", data_fields);
@@ -356,6 +357,9 @@ newt_result_t spec_validate(const newt_spec *s) {
   RULE(s->straggler_margin >= 0.01 && s->straggler_margin <= 100,
        "spec.fault.straggler_margin: must be 0.01..100 (a fraction of the median rank's compute), got %g",
        s->straggler_margin);
+  RULE(s->straggler_replace == 0 || (s->straggler_replace >= 1 && s->straggler_replace <= 1000),
+       "spec.fault.straggler_replace: must be 0 (never) or 1..1000 (times the median rank's compute per sample), got %g",
+       s->straggler_replace);
   RULE(s->replica_every >= 1, "spec.fault.replica_every: must be at least 1, got %lld",
        (long long)s->replica_every);
   RULE(s->replicas >= 1 && s->replicas <= SPEC_REPLICAS_MAX,
@@ -412,7 +416,8 @@ static const char *const changeable[] = {
     "ckpt.every",             "ckpt.keep",              "ckpt.level",             "fault.comm_timeout_ms",
     "fault.hang_timeout_ms",  "fault.first_step_timeout_ms", "fault.report_window_ms", "fault.replica_every",    "fault.max_failures",
     "fault.failure_window_ms", "fault.progress_timeout_ms", "fault.on_state_loss", "fault.verify_every",
-    "fault.on_mismatch", "fault.straggler_margin", "fault.straggler_window", NULL};
+    "fault.on_mismatch", "fault.straggler_margin", "fault.straggler_window",
+    "fault.straggler_replace", NULL};
 
 /* Walks the leaves of a and b (both from spec_to_json: the same shape, but for the fields
  * written only when not their default, absent from one side) and notes every difference;

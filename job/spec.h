@@ -125,6 +125,10 @@ typedef struct newt_spec {
      speeds (0 window: never rebalanced). Written only when not the default. */
   double straggler_margin;
   int64_t straggler_window;
+  /* a straggler whose compute per sample is at least this many times the median rank's is
+     replaced by an idle spare, where the plan has one, rather than given a smaller share (0:
+     never; at least 1 otherwise). Written only when set. */
+  double straggler_replace;
   char backend[8];          /* a row of common/backend.h: cpu, nccl */
   /* 1: the restart mode (docs/elastic.md, "Scripts that do not link newt"): the workers are
      supervisors of programs that do not link newt (`newt worker --restart -- COMMAND`), and

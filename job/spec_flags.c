@@ -105,6 +105,9 @@ static const spec_flag rows[] = {
     {"straggler-window", "fault.straggler_window",
      "... for this many steps in a row: the leader sets the ranks' shares of the global batch by their measured "
      "speeds (0: never)"},
+    {"straggler-replace", "fault.straggler_replace",
+     "a straggler this many times slower per sample than the median rank is replaced by an idle spare, where "
+     "there is one, rather than given a smaller share (0: never)"},
     {"on-mismatch", "fault.on_mismatch",
      "when replicas disagree: rollback (to the newest step they agreed at), warn, or fail; spec.fault.on_mismatch"},
 };

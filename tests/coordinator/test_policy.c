@@ -564,11 +564,36 @@ static void test_gpu_clash(void) {
   plan_free(&pic.plan);
 }
 
+/* Replacing a straggler by an idle spare (spec.fault.straggler_replace): the slowest rank, when
+ * it is that many times the median of the others and the plan has a spare. */
+static void test_replace(void) {
+  newt_spec s;
+  spec_defaults(&s, "replace");
+  newt_plan p;
+  memset(&p, 0, sizeof p);
+  p.dp = 4;
+  p.nspares = 1;
+  double us[4] = {400, 410, 1300, 390};
+  T_CHECK_MSG(policy_replace_dp(&s, &p, us) == -1, "replaced with straggler_replace 0 (never)");
+  s.straggler_replace = 3;
+  T_CHECK_MSG(policy_replace_dp(&s, &p, us) == 2, "1300 us against a median of 400: not replaced at 3x");
+  s.straggler_replace = 4;
+  T_CHECK_MSG(policy_replace_dp(&s, &p, us) == -1, "1300 us against a median of 400: replaced at 4x");
+  s.straggler_replace = 3;
+  p.nspares = 0;
+  T_CHECK_MSG(policy_replace_dp(&s, &p, us) == -1, "replaced without a spare");
+  p.nspares = 1;
+  p.dp = 2; /* of two, against the other */
+  double two[2] = {1000, 320};
+  T_CHECK_MSG(policy_replace_dp(&s, &p, two) == 0, "of two ranks, one 3.1x the other's not replaced");
+}
+
 int main(void) {
   T_RUN(test_table);
   T_RUN(test_clocks);
   T_RUN(test_first_step);
   T_RUN(test_rebalance);
+  T_RUN(test_replace);
   T_RUN(test_causes);
   T_RUN(test_members_and_donors);
   T_RUN(test_gpu_clash);

@@ -9,6 +9,9 @@
  *              job is interrupted: every step's samples once, the loss of its last step that of
  *              `newt train` without faults, every plan after the first a rebalance
  *   short      slowed for 2 steps, fewer than half the window (10): no plan after the first
+ *   replace    a spare in the plan and --straggler-replace 1.5: rank 1, slowed, is replaced by the
+ *              spare (a generation where the spare takes samples and it none); then interrupted,
+ *              every sample once, the uninterrupted run's loss
  *
  * usage: test_straggler <scenario> (one ctest test each). */
 #include <dirent.h>
@@ -109,18 +112,22 @@ static void shares_by_gen(const samples *s, long long share[MAXGEN][3]) {
       share[s->c[i].gen][s->c[i].worker] = s->c[i].count;
 }
 
-/* The arguments of `newt run` of the test job (steps, chaos), its logs in tmpdir/logs. A margin
- * of a half and a window of 10 steps: a crowded test machine's noise moves no median that far
- * for that long. */
-static void job_argv(const char **argv, const char *steps, const char *chaos, char *logs, char *summary) {
+/* The arguments of `newt run` of the test job (steps, chaos, extra flags or NULL), its logs in
+ * tmpdir/logs. A margin of a half and a window of 10 steps: a crowded test machine's noise moves
+ * no median that far for that long. */
+static void job_argv(const char **argv, const char *steps, const char *chaos, const char *const *extra, char *logs,
+                     char *summary) {
   snprintf(logs, 512, "%s/logs", tmpdir);
   snprintf(summary, 512, "%s/run.json", tmpdir);
   const char *v[] = {newt_bin, "run", "--quiet", "--job", "e2e-straggler", "--nproc", NPROC, "--steps", steps,
                      "--global-batch", GB_S, "--micro-batch", MB, "--model", MODEL, "--seq-len", SEQ,
                      "--lr-min", LR, "--warmup", WARMUP, "--straggler-window", "10", "--straggler-margin", "0.5",
                      "--log-dir", logs, "--summary",
-                     summary, "--timeout-ms", "600000", "--chaos", chaos, NULL};
+                     summary, "--timeout-ms", "600000", "--chaos", chaos};
+  size_t n = sizeof v / sizeof v[0];
   memcpy(argv, v, sizeof v);
+  for (size_t i = 0; extra && extra[i]; i++) argv[n++] = extra[i];
+  argv[n] = NULL;
 }
 
 /* The loss of `newt train` of the test job's model at its last step, steps (NaN: it failed). */
@@ -151,7 +158,7 @@ static cJSON *run_job(int steps, const char *chaos, samples *s) {
   char st[16], logs[512], summary[512], dir[512];
   const char *argv[40];
   snprintf(st, sizeof st, "%d", steps);
-  job_argv(argv, st, chaos, logs, summary);
+  job_argv(argv, st, chaos, NULL, logs, summary);
   sample_dir(dir);
   char *out = NULL;
   int rc = e2e_run_capture(tmpdir, argv, &out);
@@ -190,20 +197,71 @@ static int recovered(const char *logs, int gen) {
   return seen;
 }
 
-/* Slowed from step 10 until the plan that answers it is in force (chaos slowcpu ...
- * until=rebalanced): the test waits for that plan and for the one giving the share back in the
- * ranks' sample logs, then interrupts the job (SIGINT, as Ctrl-C) and holds the steps it did to
- * the uninterrupted run's. No step count or time decides: the events do. */
-static void test_rebalance(void) {
-  char logs[512], summary[512], dir[512], out_path[600], steplog[600];
-  const char *argv[40];
-  job_argv(argv, "100000", "slowcpu:worker:1:25%:until=rebalanced@step=10", logs, summary);
+/* `newt run` of the test job, started for good (100,000 steps) with the sample logs in dir;
+ * its pid (-1: none). */
+static pid_t start_job(const char *chaos, const char *const *extra, char *logs, char *summary, char *dir) {
+  char out_path[600];
+  const char *argv[48];
+  job_argv(argv, "100000", chaos, extra, logs, summary);
   sample_dir(dir);
   snprintf(out_path, sizeof out_path, "%s/run.out", tmpdir);
   newt_spawn_opts so = {.log_path = out_path, .die_with_parent = 1, .new_session = 1};
   pid_t run = -1;
   T_OK(newt_proc_spawn(argv, &so, &run));
   unsetenv("NEWT_SAMPLE_LOG_DIR");
+  return run;
+}
+
+/* The job interrupted (SIGINT, as Ctrl-C) once the test saw what it waited for (ended: it ended
+ * first, a failure), and the steps it did held to the uninterrupted run's: every sample once,
+ * the loss of its last step that of `newt train` of as many steps; every plan after the first
+ * a rebalance without a step lost, at least rebalances of them. */
+static void interrupt_and_check(pid_t run, int ended, int st, const char *logs, const char *summary, const char *dir,
+                                int rebalances) {
+  T_CHECK_MSG(!ended, "newt run ended (status 0x%x) before the events were seen", st);
+  if (!ended) {
+    T_CHECK(kill(-run, SIGINT) == 0);
+    T_CHECK_MSG(newt_proc_wait(run, 60000, &st) == NEWT_OK, "newt run did not end after SIGINT");
+  }
+  char steplog[600];
+  snprintf(steplog, sizeof steplog, "%s/steps.jsonl", logs);
+  job_step *sl = NULL;
+  size_t ns = 0;
+  T_OK(job_steplog_read(steplog, &sl, &ns, NULL));
+  T_OK(job_steplog_stitch(sl, &ns, NULL));
+  T_CHECK_MSG(ns > 10, "the step log has %zu steps", ns);
+  if (ns > 10) {
+    int steps = (int)sl[ns - 1].step;
+    samples s;
+    read_samples(dir, steps, &s);
+    check_every_sample_once(&s, steps);
+    free(s.c);
+    free(s.applied);
+    double ref = train_loss(steps);
+    T_CHECK_MSG(isfinite(ref), "no reference loss");
+    T_CHECK_MSG(fabs(sl[ns - 1].loss - ref) <= 1e-5 * fmax(1.0, fabs(ref)), "step %d: loss %.9f, uninterrupted %.9f",
+                steps, sl[ns - 1].loss, ref);
+  }
+  free(sl);
+  cJSON *j = e2e_read_json(summary);
+  const cJSON *recs = cJSON_GetObjectItemCaseSensitive(j, "recoveries");
+  int n = 0;
+  for (const cJSON *r = recs ? recs->child : NULL; r; r = r->next) {
+    T_CHECK_MSG(strcmp(e2e_str(r, "cause"), "rebalance") == 0, "a recovery of cause %s", e2e_str(r, "cause"));
+    T_CHECK_MSG(e2e_num(r, "steps_lost") == 0, "a rebalance lost %g steps", e2e_num(r, "steps_lost"));
+    n++;
+  }
+  T_CHECK_MSG(n >= rebalances, "%d rebalances in the summary %s, expected at least %d", n, summary, rebalances);
+  cJSON_Delete(j);
+}
+
+/* Slowed from step 10 until the plan that answers it is in force (chaos slowcpu ...
+ * until=rebalanced): the test waits for that plan and for the one giving the share back in the
+ * ranks' sample logs, then interrupts the job and holds the steps it did to the uninterrupted
+ * run's. No step count or time decides: the events do. */
+static void test_rebalance(void) {
+  char logs[512], summary[512], dir[512];
+  pid_t run = start_job("slowcpu:worker:1:25%:until=rebalanced@step=10", NULL, logs, summary, dir);
   if (run < 0) return;
   samples s = {0};
   long long share[MAXGEN][3];
@@ -219,48 +277,58 @@ static void test_rebalance(void) {
     }
     ended = newt_proc_wait(run, 0, &st) == NEWT_OK;
   }
-  T_CHECK_MSG(!ended, "newt run ended (status 0x%x) before the events were seen", st);
-  if (!ended) {
-    T_CHECK(kill(-run, SIGINT) == 0);
-    T_CHECK_MSG(newt_proc_wait(run, 60000, &st) == NEWT_OK, "newt run did not end after SIGINT");
-  }
+  free(s.c);
+  free(s.applied);
   T_CHECK_MSG(smaller >= 2, "no generation gave the slowed worker fewer samples than the others");
   T_CHECK_MSG(back > smaller, "after generation %d (the slowed worker %lld samples, the others %lld and %lld) no "
               "generation gave its share back", smaller, smaller ? share[smaller][1] : -1,
               smaller ? share[smaller][0] : -1, smaller ? share[smaller][2] : -1);
-  /* the steps it did: every sample once, the uninterrupted run's loss */
-  snprintf(steplog, sizeof steplog, "%s/steps.jsonl", logs);
-  job_step *sl = NULL;
-  size_t ns = 0;
-  T_OK(job_steplog_read(steplog, &sl, &ns, NULL));
-  T_OK(job_steplog_stitch(sl, &ns, NULL));
-  T_CHECK_MSG(ns > 10, "the step log has %zu steps", ns);
-  if (ns > 10) {
-    int steps = (int)sl[ns - 1].step;
-    free(s.c);
-    free(s.applied);
-    read_samples(dir, steps, &s);
-    check_every_sample_once(&s, steps);
-    double ref = train_loss(steps);
-    T_CHECK_MSG(isfinite(ref), "no reference loss");
-    T_CHECK_MSG(fabs(sl[ns - 1].loss - ref) <= 1e-5 * fmax(1.0, fabs(ref)), "step %d: loss %.9f, uninterrupted %.9f",
-                steps, sl[ns - 1].loss, ref);
+  interrupt_and_check(run, ended, st, logs, summary, dir, 2);
+}
+
+/* The generation (0: none yet) in which the spare of generation 1 took samples and the worker
+ * that was data-parallel rank 1 of it (*victim; the one slowed) took none: it was replaced. */
+static int replaced(const samples *s, int *victim) {
+  long long share[MAXGEN][3];
+  shares_by_gen(s, share);
+  int spare = -1;
+  *victim = -1;
+  for (int w = 0; w < 3; w++)
+    if (share[1][w] < 0) spare = w;
+  for (size_t i = 0; i < s->nc; i++) /* even shares in generation 1: rank 1's slice starts half-way */
+    if (s->c[i].gen == 1 && s->c[i].first - (s->c[i].step - 1) * GB == GB / 2) *victim = s->c[i].worker;
+  if (spare < 0 || *victim < 0) return 0;
+  for (int g = 2; g < MAXGEN; g++)
+    if (share[g][spare] > 0 && share[g][*victim] < 0) return g;
+  return 0;
+}
+
+/* A spare in the plan (--dp-max 2 of three workers) and --straggler-replace 1.5: the slowed rank
+ * is replaced by the spare rather than given a smaller share; the job goes on, every sample
+ * once, the uninterrupted run's loss. */
+static void test_replace(void) {
+  char logs[512], summary[512], dir[512];
+  const char *extra[] = {"--dp-max", "2", "--straggler-replace", "1.5", NULL};
+  pid_t run = start_job("slowcpu:rank:1:25%:until=rebalanced@step=10", extra, logs, summary, dir);
+  if (run < 0) return;
+  samples s = {0};
+  int gen = 0, victim = -1, st = 0, ended = 0;
+  for (newt_deadline_t d = newt_deadline_in_ms(280000); !(gen && recovered(logs, gen)) && !ended &&
+                                                        !newt_deadline_passed(d);) {
+    newt_sleep_ms(200);
+    if (!gen) {
+      free(s.c);
+      free(s.applied);
+      read_samples(dir, 100000, &s);
+      gen = replaced(&s, &victim);
+    }
+    ended = newt_proc_wait(run, 0, &st) == NEWT_OK;
   }
-  free(sl);
-  /* every plan after the first a rebalance: nothing else happened */
-  cJSON *j = e2e_read_json(summary);
-  const cJSON *recs = cJSON_GetObjectItemCaseSensitive(j, "recoveries");
-  int rebalances = 0;
-  for (const cJSON *r = recs ? recs->child : NULL; r; r = r->next) {
-    T_CHECK_MSG(strcmp(e2e_str(r, "cause"), "rebalance") == 0, "a recovery of cause %s", e2e_str(r, "cause"));
-    T_CHECK_MSG(e2e_num(r, "steps_lost") == 0, "a rebalance lost %g steps", e2e_num(r, "steps_lost"));
-    rebalances++;
-  }
-  T_CHECK_MSG(rebalances >= 2, "%d rebalances in the summary %s: one for the slowdown, one giving the share back",
-              rebalances, summary);
-  cJSON_Delete(j);
   free(s.c);
   free(s.applied);
+  T_CHECK_MSG(gen >= 2, "no generation replaced the slowed worker (w%d, rank 1 of generation 1) by the spare",
+              victim);
+  interrupt_and_check(run, ended, st, logs, summary, dir, 1);
 }
 
 /* Slowed for 2 steps, fewer than half the window: no plan after the first. */
@@ -289,6 +357,7 @@ int main(int argc, char **argv) {
   t_cur_name = argv[1];
   if (strcmp(argv[1], "rebalance") == 0) T_RUN(test_rebalance);
   else if (strcmp(argv[1], "short") == 0) T_RUN(test_short);
+  else if (strcmp(argv[1], "replace") == 0) T_RUN(test_replace);
   else {
     fprintf(stderr, "test_straggler: no scenario \"%s\"\n", argv[1]);
     return 2;
