@@ -13,7 +13,12 @@
  * time from the slowdown to the first step of the rebalanced plan (slow_to_plan_ms) and from
  * its end to the first step of the plan that gave the share back (back_ms), and the final
  * loss against the uninterrupted run's. Then one line with the speedup of rebalanced over
- * equal (goal: 1.5; ideal with one worker of four at half speed: 1.75). */
+ * equal (goal: 1.5; ideal with one worker of four at half speed: 1.75).
+ *
+ * With --link KBIT, two jobs instead, each worker in a network namespace of its own (root):
+ * without a fault, and with worker 1's link slowed to KBIT kbit/s with a short queue (chaos
+ * slow: bursts dropped, TCP retransmits) for --link-ms from --slow-at on: the steps each does in
+ * that span and the plans the slow link caused (goal: at most 2, out and back). */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -30,7 +35,7 @@
 #include "launch/launcher.h"
 
 typedef struct straggler_flags {
-  int64_t nproc, slow_at, percent, recover_at, threads;
+  int64_t nproc, slow_at, percent, recover_at, threads, link_kbit, link_ms, link_steps;
   int verbose, keep_logs;
 } straggler_flags;
 
@@ -38,7 +43,25 @@ typedef struct job_figures {
   int ok;
   double tps_after, tps_steady, loss;
   int64_t rebalances, slow_to_plan_ms, back_ms, generations;
+  int64_t span_steps, span_ms; /* the link jobs: steps done in the span from --slow-at on, its length */
 } job_figures;
+
+/* The steps completed within span_ms of step `from`'s completion (the link's fault starts
+ * there), and the span the step log covers (shorter when the job ended first). */
+static void span_figures(const char *path, int64_t from, int64_t span_ms, job_figures *f) {
+  job_step *s = NULL;
+  size_t n = 0;
+  if (job_steplog_read(path, &s, &n, NULL) != NEWT_OK || job_steplog_stitch(s, &n, NULL) != NEWT_OK || n < 2) {
+    free(s);
+    return;
+  }
+  size_t a = 0;
+  while (a + 1 < n && s[a].step < from) a++;
+  uint64_t t0 = s[a].t_ms, end = t0 + (uint64_t)span_ms;
+  for (size_t i = a + 1; i < n && s[i].t_ms <= end; i++) f->span_steps++;
+  f->span_ms = s[n - 1].t_ms < end ? (int64_t)(s[n - 1].t_ms - t0) : span_ms;
+  free(s);
+}
 
 /* The tokens/s from step `from` to the end (tokens over wall time), and the median of the last
  * generation's steps. */
@@ -62,13 +85,16 @@ static void step_figures(const char *path, int64_t from, int64_t step_tokens, jo
   free(s);
 }
 
-/* One job: the spec's, slowed as chaos says ("" none), rebalancing with window (0: off). */
+/* One job: the spec's, slowed as chaos says ("" none), rebalancing with window (0: off); netns:
+ * each worker in a network namespace of its own (the link jobs: their steps are --link-steps). */
 static job_figures run_job(const launcher_opts *base, const straggler_flags *f, const char *name, const char *chaos,
-                           int64_t window) {
+                           int64_t window, int netns) {
   job_figures fig = {.slow_to_plan_ms = -1, .back_ms = -1};
   launcher_opts lo = *base;
   snprintf(lo.spec.job, sizeof lo.spec.job, "bench-straggler-%d-%s", (int)getpid(), name);
   lo.spec.straggler_window = window;
+  lo.netns = netns;
+  if (netns) lo.spec.steps = f->link_steps;
   if (gpt_start_check(&lo.spec, GPT_CHECK_SPEC | GPT_CHECK_FILES | GPT_CHECK_TRAINER) != NEWT_OK ||
       chaos_parse(chaos, &lo.chaos) != NEWT_OK) {
     fprintf(stderr, "newt bench straggler: %s\n", newt_errmsg());
@@ -101,6 +127,7 @@ static job_figures run_job(const launcher_opts *base, const straggler_flags *f, 
   }
   int64_t tokens = lo.spec.global_batch * (lo.spec.seq_len > 0 ? lo.spec.seq_len : 0);
   step_figures(res.step_log, f->slow_at, tokens > 0 ? tokens : lo.spec.global_batch, &fig);
+  if (netns) span_figures(res.step_log, f->slow_at, f->link_ms, &fig);
   if (!f->keep_logs) newt_fs_rm_rf(res.log_dir);
   launcher_result_free(&res);
   return fig;
@@ -119,8 +146,35 @@ static void say(const char *name, const straggler_flags *f, const launcher_opts 
   fflush(stdout);
 }
 
+/* The link jobs (--link KBIT): the same span of --link-ms from --slow-at on without a fault and
+ * with worker 1's link slowed to KBIT kbit/s (chaos slow: a short queue, bursts dropped), each
+ * in network namespaces; a line each and one comparing them. */
+static int link_jobs(const launcher_opts *base, const straggler_flags *f, int64_t window) {
+  char slow[96];
+  snprintf(slow, sizeof slow, "slow:worker:1:%lld:%lld@step=%lld", (long long)f->link_kbit, (long long)f->link_ms,
+           (long long)f->slow_at);
+  job_figures none = run_job(base, f, "link_none", "", window, 1), bad = run_job(base, f, "link_slow", slow, window, 1);
+  for (int k = 0; k < 2; k++) {
+    const job_figures *j = k ? &bad : &none;
+    printf("{\"bench\":\"straggler\",\"run\":\"%s\",\"nproc\":%lld,\"kbit\":%lld,\"link_ms\":%lld,\"slow_at\":%lld,"
+           "\"steps\":%lld,\"span_steps\":%lld,\"span_ms\":%lld,\"generations\":%lld,\"final_loss\":%.9f}\n",
+           k ? "link_slow" : "link_none", (long long)f->nproc, k ? (long long)f->link_kbit : 0LL, (long long)f->link_ms,
+           (long long)f->slow_at, (long long)f->link_steps, (long long)j->span_steps, (long long)j->span_ms,
+           (long long)j->generations, j->loss);
+  }
+  if (!none.ok || !bad.ok) return 0;
+  printf("{\"bench\":\"straggler\",\"summary\":\"link\",\"kbit\":%lld,\"link_ms\":%lld,\"steps_in_span\":%lld,"
+         "\"steps_in_span_without\":%lld,\"ratio\":%.3f,\"plans_caused\":%lld,\"loss_rel_diff\":%.3g}\n",
+         (long long)f->link_kbit, (long long)f->link_ms, (long long)bad.span_steps, (long long)none.span_steps,
+         none.span_steps > 0 ? (double)bad.span_steps / (double)none.span_steps : 0, (long long)(bad.generations - 1),
+         fabs(bad.loss - none.loss) / fabs(none.loss));
+  fflush(stdout);
+  return 1;
+}
+
 int newt_bench_straggler(int argc, char **argv) {
-  straggler_flags f = {.nproc = 4, .slow_at = 20, .percent = 50, .recover_at = 0, .threads = 1};
+  straggler_flags f = {.nproc = 4, .slow_at = 20, .percent = 50, .recover_at = 0, .threads = 1, .link_ms = 15000,
+                       .link_steps = 600};
   spec_flags sf;
   newt_spec d;
   spec_defaults(&d, "bench-straggler");
@@ -140,6 +194,11 @@ int newt_bench_straggler(int argc, char **argv) {
                      {"recover-at", NEWT_OPT_INT, &f.recover_at,
                       "step at which the slowdown ends in the recovering job (0: halfway from --slow-at to the end)"},
                      {"threads", NEWT_OPT_INT, &f.threads, "compute threads per worker"},
+                     {"link", NEWT_OPT_INT, &f.link_kbit,
+                      "instead of the CPU jobs: worker 1's link slowed to this many kbit/s (chaos slow, --netns, root) "
+                      "for --link-ms from --slow-at on, against the same span without it (0: the CPU jobs)"},
+                     {"link-ms", NEWT_OPT_INT, &f.link_ms, "how long the link is slow"},
+                     {"link-steps", NEWT_OPT_INT, &f.link_steps, "steps of each link job (enough to outlast the span)"},
                      {"verbose", NEWT_OPT_FLAG, &f.verbose, "show each job's progress"},
                      {"keep-logs", NEWT_OPT_FLAG, &f.keep_logs, "keep the jobs' log directories"},
                      NEWT_OPT_END};
@@ -161,17 +220,18 @@ int newt_bench_straggler(int argc, char **argv) {
             "--straggler-window >= 1\n");
     return 2;
   }
+  if (f.link_kbit > 0) return link_jobs(&base, &f, window) ? 0 : 1;
   char slow[96], back[96];
   snprintf(slow, sizeof slow, "slowcpu:worker:1:%lld%%@step=%lld", (long long)f.percent, (long long)f.slow_at);
   snprintf(back, sizeof back, "slowcpu:worker:1:%lld%%:until=%lld@step=%lld", (long long)f.percent,
            (long long)f.recover_at, (long long)f.slow_at);
-  job_figures ref = run_job(&base, &f, "uninterrupted", "", window);
+  job_figures ref = run_job(&base, &f, "uninterrupted", "", window, 0);
   say("uninterrupted", &f, &base, &ref, ref.ok ? ref.loss : NAN);
-  job_figures eq = run_job(&base, &f, "equal", slow, 0);
+  job_figures eq = run_job(&base, &f, "equal", slow, 0, 0);
   say("equal", &f, &base, &eq, ref.ok ? ref.loss : NAN);
-  job_figures rb = run_job(&base, &f, "rebalanced", slow, window);
+  job_figures rb = run_job(&base, &f, "rebalanced", slow, window, 0);
   say("rebalanced", &f, &base, &rb, ref.ok ? ref.loss : NAN);
-  job_figures rc_ = run_job(&base, &f, "recovering", back, window);
+  job_figures rc_ = run_job(&base, &f, "recovering", back, window, 0);
   say("recovering", &f, &base, &rc_, ref.ok ? ref.loss : NAN);
   int ok = ref.ok && eq.ok && rb.ok && rc_.ok;
   if (ok)
