@@ -46,15 +46,24 @@ typedef struct job_figures {
   int64_t span_steps, span_ms; /* the link jobs: steps done in the span from --slow-at on, its length */
 } job_figures;
 
+/* The job's step log, stitched (a generation's steps done again once); NULL when it reads not,
+ * or has fewer than two steps. */
+static job_step *read_steps(const char *path, size_t *n) {
+  job_step *s = NULL;
+  *n = 0;
+  if (job_steplog_read(path, &s, n, NULL) != NEWT_OK || job_steplog_stitch(s, n, NULL) != NEWT_OK || *n < 2) {
+    free(s);
+    return NULL;
+  }
+  return s;
+}
+
 /* The steps completed within span_ms of step `from`'s completion (the link's fault starts
  * there), and the span the step log covers (shorter when the job ended first). */
 static void span_figures(const char *path, int64_t from, int64_t span_ms, job_figures *f) {
-  job_step *s = NULL;
-  size_t n = 0;
-  if (job_steplog_read(path, &s, &n, NULL) != NEWT_OK || job_steplog_stitch(s, &n, NULL) != NEWT_OK || n < 2) {
-    free(s);
-    return;
-  }
+  size_t n;
+  job_step *s = read_steps(path, &n);
+  if (!s) return;
   size_t a = 0;
   while (a + 1 < n && s[a].step < from) a++;
   uint64_t t0 = s[a].t_ms, end = t0 + (uint64_t)span_ms;
@@ -66,12 +75,9 @@ static void span_figures(const char *path, int64_t from, int64_t span_ms, job_fi
 /* The tokens/s from step `from` to the end (tokens over wall time), and the median of the last
  * generation's steps. */
 static void step_figures(const char *path, int64_t from, int64_t step_tokens, job_figures *f) {
-  job_step *s = NULL;
-  size_t n = 0;
-  if (job_steplog_read(path, &s, &n, NULL) != NEWT_OK || job_steplog_stitch(s, &n, NULL) != NEWT_OK || n < 2) {
-    free(s);
-    return;
-  }
+  size_t n;
+  job_step *s = read_steps(path, &n);
+  if (!s) return;
   size_t a = 0;
   while (a + 1 < n && s[a].step < from) a++;
   if (s[n - 1].t_ms > s[a].t_ms)

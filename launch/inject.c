@@ -92,17 +92,25 @@ int inject_fire_host(run *r, const chaos_event *e, const newt_plan *plan, const 
  * or at until_step (inject_mend_cuts). A cut of the data plane is a worker fault a recovery
  * answers (the others lose the cut-off ranks), unless no rank is there; a cut from etcd
  * answers none (the job goes on as it is: docs/elastic.md, "etcd away"). */
+/* The live process a worker target names (worker:I, or rank:R of plan), or NULL after saying
+ * why not (it is not running, or the plan has no such rank). */
+static proc *target_proc(run *r, const chaos_event *e, const newt_plan *plan, const char *what) {
+  char name[RDZV_NAME_MAX] = "";
+  if (!e->by_rank) snprintf(name, sizeof name, "w%d", e->index);
+  else if (plan && e->index < plan->nranks) snprintf(name, sizeof name, "%s", plan->ranks[e->index].worker);
+  proc *p = name[0] ? procs_find(r, name) : NULL;
+  if (!p || !p->alive) {
+    fprintf(stderr, "%snewt run: chaos %s: %s\n", live_news(r), what, name[0] ? "not running" : "no such rank now");
+    return NULL;
+  }
+  return p;
+}
+
 int inject_fire_cut(run *r, const chaos_event *e, const newt_plan *plan, const char *what) {
   int host = e->target == CHAOS_HOST ? e->index : -1;
   if (e->target != CHAOS_HOST) {
-    char name[RDZV_NAME_MAX] = "";
-    if (!e->by_rank) snprintf(name, sizeof name, "w%d", e->index);
-    else if (plan && e->index < plan->nranks) snprintf(name, sizeof name, "%s", plan->ranks[e->index].worker);
-    proc *p = name[0] ? procs_find(r, name) : NULL;
-    if (!p || !p->alive) {
-      fprintf(stderr, "%snewt run: chaos %s: %s\n", live_news(r), what, name[0] ? "not running" : "no such rank now");
-      return 0;
-    }
+    proc *p = target_proc(r, e, plan, what);
+    if (!p) return 0;
     host = p->nshost;
   }
   netns_link link = e->action == CHAOS_CUT ? NETNS_PEERS : NETNS_ETCD;
@@ -361,14 +369,8 @@ static void *duty_cycle(void *arg) {
 }
 
 int inject_fire_slowcpu(run *r, const chaos_event *e, const newt_plan *plan, const char *what) {
-  char name[RDZV_NAME_MAX] = "";
-  if (!e->by_rank) snprintf(name, sizeof name, "w%d", e->index);
-  else if (plan && e->index < plan->nranks) snprintf(name, sizeof name, "%s", plan->ranks[e->index].worker);
-  proc *p = name[0] ? procs_find(r, name) : NULL;
-  if (!p || !p->alive) {
-    fprintf(stderr, "%snewt run: chaos %s: %s\n", live_news(r), what, name[0] ? "not running" : "no such rank now");
-    return 0;
-  }
+  proc *p = target_proc(r, e, plan, what);
+  if (!p) return 0;
   throttle **list = realloc(r->throttles, (size_t)(r->nthrottles + 1) * sizeof *list), *t = calloc(1, sizeof *t);
   if (list) r->throttles = list;
   if (!list || !t) {

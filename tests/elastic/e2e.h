@@ -54,14 +54,18 @@ static inline const char *e2e_str(const cJSON *j, const char *key) {
   return cJSON_IsString(v) ? v->valuestring : "";
 }
 
-/* The final loss of `newt train` over steps of the model (NaN when it failed): the
- * uninterrupted run a job's loss is compared with. Its output goes through dir. */
-static inline double e2e_train_loss(const char *dir, const char *newt_bin, const char *model, const char *seq,
-                                    const char *gb, const char *mb, int steps) {
+/* The final loss of `newt train` over steps of the model (NaN when it failed), extra flags
+ * (NULL-ended; NULL: none) after the others: the uninterrupted run a job's loss is compared
+ * with. Its output goes through dir. */
+static inline double e2e_train_loss_with(const char *dir, const char *newt_bin, const char *model, const char *seq,
+                                         const char *gb, const char *mb, int steps, const char *const *extra) {
   char st[16], *out = NULL;
   snprintf(st, sizeof st, "%d", steps);
-  const char *argv[] = {newt_bin, "train", "--model", model, "--seq-len", seq, "--steps", st, "--batch", gb,
-                        "--micro-batch", mb, NULL};
+  const char *argv[32] = {newt_bin, "train", "--model", model, "--seq-len", seq, "--steps", st, "--batch", gb,
+                          "--micro-batch", mb};
+  int n = 12;
+  for (int i = 0; extra && extra[i] && n < 31; i++) argv[n++] = extra[i];
+  argv[n] = NULL;
   int rc = e2e_run_capture(dir, argv, &out);
   double loss = NAN;
   const char *last = out ? strrchr(out, '{') : NULL; /* its closing JSON line */
@@ -70,6 +74,11 @@ static inline double e2e_train_loss(const char *dir, const char *newt_bin, const
   cJSON_Delete(j);
   free(out);
   return loss;
+}
+
+static inline double e2e_train_loss(const char *dir, const char *newt_bin, const char *model, const char *seq,
+                                    const char *gb, const char *mb, int steps) {
+  return e2e_train_loss_with(dir, newt_bin, model, seq, gb, mb, steps, NULL);
 }
 
 #endif

@@ -132,18 +132,8 @@ static void job_argv(const char **argv, const char *steps, const char *chaos, co
 
 /* The loss of `newt train` of the test job's model at its last step, steps (NaN: it failed). */
 static double train_loss(int steps) {
-  char st[16], *out = NULL;
-  snprintf(st, sizeof st, "%d", steps);
-  const char *argv[] = {newt_bin, "train", "--model", MODEL, "--seq-len", SEQ, "--steps", st, "--batch", GB_S,
-                        "--micro-batch", MB, "--lr", LR, "--lr-min", LR, "--warmup", WARMUP, NULL};
-  int rc = e2e_run_capture(tmpdir, argv, &out);
-  double loss = NAN;
-  const char *last = out ? strrchr(out, '{') : NULL; /* its closing JSON line */
-  cJSON *j = NULL;
-  if (rc == 0 && last && newt_json_parse(last, strlen(last), "train", &j) == NEWT_OK) loss = e2e_num(j, "final_loss");
-  cJSON_Delete(j);
-  free(out);
-  return loss;
+  const char *extra[] = {"--lr", LR, "--lr-min", LR, "--warmup", WARMUP, NULL};
+  return e2e_train_loss_with(tmpdir, newt_bin, MODEL, SEQ, GB_S, MB, steps, extra);
 }
 
 static void sample_dir(char *dir) {
