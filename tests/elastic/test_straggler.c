@@ -6,8 +6,8 @@
  *   rebalance  slowed from step 10 until a plan answers it: a generation gives the slowed worker
  *              fewer samples than every other rank, and a later one gives it its share back
  *              (within a sample of the others), seen in the sample logs as they come; then the
- *              job is interrupted: every step's samples once, the loss of its last step that of
- *              `newt train` without faults, every plan after the first a rebalance
+ *              job is interrupted: every step's samples once, its losses those of `newt train`
+ *              without faults (check_losses), every plan after the first a rebalance
  *   short      slowed for 2 steps, fewer than half the window (10): no plan after the first
  *   replace    a spare in the plan and --straggler-replace 1.5: rank 1, slowed, is replaced by the
  *              spare (a generation where the spare takes samples and it none); then interrupted,
@@ -15,6 +15,7 @@
  *
  * usage: test_straggler <scenario> (one ctest test each). */
 #include <dirent.h>
+#include <limits.h>
 #include <math.h>
 #include <signal.h>
 #include <stdio.h>
@@ -130,10 +131,44 @@ static void job_argv(const char **argv, const char *steps, const char *chaos, co
   argv[n] = NULL;
 }
 
-/* The loss of `newt train` of the test job's model at its last step, steps (NaN: it failed). */
-static double train_loss(int steps) {
-  const char *extra[] = {"--lr", LR, "--lr-min", LR, "--warmup", WARMUP, NULL};
-  return e2e_train_loss_with(tmpdir, newt_bin, MODEL, SEQ, GB_S, MB, steps, extra);
+/* The step log of `newt train` of the test job's model over steps (NULL: it failed): the
+ * uninterrupted run, step by step. */
+static job_step *train_steps(int steps, size_t *n) {
+  char log[600];
+  snprintf(log, sizeof log, "%s/train.steps", tmpdir);
+  unlink(log);
+  const char *extra[] = {"--lr", LR, "--lr-min", LR, "--warmup", WARMUP, "--log", log, NULL};
+  job_step *sl = NULL;
+  *n = 0;
+  if (!isfinite(e2e_train_loss_with(tmpdir, newt_bin, MODEL, SEQ, GB_S, MB, steps, extra)) ||
+      job_steplog_read(log, &sl, n, NULL) != NEWT_OK || *n != (size_t)steps) {
+    free(sl);
+    return NULL;
+  }
+  return sl;
+}
+
+/* The job's losses (its stitched step log sl, ns steps) against the uninterrupted run's: the
+ * same to 1e-5 up to 30 steps past the first step of a later plan (first; its shares sum the
+ * gradients in another order, a rounding apart, which compounds as training goes on: 1e-6
+ * after a hundred steps, a percent after four hundred), and within 5% at the last step. */
+static void check_losses(const job_step *sl, size_t ns, long long first) {
+  size_t nr = 0;
+  int steps = (int)sl[ns - 1].step;
+  job_step *ref = train_steps(steps, &nr);
+  T_CHECK_MSG(ref != NULL, "no reference run of %d steps", steps);
+  if (!ref) return;
+  for (size_t i = 0; i < ns; i++) {
+    long long k = sl[i].step;
+    if (k < 1 || k > steps || k > first + 30) continue;
+    double want = ref[k - 1].loss;
+    T_CHECK_MSG(fabs(sl[i].loss - want) <= 1e-5 * fmax(1.0, fabs(want)), "step %lld: loss %.9f, uninterrupted %.9f",
+                k, sl[i].loss, want);
+  }
+  double want = ref[steps - 1].loss;
+  T_CHECK_MSG(fabs(sl[ns - 1].loss - want) <= 5e-2 * fabs(want), "step %d, the last: loss %.9f, uninterrupted %.9f",
+              steps, sl[ns - 1].loss, want);
+  free(ref);
 }
 
 static void sample_dir(char *dir) {
@@ -187,6 +222,13 @@ static int recovered(const char *logs, int gen) {
   return seen;
 }
 
+/* The first step a later plan than the first applied (LLONG_MAX: none). */
+static long long first_replanned_step(const samples *s, int steps) {
+  for (int k = 1; k <= steps; k++)
+    if (s->applied[k] >= 2) return k;
+  return LLONG_MAX;
+}
+
 /* `newt run` of the test job, started for good (100,000 steps) with the sample logs in dir;
  * its pid (-1: none). */
 static pid_t start_job(const char *chaos, const char *const *extra, char *logs, char *summary, char *dir) {
@@ -225,12 +267,9 @@ static void interrupt_and_check(pid_t run, int ended, int st, const char *logs, 
     samples s;
     read_samples(dir, steps, &s);
     check_every_sample_once(&s, steps);
+    check_losses(sl, ns, first_replanned_step(&s, steps));
     free(s.c);
     free(s.applied);
-    double ref = train_loss(steps);
-    T_CHECK_MSG(isfinite(ref), "no reference loss");
-    T_CHECK_MSG(fabs(sl[ns - 1].loss - ref) <= 1e-5 * fmax(1.0, fabs(ref)), "step %d: loss %.9f, uninterrupted %.9f",
-                steps, sl[ns - 1].loss, ref);
   }
   free(sl);
   cJSON *j = e2e_read_json(summary);
