@@ -3,10 +3,17 @@
  * data-parallel rank (dp x window values). */
 #include "worker/speed.h"
 
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/param.h"
 #include "common/strutil.h"
+
+/* A rank whose compute per step is off the median rank's by less than this (ms) is never a
+   straggler, whatever the ratio: steps of a few milliseconds move by half on a crowded
+   machine's noise alone, and a plan switch (hundreds of ms) would not pay for itself */
+NEWT_PARAM(StragglerFloorMs, "NEWT_STRAGGLER_FLOOR_MS", 20)
 
 #define SPEED_WINDOW_MIN 8 /* rows kept for the speeds when rebalancing is off */
 
@@ -76,9 +83,10 @@ void worker_speed_step(worker_speed *s, const newt_plan *p, const double *comput
   if (s->n < s->window || s->dp < 2) return;
   /* each rank's compute per step against the median rank's: balanced shares make them equal,
      whatever the speeds */
-  double all = medians(s, s->c);
+  double all = medians(s, s->c), floor_s = (double)newt_param_StragglerFloorMs() / 1e3;
   for (int d = 0; d < s->dp && all > 0; d++)
-    s->off |= s->med[d] > (1.0 + s->margin) * all || s->med[d] * (1.0 + s->margin) < all;
+    s->off |= fabs(s->med[d] - all) >= floor_s &&
+              (s->med[d] > (1.0 + s->margin) * all || s->med[d] * (1.0 + s->margin) < all);
   if (s->off || !p->shares) return;
   /* shares in force, and every rank's compute per sample within the margin of every other's:
      the straggler recovered, and even shares are its due (a rank with a small share does its

@@ -51,6 +51,12 @@ static void test_straggler(void) {
   T_CHECK(!run(&s, &p, WIN, 1, 0.05, 0.05, NULL));
   /* slow for a whole window: off */
   T_CHECK_MSG(run(&s, &p, WIN, 1, 0.2, 0.05, NULL), "a rank 4x slower for a window is not off");
+  /* twice as slow, but by 3 ms a step: under the floor (NEWT_STRAGGLER_FLOOR_MS, 20), noise */
+  worker_speed tiny;
+  start(&tiny, &p);
+  T_CHECK_MSG(!run(&tiny, &p, 2 * WIN, 1, 0.006, 0.003, &offs) && offs == 0, "a rank 3 ms a step slower: off %d times",
+              offs);
+  worker_speed_free(&tiny);
   job_progress pr;
   memset(&pr, 0, sizeof pr);
   worker_speed_summary(&s, 3000, &pr);
