@@ -22,6 +22,7 @@
 #include <stdint.h>
 
 #include "common/metrics.h"
+#include "common/strindex.h"
 #include "coordinator/coordinator.h"
 #include "coordinator/policy.h"
 #include "job/plan.h"
@@ -65,6 +66,7 @@ typedef struct coord {
   pthread_mutex_t mu; /* guards the picture below, written by the watch thread */
   job_worker *members;
   int nmembers, cap_members;
+  newt_strindex member_ix; /* members by id (coord_find_member): O(1), where a scan per rank was n^2 */
   newt_plan plan; /* generation 0: none */
   job_report *reports;
   int nreports;
@@ -76,7 +78,8 @@ typedef struct coord {
   char fatal_why[JOB_TEXT_MAX]; /* a rank of the plan in force reported that the job fails: why
                                    ("": none); kept apart from the reports, which the policy reads */
   c_ack *acks;
-  int nacks;
+  int nacks, cap_acks;
+  newt_strindex ack_ix; /* acks by id: an ack counted already, and every rank acked, in O(1) a rank */
   int64_t prog_step;
   int64_t prog_max;     /* the newest step any progress record said: an end marker beyond it is not
                            the job's end (job_done_counts) */
@@ -211,8 +214,16 @@ int coord_fatal_report(coord *c);
 newt_result_t coord_picture_start(coord *c);
 /* Stops following the job (the picture stays as it is). */
 void coord_picture_stop(coord *c);
+/* The watch's batch of changes taken into the picture (resync: a snapshot that starts the
+ * members, reports and acks anew); takes mu. */
+void coord_on_batch(void *ud, const job_change *chs, size_t n, int resync);
+/* The picture's indexes set up (on a zeroed coord) and freed. */
+void coord_picture_init(coord *c);
+void coord_picture_free(coord *c);
 /* The index of member id in c->members (-1: none). Called with mu held. */
 int coord_find_member(const coord *c, const char *id);
+/* The index of rank id's ack in c->acks (-1: none). Called with mu held. */
+int coord_find_ack(const coord *c, const char *id);
 /* Member id is gone (its key deleted, or fenced). Called with mu held. */
 void coord_drop_member(coord *c, const char *id);
 /* p (moved in) is the current plan: this generation's reports, acks, departures start anew;

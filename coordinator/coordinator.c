@@ -64,8 +64,7 @@ static void take_over_generation(coord *c) {
   pthread_mutex_lock(&c->mu);
   if (c->plan.generation) {
     int acked = 0;
-    for (int k = 0; k < c->plan.nranks; k++)
-      for (int a = 0; a < c->nacks; a++) acked += strcmp(c->acks[a].id, c->plan.ranks[k].worker) == 0;
+    for (int k = 0; k < c->plan.nranks; k++) acked += coord_find_ack(c, c->plan.ranks[k].worker) >= 0;
     snprintf(c->cause, sizeof c->cause, "%s", c->plan.cause);
     c->recorded = acked == c->plan.nranks;
     c->t_published = c->plan.created_ms;
@@ -450,6 +449,7 @@ static void coord_free(coord *c) {
   free(c->members);
   free(c->reports);
   free(c->acks);
+  coord_picture_free(c);
   free(c->departed);
   free(c->held);
   free(c->held_ids);
@@ -463,6 +463,7 @@ static void coord_free(coord *c) {
 newt_result_t coordinator_run(const coordinator_opts *o) {
   coord *c = calloc(1, sizeof *c);
   NEWT_CHECK_ALLOC(c);
+  coord_picture_init(c);
   newt_result_t r = setup(c, o);
   if (r == NEWT_OK && o->spec_file) r = store_spec_file(c);
   if (r == NEWT_OK) r = read_spec(c);

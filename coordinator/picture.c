@@ -26,10 +26,20 @@ NEWT_PARAM(StraggleMinMs, "NEWT_STRAGGLER_MIN_MS", 1000)
 
 /* --- members, reports, acks, progress ------------------------------------------------------ */
 
-int coord_find_member(const coord *c, const char *id) {
-  for (int i = 0; i < c->nmembers; i++)
-    if (strcmp(c->members[i].id, id) == 0) return i;
-  return -1;
+/* The members and the acks are looked up by id through a hash index each (common/strindex.h),
+ * kept with the array: a lookup for each of 100,000 ranks or registrations is O(1), not a scan. */
+int coord_find_member(const coord *c, const char *id) { return newt_strindex_find(&c->member_ix, c->members, id); }
+
+int coord_find_ack(const coord *c, const char *id) { return newt_strindex_find(&c->ack_ix, c->acks, id); }
+
+void coord_picture_init(coord *c) {
+  c->member_ix = NEWT_STRINDEX(job_worker, id);
+  c->ack_ix = NEWT_STRINDEX(c_ack, id);
+}
+
+void coord_picture_free(coord *c) {
+  newt_strindex_free(&c->member_ix);
+  newt_strindex_free(&c->ack_ix);
 }
 
 /* A record that does not prove the job secret counts for nothing: said at once, then at most
@@ -80,12 +90,16 @@ static void put_ack(coord *c, const job_change *ch, const job_ack *ack) {
     if (*t[k] < from) *t[k] = from;
   }
   snprintf(a.id, sizeof a.id, "%s", ch->id);
-  for (int i = 0; i < c->nacks; i++)
-    if (strcmp(c->acks[i].id, ch->id) == 0) return;
-  c_ack *n = realloc(c->acks, (size_t)(c->nacks + 1) * sizeof *n);
-  if (!n) return;
-  c->acks = n;
-  c->acks[c->nacks++] = a;
+  if (coord_find_ack(c, a.id) >= 0) return; /* counted already */
+  if (c->nacks == c->cap_acks) {
+    int cap = c->cap_acks ? 2 * c->cap_acks : 16;
+    c_ack *n = realloc(c->acks, (size_t)cap * sizeof *n);
+    if (!n) return;
+    c->acks = n;
+    c->cap_acks = cap;
+  }
+  c->acks[c->nacks] = a;
+  if (newt_strindex_add(&c->ack_ix, c->acks, c->nacks) == NEWT_OK) c->nacks++;
 }
 
 /* The acknowledgement folded into registration ch (job_worker_ack: a bad one is refused while
@@ -114,6 +128,8 @@ static void put_member(coord *c, const job_change *ch) {
       c->members = m;
       c->cap_members = cap;
     }
+    c->members[c->nmembers] = *w;
+    if (newt_strindex_add(&c->member_ix, c->members, c->nmembers) != NEWT_OK) return;
     i = c->nmembers++;
     if (!c->plan.generation || !plan_find(&c->plan, ch->id)) {
       c->last_join = newt_now_ns();
@@ -141,7 +157,10 @@ void coord_drop_member(coord *c, const char *id) {
       snprintf(c->departed[c->ndeparted++], RDZV_NAME_MAX, "%s", id);
     }
   }
-  c->members[i] = c->members[--c->nmembers];
+  int last = --c->nmembers;
+  newt_strindex_del(&c->member_ix, c->members, i);
+  newt_strindex_renumber(&c->member_ix, c->members, last, i);
+  c->members[i] = c->members[last];
 }
 
 static void put_report(coord *c, const job_change *ch) {
@@ -224,6 +243,7 @@ void coord_set_plan_locked(coord *c, newt_plan *p) {
   c->plan = *p;
   c->nreports = 0;
   c->nacks = 0;
+  newt_strindex_clear(&c->ack_ix);
   c->ndeparted = 0;
   c->first_report = 0;
   c->first_gone = 0;
@@ -361,12 +381,14 @@ static void apply_locked(coord *c, const job_change *ch) {
  * reports and acks again from what it brings; the plan and the clocks stay. */
 static void reset_picture_locked(coord *c) {
   c->nmembers = 0;
+  newt_strindex_clear(&c->member_ix);
   c->nreports = 0;
   c->nacks = 0;
+  newt_strindex_clear(&c->ack_ix);
   c->first_report = 0;
 }
 
-static void on_batch(void *ud, const job_change *chs, size_t n, int resync) {
+void coord_on_batch(void *ud, const job_change *chs, size_t n, int resync) {
   coord *c = ud;
   pthread_mutex_lock(&c->mu);
   if (resync) reset_picture_locked(c);
@@ -376,7 +398,7 @@ static void on_batch(void *ud, const job_change *chs, size_t n, int resync) {
 }
 
 newt_result_t coord_picture_start(coord *c) {
-  NEWT_CHECK(job_follow_start(c->etcd, c->o->job, on_batch, NULL, c, job_call_deadline(), &c->follow));
+  NEWT_CHECK(job_follow_start(c->etcd, c->o->job, coord_on_batch, NULL, c, job_call_deadline(), &c->follow));
   pthread_mutex_lock(&c->mu);
   c->prog_change = newt_now_ns();
   pthread_mutex_unlock(&c->mu);
@@ -436,6 +458,7 @@ policy_view coord_view_locked(coord *c) {
                        .plan = &c->plan,
                        .members = c->members,
                        .nmembers = c->nmembers,
+                       .member_ix = &c->member_ix,
                        .reports = c->reports,
                        .nreports = c->nreports,
                        .departed = c->departed,

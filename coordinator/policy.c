@@ -30,7 +30,13 @@ int policy_member_leaving(const job_worker *w) {
 
 int policy_member_done(const job_worker *w) { return strcmp(w->state, "done") == 0; }
 
+/* Member id: through the view's index (policy_decide sees that there is one: a lookup for
+ * each of 100,000 ranks is O(1)), else scanned (a view of a caller's own). */
 static const job_worker *find_member(const policy_view *v, const char *id) {
+  if (v->member_ix) {
+    int i = newt_strindex_find(v->member_ix, v->members, id);
+    return i >= 0 ? &v->members[i] : NULL;
+  }
   for (int i = 0; i < v->nmembers; i++)
     if (strcmp(v->members[i].id, id) == 0) return &v->members[i];
   return NULL;
@@ -55,6 +61,10 @@ static int accuses(const policy_view *v, const job_report *r, const char *id) {
 }
 
 static const job_report *report_of(const policy_view *v, const char *id) {
+  if (v->report_ix) {
+    int i = newt_strindex_find(v->report_ix, v->reports, id);
+    return i >= 0 ? &v->reports[i] : NULL;
+  }
   for (int i = 0; i < v->nreports; i++)
     if (strcmp(v->reports[i].worker, id) == 0) return &v->reports[i];
   return NULL;
@@ -553,7 +563,32 @@ static void decide_running(const policy_view *v, policy_decision *d) {
   }
 }
 
-newt_result_t policy_decide(const policy_view *v, policy_decision *out) {
+/* ix indexes the n items of base by name, the first of a name only (what a scan finds first). */
+static newt_result_t index_first(newt_strindex *ix, const void *base, int n) {
+  for (int i = 0; i < n; i++)
+    if (newt_strindex_find(ix, base, (const char *)base + (size_t)i * ix->stride + ix->key_off) < 0)
+      NEWT_CHECK(newt_strindex_add(ix, base, i));
+  return NEWT_OK;
+}
+
+static newt_result_t decide(const policy_view *v, policy_decision *out);
+
+newt_result_t policy_decide(const policy_view *given, policy_decision *out) {
+  /* the members (unless the view brings their index) and the reports indexed for the look:
+     each rank of the plan is looked up in both */
+  policy_view v = *given;
+  newt_strindex members = NEWT_STRINDEX(job_worker, id), reports = NEWT_STRINDEX(job_report, worker);
+  newt_result_t r = NEWT_OK;
+  if (!v.member_ix && (r = index_first(&members, v.members, v.nmembers)) == NEWT_OK) v.member_ix = &members;
+  if (r == NEWT_OK && (r = index_first(&reports, v.reports, v.nreports)) == NEWT_OK) v.report_ix = &reports;
+  if (r == NEWT_OK) r = decide(&v, out);
+  else memset(out, 0, sizeof *out);
+  newt_strindex_free(&members);
+  newt_strindex_free(&reports);
+  return r;
+}
+
+static newt_result_t decide(const policy_view *v, policy_decision *out) {
   memset(out, 0, sizeof *out);
   out->first_member = v->first_member;
   out->first_gone = v->first_gone;

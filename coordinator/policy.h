@@ -34,6 +34,7 @@
 #include <stdint.h>
 
 #include "common/err.h"
+#include "common/strindex.h"
 #include "job/plan.h"
 #include "job/records.h"
 #include "job/spec.h"
@@ -61,8 +62,10 @@ typedef struct policy_view {
   const newt_plan *plan;           /* generation 0: none yet */
   const job_worker *members;      /* the registered workers */
   int nmembers;
+  const newt_strindex *member_ix;  /* members by id (NULL: policy_decide indexes them itself) */
   const job_report *reports;       /* of the plan's generation */
   int nreports;
+  const newt_strindex *report_ix;  /* policy.c's: reports by worker (set by policy_decide) */
   char (*departed)[RDZV_NAME_MAX]; /* left gracefully since the plan (their key is gone) */
   int ndeparted;
   char (*held_out)[RDZV_NAME_MAX]; /* workers no plan may take for now (policy_hold_out) */

@@ -282,11 +282,7 @@ static void housekeeping(coord *c, uint64_t gen) {
 static int all_acked_locked(const coord *c) {
   const newt_plan *p = &c->plan;
   int all = p->generation && p->nranks > 0;
-  for (int r = 0; r < p->nranks && all; r++) {
-    int found = 0;
-    for (int k = 0; k < c->nacks && !found; k++) found = strcmp(c->acks[k].id, p->ranks[r].worker) == 0;
-    all = found;
-  }
+  for (int r = 0; r < p->nranks && all; r++) all = coord_find_ack(c, p->ranks[r].worker) >= 0;
   return all;
 }
 

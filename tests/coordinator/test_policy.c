@@ -586,6 +586,80 @@ static void test_replace(void) {
   p.dp = 2; /* of two, against the other */
   double two[2] = {1000, 320};
   T_CHECK_MSG(policy_replace_dp(&s, &p, two) == 0, "of two ranks, one 3.1x the other's not replaced");
+
+/* A job of 1,000 ranks (issue 42: the policy finds each rank's member and report through an
+ * index, not a scan of every member): the members registered in reverse order, two leaving,
+ * then one gone and a report. The same decision from the index policy_decide builds and from
+ * the view's own (the coordinator's), members added in any order. */
+static void decide_many(const policy_view *v, policy_reason want, const char *ex0, const char *ex1) {
+  policy_decision d;
+  T_OK(policy_decide(v, &d));
+  T_CHECK_MSG(d.reason == want, "reason %d, want %d", (int)d.reason, (int)want);
+  int has0 = 0, has1 = 0;
+  for (int i = 0; i < d.nexclude; i++) has0 |= strcmp(d.exclude[i], ex0) == 0, has1 |= strcmp(d.exclude[i], ex1) == 0;
+  T_CHECK_MSG(d.nexclude == 2 && has0 && has1, "%d excluded", d.nexclude);
+  policy_decision_free(&d);
+}
+
+static void test_many_members(void) {
+  enum { N = 1000 };
+  newt_spec spec;
+  spec_defaults(&spec, "policy");
+  newt_plan plan;
+  memset(&plan, 0, sizeof plan);
+  plan.generation = 3, plan.nranks = N;
+  plan.ranks = calloc(N, sizeof *plan.ranks);
+  job_worker *m = calloc(N, sizeof *m);
+  job_report rep;
+  memset(&rep, 0, sizeof rep);
+  for (int i = 0; i < N; i++) {
+    plan.ranks[i].rank = i;
+    snprintf(plan.ranks[i].worker, PLAN_ID_MAX, "w%d", i);
+    job_worker *w = &m[N - 1 - i];
+    snprintf(w->id, sizeof w->id, "w%d", i);
+    snprintf(w->host, sizeof w->host, "h%d", i / 8);
+    snprintf(w->addr, sizeof w->addr, "10.0.%d.%d:4000", i / 256, i % 256);
+    snprintf(w->state, sizeof w->state, "%s", i == 7 || i == 900 ? "leaving" : "training");
+    w->create_revision = 10 + i;
+  }
+  policy_view v = {.spec = &spec, .plan = &plan, .members = m, .nmembers = N, .now = NOW, .first_member = ago(9000),
+                   .last_join = ago(9000), .last_progress = ago(10), .steps_done = 10, .join_window_ms = 500,
+                   .start_window_ms = 1000};
+  decide_many(&v, POLICY_LEAVE, "w7", "w900"); /* policy_decide's own index */
+  newt_strindex ix = NEWT_STRINDEX(job_worker, id);
+  for (int i = N - 1; i >= 0; i--) T_OK(newt_strindex_add(&ix, m, i));
+  v.member_ix = &ix;
+  decide_many(&v, POLICY_LEAVE, "w7", "w900");
+  /* w500 crashed: its registration is gone (the last member moved into its place, as the
+     coordinator deletes) and w3 reported it; w7 and w900 still leaving */
+  int at = newt_strindex_find(&ix, m, "w500"), last = N - 1;
+  T_CHECK(at == N - 1 - 500);
+  newt_strindex_del(&ix, m, at);
+  newt_strindex_renumber(&ix, m, last, at);
+  m[at] = m[last];
+  v.nmembers = N - 1;
+  snprintf(rep.worker, sizeof rep.worker, "w3");
+  snprintf(rep.accuse[rep.naccuse++], RDZV_NAME_MAX, "w500");
+  rep.t_ms = 100;
+  v.reports = &rep, v.nreports = 1, v.first_report = ago(400); /* the report window passed */
+  policy_decision d;
+  T_OK(policy_decide(&v, &d));
+  /* the silent ranks are stuck too: the gone w500, the leavers (named again as silent) and
+     every member but the reporter: N + 1 entries */
+  T_CHECK(d.reason == POLICY_CRASH_REPORTED);
+  int w500 = 0, w3 = 0, w7 = 0;
+  for (int i = 0; i < d.nexclude; i++)
+    w500 |= strcmp(d.exclude[i], "w500") == 0, w3 |= strcmp(d.exclude[i], "w3") == 0,
+        w7 |= strcmp(d.exclude[i], "w7") == 0;
+  T_CHECK_MSG(w500 && !w3 && w7 && d.nexclude == N + 1, "%d excluded", d.nexclude);
+  policy_decision_free(&d);
+  v.member_ix = NULL; /* the same from policy_decide's own index */
+  T_OK(policy_decide(&v, &d));
+  T_CHECK(d.reason == POLICY_CRASH_REPORTED && d.nexclude == N + 1);
+  policy_decision_free(&d);
+  newt_strindex_free(&ix);
+  free(m);
+  plan_free(&plan);
 }
 
 int main(void) {
@@ -597,5 +671,6 @@ int main(void) {
   T_RUN(test_causes);
   T_RUN(test_members_and_donors);
   T_RUN(test_gpu_clash);
+  T_RUN(test_many_members);
   return T_DONE();
 }

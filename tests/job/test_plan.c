@@ -802,6 +802,126 @@ static void test_plan_shares(void) {
   s.straggler_window = 0;
   T_OK(plan_compute(&s, m, 4, 1, &p));
   T_CHECK(!p.shares && p.accum == 3);
+
+/* --- the ranks' reader (issue 42) ---------------------------------------------------------------
+ *
+ * plan_from_json reads the ranks of plan_to_json's form itself and any other form through
+ * cJSON: both must give the same plan, and the same errors. */
+
+/* text with the first `from` replaced by `to` (malloc'd; NULL: not there). */
+static char *replaced(const char *text, const char *from, const char *to) {
+  const char *at = strstr(text, from);
+  if (!at) return NULL;
+  size_t a = (size_t)(at - text), nf = strlen(from), nt = strlen(to), n = strlen(text);
+  char *out = malloc(n - nf + nt + 1);
+  memcpy(out, text, a);
+  memcpy(out + a, to, nt);
+  memcpy(out + a + nt, at + nf, n - a - nf + 1);
+  return out;
+}
+
+static newt_plan reader_plan(void) {
+  newt_plan p;
+  memset(&p, 0, sizeof p);
+  p.generation = 3, p.created_ms = 1;
+  snprintf(p.cause, sizeof p.cause, "crash");
+  snprintf(p.switch_mode, sizeof p.switch_mode, "abort");
+  snprintf(p.restore, sizeof p.restore, "peer");
+  p.dp = 4, p.tp = 2, p.pp = 2, p.global_batch = 8, p.micro_batch = 1, p.accum = plan_accum(8, 1, 4);
+  p.nranks = 16;
+  p.ranks = calloc(16, sizeof *p.ranks);
+  p.spares = calloc(1, sizeof *p.spares);
+  p.nspares = 1;
+  snprintf(p.spares[0], PLAN_ID_MAX, "sp");
+  snprintf(p.spare_why, sizeof p.spare_why, "one too many");
+  for (int i = 0; i < 16; i++) {
+    plan_rank *r = &p.ranks[i];
+    r->rank = i, r->tp = i % 2, r->dp = (i / 2) % 4, r->pp = i / 8;
+    snprintf(r->worker, sizeof r->worker, "w%02d", (i * 7) % 16);
+    snprintf(r->host, sizeof r->host, "h%d", i / 4);
+    snprintf(r->addr, sizeof r->addr, "10.0.0.%d:4000", i);
+    if (i % 5 == 0) snprintf(r->domain, sizeof r->domain, "rack%d", i / 5);
+  }
+  plan_add_donor(&p, "dn", "h9", "10.0.1.1:4000");
+  return p;
+}
+
+/* text reads as the plan whose JSON is want, every rank found by its worker. */
+static int reads_as(const char *text, const char *want) {
+  newt_plan q;
+  if (!text || plan_from_json(text, strlen(text), &q) != NEWT_OK) return 0;
+  char *got = plan_to_json(&q);
+  int ok = got && strcmp(got, want) == 0;
+  for (int i = 0; ok && i < q.nranks; i++) ok = plan_find(&q, q.ranks[i].worker) == &q.ranks[i];
+  ok = ok && !plan_find(&q, "dn") && plan_find_donor(&q, "dn");
+  free(got);
+  plan_free(&q);
+  return ok;
+}
+
+/* text is refused with exactly msg. */
+static int refused_as(const char *text, const char *msg) {
+  newt_plan q;
+  if (!text) return 0;
+  if (plan_from_json(text, strlen(text), &q) == NEWT_OK) {
+    plan_free(&q);
+    return 0;
+  }
+  if (strcmp(newt_errmsg(), msg) != 0) fprintf(stderr, "got: %s\n", newt_errmsg());
+  return strcmp(newt_errmsg(), msg) == 0;
+}
+
+static void test_plan_reader_forms(void) {
+  newt_plan p = reader_plan();
+  char *text = plan_to_json(&p), *t;
+  T_CHECK(reads_as(text, text));
+  /* forms cJSON reads: whitespace, other key orders, escapes, numbers as decimal strings or
+     with an exponent, a key a rank does not know, "ranks" twice (the first counts) */
+  cJSON *j = cJSON_Parse(text);
+  for (cJSON *r = cJSON_GetObjectItem(j, "ranks")->child; r; r = r->next)
+    cJSON_AddItemToObject(r, "rank", cJSON_DetachItemFromObject(r, "rank")); /* last */
+  char *pretty = cJSON_Print(j);
+  cJSON_Delete(j);
+  T_CHECK(strchr(pretty, '\n') && reads_as(pretty, text));
+  free(pretty);
+  const char *same[][2] = {
+      {"\"worker\":\"w07\"", "\"worker\":\"\\u0077\\u00307\""},
+      {"\"rank\":5,", "\"rank\":\"5\","},
+      {"\"rank\":5,", "\"rank\":5e0,"},
+      {"\"rank\":5,", "\"rank\":005,"},
+      {"\"dp\":0,", "\"dp\":-0,"},
+      {"\"rank\":5,", "\"rank\":5,\"x\":[1,{\"y\":\"]\"}],"},
+      {"\"spares\"", "\"ranks\":[],\"spares\""},
+      {"\"generation\":3", " \t\n\"generation\" : 3 "},
+  };
+  for (size_t k = 0; k < sizeof same / sizeof same[0]; k++) {
+    t = replaced(text, same[k][0], same[k][1]);
+    T_CHECK_MSG(reads_as(t, text), "%s -> %s", same[k][0], same[k][1]);
+    free(t);
+  }
+  /* and what is refused, named as before */
+  const char *refused[][3] = {
+      {"\"worker\":\"w07\"", "\"worker\":\"w00\"", "plan.ranks[1].worker: \"w00\" is also rank 0"},
+      {"\"rank\":5,\"worker\":\"w03\",\"host\":\"h1\",\"addr\":\"10.0.0.5:4000\",\"dp\":2",
+       "\"rank\":5,\"worker\":\"w03\",\"host\":\"h1\",\"addr\":\"10.0.0.5:4000\",\"dp\":3",
+       "plan.ranks[5]: coordinates (dp 3, tp 1, pp 0) do not give rank 5"},
+      {"\"rank\":5,", "\"rank\":6,", "plan.ranks[5].rank: 6 is out of range [5, 5]"},
+      {"\"rank\":5,", "\"rank\":5.5,", "plan.ranks[5].rank: expected an integer, got 5.5"},
+      {"\"worker\":\"w07\"", "\"worker\":\"w 7\"", "plan.ranks[1].worker: byte 0x20 at 1 is not a printable character of a name"},
+      {"\"worker\":\"w07\",", "", "plan.ranks[1].worker: missing required field"},
+      {"\"rank\":5,", "\"rank\":5,\"rank\":6,", NULL}, /* cJSON takes the first: read */
+      {"\"ranks\":[", "\"ranks\":[{},", "plan.ranks: 17 entries, expected dp x tp x pp = 16"},
+      {"\"host\":\"h1\"", "\"host\":\"h1", NULL},
+  };
+  for (size_t k = 0; k < sizeof refused / sizeof refused[0]; k++) {
+    t = replaced(text, refused[k][0], refused[k][1]);
+    if (!refused[k][2] && k == 6) T_CHECK(reads_as(t, text));
+    else if (!refused[k][2]) T_CHECK(t && plan_from_json(t, strlen(t), &(newt_plan){0}) != NEWT_OK &&
+                                     strstr(newt_errmsg(), "malformed JSON at byte"));
+    else T_CHECK_MSG(refused_as(t, refused[k][2]), "%s", refused[k][2]);
+    free(t);
+  }
+  free(text);
   plan_free(&p);
 }
 
@@ -817,5 +937,6 @@ int main(void) {
   T_RUN(test_registration_domain);
   T_RUN(test_plan_json);
   T_RUN(test_plan_hostile);
+  T_RUN(test_plan_reader_forms);
   return T_DONE();
 }

@@ -16,6 +16,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "common/secret.h"
 #include "job/plan.h"
 #include "job/spec.h"
 #include "job/store.h"
@@ -90,6 +91,79 @@ static void test_codec(void) {
   T_CHECK(a && b && strcmp(a, b) == 0);
   free(a), free(b);
   plan_free(&h2), plan_free(&h), plan_free(&p);
+  free(head);
+  plan_shard_texts_free(texts, n);
+}
+
+/* A shard's entries are read straight from its text in the form plan_shard_encode writes, any
+ * other form through cJSON (issue 42): the same entries either way, the same errors. The head
+ * is told the altered shard's digest, as a leader that wrote it would. */
+static int shard_reads(const char *head, const char *text, int i, const plan_rank *want, int nwant, const char *msg) {
+  newt_plan h;
+  plan_rank *v = NULL;
+  int nv = 0, ok;
+  if (plan_head_from_json(head, strlen(head), &h) != NEWT_OK || !text) return 0;
+  newt_sha256(text, strlen(text), h.shards[i].digest);
+  newt_result_t r = plan_shard_read(&h, i, text, strlen(text), &v, &nv);
+  if (msg) ok = r != NEWT_OK && strcmp(newt_errmsg(), msg) == 0;
+  else ok = r == NEWT_OK && nv == nwant && memcmp(v, want, (size_t)nv * sizeof *v) == 0;
+  if (msg && !ok) fprintf(stderr, "got: %s\n", r == NEWT_OK ? "read" : newt_errmsg());
+  free(v);
+  plan_free(&h);
+  return ok;
+}
+
+static char *replaced(const char *text, const char *from, const char *to) {
+  const char *at = strstr(text, from);
+  if (!at) return NULL;
+  size_t a = (size_t)(at - text), nf = strlen(from), nt = strlen(to), n = strlen(text);
+  char *out = malloc(n - nf + nt + 1);
+  memcpy(out, text, a);
+  memcpy(out + a, to, nt);
+  memcpy(out + a + nt, at + nf, n - a - nf + 1);
+  return out;
+}
+
+static void test_shard_reader_forms(void) {
+  newt_plan p, h;
+  make_plan(100, 0, &p);
+  char *head, **texts;
+  int n, nv;
+  plan_rank *want;
+  T_OK(plan_shard_encode(&p, 16, &head, &texts, &n));
+  T_OK(plan_head_from_json(head, strlen(head), &h));
+  T_OK(plan_shard_read(&h, 2, texts[2], strlen(texts[2]), &want, &nv));
+  T_CHECK(shard_reads(head, texts[2], 2, want, nv, NULL));
+  const char *rk = strstr(texts[2], "\"rank\":"); /* the shard's first entry's rank */
+  char first[32];
+  snprintf(first, sizeof first, "%.*s", (int)strcspn(rk, ","), rk);
+  char alt[64];
+  const char *same[][2] = {
+      {"\"shard\":2", " \"shard\" :\n2 "},
+      {"\"host\":\"h04\"", "\"host\":\"\\u0068\\u00304\""},
+      {first, first}, /* itself, then as a string below */
+      {"\"ranks\":[", "\"x\":{\"ranks\":[]},\"ranks\":["},
+  };
+  for (size_t k = 0; k < sizeof same / sizeof same[0]; k++) {
+    char *t = replaced(texts[2], same[k][0], same[k][1]);
+    T_CHECK_MSG(shard_reads(head, t, 2, want, nv, NULL), "%s", same[k][1]);
+    free(t);
+  }
+  snprintf(alt, sizeof alt, "\"rank\":\"%s\"", first + 7);
+  char *t = replaced(texts[2], first, alt);
+  T_CHECK(shard_reads(head, t, 2, want, nv, NULL));
+  free(t);
+  t = replaced(texts[2], "\"host\":\"h05\"", "\"host\":\"h06\"");
+  T_CHECK(shard_reads(head, t, 2, want, nv, "plan 1 shard 2.ranks[8].host: \"h06\" is not one of the shard's hosts"));
+  free(t);
+  t = replaced(texts[2], "\"shard\":2", "\"shard\":3");
+  T_CHECK(shard_reads(head, t, 2, want, nv, "plan 1 shard 2: it says plan 1 shard 3"));
+  free(t);
+  t = replaced(texts[2], "\"ranks\":[", "\"ranks\":[],\"y\":[");
+  T_CHECK(shard_reads(head, t, 2, want, nv, "plan 1 shard 2.ranks: 0 entries, its head says 16"));
+  free(t);
+  free(want);
+  plan_free(&h), plan_free(&p);
   free(head);
   plan_shard_texts_free(texts, n);
 }
@@ -299,6 +373,7 @@ int main(void) {
   srv = tu_server(NULL);
   cli = tu_client(srv);
   T_RUN(test_codec);
+  T_RUN(test_shard_reader_forms);
   T_RUN(test_publish);
   T_RUN(test_leader_change);
   T_RUN(test_missing_and_forged);

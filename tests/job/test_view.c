@@ -297,9 +297,61 @@ static void test_status_previous_release(void) {
   rmdir(tmp);
 }
 
+/* Registrations kept in id order as they come: a snapshot's in key order (each appended), a
+ * watch's in any order, updates in place and deletions of the first, a middle and the last;
+ * each one found where it belongs (issue 42: placed by binary search, not a scan). */
+static void put_worker_change(job_view *v, const char *id, int deleted, const char *state) {
+  static rdzv_etcd_kv kv;
+  static char key[128];
+  snprintf(key, sizeof key, "/newt/j/workers/%s", id);
+  kv = (rdzv_etcd_kv){.key = key, .key_len = strlen(key)};
+  job_change ch;
+  memset(&ch, 0, sizeof ch);
+  ch.rec = JOB_REC_WORKER, ch.deleted = deleted, ch.kv = &kv;
+  snprintf(ch.id, sizeof ch.id, "%s", id);
+  snprintf(ch.u.worker.id, sizeof ch.u.worker.id, "%s", id);
+  snprintf(ch.u.worker.state, sizeof ch.u.worker.state, "%s", state);
+  job_view_apply(v, &ch);
+}
+
+static int in_order(const job_view *v) {
+  for (int i = 1; i < v->nworkers; i++)
+    if (strcmp(v->workers[i - 1].id, v->workers[i].id) >= 0) return 0;
+  return 1;
+}
+
+static void test_workers_in_order(void) {
+  job_view v;
+  memset(&v, 0, sizeof v);
+  char id[32];
+  for (int k = 0; k < 300; k += 2) { /* a snapshot: key order */
+    snprintf(id, sizeof id, "w%04d", k);
+    put_worker_change(&v, id, 0, "joining");
+  }
+  T_CHECK(v.nworkers == 150 && in_order(&v));
+  for (int k = 299; k >= 1; k -= 2) { /* the odd ones, newest key first */
+    snprintf(id, sizeof id, "w%04d", k);
+    put_worker_change(&v, id, 0, "joining");
+  }
+  put_worker_change(&v, "w0150", 0, "training"); /* an update: in place */
+  put_worker_change(&v, "a", 0, "joining");      /* before every one */
+  T_CHECK(v.nworkers == 301 && in_order(&v) && strcmp(v.workers[0].id, "a") == 0);
+  T_CHECK(strcmp(v.workers[151].id, "w0150") == 0 && strcmp(v.workers[151].state, "training") == 0);
+  put_worker_change(&v, "a", 1, "");
+  put_worker_change(&v, "w0299", 1, "");
+  put_worker_change(&v, "w0100", 1, "");
+  put_worker_change(&v, "w0100", 1, ""); /* gone already: nothing */
+  put_worker_change(&v, "w0300", 1, ""); /* never there: nothing */
+  T_CHECK(v.nworkers == 298 && in_order(&v));
+  T_CHECK(strcmp(v.workers[0].id, "w0000") == 0 && strcmp(v.workers[297].id, "w0298") == 0);
+  T_CHECK(strcmp(v.workers[99].id, "w0099") == 0 && strcmp(v.workers[100].id, "w0101") == 0);
+  job_view_free(&v);
+}
+
 int main(void) {
   srv = tu_server(NULL);
   cli = tu_client(srv);
+  T_RUN(test_workers_in_order);
   T_RUN(test_read);
   T_RUN(test_follow);
   T_RUN(test_status_previous_release);
