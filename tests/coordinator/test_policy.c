@@ -586,6 +586,7 @@ static void test_replace(void) {
   p.dp = 2; /* of two, against the other */
   double two[2] = {1000, 320};
   T_CHECK_MSG(policy_replace_dp(&s, &p, two) == 0, "of two ranks, one 3.1x the other's not replaced");
+}
 
 /* A job of 1,000 ranks (issue 42: the policy finds each rank's member and report through an
  * index, not a scan of every member): the members registered in reverse order, two leaving,

@@ -802,6 +802,8 @@ static void test_plan_shares(void) {
   s.straggler_window = 0;
   T_OK(plan_compute(&s, m, 4, 1, &p));
   T_CHECK(!p.shares && p.accum == 3);
+  plan_free(&p);
+}
 
 /* --- the ranks' reader (issue 42) ---------------------------------------------------------------
  *
