@@ -15,8 +15,8 @@
  * loss against the uninterrupted run's. Then one line with the speedup of rebalanced over
  * equal (goal: 1.5; ideal with one worker of four at half speed: 1.75).
  *
- * With --link KBIT, two jobs instead, each worker in a network namespace of its own (root):
- * without a fault, and with worker 1's link slowed to KBIT kbit/s with a short queue (chaos
+ * With --link KBIT, two jobs instead, each worker a simulated host in a network namespace of its
+ * own (root; their data over TCP): without a fault, and with host 1's link slowed to KBIT kbit/s with a short queue (chaos
  * slow: bursts dropped, TCP retransmits) for --link-ms from --slow-at on: the steps each does in
  * that span and the plans the slow link caused (goal: at most 2, out and back). */
 #include <math.h>
@@ -100,7 +100,7 @@ static job_figures run_job(const launcher_opts *base, const straggler_flags *f, 
   snprintf(lo.spec.job, sizeof lo.spec.job, "bench-straggler-%d-%s", (int)getpid(), name);
   lo.spec.straggler_window = window;
   lo.netns = netns;
-  if (netns) lo.spec.steps = f->link_steps;
+  if (netns) lo.spec.steps = f->link_steps, lo.hosts = (int)f->nproc; /* a host each: their data over TCP, not shared memory */
   if (gpt_start_check(&lo.spec, GPT_CHECK_SPEC | GPT_CHECK_FILES | GPT_CHECK_TRAINER) != NEWT_OK ||
       chaos_parse(chaos, &lo.chaos) != NEWT_OK) {
     fprintf(stderr, "newt bench straggler: %s\n", newt_errmsg());
@@ -157,7 +157,7 @@ static void say(const char *name, const straggler_flags *f, const launcher_opts 
  * in network namespaces; a line each and one comparing them. */
 static int link_jobs(const launcher_opts *base, const straggler_flags *f, int64_t window) {
   char slow[96];
-  snprintf(slow, sizeof slow, "slow:worker:1:%lld:%lld@step=%lld", (long long)f->link_kbit, (long long)f->link_ms,
+  snprintf(slow, sizeof slow, "slow:host:1:%lld:%lld@step=%lld", (long long)f->link_kbit, (long long)f->link_ms,
            (long long)f->slow_at);
   job_figures none = run_job(base, f, "link_none", "", window, 1), bad = run_job(base, f, "link_slow", slow, window, 1);
   for (int k = 0; k < 2; k++) {
@@ -201,7 +201,8 @@ int newt_bench_straggler(int argc, char **argv) {
                       "step at which the slowdown ends in the recovering job (0: halfway from --slow-at to the end)"},
                      {"threads", NEWT_OPT_INT, &f.threads, "compute threads per worker"},
                      {"link", NEWT_OPT_INT, &f.link_kbit,
-                      "instead of the CPU jobs: worker 1's link slowed to this many kbit/s (chaos slow, --netns, root) "
+                      "instead of the CPU jobs: worker 1's link slowed to this many kbit/s (chaos slow, each worker a host of "
+                      "its own with --netns, root) "
                       "for --link-ms from --slow-at on, against the same span without it (0: the CPU jobs)"},
                      {"link-ms", NEWT_OPT_INT, &f.link_ms, "how long the link is slow"},
                      {"link-steps", NEWT_OPT_INT, &f.link_steps, "steps of each link job (enough to outlast the span)"},

@@ -351,7 +351,6 @@ typedef struct cpu_wait {
   int probing;
   int probe_target;
   int probe_hops;
-  uint64_t chain_bytes; /* bytes in flight on the links of the chain followed in this round */
   uint32_t probe_seq;
   uint64_t probe_until;
   uint64_t since; /* the last progress (monotonic ns) */

@@ -26,9 +26,7 @@
  * the bytes the peer still has in flight to us on TCP (sent, not yet acknowledged): two ranks
  * that wait for each other with bytes in flight between them are on a slow or lossy link
  * (TCP retransmits, backing off), not in mismatched operations, and wait on, up to
- * LINK_SLOW_CAPS times the cap. So do the ranks of a ring on such a link, each waiting for its
- * neighbour: the probes follow the chain round, every rank answers, and the answers carry the
- * bytes each has in flight to anyone (a deadlock of mismatched operations has none). */
+ * LINK_SLOW_CAPS times the cap. */
 #include <errno.h>
 #include <sched.h>
 #include <stdarg.h>
@@ -42,9 +40,6 @@
 
 #include "comm/cpu.h"
 #include "common/log.h"
-
-static uint32_t link_in_flight(const struct cpu_link *l);
-static uint32_t links_in_flight(const cpu_comm *c);
 
 static inline void cpu_relax(void) {
 #if defined(__x86_64__) || defined(__i386__)
@@ -99,13 +94,9 @@ static int ctrl_check(const ctrl_msg *m, int size, char *why, size_t cap) {
   const char *name = ctrl_name(m->type);
   switch (m->type) {
     case CTRL_PONG: {
-      /* 8: its state; 8 x COMM_PROBE_VALUES: a probe hook's values; 4 and 4: its bytes in flight to
-         us and to anyone (an earlier release sent the first only) */
-      size_t ext = 8 * COMM_PROBE_VALUES;
-      if (m->len != 8 && m->len != 12 && m->len != 16 && m->len != 8 + ext && m->len != 12 + ext &&
-          m->len != 16 + ext) {
-        snprintf(why, cap, "sent a %s of %zu payload bytes (8, 12, 16, %zu, %zu or %zu)", name, m->len, 8 + ext,
-                 12 + ext, 16 + ext);
+      if (m->len != 8 && m->len != 12 && m->len != 8 + 8 * COMM_PROBE_VALUES && m->len != 12 + 8 * COMM_PROBE_VALUES) {
+        snprintf(why, cap, "sent a %s of %zu payload bytes (8, 12, %d or %d)", name, m->len, 8 + 8 * COMM_PROBE_VALUES,
+                 12 + 8 * COMM_PROBE_VALUES);
         return -1;
       }
       uint32_t in_op = le_get32(m->payload);
@@ -290,7 +281,7 @@ void ctrl_drain(cpu_comm *c, cpu_link *l) {
     }
     switch (m.type) {
       case CTRL_PING: {
-        uint8_t p[16 + 8 * COMM_PROBE_VALUES];
+        uint8_t p[12 + 8 * COMM_PROBE_VALUES];
         size_t len = 8;
         int in_op = c->cur_wait != NULL;
         le_put32(p, (uint32_t)in_op);
@@ -301,9 +292,8 @@ void ctrl_drain(cpu_comm *c, cpu_link *l) {
           for (int i = 0; i < COMM_PROBE_VALUES; i++) le_put64(p + 8 + 8 * i, ext[i]);
           len += 8 * COMM_PROBE_VALUES;
         }
-        le_put32(p + len, link_in_flight(l)); /* what we still have on the way to it */
-        le_put32(p + len + 4, links_in_flight(c)); /* last: on the way to anyone (a chain's link) */
-        len += 8;
+        le_put32(p + len, link_in_flight(l)); /* last: what we still have on the way to it */
+        len += 4;
         ctrl_send(c, l, CTRL_PONG, m.arg, p, len);
         break;
       }
@@ -590,15 +580,6 @@ static uint32_t link_in_flight(const cpu_link *l) {
   return (uint32_t)n;
 }
 
-/* The same over every TCP data connection of this rank (saturating at 2^32 - 1): a rank of a
- * ring that waits for its neighbour's data while its own is on the way to the next one. */
-static uint32_t links_in_flight(const cpu_comm *c) {
-  uint64_t sum = 0;
-  for (int r = 0; r < c->size && sum < UINT32_MAX; r++)
-    if (r != c->rank) sum += link_in_flight(&c->links[r]);
-  return sum < UINT32_MAX ? (uint32_t)sum : UINT32_MAX;
-}
-
 static void handle_pong(cpu_comm *c, cpu_link *l, const ctrl_msg *m) {
   if (m->arg & CTRL_EXT_PROBE) { /* comm_cpu_probe's */
     if (m->len >= 8 + 8 * COMM_PROBE_VALUES) {
@@ -613,12 +594,8 @@ static void handle_pong(cpu_comm *c, cpu_link *l, const ctrl_msg *m) {
   int waiting_on = (int32_t)le_get32(m->payload + 4);
   const char *name = cpu_peer_name(c, l->peer);
   int alive_verdict = !in_op || waiting_on == c->rank; /* (waiting on another: follow the chain) */
-  /* bytes on the way between us, either way: a slow or lossy link, not a mismatch; and the
-     bytes the peer has on the way to anyone (its ring neighbour: a chain's link) */
-  int with_all = m->len == 16 || m->len == 16 + 8 * COMM_PROBE_VALUES;
-  uint32_t theirs = with_all ? le_get32(m->payload + m->len - 8)
-                    : m->len == 12 || m->len == 12 + 8 * COMM_PROBE_VALUES ? le_get32(m->payload + m->len - 4) : 0;
-  uint32_t their_all = with_all ? le_get32(m->payload + m->len - 4) : theirs;
+  /* bytes on the way between us, either way: a slow or lossy link, not a mismatch */
+  uint32_t theirs = m->len == 12 || m->len == 12 + 8 * COMM_PROBE_VALUES ? le_get32(m->payload + m->len - 4) : 0;
   uint32_t ours = link_in_flight(l);
   if (in_op && waiting_on == c->rank && (theirs || ours) && stalled_ms(w) >= c->timeout_ms &&
       stalled_ms(w) < LINK_SLOW_CAPS * c->timeout_ms) {
@@ -651,29 +628,10 @@ static void handle_pong(cpu_comm *c, cpu_link *l, const ctrl_msg *m) {
     probe_verdict(w, "%s and this rank wait for each other during %s (mismatched operations?)", name,
                   c->op_name ? c->op_name : "the operation");
   } else if (++w->probe_hops >= c->size) {
-    /* every rank of the cycle answered: with bytes on the way on one of its links it is a ring
-       on a slow or lossy link, each rank waiting for its neighbour's data (waited on, as a pair
-       is, up to LINK_SLOW_CAPS caps); without, a deadlock */
-    w->chain_bytes += (uint64_t)their_all + ours;
-    if (w->chain_bytes && stalled_ms(w) < LINK_SLOW_CAPS * c->timeout_ms) {
-      if (!w->slow_said)
-        NEWT_WARN(COMM, "rank %d: the ranks wait for each other in a cycle through %s during %s with %llu bytes in "
-                  "flight on its links for %lld ms: a slow or lossy link, waiting on", c->rank, name,
-                  c->op_name ? c->op_name : "the operation", (unsigned long long)w->chain_bytes, stalled_ms(w));
-      w->slow_said = 1;
-      w->probing = 0;
-      w->stall_at = newt_now_ns() + stall_ns(c);
-    } else if (w->chain_bytes) {
-      probe_verdict(w, "ranks wait for each other in a cycle through %s during %s with bytes in flight on its links "
-                    "for %lld ms (a link that loses everything?)", name, c->op_name ? c->op_name : "the operation",
-                    stalled_ms(w));
-    } else {
-      probe_verdict(w, "ranks wait for each other in a cycle through %s during %s", name,
-                    c->op_name ? c->op_name : "the operation");
-    }
+    probe_verdict(w, "ranks wait for each other in a cycle through %s during %s", name,
+                  c->op_name ? c->op_name : "the operation");
   } else {
     NEWT_DEBUG(COMM, "rank %d: probe: rank %d waits for rank %d", c->rank, l->peer, waiting_on);
-    w->chain_bytes += (uint64_t)their_all + ours; /* this hop's links */
     probe_send(w, waiting_on);
   }
 }
@@ -755,7 +713,6 @@ newt_result_t cpu_wait_block(cpu_wait *w, cpu_link *rx, cpu_link *tx) {
       NEWT_DEBUG(COMM, "rank %d: no progress in %s for %lld ms, probing rank %d again", c->rank, c->op_name,
                  stalled_ms(w), w->blocker);
     w->probe_hops = 0;
-    w->chain_bytes = 0;
     probe_send(w, w->blocker);
   } else if (w->probing && now >= w->probe_until) {
     /* the probe itself not yet acknowledged by the peer's host: lost on a lossy link (TCP
