@@ -11,6 +11,7 @@
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "common/clock.h"
 #include "common/err.h"
@@ -69,6 +70,20 @@ static const char *t_cur_name = "";
     if (t_cur_failed) t_failed++;                                                      \
     else t_passed++;                                                                   \
   } while (0)
+
+/* text with the first `from` replaced by `to` (malloc'd; NULL: not there, or no memory): a
+ * record made wrong in one place, for a reader's refusals. */
+static inline char *t_replaced(const char *text, const char *from, const char *to) {
+  const char *at = strstr(text, from);
+  if (!at) return NULL;
+  size_t a = (size_t)(at - text), nf = strlen(from), nt = strlen(to), n = strlen(text);
+  char *out = malloc(n - nf + nt + 1);
+  if (!out) return NULL;
+  memcpy(out, text, a);
+  memcpy(out + a, to, nt);
+  memcpy(out + a + nt, at + nf, n - a - nf + 1);
+  return out;
+}
 
 #define T_DONE() (fprintf(stderr, "%d passed, %d failed\n", t_passed, t_failed), t_failed ? 1 : 0)
 

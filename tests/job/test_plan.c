@@ -810,18 +810,6 @@ static void test_plan_shares(void) {
  * plan_from_json reads the ranks of plan_to_json's form itself and any other form through
  * cJSON: both must give the same plan, and the same errors. */
 
-/* text with the first `from` replaced by `to` (malloc'd; NULL: not there). */
-static char *replaced(const char *text, const char *from, const char *to) {
-  const char *at = strstr(text, from);
-  if (!at) return NULL;
-  size_t a = (size_t)(at - text), nf = strlen(from), nt = strlen(to), n = strlen(text);
-  char *out = malloc(n - nf + nt + 1);
-  memcpy(out, text, a);
-  memcpy(out + a, to, nt);
-  memcpy(out + a + nt, at + nf, n - a - nf + 1);
-  return out;
-}
-
 static newt_plan reader_plan(void) {
   newt_plan p;
   memset(&p, 0, sizeof p);
@@ -897,7 +885,7 @@ static void test_plan_reader_forms(void) {
       {"\"generation\":3", " \t\n\"generation\" : 3 "},
   };
   for (size_t k = 0; k < sizeof same / sizeof same[0]; k++) {
-    t = replaced(text, same[k][0], same[k][1]);
+    t = t_replaced(text, same[k][0], same[k][1]);
     T_CHECK_MSG(reads_as(t, text), "%s -> %s", same[k][0], same[k][1]);
     free(t);
   }
@@ -916,7 +904,7 @@ static void test_plan_reader_forms(void) {
       {"\"host\":\"h1\"", "\"host\":\"h1", NULL},
   };
   for (size_t k = 0; k < sizeof refused / sizeof refused[0]; k++) {
-    t = replaced(text, refused[k][0], refused[k][1]);
+    t = t_replaced(text, refused[k][0], refused[k][1]);
     if (!refused[k][2] && k == 6) T_CHECK(reads_as(t, text));
     else if (!refused[k][2]) T_CHECK(t && plan_from_json(t, strlen(t), &(newt_plan){0}) != NEWT_OK &&
                                      strstr(newt_errmsg(), "malformed JSON at byte"));

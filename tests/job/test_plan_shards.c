@@ -113,17 +113,6 @@ static int shard_reads(const char *head, const char *text, int i, const plan_ran
   return ok;
 }
 
-static char *replaced(const char *text, const char *from, const char *to) {
-  const char *at = strstr(text, from);
-  if (!at) return NULL;
-  size_t a = (size_t)(at - text), nf = strlen(from), nt = strlen(to), n = strlen(text);
-  char *out = malloc(n - nf + nt + 1);
-  memcpy(out, text, a);
-  memcpy(out + a, to, nt);
-  memcpy(out + a + nt, at + nf, n - a - nf + 1);
-  return out;
-}
-
 static void test_shard_reader_forms(void) {
   newt_plan p, h;
   make_plan(100, 0, &p);
@@ -145,21 +134,21 @@ static void test_shard_reader_forms(void) {
       {"\"ranks\":[", "\"x\":{\"ranks\":[]},\"ranks\":["},
   };
   for (size_t k = 0; k < sizeof same / sizeof same[0]; k++) {
-    char *t = replaced(texts[2], same[k][0], same[k][1]);
+    char *t = t_replaced(texts[2], same[k][0], same[k][1]);
     T_CHECK_MSG(shard_reads(head, t, 2, want, nv, NULL), "%s", same[k][1]);
     free(t);
   }
   snprintf(alt, sizeof alt, "\"rank\":\"%s\"", first + 7);
-  char *t = replaced(texts[2], first, alt);
+  char *t = t_replaced(texts[2], first, alt);
   T_CHECK(shard_reads(head, t, 2, want, nv, NULL));
   free(t);
-  t = replaced(texts[2], "\"host\":\"h05\"", "\"host\":\"h06\"");
+  t = t_replaced(texts[2], "\"host\":\"h05\"", "\"host\":\"h06\"");
   T_CHECK(shard_reads(head, t, 2, want, nv, "plan 1 shard 2.ranks[8].host: \"h06\" is not one of the shard's hosts"));
   free(t);
-  t = replaced(texts[2], "\"shard\":2", "\"shard\":3");
+  t = t_replaced(texts[2], "\"shard\":2", "\"shard\":3");
   T_CHECK(shard_reads(head, t, 2, want, nv, "plan 1 shard 2: it says plan 1 shard 3"));
   free(t);
-  t = replaced(texts[2], "\"ranks\":[", "\"ranks\":[],\"y\":[");
+  t = t_replaced(texts[2], "\"ranks\":[", "\"ranks\":[],\"y\":[");
   T_CHECK(shard_reads(head, t, 2, want, nv, "plan 1 shard 2.ranks: 0 entries, its head says 16"));
   free(t);
   free(want);
