@@ -4,6 +4,7 @@
  * Each fault is recorded with the wall time it was injected, for the recovery that answers it
  * (recoveries.c). Cuts are mended and etcd's faults undone when their time or step comes; an
  * etcd fault is a recovery of its own, recorded once training's progress reaches etcd again. */
+#include <dirent.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdatomic.h>
@@ -395,20 +396,6 @@ int inject_fire_slowcpu(run *r, const chaos_event *e, const newt_plan *plan, con
     fprintf(stderr, "%snewt run: chaos: %s (%s runs %d%% of the time: stopped and continued every %d ms)\n",
             live_news(r), what, p->name, e->percent, THROTTLE_PERIOD_US / 1000);
   return 0;
-}
-
-void inject_forget_pid(run *r, pid_t pid) {
-  for (int i = 0; i < r->nthrottles;) {
-    throttle *t = r->throttles[i];
-    if (t->pid != pid) {
-      i++;
-      continue;
-    }
-    atomic_store(&t->stop, 1);
-    if (t->has_thread) pthread_join(t->thread, NULL);
-    free(t);
-    r->throttles[i] = r->throttles[--r->nthrottles];
-  }
 }
 
 void inject_mend_slowcpu(run *r, int64_t step) {

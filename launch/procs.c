@@ -321,10 +321,7 @@ void procs_reap(run *r) {
     proc *p = &r->procs[i];
     if (!p->alive) continue;
     int st;
-    siginfo_t si = {0}; /* its end seen first, unreaped: a throttle on its pid ends while the pid is its own */
-    if (waitid(P_PID, (id_t)p->pid, &si, WEXITED | WNOHANG | WNOWAIT) != 0 || si.si_pid != p->pid) continue;
-    inject_forget_pid(r, p->pid);
-    if (waitpid(p->pid, &st, 0) != p->pid) continue;
+    if (waitpid(p->pid, &st, WNOHANG) != p->pid) continue;
     p->alive = 0;
     p->status = WIFEXITED(st) ? WEXITSTATUS(st) : WIFSIGNALED(st) ? 128 + WTERMSIG(st) : 1;
     char how[64];

@@ -274,9 +274,6 @@ int inject_fire_join(run *r, const chaos_event *e, const newt_plan *plan, const 
 int inject_fire_etcd(run *r, const chaos_event *e, const newt_plan *plan, const char *what);
 int inject_fire_flip(run *r, const chaos_event *e, const newt_plan *plan, const char *what);
 int inject_fire_slowcpu(run *r, const chaos_event *e, const newt_plan *plan, const char *what);
-/* A process that ended (before it is reaped): its throttle, if any, ends at once, so that no
- * signal of it reaches another process given its pid. */
-void inject_forget_pid(run *r, pid_t pid);
 /* The mend functions: the cuts and slow links whose time or step has come mended; an etcd
  * fault undone when its time is up, and recorded once training's progress (or the end
  * marker) reaches etcd again. */
