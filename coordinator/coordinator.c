@@ -438,7 +438,10 @@ static newt_result_t candidacy(coord *c, int *over) {
   rdzv_candidate_resign(c->cand, newt_deadline_in_ms(1000));
   rdzv_candidate_free(c->cand);
   c->cand = NULL;
-  *over = c->failed || newt_stop_requested() || job_ended(c);
+  /* the end this coordinator judged (picture.c, judge_done) ends it even when etcd's records
+     say otherwise now (a progress record written behind the end marker): leading again
+     would end again, an event each time, for as long as they disagree */
+  *over = c->failed || c->done || newt_stop_requested() || job_ended(c);
   return r;
 }
 

@@ -39,10 +39,9 @@
 #include "rendezvous/etcd.h"
 #include "common/sys.h"
 #include "rendezvous/rdzv.h"
+#include "worker/pubq.h"
 #include "worker/reshard.h"
 #include "worker/speed.h"
-
-#define WORKER_PUB_SLOTS 8
 
 typedef struct newt_ctx worker;
 typedef struct worker_pinned worker_pinned;
@@ -168,11 +167,7 @@ struct newt_ctx {
   newt_plan latest;   /* the newest plan seen (generation 0: none) */
   uint64_t gen;       /* the generation we are in, or were last */
   comm_t *comm;       /* the running generation's communicator, for aborts */
-  struct {
-    char key[256];
-    char *value; /* NULL: free slot */
-    int on_lease; /* written on the registration's lease (the one it has when written) */
-  } pub[WORKER_PUB_SLOTS];
+  worker_pubq pub;     /* the newest value of each key the publisher writes (pubq.h) */
   int pub_stop;
   int pub_failing;     /* the publisher's last write failed (etcd away or full) */
   uint64_t pub_warned; /* monotonic ns it last said so */

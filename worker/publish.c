@@ -98,31 +98,34 @@ newt_result_t worker_register(worker *w) {
   }
 }
 
-
 /* --- the publisher ------------------------------------------------------------------------- */
 
-/* Queues a write for the publisher (latest value per key wins). */
-static void publish(worker *w, const char *key, char *value, int on_lease) {
+/* Queues a write for the publisher (latest value per key wins), unless key `unless` (NULL:
+ * none) exists by then. */
+static void publish(worker *w, const char *key, char *value, int on_lease, const char *unless) {
   pthread_mutex_lock(&w->mu);
-  int slot = -1;
-  for (int i = 0; i < WORKER_PUB_SLOTS && slot < 0; i++)
-    if (w->pub[i].value && strcmp(w->pub[i].key, key) == 0) slot = i;
-  for (int i = 0; i < WORKER_PUB_SLOTS && slot < 0; i++)
-    if (!w->pub[i].value) slot = i;
-  if (slot < 0) {
+  if (worker_pubq_put(&w->pub, key, value, on_lease, unless) != 0)
     NEWT_WARN(WORKER, "%s: publisher queue full, dropping %s", w->id, key);
-    free(value);
-  } else {
-    free(w->pub[slot].value);
-    snprintf(w->pub[slot].key, sizeof w->pub[slot].key, "%s", key);
-    w->pub[slot].value = value;
-    w->pub[slot].on_lease = on_lease;
-  }
   pthread_cond_broadcast(&w->cv);
   pthread_mutex_unlock(&w->mu);
 }
 
 static newt_result_t write_registration(worker *w, const char *state, const char *ack, uint64_t gen);
+
+/* Writes a value the publisher took: a put, or, when it names a key that makes it moot, a
+ * transaction that puts it only while that key does not exist (NEWT_OK either way). */
+static newt_result_t write_item(worker *w, const worker_pub_item *it, int64_t lease) {
+  if (!it->unless[0])
+    return rdzv_etcd_put(w->etcd, it->key, it->value, strlen(it->value), lease, job_call_deadline(), NULL);
+  rdzv_etcd_cmp absent = {.key = it->unless, .target = RDZV_CMP_CREATE, .result = RDZV_CMP_EQUAL, .number = 0};
+  rdzv_etcd_op put = {.type = RDZV_OP_PUT, .key = it->key, .value = it->value, .value_len = strlen(it->value),
+                      .lease = lease};
+  rdzv_etcd_txn_result tr;
+  NEWT_CHECK(rdzv_etcd_txn(w->etcd, &absent, 1, &put, 1, NULL, 0, job_call_deadline(), &tr));
+  if (!tr.succeeded) NEWT_DEBUG(WORKER, "%s: %s not written: %s is there", w->id, it->key, it->unless);
+  rdzv_etcd_txn_result_free(&tr);
+  return NEWT_OK;
+}
 
 /* Waits a little before retrying a write (called with mu held). */
 static void retry_pause(worker *w) { worker_wait_cv(w, 100); }
@@ -184,36 +187,32 @@ static void *publisher(void *arg) {
       }
       continue;
     }
-    int found = -1;
-    for (int i = 0; i < WORKER_PUB_SLOTS && found < 0; i++)
-      if (w->pub[i].value) found = i;
-    if (found < 0) {
+    worker_pub_item it;
+    if (!worker_pubq_take(&w->pub, &it)) {
       pthread_cond_wait(&w->cv, &w->mu);
       continue;
     }
-    char key[256];
-    snprintf(key, sizeof key, "%s", w->pub[found].key);
-    char *value = w->pub[found].value;
-    int64_t lease = w->pub[found].on_lease && w->reg ? rdzv_registration_lease(w->reg) : 0;
-    w->pub[found].value = NULL;
+    int64_t lease = it.on_lease && w->reg ? rdzv_registration_lease(w->reg) : 0;
     pthread_mutex_unlock(&w->mu);
-    newt_result_t r = rdzv_etcd_put(w->etcd, key, value, strlen(value), lease, job_call_deadline(), NULL);
+    newt_result_t r = write_item(w, &it, lease);
     pthread_mutex_lock(&w->mu);
-    if (r != NEWT_OK && !w->pub[found].value && !w->pub_stop) {
-      /* etcd away or full: keep it for another try, unless a newer value came meanwhile;
-         say so when it starts and every 30 s, not at every try */
+    if (r != NEWT_OK && !w->pub_stop) {
+      /* etcd away or full: keep it for another try, unless a newer value came meanwhile
+         (which may sit in another slot: the older one must not follow it into etcd); say
+         so when it starts and every 30 s, not at every try */
       uint64_t now = newt_now_ns();
       if (!w->pub_failing || now - w->pub_warned > 30000000000ull) {
-        NEWT_WARN(WORKER, "%s: writing %s: %s (trying again until etcd takes it)", w->id, key, newt_errmsg());
+        NEWT_WARN(WORKER, "%s: writing %s: %s (trying again until etcd takes it)", w->id, it.key, newt_errmsg());
         w->pub_warned = now;
       }
       w->pub_failing = 1;
-      w->pub[found].value = value;
+      if (worker_pubq_retry(&w->pub, &it) < 0)
+        NEWT_WARN(WORKER, "%s: publisher queue full, dropping %s", w->id, it.key);
       retry_pause(w);
     } else {
       if (r == NEWT_OK && w->pub_failing) NEWT_INFO(WORKER, "%s: etcd takes writes again", w->id);
       if (r == NEWT_OK) w->pub_failing = 0;
-      free(value);
+      free(it.value);
     }
   }
   pthread_mutex_unlock(&w->mu);
@@ -225,8 +224,7 @@ int64_t worker_done_wait_ms(void) { return newt_param_DoneWaitMs(); }
 void worker_publisher_flush(worker *w, newt_deadline_t d) {
   while (w->pub_running) {
     pthread_mutex_lock(&w->mu);
-    int pending = w->pub_state[0] != '\0' || (w->pub_ack[0] != '\0' && !w->pub_ack_held);
-    for (int i = 0; i < WORKER_PUB_SLOTS; i++) pending |= w->pub[i].value != NULL;
+    int pending = w->pub_state[0] != '\0' || (w->pub_ack[0] != '\0' && !w->pub_ack_held) || worker_pubq_pending(&w->pub);
     pthread_mutex_unlock(&w->mu);
     if (!pending || newt_deadline_passed(d)) break;
     newt_sleep_ms(5);
@@ -244,7 +242,7 @@ void worker_publisher_stop(worker *w) {
   pthread_mutex_unlock(&w->mu);
   pthread_join(w->pub_thread, NULL);
   w->pub_running = 0;
-  for (int i = 0; i < WORKER_PUB_SLOTS; i++) free(w->pub[i].value);
+  worker_pubq_free(&w->pub);
 }
 
 newt_result_t worker_publisher_start(worker *w) {
@@ -288,7 +286,7 @@ void worker_set_state_async(worker *w, const char *state) {
 static void publish_record(worker *w, job_record rec, uint64_t generation, char *value, int on_lease) {
   char key[256];
   if (value && job_key(key, sizeof key, w->o.job, rec, generation, w->id) == NEWT_OK)
-    publish(w, key, value, on_lease);
+    publish(w, key, value, on_lease, NULL);
   else
     free(value);
 }
@@ -387,7 +385,17 @@ void worker_publish_progress(worker *w, double loss, double tps, int64_t step_to
                      .world = p->nranks, .dp = p->dp, .t_ms = now,
                      .step_tokens = step_tokens};
   worker_speed_summary(&w->speed, now, &pr);
-  publish_record(w, JOB_REC_PROGRESS, 0, job_progress_to_json(&pr), 0);
+  /* progress comes from the lowest rank that reaches etcd (worker.c), so ranks take turns:
+     after an outage another rank's older progress may land after the end marker's
+     transaction wrote the last step's. The end marker stops every later write: the job's
+     progress never goes back behind its end (job_is_done judges the marker by it) */
+  char key[256], done[256];
+  char *value = job_progress_to_json(&pr);
+  if (value && job_key(key, sizeof key, w->o.job, JOB_REC_PROGRESS, 0, NULL) == NEWT_OK &&
+      job_key(done, sizeof done, w->o.job, JOB_REC_DONE, 0, NULL) == NEWT_OK)
+    publish(w, key, value, 0, done);
+  else
+    free(value);
 }
 
 void worker_publish_links(worker *w, const job_links *l) {

@@ -560,7 +560,7 @@ static void check_logs(const char *dir) {
  * leader's recovered events in the event log say them, and the summary counts the samples
  * trained twice (steps_lost x the global batch, summed). A recovery the leader planned
  * says its fault step. */
-static void check_account(const cJSON *summary, const char *logs) {
+static void check_account(const cJSON *summary, const char *logs, int steps) {
   char path[600];
   snprintf(path, sizeof path, "%s/events.jsonl", logs);
   job_event *evs = NULL;
@@ -594,6 +594,17 @@ static void check_account(const cJSON *summary, const char *logs) {
   }
   T_CHECK_MSG(said == repeated, "samples_repeated %lld, the recoveries redid %lld samples", (long long)said,
               (long long)repeated);
+  /* the end, said once by its leader and at the job's last step: an end marker the leader
+     and the store judged apart (a progress record that went back behind the marker) made a
+     coordinator lead, end and lead again, an event each time with the older step */
+  int ndone = 0;
+  for (size_t i = 0; i < nev; i++) {
+    if (evs[i].type != JOB_EV_DONE) continue;
+    ndone++;
+    T_CHECK_MSG(evs[i].step == steps, "the event log's end says step %lld, the job's last is %d",
+                (long long)evs[i].step, steps);
+  }
+  T_CHECK_MSG(ndone == 1, "the event log says the job's end %d times", ndone);
   job_eventlog_free(evs, nev);
 }
 
@@ -805,7 +816,7 @@ static void run_scenario(const scenario *sc, const char *newt) {
       T_CHECK_MSG(gens >= 2, "%lld generations: the leader's plan for the crash is not in the record", (long long)gens);
     }
   }
-  check_account(j, logs);
+  check_account(j, logs, STEPS);
   int i = 0, k = 0;
   for (const cJSON *r = recs ? recs->child : NULL; r && k < nexp; r = r->next, i++, k++) {
     const char *cause = "", *restore = "";

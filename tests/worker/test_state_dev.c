@@ -316,7 +316,7 @@ static int run(ct_world *cw, int rank, model_dev *dev, int scenario, outcome *ou
   if (!fails && scenario == 2) fails += more_generations(&rs, world, rank, dev != model_dev_cpu());
 exit:
   worker_ckpt_free(w);
-  for (int i = 0; i < WORKER_PUB_SLOTS; i++) free(w->pub[i].value);
+  worker_pubq_free(&w->pub);
   worker_state_free(w);
   plan_free(&w->plan);
   worker_mem_release(&w->o.memory);
