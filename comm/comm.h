@@ -159,6 +159,14 @@ newt_result_t comm_shrink(comm_t *c, const int *exclude, int nexclude, uint64_t 
  * nothing, which a build refuses. */
 newt_result_t comm_probe_listeners(const char *const *addrs, int n, int64_t timeout_ms, int *state);
 
+/* How well the links to the listeners at addrs[0..n) carry data, all at once: to each a
+ * connection that sends a link probe of `bytes` (at most COMM_LINK_PROBE_MAX), which a
+ * communicator's or a build's listener reads whole and answers between its operations
+ * (cpu_auth.c), then closes. ms[i]: from the start of the connect to the answer, or -1:
+ * refused, not answered within timeout_ms, or another error. NULL or empty addrs[i]: -1. */
+#define COMM_LINK_PROBE_MAX (8u << 20)
+newt_result_t comm_time_links(const char *const *addrs, int n, size_t bytes, int64_t timeout_ms, double *ms);
+
 /* NCCL: the stream later operations of c are enqueued on (a cudaStream_t; NULL: the
  * communicator's own). They run after the work queued on it before them; operations
  * already issued stay on their stream. CPU: accepted and ignored. */

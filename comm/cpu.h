@@ -149,6 +149,8 @@ typedef struct cpu_link {
 
 /* --- the handshake (cpu_auth.c) ----------------------------------------------------- */
 #define HS_HELLO_LEN 96
+#define HS_PROBE_MAGIC "NEWTPRB1" /* a link probe's header (comm_time_links), not a hello */
+#define HS_PROBE_VERSION 1
 #define HS_CHAL_LEN 88
 #define HS_MAC_LEN 32
 #define HS_NONCE_LEN 32
@@ -178,6 +180,8 @@ typedef enum hs_state {
   HS_S_PROOF,  /* server: reading proof */
   HS_S_RESULT, /* server: sending result */
   HS_S_REJECT, /* server: sending a refusal, then close */
+  HS_S_DRAIN,  /* server: reading a link probe's bytes (comm_time_links) */
+  HS_S_PROBED, /* server: answering a link probe, then close */
   HS_DONE,
   HS_FAILED,
 } hs_state;
@@ -198,6 +202,7 @@ typedef struct hs_conn {
   int retryable; /* client: the refusal may go away (peer not ready, other generation) */
   int conn_err;  /* client: the connect's errno (0: it connected) */
   uint64_t started_ns; /* server: when it was accepted */
+  size_t drain;        /* server: a link probe's bytes still to read */
 } hs_conn;
 
 void hs_client_start(hs_conn *h, const hs_ctx *ctx, int fd, int peer, int kind, const char *remote,

@@ -17,7 +17,14 @@
  * replay); the client's nonce, inside HELLO, does the same for the server's answer. A
  * HELLO of another generation, communicator or rank is refused before any proof. All
  * integers are little-endian. Both sides run as nonblocking state machines driven by
- * poll(), with a deadline, so a silent or slow client never holds anything up. */
+ * poll(), with a deadline, so a silent or slow client never holds anything up.
+ *
+ * A link probe (comm_time_links, cpu_net.c) is no handshake: a 96-byte header "NEWTPRB1",
+ * version, the count of bytes that follow (at most COMM_LINK_PROBE_MAX); the listener reads
+ * them whole, answers "NEWTPRB1" and closes. It proves nothing and changes nothing: its
+ * sender times how fast the link carries data (a worker held out of a plan, to be taken
+ * back only once its link is well: docs/elastic.md). It costs the listener what any bytes
+ * sent to it cost, within the handshake's deadline and the pending connections' bound. */
 #include <errno.h>
 #include <openssl/crypto.h>
 #include <openssl/evp.h>
@@ -188,10 +195,12 @@ short hs_events(const hs_conn *h) {
     case HS_C_PROOF:
     case HS_S_CHAL:
     case HS_S_RESULT:
-    case HS_S_REJECT: return POLLOUT;
+    case HS_S_REJECT:
+    case HS_S_PROBED: return POLLOUT;
     case HS_C_CHAL:
     case HS_C_RESULT:
     case HS_S_HELLO:
+    case HS_S_DRAIN:
     case HS_S_PROOF: return POLLIN;
     default: return 0;
   }
@@ -418,7 +427,7 @@ hs_state hs_step(hs_conn *h, const hs_ctx *ctx) {
       case HS_S_HELLO:
         r = hs_read(h);
         /* reject garbage as soon as the magic is wrong */
-        if (h->in_have >= 8 && memcmp(h->in, "NEWTHLO1", 8) != 0) {
+        if (h->in_have >= 8 && memcmp(h->in, "NEWTHLO1", 8) != 0 && memcmp(h->in, HS_PROBE_MAGIC, 8) != 0) {
           NEWT_WARN(COMM, "%s (rank %d): refused a connection from %s: not a newt handshake (bad magic)",
                     ctx->where, ctx->rank, h->remote);
           return fail(h, 0, "not a newt handshake");
@@ -436,8 +445,33 @@ hs_state hs_step(hs_conn *h, const hs_ctx *ctx) {
           return fail(h, 0, "closed during the handshake");
         }
         if (r == 0) return h->st;
+        if (memcmp(h->in, HS_PROBE_MAGIC, 8) == 0) {
+          uint32_t n = le_get32(h->in + 12);
+          if (le_get32(h->in + 8) != HS_PROBE_VERSION || n > COMM_LINK_PROBE_MAX) return fail(h, 0, "a bad link probe");
+          h->drain = n;
+          h->st = HS_S_DRAIN;
+          break;
+        }
         server_hello(h, ctx);
         break;
+      case HS_S_DRAIN: {
+        uint8_t sink[65536];
+        while (h->drain > 0) {
+          ssize_t n = recv(h->fd, sink, h->drain < sizeof sink ? h->drain : sizeof sink, MSG_DONTWAIT);
+          if (n > 0) h->drain -= (size_t)n;
+          else if (n < 0 && errno == EINTR) continue;
+          else if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return h->st;
+          else return fail(h, 0, "a link probe closed before its bytes");
+        }
+        set_out(h, HS_PROBE_MAGIC, 8);
+        h->st = HS_S_PROBED;
+        break;
+      }
+      case HS_S_PROBED:
+        r = hs_write(h);
+        if (r == 0) return h->st;
+        /* answered (or its sender went): closed as a connection that is no link */
+        return fail(h, 0, "a link probe");
       case HS_S_PROOF:
         r = hs_read(h);
         if (r < 0) {

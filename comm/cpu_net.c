@@ -1,7 +1,7 @@
 /* Sockets for the CPU backend: address parsing ("host:port", "[v6]:port"), listening
  * sockets (retried while the address is still held, e.g. by a communicator of the
  * previous generation being freed), nonblocking connects and socket options, and the
- * probe of peers' listeners (comm_probe_listeners). Every fd is close-on-exec and
+ * probe of peers' listeners (comm_probe_listeners) and of their links (comm_time_links). Every fd is close-on-exec and
  * nonblocking. */
 #include <arpa/inet.h>
 #include <errno.h>
@@ -229,5 +229,104 @@ newt_result_t comm_probe_listeners(const char *const *addrs, int n, int64_t time
   for (int i = 0; i < n; i++)
     if (fds[i].fd >= 0) close(fds[i].fd);
   free(fds);
+  return NEWT_OK;
+}
+
+/* --- the link probe (comm_time_links) -------------------------------------------------- */
+
+/* One probe under way: its socket, what it has sent of header and bytes, the answer read. */
+typedef struct link_probe {
+  int fd;
+  int connected;
+  size_t sent;   /* of HS_HELLO_LEN + bytes */
+  size_t got;    /* of the 8-byte answer */
+  uint8_t ans[8];
+} link_probe;
+
+/* Advances probe p after poll said its socket is ready: 1 answered, 0 not yet, -1 failed. */
+static int link_probe_step(link_probe *p, const uint8_t *head, size_t bytes) {
+  static const uint8_t zeros[65536];
+  if (!p->connected) {
+    if (connect_outcome(p->fd) != 1) return -1;
+    p->connected = 1;
+  }
+  size_t total = HS_HELLO_LEN + bytes;
+  while (p->sent < total) {
+    const uint8_t *from = p->sent < HS_HELLO_LEN ? head + p->sent : zeros;
+    size_t len = p->sent < HS_HELLO_LEN ? HS_HELLO_LEN - p->sent : total - p->sent;
+    if (len > sizeof zeros) len = sizeof zeros;
+    ssize_t n = send(p->fd, from, len, MSG_NOSIGNAL | MSG_DONTWAIT);
+    if (n > 0) p->sent += (size_t)n;
+    else if (n < 0 && errno == EINTR) continue;
+    else if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return 0;
+    else return -1;
+  }
+  while (p->got < sizeof p->ans) {
+    ssize_t n = recv(p->fd, p->ans + p->got, sizeof p->ans - p->got, MSG_DONTWAIT);
+    if (n > 0) p->got += (size_t)n;
+    else if (n < 0 && errno == EINTR) continue;
+    else if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return 0;
+    else return -1;
+  }
+  return memcmp(p->ans, HS_PROBE_MAGIC, 8) == 0 ? 1 : -1;
+}
+
+newt_result_t comm_time_links(const char *const *addrs, int n, size_t bytes, int64_t timeout_ms, double *ms) {
+  if (n < 0 || (n > 0 && (!addrs || !ms)) || bytes > COMM_LINK_PROBE_MAX)
+    return NEWT_ERR(NEWT_ERR_INVALID, "comm_time_links: %d addresses of %zu bytes (at most %u), addrs and ms are required",
+                    n, bytes, COMM_LINK_PROBE_MAX);
+  uint8_t head[HS_HELLO_LEN];
+  memset(head, 0, sizeof head);
+  memcpy(head, HS_PROBE_MAGIC, 8);
+  le_put32(head + 8, HS_PROBE_VERSION);
+  le_put32(head + 12, (uint32_t)bytes);
+  struct pollfd *fds = calloc((size_t)(n ? n : 1), sizeof *fds);
+  link_probe *pr = calloc((size_t)(n ? n : 1), sizeof *pr);
+  if (!fds || !pr) {
+    free(fds);
+    free(pr);
+    return NEWT_ERR(NEWT_ERR_NOMEM, "comm_time_links: out of memory");
+  }
+  uint64_t t0 = newt_now_ns();
+  int pending = 0;
+  for (int i = 0; i < n; i++) {
+    ms[i] = -1;
+    fds[i].fd = -1;
+    struct sockaddr_storage ss;
+    socklen_t len;
+    int err = 0;
+    if (!addrs[i] || !addrs[i][0] || net_resolve(addrs[i], &ss, &len) != NEWT_OK ||
+        net_connect_start(&ss, len, &fds[i].fd, &err) != NEWT_OK) {
+      newt_err_clear();
+      fds[i].fd = -1;
+      continue;
+    }
+    pr[i].fd = fds[i].fd;
+    fds[i].events = POLLOUT;
+    pending++;
+  }
+  newt_deadline_t d = newt_deadline_in_ms(timeout_ms);
+  for (int last = 0; pending > 0 && !last;) {
+    int64_t left = newt_deadline_left_ms(d);
+    last = left <= 0;
+    int rc = poll(fds, (nfds_t)n, (int)(left > 0 ? left : 0));
+    if (rc < 0 && errno != EINTR) break;
+    for (int i = 0; rc > 0 && i < n; i++) {
+      if (fds[i].fd < 0 || !fds[i].revents) continue;
+      int st = link_probe_step(&pr[i], head, bytes);
+      if (st == 0) {
+        fds[i].events = pr[i].sent < HS_HELLO_LEN + bytes ? POLLOUT : POLLIN;
+        continue;
+      }
+      if (st == 1) ms[i] = (double)(newt_now_ns() - t0) / 1e6;
+      close(fds[i].fd);
+      fds[i].fd = -1;
+      pending--;
+    }
+  }
+  for (int i = 0; i < n; i++)
+    if (fds[i].fd >= 0) close(fds[i].fd);
+  free(fds);
+  free(pr);
   return NEWT_OK;
 }

@@ -426,6 +426,9 @@ static newt_result_t candidacy(coord *c, int *over) {
   }
   if (r != NEWT_OK) return r;
   newt_result_t w = stand_by(c);
+  /* leading a job that has ended (the leader before resigned at its end) would only say
+     its end again */
+  if (w == NEWT_OK && job_ended(c)) w = NEWT_ERR_TIMEOUT;
   if (w == NEWT_OK) {
     newt_result_t l = lead(c);
     if (l != NEWT_OK && fatal(l)) r = l;

@@ -62,8 +62,9 @@ void coord_held_registered_locked(coord *c, const char *id) {
 }
 
 /* One held out since an earlier generation is let back at once when all of a
- * later plan's ranks answered (the cut that kept it out healed), and kept out past its
- * hold-out while they do not (coord_held_refresh_locked). */
+ * later plan's ranks answered and its links to them are well (the cut that kept it out
+ * healed, the link that crawled carries data again), and kept out past its hold-out while
+ * not (coord_held_refresh_locked). */
 void coord_put_links(coord *c, const char *id, const job_links *l) {
   uint64_t now = newt_now_ns();
   for (int i = 0; i < c->nheld; i++) {
@@ -75,13 +76,13 @@ void coord_put_links(coord *c, const char *id, const job_links *l) {
       continue;
     }
     h->links_gen = l->generation;
-    h->links_ok = l->answered == l->ranks;
+    h->links_ok = l->answered == l->ranks && l->slow == 0; /* reached, and its data goes through */
     h->saw_cut |= !h->links_ok;
     if (!h->links_ok || !was_held || (h->build && !h->saw_cut)) continue;
     h->until = now;
     h->said_kept = 0;
-    NEWT_INFO(COORD, "%s: %s reaches every rank of generation %lld again: its hold-out ends", c->id, id,
-              (long long)l->generation);
+    NEWT_INFO(COORD, "%s: %s reaches every rank of generation %lld again, its links well: its hold-out ends", c->id,
+              id, (long long)l->generation);
   }
 }
 
@@ -96,8 +97,9 @@ void coord_held_refresh_locked(coord *c) {
     int cut = h->links_gen > 0 && !h->links_ok;
     if (h->until <= now && cut && !h->said_kept) {
       h->said_kept = 1;
-      NEWT_INFO(COORD, "%s: the hold-out of %s ran out, but it does not reach every rank of generation %lld: kept "
-                "out until it does", c->id, h->id, (long long)h->links_gen);
+      NEWT_INFO(COORD, "%s: the hold-out of %s ran out, but it does not reach every rank of generation %lld, or its "
+                "links to them are not well (links/%s): kept out until they are", c->id, h->id, (long long)h->links_gen,
+                h->id);
     }
     if (h->until <= now && !cut) h->said_kept = 0;
     if (h->until > now || cut) snprintf(c->held_ids[c->nheld_ids++], RDZV_NAME_MAX, "%s", h->id);

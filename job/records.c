@@ -517,12 +517,15 @@ RECORD_CODEC(job_fault, fault_table)
 
 /* --- links ----------------------------------------------------------------------------------- */
 
+#define LINKS_SLOW_MAX 1024
+
 static const codec_field links_fields[] = {
     {CODEC_INT(job_links, generation, "generation", 1, INT64_MAX), CODEC_REQUIRED},
     {CODEC_INT(job_links, answered, "answered", 0, INT64_MAX), CODEC_MAX_OF(job_links, ranks), CODEC_REQUIRED},
     {CODEC_INT(job_links, ranks, "ranks", 1, 1 << 20), CODEC_REQUIRED},
     {CODEC_MS(job_links, t_ms, "t_ms"), CODEC_REQUIRED},
     {CODEC_TOKEN(job_links, mac, "mac"), CODEC_OMIT},
+    {CODEC_INT(job_links, slow, "slow", 0, LINKS_SLOW_MAX), CODEC_OMIT},
 };
 static const codec_table links_table = CODEC_TABLE(job_links, "links", links_fields);
 RECORD_CODEC(job_links, links_table)

@@ -461,6 +461,8 @@ typedef struct job_links {
   int64_t ranks;      /* of how many (its own rank, if any, not probed, counts as answered) */
   uint64_t t_ms;      /* wall ms of the probe */
   char mac[JOB_MAC_MAX]; /* its writer's proof (job_links_seal; "": none) */
+  int64_t slow;       /* of the ranks it timed, how many its link was not well to (0: well,
+                         or not timed: the previous release's records) */
 } job_links;
 
 char *job_links_to_json(const job_links *l);

@@ -376,10 +376,11 @@ static const chaos_kind chaos_kinds[] = {
    parse_cut,       print_cut,     N_NET | N_PLAN,  inject_fire_cut,    inject_mend_cuts, CHAOS_ANSWER_NONE},
   {"cut-etcd", CHAOS_CUT_ETCD, H, "host:I[:MS | :until=S]",                   4, "a host target needs --hosts H",
    parse_cut,       print_cut,     N_NET | N_HOSTS, inject_fire_cut,    inject_mend_cuts, CHAOS_ANSWER_NONE},
+  /* a slow link may stall its ranks past the hang deadline (a hang), or not (no recovery) */
   {"slow",     CHAOS_SLOW,     W, "(worker:I | rank:R):KBIT[:MS | :until=S]", 5, NULL,
-   parse_cut,       print_cut,     N_NET | N_PLAN,  inject_fire_cut,    inject_mend_cuts, CHAOS_ANSWER_NONE},
+   parse_cut,       print_cut,     N_NET | N_PLAN,  inject_fire_cut,    inject_mend_cuts, CHAOS_ANSWER_CRASH},
   {"slow",     CHAOS_SLOW,     H, "host:I:KBIT[:MS | :until=S]",              5, "a host target needs --hosts H",
-   parse_cut,       print_cut,     N_NET | N_HOSTS, inject_fire_cut,    inject_mend_cuts, CHAOS_ANSWER_NONE},
+   parse_cut,       print_cut,     N_NET | N_HOSTS, inject_fire_cut,    inject_mend_cuts, CHAOS_ANSWER_CRASH},
   /* etcd (the private one) */
   {"kill",     CHAOS_KILL,     E, "etcd:I[:MS]",                              4, NULL,
    parse_signal,    print_etcd,    N_ETCD,          inject_fire_etcd,   inject_etcd_tick, CHAOS_ANSWER_ETCD},

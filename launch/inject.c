@@ -128,8 +128,8 @@ int inject_fire_cut(run *r, const chaos_event *e, const newt_plan *plan, const c
     ranks += !plan || plan_find(plan, p->name) != NULL;
   }
   fault *f = add_fault(r, e, what);
-  if (f && ranks == 0) f->matched = 1; /* no rank lost: no recovery is to answer it (nor ever one a slow link or a
-                                          cut from etcd: their rows say so) */
+  if (f && ranks == 0) f->matched = 1; /* no rank lost: no recovery is to answer it (nor ever one a cut from etcd:
+                                          its row says so; a slow link, only when it stalls its ranks) */
   if (e->arg || e->until_step) {
     cut *c = realloc(r->cuts, (size_t)(r->ncuts + 1) * sizeof *c);
     if (c) {
@@ -149,8 +149,8 @@ int inject_fire_cut(run *r, const chaos_event *e, const newt_plan *plan, const c
   return 0;
 }
 
-/* A data-plane cut mended: the workers it left out (alive, no rank of the plan in force)
- * come back as joiners, so the mend is a fault their joins answer (join_answers), as a
+/* A data-plane cut or slow link mended: the workers it left out (alive, no rank of the plan
+ * in force) come back as joiners, so the mend is a fault their joins answer (join_answers), as a
  * woken worker's cont is. */
 static void note_mend(run *r, const cut *c) {
   newt_plan buf, *plan = follow_plan(r, &buf);
@@ -188,7 +188,7 @@ void inject_mend_cuts(run *r, int64_t step) {
       fprintf(stderr, "%snewt run: chaos %s: cannot mend it: %s\n", live_news(r), c->what, newt_errmsg());
     } else {
       if (!r->o->quiet) fprintf(stderr, "%snewt run: chaos: %s mended\n", live_news(r), c->what);
-      if (!c->slow && c->link == NETNS_PEERS) note_mend(r, c);
+      if (c->slow || c->link == NETNS_PEERS) note_mend(r, c); /* a slow link may have left its workers out too */
     }
     r->cuts[i] = r->cuts[--r->ncuts];
   }

@@ -421,10 +421,13 @@ newt_result_t worker_probe_ranks(worker *w, int64_t ms, int *state);
  * on its lease, once for each plan and again when that changes: the leader lets it back at
  * once when all did, and keeps it out while they do not. Called from the wait for a plan;
  * lp starts zeroed. */
+#define LINKS_TIMED 8 /* the ranks of a plan whose links a worker left out times */
 typedef struct links_proof {
   uint64_t gen;     /* the plan it last said something of */
-  int ok;           /* whether all that plan's ranks answered */
+  int ok;           /* whether all that plan's ranks answered, and its links to them are well */
   uint64_t next_ms; /* wall ms of the next try */
+  uint64_t timed_gen;          /* the plan the streaks are of */
+  int well[LINKS_TIMED];       /* rounds in a row each timed rank's link was well */
 } links_proof;
 void worker_prove_links(worker *w, links_proof *lp);
 /* A crash report's second look. A host's workers die together, and the first probe may come

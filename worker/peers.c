@@ -46,6 +46,11 @@
 NEWT_PARAM(PeerRecovery, "NEWT_PEER_RECOVERY", 1)
 NEWT_PARAM(PeerEtcdMs, "NEWT_PEER_ETCD_MS", 100)
 NEWT_PARAM(PeerProbeMs, "NEWT_PEER_PROBE_MS", 200)
+/* A link is well when it carries NEWT_LINK_PROBE_BYTES (spread over the ranks timed) within
+ * NEWT_LINK_PROBE_MS, NEWT_LINK_WELL_ROUNDS probes in a row (0 bytes: not timed) */
+NEWT_PARAM(LinkProbeBytes, "NEWT_LINK_PROBE_BYTES", 1048576)
+NEWT_PARAM(LinkProbeMs, "NEWT_LINK_PROBE_MS", 1000)
+NEWT_PARAM(LinkWellRounds, "NEWT_LINK_WELL_ROUNDS", 3)
 
 newt_result_t worker_generation_key(const worker *w, const newt_plan *p, unsigned char *key, size_t *len) {
   if (w->job_secret) { /* the plan's secret is only a salt: the key is the job secret's */
@@ -182,6 +187,51 @@ int64_t worker_recheck(worker *w) {
 
 /* --- a worker left out proves its links --------------------------------------------------- */
 
+/* Times the links to up to LINKS_TIMED ranks of p spread over it (each gets its part of
+ * NEWT_LINK_PROBE_BYTES, all at once: comm_time_links) and keeps each one's streak of well
+ * rounds (its part came through within NEWT_LINK_PROBE_MS). Returns how many were not well
+ * this round (slower, or no answer); *pending, how many were but not yet
+ * NEWT_LINK_WELL_ROUNDS rounds in a row; *worst, this round's slowest time (ms; -1: one did
+ * not answer), to worker `at`. */
+static int time_links(worker *w, links_proof *lp, const newt_plan *p, int *pending, double *worst, char *at,
+                      size_t cap) {
+  *pending = 0;
+  *worst = 0;
+  at[0] = '\0';
+  int64_t bytes = newt_param_LinkProbeBytes();
+  if (bytes <= 0) return 0;
+  if (lp->timed_gen != p->generation) {
+    memset(lp->well, 0, sizeof lp->well);
+    lp->timed_gen = p->generation;
+  }
+  int n = p->nranks < LINKS_TIMED ? p->nranks : LINKS_TIMED, idx[LINKS_TIMED];
+  const char *addrs[LINKS_TIMED];
+  double ms[LINKS_TIMED];
+  for (int k = 0; k < n; k++) {
+    idx[k] = (int)((int64_t)k * p->nranks / n);
+    addrs[k] = strcmp(p->ranks[idx[k]].worker, w->id) == 0 ? NULL : p->ranks[idx[k]].addr;
+  }
+  size_t each = (size_t)bytes / (size_t)n;
+  if (each > COMM_LINK_PROBE_MAX) each = COMM_LINK_PROBE_MAX;
+  if (comm_time_links(addrs, n, each, newt_param_LinkProbeMs(), ms) != NEWT_OK) {
+    newt_err_clear();
+    return 0; /* nothing learnt (no memory): the next round */
+  }
+  int slow = 0;
+  for (int k = 0; k < n; k++) {
+    if (!addrs[k]) continue;
+    int well = ms[k] >= 0 && ms[k] <= (double)newt_param_LinkProbeMs();
+    lp->well[k] = well ? lp->well[k] + 1 : 0;
+    slow += !well;
+    *pending += well && lp->well[k] < newt_param_LinkWellRounds();
+    if (*worst >= 0 && (ms[k] < 0 || ms[k] > *worst)) {
+      *worst = ms[k];
+      snprintf(at, cap, "%s", p->ranks[idx[k]].worker);
+    }
+  }
+  return slow;
+}
+
 void worker_prove_links(worker *w, links_proof *lp) {
   uint64_t now = newt_wall_ms();
   if (now < lp->next_ms) return;
@@ -200,13 +250,33 @@ void worker_prove_links(worker *w, links_proof *lp) {
   if (state && probe_plan(w, &p, newt_param_PeerProbeMs(), state) == NEWT_OK)
     for (int k = 0; k < p.nranks; k++) answered += state[k] >= 0 || strcmp(p.ranks[k].worker, w->id) == 0;
   free(state);
-  int ok = answered == p.nranks;
+  /* answering is not enough: a link that drops or crawls answers a connect and stalls the
+     job again once a plan takes it back (a flapping worker); its data must go through, round
+     after round */
+  double worst = 0;
+  char at[NEWT_ID_MAX] = "";
+  int pending = 0, slow = answered == p.nranks ? time_links(w, lp, &p, &pending, &worst, at, sizeof at) : 0;
+  int ok = answered == p.nranks && slow == 0;
+  /* well so far, not yet for long enough: nothing to say (a worker held out for a failed
+     build that says "not well" and then "well" would look like a cut that healed) */
+  if (ok && pending) {
+    plan_free(&p);
+    return;
+  }
   if (p.generation != lp->gen || ok != lp->ok) { /* news: once a plan, and when it changes */
-    job_links l = {.generation = (int64_t)p.generation, .answered = answered, .ranks = p.nranks, .t_ms = newt_wall_ms()};
+    job_links l = {.generation = (int64_t)p.generation, .answered = answered, .ranks = p.nranks, .t_ms = newt_wall_ms(),
+                   .slow = slow};
     worker_publish_links(w, &l);
     if (ok)
-      NEWT_INFO(WORKER, "%s: left out of generation %llu, and every one of its ranks answers on the data plane: said so",
-                w->id, (unsigned long long)p.generation);
+      NEWT_INFO(WORKER, "%s: left out of generation %llu, and every one of its ranks answers on the data plane, its "
+                "links well: said so", w->id, (unsigned long long)p.generation);
+    else if (slow)
+      NEWT_INFO(WORKER, "%s: left out of generation %llu; its ranks answer, but its links to %d of them are not well "
+                "(the slowest, to %s: its part of %lld bytes took %s%.0f ms; well: within %lld ms, %lld probes in a "
+                "row): said so; trying again every %lld ms", w->id, (unsigned long long)p.generation, slow, at,
+                (long long)newt_param_LinkProbeBytes(), worst < 0 ? "more than " : "",
+                worst < 0 ? (double)newt_param_LinkProbeMs() : worst, (long long)newt_param_LinkProbeMs(),
+                (long long)newt_param_LinkWellRounds(), (long long)newt_param_PeerProbeMs());
     else
       NEWT_INFO(WORKER, "%s: left out of generation %llu, and %d of its %d ranks do not answer on the data plane (a cut "
                 "link?): said so; trying again every %lld ms", w->id, (unsigned long long)p.generation,

@@ -294,8 +294,68 @@ static void test_flood(void) {
   ct_world_free(&w);
 }
 
+/* The link probe (comm_time_links): a communicator's listener, busy with allreduces, reads a
+ * probe's bytes whole and answers it; nothing listening, no answer; a probe that announces
+ * more than COMM_LINK_PROBE_MAX is closed unanswered; none of it is logged as a refusal, and
+ * the ranks' operations go on untouched. */
+static void test_link_probe(void) {
+  ct_world w;
+  ct_world_init(&w, 2, CT_TCP, "linkprobe");
+  snprintf(logdir, sizeof logdir, "/tmp/newt-test-linkprobe-%d", (int)getpid());
+  newt_fs_mkdirs(logdir, 0700);
+  w.timeout_ms = 30000;
+  ct_spawn(&w, auth_rank, NULL);
+  newt_deadline_t d = newt_deadline_in_ms(30000);
+  while (atomic_load(&w.sh->ready) < 2 && !newt_deadline_passed(d)) newt_sleep_ms(2);
+  T_CHECK_MSG(atomic_load(&w.sh->ready) == 2, "the ranks did not build their communicator");
+  /* a port nothing listens on: one bound and closed */
+  ct_world gone;
+  ct_world_init(&gone, 1, CT_TCP, "gone");
+  close(gone.lfd[0]);
+  gone.lfd[0] = -1;
+  const char *addrs[4] = {w.addrs[0], w.addrs[1], gone.addrs[0], ""};
+  double ms[4];
+  for (int round = 0; round < 3; round++) {
+    T_OK(comm_time_links(addrs, 4, 1u << 20, 10000, ms));
+    T_CHECK_MSG(ms[0] >= 0 && ms[1] >= 0, "round %d: 1 MiB to the ranks: %.1f and %.1f ms", round, ms[0], ms[1]);
+    T_CHECK_MSG(ms[2] < 0 && ms[3] < 0, "round %d: nothing listens, yet %.1f ms; no address, %.1f ms", round, ms[2],
+                ms[3]);
+  }
+  T_CHECK(comm_time_links(addrs, 1, COMM_LINK_PROBE_MAX + 1u, 1000, ms) == NEWT_ERR_INVALID);
+  /* a header announcing too much: closed without an answer */
+  int fd = raw_connect(w.addrs[0]);
+  uint8_t head[HS_HELLO_LEN] = {0};
+  memcpy(head, HS_PROBE_MAGIC, 8);
+  le_put32(head + 8, HS_PROBE_VERSION);
+  le_put32(head + 12, COMM_LINK_PROBE_MAX + 1u);
+  T_CHECK(fd >= 0 && send(fd, head, sizeof head, MSG_NOSIGNAL) == (ssize_t)sizeof head);
+  if (fd >= 0) {
+    struct timeval tv = {.tv_sec = 10};
+    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+    char b[8];
+    ssize_t r = recv(fd, b, sizeof b, 0);
+    T_CHECK_MSG(r == 0 || (r < 0 && errno == ECONNRESET), "a probe of too many bytes: recv %zd", r);
+    close(fd);
+  }
+  atomic_store(&w.sh->go, 1);
+  T_CHECK(ct_wait(&w, 30000, NULL) == 0);
+  for (int r = 0; r < 2; r++) {
+    char path[300], *text = NULL;
+    size_t len;
+    snprintf(path, sizeof path, "%s/rank%d.log", logdir, r);
+    T_OK(newt_fs_read_all(path, 1 << 22, &text, &len));
+    T_CHECK_MSG(text && !strstr(text, "refused a connection"), "rank %d logged a probe as a refusal:\n%s", r,
+                text ? text : "");
+    free(text);
+  }
+  newt_fs_rm_rf(logdir);
+  ct_world_free(&gone);
+  ct_world_free(&w);
+}
+
 int main(void) {
   T_RUN(test_rogues);
   T_RUN(test_flood);
+  T_RUN(test_link_probe);
   return T_DONE();
 }

@@ -77,6 +77,8 @@ typedef struct scenario {
   double tol;            /* its final loss's tolerance, relative (0: 1e-4) */
   int world;             /* the ranks after the last recovery (0: not checked): every survivor
                             trains where the spec lets it */
+  int gens;              /* the generations of the whole job, exactly (0: bounded by the
+                            recoveries only) */
 } scenario;
 
 /* The workers are a program of one's own (not newt's trainer). */
@@ -198,6 +200,15 @@ static const scenario scenarios[] = {
        times as long, and no rank takes that for a hang or a deadlock -- no recovery */
     {.name = "netns_slow", .steps = 60, .nproc = 4, .chaos = "slow:host:1:20000:until=25@step=10", .causes = {NULL},
      .extra = {"--netns", "--hosts", "2", NULL}},
+    /* a link too slow to train over (issue 41): host 1's shaped to 2 Mbit/s from step 10 to
+       step 40. Its worker's steps stall; the others take it for a hang and go on without it;
+       fenced, it registers again and times its links to their ranks, which stay too slow
+       (1 MiB takes seconds) until the shaping ends; then it is taken back. One plan out, one
+       back: no generation of the job takes it while its link is slow (the test fails with
+       NEWT_LINK_PROBE_BYTES=0, the links only probed for an answer: taken back at once, it
+       stalls the job again) */
+    {.name = "netns_slow_link", .steps = 600, .nproc = 4, .chaos = "slow:host:1:2000:until=40@step=10",
+     .causes = {"hang|crash", "join"}, .extra = {"--netns", "--hosts", "4", NULL}, .world = 4, .gens = 3},
     /* k = 2 (spec.fault.replicas): six ZeRO 3 ranks on three hosts lose two hosts at once;
        each rank kept its two predecessors' shards, the ring ordered so that any three
        neighbours are on three hosts, so the two survivors hold all six shards */
@@ -594,9 +605,11 @@ static void check_account(const cJSON *summary, const char *logs, int steps) {
   }
   T_CHECK_MSG(said == repeated, "samples_repeated %lld, the recoveries redid %lld samples", (long long)said,
               (long long)repeated);
-  /* the end, said once by its leader and at the job's last step: an end marker the leader
-     and the store judged apart (a progress record that went back behind the marker) made a
-     coordinator lead, end and lead again, an event each time with the older step */
+  /* the end, at the job's last step, and said at most once by each of newt run's two
+     coordinators (none when etcd lost every key, the coordinators with it): an end marker
+     the leader and the store judged apart (a progress record that went back behind the
+     marker) made a coordinator lead, end and lead again, hundreds of events with the older
+     step */
   int ndone = 0;
   for (size_t i = 0; i < nev; i++) {
     if (evs[i].type != JOB_EV_DONE) continue;
@@ -604,7 +617,7 @@ static void check_account(const cJSON *summary, const char *logs, int steps) {
     T_CHECK_MSG(evs[i].step == steps, "the event log's end says step %lld, the job's last is %d",
                 (long long)evs[i].step, steps);
   }
-  T_CHECK_MSG(ndone == 1, "the event log says the job's end %d times", ndone);
+  T_CHECK_MSG(ndone <= 2, "the event log says the job's end %d times", ndone);
   job_eventlog_free(evs, nev);
 }
 
@@ -768,6 +781,7 @@ static void run_scenario(const scenario *sc, const char *newt) {
   }
   if (strstr(sc->chaos, "wipe:etcd")) nplans_max++; /* the plan an emptied etcd forgot */
   newt_json_get_int(j, "summary", "generations", 1, &gens);
+  T_CHECK_MSG(!sc->gens || gens == sc->gens, "%lld generations, expected %d:\n%s", (long long)gens, sc->gens, text);
   T_CHECK_MSG(gens >= 1 + nplans && gens <= 2 * (nplans_max + 1), "%lld generations for %d to %d recoveries that replan",
               (long long)gens, nplans, nplans_max);
   int nrec = cJSON_GetArraySize(recs);

@@ -167,6 +167,15 @@ static void test_links(void) {
                 "links.ranks");
   EXPECT_REJECT(job_links_from_json, job_links, "{\"generation\":3,\"answered\":1,\"ranks\":1}", "links.t_ms");
   EXPECT_REJECT(job_links_from_json, job_links, "[1]", "links");
+  /* how many of its links are not well yet: written only when some are, read as 0 when absent */
+  l.slow = 2;
+  text = job_links_to_json(&l);
+  T_CHECK(text && strstr(text, "\"slow\":2"));
+  T_OK(job_links_from_json(text, strlen(text), &lb));
+  T_CHECK(lb.slow == 2);
+  free(text);
+  EXPECT_REJECT(job_links_from_json, job_links, "{\"generation\":3,\"answered\":1,\"ranks\":1,\"t_ms\":1,\"slow\":-1}",
+                "links.slow");
 }
 
 static void test_progress_done_ckpt(void) {
@@ -519,6 +528,8 @@ static void test_proofs(void) {
   T_OK(job_links_seal(&a, "/newt/job1/links/w4", &l));
   T_OK(job_links_check(&a, "/newt/job1/links/w4", &l));
   T_ERR(NEWT_ERR_AUTH, job_links_check(&a, "/newt/job1/links/w5", &l));
+  l.slow = 1; /* a link said well that was not: the proof no longer holds */
+  T_ERR(NEWT_ERR_AUTH, job_links_check(&a, "/newt/job1/links/w4", &l));
   /* the end marker: plausible, proved, and not beyond the job's progress */
   newt_spec spec;
   spec_defaults(&spec, "job1");
