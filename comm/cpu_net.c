@@ -185,34 +185,34 @@ static int connect_outcome(int fd) {
   return err == 0 ? 1 : err == ECONNREFUSED ? 0 : -1;
 }
 
-newt_result_t comm_probe_listeners(const char *const *addrs, int n, int64_t timeout_ms, int *state) {
-  if (n < 0 || (n > 0 && (!addrs || !state)))
-    return NEWT_ERR(NEWT_ERR_INVALID, "comm_probe_listeners: %d addresses, addrs and state are required", n);
+/* One connection to each of addrs[0..n), all at once, driven until each is done or the
+ * deadline passed: ready(ud, i, fd, &events) after poll said fd is ready returns 1 when it is
+ * done with it (it is closed), 0 to be polled again for *events; refused(ud, i, err) for one
+ * that could not start (err: the connect's errno, 0: no address). Polled at least once, also
+ * past the deadline: a prober that lost the CPU for longer still sees the connections the
+ * kernels made meanwhile. */
+typedef int (*conn_ready_fn)(void *ud, int i, int fd, short *events);
+static newt_result_t connect_all(const char *const *addrs, int n, int64_t timeout_ms, conn_ready_fn ready,
+                                 void (*refused)(void *ud, int i, int err), void *ud) {
   struct pollfd *fds = calloc((size_t)(n ? n : 1), sizeof *fds);
   NEWT_CHECK_ALLOC(fds);
   int pending = 0;
   for (int i = 0; i < n; i++) {
-    state[i] = -1;
     fds[i].fd = -1;
     struct sockaddr_storage ss;
     socklen_t len;
     int err = 0;
-    if (!addrs[i] || !addrs[i][0] || net_resolve(addrs[i], &ss, &len) != NEWT_OK) {
-      newt_err_clear();
-      continue;
-    }
-    if (net_connect_start(&ss, len, &fds[i].fd, &err) != NEWT_OK) {
+    if (!addrs[i] || !addrs[i][0] || net_resolve(addrs[i], &ss, &len) != NEWT_OK ||
+        net_connect_start(&ss, len, &fds[i].fd, &err) != NEWT_OK) {
       newt_err_clear();
       fds[i].fd = -1;
-      state[i] = err == ECONNREFUSED ? 0 : -1;
+      refused(ud, i, err);
       continue;
     }
     fds[i].events = POLLOUT;
     pending++;
   }
   newt_deadline_t d = newt_deadline_in_ms(timeout_ms);
-  /* polled at least once, also past the deadline: a prober that lost the CPU for longer
-     still sees the connections the kernels made meanwhile */
   for (int last = 0; pending > 0 && !last;) {
     int64_t left = newt_deadline_left_ms(d);
     last = left <= 0;
@@ -220,7 +220,7 @@ newt_result_t comm_probe_listeners(const char *const *addrs, int n, int64_t time
     if (rc < 0 && errno != EINTR) break;
     for (int i = 0; rc > 0 && i < n; i++) {
       if (fds[i].fd < 0 || !fds[i].revents) continue;
-      state[i] = connect_outcome(fds[i].fd);
+      if (!ready(ud, i, fds[i].fd, &fds[i].events)) continue;
       close(fds[i].fd);
       fds[i].fd = -1;
       pending--;
@@ -232,43 +232,71 @@ newt_result_t comm_probe_listeners(const char *const *addrs, int n, int64_t time
   return NEWT_OK;
 }
 
+static int listener_ready(void *ud, int i, int fd, short *events) {
+  (void)events;
+  ((int *)ud)[i] = connect_outcome(fd);
+  return 1;
+}
+
+static void listener_refused(void *ud, int i, int err) { ((int *)ud)[i] = err == ECONNREFUSED ? 0 : -1; }
+
+newt_result_t comm_probe_listeners(const char *const *addrs, int n, int64_t timeout_ms, int *state) {
+  if (n < 0 || (n > 0 && (!addrs || !state)))
+    return NEWT_ERR(NEWT_ERR_INVALID, "comm_probe_listeners: %d addresses, addrs and state are required", n);
+  for (int i = 0; i < n; i++) state[i] = -1;
+  return connect_all(addrs, n, timeout_ms, listener_ready, listener_refused, state);
+}
+
 /* --- the link probe (comm_time_links) -------------------------------------------------- */
 
-/* One probe under way: its socket, what it has sent of header and bytes, the answer read. */
-typedef struct link_probe {
-  int fd;
-  int connected;
-  size_t sent;   /* of HS_HELLO_LEN + bytes */
-  size_t got;    /* of the 8-byte answer */
-  uint8_t ans[8];
-} link_probe;
+/* The probes under way: each one's progress (what it has sent of header and bytes, what it
+ * has read of the 8-byte answer), and each one's time. */
+typedef struct link_probes {
+  const uint8_t *head;
+  size_t bytes;
+  uint64_t t0;
+  double *ms;
+  struct link_probe {
+    int connected;
+    size_t sent, got;
+    uint8_t ans[8];
+  } *p;
+} link_probes;
 
-/* Advances probe p after poll said its socket is ready: 1 answered, 0 not yet, -1 failed. */
-static int link_probe_step(link_probe *p, const uint8_t *head, size_t bytes) {
+/* Advances probe i after poll said its socket is ready: 1 done (answered: its time noted;
+ * or failed), 0 not yet. */
+static int link_probe_ready(void *ud, int i, int fd, short *events) {
   static const uint8_t zeros[65536];
+  link_probes *lp = ud;
+  struct link_probe *p = &lp->p[i];
   if (!p->connected) {
-    if (connect_outcome(p->fd) != 1) return -1;
+    if (connect_outcome(fd) != 1) return 1;
     p->connected = 1;
   }
-  size_t total = HS_HELLO_LEN + bytes;
+  size_t total = HS_HELLO_LEN + lp->bytes;
   while (p->sent < total) {
-    const uint8_t *from = p->sent < HS_HELLO_LEN ? head + p->sent : zeros;
+    const uint8_t *from = p->sent < HS_HELLO_LEN ? lp->head + p->sent : zeros;
     size_t len = p->sent < HS_HELLO_LEN ? HS_HELLO_LEN - p->sent : total - p->sent;
     if (len > sizeof zeros) len = sizeof zeros;
-    ssize_t n = send(p->fd, from, len, MSG_NOSIGNAL | MSG_DONTWAIT);
+    ssize_t n = send(fd, from, len, MSG_NOSIGNAL | MSG_DONTWAIT);
     if (n > 0) p->sent += (size_t)n;
     else if (n < 0 && errno == EINTR) continue;
-    else if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return 0;
-    else return -1;
+    else if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return *events = POLLOUT, 0;
+    else return 1;
   }
   while (p->got < sizeof p->ans) {
-    ssize_t n = recv(p->fd, p->ans + p->got, sizeof p->ans - p->got, MSG_DONTWAIT);
+    ssize_t n = recv(fd, p->ans + p->got, sizeof p->ans - p->got, MSG_DONTWAIT);
     if (n > 0) p->got += (size_t)n;
     else if (n < 0 && errno == EINTR) continue;
-    else if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return 0;
-    else return -1;
+    else if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return *events = POLLIN, 0;
+    else return 1;
   }
-  return memcmp(p->ans, HS_PROBE_MAGIC, 8) == 0 ? 1 : -1;
+  if (memcmp(p->ans, HS_PROBE_MAGIC, 8) == 0) lp->ms[i] = (double)(newt_now_ns() - lp->t0) / 1e6;
+  return 1;
+}
+
+static void link_probe_refused(void *ud, int i, int err) {
+  (void)ud, (void)i, (void)err; /* its time stays -1 */
 }
 
 newt_result_t comm_time_links(const char *const *addrs, int n, size_t bytes, int64_t timeout_ms, double *ms) {
@@ -280,53 +308,11 @@ newt_result_t comm_time_links(const char *const *addrs, int n, size_t bytes, int
   memcpy(head, HS_PROBE_MAGIC, 8);
   le_put32(head + 8, HS_PROBE_VERSION);
   le_put32(head + 12, (uint32_t)bytes);
-  struct pollfd *fds = calloc((size_t)(n ? n : 1), sizeof *fds);
-  link_probe *pr = calloc((size_t)(n ? n : 1), sizeof *pr);
-  if (!fds || !pr) {
-    free(fds);
-    free(pr);
-    return NEWT_ERR(NEWT_ERR_NOMEM, "comm_time_links: out of memory");
-  }
-  uint64_t t0 = newt_now_ns();
-  int pending = 0;
-  for (int i = 0; i < n; i++) {
-    ms[i] = -1;
-    fds[i].fd = -1;
-    struct sockaddr_storage ss;
-    socklen_t len;
-    int err = 0;
-    if (!addrs[i] || !addrs[i][0] || net_resolve(addrs[i], &ss, &len) != NEWT_OK ||
-        net_connect_start(&ss, len, &fds[i].fd, &err) != NEWT_OK) {
-      newt_err_clear();
-      fds[i].fd = -1;
-      continue;
-    }
-    pr[i].fd = fds[i].fd;
-    fds[i].events = POLLOUT;
-    pending++;
-  }
-  newt_deadline_t d = newt_deadline_in_ms(timeout_ms);
-  for (int last = 0; pending > 0 && !last;) {
-    int64_t left = newt_deadline_left_ms(d);
-    last = left <= 0;
-    int rc = poll(fds, (nfds_t)n, (int)(left > 0 ? left : 0));
-    if (rc < 0 && errno != EINTR) break;
-    for (int i = 0; rc > 0 && i < n; i++) {
-      if (fds[i].fd < 0 || !fds[i].revents) continue;
-      int st = link_probe_step(&pr[i], head, bytes);
-      if (st == 0) {
-        fds[i].events = pr[i].sent < HS_HELLO_LEN + bytes ? POLLOUT : POLLIN;
-        continue;
-      }
-      if (st == 1) ms[i] = (double)(newt_now_ns() - t0) / 1e6;
-      close(fds[i].fd);
-      fds[i].fd = -1;
-      pending--;
-    }
-  }
-  for (int i = 0; i < n; i++)
-    if (fds[i].fd >= 0) close(fds[i].fd);
-  free(fds);
-  free(pr);
-  return NEWT_OK;
+  link_probes lp = {.head = head, .bytes = bytes, .ms = ms, .p = calloc((size_t)(n ? n : 1), sizeof *lp.p)};
+  NEWT_CHECK_ALLOC(lp.p);
+  for (int i = 0; i < n; i++) ms[i] = -1;
+  lp.t0 = newt_now_ns();
+  newt_result_t r = connect_all(addrs, n, timeout_ms, link_probe_ready, link_probe_refused, &lp);
+  free(lp.p);
+  return r;
 }

@@ -116,6 +116,7 @@ typedef struct coord {
   uint64_t gen_prog_t;   /* ... and when that was written */
   char (*departed)[RDZV_NAME_MAX]; /* left gracefully since the plan (their key is gone) */
   int ndeparted;
+  int in_resync; /* the picture's batch being applied is a resync (a snapshot read back) */
   c_held *held;                    /* workers a generation could not take in: kept out a while */
   int nheld;
   char (*held_ids)[RDZV_NAME_MAX]; /* those still held, for the policy */
@@ -242,9 +243,12 @@ int64_t coord_fault_step_locked(const coord *c, int *went_on);
 /* Keeps a worker fenced alive out of plans (until its links to a later plan's ranks work). */
 /* known: what the reports say of it, in words ("its connections closed ..."). */
 void coord_hold_out(coord *c, const char *id, int build, const char *known);
-/* id registered (again): when it is held out, it was fenced alive, and that is said. Called
- * with mu held. */
-void coord_held_registered_locked(coord *c, const char *id);
+/* id registered (again), its registration w: when it is held out, it was fenced alive, and
+ * that is said; when it comes back from a generation before the plan's, which left it out
+ * (its lease ran out while it lived: a link too slow for its keep-alives, a cut from etcd),
+ * it is held out the same way until its links are well. live: a registration seen as it
+ * happens, not read back by a resync. Called with mu held. */
+void coord_held_registered_locked(coord *c, const char *id, const job_worker *w, int live);
 /* links/<id> (l NULL: deleted): a held worker's links to a plan's ranks. Called with mu held. */
 void coord_put_links(coord *c, const char *id, const job_links *l);
 /* The ids still held out, for the policy (c->held_ids). Called with mu held. */

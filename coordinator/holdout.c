@@ -29,20 +29,25 @@ static c_held *held_of(coord *c, const char *id) {
   return &c->held[i];
 }
 
-void coord_hold_out(coord *c, const char *id, int build, const char *known) {
-  pthread_mutex_lock(&c->mu);
+/* Holds id out from now (its strike counted), as a worker that failed generation gen: the
+ * hold-out's length. Called with mu held; 0 when there is no memory for it. */
+static int64_t hold_locked(coord *c, const char *id, uint64_t gen, int build) {
   c_held *h = held_of(c, id);
-  if (!h) {
-    pthread_mutex_unlock(&c->mu);
-    return;
-  }
+  if (!h) return 0;
   int64_t ms = policy_hold_out_ms(++h->strikes);
   h->until = newt_now_ns() + (uint64_t)ms * 1000000ull;
-  h->gen = c->plan.generation;
+  h->gen = gen;
   h->build = build;
   h->saw_cut = 0;
   h->links_gen = 0;
+  return ms;
+}
+
+void coord_hold_out(coord *c, const char *id, int build, const char *known) {
+  pthread_mutex_lock(&c->mu);
+  int64_t ms = hold_locked(c, id, c->plan.generation, build);
   pthread_mutex_unlock(&c->mu);
+  if (!ms) return;
   char d[32];
   /* what is known, no more: the others lost it and its lease still held; whether it lives,
      only a registration after the fence will say */
@@ -52,13 +57,29 @@ void coord_hold_out(coord *c, const char *id, int build, const char *known) {
             newt_fmt_duration((double)ms / 1e3, d, sizeof d));
 }
 
-void coord_held_registered_locked(coord *c, const char *id) {
+void coord_held_registered_locked(coord *c, const char *id, const job_worker *w, int live) {
   uint64_t now = newt_now_ns();
   for (int i = 0; i < c->nheld; i++)
-    if (strcmp(c->held[i].id, id) == 0 && c->held[i].until > now)
-      NEWT_INFO(COORD, "%s: %s registered again after its fence: alive, though the others of generation %llu lost it "
-                "(a cut link, a stop, a build that could not take it in); held out", c->id, id,
+    if (strcmp(c->held[i].id, id) == 0 && c->held[i].until > now) {
+      NEWT_INFO(COORD, "%s: %s registered again while held out: alive, though the others of generation %llu lost it "
+                "(a cut or slow link, a stop, a build that could not take it in); held out", c->id, id,
                 (unsigned long long)c->held[i].gen);
+      return;
+    }
+  /* the same process back (its registration names the generation it was in; a new process
+     says 0) after the plan in force left it out: its lease ran out while it lived -- a link
+     too slow even for its keep-alives, a cut from etcd. Taken straight back, a slow link
+     would stall the job again: held out as a fenced worker is, until its links are well */
+  if (!live || w->generation <= 0 || !c->plan.generation || (uint64_t)w->generation >= c->plan.generation ||
+      plan_find(&c->plan, id) || plan_is_spare(&c->plan, id))
+    return;
+  int64_t ms = hold_locked(c, id, (uint64_t)w->generation, 0);
+  char d[32];
+  if (ms)
+    NEWT_INFO(COORD, "%s: %s registered again, alive since generation %lld, which plan %llu left it out of (its lease "
+              "ran out: a slow or cut link?): held out until it reaches every rank of a later plan with its links "
+              "well, or for %s at most while it says nothing", c->id, id, (long long)w->generation,
+              (unsigned long long)c->plan.generation, newt_fmt_duration((double)ms / 1e3, d, sizeof d));
 }
 
 /* One held out since an earlier generation is let back at once when all of a

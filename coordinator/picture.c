@@ -138,7 +138,7 @@ static void put_member(coord *c, const job_change *ch) {
     NEWT_INFO(COORD, "worker %s joined (host %s%s%s, %s)", ch->id, w->host,
               strcmp(w->domain, w->host) ? ", failure domain " : "", strcmp(w->domain, w->host) ? w->domain : "",
               w->addr);
-    coord_held_registered_locked(c, ch->id);
+    coord_held_registered_locked(c, ch->id, w, !c->in_resync);
   }
   c->members[i] = *w;
   /* the acknowledgement of the current generation, folded into the registration */
@@ -392,7 +392,9 @@ void coord_on_batch(void *ud, const job_change *chs, size_t n, int resync) {
   coord *c = ud;
   pthread_mutex_lock(&c->mu);
   if (resync) reset_picture_locked(c);
+  c->in_resync = resync;
   for (size_t i = 0; i < n; i++) apply_locked(c, &chs[i]);
+  c->in_resync = 0;
   judge_done(c);
   pthread_mutex_unlock(&c->mu);
 }
