@@ -127,8 +127,8 @@ static int finish_if_done(coord *c) {
   if (c->plan_mono && !c->recorded) coord_record_recovery(c);
   job_event e = {.type = JOB_EV_DONE};
   pthread_mutex_lock(&c->mu);
-  e.step = c->prog_step;
-  e.loss = c->prog_loss;
+  e.step = c->done_seen.step; /* the end as its marker says it (judged: picture.c), not the newest */
+  e.loss = c->done_seen.loss; /* progress record, which another rank's older one may have overwritten */
   pthread_mutex_unlock(&c->mu);
   coord_post_event(c, &e);
   NEWT_INFO(COORD, "job %s is done", c->o->job);

@@ -232,15 +232,20 @@ int job_is_done(rdzv_etcd *c, const char *job, const newt_spec *spec, const job_
   return job_done_get(c, job, spec, auth, NULL);
 }
 
-/* The step of the job's progress record (-1: none, or unreadable). */
-static int64_t progress_step(rdzv_etcd *c, const char *job) {
+/* The step of the job's progress record as it was at etcd revision rev (0: now); -1: none,
+ * unreadable, or compacted away. */
+static int64_t progress_step(rdzv_etcd *c, const char *job, int64_t rev) {
   char key[256];
-  rdzv_etcd_kv kv;
   if (job_key(key, sizeof key, job, JOB_REC_PROGRESS, 0, NULL) != NEWT_OK) return -1;
-  if (rdzv_etcd_get(c, key, job_call_deadline(), &kv, NULL) != NEWT_OK) return -1;
+  rdzv_etcd_range_opts o = {.revision = rev};
+  rdzv_etcd_kvs kvs;
+  if (rdzv_etcd_range(c, key, &o, job_call_deadline(), &kvs) != NEWT_OK) {
+    newt_err_clear();
+    return -1;
+  }
   job_progress p;
-  int64_t step = job_progress_from_json(kv.value, kv.value_len, &p) == NEWT_OK ? p.step : -1;
-  rdzv_etcd_kv_free(&kv);
+  int64_t step = kvs.n == 1 && job_progress_from_json(kvs.kvs[0].value, kvs.kvs[0].value_len, &p) == NEWT_OK ? p.step : -1;
+  rdzv_etcd_kvs_free(&kvs);
   return step;
 }
 
@@ -253,8 +258,13 @@ int job_done_get(rdzv_etcd *c, const char *job, const newt_spec *spec, const job
   int ok = job_done_from_json(kv.value, kv.value_len, &d) == NEWT_OK;
   int64_t rev = kv.mod_revision;
   rdzv_etcd_kv_free(&kv);
-  /* the progress after the marker: a rank writes its last step's with it */
-  if (ok && job_done_counts(&d, key, spec, auth, progress_step(c, job)) != NEWT_OK) ok = 0;
+  /* the progress the job had when the marker was written (a rank writes its last step's in
+     the marker's transaction), or has now: another rank's older progress, queued while etcd
+     was away, may land after the marker, and must not unmake a true end */
+  if (ok) {
+    int64_t then = progress_step(c, job, rev), now = progress_step(c, job, 0);
+    if (job_done_counts(&d, key, spec, auth, then > now ? then : now) != NEWT_OK) ok = 0;
+  }
   /* said once per version of the record: the callers ask again and again */
   static _Atomic int64_t said;
   if (!ok && atomic_exchange(&said, rev) != rev) NEWT_WARN(JOB, "ignoring the end marker %s", newt_errmsg());

@@ -100,11 +100,10 @@ newt_result_t worker_register(worker *w) {
 
 /* --- the publisher ------------------------------------------------------------------------- */
 
-/* Queues a write for the publisher (latest value per key wins), unless key `unless` (NULL:
- * none) exists by then. */
-static void publish(worker *w, const char *key, char *value, int on_lease, const char *unless) {
+/* Queues a write for the publisher (latest value per key wins). */
+static void publish(worker *w, const char *key, char *value, int on_lease) {
   pthread_mutex_lock(&w->mu);
-  if (worker_pubq_put(&w->pub, key, value, on_lease, unless) != 0)
+  if (worker_pubq_put(&w->pub, key, value, on_lease) != 0)
     NEWT_WARN(WORKER, "%s: publisher queue full, dropping %s", w->id, key);
   pthread_cond_broadcast(&w->cv);
   pthread_mutex_unlock(&w->mu);
@@ -112,20 +111,6 @@ static void publish(worker *w, const char *key, char *value, int on_lease, const
 
 static newt_result_t write_registration(worker *w, const char *state, const char *ack, uint64_t gen);
 
-/* Writes a value the publisher took: a put, or, when it names a key that makes it moot, a
- * transaction that puts it only while that key does not exist (NEWT_OK either way). */
-static newt_result_t write_item(worker *w, const worker_pub_item *it, int64_t lease) {
-  if (!it->unless[0])
-    return rdzv_etcd_put(w->etcd, it->key, it->value, strlen(it->value), lease, job_call_deadline(), NULL);
-  rdzv_etcd_cmp absent = {.key = it->unless, .target = RDZV_CMP_CREATE, .result = RDZV_CMP_EQUAL, .number = 0};
-  rdzv_etcd_op put = {.type = RDZV_OP_PUT, .key = it->key, .value = it->value, .value_len = strlen(it->value),
-                      .lease = lease};
-  rdzv_etcd_txn_result tr;
-  NEWT_CHECK(rdzv_etcd_txn(w->etcd, &absent, 1, &put, 1, NULL, 0, job_call_deadline(), &tr));
-  if (!tr.succeeded) NEWT_DEBUG(WORKER, "%s: %s not written: %s is there", w->id, it->key, it->unless);
-  rdzv_etcd_txn_result_free(&tr);
-  return NEWT_OK;
-}
 
 /* Waits a little before retrying a write (called with mu held). */
 static void retry_pause(worker *w) { worker_wait_cv(w, 100); }
@@ -194,7 +179,7 @@ static void *publisher(void *arg) {
     }
     int64_t lease = it.on_lease && w->reg ? rdzv_registration_lease(w->reg) : 0;
     pthread_mutex_unlock(&w->mu);
-    newt_result_t r = write_item(w, &it, lease);
+    newt_result_t r = rdzv_etcd_put(w->etcd, it.key, it.value, strlen(it.value), lease, job_call_deadline(), NULL);
     pthread_mutex_lock(&w->mu);
     if (r != NEWT_OK && !w->pub_stop) {
       /* etcd away or full: keep it for another try, unless a newer value came meanwhile
@@ -286,7 +271,7 @@ void worker_set_state_async(worker *w, const char *state) {
 static void publish_record(worker *w, job_record rec, uint64_t generation, char *value, int on_lease) {
   char key[256];
   if (value && job_key(key, sizeof key, w->o.job, rec, generation, w->id) == NEWT_OK)
-    publish(w, key, value, on_lease, NULL);
+    publish(w, key, value, on_lease);
   else
     free(value);
 }
@@ -385,17 +370,7 @@ void worker_publish_progress(worker *w, double loss, double tps, int64_t step_to
                      .world = p->nranks, .dp = p->dp, .t_ms = now,
                      .step_tokens = step_tokens};
   worker_speed_summary(&w->speed, now, &pr);
-  /* progress comes from the lowest rank that reaches etcd (worker.c), so ranks take turns:
-     after an outage another rank's older progress may land after the end marker's
-     transaction wrote the last step's. The end marker stops every later write: the job's
-     progress never goes back behind its end (job_is_done judges the marker by it) */
-  char key[256], done[256];
-  char *value = job_progress_to_json(&pr);
-  if (value && job_key(key, sizeof key, w->o.job, JOB_REC_PROGRESS, 0, NULL) == NEWT_OK &&
-      job_key(done, sizeof done, w->o.job, JOB_REC_DONE, 0, NULL) == NEWT_OK)
-    publish(w, key, value, 0, done);
-  else
-    free(value);
+  publish_record(w, JOB_REC_PROGRESS, 0, job_progress_to_json(&pr), 0);
 }
 
 void worker_publish_links(worker *w, const job_links *l) {

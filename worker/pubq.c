@@ -15,7 +15,7 @@ static int slot_for(const worker_pubq *q, const char *key) {
   return free_slot;
 }
 
-int worker_pubq_put(worker_pubq *q, const char *key, char *value, int on_lease, const char *unless) {
+int worker_pubq_put(worker_pubq *q, const char *key, char *value, int on_lease) {
   int s = slot_for(q, key);
   if (s < 0) {
     free(value);
@@ -25,7 +25,6 @@ int worker_pubq_put(worker_pubq *q, const char *key, char *value, int on_lease, 
   snprintf(q->slot[s].key, sizeof q->slot[s].key, "%s", key);
   q->slot[s].value = value;
   q->slot[s].on_lease = on_lease;
-  snprintf(q->slot[s].unless, sizeof q->slot[s].unless, "%s", unless ? unless : "");
   return 0;
 }
 
@@ -35,7 +34,6 @@ int worker_pubq_take(worker_pubq *q, worker_pub_item *it) {
     snprintf(it->key, sizeof it->key, "%s", q->slot[i].key);
     it->value = q->slot[i].value;
     it->on_lease = q->slot[i].on_lease;
-    snprintf(it->unless, sizeof it->unless, "%s", q->slot[i].unless);
     q->slot[i].value = NULL;
     return 1;
   }
@@ -52,7 +50,6 @@ int worker_pubq_retry(worker_pubq *q, worker_pub_item *it) {
   snprintf(q->slot[s].key, sizeof q->slot[s].key, "%s", it->key);
   q->slot[s].value = it->value;
   q->slot[s].on_lease = it->on_lease;
-  snprintf(q->slot[s].unless, sizeof q->slot[s].unless, "%s", it->unless);
   it->value = NULL;
   return 1;
 }

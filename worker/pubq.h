@@ -2,10 +2,8 @@
  * through its publisher thread, at most WORKER_PUB_SLOTS keys. A value is taken out to be
  * written; one whose write failed goes back only if no newer value of its key came while it
  * was in flight, so a key is never written with an older value after a newer one (a
- * progress record must not go back to an older step after the end marker's). A value may
- * name a key whose existence makes it moot (`unless`: the progress record is not written
- * once the end marker is there, whose transaction wrote the last one). No lock: the caller
- * holds the worker's mutex. */
+ * progress record must not go back to an older step after the end marker's). No lock: the
+ * caller holds the worker's mutex. */
 #ifndef NEWT_WORKER_PUBQ_H
 #define NEWT_WORKER_PUBQ_H
 
@@ -16,23 +14,21 @@ typedef struct worker_pubq {
     char key[256];
     char *value;  /* NULL: free slot */
     int on_lease; /* written on the registration's lease (the one it has when written) */
-    char unless[256]; /* "": written whatever; else only while this key does not exist */
   } slot[WORKER_PUB_SLOTS];
 } worker_pubq;
 
-/* A value taken out to be written: the key, the value (the taker's until given back),
- * whether it goes on the lease and the key whose existence makes it moot. */
+/* A value taken out to be written: the key, the value (the taker's until given back), and
+ * whether it goes on the lease. */
 typedef struct worker_pub_item {
   char key[256];
   char *value;
   int on_lease;
-  char unless[256];
 } worker_pub_item;
 
-/* Queues value for key (the queue owns it), on the lease or not, unless key `unless` (NULL:
- * none) exists when it is written: the newest value of a key replaces an older one still
- * queued. 0, or -1 when every slot holds another key (value freed). */
-int worker_pubq_put(worker_pubq *q, const char *key, char *value, int on_lease, const char *unless);
+/* Queues value for key (the queue owns it), on the lease or not: the newest value of a key
+ * replaces an older one still queued. 0, or -1 when every slot holds another key (value
+ * freed). */
+int worker_pubq_put(worker_pubq *q, const char *key, char *value, int on_lease);
 
 /* Takes the first queued value out (1), or 0 when none is queued. */
 int worker_pubq_take(worker_pubq *q, worker_pub_item *it);
