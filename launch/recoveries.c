@@ -379,7 +379,9 @@ static int64_t resumed_after(uint64_t t_fault, const job_step *s, size_t n) {
 static void say_unrecorded(run *r, const job_step *s, size_t n) {
   for (int i = 0; i < r->nfaults && !r->o->quiet; i++) {
     const fault *f = &r->faults[i];
-    if (f->matched || (f->answer != CHAOS_ANSWER_CRASH && f->answer != CHAOS_ANSWER_LEAVE)) continue;
+    /* a slow link that stalled no rank past the hang deadline lost none: nothing to record */
+    if (f->matched || f->ev.action == CHAOS_SLOW || (f->answer != CHAOS_ANSWER_CRASH && f->answer != CHAOS_ANSWER_LEAVE))
+      continue;
     int64_t resumed = resumed_after(f->t_ms, s, n);
     if (resumed >= 0)
       fprintf(stderr, "newt run: %s: the survivors went on without etcd (training resumed %lld ms after it), but the "
