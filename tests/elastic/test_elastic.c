@@ -857,6 +857,13 @@ static void run_scenario(const scenario *sc, const char *newt) {
       /* what is lost is what the newest committed checkpoint lacks (check_ckpt_restores);
          how much depends on how far the asynchronous writer lagged behind */
       T_CHECK_MSG(lost >= 0, "recovery %d (%s): %lld steps lost", i, cause, (long long)lost);
+    else if (strcmp(cause, "crash") == 0)
+      /* a rank killed after its step's commit and before that step's copies of its shards
+         (worker_replicate: "a rank lost before them costs this step", worker/worker.c) costs
+         that one step, said as such (check_account holds the summary and the event log to
+         one account of it): the chaos kill fires on the step log's line, and on a loaded
+         machine it lands there now and then (CI: elastic_mlp_crash, elastic_nccl_tp2pp2z1) */
+      T_CHECK_MSG(lost == 0 || lost == 1, "recovery %d (%s): %lld steps lost", i, cause, (long long)lost);
     else
       T_CHECK_MSG(lost == 0, "recovery %d (%s): %lld steps lost", i, cause, (long long)lost);
     T_CHECK_MSG(injected, "recovery %d (%s) matches no injected fault", i, cause);
