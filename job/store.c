@@ -262,7 +262,7 @@ int job_done_get(rdzv_etcd *c, const char *job, const newt_spec *spec, const job
      the marker's transaction), or has now: another rank's older progress, queued while etcd
      was away, may land after the marker, and must not unmake a true end */
   if (ok) {
-    int64_t then = progress_step(c, job, rev), now = progress_step(c, job, 0);
+    int64_t then = progress_step(c, job, rev), now = then >= d.step ? then : progress_step(c, job, 0);
     if (job_done_counts(&d, key, spec, auth, then > now ? then : now) != NEWT_OK) ok = 0;
   }
   /* said once per version of the record: the callers ask again and again */

@@ -215,7 +215,8 @@ static int time_links(worker *w, links_proof *lp, const newt_plan *p, int *pendi
   if (each > COMM_LINK_PROBE_MAX) each = COMM_LINK_PROBE_MAX;
   if (comm_time_links(addrs, n, each, newt_param_LinkProbeMs(), ms) != NEWT_OK) {
     newt_err_clear();
-    return 0; /* nothing learnt (no memory): the next round */
+    *pending = 1; /* nothing learnt (no memory): nothing said, the next round */
+    return 0;
   }
   int slow = 0;
   for (int k = 0; k < n; k++) {
