@@ -5,9 +5,10 @@
  * Then the clock starts, and N simulated workers, each exactly as a real worker would
  * (worker/publish.c), register concurrently from a pool of threads sharing one client (its
  * pool of keep-alive connections): in hosts of --per-host workers (default 8) under a node
- * agent, whose lease (cli/agent.h: one grant per host) they register on, one write each
- * (job_register_on); with --per-host 1 as workers started alone, each with a lease of its
- * own (a grant and the registration). A host h's workers listen on 127.a.b.c (h + 1 in the
+ * agent, whose lease (cli/agent.h: one grant per host) they register on, through the host's
+ * batch (rendezvous/batch.h, as the agent's gateway gathers them: --batch 1, the default;
+ * --batch 0: one write each, the previous release); with --per-host 1 as workers started
+ * alone, each with a lease of its own (a grant and the registration). A host h's workers listen on 127.a.b.c (h + 1 in the
  * last three bytes) at ports 20000 + their index in the host, so 100,000 workers have
  * addresses that parse. When the coordinator's view holds all N, it computes plan 1 from
  * them (plan_compute: a spec of tp 1, pp 1, dp up to N) and publishes it (job_plan_publish,
@@ -22,7 +23,8 @@
  * (replan_ms), and until every survivor acknowledged it (replan_ack_ms).
  *
  * Cost per worker: the registration txn and the update that acknowledges, plus a lease
- * grant per host (2 + 1/8 writes with hosts of 8; 3 alone), and one plan write, each a raft
+ * grant per host (3/8 of a write with hosts of 8 whose writes go together, 2 + 1/8 each
+ * alone; 3 started alone), and one plan write, each a raft
  * commit with a WAL fsync; the workers' client counts the writes it sent (rdzv_etcd_writes,
  * the agents' grants included), and the line says how many per worker. Every etcd call has a
  * deadline of its own (--op-ms), so a slow etcd fails a call, not the whole run by its age.
@@ -49,6 +51,7 @@
 #include "job/records.h"
 #include "job/spec.h"
 #include "job/store.h"
+#include "rendezvous/batch.h"
 #include "rendezvous/etcd_server.h"
 #include "rendezvous/rdzv.h"
 
@@ -59,10 +62,11 @@ typedef struct bench_run {
   int per_host;              /* workers per host agent (1: each on a lease of its own) */
   int64_t ttl, op_ms;
   int64_t *host_lease;       /* per host: its agent's lease (0: not granted yet) */
+  rdzv_batch **host_batch;   /* per host: its agent's batch (NULL each: every worker writes alone) */
   pthread_mutex_t *host_mu;
   char (*ids)[RDZV_NAME_MAX];
   rdzv_registration **regs;
-  atomic_int next_reg, next_ack, next_leave, failed;
+  atomic_int next_reg, next_ack1, next_ack, next_leave, failed;
   int lost_host;             /* the host lost in the replan (-1: none yet) */
   int check_plan;            /* the leader checks a plan reads back before it publishes it */
   pthread_mutex_t mu;
@@ -171,7 +175,8 @@ static void register_one(bench_run *b, int i) {
     fail(b, "host lease");
   int64_t lease = b->host_lease[h];
   pthread_mutex_unlock(&b->host_mu[h]);
-  if (lease && job_register_on(b->c, b->job, &w, lease, b->ttl, NULL, NULL, op_deadline(b), &b->regs[i]) != NEWT_OK)
+  job_host_route via = {.batch = b->host_batch ? b->host_batch[h] : NULL};
+  if (lease && job_register_via(b->c, b->job, &w, lease, &via, b->ttl, NULL, NULL, op_deadline(b), &b->regs[i]) != NEWT_OK)
     fail(b, "register");
 }
 
@@ -201,22 +206,15 @@ static void ack_one(bench_run *b, int i, int64_t gen) {
 }
 
 /* A pool thread: registers workers while there are some to register, then (every worker
- * registered) waits for plan 1 and acknowledges it for the workers it registered. */
+ * registered) waits for plan 1 and acknowledges it for workers in order, as many as it gets
+ * to: the threads in flight play consecutive workers, a host's together, as a host's workers
+ * (processes of their own) take a plan together. */
 static void *pool_main(void *arg) {
   bench_run *b = arg;
-  int i, mine_n = 0;
-  int *mine = malloc((size_t)b->n * sizeof *mine); /* the workers this thread plays */
-  if (!mine) {
-    fail(b, "out of memory");
-    return NULL;
-  }
-  while (!atomic_load(&b->failed) && (i = atomic_fetch_add(&b->next_reg, 1)) < b->n) {
-    mine[mine_n++] = i;
-    register_one(b, i);
-  }
+  int i;
+  while (!atomic_load(&b->failed) && (i = atomic_fetch_add(&b->next_reg, 1)) < b->n) register_one(b, i);
   wait_plan(b, 1);
-  for (int k = 0; k < mine_n && !atomic_load(&b->failed); k++) ack_one(b, mine[k], 1);
-  free(mine);
+  while (!atomic_load(&b->failed) && (i = atomic_fetch_add(&b->next_ack1, 1)) < b->n) ack_one(b, i, 1);
   return NULL;
 }
 
@@ -419,10 +417,11 @@ static void print_result(const bench_run *b, const result *x, int threads, rdzv_
                                                                            : rdzv_etcd_max_request(wc);
   printf("{\"bench\":\"rendezvous\",\"workers\":%d,\"ms\":%.1f,\"register_ms\":%.1f,\"barrier_ms\":%.1f,"
          "\"plan_ms\":%.1f,\"plan_bytes\":%zu,\"plan_read_ms\":%.1f,\"host_read_ms\":%.1f,\"replan_ms\":%.1f,\"replan_ack_ms\":%.1f,"
-         "\"replan_plan_ms\":%.1f,\"threads\":%d,\"per_host\":%d,\"etcd_writes\":%lld,\"writes_per_worker\":%.3f,"
+         "\"replan_plan_ms\":%.1f,\"threads\":%d,\"per_host\":%d,\"batch\":%d,\"etcd_writes\":%lld,\"writes_per_worker\":%.3f,"
          "\"max_request_bytes\":%lld,\"peak_rss_mb\":%.1f,\"etcd\":\"%s\"}\n",
          b->n, x->ms, x->register_ms, x->barrier_ms, x->plan_ms, x->plan_bytes, x->parse_ms, x->host_read_ms, x->replan_ms,
-         x->replan_ack_ms, x->replan_plan_ms, threads, b->per_host, (long long)(x->writes + x->plan_writes),
+         x->replan_ack_ms, x->replan_plan_ms, threads, b->per_host, b->host_batch != NULL,
+         (long long)(x->writes + x->plan_writes),
          (double)x->writes / b->n, (long long)max_req, (double)ru.ru_maxrss / 1024.0, where);
   fflush(stdout);
 }
@@ -448,6 +447,8 @@ static void bench_free(bench_run *b, leader *l, rdzv_etcd_watch *watch, int thre
   free(b->ids);
   free(b->regs);
   free(b->host_lease);
+  for (int h = 0; b->host_batch && h < hosts; h++) rdzv_batch_free(b->host_batch[h]);
+  free(b->host_batch);
   for (int h = 0; b->host_mu && h < hosts; h++) pthread_mutex_destroy(&b->host_mu[h]);
   free(b->host_mu);
   pthread_mutex_destroy(&b->mu);
@@ -455,8 +456,8 @@ static void bench_free(bench_run *b, leader *l, rdzv_etcd_watch *watch, int thre
 }
 
 typedef struct bench_opts {
-  int per_host, threads, replan, check_plan;
-  int64_t ttl, op_ms;
+  int per_host, threads, replan, check_plan, batch;
+  int64_t ttl, op_ms, linger_ms;
   const char *where;
 } bench_opts;
 
@@ -478,6 +479,12 @@ static newt_result_t bench_one(rdzv_etcd *c, rdzv_etcd *wc, int n, const bench_o
   b.host_mu = calloc((size_t)hosts, sizeof *b.host_mu);
   for (int h = 0; b.host_mu && h < hosts; h++) pthread_mutex_init(&b.host_mu[h], NULL);
   newt_result_t r = NEWT_OK;
+  if (o->batch && o->per_host > 1) { /* each host's agent gathers its workers' writes */
+    rdzv_batch_opts bo = {.expect = o->per_host, .linger_ms = o->linger_ms};
+    b.host_batch = calloc((size_t)hosts, sizeof *b.host_batch);
+    for (int h = 0; b.host_batch && h < hosts && r == NEWT_OK; h++) r = rdzv_batch_new(wc, &bo, &b.host_batch[h]);
+    if (r != NEWT_OK) goto out;
+  }
   if (!b.ids || !b.regs || !b.host_lease || !b.host_mu) {
     r = NEWT_ERR(NEWT_ERR_NOMEM, "out of memory for %d workers", n);
     goto out;
@@ -497,7 +504,8 @@ out:
 
 int newt_bench_rendezvous(int argc, char **argv) {
   const char *workers = "16,64,256,1024", *etcd = NULL, *data_dir = NULL;
-  int64_t threads = 64, ttl = 30, repeat = 1, per_host = 8, op_ms = 30000, replan_on = 1, check_plan = 1;
+  int64_t threads = 64, ttl = 30, repeat = 1, per_host = 8, op_ms = 30000, replan_on = 1, check_plan = 1, batch = 1,
+          linger_ms = 10;
   newt_opt opts[] = {
       {"workers", NEWT_OPT_STR, &workers, "worker counts, comma-separated"},
       {"etcd", NEWT_OPT_STR, &etcd, "etcd endpoints (default: start a private etcd)"},
@@ -507,6 +515,11 @@ int newt_bench_rendezvous(int argc, char **argv) {
       {"per-host", NEWT_OPT_INT, &per_host,
        "workers per host, registered on their host agent's lease (1: each worker on a lease of its own, as "
        "a worker started alone)"},
+      {"batch", NEWT_OPT_INT, &batch,
+       "1: a host's workers' registrations and acknowledgements go to etcd together, as a node agent's gateway sends "
+       "them (0: each its own write, the previous release)"},
+      {"linger-ms", NEWT_OPT_INT, &linger_ms,
+       "how long a host's first write waits for its other workers' (with --batch 1)"},
       {"repeat", NEWT_OPT_INT, &repeat, "measurements per worker count (one line each)"},
       {"op-ms", NEWT_OPT_INT, &op_ms, "the deadline of each etcd call, in ms"},
       {"check-plan", NEWT_OPT_INT, &check_plan,
@@ -516,9 +529,9 @@ int newt_bench_rendezvous(int argc, char **argv) {
   };
   int ex = newt_opts_exit(newt_opts_parse("bench rendezvous", "[flags]", opts, argc, argv, NULL, 0, NULL));
   if (ex >= 0) return ex;
-  if (threads < 1 || ttl < 1 || repeat < 1 || op_ms < 1 || per_host < 1 || per_host > 1024) {
+  if (threads < 1 || ttl < 1 || repeat < 1 || op_ms < 1 || per_host < 1 || per_host > 1024 || linger_ms < 0) {
     fprintf(stderr, "newt bench rendezvous: --threads, --ttl, --repeat and --op-ms must be positive, --per-host "
-                    "1..1024\n");
+                    "1..1024, --linger-ms 0 or more\n");
     return 2;
   }
   int counts[64], nc = 0;
@@ -553,7 +566,7 @@ int newt_bench_rendezvous(int argc, char **argv) {
     return 1;
   }
   bench_opts bo = {.per_host = (int)per_host, .threads = (int)threads, .replan = replan_on != 0,
-                   .check_plan = check_plan != 0, .ttl = ttl,
+                   .check_plan = check_plan != 0, .ttl = ttl, .batch = batch != 0, .linger_ms = linger_ms,
                    .op_ms = op_ms, .where = srv ? "private" : "external"};
   for (int i = 0; i < nc && rc == 0; i++)
     for (int k = 0; k < repeat && rc == 0; k++)

@@ -37,11 +37,15 @@
 #include "job/records.h"
 #include "job/spec.h"
 #include "job/store.h"
+#include "rendezvous/batch.h"
+#include "rendezvous/gateway.h"
 #include "rendezvous/rdzv.h"
 
 #define AGENT_BACKOFF_FIRST_MS 500
 #define AGENT_BACKOFF_MAX_MS 30000
 #define AGENT_HEALTH_TIMEOUT_MS 3000
+/* How long the host gateway's first transaction waits for the other children's (batch.h). */
+#define AGENT_GATEWAY_LINGER_MS 10
 
 typedef struct child {
   char id[96];
@@ -83,6 +87,9 @@ typedef struct agent {
   /* the host's lease */
   rdzv_etcd *etcd;        /* NULL: no host lease */
   char lease_env[700];    /* NEWT_HOST_LEASE_FILE=<dir>/host-lease */
+  rdzv_batch *batch;      /* the children's transactions on the host's lease, in one */
+  rdzv_gateway *gateway;  /* ... served to them at <dir>/gw (NULL: none, they write themselves) */
+  char gateway_env[700];  /* NEWT_HOST_GATEWAY=<dir>/gw */
   pthread_t lease_thread;
   _Atomic int64_t lease;  /* the lease the children find in the file (0: none yet) */
   _Atomic int64_t ttl_ms;
@@ -272,6 +279,24 @@ static void *lease_main(void *arg) {
   return NULL;
 }
 
+/* The host's gateway (rendezvous/gateway.h): the children's registrations and the rewrites
+ * that acknowledge a generation, on the host's lease, go to etcd together, the first waiting
+ * up to AGENT_GATEWAY_LINGER_MS for the others. Without it each child writes its own. */
+static void gateway_start(agent *a) {
+  char path[600];
+  snprintf(path, sizeof path, "%s/gw", a->dir);
+  rdzv_batch_opts bo = {.expect = a->o->n, .linger_ms = AGENT_GATEWAY_LINGER_MS};
+  if (a->o->n < 2) return; /* one worker: nothing to gather */
+  if (rdzv_batch_new(a->etcd, &bo, &a->batch) != NEWT_OK || rdzv_gateway_start(a->batch, path, &a->gateway) != NEWT_OK) {
+    NEWT_WARN(CLI, "no host gateway (%s): each local worker writes its registration itself", newt_errmsg());
+    rdzv_batch_free(a->batch);
+    a->batch = NULL;
+    a->gateway = NULL;
+    return;
+  }
+  snprintf(a->gateway_env, sizeof a->gateway_env, "NEWT_HOST_GATEWAY=%s", path);
+}
+
 /* Starts the lease thread when the agent has etcd options (a client of its own). */
 static void lease_start(agent *a) {
   if (!a->o->etcd || !a->o->job) return;
@@ -286,12 +311,24 @@ static void lease_start(agent *a) {
     rdzv_etcd_free(a->etcd);
     a->etcd = NULL;
     a->lease_env[0] = '\0';
+    return;
   }
+  gateway_start(a);
 }
 
 /* Stops the lease thread and revokes the lease: every child has ended. */
 static void lease_end(agent *a) {
   if (!a->etcd) return;
+  rdzv_gateway_stop(a->gateway); /* every child has ended */
+  if (a->batch) {
+    int64_t posted = 0, sent = 0;
+    rdzv_batch_counts(a->batch, &posted, &sent);
+    NEWT_INFO(CLI, "host gateway: the local workers' %lld transactions went to etcd in %lld writes", (long long)posted,
+              (long long)sent);
+  }
+  rdzv_batch_free(a->batch);
+  a->gateway = NULL;
+  a->batch = NULL;
   atomic_store(&a->lease_stop, 1);
   pthread_join(a->lease_thread, NULL);
   int64_t lease = atomic_load(&a->lease);
@@ -375,7 +412,8 @@ static newt_result_t start(agent *a, int i) {
   argv[n] = NULL;
   unlink(c->end_path);
   /* a session of its own: a terminal's ^C reaches the agent only, which forwards it once */
-  const char *env[] = {c->local_rank, c->local_world, a->lease_env[0] ? a->lease_env : NULL, NULL};
+  const char *env[] = {c->local_rank, c->local_world, a->lease_env[0] ? a->lease_env : NULL,
+                       a->gateway_env[0] ? a->gateway_env : NULL, NULL};
   newt_spawn_opts so = {.env = env, .new_session = 1, .die_with_parent = 1};
   newt_result_t r = newt_proc_spawn(argv, &so, &c->pid);
   free(argv);

@@ -30,6 +30,12 @@
  *     expired. When the lease is lost (etcd away past the TTL) the children go on with
  *     leases of their own and the agent grants a new one for the ones that start later; at
  *     its end it revokes the lease. Without etcd options (NULL) it holds none;
+ *   - with two children or more, serves them a gateway (rendezvous/gateway.h) at a socket in
+ *     its private directory, named to each child in NEWT_HOST_GATEWAY: a child's transactions
+ *     on the host's lease (its registration, the rewrites that acknowledge a generation, its
+ *     leave) go through it, and the agent sends those that come together as one (batch.h),
+ *     so that the host's workers cost etcd one write where they cost one each; a child that
+ *     cannot reach it writes to etcd itself;
  *   - exits once every child has ended, with the statuses of cli/ending.h: 4 when a child
  *     said the job failed, 2 on a bad flag or spec (the others are asked to leave), 1 when a
  *     child spent its restart budget (the others are asked to leave: the pod is replaced),

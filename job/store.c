@@ -290,28 +290,35 @@ int job_has_failed(rdzv_etcd *c, const char *job, job_failed *out) {
 static newt_result_t encode_worker(const void *rec, char **out) { return job_worker_to_json(rec, out); }
 
 static newt_result_t do_register(rdzv_etcd *c, const char *job, const job_worker *w, int64_t host_lease,
-                                 int64_t ttl_s, rdzv_etcd_lease_lost_fn lost, void *ud, newt_deadline_t d,
-                                 rdzv_registration **out) {
+                                 const job_host_route *via, int64_t ttl_s, rdzv_etcd_lease_lost_fn lost, void *ud,
+                                 newt_deadline_t d, rdzv_registration **out) {
   *out = NULL;
   char key[256], what[160];
   NEWT_CHECK(job_key(key, sizeof key, job, JOB_REC_WORKER, 0, w->id));
   snprintf(what, sizeof what, "worker id %s in job %s", w->id, job);
   rdzv_register_opts o = {.rec = w, .size = sizeof *w, .encode = encode_worker, .host_lease = host_lease,
-                          .ttl_s = ttl_s, .lost = lost, .ud = ud, .what = what};
+                          .ttl_s = ttl_s, .lost = lost, .ud = ud, .what = what,
+                          .batch = via ? via->batch : NULL, .gateway = via ? via->gateway : NULL};
   return rdzv_register(c, key, &o, d, out);
 }
 
 newt_result_t job_register(rdzv_etcd *c, const char *job, const job_worker *w, int64_t ttl_s,
                            rdzv_etcd_lease_lost_fn lost, void *ud, newt_deadline_t d, rdzv_registration **out) {
-  return do_register(c, job, w, 0, ttl_s, lost, ud, d, out);
+  return do_register(c, job, w, 0, NULL, ttl_s, lost, ud, d, out);
 }
 
 newt_result_t job_register_on(rdzv_etcd *c, const char *job, const job_worker *w, int64_t host_lease, int64_t ttl_s,
                               rdzv_etcd_lease_lost_fn lost, void *ud, newt_deadline_t d, rdzv_registration **out) {
+  return job_register_via(c, job, w, host_lease, NULL, ttl_s, lost, ud, d, out);
+}
+
+newt_result_t job_register_via(rdzv_etcd *c, const char *job, const job_worker *w, int64_t host_lease,
+                               const job_host_route *via, int64_t ttl_s, rdzv_etcd_lease_lost_fn lost, void *ud,
+                               newt_deadline_t d, rdzv_registration **out) {
   if (host_lease <= 0)
     return NEWT_ERR(NEWT_ERR_INVALID, "registering %s on a host lease: lease %lld is not one", w->id,
                     (long long)host_lease);
-  return do_register(c, job, w, host_lease, ttl_s, lost, ud, d, out);
+  return do_register(c, job, w, host_lease, via, ttl_s, lost, ud, d, out);
 }
 
 /* The registration rewritten (state NULL: the same; ack NULL: the same while the generation

@@ -67,6 +67,18 @@ newt_result_t job_register(rdzv_etcd *c, const char *job, const job_worker *w, i
                            rdzv_etcd_lease_lost_fn lost, void *ud, newt_deadline_t d, rdzv_registration **out);
 newt_result_t job_register_on(rdzv_etcd *c, const char *job, const job_worker *w, int64_t host_lease, int64_t ttl_s,
                               rdzv_etcd_lease_lost_fn lost, void *ud, newt_deadline_t d, rdzv_registration **out);
+/* Where the transactions on the host's lease go (rdzv_register_opts): the host's batch (one
+ * process plays the host: newt bench rendezvous) or its agent's gateway (a worker under
+ * `newt worker --local-workers`). */
+typedef struct job_host_route {
+  struct rdzv_batch *batch;
+  struct rdzv_gateway_client *gateway;
+} job_host_route;
+/* job_register_on, its claim and every rewrite of it (the acknowledgements) and its leave
+ * through via (NULL: straight to etcd). */
+newt_result_t job_register_via(rdzv_etcd *c, const char *job, const job_worker *w, int64_t host_lease,
+                               const job_host_route *via, int64_t ttl_s, rdzv_etcd_lease_lost_fn lost, void *ud,
+                               newt_deadline_t d, rdzv_registration **out);
 /* Rewrites the registration with a new state (NULL: the same) and generation (only while it
  * is still ours: NEWT_ERR_CONFLICT when the lease was lost). Its acknowledgement stays while
  * the generation does, and goes when the generation changes. */

@@ -21,6 +21,7 @@
 #include "common/strutil.h"
 #include "common/sys.h"
 #include "rendezvous/etcd_internal.h"
+#include "rendezvous/gateway.h"
 
 /* Sleeps on cv until pred holds, d passes or *abort is set: 0, NEWT_ERR_TIMEOUT, ABORTED.
  * Called with mu held. */
@@ -52,13 +53,31 @@ struct rdzv_registration {
   void *ud;
   int64_t host_lease; /* the host's lease it was handed (0: none, or it went) */
   int shared;         /* 1: the registration is on host_lease, not a lease of its own */
+  rdzv_batch *batch;  /* the host's transactions go through one of these (rdzv_register_opts) */
+  rdzv_gateway_client *gateway;
 };
+
+/* A transaction on the registration's key: while it is on the host's lease, through the
+ * host's batch or gateway (a gateway that cannot be reached: straight to etcd), else straight
+ * to etcd. */
+static newt_result_t reg_txn(rdzv_registration *r, int64_t lease, const rdzv_etcd_cmp *cmp, size_t ncmp,
+                             const rdzv_etcd_op *ops, size_t nops, const rdzv_etcd_op *fail, size_t nfail,
+                             newt_deadline_t d, rdzv_etcd_txn_result *out) {
+  int hosts = lease != 0 && lease == r->host_lease;
+  if (hosts && r->batch) return rdzv_batch_txn(r->batch, cmp, ncmp, ops, nops, fail, nfail, d, out);
+  if (hosts && r->gateway) {
+    int unreached = 0;
+    newt_result_t res = rdzv_gateway_txn(r->gateway, cmp, ncmp, ops, nops, fail, nfail, d, out, &unreached);
+    if (!unreached) return res;
+  }
+  return rdzv_etcd_txn(r->c, cmp, ncmp, ops, nops, fail, nfail, d, out);
+}
 
 /* Deletes the registration while it is on this lease (never another's). */
 static newt_result_t delete_own_key(rdzv_registration *r, newt_deadline_t d) {
   rdzv_etcd_cmp cmp = {.key = r->key, .target = RDZV_CMP_LEASE, .result = RDZV_CMP_EQUAL, .number = r->lease};
   rdzv_etcd_op del = {.type = RDZV_OP_DELETE, .key = r->key};
-  return rdzv_etcd_txn(r->c, &cmp, 1, &del, 1, NULL, 0, d, NULL);
+  return reg_txn(r, r->lease, &cmp, 1, &del, 1, NULL, 0, d, NULL);
 }
 
 /* Keeps the registration's lease alive: its own always; the host's unless this client keeps
@@ -86,7 +105,7 @@ static newt_result_t claim(rdzv_registration *r, newt_deadline_t d) {
   rdzv_etcd_op put = {.type = RDZV_OP_PUT, .key = r->key, .value = value, .value_len = strlen(value), .lease = lease};
   rdzv_etcd_op get = {.type = RDZV_OP_RANGE, .key = r->key};
   rdzv_etcd_txn_result tr;
-  res = rdzv_etcd_txn(r->c, &cmp, 1, &put, 1, &get, 1, d, &tr);
+  res = reg_txn(r, lease, &cmp, 1, &put, 1, &get, 1, d, &tr);
   if (res == NEWT_ERR_NOTFOUND && !own) { /* the host's lease is gone: one of our own */
     NEWT_INFO(RDZV, "%s: host lease %llx is gone; registering on a lease of its own", r->key, (unsigned long long)lease);
     free(value);
@@ -137,6 +156,8 @@ newt_result_t rdzv_register(rdzv_etcd *c, const char *key, const rdzv_register_o
   r->lost = o->lost;
   r->ud = o->ud;
   r->host_lease = o->host_lease;
+  r->batch = o->batch;
+  r->gateway = o->gateway;
   snprintf(r->what, sizeof r->what, "%s", o->what ? o->what : key);
   newt_result_t res = NEWT_OK;
   if (strlen(key) >= sizeof r->key) res = NEWT_ERR(NEWT_ERR_INVALID, "registration key %.80s...: too long", key);
@@ -187,7 +208,7 @@ newt_result_t rdzv_registration_put(rdzv_registration *r, const void *rec, newt_
   rdzv_etcd_cmp cmp = {.key = r->key, .target = RDZV_CMP_LEASE, .result = RDZV_CMP_EQUAL, .number = r->lease};
   rdzv_etcd_op put = {.type = RDZV_OP_PUT, .key = r->key, .value = value, .value_len = strlen(value), .lease = r->lease};
   rdzv_etcd_txn_result tr;
-  newt_result_t res = rdzv_etcd_txn(r->c, &cmp, 1, &put, 1, NULL, 0, d, &tr);
+  newt_result_t res = reg_txn(r, r->lease, &cmp, 1, &put, 1, NULL, 0, d, &tr);
   free(value);
   NEWT_CHECK(res);
   int ok = tr.succeeded;

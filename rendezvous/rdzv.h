@@ -34,6 +34,12 @@ typedef struct rdzv_register_opts {
   rdzv_etcd_lease_lost_fn lost; /* may be NULL */
   void *ud;
   const char *what;       /* the holder, for messages ("worker id w3 in job j") */
+  /* Where the transactions on the host's lease go (the claim, every rewrite, the leave's
+     delete), to cost the host one proposal for all its workers (batch.h): an in-process
+     batch, or the host agent's gateway (gateway.h; when it cannot be reached, straight to
+     etcd). Neither: straight to etcd. Both outlive the registration. */
+  struct rdzv_batch *batch;
+  struct rdzv_gateway_client *gateway;
 } rdzv_register_opts;
 
 typedef struct rdzv_registration rdzv_registration;

@@ -12,6 +12,7 @@
 #include "common/secret.h"
 #include "job/ending.h"
 #include "job/plan.h"
+#include "rendezvous/gateway.h"
 #include "rendezvous/rdzv.h"
 #include "worker/internal.h"
 
@@ -20,6 +21,8 @@ static void teardown(worker *w) {
   worker_publisher_stop(w);
   rdzv_etcd_watch_free(w->plan_watch);
   rdzv_registration_free(w->reg);
+  rdzv_gateway_client_free(w->gateway); /* after the registration that used it */
+  w->gateway = NULL;
   if (w->all) worker_end_generation(w);
   plan_free(&w->latest);
   plan_free(&w->plan);

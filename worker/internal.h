@@ -159,6 +159,7 @@ struct newt_ctx {
 
   /* --- etcd: the registration (publish.c) and the plan watch (watch.c) --- */
   rdzv_registration *reg;
+  struct rdzv_gateway_client *gateway; /* the host agent's (publish.c: host_gateway); NULL: none */
   rdzv_etcd_watch *plan_watch;
 
   /* --- what the program's thread shares with the watch and publisher threads --- */

@@ -19,6 +19,7 @@
 #include "common/strutil.h"
 #include "common/sys.h"
 #include "job/records.h"
+#include "rendezvous/gateway.h"
 #include "worker/internal.h"
 
 NEWT_PARAM(ProgressMs, "NEWT_PROGRESS_MS", 100)
@@ -48,6 +49,18 @@ static int64_t host_lease(const worker *w) {
       NEWT_INFO(WORKER, "%s: no host lease in %s yet; registering on a lease of its own", w->id, path);
       return 0;
     }
+  }
+}
+
+/* The host agent's gateway (rendezvous/gateway.h), at the socket the agent names in
+ * NEWT_HOST_GATEWAY: the transactions on the host's lease go there, so that the host's
+ * workers cost etcd one write together (a gateway that cannot be reached: straight to etcd). */
+static void host_gateway(worker *w, int64_t host) {
+  const char *path = getenv("NEWT_HOST_GATEWAY");
+  if (w->gateway || host <= 0 || !path || !*path) return;
+  if (rdzv_gateway_client_new(path, &w->gateway) != NEWT_OK) {
+    NEWT_WARN(WORKER, "%s: host gateway %s: %s; writing to etcd itself", w->id, path, newt_errmsg());
+    w->gateway = NULL;
   }
 }
 
@@ -83,8 +96,10 @@ newt_result_t worker_register(worker *w) {
   newt_deadline_t d = newt_deadline_in_ms(2 * w->spec.lease_ttl_ms + 5000);
   for (;;) {
     int64_t host = host_lease(w);
-    newt_result_t r = host > 0 ? job_register_on(w->etcd, w->o.job, &reg, host, ttl_s, on_lease_lost, w,
-                                                  job_call_deadline(), &w->reg)
+    host_gateway(w, host);
+    job_host_route via = {.gateway = w->gateway};
+    newt_result_t r = host > 0 ? job_register_via(w->etcd, w->o.job, &reg, host, &via, ttl_s, on_lease_lost, w,
+                                                   job_call_deadline(), &w->reg)
                                : job_register(w->etcd, w->o.job, &reg, ttl_s, on_lease_lost, w, job_call_deadline(),
                                                &w->reg);
     if (r == NEWT_OK || worker_stop_asked(w)) return r;

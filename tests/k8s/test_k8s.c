@@ -699,6 +699,17 @@ static void test_agent(void) {
   while (!newt_deadline_passed(d) && !(gone(w0) && gone(again))) newt_sleep_ms(50);
   T_CHECK_MSG(gone(w0) && gone(again), "local workers left behind: %d %s, %d %s", (int)w0, gone(w0) ? "gone" : "alive",
               (int)again, gone(again) ? "gone" : "alive");
+  /* the local workers' registrations, the rewrites that acknowledged each generation and the
+     leaves went through the agent's gateway (rendezvous/gateway.h): 4 registrations (two
+     restarts) and at least one acknowledgement each at least */
+  text = slurp(log);
+  const char *gw = text ? strstr(text, "host gateway: the local workers' ") : NULL;
+  long long posted = -1, sent = -1;
+  if (gw) sscanf(gw, "host gateway: the local workers' %lld transactions went to etcd in %lld writes", &posted, &sent);
+  T_CHECK_MSG(posted >= 8 && sent >= 1 && sent <= posted,
+              "the agent's log does not say its gateway carried the local workers' writes (%lld in %lld; %s)", posted,
+              sent, log);
+  free(text);
   kill(c.pid, SIGTERM);
   wait_exit(&c, 30000);
 }
