@@ -43,4 +43,33 @@ newt_result_t rdzv_gateway_txn(rdzv_gateway_client *g, const rdzv_etcd_cmp *cmps
                                const rdzv_etcd_op *success, size_t nsuccess, const rdzv_etcd_op *failure,
                                size_t nfailure, newt_deadline_t d, rdzv_etcd_txn_result *out, int *unreached);
 
+/* --- one watch per host ------------------------------------------------------------------- */
+
+/* Lets the gateway's clients watch key through one etcd watch of the host's, on c (which
+ * outlives the gateway): the first subscription reads the key and starts the watch (a
+ * subscription that finds etcd unreachable is refused, and the next one tries again); every
+ * subscriber is then sent the key's newest value at once, and again each time it changes (a
+ * put, or the value a resync found): newest-wins, so a subscriber that was slow to read gets
+ * the newest value, not every one between. Deletes are not sent. Any other key is refused. */
+newt_result_t rdzv_gateway_share(rdzv_gateway *g, rdzv_etcd *c, const char *key);
+/* Subscriptions taken, and etcd watches started, so far (a host's workers: one watch). */
+void rdzv_gateway_share_counts(rdzv_gateway *g, int64_t *subscriptions, int64_t *watches);
+
+typedef struct rdzv_gateway_watch rdzv_gateway_watch;
+
+/* Called on the subscription's own thread with each value sent (key, value, mod_revision,
+ * create_revision, version and lease as etcd has them); once with kv NULL when the
+ * subscription ends other than by rdzv_gateway_watch_free (the gateway went, or sent what
+ * it must not): the caller watches etcd itself from then on. */
+typedef void (*rdzv_gateway_watch_fn)(void *ud, const rdzv_etcd_kv *kv);
+
+/* Subscribes to key at the gateway at path; returns once the gateway took the subscription
+ * (the key's value, if any, may come before this returns): NEWT_ERR_UNAVAILABLE when the
+ * gateway cannot be reached, or the error it answered (the key not shared: NEWT_ERR_NOTFOUND;
+ * etcd unreachable from the gateway). */
+newt_result_t rdzv_gateway_watch_start(const char *path, const char *key, rdzv_gateway_watch_fn fn, void *ud,
+                                       newt_deadline_t d, rdzv_gateway_watch **out);
+/* Ends the subscription and joins its thread (not from the callback). NULL: nothing. */
+void rdzv_gateway_watch_free(rdzv_gateway_watch *w);
+
 #endif
