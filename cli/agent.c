@@ -294,6 +294,11 @@ static void gateway_start(agent *a) {
     a->gateway = NULL;
     return;
   }
+  /* and the plan's watch, one for the host (its workers would each hold one) */
+  char key[256];
+  if (job_key(key, sizeof key, a->o->job, JOB_REC_PLAN, 0, NULL) != NEWT_OK ||
+      rdzv_gateway_share(a->gateway, a->etcd, key) != NEWT_OK)
+    NEWT_WARN(CLI, "host gateway: the plan's watch is not shared (%s): each local worker watches it", newt_errmsg());
   snprintf(a->gateway_env, sizeof a->gateway_env, "NEWT_HOST_GATEWAY=%s", path);
 }
 
@@ -319,13 +324,14 @@ static void lease_start(agent *a) {
 /* Stops the lease thread and revokes the lease: every child has ended. */
 static void lease_end(agent *a) {
   if (!a->etcd) return;
-  rdzv_gateway_stop(a->gateway); /* every child has ended */
   if (a->batch) {
-    int64_t posted = 0, sent = 0;
+    int64_t posted = 0, sent = 0, subs = 0, watches = 0;
     rdzv_batch_counts(a->batch, &posted, &sent);
-    NEWT_INFO(CLI, "host gateway: the local workers' %lld transactions went to etcd in %lld writes", (long long)posted,
-              (long long)sent);
+    rdzv_gateway_share_counts(a->gateway, &subs, &watches);
+    NEWT_INFO(CLI, "host gateway: the local workers' %lld transactions went to etcd in %lld writes; their %lld plan "
+              "watches were %lld of etcd's", (long long)posted, (long long)sent, (long long)subs, (long long)watches);
   }
+  rdzv_gateway_stop(a->gateway); /* every child has ended */
   rdzv_batch_free(a->batch);
   a->gateway = NULL;
   a->batch = NULL;

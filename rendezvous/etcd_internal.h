@@ -14,6 +14,7 @@
 #include "rendezvous/etcd.h"
 
 typedef struct rdzv_lease_entry rdzv_lease_entry;
+struct rdzv_lease_table;
 
 struct rdzv_etcd {
   char *endpoints_str;
@@ -45,7 +46,7 @@ struct rdzv_etcd {
   pthread_t ka_thread;
   int ka_started, ka_stop;
   int64_t ka_in_callback; /* lease whose lost callback is running */
-  rdzv_lease_entry *leases;
+  struct rdzv_lease_table *leases; /* the kept leases: by id, and by due time (NULL: none yet) */
 };
 
 /* Request flags. */

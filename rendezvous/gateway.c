@@ -26,6 +26,25 @@
  * and range_end are base64 (they are bytes); numbers are JSON numbers or decimal strings;
  * a field left out is zero or false.
  *
+ * A subscription (gateway.h's one watch per host) is a request of its own:
+ *
+ *   field        what
+ *   watch        the key (base64), one the gateway shares (rdzv_gateway_share)
+ *   timeout_ms   the time to start the host's etcd watch in when none runs yet: the caller's
+ *                time left, less a tenth (1 s at most) for the answer to come back in
+ *
+ * It is answered {watching: true}, or an error ({code, message}: NEWT_ERR_NOTFOUND when the
+ * key is not shared; etcd's error when the watch could not start). After {watching} the
+ * connection carries only the gateway's frames {kv: {key, value, create_revision,
+ * mod_revision, version, lease}} (etcd's KeyValue as in a range answer, 64 MiB at most):
+ * the key's value at once when it has one, then each newer one (puts, and the value a
+ * resync found; deletes are not sent). The subscriber sends nothing more; bytes from it, or
+ * its end, end the subscription. The value kept is the newest, so a subscriber that reads
+ * slowly skips values, never queues them; one that takes more than 10 s to read a frame (a
+ * stopped worker) is dropped. An etcd watch's callback only stores the value and wakes the
+ * senders: no subscriber's socket can hold it up. The client ends a subscription (fn(NULL))
+ * at a frame that is not a {kv} of the key it watches, as at the connection's end.
+ *
  * The server trusts nothing a connection sends. A frame outside its bound, or one that is
  * not JSON or has a bad field (not base64, a key holding a NUL byte, an unknown name, too
  * many ops) is answered with NEWT_ERR_INVALID naming it, and the connection closed; a frame
@@ -34,8 +53,11 @@
  * (the agent restarted) is opened again once and the request sent again.
  *
  * Threads: the server has one accepting thread and one per connection, all joined by
- * rdzv_gateway_stop (which shuts the connections down, so only a transaction in flight
- * holds it, for its deadline). A client's calls hold its mutex. */
+ * rdzv_gateway_stop (which shuts the connections down, so only a transaction in flight, or
+ * a subscription starting its etcd watch, holds it, for its deadline); a subscriber's
+ * connection thread is its sender. A shared key's etcd watch runs on its own thread until
+ * stop frees it, after the connections. A client's calls hold its mutex; a client's
+ * subscription reads on a thread of its own. */
 #include "rendezvous/gateway.h"
 
 #include <errno.h>
@@ -43,12 +65,14 @@
 #include <limits.h>
 #include <poll.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "common/json.h"
@@ -63,6 +87,9 @@
 #define GW_MAX_WAIT_MS ((int64_t)600000)  /* the longest the server runs one transaction */
 #define GW_MAX_CONNS 1024                 /* open connections of one gateway */
 #define GW_BACKLOG 128
+#define GW_MAX_SHARED 4                   /* keys one gateway shares */
+#define GW_SEND_MS 10000                  /* the longest a subscriber may take to read one frame */
+#define GW_PEER_CHECK_MS 500              /* how often an idle subscriber's connection is looked at */
 #define GW_PATH_MAX (sizeof(((struct sockaddr_un *)0)->sun_path) - 1)
 
 static const char *const cmp_targets[] = {"version", "create", "mod", "value", "lease", NULL};
@@ -361,17 +388,14 @@ static newt_result_t decode_ops(const cJSON *req, const char *field, gw_req *q, 
   return NEWT_OK;
 }
 
-static newt_result_t decode_request(const char *text, size_t len, gw_req *q) {
+static newt_result_t decode_request(const cJSON *j, gw_req *q) {
   memset(q, 0, sizeof *q);
-  cJSON *j = NULL;
-  NEWT_CHECK(newt_json_parse(text, len, "request", &j));
   newt_result_t r = NEWT_OK;
   NEWT_CHECK_GOTO(newt_json_get_int(j, "request", "timeout_ms", 1, &q->timeout_ms), r, done);
   NEWT_CHECK_GOTO(decode_cmps(j, q), r, done);
   NEWT_CHECK_GOTO(decode_ops(j, "success", q, 0), r, done);
   NEWT_CHECK_GOTO(decode_ops(j, "failure", q, 1), r, done);
 done:
-  cJSON_Delete(j);
   if (r != NEWT_OK) req_free(q);
   return r;
 }
@@ -383,14 +407,19 @@ static int add_header(cJSON *o, int64_t revision) {
   return h && rdzv_etcd_add_i64(h, "revision", revision);
 }
 
-static int encode_kv(cJSON *arr, const rdzv_etcd_kv *kv) {
-  cJSON *o = cJSON_CreateObject();
-  if (!o) return 0;
-  cJSON_AddItemToArray(arr, o);
+/* kv's fields into o, as etcd writes a KeyValue. */
+static int fill_kv(cJSON *o, const rdzv_etcd_kv *kv) {
   return add_bytes(o, "key", kv->key, kv->key_len) && add_bytes(o, "value", kv->value, kv->value_len) &&
          rdzv_etcd_add_i64(o, "create_revision", kv->create_revision) &&
          rdzv_etcd_add_i64(o, "mod_revision", kv->mod_revision) && rdzv_etcd_add_i64(o, "version", kv->version) &&
          rdzv_etcd_add_i64(o, "lease", kv->lease);
+}
+
+static int encode_kv(cJSON *arr, const rdzv_etcd_kv *kv) {
+  cJSON *o = cJSON_CreateObject();
+  if (!o) return 0;
+  cJSON_AddItemToArray(arr, o);
+  return fill_kv(o, kv);
 }
 
 static int encode_range(cJSON *o, const rdzv_etcd_kvs *r) {
@@ -450,6 +479,21 @@ typedef struct gw_conn {
   struct gw_conn *next;
 } gw_conn;
 
+/* A key the gateway shares: one etcd watch, started by the first subscription, and the
+ * newest value it saw. Guarded by g->share_mu (watch: set under it, freed by stop). */
+typedef struct gw_share {
+  struct rdzv_gateway *g;
+  rdzv_etcd *c;
+  char *key;
+  rdzv_etcd_watch *watch; /* NULL: not started */
+  int starting;           /* a subscription is starting the watch: the others wait */
+  rdzv_etcd_kv kv;        /* the newest value, when has_kv */
+  int has_kv;
+  uint64_t seq;           /* +1 with each value stored */
+  newt_buf frame;         /* the {kv} frame of value frame_seq, made by the first sender */
+  uint64_t frame_seq;
+} gw_share;
+
 struct rdzv_gateway {
   rdzv_batch *b;
   char path[GW_PATH_MAX + 1];
@@ -461,6 +505,12 @@ struct rdzv_gateway {
   pthread_mutex_t mu; /* conns, nconns */
   gw_conn *conns;
   int nconns;
+  pthread_mutex_t share_mu; /* shares, nshares, stopping, the counts */
+  pthread_cond_t share_cv;  /* a new value, a watch started (or not), stop */
+  gw_share shares[GW_MAX_SHARED];
+  int nshares;
+  int stopping;
+  int64_t subscriptions, watches;
 };
 
 /* Sends an error answer: code and this thread's message. */
@@ -492,6 +542,252 @@ static char *run_request(rdzv_gateway *g, gw_req *q) {
   return text;
 }
 
+/* --- shared watches: the server ------------------------------------------------------------ */
+
+newt_result_t rdzv_gateway_share(rdzv_gateway *g, rdzv_etcd *c, const char *key) {
+  if (!g || !c || !key || !*key) return NEWT_ERR(NEWT_ERR_INVALID, "host gateway: share: no gateway, client or key");
+  newt_result_t r = NEWT_OK;
+  pthread_mutex_lock(&g->share_mu);
+  int i = 0;
+  while (i < g->nshares && strcmp(g->shares[i].key, key) != 0) i++;
+  if (i < g->nshares) {
+    /* shared already */
+  } else if (g->nshares == GW_MAX_SHARED) {
+    r = NEWT_ERR(NEWT_ERR_INVALID, "host gateway %s: cannot share %.200s: it shares %d keys, its most", g->path, key,
+                 GW_MAX_SHARED);
+  } else {
+    gw_share *s = &g->shares[i];
+    s->key = newt_strdup(key);
+    if (s->key) {
+      s->g = g;
+      s->c = c;
+      newt_buf_init(&s->frame);
+      g->nshares++;
+    } else {
+      r = NEWT_ERR(NEWT_ERR_NOMEM, "host gateway %s: out of memory sharing %.200s", g->path, key);
+    }
+  }
+  pthread_mutex_unlock(&g->share_mu);
+  return r;
+}
+
+void rdzv_gateway_share_counts(rdzv_gateway *g, int64_t *subscriptions, int64_t *watches) {
+  int64_t s = 0, w = 0;
+  if (g) {
+    pthread_mutex_lock(&g->share_mu);
+    s = g->subscriptions;
+    w = g->watches;
+    pthread_mutex_unlock(&g->share_mu);
+  }
+  if (subscriptions) *subscriptions = s;
+  if (watches) *watches = w;
+}
+
+/* Stores kv (copied) as s's newest value and wakes the senders. Called with share_mu held. */
+static void share_store(gw_share *s, const rdzv_etcd_kv *kv) {
+  rdzv_etcd_kv copy = *kv;
+  copy.key = malloc(kv->key_len + 1);
+  copy.value = malloc(kv->value_len + 1);
+  if (!copy.key || !copy.value) {
+    rdzv_etcd_kv_free(&copy);
+    NEWT_WARN(RDZV, "host gateway %s: out of memory for a value of %s (revision %lld): its subscribers keep the one "
+              "before", s->g->path, s->key, (long long)kv->mod_revision);
+    return;
+  }
+  if (kv->key_len) memcpy(copy.key, kv->key, kv->key_len);
+  if (kv->value_len) memcpy(copy.value, kv->value, kv->value_len);
+  copy.key[kv->key_len] = '\0';
+  copy.value[kv->value_len] = '\0';
+  rdzv_etcd_kv_free(&s->kv);
+  s->kv = copy;
+  s->has_kv = 1;
+  s->seq++;
+  pthread_cond_broadcast(&s->g->share_cv);
+}
+
+/* The etcd watch's callback: stores the value of the last put, or of a resync, and returns
+ * (deletes are not sent; a resync with no value leaves the last one). */
+static void on_share_watch(void *ud, const rdzv_etcd_watch_resp *r) {
+  gw_share *s = ud;
+  const rdzv_etcd_kv *kv = NULL;
+  if (r->kind == RDZV_WATCH_EVENTS) {
+    for (size_t i = 0; i < r->n_events; i++)
+      if (r->events[i].type == RDZV_EVENT_PUT) kv = &r->events[i].kv;
+  } else if (r->kind == RDZV_WATCH_RESYNC && r->n_kvs > 0) {
+    kv = &r->kvs[0];
+  } else if (r->kind == RDZV_WATCH_ERROR) {
+    NEWT_DEBUG(RDZV, "host gateway %s: the watch of %s: %s (it is re-opened)", s->g->path, s->key,
+               r->error ? r->error : "");
+  }
+  if (!kv) return;
+  pthread_mutex_lock(&s->g->share_mu);
+  share_store(s, kv);
+  pthread_mutex_unlock(&s->g->share_mu);
+}
+
+/* Reads s's key and watches it from the revision after the read, by d: no value can slip
+ * between (also when there is none yet). Called without share_mu, by one thread at a time. */
+static newt_result_t share_start(gw_share *s, newt_deadline_t d) {
+  rdzv_gateway *g = s->g;
+  rdzv_etcd_kv kv;
+  int64_t rev = 0;
+  newt_result_t r = rdzv_etcd_get(s->c, s->key, d, &kv, &rev);
+  if (r != NEWT_OK && r != NEWT_ERR_NOTFOUND)
+    return newt_err_wrap(r, "host gateway %s: reading %s to watch it: ", g->path, s->key);
+  pthread_mutex_lock(&g->share_mu);
+  if (r == NEWT_OK) {
+    share_store(s, &kv);
+  } else { /* none yet (an earlier try may have stored one since deleted) */
+    rdzv_etcd_kv_free(&s->kv);
+    s->has_kv = 0;
+  }
+  pthread_mutex_unlock(&g->share_mu);
+  rdzv_etcd_kv_free(&kv);
+  rdzv_etcd_watch_opts wo = {.start_revision = rev + 1, .progress_notify = 1};
+  rdzv_etcd_watch *w = NULL;
+  r = rdzv_etcd_watch_start(s->c, s->key, &wo, on_share_watch, s, d, &w);
+  if (r != NEWT_OK) return newt_err_wrap(r, "host gateway %s: watching %s: ", g->path, s->key);
+  pthread_mutex_lock(&g->share_mu);
+  s->watch = w;
+  g->watches++;
+  pthread_mutex_unlock(&g->share_mu);
+  return NEWT_OK;
+}
+
+/* Waits on share_cv until d, or ms from now when sooner. Called with share_mu held. */
+static void share_wait(rdzv_gateway *g, newt_deadline_t d, int64_t ms) {
+  uint64_t until = newt_now_ns() + (uint64_t)ms * 1000000ull;
+  if (d < until) until = d;
+  struct timespec ts = {(time_t)(until / 1000000000ull), (long)(until % 1000000000ull)};
+  pthread_cond_timedwait(&g->share_cv, &g->share_mu, &ts);
+}
+
+/* Takes a subscription to s, starting its etcd watch when none runs: one subscription tries
+ * at a time, the others wait for it (to their deadline) and try again when it failed.
+ * Called with share_mu held. */
+static newt_result_t share_subscribe(gw_share *s, newt_deadline_t d) {
+  rdzv_gateway *g = s->g;
+  while (s->starting && !g->stopping && !newt_deadline_passed(d)) share_wait(g, d, GW_MAX_WAIT_MS);
+  if (g->stopping) return NEWT_ERR(NEWT_ERR_UNAVAILABLE, "host gateway %s: stopping", g->path);
+  if (s->starting)
+    return NEWT_ERR(NEWT_ERR_TIMEOUT, "host gateway %s: the watch of %s was still starting at the deadline", g->path,
+                    s->key);
+  if (!s->watch) {
+    s->starting = 1;
+    pthread_mutex_unlock(&g->share_mu);
+    newt_result_t r = share_start(s, d);
+    pthread_mutex_lock(&g->share_mu);
+    s->starting = 0;
+    pthread_cond_broadcast(&g->share_cv);
+    if (r != NEWT_OK) return r;
+  }
+  g->subscriptions++;
+  return NEWT_OK;
+}
+
+/* Whether the subscriber sent something or went (it sends nothing once subscribed). */
+static int peer_gone(int fd) {
+  struct pollfd pf = {.fd = fd, .events = POLLIN};
+  return poll(&pf, 1, 0) > 0 && pf.revents != 0;
+}
+
+/* The frame of s's newest value into out (s->frame is made once for each value). Called
+ * with share_mu held. */
+static newt_result_t share_frame(gw_share *s, newt_buf *out) {
+  if (s->frame_seq != s->seq || s->frame.len == 0) {
+    cJSON *o = cJSON_CreateObject();
+    cJSON *kv = o ? cJSON_AddObjectToObject(o, "kv") : NULL;
+    char *text = kv && fill_kv(kv, &s->kv) ? newt_json_print(o) : NULL;
+    cJSON_Delete(o);
+    if (!text) return NEWT_ERR(NEWT_ERR_NOMEM, "host gateway %s: out of memory encoding the value of %s", s->g->path,
+                               s->key);
+    size_t n = strlen(text);
+    if (n > GW_MAX_ANSWER) {
+      free(text);
+      return NEWT_ERR(NEWT_ERR_INVALID, "host gateway %s: the value of %s (revision %lld) is %zu bytes to send, over "
+                      "the bound of %zu (64 MiB)", s->g->path, s->key, (long long)s->kv.mod_revision, n,
+                      GW_MAX_ANSWER);
+    }
+    newt_buf_reset(&s->frame);
+    NEWT_CHECK(make_frame(text, &s->frame));
+    s->frame_seq = s->seq;
+  }
+  newt_buf_reset(out);
+  return newt_buf_append(out, s->frame.data, s->frame.len);
+}
+
+/* Sends fd each newest value of s until the gateway stops, the subscriber goes or a frame
+ * takes it more than GW_SEND_MS to read. */
+static void send_values(gw_share *s, int fd) {
+  rdzv_gateway *g = s->g;
+  uint64_t sent = 0;
+  newt_buf frame;
+  newt_buf_init(&frame);
+  for (;;) {
+    pthread_mutex_lock(&g->share_mu);
+    int fresh = 0, gone = 0;
+    while (!g->stopping && !gone && !(fresh = s->has_kv && s->seq != sent)) {
+      share_wait(g, NEWT_DEADLINE_NONE, GW_PEER_CHECK_MS);
+      gone = peer_gone(fd);
+    }
+    newt_result_t r = NEWT_ERR_ABORTED;
+    if (fresh && !g->stopping) {
+      r = share_frame(s, &frame);
+      sent = s->seq;
+    }
+    pthread_mutex_unlock(&g->share_mu);
+    if (r != NEWT_OK) {
+      if (r != NEWT_ERR_ABORTED) NEWT_WARN(RDZV, "%s; the subscriber's connection is closed", newt_errmsg());
+      break;
+    }
+    io_status st = io_all(fd, frame.data, frame.len, 1, newt_deadline_in_ms(GW_SEND_MS));
+    if (st != IO_OK) {
+      if (st == IO_TIMEOUT)
+        NEWT_WARN(RDZV, "host gateway %s: a subscriber to %s read nothing for %d s: its connection is closed", g->path,
+                  s->key, GW_SEND_MS / 1000);
+      break;
+    }
+  }
+  newt_buf_free(&frame);
+}
+
+/* A subscription: answers it (an error leaves the connection serving), then sends the
+ * values. 1 to read the next request, 0 to close. */
+static int serve_watch(rdzv_gateway *g, int fd, const cJSON *j) {
+  char *key = NULL;
+  int64_t ms = 0;
+  newt_result_t r = get_bytes(j, "request", "watch", 1, &key, NULL);
+  if (r == NEWT_OK && !key) r = NEWT_ERR(NEWT_ERR_INVALID, "request.watch: missing");
+  if (r == NEWT_OK) r = newt_json_get_int(j, "request", "timeout_ms", 1, &ms);
+  if (r != NEWT_OK) {
+    free(key);
+    send_error(fd, newt_err_wrap(r, "host gateway %s: ", g->path));
+    return 0;
+  }
+  if (ms < 0 || ms > GW_MAX_WAIT_MS) ms = GW_MAX_WAIT_MS;
+  pthread_mutex_lock(&g->share_mu);
+  gw_share *s = NULL;
+  for (int i = 0; i < g->nshares && !s; i++)
+    if (strcmp(g->shares[i].key, key) == 0) s = &g->shares[i];
+  char shown[200];
+  r = s ? share_subscribe(s, newt_deadline_in_ms(ms))
+        : NEWT_ERR(NEWT_ERR_NOTFOUND, "host gateway %s: the key %s is not shared", g->path,
+                   newt_str_printable(shown, sizeof shown, key));
+  pthread_mutex_unlock(&g->share_mu);
+  free(key);
+  if (r != NEWT_OK) {
+    send_error(fd, r);
+    return 1;
+  }
+  char watching[] = "{\"watching\":true}";
+  unsigned char hdr[4];
+  put_be32(hdr, sizeof watching - 1);
+  newt_deadline_t d = newt_deadline_in_ms(GW_SEND_MS);
+  if (io_all(fd, hdr, 4, 1, d) == IO_OK && io_all(fd, watching, sizeof watching - 1, 1, d) == IO_OK)
+    send_values(s, fd);
+  return 0;
+}
+
 /* Reads one request from fd, runs it and answers: 1 to read the next, 0 to close. */
 static int serve_one(rdzv_gateway *g, int fd) {
   unsigned char hdr[4];
@@ -507,11 +803,19 @@ static int serve_one(rdzv_gateway *g, int fd) {
     send_error(fd, NEWT_ERR(NEWT_ERR_NOMEM, "host gateway %s: out of memory for a request of %u bytes", g->path, n));
     return 0;
   }
-  gw_req q;
   io_status st = io_all(fd, text, n, 0, NEWT_DEADLINE_NONE);
-  newt_result_t r = st == IO_OK ? decode_request(text, n, &q) : NEWT_ERR_PEER;
+  cJSON *j = NULL;
+  newt_result_t r = st == IO_OK ? newt_json_parse(text, n, "request", &j) : NEWT_ERR_PEER;
   free(text);
   if (st != IO_OK) return 0;
+  if (r == NEWT_OK && cJSON_IsObject(j) && cJSON_GetObjectItemCaseSensitive(j, "watch")) {
+    int more = serve_watch(g, fd, j);
+    cJSON_Delete(j);
+    return more;
+  }
+  gw_req q;
+  if (r == NEWT_OK) r = decode_request(j, &q);
+  cJSON_Delete(j);
   if (r != NEWT_OK) {
     send_error(fd, newt_err_wrap(r, "host gateway %s: ", g->path));
     return 0;
@@ -672,6 +976,8 @@ newt_result_t rdzv_gateway_start(rdzv_batch *b, const char *path, rdzv_gateway *
   g->lfd = g->wake[0] = g->wake[1] = -1;
   memcpy(g->path, path, strlen(path) + 1);
   pthread_mutex_init(&g->mu, NULL);
+  pthread_mutex_init(&g->share_mu, NULL);
+  rdzv_cond_init(&g->share_cv);
   newt_result_t r = listen_at(g, &sa);
   if (r == NEWT_OK && pipe2(g->wake, O_CLOEXEC) != 0)
     r = NEWT_ERR(NEWT_ERR_SYS, "host gateway %s: pipe: %s", path, strerror(errno));
@@ -688,6 +994,8 @@ newt_result_t rdzv_gateway_start(rdzv_batch *b, const char *path, rdzv_gateway *
   if (g->wake[0] >= 0) close(g->wake[0]);
   if (g->wake[1] >= 0) close(g->wake[1]);
   pthread_mutex_destroy(&g->mu);
+  pthread_mutex_destroy(&g->share_mu);
+  pthread_cond_destroy(&g->share_cv);
   free(g);
   return r;
 }
@@ -700,6 +1008,10 @@ void rdzv_gateway_stop(rdzv_gateway *g) {
   pthread_join(g->accepter, NULL);
   remove_socket(g);
   close(g->lfd);
+  pthread_mutex_lock(&g->share_mu); /* senders and subscriptions waiting on share_cv end */
+  g->stopping = 1;
+  pthread_cond_broadcast(&g->share_cv);
+  pthread_mutex_unlock(&g->share_mu);
   pthread_mutex_lock(&g->mu);
   for (gw_conn *c = g->conns; c; c = c->next)
     if (c->fd >= 0) shutdown(c->fd, SHUT_RDWR);
@@ -712,9 +1024,19 @@ void rdzv_gateway_stop(rdzv_gateway *g) {
     free(all);
     all = next;
   }
+  /* the etcd watches last: nobody else can start one now, and their callbacks may run until freed */
+  for (int i = 0; i < g->nshares; i++) {
+    gw_share *s = &g->shares[i];
+    rdzv_etcd_watch_free(s->watch);
+    rdzv_etcd_kv_free(&s->kv);
+    newt_buf_free(&s->frame);
+    free(s->key);
+  }
   close(g->wake[0]);
   close(g->wake[1]);
   pthread_mutex_destroy(&g->mu);
+  pthread_mutex_destroy(&g->share_mu);
+  pthread_cond_destroy(&g->share_cv);
   free(g);
 }
 
@@ -836,10 +1158,10 @@ static newt_result_t recv_answer(rdzv_gateway_client *g, newt_deadline_t d, char
 }
 
 /* An error answer ({code, message}) as this thread's error; NEWT_OK when it is a result. */
-static newt_result_t answer_error(rdzv_gateway_client *g, const char *text, size_t len) {
+static newt_result_t answer_error(const char *path, const char *text, size_t len) {
   cJSON *j = NULL;
   if (newt_json_parse(text, len, "answer", &j) != NEWT_OK)
-    return newt_err_wrap(NEWT_ERR_CORRUPT, "host gateway %s: ", g->path);
+    return newt_err_wrap(NEWT_ERR_CORRUPT, "host gateway %s: ", path);
   const cJSON *code = cJSON_IsObject(j) ? cJSON_GetObjectItemCaseSensitive(j, "code") : NULL;
   if (!code) {
     cJSON_Delete(j);
@@ -852,14 +1174,14 @@ static newt_result_t answer_error(rdzv_gateway_client *g, const char *text, size
   if (r == NEWT_OK && (c <= NEWT_OK || c >= NEWT_ERR__COUNT))
     r = NEWT_ERR(NEWT_ERR_CORRUPT, "answer.code: %lld is no newt result code", (long long)c);
   if (r == NEWT_OK) r = NEWT_ERR((newt_result_t)c, "%s", msg);
-  else r = newt_err_wrap(NEWT_ERR_CORRUPT, "host gateway %s: ", g->path);
+  else r = newt_err_wrap(NEWT_ERR_CORRUPT, "host gateway %s: ", path);
   cJSON_Delete(j);
   return r;
 }
 
 static newt_result_t decode_answer(rdzv_gateway_client *g, const char *text, size_t len,
                                    rdzv_etcd_txn_result *out) {
-  NEWT_CHECK(answer_error(g, text, len));
+  NEWT_CHECK(answer_error(g->path, text, len));
   rdzv_etcd_txn_result tmp;
   newt_result_t r = rdzv_etcd_parse_txn(text, len, out ? out : &tmp);
   if (r != NEWT_OK) return newt_err_wrap(NEWT_ERR_CORRUPT, "host gateway %s: answer: ", g->path);
@@ -900,4 +1222,171 @@ newt_result_t rdzv_gateway_txn(rdzv_gateway_client *g, const rdzv_etcd_cmp *cmps
   newt_result_t r = exchange(g, &t, d, out, unreached);
   pthread_mutex_unlock(&g->mu);
   return r;
+}
+
+/* --- shared watches: the client ------------------------------------------------------------ */
+
+struct rdzv_gateway_watch {
+  int fd;
+  char *key;
+  rdzv_gateway_watch_fn fn;
+  void *ud;
+  pthread_t thread;
+  atomic_int freeing; /* rdzv_gateway_watch_free was called: no fn(NULL) */
+  char path[GW_PATH_MAX + 1];
+};
+
+/* One frame of 1 to GW_MAX_ANSWER bytes by d: its JSON (malloc'd) and length; `what` names
+ * it in messages. */
+static newt_result_t recv_frame(rdzv_gateway_watch *w, const char *what, newt_deadline_t d, char **text,
+                                size_t *len) {
+  unsigned char hdr[4];
+  io_status st = io_all(w->fd, hdr, 4, 0, d);
+  uint32_t n = st == IO_OK ? get_be32(hdr) : 0;
+  if (st == IO_OK && (n == 0 || n > GW_MAX_ANSWER))
+    return NEWT_ERR(NEWT_ERR_CORRUPT, "host gateway %s: %s of %u bytes, outside the bound of 1 to %zu (64 MiB)",
+                    w->path, what, n, GW_MAX_ANSWER);
+  char *buf = st == IO_OK ? malloc(n) : NULL;
+  if (st == IO_OK && !buf)
+    return NEWT_ERR(NEWT_ERR_NOMEM, "host gateway %s: out of memory for %s of %u bytes", w->path, what, n);
+  if (st == IO_OK) st = io_all(w->fd, buf, n, 0, d);
+  if (st == IO_OK) {
+    *text = buf;
+    *len = n;
+    return NEWT_OK;
+  }
+  int e = errno;
+  free(buf);
+  if (st == IO_TIMEOUT) return NEWT_ERR(NEWT_ERR_TIMEOUT, "host gateway %s: no %s by the deadline", w->path, what);
+  return NEWT_ERR(NEWT_ERR_UNAVAILABLE, "host gateway %s: %s before %s", w->path,
+                  st == IO_EOF ? "the gateway closed the connection" : strerror(e), what);
+}
+
+/* A {kv} frame: the value of the key watched; anything else is NEWT_ERR_CORRUPT. */
+static newt_result_t decode_value(rdzv_gateway_watch *w, const char *text, size_t len, rdzv_etcd_kv *kv) {
+  memset(kv, 0, sizeof *kv);
+  cJSON *j = NULL;
+  const cJSON *o = NULL;
+  newt_result_t r = newt_json_parse(text, len, "value", &j);
+  if (r == NEWT_OK) r = newt_json_get_obj(j, "value", "kv", 1, &o);
+  if (r == NEWT_OK) r = rdzv_etcd_parse_kv(o, "value.kv", kv);
+  cJSON_Delete(j);
+  if (r != NEWT_OK) return newt_err_wrap(NEWT_ERR_CORRUPT, "host gateway %s: ", w->path);
+  if (kv->key_len != strlen(w->key) || memcmp(kv->key, w->key, kv->key_len) != 0) {
+    char shown[200];
+    newt_str_printable(shown, sizeof shown, kv->key);
+    rdzv_etcd_kv_free(kv);
+    return NEWT_ERR(NEWT_ERR_CORRUPT, "host gateway %s: sent a value of %s, not of %s watched", w->path, shown,
+                    w->key);
+  }
+  return NEWT_OK;
+}
+
+/* The subscription's thread: each value to fn until the connection ends or a frame is bad,
+ * then fn(NULL), unless rdzv_gateway_watch_free ended it. */
+static void *watch_main(void *arg) {
+  rdzv_gateway_watch *w = arg;
+  for (;;) {
+    char *text = NULL;
+    size_t len = 0;
+    rdzv_etcd_kv kv;
+    newt_result_t r = recv_frame(w, "a value", NEWT_DEADLINE_NONE, &text, &len);
+    if (r == NEWT_OK) {
+      r = decode_value(w, text, len, &kv);
+      free(text);
+    }
+    if (r != NEWT_OK || atomic_load(&w->freeing)) break;
+    w->fn(w->ud, &kv);
+    rdzv_etcd_kv_free(&kv);
+  }
+  if (atomic_load(&w->freeing)) return NULL;
+  NEWT_INFO(RDZV, "the watch of %s through the host gateway ended: %s", w->key, newt_errmsg());
+  w->fn(w->ud, NULL);
+  return NULL;
+}
+
+/* Connects, sends the subscription and reads its answer (one frame: values follow it). */
+static newt_result_t subscribe(rdzv_gateway_watch *w, const struct sockaddr_un *sa, newt_deadline_t d) {
+  w->fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+  if (w->fd < 0) return NEWT_ERR(NEWT_ERR_UNAVAILABLE, "host gateway %s: socket: %s", w->path, strerror(errno));
+  if (connect(w->fd, (const struct sockaddr *)sa, sizeof *sa) != 0)
+    return NEWT_ERR(NEWT_ERR_UNAVAILABLE, "host gateway %s: cannot connect: %s", w->path, strerror(errno));
+  /* the gateway gets a tenth less (1 s at most), so that its answer comes before d */
+  int64_t timeout = -1;
+  if (d != NEWT_DEADLINE_NONE) {
+    int64_t left = newt_deadline_left_ms(d);
+    timeout = left - (left / 10 < 1000 ? left / 10 : 1000);
+  }
+  cJSON *req = cJSON_CreateObject();
+  char *text = req && add_bytes(req, "watch", w->key, strlen(w->key)) && newt_json_add_int(req, "timeout_ms", timeout)
+                   ? newt_json_print(req)
+                   : NULL;
+  cJSON_Delete(req);
+  if (!text) return NEWT_ERR(NEWT_ERR_NOMEM, "host gateway %s: out of memory encoding a subscription", w->path);
+  if (strlen(text) > GW_MAX_REQUEST) {
+    free(text);
+    return NEWT_ERR(NEWT_ERR_INVALID, "host gateway %s: a key of %zu bytes is too long to watch", w->path,
+                    strlen(w->key));
+  }
+  newt_buf frame;
+  newt_buf_init(&frame);
+  newt_result_t r = make_frame(text, &frame);
+  io_status st = r == NEWT_OK ? io_all(w->fd, frame.data, frame.len, 1, d) : IO_FAIL;
+  int e = errno;
+  newt_buf_free(&frame);
+  if (r != NEWT_OK) return r;
+  if (st == IO_TIMEOUT)
+    return NEWT_ERR(NEWT_ERR_TIMEOUT, "host gateway %s: the subscription was not sent by the deadline", w->path);
+  if (st != IO_OK)
+    return NEWT_ERR(NEWT_ERR_UNAVAILABLE, "host gateway %s: sending the subscription: %s", w->path, strerror(e));
+  size_t len = 0;
+  NEWT_CHECK(recv_frame(w, "the subscription's answer", d, &text, &len));
+  r = answer_error(w->path, text, len);
+  cJSON *j = NULL;
+  int watching = 0;
+  if (r == NEWT_OK && newt_json_parse(text, len, "answer", &j) == NEWT_OK)
+    watching = cJSON_IsTrue(cJSON_IsObject(j) ? cJSON_GetObjectItemCaseSensitive(j, "watching") : NULL);
+  cJSON_Delete(j);
+  free(text);
+  if (r == NEWT_OK && !watching)
+    r = NEWT_ERR(NEWT_ERR_CORRUPT, "host gateway %s: the subscription's answer is neither {watching: true} nor an "
+                 "error", w->path);
+  return r;
+}
+
+newt_result_t rdzv_gateway_watch_start(const char *path, const char *key, rdzv_gateway_watch_fn fn, void *ud,
+                                       newt_deadline_t d, rdzv_gateway_watch **out) {
+  *out = NULL;
+  struct sockaddr_un sa;
+  NEWT_CHECK(socket_addr(path, &sa));
+  if (!key || !*key || !fn)
+    return NEWT_ERR(NEWT_ERR_INVALID, "host gateway %s: a watch needs a key and a callback", path);
+  rdzv_gateway_watch *w = calloc(1, sizeof *w);
+  NEWT_CHECK_ALLOC(w);
+  w->fd = -1;
+  w->fn = fn;
+  w->ud = ud;
+  memcpy(w->path, path, strlen(path) + 1);
+  w->key = newt_strdup(key);
+  newt_result_t r = w->key ? subscribe(w, &sa, d) : NEWT_ERR(NEWT_ERR_NOMEM, "host gateway %s: out of memory", path);
+  if (r == NEWT_OK && pthread_create(&w->thread, NULL, watch_main, w) != 0)
+    r = NEWT_ERR(NEWT_ERR_SYS, "host gateway %s: cannot start a watch's thread", path);
+  if (r == NEWT_OK) {
+    *out = w;
+    return NEWT_OK;
+  }
+  if (w->fd >= 0) close(w->fd);
+  free(w->key);
+  free(w);
+  return r;
+}
+
+void rdzv_gateway_watch_free(rdzv_gateway_watch *w) {
+  if (!w) return;
+  atomic_store(&w->freeing, 1);
+  shutdown(w->fd, SHUT_RDWR); /* its read ends */
+  pthread_join(w->thread, NULL);
+  close(w->fd);
+  free(w->key);
+  free(w);
 }

@@ -19,7 +19,7 @@
 static void teardown(worker *w) {
   worker_ckpt_free(w);
   worker_publisher_stop(w);
-  rdzv_etcd_watch_free(w->plan_watch);
+  worker_unwatch_plan(w);
   rdzv_registration_free(w->reg);
   rdzv_gateway_client_free(w->gateway); /* after the registration that used it */
   w->gateway = NULL;

@@ -161,6 +161,8 @@ struct newt_ctx {
   rdzv_registration *reg;
   struct rdzv_gateway_client *gateway; /* the host agent's (publish.c: host_gateway); NULL: none */
   rdzv_etcd_watch *plan_watch;
+  struct rdzv_gateway_watch *plan_gw; /* the host gateway's plan watch (watch.c); NULL: none */
+  atomic_int plan_gw_closing;         /* worker_unwatch_plan: no etcd watch is started any more */
 
   /* --- what the program's thread shares with the watch and publisher threads --- */
   pthread_mutex_t mu; /* guards what the watch and publisher threads share: */
@@ -321,6 +323,8 @@ newt_result_t worker_label_metrics(worker *w, int rank);
 
 /* The plan as it is, then every change after the revision it was read at. */
 newt_result_t worker_watch_plan(worker *w);
+/* Ends the plan watch (the gateway's, then etcd's). */
+void worker_unwatch_plan(worker *w);
 /* Whether plan p ends the running generation at once rather than at the next step boundary. */
 int worker_plan_drops_now(const newt_plan *p, const char *id);
 

@@ -5,8 +5,11 @@
  * A plan that ends the running generation at once (its switch "abort", or nothing in it for
  * this worker) aborts the generation's communicator, so that a pending collective returns; one
  * that lets the step finish sets switch_pending for the next commit; one that comes while a
- * communicator is being built cancels the build. What it touches is guarded by w->mu. */
+ * communicator is being built cancels the build. What it touches is guarded by w->mu. Under
+ * a node agent the plan comes through the agent's gateway instead (one etcd watch for the
+ * host), the same way, and from etcd itself again if the agent goes. */
 #include <pthread.h>
+#include <stdlib.h>
 #include <stdatomic.h>
 #include <string.h>
 
@@ -15,6 +18,7 @@
 #include "job/records.h"
 #include "job/store.h"
 #include "rendezvous/etcd.h"
+#include "rendezvous/gateway.h"
 #include "worker/internal.h"
 
 /* Whether plan p ends the running generation at once rather than at the next step
@@ -86,9 +90,7 @@ static void on_plan(void *ud, const rdzv_etcd_watch_resp *r) {
 
 /* The plan as it is, then every change after the revision it was read at: no plan can
  * slip between the read and the watch (also when there was none yet). */
-newt_result_t worker_watch_plan(worker *w) {
-  char key[256];
-  NEWT_CHECK(job_key(key, sizeof key, w->o.job, JOB_REC_PLAN, 0, NULL));
+static newt_result_t watch_etcd(worker *w, const char *key) {
   rdzv_etcd_kv kv;
   int64_t rev = 0;
   newt_result_t r = rdzv_etcd_get(w->etcd, key, job_call_deadline(), &kv, &rev);
@@ -99,5 +101,53 @@ newt_result_t worker_watch_plan(worker *w) {
     return r;
   }
   rdzv_etcd_watch_opts wo = {.start_revision = rev + 1, .progress_notify = 1};
-  return rdzv_etcd_watch_start(w->etcd, key, &wo, on_plan, w, job_call_deadline(), &w->plan_watch);
+  rdzv_etcd_watch *watch = NULL;
+  NEWT_CHECK(rdzv_etcd_watch_start(w->etcd, key, &wo, on_plan, w, job_call_deadline(), &watch));
+  pthread_mutex_lock(&w->mu);
+  w->plan_watch = watch;
+  pthread_mutex_unlock(&w->mu);
+  return NEWT_OK;
+}
+
+/* The host gateway's plan watch: a plan it sends is taken as one from etcd; when it ends (the
+ * agent went), this worker watches etcd itself, until that works or the worker ends. */
+static void on_gateway_plan(void *ud, const rdzv_etcd_kv *kv) {
+  worker *w = ud;
+  if (kv) {
+    take_plan(w, kv->value, kv->value_len, kv->mod_revision);
+    return;
+  }
+  char key[256];
+  if (job_key(key, sizeof key, w->o.job, JOB_REC_PLAN, 0, NULL) != NEWT_OK) return;
+  NEWT_WARN(WORKER, "%s: the host gateway's plan watch ended; watching the plan in etcd itself", w->id);
+  while (!atomic_load(&w->plan_gw_closing) && !worker_stop_asked(w)) {
+    if (watch_etcd(w, key) == NEWT_OK) return;
+    NEWT_WARN(WORKER, "%s: watching the plan: %s (trying again)", w->id, newt_errmsg());
+    for (int t = 0; t < 20 && !atomic_load(&w->plan_gw_closing); t++) newt_sleep_ms(50);
+  }
+}
+
+/* Through the host agent's gateway when there is one (NEWT_HOST_GATEWAY: one etcd watch for
+ * the host's workers, rendezvous/gateway.h), else, or when it refuses, etcd's own. */
+newt_result_t worker_watch_plan(worker *w) {
+  char key[256];
+  NEWT_CHECK(job_key(key, sizeof key, w->o.job, JOB_REC_PLAN, 0, NULL));
+  const char *path = getenv("NEWT_HOST_GATEWAY");
+  if (path && *path) {
+    rdzv_gateway_watch *gw = NULL;
+    if (rdzv_gateway_watch_start(path, key, on_gateway_plan, w, job_call_deadline(), &gw) == NEWT_OK) {
+      w->plan_gw = gw;
+      return NEWT_OK;
+    }
+    NEWT_INFO(WORKER, "%s: host gateway %s: %s; watching the plan in etcd itself", w->id, path, newt_errmsg());
+  }
+  return watch_etcd(w, key);
+}
+
+void worker_unwatch_plan(worker *w) {
+  atomic_store(&w->plan_gw_closing, 1);
+  rdzv_gateway_watch_free(w->plan_gw); /* first: its end may start the etcd watch */
+  w->plan_gw = NULL;
+  rdzv_etcd_watch_free(w->plan_watch);
+  w->plan_watch = NULL;
 }

@@ -701,14 +701,22 @@ static void test_agent(void) {
               (int)again, gone(again) ? "gone" : "alive");
   /* the local workers' registrations, the rewrites that acknowledged each generation and the
      leaves went through the agent's gateway (rendezvous/gateway.h): 4 registrations (two
-     restarts) and at least one acknowledgement each at least */
+     restarts) and at least one acknowledgement each; and their 4 plan watches (one per start)
+     were fewer of etcd's */
   text = slurp(log);
   const char *gw = text ? strstr(text, "host gateway: the local workers' ") : NULL;
-  long long posted = -1, sent = -1;
-  if (gw) sscanf(gw, "host gateway: the local workers' %lld transactions went to etcd in %lld writes", &posted, &sent);
+  long long posted = -1, sent = -1, subs = -1, watches = -1;
+  if (gw)
+    sscanf(gw, "host gateway: the local workers' %lld transactions went to etcd in %lld writes; their %lld plan watches "
+           "were %lld of etcd's", &posted, &sent, &subs, &watches);
+  fprintf(stderr, "the agent's gateway: %lld transactions in %lld etcd writes, %lld plan watches in %lld of etcd's\n",
+          posted, sent, subs, watches);
   T_CHECK_MSG(posted >= 8 && sent >= 1 && sent <= posted,
               "the agent's log does not say its gateway carried the local workers' writes (%lld in %lld; %s)", posted,
               sent, log);
+  T_CHECK_MSG(subs >= 4 && watches >= 1 && watches < subs,
+              "the agent's log does not say its gateway shared the plan's watch (%lld subscriptions, %lld watches; %s)",
+              subs, watches, log);
   free(text);
   kill(c.pid, SIGTERM);
   wait_exit(&c, 30000);

@@ -4,10 +4,20 @@
  * code and message; 16 clients at once cost etcd one merged transaction; no gateway, or one
  * stopped, is *unreached = 1, and one that took the request and then failed is *unreached = 0;
  * hostile frames from a raw socket (cut short, not JSON, not base64, too many ops, a huge
- * length, random bytes) leave the server serving. */
+ * length, random bytes) leave the server serving.
+ *
+ * One watch per host: three subscribers to a shared key get its value at once and each
+ * newest one after, through one etcd watch (the gateway's count, and etcd's own gauge of
+ * watchers); deletes are not sent; a key not shared is NEWT_ERR_NOTFOUND, no gateway
+ * NEWT_ERR_UNAVAILABLE, etcd paused a refusal the next subscription gets past; the gateway
+ * stopping, or a fake one sending what it must not, ends each subscription with one
+ * fn(NULL); a subscriber that never reads (its socket full of large values) holds up
+ * neither another subscriber nor stop. */
+#include <curl/curl.h>
 #include <pthread.h>
 #include <stdint.h>
 #include <string.h>
+#include <sys/ioctl.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
@@ -534,6 +544,10 @@ static void test_hostile_frames(void) {
       {"{\"timeout_ms\":100,\"compare\":[{\"key\":\"YQ==\",\"target\":\"value\",\"result\":\"equal\",\"value\":1}]}", "value"},
       {"{\"timeout_ms\":100,\"compare\":[7]}", "compare[0]"},
       {"{\"timeout_ms\":100,\"success\":[null]}", "success[0]"},
+      {"{\"timeout_ms\":100,\"watch\":\"!!notbase64!!\"}", "request.watch: not base64"},
+      {"{\"timeout_ms\":100,\"watch\":7}", "request.watch"},
+      {"{\"timeout_ms\":100,\"watch\":\"YQBi\"}", "NUL"},
+      {"{\"watch\":\"YQ==\"}", "timeout_ms"},
   };
   for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
     int64_t code = hostile_text(f.path, bad[i].text, msg, sizeof msg);
@@ -582,6 +596,429 @@ static void test_hostile_frames(void) {
   if (idle >= 0) close(idle);
 }
 
+/* --- one watch per host ------------------------------------------------------------------ */
+
+/* What a subscriber got: its newest value, how many, and its ends. */
+typedef struct sub {
+  pthread_mutex_t mu;
+  pthread_cond_t cv; /* on CLOCK_MONOTONIC */
+  const char *key;
+  int64_t mod_rev, create_rev, version; /* of the newest value; mod_rev 0: none yet */
+  char value[64];                       /* its first bytes */
+  size_t value_len;
+  char last;                            /* its last byte */
+  int values, ended;
+  int bad; /* a value of another key, an empty one (a delete sent) or one older than the one before */
+} sub;
+
+static void sub_init(sub *s, const char *key) {
+  memset(s, 0, sizeof *s);
+  s->key = key;
+  pthread_mutex_init(&s->mu, NULL);
+  pthread_condattr_t ca;
+  pthread_condattr_init(&ca);
+  pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+  pthread_cond_init(&s->cv, &ca);
+  pthread_condattr_destroy(&ca);
+}
+
+static void sub_destroy(sub *s) {
+  pthread_mutex_destroy(&s->mu);
+  pthread_cond_destroy(&s->cv);
+}
+
+static void on_value(void *ud, const rdzv_etcd_kv *kv) {
+  sub *s = ud;
+  pthread_mutex_lock(&s->mu);
+  if (!kv) {
+    s->ended++;
+  } else {
+    if (strcmp(kv->key, s->key) != 0 || kv->value_len == 0 || kv->mod_revision < s->mod_rev) s->bad++;
+    s->mod_rev = kv->mod_revision;
+    s->create_rev = kv->create_revision;
+    s->version = kv->version;
+    s->value_len = kv->value_len;
+    size_t n = kv->value_len < sizeof s->value - 1 ? kv->value_len : sizeof s->value - 1;
+    memcpy(s->value, kv->value, n);
+    s->value[n] = '\0';
+    s->last = kv->value_len ? kv->value[kv->value_len - 1] : 0;
+    s->values++;
+  }
+  pthread_cond_broadcast(&s->cv);
+  pthread_mutex_unlock(&s->mu);
+}
+
+/* Waits until s got a value of revision rev or later (rev 0: until it ended); 60 s is only
+ * the failure bound. 1 when it did. */
+static int sub_wait(sub *s, int64_t rev) {
+  newt_deadline_t d = dl(60000);
+  pthread_mutex_lock(&s->mu);
+  int ok;
+  while (!(ok = rev ? s->mod_rev >= rev : s->ended > 0) && !newt_deadline_passed(d)) {
+    struct timespec ts = {(time_t)(d / 1000000000ull), (long)(d % 1000000000ull)};
+    pthread_cond_timedwait(&s->cv, &s->mu, &ts);
+  }
+  pthread_mutex_unlock(&s->mu);
+  return ok;
+}
+
+/* s's newest value is `value` (a string) at revision rev, version version. */
+static void sub_check(sub *s, const char *value, int64_t rev, int64_t version) {
+  pthread_mutex_lock(&s->mu);
+  T_CHECK_MSG(s->mod_rev == rev && s->version == version && s->value_len == strlen(value) &&
+                  strcmp(s->value, value) == 0 && s->bad == 0 && s->ended == 0,
+              "%s: \"%s\" at %lld version %lld (bad %d, ended %d), expected \"%s\" at %lld version %lld", s->key,
+              s->value, (long long)s->mod_rev, (long long)s->version, s->bad, s->ended, value, (long long)rev,
+              (long long)version);
+  pthread_mutex_unlock(&s->mu);
+}
+
+static int sub_get(sub *s, const int *field) {
+  pthread_mutex_lock(&s->mu);
+  int v = *field;
+  pthread_mutex_unlock(&s->mu);
+  return v;
+}
+
+static size_t on_body(char *p, size_t size, size_t n, void *ud) {
+  return newt_buf_append(ud, p, size * n) == NEWT_OK ? size * n : 0;
+}
+
+/* etcd's own gauge of the watchers it serves (its Prometheus metrics); -1 when it has none. */
+static int64_t etcd_watchers(void) {
+  static const char name[] = "\netcd_debugging_mvcc_watcher_total ";
+  char url[512];
+  snprintf(url, sizeof url, "%s/metrics", rdzv_etcd_server_url(srv));
+  newt_buf body;
+  newt_buf_init(&body);
+  CURL *c = curl_easy_init();
+  if (!c) return -1;
+  curl_easy_setopt(c, CURLOPT_URL, url);
+  curl_easy_setopt(c, CURLOPT_WRITEFUNCTION, on_body);
+  curl_easy_setopt(c, CURLOPT_WRITEDATA, &body);
+  curl_easy_setopt(c, CURLOPT_TIMEOUT_MS, 10000L);
+  int64_t n = -1;
+  if (curl_easy_perform(c) == CURLE_OK && newt_buf_append(&body, "", 1) == NEWT_OK) {
+    const char *at = strstr(body.data, name);
+    if (at) n = strtoll(at + sizeof name - 1, NULL, 10);
+  }
+  curl_easy_cleanup(c);
+  newt_buf_free(&body);
+  return n;
+}
+
+static int64_t put_str(const char *key, const char *value) {
+  int64_t rev = 0;
+  T_OK(rdzv_etcd_put(cli, key, value, strlen(value), 0, dl(10000), &rev));
+  return rev;
+}
+
+#define N_SUBS 3
+
+static void test_watch_shared(void) {
+  gw_fixture f;
+  if (fixture_start(&f, "watch.sock", 1, 0)) return;
+  const char *key = "/gw/watch/plan";
+  T_OK(rdzv_gateway_share(f.g, cli, key));
+  T_OK(rdzv_gateway_share(f.g, cli, key)); /* again: the same share */
+  int64_t r0 = put_str(key, "plan 0");
+  int64_t before = etcd_watchers();
+  sub s[N_SUBS];
+  rdzv_gateway_watch *w[N_SUBS] = {NULL};
+  for (int i = 0; i < N_SUBS; i++) {
+    sub_init(&s[i], key);
+    T_OK(rdzv_gateway_watch_start(f.path, key, on_value, &s[i], dl(10000), &w[i]));
+  }
+  /* the value there is, at once */
+  for (int i = 0; i < N_SUBS; i++) {
+    T_CHECK(sub_wait(&s[i], r0));
+    sub_check(&s[i], "plan 0", r0, 1);
+    T_CHECK(s[i].create_rev == r0);
+  }
+  int64_t subs = -1, watches = -1;
+  rdzv_gateway_share_counts(f.g, &subs, &watches);
+  T_CHECK_MSG(subs == N_SUBS && watches == 1, "%lld subscriptions, %lld watches", (long long)subs,
+              (long long)watches);
+  /* etcd's own count: one watcher for the three (each started before its watch_start returned) */
+  int64_t after = etcd_watchers();
+  if (before < 0 || after < 0) fprintf(stderr, "  etcd has no etcd_debugging_mvcc_watcher_total: not checked\n");
+  else T_CHECK_MSG(after == before + 1, "etcd's watchers: %lld before, %lld after", (long long)before,
+                   (long long)after);
+  fprintf(stderr, "  etcd's watchers: %lld before %d subscriptions, %lld after\n", (long long)before, N_SUBS,
+          (long long)after);
+
+  /* each put's value */
+  int64_t r1 = put_str(key, "plan 1");
+  for (int i = 0; i < N_SUBS; i++) {
+    T_CHECK(sub_wait(&s[i], r1));
+    sub_check(&s[i], "plan 1", r1, 2);
+  }
+  int64_t r2 = put_str(key, "plan two");
+  for (int i = 0; i < N_SUBS; i++) {
+    T_CHECK(sub_wait(&s[i], r2));
+    sub_check(&s[i], "plan two", r2, 3);
+  }
+  /* a delete is not sent; the put after it is (sub_check: no empty value came) */
+  T_OK(rdzv_etcd_delete(cli, key, 0, dl(10000), NULL, NULL));
+  int64_t r3 = put_str(key, "plan 3");
+  for (int i = 0; i < N_SUBS; i++) {
+    T_CHECK(sub_wait(&s[i], r3));
+    sub_check(&s[i], "plan 3", r3, 1);
+    T_CHECK(s[i].create_rev == r3);
+  }
+
+  /* a second key, with no value yet: nothing comes until its first put */
+  const char *key2 = "/gw/watch/empty";
+  sub e;
+  sub_init(&e, key2);
+  rdzv_gateway_watch *we = NULL;
+  T_OK(rdzv_gateway_share(f.g, cli, key2));
+  T_OK(rdzv_gateway_watch_start(f.path, key2, on_value, &e, dl(10000), &we));
+  int64_t r4 = put_str(key2, "first");
+  T_CHECK(sub_wait(&e, r4));
+  sub_check(&e, "first", r4, 1);
+  T_CHECK(sub_get(&e, &e.values) == 1);
+  rdzv_gateway_share_counts(f.g, &subs, &watches);
+  T_CHECK_MSG(subs == N_SUBS + 1 && watches == 2, "%lld subscriptions, %lld watches", (long long)subs,
+              (long long)watches);
+  /* a fifth key is refused (four at most) */
+  T_OK(rdzv_gateway_share(f.g, cli, "/gw/watch/k3"));
+  T_OK(rdzv_gateway_share(f.g, cli, "/gw/watch/k4"));
+  T_ERR(NEWT_ERR_INVALID, rdzv_gateway_share(f.g, cli, "/gw/watch/k5"));
+
+  /* free is the caller's own end: no fn(NULL) */
+  rdzv_gateway_watch_free(we);
+  T_CHECK(sub_get(&e, &e.ended) == 0);
+  sub_destroy(&e);
+  for (int i = 0; i < N_SUBS; i++) {
+    rdzv_gateway_watch_free(w[i]);
+    T_CHECK(sub_get(&s[i], &s[i].ended) == 0);
+    sub_destroy(&s[i]);
+  }
+  rdzv_gateway_watch_free(NULL);
+  fixture_stop(&f);
+}
+
+static void test_watch_refused(void) {
+  const char *key = "/gw/watch/shared", *other = "/gw/watch/other";
+  sub s;
+  sub_init(&s, key);
+  rdzv_gateway_watch *w = NULL;
+  /* no gateway: at once, though the deadline is an hour away */
+  char path[600];
+  sock_path(path, sizeof path, "none.sock");
+  double t0 = newt_now_s();
+  T_ERR(NEWT_ERR_UNAVAILABLE, rdzv_gateway_watch_start(path, key, on_value, &s, dl(3600000), &w));
+  T_CHECK(newt_now_s() - t0 < 5 && w == NULL);
+
+  gw_fixture f;
+  if (fixture_start(&f, "refuse.sock", 1, 0)) return;
+  T_OK(rdzv_gateway_share(f.g, cli, key));
+  /* a key not shared */
+  T_ERR(NEWT_ERR_NOTFOUND, rdzv_gateway_watch_start(f.path, other, on_value, &s, dl(10000), &w));
+  T_CHECK_MSG(strstr(newt_errmsg(), other) != NULL, "%s", newt_errmsg());
+  T_CHECK(w == NULL);
+  /* etcd not answering: refused; the next subscription starts the watch */
+  T_OK(rdzv_etcd_server_pause(srv));
+  newt_result_t r = rdzv_gateway_watch_start(f.path, key, on_value, &s, dl(3000), &w);
+  T_OK(rdzv_etcd_server_resume(srv));
+  T_CHECK_MSG(r == NEWT_ERR_UNAVAILABLE || r == NEWT_ERR_TIMEOUT, "%s: %s", newt_result_name(r), newt_errmsg());
+  fprintf(stderr, "  etcd paused: %s: %s\n", newt_result_name(r), newt_errmsg());
+  int64_t subs = -1, watches = -1;
+  rdzv_gateway_share_counts(f.g, &subs, &watches);
+  T_CHECK_MSG(subs == 0 && watches == 0, "%lld subscriptions, %lld watches", (long long)subs, (long long)watches);
+  T_OK(rdzv_gateway_watch_start(f.path, key, on_value, &s, dl(30000), &w));
+  int64_t rev = put_str(key, "after the outage");
+  T_CHECK(sub_wait(&s, rev));
+  sub_check(&s, "after the outage", rev, 1);
+  rdzv_gateway_share_counts(f.g, &subs, &watches);
+  T_CHECK_MSG(subs == 1 && watches == 1, "%lld subscriptions, %lld watches", (long long)subs, (long long)watches);
+  /* bad arguments */
+  rdzv_gateway_watch *none = NULL;
+  T_ERR(NEWT_ERR_INVALID, rdzv_gateway_watch_start(f.path, "", on_value, &s, dl(1000), &none));
+  T_ERR(NEWT_ERR_INVALID, rdzv_gateway_watch_start(f.path, key, NULL, &s, dl(1000), &none));
+  rdzv_gateway_watch_free(w);
+  sub_destroy(&s);
+  fixture_stop(&f);
+}
+
+static void test_watch_gateway_stops(void) {
+  gw_fixture f;
+  if (fixture_start(&f, "wstop.sock", 1, 0)) return;
+  const char *key = "/gw/watch/stops";
+  T_OK(rdzv_gateway_share(f.g, cli, key));
+  int64_t rev = put_str(key, "v");
+  sub s[N_SUBS];
+  rdzv_gateway_watch *w[N_SUBS] = {NULL};
+  for (int i = 0; i < N_SUBS; i++) {
+    sub_init(&s[i], key);
+    T_OK(rdzv_gateway_watch_start(f.path, key, on_value, &s[i], dl(10000), &w[i]));
+    T_CHECK(sub_wait(&s[i], rev));
+  }
+  rdzv_gateway_stop(f.g);
+  for (int i = 0; i < N_SUBS; i++) {
+    T_CHECK(sub_wait(&s[i], 0));
+    rdzv_gateway_watch_free(w[i]);
+    T_CHECK_MSG(s[i].ended == 1 && s[i].values == 1, "subscriber %d: %d ends, %d values", i, s[i].ended,
+                s[i].values);
+    sub_destroy(&s[i]);
+  }
+  rdzv_gateway_client_free(f.c);
+  rdzv_batch_free(f.b);
+}
+
+/* A fake gateway that answers a subscription with `mode`'s frames, then keeps the connection
+ * until the client leaves. */
+enum { FW_ERROR, FW_STRANGE, FW_BAD_JSON, FW_OTHER_KEY, FW_HUGE, FW_NO_KV, FW_AT_ONCE };
+
+static void *fake_watch_main(void *p) {
+  fake_srv *s = p;
+  int fd = accept(s->lfd, NULL, NULL);
+  if (fd < 0) return NULL;
+  unsigned char hdr[4];
+  char *body = NULL;
+  uint32_t n = 0;
+  if (read_full(fd, hdr, 4) == 0) {
+    n = (uint32_t)hdr[0] << 24 | hdr[1] << 16 | hdr[2] << 8 | hdr[3];
+    body = malloc(n ? n : 1);
+  }
+  if (body && read_full(fd, body, n) == 0) {
+    static const char watching[] = "{\"watching\":true}";
+    /* key "/gw/fake" and "/gw/else", base64 */
+    static const char kv[] = "{\"kv\":{\"key\":\"L2d3L2Zha2U=\",\"value\":\"eA==\",\"mod_revision\":\"7\"}}";
+    static const char other[] = "{\"kv\":{\"key\":\"L2d3L2Vsc2U=\",\"value\":\"eA==\",\"mod_revision\":\"7\"}}";
+    char both[256];
+    switch (s->mode) {
+      case FW_ERROR: {
+        char e[64];
+        snprintf(e, sizeof e, "{\"code\":%d,\"message\":\"etcd away\"}", NEWT_ERR_UNAVAILABLE);
+        write_frame(fd, e, (uint32_t)strlen(e), (uint32_t)strlen(e));
+        break;
+      }
+      case FW_STRANGE: write_frame(fd, "{\"hello\":1}", 11, 11); break;
+      case FW_AT_ONCE: break;
+      default: write_frame(fd, watching, sizeof watching - 1, sizeof watching - 1); break;
+    }
+    if (s->mode == FW_BAD_JSON) write_frame(fd, "{not json", 9, 9);
+    if (s->mode == FW_OTHER_KEY) write_frame(fd, other, sizeof other - 1, sizeof other - 1);
+    if (s->mode == FW_HUGE) write_frame(fd, NULL, 0, 0xffffffffu);
+    if (s->mode == FW_NO_KV) write_frame(fd, "{\"code\":3,\"message\":\"x\"}", 24, 24);
+    if (s->mode == FW_AT_ONCE) { /* the answer and a value in one write: the client must not lose the value */
+      uint32_t a = sizeof watching - 1, b = sizeof kv - 1;
+      unsigned char *q = (unsigned char *)both;
+      q[0] = 0, q[1] = 0, q[2] = 0, q[3] = (unsigned char)a;
+      memcpy(both + 4, watching, a);
+      q += 4 + a;
+      q[0] = 0, q[1] = 0, q[2] = 0, q[3] = (unsigned char)b;
+      memcpy(both + 8 + a, kv, b);
+      T_CHECK(send(fd, both, 8 + a + b, MSG_NOSIGNAL) == (ssize_t)(8 + a + b));
+    }
+    char c;
+    while (read(fd, &c, 1) > 0) {
+    }
+  }
+  free(body);
+  close(fd);
+  return NULL;
+}
+
+/* Subscribes to the fake in `mode`: start's result (its message in msg), and what fn got by
+ * the time free returned. */
+static newt_result_t fake_watch(int mode, int *values, int *ended, char *msg, size_t cap) {
+  char path[600];
+  sock_path(path, sizeof path, "fakew.sock");
+  fake_srv s = {.lfd = fake_listen(path), .mode = mode};
+  T_CHECK(s.lfd >= 0);
+  pthread_t th;
+  pthread_create(&th, NULL, fake_watch_main, &s);
+  sub u;
+  sub_init(&u, "/gw/fake");
+  rdzv_gateway_watch *w = NULL;
+  newt_result_t r = rdzv_gateway_watch_start(path, "/gw/fake", on_value, &u, dl(10000), &w);
+  snprintf(msg, cap, "%s", newt_errmsg());
+  if (r == NEWT_OK && mode == FW_AT_ONCE) T_CHECK(sub_wait(&u, 7));
+  if (r == NEWT_OK && mode != FW_AT_ONCE) T_CHECK(sub_wait(&u, 0));
+  rdzv_gateway_watch_free(w); /* the client leaves: the fake ends */
+  pthread_join(th, NULL);
+  close(s.lfd);
+  unlink(path);
+  *values = u.values;
+  *ended = u.ended;
+  T_CHECK(u.bad == 0);
+  sub_destroy(&u);
+  return r;
+}
+
+static void test_watch_client_faults(void) {
+  int values = -1, ended = -1;
+  char msg[512];
+  T_ERR(NEWT_ERR_UNAVAILABLE, fake_watch(FW_ERROR, &values, &ended, msg, sizeof msg));
+  T_CHECK_MSG(strcmp(msg, "etcd away") == 0, "%s", msg);
+  T_ERR(NEWT_ERR_CORRUPT, fake_watch(FW_STRANGE, &values, &ended, msg, sizeof msg));
+  /* the value that came with the answer is delivered; free then calls nothing */
+  T_OK(fake_watch(FW_AT_ONCE, &values, &ended, msg, sizeof msg));
+  T_CHECK_MSG(values == 1 && ended == 0, "%d values, %d ends", values, ended);
+  /* what it must not send ends the subscription: fn(NULL), once */
+  static const int bad[] = {FW_BAD_JSON, FW_OTHER_KEY, FW_HUGE, FW_NO_KV};
+  for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+    T_OK(fake_watch(bad[i], &values, &ended, msg, sizeof msg));
+    T_CHECK_MSG(values == 0 && ended == 1, "mode %d: %d values, %d ends", bad[i], values, ended);
+  }
+}
+
+/* A raw subscriber: subscribes to key and reads the answer; 0 when it was {watching: true}. */
+static int raw_subscribe(int fd, const char *key) {
+  char b64[256], req[400];
+  newt_base64_encode(key, strlen(key), b64); /* the test's keys fit */
+  snprintf(req, sizeof req, "{\"watch\":\"%s\",\"timeout_ms\":10000}", b64);
+  write_frame(fd, req, (uint32_t)strlen(req), (uint32_t)strlen(req));
+  unsigned char hdr[4];
+  char ans[64] = {0};
+  if (read_full(fd, hdr, 4) != 0 || hdr[0] || hdr[1] || hdr[2] || hdr[3] >= sizeof ans) return -1;
+  if (read_full(fd, ans, hdr[3]) != 0) return -1;
+  return strcmp(ans, "{\"watching\":true}") == 0 ? 0 : -1;
+}
+
+#define BIG_VALUE ((size_t)256 << 10)
+#define N_BIG 16
+
+static void test_watch_slow_subscriber(void) {
+  gw_fixture f;
+  if (fixture_start(&f, "slow.sock", 1, 0)) return;
+  const char *key = "/gw/watch/big";
+  T_OK(rdzv_gateway_share(f.g, cli, key));
+  /* one that subscribes and never reads again (a stopped worker) */
+  int raw = raw_connect(f.path);
+  T_CHECK(raw >= 0 && raw_subscribe(raw, key) == 0);
+  sub s;
+  sub_init(&s, key);
+  rdzv_gateway_watch *w = NULL;
+  T_OK(rdzv_gateway_watch_start(f.path, key, on_value, &s, dl(10000), &w));
+  /* 4 MiB of values, far over what the raw one's socket holds: the other gets each newest */
+  char *v = malloc(BIG_VALUE);
+  for (int k = 0; v && k < N_BIG; k++) {
+    memset(v, 'a' + k, BIG_VALUE);
+    int64_t rev = 0;
+    T_OK(rdzv_etcd_put(cli, key, v, BIG_VALUE, 0, dl(30000), &rev));
+    T_CHECK_MSG(sub_wait(&s, rev), "value %d (revision %lld) did not come", k, (long long)rev);
+    pthread_mutex_lock(&s.mu);
+    T_CHECK(s.mod_rev == rev && s.value_len == BIG_VALUE && s.value[0] == 'a' + k && s.last == 'a' + k);
+    pthread_mutex_unlock(&s.mu);
+  }
+  free(v);
+  int pending = 0;
+  T_CHECK(raw < 0 || (ioctl(raw, FIONREAD, &pending) == 0 && pending > 0));
+  rdzv_gateway_watch_free(w);
+  T_CHECK(s.ended == 0 && s.bad == 0);
+  sub_destroy(&s);
+  /* stop does not wait for the raw one's blocked write */
+  double t0 = newt_now_s();
+  fixture_stop(&f);
+  double took = newt_now_s() - t0;
+  T_CHECK_MSG(took < 5, "stop took %.1f s", took);
+  if (raw >= 0) close(raw);
+}
+
 int main(void) {
   tu_tmpdir(dir, sizeof dir, "gateway");
   srv = tu_server(NULL);
@@ -592,6 +1029,11 @@ int main(void) {
   T_RUN(test_unreached);
   T_RUN(test_client_faults);
   T_RUN(test_hostile_frames);
+  T_RUN(test_watch_shared); /* first of the watches: etcd's gauge of watchers counts ours alone */
+  T_RUN(test_watch_refused);
+  T_RUN(test_watch_gateway_stops);
+  T_RUN(test_watch_client_faults);
+  T_RUN(test_watch_slow_subscriber);
   rdzv_etcd_free(cli);
   rdzv_etcd_server_free(srv);
   newt_fs_rm_rf(dir);
