@@ -300,7 +300,11 @@ typedef struct newt_restore_info {
 } newt_restore_info;
 /* Collective over the generation: fills every declared tensor and bytes with the newest
  * whole state. The previous generation's declarations are read while it runs and released
- * when it returns: their memory may be freed then. */
+ * when it returns NEWT_OK: their memory may be freed then. Once the parts are filled it
+ * returns NEWT_OK even if a peer is lost in its last collective (the check of the restored
+ * state): the state is in this declaration, and the next newt_step_begin recovers. When it
+ * returns an error, this declaration holds nothing newt needs (the program may reuse or free
+ * it) and the state stays where it was: keep the previous declaration's memory. */
 NEWT_API newt_result_t newt_state_restore(newt_ctx *c, newt_restore_info *out);
 
 /* ---- steps ------------------------------------------------------------------------------------------- */

@@ -504,6 +504,7 @@ newt_result_t newt_state_restore(newt_ctx *c, newt_restore_info *out) {
   if (out) NEWT_CHECK(writable(out, "newt_restore_info")); /* refused before anything is restored */
   newt_restore_info i = {.size = sizeof i};
   newt_result_t r = worker_restore(c, &i);
+  if (r == NEWT_OK) worker_chaos_die(c);
   if (r == NEWT_OK) r = worker_restored(c);
   if (r != NEWT_OK) { /* kept: a step begun unrestored says it (and so the termination message) */
     snprintf(c->restore_err, sizeof c->restore_err, "%s", newt_errmsg());

@@ -243,6 +243,7 @@ struct newt_ctx {
                               generation again, restored from the verified copy (-1: none) */
   int64_t mismatches;      /* checks that disagreed (under warn: said, the first and every 100th) */
   char chaos_flip[160];    /* NEWT_CHAOS_FLIP, tests and chaos ("": none; read at the join) */
+  char chaos_die[64];      /* NEWT_CHAOS_DIE, tests: "restored:G" (worker_chaos_die; "": none) */
   int chaos_flipped;
 
   /* --- the step (worker.c) --- */
@@ -311,6 +312,9 @@ newt_result_t worker_commit(worker *w, const double *values, double *sums, int n
 newt_result_t worker_end(worker *w, const newt_step_result *r);
 /* After a restore: the generation runs (its saver, the step log's last line). */
 newt_result_t worker_restored(worker *w);
+/* Test hook: NEWT_CHAOS_DIE=restored:G kills this worker (SIGKILL) right after its restore of
+ * generation G filled its parts, before the restore's own check (its peers' check is cut). */
+void worker_chaos_die(worker *w);
 
 /* --- joining (join.c) -------------------------------------------------------------------------- */
 

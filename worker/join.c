@@ -226,6 +226,8 @@ newt_result_t worker_join(worker *w) {
   w->vsnap.step = w->vsnap.spare_step = w->verified_step = w->rollback_to = -1;
   const char *flip = getenv("NEWT_CHAOS_FLIP");
   if (flip) snprintf(w->chaos_flip, sizeof w->chaos_flip, "%s", flip);
+  const char *die = getenv("NEWT_CHAOS_DIE");
+  if (die) snprintf(w->chaos_die, sizeof w->chaos_die, "%s", die);
   snprintf(w->host, sizeof w->host, "%s", w->o.host && *w->o.host ? w->o.host : newt_hostname());
   snprintf(w->domain, sizeof w->domain, "%s", w->o.domain && *w->o.domain ? w->o.domain : w->host);
   if (w->domain[strspn(w->domain, "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789.-_:/")] != '\0' ||

@@ -21,6 +21,7 @@
  * this rank lost, end the generation and wait for the next plan; a leave agreed at a commit
  * makes it hand this rank's state over (as a donor of the next plan) and say NEXT_LEFT. */
 #include <pthread.h>
+#include <signal.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -432,6 +433,15 @@ newt_result_t worker_end(worker *w, const newt_step_result *res) {
   return NEWT_OK;
 }
 
+void worker_chaos_die(worker *w) {
+  char point[16];
+  unsigned long long gen = 0;
+  if (!w->chaos_die[0] || sscanf(w->chaos_die, "%15[a-z]:%llu", point, &gen) != 2) return;
+  if (strcmp(point, "restored") != 0 || gen != w->plan.generation) return;
+  NEWT_WARN(WORKER, "%s: NEWT_CHAOS_DIE: killed right after the restore of generation %llu", w->id, gen);
+  raise(SIGKILL);
+}
+
 newt_result_t worker_restored(worker *w) {
   w->t_restore = newt_wall_ms();
   /* the ranks of this generation hold the state from now on: named if it is ever lost */
@@ -442,8 +452,18 @@ newt_result_t worker_restored(worker *w) {
      did it and has not written it writes it (a line twice is harmless: readers keep one) */
   if (!w->last_step_logged && w->last_step.step == w->live_step && w->live_step > 0) log_step(w, 1, &w->last_step);
   NEWT_CHECK(worker_ckpt_generation(w));
-  int rolled = 0; /* a restored state is checked at once: the generation's first verified copy */
-  NEWT_CHECK(worker_verify(w, 1, &rolled));
+  /* a restored state is checked at once: the generation's first verified copy. The parts are
+     filled by now, and the program holds the state in what it declared: a check cut by a peer
+     lost (the generation failed, not the job) does not undo that, so the restore says it is
+     done, and the next newt_step_begin recovers from these parts. Said failed, a program
+     would take its new buffers for empty and free them (the built-in trainer did), while
+     newt read the next generation's restore from them: replicas that disagree, or garbage. */
+  int rolled = 0;
+  newt_result_t v = worker_verify(w, 1, &rolled);
+  if (v != NEWT_OK && (w->failed || !generation_failed(w))) return v;
+  if (v != NEWT_OK)
+    NEWT_INFO(WORKER, "%s: generation %llu's check after its restore was cut (%s): the state is restored; the next "
+              "step begin recovers", w->id, (unsigned long long)w->plan.generation, newt_errmsg());
   w->phase = PHASE_RUNNING;
   w->step = STEP_IDLE;
   w->first_step_of_gen = 1;

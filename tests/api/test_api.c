@@ -37,6 +37,15 @@
  *     newt_finish of that error (status 2: another try will not mend it). Then worker R joins
  *     the same job and trains it to the end, to the expected values: the failed generation
  *     left nothing behind.
+ *   job api-cut, at the same time: workers K, L and N, each holding all of "shard"; N kills
+ *     itself as step DIE_AT begins,
+ *     and in the next generation L kills itself right after its restore filled its parts and
+ *     before the restore's own check (NEWT_CHAOS_DIE=restored:2), which K's side of that
+ *     check then finds cut. K's restore must say it is done (its buffers hold the state: the
+ *     next begin recovers), not failed: K, like a program that takes the buffers of a failed
+ *     restore for empty, writes over them when it fails, and the next generation's restore,
+ *     which reads them, would give it garbage (the built-in trainer freed them, and the job
+ *     ended on "replicas disagree"). K trains to the end at the expected state.
  *   a worker Z without a job: NULL handles and arguments, newt_join without a job (naming
  *     NEWT_JOB), with a size field of 0, with a bad job name.
  *
@@ -76,6 +85,7 @@
 #define DIE_AT 3       /* C kills itself (SIGKILL) as this step begins */
 #define LEAVE_AT 6     /* B asks to leave after this step */
 #define OV_STEPS 4     /* api-overlap's steps */
+#define CUT_STEPS 8    /* api-cut's steps */
 #define DEADLINE_S 120 /* the whole test, generously (it takes seconds) */
 
 /* --- the cases, counted in memory every process of the test shares ------------------------- */
@@ -100,6 +110,7 @@ enum {
   C_ABI,
   C_TRAINS,         /* api-main: every restore and end at the expected state */
   C_GOES_ON,        /* api-overlap: the job finishes after the failed generation */
+  C_CUT,            /* api-cut: a restore whose own check a peer's death cut is done, not failed */
   C_PROCESSES,      /* every process ended as it should */
   NCASES
 };
@@ -107,7 +118,8 @@ static const char *const case_names[NCASES] = {
     "null_args",         "size_zero",       "join_without_job", "newt_name",        "tensor_declared_twice",
     "wrong_buffer_size", "sizes_overflow", "parts_leave_gap", "parts_overlap",    "calls_before_restore", "state_after_restore",
     "commit_without_begin", "step_begun_twice", "stale_generation", "after_done",   "after_left",
-    "abi_older_structs", "main_job_trains_right", "job_goes_on_after_overlap", "processes_exit_right"};
+    "abi_older_structs", "main_job_trains_right", "job_goes_on_after_overlap", "restore_cut_after_filling",
+    "processes_exit_right"};
 
 typedef struct shared {
   atomic_int ran[NCASES], failed[NCASES];
@@ -184,7 +196,16 @@ typedef struct role {
   int old_structs;  /* join and take batches with the structs of an older header */
   int want_exit;    /* newt_finish's status */
   int die_at;       /* SIGKILL itself as this step begins (0: never) */
+  int die_restored; /* SIGKILL itself right after its restore of this generation filled its parts,
+                       before the restore's own check (NEWT_CHAOS_DIE; 0: never) */
+  int scribble;     /* a restore that fails leaves the buffers declared for it to the program,
+                       which writes over them (as a program that takes them for empty may) */
 } role;
+
+/* The case a job's training is checked under. */
+static int case_of(const role *ro) {
+  return strcmp(ro->job, "api-main") == 0 ? C_TRAINS : strcmp(ro->job, "api-cut") == 0 ? C_CUT : C_GOES_ON;
+}
 
 typedef struct prog {
   const role *ro;
@@ -356,7 +377,7 @@ static void check_state(prog *p, int cs, int64_t step, const char *when) {
 /* A new generation: the layout, the state declared (with the misuses of the first one) and
  * restored. An error ends the worker. */
 static newt_result_t generation(prog *p) {
-  int cs = strcmp(p->ro->job, "api-main") == 0 ? C_TRAINS : C_GOES_ON;
+  int cs = case_of(p->ro);
   int first = ++p->gens == 1;
   p->l = (newt_layout){.size = sizeof p->l};
   newt_result_t r = newt_layout_get(p->c, &p->l);
@@ -382,6 +403,7 @@ static newt_result_t generation(prog *p) {
   p->old_gen = p->l.generation;
   p->cur = p->gens % 2;
   my_part(&p->l, &p->lo, &p->hi);
+  if (cs == C_CUT) p->lo = 0, p->hi = NS; /* every rank holds it all: no part is lost with a rank */
 
   if (first) declaration_misuse(p); /* "x" is declared by it */
   newt_tensor t;
@@ -441,6 +463,9 @@ static newt_result_t generation(prog *p) {
   old.ri.size = first ? offsetof(newt_restore_info, bytes_received) : sizeof old.ri;
   r = newt_state_restore(p->c, &old.ri);
   if (gap) CHECK(C_GAP, r == NEWT_OK, "the restore after the gap was filled: %s", newt_errmsg());
+  if (p->ro->scribble) /* api-cut: its generation 2's peer died after the parts were filled */
+    CHECK(C_CUT, r == NEWT_OK, "the restore of generation %llu failed (%s: %s) after it filled the parts",
+          (unsigned long long)p->l.generation, newt_result_name(r), newt_errmsg());
   if (r != NEWT_OK) return r;
   ri = old.ri;
   if (first) {
@@ -493,7 +518,7 @@ static void idle_misuse(prog *p) {
 
 /* One step: this rank's sums, reduced over its data-parallel group, committed, applied. */
 static newt_result_t step(prog *p, const newt_batch *b) {
-  int cs = strcmp(p->ro->job, "api-main") == 0 ? C_TRAINS : C_GOES_ON;
+  int cs = case_of(p->ro);
   if (p->ro->die_at && b->step == p->ro->die_at) kill(getpid(), SIGKILL); /* a crash, mid-job */
   int64_t q = GB / p->l.dp;
   CHECK(cs, b->step == p->done + 1 && b->first == (b->step - 1) * GB + p->l.dp_rank * q && b->count == q,
@@ -592,7 +617,7 @@ static int run_worker(const role *ro, const char *etcd, const char *dir) {
   static prog p;
   memset(&p, 0, sizeof p);
   p.ro = ro;
-  int cs = strcmp(ro->job, "api-main") == 0 ? C_TRAINS : C_GOES_ON;
+  int cs = case_of(ro);
   char term[512];
   snprintf(term, sizeof term, "%s/%s.termination", dir, ro->id);
   newt_join_opts o;
@@ -603,6 +628,11 @@ static int run_worker(const role *ro, const char *etcd, const char *dir) {
   o.metrics_port = 0;
   o.termination_log = term;
   o.handle_signals = 0;
+  if (ro->die_restored) {
+    char die[32];
+    snprintf(die, sizeof die, "restored:%d", ro->die_restored);
+    setenv("NEWT_CHAOS_DIE", die, 1);
+  }
   if (ro->old_structs) { /* an older header's newt_join_opts: the fields it lacks are not read */
     setenv("NEWT_TERMINATION_LOG", term, 1);
     o.size = offsetof(newt_join_opts, metrics_port);
@@ -633,7 +663,15 @@ static int run_worker(const role *ro, const char *etcd, const char *dir) {
             "newt_step_begin wrote past the %zu bytes of an older newt_batch", at);
     }
     if (next == NEWT_NEXT_GENERATION) {
-      if ((r = generation(&p)) != NEWT_OK) break;
+      r = generation(&p);
+      if (r != NEWT_OK && ro->scribble && (r == NEWT_ERR_PEER || r == NEWT_ERR_TIMEOUT || r == NEWT_ERR_ABORTED)) {
+        /* the restore failed: what it was declared on is the program's again (newt.h) */
+        memset(p.x, 0xff, sizeof p.x);
+        memset(p.shard[p.cur], 0xff, sizeof p.shard[p.cur]);
+        r = NEWT_OK;
+        continue;
+      }
+      if (r != NEWT_OK) break;
     } else if (next == NEWT_NEXT_STEP) {
       if ((r = step(&p, &bb.b)) != NEWT_OK) { /* a peer died: begin again, which recovers */
         CHECK(cs, r == NEWT_ERR_PEER || r == NEWT_ERR_TIMEOUT || r == NEWT_ERR_ABORTED,
@@ -656,7 +694,8 @@ static int run_worker(const role *ro, const char *etcd, const char *dir) {
     return status;
   }
   CHECK(cs, r == NEWT_OK, "the step loop stopped on %s: %s", newt_result_name(r), newt_errmsg());
-  int crashes = strcmp(ro->job, "api-main") == 0; /* C's death failed one step of each survivor */
+  /* C's death failed one step of each survivor; N's of api-cut too */
+  int crashes = strcmp(ro->job, "api-main") == 0 || strcmp(ro->job, "api-cut") == 0;
   CHECK(cs, p.failed_steps == crashes, "%d steps failed, expected %d", p.failed_steps, crashes);
   if (r == NEWT_OK && next == NEWT_NEXT_DONE) {
     CHECK(cs, p.done == ro->steps, "done after step %lld of %lld", (long long)p.done, (long long)ro->steps);
@@ -846,7 +885,7 @@ int main(void) {
   setenv("NEWT_DEBUG", "INFO", 0); /* the workers' and coordinators' logs, for a failure */
   fflush(NULL);
 
-  kid kids[8] = {{0}};
+  kid kids[16] = {{0}};
   int nkids = 0;
   kids[nkids].pid = fork_worker(NULL, NULL, dir), nkids++;
 
@@ -865,19 +904,21 @@ int main(void) {
   int ready = 0;
   for (double t = now_s(); !ready && now_s() - t < 30 && waitpid(etcd, NULL, WNOHANG) == 0; pause_ms(20))
     ready = file_has(elog, "serving client traffic") || file_has(elog, "ready to serve client requests");
-  pid_t coords[2] = {0, 0};
+  pid_t coords[3] = {0, 0, 0};
   static const role roles[] = {
       {"A", "api-main", MAIN_STEPS, 0, 0, 0, 0, 0},        {"B", "api-main", MAIN_STEPS, LEAVE_AT, 0, 1, 3, 0},
       {"C", "api-main", MAIN_STEPS, 0, 0, 0, -SIGKILL, DIE_AT}, {"P", "api-overlap", OV_STEPS, 0, 1, 0, 2, 0},
-      {"Q", "api-overlap", OV_STEPS, 0, 1, 0, 2, 0},       {"R", "api-overlap", OV_STEPS, 0, 0, 0, 0, 0}};
+      {"Q", "api-overlap", OV_STEPS, 0, 1, 0, 2, 0},       {"R", "api-overlap", OV_STEPS, 0, 0, 0, 0, 0},
+      {"K", "api-cut", CUT_STEPS, 0, 0, 0, 0, 0, 0, 1},   {"L", "api-cut", CUT_STEPS, 0, 0, 0, -SIGKILL, 0, 2, 0},
+      {"N", "api-cut", CUT_STEPS, 0, 0, 0, -SIGKILL, DIE_AT, 0, 0}};
   const role *late = &roles[5]; /* R: once P and Q have ended */
   if (!ready) {
     fprintf(stderr, "FAIL: etcd (%s) did not serve within 30 s; its log: %s\n", etcd_bin, elog);
     atomic_fetch_add(&sh->ran[C_PROCESSES], 1), atomic_fetch_add(&sh->failed[C_PROCESSES], 1);
   } else {
-    const char *jobs[2] = {"api-main", "api-overlap"};
-    int steps[2] = {MAIN_STEPS, OV_STEPS}, start[2] = {3, 2};
-    for (int j = 0; j < 2; j++) {
+    const char *jobs[3] = {"api-main", "api-overlap", "api-cut"};
+    int steps[3] = {MAIN_STEPS, OV_STEPS, CUT_STEPS}, start[3] = {3, 2, 3};
+    for (int j = 0; j < 3; j++) {
       char spec[600], text[600], clog[600], id[32];
       snprintf(spec, sizeof spec, "%s/%s.json", dir, jobs[j]);
       snprintf(clog, sizeof clog, "%s/coordinator-%s.log", dir, jobs[j]);
@@ -888,7 +929,8 @@ int main(void) {
                        spec, "--metrics-port", "0", NULL};
       coords[j] = spawn(cargv, clog);
     }
-    for (int i = 0; i < 5; i++) {
+    for (int i = 0; i < (int)(sizeof roles / sizeof roles[0]); i++) {
+      if (&roles[i] == late) continue;
       kids[nkids].ro = &roles[i];
       kids[nkids].pid = fork_worker(&roles[i], curl, dir), nkids++;
     }
@@ -937,8 +979,7 @@ int main(void) {
               want < 0 ? "signal" : "exit", want < 0 ? -want : want);
     }
   }
-  stop(coords[0]);
-  stop(coords[1]);
+  for (int j = 0; j < 3; j++) stop(coords[j]);
   stop(etcd);
 
   int passed = 0, failed = 0;
